@@ -1,0 +1,324 @@
+//! A dead letter about to be stored: what capture, ingest and import all produce.
+//!
+//! [`ExtractionRules::extract`] derives everything the planner keeps beside the
+//! exact body and headers: the death that counts, the reason class, destination,
+//! event type, schema version, producer, message key, body hash and oddities.
+
+use chrono::{DateTime, Utc};
+use prost::Message;
+use redrive_proto::v1::{BodyCompression, HeaderTable, MessageProperties, Origin, ReasonClass};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    body,
+    death::{self, Death},
+    message_key::{self, KeySource},
+};
+
+/// Bodies above this size are hashed off the async runtime (STYLE.md: block for
+/// at most ~500 µs).
+pub const BLOCKING_BODY_BYTES: usize = 256 * 1024;
+
+/// Default body limit: 16 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// How the planner reads dead letters (header names are configurable because
+/// teams name them differently).
+#[derive(Debug, Clone)]
+pub struct ExtractionRules {
+    /// Header holding the event type when the `type` property is absent.
+    pub event_type_header: String,
+    /// Header holding the schema version.
+    pub schema_version_header: String,
+    /// The application's error-class header, which refines `rejected`.
+    pub error_class_header: String,
+    /// Where message keys come from, first match wins; empty: body SHA-256.
+    pub key_sources: Vec<KeySource>,
+    /// Bodies larger than this are kept but marked oversized (not replayable).
+    pub max_body_bytes: usize,
+}
+
+impl Default for ExtractionRules {
+    fn default() -> Self {
+        Self {
+            event_type_header: "event-type".to_owned(),
+            schema_version_header: "schema-version".to_owned(),
+            error_class_header: "error-class".to_owned(),
+            key_sources: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// How to recognize that a dead letter is already stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dedup {
+    /// A first delivery from RabbitMQ: always new.
+    None,
+    /// A redelivery from RabbitMQ (`redelivered` set): already stored if a dead
+    /// letter of the same source has the same capture fingerprint.
+    Fingerprint,
+    /// Ingest and import: idempotent per (source, key); the key is the message
+    /// id, or `sha256:<body hash>` without one.
+    Key(String),
+}
+
+/// Raw material of a dead letter, before extraction.
+#[derive(Debug, Clone)]
+pub struct RawDeadLetter {
+    /// DLQ name or import label.
+    pub source: String,
+    /// Where it came from.
+    pub origin: Origin,
+    /// Exact body bytes.
+    pub body: Vec<u8>,
+    /// AMQP properties (without headers).
+    pub properties: MessageProperties,
+    /// AMQP headers, typed.
+    pub headers: HeaderTable,
+    /// RabbitMQ's redelivered flag; false for ingest.
+    pub redelivered: bool,
+    /// Ingest only: the reason the service gave (used when no x-death says more).
+    pub reason: Option<String>,
+    /// Ingest only: where it was going.
+    pub original_destination: Option<String>,
+    /// Ingest only: error text.
+    pub error_text: Option<String>,
+    /// Ingest only: delivery attempts made.
+    pub attempts: Option<u32>,
+    /// Original event time, when known from outside the message.
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// When the planner received it.
+    pub captured_at: DateTime<Utc>,
+}
+
+/// A dead letter ready to be stored.
+#[derive(Debug, Clone)]
+pub struct NewDeadLetter {
+    /// DLQ name or import label.
+    pub source: String,
+    /// Where it came from.
+    pub origin: Origin,
+    /// How a repeat of it is recognized.
+    pub dedup: Dedup,
+    /// SHA-256 over source, body hash, encoded properties and headers.
+    pub fingerprint: [u8; 32],
+    /// `message_id` property, if any.
+    pub message_id: Option<String>,
+    /// Idempotency key.
+    pub message_key: String,
+    /// Exact body bytes.
+    pub body: Vec<u8>,
+    /// SHA-256 of the body.
+    pub body_sha256: [u8; 32],
+    /// Larger than the body limit.
+    pub body_oversized: bool,
+    /// Why the body cannot be replayed as it is (a JSON content type that does
+    /// not parse), if so.
+    pub body_problem: Option<String>,
+    /// Compression recognized by magic bytes.
+    pub body_compression: BodyCompression,
+    /// Prost-encoded [`MessageProperties`].
+    pub properties: Vec<u8>,
+    /// Prost-encoded [`HeaderTable`].
+    pub headers: Vec<u8>,
+    /// The `content_type` property, for SQL.
+    pub content_type: Option<String>,
+    /// The death that counts, if known.
+    pub death: Option<Death>,
+    /// Normalized reason class.
+    pub reason_class: ReasonClass,
+    /// Default replay destination ("" when none can be resolved).
+    pub destination: String,
+    /// Event type (`type` property, else the event-type header).
+    pub event_type: Option<String>,
+    /// Schema version header.
+    pub schema_version: Option<String>,
+    /// Producer (`app_id`).
+    pub producer: Option<String>,
+    /// Error text (ingest field or framework header).
+    pub error_text: Option<String>,
+    /// Delivery attempts reported.
+    pub attempts: Option<u32>,
+    /// When it died.
+    pub died_at: DateTime<Utc>,
+    /// Original event time.
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// When the planner received it.
+    pub captured_at: DateTime<Utc>,
+    /// The plan whose replay came back (`redrive-plan-id` header).
+    pub redrive_plan_id: Option<String>,
+    /// Original exchange from a framework header.
+    pub original_exchange: Option<String>,
+    /// Original routing key from a framework header.
+    pub original_routing_key: Option<String>,
+    /// Oddities found while capturing.
+    pub capture_notes: Vec<String>,
+}
+
+/// The header a replay adds to name its plan (DESIGN.md, "The replayed message").
+pub const REDRIVE_PLAN_ID_HEADER: &str = "redrive-plan-id";
+
+impl ExtractionRules {
+    /// Derives a storable dead letter from `raw`. Never fails: anything odd is
+    /// kept and noted. Costs a SHA-256 of the body and, when a key source or a
+    /// JSON content type asks for it, a JSON parse; call it from
+    /// `spawn_blocking` for bodies over [`BLOCKING_BODY_BYTES`].
+    pub fn extract(&self, raw: RawDeadLetter) -> NewDeadLetter {
+        let body_sha256: [u8; 32] = Sha256::digest(&raw.body).into();
+        let body_sha256_hex = hex::encode(body_sha256);
+        let mut info = death::analyze(&raw.headers, &self.error_class_header);
+        let mut notes = std::mem::take(&mut info.notes);
+
+        let body_oversized = raw.body.len() > self.max_body_bytes;
+        if body_oversized {
+            notes.push(format!(
+                "body of {} bytes is over the {}-byte limit: kept, not replayable",
+                raw.body.len(),
+                self.max_body_bytes
+            ));
+        }
+        let declares_json = raw
+            .properties
+            .content_type
+            .as_deref()
+            .is_some_and(|content_type| content_type.to_ascii_lowercase().contains("json"));
+        let wants_json = declares_json || self.key_sources.iter().any(KeySource::needs_json);
+        let compression = body::sniff(&raw.body);
+        let (json, json_error) =
+            if wants_json && !body_oversized && compression == BodyCompression::None {
+                match serde_json::from_slice::<serde_json::Value>(&raw.body) {
+                    Ok(json) => (Some(json), None),
+                    Err(error) => (None, Some(error.to_string())),
+                }
+            } else {
+                (None, None)
+            };
+        let body_problem = match (declares_json, json_error) {
+            (true, Some(error)) => Some(format!(
+                "content type {} but the body does not parse as JSON: {error}",
+                raw.properties.content_type.as_deref().unwrap_or_default()
+            )),
+            _ => None,
+        };
+
+        let event_type = raw
+            .properties
+            .r#type
+            .clone()
+            .or_else(|| death::text_of(&raw.headers, &self.event_type_header))
+            .filter(|value| !value.is_empty());
+        let schema_version = death::text_of(&raw.headers, &self.schema_version_header);
+        let producer = raw.properties.app_id.clone();
+        let message_key = message_key::message_key(
+            &self.key_sources,
+            &raw.properties,
+            &raw.headers,
+            json.as_ref(),
+            event_type.as_deref(),
+            &body_sha256_hex,
+        );
+
+        let death = info.death.take().or_else(|| {
+            raw.reason.as_ref().map(|reason| Death {
+                reason: reason.clone(),
+                queue: raw.original_destination.clone().unwrap_or_default(),
+                count: u64::from(raw.attempts.unwrap_or(1)),
+                ..Death::default()
+            })
+        });
+        let reason_class = death::reason_class(
+            death.as_ref().map(|death| death.reason.as_str()),
+            info.error_class.as_deref(),
+        );
+        let destination = raw
+            .original_destination
+            .clone()
+            .or_else(|| death.as_ref().map(|death| death.queue.clone()))
+            .filter(|queue| !queue.is_empty())
+            .or_else(|| info.original_routing_key.clone())
+            .unwrap_or_default();
+        if destination.is_empty() {
+            notes.push(
+                "no destination: neither x-death nor a framework header names one".to_owned(),
+            );
+        }
+        let occurred_at = raw.occurred_at.or_else(|| {
+            raw.properties
+                .timestamp
+                .and_then(|seconds| i64::try_from(seconds).ok())
+                .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
+        });
+        let died_at = death
+            .as_ref()
+            .and_then(|death| death.time)
+            .or(occurred_at)
+            .unwrap_or(raw.captured_at);
+
+        let properties = raw.properties.encode_to_vec();
+        let headers = raw.headers.encode_to_vec();
+        let fingerprint: [u8; 32] = {
+            let mut hasher = Sha256::new();
+            for part in [raw.source.as_bytes(), &body_sha256, &properties, &headers] {
+                hasher.update((part.len() as u64).to_be_bytes());
+                hasher.update(part);
+            }
+            hasher.finalize().into()
+        };
+        let dedup = match raw.origin {
+            Origin::Rabbitmq if raw.redelivered => Dedup::Fingerprint,
+            Origin::Rabbitmq | Origin::Unspecified => Dedup::None,
+            Origin::Ingest | Origin::Import => Dedup::Key(
+                raw.properties
+                    .message_id
+                    .clone()
+                    .filter(|id| !id.is_empty())
+                    .unwrap_or_else(|| format!("sha256:{body_sha256_hex}")),
+            ),
+        };
+
+        NewDeadLetter {
+            redrive_plan_id: death::text_of(&raw.headers, REDRIVE_PLAN_ID_HEADER),
+            source: raw.source,
+            origin: raw.origin,
+            dedup,
+            fingerprint,
+            message_id: raw.properties.message_id.clone(),
+            message_key,
+            body_sha256,
+            body_oversized,
+            body_problem,
+            body_compression: compression,
+            content_type: raw.properties.content_type.clone(),
+            properties,
+            headers,
+            death,
+            reason_class,
+            destination,
+            event_type,
+            schema_version,
+            producer,
+            error_text: raw.error_text.or(info.error_text),
+            attempts: raw.attempts,
+            died_at,
+            occurred_at,
+            captured_at: raw.captured_at,
+            original_exchange: info.original_exchange,
+            original_routing_key: info.original_routing_key,
+            capture_notes: notes,
+            body: raw.body,
+        }
+    }
+}
+
+/// [`ExtractionRules::extract`], on the blocking pool when the body is over
+/// [`BLOCKING_BODY_BYTES`], inline otherwise.
+pub async fn extract(rules: &std::sync::Arc<ExtractionRules>, raw: RawDeadLetter) -> NewDeadLetter {
+    if raw.body.len() <= BLOCKING_BODY_BYTES {
+        return rules.extract(raw);
+    }
+    let rules = std::sync::Arc::clone(rules);
+    tokio::task::spawn_blocking(move || rules.extract(raw))
+        .await
+        .expect("extraction does not panic")
+}

@@ -1,0 +1,409 @@
+//! How a message died: the death that counts, its normalized reason class, and
+//! what other frameworks' dead-letter headers say.
+//!
+//! Rules (DESIGN.md, "death reason" and "The replayed message"):
+//! - The death that counts is the head of `x-death` (RabbitMQ puts the most
+//!   recent death first, <https://www.rabbitmq.com/docs/dlx#effects>). When
+//!   `x-death` is missing or malformed, `x-last-death-*` then `x-first-death-*`
+//!   stand in (routing keys and time are then unknown).
+//! - Reason classes: `delivery_limit` → exhausted, `expired` → expired, `maxlen`
+//!   → overflow, `rejected` → rejected unless the application said more in an
+//!   error-class header (unparseable → poison, business rule → permanent, retries
+//!   used up → exhausted); nothing known → unknown.
+
+use chrono::{DateTime, Utc};
+use redrive_proto::v1::{HeaderTable, HeaderValue, ReasonClass, header_value::Value};
+
+/// The death that counts for a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Death {
+    /// RabbitMQ's reason (`rejected`, `expired`, `maxlen`, `delivery_limit`) or
+    /// what an importing service said.
+    pub reason: String,
+    /// The queue the message died in.
+    pub queue: String,
+    /// The exchange it had been published to.
+    pub exchange: String,
+    /// The routing keys it had been published with.
+    pub routing_keys: Vec<String>,
+    /// How many times it died this way.
+    pub count: u64,
+    /// When it died, to the second.
+    pub time: Option<DateTime<Utc>>,
+}
+
+/// What the headers of a dead letter say about its death.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeathInfo {
+    /// The death that counts, if any header names one.
+    pub death: Option<Death>,
+    /// Oddities found on the way (malformed `x-death`, ...), for the record.
+    pub notes: Vec<String>,
+    /// Error text from a framework header (Spring `x-exception-message`, ...).
+    pub error_text: Option<String>,
+    /// Exception or error class from the application or a framework.
+    pub error_class: Option<String>,
+    /// Original exchange from a framework header.
+    pub original_exchange: Option<String>,
+    /// Original routing key (or queue, or topic) from a framework header.
+    pub original_routing_key: Option<String>,
+}
+
+/// The text of a string-typed header value (long strings lossily as UTF-8).
+pub fn header_text(value: &HeaderValue) -> Option<String> {
+    match value.value.as_ref()? {
+        Value::LongString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::ShortString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn header_integer(value: &HeaderValue) -> Option<i64> {
+    match value.value.as_ref()? {
+        Value::ShortShortInt(v) | Value::ShortInt(v) | Value::LongInt(v) => Some(i64::from(*v)),
+        Value::ShortShortUint(v) | Value::ShortUint(v) | Value::LongUint(v) => Some(i64::from(*v)),
+        Value::LongLongInt(v) => Some(*v),
+        Value::Timestamp(v) => i64::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
+/// The text of header `name`, if it is a string.
+pub fn text_of(headers: &HeaderTable, name: &str) -> Option<String> {
+    headers.fields.get(name).and_then(header_text)
+}
+
+/// Frameworks' headers naming the error text, in order of preference.
+const ERROR_TEXT_HEADERS: &[&str] = &[
+    "x-exception-message",                // Spring AMQP RepublishMessageRecoverer
+    "MT-Fault-Message",                   // MassTransit
+    "NServiceBus.ExceptionInfo.Message",  // NServiceBus
+    "__connect.errors.exception.message", // Kafka Connect
+    "kafka_dlt-exception-message",        // Spring Kafka
+];
+
+/// Frameworks' headers naming the error class.
+const ERROR_CLASS_HEADERS: &[&str] = &[
+    "MT-Fault-ExceptionType",
+    "NServiceBus.ExceptionInfo.ExceptionType",
+    "__connect.errors.exception.class.name",
+    "kafka_dlt-exception-fqcn",
+];
+
+/// Reads the death and framework metadata from `headers`.
+///
+/// `error_class_header` names the application's own error-class header (default
+/// `error-class`); it is read before the frameworks' ones.
+pub fn analyze(headers: &HeaderTable, error_class_header: &str) -> DeathInfo {
+    let mut info = DeathInfo::default();
+    info.death = match headers.fields.get("x-death") {
+        None => None,
+        Some(value) => match parse_x_death(value) {
+            Ok(death) => Some(death),
+            Err(problem) => {
+                info.notes.push(format!("x-death malformed: {problem}"));
+                None
+            }
+        },
+    };
+    if info.death.is_none() {
+        info.death = fallback_death(headers);
+        if info.death.is_some() {
+            info.notes
+                .push("death taken from x-last-death-* / x-first-death-* headers".to_owned());
+        }
+    }
+    info.error_text = ERROR_TEXT_HEADERS
+        .iter()
+        .find_map(|name| text_of(headers, name));
+    info.error_class = std::iter::once(error_class_header)
+        .chain(ERROR_CLASS_HEADERS.iter().copied())
+        .find_map(|name| text_of(headers, name));
+    info.original_exchange = text_of(headers, "x-original-exchange");
+    info.original_routing_key = text_of(headers, "x-original-routingKey")
+        .or_else(|| text_of(headers, "NServiceBus.FailedQ"))
+        .or_else(|| text_of(headers, "__connect.errors.topic"))
+        .or_else(|| text_of(headers, "kafka_dlt-original-topic"));
+    info
+}
+
+/// The head entry of an `x-death` array.
+///
+/// # Errors
+/// A sentence naming what is off: not an array, empty, the head not a table, or
+/// a field of the wrong type.
+pub fn parse_x_death(value: &HeaderValue) -> Result<Death, String> {
+    let Some(Value::Array(entries)) = &value.value else {
+        return Err("not an array".to_owned());
+    };
+    let Some(head) = entries.values.first() else {
+        return Err("empty array".to_owned());
+    };
+    let Some(Value::Table(entry)) = &head.value else {
+        return Err("first entry is not a table".to_owned());
+    };
+    let field_text = |name: &str| -> Result<String, String> {
+        match entry.fields.get(name) {
+            None => Ok(String::new()),
+            Some(value) => header_text(value).ok_or_else(|| format!("{name} is not a string")),
+        }
+    };
+    let reason = field_text("reason")?;
+    if reason.is_empty() {
+        return Err("first entry has no reason".to_owned());
+    }
+    let routing_keys = match entry
+        .fields
+        .get("routing-keys")
+        .and_then(|v| v.value.as_ref())
+    {
+        None => Vec::new(),
+        Some(Value::Array(keys)) => keys
+            .values
+            .iter()
+            .map(|key| header_text(key).ok_or_else(|| "routing-keys holds a non-string".to_owned()))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("routing-keys is not an array".to_owned()),
+    };
+    let count = match entry.fields.get("count") {
+        None => 1,
+        Some(value) => header_integer(value)
+            .and_then(|count| u64::try_from(count).ok())
+            .ok_or_else(|| "count is not a non-negative integer".to_owned())?,
+    };
+    let time = match entry.fields.get("time") {
+        None => None,
+        Some(value) => Some(
+            header_integer(value)
+                .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
+                .ok_or_else(|| "time is not a timestamp".to_owned())?,
+        ),
+    };
+    Ok(Death {
+        reason,
+        queue: field_text("queue")?,
+        exchange: field_text("exchange")?,
+        routing_keys,
+        count,
+        time,
+    })
+}
+
+fn fallback_death(headers: &HeaderTable) -> Option<Death> {
+    ["x-last-death", "x-first-death"].iter().find_map(|prefix| {
+        let reason = text_of(headers, &format!("{prefix}-reason"))?;
+        Some(Death {
+            reason,
+            queue: text_of(headers, &format!("{prefix}-queue")).unwrap_or_default(),
+            exchange: text_of(headers, &format!("{prefix}-exchange")).unwrap_or_default(),
+            routing_keys: Vec::new(),
+            count: 1,
+            time: None,
+        })
+    })
+}
+
+/// The reason class of a death reason, refined by the application's error class.
+pub fn reason_class(reason: Option<&str>, error_class: Option<&str>) -> ReasonClass {
+    let from_application = error_class.and_then(classify_error_class);
+    match reason.map(str::to_ascii_lowercase).as_deref() {
+        Some("delivery_limit") => ReasonClass::Exhausted,
+        Some("expired") => ReasonClass::Expired,
+        Some("maxlen") => ReasonClass::Overflow,
+        Some("rejected") => from_application.unwrap_or(ReasonClass::Rejected),
+        Some(other) => from_application
+            .or_else(|| ReasonClass::from_name(other))
+            .or_else(|| classify_error_class(other))
+            .unwrap_or(ReasonClass::Unknown),
+        None => from_application.unwrap_or(ReasonClass::Unknown),
+    }
+}
+
+/// What an application's error class (or free-text reason) says, if anything.
+fn classify_error_class(error_class: &str) -> Option<ReasonClass> {
+    let lowered = error_class.to_ascii_lowercase();
+    let says = |words: &[&str]| words.iter().any(|word| lowered.contains(word));
+    if says(&[
+        "poison",
+        "parse",
+        "deserializ",
+        "unparseable",
+        "malformed",
+        "format",
+        "conversion",
+        "decode",
+        "json",
+        "schema",
+    ]) {
+        Some(ReasonClass::Poison)
+    } else if says(&[
+        "retr",
+        "exhaust",
+        "attempts",
+        "delivery_limit",
+        "delivery-limit",
+        "timeout",
+    ]) {
+        Some(ReasonClass::Exhausted)
+    } else if says(&[
+        "business",
+        "permanent",
+        "rule",
+        "validation",
+        "invalid",
+        "illegalstate",
+        "notallowed",
+        "forbidden",
+    ]) {
+        Some(ReasonClass::Permanent)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redrive_proto::v1::{HeaderArray, HeaderTable};
+
+    use super::*;
+
+    fn text(value: &str) -> HeaderValue {
+        HeaderValue {
+            value: Some(Value::LongString(value.as_bytes().to_vec())),
+        }
+    }
+
+    fn table(fields: Vec<(&str, HeaderValue)>) -> HeaderValue {
+        HeaderValue {
+            value: Some(Value::Table(HeaderTable {
+                fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            })),
+        }
+    }
+
+    fn array(values: Vec<HeaderValue>) -> HeaderValue {
+        HeaderValue {
+            value: Some(Value::Array(HeaderArray { values })),
+        }
+    }
+
+    fn headers(fields: Vec<(&str, HeaderValue)>) -> HeaderTable {
+        HeaderTable {
+            fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        }
+    }
+
+    fn x_death_entry(reason: &str, queue: &str) -> HeaderValue {
+        table(vec![
+            ("reason", text(reason)),
+            ("queue", text(queue)),
+            ("exchange", text("orders")),
+            ("routing-keys", array(vec![text("order.created")])),
+            (
+                "count",
+                HeaderValue {
+                    value: Some(Value::LongLongInt(2)),
+                },
+            ),
+            (
+                "time",
+                HeaderValue {
+                    value: Some(Value::Timestamp(1_700_000_000)),
+                },
+            ),
+        ])
+    }
+
+    #[test]
+    fn the_head_of_x_death_is_the_death_that_counts() {
+        let headers = headers(vec![(
+            "x-death",
+            array(vec![
+                x_death_entry("expired", "retry"),
+                x_death_entry("rejected", "work"),
+            ]),
+        )]);
+        let death = analyze(&headers, "error-class").death.unwrap();
+        assert_eq!(death.reason, "expired");
+        assert_eq!(death.queue, "retry");
+        assert_eq!(death.exchange, "orders");
+        assert_eq!(death.routing_keys, vec!["order.created"]);
+        assert_eq!(death.count, 2);
+        assert_eq!(death.time.unwrap().timestamp(), 1_700_000_000);
+    }
+
+    #[test]
+    fn malformed_x_death_falls_back_and_is_noted() {
+        let headers = headers(vec![
+            ("x-death", text("not an array")),
+            ("x-first-death-reason", text("maxlen")),
+            ("x-first-death-queue", text("work")),
+            ("x-first-death-exchange", text("orders")),
+        ]);
+        let info = analyze(&headers, "error-class");
+        let death = info.death.unwrap();
+        assert_eq!(
+            (death.reason.as_str(), death.queue.as_str()),
+            ("maxlen", "work")
+        );
+        assert!(info.notes[0].contains("not an array"), "{:?}", info.notes);
+    }
+
+    #[test]
+    fn wrong_field_types_are_malformed_not_a_crash() {
+        let entry = table(vec![("reason", text("rejected")), ("count", text("three"))]);
+        let error = parse_x_death(&array(vec![entry])).unwrap_err();
+        assert!(error.contains("count"), "{error}");
+        assert!(parse_x_death(&array(vec![])).is_err());
+        assert!(parse_x_death(&array(vec![text("x")])).is_err());
+    }
+
+    #[test]
+    fn reason_classes_follow_design() {
+        assert_eq!(
+            reason_class(Some("delivery_limit"), None),
+            ReasonClass::Exhausted
+        );
+        assert_eq!(
+            reason_class(Some("expired"), Some("ParseError")),
+            ReasonClass::Expired
+        );
+        assert_eq!(reason_class(Some("maxlen"), None), ReasonClass::Overflow);
+        assert_eq!(reason_class(Some("rejected"), None), ReasonClass::Rejected);
+        assert_eq!(
+            reason_class(Some("rejected"), Some("JsonParseException")),
+            ReasonClass::Poison
+        );
+        assert_eq!(
+            reason_class(Some("rejected"), Some("BusinessRuleViolation")),
+            ReasonClass::Permanent
+        );
+        assert_eq!(
+            reason_class(Some("rejected"), Some("RetriesExhausted")),
+            ReasonClass::Exhausted
+        );
+        assert_eq!(reason_class(None, None), ReasonClass::Unknown);
+        assert_eq!(
+            reason_class(Some("something odd"), None),
+            ReasonClass::Unknown
+        );
+    }
+
+    #[test]
+    fn framework_headers_are_recognized() {
+        let headers = headers(vec![
+            ("x-original-exchange", text("orders")),
+            ("x-original-routingKey", text("order.created")),
+            ("x-exception-message", text("boom")),
+            ("MT-Fault-ExceptionType", text("System.FormatException")),
+        ]);
+        let info = analyze(&headers, "error-class");
+        assert_eq!(info.original_exchange.as_deref(), Some("orders"));
+        assert_eq!(info.original_routing_key.as_deref(), Some("order.created"));
+        assert_eq!(info.error_text.as_deref(), Some("boom"));
+        assert_eq!(
+            reason_class(Some("rejected"), info.error_class.as_deref()),
+            ReasonClass::Poison
+        );
+    }
+}

@@ -1,0 +1,67 @@
+//! The planner's domain error and its one mapping to `tonic::Status`.
+
+use redrive_proto::error::ErrorKind;
+use tonic::Status;
+
+use crate::store::StoreError;
+
+/// What a planner operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request field is wrong.
+    #[error("{field}: {problem}")]
+    InvalidArgument {
+        /// The field path, e.g. `selector.died_to`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// An id names nothing.
+    #[error("{0}")]
+    NotFound(String),
+    /// The state forbids the request.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A capability later work delivers.
+    #[error("{0} is not implemented yet")]
+    Unimplemented(&'static str),
+    /// PostgreSQL failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Error {
+    /// An `InvalidArgument` naming `field`.
+    pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Whether retrying the same call can help.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Store(store) if store.is_retryable())
+    }
+
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Self::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Self::NotFound(_) => ErrorKind::NotFound,
+            Self::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Self::Unimplemented(_) => ErrorKind::Unimplemented,
+            Self::Store(store) if store.is_retryable() => ErrorKind::Unavailable,
+            Self::Store(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        let kind = error.kind();
+        if kind == ErrorKind::Internal {
+            tracing::error!(%error, "internal error");
+        }
+        kind.status(error.to_string())
+    }
+}

@@ -1,0 +1,185 @@
+//! Inspecting captured dead letters: list (paged), get (with a body preview),
+//! summarize (grouped counts).
+
+use redrive_proto::{time::timestamp, v1};
+
+use crate::{
+    body,
+    error::Error,
+    selector::Selector,
+    store::{Store, dead_letters::Dimension},
+};
+
+/// Default and maximum page sizes of `ListDeadLetters`.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+/// See [`DEFAULT_PAGE_SIZE`].
+pub const MAX_PAGE_SIZE: u32 = 1000;
+
+/// Where a page starts: after this id, with this many already returned (so the
+/// selector's limit holds across pages). Encoded as `"{after_id}.{returned}"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageToken {
+    /// Last id of the previous page.
+    pub after_id: i64,
+    /// Dead letters returned by earlier pages.
+    pub returned: u64,
+}
+
+impl PageToken {
+    /// Parses a token from a previous answer; empty is the first page.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `page_token`.
+    pub fn parse(token: &str) -> Result<Self, Error> {
+        if token.is_empty() {
+            return Ok(Self::default());
+        }
+        let parsed = token
+            .split_once('.')
+            .and_then(|(after, returned)| Some((after.parse().ok()?, returned.parse().ok()?)));
+        let (after_id, returned) = parsed
+            .ok_or_else(|| Error::invalid("page_token", "not a token from a previous answer"))?;
+        Ok(Self { after_id, returned })
+    }
+
+    fn encode(self) -> String {
+        format!("{}.{}", self.after_id, self.returned)
+    }
+}
+
+/// Parses a dead letter id (decimal).
+///
+/// # Errors
+/// `InvalidArgument` naming `field`.
+pub fn parse_id(field: &str, id: &str) -> Result<i64, Error> {
+    id.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
+        Error::invalid(
+            field,
+            format!("{id:?} is not a dead letter id (a positive integer)"),
+        )
+    })
+}
+
+/// One page of dead letters without bodies, and the token of the next page
+/// (empty on the last).
+///
+/// # Errors
+/// `InvalidArgument` for a page size over [`MAX_PAGE_SIZE`]; store errors.
+pub async fn list(
+    store: &Store,
+    selector: &Selector,
+    page_size: u32,
+    token: PageToken,
+) -> Result<(Vec<v1::DeadLetter>, String), Error> {
+    if page_size > MAX_PAGE_SIZE {
+        return Err(Error::invalid(
+            "page_size",
+            format!("at most {MAX_PAGE_SIZE}"),
+        ));
+    }
+    let mut page_size = if page_size == 0 {
+        DEFAULT_PAGE_SIZE
+    } else {
+        page_size
+    };
+    if let Some(limit) = selector.limit {
+        let remaining = limit.saturating_sub(token.returned);
+        page_size = page_size.min(u32::try_from(remaining).unwrap_or(u32::MAX));
+        if page_size == 0 {
+            return Ok((Vec::new(), String::new()));
+        }
+    }
+    let dead_letters = store
+        .list_dead_letters(selector, token.after_id, page_size)
+        .await?;
+    let next = match dead_letters.last() {
+        Some(last) if dead_letters.len() as u32 == page_size => PageToken {
+            after_id: last.id.parse().unwrap_or(i64::MAX),
+            returned: token.returned + dead_letters.len() as u64,
+        }
+        .encode(),
+        _ => String::new(),
+    };
+    Ok((dead_letters, next))
+}
+
+/// The dead letter `id` and a preview of its latest body.
+///
+/// # Errors
+/// `NotFound` when no dead letter has that id; store errors.
+pub async fn get(store: &Store, id: i64) -> Result<(v1::DeadLetter, String), Error> {
+    let dead_letter = store
+        .get_dead_letter(id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("dead letter {id} not found")))?;
+    let latest = dead_letter
+        .revisions
+        .last()
+        .map_or(dead_letter.body.as_slice(), |r| r.body.as_slice());
+    let preview = body::preview(latest);
+    Ok((dead_letter, preview))
+}
+
+/// The dimension of a proto enum value.
+///
+/// # Errors
+/// `InvalidArgument` naming `group_by[index]`.
+pub fn dimension(index: usize, value: i32) -> Result<Dimension, Error> {
+    use v1::SummaryDimension as D;
+    Ok(match D::try_from(value).unwrap_or(D::Unspecified) {
+        D::Reason => Dimension::Reason,
+        D::Destination => Dimension::Destination,
+        D::Producer => Dimension::Producer,
+        D::SchemaVersion => Dimension::SchemaVersion,
+        D::EventType => Dimension::EventType,
+        D::Hour => Dimension::Hour,
+        D::Source => Dimension::Source,
+        D::Unspecified => {
+            return Err(Error::invalid(
+                format!("group_by[{index}]"),
+                "one of reason, destination, producer, schema_version, event_type, hour, source",
+            ));
+        }
+    })
+}
+
+/// Grouped counts of the selected dead letters, largest group first.
+///
+/// # Errors
+/// `InvalidArgument` for a dimension named twice; store errors.
+pub async fn summarize(
+    store: &Store,
+    selector: &Selector,
+    dimensions: Vec<Dimension>,
+) -> Result<v1::SummarizeDeadLettersResponse, Error> {
+    let dimensions = if dimensions.is_empty() {
+        vec![Dimension::Reason]
+    } else {
+        dimensions
+    };
+    for (index, dimension) in dimensions.iter().enumerate() {
+        if dimensions[..index].contains(dimension) {
+            return Err(Error::invalid(
+                format!("group_by[{index}]"),
+                format!("{} named twice", dimension.name()),
+            ));
+        }
+    }
+    let groups = store.summarize_dead_letters(selector, &dimensions).await?;
+    Ok(v1::SummarizeDeadLettersResponse {
+        total: groups.iter().map(|group| group.count).sum(),
+        groups: groups
+            .into_iter()
+            .map(|group| v1::SummaryGroup {
+                key: group
+                    .key
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
+                count: group.count,
+                first_seen: Some(timestamp(group.first_seen)),
+                last_seen: Some(timestamp(group.last_seen)),
+            })
+            .collect(),
+    })
+}

@@ -1,0 +1,164 @@
+//! The Redrive planner: captures dead letters from RabbitMQ DLQs, services and
+//! files into PostgreSQL, lets operators inspect and summarize them, and (in
+//! later work) prechecks, plans and coordinates replays. It is stateless: every
+//! piece of state lives in PostgreSQL, so replicas are interchangeable.
+//!
+//! # Layout
+//! - [`config`]: flags and validation.
+//! - [`capture`]: consuming DLQs, ack after commit.
+//! - [`ingest`]: `IngestDeadLetters` (services and `redrivectl import`).
+//! - [`dead_letter`], [`death`], [`message_key`], [`body`]: what is derived from
+//!   a dead letter (death that counts, reason class, key, compression).
+//! - [`inspect`], [`selector`]: listing, lookups, summaries.
+//! - [`store`]: PostgreSQL.
+//! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
+
+pub mod body;
+pub mod capture;
+pub mod config;
+pub mod dead_letter;
+pub mod death;
+pub mod error;
+pub mod grpc;
+pub mod ingest;
+pub mod inspect;
+pub mod message_key;
+pub mod selector;
+pub mod store;
+
+use std::{sync::Arc, time::Duration};
+
+use redrive_proto::{
+    FILE_DESCRIPTOR_SET,
+    v1::{coordinator_server::CoordinatorServer, planner_server::PlannerServer},
+};
+use sqlx::{Postgres, migrate::MigrateDatabase};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use crate::config::Config;
+use crate::{
+    capture::CaptureConfig,
+    grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
+    store::Store,
+};
+
+/// Largest gRPC message the planner accepts or sends (a 16 MiB body plus
+/// headroom).
+pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Runs the planner on `listener` until `shutdown` is cancelled: creates the
+/// database if missing, applies migrations (retrying while PostgreSQL is
+/// unreachable), starts capture, serves `redrive.v1.Planner`,
+/// `redrive.v1.Coordinator`, `grpc.health.v1.Health` and server reflection, and
+/// on shutdown lets capture store and ack what it holds within the grace period.
+///
+/// # Errors
+/// An invalid configuration, a migration that fails for a reason other than
+/// PostgreSQL being unreachable, or the server failing.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?;
+    if !prepare_database(&config, &store, &shutdown).await? {
+        return Ok(());
+    }
+    let rules = Arc::new(config.extraction_rules());
+
+    let capture = tokio::spawn(capture::run(
+        CaptureConfig {
+            amqp_url: config.amqp_url.clone(),
+            queues: config.capture_queues.clone(),
+            prefetch: config.capture_prefetch,
+            batch_size: config.capture_batch_size,
+            batch_wait: config.capture_batch_wait(),
+            rules: Arc::clone(&rules),
+        },
+        store.clone(),
+        shutdown.clone(),
+    ));
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<PlannerServer<PlannerGrpc>>()
+        .await;
+    health_reporter
+        .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let planner = PlannerServer::new(PlannerGrpc::new(PlannerState { store, rules }))
+        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    let coordinator = CoordinatorServer::new(CoordinatorGrpc)
+        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+
+    info!(listen = %listener.local_addr()?, capture_queues = ?config.capture_queues, "planner serving");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(planner)
+        .add_service(coordinator)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        .await?;
+
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    if tokio::time::timeout(grace, capture).await.is_err() {
+        warn!(
+            grace_seconds = config.shutdown_grace_seconds,
+            "capture did not stop within the grace period"
+        );
+    }
+    info!("planner stopped");
+    Ok(())
+}
+
+/// Creates the database if missing and applies migrations, retrying with
+/// backoff while PostgreSQL is unreachable. `Ok(false)` when shut down first.
+async fn prepare_database(
+    config: &Config,
+    store: &Store,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            if !Postgres::database_exists(&config.database_url).await? {
+                info!("creating database");
+                Postgres::create_database(&config.database_url).await?;
+            }
+            store.migrate().await?;
+            anyhow::Ok(())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(true),
+            Err(error) if is_unreachable(&error) => {
+                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "PostgreSQL unreachable, waiting");
+            }
+            Err(error) => return Err(error.context("preparing the database")),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(false),
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn is_unreachable(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some()
+            || matches!(
+                cause.downcast_ref::<sqlx::Error>(),
+                Some(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
+            )
+    })
+}

@@ -1,0 +1,71 @@
+//! `redrive-planner`: parses the configuration, starts logging, wires SIGINT and
+//! SIGTERM to a cancellation token and runs [`redrive_planner::run`].
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use redrive_planner::Config;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+/// Exit code for a bad setting (sysexits.h `EX_USAGE`).
+const EX_USAGE: u8 = 64;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = match Config::try_parse() {
+        Ok(config) => config,
+        Err(error) if !error.use_stderr() => {
+            let _ = error.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    if let Err(error) = config.validate() {
+        eprintln!("redrive-planner: {error}");
+        return ExitCode::from(EX_USAGE);
+    }
+    let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    if config.log_json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "redrive-planner: invalid setting --listen: cannot bind {}: {error}",
+                config.listen
+            );
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    match redrive_planner::run(config, listener, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "planner failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("shutdown requested");
+    shutdown.cancel();
+}

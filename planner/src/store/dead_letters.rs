@@ -1,0 +1,534 @@
+//! The `dead_letters` table: batch inserts, listing, lookups and summaries.
+
+use chrono::{DateTime, Utc};
+use prost::Message;
+use redrive_proto::{
+    time::timestamp,
+    v1::{self, BodyCompression, HeaderTable, MessageProperties, Origin, ReasonClass},
+};
+use sqlx::{AssertSqlSafe, Postgres, QueryBuilder, Row, postgres::PgRow};
+
+use super::{Store, StoreError};
+use crate::{
+    dead_letter::{Dedup, NewDeadLetter},
+    selector::Selector,
+};
+
+/// What a batch insert did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InsertOutcome {
+    /// Rows newly stored.
+    pub inserted: u64,
+    /// Items recognized as already stored.
+    pub already_stored: u64,
+}
+
+/// A dimension to group dead letters by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimension {
+    /// Reason class.
+    Reason,
+    /// Default replay destination.
+    Destination,
+    /// Producer (`app_id`).
+    Producer,
+    /// Schema version.
+    SchemaVersion,
+    /// Event type.
+    EventType,
+    /// Hour of `died_at`, UTC (`2026-11-29T14:00Z`).
+    Hour,
+    /// Source.
+    Source,
+}
+
+impl Dimension {
+    /// The key name in `SummaryGroup.key`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Reason => "reason",
+            Self::Destination => "destination",
+            Self::Producer => "producer",
+            Self::SchemaVersion => "schema_version",
+            Self::EventType => "event_type",
+            Self::Hour => "hour",
+            Self::Source => "source",
+        }
+    }
+
+    fn sql(self) -> &'static str {
+        match self {
+            Self::Reason => "reason_class",
+            Self::Destination => "destination",
+            Self::Producer => "coalesce(producer, '')",
+            Self::SchemaVersion => "coalesce(schema_version, '')",
+            Self::EventType => "coalesce(event_type, '')",
+            Self::Hour => {
+                "to_char(date_trunc('hour', died_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24\":00Z\"')"
+            }
+            Self::Source => "source",
+        }
+    }
+}
+
+/// One group of a summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryGroup {
+    /// (dimension name, value) in the requested order.
+    pub key: Vec<(&'static str, String)>,
+    /// Dead letters in the group.
+    pub count: u64,
+    /// Earliest `died_at`.
+    pub first_seen: DateTime<Utc>,
+    /// Latest `died_at`.
+    pub last_seen: DateTime<Utc>,
+}
+
+fn compression_name(compression: BodyCompression) -> &'static str {
+    match compression {
+        BodyCompression::Gzip => "gzip",
+        BodyCompression::Zstd => "zstd",
+        BodyCompression::None | BodyCompression::Unspecified => "none",
+    }
+}
+
+fn compression_from_name(name: &str) -> BodyCompression {
+    match name {
+        "gzip" => BodyCompression::Gzip,
+        "zstd" => BodyCompression::Zstd,
+        _ => BodyCompression::None,
+    }
+}
+
+/// `value` with NUL characters (which PostgreSQL text cannot hold) replaced by
+/// U+FFFD.
+fn text(value: String) -> String {
+    if value.contains('\0') {
+        value.replace('\0', "\u{fffd}")
+    } else {
+        value
+    }
+}
+
+/// A JSON array of NUL-free strings, unpacked by `jsonb_array_elements_text`.
+fn json_text_array(values: &[String]) -> String {
+    let cleaned: Vec<String> = values.iter().cloned().map(text).collect();
+    serde_json::to_string(&cleaned).unwrap_or_else(|_| "[]".to_owned())
+}
+
+/// Columns read for a dead letter; `body` only when asked.
+fn columns(with_body: bool) -> String {
+    format!(
+        "id, source, origin, captured_at, message_id, message_key, {}, body_size, body_sha256, \
+         body_oversized, body_compression, properties, headers, death_reason, death_queue, \
+         death_exchange, death_routing_keys, death_count, death_time, reason_class, destination, \
+         event_type, schema_version, producer, error_text, attempts, died_at, occurred_at, \
+         redrive_plan_id, original_exchange, original_routing_key, capture_notes, body_problem",
+        if with_body {
+            "body"
+        } else {
+            "''::bytea AS body"
+        }
+    )
+}
+
+/// Pushes ` WHERE …` for `selector` (without its limit).
+fn push_conditions(builder: &mut QueryBuilder<Postgres>, selector: &Selector) {
+    builder.push(" WHERE TRUE");
+    let lists: [(&str, &Vec<String>); 5] = [
+        ("source", &selector.sources),
+        ("destination", &selector.destinations),
+        ("event_type", &selector.event_types),
+        ("schema_version", &selector.schema_versions),
+        ("producer", &selector.producers),
+    ];
+    for (column, values) in lists {
+        if !values.is_empty() {
+            builder
+                .push(format!(" AND {column} = ANY("))
+                .push_bind(values.clone())
+                .push(")");
+        }
+    }
+    if !selector.reasons.is_empty() {
+        builder
+            .push(" AND (reason_class = ANY(")
+            .push_bind(selector.reasons.clone())
+            .push(") OR death_reason = ANY(")
+            .push_bind(selector.reasons.clone())
+            .push("))");
+    }
+    if let Some(from) = selector.died_from {
+        builder.push(" AND died_at >= ").push_bind(from);
+    }
+    if let Some(to) = selector.died_to {
+        builder.push(" AND died_at < ").push_bind(to);
+    }
+}
+
+/// Pushes a sub-select of the selected dead letters' `columns`, honouring the
+/// selector's limit (first captured first).
+pub(crate) fn push_selected(
+    builder: &mut QueryBuilder<Postgres>,
+    selector: &Selector,
+    columns: &str,
+) {
+    builder.push(format!("(SELECT {columns} FROM dead_letters"));
+    push_conditions(builder, selector);
+    builder.push(" ORDER BY id");
+    if let Some(limit) = selector.limit {
+        builder
+            .push(" LIMIT ")
+            .push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+    builder.push(")");
+}
+
+impl Store {
+    /// Stores `batch` in one statement (one transaction). Redeliveries whose
+    /// fingerprint is stored, and ingest items whose (source, dedup key) is
+    /// stored, are skipped and counted as `already_stored`.
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing of the batch is stored then.
+    pub async fn insert_dead_letters(
+        &self,
+        batch: &[NewDeadLetter],
+    ) -> Result<InsertOutcome, StoreError> {
+        if batch.is_empty() {
+            return Ok(InsertOutcome::default());
+        }
+        // PostgreSQL text cannot hold NUL: every derived string passes `text`.
+        let column = |f: &dyn Fn(&NewDeadLetter) -> Option<String>| {
+            batch.iter().map(|d| f(d).map(text)).collect::<Vec<_>>()
+        };
+        let sources = column(&|d| Some(d.source.clone()));
+        let origins = column(&|d| Some(d.origin.name().to_owned()));
+        let redelivered: Vec<bool> = batch
+            .iter()
+            .map(|d| d.dedup == Dedup::Fingerprint)
+            .collect();
+        let dedup_keys = column(&|d| match &d.dedup {
+            Dedup::Key(key) => Some(key.clone()),
+            Dedup::None | Dedup::Fingerprint => None,
+        });
+        let fingerprints: Vec<Vec<u8>> = batch.iter().map(|d| d.fingerprint.to_vec()).collect();
+        let captured_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.captured_at).collect();
+        let message_ids = column(&|d| d.message_id.clone());
+        let message_keys = column(&|d| Some(d.message_key.clone()));
+        let bodies: Vec<&[u8]> = batch.iter().map(|d| d.body.as_slice()).collect();
+        let body_sizes: Vec<i64> = batch.iter().map(|d| d.body.len() as i64).collect();
+        let body_hashes: Vec<Vec<u8>> = batch.iter().map(|d| d.body_sha256.to_vec()).collect();
+        let oversized: Vec<bool> = batch.iter().map(|d| d.body_oversized).collect();
+        let body_problems = column(&|d| d.body_problem.clone());
+        let compressions = column(&|d| Some(compression_name(d.body_compression).to_owned()));
+        let properties: Vec<&[u8]> = batch.iter().map(|d| d.properties.as_slice()).collect();
+        let headers: Vec<&[u8]> = batch.iter().map(|d| d.headers.as_slice()).collect();
+        let content_types = column(&|d| d.content_type.clone());
+        let death_reasons = column(&|d| d.death.as_ref().map(|x| x.reason.clone()));
+        let death_queues = column(&|d| d.death.as_ref().map(|x| x.queue.clone()));
+        let death_exchanges = column(&|d| d.death.as_ref().map(|x| x.exchange.clone()));
+        let death_routing_keys =
+            column(&|d| d.death.as_ref().map(|x| json_text_array(&x.routing_keys)));
+        let death_counts: Vec<Option<i64>> = batch
+            .iter()
+            .map(|d| {
+                d.death
+                    .as_ref()
+                    .map(|x| i64::try_from(x.count).unwrap_or(i64::MAX))
+            })
+            .collect();
+        let death_times: Vec<Option<DateTime<Utc>>> = batch
+            .iter()
+            .map(|d| d.death.as_ref().and_then(|x| x.time))
+            .collect();
+        let reason_classes = column(&|d| Some(d.reason_class.name().to_owned()));
+        let destinations = column(&|d| Some(d.destination.clone()));
+        let event_types = column(&|d| d.event_type.clone());
+        let schema_versions = column(&|d| d.schema_version.clone());
+        let producers = column(&|d| d.producer.clone());
+        let error_texts = column(&|d| d.error_text.clone());
+        let attempts: Vec<Option<i32>> = batch
+            .iter()
+            .map(|d| d.attempts.and_then(|a| i32::try_from(a).ok()))
+            .collect();
+        let died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.died_at).collect();
+        let occurred_at: Vec<Option<DateTime<Utc>>> = batch.iter().map(|d| d.occurred_at).collect();
+        let plan_ids = column(&|d| d.redrive_plan_id.clone());
+        let original_exchanges = column(&|d| d.original_exchange.clone());
+        let original_routing_keys = column(&|d| d.original_routing_key.clone());
+        let notes = column(&|d| Some(json_text_array(&d.capture_notes)));
+
+        let inserted: Vec<i64> = sqlx::query_scalar(
+            r#"
+            INSERT INTO dead_letters (
+                source, origin, dedup_key, capture_fingerprint, captured_at, message_id,
+                message_key, body, body_size, body_sha256, body_oversized, body_problem,
+                body_compression, properties, headers, content_type, death_reason, death_queue,
+                death_exchange, death_routing_keys, death_count, death_time, reason_class,
+                destination, event_type, schema_version, producer, error_text, attempts,
+                died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
+                capture_notes)
+            SELECT
+                u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
+                u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
+                u.compression, u.properties, u.headers, u.content_type, u.death_reason,
+                u.death_queue, u.death_exchange,
+                CASE WHEN u.routing_keys IS NULL THEN NULL
+                     ELSE ARRAY(SELECT jsonb_array_elements_text(u.routing_keys::jsonb)) END,
+                u.death_count, u.death_time, u.reason_class, u.destination, u.event_type,
+                u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
+                u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
+                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb))
+            FROM UNNEST(
+                $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
+                $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
+                $13::text[], $14::bytea[], $15::bytea[], $16::text[], $17::text[], $18::text[],
+                $19::text[], $20::text[], $21::bigint[], $22::timestamptz[], $23::text[],
+                $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
+                $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
+                $35::text[], $36::bool[]
+            ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
+                   message_key, body, body_size, body_sha256, oversized, body_problem,
+                   compression, properties, headers, content_type, death_reason, death_queue,
+                   death_exchange, routing_keys, death_count, death_time, reason_class,
+                   destination, event_type, schema_version, producer, error_text, attempts,
+                   died_at, occurred_at, plan_id, original_exchange, original_routing_key,
+                   notes, redelivered)
+            WHERE NOT (u.redelivered AND EXISTS (
+                SELECT 1 FROM dead_letters d
+                WHERE d.source = u.source AND d.capture_fingerprint = u.fingerprint))
+            ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+            RETURNING id
+            "#,
+        )
+        .bind(&sources)
+        .bind(&origins)
+        .bind(&dedup_keys)
+        .bind(&fingerprints)
+        .bind(&captured_at)
+        .bind(&message_ids)
+        .bind(&message_keys)
+        .bind(&bodies)
+        .bind(&body_sizes)
+        .bind(&body_hashes)
+        .bind(&oversized)
+        .bind(&body_problems)
+        .bind(&compressions)
+        .bind(&properties)
+        .bind(&headers)
+        .bind(&content_types)
+        .bind(&death_reasons)
+        .bind(&death_queues)
+        .bind(&death_exchanges)
+        .bind(&death_routing_keys)
+        .bind(&death_counts)
+        .bind(&death_times)
+        .bind(&reason_classes)
+        .bind(&destinations)
+        .bind(&event_types)
+        .bind(&schema_versions)
+        .bind(&producers)
+        .bind(&error_texts)
+        .bind(&attempts)
+        .bind(&died_at)
+        .bind(&occurred_at)
+        .bind(&plan_ids)
+        .bind(&original_exchanges)
+        .bind(&original_routing_keys)
+        .bind(&notes)
+        .bind(&redelivered)
+        .fetch_all(self.pool())
+        .await?;
+        let inserted = inserted.len() as u64;
+        Ok(InsertOutcome {
+            inserted,
+            already_stored: batch.len() as u64 - inserted,
+        })
+    }
+
+    /// One page of selected dead letters (without bodies), by id, after
+    /// `after_id`, at most `page_size`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn list_dead_letters(
+        &self,
+        selector: &Selector,
+        after_id: i64,
+        page_size: u32,
+    ) -> Result<Vec<v1::DeadLetter>, StoreError> {
+        let mut builder = QueryBuilder::new(format!("SELECT {} FROM dead_letters", columns(false)));
+        push_conditions(&mut builder, selector);
+        builder
+            .push(" AND id > ")
+            .push_bind(after_id)
+            .push(" ORDER BY id LIMIT ")
+            .push_bind(i64::from(page_size));
+        let rows = builder.build().fetch_all(self.pool()).await?;
+        rows.iter().map(dead_letter_from_row).collect()
+    }
+
+    /// The dead letter `id` with its body and revisions, if stored.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn get_dead_letter(&self, id: i64) -> Result<Option<v1::DeadLetter>, StoreError> {
+        let query = format!("SELECT {} FROM dead_letters WHERE id = $1", columns(true));
+        let Some(row) = sqlx::query(AssertSqlSafe(query))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await?
+        else {
+            return Ok(None);
+        };
+        let mut dead_letter = dead_letter_from_row(&row)?;
+        let revisions = sqlx::query(
+            "SELECT revision, body, body_sha256, actor, reason, created_at \
+             FROM dead_letter_revisions WHERE dead_letter_id = $1 ORDER BY revision",
+        )
+        .bind(id)
+        .fetch_all(self.pool())
+        .await?;
+        dead_letter.revisions = revisions
+            .iter()
+            .map(|row| {
+                Ok(v1::BodyRevision {
+                    revision: u32::try_from(row.try_get::<i32, _>("revision")?).unwrap_or_default(),
+                    body: row.try_get("body")?,
+                    body_sha256: hex::encode(row.try_get::<Vec<u8>, _>("body_sha256")?),
+                    actor: row.try_get("actor")?,
+                    reason: row.try_get("reason")?,
+                    created_at: Some(timestamp(row.try_get("created_at")?)),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()?;
+        Ok(Some(dead_letter))
+    }
+
+    /// Counts of the selected dead letters grouped by `dimensions`, largest first.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn summarize_dead_letters(
+        &self,
+        selector: &Selector,
+        dimensions: &[Dimension],
+    ) -> Result<Vec<SummaryGroup>, StoreError> {
+        let keys: Vec<String> = dimensions
+            .iter()
+            .enumerate()
+            .map(|(index, dimension)| format!("{} AS k{index}", dimension.sql()))
+            .collect();
+        let mut builder = QueryBuilder::new(format!(
+            "SELECT {}, count(*) AS count, min(died_at) AS first_seen, max(died_at) AS last_seen FROM ",
+            keys.join(", ")
+        ));
+        push_selected(
+            &mut builder,
+            selector,
+            "reason_class, destination, producer, schema_version, event_type, died_at, source",
+        );
+        let positions: Vec<String> = (1..=dimensions.len()).map(|p| p.to_string()).collect();
+        builder.push(format!(
+            " d GROUP BY {} ORDER BY count DESC, {}",
+            positions.join(", "),
+            positions.join(", ")
+        ));
+        let rows = builder.build().fetch_all(self.pool()).await?;
+        rows.iter()
+            .map(|row| {
+                let key = dimensions
+                    .iter()
+                    .enumerate()
+                    .map(|(index, dimension)| {
+                        Ok((dimension.name(), row.try_get::<String, _>(index)?))
+                    })
+                    .collect::<Result<_, sqlx::Error>>()?;
+                Ok(SummaryGroup {
+                    key,
+                    count: u64::try_from(row.try_get::<i64, _>("count")?).unwrap_or_default(),
+                    first_seen: row.try_get("first_seen")?,
+                    last_seen: row.try_get("last_seen")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Decodes a row of [`columns`] into the API shape.
+fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreError> {
+    let properties: Vec<u8> = row.try_get("properties")?;
+    let headers: Vec<u8> = row.try_get("headers")?;
+    let id: i64 = row.try_get("id")?;
+    let properties = MessageProperties::decode(properties.as_slice())
+        .map_err(|error| StoreError::Corrupt(format!("dead letter {id} properties: {error}")))?;
+    let headers = HeaderTable::decode(headers.as_slice())
+        .map_err(|error| StoreError::Corrupt(format!("dead letter {id} headers: {error}")))?;
+    let death_reason: Option<String> = row.try_get("death_reason")?;
+    let death = match death_reason {
+        None => None,
+        Some(reason) => Some(v1::Death {
+            reason,
+            queue: row
+                .try_get::<Option<String>, _>("death_queue")?
+                .unwrap_or_default(),
+            exchange: row
+                .try_get::<Option<String>, _>("death_exchange")?
+                .unwrap_or_default(),
+            routing_keys: row
+                .try_get::<Option<Vec<String>>, _>("death_routing_keys")?
+                .unwrap_or_default(),
+            count: row
+                .try_get::<Option<i64>, _>("death_count")?
+                .and_then(|count| u64::try_from(count).ok())
+                .unwrap_or_default(),
+            time: row
+                .try_get::<Option<DateTime<Utc>>, _>("death_time")?
+                .map(timestamp),
+        }),
+    };
+    let mut capture_notes: Vec<String> = row.try_get("capture_notes")?;
+    if let Some(problem) = row.try_get::<Option<String>, _>("body_problem")? {
+        capture_notes.push(problem);
+    }
+    let origin: String = row.try_get("origin")?;
+    let reason_class: String = row.try_get("reason_class")?;
+    let compression: String = row.try_get("body_compression")?;
+    Ok(v1::DeadLetter {
+        id: id.to_string(),
+        source: row.try_get("source")?,
+        origin: Origin::from_name(&origin).unwrap_or_default().into(),
+        captured_at: Some(timestamp(row.try_get("captured_at")?)),
+        message_id: row.try_get("message_id")?,
+        message_key: row.try_get("message_key")?,
+        body: row.try_get("body")?,
+        body_size: u64::try_from(row.try_get::<i64, _>("body_size")?).unwrap_or_default(),
+        body_sha256: hex::encode(row.try_get::<Vec<u8>, _>("body_sha256")?),
+        body_oversized: row.try_get("body_oversized")?,
+        body_compression: compression_from_name(&compression).into(),
+        properties: Some(properties),
+        headers: Some(headers),
+        death,
+        reason_class: ReasonClass::from_name(&reason_class)
+            .unwrap_or_default()
+            .into(),
+        destination: row.try_get("destination")?,
+        event_type: row.try_get("event_type")?,
+        schema_version: row.try_get("schema_version")?,
+        producer: row.try_get("producer")?,
+        error_text: row.try_get("error_text")?,
+        died_at: Some(timestamp(row.try_get("died_at")?)),
+        occurred_at: row
+            .try_get::<Option<DateTime<Utc>>, _>("occurred_at")?
+            .map(timestamp),
+        redrive_plan_id: row.try_get("redrive_plan_id")?,
+        capture_notes,
+        original_exchange: row.try_get("original_exchange")?,
+        original_routing_key: row.try_get("original_routing_key")?,
+        attempts: row
+            .try_get::<Option<i32>, _>("attempts")?
+            .and_then(|attempts| u32::try_from(attempts).ok()),
+        revisions: Vec::new(),
+    })
+}

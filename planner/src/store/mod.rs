@@ -1,0 +1,107 @@
+//! PostgreSQL: the planner's only state. Every query lives under this module;
+//! `sqlx::Error` is translated by SQLSTATE here, once.
+//!
+//! # Layout
+//! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
+//!   summarize.
+
+pub mod dead_letters;
+
+use std::time::Duration;
+
+use sqlx::{PgPool, postgres::PgPoolOptions};
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// PostgreSQL cannot be reached or is shutting down; retrying can help.
+    #[error("PostgreSQL unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// A transaction lost a serialization race or deadlock; retrying can help.
+    #[error("PostgreSQL transaction conflict: {0}")]
+    Conflict(#[source] sqlx::Error),
+    /// Anything else from PostgreSQL: a bug or a schema mismatch.
+    #[error("PostgreSQL error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// A stored value does not decode (encoded properties or headers).
+    #[error("stored data does not decode: {0}")]
+    Corrupt(String),
+    /// Migrations could not be applied.
+    #[error("applying migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl StoreError {
+    /// Whether the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Conflict(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        match &error {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => Self::Unavailable(error),
+            sqlx::Error::Database(database) => {
+                let code = database.code().unwrap_or_default();
+                // SQLSTATE classes (PostgreSQL docs, Appendix A): 08 connection
+                // exception, 53 insufficient resources, 57 operator intervention
+                // (admin shutdown); 40001 serialization failure, 40P01 deadlock.
+                if code.starts_with("08") || code.starts_with("53") || code.starts_with("57") {
+                    Self::Unavailable(error)
+                } else if code == "40001" || code == "40P01" {
+                    Self::Conflict(error)
+                } else {
+                    Self::Database(error)
+                }
+            }
+            _ => Self::Database(error),
+        }
+    }
+}
+
+/// The planner's handle on PostgreSQL (a connection pool; cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects lazily to `database_url` (connections open on first use, so the
+    /// planner starts and answers health checks while PostgreSQL is down).
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the URL does not parse.
+    pub fn connect_lazy(database_url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(database_url)
+            .map_err(StoreError::Database)?;
+        Ok(Self { pool })
+    }
+
+    /// Wraps an existing pool (tests).
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Applies `planner/migrations` (idempotent; concurrent planners serialize on
+    /// sqlx's advisory lock).
+    ///
+    /// # Errors
+    /// [`StoreError::Migrate`] when PostgreSQL is unreachable or a migration fails.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("./migrations").run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The pool, for modules of the store.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
