@@ -1,1 +1,420 @@
-//! wip
+//! Support for Redrive's end-to-end tests and benchmarks: the planner in-process
+//! on `127.0.0.1:0`, a fresh PostgreSQL database per test, uniquely named
+//! RabbitMQ queues, and a TCP proxy a test can cut to simulate an outage
+//! without touching the shared servers.
+//!
+//! # Layout
+//! - [`TestDb`]: a database of its own, dropped by [`TestDb::drop_database`].
+//! - [`Broker`]: a RabbitMQ connection and helpers to declare, publish, count
+//!   and delete what a test uses.
+//! - [`TcpProxy`]: forwards to a server until cut.
+//! - [`PlannerHandle`]: a running planner and its gRPC client.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context;
+use lapin::{
+    BasicProperties, Channel, Connection, ConnectionProperties,
+    options::{
+        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+        QueueDeleteOptions,
+    },
+    types::FieldTable,
+};
+use redrive_planner::Config;
+use redrive_proto::v1::planner_client::PlannerClient;
+use sqlx::{Postgres, migrate::MigrateDatabase};
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel as GrpcChannel;
+
+/// The local services (SERVICES.md).
+pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432";
+/// See [`POSTGRES_URL`].
+pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// A short unique suffix for names of this test run.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Logs to the test output when `REDRIVE_LOG` is set.
+pub fn init_logging() {
+    if let Ok(filter) = std::env::var("REDRIVE_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// A database of the test's own on the local PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    /// Its name.
+    pub name: String,
+}
+
+impl TestDb {
+    /// A new name; the planner creates the database on start.
+    pub fn new() -> Self {
+        Self {
+            name: unique("redrive_test"),
+        }
+    }
+
+    /// URL on the real server.
+    pub fn url(&self) -> String {
+        format!("{POSTGRES_URL}/{}", self.name)
+    }
+
+    /// URL through `proxy`.
+    pub fn url_via(&self, proxy: &TcpProxy) -> String {
+        format!("postgres://postgres@{}/{}", proxy.addr(), self.name)
+    }
+
+    /// A pool on the real server (for assertions).
+    ///
+    /// # Errors
+    /// When PostgreSQL is unreachable.
+    pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        Ok(sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&self.url())
+            .await?)
+    }
+
+    /// Drops the database, closing other sessions on it.
+    pub async fn drop_database(&self) {
+        let _ = Postgres::force_drop_database(&self.url()).await;
+    }
+}
+
+impl Default for TestDb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A RabbitMQ connection with a confirming channel.
+pub struct Broker {
+    /// The connection.
+    pub connection: Connection,
+    /// A channel in confirm mode.
+    pub channel: Channel,
+    queues: Mutex<Vec<String>>,
+    exchanges: Mutex<Vec<String>>,
+}
+
+impl Broker {
+    /// Connects to the local RabbitMQ.
+    ///
+    /// # Errors
+    /// When RabbitMQ is unreachable.
+    pub async fn connect() -> anyhow::Result<Self> {
+        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+            .await
+            .context("connecting to RabbitMQ")?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self {
+            connection,
+            channel,
+            queues: Mutex::new(Vec::new()),
+            exchanges: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Declares a durable queue with `arguments`, deleted by [`Broker::cleanup`].
+    ///
+    /// # Errors
+    /// Broker errors.
+    pub async fn queue(&self, name: &str, arguments: FieldTable) -> anyhow::Result<()> {
+        self.channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                arguments,
+            )
+            .await?;
+        self.queues.lock().unwrap().push(name.to_owned());
+        Ok(())
+    }
+
+    /// Declares a durable exchange of `kind`, deleted by [`Broker::cleanup`].
+    ///
+    /// # Errors
+    /// Broker errors.
+    pub async fn exchange(&self, name: &str, kind: lapin::ExchangeKind) -> anyhow::Result<()> {
+        self.channel
+            .exchange_declare(
+                name.into(),
+                kind,
+                lapin::options::ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        self.exchanges.lock().unwrap().push(name.to_owned());
+        Ok(())
+    }
+
+    /// Binds `queue` to `exchange` with `routing_key`.
+    ///
+    /// # Errors
+    /// Broker errors.
+    pub async fn bind(&self, queue: &str, exchange: &str, routing_key: &str) -> anyhow::Result<()> {
+        self.channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
+                Default::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Publishes and waits for the publisher confirm.
+    ///
+    /// # Errors
+    /// Broker errors, or a nack.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> anyhow::Result<()> {
+        let confirm = self
+            .channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await?
+            .await?;
+        anyhow::ensure!(
+            confirm.is_ack(),
+            "publish to {exchange}/{routing_key} was nacked"
+        );
+        Ok(())
+    }
+
+    /// Ready messages in `queue` (not counting unacked ones).
+    ///
+    /// # Errors
+    /// Broker errors.
+    pub async fn ready_count(&self, queue: &str) -> anyhow::Result<u32> {
+        let declared = self
+            .channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(declared.message_count())
+    }
+
+    /// Deletes every queue and exchange this broker declared.
+    pub async fn cleanup(&self) {
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        for queue in queues {
+            let _ = self
+                .channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        for exchange in exchanges {
+            let _ = self
+                .channel
+                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
+    }
+}
+
+/// A TCP proxy on `127.0.0.1:0` forwarding to `target`, which a test can cut
+/// (close every connection and refuse new ones) and restore.
+pub struct TcpProxy {
+    addr: SocketAddr,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    generation: tokio::sync::watch::Sender<u64>,
+    task: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Starts forwarding to `target`.
+    ///
+    /// # Errors
+    /// When binding fails.
+    pub async fn start(target: SocketAddr) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (generation, _) = tokio::sync::watch::channel(0_u64);
+        let accept_cut = Arc::clone(&cut);
+        let accept_generation = generation.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if accept_cut.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let mut killed = accept_generation.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = killed.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            cut,
+            generation,
+            task,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes every open connection and refuses new ones until [`TcpProxy::restore`].
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.generation.send_modify(|generation| *generation += 1);
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A planner running in-process.
+pub struct PlannerHandle {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Cancels it.
+    pub shutdown: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl PlannerHandle {
+    /// Starts a planner with `config` on `127.0.0.1:0` and waits until it answers.
+    ///
+    /// # Errors
+    /// When it does not answer within 30 s.
+    pub async fn start(config: Config) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(redrive_planner::run(config, listener, shutdown.clone()));
+        let handle = Self {
+            addr,
+            shutdown,
+            task,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(channel) = GrpcChannel::from_shared(handle.url())?.connect().await {
+                let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+                if health
+                    .check(tonic_health::pb::HealthCheckRequest::default())
+                    .await
+                    .is_ok()
+                {
+                    return Ok(handle);
+                }
+            }
+            anyhow::ensure!(!handle.task.is_finished(), "planner exited during start-up");
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "planner did not answer within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A Planner client.
+    ///
+    /// # Errors
+    /// When the planner is not reachable.
+    pub async fn client(&self) -> anyhow::Result<PlannerClient<GrpcChannel>> {
+        Ok(PlannerClient::connect(self.url())
+            .await?
+            .max_decoding_message_size(64 * 1024 * 1024))
+    }
+
+    /// Shuts the planner down and waits for it.
+    ///
+    /// # Errors
+    /// What `run` returned.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.task.await?
+    }
+}
+
+/// Polls `probe` every 50 ms until it returns true or `timeout` passes.
+///
+/// # Errors
+/// The probe's error, or a timeout naming `what`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if probe().await? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

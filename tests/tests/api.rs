@@ -1,0 +1,314 @@
+//! The Planner API for dead letters pushed by services and imported from files:
+//! ingest idempotency, rejections, listing, lookups, summaries, and the errors a
+//! client gets for bad requests.
+
+use std::io::Write;
+
+use redrive_planner::{
+    Config,
+    dead_letter::{ExtractionRules, RawDeadLetter},
+    store::Store,
+};
+use redrive_proto::v1::{
+    self, GetDeadLetterRequest, HeaderTable, HeaderValue, IngestDeadLettersRequest,
+    ListDeadLettersRequest, MessageProperties, Origin, ReasonClass, SummarizeDeadLettersRequest,
+    SummaryDimension, header_value::Value,
+};
+use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
+use tonic::Code;
+
+fn item(
+    source: &str,
+    message_id: &str,
+    body: &[u8],
+    reason: &str,
+    producer: &str,
+) -> IngestDeadLettersRequest {
+    IngestDeadLettersRequest {
+        source: source.to_owned(),
+        message_id: message_id.to_owned(),
+        body: body.to_vec(),
+        properties: Some(MessageProperties {
+            app_id: Some(producer.to_owned()),
+            r#type: Some("order.created".to_owned()),
+            ..Default::default()
+        }),
+        headers: Some(HeaderTable {
+            fields: [(
+                "retries".to_owned(),
+                HeaderValue {
+                    value: Some(Value::ShortInt(-2)),
+                },
+            )]
+            .into(),
+        }),
+        reason: reason.to_owned(),
+        attempts: 5,
+        error_text: "stock service timed out".to_owned(),
+        original_destination: "orders.fulfil".to_owned(),
+        occurred_at: Some(prost_types::Timestamp {
+            seconds: 1_764_000_000,
+            nanos: 0,
+        }),
+        imported: false,
+    }
+}
+
+fn gzip(text: &str) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(text.as_bytes()).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let mut client = planner.client().await?;
+    let source = unique("svc");
+    let compressed = gzip(r#"{"order_id":"o-9"}"#);
+    let mut bad = item(&source, "m-bad", b"{}", "rejected", "shop");
+    bad.original_destination = String::new();
+    let items = vec![
+        item(
+            &source,
+            "m-1",
+            br#"{"order_id":"o-1"}"#,
+            "delivery_limit",
+            "shop",
+        ),
+        bad,
+        item(&source, "m-2", &compressed, "rejected", "shop"),
+        item(&source, "m-3", b"plain", "expired", "billing"),
+    ];
+
+    let first = client
+        .ingest_dead_letters(tokio_stream::iter(items.clone()))
+        .await?
+        .into_inner();
+    assert_eq!(first.accepted, 3);
+    assert_eq!(first.duplicates, 0);
+    assert_eq!(first.rejected.len(), 1);
+    assert_eq!(first.rejected[0].index, 1);
+    assert!(
+        first.rejected[0].reason.contains("original_destination"),
+        "{:?}",
+        first.rejected
+    );
+
+    let again = client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?
+        .into_inner();
+    assert_eq!(
+        (again.accepted, again.duplicates),
+        (0, 3),
+        "a second push stores nothing new"
+    );
+
+    // Listing pages through exactly what was stored, honouring the limit.
+    let selector = v1::Selector {
+        sources: vec![source.clone()],
+        ..Default::default()
+    };
+    let page = client
+        .list_dead_letters(ListDeadLettersRequest {
+            selector: Some(selector.clone()),
+            page_size: 2,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(page.dead_letters.len(), 2);
+    assert!(
+        page.dead_letters.iter().all(|d| d.body.is_empty()),
+        "list answers carry no bodies"
+    );
+    let rest = client
+        .list_dead_letters(ListDeadLettersRequest {
+            selector: Some(selector.clone()),
+            page_size: 2,
+            page_token: page.next_page_token.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(rest.dead_letters.len(), 1);
+    assert!(rest.next_page_token.is_empty());
+    let limited = client
+        .list_dead_letters(ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                limit: 2,
+                ..selector.clone()
+            }),
+            page_size: 2,
+            page_token: page.next_page_token,
+        })
+        .await?
+        .into_inner();
+    assert!(
+        limited.dead_letters.is_empty(),
+        "the limit holds across pages"
+    );
+
+    // Get: exact bytes, typed headers, reason class, preview decompressed.
+    let m2 = page
+        .dead_letters
+        .iter()
+        .find(|d| d.message_id.as_deref() == Some("m-2"))
+        .unwrap();
+    let got = client
+        .get_dead_letter(GetDeadLetterRequest { id: m2.id.clone() })
+        .await?
+        .into_inner();
+    let dead_letter = got.dead_letter.unwrap();
+    assert_eq!(
+        dead_letter.body, compressed,
+        "the compressed body is kept byte-exact"
+    );
+    assert_eq!(dead_letter.body_compression(), v1::BodyCompression::Gzip);
+    assert!(
+        got.body_preview.contains("\"order_id\": \"o-9\""),
+        "{}",
+        got.body_preview
+    );
+    assert_eq!(dead_letter.origin(), Origin::Ingest);
+    assert_eq!(dead_letter.destination, "orders.fulfil");
+    assert_eq!(dead_letter.attempts, Some(5));
+    assert_eq!(
+        dead_letter.error_text.as_deref(),
+        Some("stock service timed out")
+    );
+    assert_eq!(
+        dead_letter.headers.unwrap().fields["retries"].value,
+        Some(Value::ShortInt(-2))
+    );
+    assert_eq!(dead_letter.died_at.unwrap().seconds, 1_764_000_000);
+    let m1 = page
+        .dead_letters
+        .iter()
+        .find(|d| d.message_id.as_deref() == Some("m-1"))
+        .unwrap();
+    assert_eq!(m1.reason_class(), ReasonClass::Exhausted);
+
+    // Summary by reason and producer.
+    let summary = client
+        .summarize_dead_letters(SummarizeDeadLettersRequest {
+            selector: Some(selector.clone()),
+            group_by: vec![
+                SummaryDimension::Producer as i32,
+                SummaryDimension::Reason as i32,
+            ],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(summary.total, 3);
+    assert_eq!(summary.groups.len(), 3);
+    let billing = summary
+        .groups
+        .iter()
+        .find(|g| g.key["producer"] == "billing")
+        .unwrap();
+    assert_eq!(
+        (billing.key["reason"].as_str(), billing.count),
+        ("expired", 1)
+    );
+    let by_hour = client
+        .summarize_dead_letters(SummarizeDeadLettersRequest {
+            selector: Some(selector.clone()),
+            group_by: vec![SummaryDimension::Hour as i32],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(by_hour.groups.len(), 1);
+    assert_eq!(by_hour.groups[0].key["hour"], "2025-11-24T16:00Z");
+
+    // Errors name the field, the id, or the missing capability.
+    let bad_reason = client
+        .list_dead_letters(ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                reasons: vec!["exploded".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_reason.code(), Code::InvalidArgument);
+    assert!(
+        bad_reason.message().contains("selector.reasons"),
+        "{}",
+        bad_reason.message()
+    );
+    let bad_token = client
+        .list_dead_letters(ListDeadLettersRequest {
+            page_token: "zz".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(bad_token.message().contains("page_token"));
+    let missing = client
+        .get_dead_letter(GetDeadLetterRequest {
+            id: "999999999".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    let not_an_id = client
+        .get_dead_letter(GetDeadLetterRequest { id: "abc".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(not_an_id.code(), Code::InvalidArgument);
+    let later = client
+        .run_precheck(v1::RunPrecheckRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(later.code(), Code::Unimplemented);
+    assert!(later.message().contains("precheck"), "{}", later.message());
+
+    planner.stop().await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+/// A redelivered message (planner died between commit and ack) is stored once;
+/// two first deliveries of identical content are two dead letters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redeliveries_are_stored_once_and_identical_first_deliveries_twice() -> anyhow::Result<()> {
+    let db = TestDb::new();
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let store = Store::from_pool(db.pool().await?);
+    let rules = ExtractionRules::default();
+    let raw = |redelivered| RawDeadLetter {
+        source: "q".to_owned(),
+        origin: Origin::Rabbitmq,
+        body: b"same".to_vec(),
+        properties: MessageProperties::default(),
+        headers: HeaderTable::default(),
+        redelivered,
+        reason: None,
+        original_destination: None,
+        error_text: None,
+        attempts: None,
+        occurred_at: None,
+        captured_at: chrono::Utc::now(),
+    };
+    let first = store
+        .insert_dead_letters(&[rules.extract(raw(false))])
+        .await?;
+    let redelivery = store
+        .insert_dead_letters(&[rules.extract(raw(true))])
+        .await?;
+    let identical = store
+        .insert_dead_letters(&[rules.extract(raw(false))])
+        .await?;
+    assert_eq!(
+        (first.inserted, redelivery.inserted, identical.inserted),
+        (1, 0, 1)
+    );
+    assert_eq!(redelivery.already_stored, 1);
+    planner.stop().await?;
+    db.drop_database().await;
+    Ok(())
+}

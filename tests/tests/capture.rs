@@ -1,0 +1,378 @@
+//! Capture from real RabbitMQ dead-letter queues into a fresh PostgreSQL
+//! database, asserted through the public gRPC API.
+
+use std::time::Duration;
+
+use lapin::{
+    BasicProperties, ExchangeKind,
+    options::{BasicGetOptions, BasicRejectOptions},
+    types::{AMQPValue, FieldTable, LongString, ShortString},
+};
+use redrive_planner::Config;
+use redrive_proto::v1::{
+    self, GetDeadLetterRequest, ListDeadLettersRequest, ReasonClass, header_value::Value,
+};
+use redrive_tests::{
+    AMQP_URL, Broker, PlannerHandle, TcpProxy, TestDb, init_logging, unique, wait_until,
+};
+
+fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in entries {
+        table.insert(ShortString::from(key), value);
+    }
+    table
+}
+
+fn long_string(text: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(text.as_bytes().to_vec()))
+}
+
+/// All dead letters of `source`, with bodies.
+async fn captured(planner: &PlannerHandle, source: &str) -> anyhow::Result<Vec<v1::DeadLetter>> {
+    let mut client = planner.client().await?;
+    let listed = client
+        .list_dead_letters(ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            page_size: 1000,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner();
+    let mut full = Vec::new();
+    for dead_letter in listed.dead_letters {
+        let got = client
+            .get_dead_letter(GetDeadLetterRequest { id: dead_letter.id })
+            .await?
+            .into_inner();
+        full.push(got.dead_letter.expect("get answers a dead letter"));
+    }
+    Ok(full)
+}
+
+async fn stored_count(db: &TestDb) -> anyhow::Result<i64> {
+    let pool = db.pool().await?;
+    let count = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+        .fetch_one(&pool)
+        .await?;
+    pool.close().await;
+    Ok(count)
+}
+
+fn config(db_url: String, dlq: &str) -> Config {
+    let mut config = Config::for_database(db_url);
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = vec![dlq.to_owned()];
+    config.capture_batch_size = 50;
+    config.capture_prefetch = 200;
+    config.max_body_bytes = 4096;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let exchange = unique("orders");
+    let dlx = unique("dlx");
+    let (work, ttl, bounded, dlq) = (
+        unique("work"),
+        unique("ttl"),
+        unique("bounded"),
+        unique("dlq"),
+    );
+    broker.exchange(&exchange, ExchangeKind::Direct).await?;
+    broker.exchange(&dlx, ExchangeKind::Fanout).await?;
+    broker.queue(&dlq, FieldTable::default()).await?;
+    broker.bind(&dlq, &dlx, "").await?;
+    let with_dlx = |extra: Vec<(&str, AMQPValue)>| {
+        let mut entries = vec![("x-dead-letter-exchange", long_string(&dlx))];
+        entries.extend(extra);
+        table(entries)
+    };
+    broker.queue(&work, with_dlx(vec![])).await?;
+    broker
+        .queue(
+            &ttl,
+            with_dlx(vec![("x-message-ttl", AMQPValue::LongInt(10))]),
+        )
+        .await?;
+    broker
+        .queue(
+            &bounded,
+            with_dlx(vec![("x-max-length", AMQPValue::LongInt(1))]),
+        )
+        .await?;
+    for queue in [&work, &ttl, &bounded] {
+        broker
+            .bind(queue, &exchange, &format!("to.{queue}"))
+            .await?;
+    }
+
+    let headers = table(vec![
+        ("tenant", long_string("acme")),
+        ("attempt", AMQPValue::LongInt(3)),
+        ("vip", AMQPValue::Boolean(true)),
+        (
+            "nested",
+            AMQPValue::FieldTable(table(vec![("k", AMQPValue::LongLongInt(-7))])),
+        ),
+        ("schema-version", long_string("2")),
+    ]);
+    let properties = |id: &str| {
+        BasicProperties::default()
+            .with_message_id(id.into())
+            .with_type("order.paid".into())
+            .with_app_id("checkout".into())
+            .with_content_type("application/json".into())
+            .with_timestamp(1_700_000_000)
+            .with_delivery_mode(2)
+            .with_headers(headers.clone())
+    };
+    // Rejected by a consumer.
+    broker
+        .publish(
+            &exchange,
+            &format!("to.{work}"),
+            br#"{"order_id":"o-1"}"#,
+            properties("m-1"),
+        )
+        .await?;
+    let delivery = broker
+        .channel
+        .basic_get(work.as_str().into(), BasicGetOptions::default())
+        .await?
+        .expect("the work queue holds the message");
+    delivery
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await?;
+    // Expired by TTL.
+    broker
+        .publish(
+            &exchange,
+            &format!("to.{ttl}"),
+            br#"{"order_id":"o-2"}"#,
+            properties("m-2"),
+        )
+        .await?;
+    // Overflow: the older of two is dropped from the head of a max-length-1 queue.
+    broker
+        .publish(
+            &exchange,
+            &format!("to.{bounded}"),
+            br#"{"order_id":"o-3"}"#,
+            properties("m-3"),
+        )
+        .await?;
+    broker
+        .publish(
+            &exchange,
+            &format!("to.{bounded}"),
+            br#"{"order_id":"o-4"}"#,
+            properties("m-4"),
+        )
+        .await?;
+    // Bad input straight into the DLQ: binary body, malformed x-death, oversized.
+    let binary_body: Vec<u8> = vec![0xff, 0x00, 0xfe, 0x10];
+    broker
+        .publish(
+            "",
+            &dlq,
+            &binary_body,
+            BasicProperties::default()
+                .with_message_id("m-5".into())
+                .with_headers(table(vec![
+                    ("x-death", long_string("not an array")),
+                    ("x-first-death-reason", long_string("rejected")),
+                    ("x-first-death-queue", long_string("legacy-work")),
+                    ("x-first-death-exchange", long_string("legacy")),
+                ])),
+        )
+        .await?;
+    let big_body = vec![b'x'; 8192];
+    broker
+        .publish(
+            "",
+            &dlq,
+            &big_body,
+            BasicProperties::default().with_message_id("m-6".into()),
+        )
+        .await?;
+
+    let planner = PlannerHandle::start(config(db.url(), &dlq)).await?;
+    let waited = wait_until(
+        "five dead letters stored",
+        Duration::from_secs(20),
+        || async { Ok(stored_count(&db).await? >= 5) },
+    )
+    .await;
+    if let Err(error) = waited {
+        let pool = db.pool().await?;
+        let rows: Vec<(Option<String>, String)> =
+            sqlx::query_as("SELECT message_id, reason_class FROM dead_letters")
+                .fetch_all(&pool)
+                .await?;
+        anyhow::bail!("{error}: stored {rows:?}");
+    }
+    let dead_letters = captured(&planner, &dlq).await?;
+    planner.stop().await?;
+    assert_eq!(dead_letters.len(), 5, "each dead letter stored once");
+    // Nothing is left in the DLQ, acked or not: after the planner is gone, an
+    // unacked message would be back to ready.
+    assert_eq!(
+        broker.ready_count(&dlq).await?,
+        0,
+        "the DLQ is empty after capture"
+    );
+
+    let by_id = |id: &str| {
+        dead_letters
+            .iter()
+            .find(|d| d.message_id.as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("dead letter {id} captured"))
+    };
+    let rejected = by_id("m-1");
+    assert_eq!(rejected.body, br#"{"order_id":"o-1"}"#);
+    assert_eq!(rejected.reason_class(), ReasonClass::Rejected);
+    let death = rejected.death.as_ref().unwrap();
+    assert_eq!(
+        (death.reason.as_str(), death.queue.as_str()),
+        ("rejected", work.as_str())
+    );
+    assert_eq!(death.exchange, exchange);
+    assert_eq!(death.routing_keys, vec![format!("to.{work}")]);
+    assert_eq!(death.count, 1);
+    assert_eq!(rejected.destination, work);
+    assert_eq!(rejected.message_key, "o-1:order.paid");
+    assert_eq!(rejected.event_type.as_deref(), Some("order.paid"));
+    assert_eq!(rejected.schema_version.as_deref(), Some("2"));
+    assert_eq!(rejected.producer.as_deref(), Some("checkout"));
+    let properties = rejected.properties.as_ref().unwrap();
+    assert_eq!(properties.timestamp, Some(1_700_000_000));
+    assert_eq!(properties.delivery_mode, Some(2));
+    let fields = &rejected.headers.as_ref().unwrap().fields;
+    assert_eq!(fields["attempt"].value, Some(Value::LongInt(3)));
+    assert_eq!(fields["vip"].value, Some(Value::Boolean(true)));
+    assert_eq!(
+        fields["tenant"].value,
+        Some(Value::LongString(b"acme".to_vec()))
+    );
+    let Some(Value::Table(nested)) = &fields["nested"].value else {
+        panic!("nested stays a table")
+    };
+    assert_eq!(nested.fields["k"].value, Some(Value::LongLongInt(-7)));
+    assert!(
+        fields.contains_key("x-death"),
+        "x-death is kept as captured"
+    );
+    // The captured headers convert back to the same AMQP table for replay.
+    let back = redrive_proto::amqp::table_to_amqp(rejected.headers.as_ref().unwrap())?;
+    assert_eq!(back.inner().get("nested"), headers.inner().get("nested"));
+
+    let expired = by_id("m-2");
+    assert_eq!(expired.reason_class(), ReasonClass::Expired);
+    assert_eq!(expired.death.as_ref().unwrap().queue, ttl);
+    assert_eq!(expired.destination, ttl);
+
+    let overflow = by_id("m-3");
+    assert_eq!(overflow.reason_class(), ReasonClass::Overflow);
+    assert_eq!(overflow.death.as_ref().unwrap().reason, "maxlen");
+    assert!(
+        dead_letters
+            .iter()
+            .all(|d| d.message_id.as_deref() != Some("m-4")),
+        "the newer message stayed in its queue"
+    );
+
+    let malformed = by_id("m-5");
+    assert_eq!(malformed.body, binary_body);
+    assert_eq!(malformed.death.as_ref().unwrap().queue, "legacy-work");
+    assert_eq!(malformed.destination, "legacy-work");
+    assert!(
+        malformed
+            .capture_notes
+            .iter()
+            .any(|n| n.contains("x-death malformed")),
+        "{:?}",
+        malformed.capture_notes
+    );
+    assert!(malformed.message_key.starts_with("sha256:"));
+
+    let oversized = by_id("m-6");
+    assert!(oversized.body_oversized);
+    assert_eq!(
+        oversized.body, big_body,
+        "an oversized body is still kept whole"
+    );
+    assert_eq!(oversized.reason_class(), ReasonClass::Unknown);
+
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
+    let planner = PlannerHandle::start(config(db.url_via(&proxy), &dlq)).await?;
+
+    proxy.cut();
+    for index in 0..120 {
+        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
+        broker
+            .publish(
+                "",
+                &dlq,
+                body.as_bytes(),
+                BasicProperties::default().with_message_id(format!("m-{index}").into()),
+            )
+            .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        stored_count(&db).await?,
+        0,
+        "nothing can be stored while PostgreSQL is cut off"
+    );
+
+    proxy.restore();
+    wait_until(
+        "all 120 stored after PostgreSQL is back",
+        Duration::from_secs(30),
+        || async { Ok(stored_count(&db).await? >= 120) },
+    )
+    .await?;
+    // Give a stray duplicate the chance to show up before counting exactly.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dead_letters = captured(&planner, &dlq).await?;
+    planner.stop().await?;
+
+    assert_eq!(dead_letters.len(), 120, "each message stored exactly once");
+    let mut ids: Vec<String> = dead_letters
+        .iter()
+        .filter_map(|d| d.message_id.clone())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 120);
+    assert_eq!(
+        broker.ready_count(&dlq).await?,
+        0,
+        "every message acked after its commit"
+    );
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
