@@ -49,11 +49,11 @@ pub struct Config {
     pub capture_queues: Vec<String>,
 
     /// Unacked deliveries the broker may push per captured queue (basic.qos).
-    #[arg(long, env = "REDRIVE_CAPTURE_PREFETCH", default_value_t = 2000)]
+    #[arg(long, env = "REDRIVE_CAPTURE_PREFETCH", default_value_t = 4000)]
     pub capture_prefetch: u16,
 
     /// Dead letters stored per insert.
-    #[arg(long, env = "REDRIVE_CAPTURE_BATCH_SIZE", default_value_t = 500)]
+    #[arg(long, env = "REDRIVE_CAPTURE_BATCH_SIZE", default_value_t = 1000)]
     pub capture_batch_size: usize,
 
     /// How long a partial batch waits for more deliveries, in milliseconds.
