@@ -21,14 +21,26 @@ use tracing::info;
 
 /// `redrive-executor` settings.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "redrive-executor", version, about = "Redrive executor: replays plan slices with publisher confirms")]
+#[command(
+    name = "redrive-executor",
+    version,
+    about = "Redrive executor: replays plan slices with publisher confirms"
+)]
 pub struct Config {
     /// The planner's gRPC URL.
-    #[arg(long, env = "REDRIVE_PLANNER", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "REDRIVE_PLANNER",
+        default_value = "http://127.0.0.1:50051"
+    )]
     pub planner: String,
 
     /// AMQP URL of the RabbitMQ broker to publish to.
-    #[arg(long, env = "REDRIVE_AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    #[arg(
+        long,
+        env = "REDRIVE_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
     pub amqp_url: String,
 
     /// Redis URL of the shared token bucket; without it the executor runs in
@@ -48,16 +60,24 @@ impl Config {
     /// A sentence naming the wrong setting.
     pub fn validate(&self) -> Result<(), String> {
         if !self.planner.starts_with("http://") && !self.planner.starts_with("https://") {
-            return Err(format!("invalid setting --planner: {:?} is not an http(s):// URL", self.planner));
+            return Err(format!(
+                "invalid setting --planner: {:?} is not an http(s):// URL",
+                self.planner
+            ));
         }
         if !self.amqp_url.starts_with("amqp://") && !self.amqp_url.starts_with("amqps://") {
-            return Err(format!("invalid setting --amqp-url: {:?} is not an amqp:// URL", self.amqp_url));
+            return Err(format!(
+                "invalid setting --amqp-url: {:?} is not an amqp:// URL",
+                self.amqp_url
+            ));
         }
         if let Some(redis) = &self.redis_url
             && !redis.starts_with("redis://")
             && !redis.starts_with("rediss://")
         {
-            return Err(format!("invalid setting --redis-url: {redis:?} is not a redis:// URL"));
+            return Err(format!(
+                "invalid setting --redis-url: {redis:?} is not a redis:// URL"
+            ));
         }
         Ok(())
     }
@@ -68,7 +88,10 @@ impl Config {
 /// # Errors
 /// The planner unreachable, or answering that replay execution is not built.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let executor_id = config.executor_id.clone().unwrap_or_else(|| format!("executor-{}", uuid::Uuid::new_v4()));
+    let executor_id = config
+        .executor_id
+        .clone()
+        .unwrap_or_else(|| format!("executor-{}", uuid::Uuid::new_v4()));
     let mut coordinator = CoordinatorClient::connect(config.planner.clone())
         .await
         .with_context(|| format!("cannot reach the planner at {}", config.planner))?;
@@ -83,8 +106,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             answer = claim => answer,
         };
         match answer {
-            Ok(_) => anyhow::bail!("the planner handed out a slice, but this executor cannot replay yet"),
-            Err(status) => anyhow::bail!("the planner refused to hand out slices: {}", status.message()),
+            Ok(_) => {
+                anyhow::bail!("the planner handed out a slice, but this executor cannot replay yet")
+            }
+            Err(status) => anyhow::bail!(
+                "the planner refused to hand out slices: {}",
+                status.message()
+            ),
         }
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::Parser;
 
-use crate::{dead_letter::ExtractionRules, message_key::KeySource};
+use crate::{dead_letter::ExtractionRules, message_key::KeySource, state_check::HookRoute};
 
 /// `redrive-planner` settings.
 #[derive(Debug, Clone, Parser)]
@@ -96,6 +96,16 @@ pub struct Config {
     )]
     pub error_class_header: String,
 
+    /// A state-check hook route (repeatable, first match wins):
+    /// `event-type:PATTERN=URL` (`order.*`), `destination:QUEUE=URL`, or
+    /// `PATTERN=URL`. The hook implements `redrive.v1.StateCheck`.
+    #[arg(
+        long = "state-check",
+        env = "REDRIVE_STATE_CHECKS",
+        value_delimiter = ','
+    )]
+    pub state_checks: Vec<String>,
+
     /// Seconds in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -173,7 +183,20 @@ impl Config {
                 return error("message-key", problem);
             }
         }
+        for spec in &self.state_checks {
+            if let Err(problem) = spec.parse::<HookRoute>() {
+                return error("state-check", problem);
+            }
+        }
         Ok(())
+    }
+
+    /// The state-check routes (call after `validate`).
+    pub fn state_check_routes(&self) -> Vec<HookRoute> {
+        self.state_checks
+            .iter()
+            .filter_map(|spec| spec.parse().ok())
+            .collect()
     }
 
     /// The extraction rules these settings describe (call after `validate`).

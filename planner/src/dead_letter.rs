@@ -142,6 +142,8 @@ pub struct NewDeadLetter {
     pub attempts: Option<u32>,
     /// When it died.
     pub died_at: DateTime<Utc>,
+    /// When it first died (earliest x-death entry), else `died_at`.
+    pub first_died_at: DateTime<Utc>,
     /// Original event time.
     pub occurred_at: Option<DateTime<Utc>>,
     /// When the planner received it.
@@ -255,6 +257,10 @@ impl ExtractionRules {
             .or(occurred_at)
             .unwrap_or(raw.captured_at);
 
+        let first_died_at = death
+            .as_ref()
+            .and_then(|death| death.first_time)
+            .unwrap_or(died_at);
         let properties = raw.properties.encode_to_vec();
         let headers = raw.headers.encode_to_vec();
         let fingerprint: [u8; 32] = {
@@ -300,6 +306,7 @@ impl ExtractionRules {
             producer,
             error_text: raw.error_text.or(info.error_text),
             attempts: raw.attempts,
+            first_died_at,
             died_at,
             occurred_at,
             captured_at: raw.captured_at,

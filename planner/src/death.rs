@@ -30,6 +30,8 @@ pub struct Death {
     pub count: u64,
     /// When it died, to the second.
     pub time: Option<DateTime<Utc>>,
+    /// When it first died: the earliest time of any `x-death` entry.
+    pub first_time: Option<DateTime<Utc>>,
 }
 
 /// What the headers of a dead letter say about its death.
@@ -179,6 +181,16 @@ pub fn parse_x_death(value: &HeaderValue) -> Result<Death, String> {
                 .ok_or_else(|| "time is not a timestamp".to_owned())?,
         ),
     };
+    let first_time = entries
+        .values
+        .iter()
+        .filter_map(|entry| match &entry.value {
+            Some(Value::Table(table)) => table.fields.get("time").and_then(header_integer),
+            _ => None,
+        })
+        .min()
+        .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
+        .or(time);
     Ok(Death {
         reason,
         queue: field_text("queue")?,
@@ -186,6 +198,7 @@ pub fn parse_x_death(value: &HeaderValue) -> Result<Death, String> {
         routing_keys,
         count,
         time,
+        first_time,
     })
 }
 
@@ -199,6 +212,7 @@ fn fallback_death(headers: &HeaderTable) -> Option<Death> {
             routing_keys: Vec::new(),
             count: 1,
             time: None,
+            first_time: None,
         })
     })
 }
@@ -330,6 +344,7 @@ mod tests {
         assert_eq!(death.routing_keys, vec!["order.created"]);
         assert_eq!(death.count, 2);
         assert_eq!(death.time.unwrap().timestamp(), 1_700_000_000);
+        assert_eq!(death.first_time.unwrap().timestamp(), 1_700_000_000);
     }
 
     #[test]

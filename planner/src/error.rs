@@ -22,6 +22,9 @@ pub enum Error {
     /// The state forbids the request.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A dependency other than PostgreSQL (a state-check hook) failed.
+    #[error("{0}")]
+    Unavailable(String),
     /// A capability later work delivers.
     #[error("{0} is not implemented yet")]
     Unimplemented(&'static str),
@@ -41,7 +44,11 @@ impl Error {
 
     /// Whether retrying the same call can help.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Store(store) if store.is_retryable())
+        match self {
+            Self::Store(store) => store.is_retryable(),
+            Self::Unavailable(_) => true,
+            _ => false,
+        }
     }
 
     fn kind(&self) -> ErrorKind {
@@ -50,6 +57,7 @@ impl Error {
             Self::NotFound(_) => ErrorKind::NotFound,
             Self::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             Self::Unimplemented(_) => ErrorKind::Unimplemented,
+            Self::Unavailable(_) => ErrorKind::Unavailable,
             Self::Store(store) if store.is_retryable() => ErrorKind::Unavailable,
             Self::Store(_) => ErrorKind::Internal,
         }

@@ -13,7 +13,9 @@ use crate::{
     error::Error,
     ingest,
     inspect::{self, PageToken},
+    precheck::{self, PrecheckOptions, PrecheckRequest},
     selector::Selector,
+    state_check::StateChecker,
     store::Store,
 };
 
@@ -24,6 +26,29 @@ pub struct PlannerState {
     pub store: Store,
     /// How ingested dead letters are read.
     pub rules: Arc<ExtractionRules>,
+    /// The state-check hooks.
+    pub checker: Arc<StateChecker>,
+}
+
+/// Request metadata key naming the person or system making a call (bound to a
+/// credential by later authentication work).
+pub const ACTOR_METADATA: &str = "x-redrive-actor";
+
+/// The actor of `request`, `"anonymous"` when not given.
+fn actor<T>(request: &Request<T>) -> String {
+    request
+        .metadata()
+        .get(ACTOR_METADATA)
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|value| !value.is_empty())
+        .unwrap_or("anonymous")
+        .to_owned()
+}
+
+fn precheck_id(field: &str, id: &str) -> Result<uuid::Uuid, Error> {
+    uuid::Uuid::parse_str(id)
+        .map_err(|_| Error::invalid(field, format!("{id:?} is not a precheck id (a UUID)")))
 }
 
 /// `redrive.v1.Planner` over [`PlannerState`].
@@ -108,23 +133,56 @@ impl Planner for PlannerGrpc {
 
     async fn run_precheck(
         &self,
-        _: Request<v1::RunPrecheckRequest>,
+        request: Request<v1::RunPrecheckRequest>,
     ) -> Result<Response<v1::PrecheckReport>, Status> {
-        later("precheck (RunPrecheck)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let selector_proto = request.selector.unwrap_or_default();
+        let options_proto = request.options.unwrap_or_default();
+        let precheck = PrecheckRequest {
+            actor,
+            selector: Selector::try_from(selector_proto.clone())?,
+            options: PrecheckOptions::try_from(options_proto.clone())?,
+            selector_proto,
+            options_proto,
+        };
+        Ok(Response::new(
+            precheck::run(&self.state.store, &self.state.checker, precheck).await?,
+        ))
     }
 
     async fn get_precheck(
         &self,
-        _: Request<v1::GetPrecheckRequest>,
+        request: Request<v1::GetPrecheckRequest>,
     ) -> Result<Response<v1::PrecheckReport>, Status> {
-        later("precheck (GetPrecheck)")
+        let id = precheck_id("precheck_id", &request.into_inner().precheck_id)?;
+        Ok(Response::new(precheck::get(&self.state.store, id).await?))
     }
 
     async fn list_precheck_items(
         &self,
-        _: Request<v1::ListPrecheckItemsRequest>,
+        request: Request<v1::ListPrecheckItemsRequest>,
     ) -> Result<Response<v1::ListPrecheckItemsResponse>, Status> {
-        later("precheck (ListPrecheckItems)")
+        let request = request.into_inner();
+        let id = precheck_id("precheck_id", &request.precheck_id)?;
+        let verdict = match v1::Verdict::try_from(request.verdict) {
+            Ok(v1::Verdict::Unspecified) => None,
+            Ok(verdict) => Some(verdict),
+            Err(_) => {
+                return Err(Error::invalid(
+                    "verdict",
+                    format!("{} is not a verdict", request.verdict),
+                )
+                .into());
+            }
+        };
+        let token = PageToken::parse(&request.page_token)?;
+        let (items, next_page_token) =
+            precheck::list_items(&self.state.store, id, verdict, request.page_size, token).await?;
+        Ok(Response::new(v1::ListPrecheckItemsResponse {
+            items,
+            next_page_token,
+        }))
     }
 
     async fn create_plan(

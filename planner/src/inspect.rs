@@ -42,7 +42,8 @@ impl PageToken {
         Ok(Self { after_id, returned })
     }
 
-    fn encode(self) -> String {
+    /// The token text.
+    pub fn encode(self) -> String {
         format!("{}.{}", self.after_id, self.returned)
     }
 }

@@ -10,6 +10,7 @@
 //! - [`dead_letter`], [`death`], [`message_key`], [`body`]: what is derived from
 //!   a dead letter (death that counts, reason class, key, compression).
 //! - [`inspect`], [`selector`]: listing, lookups, summaries.
+//! - [`precheck`], [`state_check`]: the dry run and the owning services' hooks.
 //! - [`store`]: PostgreSQL.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
 
@@ -23,7 +24,9 @@ pub mod grpc;
 pub mod ingest;
 pub mod inspect;
 pub mod message_key;
+pub mod precheck;
 pub mod selector;
+pub mod state_check;
 pub mod store;
 
 use std::{sync::Arc, time::Duration};
@@ -42,6 +45,7 @@ pub use crate::config::Config;
 use crate::{
     capture::CaptureConfig,
     grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
+    state_check::StateChecker,
     store::Store,
 };
 
@@ -94,9 +98,14 @@ pub async fn run(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let planner = PlannerServer::new(PlannerGrpc::new(PlannerState { store, rules }))
-        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    let checker = Arc::new(StateChecker::new(config.state_check_routes()));
+    let planner = PlannerServer::new(PlannerGrpc::new(PlannerState {
+        store,
+        rules,
+        checker,
+    }))
+    .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
     let coordinator = CoordinatorServer::new(CoordinatorGrpc)
         .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);

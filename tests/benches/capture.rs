@@ -20,14 +20,20 @@ use redrive_tests::{AMQP_URL, Broker, PlannerHandle, TestDb, unique, wait_until}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let messages: u32 = std::env::var("REDRIVE_BENCH_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let messages: u32 = std::env::var("REDRIVE_BENCH_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     let db = TestDb::new();
     let broker = Broker::connect().await?;
     let (work, dlq) = (unique("bench_work"), unique("bench_dlq"));
     broker.queue(&dlq, FieldTable::default()).await?;
     let mut arguments = FieldTable::default();
     arguments.insert(ShortString::from("x-message-ttl"), AMQPValue::LongInt(0));
-    arguments.insert(ShortString::from("x-dead-letter-exchange"), AMQPValue::LongString(LongString::from("")));
+    arguments.insert(
+        ShortString::from("x-dead-letter-exchange"),
+        AMQPValue::LongString(LongString::from("")),
+    );
     arguments.insert(
         ShortString::from("x-dead-letter-routing-key"),
         AMQPValue::LongString(LongString::from(dlq.as_str())),
@@ -39,10 +45,19 @@ async fn main() -> anyhow::Result<()> {
     let body_padding = "x".repeat(1000);
     let mut confirms = FuturesUnordered::new();
     for index in 0..messages {
-        let body = format!(r#"{{"order_id":"o-{index}","pad":"{}"}}"#, &body_padding[..1000 - 30]);
+        let body = format!(
+            r#"{{"order_id":"o-{index}","pad":"{}"}}"#,
+            &body_padding[..1000 - 30]
+        );
         let mut headers = FieldTable::default();
-        headers.insert(ShortString::from("tenant"), AMQPValue::LongString(LongString::from("acme")));
-        headers.insert(ShortString::from("schema-version"), AMQPValue::LongString(LongString::from("3")));
+        headers.insert(
+            ShortString::from("tenant"),
+            AMQPValue::LongString(LongString::from("acme")),
+        );
+        headers.insert(
+            ShortString::from("schema-version"),
+            AMQPValue::LongString(LongString::from("3")),
+        );
         headers.insert(ShortString::from("attempt"), AMQPValue::LongInt(1));
         let properties = BasicProperties::default()
             .with_message_id(format!("m-{index}").into())
@@ -52,7 +67,13 @@ async fn main() -> anyhow::Result<()> {
             .with_headers(headers);
         let confirm = broker
             .channel
-            .basic_publish("".into(), work.as_str().into(), BasicPublishOptions::default(), body.as_bytes(), properties)
+            .basic_publish(
+                "".into(),
+                work.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
             .await?;
         confirms.push(confirm);
         while confirms.len() >= 1024 {
@@ -60,9 +81,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     while confirms.next().await.transpose()?.is_some() {}
-    wait_until("the DLQ holds the backlog", Duration::from_secs(300), || async {
-        Ok(broker.ready_count(&dlq).await? >= messages)
-    })
+    wait_until(
+        "the DLQ holds the backlog",
+        Duration::from_secs(300),
+        || async { Ok(broker.ready_count(&dlq).await? >= messages) },
+    )
     .await?;
     println!("backlog ready in {:.1} s", started.elapsed().as_secs_f64());
 
@@ -71,20 +94,31 @@ async fn main() -> anyhow::Result<()> {
     config.capture_queues = vec![dlq.clone()];
     config.message_keys = vec!["json:/order_id".to_owned()];
     // Create the database and schema before timing.
-    PlannerHandle::start(Config::for_database(db.url())).await?.stop().await?;
+    PlannerHandle::start(Config::for_database(db.url()))
+        .await?
+        .stop()
+        .await?;
     let pool = db.pool().await?;
 
     let started = Instant::now();
     let planner = PlannerHandle::start(config).await?;
-    wait_until("every dead letter stored", Duration::from_secs(600), || async {
-        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters").fetch_one(&pool).await?;
-        Ok(stored >= i64::from(messages))
-    })
+    wait_until(
+        "every dead letter stored",
+        Duration::from_secs(600),
+        || async {
+            let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+                .fetch_one(&pool)
+                .await?;
+            Ok(stored >= i64::from(messages))
+        },
+    )
     .await?;
     let elapsed = started.elapsed();
     planner.stop().await?;
     let left = broker.ready_count(&dlq).await?;
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters").fetch_one(&pool).await?;
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+        .fetch_one(&pool)
+        .await?;
     println!(
         "captured {stored} dead letters in {:.2} s: {:.0} dead letters/s ({left} left in the DLQ)",
         elapsed.as_secs_f64(),
@@ -93,6 +127,9 @@ async fn main() -> anyhow::Result<()> {
     pool.close().await;
     broker.cleanup().await;
     db.drop_database().await;
-    anyhow::ensure!(stored == i64::from(messages) && left == 0, "capture lost or duplicated dead letters");
+    anyhow::ensure!(
+        stored == i64::from(messages) && left == 0,
+        "capture lost or duplicated dead letters"
+    );
     Ok(())
 }

@@ -253,6 +253,7 @@ impl Store {
             .map(|d| d.attempts.and_then(|a| i32::try_from(a).ok()))
             .collect();
         let died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.died_at).collect();
+        let first_died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.first_died_at).collect();
         let occurred_at: Vec<Option<DateTime<Utc>>> = batch.iter().map(|d| d.occurred_at).collect();
         let plan_ids = column(&|d| d.redrive_plan_id.clone());
         let original_exchanges = column(&|d| d.original_exchange.clone());
@@ -268,7 +269,7 @@ impl Store {
                 death_exchange, death_routing_keys, death_count, death_time, reason_class,
                 destination, event_type, schema_version, producer, error_text, attempts,
                 died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
-                capture_notes)
+                capture_notes, first_died_at)
             SELECT
                 u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
                 u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
@@ -279,7 +280,7 @@ impl Store {
                 u.death_count, u.death_time, u.reason_class, u.destination, u.event_type,
                 u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
                 u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
-                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb))
+                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at
             FROM UNNEST(
                 $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
                 $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
@@ -287,14 +288,14 @@ impl Store {
                 $19::text[], $20::text[], $21::bigint[], $22::timestamptz[], $23::text[],
                 $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
                 $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
-                $35::text[], $36::bool[]
+                $35::text[], $36::bool[], $37::timestamptz[]
             ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
                    message_key, body, body_size, body_sha256, oversized, body_problem,
                    compression, properties, headers, content_type, death_reason, death_queue,
                    death_exchange, routing_keys, death_count, death_time, reason_class,
                    destination, event_type, schema_version, producer, error_text, attempts,
                    died_at, occurred_at, plan_id, original_exchange, original_routing_key,
-                   notes, redelivered)
+                   notes, redelivered, first_died_at)
             WHERE NOT (u.redelivered AND EXISTS (
                 SELECT 1 FROM dead_letters d
                 WHERE d.source = u.source AND d.capture_fingerprint = u.fingerprint))
@@ -338,6 +339,7 @@ impl Store {
         .bind(&original_routing_keys)
         .bind(&notes)
         .bind(&redelivered)
+        .bind(&first_died_at)
         .fetch_all(self.pool())
         .await?;
         let inserted = inserted.len() as u64;

@@ -4,8 +4,10 @@
 //! # Layout
 //! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
 //!   summarize.
+//! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
 
 pub mod dead_letters;
+pub mod prechecks;
 
 use std::time::Duration;
 

@@ -1,0 +1,665 @@
+//! `redrivectl dead-letters list | show | summary`: inspecting captured dead
+//! letters (`ListDeadLetters`, `GetDeadLetter`, `SummarizeDeadLetters`).
+//!
+//! # `list`
+//! `redrivectl dead-letters list [selector flags] [--page-size N] [--page-token T] [--all]`
+//!
+//! A table of id, source, reason class, death reason, destination, event type,
+//! message key, body size and death time, then `next page token: T` when there
+//! are more; `--all` follows the tokens to the end (the table is printed once
+//! all pages are in; `--json` writes each page as it arrives). `--json`:
+//! `{"dead_letters": [...], "next_page_token": "..."}`, each dead letter in the
+//! shape of [`crate::output`] without `body_base64` and `body_preview`;
+//! `next_page_token` is `""` on the last page.
+//!
+//! # `show`
+//! `redrivectl dead-letters show ID`
+//!
+//! Key fields, the death, properties, headers (with their AMQP types), capture
+//! notes, revisions, then the body preview. `--json`: one dead letter in the
+//! full shape of [`crate::output`], with `body_base64` and `body_preview`.
+//!
+//! # `summary`
+//! `redrivectl dead-letters summary [selector flags] [--group-by reason,producer,...]`
+//!
+//! Group-by names: `reason` (the default), `destination`, `producer`,
+//! `schema_version`, `event_type`, `hour`, `source`, comma separated, each at
+//! most once. A table with one column per name, then count, first seen and last
+//! seen, largest group first, then `total: N`. `--json`:
+//! `{"total": N, "groups": [{"key": {"reason": "rejected", ...}, "count": N,
+//! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
+//! key is `""`.
+
+use std::{fmt, io::Write, str::FromStr};
+
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use redrive_proto::v1::{
+    DeadLetter, GetDeadLetterRequest, ListDeadLettersRequest, SummarizeDeadLettersRequest,
+    SummaryDimension, SummaryGroup,
+};
+use serde::Serialize;
+
+use crate::{
+    client::Planner,
+    error::{CliError, EX_OK},
+    headers,
+    output::{self, DeadLetterJson, cell, timestamp_text, write_json, write_table},
+    selector::SelectorArgs,
+};
+
+/// `dead-letters` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum DeadLettersCommand {
+    /// List dead letters, one page at a time (or all with --all).
+    List(ListArgs),
+    /// Show one dead letter: fields, death, properties, headers and body.
+    Show(ShowArgs),
+    /// Count dead letters grouped by reason, destination, producer, ...
+    Summary(SummaryArgs),
+}
+
+/// `dead-letters list` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub selector: SelectorArgs,
+
+    /// Dead letters per page (the planner's default is 100, at most 1000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub page_size: Option<u32>,
+
+    /// Start at this page (from a previous answer's next page token).
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+
+    /// Follow page tokens until the last page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `dead-letters show` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The dead letter id.
+    pub id: String,
+}
+
+/// `dead-letters summary` flags.
+#[derive(Debug, Clone, Args)]
+pub struct SummaryArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub selector: SelectorArgs,
+
+    /// Group by these, in this order, comma separated: reason, destination,
+    /// producer, schema_version, event_type, hour, source.
+    #[arg(long, value_name = "NAMES", default_value = "reason")]
+    pub group_by: GroupBy,
+}
+
+/// Runs a `dead-letters` subcommand, writing its output to `out`.
+///
+/// # Errors
+/// gRPC errors from the planner; output errors.
+pub async fn run(
+    planner: &mut Planner,
+    command: DeadLettersCommand,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    match command {
+        DeadLettersCommand::List(args) => list(planner, args, json, out).await,
+        DeadLettersCommand::Show(args) => show(planner, args, json, out).await,
+        DeadLettersCommand::Summary(args) => summary(planner, args, json, out).await,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// list
+// ---------------------------------------------------------------------------
+
+const LIST_COLUMNS: &[&str] = &[
+    "id",
+    "source",
+    "reason_class",
+    "death_reason",
+    "destination",
+    "event_type",
+    "message_key",
+    "body_size",
+    "died_at",
+];
+
+async fn list(
+    planner: &mut Planner,
+    args: ListArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let selector = args.selector.to_selector(Utc::now());
+    let mut page_token = args.page_token.unwrap_or_default();
+    let mut listed = 0_usize;
+    // People get one aligned table (use --json to stream a long --all);
+    // scripts get each page written as it comes.
+    let mut rows = Vec::new();
+    if json {
+        out.write_all(b"{\"dead_letters\":[")?;
+    }
+    loop {
+        let response = planner
+            .list_dead_letters(ListDeadLettersRequest {
+                selector: Some(selector.clone()),
+                page_size: args.page_size.unwrap_or(0),
+                page_token: page_token.clone(),
+            })
+            .await?
+            .into_inner();
+        page_token = response.next_page_token;
+        for dead_letter in &response.dead_letters {
+            if json {
+                if listed > 0 {
+                    out.write_all(b",")?;
+                }
+                serde_json::to_writer(&mut *out, &DeadLetterJson::summary(dead_letter))
+                    .map_err(std::io::Error::from)?;
+            } else {
+                rows.push(list_row(dead_letter));
+            }
+            listed += 1;
+        }
+        if !args.all || page_token.is_empty() {
+            break;
+        }
+    }
+    if json {
+        out.write_all(b"],\"next_page_token\":")?;
+        serde_json::to_writer(&mut *out, &page_token).map_err(std::io::Error::from)?;
+        out.write_all(b"}\n")?;
+        return Ok(EX_OK);
+    }
+    if listed == 0 {
+        writeln!(out, "no dead letters match")?;
+    } else {
+        let mut table = output::table(LIST_COLUMNS);
+        table.add_rows(rows);
+        write_table(out, &table)?;
+    }
+    if !page_token.is_empty() {
+        writeln!(out, "next page token: {page_token}")?;
+    }
+    Ok(EX_OK)
+}
+
+/// One `list` table row, in [`LIST_COLUMNS`] order.
+fn list_row(dead_letter: &DeadLetter) -> Vec<String> {
+    let death_reason = dead_letter
+        .death
+        .as_ref()
+        .map(|death| death.reason.as_str())
+        .unwrap_or_default();
+    vec![
+        dead_letter.id.clone(),
+        dead_letter.source.clone(),
+        dead_letter.reason_class().name().to_owned(),
+        cell(death_reason).to_owned(),
+        cell(&dead_letter.destination).to_owned(),
+        cell(dead_letter.event_type.as_deref().unwrap_or_default()).to_owned(),
+        cell(&dead_letter.message_key).to_owned(),
+        dead_letter.body_size.to_string(),
+        timestamp_text(dead_letter.died_at.as_ref()).unwrap_or_else(|| "-".to_owned()),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// show
+// ---------------------------------------------------------------------------
+
+async fn show(
+    planner: &mut Planner,
+    args: ShowArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let response = planner
+        .get_dead_letter(GetDeadLetterRequest { id: args.id })
+        .await?
+        .into_inner();
+    let Some(dead_letter) = response.dead_letter else {
+        return Err(CliError::Grpc(tonic::Status::internal(
+            "the planner answered without a dead letter",
+        )));
+    };
+    if json {
+        write_json(
+            out,
+            &DeadLetterJson::full(&dead_letter, &response.body_preview),
+        )?;
+    } else {
+        write_show(out, &dead_letter, &response.body_preview)?;
+    }
+    Ok(EX_OK)
+}
+
+/// The human rendering of one dead letter.
+fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> std::io::Result<()> {
+    let view = DeadLetterJson::summary(dead_letter);
+    let optional = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".to_owned());
+    let mut fields: Vec<(&str, String)> = vec![
+        ("id", view.id.clone()),
+        ("source", view.source.clone()),
+        ("origin", view.origin.to_owned()),
+        ("message id", optional(&view.message_id)),
+        ("message key", view.message_key.clone()),
+        ("reason class", view.reason_class.to_owned()),
+        ("destination", cell(&view.destination).to_owned()),
+        ("event type", optional(&view.event_type)),
+        ("schema version", optional(&view.schema_version)),
+        ("producer", optional(&view.producer)),
+        ("died at", optional(&view.died_at)),
+        ("captured at", optional(&view.captured_at)),
+        ("occurred at", optional(&view.occurred_at)),
+    ];
+    if let Some(attempts) = view.attempts {
+        fields.push(("attempts", attempts.to_string()));
+    }
+    if let Some(text) = &view.error_text {
+        fields.push(("error text", text.clone()));
+    }
+    if let Some(plan) = &view.redrive_plan_id {
+        fields.push(("redrive plan", format!("{plan} (a re-dead-letter)")));
+    }
+    if let Some(exchange) = &view.original_exchange {
+        fields.push(("original exchange", exchange.clone()));
+    }
+    if let Some(routing_key) = &view.original_routing_key {
+        fields.push(("original routing key", routing_key.clone()));
+    }
+    write_fields(out, "", &fields)?;
+
+    writeln!(out, "\ndeath:")?;
+    match &view.death {
+        Some(death) => write_fields(
+            out,
+            "  ",
+            &[
+                ("reason", cell(&death.reason).to_owned()),
+                ("queue", cell(&death.queue).to_owned()),
+                ("exchange", cell(&death.exchange).to_owned()),
+                (
+                    "routing keys",
+                    cell(&death.routing_keys.join(", ")).to_owned(),
+                ),
+                ("count", death.count.to_string()),
+                ("time", optional(&death.time)),
+            ],
+        )?,
+        None => writeln!(out, "  (unknown)")?,
+    }
+
+    writeln!(out, "\nproperties:")?;
+    let properties = view.properties.set_fields();
+    if properties.is_empty() {
+        writeln!(out, "  (none)")?;
+    }
+    write_fields(out, "  ", &properties)?;
+
+    writeln!(out, "\nheaders:")?;
+    match dead_letter
+        .headers
+        .as_ref()
+        .filter(|table| !table.fields.is_empty())
+    {
+        Some(table) => {
+            for (name, value) in &table.fields {
+                writeln!(
+                    out,
+                    "  {name} ({}): {}",
+                    headers::type_name(value),
+                    headers::value_to_text(value)
+                )?;
+            }
+        }
+        None => writeln!(out, "  (none)")?,
+    }
+
+    if !view.capture_notes.is_empty() {
+        writeln!(out, "\ncapture notes:")?;
+        for note in &view.capture_notes {
+            writeln!(out, "  - {note}")?;
+        }
+    }
+    if !view.revisions.is_empty() {
+        writeln!(out, "\nrevisions:")?;
+        for revision in &view.revisions {
+            writeln!(
+                out,
+                "  {}: sha256 {} by {} at {}: {}",
+                revision.revision,
+                revision.body_sha256,
+                revision.actor,
+                revision.created_at.as_deref().unwrap_or("-"),
+                revision.reason
+            )?;
+        }
+    }
+
+    let mut body = format!(
+        "\nbody ({} bytes, {}, sha256 {}",
+        view.body_size, view.body_compression, view.body_sha256
+    );
+    if view.body_oversized {
+        body.push_str(", oversized (not replayable)");
+    }
+    if let Some(latest) = view.revisions.last() {
+        body.push_str(&format!("; preview of revision {}", latest.revision));
+    }
+    writeln!(out, "{body}):")?;
+    writeln!(out, "{preview}")?;
+    Ok(())
+}
+
+fn write_fields(
+    out: &mut dyn Write,
+    indent: &str,
+    fields: &[(&str, String)],
+) -> std::io::Result<()> {
+    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    for (name, value) in fields {
+        writeln!(
+            out,
+            "{indent}{:<width$}  {value}",
+            format!("{name}:"),
+            width = width + 1
+        )?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// summary
+// ---------------------------------------------------------------------------
+
+/// Group-by names and their dimensions, in the order the help lists them.
+pub const DIMENSIONS: &[(&str, SummaryDimension)] = &[
+    ("reason", SummaryDimension::Reason),
+    ("destination", SummaryDimension::Destination),
+    ("producer", SummaryDimension::Producer),
+    ("schema_version", SummaryDimension::SchemaVersion),
+    ("event_type", SummaryDimension::EventType),
+    ("hour", SummaryDimension::Hour),
+    ("source", SummaryDimension::Source),
+];
+
+/// A `--group-by` value: dimensions in order, each at most once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupBy(pub Vec<SummaryDimension>);
+
+/// A `--group-by` value that names no dimension, or one twice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupByError {
+    /// Not a dimension name.
+    #[error(
+        "unknown group-by name {0:?}; valid names: reason, destination, producer, schema_version, event_type, hour, source"
+    )]
+    Unknown(String),
+    /// Named twice.
+    #[error("group-by name {0:?} given twice")]
+    Repeated(String),
+    /// Nothing given.
+    #[error("no group-by name given")]
+    Empty,
+}
+
+impl FromStr for GroupBy {
+    type Err = GroupByError;
+
+    fn from_str(text: &str) -> Result<Self, GroupByError> {
+        let mut dimensions = Vec::new();
+        for name in text
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+        {
+            // `schema-version` and `event-type` read like the flags; accept both.
+            let normalized = name.to_ascii_lowercase().replace('-', "_");
+            let dimension = DIMENSIONS
+                .iter()
+                .find(|(known, _)| *known == normalized)
+                .map(|(_, dimension)| *dimension)
+                .ok_or_else(|| GroupByError::Unknown(name.to_owned()))?;
+            if dimensions.contains(&dimension) {
+                return Err(GroupByError::Repeated(name.to_owned()));
+            }
+            dimensions.push(dimension);
+        }
+        if dimensions.is_empty() {
+            return Err(GroupByError::Empty);
+        }
+        Ok(Self(dimensions))
+    }
+}
+
+impl GroupBy {
+    /// The names, in order (also the keys of each group).
+    pub fn names(&self) -> Vec<&'static str> {
+        self.0
+            .iter()
+            .map(|dimension| dimension_name(*dimension))
+            .collect()
+    }
+}
+
+impl fmt::Display for GroupBy {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.names().join(","))
+    }
+}
+
+/// The name of a summary dimension (`schema_version`).
+pub fn dimension_name(dimension: SummaryDimension) -> &'static str {
+    DIMENSIONS
+        .iter()
+        .find(|(_, known)| *known == dimension)
+        .map_or("unspecified", |(name, _)| name)
+}
+
+/// `summary --json`.
+#[derive(Debug, Serialize)]
+struct SummaryJson {
+    total: u64,
+    groups: Vec<GroupJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct GroupJson {
+    key: std::collections::BTreeMap<String, String>,
+    count: u64,
+    first_seen: Option<String>,
+    last_seen: Option<String>,
+}
+
+impl From<&SummaryGroup> for GroupJson {
+    fn from(group: &SummaryGroup) -> Self {
+        Self {
+            key: group
+                .key
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
+            count: group.count,
+            first_seen: timestamp_text(group.first_seen.as_ref()),
+            last_seen: timestamp_text(group.last_seen.as_ref()),
+        }
+    }
+}
+
+async fn summary(
+    planner: &mut Planner,
+    args: SummaryArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let response = planner
+        .summarize_dead_letters(SummarizeDeadLettersRequest {
+            selector: Some(args.selector.to_selector(Utc::now())),
+            group_by: args
+                .group_by
+                .0
+                .iter()
+                .map(|dimension| *dimension as i32)
+                .collect(),
+        })
+        .await?
+        .into_inner();
+    if json {
+        write_json(
+            out,
+            &SummaryJson {
+                total: response.total,
+                groups: response.groups.iter().map(GroupJson::from).collect(),
+            },
+        )?;
+        return Ok(EX_OK);
+    }
+    let names = args.group_by.names();
+    let mut columns = names.clone();
+    columns.extend(["count", "first_seen", "last_seen"]);
+    let mut table = output::table(&columns);
+    for group in &response.groups {
+        let mut row: Vec<String> = names
+            .iter()
+            .map(|name| {
+                cell(group.key.get(*name).map(String::as_str).unwrap_or_default()).to_owned()
+            })
+            .collect();
+        row.push(group.count.to_string());
+        row.push(timestamp_text(group.first_seen.as_ref()).unwrap_or_else(|| "-".to_owned()));
+        row.push(timestamp_text(group.last_seen.as_ref()).unwrap_or_else(|| "-".to_owned()));
+        table.add_row(row);
+    }
+    if !response.groups.is_empty() {
+        write_table(out, &table)?;
+    }
+    writeln!(out, "total: {}", response.total)?;
+    Ok(EX_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use redrive_proto::v1::{Death, ReasonClass};
+
+    use super::*;
+
+    #[test]
+    fn group_by_reads_names_in_order() {
+        let group_by: GroupBy = "reason, producer,schema-version,hour".parse().unwrap();
+        assert_eq!(
+            group_by.0,
+            vec![
+                SummaryDimension::Reason,
+                SummaryDimension::Producer,
+                SummaryDimension::SchemaVersion,
+                SummaryDimension::Hour,
+            ]
+        );
+        assert_eq!(group_by.to_string(), "reason,producer,schema_version,hour");
+        let every: GroupBy = "reason,destination,producer,schema_version,event_type,hour,source"
+            .parse()
+            .unwrap();
+        assert_eq!(every.0.len(), DIMENSIONS.len());
+    }
+
+    #[test]
+    fn group_by_errors_list_the_valid_names() {
+        let error = "reason,colour".parse::<GroupBy>().unwrap_err();
+        assert_eq!(error, GroupByError::Unknown("colour".into()));
+        assert!(
+            error.to_string().contains(
+                "valid names: reason, destination, producer, schema_version, event_type, hour, source"
+            ),
+            "{error}"
+        );
+        assert_eq!(
+            "reason,reason".parse::<GroupBy>().unwrap_err(),
+            GroupByError::Repeated("reason".into())
+        );
+        assert_eq!(" , ".parse::<GroupBy>().unwrap_err(), GroupByError::Empty);
+    }
+
+    #[test]
+    fn group_by_is_a_usage_error_on_the_command_line() {
+        use clap::Parser;
+
+        #[derive(Debug, Parser)]
+        struct Harness {
+            #[command(flatten)]
+            summary: SummaryArgs,
+        }
+        let parsed = Harness::try_parse_from(["test", "--group-by", "hour,source"]).unwrap();
+        assert_eq!(parsed.summary.group_by.names(), ["hour", "source"]);
+        let default = Harness::try_parse_from(["test"]).unwrap();
+        assert_eq!(default.summary.group_by.names(), ["reason"]);
+        let error = Harness::try_parse_from(["test", "--group-by", "colour"]).unwrap_err();
+        assert!(error.use_stderr());
+        assert!(error.to_string().contains("valid names"), "{error}");
+    }
+
+    #[test]
+    fn list_table_shows_one_row_per_dead_letter() {
+        let dead_letter = DeadLetter {
+            id: "12".into(),
+            source: "orders.dlq".into(),
+            reason_class: ReasonClass::Exhausted.into(),
+            death: Some(Death {
+                reason: "delivery_limit".into(),
+                ..Default::default()
+            }),
+            destination: "orders".into(),
+            message_key: "order-1:pay".into(),
+            body_size: 120,
+            ..Default::default()
+        };
+        let mut table = output::table(LIST_COLUMNS);
+        table.add_row(list_row(&dead_letter));
+        let mut out = Vec::new();
+        write_table(&mut out, &table).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].starts_with("ID"), "{text}");
+        for expected in [
+            "12",
+            "orders.dlq",
+            "exhausted",
+            "delivery_limit",
+            "order-1:pay",
+            "120",
+        ] {
+            assert!(lines[1].contains(expected), "{expected}: {text}");
+        }
+    }
+
+    #[test]
+    fn show_text_has_every_section() {
+        let dead_letter = DeadLetter {
+            id: "3".into(),
+            message_key: "k".into(),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        write_show(&mut out, &dead_letter, "{\"a\": 1}").unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for section in [
+            "id:",
+            "death:",
+            "properties:",
+            "headers:",
+            "body (0 bytes, none, sha256 )",
+            "{\"a\": 1}",
+        ] {
+            assert!(text.contains(section), "{section}: {text}");
+        }
+    }
+}

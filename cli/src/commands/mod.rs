@@ -1,0 +1,140 @@
+//! The command line: global flags, subcommands, and dispatch.
+//!
+//! Each subcommand lives in its own module, parses its own flags (clap
+//! derive), talks to the planner through [`crate::client`] and renders through
+//! [`crate::output`]. A new command (`precheck`, `plan`, ...) is a new module
+//! and a new [`Command`] variant; selector flags come from
+//! [`crate::selector::SelectorArgs`].
+
+pub mod dead_letters;
+pub mod import;
+
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+
+use crate::{
+    client::{self, DEFAULT_PLANNER, parse_planner_url},
+    error::CliError,
+};
+
+/// `redrivectl`: Redrive's operator CLI over the Planner gRPC API.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "redrivectl",
+    version,
+    about = "Redrive's operator CLI: capture, inspect and (later) replay dead letters",
+    after_help = "Exit codes: 0 ok, 1 other gRPC error, 64 bad usage, 65 refused input \
+                  (invalid argument, not found, rejected import lines), 66 input file missing, \
+                  69 planner unreachable, 74 I/O error."
+)]
+pub struct Cli {
+    /// Planner gRPC endpoint.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "URL",
+        env = "REDRIVE_PLANNER",
+        default_value = DEFAULT_PLANNER,
+        value_parser = parse_planner_url
+    )]
+    pub planner: String,
+
+    /// Print machine-readable JSON on stdout instead of tables.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "REDRIVE_JSON"
+    )]
+    pub json: bool,
+
+    #[command(subcommand)]
+    #[allow(missing_docs)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Inspect captured dead letters: list, show, summary.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
+    /// Import dead letters from a JSON Lines file (one dead letter per line).
+    Import(import::ImportArgs),
+}
+
+/// Runs the command `cli` names, writing its output to `out`; the `Ok` value is
+/// the exit code (0, or 65 when an import rejected lines).
+///
+/// # Errors
+/// Whatever ends the command early; [`CliError::exit_code`] says how to exit.
+pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
+    match cli.command {
+        Command::DeadLetters(command) => {
+            let mut planner = client::connect(&cli.planner).await?;
+            dead_letters::run(&mut planner, command, cli.json, out).await
+        }
+        Command::Import(args) => {
+            // The file first: a typo in its name should not wait on the network.
+            let input = import::open(&args.file)?;
+            let mut planner = client::connect(&cli.planner).await?;
+            import::run(&mut planner, args, input, cli.json, out).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("redrivectl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_go_anywhere() {
+        let cli = parse(&[
+            "dead-letters",
+            "show",
+            "7",
+            "--json",
+            "--planner",
+            "http://p:1",
+        ])
+        .unwrap();
+        assert!(cli.json);
+        assert_eq!(cli.planner, "http://p:1");
+        let cli = parse(&["--json", "import", "-", "--source", "x"]).unwrap();
+        let Command::Import(args) = cli.command else {
+            panic!("not import");
+        };
+        assert_eq!(
+            (args.file.as_str(), args.source.as_str(), args.batch),
+            ("-", "x", 1000)
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_errors_and_help_is_not() {
+        for args in [
+            &["dead-letters"][..],
+            &["import", "f.jsonl"],
+            &["import", "f.jsonl", "--source", "x", "--batch", "0"],
+            &["dead-letters", "list", "--page-size", "5000"],
+            &["--planner", "localhost:50051", "dead-letters", "list"],
+            &["dead-letters", "summary", "--group-by", "reason,colour"],
+        ] {
+            assert!(parse(args).unwrap_err().use_stderr(), "{args:?}");
+        }
+        assert!(!parse(&["--help"]).unwrap_err().use_stderr());
+        assert!(!parse(&["--version"]).unwrap_err().use_stderr());
+    }
+}

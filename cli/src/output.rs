@@ -1,0 +1,520 @@
+//! Rendering for people (tables, key/value blocks) and for scripts (JSON).
+//!
+//! `--json` output is one compact JSON document on stdout followed by a
+//! newline. Times are RFC 3339 in UTC (`2024-05-01T12:00:00Z`, fractional
+//! seconds only when not zero); absent optional fields are `null`, never left
+//! out, so scripts can rely on every key being present.
+//!
+//! # The dead letter shape
+//!
+//! `dead-letters show --json` prints one [`DeadLetterJson`] object; `list --json`
+//! prints the same shape for each dead letter, without `body_base64` and
+//! `body_preview`. The field names are stable (scripts depend on them):
+//!
+//! | field | JSON |
+//! | --- | --- |
+//! | `id` | string (decimal id) |
+//! | `source`, `message_key`, `destination`, `body_sha256` | string |
+//! | `origin` | `rabbitmq`, `ingest`, `import` |
+//! | `message_id` | string or null |
+//! | `body_base64` | standard base64 of the exact captured body (`show` only) |
+//! | `body_size` | integer, bytes |
+//! | `body_oversized` | bool |
+//! | `body_compression` | `none`, `gzip`, `zstd` |
+//! | `properties` | object of the set AMQP properties, by proto field name (`content_type`, `content_encoding`, `delivery_mode`, `priority`, `correlation_id`, `reply_to`, `expiration`, `message_id`, `timestamp` (epoch seconds), `type`, `user_id`, `app_id`, `cluster_id`); unset ones are left out |
+//! | `headers` | object of header name → typed value ([`crate::headers`]) |
+//! | `death` | `{reason, queue, exchange, routing_keys, count, time}` or null |
+//! | `reason_class` | `rejected`, `expired`, `overflow`, `exhausted`, `poison`, `permanent`, `unknown` |
+//! | `event_type`, `schema_version`, `producer`, `error_text` | string or null |
+//! | `died_at`, `captured_at` | RFC 3339 |
+//! | `occurred_at` | RFC 3339 or null |
+//! | `redrive_plan_id`, `original_exchange`, `original_routing_key` | string or null |
+//! | `attempts` | integer or null |
+//! | `capture_notes` | array of strings |
+//! | `revisions` | array of `{revision, body_base64, body_sha256, actor, reason, created_at}` |
+//! | `body_preview` | string (`show` only): decompressed, pretty-printed when JSON, escaped when binary, cut at 64 KiB |
+
+use std::io::{self, Write};
+
+use base64::{Engine, engine::general_purpose::STANDARD};
+use chrono::{DateTime, SecondsFormat, Utc};
+use comfy_table::{ContentArrangement, Table, presets};
+use redrive_proto::{
+    time::from_timestamp,
+    v1::{BodyCompression, BodyRevision, DeadLetter, Death, MessageProperties},
+};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::headers;
+
+/// RFC 3339 in UTC, with fractional seconds only when they are not zero.
+pub fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// [`rfc3339`] of a protobuf timestamp; `None` when absent or out of range.
+pub fn timestamp_text(at: Option<&prost_types::Timestamp>) -> Option<String> {
+    at.and_then(from_timestamp).map(rfc3339)
+}
+
+/// Writes `value` as one compact JSON document and a newline.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_json<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    out.write_all(b"\n")
+}
+
+/// A borderless table (like `kubectl get`) with upper-case column headers,
+/// wrapped to the terminal width when there is one.
+pub fn table(headers: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Dynamic);
+    if !headers.is_empty() {
+        table.set_header(headers.iter().map(|header| header.to_uppercase()));
+    }
+    table
+}
+
+/// Prints `table` with the outer padding trimmed from each line.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_table(out: &mut dyn Write, table: &Table) -> io::Result<()> {
+    for line in table.lines() {
+        writeln!(
+            out,
+            "{}",
+            line.trim_end().strip_prefix(' ').unwrap_or(&line)
+        )?;
+    }
+    Ok(())
+}
+
+/// `-` for an empty cell, so columns stay readable.
+pub fn cell(text: &str) -> &str {
+    if text.is_empty() { "-" } else { text }
+}
+
+/// The stable name of a body compression.
+pub fn compression_name(compression: BodyCompression) -> &'static str {
+    match compression {
+        BodyCompression::Unspecified | BodyCompression::None => "none",
+        BodyCompression::Gzip => "gzip",
+        BodyCompression::Zstd => "zstd",
+    }
+}
+
+/// One dead letter in its stable JSON shape (module docs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterJson {
+    /// Decimal id.
+    pub id: String,
+    /// DLQ name or import label.
+    pub source: String,
+    /// `rabbitmq`, `ingest`, `import`.
+    pub origin: &'static str,
+    /// The AMQP message id, if any.
+    pub message_id: Option<String>,
+    /// Idempotency key.
+    pub message_key: String,
+    /// The exact captured body; `show` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+    /// Lowercase hex SHA-256 of the body.
+    pub body_sha256: String,
+    /// Body size in bytes.
+    pub body_size: u64,
+    /// Larger than the planner's body limit: kept, not replayable.
+    pub body_oversized: bool,
+    /// `none`, `gzip`, `zstd`.
+    pub body_compression: &'static str,
+    /// The set AMQP properties.
+    pub properties: PropertiesJson,
+    /// Header name → typed value.
+    pub headers: Value,
+    /// The death that counts, if known.
+    pub death: Option<DeathJson>,
+    /// Normalized reason class.
+    pub reason_class: &'static str,
+    /// Default replay destination.
+    pub destination: String,
+    /// Event type, if known.
+    pub event_type: Option<String>,
+    /// Schema version, if known.
+    pub schema_version: Option<String>,
+    /// Producer, if known.
+    pub producer: Option<String>,
+    /// Error text the producer's framework gave.
+    pub error_text: Option<String>,
+    /// When it died, RFC 3339.
+    pub died_at: Option<String>,
+    /// When the planner captured it, RFC 3339.
+    pub captured_at: Option<String>,
+    /// The original event time, RFC 3339.
+    pub occurred_at: Option<String>,
+    /// The plan whose replay came back (a re-dead-letter).
+    pub redrive_plan_id: Option<String>,
+    /// Original exchange named by a framework header.
+    pub original_exchange: Option<String>,
+    /// Original routing key named by a framework header.
+    pub original_routing_key: Option<String>,
+    /// Delivery attempts the producer's framework reported.
+    pub attempts: Option<u32>,
+    /// Oddities found while capturing.
+    pub capture_notes: Vec<String>,
+    /// Repaired bodies, oldest first.
+    pub revisions: Vec<RevisionJson>,
+    /// A readable rendition of the latest body; `show` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_preview: Option<String>,
+}
+
+/// The AMQP basic properties; unset ones are left out of the JSON.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[allow(missing_docs)] // AMQP 0-9-1 basic properties, named as in the proto.
+pub struct PropertiesJson {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_mode: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expiration: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    /// Seconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<u64>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+}
+
+impl From<&MessageProperties> for PropertiesJson {
+    fn from(properties: &MessageProperties) -> Self {
+        Self {
+            content_type: properties.content_type.clone(),
+            content_encoding: properties.content_encoding.clone(),
+            delivery_mode: properties.delivery_mode,
+            priority: properties.priority,
+            correlation_id: properties.correlation_id.clone(),
+            reply_to: properties.reply_to.clone(),
+            expiration: properties.expiration.clone(),
+            message_id: properties.message_id.clone(),
+            timestamp: properties.timestamp,
+            kind: properties.r#type.clone(),
+            user_id: properties.user_id.clone(),
+            app_id: properties.app_id.clone(),
+            cluster_id: properties.cluster_id.clone(),
+        }
+    }
+}
+
+impl PropertiesJson {
+    /// (name, value as text) of every set property, in proto field order.
+    pub fn set_fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = Vec::new();
+        let mut text = |name: &'static str, value: Option<String>| {
+            if let Some(value) = value {
+                fields.push((name, value));
+            }
+        };
+        text("content_type", self.content_type.clone());
+        text("content_encoding", self.content_encoding.clone());
+        text("delivery_mode", self.delivery_mode.map(|v| v.to_string()));
+        text("priority", self.priority.map(|v| v.to_string()));
+        text("correlation_id", self.correlation_id.clone());
+        text("reply_to", self.reply_to.clone());
+        text("expiration", self.expiration.clone());
+        text("message_id", self.message_id.clone());
+        text(
+            "timestamp",
+            self.timestamp.map(|seconds| {
+                i64::try_from(seconds)
+                    .ok()
+                    .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
+                    .map_or_else(
+                        || seconds.to_string(),
+                        |at| format!("{seconds} ({})", rfc3339(at)),
+                    )
+            }),
+        );
+        text("type", self.kind.clone());
+        text("user_id", self.user_id.clone());
+        text("app_id", self.app_id.clone());
+        text("cluster_id", self.cluster_id.clone());
+        fields
+    }
+}
+
+/// The death that counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeathJson {
+    /// `rejected`, `expired`, `maxlen`, `delivery_limit`, or what an importer said.
+    pub reason: String,
+    /// The queue it died in.
+    pub queue: String,
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// Its routing keys.
+    pub routing_keys: Vec<String>,
+    /// How many times it died this way.
+    pub count: u64,
+    /// When, RFC 3339.
+    pub time: Option<String>,
+}
+
+impl From<&Death> for DeathJson {
+    fn from(death: &Death) -> Self {
+        Self {
+            reason: death.reason.clone(),
+            queue: death.queue.clone(),
+            exchange: death.exchange.clone(),
+            routing_keys: death.routing_keys.clone(),
+            count: death.count,
+            time: timestamp_text(death.time.as_ref()),
+        }
+    }
+}
+
+/// A repaired body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RevisionJson {
+    /// 1, 2, ...
+    pub revision: u32,
+    /// Standard base64 of the repaired body.
+    pub body_base64: String,
+    /// Lowercase hex SHA-256 of the repaired body.
+    pub body_sha256: String,
+    /// Who repaired it.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// When, RFC 3339.
+    pub created_at: Option<String>,
+}
+
+impl From<&BodyRevision> for RevisionJson {
+    fn from(revision: &BodyRevision) -> Self {
+        Self {
+            revision: revision.revision,
+            body_base64: STANDARD.encode(&revision.body),
+            body_sha256: revision.body_sha256.clone(),
+            actor: revision.actor.clone(),
+            reason: revision.reason.clone(),
+            created_at: timestamp_text(revision.created_at.as_ref()),
+        }
+    }
+}
+
+impl DeadLetterJson {
+    /// The list shape: no body, no preview.
+    pub fn summary(dead_letter: &DeadLetter) -> Self {
+        Self {
+            id: dead_letter.id.clone(),
+            source: dead_letter.source.clone(),
+            origin: dead_letter.origin().name(),
+            message_id: dead_letter.message_id.clone(),
+            message_key: dead_letter.message_key.clone(),
+            body_base64: None,
+            body_sha256: dead_letter.body_sha256.clone(),
+            body_size: dead_letter.body_size,
+            body_oversized: dead_letter.body_oversized,
+            body_compression: compression_name(dead_letter.body_compression()),
+            properties: dead_letter
+                .properties
+                .as_ref()
+                .map(PropertiesJson::from)
+                .unwrap_or_default(),
+            headers: dead_letter.headers.as_ref().map_or_else(
+                || Value::Object(serde_json::Map::new()),
+                headers::table_to_json,
+            ),
+            death: dead_letter.death.as_ref().map(DeathJson::from),
+            reason_class: dead_letter.reason_class().name(),
+            destination: dead_letter.destination.clone(),
+            event_type: dead_letter.event_type.clone(),
+            schema_version: dead_letter.schema_version.clone(),
+            producer: dead_letter.producer.clone(),
+            error_text: dead_letter.error_text.clone(),
+            died_at: timestamp_text(dead_letter.died_at.as_ref()),
+            captured_at: timestamp_text(dead_letter.captured_at.as_ref()),
+            occurred_at: timestamp_text(dead_letter.occurred_at.as_ref()),
+            redrive_plan_id: dead_letter.redrive_plan_id.clone(),
+            original_exchange: dead_letter.original_exchange.clone(),
+            original_routing_key: dead_letter.original_routing_key.clone(),
+            attempts: dead_letter.attempts,
+            capture_notes: dead_letter.capture_notes.clone(),
+            revisions: dead_letter
+                .revisions
+                .iter()
+                .map(RevisionJson::from)
+                .collect(),
+            body_preview: None,
+        }
+    }
+
+    /// The `show` shape: with the exact body and the preview.
+    pub fn full(dead_letter: &DeadLetter, body_preview: &str) -> Self {
+        Self {
+            body_base64: Some(STANDARD.encode(&dead_letter.body)),
+            body_preview: Some(body_preview.to_owned()),
+            ..Self::summary(dead_letter)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redrive_proto::{time::timestamp, v1};
+    use serde_json::json;
+
+    use redrive_proto::v1::{Origin, ReasonClass};
+
+    use super::*;
+
+    fn at(seconds: i64) -> Option<prost_types::Timestamp> {
+        Some(timestamp(DateTime::from_timestamp(seconds, 0).unwrap()))
+    }
+
+    #[test]
+    fn show_json_has_exactly_the_stable_fields() {
+        let dead_letter = DeadLetter {
+            id: "7".into(),
+            source: "orders.dlq".into(),
+            origin: Origin::Rabbitmq.into(),
+            captured_at: at(1_700_000_100),
+            message_id: Some("m-1".into()),
+            message_key: "order-1:pay".into(),
+            body: vec![0x1f, 0x8b, 0x08, 0x00],
+            body_size: 4,
+            body_sha256: "ab".into(),
+            body_oversized: false,
+            body_compression: BodyCompression::Gzip.into(),
+            properties: Some(MessageProperties {
+                content_type: Some("application/json".into()),
+                delivery_mode: Some(2),
+                timestamp: Some(1_700_000_000),
+                r#type: Some("order.paid".into()),
+                ..Default::default()
+            }),
+            headers: Some(v1::HeaderTable {
+                fields: [(
+                    "attempt".to_owned(),
+                    v1::HeaderValue {
+                        value: Some(v1::header_value::Value::LongInt(3)),
+                    },
+                )]
+                .into_iter()
+                .collect(),
+            }),
+            death: Some(Death {
+                reason: "rejected".into(),
+                queue: "orders".into(),
+                exchange: "shop".into(),
+                routing_keys: vec!["order.paid".into()],
+                count: 2,
+                time: at(1_700_000_050),
+            }),
+            reason_class: ReasonClass::Rejected.into(),
+            destination: "orders".into(),
+            event_type: Some("order.paid".into()),
+            died_at: at(1_700_000_050),
+            capture_notes: vec!["note".into()],
+            revisions: vec![BodyRevision {
+                revision: 1,
+                body: b"{}".to_vec(),
+                body_sha256: "cd".into(),
+                actor: "ops".into(),
+                reason: "fix".into(),
+                created_at: at(1_700_000_200),
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_value(DeadLetterJson::full(&dead_letter, "preview")).unwrap();
+        assert_eq!(
+            json,
+            json!({
+                "id": "7",
+                "source": "orders.dlq",
+                "origin": "rabbitmq",
+                "message_id": "m-1",
+                "message_key": "order-1:pay",
+                "body_base64": "H4sIAA==",
+                "body_sha256": "ab",
+                "body_size": 4,
+                "body_oversized": false,
+                "body_compression": "gzip",
+                "properties": {
+                    "content_type": "application/json",
+                    "delivery_mode": 2,
+                    "timestamp": 1_700_000_000,
+                    "type": "order.paid",
+                },
+                "headers": {"attempt": {"type": "i32", "value": 3}},
+                "death": {
+                    "reason": "rejected",
+                    "queue": "orders",
+                    "exchange": "shop",
+                    "routing_keys": ["order.paid"],
+                    "count": 2,
+                    "time": "2023-11-14T22:14:10Z",
+                },
+                "reason_class": "rejected",
+                "destination": "orders",
+                "event_type": "order.paid",
+                "schema_version": null,
+                "producer": null,
+                "error_text": null,
+                "died_at": "2023-11-14T22:14:10Z",
+                "captured_at": "2023-11-14T22:15:00Z",
+                "occurred_at": null,
+                "redrive_plan_id": null,
+                "original_exchange": null,
+                "original_routing_key": null,
+                "attempts": null,
+                "capture_notes": ["note"],
+                "revisions": [{
+                    "revision": 1,
+                    "body_base64": "e30=",
+                    "body_sha256": "cd",
+                    "actor": "ops",
+                    "reason": "fix",
+                    "created_at": "2023-11-14T22:16:40Z",
+                }],
+                "body_preview": "preview",
+            })
+        );
+        let listed = serde_json::to_value(DeadLetterJson::summary(&dead_letter)).unwrap();
+        assert!(listed.get("body_base64").is_none());
+        assert!(listed.get("body_preview").is_none());
+        assert_eq!(listed["death"]["count"], 2);
+    }
+
+    #[test]
+    fn absent_death_is_null() {
+        let json = serde_json::to_value(DeadLetterJson::summary(&DeadLetter::default())).unwrap();
+        assert_eq!(json["death"], Value::Null);
+        assert_eq!(json["properties"], json!({}));
+        assert_eq!(json["headers"], json!({}));
+        assert_eq!(json["body_compression"], "none");
+        assert_eq!(json["reason_class"], "unknown");
+    }
+}

@@ -1,0 +1,795 @@
+//! The precheck: a dry run over a selector that gives every selected dead letter
+//! exactly one verdict, first match wins (DESIGN.md, "Flow" step 3):
+//! `invalid` → `duplicate` → `already_replayed` → `looping` → `stale` → state
+//! check (`blocked_by_state` / `needs_compensation`) → `replayable`.
+//!
+//! Candidates stream from PostgreSQL in id order (which computes key ranks,
+//! earlier replays and re-dead-letters), are classified in chunks, the state
+//! check hooks are called in batches with bounded concurrency, and items go back
+//! through one `COPY`. Memory is bounded by the chunk, never by the selection.
+//! The digest is SHA-256 over the encoded selector and options and then, per
+//! item in id order, the dead letter id and verdict name.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use prost::Message;
+use redrive_proto::{
+    time::{from_duration, timestamp},
+    v1::{self, Verdict},
+};
+use sha2::{Digest, Sha256};
+use tracing::info;
+use uuid::Uuid;
+
+use crate::{
+    error::Error,
+    inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageToken},
+    selector::Selector,
+    state_check::{Pattern, StateCheckError, StateChecker, StateDecision},
+    store::{
+        Store, StoreError,
+        prechecks::{Candidate, PrecheckRecord, copy_line, send_copy},
+    },
+};
+
+/// Default replay-key window: 7 days.
+pub const DEFAULT_REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default re-dead-letters after which a key is looping.
+pub const DEFAULT_MAX_REDRIVES: u32 = 3;
+/// Default state-check batch size.
+pub const DEFAULT_STATE_CHECK_BATCH: usize = 500;
+/// Largest state-check batch size accepted.
+pub const MAX_STATE_CHECK_BATCH: usize = 5000;
+/// Default per-batch hook timeout.
+pub const DEFAULT_STATE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Hook batches in flight at once.
+const HOOK_CONCURRENCY: usize = 4;
+/// Candidates classified per chunk.
+const CHUNK: usize = 2000;
+/// Non-replayable items listed in the report itself.
+const SAMPLE_BLOCKED: usize = 20;
+
+/// Validated precheck options.
+#[derive(Debug, Clone)]
+pub struct PrecheckOptions {
+    /// Event type pattern → maximum age, most specific first.
+    pub stale_after: Vec<(Pattern, Duration)>,
+    /// Maximum age when no pattern matches.
+    pub default_stale_after: Option<Duration>,
+    /// Window of earlier replays that make a key already_replayed.
+    pub replay_key_window: Duration,
+    /// Re-dead-letters after which a key is looping.
+    pub max_redrives: u32,
+    /// Messages per hook call.
+    pub state_check_batch_size: usize,
+    /// Per-call hook timeout.
+    pub state_check_timeout: Duration,
+    /// Mark items of a failing hook blocked_by_state instead of failing.
+    pub block_on_state_check_error: bool,
+    /// JSON pointer to the original event time in the body.
+    pub event_time_pointer: Option<String>,
+}
+
+fn positive_duration(field: &str, value: &prost_types::Duration) -> Result<Duration, Error> {
+    from_duration(value)
+        .filter(|duration| !duration.is_zero())
+        .ok_or_else(|| Error::invalid(field, "must be a positive duration"))
+}
+
+impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
+    type Error = Error;
+
+    fn try_from(options: v1::PrecheckOptions) -> Result<Self, Error> {
+        let mut stale_after = Vec::new();
+        for (pattern, max_age) in &options.stale_after {
+            let field = format!("options.stale_after[{pattern:?}]");
+            let parsed =
+                Pattern::parse(pattern).map_err(|problem| Error::invalid(&field, problem))?;
+            stale_after.push((parsed, positive_duration(&field, max_age)?));
+        }
+        stale_after.sort_by_key(|(pattern, _)| std::cmp::Reverse(pattern.specificity()));
+        let batch = match options.state_check_batch_size as usize {
+            0 => DEFAULT_STATE_CHECK_BATCH,
+            size if size > MAX_STATE_CHECK_BATCH => {
+                return Err(Error::invalid(
+                    "options.state_check_batch_size",
+                    format!("at most {MAX_STATE_CHECK_BATCH}"),
+                ));
+            }
+            size => size,
+        };
+        let pointer = Some(options.event_time_pointer).filter(|pointer| !pointer.is_empty());
+        if let Some(pointer) = &pointer
+            && !pointer.starts_with('/')
+        {
+            return Err(Error::invalid(
+                "options.event_time_pointer",
+                "a JSON pointer starts with '/' (RFC 6901)",
+            ));
+        }
+        Ok(Self {
+            stale_after,
+            default_stale_after: options
+                .default_stale_after
+                .as_ref()
+                .map(|d| positive_duration("options.default_stale_after", d))
+                .transpose()?,
+            replay_key_window: options
+                .replay_key_window
+                .as_ref()
+                .map(|d| positive_duration("options.replay_key_window", d))
+                .transpose()?
+                .unwrap_or(DEFAULT_REPLAY_KEY_WINDOW),
+            max_redrives: if options.max_redrives == 0 {
+                DEFAULT_MAX_REDRIVES
+            } else {
+                options.max_redrives
+            },
+            state_check_batch_size: batch,
+            state_check_timeout: options
+                .state_check_timeout
+                .as_ref()
+                .map(|d| positive_duration("options.state_check_timeout", d))
+                .transpose()?
+                .unwrap_or(DEFAULT_STATE_CHECK_TIMEOUT),
+            block_on_state_check_error: options.block_on_state_check_error,
+            event_time_pointer: pointer,
+        })
+    }
+}
+
+impl PrecheckOptions {
+    /// The deadline for `event_type`, if any.
+    pub fn max_age(&self, event_type: Option<&str>) -> Option<Duration> {
+        event_type
+            .and_then(|event_type| {
+                self.stale_after
+                    .iter()
+                    .find(|(pattern, _)| pattern.matches(event_type))
+                    .map(|(_, age)| *age)
+            })
+            .or(self.default_stale_after)
+    }
+}
+
+/// The original event time named by `pointer` in a JSON body: RFC 3339 text, or
+/// epoch seconds (or milliseconds, when above 10^11).
+pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    match json.pointer(pointer)? {
+        serde_json::Value::String(text) => DateTime::parse_from_rfc3339(text)
+            .ok()
+            .map(|at| at.with_timezone(&Utc)),
+        serde_json::Value::Number(number) => {
+            let value = number.as_i64()?;
+            if value > 100_000_000_000 {
+                DateTime::from_timestamp_millis(value)
+            } else {
+                DateTime::from_timestamp(value, 0)
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The verdict of a candidate before the state check, or `None` when it goes
+/// on to the state check.
+pub fn classify(
+    candidate: &Candidate,
+    options: &PrecheckOptions,
+    now: DateTime<Utc>,
+) -> Option<(Verdict, String)> {
+    if candidate.destination.is_empty() {
+        return Some((Verdict::Invalid, "no resolvable destination".to_owned()));
+    }
+    if candidate.body_oversized {
+        return Some((
+            Verdict::Invalid,
+            "body is over the planner's body limit".to_owned(),
+        ));
+    }
+    if let Some(problem) = &candidate.body_problem {
+        return Some((Verdict::Invalid, problem.clone()));
+    }
+    if let Some(first) = candidate.duplicate_of {
+        return Some((
+            Verdict::Duplicate,
+            format!(
+                "message key {} already appears in dead letter {first}",
+                candidate.message_key
+            ),
+        ));
+    }
+    if let Some((plan, at)) = &candidate.replayed {
+        return Some((
+            Verdict::AlreadyReplayed,
+            format!("replayed by plan {plan} at {}", at.to_rfc3339()),
+        ));
+    }
+    if candidate.redrives >= i64::from(options.max_redrives) {
+        return Some((
+            Verdict::Looping,
+            format!(
+                "came back after {} replays (max_redrives {})",
+                candidate.redrives, options.max_redrives
+            ),
+        ));
+    }
+    if let Some(max_age) = options.max_age(candidate.event_type.as_deref()) {
+        let from_body = options
+            .event_time_pointer
+            .as_deref()
+            .zip(candidate.payload.as_ref())
+            .and_then(|(pointer, (body, _, _))| event_time_from_body(body, pointer));
+        let (event_time, basis) = match (from_body, candidate.occurred_at) {
+            (Some(at), _) => (at, "event time in the body"),
+            (None, Some(at)) => (at, "timestamp property"),
+            (None, None) => (candidate.first_died_at, "first death"),
+        };
+        let age = (now - event_time).to_std().unwrap_or_default();
+        if age > max_age {
+            return Some((
+                Verdict::Stale,
+                format!(
+                    "{} old (from its {basis}), past the {} deadline of event type {}",
+                    humanize(age),
+                    humanize(max_age),
+                    candidate.event_type.as_deref().unwrap_or("(none)")
+                ),
+            ));
+        }
+    }
+    None
+}
+
+fn humanize(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    if seconds >= 3600 {
+        format!("{}h{}m", seconds / 3600, (seconds % 3600) / 60)
+    } else if seconds >= 60 {
+        format!("{}m{}s", seconds / 60, seconds % 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// Running totals of a report, kept per verdict.
+#[derive(Debug, Default)]
+struct Tally {
+    total: u64,
+    counts: v1::VerdictCounts,
+}
+
+impl Tally {
+    fn add(&mut self, verdict: Verdict) {
+        self.total += 1;
+        let counts = &mut self.counts;
+        let slot = match verdict {
+            Verdict::Replayable => &mut counts.replayable,
+            Verdict::Duplicate => &mut counts.duplicate,
+            Verdict::AlreadyReplayed => &mut counts.already_replayed,
+            Verdict::Looping => &mut counts.looping,
+            Verdict::Stale => &mut counts.stale,
+            Verdict::BlockedByState => &mut counts.blocked_by_state,
+            Verdict::NeedsCompensation => &mut counts.needs_compensation,
+            Verdict::Invalid | Verdict::Unspecified => &mut counts.invalid,
+        };
+        *slot += 1;
+    }
+}
+
+/// The report under construction.
+#[derive(Debug, Default)]
+struct ReportBuilder {
+    overall: Tally,
+    by_reason_class: BTreeMap<String, Tally>,
+    by_destination: BTreeMap<String, Tally>,
+    by_event_type: BTreeMap<String, Tally>,
+    by_schema_version: BTreeMap<String, Tally>,
+    by_producer: BTreeMap<String, Tally>,
+    died_from: Option<DateTime<Utc>>,
+    died_to: Option<DateTime<Utc>>,
+    hook_checked: u64,
+    hook_blocked: u64,
+    sample_blocked: Vec<v1::PrecheckItem>,
+    digest: Sha256,
+}
+
+impl ReportBuilder {
+    fn add(&mut self, candidate: &Candidate, verdict: Verdict, reason: &str) {
+        self.overall.add(verdict);
+        let text = |value: &Option<String>| value.clone().unwrap_or_default();
+        self.by_reason_class
+            .entry(candidate.reason_class.clone())
+            .or_default()
+            .add(verdict);
+        self.by_destination
+            .entry(candidate.destination.clone())
+            .or_default()
+            .add(verdict);
+        self.by_event_type
+            .entry(text(&candidate.event_type))
+            .or_default()
+            .add(verdict);
+        self.by_schema_version
+            .entry(text(&candidate.schema_version))
+            .or_default()
+            .add(verdict);
+        self.by_producer
+            .entry(text(&candidate.producer))
+            .or_default()
+            .add(verdict);
+        self.died_from = Some(
+            self.died_from
+                .map_or(candidate.died_at, |at| at.min(candidate.died_at)),
+        );
+        self.died_to = Some(
+            self.died_to
+                .map_or(candidate.died_at, |at| at.max(candidate.died_at)),
+        );
+        self.digest.update(candidate.id.to_be_bytes());
+        self.digest.update(verdict.name().as_bytes());
+        self.digest.update(b"\n");
+        if verdict != Verdict::Replayable && self.sample_blocked.len() < SAMPLE_BLOCKED {
+            self.sample_blocked.push(v1::PrecheckItem {
+                dead_letter_id: candidate.id.to_string(),
+                message_key: candidate.message_key.clone(),
+                verdict: verdict.into(),
+                reason: reason.to_owned(),
+                destination: candidate.destination.clone(),
+                event_type: candidate.event_type.clone(),
+            });
+        }
+    }
+}
+
+fn breakdown(map: BTreeMap<String, Tally>) -> Vec<v1::Breakdown> {
+    let mut rows: Vec<v1::Breakdown> = map
+        .into_iter()
+        .map(|(value, tally)| v1::Breakdown {
+            value,
+            total: tally.total,
+            counts: Some(tally.counts),
+        })
+        .collect();
+    rows.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.value.cmp(&b.value)));
+    rows
+}
+
+/// Everything a precheck run needs.
+#[derive(Debug)]
+pub struct PrecheckRequest {
+    /// Who runs it (request metadata).
+    pub actor: String,
+    /// The selector as sent (for the report and digest).
+    pub selector_proto: v1::Selector,
+    /// The selector, validated.
+    pub selector: Selector,
+    /// The options as sent.
+    pub options_proto: v1::PrecheckOptions,
+    /// The options, validated.
+    pub options: PrecheckOptions,
+}
+
+/// Runs a precheck and stores its items and report.
+///
+/// # Errors
+/// [`Error::Unavailable`] when a hook fails and the options do not say to block
+/// instead (the precheck is recorded as failed); store errors.
+pub async fn run(
+    store: &Store,
+    checker: &Arc<StateChecker>,
+    request: PrecheckRequest,
+) -> Result<v1::PrecheckReport, Error> {
+    let precheck_id = Uuid::now_v7();
+    store.create_precheck(precheck_id, &request.actor).await?;
+    match classify_all(store, checker, precheck_id, &request).await {
+        Ok(report) => {
+            store.finish_precheck(&report).await?;
+            info!(
+                precheck.id = %precheck_id,
+                total = report.total,
+                replayable = report.counts.as_ref().map_or(0, |c| c.replayable),
+                "precheck done"
+            );
+            Ok(report)
+        }
+        Err(error) => {
+            let _ = store.fail_precheck(precheck_id, &error.to_string()).await;
+            Err(error)
+        }
+    }
+}
+
+async fn classify_all(
+    store: &Store,
+    checker: &Arc<StateChecker>,
+    precheck_id: Uuid,
+    request: &PrecheckRequest,
+) -> Result<v1::PrecheckReport, Error> {
+    let options = &request.options;
+    let now = Utc::now();
+    let with_payload = !checker.is_empty() || options.event_time_pointer.is_some();
+    let mut candidates = store
+        .stream_candidates(&request.selector, options.replay_key_window, with_payload)
+        .ready_chunks(CHUNK);
+    let mut copy = store.copy_precheck_items().await?;
+    let mut report = ReportBuilder::default();
+    report.digest.update(request.selector_proto.encode_to_vec());
+    report.digest.update(request.options_proto.encode_to_vec());
+    let mut buffer = Vec::with_capacity(CHUNK * 64);
+
+    let outcome: Result<(), Error> = async {
+        while let Some(chunk) = candidates.next().await {
+            let chunk = chunk
+                .into_iter()
+                .collect::<Result<Vec<Candidate>, StoreError>>()?;
+            let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
+                .iter()
+                .map(|candidate| classify(candidate, options, now))
+                .collect();
+            state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
+            for (candidate, verdict) in chunk.iter().zip(verdicts) {
+                let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
+                report.add(candidate, verdict, &reason);
+                copy_line(
+                    &mut buffer,
+                    precheck_id,
+                    candidate.id,
+                    verdict.name(),
+                    &reason,
+                );
+            }
+            send_copy(&mut copy, &mut buffer).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(error) = outcome {
+        let _ = copy.abort(error.to_string()).await;
+        return Err(error);
+    }
+    copy.finish().await.map_err(StoreError::from)?;
+
+    let mut warnings = Vec::new();
+    if report.overall.total == 0 {
+        warnings.push("the selection is empty: nothing to replay".to_owned());
+    }
+    if report.by_destination.len() > 1 {
+        warnings.push(format!(
+            "heterogeneous selection: {} destinations ({}); consider one precheck per destination",
+            report.by_destination.len(),
+            report
+                .by_destination
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if report.by_schema_version.len() > 1 {
+        warnings.push(format!(
+            "heterogeneous selection: {} schema versions ({})",
+            report.by_schema_version.len(),
+            report
+                .by_schema_version
+                .keys()
+                .map(|v| if v.is_empty() { "(none)" } else { v })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if report.hook_checked > 0 && report.hook_blocked * 2 > report.hook_checked {
+        warnings.push(format!(
+            "state check hooks blocked {} of the {} messages they checked: is the owning service's state what you expect?",
+            report.hook_blocked, report.hook_checked
+        ));
+    }
+    let digest = hex::encode(std::mem::take(&mut report.digest).finalize());
+    Ok(v1::PrecheckReport {
+        precheck_id: precheck_id.to_string(),
+        actor: request.actor.clone(),
+        created_at: Some(timestamp(now)),
+        selector: Some(request.selector_proto.clone()),
+        options: Some(request.options_proto.clone()),
+        total: report.overall.total,
+        counts: Some(report.overall.counts),
+        by_reason_class: breakdown(report.by_reason_class),
+        by_destination: breakdown(report.by_destination),
+        by_event_type: breakdown(report.by_event_type),
+        by_schema_version: breakdown(report.by_schema_version),
+        by_producer: breakdown(report.by_producer),
+        died_from: report.died_from.map(timestamp),
+        died_to: report.died_to.map(timestamp),
+        warnings,
+        digest,
+        sample_blocked: report.sample_blocked,
+    })
+}
+
+/// Calls the hooks for the chunk's candidates that reached the state check and
+/// fills in their verdicts.
+async fn state_check_chunk(
+    checker: &Arc<StateChecker>,
+    options: &PrecheckOptions,
+    chunk: &[Candidate],
+    verdicts: &mut [Option<(Verdict, String)>],
+    report: &mut ReportBuilder,
+) -> Result<(), Error> {
+    if checker.is_empty() {
+        return Ok(());
+    }
+    // (route, positions in the chunk), cut into batches.
+    let mut by_route: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (position, candidate) in chunk.iter().enumerate() {
+        if verdicts[position].is_none()
+            && let Some(route) =
+                checker.route(candidate.event_type.as_deref(), &candidate.destination)
+        {
+            by_route.entry(route).or_default().push(position);
+        }
+    }
+    let batches: Vec<(usize, Vec<usize>)> = by_route
+        .into_iter()
+        .flat_map(|(route, positions)| {
+            positions
+                .chunks(options.state_check_batch_size)
+                .map(|batch| (route, batch.to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let answers = futures::stream::iter(batches)
+        .map(|(route, positions)| {
+            let messages = positions
+                .iter()
+                .map(|&position| state_check_message(&chunk[position]))
+                .collect::<Vec<_>>();
+            let checker = Arc::clone(checker);
+            let timeout = options.state_check_timeout;
+            async move { (positions, checker.check(route, messages, timeout).await) }
+        })
+        .buffered(HOOK_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+    for (positions, answer) in answers {
+        match answer {
+            Ok(decisions) => {
+                for position in positions {
+                    report.hook_checked += 1;
+                    let decision = &decisions[&chunk[position].id.to_string()];
+                    verdicts[position] = match decision {
+                        StateDecision::Replay => None,
+                        StateDecision::Block(reason) => {
+                            report.hook_blocked += 1;
+                            Some((Verdict::BlockedByState, reason.clone()))
+                        }
+                        StateDecision::NeedsCompensation(reason) => {
+                            Some((Verdict::NeedsCompensation, reason.clone()))
+                        }
+                    };
+                }
+            }
+            Err(error) if options.block_on_state_check_error => {
+                for position in positions {
+                    verdicts[position] = Some((Verdict::BlockedByState, error.to_string()));
+                }
+            }
+            Err(error) => return Err(hook_failed(error)),
+        }
+    }
+    Ok(())
+}
+
+/// The report of a finished precheck.
+///
+/// # Errors
+/// `NotFound` for an unknown id; `FailedPrecondition` when it is still running
+/// or failed (with its error).
+pub async fn get(store: &Store, id: Uuid) -> Result<v1::PrecheckReport, Error> {
+    match store.get_precheck(id).await? {
+        None => Err(Error::NotFound(format!("precheck {id} not found"))),
+        Some(PrecheckRecord::Running) => Err(Error::FailedPrecondition(format!(
+            "precheck {id} is still running"
+        ))),
+        Some(PrecheckRecord::Failed(error)) => Err(Error::FailedPrecondition(format!(
+            "precheck {id} failed: {error}"
+        ))),
+        Some(PrecheckRecord::Done(report)) => Ok(*report),
+    }
+}
+
+/// One page of a precheck's items, optionally of one verdict.
+///
+/// # Errors
+/// As [`get`], and `InvalidArgument` for a page size over 1000.
+pub async fn list_items(
+    store: &Store,
+    id: Uuid,
+    verdict: Option<Verdict>,
+    page_size: u32,
+    token: PageToken,
+) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
+    get(store, id).await?;
+    if page_size > MAX_PAGE_SIZE {
+        return Err(Error::invalid(
+            "page_size",
+            format!("at most {MAX_PAGE_SIZE}"),
+        ));
+    }
+    let page_size = if page_size == 0 {
+        DEFAULT_PAGE_SIZE
+    } else {
+        page_size
+    };
+    let items = store
+        .list_precheck_items(id, verdict.map(Verdict::name), token.after_id, page_size)
+        .await?;
+    let next = match items.last() {
+        Some(last) if items.len() as u32 == page_size => PageToken {
+            after_id: last.dead_letter_id.parse().unwrap_or(i64::MAX),
+            returned: token.returned + items.len() as u64,
+        }
+        .encode(),
+        _ => String::new(),
+    };
+    Ok((items, next))
+}
+
+fn hook_failed(error: StateCheckError) -> Error {
+    Error::Unavailable(format!(
+        "{error}; the precheck is not complete. Fix the hook, or run the precheck with \
+         block_on_state_check_error to mark its messages blocked_by_state"
+    ))
+}
+
+fn state_check_message(candidate: &Candidate) -> v1::StateCheckMessage {
+    let (body, properties, headers) = candidate.payload.clone().unwrap_or_default();
+    v1::StateCheckMessage {
+        dead_letter_id: candidate.id.to_string(),
+        message_key: candidate.message_key.clone(),
+        event_type: candidate.event_type.clone(),
+        body,
+        properties: v1::MessageProperties::decode(properties.as_slice()).ok(),
+        headers: v1::HeaderTable::decode(headers.as_slice()).ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate() -> Candidate {
+        let now = Utc::now();
+        Candidate {
+            id: 7,
+            message_key: "o-1:order.paid".into(),
+            destination: "orders".into(),
+            body_oversized: false,
+            body_problem: None,
+            event_type: Some("payment.captured".into()),
+            schema_version: None,
+            producer: None,
+            reason_class: "rejected".into(),
+            occurred_at: None,
+            first_died_at: now - chrono::Duration::hours(3),
+            died_at: now,
+            duplicate_of: None,
+            replayed: None,
+            redrives: 0,
+            payload: None,
+        }
+    }
+
+    fn options(stale: &[(&str, u64)]) -> PrecheckOptions {
+        PrecheckOptions::try_from(v1::PrecheckOptions {
+            stale_after: stale
+                .iter()
+                .map(|(pattern, seconds)| {
+                    (
+                        (*pattern).to_owned(),
+                        prost_types::Duration {
+                            seconds: *seconds as i64,
+                            nanos: 0,
+                        },
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn precedence_is_first_match_wins() {
+        let now = Utc::now();
+        let options = options(&[("payment.*", 3600)]);
+        let mut item = candidate();
+        item.destination = String::new();
+        item.duplicate_of = Some(1);
+        assert_eq!(classify(&item, &options, now).unwrap().0, Verdict::Invalid);
+        item.destination = "orders".into();
+        assert_eq!(
+            classify(&item, &options, now).unwrap().0,
+            Verdict::Duplicate
+        );
+        item.duplicate_of = None;
+        item.replayed = Some((Uuid::nil(), now));
+        item.redrives = 5;
+        assert_eq!(
+            classify(&item, &options, now).unwrap().0,
+            Verdict::AlreadyReplayed
+        );
+        item.replayed = None;
+        assert_eq!(classify(&item, &options, now).unwrap().0, Verdict::Looping);
+        item.redrives = 2;
+        let (verdict, reason) = classify(&item, &options, now).unwrap();
+        assert_eq!(verdict, Verdict::Stale);
+        assert!(reason.contains("first death"), "{reason}");
+        item.first_died_at = now - chrono::Duration::minutes(5);
+        assert_eq!(classify(&item, &options, now), None);
+    }
+
+    #[test]
+    fn the_most_specific_deadline_applies_and_event_time_counts_first() {
+        let now = Utc::now();
+        let options = PrecheckOptions {
+            event_time_pointer: Some("/at".into()),
+            ..options(&[("payment.*", 3600), ("payment.captured", 60), ("*", 10)])
+        };
+        assert_eq!(
+            options.max_age(Some("payment.captured")),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            options.max_age(Some("payment.refunded")),
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(
+            options.max_age(Some("order.paid")),
+            Some(Duration::from_secs(10))
+        );
+        let mut item = candidate();
+        item.first_died_at = now;
+        let at = (now - chrono::Duration::minutes(2)).to_rfc3339();
+        item.payload = Some((
+            format!(r#"{{"at":"{at}"}}"#).into_bytes(),
+            Vec::new(),
+            Vec::new(),
+        ));
+        let (verdict, reason) = classify(&item, &options, now).unwrap();
+        assert_eq!(verdict, Verdict::Stale);
+        assert!(reason.contains("event time in the body"), "{reason}");
+    }
+
+    #[test]
+    fn bad_options_name_the_field() {
+        let error = PrecheckOptions::try_from(v1::PrecheckOptions {
+            stale_after: [(
+                "a*b".to_owned(),
+                prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                },
+            )]
+            .into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("options.stale_after"), "{error}");
+        let error = PrecheckOptions::try_from(v1::PrecheckOptions {
+            default_stale_after: Some(prost_types::Duration {
+                seconds: -5,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("options.default_stale_after"),
+            "{error}"
+        );
+        assert!(event_time_from_body(br#"{"at":1700000000000}"#, "/at").is_some());
+    }
+}

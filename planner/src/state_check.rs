@@ -1,0 +1,314 @@
+//! The state-check hooks: `redrive.v1.StateCheck` services owned by the teams
+//! whose business state decides whether a message may be replayed (DESIGN.md,
+//! "state check"). Routes map an event type pattern or a destination to a hook
+//! URL; the first matching route wins.
+
+use std::{collections::HashMap, fmt, str::FromStr, sync::Mutex, time::Duration};
+
+use redrive_proto::v1::{
+    StateCheckMessage, StateCheckRequest, StateCheckVerdict, state_check_client::StateCheckClient,
+};
+use tonic::transport::{Channel, Endpoint};
+
+/// An event type pattern: exact (`order.paid`) or a prefix ending in `*`
+/// (`order.*`, `*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    /// Parses a pattern; `*` may only end it.
+    ///
+    /// # Errors
+    /// A sentence naming the problem.
+    pub fn parse(pattern: &str) -> Result<Self, String> {
+        if pattern.is_empty() {
+            return Err("an event type pattern must not be empty".to_owned());
+        }
+        if pattern[..pattern.len() - 1].contains('*') {
+            return Err(format!("{pattern:?}: '*' may only end a pattern"));
+        }
+        Ok(Self(pattern.to_owned()))
+    }
+
+    /// Whether `value` matches.
+    pub fn matches(&self, value: &str) -> bool {
+        match self.0.strip_suffix('*') {
+            Some(prefix) => value.starts_with(prefix),
+            None => self.0 == value,
+        }
+    }
+
+    /// Higher is more specific: an exact pattern beats any prefix, a longer
+    /// prefix beats a shorter one.
+    pub fn specificity(&self) -> usize {
+        if self.0.ends_with('*') {
+            self.0.len() - 1
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// The pattern text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a route matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookMatcher {
+    /// Dead letters whose event type matches.
+    EventType(Pattern),
+    /// Dead letters bound for this destination.
+    Destination(String),
+}
+
+/// A hook route, parsed from `event-type:PATTERN=URL`, `destination:NAME=URL`
+/// or `PATTERN=URL` (an event type pattern).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookRoute {
+    /// What it matches.
+    pub matcher: HookMatcher,
+    /// The hook's gRPC URL (`http://host:port`).
+    pub url: String,
+}
+
+impl FromStr for HookRoute {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let (matcher, url) = spec.rsplit_once('=').ok_or_else(|| {
+            format!("{spec:?}: expected event-type:PATTERN=URL or destination:NAME=URL")
+        })?;
+        if !url.starts_with("http://") && !url.starts_with("https://") {
+            return Err(format!(
+                "{spec:?}: the hook URL must be http:// or https://"
+            ));
+        }
+        let matcher = match matcher.split_once(':') {
+            Some(("destination", name)) if !name.is_empty() => {
+                HookMatcher::Destination(name.to_owned())
+            }
+            Some(("event-type", pattern)) => HookMatcher::EventType(Pattern::parse(pattern)?),
+            _ => HookMatcher::EventType(Pattern::parse(matcher)?),
+        };
+        Ok(Self {
+            matcher,
+            url: url.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for HookRoute {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.matcher {
+            HookMatcher::EventType(pattern) => {
+                write!(formatter, "event-type:{}={}", pattern.as_str(), self.url)
+            }
+            HookMatcher::Destination(name) => write!(formatter, "destination:{name}={}", self.url),
+        }
+    }
+}
+
+/// A hook's answer for one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateDecision {
+    /// Replay it.
+    Replay,
+    /// Do not: the business state forbids it (the reason says why).
+    Block(String),
+    /// Do not: something must be undone first (the reason says what).
+    NeedsCompensation(String),
+}
+
+/// A hook call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateCheckError {
+    /// The hook could not be reached or answered with an error.
+    #[error("state check hook {url} failed: {message}")]
+    Failed {
+        /// The hook.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The hook took longer than the timeout.
+    #[error("state check hook {url} did not answer within {timeout:?}")]
+    Timeout {
+        /// The hook.
+        url: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The hook's answer does not cover every message, or says nothing usable.
+    #[error("state check hook {url} answered badly: {message}")]
+    BadAnswer {
+        /// The hook.
+        url: String,
+        /// What is wrong with the answer.
+        message: String,
+    },
+}
+
+/// Routes and connections to the configured hooks (connections are made lazily
+/// and reused).
+#[derive(Debug, Default)]
+pub struct StateChecker {
+    routes: Vec<HookRoute>,
+    clients: Mutex<HashMap<String, StateCheckClient<Channel>>>,
+}
+
+impl StateChecker {
+    /// A checker over `routes`.
+    pub fn new(routes: Vec<HookRoute>) -> Self {
+        Self {
+            routes,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether any hook is configured.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// The index of the first route for a dead letter, if any.
+    pub fn route(&self, event_type: Option<&str>, destination: &str) -> Option<usize> {
+        self.routes.iter().position(|route| match &route.matcher {
+            HookMatcher::EventType(pattern) => {
+                event_type.is_some_and(|event_type| pattern.matches(event_type))
+            }
+            HookMatcher::Destination(name) => name == destination,
+        })
+    }
+
+    /// The URL of route `index`.
+    pub fn url(&self, index: usize) -> &str {
+        &self.routes[index].url
+    }
+
+    fn client(&self, url: &str) -> Result<StateCheckClient<Channel>, StateCheckError> {
+        let mut clients = self
+            .clients
+            .lock()
+            .expect("hook client map is never poisoned");
+        if let Some(client) = clients.get(url) {
+            return Ok(client.clone());
+        }
+        let endpoint =
+            Endpoint::from_shared(url.to_owned()).map_err(|error| StateCheckError::Failed {
+                url: url.to_owned(),
+                message: error.to_string(),
+            })?;
+        let client = StateCheckClient::new(
+            endpoint
+                .connect_timeout(Duration::from_secs(5))
+                .connect_lazy(),
+        )
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(64 * 1024 * 1024);
+        clients.insert(url.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    /// Asks route `index`'s hook about `messages`; the answer maps each
+    /// `dead_letter_id` to a decision.
+    ///
+    /// # Errors
+    /// [`StateCheckError`] when the hook fails, times out, or leaves a message
+    /// out.
+    pub async fn check(
+        &self,
+        index: usize,
+        messages: Vec<StateCheckMessage>,
+        timeout: Duration,
+    ) -> Result<HashMap<String, StateDecision>, StateCheckError> {
+        let url = self.url(index).to_owned();
+        let mut client = self.client(&url)?;
+        let wanted: Vec<String> = messages.iter().map(|m| m.dead_letter_id.clone()).collect();
+        let call = client.check(StateCheckRequest { messages });
+        let answer = match tokio::time::timeout(timeout, call).await {
+            Err(_) => return Err(StateCheckError::Timeout { url, timeout }),
+            Ok(Err(status)) => {
+                return Err(StateCheckError::Failed {
+                    url,
+                    message: format!("{:?}: {}", status.code(), status.message()),
+                });
+            }
+            Ok(Ok(answer)) => answer.into_inner(),
+        };
+        let mut decisions = HashMap::with_capacity(answer.decisions.len());
+        for decision in answer.decisions {
+            let verdict = match StateCheckVerdict::try_from(decision.verdict).unwrap_or_default() {
+                StateCheckVerdict::Replay => StateDecision::Replay,
+                StateCheckVerdict::Block => StateDecision::Block(decision.reason),
+                StateCheckVerdict::NeedsCompensation => {
+                    StateDecision::NeedsCompensation(decision.reason)
+                }
+                StateCheckVerdict::Unspecified => {
+                    return Err(StateCheckError::BadAnswer {
+                        url,
+                        message: format!("no verdict for dead letter {}", decision.dead_letter_id),
+                    });
+                }
+            };
+            decisions.insert(decision.dead_letter_id, verdict);
+        }
+        if let Some(missing) = wanted.iter().find(|id| !decisions.contains_key(*id)) {
+            return Err(StateCheckError::BadAnswer {
+                url,
+                message: format!("no decision for dead letter {missing}"),
+            });
+        }
+        Ok(decisions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_parse_and_match_first_wins() {
+        let routes: Vec<HookRoute> = [
+            "destination:orders.fulfil=http://a:1",
+            "order.*=http://b:2",
+            "event-type:*=http://c:3",
+        ]
+        .iter()
+        .map(|spec| spec.parse().unwrap())
+        .collect();
+        let checker = StateChecker::new(routes);
+        assert_eq!(checker.route(Some("order.paid"), "orders.fulfil"), Some(0));
+        assert_eq!(checker.route(Some("order.paid"), "elsewhere"), Some(1));
+        assert_eq!(checker.route(Some("invoice.sent"), "elsewhere"), Some(2));
+        assert_eq!(checker.route(None, "elsewhere"), None);
+        assert!(
+            "order.*"
+                .parse::<HookRoute>()
+                .unwrap_err()
+                .contains("expected")
+        );
+        assert!(
+            "order.*=ftp://x"
+                .parse::<HookRoute>()
+                .unwrap_err()
+                .contains("http")
+        );
+        assert!(
+            "or*der=http://x"
+                .parse::<HookRoute>()
+                .unwrap_err()
+                .contains("'*'")
+        );
+    }
+
+    #[test]
+    fn exact_patterns_are_more_specific_than_prefixes() {
+        let exact = Pattern::parse("payment.captured").unwrap();
+        let prefix = Pattern::parse("payment.*").unwrap();
+        assert!(exact.specificity() > prefix.specificity());
+        assert!(prefix.matches("payment.captured") && !prefix.matches("order.paid"));
+        assert!(Pattern::parse("*").unwrap().matches("anything"));
+    }
+}

@@ -1,0 +1,347 @@
+//! Prechecks: the candidate stream (with the SQL-side facts: key rank, earlier
+//! replays, re-dead-letters), item writes through `COPY`, reports and paging.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use prost::Message;
+use redrive_proto::v1;
+use sqlx::{
+    Postgres, QueryBuilder, Row,
+    pool::PoolConnection,
+    postgres::{PgCopyIn, PgPoolCopyExt, PgRow},
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use uuid::Uuid;
+
+use super::{Store, StoreError, dead_letters::push_selected};
+use crate::selector::Selector;
+
+/// A selected dead letter with what PostgreSQL knows about it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Dead letter id.
+    pub id: i64,
+    /// Message key.
+    pub message_key: String,
+    /// Default destination ("" when none).
+    pub destination: String,
+    /// Over the body limit.
+    pub body_oversized: bool,
+    /// Why the body cannot be replayed as it is.
+    pub body_problem: Option<String>,
+    /// Event type.
+    pub event_type: Option<String>,
+    /// Schema version.
+    pub schema_version: Option<String>,
+    /// Producer.
+    pub producer: Option<String>,
+    /// Reason class name.
+    pub reason_class: String,
+    /// Original event time (`timestamp` property or ingest field).
+    pub occurred_at: Option<DateTime<Utc>>,
+    /// When it first died.
+    pub first_died_at: DateTime<Utc>,
+    /// When it died (the death that counts).
+    pub died_at: DateTime<Utc>,
+    /// The earliest valid dead letter of the selection with the same key, when
+    /// that is not this one.
+    pub duplicate_of: Option<i64>,
+    /// The latest successful replay of this key within the window: (plan, when).
+    pub replayed: Option<(Uuid, DateTime<Utc>)>,
+    /// Replays of this key that came back as re-dead-letters.
+    pub redrives: i64,
+    /// Body, properties and headers (prost-encoded), when asked for.
+    pub payload: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+}
+
+/// Candidates read ahead of classification.
+const CANDIDATE_BUFFER: usize = 2048;
+
+/// The precheck's SQL condition for `invalid` (computed in PostgreSQL so that
+/// duplicates are ranked among valid dead letters only).
+const INVALID_SQL: &str = "(destination = '' OR body_oversized OR body_problem IS NOT NULL)";
+
+impl Store {
+    /// The selected dead letters in id order, streamed through a bounded channel
+    /// (PostgreSQL ranks keys and joins replays and re-dead-letters; the planner
+    /// holds at most the channel's capacity).
+    pub fn stream_candidates(
+        &self,
+        selector: &Selector,
+        replay_key_window: Duration,
+        with_payload: bool,
+    ) -> ReceiverStream<Result<Candidate, StoreError>> {
+        let mut builder = QueryBuilder::<Postgres>::new(format!(
+            "SELECT d.id, d.message_key, d.destination, d.body_oversized, d.body_problem, d.event_type, \
+             d.schema_version, d.producer, d.reason_class, d.occurred_at, d.first_died_at, d.died_at, \
+             CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key ORDER BY d.id) END AS first_id, \
+             r.plan_id AS replayed_plan, r.replayed_at, coalesce(l.redrives, 0) AS redrives, {} \
+             FROM (SELECT s.*, {INVALID_SQL} AS invalid FROM ",
+            if with_payload {
+                "d.body, d.properties, d.headers"
+            } else {
+                "NULL::bytea AS body, NULL::bytea AS properties, NULL::bytea AS headers"
+            }
+        ));
+        push_selected(
+            &mut builder,
+            selector,
+            "id, message_key, destination, body_oversized, body_problem, event_type, schema_version, \
+             producer, reason_class, occurred_at, first_died_at, died_at, body, properties, headers",
+        );
+        builder
+            .push(
+                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key) message_key, plan_id, replayed_at \
+                 FROM replayed_keys WHERE replayed_at > now() - ",
+            )
+            .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
+            .push(
+                " * interval '1 second' ORDER BY message_key, replayed_at DESC) r ON r.message_key = d.message_key \
+                 LEFT JOIN (SELECT message_key, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
+                 WHERE redrive_plan_id IS NOT NULL GROUP BY message_key) l ON l.message_key = d.message_key \
+                 ORDER BY d.id",
+            );
+        let (sender, receiver) = mpsc::channel(CANDIDATE_BUFFER);
+        let pool = self.pool().clone();
+        tokio::spawn(async move {
+            let mut rows = builder.build().fetch(&pool);
+            while let Some(row) = rows.next().await {
+                let candidate = row
+                    .map_err(StoreError::from)
+                    .and_then(|row| candidate_from_row(&row));
+                if sender.send(candidate).await.is_err() {
+                    break;
+                }
+            }
+        });
+        ReceiverStream::new(receiver)
+    }
+
+    /// Starts a precheck record.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn create_precheck(&self, id: Uuid, actor: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO prechecks (id, actor, state) VALUES ($1, $2, 'running')")
+            .bind(id)
+            .bind(actor)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// A connection in `COPY precheck_items FROM STDIN` (text format).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn copy_precheck_items(
+        &self,
+    ) -> Result<PgCopyIn<PoolConnection<Postgres>>, StoreError> {
+        Ok(self
+            .pool()
+            .copy_in_raw(
+                "COPY precheck_items (precheck_id, dead_letter_id, verdict, reason) FROM STDIN",
+            )
+            .await?)
+    }
+
+    /// Records the finished report.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn finish_precheck(&self, report: &v1::PrecheckReport) -> Result<(), StoreError> {
+        let id =
+            Uuid::parse_str(&report.precheck_id).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query("UPDATE prechecks SET state = 'done', digest = $2, report = $3 WHERE id = $1")
+            .bind(id)
+            .bind(&report.digest)
+            .bind(report.encode_to_vec())
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a precheck failed with `error` and removes its items.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn fail_precheck(&self, id: Uuid, error: &str) -> Result<(), StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        sqlx::query("DELETE FROM precheck_items WHERE precheck_id = $1")
+            .bind(id)
+            .execute(&mut *transaction)
+            .await?;
+        sqlx::query("UPDATE prechecks SET state = 'failed', error = $2 WHERE id = $1")
+            .bind(id)
+            .bind(error)
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// The stored precheck: `Ok(None)` if unknown, else its state and report.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn get_precheck(&self, id: Uuid) -> Result<Option<PrecheckRecord>, StoreError> {
+        let row = sqlx::query("SELECT state, error, report FROM prechecks WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let state: String = row.try_get("state")?;
+        let report: Option<Vec<u8>> = row.try_get("report")?;
+        Ok(Some(match (state.as_str(), report) {
+            ("done", Some(report)) => PrecheckRecord::Done(Box::new(
+                v1::PrecheckReport::decode(report.as_slice())
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            )),
+            ("failed", _) => PrecheckRecord::Failed(
+                row.try_get::<Option<String>, _>("error")?
+                    .unwrap_or_default(),
+            ),
+            _ => PrecheckRecord::Running,
+        }))
+    }
+
+    /// One page of a precheck's items by dead letter id, optionally of one verdict.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn list_precheck_items(
+        &self,
+        id: Uuid,
+        verdict: Option<&str>,
+        after_id: i64,
+        page_size: u32,
+    ) -> Result<Vec<v1::PrecheckItem>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT i.dead_letter_id, i.verdict, i.reason, d.message_key, d.destination, d.event_type \
+             FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
+             WHERE i.precheck_id = $1 AND ($2::text IS NULL OR i.verdict = $2) AND i.dead_letter_id > $3 \
+             ORDER BY i.dead_letter_id LIMIT $4",
+        )
+        .bind(id)
+        .bind(verdict)
+        .bind(after_id)
+        .bind(i64::from(page_size))
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let verdict: String = row.try_get("verdict")?;
+                Ok(v1::PrecheckItem {
+                    dead_letter_id: row.try_get::<i64, _>("dead_letter_id")?.to_string(),
+                    message_key: row.try_get("message_key")?,
+                    verdict: verdict_from_name(&verdict).into(),
+                    reason: row.try_get("reason")?,
+                    destination: row.try_get("destination")?,
+                    event_type: row.try_get("event_type")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+}
+
+/// A precheck as stored.
+#[derive(Debug, Clone)]
+pub enum PrecheckRecord {
+    /// Still running (or its planner died while running it).
+    Running,
+    /// Failed, with the error.
+    Failed(String),
+    /// Done, with its report.
+    Done(Box<v1::PrecheckReport>),
+}
+
+/// The verdict named `name` (`replayable`, ...).
+pub fn verdict_from_name(name: &str) -> v1::Verdict {
+    use v1::Verdict as V;
+    [
+        V::Replayable,
+        V::Duplicate,
+        V::AlreadyReplayed,
+        V::Looping,
+        V::Stale,
+        V::BlockedByState,
+        V::NeedsCompensation,
+        V::Invalid,
+    ]
+    .into_iter()
+    .find(|verdict| verdict.name() == name)
+    .unwrap_or(V::Unspecified)
+}
+
+/// Appends one item row in `COPY` text format (tab-separated; backslash, tab,
+/// newline and carriage return escaped, PostgreSQL docs "COPY", Text Format).
+pub fn copy_line(
+    buffer: &mut Vec<u8>,
+    precheck_id: Uuid,
+    dead_letter_id: i64,
+    verdict: &str,
+    reason: &str,
+) {
+    use std::io::Write;
+    let _ = write!(buffer, "{precheck_id}\t{dead_letter_id}\t{verdict}\t");
+    for byte in reason.bytes() {
+        match byte {
+            b'\\' => buffer.extend_from_slice(b"\\\\"),
+            b'\t' => buffer.extend_from_slice(b"\\t"),
+            b'\n' => buffer.extend_from_slice(b"\\n"),
+            b'\r' => buffer.extend_from_slice(b"\\r"),
+            0 => {}
+            other => buffer.push(other),
+        }
+    }
+    buffer.push(b'\n');
+}
+
+/// Sends `buffer` into `copy` and clears it.
+///
+/// # Errors
+/// [`StoreError`].
+pub async fn send_copy(
+    copy: &mut PgCopyIn<PoolConnection<Postgres>>,
+    buffer: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    if !buffer.is_empty() {
+        copy.send(std::mem::take(buffer)).await?;
+    }
+    Ok(())
+}
+
+fn candidate_from_row(row: &PgRow) -> Result<Candidate, StoreError> {
+    let id: i64 = row.try_get("id")?;
+    let first_id: Option<i64> = row.try_get("first_id")?;
+    let replayed_plan: Option<Uuid> = row.try_get("replayed_plan")?;
+    let replayed_at: Option<DateTime<Utc>> = row.try_get("replayed_at")?;
+    let body: Option<Vec<u8>> = row.try_get("body")?;
+    let properties: Option<Vec<u8>> = row.try_get("properties")?;
+    let headers: Option<Vec<u8>> = row.try_get("headers")?;
+    Ok(Candidate {
+        id,
+        message_key: row.try_get("message_key")?,
+        destination: row.try_get("destination")?,
+        body_oversized: row.try_get("body_oversized")?,
+        body_problem: row.try_get("body_problem")?,
+        event_type: row.try_get("event_type")?,
+        schema_version: row.try_get("schema_version")?,
+        producer: row.try_get("producer")?,
+        reason_class: row.try_get("reason_class")?,
+        occurred_at: row.try_get("occurred_at")?,
+        first_died_at: row.try_get("first_died_at")?,
+        died_at: row.try_get("died_at")?,
+        duplicate_of: first_id.filter(|first| *first != id),
+        replayed: replayed_plan.zip(replayed_at),
+        redrives: row.try_get("redrives")?,
+        payload: match (body, properties, headers) {
+            (Some(body), Some(properties), Some(headers)) => Some((body, properties, headers)),
+            _ => None,
+        },
+    })
+}
