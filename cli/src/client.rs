@@ -1,11 +1,25 @@
-//! Connecting to the planner's `redrive.v1.Planner` service.
+//! Connecting to the planner's `redrive.v1.Planner` service, and who the
+//! caller is: every request carries the actor (`--actor`, `REDRIVE_ACTOR`,
+//! else `USER`, else `anonymous`) in the `x-redrive-actor` metadata, which the
+//! planner records on prechecks, plans and audit events.
 
 use std::{error::Error as _, time::Duration};
 
 use redrive_proto::v1::planner_client::PlannerClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::{
+    Request, Status,
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::{Channel, Endpoint},
+};
 
 use crate::error::CliError;
+
+/// The gRPC metadata key the planner reads the caller from.
+pub const ACTOR_METADATA: &str = "x-redrive-actor";
+
+/// The actor when neither `--actor`, `REDRIVE_ACTOR` nor `USER` names one.
+pub const ANONYMOUS: &str = "anonymous";
 
 /// Where the planner listens by default (its own `--listen` default).
 pub const DEFAULT_PLANNER: &str = "http://127.0.0.1:50051";
@@ -17,8 +31,71 @@ pub const MAX_DECODING_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How long to try to open the connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A planner client.
-pub type Planner = PlannerClient<Channel>;
+/// A planner client; every request carries the actor.
+pub type Planner = PlannerClient<InterceptedService<Channel, ActorInterceptor>>;
+
+/// Adds `x-redrive-actor: NAME` to every request.
+#[derive(Debug, Clone)]
+pub struct ActorInterceptor {
+    actor: MetadataValue<Ascii>,
+}
+
+impl ActorInterceptor {
+    /// An interceptor sending `actor`.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when `actor` cannot be a gRPC metadata value
+    /// (visible ASCII only).
+    pub fn new(actor: &str) -> Result<Self, CliError> {
+        Ok(Self {
+            actor: actor_metadata(actor).map_err(CliError::Usage)?,
+        })
+    }
+}
+
+impl Interceptor for ActorInterceptor {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        request
+            .metadata_mut()
+            .insert(ACTOR_METADATA, self.actor.clone());
+        Ok(request)
+    }
+}
+
+/// Checks an `--actor` value (and `REDRIVE_ACTOR`): visible ASCII, since it
+/// travels as gRPC metadata. Surrounding blanks are dropped; an empty value
+/// counts as not given ([`resolve_actor`]).
+///
+/// # Errors
+/// A message saying what is allowed, for clap.
+pub fn parse_actor(text: &str) -> Result<String, String> {
+    let actor = text.trim();
+    if !actor.is_empty() {
+        actor_metadata(actor)?;
+    }
+    Ok(actor.to_owned())
+}
+
+fn actor_metadata(actor: &str) -> Result<MetadataValue<Ascii>, String> {
+    MetadataValue::try_from(actor).map_err(|_| {
+        format!(
+            "actor {actor:?} cannot be sent as gRPC metadata: use visible ASCII \
+             (letters, digits, punctuation, spaces)"
+        )
+    })
+}
+
+/// The actor: `flag` (`--actor` or `REDRIVE_ACTOR`), else `user` (the `USER`
+/// environment variable), else [`ANONYMOUS`]; blank values count as absent.
+pub fn resolve_actor(flag: Option<&str>, user: Option<&str>) -> String {
+    [flag, user]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|actor| !actor.is_empty())
+        .unwrap_or(ANONYMOUS)
+        .to_owned()
+}
 
 /// Checks a `--planner` value: an `http://` or `https://` URL.
 ///
@@ -33,11 +110,17 @@ pub fn parse_planner_url(url: &str) -> Result<String, String> {
 }
 
 /// Connects to the planner at `url`, eagerly, so an unreachable planner is
-/// reported once, clearly, before any work is done.
+/// reported once, clearly, before any work is done; every request will carry
+/// `actor`.
 ///
 /// # Errors
-/// [`CliError::Unreachable`] with the transport's reason.
-pub async fn connect(url: &str) -> Result<Planner, CliError> {
+/// [`CliError::Usage`] when `actor` cannot be sent as metadata (it came from
+/// `USER`; `--actor` is checked while parsing); [`CliError::Unreachable`]
+/// with the transport's reason.
+pub async fn connect(url: &str, actor: &str) -> Result<Planner, CliError> {
+    let interceptor = ActorInterceptor::new(actor).map_err(|error| {
+        CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR"))
+    })?;
     let unreachable = |cause: String| CliError::Unreachable {
         url: url.to_owned(),
         cause,
@@ -49,7 +132,8 @@ pub async fn connect(url: &str) -> Result<Planner, CliError> {
         .connect()
         .await
         .map_err(|error| unreachable(error_chain(&error)))?;
-    Ok(PlannerClient::new(channel).max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
+    Ok(PlannerClient::with_interceptor(channel, interceptor)
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
 }
 
 /// `error` and its sources joined with `: `, repeated texts left out
@@ -79,13 +163,38 @@ mod tests {
         assert!(parse_planner_url("http://bad host").is_err());
     }
 
+    #[test]
+    fn the_actor_falls_back_to_user_then_anonymous() {
+        assert_eq!(resolve_actor(Some("alice"), Some("bob")), "alice");
+        assert_eq!(resolve_actor(Some("  "), Some("bob")), "bob");
+        assert_eq!(resolve_actor(None, Some("bob")), "bob");
+        assert_eq!(resolve_actor(None, Some("")), ANONYMOUS);
+        assert_eq!(resolve_actor(None, None), ANONYMOUS);
+    }
+
+    #[test]
+    fn actors_must_be_visible_ascii() {
+        assert_eq!(parse_actor(" alice@ops ").unwrap(), "alice@ops");
+        assert_eq!(parse_actor("").unwrap(), "");
+        assert!(parse_actor("José").unwrap_err().contains("visible ASCII"));
+        assert!(parse_actor("a\nb").is_err());
+        assert!(ActorInterceptor::new("José").is_err());
+    }
+
+    #[test]
+    fn the_interceptor_sets_the_actor_metadata() {
+        let mut interceptor = ActorInterceptor::new("alice").unwrap();
+        let request = interceptor.call(Request::new(())).unwrap();
+        assert_eq!(request.metadata().get(ACTOR_METADATA).unwrap(), "alice");
+    }
+
     #[tokio::test]
     async fn nothing_listening_is_unreachable() {
         // Bind then drop: the port is free, so the connection is refused.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let error = connect(&url).await.unwrap_err();
+        let error = connect(&url, "ops").await.unwrap_err();
         assert_eq!(error.exit_code(), crate::error::EX_UNAVAILABLE);
         assert!(error.to_string().contains(&url), "{error}");
     }

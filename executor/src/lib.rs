@@ -96,24 +96,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("cannot reach the planner at {}", config.planner))?;
     info!(executor.id = %executor_id, planner = %config.planner, "executor claiming");
-    while !shutdown.is_cancelled() {
-        let claim = coordinator.claim_slice(ClaimSliceRequest {
-            executor_id: executor_id.clone(),
-            wait: Some(redrive_proto::time::duration(Duration::from_secs(20))),
-        });
-        let answer = tokio::select! {
-            () = shutdown.cancelled() => break,
-            answer = claim => answer,
-        };
-        match answer {
-            Ok(_) => {
-                anyhow::bail!("the planner handed out a slice, but this executor cannot replay yet")
-            }
-            Err(status) => anyhow::bail!(
-                "the planner refused to hand out slices: {}",
-                status.message()
-            ),
+    let claim = coordinator.claim_slice(ClaimSliceRequest {
+        executor_id: executor_id.clone(),
+        wait: Some(redrive_proto::time::duration(Duration::from_secs(20))),
+    });
+    let answer = tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        answer = claim => answer,
+    };
+    match answer {
+        Ok(_) => {
+            anyhow::bail!("the planner handed out a slice, but this executor cannot replay yet")
         }
+        Err(status) => anyhow::bail!(
+            "the planner refused to hand out slices: {}",
+            status.message()
+        ),
     }
-    Ok(())
 }

@@ -11,7 +11,7 @@
 //!   a dead letter (death that counts, reason class, key, compression).
 //! - [`inspect`], [`selector`]: listing, lookups, summaries.
 //! - [`precheck`], [`state_check`]: the dry run and the owning services' hooks.
-//! - [`store`]: PostgreSQL.
+//! - [`store`]: the PostgreSQL queries.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
 
 pub mod body;

@@ -9,6 +9,9 @@
 //!   and delete what a test uses.
 //! - [`TcpProxy`]: forwards to a server until cut.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
+//! - [`orders_hook`]: the example `StateCheck` hook over an `orders` table.
+
+pub mod orders_hook;
 
 use std::{
     net::SocketAddr,
@@ -416,5 +419,99 @@ where
             "timed out after {timeout:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An AMQP field table from `(name, value)` pairs.
+pub fn amqp_table(entries: Vec<(&str, lapin::types::AMQPValue)>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in entries {
+        table.insert(lapin::types::ShortString::from(key), value);
+    }
+    table
+}
+
+/// An AMQP long-string value.
+pub fn amqp_text(text: &str) -> lapin::types::AMQPValue {
+    lapin::types::AMQPValue::LongString(lapin::types::LongString::from(text.as_bytes().to_vec()))
+}
+
+/// A dead-letter topology: exchange `orders` (direct) → queue `work` (with a
+/// dead-letter exchange) and a fanout `dlx` → `dlq`. Names are unique.
+pub struct DlqTopology {
+    /// The producers' exchange.
+    pub exchange: String,
+    /// The work queue (bound with routing key `to.<work>`).
+    pub work: String,
+    /// The dead-letter exchange.
+    pub dlx: String,
+    /// The dead-letter queue.
+    pub dlq: String,
+}
+
+impl DlqTopology {
+    /// Declares it on `broker`.
+    ///
+    /// # Errors
+    /// Broker errors.
+    pub async fn declare(broker: &Broker) -> anyhow::Result<Self> {
+        let topology = Self {
+            exchange: unique("orders"),
+            work: unique("work"),
+            dlx: unique("dlx"),
+            dlq: unique("dlq"),
+        };
+        broker
+            .exchange(&topology.exchange, lapin::ExchangeKind::Direct)
+            .await?;
+        broker
+            .exchange(&topology.dlx, lapin::ExchangeKind::Fanout)
+            .await?;
+        broker.queue(&topology.dlq, FieldTable::default()).await?;
+        broker.bind(&topology.dlq, &topology.dlx, "").await?;
+        broker
+            .queue(
+                &topology.work,
+                amqp_table(vec![("x-dead-letter-exchange", amqp_text(&topology.dlx))]),
+            )
+            .await?;
+        broker
+            .bind(&topology.work, &topology.exchange, &topology.routing_key())
+            .await?;
+        Ok(topology)
+    }
+
+    /// The routing key to the work queue.
+    pub fn routing_key(&self) -> String {
+        format!("to.{}", self.work)
+    }
+
+    /// Publishes to the work queue, takes the message back and rejects it
+    /// without requeue: the broker dead-letters it with reason `rejected`.
+    ///
+    /// # Errors
+    /// Broker errors.
+    pub async fn reject(
+        &self,
+        broker: &Broker,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> anyhow::Result<()> {
+        broker
+            .publish(&self.exchange, &self.routing_key(), body, properties)
+            .await?;
+        let delivery = broker
+            .channel
+            .basic_get(
+                self.work.as_str().into(),
+                lapin::options::BasicGetOptions::default(),
+            )
+            .await?
+            .context("the work queue holds the message just published")?;
+        delivery
+            .acker
+            .reject(lapin::options::BasicRejectOptions { requeue: false })
+            .await?;
+        Ok(())
     }
 }

@@ -6,27 +6,16 @@ use std::time::Duration;
 use lapin::{
     BasicProperties, ExchangeKind,
     options::{BasicGetOptions, BasicRejectOptions},
-    types::{AMQPValue, FieldTable, LongString, ShortString},
+    types::{AMQPValue, FieldTable},
 };
 use redrive_planner::Config;
 use redrive_proto::v1::{
     self, GetDeadLetterRequest, ListDeadLettersRequest, ReasonClass, header_value::Value,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, PlannerHandle, TcpProxy, TestDb, init_logging, unique, wait_until,
+    AMQP_URL, Broker, PlannerHandle, TcpProxy, TestDb, amqp_table, amqp_text, init_logging, unique,
+    wait_until,
 };
-
-fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
-    let mut table = FieldTable::default();
-    for (key, value) in entries {
-        table.insert(ShortString::from(key), value);
-    }
-    table
-}
-
-fn long_string(text: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(text.as_bytes().to_vec()))
-}
 
 /// All dead letters of `source`, with bodies.
 async fn captured(planner: &PlannerHandle, source: &str) -> anyhow::Result<Vec<v1::DeadLetter>> {
@@ -92,9 +81,9 @@ async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -
     broker.queue(&dlq, FieldTable::default()).await?;
     broker.bind(&dlq, &dlx, "").await?;
     let with_dlx = |extra: Vec<(&str, AMQPValue)>| {
-        let mut entries = vec![("x-dead-letter-exchange", long_string(&dlx))];
+        let mut entries = vec![("x-dead-letter-exchange", amqp_text(&dlx))];
         entries.extend(extra);
-        table(entries)
+        amqp_table(entries)
     };
     broker.queue(&work, with_dlx(vec![])).await?;
     broker
@@ -115,15 +104,15 @@ async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -
             .await?;
     }
 
-    let headers = table(vec![
-        ("tenant", long_string("acme")),
+    let headers = amqp_table(vec![
+        ("tenant", amqp_text("acme")),
         ("attempt", AMQPValue::LongInt(3)),
         ("vip", AMQPValue::Boolean(true)),
         (
             "nested",
-            AMQPValue::FieldTable(table(vec![("k", AMQPValue::LongLongInt(-7))])),
+            AMQPValue::FieldTable(amqp_table(vec![("k", AMQPValue::LongLongInt(-7))])),
         ),
-        ("schema-version", long_string("2")),
+        ("schema-version", amqp_text("2")),
     ]);
     let properties = |id: &str| {
         BasicProperties::default()
@@ -188,11 +177,11 @@ async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -
             &binary_body,
             BasicProperties::default()
                 .with_message_id("m-5".into())
-                .with_headers(table(vec![
-                    ("x-death", long_string("not an array")),
-                    ("x-first-death-reason", long_string("rejected")),
-                    ("x-first-death-queue", long_string("legacy-work")),
-                    ("x-first-death-exchange", long_string("legacy")),
+                .with_headers(amqp_table(vec![
+                    ("x-death", amqp_text("not an array")),
+                    ("x-first-death-reason", amqp_text("rejected")),
+                    ("x-first-death-queue", amqp_text("legacy-work")),
+                    ("x-first-death-exchange", amqp_text("legacy")),
                 ])),
         )
         .await?;

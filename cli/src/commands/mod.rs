@@ -2,19 +2,20 @@
 //!
 //! Each subcommand lives in its own module, parses its own flags (clap
 //! derive), talks to the planner through [`crate::client`] and renders through
-//! [`crate::output`]. A new command (`precheck`, `plan`, ...) is a new module
-//! and a new [`Command`] variant; selector flags come from
+//! [`crate::output`]. A new command (`plan`, ...) is a new module and a new
+//! [`Command`] variant; selector flags come from
 //! [`crate::selector::SelectorArgs`].
 
 pub mod dead_letters;
 pub mod import;
+pub mod precheck;
 
 use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
 use crate::{
-    client::{self, DEFAULT_PLANNER, parse_planner_url},
+    client::{self, DEFAULT_PLANNER, parse_actor, parse_planner_url, resolve_actor},
     error::CliError,
 };
 
@@ -23,10 +24,10 @@ use crate::{
 #[command(
     name = "redrivectl",
     version,
-    about = "Redrive's operator CLI: capture, inspect and (later) replay dead letters",
+    about = "Redrive's operator CLI: capture, inspect, precheck and (later) replay dead letters",
     after_help = "Exit codes: 0 ok, 1 other gRPC error, 64 bad usage, 65 refused input \
                   (invalid argument, not found, rejected import lines), 66 input file missing, \
-                  69 planner unreachable, 74 I/O error."
+                  69 planner unreachable or unavailable, 74 I/O error."
 )]
 pub struct Cli {
     /// Planner gRPC endpoint.
@@ -50,6 +51,18 @@ pub struct Cli {
     )]
     pub json: bool,
 
+    /// Who is calling, sent to the planner as `x-redrive-actor` metadata on
+    /// every request [default: $USER, else anonymous].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "NAME",
+        env = "REDRIVE_ACTOR",
+        value_parser = parse_actor
+    )]
+    pub actor: Option<String>,
+
     #[command(subcommand)]
     #[allow(missing_docs)]
     pub command: Command,
@@ -63,6 +76,18 @@ pub enum Command {
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Import dead letters from a JSON Lines file (one dead letter per line).
     Import(import::ImportArgs),
+    /// Dry-run a replay: give every selected dead letter a verdict (or show a
+    /// stored precheck, or list its items).
+    Precheck(precheck::PrecheckArgs),
+}
+
+impl Cli {
+    /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else the
+    /// `USER` environment variable, else `anonymous`.
+    pub fn actor(&self) -> String {
+        let user = std::env::var("USER").ok();
+        resolve_actor(self.actor.as_deref(), user.as_deref())
+    }
 }
 
 /// Runs the command `cli` names, writing its output to `out`; the `Ok` value is
@@ -71,16 +96,24 @@ pub enum Command {
 /// # Errors
 /// Whatever ends the command early; [`CliError::exit_code`] says how to exit.
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
+    let actor = cli.actor();
     match cli.command {
         Command::DeadLetters(command) => {
-            let mut planner = client::connect(&cli.planner).await?;
+            let mut planner = client::connect(&cli.planner, &actor).await?;
             dead_letters::run(&mut planner, command, cli.json, out).await
         }
         Command::Import(args) => {
             // The file first: a typo in its name should not wait on the network.
             let input = import::open(&args.file)?;
-            let mut planner = client::connect(&cli.planner).await?;
+            let mut planner = client::connect(&cli.planner, &actor).await?;
             import::run(&mut planner, args, input, cli.json, out).await
+        }
+        Command::Precheck(args) => {
+            // Flag checks clap cannot do (a --stale-after pattern given twice)
+            // before the network.
+            let command = args.into_command()?;
+            let mut planner = client::connect(&cli.planner, &actor).await?;
+            precheck::run(&mut planner, command, cli.json, out).await
         }
     }
 }

@@ -1,0 +1,1191 @@
+//! `redrivectl precheck`: the dry run before a replay (`RunPrecheck`), a stored
+//! report (`GetPrecheck`) and its items (`ListPrecheckItems`).
+//!
+//! ```text
+//! redrivectl precheck --source Q [selector flags] [precheck options]
+//! redrivectl precheck show ID
+//! redrivectl precheck items ID [--verdict V] [--page-size N] [--page-token T] [--all]
+//! ```
+//!
+//! The bare form runs a precheck; `show` and `items` are subcommands, and do
+//! not mix with the run flags. The run form needs at least one `--source`
+//! (the selection a plan will replay is always named explicitly); the other
+//! selector flags are those of `dead-letters list` ([`crate::selector`]).
+//!
+//! # Precheck options
+//! | flag | `PrecheckOptions` field |
+//! | --- | --- |
+//! | `--stale-after TYPE=DUR` (repeatable) | `stale_after[TYPE] = DUR`: TYPE is an event type or a prefix ending in `*` (`payment.*=2h`); each TYPE at most once |
+//! | `--default-stale-after DUR` | `default_stale_after` (event types no pattern matches) |
+//! | `--replay-key-window DUR` | `replay_key_window` (planner default 7 days) |
+//! | `--max-redrives N` | `max_redrives`, N ≥ 1 (planner default 3) |
+//! | `--state-check-batch N` | `state_check_batch_size`, 1–5000 (planner default 500) |
+//! | `--state-check-timeout DUR` | `state_check_timeout` (planner default 10 s) |
+//! | `--block-on-state-check-error` | `block_on_state_check_error`: a failing hook marks its items `blocked_by_state` instead of failing the precheck |
+//! | `--event-time-pointer /json/pointer` | `event_time_pointer` (RFC 6901, starts with `/`) |
+//!
+//! Durations are humantime (`90s`, `2h`, `1day 6h`) and must be positive. A
+//! wrong value is a usage error naming the flag (exit 64). Without
+//! `--block-on-state-check-error`, a state-check hook that is down fails the
+//! precheck with `unavailable` and the planner's explanation (exit 69).
+//!
+//! # Report (`precheck` and `precheck show ID`)
+//! People get the id, actor, creation time, digest, total and the span of
+//! death times covered; a table of all eight verdict counts in precedence
+//! order ([`VERDICTS`]); one table per breakdown (reason class, destination,
+//! event type, schema version, producer) with value, total, replayable and a
+//! column for each other verdict that is not zero in it; the planner's
+//! warnings as `WARNING: ...` lines; the first non-replayable items; and a
+//! `next: redrivectl precheck items ID --verdict V` hint.
+//!
+//! `--json` prints one [`ReportJson`]; the field names are stable:
+//!
+//! | field | JSON |
+//! | --- | --- |
+//! | `precheck_id`, `actor`, `digest` | string |
+//! | `created_at` | RFC 3339 or null |
+//! | `total` | integer |
+//! | `counts` | `{replayable, duplicate, already_replayed, looping, stale, blocked_by_state, needs_compensation, invalid}`, all eight always present, integers |
+//! | `breakdowns` | `{reason_class, destination, event_type, schema_version, producer}`, each an array of `{value, total, counts}` (`counts` as above; an absent value is `""`) |
+//! | `died_from`, `died_to` | earliest and latest death time covered, RFC 3339 or null (empty selection) |
+//! | `warnings` | array of strings |
+//! | `sample_blocked` | array of items (below): the first non-replayable ones |
+//!
+//! # Items (`precheck items ID`)
+//! A table of dead letter id, verdict, message key, destination, event type and
+//! reason, then `next page token: T` when there are more; `--all` follows the
+//! tokens. `--verdict V` keeps one verdict (a name of [`VERDICTS`]; another
+//! word is a usage error listing them). `--json`: `{"items": [item, ...],
+//! "next_page_token": "..."}` (`""` on the last page), each item
+//! `{dead_letter_id, message_key, verdict, reason, destination, event_type}`,
+//! `event_type` a string or null.
+
+use std::{collections::BTreeMap, io::Write, time::Duration};
+
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use redrive_proto::{
+    time::duration,
+    v1::{
+        self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckItem, PrecheckReport,
+        RunPrecheckRequest, Verdict,
+    },
+};
+use serde::Serialize;
+
+use crate::{
+    client::Planner,
+    error::{CliError, EX_OK},
+    output::{self, cell, timestamp_text, write_json, write_table},
+    selector::SelectorArgs,
+};
+
+/// The verdicts in precedence order (first match wins in the planner), which
+/// is also the order of every count table and JSON `counts` object.
+pub const VERDICTS: [Verdict; 8] = [
+    Verdict::Replayable,
+    Verdict::Duplicate,
+    Verdict::AlreadyReplayed,
+    Verdict::Looping,
+    Verdict::Stale,
+    Verdict::BlockedByState,
+    Verdict::NeedsCompensation,
+    Verdict::Invalid,
+];
+
+/// Largest `--state-check-batch` the planner accepts.
+pub const MAX_STATE_CHECK_BATCH: u32 = 5000;
+
+// ---------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------
+
+/// `precheck` arguments: the run flags, or a subcommand.
+#[derive(Debug, Clone, Args)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_help = "Examples:\n  \
+        redrivectl precheck --source orders.dlq --since 2h --stale-after 'payment.*=2h'\n  \
+        redrivectl precheck show 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e\n  \
+        redrivectl precheck items 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --verdict blocked_by_state"
+)]
+pub struct PrecheckArgs {
+    #[command(subcommand)]
+    #[allow(missing_docs)]
+    pub command: Option<PrecheckSubcommand>,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub run: RunArgs,
+}
+
+/// `precheck` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PrecheckSubcommand {
+    /// Show a stored precheck report.
+    Show(ShowArgs),
+    /// List a precheck's items and their verdicts, one page at a time (or all with --all).
+    Items(ItemsArgs),
+}
+
+/// The run form's flags: which dead letters, and how to judge them.
+#[derive(Debug, Clone, Args)]
+#[command(mut_arg("sources", |arg| arg.required(true)))]
+pub struct RunArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub selector: SelectorArgs,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub options: OptionsArgs,
+}
+
+/// Precheck options (module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+#[command(next_help_heading = "Precheck options")]
+pub struct OptionsArgs {
+    /// Items of this event type (or prefix ending in `*`) older than DURATION are
+    /// stale, e.g. `payment.*=2h`; repeatable.
+    #[arg(long = "stale-after", value_name = "TYPE=DURATION", value_parser = parse_stale_after)]
+    pub stale_after: Vec<StaleAfter>,
+
+    /// Items of event types no --stale-after matches are stale after this long
+    /// (default: never).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub default_stale_after: Option<Duration>,
+
+    /// An earlier successful replay of the same message key within this window
+    /// makes an item already_replayed (planner default 7 days).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub replay_key_window: Option<Duration>,
+
+    /// Re-dead-letters after which a message key is looping (planner default 3).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_redrives: Option<u32>,
+
+    /// Messages per state-check hook call, 1-5000 (planner default 500).
+    #[arg(long = "state-check-batch", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STATE_CHECK_BATCH)))]
+    pub state_check_batch: Option<u32>,
+
+    /// Timeout of each state-check hook call (planner default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub state_check_timeout: Option<Duration>,
+
+    /// Mark the items of an unreachable or failing state-check hook
+    /// blocked_by_state instead of failing the precheck.
+    #[arg(long)]
+    pub block_on_state_check_error: bool,
+
+    /// JSON pointer to the original event time in the body (RFC 3339 or epoch
+    /// seconds), e.g. `/meta/occurred_at`.
+    #[arg(long, value_name = "POINTER", value_parser = parse_json_pointer)]
+    pub event_time_pointer: Option<String>,
+}
+
+/// One `--stale-after TYPE=DURATION`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleAfter {
+    /// An event type, or a prefix ending in `*`.
+    pub pattern: String,
+    /// Older than this is stale.
+    pub max_age: Duration,
+}
+
+/// `precheck show` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The precheck id.
+    pub id: String,
+}
+
+/// `precheck items` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ItemsArgs {
+    /// The precheck id.
+    pub id: String,
+
+    /// Only items with this verdict: replayable, duplicate, already_replayed,
+    /// looping, stale, blocked_by_state, needs_compensation, invalid.
+    #[arg(long, value_name = "VERDICT", value_parser = parse_verdict)]
+    pub verdict: Option<Verdict>,
+
+    /// Items per page (the planner's default is 100, at most 1000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub page_size: Option<u32>,
+
+    /// Start at this page (from a previous answer's next page token).
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+
+    /// Follow page tokens until the last page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// What `precheck` was asked to do, with the flags checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PrecheckCommand {
+    /// Run a precheck.
+    Run {
+        /// Which dead letters (`--since` is counted back when it runs).
+        selector: SelectorArgs,
+        /// How to judge them.
+        options: v1::PrecheckOptions,
+    },
+    /// Show a stored report.
+    Show(String),
+    /// List items.
+    Items {
+        /// The precheck id.
+        id: String,
+        /// Only this verdict.
+        verdict: Option<Verdict>,
+        /// Items per page.
+        page_size: Option<u32>,
+        /// Where to start.
+        page_token: Option<String>,
+        /// Follow the tokens.
+        all: bool,
+    },
+}
+
+impl PrecheckArgs {
+    /// The command, after the checks clap cannot make on one value.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when a `--stale-after` pattern is given twice.
+    pub fn into_command(self) -> Result<PrecheckCommand, CliError> {
+        Ok(match self.command {
+            Some(PrecheckSubcommand::Show(args)) => PrecheckCommand::Show(args.id),
+            Some(PrecheckSubcommand::Items(args)) => PrecheckCommand::Items {
+                id: args.id,
+                verdict: args.verdict,
+                page_size: args.page_size,
+                page_token: args.page_token,
+                all: args.all,
+            },
+            None => PrecheckCommand::Run {
+                options: self.run.options.to_options()?,
+                selector: self.run.selector,
+            },
+        })
+    }
+}
+
+impl OptionsArgs {
+    /// The proto options; unset flags leave the planner's defaults.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when a `--stale-after` pattern is given twice.
+    pub fn to_options(&self) -> Result<v1::PrecheckOptions, CliError> {
+        let mut stale_after = BTreeMap::new();
+        for StaleAfter { pattern, max_age } in &self.stale_after {
+            if let Some(earlier) = stale_after.insert(pattern.clone(), *max_age) {
+                return Err(CliError::Usage(format!(
+                    "--stale-after: {pattern} is given twice ({} and {}); give each event type pattern once",
+                    humantime::format_duration(earlier),
+                    humantime::format_duration(*max_age),
+                )));
+            }
+        }
+        Ok(v1::PrecheckOptions {
+            stale_after: stale_after
+                .into_iter()
+                .map(|(pattern, max_age)| (pattern, duration(max_age)))
+                .collect(),
+            default_stale_after: self.default_stale_after.map(duration),
+            replay_key_window: self.replay_key_window.map(duration),
+            max_redrives: self.max_redrives.unwrap_or(0),
+            state_check_batch_size: self.state_check_batch.unwrap_or(0),
+            state_check_timeout: self.state_check_timeout.map(duration),
+            block_on_state_check_error: self.block_on_state_check_error,
+            event_time_pointer: self.event_time_pointer.clone().unwrap_or_default(),
+        })
+    }
+}
+
+const STALE_AFTER_FORM: &str = "expected TYPE=DURATION, e.g. payment.*=2h or order.paid=30m";
+
+/// Parses `--stale-after TYPE=DURATION`: an event type, or a prefix ending in
+/// `*` (`*` alone matches every type), and a positive humantime duration.
+///
+/// # Errors
+/// A message saying what is wrong and the expected form, for clap (which names
+/// the flag).
+pub fn parse_stale_after(text: &str) -> Result<StaleAfter, String> {
+    let Some((pattern, age)) = text.split_once('=') else {
+        return Err(format!("no '=' in {text:?}; {STALE_AFTER_FORM}"));
+    };
+    let (pattern, age) = (pattern.trim(), age.trim());
+    if pattern.is_empty() {
+        return Err(format!("the event type before '=' is empty; {STALE_AFTER_FORM}"));
+    }
+    if pattern[..pattern.len() - 1].contains('*') {
+        return Err(format!(
+            "{pattern:?}: '*' may only end a pattern (a prefix such as payment.*); {STALE_AFTER_FORM}"
+        ));
+    }
+    if age.is_empty() {
+        return Err(format!("no duration after '='; {STALE_AFTER_FORM}"));
+    }
+    let max_age = parse_positive_duration(age).map_err(|problem| {
+        format!("{pattern}: duration {age:?}: {problem}; {STALE_AFTER_FORM}")
+    })?;
+    Ok(StaleAfter {
+        pattern: pattern.to_owned(),
+        max_age,
+    })
+}
+
+/// Parses a positive humantime duration (`90s`, `2h`, `1day 6h`).
+///
+/// # Errors
+/// The parser's complaint, or that it is zero.
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let parsed = humantime::parse_duration(text.trim())
+        .map_err(|error| format!("{error} (e.g. 90s, 30m, 2h, 1day 6h)"))?;
+    if parsed.is_zero() {
+        return Err("must be longer than zero".to_owned());
+    }
+    Ok(parsed)
+}
+
+/// Checks `--event-time-pointer`: a JSON pointer (RFC 6901) starts with `/`.
+///
+/// # Errors
+/// What is wrong, for clap.
+pub fn parse_json_pointer(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') {
+        return Err("a JSON pointer starts with '/' (RFC 6901), e.g. /meta/occurred_at".to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// The verdict named `name` (`blocked_by_state`; `blocked-by-state` too).
+///
+/// # Errors
+/// A message listing the valid names.
+pub fn parse_verdict(name: &str) -> Result<Verdict, String> {
+    let normalized = name.trim().to_ascii_lowercase().replace('-', "_");
+    VERDICTS
+        .into_iter()
+        .find(|verdict| verdict.name() == normalized)
+        .ok_or_else(|| {
+            format!(
+                "unknown verdict {name:?}; valid names: {}",
+                VERDICTS.map(Verdict::name).join(", ")
+            )
+        })
+}
+
+// ---------------------------------------------------------------------------
+// JSON shapes
+// ---------------------------------------------------------------------------
+
+/// Count per verdict; all eight fields always present, in [`VERDICTS`] order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[allow(missing_docs)] // One field per verdict, named as Verdict::name.
+pub struct CountsJson {
+    pub replayable: u64,
+    pub duplicate: u64,
+    pub already_replayed: u64,
+    pub looping: u64,
+    pub stale: u64,
+    pub blocked_by_state: u64,
+    pub needs_compensation: u64,
+    pub invalid: u64,
+}
+
+impl From<Option<&v1::VerdictCounts>> for CountsJson {
+    fn from(counts: Option<&v1::VerdictCounts>) -> Self {
+        let counts = counts.cloned().unwrap_or_default();
+        Self {
+            replayable: counts.replayable,
+            duplicate: counts.duplicate,
+            already_replayed: counts.already_replayed,
+            looping: counts.looping,
+            stale: counts.stale,
+            blocked_by_state: counts.blocked_by_state,
+            needs_compensation: counts.needs_compensation,
+            invalid: counts.invalid,
+        }
+    }
+}
+
+impl CountsJson {
+    /// The count of `verdict` (0 for `Unspecified`).
+    pub fn get(&self, verdict: Verdict) -> u64 {
+        match verdict {
+            Verdict::Unspecified => 0,
+            Verdict::Replayable => self.replayable,
+            Verdict::Duplicate => self.duplicate,
+            Verdict::AlreadyReplayed => self.already_replayed,
+            Verdict::Looping => self.looping,
+            Verdict::Stale => self.stale,
+            Verdict::BlockedByState => self.blocked_by_state,
+            Verdict::NeedsCompensation => self.needs_compensation,
+            Verdict::Invalid => self.invalid,
+        }
+    }
+}
+
+/// One row of a breakdown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BreakdownJson {
+    /// The grouping value; `""` when absent.
+    pub value: String,
+    /// Items with this value.
+    pub total: u64,
+    /// Their verdicts.
+    pub counts: CountsJson,
+}
+
+impl From<&v1::Breakdown> for BreakdownJson {
+    fn from(breakdown: &v1::Breakdown) -> Self {
+        Self {
+            value: breakdown.value.clone(),
+            total: breakdown.total,
+            counts: CountsJson::from(breakdown.counts.as_ref()),
+        }
+    }
+}
+
+/// The five breakdowns, in the order people read them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[allow(missing_docs)] // Named as the dimension.
+pub struct BreakdownsJson {
+    pub reason_class: Vec<BreakdownJson>,
+    pub destination: Vec<BreakdownJson>,
+    pub event_type: Vec<BreakdownJson>,
+    pub schema_version: Vec<BreakdownJson>,
+    pub producer: Vec<BreakdownJson>,
+}
+
+impl BreakdownsJson {
+    /// (title, rows) of each breakdown.
+    fn tables(&self) -> [(&'static str, &[BreakdownJson]); 5] {
+        [
+            ("reason class", &self.reason_class),
+            ("destination", &self.destination),
+            ("event type", &self.event_type),
+            ("schema version", &self.schema_version),
+            ("producer", &self.producer),
+        ]
+    }
+}
+
+/// One precheck item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ItemJson {
+    /// Decimal dead letter id.
+    pub dead_letter_id: String,
+    /// Idempotency key.
+    pub message_key: String,
+    /// A name of [`VERDICTS`].
+    pub verdict: &'static str,
+    /// Why this verdict.
+    pub reason: String,
+    /// Where it would be replayed.
+    pub destination: String,
+    /// Event type, if known.
+    pub event_type: Option<String>,
+}
+
+impl From<&PrecheckItem> for ItemJson {
+    fn from(item: &PrecheckItem) -> Self {
+        Self {
+            dead_letter_id: item.dead_letter_id.clone(),
+            message_key: item.message_key.clone(),
+            verdict: item.verdict().name(),
+            reason: item.reason.clone(),
+            destination: item.destination.clone(),
+            event_type: item.event_type.clone(),
+        }
+    }
+}
+
+/// A precheck report in its stable JSON shape (module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReportJson {
+    /// The precheck id (a UUID).
+    pub precheck_id: String,
+    /// Who ran it.
+    pub actor: String,
+    /// When, RFC 3339.
+    pub created_at: Option<String>,
+    /// Lowercase hex SHA-256 an approval must quote.
+    pub digest: String,
+    /// Items covered.
+    pub total: u64,
+    /// Count per verdict.
+    pub counts: CountsJson,
+    /// Counts per reason class, destination, event type, schema version, producer.
+    pub breakdowns: BreakdownsJson,
+    /// Earliest death time covered, RFC 3339.
+    pub died_from: Option<String>,
+    /// Latest death time covered, RFC 3339.
+    pub died_to: Option<String>,
+    /// What the planner thinks an operator should know.
+    pub warnings: Vec<String>,
+    /// The first non-replayable items.
+    pub sample_blocked: Vec<ItemJson>,
+}
+
+impl From<&PrecheckReport> for ReportJson {
+    fn from(report: &PrecheckReport) -> Self {
+        let rows = |rows: &[v1::Breakdown]| rows.iter().map(BreakdownJson::from).collect();
+        Self {
+            precheck_id: report.precheck_id.clone(),
+            actor: report.actor.clone(),
+            created_at: timestamp_text(report.created_at.as_ref()),
+            digest: report.digest.clone(),
+            total: report.total,
+            counts: CountsJson::from(report.counts.as_ref()),
+            breakdowns: BreakdownsJson {
+                reason_class: rows(&report.by_reason_class),
+                destination: rows(&report.by_destination),
+                event_type: rows(&report.by_event_type),
+                schema_version: rows(&report.by_schema_version),
+                producer: rows(&report.by_producer),
+            },
+            died_from: timestamp_text(report.died_from.as_ref()),
+            died_to: timestamp_text(report.died_to.as_ref()),
+            warnings: report.warnings.clone(),
+            sample_blocked: report.sample_blocked.iter().map(ItemJson::from).collect(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Running
+// ---------------------------------------------------------------------------
+
+/// Runs a `precheck` command, writing its output to `out`.
+///
+/// # Errors
+/// gRPC errors from the planner (a state-check hook that is down is
+/// `unavailable`); output errors.
+pub async fn run(
+    planner: &mut Planner,
+    command: PrecheckCommand,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let report = match command {
+        PrecheckCommand::Run { selector, options } => {
+            planner
+                .run_precheck(RunPrecheckRequest {
+                    selector: Some(selector.to_selector(Utc::now())),
+                    options: Some(options),
+                })
+                .await?
+        }
+        PrecheckCommand::Show(precheck_id) => {
+            planner
+                .get_precheck(GetPrecheckRequest { precheck_id })
+                .await?
+        }
+        PrecheckCommand::Items {
+            id,
+            verdict,
+            page_size,
+            page_token,
+            all,
+        } => {
+            return items(
+                planner,
+                ItemsQuery {
+                    id,
+                    verdict,
+                    page_size,
+                    page_token,
+                    all,
+                },
+                json,
+                out,
+            )
+            .await;
+        }
+    }
+    .into_inner();
+    let view = ReportJson::from(&report);
+    if json {
+        write_json(out, &view)?;
+    } else {
+        write_report(out, &view)?;
+    }
+    Ok(EX_OK)
+}
+
+/// The human rendering of a report (module docs).
+pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result<()> {
+    let covered = match (&report.died_from, &report.died_to) {
+        (Some(from), Some(to)) => format!("{from} .. {to}"),
+        (Some(from), None) => format!("{from} .. -"),
+        (None, Some(to)) => format!("- .. {to}"),
+        (None, None) => "- (nothing selected)".to_owned(),
+    };
+    let fields = [
+        ("precheck", report.precheck_id.clone()),
+        ("actor", cell(&report.actor).to_owned()),
+        (
+            "created at",
+            report.created_at.clone().unwrap_or_else(|| "-".to_owned()),
+        ),
+        ("digest", cell(&report.digest).to_owned()),
+        ("total", report.total.to_string()),
+        ("died", covered),
+    ];
+    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+    for (name, value) in &fields {
+        writeln!(out, "{:<width$}  {value}", format!("{name}:"))?;
+    }
+
+    writeln!(out)?;
+    let mut counts = output::table(&["verdict", "count"]);
+    for verdict in VERDICTS {
+        counts.add_row([
+            verdict.name().to_owned(),
+            report.counts.get(verdict).to_string(),
+        ]);
+    }
+    write_table(out, &counts)?;
+
+    for (title, rows) in report.breakdowns.tables() {
+        if rows.is_empty() {
+            continue;
+        }
+        writeln!(out, "\nby {title}:")?;
+        write_table(out, &breakdown_table(rows))?;
+    }
+
+    if !report.warnings.is_empty() {
+        writeln!(out)?;
+        for warning in &report.warnings {
+            writeln!(out, "WARNING: {warning}")?;
+        }
+    }
+
+    let blocked = report.total.saturating_sub(report.counts.replayable);
+    if !report.sample_blocked.is_empty() {
+        writeln!(
+            out,
+            "\nfirst non-replayable items ({} of {blocked}):",
+            report.sample_blocked.len()
+        )?;
+        let mut table = output::table(&["dead_letter_id", "message_key", "verdict", "reason"]);
+        for item in &report.sample_blocked {
+            table.add_row([
+                item.dead_letter_id.clone(),
+                cell(&item.message_key).to_owned(),
+                item.verdict.to_owned(),
+                cell(&item.reason).to_owned(),
+            ]);
+        }
+        write_table(out, &table)?;
+    }
+
+    if report.total > 0 {
+        writeln!(out, "\nnext: {}", next_hint(report))?;
+    }
+    Ok(())
+}
+
+/// A breakdown table: value, total, replayable, then one column per other
+/// verdict that is not zero in some row.
+fn breakdown_table(rows: &[BreakdownJson]) -> comfy_table::Table {
+    let others: Vec<Verdict> = VERDICTS[1..]
+        .iter()
+        .copied()
+        .filter(|verdict| rows.iter().any(|row| row.counts.get(*verdict) > 0))
+        .collect();
+    let mut columns = vec!["value", "total", "replayable"];
+    columns.extend(others.iter().map(|verdict| verdict.name()));
+    let mut table = output::table(&columns);
+    for row in rows {
+        let mut cells = vec![
+            cell(&row.value).to_owned(),
+            row.total.to_string(),
+            row.counts.replayable.to_string(),
+        ];
+        cells.extend(
+            others
+                .iter()
+                .map(|verdict| row.counts.get(*verdict).to_string()),
+        );
+        table.add_row(cells);
+    }
+    table
+}
+
+/// The command to read on with: the items of the most common non-replayable
+/// verdict (the earlier in precedence on a tie), or all items when every one
+/// is replayable.
+pub fn next_hint(report: &ReportJson) -> String {
+    let mut hint = format!("redrivectl precheck items {}", report.precheck_id);
+    let worst = VERDICTS[1..]
+        .iter()
+        .copied()
+        .filter(|verdict| report.counts.get(*verdict) > 0)
+        .fold(None::<Verdict>, |best, verdict| match best {
+            Some(best) if report.counts.get(best) >= report.counts.get(verdict) => Some(best),
+            _ => Some(verdict),
+        });
+    if let Some(verdict) = worst {
+        hint.push_str(" --verdict ");
+        hint.push_str(verdict.name());
+    }
+    hint
+}
+
+// ---------------------------------------------------------------------------
+// items
+// ---------------------------------------------------------------------------
+
+struct ItemsQuery {
+    id: String,
+    verdict: Option<Verdict>,
+    page_size: Option<u32>,
+    page_token: Option<String>,
+    all: bool,
+}
+
+const ITEM_COLUMNS: &[&str] = &[
+    "dead_letter_id",
+    "verdict",
+    "message_key",
+    "destination",
+    "event_type",
+    "reason",
+];
+
+async fn items(
+    planner: &mut Planner,
+    query: ItemsQuery,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let mut page_token = query.page_token.unwrap_or_default();
+    let mut listed = 0_usize;
+    let mut rows = Vec::new();
+    if json {
+        out.write_all(b"{\"items\":[")?;
+    }
+    loop {
+        let response = planner
+            .list_precheck_items(ListPrecheckItemsRequest {
+                precheck_id: query.id.clone(),
+                verdict: query.verdict.unwrap_or(Verdict::Unspecified).into(),
+                page_size: query.page_size.unwrap_or(0),
+                page_token: page_token.clone(),
+            })
+            .await?
+            .into_inner();
+        page_token = response.next_page_token;
+        for item in &response.items {
+            if json {
+                if listed > 0 {
+                    out.write_all(b",")?;
+                }
+                serde_json::to_writer(&mut *out, &ItemJson::from(item))
+                    .map_err(std::io::Error::from)?;
+            } else {
+                rows.push(item_row(item));
+            }
+            listed += 1;
+        }
+        if !query.all || page_token.is_empty() {
+            break;
+        }
+    }
+    if json {
+        out.write_all(b"],\"next_page_token\":")?;
+        serde_json::to_writer(&mut *out, &page_token).map_err(std::io::Error::from)?;
+        out.write_all(b"}\n")?;
+        return Ok(EX_OK);
+    }
+    if listed == 0 {
+        writeln!(out, "no items match")?;
+    } else {
+        let mut table = output::table(ITEM_COLUMNS);
+        table.add_rows(rows);
+        write_table(out, &table)?;
+    }
+    if !page_token.is_empty() {
+        writeln!(out, "next page token: {page_token}")?;
+    }
+    Ok(EX_OK)
+}
+
+/// One `items` table row, in [`ITEM_COLUMNS`] order.
+fn item_row(item: &PrecheckItem) -> Vec<String> {
+    vec![
+        item.dead_letter_id.clone(),
+        item.verdict().name().to_owned(),
+        cell(&item.message_key).to_owned(),
+        cell(&item.destination).to_owned(),
+        cell(item.event_type.as_deref().unwrap_or_default()).to_owned(),
+        cell(&item.reason).to_owned(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use redrive_proto::time::timestamp;
+    use serde_json::json;
+
+    use super::*;
+    use crate::selector::parse_rfc3339;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(flatten)]
+        options: OptionsArgs,
+    }
+
+    fn options(args: &[&str]) -> Result<OptionsArgs, clap::Error> {
+        Harness::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+            .map(|harness| harness.options)
+    }
+
+    fn secs(seconds: u64) -> Option<prost_types::Duration> {
+        Some(duration(Duration::from_secs(seconds)))
+    }
+
+    #[test]
+    fn stale_after_reads_type_and_duration() {
+        assert_eq!(
+            parse_stale_after("payment.*=2h").unwrap(),
+            StaleAfter {
+                pattern: "payment.*".into(),
+                max_age: Duration::from_secs(7200),
+            }
+        );
+        assert_eq!(
+            parse_stale_after(" order.paid = 1day 6h ").unwrap(),
+            StaleAfter {
+                pattern: "order.paid".into(),
+                max_age: Duration::from_secs(30 * 3600),
+            }
+        );
+        assert_eq!(parse_stale_after("*=90s").unwrap().pattern, "*");
+    }
+
+    #[test]
+    fn stale_after_errors_say_what_is_wrong() {
+        for (text, expected) in [
+            ("payment.*", "no '='"),
+            ("=2h", "event type before '=' is empty"),
+            ("pay*ment=2h", "'*' may only end a pattern"),
+            ("payment.*=", "no duration"),
+            ("payment.*=soon", "duration \"soon\""),
+            ("payment.*=0s", "longer than zero"),
+        ] {
+            let error = parse_stale_after(text).unwrap_err();
+            assert!(error.contains(expected), "{text}: {error}");
+            assert!(error.contains("TYPE=DURATION"), "{text}: {error}");
+        }
+        let error = options(&["--stale-after", "payment"]).unwrap_err();
+        assert!(error.use_stderr());
+        assert!(error.to_string().contains("--stale-after"), "{error}");
+    }
+
+    #[test]
+    fn options_land_in_their_fields() {
+        let parsed = options(&[
+            "--stale-after",
+            "payment.*=2h",
+            "--stale-after",
+            "order.paid=30m",
+            "--default-stale-after",
+            "1day",
+            "--replay-key-window",
+            "3days",
+            "--max-redrives",
+            "5",
+            "--state-check-batch",
+            "200",
+            "--state-check-timeout",
+            "3s",
+            "--block-on-state-check-error",
+            "--event-time-pointer",
+            "/meta/occurred_at",
+        ])
+        .unwrap();
+        assert_eq!(
+            parsed.to_options().unwrap(),
+            v1::PrecheckOptions {
+                stale_after: [
+                    ("payment.*".to_owned(), duration(Duration::from_secs(7200))),
+                    ("order.paid".to_owned(), duration(Duration::from_secs(1800))),
+                ]
+                .into_iter()
+                .collect(),
+                default_stale_after: secs(86_400),
+                replay_key_window: secs(3 * 86_400),
+                max_redrives: 5,
+                state_check_batch_size: 200,
+                state_check_timeout: secs(3),
+                block_on_state_check_error: true,
+                event_time_pointer: "/meta/occurred_at".into(),
+            }
+        );
+        assert_eq!(
+            options(&[]).unwrap().to_options().unwrap(),
+            v1::PrecheckOptions::default()
+        );
+    }
+
+    #[test]
+    fn bad_options_are_usage_errors() {
+        for args in [
+            &["--stale-after", "pay*ment=2h"][..],
+            &["--default-stale-after", "0s"],
+            &["--replay-key-window", "forever"],
+            &["--max-redrives", "0"],
+            &["--state-check-batch", "0"],
+            &["--state-check-batch", "5001"],
+            &["--state-check-timeout", "-1s"],
+            &["--event-time-pointer", "meta.occurred_at"],
+        ] {
+            let error = options(args).unwrap_err();
+            assert!(error.use_stderr(), "{args:?}");
+            assert!(error.to_string().contains(args[0]), "{args:?}: {error}");
+        }
+        let error = options(&["--stale-after", "a=1h", "--stale-after", "a=2h"])
+            .unwrap()
+            .to_options()
+            .unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::EX_USAGE);
+        assert!(error.to_string().starts_with("--stale-after: a is given twice"), "{error}");
+    }
+
+    #[test]
+    fn verdict_names_round_trip_in_precedence_order() {
+        let names = VERDICTS.map(Verdict::name);
+        assert_eq!(
+            names,
+            [
+                "replayable",
+                "duplicate",
+                "already_replayed",
+                "looping",
+                "stale",
+                "blocked_by_state",
+                "needs_compensation",
+                "invalid",
+            ]
+        );
+        for verdict in VERDICTS {
+            assert_eq!(parse_verdict(verdict.name()), Ok(verdict));
+        }
+        assert_eq!(parse_verdict("Blocked-By-State"), Ok(Verdict::BlockedByState));
+        let error = parse_verdict("blocked").unwrap_err();
+        assert!(
+            error.ends_with(
+                "valid names: replayable, duplicate, already_replayed, looping, stale, \
+                 blocked_by_state, needs_compensation, invalid"
+            ),
+            "{error}"
+        );
+        assert!(parse_verdict("unspecified").is_err());
+    }
+
+    fn report() -> PrecheckReport {
+        let at = |text| Some(timestamp(parse_rfc3339(text).unwrap()));
+        PrecheckReport {
+            precheck_id: "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e".into(),
+            actor: "alice".into(),
+            created_at: at("2024-05-01T12:00:00Z"),
+            total: 10,
+            counts: Some(v1::VerdictCounts {
+                replayable: 6,
+                stale: 3,
+                blocked_by_state: 1,
+                ..Default::default()
+            }),
+            by_reason_class: vec![v1::Breakdown {
+                value: "rejected".into(),
+                total: 10,
+                counts: Some(v1::VerdictCounts {
+                    replayable: 6,
+                    stale: 3,
+                    blocked_by_state: 1,
+                    ..Default::default()
+                }),
+            }],
+            by_event_type: vec![
+                v1::Breakdown {
+                    value: "payment.captured".into(),
+                    total: 4,
+                    counts: Some(v1::VerdictCounts {
+                        replayable: 1,
+                        stale: 3,
+                        ..Default::default()
+                    }),
+                },
+                v1::Breakdown {
+                    value: String::new(),
+                    total: 6,
+                    counts: None,
+                },
+            ],
+            died_from: at("2024-05-01T10:00:00Z"),
+            died_to: at("2024-05-01T11:30:00Z"),
+            warnings: vec!["heterogeneous selection: 2 schema versions (1, 2)".into()],
+            digest: "ab12".into(),
+            sample_blocked: vec![PrecheckItem {
+                dead_letter_id: "7".into(),
+                message_key: "order-1:pay".into(),
+                verdict: Verdict::Stale.into(),
+                reason: "older than 2h".into(),
+                destination: "payments".into(),
+                event_type: Some("payment.captured".into()),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn report_json_has_the_stable_fields_and_every_count() {
+        let json = serde_json::to_value(ReportJson::from(&report())).unwrap();
+        let zero = json!({
+            "replayable": 0, "duplicate": 0, "already_replayed": 0, "looping": 0,
+            "stale": 0, "blocked_by_state": 0, "needs_compensation": 0, "invalid": 0,
+        });
+        assert_eq!(
+            json,
+            json!({
+                "precheck_id": "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
+                "actor": "alice",
+                "created_at": "2024-05-01T12:00:00Z",
+                "digest": "ab12",
+                "total": 10,
+                "counts": {
+                    "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
+                    "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
+                },
+                "breakdowns": {
+                    "reason_class": [{
+                        "value": "rejected",
+                        "total": 10,
+                        "counts": {
+                            "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
+                            "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
+                        },
+                    }],
+                    "destination": [],
+                    "event_type": [
+                        {
+                            "value": "payment.captured",
+                            "total": 4,
+                            "counts": {
+                                "replayable": 1, "duplicate": 0, "already_replayed": 0,
+                                "looping": 0, "stale": 3, "blocked_by_state": 0,
+                                "needs_compensation": 0, "invalid": 0,
+                            },
+                        },
+                        {"value": "", "total": 6, "counts": zero.clone()},
+                    ],
+                    "schema_version": [],
+                    "producer": [],
+                },
+                "died_from": "2024-05-01T10:00:00Z",
+                "died_to": "2024-05-01T11:30:00Z",
+                "warnings": ["heterogeneous selection: 2 schema versions (1, 2)"],
+                "sample_blocked": [{
+                    "dead_letter_id": "7",
+                    "message_key": "order-1:pay",
+                    "verdict": "stale",
+                    "reason": "older than 2h",
+                    "destination": "payments",
+                    "event_type": "payment.captured",
+                }],
+            })
+        );
+        // An empty report still has all eight counts, as integers, and nulls.
+        let empty = serde_json::to_value(ReportJson::from(&PrecheckReport::default())).unwrap();
+        assert_eq!(empty["counts"], zero);
+        assert_eq!(empty["died_from"], serde_json::Value::Null);
+        assert_eq!(empty["created_at"], serde_json::Value::Null);
+        assert_eq!(empty["breakdowns"]["producer"], json!([]));
+    }
+
+    #[test]
+    fn report_text_reads_top_to_bottom() {
+        let mut out = Vec::new();
+        write_report(&mut out, &ReportJson::from(&report())).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let mut at = 0;
+        for expected in [
+            "precheck:    0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
+            "actor:       alice",
+            "digest:      ab12",
+            "total:       10",
+            "died:        2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+            "VERDICT",
+            "replayable",
+            "duplicate",
+            "already_replayed",
+            "looping",
+            "stale",
+            "blocked_by_state",
+            "needs_compensation",
+            "invalid",
+            "by reason class:",
+            "VALUE     TOTAL  REPLAYABLE  STALE  BLOCKED_BY_STATE",
+            "rejected  10     6           3      1",
+            "by event type:",
+            "payment.captured  4      1           3",
+            "WARNING: heterogeneous selection: 2 schema versions (1, 2)",
+            "first non-replayable items (1 of 4):",
+            "7               order-1:pay  stale    older than 2h",
+            "next: redrivectl precheck items 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --verdict stale",
+        ] {
+            let found = text[at..]
+                .find(expected)
+                .unwrap_or_else(|| panic!("{expected:?} after byte {at} in:\n{text}"));
+            at += found + expected.len();
+        }
+        assert!(!text.contains("by destination:"), "{text}");
+        // Every verdict has its count row, zeros included.
+        assert!(text.contains("\nneeds_compensation  0\n"), "{text}");
+    }
+
+    #[test]
+    fn the_hint_names_the_most_common_blocking_verdict() {
+        let mut view = ReportJson::from(&report());
+        assert!(next_hint(&view).ends_with("--verdict stale"));
+        view.counts.invalid = 3;
+        // A tie goes to the verdict earlier in precedence.
+        assert!(next_hint(&view).ends_with("--verdict stale"));
+        view.counts.invalid = 4;
+        assert!(next_hint(&view).ends_with("--verdict invalid"));
+        view.counts = CountsJson {
+            replayable: 10,
+            ..CountsJson::default()
+        };
+        assert!(next_hint(&view).ends_with(&view.precheck_id));
+    }
+
+    #[test]
+    fn item_rows_follow_the_columns() {
+        let item = &report().sample_blocked[0];
+        assert_eq!(
+            item_row(item),
+            ["7", "stale", "order-1:pay", "payments", "payment.captured", "older than 2h"]
+        );
+        let json = serde_json::to_value(ItemJson::from(&PrecheckItem::default())).unwrap();
+        assert_eq!(
+            json,
+            json!({
+                "dead_letter_id": "", "message_key": "", "verdict": "unspecified",
+                "reason": "", "destination": "", "event_type": null,
+            })
+        );
+    }
+}

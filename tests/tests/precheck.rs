@@ -1,0 +1,407 @@
+//! The precheck over dead letters that RabbitMQ itself dead-lettered, with the
+//! example orders hook: every verdict from its real cause, precedence, the
+//! digest, hook failures, empty and invalid selections.
+
+use std::{collections::HashMap, time::Duration};
+
+use lapin::BasicProperties;
+use redrive_planner::Config;
+use redrive_proto::v1::{
+    self, ListPrecheckItemsRequest, PrecheckOptions, RunPrecheckRequest, Verdict,
+    planner_client::PlannerClient,
+};
+use redrive_tests::{
+    AMQP_URL, Broker, DlqTopology, PlannerHandle, TestDb, amqp_table, amqp_text, init_logging,
+    orders_hook::{self, OrdersHook},
+    wait_until,
+};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, transport::Channel};
+
+fn order(order_id: &str, event_type: &str, message_id: &str) -> (Vec<u8>, BasicProperties) {
+    let body = format!(r#"{{"order_id":"{order_id}","amount":10}}"#).into_bytes();
+    let properties = BasicProperties::default()
+        .with_message_id(message_id.into())
+        .with_type(event_type.into())
+        .with_content_type("application/json".into())
+        .with_timestamp(chrono::Utc::now().timestamp() as u64);
+    (body, properties)
+}
+
+fn seconds(seconds: i64) -> prost_types::Duration {
+    prost_types::Duration { seconds, nanos: 0 }
+}
+
+async fn items(
+    client: &mut PlannerClient<Channel>,
+    precheck_id: &str,
+) -> anyhow::Result<HashMap<String, (Verdict, String)>> {
+    let mut items = HashMap::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_precheck_items(ListPrecheckItemsRequest {
+                precheck_id: precheck_id.to_owned(),
+                verdict: 0,
+                page_size: 3,
+                page_token,
+            })
+            .await?
+            .into_inner();
+        for item in page.items {
+            items.insert(
+                item.message_key.clone() + "#" + &item.dead_letter_id,
+                (item.verdict(), item.reason),
+            );
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(items);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+fn verdict_of(
+    items: &HashMap<String, (Verdict, String)>,
+    key_prefix: &str,
+) -> Vec<(Verdict, String)> {
+    let mut found: Vec<(&String, &(Verdict, String))> = items
+        .iter()
+        .filter(|(k, _)| k.starts_with(key_prefix))
+        .collect();
+    found.sort_by_key(|(k, _)| k.split('#').nth(1).and_then(|id| id.parse::<i64>().ok()));
+    found.into_iter().map(|(_, v)| v.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+
+    // The incident, made by the broker.
+    for (order_id, event_type, id) in [
+        ("o-1", "order.paid", "m-1"),  // replayable
+        ("o-2", "order.paid", "m-2a"), // replayable (earliest of its key)
+        ("o-2", "order.paid", "m-2b"), // duplicate
+        ("o-3", "order.paid", "m-3"),  // already_replayed
+        ("o-4", "order.paid", "m-4"),  // looping
+        ("o-6", "order.paid", "m-6"),  // blocked: cancelled
+        ("o-7", "order.paid", "m-7"),  // blocked: fulfilled
+        ("o-8", "order.paid", "m-8"),  // needs compensation
+    ] {
+        let (body, properties) = order(order_id, event_type, id);
+        topology.reject(&broker, &body, properties).await?;
+    }
+    // Stale: a payment three hours old (its timestamp property).
+    let (body, properties) = order("o-5", "payment.captured", "m-5");
+    let three_hours_ago = (chrono::Utc::now() - chrono::Duration::hours(3)).timestamp() as u64;
+    topology
+        .reject(&broker, &body, properties.with_timestamp(three_hours_ago))
+        .await?;
+    // Invalid: a JSON content type whose body does not parse.
+    let (_, properties) = order("o-9", "order.paid", "m-9");
+    topology.reject(&broker, b"{not json", properties).await?;
+    // o-4 came back three times after three replays (re-dead-letters carry
+    // their plan's redrive-plan-id header).
+    for plan in [
+        "11111111-1111-7111-8111-111111111111",
+        "22222222-2222-7222-8222-222222222222",
+        "33333333-3333-7333-8333-333333333333",
+    ] {
+        let (body, properties) = order("o-4", "order.paid", &format!("m-4-{plan}"));
+        let properties =
+            properties.with_headers(amqp_table(vec![("redrive-plan-id", amqp_text(plan))]));
+        topology.reject(&broker, &body, properties).await?;
+    }
+
+    let hook_shutdown = CancellationToken::new();
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = vec![topology.dlq.clone()];
+    config.capture_batch_size = 20;
+    config.capture_prefetch = 100;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    // The hook needs the orders table in place: start it after the planner made the database.
+    let planner = PlannerHandle::start(config.clone()).await?;
+    let pool = db.pool().await?;
+    OrdersHook::create_schema(&pool).await?;
+    sqlx::query(
+        "INSERT INTO orders (order_id, status, stock_reserved, fulfilled) VALUES \
+         ('o-6', 'CANCELLED', false, false), ('o-7', 'SHIPPED', true, true), ('o-8', 'PAID', true, false)",
+    )
+    .execute(&pool)
+    .await?;
+    // o-3 was replayed successfully by an earlier plan yesterday.
+    sqlx::query(
+        "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, replayed_at) \
+         VALUES ('o-3:order.paid', '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day')",
+    )
+    .execute(&pool)
+    .await?;
+    let hook_url = orders_hook::spawn(OrdersHook::new(pool.clone()), hook_shutdown.clone()).await?;
+    planner.stop().await?;
+    config.state_checks = vec![format!("order.*={hook_url}")];
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    wait_until(
+        "all 13 dead letters captured",
+        Duration::from_secs(20),
+        || {
+            let pool = pool.clone();
+            async move {
+                let count: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+                    .fetch_one(&pool)
+                    .await?;
+                Ok(count == 13)
+            }
+        },
+    )
+    .await?;
+
+    let request = RunPrecheckRequest {
+        selector: Some(v1::Selector {
+            sources: vec![topology.dlq.clone()],
+            ..Default::default()
+        }),
+        options: Some(PrecheckOptions {
+            stale_after: [("payment.*".to_owned(), seconds(2 * 3600))].into(),
+            ..Default::default()
+        }),
+    };
+    let report = client.run_precheck(request.clone()).await?.into_inner();
+    let counts = report.counts.unwrap();
+    assert_eq!(report.total, 13);
+    assert_eq!(counts.replayable, 2, "o-1 and the first o-2");
+    assert_eq!(
+        counts.duplicate, 4,
+        "the second o-2 and the three o-4 re-dead-letters"
+    );
+    assert_eq!(counts.already_replayed, 1);
+    assert_eq!(counts.looping, 1);
+    assert_eq!(counts.stale, 1);
+    assert_eq!(counts.blocked_by_state, 2);
+    assert_eq!(counts.needs_compensation, 1);
+    assert_eq!(counts.invalid, 1);
+    assert_eq!(report.digest.len(), 64);
+    assert!(!report.sample_blocked.is_empty());
+
+    let all = items(&mut client, &report.precheck_id).await?;
+    assert_eq!(all.len(), 13, "every item is stored and pages through");
+    assert_eq!(verdict_of(&all, "o-1:")[0].0, Verdict::Replayable);
+    let o2: Vec<Verdict> = verdict_of(&all, "o-2:").into_iter().map(|v| v.0).collect();
+    assert_eq!(
+        o2,
+        vec![Verdict::Replayable, Verdict::Duplicate],
+        "the earliest dead letter wins"
+    );
+    assert_eq!(verdict_of(&all, "o-3:")[0].0, Verdict::AlreadyReplayed);
+    let o4 = verdict_of(&all, "o-4:");
+    assert_eq!(o4[0].0, Verdict::Looping);
+    assert!(o4[0].1.contains("3 replays"), "{}", o4[0].1);
+    let (stale, stale_reason) = &verdict_of(&all, "o-5:")[0];
+    assert_eq!(*stale, Verdict::Stale);
+    assert!(stale_reason.contains("payment.captured"), "{stale_reason}");
+    let (blocked, reason) = &verdict_of(&all, "o-6:")[0];
+    assert_eq!(*blocked, Verdict::BlockedByState);
+    assert!(
+        reason.contains("would revive a cancelled order"),
+        "{reason}"
+    );
+    assert!(verdict_of(&all, "o-7:")[0].1.contains("would fulfil twice"));
+    let (compensation, reason) = &verdict_of(&all, "o-8:")[0];
+    assert_eq!(*compensation, Verdict::NeedsCompensation);
+    assert!(reason.contains("release the extra reservation"), "{reason}");
+    let invalid: Vec<_> = all
+        .values()
+        .filter(|(v, _)| *v == Verdict::Invalid)
+        .collect();
+    assert!(
+        invalid[0].1.contains("does not parse as JSON"),
+        "{}",
+        invalid[0].1
+    );
+
+    // Only one verdict, paged.
+    let blocked_only = client
+        .list_precheck_items(ListPrecheckItemsRequest {
+            precheck_id: report.precheck_id.clone(),
+            verdict: Verdict::BlockedByState as i32,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(blocked_only.items.len(), 2);
+
+    // The digest is stable for the same data, and changes when one verdict does.
+    let again = client.run_precheck(request.clone()).await?.into_inner();
+    assert_eq!(again.digest, report.digest);
+    assert_ne!(again.precheck_id, report.precheck_id);
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES ('o-1', 'CANCELLED')")
+        .execute(&pool)
+        .await?;
+    let changed = client.run_precheck(request.clone()).await?.into_inner();
+    assert_ne!(changed.digest, report.digest);
+    assert_eq!(changed.counts.unwrap().replayable, 1);
+    let stored = client
+        .get_precheck(v1::GetPrecheckRequest {
+            precheck_id: report.precheck_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        stored.digest, report.digest,
+        "GetPrecheck returns the stored report"
+    );
+
+    // Empty selection: a report of nothing, with a warning.
+    let empty = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec!["no-such-queue".into()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(empty.total, 0);
+    assert!(
+        empty.warnings.iter().any(|w| w.contains("empty")),
+        "{:?}",
+        empty.warnings
+    );
+
+    // Invalid selector and options name the field.
+    let bad = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                reasons: vec!["melted".into()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(
+        bad.message().contains("selector.reasons"),
+        "{}",
+        bad.message()
+    );
+    let bad = client
+        .run_precheck(RunPrecheckRequest {
+            selector: None,
+            options: Some(PrecheckOptions {
+                stale_after: [("pay*ment".to_owned(), seconds(1))].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        bad.message().contains("options.stale_after"),
+        "{}",
+        bad.message()
+    );
+    let unknown = client
+        .get_precheck(v1::GetPrecheckRequest {
+            precheck_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    planner.stop().await?;
+    hook_shutdown.cancel();
+    broker.cleanup().await;
+    pool.close().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let hook_shutdown = CancellationToken::new();
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let pool = db.pool().await?;
+    OrdersHook::create_schema(&pool).await?;
+    let slow = OrdersHook::new(pool.clone()).with_delay(Duration::from_secs(3));
+    let hook_url = orders_hook::spawn(slow, hook_shutdown.clone()).await?;
+    planner.stop().await?;
+    let mut config = Config::for_database(db.url());
+    config.state_checks = vec![format!("destination:orders.fulfil={hook_url}")];
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    let items: Vec<v1::IngestDeadLettersRequest> = (0..3)
+        .map(|index| v1::IngestDeadLettersRequest {
+            source: "svc".into(),
+            message_id: format!("m-{index}"),
+            body: format!(r#"{{"order_id":"o-{index}"}}"#).into_bytes(),
+            original_destination: "orders.fulfil".into(),
+            reason: "rejected".into(),
+            ..Default::default()
+        })
+        .collect();
+    client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?;
+    let options = PrecheckOptions {
+        state_check_timeout: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 300_000_000,
+        }),
+        ..Default::default()
+    };
+
+    let failed = client
+        .run_precheck(RunPrecheckRequest {
+            selector: None,
+            options: Some(options.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable);
+    assert!(
+        failed.message().contains("did not answer within"),
+        "{}",
+        failed.message()
+    );
+    assert!(
+        failed.message().contains("block_on_state_check_error"),
+        "{}",
+        failed.message()
+    );
+
+    let blocked = client
+        .run_precheck(RunPrecheckRequest {
+            selector: None,
+            options: Some(PrecheckOptions {
+                block_on_state_check_error: true,
+                ..options
+            }),
+        })
+        .await?
+        .into_inner();
+    let counts = blocked.counts.unwrap();
+    assert_eq!(
+        (counts.blocked_by_state, counts.replayable),
+        (3, 0),
+        "never silently replayable"
+    );
+    assert!(
+        blocked.sample_blocked[0].reason.contains("did not answer"),
+        "{:?}",
+        blocked.sample_blocked
+    );
+
+    planner.stop().await?;
+    hook_shutdown.cancel();
+    pool.close().await;
+    db.drop_database().await;
+    Ok(())
+}
