@@ -261,11 +261,15 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .unwrap_err();
     assert_eq!(not_an_id.code(), Code::InvalidArgument);
     let later = client
-        .run_precheck(v1::RunPrecheckRequest::default())
+        .create_plan(v1::CreatePlanRequest::default())
         .await
         .unwrap_err();
     assert_eq!(later.code(), Code::Unimplemented);
-    assert!(later.message().contains("precheck"), "{}", later.message());
+    assert!(
+        later.message().contains("replay plans"),
+        "{}",
+        later.message()
+    );
 
     planner.stop().await?;
     db.drop_database().await;
