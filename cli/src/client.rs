@@ -1,7 +1,8 @@
 //! Connecting to the planner's `redrive.v1.Planner` service, and who the
 //! caller is: every request carries the actor (`--actor`, `REDRIVE_ACTOR`,
 //! else `USER`, else `anonymous`) in the `x-redrive-actor` metadata, which the
-//! planner records on prechecks, plans and audit events.
+//! planner records as the actor of what the request creates (a precheck's
+//! `actor`).
 
 use std::{error::Error as _, time::Duration};
 
@@ -77,12 +78,17 @@ pub fn parse_actor(text: &str) -> Result<String, String> {
 }
 
 fn actor_metadata(actor: &str) -> Result<MetadataValue<Ascii>, String> {
-    MetadataValue::try_from(actor).map_err(|_| {
-        format!(
-            "actor {actor:?} cannot be sent as gRPC metadata: use visible ASCII \
+    // `MetadataValue` lets bytes over 0x7f through, which the planner cannot
+    // read back as text (and would then record `anonymous`): check first.
+    Some(actor)
+        .filter(|actor| actor.bytes().all(|byte| matches!(byte, b' '..=b'~')))
+        .and_then(|actor| MetadataValue::try_from(actor).ok())
+        .ok_or_else(|| {
+            format!(
+                "actor {actor:?} cannot be sent as gRPC metadata: use visible ASCII \
              (letters, digits, punctuation, spaces)"
-        )
-    })
+            )
+        })
 }
 
 /// The actor: `flag` (`--actor` or `REDRIVE_ACTOR`), else `user` (the `USER`
@@ -118,9 +124,8 @@ pub fn parse_planner_url(url: &str) -> Result<String, String> {
 /// `USER`; `--actor` is checked while parsing); [`CliError::Unreachable`]
 /// with the transport's reason.
 pub async fn connect(url: &str, actor: &str) -> Result<Planner, CliError> {
-    let interceptor = ActorInterceptor::new(actor).map_err(|error| {
-        CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR"))
-    })?;
+    let interceptor = ActorInterceptor::new(actor)
+        .map_err(|error| CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR")))?;
     let unreachable = |cause: String| CliError::Unreachable {
         url: url.to_owned(),
         cause,

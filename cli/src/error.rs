@@ -4,10 +4,10 @@
 //! | --- | --- | --- |
 //! | 0 | | success (also `--help`, `--version`) |
 //! | 1 | | the planner answered with another gRPC error (`FAILED_PRECONDITION`, `INTERNAL`, ...) |
-//! | 64 | `EX_USAGE` | bad command line: unknown flag, bad value, unknown `--group-by` name |
+//! | 64 | `EX_USAGE` | bad command line: unknown flag, bad value, unknown `--group-by` name or `--verdict`, bad or repeated `--stale-after`, an actor that cannot be sent as metadata |
 //! | 65 | `EX_DATAERR` | the planner refused the request as wrong (`INVALID_ARGUMENT`) or found nothing (`NOT_FOUND`); `import` rejected some lines |
 //! | 66 | `EX_NOINPUT` | `import` cannot open its file |
-//! | 69 | `EX_UNAVAILABLE` | the planner cannot be reached, or answered `UNAVAILABLE` |
+//! | 69 | `EX_UNAVAILABLE` | the planner cannot be reached, or answered `UNAVAILABLE` (also a precheck whose state-check hook is down) |
 //! | 74 | `EX_IOERR` | reading the import file or writing the output failed |
 //!
 //! Errors go to stderr as one line, `redrivectl: <what>`; a gRPC error reads

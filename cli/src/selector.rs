@@ -1,6 +1,6 @@
 //! The selector flags (DESIGN.md, "selector"), shared by every command that
-//! covers a set of dead letters: `dead-letters list`, `dead-letters summary`,
-//! and later `precheck`.
+//! covers a set of dead letters: `dead-letters list`, `dead-letters summary`
+//! and `precheck` (which requires at least one `--source`).
 //!
 //! | flag | selector field |
 //! | --- | --- |

@@ -37,7 +37,6 @@ use redrive_proto::{
 };
 use sqlx::{Postgres, migrate::MigrateDatabase};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -116,7 +115,7 @@ pub async fn run(
         .add_service(reflection)
         .add_service(planner)
         .add_service(coordinator)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled())
         .await?;
 
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
@@ -160,6 +159,12 @@ async fn prepare_database(
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Accepted connections with `TCP_NODELAY` set: without it, Nagle's algorithm
+/// and delayed ACKs stall small gRPC frames for tens of milliseconds.
+pub fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 fn is_unreachable(error: &anyhow::Error) -> bool {

@@ -21,7 +21,6 @@ use redrive_proto::v1::{
 };
 use sqlx::{PgPool, Row};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -174,7 +173,10 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
         .add_service(StateCheckServer::new(hook))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown.cancelled_owned(),
+        )
         .await?;
     Ok(())
 }

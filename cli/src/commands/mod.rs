@@ -155,6 +155,97 @@ mod tests {
         );
     }
 
+    fn precheck(args: &[&str]) -> Result<precheck::PrecheckCommand, CliError> {
+        let cli = parse(args).map_err(|error| CliError::Usage(error.to_string()))?;
+        let Command::Precheck(args) = cli.command else {
+            panic!("not precheck");
+        };
+        args.into_command()
+    }
+
+    #[test]
+    fn precheck_runs_bare_and_shows_or_lists_as_subcommands() {
+        use precheck::PrecheckCommand;
+
+        let Ok(PrecheckCommand::Run { selector, options }) = precheck(&[
+            "precheck",
+            "--source",
+            "orders.dlq",
+            "--source",
+            "payments.dlq",
+            "--since",
+            "2h",
+            "--stale-after",
+            "payment.*=2h",
+            "--json",
+        ]) else {
+            panic!("not a run");
+        };
+        assert_eq!(selector.sources, ["orders.dlq", "payments.dlq"]);
+        assert_eq!(options.stale_after.len(), 1);
+
+        assert_eq!(
+            precheck(&["precheck", "show", "p-1"]).unwrap(),
+            PrecheckCommand::Show("p-1".into())
+        );
+        // Global flags still go anywhere, even between precheck and show.
+        let cli = parse(&["precheck", "--json", "--actor", "bob", "show", "p-1"]).unwrap();
+        assert!(cli.json);
+        assert_eq!(cli.actor.as_deref(), Some("bob"));
+        assert_eq!(
+            precheck(&[
+                "precheck",
+                "items",
+                "p-1",
+                "--verdict",
+                "blocked_by_state",
+                "--all"
+            ])
+            .unwrap(),
+            PrecheckCommand::Items {
+                id: "p-1".into(),
+                verdict: Some(redrive_proto::v1::Verdict::BlockedByState),
+                page_size: None,
+                page_token: None,
+                all: true,
+            }
+        );
+    }
+
+    #[test]
+    fn precheck_usage_errors() {
+        for args in [
+            &["precheck"][..],
+            &["precheck", "--reason", "rejected"],
+            &["precheck", "--source", "q", "--stale-after", "payment"],
+            &["precheck", "--source", "q", "show", "p-1"],
+            &["precheck", "--stale-after", "a=1h", "items", "p-1"],
+            &["precheck", "items", "p-1", "--verdict", "blocked"],
+            &["precheck", "show"],
+            &[
+                "precheck",
+                "--source",
+                "q",
+                "--stale-after",
+                "a=1h",
+                "--stale-after",
+                "a=2h",
+            ],
+            &["precheck", "--actor", "José", "show", "p-1"],
+        ] {
+            let error = precheck(args)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?} parsed"));
+            assert_eq!(error.exit_code(), crate::error::EX_USAGE, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn the_actor_flag_wins_over_user() {
+        let cli = parse(&["--actor", " alice ", "dead-letters", "list"]).unwrap();
+        assert_eq!(cli.actor(), "alice");
+    }
+
     #[test]
     fn usage_errors_are_errors_and_help_is_not() {
         for args in [

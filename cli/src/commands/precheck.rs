@@ -102,9 +102,14 @@ pub const MAX_STATE_CHECK_BATCH: u32 = 5000;
 
 /// `precheck` arguments: the run flags, or a subcommand.
 #[derive(Debug, Clone, Args)]
+// Not `args_conflicts_with_subcommands`: clap counts a global flag given
+// before the subcommand (`precheck --json show ID`) as a conflict too, so
+// [`PrecheckArgs::into_command`] checks that the run flags stay unset instead.
 #[command(
-    args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
+    override_usage = "redrivectl precheck --source <SOURCE> [selector flags] [precheck options]\n       \
+        redrivectl precheck show <ID>\n       \
+        redrivectl precheck items <ID> [--verdict <VERDICT>] [--page-size <N>] [--page-token <TOKEN>] [--all]",
     after_help = "Examples:\n  \
         redrivectl precheck --source orders.dlq --since 2h --stale-after 'payment.*=2h'\n  \
         redrivectl precheck show 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e\n  \
@@ -130,7 +135,7 @@ pub enum PrecheckSubcommand {
 }
 
 /// The run form's flags: which dead letters, and how to judge them.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 #[command(mut_arg("sources", |arg| arg.required(true)))]
 pub struct RunArgs {
     #[command(flatten)]
@@ -227,6 +232,7 @@ pub struct ItemsArgs {
 
 /// What `precheck` was asked to do, with the flags checked.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // One per process; boxing buys nothing.
 pub enum PrecheckCommand {
     /// Run a precheck.
     Run {
@@ -256,8 +262,21 @@ impl PrecheckArgs {
     /// The command, after the checks clap cannot make on one value.
     ///
     /// # Errors
-    /// [`CliError::Usage`] when a `--stale-after` pattern is given twice.
+    /// [`CliError::Usage`] when a `--stale-after` pattern is given twice, or
+    /// run flags come with `show` or `items`.
     pub fn into_command(self) -> Result<PrecheckCommand, CliError> {
+        if let Some(command) = &self.command
+            && self.run != RunArgs::default()
+        {
+            let name = match command {
+                PrecheckSubcommand::Show(_) => "show",
+                PrecheckSubcommand::Items(_) => "items",
+            };
+            return Err(CliError::Usage(format!(
+                "`precheck {name}` takes no selector flags or precheck options (they run a new \
+                 precheck: redrivectl precheck --source Q ...)"
+            )));
+        }
         Ok(match self.command {
             Some(PrecheckSubcommand::Show(args)) => PrecheckCommand::Show(args.id),
             Some(PrecheckSubcommand::Items(args)) => PrecheckCommand::Items {
@@ -321,7 +340,9 @@ pub fn parse_stale_after(text: &str) -> Result<StaleAfter, String> {
     };
     let (pattern, age) = (pattern.trim(), age.trim());
     if pattern.is_empty() {
-        return Err(format!("the event type before '=' is empty; {STALE_AFTER_FORM}"));
+        return Err(format!(
+            "the event type before '=' is empty; {STALE_AFTER_FORM}"
+        ));
     }
     if pattern[..pattern.len() - 1].contains('*') {
         return Err(format!(
@@ -331,9 +352,8 @@ pub fn parse_stale_after(text: &str) -> Result<StaleAfter, String> {
     if age.is_empty() {
         return Err(format!("no duration after '='; {STALE_AFTER_FORM}"));
     }
-    let max_age = parse_positive_duration(age).map_err(|problem| {
-        format!("{pattern}: duration {age:?}: {problem}; {STALE_AFTER_FORM}")
-    })?;
+    let max_age = parse_positive_duration(age)
+        .map_err(|problem| format!("{pattern}: duration {age:?}: {problem}; {STALE_AFTER_FORM}"))?;
     Ok(StaleAfter {
         pattern: pattern.to_owned(),
         max_age,
@@ -576,12 +596,14 @@ pub async fn run(
 ) -> Result<u8, CliError> {
     let report = match command {
         PrecheckCommand::Run { selector, options } => {
+            let blocking = options.block_on_state_check_error;
             planner
                 .run_precheck(RunPrecheckRequest {
                     selector: Some(selector.to_selector(Utc::now())),
                     options: Some(options),
                 })
-                .await?
+                .await
+                .map_err(|status| name_the_flag(status, blocking))?
         }
         PrecheckCommand::Show(precheck_id) => {
             planner
@@ -620,6 +642,22 @@ pub async fn run(
     Ok(EX_OK)
 }
 
+/// A state-check hook that is down fails the precheck with `unavailable` and a
+/// message naming the `block_on_state_check_error` option; add the flag that
+/// sets it, keeping the planner's message whole.
+fn name_the_flag(status: tonic::Status, blocking: bool) -> tonic::Status {
+    if status.code() == tonic::Code::Unavailable
+        && !blocking
+        && status.message().contains("block_on_state_check_error")
+    {
+        return tonic::Status::unavailable(format!(
+            "{} (redrivectl precheck --block-on-state-check-error)",
+            status.message()
+        ));
+    }
+    status
+}
+
 /// The human rendering of a report (module docs).
 pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result<()> {
     let covered = match (&report.died_from, &report.died_to) {
@@ -629,7 +667,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
         (None, None) => "- (nothing selected)".to_owned(),
     };
     let fields = [
-        ("precheck", report.precheck_id.clone()),
+        ("precheck id", report.precheck_id.clone()),
         ("actor", cell(&report.actor).to_owned()),
         (
             "created at",
@@ -949,7 +987,7 @@ mod tests {
             &["--max-redrives", "0"],
             &["--state-check-batch", "0"],
             &["--state-check-batch", "5001"],
-            &["--state-check-timeout", "-1s"],
+            &["--state-check-timeout", "ten seconds"],
             &["--event-time-pointer", "meta.occurred_at"],
         ] {
             let error = options(args).unwrap_err();
@@ -961,7 +999,12 @@ mod tests {
             .to_options()
             .unwrap_err();
         assert_eq!(error.exit_code(), crate::error::EX_USAGE);
-        assert!(error.to_string().starts_with("--stale-after: a is given twice"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .starts_with("--stale-after: a is given twice"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -983,7 +1026,10 @@ mod tests {
         for verdict in VERDICTS {
             assert_eq!(parse_verdict(verdict.name()), Ok(verdict));
         }
-        assert_eq!(parse_verdict("Blocked-By-State"), Ok(Verdict::BlockedByState));
+        assert_eq!(
+            parse_verdict("Blocked-By-State"),
+            Ok(Verdict::BlockedByState)
+        );
         let error = parse_verdict("blocked").unwrap_err();
         assert!(
             error.ends_with(
@@ -1122,11 +1168,11 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let mut at = 0;
         for expected in [
-            "precheck:    0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
-            "actor:       alice",
-            "digest:      ab12",
-            "total:       10",
-            "died:        2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+            "precheck id:  0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
+            "actor:        alice",
+            "digest:       ab12",
+            "total:        10",
+            "died:         2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
             "VERDICT",
             "replayable",
             "duplicate",
@@ -1173,11 +1219,40 @@ mod tests {
     }
 
     #[test]
+    fn a_hook_outage_names_the_flag() {
+        let status = tonic::Status::unavailable(
+            "hook down; the precheck is not complete. Fix the hook, or run the precheck with \
+             block_on_state_check_error to mark its messages blocked_by_state",
+        );
+        let named = name_the_flag(status.clone(), false);
+        assert_eq!(named.code(), tonic::Code::Unavailable);
+        assert!(named.message().starts_with(status.message()));
+        assert!(
+            named
+                .message()
+                .ends_with("(redrivectl precheck --block-on-state-check-error)")
+        );
+        assert_eq!(
+            name_the_flag(status.clone(), true).message(),
+            status.message()
+        );
+        let other = tonic::Status::unavailable("database down");
+        assert_eq!(name_the_flag(other, false).message(), "database down");
+    }
+
+    #[test]
     fn item_rows_follow_the_columns() {
         let item = &report().sample_blocked[0];
         assert_eq!(
             item_row(item),
-            ["7", "stale", "order-1:pay", "payments", "payment.captured", "older than 2h"]
+            [
+                "7",
+                "stale",
+                "order-1:pay",
+                "payments",
+                "payment.captured",
+                "older than 2h"
+            ]
         );
         let json = serde_json::to_value(ItemJson::from(&PrecheckItem::default())).unwrap();
         assert_eq!(

@@ -1,0 +1,158 @@
+//! Precheck benchmark: 100,000 dead letters with the example orders hook in
+//! batches of 500, then 1,000,000 without a hook, each timed end to end through
+//! `RunPrecheck` against a fresh PostgreSQL database. Reports the planner
+//! process's peak resident memory (VmHWM) after each run.
+//!
+//! Run: `cargo bench -p redrive-tests --bench precheck`
+//! (`REDRIVE_BENCH_HOOKED` and `REDRIVE_BENCH_UNHOOKED` change the sizes).
+//! The dead letters are generated in SQL with the shape capture stores (JSON
+//! bodies, 5% duplicate keys), since capture has its own benchmark.
+
+use std::time::Instant;
+
+use redrive_planner::Config;
+use redrive_proto::v1::{self, PrecheckOptions, RunPrecheckRequest};
+use redrive_tests::{
+    PlannerHandle, TestDb,
+    orders_hook::{self, OrdersHook},
+};
+use tokio_util::sync::CancellationToken;
+
+fn env_count(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+async fn generate(
+    pool: &sqlx::PgPool,
+    source: &str,
+    count: i64,
+    body_padding: i32,
+) -> anyhow::Result<()> {
+    let distinct_keys = count - count / 20;
+    sqlx::query(
+        r#"
+        INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key,
+            body, body_size, body_sha256, body_oversized, body_compression, properties, headers,
+            content_type, death_reason, death_queue, death_exchange, death_routing_keys, death_count,
+            death_time, reason_class, destination, event_type, schema_version, producer, died_at,
+            first_died_at, capture_notes)
+        SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), 'm-' || g,
+            'o-' || (g % $3) || ':order.paid', b.body, length(b.body), sha256(b.body), false, 'none',
+            '\x'::bytea, '\x'::bytea, 'application/json', 'rejected', 'orders.fulfil', 'orders',
+            ARRAY['order.paid'], 1, now() - interval '10 minutes', 'rejected', 'orders.fulfil',
+            'order.paid', '1', 'checkout', now() - interval '10 minutes', now() - interval '10 minutes', '{}'
+        FROM generate_series(1, $2) g,
+        LATERAL (SELECT convert_to('{"order_id":"o-' || (g % $3) || '","pad":"' || repeat('x', $4) || '"}', 'UTF8') AS body) b
+        "#,
+    )
+    .bind(source)
+    .bind(count)
+    .bind(distinct_keys)
+    .bind(body_padding)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE dead_letters").execute(pool).await?;
+    Ok(())
+}
+
+async fn time_precheck(
+    planner: &PlannerHandle,
+    source: &str,
+) -> anyhow::Result<(f64, v1::PrecheckReport)> {
+    let mut client = planner.client().await?;
+    let started = Instant::now();
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            options: Some(PrecheckOptions {
+                state_check_batch_size: 500,
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    Ok((started.elapsed().as_secs_f64(), report))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let hooked = env_count("REDRIVE_BENCH_HOOKED", 100_000);
+    let unhooked = env_count("REDRIVE_BENCH_UNHOOKED", 1_000_000);
+    let db = TestDb::new();
+    let setup = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let pool = db.pool().await?;
+    OrdersHook::create_schema(&pool).await?;
+    sqlx::query("INSERT INTO orders (order_id, status) SELECT 'o-' || g, 'CANCELLED' FROM generate_series(1, $1) g")
+        .bind(hooked / 10)
+        .execute(&pool)
+        .await?;
+    let started = Instant::now();
+    generate(&pool, "bench-hooked", hooked, 980).await?;
+    generate(&pool, "bench-unhooked", unhooked, 200).await?;
+    println!(
+        "generated {hooked} + {unhooked} dead letters in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    setup.stop().await?;
+
+    let hook_shutdown = CancellationToken::new();
+    let hook_url = orders_hook::spawn(OrdersHook::new(pool.clone()), hook_shutdown.clone()).await?;
+    let mut config = Config::for_database(db.url());
+    config.state_checks = vec![format!(
+        "{}={hook_url}",
+        std::env::var("REDRIVE_BENCH_ROUTE").unwrap_or_else(|_| "order.*".to_owned())
+    )];
+    let planner = PlannerHandle::start(config).await?;
+    let (seconds, report) = time_precheck(&planner, "bench-hooked").await?;
+    let counts = report.counts.unwrap_or_default();
+    println!(
+        "precheck of {} dead letters with the orders hook (batches of 500): {seconds:.2} s ({:.0}/s); \
+         replayable {}, duplicate {}, blocked_by_state {}; peak RSS {:.0} MiB",
+        report.total,
+        report.total as f64 / seconds,
+        counts.replayable,
+        counts.duplicate,
+        counts.blocked_by_state,
+        peak_rss_mib()
+    );
+    planner.stop().await?;
+    hook_shutdown.cancel();
+
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let (seconds, report) = time_precheck(&planner, "bench-unhooked").await?;
+    let counts = report.counts.unwrap_or_default();
+    println!(
+        "precheck of {} dead letters without a hook: {seconds:.2} s ({:.0}/s); replayable {}, duplicate {}; peak RSS {:.0} MiB",
+        report.total,
+        report.total as f64 / seconds,
+        counts.replayable,
+        counts.duplicate,
+        peak_rss_mib()
+    );
+    planner.stop().await?;
+    pool.close().await;
+    db.drop_database().await;
+    Ok(())
+}
