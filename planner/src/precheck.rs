@@ -48,8 +48,11 @@ pub const DEFAULT_STATE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 const HOOK_CONCURRENCY: usize = 4;
 /// Candidates classified per chunk.
 const CHUNK: usize = 2000;
-/// Non-replayable items listed in the report itself.
+/// Non-replayable items listed in the report itself, at most
+/// [`SAMPLE_PER_VERDICT`] of each verdict so that every kind shows.
 const SAMPLE_BLOCKED: usize = 20;
+/// See [`SAMPLE_BLOCKED`].
+const SAMPLE_PER_VERDICT: usize = 5;
 
 /// Validated precheck options.
 #[derive(Debug, Clone)]
@@ -332,7 +335,15 @@ impl ReportBuilder {
         self.digest.update(candidate.id.to_be_bytes());
         self.digest.update(verdict.name().as_bytes());
         self.digest.update(b"\n");
-        if verdict != Verdict::Replayable && self.sample_blocked.len() < SAMPLE_BLOCKED {
+        let of_this_verdict = self
+            .sample_blocked
+            .iter()
+            .filter(|item| item.verdict == verdict as i32)
+            .count();
+        if verdict != Verdict::Replayable
+            && self.sample_blocked.len() < SAMPLE_BLOCKED
+            && of_this_verdict < SAMPLE_PER_VERDICT
+        {
             self.sample_blocked.push(v1::PrecheckItem {
                 dead_letter_id: candidate.id.to_string(),
                 message_key: candidate.message_key.clone(),
