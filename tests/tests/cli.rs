@@ -1,0 +1,193 @@
+//! `redrivectl` against a real planner: import a JSON Lines file (with bad lines
+//! and a gzip body), inspect with `--json`, and the reflection service that
+//! `grpcurl` relies on.
+
+use std::io::Write;
+
+use base64::Engine;
+use clap::Parser;
+use redrive_planner::Config;
+use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
+use redrivectl::Cli;
+
+async fn redrivectl(planner: &PlannerHandle, args: &[&str]) -> (u8, String) {
+    let cli = Cli::try_parse_from(
+        [
+            "redrivectl",
+            "--planner",
+            &planner.url(),
+            "--actor",
+            "tester",
+        ]
+        .iter()
+        .copied()
+        .chain(args.iter().copied()),
+    )
+    .expect("the command line parses");
+    let mut out = Vec::new();
+    let code = match redrivectl::run(cli, &mut out).await {
+        Ok(code) => code,
+        Err(error) => error.exit_code(),
+    };
+    (code, String::from_utf8(out).expect("output is UTF-8"))
+}
+
+fn gzip(text: &str) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(text.as_bytes()).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let source = unique("legacy");
+    let compressed = gzip(r#"{"order_id":"o-2"}"#);
+    let lines = [
+        r#"{"message_id":"m-1","body":"{\"order_id\":\"o-1\"}","headers":{"event-type":"order.paid","retries":{"type":"i32","value":3}},"properties":{"content_type":"application/json"},"reason":"rejected","error_text":"stock timeout","original_destination":"orders","occurred_at":"2026-05-01T12:00:00Z"}"#.to_owned(),
+        "this is not json".to_owned(),
+        format!(
+            r#"{{"message_id":"m-2","body_base64":"{}","reason":"delivery_limit","original_destination":"orders"}}"#,
+            base64::engine::general_purpose::STANDARD.encode(&compressed)
+        ),
+        r#"{"message_id":"m-3","body":"x"}"#.to_owned(),
+    ];
+    let file = std::env::temp_dir().join(format!("{source}.jsonl"));
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    let path = file.to_str().unwrap();
+
+    let (code, output) =
+        redrivectl(&planner, &["--json", "import", path, "--source", &source]).await;
+    assert_eq!(code, 65, "rejected lines make exit 65: {output}");
+    let summary: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(summary["imported"], 2);
+    let rejected: Vec<u64> = summary["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rejected, vec![2, 4], "bad lines are named by line number");
+    let (_, again) = redrivectl(&planner, &["--json", "import", path, "--source", &source]).await;
+    let again: serde_json::Value = serde_json::from_str(&again)?;
+    assert_eq!(
+        (again["imported"].as_u64(), again["duplicates"].as_u64()),
+        (Some(0), Some(2))
+    );
+
+    let (code, output) = redrivectl(
+        &planner,
+        &["--json", "dead-letters", "list", "--source", &source],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let list: serde_json::Value = serde_json::from_str(&output)?;
+    let dead_letters = list["dead_letters"].as_array().unwrap();
+    assert_eq!(dead_letters.len(), 2);
+    assert_eq!(list["next_page_token"], "");
+    let m2 = dead_letters
+        .iter()
+        .find(|d| d["message_id"] == "m-2")
+        .unwrap();
+    let id = m2["id"].as_str().unwrap().to_owned();
+
+    let (code, output) = redrivectl(&planner, &["--json", "dead-letters", "show", &id]).await;
+    assert_eq!(code, 0);
+    let shown: serde_json::Value = serde_json::from_str(&output)?;
+    let body =
+        base64::engine::general_purpose::STANDARD.decode(shown["body_base64"].as_str().unwrap())?;
+    assert_eq!(body, compressed, "the gzip body comes back byte-exact");
+    assert_eq!(shown["body_compression"], "gzip");
+    assert_eq!(shown["origin"], "import");
+    assert_eq!(shown["reason_class"], "exhausted");
+    assert_eq!(shown["destination"], "orders");
+    assert_eq!(shown["death"]["reason"], "delivery_limit");
+    assert!(
+        shown["body_preview"]
+            .as_str()
+            .unwrap()
+            .contains("\"order_id\": \"o-2\"")
+    );
+    for field in [
+        "source",
+        "message_key",
+        "body_sha256",
+        "properties",
+        "headers",
+        "died_at",
+        "captured_at",
+    ] {
+        assert!(shown.get(field).is_some(), "show --json has {field}");
+    }
+
+    let (_, output) = redrivectl(
+        &planner,
+        &[
+            "--json",
+            "dead-letters",
+            "summary",
+            "--source",
+            &source,
+            "--group-by",
+            "reason",
+        ],
+    )
+    .await;
+    let summary: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(summary["total"], 2);
+    assert_eq!(summary["groups"].as_array().unwrap().len(), 2);
+
+    let (code, output) = redrivectl(&planner, &["--json", "precheck", "--source", &source]).await;
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(report["actor"], "tester", "the actor travels as metadata");
+    assert_eq!(report["total"], 2);
+    assert_eq!(report["counts"]["replayable"], 2);
+
+    let (code, _) = redrivectl(&planner, &["dead-letters", "show", "999999"]).await;
+    assert_eq!(code, 65, "an unknown id is refused input");
+
+    std::fs::remove_file(&file)?;
+    planner.stop().await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let db = TestDb::new();
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let channel = tonic::transport::Channel::from_shared(planner.url())?
+        .connect()
+        .await?;
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await?
+        .into_inner();
+    let response = responses.message().await?.expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("a service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for service in [
+        "redrive.v1.Planner",
+        "redrive.v1.Coordinator",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.iter().any(|n| n == service), "{service} in {names:?}");
+    }
+    planner.stop().await?;
+    db.drop_database().await;
+    Ok(())
+}
