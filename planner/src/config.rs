@@ -106,6 +106,11 @@ pub struct Config {
     )]
     pub state_checks: Vec<String>,
 
+    /// Seconds a slice lease lasts without a heartbeat (executors renew it at a
+    /// third of this).
+    #[arg(long, env = "REDRIVE_LEASE_TTL_SECONDS", default_value_t = 30)]
+    pub lease_ttl_seconds: u64,
+
     /// Seconds in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -175,6 +180,9 @@ impl Config {
                 ),
             );
         }
+        if self.lease_ttl_seconds < 3 {
+            return error("lease-ttl-seconds", "must be at least 3".to_owned());
+        }
         if self.database_max_connections == 0 {
             return error("database-max-connections", "must be at least 1".to_owned());
         }
@@ -212,6 +220,11 @@ impl Config {
                 .collect(),
             max_body_bytes: self.max_body_bytes,
         }
+    }
+
+    /// How long a slice lease lasts.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_seconds)
     }
 
     /// How long a partial capture batch waits.

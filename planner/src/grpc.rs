@@ -4,15 +4,19 @@
 
 use std::sync::Arc;
 
-use futures::stream::BoxStream;
+use futures::{StreamExt, stream::BoxStream};
 use redrive_proto::v1::{self, coordinator_server::Coordinator, planner_server::Planner};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
+    audit,
+    coordinator::Coordinator as CoordinatorService,
     dead_letter::ExtractionRules,
     error::Error,
     ingest,
     inspect::{self, PageToken},
+    notifier::Notifier,
+    plan::{self, parse_plan_id},
     precheck::{self, PrecheckOptions, PrecheckRequest},
     selector::Selector,
     state_check::StateChecker,
@@ -28,6 +32,8 @@ pub struct PlannerState {
     pub rules: Arc<ExtractionRules>,
     /// The state-check hooks.
     pub checker: Arc<StateChecker>,
+    /// Plan-change notifications.
+    pub notifier: Notifier,
 }
 
 /// Request metadata key naming the person or system making a call (bound to a
@@ -187,27 +193,63 @@ impl Planner for PlannerGrpc {
 
     async fn create_plan(
         &self,
-        _: Request<v1::CreatePlanRequest>,
+        request: Request<v1::CreatePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        later("replay plans (CreatePlan)")
+        let actor = actor(&request);
+        let new_plan = plan::validate_create(request.into_inner(), actor)?;
+        Ok(Response::new(
+            plan::create(&self.state.store, new_plan).await?,
+        ))
     }
 
     async fn approve_plan(
         &self,
-        _: Request<v1::ApprovePlanRequest>,
+        request: Request<v1::ApprovePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        later("replay plans (ApprovePlan)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        Ok(Response::new(
+            plan::approve(&self.state.store, plan_id, &request.digest, &actor).await?,
+        ))
     }
 
-    async fn get_plan(&self, _: Request<v1::GetPlanRequest>) -> Result<Response<v1::Plan>, Status> {
-        later("replay plans (GetPlan)")
+    async fn get_plan(
+        &self,
+        request: Request<v1::GetPlanRequest>,
+    ) -> Result<Response<v1::Plan>, Status> {
+        let plan_id = parse_plan_id("plan_id", &request.into_inner().plan_id)?;
+        Ok(Response::new(plan::get(&self.state.store, plan_id).await?))
     }
 
     async fn list_plans(
         &self,
-        _: Request<v1::ListPlansRequest>,
+        request: Request<v1::ListPlansRequest>,
     ) -> Result<Response<v1::ListPlansResponse>, Status> {
-        later("replay plans (ListPlans)")
+        let request = request.into_inner();
+        let states = request
+            .states
+            .iter()
+            .enumerate()
+            .map(|(index, state)| match v1::PlanState::try_from(*state) {
+                Ok(state) if state != v1::PlanState::Unspecified => Ok(state.name().to_owned()),
+                _ => Err(Error::invalid(
+                    format!("states[{index}]"),
+                    "not a plan state",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (plans, next_page_token) = plan::list(
+            &self.state.store,
+            &states,
+            &request.page_token,
+            request.page_size,
+        )
+        .await?;
+        Ok(Response::new(v1::ListPlansResponse {
+            plans,
+            next_page_token,
+        }))
     }
 
     async fn promote_plan(
@@ -249,25 +291,42 @@ impl Planner for PlannerGrpc {
 
     async fn watch_plan(
         &self,
-        _: Request<v1::WatchPlanRequest>,
+        request: Request<v1::WatchPlanRequest>,
     ) -> Result<Response<Self::WatchPlanStream>, Status> {
-        later("plan watching (WatchPlan)")
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let stream = audit::watch(
+            &self.state.store,
+            &self.state.notifier,
+            plan_id,
+            request.include_events,
+        )
+        .await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn get_audit_report(
         &self,
-        _: Request<v1::GetAuditReportRequest>,
+        request: Request<v1::GetAuditReportRequest>,
     ) -> Result<Response<v1::AuditReport>, Status> {
-        later("audit reports (GetAuditReport)")
+        let plan_id = parse_plan_id("plan_id", &request.into_inner().plan_id)?;
+        Ok(Response::new(
+            audit::report(&self.state.store, plan_id).await?,
+        ))
     }
 
     type ExportAuditStream = BoxStream<'static, Result<v1::ExportAuditChunk, Status>>;
 
     async fn export_audit(
         &self,
-        _: Request<v1::ExportAuditRequest>,
+        request: Request<v1::ExportAuditRequest>,
     ) -> Result<Response<Self::ExportAuditStream>, Status> {
-        later("audit export (ExportAudit)")
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let format = v1::ExportFormat::try_from(request.format).unwrap_or_default();
+        Ok(Response::new(
+            audit::export(&self.state.store, plan_id, format).await?,
+        ))
     }
 
     async fn replay_dead_letter(
@@ -285,41 +344,90 @@ impl Planner for PlannerGrpc {
     }
 }
 
-/// `redrive.v1.Coordinator`: executors' side. Replay execution is later work;
-/// every call says so.
-#[derive(Debug, Clone, Default)]
-pub struct CoordinatorGrpc;
+/// `redrive.v1.Coordinator`: what executors call.
+#[derive(Debug, Clone)]
+pub struct CoordinatorGrpc {
+    coordinator: CoordinatorService,
+}
+
+impl CoordinatorGrpc {
+    /// The adapter over `coordinator`.
+    pub fn new(coordinator: CoordinatorService) -> Self {
+        Self { coordinator }
+    }
+}
 
 #[tonic::async_trait]
 impl Coordinator for CoordinatorGrpc {
     async fn claim_slice(
         &self,
-        _: Request<v1::ClaimSliceRequest>,
+        request: Request<v1::ClaimSliceRequest>,
     ) -> Result<Response<v1::ClaimSliceResponse>, Status> {
-        later("replay execution (ClaimSlice)")
+        let request = request.into_inner();
+        let wait = request
+            .wait
+            .as_ref()
+            .map(|wait| {
+                redrive_proto::time::from_duration(wait)
+                    .ok_or_else(|| Error::invalid("wait", "must not be negative"))
+            })
+            .transpose()?
+            .unwrap_or_default();
+        let slice = self.coordinator.claim(&request.executor_id, wait).await?;
+        Ok(Response::new(v1::ClaimSliceResponse { slice }))
     }
 
     async fn heartbeat(
         &self,
-        _: Request<v1::HeartbeatRequest>,
+        request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
-        later("replay execution (Heartbeat)")
+        let request = request.into_inner();
+        Ok(Response::new(
+            self.coordinator
+                .heartbeat(&request.slice_id, request.fencing_token)
+                .await?,
+        ))
     }
 
     type ReportOutcomesStream = BoxStream<'static, Result<v1::ReportOutcomesResponse, Status>>;
 
     async fn report_outcomes(
         &self,
-        _: Request<Streaming<v1::ReportOutcomesRequest>>,
+        request: Request<Streaming<v1::ReportOutcomesRequest>>,
     ) -> Result<Response<Self::ReportOutcomesStream>, Status> {
-        later("replay execution (ReportOutcomes)")
+        let mut reports = request.into_inner();
+        let coordinator = self.coordinator.clone();
+        let (sender, receiver) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(report) = reports.next().await {
+                let answer = match report {
+                    Ok(report) => coordinator
+                        .report(report)
+                        .await
+                        .map(|accepted| v1::ReportOutcomesResponse { accepted })
+                        .map_err(Status::from),
+                    Err(status) => Err(status),
+                };
+                let failed = answer.is_err();
+                if sender.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
     }
 
     async fn complete_slice(
         &self,
-        _: Request<v1::CompleteSliceRequest>,
+        request: Request<v1::CompleteSliceRequest>,
     ) -> Result<Response<v1::CompleteSliceResponse>, Status> {
-        later("replay execution (CompleteSlice)")
+        let request = request.into_inner();
+        self.coordinator
+            .complete(&request.slice_id, request.fencing_token, request.release)
+            .await?;
+        Ok(Response::new(v1::CompleteSliceResponse {}))
     }
 
     async fn recheck_state(

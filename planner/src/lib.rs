@@ -11,12 +11,16 @@
 //!   a dead letter (death that counts, reason class, key, compression).
 //! - [`inspect`], [`selector`]: listing, lookups, summaries.
 //! - [`precheck`], [`state_check`]: the dry run and the owning services' hooks.
+//! - [`plan`], [`coordinator`], [`audit`], [`notifier`]: plans, executors'
+//!   leases and reports, the audit record and live watching.
 //! - [`store`]: the PostgreSQL queries.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
 
+pub mod audit;
 pub mod body;
 pub mod capture;
 pub mod config;
+pub mod coordinator;
 pub mod dead_letter;
 pub mod death;
 pub mod error;
@@ -24,6 +28,8 @@ pub mod grpc;
 pub mod ingest;
 pub mod inspect;
 pub mod message_key;
+pub mod notifier;
+pub mod plan;
 pub mod precheck;
 pub mod selector;
 pub mod state_check;
@@ -44,6 +50,7 @@ pub use crate::config::Config;
 use crate::{
     capture::CaptureConfig,
     grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
+    notifier::Notifier,
     state_check::StateChecker,
     store::Store,
 };
@@ -97,15 +104,20 @@ pub async fn run(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let notifier = Notifier::new();
+    let listening = tokio::spawn(notifier.clone().listen(store.clone(), shutdown.clone()));
+    let coordinator_service =
+        coordinator::Coordinator::new(store.clone(), notifier.clone(), config.lease_ttl());
     let checker = Arc::new(StateChecker::new(config.state_check_routes()));
     let planner = PlannerServer::new(PlannerGrpc::new(PlannerState {
         store,
         rules,
         checker,
+        notifier,
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-    let coordinator = CoordinatorServer::new(CoordinatorGrpc)
+    let coordinator = CoordinatorServer::new(CoordinatorGrpc::new(coordinator_service))
         .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
 
@@ -118,6 +130,7 @@ pub async fn run(
         .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled())
         .await?;
 
+    listening.abort();
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
     if tokio::time::timeout(grace, capture).await.is_err() {
         warn!(

@@ -261,7 +261,7 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .unwrap_err();
     assert_eq!(not_an_id.code(), Code::InvalidArgument);
     let later = client
-        .create_plan(v1::CreatePlanRequest::default())
+        .replay_dead_letter(v1::ReplayDeadLetterRequest::default())
         .await
         .unwrap_err();
     assert_eq!(later.code(), Code::Unimplemented);

@@ -117,7 +117,7 @@ fn json_text_array(values: &[String]) -> String {
 }
 
 /// Columns read for a dead letter; `body` only when asked.
-fn columns(with_body: bool) -> String {
+pub(crate) fn columns(with_body: bool) -> String {
     format!(
         "id, source, origin, captured_at, message_id, message_key, {}, body_size, body_sha256, \
          body_oversized, body_compression, properties, headers, death_reason, death_queue, \
@@ -459,7 +459,7 @@ impl Store {
 }
 
 /// Decodes a row of [`columns`] into the API shape.
-fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreError> {
+pub(crate) fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreError> {
     let properties: Vec<u8> = row.try_get("properties")?;
     let headers: Vec<u8> = row.try_get("headers")?;
     let id: i64 = row.try_get("id")?;

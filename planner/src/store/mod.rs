@@ -5,8 +5,12 @@
 //! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
 //!   summarize.
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
+//! - [`plans`]: plan creation, transitions, reads with progress.
+//! - [`leases`]: slice leases with fencing tokens, outcome reports, audit events.
 
 pub mod dead_letters;
+pub mod leases;
+pub mod plans;
 pub mod prechecks;
 
 use std::time::Duration;
@@ -103,7 +107,7 @@ impl Store {
     }
 
     /// The pool, for modules of the store.
-    pub(crate) fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 }

@@ -1,0 +1,256 @@
+//! The audit record of a plan (DESIGN.md, "Flow" step 7): the report with the
+//! reconciliation list of sent keys, the export as JSON Lines or CSV, and the
+//! live watch stream.
+
+use std::time::Duration;
+
+use futures::{Stream, stream::BoxStream};
+use redrive_proto::{time::from_timestamp, v1};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+use uuid::Uuid;
+
+use crate::{error::Error, notifier::Notifier, plan, store::Store};
+
+/// Audit events read per page while exporting or watching.
+const PAGE: i64 = 1000;
+/// Progress snapshots are sent at most this often while a plan moves.
+const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+/// Plan states after which nothing changes.
+const FINAL_STATES: &[v1::PlanState] = &[
+    v1::PlanState::Completed,
+    v1::PlanState::Cancelled,
+    v1::PlanState::Aborted,
+];
+
+/// The audit report of a plan.
+///
+/// # Errors
+/// `NotFound`; store errors.
+pub async fn report(store: &Store, plan_id: Uuid) -> Result<v1::AuditReport, Error> {
+    let plan = plan::get(store, plan_id).await?;
+    Ok(v1::AuditReport {
+        counts: plan.counts,
+        sent_keys: store.sent_keys(plan_id).await?,
+        not_sent: store.not_sent_events(plan_id).await?,
+        plan: Some(plan),
+    })
+}
+
+/// CSV columns of the export, in order.
+pub const CSV_HEADER: &str = "at,plan_id,slice_id,dead_letter_id,message_key,action,reason,wave,executor_id,attempt,confirm_latency_us\n";
+
+fn csv_field(value: &str) -> String {
+    // RFC 4180: quote fields holding a comma, quote or line break.
+    if value.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", value.replace('"', "\"\""))
+    } else {
+        value.to_owned()
+    }
+}
+
+/// One audit event as a JSON object (the export's and the CLI's shape).
+pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
+    serde_json::json!({
+        "at": event.at.as_ref().and_then(from_timestamp).map(|at| at.to_rfc3339()),
+        "plan_id": event.plan_id,
+        "slice_id": event.slice_id,
+        "dead_letter_id": event.dead_letter_id,
+        "message_key": event.message_key,
+        "action": event.action().name(),
+        "reason": event.reason,
+        "wave": if event.wave() == v1::Wave::Canary { "canary" } else { "main" },
+        "executor_id": event.executor_id,
+        "attempt": event.attempt,
+        "confirm_latency_us": event.confirm_latency_us,
+    })
+}
+
+fn event_csv(event: &v1::AuditEvent) -> String {
+    let at = event
+        .at
+        .as_ref()
+        .and_then(from_timestamp)
+        .map(|at| at.to_rfc3339())
+        .unwrap_or_default();
+    let wave = if event.wave() == v1::Wave::Canary {
+        "canary"
+    } else {
+        "main"
+    };
+    format!(
+        "{},{},{},{},{},{},{},{},{},{},{}\n",
+        at,
+        event.plan_id,
+        event.slice_id,
+        event.dead_letter_id,
+        csv_field(&event.message_key),
+        event.action().name(),
+        csv_field(&event.reason),
+        wave,
+        csv_field(&event.executor_id),
+        event.attempt,
+        event.confirm_latency_us
+    )
+}
+
+/// Every audit event of a plan, in order, as JSON Lines or CSV chunks (one per
+/// page of events), streamed.
+///
+/// # Errors
+/// `NotFound` for an unknown plan, `InvalidArgument` for an unspecified format.
+pub async fn export(
+    store: &Store,
+    plan_id: Uuid,
+    format: v1::ExportFormat,
+) -> Result<BoxStream<'static, Result<v1::ExportAuditChunk, Status>>, Error> {
+    if format == v1::ExportFormat::Unspecified {
+        return Err(Error::invalid(
+            "format",
+            "EXPORT_FORMAT_JSONL or EXPORT_FORMAT_CSV",
+        ));
+    }
+    plan::get(store, plan_id).await?;
+    let (sender, receiver) = mpsc::channel(4);
+    let store = store.clone();
+    tokio::spawn(async move {
+        if format == v1::ExportFormat::Csv
+            && sender
+                .send(Ok(v1::ExportAuditChunk {
+                    data: CSV_HEADER.as_bytes().to_vec(),
+                }))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        let mut after = 0;
+        loop {
+            let page = match store.audit_events(plan_id, after, PAGE).await {
+                Ok(page) => page,
+                Err(error) => {
+                    let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                    return;
+                }
+            };
+            let Some((last, _)) = page.last() else { return };
+            after = *last;
+            let mut data = String::new();
+            for (_, event) in &page {
+                if format == v1::ExportFormat::Csv {
+                    data.push_str(&event_csv(event));
+                } else {
+                    data.push_str(&event_json(event).to_string());
+                    data.push('\n');
+                }
+            }
+            if sender
+                .send(Ok(v1::ExportAuditChunk {
+                    data: data.into_bytes(),
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(receiver)))
+}
+
+/// Progress snapshots (and audit events, with `include_events`) of a plan,
+/// live, from whichever replica the client reached: a snapshot at once, then
+/// whenever the plan changes (at most every 250 ms), ending after the snapshot
+/// of a final state.
+///
+/// # Errors
+/// `NotFound` for an unknown plan.
+pub async fn watch(
+    store: &Store,
+    notifier: &Notifier,
+    plan_id: Uuid,
+    include_events: bool,
+) -> Result<impl Stream<Item = Result<v1::WatchPlanResponse, Status>> + Send + 'static, Error> {
+    let first = plan::get(store, plan_id).await?;
+    let (sender, receiver) = mpsc::channel(64);
+    let store = store.clone();
+    let mut changes = notifier.subscribe();
+    tokio::spawn(async move {
+        let mut snapshot = first;
+        let mut after = 0;
+        loop {
+            if include_events {
+                loop {
+                    let page = match store.audit_events(plan_id, after, PAGE).await {
+                        Ok(page) => page,
+                        Err(error) => {
+                            let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                            return;
+                        }
+                    };
+                    let full = page.len() as i64 == PAGE;
+                    for (id, event) in page {
+                        after = id;
+                        let update = v1::WatchPlanResponse {
+                            update: Some(v1::watch_plan_response::Update::Event(event)),
+                        };
+                        if sender.send(Ok(update)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if !full {
+                        break;
+                    }
+                }
+            }
+            let done = FINAL_STATES.contains(&snapshot.state());
+            let update = v1::WatchPlanResponse {
+                update: Some(v1::watch_plan_response::Update::Progress(snapshot)),
+            };
+            if sender.send(Ok(update)).await.is_err() || done {
+                return;
+            }
+            // Wait for a change of this plan (or a periodic look, in case a
+            // notification was missed), then coalesce for a moment.
+            let wait = async {
+                loop {
+                    match changes.recv().await {
+                        Ok(changed) if changed == plan_id => return,
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = wait => {}
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                () = sender.closed() => return,
+            }
+            tokio::time::sleep(WATCH_INTERVAL).await;
+            snapshot = match plan::get(&store, plan_id).await {
+                Ok(plan) => plan,
+                Err(error) => {
+                    let _ = sender.send(Err(Status::from(error))).await;
+                    return;
+                }
+            };
+        }
+    });
+    Ok(ReceiverStream::new(receiver))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_are_quoted_per_rfc_4180() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+}

@@ -1,0 +1,302 @@
+//! The executors' side of a plan (DESIGN.md, "Executor loop and guarantees"):
+//! long-polled slice claims under leases with fencing tokens, heartbeats that
+//! renew a lease and say whether to keep publishing, fenced outcome reports and
+//! slice completion.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use redrive_proto::{
+    time::{duration, from_timestamp},
+    v1,
+};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::{
+    error::Error,
+    notifier::Notifier,
+    store::{
+        Store,
+        leases::{LeasedItem, LeasedSlice, Outcome, StaleToken},
+        plans::DestinationMode,
+    },
+};
+
+/// Default lease: 30 s (executors heartbeat at a third of it).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// Longest claim long-poll.
+pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
+/// Expired leases are looked for at least this often while a claim waits.
+const CLAIM_RECHECK: Duration = Duration::from_secs(1);
+
+/// Plan states in which executors keep publishing.
+const PUBLISHING_STATES: &[&str] = &["main", "canary"];
+
+/// Coordinates executors over the store.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    store: Store,
+    notifier: Notifier,
+    lease_ttl: Duration,
+}
+
+impl From<StaleToken> for Error {
+    fn from(stale: StaleToken) -> Self {
+        Error::FailedPrecondition(stale.to_string())
+    }
+}
+
+/// Where an item is published, by the plan's destination mode (DESIGN.md,
+/// "Destination"): `(exchange, routing_key)`.
+pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, String) {
+    match mode {
+        DestinationMode::Queue => (String::new(), dead_letter.destination.clone()),
+        DestinationMode::Exchange => {
+            if let Some(death) = dead_letter
+                .death
+                .as_ref()
+                .filter(|death| !death.queue.is_empty() || !death.exchange.is_empty())
+            {
+                (
+                    death.exchange.clone(),
+                    death.routing_keys.first().cloned().unwrap_or_default(),
+                )
+            } else if let Some(exchange) = &dead_letter.original_exchange {
+                (
+                    exchange.clone(),
+                    dead_letter.original_routing_key.clone().unwrap_or_default(),
+                )
+            } else if let Some((exchange, routing_key)) = dead_letter.destination.split_once('/') {
+                (exchange.to_owned(), routing_key.to_owned())
+            } else {
+                (String::new(), dead_letter.destination.clone())
+            }
+        }
+        DestinationMode::Redirect {
+            exchange,
+            routing_key,
+        } => (exchange.clone(), routing_key.clone()),
+    }
+}
+
+fn slice_item(slice: &LeasedSlice, item: LeasedItem) -> v1::SliceItem {
+    let (exchange, routing_key) = route(&slice.destination, &item.dead_letter);
+    v1::SliceItem {
+        item_id: item.position.to_string(),
+        exchange,
+        routing_key,
+        attempts: u32::try_from(item.attempts).unwrap_or_default(),
+        uncertain: item.state == "uncertain",
+        redrive_count: u32::try_from(item.redrive_count).unwrap_or_default(),
+        key_replayed: item.key_replayed,
+        body: item.replay_body,
+        dead_letter: Some(item.dead_letter),
+    }
+}
+
+fn parse_slice_id(id: &str) -> Result<i64, Error> {
+    id.parse()
+        .map_err(|_| Error::invalid("slice_id", format!("{id:?} is not a slice id")))
+}
+
+fn parse_token(token: u64) -> Result<i64, Error> {
+    i64::try_from(token).map_err(|_| Error::invalid("fencing_token", "out of range"))
+}
+
+impl Coordinator {
+    /// A coordinator handing out leases of `lease_ttl`.
+    pub fn new(store: Store, notifier: Notifier, lease_ttl: Duration) -> Self {
+        Self {
+            store,
+            notifier,
+            lease_ttl,
+        }
+    }
+
+    /// Leases a slice to `executor_id`, waiting up to `wait` (at most
+    /// [`MAX_CLAIM_WAIT`]) for one to become claimable. `Ok(None)`: none came.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty executor id; store errors.
+    pub async fn claim(
+        &self,
+        executor_id: &str,
+        wait: Duration,
+    ) -> Result<Option<v1::Slice>, Error> {
+        if executor_id.trim().is_empty() {
+            return Err(Error::invalid("executor_id", "must not be empty"));
+        }
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_CLAIM_WAIT);
+        let mut changes = self.notifier.subscribe();
+        loop {
+            if let Some(slice) = self.store.claim_slice(executor_id, self.lease_ttl).await? {
+                let items = self.store.slice_items(slice.slice_id).await?;
+                tracing::info!(
+                    slice.id = slice.slice_id,
+                    plan.id = %slice.plan_id,
+                    executor.id = executor_id,
+                    items = items.len(),
+                    fencing_token = slice.fencing_token,
+                    "slice leased"
+                );
+                return Ok(Some(v1::Slice {
+                    slice_id: slice.slice_id.to_string(),
+                    plan_id: slice.plan_id.to_string(),
+                    wave: if slice.wave == "canary" {
+                        v1::Wave::Canary
+                    } else {
+                        v1::Wave::Main
+                    }
+                    .into(),
+                    fencing_token: u64::try_from(slice.fencing_token).unwrap_or_default(),
+                    lease_ttl: Some(duration(self.lease_ttl)),
+                    rate: Some(slice.rate.clone()),
+                    items: items
+                        .into_iter()
+                        .map(|item| slice_item(&slice, item))
+                        .collect(),
+                }));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let until = deadline.min(now + CLAIM_RECHECK);
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                changed = changes.recv() => {
+                    if matches!(changed, Err(RecvError::Closed)) {
+                        tokio::time::sleep_until(until).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews a lease; says whether to keep publishing.
+    ///
+    /// # Errors
+    /// `FailedPrecondition` for a stale fencing token; store errors.
+    pub async fn heartbeat(
+        &self,
+        slice_id: &str,
+        token: u64,
+    ) -> Result<v1::HeartbeatResponse, Error> {
+        let state = self
+            .store
+            .heartbeat(
+                parse_slice_id(slice_id)?,
+                parse_token(token)?,
+                self.lease_ttl,
+            )
+            .await??;
+        let keep_publishing = PUBLISHING_STATES.contains(&state.as_str());
+        Ok(v1::HeartbeatResponse {
+            keep_publishing,
+            reason: if keep_publishing {
+                String::new()
+            } else {
+                format!("plan is {state}")
+            },
+        })
+    }
+
+    /// Records a batch of outcomes for a leased slice.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed event (naming `events[i].field`);
+    /// `FailedPrecondition` for a stale fencing token; store errors.
+    pub async fn report(&self, request: v1::ReportOutcomesRequest) -> Result<u64, Error> {
+        let slice_id = parse_slice_id(&request.slice_id)?;
+        let token = parse_token(request.fencing_token)?;
+        let outcomes = request
+            .events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| {
+                let action = v1::AuditAction::try_from(event.action).unwrap_or_default();
+                if action == v1::AuditAction::Unspecified {
+                    return Err(Error::invalid(
+                        format!("events[{index}].action"),
+                        "unspecified",
+                    ));
+                }
+                Ok(Outcome {
+                    dead_letter_id: event.dead_letter_id.parse().map_err(|_| {
+                        Error::invalid(format!("events[{index}].dead_letter_id"), "not an id")
+                    })?,
+                    message_key: event.message_key,
+                    action: action.name().to_owned(),
+                    reason: event.reason,
+                    executor_id: event.executor_id,
+                    attempt: i32::try_from(event.attempt.max(1)).unwrap_or(i32::MAX),
+                    confirm_latency_us: i64::try_from(event.confirm_latency_us).unwrap_or(i64::MAX),
+                    at: event
+                        .at
+                        .as_ref()
+                        .and_then(from_timestamp)
+                        .unwrap_or_else(Utc::now),
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(self
+            .store
+            .report_outcomes(slice_id, token, &outcomes)
+            .await??)
+    }
+
+    /// Ends a lease (completed, or released for another executor).
+    ///
+    /// # Errors
+    /// `FailedPrecondition` for a stale fencing token; store errors.
+    pub async fn complete(&self, slice_id: &str, token: u64, release: bool) -> Result<(), Error> {
+        Ok(self
+            .store
+            .complete_slice(parse_slice_id(slice_id)?, parse_token(token)?, release)
+            .await??)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_follow_the_destination_mode() {
+        let dead_letter = v1::DeadLetter {
+            destination: "orders.fulfil".into(),
+            death: Some(v1::Death {
+                reason: "rejected".into(),
+                queue: "orders.fulfil".into(),
+                exchange: "orders".into(),
+                routing_keys: vec!["order.paid".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            route(&DestinationMode::Queue, &dead_letter),
+            (String::new(), "orders.fulfil".into())
+        );
+        assert_eq!(
+            route(&DestinationMode::Exchange, &dead_letter),
+            ("orders".into(), "order.paid".into())
+        );
+        let redirect = DestinationMode::Redirect {
+            exchange: "quarantine".into(),
+            routing_key: "all".into(),
+        };
+        assert_eq!(
+            route(&redirect, &dead_letter),
+            ("quarantine".into(), "all".into())
+        );
+        let ingested = v1::DeadLetter {
+            destination: "billing/invoice.sent".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            route(&DestinationMode::Exchange, &ingested),
+            ("billing".into(), "invoice.sent".into())
+        );
+    }
+}

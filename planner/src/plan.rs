@@ -1,0 +1,241 @@
+//! Replay plans (DESIGN.md, "Flow" steps 4–5): created from a precheck with a
+//! rate and its rationale, approved with the digest of the precheck the
+//! approver read.
+
+use std::time::Duration;
+
+use redrive_proto::{time::from_duration, v1};
+use uuid::Uuid;
+
+use crate::{
+    error::Error,
+    store::{
+        Store,
+        plans::{CreateOutcome, DestinationMode, NewPlan},
+    },
+};
+
+/// Default items per slice.
+pub const DEFAULT_SLICE_SIZE: u32 = 100;
+/// Largest slice accepted.
+pub const MAX_SLICE_SIZE: u32 = 10_000;
+/// Default canary share: 1% (at least one item).
+pub const DEFAULT_CANARY_FRACTION: f64 = 0.01;
+/// Default observation window after the canary.
+pub const DEFAULT_OBSERVE_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// Parses a plan id.
+///
+/// # Errors
+/// `InvalidArgument` naming `field`.
+pub fn parse_plan_id(field: &str, id: &str) -> Result<Uuid, Error> {
+    Uuid::parse_str(id)
+        .map_err(|_| Error::invalid(field, format!("{id:?} is not a plan id (a UUID)")))
+}
+
+/// Validates a `CreatePlanRequest` into a plan to store.
+///
+/// # Errors
+/// `InvalidArgument` naming the field: a rate of 0 or below (or not finite), a
+/// burst below 1, an empty rationale, a slice size over [`MAX_SLICE_SIZE`], a
+/// canary fraction outside (0, 1], a redirect without exchange or routing key.
+pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<NewPlan, Error> {
+    let precheck_id = Uuid::parse_str(&request.precheck_id).map_err(|_| {
+        Error::invalid(
+            "precheck_id",
+            format!("{:?} is not a precheck id (a UUID)", request.precheck_id),
+        )
+    })?;
+    let rate = request
+        .rate
+        .ok_or_else(|| Error::invalid("rate", "required: per_second, burst and rationale"))?;
+    if !(rate.per_second.is_finite() && rate.per_second > 0.0) {
+        return Err(Error::invalid(
+            "rate.per_second",
+            format!(
+                "{} is not a rate above 0 messages per second",
+                rate.per_second
+            ),
+        ));
+    }
+    if rate.burst < 1 {
+        return Err(Error::invalid("rate.burst", "must be at least 1"));
+    }
+    if rate.rationale.trim().is_empty() {
+        return Err(Error::invalid(
+            "rate.rationale",
+            "required: say how the rate follows from the downstream's capacity",
+        ));
+    }
+    let destination = match request.destination.and_then(|destination| destination.mode) {
+        None | Some(v1::destination::Mode::Queue(_)) => DestinationMode::Queue,
+        Some(v1::destination::Mode::Exchange(_)) => DestinationMode::Exchange,
+        Some(v1::destination::Mode::Redirect(redirect)) => {
+            if redirect.exchange.is_empty() && redirect.routing_key.is_empty() {
+                return Err(Error::invalid(
+                    "destination.redirect",
+                    "needs an exchange, or a routing key (a queue name) for the default exchange",
+                ));
+            }
+            DestinationMode::Redirect {
+                exchange: redirect.exchange,
+                routing_key: redirect.routing_key,
+            }
+        }
+    };
+    let slice_size = match request.slice_size {
+        0 => DEFAULT_SLICE_SIZE,
+        size if size > MAX_SLICE_SIZE => {
+            return Err(Error::invalid(
+                "slice_size",
+                format!("at most {MAX_SLICE_SIZE}"),
+            ));
+        }
+        size => size,
+    };
+    let canary_fraction = request.canary_fraction.unwrap_or(DEFAULT_CANARY_FRACTION);
+    if !(canary_fraction > 0.0 && canary_fraction <= 1.0) {
+        return Err(Error::invalid(
+            "canary_fraction",
+            "must be above 0 and at most 1",
+        ));
+    }
+    let observe_for = match request.observe_for {
+        None => DEFAULT_OBSERVE_FOR,
+        Some(duration) => from_duration(&duration)
+            .ok_or_else(|| Error::invalid("observe_for", "must not be negative"))?,
+    };
+    Ok(NewPlan {
+        id: Uuid::now_v7(),
+        precheck_id,
+        per_second: rate.per_second,
+        burst: rate.burst,
+        rationale: rate.rationale.trim().to_owned(),
+        destination,
+        slice_size,
+        canary_fraction,
+        observe_for_ms: i64::try_from(observe_for.as_millis()).unwrap_or(i64::MAX),
+        actor,
+    })
+}
+
+/// Creates a plan awaiting approval.
+///
+/// # Errors
+/// `NotFound` for an unknown precheck; `FailedPrecondition` when the precheck is
+/// not done or has no replayable item; store errors.
+pub async fn create(store: &Store, plan: NewPlan) -> Result<v1::Plan, Error> {
+    match store.create_plan(&plan).await? {
+        CreateOutcome::Created => get(store, plan.id).await,
+        CreateOutcome::PrecheckNotFound => Err(Error::NotFound(format!(
+            "precheck {} not found",
+            plan.precheck_id
+        ))),
+        CreateOutcome::PrecheckNotDone => Err(Error::FailedPrecondition(format!(
+            "precheck {} is not done (still running, or failed)",
+            plan.precheck_id
+        ))),
+        CreateOutcome::NothingReplayable => Err(Error::FailedPrecondition(format!(
+            "precheck {} has no replayable item: there is nothing to plan",
+            plan.precheck_id
+        ))),
+    }
+}
+
+/// The plan `plan_id`.
+///
+/// # Errors
+/// `NotFound`; store errors.
+pub async fn get(store: &Store, plan_id: Uuid) -> Result<v1::Plan, Error> {
+    store
+        .get_plan(plan_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("plan {plan_id} not found")))
+}
+
+/// Approves a plan awaiting approval when `digest` is its precheck's digest;
+/// executors may then claim its slices.
+///
+/// # Errors
+/// `NotFound`; `FailedPrecondition` for a wrong digest or a plan not awaiting
+/// approval (approving twice); store errors.
+pub async fn approve(
+    store: &Store,
+    plan_id: Uuid,
+    digest: &str,
+    actor: &str,
+) -> Result<v1::Plan, Error> {
+    let plan = get(store, plan_id).await?;
+    if digest.trim() != plan.precheck_digest {
+        return Err(Error::FailedPrecondition(format!(
+            "digest {digest:?} is not the digest of precheck {}: read that precheck's report and approve with its digest",
+            plan.precheck_id
+        )));
+    }
+    match store
+        .transition_plan(
+            plan_id,
+            &["awaiting_approval"],
+            "main",
+            "approve",
+            actor,
+            "",
+        )
+        .await?
+        .as_deref()
+    {
+        None => Err(Error::NotFound(format!("plan {plan_id} not found"))),
+        Some("awaiting_approval") => get(store, plan_id).await,
+        Some(state) => Err(Error::FailedPrecondition(format!(
+            "plan {plan_id} is {state}, not awaiting_approval: it can be approved once"
+        ))),
+    }
+}
+
+/// A page of plans, newest first, optionally in some states. The page token is
+/// `"{created_at RFC 3339}|{plan id}"` of the last plan of the previous page.
+///
+/// # Errors
+/// `InvalidArgument` for a bad page token or a page size over 1000; store
+/// errors.
+pub async fn list(
+    store: &Store,
+    states: &[String],
+    page_token: &str,
+    page_size: u32,
+) -> Result<(Vec<v1::Plan>, String), Error> {
+    let before =
+        if page_token.is_empty() {
+            None
+        } else {
+            let parsed = page_token.split_once('|').and_then(|(at, id)| {
+                Some((
+                    chrono::DateTime::parse_from_rfc3339(at)
+                        .ok()?
+                        .with_timezone(&chrono::Utc),
+                    Uuid::parse_str(id).ok()?,
+                ))
+            });
+            Some(parsed.ok_or_else(|| {
+                Error::invalid("page_token", "not a token from a previous answer")
+            })?)
+        };
+    if page_size > 1000 {
+        return Err(Error::invalid("page_size", "at most 1000"));
+    }
+    let page_size = if page_size == 0 { 100 } else { page_size };
+    let plans = store.list_plans(states, before, page_size).await?;
+    let next = match plans.last() {
+        Some(last) if plans.len() as u32 == page_size => {
+            let at = last
+                .created_at
+                .as_ref()
+                .and_then(redrive_proto::time::from_timestamp)
+                .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+                .unwrap_or_default();
+            format!("{at}|{}", last.plan_id)
+        }
+        _ => String::new(),
+    };
+    Ok((plans, next))
+}

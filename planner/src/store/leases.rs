@@ -1,0 +1,485 @@
+//! Slice leases with fencing tokens (STYLE.md, "PostgreSQL": claim in one
+//! statement with `FOR UPDATE SKIP LOCKED`; every later write is conditioned on
+//! the token), and outcome reports.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redrive_proto::{time::timestamp, v1};
+use sqlx::{AssertSqlSafe, Row, postgres::PgRow};
+use uuid::Uuid;
+
+use super::{
+    Store, StoreError,
+    dead_letters::{columns, dead_letter_from_row},
+    plans::{DestinationMode, notify},
+};
+
+/// A slice just leased.
+#[derive(Debug, Clone)]
+pub struct LeasedSlice {
+    /// Slice id.
+    pub slice_id: i64,
+    /// Its plan.
+    pub plan_id: Uuid,
+    /// `canary` or `main`.
+    pub wave: String,
+    /// The token every report must carry.
+    pub fencing_token: i64,
+    /// The plan's rate.
+    pub rate: v1::Rate,
+    /// The plan's destination mode.
+    pub destination: DestinationMode,
+}
+
+/// A slice item to publish, with its dead letter.
+#[derive(Debug, Clone)]
+pub struct LeasedItem {
+    /// Position in the plan.
+    pub position: i64,
+    /// The dead letter (captured body in `body`).
+    pub dead_letter: v1::DeadLetter,
+    /// The body to publish (latest revision, else captured).
+    pub replay_body: Vec<u8>,
+    /// `pending` or `uncertain`.
+    pub state: String,
+    /// Attempts made by earlier leases.
+    pub attempts: i32,
+    /// The key was replayed successfully within the replay-key window.
+    pub key_replayed: bool,
+    /// Plans that replayed this key before.
+    pub redrive_count: i64,
+}
+
+/// An outcome report rejected for its fencing token.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "stale fencing token {token} for slice {slice_id}: the lease was lost (expired and re-leased, or released)"
+)]
+pub struct StaleToken {
+    /// The slice.
+    pub slice_id: i64,
+    /// The token presented.
+    pub token: i64,
+}
+
+/// An outcome to record.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Dead letter.
+    pub dead_letter_id: i64,
+    /// Message key.
+    pub message_key: String,
+    /// Action name (`sent`, ...).
+    pub action: String,
+    /// Why.
+    pub reason: String,
+    /// Executor.
+    pub executor_id: String,
+    /// Attempt number (1-based).
+    pub attempt: i32,
+    /// Publish to confirm, µs.
+    pub confirm_latency_us: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// Item states that end an item.
+pub const FINAL_ITEM_STATES: &[&str] = &[
+    "sent",
+    "skipped_duplicate",
+    "skipped_stale",
+    "skipped_state",
+    "needs_compensation",
+    "failed",
+    "unroutable",
+];
+
+/// How long a sent key counts as replayed (DESIGN.md: replay keys, 7 days).
+pub const REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl Store {
+    /// Leases the first claimable slice: of a plan in `main` (or a canary slice
+    /// of a plan in `canary`), pending or with an expired lease, oldest plan
+    /// first. Bumps the fencing token.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn claim_slice(
+        &self,
+        executor_id: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeasedSlice>, StoreError> {
+        let row = sqlx::query(
+            "WITH candidate AS ( \
+                SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
+                WHERE (p.state = 'main' OR (p.state = 'canary' AND s.wave = 'canary')) \
+                  AND (s.state = 'pending' OR (s.state = 'leased' AND s.lease_expires_at < now())) \
+                ORDER BY p.approved_at, p.id, s.seq \
+                LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
+             UPDATE plan_slices s SET state = 'leased', lease_owner = $1, \
+                lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1 \
+             FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
+             RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key",
+        )
+        .bind(executor_id)
+        .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(|row| leased_slice(&row)).transpose()
+    }
+
+    /// The items of `slice_id` still to publish (pending or uncertain), in order.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn slice_items(&self, slice_id: i64) -> Result<Vec<LeasedItem>, StoreError> {
+        let query = format!(
+            "SELECT d.*, i.position, i.state AS item_state, i.attempts AS item_attempts, \
+                coalesce(rev.body, d.body) AS replay_body, \
+                (SELECT count(*) FROM replayed_keys r WHERE r.message_key = i.message_key) AS redrive_count, \
+                EXISTS (SELECT 1 FROM replayed_keys r WHERE r.message_key = i.message_key \
+                        AND r.replayed_at > now() - $2 * interval '1 second') AS key_replayed \
+             FROM plan_items i \
+             JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
+                                ORDER BY revision DESC LIMIT 1) rev ON true \
+             WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
+            columns(true)
+        );
+        let rows = sqlx::query(AssertSqlSafe(query))
+            .bind(slice_id)
+            .bind(i64::try_from(REPLAY_KEY_WINDOW.as_secs()).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LeasedItem {
+                    position: row.try_get("position")?,
+                    dead_letter: dead_letter_from_row(row)?,
+                    replay_body: row.try_get("replay_body")?,
+                    state: row.try_get("item_state")?,
+                    attempts: row.try_get("item_attempts")?,
+                    key_replayed: row.try_get("key_replayed")?,
+                    redrive_count: row.try_get("redrive_count")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Renews the lease; answers the plan's state.
+    ///
+    /// # Errors
+    /// `Ok(Err(StaleToken))` when the token is not the slice's current lease.
+    pub async fn heartbeat(
+        &self,
+        slice_id: i64,
+        token: i64,
+        ttl: Duration,
+    ) -> Result<Result<String, StaleToken>, StoreError> {
+        let state: Option<String> = sqlx::query_scalar(
+            "UPDATE plan_slices s SET lease_expires_at = now() + $3 * interval '1 millisecond' \
+             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' AND p.id = s.plan_id \
+             RETURNING p.state",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(state.ok_or(StaleToken { slice_id, token }))
+    }
+
+    /// Records outcomes of a leased slice in one transaction: audit events
+    /// appended, item states and attempts updated, sent dead letters marked
+    /// replayed and their keys recorded. Refused unless `token` is the slice's
+    /// current lease (the row is locked while checking, so a re-lease cannot
+    /// interleave).
+    ///
+    /// # Errors
+    /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
+    pub async fn report_outcomes(
+        &self,
+        slice_id: i64,
+        token: i64,
+        outcomes: &[Outcome],
+    ) -> Result<Result<u64, StaleToken>, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let lease = sqlx::query(
+            "SELECT s.plan_id, s.wave FROM plan_slices s \
+             WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' FOR UPDATE",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .fetch_optional(&mut *transaction)
+        .await?;
+        let Some(lease) = lease else {
+            return Ok(Err(StaleToken { slice_id, token }));
+        };
+        let plan_id: Uuid = lease.try_get("plan_id")?;
+        let wave: String = lease.try_get("wave")?;
+        if outcomes.is_empty() {
+            return Ok(Ok(0));
+        }
+        let column = |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(f).collect::<Vec<_>>();
+        let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let keys = column(&|o| o.message_key.clone());
+        let actions = column(&|o| o.action.clone());
+        let reasons = column(&|o| o.reason.replace('\0', ""));
+        let executors = column(&|o| o.executor_id.clone());
+        let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
+        let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
+        let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
+        sqlx::query(
+            "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
+                executor_id, attempt, confirm_latency_us, at) \
+             SELECT $1, $2, u.id, u.key, u.action, u.reason, $3, u.executor, u.attempt, u.latency, u.at \
+             FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
+                         $11::timestamptz[]) AS u(id, key, action, reason, executor, attempt, latency, at)",
+        )
+        .bind(plan_id)
+        .bind(slice_id)
+        .bind(&wave)
+        .bind(&ids)
+        .bind(&keys)
+        .bind(&actions)
+        .bind(&reasons)
+        .bind(&executors)
+        .bind(&attempts)
+        .bind(&latencies)
+        .bind(&at)
+        .execute(&mut *transaction)
+        .await?;
+        // The last outcome of an item wins, but a final state never goes back to
+        // uncertain (a late duplicate report of an earlier attempt).
+        sqlx::query(
+            "UPDATE plan_items i SET state = CASE \
+                WHEN i.state = ANY($5) AND u.action = 'uncertain' THEN i.state ELSE u.action END, \
+                attempts = greatest(i.attempts, u.attempt) \
+             FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
+                   UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
+                   ORDER BY id, n DESC) u \
+             WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
+        )
+        .bind(plan_id)
+        .bind(&ids)
+        .bind(&actions)
+        .bind(&attempts)
+        .bind(FINAL_ITEM_STATES)
+        .bind(slice_id)
+        .execute(&mut *transaction)
+        .await?;
+        let sent: Vec<(i64, String)> = outcomes
+            .iter()
+            .filter(|o| o.action == "sent")
+            .map(|o| (o.dead_letter_id, o.message_key.clone()))
+            .collect();
+        if !sent.is_empty() {
+            let sent_ids: Vec<i64> = sent.iter().map(|(id, _)| *id).collect();
+            let sent_keys: Vec<String> = sent.iter().map(|(_, key)| key.clone()).collect();
+            sqlx::query(
+                "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id) \
+                 SELECT u.key, $1, u.id FROM UNNEST($2::bigint[], $3::text[]) AS u(id, key) \
+                 ON CONFLICT (message_key, plan_id) DO NOTHING",
+            )
+            .bind(plan_id)
+            .bind(&sent_ids)
+            .bind(&sent_keys)
+            .execute(&mut *transaction)
+            .await?;
+            sqlx::query("UPDATE dead_letters SET replayed_by_plan = $1, replayed_at = now() WHERE id = ANY($2)")
+                .bind(plan_id)
+                .bind(&sent_ids)
+                .execute(&mut *transaction)
+                .await?;
+        }
+        notify(&mut transaction, plan_id).await?;
+        transaction.commit().await?;
+        Ok(Ok(outcomes.len() as u64))
+    }
+
+    /// Ends a lease. With `release`, or when items are left unfinished, the
+    /// slice goes back to pending for another lease; otherwise it is completed,
+    /// and the plan with it when it was the last.
+    ///
+    /// # Errors
+    /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
+    pub async fn complete_slice(
+        &self,
+        slice_id: i64,
+        token: i64,
+        release: bool,
+    ) -> Result<Result<(), StaleToken>, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let plan_id: Option<Uuid> = sqlx::query_scalar(
+            "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND state = 'leased' FOR UPDATE",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .fetch_optional(&mut *transaction)
+        .await?;
+        let Some(plan_id) = plan_id else {
+            return Ok(Err(StaleToken { slice_id, token }));
+        };
+        let unfinished: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM plan_items WHERE slice_id = $1 AND NOT (state = ANY($2))",
+        )
+        .bind(slice_id)
+        .bind(FINAL_ITEM_STATES)
+        .fetch_one(&mut *transaction)
+        .await?;
+        let next = if release || unfinished > 0 {
+            "pending"
+        } else {
+            "completed"
+        };
+        sqlx::query("UPDATE plan_slices SET state = $2, lease_owner = NULL, lease_expires_at = NULL WHERE id = $1")
+            .bind(slice_id)
+            .bind(next)
+            .execute(&mut *transaction)
+            .await?;
+        if next == "completed" {
+            sqlx::query(
+                "UPDATE plans SET state = 'completed', completed_at = now() \
+                 WHERE id = $1 AND state = 'main' \
+                 AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
+            )
+            .bind(plan_id)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        notify(&mut transaction, plan_id).await?;
+        transaction.commit().await?;
+        Ok(Ok(()))
+    }
+
+    /// The audit events of a plan after `after_id`, at most `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_events(
+        &self,
+        plan_id: Uuid,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("id")?, audit_event(plan_id, row)?)))
+            .collect()
+    }
+}
+
+/// The audit action named `name`.
+pub fn audit_action(name: &str) -> v1::AuditAction {
+    use v1::AuditAction as A;
+    [
+        A::Sent,
+        A::SkippedDuplicate,
+        A::SkippedStale,
+        A::SkippedState,
+        A::NeedsCompensation,
+        A::Failed,
+        A::Unroutable,
+        A::Uncertain,
+    ]
+    .into_iter()
+    .find(|action| action.name() == name)
+    .unwrap_or(A::Unspecified)
+}
+
+/// An audit event row (columns of [`Store::audit_events`]) in the API shape.
+pub(crate) fn audit_event(plan_id: Uuid, row: &PgRow) -> Result<v1::AuditEvent, StoreError> {
+    let action: String = row.try_get("action")?;
+    let wave: String = row.try_get("wave")?;
+    Ok(v1::AuditEvent {
+        plan_id: plan_id.to_string(),
+        slice_id: row
+            .try_get::<Option<i64>, _>("slice_id")?
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+        dead_letter_id: row.try_get::<i64, _>("dead_letter_id")?.to_string(),
+        message_key: row.try_get("message_key")?,
+        action: audit_action(&action).into(),
+        reason: row.try_get("reason")?,
+        wave: if wave == "canary" {
+            v1::Wave::Canary
+        } else {
+            v1::Wave::Main
+        }
+        .into(),
+        executor_id: row.try_get("executor_id")?,
+        attempt: u32::try_from(row.try_get::<i32, _>("attempt")?).unwrap_or_default(),
+        confirm_latency_us: u64::try_from(row.try_get::<i64, _>("confirm_latency_us")?)
+            .unwrap_or_default(),
+        at: Some(timestamp(row.try_get("at")?)),
+    })
+}
+
+fn leased_slice(row: &PgRow) -> Result<LeasedSlice, StoreError> {
+    let mode: String = row.try_get("destination_mode")?;
+    let destination = match mode.as_str() {
+        "exchange" => DestinationMode::Exchange,
+        "redirect" => DestinationMode::Redirect {
+            exchange: row
+                .try_get::<Option<String>, _>("redirect_exchange")?
+                .unwrap_or_default(),
+            routing_key: row
+                .try_get::<Option<String>, _>("redirect_routing_key")?
+                .unwrap_or_default(),
+        },
+        _ => DestinationMode::Queue,
+    };
+    Ok(LeasedSlice {
+        slice_id: row.try_get("id")?,
+        plan_id: row.try_get("plan_id")?,
+        wave: row.try_get("wave")?,
+        fencing_token: row.try_get("fencing_token")?,
+        rate: v1::Rate {
+            per_second: row.try_get("rate_per_second")?,
+            burst: u32::try_from(row.try_get::<i32, _>("rate_burst")?).unwrap_or(1),
+            rationale: row.try_get("rate_rationale")?,
+        },
+        destination,
+    })
+}
+
+impl Store {
+    /// Message keys the plan sent, in plan order: the reconciliation list.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn sent_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position")
+            .bind(plan_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// The latest audit event of every item that was not sent (skipped, failed,
+    /// unroutable, or still uncertain), in plan order.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn not_sent_events(&self, plan_id: Uuid) -> Result<Vec<v1::AuditEvent>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM (SELECT DISTINCT ON (e.dead_letter_id) e.id, e.slice_id, e.dead_letter_id, e.message_key, \
+                e.action, e.reason, e.wave, e.executor_id, e.attempt, e.confirm_latency_us, e.at, i.position \
+             FROM audit_events e JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
+             WHERE e.plan_id = $1 AND i.state <> 'sent' ORDER BY e.dead_letter_id, e.id DESC) last ORDER BY position",
+        )
+        .bind(plan_id)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(|row| audit_event(plan_id, row)).collect()
+    }
+}

@@ -1,0 +1,433 @@
+//! Plans: creation from a precheck (items and slices in one transaction),
+//! approval, reads with progress counts, and operator actions.
+
+use chrono::{DateTime, Utc};
+use redrive_proto::{time::timestamp, v1};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction, postgres::PgRow};
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+
+/// The NOTIFY channel for plan changes; the payload is the plan id.
+pub const PLAN_CHANNEL: &str = "redrive_plans";
+
+/// Where a plan publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationMode {
+    /// The queue each message died in, through the default exchange.
+    Queue,
+    /// The exchange and routing key of each message's death.
+    Exchange,
+    /// A fixed exchange and routing key.
+    Redirect {
+        /// Exchange ("" is the default exchange).
+        exchange: String,
+        /// Routing key.
+        routing_key: String,
+    },
+}
+
+/// A plan to create (validated).
+#[derive(Debug, Clone)]
+pub struct NewPlan {
+    /// Its id.
+    pub id: Uuid,
+    /// The precheck it freezes.
+    pub precheck_id: Uuid,
+    /// Messages per second.
+    pub per_second: f64,
+    /// Burst.
+    pub burst: u32,
+    /// Why that rate.
+    pub rationale: String,
+    /// Destination mode.
+    pub destination: DestinationMode,
+    /// Items per slice.
+    pub slice_size: u32,
+    /// Canary share of the items.
+    pub canary_fraction: f64,
+    /// Observation window after the canary, in milliseconds.
+    pub observe_for_ms: i64,
+    /// Who creates it.
+    pub actor: String,
+}
+
+/// What creating a plan found.
+#[derive(Debug)]
+pub enum CreateOutcome {
+    /// Created.
+    Created,
+    /// No such precheck.
+    PrecheckNotFound,
+    /// The precheck is not done (running or failed).
+    PrecheckNotDone,
+    /// The precheck has no replayable item.
+    NothingReplayable,
+}
+
+fn destination_columns(
+    destination: &DestinationMode,
+) -> (&'static str, Option<&str>, Option<&str>) {
+    match destination {
+        DestinationMode::Queue => ("queue", None, None),
+        DestinationMode::Exchange => ("exchange", None, None),
+        DestinationMode::Redirect {
+            exchange,
+            routing_key,
+        } => ("redirect", Some(exchange), Some(routing_key)),
+    }
+}
+
+/// Records an operator action in `transaction`.
+pub(crate) async fn record_action(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan_id: Uuid,
+    action: &str,
+    actor: &str,
+    reason: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO operator_actions (plan_id, action, actor, reason) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(plan_id)
+    .bind(action)
+    .bind(actor)
+    .bind(reason)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// Sends the plan-change notification inside `transaction` (delivered on commit).
+pub(crate) async fn notify(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan_id: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(PLAN_CHANNEL)
+        .bind(plan_id.to_string())
+        .execute(&mut **transaction)
+        .await?;
+    Ok(())
+}
+
+impl Store {
+    /// Freezes the precheck's replayable items, in dead-letter order, into a
+    /// plan awaiting approval: canary slices first, then main slices.
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing is created then.
+    pub async fn create_plan(&self, plan: &NewPlan) -> Result<CreateOutcome, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let precheck = sqlx::query("SELECT state, digest FROM prechecks WHERE id = $1 FOR SHARE")
+            .bind(plan.precheck_id)
+            .fetch_optional(&mut *transaction)
+            .await?;
+        let Some(precheck) = precheck else {
+            return Ok(CreateOutcome::PrecheckNotFound);
+        };
+        if precheck.try_get::<String, _>("state")? != "done" {
+            return Ok(CreateOutcome::PrecheckNotDone);
+        }
+        let digest: String = precheck
+            .try_get::<Option<String>, _>("digest")?
+            .unwrap_or_default();
+        let total: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM precheck_items WHERE precheck_id = $1 AND verdict = 'replayable'",
+        )
+        .bind(plan.precheck_id)
+        .fetch_one(&mut *transaction)
+        .await?;
+        if total == 0 {
+            return Ok(CreateOutcome::NothingReplayable);
+        }
+        let canary = ((total as f64 * plan.canary_fraction).ceil() as i64).clamp(1, total);
+        let slice_size = i64::from(plan.slice_size);
+        let canary_slices = (canary + slice_size - 1) / slice_size;
+        let main_slices = (total - canary + slice_size - 1) / slice_size;
+        let (mode, redirect_exchange, redirect_routing_key) =
+            destination_columns(&plan.destination);
+        sqlx::query(
+            "INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
+             rate_rationale, destination_mode, redirect_exchange, redirect_routing_key, slice_size, \
+             canary_fraction, observe_for_ms, total_items, canary_items, created_by) \
+             VALUES ($1, $2, $3, 'awaiting_approval', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+        )
+        .bind(plan.id)
+        .bind(plan.precheck_id)
+        .bind(&digest)
+        .bind(plan.per_second)
+        .bind(i32::try_from(plan.burst).unwrap_or(i32::MAX))
+        .bind(&plan.rationale)
+        .bind(mode)
+        .bind(redirect_exchange)
+        .bind(redirect_routing_key)
+        .bind(i32::try_from(plan.slice_size).unwrap_or(i32::MAX))
+        .bind(plan.canary_fraction)
+        .bind(plan.observe_for_ms)
+        .bind(total)
+        .bind(canary)
+        .bind(&plan.actor)
+        .execute(&mut *transaction)
+        .await?;
+        sqlx::query(
+            "INSERT INTO plan_slices (plan_id, seq, wave) \
+             SELECT $1, g, CASE WHEN g < $2 THEN 'canary' ELSE 'main' END FROM generate_series(0, $3 - 1) g",
+        )
+        .bind(plan.id)
+        .bind(canary_slices)
+        .bind(canary_slices + main_slices)
+        .execute(&mut *transaction)
+        .await?;
+        sqlx::query(
+            "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key) \
+             SELECT $1, r.position, s.id, r.dead_letter_id, r.message_key \
+             FROM (SELECT i.dead_letter_id, d.message_key, \
+                          row_number() OVER (ORDER BY i.dead_letter_id) AS position \
+                   FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
+                   WHERE i.precheck_id = $2 AND i.verdict = 'replayable') r \
+             JOIN plan_slices s ON s.plan_id = $1 AND s.seq = CASE \
+                 WHEN r.position <= $3 THEN (r.position - 1) / $4 \
+                 ELSE $5 + (r.position - $3 - 1) / $4 END",
+        )
+        .bind(plan.id)
+        .bind(plan.precheck_id)
+        .bind(canary)
+        .bind(slice_size)
+        .bind(canary_slices)
+        .execute(&mut *transaction)
+        .await?;
+        record_action(
+            &mut transaction,
+            plan.id,
+            "create",
+            &plan.actor,
+            &plan.rationale,
+        )
+        .await?;
+        transaction.commit().await?;
+        Ok(CreateOutcome::Created)
+    }
+
+    /// Moves a plan from `from` states to `to`, recording the operator action,
+    /// in one transaction. Returns the state it was in (`None`: no such plan);
+    /// nothing changes unless that state is in `from`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn transition_plan(
+        &self,
+        plan_id: Uuid,
+        from: &[&str],
+        to: &str,
+        action: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM plans WHERE id = $1 FOR UPDATE")
+                .bind(plan_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+        let Some(state) = state else { return Ok(None) };
+        if !from.contains(&state.as_str()) {
+            return Ok(Some(state));
+        }
+        let approving = action == "approve";
+        sqlx::query(
+            "UPDATE plans SET state = $2, state_reason = $3, \
+             approved_by = CASE WHEN $4 THEN $5 ELSE approved_by END, \
+             approved_at = CASE WHEN $4 THEN now() ELSE approved_at END \
+             WHERE id = $1",
+        )
+        .bind(plan_id)
+        .bind(to)
+        .bind(if approving { "" } else { reason })
+        .bind(approving)
+        .bind(actor)
+        .execute(&mut *transaction)
+        .await?;
+        record_action(&mut transaction, plan_id, action, actor, reason).await?;
+        notify(&mut transaction, plan_id).await?;
+        transaction.commit().await?;
+        Ok(Some(state))
+    }
+
+    /// The plan with its progress, actions and counts.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn get_plan(&self, plan_id: Uuid) -> Result<Option<v1::Plan>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {PLAN_COLUMNS} FROM plans p WHERE p.id = $1"
+        )))
+        .bind(plan_id)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let mut plan = plan_from_row(&row)?;
+        let actions = sqlx::query(
+            "SELECT action, actor, reason, at FROM operator_actions WHERE plan_id = $1 ORDER BY id",
+        )
+        .bind(plan_id)
+        .fetch_all(self.pool())
+        .await?;
+        plan.actions = actions
+            .iter()
+            .map(|row| {
+                Ok(v1::OperatorAction {
+                    action: row.try_get("action")?,
+                    actor: row.try_get("actor")?,
+                    reason: row.try_get("reason")?,
+                    at: Some(timestamp(row.try_get("at")?)),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()?;
+        Ok(Some(plan))
+    }
+
+    /// Plans, newest first, optionally in some states, after `before` (a
+    /// `created_at` + id cursor).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn list_plans(
+        &self,
+        states: &[String],
+        before: Option<(DateTime<Utc>, Uuid)>,
+        page_size: u32,
+    ) -> Result<Vec<v1::Plan>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {PLAN_COLUMNS} FROM plans p \
+             WHERE (cardinality($1::text[]) = 0 OR p.state = ANY($1)) \
+             AND ($2::timestamptz IS NULL OR (p.created_at, p.id) < ($2, $3)) \
+             ORDER BY p.created_at DESC, p.id DESC LIMIT $4"
+        )))
+        .bind(states)
+        .bind(before.map(|(at, _)| at))
+        .bind(before.map(|(_, id)| id))
+        .bind(i64::from(page_size))
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(plan_from_row).collect()
+    }
+}
+
+/// Plan columns with progress aggregated from its items and slices.
+const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.state_reason, p.rate_per_second, \
+    p.rate_burst, p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
+    p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
+    p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
+    (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
+    (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
+    (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
+        (SELECT state, count(*) AS n FROM plan_items i WHERE i.plan_id = p.id GROUP BY state) c) AS item_states";
+
+/// `ActionCounts` from item states (`{"sent": 3, ...}`), and how many are final.
+pub fn action_counts(states: &serde_json::Value) -> (v1::ActionCounts, u64) {
+    let count = |name: &str| {
+        states
+            .get(name)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    let counts = v1::ActionCounts {
+        sent: count("sent"),
+        skipped_duplicate: count("skipped_duplicate"),
+        skipped_stale: count("skipped_stale"),
+        skipped_state: count("skipped_state"),
+        needs_compensation: count("needs_compensation"),
+        failed: count("failed"),
+        unroutable: count("unroutable"),
+        uncertain: count("uncertain"),
+    };
+    let done = counts.sent
+        + counts.skipped_duplicate
+        + counts.skipped_stale
+        + counts.skipped_state
+        + counts.needs_compensation
+        + counts.failed
+        + counts.unroutable;
+    (counts, done)
+}
+
+/// The plan state named `name`.
+pub fn plan_state(name: &str) -> v1::PlanState {
+    use v1::PlanState as S;
+    [
+        S::AwaitingApproval,
+        S::Canary,
+        S::Observing,
+        S::Main,
+        S::Completed,
+        S::Paused,
+        S::Cancelled,
+        S::Aborted,
+    ]
+    .into_iter()
+    .find(|state| state.name() == name)
+    .unwrap_or(S::Unspecified)
+}
+
+fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
+    let mode: String = row.try_get("destination_mode")?;
+    let destination = match mode.as_str() {
+        "exchange" => v1::destination::Mode::Exchange(v1::ExchangeDestination {}),
+        "redirect" => v1::destination::Mode::Redirect(v1::RedirectDestination {
+            exchange: row
+                .try_get::<Option<String>, _>("redirect_exchange")?
+                .unwrap_or_default(),
+            routing_key: row
+                .try_get::<Option<String>, _>("redirect_routing_key")?
+                .unwrap_or_default(),
+        }),
+        _ => v1::destination::Mode::Queue(v1::QueueDestination {}),
+    };
+    let states: serde_json::Value = row.try_get("item_states")?;
+    let (counts, items_done) = action_counts(&states);
+    let state: String = row.try_get("state")?;
+    let id: Uuid = row.try_get("id")?;
+    let precheck_id: Uuid = row.try_get("precheck_id")?;
+    let observe_for_ms: i64 = row.try_get("observe_for_ms")?;
+    Ok(v1::Plan {
+        plan_id: id.to_string(),
+        precheck_id: precheck_id.to_string(),
+        state: plan_state(&state).into(),
+        rate: Some(v1::Rate {
+            per_second: row.try_get("rate_per_second")?,
+            burst: u32::try_from(row.try_get::<i32, _>("rate_burst")?).unwrap_or(1),
+            rationale: row.try_get("rate_rationale")?,
+        }),
+        destination: Some(v1::Destination {
+            mode: Some(destination),
+        }),
+        slice_size: u32::try_from(row.try_get::<i32, _>("slice_size")?).unwrap_or_default(),
+        canary_fraction: row.try_get("canary_fraction")?,
+        observe_for: Some(redrive_proto::time::duration(
+            std::time::Duration::from_millis(u64::try_from(observe_for_ms).unwrap_or_default()),
+        )),
+        total_items: u64::try_from(row.try_get::<i64, _>("total_items")?).unwrap_or_default(),
+        canary_items: u64::try_from(row.try_get::<i64, _>("canary_items")?).unwrap_or_default(),
+        counts: Some(counts),
+        created_by: row.try_get("created_by")?,
+        created_at: Some(timestamp(row.try_get("created_at")?)),
+        state_reason: row.try_get("state_reason")?,
+        actions: Vec::new(),
+        warnings: row.try_get("warnings")?,
+        precheck_digest: row.try_get("precheck_digest")?,
+        slices_total: u64::try_from(row.try_get::<i64, _>("slices_total")?).unwrap_or_default(),
+        slices_completed: u64::try_from(row.try_get::<i64, _>("slices_completed")?)
+            .unwrap_or_default(),
+        approved_by: row
+            .try_get::<Option<String>, _>("approved_by")?
+            .unwrap_or_default(),
+        approved_at: row
+            .try_get::<Option<DateTime<Utc>>, _>("approved_at")?
+            .map(timestamp),
+        completed_at: row
+            .try_get::<Option<DateTime<Utc>>, _>("completed_at")?
+            .map(timestamp),
+        items_done,
+    })
+}
