@@ -2,13 +2,14 @@
 //!
 //! | code | name | when |
 //! | --- | --- | --- |
-//! | 0 | | success (also `--help`, `--version`) |
-//! | 1 | | the planner answered with another gRPC error (`FAILED_PRECONDITION`, `INTERNAL`, ...) |
+//! | 0 | | success (also `--help`, `--version`); `plan wait`: the plan completed |
+//! | 1 | | the planner answered with another gRPC error (`FAILED_PRECONDITION`, `INTERNAL`, ...); `plan wait`: the plan ended `cancelled` or `aborted` |
 //! | 64 | `EX_USAGE` | bad command line: unknown flag, bad value, unknown `--group-by` name or `--verdict`, bad or repeated `--stale-after`, an actor that cannot be sent as metadata |
 //! | 65 | `EX_DATAERR` | the planner refused the request as wrong (`INVALID_ARGUMENT`) or found nothing (`NOT_FOUND`); `import` rejected some lines |
 //! | 66 | `EX_NOINPUT` | `import` cannot open its file |
 //! | 69 | `EX_UNAVAILABLE` | the planner cannot be reached, or answered `UNAVAILABLE` (also a precheck whose state-check hook is down) |
 //! | 74 | `EX_IOERR` | reading the import file or writing the output failed |
+//! | 75 | `EX_TEMPFAIL` | `plan wait --timeout` ran out before the plan was final |
 //!
 //! Errors go to stderr as one line, `redrivectl: <what>`; a gRPC error reads
 //! `redrivectl: <code>: <message>` with the code in snake case (`not_found`).
@@ -29,6 +30,8 @@ pub const EX_NOINPUT: u8 = 66;
 pub const EX_UNAVAILABLE: u8 = 69;
 /// Reading input or writing output failed.
 pub const EX_IOERR: u8 = 74;
+/// Try again later: `plan wait --timeout` ran out.
+pub const EX_TEMPFAIL: u8 = 75;
 
 /// A failure that ends the command.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +76,15 @@ pub enum CliError {
     /// Some input records were refused; the command already reported them.
     #[error("{0}")]
     Rejected(String),
+
+    /// A plan ended without completing (`cancelled`, `aborted`); the command
+    /// already printed it.
+    #[error("{0}")]
+    NotCompleted(String),
+
+    /// A wait ran out of time.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl CliError {
@@ -89,6 +101,8 @@ impl CliError {
             Self::NoInput { .. } => EX_NOINPUT,
             Self::Io { .. } => EX_IOERR,
             Self::Rejected(_) => EX_DATAERR,
+            Self::NotCompleted(_) => EX_FAILURE,
+            Self::Timeout(_) => EX_TEMPFAIL,
         }
     }
 

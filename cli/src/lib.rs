@@ -1,7 +1,9 @@
 //! `redrivectl`, Redrive's operator CLI over the planner's `redrive.v1.Planner`
 //! gRPC API: capture (`import`), inspect (`dead-letters list | show |
-//! summary`) and precheck (`precheck`, `precheck show | items`) dead letters;
-//! plan commands come later.
+//! summary`) and precheck (`precheck`, `precheck show | items`) dead letters,
+//! then replay them under a plan (`plan create | approve | status | list |
+//! watch | wait | report | promote | pause | resume | cancel |
+//! compensations`).
 //!
 //! ```text
 //! redrivectl [global flags] dead-letters list [selector flags] [--page-size N] [--page-token T] [--all]
@@ -13,11 +15,23 @@
 //!            [--block-on-state-check-error] [--event-time-pointer /json/pointer]
 //! redrivectl [global flags] precheck show ID
 //! redrivectl [global flags] precheck items ID [--verdict V] [--page-size N] [--page-token T] [--all]
+//! redrivectl [global flags] plan create --precheck ID --rate N --burst N --rationale TEXT
+//!            [--destination queue|exchange|redirect:EXCHANGE/ROUTING_KEY] [--slice-size N]
+//!            [--canary-fraction F] [--observe DUR]
+//! redrivectl [global flags] plan approve ID --digest D
+//! redrivectl [global flags] plan status ID                  (alias: plan show)
+//! redrivectl [global flags] plan list [--state S]... [--page-size N] [--page-token T] [--all]
+//! redrivectl [global flags] plan watch ID [--events]
+//! redrivectl [global flags] plan wait ID [--timeout DUR] [--interval DUR]
+//! redrivectl [global flags] plan report ID [--format text|json|jsonl|csv]
+//! redrivectl [global flags] plan promote|pause|resume|cancel ID [--reason TEXT]
+//! redrivectl [global flags] plan compensations ID [--page-size N] [--page-token T] [--all]
 //! ```
 //!
 //! Global flags (anywhere on the line): `--planner URL` (env `REDRIVE_PLANNER`,
 //! default `http://127.0.0.1:50051`), `--json` (env `REDRIVE_JSON`): one
-//! compact JSON document on stdout instead of tables, and `--actor NAME` (env
+//! compact JSON document on stdout instead of tables (`plan watch`: one per
+//! line, per update), and `--actor NAME` (env
 //! `REDRIVE_ACTOR`, default the `USER` environment variable, else
 //! `anonymous`): who is calling, sent as the `x-redrive-actor` gRPC metadata on
 //! every request (visible ASCII; the planner records it as the actor of what
@@ -27,13 +41,14 @@
 //! # Exit codes
 //! | code | when |
 //! | --- | --- |
-//! | 0 | success; also `--help` and `--version` |
-//! | 1 | the planner answered another gRPC error (`failed_precondition`, `internal`, ...) |
-//! | 64 | bad command line (`EX_USAGE`): unknown flag or value, unknown `--group-by` name or `--verdict`, bad `--stale-after`, a `--stale-after` pattern given twice, bad `--planner` URL, an actor that is not visible ASCII |
+//! | 0 | success; also `--help` and `--version`; `plan wait`: the plan completed |
+//! | 1 | the planner answered another gRPC error (`failed_precondition`, `internal`, ...); `plan wait`: the plan ended `cancelled` or `aborted` |
+//! | 64 | bad command line (`EX_USAGE`): unknown flag or value, unknown `--group-by` name, `--verdict` or `--state`, bad `--stale-after`, a `--stale-after` pattern given twice, a bad `plan create` value (`--rate`, `--burst`, `--rationale`, `--destination`, `--canary-fraction`, `--observe`, `--slice-size`), bad `--planner` URL, an actor that is not visible ASCII |
 //! | 65 | refused data (`EX_DATAERR`): the planner said `invalid_argument` or `not_found`; `import` rejected some lines |
 //! | 66 | `import` cannot open its file (`EX_NOINPUT`) |
-//! | 69 | the planner is unreachable or answered `unavailable` (`EX_UNAVAILABLE`), e.g. a precheck whose state-check hook is down (without `--block-on-state-check-error`) |
+//! | 69 | the planner is unreachable or answered `unavailable` (`EX_UNAVAILABLE`), e.g. a precheck whose state-check hook is down (without `--block-on-state-check-error`); `plan watch`: the stream ended before the plan was final |
 //! | 74 | reading the import file or writing the output failed (`EX_IOERR`) |
+//! | 75 | `plan wait --timeout` ran out before the plan was final (`EX_TEMPFAIL`) |
 //!
 //! An unreachable planner reads `redrivectl: cannot reach the planner at URL:
 //! <cause> (is redrive-planner running? set --planner or REDRIVE_PLANNER)`; a
@@ -62,11 +77,38 @@
 //!   "verdict", "reason", "destination", "event_type"}], "next_page_token":
 //!   "..."}`; `sample_blocked` items have the same shape. `event_type` is a
 //!   string or null.
+//! - `plan create | approve | status | wait | promote | pause | resume |
+//!   cancel`: one plan ([`commands::plan::view`]), `{"plan_id",
+//!   "precheck_id", "precheck_digest", "state", "state_reason", "rate":
+//!   {"per_second", "burst", "rationale"}, "destination", "slice_size",
+//!   "canary_fraction", "observe_for_seconds", "total_items", "canary_items",
+//!   "items_done", "slices_total", "slices_completed", "counts": {"sent",
+//!   "skipped_duplicate", "skipped_stale", "skipped_state",
+//!   "needs_compensation", "failed", "unroutable", "uncertain"}, "created_by",
+//!   "created_at", "approved_by", "approved_at", "completed_at", "actions":
+//!   [{"action", "actor", "reason", "at"}], "warnings"}`. `state` is
+//!   `awaiting_approval`, `canary`, `observing`, `main`, `completed`,
+//!   `paused`, `cancelled` or `aborted`; `destination` is `"queue"`,
+//!   `"exchange"` or `{"redirect": {"exchange", "routing_key"}}`; all eight
+//!   counts are always present.
+//! - `plan list`: `{"plans": [plan, ...], "next_page_token": "..."}`.
+//! - `plan watch`: one JSON object per line, `{"progress": plan}` or
+//!   `{"event": audit event}`; an audit event is `{"plan_id", "slice_id",
+//!   "dead_letter_id", "message_key", "action", "reason", "wave",
+//!   "executor_id", "attempt", "confirm_latency_us", "at"}`.
+//! - `plan report` (`--format json`, the default with `--json`): `{"plan",
+//!   "counts", "sent_keys": [string], "not_sent": [audit event]}`;
+//!   `--format jsonl|csv` writes the planner's export as is.
+//! - `plan compensations`: `{"items": [precheck item], "next_page_token":
+//!   "..."}`.
 //!
 //! # Layout
 //! - [`commands`]: the clap command line ([`Cli`]) and dispatch ([`run`]);
-//!   [`commands::dead_letters`], [`commands::import`] and
-//!   [`commands::precheck`], one module per command group.
+//!   [`commands::dead_letters`], [`commands::import`],
+//!   [`commands::precheck`] and [`commands::plan`] (with
+//!   [`commands::plan::view`], the plan JSON shapes and renderings, and
+//!   [`commands::plan::live`], `watch` and `wait`), one module per command
+//!   group.
 //! - [`selector`]: the selector flags shared by `list`, `summary` and
 //!   `precheck`, and their conversion to the proto `Selector`.
 //! - [`client`]: connecting to the planner; the actor interceptor.

@@ -1,7 +1,8 @@
 //! Rendering for people (tables, key/value blocks) and for scripts (JSON).
 //!
 //! `--json` output is one compact JSON document on stdout followed by a
-//! newline. Times are RFC 3339 in UTC (`2024-05-01T12:00:00Z`, fractional
+//! newline (`plan watch --json`: one per line, per update; `plan report
+//! --format jsonl|csv` writes the planner's export as it is). Times are RFC 3339 in UTC (`2024-05-01T12:00:00Z`, fractional
 //! seconds only when not zero); absent optional fields are `null`, never left
 //! out, so scripts can rely on every key being present.
 //!
@@ -78,6 +79,12 @@ pub fn table(headers: &[&str]) -> Table {
         table.set_header(headers.iter().map(|header| header.to_uppercase()));
     }
     table
+}
+
+/// The width of the terminal stdout goes to, if it is one and says (a
+/// pseudo-terminal without a size reports 0: unknown).
+pub fn terminal_width() -> Option<u16> {
+    Table::new().width().filter(|width| *width > 0)
 }
 
 /// Prints `table` with the outer padding trimmed from each line.

@@ -3,6 +3,7 @@
 //! the planner received.
 
 use std::{
+    collections::HashMap,
     net::SocketAddr,
     pin::Pin,
     process::{Command, Output, Stdio},
@@ -30,6 +31,23 @@ struct Fake {
     prechecks: Arc<Mutex<Vec<v1::RunPrecheckRequest>>>,
     /// Every ListPrecheckItems request.
     item_calls: Arc<Mutex<Vec<v1::ListPrecheckItemsRequest>>>,
+    /// Every plan call but GetPlan, in order.
+    plan_calls: Arc<Mutex<Vec<PlanCall>>>,
+    /// GetPlan calls per plan id.
+    polls: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// A plan RPC the fake planner received (GetPlan is counted in `polls`).
+#[derive(Debug, Clone, PartialEq)]
+enum PlanCall {
+    Create(v1::CreatePlanRequest),
+    Approve(v1::ApprovePlanRequest),
+    Control(&'static str, v1::PlanControlRequest),
+    List(v1::ListPlansRequest),
+    Compensations(v1::ListCompensationsRequest),
+    Watch(v1::WatchPlanRequest),
+    Report(v1::GetAuditReportRequest),
+    Export(v1::ExportAuditRequest),
 }
 
 impl Fake {
@@ -44,7 +62,123 @@ impl Fake {
     fn actors(&self) -> Vec<ActorSeen> {
         self.actors.lock().unwrap().clone()
     }
+
+    fn plan_call(&self, call: PlanCall) {
+        self.plan_calls.lock().unwrap().push(call);
+    }
+
+    fn plan_calls(&self) -> Vec<PlanCall> {
+        self.plan_calls.lock().unwrap().clone()
+    }
+
+    fn polls(&self, plan_id: &str) -> usize {
+        self.polls
+            .lock()
+            .unwrap()
+            .get(plan_id)
+            .copied()
+            .unwrap_or(0)
+    }
 }
+
+fn actor_of<T>(request: &Request<T>) -> String {
+    request
+        .metadata()
+        .get("x-redrive-actor")
+        .map_or("anonymous", |value| value.to_str().unwrap())
+        .to_owned()
+}
+
+const DIGEST: &str = "9f86d081";
+
+/// A plan of 7 items, `done` of them sent.
+fn plan(plan_id: &str, state: v1::PlanState, done: u64) -> v1::Plan {
+    v1::Plan {
+        plan_id: plan_id.into(),
+        precheck_id: PRECHECK_ID.into(),
+        precheck_digest: DIGEST.into(),
+        state: state.into(),
+        rate: Some(v1::Rate {
+            per_second: 50.0,
+            burst: 10,
+            rationale: "payments-api sustains 300/s".into(),
+        }),
+        destination: Some(v1::Destination {
+            mode: Some(v1::destination::Mode::Queue(v1::QueueDestination {})),
+        }),
+        slice_size: 100,
+        canary_fraction: 0.01,
+        observe_for: Some(prost_types::Duration {
+            seconds: 900,
+            nanos: 0,
+        }),
+        total_items: 7,
+        canary_items: 1,
+        items_done: done,
+        slices_total: 1,
+        slices_completed: u64::from(done == 7),
+        counts: Some(v1::ActionCounts {
+            sent: done,
+            ..Default::default()
+        }),
+        created_by: "alice".into(),
+        created_at: Some(prost_types::Timestamp {
+            seconds: 1_714_564_800,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+/// What GetPlan answers for `plan_id` on its `poll`-th call (1-based).
+fn scripted_plan(plan_id: &str, poll: usize) -> Result<v1::Plan, Status> {
+    use v1::PlanState::{Aborted, Canary, Cancelled, Completed, Main, Paused};
+    let with_reason = |mut plan: v1::Plan, reason: &str| {
+        plan.state_reason = reason.into();
+        plan
+    };
+    Ok(match plan_id {
+        "plan-done" if poll <= 2 => plan(plan_id, Main, 3),
+        "plan-done" => plan(plan_id, Completed, 7),
+        "plan-cancelled" if poll == 1 => plan(plan_id, Canary, 1),
+        "plan-cancelled" => with_reason(plan(plan_id, Cancelled, 1), "wrong selection"),
+        "plan-aborted" => with_reason(plan(plan_id, Aborted, 1), "canary gate: 1 failed"),
+        "plan-paused" if poll <= 2 => with_reason(plan(plan_id, Paused, 3), "main gate"),
+        "plan-paused" => plan(plan_id, Completed, 7),
+        "plan-flaky" if poll == 1 => return Err(Status::unavailable("planner restarting")),
+        "plan-flaky" => plan(plan_id, Completed, 7),
+        "plan-slow" | "plan-cut" => plan(plan_id, Main, 3),
+        _ => return Err(Status::not_found(format!("plan {plan_id} not found"))),
+    })
+}
+
+fn event(action: v1::AuditAction, key: &str, reason: &str, wave: v1::Wave) -> v1::AuditEvent {
+    v1::AuditEvent {
+        plan_id: "plan-done".into(),
+        slice_id: "slice-1".into(),
+        dead_letter_id: "41".into(),
+        message_key: key.into(),
+        action: action.into(),
+        reason: reason.into(),
+        wave: wave.into(),
+        executor_id: "executor-1".into(),
+        attempt: 1,
+        confirm_latency_us: 900,
+        at: Some(prost_types::Timestamp {
+            seconds: 1_714_565_000,
+            nanos: 0,
+        }),
+    }
+}
+
+/// The CSV export of `plan-done`, cut mid-line and mid-field, with a byte
+/// that is not UTF-8: redrivectl must pass it through as is.
+const CSV_CHUNKS: [&[u8]; 4] = [
+    b"plan_id,message_key,action,reason\r\nplan-done,order-1:pay,sent,\r\n",
+    b"plan-done,\"key,2\",skipped_",
+    b"stale,\"older than \"\"2h\"\"\"\r\n",
+    b"plan-done,bin-\xff\xfe,failed,nack\r\n",
+];
 
 const PRECHECK_ID: &str = "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e";
 
@@ -233,73 +367,174 @@ impl Planner for Fake {
         }))
     }
 
+    /// An `awaiting_approval` plan echoing the request; `not_found` for
+    /// another precheck than [`PRECHECK_ID`].
     async fn create_plan(
         &self,
-        _: Request<v1::CreatePlanRequest>,
+        request: Request<v1::CreatePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("create_plan"))
+        self.record("create_plan", &request);
+        let actor = actor_of(&request);
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Create(request.clone()));
+        if request.precheck_id != PRECHECK_ID {
+            return Err(Status::not_found(format!(
+                "precheck {} not found",
+                request.precheck_id
+            )));
+        }
+        let mut created = plan("plan-new", v1::PlanState::AwaitingApproval, 0);
+        created.rate = request.rate;
+        created.destination = request.destination;
+        created.slice_size = match request.slice_size {
+            0 => 100,
+            size => size,
+        };
+        created.canary_fraction = request.canary_fraction.unwrap_or(0.01);
+        if request.observe_for.is_some() {
+            created.observe_for = request.observe_for;
+        }
+        created.created_by = actor;
+        created.warnings = vec!["2 of 9 items are not replayable and stay out".into()];
+        Ok(Response::new(created))
     }
 
+    /// A `canary` plan for the right digest, `failed_precondition` otherwise.
     async fn approve_plan(
         &self,
-        _: Request<v1::ApprovePlanRequest>,
+        request: Request<v1::ApprovePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("approve_plan"))
+        self.record("approve_plan", &request);
+        let actor = actor_of(&request);
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Approve(request.clone()));
+        if request.digest != DIGEST {
+            return Err(Status::failed_precondition(format!(
+                "digest {} is not the precheck's digest {DIGEST}",
+                request.digest
+            )));
+        }
+        let mut approved = plan(&request.plan_id, v1::PlanState::Canary, 0);
+        approved.approved_by = actor;
+        Ok(Response::new(approved))
     }
 
-    async fn get_plan(&self, _: Request<v1::GetPlanRequest>) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("get_plan"))
+    /// [`scripted_plan`], counting the calls per plan.
+    async fn get_plan(
+        &self,
+        request: Request<v1::GetPlanRequest>,
+    ) -> Result<Response<v1::Plan>, Status> {
+        let plan_id = request.into_inner().plan_id;
+        let poll = {
+            let mut polls = self.polls.lock().unwrap();
+            let poll = polls.entry(plan_id.clone()).or_default();
+            *poll += 1;
+            *poll
+        };
+        scripted_plan(&plan_id, poll).map(Response::new)
     }
 
+    /// Two pages: plan-done, then plan-cancelled.
     async fn list_plans(
         &self,
-        _: Request<v1::ListPlansRequest>,
+        request: Request<v1::ListPlansRequest>,
     ) -> Result<Response<v1::ListPlansResponse>, Status> {
-        Err(Status::unimplemented("list_plans"))
+        let request = request.into_inner();
+        self.plan_call(PlanCall::List(request.clone()));
+        let (plans, next) = if request.page_token.is_empty() {
+            (vec![plan("plan-done", v1::PlanState::Main, 3)], "p2")
+        } else {
+            (
+                vec![plan("plan-cancelled", v1::PlanState::Cancelled, 1)],
+                "",
+            )
+        };
+        Ok(Response::new(v1::ListPlansResponse {
+            plans,
+            next_page_token: next.into(),
+        }))
     }
 
     async fn promote_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("promote_plan"))
+        self.control("promote", v1::PlanState::Main, request)
     }
 
     async fn pause_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("pause_plan"))
+        self.control("pause", v1::PlanState::Paused, request)
     }
 
     async fn resume_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("resume_plan"))
+        self.control("resume", v1::PlanState::Main, request)
     }
 
     async fn cancel_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        Err(Status::unimplemented("cancel_plan"))
+        self.control("cancel", v1::PlanState::Cancelled, request)
     }
 
+    /// Two pages: items 51 and 52, then 53.
     async fn list_compensations(
         &self,
-        _: Request<v1::ListCompensationsRequest>,
+        request: Request<v1::ListCompensationsRequest>,
     ) -> Result<Response<v1::ListCompensationsResponse>, Status> {
-        Err(Status::unimplemented("list_compensations"))
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Compensations(request.clone()));
+        let item = |id: &str| v1::PrecheckItem {
+            dead_letter_id: id.into(),
+            message_key: format!("order-{id}:refund"),
+            verdict: v1::Verdict::NeedsCompensation.into(),
+            reason: format!("refund {id} already issued by hand"),
+            destination: "payments".into(),
+            event_type: Some("payment.refunded".into()),
+        };
+        let (items, next) = if request.page_token.is_empty() {
+            (vec![item("51"), item("52")], "c2")
+        } else {
+            (vec![item("53")], "")
+        };
+        Ok(Response::new(v1::ListCompensationsResponse {
+            items,
+            next_page_token: next.into(),
+        }))
     }
 
+    /// plan-done: 6 sent, 1 skipped as stale.
     async fn get_audit_report(
         &self,
-        _: Request<v1::GetAuditReportRequest>,
+        request: Request<v1::GetAuditReportRequest>,
     ) -> Result<Response<v1::AuditReport>, Status> {
-        Err(Status::unimplemented("get_audit_report"))
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Report(request.clone()));
+        let mut done = scripted_plan(&request.plan_id, usize::MAX)?;
+        let counts = v1::ActionCounts {
+            sent: 6,
+            skipped_stale: 1,
+            ..Default::default()
+        };
+        done.counts = Some(counts);
+        Ok(Response::new(v1::AuditReport {
+            plan: Some(done),
+            counts: Some(counts),
+            sent_keys: (1..=6).map(|n| format!("order-{n}:pay")).collect(),
+            not_sent: vec![event(
+                v1::AuditAction::SkippedStale,
+                "order-7:pay",
+                "older than 2h",
+                v1::Wave::Main,
+            )],
+        }))
     }
-
     async fn replay_dead_letter(
         &self,
         _: Request<v1::ReplayDeadLetterRequest>,
@@ -314,22 +549,109 @@ impl Planner for Fake {
         Err(Status::unimplemented("repair_dead_letter"))
     }
 
+    /// plan-done: canary, main and completed snapshots (with an event after
+    /// each of the first two when asked); plan-cut: one `main` snapshot, then
+    /// the stream ends though the plan is not final.
     async fn watch_plan(
         &self,
-        _: Request<v1::WatchPlanRequest>,
+        request: Request<v1::WatchPlanRequest>,
     ) -> Result<Response<Self::WatchPlanStream>, Status> {
-        Err(Status::unimplemented("watch_plan"))
+        use v1::watch_plan_response::Update;
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Watch(request.clone()));
+        let progress = |state, done| Update::Progress(plan(&request.plan_id, state, done));
+        let updates = match request.plan_id.as_str() {
+            "plan-done" => {
+                let mut updates = vec![progress(v1::PlanState::Canary, 1)];
+                if request.include_events {
+                    updates.push(Update::Event(event(
+                        v1::AuditAction::Sent,
+                        "order-1:pay",
+                        "",
+                        v1::Wave::Canary,
+                    )));
+                }
+                updates.push(progress(v1::PlanState::Main, 4));
+                if request.include_events {
+                    updates.push(Update::Event(event(
+                        v1::AuditAction::SkippedStale,
+                        "order-7:pay",
+                        "older than 2h",
+                        v1::Wave::Main,
+                    )));
+                }
+                updates.push(progress(v1::PlanState::Completed, 7));
+                updates
+            }
+            "plan-cut" => vec![progress(v1::PlanState::Main, 3)],
+            other => return Err(Status::not_found(format!("plan {other} not found"))),
+        };
+        let stream = tokio_stream::iter(updates.into_iter().map(|update| {
+            Ok(v1::WatchPlanResponse {
+                update: Some(update),
+            })
+        }));
+        Ok(Response::new(Box::pin(stream)))
     }
 
+    /// [`CSV_CHUNKS`], or two JSON lines in two chunks.
     async fn export_audit(
         &self,
-        _: Request<v1::ExportAuditRequest>,
+        request: Request<v1::ExportAuditRequest>,
     ) -> Result<Response<Self::ExportAuditStream>, Status> {
-        Err(Status::unimplemented("export_audit"))
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Export(request.clone()));
+        let chunks: Vec<Vec<u8>> = match request.format() {
+            v1::ExportFormat::Csv => CSV_CHUNKS.iter().map(|chunk| chunk.to_vec()).collect(),
+            v1::ExportFormat::Jsonl => vec![
+                b"{\"message_key\":\"order-1:pay\",\"action\":\"sent\"}\n{\"mess".to_vec(),
+                b"age_key\":\"order-7:pay\",\"action\":\"skipped_stale\"}\n".to_vec(),
+            ],
+            v1::ExportFormat::Unspecified => {
+                return Err(Status::invalid_argument("export format unspecified"));
+            }
+        };
+        let stream = tokio_stream::iter(
+            chunks
+                .into_iter()
+                .map(|data| Ok(v1::ExportAuditChunk { data })),
+        );
+        Ok(Response::new(Box::pin(stream)))
     }
 
     type WatchPlanStream = BoxStream<v1::WatchPlanResponse>;
     type ExportAuditStream = BoxStream<v1::ExportAuditChunk>;
+}
+
+impl Fake {
+    /// A control RPC: records it and answers the plan in `state` with the
+    /// operator action.
+    #[allow(clippy::result_large_err)]
+    fn control(
+        &self,
+        method: &'static str,
+        state: v1::PlanState,
+        request: Request<v1::PlanControlRequest>,
+    ) -> Result<Response<v1::Plan>, Status> {
+        self.record(method, &request);
+        let actor = actor_of(&request);
+        let request = request.into_inner();
+        self.plan_call(PlanCall::Control(method, request.clone()));
+        let mut answer = plan(&request.plan_id, state, 3);
+        if matches!(state, v1::PlanState::Paused | v1::PlanState::Cancelled) {
+            answer.state_reason = request.reason.clone();
+        }
+        answer.actions.push(v1::OperatorAction {
+            action: method.into(),
+            actor,
+            reason: request.reason,
+            at: Some(prost_types::Timestamp {
+                seconds: 1_714_565_400,
+                nanos: 0,
+            }),
+        });
+        Ok(Response::new(answer))
+    }
 }
 
 async fn serve(fake: Fake) -> SocketAddr {
@@ -886,4 +1208,654 @@ async fn bad_precheck_flags_exit_64_before_any_call() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
     assert!(fake.actors().is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// Plans
+// ---------------------------------------------------------------------------
+
+fn stdout_json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "{error}: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_create_sends_the_flags_and_prints_the_plan() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &[
+            "plan",
+            "create",
+            "--precheck",
+            PRECHECK_ID,
+            "--rate",
+            "12.5",
+            "--burst",
+            "5",
+            "--rationale",
+            "payments-api sustains 300/s, peak 200/s",
+            "--destination",
+            "redirect:quarantine/",
+            "--slice-size",
+            "50",
+            "--canary-fraction",
+            "0.05",
+            "--observe",
+            "30m",
+            "--json",
+            "--actor",
+            "alice",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        fake.plan_calls(),
+        [PlanCall::Create(v1::CreatePlanRequest {
+            precheck_id: PRECHECK_ID.into(),
+            rate: Some(v1::Rate {
+                per_second: 12.5,
+                burst: 5,
+                rationale: "payments-api sustains 300/s, peak 200/s".into(),
+            }),
+            destination: Some(v1::Destination {
+                mode: Some(v1::destination::Mode::Redirect(v1::RedirectDestination {
+                    exchange: "quarantine".into(),
+                    routing_key: String::new(),
+                })),
+            }),
+            slice_size: 50,
+            canary_fraction: Some(0.05),
+            observe_for: Some(prost_types::Duration {
+                seconds: 1800,
+                nanos: 0,
+            }),
+        })]
+    );
+    let plan = stdout_json(&output);
+    assert_eq!(plan["plan_id"], "plan-new");
+    assert_eq!(plan["state"], "awaiting_approval");
+    assert_eq!(plan["precheck_digest"], DIGEST);
+    assert_eq!(
+        plan["rate"],
+        serde_json::json!({"per_second": 12.5, "burst": 5,
+                           "rationale": "payments-api sustains 300/s, peak 200/s"})
+    );
+    assert_eq!(
+        plan["destination"],
+        serde_json::json!({"redirect": {"exchange": "quarantine", "routing_key": ""}})
+    );
+    assert_eq!(plan["observe_for_seconds"], 1800);
+    assert_eq!(plan["created_by"], "alice");
+    assert_eq!(
+        plan["counts"],
+        serde_json::json!({
+            "sent": 0, "skipped_duplicate": 0, "skipped_stale": 0, "skipped_state": 0,
+            "needs_compensation": 0, "failed": 0, "unroutable": 0, "uncertain": 0,
+        })
+    );
+
+    // People get the plan and the command to approve it; defaults left unset.
+    let output = redrivectl(
+        address,
+        &[
+            "plan",
+            "create",
+            "--precheck",
+            PRECHECK_ID,
+            "--rate",
+            "50",
+            "--burst",
+            "10",
+            "--rationale",
+            "r",
+        ],
+        "",
+    )
+    .await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    for expected in [
+        "plan id:      plan-new",
+        "state:        awaiting_approval",
+        "rate:         50/s, burst 10",
+        "rationale:    r",
+        "destination:  queue",
+        "items:        7 total, 1 in the canary (1% of the items)",
+        "WARNING: 2 of 9 items are not replayable and stay out",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
+    }
+    assert!(
+        stdout.ends_with(&format!(
+            "\nnext: redrivectl plan approve plan-new --digest {DIGEST}\n"
+        )),
+        "{stdout}"
+    );
+    let PlanCall::Create(request) = &fake.plan_calls()[1] else {
+        panic!("not create");
+    };
+    assert_eq!(
+        (
+            request.slice_size,
+            request.canary_fraction,
+            request.observe_for
+        ),
+        (0, None, None)
+    );
+    assert_eq!(
+        request.destination,
+        Some(v1::Destination {
+            mode: Some(v1::destination::Mode::Queue(v1::QueueDestination {})),
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_plan_flags_exit_64_before_any_call() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let create = |extra: &[&'static str]| {
+        let mut args = vec![
+            "plan",
+            "create",
+            "--precheck",
+            PRECHECK_ID,
+            "--rate",
+            "50",
+            "--burst",
+            "10",
+            "--rationale",
+            "r",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    for (args, expected) in [
+        (create(&["--rate", "0"]), "--rate <PER_SECOND>"),
+        (create(&["--burst", "0"]), "--burst <N>"),
+        (create(&["--rationale", "  "]), "--rationale <TEXT>"),
+        (
+            create(&["--destination", "redirect:quarantine"]),
+            "--destination <DESTINATION>",
+        ),
+        (
+            create(&["--canary-fraction", "1.5"]),
+            "--canary-fraction <F>",
+        ),
+        (create(&["--observe", "0s"]), "--observe <DURATION>"),
+        (
+            vec!["plan", "wait", "plan-done", "--timeout", "never"],
+            "--timeout <DURATION>",
+        ),
+        (
+            vec!["plan", "list", "--state", "running"],
+            "valid names: awaiting_approval",
+        ),
+        (
+            vec!["plan", "report", "plan-done", "--format", "xml"],
+            "--format <FORMAT>",
+        ),
+        (vec!["plan", "approve", "plan-new"], "--digest <DIGEST>"),
+    ] {
+        let output = redrivectl(address, &args, "").await;
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    assert!(fake.plan_calls().is_empty());
+    assert!(fake.actors().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let wait = |plan_id: &'static str, extra: &[&'static str]| {
+        let mut args = vec!["plan", "wait", plan_id, "--interval", "10ms", "--json"];
+        args.extend_from_slice(extra);
+        args
+    };
+
+    // Completed: exit 0, the final plan on stdout.
+    let output = redrivectl(address, &wait("plan-done", &[]), "").await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(stdout_json(&output)["state"], "completed");
+    assert!(output.stderr.is_empty());
+    assert_eq!(fake.polls("plan-done"), 3);
+
+    // Paused is not final: the wait goes on until it completes.
+    let output = redrivectl(address, &wait("plan-paused", &[]), "").await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(fake.polls("plan-paused"), 3);
+
+    // Cancelled or aborted: exit 1, the plan on stdout, why on stderr.
+    let output = redrivectl(address, &wait("plan-cancelled", &[]), "").await;
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(stdout_json(&output)["state"], "cancelled");
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "redrivectl: plan plan-cancelled ended cancelled (wrong selection), not completed\n"
+    );
+    let output = redrivectl(address, &["plan", "wait", "plan-aborted"], "").await;
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.contains("state:        aborted (canary gate: 1 failed)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with("next: redrivectl plan report plan-aborted\n"),
+        "{stdout}"
+    );
+
+    // Timeout: exit 75 with the last plan seen.
+    let output = redrivectl(address, &wait("plan-slow", &["--timeout", "2s"]), "").await;
+    assert_eq!(output.status.code(), Some(75));
+    assert_eq!(stdout_json(&output)["state"], "main");
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "redrivectl: timed out after 2s: plan plan-slow is still main (--timeout)\n"
+    );
+    assert!(fake.polls("plan-slow") >= 2);
+
+    // A planner that is briefly unavailable is waited for.
+    let output = redrivectl(address, &wait("plan-flaky", &[]), "").await;
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("unavailable (planner restarting); still waiting"),
+        "{stderr}"
+    );
+
+    // An unknown plan is not found at once.
+    let output = redrivectl(address, &wait("plan-nope", &["--timeout", "5s"]), "").await;
+    assert_eq!(output.status.code(), Some(65));
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "redrivectl: not_found: plan plan-nope not found\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_watch_prints_one_line_per_update() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &["plan", "watch", "plan-done", "--events", "--json"],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kinds: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|line| {
+            let object = line.as_object().unwrap();
+            assert_eq!(object.len(), 1, "{line}");
+            let (kind, value) = object.iter().next().unwrap();
+            let detail = match kind.as_str() {
+                "progress" => value["state"].as_str().unwrap(),
+                _ => value["action"].as_str().unwrap(),
+            };
+            (kind.as_str(), detail)
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("progress", "canary"),
+            ("event", "sent"),
+            ("progress", "main"),
+            ("event", "skipped_stale"),
+            ("progress", "completed"),
+        ]
+    );
+    assert_eq!(lines[4]["progress"]["items_done"], 7);
+    assert_eq!(lines[4]["progress"]["counts"]["sent"], 7);
+    assert_eq!(
+        lines[3]["event"],
+        serde_json::json!({
+            "plan_id": "plan-done", "slice_id": "slice-1", "dead_letter_id": "41",
+            "message_key": "order-7:pay", "action": "skipped_stale", "reason": "older than 2h",
+            "wave": "main", "executor_id": "executor-1", "attempt": 1,
+            "confirm_latency_us": 900, "at": "2024-05-01T12:03:20Z",
+        })
+    );
+    assert_eq!(
+        fake.plan_calls(),
+        [PlanCall::Watch(v1::WatchPlanRequest {
+            plan_id: "plan-done".into(),
+            include_events: true,
+        })]
+    );
+    // The last snapshot was final: no GetPlan needed.
+    assert_eq!(fake.polls("plan-done"), 0);
+
+    // Not a terminal: one line per update, then the final state.
+    let output = redrivectl(address, &["plan", "watch", "plan-done"], "").await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "canary  1/7 14.3%  sent 1\n\
+         main  4/7 57.1%  sent 4\n\
+         completed  7/7 100.0%  sent 7\n\
+         plan plan-done completed\n"
+    );
+    let output = redrivectl(address, &["plan", "watch", "plan-done", "--events"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.contains(
+            "main  4/7 57.1%  sent 4\n2024-05-01T12:03:20Z skipped_stale order-7:pay older than 2h\n"
+        ),
+        "{stdout}"
+    );
+
+    // A stream that ends before the plan is final: watch again.
+    let output = redrivectl(address, &["plan", "watch", "plan-cut"], "").await;
+    assert_eq!(output.status.code(), Some(69));
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "main  3/7 42.9%  sent 3\n"
+    );
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "redrivectl: unavailable: the watch stream ended while plan plan-cut is still main; \
+         run `redrivectl plan watch plan-cut` again\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_report_csv_and_jsonl_pass_the_export_through_byte_for_byte() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let expected: Vec<u8> = CSV_CHUNKS.concat();
+    for args in [
+        &["plan", "report", "plan-done", "--format", "csv"][..],
+        // The export is the export, --json or not.
+        &["plan", "report", "plan-done", "--format", "csv", "--json"],
+    ] {
+        let output = redrivectl(address, args, "").await;
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        assert_eq!(output.stdout, expected, "{args:?}");
+    }
+    let output = redrivectl(
+        address,
+        &["plan", "report", "plan-done", "--format", "jsonl"],
+        "",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "{\"message_key\":\"order-1:pay\",\"action\":\"sent\"}\n\
+         {\"message_key\":\"order-7:pay\",\"action\":\"skipped_stale\"}\n"
+    );
+    let export = |format: v1::ExportFormat| {
+        PlanCall::Export(v1::ExportAuditRequest {
+            plan_id: "plan-done".into(),
+            format: format.into(),
+        })
+    };
+    assert_eq!(
+        fake.plan_calls(),
+        [
+            export(v1::ExportFormat::Csv),
+            export(v1::ExportFormat::Csv),
+            export(v1::ExportFormat::Jsonl),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_report_json_and_text() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(address, &["plan", "report", "plan-done", "--json"], "").await;
+    assert_eq!(output.status.code(), Some(0));
+    let report = stdout_json(&output);
+    assert_eq!(
+        report.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["counts", "not_sent", "plan", "sent_keys"]
+    );
+    assert_eq!(report["plan"]["state"], "completed");
+    assert_eq!(report["counts"]["sent"], 6);
+    assert_eq!(report["counts"]["uncertain"], 0);
+    assert_eq!(report["sent_keys"].as_array().unwrap().len(), 6);
+    assert_eq!(report["sent_keys"][0], "order-1:pay");
+    assert_eq!(report["not_sent"][0]["reason"], "older than 2h");
+    // --format json without --json is the same document.
+    let output = redrivectl(
+        address,
+        &["plan", "report", "plan-done", "--format", "json"],
+        "",
+    )
+    .await;
+    assert_eq!(stdout_json(&output), report);
+
+    let output = redrivectl(address, &["plan", "report", "plan-done"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    for expected in [
+        "state:        completed",
+        "sent                6",
+        "skipped_stale       1",
+        "sent keys: 6\n  order-1:pay\n",
+        "not sent: 1",
+        "41              order-7:pay  skipped_stale  main  2024-05-01T12:03:20Z  older than 2h",
+        "redrivectl plan report plan-done --format csv",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
+    }
+    assert!(
+        fake.plan_calls()
+            .iter()
+            .all(|call| matches!(call, PlanCall::Report(_)))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &[
+            "plan", "approve", "plan-new", "--digest", DIGEST, "--actor", "bob", "--json",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    let plan = stdout_json(&output);
+    assert_eq!(
+        (plan["state"].clone(), plan["approved_by"].clone()),
+        ("canary".into(), "bob".into())
+    );
+
+    // A digest that does not match is refused by the planner (exit 1).
+    let output = redrivectl(
+        address,
+        &["plan", "approve", "plan-new", "--digest", "0000"],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "redrivectl: failed_precondition: digest 0000 is not the precheck's digest 9f86d081\n"
+    );
+
+    for (command, state) in [
+        ("promote", "main"),
+        ("pause", "paused"),
+        ("resume", "main"),
+        ("cancel", "cancelled"),
+    ] {
+        let output = redrivectl(
+            address,
+            &[
+                "plan",
+                command,
+                "plan-done",
+                "--reason",
+                "downstream alarm",
+                "--json",
+            ],
+            "",
+        )
+        .await;
+        assert_eq!(output.status.code(), Some(0), "{command}");
+        let plan = stdout_json(&output);
+        assert_eq!(plan["state"], state, "{command}");
+        assert_eq!(
+            plan["actions"],
+            serde_json::json!([{"action": command, "actor": "tester",
+                               "reason": "downstream alarm", "at": "2024-05-01T12:10:00Z"}])
+        );
+    }
+    let output = redrivectl(address, &["plan", "pause", "plan-done"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("state:        paused\n"), "{stdout}");
+    assert!(
+        stdout.ends_with("next: redrivectl plan resume plan-done --reason TEXT\n"),
+        "{stdout}"
+    );
+
+    let control = |method, reason: &str| {
+        PlanCall::Control(
+            method,
+            v1::PlanControlRequest {
+                plan_id: "plan-done".into(),
+                reason: reason.into(),
+            },
+        )
+    };
+    let approve = |digest: &str| {
+        PlanCall::Approve(v1::ApprovePlanRequest {
+            plan_id: "plan-new".into(),
+            digest: digest.into(),
+        })
+    };
+    assert_eq!(
+        fake.plan_calls(),
+        [
+            approve(DIGEST),
+            approve("0000"),
+            control("promote", "downstream alarm"),
+            control("pause", "downstream alarm"),
+            control("resume", "downstream alarm"),
+            control("cancel", "downstream alarm"),
+            control("pause", ""),
+        ]
+    );
+    let actors = fake.actors();
+    assert_eq!(actors[0], ("approve_plan", Some("bob".to_owned())));
+    assert_eq!(actors[2], ("promote", Some("tester".to_owned())));
+
+    // status (alias show) is GetPlan.
+    let output = redrivectl(address, &["plan", "show", "plan-done", "--json"], "").await;
+    assert_eq!(stdout_json(&output)["state"], "main");
+    let output = redrivectl(address, &["plan", "status", "plan-nope"], "").await;
+    assert_eq!(output.status.code(), Some(65));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_list_and_compensations_follow_pages() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &[
+            "plan",
+            "list",
+            "--state",
+            "main",
+            "--state",
+            "cancelled",
+            "--page-size",
+            "1",
+            "--all",
+            "--json",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    let listed = stdout_json(&output);
+    let states: Vec<(&str, &str)> = listed["plans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|plan| {
+            (
+                plan["plan_id"].as_str().unwrap(),
+                plan["state"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [("plan-done", "main"), ("plan-cancelled", "cancelled")]
+    );
+    assert_eq!(listed["next_page_token"], "");
+    let list = |token: &str| {
+        PlanCall::List(v1::ListPlansRequest {
+            states: vec![v1::PlanState::Main.into(), v1::PlanState::Cancelled.into()],
+            page_size: 1,
+            page_token: token.into(),
+        })
+    };
+    assert_eq!(fake.plan_calls(), [list(""), list("p2")]);
+
+    let output = redrivectl(address, &["plan", "list"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("PLAN_ID    STATE  DONE         RATE  DESTINATION  CREATED_BY"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("plan-done  main   3/7 (42.9%)  50/s  queue        alice"),
+        "{stdout}"
+    );
+    assert_eq!(lines[2], "next page token: p2");
+
+    let output = redrivectl(
+        address,
+        &["plan", "compensations", "plan-done", "--all", "--json"],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    let items = stdout_json(&output);
+    assert_eq!(items["items"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        items["items"][2],
+        serde_json::json!({
+            "dead_letter_id": "53", "message_key": "order-53:refund",
+            "verdict": "needs_compensation", "reason": "refund 53 already issued by hand",
+            "destination": "payments", "event_type": "payment.refunded",
+        })
+    );
+    assert_eq!(items["next_page_token"], "");
+    let output = redrivectl(address, &["plan", "compensations", "plan-done"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.contains("51              needs_compensation  order-51:refund"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("next page token: c2\n"), "{stdout}");
 }

@@ -1,23 +1,36 @@
 //! The Redrive executor: claims slices of approved plans from the planner's
 //! `Coordinator` service under leases and publishes them with publisher
 //! confirms under a shared token bucket (DESIGN.md, "Executor loop and
-//! guarantees").
-//!
-//! Replay execution is later work: for now the executor connects, asks the
-//! planner for a slice and stops with the planner's answer, so nothing pretends
-//! to replay.
+//! guarantees"). It holds no durable state: the planner owns slices, leases and
+//! item states; Redis holds the shared bucket and the replay keys.
 //!
 //! # Layout
-//! - [`Config`]: flags and validation.
-//! - [`run`]: the claim loop.
+//! - [`Config`] and [`run`]: flags, validation, start-up.
+//! - [`worker`]: the claim → publish → confirm → report loop.
+//! - [`publisher`]: publishing with publisher confirms and a confirm window.
+//! - [`bucket`]: the GCRA token bucket in Redis (or in-process without Redis).
+//! - [`replay_keys`]: the record of sent message keys in Redis.
+//! - [`message`]: the replayed message's properties and headers.
+
+pub mod bucket;
+pub mod message;
+pub mod publisher;
+pub mod replay_keys;
+pub mod worker;
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use redrive_proto::v1::{ClaimSliceRequest, coordinator_client::CoordinatorClient};
+use redrive_proto::v1::coordinator_client::CoordinatorClient;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
+
+use crate::{
+    bucket::{Bucket, DEFAULT_CALL_TIMEOUT, LocalBucket, RedisBucket, connect_redis},
+    replay_keys::ReplayKeys,
+    worker::{Worker, WorkerSettings},
+};
 
 /// `redrive-executor` settings.
 #[derive(Debug, Clone, Parser)]
@@ -43,17 +56,45 @@ pub struct Config {
     )]
     pub amqp_url: String,
 
-    /// Redis URL of the shared token bucket; without it the executor runs in
-    /// single-executor mode.
+    /// Redis URL of the shared token bucket and replay keys. Without it the
+    /// executor runs in single-executor mode (in-process limiter, the planner's
+    /// record of sent keys): run only one such executor.
     #[arg(long, env = "REDRIVE_REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// Prefix of this deployment's Redis keys (bucket and replay keys).
+    #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
+    pub redis_prefix: String,
 
     /// This executor's id in leases and audit events (default: a random one).
     #[arg(long, env = "REDRIVE_EXECUTOR_ID")]
     pub executor_id: Option<String>,
+
+    /// Publishes in flight at once (the confirm window).
+    #[arg(long, env = "REDRIVE_WINDOW", default_value_t = 256)]
+    pub window: usize,
+
+    /// Attempts before a nacked message is reported failed.
+    #[arg(long, env = "REDRIVE_MAX_ATTEMPTS", default_value_t = 5)]
+    pub max_attempts: u32,
+
+    /// Days a sent message key stays in Redis's replay keys.
+    #[arg(long, env = "REDRIVE_REPLAY_KEY_TTL_DAYS", default_value_t = 7)]
+    pub replay_key_ttl_days: u64,
+
+    /// Seconds a slice claim waits for work (long poll).
+    #[arg(long, env = "REDRIVE_CLAIM_WAIT_SECONDS", default_value_t = 20)]
+    pub claim_wait_seconds: u64,
 }
 
 impl Config {
+    /// The defaults pointed at `planner` (tests build configs this way).
+    pub fn for_planner(planner: impl Into<String>) -> Self {
+        let mut config = Self::parse_from(["redrive-executor"]);
+        config.planner = planner.into();
+        config
+    }
+
     /// Checks what clap cannot.
     ///
     /// # Errors
@@ -79,38 +120,84 @@ impl Config {
                 "invalid setting --redis-url: {redis:?} is not a redis:// URL"
             ));
         }
+        if self.window == 0 {
+            return Err("invalid setting --window: must be at least 1".to_owned());
+        }
+        if self.max_attempts == 0 {
+            return Err("invalid setting --max-attempts: must be at least 1".to_owned());
+        }
+        if self.replay_key_ttl_days == 0 {
+            return Err("invalid setting --replay-key-ttl-days: must be at least 1".to_owned());
+        }
+        if self.claim_wait_seconds == 0 || self.claim_wait_seconds > 30 {
+            return Err("invalid setting --claim-wait-seconds: 1 to 30".to_owned());
+        }
         Ok(())
     }
 }
 
-/// Claims slices until `shutdown`.
+/// Runs the executor until `shutdown`: connects to Redis (waiting while it is
+/// unreachable: without the bucket nothing is published), then claims and
+/// replays slices.
 ///
 /// # Errors
-/// The planner unreachable, or answering that replay execution is not built.
+/// An invalid configuration or planner URL.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    config.validate().map_err(anyhow::Error::msg)?;
     let executor_id = config
         .executor_id
         .clone()
         .unwrap_or_else(|| format!("executor-{}", uuid::Uuid::new_v4()));
-    let mut coordinator = CoordinatorClient::connect(config.planner.clone())
-        .await
-        .with_context(|| format!("cannot reach the planner at {}", config.planner))?;
-    info!(executor.id = %executor_id, planner = %config.planner, "executor claiming");
-    let claim = coordinator.claim_slice(ClaimSliceRequest {
-        executor_id: executor_id.clone(),
-        wait: Some(redrive_proto::time::duration(Duration::from_secs(20))),
-    });
-    let answer = tokio::select! {
-        () = shutdown.cancelled() => return Ok(()),
-        answer = claim => answer,
-    };
-    match answer {
-        Ok(_) => {
-            anyhow::bail!("the planner handed out a slice, but this executor cannot replay yet")
+    let channel = tonic::transport::Endpoint::from_shared(config.planner.clone())
+        .with_context(|| format!("invalid setting --planner: {}", config.planner))?
+        .tcp_nodelay(true)
+        .connect_lazy();
+    let coordinator = CoordinatorClient::new(channel)
+        .max_decoding_message_size(256 * 1024 * 1024)
+        .max_encoding_message_size(64 * 1024 * 1024);
+    let (bucket, replay_keys) = match &config.redis_url {
+        None => {
+            info!(
+                "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
+            );
+            (Bucket::Local(LocalBucket::new()), None)
         }
-        Err(status) => anyhow::bail!(
-            "the planner refused to hand out slices: {}",
-            status.message()
-        ),
-    }
+        Some(redis_url) => {
+            let mut backoff = Duration::from_millis(200);
+            let connection = loop {
+                match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
+                    Ok(connection) => break connection,
+                    Err(error) => {
+                        warn!(%error, "Redis unreachable: not publishing until it is back");
+                        tokio::select! {
+                            () = shutdown.cancelled() => return Ok(()),
+                            () = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            };
+            let bucket = RedisBucket::new(
+                connection.clone(),
+                format!("{}bucket:", config.redis_prefix),
+                DEFAULT_CALL_TIMEOUT,
+            );
+            let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
+            let replay_keys = ReplayKeys::new(connection, config.redis_prefix.clone(), ttl)
+                .map_err(anyhow::Error::msg)?;
+            (Bucket::Redis(bucket), Some(replay_keys))
+        }
+    };
+    info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
+    let settings = WorkerSettings {
+        executor_id,
+        amqp_url: config.amqp_url.clone(),
+        window: config.window,
+        max_attempts: config.max_attempts,
+        claim_wait: Duration::from_secs(config.claim_wait_seconds),
+    };
+    Worker::new(settings, coordinator, bucket, replay_keys)
+        .run(shutdown)
+        .await;
+    Ok(())
 }

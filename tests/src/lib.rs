@@ -515,3 +515,72 @@ impl DlqTopology {
         Ok(())
     }
 }
+
+/// An executor running in-process.
+pub struct ExecutorHandle {
+    /// Cancels it (SIGTERM semantics: finish in-flight confirms, report, release).
+    pub shutdown: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl ExecutorHandle {
+    /// Starts an executor with `config`.
+    pub fn start(config: redrive_executor::Config) -> Self {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(redrive_executor::run(config, shutdown.clone()));
+        Self { shutdown, task }
+    }
+
+    /// An executor config for `planner`, with Redis at `redis_url` under a
+    /// unique key prefix (or single-executor mode with `None`).
+    pub fn config(
+        planner: &PlannerHandle,
+        redis: Option<(&str, &str)>,
+    ) -> redrive_executor::Config {
+        let mut config = redrive_executor::Config::for_planner(planner.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        config.claim_wait_seconds = 1;
+        if let Some((url, prefix)) = redis {
+            config.redis_url = Some(url.to_owned());
+            config.redis_prefix = prefix.to_owned();
+        }
+        config
+    }
+
+    /// Graceful stop, as on SIGTERM.
+    ///
+    /// # Errors
+    /// What `run` returned.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.task.await?
+    }
+
+    /// A crash: the task is dropped mid-work, nothing is released or reported.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+}
+
+/// The local Redis.
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+/// Deletes every Redis key under `prefix`.
+///
+/// # Errors
+/// Redis errors.
+pub async fn redis_cleanup(prefix: &str) -> anyhow::Result<()> {
+    let client = redis::Client::open(REDIS_URL)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut connection)
+        .await?;
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(keys)
+            .query_async(&mut connection)
+            .await?;
+    }
+    Ok(())
+}

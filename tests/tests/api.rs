@@ -266,7 +266,7 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .unwrap_err();
     assert_eq!(later.code(), Code::Unimplemented);
     assert!(
-        later.message().contains("replay plans"),
+        later.message().contains("single replay"),
         "{}",
         later.message()
     );

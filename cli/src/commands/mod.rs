@@ -2,15 +2,15 @@
 //!
 //! Each subcommand lives in its own module, parses its own flags (clap
 //! derive), talks to the planner through [`crate::client`] and renders through
-//! [`crate::output`]. A new command (`plan`, ...) is a new module and a new
-//! [`Command`] variant; selector flags come from
-//! [`crate::selector::SelectorArgs`].
+//! [`crate::output`]. A new command is a new module and a new [`Command`]
+//! variant; selector flags come from [`crate::selector::SelectorArgs`].
 
 pub mod dead_letters;
 pub mod import;
+pub mod plan;
 pub mod precheck;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use clap::{Parser, Subcommand};
 
@@ -24,10 +24,11 @@ use crate::{
 #[command(
     name = "redrivectl",
     version,
-    about = "Redrive's operator CLI: capture, inspect, precheck and (later) replay dead letters",
-    after_help = "Exit codes: 0 ok, 1 other gRPC error, 64 bad usage, 65 refused input \
-                  (invalid argument, not found, rejected import lines), 66 input file missing, \
-                  69 planner unreachable or unavailable, 74 I/O error."
+    about = "Redrive's operator CLI: capture, inspect, precheck and replay dead letters",
+    after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled \
+                  or aborted), 64 bad usage, 65 refused input (invalid argument, not found, \
+                  rejected import lines), 66 input file missing, 69 planner unreachable or \
+                  unavailable, 74 I/O error, 75 `plan wait --timeout` ran out."
 )]
 pub struct Cli {
     /// Planner gRPC endpoint.
@@ -79,6 +80,9 @@ pub enum Command {
     /// Dry-run a replay: give every selected dead letter a verdict (or show a
     /// stored precheck, or list its items).
     Precheck(precheck::PrecheckArgs),
+    /// Replay plans: create, approve, watch, wait, control, report.
+    #[command(subcommand)]
+    Plan(plan::PlanCommand),
 }
 
 impl Cli {
@@ -91,7 +95,8 @@ impl Cli {
 }
 
 /// Runs the command `cli` names, writing its output to `out`; the `Ok` value is
-/// the exit code (0, or 65 when an import rejected lines).
+/// the exit code (0, or 65 when an import rejected lines). `plan watch` draws
+/// a progress bar when stdout is a terminal.
 ///
 /// # Errors
 /// Whatever ends the command early; [`CliError::exit_code`] says how to exit.
@@ -114,6 +119,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let command = args.into_command()?;
             let mut planner = client::connect(&cli.planner, &actor).await?;
             precheck::run(&mut planner, command, cli.json, out).await
+        }
+        Command::Plan(command) => {
+            let mut planner = client::connect(&cli.planner, &actor).await?;
+            let tty = std::io::stdout().is_terminal();
+            plan::run(&mut planner, command, cli.json, tty, out).await
         }
     }
 }
@@ -238,6 +248,23 @@ mod tests {
                 .unwrap_or_else(|| panic!("{args:?} parsed"));
             assert_eq!(error.exit_code(), crate::error::EX_USAGE, "{args:?}");
         }
+    }
+
+    #[test]
+    fn plan_commands_take_global_flags_anywhere() {
+        let cli = parse(&["plan", "--json", "wait", "p-1", "--timeout", "1m"]).unwrap();
+        assert!(cli.json);
+        let Command::Plan(plan::PlanCommand::Wait(args)) = cli.command else {
+            panic!("not plan wait");
+        };
+        assert_eq!(args.timeout, Some(std::time::Duration::from_secs(60)));
+        let cli = parse(&["plan", "show", "p-1", "--actor", "bob"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Plan(plan::PlanCommand::Status(_))
+        ));
+        assert_eq!(cli.actor(), "bob");
+        assert!(parse(&["plan"]).unwrap_err().use_stderr());
     }
 
     #[test]

@@ -791,7 +791,8 @@ struct ItemsQuery {
     all: bool,
 }
 
-const ITEM_COLUMNS: &[&str] = &[
+/// The `items` table columns (also `plan compensations`).
+pub(crate) const ITEM_COLUMNS: &[&str] = &[
     "dead_letter_id",
     "verdict",
     "message_key",
@@ -859,7 +860,7 @@ async fn items(
 }
 
 /// One `items` table row, in [`ITEM_COLUMNS`] order.
-fn item_row(item: &PrecheckItem) -> Vec<String> {
+pub(crate) fn item_row(item: &PrecheckItem) -> Vec<String> {
     vec![
         item.dead_letter_id.clone(),
         item.verdict().name().to_owned(),

@@ -110,9 +110,11 @@ impl Store {
         executor_id: &str,
         ttl: Duration,
     ) -> Result<Option<LeasedSlice>, StoreError> {
+        let mut transaction = self.pool().begin().await?;
         let row = sqlx::query(
             "WITH candidate AS ( \
-                SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
+                SELECT s.id, s.state AS previous_state, s.lease_owner AS previous_owner \
+                FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
                 WHERE (p.state = 'main' OR (p.state = 'canary' AND s.wave = 'canary')) \
                   AND (s.state = 'pending' OR (s.state = 'leased' AND s.lease_expires_at < now())) \
                 ORDER BY p.approved_at, p.id, s.seq \
@@ -121,13 +123,42 @@ impl Store {
                 lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1 \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
-                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key",
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
+                candidate.previous_state, candidate.previous_owner",
         )
         .bind(executor_id)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *transaction)
         .await?;
-        row.map(|row| leased_slice(&row)).transpose()
+        let Some(row) = row else { return Ok(None) };
+        let slice = leased_slice(&row)?;
+        let previous_state: String = row.try_get("previous_state")?;
+        if previous_state == "leased" {
+            // Taken over from an executor whose lease expired: whatever it had
+            // not reported may have been published. Those items are uncertain
+            // and published again with the same message id, and the audit says so.
+            let previous_owner: String = row
+                .try_get::<Option<String>, _>("previous_owner")?
+                .unwrap_or_default();
+            sqlx::query(
+                "WITH taken AS ( \
+                    UPDATE plan_items SET state = 'uncertain' WHERE slice_id = $1 AND state = 'pending' \
+                    RETURNING dead_letter_id, message_key, attempts) \
+                 INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
+                    executor_id, attempt) \
+                 SELECT $2, $1, dead_letter_id, message_key, 'uncertain', \
+                    'the lease of ' || $3 || ' expired before this item was reported: it may have been published; \
+publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM taken",
+            )
+            .bind(slice.slice_id)
+            .bind(slice.plan_id)
+            .bind(&previous_owner)
+            .bind(&slice.wave)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(Some(slice))
     }
 
     /// The items of `slice_id` still to publish (pending or uncertain), in order.
@@ -312,6 +343,12 @@ impl Store {
         release: bool,
     ) -> Result<Result<(), StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
+        // Completions of one plan serialize on the plan row, so the last one
+        // sees every other slice completed and completes the plan.
+        sqlx::query("SELECT 1 FROM plans WHERE id = (SELECT plan_id FROM plan_slices WHERE id = $1) FOR NO KEY UPDATE")
+            .bind(slice_id)
+            .execute(&mut *transaction)
+            .await?;
         let plan_id: Option<Uuid> = sqlx::query_scalar(
             "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND state = 'leased' FOR UPDATE",
         )

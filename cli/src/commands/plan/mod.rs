@@ -1,0 +1,954 @@
+//! `redrivectl plan`: replay plans, from creation to the audit report
+//! (`CreatePlan`, `ApprovePlan`, `GetPlan`, `ListPlans`, `WatchPlan`,
+//! `PromotePlan`, `PausePlan`, `ResumePlan`, `CancelPlan`,
+//! `ListCompensations`, `GetAuditReport`, `ExportAudit`).
+//!
+//! ```text
+//! redrivectl plan create --precheck ID --rate N --burst N --rationale TEXT
+//!            [--destination queue|exchange|redirect:EXCHANGE/ROUTING_KEY] [--slice-size N]
+//!            [--canary-fraction F] [--observe DUR]
+//! redrivectl plan approve ID --digest D
+//! redrivectl plan status ID                      (alias: show)
+//! redrivectl plan list [--state S]... [--page-size N] [--page-token T] [--all]
+//! redrivectl plan watch ID [--events]
+//! redrivectl plan wait ID [--timeout DUR] [--interval DUR]
+//! redrivectl plan report ID [--format text|json|jsonl|csv]
+//! redrivectl plan promote|pause|resume|cancel ID [--reason TEXT]
+//! redrivectl plan compensations ID [--page-size N] [--page-token T] [--all]
+//! ```
+//!
+//! # `create`
+//! | flag | `CreatePlanRequest` field |
+//! | --- | --- |
+//! | `--precheck ID` | `precheck_id` (required) |
+//! | `--rate N` | `rate.per_second`: messages per second, a number above zero (`0.5` is one every 2 s) (required) |
+//! | `--burst N` | `rate.burst`: messages that may go at once, ≥ 1 (required) |
+//! | `--rationale TEXT` | `rate.rationale`: how the rate follows from the downstream's capacity; not blank (required) |
+//! | `--destination D` | `destination`: `queue` (default: the queue each message died in), `exchange` (the exchange and routing keys of its death) or `redirect:EXCHANGE/ROUTING_KEY` (split at the first `/`; the routing key may be empty, `redirect:quarantine/`; an empty exchange is the default exchange, `redirect:/parking` routes to queue `parking`) |
+//! | `--slice-size N` | `slice_size`, ≥ 1 (planner default 100) |
+//! | `--canary-fraction F` | `canary_fraction`, 0 < F ≤ 1 (planner default 0.01, at least one item) |
+//! | `--observe DUR` | `observe_for`, positive humantime (planner default 15 min) |
+//!
+//! A bad value is a usage error naming the flag (exit 64), before any call.
+//! It prints the plan and `next: redrivectl plan approve ID --digest D`.
+//!
+//! # Output
+//! `create`, `approve`, `status`, `promote`, `pause`, `resume`, `cancel` and
+//! `wait` print the plan: key fields, counts per action (all eight), operator
+//! actions, warnings, and a `next:` hint for its state; `--json` prints one
+//! plan ([`view`] has the stable shapes). `list` prints a table (`--json`:
+//! `{"plans": [plan, ...], "next_page_token": "..."}`), `compensations` the
+//! precheck item table (`--json`: `{"items": [{"dead_letter_id",
+//! "message_key", "verdict", "reason", "destination", "event_type"}],
+//! "next_page_token": "..."}`).
+//!
+//! # `watch`
+//! Follows `WatchPlan` until the planner ends the stream (the plan is final),
+//! then prints `plan ID STATE` and exits 0 whatever the state. On a terminal
+//! one progress line is redrawn in place (`[####----] main 450/1000 45.0%
+//! sent 440 skipped_stale 10`, the counts that are not zero); elsewhere one
+//! line per change. `--events` also asks for the audit events and prints each
+//! (`AT ACTION KEY REASON`). `--json`: one object per line,
+//! `{"progress": plan}` or `{"event": audit event}`. A stream that ends while
+//! the plan is not final is `unavailable` (exit 69): watch again.
+//!
+//! # `wait`
+//! Polls `GetPlan` every `--interval` (default 1 s) until the plan is final,
+//! then prints it. Exit 0 when `completed`; 1 when `cancelled` or `aborted`
+//! (with `plan ID ended STATE (reason), not completed` on stderr); `paused` is
+//! not final (it can be resumed), so the wait goes on. `--timeout DUR`: exit
+//! 75 when it runs out, after printing the last plan seen. An `unavailable`
+//! planner is retried until the timeout.
+//!
+//! # `report`
+//! `--format text` (the default; `json` with `--json`): `GetAuditReport`,
+//! printed for people (plan fields, counts per action, the number of sent keys
+//! and the first 20, the items not sent with their reasons) or as JSON
+//! `{"plan", "counts", "sent_keys", "not_sent"}`. `--format jsonl|csv`:
+//! `ExportAudit`, the planner's export written to stdout byte for byte (the
+//! reconciliation file), whatever `--json` says.
+
+pub mod live;
+pub mod view;
+
+use std::{io::Write, time::Duration};
+
+use clap::{Args, Subcommand, ValueEnum};
+use redrive_proto::{
+    time::duration,
+    v1::{
+        ApprovePlanRequest, CreatePlanRequest, ExportAuditRequest, ExportFormat,
+        GetAuditReportRequest, GetPlanRequest, ListCompensationsRequest, ListPlansRequest,
+        PlanControlRequest, PlanState, Rate,
+    },
+};
+
+use self::{
+    live::{WaitOutcome, WatchMode},
+    view::{AuditReportJson, Destination, PlanJson, STATES},
+};
+use crate::{
+    client::Planner,
+    commands::precheck::{ITEM_COLUMNS, ItemJson, item_row, parse_positive_duration},
+    error::{CliError, EX_OK},
+    output::{self, terminal_width, write_json, write_table},
+};
+
+// ---------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------
+
+/// `plan` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PlanCommand {
+    /// Create a plan from a precheck: rate, destination, canary wave, slices.
+    #[command(after_help = "Examples:\n  \
+        redrivectl plan create --precheck 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --rate 50 --burst 10 \\\n    \
+        --rationale 'payments-api sustains 300/s, peak traffic 200/s: 50/s keeps 50/s in reserve'\n  \
+        redrivectl plan create --precheck ID --rate 5 --burst 1 --rationale '...' \\\n    \
+        --destination redirect:quarantine/ --canary-fraction 0.05 --observe 30m")]
+    Create(CreateArgs),
+    /// Approve a plan with the digest of the precheck report you read.
+    Approve(ApproveArgs),
+    /// Show a plan: state, progress, counts per action.
+    #[command(visible_alias = "show")]
+    Status(IdArgs),
+    /// List plans, one page at a time (or all with --all).
+    List(ListArgs),
+    /// Follow a plan live until it is final (a progress bar on a terminal).
+    Watch(WatchArgs),
+    /// Wait until a plan is final: exit 0 when completed, 1 when cancelled or
+    /// aborted, 75 on --timeout.
+    Wait(WaitArgs),
+    /// The audit report: counts per action, sent keys, items not sent; or the
+    /// export (--format jsonl|csv) for reconciliation.
+    Report(ReportArgs),
+    /// End the observation window now and start the main wave.
+    Promote(ControlArgs),
+    /// Pause a plan (executors stop claiming its slices).
+    Pause(ControlArgs),
+    /// Resume a paused plan.
+    Resume(ControlArgs),
+    /// Cancel a plan for good.
+    Cancel(ControlArgs),
+    /// List the items that need a person (needs_compensation): never replayed.
+    Compensations(PageArgs),
+}
+
+/// `plan create` flags.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct CreateArgs {
+    /// The precheck to replay the replayable items of.
+    #[arg(long = "precheck", value_name = "ID")]
+    pub precheck_id: String,
+
+    /// Sustained replay rate in messages per second, above zero (0.5 = one
+    /// message every 2 s); shared by every executor and every plan to the same
+    /// destination.
+    #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate)]
+    pub rate: f64,
+
+    /// Messages that may go at once (token bucket size), at least 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub burst: u32,
+
+    /// Why this rate is safe: how it follows from the downstream's capacity,
+    /// e.g. 'payments-api sustains 300/s, peak traffic is 200/s, so 50/s
+    /// leaves headroom'. Recorded on the plan.
+    #[arg(long, value_name = "TEXT", value_parser = parse_rationale)]
+    pub rationale: String,
+
+    /// Where to publish: queue (the queue each message died in, through the
+    /// default exchange), exchange (the exchange and routing keys of its
+    /// death), or redirect:EXCHANGE/ROUTING_KEY (the routing key may be empty:
+    /// redirect:quarantine/).
+    #[arg(long, value_name = "DESTINATION", default_value = "queue", value_parser = parse_destination)]
+    pub destination: Destination,
+
+    /// Items per slice, the unit an executor claims (planner default 100).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub slice_size: Option<u32>,
+
+    /// Fraction of the items in the canary wave, 0 < F <= 1 (planner default
+    /// 0.01, at least one item).
+    #[arg(long, value_name = "F", value_parser = parse_canary_fraction)]
+    pub canary_fraction: Option<f64>,
+
+    /// How long to observe after the canary wave before the main wave
+    /// (planner default 15m).
+    #[arg(long = "observe", value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub observe_for: Option<Duration>,
+}
+
+/// `plan approve` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ApproveArgs {
+    /// The plan id.
+    pub id: String,
+
+    /// The digest of the precheck report you read (`plan create` and `precheck
+    /// show` print it); the planner refuses a different one.
+    #[arg(long, value_name = "DIGEST")]
+    pub digest: String,
+}
+
+/// A plan id.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct IdArgs {
+    /// The plan id.
+    pub id: String,
+}
+
+/// `plan list` flags.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ListArgs {
+    /// Only plans in this state; repeatable: awaiting_approval, canary,
+    /// observing, main, completed, paused, cancelled, aborted.
+    #[arg(long = "state", value_name = "STATE", value_parser = parse_state)]
+    pub states: Vec<PlanState>,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub page: Paging,
+}
+
+/// Paging flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct Paging {
+    /// Per page (the planner's default is 100, at most 1000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub page_size: Option<u32>,
+
+    /// Start at this page (from a previous answer's next page token).
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+
+    /// Follow page tokens until the last page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// A plan id and paging flags.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct PageArgs {
+    /// The plan id.
+    pub id: String,
+
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub page: Paging,
+}
+
+/// `plan watch` flags.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct WatchArgs {
+    /// The plan id.
+    pub id: String,
+
+    /// Also print every audit event (time, action, message key, reason).
+    #[arg(long)]
+    pub events: bool,
+}
+
+/// `plan wait` flags.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct WaitArgs {
+    /// The plan id.
+    pub id: String,
+
+    /// Give up after this long (exit 75); default: wait as long as it takes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub timeout: Option<Duration>,
+
+    /// How often to ask the planner.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_positive_duration)]
+    pub interval: Duration,
+}
+
+/// `plan report` flags.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ReportArgs {
+    /// The plan id.
+    pub id: String,
+
+    /// text (for people; the default) or json: the audit report; jsonl or
+    /// csv: every audit event, exported by the planner, written as is.
+    /// Default: json with --json, else text.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<ReportFormat>,
+}
+
+/// `plan report --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// The audit report for people.
+    Text,
+    /// The audit report as one JSON document.
+    Json,
+    /// The planner's export, one JSON object per audit event.
+    Jsonl,
+    /// The planner's export as CSV.
+    Csv,
+}
+
+/// `plan promote | pause | resume | cancel` arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct ControlArgs {
+    /// The plan id.
+    pub id: String,
+
+    /// Why; recorded with the operator action.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+}
+
+// ---------------------------------------------------------------------------
+// Parsers
+// ---------------------------------------------------------------------------
+
+/// Parses `--rate`: messages per second, finite and above zero.
+///
+/// # Errors
+/// What is wrong, for clap (which names the flag).
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number; messages per second, e.g. 50 or 0.5"))?;
+    if !rate.is_finite() || rate <= 0.0 {
+        return Err("must be a number of messages per second above zero, e.g. 50 or 0.5".into());
+    }
+    Ok(rate)
+}
+
+/// Parses `--rationale`: not blank (surrounding blanks dropped).
+///
+/// # Errors
+/// What to write, for clap.
+pub fn parse_rationale(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(
+            "must say how the rate follows from the downstream's capacity, e.g. \
+                    'payments-api sustains 300/s, peak traffic is 200/s, so 50/s leaves headroom'"
+                .into(),
+        );
+    }
+    Ok(text.to_owned())
+}
+
+const DESTINATION_FORMS: &str = "expected queue, exchange or redirect:EXCHANGE/ROUTING_KEY (e.g. redirect:quarantine/ \
+     with an empty routing key)";
+
+/// Parses `--destination`: `queue`, `exchange` or
+/// `redirect:EXCHANGE/ROUTING_KEY`, split at the first `/` (a routing key may
+/// hold more). The routing key may be empty; the exchange may be empty (the
+/// default exchange) only with a routing key (the queue name).
+///
+/// # Errors
+/// What is wrong and the accepted forms, for clap.
+pub fn parse_destination(text: &str) -> Result<Destination, String> {
+    match text {
+        "queue" => return Ok(Destination::Queue),
+        "exchange" => return Ok(Destination::Exchange),
+        _ => {}
+    }
+    let Some(target) = text.strip_prefix("redirect:") else {
+        return Err(format!("unknown destination {text:?}; {DESTINATION_FORMS}"));
+    };
+    let Some((exchange, routing_key)) = target.split_once('/') else {
+        return Err(format!(
+            "no '/' between exchange and routing key in {text:?}; {DESTINATION_FORMS}"
+        ));
+    };
+    if exchange.is_empty() && routing_key.is_empty() {
+        return Err(format!(
+            "{text:?} names neither an exchange nor a routing key (the default exchange needs \
+             the queue name as routing key: redirect:/QUEUE); {DESTINATION_FORMS}"
+        ));
+    }
+    Ok(Destination::Redirect {
+        exchange: exchange.to_owned(),
+        routing_key: routing_key.to_owned(),
+    })
+}
+
+/// Parses `--canary-fraction`: 0 < F ≤ 1.
+///
+/// # Errors
+/// What is wrong, for clap.
+pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
+    let fraction: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number; a fraction, e.g. 0.05 for 5%"))?;
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err("must be above 0 and at most 1, e.g. 0.05 for 5% of the items".into());
+    }
+    Ok(fraction)
+}
+
+/// The plan state named `name` (`awaiting_approval`; `awaiting-approval` too).
+///
+/// # Errors
+/// A message listing the valid names.
+pub fn parse_state(name: &str) -> Result<PlanState, String> {
+    let normalized = name.trim().to_ascii_lowercase().replace('-', "_");
+    STATES
+        .into_iter()
+        .find(|state| state.name() == normalized)
+        .ok_or_else(|| {
+            format!(
+                "unknown plan state {name:?}; valid names: {}",
+                STATES.map(PlanState::name).join(", ")
+            )
+        })
+}
+
+impl CreateArgs {
+    /// The request; unset flags leave the planner's defaults.
+    pub fn to_request(&self) -> CreatePlanRequest {
+        CreatePlanRequest {
+            precheck_id: self.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second: self.rate,
+                burst: self.burst,
+                rationale: self.rationale.clone(),
+            }),
+            destination: Some(self.destination.to_proto()),
+            slice_size: self.slice_size.unwrap_or(0),
+            canary_fraction: self.canary_fraction,
+            observe_for: self.observe_for.map(duration),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Running
+// ---------------------------------------------------------------------------
+
+/// Runs a `plan` subcommand, writing its output to `out`; `tty` says whether
+/// stdout is a terminal (`watch` draws a progress bar there).
+///
+/// # Errors
+/// gRPC errors from the planner; `wait` ending other than completed
+/// ([`CliError::NotCompleted`], [`CliError::Timeout`]); output errors.
+pub async fn run(
+    planner: &mut Planner,
+    command: PlanCommand,
+    json: bool,
+    tty: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let plan = match command {
+        PlanCommand::Create(args) => planner.create_plan(args.to_request()).await?,
+        PlanCommand::Approve(args) => {
+            planner
+                .approve_plan(ApprovePlanRequest {
+                    plan_id: args.id,
+                    digest: args.digest,
+                })
+                .await?
+        }
+        PlanCommand::Status(args) => {
+            planner
+                .get_plan(GetPlanRequest { plan_id: args.id })
+                .await?
+        }
+        PlanCommand::Promote(args) => planner.promote_plan(control(args)).await?,
+        PlanCommand::Pause(args) => planner.pause_plan(control(args)).await?,
+        PlanCommand::Resume(args) => planner.resume_plan(control(args)).await?,
+        PlanCommand::Cancel(args) => planner.cancel_plan(control(args)).await?,
+        PlanCommand::List(args) => return list(planner, args, json, out).await,
+        PlanCommand::Compensations(args) => return compensations(planner, args, json, out).await,
+        PlanCommand::Report(args) => return report(planner, args, json, out).await,
+        PlanCommand::Watch(args) => {
+            let mode = if json {
+                WatchMode::Json
+            } else if tty {
+                WatchMode::Bar {
+                    width: bar_width(terminal_width(), std::env::var("COLUMNS").ok().as_deref()),
+                }
+            } else {
+                WatchMode::Lines
+            };
+            return live::watch(planner, args.id, args.events, mode, out).await;
+        }
+        PlanCommand::Wait(args) => {
+            return match live::wait(planner, &args.id, args.timeout, args.interval).await? {
+                WaitOutcome::Final(plan) => {
+                    live::print_plan(out, &plan, json)?;
+                    live::not_completed(&plan).map_or(Ok(EX_OK), Err)
+                }
+                WaitOutcome::TimedOut(last) => {
+                    if let Some(plan) = &last {
+                        live::print_plan(out, plan, json)?;
+                    }
+                    Err(live::timed_out(
+                        &args.id,
+                        last.as_ref(),
+                        args.timeout.unwrap_or_default(),
+                    ))
+                }
+            };
+        }
+    }
+    .into_inner();
+    live::print_plan(out, &plan, json)?;
+    Ok(EX_OK)
+}
+
+/// The progress bar's width: the terminal's, else `COLUMNS`, else 80.
+fn bar_width(terminal: Option<u16>, columns: Option<&str>) -> usize {
+    terminal
+        .map(usize::from)
+        .or_else(|| {
+            columns
+                .and_then(|columns| columns.trim().parse().ok())
+                .filter(|columns| *columns > 0)
+        })
+        .unwrap_or(80)
+}
+
+fn control(args: ControlArgs) -> PlanControlRequest {
+    PlanControlRequest {
+        plan_id: args.id,
+        reason: args.reason.unwrap_or_default(),
+    }
+}
+
+/// Writes the JSON closing of a paged list: `],"next_page_token":"..."}`.
+fn close_json_list(out: &mut dyn Write, page_token: &str) -> std::io::Result<()> {
+    out.write_all(b"],\"next_page_token\":")?;
+    serde_json::to_writer(&mut *out, page_token)?;
+    out.write_all(b"}\n")
+}
+
+async fn list(
+    planner: &mut Planner,
+    args: ListArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let states: Vec<i32> = args.states.iter().map(|state| i32::from(*state)).collect();
+    let mut page_token = args.page.page_token.clone().unwrap_or_default();
+    let mut listed = 0_usize;
+    let mut rows = Vec::new();
+    if json {
+        out.write_all(b"{\"plans\":[")?;
+    }
+    loop {
+        let response = planner
+            .list_plans(ListPlansRequest {
+                states: states.clone(),
+                page_size: args.page.page_size.unwrap_or(0),
+                page_token: page_token.clone(),
+            })
+            .await?
+            .into_inner();
+        page_token = response.next_page_token;
+        for plan in &response.plans {
+            let view = PlanJson::from(plan);
+            if json {
+                if listed > 0 {
+                    out.write_all(b",")?;
+                }
+                serde_json::to_writer(&mut *out, &view).map_err(std::io::Error::from)?;
+            } else {
+                rows.push(view::list_row(&view));
+            }
+            listed += 1;
+        }
+        if !args.page.all || page_token.is_empty() {
+            break;
+        }
+    }
+    if json {
+        close_json_list(out, &page_token)?;
+        return Ok(EX_OK);
+    }
+    if listed == 0 {
+        writeln!(out, "no plans match")?;
+    } else {
+        let mut table = output::table(view::LIST_COLUMNS);
+        table.add_rows(rows);
+        write_table(out, &table)?;
+    }
+    if !page_token.is_empty() {
+        writeln!(out, "next page token: {page_token}")?;
+    }
+    Ok(EX_OK)
+}
+
+async fn compensations(
+    planner: &mut Planner,
+    args: PageArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let mut page_token = args.page.page_token.clone().unwrap_or_default();
+    let mut listed = 0_usize;
+    let mut rows = Vec::new();
+    if json {
+        out.write_all(b"{\"items\":[")?;
+    }
+    loop {
+        let response = planner
+            .list_compensations(ListCompensationsRequest {
+                plan_id: args.id.clone(),
+                page_size: args.page.page_size.unwrap_or(0),
+                page_token: page_token.clone(),
+            })
+            .await?
+            .into_inner();
+        page_token = response.next_page_token;
+        for item in &response.items {
+            if json {
+                if listed > 0 {
+                    out.write_all(b",")?;
+                }
+                serde_json::to_writer(&mut *out, &ItemJson::from(item))
+                    .map_err(std::io::Error::from)?;
+            } else {
+                rows.push(item_row(item));
+            }
+            listed += 1;
+        }
+        if !args.page.all || page_token.is_empty() {
+            break;
+        }
+    }
+    if json {
+        close_json_list(out, &page_token)?;
+        return Ok(EX_OK);
+    }
+    if listed == 0 {
+        writeln!(out, "no items need compensation")?;
+    } else {
+        let mut table = output::table(ITEM_COLUMNS);
+        table.add_rows(rows);
+        write_table(out, &table)?;
+    }
+    if !page_token.is_empty() {
+        writeln!(out, "next page token: {page_token}")?;
+    }
+    Ok(EX_OK)
+}
+
+async fn report(
+    planner: &mut Planner,
+    args: ReportArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let format = args.format.unwrap_or(if json {
+        ReportFormat::Json
+    } else {
+        ReportFormat::Text
+    });
+    let export = match format {
+        ReportFormat::Text | ReportFormat::Json => {
+            let report = planner
+                .get_audit_report(GetAuditReportRequest {
+                    plan_id: args.id.clone(),
+                })
+                .await?
+                .into_inner();
+            let view = AuditReportJson::from(&report);
+            if format == ReportFormat::Json {
+                write_json(out, &view)?;
+            } else {
+                view::write_audit_report(out, &args.id, &view)?;
+            }
+            return Ok(EX_OK);
+        }
+        ReportFormat::Jsonl => ExportFormat::Jsonl,
+        ReportFormat::Csv => ExportFormat::Csv,
+    };
+    let mut stream = planner
+        .export_audit(ExportAuditRequest {
+            plan_id: args.id,
+            format: export.into(),
+        })
+        .await?
+        .into_inner();
+    while let Some(chunk) = stream.message().await? {
+        out.write_all(&chunk.data)?;
+    }
+    Ok(EX_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(subcommand)]
+        command: PlanCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<PlanCommand, clap::Error> {
+        Harness::try_parse_from(std::iter::once("plan").chain(args.iter().copied()))
+            .map(|harness| harness.command)
+    }
+
+    const CREATE: [&str; 9] = [
+        "create",
+        "--precheck",
+        "pc-1",
+        "--rate",
+        "50",
+        "--burst",
+        "10",
+        "--rationale",
+        "downstream takes 300/s",
+    ];
+
+    fn create(extra: &[&str]) -> Result<CreateArgs, clap::Error> {
+        let args: Vec<&str> = CREATE.iter().chain(extra).copied().collect();
+        match parse(&args)? {
+            PlanCommand::Create(args) => Ok(args),
+            other => panic!("not create: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn destinations_parse_in_three_forms() {
+        assert_eq!(parse_destination("queue"), Ok(Destination::Queue));
+        assert_eq!(parse_destination("exchange"), Ok(Destination::Exchange));
+        let redirect = |exchange: &str, routing_key: &str| {
+            Ok(Destination::Redirect {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            })
+        };
+        assert_eq!(
+            parse_destination("redirect:ops/orders.retry"),
+            redirect("ops", "orders.retry")
+        );
+        assert_eq!(
+            parse_destination("redirect:quarantine/"),
+            redirect("quarantine", "")
+        );
+        assert_eq!(
+            parse_destination("redirect:/parking"),
+            redirect("", "parking")
+        );
+        // Only the first '/' splits: routing keys may hold more.
+        assert_eq!(parse_destination("redirect:ex/a/b"), redirect("ex", "a/b"));
+    }
+
+    #[test]
+    fn bad_destinations_say_what_is_accepted() {
+        for (text, expected) in [
+            ("redirect:quarantine", "no '/'"),
+            ("redirect:", "no '/'"),
+            ("redirect:/", "neither an exchange nor a routing key"),
+            ("redirect", "unknown destination"),
+            ("Queue", "unknown destination"),
+            ("orders", "unknown destination"),
+            ("", "unknown destination"),
+        ] {
+            let error = parse_destination(text).unwrap_err();
+            assert!(error.contains(expected), "{text:?}: {error}");
+            assert!(
+                error.contains("redirect:EXCHANGE/ROUTING_KEY"),
+                "{text:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn rates_bursts_and_fractions_have_bounds() {
+        assert_eq!(parse_rate("50"), Ok(50.0));
+        assert_eq!(parse_rate(" 0.5 "), Ok(0.5));
+        for bad in ["0", "-1", "0.0", "inf", "NaN", "fast", ""] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_canary_fraction("0.05"), Ok(0.05));
+        assert_eq!(parse_canary_fraction("1"), Ok(1.0));
+        for bad in ["0", "-0.1", "1.01", "5%", "NaN", "inf"] {
+            assert!(parse_canary_fraction(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_rationale("  why  "), Ok("why".to_owned()));
+        assert!(parse_rationale("   ").unwrap_err().contains("capacity"));
+    }
+
+    #[test]
+    fn create_flags_land_in_the_request() {
+        let args = create(&[
+            "--destination",
+            "redirect:quarantine/",
+            "--slice-size",
+            "50",
+            "--canary-fraction",
+            "0.05",
+            "--observe",
+            "30m",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.to_request(),
+            CreatePlanRequest {
+                precheck_id: "pc-1".into(),
+                rate: Some(Rate {
+                    per_second: 50.0,
+                    burst: 10,
+                    rationale: "downstream takes 300/s".into(),
+                }),
+                destination: Some(
+                    Destination::Redirect {
+                        exchange: "quarantine".into(),
+                        routing_key: String::new(),
+                    }
+                    .to_proto()
+                ),
+                slice_size: 50,
+                canary_fraction: Some(0.05),
+                observe_for: Some(duration(Duration::from_secs(1800))),
+            }
+        );
+        // Defaults: queue; the rest left to the planner.
+        let request = create(&[]).unwrap().to_request();
+        assert_eq!(request.destination, Some(Destination::Queue.to_proto()));
+        assert_eq!(
+            (
+                request.slice_size,
+                request.canary_fraction,
+                request.observe_for
+            ),
+            (0, None, None)
+        );
+    }
+
+    #[test]
+    fn bad_create_flags_are_usage_errors_naming_the_flag() {
+        for (args, flag) in [
+            (&["--rate", "0"][..], "--rate"),
+            (&["--rate", "-5"], "--rate"),
+            (&["--burst", "0"], "--burst"),
+            (&["--rationale", " "], "--rationale"),
+            (&["--destination", "redirect:nowhere"], "--destination"),
+            (&["--destination", "fanout"], "--destination"),
+            (&["--slice-size", "0"], "--slice-size"),
+            (&["--canary-fraction", "0"], "--canary-fraction"),
+            (&["--canary-fraction", "1.5"], "--canary-fraction"),
+            (&["--observe", "0s"], "--observe"),
+            (&["--observe", "soon"], "--observe"),
+        ] {
+            let error = create(args).unwrap_err();
+            assert!(error.use_stderr(), "{args:?}");
+            assert!(error.to_string().contains(flag), "{args:?}: {error}");
+        }
+        // Required flags.
+        for missing in ["--precheck", "--rate", "--burst", "--rationale"] {
+            let position = CREATE.iter().position(|arg| *arg == missing).unwrap();
+            let mut args = CREATE.to_vec();
+            args.drain(position..position + 2);
+            let error = parse(&args).unwrap_err();
+            assert!(error.to_string().contains(missing), "{missing}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_other_subcommands_parse() {
+        let id = |id: &str| IdArgs { id: id.into() };
+        assert!(
+            matches!(parse(&["status", "p-1"]).unwrap(), PlanCommand::Status(args) if args == id("p-1"))
+        );
+        assert!(
+            matches!(parse(&["show", "p-1"]).unwrap(), PlanCommand::Status(args) if args == id("p-1"))
+        );
+        assert!(matches!(
+            parse(&["approve", "p-1", "--digest", "ab12"]).unwrap(),
+            PlanCommand::Approve(args) if args == ApproveArgs { id: "p-1".into(), digest: "ab12".into() }
+        ));
+        let PlanCommand::Wait(wait) = parse(&["wait", "p-1"]).unwrap() else {
+            panic!("not wait");
+        };
+        assert_eq!(
+            (wait.timeout, wait.interval),
+            (None, Duration::from_secs(1))
+        );
+        let PlanCommand::Wait(wait) =
+            parse(&["wait", "p-1", "--timeout", "2h", "--interval", "5s"]).unwrap()
+        else {
+            panic!("not wait");
+        };
+        assert_eq!(
+            (wait.timeout, wait.interval),
+            (Some(Duration::from_secs(7200)), Duration::from_secs(5))
+        );
+        let PlanCommand::Report(report) = parse(&["report", "p-1", "--format", "csv"]).unwrap()
+        else {
+            panic!("not report");
+        };
+        assert_eq!(report.format, Some(ReportFormat::Csv));
+        let PlanCommand::Cancel(cancel) =
+            parse(&["cancel", "p-1", "--reason", "wrong selection"]).unwrap()
+        else {
+            panic!("not cancel");
+        };
+        assert_eq!(
+            control(cancel),
+            PlanControlRequest {
+                plan_id: "p-1".into(),
+                reason: "wrong selection".into()
+            }
+        );
+        let PlanCommand::Pause(pause) = parse(&["pause", "p-1"]).unwrap() else {
+            panic!("not pause");
+        };
+        assert_eq!(control(pause).reason, "");
+        let PlanCommand::List(list) =
+            parse(&["list", "--state", "main", "--state", "paused", "--all"]).unwrap()
+        else {
+            panic!("not list");
+        };
+        assert_eq!(list.states, [PlanState::Main, PlanState::Paused]);
+        assert!(list.page.all);
+        let PlanCommand::Watch(watch) = parse(&["watch", "p-1", "--events"]).unwrap() else {
+            panic!("not watch");
+        };
+        assert!(watch.events);
+        for args in [
+            &["approve", "p-1"][..],
+            &["wait", "p-1", "--timeout", "0s"],
+            &["report", "p-1", "--format", "xml"],
+            &["list", "--state", "running"],
+            &["compensations", "p-1", "--page-size", "0"],
+            &["status"],
+        ] {
+            assert!(parse(args).unwrap_err().use_stderr(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn the_bar_fits_the_terminal_else_columns_else_80() {
+        assert_eq!(bar_width(Some(120), Some("60")), 120);
+        assert_eq!(bar_width(None, Some(" 60 ")), 60);
+        assert_eq!(bar_width(None, Some("0")), 80);
+        assert_eq!(bar_width(None, Some("wide")), 80);
+        assert_eq!(bar_width(None, None), 80);
+    }
+
+    #[test]
+    fn states_parse_by_name() {
+        for state in STATES {
+            assert_eq!(parse_state(state.name()), Ok(state));
+        }
+        assert_eq!(
+            parse_state("Awaiting-Approval"),
+            Ok(PlanState::AwaitingApproval)
+        );
+        assert!(
+            parse_state("running")
+                .unwrap_err()
+                .ends_with("valid names: awaiting_approval, canary, observing, main, completed, paused, cancelled, aborted")
+        );
+        assert!(parse_state("unspecified").is_err());
+    }
+}

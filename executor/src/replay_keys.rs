@@ -1,0 +1,198 @@
+//! The record of message keys already replayed, in Redis (DESIGN.md,
+//! "Executor loop and guarantees": "Mark sent (Redis key with TTL, default
+//! 7 days) ... only after an ack without a return").
+//!
+//! Before publishing, an executor asks [`ReplayKeys::already_sent`] for a
+//! batch of message keys and skips those found; after a publisher confirm
+//! without a return it records them with [`ReplayKeys::mark_sent`]. Each
+//! message key `k` is stored as `{prefix}replayed:{k}` holding the id of the
+//! plan that sent it, with a TTL. Both calls are one round trip per batch.
+//!
+//! Fail closed like the token bucket: when Redis cannot be reached the calls
+//! return [`ReplayKeysError::Unavailable`] and the caller stops publishing.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+/// How long a replayed key is remembered unless configured otherwise.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Key prefix unless configured otherwise (keys are `redrive:replayed:{k}`).
+pub const DEFAULT_PREFIX: &str = "redrive:";
+
+/// Why the record of replayed keys could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayKeysError {
+    /// Redis could not be reached, failed or did not answer within the call
+    /// timeout. Retryable; publish nothing meanwhile (fail closed).
+    #[error("replay key record unavailable: {reason}")]
+    Unavailable {
+        /// What failed, for the log.
+        reason: String,
+    },
+    /// A TTL below 1 ms cannot be stored (`SET ... PX` needs at least 1).
+    #[error("invalid replay key ttl {0:?}: must be at least 1 ms")]
+    InvalidTtl(Duration),
+}
+
+impl ReplayKeysError {
+    /// Whether trying again later can succeed: true for
+    /// [`ReplayKeysError::Unavailable`].
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+}
+
+/// The replayed-key record over a reconnecting Redis connection (see
+/// [`crate::bucket::connect_redis`]).
+#[derive(Clone)]
+pub struct ReplayKeys {
+    connection: ConnectionManager,
+    prefix: String,
+    ttl: Duration,
+    call_timeout: Duration,
+}
+
+impl ReplayKeys {
+    /// A record storing keys under `{prefix}replayed:` (normally
+    /// [`DEFAULT_PREFIX`]) for `ttl` (normally [`DEFAULT_TTL`]). Calls time
+    /// out after [`crate::bucket::DEFAULT_CALL_TIMEOUT`]; see
+    /// [`ReplayKeys::with_call_timeout`].
+    ///
+    /// # Errors
+    /// [`ReplayKeysError::InvalidTtl`] when `ttl` is under 1 ms.
+    pub fn new(
+        connection: ConnectionManager,
+        prefix: impl Into<String>,
+        ttl: Duration,
+    ) -> Result<Self, ReplayKeysError> {
+        if ttl < Duration::from_millis(1) {
+            return Err(ReplayKeysError::InvalidTtl(ttl));
+        }
+        Ok(Self {
+            connection,
+            prefix: prefix.into(),
+            ttl,
+            call_timeout: crate::bucket::DEFAULT_CALL_TIMEOUT,
+        })
+    }
+
+    /// The same record with another per-call timeout.
+    #[must_use]
+    pub fn with_call_timeout(mut self, call_timeout: Duration) -> Self {
+        self.call_timeout = call_timeout;
+        self
+    }
+
+    /// The Redis key recording `message_key`: `{prefix}replayed:{message_key}`.
+    pub fn redis_key(&self, message_key: &str) -> String {
+        format!("{}replayed:{message_key}", self.prefix)
+    }
+
+    /// How long a mark lasts.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// For each of `message_keys`, in order, whether it was marked sent (and
+    /// has not expired). One `MGET`; an empty slice makes no call.
+    ///
+    /// # Errors
+    /// [`ReplayKeysError::Unavailable`] (retryable) when Redis fails.
+    pub async fn already_sent(
+        &self,
+        message_keys: &[String],
+    ) -> Result<Vec<bool>, ReplayKeysError> {
+        Ok(self
+            .sent_by(message_keys)
+            .await?
+            .iter()
+            .map(Option::is_some)
+            .collect())
+    }
+
+    /// For each of `message_keys`, in order, the plan id it was marked sent by
+    /// (`None`: not marked, or expired). One `MGET`; an empty slice makes no
+    /// call.
+    ///
+    /// # Errors
+    /// [`ReplayKeysError::Unavailable`] (retryable) when Redis fails.
+    pub async fn sent_by(
+        &self,
+        message_keys: &[String],
+    ) -> Result<Vec<Option<String>>, ReplayKeysError> {
+        if message_keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let redis_keys: Vec<String> = message_keys
+            .iter()
+            .map(|message_key| self.redis_key(message_key))
+            .collect();
+        let mut command = redis::cmd("MGET");
+        command.arg(&redis_keys);
+        let mut connection = self.connection.clone();
+        let values: Vec<Option<Vec<u8>>> = self
+            .timed(command.query_async(&mut connection), "MGET")
+            .await?;
+        if values.len() != message_keys.len() {
+            return Err(ReplayKeysError::Unavailable {
+                reason: format!(
+                    "MGET answered {} values for {} keys",
+                    values.len(),
+                    message_keys.len()
+                ),
+            });
+        }
+        Ok(values
+            .into_iter()
+            .map(|value| value.map(|plan| String::from_utf8_lossy(&plan).into_owned()))
+            .collect())
+    }
+
+    /// Records each `(message key, plan id)` as sent, in one pipeline of
+    /// `SET {prefix}replayed:{key} {plan id} PX {ttl}`. An existing mark is
+    /// overwritten (new plan id, fresh TTL): the key means "sent at least
+    /// once", and the newest sender is the useful one to name. Call it only
+    /// after a publisher confirm ack without a return. An empty slice makes
+    /// no call.
+    ///
+    /// # Errors
+    /// [`ReplayKeysError::Unavailable`] (retryable) when Redis fails; some
+    /// marks may then have been written.
+    pub async fn mark_sent(&self, entries: &[(String, String)]) -> Result<(), ReplayKeysError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut pipeline = redis::pipe();
+        for (message_key, plan_id) in entries {
+            pipeline
+                .cmd("SET")
+                .arg(self.redis_key(message_key))
+                .arg(plan_id)
+                .arg("PX")
+                .arg(ttl_ms)
+                .ignore();
+        }
+        let mut connection = self.connection.clone();
+        self.timed(pipeline.query_async::<()>(&mut connection), "SET pipeline")
+            .await
+    }
+
+    async fn timed<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+        what: &str,
+    ) -> Result<T, ReplayKeysError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(ReplayKeysError::Unavailable {
+                reason: format!("redis {what} failed: {error}"),
+            }),
+            Err(_) => Err(ReplayKeysError::Unavailable {
+                reason: format!("redis {what} did not answer within {:?}", self.call_timeout),
+            }),
+        }
+    }
+}

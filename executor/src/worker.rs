@@ -1,0 +1,728 @@
+//! The executor loop (DESIGN.md, "Executor loop and guarantees"): claim a slice
+//! (long poll), heartbeat the lease at a third of its TTL, and for each item:
+//! replay-key check → token from the shared bucket → publish with
+//! `mandatory = true`, persistent → await the publisher confirm, with many
+//! publishes in flight. Outcomes stream back to the planner with the fencing
+//! token.
+//!
+//! Per slice, a publishing loop hands each publish's pending confirm to a
+//! confirm collector in publish order; the collector turns outcomes into audit
+//! events, retries nacks with backoff up to a limit, and sends items whose
+//! confirm was lost with the connection back to be published again (same
+//! message id) after reconnecting. A sent key is marked in Redis before the
+//! `sent` report. On SIGTERM, a pause or cancel (heard through the heartbeat)
+//! or a lost lease, the loop stops at an item boundary, lets outstanding
+//! confirms finish, reports, and releases the slice.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use chrono::Utc;
+use redrive_proto::{
+    time::{from_duration, timestamp},
+    v1::{self, coordinator_client::CoordinatorClient},
+};
+use tokio::sync::mpsc;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
+use tonic::{Code, transport::Channel};
+use tracing::{info, warn};
+
+use crate::{
+    bucket::{Bucket, BucketError, Rate},
+    message,
+    publisher::{Outgoing, Pending, PublishOutcome, Publisher},
+    replay_keys::ReplayKeys,
+};
+
+/// Outcome events buffered before a report is sent.
+const REPORT_BATCH: usize = 256;
+/// Longest a buffered outcome waits before it is reported.
+const REPORT_INTERVAL: Duration = Duration::from_millis(100);
+/// Most tokens taken from the bucket in one call.
+const TOKEN_CHUNK: u32 = 32;
+
+/// What the loop needs.
+#[derive(Clone)]
+pub struct WorkerSettings {
+    /// This executor's id in leases and audit events.
+    pub executor_id: String,
+    /// AMQP URL of the broker.
+    pub amqp_url: String,
+    /// Publishes in flight at once.
+    pub window: usize,
+    /// Attempts before a nacked item is `failed`.
+    pub max_attempts: u32,
+    /// Long-poll wait of a claim.
+    pub claim_wait: Duration,
+}
+
+/// An item on its way: the slice item and the attempt about to be made.
+#[derive(Debug, Clone)]
+struct Work {
+    item: v1::SliceItem,
+    attempt: u32,
+    /// Not before this instant (nack backoff).
+    not_before: Option<tokio::time::Instant>,
+}
+
+/// A published item awaiting its confirm.
+struct InFlight {
+    work: Work,
+    pending: Pending,
+}
+
+/// What the collector tells the publishing loop.
+enum Feedback {
+    /// Publish this again (nacked with attempts left, or uncertain).
+    Retry(Box<Work>),
+    /// This item reached a final outcome.
+    Done,
+}
+
+/// The running executor: claims slices until `shutdown`.
+pub struct Worker {
+    settings: WorkerSettings,
+    coordinator: CoordinatorClient<Channel>,
+    bucket: Arc<Bucket>,
+    replay_keys: Option<ReplayKeys>,
+    publisher: Option<Publisher>,
+}
+
+impl Worker {
+    /// A worker over its parts.
+    pub fn new(
+        settings: WorkerSettings,
+        coordinator: CoordinatorClient<Channel>,
+        bucket: Bucket,
+        replay_keys: Option<ReplayKeys>,
+    ) -> Self {
+        Self {
+            settings,
+            coordinator,
+            bucket: Arc::new(bucket),
+            replay_keys,
+            publisher: None,
+        }
+    }
+
+    /// Claims and replays slices until `shutdown`.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(200);
+        while !shutdown.is_cancelled() {
+            let claim = self.coordinator.claim_slice(v1::ClaimSliceRequest {
+                executor_id: self.settings.executor_id.clone(),
+                wait: Some(redrive_proto::time::duration(self.settings.claim_wait)),
+            });
+            let answer = tokio::select! {
+                () = shutdown.cancelled() => break,
+                answer = claim => answer,
+            };
+            match answer {
+                Ok(answer) => {
+                    backoff = Duration::from_millis(200);
+                    if let Some(slice) = answer.into_inner().slice {
+                        self.replay_slice(slice, &shutdown).await;
+                    }
+                }
+                Err(status) => {
+                    warn!(code = ?status.code(), message = status.message(), retry_in_ms = backoff.as_millis() as u64, "claim failed");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        if let Some(publisher) = self.publisher.take() {
+            let _ = publisher.close().await;
+        }
+        info!("executor stopped");
+    }
+
+    /// A connected publisher, reconnecting with backoff until `stop`.
+    async fn publisher(&mut self, stop: &CancellationToken) -> Option<&Publisher> {
+        if self
+            .publisher
+            .as_ref()
+            .is_some_and(|publisher| !publisher.is_connected())
+        {
+            self.publisher = None;
+        }
+        let mut backoff = Duration::from_millis(200);
+        while self.publisher.is_none() {
+            match Publisher::connect(&self.settings.amqp_url, self.settings.window).await {
+                Ok(publisher) => self.publisher = Some(publisher),
+                Err(error) => {
+                    warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot connect to the broker");
+                    tokio::select! {
+                        () = stop.cancelled() => return None,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        self.publisher.as_ref()
+    }
+
+    #[tracing::instrument(skip_all, name = "executor.slice", fields(slice.id = %slice.slice_id, plan.id = %slice.plan_id))]
+    async fn replay_slice(&mut self, slice: v1::Slice, shutdown: &CancellationToken) {
+        let token = slice.fencing_token;
+        let lease_ttl = slice
+            .lease_ttl
+            .as_ref()
+            .and_then(from_duration)
+            .unwrap_or(Duration::from_secs(30));
+        let rate = slice.rate.clone().unwrap_or_default();
+        let Ok(rate) = Rate::new(rate.per_second, rate.burst) else {
+            warn!("slice carries an invalid rate; releasing it");
+            let _ = self.complete(&slice.slice_id, token, true).await;
+            return;
+        };
+        info!(
+            items = slice.items.len(),
+            fencing_token = token,
+            "replaying slice"
+        );
+        // Stops publishing: shutdown, pause/cancel, or a lost lease.
+        let stop = shutdown.child_token();
+        let lease_lost = CancellationToken::new();
+        // Tasks of this slice die with it (a crashed worker stops heartbeating).
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(heartbeat(
+            self.coordinator.clone(),
+            slice.slice_id.clone(),
+            token,
+            lease_ttl / 3,
+            stop.clone(),
+            lease_lost.clone(),
+        )));
+        let (events, reporting) = reporter(
+            self.coordinator.clone(),
+            slice.slice_id.clone(),
+            token,
+            lease_lost.clone(),
+        );
+        let context = EventContext {
+            plan_id: slice.plan_id.clone(),
+            slice_id: slice.slice_id.clone(),
+            wave: slice.wave,
+            executor_id: self.settings.executor_id.clone(),
+        };
+
+        let mut queue: VecDeque<Work> = VecDeque::new();
+        let mut finals = 0_usize;
+        let total = slice.items.len();
+        // The planner's record of sent keys here; Redis's just before each
+        // publish (below), to keep the window for concurrent plans small.
+        let mut candidates = Vec::new();
+        for item in slice.items {
+            let attempt = item.attempts + 1;
+            if item.key_replayed {
+                let _ = events
+                    .send(context.event(
+                        &item,
+                        v1::AuditAction::SkippedDuplicate,
+                        "message key already replayed (planner record)",
+                        attempt,
+                        0,
+                    ))
+                    .await;
+                finals += 1;
+            } else {
+                candidates.push(Work {
+                    item,
+                    attempt,
+                    not_before: None,
+                });
+            }
+        }
+        queue.extend(candidates);
+
+        let outstanding = Arc::new(AtomicUsize::new(total - finals));
+        let (in_flight_sender, in_flight) = mpsc::channel::<InFlight>(self.settings.window.max(1));
+        let (feedback_sender, mut feedback) = mpsc::unbounded_channel::<Feedback>();
+        let collector = AbortOnDropHandle::new(tokio::spawn(collect(
+            in_flight,
+            feedback_sender,
+            events.clone(),
+            context.clone(),
+            self.replay_keys.clone(),
+            self.settings.max_attempts,
+        )));
+
+        // The publishing loop.
+        'publishing: while !stop.is_cancelled() && outstanding.load(Ordering::SeqCst) > 0 {
+            while let Ok(message) = feedback.try_recv() {
+                match message {
+                    Feedback::Retry(work) => queue.push_back(*work),
+                    Feedback::Done => {
+                        outstanding.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            if outstanding.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            let Some(work) = queue.pop_front() else {
+                // Everything is published; wait for confirms or retries.
+                tokio::select! {
+                    () = stop.cancelled() => break 'publishing,
+                    message = feedback.recv() => match message {
+                        Some(Feedback::Retry(work)) => queue.push_back(*work),
+                        Some(Feedback::Done) => { outstanding.fetch_sub(1, Ordering::SeqCst); }
+                        None => break 'publishing,
+                    },
+                }
+                continue;
+            };
+            if let Some(not_before) = work.not_before {
+                tokio::select! {
+                    () = stop.cancelled() => { queue.push_front(work); break 'publishing; }
+                    () = tokio::time::sleep_until(not_before) => {}
+                }
+            }
+            // Tokens for a run of items bound for the same destination.
+            let key = bucket_key(&work.item);
+            let mut run = vec![work];
+            while run.len() < TOKEN_CHUNK.min(rate.burst) as usize
+                && queue
+                    .front()
+                    .is_some_and(|next| next.not_before.is_none() && bucket_key(&next.item) == key)
+            {
+                run.push(queue.pop_front().expect("front exists"));
+            }
+            if let Some(replay_keys) = &self.replay_keys {
+                let keys: Vec<String> = run.iter().map(|work| message_key(&work.item)).collect();
+                let sent = loop {
+                    match replay_keys.sent_by(&keys).await {
+                        Ok(sent) => break sent,
+                        Err(error) => {
+                            warn!(%error, "replay keys unreachable: not publishing until Redis is back (fail closed)");
+                            tokio::select! {
+                                () = stop.cancelled() => {
+                                    for work in run.into_iter().rev() { queue.push_front(work); }
+                                    break 'publishing;
+                                }
+                                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                            }
+                        }
+                    }
+                };
+                let mut unsent = Vec::with_capacity(run.len());
+                for (work, sent_by) in run.into_iter().zip(sent) {
+                    match sent_by {
+                        None => unsent.push(work),
+                        // An earlier lease of this plan had it confirmed and
+                        // marked, then died before reporting: it is sent.
+                        Some(plan) if plan == context.plan_id => {
+                            let reason = "confirmed under an earlier lease of this plan (Redis replay key); not published again";
+                            let _ = events
+                                .send(context.event(
+                                    &work.item,
+                                    v1::AuditAction::Sent,
+                                    reason,
+                                    work.attempt,
+                                    0,
+                                ))
+                                .await;
+                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        Some(plan) => {
+                            let reason = format!(
+                                "message key already replayed by plan {plan} (Redis replay keys)"
+                            );
+                            let _ = events
+                                .send(context.event(
+                                    &work.item,
+                                    v1::AuditAction::SkippedDuplicate,
+                                    &reason,
+                                    work.attempt,
+                                    0,
+                                ))
+                                .await;
+                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+                run = unsent;
+                if run.is_empty() {
+                    continue;
+                }
+            }
+            loop {
+                match self.bucket.acquire(&key, rate, run.len() as u32).await {
+                    Ok(()) => break,
+                    Err(BucketError::Unavailable { reason }) => {
+                        warn!(%reason, "token bucket unreachable: not publishing (fail closed)");
+                        tokio::select! {
+                            () = stop.cancelled() => {
+                                for work in run.into_iter().rev() { queue.push_front(work); }
+                                break 'publishing;
+                            }
+                            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        }
+                    }
+                    Err(error) => {
+                        warn!(%error, "token bucket refused the request; releasing the slice");
+                        for work in run.into_iter().rev() {
+                            queue.push_front(work);
+                        }
+                        break 'publishing;
+                    }
+                }
+            }
+            let mut run = VecDeque::from(run);
+            while let Some(work) = run.pop_front() {
+                let properties =
+                    match message::properties(&context.plan_id, &work.item, work.attempt) {
+                        Ok(properties) => properties,
+                        Err(reason) => {
+                            let _ = events
+                                .send(context.event(
+                                    &work.item,
+                                    v1::AuditAction::Failed,
+                                    &reason,
+                                    work.attempt,
+                                    0,
+                                ))
+                                .await;
+                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                            continue;
+                        }
+                    };
+                let outgoing = Outgoing {
+                    exchange: work.item.exchange.clone(),
+                    routing_key: work.item.routing_key.clone(),
+                    body: work.item.body.clone(),
+                    properties,
+                };
+                let Some(publisher) = self.publisher(&stop).await else {
+                    run.push_front(work);
+                    for work in run.into_iter().rev() {
+                        queue.push_front(work);
+                    }
+                    break 'publishing;
+                };
+                match publisher.publish(outgoing).await {
+                    Ok(pending) => {
+                        if in_flight_sender
+                            .send(InFlight { work, pending })
+                            .await
+                            .is_err()
+                        {
+                            break 'publishing;
+                        }
+                    }
+                    Err(error) => {
+                        // Not published: publish it again on a new connection.
+                        warn!(%error, "publish failed; reconnecting");
+                        self.publisher = None;
+                        run.push_front(work);
+                    }
+                }
+            }
+        }
+
+        // Let outstanding confirms finish, then report and end the lease.
+        tracing::debug!(
+            outstanding = outstanding.load(Ordering::SeqCst),
+            queued = queue.len(),
+            "publishing stopped"
+        );
+        drop(in_flight_sender);
+        let _ = collector.await;
+        tracing::debug!("confirms collected");
+        while let Ok(message) = feedback.try_recv() {
+            if let Feedback::Done = message {
+                outstanding.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        drop(events);
+        let _ = reporting.await;
+        tracing::debug!("outcomes reported");
+        heartbeat.abort();
+        let unfinished = outstanding.load(Ordering::SeqCst);
+        if lease_lost.is_cancelled() {
+            warn!("lease lost: another executor owns the slice now");
+            return;
+        }
+        let release = unfinished > 0;
+        match self.complete(&slice.slice_id, token, release).await {
+            Ok(()) if release => info!(unfinished, "slice released"),
+            Ok(()) => info!("slice completed"),
+            Err(status) => {
+                warn!(code = ?status.code(), message = status.message(), "completing the slice failed")
+            }
+        }
+    }
+
+    async fn complete(
+        &mut self,
+        slice_id: &str,
+        token: u64,
+        release: bool,
+    ) -> Result<(), tonic::Status> {
+        self.coordinator
+            .complete_slice(v1::CompleteSliceRequest {
+                slice_id: slice_id.to_owned(),
+                fencing_token: token,
+                release,
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+fn message_key(item: &v1::SliceItem) -> String {
+    item.dead_letter
+        .as_ref()
+        .map(|d| d.message_key.clone())
+        .unwrap_or_default()
+}
+
+/// The token-bucket key of an item: its destination, so that all executors and
+/// plans publishing there share one budget.
+pub fn bucket_key(item: &v1::SliceItem) -> String {
+    format!("{}/{}", item.exchange, item.routing_key)
+}
+
+/// What every audit event of a slice shares.
+#[derive(Clone)]
+struct EventContext {
+    plan_id: String,
+    slice_id: String,
+    wave: i32,
+    executor_id: String,
+}
+
+impl EventContext {
+    fn event(
+        &self,
+        item: &v1::SliceItem,
+        action: v1::AuditAction,
+        reason: &str,
+        attempt: u32,
+        latency_us: u64,
+    ) -> v1::AuditEvent {
+        v1::AuditEvent {
+            plan_id: self.plan_id.clone(),
+            slice_id: self.slice_id.clone(),
+            dead_letter_id: item
+                .dead_letter
+                .as_ref()
+                .map(|d| d.id.clone())
+                .unwrap_or_default(),
+            message_key: message_key(item),
+            action: action.into(),
+            reason: reason.to_owned(),
+            wave: self.wave,
+            executor_id: self.executor_id.clone(),
+            attempt,
+            confirm_latency_us: latency_us,
+            at: Some(timestamp(Utc::now())),
+        }
+    }
+}
+
+/// Awaits confirms in publish order and turns them into events and feedback.
+async fn collect(
+    mut in_flight: mpsc::Receiver<InFlight>,
+    feedback: mpsc::UnboundedSender<Feedback>,
+    events: mpsc::Sender<v1::AuditEvent>,
+    context: EventContext,
+    replay_keys: Option<ReplayKeys>,
+    max_attempts: u32,
+) {
+    while let Some(InFlight { work, pending }) = in_flight.recv().await {
+        let outcome = pending.await;
+        let item = &work.item;
+        match outcome {
+            PublishOutcome::Sent { latency } => {
+                if let Some(replay_keys) = &replay_keys {
+                    // Marked before the report; a failure here does not undo the
+                    // send (the planner's record still gets it).
+                    if let Err(error) = replay_keys
+                        .mark_sent(&[(message_key(item), context.plan_id.clone())])
+                        .await
+                    {
+                        warn!(%error, "could not mark the replay key in Redis");
+                    }
+                }
+                let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+                let _ = events
+                    .send(context.event(item, v1::AuditAction::Sent, "", work.attempt, latency_us))
+                    .await;
+                let _ = feedback.send(Feedback::Done);
+            }
+            PublishOutcome::Unroutable {
+                reply_code,
+                reply_text,
+            } => {
+                let reason = format!(
+                    "returned by the broker: {reply_code} {reply_text} (no queue bound for {}/{})",
+                    item.exchange, item.routing_key
+                );
+                let _ = events
+                    .send(context.event(
+                        item,
+                        v1::AuditAction::Unroutable,
+                        &reason,
+                        work.attempt,
+                        0,
+                    ))
+                    .await;
+                let _ = feedback.send(Feedback::Done);
+            }
+            PublishOutcome::Nacked if work.attempt >= max_attempts => {
+                let reason = format!("nacked by the broker {} times", work.attempt);
+                let _ = events
+                    .send(context.event(item, v1::AuditAction::Failed, &reason, work.attempt, 0))
+                    .await;
+                let _ = feedback.send(Feedback::Done);
+            }
+            PublishOutcome::Nacked => {
+                let backoff = Duration::from_millis(100 * 2_u64.pow(work.attempt.min(6)));
+                let retry = Work {
+                    attempt: work.attempt + 1,
+                    not_before: Some(tokio::time::Instant::now() + backoff),
+                    item: work.item.clone(),
+                };
+                let _ = feedback.send(Feedback::Retry(Box::new(retry)));
+            }
+            PublishOutcome::Uncertain { reason } => {
+                let reason = format!(
+                    "no publisher confirm: {reason}; publishing again with the same message id"
+                );
+                let _ = events
+                    .send(context.event(item, v1::AuditAction::Uncertain, &reason, work.attempt, 0))
+                    .await;
+                let retry = Work {
+                    attempt: work.attempt + 1,
+                    not_before: None,
+                    item: work.item.clone(),
+                };
+                let _ = feedback.send(Feedback::Retry(Box::new(retry)));
+            }
+        }
+    }
+}
+
+/// Streams buffered events to `ReportOutcomes` with the fencing token; a
+/// refused report (stale token) cancels `lease_lost`.
+fn reporter(
+    mut coordinator: CoordinatorClient<Channel>,
+    slice_id: String,
+    token: u64,
+    lease_lost: CancellationToken,
+) -> (mpsc::Sender<v1::AuditEvent>, AbortOnDropHandle<()>) {
+    let (sender, mut receiver) = mpsc::channel::<v1::AuditEvent>(REPORT_BATCH * 4);
+    let task = AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut buffer = Vec::with_capacity(REPORT_BATCH);
+        let mut open = true;
+        while open || !buffer.is_empty() {
+            if open {
+                let deadline = tokio::time::sleep(REPORT_INTERVAL);
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        () = &mut deadline => break,
+                        event = receiver.recv() => match event {
+                            Some(event) => {
+                                buffer.push(event);
+                                if buffer.len() >= REPORT_BATCH { break; }
+                            }
+                            None => { open = false; break; }
+                        },
+                    }
+                }
+            }
+            if buffer.is_empty() {
+                continue;
+            }
+            let request = v1::ReportOutcomesRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+                events: std::mem::take(&mut buffer),
+            };
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let answer = async {
+                    let mut responses = coordinator
+                        .report_outcomes(tokio_stream::iter(vec![request.clone()]))
+                        .await?
+                        .into_inner();
+                    responses.message().await
+                }
+                .await;
+                match answer {
+                    Ok(_) => break,
+                    Err(status) if status.code() == Code::FailedPrecondition => {
+                        warn!(message = status.message(), "outcome report refused");
+                        lease_lost.cancel();
+                        return;
+                    }
+                    Err(status) if attempt < 20 => {
+                        warn!(code = ?status.code(), message = status.message(), "outcome report failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(250 * attempt.min(8))).await;
+                    }
+                    Err(status) => {
+                        warn!(code = ?status.code(), message = status.message(), "giving up on an outcome report; the next lease resumes from the planner's item states");
+                        lease_lost.cancel();
+                        return;
+                    }
+                }
+            }
+        }
+    }));
+    (sender, task)
+}
+
+/// Renews the lease every `interval`; stops publishing on pause or cancel, and
+/// marks the lease lost on a stale token.
+async fn heartbeat(
+    mut coordinator: CoordinatorClient<Channel>,
+    slice_id: String,
+    token: u64,
+    interval: Duration,
+    stop: CancellationToken,
+    lease_lost: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let started = Instant::now();
+        match coordinator
+            .heartbeat(v1::HeartbeatRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+            })
+            .await
+        {
+            Ok(answer) => {
+                let answer = answer.into_inner();
+                if !answer.keep_publishing {
+                    info!(reason = %answer.reason, "told to stop publishing");
+                    stop.cancel();
+                }
+            }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                warn!(message = status.message(), "lease lost");
+                lease_lost.cancel();
+                stop.cancel();
+                return;
+            }
+            Err(status) => {
+                warn!(code = ?status.code(), message = status.message(), elapsed_ms = started.elapsed().as_millis() as u64, "heartbeat failed");
+            }
+        }
+    }
+}

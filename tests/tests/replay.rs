@@ -1,0 +1,831 @@
+//! Replay plans end to end against real RabbitMQ, Redis and PostgreSQL: what
+//! the consumer receives, what the audit says, rates across executors, a killed
+//! executor, fencing, a Redis outage and unroutable messages.
+
+use std::{collections::HashMap, time::Duration};
+
+use futures::StreamExt;
+use lapin::{
+    BasicProperties, ExchangeKind,
+    options::BasicConsumeOptions,
+    types::{AMQPValue, FieldTable},
+};
+use redrive_planner::Config;
+use redrive_proto::v1::{
+    self, ApprovePlanRequest, CreatePlanRequest, GetAuditReportRequest, GetPlanRequest, PlanState,
+    Rate, RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
+};
+use redrive_tests::{
+    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TcpProxy, TestDb, amqp_table,
+    amqp_text, init_logging, redis_cleanup, unique, wait_until,
+};
+use tokio::time::Instant;
+use tonic::{Code, transport::Channel};
+
+/// A fanout exchange with a work queue (dead-lettering to a DLQ) and a healthy
+/// subscriber queue.
+struct Incident {
+    exchange: String,
+    work: String,
+    healthy: String,
+    dlq: String,
+}
+
+async fn incident(broker: &Broker, messages: u32) -> anyhow::Result<Incident> {
+    incident_named(broker, messages, "").await
+}
+
+/// [`incident`] with order and message ids prefixed by `tag` (distinct keys).
+async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow::Result<Incident> {
+    let incident = Incident {
+        exchange: unique("orders"),
+        work: unique("work"),
+        healthy: unique("healthy"),
+        dlq: unique("dlq"),
+    };
+    let dlx = unique("dlx");
+    broker
+        .exchange(&incident.exchange, ExchangeKind::Fanout)
+        .await?;
+    broker.exchange(&dlx, ExchangeKind::Fanout).await?;
+    broker.queue(&incident.dlq, FieldTable::default()).await?;
+    broker.bind(&incident.dlq, &dlx, "").await?;
+    broker
+        .queue(
+            &incident.work,
+            amqp_table(vec![("x-dead-letter-exchange", amqp_text(&dlx))]),
+        )
+        .await?;
+    broker
+        .queue(&incident.healthy, FieldTable::default())
+        .await?;
+    broker.bind(&incident.work, &incident.exchange, "").await?;
+    broker
+        .bind(&incident.healthy, &incident.exchange, "")
+        .await?;
+    for index in 0..messages {
+        let body = format!(r#"{{"order_id":"{tag}o-{index}","n":{index}}}"#);
+        let properties = BasicProperties::default()
+            .with_message_id(format!("{tag}m-{index}").into())
+            .with_type("order.paid".into())
+            .with_content_type("application/json".into())
+            .with_headers(amqp_table(vec![
+                ("tenant", amqp_text("acme")),
+                ("seq", AMQPValue::LongInt(index as i32)),
+            ]));
+        broker
+            .publish(
+                &incident.exchange,
+                "order.paid",
+                body.as_bytes(),
+                properties,
+            )
+            .await?;
+    }
+    // The broken consumer rejects everything on the work queue.
+    let channel = broker.connection.create_channel().await?;
+    for _ in 0..messages {
+        let delivery = channel
+            .basic_get(incident.work.as_str().into(), Default::default())
+            .await?
+            .expect("the work queue holds the message");
+        delivery
+            .acker
+            .reject(lapin::options::BasicRejectOptions { requeue: false })
+            .await?;
+    }
+    channel.close(200, "done".into()).await?;
+    Ok(incident)
+}
+
+async fn planner_for(db: &TestDb, dlq: &str) -> anyhow::Result<PlannerHandle> {
+    planner_for_all(db, &[dlq]).await
+}
+
+async fn planner_for_all(db: &TestDb, dlqs: &[&str]) -> anyhow::Result<PlannerHandle> {
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = dlqs.iter().map(|dlq| (*dlq).to_owned()).collect();
+    config.capture_batch_size = 100;
+    config.capture_prefetch = 500;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config.lease_ttl_seconds = 3;
+    PlannerHandle::start(config).await
+}
+
+async fn captured(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    count: u64,
+) -> anyhow::Result<()> {
+    wait_until("capture", Duration::from_secs(30), || {
+        let mut client = client.clone();
+        let dlq = dlq.to_owned();
+        async move {
+            let summary = client
+                .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
+                    selector: Some(v1::Selector {
+                        sources: vec![dlq],
+                        ..Default::default()
+                    }),
+                    group_by: vec![],
+                })
+                .await?
+                .into_inner();
+            Ok(summary.total >= count)
+        }
+    })
+    .await
+}
+
+/// Precheck → plan → approve; returns the approved plan.
+async fn approved_plan(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    per_second: f64,
+    burst: u32,
+    destination: Option<v1::destination::Mode>,
+) -> anyhow::Result<v1::Plan> {
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.to_owned()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second,
+                burst,
+                rationale: "test downstream takes this easily".into(),
+            }),
+            destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
+            slice_size: 50,
+            canary_fraction: None,
+            observe_for: None,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(plan.state(), PlanState::AwaitingApproval);
+    Ok(client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?
+        .into_inner())
+}
+
+async fn wait_completed(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let plan = client
+            .get_plan(GetPlanRequest {
+                plan_id: plan_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if plan.state() == PlanState::Completed {
+            return Ok(plan);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "plan not completed in {timeout:?}: {:?} {:?}",
+            plan.state(),
+            plan.counts
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A delivery as the consumer saw it.
+#[derive(Debug, Clone)]
+struct Received {
+    at: Instant,
+    message_id: String,
+    body: Vec<u8>,
+    headers: FieldTable,
+}
+
+/// Consumes `queue` (auto-ack) into a shared list until the returned token is
+/// cancelled.
+async fn consume(
+    broker: &Broker,
+    queue: &str,
+) -> anyhow::Result<(
+    std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let channel = broker.connection.create_channel().await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            unique("test-consumer").as_str().into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = received.clone();
+    let task = tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            sink.lock().unwrap().push(Received {
+                at: Instant::now(),
+                message_id: delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string())
+                    .unwrap_or_default(),
+                body: delivery.data.clone(),
+                headers: delivery.properties.headers().clone().unwrap_or_default(),
+            });
+        }
+    });
+    Ok((received, task))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 300).await?;
+    let healthy_before = broker.ready_count(&incident.healthy).await?;
+    assert_eq!(healthy_before, 300);
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 300).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+
+    let plan = approved_plan(&mut client, &incident.dlq, 2000.0, 100, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    executor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 300, "every replayable message arrived once");
+    let mut by_id: HashMap<String, &Received> = HashMap::new();
+    for delivery in &received {
+        assert!(
+            by_id
+                .insert(delivery.message_id.clone(), delivery)
+                .is_none(),
+            "{} twice",
+            delivery.message_id
+        );
+    }
+    let m7 = by_id["m-7"];
+    assert_eq!(m7.body, br#"{"order_id":"o-7","n":7}"#, "same body bytes");
+    let headers = m7.headers.inner();
+    assert!(
+        !headers.contains_key("x-death"),
+        "delivery accounting restarts"
+    );
+    assert!(!headers.contains_key("x-first-death-reason"));
+    assert_eq!(
+        headers.get("tenant"),
+        Some(&amqp_text("acme")),
+        "application headers kept"
+    );
+    assert_eq!(
+        headers.get("seq"),
+        Some(&AMQPValue::LongInt(7)),
+        "with their AMQP types"
+    );
+    assert_eq!(
+        headers.get("redrive-plan-id"),
+        Some(&amqp_text(&plan.plan_id))
+    );
+    assert_eq!(headers.get("redrive-attempt"), Some(&AMQPValue::LongInt(1)));
+    assert_eq!(
+        headers.get("redrive-dead-letter-reason"),
+        Some(&amqp_text("rejected"))
+    );
+    assert!(headers.contains_key("traceparent"));
+    assert_eq!(
+        broker.ready_count(&incident.healthy).await?,
+        300,
+        "the healthy subscriber got no second copy"
+    );
+
+    let counts = done.counts.unwrap();
+    assert_eq!(counts.sent, 300);
+    assert_eq!(done.items_done, 300);
+    let report = client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(report.sent_keys.len(), 300);
+    assert!(report.sent_keys.contains(&"o-7:order.paid".to_owned()));
+    assert!(report.not_sent.is_empty());
+
+    // Replaying the same dead letters again is refused by the precheck.
+    let again = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(again.counts.unwrap().already_replayed, 300);
+
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    // Two incidents, two DLQs, two plans; both replay into one destination queue.
+    let first = incident_named(&broker, 60, "a-").await?;
+    let second = incident_named(&broker, 120, "b-").await?;
+    let planner = planner_for_all(&db, &[&first.dlq, &second.dlq]).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &first.dlq, 60).await?;
+    captured(&mut client, &second.dlq, 120).await?;
+    let target = unique("downstream");
+    broker.queue(&target, FieldTable::default()).await?;
+    let (received, consuming) = consume(&broker, &target).await?;
+    let mut plans = Vec::new();
+    for dlq in [&first.dlq, &second.dlq] {
+        let report = client
+            .run_precheck(RunPrecheckRequest {
+                selector: Some(v1::Selector {
+                    sources: vec![dlq.clone()],
+                    ..Default::default()
+                }),
+                options: None,
+            })
+            .await?
+            .into_inner();
+        let plan = client
+            .create_plan(CreatePlanRequest {
+                precheck_id: report.precheck_id.clone(),
+                rate: Some(Rate {
+                    per_second: 40.0,
+                    burst: 4,
+                    rationale: "downstream handles 40/s".into(),
+                }),
+                destination: Some(v1::Destination {
+                    mode: Some(v1::destination::Mode::Redirect(v1::RedirectDestination {
+                        exchange: String::new(),
+                        routing_key: target.clone(),
+                    })),
+                }),
+                slice_size: 10,
+                canary_fraction: None,
+                observe_for: None,
+            })
+            .await?
+            .into_inner();
+        plans.push(
+            client
+                .approve_plan(ApprovePlanRequest {
+                    plan_id: plan.plan_id,
+                    digest: report.digest,
+                })
+                .await?
+                .into_inner(),
+        );
+    }
+    let executor_a =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let executor_b =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    for plan in &plans {
+        wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    }
+    executor_a.stop().await?;
+    executor_b.stop().await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    consuming.abort();
+
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 180, "60 + 120 items, each once");
+    let times: Vec<Instant> = received.iter().map(|r| r.at).collect();
+    let mut worst = 0;
+    for (start, at) in times.iter().enumerate() {
+        let in_window = times[start..]
+            .iter()
+            .take_while(|t| t.duration_since(*at) < Duration::from_secs(1))
+            .count();
+        worst = worst.max(in_window);
+    }
+    assert!(
+        worst <= 40 + 4,
+        "at most per_second + burst in any 1 s window, saw {worst}"
+    );
+    assert!(worst >= 30, "the rate is used, not starved: {worst}");
+
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 200).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 200).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, 100.0, 10, None).await?;
+
+    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    config.window = 16;
+    let doomed = ExecutorHandle::start(config.clone());
+    wait_until(
+        "the first executor is publishing",
+        Duration::from_secs(20),
+        || {
+            let received = received.clone();
+            async move { Ok(received.lock().unwrap().len() >= 60) }
+        },
+    )
+    .await?;
+    doomed.kill();
+    let survivor = ExecutorHandle::start(config);
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    survivor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+
+    let received = received.lock().unwrap().clone();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for delivery in &received {
+        *copies.entry(delivery.message_id.clone()).or_default() += 1;
+    }
+    assert_eq!(copies.len(), 200, "nothing lost");
+    let duplicated: Vec<&String> = copies
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        duplicated.len() <= 16 + 50,
+        "duplicates bounded by the window and the slice: {}",
+        duplicated.len()
+    );
+    assert_eq!(done.counts.unwrap().sent, 200);
+    // Every duplicate delivery is explained by an uncertain event in the audit.
+    let pool = db.pool().await?;
+    let uncertain: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT d.message_id FROM audit_events e JOIN dead_letters d ON d.id = e.dead_letter_id \
+         WHERE e.action = 'uncertain'",
+    )
+    .fetch_all(&pool)
+    .await?;
+    for id in duplicated {
+        assert!(
+            uncertain.contains(id),
+            "duplicate {id} is marked uncertain in the audit"
+        );
+    }
+    pool.close().await;
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 20).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 20).await?;
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let create = |per_second: f64, burst: u32, rationale: &str| CreatePlanRequest {
+        precheck_id: report.precheck_id.clone(),
+        rate: Some(Rate {
+            per_second,
+            burst,
+            rationale: rationale.into(),
+        }),
+        slice_size: 5,
+        ..Default::default()
+    };
+    for (request, field) in [
+        (create(0.0, 1, "x"), "rate.per_second"),
+        (create(-3.0, 1, "x"), "rate.per_second"),
+        (create(10.0, 0, "x"), "rate.burst"),
+        (create(10.0, 1, "  "), "rate.rationale"),
+    ] {
+        let error = client.create_plan(request).await.unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument);
+        assert!(
+            error.message().contains(field),
+            "{} names {field}",
+            error.message()
+        );
+    }
+    let empty = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec!["nothing-here".into()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let error = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: empty.precheck_id,
+            ..create(10.0, 1, "x")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    let error = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: uuid::Uuid::now_v7().to_string(),
+            ..create(10.0, 1, "x")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::NotFound);
+    let plan = client
+        .create_plan(create(1000.0, 10, "fine"))
+        .await?
+        .into_inner();
+    let wrong = client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: "0".repeat(64),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::FailedPrecondition);
+    client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest.clone(),
+        })
+        .await?;
+    let twice = client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(twice.code(), Code::FailedPrecondition);
+    let unknown = client
+        .get_plan(GetPlanRequest {
+            plan_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    // Fencing: a lease taken over after expiry makes the old token stale.
+    let mut coordinator = CoordinatorClient::connect(planner.url()).await?;
+    let claim = |executor: &str| v1::ClaimSliceRequest {
+        executor_id: executor.into(),
+        wait: None,
+    };
+    let first = coordinator
+        .claim_slice(claim("old"))
+        .await?
+        .into_inner()
+        .slice
+        .expect("a slice");
+    let pool = db.pool().await?;
+    sqlx::query(
+        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(first.slice_id.parse::<i64>()?)
+    .execute(&pool)
+    .await?;
+    let second = coordinator
+        .claim_slice(claim("new"))
+        .await?
+        .into_inner()
+        .slice
+        .expect("the expired slice");
+    assert_eq!(second.slice_id, first.slice_id);
+    assert_eq!(second.fencing_token, first.fencing_token + 1);
+    assert!(
+        second.items.iter().all(|item| item.uncertain),
+        "a takeover republishes as uncertain"
+    );
+    let stale = coordinator
+        .heartbeat(v1::HeartbeatRequest {
+            slice_id: first.slice_id.clone(),
+            fencing_token: first.fencing_token,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition);
+    let event = v1::AuditEvent {
+        dead_letter_id: first.items[0].dead_letter.as_ref().unwrap().id.clone(),
+        message_key: "k".into(),
+        action: v1::AuditAction::Sent.into(),
+        executor_id: "old".into(),
+        attempt: 1,
+        ..Default::default()
+    };
+    let report_stale = v1::ReportOutcomesRequest {
+        slice_id: first.slice_id.clone(),
+        fencing_token: first.fencing_token,
+        events: vec![event],
+    };
+    let refused = async {
+        let mut responses = coordinator
+            .report_outcomes(tokio_stream::iter(vec![report_stale]))
+            .await?
+            .into_inner();
+        responses.message().await
+    }
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM plan_items WHERE state = 'sent'")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(sent, 0, "the stale report changed nothing");
+    let current = coordinator
+        .heartbeat(v1::HeartbeatRequest {
+            slice_id: second.slice_id.clone(),
+            fencing_token: second.fencing_token,
+        })
+        .await?
+        .into_inner();
+    assert!(current.keep_publishing);
+
+    pool.close().await;
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 150).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 150).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, 50.0, 5, None).await?;
+    let proxy = TcpProxy::start("127.0.0.1:6379".parse()?).await?;
+    let redis_via_proxy = format!("redis://{}", proxy.addr());
+    let executor = ExecutorHandle::start(ExecutorHandle::config(
+        &planner,
+        Some((&redis_via_proxy, &prefix)),
+    ));
+    wait_until("publishing started", Duration::from_secs(20), || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= 20) }
+    })
+    .await?;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(3)).await; // in-flight confirms land
+    let during = received.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        received.lock().unwrap().len(),
+        during,
+        "nothing is published without the bucket (fail closed)"
+    );
+    assert!(during < 150);
+    proxy.restore();
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    executor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+    let received = received.lock().unwrap().clone();
+    let mut ids: Vec<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        150,
+        "every message arrived after Redis came back"
+    );
+    assert_eq!(done.counts.unwrap().sent, 150);
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 10).await?;
+    // The producers' exchange loses its binding before the replay.
+    broker
+        .channel
+        .queue_unbind(
+            incident.work.as_str().into(),
+            incident.exchange.as_str().into(),
+            "".into(),
+            FieldTable::default(),
+        )
+        .await?;
+    broker
+        .channel
+        .queue_unbind(
+            incident.healthy.as_str().into(),
+            incident.exchange.as_str().into(),
+            "".into(),
+            FieldTable::default(),
+        )
+        .await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 10).await?;
+    let plan = approved_plan(
+        &mut client,
+        &incident.dlq,
+        1000.0,
+        10,
+        Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
+    )
+    .await?;
+    let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    let counts = done.counts.unwrap();
+    assert_eq!((counts.unroutable, counts.sent), (10, 0));
+    let report = client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert!(report.sent_keys.is_empty());
+    assert_eq!(report.not_sent.len(), 10);
+    assert!(
+        report.not_sent[0].reason.contains("NO_ROUTE") || report.not_sent[0].reason.contains("312"),
+        "{}",
+        report.not_sent[0].reason
+    );
+    assert_eq!(
+        broker.ready_count(&incident.work).await?,
+        0,
+        "nothing delivered"
+    );
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
