@@ -531,7 +531,12 @@ impl EventContext {
     }
 }
 
+/// Sent items marked in Redis per pipeline.
+const MARK_BATCH: usize = 256;
+
 /// Awaits confirms in publish order and turns them into events and feedback.
+/// Confirms that are already in when the oldest one resolves are handled with
+/// it, so sent keys are marked in Redis one pipeline per batch, not per item.
 async fn collect(
     mut in_flight: mpsc::Receiver<InFlight>,
     feedback: mpsc::UnboundedSender<Feedback>,
@@ -540,76 +545,89 @@ async fn collect(
     replay_keys: Option<ReplayKeys>,
     max_attempts: u32,
 ) {
-    while let Some(InFlight { work, pending }) = in_flight.recv().await {
-        let outcome = pending.await;
-        let item = &work.item;
-        match outcome {
-            PublishOutcome::Sent { latency } => {
-                if let Some(replay_keys) = &replay_keys {
-                    // Marked before the report; a failure here does not undo the
-                    // send (the planner's record still gets it).
-                    if let Err(error) = replay_keys
-                        .mark_sent(&[(message_key(item), context.plan_id.clone())])
-                        .await
-                    {
-                        warn!(%error, "could not mark the replay key in Redis");
-                    }
-                }
-                let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-                let _ = events
-                    .send(context.event(item, v1::AuditAction::Sent, "", work.attempt, latency_us))
-                    .await;
-                let _ = feedback.send(Feedback::Done);
+    use futures::FutureExt;
+    let mut waiting: VecDeque<InFlight> = VecDeque::new();
+    loop {
+        if waiting.is_empty() {
+            match in_flight.recv().await {
+                Some(next) => waiting.push_back(next),
+                None => return,
             }
-            PublishOutcome::Unroutable {
-                reply_code,
-                reply_text,
-            } => {
-                let reason = format!(
-                    "returned by the broker: {reply_code} {reply_text} (no queue bound for {}/{})",
-                    item.exchange, item.routing_key
-                );
-                let _ = events
-                    .send(context.event(
-                        item,
-                        v1::AuditAction::Unroutable,
-                        &reason,
-                        work.attempt,
-                        0,
-                    ))
-                    .await;
-                let _ = feedback.send(Feedback::Done);
-            }
-            PublishOutcome::Nacked if work.attempt >= max_attempts => {
-                let reason = format!("nacked by the broker {} times", work.attempt);
-                let _ = events
-                    .send(context.event(item, v1::AuditAction::Failed, &reason, work.attempt, 0))
-                    .await;
-                let _ = feedback.send(Feedback::Done);
-            }
-            PublishOutcome::Nacked => {
-                let backoff = Duration::from_millis(100 * 2_u64.pow(work.attempt.min(6)));
-                let retry = Work {
-                    attempt: work.attempt + 1,
-                    not_before: Some(tokio::time::Instant::now() + backoff),
-                    item: work.item.clone(),
-                };
-                let _ = feedback.send(Feedback::Retry(Box::new(retry)));
-            }
-            PublishOutcome::Uncertain { reason } => {
-                let reason = format!(
-                    "no publisher confirm: {reason}; publishing again with the same message id"
-                );
-                let _ = events
-                    .send(context.event(item, v1::AuditAction::Uncertain, &reason, work.attempt, 0))
-                    .await;
-                let retry = Work {
-                    attempt: work.attempt + 1,
-                    not_before: None,
-                    item: work.item.clone(),
-                };
-                let _ = feedback.send(Feedback::Retry(Box::new(retry)));
-            }
+        }
+        while let Ok(next) = in_flight.try_recv() {
+            waiting.push_back(next);
+        }
+        // The oldest confirm, then every later one that is already in.
+        let mut resolved = Vec::new();
+        let oldest = waiting.pop_front().expect("not empty");
+        resolved.push((oldest.work, oldest.pending.await));
+        while resolved.len() < MARK_BATCH {
+            let Some(front) = waiting.front_mut() else { break };
+            let Some(outcome) = (&mut front.pending).now_or_never() else { break };
+            let done = waiting.pop_front().expect("front exists");
+            resolved.push((done.work, outcome));
+        }
+        let sent_keys: Vec<(String, String)> = resolved
+            .iter()
+            .filter(|(_, outcome)| outcome.is_sent())
+            .map(|(work, _)| (message_key(&work.item), context.plan_id.clone()))
+            .collect();
+        if let Some(replay_keys) = &replay_keys
+            && !sent_keys.is_empty()
+            && let Err(error) = replay_keys.mark_sent(&sent_keys).await
+        {
+            // Marked before the report; a failure here does not undo the send
+            // (the planner's record still gets it).
+            warn!(%error, "could not mark replay keys in Redis");
+        }
+        for (work, outcome) in resolved {
+            handle_outcome(work, outcome, &feedback, &events, &context, max_attempts).await;
+        }
+    }
+}
+
+async fn handle_outcome(
+    work: Work,
+    outcome: PublishOutcome,
+    feedback: &mpsc::UnboundedSender<Feedback>,
+    events: &mpsc::Sender<v1::AuditEvent>,
+    context: &EventContext,
+    max_attempts: u32,
+) {
+    let item = &work.item;
+    match outcome {
+        PublishOutcome::Sent { latency } => {
+            let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+            let _ = events.send(context.event(item, v1::AuditAction::Sent, "", work.attempt, latency_us)).await;
+            let _ = feedback.send(Feedback::Done);
+        }
+        PublishOutcome::Unroutable { reply_code, reply_text } => {
+            let reason = format!(
+                "returned by the broker: {reply_code} {reply_text} (no queue bound for {}/{})",
+                item.exchange, item.routing_key
+            );
+            let _ = events.send(context.event(item, v1::AuditAction::Unroutable, &reason, work.attempt, 0)).await;
+            let _ = feedback.send(Feedback::Done);
+        }
+        PublishOutcome::Nacked if work.attempt >= max_attempts => {
+            let reason = format!("nacked by the broker {} times", work.attempt);
+            let _ = events.send(context.event(item, v1::AuditAction::Failed, &reason, work.attempt, 0)).await;
+            let _ = feedback.send(Feedback::Done);
+        }
+        PublishOutcome::Nacked => {
+            let backoff = Duration::from_millis(100 * 2_u64.pow(work.attempt.min(6)));
+            let retry = Work {
+                attempt: work.attempt + 1,
+                not_before: Some(tokio::time::Instant::now() + backoff),
+                item: work.item.clone(),
+            };
+            let _ = feedback.send(Feedback::Retry(Box::new(retry)));
+        }
+        PublishOutcome::Uncertain { reason } => {
+            let reason = format!("no publisher confirm: {reason}; publishing again with the same message id");
+            let _ = events.send(context.event(item, v1::AuditAction::Uncertain, &reason, work.attempt, 0)).await;
+            let retry = Work { attempt: work.attempt + 1, not_before: None, item: work.item.clone() };
+            let _ = feedback.send(Feedback::Retry(Box::new(retry)));
         }
     }
 }

@@ -1,0 +1,185 @@
+//! Replay benchmark: 100,000 1 KiB dead letters replayed end to end (precheck →
+//! plan → approve → executors claim, publish with confirms, report → plan
+//! completed) with one executor, then another 100,000 with two executors, side
+//! by side with a naive loop that publishes and awaits each confirm in turn.
+//! The rate is set far above what the machine can do; Redis holds the bucket.
+//!
+//! Run: `cargo bench -p redrive-tests --bench replay`
+//! (`REDRIVE_BENCH_MESSAGES` sets the count per run, `REDRIVE_BENCH_NAIVE` the
+//! naive loop's, default 10,000: at ~1,000 msg/s it would take minutes more).
+//! The dead letters are generated in SQL with the shape capture stores, bound
+//! for two queues alternately (one queue's ceiling on this machine is ~7,000
+//! msg/s, BASELINES.md). Reports the process's peak RSS, which holds the
+//! planner and the executors together: an upper bound for one executor.
+
+use std::time::{Duration, Instant};
+
+use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
+use prost::Message;
+use redrive_planner::Config;
+use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
+use redrive_tests::{AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, redis_cleanup, unique};
+
+fn env_count(name: &str, default: i64) -> i64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+async fn generate(pool: &sqlx::PgPool, source: &str, count: i64, queues: [&str; 2]) -> anyhow::Result<()> {
+    let properties = MessageProperties {
+        content_type: Some("application/json".into()),
+        delivery_mode: Some(2),
+        app_id: Some("checkout".into()),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let text = |value: &str| HeaderValue { value: Some(Value::LongString(value.as_bytes().to_vec())) };
+    let headers = HeaderTable {
+        fields: [
+            ("tenant".to_owned(), text("acme")),
+            ("schema-version".to_owned(), text("3")),
+            ("attempt".to_owned(), HeaderValue { value: Some(Value::LongInt(1)) }),
+        ]
+        .into(),
+    }
+    .encode_to_vec();
+    sqlx::query(
+        r#"
+        INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key,
+            body, body_size, body_sha256, body_oversized, body_compression, properties, headers,
+            content_type, death_reason, death_queue, death_exchange, death_routing_keys, death_count,
+            death_time, reason_class, destination, event_type, schema_version, producer, died_at,
+            first_died_at, capture_notes)
+        SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), $1 || '-m-' || g, $1 || '-o-' || g,
+            b.body, length(b.body), sha256(b.body), false, 'none', $3, $4, 'application/json', 'rejected',
+            d.queue, '', ARRAY[d.queue], 1, now(), 'rejected', d.queue, 'order.paid', '3', 'checkout', now(), now(), '{}'
+        FROM generate_series(1, $2) g,
+        LATERAL (SELECT convert_to('{"order_id":"' || $1 || '-o-' || g || '","pad":"' || repeat('x', 960) || '"}', 'UTF8') AS body) b,
+        LATERAL (SELECT CASE WHEN g % 2 = 0 THEN $5 ELSE $6 END AS queue) d
+        "#,
+    )
+    .bind(source)
+    .bind(count)
+    .bind(&properties)
+    .bind(&headers)
+    .bind(queues[0])
+    .bind(queues[1])
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+async fn replay(planner: &PlannerHandle, source: &str, executors: usize, prefix: &str) -> anyhow::Result<f64> {
+    let mut client = planner.client().await?;
+    let report = client
+        .run_precheck(v1::RunPrecheckRequest {
+            selector: Some(v1::Selector { sources: vec![source.to_owned()], ..Default::default() }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(v1::Rate { per_second: 1_000_000.0, burst: 1000, rationale: "benchmark: far above the machine".into() }),
+            slice_size: 1000,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut config = ExecutorHandle::config(planner, Some((REDIS_URL, prefix)));
+    config.claim_wait_seconds = 1;
+    let started = Instant::now();
+    client.approve_plan(v1::ApprovePlanRequest { plan_id: plan.plan_id.clone(), digest: report.digest }).await?;
+    let handles: Vec<ExecutorHandle> = (0..executors).map(|_| ExecutorHandle::start(config.clone())).collect();
+    loop {
+        let current = client.get_plan(v1::GetPlanRequest { plan_id: plan.plan_id.clone() }).await?.into_inner();
+        if current.state() == v1::PlanState::Completed {
+            let counts = current.counts.unwrap_or_default();
+            anyhow::ensure!(counts.sent == current.total_items, "not all sent: {counts:?}");
+            break;
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "replay did not finish in 10 minutes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    for handle in handles {
+        handle.stop().await?;
+    }
+    Ok(seconds)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let messages = env_count("REDRIVE_BENCH_MESSAGES", 100_000);
+    let naive_messages = env_count("REDRIVE_BENCH_NAIVE", 10_000);
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-bench") + ":";
+    let queues: Vec<String> = (0..4).map(|_| unique("bench_replay")).collect();
+    for queue in &queues {
+        broker.queue(queue, FieldTable::default()).await?;
+    }
+    let setup = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let pool = db.pool().await?;
+    generate(&pool, "bench-one", messages, [&queues[0], &queues[1]]).await?;
+    generate(&pool, "bench-two", messages, [&queues[2], &queues[3]]).await?;
+    sqlx::query("ANALYZE dead_letters").execute(&pool).await?;
+    setup.stop().await?;
+
+    // The naive loop: publish, await the confirm, next.
+    let naive_queue = unique("bench_naive");
+    broker.queue(&naive_queue, FieldTable::default()).await?;
+    let body = vec![b'x'; 1024];
+    let started = Instant::now();
+    for index in 0..naive_messages {
+        let properties = BasicProperties::default().with_message_id(format!("n-{index}").into()).with_delivery_mode(2);
+        broker
+            .channel
+            .basic_publish("".into(), naive_queue.as_str().into(), BasicPublishOptions { mandatory: true, ..Default::default() }, &body, properties)
+            .await?
+            .await?;
+    }
+    let naive = naive_messages as f64 / started.elapsed().as_secs_f64();
+    println!("naive loop (publish, await confirm, next): {naive_messages} messages, {naive:.0} msg/s");
+
+    let mut config = Config::for_database(db.url());
+    config.lease_ttl_seconds = 30;
+    let planner = PlannerHandle::start(config).await?;
+    let one = replay(&planner, "bench-one", 1, &prefix).await?;
+    println!(
+        "one executor: {messages} dead letters replayed end to end in {one:.2} s: {:.0} msg/s; peak RSS {:.0} MiB",
+        messages as f64 / one,
+        peak_rss_mib()
+    );
+    let two = replay(&planner, "bench-two", 2, &prefix).await?;
+    println!(
+        "two executors: {messages} dead letters replayed end to end in {two:.2} s: {:.0} msg/s; peak RSS {:.0} MiB",
+        messages as f64 / two,
+        peak_rss_mib()
+    );
+    let delivered: u32 = {
+        let mut total = 0;
+        for queue in &queues {
+            total += broker.ready_count(queue).await?;
+        }
+        total
+    };
+    println!("delivered {delivered} messages in all (expected {})", 2 * messages);
+    planner.stop().await?;
+    pool.close().await;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    anyhow::ensure!(i64::from(delivered) == 2 * messages, "lost or duplicated messages");
+    let _ = AMQP_URL;
+    Ok(())
+}
