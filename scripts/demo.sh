@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
 cargo build --bins
-exec target/debug/redrive-demo
+exec "${CARGO_TARGET_DIR:-target}/debug/redrive-demo"

@@ -562,8 +562,12 @@ async fn collect(
         let oldest = waiting.pop_front().expect("not empty");
         resolved.push((oldest.work, oldest.pending.await));
         while resolved.len() < MARK_BATCH {
-            let Some(front) = waiting.front_mut() else { break };
-            let Some(outcome) = (&mut front.pending).now_or_never() else { break };
+            let Some(front) = waiting.front_mut() else {
+                break;
+            };
+            let Some(outcome) = (&mut front.pending).now_or_never() else {
+                break;
+            };
             let done = waiting.pop_front().expect("front exists");
             resolved.push((done.work, outcome));
         }
@@ -598,20 +602,29 @@ async fn handle_outcome(
     match outcome {
         PublishOutcome::Sent { latency } => {
             let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-            let _ = events.send(context.event(item, v1::AuditAction::Sent, "", work.attempt, latency_us)).await;
+            let _ = events
+                .send(context.event(item, v1::AuditAction::Sent, "", work.attempt, latency_us))
+                .await;
             let _ = feedback.send(Feedback::Done);
         }
-        PublishOutcome::Unroutable { reply_code, reply_text } => {
+        PublishOutcome::Unroutable {
+            reply_code,
+            reply_text,
+        } => {
             let reason = format!(
                 "returned by the broker: {reply_code} {reply_text} (no queue bound for {}/{})",
                 item.exchange, item.routing_key
             );
-            let _ = events.send(context.event(item, v1::AuditAction::Unroutable, &reason, work.attempt, 0)).await;
+            let _ = events
+                .send(context.event(item, v1::AuditAction::Unroutable, &reason, work.attempt, 0))
+                .await;
             let _ = feedback.send(Feedback::Done);
         }
         PublishOutcome::Nacked if work.attempt >= max_attempts => {
             let reason = format!("nacked by the broker {} times", work.attempt);
-            let _ = events.send(context.event(item, v1::AuditAction::Failed, &reason, work.attempt, 0)).await;
+            let _ = events
+                .send(context.event(item, v1::AuditAction::Failed, &reason, work.attempt, 0))
+                .await;
             let _ = feedback.send(Feedback::Done);
         }
         PublishOutcome::Nacked => {
@@ -624,9 +637,17 @@ async fn handle_outcome(
             let _ = feedback.send(Feedback::Retry(Box::new(retry)));
         }
         PublishOutcome::Uncertain { reason } => {
-            let reason = format!("no publisher confirm: {reason}; publishing again with the same message id");
-            let _ = events.send(context.event(item, v1::AuditAction::Uncertain, &reason, work.attempt, 0)).await;
-            let retry = Work { attempt: work.attempt + 1, not_before: None, item: work.item.clone() };
+            let reason = format!(
+                "no publisher confirm: {reason}; publishing again with the same message id"
+            );
+            let _ = events
+                .send(context.event(item, v1::AuditAction::Uncertain, &reason, work.attempt, 0))
+                .await;
+            let retry = Work {
+                attempt: work.attempt + 1,
+                not_before: None,
+                item: work.item.clone(),
+            };
             let _ = feedback.send(Feedback::Retry(Box::new(retry)));
         }
     }

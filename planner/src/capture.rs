@@ -12,9 +12,18 @@
 //!   unacked) and capture resumes when PostgreSQL is back.
 //! - RabbitMQ connection lost: the session ends and reconnects with backoff; the
 //!   broker redelivers every unacked message with `redelivered` set.
-//! - The planner dies between commit and ack: the broker redelivers; a
-//!   redelivered message whose capture fingerprint (source, body, properties,
-//!   headers) is already stored is not stored again, and is acked.
+//! - The planner dies between commit and ack: the broker redelivers those
+//!   messages (`redelivered` set) to the next session. Each capture batch is
+//!   recorded with its session and marked acked after the broker ack; a
+//!   redelivered message is matched against a stored copy (same source and
+//!   fingerprint: body, properties, headers) in a batch an *earlier* session
+//!   committed but never acked, and each such copy absorbs at most one
+//!   redelivery. Identical dead letters therefore stay distinct, and a crash
+//!   never stores one twice.
+//! - PostgreSQL refuses a batch for its content (a value out of range): the
+//!   batch is stored one dead letter at a time, a refused one without its
+//!   derived fields (body, properties and headers kept exactly, noted), so one
+//!   odd message never stalls its queue.
 
 use std::{sync::Arc, time::Duration};
 
@@ -33,8 +42,12 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
-    store::{Store, StoreError},
+    store::{Store, StoreError, dead_letters::InsertOutcome},
 };
+
+/// A batch is written once its bodies reach this many bytes, whatever its
+/// count.
+pub const MAX_BATCH_BYTES: usize = 64 * 1024 * 1024;
 
 /// How capture runs.
 #[derive(Debug, Clone)]
@@ -124,21 +137,29 @@ async fn session(
             FieldTable::default(),
         )
         .await?;
-    info!(
-        prefetch = config.prefetch,
-        batch_size = config.batch_size,
-        "capturing"
-    );
+    let session_id = uuid::Uuid::new_v4();
+    info!(prefetch = config.prefetch, batch_size = config.batch_size, capture.session = %session_id, "capturing");
 
     // One batch queued while another is written: gathering overlaps the insert.
     let (batches, mut to_write) = mpsc::channel::<Batch>(1);
     let writer_store = store.clone();
     let writer_shutdown = shutdown.clone();
+    let session_over = CancellationToken::new();
+    let writer_session_over = session_over.clone();
     let source = queue.to_owned();
     let writer = tokio::spawn(
         async move {
             while let Some(batch) = to_write.recv().await {
-                if !write_batch(&writer_store, &source, batch, &writer_shutdown).await {
+                let written = write_batch(
+                    &writer_store,
+                    &source,
+                    session_id,
+                    batch,
+                    &writer_shutdown,
+                    &writer_session_over,
+                )
+                .await;
+                if !written {
                     break;
                 }
             }
@@ -148,15 +169,17 @@ async fn session(
 
     let outcome = gather(config, queue, &mut consumer, &batches, shutdown).await;
     drop(batches);
+    if outcome.is_err() {
+        // The channel is gone: its unacked deliveries come back redelivered to
+        // the next session. Let a write in progress finish (commit or fail)
+        // before reconnecting, so that the next session sees what it committed
+        // and matches the redeliveries against it; do not retry it.
+        session_over.cancel();
+    }
+    let _ = writer.await;
     if outcome.is_ok() {
-        // Shutdown: let the writer store and ack what it holds (one last try).
-        let _ = writer.await;
         let _ = channel.close(200, "planner shutting down".into()).await;
         let _ = connection.close(200, "planner shutting down".into()).await;
-    } else {
-        // The channel is gone: unacked deliveries come back redelivered, and
-        // fingerprints keep a batch committed meanwhile from being stored twice.
-        writer.abort();
     }
     outcome
 }
@@ -178,12 +201,18 @@ async fn gather(
             return Err(CaptureError::ConsumerEnded(queue.to_owned()));
         };
         let mut deliveries = vec![first?];
+        let mut batch_bytes = deliveries[0].data.len();
         let deadline = tokio::time::Instant::now() + config.batch_wait;
-        while deliveries.len() < config.batch_size {
+        // Cut by count and by bytes: PostgreSQL takes at most 1 GB in one value.
+        while deliveries.len() < config.batch_size && batch_bytes < MAX_BATCH_BYTES {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
                 next = consumer.next() => match next {
-                    Some(delivery) => deliveries.push(delivery?),
+                    Some(delivery) => {
+                        let delivery = delivery?;
+                        batch_bytes += delivery.data.len();
+                        deliveries.push(delivery);
+                    }
                     None => return Err(CaptureError::ConsumerEnded(queue.to_owned())),
                 },
             }
@@ -241,19 +270,21 @@ async fn extract_batch(
     }
 }
 
-/// Stores `batch` (retrying while PostgreSQL is unavailable) and then acks it.
-/// Returns false when it gave up because of shutdown (the batch stays unacked
-/// and returns to the queue).
+/// Stores `batch` (retrying while PostgreSQL is unavailable), acks it, then
+/// records the ack. Returns false when it gave up because of shutdown or the
+/// end of the session (the batch stays unacked and returns to the queue).
 async fn write_batch(
     store: &Store,
     source: &str,
+    session: uuid::Uuid,
     batch: Batch,
     shutdown: &CancellationToken,
+    session_over: &CancellationToken,
 ) -> bool {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match store.insert_dead_letters(&batch.dead_letters).await {
-            Ok(outcome) => {
+        match store_batch(store, session, source, &batch.dead_letters).await {
+            Ok((batch_ids, outcome)) => {
                 tracing::debug!(
                     source,
                     inserted = outcome.inserted,
@@ -264,7 +295,7 @@ async fn write_batch(
                     info!(
                         source,
                         already_stored = outcome.already_stored,
-                        "redelivered dead letters already stored"
+                        "redeliveries of dead letters stored before the last crash"
                     );
                 }
                 if let Err(error) = batch
@@ -273,24 +304,79 @@ async fn write_batch(
                     .ack(BasicAckOptions { multiple: true })
                     .await
                 {
-                    // Stored but not acked: the broker redelivers them and the
-                    // fingerprint check keeps them from being stored twice.
+                    // Stored but not acked: the broker redelivers them to the next
+                    // session, which matches them against this unacked batch.
                     warn!(%error, "ack after commit failed");
+                    return true;
+                }
+                for batch_id in batch_ids {
+                    if let Err(error) = store.mark_capture_acked(batch_id).await {
+                        warn!(%error, batch_id, "could not record the ack of a capture batch");
+                    }
                 }
                 return true;
             }
             Err(error) => {
-                let retryable = error.is_retryable() || matches!(error, StoreError::Migrate(_));
-                warn!(%error, retryable, retry_in_ms = backoff.as_millis() as u64, "storing dead letters failed; nothing acked");
-                if shutdown.is_cancelled() {
+                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "storing dead letters failed; nothing acked");
+                if shutdown.is_cancelled() || session_over.is_cancelled() {
                     return false;
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => {}
+                    () = session_over.cancelled() => return false,
                     () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }
+}
+
+/// Stores a captured batch; when PostgreSQL refuses it for its content (not
+/// because it is unreachable), stores the dead letters one by one, each refused
+/// one degraded to what is always storable ([`NewDeadLetter::degraded`]), so
+/// that one odd message never stalls its queue.
+///
+/// # Errors
+/// Retryable store errors (PostgreSQL unreachable), or a degraded dead letter
+/// refused too.
+async fn store_batch(
+    store: &Store,
+    session: uuid::Uuid,
+    source: &str,
+    batch: &[NewDeadLetter],
+) -> Result<(Vec<i64>, InsertOutcome), StoreError> {
+    match store.insert_captured(session, source, batch).await {
+        Err(error) if !error.is_retryable() && batch.len() > 1 => {
+            warn!(%error, "a batch was refused; storing its dead letters one by one");
+        }
+        Err(error) if !error.is_retryable() => {
+            let degraded = batch[0].degraded(&error.to_string());
+            warn!(%error, "a dead letter was refused; storing it without its derived fields");
+            let (id, outcome) = store
+                .insert_captured(session, source, std::slice::from_ref(&degraded))
+                .await?;
+            return Ok((vec![id], outcome));
+        }
+        other => return other.map(|(id, outcome)| (vec![id], outcome)),
+    }
+    let mut ids = Vec::with_capacity(batch.len());
+    let mut total = InsertOutcome::default();
+    for dead_letter in batch {
+        let single = std::slice::from_ref(dead_letter);
+        let (id, outcome) = match store.insert_captured(session, source, single).await {
+            Err(error) if !error.is_retryable() => {
+                warn!(%error, "a dead letter was refused; storing it without its derived fields");
+                let degraded = dead_letter.degraded(&error.to_string());
+                store
+                    .insert_captured(session, source, std::slice::from_ref(&degraded))
+                    .await?
+            }
+            other => other?,
+        };
+        ids.push(id);
+        total.inserted += outcome.inserted;
+        total.already_stored += outcome.already_stored;
+    }
+    Ok((ids, total))
 }

@@ -183,8 +183,12 @@ impl Config {
         if self.lease_ttl_seconds < 3 {
             return error("lease-ttl-seconds", "must be at least 3".to_owned());
         }
-        if self.database_max_connections == 0 {
-            return error("database-max-connections", "must be at least 1".to_owned());
+        if self.database_max_connections < 2 {
+            return error(
+                "database-max-connections",
+                "must be at least 2 (a precheck reads with one connection and writes with another)"
+                    .to_owned(),
+            );
         }
         for spec in &self.message_keys {
             if let Err(problem) = spec.parse::<KeySource>() {

@@ -249,7 +249,7 @@ impl ExtractionRules {
             raw.properties
                 .timestamp
                 .and_then(|seconds| i64::try_from(seconds).ok())
-                .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
+                .and_then(death::epoch_seconds)
         });
         let died_at = death
             .as_ref()
@@ -328,4 +328,41 @@ pub async fn extract(rules: &std::sync::Arc<ExtractionRules>, raw: RawDeadLetter
     tokio::task::spawn_blocking(move || rules.extract(raw))
         .await
         .expect("extraction does not panic")
+}
+
+impl NewDeadLetter {
+    /// This dead letter with everything derived dropped, for when PostgreSQL
+    /// refuses a derived value (an odd time, a value over a limit): the body,
+    /// properties and headers are kept exactly, the death becomes unknown, and
+    /// a capture note says why. Nothing is lost; the precheck marks it invalid
+    /// when no destination is left.
+    pub fn degraded(&self, problem: &str) -> Self {
+        let mut degraded = self.clone();
+        degraded.death = None;
+        degraded.reason_class = ReasonClass::Unknown;
+        degraded.event_type = None;
+        degraded.schema_version = None;
+        degraded.producer = None;
+        degraded.error_text = None;
+        degraded.attempts = None;
+        degraded.occurred_at = None;
+        degraded.died_at = self.captured_at;
+        degraded.first_died_at = self.captured_at;
+        degraded.redrive_plan_id = None;
+        degraded.original_exchange = None;
+        degraded.original_routing_key = None;
+        degraded.content_type = None;
+        degraded.body_problem = None;
+        degraded.message_id = self
+            .message_id
+            .as_ref()
+            .map(|id| id.chars().take(255).collect());
+        degraded.message_key = self.message_key.chars().take(1024).collect();
+        degraded.destination = self.destination.chars().take(255).collect();
+        degraded.capture_notes = vec![format!(
+            "derived fields could not be stored ({}); kept as captured, death unknown",
+            problem.chars().take(500).collect::<String>()
+        )];
+        degraded
+    }
 }

@@ -51,6 +51,20 @@ pub struct DeathInfo {
     pub original_routing_key: Option<String>,
 }
 
+/// Latest second PostgreSQL and operators can reasonably hold: 9999-12-31.
+const MAX_EPOCH_SECONDS: i64 = 253_402_300_799;
+
+/// A time from epoch seconds, only within years 1970..=9999 (PostgreSQL's
+/// `timestamptz` range is narrower than chrono's; anything outside is not a
+/// real death or event time).
+pub fn epoch_seconds(seconds: i64) -> Option<DateTime<Utc>> {
+    if (0..=MAX_EPOCH_SECONDS).contains(&seconds) {
+        DateTime::from_timestamp(seconds, 0)
+    } else {
+        None
+    }
+}
+
 /// The text of a string-typed header value (long strings lossily as UTF-8).
 pub fn header_text(value: &HeaderValue) -> Option<String> {
     match value.value.as_ref()? {
@@ -177,8 +191,8 @@ pub fn parse_x_death(value: &HeaderValue) -> Result<Death, String> {
         None => None,
         Some(value) => Some(
             header_integer(value)
-                .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
-                .ok_or_else(|| "time is not a timestamp".to_owned())?,
+                .and_then(epoch_seconds)
+                .ok_or_else(|| "time is not a timestamp between 1970 and 9999".to_owned())?,
         ),
     };
     let first_time = entries
@@ -188,8 +202,8 @@ pub fn parse_x_death(value: &HeaderValue) -> Result<Death, String> {
             Some(Value::Table(table)) => table.fields.get("time").and_then(header_integer),
             _ => None,
         })
+        .filter_map(epoch_seconds)
         .min()
-        .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
         .or(time);
     Ok(Death {
         reason,
@@ -362,6 +376,26 @@ mod tests {
             ("maxlen", "work")
         );
         assert!(info.notes[0].contains("not an array"), "{:?}", info.notes);
+    }
+
+    #[test]
+    fn times_outside_1970_to_9999_are_malformed() {
+        let entry = table(vec![
+            ("reason", text("rejected")),
+            (
+                "time",
+                HeaderValue {
+                    value: Some(Value::LongLongInt(-300_000_000_000)),
+                },
+            ),
+        ]);
+        assert!(
+            parse_x_death(&array(vec![entry]))
+                .unwrap_err()
+                .contains("time")
+        );
+        assert!(epoch_seconds(i64::MAX).is_none());
+        assert!(epoch_seconds(1_700_000_000).is_some());
     }
 
     #[test]

@@ -152,9 +152,14 @@ impl Planner for PlannerGrpc {
             selector_proto,
             options_proto,
         };
-        Ok(Response::new(
-            precheck::run(&self.state.store, &self.state.checker, precheck).await?,
-        ))
+        // Run detached: a caller that goes away does not leave the precheck
+        // half done (it finishes and is stored, for GetPrecheck).
+        let store = self.state.store.clone();
+        let checker = Arc::clone(&self.state.checker);
+        let report = tokio::spawn(async move { precheck::run(&store, &checker, precheck).await })
+            .await
+            .map_err(|error| Status::internal(format!("precheck task failed: {error}")))??;
+        Ok(Response::new(report))
     }
 
     async fn get_precheck(

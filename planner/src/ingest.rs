@@ -14,7 +14,7 @@ use redrive_proto::{
 use crate::{
     dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
     error::Error,
-    store::Store,
+    store::{Store, dead_letters::InsertOutcome},
 };
 
 /// Items stored per statement.
@@ -106,12 +106,34 @@ where
     Ok(summary)
 }
 
+/// Stores `batch`; when PostgreSQL refuses it for its content, item by item,
+/// a refused item degraded to what is always storable (its body, properties and
+/// headers exactly), so one odd item never stops an import.
 async fn flush(
     store: &Store,
     batch: &mut Vec<NewDeadLetter>,
     summary: &mut IngestSummary,
 ) -> Result<(), Error> {
-    let outcome = store.insert_dead_letters(batch).await?;
+    let outcome = match store.insert_dead_letters(batch).await {
+        Err(error) if !error.is_retryable() => {
+            tracing::warn!(%error, "an ingest batch was refused; storing its items one by one");
+            let mut total = InsertOutcome::default();
+            for item in batch.iter() {
+                let outcome = match store.insert_dead_letters(std::slice::from_ref(item)).await {
+                    Err(error) if !error.is_retryable() => {
+                        store
+                            .insert_dead_letters(&[item.degraded(&error.to_string())])
+                            .await?
+                    }
+                    other => other?,
+                };
+                total.inserted += outcome.inserted;
+                total.already_stored += outcome.already_stored;
+            }
+            total
+        }
+        other => other?,
+    };
     summary.accepted += outcome.inserted;
     summary.duplicates += outcome.already_stored;
     batch.clear();

@@ -35,7 +35,15 @@ pub mod selector;
 pub mod state_check;
 pub mod store;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use tonic::service::interceptor::InterceptedService;
 
 use redrive_proto::{
     FILE_DESCRIPTOR_SET,
@@ -75,64 +83,90 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     config.validate()?;
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?;
-    if !prepare_database(&config, &store, &shutdown).await? {
-        return Ok(());
-    }
     let rules = Arc::new(config.extraction_rules());
+    let notifier = Notifier::new();
+    let coordinator_service =
+        coordinator::Coordinator::new(store.clone(), notifier.clone(), config.lease_ttl());
+    let checker = Arc::new(StateChecker::new(config.state_check_routes()));
 
-    let capture = tokio::spawn(capture::run(
-        CaptureConfig {
-            amqp_url: config.amqp_url.clone(),
-            queues: config.capture_queues.clone(),
-            prefetch: config.capture_prefetch,
-            batch_size: config.capture_batch_size,
-            batch_wait: config.capture_batch_wait(),
-            rules: Arc::clone(&rules),
-        },
-        store.clone(),
-        shutdown.clone(),
-    ));
-
+    // Serve at once, so that callers get a clear UNAVAILABLE (and health
+    // NOT_SERVING) while PostgreSQL is being waited for, instead of a hang.
+    let ready = Arc::new(AtomicBool::new(false));
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
-        .set_serving::<PlannerServer<PlannerGrpc>>()
+        .set_not_serving::<PlannerServer<PlannerGrpc>>()
         .await;
     health_reporter
-        .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+        .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let notifier = Notifier::new();
-    let listening = tokio::spawn(notifier.clone().listen(store.clone(), shutdown.clone()));
-    let coordinator_service =
-        coordinator::Coordinator::new(store.clone(), notifier.clone(), config.lease_ttl());
-    let checker = Arc::new(StateChecker::new(config.state_check_routes()));
     let planner = PlannerServer::new(PlannerGrpc::new(PlannerState {
-        store,
-        rules,
+        store: store.clone(),
+        rules: Arc::clone(&rules),
         checker,
-        notifier,
+        notifier: notifier.clone(),
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
     let coordinator = CoordinatorServer::new(CoordinatorGrpc::new(coordinator_service))
         .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-
+    let gate = ReadyGate(Arc::clone(&ready));
     info!(listen = %listener.local_addr()?, capture_queues = ?config.capture_queues, "planner serving");
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(planner)
-        .add_service(coordinator)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled())
-        .await?;
+    let server_shutdown = shutdown.clone();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(InterceptedService::new(planner, gate.clone()))
+            .add_service(InterceptedService::new(coordinator, gate))
+            .serve_with_incoming_shutdown(incoming(listener), server_shutdown.cancelled_owned()),
+    );
 
-    listening.abort();
+    let prepared = prepare_database(&config, &store, &shutdown).await;
+    let (capture, listening) = match prepared {
+        Ok(true) => {
+            ready.store(true, Ordering::SeqCst);
+            health_reporter
+                .set_serving::<PlannerServer<PlannerGrpc>>()
+                .await;
+            health_reporter
+                .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+                .await;
+            info!("planner ready");
+            let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
+            let capture = tokio::spawn(capture::run(
+                CaptureConfig {
+                    amqp_url: config.amqp_url.clone(),
+                    queues: config.capture_queues.clone(),
+                    prefetch: config.capture_prefetch,
+                    batch_size: config.capture_batch_size,
+                    batch_wait: config.capture_batch_wait(),
+                    rules,
+                },
+                store,
+                shutdown.clone(),
+            ));
+            (Some(capture), Some(listening))
+        }
+        Ok(false) => (None, None),
+        Err(error) => {
+            shutdown.cancel();
+            let _ = server.await;
+            return Err(error);
+        }
+    };
+    server.await??;
+    if let Some(listening) = listening {
+        listening.abort();
+    }
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
-    if tokio::time::timeout(grace, capture).await.is_err() {
+    if let Some(capture) = capture
+        && tokio::time::timeout(grace, capture).await.is_err()
+    {
         warn!(
             grace_seconds = config.shutdown_grace_seconds,
             "capture did not stop within the grace period"
@@ -140,6 +174,22 @@ pub async fn run(
     }
     info!("planner stopped");
     Ok(())
+}
+
+/// Answers UNAVAILABLE until the database is ready.
+#[derive(Debug, Clone)]
+struct ReadyGate(Arc<AtomicBool>);
+
+impl tonic::service::Interceptor for ReadyGate {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if self.0.load(Ordering::SeqCst) {
+            Ok(request)
+        } else {
+            Err(tonic::Status::unavailable(
+                "the planner is starting: waiting for PostgreSQL and its migrations (see the planner's log)",
+            ))
+        }
+    }
 }
 
 /// Creates the database if missing and applies migrations, retrying with

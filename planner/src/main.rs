@@ -32,10 +32,15 @@ async fn main() -> ExitCode {
     if config.log_json {
         tracing_subscriber::fmt()
             .json()
+            .with_writer(std::io::stderr)
             .with_env_filter(filter)
             .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(filter)
+            .init();
     }
 
     let listener = match tokio::net::TcpListener::bind(config.listen).await {

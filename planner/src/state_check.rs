@@ -78,7 +78,9 @@ impl FromStr for HookRoute {
 
     fn from_str(spec: &str) -> Result<Self, Self::Err> {
         let (matcher, url) = spec.rsplit_once('=').ok_or_else(|| {
-            format!("{spec:?}: expected event-type:PATTERN=URL or destination:NAME=URL")
+            format!(
+                "{spec:?}: expected event-type:PATTERN=URL, destination:NAME=URL or PATTERN=URL"
+            )
         })?;
         if !url.starts_with("http://") && !url.starts_with("https://") {
             return Err(format!(

@@ -18,10 +18,15 @@ use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
 use prost::Message;
 use redrive_planner::Config;
 use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
-use redrive_tests::{AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, redis_cleanup, unique};
+use redrive_tests::{
+    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, redis_cleanup, unique,
+};
 
 fn env_count(name: &str, default: i64) -> i64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn peak_rss_mib() -> f64 {
@@ -29,11 +34,23 @@ fn peak_rss_mib() -> f64 {
         .unwrap_or_default()
         .lines()
         .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-async fn generate(pool: &sqlx::PgPool, source: &str, count: i64, queues: [&str; 2]) -> anyhow::Result<()> {
+async fn generate(
+    pool: &sqlx::PgPool,
+    source: &str,
+    count: i64,
+    queues: [&str; 2],
+) -> anyhow::Result<()> {
     let properties = MessageProperties {
         content_type: Some("application/json".into()),
         delivery_mode: Some(2),
@@ -41,12 +58,19 @@ async fn generate(pool: &sqlx::PgPool, source: &str, count: i64, queues: [&str; 
         ..Default::default()
     }
     .encode_to_vec();
-    let text = |value: &str| HeaderValue { value: Some(Value::LongString(value.as_bytes().to_vec())) };
+    let text = |value: &str| HeaderValue {
+        value: Some(Value::LongString(value.as_bytes().to_vec())),
+    };
     let headers = HeaderTable {
         fields: [
             ("tenant".to_owned(), text("acme")),
             ("schema-version".to_owned(), text("3")),
-            ("attempt".to_owned(), HeaderValue { value: Some(Value::LongInt(1)) }),
+            (
+                "attempt".to_owned(),
+                HeaderValue {
+                    value: Some(Value::LongInt(1)),
+                },
+            ),
         ]
         .into(),
     }
@@ -77,11 +101,19 @@ async fn generate(pool: &sqlx::PgPool, source: &str, count: i64, queues: [&str; 
     Ok(())
 }
 
-async fn replay(planner: &PlannerHandle, source: &str, executors: usize, prefix: &str) -> anyhow::Result<f64> {
+async fn replay(
+    planner: &PlannerHandle,
+    source: &str,
+    executors: usize,
+    prefix: &str,
+) -> anyhow::Result<f64> {
     let mut client = planner.client().await?;
     let report = client
         .run_precheck(v1::RunPrecheckRequest {
-            selector: Some(v1::Selector { sources: vec![source.to_owned()], ..Default::default() }),
+            selector: Some(v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
             options: None,
         })
         .await?
@@ -89,7 +121,11 @@ async fn replay(planner: &PlannerHandle, source: &str, executors: usize, prefix:
     let plan = client
         .create_plan(v1::CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
-            rate: Some(v1::Rate { per_second: 1_000_000.0, burst: 1000, rationale: "benchmark: far above the machine".into() }),
+            rate: Some(v1::Rate {
+                per_second: 1_000_000.0,
+                burst: 1000,
+                rationale: "benchmark: far above the machine".into(),
+            }),
             slice_size: 1000,
             ..Default::default()
         })
@@ -98,16 +134,34 @@ async fn replay(planner: &PlannerHandle, source: &str, executors: usize, prefix:
     let mut config = ExecutorHandle::config(planner, Some((REDIS_URL, prefix)));
     config.claim_wait_seconds = 1;
     let started = Instant::now();
-    client.approve_plan(v1::ApprovePlanRequest { plan_id: plan.plan_id.clone(), digest: report.digest }).await?;
-    let handles: Vec<ExecutorHandle> = (0..executors).map(|_| ExecutorHandle::start(config.clone())).collect();
+    client
+        .approve_plan(v1::ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?;
+    let handles: Vec<ExecutorHandle> = (0..executors)
+        .map(|_| ExecutorHandle::start(config.clone()))
+        .collect();
     loop {
-        let current = client.get_plan(v1::GetPlanRequest { plan_id: plan.plan_id.clone() }).await?.into_inner();
+        let current = client
+            .get_plan(v1::GetPlanRequest {
+                plan_id: plan.plan_id.clone(),
+            })
+            .await?
+            .into_inner();
         if current.state() == v1::PlanState::Completed {
             let counts = current.counts.unwrap_or_default();
-            anyhow::ensure!(counts.sent == current.total_items, "not all sent: {counts:?}");
+            anyhow::ensure!(
+                counts.sent == current.total_items,
+                "not all sent: {counts:?}"
+            );
             break;
         }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "replay did not finish in 10 minutes");
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "replay did not finish in 10 minutes"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -141,15 +195,28 @@ async fn main() -> anyhow::Result<()> {
     let body = vec![b'x'; 1024];
     let started = Instant::now();
     for index in 0..naive_messages {
-        let properties = BasicProperties::default().with_message_id(format!("n-{index}").into()).with_delivery_mode(2);
+        let properties = BasicProperties::default()
+            .with_message_id(format!("n-{index}").into())
+            .with_delivery_mode(2);
         broker
             .channel
-            .basic_publish("".into(), naive_queue.as_str().into(), BasicPublishOptions { mandatory: true, ..Default::default() }, &body, properties)
+            .basic_publish(
+                "".into(),
+                naive_queue.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &body,
+                properties,
+            )
             .await?
             .await?;
     }
     let naive = naive_messages as f64 / started.elapsed().as_secs_f64();
-    println!("naive loop (publish, await confirm, next): {naive_messages} messages, {naive:.0} msg/s");
+    println!(
+        "naive loop (publish, await confirm, next): {naive_messages} messages, {naive:.0} msg/s"
+    );
 
     let mut config = Config::for_database(db.url());
     config.lease_ttl_seconds = 30;
@@ -173,13 +240,19 @@ async fn main() -> anyhow::Result<()> {
         }
         total
     };
-    println!("delivered {delivered} messages in all (expected {})", 2 * messages);
+    println!(
+        "delivered {delivered} messages in all (expected {})",
+        2 * messages
+    );
     planner.stop().await?;
     pool.close().await;
     broker.cleanup().await;
     redis_cleanup(&prefix).await?;
     db.drop_database().await;
-    anyhow::ensure!(i64::from(delivered) == 2 * messages, "lost or duplicated messages");
+    anyhow::ensure!(
+        i64::from(delivered) == 2 * messages,
+        "lost or duplicated messages"
+    );
     let _ = AMQP_URL;
     Ok(())
 }

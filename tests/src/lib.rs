@@ -358,10 +358,13 @@ impl PlannerHandle {
         loop {
             if let Ok(channel) = GrpcChannel::from_shared(handle.url())?.connect().await {
                 let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-                if health
-                    .check(tonic_health::pb::HealthCheckRequest::default())
-                    .await
-                    .is_ok()
+                let request = tonic_health::pb::HealthCheckRequest {
+                    service: "redrive.v1.Planner".to_owned(),
+                };
+                let serving =
+                    tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+                if let Ok(answer) = health.check(request).await
+                    && answer.into_inner().status == serving
                 {
                     return Ok(handle);
                 }

@@ -277,17 +277,18 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
 }
 
 /// A redelivered message (planner died between commit and ack) is stored once;
-/// two first deliveries of identical content are two dead letters.
+/// identical dead letters stay distinct, redelivered or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redeliveries_are_stored_once_and_identical_first_deliveries_twice() -> anyhow::Result<()> {
+async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessions()
+-> anyhow::Result<()> {
     let db = TestDb::new();
     let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
     let store = Store::from_pool(db.pool().await?);
     let rules = ExtractionRules::default();
-    let raw = |redelivered| RawDeadLetter {
+    let raw = |body: &[u8], redelivered| RawDeadLetter {
         source: "q".to_owned(),
         origin: Origin::Rabbitmq,
-        body: b"same".to_vec(),
+        body: body.to_vec(),
         properties: MessageProperties::default(),
         headers: HeaderTable::default(),
         redelivered,
@@ -298,20 +299,61 @@ async fn redeliveries_are_stored_once_and_identical_first_deliveries_twice() -> 
         occurred_at: None,
         captured_at: chrono::Utc::now(),
     };
-    let first = store
-        .insert_dead_letters(&[rules.extract(raw(false))])
+    let (crashed, acked) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    // Session 1 stores "same" and "twin" but dies before acking; session 2
+    // stores "done" and acks it.
+    store
+        .insert_captured(
+            crashed,
+            "q",
+            &[
+                rules.extract(raw(b"same", false)),
+                rules.extract(raw(b"twin", false)),
+            ],
+        )
         .await?;
-    let redelivery = store
-        .insert_dead_letters(&[rules.extract(raw(true))])
+    let (done_batch, _) = store
+        .insert_captured(acked, "q", &[rules.extract(raw(b"done", false))])
         .await?;
-    let identical = store
-        .insert_dead_letters(&[rules.extract(raw(false))])
+    store.mark_capture_acked(done_batch).await?;
+
+    // Session 3 gets the redeliveries, plus an identical copy of "same" that is
+    // a distinct dead letter, plus a redelivered copy of the acked "done".
+    let next = uuid::Uuid::new_v4();
+    let (_, outcome) = store
+        .insert_captured(
+            next,
+            "q",
+            &[
+                rules.extract(raw(b"same", true)),
+                rules.extract(raw(b"same", true)),
+                rules.extract(raw(b"done", true)),
+                rules.extract(raw(b"twin", true)),
+            ],
+        )
         .await?;
     assert_eq!(
-        (first.inserted, redelivery.inserted, identical.inserted),
-        (1, 0, 1)
+        outcome.already_stored, 2,
+        "one redelivery each of the two unacked rows"
     );
-    assert_eq!(redelivery.already_stored, 1);
+    assert_eq!(
+        outcome.inserted, 2,
+        "the second copy of same and the copy of the acked done are new"
+    );
+    let pool = db.pool().await?;
+    let count = |body: &'static [u8]| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM dead_letters WHERE body = $1")
+                .bind(body)
+                .fetch_one(&pool)
+                .await
+        }
+    };
+    assert_eq!(count(b"same").await?, 2);
+    assert_eq!(count(b"twin").await?, 1);
+    assert_eq!(count(b"done").await?, 2);
+    pool.close().await;
     planner.stop().await?;
     db.drop_database().await;
     Ok(())

@@ -365,3 +365,66 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_odd_message_never_stalls_its_queue() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    // A death time far outside PostgreSQL's range, then ordinary dead letters.
+    let odd_death = AMQPValue::FieldArray(
+        vec![AMQPValue::FieldTable(amqp_table(vec![
+            ("reason", amqp_text("rejected")),
+            ("queue", amqp_text("q")),
+            ("time", AMQPValue::LongLongInt(-300_000_000_000)),
+        ]))]
+        .into(),
+    );
+    broker
+        .publish(
+            "",
+            &dlq,
+            b"odd",
+            BasicProperties::default()
+                .with_message_id("odd".into())
+                .with_headers(amqp_table(vec![("x-death", odd_death)])),
+        )
+        .await?;
+    for index in 0..5 {
+        broker
+            .publish(
+                "",
+                &dlq,
+                format!("ok-{index}").as_bytes(),
+                BasicProperties::default().with_message_id(format!("ok-{index}").into()),
+            )
+            .await?;
+    }
+    let planner = PlannerHandle::start(config(db.url(), &dlq)).await?;
+    wait_until("all six stored", Duration::from_secs(20), || async {
+        Ok(stored_count(&db).await? == 6)
+    })
+    .await?;
+    let dead_letters = captured(&planner, &dlq).await?;
+    planner.stop().await?;
+    assert_eq!(broker.ready_count(&dlq).await?, 0);
+    let odd = dead_letters
+        .iter()
+        .find(|d| d.message_id.as_deref() == Some("odd"))
+        .unwrap();
+    assert_eq!(odd.body, b"odd");
+    assert!(
+        odd.capture_notes.iter().any(|note| note.contains("time")),
+        "{:?}",
+        odd.capture_notes
+    );
+    assert!(
+        odd.headers.as_ref().unwrap().fields.contains_key("x-death"),
+        "kept as captured"
+    );
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

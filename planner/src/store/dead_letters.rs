@@ -7,6 +7,7 @@ use redrive_proto::{
     v1::{self, BodyCompression, HeaderTable, MessageProperties, Origin, ReasonClass},
 };
 use sqlx::{AssertSqlSafe, Postgres, QueryBuilder, Row, postgres::PgRow};
+use uuid::Uuid;
 
 use super::{Store, StoreError};
 use crate::{
@@ -185,9 +186,8 @@ pub(crate) fn push_selected(
 }
 
 impl Store {
-    /// Stores `batch` in one statement (one transaction). Redeliveries whose
-    /// fingerprint is stored, and ingest items whose (source, dedup key) is
-    /// stored, are skipped and counted as `already_stored`.
+    /// Stores `batch` (ingest and import: idempotent per source and dedup key)
+    /// in one statement.
     ///
     /// # Errors
     /// [`StoreError`]; nothing of the batch is stored then.
@@ -195,73 +195,160 @@ impl Store {
         &self,
         batch: &[NewDeadLetter],
     ) -> Result<InsertOutcome, StoreError> {
-        if batch.is_empty() {
-            return Ok(InsertOutcome::default());
-        }
-        // PostgreSQL text cannot hold NUL: every derived string passes `text`.
-        let column = |f: &dyn Fn(&NewDeadLetter) -> Option<String>| {
-            batch.iter().map(|d| f(d).map(text)).collect::<Vec<_>>()
-        };
-        let sources = column(&|d| Some(d.source.clone()));
-        let origins = column(&|d| Some(d.origin.name().to_owned()));
-        let redelivered: Vec<bool> = batch
-            .iter()
-            .map(|d| d.dedup == Dedup::Fingerprint)
-            .collect();
-        let dedup_keys = column(&|d| match &d.dedup {
-            Dedup::Key(key) => Some(key.clone()),
-            Dedup::None | Dedup::Fingerprint => None,
-        });
-        let fingerprints: Vec<Vec<u8>> = batch.iter().map(|d| d.fingerprint.to_vec()).collect();
-        let captured_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.captured_at).collect();
-        let message_ids = column(&|d| d.message_id.clone());
-        let message_keys = column(&|d| Some(d.message_key.clone()));
-        let bodies: Vec<&[u8]> = batch.iter().map(|d| d.body.as_slice()).collect();
-        let body_sizes: Vec<i64> = batch.iter().map(|d| d.body.len() as i64).collect();
-        let body_hashes: Vec<Vec<u8>> = batch.iter().map(|d| d.body_sha256.to_vec()).collect();
-        let oversized: Vec<bool> = batch.iter().map(|d| d.body_oversized).collect();
-        let body_problems = column(&|d| d.body_problem.clone());
-        let compressions = column(&|d| Some(compression_name(d.body_compression).to_owned()));
-        let properties: Vec<&[u8]> = batch.iter().map(|d| d.properties.as_slice()).collect();
-        let headers: Vec<&[u8]> = batch.iter().map(|d| d.headers.as_slice()).collect();
-        let content_types = column(&|d| d.content_type.clone());
-        let death_reasons = column(&|d| d.death.as_ref().map(|x| x.reason.clone()));
-        let death_queues = column(&|d| d.death.as_ref().map(|x| x.queue.clone()));
-        let death_exchanges = column(&|d| d.death.as_ref().map(|x| x.exchange.clone()));
-        let death_routing_keys =
-            column(&|d| d.death.as_ref().map(|x| json_text_array(&x.routing_keys)));
-        let death_counts: Vec<Option<i64>> = batch
-            .iter()
-            .map(|d| {
-                d.death
-                    .as_ref()
-                    .map(|x| i64::try_from(x.count).unwrap_or(i64::MAX))
-            })
-            .collect();
-        let death_times: Vec<Option<DateTime<Utc>>> = batch
-            .iter()
-            .map(|d| d.death.as_ref().and_then(|x| x.time))
-            .collect();
-        let reason_classes = column(&|d| Some(d.reason_class.name().to_owned()));
-        let destinations = column(&|d| Some(d.destination.clone()));
-        let event_types = column(&|d| d.event_type.clone());
-        let schema_versions = column(&|d| d.schema_version.clone());
-        let producers = column(&|d| d.producer.clone());
-        let error_texts = column(&|d| d.error_text.clone());
-        let attempts: Vec<Option<i32>> = batch
-            .iter()
-            .map(|d| d.attempts.and_then(|a| i32::try_from(a).ok()))
-            .collect();
-        let died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.died_at).collect();
-        let first_died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.first_died_at).collect();
-        let occurred_at: Vec<Option<DateTime<Utc>>> = batch.iter().map(|d| d.occurred_at).collect();
-        let plan_ids = column(&|d| d.redrive_plan_id.clone());
-        let original_exchanges = column(&|d| d.original_exchange.clone());
-        let original_routing_keys = column(&|d| d.original_routing_key.clone());
-        let notes = column(&|d| Some(json_text_array(&d.capture_notes)));
+        let mut transaction = self.pool().begin().await?;
+        let inserted = insert_rows(&mut transaction, batch, None).await?;
+        transaction.commit().await?;
+        Ok(InsertOutcome {
+            inserted,
+            already_stored: batch.len() as u64 - inserted,
+        })
+    }
 
-        let inserted: Vec<i64> = sqlx::query_scalar(
-            r#"
+    /// Stores a batch captured from RabbitMQ as capture batch of `session`, in
+    /// one transaction, and returns the batch id to mark acked after the
+    /// broker ack. A redelivered dead letter first looks for a stored copy (same
+    /// source and fingerprint) in a batch an earlier session committed but never
+    /// acked; a match is moved into this batch instead of stored again (each
+    /// stored row absorbs at most one redelivery).
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing of the batch is stored then.
+    pub async fn insert_captured(
+        &self,
+        session: Uuid,
+        source: &str,
+        batch: &[NewDeadLetter],
+    ) -> Result<(i64, InsertOutcome), StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let batch_id: i64 = sqlx::query_scalar(
+            "INSERT INTO capture_batches (session, source) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(session)
+        .bind(source)
+        .fetch_one(&mut *transaction)
+        .await?;
+        let mut fresh = Vec::with_capacity(batch.len());
+        let mut absorbed = 0;
+        for dead_letter in batch {
+            if dead_letter.dedup == Dedup::Fingerprint {
+                let matched: Option<i64> = sqlx::query_scalar(
+                    "UPDATE dead_letters d SET capture_batch = $4 WHERE d.id = ( \
+                        SELECT s.id FROM dead_letters s JOIN capture_batches b ON b.id = s.capture_batch \
+                        WHERE s.source = $1 AND s.capture_fingerprint = $2 AND NOT b.acked AND b.session <> $3 \
+                        ORDER BY s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
+                     RETURNING d.id",
+                )
+                .bind(&dead_letter.source)
+                .bind(dead_letter.fingerprint.as_slice())
+                .bind(session)
+                .bind(batch_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+                if matched.is_some() {
+                    absorbed += 1;
+                    continue;
+                }
+            }
+            fresh.push(dead_letter.clone());
+        }
+        let inserted = insert_rows(&mut transaction, &fresh, Some(batch_id)).await?;
+        transaction.commit().await?;
+        Ok((
+            batch_id,
+            InsertOutcome {
+                inserted,
+                already_stored: absorbed,
+            },
+        ))
+    }
+
+    /// Records that the broker acked capture batch `batch_id`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn mark_capture_acked(&self, batch_id: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE capture_batches SET acked = true WHERE id = $1")
+            .bind(batch_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}
+
+/// Inserts `batch` in `transaction` (capture rows with `capture_batch`);
+/// returns how many rows were inserted (ingest repeats are skipped).
+async fn insert_rows(
+    transaction: &mut sqlx::Transaction<'_, Postgres>,
+    batch: &[NewDeadLetter],
+    capture_batch: Option<i64>,
+) -> Result<u64, StoreError> {
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    // PostgreSQL text cannot hold NUL: every derived string passes `text`.
+    let column = |f: &dyn Fn(&NewDeadLetter) -> Option<String>| {
+        batch.iter().map(|d| f(d).map(text)).collect::<Vec<_>>()
+    };
+    let sources = column(&|d| Some(d.source.clone()));
+    let origins = column(&|d| Some(d.origin.name().to_owned()));
+    let redelivered: Vec<bool> = batch
+        .iter()
+        .map(|d| d.dedup == Dedup::Fingerprint)
+        .collect();
+    let dedup_keys = column(&|d| match &d.dedup {
+        Dedup::Key(key) => Some(key.clone()),
+        Dedup::None | Dedup::Fingerprint => None,
+    });
+    let fingerprints: Vec<Vec<u8>> = batch.iter().map(|d| d.fingerprint.to_vec()).collect();
+    let captured_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.captured_at).collect();
+    let message_ids = column(&|d| d.message_id.clone());
+    let message_keys = column(&|d| Some(d.message_key.clone()));
+    let bodies: Vec<&[u8]> = batch.iter().map(|d| d.body.as_slice()).collect();
+    let body_sizes: Vec<i64> = batch.iter().map(|d| d.body.len() as i64).collect();
+    let body_hashes: Vec<Vec<u8>> = batch.iter().map(|d| d.body_sha256.to_vec()).collect();
+    let oversized: Vec<bool> = batch.iter().map(|d| d.body_oversized).collect();
+    let body_problems = column(&|d| d.body_problem.clone());
+    let compressions = column(&|d| Some(compression_name(d.body_compression).to_owned()));
+    let properties: Vec<&[u8]> = batch.iter().map(|d| d.properties.as_slice()).collect();
+    let headers: Vec<&[u8]> = batch.iter().map(|d| d.headers.as_slice()).collect();
+    let content_types = column(&|d| d.content_type.clone());
+    let death_reasons = column(&|d| d.death.as_ref().map(|x| x.reason.clone()));
+    let death_queues = column(&|d| d.death.as_ref().map(|x| x.queue.clone()));
+    let death_exchanges = column(&|d| d.death.as_ref().map(|x| x.exchange.clone()));
+    let death_routing_keys =
+        column(&|d| d.death.as_ref().map(|x| json_text_array(&x.routing_keys)));
+    let death_counts: Vec<Option<i64>> = batch
+        .iter()
+        .map(|d| {
+            d.death
+                .as_ref()
+                .map(|x| i64::try_from(x.count).unwrap_or(i64::MAX))
+        })
+        .collect();
+    let death_times: Vec<Option<DateTime<Utc>>> = batch
+        .iter()
+        .map(|d| d.death.as_ref().and_then(|x| x.time))
+        .collect();
+    let reason_classes = column(&|d| Some(d.reason_class.name().to_owned()));
+    let destinations = column(&|d| Some(d.destination.clone()));
+    let event_types = column(&|d| d.event_type.clone());
+    let schema_versions = column(&|d| d.schema_version.clone());
+    let producers = column(&|d| d.producer.clone());
+    let error_texts = column(&|d| d.error_text.clone());
+    let attempts: Vec<Option<i32>> = batch
+        .iter()
+        .map(|d| d.attempts.and_then(|a| i32::try_from(a).ok()))
+        .collect();
+    let died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.died_at).collect();
+    let first_died_at: Vec<DateTime<Utc>> = batch.iter().map(|d| d.first_died_at).collect();
+    let occurred_at: Vec<Option<DateTime<Utc>>> = batch.iter().map(|d| d.occurred_at).collect();
+    let plan_ids = column(&|d| d.redrive_plan_id.clone());
+    let original_exchanges = column(&|d| d.original_exchange.clone());
+    let original_routing_keys = column(&|d| d.original_routing_key.clone());
+    let notes = column(&|d| Some(json_text_array(&d.capture_notes)));
+
+    let inserted: Vec<i64> = sqlx::query_scalar(
+        r#"
             INSERT INTO dead_letters (
                 source, origin, dedup_key, capture_fingerprint, captured_at, message_id,
                 message_key, body, body_size, body_sha256, body_oversized, body_problem,
@@ -269,7 +356,7 @@ impl Store {
                 death_exchange, death_routing_keys, death_count, death_time, reason_class,
                 destination, event_type, schema_version, producer, error_text, attempts,
                 died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
-                capture_notes, first_died_at)
+                capture_notes, first_died_at, capture_batch)
             SELECT
                 u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
                 u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
@@ -280,7 +367,7 @@ impl Store {
                 u.death_count, u.death_time, u.reason_class, u.destination, u.event_type,
                 u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
                 u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
-                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at
+                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38
             FROM UNNEST(
                 $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
                 $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
@@ -296,59 +383,54 @@ impl Store {
                    destination, event_type, schema_version, producer, error_text, attempts,
                    died_at, occurred_at, plan_id, original_exchange, original_routing_key,
                    notes, redelivered, first_died_at)
-            WHERE NOT (u.redelivered AND EXISTS (
-                SELECT 1 FROM dead_letters d
-                WHERE d.source = u.source AND d.capture_fingerprint = u.fingerprint))
             ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
             RETURNING id
             "#,
-        )
-        .bind(&sources)
-        .bind(&origins)
-        .bind(&dedup_keys)
-        .bind(&fingerprints)
-        .bind(&captured_at)
-        .bind(&message_ids)
-        .bind(&message_keys)
-        .bind(&bodies)
-        .bind(&body_sizes)
-        .bind(&body_hashes)
-        .bind(&oversized)
-        .bind(&body_problems)
-        .bind(&compressions)
-        .bind(&properties)
-        .bind(&headers)
-        .bind(&content_types)
-        .bind(&death_reasons)
-        .bind(&death_queues)
-        .bind(&death_exchanges)
-        .bind(&death_routing_keys)
-        .bind(&death_counts)
-        .bind(&death_times)
-        .bind(&reason_classes)
-        .bind(&destinations)
-        .bind(&event_types)
-        .bind(&schema_versions)
-        .bind(&producers)
-        .bind(&error_texts)
-        .bind(&attempts)
-        .bind(&died_at)
-        .bind(&occurred_at)
-        .bind(&plan_ids)
-        .bind(&original_exchanges)
-        .bind(&original_routing_keys)
-        .bind(&notes)
-        .bind(&redelivered)
-        .bind(&first_died_at)
-        .fetch_all(self.pool())
-        .await?;
-        let inserted = inserted.len() as u64;
-        Ok(InsertOutcome {
-            inserted,
-            already_stored: batch.len() as u64 - inserted,
-        })
-    }
+    )
+    .bind(&sources)
+    .bind(&origins)
+    .bind(&dedup_keys)
+    .bind(&fingerprints)
+    .bind(&captured_at)
+    .bind(&message_ids)
+    .bind(&message_keys)
+    .bind(&bodies)
+    .bind(&body_sizes)
+    .bind(&body_hashes)
+    .bind(&oversized)
+    .bind(&body_problems)
+    .bind(&compressions)
+    .bind(&properties)
+    .bind(&headers)
+    .bind(&content_types)
+    .bind(&death_reasons)
+    .bind(&death_queues)
+    .bind(&death_exchanges)
+    .bind(&death_routing_keys)
+    .bind(&death_counts)
+    .bind(&death_times)
+    .bind(&reason_classes)
+    .bind(&destinations)
+    .bind(&event_types)
+    .bind(&schema_versions)
+    .bind(&producers)
+    .bind(&error_texts)
+    .bind(&attempts)
+    .bind(&died_at)
+    .bind(&occurred_at)
+    .bind(&plan_ids)
+    .bind(&original_exchanges)
+    .bind(&original_routing_keys)
+    .bind(&notes)
+    .bind(&redelivered)
+    .bind(&first_died_at)
+    .bind(capture_batch)
+    .fetch_all(&mut **transaction)
+    .await?;
+    Ok(inserted.len() as u64)
+}
 
+impl Store {
     /// One page of selected dead letters (without bodies), by id, after
     /// `after_id`, at most `page_size`.
     ///

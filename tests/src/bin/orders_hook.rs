@@ -41,6 +41,10 @@ async fn main() -> ExitCode {
         }
     };
     let run = async {
+        use sqlx::migrate::MigrateDatabase;
+        if !sqlx::Postgres::database_exists(&args.database_url).await? {
+            sqlx::Postgres::create_database(&args.database_url).await?;
+        }
         let pool = sqlx::PgPool::connect(&args.database_url).await?;
         OrdersHook::create_schema(&pool).await?;
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
