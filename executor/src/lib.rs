@@ -18,7 +18,7 @@ pub mod publisher;
 pub mod replay_keys;
 pub mod worker;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::Parser;
@@ -78,6 +78,10 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_MAX_ATTEMPTS", default_value_t = 5)]
     pub max_attempts: u32,
 
+    /// Slices replayed at once by this executor (each with its own channel).
+    #[arg(long, env = "REDRIVE_CONCURRENT_SLICES", default_value_t = 4)]
+    pub concurrent_slices: usize,
+
     /// Days a sent message key stays in Redis's replay keys.
     #[arg(long, env = "REDRIVE_REPLAY_KEY_TTL_DAYS", default_value_t = 7)]
     pub replay_key_ttl_days: u64,
@@ -122,6 +126,9 @@ impl Config {
         }
         if self.window == 0 {
             return Err("invalid setting --window: must be at least 1".to_owned());
+        }
+        if self.concurrent_slices == 0 || self.concurrent_slices > 64 {
+            return Err("invalid setting --concurrent-slices: 1 to 64".to_owned());
         }
         if self.max_attempts == 0 {
             return Err("invalid setting --max-attempts: must be at least 1".to_owned());
@@ -196,8 +203,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
     };
-    Worker::new(settings, coordinator, bucket, replay_keys)
-        .run(shutdown)
-        .await;
+    // Several slice loops, each with its own broker channel, so that one
+    // slice's tail (last confirms, report, completion, next claim) overlaps
+    // another's publishing. They share the bucket and the replay keys.
+    let bucket = Arc::new(bucket);
+    let mut loops = tokio::task::JoinSet::new();
+    for index in 0..config.concurrent_slices {
+        let mut settings = settings.clone();
+        settings.executor_id = format!("{}/{index}", settings.executor_id);
+        let worker = Worker::new(
+            settings,
+            coordinator.clone(),
+            Arc::clone(&bucket),
+            replay_keys.clone(),
+        );
+        loops.spawn(worker.run(shutdown.clone()));
+    }
+    while loops.join_next().await.is_some() {}
     Ok(())
 }

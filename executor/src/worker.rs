@@ -99,13 +99,13 @@ impl Worker {
     pub fn new(
         settings: WorkerSettings,
         coordinator: CoordinatorClient<Channel>,
-        bucket: Bucket,
+        bucket: Arc<Bucket>,
         replay_keys: Option<ReplayKeys>,
     ) -> Self {
         Self {
             settings,
             coordinator,
-            bucket: Arc::new(bucket),
+            bucket,
             replay_keys,
             publisher: None,
         }

@@ -79,8 +79,10 @@ pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, S
     }
 }
 
-fn slice_item(slice: &LeasedSlice, item: LeasedItem) -> v1::SliceItem {
+fn slice_item(slice: &LeasedSlice, mut item: LeasedItem) -> v1::SliceItem {
     let (exchange, routing_key) = route(&slice.destination, &item.dead_letter);
+    // The body travels once: `SliceItem.body` is what gets published.
+    item.dead_letter.body = Vec::new();
     v1::SliceItem {
         item_id: item.position.to_string(),
         exchange,

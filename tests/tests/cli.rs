@@ -191,3 +191,112 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = redrive_tests::Broker::connect().await?;
+    let queue = unique("cli_target");
+    broker
+        .queue(&queue, lapin::types::FieldTable::default())
+        .await?;
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let source = unique("svc");
+    let lines: Vec<String> = (0..5)
+        .map(|index| format!(r#"{{"message_id":"m-{index}","body":"{{\"order_id\":\"o-{index}\"}}","reason":"rejected","original_destination":"{queue}"}}"#))
+        .collect();
+    let file = std::env::temp_dir().join(format!("{source}.jsonl"));
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    let (code, _) = redrivectl(
+        &planner,
+        &["import", file.to_str().unwrap(), "--source", &source],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let (_, output) = redrivectl(&planner, &["--json", "precheck", "--source", &source]).await;
+    let report: serde_json::Value = serde_json::from_str(&output)?;
+    let precheck_id = report["precheck_id"].as_str().unwrap().to_owned();
+    let digest = report["digest"].as_str().unwrap().to_owned();
+
+    let (code, output) = redrivectl(
+        &planner,
+        &[
+            "--json",
+            "plan",
+            "create",
+            "--precheck",
+            &precheck_id,
+            "--rate",
+            "100",
+            "--burst",
+            "5",
+            "--rationale",
+            "the target handles 100/s",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{output}");
+    let plan: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(plan["state"], "awaiting_approval");
+    let plan_id = plan["plan_id"].as_str().unwrap().to_owned();
+    let (code, _) = redrivectl(
+        &planner,
+        &["plan", "approve", &plan_id, "--digest", "wrong"],
+    )
+    .await;
+    assert_ne!(code, 0, "a wrong digest is refused");
+    let (code, output) = redrivectl(
+        &planner,
+        &["--json", "plan", "approve", &plan_id, "--digest", &digest],
+    )
+    .await;
+    assert_eq!(code, 0, "{output}");
+
+    let executor =
+        redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(&planner, None));
+    let (code, output) = redrivectl(
+        &planner,
+        &["--json", "plan", "wait", &plan_id, "--timeout", "30s"],
+    )
+    .await;
+    executor.stop().await?;
+    assert_eq!(code, 0, "{output}");
+    let done: serde_json::Value = serde_json::from_str(output.lines().last().unwrap())?;
+    assert_eq!(done["state"], "completed");
+    assert_eq!(done["counts"]["sent"], 5);
+    assert_eq!(
+        broker.ready_count(&queue).await?,
+        5,
+        "the target received the five"
+    );
+
+    let (code, output) = redrivectl(&planner, &["--json", "plan", "report", &plan_id]).await;
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&output)?;
+    let mut keys: Vec<String> = report["sent_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    assert_eq!(keys.len(), 5);
+    let (code, csv) = redrivectl(&planner, &["plan", "report", &plan_id, "--format", "csv"]).await;
+    assert_eq!(code, 0);
+    assert!(csv.starts_with("at,plan_id,slice_id"), "{csv}");
+    assert_eq!(
+        csv.lines().filter(|line| line.contains(",sent,")).count(),
+        5
+    );
+    let (code, jsonl) =
+        redrivectl(&planner, &["plan", "report", &plan_id, "--format", "jsonl"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(jsonl.lines().count(), 5);
+
+    std::fs::remove_file(&file)?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

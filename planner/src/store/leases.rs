@@ -169,11 +169,12 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         let query = format!(
             "SELECT d.*, i.position, i.state AS item_state, i.attempts AS item_attempts, \
                 coalesce(rev.body, d.body) AS replay_body, \
-                (SELECT count(*) FROM replayed_keys r WHERE r.message_key = i.message_key) AS redrive_count, \
-                EXISTS (SELECT 1 FROM replayed_keys r WHERE r.message_key = i.message_key \
-                        AND r.replayed_at > now() - $2 * interval '1 second') AS key_replayed \
+                rk.redrive_count, rk.key_replayed \
              FROM plan_items i \
              JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             LEFT JOIN LATERAL (SELECT count(*) AS redrive_count, \
+                coalesce(bool_or(r.replayed_at > now() - $2 * interval '1 second'), false) AS key_replayed \
+                FROM replayed_keys r WHERE r.message_key = i.message_key) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
