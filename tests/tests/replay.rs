@@ -274,9 +274,43 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     let (received, consuming) = consume(&broker, &incident.work).await?;
 
     let plan = approved_plan(&mut client, &incident.dlq, 2000.0, 100, None).await?;
+    // Watch it live, as an ops portal would, from before the first claim.
+    let mut watch = client
+        .watch_plan(v1::WatchPlanRequest {
+            plan_id: plan.plan_id.clone(),
+            include_events: true,
+        })
+        .await?
+        .into_inner();
+    let watching = tokio::spawn(async move {
+        let (mut snapshots, mut events, mut last_state) = (0, 0, PlanState::Unspecified);
+        while let Ok(Some(update)) = watch.message().await {
+            match update.update {
+                Some(v1::watch_plan_response::Update::Progress(plan)) => {
+                    snapshots += 1;
+                    last_state = plan.state();
+                }
+                Some(v1::watch_plan_response::Update::Event(_)) => events += 1,
+                None => {}
+            }
+        }
+        (snapshots, events, last_state)
+    });
     let executor =
         ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let (snapshots, events, last_state) =
+        tokio::time::timeout(Duration::from_secs(10), watching).await??;
+    assert_eq!(
+        last_state,
+        PlanState::Completed,
+        "the watch ends with the final state"
+    );
+    assert!(
+        snapshots >= 2,
+        "progress snapshots while it ran: {snapshots}"
+    );
+    assert_eq!(events, 300, "one audit event per message");
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     consuming.abort();
@@ -823,6 +857,59 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
         broker.ready_count(&incident.work).await?,
         0,
         "nothing delivered"
+    );
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    // A full queue that rejects publishes: RabbitMQ nacks them
+    // (https://www.rabbitmq.com/docs/maxlength#overflow-behaviour).
+    let full = unique("full");
+    broker
+        .queue(
+            &full,
+            amqp_table(vec![
+                ("x-max-length", AMQPValue::LongInt(0)),
+                ("x-overflow", amqp_text("reject-publish")),
+            ]),
+        )
+        .await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 5).await?;
+    let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
+        exchange: String::new(),
+        routing_key: full.clone(),
+    });
+    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
+    let mut config = ExecutorHandle::config(&planner, None);
+    config.max_attempts = 2;
+    let executor = ExecutorHandle::start(config);
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    let counts = done.counts.unwrap();
+    assert_eq!((counts.failed, counts.sent), (5, 0));
+    let report = client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert!(
+        report
+            .not_sent
+            .iter()
+            .all(|event| event.reason.contains("nacked") && event.attempt == 2),
+        "{:?}",
+        report.not_sent
     );
     planner.stop().await?;
     broker.cleanup().await;
