@@ -13,33 +13,11 @@ use std::time::Instant;
 use redrive_planner::Config;
 use redrive_proto::v1::{self, PrecheckOptions, RunPrecheckRequest};
 use redrive_tests::{
-    PlannerHandle, TestDb,
+    PlannerHandle, TestDb, env_count,
     orders_hook::{self, OrdersHook},
+    peak_rss_mib,
 };
 use tokio_util::sync::CancellationToken;
-
-fn env_count(name: &str, default: i64) -> i64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
-}
 
 async fn generate(
     pool: &sqlx::PgPool,

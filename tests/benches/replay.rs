@@ -19,31 +19,9 @@ use prost::Message;
 use redrive_planner::Config;
 use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, redis_cleanup, unique,
+    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, env_count, peak_rss_mib,
+    redis_cleanup, unique,
 };
-
-fn env_count(name: &str, default: i64) -> i64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
-}
 
 async fn generate(
     pool: &sqlx::PgPool,

@@ -587,3 +587,30 @@ pub async fn redis_cleanup(prefix: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A whole number from environment variable `name` (benchmark sizes), else
+/// `default`.
+pub fn env_count(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// This process's peak resident memory (`VmHWM`), in MiB; 0 where
+/// `/proc/self/status` does not say.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
