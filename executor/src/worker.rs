@@ -115,6 +115,10 @@ impl Worker {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut backoff = Duration::from_millis(200);
         while !shutdown.is_cancelled() {
+            // No claim without a broker to publish to: a slice would only be held.
+            if self.publisher(&shutdown, None).await.is_none() {
+                break;
+            }
             let claim = self.coordinator.claim_slice(v1::ClaimSliceRequest {
                 executor_id: self.settings.executor_id.clone(),
                 wait: Some(redrive_proto::time::duration(self.settings.claim_wait)),
@@ -146,8 +150,14 @@ impl Worker {
         info!("executor stopped");
     }
 
-    /// A connected publisher, reconnecting with backoff until `stop`.
-    async fn publisher(&mut self, stop: &CancellationToken) -> Option<&Publisher> {
+    /// A connected publisher, reconnecting with backoff until `stop` or, with
+    /// `give_up_after`, until that long has passed (`None` either way).
+    async fn publisher(
+        &mut self,
+        stop: &CancellationToken,
+        give_up_after: Option<Duration>,
+    ) -> Option<&Publisher> {
+        let started = Instant::now();
         if self
             .publisher
             .as_ref()
@@ -161,6 +171,9 @@ impl Worker {
                 Ok(publisher) => self.publisher = Some(publisher),
                 Err(error) => {
                     warn!(%error, retry_in_ms = backoff.as_millis() as u64, "cannot connect to the broker");
+                    if give_up_after.is_some_and(|limit| started.elapsed() >= limit) {
+                        return None;
+                    }
                     tokio::select! {
                         () = stop.cancelled() => return None,
                         () = tokio::time::sleep(backoff) => {}
@@ -182,7 +195,11 @@ impl Worker {
             .unwrap_or(Duration::from_secs(30));
         let rate = slice.rate.clone().unwrap_or_default();
         let Ok(rate) = Rate::new(rate.per_second, rate.burst) else {
-            warn!("slice carries an invalid rate; releasing it");
+            warn!("slice carries an invalid rate; releasing it in 5 s");
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
             let _ = self.complete(&slice.slice_id, token, true).await;
             return;
         };
@@ -199,7 +216,7 @@ impl Worker {
             self.coordinator.clone(),
             slice.slice_id.clone(),
             token,
-            lease_ttl / 3,
+            lease_ttl,
             stop.clone(),
             lease_lost.clone(),
         )));
@@ -208,6 +225,7 @@ impl Worker {
             slice.slice_id.clone(),
             token,
             lease_lost.clone(),
+            stop.clone(),
         );
         let context = EventContext {
             plan_id: slice.plan_id.clone(),
@@ -298,6 +316,30 @@ impl Worker {
             {
                 run.push(queue.pop_front().expect("front exists"));
             }
+            loop {
+                match self.bucket.acquire(&key, rate, run.len() as u32).await {
+                    Ok(()) => break,
+                    Err(BucketError::Unavailable { reason }) => {
+                        warn!(%reason, "token bucket unreachable: not publishing (fail closed)");
+                        tokio::select! {
+                            () = stop.cancelled() => {
+                                for work in run.into_iter().rev() { queue.push_front(work); }
+                                break 'publishing;
+                            }
+                            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        }
+                    }
+                    Err(error) => {
+                        warn!(%error, "token bucket refused the request; releasing the slice");
+                        for work in run.into_iter().rev() {
+                            queue.push_front(work);
+                        }
+                        break 'publishing;
+                    }
+                }
+            }
+            // The replay keys are read after the token wait, just before
+            // publishing, to keep the window for a concurrent plan small.
             if let Some(replay_keys) = &self.replay_keys {
                 let keys: Vec<String> = run.iter().map(|work| message_key(&work.item)).collect();
                 let sent = loop {
@@ -353,33 +395,18 @@ impl Worker {
                 }
                 run = unsent;
                 if run.is_empty() {
-                    continue;
-                }
-            }
-            loop {
-                match self.bucket.acquire(&key, rate, run.len() as u32).await {
-                    Ok(()) => break,
-                    Err(BucketError::Unavailable { reason }) => {
-                        warn!(%reason, "token bucket unreachable: not publishing (fail closed)");
-                        tokio::select! {
-                            () = stop.cancelled() => {
-                                for work in run.into_iter().rev() { queue.push_front(work); }
-                                break 'publishing;
-                            }
-                            () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                        }
-                    }
-                    Err(error) => {
-                        warn!(%error, "token bucket refused the request; releasing the slice");
-                        for work in run.into_iter().rev() {
-                            queue.push_front(work);
-                        }
-                        break 'publishing;
-                    }
+                    continue 'publishing;
                 }
             }
             let mut run = VecDeque::from(run);
             while let Some(work) = run.pop_front() {
+                if stop.is_cancelled() {
+                    run.push_front(work);
+                    for work in run.into_iter().rev() {
+                        queue.push_front(work);
+                    }
+                    break 'publishing;
+                }
                 let properties =
                     match message::properties(&context.plan_id, &work.item, work.attempt) {
                         Ok(properties) => properties,
@@ -403,7 +430,8 @@ impl Worker {
                     body: work.item.body.clone(),
                     properties,
                 };
-                let Some(publisher) = self.publisher(&stop).await else {
+                // Broker gone for long: give the slice back rather than hold it.
+                let Some(publisher) = self.publisher(&stop, Some(lease_ttl / 2)).await else {
                     run.push_front(work);
                     for work in run.into_iter().rev() {
                         queue.push_front(work);
@@ -607,6 +635,16 @@ async fn handle_outcome(
                 .await;
             let _ = feedback.send(Feedback::Done);
         }
+        PublishOutcome::Unroutable { .. } if work.attempt < max_attempts => {
+            // A binding may come back (a consumer restarting): retry with backoff.
+            let backoff = Duration::from_millis(100 * 2_u64.pow(work.attempt.min(6)));
+            let retry = Work {
+                attempt: work.attempt + 1,
+                not_before: Some(tokio::time::Instant::now() + backoff),
+                item: work.item.clone(),
+            };
+            let _ = feedback.send(Feedback::Retry(Box::new(retry)));
+        }
         PublishOutcome::Unroutable {
             reply_code,
             reply_text,
@@ -660,6 +698,7 @@ fn reporter(
     slice_id: String,
     token: u64,
     lease_lost: CancellationToken,
+    stop: CancellationToken,
 ) -> (mpsc::Sender<v1::AuditEvent>, AbortOnDropHandle<()>) {
     let (sender, mut receiver) = mpsc::channel::<v1::AuditEvent>(REPORT_BATCH * 4);
     let task = AbortOnDropHandle::new(tokio::spawn(async move {
@@ -706,6 +745,7 @@ fn reporter(
                     Err(status) if status.code() == Code::FailedPrecondition => {
                         warn!(message = status.message(), "outcome report refused");
                         lease_lost.cancel();
+                        stop.cancel();
                         return;
                     }
                     Err(status) if attempt < 20 => {
@@ -715,6 +755,7 @@ fn reporter(
                     Err(status) => {
                         warn!(code = ?status.code(), message = status.message(), "giving up on an outcome report; the next lease resumes from the planner's item states");
                         lease_lost.cancel();
+                        stop.cancel();
                         return;
                     }
                 }
@@ -724,29 +765,39 @@ fn reporter(
     (sender, task)
 }
 
-/// Renews the lease every `interval`; stops publishing on pause or cancel, and
-/// marks the lease lost on a stale token.
+/// Renews the lease at a third of its TTL; stops publishing on pause or
+/// cancel, and gives the lease up (stop, lease lost) on a stale token or when
+/// no renewal has succeeded for two thirds of the TTL: past that the planner
+/// may already have leased the slice to another executor, so publishing on
+/// would make duplicates the audit never sees.
 async fn heartbeat(
     mut coordinator: CoordinatorClient<Channel>,
     slice_id: String,
     token: u64,
-    interval: Duration,
+    lease_ttl: Duration,
     stop: CancellationToken,
     lease_lost: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    let interval = (lease_ttl / 3).max(Duration::from_millis(100));
+    let mut renewed_at = Instant::now();
+    let mut ticker = tokio::time::interval(interval);
     ticker.tick().await;
     loop {
         ticker.tick().await;
         let started = Instant::now();
-        match coordinator
-            .heartbeat(v1::HeartbeatRequest {
-                slice_id: slice_id.clone(),
-                fencing_token: token,
-            })
-            .await
-        {
+        let request = coordinator.heartbeat(v1::HeartbeatRequest {
+            slice_id: slice_id.clone(),
+            fencing_token: token,
+        });
+        let answer = match tokio::time::timeout(interval, request).await {
+            Ok(answer) => answer,
+            Err(_) => Err(tonic::Status::deadline_exceeded(
+                "heartbeat took longer than its interval",
+            )),
+        };
+        match answer {
             Ok(answer) => {
+                renewed_at = started;
                 let answer = answer.into_inner();
                 if !answer.keep_publishing {
                     info!(reason = %answer.reason, "told to stop publishing");
@@ -761,6 +812,12 @@ async fn heartbeat(
             }
             Err(status) => {
                 warn!(code = ?status.code(), message = status.message(), elapsed_ms = started.elapsed().as_millis() as u64, "heartbeat failed");
+                if renewed_at.elapsed() >= lease_ttl * 2 / 3 {
+                    warn!("no lease renewal for two thirds of its TTL: giving the slice up");
+                    lease_lost.cancel();
+                    stop.cancel();
+                    return;
+                }
             }
         }
     }

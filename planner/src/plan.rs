@@ -15,6 +15,11 @@ use crate::{
     },
 };
 
+/// Slowest rate a plan may have: one message every ~17 minutes.
+pub const MIN_RATE_PER_SECOND: f64 = 0.001;
+/// Fastest rate a plan may have (far above one broker's capacity).
+pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
+
 /// Default items per slice.
 pub const DEFAULT_SLICE_SIZE: u32 = 100;
 /// Largest slice accepted.
@@ -49,11 +54,13 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
     let rate = request
         .rate
         .ok_or_else(|| Error::invalid("rate", "required: per_second, burst and rationale"))?;
-    if !(rate.per_second.is_finite() && rate.per_second > 0.0) {
+    if !(rate.per_second.is_finite()
+        && (MIN_RATE_PER_SECOND..=MAX_RATE_PER_SECOND).contains(&rate.per_second))
+    {
         return Err(Error::invalid(
             "rate.per_second",
             format!(
-                "{} is not a rate above 0 messages per second",
+                "{} is not a rate from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND} messages per second",
                 rate.per_second
             ),
         ));

@@ -591,6 +591,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     for (request, field) in [
         (create(0.0, 1, "x"), "rate.per_second"),
         (create(-3.0, 1, "x"), "rate.per_second"),
+        (create(1e-300, 1, "x"), "rate.per_second"),
         (create(10.0, 0, "x"), "rate.burst"),
         (create(10.0, 1, "  "), "rate.rationale"),
     ] {
@@ -913,6 +914,75 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
     );
     planner.stop().await?;
     broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 150).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 150).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, 30.0, 3, None).await?;
+    // The executor reaches the planner through a proxy the test cuts; its
+    // broker and Redis connections stay up (a network split).
+    let proxy = TcpProxy::start(planner.addr).await?;
+    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    config.planner = format!("http://{}", proxy.addr());
+    let split = ExecutorHandle::start(config);
+    wait_until("publishing started", Duration::from_secs(20), || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= 15) }
+    })
+    .await?;
+    proxy.cut();
+    // Lease TTL is 3 s: without a renewal for 2 s the executor gives the slice up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_cut = received.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        received.lock().unwrap().len(),
+        after_cut,
+        "the cut-off executor stopped publishing"
+    );
+    let survivor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    survivor.stop().await?;
+    split.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+    let received = received.lock().unwrap().clone();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for delivery in &received {
+        *copies.entry(delivery.message_id.clone()).or_default() += 1;
+    }
+    assert_eq!(copies.len(), 150, "nothing lost");
+    assert_eq!(done.counts.unwrap().sent, 150);
+    let pool = db.pool().await?;
+    let uncertain: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT d.message_id FROM audit_events e JOIN dead_letters d ON d.id = e.dead_letter_id \
+         WHERE e.action = 'uncertain'",
+    )
+    .fetch_all(&pool)
+    .await?;
+    for (id, _) in copies.iter().filter(|(_, n)| **n > 1) {
+        assert!(
+            uncertain.contains(id),
+            "duplicate {id} is marked uncertain in the audit"
+        );
+    }
+    pool.close().await;
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
     db.drop_database().await;
     Ok(())
 }

@@ -251,10 +251,31 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         };
         let plan_id: Uuid = lease.try_get("plan_id")?;
         let wave: String = lease.try_get("wave")?;
+        // Only items of this slice: an id from elsewhere is ignored (and logged).
+        let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let members: Vec<i64> = sqlx::query_scalar(
+            "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
+        )
+        .bind(slice_id)
+        .bind(&ids)
+        .fetch_all(&mut *transaction)
+        .await?;
+        let outcomes: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| members.contains(&o.dead_letter_id))
+            .collect();
+        if outcomes.len() < ids.len() {
+            tracing::warn!(
+                slice.id = slice_id,
+                ignored = ids.len() - outcomes.len(),
+                "outcomes for dead letters outside the slice ignored"
+            );
+        }
         if outcomes.is_empty() {
             return Ok(Ok(0));
         }
-        let column = |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(f).collect::<Vec<_>>();
+        let column =
+            |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
         let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
         let keys = column(&|o| o.message_key.clone());
         let actions = column(&|o| o.action.clone());
