@@ -479,9 +479,8 @@ async fn run(broker: &Broker, dlq: &str, expected: u64) -> anyhow::Result<()> {
         failures.join(", ")
     );
     println!(
-        "   next (issue 4 work): a plan from precheck {} replays the {} replayable orders",
-        report["precheck_id"],
-        verdict("replayable")
+        "   next: redrivectl plan create --precheck {} --rate 200 --burst 20 --rationale '...', then plan approve with the digest and start redrive-executor",
+        report["precheck_id"].as_str().unwrap_or_default()
     );
     Ok(())
 }
