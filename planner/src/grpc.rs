@@ -266,23 +266,56 @@ impl Planner for PlannerGrpc {
 
     async fn pause_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        later("plan controls (PausePlan)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan = plan::control(
+            &self.state.store,
+            plan_id,
+            plan::Control::Pause,
+            &actor,
+            &request.reason,
+        )
+        .await?;
+        Ok(Response::new(plan))
     }
 
     async fn resume_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        later("plan controls (ResumePlan)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan = plan::control(
+            &self.state.store,
+            plan_id,
+            plan::Control::Resume,
+            &actor,
+            &request.reason,
+        )
+        .await?;
+        Ok(Response::new(plan))
     }
 
     async fn cancel_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        later("plan controls (CancelPlan)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan = plan::control(
+            &self.state.store,
+            plan_id,
+            plan::Control::Cancel,
+            &actor,
+            &request.reason,
+        )
+        .await?;
+        Ok(Response::new(plan))
     }
 
     async fn list_compensations(

@@ -246,3 +246,51 @@ pub async fn list(
     };
     Ok((plans, next))
 }
+
+/// States a plan can be paused in.
+const PAUSABLE: &[&str] = &["canary", "observing", "main"];
+/// States a plan can be cancelled in (everything not final).
+const CANCELLABLE: &[&str] = &["awaiting_approval", "canary", "observing", "main", "paused"];
+
+/// An operator control of a running plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Stop handing out slices; executors stop publishing within a heartbeat
+    /// interval, at an item boundary, finishing confirms already in flight.
+    Pause,
+    /// Continue a paused plan in the state it was paused in.
+    Resume,
+    /// Stop for good (final). Unsent items stay replayable for later prechecks.
+    Cancel,
+}
+
+/// Applies `control` to a plan, recording the actor and reason.
+///
+/// # Errors
+/// `NotFound`; `FailedPrecondition` when the plan's state does not allow it
+/// (naming the state); store errors.
+pub async fn control(
+    store: &Store,
+    plan_id: Uuid,
+    control: Control,
+    actor: &str,
+    reason: &str,
+) -> Result<v1::Plan, Error> {
+    let (from, to, action) = match control {
+        Control::Pause => (PAUSABLE, "paused", "pause"),
+        Control::Resume => (&["paused"][..], "main", "resume"),
+        Control::Cancel => (CANCELLABLE, "cancelled", "cancel"),
+    };
+    match store
+        .transition_plan(plan_id, from, to, action, actor, reason)
+        .await?
+        .as_deref()
+    {
+        None => Err(Error::NotFound(format!("plan {plan_id} not found"))),
+        Some(state) if from.contains(&state) => get(store, plan_id).await,
+        Some(state) => Err(Error::FailedPrecondition(format!(
+            "plan {plan_id} is {state}: it cannot {action} from there (allowed from {})",
+            from.join(", ")
+        ))),
+    }
+}

@@ -986,3 +986,88 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_once()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 120).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 120).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, 30.0, 3, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    wait_until("publishing started", Duration::from_secs(20), || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= 20) }
+    })
+    .await?;
+    let control = |reason: &str| v1::PlanControlRequest {
+        plan_id: plan.plan_id.clone(),
+        reason: reason.into(),
+    };
+    let paused = client
+        .pause_plan(control("downstream latency rising"))
+        .await?
+        .into_inner();
+    assert_eq!(paused.state(), PlanState::Paused);
+    // Lease TTL 3 s: heartbeats every 1 s; allow one interval plus in-flight confirms.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = received.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        received.lock().unwrap().len(),
+        during,
+        "nothing published while paused"
+    );
+    assert!(during < 120);
+    let again = client.pause_plan(control("twice")).await.unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition);
+
+    let resumed = client
+        .resume_plan(control("latency back to normal"))
+        .await?
+        .into_inner();
+    assert_eq!(resumed.state(), PlanState::Main);
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    executor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+    let received = received.lock().unwrap().clone();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for delivery in &received {
+        *copies.entry(delivery.message_id.clone()).or_default() += 1;
+    }
+    assert_eq!(copies.len(), 120);
+    assert!(copies.values().all(|n| *n == 1), "every item exactly once");
+    let actions: Vec<(String, String)> = done
+        .actions
+        .iter()
+        .map(|a| (a.action.clone(), a.reason.clone()))
+        .collect();
+    assert!(
+        actions.contains(&("pause".into(), "downstream latency rising".into())),
+        "{actions:?}"
+    );
+    assert!(
+        actions.contains(&("resume".into(), "latency back to normal".into())),
+        "{actions:?}"
+    );
+    let cancel_done = client.cancel_plan(control("too late")).await.unwrap_err();
+    assert_eq!(
+        cancel_done.code(),
+        Code::FailedPrecondition,
+        "a completed plan cannot be cancelled"
+    );
+
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}

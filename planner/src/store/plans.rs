@@ -225,27 +225,44 @@ impl Store {
         reason: &str,
     ) -> Result<Option<String>, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let state: Option<String> =
-            sqlx::query_scalar("SELECT state FROM plans WHERE id = $1 FOR UPDATE")
-                .bind(plan_id)
-                .fetch_optional(&mut *transaction)
-                .await?;
-        let Some(state) = state else { return Ok(None) };
+        let row = sqlx::query("SELECT state, paused_from FROM plans WHERE id = $1 FOR UPDATE")
+            .bind(plan_id)
+            .fetch_optional(&mut *transaction)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let state: String = row.try_get("state")?;
         if !from.contains(&state.as_str()) {
             return Ok(Some(state));
         }
+        // Resuming returns to the state the plan was paused in.
+        let to = match action {
+            "resume" => row
+                .try_get::<Option<String>, _>("paused_from")?
+                .unwrap_or_else(|| to.to_owned()),
+            _ => to.to_owned(),
+        };
         let approving = action == "approve";
         sqlx::query(
             "UPDATE plans SET state = $2, state_reason = $3, \
              approved_by = CASE WHEN $4 THEN $5 ELSE approved_by END, \
-             approved_at = CASE WHEN $4 THEN now() ELSE approved_at END \
+             approved_at = CASE WHEN $4 THEN now() ELSE approved_at END, \
+             paused_from = CASE WHEN $2 = 'paused' THEN $6 ELSE NULL END \
              WHERE id = $1",
         )
         .bind(plan_id)
-        .bind(to)
+        .bind(&to)
         .bind(if approving { "" } else { reason })
         .bind(approving)
         .bind(actor)
+        .bind(&state)
+        .execute(&mut *transaction)
+        .await?;
+        // A plan resumed after its last slice completed is complete.
+        sqlx::query(
+            "UPDATE plans SET state = 'completed', completed_at = now() WHERE id = $1 AND state = 'main' \
+             AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
+        )
+        .bind(plan_id)
         .execute(&mut *transaction)
         .await?;
         record_action(&mut transaction, plan_id, action, actor, reason).await?;
