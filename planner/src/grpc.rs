@@ -259,9 +259,20 @@ impl Planner for PlannerGrpc {
 
     async fn promote_plan(
         &self,
-        _: Request<v1::PlanControlRequest>,
+        request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        later("canary promotion (PromotePlan)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan = plan::control(
+            &self.state.store,
+            plan_id,
+            plan::Control::Promote,
+            &actor,
+            &request.reason,
+        )
+        .await?;
+        Ok(Response::new(plan))
     }
 
     async fn pause_plan(

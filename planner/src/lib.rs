@@ -24,6 +24,7 @@ pub mod coordinator;
 pub mod dead_letter;
 pub mod death;
 pub mod error;
+pub mod gates;
 pub mod grpc;
 pub mod ingest;
 pub mod inspect;
@@ -138,6 +139,7 @@ pub async fn run(
                 .await;
             info!("planner ready");
             let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
+            tokio::spawn(gates::run(store.clone(), shutdown.clone()));
             let capture = tokio::spawn(capture::run(
                 CaptureConfig {
                     amqp_url: config.amqp_url.clone(),

@@ -183,7 +183,7 @@ pub async fn approve(
         .transition_plan(
             plan_id,
             &["awaiting_approval"],
-            "main",
+            "canary",
             "approve",
             actor,
             "",
@@ -262,6 +262,8 @@ pub enum Control {
     Resume,
     /// Stop for good (final). Unsent items stay replayable for later prechecks.
     Cancel,
+    /// End the canary or its observation now and start the main wave.
+    Promote,
 }
 
 /// Applies `control` to a plan, recording the actor and reason.
@@ -279,6 +281,7 @@ pub async fn control(
     let (from, to, action) = match control {
         Control::Pause => (PAUSABLE, "paused", "pause"),
         Control::Resume => (&["paused"][..], "main", "resume"),
+        Control::Promote => (&["canary", "observing"][..], "main", "promote"),
         Control::Cancel => (CANCELLABLE, "cancelled", "cancel"),
     };
     match store

@@ -233,6 +233,8 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
             "5",
             "--rationale",
             "the target handles 100/s",
+            "--observe",
+            "1s",
         ],
     )
     .await;

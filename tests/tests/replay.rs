@@ -167,7 +167,10 @@ async fn approved_plan(
             destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
             slice_size: 50,
             canary_fraction: None,
-            observe_for: None,
+            observe_for: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
         })
         .await?
         .into_inner();
@@ -200,6 +203,33 @@ async fn wait_completed(
         anyhow::ensure!(
             Instant::now() < deadline,
             "plan not completed in {timeout:?}: {:?} {:?}",
+            plan.state(),
+            plan.counts
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_state(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    state: PlanState,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let plan = client
+            .get_plan(GetPlanRequest {
+                plan_id: plan_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if plan.state() == state {
+            return Ok(plan);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "plan not {state:?} in {timeout:?}: {:?} {:?}",
             plan.state(),
             plan.counts
         );
@@ -438,7 +468,10 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
                 }),
                 slice_size: 10,
                 canary_fraction: None,
-                observe_for: None,
+                observe_for: Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 0,
+                }),
             })
             .await?
             .into_inner();
@@ -837,10 +870,27 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
     )
     .await?;
     let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    // The canary item comes back from the broker: the gate aborts the plan
+    // before any main-wave item is published.
+    let done = wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Aborted,
+        Duration::from_secs(30),
+    )
+    .await?;
     executor.stop().await?;
+    assert!(
+        done.state_reason.contains("gate tripped"),
+        "{}",
+        done.state_reason
+    );
     let counts = done.counts.unwrap();
-    assert_eq!((counts.unroutable, counts.sent), (10, 0));
+    assert_eq!(
+        (counts.unroutable, counts.sent),
+        (1, 0),
+        "only the canary item was tried"
+    );
     let report = client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
@@ -848,7 +898,7 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
         .await?
         .into_inner();
     assert!(report.sent_keys.is_empty());
-    assert_eq!(report.not_sent.len(), 10);
+    assert_eq!(report.not_sent.len(), 1);
     assert!(
         report.not_sent[0].reason.contains("NO_ROUTE") || report.not_sent[0].reason.contains("312"),
         "{}",
@@ -894,10 +944,20 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
     let mut config = ExecutorHandle::config(&planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    let done = wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Aborted,
+        Duration::from_secs(30),
+    )
+    .await?;
     executor.stop().await?;
     let counts = done.counts.unwrap();
-    assert_eq!((counts.failed, counts.sent), (5, 0));
+    assert_eq!(
+        (counts.failed, counts.sent),
+        (1, 0),
+        "the canary item failed; the main wave never started"
+    );
     let report = client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
@@ -1068,6 +1128,164 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     planner.stop().await?;
     broker.cleanup().await;
     redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 300).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 300).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second: 1000.0,
+                burst: 50,
+                rationale: "plenty of headroom".into(),
+            }),
+            slice_size: 50,
+            canary_fraction: Some(0.01),
+            observe_for: Some(prost_types::Duration {
+                seconds: 600,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(plan.canary_items, 3);
+    let approved = client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(approved.state(), PlanState::Canary);
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Observing,
+        Duration::from_secs(30),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        received.lock().unwrap().len(),
+        3,
+        "exactly the canary, nothing else before promotion"
+    );
+    let promoted = client
+        .promote_plan(v1::PlanControlRequest {
+            plan_id: plan.plan_id.clone(),
+            reason: "canary looks healthy".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(promoted.state(), PlanState::Main);
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    executor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+    assert_eq!(received.lock().unwrap().len(), 300);
+    assert!(
+        done.actions
+            .iter()
+            .any(|a| a.action == "promote" && a.reason == "canary looks healthy")
+    );
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 200).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 200).await?;
+    // The consumer is still broken: it rejects what is replayed, which dead-letters
+    // it again into the captured DLQ with the plan's redrive-plan-id header.
+    let channel = broker.connection.create_channel().await?;
+    let mut consumer = channel
+        .basic_consume(
+            incident.work.as_str().into(),
+            unique("broken").as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let rejected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = rejected.clone();
+    let rejecting = tokio::spawn(async move {
+        while let Some(Ok(delivery)) = consumer.next().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = delivery
+                .acker
+                .reject(lapin::options::BasicRejectOptions { requeue: false })
+                .await;
+        }
+    });
+    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, None).await?;
+    let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
+    let aborted = wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Aborted,
+        Duration::from_secs(30),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    executor.stop().await?;
+    rejecting.abort();
+    assert!(
+        aborted.state_reason.contains("re-dead-letter"),
+        "{}",
+        aborted.state_reason
+    );
+    assert!(
+        aborted.state_reason.contains("o-0:order.paid"),
+        "the evidence names what came back: {}",
+        aborted.state_reason
+    );
+    assert_eq!(
+        rejected.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the two canary items only; no main-wave message"
+    );
+    assert!(
+        aborted
+            .actions
+            .iter()
+            .any(|a| a.action == "abort" && a.actor == "redrive-gate")
+    );
+    planner.stop().await?;
+    broker.cleanup().await;
     db.drop_database().await;
     Ok(())
 }

@@ -399,6 +399,16 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
             .execute(&mut *transaction)
             .await?;
         if next == "completed" {
+            // The canary wave done: observe for the plan's window.
+            sqlx::query(
+                "UPDATE plans SET state = 'observing', \
+                    observing_until = now() + observe_for_ms * interval '1 millisecond' \
+                 WHERE id = $1 AND state = 'canary' AND NOT EXISTS \
+                    (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND wave = 'canary' AND state <> 'completed')",
+            )
+            .bind(plan_id)
+            .execute(&mut *transaction)
+            .await?;
             sqlx::query(
                 "UPDATE plans SET state = 'completed', completed_at = now() \
                  WHERE id = $1 AND state = 'main' \

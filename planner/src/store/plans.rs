@@ -246,7 +246,8 @@ impl Store {
             "UPDATE plans SET state = $2, state_reason = $3, \
              approved_by = CASE WHEN $4 THEN $5 ELSE approved_by END, \
              approved_at = CASE WHEN $4 THEN now() ELSE approved_at END, \
-             paused_from = CASE WHEN $2 = 'paused' THEN $6 ELSE NULL END \
+             paused_from = CASE WHEN $2 = 'paused' THEN $6 ELSE NULL END, \
+             gates_since = CASE WHEN $7 IN ('resume', 'promote') THEN now() ELSE gates_since END \
              WHERE id = $1",
         )
         .bind(plan_id)
@@ -255,6 +256,7 @@ impl Store {
         .bind(approving)
         .bind(actor)
         .bind(&state)
+        .bind(action)
         .execute(&mut *transaction)
         .await?;
         // A plan resumed after its last slice completed is complete.
@@ -447,4 +449,57 @@ fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
             .map(timestamp),
         items_done,
     })
+}
+
+/// What the gates look at for one plan.
+#[derive(Debug, Clone)]
+pub struct GateReading {
+    /// The plan.
+    pub id: Uuid,
+    /// `canary`, `observing` or `main`.
+    pub state: String,
+    /// End of the observation window, when observing.
+    pub observing_until: Option<DateTime<Utc>>,
+    /// Failed or unroutable outcomes since the gates were last reset.
+    pub failures: i64,
+    /// Re-dead-letters since the gates were last reset.
+    pub redeads: i64,
+    /// Up to 10 re-dead-letters: `message key (dead letter id)`.
+    pub evidence: Vec<String>,
+}
+
+impl Store {
+    /// Gate readings of every plan in canary, observation or main.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn gate_readings(&self) -> Result<Vec<GateReading>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT p.id, p.state, p.observing_until, \
+                (SELECT count(*) FROM audit_events e WHERE e.plan_id = p.id \
+                    AND e.action IN ('failed', 'unroutable') \
+                    AND e.at > coalesce(p.gates_since, '-infinity'::timestamptz)) AS failures, \
+                (SELECT count(*) FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
+                    AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz)) AS redeads, \
+                (SELECT coalesce(array_agg(x), '{}') FROM (SELECT d.message_key || ' (dead letter ' || d.id || ')' AS x \
+                    FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
+                    AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz) ORDER BY d.id LIMIT 10) z) AS evidence \
+             FROM plans p WHERE p.state IN ('canary', 'observing', 'main')",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(GateReading {
+                    id: row.try_get("id")?,
+                    state: row.try_get("state")?,
+                    observing_until: row.try_get("observing_until")?,
+                    failures: row.try_get("failures")?,
+                    redeads: row.try_get("redeads")?,
+                    evidence: row.try_get("evidence")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
 }

@@ -1,0 +1,91 @@
+//! The canary gates (DESIGN.md, "Flow" step 6): a plan in its canary wave or
+//! observation window is aborted when failed or unroutable outcomes, or
+//! re-dead-letters (newly captured dead letters carrying its `redrive-plan-id`),
+//! go beyond their threshold (0); in its main wave it is paused instead. An
+//! observation window that passes with the gates green promotes the plan to
+//! its main wave. Every replica runs this loop; the transitions lock the plan
+//! row and check its state, so two replicas never act twice.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::store::{Store, StoreError};
+
+/// How often the gates are looked at.
+pub const GATE_INTERVAL: Duration = Duration::from_millis(500);
+/// The actor of gate decisions in the audit.
+pub const GATE_ACTOR: &str = "redrive-gate";
+/// Failed or unroutable outcomes tolerated.
+pub const FAILURE_THRESHOLD: i64 = 0;
+/// Re-dead-letters tolerated.
+pub const REDEAD_THRESHOLD: i64 = 0;
+
+/// Checks the gates every [`GATE_INTERVAL`] until `shutdown`.
+pub async fn run(store: Store, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(GATE_INTERVAL) => {}
+        }
+        if let Err(error) = check(&store).await {
+            warn!(%error, "checking plan gates failed");
+        }
+    }
+}
+
+/// One pass over the plans in canary, observation or main.
+///
+/// # Errors
+/// [`StoreError`].
+pub async fn check(store: &Store) -> Result<(), StoreError> {
+    for plan in store.gate_readings().await? {
+        let tripped = plan.failures > FAILURE_THRESHOLD || plan.redeads > REDEAD_THRESHOLD;
+        if tripped {
+            let mut reason = format!(
+                "gate tripped: {} failed or unroutable outcome(s), {} re-dead-letter(s)",
+                plan.failures, plan.redeads
+            );
+            if !plan.evidence.is_empty() {
+                reason.push_str(&format!("; came back: {}", plan.evidence.join(", ")));
+            }
+            let (from, to, action): (&[&str], &str, &str) = if plan.state == "main" {
+                (&["main"], "paused", "pause")
+            } else {
+                (&["canary", "observing"], "aborted", "abort")
+            };
+            if store
+                .transition_plan(plan.id, from, to, action, GATE_ACTOR, &reason)
+                .await?
+                .as_deref()
+                == Some(&plan.state)
+            {
+                warn!(plan.id = %plan.id, %reason, action, "plan gate tripped");
+            }
+        } else if plan.state == "observing"
+            && plan
+                .observing_until
+                .is_some_and(|until| until <= Utc::now())
+        {
+            let reason = "observation window passed with the gates green";
+            if store
+                .transition_plan(
+                    plan.id,
+                    &["observing"],
+                    "main",
+                    "promote",
+                    GATE_ACTOR,
+                    reason,
+                )
+                .await?
+                .as_deref()
+                == Some("observing")
+            {
+                info!(plan.id = %plan.id, "plan promoted to its main wave");
+            }
+        }
+    }
+    Ok(())
+}
