@@ -106,6 +106,10 @@ pub struct Config {
     )]
     pub state_checks: Vec<String>,
 
+    /// Four-eyes approval: the approver of a plan must not be its creator.
+    #[arg(long, env = "REDRIVE_FOUR_EYES", default_value_t = false)]
+    pub four_eyes: bool,
+
     /// Seconds a slice lease lasts without a heartbeat (executors renew it at a
     /// third of this).
     #[arg(long, env = "REDRIVE_LEASE_TTL_SECONDS", default_value_t = 30)]

@@ -22,6 +22,9 @@ pub enum Error {
     /// The state forbids the request.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The caller may not do this (four-eyes approval).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A dependency other than PostgreSQL (a state-check hook) failed.
     #[error("{0}")]
     Unavailable(String),
@@ -58,6 +61,7 @@ impl Error {
             Self::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             Self::Unimplemented(_) => ErrorKind::Unimplemented,
             Self::Unavailable(_) => ErrorKind::Unavailable,
+            Self::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Self::Store(store) if store.is_retryable() => ErrorKind::Unavailable,
             Self::Store(_) => ErrorKind::Internal,
         }

@@ -34,6 +34,8 @@ pub struct PlannerState {
     pub checker: Arc<StateChecker>,
     /// Plan-change notifications.
     pub notifier: Notifier,
+    /// Approvers must differ from creators.
+    pub four_eyes: bool,
 }
 
 /// Request metadata key naming the person or system making a call (bound to a
@@ -215,7 +217,14 @@ impl Planner for PlannerGrpc {
         let request = request.into_inner();
         let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
         Ok(Response::new(
-            plan::approve(&self.state.store, plan_id, &request.digest, &actor).await?,
+            plan::approve(
+                &self.state.store,
+                plan_id,
+                &request.digest,
+                &actor,
+                self.state.four_eyes,
+            )
+            .await?,
         ))
     }
 
@@ -331,9 +340,17 @@ impl Planner for PlannerGrpc {
 
     async fn list_compensations(
         &self,
-        _: Request<v1::ListCompensationsRequest>,
+        request: Request<v1::ListCompensationsRequest>,
     ) -> Result<Response<v1::ListCompensationsResponse>, Status> {
-        later("compensation lists (ListCompensations)")
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let token = PageToken::parse(&request.page_token)?;
+        let (items, next_page_token) =
+            plan::compensations(&self.state.store, plan_id, request.page_size, token).await?;
+        Ok(Response::new(v1::ListCompensationsResponse {
+            items,
+            next_page_token,
+        }))
     }
 
     type WatchPlanStream = BoxStream<'static, Result<v1::WatchPlanResponse, Status>>;

@@ -109,6 +109,7 @@ pub async fn run(
         rules: Arc::clone(&rules),
         checker,
         notifier: notifier.clone(),
+        four_eyes: config.four_eyes,
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);

@@ -165,14 +165,21 @@ pub async fn get(store: &Store, plan_id: Uuid) -> Result<v1::Plan, Error> {
 ///
 /// # Errors
 /// `NotFound`; `FailedPrecondition` for a wrong digest or a plan not awaiting
-/// approval (approving twice); store errors.
+/// approval (approving twice); `PermissionDenied` when `four_eyes` is on and
+/// the approver created the plan; store errors.
 pub async fn approve(
     store: &Store,
     plan_id: Uuid,
     digest: &str,
     actor: &str,
+    four_eyes: bool,
 ) -> Result<v1::Plan, Error> {
     let plan = get(store, plan_id).await?;
+    if four_eyes && actor == plan.created_by {
+        return Err(Error::PermissionDenied(format!(
+            "four-eyes approval is on: {actor} created plan {plan_id}, so someone else must approve it"
+        )));
+    }
     if digest.trim() != plan.precheck_digest {
         return Err(Error::FailedPrecondition(format!(
             "digest {digest:?} is not the digest of precheck {}: read that precheck's report and approve with its digest",
@@ -296,4 +303,29 @@ pub async fn control(
             from.join(", ")
         ))),
     }
+}
+
+/// One page of the items of a plan's precheck that need compensation: never
+/// replayed by the plan, listed for people to handle.
+///
+/// # Errors
+/// `NotFound` for an unknown plan; `InvalidArgument` for a bad page token or
+/// size; store errors.
+pub async fn compensations(
+    store: &Store,
+    plan_id: Uuid,
+    page_size: u32,
+    token: crate::inspect::PageToken,
+) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
+    let plan = get(store, plan_id).await?;
+    let precheck_id = Uuid::parse_str(&plan.precheck_id)
+        .map_err(|error| Error::Store(crate::store::StoreError::Corrupt(error.to_string())))?;
+    crate::precheck::list_items(
+        store,
+        precheck_id,
+        Some(v1::Verdict::NeedsCompensation),
+        page_size,
+        token,
+    )
+    .await
 }

@@ -105,7 +105,10 @@ async fn replay(
                 rationale: "benchmark: far above the machine".into(),
             }),
             slice_size: 1000,
-            observe_for: Some(prost_types::Duration { seconds: 0, nanos: 0 }),
+            observe_for: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
             ..Default::default()
         })
         .await?

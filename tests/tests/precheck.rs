@@ -313,6 +313,34 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
 
+    // The plan made from it lists the compensation items for people.
+    let plan = client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(v1::Rate {
+                per_second: 10.0,
+                burst: 1,
+                rationale: "test".into(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let compensations = client
+        .list_compensations(v1::ListCompensationsRequest {
+            plan_id: plan.plan_id.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(compensations.items.len(), 1);
+    assert!(compensations.items[0].message_key.starts_with("o-8:"));
+    assert!(
+        compensations.items[0]
+            .reason
+            .contains("release the extra reservation")
+    );
+
     planner.stop().await?;
     hook_shutdown.cancel();
     broker.cleanup().await;

@@ -1289,3 +1289,76 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = vec![incident.dlq.clone()];
+    config.four_eyes = true;
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 5).await?;
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(as_actor(
+            "alice",
+            CreatePlanRequest {
+                precheck_id: report.precheck_id.clone(),
+                rate: Some(Rate {
+                    per_second: 10.0,
+                    burst: 1,
+                    rationale: "test".into(),
+                }),
+                ..Default::default()
+            },
+        ))
+        .await?
+        .into_inner();
+    assert_eq!(plan.created_by, "alice");
+    let approve = || ApprovePlanRequest {
+        plan_id: plan.plan_id.clone(),
+        digest: report.digest.clone(),
+    };
+    let refused = client
+        .approve_plan(as_actor("alice", approve()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        refused.message().contains("four-eyes"),
+        "{}",
+        refused.message()
+    );
+    let approved = client
+        .approve_plan(as_actor("bob", approve()))
+        .await?
+        .into_inner();
+    assert_eq!(approved.approved_by, "bob");
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+/// `message` as sent by `actor` (request metadata `x-redrive-actor`).
+fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
+    request
+}
