@@ -398,6 +398,104 @@ impl Worker {
                     continue 'publishing;
                 }
             }
+            // Stale at send time, then the owning service's state now.
+            let now = chrono::Utc::now();
+            let mut fresh = Vec::with_capacity(run.len());
+            for work in run {
+                let stale = work
+                    .item
+                    .stale_at
+                    .as_ref()
+                    .and_then(redrive_proto::time::from_timestamp)
+                    .is_some_and(|at| at <= now);
+                if stale {
+                    let reason = "past its event type's deadline at send time";
+                    let _ = events
+                        .send(context.event(
+                            &work.item,
+                            v1::AuditAction::SkippedStale,
+                            reason,
+                            work.attempt,
+                            0,
+                        ))
+                        .await;
+                    outstanding.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    fresh.push(work);
+                }
+            }
+            let to_check: Vec<String> = fresh
+                .iter()
+                .filter(|work| work.item.state_check)
+                .filter_map(|work| work.item.dead_letter.as_ref().map(|d| d.id.clone()))
+                .collect();
+            let mut run = fresh;
+            if !to_check.is_empty() {
+                let decisions = loop {
+                    let mut coordinator = self.coordinator.clone();
+                    let request = v1::RecheckStateRequest {
+                        plan_id: context.plan_id.clone(),
+                        dead_letter_ids: to_check.clone(),
+                    };
+                    match coordinator.recheck_state(request).await {
+                        Ok(answer) => break answer.into_inner().decisions,
+                        Err(status) => {
+                            warn!(code = ?status.code(), message = status.message(), "state re-check failed: not publishing these items until it answers");
+                            tokio::select! {
+                                () = stop.cancelled() => {
+                                    for work in run.into_iter().rev() { queue.push_front(work); }
+                                    break 'publishing;
+                                }
+                                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            }
+                        }
+                    }
+                };
+                let decisions: std::collections::HashMap<String, v1::StateDecision> = decisions
+                    .into_iter()
+                    .map(|decision| (decision.dead_letter_id.clone(), decision))
+                    .collect();
+                let mut allowed = Vec::with_capacity(run.len());
+                for work in run {
+                    let id = work
+                        .item
+                        .dead_letter
+                        .as_ref()
+                        .map(|d| d.id.clone())
+                        .unwrap_or_default();
+                    let action = decisions
+                        .get(&id)
+                        .map(|decision| (decision.verdict(), decision.reason.clone()));
+                    match action {
+                        Some((v1::StateCheckVerdict::Block, reason)) => {
+                            let _ = events
+                                .send(context.event(
+                                    &work.item,
+                                    v1::AuditAction::SkippedState,
+                                    &reason,
+                                    work.attempt,
+                                    0,
+                                ))
+                                .await;
+                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        Some((v1::StateCheckVerdict::NeedsCompensation, reason)) => {
+                            let _ = events
+                                .send(context.event(
+                                    &work.item,
+                                    v1::AuditAction::NeedsCompensation,
+                                    &reason,
+                                    work.attempt,
+                                    0,
+                                ))
+                                .await;
+                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        _ => allowed.push(work),
+                    }
+                }
+                run = allowed;
+            }
             let mut run = VecDeque::from(run);
             while let Some(work) = run.pop_front() {
                 if stop.is_cancelled() {

@@ -12,9 +12,13 @@ use redrive_proto::{
 };
 use tokio::sync::broadcast::error::RecvError;
 
+use std::sync::Arc;
+
 use crate::{
     error::Error,
     notifier::Notifier,
+    precheck::{PrecheckOptions, event_time_from_body},
+    state_check::{StateChecker, StateDecision},
     store::{
         Store,
         leases::{LeasedItem, LeasedSlice, Outcome, StaleToken},
@@ -38,6 +42,7 @@ pub struct Coordinator {
     store: Store,
     notifier: Notifier,
     lease_ttl: Duration,
+    checker: Arc<StateChecker>,
 }
 
 impl From<StaleToken> for Error {
@@ -79,8 +84,38 @@ pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, S
     }
 }
 
-fn slice_item(slice: &LeasedSlice, mut item: LeasedItem) -> v1::SliceItem {
+/// When an item turns stale under `options` (its event type's deadline,
+/// counted from the event time in the body, else `occurred_at`, else its death).
+fn stale_at(
+    options: &PrecheckOptions,
+    dead_letter: &v1::DeadLetter,
+    body: &[u8],
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let max_age = options.max_age(dead_letter.event_type.as_deref())?;
+    let from_body = options
+        .event_time_pointer
+        .as_deref()
+        .and_then(|pointer| event_time_from_body(body, pointer));
+    let event_time = from_body
+        .or_else(|| dead_letter.occurred_at.as_ref().and_then(from_timestamp))
+        .or_else(|| dead_letter.died_at.as_ref().and_then(from_timestamp))?;
+    Some(event_time + chrono::Duration::from_std(max_age).ok()?)
+}
+
+fn slice_item(
+    slice: &LeasedSlice,
+    mut item: LeasedItem,
+    checker: &StateChecker,
+    options: Option<&PrecheckOptions>,
+) -> v1::SliceItem {
     let (exchange, routing_key) = route(&slice.destination, &item.dead_letter);
+    let state_check = checker
+        .route(
+            item.dead_letter.event_type.as_deref(),
+            &item.dead_letter.destination,
+        )
+        .is_some();
+    let stale = options.and_then(|options| stale_at(options, &item.dead_letter, &item.replay_body));
     // The body travels once: `SliceItem.body` is what gets published.
     item.dead_letter.body = Vec::new();
     v1::SliceItem {
@@ -93,6 +128,8 @@ fn slice_item(slice: &LeasedSlice, mut item: LeasedItem) -> v1::SliceItem {
         key_replayed: item.key_replayed,
         body: item.replay_body,
         dead_letter: Some(item.dead_letter),
+        state_check,
+        stale_at: stale.map(redrive_proto::time::timestamp),
     }
 }
 
@@ -107,12 +144,108 @@ fn parse_token(token: u64) -> Result<i64, Error> {
 
 impl Coordinator {
     /// A coordinator handing out leases of `lease_ttl`.
-    pub fn new(store: Store, notifier: Notifier, lease_ttl: Duration) -> Self {
+    pub fn new(
+        store: Store,
+        notifier: Notifier,
+        lease_ttl: Duration,
+        checker: Arc<StateChecker>,
+    ) -> Self {
         Self {
             store,
             notifier,
             lease_ttl,
+            checker,
         }
+    }
+
+    /// The options of the precheck a plan was made from (`None` when they do
+    /// not validate any more).
+    async fn precheck_options(
+        &self,
+        precheck_id: uuid::Uuid,
+    ) -> Result<Option<PrecheckOptions>, Error> {
+        let report = crate::precheck::get(&self.store, precheck_id).await?;
+        Ok(report
+            .options
+            .and_then(|options| PrecheckOptions::try_from(options).ok()))
+    }
+
+    /// The owning services' verdicts on `dead_letter_ids` now, right before
+    /// they are published (DESIGN.md, "Executor loop": state re-check).
+    /// Messages no hook covers are `replay`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad id; `Unavailable` when a hook fails (the
+    /// executor must not publish then); store errors.
+    pub async fn recheck(
+        &self,
+        dead_letter_ids: &[String],
+    ) -> Result<Vec<v1::StateDecision>, Error> {
+        let ids = dead_letter_ids
+            .iter()
+            .enumerate()
+            .map(|(index, id)| {
+                id.parse::<i64>()
+                    .map_err(|_| Error::invalid(format!("dead_letter_ids[{index}]"), "not an id"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let dead_letters = self.store.dead_letters_by_id(&ids).await?;
+        let mut by_route: std::collections::BTreeMap<usize, Vec<v1::StateCheckMessage>> =
+            std::collections::BTreeMap::new();
+        let mut decisions = Vec::with_capacity(dead_letters.len());
+        for dead_letter in dead_letters {
+            match self
+                .checker
+                .route(dead_letter.event_type.as_deref(), &dead_letter.destination)
+            {
+                None => decisions.push(v1::StateDecision {
+                    dead_letter_id: dead_letter.id.clone(),
+                    verdict: v1::StateCheckVerdict::Replay.into(),
+                    reason: String::new(),
+                }),
+                Some(route) => by_route
+                    .entry(route)
+                    .or_default()
+                    .push(v1::StateCheckMessage {
+                        dead_letter_id: dead_letter.id.clone(),
+                        message_key: dead_letter.message_key.clone(),
+                        event_type: dead_letter.event_type.clone(),
+                        body: dead_letter.body,
+                        properties: dead_letter.properties,
+                        headers: dead_letter.headers,
+                    }),
+            }
+        }
+        for (route, messages) in by_route {
+            let answers = self
+                .checker
+                .check(
+                    route,
+                    messages,
+                    crate::precheck::DEFAULT_STATE_CHECK_TIMEOUT,
+                )
+                .await
+                .map_err(|error| {
+                    Error::Unavailable(format!(
+                        "{error}; not publishing these items until the hook answers"
+                    ))
+                })?;
+            for (dead_letter_id, decision) in answers {
+                let (verdict, reason) = match decision {
+                    StateDecision::Replay => (v1::StateCheckVerdict::Replay, String::new()),
+                    StateDecision::Block(reason) => (v1::StateCheckVerdict::Block, reason),
+                    StateDecision::NeedsCompensation(reason) => {
+                        (v1::StateCheckVerdict::NeedsCompensation, reason)
+                    }
+                };
+                decisions.push(v1::StateDecision {
+                    dead_letter_id,
+                    verdict: verdict.into(),
+                    reason,
+                });
+            }
+        }
+        Ok(decisions)
     }
 
     /// Leases a slice to `executor_id`, waiting up to `wait` (at most
@@ -133,6 +266,7 @@ impl Coordinator {
         loop {
             if let Some(slice) = self.store.claim_slice(executor_id, self.lease_ttl).await? {
                 let items = self.store.slice_items(slice.slice_id).await?;
+                let options = self.precheck_options(slice.precheck_id).await?;
                 tracing::info!(
                     slice.id = slice.slice_id,
                     plan.id = %slice.plan_id,
@@ -155,7 +289,7 @@ impl Coordinator {
                     rate: Some(slice.rate.clone()),
                     items: items
                         .into_iter()
-                        .map(|item| slice_item(&slice, item))
+                        .map(|item| slice_item(&slice, item, &self.checker, options.as_ref()))
                         .collect(),
                 }));
             }

@@ -498,8 +498,10 @@ impl Coordinator for CoordinatorGrpc {
 
     async fn recheck_state(
         &self,
-        _: Request<v1::RecheckStateRequest>,
+        request: Request<v1::RecheckStateRequest>,
     ) -> Result<Response<v1::RecheckStateResponse>, Status> {
-        later("state re-check (RecheckState)")
+        let request = request.into_inner();
+        let decisions = self.coordinator.recheck(&request.dead_letter_ids).await?;
+        Ok(Response::new(v1::RecheckStateResponse { decisions }))
     }
 }

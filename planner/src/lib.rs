@@ -86,9 +86,13 @@ pub async fn run(
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?;
     let rules = Arc::new(config.extraction_rules());
     let notifier = Notifier::new();
-    let coordinator_service =
-        coordinator::Coordinator::new(store.clone(), notifier.clone(), config.lease_ttl());
     let checker = Arc::new(StateChecker::new(config.state_check_routes()));
+    let coordinator_service = coordinator::Coordinator::new(
+        store.clone(),
+        notifier.clone(),
+        config.lease_ttl(),
+        Arc::clone(&checker),
+    );
 
     // Serve at once, so that callers get a clear UNAVAILABLE (and health
     // NOT_SERVING) while PostgreSQL is being waited for, instead of a hang.

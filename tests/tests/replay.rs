@@ -1362,3 +1362,101 @@ fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
         .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
     request
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 20).await?;
+    // The planner with the orders hook for order.* events.
+    let setup = planner_for(&db, &incident.dlq).await?;
+    let pool = db.pool().await?;
+    redrive_tests::orders_hook::OrdersHook::create_schema(&pool).await?;
+    setup.stop().await?;
+    let hook_shutdown = tokio_util::sync::CancellationToken::new();
+    let hook_url = redrive_tests::orders_hook::spawn(
+        redrive_tests::orders_hook::OrdersHook::new(pool.clone()),
+        hook_shutdown.clone(),
+    )
+    .await?;
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = vec![incident.dlq.clone()];
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config.lease_ttl_seconds = 3;
+    config.state_checks = vec![format!("order.*={hook_url}")];
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 20).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(report.counts.unwrap().replayable, 20);
+    let plan = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second: 1000.0,
+                burst: 10,
+                rationale: "test".into(),
+            }),
+            observe_for: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    // Meanwhile the customer cancels order o-7.
+    sqlx::query("INSERT INTO orders (order_id, status) VALUES ('o-7', 'CANCELLED')")
+        .execute(&pool)
+        .await?;
+    client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?;
+    let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+    let counts = done.counts.unwrap();
+    assert_eq!((counts.sent, counts.skipped_state), (19, 1));
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 19);
+    assert!(
+        received.iter().all(|r| r.message_id != "m-7"),
+        "the cancelled order was not revived"
+    );
+    let audit = client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let skipped = &audit.not_sent[0];
+    assert_eq!(skipped.action(), v1::AuditAction::SkippedState);
+    assert!(
+        skipped.reason.contains("would revive a cancelled order"),
+        "{}",
+        skipped.reason
+    );
+    planner.stop().await?;
+    hook_shutdown.cancel();
+    pool.close().await;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

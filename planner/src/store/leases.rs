@@ -30,6 +30,8 @@ pub struct LeasedSlice {
     pub rate: v1::Rate,
     /// The plan's destination mode.
     pub destination: DestinationMode,
+    /// The precheck the plan was made from (its options decide staleness).
+    pub precheck_id: Uuid,
 }
 
 /// A slice item to publish, with its dead letter.
@@ -123,7 +125,7 @@ impl Store {
                 lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1 \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
-                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id, \
                 candidate.previous_state, candidate.previous_owner",
         )
         .bind(executor_id)
@@ -519,6 +521,7 @@ fn leased_slice(row: &PgRow) -> Result<LeasedSlice, StoreError> {
             rationale: row.try_get("rate_rationale")?,
         },
         destination,
+        precheck_id: row.try_get("precheck_id")?,
     })
 }
 
@@ -550,5 +553,31 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         rows.iter().map(|row| audit_event(plan_id, row)).collect()
+    }
+}
+
+impl Store {
+    /// The dead letters `ids` with their latest body (repairs) in `body`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn dead_letters_by_id(&self, ids: &[i64]) -> Result<Vec<v1::DeadLetter>, StoreError> {
+        let query = format!(
+            "SELECT d.*, coalesce(rev.body, d.body) AS replay_body FROM (SELECT {} FROM dead_letters WHERE id = ANY($1)) d \
+             LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = d.id \
+                                ORDER BY revision DESC LIMIT 1) rev ON true",
+            columns(true)
+        );
+        let rows = sqlx::query(AssertSqlSafe(query))
+            .bind(ids)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let mut dead_letter = dead_letter_from_row(row)?;
+                dead_letter.body = row.try_get("replay_body")?;
+                Ok(dead_letter)
+            })
+            .collect()
     }
 }
