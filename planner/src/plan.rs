@@ -133,7 +133,22 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
 /// not done or has no replayable item; store errors.
 pub async fn create(store: &Store, plan: NewPlan) -> Result<v1::Plan, Error> {
     match store.create_plan(&plan).await? {
-        CreateOutcome::Created => get(store, plan.id).await,
+        CreateOutcome::Created => {
+            // Allowed, but said: plans to one destination share its bucket.
+            let overlaps = store.overlapping_plans(plan.id).await?;
+            if !overlaps.is_empty() {
+                let warnings: Vec<String> = overlaps
+                    .iter()
+                    .map(|(other, destination)| {
+                        format!(
+                            "plan {other} is also running to destination {destination}: the two share its rate budget"
+                        )
+                    })
+                    .collect();
+                store.set_plan_warnings(plan.id, &warnings).await?;
+            }
+            get(store, plan.id).await
+        }
         CreateOutcome::PrecheckNotFound => Err(Error::NotFound(format!(
             "precheck {} not found",
             plan.precheck_id

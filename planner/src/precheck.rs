@@ -498,6 +498,19 @@ async fn classify_all(
             report.hook_blocked, report.hook_checked
         ));
     }
+    // Replayed to the queue each died in, the selection would share a running
+    // plan's destination (and its rate budget).
+    let queues: Vec<String> = report
+        .by_destination
+        .keys()
+        .filter(|d| !d.is_empty())
+        .map(|d| format!("/{d}"))
+        .collect();
+    for (plan_id, destination) in store.running_plans_to(&queues).await? {
+        warnings.push(format!(
+            "plan {plan_id} is running to destination {destination}: a replay there would share its rate budget"
+        ));
+    }
     let digest = hex::encode(std::mem::take(&mut report.digest).finalize());
     Ok(v1::PrecheckReport {
         precheck_id: precheck_id.to_string(),

@@ -485,6 +485,31 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
                 .into_inner(),
         );
     }
+    assert!(plans[0].warnings.is_empty());
+    // A precheck of the first incident now warns: its queue is a running plan's.
+    let again = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![first.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    assert!(
+        again.warnings.is_empty(),
+        "the running plans redirect elsewhere: {:?}",
+        again.warnings
+    );
+    assert!(
+        plans[1]
+            .warnings
+            .iter()
+            .any(|w| w.contains(&plans[0].plan_id) && w.contains(&target)),
+        "the second plan to one destination is warned about the first: {:?}",
+        plans[1].warnings
+    );
     let executor_a =
         ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
     let executor_b =
@@ -1194,6 +1219,26 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         received.lock().unwrap().len(),
         3,
         "exactly the canary, nothing else before promotion"
+    );
+    // While it runs, a precheck over the same queue warns that the two would
+    // share its destination.
+    let overlapping = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    assert!(
+        overlapping
+            .warnings
+            .iter()
+            .any(|w| w.contains(&plan.plan_id)),
+        "{:?}",
+        overlapping.warnings
     );
     let promoted = client
         .promote_plan(v1::PlanControlRequest {

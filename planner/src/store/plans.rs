@@ -503,3 +503,84 @@ impl Store {
             .map_err(StoreError::from)
     }
 }
+
+/// The effective destination of a plan item (`exchange/routing-key`, the
+/// token-bucket key): SQL over plan `p` and dead letter `d`.
+const ITEM_DESTINATION_SQL: &str = "CASE p.destination_mode \
+    WHEN 'redirect' THEN coalesce(p.redirect_exchange, '') || '/' || coalesce(p.redirect_routing_key, '') \
+    WHEN 'exchange' THEN coalesce(d.death_exchange, '') || '/' || coalesce(d.death_routing_keys[1], '') \
+    ELSE '/' || d.destination END";
+
+impl Store {
+    /// Other running plans (canary, observing, main, paused) that publish to a
+    /// destination plan `plan_id` publishes to: `(plan id, destination)`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn overlapping_plans(
+        &self,
+        plan_id: Uuid,
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let query = format!(
+            "WITH mine AS (SELECT DISTINCT {ITEM_DESTINATION_SQL} AS destination \
+                 FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
+                 WHERE p.id = $1), \
+             theirs AS (SELECT DISTINCT p.id, {ITEM_DESTINATION_SQL} AS destination \
+                 FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
+                 WHERE p.id <> $1 AND p.state IN ('canary', 'observing', 'main', 'paused')) \
+             SELECT theirs.id, theirs.destination FROM theirs JOIN mine USING (destination) ORDER BY 2, 1"
+        );
+        let rows = sqlx::query(AssertSqlSafe(query))
+            .bind(plan_id)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("id")?, row.try_get("destination")?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    /// Replaces a plan's warnings.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn set_plan_warnings(
+        &self,
+        plan_id: Uuid,
+        warnings: &[String],
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE plans SET warnings = $2 WHERE id = $1")
+            .bind(plan_id)
+            .bind(warnings)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Destinations (`exchange/routing-key`) of running plans (canary,
+    /// observing, main, paused) among `destinations`: `(plan id, destination)`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn running_plans_to(
+        &self,
+        destinations: &[String],
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let query = format!(
+            "SELECT DISTINCT p.id, {ITEM_DESTINATION_SQL} AS destination \
+             FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
+             WHERE p.state IN ('canary', 'observing', 'main', 'paused') \
+             AND {ITEM_DESTINATION_SQL} = ANY($1) ORDER BY 2, 1"
+        );
+        let rows = sqlx::query(AssertSqlSafe(query))
+            .bind(destinations)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("id")?, row.try_get("destination")?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+}
