@@ -323,7 +323,7 @@ impl Worker {
                         warn!(%reason, "token bucket unreachable: not publishing (fail closed)");
                         tokio::select! {
                             () = stop.cancelled() => {
-                                for work in run.into_iter().rev() { queue.push_front(work); }
+                                requeue(&mut queue, run);
                                 break 'publishing;
                             }
                             () = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -331,9 +331,7 @@ impl Worker {
                     }
                     Err(error) => {
                         warn!(%error, "token bucket refused the request; releasing the slice");
-                        for work in run.into_iter().rev() {
-                            queue.push_front(work);
-                        }
+                        requeue(&mut queue, run);
                         break 'publishing;
                     }
                 }
@@ -349,7 +347,7 @@ impl Worker {
                             warn!(%error, "replay keys unreachable: not publishing until Redis is back (fail closed)");
                             tokio::select! {
                                 () = stop.cancelled() => {
-                                    for work in run.into_iter().rev() { queue.push_front(work); }
+                                    requeue(&mut queue, run);
                                     break 'publishing;
                                 }
                                 () = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -365,31 +363,29 @@ impl Worker {
                         // marked, then died before reporting: it is sent.
                         Some(plan) if plan == context.plan_id => {
                             let reason = "confirmed under an earlier lease of this plan (Redis replay key); not published again";
-                            let _ = events
-                                .send(context.event(
-                                    &work.item,
-                                    v1::AuditAction::Sent,
-                                    reason,
-                                    work.attempt,
-                                    0,
-                                ))
-                                .await;
-                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                            finish(
+                                &events,
+                                &context,
+                                &outstanding,
+                                &work,
+                                v1::AuditAction::Sent,
+                                reason,
+                            )
+                            .await;
                         }
                         Some(plan) => {
                             let reason = format!(
                                 "message key already replayed by plan {plan} (Redis replay keys)"
                             );
-                            let _ = events
-                                .send(context.event(
-                                    &work.item,
-                                    v1::AuditAction::SkippedDuplicate,
-                                    &reason,
-                                    work.attempt,
-                                    0,
-                                ))
-                                .await;
-                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                            finish(
+                                &events,
+                                &context,
+                                &outstanding,
+                                &work,
+                                v1::AuditAction::SkippedDuplicate,
+                                &reason,
+                            )
+                            .await;
                         }
                     }
                 }
@@ -410,16 +406,15 @@ impl Worker {
                     .is_some_and(|at| at <= now);
                 if stale {
                     let reason = "past its event type's deadline at send time";
-                    let _ = events
-                        .send(context.event(
-                            &work.item,
-                            v1::AuditAction::SkippedStale,
-                            reason,
-                            work.attempt,
-                            0,
-                        ))
-                        .await;
-                    outstanding.fetch_sub(1, Ordering::SeqCst);
+                    finish(
+                        &events,
+                        &context,
+                        &outstanding,
+                        &work,
+                        v1::AuditAction::SkippedStale,
+                        reason,
+                    )
+                    .await;
                 } else {
                     fresh.push(work);
                 }
@@ -443,7 +438,7 @@ impl Worker {
                             warn!(code = ?status.code(), message = status.message(), "state re-check failed: not publishing these items until it answers");
                             tokio::select! {
                                 () = stop.cancelled() => {
-                                    for work in run.into_iter().rev() { queue.push_front(work); }
+                                    requeue(&mut queue, run);
                                     break 'publishing;
                                 }
                                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -468,28 +463,26 @@ impl Worker {
                         .map(|decision| (decision.verdict(), decision.reason.clone()));
                     match action {
                         Some((v1::StateCheckVerdict::Block, reason)) => {
-                            let _ = events
-                                .send(context.event(
-                                    &work.item,
-                                    v1::AuditAction::SkippedState,
-                                    &reason,
-                                    work.attempt,
-                                    0,
-                                ))
-                                .await;
-                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                            finish(
+                                &events,
+                                &context,
+                                &outstanding,
+                                &work,
+                                v1::AuditAction::SkippedState,
+                                &reason,
+                            )
+                            .await;
                         }
                         Some((v1::StateCheckVerdict::NeedsCompensation, reason)) => {
-                            let _ = events
-                                .send(context.event(
-                                    &work.item,
-                                    v1::AuditAction::NeedsCompensation,
-                                    &reason,
-                                    work.attempt,
-                                    0,
-                                ))
-                                .await;
-                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                            finish(
+                                &events,
+                                &context,
+                                &outstanding,
+                                &work,
+                                v1::AuditAction::NeedsCompensation,
+                                &reason,
+                            )
+                            .await;
                         }
                         _ => allowed.push(work),
                     }
@@ -500,25 +493,22 @@ impl Worker {
             while let Some(work) = run.pop_front() {
                 if stop.is_cancelled() {
                     run.push_front(work);
-                    for work in run.into_iter().rev() {
-                        queue.push_front(work);
-                    }
+                    requeue(&mut queue, run);
                     break 'publishing;
                 }
                 let properties =
                     match message::properties(&context.plan_id, &work.item, work.attempt) {
                         Ok(properties) => properties,
                         Err(reason) => {
-                            let _ = events
-                                .send(context.event(
-                                    &work.item,
-                                    v1::AuditAction::Failed,
-                                    &reason,
-                                    work.attempt,
-                                    0,
-                                ))
-                                .await;
-                            outstanding.fetch_sub(1, Ordering::SeqCst);
+                            finish(
+                                &events,
+                                &context,
+                                &outstanding,
+                                &work,
+                                v1::AuditAction::Failed,
+                                &reason,
+                            )
+                            .await;
                             continue;
                         }
                     };
@@ -531,9 +521,7 @@ impl Worker {
                 // Broker gone for long: give the slice back rather than hold it.
                 let Some(publisher) = self.publisher(&stop, Some(lease_ttl / 2)).await else {
                     run.push_front(work);
-                    for work in run.into_iter().rev() {
-                        queue.push_front(work);
-                    }
+                    requeue(&mut queue, run);
                     break 'publishing;
                 };
                 match publisher.publish(outgoing).await {
@@ -919,4 +907,29 @@ async fn heartbeat(
             }
         }
     }
+}
+
+/// Puts a run of items back at the front of the queue, in order.
+fn requeue(
+    queue: &mut VecDeque<Work>,
+    run: impl IntoIterator<Item = Work, IntoIter: DoubleEndedIterator>,
+) {
+    for work in run.into_iter().rev() {
+        queue.push_front(work);
+    }
+}
+
+/// Reports a final outcome decided without publishing, and counts the item done.
+async fn finish(
+    events: &mpsc::Sender<v1::AuditEvent>,
+    context: &EventContext,
+    outstanding: &AtomicUsize,
+    work: &Work,
+    action: v1::AuditAction,
+    reason: &str,
+) {
+    let _ = events
+        .send(context.event(&work.item, action, reason, work.attempt, 0))
+        .await;
+    outstanding.fetch_sub(1, Ordering::SeqCst);
 }

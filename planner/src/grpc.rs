@@ -70,6 +70,20 @@ impl PlannerGrpc {
     pub fn new(state: PlannerState) -> Self {
         Self { state }
     }
+
+    /// Promote, pause, resume or cancel, as the caller in the metadata.
+    async fn control(
+        &self,
+        request: Request<v1::PlanControlRequest>,
+        control: plan::Control,
+    ) -> Result<Response<v1::Plan>, Status> {
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        Ok(Response::new(
+            plan::control(&self.state.store, plan_id, control, &actor, &request.reason).await?,
+        ))
+    }
 }
 
 fn selector(selector: Option<v1::Selector>) -> Result<Selector, Error> {
@@ -270,72 +284,28 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
-        let plan = plan::control(
-            &self.state.store,
-            plan_id,
-            plan::Control::Promote,
-            &actor,
-            &request.reason,
-        )
-        .await?;
-        Ok(Response::new(plan))
+        self.control(request, plan::Control::Promote).await
     }
 
     async fn pause_plan(
         &self,
         request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
-        let plan = plan::control(
-            &self.state.store,
-            plan_id,
-            plan::Control::Pause,
-            &actor,
-            &request.reason,
-        )
-        .await?;
-        Ok(Response::new(plan))
+        self.control(request, plan::Control::Pause).await
     }
 
     async fn resume_plan(
         &self,
         request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
-        let plan = plan::control(
-            &self.state.store,
-            plan_id,
-            plan::Control::Resume,
-            &actor,
-            &request.reason,
-        )
-        .await?;
-        Ok(Response::new(plan))
+        self.control(request, plan::Control::Resume).await
     }
 
     async fn cancel_plan(
         &self,
         request: Request<v1::PlanControlRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
-        let plan = plan::control(
-            &self.state.store,
-            plan_id,
-            plan::Control::Cancel,
-            &actor,
-            &request.reason,
-        )
-        .await?;
-        Ok(Response::new(plan))
+        self.control(request, plan::Control::Cancel).await
     }
 
     async fn list_compensations(
