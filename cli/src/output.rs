@@ -388,6 +388,80 @@ impl DeadLetterJson {
     }
 }
 
+/// A paged listing on its way out: with `--json`, one object
+/// `{"<key>": [...], "next_page_token": "..."}` whose array is written item by
+/// item as pages arrive; otherwise one aligned table after the last page (or
+/// `empty` when nothing matched), then `next page token: T` when more pages are
+/// left.
+pub struct Listing<'o> {
+    out: &'o mut dyn Write,
+    json: bool,
+    listed: usize,
+    rows: Vec<Vec<String>>,
+}
+
+impl<'o> Listing<'o> {
+    /// Starts a listing whose JSON array is named `key`.
+    ///
+    /// # Errors
+    /// Writing to `out`.
+    pub fn open(out: &'o mut dyn Write, json: bool, key: &str) -> io::Result<Self> {
+        if json {
+            write!(out, "{{{}:[", serde_json::to_string(key)?)?;
+        }
+        Ok(Self {
+            out,
+            json,
+            listed: 0,
+            rows: Vec::new(),
+        })
+    }
+
+    /// Adds one item: its JSON shape, or its table row (built only for tables).
+    ///
+    /// # Errors
+    /// Writing to the output.
+    pub fn push<T: Serialize>(
+        &mut self,
+        json: &T,
+        row: impl FnOnce() -> Vec<String>,
+    ) -> io::Result<()> {
+        if self.json {
+            if self.listed > 0 {
+                self.out.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut *self.out, json)?;
+        } else {
+            self.rows.push(row());
+        }
+        self.listed += 1;
+        Ok(())
+    }
+
+    /// Ends the listing with the token of the next page (empty on the last).
+    ///
+    /// # Errors
+    /// Writing to the output.
+    pub fn finish(self, page_token: &str, columns: &[&str], empty: &str) -> io::Result<()> {
+        if self.json {
+            self.out.write_all(b"],\"next_page_token\":")?;
+            serde_json::to_writer(&mut *self.out, page_token)?;
+            return self.out.write_all(b"}\n");
+        }
+        if self.listed == 0 {
+            writeln!(self.out, "{empty}")?;
+        } else {
+            let mut table = table(columns);
+            table.add_rows(self.rows);
+            write_table(self.out, &table)?;
+        }
+        if !page_token.is_empty() {
+            writeln!(self.out, "next page token: {page_token}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use redrive_proto::{time::timestamp, v1};

@@ -30,6 +30,7 @@
 //! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
 //! key is `""`.
 
+use crate::output::Listing;
 use std::{fmt, io::Write, str::FromStr};
 
 use chrono::Utc;
@@ -140,13 +141,9 @@ async fn list(
 ) -> Result<u8, CliError> {
     let selector = args.selector.to_selector(Utc::now());
     let mut page_token = args.page_token.unwrap_or_default();
-    let mut listed = 0_usize;
     // People get one aligned table (use --json to stream a long --all);
     // scripts get each page written as it comes.
-    let mut rows = Vec::new();
-    if json {
-        out.write_all(b"{\"dead_letters\":[")?;
-    }
+    let mut listing = Listing::open(out, json, "dead_letters")?;
     loop {
         let response = planner
             .list_dead_letters(ListDeadLettersRequest {
@@ -158,37 +155,15 @@ async fn list(
             .into_inner();
         page_token = response.next_page_token;
         for dead_letter in &response.dead_letters {
-            if json {
-                if listed > 0 {
-                    out.write_all(b",")?;
-                }
-                serde_json::to_writer(&mut *out, &DeadLetterJson::summary(dead_letter))
-                    .map_err(std::io::Error::from)?;
-            } else {
-                rows.push(list_row(dead_letter));
-            }
-            listed += 1;
+            listing.push(&DeadLetterJson::summary(dead_letter), || {
+                list_row(dead_letter)
+            })?;
         }
         if !args.all || page_token.is_empty() {
             break;
         }
     }
-    if json {
-        out.write_all(b"],\"next_page_token\":")?;
-        serde_json::to_writer(&mut *out, &page_token).map_err(std::io::Error::from)?;
-        out.write_all(b"}\n")?;
-        return Ok(EX_OK);
-    }
-    if listed == 0 {
-        writeln!(out, "no dead letters match")?;
-    } else {
-        let mut table = output::table(LIST_COLUMNS);
-        table.add_rows(rows);
-        write_table(out, &table)?;
-    }
-    if !page_token.is_empty() {
-        writeln!(out, "next page token: {page_token}")?;
-    }
+    listing.finish(&page_token, LIST_COLUMNS, "no dead letters match")?;
     Ok(EX_OK)
 }
 

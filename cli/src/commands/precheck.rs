@@ -60,6 +60,7 @@
 //! `{dead_letter_id, message_key, verdict, reason, destination, event_type}`,
 //! `event_type` a string or null.
 
+use crate::output::Listing;
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use chrono::Utc;
@@ -808,11 +809,7 @@ async fn items(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let mut page_token = query.page_token.unwrap_or_default();
-    let mut listed = 0_usize;
-    let mut rows = Vec::new();
-    if json {
-        out.write_all(b"{\"items\":[")?;
-    }
+    let mut listing = Listing::open(out, json, "items")?;
     loop {
         let response = planner
             .list_precheck_items(ListPrecheckItemsRequest {
@@ -825,37 +822,13 @@ async fn items(
             .into_inner();
         page_token = response.next_page_token;
         for item in &response.items {
-            if json {
-                if listed > 0 {
-                    out.write_all(b",")?;
-                }
-                serde_json::to_writer(&mut *out, &ItemJson::from(item))
-                    .map_err(std::io::Error::from)?;
-            } else {
-                rows.push(item_row(item));
-            }
-            listed += 1;
+            listing.push(&ItemJson::from(item), || item_row(item))?;
         }
         if !query.all || page_token.is_empty() {
             break;
         }
     }
-    if json {
-        out.write_all(b"],\"next_page_token\":")?;
-        serde_json::to_writer(&mut *out, &page_token).map_err(std::io::Error::from)?;
-        out.write_all(b"}\n")?;
-        return Ok(EX_OK);
-    }
-    if listed == 0 {
-        writeln!(out, "no items match")?;
-    } else {
-        let mut table = output::table(ITEM_COLUMNS);
-        table.add_rows(rows);
-        write_table(out, &table)?;
-    }
-    if !page_token.is_empty() {
-        writeln!(out, "next page token: {page_token}")?;
-    }
+    listing.finish(&page_token, ITEM_COLUMNS, "no items match")?;
     Ok(EX_OK)
 }
 

@@ -71,6 +71,7 @@
 pub mod live;
 pub mod view;
 
+use crate::output::Listing;
 use std::{io::Write, time::Duration};
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -91,7 +92,7 @@ use crate::{
     client::Planner,
     commands::precheck::{ITEM_COLUMNS, ItemJson, item_row, parse_positive_duration},
     error::{CliError, EX_OK},
-    output::{self, terminal_width, write_json, write_table},
+    output::{terminal_width, write_json},
 };
 
 // ---------------------------------------------------------------------------
@@ -518,12 +519,6 @@ fn control(args: ControlArgs) -> PlanControlRequest {
 }
 
 /// Writes the JSON closing of a paged list: `],"next_page_token":"..."}`.
-fn close_json_list(out: &mut dyn Write, page_token: &str) -> std::io::Result<()> {
-    out.write_all(b"],\"next_page_token\":")?;
-    serde_json::to_writer(&mut *out, page_token)?;
-    out.write_all(b"}\n")
-}
-
 async fn list(
     planner: &mut Planner,
     args: ListArgs,
@@ -532,11 +527,7 @@ async fn list(
 ) -> Result<u8, CliError> {
     let states: Vec<i32> = args.states.iter().map(|state| i32::from(*state)).collect();
     let mut page_token = args.page.page_token.clone().unwrap_or_default();
-    let mut listed = 0_usize;
-    let mut rows = Vec::new();
-    if json {
-        out.write_all(b"{\"plans\":[")?;
-    }
+    let mut listing = Listing::open(out, json, "plans")?;
     loop {
         let response = planner
             .list_plans(ListPlansRequest {
@@ -549,34 +540,13 @@ async fn list(
         page_token = response.next_page_token;
         for plan in &response.plans {
             let view = PlanJson::from(plan);
-            if json {
-                if listed > 0 {
-                    out.write_all(b",")?;
-                }
-                serde_json::to_writer(&mut *out, &view).map_err(std::io::Error::from)?;
-            } else {
-                rows.push(view::list_row(&view));
-            }
-            listed += 1;
+            listing.push(&view, || view::list_row(&view))?;
         }
         if !args.page.all || page_token.is_empty() {
             break;
         }
     }
-    if json {
-        close_json_list(out, &page_token)?;
-        return Ok(EX_OK);
-    }
-    if listed == 0 {
-        writeln!(out, "no plans match")?;
-    } else {
-        let mut table = output::table(view::LIST_COLUMNS);
-        table.add_rows(rows);
-        write_table(out, &table)?;
-    }
-    if !page_token.is_empty() {
-        writeln!(out, "next page token: {page_token}")?;
-    }
+    listing.finish(&page_token, view::LIST_COLUMNS, "no plans match")?;
     Ok(EX_OK)
 }
 
@@ -587,11 +557,7 @@ async fn compensations(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let mut page_token = args.page.page_token.clone().unwrap_or_default();
-    let mut listed = 0_usize;
-    let mut rows = Vec::new();
-    if json {
-        out.write_all(b"{\"items\":[")?;
-    }
+    let mut listing = Listing::open(out, json, "items")?;
     loop {
         let response = planner
             .list_compensations(ListCompensationsRequest {
@@ -603,35 +569,13 @@ async fn compensations(
             .into_inner();
         page_token = response.next_page_token;
         for item in &response.items {
-            if json {
-                if listed > 0 {
-                    out.write_all(b",")?;
-                }
-                serde_json::to_writer(&mut *out, &ItemJson::from(item))
-                    .map_err(std::io::Error::from)?;
-            } else {
-                rows.push(item_row(item));
-            }
-            listed += 1;
+            listing.push(&ItemJson::from(item), || item_row(item))?;
         }
         if !args.page.all || page_token.is_empty() {
             break;
         }
     }
-    if json {
-        close_json_list(out, &page_token)?;
-        return Ok(EX_OK);
-    }
-    if listed == 0 {
-        writeln!(out, "no items need compensation")?;
-    } else {
-        let mut table = output::table(ITEM_COLUMNS);
-        table.add_rows(rows);
-        write_table(out, &table)?;
-    }
-    if !page_token.is_empty() {
-        writeln!(out, "next page token: {page_token}")?;
-    }
+    listing.finish(&page_token, ITEM_COLUMNS, "no items need compensation")?;
     Ok(EX_OK)
 }
 
