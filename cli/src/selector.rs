@@ -13,6 +13,7 @@
 //! | `--since DUR` | `died_from` = now − DUR (humantime: `90s`, `2h`, `1day 6h`) |
 //! | `--from T`, `--to T` | `died_from`, `died_to` (RFC 3339; `[from, to)`); neither goes with `--since` |
 //! | `--limit N` | `limit` |
+//! | `--id ID` (repeatable) | `ids`: only these dead letters |
 //!
 //! Repeated values of one flag match any of them; different flags all narrow.
 //!
@@ -82,6 +83,10 @@ pub struct SelectorArgs {
     /// At most this many dead letters, first captured first.
     #[arg(long, value_name = "N")]
     pub limit: Option<u64>,
+
+    /// Only this dead letter id; repeatable.
+    #[arg(long = "id", value_name = "ID")]
+    pub ids: Vec<String>,
 }
 
 /// Parses an RFC 3339 time (`2024-05-01T12:00:00Z`, `2024-05-01T14:00:00+02:00`).
@@ -113,6 +118,7 @@ impl SelectorArgs {
             died_from: since.or(self.from).map(timestamp),
             died_to: self.to.map(timestamp),
             limit: self.limit.unwrap_or(0),
+            ids: self.ids.clone(),
         }
     }
 }
@@ -186,6 +192,7 @@ mod tests {
                 died_from: Some(timestamp(parse_rfc3339("2024-05-01T08:00:00Z").unwrap())),
                 died_to: Some(timestamp(parse_rfc3339("2024-05-01T11:00:00Z").unwrap())),
                 limit: 50,
+                ids: vec![],
             }
         );
     }

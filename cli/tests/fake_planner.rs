@@ -213,6 +213,7 @@ fn report(actor: &str) -> v1::PrecheckReport {
             reason: "order 9 is cancelled".into(),
             destination: "payments".into(),
             event_type: Some("payment.captured".into()),
+            at_send: false,
         }],
         ..Default::default()
     }
@@ -352,6 +353,7 @@ impl Planner for Fake {
             reason: format!("reason {id}"),
             destination: "payments".into(),
             event_type: event_type.map(Into::into),
+            at_send: false,
         };
         let (items, next) = if request.page_token.is_empty() {
             (
@@ -497,6 +499,7 @@ impl Planner for Fake {
             reason: format!("refund {id} already issued by hand"),
             destination: "payments".into(),
             event_type: Some("payment.refunded".into()),
+            at_send: false,
         };
         let (items, next) = if request.page_token.is_empty() {
             (vec![item("51"), item("52")], "c2")

@@ -28,6 +28,10 @@ pub enum Error {
     /// A dependency other than PostgreSQL (a state-check hook) failed.
     #[error("{0}")]
     Unavailable(String),
+    /// The operation did not finish within the call's wait; it may still
+    /// finish (the message names what to follow).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// A capability later work delivers.
     #[error("{0} is not implemented yet")]
     Unimplemented(&'static str),
@@ -62,6 +66,7 @@ impl Error {
             Self::Unimplemented(_) => ErrorKind::Unimplemented,
             Self::Unavailable(_) => ErrorKind::Unavailable,
             Self::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            Self::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             Self::Store(store) if store.is_retryable() => ErrorKind::Unavailable,
             Self::Store(_) => ErrorKind::Internal,
         }

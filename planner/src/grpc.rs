@@ -19,6 +19,7 @@ use crate::{
     plan::{self, parse_plan_id},
     precheck::{self, PrecheckOptions, PrecheckRequest},
     selector::Selector,
+    single::Single,
     state_check::StateChecker,
     store::Store,
 };
@@ -36,6 +37,18 @@ pub struct PlannerState {
     pub notifier: Notifier,
     /// Approvers must differ from creators.
     pub four_eyes: bool,
+}
+
+impl PlannerState {
+    /// Single dead letter operations over this state.
+    pub fn single(&self) -> Single<'_> {
+        Single {
+            store: &self.store,
+            checker: &self.checker,
+            notifier: &self.notifier,
+            rules: &self.rules,
+        }
+    }
 }
 
 /// Request metadata key naming the person or system making a call (bound to a
@@ -88,10 +101,6 @@ impl PlannerGrpc {
 
 fn selector(selector: Option<v1::Selector>) -> Result<Selector, Error> {
     Selector::try_from(selector.unwrap_or_default())
-}
-
-fn later<T>(capability: &'static str) -> Result<Response<T>, Status> {
-    Err(Error::Unimplemented(capability).into())
 }
 
 #[tonic::async_trait]
@@ -204,8 +213,15 @@ impl Planner for PlannerGrpc {
             }
         };
         let token = PageToken::parse(&request.page_token)?;
-        let (items, next_page_token) =
-            precheck::list_items(&self.state.store, id, verdict, request.page_size, token).await?;
+        let (items, next_page_token) = precheck::list_items(
+            &self.state.store,
+            id,
+            verdict,
+            request.page_size,
+            token,
+            None,
+        )
+        .await?;
         Ok(Response::new(v1::ListPrecheckItemsResponse {
             items,
             next_page_token,
@@ -367,16 +383,30 @@ impl Planner for PlannerGrpc {
 
     async fn replay_dead_letter(
         &self,
-        _: Request<v1::ReplayDeadLetterRequest>,
+        request: Request<v1::ReplayDeadLetterRequest>,
     ) -> Result<Response<v1::ReplayDeadLetterResponse>, Status> {
-        later("single replay (ReplayDeadLetter)")
+        let actor = actor(&request);
+        let request = request.into_inner();
+        // Run detached: a caller that goes away does not leave the plan of one
+        // half made (the wait then ends as it would have).
+        let state = self.state.clone();
+        let response = tokio::spawn(async move { state.single().replay(&actor, request).await })
+            .await
+            .map_err(|error| Status::internal(format!("single replay task failed: {error}")))??;
+        Ok(Response::new(response))
     }
 
     async fn repair_dead_letter(
         &self,
-        _: Request<v1::RepairDeadLetterRequest>,
+        request: Request<v1::RepairDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
-        later("body repair (RepairDeadLetter)")
+        let actor = actor(&request);
+        Ok(Response::new(
+            self.state
+                .single()
+                .repair(&actor, request.into_inner())
+                .await?,
+        ))
     }
 }
 

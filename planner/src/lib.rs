@@ -33,6 +33,7 @@ pub mod notifier;
 pub mod plan;
 pub mod precheck;
 pub mod selector;
+pub mod single;
 pub mod state_check;
 pub mod store;
 

@@ -320,8 +320,9 @@ pub async fn control(
     }
 }
 
-/// One page of the items of a plan's precheck that need compensation: never
-/// replayed by the plan, listed for people to handle.
+/// One page of the plan's items that need compensation, never replayed by
+/// the plan and listed for people to handle: those of its precheck, and those
+/// the state re-check right before publishing found (`at_send`).
 ///
 /// # Errors
 /// `NotFound` for an unknown plan; `InvalidArgument` for a bad page token or
@@ -341,6 +342,7 @@ pub async fn compensations(
         Some(v1::Verdict::NeedsCompensation),
         page_size,
         token,
+        Some(plan_id),
     )
     .await
 }

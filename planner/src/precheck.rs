@@ -351,6 +351,7 @@ impl ReportBuilder {
                 reason: reason.to_owned(),
                 destination: candidate.destination.clone(),
                 event_type: candidate.event_type.clone(),
+                at_send: false,
             });
         }
     }
@@ -624,7 +625,9 @@ pub async fn get(store: &Store, id: Uuid) -> Result<v1::PrecheckReport, Error> {
     }
 }
 
-/// One page of a precheck's items, optionally of one verdict.
+/// One page of a precheck's items, optionally of one verdict; with `plan_id`,
+/// also that plan's items whose send-time outcome is that verdict (see
+/// [`Store::list_precheck_items`]).
 ///
 /// # Errors
 /// As [`get`], and `InvalidArgument` for a page size over 1000.
@@ -634,6 +637,7 @@ pub async fn list_items(
     verdict: Option<Verdict>,
     page_size: u32,
     token: PageToken,
+    plan_id: Option<Uuid>,
 ) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
     get(store, id).await?;
     if page_size > MAX_PAGE_SIZE {
@@ -648,7 +652,13 @@ pub async fn list_items(
         page_size
     };
     let items = store
-        .list_precheck_items(id, verdict.map(Verdict::name), token.after_id, page_size)
+        .list_precheck_items(
+            id,
+            verdict.map(Verdict::name),
+            token.after_id,
+            page_size,
+            plan_id,
+        )
         .await?;
     let next = match items.last() {
         Some(last) if items.len() as u32 == page_size => PageToken {

@@ -30,6 +30,8 @@ pub struct Selector {
     pub died_to: Option<DateTime<Utc>>,
     /// At most this many dead letters, first captured first.
     pub limit: Option<u64>,
+    /// Only these dead letter ids (empty: any).
+    pub ids: Vec<i64>,
 }
 
 fn non_empty(field: &str, values: Vec<String>) -> Result<Vec<String>, Error> {
@@ -73,6 +75,23 @@ impl TryFrom<v1::Selector> for Selector {
                 "must be after selector.died_from",
             ));
         }
+        let ids = selector
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(index, id)| {
+                id.trim()
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|id| *id > 0)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            format!("selector.ids[{index}]"),
+                            format!("{id:?} is not a dead letter id (a positive integer)"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             sources: non_empty("selector.sources", selector.sources)?,
             reasons,
@@ -83,6 +102,7 @@ impl TryFrom<v1::Selector> for Selector {
             died_from,
             died_to,
             limit: (selector.limit > 0).then_some(selector.limit),
+            ids,
         })
     }
 }
@@ -118,6 +138,12 @@ mod tests {
         })
         .unwrap_err();
         assert!(error.to_string().contains("selector.sources[0]"), "{error}");
+        let error = Selector::try_from(v1::Selector {
+            ids: vec!["12".into(), "x".into()],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("selector.ids[1]"), "{error}");
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub enum ErrorKind {
     Unavailable,
     /// The capability is not built yet; the message names it.
     Unimplemented,
+    /// The operation did not finish in the time the call allows; the message
+    /// says what to follow instead. It may still finish.
+    DeadlineExceeded,
     /// A bug or an unexpected answer; the message says what.
     Internal,
 }
@@ -38,6 +41,7 @@ impl ErrorKind {
             Self::PermissionDenied => Code::PermissionDenied,
             Self::Unavailable => Code::Unavailable,
             Self::Unimplemented => Code::Unimplemented,
+            Self::DeadlineExceeded => Code::DeadlineExceeded,
             Self::Internal => Code::Internal,
         }
     }

@@ -1462,10 +1462,16 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         })
         .await?
         .into_inner();
-    // Meanwhile the customer cancels order o-7.
+    // Meanwhile the customer cancels order o-7, and o-8's stock gets reserved
+    // by a manual fix.
     sqlx::query("INSERT INTO orders (order_id, status) VALUES ('o-7', 'CANCELLED')")
         .execute(&pool)
         .await?;
+    sqlx::query(
+        "INSERT INTO orders (order_id, status, stock_reserved) VALUES ('o-8', 'PAID', true)",
+    )
+    .execute(&pool)
+    .await?;
     client
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
@@ -1478,12 +1484,37 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     tokio::time::sleep(Duration::from_millis(300)).await;
     consuming.abort();
     let counts = done.counts.unwrap();
-    assert_eq!((counts.sent, counts.skipped_state), (19, 1));
+    assert_eq!(
+        (counts.sent, counts.skipped_state, counts.needs_compensation),
+        (18, 1, 1)
+    );
     let received = received.lock().unwrap().clone();
-    assert_eq!(received.len(), 19);
+    assert_eq!(received.len(), 18);
     assert!(
-        received.iter().all(|r| r.message_id != "m-7"),
-        "the cancelled order was not revived"
+        received
+            .iter()
+            .all(|r| r.message_id != "m-7" && r.message_id != "m-8"),
+        "the cancelled order was not revived, the reserved one not replayed"
+    );
+    // o-8 is on the plan's compensation list, found at send time.
+    let compensations = client
+        .list_compensations(v1::ListCompensationsRequest {
+            plan_id: plan.plan_id.clone(),
+            page_size: 0,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .items;
+    assert_eq!(compensations.len(), 1, "{compensations:?}");
+    assert_eq!(compensations[0].message_key, "o-8:order.paid");
+    assert!(compensations[0].at_send);
+    assert!(
+        compensations[0]
+            .reason
+            .contains("release the extra reservation"),
+        "{}",
+        compensations[0].reason
     );
     let audit = client
         .get_audit_report(GetAuditReportRequest {
@@ -1501,6 +1532,337 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     planner.stop().await?;
     hook_shutdown.cancel();
     pool.close().await;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+/// The id of the dead letter of order `order` among `dlq`'s (message key
+/// `{order}:{event type}`).
+async fn dead_letter_id(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    order: &str,
+) -> anyhow::Result<String> {
+    let key = format!("{order}:order.paid");
+    let page = client
+        .list_dead_letters(v1::ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.to_owned()],
+                ..Default::default()
+            }),
+            page_size: 1000,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner();
+    page.dead_letters
+        .into_iter()
+        .find(|dead_letter| dead_letter.message_key == key)
+        .map(|dead_letter| dead_letter.id)
+        .ok_or_else(|| anyhow::anyhow!("no dead letter with key {key}"))
+}
+
+fn replay_request(id: &str, wait_ms: u64) -> v1::ReplayDeadLetterRequest {
+    v1::ReplayDeadLetterRequest {
+        dead_letter_id: id.to_owned(),
+        reason: "customer support ticket 4711".into(),
+        options: None,
+        wait: Some(prost_types::Duration {
+            seconds: (wait_ms / 1000) as i64,
+            nanos: ((wait_ms % 1000) * 1_000_000) as i32,
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()> {
+    use v1::replay_dead_letter_response::Outcome;
+
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 5).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 5).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let two = dead_letter_id(&mut client, &incident.dlq, "o-2").await?;
+    let three = dead_letter_id(&mut client, &incident.dlq, "o-3").await?;
+
+    // Bad requests are refused, naming what is wrong.
+    let error = client
+        .replay_dead_letter(v1::ReplayDeadLetterRequest {
+            reason: " ".into(),
+            ..replay_request(&two, 1000)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(
+        error.message().starts_with("reason:"),
+        "{}",
+        error.message()
+    );
+    let error = client
+        .replay_dead_letter(replay_request("999999999", 1000))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::NotFound, "{}", error.message());
+
+    // No executor yet: nobody claims the plan of one, which is cancelled so
+    // that it is not published later behind the caller's back.
+    let answer = client
+        .replay_dead_letter(replay_request(&three, 1500))
+        .await?
+        .into_inner();
+    assert_eq!(answer.outcome(), Outcome::NotReplayed);
+    assert!(
+        answer.reason.contains("no executor claimed it"),
+        "{}",
+        answer.reason
+    );
+    let abandoned = client
+        .get_plan(GetPlanRequest {
+            plan_id: answer.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(abandoned.state(), PlanState::Cancelled);
+
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let first = client
+        .replay_dead_letter(as_actor("alice", replay_request(&two, 30_000)))
+        .await?
+        .into_inner();
+    assert_eq!(first.outcome(), Outcome::Replayed, "{}", first.reason);
+    assert_eq!(first.verdict(), v1::Verdict::Replayable);
+    let event = first.event.clone().expect("the sent audit event");
+    assert_eq!(event.action(), v1::AuditAction::Sent);
+    assert_eq!(event.dead_letter_id, two);
+    assert_eq!(event.plan_id, first.plan_id);
+    // A plan of one: no canary, created and approved by the caller.
+    let plan = wait_completed(&mut client, &first.plan_id, Duration::from_secs(10)).await?;
+    assert_eq!((plan.total_items, plan.canary_items), (1, 0));
+    assert_eq!(
+        (plan.created_by.as_str(), plan.approved_by.as_str()),
+        ("alice", "alice")
+    );
+    assert!(
+        plan.rate
+            .unwrap()
+            .rationale
+            .contains("customer support ticket 4711")
+    );
+
+    // Again: the precheck finds it already replayed.
+    let second = client
+        .replay_dead_letter(replay_request(&two, 30_000))
+        .await?
+        .into_inner();
+    assert_eq!(second.outcome(), Outcome::NotReplayed);
+    assert_eq!(second.verdict(), v1::Verdict::AlreadyReplayed);
+    assert!(
+        second.reason.contains(&first.plan_id),
+        "names the plan that replayed it: {}",
+        second.reason
+    );
+    assert!(second.plan_id.is_empty(), "no plan is made for it");
+
+    // The cancelled plan of one released o-3: it can be replayed now.
+    let third = client
+        .replay_dead_letter(replay_request(&three, 30_000))
+        .await?
+        .into_inner();
+    assert_eq!(third.outcome(), Outcome::Replayed, "{}", third.reason);
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    consuming.abort();
+    executor.stop().await?;
+    let received = received.lock().unwrap().clone();
+    let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    assert_eq!(ids, ["m-2", "m-3"], "each once, nothing else");
+    let plan_header = received[0].headers.inner().get("redrive-plan-id").cloned();
+    assert_eq!(
+        plan_header,
+        Some(amqp_text(&first.plan_id)),
+        "the replayed message names its plan"
+    );
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -> anyhow::Result<()>
+{
+    use v1::replay_dead_letter_response::Outcome;
+
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 3).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 3).await?;
+    let one = dead_letter_id(&mut client, &incident.dlq, "o-1").await?;
+    let two = dead_letter_id(&mut client, &incident.dlq, "o-2").await?;
+    let original = br#"{"order_id":"o-1","n":1}"#.to_vec();
+    let repaired = br#"{"order_id":"o-1","n":1,"currency":"EUR"}"#.to_vec();
+    let repair = |id: &str, body: &[u8]| v1::RepairDeadLetterRequest {
+        dead_letter_id: id.to_owned(),
+        new_body: body.to_vec(),
+        reason: "currency was missing (bug 981)".into(),
+    };
+
+    // The content type says JSON: a body that is not JSON is refused.
+    let error = client
+        .repair_dead_letter(repair(&one, b"{\"order_id\": "))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(
+        error.message().starts_with("new_body:"),
+        "{}",
+        error.message()
+    );
+    // The captured body again is no repair.
+    let error = client
+        .repair_dead_letter(repair(&one, &original))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.code(),
+        Code::FailedPrecondition,
+        "{}",
+        error.message()
+    );
+
+    let answer = client
+        .repair_dead_letter(as_actor("alice", repair(&one, &repaired)))
+        .await?
+        .into_inner();
+    let dead_letter = answer.dead_letter.unwrap();
+    assert_eq!(
+        dead_letter.body, original,
+        "the captured body stays as it was"
+    );
+    assert_eq!(dead_letter.revisions.len(), 1);
+    assert_eq!(dead_letter.revisions[0].body, repaired);
+    assert_eq!(dead_letter.revisions[0].actor, "alice");
+    assert!(
+        answer.body_preview.contains("EUR"),
+        "{}",
+        answer.body_preview
+    );
+    let shown = client
+        .get_dead_letter(v1::GetDeadLetterRequest { id: one.clone() })
+        .await?
+        .into_inner()
+        .dead_letter
+        .unwrap();
+    assert_eq!(
+        (shown.body.as_slice(), shown.revisions[0].body.as_slice()),
+        (original.as_slice(), repaired.as_slice()),
+        "GetDeadLetter shows both"
+    );
+
+    // The precheck reads the latest revision: o-2's repaired body carries an
+    // event time three hours old, so it is stale by the body's own clock.
+    client
+        .repair_dead_letter(repair(
+            &two,
+            br#"{"order_id":"o-2","n":2,"at":"2020-01-01T00:00:00Z"}"#,
+        ))
+        .await?;
+    let options = v1::PrecheckOptions {
+        default_stale_after: Some(prost_types::Duration {
+            seconds: 3600,
+            nanos: 0,
+        }),
+        event_time_pointer: "/at".into(),
+        ..Default::default()
+    };
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: Some(options),
+        })
+        .await?
+        .into_inner();
+    let counts = report.counts.unwrap();
+    assert_eq!((counts.replayable, counts.stale), (2, 1));
+
+    // A plan that is still to publish o-0 keeps its body: no repair under it.
+    let zero = dead_letter_id(&mut client, &incident.dlq, "o-0").await?;
+    let pending = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second: 10.0,
+                burst: 1,
+                rationale: "test".into(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let error = client
+        .repair_dead_letter(repair(&zero, br#"{"order_id":"o-0"}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error.message().contains(&pending.plan_id),
+        "{}",
+        error.message()
+    );
+    client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: pending.plan_id.clone(),
+            reason: "repair first".into(),
+        })
+        .await?;
+    client
+        .repair_dead_letter(repair(&zero, br#"{"order_id":"o-0"}"#))
+        .await?;
+
+    // The replay publishes the repaired body and its audit says so.
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let replayed = client
+        .replay_dead_letter(replay_request(&one, 30_000))
+        .await?
+        .into_inner();
+    assert_eq!(replayed.outcome(), Outcome::Replayed, "{}", replayed.reason);
+    let event = replayed.event.unwrap();
+    assert!(
+        event
+            .reason
+            .contains("repaired body, revision 1 by alice: currency was missing"),
+        "{}",
+        event.reason
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consuming.abort();
+    executor.stop().await?;
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        received[0].body, repaired,
+        "the consumer gets the repaired body"
+    );
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())

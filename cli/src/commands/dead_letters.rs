@@ -19,6 +19,18 @@
 //! notes, revisions, then the body preview. `--json`: one dead letter in the
 //! full shape of [`crate::output`], with `body_base64` and `body_preview`.
 //!
+//! # `repair`
+//! `redrivectl dead-letters repair ID --body-file FILE --reason TEXT`
+//!
+//! Stores FILE's bytes (`-`: stdin), byte-exact, as a new body revision
+//! (`RepairDeadLetter`); the captured body stays as it was. Prechecks and
+//! replays use the latest revision from then on, and the audit of its replay
+//! names the revision and who repaired it. Prints the dead letter as `show`
+//! does (`--json`: the same shape). Refused (exit 1) while a plan that is not
+//! final still has the dead letter to publish, or when the body is the one in
+//! use already; a body over the planner's limit, or not JSON when the content
+//! type says JSON, exits 65.
+//!
 //! # `summary`
 //! `redrivectl dead-letters summary [selector flags] [--group-by reason,producer,...]`
 //!
@@ -36,8 +48,8 @@ use std::{fmt, io::Write, str::FromStr};
 use chrono::Utc;
 use clap::{Args, Subcommand};
 use redrive_proto::v1::{
-    DeadLetter, GetDeadLetterRequest, ListDeadLettersRequest, SummarizeDeadLettersRequest,
-    SummaryDimension, SummaryGroup,
+    DeadLetter, GetDeadLetterRequest, GetDeadLetterResponse, ListDeadLettersRequest,
+    RepairDeadLetterRequest, SummarizeDeadLettersRequest, SummaryDimension, SummaryGroup,
 };
 use serde::Serialize;
 
@@ -58,6 +70,9 @@ pub enum DeadLettersCommand {
     Show(ShowArgs),
     /// Count dead letters grouped by reason, destination, producer, ...
     Summary(SummaryArgs),
+    /// Store a corrected body as a new revision (the captured one is kept);
+    /// prechecks and replays use it from then on.
+    Repair(RepairArgs),
 }
 
 /// `dead-letters list` flags.
@@ -87,6 +102,22 @@ pub struct ShowArgs {
     pub id: String,
 }
 
+/// `dead-letters repair` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct RepairArgs {
+    /// The dead letter id.
+    pub id: String,
+
+    /// The corrected body, byte-exact (`-`: stdin).
+    #[arg(long, value_name = "FILE")]
+    pub body_file: String,
+
+    /// Why the body is repaired (kept with the revision and shown in the audit
+    /// of its replay).
+    #[arg(long, value_name = "TEXT", value_parser = crate::commands::non_blank)]
+    pub reason: String,
+}
+
 /// `dead-letters summary` flags.
 #[derive(Debug, Clone, Args)]
 pub struct SummaryArgs {
@@ -114,6 +145,7 @@ pub async fn run(
         DeadLettersCommand::List(args) => list(planner, args, json, out).await,
         DeadLettersCommand::Show(args) => show(planner, args, json, out).await,
         DeadLettersCommand::Summary(args) => summary(planner, args, json, out).await,
+        DeadLettersCommand::Repair(args) => repair(planner, args, json, out).await,
     }
 }
 
@@ -201,6 +233,51 @@ async fn show(
         .get_dead_letter(GetDeadLetterRequest { id: args.id })
         .await?
         .into_inner();
+    write_dead_letter(out, response, json)
+}
+
+/// Reads the body file before the network (a typo in its name should not
+/// wait on the planner), then repairs.
+async fn repair(
+    planner: &mut Planner,
+    args: RepairArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let body = read_body(&args.body_file)?;
+    let response = planner
+        .repair_dead_letter(RepairDeadLetterRequest {
+            dead_letter_id: args.id,
+            new_body: body,
+            reason: args.reason,
+        })
+        .await?
+        .into_inner();
+    write_dead_letter(out, response, json)
+}
+
+/// The bytes of `path` (`-`: stdin).
+///
+/// # Errors
+/// [`CliError::NoInput`] when it cannot be read.
+pub fn read_body(path: &str) -> Result<Vec<u8>, CliError> {
+    let read = if path == "-" {
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut body).map(|_| body)
+    } else {
+        std::fs::read(path)
+    };
+    read.map_err(|source| CliError::NoInput {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn write_dead_letter(
+    out: &mut dyn Write,
+    response: GetDeadLetterResponse,
+    json: bool,
+) -> Result<u8, CliError> {
     let Some(dead_letter) = response.dead_letter else {
         return Err(CliError::Grpc(tonic::Status::internal(
             "the planner answered without a dead letter",

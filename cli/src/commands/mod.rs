@@ -9,6 +9,7 @@ pub mod dead_letters;
 pub mod import;
 pub mod plan;
 pub mod precheck;
+pub mod replay;
 
 use std::io::{IsTerminal, Write};
 
@@ -26,7 +27,7 @@ use crate::{
     version,
     about = "Redrive's operator CLI: capture, inspect, precheck and replay dead letters",
     after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled \
-                  or aborted), 64 bad usage, 65 refused input (invalid argument, not found, \
+                  or aborted; `replay`: NOT_REPLAYED), 64 bad usage, 65 refused input (invalid argument, not found, \
                   rejected import lines), 66 input file missing, 69 planner unreachable or \
                   unavailable, 74 I/O error, 75 `plan wait --timeout` ran out."
 )]
@@ -83,6 +84,21 @@ pub enum Command {
     /// Replay plans: create, approve, watch, wait, control, report.
     #[command(subcommand)]
     Plan(plan::PlanCommand),
+    /// Replay one dead letter now (a plan of one: precheck, no canary, no
+    /// approval step) and wait for the outcome: REPLAYED or NOT_REPLAYED.
+    Replay(replay::ReplayArgs),
+}
+
+/// A required free-text flag (a reason): trimmed, not blank.
+///
+/// # Errors
+/// When blank, for clap to report as a usage error.
+pub fn non_blank(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("must not be blank: say why".into());
+    }
+    Ok(text.to_owned())
 }
 
 impl Cli {
@@ -124,6 +140,10 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let mut planner = client::connect(&cli.planner, &actor).await?;
             let tty = std::io::stdout().is_terminal();
             plan::run(&mut planner, command, cli.json, tty, out).await
+        }
+        Command::Replay(args) => {
+            let mut planner = client::connect(&cli.planner, &actor).await?;
+            replay::run(&mut planner, args, cli.json, out).await
         }
     }
 }
@@ -282,6 +302,11 @@ mod tests {
             &["dead-letters", "list", "--page-size", "5000"],
             &["--planner", "localhost:50051", "dead-letters", "list"],
             &["dead-letters", "summary", "--group-by", "reason,colour"],
+            &["replay", "42"],
+            &["replay", "42", "--reason", "  "],
+            &["replay", "42", "--reason", "fixed", "--wait", "0s"],
+            &["dead-letters", "repair", "42", "--reason", "fixed"],
+            &["dead-letters", "repair", "42", "--body-file", "b.json"],
         ] {
             assert!(parse(args).unwrap_err().use_stderr(), "{args:?}");
         }

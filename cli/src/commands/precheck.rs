@@ -513,6 +513,9 @@ pub struct ItemJson {
     pub destination: String,
     /// Event type, if known.
     pub event_type: Option<String>,
+    /// `plan compensations` only: found by the state re-check right before
+    /// publishing, not by the precheck.
+    pub at_send: bool,
 }
 
 impl From<&PrecheckItem> for ItemJson {
@@ -524,6 +527,7 @@ impl From<&PrecheckItem> for ItemJson {
             reason: item.reason.clone(),
             destination: item.destination.clone(),
             event_type: item.event_type.clone(),
+            at_send: item.at_send,
         }
     }
 }
@@ -836,7 +840,11 @@ async fn items(
 pub(crate) fn item_row(item: &PrecheckItem) -> Vec<String> {
     vec![
         item.dead_letter_id.clone(),
-        item.verdict().name().to_owned(),
+        if item.at_send {
+            format!("{} (at send)", item.verdict().name())
+        } else {
+            item.verdict().name().to_owned()
+        },
         cell(&item.message_key).to_owned(),
         cell(&item.destination).to_owned(),
         cell(item.event_type.as_deref().unwrap_or_default()).to_owned(),
@@ -1065,6 +1073,7 @@ mod tests {
                 reason: "older than 2h".into(),
                 destination: "payments".into(),
                 event_type: Some("payment.captured".into()),
+                at_send: false,
             }],
             ..Default::default()
         }

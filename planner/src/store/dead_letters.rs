@@ -159,6 +159,12 @@ fn push_conditions(builder: &mut QueryBuilder<Postgres>, selector: &Selector) {
             .push_bind(selector.reasons.clone())
             .push("))");
     }
+    if !selector.ids.is_empty() {
+        builder
+            .push(" AND id = ANY(")
+            .push_bind(selector.ids.clone())
+            .push(")");
+    }
     if let Some(from) = selector.died_from {
         builder.push(" AND died_at >= ").push_bind(from);
     }

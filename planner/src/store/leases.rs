@@ -289,9 +289,15 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         sqlx::query(
             "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
                 executor_id, attempt, confirm_latency_us, at) \
-             SELECT $1, $2, u.id, u.key, u.action, u.reason, $3, u.executor, u.attempt, u.latency, u.at \
+             SELECT $1, $2, u.id, u.key, u.action, \
+                CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
+                    format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
+                ELSE u.reason END, \
+                $3, u.executor, u.attempt, u.latency, u.at \
              FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
-                         $11::timestamptz[]) AS u(id, key, action, reason, executor, attempt, latency, at)",
+                         $11::timestamptz[]) AS u(id, key, action, reason, executor, attempt, latency, at) \
+             JOIN dead_letters d ON d.id = u.id \
+             LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision",
         )
         .bind(plan_id)
         .bind(slice_id)

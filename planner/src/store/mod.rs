@@ -7,11 +7,13 @@
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
 //! - [`plans`]: plan creation, transitions, reads with progress.
 //! - [`leases`]: slice leases with fencing tokens, outcome reports, audit events.
+//! - [`single`]: plans of one (single replay) and body repairs.
 
 pub mod dead_letters;
 pub mod leases;
 pub mod plans;
 pub mod prechecks;
+pub mod single;
 
 use std::time::Duration;
 

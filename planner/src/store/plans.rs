@@ -119,35 +119,53 @@ impl Store {
     /// [`StoreError`]; nothing is created then.
     pub async fn create_plan(&self, plan: &NewPlan) -> Result<CreateOutcome, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let precheck = sqlx::query("SELECT state, digest FROM prechecks WHERE id = $1 FOR SHARE")
-            .bind(plan.precheck_id)
-            .fetch_optional(&mut *transaction)
-            .await?;
-        let Some(precheck) = precheck else {
-            return Ok(CreateOutcome::PrecheckNotFound);
-        };
-        if precheck.try_get::<String, _>("state")? != "done" {
-            return Ok(CreateOutcome::PrecheckNotDone);
+        let outcome = insert_plan(&mut transaction, plan).await?;
+        if matches!(outcome, CreateOutcome::Created) {
+            transaction.commit().await?;
         }
-        let digest: String = precheck
-            .try_get::<Option<String>, _>("digest")?
-            .unwrap_or_default();
-        let total: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM precheck_items WHERE precheck_id = $1 AND verdict = 'replayable'",
-        )
+        Ok(outcome)
+    }
+}
+
+/// Inserts the plan, its slices and items and the `create` action in
+/// `transaction` (see [`Store::create_plan`]). A `canary_fraction` of 0 makes no
+/// canary wave (plans of one, `ReplayDeadLetter`).
+pub(crate) async fn insert_plan(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan: &NewPlan,
+) -> Result<CreateOutcome, StoreError> {
+    let precheck = sqlx::query("SELECT state, digest FROM prechecks WHERE id = $1 FOR SHARE")
         .bind(plan.precheck_id)
-        .fetch_one(&mut *transaction)
+        .fetch_optional(&mut **transaction)
         .await?;
-        if total == 0 {
-            return Ok(CreateOutcome::NothingReplayable);
-        }
-        let canary = ((total as f64 * plan.canary_fraction).ceil() as i64).clamp(1, total);
-        let slice_size = i64::from(plan.slice_size);
-        let canary_slices = (canary + slice_size - 1) / slice_size;
-        let main_slices = (total - canary + slice_size - 1) / slice_size;
-        let (mode, redirect_exchange, redirect_routing_key) =
-            destination_columns(&plan.destination);
-        sqlx::query(
+    let Some(precheck) = precheck else {
+        return Ok(CreateOutcome::PrecheckNotFound);
+    };
+    if precheck.try_get::<String, _>("state")? != "done" {
+        return Ok(CreateOutcome::PrecheckNotDone);
+    }
+    let digest: String = precheck
+        .try_get::<Option<String>, _>("digest")?
+        .unwrap_or_default();
+    let total: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM precheck_items WHERE precheck_id = $1 AND verdict = 'replayable'",
+    )
+    .bind(plan.precheck_id)
+    .fetch_one(&mut **transaction)
+    .await?;
+    if total == 0 {
+        return Ok(CreateOutcome::NothingReplayable);
+    }
+    let canary = if plan.canary_fraction > 0.0 {
+        ((total as f64 * plan.canary_fraction).ceil() as i64).clamp(1, total)
+    } else {
+        0
+    };
+    let slice_size = i64::from(plan.slice_size);
+    let canary_slices = (canary + slice_size - 1) / slice_size;
+    let main_slices = (total - canary + slice_size - 1) / slice_size;
+    let (mode, redirect_exchange, redirect_routing_key) = destination_columns(&plan.destination);
+    sqlx::query(
             "INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
              rate_rationale, destination_mode, redirect_exchange, redirect_routing_key, slice_size, \
              canary_fraction, observe_for_ms, total_items, canary_items, created_by) \
@@ -168,19 +186,19 @@ impl Store {
         .bind(total)
         .bind(canary)
         .bind(&plan.actor)
-        .execute(&mut *transaction)
+        .execute(&mut **transaction)
         .await?;
-        sqlx::query(
+    sqlx::query(
             "INSERT INTO plan_slices (plan_id, seq, wave) \
              SELECT $1, g, CASE WHEN g < $2 THEN 'canary' ELSE 'main' END FROM generate_series(0, $3 - 1) g",
         )
         .bind(plan.id)
         .bind(canary_slices)
         .bind(canary_slices + main_slices)
-        .execute(&mut *transaction)
+        .execute(&mut **transaction)
         .await?;
-        sqlx::query(
-            "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key) \
+    sqlx::query(
+        "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key) \
              SELECT $1, r.position, s.id, r.dead_letter_id, r.message_key \
              FROM (SELECT i.dead_letter_id, d.message_key, \
                           row_number() OVER (ORDER BY i.dead_letter_id) AS position \
@@ -189,26 +207,19 @@ impl Store {
              JOIN plan_slices s ON s.plan_id = $1 AND s.seq = CASE \
                  WHEN r.position <= $3 THEN (r.position - 1) / $4 \
                  ELSE $5 + (r.position - $3 - 1) / $4 END",
-        )
-        .bind(plan.id)
-        .bind(plan.precheck_id)
-        .bind(canary)
-        .bind(slice_size)
-        .bind(canary_slices)
-        .execute(&mut *transaction)
-        .await?;
-        record_action(
-            &mut transaction,
-            plan.id,
-            "create",
-            &plan.actor,
-            &plan.rationale,
-        )
-        .await?;
-        transaction.commit().await?;
-        Ok(CreateOutcome::Created)
-    }
+    )
+    .bind(plan.id)
+    .bind(plan.precheck_id)
+    .bind(canary)
+    .bind(slice_size)
+    .bind(canary_slices)
+    .execute(&mut **transaction)
+    .await?;
+    record_action(transaction, plan.id, "create", &plan.actor, &plan.rationale).await?;
+    Ok(CreateOutcome::Created)
+}
 
+impl Store {
     /// Moves a plan from `from` states to `to`, recording the operator action,
     /// in one transaction. Returns the state it was in (`None`: no such plan);
     /// nothing changes unless that state is in `from`.

@@ -89,8 +89,14 @@ impl Store {
         push_selected(
             &mut builder,
             selector,
-            "id, message_key, destination, body_oversized, body_problem, event_type, schema_version, \
-             producer, reason_class, occurred_at, first_died_at, died_at, body, properties, headers",
+            // A repaired dead letter is prechecked with its latest revision, which
+            // RepairDeadLetter validated against the body limit and content type.
+            "id, message_key, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
+             CASE WHEN body_revision IS NULL THEN body_problem END AS body_problem, event_type, schema_version, \
+             producer, reason_class, occurred_at, first_died_at, died_at, \
+             CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
+                 WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END AS body, \
+             properties, headers",
         );
         builder
             .push(
@@ -208,7 +214,10 @@ impl Store {
         }))
     }
 
-    /// One page of a precheck's items by dead letter id, optionally of one verdict.
+    /// One page of a precheck's items by dead letter id, optionally of one
+    /// verdict. With `plan_id`, that plan's items whose send-time outcome is the
+    /// verdict's action (`needs_compensation`) are included too, marked
+    /// `at_send` with the reason of their audit event.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -218,17 +227,25 @@ impl Store {
         verdict: Option<&str>,
         after_id: i64,
         page_size: u32,
+        plan_id: Option<Uuid>,
     ) -> Result<Vec<v1::PrecheckItem>, StoreError> {
         let rows = sqlx::query(
-            "SELECT i.dead_letter_id, i.verdict, i.reason, d.message_key, d.destination, d.event_type \
-             FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
-             WHERE i.precheck_id = $1 AND ($2::text IS NULL OR i.verdict = $2) AND i.dead_letter_id > $3 \
-             ORDER BY i.dead_letter_id LIMIT $4",
+            "SELECT c.dead_letter_id, c.verdict, c.reason, c.at_send, d.message_key, d.destination, d.event_type \
+             FROM (SELECT dead_letter_id, verdict, reason, false AS at_send FROM precheck_items \
+                   WHERE precheck_id = $1 AND ($2::text IS NULL OR verdict = $2) AND dead_letter_id > $3 \
+                   UNION ALL \
+                   SELECT i.dead_letter_id, i.state, coalesce((SELECT e.reason FROM audit_events e \
+                       WHERE e.plan_id = i.plan_id AND e.dead_letter_id = i.dead_letter_id AND e.action = i.state \
+                       ORDER BY e.id DESC LIMIT 1), ''), true FROM plan_items i \
+                   WHERE i.plan_id = $5 AND i.state = $2 AND i.dead_letter_id > $3) c \
+             JOIN dead_letters d ON d.id = c.dead_letter_id \
+             ORDER BY c.dead_letter_id LIMIT $4",
         )
         .bind(id)
         .bind(verdict)
         .bind(after_id)
         .bind(i64::from(page_size))
+        .bind(plan_id)
         .fetch_all(self.pool())
         .await?;
         rows.iter()
@@ -241,6 +258,7 @@ impl Store {
                     reason: row.try_get("reason")?,
                     destination: row.try_get("destination")?,
                     event_type: row.try_get("event_type")?,
+                    at_send: row.try_get("at_send")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

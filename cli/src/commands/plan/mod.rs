@@ -38,9 +38,11 @@
 //! actions, warnings, and a `next:` hint for its state; `--json` prints one
 //! plan ([`view`] has the stable shapes). `list` prints a table (`--json`:
 //! `{"plans": [plan, ...], "next_page_token": "..."}`), `compensations` the
-//! precheck item table (`--json`: `{"items": [{"dead_letter_id",
-//! "message_key", "verdict", "reason", "destination", "event_type"}],
-//! "next_page_token": "..."}`).
+//! precheck item table of the items that need compensation, both those the
+//! precheck found and those the state re-check right before publishing found
+//! (verdict `needs_compensation (at send)`) (`--json`: `{"items":
+//! [{"dead_letter_id", "message_key", "verdict", "reason", "destination",
+//! "event_type", "at_send"}], "next_page_token": "..."}`).
 //!
 //! # `watch`
 //! Follows `WatchPlan` until the planner ends the stream (the plan is final),

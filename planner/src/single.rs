@@ -1,0 +1,369 @@
+//! One dead letter at a time (DESIGN.md, "Flow"): `ReplayDeadLetter` replays
+//! it as a plan of one through the same path as every plan, and
+//! `RepairDeadLetter` stores a corrected body as a new revision.
+//!
+//! A plan of one has no canary wave and no approval step; everything else is
+//! the plan path: the precheck (so an already replayed, stale, blocked or
+//! looping dead letter is refused with the precheck's reason), executors
+//! claiming its slice under a lease, the send-time replay-key, stale and state
+//! checks, the destination's shared token bucket, publisher confirms, the
+//! replay headers and the audit.
+
+use std::{sync::Arc, time::Duration};
+
+use redrive_proto::{time::from_duration, v1};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::{
+    dead_letter::ExtractionRules,
+    error::Error,
+    inspect,
+    notifier::Notifier,
+    precheck::{self, PrecheckOptions, PrecheckRequest},
+    selector::Selector,
+    state_check::StateChecker,
+    store::{
+        Store,
+        leases::FINAL_ITEM_STATES,
+        plans::{CreateOutcome, DestinationMode, NewPlan},
+        single::{RepairOutcome, SingleOutcome},
+    },
+};
+
+/// How long `ReplayDeadLetter` waits for an executor's outcome by default.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+/// The longest wait a caller may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+/// The rate of a plan of one when no running plan publishes to its
+/// destination: one message, at once when the bucket is idle.
+const SINGLE_RATE_PER_SECOND: f64 = 1.0;
+/// Who the planner records as the actor of what it does by itself.
+const PLANNER_ACTOR: &str = "redrive-planner";
+
+/// What the planner needs to replay or repair one dead letter.
+#[derive(Debug, Clone, Copy)]
+pub struct Single<'a> {
+    /// PostgreSQL.
+    pub store: &'a Store,
+    /// State-check hooks (the precheck).
+    pub checker: &'a Arc<StateChecker>,
+    /// Plan-change notifications (executor reports wake the wait).
+    pub notifier: &'a Notifier,
+    /// Body limit and content-type rules (repairs).
+    pub rules: &'a ExtractionRules,
+}
+
+fn not_replayed(reason: impl Into<String>) -> v1::ReplayDeadLetterResponse {
+    v1::ReplayDeadLetterResponse {
+        outcome: v1::replay_dead_letter_response::Outcome::NotReplayed.into(),
+        reason: reason.into(),
+        ..Default::default()
+    }
+}
+
+fn required_reason(reason: &str, what: &str) -> Result<String, Error> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(Error::invalid(
+            "reason",
+            format!("required: say why this dead letter is {what}"),
+        ));
+    }
+    Ok(reason.to_owned())
+}
+
+impl Single<'_> {
+    /// Replays dead letter `request.dead_letter_id` as a plan of one and waits
+    /// for the executor's outcome (`request.wait`, default [`DEFAULT_WAIT`]).
+    ///
+    /// Answers `REPLAYED` with the `sent` audit event, or `NOT_REPLAYED` with
+    /// why: the precheck's verdict and reason (already replayed, stale,
+    /// blocked by state, ...), another plan that still holds it, the
+    /// executor's outcome (skipped at send time, failed, unroutable), a plan
+    /// cancelled or aborted meanwhile, or no executor claiming it in time (the
+    /// plan of one is then cancelled, so nothing is published later).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the field (id, empty reason, wait outside
+    /// (0, 10 min], options); `NotFound` for an unknown dead letter;
+    /// `DeadlineExceeded` when an executor claimed it but has not reported by
+    /// the end of the wait (the message names the plan to follow with
+    /// WatchPlan); `Unavailable` when a hook fails; store errors.
+    pub async fn replay(
+        &self,
+        actor: &str,
+        request: v1::ReplayDeadLetterRequest,
+    ) -> Result<v1::ReplayDeadLetterResponse, Error> {
+        let id = inspect::parse_id("dead_letter_id", request.dead_letter_id.trim())?;
+        let reason = required_reason(&request.reason, "replayed")?;
+        let wait = match &request.wait {
+            None => DEFAULT_WAIT,
+            Some(wait) => from_duration(wait)
+                .filter(|wait| !wait.is_zero() && *wait <= MAX_WAIT)
+                .ok_or_else(|| Error::invalid("wait", "must be above 0 and at most 10 min"))?,
+        };
+        let options_proto = request.options.unwrap_or_default();
+        let options = PrecheckOptions::try_from(options_proto.clone())?;
+        let (dead_letter, _) = inspect::get(self.store, id).await?;
+
+        let selector_proto = v1::Selector {
+            ids: vec![id.to_string()],
+            ..Default::default()
+        };
+        let report = precheck::run(
+            self.store,
+            self.checker,
+            PrecheckRequest {
+                actor: actor.to_owned(),
+                selector: Selector::try_from(selector_proto.clone())?,
+                selector_proto,
+                options_proto,
+                options,
+            },
+        )
+        .await?;
+        let precheck_id = Uuid::parse_str(&report.precheck_id)
+            .map_err(|error| Error::FailedPrecondition(error.to_string()))?;
+        let item = self
+            .store
+            .list_precheck_items(precheck_id, None, 0, 1, None)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NotFound(format!("dead letter {id} not found")))?;
+        let verdict = item.verdict();
+        let answered = |mut response: v1::ReplayDeadLetterResponse| {
+            response.precheck_id = report.precheck_id.clone();
+            response.verdict = verdict.into();
+            response
+        };
+        if verdict != v1::Verdict::Replayable {
+            return Ok(answered(not_replayed(format!(
+                "{}: {}",
+                verdict.name(),
+                item.reason
+            ))));
+        }
+
+        let (per_second, burst) = self.destination_rate(&dead_letter.destination).await?;
+        let plan = NewPlan {
+            id: Uuid::now_v7(),
+            precheck_id,
+            per_second,
+            burst,
+            rationale: format!("single dead letter {id}: {reason}"),
+            destination: DestinationMode::Queue,
+            slice_size: 1,
+            canary_fraction: 0.0,
+            observe_for_ms: 0,
+            actor: actor.to_owned(),
+        };
+        // Subscribe before the plan exists so that no report is missed.
+        let mut changes = self.notifier.subscribe();
+        match self
+            .store
+            .create_single_plan(&plan, id, "single dead letter: no canary or approval step")
+            .await?
+        {
+            SingleOutcome::Created => {}
+            SingleOutcome::InPlan(active) => {
+                return Ok(answered(not_replayed(format!(
+                    "in another running plan: plan {} ({}) is still to publish it",
+                    active.plan_id, active.state
+                ))));
+            }
+            SingleOutcome::NotCreated(CreateOutcome::NothingReplayable) => {
+                return Ok(answered(not_replayed(
+                    "the precheck left nothing replayable",
+                )));
+            }
+            SingleOutcome::NotCreated(other) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "precheck {precheck_id} cannot make a plan: {other:?}"
+                )));
+            }
+        }
+        let mut response = self.await_outcome(plan.id, id, wait, &mut changes).await?;
+        response.plan_id = plan.id.to_string();
+        Ok(answered(response))
+    }
+
+    /// The rate of a plan of one: that of the slowest running plan to the same
+    /// destination (it draws from the same bucket, at that plan's pace), else
+    /// [`SINGLE_RATE_PER_SECOND`] with a burst of 1.
+    async fn destination_rate(&self, destination: &str) -> Result<(f64, u32), Error> {
+        let mut rate = None::<(f64, u32)>;
+        for (plan_id, _) in self
+            .store
+            .running_plans_to(&[format!("/{destination}")])
+            .await?
+        {
+            if let Some(plan) = self.store.get_plan(plan_id).await?
+                && let Some(plan_rate) = plan.rate
+                && rate.is_none_or(|(per_second, _)| plan_rate.per_second < per_second)
+            {
+                rate = Some((plan_rate.per_second, plan_rate.burst.max(1)));
+            }
+        }
+        Ok(rate.unwrap_or((SINGLE_RATE_PER_SECOND, 1)))
+    }
+
+    /// Waits until the plan of one's item is final, the plan ends, or `wait`
+    /// passes.
+    async fn await_outcome(
+        &self,
+        plan_id: Uuid,
+        dead_letter_id: i64,
+        wait: Duration,
+        changes: &mut tokio::sync::broadcast::Receiver<Uuid>,
+    ) -> Result<v1::ReplayDeadLetterResponse, Error> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let progress = self
+                .store
+                .single_progress(plan_id)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("plan {plan_id} not found")))?;
+            if FINAL_ITEM_STATES.contains(&progress.item_state.as_str()) {
+                let event = self
+                    .store
+                    .audit_events(plan_id, 0, 1000)
+                    .await?
+                    .into_iter()
+                    .map(|(_, event)| event)
+                    .rfind(|event| {
+                        event.dead_letter_id == dead_letter_id.to_string()
+                            && event.action().name() == progress.item_state
+                    });
+                let detail = event.as_ref().map(|e| e.reason.clone()).unwrap_or_default();
+                let sent = progress.item_state == "sent";
+                return Ok(v1::ReplayDeadLetterResponse {
+                    outcome: if sent {
+                        v1::replay_dead_letter_response::Outcome::Replayed
+                    } else {
+                        v1::replay_dead_letter_response::Outcome::NotReplayed
+                    }
+                    .into(),
+                    reason: match (sent, detail.is_empty()) {
+                        (true, true) => "published and confirmed by the broker".to_owned(),
+                        (true, false) => format!("published and confirmed by the broker; {detail}"),
+                        (false, true) => progress.item_state.clone(),
+                        (false, false) => format!("{}: {detail}", progress.item_state),
+                    },
+                    event,
+                    ..Default::default()
+                });
+            }
+            if matches!(progress.plan_state.as_str(), "cancelled" | "aborted") {
+                return Ok(not_replayed(format!(
+                    "plan {plan_id} was {} before publishing it: {}",
+                    progress.plan_state, progress.plan_reason
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let why = format!(
+                    "no executor claimed it within {}s: is a redrive-executor running and connected to this planner?",
+                    wait.as_secs_f64()
+                );
+                if self
+                    .store
+                    .cancel_unclaimed(plan_id, PLANNER_ACTOR, &why)
+                    .await?
+                {
+                    return Ok(not_replayed(format!(
+                        "{why} (plan of one {plan_id} cancelled, so it will not be published later)"
+                    )));
+                }
+                return Err(Error::DeadlineExceeded(format!(
+                    "an executor is publishing dead letter {dead_letter_id} (plan {plan_id}) but has not reported within {}s; follow it with `redrivectl plan watch {plan_id}`",
+                    wait.as_secs_f64()
+                )));
+            }
+            // Reports notify the plan's channel; the poll covers a lost notification.
+            let poll = (deadline - now).min(Duration::from_millis(500));
+            tokio::select! {
+                _ = changes.recv() => {}
+                () = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+
+    /// Stores `request.new_body` as the next revision of the dead letter and
+    /// answers it as GetDeadLetter does (both bodies visible). From then on
+    /// prechecks and replays use the new body, and the audit event of its
+    /// replay names the revision and who repaired it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the field: an empty reason, a body over the
+    /// planner's body limit, a body that does not parse as JSON when the dead
+    /// letter's content type says JSON; `NotFound`; `FailedPrecondition` when
+    /// the body is the one replays use already, or a plan that is not final
+    /// still has the dead letter to publish (cancel it or let it finish first);
+    /// store errors.
+    pub async fn repair(
+        &self,
+        actor: &str,
+        request: v1::RepairDeadLetterRequest,
+    ) -> Result<v1::GetDeadLetterResponse, Error> {
+        let id = inspect::parse_id("dead_letter_id", request.dead_letter_id.trim())?;
+        let reason = required_reason(&request.reason, "repaired")?;
+        let body = request.new_body;
+        if body.len() > self.rules.max_body_bytes {
+            return Err(Error::invalid(
+                "new_body",
+                format!(
+                    "{} bytes is over the planner's {}-byte body limit",
+                    body.len(),
+                    self.rules.max_body_bytes
+                ),
+            ));
+        }
+        let (dead_letter, _) = inspect::get(self.store, id).await?;
+        let content_type = dead_letter
+            .properties
+            .as_ref()
+            .and_then(|properties| properties.content_type.clone())
+            .unwrap_or_default();
+        if content_type.to_ascii_lowercase().contains("json")
+            && crate::body::sniff(&body) == v1::BodyCompression::None
+            && let Err(error) = serde_json::from_slice::<serde_json::Value>(&body)
+        {
+            return Err(Error::invalid(
+                "new_body",
+                format!("content type {content_type} but the body does not parse as JSON: {error}"),
+            ));
+        }
+        let sha256: [u8; 32] = Sha256::digest(&body).into();
+        match self
+            .store
+            .repair_dead_letter(id, &body, &sha256, actor, &reason)
+            .await?
+        {
+            RepairOutcome::Repaired(revision) => {
+                tracing::info!(dead_letter.id = id, revision, actor, "dead letter repaired");
+            }
+            RepairOutcome::NotFound => {
+                return Err(Error::NotFound(format!("dead letter {id} not found")));
+            }
+            RepairOutcome::Unchanged => {
+                return Err(Error::FailedPrecondition(format!(
+                    "new_body is the body dead letter {id} replays with already"
+                )));
+            }
+            RepairOutcome::InPlan(active) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "dead letter {id} is still to be published by plan {} ({}): cancel that plan or let it finish before repairing",
+                    active.plan_id, active.state
+                )));
+            }
+        }
+        let (dead_letter, body_preview) = inspect::get(self.store, id).await?;
+        Ok(v1::GetDeadLetterResponse {
+            dead_letter: Some(dead_letter),
+            body_preview,
+        })
+    }
+}
