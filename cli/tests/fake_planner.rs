@@ -965,6 +965,7 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
                 "reason": "order 9 is cancelled",
                 "destination": "payments",
                 "event_type": "payment.captured",
+                "at_send": false,
             }],
         })
     );
@@ -1089,11 +1090,11 @@ async fn precheck_items_follow_pages_with_the_verdict() {
         serde_json::json!({
             "items": [
                 {"dead_letter_id": "41", "message_key": "key-41", "verdict": "stale",
-                 "reason": "reason 41", "destination": "payments", "event_type": "payment.captured"},
+                 "reason": "reason 41", "destination": "payments", "event_type": "payment.captured", "at_send": false},
                 {"dead_letter_id": "42", "message_key": "key-42", "verdict": "stale",
-                 "reason": "reason 42", "destination": "payments", "event_type": null},
+                 "reason": "reason 42", "destination": "payments", "event_type": null, "at_send": false},
                 {"dead_letter_id": "43", "message_key": "key-43", "verdict": "stale",
-                 "reason": "reason 43", "destination": "payments", "event_type": "payment.refunded"},
+                 "reason": "reason 43", "destination": "payments", "event_type": "payment.refunded", "at_send": false},
             ],
             "next_page_token": "",
         })
@@ -1850,7 +1851,7 @@ async fn plan_list_and_compensations_follow_pages() {
         serde_json::json!({
             "dead_letter_id": "53", "message_key": "order-53:refund",
             "verdict": "needs_compensation", "reason": "refund 53 already issued by hand",
-            "destination": "payments", "event_type": "payment.refunded",
+            "destination": "payments", "event_type": "payment.refunded", "at_send": false,
         })
     );
     assert_eq!(items["next_page_token"], "");

@@ -302,3 +302,120 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = redrive_tests::Broker::connect().await?;
+    let queue = unique("cli_single");
+    broker
+        .queue(&queue, lapin::types::FieldTable::default())
+        .await?;
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let source = unique("svc");
+    let line = format!(
+        r#"{{"message_id":"m-1","body":"{{\"order_id\":\"o-1\",\"qty\":-1}}","reason":"rejected","original_destination":"{queue}"}}"#
+    );
+    let file = std::env::temp_dir().join(format!("{source}.jsonl"));
+    std::fs::write(&file, line + "\n")?;
+    let (code, _) = redrivectl(
+        &planner,
+        &["import", file.to_str().unwrap(), "--source", &source],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let (_, output) = redrivectl(
+        &planner,
+        &["--json", "dead-letters", "list", "--source", &source],
+    )
+    .await;
+    let listed: serde_json::Value = serde_json::from_str(&output)?;
+    let id = listed["dead_letters"][0]["id"].as_str().unwrap().to_owned();
+
+    let body_file = std::env::temp_dir().join(format!("{source}.body"));
+    std::fs::write(&body_file, br#"{"order_id":"o-1","qty":1}"#)?;
+    let (code, output) = redrivectl(
+        &planner,
+        &[
+            "dead-letters",
+            "repair",
+            &id,
+            "--body-file",
+            "/nonexistent/body.json",
+            "--reason",
+            "x",
+        ],
+    )
+    .await;
+    assert_eq!(code, 66, "a missing body file: {output}");
+    let (code, output) = redrivectl(
+        &planner,
+        &[
+            "--json",
+            "dead-letters",
+            "repair",
+            &id,
+            "--body-file",
+            body_file.to_str().unwrap(),
+            "--reason",
+            "negative quantity from bug 981",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{output}");
+    let repaired: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(repaired["revisions"][0]["revision"], 1);
+    assert_eq!(repaired["revisions"][0]["actor"], "tester");
+
+    let executor =
+        redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(&planner, None));
+    let (code, output) = redrivectl(
+        &planner,
+        &["--json", "replay", &id, "--reason", "ticket 4711"],
+    )
+    .await;
+    assert_eq!(code, 0, "{output}");
+    let first: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(first["outcome"], "REPLAYED", "{output}");
+    assert_eq!(first["event"]["action"], "sent");
+    let (code, output) = redrivectl(
+        &planner,
+        &["--json", "replay", &id, "--reason", "ticket 4711"],
+    )
+    .await;
+    executor.stop().await?;
+    assert_eq!(code, 1, "NOT_REPLAYED exits 1: {output}");
+    let second: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(second["outcome"], "NOT_REPLAYED");
+    assert!(
+        second["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("already_replayed"),
+        "{output}"
+    );
+
+    // The target got one message, with the repaired body.
+    let channel = broker.connection.create_channel().await?;
+    let delivery = channel
+        .basic_get(queue.as_str().into(), Default::default())
+        .await?
+        .expect("one message");
+    assert_eq!(delivery.data, br#"{"order_id":"o-1","qty":1}"#);
+    assert!(
+        channel
+            .basic_get(queue.as_str().into(), Default::default())
+            .await?
+            .is_none(),
+        "and only one"
+    );
+    channel.close(200, "done".into()).await?;
+
+    std::fs::remove_file(&file)?;
+    std::fs::remove_file(&body_file)?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

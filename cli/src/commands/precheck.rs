@@ -1133,6 +1133,7 @@ mod tests {
                     "reason": "older than 2h",
                     "destination": "payments",
                     "event_type": "payment.captured",
+                    "at_send": false,
                 }],
             })
         );
@@ -1242,7 +1243,7 @@ mod tests {
             json,
             json!({
                 "dead_letter_id": "", "message_key": "", "verdict": "unspecified",
-                "reason": "", "destination": "", "event_type": null,
+                "reason": "", "destination": "", "event_type": null, "at_send": false,
             })
         );
     }
