@@ -105,10 +105,15 @@ pub async fn run(
     health_reporter
         .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Both reflection versions: grpcurl before 1.8.8, grpcui and older Postman
+    // speak only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let reflection = reflection().build_v1()?;
     let planner = PlannerServer::new(PlannerGrpc::new(PlannerState {
         store: store.clone(),
         rules: Arc::clone(&rules),
@@ -128,6 +133,7 @@ pub async fn run(
         tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(InterceptedService::new(planner, gate.clone()))
             .add_service(InterceptedService::new(coordinator, gate))
             .serve_with_incoming_shutdown(incoming(listener), server_shutdown.cancelled_owned()),
@@ -167,11 +173,28 @@ pub async fn run(
             return Err(error);
         }
     };
-    server.await??;
+    // After shutdown, open calls (WatchPlan streams, claim long polls,
+    // ReplayDeadLetter waits) get the grace period to end, then are cut: a
+    // client that keeps a stream open must not keep the planner alive.
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let mut server = server;
+    let grace_after_shutdown = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = &mut server => served??,
+        () = grace_after_shutdown => {
+            warn!(
+                grace_seconds = config.shutdown_grace_seconds,
+                "open calls did not end within the grace period: cut"
+            );
+            server.abort();
+        }
+    }
     if let Some(listening) = listening {
         listening.abort();
     }
-    let grace = Duration::from_secs(config.shutdown_grace_seconds);
     if let Some(capture) = capture
         && tokio::time::timeout(grace, capture).await.is_err()
     {

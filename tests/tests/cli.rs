@@ -187,6 +187,36 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
     ] {
         assert!(names.iter().any(|n| n == service), "{service} in {names:?}");
     }
+
+    // The older v1alpha protocol too (grpcurl before 1.8.8, grpcui, Postman).
+    {
+        use tonic_reflection::pb::v1alpha::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let channel = tonic::transport::Channel::from_shared(planner.url())?
+            .connect()
+            .await?;
+        let mut client = ServerReflectionClient::new(channel);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let response = client
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await?
+            .into_inner()
+            .message()
+            .await?
+            .expect("one answer");
+        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+            panic!("a service list");
+        };
+        assert!(
+            list.service.iter().any(|s| s.name == "redrive.v1.Planner"),
+            "{list:?}"
+        );
+    }
     planner.stop().await?;
     db.drop_database().await;
     Ok(())

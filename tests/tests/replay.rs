@@ -1867,3 +1867,57 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 2).await?;
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = vec![incident.dlq.clone()];
+    config.shutdown_grace_seconds = 1;
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 2).await?;
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id,
+            rate: Some(Rate {
+                per_second: 10.0,
+                burst: 1,
+                rationale: "test".into(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    // A watcher of a plan awaiting approval: its stream stays open.
+    let mut watch = client
+        .watch_plan(v1::WatchPlanRequest {
+            plan_id: plan.plan_id.clone(),
+            include_events: false,
+        })
+        .await?
+        .into_inner();
+    assert!(watch.message().await?.is_some(), "the first snapshot");
+    // SIGTERM: the planner ends the stream after the grace period, not never.
+    tokio::time::timeout(Duration::from_secs(20), planner.stop())
+        .await
+        .map_err(|_| anyhow::anyhow!("the planner did not stop with a watch stream open"))??;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
