@@ -74,7 +74,10 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_WINDOW", default_value_t = 256)]
     pub window: usize,
 
-    /// Attempts before a nacked message is reported failed.
+    /// Attempts per message: a nacked or unconfirmed one (its channel closed,
+    /// e.g. by a destination exchange that does not exist) is then reported
+    /// `failed`, a returned one `unroutable`. Retries back off from 0.2 s,
+    /// doubling to 6.4 s.
     #[arg(long, env = "REDRIVE_MAX_ATTEMPTS", default_value_t = 5)]
     pub max_attempts: u32,
 

@@ -760,6 +760,18 @@ async fn handle_outcome(
             };
             let _ = feedback.send(Feedback::Retry(Box::new(retry)));
         }
+        PublishOutcome::Uncertain { reason } if work.attempt >= max_attempts => {
+            // A channel the broker keeps closing (a destination exchange that
+            // does not exist: 404 NOT_FOUND) must not be retried for ever.
+            let reason = format!(
+                "no publisher confirm after {} attempts, the last: {reason} (it may have been published; the audit shows each attempt as uncertain)",
+                work.attempt
+            );
+            let _ = events
+                .send(context.event(item, v1::AuditAction::Failed, &reason, work.attempt, 0))
+                .await;
+            let _ = feedback.send(Feedback::Done);
+        }
         PublishOutcome::Uncertain { reason } => {
             let reason = format!(
                 "no publisher confirm: {reason}; publishing again with the same message id"
@@ -767,9 +779,10 @@ async fn handle_outcome(
             let _ = events
                 .send(context.event(item, v1::AuditAction::Uncertain, &reason, work.attempt, 0))
                 .await;
+            let backoff = Duration::from_millis(100 * 2_u64.pow(work.attempt.min(6)));
             let retry = Work {
                 attempt: work.attempt + 1,
-                not_before: None,
+                not_before: Some(tokio::time::Instant::now() + backoff),
                 item: work.item.clone(),
             };
             let _ = feedback.send(Feedback::Retry(Box::new(retry)));

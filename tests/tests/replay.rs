@@ -1921,3 +1921,63 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for_ever()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 20).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 20).await?;
+    let missing = unique("no-such-exchange");
+    let plan = approved_plan(
+        &mut client,
+        &incident.dlq,
+        100.0,
+        5,
+        Some(v1::destination::Mode::Redirect(v1::RedirectDestination {
+            exchange: missing.clone(),
+            routing_key: "orders".into(),
+        })),
+    )
+    .await?;
+    let mut config = ExecutorHandle::config(&planner, None);
+    config.max_attempts = 2;
+    let executor = ExecutorHandle::start(config);
+    let aborted = wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Aborted,
+        Duration::from_secs(30),
+    )
+    .await?;
+    executor.stop().await?;
+    let counts = aborted.counts.unwrap();
+    assert_eq!((counts.sent, counts.failed), (0, 1), "{counts:?}");
+    let audit = client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let failed = audit
+        .not_sent
+        .iter()
+        .find(|event| event.action() == v1::AuditAction::Failed)
+        .expect("a failed event");
+    assert!(
+        failed
+            .reason
+            .contains("no publisher confirm after 2 attempts")
+            && failed.reason.contains(&missing),
+        "the reason names the exchange: {}",
+        failed.reason
+    );
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
