@@ -3,7 +3,7 @@
 //! | code | name | when |
 //! | --- | --- | --- |
 //! | 0 | | success (also `--help`, `--version`); `plan wait`: the plan completed |
-//! | 1 | | the planner answered with another gRPC error (`FAILED_PRECONDITION`, `INTERNAL`, ...); `plan wait`: the plan ended `cancelled` or `aborted`; `replay`: `NOT_REPLAYED` (the answer is printed first) |
+//! | 1 | | the planner answered with another gRPC error (`FAILED_PRECONDITION`, `INTERNAL`, ...); `plan wait`: the plan ended `cancelled` or `aborted`, or completed with `failed` or `unroutable` items; `replay`: `NOT_REPLAYED` (the answer is printed first) |
 //! | 64 | `EX_USAGE` | bad command line: unknown flag, bad value, unknown `--group-by` name or `--verdict`, bad or repeated `--stale-after`, an actor that cannot be sent as metadata |
 //! | 65 | `EX_DATAERR` | the planner refused the request as wrong (`INVALID_ARGUMENT`) or found nothing (`NOT_FOUND`); `import` rejected some lines |
 //! | 66 | `EX_NOINPUT` | `import` cannot open its file, `dead-letters repair` cannot read its `--body-file` |

@@ -26,8 +26,8 @@ use crate::{
     name = "redrivectl",
     version,
     about = "Redrive's operator CLI: capture, inspect, precheck and replay dead letters",
-    after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled \
-                  or aborted; `replay`: NOT_REPLAYED), 64 bad usage, 65 refused input (invalid argument, not found, \
+    after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled, \
+                  aborted or completed with failed items; `replay`: NOT_REPLAYED), 64 bad usage, 65 refused input (invalid argument, not found, \
                   rejected import lines), 66 input file missing, 69 planner unreachable or \
                   unavailable, 74 I/O error, 75 `plan wait --timeout` ran out."
 )]

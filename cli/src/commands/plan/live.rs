@@ -322,12 +322,20 @@ pub async fn wait(
 }
 
 /// The error that ends `plan wait` for a plan that is final but not
-/// completed (exit 1), or `None` when it completed.
+/// completed, or completed with `failed` or `unroutable` items (exit 1), or
+/// `None` when it completed with none.
 pub fn not_completed(plan: &Plan) -> Option<CliError> {
-    if plan.state() == PlanState::Completed {
-        return None;
-    }
     let view = PlanJson::from(plan);
+    if plan.state() == PlanState::Completed {
+        let counts = plan.counts.unwrap_or_default();
+        if counts.failed + counts.unroutable == 0 {
+            return None;
+        }
+        return Some(CliError::NotCompleted(format!(
+            "plan {} completed, but {} item(s) failed and {} were unroutable: see `redrivectl plan report {}`",
+            view.plan_id, counts.failed, counts.unroutable, view.plan_id
+        )));
+    }
     Some(CliError::NotCompleted(format!(
         "plan {} ended {}, not completed",
         view.plan_id,
@@ -459,6 +467,21 @@ mod tests {
     #[test]
     fn only_completed_exits_zero() {
         assert!(not_completed(&plan(PlanState::Completed, 100)).is_none());
+        let mut with_failures = plan(PlanState::Completed, 100);
+        with_failures.counts = Some(v1::ActionCounts {
+            sent: 98,
+            failed: 1,
+            unroutable: 1,
+            ..Default::default()
+        });
+        let error = not_completed(&with_failures).unwrap();
+        assert_eq!(error.exit_code(), 1);
+        assert!(
+            error
+                .to_string()
+                .starts_with("plan p-1 completed, but 1 item(s) failed and 1 were unroutable"),
+            "{error}"
+        );
         let mut cancelled = plan(PlanState::Cancelled, 5);
         cancelled.state_reason = "wrong selection".into();
         let error = not_completed(&cancelled).unwrap();
