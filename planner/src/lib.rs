@@ -150,6 +150,11 @@ pub async fn run(
                 .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
                 .await;
             info!("planner ready");
+            tokio::spawn(report_health(
+                store.clone(),
+                health_reporter.clone(),
+                shutdown.clone(),
+            ));
             let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
             tokio::spawn(gates::run(store.clone(), shutdown.clone()));
             let capture = tokio::spawn(capture::run(
@@ -205,6 +210,46 @@ pub async fn run(
     }
     info!("planner stopped");
     Ok(())
+}
+
+/// How often health follows PostgreSQL after start-up.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Keeps the health of `redrive.v1.Planner` and `redrive.v1.Coordinator` in
+/// step with PostgreSQL (every [`HEALTH_INTERVAL`]): `NOT_SERVING` while it
+/// does not answer, since every call needs it.
+async fn report_health(
+    store: Store,
+    reporter: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(HEALTH_INTERVAL) => {}
+        }
+        let up = store.ping().await.is_ok();
+        if up == serving {
+            continue;
+        }
+        serving = up;
+        if up {
+            info!("PostgreSQL answers again: health SERVING");
+            reporter.set_serving::<PlannerServer<PlannerGrpc>>().await;
+            reporter
+                .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+                .await;
+        } else {
+            warn!("PostgreSQL does not answer: health NOT_SERVING");
+            reporter
+                .set_not_serving::<PlannerServer<PlannerGrpc>>()
+                .await;
+            reporter
+                .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
+                .await;
+        }
+    }
 }
 
 /// Answers UNAVAILABLE until the database is ready.

@@ -16,6 +16,9 @@ use redrive_tests::{
     AMQP_URL, Broker, PlannerHandle, TcpProxy, TestDb, amqp_table, amqp_text, init_logging, unique,
     wait_until,
 };
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
 
 /// All dead letters of `source`, with bodies.
 async fn captured(planner: &PlannerHandle, source: &str) -> anyhow::Result<Vec<v1::DeadLetter>> {
@@ -307,6 +310,20 @@ async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -
     Ok(())
 }
 
+/// Whether the planner's health for `redrive.v1.Planner` is `status`.
+async fn planner_health_is(planner: &PlannerHandle, status: ServingStatus) -> anyhow::Result<bool> {
+    let channel = tonic::transport::Channel::from_shared(planner.url())?
+        .connect()
+        .await?;
+    let answer = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "redrive.v1.Planner".into(),
+        })
+        .await?
+        .into_inner();
+    Ok(answer.status() == status)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::Result<()> {
     init_logging();
@@ -318,6 +335,13 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     let planner = PlannerHandle::start(config(db.url_via(&proxy), &dlq)).await?;
 
     proxy.cut();
+    // Health follows PostgreSQL: every Planner call needs it.
+    wait_until(
+        "health NOT_SERVING while PostgreSQL is cut off",
+        Duration::from_secs(20),
+        || planner_health_is(&planner, ServingStatus::NotServing),
+    )
+    .await?;
     for index in 0..120 {
         let body = format!(r#"{{"order_id":"o-{index}"}}"#);
         broker
@@ -337,6 +361,12 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     );
 
     proxy.restore();
+    wait_until(
+        "health SERVING after PostgreSQL is back",
+        Duration::from_secs(20),
+        || planner_health_is(&planner, ServingStatus::Serving),
+    )
+    .await?;
     wait_until(
         "all 120 stored after PostgreSQL is back",
         Duration::from_secs(30),

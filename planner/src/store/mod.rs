@@ -108,6 +108,15 @@ impl Store {
         Ok(())
     }
 
+    /// Whether PostgreSQL answers a trivial query.
+    ///
+    /// # Errors
+    /// [`StoreError`] when it does not.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(self.pool()).await?;
+        Ok(())
+    }
+
     /// The pool, for modules of the store.
     pub fn pool(&self) -> &PgPool {
         &self.pool
