@@ -564,7 +564,9 @@ impl Worker {
         heartbeat.abort();
         let unfinished = outstanding.load(Ordering::SeqCst);
         if lease_lost.is_cancelled() {
-            warn!("lease lost: another executor owns the slice now");
+            warn!(
+                "lease lost or given up (the planner refused it, or it could not be renewed in time): publishing stopped; the slice goes to whichever executor claims it next"
+            );
             return;
         }
         let release = unfinished > 0;
