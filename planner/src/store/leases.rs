@@ -418,7 +418,7 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
             .execute(&mut *transaction)
             .await?;
             sqlx::query(
-                "UPDATE plans SET state = 'completed', completed_at = now() \
+                "UPDATE plans SET state = 'completed', state_reason = '', completed_at = now() \
                  WHERE id = $1 AND state = 'main' \
                  AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
             )

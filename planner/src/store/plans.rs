@@ -272,7 +272,7 @@ impl Store {
         .await?;
         // A plan resumed after its last slice completed is complete.
         sqlx::query(
-            "UPDATE plans SET state = 'completed', completed_at = now() WHERE id = $1 AND state = 'main' \
+            "UPDATE plans SET state = 'completed', state_reason = '', completed_at = now() WHERE id = $1 AND state = 'main' \
              AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
         )
         .bind(plan_id)
