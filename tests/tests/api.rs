@@ -260,15 +260,29 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .await
         .unwrap_err();
     assert_eq!(not_an_id.code(), Code::InvalidArgument);
-    let later = client
+    let no_id = client
         .replay_dead_letter(v1::ReplayDeadLetterRequest::default())
         .await
         .unwrap_err();
-    assert_eq!(later.code(), Code::Unimplemented);
+    assert_eq!(no_id.code(), Code::InvalidArgument);
     assert!(
-        later.message().contains("single replay"),
+        no_id.message().starts_with("dead_letter_id:"),
         "{}",
-        later.message()
+        no_id.message()
+    );
+    let no_body = client
+        .repair_dead_letter(v1::RepairDeadLetterRequest {
+            dead_letter_id: "1".into(),
+            new_body: vec![],
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(no_body.code(), Code::InvalidArgument);
+    assert!(
+        no_body.message().starts_with("reason:"),
+        "{}",
+        no_body.message()
     );
 
     planner.stop().await?;
