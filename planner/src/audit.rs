@@ -8,6 +8,7 @@ use futures::{Stream, stream::BoxStream};
 use redrive_proto::{time::from_timestamp, v1};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use uuid::Uuid;
 
@@ -162,7 +163,7 @@ pub async fn export(
 /// Progress snapshots (and audit events, with `include_events`) of a plan,
 /// live, from whichever replica the client reached: a snapshot at once, then
 /// whenever the plan changes (at most every 250 ms), ending after the snapshot
-/// of a final state.
+/// of a final state, or with `UNAVAILABLE` when the planner shuts down.
 ///
 /// # Errors
 /// `NotFound` for an unknown plan.
@@ -171,6 +172,7 @@ pub async fn watch(
     notifier: &Notifier,
     plan_id: Uuid,
     include_events: bool,
+    shutdown: CancellationToken,
 ) -> Result<impl Stream<Item = Result<v1::WatchPlanResponse, Status>> + Send + 'static, Error> {
     let first = plan::get(store, plan_id).await?;
     let (sender, receiver) = mpsc::channel(64);
@@ -229,6 +231,14 @@ pub async fn watch(
                 () = wait => {}
                 () = tokio::time::sleep(Duration::from_secs(5)) => {}
                 () = sender.closed() => return,
+                () = shutdown.cancelled() => {
+                    let _ = sender
+                        .send(Err(Status::unavailable(
+                            "the planner is shutting down: watch again on another replica or after its restart",
+                        )))
+                        .await;
+                    return;
+                }
             }
             tokio::time::sleep(WATCH_INTERVAL).await;
             snapshot = match plan::get(&store, plan_id).await {

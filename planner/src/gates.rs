@@ -36,11 +36,24 @@ pub async fn run(store: Store, shutdown: CancellationToken) {
     }
 }
 
-/// One pass over the plans in canary, observation or main.
+/// One pass over the plans in canary, observation or main; first cancels
+/// plans of one whose claim deadline passed unclaimed.
 ///
 /// # Errors
 /// [`StoreError`].
 pub async fn check(store: &Store) -> Result<(), StoreError> {
+    for plan_id in store.unclaimed_past_deadline().await? {
+        if store
+            .cancel_unclaimed(
+                plan_id,
+                "redrive-planner",
+                "single replay: no executor claimed it before its caller stopped waiting",
+            )
+            .await?
+        {
+            info!(plan.id = %plan_id, "unclaimed plan of one cancelled after its deadline");
+        }
+    }
     for plan in store.gate_readings().await? {
         let tripped = plan.failures > FAILURE_THRESHOLD || plan.redeads > REDEAD_THRESHOLD;
         if tripped {

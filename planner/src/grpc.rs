@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, stream::BoxStream};
 use redrive_proto::v1::{self, coordinator_server::Coordinator, planner_server::Planner};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
@@ -37,6 +38,9 @@ pub struct PlannerState {
     pub notifier: Notifier,
     /// Approvers must differ from creators.
     pub four_eyes: bool,
+    /// The planner's shutdown: long waits (ReplayDeadLetter, WatchPlan) end
+    /// early instead of being cut.
+    pub shutdown: CancellationToken,
 }
 
 impl PlannerState {
@@ -47,6 +51,7 @@ impl PlannerState {
             checker: &self.checker,
             notifier: &self.notifier,
             rules: &self.rules,
+            shutdown: &self.shutdown,
         }
     }
 }
@@ -352,6 +357,7 @@ impl Planner for PlannerGrpc {
             &self.state.notifier,
             plan_id,
             request.include_events,
+            self.state.shutdown.clone(),
         )
         .await?;
         Ok(Response::new(Box::pin(stream)))

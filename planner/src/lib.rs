@@ -120,6 +120,7 @@ pub async fn run(
         checker,
         notifier: notifier.clone(),
         four_eyes: config.four_eyes,
+        shutdown: shutdown.clone(),
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);

@@ -14,6 +14,7 @@ use std::{sync::Arc, time::Duration};
 use redrive_proto::{time::from_duration, v1};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
@@ -53,6 +54,9 @@ pub struct Single<'a> {
     pub notifier: &'a Notifier,
     /// Body limit and content-type rules (repairs).
     pub rules: &'a ExtractionRules,
+    /// The planner's shutdown: a wait ends at once, cancelling its plan of one
+    /// when no executor has claimed it.
+    pub shutdown: &'a CancellationToken,
 }
 
 fn not_replayed(reason: impl Into<String>) -> v1::ReplayDeadLetterResponse {
@@ -164,7 +168,12 @@ impl Single<'_> {
         let mut changes = self.notifier.subscribe();
         match self
             .store
-            .create_single_plan(&plan, id, "single dead letter: no canary or approval step")
+            .create_single_plan(
+                &plan,
+                id,
+                "single dead letter: no canary or approval step",
+                wait,
+            )
             .await?
         {
             SingleOutcome::Created => {}
@@ -263,11 +272,16 @@ impl Single<'_> {
                 )));
             }
             let now = Instant::now();
-            if now >= deadline {
-                let why = format!(
-                    "no executor claimed it within {}s: is a redrive-executor running and connected to this planner?",
-                    wait.as_secs_f64()
-                );
+            let shutting_down = self.shutdown.is_cancelled();
+            if now >= deadline || shutting_down {
+                let why = if shutting_down {
+                    "the planner is shutting down and no executor had claimed it".to_owned()
+                } else {
+                    format!(
+                        "no executor claimed it within {}s: is a redrive-executor running and connected to this planner?",
+                        wait.as_secs_f64()
+                    )
+                };
                 if self
                     .store
                     .cancel_unclaimed(plan_id, PLANNER_ACTOR, &why)
@@ -277,16 +291,31 @@ impl Single<'_> {
                         "{why} (plan of one {plan_id} cancelled, so it will not be published later)"
                     )));
                 }
-                return Err(Error::DeadlineExceeded(format!(
-                    "an executor is publishing dead letter {dead_letter_id} (plan {plan_id}) but has not reported within {}s; follow it with `redrivectl plan watch {plan_id}`",
-                    wait.as_secs_f64()
-                )));
+                let follow = format!("follow it with `redrivectl plan watch {plan_id}`");
+                if shutting_down {
+                    return Err(Error::Unavailable(format!(
+                        "the planner is shutting down while an executor publishes dead letter {dead_letter_id} (plan {plan_id}); {follow}"
+                    )));
+                }
+                return Err(Error::DeadlineExceeded(if progress.claimed {
+                    format!(
+                        "an executor is publishing dead letter {dead_letter_id} (plan {plan_id}) but has not reported within {}s; {follow}",
+                        wait.as_secs_f64()
+                    )
+                } else {
+                    format!(
+                        "plan {plan_id} ({}) has not published dead letter {dead_letter_id} within {}s; {follow}",
+                        progress.plan_state,
+                        wait.as_secs_f64()
+                    )
+                }));
             }
             // Reports notify the plan's channel; the poll covers a lost notification.
             let poll = (deadline - now).min(Duration::from_millis(500));
             tokio::select! {
                 _ = changes.recv() => {}
                 () = tokio::time::sleep(poll) => {}
+                () = self.shutdown.cancelled() => {}
             }
         }
     }

@@ -1981,3 +1981,59 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> anyhow::Result<()> {
+    use v1::replay_dead_letter_response::Outcome;
+
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 2).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 2).await?;
+    let one = dead_letter_id(&mut client, &incident.dlq, "o-1").await?;
+    // No executor: the call waits; the planner is stopped meanwhile.
+    let waiting = tokio::spawn({
+        let mut client = client.clone();
+        let one = one.clone();
+        async move {
+            client
+                .replay_dead_letter(replay_request(&one, 60_000))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    planner.stop().await?;
+    let answer = waiting.await??.into_inner();
+    assert_eq!(answer.outcome(), Outcome::NotReplayed);
+    assert!(answer.reason.contains("shutting down"), "{}", answer.reason);
+
+    // After a restart, an executor finds nothing to publish.
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    let plan = client
+        .get_plan(GetPlanRequest {
+            plan_id: answer.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(plan.state(), PlanState::Cancelled);
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    executor.stop().await?;
+    consuming.abort();
+    assert!(
+        received.lock().unwrap().is_empty(),
+        "nothing published behind the caller's back"
+    );
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

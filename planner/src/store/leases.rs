@@ -119,6 +119,7 @@ impl Store {
                 FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
                 WHERE (p.state = 'main' OR (p.state = 'canary' AND s.wave = 'canary')) \
                   AND (s.state = 'pending' OR (s.state = 'leased' AND s.lease_expires_at < now())) \
+                  AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
                 ORDER BY p.approved_at, p.id, s.seq \
                 LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
              UPDATE plan_slices s SET state = 'leased', lease_owner = $1, \

@@ -6,6 +6,8 @@
 //! other: a second replay sees the first one's plan, and a repair never lands
 //! under a plan that is about to publish the old body.
 
+use std::time::Duration;
+
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -103,7 +105,8 @@ impl Store {
     /// Creates the plan of one for `dead_letter_id` from `plan.precheck_id` and
     /// approves it straight into `main` (no canary: `plan.canary_fraction` must
     /// be 0), recording `create` and `approve` by `plan.actor` with `reason`,
-    /// unless the dead letter is still to be published by another plan.
+    /// unless the dead letter is still to be published by another plan. No
+    /// executor can start it after `claim_within` (see [`Store::cancel_unclaimed`]).
     ///
     /// # Errors
     /// [`StoreError`]; nothing is created then.
@@ -112,6 +115,7 @@ impl Store {
         plan: &NewPlan,
         dead_letter_id: i64,
         reason: &str,
+        claim_within: Duration,
     ) -> Result<SingleOutcome, StoreError> {
         let mut transaction = self.pool().begin().await?;
         lock_dead_letter(&mut transaction, dead_letter_id).await?;
@@ -123,11 +127,12 @@ impl Store {
             other => return Ok(SingleOutcome::NotCreated(other)),
         }
         sqlx::query(
-            "UPDATE plans SET state = 'main', approved_by = $2, approved_at = now(), gates_since = now() \
-             WHERE id = $1",
+            "UPDATE plans SET state = 'main', approved_by = $2, approved_at = now(), gates_since = now(), \
+             claim_by = now() + $3 * interval '1 millisecond' WHERE id = $1",
         )
         .bind(plan.id)
         .bind(&plan.actor)
+        .bind(i64::try_from(claim_within.as_millis()).unwrap_or(i64::MAX))
         .execute(&mut *transaction)
         .await?;
         record_action(&mut transaction, plan.id, "approve", &plan.actor, reason).await?;
@@ -164,10 +169,10 @@ impl Store {
         .map_err(|error: sqlx::Error| StoreError::from(error))
     }
 
-    /// Cancels a plan in `main` whose slices no executor has leased yet,
-    /// recording `cancel` by `actor` with `reason`; `false` when a slice was
-    /// leased (an executor may be publishing) or the plan is not in `main`.
-    /// Claims skip slices locked here, so none can start in between.
+    /// Cancels a plan in `main` or `paused` whose slices no executor has leased
+    /// yet, recording `cancel` by `actor` with `reason`; `false` when a slice
+    /// was leased (an executor may be publishing) or the plan is in another
+    /// state. Claims skip slices locked here, so none can start in between.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -188,7 +193,8 @@ impl Store {
             return Ok(false);
         }
         let cancelled = sqlx::query(
-            "UPDATE plans SET state = 'cancelled', state_reason = $2 WHERE id = $1 AND state = 'main'",
+            "UPDATE plans SET state = 'cancelled', state_reason = $2, paused_from = NULL \
+             WHERE id = $1 AND state IN ('main', 'paused')",
         )
         .bind(plan_id)
         .bind(reason)
@@ -202,6 +208,20 @@ impl Store {
             transaction.commit().await?;
         }
         Ok(cancelled)
+    }
+
+    /// Plans of one whose claim deadline passed with no slice ever leased (their
+    /// caller was told NOT_REPLAYED, or its planner stopped while waiting).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn unclaimed_past_deadline(&self) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT p.id FROM plans p WHERE p.claim_by < now() AND p.state IN ('main', 'paused') \
+             AND NOT EXISTS (SELECT 1 FROM plan_slices s WHERE s.plan_id = p.id AND s.fencing_token > 0)",
+        )
+        .fetch_all(self.pool())
+        .await?)
     }
 
     /// Stores `body` as the next revision of `dead_letter_id` and makes it the
