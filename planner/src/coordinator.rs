@@ -52,10 +52,17 @@ impl From<StaleToken> for Error {
 }
 
 /// Where an item is published, by the plan's destination mode (DESIGN.md,
-/// "Destination"): `(exchange, routing_key)`.
+/// "Destination"): `(exchange, routing_key)`. In `Queue` mode a dead letter
+/// that did not die in a RabbitMQ queue (ingested or imported) whose
+/// destination reads `exchange/routing-key` goes to that exchange.
 pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, String) {
     match mode {
-        DestinationMode::Queue => (String::new(), dead_letter.destination.clone()),
+        DestinationMode::Queue => match dead_letter.destination.split_once('/') {
+            Some((exchange, routing_key)) if dead_letter.origin() != v1::Origin::Rabbitmq => {
+                (exchange.to_owned(), routing_key.to_owned())
+            }
+            _ => (String::new(), dead_letter.destination.clone()),
+        },
         DestinationMode::Exchange => {
             if let Some(death) = dead_letter
                 .death
@@ -433,6 +440,21 @@ mod tests {
         assert_eq!(
             route(&DestinationMode::Exchange, &ingested),
             ("billing".into(), "invoice.sent".into())
+        );
+        // Queue mode: an ingested `exchange/routing-key` goes to that exchange;
+        // a RabbitMQ queue whose name has a slash stays a queue.
+        assert_eq!(
+            route(&DestinationMode::Queue, &ingested),
+            ("billing".into(), "invoice.sent".into())
+        );
+        let captured = v1::DeadLetter {
+            destination: "team/orders".into(),
+            origin: v1::Origin::Rabbitmq.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            route(&DestinationMode::Queue, &captured),
+            (String::new(), "team/orders".into())
         );
     }
 }

@@ -505,7 +505,14 @@ async fn classify_all(
         .by_destination
         .keys()
         .filter(|d| !d.is_empty())
-        .map(|d| format!("/{d}"))
+        // `exchange/routing-key` (ingested) or a queue via the default exchange.
+        .map(|d| {
+            if d.contains('/') {
+                d.clone()
+            } else {
+                format!("/{d}")
+            }
+        })
         .collect();
     for (plan_id, destination) in store.running_plans_to(&queues).await? {
         warnings.push(format!(

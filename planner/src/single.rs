@@ -40,6 +40,9 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 /// The rate of a plan of one when no running plan publishes to its
 /// destination: one message, at once when the bucket is idle.
 const SINGLE_RATE_PER_SECOND: f64 = 1.0;
+/// The most body bytes (captured plus every revision) one dead letter may
+/// hold: `GetDeadLetter` answers them all, under the 64 MiB gRPC message limit.
+pub const MAX_BODIES_BYTES: usize = 48 * 1024 * 1024;
 /// Who the planner records as the actor of what it does by itself.
 const PLANNER_ACTOR: &str = "redrive-planner";
 
@@ -151,7 +154,11 @@ impl Single<'_> {
             ))));
         }
 
-        let (per_second, burst) = self.destination_rate(&dead_letter.destination).await?;
+        let (exchange, routing_key) =
+            crate::coordinator::route(&DestinationMode::Queue, &dead_letter);
+        let (per_second, burst) = self
+            .destination_rate(&format!("{exchange}/{routing_key}"))
+            .await?;
         let plan = NewPlan {
             id: Uuid::now_v7(),
             precheck_id,
@@ -199,17 +206,19 @@ impl Single<'_> {
         Ok(answered(response))
     }
 
-    /// The rate of a plan of one: that of the slowest running plan to the same
-    /// destination (it draws from the same bucket, at that plan's pace), else
-    /// [`SINGLE_RATE_PER_SECOND`] with a burst of 1.
+    /// The rate of a plan of one: that of the slowest plan publishing to the
+    /// same destination now (canary or main wave: it draws from the same
+    /// bucket, at that plan's pace), else [`SINGLE_RATE_PER_SECOND`] with a
+    /// burst of 1.
     async fn destination_rate(&self, destination: &str) -> Result<(f64, u32), Error> {
         let mut rate = None::<(f64, u32)>;
         for (plan_id, _) in self
             .store
-            .running_plans_to(&[format!("/{destination}")])
+            .running_plans_to(&[destination.to_owned()])
             .await?
         {
             if let Some(plan) = self.store.get_plan(plan_id).await?
+                && matches!(plan.state(), v1::PlanState::Canary | v1::PlanState::Main)
                 && let Some(plan_rate) = plan.rate
                 && rate.is_none_or(|(per_second, _)| plan_rate.per_second < per_second)
             {
@@ -329,7 +338,8 @@ impl Single<'_> {
     /// `InvalidArgument` naming the field: an empty reason, a body over the
     /// planner's body limit, a body that does not parse as JSON when the dead
     /// letter's content type says JSON; `NotFound`; `FailedPrecondition` when
-    /// the body is the one replays use already, or a plan that is not final
+    /// the body is the one replays use already, the dead letter's bodies would
+    /// pass [`MAX_BODIES_BYTES`], or a plan that is not final
     /// still has the dead letter to publish (cancel it or let it finish first);
     /// store errors.
     pub async fn repair(
@@ -351,6 +361,18 @@ impl Single<'_> {
             ));
         }
         let (dead_letter, _) = inspect::get(self.store, id).await?;
+        let held = dead_letter.body.len()
+            + dead_letter
+                .revisions
+                .iter()
+                .map(|revision| revision.body.len())
+                .sum::<usize>();
+        if held + body.len() > MAX_BODIES_BYTES {
+            return Err(Error::FailedPrecondition(format!(
+                "dead letter {id} holds {held} bytes of bodies (captured and revisions); with these {} bytes it would pass {MAX_BODIES_BYTES}, the most GetDeadLetter can answer",
+                body.len()
+            )));
+        }
         let content_type = dead_letter
             .properties
             .as_ref()

@@ -401,11 +401,21 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
         "\nbody ({} bytes, {}, sha256 {}",
         view.body_size, view.body_compression, view.body_sha256
     );
-    if view.body_oversized {
-        body.push_str(", oversized (not replayable)");
-    }
-    if let Some(latest) = view.revisions.last() {
-        body.push_str(&format!("; preview of revision {}", latest.revision));
+    match (dead_letter.revisions.last(), view.revisions.last()) {
+        (Some(latest), Some(latest_view)) => {
+            // Replays use the latest revision: show that one, name the capture.
+            body = format!(
+                "\nbody: revision {} ({} bytes, sha256 {}), used by prechecks and replays; captured: {} bytes, {}, sha256 {}",
+                latest_view.revision,
+                latest.body.len(),
+                latest_view.body_sha256,
+                view.body_size,
+                view.body_compression,
+                view.body_sha256
+            );
+        }
+        _ if view.body_oversized => body.push_str(", oversized (not replayable)"),
+        _ => {}
     }
     writeln!(out, "{body}):")?;
     writeln!(out, "{preview}")?;

@@ -520,7 +520,8 @@ impl Store {
 const ITEM_DESTINATION_SQL: &str = "CASE p.destination_mode \
     WHEN 'redirect' THEN coalesce(p.redirect_exchange, '') || '/' || coalesce(p.redirect_routing_key, '') \
     WHEN 'exchange' THEN coalesce(d.death_exchange, '') || '/' || coalesce(d.death_routing_keys[1], '') \
-    ELSE '/' || d.destination END";
+    ELSE CASE WHEN d.origin <> 'rabbitmq' AND strpos(d.destination, '/') > 0 THEN d.destination \
+              ELSE '/' || d.destination END END";
 
 impl Store {
     /// Other running plans (canary, observing, main, paused) that publish to a
