@@ -373,6 +373,10 @@ impl Worker {
                             )
                             .await;
                         }
+                        // That replay came back as a re-dead-letter: not a duplicate.
+                        Some(plan) if work.item.came_back_from.contains(&plan) => {
+                            unsent.push(work);
+                        }
                         Some(plan) => {
                             let reason = format!(
                                 "message key already replayed by plan {plan} (Redis replay keys)"

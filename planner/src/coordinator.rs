@@ -137,6 +137,7 @@ fn slice_item(
         dead_letter: Some(item.dead_letter),
         state_check,
         stale_at: stale.map(redrive_proto::time::timestamp),
+        came_back_from: item.came_back_from,
     }
 }
 

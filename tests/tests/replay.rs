@@ -2037,3 +2037,84 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     db.drop_database().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow::Result<()> {
+    use v1::replay_dead_letter_response::Outcome;
+
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let incident = incident(&broker, 2).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 2).await?;
+    let one = dead_letter_id(&mut client, &incident.dlq, "o-1").await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let first = client
+        .replay_dead_letter(replay_request(&one, 30_000))
+        .await?
+        .into_inner();
+    assert_eq!(first.outcome(), Outcome::Replayed, "{}", first.reason);
+
+    // The consumer still cannot take it: it dead-letters again and is
+    // captured as a re-dead-letter of that plan.
+    let channel = broker.connection.create_channel().await?;
+    let delivery = channel
+        .basic_get(incident.work.as_str().into(), Default::default())
+        .await?
+        .expect("the replayed message");
+    delivery
+        .acker
+        .reject(lapin::options::BasicRejectOptions { requeue: false })
+        .await?;
+    captured(&mut client, &incident.dlq, 3).await?;
+    let page = client
+        .list_dead_letters(v1::ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            page_size: 100,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner();
+    let back = page
+        .dead_letters
+        .iter()
+        .find(|d| d.redrive_plan_id.as_deref() == Some(first.plan_id.as_str()))
+        .expect("the re-dead-letter names its plan")
+        .id
+        .clone();
+
+    // Repaired, it replays: that earlier replay did not reach the consumer's
+    // books, so its replay key does not make this a duplicate.
+    let fixed = br#"{"order_id":"o-1","n":1,"fixed":true}"#.to_vec();
+    client
+        .repair_dead_letter(v1::RepairDeadLetterRequest {
+            dead_letter_id: back.clone(),
+            new_body: fixed.clone(),
+            reason: "the field the consumer needs".into(),
+        })
+        .await?;
+    let again = client
+        .replay_dead_letter(replay_request(&back, 30_000))
+        .await?
+        .into_inner();
+    assert_eq!(again.outcome(), Outcome::Replayed, "{}", again.reason);
+    let delivery = channel
+        .basic_get(incident.work.as_str().into(), Default::default())
+        .await?
+        .expect("the repaired message");
+    assert_eq!(delivery.data, fixed);
+    channel.close(200, "done".into()).await?;
+    executor.stop().await?;
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

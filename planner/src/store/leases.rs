@@ -47,10 +47,14 @@ pub struct LeasedItem {
     pub state: String,
     /// Attempts made by earlier leases.
     pub attempts: i32,
-    /// The key was replayed successfully within the replay-key window.
+    /// The key was replayed successfully within the replay-key window (and
+    /// that replay did not come back as a re-dead-letter).
     pub key_replayed: bool,
     /// Plans that replayed this key before.
     pub redrive_count: i64,
+    /// Plans (ids as the re-dead-letters' `redrive-plan-id` header says)
+    /// whose replay of this key came back as a re-dead-letter.
+    pub came_back_from: Vec<String>,
 }
 
 /// An outcome report rejected for its fencing token.
@@ -172,11 +176,14 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         let query = format!(
             "SELECT d.*, i.position, i.state AS item_state, i.attempts AS item_attempts, \
                 coalesce(rev.body, d.body) AS replay_body, \
-                rk.redrive_count, rk.key_replayed \
+                rk.redrive_count, rk.key_replayed, cb.came_back_from \
              FROM plan_items i \
              JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
+                FROM dead_letters x WHERE x.message_key = i.message_key AND x.redrive_plan_id IS NOT NULL) cb ON true \
              LEFT JOIN LATERAL (SELECT count(*) AS redrive_count, \
-                coalesce(bool_or(r.replayed_at > now() - $2 * interval '1 second'), false) AS key_replayed \
+                coalesce(bool_or(r.replayed_at > now() - $2 * interval '1 second' \
+                                 AND NOT r.plan_id::text = ANY(cb.came_back_from)), false) AS key_replayed \
                 FROM replayed_keys r WHERE r.message_key = i.message_key) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
@@ -198,6 +205,7 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
                     attempts: row.try_get("item_attempts")?,
                     key_replayed: row.try_get("key_replayed")?,
                     redrive_count: row.try_get("redrive_count")?,
+                    came_back_from: row.try_get("came_back_from")?,
                 })
             })
             .collect()

@@ -105,7 +105,11 @@ impl Store {
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
             .push(
-                " * interval '1 second' ORDER BY message_key, replayed_at DESC) r ON r.message_key = d.message_key \
+                // A replay that came back as a re-dead-letter (its consumer did not
+                // take it) does not make the key already replayed; looping caps it.
+                " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
+                 WHERE x.message_key = replayed_keys.message_key AND x.redrive_plan_id = replayed_keys.plan_id::text) \
+                 ORDER BY message_key, replayed_at DESC) r ON r.message_key = d.message_key \
                  LEFT JOIN (SELECT message_key, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
                  WHERE redrive_plan_id IS NOT NULL GROUP BY message_key) l ON l.message_key = d.message_key \
                  ORDER BY d.id",
