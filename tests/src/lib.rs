@@ -10,8 +10,11 @@
 //! - [`TcpProxy`]: forwards to a server until cut.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
 //! - [`orders_hook`]: the example `StateCheck` hook over an `orders` table.
+//! - [`scenario`]: the order-fulfilment incident and its replay with the real
+//!   binaries, run by `redrive-demo` and `tests/e2e.rs`.
 
 pub mod orders_hook;
+pub mod scenario;
 
 use std::{
     net::SocketAddr,

@@ -1,0 +1,441 @@
+//! The child processes (killed when their handles drop) and `redrivectl`
+//! as an operator runs it.
+
+use std::{
+    fmt::Write as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::{Context, bail, ensure};
+use redrive_proto::v1::planner_client::PlannerClient;
+use tokio::{
+    process::{Child, Command},
+    time::Instant,
+};
+use tonic::transport::Channel;
+
+use super::{Logs, ScenarioConfig};
+use crate::REDIS_URL;
+
+/// The directory of the running binary's Cargo profile (`target/debug` for
+/// a binary or a test of this workspace).
+///
+/// # Errors
+/// When the running binary's path is unknown.
+pub fn profile_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("the running binary has a directory")?;
+    // Test binaries live in `target/debug/deps`, binaries in `target/debug`.
+    Ok(if dir.file_name().is_some_and(|name| name == "deps") {
+        dir.parent().context("deps has a parent")?.to_owned()
+    } else {
+        dir.to_owned()
+    })
+}
+
+/// Variables cargo sets for a crate's build and test run (beside
+/// `CARGO_PKG_*` and `CARGO_BIN_EXE_*`), which a nested cargo must not see.
+pub(super) const CRATE_VARIABLES: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
+/// Builds the workspace's binaries with the running cargo (`cargo build
+/// --workspace --bins --tests`: the features of `cargo test --workspace`, so
+/// within it this is a no-op, except that the planner's binary, which `cargo
+/// test` does not build, is linked once) and returns their directory.
+///
+/// # Errors
+/// When cargo fails.
+pub async fn build_binaries() -> anyhow::Result<PathBuf> {
+    let profile_dir = profile_dir()?;
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .arg("build")
+        .arg("--quiet")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args(["--workspace", "--bins", "--tests"]);
+    if let Some(target_dir) = profile_dir.parent() {
+        command.arg("--target-dir").arg(target_dir);
+    }
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
+        command.arg("--release");
+    }
+    // Cargo gives a test the variables it sets for a crate (CARGO_PKG_NAME,
+    // CARGO_MANIFEST_DIR, ...); build scripts that watch them (ring watches
+    // CARGO_MANIFEST_DIR) would be rerun, and every crate above them rebuilt.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if CRATE_VARIABLES.contains(&name.as_ref())
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running cargo build")?;
+    ensure!(
+        output.status.success(),
+        "cargo build --workspace --bins --tests failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(profile_dir)
+}
+
+/// A child process, killed (SIGKILL) when dropped.
+pub(super) struct Process {
+    pub(super) name: String,
+    pub(super) child: Child,
+    pub(super) log: Option<PathBuf>,
+}
+
+/// The scenario's child processes.
+pub(super) struct Processes {
+    pub(super) bin_dir: PathBuf,
+    pub(super) logs: Logs,
+    pub(super) running: Vec<Process>,
+    /// Processes that are gone: name, how they ended, log file.
+    pub(super) ended: Vec<(String, String, Option<PathBuf>)>,
+}
+
+impl Processes {
+    pub(super) fn new(config: &ScenarioConfig) -> Self {
+        Self {
+            bin_dir: config.bin_dir.clone(),
+            logs: config.logs.clone(),
+            running: Vec::new(),
+            ended: Vec::new(),
+        }
+    }
+
+    pub(super) fn binary(&self, program: &str) -> anyhow::Result<PathBuf> {
+        let path = self.bin_dir.join(program);
+        ensure!(
+            path.exists(),
+            "{} is missing: run `cargo build --bins` first (scripts/demo.sh does)",
+            path.display()
+        );
+        Ok(path)
+    }
+
+    pub(super) fn spawn(
+        &mut self,
+        name: &str,
+        program: &str,
+        args: &[&str],
+    ) -> anyhow::Result<u32> {
+        let mut command = Command::new(self.binary(program)?);
+        command
+            .args(args)
+            .env("REDRIVE_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let log = match &self.logs {
+            Logs::Inherit => None,
+            Logs::Directory(dir) => {
+                let path = dir.join(format!("{name}.log"));
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)?;
+                command.stdout(file.try_clone()?).stderr(file);
+                Some(path)
+            }
+        };
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {program}"))?;
+        let pid = child.id().unwrap_or_default();
+        self.running.push(Process {
+            name: name.to_owned(),
+            child,
+            log,
+        });
+        Ok(pid)
+    }
+
+    pub(super) fn pid(&self, name: &str) -> Option<u32> {
+        self.running
+            .iter()
+            .find(|process| process.name == name)
+            .and_then(|process| process.child.id())
+    }
+
+    /// `name (pid N), ...` of the running processes.
+    pub(super) fn describe(&self) -> String {
+        self.running
+            .iter()
+            .map(|process| {
+                format!(
+                    "{} (pid {})",
+                    process.name,
+                    process.child.id().unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// An error when a process has exited on its own.
+    pub(super) fn ensure_alive(&mut self) -> anyhow::Result<()> {
+        for process in &mut self.running {
+            if let Some(status) = process.child.try_wait()? {
+                bail!("{} exited unexpectedly with {status}", process.name);
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: a crash, nothing released or reported.
+    pub(super) async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let index = self
+            .running
+            .iter()
+            .position(|process| process.name == name)
+            .with_context(|| format!("{name} is not running"))?;
+        let mut process = self.running.remove(index);
+        process.child.start_kill()?;
+        let status = process.child.wait().await?;
+        self.ended
+            .push((process.name, format!("killed ({status})"), process.log));
+        Ok(())
+    }
+
+    /// SIGTERM to each process, newest first (executors before the planner
+    /// before the hook); each must exit with success within 20 s, else it is
+    /// killed and named in the error.
+    pub(super) async fn stop_all(&mut self) -> anyhow::Result<()> {
+        let mut failures = Vec::new();
+        while let Some(mut process) = self.running.pop() {
+            let ended = match process.child.try_wait() {
+                Ok(Some(status)) => Err(format!("had exited on its own with {status}")),
+                _ => match process.child.id() {
+                    None => Err("had exited".to_owned()),
+                    Some(pid) => {
+                        let _ = Command::new("kill")
+                            .arg("-TERM")
+                            .arg(pid.to_string())
+                            .status()
+                            .await;
+                        match tokio::time::timeout(Duration::from_secs(20), process.child.wait())
+                            .await
+                        {
+                            Ok(Ok(status)) if status.success() => Ok(()),
+                            Ok(Ok(status)) => Err(format!("exited with {status} after SIGTERM")),
+                            Ok(Err(error)) => Err(format!("could not be waited for: {error}")),
+                            Err(_) => {
+                                let _ = process.child.start_kill();
+                                let _ = process.child.wait().await;
+                                Err("did not stop within 20 s of SIGTERM (killed)".to_owned())
+                            }
+                        }
+                    }
+                },
+            };
+            let how = match ended {
+                Ok(()) => "stopped".to_owned(),
+                Err(why) => {
+                    failures.push(format!("{} {why}", process.name));
+                    why
+                }
+            };
+            self.ended
+                .push((process.name.clone(), how, process.log.take()));
+        }
+        ensure!(
+            failures.is_empty(),
+            "processes did not stop cleanly: {}",
+            failures.join("; ")
+        );
+        Ok(())
+    }
+
+    /// The last lines of each child's log (when logs go to files), for an
+    /// error report.
+    pub(super) fn log_tails(&self) -> String {
+        let mut tails = String::from("how the processes ended:");
+        for (name, how, log) in &self.ended {
+            let _ = write!(tails, "\n{name}: {how}");
+            if let Some(log) = log {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let _ = write!(tails, "; last lines of {}:", log.display());
+                for line in &lines[lines.len().saturating_sub(15)..] {
+                    let _ = write!(tails, "\n    {line}");
+                }
+            }
+        }
+        tails
+    }
+}
+
+pub(super) fn spawn_executor(
+    config: &ScenarioConfig,
+    processes: &mut Processes,
+    executor_id: &str,
+) -> anyhow::Result<u32> {
+    processes.spawn(
+        executor_id,
+        "redrive-executor",
+        &[
+            "--planner",
+            &config.planner_url(),
+            "--redis-url",
+            REDIS_URL,
+            "--redis-prefix",
+            &config.redis_prefix,
+            "--executor-id",
+            executor_id,
+        ],
+    )
+}
+
+pub(super) async fn wait_for_port(
+    processes: &mut Processes,
+    addr: SocketAddr,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        processes.ensure_alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "nothing listens on {addr} after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Waits until the planner reports SERVING on `grpc.health.v1` (its
+/// migrations applied) and returns a client.
+pub(super) async fn wait_for_planner(
+    processes: &mut Processes,
+    url: &str,
+) -> anyhow::Result<PlannerClient<Channel>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(channel) = Channel::from_shared(url.to_owned())?.connect().await {
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+            let request = tonic_health::pb::HealthCheckRequest {
+                service: "redrive.v1.Planner".to_owned(),
+            };
+            let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+            if let Ok(answer) = health.check(request).await
+                && answer.into_inner().status == serving
+            {
+                return Ok(PlannerClient::new(channel).max_decoding_message_size(64 * 1024 * 1024));
+            }
+        }
+        processes.ensure_alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "the planner at {url} was not serving after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `redrivectl` as an operator would, with the planner and the actor in
+/// the environment (`REDRIVE_PLANNER`, `REDRIVE_ACTOR`).
+pub(super) struct Redrivectl {
+    pub(super) program: PathBuf,
+    pub(super) planner_url: String,
+}
+
+impl Redrivectl {
+    pub(super) fn new(config: &ScenarioConfig) -> Self {
+        Self {
+            program: config.bin_dir.join("redrivectl"),
+            planner_url: config.planner_url(),
+        }
+    }
+
+    pub(super) fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .args(args)
+            .env("REDRIVE_PLANNER", &self.planner_url)
+            .env("REDRIVE_ACTOR", "demo-operator")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Prints the command line, runs it and prints what it printed.
+    pub(super) async fn show(&self, args: &[&str]) -> anyhow::Result<String> {
+        println!("$ redrivectl {}", shell_words(args));
+        let output = self.quiet(args).await?;
+        print!("{output}");
+        if !output.ends_with('\n') {
+            println!();
+        }
+        Ok(output)
+    }
+
+    /// Runs it and returns its standard output.
+    pub(super) async fn quiet(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = tokio::time::timeout(Duration::from_secs(120), self.command(args).output())
+            .await
+            .with_context(|| format!("redrivectl {} took over 120 s", shell_words(args)))??;
+        ensure!(
+            output.status.success(),
+            "redrivectl {} failed ({}): {}",
+            shell_words(args),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(String::from_utf8(output.stdout)?)
+    }
+}
+
+/// `args` as one would type them in a POSIX shell.
+pub(super) fn shell_words(args: &[&str]) -> String {
+    args.iter()
+        .map(|arg| {
+            let plain = !arg.is_empty()
+                && arg.chars().all(|c| {
+                    c.is_ascii_alphanumeric()
+                        || matches!(c, '-' | '_' | '.' | '/' | ':' | ',' | '=' | '@')
+                });
+            if plain {
+                (*arg).to_owned()
+            } else {
+                format!("'{}'", arg.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The value of a `name:   value` line of redrivectl's human output.
+pub(super) fn field(output: &str, name: &str) -> anyhow::Result<String> {
+    output
+        .lines()
+        .find_map(|line| {
+            line.trim_start()
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .map(|value| value.trim().to_owned())
+        })
+        .filter(|value| !value.is_empty())
+        .with_context(|| format!("no `{name}:` line in redrivectl's output:\n{output}"))
+}
