@@ -536,6 +536,7 @@ impl Planner for Fake {
                 "older than 2h",
                 v1::Wave::Main,
             )],
+            possibly_duplicated_keys: vec![],
         }))
     }
     async fn replay_dead_letter(
@@ -1632,7 +1633,13 @@ async fn plan_report_json_and_text() {
     let report = stdout_json(&output);
     assert_eq!(
         report.as_object().unwrap().keys().collect::<Vec<_>>(),
-        ["counts", "not_sent", "plan", "sent_keys"]
+        [
+            "counts",
+            "not_sent",
+            "plan",
+            "possibly_duplicated_keys",
+            "sent_keys"
+        ]
     );
     assert_eq!(report["plan"]["state"], "completed");
     assert_eq!(report["counts"]["sent"], 6);

@@ -35,6 +35,7 @@ pub async fn report(store: &Store, plan_id: Uuid) -> Result<v1::AuditReport, Err
         counts: plan.counts,
         sent_keys: store.sent_keys(plan_id).await?,
         not_sent: store.not_sent_events(plan_id).await?,
+        possibly_duplicated_keys: store.possibly_duplicated_keys(plan_id).await?,
         plan: Some(plan),
     })
 }

@@ -603,10 +603,22 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     )
     .fetch_all(&pool)
     .await?;
+    // ... and the audit report lists it as possibly delivered twice.
+    let report = client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
     for id in duplicated {
         assert!(
             uncertain.contains(id),
             "duplicate {id} is marked uncertain in the audit"
+        );
+        let key = format!("o-{}:order.paid", id.trim_start_matches("m-"));
+        assert!(
+            report.possibly_duplicated_keys.contains(&key),
+            "duplicate {key} is in the report's possibly_duplicated_keys"
         );
     }
     pool.close().await;

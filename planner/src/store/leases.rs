@@ -552,6 +552,22 @@ impl Store {
             .await?)
     }
 
+    /// Message keys of sent items with an `uncertain` event: published again
+    /// after a lost lease or confirm, so possibly delivered twice. Plan order.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn possibly_duplicated_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT i.message_key FROM plan_items i WHERE i.plan_id = $1 AND i.state = 'sent' \
+             AND EXISTS (SELECT 1 FROM audit_events e WHERE e.plan_id = $1 AND e.dead_letter_id = i.dead_letter_id \
+                         AND e.action = 'uncertain') ORDER BY i.position",
+        )
+        .bind(plan_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     /// The latest audit event of every item that was not sent (skipped, failed,
     /// unroutable, or still uncertain), in plan order.
     ///

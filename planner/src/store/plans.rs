@@ -263,7 +263,15 @@ impl Store {
         )
         .bind(plan_id)
         .bind(&to)
-        .bind(if approving { "" } else { reason })
+        // The state's reason is kept for the states that need one; every
+        // action's reason stays in the operator actions.
+        .bind(
+            if matches!(to.as_str(), "paused" | "cancelled" | "aborted") {
+                reason
+            } else {
+                ""
+            },
+        )
         .bind(approving)
         .bind(actor)
         .bind(&state)

@@ -66,7 +66,7 @@
 //! `--format text` (the default; `json` with `--json`): `GetAuditReport`,
 //! printed for people (plan fields, counts per action, the number of sent keys
 //! and the first 20, the items not sent with their reasons) or as JSON
-//! `{"plan", "counts", "sent_keys", "not_sent"}`. `--format jsonl|csv`:
+//! `{"plan", "counts", "sent_keys", "not_sent", "possibly_duplicated_keys"}`. `--format jsonl|csv`:
 //! `ExportAudit`, the planner's export written to stdout byte for byte (the
 //! reconciliation file), whatever `--json` says.
 

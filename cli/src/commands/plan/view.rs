@@ -378,6 +378,9 @@ pub struct AuditReportJson {
     pub sent_keys: Vec<String>,
     /// Items not sent, with why.
     pub not_sent: Vec<EventJson>,
+    /// Keys of sent items published again after a lost lease or confirm
+    /// (same message id): possibly delivered twice.
+    pub possibly_duplicated_keys: Vec<String>,
 }
 
 impl From<&v1::AuditReport> for AuditReportJson {
@@ -387,6 +390,7 @@ impl From<&v1::AuditReport> for AuditReportJson {
             counts: ActionCountsJson::from(report.counts.as_ref()),
             sent_keys: report.sent_keys.clone(),
             not_sent: report.not_sent.iter().map(EventJson::from).collect(),
+            possibly_duplicated_keys: report.possibly_duplicated_keys.clone(),
         }
     }
 }
@@ -581,6 +585,25 @@ pub fn write_audit_report(
              '.sent_keys[]')",
             sent - SENT_KEYS_SHOWN
         )?;
+    }
+
+    let doubtful = report.possibly_duplicated_keys.len();
+    if doubtful > 0 {
+        writeln!(
+            out,
+            "\npossibly delivered twice (published again with the same message id after a lost lease or confirm): {doubtful}"
+        )?;
+        for key in report.possibly_duplicated_keys.iter().take(SENT_KEYS_SHOWN) {
+            writeln!(out, "  {key}")?;
+        }
+        if doubtful > SENT_KEYS_SHOWN {
+            writeln!(
+                out,
+                "  ... and {} more (all of them: redrivectl plan report {plan_id} --json | jq -r \
+                 '.possibly_duplicated_keys[]')",
+                doubtful - SENT_KEYS_SHOWN
+            )?;
+        }
     }
 
     let not_sent = report.not_sent.len();
@@ -840,8 +863,10 @@ mod tests {
             counts: None,
             sent_keys: vec!["a".into()],
             not_sent: vec![AuditEvent::default()],
+            possibly_duplicated_keys: vec!["a".into()],
         };
         let json = serde_json::to_value(AuditReportJson::from(&report)).unwrap();
+        assert_eq!(json["possibly_duplicated_keys"], json!(["a"]));
         assert_eq!(json["plan"], serde_json::Value::Null);
         assert_eq!(json["counts"], zero_counts());
         assert_eq!(json["sent_keys"], json!(["a"]));
@@ -920,6 +945,7 @@ mod tests {
                 wave: Wave::Main.into(),
                 ..Default::default()
             })],
+            possibly_duplicated_keys: vec!["order-3:pay".into()],
         };
         let mut out = Vec::new();
         write_audit_report(&mut out, "P", &report).unwrap();
@@ -930,6 +956,7 @@ mod tests {
             "skipped_stale       1",
             "\nsent keys: 25\n  order-0:pay\n",
             "  order-19:pay\n  ... and 5 more",
+            "possibly delivered twice (published again with the same message id after a lost lease or confirm): 1\n  order-3:pay\n",
             "not sent: 1",
             "41              order-9:capture  skipped_stale  main  -   older than 2h",
             "redrivectl plan report P --format csv",
