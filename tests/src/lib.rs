@@ -62,10 +62,42 @@ pub fn init_logging() {
 }
 
 /// A database of the test's own on the local PostgreSQL.
-#[derive(Debug, Clone)]
+///
+/// Dropped without [`TestDb::drop_database`] (a test that failed early), it
+/// drops the database itself, so failing tests leave nothing behind.
+#[derive(Debug)]
 pub struct TestDb {
     /// Its name.
     pub name: String,
+    dropped: std::sync::atomic::AtomicBool,
+}
+
+/// Runs `work` to completion on a runtime of its own, on a thread of its own:
+/// `Drop` cannot await, and may run inside a runtime.
+fn block_on_aside<F>(work: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            runtime.block_on(work());
+        }
+    })
+    .join();
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if !self.dropped.load(std::sync::atomic::Ordering::SeqCst) {
+            let url = self.url();
+            block_on_aside(move || async move {
+                let _ = Postgres::force_drop_database(&url).await;
+            });
+        }
+    }
 }
 
 impl TestDb {
@@ -73,6 +105,7 @@ impl TestDb {
     pub fn new() -> Self {
         Self {
             name: unique("redrive_test"),
+            dropped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -100,6 +133,8 @@ impl TestDb {
     /// Drops the database, closing other sessions on it.
     pub async fn drop_database(&self) {
         let _ = Postgres::force_drop_database(&self.url()).await;
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -110,6 +145,9 @@ impl Default for TestDb {
 }
 
 /// A RabbitMQ connection with a confirming channel.
+///
+/// Dropped without [`Broker::cleanup`] (a test that failed early), it deletes
+/// what it declared over a connection of its own.
 pub struct Broker {
     /// The connection.
     pub connection: Connection,
@@ -246,20 +284,47 @@ impl Broker {
 
     /// Deletes every queue and exchange this broker declared.
     pub async fn cleanup(&self) {
+        delete_topology(
+            &self.channel,
+            std::mem::take(&mut *self.queues.lock().unwrap()),
+            std::mem::take(&mut *self.exchanges.lock().unwrap()),
+        )
+        .await;
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
-        for queue in queues {
-            let _ = self
-                .channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
-        for exchange in exchanges {
-            let _ = self
-                .channel
-                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                .await;
+        if queues.is_empty() && exchanges.is_empty() {
+            return;
         }
+        block_on_aside(move || async move {
+            let Ok(connection) =
+                Connection::connect(AMQP_URL, ConnectionProperties::default()).await
+            else {
+                return;
+            };
+            if let Ok(channel) = connection.create_channel().await {
+                delete_topology(&channel, queues, exchanges).await;
+            }
+            let _ = connection.close(200, "test cleanup".into()).await;
+        });
+    }
+}
+
+/// Deletes `queues` and `exchanges`, ignoring errors (already gone).
+async fn delete_topology(channel: &Channel, queues: Vec<String>, exchanges: Vec<String>) {
+    for queue in queues {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for exchange in exchanges {
+        let _ = channel
+            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
     }
 }
 

@@ -372,3 +372,38 @@ async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessio
     db.drop_database().await;
     Ok(())
 }
+
+/// The test helpers clean up after a test that fails early (drop guards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_that_fails_early_leaves_no_database_or_queue_behind() -> anyhow::Result<()> {
+    use sqlx::{Postgres, migrate::MigrateDatabase};
+
+    let db = TestDb::new();
+    let url = db.url();
+    Postgres::create_database(&url).await?;
+    drop(db);
+    assert!(!Postgres::database_exists(&url).await?, "database dropped");
+
+    let broker = redrive_tests::Broker::connect().await?;
+    let queue = unique("left-behind");
+    broker
+        .queue(&queue, lapin::types::FieldTable::default())
+        .await?;
+    drop(broker);
+    let checker = redrive_tests::Broker::connect().await?;
+    let passive = checker
+        .connection
+        .create_channel()
+        .await?
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    assert!(passive.is_err(), "queue {queue} deleted");
+    Ok(())
+}
