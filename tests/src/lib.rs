@@ -284,12 +284,9 @@ impl Broker {
 
     /// Deletes every queue and exchange this broker declared.
     pub async fn cleanup(&self) {
-        delete_topology(
-            &self.channel,
-            std::mem::take(&mut *self.queues.lock().unwrap()),
-            std::mem::take(&mut *self.exchanges.lock().unwrap()),
-        )
-        .await;
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        delete_topology(&self.channel, queues, exchanges).await;
     }
 }
 
