@@ -53,12 +53,17 @@ impl PageToken {
 /// # Errors
 /// `InvalidArgument` naming `field`.
 pub fn parse_id(field: &str, id: &str) -> Result<i64, Error> {
-    id.parse::<i64>().ok().filter(|id| *id > 0).ok_or_else(|| {
-        Error::invalid(
-            field,
-            format!("{id:?} is not a dead letter id (a positive integer)"),
-        )
-    })
+    // Digits only: `+1` and ` 1` are not how ids are written.
+    Some(id)
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|id| id.parse::<i64>().ok())
+        .filter(|id| *id > 0)
+        .ok_or_else(|| {
+            Error::invalid(
+                field,
+                format!("{id:?} is not a dead letter id (a positive integer)"),
+            )
+        })
 }
 
 /// One page of dead letters without bodies, and the token of the next page

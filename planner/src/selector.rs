@@ -80,16 +80,7 @@ impl TryFrom<v1::Selector> for Selector {
             .iter()
             .enumerate()
             .map(|(index, id)| {
-                id.trim()
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|id| *id > 0)
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            format!("selector.ids[{index}]"),
-                            format!("{id:?} is not a dead letter id (a positive integer)"),
-                        )
-                    })
+                crate::inspect::parse_id(&format!("selector.ids[{index}]"), id.trim())
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -139,7 +130,7 @@ mod tests {
         .unwrap_err();
         assert!(error.to_string().contains("selector.sources[0]"), "{error}");
         let error = Selector::try_from(v1::Selector {
-            ids: vec!["12".into(), "x".into()],
+            ids: vec!["12".into(), "+1".into()],
             ..Default::default()
         })
         .unwrap_err();
