@@ -116,6 +116,26 @@ pub struct RepairArgs {
     /// of its replay).
     #[arg(long, value_name = "TEXT", value_parser = crate::commands::non_blank)]
     pub reason: String,
+
+    /// The body, once read ([`DeadLettersCommand::read_input`]).
+    #[arg(skip)]
+    pub body: Option<Vec<u8>>,
+}
+
+impl DeadLettersCommand {
+    /// Reads what the command needs from files (`repair`'s body) before the
+    /// network: a typo in a file name should not wait on the planner.
+    ///
+    /// # Errors
+    /// [`CliError::NoInput`] when the body file cannot be read.
+    pub fn read_input(mut self) -> Result<Self, CliError> {
+        if let Self::Repair(args) = &mut self
+            && args.body.is_none()
+        {
+            args.body = Some(read_body(&args.body_file)?);
+        }
+        Ok(self)
+    }
 }
 
 /// `dead-letters summary` flags.
@@ -236,15 +256,18 @@ async fn show(
     write_dead_letter(out, response, json)
 }
 
-/// Reads the body file before the network (a typo in its name should not
-/// wait on the planner), then repairs.
+/// Repairs with the body read by [`DeadLettersCommand::read_input`] (or
+/// reads it now).
 async fn repair(
     planner: &mut Planner,
     args: RepairArgs,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let body = read_body(&args.body_file)?;
+    let body = match args.body {
+        Some(body) => body,
+        None => read_body(&args.body_file)?,
+    };
     let response = planner
         .repair_dead_letter(RepairDeadLetterRequest {
             dead_letter_id: args.id,

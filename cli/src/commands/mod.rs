@@ -120,6 +120,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     let actor = cli.actor();
     match cli.command {
         Command::DeadLetters(command) => {
+            let command = command.read_input()?;
             let mut planner = client::connect(&cli.planner, &actor).await?;
             dead_letters::run(&mut planner, command, cli.json, out).await
         }
