@@ -559,9 +559,11 @@ impl Store {
     /// [`StoreError`].
     pub async fn possibly_duplicated_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar(
-            "SELECT i.message_key FROM plan_items i WHERE i.plan_id = $1 AND i.state = 'sent' \
-             AND EXISTS (SELECT 1 FROM audit_events e WHERE e.plan_id = $1 AND e.dead_letter_id = i.dead_letter_id \
-                         AND e.action = 'uncertain') ORDER BY i.position",
+            // One pass over the plan's uncertain events, not one per item.
+            "SELECT i.message_key FROM plan_items i \
+             JOIN (SELECT DISTINCT dead_letter_id FROM audit_events WHERE plan_id = $1 AND action = 'uncertain') u \
+               ON u.dead_letter_id = i.dead_letter_id \
+             WHERE i.plan_id = $1 AND i.state = 'sent' ORDER BY i.position",
         )
         .bind(plan_id)
         .fetch_all(self.pool())
