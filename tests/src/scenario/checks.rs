@@ -318,17 +318,11 @@ pub(super) fn check_replay(
         .iter()
         .map(|delivery| format!("{}:order.paid", delivery.order_id))
         .collect();
-    let others: u64 = [
-        "skipped_duplicate",
-        "skipped_stale",
-        "skipped_state",
-        "needs_compensation",
-        "failed",
-        "unroutable",
-    ]
-    .iter()
-    .map(|action| audit.count(action))
-    .sum();
+    let others: u64 = redrive_planner::store::leases::FINAL_ITEM_STATES
+        .iter()
+        .filter(|action| **action != "sent")
+        .map(|action| audit.count(action))
+        .sum();
     // `counts.uncertain` counts items still uncertain (none once the plan
     // completed); the export keeps every `uncertain` event.
     let uncertain = audit.uncertain_ids.len() as u64;

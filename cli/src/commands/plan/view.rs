@@ -573,37 +573,15 @@ pub fn write_audit_report(
     }
     write_counts(out, &report.counts)?;
 
-    let sent = report.sent_keys.len();
-    writeln!(out, "\nsent keys: {sent}")?;
-    for key in report.sent_keys.iter().take(SENT_KEYS_SHOWN) {
-        writeln!(out, "  {key}")?;
-    }
-    if sent > SENT_KEYS_SHOWN {
-        writeln!(
+    write_keys(out, "sent keys", &report.sent_keys, plan_id, "sent_keys")?;
+    if !report.possibly_duplicated_keys.is_empty() {
+        write_keys(
             out,
-            "  ... and {} more (all of them: redrivectl plan report {plan_id} --json | jq -r \
-             '.sent_keys[]')",
-            sent - SENT_KEYS_SHOWN
+            "possibly delivered twice (published again with the same message id after a lost lease or confirm)",
+            &report.possibly_duplicated_keys,
+            plan_id,
+            "possibly_duplicated_keys",
         )?;
-    }
-
-    let doubtful = report.possibly_duplicated_keys.len();
-    if doubtful > 0 {
-        writeln!(
-            out,
-            "\npossibly delivered twice (published again with the same message id after a lost lease or confirm): {doubtful}"
-        )?;
-        for key in report.possibly_duplicated_keys.iter().take(SENT_KEYS_SHOWN) {
-            writeln!(out, "  {key}")?;
-        }
-        if doubtful > SENT_KEYS_SHOWN {
-            writeln!(
-                out,
-                "  ... and {} more (all of them: redrivectl plan report {plan_id} --json | jq -r \
-                 '.possibly_duplicated_keys[]')",
-                doubtful - SENT_KEYS_SHOWN
-            )?;
-        }
     }
 
     let not_sent = report.not_sent.len();
@@ -640,6 +618,30 @@ pub fn write_audit_report(
         out,
         "\nexport for reconciliation: redrivectl plan report {plan_id} --format csv (or jsonl)"
     )
+}
+
+/// `heading: N`, then the first [`SENT_KEYS_SHOWN`] keys and how to get the
+/// rest (`field` of the report's JSON).
+fn write_keys(
+    out: &mut dyn Write,
+    heading: &str,
+    keys: &[String],
+    plan_id: &str,
+    field: &str,
+) -> std::io::Result<()> {
+    writeln!(out, "\n{heading}: {}", keys.len())?;
+    for key in keys.iter().take(SENT_KEYS_SHOWN) {
+        writeln!(out, "  {key}")?;
+    }
+    if keys.len() > SENT_KEYS_SHOWN {
+        writeln!(
+            out,
+            "  ... and {} more (all of them: redrivectl plan report {plan_id} --json | jq -r \
+             '.{field}[]')",
+            keys.len() - SENT_KEYS_SHOWN
+        )?;
+    }
+    Ok(())
 }
 
 /// The `plan list` columns.
