@@ -6,14 +6,21 @@
 //!
 //! # Layout
 //! - [`Config`] and [`run`]: flags, validation, start-up.
-//! - [`worker`]: the claim → publish → confirm → report loop.
+//! - [`worker`]: the claim loop and the per-run publishing pipeline.
+//! - [`lease`]: one slice lease: renewal, the planner's stop signal, the
+//!   executor's own deadline, outcome reports, the end of the lease.
+//! - [`outcomes`]: publisher confirms → audit events, retries, token debt.
+//! - [`backoff`]: the one jittered retry delay.
 //! - [`publisher`]: publishing with publisher confirms and a confirm window.
 //! - [`bucket`]: the GCRA token bucket in Redis (or in-process without Redis).
 //! - [`replay_keys`]: the record of sent message keys in Redis.
 //! - [`message`]: the replayed message's properties and headers.
 
+pub mod backoff;
 pub mod bucket;
+pub mod lease;
 pub mod message;
+pub mod outcomes;
 pub mod publisher;
 pub mod replay_keys;
 pub mod worker;
@@ -28,6 +35,7 @@ use tracing::{info, warn};
 
 use crate::{
     bucket::{Bucket, DEFAULT_CALL_TIMEOUT, LocalBucket, RedisBucket, connect_redis},
+    publisher::PublisherOptions,
     replay_keys::ReplayKeys,
     worker::{Worker, WorkerSettings},
 };
@@ -92,6 +100,23 @@ pub struct Config {
     /// Seconds a slice claim waits for work (long poll).
     #[arg(long, env = "REDRIVE_CLAIM_WAIT_SECONDS", default_value_t = 20)]
     pub claim_wait_seconds: u64,
+
+    /// Seconds the oldest publish may wait for its publisher confirm before
+    /// the broker connection is taken for dead (a half-open connection): its
+    /// publishes become uncertain and are published again on a new one.
+    #[arg(long, env = "REDRIVE_CONFIRM_TIMEOUT_SECONDS", default_value_t = 5)]
+    pub confirm_timeout_seconds: u64,
+
+    /// AMQP heartbeat in seconds asked of the broker unless the AMQP URL names
+    /// one (`?heartbeat=N`); a connection silent for two heartbeats is closed.
+    #[arg(long, env = "REDRIVE_AMQP_HEARTBEAT_SECONDS", default_value_t = 5)]
+    pub amqp_heartbeat_seconds: u64,
+
+    /// Seconds after SIGTERM or SIGINT for outstanding confirms to finish and
+    /// outcomes to be reported; then the executor exits anyway (leases it
+    /// still holds expire, and their unreported items become uncertain).
+    #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
 }
 
 impl Config {
@@ -141,6 +166,15 @@ impl Config {
         }
         if self.claim_wait_seconds == 0 || self.claim_wait_seconds > 30 {
             return Err("invalid setting --claim-wait-seconds: 1 to 30".to_owned());
+        }
+        if self.confirm_timeout_seconds == 0 || self.confirm_timeout_seconds > 300 {
+            return Err("invalid setting --confirm-timeout-seconds: 1 to 300".to_owned());
+        }
+        if self.amqp_heartbeat_seconds == 0 || self.amqp_heartbeat_seconds > 600 {
+            return Err("invalid setting --amqp-heartbeat-seconds: 1 to 600".to_owned());
+        }
+        if self.shutdown_grace_seconds > 600 {
+            return Err("invalid setting --shutdown-grace-seconds: 0 to 600".to_owned());
         }
         Ok(())
     }
@@ -202,7 +236,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let settings = WorkerSettings {
         executor_id,
         amqp_url: config.amqp_url.clone(),
-        window: config.window,
+        publisher: PublisherOptions {
+            window: config.window,
+            confirm_timeout: Duration::from_secs(config.confirm_timeout_seconds),
+            heartbeat: Duration::from_secs(config.amqp_heartbeat_seconds),
+        },
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
     };
@@ -222,6 +260,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         );
         loops.spawn(worker.run(shutdown.clone()));
     }
-    while loops.join_next().await.is_some() {}
+    // After shutdown each loop stops publishing at once, drains its confirms
+    // and reports; the grace period bounds that.
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let drained = async { while loops.join_next().await.is_some() {} };
+    let bounded = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        () = drained => {}
+        () = bounded => {
+            warn!(grace_seconds = config.shutdown_grace_seconds, "shutdown grace period over: exiting with work unreported (its leases expire and the planner marks it uncertain)");
+            loops.abort_all();
+        }
+    }
     Ok(())
 }

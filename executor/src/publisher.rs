@@ -55,6 +55,51 @@ use tracing::warn;
 
 /// How long [`Publisher::connect`] waits for the broker.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The AMQP heartbeat asked for unless the URL names one (`?heartbeat=N`):
+/// a connection that receives nothing for two heartbeats is closed (AMQP
+/// 0-9-1 section 4.2.7, RabbitMQ "Detecting Dead TCP Connections with
+/// Heartbeats"), so a half-open connection is noticed on both sides.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long the oldest publish may wait for its confirm before the
+/// connection is taken for dead and every publish in flight is
+/// [`PublishOutcome::Uncertain`]. A healthy broker confirms within
+/// milliseconds; a stalled connection would otherwise hold a window of
+/// messages until the kernel gives up on the socket.
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a [`Publisher`] connects and how long it waits.
+#[derive(Debug, Clone, Copy)]
+pub struct PublisherOptions {
+    /// Messages in flight at once (published, not yet confirmed); at least 1.
+    pub window: usize,
+    /// See [`DEFAULT_CONFIRM_TIMEOUT`].
+    pub confirm_timeout: Duration,
+    /// See [`DEFAULT_HEARTBEAT`]; whole seconds, used when the URL names none.
+    pub heartbeat: Duration,
+}
+
+impl PublisherOptions {
+    /// The defaults with a window of `window`.
+    pub fn with_window(window: usize) -> Self {
+        Self {
+            window,
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+            heartbeat: DEFAULT_HEARTBEAT,
+        }
+    }
+}
+
+/// `amqp_url` with `heartbeat` added when it names none.
+pub fn with_heartbeat(amqp_url: &str, heartbeat: Duration) -> String {
+    if amqp_url.contains("heartbeat=") {
+        return amqp_url.to_owned();
+    }
+    let separator = if amqp_url.contains('?') { '&' } else { '?' };
+    format!(
+        "{amqp_url}{separator}heartbeat={}",
+        heartbeat.as_secs().max(1)
+    )
+}
 
 /// One message to publish.
 ///
@@ -187,6 +232,14 @@ struct PublishRequest {
     reply: oneshot::Sender<Result<Pending, PublishError>>,
 }
 
+/// A reserved place in the confirm window ([`Publisher::reserve`]): a
+/// publish made with it does not wait for the window. Dropping it frees the
+/// place.
+#[derive(Debug)]
+pub struct Slot {
+    permit: OwnedSemaphorePermit,
+}
+
 struct Shared {
     /// In delivery-tag order. The publishing task holds the lock from before
     /// `basic_publish` registers a tag until the entry is pushed, so whoever
@@ -197,6 +250,11 @@ struct Shared {
     publishing_done: CancellationToken,
     /// The last error lapin reported, to say why the connection is lost.
     last_error: std::sync::Mutex<Option<String>>,
+    /// When the publish whose confirm is awaited now was made (the oldest
+    /// in flight); `None` while none is awaited.
+    awaiting_since: std::sync::Mutex<Option<Instant>>,
+    /// Set when the confirm timeout declared the connection dead.
+    dead: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -234,13 +292,29 @@ impl Publisher {
     /// within [`CONNECT_TIMEOUT`] or refuses.
     #[tracing::instrument(name = "executor.publisher.connect", skip_all, fields(window = window), err)]
     pub async fn connect(amqp_url: &str, window: usize) -> Result<Self, PublishError> {
+        Self::connect_with(amqp_url, PublisherOptions::with_window(window)).await
+    }
+
+    /// [`Publisher::connect`] with every option: the heartbeat is added to
+    /// the URL when it names none, and a confirm that takes longer than
+    /// `confirm_timeout` ends the connection (every publish in flight is then
+    /// [`PublishOutcome::Uncertain`]).
+    ///
+    /// # Errors
+    /// As [`Publisher::connect`].
+    pub async fn connect_with(
+        amqp_url: &str,
+        options: PublisherOptions,
+    ) -> Result<Self, PublishError> {
+        let window = options.window;
         if window == 0 {
             return Err(PublishError::InvalidWindow(window));
         }
+        let amqp_url = with_heartbeat(amqp_url, options.heartbeat);
         let properties =
             ConnectionProperties::default().with_connection_name("redrive-executor".into());
         let connect = async {
-            let connection = Connection::connect(amqp_url, properties).await?;
+            let connection = Connection::connect(&amqp_url, properties).await?;
             let channel = connection.create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
@@ -265,6 +339,8 @@ impl Publisher {
             pushed: Notify::new(),
             publishing_done: CancellationToken::new(),
             last_error: std::sync::Mutex::new(None),
+            awaiting_since: std::sync::Mutex::new(None),
+            dead: std::sync::atomic::AtomicBool::new(false),
         });
         let (requests, requests_received) = mpsc::channel(window);
         let publishing_task = tokio::spawn(publish_requests(
@@ -272,7 +348,10 @@ impl Publisher {
             Arc::clone(&shared),
             requests_received,
         ));
-        let confirming_task = tokio::spawn(resolve_confirms(Arc::clone(&shared)));
+        let confirming_task = tokio::spawn(resolve_confirms(
+            Arc::clone(&shared),
+            options.confirm_timeout,
+        ));
         Ok(Self {
             connection,
             channel,
@@ -298,6 +377,56 @@ impl Publisher {
     /// [`PublishError::ConnectionLost`] (retryable) when the connection or
     /// channel is closed: the message was not published.
     pub async fn publish(&self, outgoing: Outgoing) -> Result<Pending, PublishError> {
+        let mut slots = self.reserve(1).await?;
+        let slot = slots.pop().ok_or_else(|| PublishError::ConnectionLost {
+            reason: "the publisher is closed".to_owned(),
+        })?;
+        self.publish_in(slot, outgoing).await
+    }
+
+    /// Waits until `count` places of the window are free and reserves them
+    /// (at most the window; a larger `count` is cut to it). Cancel-safe:
+    /// dropped while waiting, it reserves nothing. Lets a caller wait for
+    /// room *before* it takes tokens from the rate limiter, so that tokens
+    /// are spent the moment they are granted.
+    ///
+    /// # Errors
+    /// [`PublishError::ConnectionLost`] when the publisher is closed or the
+    /// connection is lost.
+    pub async fn reserve(&self, count: usize) -> Result<Vec<Slot>, PublishError> {
+        let count = count.clamp(1, self.window_size);
+        let permits = Arc::clone(&self.window)
+            .acquire_many_owned(u32::try_from(count).unwrap_or(u32::MAX))
+            .await
+            .map_err(|_| PublishError::ConnectionLost {
+                reason: "the publisher is closed".to_owned(),
+            })?;
+        if !self.is_connected() {
+            return Err(PublishError::ConnectionLost {
+                reason: self.disconnect_reason(),
+            });
+        }
+        let mut permits = permits;
+        let mut slots = Vec::with_capacity(count);
+        while permits.num_permits() > 1 {
+            if let Some(one) = permits.split(1) {
+                slots.push(Slot { permit: one });
+            }
+        }
+        slots.push(Slot { permit: permits });
+        Ok(slots)
+    }
+
+    /// Publishes `outgoing` in a reserved `slot` (see [`Publisher::publish`]);
+    /// does not wait for the window.
+    ///
+    /// # Errors
+    /// As [`Publisher::publish`].
+    pub async fn publish_in(
+        &self,
+        slot: Slot,
+        outgoing: Outgoing,
+    ) -> Result<Pending, PublishError> {
         let lost = |reason: &str| PublishError::ConnectionLost {
             reason: reason.to_owned(),
         };
@@ -305,10 +434,6 @@ impl Publisher {
             .requests
             .as_ref()
             .ok_or_else(|| lost("the publisher is closed"))?;
-        let permit = Arc::clone(&self.window)
-            .acquire_owned()
-            .await
-            .map_err(|_| lost("the publisher is closed"))?;
         if !self.is_connected() {
             return Err(PublishError::ConnectionLost {
                 reason: self.disconnect_reason(),
@@ -318,7 +443,7 @@ impl Publisher {
         requests
             .send(PublishRequest {
                 outgoing,
-                permit,
+                permit: slot.permit,
                 reply,
             })
             .await
@@ -328,11 +453,24 @@ impl Publisher {
             .map_err(|_| lost("the publishing task stopped"))?
     }
 
+    /// How long the oldest publish in flight has waited for its confirm
+    /// (`None` when nothing is in flight). A healthy broker answers within
+    /// milliseconds; a long wait means a stalled connection or broker.
+    pub fn oldest_unconfirmed_age(&self) -> Option<Duration> {
+        self.shared
+            .awaiting_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map(|since| since.elapsed())
+    }
+
     /// Whether the connection and the channel are open. After `false`, every
     /// publish fails with [`PublishError::ConnectionLost`]; connect a new
     /// publisher.
     pub fn is_connected(&self) -> bool {
-        self.connection.status().connected() && self.channel.status().connected()
+        !self.shared.dead.load(std::sync::atomic::Ordering::SeqCst)
+            && self.connection.status().connected()
+            && self.channel.status().connected()
     }
 
     /// Window slots taken: messages being published or awaiting their
@@ -475,6 +613,35 @@ async fn publish_requests(
     }
 }
 
+/// The confirm timeout passed: the connection is taken for dead (a
+/// half-open TCP connection, a stalled broker). Every publish in flight is
+/// [`PublishOutcome::Uncertain`] (it may still reach the broker), and
+/// publishing on this connection stops: [`Publisher::is_connected`] is false
+/// from now on, and the owner drops the publisher, which closes the
+/// connection.
+async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: Duration) {
+    let reason = format!(
+        "no publisher confirm within {confirm_timeout:?}: the connection is taken for dead"
+    );
+    warn!(%reason, "closing the broker connection");
+    shared.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+    *shared
+        .last_error
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.clone());
+    let mut abandoned = vec![oldest];
+    abandoned.extend(shared.in_flight.lock().await.drain(..));
+    *shared
+        .awaiting_since
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    for entry in abandoned {
+        let _ = entry.outcome.send(PublishOutcome::Uncertain {
+            reason: reason.clone(),
+        });
+    }
+}
+
 /// The confirm's result if it is already resolved.
 fn resolved_now(confirm: &mut PublisherConfirm) -> Option<lapin::Result<Confirmation>> {
     let mut context = Context::from_waker(Waker::noop());
@@ -499,7 +666,7 @@ struct Returned {
 /// sends a message's `basic.return` before its ack, so by the time a message
 /// is resolved its return (if any) sits on a confirm of its batch or of an
 /// earlier one; returns are pooled and matched by fingerprint.
-async fn resolve_confirms(shared: Arc<Shared>) {
+async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Duration) {
     let mut returns: Vec<Returned> = Vec::new();
     loop {
         let oldest = shared.in_flight.lock().await.pop_front();
@@ -513,7 +680,22 @@ async fn resolve_confirms(shared: Arc<Shared>) {
             }
             continue;
         };
-        let first = (&mut oldest.confirm).await;
+        *shared
+            .awaiting_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(oldest.published_at);
+        let deadline = oldest.published_at + confirm_timeout;
+        let first = match tokio::time::timeout_at(deadline, &mut oldest.confirm).await {
+            Ok(first) => first,
+            Err(_) => {
+                give_up_connection(&shared, oldest, confirm_timeout).await;
+                continue;
+            }
+        };
+        *shared
+            .awaiting_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let mut batch = vec![(oldest, first)];
         let outstanding: Vec<u64> = {
             let mut in_flight = shared.in_flight.lock().await;

@@ -35,6 +35,29 @@ const CLAIM_RECHECK: Duration = Duration::from_secs(1);
 
 /// Plan states in which executors keep publishing.
 const PUBLISHING_STATES: &[&str] = &["main", "canary"];
+/// How often a lease watch looks at its lease without a notification.
+pub const LEASE_RECHECK: Duration = Duration::from_millis(500);
+
+/// The signal for a lease in `state` (a plan state, or lost).
+fn lease_signal(state: Result<String, StaleToken>) -> v1::LeaseSignal {
+    match state {
+        Ok(state) if PUBLISHING_STATES.contains(&state.as_str()) => v1::LeaseSignal {
+            keep_publishing: true,
+            reason: String::new(),
+            lease_lost: false,
+        },
+        Ok(state) => v1::LeaseSignal {
+            keep_publishing: false,
+            reason: format!("plan is {state}"),
+            lease_lost: false,
+        },
+        Err(stale) => v1::LeaseSignal {
+            keep_publishing: false,
+            reason: stale.to_string(),
+            lease_lost: true,
+        },
+    }
+}
 
 /// Coordinates executors over the store.
 #[derive(Debug, Clone)]
@@ -345,12 +368,17 @@ impl Coordinator {
         })
     }
 
-    /// Records a batch of outcomes for a leased slice.
+    /// Records a batch of outcomes for a slice: all of them under the
+    /// current lease; under a lost one only what happened to publishes
+    /// (`Store::report_outcomes`), and the answer says `lease_lost`.
     ///
     /// # Errors
     /// `InvalidArgument` for a malformed event (naming `events[i].field`);
-    /// `FailedPrecondition` for a stale fencing token; store errors.
-    pub async fn report(&self, request: v1::ReportOutcomesRequest) -> Result<u64, Error> {
+    /// `FailedPrecondition` for a token the slice never had; store errors.
+    pub async fn report(
+        &self,
+        request: v1::ReportOutcomesRequest,
+    ) -> Result<v1::ReportOutcomesResponse, Error> {
         let slice_id = parse_slice_id(&request.slice_id)?;
         let token = parse_token(request.fencing_token)?;
         let outcomes = request
@@ -383,10 +411,84 @@ impl Coordinator {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok(self
+        let reported = self
             .store
             .report_outcomes(slice_id, token, &outcomes)
-            .await??)
+            .await??;
+        if reported.lease_lost {
+            tracing::info!(
+                slice.id = slice_id,
+                fencing_token = token,
+                accepted = reported.accepted,
+                dropped = reported.dropped,
+                "outcomes of a lost lease recorded"
+            );
+        }
+        Ok(v1::ReportOutcomesResponse {
+            accepted: reported.accepted,
+            lease_lost: reported.lease_lost,
+            dropped: reported.dropped,
+        })
+    }
+
+    /// The stop signal of a lease: the current directive at once, then one
+    /// signal per change, ending with `lease_lost` (see `WatchLease` in
+    /// `coordinator.proto`). Changes are heard through the plan-change
+    /// notifications (`LISTEN/NOTIFY`, so a cancel on any replica reaches
+    /// every executor at once) and, in case one is missed, looked for every
+    /// [`LEASE_RECHECK`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad slice id or token; `FailedPrecondition`
+    /// when the token is already stale; store errors.
+    pub async fn watch_lease(
+        &self,
+        slice_id: &str,
+        token: u64,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<tokio::sync::mpsc::Receiver<v1::LeaseSignal>, Error> {
+        let slice_id = parse_slice_id(slice_id)?;
+        let token = parse_token(token)?;
+        let mut changes = self.notifier.subscribe();
+        let first = self.store.lease_state(slice_id, token).await??;
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut last = lease_signal(Ok(first));
+            if sender.send(last.clone()).await.is_err() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = sender.closed() => return,
+                    () = tokio::time::sleep(LEASE_RECHECK) => {}
+                    changed = changes.recv() => {
+                        if matches!(changed, Err(RecvError::Closed)) {
+                            tokio::time::sleep(LEASE_RECHECK).await;
+                        }
+                        // Coalesce a burst of notifications (one per report).
+                        while changes.try_recv().is_ok() {}
+                    }
+                }
+                let signal = match store.lease_state(slice_id, token).await {
+                    Ok(state) => lease_signal(state),
+                    Err(error) => {
+                        tracing::warn!(%error, slice.id = slice_id, "cannot read a lease's state");
+                        continue;
+                    }
+                };
+                if signal == last {
+                    continue;
+                }
+                let lost = signal.lease_lost;
+                if sender.send(signal.clone()).await.is_err() || lost {
+                    return;
+                }
+                last = signal;
+            }
+        });
+        Ok(receiver)
     }
 
     /// Ends a lease (completed, or released for another executor).

@@ -36,12 +36,16 @@ pub async fn run(store: Store, shutdown: CancellationToken) {
     }
 }
 
-/// One pass over the plans in canary, observation or main; first cancels
-/// plans of one whose claim deadline passed unclaimed.
+/// One pass over the plans in canary, observation or main; first ends
+/// expired leases (their unreported items become uncertain) and cancels plans
+/// of one whose claim deadline passed unclaimed.
 ///
 /// # Errors
 /// [`StoreError`].
 pub async fn check(store: &Store) -> Result<(), StoreError> {
+    for plan_id in store.expire_leases().await? {
+        info!(plan.id = %plan_id, "expired leases ended; their unreported items are uncertain");
+    }
     for plan_id in store.unclaimed_past_deadline().await? {
         if store
             .cancel_unclaimed(

@@ -420,12 +420,17 @@ impl Planner for PlannerGrpc {
 #[derive(Debug, Clone)]
 pub struct CoordinatorGrpc {
     coordinator: CoordinatorService,
+    /// Ends lease watches when the planner stops.
+    shutdown: CancellationToken,
 }
 
 impl CoordinatorGrpc {
-    /// The adapter over `coordinator`.
-    pub fn new(coordinator: CoordinatorService) -> Self {
-        Self { coordinator }
+    /// The adapter over `coordinator`; open streams end at `shutdown`.
+    pub fn new(coordinator: CoordinatorService, shutdown: CancellationToken) -> Self {
+        Self {
+            coordinator,
+            shutdown,
+        }
     }
 }
 
@@ -473,11 +478,7 @@ impl Coordinator for CoordinatorGrpc {
         tokio::spawn(async move {
             while let Some(report) = reports.next().await {
                 let answer = match report {
-                    Ok(report) => coordinator
-                        .report(report)
-                        .await
-                        .map(|accepted| v1::ReportOutcomesResponse { accepted })
-                        .map_err(Status::from),
+                    Ok(report) => coordinator.report(report).await.map_err(Status::from),
                     Err(status) => Err(status),
                 };
                 let failed = answer.is_err();
@@ -488,6 +489,26 @@ impl Coordinator for CoordinatorGrpc {
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
+    }
+
+    type WatchLeaseStream = BoxStream<'static, Result<v1::LeaseSignal, Status>>;
+
+    async fn watch_lease(
+        &self,
+        request: Request<v1::WatchLeaseRequest>,
+    ) -> Result<Response<Self::WatchLeaseStream>, Status> {
+        let request = request.into_inner();
+        let signals = self
+            .coordinator
+            .watch_lease(
+                &request.slice_id,
+                request.fencing_token,
+                self.shutdown.clone(),
+            )
+            .await?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(signals).map(Ok),
         )))
     }
 

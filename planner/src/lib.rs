@@ -124,9 +124,10 @@ pub async fn run(
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-    let coordinator = CoordinatorServer::new(CoordinatorGrpc::new(coordinator_service))
-        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    let coordinator =
+        CoordinatorServer::new(CoordinatorGrpc::new(coordinator_service, shutdown.clone()))
+            .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
     let gate = ReadyGate(Arc::clone(&ready));
     info!(listen = %listener.local_addr()?, capture_queues = ?config.capture_queues, "planner serving");
     let server_shutdown = shutdown.clone();

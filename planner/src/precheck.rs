@@ -206,10 +206,16 @@ pub fn classify(
         ));
     }
     if let Some((plan, at)) = &candidate.replayed {
-        return Some((
-            Verdict::AlreadyReplayed,
-            format!("replayed by plan {plan} at {}", at.to_rfc3339()),
-        ));
+        let reason = if candidate.replayed_certain {
+            format!("replayed by plan {plan} at {}", at.to_rfc3339())
+        } else {
+            // Never replayable: it may have reached the consumer.
+            format!(
+                "possibly delivered by plan {plan} at {}: its publish outcome is uncertain (a confirm lost with the connection, or a lease that expired)",
+                at.to_rfc3339()
+            )
+        };
+        return Some((Verdict::AlreadyReplayed, reason));
     }
     if candidate.redrives >= i64::from(options.max_redrives) {
         return Some((
@@ -718,6 +724,7 @@ mod tests {
             died_at: now,
             duplicate_of: None,
             replayed: None,
+            replayed_certain: true,
             redrives: 0,
             payload: None,
         }

@@ -7,7 +7,8 @@
 //! - [`TestDb`]: a database of its own, dropped by [`TestDb::drop_database`].
 //! - [`Broker`]: a RabbitMQ connection and helpers to declare, publish, count
 //!   and delete what a test uses.
-//! - [`TcpProxy`]: forwards to a server until cut.
+//! - [`TcpProxy`]: forwards to a server until cut or stalled.
+//! - [`ExecutorProcess`]: the `redrive-executor` binary as a child process.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
 //! - [`orders_hook`]: the example `StateCheck` hook over an `orders` table.
 //! - [`scenario`]: the order-fulfilment incident and its replay with the real
@@ -326,12 +327,43 @@ async fn delete_topology(channel: &Channel, queues: Vec<String>, exchanges: Vec<
 }
 
 /// A TCP proxy on `127.0.0.1:0` forwarding to `target`, which a test can cut
-/// (close every connection and refuse new ones) and restore.
+/// (close every connection and refuse new ones) and restore, or stall (keep
+/// every connection open but forward nothing, in either direction: a
+/// half-open network path) and heal.
 pub struct TcpProxy {
     addr: SocketAddr,
     cut: Arc<std::sync::atomic::AtomicBool>,
     generation: tokio::sync::watch::Sender<u64>,
+    stalled: tokio::sync::watch::Sender<bool>,
     task: JoinHandle<()>,
+}
+
+/// Copies `from` → `to`, holding what it read while `stalled` is true.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0_u8; 16 * 1024];
+    loop {
+        if stalled.wait_for(|stalled| !*stalled).await.is_err() {
+            return;
+        }
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(read) => read,
+        };
+        if stalled.wait_for(|stalled| !*stalled).await.is_err() {
+            return;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl TcpProxy {
@@ -344,21 +376,30 @@ impl TcpProxy {
         let addr = listener.local_addr()?;
         let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (generation, _) = tokio::sync::watch::channel(0_u64);
+        let (stalled, _) = tokio::sync::watch::channel(false);
         let accept_cut = Arc::clone(&cut);
         let accept_generation = generation.clone();
+        let accept_stalled = stalled.clone();
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 if accept_cut.load(std::sync::atomic::Ordering::SeqCst) {
                     drop(inbound);
                     continue;
                 }
                 let mut killed = accept_generation.subscribe();
+                let stalled = accept_stalled.subscribe();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
+                    let (inbound_read, inbound_write) = inbound.into_split();
+                    let (outbound_read, outbound_write) = outbound.into_split();
+                    let upstream = pump(inbound_read, outbound_write, stalled.clone());
+                    let downstream = pump(outbound_read, inbound_write, stalled);
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = async { tokio::join!(upstream, downstream); } => {}
                         _ = killed.changed() => {}
                     }
                 });
@@ -368,6 +409,7 @@ impl TcpProxy {
             addr,
             cut,
             generation,
+            stalled,
             task,
         })
     }
@@ -387,11 +429,77 @@ impl TcpProxy {
     pub fn restore(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Forwards nothing, in either direction, until [`TcpProxy::heal`];
+    /// connections stay open and new ones are accepted (and hang).
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Forwards again, what was held first.
+    pub fn heal(&self) {
+        self.stalled.send_replace(false);
+    }
 }
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         self.task.abort();
+        self.generation.send_modify(|generation| *generation += 1);
+    }
+}
+
+/// A `redrive-executor` child process, killed (SIGKILL) when dropped.
+pub struct ExecutorProcess {
+    child: tokio::process::Child,
+}
+
+impl ExecutorProcess {
+    /// Starts the `redrive-executor` binary (built by
+    /// [`scenario::build_binaries`]) with `args`; its log goes to
+    /// this test's stderr.
+    ///
+    /// # Errors
+    /// When the binary cannot be built or started.
+    pub async fn start(args: &[String]) -> anyhow::Result<Self> {
+        let bin_dir = scenario::build_binaries().await?;
+        let child = tokio::process::Command::new(bin_dir.join("redrive-executor"))
+            .args(args)
+            .env("REDRIVE_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting redrive-executor")?;
+        Ok(Self { child })
+    }
+
+    /// Sends `signal` (`TERM`, `STOP`, `CONT`, `KILL`) with kill(1).
+    ///
+    /// # Errors
+    /// When the process is gone or kill(1) fails.
+    pub async fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self.child.id().context("the executor has exited")?;
+        let status = tokio::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; its exit status.
+    ///
+    /// # Errors
+    /// When it is still running after `timeout`.
+    pub async fn wait_exit(
+        &mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .with_context(|| format!("the executor did not exit within {timeout:?}"))?
+            .map_err(Into::into)
     }
 }
 

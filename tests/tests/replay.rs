@@ -6,7 +6,6 @@ use std::{collections::HashMap, time::Duration};
 
 use futures::StreamExt;
 use lapin::{
-    BasicProperties, ExchangeKind,
     options::BasicConsumeOptions,
     types::{AMQPValue, FieldTable},
 };
@@ -22,271 +21,8 @@ use redrive_tests::{
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
 
-/// A fanout exchange with a work queue (dead-lettering to a DLQ) and a healthy
-/// subscriber queue.
-struct Incident {
-    exchange: String,
-    work: String,
-    healthy: String,
-    dlq: String,
-}
-
-async fn incident(broker: &Broker, messages: u32) -> anyhow::Result<Incident> {
-    incident_named(broker, messages, "").await
-}
-
-/// [`incident`] with order and message ids prefixed by `tag` (distinct keys).
-async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow::Result<Incident> {
-    let incident = Incident {
-        exchange: unique("orders"),
-        work: unique("work"),
-        healthy: unique("healthy"),
-        dlq: unique("dlq"),
-    };
-    let dlx = unique("dlx");
-    broker
-        .exchange(&incident.exchange, ExchangeKind::Fanout)
-        .await?;
-    broker.exchange(&dlx, ExchangeKind::Fanout).await?;
-    broker.queue(&incident.dlq, FieldTable::default()).await?;
-    broker.bind(&incident.dlq, &dlx, "").await?;
-    broker
-        .queue(
-            &incident.work,
-            amqp_table(vec![("x-dead-letter-exchange", amqp_text(&dlx))]),
-        )
-        .await?;
-    broker
-        .queue(&incident.healthy, FieldTable::default())
-        .await?;
-    broker.bind(&incident.work, &incident.exchange, "").await?;
-    broker
-        .bind(&incident.healthy, &incident.exchange, "")
-        .await?;
-    for index in 0..messages {
-        let body = format!(r#"{{"order_id":"{tag}o-{index}","n":{index}}}"#);
-        let properties = BasicProperties::default()
-            .with_message_id(format!("{tag}m-{index}").into())
-            .with_type("order.paid".into())
-            .with_content_type("application/json".into())
-            .with_headers(amqp_table(vec![
-                ("tenant", amqp_text("acme")),
-                ("seq", AMQPValue::LongInt(index as i32)),
-            ]));
-        broker
-            .publish(
-                &incident.exchange,
-                "order.paid",
-                body.as_bytes(),
-                properties,
-            )
-            .await?;
-    }
-    // The broken consumer rejects everything on the work queue.
-    let channel = broker.connection.create_channel().await?;
-    for _ in 0..messages {
-        let delivery = channel
-            .basic_get(incident.work.as_str().into(), Default::default())
-            .await?
-            .expect("the work queue holds the message");
-        delivery
-            .acker
-            .reject(lapin::options::BasicRejectOptions { requeue: false })
-            .await?;
-    }
-    channel.close(200, "done".into()).await?;
-    Ok(incident)
-}
-
-async fn planner_for(db: &TestDb, dlq: &str) -> anyhow::Result<PlannerHandle> {
-    planner_for_all(db, &[dlq]).await
-}
-
-async fn planner_for_all(db: &TestDb, dlqs: &[&str]) -> anyhow::Result<PlannerHandle> {
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = dlqs.iter().map(|dlq| (*dlq).to_owned()).collect();
-    config.capture_batch_size = 100;
-    config.capture_prefetch = 500;
-    config.message_keys = vec!["json:/order_id".to_owned()];
-    config.lease_ttl_seconds = 3;
-    PlannerHandle::start(config).await
-}
-
-async fn captured(
-    client: &mut PlannerClient<Channel>,
-    dlq: &str,
-    count: u64,
-) -> anyhow::Result<()> {
-    wait_until("capture", Duration::from_secs(30), || {
-        let mut client = client.clone();
-        let dlq = dlq.to_owned();
-        async move {
-            let summary = client
-                .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-                    selector: Some(v1::Selector {
-                        sources: vec![dlq],
-                        ..Default::default()
-                    }),
-                    group_by: vec![],
-                })
-                .await?
-                .into_inner();
-            Ok(summary.total >= count)
-        }
-    })
-    .await
-}
-
-/// Precheck → plan → approve; returns the approved plan.
-async fn approved_plan(
-    client: &mut PlannerClient<Channel>,
-    dlq: &str,
-    per_second: f64,
-    burst: u32,
-    destination: Option<v1::destination::Mode>,
-) -> anyhow::Result<v1::Plan> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
-    let plan = client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second,
-                burst,
-                rationale: "test downstream takes this easily".into(),
-            }),
-            destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
-            slice_size: 50,
-            canary_fraction: None,
-            observe_for: Some(prost_types::Duration {
-                seconds: 0,
-                nanos: 0,
-            }),
-        })
-        .await?
-        .into_inner();
-    assert_eq!(plan.state(), PlanState::AwaitingApproval);
-    Ok(client
-        .approve_plan(ApprovePlanRequest {
-            plan_id: plan.plan_id.clone(),
-            digest: report.digest,
-        })
-        .await?
-        .into_inner())
-}
-
-async fn wait_completed(
-    client: &mut PlannerClient<Channel>,
-    plan_id: &str,
-    timeout: Duration,
-) -> anyhow::Result<v1::Plan> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let plan = client
-            .get_plan(GetPlanRequest {
-                plan_id: plan_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if plan.state() == PlanState::Completed {
-            return Ok(plan);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "plan not completed in {timeout:?}: {:?} {:?}",
-            plan.state(),
-            plan.counts
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_state(
-    client: &mut PlannerClient<Channel>,
-    plan_id: &str,
-    state: PlanState,
-    timeout: Duration,
-) -> anyhow::Result<v1::Plan> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let plan = client
-            .get_plan(GetPlanRequest {
-                plan_id: plan_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if plan.state() == state {
-            return Ok(plan);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "plan not {state:?} in {timeout:?}: {:?} {:?}",
-            plan.state(),
-            plan.counts
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A delivery as the consumer saw it.
-#[derive(Debug, Clone)]
-struct Received {
-    at: Instant,
-    message_id: String,
-    body: Vec<u8>,
-    headers: FieldTable,
-}
-
-/// Consumes `queue` (auto-ack) into a shared list until the returned token is
-/// cancelled.
-async fn consume(
-    broker: &Broker,
-    queue: &str,
-) -> anyhow::Result<(
-    std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
-    tokio::task::JoinHandle<()>,
-)> {
-    let channel = broker.connection.create_channel().await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            unique("test-consumer").as_str().into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = received.clone();
-    let task = tokio::spawn(async move {
-        let _channel = channel;
-        while let Some(Ok(delivery)) = consumer.next().await {
-            sink.lock().unwrap().push(Received {
-                at: Instant::now(),
-                message_id: delivery
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|id| id.to_string())
-                    .unwrap_or_default(),
-                body: delivery.data.clone(),
-                headers: delivery.properties.headers().clone().unwrap_or_default(),
-            });
-        }
-    });
-    Ok((received, task))
-}
+mod support;
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() -> anyhow::Result<()>
@@ -733,11 +469,15 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
 
-    // Fencing: a lease taken over after expiry makes the old token stale.
+    // Fencing: a lease that expired is ended by the planner's sweep (its
+    // unreported items become uncertain) and leased again with a new token.
     let mut coordinator = CoordinatorClient::connect(planner.url()).await?;
     let claim = |executor: &str| v1::ClaimSliceRequest {
         executor_id: executor.into(),
-        wait: None,
+        wait: Some(prost_types::Duration {
+            seconds: 5,
+            nanos: 0,
+        }),
     };
     let first = coordinator
         .claim_slice(claim("old"))
@@ -772,33 +512,86 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await
         .unwrap_err();
     assert_eq!(stale.code(), Code::FailedPrecondition);
-    let event = v1::AuditEvent {
-        dead_letter_id: first.items[0].dead_letter.as_ref().unwrap().id.clone(),
-        message_key: "k".into(),
-        action: v1::AuditAction::Sent.into(),
+    let watch_stale = coordinator
+        .watch_lease(v1::WatchLeaseRequest {
+            slice_id: first.slice_id.clone(),
+            fencing_token: first.fencing_token,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(watch_stale.code(), Code::FailedPrecondition);
+    // Under the lost lease the truth about a publish is still recorded; a
+    // skip decision is not (the new holder decides those).
+    let event = |index: usize, action: v1::AuditAction| v1::AuditEvent {
+        dead_letter_id: first.items[index].dead_letter.as_ref().unwrap().id.clone(),
+        message_key: first.items[index]
+            .dead_letter
+            .as_ref()
+            .unwrap()
+            .message_key
+            .clone(),
+        action: action.into(),
         executor_id: "old".into(),
         attempt: 1,
         ..Default::default()
     };
-    let report_stale = v1::ReportOutcomesRequest {
-        slice_id: first.slice_id.clone(),
-        fencing_token: first.fencing_token,
-        events: vec![event],
+    let report = |token: u64, events: Vec<v1::AuditEvent>| {
+        let mut coordinator = coordinator.clone();
+        let request = v1::ReportOutcomesRequest {
+            slice_id: first.slice_id.clone(),
+            fencing_token: token,
+            events,
+        };
+        async move {
+            let mut responses = coordinator
+                .report_outcomes(tokio_stream::iter(vec![request]))
+                .await?
+                .into_inner();
+            responses.message().await
+        }
     };
-    let refused = async {
-        let mut responses = coordinator
-            .report_outcomes(tokio_stream::iter(vec![report_stale]))
-            .await?
-            .into_inner();
-        responses.message().await
-    }
+    let slice_id: i64 = first.slice_id.parse()?;
+    let item_state = || {
+        sqlx::query_scalar::<_, String>(
+            "SELECT state FROM plan_items WHERE slice_id = $1 ORDER BY position LIMIT 1",
+        )
+        .bind(slice_id)
+        .fetch_one(&pool)
+    };
+    let skip = report(
+        first.fencing_token,
+        vec![event(0, v1::AuditAction::SkippedStale)],
+    )
+    .await?
+    .expect("an answer");
+    assert!(skip.lease_lost, "the answer says the lease is lost");
+    assert_eq!((skip.accepted, skip.dropped), (0, 1));
+    assert_eq!(
+        item_state().await?,
+        "uncertain",
+        "a skip under a lost lease changes nothing"
+    );
+    let late = report(first.fencing_token, vec![event(0, v1::AuditAction::Sent)])
+        .await?
+        .expect("an answer");
+    assert!(late.lease_lost);
+    assert_eq!((late.accepted, late.dropped), (1, 0));
+    assert_eq!(
+        item_state().await?,
+        "sent",
+        "a confirmed publish is sent, whoever reports it"
+    );
+    let forged = report(
+        second.fencing_token + 7,
+        vec![event(0, v1::AuditAction::Sent)],
+    )
     .await
     .unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM plan_items WHERE state = 'sent'")
-        .fetch_one(&pool)
-        .await?;
-    assert_eq!(sent, 0, "the stale report changed nothing");
+    assert_eq!(
+        forged.code(),
+        Code::FailedPrecondition,
+        "a token the slice never had is refused"
+    );
     let current = coordinator
         .heartbeat(v1::HeartbeatRequest {
             slice_id: second.slice_id.clone(),

@@ -90,6 +90,22 @@ pub struct Outcome {
     pub at: DateTime<Utc>,
 }
 
+/// What [`Store::report_outcomes`] did with a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// Events recorded.
+    pub accepted: u64,
+    /// Events not recorded: items outside the slice, or skip decisions
+    /// under a lost lease.
+    pub dropped: u64,
+    /// The token was not the slice's current lease.
+    pub lease_lost: bool,
+}
+
+/// Actions that say what happened to a publish, recorded even from a lost
+/// lease: the audit must never miss a message the broker took.
+pub const PUBLISH_OUTCOMES: &[&str] = &["sent", "uncertain", "failed", "unroutable"];
+
 /// Item states that end an item.
 pub const FINAL_ITEM_STATES: &[&str] = &[
     "sent",
@@ -105,9 +121,11 @@ pub const FINAL_ITEM_STATES: &[&str] = &[
 pub const REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Store {
-    /// Leases the first claimable slice: of a plan in `main` (or a canary slice
-    /// of a plan in `canary`), pending or with an expired lease, oldest plan
-    /// first. Bumps the fencing token.
+    /// Leases the first claimable slice: a pending slice of a plan in `main`
+    /// (or a canary slice of a plan in `canary`), oldest plan first. Bumps the
+    /// fencing token. A lease that expired is not taken over here: the
+    /// planner's sweep ([`Store::expire_leases`]) first records what its
+    /// holder may have published, then makes the slice pending again.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -116,13 +134,11 @@ impl Store {
         executor_id: &str,
         ttl: Duration,
     ) -> Result<Option<LeasedSlice>, StoreError> {
-        let mut transaction = self.pool().begin().await?;
         let row = sqlx::query(
             "WITH candidate AS ( \
-                SELECT s.id, s.state AS previous_state, s.lease_owner AS previous_owner \
-                FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
+                SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
                 WHERE (p.state = 'main' OR (p.state = 'canary' AND s.wave = 'canary')) \
-                  AND (s.state = 'pending' OR (s.state = 'leased' AND s.lease_expires_at < now())) \
+                  AND s.state = 'pending' \
                   AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
                 ORDER BY p.approved_at, p.id, s.seq \
                 LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
@@ -130,42 +146,78 @@ impl Store {
                 lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1 \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
-                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id, \
-                candidate.previous_state, candidate.previous_owner",
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id",
         )
         .bind(executor_id)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
-        .fetch_optional(&mut *transaction)
+        .fetch_optional(self.pool())
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let slice = leased_slice(&row)?;
-        let previous_state: String = row.try_get("previous_state")?;
-        if previous_state == "leased" {
-            // Taken over from an executor whose lease expired: whatever it had
-            // not reported may have been published. Those items are uncertain
-            // and published again with the same message id, and the audit says so.
-            let previous_owner: String = row
-                .try_get::<Option<String>, _>("previous_owner")?
-                .unwrap_or_default();
-            sqlx::query(
-                "WITH taken AS ( \
-                    UPDATE plan_items SET state = 'uncertain' WHERE slice_id = $1 AND state = 'pending' \
-                    RETURNING dead_letter_id, message_key, attempts) \
-                 INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
+        row.as_ref().map(leased_slice).transpose()
+    }
+
+    /// Ends every lease that expired: the items its holder had not reported
+    /// may have been published, so they become `uncertain` (an audit event
+    /// each, and their keys recorded as possibly delivered), and the slice is
+    /// pending again for the next claim, which publishes them again with the
+    /// same message id. Runs in every planner's sweep; `SKIP LOCKED` keeps two
+    /// replicas from ending one lease twice. Returns the plans touched.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn expire_leases(&self) -> Result<Vec<Uuid>, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let plans: Vec<Uuid> = sqlx::query_scalar(
+            "WITH expired AS ( \
+                SELECT id, plan_id, wave, coalesce(lease_owner, '') AS owner FROM plan_slices \
+                WHERE state = 'leased' AND lease_expires_at < now() FOR UPDATE SKIP LOCKED), \
+             released AS ( \
+                UPDATE plan_slices s SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL \
+                FROM expired e WHERE s.id = e.id RETURNING e.id, e.plan_id, e.wave, e.owner), \
+             taken AS ( \
+                UPDATE plan_items i SET state = 'uncertain' FROM released r \
+                WHERE i.slice_id = r.id AND i.state = 'pending' \
+                RETURNING i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, r.wave, r.owner), \
+             keys AS ( \
+                INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, certain) \
+                SELECT message_key, plan_id, dead_letter_id, false FROM taken \
+                ON CONFLICT (message_key, plan_id) DO NOTHING), \
+             events AS ( \
+                INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
                     executor_id, attempt) \
-                 SELECT $2, $1, dead_letter_id, message_key, 'uncertain', \
-                    'the lease of ' || $3 || ' expired before this item was reported: it may have been published; \
-publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM taken",
-            )
-            .bind(slice.slice_id)
-            .bind(slice.plan_id)
-            .bind(&previous_owner)
-            .bind(&slice.wave)
-            .execute(&mut *transaction)
-            .await?;
+                SELECT plan_id, slice_id, dead_letter_id, message_key, 'uncertain', \
+                    'the lease of ' || owner || ' expired before this item was reported: it may have been \
+published; the next lease publishes it again with the same message id', wave, owner, greatest(attempts, 1) \
+                FROM taken) \
+             SELECT DISTINCT plan_id FROM released",
+        )
+        .fetch_all(&mut *transaction)
+        .await?;
+        for plan_id in &plans {
+            notify(&mut transaction, *plan_id).await?;
         }
         transaction.commit().await?;
-        Ok(Some(slice))
+        Ok(plans)
+    }
+
+    /// The state of the plan a lease publishes for, while `token` is the
+    /// slice's current, unexpired lease; [`StaleToken`] otherwise.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn lease_state(
+        &self,
+        slice_id: i64,
+        token: i64,
+    ) -> Result<Result<String, StaleToken>, StoreError> {
+        let state: Option<String> = sqlx::query_scalar(
+            "SELECT p.state FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
+             WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(state.ok_or(StaleToken { slice_id, token }))
     }
 
     /// The items of `slice_id` still to publish (pending or uncertain), in order.
@@ -181,9 +233,10 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
              JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
              LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
                 FROM dead_letters x WHERE x.message_key = i.message_key AND x.redrive_plan_id IS NOT NULL) cb ON true \
-             LEFT JOIN LATERAL (SELECT count(*) AS redrive_count, \
+             LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE r.certain) AS redrive_count, \
                 coalesce(bool_or(r.replayed_at > now() - $2 * interval '1 second' \
-                                 AND NOT r.plan_id::text = ANY(cb.came_back_from)), false) AS key_replayed \
+                                 AND NOT r.plan_id::text = ANY(cb.came_back_from) \
+                                 AND (r.certain OR r.plan_id <> i.plan_id)), false) AS key_replayed \
                 FROM replayed_keys r WHERE r.message_key = i.message_key) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
@@ -234,24 +287,33 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         Ok(state.ok_or(StaleToken { slice_id, token }))
     }
 
-    /// Records outcomes of a leased slice in one transaction: audit events
-    /// appended, item states and attempts updated, sent dead letters marked
-    /// replayed and their keys recorded. Refused unless `token` is the slice's
-    /// current lease (the row is locked while checking, so a re-lease cannot
-    /// interleave).
+    /// Records outcomes of a slice in one transaction: audit events appended,
+    /// item states and attempts updated, sent dead letters marked replayed
+    /// and their keys recorded (possibly delivered ones, `uncertain`, as not
+    /// certain).
+    ///
+    /// With `token` the slice's current lease, every outcome is recorded.
+    /// With an older token of the slice (the lease expired, was released or
+    /// taken over) only the truth about publishes that happened is recorded
+    /// ([`PUBLISH_OUTCOMES`]; a `sent` is final whatever the plan's state, an
+    /// `uncertain` marks a still pending item), skip decisions are dropped
+    /// (the current holder decides those), and the answer says the lease is
+    /// lost. The slice row is locked while checking, so a re-lease cannot
+    /// interleave.
     ///
     /// # Errors
-    /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
+    /// `Ok(Err(StaleToken))` for a slice that does not exist or a token it
+    /// never had; [`StoreError`].
     pub async fn report_outcomes(
         &self,
         slice_id: i64,
         token: i64,
         outcomes: &[Outcome],
-    ) -> Result<Result<u64, StaleToken>, StoreError> {
+    ) -> Result<Result<Reported, StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
         let lease = sqlx::query(
-            "SELECT s.plan_id, s.wave FROM plan_slices s \
-             WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' FOR UPDATE",
+            "SELECT s.plan_id, s.wave, (s.fencing_token = $2 AND s.state = 'leased') AS current \
+             FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR UPDATE",
         )
         .bind(slice_id)
         .bind(token)
@@ -262,6 +324,7 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         };
         let plan_id: Uuid = lease.try_get("plan_id")?;
         let wave: String = lease.try_get("wave")?;
+        let current: bool = lease.try_get("current")?;
         // Only items of this slice: an id from elsewhere is ignored (and logged).
         let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
         let members: Vec<i64> = sqlx::query_scalar(
@@ -274,16 +337,23 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         let outcomes: Vec<&Outcome> = outcomes
             .iter()
             .filter(|o| members.contains(&o.dead_letter_id))
+            .filter(|o| current || PUBLISH_OUTCOMES.contains(&o.action.as_str()))
             .collect();
-        if outcomes.len() < ids.len() {
+        let dropped = (ids.len() - outcomes.len()) as u64;
+        if dropped > 0 {
             tracing::warn!(
                 slice.id = slice_id,
-                ignored = ids.len() - outcomes.len(),
-                "outcomes for dead letters outside the slice ignored"
+                dropped,
+                current_lease = current,
+                "outcomes dropped: items outside the slice, or skip decisions under a lost lease"
             );
         }
         if outcomes.is_empty() {
-            return Ok(Ok(0));
+            return Ok(Ok(Reported {
+                accepted: 0,
+                dropped,
+                lease_lost: !current,
+            }));
         }
         let column =
             |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
@@ -321,15 +391,23 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         .bind(&at)
         .execute(&mut *transaction)
         .await?;
-        // The last outcome of an item wins, but a final state never goes back to
-        // uncertain (a late duplicate report of an earlier attempt).
+        // The last outcome of an item wins, except that `sent` is never undone
+        // (a confirmed publish was delivered, whatever came after) and a final
+        // state never goes back to uncertain (a late report of an earlier
+        // attempt). Under a lost lease only `sent`, and `uncertain` of a
+        // pending item, change the state.
         sqlx::query(
             "UPDATE plan_items i SET state = CASE \
-                WHEN i.state = ANY($5) AND u.action = 'uncertain' THEN i.state ELSE u.action END, \
+                WHEN i.state = 'sent' THEN i.state \
+                WHEN u.action = 'sent' THEN 'sent' \
+                WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
+                WHEN $7 THEN u.action \
+                WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
+                ELSE i.state END, \
                 attempts = greatest(i.attempts, u.attempt) \
              FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
                    UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
-                   ORDER BY id, n DESC) u \
+                   ORDER BY id, (action = 'sent') DESC, n DESC) u \
              WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
         )
         .bind(plan_id)
@@ -338,35 +416,56 @@ publishing again with the same message id', $4, $3, greatest(attempts, 1) FROM t
         .bind(&attempts)
         .bind(FINAL_ITEM_STATES)
         .bind(slice_id)
+        .bind(current)
         .execute(&mut *transaction)
         .await?;
-        let sent: Vec<(i64, String)> = outcomes
+        // Keys delivered (`sent`, certain) or possibly delivered (`uncertain`).
+        let delivered: Vec<&&Outcome> = outcomes
             .iter()
-            .filter(|o| o.action == "sent")
-            .map(|o| (o.dead_letter_id, o.message_key.clone()))
+            .filter(|o| o.action == "sent" || o.action == "uncertain")
             .collect();
-        if !sent.is_empty() {
-            let sent_ids: Vec<i64> = sent.iter().map(|(id, _)| *id).collect();
-            let sent_keys: Vec<String> = sent.iter().map(|(_, key)| key.clone()).collect();
+        if !delivered.is_empty() {
+            let delivered_ids: Vec<i64> = delivered.iter().map(|o| o.dead_letter_id).collect();
+            let delivered_keys: Vec<String> =
+                delivered.iter().map(|o| o.message_key.clone()).collect();
+            let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
             sqlx::query(
-                "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id) \
-                 SELECT u.key, $1, u.id FROM UNNEST($2::bigint[], $3::text[]) AS u(id, key) \
-                 ON CONFLICT (message_key, plan_id) DO NOTHING",
+                "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, certain) \
+                 SELECT DISTINCT ON (u.key) u.key, $1, u.id, u.certain \
+                 FROM UNNEST($2::bigint[], $3::text[], $4::bool[]) AS u(id, key, certain) \
+                 ORDER BY u.key, u.certain DESC \
+                 ON CONFLICT (message_key, plan_id) DO UPDATE SET certain = true, \
+                    replayed_at = excluded.replayed_at, dead_letter_id = excluded.dead_letter_id \
+                 WHERE excluded.certain AND NOT replayed_keys.certain",
             )
             .bind(plan_id)
-            .bind(&sent_ids)
-            .bind(&sent_keys)
+            .bind(&delivered_ids)
+            .bind(&delivered_keys)
+            .bind(&certain)
             .execute(&mut *transaction)
             .await?;
-            sqlx::query("UPDATE dead_letters SET replayed_by_plan = $1, replayed_at = now() WHERE id = ANY($2)")
+            let sent_ids: Vec<i64> = delivered
+                .iter()
+                .filter(|o| o.action == "sent")
+                .map(|o| o.dead_letter_id)
+                .collect();
+            if !sent_ids.is_empty() {
+                sqlx::query(
+                    "UPDATE dead_letters SET replayed_by_plan = $1, replayed_at = now() WHERE id = ANY($2)",
+                )
                 .bind(plan_id)
                 .bind(&sent_ids)
                 .execute(&mut *transaction)
                 .await?;
+            }
         }
         notify(&mut transaction, plan_id).await?;
         transaction.commit().await?;
-        Ok(Ok(outcomes.len() as u64))
+        Ok(Ok(Reported {
+            accepted: outcomes.len() as u64,
+            dropped,
+            lease_lost: !current,
+        }))
     }
 
     /// Ends a lease. With `release`, or when items are left unfinished, the

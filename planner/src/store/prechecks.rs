@@ -51,6 +51,9 @@ pub struct Candidate {
     pub duplicate_of: Option<i64>,
     /// The latest successful replay of this key within the window: (plan, when).
     pub replayed: Option<(Uuid, DateTime<Utc>)>,
+    /// Whether that replay was confirmed (`false`: its outcome is uncertain,
+    /// so the key may have been delivered).
+    pub replayed_certain: bool,
     /// Replays of this key that came back as re-dead-letters.
     pub redrives: i64,
     /// Body, properties and headers (prost-encoded), when asked for.
@@ -78,7 +81,7 @@ impl Store {
             "SELECT d.id, d.message_key, d.destination, d.body_oversized, d.body_problem, d.event_type, \
              d.schema_version, d.producer, d.reason_class, d.occurred_at, d.first_died_at, d.died_at, \
              CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key ORDER BY d.id) END AS first_id, \
-             r.plan_id AS replayed_plan, r.replayed_at, coalesce(l.redrives, 0) AS redrives, {} \
+             r.plan_id AS replayed_plan, r.replayed_at, coalesce(r.certain, true) AS replayed_certain, coalesce(l.redrives, 0) AS redrives, {} \
              FROM (SELECT s.*, {INVALID_SQL} AS invalid FROM ",
             if with_payload {
                 "d.body, d.properties, d.headers"
@@ -100,7 +103,7 @@ impl Store {
         );
         builder
             .push(
-                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key) message_key, plan_id, replayed_at \
+                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key) message_key, plan_id, replayed_at, certain \
                  FROM replayed_keys WHERE replayed_at > now() - ",
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
@@ -109,7 +112,7 @@ impl Store {
                 // take it) does not make the key already replayed; looping caps it.
                 " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
                  WHERE x.message_key = replayed_keys.message_key AND x.redrive_plan_id = replayed_keys.plan_id::text) \
-                 ORDER BY message_key, replayed_at DESC) r ON r.message_key = d.message_key \
+                 ORDER BY message_key, certain DESC, replayed_at DESC) r ON r.message_key = d.message_key \
                  LEFT JOIN (SELECT message_key, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
                  WHERE redrive_plan_id IS NOT NULL GROUP BY message_key) l ON l.message_key = d.message_key \
                  ORDER BY d.id",
@@ -360,6 +363,7 @@ fn candidate_from_row(row: &PgRow) -> Result<Candidate, StoreError> {
         died_at: row.try_get("died_at")?,
         duplicate_of: first_id.filter(|first| *first != id),
         replayed: replayed_plan.zip(replayed_at),
+        replayed_certain: row.try_get("replayed_certain")?,
         redrives: row.try_get("redrives")?,
         payload: match (body, properties, headers) {
             (Some(body), Some(properties), Some(headers)) => Some((body, properties, headers)),

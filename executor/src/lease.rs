@@ -1,0 +1,471 @@
+//! One slice lease, as the executor holds it (DESIGN.md, "Executor loop and
+//! guarantees"): the fencing token, the renewal (heartbeat), the stop signal
+//! pushed by the planner (`WatchLease`), the executor's own deadline, outcome
+//! reports and the end of the lease.
+//!
+//! # When publishing stops
+//! [`Lease::stopped`] resolves, and [`Lease::may_publish`] turns false, on the
+//! first of:
+//! - the executor shutting down (SIGTERM);
+//! - the planner saying the plan no longer publishes (paused, cancelled,
+//!   aborted by a gate): pushed on the `WatchLease` stream as it happens, so
+//!   within a second; the heartbeat answer says it too;
+//! - the lease being lost: the planner refuses a renewal or a report's token,
+//!   or **the executor's own deadline passes**. The deadline is the send time
+//!   of the last successful renewal plus two thirds of the TTL: the planner
+//!   extends the lease by the TTL counted from when *it* handled the renewal,
+//!   which is later, so the executor always stops before the planner can
+//!   lease the slice to someone else, even when it cannot reach the planner
+//!   to find out (a slow link, a SIGSTOPped process). [`Lease::may_publish`]
+//!   reads the clock itself, so a process resumed after its deadline
+//!   publishes nothing, whichever task runs first.
+//!
+//! Outcome reports keep flowing after a stop: the planner records the truth
+//! about publishes under a lost lease too, so every confirmed publish ends
+//! up `sent` in the audit.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use redrive_proto::v1::{self, coordinator_client::CoordinatorClient};
+use tokio::{sync::mpsc, time::Instant};
+use tokio_util::{
+    sync::{CancellationToken, WaitForCancellationFuture},
+    task::AbortOnDropHandle,
+};
+use tonic::{Code, transport::Channel};
+use tracing::{info, warn};
+
+use crate::backoff::Backoff;
+
+/// Outcome events buffered before a report is sent.
+const REPORT_BATCH: usize = 256;
+/// Longest a buffered outcome waits before it is reported.
+const REPORT_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a report is retried while the planner cannot be reached; then
+/// its events are dropped (the lease expires, and the planner marks every
+/// unreported item `uncertain`).
+const REPORT_GIVE_UP: Duration = Duration::from_secs(60);
+
+/// Why a lease could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The planner refused the token: another executor holds the slice now.
+    #[error("lease lost before it started: {0}")]
+    Lost(String),
+    /// The planner did not answer the first renewal in time.
+    #[error("cannot confirm the lease with the planner: {0}")]
+    Unavailable(String),
+}
+
+/// What stopped publishing, for the log and the slice's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The executor is shutting down.
+    Shutdown,
+    /// The plan does not publish now (the planner's words, e.g. "plan is
+    /// cancelled").
+    Plan(String),
+    /// The lease is gone or about to be: release nothing, report the truth.
+    Lost(String),
+}
+
+struct Shared {
+    slice_id: String,
+    token: u64,
+    ttl: Duration,
+    /// Publishing must stop: any [`StopReason`].
+    stop: CancellationToken,
+    /// The first reason given.
+    reason: Mutex<Option<StopReason>>,
+    /// No publish at or after this instant.
+    deadline: Mutex<Instant>,
+}
+
+impl Shared {
+    fn stop(&self, reason: StopReason) {
+        let mut first = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if first.is_none() {
+            match &reason {
+                StopReason::Shutdown => info!("shutting down: publishing stopped"),
+                StopReason::Plan(why) => info!(reason = %why, "told to stop publishing"),
+                StopReason::Lost(why) => warn!(reason = %why, "lease lost: publishing stopped"),
+            }
+            *first = Some(reason);
+        }
+        drop(first);
+        self.stop.cancel();
+    }
+
+    fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A renewal sent at `sent_at` succeeded.
+    fn renewed(&self, sent_at: Instant) {
+        let until = sent_at + self.ttl * 2 / 3;
+        let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        if until > *deadline {
+            *deadline = until;
+        }
+    }
+}
+
+/// A held lease; its tasks (renewal, watch, deadline) end when it is dropped.
+pub struct Lease {
+    shared: Arc<Shared>,
+    coordinator: CoordinatorClient<Channel>,
+    _tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+impl Lease {
+    /// Starts holding the lease `token` on `slice_id` (as claimed, TTL
+    /// `ttl`): renews it once right away, so that the deadline counts from a
+    /// renewal this executor timed, then keeps renewing at a third of the TTL
+    /// and watches the planner's stop signal. Stops with `shutdown` too.
+    ///
+    /// # Errors
+    /// [`LeaseError::Lost`] when the planner refuses the token,
+    /// [`LeaseError::Unavailable`] when it does not answer within a third of
+    /// the TTL.
+    pub async fn start(
+        coordinator: CoordinatorClient<Channel>,
+        slice_id: String,
+        token: u64,
+        ttl: Duration,
+        shutdown: &CancellationToken,
+    ) -> Result<Self, LeaseError> {
+        let shared = Arc::new(Shared {
+            slice_id,
+            token,
+            ttl,
+            stop: shutdown.child_token(),
+            reason: Mutex::new(None),
+            deadline: Mutex::new(Instant::now()),
+        });
+        let sent_at = Instant::now();
+        match renew(&mut coordinator.clone(), &shared).await {
+            Ok(answer) => {
+                shared.renewed(sent_at);
+                if !answer.keep_publishing {
+                    shared.stop(StopReason::Plan(answer.reason));
+                }
+            }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                return Err(LeaseError::Lost(status.message().to_owned()));
+            }
+            Err(status) => return Err(LeaseError::Unavailable(status.message().to_owned())),
+        }
+        let tasks = vec![
+            AbortOnDropHandle::new(tokio::spawn(heartbeat(
+                coordinator.clone(),
+                Arc::clone(&shared),
+            ))),
+            AbortOnDropHandle::new(tokio::spawn(watch(
+                coordinator.clone(),
+                Arc::clone(&shared),
+            ))),
+            AbortOnDropHandle::new(tokio::spawn(watch_deadline(Arc::clone(&shared)))),
+            AbortOnDropHandle::new(tokio::spawn(stop_on_shutdown(
+                shutdown.clone(),
+                Arc::clone(&shared),
+            ))),
+        ];
+        Ok(Self {
+            shared,
+            coordinator,
+            _tasks: tasks,
+        })
+    }
+
+    /// The slice.
+    pub fn slice_id(&self) -> &str {
+        &self.shared.slice_id
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> u64 {
+        self.shared.token
+    }
+
+    /// The lease's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// Whether one more message may be published now: not stopped, and
+    /// before the deadline (checked against the clock here, so that a
+    /// process resumed after a pause stops even before any task has run).
+    /// Call it right before every publish.
+    pub fn may_publish(&self) -> bool {
+        if self.shared.stop.is_cancelled() {
+            return false;
+        }
+        if Instant::now() >= self.shared.deadline() {
+            self.shared.stop(StopReason::Lost(
+                "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)"
+                    .to_owned(),
+            ));
+            return false;
+        }
+        true
+    }
+
+    /// Resolves when publishing must stop; use it in every `select!` of a
+    /// wait (tokens, confirms, retries).
+    pub fn stopped(&self) -> WaitForCancellationFuture<'_> {
+        self.shared.stop.cancelled()
+    }
+
+    /// A token cancelled when publishing stops (for waits that take one).
+    pub fn stop_signal(&self) -> CancellationToken {
+        self.shared.stop.child_token()
+    }
+
+    /// Why publishing stopped (`None` while it goes on).
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.shared
+            .reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the lease is lost (not merely stopped).
+    pub fn is_lost(&self) -> bool {
+        matches!(self.stop_reason(), Some(StopReason::Lost(_)))
+    }
+
+    /// Stops publishing for `reason`.
+    pub fn stop(&self, reason: StopReason) {
+        self.shared.stop(reason);
+    }
+
+    /// A reporter of this lease's outcomes: events sent to the returned
+    /// sender are batched (up to 256, or 100 ms) and streamed to
+    /// `ReportOutcomes` with the token. A report that answers `lease_lost`
+    /// stops publishing, but reporting goes on: the planner still records
+    /// what happened to publishes. The task ends when every sender is
+    /// dropped and the buffer is reported (or given up after a minute of
+    /// failures).
+    pub fn reporter(&self) -> (mpsc::Sender<v1::AuditEvent>, AbortOnDropHandle<()>) {
+        let (sender, receiver) = mpsc::channel(REPORT_BATCH * 4);
+        let task = tokio::spawn(report(
+            self.coordinator.clone(),
+            Arc::clone(&self.shared),
+            receiver,
+        ));
+        (sender, AbortOnDropHandle::new(task))
+    }
+
+    /// Ends the lease: completed, or with `release` given back for another
+    /// executor (the planner completes nothing that has unfinished items).
+    /// A lost lease is left alone (the planner's sweep ends it). Bounded by a
+    /// third of the TTL.
+    pub async fn end(self, release: bool) {
+        if self.is_lost() {
+            return;
+        }
+        let request = v1::CompleteSliceRequest {
+            slice_id: self.shared.slice_id.clone(),
+            fencing_token: self.shared.token,
+            release,
+        };
+        let mut coordinator = self.coordinator.clone();
+        match tokio::time::timeout(self.shared.ttl / 3, coordinator.complete_slice(request)).await {
+            Ok(Ok(_)) if release => info!("slice released"),
+            Ok(Ok(_)) => info!("slice completed"),
+            Ok(Err(status)) => {
+                warn!(code = ?status.code(), message = status.message(), "ending the lease failed");
+            }
+            Err(_) => warn!("ending the lease timed out; it expires by itself"),
+        }
+    }
+}
+
+async fn renew(
+    coordinator: &mut CoordinatorClient<Channel>,
+    shared: &Shared,
+) -> Result<v1::HeartbeatResponse, tonic::Status> {
+    let request = coordinator.heartbeat(v1::HeartbeatRequest {
+        slice_id: shared.slice_id.clone(),
+        fencing_token: shared.token,
+    });
+    match tokio::time::timeout(shared.ttl / 3, request).await {
+        Ok(answer) => answer.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded(
+            "the lease renewal took longer than a third of the TTL",
+        )),
+    }
+}
+
+/// Renews the lease at a third of its TTL until stopped and beyond (a
+/// stopped lease is still renewed while its confirms drain and its outcomes
+/// are reported).
+async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval((shared.ttl / 3).max(Duration::from_millis(100)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let sent_at = Instant::now();
+        match renew(&mut coordinator, &shared).await {
+            Ok(answer) => {
+                shared.renewed(sent_at);
+                if !answer.keep_publishing {
+                    shared.stop(StopReason::Plan(answer.reason));
+                }
+            }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                shared.stop(StopReason::Lost(status.message().to_owned()));
+                return;
+            }
+            Err(status) => {
+                warn!(code = ?status.code(), message = status.message(), "lease renewal failed");
+            }
+        }
+    }
+}
+
+/// Follows the planner's stop signal (`WatchLease`), reconnecting with
+/// backoff while the planner is unreachable (the deadline covers that time).
+async fn watch(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        let request = v1::WatchLeaseRequest {
+            slice_id: shared.slice_id.clone(),
+            fencing_token: shared.token,
+        };
+        match coordinator.watch_lease(request).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(signal)) => {
+                            backoff.reset();
+                            if signal.lease_lost {
+                                shared.stop(StopReason::Lost(signal.reason));
+                                return;
+                            }
+                            if !signal.keep_publishing {
+                                shared.stop(StopReason::Plan(signal.reason));
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::debug!(code = ?status.code(), message = status.message(), "lease watch ended");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                shared.stop(StopReason::Lost(status.message().to_owned()));
+                return;
+            }
+            Err(status) => {
+                tracing::debug!(code = ?status.code(), message = status.message(), "cannot watch the lease");
+            }
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Stops publishing when the deadline passes without a renewal.
+async fn watch_deadline(shared: Arc<Shared>) {
+    loop {
+        let deadline = shared.deadline();
+        tokio::time::sleep_until(deadline).await;
+        if Instant::now() >= shared.deadline() {
+            shared.stop(StopReason::Lost(
+                "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)"
+                    .to_owned(),
+            ));
+            return;
+        }
+    }
+}
+
+async fn stop_on_shutdown(shutdown: CancellationToken, shared: Arc<Shared>) {
+    shutdown.cancelled().await;
+    shared.stop(StopReason::Shutdown);
+}
+
+/// The reporter task of [`Lease::reporter`].
+async fn report(
+    mut coordinator: CoordinatorClient<Channel>,
+    shared: Arc<Shared>,
+    mut receiver: mpsc::Receiver<v1::AuditEvent>,
+) {
+    let mut buffer = Vec::with_capacity(REPORT_BATCH);
+    let mut open = true;
+    while open || !buffer.is_empty() {
+        if open {
+            let deadline = tokio::time::sleep(REPORT_INTERVAL);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    () = &mut deadline => break,
+                    event = receiver.recv() => match event {
+                        Some(event) => {
+                            buffer.push(event);
+                            if buffer.len() >= REPORT_BATCH { break; }
+                        }
+                        None => { open = false; break; }
+                    },
+                }
+            }
+        }
+        if buffer.is_empty() {
+            continue;
+        }
+        let request = v1::ReportOutcomesRequest {
+            slice_id: shared.slice_id.clone(),
+            fencing_token: shared.token,
+            events: std::mem::take(&mut buffer),
+        };
+        let started = Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            let answer = async {
+                let mut responses = coordinator
+                    .report_outcomes(tokio_stream::iter(vec![request.clone()]))
+                    .await?
+                    .into_inner();
+                responses.message().await
+            }
+            .await;
+            match answer {
+                Ok(Some(answer)) => {
+                    if answer.lease_lost {
+                        shared.stop(StopReason::Lost(
+                            "the planner says another lease holds the slice now".to_owned(),
+                        ));
+                    }
+                    break;
+                }
+                Ok(None) => {
+                    warn!("outcome report answered nothing; retrying");
+                }
+                Err(status) if status.code() == Code::FailedPrecondition => {
+                    // A token the slice never had: nothing of it can be recorded.
+                    warn!(message = status.message(), "outcome report refused");
+                    shared.stop(StopReason::Lost(status.message().to_owned()));
+                    break;
+                }
+                Err(status) if started.elapsed() < REPORT_GIVE_UP => {
+                    warn!(code = ?status.code(), message = status.message(), "outcome report failed; retrying");
+                }
+                Err(status) => {
+                    warn!(code = ?status.code(), message = status.message(), events = request.events.len(),
+                        "giving up on an outcome report; when the lease expires the planner marks its unreported items uncertain");
+                    shared.stop(StopReason::Lost("outcomes cannot be reported".to_owned()));
+                    break;
+                }
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! From publisher confirms to audit events (DESIGN.md, "Executor loop and
+//! guarantees"): the confirm collector of one slice awaits confirms in
+//! publish order, marks sent keys in Redis (one pipeline per batch of
+//! confirms that are already in), reports every outcome to the lease's
+//! reporter, and tells the publishing loop what to publish again.
+//!
+//! | broker said | attempts left | audit event | then |
+//! | --- | --- | --- | --- |
+//! | ack, not returned | — | `sent` | done |
+//! | `basic.return` (no route) | yes | — | publish again after backoff |
+//! | `basic.return` | no | `unroutable` | done |
+//! | `basic.nack` | yes | — | publish again after backoff |
+//! | `basic.nack` | no | `failed` | done |
+//! | no confirm (connection lost or timed out) | yes | `uncertain` | publish again, same message id |
+//! | no confirm | no | `failed` (may have been published) | done |
+//!
+//! A confirm that came late (after [`LATE_CONFIRM`]) or never may have
+//! reached the consumer at a time the token bucket did not foresee (held in
+//! a stalled connection, then delivered when it healed): the collector adds
+//! one token of debt per such message to its destination, and the publishing
+//! loop pays the debt to the bucket before it publishes more there.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use chrono::Utc;
+use redrive_proto::{time::timestamp, v1};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::{
+    publisher::{Pending, PublishOutcome},
+    replay_keys::ReplayKeys,
+};
+
+/// A confirm slower than this may have been delivered late: its token is
+/// charged to the bucket again (see the module docs).
+pub const LATE_CONFIRM: Duration = Duration::from_secs(1);
+/// Sent items marked in Redis per pipeline.
+const MARK_BATCH: usize = 256;
+
+/// An item on its way: the slice item and the attempt about to be made.
+#[derive(Debug, Clone)]
+pub struct Work {
+    /// The item as the planner leased it.
+    pub item: v1::SliceItem,
+    /// 1-based attempt number of the next publish.
+    pub attempt: u32,
+    /// Not before this instant (retry backoff).
+    pub not_before: Option<tokio::time::Instant>,
+}
+
+impl Work {
+    /// The item's message key.
+    pub fn message_key(&self) -> &str {
+        self.item
+            .dead_letter
+            .as_ref()
+            .map_or("", |dead_letter| dead_letter.message_key.as_str())
+    }
+
+    /// The item's dead letter id.
+    pub fn dead_letter_id(&self) -> &str {
+        self.item
+            .dead_letter
+            .as_ref()
+            .map_or("", |dead_letter| dead_letter.id.as_str())
+    }
+
+    /// The token-bucket key: the destination, so that all executors and
+    /// plans publishing there share one budget.
+    pub fn bucket_key(&self) -> String {
+        format!("{}/{}", self.item.exchange, self.item.routing_key)
+    }
+
+    /// This work again, attempt + 1, after a backoff that doubles from
+    /// 200 ms to 6.4 s with the attempt.
+    fn retry(&self) -> Self {
+        let backoff = Duration::from_millis(100 * 2_u64.pow(self.attempt.min(6)));
+        Self {
+            item: self.item.clone(),
+            attempt: self.attempt + 1,
+            not_before: Some(tokio::time::Instant::now() + backoff),
+        }
+    }
+}
+
+/// A published item awaiting its confirm.
+pub struct InFlight {
+    /// What was published.
+    pub work: Work,
+    /// Its confirm.
+    pub pending: Pending,
+}
+
+/// What the collector tells the publishing loop.
+pub enum Feedback {
+    /// Publish this again (nacked or returned with attempts left, or uncertain).
+    Retry(Box<Work>),
+    /// This item reached a final outcome.
+    Done,
+}
+
+/// Tokens owed to the bucket, per bucket key (see the module docs).
+#[derive(Clone, Default)]
+pub struct TokenDebt(Arc<Mutex<HashMap<String, u32>>>);
+
+impl TokenDebt {
+    fn add(&self, key: String, tokens: u32) {
+        let mut debts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let debt = debts.entry(key).or_default();
+        *debt = debt.saturating_add(tokens);
+    }
+
+    /// Takes up to `most` tokens of `key`'s debt (they are now the caller's
+    /// to pay).
+    pub fn take(&self, key: &str, most: u32) -> u32 {
+        let mut debts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(debt) = debts.get_mut(key) else {
+            return 0;
+        };
+        let taken = (*debt).min(most);
+        *debt -= taken;
+        if *debt == 0 {
+            debts.remove(key);
+        }
+        taken
+    }
+}
+
+/// What every audit event of a slice shares.
+#[derive(Clone)]
+pub struct EventContext {
+    /// Plan id.
+    pub plan_id: String,
+    /// Slice id.
+    pub slice_id: String,
+    /// `v1::Wave` as its number.
+    pub wave: i32,
+    /// This executor (slice loop).
+    pub executor_id: String,
+}
+
+impl EventContext {
+    /// The audit event of `work`'s attempt ending in `action`.
+    pub fn event(
+        &self,
+        work: &Work,
+        action: v1::AuditAction,
+        reason: &str,
+        latency_us: u64,
+    ) -> v1::AuditEvent {
+        v1::AuditEvent {
+            plan_id: self.plan_id.clone(),
+            slice_id: self.slice_id.clone(),
+            dead_letter_id: work.dead_letter_id().to_owned(),
+            message_key: work.message_key().to_owned(),
+            action: action.into(),
+            reason: reason.to_owned(),
+            wave: self.wave,
+            executor_id: self.executor_id.clone(),
+            attempt: work.attempt,
+            confirm_latency_us: latency_us,
+            at: Some(timestamp(Utc::now())),
+        }
+    }
+}
+
+/// The collector's parts.
+pub struct Collector {
+    /// Where outcomes go (the lease's reporter).
+    pub events: mpsc::Sender<v1::AuditEvent>,
+    /// What to publish again, and what is done.
+    pub feedback: mpsc::UnboundedSender<Feedback>,
+    /// The slice's event fields.
+    pub context: EventContext,
+    /// Redis replay keys, marked before a `sent` is reported.
+    pub replay_keys: Option<ReplayKeys>,
+    /// Attempts before an item is `failed` / `unroutable`.
+    pub max_attempts: u32,
+    /// Late and lost confirms, charged again to the bucket.
+    pub debt: TokenDebt,
+}
+
+impl Collector {
+    /// Awaits confirms in publish order until `in_flight` closes and is empty.
+    /// Confirms that are already in when the oldest one resolves are handled
+    /// with it, so sent keys are marked in Redis one pipeline per batch.
+    pub async fn run(self, mut in_flight: mpsc::Receiver<InFlight>) {
+        use futures::FutureExt;
+        let mut waiting: VecDeque<InFlight> = VecDeque::new();
+        loop {
+            if waiting.is_empty() {
+                match in_flight.recv().await {
+                    Some(next) => waiting.push_back(next),
+                    None => return,
+                }
+            }
+            while let Ok(next) = in_flight.try_recv() {
+                waiting.push_back(next);
+            }
+            let mut resolved = Vec::new();
+            if let Some(oldest) = waiting.pop_front() {
+                resolved.push((oldest.work, oldest.pending.await));
+            }
+            while resolved.len() < MARK_BATCH {
+                let Some(front) = waiting.front_mut() else {
+                    break;
+                };
+                let Some(outcome) = (&mut front.pending).now_or_never() else {
+                    break;
+                };
+                if let Some(done) = waiting.pop_front() {
+                    resolved.push((done.work, outcome));
+                }
+            }
+            let sent_keys: Vec<(String, String)> = resolved
+                .iter()
+                .filter(|(_, outcome)| outcome.is_sent())
+                .map(|(work, _)| (work.message_key().to_owned(), self.context.plan_id.clone()))
+                .collect();
+            if let Some(replay_keys) = &self.replay_keys
+                && !sent_keys.is_empty()
+                && let Err(error) = replay_keys.mark_sent(&sent_keys).await
+            {
+                // A failure here does not undo the send: the planner's record
+                // still gets it from the report.
+                warn!(%error, "could not mark replay keys in Redis");
+            }
+            for (work, outcome) in resolved {
+                self.handle(work, outcome).await;
+            }
+        }
+    }
+
+    async fn handle(&self, work: Work, outcome: PublishOutcome) {
+        let late = match &outcome {
+            PublishOutcome::Sent { latency } => *latency > LATE_CONFIRM,
+            PublishOutcome::Uncertain { .. } => true,
+            _ => false,
+        };
+        if late {
+            self.debt.add(work.bucket_key(), 1);
+        }
+        let last_attempt = work.attempt >= self.max_attempts;
+        let (event, feedback) = match outcome {
+            PublishOutcome::Sent { latency } => {
+                let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+                let event = self
+                    .context
+                    .event(&work, v1::AuditAction::Sent, "", latency_us);
+                (Some(event), Feedback::Done)
+            }
+            // A binding may come back (a consumer restarting): retry.
+            PublishOutcome::Unroutable { .. } | PublishOutcome::Nacked if !last_attempt => {
+                (None, Feedback::Retry(Box::new(work.retry())))
+            }
+            PublishOutcome::Unroutable {
+                reply_code,
+                reply_text,
+            } => {
+                let reason = format!(
+                    "returned by the broker: {reply_code} {reply_text} (no queue bound for {}/{})",
+                    work.item.exchange, work.item.routing_key
+                );
+                let event = self
+                    .context
+                    .event(&work, v1::AuditAction::Unroutable, &reason, 0);
+                (Some(event), Feedback::Done)
+            }
+            PublishOutcome::Nacked => {
+                let reason = format!("nacked by the broker {} times", work.attempt);
+                let event = self
+                    .context
+                    .event(&work, v1::AuditAction::Failed, &reason, 0);
+                (Some(event), Feedback::Done)
+            }
+            // A channel the broker keeps closing (a destination exchange that
+            // does not exist: 404 NOT_FOUND) must not be retried for ever.
+            PublishOutcome::Uncertain { reason } if last_attempt => {
+                let reason = format!(
+                    "no publisher confirm after {} attempts, the last: {reason} (it may have been published; the audit shows each attempt as uncertain)",
+                    work.attempt
+                );
+                let event = self
+                    .context
+                    .event(&work, v1::AuditAction::Failed, &reason, 0);
+                (Some(event), Feedback::Done)
+            }
+            PublishOutcome::Uncertain { reason } => {
+                let reason = format!(
+                    "no publisher confirm: {reason}; publishing again with the same message id"
+                );
+                let event = self
+                    .context
+                    .event(&work, v1::AuditAction::Uncertain, &reason, 0);
+                (Some(event), Feedback::Retry(Box::new(work.retry())))
+            }
+        };
+        if let Some(event) = event {
+            let _ = self.events.send(event).await;
+        }
+        let _ = self.feedback.send(feedback);
+    }
+}

@@ -1,0 +1,350 @@
+//! Helpers shared by the replay test files: an incident made by RabbitMQ,
+//! a planner capturing it, a plan approved over it, a recording consumer,
+//! and the audit invariant.
+#![allow(dead_code)]
+
+use std::{collections::HashMap, time::Duration};
+
+use futures::StreamExt;
+use lapin::{
+    BasicProperties, ExchangeKind,
+    options::BasicConsumeOptions,
+    types::{AMQPValue, FieldTable},
+};
+use redrive_planner::Config;
+use redrive_proto::v1::{
+    self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
+    RunPrecheckRequest, planner_client::PlannerClient,
+};
+use redrive_tests::{
+    AMQP_URL, Broker, PlannerHandle, TestDb, amqp_table, amqp_text, unique, wait_until,
+};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+/// A fanout exchange with a work queue (dead-lettering to a DLQ) and a healthy
+/// subscriber queue.
+pub struct Incident {
+    pub exchange: String,
+    pub work: String,
+    pub healthy: String,
+    pub dlq: String,
+}
+
+pub async fn incident(broker: &Broker, messages: u32) -> anyhow::Result<Incident> {
+    incident_named(broker, messages, "").await
+}
+
+/// [`incident`] with order and message ids prefixed by `tag` (distinct keys).
+pub async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow::Result<Incident> {
+    let incident = Incident {
+        exchange: unique("orders"),
+        work: unique("work"),
+        healthy: unique("healthy"),
+        dlq: unique("dlq"),
+    };
+    let dlx = unique("dlx");
+    broker
+        .exchange(&incident.exchange, ExchangeKind::Fanout)
+        .await?;
+    broker.exchange(&dlx, ExchangeKind::Fanout).await?;
+    broker.queue(&incident.dlq, FieldTable::default()).await?;
+    broker.bind(&incident.dlq, &dlx, "").await?;
+    broker
+        .queue(
+            &incident.work,
+            amqp_table(vec![("x-dead-letter-exchange", amqp_text(&dlx))]),
+        )
+        .await?;
+    broker
+        .queue(&incident.healthy, FieldTable::default())
+        .await?;
+    broker.bind(&incident.work, &incident.exchange, "").await?;
+    broker
+        .bind(&incident.healthy, &incident.exchange, "")
+        .await?;
+    for index in 0..messages {
+        let body = format!(r#"{{"order_id":"{tag}o-{index}","n":{index}}}"#);
+        let properties = BasicProperties::default()
+            .with_message_id(format!("{tag}m-{index}").into())
+            .with_type("order.paid".into())
+            .with_content_type("application/json".into())
+            .with_headers(amqp_table(vec![
+                ("tenant", amqp_text("acme")),
+                ("seq", AMQPValue::LongInt(index as i32)),
+            ]));
+        broker
+            .publish(
+                &incident.exchange,
+                "order.paid",
+                body.as_bytes(),
+                properties,
+            )
+            .await?;
+    }
+    // The broken consumer rejects everything on the work queue.
+    let channel = broker.connection.create_channel().await?;
+    for _ in 0..messages {
+        let delivery = channel
+            .basic_get(incident.work.as_str().into(), Default::default())
+            .await?
+            .expect("the work queue holds the message");
+        delivery
+            .acker
+            .reject(lapin::options::BasicRejectOptions { requeue: false })
+            .await?;
+    }
+    channel.close(200, "done".into()).await?;
+    Ok(incident)
+}
+
+pub async fn planner_for(db: &TestDb, dlq: &str) -> anyhow::Result<PlannerHandle> {
+    planner_for_all(db, &[dlq]).await
+}
+
+pub async fn planner_for_all(db: &TestDb, dlqs: &[&str]) -> anyhow::Result<PlannerHandle> {
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = dlqs.iter().map(|dlq| (*dlq).to_owned()).collect();
+    config.capture_batch_size = 100;
+    config.capture_prefetch = 500;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config.lease_ttl_seconds = 3;
+    PlannerHandle::start(config).await
+}
+
+pub async fn captured(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    count: u64,
+) -> anyhow::Result<()> {
+    wait_until("capture", Duration::from_secs(30), || {
+        let mut client = client.clone();
+        let dlq = dlq.to_owned();
+        async move {
+            let summary = client
+                .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
+                    selector: Some(v1::Selector {
+                        sources: vec![dlq],
+                        ..Default::default()
+                    }),
+                    group_by: vec![],
+                })
+                .await?
+                .into_inner();
+            Ok(summary.total >= count)
+        }
+    })
+    .await
+}
+
+/// Precheck → plan → approve; returns the approved plan.
+pub async fn approved_plan(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    per_second: f64,
+    burst: u32,
+    destination: Option<v1::destination::Mode>,
+) -> anyhow::Result<v1::Plan> {
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.to_owned()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second,
+                burst,
+                rationale: "test downstream takes this easily".into(),
+            }),
+            destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
+            slice_size: 50,
+            canary_fraction: None,
+            observe_for: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(plan.state(), PlanState::AwaitingApproval);
+    Ok(client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?
+        .into_inner())
+}
+
+pub async fn wait_completed(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let plan = client
+            .get_plan(GetPlanRequest {
+                plan_id: plan_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if plan.state() == PlanState::Completed {
+            return Ok(plan);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "plan not completed in {timeout:?}: {:?} {:?}",
+            plan.state(),
+            plan.counts
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn wait_state(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    state: PlanState,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let plan = client
+            .get_plan(GetPlanRequest {
+                plan_id: plan_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if plan.state() == state {
+            return Ok(plan);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "plan not {state:?} in {timeout:?}: {:?} {:?}",
+            plan.state(),
+            plan.counts
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A delivery as the consumer saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub at: Instant,
+    pub message_id: String,
+    pub body: Vec<u8>,
+    pub headers: FieldTable,
+}
+
+/// Consumes `queue` (auto-ack) into a shared list until the returned token is
+/// cancelled.
+pub async fn consume(
+    broker: &Broker,
+    queue: &str,
+) -> anyhow::Result<(
+    std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let channel = broker.connection.create_channel().await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            unique("test-consumer").as_str().into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = received.clone();
+    let task = tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            sink.lock().unwrap().push(Received {
+                at: Instant::now(),
+                message_id: delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string())
+                    .unwrap_or_default(),
+                body: delivery.data.clone(),
+                headers: delivery.properties.headers().clone().unwrap_or_default(),
+            });
+        }
+    });
+    Ok((received, task))
+}
+
+/// The most deliveries in any window of `window` (sliding, by receive time).
+pub fn most_in_any(received: &[Received], window: Duration) -> usize {
+    let mut times: Vec<Instant> = received.iter().map(|r| r.at).collect();
+    times.sort();
+    let mut most = 0;
+    let mut first = 0;
+    for last in 0..times.len() {
+        while times[last].duration_since(times[first]) >= window {
+            first += 1;
+        }
+        most = most.max(last - first + 1);
+    }
+    most
+}
+
+/// The audit invariant after a replay (DESIGN "Executor loop and
+/// guarantees"): every message id the consumer received is `sent` or
+/// `uncertain` in the audit of `plan_id`, and an id received twice has an
+/// `uncertain` event. Returns the audit's sent and uncertain ids.
+pub async fn assert_received_within_audit(
+    pool: &sqlx::PgPool,
+    plan_id: &str,
+    received: &[Received],
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let plan_id: uuid::Uuid = plan_id.parse()?;
+    let ids = |action: &'static str| {
+        sqlx::query_scalar::<_, String>(
+            "SELECT DISTINCT d.message_id FROM audit_events e JOIN dead_letters d ON d.id = e.dead_letter_id \
+             WHERE e.plan_id = $1 AND e.action = $2 AND d.message_id IS NOT NULL",
+        )
+        .bind(plan_id)
+        .bind(action)
+        .fetch_all(pool)
+    };
+    let sent = ids("sent").await?;
+    let uncertain = ids("uncertain").await?;
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for delivery in received {
+        *copies.entry(delivery.message_id.as_str()).or_default() += 1;
+    }
+    for (id, count) in copies {
+        let id = id.to_owned();
+        anyhow::ensure!(
+            sent.contains(&id) || uncertain.contains(&id),
+            "{id} reached the consumer but the audit has neither sent nor uncertain for it"
+        );
+        anyhow::ensure!(
+            count == 1 || uncertain.contains(&id),
+            "{id} arrived {count} times but the audit never called it uncertain"
+        );
+    }
+    Ok((sent, uncertain))
+}
+
+/// Fails unless the consumer task is still running (a consumer that died
+/// would make every "nothing arrived" check pass).
+pub fn assert_consuming(consuming: &tokio::task::JoinHandle<()>) -> anyhow::Result<()> {
+    anyhow::ensure!(!consuming.is_finished(), "the test consumer stopped early");
+    Ok(())
+}
