@@ -638,10 +638,7 @@ impl LocalBucket {
             return Ok(Arc::clone(limiter));
         }
         // A new rate for a destination starts a fresh bucket (with a full burst).
-        let limiter = Arc::new(RateLimiter::direct_with_clock(
-            quota(rate)?,
-            MonotonicClock,
-        ));
+        let limiter = Arc::new(RateLimiter::direct_with_clock(quota(rate)?, MonotonicClock));
         limiters.insert(key.to_owned(), (rate, Arc::clone(&limiter)));
         Ok(limiter)
     }
@@ -788,10 +785,7 @@ mod tests {
         let mut connection = connect_redis("redis://127.0.0.1:6379/", Duration::from_secs(5))
             .await
             .expect("the local redis answers");
-        let key = format!(
-            "redrive-test-bucket-unit:{}",
-            uuid::Uuid::new_v4().simple()
-        );
+        let key = format!("redrive-test-bucket-unit:{}", uuid::Uuid::new_v4().simple());
         let run = {
             let mut connection = connection.clone();
             let key = key.clone();
@@ -840,8 +834,7 @@ mod tests {
                         }
                     }
                     let expected =
-                        gcra_step(if old_format { None } else { tat }, now, rate, tokens)
-                            .unwrap();
+                        gcra_step(if old_format { None } else { tat }, now, rate, tokens).unwrap();
 
                     let (increment, tolerance) = costs(rate, tokens).unwrap();
                     let (now_s, now_ns) = split_ns(now);
