@@ -48,7 +48,8 @@
 //! at least 1 ms) once its TAT has passed, when its state equals a fresh
 //! bucket's. A value in any other form, such as the plain µs count earlier
 //! versions stored, counts as no value: after an upgrade each destination may
-//! grant one extra burst, once.
+//! grant one extra burst, once. Earlier executors likewise read this form as
+//! no value, so the two versions must not run side by side.
 //!
 //! Fail closed (DESIGN.md, "Executor loop and guarantees"): when Redis cannot
 //! be reached, [`Bucket::acquire`] returns [`BucketError::Unavailable`] and the
@@ -104,8 +105,8 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// key. `ARGV[1]`, `ARGV[2]`: the cost of the tokens asked for (`T * tokens`)
 /// as seconds and nanoseconds; `ARGV[3]`, `ARGV[4]`: the tolerance `τ`
 /// likewise. Returns `{1, 0, 0}` when granted, `{0, sec, nsec}` (the wait, at
-/// least 1 ns) otherwise. Every number the script holds is an integer below
-/// 2^53, so the double arithmetic of Lua is exact.
+/// least 1 ns) otherwise. Every time the script holds is a pair of integers
+/// below 2^53, so the double arithmetic of Lua is exact.
 macro_rules! gcra_script_body {
     () => {
         r"
