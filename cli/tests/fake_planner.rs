@@ -35,6 +35,8 @@ struct Fake {
     plan_calls: Arc<Mutex<Vec<PlanCall>>>,
     /// GetPlan calls per plan id.
     polls: Arc<Mutex<HashMap<String, usize>>>,
+    /// Lets the `plan-stalled` watch stream go on.
+    resume: Arc<tokio::sync::Notify>,
 }
 
 /// A plan RPC the fake planner received (GetPlan is counted in `polls`).
@@ -555,7 +557,10 @@ impl Planner for Fake {
 
     /// plan-done: canary, main and completed snapshots (with an event after
     /// each of the first two when asked); plan-cut: one `main` snapshot, then
-    /// the stream ends though the plan is not final.
+    /// the stream ends though the plan is not final; plan-stalled: `main`
+    /// 3/7 (approved 90 s ago), then nothing until `resume` is notified, then
+    /// 4/7 and completed; plan-observing: observing with 10 minutes left,
+    /// then completed.
     async fn watch_plan(
         &self,
         request: Request<v1::WatchPlanRequest>,
@@ -588,6 +593,15 @@ impl Planner for Fake {
                 updates
             }
             "plan-cut" => vec![progress(v1::PlanState::Main, 3)],
+            "plan-stalled" => return Ok(Response::new(self.stalled_stream(&request.plan_id))),
+            "plan-observing" => {
+                let mut observing = plan(&request.plan_id, v1::PlanState::Observing, 1);
+                observing.observing_until = Some(timestamp_in(600));
+                vec![
+                    Update::Progress(observing),
+                    progress(v1::PlanState::Completed, 7),
+                ]
+            }
             other => return Err(Status::not_found(format!("plan {other} not found"))),
         };
         let stream = tokio_stream::iter(updates.into_iter().map(|update| {
@@ -627,7 +641,45 @@ impl Planner for Fake {
     type ExportAuditStream = BoxStream<v1::ExportAuditChunk>;
 }
 
+/// The wall clock `seconds` from now (negative: ago).
+fn timestamp_in(seconds: i64) -> prost_types::Timestamp {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    prost_types::Timestamp {
+        seconds: i64::try_from(now.as_secs()).unwrap() + seconds,
+        nanos: 0,
+    }
+}
+
 impl Fake {
+    /// The `plan-stalled` watch stream: `main` 3/7, a stall until `resume`
+    /// is notified, then 4/7 and completed (all approved 90 s ago).
+    fn stalled_stream(&self, plan_id: &str) -> BoxStream<v1::WatchPlanResponse> {
+        use v1::watch_plan_response::Update;
+        let approved = |state, done| {
+            let mut plan = plan(plan_id, state, done);
+            plan.approved_at = Some(timestamp_in(-90));
+            Ok(v1::WatchPlanResponse {
+                update: Some(Update::Progress(plan)),
+            })
+        };
+        let (first, then, last) = (
+            approved(v1::PlanState::Main, 3),
+            approved(v1::PlanState::Main, 4),
+            approved(v1::PlanState::Completed, 7),
+        );
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        let resume = self.resume.clone();
+        tokio::spawn(async move {
+            sender.send(first).await.ok()?;
+            resume.notified().await;
+            sender.send(then).await.ok()?;
+            sender.send(last).await.ok()
+        });
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))
+    }
+
     /// A control RPC: records it and answers the plan in `state` with the
     /// operator action.
     #[allow(clippy::result_large_err)]
@@ -1553,10 +1605,12 @@ async fn plan_watch_prints_one_line_per_update() {
     // Not a terminal: one line per update, then the final state.
     let output = redrivectl(address, &["plan", "watch", "plan-done"], "").await;
     assert_eq!(output.status.code(), Some(0));
+    // The pace: no rate yet (snapshots under a second apart), time since
+    // the watch began (these plans have no approval time), no estimate.
     assert_eq!(
         String::from_utf8(output.stdout).unwrap(),
-        "canary  1/7 14.3%  sent 1\n\
-         main  4/7 57.1%  sent 4\n\
+        "canary  1/7 14.3%  sent 1  rate —  watched 0s  eta —\n\
+         main  4/7 57.1%  sent 4  rate —  watched 0s  eta —\n\
          completed  7/7 100.0%  sent 7\n\
          plan plan-done completed\n"
     );
@@ -1564,7 +1618,8 @@ async fn plan_watch_prints_one_line_per_update() {
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
         stdout.contains(
-            "main  4/7 57.1%  sent 4\n2024-05-01T12:03:20Z skipped_stale order-7:pay older than 2h\n"
+            "main  4/7 57.1%  sent 4  rate —  watched 0s  eta —\n\
+             2024-05-01T12:03:20Z skipped_stale order-7:pay older than 2h\n"
         ),
         "{stdout}"
     );
@@ -1574,13 +1629,220 @@ async fn plan_watch_prints_one_line_per_update() {
     assert_eq!(output.status.code(), Some(69));
     assert_eq!(
         String::from_utf8(output.stdout).unwrap(),
-        "main  3/7 42.9%  sent 3\n"
+        "main  3/7 42.9%  sent 3  rate —  watched 0s  eta —\n"
     );
     assert_eq!(
         String::from_utf8(output.stderr).unwrap(),
         "redrivectl: unavailable: the watch stream ended while plan plan-cut is still main; \
          run `redrivectl plan watch plan-cut` again\n"
     );
+}
+
+/// `redrivectl` with `args` against `address`, its stdout read line by line
+/// as it comes: the child and a receiver of its lines (closed at its EOF).
+fn redrivectl_live(
+    address: SocketAddr,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redrivectl"))
+        .args(args)
+        .env("REDRIVE_PLANNER", format!("http://{address}"))
+        .env_remove("REDRIVE_JSON")
+        .env_remove("REDRIVE_ACTOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            if sender.send(line.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    (child, receiver)
+}
+
+/// Lines from `lines` up to and including the first that `last` accepts
+/// (within 30 s), then, after `then` ran, the rest until EOF.
+async fn lines_around(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    last: impl Fn(&str) -> bool,
+    then: impl FnOnce(),
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(30), lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no such line within 30 s; got {seen:#?}"))
+            .unwrap_or_else(|| panic!("the output ended first: {seen:#?}"));
+        let found = last(&line);
+        seen.push(line);
+        if found {
+            break;
+        }
+    }
+    then();
+    while let Some(line) = lines.recv().await {
+        seen.push(line);
+    }
+    seen
+}
+
+/// The figure after `label ` in a status line (`rate 0.5/s` → `0.5/s`).
+fn figure<'a>(line: &'a str, label: &str) -> &'a str {
+    let start = line
+        .find(&format!("  {label} "))
+        .unwrap_or_else(|| panic!("no {label} in {line:?}"))
+        + label.len()
+        + 3;
+    line[start..].split("  ").next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_watch_warns_once_of_a_stall_and_says_when_it_ends() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+
+    // Lines: the plan stays in main at 3/7; the planner sends nothing.
+    let (mut child, mut lines) = redrivectl_live(
+        address,
+        &["plan", "watch", "plan-stalled", "--stall-after", "1s"],
+    );
+    let seen = lines_around(
+        &mut lines,
+        |line| line.starts_with("warning: "),
+        || fake.resume.notify_one(),
+    )
+    .await;
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen:#?}");
+    // Approved 90 s ago; no rate nor estimate from one snapshot.
+    assert!(
+        seen[0].starts_with("main  3/7 42.9%  sent 3  rate —  elapsed 1m3")
+            && seen[0].ends_with("  eta —"),
+        "{seen:#?}"
+    );
+    let warnings: Vec<&String> = seen
+        .iter()
+        .filter(|line| line.starts_with("warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 1, "once per stall: {seen:#?}");
+    let warning = warnings[0];
+    assert!(
+        warning.starts_with("warning: no progress for ")
+            && warning.ends_with(
+                "s (plan main, 3/7 done); check the executors: are any running, what do their \
+                 logs say? (to stop the plan: redrivectl plan pause plan-stalled --reason TEXT)"
+            ),
+        "{warning}"
+    );
+    let resumed = seen
+        .iter()
+        .position(|line| line.starts_with("progress resumed after "))
+        .unwrap_or_else(|| panic!("no resumed line: {seen:#?}"));
+    assert!(
+        seen[resumed].ends_with("s stalled (plan main, 4/7 done)"),
+        "{seen:#?}"
+    );
+    // Progress again: a rate above zero, and an estimate for the other 3.
+    let moving = &seen[resumed + 1];
+    assert!(
+        moving.starts_with("main  4/7 57.1%  sent 4  rate "),
+        "{moving}"
+    );
+    let rate: f64 = figure(moving, "rate")
+        .strip_suffix("/s")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rate > 0.0, "{moving}");
+    assert_ne!(figure(moving, "eta"), "—", "{moving}");
+    assert_eq!(
+        seen[resumed + 2..],
+        [
+            "completed  7/7 100.0%  sent 7",
+            "plan plan-stalled completed"
+        ],
+        "{seen:#?}"
+    );
+
+    // JSON: the same as tagged objects.
+    let (mut child, mut lines) = redrivectl_live(
+        address,
+        &[
+            "plan",
+            "watch",
+            "plan-stalled",
+            "--stall-after",
+            "1s",
+            "--json",
+        ],
+    );
+    let seen = lines_around(
+        &mut lines,
+        |line| line.starts_with("{\"stalled\""),
+        || fake.resume.notify_one(),
+    )
+    .await;
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen:#?}");
+    let objects: Vec<serde_json::Value> = seen
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|object| object.as_object().unwrap().keys().next().unwrap().as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["progress", "stalled", "resumed", "progress", "progress"],
+        "{seen:#?}"
+    );
+    let stalled = &objects[1]["stalled"];
+    assert_eq!(stalled["plan_id"], "plan-stalled");
+    assert_eq!(stalled["state"], "main");
+    assert_eq!(stalled["items_done"], 3);
+    assert_eq!(stalled["total_items"], 7);
+    assert!(
+        stalled["no_progress_seconds"].as_u64().unwrap() >= 1,
+        "{stalled}"
+    );
+    assert!(
+        stalled["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("no progress for "),
+        "{stalled}"
+    );
+    assert_eq!(objects[2]["resumed"]["items_done"], 4);
+    assert_eq!(objects[4]["progress"]["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_watch_counts_down_the_observation_window() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(address, &["plan", "watch", "plan-observing"], "").await;
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let first = stdout.lines().next().unwrap();
+    assert!(
+        first.starts_with("observing  1/7 14.3%  sent 1  rate —  watched 0s  eta —"),
+        "{stdout}"
+    );
+    // 10 minutes from when the fake answered, a moment ago.
+    let left = figure(first, "observation ends in");
+    assert!(left.starts_with("9m5") || left == "10m00s", "{stdout}");
+    let output = redrivectl(address, &["plan", "watch", "plan-observing", "--json"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let first: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert!(first["progress"]["observing_until"].is_string(), "{stdout}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

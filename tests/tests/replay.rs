@@ -1012,13 +1012,22 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     assert_eq!(approved.state(), PlanState::Canary);
     let executor =
         ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    wait_state(
+    let observing = wait_state(
         &mut client,
         &plan.plan_id,
         PlanState::Observing,
         Duration::from_secs(30),
     )
     .await?;
+    // The plan says when its 600 s window ends (what `plan watch` counts
+    // down to).
+    let until = observing
+        .observing_until
+        .as_ref()
+        .and_then(redrive_proto::time::from_timestamp)
+        .expect("observing_until while observing");
+    let left = (until - chrono::Utc::now()).num_seconds();
+    assert!((590..=600).contains(&left), "{left} s left of 600");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         received.lock().unwrap().len(),
@@ -1053,6 +1062,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         .await?
         .into_inner();
     assert_eq!(promoted.state(), PlanState::Main);
+    assert_eq!(promoted.observing_until, None, "only while observing");
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -357,6 +357,7 @@ const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.s
     p.rate_burst, p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
     p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
+    CASE WHEN p.state = 'observing' THEN p.observing_until END AS observing_until, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
     (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
@@ -467,6 +468,9 @@ fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
             .try_get::<Option<DateTime<Utc>>, _>("completed_at")?
             .map(timestamp),
         items_done,
+        observing_until: row
+            .try_get::<Option<DateTime<Utc>>, _>("observing_until")?
+            .map(timestamp),
     })
 }
 

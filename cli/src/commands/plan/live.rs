@@ -1,16 +1,28 @@
 //! Following a running plan: `plan watch` (the `WatchPlan` stream, drawn as a
-//! progress bar, as lines, or as JSON lines) and `plan wait` (polling
-//! `GetPlan` until the plan is final, with an exit code).
+//! progress bar, as lines, or as JSON lines, with the pace and stall
+//! warnings of [`super::pace`]) and `plan wait` (polling `GetPlan` until the
+//! plan is final, with an exit code).
 
-use std::{io::Write, time::Duration};
+use std::{
+    io::Write,
+    time::{Duration, Instant},
+};
 
-use redrive_proto::v1::{
-    AuditEvent, GetPlanRequest, Plan, PlanState, WatchPlanRequest, watch_plan_response::Update,
+use chrono::{DateTime, Utc};
+use redrive_proto::{
+    time::from_timestamp,
+    v1::{
+        AuditEvent, GetPlanRequest, Plan, PlanState, WatchPlanRequest, watch_plan_response::Update,
+    },
 };
 use serde::Serialize;
+use tokio_stream::StreamExt;
 use tonic::Code;
 
-use super::view::{self, EventJson, PlanJson, is_final, percent_done, state_text};
+use super::{
+    pace::{self, Elapsed, Pace, RateWindow, StallChange, StallWatch},
+    view::{self, EventJson, PlanJson, is_final, percent_done, state_text},
+};
 use crate::{
     client::Planner,
     error::{CliError, EX_OK},
@@ -24,18 +36,31 @@ use crate::{
 /// How `plan watch` shows what comes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchMode {
-    /// `{"progress": plan}` / `{"event": event}`, one per line.
+    /// `{"progress": plan}` / `{"event": event}` / `{"stalled": stall}` /
+    /// `{"resumed": stall}`, one per line.
     Json,
-    /// One line per progress update (consecutive repeats left out) and per
-    /// event: for logs and pipes.
+    /// One line per progress change, per event and per stall warning, and
+    /// the status line again every [`LINES_HEARTBEAT`] while nothing
+    /// changes: for logs and pipes.
     Lines,
-    /// A single progress line redrawn in place (`\r`), cut to fit so it
-    /// never wraps, events printed above it: for a terminal.
+    /// A single progress line redrawn in place (`\r`) every [`TICK`], cut to
+    /// fit so it never wraps, events and warnings printed above it: for a
+    /// terminal.
     Bar {
         /// Terminal columns; the line is cut to fit.
         width: usize,
     },
 }
+
+/// How often `plan watch` looks at its own clock (the planner sends nothing
+/// while a plan stands still): the bar is redrawn, the line heartbeat and
+/// the stall deadline are checked.
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// In [`WatchMode::Lines`], the status line is printed again (with a fresh
+/// rate, elapsed time, ETA and observation countdown) when nothing changed
+/// for this long, and no more often, so a pipe is not flooded.
+pub const LINES_HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// A JSON line of `plan watch --json`.
 #[derive(Debug, Serialize)]
@@ -43,30 +68,131 @@ pub enum WatchMode {
 enum WatchLine<'a> {
     Progress(&'a PlanJson),
     Event(&'a EventJson),
+    Stalled(&'a StallJson),
+    Resumed(&'a StallJson),
+}
+
+/// The body of the `{"stalled": ...}` and `{"resumed": ...}` lines of
+/// `plan watch --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StallJson {
+    /// The plan.
+    pub plan_id: String,
+    /// Its state (`canary` or `main` for a stall; for `resumed`, the state
+    /// progress resumed in).
+    pub state: &'static str,
+    /// Items done when the line was written.
+    pub items_done: u64,
+    /// Items in the plan.
+    pub total_items: u64,
+    /// Whole seconds without progress: so far (`stalled`), or in all
+    /// (`resumed`).
+    pub no_progress_seconds: u64,
+    /// The line people get, without its `warning: ` prefix.
+    pub message: String,
+}
+
+impl StallJson {
+    fn new(plan: &Plan, change: StallChange) -> Self {
+        let view = PlanJson::from(plan);
+        let (span, message) = match change {
+            StallChange::Stalled(span) => (span, stalled_text(&view, span)),
+            StallChange::Resumed(span) => (span, resumed_text(&view, span)),
+        };
+        Self {
+            plan_id: view.plan_id,
+            state: view.state,
+            items_done: view.items_done,
+            total_items: view.total_items,
+            no_progress_seconds: span.as_secs(),
+            message,
+        }
+    }
+}
+
+/// `no progress for 30s (plan main, 120/1000 done); check ...`: the stall
+/// warning, without its `warning: ` prefix.
+pub fn stalled_text(plan: &PlanJson, span: Duration) -> String {
+    format!(
+        "no progress for {} (plan {}, {}/{} done); check the executors: are any running, what \
+         do their logs say? (to stop the plan: redrivectl plan pause {} --reason TEXT)",
+        pace::short_duration(span),
+        plan.state,
+        plan.items_done,
+        plan.total_items,
+        plan.plan_id
+    )
+}
+
+/// `progress resumed after 45s stalled (plan main, 121/1000 done)`.
+pub fn resumed_text(plan: &PlanJson, span: Duration) -> String {
+    format!(
+        "progress resumed after {} stalled (plan {}, {}/{} done)",
+        pace::short_duration(span),
+        plan.state,
+        plan.items_done,
+        plan.total_items
+    )
+}
+
+/// A moment on both clocks: the monotonic one for the rate, the heartbeat
+/// and stalls; the wall clock against the planner's timestamps (approval,
+/// end of the observation window).
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Monotonic.
+    pub at: Instant,
+    /// Wall clock.
+    pub wall: DateTime<Utc>,
+}
+
+impl Now {
+    /// This moment.
+    pub fn current() -> Self {
+        Self {
+            at: Instant::now(),
+            wall: Utc::now(),
+        }
+    }
 }
 
 /// Cells of the bar's `[####----]`.
 const BAR_CELLS: u64 = 24;
 
 /// Renders `plan watch` updates to `out` (flushing after each, so a pipe or
-/// terminal sees them at once).
+/// terminal sees them at once), with the plan's pace and stall warnings.
 pub struct Watcher<'a> {
     out: &'a mut dyn Write,
     mode: WatchMode,
     /// The last progress line drawn (bar) or printed (lines).
     last_line: Option<String>,
+    /// Lines: the progress part of the last line printed (the pace part
+    /// changes every second; a change of this part is printed at once).
+    last_progress: Option<String>,
+    /// Lines: when the last status line was printed.
+    last_printed: Option<Instant>,
     /// The latest progress snapshot.
     last_plan: Option<Plan>,
+    /// When the first snapshot came.
+    started: Option<Instant>,
+    rate: RateWindow,
+    stall: StallWatch,
 }
 
 impl<'a> Watcher<'a> {
-    /// A watcher writing to `out` in `mode`.
-    pub fn new(out: &'a mut dyn Write, mode: WatchMode) -> Self {
+    /// A watcher writing to `out` in `mode`, warning after `stall_after`
+    /// without progress in `canary` or `main`.
+    pub fn new(out: &'a mut dyn Write, mode: WatchMode, stall_after: Duration) -> Self {
         Self {
             out,
             mode,
             last_line: None,
+            last_progress: None,
+            last_printed: None,
             last_plan: None,
+            started: None,
+            rate: RateWindow::default(),
+            stall: StallWatch::new(stall_after),
         }
     }
 
@@ -75,27 +201,33 @@ impl<'a> Watcher<'a> {
         self.last_plan.as_ref()
     }
 
-    /// Shows a progress snapshot.
+    /// When [`Watcher::tick`] must run next to report a stall on time, if
+    /// one can come.
+    pub fn stall_deadline(&self) -> Option<Instant> {
+        self.stall.deadline()
+    }
+
+    /// Shows a progress snapshot that arrived at `now` (and `progress
+    /// resumed ...` first, when it ends a reported stall).
     ///
     /// # Errors
     /// When writing fails.
-    pub fn progress(&mut self, plan: &Plan) -> std::io::Result<()> {
-        let view = PlanJson::from(plan);
+    pub fn progress(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
+        self.started.get_or_insert(now.at);
+        self.rate.record(now.at, plan.items_done);
         self.last_plan = Some(plan.clone());
+        if let Some(change) = self.stall.observe(now.at, plan.state(), plan.items_done) {
+            self.stall_line(plan, change)?;
+        }
+        let view = PlanJson::from(plan);
         match self.mode {
             WatchMode::Json => write_json(self.out, &WatchLine::Progress(&view))?,
             WatchMode::Lines => {
-                let line = progress_text(&view);
-                if self.last_line.as_deref() != Some(line.as_str()) {
-                    writeln!(self.out, "{line}")?;
-                    self.last_line = Some(line);
+                if self.last_progress.as_deref() != Some(progress_text(&view).as_str()) {
+                    self.print_line(plan, now)?;
                 }
             }
-            WatchMode::Bar { width } => {
-                let line = fit(&bar_text(&view), width);
-                write!(self.out, "\r{line}\x1b[K")?;
-                self.last_line = Some(line);
-            }
+            WatchMode::Bar { .. } => self.draw_bar(plan, now)?,
         }
         self.out.flush()
     }
@@ -109,14 +241,35 @@ impl<'a> Watcher<'a> {
         match self.mode {
             WatchMode::Json => write_json(self.out, &WatchLine::Event(&view))?,
             WatchMode::Lines => writeln!(self.out, "{}", event_text(&view))?,
-            WatchMode::Bar { .. } => {
-                // Above the bar: clear it, print the event (whole: a finished
-                // line may wrap), draw the bar again.
-                write!(self.out, "\r\x1b[K{}\n", event_text(&view))?;
-                if let Some(line) = &self.last_line {
-                    write!(self.out, "{line}\x1b[K")?;
+            WatchMode::Bar { .. } => self.above_bar(&event_text(&view))?,
+        }
+        self.out.flush()
+    }
+
+    /// The clock moved on to `now` with nothing from the planner: warns of a
+    /// stall that is due; redraws the bar; in lines, prints the status line
+    /// again when [`LINES_HEARTBEAT`] passed since the last one.
+    ///
+    /// # Errors
+    /// When writing fails.
+    pub fn tick(&mut self, now: Now) -> std::io::Result<()> {
+        let Some(plan) = self.last_plan.clone() else {
+            return Ok(());
+        };
+        if let Some(change) = self.stall.check(now.at) {
+            self.stall_line(&plan, change)?;
+        }
+        match self.mode {
+            WatchMode::Json => {}
+            WatchMode::Lines => {
+                let due = self.last_printed.is_some_and(|printed| {
+                    now.at.saturating_duration_since(printed) >= LINES_HEARTBEAT
+                });
+                if due && !is_final(plan.state()) {
+                    self.print_line(&plan, now)?;
                 }
             }
+            WatchMode::Bar { .. } => self.draw_bar(&plan, now)?,
         }
         self.out.flush()
     }
@@ -128,9 +281,9 @@ impl<'a> Watcher<'a> {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn finish(&mut self, plan: &Plan) -> std::io::Result<()> {
+    pub fn finish(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
         if self.last_plan.as_ref() != Some(plan) {
-            self.progress(plan)?;
+            self.progress(plan, now)?;
         }
         if self.mode == WatchMode::Json {
             return Ok(());
@@ -142,6 +295,105 @@ impl<'a> Watcher<'a> {
         writeln!(self.out, "plan {} {}", view.plan_id, state_text(&view))?;
         self.out.flush()
     }
+
+    /// The pace of `plan` at `now` (module [`super::pace`]).
+    pub fn pace(&self, plan: &Plan, now: Now) -> Pace {
+        let state = plan.state();
+        let wall = |at: Option<&prost_types::Timestamp>| at.and_then(from_timestamp);
+        if is_final(state) {
+            let took = wall(plan.approved_at.as_ref())
+                .zip(wall(plan.completed_at.as_ref()))
+                .map(|(approved, completed)| pace::wall_span(approved, completed));
+            return Pace::Final { took };
+        }
+        if matches!(state, PlanState::AwaitingApproval | PlanState::Unspecified) {
+            return Pace::None;
+        }
+        let rate = self.rate.rate(now.at);
+        let elapsed = match wall(plan.approved_at.as_ref()) {
+            Some(approved) => Elapsed::SinceApproval(pace::wall_span(approved, now.wall)),
+            None => Elapsed::SinceWatching(
+                now.at
+                    .saturating_duration_since(self.started.unwrap_or(now.at)),
+            ),
+        };
+        let observing_left = if state == PlanState::Observing {
+            wall(plan.observing_until.as_ref()).map(|until| pace::wall_span(now.wall, until))
+        } else {
+            None
+        };
+        Pace::Running {
+            rate,
+            elapsed,
+            eta: pace::eta(plan.total_items.saturating_sub(plan.items_done), rate),
+            observing_left,
+        }
+    }
+
+    /// Lines: prints the status line of `plan` at `now`.
+    fn print_line(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
+        let view = PlanJson::from(plan);
+        let progress = progress_text(&view);
+        let line = with_pace(progress.clone(), &self.pace(plan, now));
+        writeln!(self.out, "{line}")?;
+        self.last_progress = Some(progress);
+        self.last_printed = Some(now.at);
+        self.last_line = Some(line);
+        Ok(())
+    }
+
+    /// Bar: redraws the line of `plan` at `now` in place.
+    fn draw_bar(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
+        let WatchMode::Bar { width } = self.mode else {
+            return Ok(());
+        };
+        let line = fit(
+            &with_pace(bar_text(&PlanJson::from(plan)), &self.pace(plan, now)),
+            width,
+        );
+        write!(self.out, "\r{line}\x1b[K")?;
+        self.last_line = Some(line);
+        Ok(())
+    }
+
+    /// Bar: `text` on a line of its own above the bar (whole: a finished line
+    /// may wrap), then the bar again.
+    fn above_bar(&mut self, text: &str) -> std::io::Result<()> {
+        write!(self.out, "\r\x1b[K{text}\n")?;
+        if let Some(line) = &self.last_line {
+            write!(self.out, "{line}\x1b[K")?;
+        }
+        Ok(())
+    }
+
+    /// A stall warning or its end, in the mode's form.
+    fn stall_line(&mut self, plan: &Plan, change: StallChange) -> std::io::Result<()> {
+        let stall = StallJson::new(plan, change);
+        let text = match change {
+            StallChange::Stalled(_) => format!("warning: {}", stall.message),
+            StallChange::Resumed(_) => stall.message.clone(),
+        };
+        match (self.mode, change) {
+            (WatchMode::Json, StallChange::Stalled(_)) => {
+                write_json(self.out, &WatchLine::Stalled(&stall))
+            }
+            (WatchMode::Json, StallChange::Resumed(_)) => {
+                write_json(self.out, &WatchLine::Resumed(&stall))
+            }
+            (WatchMode::Lines, _) => writeln!(self.out, "{text}"),
+            (WatchMode::Bar { .. }, _) => self.above_bar(&text),
+        }
+    }
+}
+
+/// `line`, then two spaces and the pace's text when it has one.
+fn with_pace(mut line: String, pace: &Pace) -> String {
+    let text = pace.text();
+    if !text.is_empty() {
+        line.push_str("  ");
+        line.push_str(&text);
+    }
+    line
 }
 
 /// `main  450/1000 45.0%  sent 440  skipped_stale 10`.
@@ -201,7 +453,17 @@ fn fit(line: &str, width: usize) -> String {
     line.chars().take(width.saturating_sub(1).max(1)).collect()
 }
 
-/// Runs `plan watch`: the stream until it ends, then the final state.
+/// Sleeps until `deadline`, or for ever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs `plan watch`: the stream until it ends, then the final state. Its
+/// own clock ([`TICK`], and the stall deadline) keeps the pace current and
+/// notices a stall while the planner sends nothing.
 ///
 /// # Errors
 /// gRPC errors; the stream ending before the plan is final (`unavailable`,
@@ -211,6 +473,7 @@ pub async fn watch(
     plan_id: String,
     include_events: bool,
     mode: WatchMode,
+    stall_after: Duration,
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let mut stream = planner
@@ -220,12 +483,23 @@ pub async fn watch(
         })
         .await?
         .into_inner();
-    let mut watcher = Watcher::new(out, mode);
-    while let Some(update) = stream.message().await? {
-        match update.update {
-            Some(Update::Progress(plan)) => watcher.progress(&plan)?,
-            Some(Update::Event(event)) => watcher.event(&event)?,
-            None => {}
+    let mut watcher = Watcher::new(out, mode, stall_after);
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stall_deadline = watcher.stall_deadline();
+        tokio::select! {
+            // `next` is cancel-safe: a message is never lost to a tick.
+            update = stream.next() => match update.transpose()? {
+                Some(update) => match update.update {
+                    Some(Update::Progress(plan)) => watcher.progress(&plan, Now::current())?,
+                    Some(Update::Event(event)) => watcher.event(&event)?,
+                    None => {}
+                },
+                None => break,
+            },
+            _ = ticks.tick() => watcher.tick(Now::current())?,
+            () = sleep_until(stall_deadline) => watcher.tick(Now::current())?,
         }
     }
     // The planner ends the stream when the plan is final; ask once more to be
@@ -247,7 +521,7 @@ pub async fn watch(
         ))
         .into());
     }
-    watcher.finish(&plan)?;
+    watcher.finish(&plan, Now::current())?;
     Ok(EX_OK)
 }
 
@@ -398,24 +672,65 @@ mod tests {
         }
     }
 
-    fn render(mode: WatchMode, run: impl FnOnce(&mut Watcher<'_>)) -> String {
+    /// 2024-05-01T12:05:00Z, and `seconds` later.
+    struct Clock(Instant);
+
+    impl Clock {
+        fn new() -> Self {
+            Self(Instant::now())
+        }
+
+        fn at(&self, seconds: f64) -> Now {
+            let span = Duration::from_secs_f64(seconds);
+            Now {
+                at: self.0 + span,
+                wall: "2024-05-01T12:05:00Z".parse::<DateTime<Utc>>().unwrap()
+                    + chrono::Duration::from_std(span).unwrap(),
+            }
+        }
+    }
+
+    /// A plan of 1000 items approved at 12:00:00, `done` of them sent.
+    fn approved(state: PlanState, done: u64) -> Plan {
+        Plan {
+            total_items: 1000,
+            approved_at: Some(prost_types::Timestamp {
+                seconds: 1_714_564_800,
+                nanos: 0,
+            }),
+            ..plan(state, done)
+        }
+    }
+
+    fn render(mode: WatchMode, run: impl FnOnce(&mut Watcher<'_>, &Clock)) -> String {
         let mut out = Vec::new();
-        run(&mut Watcher::new(&mut out, mode));
+        run(
+            &mut Watcher::new(&mut out, mode, Duration::from_secs(30)),
+            &Clock::new(),
+        );
         String::from_utf8(out).unwrap()
     }
 
     #[test]
     fn lines_print_each_change_and_the_final_state() {
-        let text = render(WatchMode::Lines, |watcher| {
-            watcher.progress(&plan(PlanState::Main, 10)).unwrap();
-            watcher.progress(&plan(PlanState::Main, 10)).unwrap();
+        let text = render(WatchMode::Lines, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Main, 10), clock.at(0.0))
+                .unwrap();
+            watcher
+                .progress(&plan(PlanState::Main, 10), clock.at(0.1))
+                .unwrap();
             watcher.event(&event()).unwrap();
-            watcher.progress(&plan(PlanState::Completed, 100)).unwrap();
-            watcher.finish(&plan(PlanState::Completed, 100)).unwrap();
+            watcher
+                .progress(&plan(PlanState::Completed, 100), clock.at(0.2))
+                .unwrap();
+            watcher
+                .finish(&plan(PlanState::Completed, 100), clock.at(0.2))
+                .unwrap();
         });
         assert_eq!(
             text,
-            "main  10/100 10.0%  sent 10\n\
+            "main  10/100 10.0%  sent 10  rate —  watched 0s  eta —\n\
              - failed order-1:pay nack\n\
              completed  100/100 100.0%  sent 100\n\
              plan p-1 completed\n"
@@ -423,45 +738,180 @@ mod tests {
     }
 
     #[test]
-    fn the_bar_redraws_in_place_and_events_go_above_it() {
-        let text = render(WatchMode::Bar { width: 80 }, |watcher| {
-            watcher.progress(&plan(PlanState::Canary, 25)).unwrap();
-            watcher.event(&event()).unwrap();
-            watcher.finish(&plan(PlanState::Completed, 100)).unwrap();
+    fn lines_show_rate_elapsed_and_eta_and_repeat_only_every_ten_seconds() {
+        let text = render(WatchMode::Lines, |watcher, clock| {
+            watcher
+                .progress(&approved(PlanState::Main, 100), clock.at(0.0))
+                .unwrap();
+            watcher
+                .progress(&approved(PlanState::Main, 120), clock.at(2.0))
+                .unwrap();
+            // Ticks with nothing new: quiet until 10 s after the last line.
+            for second in 3..=11 {
+                watcher.tick(clock.at(f64::from(second))).unwrap();
+            }
+            watcher.tick(clock.at(12.0)).unwrap();
+            watcher.tick(clock.at(13.0)).unwrap();
+            let mut done = approved(PlanState::Completed, 1000);
+            done.completed_at = Some(prost_types::Timestamp {
+                seconds: 1_714_564_800 + 303,
+                nanos: 0,
+            });
+            watcher.finish(&done, clock.at(14.0)).unwrap();
+            // Final: no heartbeat any more.
+            watcher.tick(clock.at(60.0)).unwrap();
         });
-        let bar = "[######------------------] canary  25/100 25.0%  sent 25";
+        assert_eq!(
+            text,
+            "main  100/1000 10.0%  sent 100  rate —  elapsed 5m00s  eta —\n\
+             main  120/1000 12.0%  sent 120  rate 10.0/s  elapsed 5m02s  eta 1m28s\n\
+             main  120/1000 12.0%  sent 120  rate 0.0/s  elapsed 5m12s  eta —\n\
+             completed  1000/1000 100.0%  sent 1000  took 5m03s\n\
+             plan p-1 completed\n"
+        );
+    }
+
+    #[test]
+    fn observing_counts_down_to_the_end_of_the_window() {
+        let text = render(WatchMode::Lines, |watcher, clock| {
+            let mut observing = approved(PlanState::Observing, 10);
+            // 12:05:00 + 12m50s.
+            observing.observing_until = Some(prost_types::Timestamp {
+                seconds: 1_714_564_800 + 300 + 770,
+                nanos: 0,
+            });
+            watcher.progress(&observing, clock.at(0.0)).unwrap();
+            // Observing sends nothing: no stall warning, however long.
+            watcher.tick(clock.at(700.0)).unwrap();
+        });
+        assert_eq!(
+            text,
+            "observing  10/1000 1.0%  sent 10  rate —  elapsed 5m00s  eta —  observation ends in 12m50s\n\
+             observing  10/1000 1.0%  sent 10  rate 0.0/s  elapsed 16m40s  eta —  observation ends in 1m10s\n"
+        );
+    }
+
+    #[test]
+    fn a_stall_is_warned_once_and_its_end_said() {
+        let text = render(WatchMode::Lines, |watcher, clock| {
+            watcher
+                .progress(&approved(PlanState::Main, 120), clock.at(0.0))
+                .unwrap();
+            assert_eq!(watcher.stall_deadline(), Some(clock.at(30.0).at));
+            watcher.tick(clock.at(29.0)).unwrap();
+            watcher.tick(clock.at(30.0)).unwrap();
+            watcher.tick(clock.at(31.0)).unwrap();
+            assert_eq!(watcher.stall_deadline(), None);
+            watcher
+                .progress(&approved(PlanState::Main, 121), clock.at(45.0))
+                .unwrap();
+        });
+        let warning = "warning: no progress for 30s (plan main, 120/1000 done); check the \
+                       executors: are any running, what do their logs say? (to stop the plan: \
+                       redrivectl plan pause p-1 --reason TEXT)";
+        assert_eq!(
+            text,
+            format!(
+                "main  120/1000 12.0%  sent 120  rate —  elapsed 5m00s  eta —\n\
+                 main  120/1000 12.0%  sent 120  rate 0.0/s  elapsed 5m29s  eta —\n\
+                 {warning}\n\
+                 progress resumed after 45s stalled (plan main, 121/1000 done)\n\
+                 main  121/1000 12.1%  sent 121  rate 0.10/s  elapsed 5m45s  eta 2h26m\n"
+            )
+        );
+    }
+
+    #[test]
+    fn the_bar_redraws_in_place_and_events_go_above_it() {
+        let text = render(WatchMode::Bar { width: 120 }, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Canary, 25), clock.at(0.0))
+                .unwrap();
+            watcher.event(&event()).unwrap();
+            watcher.tick(clock.at(1.0)).unwrap();
+            watcher
+                .finish(&plan(PlanState::Completed, 100), clock.at(1.5))
+                .unwrap();
+        });
+        let bar =
+            "[######------------------] canary  25/100 25.0%  sent 25  rate —  watched 0s  eta —";
+        let ticked = "[######------------------] canary  25/100 25.0%  sent 25  rate 0.0/s  watched 1s  eta —";
         let done = "[########################] completed  100/100 100.0%  sent 100";
         assert_eq!(
             text,
             format!(
-                "\r{bar}\x1b[K\r\x1b[K- failed order-1:pay nack\n{bar}\x1b[K\r{done}\x1b[K\n\
-                 plan p-1 completed\n"
+                "\r{bar}\x1b[K\r\x1b[K- failed order-1:pay nack\n{bar}\x1b[K\r{ticked}\x1b[K\
+                 \r{done}\x1b[K\nplan p-1 completed\n"
             )
         );
         // A narrow terminal gets a cut line, never a wrapped one.
-        let narrow = render(WatchMode::Bar { width: 20 }, |watcher| {
-            watcher.progress(&plan(PlanState::Main, 50)).unwrap();
+        let narrow = render(WatchMode::Bar { width: 20 }, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Main, 50), clock.at(0.0))
+                .unwrap();
         });
         assert_eq!(narrow, "\r[############------\x1b[K");
+        // A stall warning goes above the bar too.
+        let stalled = render(WatchMode::Bar { width: 30 }, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Main, 50), clock.at(0.0))
+                .unwrap();
+            watcher.tick(clock.at(30.0)).unwrap();
+        });
+        assert!(
+            stalled.contains("\r\x1b[Kwarning: no progress for 30s (plan main, 50/100 done);"),
+            "{stalled:?}"
+        );
+        assert!(
+            stalled.ends_with("\r[############------------] ma\x1b[K"),
+            "{stalled:?}"
+        );
     }
 
     #[test]
-    fn json_lines_tag_progress_and_events() {
-        let text = render(WatchMode::Json, |watcher| {
-            watcher.progress(&plan(PlanState::Main, 10)).unwrap();
+    fn json_lines_tag_progress_events_and_stalls() {
+        let text = render(WatchMode::Json, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Main, 10), clock.at(0.0))
+                .unwrap();
             watcher.event(&event()).unwrap();
-            watcher.finish(&plan(PlanState::Aborted, 10)).unwrap();
+            watcher.tick(clock.at(30.0)).unwrap();
+            watcher
+                .progress(&plan(PlanState::Main, 11), clock.at(40.0))
+                .unwrap();
+            watcher
+                .finish(&plan(PlanState::Aborted, 11), clock.at(41.0))
+                .unwrap();
         });
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|line| serde_json::from_str(line).unwrap())
             .collect();
-        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines.len(), 6, "{text}");
         assert_eq!(lines[0]["progress"]["state"], "main");
         assert_eq!(lines[0]["progress"]["counts"]["uncertain"], 0);
         assert_eq!(lines[1]["event"]["action"], "failed");
+        assert_eq!(
+            lines[2],
+            serde_json::json!({"stalled": {
+                "plan_id": "p-1", "state": "main", "items_done": 10, "total_items": 100,
+                "no_progress_seconds": 30,
+                "message": "no progress for 30s (plan main, 10/100 done); check the executors: \
+                            are any running, what do their logs say? (to stop the plan: \
+                            redrivectl plan pause p-1 --reason TEXT)",
+            }})
+        );
+        assert_eq!(
+            lines[3],
+            serde_json::json!({"resumed": {
+                "plan_id": "p-1", "state": "main", "items_done": 11, "total_items": 100,
+                "no_progress_seconds": 40,
+                "message": "progress resumed after 40s stalled (plan main, 11/100 done)",
+            }})
+        );
+        assert_eq!(lines[4]["progress"]["items_done"], 11);
         // The final state came from GetPlan, not the stream: it is added.
-        assert_eq!(lines[2]["progress"]["state"], "aborted");
+        assert_eq!(lines[5]["progress"]["state"], "aborted");
     }
 
     #[test]

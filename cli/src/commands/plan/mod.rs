@@ -10,7 +10,7 @@
 //! redrivectl plan approve ID --digest D
 //! redrivectl plan status ID                      (alias: show)
 //! redrivectl plan list [--state S]... [--page-size N] [--page-token T] [--all]
-//! redrivectl plan watch ID [--events]
+//! redrivectl plan watch ID [--events] [--stall-after DUR]
 //! redrivectl plan wait ID [--timeout DUR] [--interval DUR]
 //! redrivectl plan report ID [--format text|json|jsonl|csv]
 //! redrivectl plan promote|pause|resume|cancel ID [--reason TEXT]
@@ -47,12 +47,18 @@
 //! # `watch`
 //! Follows `WatchPlan` until the planner ends the stream (the plan is final),
 //! then prints `plan ID STATE` and exits 0 whatever the state. On a terminal
-//! one progress line is redrawn in place (`[####----] main 450/1000 45.0%
-//! sent 440 skipped_stale 10`, the counts that are not zero); elsewhere one
-//! line per change. `--events` also asks for the audit events and prints each
-//! (`AT ACTION KEY REASON`). `--json`: one object per line,
-//! `{"progress": plan}` or `{"event": audit event}`. A stream that ends while
-//! the plan is not final is `unavailable` (exit 69): watch again.
+//! one progress line is redrawn in place every second (`[####----] main
+//! 450/1000 45.0% sent 440 skipped_stale 10 rate 12.5/s elapsed 4m05s eta
+//! 44s`, the counts that are not zero, then the pace of [`pace`]); elsewhere
+//! one line per change, and the line again every 10 s while nothing changes.
+//! `--events` also asks for the audit events and prints each (`AT ACTION KEY
+//! REASON`). A plan in `canary` or `main` whose `items_done` stands still for
+//! `--stall-after` (default 30 s) gets one `warning: no progress for ...`
+//! line, and a `progress resumed after ...` line when it moves again.
+//! `--json`: one object per line, `{"progress": plan}`, `{"event": audit
+//! event}`, `{"stalled": stall}` or `{"resumed": stall}` ([`live::StallJson`]).
+//! A stream that ends while the plan is not final is `unavailable` (exit 69):
+//! watch again.
 //!
 //! # `wait`
 //! Polls `GetPlan` every `--interval` (default 1 s) until the plan is final,
@@ -71,6 +77,7 @@
 //! reconciliation file), whatever `--json` says.
 
 pub mod live;
+pub mod pace;
 pub mod view;
 
 use crate::output::Listing;
@@ -251,6 +258,11 @@ pub struct WatchArgs {
     /// Also print every audit event (time, action, message key, reason).
     #[arg(long)]
     pub events: bool,
+
+    /// Warn when a plan in canary or main has made no progress (items_done
+    /// unchanged) for this long; once per stall, and again when it moves.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
+    pub stall_after: Duration,
 }
 
 /// `plan wait` flags.
@@ -475,7 +487,7 @@ pub async fn run(
             } else {
                 WatchMode::Lines
             };
-            return live::watch(planner, args.id, args.events, mode, out).await;
+            return live::watch(planner, args.id, args.events, mode, args.stall_after, out).await;
         }
         PlanCommand::Wait(args) => {
             return match live::wait(planner, &args.id, args.timeout, args.interval).await? {
@@ -860,8 +872,17 @@ mod tests {
             panic!("not watch");
         };
         assert!(watch.events);
+        assert_eq!(watch.stall_after, Duration::from_secs(30), "the default");
+        let PlanCommand::Watch(watch) =
+            parse(&["watch", "p-1", "--stall-after", "1m 30s"]).unwrap()
+        else {
+            panic!("not watch");
+        };
+        assert_eq!(watch.stall_after, Duration::from_secs(90));
         for args in [
             &["approve", "p-1"][..],
+            &["watch", "p-1", "--stall-after", "0s"],
+            &["watch", "p-1", "--stall-after", "soon"],
             &["wait", "p-1", "--timeout", "0s"],
             &["report", "p-1", "--format", "xml"],
             &["list", "--state", "running"],

@@ -18,6 +18,7 @@
 //! | `counts` | `{sent, skipped_duplicate, skipped_stale, skipped_state, needs_compensation, failed, unroutable, uncertain}`, all eight always present, integers |
 //! | `created_by`, `approved_by` | string (`approved_by` is `""` until approved) |
 //! | `created_at`, `approved_at`, `completed_at` | RFC 3339 or null |
+//! | `observing_until` | RFC 3339 while `observing` (when the observation window ends), else null |
 //! | `actions` | array of `{"action", "actor", "reason", "at"}` (operator actions, oldest first; `at` RFC 3339 or null) |
 //! | `warnings` | array of strings |
 //!
@@ -271,6 +272,7 @@ pub struct PlanJson {
     pub approved_by: String,
     pub approved_at: Option<String>,
     pub completed_at: Option<String>,
+    pub observing_until: Option<String>,
     pub actions: Vec<ActionJson>,
     pub warnings: Vec<String>,
 }
@@ -317,6 +319,7 @@ impl From<&Plan> for PlanJson {
             approved_by: plan.approved_by.clone(),
             approved_at: timestamp_text(plan.approved_at.as_ref()),
             completed_at: timestamp_text(plan.completed_at.as_ref()),
+            observing_until: timestamp_text(plan.observing_until.as_ref()),
             actions: plan
                 .actions
                 .iter()
@@ -477,6 +480,10 @@ fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()
             || "-".to_owned(),
             |duration| humantime::format_duration(duration).to_string(),
         );
+    let observe = match &plan.observing_until {
+        Some(until) => format!("{observe} (observing until {until})"),
+        None => observe,
+    };
     let fields = [
         ("plan id", plan.plan_id.clone()),
         ("state", state_text(plan)),
@@ -729,6 +736,7 @@ mod tests {
             approved_at: at("2024-05-01T12:05:00Z"),
             completed_at: None,
             items_done: 450,
+            observing_until: None,
         }
     }
 
@@ -774,6 +782,7 @@ mod tests {
                 "approved_by": "bob",
                 "approved_at": "2024-05-01T12:05:00Z",
                 "completed_at": null,
+                "observing_until": null,
                 "actions": [{
                     "action": "approve", "actor": "bob", "reason": "",
                     "at": "2024-05-01T12:05:00Z",
@@ -795,7 +804,8 @@ mod tests {
             json["rate"],
             json!({"per_second": 0.0, "burst": 0, "rationale": ""})
         );
-        assert_eq!(json.as_object().unwrap().len(), 23);
+        assert_eq!(json["observing_until"], serde_json::Value::Null);
+        assert_eq!(json.as_object().unwrap().len(), 24);
     }
 
     #[test]
@@ -830,6 +840,25 @@ mod tests {
         });
         let json = serde_json::to_value(PlanJson::from(&plan)).unwrap();
         assert_eq!(json["observe_for_seconds"], 1.5);
+    }
+
+    #[test]
+    fn an_observing_plan_says_when_its_window_ends() {
+        let mut plan = plan();
+        plan.state = PlanState::Observing.into();
+        plan.observing_until = at("2024-05-01T12:20:00Z");
+        let view = PlanJson::from(&plan);
+        assert_eq!(
+            serde_json::to_value(&view).unwrap()["observing_until"],
+            "2024-05-01T12:20:00Z"
+        );
+        let mut out = Vec::new();
+        write_plan(&mut out, &view).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("observe for:  15m (observing until 2024-05-01T12:20:00Z)\n"),
+            "{text}"
+        );
     }
 
     #[test]
