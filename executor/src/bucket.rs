@@ -100,6 +100,10 @@ pub const MAX_BURST: u32 = 1_000_000;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
+/// The tolerance of a charge ([`Bucket::charge`]): 10^12 s, more than any
+/// TAT can lead the clock, and below 2^53 for the script's exact arithmetic.
+const CHARGE_TOLERANCE_S: u64 = 1_000_000_000_000;
+
 /// The body of the GCRA step, after a prelude that sets `now_s`, `now_ns`
 /// (the current time as whole seconds and nanoseconds). `KEYS[1]`: the bucket
 /// key. `ARGV[1]`, `ARGV[2]`: the cost of the tokens asked for (`T * tokens`)
@@ -427,6 +431,33 @@ impl Bucket {
         }
     }
 
+    /// Charges `tokens` to destination `key` at once, without waiting and
+    /// beyond the burst if need be: the bucket then grants nothing more
+    /// until those tokens would have been granted. For messages that reached
+    /// the broker at a time no token foresaw (held in a stalled connection,
+    /// released when it healed): counted when they arrive, they keep every
+    /// window within `per_second * t + burst` from then on. On Redis one
+    /// script call (a GCRA step whose tolerance never refuses); in-process
+    /// the tokens are taken in steps of at most the burst, waiting.
+    ///
+    /// # Errors
+    /// [`BucketError::InvalidRate`]; [`BucketError::Unavailable`] when Redis
+    /// fails (nothing was charged).
+    pub async fn charge(&self, key: &str, rate: Rate, tokens: u32) -> Result<(), BucketError> {
+        match self {
+            Self::Redis(bucket) => bucket.charge(key, rate, tokens).await,
+            Self::Local(bucket) => {
+                let mut left = tokens;
+                while left > 0 {
+                    let step = left.min(rate.burst);
+                    bucket.acquire(key, rate, step).await?;
+                    left -= step;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Whether the budget is shared with other executors (Redis).
     pub fn is_shared(&self) -> bool {
         matches!(self, Self::Redis(_))
@@ -561,6 +592,43 @@ impl RedisBucket {
             }
         };
         grant_from_answer(answer)
+    }
+
+    /// [`Bucket::charge`] on Redis: the GCRA step with a tolerance so large
+    /// (10^12 s) that it always grants, so the TAT moves by `T * tokens`.
+    ///
+    /// # Errors
+    /// As [`Bucket::charge`].
+    pub async fn charge(&self, key: &str, rate: Rate, tokens: u32) -> Result<(), BucketError> {
+        rate.validate()?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let increment = rate
+            .emission_interval_ns()
+            .saturating_mul(u64::from(tokens));
+        let (increment_s, increment_ns) = split_ns(increment);
+        let mut connection = self.connection.clone();
+        let mut invocation = self.script.key(self.redis_key(key));
+        invocation
+            .arg(increment_s)
+            .arg(increment_ns)
+            .arg(CHARGE_TOLERANCE_S)
+            .arg(0);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let call = invocation.invoke_async::<(i64, i64, i64)>(&mut connection);
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(Ok((1, _, _))) => Ok(()),
+            Ok(Ok(answer)) => Err(BucketError::Unavailable {
+                reason: format!("the bucket script refused a charge: {answer:?}"),
+            }),
+            Ok(Err(error)) => Err(BucketError::Unavailable {
+                reason: format!("redis call failed: {error}"),
+            }),
+            Err(_) => Err(BucketError::Unavailable {
+                reason: format!("redis did not answer within {:?}", self.call_timeout),
+            }),
+        }
     }
 
     /// [`Bucket::acquire`] on Redis: calls [`RedisBucket::try_acquire`] until

@@ -18,7 +18,9 @@
 //! reached the consumer at a time the token bucket did not foresee (held in
 //! a stalled connection, then delivered when it healed): the collector adds
 //! one token of debt per such message to its destination, and the publishing
-//! loop pays the debt to the bucket before it publishes more there.
+//! loop charges the debt to the shared bucket ([`crate::bucket::Bucket::charge`])
+//! before it publishes more there, so every executor publishing there waits
+//! for it.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -38,7 +40,7 @@ use crate::{
 
 /// A confirm slower than this may have been delivered late: its token is
 /// charged to the bucket again (see the module docs).
-pub const LATE_CONFIRM: Duration = Duration::from_secs(1);
+pub const LATE_CONFIRM: Duration = Duration::from_millis(250);
 /// Sent items marked in Redis per pipeline.
 const MARK_BATCH: usize = 256;
 
@@ -109,7 +111,8 @@ pub enum Feedback {
 pub struct TokenDebt(Arc<Mutex<HashMap<String, u32>>>);
 
 impl TokenDebt {
-    fn add(&self, key: String, tokens: u32) {
+    /// Adds `tokens` to `key`'s debt.
+    pub fn add(&self, key: String, tokens: u32) {
         let mut debts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let debt = debts.entry(key).or_default();
         *debt = debt.saturating_add(tokens);

@@ -50,7 +50,7 @@ use crate::{
 const TOKEN_CHUNK: u32 = 64;
 /// A run asks for about this much of the rate's time at once, so that slow
 /// rates take one token at a time and checks stay close to the publish.
-const RUN_SPAN: Duration = Duration::from_millis(100);
+const RUN_SPAN: Duration = Duration::from_millis(50);
 /// A token older than this is not spent: the run is taken again with fresh
 /// tokens (an interruption between the grant and the publish).
 pub const TOKEN_SPEND_LIMIT: Duration = Duration::from_millis(250);
@@ -504,6 +504,15 @@ impl Worker {
         // A confirm overdue means a stalled connection: publish nothing more
         // into it until it answers or the confirm timeout ends it.
         run.progress.waiting_for("an overdue publisher confirm");
+        if publisher
+            .oldest_unconfirmed_age()
+            .is_some_and(|age| age > LATE_CONFIRM)
+        {
+            tracing::debug!(
+                in_flight = publisher.in_flight(),
+                "a publisher confirm is overdue: not publishing until it comes"
+            );
+        }
         while publisher
             .oldest_unconfirmed_age()
             .is_some_and(|age| age > LATE_CONFIRM)
@@ -517,7 +526,18 @@ impl Worker {
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
+        if !publisher.is_connected() {
+            // The confirm timeout ended it: reconnect first. The debt of its
+            // lost confirms is paid on the new connection, when whatever the
+            // dead one held may reach the broker too.
+            self.publisher = None;
+            run.requeue(items);
+            return Leave::Next;
+        }
         run.progress.waiting_for("tokens of the rate limit");
+        // Late and lost confirms are charged the moment the connection
+        // works again: that is when what a stalled one held reaches the
+        // broker too.
         let owed = run.debt.take(&key, u32::MAX);
         if owed > 0 {
             info!(
@@ -525,15 +545,22 @@ impl Worker {
                 destination = %key,
                 "charging late or lost confirms to the rate limit again"
             );
-        }
-        let mut to_take = owed;
-        while to_take > 0 {
-            let tokens = to_take.min(run.rate.burst);
-            if !self.take_tokens(lease, &key, run.rate, tokens).await {
+            let charged = tokio::select! {
+                () = lease.stopped() => {
+                    run.requeue(items);
+                    return Leave::Stop;
+                }
+                charged = self.bucket.charge(&key, run.rate, owed) => charged,
+            };
+            if let Err(error) = charged {
+                warn!(%error, "cannot charge the rate limit: not publishing (fail closed)");
+                run.debt.add(key, owed);
                 run.requeue(items);
-                return Leave::Stop;
+                tokio::select! {
+                    () = lease.stopped() => return Leave::Stop,
+                    () = tokio::time::sleep(Duration::from_millis(500)) => return Leave::Next,
+                }
             }
-            to_take -= tokens;
         }
         let tokens = u32::try_from(items.len()).unwrap_or(u32::MAX);
         if !self.take_tokens(lease, &key, run.rate, tokens).await {
@@ -796,11 +823,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn runs_take_about_a_tenth_of_a_second_of_the_rate() {
+    fn runs_take_about_a_twentieth_of_a_second_of_the_rate() {
         let rate = |per_second, burst| Rate::new(per_second, burst).unwrap();
         assert_eq!(run_size(rate(15.0, 5), 256), 1);
         assert_eq!(run_size(rate(0.5, 1), 256), 1);
-        assert_eq!(run_size(rate(200.0, 20), 256), 20);
+        assert_eq!(run_size(rate(400.0, 40), 256), 20);
         assert_eq!(run_size(rate(200.0, 5), 256), 5);
         assert_eq!(run_size(rate(1e6, 1000), 256), 64);
         assert_eq!(run_size(rate(1e6, 1000), 8), 8);

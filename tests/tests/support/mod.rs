@@ -303,6 +303,23 @@ pub fn most_in_any(received: &[Received], window: Duration) -> usize {
     most
 }
 
+/// Where the busiest window of `window` starts (by receive time).
+pub fn busiest_window_start(received: &[Received], window: Duration) -> Option<Instant> {
+    let mut times: Vec<Instant> = received.iter().map(|r| r.at).collect();
+    times.sort();
+    let mut best = (0, None);
+    let mut first = 0;
+    for last in 0..times.len() {
+        while times[last].duration_since(times[first]) >= window {
+            first += 1;
+        }
+        if last - first + 1 > best.0 {
+            best = (last - first + 1, Some(times[first]));
+        }
+    }
+    best.1
+}
+
 /// The audit invariant after a replay (DESIGN "Executor loop and
 /// guarantees"): every message id the consumer received is `sent` or
 /// `uncertain` in the audit of `plan_id`, and an id received twice has an
