@@ -80,6 +80,9 @@ pub struct Effective {
     pub loosened: Vec<String>,
 }
 
+/// Pattern → maximum age rules.
+type Rules = Vec<(Pattern, Duration)>;
+
 /// One request value looser than the policy.
 struct Loose {
     field: String,
@@ -148,7 +151,7 @@ fn split_rules(
     floor: &[(Pattern, Duration)],
     floor_default: Option<Duration>,
     loose: &mut Vec<Loose>,
-) -> (Vec<(Pattern, Duration)>, Vec<(Pattern, Duration)>) {
+) -> (Rules, Rules) {
     let (mut within, mut looser) = (Vec::new(), Vec::new());
     for (pattern, age) in rules {
         match covering(floor, pattern)

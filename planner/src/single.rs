@@ -3,8 +3,10 @@
 //! `RepairDeadLetter` stores a corrected body as a new revision.
 //!
 //! A plan of one has no canary wave and no approval step; everything else is
-//! the plan path: the precheck (so an already replayed, stale, blocked or
-//! looping dead letter is refused with the precheck's reason), executors
+//! the plan path: the precheck with the planner's policy merged into the
+//! options as for `RunPrecheck` (so an already replayed, stale, blocked or
+//! looping dead letter is refused with the precheck's reason, whatever options
+//! the caller sent, unless it overrides the policy with a reason), executors
 //! claiming its slice under a lease, the send-time replay-key, stale and state
 //! checks, the destination's shared token bucket, publisher confirms, the
 //! replay headers and the audit.
@@ -96,7 +98,8 @@ impl Single<'_> {
     ///
     /// # Errors
     /// `InvalidArgument` naming the field (id, empty reason, wait outside
-    /// (0, 10 min], options); `NotFound` for an unknown dead letter;
+    /// (0, 10 min], options, an option looser than the planner's policy
+    /// without `options.override_policy`); `NotFound` for an unknown dead letter;
     /// `DeadlineExceeded` when an executor claimed it but has not reported by
     /// the end of the wait (the message names the plan to follow with
     /// WatchPlan); `Unavailable` when a hook fails; store errors.
