@@ -982,6 +982,7 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
                 state_check_timeout: seconds(4),
                 block_on_state_check_error: true,
                 event_time_pointer: "/meta/occurred_at".into(),
+                ..Default::default()
             }),
         }]
     );
@@ -1000,6 +1001,16 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
             "created_at": "2024-05-01T12:00:00Z",
             "digest": "9f86d081",
             "total": 10,
+            "options": {
+                "stale_after_seconds": {},
+                "stale_after_source_seconds": {},
+                "default_stale_after_seconds": null,
+                "replay_key_window_seconds": null,
+                "max_redrives": 0,
+                "event_time_pointer": null,
+                "override_policy": false,
+                "override_reason": null,
+            },
             "counts": counts,
             "breakdowns": {
                 "reason_class": [],

@@ -5,7 +5,12 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::Parser;
 
-use crate::{dead_letter::ExtractionRules, message_key::KeySource, state_check::HookRoute};
+use crate::{
+    dead_letter::ExtractionRules,
+    message_key::KeySource,
+    policy::Policy,
+    state_check::{HookRoute, Pattern},
+};
 
 /// `redrive-planner` settings.
 #[derive(Debug, Clone, Parser)]
@@ -106,6 +111,55 @@ pub struct Config {
     )]
     pub state_checks: Vec<String>,
 
+    /// Precheck policy: dead letters of this event type (or a prefix ending
+    /// in `*`) older than DURATION are stale, e.g. `payment.*=2h` (repeatable;
+    /// the environment variable takes a comma-separated list). Applies to every
+    /// precheck and single replay; a request may only shorten it unless it
+    /// overrides the policy with a reason.
+    #[arg(
+        long = "stale-after",
+        env = "REDRIVE_STALE_AFTER",
+        value_delimiter = ',',
+        value_name = "TYPE=DURATION"
+    )]
+    pub stale_after: Vec<String>,
+
+    /// Precheck policy: dead letters from this source (a DLQ name or import
+    /// label, or a prefix ending in `*`) older than DURATION are stale, e.g.
+    /// `orders.dlq=30m` (repeatable; comma-separated in the environment).
+    #[arg(
+        long = "stale-after-source",
+        env = "REDRIVE_STALE_AFTER_SOURCE",
+        value_delimiter = ',',
+        value_name = "SOURCE=DURATION"
+    )]
+    pub stale_after_source: Vec<String>,
+
+    /// Precheck policy: the maximum age of event types no `--stale-after`
+    /// pattern matches (default: none).
+    #[arg(long, env = "REDRIVE_DEFAULT_STALE_AFTER", value_name = "DURATION", value_parser = parse_duration)]
+    pub default_stale_after: Option<Duration>,
+
+    /// Precheck policy: an earlier successful replay of a message key within
+    /// this window makes it already_replayed (a request may lengthen it).
+    #[arg(long, env = "REDRIVE_REPLAY_KEY_WINDOW", value_name = "DURATION", default_value = "7days", value_parser = parse_duration)]
+    pub replay_key_window: Duration,
+
+    /// Precheck policy: re-dead-letters after which a message key is looping,
+    /// at least 1 (a request may lower it).
+    #[arg(long, env = "REDRIVE_MAX_REDRIVES", default_value_t = crate::precheck::DEFAULT_MAX_REDRIVES)]
+    pub max_redrives: u32,
+
+    /// Precheck policy: JSON pointer (RFC 6901) to the original event time in
+    /// the body, which the deadlines count from when present.
+    #[arg(long, env = "REDRIVE_EVENT_TIME_POINTER", value_name = "POINTER")]
+    pub event_time_pointer: Option<String>,
+
+    /// A plan can be approved only while its precheck is at most this old
+    /// (measured at approval from the precheck's start).
+    #[arg(long, env = "REDRIVE_MAX_PRECHECK_AGE", value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
+    pub max_precheck_age: Duration,
+
     /// Four-eyes approval: the approver of a plan must not be its creator.
     #[arg(long, env = "REDRIVE_FOUR_EYES", default_value_t = false)]
     pub four_eyes: bool,
@@ -204,7 +258,41 @@ impl Config {
                 return error("state-check", problem);
             }
         }
+        if let Err((setting, problem)) = self.try_policy() {
+            return error(setting, problem);
+        }
         Ok(())
+    }
+
+    /// The precheck policy these settings describe (call after `validate`).
+    pub fn policy(&self) -> Policy {
+        self.try_policy().unwrap_or_default()
+    }
+
+    fn try_policy(&self) -> Result<Policy, (&'static str, String)> {
+        let stale_after = policy_rules("stale-after", "TYPE", &self.stale_after)?;
+        let stale_after_source =
+            policy_rules("stale-after-source", "SOURCE", &self.stale_after_source)?;
+        if self.max_redrives == 0 {
+            return Err(("max-redrives", "must be at least 1".to_owned()));
+        }
+        if let Some(pointer) = &self.event_time_pointer
+            && !pointer.starts_with('/')
+        {
+            return Err((
+                "event-time-pointer",
+                format!("{pointer:?}: a JSON pointer starts with '/' (RFC 6901)"),
+            ));
+        }
+        Ok(Policy {
+            stale_after,
+            stale_after_source,
+            default_stale_after: self.default_stale_after,
+            replay_key_window: self.replay_key_window,
+            max_redrives: self.max_redrives,
+            event_time_pointer: self.event_time_pointer.clone(),
+        }
+        .sorted())
     }
 
     /// The state-check routes (call after `validate`).
@@ -238,5 +326,115 @@ impl Config {
     /// How long a partial capture batch waits.
     pub fn capture_batch_wait(&self) -> Duration {
         Duration::from_millis(self.capture_batch_wait_ms)
+    }
+}
+
+/// Parses a positive humantime duration (`90s`, `30m`, `2h`, `7days`).
+///
+/// # Errors
+/// The parser's complaint, or that it is zero (clap names the setting).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let parsed = humantime::parse_duration(text.trim())
+        .map_err(|error| format!("{error} (e.g. 90s, 30m, 2h, 7days)"))?;
+    if parsed.is_zero() {
+        return Err("must be longer than zero".to_owned());
+    }
+    Ok(parsed)
+}
+
+/// Parses `PATTERN=DURATION` specs, each pattern at most once.
+fn policy_rules(
+    setting: &'static str,
+    what: &str,
+    specs: &[String],
+) -> Result<Vec<(Pattern, Duration)>, (&'static str, String)> {
+    let mut rules: Vec<(Pattern, Duration)> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let problem = |problem: String| {
+            (
+                setting,
+                format!("{spec:?}: {problem}; expected {what}=DURATION, e.g. payment.*=2h"),
+            )
+        };
+        let (pattern, age) = spec
+            .split_once('=')
+            .ok_or_else(|| problem("no '='".to_owned()))?;
+        let pattern = Pattern::parse(pattern.trim()).map_err(problem)?;
+        let age = parse_duration(age).map_err(problem)?;
+        if rules.iter().any(|(existing, _)| *existing == pattern) {
+            return Err(problem(format!("{} is given twice", pattern.as_str())));
+        }
+        rules.push((pattern, age));
+    }
+    Ok(rules)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Result<Config, String> {
+        let config =
+            Config::try_parse_from(std::iter::once("redrive-planner").chain(args.iter().copied()))
+                .map_err(|error| error.to_string())?;
+        config.validate().map_err(|error| error.to_string())?;
+        Ok(config)
+    }
+
+    #[test]
+    fn the_policy_comes_from_the_settings() {
+        let config = config(&[
+            "--stale-after",
+            "payment.*=2h",
+            "--stale-after",
+            "payment.captured=30m",
+            "--stale-after-source",
+            "orders.dlq=1h",
+            "--default-stale-after",
+            "1day",
+            "--max-redrives",
+            "2",
+        ])
+        .unwrap();
+        let policy = config.policy();
+        assert_eq!(policy.stale_after[0].0.as_str(), "payment.captured");
+        assert_eq!(policy.stale_after[1].1, Duration::from_secs(7200));
+        assert_eq!(policy.stale_after_source[0].1, Duration::from_secs(3600));
+        assert_eq!(
+            policy.default_stale_after,
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(policy.max_redrives, 2);
+        assert_eq!(config.max_precheck_age, Duration::from_secs(15 * 60));
+        assert_eq!(
+            Config::for_database("postgres://x/y").policy(),
+            Policy::default()
+        );
+    }
+
+    #[test]
+    fn bad_policy_settings_are_named() {
+        for (args, setting) in [
+            (&["--stale-after", "payment.*"][..], "--stale-after"),
+            (&["--stale-after", "pay*ment=2h"][..], "--stale-after"),
+            (
+                &["--stale-after", "a=1h", "--stale-after", "a=2h"][..],
+                "--stale-after",
+            ),
+            (
+                &["--stale-after-source", "orders.dlq=soon"][..],
+                "--stale-after-source",
+            ),
+            (&["--max-redrives", "0"][..], "--max-redrives"),
+            (&["--event-time-pointer", "at"][..], "--event-time-pointer"),
+            (&["--max-precheck-age", "0s"][..], "--max-precheck-age"),
+            (
+                &["--default-stale-after", "2 fortnights"][..],
+                "--default-stale-after",
+            ),
+        ] {
+            let error = config(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
     }
 }

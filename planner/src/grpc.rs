@@ -2,7 +2,7 @@
 //! naming the field) → one domain call → response. No SQL and no business
 //! branching here.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
 use redrive_proto::v1::{self, coordinator_server::Coordinator, planner_server::Planner};
@@ -18,7 +18,8 @@ use crate::{
     inspect::{self, PageToken},
     notifier::Notifier,
     plan::{self, parse_plan_id},
-    precheck::{self, PrecheckOptions, PrecheckRequest},
+    policy::Policy,
+    precheck::{self, PrecheckRequest},
     selector::Selector,
     single::Single,
     state_check::StateChecker,
@@ -38,6 +39,10 @@ pub struct PlannerState {
     pub notifier: Notifier,
     /// Approvers must differ from creators.
     pub four_eyes: bool,
+    /// The floor under every precheck's options.
+    pub policy: Arc<Policy>,
+    /// Oldest precheck a plan may be approved from.
+    pub max_precheck_age: Duration,
     /// The planner's shutdown: long waits (ReplayDeadLetter, WatchPlan) end
     /// early instead of being cut.
     pub shutdown: CancellationToken,
@@ -49,6 +54,7 @@ impl PlannerState {
         Single {
             store: &self.store,
             checker: &self.checker,
+            policy: &self.policy,
             notifier: &self.notifier,
             rules: &self.rules,
             shutdown: &self.shutdown,
@@ -173,15 +179,12 @@ impl Planner for PlannerGrpc {
     ) -> Result<Response<v1::PrecheckReport>, Status> {
         let actor = actor(&request);
         let request = request.into_inner();
-        let selector_proto = request.selector.unwrap_or_default();
-        let options_proto = request.options.unwrap_or_default();
-        let precheck = PrecheckRequest {
+        let precheck = PrecheckRequest::new(
             actor,
-            selector: Selector::try_from(selector_proto.clone())?,
-            options: PrecheckOptions::try_from(options_proto.clone())?,
-            selector_proto,
-            options_proto,
-        };
+            request.selector.unwrap_or_default(),
+            request.options.unwrap_or_default(),
+            &self.state.policy,
+        )?;
         // Run detached: a caller that goes away does not leave the precheck
         // half done (it finishes and is stored, for GetPrecheck).
         let store = self.state.store.clone();
@@ -258,6 +261,7 @@ impl Planner for PlannerGrpc {
                 &request.digest,
                 &actor,
                 self.state.four_eyes,
+                self.state.max_precheck_age,
             )
             .await?,
         ))

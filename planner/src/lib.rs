@@ -10,7 +10,8 @@
 //! - [`dead_letter`], [`death`], [`message_key`], [`body`]: what is derived from
 //!   a dead letter (death that counts, reason class, key, compression).
 //! - [`inspect`], [`selector`]: listing, lookups, summaries.
-//! - [`precheck`], [`state_check`]: the dry run and the owning services' hooks.
+//! - [`precheck`], [`policy`], [`state_check`]: the dry run, the planner's
+//!   floor under its options, and the owning services' hooks.
 //! - [`plan`], [`coordinator`], [`audit`], [`notifier`]: plans, executors'
 //!   leases and reports, the audit record and live watching.
 //! - [`store`]: the PostgreSQL queries.
@@ -31,6 +32,7 @@ pub mod inspect;
 pub mod message_key;
 pub mod notifier;
 pub mod plan;
+pub mod policy;
 pub mod precheck;
 pub mod selector;
 pub mod single;
@@ -120,6 +122,8 @@ pub async fn run(
         checker,
         notifier: notifier.clone(),
         four_eyes: config.four_eyes,
+        policy: Arc::new(config.policy()),
+        max_precheck_age: config.max_precheck_age,
         shutdown: shutdown.clone(),
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)

@@ -11,7 +11,7 @@ use crate::{
     error::Error,
     store::{
         Store,
-        plans::{CreateOutcome, DestinationMode, NewPlan},
+        plans::{ApproveOutcome, CHANGES_LISTED, CreateOutcome, DestinationMode, NewPlan},
     },
 };
 
@@ -175,19 +175,24 @@ pub async fn get(store: &Store, plan_id: Uuid) -> Result<v1::Plan, Error> {
         .ok_or_else(|| Error::NotFound(format!("plan {plan_id} not found")))
 }
 
-/// Approves a plan awaiting approval when `digest` is its precheck's digest;
-/// executors may then claim its slices.
+/// Approves a plan awaiting approval when `digest` is its precheck's digest
+/// and what the precheck found still holds; executors may then claim its
+/// slices.
 ///
 /// # Errors
-/// `NotFound`; `FailedPrecondition` for a wrong digest or a plan not awaiting
-/// approval (approving twice); `PermissionDenied` when `four_eyes` is on and
-/// the approver created the plan; store errors.
+/// `NotFound`; `FailedPrecondition` for a wrong digest, a plan not awaiting
+/// approval (approving twice), a precheck that started more than
+/// `max_precheck_age` ago (the planner's `--max-precheck-age`), or dead letters
+/// of the plan replayed by another plan or repaired since its precheck (each
+/// message says to run the precheck again); `PermissionDenied` when
+/// `four_eyes` is on and the approver created the plan; store errors.
 pub async fn approve(
     store: &Store,
     plan_id: Uuid,
     digest: &str,
     actor: &str,
     four_eyes: bool,
+    max_precheck_age: Duration,
 ) -> Result<v1::Plan, Error> {
     let plan = get(store, plan_id).await?;
     if four_eyes && actor == plan.created_by {
@@ -201,23 +206,35 @@ pub async fn approve(
             plan.precheck_id
         )));
     }
-    match store
-        .transition_plan(
-            plan_id,
-            &["awaiting_approval"],
-            "canary",
-            "approve",
-            actor,
-            "",
-        )
-        .await?
-        .as_deref()
-    {
-        None => Err(Error::NotFound(format!("plan {plan_id} not found"))),
-        Some("awaiting_approval") => get(store, plan_id).await,
-        Some(state) => Err(Error::FailedPrecondition(format!(
+    let again = "run the precheck again (redrivectl precheck ...), create a plan from the new \
+                 precheck and approve that one";
+    match store.approve_plan(plan_id, actor, max_precheck_age).await? {
+        ApproveOutcome::Approved => get(store, plan_id).await,
+        ApproveOutcome::NotFound => Err(Error::NotFound(format!("plan {plan_id} not found"))),
+        ApproveOutcome::NotAwaiting(state) => Err(Error::FailedPrecondition(format!(
             "plan {plan_id} is {state}, not awaiting_approval: it can be approved once"
         ))),
+        ApproveOutcome::PrecheckTooOld { precheck_id, age } => {
+            Err(Error::FailedPrecondition(format!(
+                "precheck {precheck_id} of plan {plan_id} is {} old, older than the planner's \
+                 --max-precheck-age of {}: what it found may no longer hold; {again}",
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(max_precheck_age)
+            )))
+        }
+        ApproveOutcome::ChangedSincePrecheck {
+            precheck_id,
+            mut changes,
+        } => {
+            if changes.len() > CHANGES_LISTED {
+                changes.truncate(CHANGES_LISTED);
+                changes.push("...".to_owned());
+            }
+            Err(Error::FailedPrecondition(format!(
+                "dead letters of plan {plan_id} changed since its precheck {precheck_id}: {}; {again}",
+                changes.join("; ")
+            )))
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use prost::Message;
 use redrive_proto::{
-    time::{from_duration, timestamp},
+    time::{duration, from_duration, timestamp},
     v1::{self, Verdict},
 };
 use sha2::{Digest, Sha256};
@@ -26,6 +26,7 @@ use uuid::Uuid;
 use crate::{
     error::Error,
     inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageToken},
+    policy::Policy,
     selector::Selector,
     state_check::{Pattern, StateCheckError, StateChecker, StateDecision},
     store::{
@@ -54,12 +55,16 @@ const SAMPLE_BLOCKED: usize = 20;
 /// See [`SAMPLE_BLOCKED`].
 const SAMPLE_PER_VERDICT: usize = 5;
 
-/// Validated precheck options.
-#[derive(Debug, Clone)]
+/// Validated precheck options. Once merged with the planner's policy
+/// ([`crate::policy::Policy::apply`]) these are the effective options a
+/// precheck runs with and its report shows.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PrecheckOptions {
     /// Event type pattern → maximum age, most specific first.
     pub stale_after: Vec<(Pattern, Duration)>,
-    /// Maximum age when no pattern matches.
+    /// Source pattern → maximum age, most specific first.
+    pub stale_after_source: Vec<(Pattern, Duration)>,
+    /// Maximum age when no event type pattern matches.
     pub default_stale_after: Option<Duration>,
     /// Window of earlier replays that make a key already_replayed.
     pub replay_key_window: Duration,
@@ -73,6 +78,27 @@ pub struct PrecheckOptions {
     pub block_on_state_check_error: bool,
     /// JSON pointer to the original event time in the body.
     pub event_time_pointer: Option<String>,
+    /// Why these options override the planner's policy (`override_policy`
+    /// with `override_reason`); `None` when they do not.
+    pub policy_override: Option<String>,
+}
+
+impl Default for PrecheckOptions {
+    /// No staleness rule, the default window, redrives and hook settings.
+    fn default() -> Self {
+        Self {
+            stale_after: Vec::new(),
+            stale_after_source: Vec::new(),
+            default_stale_after: None,
+            replay_key_window: DEFAULT_REPLAY_KEY_WINDOW,
+            max_redrives: DEFAULT_MAX_REDRIVES,
+            state_check_batch_size: DEFAULT_STATE_CHECK_BATCH,
+            state_check_timeout: DEFAULT_STATE_CHECK_TIMEOUT,
+            block_on_state_check_error: false,
+            event_time_pointer: None,
+            policy_override: None,
+        }
+    }
 }
 
 fn positive_duration(field: &str, value: &prost_types::Duration) -> Result<Duration, Error> {
@@ -81,18 +107,45 @@ fn positive_duration(field: &str, value: &prost_types::Duration) -> Result<Durat
         .ok_or_else(|| Error::invalid(field, "must be a positive duration"))
 }
 
+/// Parses a `pattern → duration` map field (`options.stale_after`,
+/// `options.stale_after_source`), most specific pattern first.
+fn rules(
+    field: &str,
+    map: &BTreeMap<String, prost_types::Duration>,
+) -> Result<Vec<(Pattern, Duration)>, Error> {
+    let mut rules = Vec::with_capacity(map.len());
+    for (pattern, max_age) in map {
+        let field = format!("{field}[{pattern:?}]");
+        let parsed = Pattern::parse(pattern).map_err(|problem| Error::invalid(&field, problem))?;
+        rules.push((parsed, positive_duration(&field, max_age)?));
+    }
+    sort_rules(&mut rules);
+    Ok(rules)
+}
+
+/// Orders rules most specific first (the order lookups rely on).
+pub(crate) fn sort_rules(rules: &mut [(Pattern, Duration)]) {
+    rules.sort_by(|(a, _), (b, _)| {
+        b.specificity()
+            .cmp(&a.specificity())
+            .then_with(|| a.as_str().cmp(b.as_str()))
+    });
+}
+
+/// The maximum age of the most specific rule matching `value`.
+fn lookup<'a>(rules: &'a [(Pattern, Duration)], value: &str) -> Option<(Duration, &'a Pattern)> {
+    rules
+        .iter()
+        .find(|(pattern, _)| pattern.matches(value))
+        .map(|(pattern, age)| (*age, pattern))
+}
+
 impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
     type Error = Error;
 
     fn try_from(options: v1::PrecheckOptions) -> Result<Self, Error> {
-        let mut stale_after = Vec::new();
-        for (pattern, max_age) in &options.stale_after {
-            let field = format!("options.stale_after[{pattern:?}]");
-            let parsed =
-                Pattern::parse(pattern).map_err(|problem| Error::invalid(&field, problem))?;
-            stale_after.push((parsed, positive_duration(&field, max_age)?));
-        }
-        stale_after.sort_by_key(|(pattern, _)| std::cmp::Reverse(pattern.specificity()));
+        let stale_after = rules("options.stale_after", &options.stale_after)?;
+        let stale_after_source = rules("options.stale_after_source", &options.stale_after_source)?;
         let batch = match options.state_check_batch_size as usize {
             0 => DEFAULT_STATE_CHECK_BATCH,
             size if size > MAX_STATE_CHECK_BATCH => {
@@ -112,8 +165,26 @@ impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
                 "a JSON pointer starts with '/' (RFC 6901)",
             ));
         }
+        let override_reason = options.override_reason.trim();
+        let policy_override = match (options.override_policy, override_reason.is_empty()) {
+            (true, true) => {
+                return Err(Error::invalid(
+                    "options.override_reason",
+                    "required with options.override_policy: say why the planner's policy is overridden",
+                ));
+            }
+            (true, false) => Some(override_reason.to_owned()),
+            (false, true) => None,
+            (false, false) => {
+                return Err(Error::invalid(
+                    "options.override_policy",
+                    "options.override_reason is given but override_policy is not set",
+                ));
+            }
+        };
         Ok(Self {
             stale_after,
+            stale_after_source,
             default_stale_after: options
                 .default_stale_after
                 .as_ref()
@@ -139,21 +210,85 @@ impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
                 .unwrap_or(DEFAULT_STATE_CHECK_TIMEOUT),
             block_on_state_check_error: options.block_on_state_check_error,
             event_time_pointer: pointer,
+            policy_override,
         })
     }
 }
 
+/// Where a dead letter's deadline comes from (for the `stale` reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadlineRule<'a> {
+    /// A `stale_after` pattern matching its event type.
+    EventType(&'a Pattern),
+    /// `default_stale_after` (no event type pattern matches).
+    Default,
+    /// A `stale_after_source` pattern matching its source.
+    Source(&'a Pattern),
+}
+
 impl PrecheckOptions {
-    /// The deadline for `event_type`, if any.
+    /// The deadline of `event_type` alone: its most specific `stale_after`
+    /// pattern, else `default_stale_after` (source rules are not consulted;
+    /// see [`PrecheckOptions::max_age_for`]).
     pub fn max_age(&self, event_type: Option<&str>) -> Option<Duration> {
         event_type
-            .and_then(|event_type| {
-                self.stale_after
-                    .iter()
-                    .find(|(pattern, _)| pattern.matches(event_type))
-                    .map(|(_, age)| *age)
-            })
+            .and_then(|event_type| lookup(&self.stale_after, event_type))
+            .map(|(age, _)| age)
             .or(self.default_stale_after)
+    }
+
+    /// The deadline of a dead letter of `event_type` from `source`: the shorter
+    /// of its event type's ([`PrecheckOptions::max_age`]) and its source's (the
+    /// most specific matching `stale_after_source` pattern), with the rule it
+    /// comes from. `None`: it never turns stale.
+    pub fn deadline(
+        &self,
+        event_type: Option<&str>,
+        source: Option<&str>,
+    ) -> Option<(Duration, DeadlineRule<'_>)> {
+        let by_type = match event_type.and_then(|event_type| lookup(&self.stale_after, event_type))
+        {
+            Some((age, pattern)) => Some((age, DeadlineRule::EventType(pattern))),
+            None => self
+                .default_stale_after
+                .map(|age| (age, DeadlineRule::Default)),
+        };
+        let by_source = source
+            .and_then(|source| lookup(&self.stale_after_source, source))
+            .map(|(age, pattern)| (age, DeadlineRule::Source(pattern)));
+        match (by_type, by_source) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// [`PrecheckOptions::deadline`] without the rule.
+    pub fn max_age_for(&self, event_type: Option<&str>, source: Option<&str>) -> Option<Duration> {
+        self.deadline(event_type, source).map(|(age, _)| age)
+    }
+
+    /// The options as a request or report carries them (every default filled
+    /// in; maps in pattern order).
+    pub fn to_proto(&self) -> v1::PrecheckOptions {
+        let map = |rules: &[(Pattern, Duration)]| {
+            rules
+                .iter()
+                .map(|(pattern, age)| (pattern.as_str().to_owned(), duration(*age)))
+                .collect()
+        };
+        v1::PrecheckOptions {
+            stale_after: map(&self.stale_after),
+            default_stale_after: self.default_stale_after.map(duration),
+            replay_key_window: Some(duration(self.replay_key_window)),
+            max_redrives: self.max_redrives,
+            state_check_batch_size: u32::try_from(self.state_check_batch_size).unwrap_or(u32::MAX),
+            state_check_timeout: Some(duration(self.state_check_timeout)),
+            block_on_state_check_error: self.block_on_state_check_error,
+            event_time_pointer: self.event_time_pointer.clone().unwrap_or_default(),
+            stale_after_source: map(&self.stale_after_source),
+            override_policy: self.policy_override.is_some(),
+            override_reason: self.policy_override.clone().unwrap_or_default(),
+        }
     }
 }
 
@@ -226,7 +361,9 @@ pub fn classify(
             ),
         ));
     }
-    if let Some(max_age) = options.max_age(candidate.event_type.as_deref()) {
+    if let Some((max_age, rule)) =
+        options.deadline(candidate.event_type.as_deref(), Some(&candidate.source))
+    {
         let from_body = options
             .event_time_pointer
             .as_deref()
@@ -239,13 +376,19 @@ pub fn classify(
         };
         let age = (now - event_time).to_std().unwrap_or_default();
         if age > max_age {
+            let of = match rule {
+                DeadlineRule::EventType(_) | DeadlineRule::Default => format!(
+                    "event type {}",
+                    candidate.event_type.as_deref().unwrap_or("(none)")
+                ),
+                DeadlineRule::Source(_) => format!("source {}", candidate.source),
+            };
             return Some((
                 Verdict::Stale,
                 format!(
-                    "{} old (from its {basis}), past the {} deadline of event type {}",
+                    "{} old (from its {basis}), past the {} deadline of {of}",
                     humanize(age),
-                    humanize(max_age),
-                    candidate.event_type.as_deref().unwrap_or("(none)")
+                    humanize(max_age)
                 ),
             ));
         }
@@ -385,22 +528,71 @@ pub struct PrecheckRequest {
     pub selector_proto: v1::Selector,
     /// The selector, validated.
     pub selector: Selector,
-    /// The options as sent.
+    /// The effective options (the request's merged with the planner's
+    /// policy) as the report shows them and the digest covers them.
     pub options_proto: v1::PrecheckOptions,
-    /// The options, validated.
+    /// The effective options, validated.
     pub options: PrecheckOptions,
+    /// With an override of the policy: what it loosened
+    /// ([`crate::policy::Effective::loosened`]).
+    pub loosened: Vec<String>,
 }
 
-/// Runs a precheck and stores its items and report.
+impl PrecheckRequest {
+    /// A precheck of `selector` by `actor` with `options` merged with `policy`
+    /// (see [`crate::policy`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the field of the selector or options (a value
+    /// looser than the policy without `override_policy` included).
+    pub fn new(
+        actor: String,
+        selector: v1::Selector,
+        options: v1::PrecheckOptions,
+        policy: &Policy,
+    ) -> Result<Self, Error> {
+        let validated = Selector::try_from(selector.clone())?;
+        let effective = policy.apply(options)?;
+        Ok(Self {
+            actor,
+            selector_proto: selector,
+            selector: validated,
+            options_proto: effective.options.to_proto(),
+            options: effective.options,
+            loosened: effective.loosened,
+        })
+    }
+
+    /// The report's warning line for an override of the policy, if any.
+    fn override_warning(&self) -> Option<String> {
+        let reason = self.options.policy_override.as_deref()?;
+        let loosened = if self.loosened.is_empty() {
+            "no option is looser than the policy".to_owned()
+        } else {
+            format!("looser than the policy: {}", self.loosened.join("; "))
+        };
+        Some(format!(
+            "the planner's precheck policy is overridden by {}: {reason} ({loosened})",
+            self.actor
+        ))
+    }
+}
+
+/// Runs a precheck and stores its items and report. A selector naming a
+/// source no dead letter was ever stored from is refused before anything is
+/// stored.
 ///
 /// # Errors
-/// [`Error::Unavailable`] when a hook fails and the options do not say to block
-/// instead (the precheck is recorded as failed); store errors.
+/// `NotFound` naming `selector.sources[i]` and up to [`KNOWN_SOURCES_LISTED`]
+/// known sources, for a source never seen; [`Error::Unavailable`] when a hook
+/// fails and the options do not say to block instead (the precheck is
+/// recorded as failed); store errors.
 pub async fn run(
     store: &Store,
     checker: &Arc<StateChecker>,
     request: PrecheckRequest,
 ) -> Result<v1::PrecheckReport, Error> {
+    check_sources(store, &request.selector.sources).await?;
     let precheck_id = Uuid::now_v7();
     store.create_precheck(precheck_id, &request.actor).await?;
     match classify_all(store, checker, precheck_id, &request).await {
@@ -410,6 +602,7 @@ pub async fn run(
                 precheck.id = %precheck_id,
                 total = report.total,
                 replayable = report.counts.as_ref().map_or(0, |c| c.replayable),
+                policy_override = request.options.policy_override.is_some(),
                 "precheck done"
             );
             Ok(report)
@@ -419,6 +612,38 @@ pub async fn run(
             Err(error)
         }
     }
+}
+
+/// Known sources named in the error for a source never seen.
+pub const KNOWN_SOURCES_LISTED: usize = 10;
+
+/// Refuses sources no dead letter was ever stored from: a typo would
+/// otherwise give an empty report that reads like "nothing to replay".
+async fn check_sources(store: &Store, sources: &[String]) -> Result<(), Error> {
+    if sources.is_empty() {
+        return Ok(());
+    }
+    let unknown = store.unknown_sources(sources).await?;
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let named = unknown
+        .iter()
+        .map(|(index, source)| format!("selector.sources[{index}] {source:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let known = store.known_sources(KNOWN_SOURCES_LISTED + 1).await?;
+    let listed = match known.len() {
+        0 => "no dead letter has been stored yet".to_owned(),
+        n if n > KNOWN_SOURCES_LISTED => format!(
+            "known sources include {}, ...",
+            known[..KNOWN_SOURCES_LISTED].join(", ")
+        ),
+        _ => format!("known sources: {}", known.join(", ")),
+    };
+    Err(Error::NotFound(format!(
+        "{named}: no dead letter from this source has ever been stored (a typo?); {listed}"
+    )))
 }
 
 async fn classify_all(
@@ -472,6 +697,7 @@ async fn classify_all(
     copy.finish().await.map_err(StoreError::from)?;
 
     let mut warnings = Vec::new();
+    warnings.extend(request.override_warning());
     if report.overall.total == 0 {
         warnings.push("the selection is empty: nothing to replay".to_owned());
     }
@@ -712,6 +938,7 @@ mod tests {
         Candidate {
             id: 7,
             message_key: "o-1:order.paid".into(),
+            source: "orders.dlq".into(),
             destination: "orders".into(),
             body_oversized: false,
             body_problem: None,

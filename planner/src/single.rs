@@ -3,8 +3,10 @@
 //! `RepairDeadLetter` stores a corrected body as a new revision.
 //!
 //! A plan of one has no canary wave and no approval step; everything else is
-//! the plan path: the precheck (so an already replayed, stale, blocked or
-//! looping dead letter is refused with the precheck's reason), executors
+//! the plan path: the precheck with the planner's policy merged into the
+//! options as for `RunPrecheck` (so an already replayed, stale, blocked or
+//! looping dead letter is refused with the precheck's reason, whatever options
+//! the caller sent, unless it overrides the policy with a reason), executors
 //! claiming its slice under a lease, the send-time replay-key, stale and state
 //! checks, the destination's shared token bucket, publisher confirms, the
 //! replay headers and the audit.
@@ -22,8 +24,8 @@ use crate::{
     error::Error,
     inspect,
     notifier::Notifier,
-    precheck::{self, PrecheckOptions, PrecheckRequest},
-    selector::Selector,
+    policy::Policy,
+    precheck::{self, PrecheckRequest},
     state_check::StateChecker,
     store::{
         Store,
@@ -53,6 +55,8 @@ pub struct Single<'a> {
     pub store: &'a Store,
     /// State-check hooks (the precheck).
     pub checker: &'a Arc<StateChecker>,
+    /// The planner's policy, merged into the options as for every precheck.
+    pub policy: &'a Policy,
     /// Plan-change notifications (executor reports wake the wait).
     pub notifier: &'a Notifier,
     /// Body limit and content-type rules (repairs).
@@ -94,7 +98,8 @@ impl Single<'_> {
     ///
     /// # Errors
     /// `InvalidArgument` naming the field (id, empty reason, wait outside
-    /// (0, 10 min], options); `NotFound` for an unknown dead letter;
+    /// (0, 10 min], options, an option looser than the planner's policy
+    /// without `options.override_policy`); `NotFound` for an unknown dead letter;
     /// `DeadlineExceeded` when an executor claimed it but has not reported by
     /// the end of the wait (the message names the plan to follow with
     /// WatchPlan); `Unavailable` when a hook fails; store errors.
@@ -111,26 +116,17 @@ impl Single<'_> {
                 .filter(|wait| !wait.is_zero() && *wait <= MAX_WAIT)
                 .ok_or_else(|| Error::invalid("wait", "must be above 0 and at most 10 min"))?,
         };
-        let options_proto = request.options.unwrap_or_default();
-        let options = PrecheckOptions::try_from(options_proto.clone())?;
-        let (dead_letter, _) = inspect::get(self.store, id).await?;
-
-        let selector_proto = v1::Selector {
-            ids: vec![id.to_string()],
-            ..Default::default()
-        };
-        let report = precheck::run(
-            self.store,
-            self.checker,
-            PrecheckRequest {
-                actor: actor.to_owned(),
-                selector: Selector::try_from(selector_proto.clone())?,
-                selector_proto,
-                options_proto,
-                options,
+        let precheck = PrecheckRequest::new(
+            actor.to_owned(),
+            v1::Selector {
+                ids: vec![id.to_string()],
+                ..Default::default()
             },
-        )
-        .await?;
+            request.options.unwrap_or_default(),
+            self.policy,
+        )?;
+        let (dead_letter, _) = inspect::get(self.store, id).await?;
+        let report = precheck::run(self.store, self.checker, precheck).await?;
         let precheck_id = Uuid::parse_str(&report.precheck_id)
             .map_err(|error| Error::FailedPrecondition(error.to_string()))?;
         let item = self

@@ -48,6 +48,16 @@ impl Pattern {
         }
     }
 
+    /// Whether every value `other` matches, this pattern matches too: `order.*`
+    /// covers `order.paid` and `order.p*`; an exact pattern covers only itself.
+    pub fn covers(&self, other: &Pattern) -> bool {
+        match (self.0.strip_suffix('*'), other.0.strip_suffix('*')) {
+            (Some(prefix), Some(other_prefix)) => other_prefix.starts_with(prefix),
+            (Some(_), None) | (None, None) => self.matches(&other.0),
+            (None, Some(_)) => false,
+        }
+    }
+
     /// The pattern text.
     pub fn as_str(&self) -> &str {
         &self.0

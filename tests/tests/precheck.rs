@@ -255,11 +255,40 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
         "GetPrecheck returns the stored report"
     );
 
+    // A source never seen is a typo, not an empty selection: refused, with
+    // the sources there are.
+    let unknown = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![topology.dlq.clone(), "no-such-queue".into()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{}", unknown.message());
+    assert!(
+        unknown
+            .message()
+            .starts_with("selector.sources[1] \"no-such-queue\""),
+        "{}",
+        unknown.message()
+    );
+    assert!(
+        unknown
+            .message()
+            .contains(&format!("known sources: {}", topology.dlq)),
+        "{}",
+        unknown.message()
+    );
+
     // Empty selection: a report of nothing, with a warning.
     let empty = client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
-                sources: vec!["no-such-queue".into()],
+                sources: vec![topology.dlq.clone()],
+                event_types: vec!["no.such.type".into()],
                 ..Default::default()
             }),
             options: None,

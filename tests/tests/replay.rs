@@ -412,7 +412,8 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     let empty = client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
-                sources: vec!["nothing-here".into()],
+                sources: vec![incident.dlq.clone()],
+                event_types: vec!["nothing.here".into()],
                 ..Default::default()
             }),
             options: None,

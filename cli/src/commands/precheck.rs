@@ -16,6 +16,7 @@
 //! | flag | `PrecheckOptions` field |
 //! | --- | --- |
 //! | `--stale-after TYPE=DUR` (repeatable) | `stale_after[TYPE] = DUR`: TYPE is an event type or a prefix ending in `*` (`payment.*=2h`); each TYPE at most once |
+//! | `--stale-after-source SOURCE=DUR` (repeatable) | `stale_after_source[SOURCE] = DUR`: a source (DLQ name or import label) or a prefix ending in `*` |
 //! | `--default-stale-after DUR` | `default_stale_after` (event types no pattern matches) |
 //! | `--replay-key-window DUR` | `replay_key_window` (planner default 7 days) |
 //! | `--max-redrives N` | `max_redrives`, N ≥ 1 (planner default 3) |
@@ -23,6 +24,13 @@
 //! | `--state-check-timeout DUR` | `state_check_timeout` (planner default 10 s) |
 //! | `--block-on-state-check-error` | `block_on_state_check_error`: a failing hook marks its items `blocked_by_state` instead of failing the precheck |
 //! | `--event-time-pointer /json/pointer` | `event_time_pointer` (RFC 6901, starts with `/`) |
+//! | `--override-policy REASON` | `override_policy = true`, `override_reason = REASON` |
+//!
+//! The planner's precheck policy is the floor under these: they may make it
+//! stricter freely (the shorter deadline applies); a looser value (a longer
+//! deadline, a shorter window, more redrives, another event time pointer) is
+//! refused with `invalid_argument` naming the option (exit 65) unless
+//! `--override-policy REASON` is given, which the report then shows.
 //!
 //! Durations are humantime (`90s`, `2h`, `1day 6h`) and must be positive. A
 //! wrong value is a usage error naming the flag (exit 64). Without
@@ -32,7 +40,9 @@
 //! # Report (`precheck` and `precheck show ID`)
 //! People get the id, actor, creation time, digest, total and the span of
 //! death times covered; a table of all eight verdict counts in precedence
-//! order ([`VERDICTS`]); one table per breakdown (reason class, destination,
+//! order ([`VERDICTS`]) after an `options:` line with the effective options
+//! (the planner's policy merged) and, for an override, a `policy override:`
+//! line with its reason; one table per breakdown (reason class, destination,
 //! event type, schema version, producer) with value, total, replayable and a
 //! column for each other verdict that is not zero in it; the planner's
 //! warnings as `WARNING: ...` lines; the first non-replayable items; and a
@@ -45,6 +55,7 @@
 //! | `precheck_id`, `actor`, `digest` | string |
 //! | `created_at` | RFC 3339 or null |
 //! | `total` | integer |
+//! | `options` | the effective options: `{stale_after_seconds: {PATTERN: n}, stale_after_source_seconds: {PATTERN: n}, default_stale_after_seconds, replay_key_window_seconds (n or null), max_redrives, event_time_pointer (string or null), override_policy (bool), override_reason (string or null)}` |
 //! | `counts` | `{replayable, duplicate, already_replayed, looping, stale, blocked_by_state, needs_compensation, invalid}`, all eight always present, integers |
 //! | `breakdowns` | `{reason_class, destination, event_type, schema_version, producer}`, each an array of `{value, total, counts}` (`counts` as above; an absent value is `""`) |
 //! | `died_from`, `died_to` | earliest and latest death time covered, RFC 3339 or null (empty selection) |
@@ -153,21 +164,31 @@ pub struct RunArgs {
 #[command(next_help_heading = "Precheck options")]
 pub struct OptionsArgs {
     /// Items of this event type (or prefix ending in `*`) older than DURATION are
-    /// stale, e.g. `payment.*=2h`; repeatable.
+    /// stale, e.g. `payment.*=2h`; repeatable. Added to the planner's policy:
+    /// the shorter deadline applies; a longer one than the policy's needs
+    /// --override-policy.
     #[arg(long = "stale-after", value_name = "TYPE=DURATION", value_parser = parse_stale_after)]
     pub stale_after: Vec<StaleAfter>,
 
+    /// Items from this source (a DLQ name or import label, or a prefix ending
+    /// in `*`) older than DURATION are stale, e.g. `orders.dlq=30m`;
+    /// repeatable, like --stale-after.
+    #[arg(long = "stale-after-source", value_name = "SOURCE=DURATION", value_parser = parse_stale_after_source)]
+    pub stale_after_source: Vec<StaleAfter>,
+
     /// Items of event types no --stale-after matches are stale after this long
-    /// (default: never).
+    /// (default: the planner's policy, else never).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub default_stale_after: Option<Duration>,
 
     /// An earlier successful replay of the same message key within this window
-    /// makes an item already_replayed (planner default 7 days).
+    /// makes an item already_replayed (default: the planner's, 7 days unless
+    /// set; a shorter one needs --override-policy).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub replay_key_window: Option<Duration>,
 
-    /// Re-dead-letters after which a message key is looping (planner default 3).
+    /// Re-dead-letters after which a message key is looping (default: the
+    /// planner's, 3 unless set; a higher one needs --override-policy).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_redrives: Option<u32>,
 
@@ -189,6 +210,13 @@ pub struct OptionsArgs {
     /// seconds), e.g. `/meta/occurred_at`.
     #[arg(long, value_name = "POINTER", value_parser = parse_json_pointer)]
     pub event_time_pointer: Option<String>,
+
+    /// Let these options be looser than the planner's precheck policy (a
+    /// longer deadline, a shorter replay-key window, more redrives, another
+    /// event time pointer), saying why. Recorded in the report's warnings and
+    /// on every plan made from it.
+    #[arg(long, value_name = "REASON", value_parser = crate::commands::non_blank)]
+    pub override_policy: Option<String>,
 }
 
 /// One `--stale-after TYPE=DURATION`.
@@ -301,21 +329,13 @@ impl OptionsArgs {
     /// # Errors
     /// [`CliError::Usage`] when a `--stale-after` pattern is given twice.
     pub fn to_options(&self) -> Result<v1::PrecheckOptions, CliError> {
-        let mut stale_after = BTreeMap::new();
-        for StaleAfter { pattern, max_age } in &self.stale_after {
-            if let Some(earlier) = stale_after.insert(pattern.clone(), *max_age) {
-                return Err(CliError::Usage(format!(
-                    "--stale-after: {pattern} is given twice ({} and {}); give each event type pattern once",
-                    humantime::format_duration(earlier),
-                    humantime::format_duration(*max_age),
-                )));
-            }
-        }
         Ok(v1::PrecheckOptions {
-            stale_after: stale_after
-                .into_iter()
-                .map(|(pattern, max_age)| (pattern, duration(max_age)))
-                .collect(),
+            stale_after: rule_map("--stale-after", "event type", &self.stale_after)?,
+            stale_after_source: rule_map(
+                "--stale-after-source",
+                "source",
+                &self.stale_after_source,
+            )?,
             default_stale_after: self.default_stale_after.map(duration),
             replay_key_window: self.replay_key_window.map(duration),
             max_redrives: self.max_redrives.unwrap_or(0),
@@ -323,11 +343,40 @@ impl OptionsArgs {
             state_check_timeout: self.state_check_timeout.map(duration),
             block_on_state_check_error: self.block_on_state_check_error,
             event_time_pointer: self.event_time_pointer.clone().unwrap_or_default(),
+            override_policy: self.override_policy.is_some(),
+            override_reason: self.override_policy.clone().unwrap_or_default(),
         })
     }
 }
 
+/// The `pattern → duration` map of a repeatable rule flag.
+///
+/// # Errors
+/// [`CliError::Usage`] when a pattern is given twice.
+fn rule_map(
+    flag: &str,
+    what: &str,
+    rules: &[StaleAfter],
+) -> Result<BTreeMap<String, prost_types::Duration>, CliError> {
+    let mut map = BTreeMap::new();
+    for StaleAfter { pattern, max_age } in rules {
+        if let Some(earlier) = map.insert(pattern.clone(), *max_age) {
+            return Err(CliError::Usage(format!(
+                "{flag}: {pattern} is given twice ({} and {}); give each {what} pattern once",
+                humantime::format_duration(earlier),
+                humantime::format_duration(*max_age),
+            )));
+        }
+    }
+    Ok(map
+        .into_iter()
+        .map(|(pattern, max_age)| (pattern, duration(max_age)))
+        .collect())
+}
+
 const STALE_AFTER_FORM: &str = "expected TYPE=DURATION, e.g. payment.*=2h or order.paid=30m";
+const STALE_AFTER_SOURCE_FORM: &str =
+    "expected SOURCE=DURATION, e.g. orders.dlq=30m or orders.*=1h";
 
 /// Parses `--stale-after TYPE=DURATION`: an event type, or a prefix ending in
 /// `*` (`*` alone matches every type), and a positive humantime duration.
@@ -336,25 +385,36 @@ const STALE_AFTER_FORM: &str = "expected TYPE=DURATION, e.g. payment.*=2h or ord
 /// A message saying what is wrong and the expected form, for clap (which names
 /// the flag).
 pub fn parse_stale_after(text: &str) -> Result<StaleAfter, String> {
+    parse_rule(text, "event type", STALE_AFTER_FORM)
+}
+
+/// Parses `--stale-after-source SOURCE=DURATION`: a source (DLQ name or import
+/// label), or a prefix ending in `*`, and a positive humantime duration.
+///
+/// # Errors
+/// As [`parse_stale_after`].
+pub fn parse_stale_after_source(text: &str) -> Result<StaleAfter, String> {
+    parse_rule(text, "source", STALE_AFTER_SOURCE_FORM)
+}
+
+fn parse_rule(text: &str, what: &str, form: &str) -> Result<StaleAfter, String> {
     let Some((pattern, age)) = text.split_once('=') else {
-        return Err(format!("no '=' in {text:?}; {STALE_AFTER_FORM}"));
+        return Err(format!("no '=' in {text:?}; {form}"));
     };
     let (pattern, age) = (pattern.trim(), age.trim());
     if pattern.is_empty() {
-        return Err(format!(
-            "the event type before '=' is empty; {STALE_AFTER_FORM}"
-        ));
+        return Err(format!("the {what} before '=' is empty; {form}"));
     }
     if pattern[..pattern.len() - 1].contains('*') {
         return Err(format!(
-            "{pattern:?}: '*' may only end a pattern (a prefix such as payment.*); {STALE_AFTER_FORM}"
+            "{pattern:?}: '*' may only end a pattern (a prefix such as payment.*); {form}"
         ));
     }
     if age.is_empty() {
-        return Err(format!("no duration after '='; {STALE_AFTER_FORM}"));
+        return Err(format!("no duration after '='; {form}"));
     }
     let max_age = parse_positive_duration(age)
-        .map_err(|problem| format!("{pattern}: duration {age:?}: {problem}; {STALE_AFTER_FORM}"))?;
+        .map_err(|problem| format!("{pattern}: duration {age:?}: {problem}; {form}"))?;
     Ok(StaleAfter {
         pattern: pattern.to_owned(),
         max_age,
@@ -532,6 +592,94 @@ impl From<&PrecheckItem> for ItemJson {
     }
 }
 
+/// The options a precheck ran with: the request's merged with the planner's
+/// policy (module docs). Durations are whole seconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OptionsJson {
+    /// Event type pattern → maximum age.
+    pub stale_after_seconds: BTreeMap<String, u64>,
+    /// Source pattern → maximum age.
+    pub stale_after_source_seconds: BTreeMap<String, u64>,
+    /// Maximum age of event types no pattern matches.
+    pub default_stale_after_seconds: Option<u64>,
+    /// Window of earlier replays that make a key already_replayed.
+    pub replay_key_window_seconds: Option<u64>,
+    /// Re-dead-letters after which a key is looping (0: the planner's default).
+    pub max_redrives: u32,
+    /// JSON pointer to the event time in the body.
+    pub event_time_pointer: Option<String>,
+    /// Whether the request overrode the planner's policy.
+    pub override_policy: bool,
+    /// Why, with `override_policy`.
+    pub override_reason: Option<String>,
+}
+
+fn seconds(duration: &prost_types::Duration) -> u64 {
+    u64::try_from(duration.seconds).unwrap_or_default()
+}
+
+impl From<Option<&v1::PrecheckOptions>> for OptionsJson {
+    fn from(options: Option<&v1::PrecheckOptions>) -> Self {
+        let Some(options) = options else {
+            return Self::default();
+        };
+        let map = |rules: &BTreeMap<String, prost_types::Duration>| {
+            rules
+                .iter()
+                .map(|(pattern, age)| (pattern.clone(), seconds(age)))
+                .collect()
+        };
+        let text = |text: &str| Some(text.to_owned()).filter(|text| !text.is_empty());
+        Self {
+            stale_after_seconds: map(&options.stale_after),
+            stale_after_source_seconds: map(&options.stale_after_source),
+            default_stale_after_seconds: options.default_stale_after.as_ref().map(seconds),
+            replay_key_window_seconds: options.replay_key_window.as_ref().map(seconds),
+            max_redrives: options.max_redrives,
+            event_time_pointer: text(&options.event_time_pointer),
+            override_policy: options.override_policy,
+            override_reason: text(&options.override_reason),
+        }
+    }
+}
+
+impl OptionsJson {
+    /// One line for people: `stale after payment.*=2h, source orders.dlq=30m,
+    /// default 1day; replay-key window 7days; max redrives 3`.
+    pub fn summary(&self) -> String {
+        let human =
+            |seconds: u64| humantime::format_duration(Duration::from_secs(seconds)).to_string();
+        let mut deadlines: Vec<String> = self
+            .stale_after_seconds
+            .iter()
+            .map(|(pattern, age)| format!("{pattern}={}", human(*age)))
+            .collect();
+        deadlines.extend(
+            self.stale_after_source_seconds
+                .iter()
+                .map(|(pattern, age)| format!("source {pattern}={}", human(*age))),
+        );
+        if let Some(age) = self.default_stale_after_seconds {
+            deadlines.push(format!("default {}", human(age)));
+        }
+        let mut parts = vec![if deadlines.is_empty() {
+            "no staleness deadline".to_owned()
+        } else {
+            format!("stale after {}", deadlines.join(", "))
+        }];
+        if let Some(pointer) = &self.event_time_pointer {
+            parts.push(format!("event time at {pointer}"));
+        }
+        if let Some(window) = self.replay_key_window_seconds {
+            parts.push(format!("replay-key window {}", human(window)));
+        }
+        if self.max_redrives > 0 {
+            parts.push(format!("max redrives {}", self.max_redrives));
+        }
+        parts.join("; ")
+    }
+}
+
 /// A precheck report in its stable JSON shape (module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReportJson {
@@ -545,6 +693,8 @@ pub struct ReportJson {
     pub digest: String,
     /// Items covered.
     pub total: u64,
+    /// The options it ran with (the planner's policy merged).
+    pub options: OptionsJson,
     /// Count per verdict.
     pub counts: CountsJson,
     /// Counts per reason class, destination, event type, schema version, producer.
@@ -568,6 +718,7 @@ impl From<&PrecheckReport> for ReportJson {
             created_at: timestamp_text(report.created_at.as_ref()),
             digest: report.digest.clone(),
             total: report.total,
+            options: OptionsJson::from(report.options.as_ref()),
             counts: CountsJson::from(report.counts.as_ref()),
             breakdowns: BreakdownsJson {
                 reason_class: rows(&report.by_reason_class),
@@ -681,7 +832,12 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
         ("digest", cell(&report.digest).to_owned()),
         ("total", report.total.to_string()),
         ("died", covered),
+        ("options", report.options.summary()),
     ];
+    let mut fields = fields.to_vec();
+    if let Some(reason) = &report.options.override_reason {
+        fields.push(("policy override", reason.clone()));
+    }
     let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
     for (name, value) in &fields {
         writeln!(out, "{:<width$}  {value}", format!("{name}:"))?;
@@ -934,6 +1090,10 @@ mod tests {
             "--block-on-state-check-error",
             "--event-time-pointer",
             "/meta/occurred_at",
+            "--stale-after-source",
+            "orders.*=10m",
+            "--override-policy",
+            " INC-7: late captures are fine ",
         ])
         .unwrap();
         assert_eq!(
@@ -952,6 +1112,11 @@ mod tests {
                 state_check_timeout: secs(3),
                 block_on_state_check_error: true,
                 event_time_pointer: "/meta/occurred_at".into(),
+                stale_after_source: [("orders.*".to_owned(), duration(Duration::from_secs(600)))]
+                    .into_iter()
+                    .collect(),
+                override_policy: true,
+                override_reason: "INC-7: late captures are fine".into(),
             }
         );
         assert_eq!(
@@ -971,6 +1136,8 @@ mod tests {
             &["--state-check-batch", "5001"],
             &["--state-check-timeout", "ten seconds"],
             &["--event-time-pointer", "meta.occurred_at"],
+            &["--stale-after-source", "orders.dlq"],
+            &["--override-policy", "  "],
         ] {
             let error = options(args).unwrap_err();
             assert!(error.use_stderr(), "{args:?}");
@@ -1075,6 +1242,19 @@ mod tests {
                 event_type: Some("payment.captured".into()),
                 at_send: false,
             }],
+            options: Some(v1::PrecheckOptions {
+                stale_after: [("payment.*".to_owned(), duration(Duration::from_secs(7200)))].into(),
+                stale_after_source: [(
+                    "orders.dlq".to_owned(),
+                    duration(Duration::from_secs(1800)),
+                )]
+                .into(),
+                replay_key_window: secs(7 * 86_400),
+                max_redrives: 3,
+                override_policy: true,
+                override_reason: "INC-7: late captures are fine".into(),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -1094,6 +1274,16 @@ mod tests {
                 "created_at": "2024-05-01T12:00:00Z",
                 "digest": "ab12",
                 "total": 10,
+                "options": {
+                    "stale_after_seconds": {"payment.*": 7200},
+                    "stale_after_source_seconds": {"orders.dlq": 1800},
+                    "default_stale_after_seconds": null,
+                    "replay_key_window_seconds": 604_800,
+                    "max_redrives": 3,
+                    "event_time_pointer": null,
+                    "override_policy": true,
+                    "override_reason": "INC-7: late captures are fine",
+                },
                 "counts": {
                     "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
                     "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
@@ -1152,11 +1342,13 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let mut at = 0;
         for expected in [
-            "precheck id:  0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
-            "actor:        alice",
-            "digest:       ab12",
-            "total:        10",
-            "died:         2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+            "precheck id:      0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
+            "actor:            alice",
+            "digest:           ab12",
+            "total:            10",
+            "died:             2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+            "options:          stale after payment.*=2h, source orders.dlq=30m; replay-key window 7days; max redrives 3",
+            "policy override:  INC-7: late captures are fine",
             "VERDICT",
             "replayable",
             "duplicate",

@@ -622,3 +622,54 @@ pub(crate) fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreE
         revisions: Vec::new(),
     })
 }
+
+impl Store {
+    /// The sources among `sources` that no stored dead letter has, as
+    /// `(index in sources, source)` in their order (one index probe each on
+    /// `dead_letters_source_id`).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn unknown_sources(
+        &self,
+        sources: &[String],
+    ) -> Result<Vec<(usize, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT u.n, u.source FROM unnest($1::text[]) WITH ORDINALITY AS u(source, n) \
+             WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.source = u.source) ORDER BY u.n",
+        )
+        .bind(sources)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let n: i64 = row.try_get("n")?;
+                Ok((
+                    usize::try_from(n - 1).unwrap_or_default(),
+                    row.try_get("source")?,
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    /// Up to `limit` distinct sources of stored dead letters, in name order. A
+    /// skip scan over `dead_letters_source_id` (one probe per source), so it
+    /// costs the same with a hundred or a hundred million dead letters.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn known_sources(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "WITH RECURSIVE s(source) AS ( \
+                 (SELECT source FROM dead_letters ORDER BY source LIMIT 1) \
+                 UNION ALL \
+                 SELECT (SELECT d.source FROM dead_letters d WHERE d.source > s.source ORDER BY d.source LIMIT 1) \
+                 FROM s WHERE s.source IS NOT NULL) \
+             SELECT source FROM s WHERE source IS NOT NULL LIMIT $1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

@@ -2,6 +2,7 @@
 //! approval, reads with progress counts, and operator actions.
 
 use chrono::{DateTime, Utc};
+use prost::Message;
 use redrive_proto::{time::timestamp, v1};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction, postgres::PgRow};
 use uuid::Uuid;
@@ -134,10 +135,11 @@ pub(crate) async fn insert_plan(
     transaction: &mut Transaction<'_, Postgres>,
     plan: &NewPlan,
 ) -> Result<CreateOutcome, StoreError> {
-    let precheck = sqlx::query("SELECT state, digest FROM prechecks WHERE id = $1 FOR SHARE")
-        .bind(plan.precheck_id)
-        .fetch_optional(&mut **transaction)
-        .await?;
+    let precheck =
+        sqlx::query("SELECT state, digest, actor, report FROM prechecks WHERE id = $1 FOR SHARE")
+            .bind(plan.precheck_id)
+            .fetch_optional(&mut **transaction)
+            .await?;
     let Some(precheck) = precheck else {
         return Ok(CreateOutcome::PrecheckNotFound);
     };
@@ -216,10 +218,141 @@ pub(crate) async fn insert_plan(
     .execute(&mut **transaction)
     .await?;
     record_action(transaction, plan.id, "create", &plan.actor, &plan.rationale).await?;
+    // A precheck that overrode the planner's policy says so in the plan's
+    // actions, by whoever overrode it.
+    let report = precheck
+        .try_get::<Option<Vec<u8>>, _>("report")?
+        .map(|report| v1::PrecheckReport::decode(report.as_slice()))
+        .transpose()
+        .map_err(|error| StoreError::Corrupt(error.to_string()))?;
+    if let Some(options) = report
+        .and_then(|report| report.options)
+        .filter(|options| options.override_policy)
+    {
+        record_action(
+            transaction,
+            plan.id,
+            "override_policy",
+            &precheck.try_get::<String, _>("actor")?,
+            &format!(
+                "precheck {} overrode the planner's precheck policy: {}",
+                plan.precheck_id, options.override_reason
+            ),
+        )
+        .await?;
+    }
     Ok(CreateOutcome::Created)
 }
 
+/// What approving a plan found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApproveOutcome {
+    /// Approved: the plan is in `canary`.
+    Approved,
+    /// No such plan.
+    NotFound,
+    /// The plan is in this state, not `awaiting_approval`.
+    NotAwaiting(String),
+    /// Its precheck started longer ago than the allowed age.
+    PrecheckTooOld {
+        /// The precheck.
+        precheck_id: Uuid,
+        /// How long ago it started.
+        age: std::time::Duration,
+    },
+    /// Since its precheck started, some of its dead letters were replayed (by
+    /// another plan, or their message key was) or repaired.
+    ChangedSincePrecheck {
+        /// The precheck.
+        precheck_id: Uuid,
+        /// What changed, oldest first: at most [`CHANGES_LISTED`] + 1 lines
+        /// (one more tells that there are more).
+        changes: Vec<String>,
+    },
+}
+
+/// Changes since a precheck listed when an approval is refused for them.
+pub const CHANGES_LISTED: usize = 10;
+
+/// The approval check, one query with the plan row locked: the precheck's age
+/// in seconds, and what happened to the plan's dead letters since the
+/// precheck started, oldest first. Replays are found through `replayed_keys`
+/// (written in the same transaction as `dead_letters.replayed_at`, and
+/// covering another dead letter with the same key), newest first from its
+/// `replayed_at` index and then by key and dead letter; repairs through
+/// `dead_letter_revisions`.
+const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
+    extract(epoch FROM now() - c.created_at)::float8 AS age_seconds, \
+    ARRAY(SELECT z.what FROM ( \
+        SELECT 'dead letter ' || i.dead_letter_id || ': its message key ' || r.message_key || \
+               ' was replayed by plan ' || r.plan_id || ' at ' || \
+               to_char(r.replayed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS what, r.replayed_at AS at \
+        FROM replayed_keys r JOIN dead_letters d ON d.message_key = r.message_key \
+        JOIN plan_items i ON i.dead_letter_id = d.id AND i.plan_id = p.id \
+        WHERE r.replayed_at >= c.created_at AND r.plan_id <> p.id \
+        UNION ALL \
+        SELECT 'dead letter ' || v.dead_letter_id || ' was repaired (revision ' || v.revision || ' by ' || \
+               v.actor || ' at ' || to_char(v.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') || ')', \
+               v.created_at \
+        FROM dead_letter_revisions v JOIN plan_items i ON i.dead_letter_id = v.dead_letter_id AND i.plan_id = p.id \
+        WHERE v.created_at >= c.created_at \
+        ORDER BY 2 LIMIT $2) z ORDER BY z.at) AS changes \
+    FROM plans p JOIN prechecks c ON c.id = p.precheck_id WHERE p.id = $1 FOR UPDATE OF p";
+
 impl Store {
+    /// Approves a plan awaiting approval, in one transaction: unless its
+    /// precheck started more than `max_precheck_age` ago, or any of its dead
+    /// letters was replayed or repaired since then (one query, with the plan
+    /// locked); records the `approve` action by `actor`.
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing changes then.
+    pub async fn approve_plan(
+        &self,
+        plan_id: Uuid,
+        actor: &str,
+        max_precheck_age: std::time::Duration,
+    ) -> Result<ApproveOutcome, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let row = sqlx::query(APPROVE_CHECK_SQL)
+            .bind(plan_id)
+            .bind(i64::try_from(CHANGES_LISTED + 1).unwrap_or(i64::MAX))
+            .fetch_optional(&mut *transaction)
+            .await?;
+        let Some(row) = row else {
+            return Ok(ApproveOutcome::NotFound);
+        };
+        let state: String = row.try_get("state")?;
+        if state != "awaiting_approval" {
+            return Ok(ApproveOutcome::NotAwaiting(state));
+        }
+        let precheck_id: Uuid = row.try_get("precheck_id")?;
+        let age =
+            std::time::Duration::from_secs_f64(row.try_get::<f64, _>("age_seconds")?.max(0.0));
+        if age > max_precheck_age {
+            return Ok(ApproveOutcome::PrecheckTooOld { precheck_id, age });
+        }
+        let changes: Vec<String> = row.try_get("changes")?;
+        if !changes.is_empty() {
+            return Ok(ApproveOutcome::ChangedSincePrecheck {
+                precheck_id,
+                changes,
+            });
+        }
+        sqlx::query(
+            "UPDATE plans SET state = 'canary', state_reason = '', approved_by = $2, approved_at = now(), \
+             paused_from = NULL WHERE id = $1",
+        )
+        .bind(plan_id)
+        .bind(actor)
+        .execute(&mut *transaction)
+        .await?;
+        record_action(&mut transaction, plan_id, "approve", actor, "").await?;
+        notify(&mut transaction, plan_id).await?;
+        transaction.commit().await?;
+        Ok(ApproveOutcome::Approved)
+    }
+
     /// Moves a plan from `from` states to `to`, recording the operator action,
     /// in one transaction. Returns the state it was in (`None`: no such plan);
     /// nothing changes unless that state is in `from`.

@@ -26,6 +26,8 @@ pub struct Candidate {
     pub id: i64,
     /// Message key.
     pub message_key: String,
+    /// Source (DLQ name or import label).
+    pub source: String,
     /// Default destination ("" when none).
     pub destination: String,
     /// Over the body limit.
@@ -78,7 +80,7 @@ impl Store {
         with_payload: bool,
     ) -> ReceiverStream<Result<Candidate, StoreError>> {
         let mut builder = QueryBuilder::<Postgres>::new(format!(
-            "SELECT d.id, d.message_key, d.destination, d.body_oversized, d.body_problem, d.event_type, \
+            "SELECT d.id, d.message_key, d.source, d.destination, d.body_oversized, d.body_problem, d.event_type, \
              d.schema_version, d.producer, d.reason_class, d.occurred_at, d.first_died_at, d.died_at, \
              CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key ORDER BY d.id) END AS first_id, \
              r.plan_id AS replayed_plan, r.replayed_at, coalesce(r.certain, true) AS replayed_certain, coalesce(l.redrives, 0) AS redrives, {} \
@@ -94,7 +96,7 @@ impl Store {
             selector,
             // A repaired dead letter is prechecked with its latest revision, which
             // RepairDeadLetter validated against the body limit and content type.
-            "id, message_key, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
+            "id, message_key, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
              CASE WHEN body_revision IS NULL THEN body_problem END AS body_problem, event_type, schema_version, \
              producer, reason_class, occurred_at, first_died_at, died_at, \
              CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
@@ -351,6 +353,7 @@ fn candidate_from_row(row: &PgRow) -> Result<Candidate, StoreError> {
     Ok(Candidate {
         id,
         message_key: row.try_get("message_key")?,
+        source: row.try_get("source")?,
         destination: row.try_get("destination")?,
         body_oversized: row.try_get("body_oversized")?,
         body_problem: row.try_get("body_problem")?,

@@ -1,0 +1,653 @@
+//! The planner's precheck policy and approval freshness against the real
+//! services: a stale payment is refused by a single replay without any client
+//! flag, a looser client rule needs an override that the report and the plan
+//! record, an old or outdated precheck cannot be approved, and a source never
+//! seen is an error.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use lapin::{BasicProperties, options::BasicConsumeOptions, types::FieldTable};
+use redrive_planner::Config;
+use redrive_proto::v1::{
+    self, ApprovePlanRequest, CreatePlanRequest, PlanState, Rate, RunPrecheckRequest,
+    planner_client::PlannerClient, replay_dead_letter_response::Outcome,
+};
+use redrive_tests::{
+    AMQP_URL, Broker, DlqTopology, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, init_logging,
+    redis_cleanup, unique, wait_until,
+};
+use tonic::{Code, transport::Channel};
+
+/// A JSON order event of `event_type` whose `timestamp` property is `age` ago.
+fn event(order_id: &str, event_type: &str, age: chrono::Duration) -> (Vec<u8>, BasicProperties) {
+    let body = format!(r#"{{"order_id":"{order_id}","amount":10}}"#).into_bytes();
+    let properties = BasicProperties::default()
+        .with_message_id(format!("m-{order_id}").into())
+        .with_type(event_type.into())
+        .with_content_type("application/json".into())
+        .with_timestamp((chrono::Utc::now() - age).timestamp() as u64);
+    (body, properties)
+}
+
+fn hours(n: i64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: n * 3600,
+        nanos: 0,
+    }
+}
+
+fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
+    request
+}
+
+/// A planner capturing `topology`'s DLQ, keys from `/order_id`, with `policy`
+/// applied to its config.
+async fn planner(
+    db: &TestDb,
+    topology: &DlqTopology,
+    policy: impl FnOnce(&mut Config),
+) -> anyhow::Result<PlannerHandle> {
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = AMQP_URL.to_owned();
+    config.capture_queues = vec![topology.dlq.clone()];
+    config.capture_batch_size = 20;
+    config.capture_prefetch = 100;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config.lease_ttl_seconds = 3;
+    policy(&mut config);
+    PlannerHandle::start(config).await
+}
+
+/// Waits until `count` dead letters are stored; answers their ids by order id.
+async fn captured(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    count: usize,
+) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    let list = |mut client: PlannerClient<Channel>, dlq: String| async move {
+        anyhow::Ok(
+            client
+                .list_dead_letters(v1::ListDeadLettersRequest {
+                    selector: Some(v1::Selector {
+                        sources: vec![dlq],
+                        ..Default::default()
+                    }),
+                    page_size: 100,
+                    page_token: String::new(),
+                })
+                .await?
+                .into_inner()
+                .dead_letters,
+        )
+    };
+    wait_until("capture", Duration::from_secs(30), || {
+        let (client, dlq) = (client.clone(), dlq.to_owned());
+        async move {
+            // Until the first capture the source is unknown to the planner.
+            Ok(list(client, dlq)
+                .await
+                .is_ok_and(|found| found.len() >= count))
+        }
+    })
+    .await?;
+    Ok(list(client.clone(), dlq.to_owned())
+        .await?
+        .into_iter()
+        .map(|dead_letter| {
+            let order = dead_letter
+                .message_key
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            (order, dead_letter.id)
+        })
+        .collect())
+}
+
+/// Message ids delivered to `queue`, collected until the task is aborted.
+async fn consume(
+    broker: &Broker,
+    queue: &str,
+) -> anyhow::Result<(Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>)> {
+    let channel = broker.connection.create_channel().await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            unique("policy-consumer").as_str().into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&received);
+    let task = tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            sink.lock().unwrap().push(
+                delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string())
+                    .unwrap_or_default(),
+            );
+        }
+    });
+    Ok((received, task))
+}
+
+fn replay(id: &str, options: Option<v1::PrecheckOptions>) -> v1::ReplayDeadLetterRequest {
+    v1::ReplayDeadLetterRequest {
+        dead_letter_id: id.to_owned(),
+        reason: "customer ticket 4711".into(),
+        options,
+        wait: Some(prost_types::Duration {
+            seconds: 30,
+            nanos: 0,
+        }),
+    }
+}
+
+fn create(precheck_id: &str) -> CreatePlanRequest {
+    CreatePlanRequest {
+        precheck_id: precheck_id.to_owned(),
+        rate: Some(Rate {
+            per_second: 100.0,
+            burst: 10,
+            rationale: "the test consumer takes this easily".into(),
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let topology = DlqTopology::declare(&broker).await?;
+    for (order, age) in [("p-old", 3), ("p-new", 0)] {
+        let (body, properties) = event(order, "payment.captured", chrono::Duration::hours(age));
+        topology.reject(&broker, &body, properties).await?;
+    }
+    let planner = planner(&db, &topology, |config| {
+        config.stale_after = vec!["payment.*=2h".to_owned()];
+    })
+    .await?;
+    let mut client = planner.client().await?;
+    let ids = captured(&mut client, &topology.dlq, 2).await?;
+    let (received, consuming) = consume(&broker, &topology.work).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+
+    // No option at all: the planner's rule keeps the 3-hour-old payment out.
+    let refused = client
+        .replay_dead_letter(replay(&ids["p-old"], None))
+        .await?
+        .into_inner();
+    assert_eq!(
+        refused.outcome(),
+        Outcome::NotReplayed,
+        "{}",
+        refused.reason
+    );
+    assert_eq!(refused.verdict(), v1::Verdict::Stale);
+    assert!(
+        refused
+            .reason
+            .contains("past the 2h0m deadline of event type payment.captured"),
+        "{}",
+        refused.reason
+    );
+    assert!(refused.plan_id.is_empty(), "no plan is made for it");
+    let fresh = client
+        .replay_dead_letter(replay(&ids["p-new"], None))
+        .await?
+        .into_inner();
+    assert_eq!(fresh.outcome(), Outcome::Replayed, "{}", fresh.reason);
+
+    // A looser client rule is not a way around it.
+    let looser = v1::PrecheckOptions {
+        stale_after: [("payment.*".to_owned(), hours(5))].into(),
+        ..Default::default()
+    };
+    let error = client
+        .replay_dead_letter(replay(&ids["p-old"], Some(looser.clone())))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(
+        error
+            .message()
+            .starts_with("options.stale_after[\"payment.*\"]: 5h for event type payment.* is longer than the planner's policy there (2h)"),
+        "{}",
+        error.message()
+    );
+    assert!(
+        error.message().contains("options.override_policy"),
+        "{}",
+        error.message()
+    );
+
+    // An override with its reason is applied, and recorded.
+    let overridden = client
+        .replay_dead_letter(as_actor(
+            "alice",
+            replay(
+                &ids["p-old"],
+                Some(v1::PrecheckOptions {
+                    override_policy: true,
+                    override_reason: "INC-42: the ledger still takes this capture".into(),
+                    ..looser
+                }),
+            ),
+        ))
+        .await?
+        .into_inner();
+    assert_eq!(
+        overridden.outcome(),
+        Outcome::Replayed,
+        "{}",
+        overridden.reason
+    );
+    let report = client
+        .get_precheck(v1::GetPrecheckRequest {
+            precheck_id: overridden.precheck_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert!(
+        report.warnings[0].starts_with(
+            "the planner's precheck policy is overridden by alice: INC-42: the ledger still takes this capture"
+        ),
+        "{:?}",
+        report.warnings
+    );
+    let options = report.options.unwrap();
+    assert!(options.override_policy);
+    assert_eq!(options.stale_after["payment.*"], hours(5));
+    let plan = client
+        .get_plan(v1::GetPlanRequest {
+            plan_id: overridden.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let action = plan
+        .actions
+        .iter()
+        .find(|action| action.action == "override_policy")
+        .expect("the plan records the override");
+    assert_eq!(action.actor, "alice");
+    assert!(action.reason.contains("INC-42"), "{}", action.reason);
+
+    // The consumer got the fresh payment, and the old one only with the override.
+    wait_until("both deliveries", Duration::from_secs(10), || {
+        let received = Arc::clone(&received);
+        async move { Ok(received.lock().unwrap().len() >= 2) }
+    })
+    .await?;
+    consuming.abort();
+    executor.stop().await?;
+    assert_eq!(*received.lock().unwrap(), ["m-p-new", "m-p-old"]);
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    for (order, event_type, age) in [
+        ("p-old", "payment.captured", 3),
+        ("p-new", "payment.captured", 0),
+        ("o-old", "order.paid", 3),
+    ] {
+        let (body, properties) = event(order, event_type, chrono::Duration::hours(age));
+        topology.reject(&broker, &body, properties).await?;
+    }
+    let dlq = topology.dlq.clone();
+    let planner = planner(&db, &topology, |config| {
+        config.stale_after = vec!["payment.*=2h".to_owned()];
+        config.stale_after_source = vec![format!("{dlq}=150m")];
+    })
+    .await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &topology.dlq, 3).await?;
+    let selector = v1::Selector {
+        sources: vec![topology.dlq.clone()],
+        ..Default::default()
+    };
+
+    // Without options: both old events are stale, each by its own rule.
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(selector.clone()),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let counts = report.counts.unwrap();
+    assert_eq!((counts.replayable, counts.stale), (1, 2));
+    let reasons: Vec<&str> = report
+        .sample_blocked
+        .iter()
+        .map(|item| item.reason.as_str())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|reason| reason.contains("deadline of event type payment.captured")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|reason| reason.contains(&format!("2h30m deadline of source {dlq}"))),
+        "{reasons:?}"
+    );
+    // The report shows the effective options: the policy, which the digest covers.
+    let options = report.options.unwrap();
+    assert_eq!(options.stale_after["payment.*"], hours(2));
+    assert_eq!(
+        options.stale_after_source[&dlq],
+        prost_types::Duration {
+            seconds: 150 * 60,
+            nanos: 0
+        }
+    );
+    assert!(!options.override_policy);
+
+    // A stricter client rule applies on top of the policy.
+    let stricter = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(selector.clone()),
+            options: Some(v1::PrecheckOptions {
+                stale_after: [(
+                    "payment.captured".to_owned(),
+                    prost_types::Duration {
+                        seconds: 0,
+                        nanos: 1_000_000,
+                    },
+                )]
+                .into(),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(stricter.counts.unwrap().stale, 3);
+
+    // Looser without an override: refused, naming the field.
+    let looser = v1::PrecheckOptions {
+        stale_after_source: [(dlq.clone(), hours(4))].into(),
+        ..Default::default()
+    };
+    let error = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(selector.clone()),
+            options: Some(looser.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(
+        error
+            .message()
+            .starts_with(&format!("options.stale_after_source[\"{dlq}\"]")),
+        "{}",
+        error.message()
+    );
+
+    // With the override: applied (the order event is replayable now), said in
+    // the report, and in the actions of a plan made from it.
+    let overridden = client
+        .run_precheck(as_actor(
+            "bob",
+            RunPrecheckRequest {
+                selector: Some(selector.clone()),
+                options: Some(v1::PrecheckOptions {
+                    override_policy: true,
+                    override_reason: "INC-7: orders accepts late events today".into(),
+                    ..looser
+                }),
+            },
+        ))
+        .await?
+        .into_inner();
+    let counts = overridden.counts.unwrap();
+    assert_eq!(
+        (counts.replayable, counts.stale),
+        (2, 1),
+        "p-old stays stale"
+    );
+    let warning = &overridden.warnings[0];
+    assert!(
+        warning.starts_with(
+            "the planner's precheck policy is overridden by bob: INC-7: orders accepts late events today"
+        ) && warning.contains(&format!("options.stale_after_source[\"{dlq}\"]: 4h")),
+        "{warning}"
+    );
+    let options = overridden.options.unwrap();
+    assert_eq!(options.stale_after_source[&dlq], hours(4));
+    assert_eq!(
+        options.override_reason,
+        "INC-7: orders accepts late events today"
+    );
+    let plan = client
+        .create_plan(as_actor("carol", create(&overridden.precheck_id)))
+        .await?
+        .into_inner();
+    let action = plan
+        .actions
+        .iter()
+        .find(|action| action.action == "override_policy")
+        .expect("the plan records the override");
+    assert_eq!(action.actor, "bob");
+    assert!(
+        action.reason.contains(&overridden.precheck_id) && action.reason.contains("INC-7"),
+        "{}",
+        action.reason
+    );
+
+    // A source never seen is an error, not an empty report.
+    let error = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec!["orders.dql".into()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::NotFound);
+    assert_eq!(
+        error.message(),
+        format!(
+            "selector.sources[0] \"orders.dql\": no dead letter from this source has ever been stored (a typo?); known sources: {dlq}"
+        )
+    );
+
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let topology = DlqTopology::declare(&broker).await?;
+    for order in ["o-1", "o-2", "o-3"] {
+        let (body, properties) = event(order, "order.paid", chrono::Duration::zero());
+        topology.reject(&broker, &body, properties).await?;
+    }
+    let planner = planner(&db, &topology, |_| {}).await?;
+    let mut client = planner.client().await?;
+    let ids = captured(&mut client, &topology.dlq, 3).await?;
+    let pool = db.pool().await?;
+    let selector = v1::Selector {
+        sources: vec![topology.dlq.clone()],
+        ..Default::default()
+    };
+    let precheck = |mut client: PlannerClient<Channel>| {
+        let selector = selector.clone();
+        async move {
+            anyhow::Ok(
+                client
+                    .run_precheck(RunPrecheckRequest {
+                        selector: Some(selector),
+                        options: None,
+                    })
+                    .await?
+                    .into_inner(),
+            )
+        }
+    };
+    let approve = |mut client: PlannerClient<Channel>, plan: v1::Plan| async move {
+        client
+            .approve_plan(ApprovePlanRequest {
+                plan_id: plan.plan_id.clone(),
+                digest: plan.precheck_digest.clone(),
+            })
+            .await
+    };
+
+    // Older than --max-precheck-age (15 minutes by default).
+    let old = precheck(client.clone()).await?;
+    let plan = client
+        .create_plan(create(&old.precheck_id))
+        .await?
+        .into_inner();
+    sqlx::query(
+        "UPDATE prechecks SET created_at = now() - interval '20 minutes' WHERE id = $1::uuid",
+    )
+    .bind(&old.precheck_id)
+    .execute(&pool)
+    .await?;
+    let error = approve(client.clone(), plan.clone()).await.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error.message().contains(&format!(
+            "precheck {} of plan {} is 20m",
+            old.precheck_id, plan.plan_id
+        )) && error
+            .message()
+            .contains("older than the planner's --max-precheck-age of 15m")
+            && error.message().contains("run the precheck again"),
+        "{}",
+        error.message()
+    );
+    let unchanged = client
+        .get_plan(v1::GetPlanRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(unchanged.state(), PlanState::AwaitingApproval);
+    client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: plan.plan_id.clone(),
+            reason: "precheck too old".into(),
+        })
+        .await?;
+
+    // A dead letter repaired after the precheck.
+    let before_repair = precheck(client.clone()).await?;
+    client
+        .repair_dead_letter(as_actor(
+            "alice",
+            v1::RepairDeadLetterRequest {
+                dead_letter_id: ids["o-1"].clone(),
+                new_body: br#"{"order_id":"o-1","amount":12}"#.to_vec(),
+                reason: "amount was wrong".into(),
+            },
+        ))
+        .await?;
+    let plan = client
+        .create_plan(create(&before_repair.precheck_id))
+        .await?
+        .into_inner();
+    let error = approve(client.clone(), plan.clone()).await.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error.message().contains(&format!(
+            "dead letter {} was repaired (revision 1 by alice",
+            ids["o-1"]
+        )) && error.message().contains("run the precheck again"),
+        "{}",
+        error.message()
+    );
+    client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: plan.plan_id.clone(),
+            reason: "repaired since".into(),
+        })
+        .await?;
+
+    // A dead letter replayed by another plan after the precheck.
+    let before_replay = precheck(client.clone()).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let single = client
+        .replay_dead_letter(replay(&ids["o-2"], None))
+        .await?
+        .into_inner();
+    assert_eq!(single.outcome(), Outcome::Replayed, "{}", single.reason);
+    let plan = client
+        .create_plan(create(&before_replay.precheck_id))
+        .await?
+        .into_inner();
+    let error = approve(client.clone(), plan.clone()).await.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error.message().contains(&format!(
+            "dead letter {}: its message key o-2:order.paid was replayed by plan {}",
+            ids["o-2"], single.plan_id
+        )),
+        "{}",
+        error.message()
+    );
+
+    // A fresh precheck sees all that, and its plan is approved.
+    let fresh = precheck(client.clone()).await?;
+    assert_eq!(
+        fresh.counts.unwrap().replayable,
+        2,
+        "o-2 is already replayed"
+    );
+    let plan = client
+        .create_plan(create(&fresh.precheck_id))
+        .await?
+        .into_inner();
+    let approved = approve(client.clone(), plan).await?.into_inner();
+    assert_eq!(approved.state(), PlanState::Canary);
+
+    executor.stop().await?;
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
