@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::{
     error::Error,
     notifier::Notifier,
-    precheck::{PrecheckOptions, event_time_from_body},
+    precheck::PrecheckOptions,
     state_check::{StateChecker, StateDecision},
     store::{
         Store,
@@ -114,22 +114,22 @@ pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, S
     }
 }
 
-/// When an item turns stale under `options` (its event type's deadline,
-/// counted from the event time in the body, else `occurred_at`, else its death).
-fn stale_at(
-    options: &PrecheckOptions,
-    dead_letter: &v1::DeadLetter,
-    body: &[u8],
-) -> Option<chrono::DateTime<chrono::Utc>> {
-    let max_age = options.max_age(dead_letter.event_type.as_deref())?;
-    let from_body = options
-        .event_time_pointer
-        .as_deref()
-        .and_then(|pointer| event_time_from_body(body, pointer));
-    let event_time = from_body
-        .or_else(|| dead_letter.occurred_at.as_ref().and_then(from_timestamp))
-        .or_else(|| dead_letter.died_at.as_ref().and_then(from_timestamp))?;
-    Some(event_time + chrono::Duration::from_std(max_age).ok()?)
+/// When an item turns stale under `options`: its deadline (by event type
+/// and source, the planner's policy merged in) counted from the same event
+/// time as the precheck ([`crate::precheck::event_time`]).
+fn stale_at(options: &PrecheckOptions, item: &LeasedItem) -> Option<chrono::DateTime<chrono::Utc>> {
+    let dead_letter = &item.dead_letter;
+    let max_age = options.max_age_for(
+        dead_letter.event_type.as_deref(),
+        Some(dead_letter.source.as_str()),
+    )?;
+    let (event_time, _) = crate::precheck::event_time(
+        options,
+        Some(&item.replay_body),
+        dead_letter.occurred_at.as_ref().and_then(from_timestamp),
+        item.first_died_at,
+    );
+    event_time.checked_add_signed(chrono::Duration::from_std(max_age).ok()?)
 }
 
 fn slice_item(
@@ -145,7 +145,7 @@ fn slice_item(
             &item.dead_letter.destination,
         )
         .is_some();
-    let stale = options.and_then(|options| stale_at(options, &item.dead_letter, &item.replay_body));
+    let stale = options.and_then(|options| stale_at(options, &item));
     // The body travels once: `SliceItem.body` is what gets published.
     item.dead_letter.body = Vec::new();
     v1::SliceItem {

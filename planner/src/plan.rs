@@ -19,6 +19,9 @@ use crate::{
 pub const MIN_RATE_PER_SECOND: f64 = 0.001;
 /// Fastest rate a plan may have (far above one broker's capacity).
 pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
+/// Largest burst a plan accepts: the executors' token bucket takes at most
+/// this many (`redrive_executor::bucket::MAX_BURST`).
+pub const MAX_RATE_BURST: u32 = 1_000_000;
 
 /// Default items per slice.
 pub const DEFAULT_SLICE_SIZE: u32 = 100;
@@ -65,8 +68,11 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
             ),
         ));
     }
-    if rate.burst < 1 {
-        return Err(Error::invalid("rate.burst", "must be at least 1"));
+    if !(1..=MAX_RATE_BURST).contains(&rate.burst) {
+        return Err(Error::invalid(
+            "rate.burst",
+            format!("{} is not a burst from 1 to {MAX_RATE_BURST}", rate.burst),
+        ));
     }
     if rate.rationale.trim().is_empty() {
         return Err(Error::invalid(

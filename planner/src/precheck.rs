@@ -292,6 +292,28 @@ impl PrecheckOptions {
     }
 }
 
+/// The time a dead letter's age counts from, and what it is: the event
+/// time in the body at the options' `event_time_pointer`, else the
+/// `timestamp` property (`occurred_at`), else its first death. The one rule
+/// for staleness, at precheck and at send time.
+pub fn event_time(
+    options: &PrecheckOptions,
+    body: Option<&[u8]>,
+    occurred_at: Option<DateTime<Utc>>,
+    first_died_at: DateTime<Utc>,
+) -> (DateTime<Utc>, &'static str) {
+    let from_body = options
+        .event_time_pointer
+        .as_deref()
+        .zip(body)
+        .and_then(|(pointer, body)| event_time_from_body(body, pointer));
+    match (from_body, occurred_at) {
+        (Some(at), _) => (at, "event time in the body"),
+        (None, Some(at)) => (at, "timestamp property"),
+        (None, None) => (first_died_at, "first death"),
+    }
+}
+
 /// The original event time named by `pointer` in a JSON body: RFC 3339 text, or
 /// epoch seconds (or milliseconds, when above 10^11).
 pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
@@ -364,16 +386,15 @@ pub fn classify(
     if let Some((max_age, rule)) =
         options.deadline(candidate.event_type.as_deref(), Some(&candidate.source))
     {
-        let from_body = options
-            .event_time_pointer
-            .as_deref()
-            .zip(candidate.payload.as_ref())
-            .and_then(|(pointer, (body, _, _))| event_time_from_body(body, pointer));
-        let (event_time, basis) = match (from_body, candidate.occurred_at) {
-            (Some(at), _) => (at, "event time in the body"),
-            (None, Some(at)) => (at, "timestamp property"),
-            (None, None) => (candidate.first_died_at, "first death"),
-        };
+        let (event_time, basis) = event_time(
+            options,
+            candidate
+                .payload
+                .as_ref()
+                .map(|(body, _, _)| body.as_slice()),
+            candidate.occurred_at,
+            candidate.first_died_at,
+        );
         let age = (now - event_time).to_std().unwrap_or_default();
         if age > max_age {
             let of = match rule {

@@ -52,6 +52,8 @@ pub struct LeasedItem {
     pub key_replayed: bool,
     /// Plans that replayed this key before.
     pub redrive_count: i64,
+    /// When it first died (the last basis of its age, as the precheck's).
+    pub first_died_at: DateTime<Utc>,
     /// Plans (ids as the re-dead-letters' `redrive-plan-id` header says)
     /// whose replay of this key came back as a re-dead-letter.
     pub came_back_from: Vec<String>,
@@ -226,7 +228,8 @@ published; the next lease publishes it again with the same message id', wave, ow
     /// [`StoreError`].
     pub async fn slice_items(&self, slice_id: i64) -> Result<Vec<LeasedItem>, StoreError> {
         let query = format!(
-            "SELECT d.*, i.position, i.state AS item_state, i.attempts AS item_attempts, \
+            "SELECT d.*, i.position, i.state AS item_state, \
+                (SELECT first_died_at FROM dead_letters WHERE id = i.dead_letter_id) AS first_died_at, i.attempts AS item_attempts, \
                 coalesce(rev.body, d.body) AS replay_body, \
                 rk.redrive_count, rk.key_replayed, cb.came_back_from \
              FROM plan_items i \
@@ -259,6 +262,7 @@ published; the next lease publishes it again with the same message id', wave, ow
                     key_replayed: row.try_get("key_replayed")?,
                     redrive_count: row.try_get("redrive_count")?,
                     came_back_from: row.try_get("came_back_from")?,
+                    first_died_at: row.try_get("first_died_at")?,
                 })
             })
             .collect()

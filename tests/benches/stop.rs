@@ -1,0 +1,98 @@
+//! Stop latency: how long after a cancel (or pause) returns the last replayed
+//! message reaches the consumer. Each round makes a small incident, replays it
+//! with one in-process executor, cancels (even rounds) or pauses (odd rounds)
+//! once publishing is under way, and measures from the moment the call
+//! returned to the last delivery of that plan; then p50, p99 and the maximum
+//! over all rounds, at a paced rate (200/s) and at full speed.
+//!
+//! Run: `cargo bench -p redrive-tests --bench stop`
+//! (`REDRIVE_BENCH_ROUNDS` rounds per rate, default 10). The promise it
+//! measures (DESIGN "Executor loop and guarantees"): within 1 s at p99.
+
+use std::time::Duration;
+
+use redrive_proto::v1::{self, PlanState};
+use redrive_tests::{Broker, ExecutorHandle, REDIS_URL, TestDb, env_count, redis_cleanup, unique};
+use tokio::time::Instant;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::*;
+
+/// One round: the time from the stop call's return to the last delivery.
+async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow::Result<Duration> {
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-bench") + ":";
+    let incident = incident(&broker, items).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, u64::from(items)).await?;
+    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, per_second, burst, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let started = received.clone();
+    redrive_tests::wait_until("publishing", Duration::from_secs(30), move || {
+        let started = started.clone();
+        async move { Ok(started.lock().unwrap().len() >= (items / 10) as usize) }
+    })
+    .await?;
+    let request = v1::PlanControlRequest {
+        plan_id: plan.plan_id.clone(),
+        reason: "stop latency benchmark".into(),
+    };
+    let state = if cancel {
+        client.cancel_plan(request).await?.into_inner().state()
+    } else {
+        client.pause_plan(request).await?.into_inner().state()
+    };
+    let stopped_at = Instant::now();
+    anyhow::ensure!(
+        matches!(state, PlanState::Cancelled | PlanState::Paused),
+        "{state:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    anyhow::ensure!(!consuming.is_finished(), "the consumer stopped");
+    let last = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|delivery| delivery.at)
+        .max()
+        .unwrap_or(stopped_at);
+    executor.stop().await?;
+    consuming.abort();
+    planner.stop().await?;
+    broker.cleanup().await;
+    redis_cleanup(&prefix).await?;
+    db.drop_database().await;
+    Ok(last.saturating_duration_since(stopped_at))
+}
+
+fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    let index = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[index]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> anyhow::Result<()> {
+    let rounds = env_count("REDRIVE_BENCH_ROUNDS", 10).max(1) as usize;
+    for (label, per_second, burst, items) in [
+        ("200 msg/s, burst 20", 200.0, 20, 1_000),
+        ("full speed (100,000/s)", 100_000.0, 1_000, 20_000),
+    ] {
+        let mut latencies = Vec::with_capacity(rounds);
+        for index in 0..rounds {
+            latencies.push(round(per_second, burst, items, index % 2 == 0).await?);
+        }
+        latencies.sort();
+        println!(
+            "stop latency at {label}, {rounds} rounds (cancel and pause): p50 {:?}, p99 {:?}, max {:?}",
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            latencies[latencies.len() - 1]
+        );
+    }
+    Ok(())
+}
