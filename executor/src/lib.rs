@@ -248,6 +248,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // slice's tail (last confirms, report, completion, next claim) overlaps
     // another's publishing. They share the bucket and the replay keys.
     let bucket = Arc::new(bucket);
+    let debt = outcomes::TokenDebt::default();
     let mut loops = tokio::task::JoinSet::new();
     for index in 0..config.concurrent_slices {
         let mut settings = settings.clone();
@@ -257,6 +258,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             coordinator.clone(),
             Arc::clone(&bucket),
             replay_keys.clone(),
+            debt.clone(),
         );
         loops.spawn(worker.run(shutdown.clone()));
     }

@@ -80,6 +80,9 @@ pub struct Worker {
     bucket: Arc<Bucket>,
     replay_keys: Option<ReplayKeys>,
     publisher: Option<Publisher>,
+    /// Late and lost confirms not yet charged, shared by every slice loop of
+    /// the executor: a slice that ends does not take its debt with it.
+    debt: TokenDebt,
 }
 
 /// Why the publishing loop left a run.
@@ -211,12 +214,13 @@ pub fn run_size(rate: Rate, window: usize) -> usize {
 }
 
 impl Worker {
-    /// A worker over its parts.
+    /// A worker over its parts; `debt` is shared by the executor's workers.
     pub fn new(
         settings: WorkerSettings,
         coordinator: CoordinatorClient<Channel>,
         bucket: Arc<Bucket>,
         replay_keys: Option<ReplayKeys>,
+        debt: TokenDebt,
     ) -> Self {
         Self {
             settings,
@@ -224,6 +228,7 @@ impl Worker {
             bucket,
             replay_keys,
             publisher: None,
+            debt,
         }
     }
 
@@ -347,7 +352,7 @@ impl Worker {
         let (in_flight, in_flight_received) =
             mpsc::channel::<InFlight>(self.settings.publisher.window.max(1));
         let (feedback_sender, feedback) = mpsc::unbounded_channel::<Feedback>();
-        let debt = TokenDebt::default();
+        let debt = self.debt.clone();
         let context = EventContext {
             plan_id: slice.plan_id.clone(),
             slice_id: slice.slice_id.clone(),

@@ -71,15 +71,16 @@ async fn delivered_but_replayable(
         .collect())
 }
 
-/// A plan at `per_second`/`burst` over `items` dead letters is cancelled
-/// after `cancel_after` deliveries: nothing arrives later than a second
-/// after the cancel returned, the audit has every delivery, and a new
+/// A plan at `per_second`/`burst` over `items` dead letters is cancelled (or
+/// paused) after `stop_after` deliveries: nothing arrives later than a
+/// second after the call returned, the audit has every delivery, and a new
 /// precheck calls none of the delivered keys replayable.
-async fn cancel_stops_within_a_second(
+async fn stop_within_a_second(
     items: u32,
     per_second: f64,
     burst: u32,
-    cancel_after: usize,
+    stop_after: usize,
+    cancel: bool,
 ) -> anyhow::Result<()> {
     init_logging();
     let db = TestDb::new();
@@ -93,13 +94,22 @@ async fn cancel_stops_within_a_second(
     let plan = approved_plan(&mut client, &incident.dlq, per_second, burst, None).await?;
     let executor =
         ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    wait_received(&received, cancel_after, Duration::from_secs(30)).await?;
-    let cancelled = client
-        .cancel_plan(control(&plan.plan_id, "downstream is struggling again"))
-        .await?
-        .into_inner();
+    wait_received(&received, stop_after, Duration::from_secs(30)).await?;
+    let request = control(&plan.plan_id, "downstream is struggling again");
+    let state = if cancel {
+        client.cancel_plan(request).await?.into_inner().state()
+    } else {
+        client.pause_plan(request).await?.into_inner().state()
+    };
     let stopped_at = Instant::now();
-    assert_eq!(cancelled.state(), PlanState::Cancelled);
+    assert_eq!(
+        state,
+        if cancel {
+            PlanState::Cancelled
+        } else {
+            PlanState::Paused
+        }
+    );
     tokio::time::sleep(STOP_WITHIN + Duration::from_secs(2)).await;
     assert_consuming(&consuming)?;
     let received = received.lock().unwrap().clone();
@@ -109,16 +119,16 @@ async fn cancel_stops_within_a_second(
         .collect();
     assert!(
         late.is_empty(),
-        "{} of {} deliveries came more than {STOP_WITHIN:?} after the cancel (the last {:?} after)",
+        "{} of {} deliveries came more than {STOP_WITHIN:?} after the stop (the last {:?} after)",
         late.len(),
         received.len(),
         late.last().map(|r| r.at.duration_since(stopped_at))
     );
     assert!(
         received.len() < items as usize,
-        "the cancel stopped the plan before its end"
+        "the stop came before the plan's end"
     );
-    // The executor reports what was confirmed after the cancel too.
+    // The executor reports what was confirmed after the stop too.
     executor.stop().await?;
     let pool = db.pool().await?;
     let (sent, uncertain) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
@@ -126,7 +136,7 @@ async fn cancel_stops_within_a_second(
     let replayable = delivered_but_replayable(&mut client, &pool, &incident.dlq, &received).await?;
     assert!(
         replayable.is_empty(),
-        "a precheck after the cancel calls delivered keys replayable: {replayable:?}"
+        "a precheck after the stop calls delivered keys replayable: {replayable:?}"
     );
     consuming.abort();
     pool.close().await;
@@ -140,13 +150,19 @@ async fn cancel_stops_within_a_second(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_at_20_per_second_stops_within_a_second_and_the_audit_has_every_delivery()
 -> anyhow::Result<()> {
-    cancel_stops_within_a_second(200, 20.0, 5, 30).await
+    stop_within_a_second(200, 20.0, 5, 30, true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_at_full_speed_stops_within_a_second_and_the_audit_has_every_delivery()
 -> anyhow::Result<()> {
-    cancel_stops_within_a_second(4000, 100_000.0, 1000, 300).await
+    stop_within_a_second(4000, 100_000.0, 1000, 300, true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_at_full_speed_stops_within_a_second_and_the_audit_has_every_delivery()
+-> anyhow::Result<()> {
+    stop_within_a_second(4000, 100_000.0, 1000, 300, false).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

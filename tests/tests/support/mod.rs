@@ -290,34 +290,30 @@ pub async fn consume(
 
 /// The most deliveries in any window of `window` (sliding, by receive time).
 pub fn most_in_any(received: &[Received], window: Duration) -> usize {
-    let mut times: Vec<Instant> = received.iter().map(|r| r.at).collect();
-    times.sort();
-    let mut most = 0;
-    let mut first = 0;
-    for last in 0..times.len() {
-        while times[last].duration_since(times[first]) >= window {
-            first += 1;
-        }
-        most = most.max(last - first + 1);
-    }
-    most
+    busiest_window(received, window).map_or(0, |(count, _)| count)
 }
 
 /// Where the busiest window of `window` starts (by receive time).
 pub fn busiest_window_start(received: &[Received], window: Duration) -> Option<Instant> {
+    busiest_window(received, window).map(|(_, start)| start)
+}
+
+/// The busiest window of `window`: how many deliveries, and where it starts.
+fn busiest_window(received: &[Received], window: Duration) -> Option<(usize, Instant)> {
     let mut times: Vec<Instant> = received.iter().map(|r| r.at).collect();
     times.sort();
-    let mut best = (0, None);
+    let mut best: Option<(usize, Instant)> = None;
     let mut first = 0;
     for last in 0..times.len() {
         while times[last].duration_since(times[first]) >= window {
             first += 1;
         }
-        if last - first + 1 > best.0 {
-            best = (last - first + 1, Some(times[first]));
+        let count = last - first + 1;
+        if best.is_none_or(|(most, _)| count > most) {
+            best = Some((count, times[first]));
         }
     }
-    best.1
+    best
 }
 
 /// The audit invariant after a replay (DESIGN "Executor loop and
