@@ -1,7 +1,9 @@
-//! The replayed message (DESIGN.md, "The replayed message"): same body bytes,
-//! message id, correlation id, content type and encoding, type, app id,
+//! The replayed message (docs/design.md, "The replayed message"): same body
+//! bytes, message id, correlation id, content type and encoding, type, app id,
 //! timestamp, priority and application headers; persistent; without the
-//! broker's death headers; with `redrive-*` headers and a W3C `traceparent`.
+//! fields the broker would act on again ([`BROKER_FIELDS`]: `CC`/`BCC`,
+//! `expiration`, the death and delay headers); with `redrive-*` headers and a
+//! W3C `traceparent`.
 
 use lapin::{
     BasicProperties,
@@ -21,10 +23,146 @@ pub const REASON_HEADER: &str = "redrive-dead-letter-reason";
 /// W3C Trace Context header (<https://www.w3.org/TR/trace-context/>).
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 
-/// Whether the broker's delivery accounting header `name` must be removed so
-/// that it restarts (`x-death`, `x-first-death-*`, `x-last-death-*`).
-fn is_death_header(name: &str) -> bool {
-    name == "x-death" || name.starts_with("x-first-death-") || name.starts_with("x-last-death-")
+/// What a replay does with one broker-interpreted field of the captured message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Treatment {
+    /// Republished byte-identical.
+    Kept,
+    /// Not republished.
+    Dropped,
+}
+
+/// How a field is named in [`BROKER_FIELDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldName {
+    /// An AMQP basic property, by its AMQP 0-9-1 name.
+    Property(&'static str),
+    /// A header, matched exactly (RabbitMQ compares header names byte-wise).
+    Header(&'static str),
+    /// Every header whose name starts with this prefix.
+    HeaderPrefix(&'static str),
+}
+
+/// One row of the replayed-message table: a field RabbitMQ interprets when a
+/// message is published, what a replay does with it and why.
+#[derive(Debug, Clone, Copy)]
+pub struct BrokerField {
+    /// The property or header.
+    pub name: FieldName,
+    /// Kept or dropped.
+    pub treatment: Treatment,
+    /// Why, with the RabbitMQ documentation section the rule comes from.
+    pub why: &'static str,
+}
+
+/// THE table of the replayed message (docs/design.md, "The replayed message"):
+/// every property and header the broker acts on at publish time. A replay must
+/// reach only the queue the message failed in and be accepted by the broker;
+/// everything not listed here (message id, correlation id, content type and
+/// encoding, type, app id, timestamp, priority, reply-to, cluster id, the
+/// application's headers) is republished byte-identical. `delivery_mode` is
+/// always 2 (persistent). Redrive adds its own `redrive-*` headers and a
+/// `traceparent` (see the constants above).
+///
+/// The planner's precheck reads the same rules from the captured message:
+/// a `user_id` other than the user Redrive publishes as is `invalid` there,
+/// since the broker would refuse every attempt.
+pub const BROKER_FIELDS: &[BrokerField] = &[
+    BrokerField {
+        name: FieldName::Header("CC"),
+        treatment: Treatment::Dropped,
+        why: "sender-selected distribution: the broker routes a copy to every queue the CC \
+              routing keys reach, so a replay would hand healthy queues a second copy \
+              (rabbitmq.com/docs/sender-selected, \"Sender-selected Distribution\")",
+    },
+    BrokerField {
+        name: FieldName::Header("BCC"),
+        treatment: Treatment::Dropped,
+        why: "sender-selected distribution, like CC, and removed by the broker before \
+              delivery (rabbitmq.com/docs/sender-selected)",
+    },
+    BrokerField {
+        name: FieldName::Property("user_id"),
+        treatment: Treatment::Kept,
+        why: "validated user-id: the broker refuses a publish whose user_id is not the \
+              connection's user (rabbitmq.com/docs/validated-user-id); kept because \
+              consumers trust it, and the precheck marks it invalid when it differs \
+              from the user Redrive publishes as",
+    },
+    BrokerField {
+        name: FieldName::Property("expiration"),
+        treatment: Treatment::Dropped,
+        why: "per-message TTL: the broker discards or dead-letters the message when it \
+              runs out; RabbitMQ itself removes it when it dead-letters a message so that \
+              it does not expire again (rabbitmq.com/docs/ttl, \"Per-Message TTL in \
+              Publishers\"; rabbitmq.com/docs/dlx, \"Dead-Lettered Messages\"); the \
+              precheck's stale rule decides instead",
+    },
+    BrokerField {
+        name: FieldName::Header("x-death"),
+        treatment: Treatment::Dropped,
+        why: "the broker's dead-lettering history; it restarts with the replay and \
+              RabbitMQ 3.13+ ignores or refuses it from publishers \
+              (rabbitmq.com/docs/dlx, \"Dead-Lettered Messages\")",
+    },
+    BrokerField {
+        name: FieldName::HeaderPrefix("x-first-death-"),
+        treatment: Treatment::Dropped,
+        why: "the broker's dead-lettering history (rabbitmq.com/docs/dlx)",
+    },
+    BrokerField {
+        name: FieldName::HeaderPrefix("x-last-death-"),
+        treatment: Treatment::Dropped,
+        why: "the broker's dead-lettering history (rabbitmq.com/docs/dlx)",
+    },
+    BrokerField {
+        name: FieldName::Header("x-delivery-count"),
+        treatment: Treatment::Dropped,
+        why: "quorum queues count deliveries in it; a replay is a new message whose count \
+              starts again (rabbitmq.com/docs/quorum-queues, \"Poison Message Handling\")",
+    },
+    BrokerField {
+        name: FieldName::Header("x-delay"),
+        treatment: Treatment::Dropped,
+        why: "the delayed-message exchange plugin holds a message that long before \
+              routing it; the delay was served on the first publish \
+              (github.com/rabbitmq/rabbitmq-delayed-message-exchange, README \"Usage\")",
+    },
+    BrokerField {
+        name: FieldName::Header("x-received-from"),
+        treatment: Treatment::Dropped,
+        why: "federation's loop detection: a replay carrying it may be refused by a \
+              federated exchange as already seen (rabbitmq.com/docs/federated-exchanges, \
+              \"Loop Detection\")",
+    },
+    BrokerField {
+        name: FieldName::Header("x-match"),
+        treatment: Treatment::Kept,
+        why: "a headers exchange reads x-match from the binding's arguments, never from \
+              the message, and ignores x- headers when matching \
+              (rabbitmq.com/tutorials/amqp-concepts, \"Headers Exchange\"); kept as an \
+              application header",
+    },
+];
+
+/// Whether the replay drops header `name` ([`BROKER_FIELDS`]).
+pub fn drops_header(name: &str) -> bool {
+    BROKER_FIELDS.iter().any(|field| {
+        field.treatment == Treatment::Dropped
+            && match field.name {
+                FieldName::Header(header) => header == name,
+                FieldName::HeaderPrefix(prefix) => name.starts_with(prefix),
+                FieldName::Property(_) => false,
+            }
+    })
+}
+
+/// Whether the replay drops property `name` ([`BROKER_FIELDS`]).
+pub fn drops_property(name: &str) -> bool {
+    BROKER_FIELDS.iter().any(|field| {
+        field.treatment == Treatment::Dropped
+            && matches!(field.name, FieldName::Property(property) if property == name)
+    })
 }
 
 /// A new W3C `traceparent` for the replay span: version 00, random trace and
@@ -60,7 +198,7 @@ pub fn properties(
         .map_err(|error| error.to_string())?
         .inner()
     {
-        if !is_death_header(name.as_str()) {
+        if !drops_header(name.as_str()) {
             headers.insert(name.clone(), value.clone());
         }
     }
@@ -77,7 +215,10 @@ pub fn properties(
         headers.insert(ShortString::from(REASON_HEADER), text(&death.reason));
     }
     headers.insert(ShortString::from(TRACEPARENT_HEADER), text(&traceparent()));
-    let stored_properties = dead_letter.properties.clone().unwrap_or_default();
+    let mut stored_properties = dead_letter.properties.clone().unwrap_or_default();
+    if drops_property("expiration") {
+        stored_properties.expiration = None;
+    }
     let properties =
         amqp::properties_to_amqp(&stored_properties, headers).map_err(|error| error.to_string())?;
     // Persistent, always (DESIGN.md: publish persistent with mandatory).
@@ -101,6 +242,11 @@ mod tests {
             ("x-last-death-queue", Value::LongString(b"q".to_vec())),
             ("tenant", Value::LongString(b"acme".to_vec())),
             ("retries", Value::ShortInt(2)),
+            ("CC", Value::Array(Default::default())),
+            ("BCC", Value::Array(Default::default())),
+            ("x-delay", Value::LongInt(5000)),
+            ("x-delivery-count", Value::LongInt(3)),
+            ("x-match", Value::LongString(b"all".to_vec())),
         ];
         let item = v1::SliceItem {
             redrive_count: 1,
@@ -114,6 +260,8 @@ mod tests {
                 properties: Some(MessageProperties {
                     message_id: Some("m-1".into()),
                     delivery_mode: Some(1),
+                    expiration: Some("60000".into()),
+                    user_id: Some("guest".into()),
                     ..Default::default()
                 }),
                 death: Some(v1::Death {
@@ -129,6 +277,15 @@ mod tests {
         assert!(!headers.contains_key("x-death"));
         assert!(!headers.contains_key("x-first-death-reason"));
         assert!(!headers.contains_key("x-last-death-queue"));
+        for dropped in ["CC", "BCC", "x-delay", "x-delivery-count"] {
+            assert!(!headers.contains_key(dropped), "{dropped} is republished");
+        }
+        assert_eq!(headers.get("x-match"), Some(&text("all")));
+        assert_eq!(*properties.expiration(), None, "expiration is dropped");
+        assert_eq!(
+            properties.user_id().as_ref().map(|user| user.as_str()),
+            Some("guest")
+        );
         assert_eq!(headers.get("tenant"), Some(&text("acme")));
         assert_eq!(headers.get("retries"), Some(&AMQPValue::ShortInt(2)));
         assert_eq!(headers.get(PLAN_ID_HEADER), Some(&text("plan-1")));

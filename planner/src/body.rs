@@ -1,7 +1,8 @@
 //! Body helpers: compression sniffing by magic bytes and a readable preview.
 //!
-//! Bodies are always kept byte-exact for replay; decompression happens only for
-//! the preview, never silently on the stored bytes.
+//! Bodies are always kept byte-exact for replay; decompression ([`decode`])
+//! happens only to read them (message keys, JSON checks, event times,
+//! previews), capped at a byte limit, never on the stored bytes.
 
 use std::io::Read;
 
@@ -26,56 +27,206 @@ pub fn sniff(body: &[u8]) -> BodyCompression {
     }
 }
 
-/// A readable rendition of `body`: decompressed when gzip or zstd (at most
-/// [`PREVIEW_LIMIT_BYTES`] of output), pretty-printed when JSON, with invalid
-/// UTF-8 replaced; cut at [`PREVIEW_LIMIT_BYTES`] with a note. A body that claims
-/// to be compressed but does not decompress is shown as it is, with a note.
-pub fn preview(body: &[u8]) -> String {
+/// A compression codec Redrive can read a body through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// Gzip (RFC 1952), magic `1f 8b`.
+    Gzip,
+    /// Zlib-wrapped deflate (RFC 1950): a 2-byte header whose big-endian value
+    /// is a multiple of 31 with compression method 8. HTTP's and most AMQP
+    /// clients' `deflate` means this.
+    Zlib,
+    /// Raw deflate (RFC 1951): no header, so only when declared `deflate` and
+    /// the body has no zlib header.
+    Deflate,
+    /// Zstandard (RFC 8878), magic `28 b5 2f fd`.
+    Zstd,
+}
+
+impl Codec {
+    /// The codec's name, as notes print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gzip => "gzip",
+            Self::Zlib => "zlib",
+            Self::Deflate => "deflate",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
+/// Headers that frameworks declare a body's compression in, besides the
+/// `content_encoding` property: Celery/kombu's `compression` (values such as
+/// `application/x-gzip`, `application/zstd`, `zlib`) and a `Content-Encoding`
+/// header copied from HTTP.
+pub const ENCODING_HEADERS: &[&str] = &["compression", "content-encoding", "Content-Encoding"];
+
+/// Why a body could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Decompressing would exceed the cap (a decompression bomb, or just big).
+    #[error("{codec} body decompresses to more than {limit} bytes (the planner's body limit)")]
+    TooLarge {
+        /// The codec.
+        codec: &'static str,
+        /// The cap in bytes.
+        limit: usize,
+    },
+    /// The bytes are not a valid stream of the codec.
+    #[error("body looks like {codec} but does not decompress: {error}")]
+    Corrupt {
+        /// The codec.
+        codec: &'static str,
+        /// The decoder's message.
+        error: String,
+    },
+}
+
+fn has_zlib_header(body: &[u8]) -> bool {
+    match body {
+        [cmf, flg, ..] => {
+            cmf & 0x0f == 8 && cmf >> 4 <= 7 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0
+        }
+        _ => false,
+    }
+}
+
+/// The codec `body` is in: by magic bytes first (they cannot lie about the
+/// bytes), then by `declared` (a `content_encoding` value or a framework
+/// header's value, case-insensitive). `None`: read the body as it is.
+pub fn codec_of(body: &[u8], declared: Option<&str>) -> Option<Codec> {
+    let declared = declared.map(str::to_ascii_lowercase).unwrap_or_default();
+    let says = |word: &str| declared.contains(word);
+    if body.starts_with(GZIP_MAGIC) {
+        Some(Codec::Gzip)
+    } else if body.starts_with(ZSTD_MAGIC) {
+        Some(Codec::Zstd)
+    } else if has_zlib_header(body) && (says("zlib") || says("deflate") || says("gzip")) {
+        // kombu registers zlib under `application/x-gzip`.
+        Some(Codec::Zlib)
+    } else if has_zlib_header(body) && declared.is_empty() {
+        // Undeclared: only a body that really inflates counts ([`decode`]).
+        Some(Codec::Zlib)
+    } else if says("deflate") {
+        Some(Codec::Deflate)
+    } else {
+        None
+    }
+}
+
+/// Up to `limit` bytes of `body` decompressed with `codec`, and whether there
+/// was more.
+fn inflate(codec: Codec, body: &[u8], limit: usize) -> Result<(Vec<u8>, bool), String> {
+    let cap = limit as u64 + 1;
+    let mut out = Vec::new();
+    let read = match codec {
+        Codec::Gzip => flate2::read::MultiGzDecoder::new(body)
+            .take(cap)
+            .read_to_end(&mut out)
+            .map_err(|error| error.to_string()),
+        Codec::Zlib => flate2::read::ZlibDecoder::new(body)
+            .take(cap)
+            .read_to_end(&mut out)
+            .map_err(|error| error.to_string()),
+        Codec::Deflate => flate2::read::DeflateDecoder::new(body)
+            .take(cap)
+            .read_to_end(&mut out)
+            .map_err(|error| error.to_string()),
+        Codec::Zstd => ruzstd::decoding::StreamingDecoder::new(body)
+            .map_err(|error| error.to_string())
+            .and_then(|decoder| {
+                decoder
+                    .take(cap)
+                    .read_to_end(&mut out)
+                    .map_err(|error| error.to_string())
+            }),
+    };
+    read?;
+    let more = out.len() > limit;
+    out.truncate(limit);
+    Ok((out, more))
+}
+
+/// `body` as the application wrote it: decompressed when [`codec_of`] names a
+/// codec, at most `limit` bytes of output (never more is held in memory, so a
+/// decompression bomb costs at most `limit` bytes), else borrowed as it is.
+/// Returns the codec used, if any. An undeclared zlib-looking body that does
+/// not inflate is read as it is.
+///
+/// Used for message keys, JSON checks, event-time pointers and previews; the
+/// stored and replayed bytes are always the captured ones.
+///
+/// # Errors
+/// [`DecodeError::TooLarge`] above `limit`; [`DecodeError::Corrupt`] when the
+/// body has a codec's magic (or declares one) but does not decompress.
+pub fn decode<'a>(
+    body: &'a [u8],
+    declared: Option<&str>,
+    limit: usize,
+) -> Result<(std::borrow::Cow<'a, [u8]>, Option<Codec>), DecodeError> {
+    let Some(codec) = codec_of(body, declared) else {
+        return Ok((std::borrow::Cow::Borrowed(body), None));
+    };
+    match inflate(codec, body, limit) {
+        Ok((_, true)) => Err(DecodeError::TooLarge {
+            codec: codec.name(),
+            limit,
+        }),
+        Ok((bytes, false)) => Ok((std::borrow::Cow::Owned(bytes), Some(codec))),
+        Err(_) if codec == Codec::Zlib && declared.is_none_or(str::is_empty) => {
+            Ok((std::borrow::Cow::Borrowed(body), None))
+        }
+        Err(error) => Err(DecodeError::Corrupt {
+            codec: codec.name(),
+            error,
+        }),
+    }
+}
+
+/// The compression a message declares: its `content_encoding` property, else
+/// the first of [`ENCODING_HEADERS`] present.
+pub fn declared_encoding(
+    properties: &redrive_proto::v1::MessageProperties,
+    headers: &redrive_proto::v1::HeaderTable,
+) -> Option<String> {
+    properties
+        .content_encoding
+        .clone()
+        .filter(|encoding| !encoding.is_empty())
+        .or_else(|| {
+            ENCODING_HEADERS
+                .iter()
+                .find_map(|name| crate::death::text_of(headers, name))
+        })
+}
+
+/// A readable rendition of `body` (`declared`: its declared encoding, see
+/// [`declared_encoding`]): decompressed when gzip, zlib, deflate or zstd (at
+/// most [`PREVIEW_LIMIT_BYTES`] of output), pretty-printed when JSON, with
+/// invalid UTF-8 replaced; cut at [`PREVIEW_LIMIT_BYTES`] with a note. A body
+/// that claims to be compressed but does not decompress is shown as it is,
+/// with a note.
+pub fn preview(body: &[u8], declared: Option<&str>) -> String {
     let mut notes = Vec::new();
-    let decompressed = match sniff(body) {
-        BodyCompression::Gzip => {
-            let mut out = Vec::new();
-            let reader = flate2::read::MultiGzDecoder::new(body);
-            match reader
-                .take(PREVIEW_LIMIT_BYTES as u64 + 1)
-                .read_to_end(&mut out)
-            {
-                Ok(_) => {
-                    notes.push("[gzip, decompressed for preview]".to_owned());
-                    Some(out)
+    let decompressed = match codec_of(body, declared) {
+        None => None,
+        Some(codec) => match inflate(codec, body, PREVIEW_LIMIT_BYTES) {
+            Ok((out, more)) => {
+                notes.push(format!("[{}, decompressed for preview]", codec.name()));
+                if more {
+                    notes.push(format!("[cut at {PREVIEW_LIMIT_BYTES} bytes]"));
                 }
-                Err(error) => {
-                    notes.push(format!(
-                        "[looks like gzip but does not decompress: {error}]"
-                    ));
-                    None
-                }
+                Some(out)
             }
-        }
-        BodyCompression::Zstd => {
-            let mut out = Vec::new();
-            let decoded = ruzstd::decoding::StreamingDecoder::new(body)
-                .map_err(|error| error.to_string())
-                .and_then(|decoder| {
-                    decoder
-                        .take(PREVIEW_LIMIT_BYTES as u64 + 1)
-                        .read_to_end(&mut out)
-                        .map_err(|error| error.to_string())
-                });
-            match decoded {
-                Ok(_) => {
-                    notes.push("[zstd, decompressed for preview]".to_owned());
-                    Some(out)
-                }
-                Err(error) => {
-                    notes.push(format!(
-                        "[looks like zstd but does not decompress: {error}]"
-                    ));
-                    None
-                }
+            Err(_) if codec == Codec::Zlib && declared.is_none_or(str::is_empty) => None,
+            Err(error) => {
+                notes.push(format!(
+                    "[looks like {} but does not decompress: {error}]",
+                    codec.name()
+                ));
+                None
             }
-        }
-        BodyCompression::None | BodyCompression::Unspecified => None,
+        },
     };
     let bytes = decompressed.as_deref().unwrap_or(body);
     let mut text = match serde_json::from_slice::<serde_json::Value>(bytes) {
@@ -93,7 +244,9 @@ pub fn preview(body: &[u8]) -> String {
             cut -= 1;
         }
         text.truncate(cut);
-        notes.push(format!("[cut at {PREVIEW_LIMIT_BYTES} bytes]"));
+        if !notes.iter().any(|note| note.starts_with("[cut at")) {
+            notes.push(format!("[cut at {PREVIEW_LIMIT_BYTES} bytes]"));
+        }
     }
     if notes.is_empty() {
         text
@@ -114,7 +267,7 @@ mod tests {
         encoder.write_all(br#"{"order_id":"o-1"}"#).unwrap();
         let body = encoder.finish().unwrap();
         assert_eq!(sniff(&body), BodyCompression::Gzip);
-        let text = preview(&body);
+        let text = preview(&body, None);
         assert!(text.contains("gzip"), "{text}");
         assert!(text.contains("\"order_id\": \"o-1\""), "{text}");
     }
@@ -123,15 +276,81 @@ mod tests {
     fn zstd_is_sniffed_and_a_broken_frame_is_shown_as_is() {
         let body = [0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x01];
         assert_eq!(sniff(&body), BodyCompression::Zstd);
-        assert!(preview(&body).contains("does not decompress"));
+        assert!(preview(&body, None).contains("does not decompress"));
     }
 
     #[test]
     fn binary_and_long_bodies_are_marked() {
-        assert!(preview(&[0xff, 0xfe, 0x00]).contains("not UTF-8"));
+        assert!(preview(&[0xff, 0xfe, 0x00], None).contains("not UTF-8"));
         let long = vec![b'a'; PREVIEW_LIMIT_BYTES + 10];
-        let text = preview(&long);
+        let text = preview(&long, None);
         assert!(text.contains("cut at"));
         assert!(text.len() < PREVIEW_LIMIT_BYTES + 100);
+    }
+
+    fn compressed(codec: Codec, data: &[u8]) -> Vec<u8> {
+        match codec {
+            Codec::Gzip => {
+                let mut e =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+            Codec::Zlib => {
+                let mut e =
+                    flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+            Codec::Deflate => {
+                let mut e =
+                    flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+            Codec::Zstd => {
+                ruzstd::encoding::compress_to_vec(data, ruzstd::encoding::CompressionLevel::Fastest)
+            }
+        }
+    }
+
+    #[test]
+    fn every_codec_decodes_by_magic_or_declaration() {
+        let json = br#"{"order_id":"o-1"}"#;
+        for (codec, declared) in [
+            (Codec::Gzip, None),
+            (Codec::Zlib, None),
+            (Codec::Zlib, Some("deflate")),
+            (Codec::Zlib, Some("application/x-gzip")),
+            (Codec::Deflate, Some("deflate")),
+            (Codec::Zstd, None),
+        ] {
+            let body = compressed(codec, json);
+            let (decoded, used) = decode(&body, declared, 1024).unwrap();
+            assert_eq!(&*decoded, json, "{codec:?} {declared:?}");
+            assert_eq!(used, Some(codec));
+        }
+        let (plain, used) = decode(json, Some("identity"), 1024).unwrap();
+        assert_eq!((&*plain, used), (&json[..], None));
+        assert!(preview(&compressed(Codec::Zlib, json), None).contains("zlib"));
+    }
+
+    #[test]
+    fn a_decompression_bomb_stops_at_the_cap() {
+        let bomb = compressed(Codec::Gzip, &vec![0_u8; 10 * 1024 * 1024]);
+        assert!(bomb.len() < 64 * 1024);
+        let error = decode(&bomb, None, 1024 * 1024).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                DecodeError::TooLarge {
+                    limit: 1_048_576,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let error = decode(&[0x1f, 0x8b, 0, 1], Some("gzip"), 1024).unwrap_err();
+        assert!(matches!(error, DecodeError::Corrupt { .. }), "{error}");
     }
 }

@@ -315,6 +315,12 @@ impl Config {
                 .filter_map(|spec| spec.parse().ok())
                 .collect(),
             max_body_bytes: self.max_body_bytes,
+            // The AMQP URI's user (default `guest`, as AMQP URIs define it).
+            publish_user: self
+                .amqp_url
+                .parse::<lapin::uri::AMQPUri>()
+                .ok()
+                .map(|uri| uri.authority.userinfo.username),
         }
     }
 

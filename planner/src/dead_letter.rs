@@ -34,8 +34,14 @@ pub struct ExtractionRules {
     pub error_class_header: String,
     /// Where message keys come from, first match wins; empty: body SHA-256.
     pub key_sources: Vec<KeySource>,
-    /// Bodies larger than this are kept but marked oversized (not replayable).
+    /// Bodies larger than this are kept but marked oversized (not replayable);
+    /// also the cap on a decompressed body ([`body::decode`]).
     pub max_body_bytes: usize,
+    /// The broker user replays are published as (the planner's `--amqp-url`
+    /// user; executors are expected to use the same one). A captured `user_id`
+    /// other than this one is refused by RabbitMQ ("Validated User-ID"), so the
+    /// dead letter is marked not republishable. `None`: not checked.
+    pub publish_user: Option<String>,
 }
 
 impl Default for ExtractionRules {
@@ -46,6 +52,7 @@ impl Default for ExtractionRules {
             error_class_header: "error-class".to_owned(),
             key_sources: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            publish_user: None,
         }
     }
 }
@@ -113,8 +120,10 @@ pub struct NewDeadLetter {
     pub body_sha256: [u8; 32],
     /// Larger than the body limit.
     pub body_oversized: bool,
-    /// Why the body cannot be replayed as it is (a JSON content type that does
-    /// not parse), if so.
+    /// Why the message cannot be republished as captured, if so: a JSON
+    /// content type whose (decoded) body does not parse, a `user_id` the broker
+    /// would refuse, an EasyNetQ error wrapper, or only an exchange and a
+    /// routing key known. The precheck marks it `invalid` with this reason.
     pub body_problem: Option<String>,
     /// Compression recognized by magic bytes.
     pub body_compression: BodyCompression,
@@ -187,22 +196,55 @@ impl ExtractionRules {
             .is_some_and(|content_type| content_type.to_ascii_lowercase().contains("json"));
         let wants_json = declares_json || self.key_sources.iter().any(KeySource::needs_json);
         let compression = body::sniff(&raw.body);
-        let (json, json_error) =
-            if wants_json && !body_oversized && compression == BodyCompression::None {
-                match serde_json::from_slice::<serde_json::Value>(&raw.body) {
+        let declared = body::declared_encoding(&raw.properties, &raw.headers);
+        // Keys, checks and event times read the decoded body; the stored and
+        // replayed bytes stay the captured ones.
+        let mut unreadable: Option<String> = None;
+        let (json, json_error) = if wants_json && !body_oversized {
+            match body::decode(&raw.body, declared.as_deref(), self.max_body_bytes) {
+                Ok((decoded, _)) => match serde_json::from_slice::<serde_json::Value>(&decoded) {
                     Ok(json) => (Some(json), None),
                     Err(error) => (None, Some(error.to_string())),
+                },
+                Err(error) => {
+                    notes.push(format!("body not read: {error}"));
+                    unreadable = Some(error.to_string());
+                    (None, None)
                 }
-            } else {
-                (None, None)
-            };
-        let body_problem = match (declares_json, json_error) {
+            }
+        } else {
+            (None, None)
+        };
+        let mut body_problem = match (declares_json, &json_error) {
             (true, Some(error)) => Some(format!(
                 "content type {} but the body does not parse as JSON: {error}",
                 raw.properties.content_type.as_deref().unwrap_or_default()
             )),
             _ => None,
         };
+        if let (Some(user), Some(publisher)) = (
+            raw.properties.user_id.as_deref().filter(|u| !u.is_empty()),
+            self.publish_user.as_deref(),
+        ) && user != publisher
+        {
+            body_problem.get_or_insert_with(|| {
+                format!(
+                    "user_id {user:?} is not the user Redrive publishes as ({publisher:?}): RabbitMQ would refuse the replay (rabbitmq.com/docs/validated-user-id)"
+                )
+            });
+        }
+        let easynetq = json.as_ref().and_then(death::easynetq_error);
+        if let Some(wrapper) = &easynetq {
+            info.frameworks.push("EasyNetQ");
+            info.error_text
+                .get_or_insert_with(|| wrapper.error_text.clone());
+            body_problem.get_or_insert_with(|| {
+                format!(
+                    "EasyNetQ error wrapper: the original body ({} bytes) is inside its Message field; republishing the wrapper would hand the consumer an error record (replay it with EasyNetQ's tools or import the inner message)",
+                    wrapper.inner_body_bytes
+                )
+            });
+        }
 
         let event_type = raw
             .properties
@@ -233,17 +275,55 @@ impl ExtractionRules {
             death.as_ref().map(|death| death.reason.as_str()),
             info.error_class.as_deref(),
         );
+        // A queue, never a routing key (a routing key is not a queue name).
         let destination = raw
             .original_destination
             .clone()
             .or_else(|| death.as_ref().map(|death| death.queue.clone()))
             .filter(|queue| !queue.is_empty())
-            .or_else(|| info.original_routing_key.clone())
+            .or_else(|| info.original_queue.clone())
+            .or_else(|| easynetq.as_ref().map(|wrapper| wrapper.queue.clone()))
+            .filter(|queue| !queue.is_empty())
             .unwrap_or_default();
         if destination.is_empty() {
-            notes.push(
-                "no destination: neither x-death nor a framework header names one".to_owned(),
-            );
+            if info.original_exchange.is_some() || info.original_routing_key.is_some() {
+                let only = format!(
+                    "only exchange {:?} and routing key {:?} are known (from {} headers), not the queue it failed in: a routing key is not a queue name, so queue mode cannot replay it; replay it with an exchange-mode plan or a redirect",
+                    info.original_exchange.as_deref().unwrap_or_default(),
+                    info.original_routing_key.as_deref().unwrap_or_default(),
+                    info.frameworks.join(", ")
+                );
+                notes.push(only.clone());
+                body_problem.get_or_insert(only);
+            } else {
+                notes.push(
+                    "no destination: neither x-death nor a framework header names one".to_owned(),
+                );
+            }
+        }
+        if !info.frameworks.is_empty() {
+            notes.push(format!("read as {}", info.frameworks.join(", ")));
+        }
+        if message_key.starts_with("sha256:") && !self.key_sources.is_empty() {
+            let sources = self
+                .key_sources
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let why = if let Some(error) = &unreadable {
+                format!("the body could not be decoded ({error})")
+            } else if let Some(error) = json_error
+                .as_ref()
+                .filter(|_| self.key_sources.iter().any(KeySource::needs_json))
+            {
+                format!("the body is not JSON ({error})")
+            } else {
+                "none of them has a value in this message".to_owned()
+            };
+            notes.push(format!(
+                "message key is the body hash: no key from {sources}: {why}"
+            ));
         }
         let occurred_at = raw.occurred_at.or_else(|| {
             raw.properties
@@ -364,5 +444,140 @@ impl NewDeadLetter {
             problem.chars().take(500).collect::<String>()
         )];
         degraded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use redrive_proto::v1::{HeaderValue, header_value::Value};
+
+    use super::*;
+
+    fn raw(
+        body: Vec<u8>,
+        properties: MessageProperties,
+        headers: &[(&str, &str)],
+    ) -> RawDeadLetter {
+        RawDeadLetter {
+            source: "dlq".into(),
+            origin: Origin::Rabbitmq,
+            body,
+            properties,
+            headers: HeaderTable {
+                fields: headers
+                    .iter()
+                    .map(|(name, value)| {
+                        (
+                            (*name).to_owned(),
+                            HeaderValue {
+                                value: Some(Value::LongString(value.as_bytes().to_vec())),
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+            redelivered: false,
+            reason: None,
+            original_destination: None,
+            error_text: None,
+            attempts: None,
+            occurred_at: None,
+            captured_at: Utc::now(),
+        }
+    }
+
+    fn rules() -> ExtractionRules {
+        ExtractionRules {
+            key_sources: vec!["json:/order_id".parse().unwrap()],
+            publish_user: Some("guest".into()),
+            ..ExtractionRules::default()
+        }
+    }
+
+    #[test]
+    fn keys_read_the_decoded_body_of_every_codec() {
+        let json = br#"{"order_id":"o-42","n":1}"#;
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gzip.write_all(json).unwrap();
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        zlib.write_all(json).unwrap();
+        let zstd = ruzstd::encoding::compress_to_vec(
+            &json[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        let json_type = MessageProperties {
+            content_type: Some("application/json".into()),
+            ..Default::default()
+        };
+        for (body, encoding) in [
+            (gzip.finish().unwrap(), Some("gzip")),
+            (zlib.finish().unwrap(), Some("deflate")),
+            (zstd, None),
+        ] {
+            let properties = MessageProperties {
+                content_encoding: encoding.map(Into::into),
+                ..json_type.clone()
+            };
+            let extracted = rules().extract(raw(body.clone(), properties, &[]));
+            assert_eq!(extracted.message_key, "o-42", "{encoding:?}");
+            assert_eq!(extracted.body_problem, None);
+            assert_eq!(extracted.body, body, "the captured bytes are kept");
+        }
+        let fallback =
+            rules().extract(raw(b"not json".to_vec(), MessageProperties::default(), &[]));
+        assert!(fallback.message_key.starts_with("sha256:"));
+        assert!(
+            fallback
+                .capture_notes
+                .iter()
+                .any(|n| n.contains("body hash") && n.contains("not JSON")),
+            "{:?}",
+            fallback.capture_notes
+        );
+    }
+
+    #[test]
+    fn what_the_broker_would_refuse_or_misroute_is_not_republishable() {
+        let foreign_user = MessageProperties {
+            user_id: Some("billing-svc".into()),
+            ..Default::default()
+        };
+        let extracted = rules().extract(raw(
+            b"{}".to_vec(),
+            foreign_user,
+            &[
+                ("x-last-death-reason", "rejected"),
+                ("x-last-death-queue", "work"),
+            ],
+        ));
+        assert!(
+            extracted
+                .body_problem
+                .unwrap()
+                .contains("validated-user-id")
+        );
+        let spring = rules().extract(raw(
+            b"{}".to_vec(),
+            MessageProperties::default(),
+            &[
+                ("x-original-exchange", "orders"),
+                ("x-original-routingKey", "order.created"),
+            ],
+        ));
+        assert_eq!(spring.destination, "", "a routing key is not a queue name");
+        let problem = spring.body_problem.unwrap();
+        assert!(
+            problem.contains("exchange-mode") && problem.contains("Spring AMQP"),
+            "{problem}"
+        );
+        let masstransit = rules().extract(raw(
+            b"{}".to_vec(),
+            MessageProperties::default(),
+            &[("MT-Fault-InputAddress", "rabbitmq://localhost/shop/fulfil")],
+        ));
+        assert_eq!(masstransit.destination, "fulfil");
+        assert_eq!(masstransit.body_problem, None);
     }
 }

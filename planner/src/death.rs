@@ -45,10 +45,16 @@ pub struct DeathInfo {
     pub error_text: Option<String>,
     /// Exception or error class from the application or a framework.
     pub error_class: Option<String>,
+    /// The queue the message failed in, from a framework header
+    /// ([`FRAMEWORKS`]).
+    pub original_queue: Option<String>,
     /// Original exchange from a framework header.
     pub original_exchange: Option<String>,
-    /// Original routing key (or queue, or topic) from a framework header.
+    /// Original routing key (or Kafka topic) from a framework header: never a
+    /// queue name.
     pub original_routing_key: Option<String>,
+    /// The frameworks whose headers were found, in [`FRAMEWORKS`] order.
+    pub frameworks: Vec<&'static str>,
 }
 
 /// Latest second PostgreSQL and operators can reasonably hold: 9999-12-31.
@@ -89,22 +95,159 @@ pub fn text_of(headers: &HeaderTable, name: &str) -> Option<String> {
     headers.fields.get(name).and_then(header_text)
 }
 
-/// Frameworks' headers naming the error text, in order of preference.
-const ERROR_TEXT_HEADERS: &[&str] = &[
-    "x-exception-message",                // Spring AMQP RepublishMessageRecoverer
-    "MT-Fault-Message",                   // MassTransit
-    "NServiceBus.ExceptionInfo.Message",  // NServiceBus
-    "__connect.errors.exception.message", // Kafka Connect
-    "kafka_dlt-exception-message",        // Spring Kafka
+/// How a framework writes the queue name in its header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueForm {
+    /// The queue name itself.
+    Name,
+    /// `name@machine` (NServiceBus): the part before `@`.
+    NameAtMachine,
+    /// A URI `rabbitmq://host[:port]/[vhost/]queue[?options]` (MassTransit):
+    /// the last path segment.
+    Address,
+}
+
+/// What one framework writes on the messages it moves to its error queue.
+#[derive(Debug, Clone, Copy)]
+pub struct Framework {
+    /// The framework.
+    pub name: &'static str,
+    /// The header naming the queue the message failed in, and its form.
+    pub queue: Option<(&'static str, QueueForm)>,
+    /// The header naming the exchange it had been published to.
+    pub exchange: Option<&'static str>,
+    /// The header naming its routing key (or Kafka topic): never a queue name.
+    pub routing_key: Option<&'static str>,
+    /// The header with the error text.
+    pub error_text: Option<&'static str>,
+    /// The header with the exception or error class.
+    pub error_class: Option<&'static str>,
+}
+
+/// THE table of frameworks' error-queue headers, read in this order (the first
+/// framework naming a queue gives the destination). Where each comes from:
+/// - MassTransit: `MT-Fault-*` headers on messages moved to `<queue>_error`
+///   (masstransit.io, "Exceptions": "Error queues").
+/// - NServiceBus: `NServiceBus.FailedQ` and `NServiceBus.ExceptionInfo.*` on
+///   messages in `error` (docs.particular.net, "Message headers": "Error
+///   forwarding headers").
+/// - Rebus: `rbs2-source-queue` and `rbs2-error-details` (Rebus wiki, "Message
+///   headers").
+/// - Spring AMQP `RepublishMessageRecoverer`: `x-original-exchange`,
+///   `x-original-routingKey`, `x-exception-message`, `x-exception-stacktrace`
+///   (docs.spring.io/spring-amqp, "Message Listeners and the Asynchronous
+///   Case": republishing recoverer). Only an exchange and a routing key: queue
+///   mode cannot replay it (a routing key is not a queue name).
+/// - Spring Kafka `DeadLetterPublishingRecoverer`: `kafka_dlt-*` (Spring for
+///   Apache Kafka, "Publishing Dead-letter Records"); Kafka Connect:
+///   `__connect.errors.*` (Kafka Connect, "errors.deadletterqueue.context.
+///   headers.enable"). A topic is a routing key here, not a queue.
+/// - EasyNetQ wraps the original in its body instead (see [`easynetq_error`]).
+pub const FRAMEWORKS: &[Framework] = &[
+    Framework {
+        name: "MassTransit",
+        queue: Some(("MT-Fault-InputAddress", QueueForm::Address)),
+        exchange: None,
+        routing_key: None,
+        error_text: Some("MT-Fault-Message"),
+        error_class: Some("MT-Fault-ExceptionType"),
+    },
+    Framework {
+        name: "NServiceBus",
+        queue: Some(("NServiceBus.FailedQ", QueueForm::NameAtMachine)),
+        exchange: None,
+        routing_key: None,
+        error_text: Some("NServiceBus.ExceptionInfo.Message"),
+        error_class: Some("NServiceBus.ExceptionInfo.ExceptionType"),
+    },
+    Framework {
+        name: "Rebus",
+        queue: Some(("rbs2-source-queue", QueueForm::NameAtMachine)),
+        exchange: None,
+        routing_key: None,
+        error_text: Some("rbs2-error-details"),
+        error_class: None,
+    },
+    Framework {
+        name: "Spring AMQP",
+        queue: None,
+        exchange: Some("x-original-exchange"),
+        routing_key: Some("x-original-routingKey"),
+        error_text: Some("x-exception-message"),
+        error_class: None,
+    },
+    Framework {
+        name: "Spring Kafka",
+        queue: None,
+        exchange: None,
+        routing_key: Some("kafka_dlt-original-topic"),
+        error_text: Some("kafka_dlt-exception-message"),
+        error_class: Some("kafka_dlt-exception-fqcn"),
+    },
+    Framework {
+        name: "Kafka Connect",
+        queue: None,
+        exchange: None,
+        routing_key: Some("__connect.errors.topic"),
+        error_text: Some("__connect.errors.exception.message"),
+        error_class: Some("__connect.errors.exception.class.name"),
+    },
 ];
 
-/// Frameworks' headers naming the error class.
-const ERROR_CLASS_HEADERS: &[&str] = &[
-    "MT-Fault-ExceptionType",
-    "NServiceBus.ExceptionInfo.ExceptionType",
-    "__connect.errors.exception.class.name",
-    "kafka_dlt-exception-fqcn",
-];
+/// The queue named by a framework header value of form `form`; `None` when
+/// the value is empty or has no queue part.
+pub fn queue_from(value: &str, form: QueueForm) -> Option<String> {
+    let queue = match form {
+        QueueForm::Name => value,
+        QueueForm::NameAtMachine => value.split('@').next().unwrap_or_default(),
+        QueueForm::Address => {
+            let rest = value.split_once("://").map_or(value, |(_, rest)| rest);
+            let path = rest.split(['?', '#']).next().unwrap_or_default();
+            // Host first, then the vhost (if any), the queue last.
+            let (_, path) = path.split_once('/')?;
+            path.rsplit('/').next().unwrap_or_default()
+        }
+    };
+    let queue = queue.trim();
+    (!queue.is_empty()).then(|| queue.to_owned())
+}
+
+/// Spring AMQP's stack trace starts `fully.qualified.Exception: message`.
+const SPRING_STACKTRACE_HEADER: &str = "x-exception-stacktrace";
+
+/// What an EasyNetQ error message says: its body is a JSON `Error` object
+/// (`RoutingKey`, `Exchange`, `Queue`, `Exception`, `Message` holding the
+/// original body, `DateTime`, `BasicProperties`) published to
+/// `EasyNetQ_Default_Error_Queue` (EasyNetQ's `DefaultConsumerErrorStrategy`
+/// and `EasyNetQ.SystemMessages.Error`). `None` when `json` is not one.
+pub fn easynetq_error(json: &serde_json::Value) -> Option<EasyNetQError> {
+    let object = json.as_object()?;
+    let field = |name: &str| object.get(name).and_then(serde_json::Value::as_str);
+    let (queue, message) = (field("Queue")?, field("Message")?);
+    field("Exception")?;
+    Some(EasyNetQError {
+        queue: queue.to_owned(),
+        exchange: field("Exchange").unwrap_or_default().to_owned(),
+        routing_key: field("RoutingKey").unwrap_or_default().to_owned(),
+        error_text: field("Exception").unwrap_or_default().to_owned(),
+        inner_body_bytes: message.len(),
+    })
+}
+
+/// The routing of an EasyNetQ error message ([`easynetq_error`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EasyNetQError {
+    /// The queue the message failed in.
+    pub queue: String,
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// Its routing key.
+    pub routing_key: String,
+    /// The exception text.
+    pub error_text: String,
+    /// Length of the wrapped original body.
+    pub inner_body_bytes: usize,
+}
 
 /// Reads the death and framework metadata from `headers`.
 ///
@@ -129,17 +272,42 @@ pub fn analyze(headers: &HeaderTable, error_class_header: &str) -> DeathInfo {
                 .push("death taken from x-last-death-* / x-first-death-* headers".to_owned());
         }
     }
-    info.error_text = ERROR_TEXT_HEADERS
-        .iter()
-        .find_map(|name| text_of(headers, name));
-    info.error_class = std::iter::once(error_class_header)
-        .chain(ERROR_CLASS_HEADERS.iter().copied())
-        .find_map(|name| text_of(headers, name));
-    info.original_exchange = text_of(headers, "x-original-exchange");
-    info.original_routing_key = text_of(headers, "x-original-routingKey")
-        .or_else(|| text_of(headers, "NServiceBus.FailedQ"))
-        .or_else(|| text_of(headers, "__connect.errors.topic"))
-        .or_else(|| text_of(headers, "kafka_dlt-original-topic"));
+    for framework in FRAMEWORKS {
+        let queue = framework
+            .queue
+            .and_then(|(name, form)| text_of(headers, name).and_then(|v| queue_from(&v, form)));
+        let exchange = framework.exchange.and_then(|name| text_of(headers, name));
+        let routing_key = framework
+            .routing_key
+            .and_then(|name| text_of(headers, name));
+        let error_text = framework.error_text.and_then(|name| text_of(headers, name));
+        let error_class = framework
+            .error_class
+            .and_then(|name| text_of(headers, name));
+        if queue.is_none()
+            && exchange.is_none()
+            && routing_key.is_none()
+            && error_text.is_none()
+            && error_class.is_none()
+        {
+            continue;
+        }
+        info.frameworks.push(framework.name);
+        info.original_queue = info.original_queue.take().or(queue);
+        info.original_exchange = info.original_exchange.take().or(exchange);
+        info.original_routing_key = info.original_routing_key.take().or(routing_key);
+        info.error_text = info.error_text.take().or(error_text);
+        info.error_class = info.error_class.take().or(error_class);
+    }
+    if info.error_class.is_none() {
+        info.error_class = text_of(headers, SPRING_STACKTRACE_HEADER).and_then(|trace| {
+            let head = trace.lines().next()?.split(':').next()?.trim().to_owned();
+            (!head.is_empty() && !head.contains(' ')).then_some(head)
+        });
+    }
+    if let Some(own) = text_of(headers, error_class_header) {
+        info.error_class = Some(own);
+    }
     info
 }
 
@@ -454,5 +622,118 @@ mod tests {
             reason_class(Some("rejected"), info.error_class.as_deref()),
             ReasonClass::Poison
         );
+    }
+
+    #[test]
+    fn each_framework_is_read_as_it_writes_its_error_queue() {
+        // MassTransit: `<queue>_error`, no x-death.
+        let info = analyze(
+            &headers(vec![
+                (
+                    "MT-Fault-InputAddress",
+                    text("rabbitmq://broker:5672/shop/orders-fulfil?temporary=false"),
+                ),
+                ("MT-Fault-Message", text("Object reference not set")),
+                (
+                    "MT-Fault-ExceptionType",
+                    text("System.NullReferenceException"),
+                ),
+                ("MT-Reason", text("fault")),
+            ]),
+            "error-class",
+        );
+        assert_eq!(info.original_queue.as_deref(), Some("orders-fulfil"));
+        assert_eq!(info.error_text.as_deref(), Some("Object reference not set"));
+        assert_eq!(info.frameworks, vec!["MassTransit"]);
+        assert_eq!(
+            queue_from("rabbitmq://localhost/orders", QueueForm::Address).as_deref(),
+            Some("orders")
+        );
+        // NServiceBus: `error` queue, `queue@machine`.
+        let info = analyze(
+            &headers(vec![
+                ("NServiceBus.FailedQ", text("Sales@MACHINE01")),
+                ("NServiceBus.ExceptionInfo.Message", text("boom")),
+                (
+                    "NServiceBus.ExceptionInfo.ExceptionType",
+                    text("System.FormatException"),
+                ),
+            ]),
+            "error-class",
+        );
+        assert_eq!(info.original_queue.as_deref(), Some("Sales"));
+        assert_eq!(info.error_class.as_deref(), Some("System.FormatException"));
+        // Rebus.
+        let info = analyze(
+            &headers(vec![
+                ("rbs2-source-queue", text("billing")),
+                ("rbs2-error-details", text("5 unhandled exceptions")),
+            ]),
+            "error-class",
+        );
+        assert_eq!(info.original_queue.as_deref(), Some("billing"));
+        assert_eq!(info.error_text.as_deref(), Some("5 unhandled exceptions"));
+        // Spring AMQP: an exchange and a routing key, no queue.
+        let info = analyze(
+            &headers(vec![
+                ("x-original-exchange", text("orders")),
+                ("x-original-routingKey", text("order.created")),
+                ("x-exception-message", text("Listener threw")),
+                (
+                    "x-exception-stacktrace",
+                    text("org.springframework.amqp.AmqpRejectAndDontRequeueException: x\n\tat ..."),
+                ),
+            ]),
+            "error-class",
+        );
+        assert_eq!(info.original_queue, None, "a routing key is not a queue");
+        assert_eq!(info.original_exchange.as_deref(), Some("orders"));
+        assert_eq!(info.original_routing_key.as_deref(), Some("order.created"));
+        assert_eq!(
+            info.error_class.as_deref(),
+            Some("org.springframework.amqp.AmqpRejectAndDontRequeueException")
+        );
+        // Spring Kafka and Kafka Connect: a topic, no queue.
+        let info = analyze(
+            &headers(vec![
+                ("kafka_dlt-original-topic", text("orders")),
+                ("kafka_dlt-exception-message", text("bad")),
+                (
+                    "kafka_dlt-exception-fqcn",
+                    text("org.apache.kafka.common.errors.SerializationException"),
+                ),
+            ]),
+            "error-class",
+        );
+        assert_eq!(
+            (info.original_queue, info.original_routing_key.as_deref()),
+            (None, Some("orders"))
+        );
+        assert_eq!(info.frameworks, vec!["Spring Kafka"]);
+        let info = analyze(
+            &headers(vec![
+                ("__connect.errors.topic", text("payments")),
+                (
+                    "__connect.errors.exception.class.name",
+                    text("org.apache.kafka.connect.errors.DataException"),
+                ),
+                (
+                    "__connect.errors.exception.message",
+                    text("Converting byte[] failed"),
+                ),
+            ]),
+            "error-class",
+        );
+        assert_eq!(info.original_routing_key.as_deref(), Some("payments"));
+        assert_eq!(info.error_text.as_deref(), Some("Converting byte[] failed"));
+        // EasyNetQ: the body wraps the original.
+        let body = serde_json::json!({
+            "RoutingKey": "order.paid", "Exchange": "Shop.OrderPaid:Shop", "Queue": "Shop.OrderPaid:Shop_billing",
+            "Exception": "System.Exception: boom", "Message": "{\"order_id\":\"o-1\"}",
+            "DateTime": "2026-11-30T10:00:00Z", "BasicProperties": {}
+        });
+        let wrapper = easynetq_error(&body).unwrap();
+        assert_eq!(wrapper.queue, "Shop.OrderPaid:Shop_billing");
+        assert!(easynetq_error(&serde_json::json!({"order_id": "o-1"})).is_none());
     }
 }

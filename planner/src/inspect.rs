@@ -122,7 +122,11 @@ pub async fn get(store: &Store, id: i64) -> Result<(v1::DeadLetter, String), Err
         .revisions
         .last()
         .map_or(dead_letter.body.as_slice(), |r| r.body.as_slice());
-    let preview = body::preview(latest);
+    let declared = body::declared_encoding(
+        &dead_letter.properties.clone().unwrap_or_default(),
+        &dead_letter.headers.clone().unwrap_or_default(),
+    );
+    let preview = body::preview(latest, declared.as_deref());
     Ok((dead_letter, preview))
 }
 

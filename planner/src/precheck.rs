@@ -315,9 +315,13 @@ pub fn event_time(
 }
 
 /// The original event time named by `pointer` in a JSON body: RFC 3339 text, or
-/// epoch seconds (or milliseconds, when above 10^11).
+/// epoch seconds (or milliseconds, when above 10^11). A gzip, zstd or zlib
+/// body (by its magic bytes) is read decoded, capped at
+/// [`crate::dead_letter::DEFAULT_MAX_BODY_BYTES`].
 pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
-    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let (decoded, _) =
+        crate::body::decode(body, None, crate::dead_letter::DEFAULT_MAX_BODY_BYTES).ok()?;
+    let json: serde_json::Value = serde_json::from_slice(&decoded).ok()?;
     match json.pointer(pointer)? {
         serde_json::Value::String(text) => DateTime::parse_from_rfc3339(text)
             .ok()
@@ -342,7 +346,13 @@ pub fn classify(
     now: DateTime<Utc>,
 ) -> Option<(Verdict, String)> {
     if candidate.destination.is_empty() {
-        return Some((Verdict::Invalid, "no resolvable destination".to_owned()));
+        // Extraction says why when it knows (only an exchange and a routing
+        // key, which queue mode never publishes as a queue name).
+        let reason = candidate.body_problem.as_ref().map_or_else(
+            || "no resolvable destination".to_owned(),
+            |problem| format!("no resolvable destination: {problem}"),
+        );
+        return Some((Verdict::Invalid, reason));
     }
     if candidate.body_oversized {
         return Some((
@@ -684,6 +694,7 @@ async fn classify_all(
     report.digest.update(request.selector_proto.encode_to_vec());
     report.digest.update(request.options_proto.encode_to_vec());
     let mut buffer = Vec::with_capacity(CHUNK * 64);
+    let mut body_hash_keys = 0_u64;
 
     let outcome: Result<(), Error> = async {
         while let Some(chunk) = candidates.next().await {
@@ -697,6 +708,9 @@ async fn classify_all(
             state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
             for (candidate, verdict) in chunk.iter().zip(verdicts) {
                 let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
+                if candidate.message_key.starts_with("sha256:") {
+                    body_hash_keys += 1;
+                }
                 report.add(candidate, verdict, &reason);
                 copy_line(
                     &mut buffer,
@@ -721,6 +735,12 @@ async fn classify_all(
     warnings.extend(request.override_warning());
     if report.overall.total == 0 {
         warnings.push("the selection is empty: nothing to replay".to_owned());
+    }
+    if body_hash_keys > 0 {
+        warnings.push(format!(
+            "{body_hash_keys} of {} dead letters are keyed by their body hash (no message key source gave a value; each one's capture notes say why: a key missing, a body that is not JSON or does not decode): duplicates among them are found only when the bytes are identical",
+            report.overall.total
+        ));
     }
     if report.by_destination.len() > 1 {
         warnings.push(format!(

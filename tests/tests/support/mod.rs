@@ -244,6 +244,7 @@ pub struct Received {
     pub message_id: String,
     pub body: Vec<u8>,
     pub headers: FieldTable,
+    pub properties: BasicProperties,
 }
 
 /// Consumes `queue` (auto-ack) into a shared list until the returned token is
@@ -282,6 +283,7 @@ pub async fn consume(
                     .unwrap_or_default(),
                 body: delivery.data.clone(),
                 headers: delivery.properties.headers().clone().unwrap_or_default(),
+                properties: delivery.properties.clone(),
             });
         }
     });

@@ -1,0 +1,318 @@
+//! Real-world messages against the real broker: a replay reaches only its
+//! destination and keeps every other property byte-identical (CC/BCC dropped),
+//! frameworks' error queues give the destination (MassTransit) or say that
+//! only an exchange is known (Spring AMQP), and compressed bodies are keyed by
+//! their decoded content while the consumer gets the exact captured bytes.
+
+use std::{io::Write, time::Duration};
+
+use lapin::{
+    BasicProperties,
+    types::{AMQPValue, FieldArray, FieldTable},
+};
+use redrive_proto::v1::{self, ListPrecheckItemsRequest, RunPrecheckRequest, Verdict};
+use redrive_tests::{
+    Broker, DlqTopology, ExecutorHandle, REDIS_URL, TestDb, amqp_table, amqp_text, init_logging,
+    redis_cleanup, unique, wait_until,
+};
+
+mod support;
+use support::*;
+
+fn routing_keys(keys: &[&str]) -> AMQPValue {
+    AMQPValue::FieldArray(FieldArray::from(
+        keys.iter().map(|key| amqp_text(key)).collect::<Vec<_>>(),
+    ))
+}
+
+async fn items(
+    client: &mut redrive_proto::v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    source: &str,
+) -> anyhow::Result<(v1::PrecheckReport, Vec<v1::PrecheckItem>)> {
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let items = client
+        .list_precheck_items(ListPrecheckItemsRequest {
+            precheck_id: report.precheck_id.clone(),
+            verdict: 0,
+            page_size: 100,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .items;
+    Ok((report, items))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identical()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let topology = DlqTopology::declare(&broker).await?;
+    let audit = unique("audit");
+    broker.queue(&audit, FieldTable::default()).await?;
+    broker.bind(&audit, &topology.exchange, &audit).await?;
+    let published: Vec<BasicProperties> = ["CC", "BCC"]
+        .iter()
+        .enumerate()
+        .map(|(index, distribution)| {
+            BasicProperties::default()
+                .with_message_id(format!("m-{index}").into())
+                .with_correlation_id(format!("c-{index}").into())
+                .with_content_type("application/json".into())
+                .with_content_encoding("identity".into())
+                .with_type("order.paid".into())
+                .with_app_id("shop".into())
+                .with_timestamp(1_764_000_000 + index as u64)
+                .with_priority(3)
+                .with_user_id("guest".into())
+                .with_headers(amqp_table(vec![
+                    ("tenant", amqp_text("acme")),
+                    ("seq", AMQPValue::LongInt(index as i32)),
+                    (distribution, routing_keys(&[&audit])),
+                ]))
+        })
+        .collect();
+    for (index, properties) in published.iter().enumerate() {
+        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
+        topology
+            .reject(&broker, body.as_bytes(), properties.clone())
+            .await?;
+    }
+    assert_eq!(
+        broker.ready_count(&audit).await?,
+        2,
+        "the first publish reached audit"
+    );
+    let planner = planner_for(&db, &topology.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &topology.dlq, 2).await?;
+    let (received, consuming) = consume(&broker, &topology.work).await?;
+    let plan = approved_plan(&mut client, &topology.dlq, 100.0, 10, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    wait_until("both replays consumed", Duration::from_secs(10), || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= 2) }
+    })
+    .await?;
+    consuming.abort();
+    assert_eq!(
+        broker.ready_count(&audit).await?,
+        2,
+        "the healthy audit queue got nothing from the replay"
+    );
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 2);
+    for delivery in &received {
+        let index: usize = delivery.message_id.trim_start_matches("m-").parse()?;
+        let (sent, got) = (&published[index], &delivery.properties);
+        assert_eq!(got.message_id(), sent.message_id());
+        assert_eq!(got.correlation_id(), sent.correlation_id());
+        assert_eq!(got.content_type(), sent.content_type());
+        assert_eq!(got.content_encoding(), sent.content_encoding());
+        assert_eq!(got.kind(), sent.kind());
+        assert_eq!(got.app_id(), sent.app_id());
+        assert_eq!(got.timestamp(), sent.timestamp());
+        assert_eq!(got.priority(), sent.priority());
+        assert_eq!(got.user_id(), sent.user_id());
+        let got_headers = got.headers().clone().unwrap_or_default();
+        for (name, value) in sent.headers().as_ref().unwrap().inner() {
+            if name.as_str() == "CC" || name.as_str() == "BCC" {
+                assert!(
+                    !got_headers.inner().contains_key(name.as_str()),
+                    "{name} republished"
+                );
+            } else {
+                assert_eq!(
+                    got_headers.inner().get(name.as_str()),
+                    Some(value),
+                    "header {name}"
+                );
+            }
+        }
+        assert_eq!(
+            delivery.body,
+            format!(r#"{{"order_id":"o-{index}"}}"#).as_bytes()
+        );
+    }
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn framework_error_queues_give_the_queue_or_say_only_an_exchange_is_known()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let error_queue = unique("fulfil_error");
+    broker.queue(&error_queue, FieldTable::default()).await?;
+    // As MassTransit moves a fault: no x-death, the input address names the queue.
+    broker
+        .publish(
+            "",
+            &error_queue,
+            br#"{"order_id":"mt-1"}"#,
+            BasicProperties::default()
+                .with_message_id("mt-1".into())
+                .with_headers(amqp_table(vec![
+                    (
+                        "MT-Fault-InputAddress",
+                        amqp_text("rabbitmq://localhost/shop/fulfil?bind=true"),
+                    ),
+                    (
+                        "MT-Fault-ExceptionType",
+                        amqp_text("System.FormatException"),
+                    ),
+                    ("MT-Fault-Message", amqp_text("bad order")),
+                    ("MT-Reason", amqp_text("fault")),
+                ])),
+        )
+        .await?;
+    // As Spring AMQP's RepublishMessageRecoverer does: an exchange and a routing key.
+    broker
+        .publish(
+            "",
+            &error_queue,
+            br#"{"order_id":"spring-1"}"#,
+            BasicProperties::default()
+                .with_message_id("spring-1".into())
+                .with_headers(amqp_table(vec![
+                    ("x-original-exchange", amqp_text("orders")),
+                    ("x-original-routingKey", amqp_text("order.created")),
+                    ("x-exception-message", amqp_text("Listener threw exception")),
+                    (
+                        "x-exception-stacktrace",
+                        amqp_text("org.springframework.amqp.AmqpRejectAndDontRequeueException: x"),
+                    ),
+                ])),
+        )
+        .await?;
+    let planner = planner_for(&db, &error_queue).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &error_queue, 2).await?;
+    let (report, items) = items(&mut client, &error_queue).await?;
+    assert_eq!(items.len(), 2, "{report:?}");
+    let masstransit = items.iter().find(|i| i.message_key == "mt-1").unwrap();
+    assert_eq!(
+        masstransit.verdict(),
+        Verdict::Replayable,
+        "{}",
+        masstransit.reason
+    );
+    assert_eq!(masstransit.destination, "fulfil");
+    let spring = items.iter().find(|i| i.message_key == "spring-1").unwrap();
+    assert_eq!(spring.verdict(), Verdict::Invalid);
+    assert_eq!(
+        spring.destination, "",
+        "the routing key is not taken as a queue"
+    );
+    assert!(
+        spring.reason.contains("exchange-mode plan or a redirect")
+            && spring.reason.contains("order.created"),
+        "{}",
+        spring.reason
+    );
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    let topology = DlqTopology::declare(&broker).await?;
+    let json = br#"{"order_id":"o-7","attempt":1}"#;
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gzip.write_all(json)?;
+    let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    zlib.write_all(br#"{"order_id":"o-7","attempt":2}"#)?;
+    let zstd = ruzstd::encoding::compress_to_vec(
+        &br#"{"order_id":"o-7","attempt":3}"#[..],
+        ruzstd::encoding::CompressionLevel::Fastest,
+    );
+    let bodies = [
+        (gzip.finish()?, "gzip"),
+        (zlib.finish()?, "deflate"),
+        (zstd, "zstd"),
+    ];
+    for (index, (body, encoding)) in bodies.iter().enumerate() {
+        topology
+            .reject(
+                &broker,
+                body,
+                BasicProperties::default()
+                    .with_message_id(format!("m-{index}").into())
+                    .with_content_type("application/json".into())
+                    .with_content_encoding((*encoding).into()),
+            )
+            .await?;
+    }
+    let planner = planner_for(&db, &topology.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &topology.dlq, 3).await?;
+    let (report, items) = items(&mut client, &topology.dlq).await?;
+    let counts = report.counts.unwrap();
+    assert_eq!(
+        (counts.replayable, counts.duplicate, counts.invalid),
+        (1, 2, 0),
+        "{items:?}"
+    );
+    assert!(
+        items.iter().all(|item| item.message_key == "o-7"),
+        "{items:?}"
+    );
+    let (received, consuming) = consume(&broker, &topology.work).await?;
+    let plan = approved_plan(&mut client, &topology.dlq, 100.0, 10, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    wait_until("the replay consumed", Duration::from_secs(10), || {
+        let received = received.clone();
+        async move { Ok(!received.lock().unwrap().is_empty()) }
+    })
+    .await?;
+    consuming.abort();
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 1, "one replay for one order");
+    assert_eq!(
+        received[0].message_id, "m-0",
+        "the first dead letter is replayed"
+    );
+    assert_eq!(received[0].body, bodies[0].0, "the exact compressed bytes");
+    assert_eq!(
+        received[0]
+            .properties
+            .content_encoding()
+            .as_ref()
+            .map(|e| e.as_str()),
+        Some("gzip")
+    );
+    planner.stop().await?;
+    redis_cleanup(&prefix).await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
