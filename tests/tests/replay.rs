@@ -810,6 +810,71 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 8).await?;
+    // Room for three: the broker nacks the other five
+    // (https://www.rabbitmq.com/docs/maxlength#overflow-behaviour). They fail
+    // in the plan's one main slice, and become final as that slice ends.
+    let full = unique("max3");
+    broker
+        .queue(
+            &full,
+            amqp_table(vec![
+                ("x-max-length", AMQPValue::LongInt(3)),
+                ("x-overflow", amqp_text("reject-publish")),
+            ]),
+        )
+        .await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 8).await?;
+    let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
+        exchange: String::new(),
+        routing_key: full.clone(),
+    });
+    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
+    let mut config = ExecutorHandle::config(&planner, None);
+    config.max_attempts = 2;
+    let executor = ExecutorHandle::start(config);
+    let paused = wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Paused,
+        Duration::from_secs(30),
+    )
+    .await;
+    executor.stop().await?;
+    let paused = paused?;
+    let counts = paused.counts.unwrap();
+    assert_eq!(counts.sent, 3, "three fit: {counts:?}");
+    assert!(counts.failed >= 1, "{counts:?}");
+    assert!(
+        paused.state_reason.starts_with(&format!(
+            "gate tripped: {} failed or unroutable outcome(s)",
+            counts.failed
+        )),
+        "{}",
+        paused.state_reason
+    );
+    assert_eq!(broker.ready_count(&full).await?, 3, "only the sent arrived");
+    // Still paused: nothing completes a plan past its gates.
+    let again = client
+        .get_plan(GetPlanRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(again.state(), PlanState::Paused);
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
 -> anyhow::Result<()> {
     init_logging();

@@ -12,8 +12,9 @@ use uuid::Uuid;
 use super::{
     Store, StoreError,
     dead_letters::{columns, dead_letter_from_row},
-    plans::{DestinationMode, notify},
+    plans::{DestinationMode, gate_reading_in, notify, transition_in},
 };
+use crate::gates;
 
 /// A slice just leased.
 #[derive(Debug, Clone)]
@@ -474,7 +475,10 @@ published; the next lease publishes it again with the same message id', wave, ow
 
     /// Ends a lease. With `release`, or when items are left unfinished, the
     /// slice goes back to pending for another lease; otherwise it is completed,
-    /// and the plan with it when it was the last.
+    /// and then the gates are judged at once ([`gates::decide`]): past their
+    /// threshold a plan in `main` is paused and one in `canary` aborted;
+    /// otherwise the canary wave's last slice starts the observation and the
+    /// plan's last slice completes the plan.
     ///
     /// # Errors
     /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
@@ -518,7 +522,31 @@ published; the next lease publishes it again with the same message id', wave, ow
             .bind(next)
             .execute(&mut *transaction)
             .await?;
-        if next == "completed" {
+        // Failures that became final in this slice are judged here, before
+        // the plan advances: the gates' decision (pause in main, abort in the
+        // canary wave) replaces the completion, so a plan never completes, nor
+        // a canary wave ends, past its gates.
+        let trip = if next == "completed" {
+            gate_reading_in(&mut transaction, plan_id)
+                .await?
+                .filter(|reading| matches!(reading.state.as_str(), "canary" | "main"))
+                .and_then(|reading| gates::decide(&reading))
+        } else {
+            None
+        };
+        if let Some(trip) = trip {
+            transition_in(
+                &mut transaction,
+                plan_id,
+                trip.from,
+                trip.to,
+                trip.action,
+                gates::GATE_ACTOR,
+                &trip.reason,
+            )
+            .await?;
+            tracing::warn!(plan.id = %plan_id, reason = %trip.reason, action = trip.action, "plan gate tripped at the end of a slice");
+        } else if next == "completed" {
             // The canary wave done: observe for the plan's window.
             sqlx::query(
                 "UPDATE plans SET state = 'observing', \
