@@ -133,11 +133,14 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     )
     .execute(&pool)
     .await?;
-    // o-3 was replayed successfully by an earlier plan yesterday.
+    // o-3 was replayed successfully to its work queue by an earlier plan
+    // yesterday; a replay of its key to another queue does not count.
     sqlx::query(
-        "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, replayed_at) \
-         VALUES ('o-3:order.paid', '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day')",
+        "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, replayed_at) \
+         VALUES ('o-3:order.paid', $1, '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day'), \
+                ('o-2:order.paid', 'another-queue', '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day')",
     )
+    .bind(&topology.work)
     .execute(&pool)
     .await?;
     let hook_url = orders_hook::spawn(OrdersHook::new(pool.clone()), hook_shutdown.clone()).await?;

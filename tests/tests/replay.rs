@@ -874,6 +874,132 @@ async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow:
     Ok(())
 }
 
+/// The verdict counts of a fresh precheck over `dlq`.
+async fn precheck_counts(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+) -> anyhow::Result<v1::VerdictCounts> {
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.to_owned()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    Ok(report.counts.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    // A fan-out exchange to work queues a and b (both dead-lettering to one
+    // DLQ) and a healthy subscriber.
+    let (exchange, dlx, dlq) = (unique("orders"), unique("dlx"), unique("dlq"));
+    let (a, b, healthy) = (unique("a"), unique("b"), unique("healthy"));
+    broker
+        .exchange(&exchange, lapin::ExchangeKind::Fanout)
+        .await?;
+    broker.exchange(&dlx, lapin::ExchangeKind::Fanout).await?;
+    broker.queue(&dlq, FieldTable::default()).await?;
+    broker.bind(&dlq, &dlx, "").await?;
+    for queue in [&a, &b] {
+        broker
+            .queue(
+                queue,
+                amqp_table(vec![("x-dead-letter-exchange", amqp_text(&dlx))]),
+            )
+            .await?;
+        broker.bind(queue, &exchange, "").await?;
+    }
+    broker.queue(&healthy, FieldTable::default()).await?;
+    broker.bind(&healthy, &exchange, "").await?;
+    for index in 0..2 {
+        let properties = lapin::BasicProperties::default()
+            .with_message_id(format!("m-{index}").into())
+            .with_content_type("application/json".into());
+        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
+        broker
+            .publish(&exchange, "", body.as_bytes(), properties)
+            .await?;
+    }
+    // Both consumers fail every message: four dead letters, two per message id.
+    for queue in [&a, &b] {
+        for _ in 0..2 {
+            let delivery = broker
+                .channel
+                .basic_get(queue.as_str().into(), Default::default())
+                .await?
+                .expect("the work queue holds the message");
+            delivery
+                .acker
+                .reject(lapin::options::BasicRejectOptions { requeue: false })
+                .await?;
+        }
+    }
+    let planner = planner_for(&db, &dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &dlq, 4).await?;
+
+    let counts = precheck_counts(&mut client, &dlq).await?;
+    assert_eq!(
+        (counts.replayable, counts.duplicate),
+        (4, 0),
+        "each queue's copy is its own work: {counts:?}"
+    );
+    let (received_a, consuming_a) = consume(&broker, &a).await?;
+    let (received_b, consuming_b) = consume(&broker, &b).await?;
+    let plan = approved_plan(&mut client, &dlq, 1000.0, 10, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await;
+    executor.stop().await?;
+    let done = done?;
+    assert_eq!(done.counts.unwrap().sent, 4);
+    wait_until(
+        "both queues got their copies",
+        Duration::from_secs(10),
+        || {
+            let (a, b) = (received_a.clone(), received_b.clone());
+            async move { Ok(a.lock().unwrap().len() >= 2 && b.lock().unwrap().len() >= 2) }
+        },
+    )
+    .await?;
+    consuming_a.abort();
+    consuming_b.abort();
+    let pool = db.pool().await?;
+    for received in [&received_a, &received_b] {
+        let received = received.lock().unwrap().clone();
+        let mut ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["m-0", "m-1"], "one copy of each message per queue");
+        assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    }
+    assert_eq!(
+        broker.ready_count(&healthy).await?,
+        2,
+        "the healthy subscriber got nothing more"
+    );
+
+    let counts = precheck_counts(&mut client, &dlq).await?;
+    assert_eq!(
+        (counts.already_replayed, counts.replayable),
+        (4, 0),
+        "both queues' copies were replayed: {counts:?}"
+    );
+    redis_cleanup(&prefix).await?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
 -> anyhow::Result<()> {

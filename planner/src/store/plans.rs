@@ -357,7 +357,7 @@ const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
         SELECT 'dead letter ' || i.dead_letter_id || ': its message key ' || r.message_key || \
                ' was replayed by plan ' || r.plan_id || ' at ' || \
                to_char(r.replayed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS what, r.replayed_at AS at \
-        FROM replayed_keys r JOIN dead_letters d ON d.message_key = r.message_key \
+        FROM replayed_keys r JOIN dead_letters d ON d.message_key = r.message_key AND d.destination = r.destination \
         JOIN plan_items i ON i.dead_letter_id = d.id AND i.plan_id = p.id \
         WHERE r.replayed_at >= c.created_at AND r.plan_id <> p.id \
         UNION ALL \
