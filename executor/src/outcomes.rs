@@ -64,6 +64,17 @@ impl Work {
             .map_or("", |dead_letter| dead_letter.message_key.as_str())
     }
 
+    /// The item's replay identity in Redis: its message key qualified by its
+    /// dead letter's destination ([`crate::replay_keys::identity`]).
+    pub fn replay_identity(&self) -> String {
+        let destination = self
+            .item
+            .dead_letter
+            .as_ref()
+            .map_or("", |dead_letter| dead_letter.destination.as_str());
+        crate::replay_keys::identity(destination, self.message_key())
+    }
+
     /// The item's dead letter id.
     pub fn dead_letter_id(&self) -> &str {
         self.item
@@ -223,7 +234,7 @@ impl Collector {
             let sent_keys: Vec<(String, String)> = resolved
                 .iter()
                 .filter(|(_, outcome)| outcome.is_sent())
-                .map(|(work, _)| (work.message_key().to_owned(), self.context.plan_id.clone()))
+                .map(|(work, _)| (work.replay_identity(), self.context.plan_id.clone()))
                 .collect();
             if let Some(replay_keys) = &self.replay_keys
                 && !sent_keys.is_empty()

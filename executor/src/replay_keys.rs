@@ -3,10 +3,19 @@
 //! 7 days) ... only after an ack without a return").
 //!
 //! Before publishing, an executor asks [`ReplayKeys::already_sent`] for a
-//! batch of message keys and skips those found; after a publisher confirm
-//! without a return it records them with [`ReplayKeys::mark_sent`]. Each
-//! message key `k` is stored as `{prefix}replayed:{k}` holding the id of the
+//! batch of replay identities and skips those found; after a publisher
+//! confirm without a return it records them with [`ReplayKeys::mark_sent`].
+//!
+//! A replay's identity is its message key *and* its dead letter's
+//! destination (DESIGN.md, "Words": one message delivered to queues `a` and
+//! `b` and dead-lettered by both is two pieces of work), built by
+//! [`identity`] as `{destination length}:{destination}:{message key}`. Each
+//! identity `i` is stored as `{prefix}replayed-to:{i}` holding the id of the
 //! plan that sent it, with a TTL. Both calls are one round trip per batch.
+//! Entries of the former format (`{prefix}replayed:{message key}`, without
+//! the destination) are ignored and expire by their TTL; the planner's
+//! record (PostgreSQL `replayed_keys`, migrated with the destination) still
+//! covers those replays.
 //!
 //! Fail closed like the token bucket: when Redis cannot be reached the calls
 //! return [`ReplayKeysError::Unavailable`] and the caller stops publishing.
@@ -18,8 +27,17 @@ use redis::aio::ConnectionManager;
 /// How long a replayed key is remembered unless configured otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
-/// Key prefix unless configured otherwise (keys are `redrive:replayed:{k}`).
+/// Key prefix unless configured otherwise (keys are
+/// `redrive:replayed-to:{identity}`).
 pub const DEFAULT_PREFIX: &str = "redrive:";
+
+/// The replay identity of a message key published for a dead letter that died
+/// in `destination` (the dead letter's destination, not a redirect):
+/// `{destination length in bytes}:{destination}:{message key}`. The length
+/// prefix keeps a `:` in either part from making two identities equal.
+pub fn identity(destination: &str, message_key: &str) -> String {
+    format!("{}:{destination}:{message_key}", destination.len())
+}
 
 /// Why the record of replayed keys could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +73,7 @@ pub struct ReplayKeys {
 }
 
 impl ReplayKeys {
-    /// A record storing keys under `{prefix}replayed:` (normally
+    /// A record storing identities under `{prefix}replayed-to:` (normally
     /// [`DEFAULT_PREFIX`]) for `ttl` (normally [`DEFAULT_TTL`]). Calls time
     /// out after [`crate::bucket::DEFAULT_CALL_TIMEOUT`]; see
     /// [`ReplayKeys::with_call_timeout`].
@@ -85,9 +103,10 @@ impl ReplayKeys {
         self
     }
 
-    /// The Redis key recording `message_key`: `{prefix}replayed:{message_key}`.
-    pub fn redis_key(&self, message_key: &str) -> String {
-        format!("{}replayed:{message_key}", self.prefix)
+    /// The Redis key recording `identity` (see [`identity`]):
+    /// `{prefix}replayed-to:{identity}`.
+    pub fn redis_key(&self, identity: &str) -> String {
+        format!("{}replayed-to:{identity}", self.prefix)
     }
 
     /// How long a mark lasts.
@@ -95,7 +114,8 @@ impl ReplayKeys {
         self.ttl
     }
 
-    /// For each of `message_keys`, in order, whether it was marked sent (and
+    /// For each of `message_keys` (replay identities, see [`identity`]), in
+    /// order, whether it was marked sent (and
     /// has not expired). One `MGET`; an empty slice makes no call.
     ///
     /// # Errors
@@ -112,7 +132,8 @@ impl ReplayKeys {
             .collect())
     }
 
-    /// For each of `message_keys`, in order, the plan id it was marked sent by
+    /// For each of `message_keys` (replay identities, see [`identity`]), in
+    /// order, the plan id it was marked sent by
     /// (`None`: not marked, or expired). One `MGET`; an empty slice makes no
     /// call.
     ///
@@ -150,8 +171,9 @@ impl ReplayKeys {
             .collect())
     }
 
-    /// Records each `(message key, plan id)` as sent, in one pipeline of
-    /// `SET {prefix}replayed:{key} {plan id} PX {ttl}`. An existing mark is
+    /// Records each `(replay identity, plan id)` as sent (see [`identity`]),
+    /// in one pipeline of `SET {prefix}replayed-to:{identity} {plan id} PX
+    /// {ttl}`. An existing mark is
     /// overwritten (new plan id, fresh TTL): the key means "sent at least
     /// once", and the newest sender is the useful one to name. Call it only
     /// after a publisher confirm ack without a return. An empty slice makes

@@ -750,10 +750,7 @@ impl Worker {
         let Some(replay_keys) = &self.replay_keys else {
             return Some(items);
         };
-        let keys: Vec<String> = items
-            .iter()
-            .map(|work| work.message_key().to_owned())
-            .collect();
+        let keys: Vec<String> = items.iter().map(Work::replay_identity).collect();
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
         let sent = loop {
             let answer = tokio::select! {

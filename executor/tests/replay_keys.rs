@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redrive_executor::{
     bucket::connect_redis,
-    replay_keys::{ReplayKeys, ReplayKeysError},
+    replay_keys::{ReplayKeys, ReplayKeysError, identity},
 };
 use support::{REDIS_ADDR, TcpProxy, delete_prefix, redis, redis_url, unique};
 
@@ -47,7 +47,7 @@ async fn marked_keys_are_found_with_their_plan_and_ttl() {
     );
 
     let mut connection = redis().await;
-    let redis_key = format!("{prefix}replayed:order-1:pay");
+    let redis_key = format!("{prefix}replayed-to:order-1:pay");
     assert_eq!(keys.redis_key("order-1:pay"), redis_key);
     let plan: String = redis::cmd("GET")
         .arg(&redis_key)
@@ -115,7 +115,7 @@ async fn a_batch_of_a_thousand_in_one_call_each_way() {
     assert!(sent[1000..].iter().all(|found| !*found));
     let mut connection = redis().await;
     let stored: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}replayed:*"))
+        .arg(format!("{prefix}replayed-to:*"))
         .query_async(&mut connection)
         .await
         .unwrap();
@@ -175,4 +175,24 @@ async fn a_ttl_under_a_millisecond_is_refused() {
         .expect("refused");
     assert!(matches!(error, ReplayKeysError::InvalidTtl(_)));
     assert!(!error.is_retryable());
+}
+
+#[tokio::test]
+async fn one_message_key_sent_to_one_queue_is_not_sent_to_another() {
+    let prefix = unique("redrive-test-keys:");
+    let keys = record(&prefix, Duration::from_secs(60)).await;
+    let to_a = identity("a", "order-1");
+    let to_b = identity("b", "order-1");
+    // A ':' in either part cannot make two identities equal.
+    assert_ne!(identity("a:b", "c"), identity("a", "b:c"));
+    keys.mark_sent(&[(to_a.clone(), "plan-1".to_owned())])
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.sent_by(&[to_a, to_b]).await.unwrap(),
+        vec![Some("plan-1".to_owned()), None],
+        "the fan-out copy that died in b is still to replay"
+    );
+    let mut connection = redis().await;
+    delete_prefix(&mut connection, &prefix).await;
 }

@@ -65,9 +65,37 @@ pub enum Dedup {
     /// A redelivery from RabbitMQ (`redelivered` set): already stored if a dead
     /// letter of the same source has the same capture fingerprint.
     Fingerprint,
-    /// Ingest and import: idempotent per (source, key); the key is the message
-    /// id, or `sha256:<body hash>` without one.
+    /// Ingest and import: idempotent per (source, key); the key is
+    /// [`dedup_key`] of the destination, message id, re-dead-letter plan and
+    /// body.
     Key(String),
+}
+
+/// The ingest and import idempotency key (DESIGN.md, "Words", identity): a
+/// re-sent line (same destination, message id, `redrive-plan-id` and body
+/// bytes, within one source) is a repeat; a different message that reuses an
+/// id (another body or destination) and a replay that came back (its
+/// `redrive-plan-id`) are new dead letters. `v2:` and the hex SHA-256 of the
+/// three texts (NUL shown as U+FFFD, as stored), each followed by a NUL byte,
+/// then `body_sha256`; migration 0012 computes the same in SQL for rows
+/// stored before.
+pub fn dedup_key(
+    destination: &str,
+    message_id: Option<&str>,
+    redrive_plan_id: Option<&str>,
+    body_sha256: &[u8; 32],
+) -> String {
+    let mut hasher = Sha256::new();
+    for part in [
+        destination,
+        message_id.unwrap_or(""),
+        redrive_plan_id.unwrap_or(""),
+    ] {
+        hasher.update(part.replace('\0', "\u{fffd}").as_bytes());
+        hasher.update([0u8]);
+    }
+    hasher.update(body_sha256);
+    format!("v2:{}", hex::encode(hasher.finalize()))
 }
 
 /// Raw material of a dead letter, before extraction.
@@ -351,20 +379,20 @@ impl ExtractionRules {
             }
             hasher.finalize().into()
         };
+        let redrive_plan_id = death::text_of(&raw.headers, REDRIVE_PLAN_ID_HEADER);
         let dedup = match raw.origin {
             Origin::Rabbitmq if raw.redelivered => Dedup::Fingerprint,
             Origin::Rabbitmq | Origin::Unspecified => Dedup::None,
-            Origin::Ingest | Origin::Import => Dedup::Key(
-                raw.properties
-                    .message_id
-                    .clone()
-                    .filter(|id| !id.is_empty())
-                    .unwrap_or_else(|| format!("sha256:{body_sha256_hex}")),
-            ),
+            Origin::Ingest | Origin::Import => Dedup::Key(dedup_key(
+                &destination,
+                raw.properties.message_id.as_deref(),
+                redrive_plan_id.as_deref(),
+                &body_sha256,
+            )),
         };
 
         NewDeadLetter {
-            redrive_plan_id: death::text_of(&raw.headers, REDRIVE_PLAN_ID_HEADER),
+            redrive_plan_id,
             source: raw.source,
             origin: raw.origin,
             dedup,
@@ -579,5 +607,41 @@ mod tests {
         ));
         assert_eq!(masstransit.destination, "fulfil");
         assert_eq!(masstransit.body_problem, None);
+    }
+
+    use sha2::{Digest, Sha256};
+
+    use super::dedup_key;
+
+    fn body_hash(body: &[u8]) -> [u8; 32] {
+        Sha256::digest(body).into()
+    }
+
+    #[test]
+    fn the_import_key_matches_what_migration_0012_computes() {
+        // The value migration 0012's SQL gives a row imported to `orders.a`
+        // with message id `m-1`, no `redrive-plan-id` and body `{"a":1}`.
+        assert_eq!(
+            dedup_key("orders.a", Some("m-1"), None, &body_hash(br#"{"a":1}"#)),
+            "v2:5f70f74de21854f94ef043425f4c3e342b25e40f264377795f210d415445b7c0"
+        );
+    }
+
+    #[test]
+    fn the_import_key_tells_destination_id_plan_and_body_apart() {
+        let body = body_hash(b"{}");
+        let base = dedup_key("a", Some("m-1"), None, &body);
+        assert_eq!(base, dedup_key("a", Some("m-1"), None, &body), "a repeat");
+        for other in [
+            dedup_key("b", Some("m-1"), None, &body),
+            dedup_key("a", Some("m-2"), None, &body),
+            dedup_key("a", None, None, &body),
+            dedup_key("a", Some("m-1"), Some("plan"), &body),
+            dedup_key("a", Some("m-1"), None, &body_hash(b"[]")),
+            // Field boundaries are kept: moving text across them changes the key.
+            dedup_key("am-1", Some(""), None, &body),
+        ] {
+            assert_ne!(base, other);
+        }
     }
 }

@@ -12,7 +12,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, plans::GateReading};
 
 /// How often the gates are looked at.
 pub const GATE_INTERVAL: Duration = Duration::from_millis(500);
@@ -22,6 +22,50 @@ pub const GATE_ACTOR: &str = "redrive-gate";
 pub const FAILURE_THRESHOLD: i64 = 0;
 /// Re-dead-letters tolerated.
 pub const REDEAD_THRESHOLD: i64 = 0;
+
+/// A tripped gate's decision: move the plan from one of `from` to `to`,
+/// recorded as `action` by [`GATE_ACTOR`] with `reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateTrip {
+    /// States the plan may be in for the move (`main`; or `canary`,
+    /// `observing`).
+    pub from: &'static [&'static str],
+    /// `paused` (main wave) or `aborted` (canary wave, observation).
+    pub to: &'static str,
+    /// `pause` or `abort`.
+    pub action: &'static str,
+    /// "gate tripped: N failed or unroutable outcome(s), M re-dead-letter(s)"
+    /// and, with re-dead-letters, "; came back: key (dead letter id), ...".
+    pub reason: String,
+}
+
+/// The gates' one rule, used by this loop and by the completion of a slice
+/// (so that failures that become final when a slice ends are judged before
+/// the plan advances): `None` when the gates are green, else the move. A
+/// reading in `main` pauses; in any other state it aborts.
+pub fn decide(plan: &GateReading) -> Option<GateTrip> {
+    if plan.failures <= FAILURE_THRESHOLD && plan.redeads <= REDEAD_THRESHOLD {
+        return None;
+    }
+    let mut reason = format!(
+        "gate tripped: {} failed or unroutable outcome(s), {} re-dead-letter(s)",
+        plan.failures, plan.redeads
+    );
+    if !plan.evidence.is_empty() {
+        reason.push_str(&format!("; came back: {}", plan.evidence.join(", ")));
+    }
+    let (from, to, action): (&'static [&'static str], _, _) = if plan.state == "main" {
+        (&["main"], "paused", "pause")
+    } else {
+        (&["canary", "observing"], "aborted", "abort")
+    };
+    Some(GateTrip {
+        from,
+        to,
+        action,
+        reason,
+    })
+}
 
 /// Checks the gates every [`GATE_INTERVAL`] until `shutdown`.
 pub async fn run(store: Store, shutdown: CancellationToken) {
@@ -59,27 +103,21 @@ pub async fn check(store: &Store) -> Result<(), StoreError> {
         }
     }
     for plan in store.gate_readings().await? {
-        let tripped = plan.failures > FAILURE_THRESHOLD || plan.redeads > REDEAD_THRESHOLD;
-        if tripped {
-            let mut reason = format!(
-                "gate tripped: {} failed or unroutable outcome(s), {} re-dead-letter(s)",
-                plan.failures, plan.redeads
-            );
-            if !plan.evidence.is_empty() {
-                reason.push_str(&format!("; came back: {}", plan.evidence.join(", ")));
-            }
-            let (from, to, action): (&[&str], &str, &str) = if plan.state == "main" {
-                (&["main"], "paused", "pause")
-            } else {
-                (&["canary", "observing"], "aborted", "abort")
-            };
+        if let Some(trip) = decide(&plan) {
             if store
-                .transition_plan(plan.id, from, to, action, GATE_ACTOR, &reason)
+                .transition_plan(
+                    plan.id,
+                    trip.from,
+                    trip.to,
+                    trip.action,
+                    GATE_ACTOR,
+                    &trip.reason,
+                )
                 .await?
                 .as_deref()
                 == Some(&plan.state)
             {
-                warn!(plan.id = %plan.id, %reason, action, "plan gate tripped");
+                warn!(plan.id = %plan.id, reason = %trip.reason, action = trip.action, "plan gate tripped");
             }
         } else if plan.state == "observing"
             && plan

@@ -1,6 +1,9 @@
 //! `IngestDeadLetters`: dead letters pushed by services that keep their own, and
-//! files imported by `redrivectl import`. Idempotent per (source, message id);
-//! a bad item is rejected with its index and the stream goes on.
+//! files imported by `redrivectl import`. Idempotent per source and
+//! [`crate::dead_letter::dedup_key`] (destination, message id,
+//! `redrive-plan-id` and body: a re-sent line is a repeat, another message
+//! sharing an id is stored); a bad item is rejected with its index and the
+//! stream goes on.
 
 use std::sync::Arc;
 
@@ -25,7 +28,8 @@ const INGEST_BATCH: usize = 500;
 pub struct IngestSummary {
     /// Newly stored.
     pub accepted: u64,
-    /// Already stored (same source and message id).
+    /// Already stored (same source, destination, message id,
+    /// `redrive-plan-id` and body).
     pub duplicates: u64,
     /// (zero-based index, reason) of refused items.
     pub rejected: Vec<IngestRejection>,

@@ -367,8 +367,8 @@ pub fn classify(
         return Some((
             Verdict::Duplicate,
             format!(
-                "message key {} already appears in dead letter {first}",
-                candidate.message_key
+                "message key {} bound for {} already appears in dead letter {first}",
+                candidate.message_key, candidate.destination
             ),
         ));
     }

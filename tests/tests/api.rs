@@ -407,3 +407,92 @@ async fn a_test_that_fails_early_leaves_no_database_or_queue_behind() -> anyhow:
     assert!(passive.is_err(), "queue {queue} deleted");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let mut client = planner.client().await?;
+    let source = unique("import");
+    let line = |message_id: &str, body: &[u8], destination: &str| {
+        let mut line = item(&source, message_id, body, "rejected", "shop");
+        line.original_destination = destination.to_owned();
+        line.imported = true;
+        line
+    };
+    let mut came_back = line("m-1", br#"{"order_id":"o-1"}"#, "orders.a");
+    came_back.headers.get_or_insert_default().fields.insert(
+        "redrive-plan-id".to_owned(),
+        HeaderValue {
+            value: Some(Value::LongString(
+                b"55555555-5555-7555-8555-555555555555".to_vec(),
+            )),
+        },
+    );
+    let items = vec![
+        line("m-1", br#"{"order_id":"o-1"}"#, "orders.a"),
+        // The same line sent twice: a repeat.
+        line("m-1", br#"{"order_id":"o-1"}"#, "orders.a"),
+        // The fan-out copy that died in another queue: other work.
+        line("m-1", br#"{"order_id":"o-1"}"#, "orders.b"),
+        // Another message reusing the id: stored.
+        line("m-1", br#"{"order_id":"o-2"}"#, "orders.a"),
+        // A replay of m-1 that came back: a re-dead-letter.
+        came_back,
+    ];
+    let first = client
+        .ingest_dead_letters(tokio_stream::iter(items.clone()))
+        .await?
+        .into_inner();
+    assert_eq!(
+        (first.accepted, first.duplicates),
+        (4, 1),
+        "only the re-sent line is a repeat"
+    );
+    let again = client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?
+        .into_inner();
+    assert_eq!(
+        (again.accepted, again.duplicates),
+        (0, 5),
+        "importing the file again stores nothing"
+    );
+    let seen: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT destination, convert_from(body, 'UTF8'), coalesce(redrive_plan_id, '') \
+         FROM dead_letters WHERE source = $1 ORDER BY 1, 2, 3",
+    )
+    .bind(&source)
+    .fetch_all(&db.pool().await?)
+    .await?;
+    assert_eq!(
+        seen,
+        vec![
+            (
+                "orders.a".into(),
+                r#"{"order_id":"o-1"}"#.into(),
+                String::new()
+            ),
+            (
+                "orders.a".into(),
+                r#"{"order_id":"o-1"}"#.into(),
+                "55555555-5555-7555-8555-555555555555".into()
+            ),
+            (
+                "orders.a".into(),
+                r#"{"order_id":"o-2"}"#.into(),
+                String::new()
+            ),
+            (
+                "orders.b".into(),
+                r#"{"order_id":"o-1"}"#.into(),
+                String::new()
+            ),
+        ]
+    );
+    planner.stop().await?;
+    db.drop_database().await;
+    Ok(())
+}

@@ -133,11 +133,14 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     )
     .execute(&pool)
     .await?;
-    // o-3 was replayed successfully by an earlier plan yesterday.
+    // o-3 was replayed successfully to its work queue by an earlier plan
+    // yesterday; a replay of its key to another queue does not count.
     sqlx::query(
-        "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, replayed_at) \
-         VALUES ('o-3:order.paid', '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day')",
+        "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, replayed_at) \
+         VALUES ('o-3:order.paid', $1, '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day'), \
+                ('o-2:order.paid', 'another-queue', '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day')",
     )
+    .bind(&topology.work)
     .execute(&pool)
     .await?;
     let hook_url = orders_hook::spawn(OrdersHook::new(pool.clone()), hook_shutdown.clone()).await?;
@@ -459,6 +462,83 @@ async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyh
     planner.stop().await?;
     hook_shutdown.cancel();
     pool.close().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let mut config = Config::for_database(db.url());
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    let source = redrive_tests::unique("svc");
+    let item = |destination: &str, plan: Option<&str>| v1::IngestDeadLettersRequest {
+        source: source.clone(),
+        message_id: "m-1".into(),
+        body: br#"{"order_id":"o-1"}"#.to_vec(),
+        original_destination: destination.into(),
+        reason: "rejected".into(),
+        headers: plan.map(|plan| v1::HeaderTable {
+            fields: [(
+                "redrive-plan-id".to_owned(),
+                v1::HeaderValue {
+                    value: Some(v1::header_value::Value::LongString(
+                        plan.as_bytes().to_vec(),
+                    )),
+                },
+            )]
+            .into(),
+        }),
+        ..Default::default()
+    };
+    // o-1 died in queues a and b; three replays to a came back.
+    let items = vec![
+        item("orders.a", None),
+        item("orders.b", None),
+        item("orders.a", Some("11111111-1111-7111-8111-111111111111")),
+        item("orders.a", Some("22222222-2222-7222-8222-222222222222")),
+        item("orders.a", Some("33333333-3333-7333-8333-333333333333")),
+    ];
+    let stored = client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?
+        .into_inner();
+    assert_eq!(stored.accepted, 5);
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![source.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let counts = report.counts.unwrap();
+    assert_eq!(
+        (counts.looping, counts.replayable, counts.duplicate),
+        (1, 1, 3),
+        "a's copy loops, b's copy is replayable: {counts:?}"
+    );
+    let replayable = client
+        .list_precheck_items(ListPrecheckItemsRequest {
+            precheck_id: report.precheck_id.clone(),
+            verdict: Verdict::Replayable.into(),
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner();
+    let destinations: Vec<&str> = replayable
+        .items
+        .iter()
+        .map(|item| item.destination.as_str())
+        .collect();
+    assert_eq!(destinations, ["orders.b"]);
+    planner.stop().await?;
     db.drop_database().await;
     Ok(())
 }

@@ -810,6 +810,197 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 8).await?;
+    // Room for three: the broker nacks the other five
+    // (https://www.rabbitmq.com/docs/maxlength#overflow-behaviour). They fail
+    // in the plan's one main slice, and become final as that slice ends.
+    let full = unique("max3");
+    broker
+        .queue(
+            &full,
+            amqp_table(vec![
+                ("x-max-length", AMQPValue::LongInt(3)),
+                ("x-overflow", amqp_text("reject-publish")),
+            ]),
+        )
+        .await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 8).await?;
+    let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
+        exchange: String::new(),
+        routing_key: full.clone(),
+    });
+    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
+    let mut config = ExecutorHandle::config(&planner, None);
+    config.max_attempts = 2;
+    let executor = ExecutorHandle::start(config);
+    let paused = wait_state(
+        &mut client,
+        &plan.plan_id,
+        PlanState::Paused,
+        Duration::from_secs(30),
+    )
+    .await;
+    executor.stop().await?;
+    let paused = paused?;
+    let counts = paused.counts.unwrap();
+    assert_eq!(counts.sent, 3, "three fit: {counts:?}");
+    assert!(counts.failed >= 1, "{counts:?}");
+    assert!(
+        paused.state_reason.starts_with(&format!(
+            "gate tripped: {} failed or unroutable outcome(s)",
+            counts.failed
+        )),
+        "{}",
+        paused.state_reason
+    );
+    assert_eq!(broker.ready_count(&full).await?, 3, "only the sent arrived");
+    // Still paused: nothing completes a plan past its gates.
+    let again = client
+        .get_plan(GetPlanRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(again.state(), PlanState::Paused);
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+/// The verdict counts of a fresh precheck over `dlq`.
+async fn precheck_counts(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+) -> anyhow::Result<v1::VerdictCounts> {
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.to_owned()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    Ok(report.counts.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
+    // A fan-out exchange to work queues a and b (both dead-lettering to one
+    // DLQ) and a healthy subscriber.
+    let (exchange, dlx, dlq) = (unique("orders"), unique("dlx"), unique("dlq"));
+    let (a, b, healthy) = (unique("a"), unique("b"), unique("healthy"));
+    broker
+        .exchange(&exchange, lapin::ExchangeKind::Fanout)
+        .await?;
+    broker.exchange(&dlx, lapin::ExchangeKind::Fanout).await?;
+    broker.queue(&dlq, FieldTable::default()).await?;
+    broker.bind(&dlq, &dlx, "").await?;
+    for queue in [&a, &b] {
+        broker
+            .queue(
+                queue,
+                amqp_table(vec![("x-dead-letter-exchange", amqp_text(&dlx))]),
+            )
+            .await?;
+        broker.bind(queue, &exchange, "").await?;
+    }
+    broker.queue(&healthy, FieldTable::default()).await?;
+    broker.bind(&healthy, &exchange, "").await?;
+    for index in 0..2 {
+        let properties = lapin::BasicProperties::default()
+            .with_message_id(format!("m-{index}").into())
+            .with_content_type("application/json".into());
+        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
+        broker
+            .publish(&exchange, "", body.as_bytes(), properties)
+            .await?;
+    }
+    // Both consumers fail every message: four dead letters, two per message id.
+    for queue in [&a, &b] {
+        for _ in 0..2 {
+            let delivery = broker
+                .channel
+                .basic_get(queue.as_str().into(), Default::default())
+                .await?
+                .expect("the work queue holds the message");
+            delivery
+                .acker
+                .reject(lapin::options::BasicRejectOptions { requeue: false })
+                .await?;
+        }
+    }
+    let planner = planner_for(&db, &dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &dlq, 4).await?;
+
+    let counts = precheck_counts(&mut client, &dlq).await?;
+    assert_eq!(
+        (counts.replayable, counts.duplicate),
+        (4, 0),
+        "each queue's copy is its own work: {counts:?}"
+    );
+    let (received_a, consuming_a) = consume(&broker, &a).await?;
+    let (received_b, consuming_b) = consume(&broker, &b).await?;
+    let plan = approved_plan(&mut client, &dlq, 1000.0, 10, None).await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await;
+    executor.stop().await?;
+    let done = done?;
+    assert_eq!(done.counts.unwrap().sent, 4);
+    wait_until(
+        "both queues got their copies",
+        Duration::from_secs(10),
+        || {
+            let (a, b) = (received_a.clone(), received_b.clone());
+            async move { Ok(a.lock().unwrap().len() >= 2 && b.lock().unwrap().len() >= 2) }
+        },
+    )
+    .await?;
+    consuming_a.abort();
+    consuming_b.abort();
+    let pool = db.pool().await?;
+    for received in [&received_a, &received_b] {
+        let received = received.lock().unwrap().clone();
+        let mut ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, ["m-0", "m-1"], "one copy of each message per queue");
+        assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    }
+    assert_eq!(
+        broker.ready_count(&healthy).await?,
+        2,
+        "the healthy subscriber got nothing more"
+    );
+
+    let counts = precheck_counts(&mut client, &dlq).await?;
+    assert_eq!(
+        (counts.already_replayed, counts.replayable),
+        (4, 0),
+        "both queues' copies were replayed: {counts:?}"
+    );
+    redis_cleanup(&prefix).await?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
 -> anyhow::Result<()> {
     init_logging();

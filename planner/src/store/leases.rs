@@ -12,8 +12,9 @@ use uuid::Uuid;
 use super::{
     Store, StoreError,
     dead_letters::{columns, dead_letter_from_row},
-    plans::{DestinationMode, notify},
+    plans::{DestinationMode, gate_reading_in, notify, transition_in},
 };
+use crate::gates;
 
 /// A slice just leased.
 #[derive(Debug, Clone)]
@@ -47,15 +48,17 @@ pub struct LeasedItem {
     pub state: String,
     /// Attempts made by earlier leases.
     pub attempts: i32,
-    /// The key was replayed successfully within the replay-key window (and
-    /// that replay did not come back as a re-dead-letter).
+    /// The key was replayed successfully to this dead letter's destination
+    /// within the replay-key window (and that replay did not come back as a
+    /// re-dead-letter).
     pub key_replayed: bool,
-    /// Plans that replayed this key before.
+    /// Plans that replayed this key to this destination before.
     pub redrive_count: i64,
     /// When it first died (the last basis of its age, as the precheck's).
     pub first_died_at: DateTime<Utc>,
     /// Plans (ids as the re-dead-letters' `redrive-plan-id` header says)
-    /// whose replay of this key came back as a re-dead-letter.
+    /// whose replay of this key came back as a re-dead-letter in this
+    /// destination.
     pub came_back_from: Vec<String>,
 }
 
@@ -180,9 +183,10 @@ impl Store {
                 WHERE i.slice_id = r.id AND i.state = 'pending' \
                 RETURNING i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, r.wave, r.owner), \
              keys AS ( \
-                INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, certain) \
-                SELECT message_key, plan_id, dead_letter_id, false FROM taken \
-                ON CONFLICT (message_key, plan_id) DO NOTHING), \
+                INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
+                SELECT t.message_key, d.destination, t.plan_id, t.dead_letter_id, false \
+                FROM taken t JOIN dead_letters d ON d.id = t.dead_letter_id \
+                ON CONFLICT (message_key, destination, plan_id) DO NOTHING), \
              events AS ( \
                 INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
                     executor_id, attempt) \
@@ -235,12 +239,13 @@ published; the next lease publishes it again with the same message id', wave, ow
              FROM plan_items i \
              JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
              LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
-                FROM dead_letters x WHERE x.message_key = i.message_key AND x.redrive_plan_id IS NOT NULL) cb ON true \
+                FROM dead_letters x WHERE x.message_key = i.message_key AND x.destination = d.destination \
+                AND x.redrive_plan_id IS NOT NULL) cb ON true \
              LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE r.certain) AS redrive_count, \
                 coalesce(bool_or(r.replayed_at > now() - $2 * interval '1 second' \
                                  AND NOT r.plan_id::text = ANY(cb.came_back_from) \
                                  AND (r.certain OR r.plan_id <> i.plan_id)), false) AS key_replayed \
-                FROM replayed_keys r WHERE r.message_key = i.message_key) rk ON true \
+                FROM replayed_keys r WHERE r.message_key = i.message_key AND r.destination = d.destination) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
@@ -434,11 +439,12 @@ published; the next lease publishes it again with the same message id', wave, ow
                 delivered.iter().map(|o| o.message_key.clone()).collect();
             let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
             sqlx::query(
-                "INSERT INTO replayed_keys (message_key, plan_id, dead_letter_id, certain) \
-                 SELECT DISTINCT ON (u.key) u.key, $1, u.id, u.certain \
+                "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
+                 SELECT DISTINCT ON (u.key, d.destination) u.key, d.destination, $1, u.id, u.certain \
                  FROM UNNEST($2::bigint[], $3::text[], $4::bool[]) AS u(id, key, certain) \
-                 ORDER BY u.key, u.certain DESC \
-                 ON CONFLICT (message_key, plan_id) DO UPDATE SET certain = true, \
+                 JOIN dead_letters d ON d.id = u.id \
+                 ORDER BY u.key, d.destination, u.certain DESC \
+                 ON CONFLICT (message_key, destination, plan_id) DO UPDATE SET certain = true, \
                     replayed_at = excluded.replayed_at, dead_letter_id = excluded.dead_letter_id \
                  WHERE excluded.certain AND NOT replayed_keys.certain",
             )
@@ -474,7 +480,10 @@ published; the next lease publishes it again with the same message id', wave, ow
 
     /// Ends a lease. With `release`, or when items are left unfinished, the
     /// slice goes back to pending for another lease; otherwise it is completed,
-    /// and the plan with it when it was the last.
+    /// and then the gates are judged at once ([`gates::decide`]): past their
+    /// threshold a plan in `main` is paused and one in `canary` aborted;
+    /// otherwise the canary wave's last slice starts the observation and the
+    /// plan's last slice completes the plan.
     ///
     /// # Errors
     /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
@@ -518,7 +527,31 @@ published; the next lease publishes it again with the same message id', wave, ow
             .bind(next)
             .execute(&mut *transaction)
             .await?;
-        if next == "completed" {
+        // Failures that became final in this slice are judged here, before
+        // the plan advances: the gates' decision (pause in main, abort in the
+        // canary wave) replaces the completion, so a plan never completes, nor
+        // a canary wave ends, past its gates.
+        let trip = if next == "completed" {
+            gate_reading_in(&mut transaction, plan_id)
+                .await?
+                .filter(|reading| matches!(reading.state.as_str(), "canary" | "main"))
+                .and_then(|reading| gates::decide(&reading))
+        } else {
+            None
+        };
+        if let Some(trip) = trip {
+            transition_in(
+                &mut transaction,
+                plan_id,
+                trip.from,
+                trip.to,
+                trip.action,
+                gates::GATE_ACTOR,
+                &trip.reason,
+            )
+            .await?;
+            tracing::warn!(plan.id = %plan_id, reason = %trip.reason, action = trip.action, "plan gate tripped at the end of a slice");
+        } else if next == "completed" {
             // The canary wave done: observe for the plan's window.
             sqlx::query(
                 "UPDATE plans SET state = 'observing', \

@@ -99,6 +99,76 @@ pub(crate) async fn record_action(
     Ok(())
 }
 
+/// [`Store::transition_plan`] inside `transaction` (which the caller
+/// commits): moves the plan from `from` states to `to` and records the action.
+/// Returns the state it was in (`None`: no such plan).
+///
+/// # Errors
+/// [`StoreError`].
+pub(crate) async fn transition_in(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan_id: Uuid,
+    from: &[&str],
+    to: &str,
+    action: &str,
+    actor: &str,
+    reason: &str,
+) -> Result<Option<String>, StoreError> {
+    let row = sqlx::query("SELECT state, paused_from FROM plans WHERE id = $1 FOR UPDATE")
+        .bind(plan_id)
+        .fetch_optional(&mut **transaction)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let state: String = row.try_get("state")?;
+    if !from.contains(&state.as_str()) {
+        return Ok(Some(state));
+    }
+    // Resuming returns to the state the plan was paused in.
+    let to = match action {
+        "resume" => row
+            .try_get::<Option<String>, _>("paused_from")?
+            .unwrap_or_else(|| to.to_owned()),
+        _ => to.to_owned(),
+    };
+    let approving = action == "approve";
+    sqlx::query(
+        "UPDATE plans SET state = $2, state_reason = $3, \
+         approved_by = CASE WHEN $4 THEN $5 ELSE approved_by END, \
+         approved_at = CASE WHEN $4 THEN now() ELSE approved_at END, \
+         paused_from = CASE WHEN $2 = 'paused' THEN $6 ELSE NULL END, \
+         gates_since = CASE WHEN $7 IN ('resume', 'promote') THEN now() ELSE gates_since END \
+         WHERE id = $1",
+    )
+    .bind(plan_id)
+    .bind(&to)
+    // The state's reason is kept for the states that need one; every
+    // action's reason stays in the operator actions.
+    .bind(
+        if matches!(to.as_str(), "paused" | "cancelled" | "aborted") {
+            reason
+        } else {
+            ""
+        },
+    )
+    .bind(approving)
+    .bind(actor)
+    .bind(&state)
+    .bind(action)
+    .execute(&mut **transaction)
+    .await?;
+    // A plan resumed after its last slice completed is complete.
+    sqlx::query(
+        "UPDATE plans SET state = 'completed', state_reason = '', completed_at = now() WHERE id = $1 AND state = 'main' \
+         AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
+    )
+    .bind(plan_id)
+    .execute(&mut **transaction)
+    .await?;
+    record_action(transaction, plan_id, action, actor, reason).await?;
+    notify(transaction, plan_id).await?;
+    Ok(Some(state))
+}
+
 /// Sends the plan-change notification inside `transaction` (delivered on commit).
 pub(crate) async fn notify(
     transaction: &mut Transaction<'_, Postgres>,
@@ -287,7 +357,7 @@ const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
         SELECT 'dead letter ' || i.dead_letter_id || ': its message key ' || r.message_key || \
                ' was replayed by plan ' || r.plan_id || ' at ' || \
                to_char(r.replayed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS what, r.replayed_at AS at \
-        FROM replayed_keys r JOIN dead_letters d ON d.message_key = r.message_key \
+        FROM replayed_keys r JOIN dead_letters d ON d.message_key = r.message_key AND d.destination = r.destination \
         JOIN plan_items i ON i.dead_letter_id = d.id AND i.plan_id = p.id \
         WHERE r.replayed_at >= c.created_at AND r.plan_id <> p.id \
         UNION ALL \
@@ -369,60 +439,10 @@ impl Store {
         reason: &str,
     ) -> Result<Option<String>, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let row = sqlx::query("SELECT state, paused_from FROM plans WHERE id = $1 FOR UPDATE")
-            .bind(plan_id)
-            .fetch_optional(&mut *transaction)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let state: String = row.try_get("state")?;
-        if !from.contains(&state.as_str()) {
-            return Ok(Some(state));
-        }
-        // Resuming returns to the state the plan was paused in.
-        let to = match action {
-            "resume" => row
-                .try_get::<Option<String>, _>("paused_from")?
-                .unwrap_or_else(|| to.to_owned()),
-            _ => to.to_owned(),
-        };
-        let approving = action == "approve";
-        sqlx::query(
-            "UPDATE plans SET state = $2, state_reason = $3, \
-             approved_by = CASE WHEN $4 THEN $5 ELSE approved_by END, \
-             approved_at = CASE WHEN $4 THEN now() ELSE approved_at END, \
-             paused_from = CASE WHEN $2 = 'paused' THEN $6 ELSE NULL END, \
-             gates_since = CASE WHEN $7 IN ('resume', 'promote') THEN now() ELSE gates_since END \
-             WHERE id = $1",
-        )
-        .bind(plan_id)
-        .bind(&to)
-        // The state's reason is kept for the states that need one; every
-        // action's reason stays in the operator actions.
-        .bind(
-            if matches!(to.as_str(), "paused" | "cancelled" | "aborted") {
-                reason
-            } else {
-                ""
-            },
-        )
-        .bind(approving)
-        .bind(actor)
-        .bind(&state)
-        .bind(action)
-        .execute(&mut *transaction)
-        .await?;
-        // A plan resumed after its last slice completed is complete.
-        sqlx::query(
-            "UPDATE plans SET state = 'completed', state_reason = '', completed_at = now() WHERE id = $1 AND state = 'main' \
-             AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
-        )
-        .bind(plan_id)
-        .execute(&mut *transaction)
-        .await?;
-        record_action(&mut transaction, plan_id, action, actor, reason).await?;
-        notify(&mut transaction, plan_id).await?;
+        let state =
+            transition_in(&mut transaction, plan_id, from, to, action, actor, reason).await?;
         transaction.commit().await?;
-        Ok(Some(state))
+        Ok(state)
     }
 
     /// The plan with its progress, actions and counts.
@@ -630,34 +650,53 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn gate_readings(&self) -> Result<Vec<GateReading>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT p.id, p.state, p.observing_until, \
-                (SELECT count(*) FROM audit_events e WHERE e.plan_id = p.id \
-                    AND e.action IN ('failed', 'unroutable') \
-                    AND e.at > coalesce(p.gates_since, '-infinity'::timestamptz)) AS failures, \
-                (SELECT count(*) FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
-                    AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz)) AS redeads, \
-                (SELECT coalesce(array_agg(x), '{}') FROM (SELECT d.message_key || ' (dead letter ' || d.id || ')' AS x \
-                    FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
-                    AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz) ORDER BY d.id LIMIT 10) z) AS evidence \
-             FROM plans p WHERE p.state IN ('canary', 'observing', 'main')",
-        )
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "{GATE_READING_SQL} WHERE p.state IN ('canary', 'observing', 'main')"
+        )))
         .fetch_all(self.pool())
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(GateReading {
-                    id: row.try_get("id")?,
-                    state: row.try_get("state")?,
-                    observing_until: row.try_get("observing_until")?,
-                    failures: row.try_get("failures")?,
-                    redeads: row.try_get("redeads")?,
-                    evidence: row.try_get("evidence")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        rows.iter().map(gate_reading).collect()
     }
+}
+
+/// The gate reading of one plan inside `transaction`, whatever its state
+/// (`None`: no such plan).
+///
+/// # Errors
+/// [`StoreError`].
+pub(crate) async fn gate_reading_in(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan_id: Uuid,
+) -> Result<Option<GateReading>, StoreError> {
+    let row = sqlx::query(AssertSqlSafe(format!("{GATE_READING_SQL} WHERE p.id = $1")))
+        .bind(plan_id)
+        .fetch_optional(&mut **transaction)
+        .await?;
+    row.as_ref().map(gate_reading).transpose()
+}
+
+/// What the gates count, per plan `p` (a `WHERE` over `p` follows): failed
+/// and unroutable outcomes and re-dead-letters since the gates were reset.
+const GATE_READING_SQL: &str = "SELECT p.id, p.state, p.observing_until, \
+    (SELECT count(*) FROM audit_events e WHERE e.plan_id = p.id \
+        AND e.action IN ('failed', 'unroutable') \
+        AND e.at > coalesce(p.gates_since, '-infinity'::timestamptz)) AS failures, \
+    (SELECT count(*) FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
+        AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz)) AS redeads, \
+    (SELECT coalesce(array_agg(x), '{}') FROM (SELECT d.message_key || ' (dead letter ' || d.id || ')' AS x \
+        FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
+        AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz) ORDER BY d.id LIMIT 10) z) AS evidence \
+    FROM plans p";
+
+fn gate_reading(row: &PgRow) -> Result<GateReading, StoreError> {
+    Ok(GateReading {
+        id: row.try_get("id")?,
+        state: row.try_get("state")?,
+        observing_until: row.try_get("observing_until")?,
+        failures: row.try_get("failures")?,
+        redeads: row.try_get("redeads")?,
+        evidence: row.try_get("evidence")?,
+    })
 }
 
 /// The effective destination of a plan item (`exchange/routing-key`, the

@@ -48,15 +48,17 @@ pub struct Candidate {
     pub first_died_at: DateTime<Utc>,
     /// When it died (the death that counts).
     pub died_at: DateTime<Utc>,
-    /// The earliest valid dead letter of the selection with the same key, when
-    /// that is not this one.
+    /// The earliest valid dead letter of the selection with the same key and
+    /// destination, when that is not this one (DESIGN.md, "Words": identity).
     pub duplicate_of: Option<i64>,
-    /// The latest successful replay of this key within the window: (plan, when).
+    /// The latest successful replay of this key to this destination within the
+    /// window: (plan, when).
     pub replayed: Option<(Uuid, DateTime<Utc>)>,
     /// Whether that replay was confirmed (`false`: its outcome is uncertain,
     /// so the key may have been delivered).
     pub replayed_certain: bool,
-    /// Replays of this key that came back as re-dead-letters.
+    /// Replays of this key that came back as re-dead-letters in this
+    /// destination.
     pub redrives: i64,
     /// Body, properties and headers (prost-encoded), when asked for.
     pub payload: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
@@ -82,7 +84,7 @@ impl Store {
         let mut builder = QueryBuilder::<Postgres>::new(format!(
             "SELECT d.id, d.message_key, d.source, d.destination, d.body_oversized, d.body_problem, d.event_type, \
              d.schema_version, d.producer, d.reason_class, d.occurred_at, d.first_died_at, d.died_at, \
-             CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key ORDER BY d.id) END AS first_id, \
+             CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key, d.destination ORDER BY d.id) END AS first_id, \
              r.plan_id AS replayed_plan, r.replayed_at, coalesce(r.certain, true) AS replayed_certain, coalesce(l.redrives, 0) AS redrives, {} \
              FROM (SELECT s.*, {INVALID_SQL} AS invalid FROM ",
             if with_payload {
@@ -105,7 +107,7 @@ impl Store {
         );
         builder
             .push(
-                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key) message_key, plan_id, replayed_at, certain \
+                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key, destination) message_key, destination, plan_id, replayed_at, certain \
                  FROM replayed_keys WHERE replayed_at > now() - ",
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
@@ -113,10 +115,13 @@ impl Store {
                 // A replay that came back as a re-dead-letter (its consumer did not
                 // take it) does not make the key already replayed; looping caps it.
                 " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
-                 WHERE x.message_key = replayed_keys.message_key AND x.redrive_plan_id = replayed_keys.plan_id::text) \
-                 ORDER BY message_key, certain DESC, replayed_at DESC) r ON r.message_key = d.message_key \
-                 LEFT JOIN (SELECT message_key, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
-                 WHERE redrive_plan_id IS NOT NULL GROUP BY message_key) l ON l.message_key = d.message_key \
+                 WHERE x.message_key = replayed_keys.message_key AND x.destination = replayed_keys.destination \
+                 AND x.redrive_plan_id = replayed_keys.plan_id::text) \
+                 ORDER BY message_key, destination, certain DESC, replayed_at DESC) r \
+                 ON r.message_key = d.message_key AND r.destination = d.destination \
+                 LEFT JOIN (SELECT message_key, destination, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
+                 WHERE redrive_plan_id IS NOT NULL GROUP BY message_key, destination) l \
+                 ON l.message_key = d.message_key AND l.destination = d.destination \
                  ORDER BY d.id",
             );
         let (sender, receiver) = mpsc::channel(CANDIDATE_BUFFER);
