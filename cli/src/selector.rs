@@ -1,4 +1,4 @@
-//! The selector flags (DESIGN.md, "selector"), shared by every command that
+//! The selector flags (docs/design.md, "selector"), shared by every command that
 //! covers a set of dead letters: `dead-letters list`, `dead-letters summary`
 //! and `precheck` (which requires at least one `--source`).
 //!

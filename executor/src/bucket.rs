@@ -1,5 +1,5 @@
 //! The shared token bucket: how fast a replay may publish to one destination
-//! (DESIGN.md, "token bucket").
+//! (docs/design.md, "token bucket").
 //!
 //! Every executor and every plan that publishes to the same downstream draws
 //! from one budget, keyed by destination, so two plans to one queue cannot add
@@ -51,7 +51,7 @@
 //! grant one extra burst, once. Earlier executors likewise read this form as
 //! no value, so the two versions must not run side by side.
 //!
-//! Fail closed (DESIGN.md, "Executor loop and guarantees"): when Redis cannot
+//! Fail closed (docs/design.md, "Executor loop and guarantees"): when Redis cannot
 //! be reached, [`Bucket::acquire`] returns [`BucketError::Unavailable`] and the
 //! caller stops publishing; it never publishes without a token.
 
@@ -179,7 +179,7 @@ const GCRA_SCRIPT_AT: &str = concat!(
 );
 
 /// A publishing rate: a sustained `per_second` with up to `burst` tokens at
-/// once after an idle period (the plan's rate, DESIGN.md "Plan").
+/// once after an idle period (the plan's rate, docs/design.md "Plan").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rate {
     /// Sustained tokens per second, from [`MIN_PER_SECOND`] (0.001) to
@@ -401,7 +401,7 @@ fn split_ns(ns: u64) -> (u64, u64) {
 }
 
 /// The token bucket an executor uses: shared through Redis, or in-process in
-/// single-executor mode (DESIGN.md, "Components").
+/// single-executor mode (docs/design.md, "Components").
 pub enum Bucket {
     /// Shared by every executor through Redis.
     Redis(RedisBucket),

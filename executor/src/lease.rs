@@ -1,4 +1,4 @@
-//! One slice lease, as the executor holds it (DESIGN.md, "Executor loop and
+//! One slice lease, as the executor holds it (docs/design.md, "Executor loop and
 //! guarantees"): the fencing token, the renewal (heartbeat), the stop signal
 //! pushed by the planner (`WatchLease`), the executor's own deadline, outcome
 //! reports and the end of the lease.
@@ -82,6 +82,10 @@ struct Shared {
     reason: Mutex<Option<StopReason>>,
     /// No publish at or after this instant.
     deadline: Mutex<Instant>,
+    /// The reporter gave up on some outcomes: never release the slice then
+    /// (its expiry makes every unreported item uncertain; a release would
+    /// let them be published again with no `uncertain` on the record).
+    unreported: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -144,6 +148,7 @@ impl Lease {
             stop: shutdown.child_token(),
             reason: Mutex::new(None),
             deadline: Mutex::new(Instant::now()),
+            unreported: std::sync::atomic::AtomicBool::new(false),
         });
         let sent_at = Instant::now();
         match renew(&mut coordinator.clone(), &shared).await {
@@ -213,6 +218,11 @@ impl Lease {
         true
     }
 
+    /// No publish at or after this instant (the executor's own deadline).
+    pub fn deadline(&self) -> Instant {
+        self.shared.deadline()
+    }
+
     /// Resolves when publishing must stop; use it in every `select!` of a
     /// wait (tokens, confirms, retries).
     pub fn stopped(&self) -> WaitForCancellationFuture<'_> {
@@ -262,12 +272,19 @@ impl Lease {
 
     /// Ends the lease: completed, or with `release` given back for another
     /// executor (the planner completes nothing that has unfinished items).
-    /// A lost lease is left alone (the planner's sweep ends it). Bounded by a
-    /// third of the TTL.
+    /// Also tried when the lease counts as lost here (its own deadline
+    /// passed): the planner may still hold it, and a release spares the
+    /// slice a wait for its TTL; a stale token is simply refused. Bounded by
+    /// a third of the TTL.
     pub async fn end(self, release: bool) {
-        if self.is_lost() {
+        if self
+            .shared
+            .unreported
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
             return;
         }
+        let release = release || self.is_lost();
         let request = v1::CompleteSliceRequest {
             slice_id: self.shared.slice_id.clone(),
             fencing_token: self.shared.token,
@@ -277,6 +294,9 @@ impl Lease {
         match tokio::time::timeout(self.shared.ttl / 3, coordinator.complete_slice(request)).await {
             Ok(Ok(_)) if release => info!("slice released"),
             Ok(Ok(_)) => info!("slice completed"),
+            Ok(Err(status)) if status.code() == Code::FailedPrecondition => {
+                tracing::debug!(message = status.message(), "the lease was already gone");
+            }
             Ok(Err(status)) => {
                 warn!(code = ?status.code(), message = status.message(), "ending the lease failed");
             }
@@ -429,14 +449,21 @@ async fn report(
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         loop {
-            let answer = async {
+            // Bounded: a half-open link to the planner must not hold the
+            // report (and the slice loop behind it) for ever.
+            let call = async {
                 let mut responses = coordinator
                     .report_outcomes(tokio_stream::iter(vec![request.clone()]))
                     .await?
                     .into_inner();
                 responses.message().await
-            }
-            .await;
+            };
+            let answer = match tokio::time::timeout(shared.ttl / 3, call).await {
+                Ok(answer) => answer,
+                Err(_) => Err(tonic::Status::deadline_exceeded(
+                    "the outcome report took longer than a third of the lease TTL",
+                )),
+            };
             match answer {
                 Ok(Some(answer)) => {
                     if answer.lease_lost {
@@ -452,6 +479,9 @@ async fn report(
                 Err(status) if status.code() == Code::FailedPrecondition => {
                     // A token the slice never had: nothing of it can be recorded.
                     warn!(message = status.message(), "outcome report refused");
+                    shared
+                        .unreported
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     shared.stop(StopReason::Lost(status.message().to_owned()));
                     break;
                 }
@@ -461,6 +491,9 @@ async fn report(
                 Err(status) => {
                     warn!(code = ?status.code(), message = status.message(), events = request.events.len(),
                         "giving up on an outcome report; when the lease expires the planner marks its unreported items uncertain");
+                    shared
+                        .unreported
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     shared.stop(StopReason::Lost("outcomes cannot be reported".to_owned()));
                     break;
                 }

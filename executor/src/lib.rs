@@ -1,6 +1,6 @@
 //! The Redrive executor: claims slices of approved plans from the planner's
 //! `Coordinator` service under leases and publishes them with publisher
-//! confirms under a shared token bucket (DESIGN.md, "Executor loop and
+//! confirms under a shared token bucket (docs/design.md, "Executor loop and
 //! guarantees"). It holds no durable state: the planner owns slices, leases and
 //! item states; Redis holds the shared bucket and the replay keys.
 //!
@@ -195,6 +195,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let channel = tonic::transport::Endpoint::from_shared(config.planner.clone())
         .with_context(|| format!("invalid setting --planner: {}", config.planner))?
         .tcp_nodelay(true)
+        // A half-open link to the planner is noticed (HTTP/2 PING), so
+        // claims, renewals and reports fail instead of hanging.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
         .connect_lazy();
     let coordinator = CoordinatorClient::new(channel)
         .max_decoding_message_size(256 * 1024 * 1024)

@@ -221,7 +221,7 @@ pub fn properties(
     }
     let properties =
         amqp::properties_to_amqp(&stored_properties, headers).map_err(|error| error.to_string())?;
-    // Persistent, always (DESIGN.md: publish persistent with mandatory).
+    // Persistent, always (docs/design.md: publish persistent with mandatory).
     Ok(properties.with_delivery_mode(2))
 }
 

@@ -1,4 +1,4 @@
-//! From publisher confirms to audit events (DESIGN.md, "Executor loop and
+//! From publisher confirms to audit events (docs/design.md, "Executor loop and
 //! guarantees"): the confirm collector of one slice awaits confirms in
 //! publish order, marks sent keys in Redis (one pipeline per batch of
 //! confirms that are already in), reports every outcome to the lease's
@@ -295,6 +295,16 @@ impl Collector {
             // A channel the broker keeps closing (a destination exchange that
             // does not exist: 404 NOT_FOUND) must not be retried for ever.
             PublishOutcome::Uncertain { reason } if last_attempt => {
+                // It may have been published: the audit says so first (the
+                // key is then possibly delivered, never replayable), then
+                // that no attempt is left.
+                let uncertain = self.context.event(
+                    &work,
+                    v1::AuditAction::Uncertain,
+                    &format!("no publisher confirm: {reason}"),
+                    0,
+                );
+                let _ = self.events.send(uncertain).await;
                 let reason = format!(
                     "no publisher confirm after {} attempts, the last: {reason} (it may have been published; the audit shows each attempt as uncertain)",
                     work.attempt

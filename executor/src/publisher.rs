@@ -1,5 +1,5 @@
 //! Publishing replayed messages with publisher confirms and a confirm window
-//! (DESIGN.md, "Executor loop and guarantees").
+//! (docs/design.md, "Executor loop and guarantees").
 //!
 //! A [`Publisher`] owns one AMQP connection and one channel in confirm mode.
 //! [`Publisher::publish`] sends a message with `mandatory = true` and returns
@@ -104,7 +104,7 @@ pub fn with_heartbeat(amqp_url: &str, heartbeat: Duration) -> String {
 /// One message to publish.
 ///
 /// `properties` are sent as given: a replay must be persistent, so the caller
-/// sets `delivery_mode` 2 (and the message id, headers, ... of DESIGN.md "The
+/// sets `delivery_mode` 2 (and the message id, headers, ... of docs/design.md "The
 /// replayed message"); the publisher adds nothing.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
@@ -178,6 +178,10 @@ pub enum PublishError {
     /// The window must allow at least one message in flight.
     #[error("invalid confirm window {0}: must be at least 1")]
     InvalidWindow(usize),
+    /// Its `not_after` passed before the publishing task got to it: not
+    /// published.
+    #[error("not published: its time to be published had passed")]
+    Expired,
 }
 
 impl PublishError {
@@ -229,6 +233,9 @@ struct InFlight {
 struct PublishRequest {
     outgoing: Outgoing,
     permit: OwnedSemaphorePermit,
+    /// Not published at or after this instant (a stop, a lease deadline, a
+    /// token grown old while the request waited).
+    not_after: Option<Instant>,
     reply: oneshot::Sender<Result<Pending, PublishError>>,
 }
 
@@ -381,7 +388,7 @@ impl Publisher {
         let slot = slots.pop().ok_or_else(|| PublishError::ConnectionLost {
             reason: "the publisher is closed".to_owned(),
         })?;
-        self.publish_in(slot, outgoing).await
+        self.publish_in(slot, outgoing, None).await
     }
 
     /// Waits until `count` places of the window are free and reserves them
@@ -418,14 +425,17 @@ impl Publisher {
     }
 
     /// Publishes `outgoing` in a reserved `slot` (see [`Publisher::publish`]);
-    /// does not wait for the window.
+    /// does not wait for the window. With `not_after`, the publishing task
+    /// refuses it ([`PublishError::Expired`]) when it gets to it at or after
+    /// that instant, and any request once the connection was declared dead.
     ///
     /// # Errors
-    /// As [`Publisher::publish`].
+    /// As [`Publisher::publish`]; [`PublishError::Expired`].
     pub async fn publish_in(
         &self,
         slot: Slot,
         outgoing: Outgoing,
+        not_after: Option<Instant>,
     ) -> Result<Pending, PublishError> {
         let lost = |reason: &str| PublishError::ConnectionLost {
             reason: reason.to_owned(),
@@ -444,6 +454,7 @@ impl Publisher {
             .send(PublishRequest {
                 outgoing,
                 permit: slot.permit,
+                not_after,
                 reply,
             })
             .await
@@ -564,8 +575,19 @@ async fn publish_requests(
         let PublishRequest {
             outgoing,
             permit,
+            not_after,
             reply,
         } = request;
+        if not_after.is_some_and(|not_after| Instant::now() >= not_after) {
+            let _ = reply.send(Err(PublishError::Expired));
+            continue;
+        }
+        if shared.dead.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = reply.send(Err(PublishError::ConnectionLost {
+                reason: "the connection was taken for dead".to_owned(),
+            }));
+            continue;
+        }
         let Outgoing {
             exchange,
             routing_key,

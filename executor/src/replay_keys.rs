@@ -1,4 +1,4 @@
-//! The record of message keys already replayed, in Redis (DESIGN.md,
+//! The record of message keys already replayed, in Redis (docs/design.md,
 //! "Executor loop and guarantees": "Mark sent (Redis key with TTL, default
 //! 7 days) ... only after an ack without a return").
 //!
@@ -7,7 +7,7 @@
 //! confirm without a return it records them with [`ReplayKeys::mark_sent`].
 //!
 //! A replay's identity is its message key *and* its dead letter's
-//! destination (DESIGN.md, "Words": one message delivered to queues `a` and
+//! destination (docs/design.md, "Words": one message delivered to queues `a` and
 //! `b` and dead-lettered by both is two pieces of work), built by
 //! [`identity`] as `{destination length}:{destination}:{message key}`. Each
 //! identity `i` is stored as `{prefix}replayed-to:{i}` holding the id of the

@@ -1,4 +1,4 @@
-//! The executor loop (DESIGN.md, "Executor loop and guarantees"): claim a slice
+//! The executor loop (docs/design.md, "Executor loop and guarantees"): claim a slice
 //! (long poll), hold its [`Lease`], and publish its items as a short pipeline
 //! per run of items bound for one destination:
 //!
@@ -42,7 +42,7 @@ use crate::{
     lease::{Lease, StopReason},
     message,
     outcomes::{Collector, EventContext, Feedback, InFlight, LATE_CONFIRM, TokenDebt, Work},
-    publisher::{Outgoing, Publisher, PublisherOptions},
+    publisher::{Outgoing, PublishError, Publisher, PublisherOptions},
     replay_keys::ReplayKeys,
 };
 
@@ -552,6 +552,7 @@ impl Worker {
             );
             let charged = tokio::select! {
                 () = lease.stopped() => {
+                    run.debt.add(key, owed);
                     run.requeue(items);
                     return Leave::Stop;
                 }
@@ -608,13 +609,23 @@ impl Worker {
                 run.requeue(items);
                 return Leave::Next;
             };
+            if publisher
+                .oldest_unconfirmed_age()
+                .is_some_and(|age| age > LATE_CONFIRM)
+            {
+                // Overdue since the guard above: take the tokens again later.
+                items.push_front(work);
+                run.requeue(items);
+                return Leave::Next;
+            }
             let outgoing = Outgoing {
                 exchange: work.item.exchange.clone(),
                 routing_key: work.item.routing_key.clone(),
                 body: work.item.body.clone(),
                 properties,
             };
-            match publisher.publish_in(slot, outgoing).await {
+            let not_after = lease.deadline().min(granted_at + TOKEN_SPEND_LIMIT);
+            match publisher.publish_in(slot, outgoing, Some(not_after)).await {
                 Ok(pending) => {
                     run.progress.bump();
                     if run
@@ -625,6 +636,13 @@ impl Worker {
                     {
                         return Leave::Stop;
                     }
+                }
+                Err(PublishError::Expired) => {
+                    // Not published: its token or the lease ran out while it
+                    // waited for the publishing task.
+                    items.push_front(work);
+                    run.requeue(items);
+                    return Leave::Next;
                 }
                 Err(error) => {
                     // Not published: publish it again on a new connection,

@@ -1,4 +1,4 @@
-//! The audit record of a plan (DESIGN.md, "Flow" step 7): the report with the
+//! The audit record of a plan (docs/design.md, "Flow" step 7): the report with the
 //! reconciliation list of sent keys, the export as JSON Lines or CSV, and the
 //! live watch stream.
 

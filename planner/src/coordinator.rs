@@ -1,4 +1,4 @@
-//! The executors' side of a plan (DESIGN.md, "Executor loop and guarantees"):
+//! The executors' side of a plan (docs/design.md, "Executor loop and guarantees"):
 //! long-polled slice claims under leases with fencing tokens, heartbeats that
 //! renew a lease and say whether to keep publishing, fenced outcome reports and
 //! slice completion.
@@ -74,7 +74,7 @@ impl From<StaleToken> for Error {
     }
 }
 
-/// Where an item is published, by the plan's destination mode (DESIGN.md,
+/// Where an item is published, by the plan's destination mode (docs/design.md,
 /// "Destination"): `(exchange, routing_key)`. In `Queue` mode a dead letter
 /// that did not die in a RabbitMQ queue (ingested or imported) whose
 /// destination reads `exchange/routing-key` goes to that exchange.
@@ -202,7 +202,7 @@ impl Coordinator {
     }
 
     /// The owning services' verdicts on `dead_letter_ids` now, right before
-    /// they are published (DESIGN.md, "Executor loop": state re-check).
+    /// they are published (docs/design.md, "Executor loop": state re-check).
     /// Messages no hook covers are `replay`.
     ///
     /// # Errors

@@ -71,7 +71,7 @@ pub enum Dedup {
     Key(String),
 }
 
-/// The ingest and import idempotency key (DESIGN.md, "Words", identity): a
+/// The ingest and import idempotency key (docs/design.md, "Words", identity): a
 /// re-sent line (same destination, message id, `redrive-plan-id` and body
 /// bytes, within one source) is a repeat; a different message that reuses an
 /// id (another body or destination) and a replay that came back (its
@@ -195,7 +195,7 @@ pub struct NewDeadLetter {
     pub capture_notes: Vec<String>,
 }
 
-/// The header a replay adds to name its plan (DESIGN.md, "The replayed message").
+/// The header a replay adds to name its plan (docs/design.md, "The replayed message").
 pub const REDRIVE_PLAN_ID_HEADER: &str = "redrive-plan-id";
 
 impl ExtractionRules {

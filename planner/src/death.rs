@@ -1,7 +1,7 @@
 //! How a message died: the death that counts, its normalized reason class, and
 //! what other frameworks' dead-letter headers say.
 //!
-//! Rules (DESIGN.md, "death reason" and "The replayed message"):
+//! Rules (docs/design.md, "death reason" and "The replayed message"):
 //! - The death that counts is the head of `x-death` (RabbitMQ puts the most
 //!   recent death first, <https://www.rabbitmq.com/docs/dlx#effects>). When
 //!   `x-death` is missing or malformed, `x-last-death-*` then `x-first-death-*`

@@ -1,4 +1,4 @@
-//! The canary gates (DESIGN.md, "Flow" step 6): a plan in its canary wave or
+//! The canary gates (docs/design.md, "Flow" step 6): a plan in its canary wave or
 //! observation window is aborted when failed or unroutable outcomes, or
 //! re-dead-letters (newly captured dead letters carrying its `redrive-plan-id`),
 //! go beyond their threshold (0); in its main wave it is paused instead. An

@@ -1,4 +1,4 @@
-//! The message key: the idempotency key of a dead letter (DESIGN.md, "message
+//! The message key: the idempotency key of a dead letter (docs/design.md, "message
 //! key"), from a property, a header or a JSON pointer into the body, plus the
 //! event type when one is known (`order-123:order.paid`); else `sha256:<hex of
 //! the body>`.

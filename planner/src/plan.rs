@@ -1,4 +1,4 @@
-//! Replay plans (DESIGN.md, "Flow" steps 4–5): created from a precheck with a
+//! Replay plans (docs/design.md, "Flow" steps 4–5): created from a precheck with a
 //! rate and its rationale, approved with the digest of the precheck the
 //! approver read.
 

@@ -1,5 +1,5 @@
 //! The precheck: a dry run over a selector that gives every selected dead letter
-//! exactly one verdict, first match wins (DESIGN.md, "Flow" step 3):
+//! exactly one verdict, first match wins (docs/design.md, "Flow" step 3):
 //! `invalid` → `duplicate` → `already_replayed` → `looping` → `stale` → state
 //! check (`blocked_by_state` / `needs_compensation`) → `replayable`.
 //!

@@ -1,4 +1,4 @@
-//! The selector: which dead letters a call covers (DESIGN.md, "selector"),
+//! The selector: which dead letters a call covers (docs/design.md, "selector"),
 //! validated at the edge.
 
 use chrono::{DateTime, Utc};

@@ -1,4 +1,4 @@
-//! One dead letter at a time (DESIGN.md, "Flow"): `ReplayDeadLetter` replays
+//! One dead letter at a time (docs/design.md, "Flow"): `ReplayDeadLetter` replays
 //! it as a plan of one through the same path as every plan, and
 //! `RepairDeadLetter` stores a corrected body as a new revision.
 //!

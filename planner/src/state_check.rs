@@ -1,5 +1,5 @@
 //! The state-check hooks: `redrive.v1.StateCheck` services owned by the teams
-//! whose business state decides whether a message may be replayed (DESIGN.md,
+//! whose business state decides whether a message may be replayed (docs/design.md,
 //! "state check"). Routes map an event type pattern or a destination to a hook
 //! URL; the first matching route wins.
 

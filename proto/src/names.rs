@@ -4,7 +4,7 @@ use crate::v1::{AuditAction, Origin, PlanState, ReasonClass, Verdict};
 
 impl ReasonClass {
     /// `rejected`, `expired`, `overflow`, `exhausted`, `poison`, `permanent`,
-    /// `unknown` (DESIGN.md, "death reason").
+    /// `unknown` (docs/design.md, "death reason").
     pub fn name(self) -> &'static str {
         match self {
             Self::Unspecified | Self::Unknown => "unknown",

@@ -1,4 +1,4 @@
-//! The brakes (DESIGN.md "Executor loop and guarantees"): cancel, pause, a
+//! The brakes (docs/design.md "Executor loop and guarantees"): cancel, pause, a
 //! lost lease and SIGTERM stop publishing within a second; the rate bound
 //! holds across a broker reset and a stall; rates whose emission interval is
 //! not a whole number complete; the audit has every delivery. Real RabbitMQ,

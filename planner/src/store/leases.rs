@@ -122,7 +122,7 @@ pub const FINAL_ITEM_STATES: &[&str] = &[
     "unroutable",
 ];
 
-/// How long a sent key counts as replayed (DESIGN.md: replay keys, 7 days).
+/// How long a sent key counts as replayed (docs/design.md: replay keys, 7 days).
 pub const REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Store {

@@ -49,7 +49,7 @@ pub struct Candidate {
     /// When it died (the death that counts).
     pub died_at: DateTime<Utc>,
     /// The earliest valid dead letter of the selection with the same key and
-    /// destination, when that is not this one (DESIGN.md, "Words": identity).
+    /// destination, when that is not this one (docs/design.md, "Words": identity).
     pub duplicate_of: Option<i64>,
     /// The latest successful replay of this key to this destination within the
     /// window: (plan, when).

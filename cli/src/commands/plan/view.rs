@@ -95,7 +95,7 @@ pub fn wave_name(wave: Wave) -> &'static str {
 // Destination
 // ---------------------------------------------------------------------------
 
-/// Where a plan publishes (DESIGN.md, "destination"). Serializes as
+/// Where a plan publishes (docs/design.md, "destination"). Serializes as
 /// `"queue"`, `"exchange"` or `{"redirect": {"exchange", "routing_key"}}`;
 /// displays as the `--destination` syntax (`redirect:EXCHANGE/ROUTING_KEY`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
