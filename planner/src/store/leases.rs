@@ -383,9 +383,10 @@ published; the next lease publishes it again with the same message id', wave, ow
                 ELSE u.reason END, \
                 $3, u.executor, u.attempt, u.latency, u.at \
              FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
-                         $11::timestamptz[]) AS u(id, key, action, reason, executor, attempt, latency, at) \
+                         $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
              JOIN dead_letters d ON d.id = u.id \
-             LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision",
+             LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision \
+             ORDER BY u.n",
         )
         .bind(plan_id)
         .bind(slice_id)
@@ -707,7 +708,8 @@ impl Store {
     }
 
     /// The latest audit event of every item that was not sent (skipped, failed,
-    /// unroutable, or still uncertain), in plan order.
+    /// unroutable, or still uncertain) that agrees with its state (a `failed`
+    /// after its last `uncertain` attempt is the one shown), in plan order.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -716,7 +718,8 @@ impl Store {
             "SELECT * FROM (SELECT DISTINCT ON (e.dead_letter_id) e.id, e.slice_id, e.dead_letter_id, e.message_key, \
                 e.action, e.reason, e.wave, e.executor_id, e.attempt, e.confirm_latency_us, e.at, i.position \
              FROM audit_events e JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
-             WHERE e.plan_id = $1 AND i.state <> 'sent' ORDER BY e.dead_letter_id, e.id DESC) last ORDER BY position",
+             WHERE e.plan_id = $1 AND i.state <> 'sent' \
+             ORDER BY e.dead_letter_id, (e.action = i.state) DESC, e.id DESC) last ORDER BY position",
         )
         .bind(plan_id)
         .fetch_all(self.pool())
