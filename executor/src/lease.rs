@@ -40,6 +40,9 @@ use tracing::{info, warn};
 
 use crate::backoff::Backoff;
 
+/// Why a lease counts as lost when its own deadline passed.
+const PAST_DEADLINE: &str =
+    "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)";
 /// Outcome events buffered before a report is sent.
 const REPORT_BATCH: usize = 256;
 /// Longest a buffered outcome waits before it is reported.
@@ -209,10 +212,7 @@ impl Lease {
             return false;
         }
         if Instant::now() >= self.shared.deadline() {
-            self.shared.stop(StopReason::Lost(
-                "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)"
-                    .to_owned(),
-            ));
+            self.shared.stop(StopReason::Lost(PAST_DEADLINE.to_owned()));
             return false;
         }
         true
@@ -399,10 +399,7 @@ async fn watch_deadline(shared: Arc<Shared>) {
         let deadline = shared.deadline();
         tokio::time::sleep_until(deadline).await;
         if Instant::now() >= shared.deadline() {
-            shared.stop(StopReason::Lost(
-                "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)"
-                    .to_owned(),
-            ));
+            shared.stop(StopReason::Lost(PAST_DEADLINE.to_owned()));
             return;
         }
     }

@@ -357,14 +357,11 @@ impl Coordinator {
                 self.lease_ttl,
             )
             .await??;
-        let keep_publishing = PUBLISHING_STATES.contains(&state.as_str());
+        // The same directive as the lease watch gives.
+        let signal = lease_signal(Ok(state));
         Ok(v1::HeartbeatResponse {
-            keep_publishing,
-            reason: if keep_publishing {
-                String::new()
-            } else {
-                format!("plan is {state}")
-            },
+            keep_publishing: signal.keep_publishing,
+            reason: signal.reason,
         })
     }
 
