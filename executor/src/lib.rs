@@ -212,7 +212,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             (Bucket::Local(LocalBucket::new()), None)
         }
         Some(redis_url) => {
-            let mut backoff = Duration::from_millis(200);
+            let mut backoff =
+                backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
             let connection = loop {
                 match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
                     Ok(connection) => break connection,
@@ -220,9 +221,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                         warn!(%error, "Redis unreachable: not publishing until it is back");
                         tokio::select! {
                             () = shutdown.cancelled() => return Ok(()),
-                            () = tokio::time::sleep(backoff) => {}
+                            () = tokio::time::sleep(backoff.next_delay()) => {}
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
                     }
                 }
             };

@@ -508,11 +508,11 @@ impl Worker {
         };
         // A confirm overdue means a stalled connection: publish nothing more
         // into it until it answers or the confirm timeout ends it.
-        run.progress.waiting_for("an overdue publisher confirm");
         if publisher
             .oldest_unconfirmed_age()
             .is_some_and(|age| age > LATE_CONFIRM)
         {
+            run.progress.waiting_for("an overdue publisher confirm");
             tracing::debug!(
                 in_flight = publisher.in_flight(),
                 "a publisher confirm is overdue: not publishing until it comes"

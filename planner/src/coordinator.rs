@@ -296,8 +296,28 @@ impl Coordinator {
         let mut changes = self.notifier.subscribe();
         loop {
             if let Some(slice) = self.store.claim_slice(executor_id, self.lease_ttl).await? {
-                let items = self.store.slice_items(slice.slice_id).await?;
-                let options = self.precheck_options(slice.precheck_id).await?;
+                let loaded = async {
+                    let items = self.store.slice_items(slice.slice_id).await?;
+                    let options = self.precheck_options(slice.precheck_id).await?;
+                    Ok::<_, Error>((items, options))
+                }
+                .await;
+                let (items, options) = match loaded {
+                    Ok(loaded) => loaded,
+                    Err(error) => {
+                        // Nobody will hold this lease: give it back now, so
+                        // that its expiry does not mark items uncertain that
+                        // were never handed to an executor.
+                        if let Err(release) = self
+                            .store
+                            .complete_slice(slice.slice_id, slice.fencing_token, true)
+                            .await
+                        {
+                            tracing::warn!(%release, slice.id = slice.slice_id, "cannot release a slice whose claim failed");
+                        }
+                        return Err(error);
+                    }
+                };
                 tracing::info!(
                     slice.id = slice.slice_id,
                     plan.id = %slice.plan_id,

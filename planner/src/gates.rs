@@ -87,8 +87,14 @@ pub async fn run(store: Store, shutdown: CancellationToken) {
 /// # Errors
 /// [`StoreError`].
 pub async fn check(store: &Store) -> Result<(), StoreError> {
-    for plan_id in store.expire_leases().await? {
-        info!(plan.id = %plan_id, "expired leases ended; their unreported items are uncertain");
+    // A sweep that fails must not keep the gates below from running.
+    match store.expire_leases().await {
+        Ok(plans) => {
+            for plan_id in plans {
+                info!(plan.id = %plan_id, "expired leases ended; their unreported items are uncertain");
+            }
+        }
+        Err(error) => warn!(%error, "ending expired leases failed"),
     }
     for plan_id in store.unclaimed_past_deadline().await? {
         if store

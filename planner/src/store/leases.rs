@@ -273,7 +273,9 @@ published; the next lease publishes it again with the same message id', wave, ow
             .collect()
     }
 
-    /// Renews the lease; answers the plan's state.
+    /// Renews the lease while it has not expired (the same test as
+    /// [`Store::lease_state`] and a report's current lease); answers the
+    /// plan's state.
     ///
     /// # Errors
     /// `Ok(Err(StaleToken))` when the token is not the slice's current lease.
@@ -285,7 +287,8 @@ published; the next lease publishes it again with the same message id', wave, ow
     ) -> Result<Result<String, StaleToken>, StoreError> {
         let state: Option<String> = sqlx::query_scalar(
             "UPDATE plan_slices s SET lease_expires_at = now() + $3 * interval '1 millisecond' \
-             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' AND p.id = s.plan_id \
+             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' \
+               AND s.lease_expires_at > now() AND p.id = s.plan_id \
              RETURNING p.state",
         )
         .bind(slice_id)
@@ -321,7 +324,8 @@ published; the next lease publishes it again with the same message id', wave, ow
     ) -> Result<Result<Reported, StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
         let lease = sqlx::query(
-            "SELECT s.plan_id, s.wave, (s.fencing_token = $2 AND s.state = 'leased') AS current \
+            "SELECT s.plan_id, s.wave, \
+                (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
              FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR UPDATE",
         )
         .bind(slice_id)
