@@ -37,6 +37,7 @@ pub const REASONS: &[&str] = &[
     "poison",
     "permanent",
     "unknown",
+    "unreadable",
     "maxlen",
     "delivery_limit",
 ];

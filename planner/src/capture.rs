@@ -24,6 +24,18 @@
 //!   batch is stored one dead letter at a time, a refused one without its
 //!   derived fields (body, properties and headers kept exactly, noted), so one
 //!   odd message never stalls its queue.
+//! - lapin cannot read a delivery (a short string that is not UTF-8, a header
+//!   frame over `frame_max`, an unknown field type): it ends the connection,
+//!   and the broker requeues every message the session held, the bad one
+//!   first. The next round takes up to `prefetch` messages one at a time
+//!   with the fallback reader ([`raw`], `basic.get`, no prefetch), so each
+//!   of them is returned at most once more; readable ones are stored and
+//!   acked as usual, an unreadable one is stored as a placeholder
+//!   ([`ReasonClass::Unreadable`], `invalid` at precheck) and moved aside,
+//!   byte for byte, to `<queue>.unreadable`, then acked. Then the session
+//!   resumes with its prefetch.
+
+pub mod raw;
 
 use std::{sync::Arc, time::Duration};
 
@@ -35,7 +47,10 @@ use lapin::{
     options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions},
     types::FieldTable,
 };
-use redrive_proto::{amqp, v1::Origin};
+use redrive_proto::{
+    amqp,
+    v1::{Origin, ReasonClass},
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
@@ -78,8 +93,15 @@ pub enum CaptureError {
     ConsumerEnded(String),
 }
 
+/// The queue an unreadable message of `queue` is moved to.
+pub fn unreadable_queue(queue: &str) -> String {
+    format!("{queue}.unreadable")
+}
+
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
-/// its own with backoff (0.2 s doubling to 10 s).
+/// its own with backoff (0.2 s doubling to 10 s); after a session that failed
+/// while consuming, the messages it held are first taken one at a time
+/// ([`isolate`]).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -90,11 +112,31 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
         sessions.spawn(
             async move {
                 let mut backoff = Duration::from_millis(200);
+                let mut isolating = false;
                 while !shutdown.is_cancelled() {
-                    match session(&config, &queue, &store, &shutdown).await {
-                        Ok(()) => break,
-                        Err(error) => {
-                            warn!(%error, retry_in_ms = backoff.as_millis() as u64, "capture session ended")
+                    if isolating {
+                        match isolate(&config, &queue, &store, &shutdown).await {
+                            Ok(taken) => {
+                                info!(taken, "messages held by the failed session taken one at a time; consuming again");
+                                isolating = false;
+                                backoff = Duration::from_millis(200);
+                                continue;
+                            }
+                            Err(raw::RawError::Unsupported(why)) => {
+                                warn!(%why, "cannot take messages one at a time; consuming again");
+                                isolating = false;
+                                continue;
+                            }
+                            Err(error) => warn!(%error, retry_in_ms = backoff.as_millis() as u64, "taking messages one at a time failed"),
+                        }
+                    } else {
+                        let mut consumed = false;
+                        match session(&config, &queue, &store, &shutdown, &mut consumed).await {
+                            Ok(()) => break,
+                            Err(error) => {
+                                isolating = consumed;
+                                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "capture session ended");
+                            }
                         }
                     }
                     tokio::select! {
@@ -122,6 +164,7 @@ async fn session(
     queue: &str,
     store: &Store,
     shutdown: &CancellationToken,
+    consumed: &mut bool,
 ) -> Result<(), CaptureError> {
     let connection = Connection::connect(&config.amqp_url, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
@@ -137,12 +180,14 @@ async fn session(
             FieldTable::default(),
         )
         .await?;
+    *consumed = true;
     let session_id = uuid::Uuid::new_v4();
     info!(prefetch = config.prefetch, batch_size = config.batch_size, capture.session = %session_id, "capturing");
 
     // One batch queued while another is written: gathering overlaps the insert.
     let (batches, mut to_write) = mpsc::channel::<Batch>(1);
     let writer_store = store.clone();
+    let writer_channel = channel.clone();
     let writer_shutdown = shutdown.clone();
     let session_over = CancellationToken::new();
     let writer_session_over = session_over.clone();
@@ -152,6 +197,7 @@ async fn session(
             while let Some(batch) = to_write.recv().await {
                 let written = write_batch(
                     &writer_store,
+                    &writer_channel,
                     &source,
                     session_id,
                     batch,
@@ -270,11 +316,121 @@ async fn extract_batch(
     }
 }
 
+/// Takes up to `prefetch` messages of `queue` one at a time with the fallback
+/// reader: the messages a failed session held come back first, so the one
+/// lapin could not read is among them. Returns how many were taken.
+///
+/// Each message is stored before it is acked, as in a session. A readable one
+/// becomes an ordinary dead letter. One with problems ([`raw::DecodedHeader`])
+/// is stored as a placeholder (reason class `unreadable`, a capture note and
+/// a republish problem naming each, body and every readable field kept),
+/// moved to [`unreadable_queue`] byte for byte with a publisher confirm, and
+/// only then acked. A failure leaves the message unacked: it returns to the
+/// queue, and its stored copy absorbs the redelivery.
+///
+/// # Errors
+/// [`raw::RawError`] from the broker; [`raw::RawError::Unsupported`] when the
+/// fallback reader cannot be used (`amqps://`).
+async fn isolate(
+    config: &CaptureConfig,
+    queue: &str,
+    store: &Store,
+    shutdown: &CancellationToken,
+) -> Result<usize, raw::RawError> {
+    let mut connection = raw::RawConnection::connect(&config.amqp_url).await?;
+    let session = uuid::Uuid::new_v4();
+    let parking = unreadable_queue(queue);
+    let mut parking_declared = false;
+    let mut taken = 0;
+    while taken < usize::from(config.prefetch.max(1)) && !shutdown.is_cancelled() {
+        let Some(message) = connection.get(queue).await? else {
+            break;
+        };
+        taken += 1;
+        let decoded = raw::decode_content_header(&message.header).unwrap_or_else(|error| {
+            raw::DecodedHeader {
+                problems: vec![format!("content header unreadable: {error}")],
+                ..raw::DecodedHeader::default()
+            }
+        });
+        let raw_dead_letter = RawDeadLetter {
+            source: queue.to_owned(),
+            origin: Origin::Rabbitmq,
+            properties: decoded.properties,
+            headers: decoded.headers,
+            redelivered: message.redelivered,
+            body: message.body.clone(),
+            reason: None,
+            original_destination: None,
+            error_text: None,
+            attempts: None,
+            occurred_at: None,
+            captured_at: Utc::now(),
+        };
+        let mut dead_letter = extract(&config.rules, raw_dead_letter).await;
+        let unreadable = !decoded.problems.is_empty();
+        if unreadable {
+            let problems = decoded.problems.join("; ");
+            warn!(
+                source = queue,
+                %problems,
+                moved_to = %parking,
+                "a dead letter the AMQP client cannot read: captured as a placeholder, moved aside"
+            );
+            dead_letter.reason_class = ReasonClass::Unreadable;
+            dead_letter.body_problem = Some(format!(
+                "the AMQP client cannot read it ({problems}); it was moved, byte for byte, to queue {parking}"
+            ));
+            dead_letter.capture_notes.push(format!(
+                "unreadable by the AMQP client: {problems}; shown lossily; the exact message is in queue {parking}"
+            ));
+        }
+        let batch_ids = loop {
+            match store_batch(store, session, queue, std::slice::from_ref(&dead_letter)).await {
+                Ok((ids, _)) => break ids,
+                Err(error) => {
+                    warn!(%error, "storing a dead letter failed; nothing acked");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(taken),
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        };
+        if unreadable {
+            if !parking_declared {
+                connection.declare_queue(&parking).await?;
+                parking_declared = true;
+            }
+            if !connection
+                .publish("", parking.as_bytes(), &message.header, &message.body)
+                .await?
+            {
+                return Err(raw::RawError::Protocol(format!(
+                    "the broker refused (nack) moving a message to {parking}"
+                )));
+            }
+        }
+        connection.ack(message.delivery_tag).await?;
+        // As in a session: the ack is recorded once a reply behind it proves
+        // the broker processed it.
+        connection.sync().await?;
+        for batch_id in batch_ids {
+            if let Err(error) = store.mark_capture_acked(batch_id).await {
+                warn!(%error, batch_id, "could not record the ack of a capture batch");
+            }
+        }
+    }
+    connection.close().await;
+    Ok(taken)
+}
+
 /// Stores `batch` (retrying while PostgreSQL is unavailable), acks it, then
 /// records the ack. Returns false when it gave up because of shutdown or the
 /// end of the session (the batch stays unacked and returns to the queue).
 async fn write_batch(
     store: &Store,
+    channel: &lapin::Channel,
     source: &str,
     session: uuid::Uuid,
     batch: Batch,
@@ -307,6 +463,27 @@ async fn write_batch(
                     // Stored but not acked: the broker redelivers them to the next
                     // session, which matches them against this unacked batch.
                     warn!(%error, "ack after commit failed");
+                    return true;
+                }
+                // basic.ack has no reply, and a connection that dies right
+                // after it (lapin drops frames it had not written) leaves the
+                // broker to redeliver. A synchronous method behind it on the
+                // same channel proves the broker processed the ack (frames of
+                // a channel are handled in order, AMQP 0-9-1 §2.3.6); only
+                // then is the batch recorded as acked.
+                // (A passive declare of the queue: its declare-ok is the reply.)
+                let sync = channel
+                    .queue_declare(
+                        source.into(),
+                        lapin::options::QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await;
+                if let Err(error) = sync {
+                    warn!(%error, "the ack after commit is unconfirmed; the batch stays open for redeliveries");
                     return true;
                 }
                 for batch_id in batch_ids {

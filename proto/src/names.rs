@@ -4,7 +4,7 @@ use crate::v1::{AuditAction, Origin, PlanState, ReasonClass, Verdict};
 
 impl ReasonClass {
     /// `rejected`, `expired`, `overflow`, `exhausted`, `poison`, `permanent`,
-    /// `unknown` (docs/design.md, "death reason").
+    /// `unknown`, `unreadable` (docs/design.md, "death reason").
     pub fn name(self) -> &'static str {
         match self {
             Self::Unspecified | Self::Unknown => "unknown",
@@ -14,6 +14,7 @@ impl ReasonClass {
             Self::Exhausted => "exhausted",
             Self::Poison => "poison",
             Self::Permanent => "permanent",
+            Self::Unreadable => "unreadable",
         }
     }
 
@@ -27,6 +28,7 @@ impl ReasonClass {
             "poison" => Self::Poison,
             "permanent" => Self::Permanent,
             "unknown" => Self::Unknown,
+            "unreadable" => Self::Unreadable,
             _ => return None,
         })
     }

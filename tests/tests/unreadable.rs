@@ -1,0 +1,417 @@
+//! Capture survives deliveries the AMQP client cannot read, against the real
+//! broker: a short string that is not UTF-8 (the `type` and `message_id`
+//! properties, a header name, a name inside a nested table), and a header frame that the broker's `x-death` pushed over `frame_max`. The
+//! messages around each are captured once; each unreadable one is a
+//! placeholder (`unreadable`, `invalid` at precheck, a note naming the field)
+//! and sits byte for byte in `<dlq>.unreadable`; the DLQ ends empty. On a
+//! quorum DLQ with a delivery limit of 1, no message is dropped by the broker.
+//! (An unknown field type is refused by RabbitMQ itself, 541 INTERNAL_ERROR at
+//! publish, so it cannot reach a DLQ; the reader's unit tests cover it.)
+
+use std::{collections::BTreeMap, time::Duration};
+
+use lapin::{BasicProperties, types::FieldTable};
+use redrive_planner::capture::{
+    raw::{RawConnection, content_header},
+    unreadable_queue,
+};
+use redrive_proto::v1::{self, Verdict};
+use redrive_tests::{
+    AMQP_URL, Broker, DlqTopology, TestDb, amqp_table, init_logging, unique, wait_until,
+};
+
+mod support;
+use support::*;
+
+fn short(bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![u8::try_from(bytes.len()).unwrap()];
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// A headers table (property bit 13) from already encoded values.
+fn headers(fields: &[(&[u8], Vec<u8>)]) -> Vec<u8> {
+    let mut inner = Vec::new();
+    for (key, value) in fields {
+        inner.extend(short(key));
+        inner.extend_from_slice(value);
+    }
+    let mut out = u32::try_from(inner.len()).unwrap().to_be_bytes().to_vec();
+    out.extend(inner);
+    out
+}
+
+fn long_string(bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![b'S'];
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// The unreadable kinds, each as (what the note must name, content header).
+fn unreadable_kinds(body_len: u64) -> Vec<(&'static str, Vec<u8>)> {
+    let json = short(b"application/json");
+    vec![
+        (
+            "property type is not UTF-8",
+            content_header(
+                body_len,
+                &[(15, json.clone()), (5, short(b"bestellung.ge\xe4ndert"))],
+            ),
+        ),
+        (
+            "property message_id is not UTF-8",
+            content_header(body_len, &[(15, json.clone()), (7, short(b"best-\xfc-1"))]),
+        ),
+        (
+            "headers field name is not UTF-8",
+            content_header(
+                body_len,
+                &[
+                    (15, json.clone()),
+                    (13, headers(&[(b"gr\xf6\xdfe", long_string(b"L"))])),
+                ],
+            ),
+        ),
+        (
+            "headers.meta field name is not UTF-8",
+            content_header(
+                body_len,
+                &[
+                    (15, json),
+                    (10, short(b"corr-1")),
+                    (
+                        13,
+                        headers(&[
+                            (b"ok", long_string(b"1")),
+                            (
+                                b"meta",
+                                [vec![b'F'], headers(&[(b"h\xe9", long_string(b"v"))])].concat(),
+                            ),
+                        ]),
+                    ),
+                ],
+            ),
+        ),
+    ]
+}
+
+async fn good(broker: &Broker, dlq: &str, from: u32, count: u32) -> anyhow::Result<()> {
+    for n in from..from + count {
+        broker
+            .publish(
+                "",
+                dlq,
+                format!(r#"{{"order_id":"good-{n}"}}"#).as_bytes(),
+                BasicProperties::default()
+                    .with_content_type("application/json".into())
+                    .with_message_id(format!("good-{n}").into()),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+async fn all_dead_letters(
+    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    dlq: &str,
+) -> anyhow::Result<Vec<v1::DeadLetter>> {
+    let mut out = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_dead_letters(v1::ListDeadLettersRequest {
+                selector: Some(v1::Selector {
+                    sources: vec![dlq.to_owned()],
+                    ..Default::default()
+                }),
+                page_size: 1000,
+                page_token,
+            })
+            .await?
+            .into_inner();
+        out.extend(page.dead_letters);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Every good message captured exactly once, by message id.
+fn assert_each_good_once(dead_letters: &[v1::DeadLetter], expected: u32) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for dead_letter in dead_letters {
+        if let Some(id) = &dead_letter.message_id
+            && id.starts_with("good-")
+        {
+            *seen.entry(id.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), expected as usize, "good messages captured");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "captured more than once: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captured()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    let dlq = topology.dlq.clone();
+    let parking = unreadable_queue(&dlq);
+    broker.queue(&parking, FieldTable::default()).await?;
+
+    // good ×10, then each unreadable kind followed by 10 more good ones.
+    let body = br#"{"order_id":"poison"}"#;
+    let kinds = unreadable_kinds(body.len() as u64);
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    let mut good_count = 0;
+    good(&broker, &dlq, good_count, 10).await?;
+    good_count += 10;
+    for (problem, header) in &kinds {
+        assert!(
+            publisher
+                .publish("", dlq.as_bytes(), header, body)
+                .await
+                .map_err(|e| anyhow::anyhow!("publishing {problem}: {e}"))?
+        );
+        good(&broker, &dlq, good_count, 10).await?;
+        good_count += 10;
+    }
+    // A header frame within frame_max when published, over it once the
+    // broker adds x-death: readable, only too large for lapin.
+    let padding = "p".repeat(131_072 - 8 - 27 - 40);
+    topology
+        .reject(
+            &broker,
+            br#"{"order_id":"big-header"}"#,
+            BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_message_id("big-header".into())
+                .with_headers(amqp_table(vec![(
+                    "pad",
+                    redrive_tests::amqp_text(&padding),
+                )])),
+        )
+        .await?;
+    good(&broker, &dlq, good_count, 10).await?;
+    good_count += 10;
+    publisher.close().await;
+
+    let planner = {
+        let mut config = redrive_planner::config::Config::for_database(db.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        config.capture_queues = vec![dlq.clone()];
+        config.capture_batch_size = 4;
+        config.capture_prefetch = 8;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+        redrive_tests::PlannerHandle::start(config).await?
+    };
+    let mut client = planner.client().await?;
+    let total = u64::from(good_count) + kinds.len() as u64 + 1;
+    captured(&mut client, &dlq, total).await?;
+    wait_until("the DLQ to empty", Duration::from_secs(30), || {
+        let broker = &broker;
+        let dlq = dlq.clone();
+        async move { Ok(broker.ready_count(&dlq).await? == 0) }
+    })
+    .await?;
+    // Nothing more arrives later (no duplicates from redeliveries).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    assert_eq!(dead_letters.len() as u64, total, "one row per message");
+    assert_each_good_once(&dead_letters, good_count);
+
+    // The big header is an ordinary dead letter, with its death read.
+    let big = dead_letters
+        .iter()
+        .find(|d| d.message_id.as_deref() == Some("big-header"))
+        .expect("the big-header message is captured");
+    assert_eq!(big.reason_class(), v1::ReasonClass::Rejected);
+    assert_eq!(big.destination, topology.work);
+
+    // Each unreadable kind: a placeholder with a note naming the field.
+    let unreadable: Vec<_> = dead_letters
+        .iter()
+        .filter(|d| d.reason_class() == v1::ReasonClass::Unreadable)
+        .collect();
+    assert_eq!(unreadable.len(), kinds.len());
+    for (problem, _) in &kinds {
+        assert!(
+            unreadable
+                .iter()
+                .any(|d| d.capture_notes.iter().any(|note| note.contains(problem))),
+            "a note names {problem:?}: {:?}",
+            unreadable
+                .iter()
+                .map(|d| &d.capture_notes)
+                .collect::<Vec<_>>()
+        );
+    }
+    let latin = unreadable
+        .iter()
+        .find(|d| {
+            d.properties
+                .as_ref()
+                .and_then(|p| p.r#type.as_deref())
+                .is_some()
+        })
+        .expect("the Latin-1 type placeholder");
+    assert_eq!(
+        latin.properties.as_ref().unwrap().r#type.as_deref(),
+        Some("bestellung.ge\u{fffd}ndert"),
+        "shown lossily"
+    );
+    assert!(
+        latin
+            .capture_notes
+            .iter()
+            .any(|note| note.contains(&parking)),
+        "{:?}",
+        latin.capture_notes
+    );
+
+    // The summary counts them.
+    let summary = client
+        .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.clone()],
+                ..Default::default()
+            }),
+            group_by: vec![v1::SummaryDimension::Reason as i32],
+        })
+        .await?
+        .into_inner();
+    let unreadable_group = summary
+        .groups
+        .iter()
+        .find(|g| g.key.get("reason").map(String::as_str) == Some("unreadable"))
+        .expect("an unreadable group in the summary");
+    assert_eq!(unreadable_group.count, kinds.len() as u64);
+
+    // The precheck calls them invalid, naming why; the rest is replayable.
+    let report = client
+        .run_precheck(v1::RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let items = client
+        .list_precheck_items(v1::ListPrecheckItemsRequest {
+            precheck_id: report.precheck_id.clone(),
+            verdict: Verdict::Invalid as i32,
+            page_size: 1000,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .items;
+    // (The good ones were published straight into the DLQ: no x-death, so
+    // they are invalid for want of a destination.)
+    let unreadable_items: Vec<_> = items
+        .iter()
+        .filter(|item| item.reason.contains("cannot read it"))
+        .collect();
+    assert_eq!(unreadable_items.len(), kinds.len(), "{items:?}");
+    assert!(
+        unreadable_items
+            .iter()
+            .all(|item| item.reason.contains(&parking)),
+        "{unreadable_items:?}"
+    );
+
+    // The exact messages sit in the parking queue, in order.
+    let mut reader = RawConnection::connect(AMQP_URL).await?;
+    for (problem, header) in &kinds {
+        let parked = reader
+            .get(&parking)
+            .await?
+            .unwrap_or_else(|| panic!("{problem}: parked"));
+        assert_eq!(&parked.header, header, "{problem}: header byte-identical");
+        assert_eq!(parked.body, body, "{problem}: body byte-identical");
+        reader.ack(parked.delivery_tag).await?;
+    }
+    assert!(reader.get(&parking).await?.is_none(), "nothing else parked");
+    reader.close().await;
+
+    planner.stop().await?;
+    broker.cleanup().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_message()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("quorum-dlq");
+    broker
+        .queue(
+            &dlq,
+            amqp_table(vec![
+                ("x-queue-type", redrive_tests::amqp_text("quorum")),
+                ("x-delivery-limit", lapin::types::AMQPValue::LongInt(1)),
+            ]),
+        )
+        .await?;
+    let parking = unreadable_queue(&dlq);
+    broker.queue(&parking, FieldTable::default()).await?;
+
+    let body = br#"{"order_id":"poison"}"#;
+    let (_, header) = unreadable_kinds(body.len() as u64).remove(0);
+    good(&broker, &dlq, 0, 5).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    publisher.close().await;
+    good(&broker, &dlq, 5, 95).await?;
+
+    // A large prefetch: the failed session held every message. With the old
+    // behaviour each restart returned them all, and the second return made
+    // the broker drop them (delivery limit 1, no dead-letter exchange).
+    let planner = {
+        let mut config = redrive_planner::config::Config::for_database(db.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        config.capture_queues = vec![dlq.clone()];
+        config.capture_batch_size = 100;
+        config.capture_prefetch = 200;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+        redrive_tests::PlannerHandle::start(config).await?
+    };
+    let mut client = planner.client().await?;
+    captured(&mut client, &dlq, 101).await?;
+    wait_until("the DLQ to empty", Duration::from_secs(30), || {
+        let broker = &broker;
+        let dlq = dlq.clone();
+        async move { Ok(broker.ready_count(&dlq).await? == 0) }
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    assert_eq!(dead_letters.len(), 101);
+    assert_each_good_once(&dead_letters, 100);
+    assert_eq!(
+        dead_letters
+            .iter()
+            .filter(|d| d.reason_class() == v1::ReasonClass::Unreadable)
+            .count(),
+        1
+    );
+    assert_eq!(
+        broker.ready_count(&parking).await?,
+        1,
+        "the poison message is parked"
+    );
+
+    planner.stop().await?;
+    broker.cleanup().await;
+    Ok(())
+}
