@@ -77,11 +77,17 @@ impl From<StaleToken> for Error {
 /// Where an item is published, by the plan's destination mode (docs/design.md,
 /// "Destination"): `(exchange, routing_key)`. In `Queue` mode a dead letter
 /// that did not die in a RabbitMQ queue (ingested or imported) whose
-/// destination reads `exchange/routing-key` goes to that exchange.
+/// destination reads `exchange/routing-key` goes to that exchange. A captured
+/// dead letter whose queue is unknown (`exchange_only`) is refused in queue
+/// mode before it gets here ([`crate::plan::create`], [`crate::single`]); were
+/// it not, it would still go to its exchange, never to a queue named after
+/// its routing key.
 pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, String) {
     match mode {
         DestinationMode::Queue => match dead_letter.destination.split_once('/') {
-            Some((exchange, routing_key)) if dead_letter.origin() != v1::Origin::Rabbitmq => {
+            Some((exchange, routing_key))
+                if dead_letter.origin() != v1::Origin::Rabbitmq || dead_letter.exchange_only =>
+            {
                 (exchange.to_owned(), routing_key.to_owned())
             }
             _ => (String::new(), dead_letter.destination.clone()),

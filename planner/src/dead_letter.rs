@@ -150,8 +150,8 @@ pub struct NewDeadLetter {
     pub body_oversized: bool,
     /// Why the message cannot be republished as captured, if so: a JSON
     /// content type whose (decoded) body does not parse, a `user_id` the broker
-    /// would refuse, an EasyNetQ error wrapper, or only an exchange and a
-    /// routing key known. The precheck marks it `invalid` with this reason.
+    /// would refuse, an EasyNetQ error wrapper, a message the AMQP client could
+    /// not read. The precheck marks it `invalid` with this reason.
     pub body_problem: Option<String>,
     /// Compression recognized by magic bytes.
     pub body_compression: BodyCompression,
@@ -165,8 +165,13 @@ pub struct NewDeadLetter {
     pub death: Option<Death>,
     /// Normalized reason class.
     pub reason_class: ReasonClass,
-    /// Default replay destination ("" when none can be resolved).
+    /// Default replay destination: the queue it failed in; `exchange/routing-key`
+    /// when [`Self::exchange_only`]; "" when none can be resolved.
     pub destination: String,
+    /// Only the exchange and routing key it was published with are known (a
+    /// framework's headers), not its queue: queue mode refuses it, exchange
+    /// mode and redirects publish it (docs/design.md, "Destination").
+    pub exchange_only: bool,
     /// Event type (`type` property, else the event-type header).
     pub event_type: Option<String>,
     /// Schema version header.
@@ -304,7 +309,7 @@ impl ExtractionRules {
             info.error_class.as_deref(),
         );
         // A queue, never a routing key (a routing key is not a queue name).
-        let destination = raw
+        let mut destination = raw
             .original_destination
             .clone()
             .or_else(|| death.as_ref().map(|death| death.queue.clone()))
@@ -313,16 +318,22 @@ impl ExtractionRules {
             .or_else(|| easynetq.as_ref().map(|wrapper| wrapper.queue.clone()))
             .filter(|queue| !queue.is_empty())
             .unwrap_or_default();
+        let mut exchange_only = false;
         if destination.is_empty() {
             if info.original_exchange.is_some() || info.original_routing_key.is_some() {
-                let only = format!(
-                    "only exchange {:?} and routing key {:?} are known (from {} headers), not the queue it failed in: a routing key is not a queue name, so queue mode cannot replay it; replay it with an exchange-mode plan or a redirect",
-                    info.original_exchange.as_deref().unwrap_or_default(),
-                    info.original_routing_key.as_deref().unwrap_or_default(),
-                    info.frameworks.join(", ")
-                );
-                notes.push(only.clone());
-                body_problem.get_or_insert(only);
+                let exchange = info.original_exchange.as_deref().unwrap_or_default();
+                let routing_key = info.original_routing_key.as_deref().unwrap_or_default();
+                notes.push(format!(
+                    "only exchange {exchange:?} and routing key {routing_key:?} are known (from {} headers), not the queue it failed in: a routing key is not a queue name, so a queue-mode plan refuses it; replay it with {}",
+                    info.frameworks.join(", "),
+                    if info.original_exchange.is_some() {
+                        "an exchange-mode plan or a redirect"
+                    } else {
+                        "a redirect (no exchange is known)"
+                    }
+                ));
+                exchange_only = true;
+                destination = format!("{exchange}/{routing_key}");
             } else {
                 notes.push(
                     "no destination: neither x-death nor a framework header names one".to_owned(),
@@ -409,6 +420,7 @@ impl ExtractionRules {
             death,
             reason_class,
             destination,
+            exchange_only,
             event_type,
             schema_version,
             producer,
@@ -594,11 +606,16 @@ mod tests {
                 ("x-original-routingKey", "order.created"),
             ],
         ));
-        assert_eq!(spring.destination, "", "a routing key is not a queue name");
-        let problem = spring.body_problem.unwrap();
+        assert_eq!(
+            spring.destination, "orders/order.created",
+            "a route, never a routing key taken as a queue name"
+        );
+        assert!(spring.exchange_only);
+        assert_eq!(spring.body_problem, None);
+        let note = spring.capture_notes.join("\n");
         assert!(
-            problem.contains("exchange-mode") && problem.contains("Spring AMQP"),
-            "{problem}"
+            note.contains("exchange-mode") && note.contains("Spring AMQP"),
+            "{note}"
         );
         let masstransit = rules().extract(raw(
             b"{}".to_vec(),
@@ -606,6 +623,7 @@ mod tests {
             &[("MT-Fault-InputAddress", "rabbitmq://localhost/shop/fulfil")],
         ));
         assert_eq!(masstransit.destination, "fulfil");
+        assert!(!masstransit.exchange_only);
         assert_eq!(masstransit.body_problem, None);
     }
 

@@ -138,6 +138,7 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
 /// `NotFound` for an unknown precheck; `FailedPrecondition` when the precheck is
 /// not done or has no replayable item; store errors.
 pub async fn create(store: &Store, plan: NewPlan) -> Result<v1::Plan, Error> {
+    refuse_unroutable(store, &plan).await?;
     match store.create_plan(&plan).await? {
         CreateOutcome::Created => {
             // Allowed, but said: plans to one destination share its bucket.
@@ -167,6 +168,39 @@ pub async fn create(store: &Store, plan: NewPlan) -> Result<v1::Plan, Error> {
             "precheck {} has no replayable item: there is nothing to plan",
             plan.precheck_id
         ))),
+    }
+}
+
+/// Queue mode never publishes a routing key as a queue name: a precheck with
+/// replayable dead letters whose queue is unknown (`exchange_only`) needs
+/// exchange mode, or a redirect when not even the exchange is known.
+///
+/// # Errors
+/// `FailedPrecondition` naming how many, an example and the mode to use.
+async fn refuse_unroutable(store: &Store, plan: &NewPlan) -> Result<(), Error> {
+    let only = store.exchange_only_items(plan.precheck_id).await?;
+    let example = only.example.unwrap_or_default();
+    match plan.destination {
+        DestinationMode::Queue if only.count > 0 => Err(Error::FailedPrecondition(format!(
+            "{} replayable dead letters of precheck {} (for example {example}) know only the exchange and routing key they were published with, not the queue they failed in; queue mode would take a routing key for a queue name: create the plan with destination exchange, or a redirect{}",
+            only.count,
+            plan.precheck_id,
+            if only.without_exchange > 0 {
+                format!(
+                    " ({} of them know no exchange: only a redirect)",
+                    only.without_exchange
+                )
+            } else {
+                String::new()
+            }
+        ))),
+        DestinationMode::Exchange if only.without_exchange > 0 => {
+            Err(Error::FailedPrecondition(format!(
+                "{} replayable dead letters of precheck {} know only a routing key (no exchange, as Spring Kafka and Kafka Connect record a topic): only a redirect can replay them",
+                only.without_exchange, plan.precheck_id
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -742,6 +742,22 @@ async fn classify_all(
             report.overall.total
         ));
     }
+    let exchange_only = store.exchange_only_items(precheck_id).await?;
+    if exchange_only.count > 0 {
+        warnings.push(format!(
+            "{} replayable dead letters (for example {}) know only the exchange and routing key they were published with (framework headers), not their queue: a queue-mode plan refuses them; plan them with destination exchange{}, or a redirect",
+            exchange_only.count,
+            exchange_only.example.unwrap_or_default(),
+            if exchange_only.without_exchange > 0 {
+                format!(
+                    " ({} know no exchange either: a redirect only)",
+                    exchange_only.without_exchange
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
     if report.by_destination.len() > 1 {
         warnings.push(format!(
             "heterogeneous selection: {} destinations ({}); consider one precheck per destination",

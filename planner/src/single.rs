@@ -150,6 +150,12 @@ impl Single<'_> {
             ))));
         }
 
+        if dead_letter.exchange_only {
+            return Ok(answered(not_replayed(format!(
+                "only the exchange and routing key it was published with are known ({}), not the queue it failed in: a single replay goes to that queue; replay it with a plan in exchange mode or with a redirect",
+                dead_letter.destination
+            ))));
+        }
         let (exchange, routing_key) =
             crate::coordinator::route(&DestinationMode::Queue, &dead_letter);
         let (per_second, burst) = self

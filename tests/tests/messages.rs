@@ -156,14 +156,39 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
     Ok(())
 }
 
+/// A message as Spring AMQP's `RepublishMessageRecoverer` moves it: no
+/// x-death, the exchange and routing key it was published with.
+fn spring_recovered(id: &str, exchange: &str, routing_key: &str) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_headers(amqp_table(vec![
+            ("x-original-exchange", amqp_text(exchange)),
+            ("x-original-routingKey", amqp_text(routing_key)),
+            ("x-exception-message", amqp_text("Listener threw exception")),
+            (
+                "x-exception-stacktrace",
+                amqp_text("org.springframework.amqp.AmqpRejectAndDontRequeueException: x"),
+            ),
+        ]))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn framework_error_queues_give_the_queue_or_say_only_an_exchange_is_known()
+async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mode_publishes()
 -> anyhow::Result<()> {
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
+    let prefix = unique("redrive-test") + ":";
     let error_queue = unique("fulfil_error");
     broker.queue(&error_queue, FieldTable::default()).await?;
+    // Where Spring's messages were published: exchange `orders_…` routes
+    // `order.created` to the queue `created_…`; no queue is named
+    // `order.created`.
+    let orders = unique("orders");
+    let created = unique("created");
+    broker.exchange(&orders, lapin::ExchangeKind::Topic).await?;
+    broker.queue(&created, FieldTable::default()).await?;
+    broker.bind(&created, &orders, "order.created").await?;
     // As MassTransit moves a fault: no x-death, the input address names the queue.
     broker
         .publish(
@@ -186,28 +211,31 @@ async fn framework_error_queues_give_the_queue_or_say_only_an_exchange_is_known(
                 ])),
         )
         .await?;
-    // As Spring AMQP's RepublishMessageRecoverer does: an exchange and a routing key.
     broker
         .publish(
             "",
             &error_queue,
             br#"{"order_id":"spring-1"}"#,
-            BasicProperties::default()
-                .with_message_id("spring-1".into())
-                .with_headers(amqp_table(vec![
-                    ("x-original-exchange", amqp_text("orders")),
-                    ("x-original-routingKey", amqp_text("order.created")),
-                    ("x-exception-message", amqp_text("Listener threw exception")),
-                    (
-                        "x-exception-stacktrace",
-                        amqp_text("org.springframework.amqp.AmqpRejectAndDontRequeueException: x"),
-                    ),
-                ])),
+            spring_recovered("spring-1", &orders, "order.created"),
         )
         .await?;
-    let planner = planner_for(&db, &error_queue).await?;
+    // A second error queue with Spring's messages only, to replay them.
+    let spring_queue = unique("spring_error");
+    broker.queue(&spring_queue, FieldTable::default()).await?;
+    for n in 2..5 {
+        broker
+            .publish(
+                "",
+                &spring_queue,
+                format!(r#"{{"order_id":"spring-{n}"}}"#).as_bytes(),
+                spring_recovered(&format!("spring-{n}"), &orders, "order.created"),
+            )
+            .await?;
+    }
+    let planner = planner_for_all(&db, &[&error_queue, &spring_queue]).await?;
     let mut client = planner.client().await?;
     captured(&mut client, &error_queue, 2).await?;
+    captured(&mut client, &spring_queue, 3).await?;
     let (report, items) = items(&mut client, &error_queue).await?;
     assert_eq!(items.len(), 2, "{report:?}");
     let masstransit = items.iter().find(|i| i.message_key == "mt-1").unwrap();
@@ -219,18 +247,86 @@ async fn framework_error_queues_give_the_queue_or_say_only_an_exchange_is_known(
     );
     assert_eq!(masstransit.destination, "fulfil");
     let spring = items.iter().find(|i| i.message_key == "spring-1").unwrap();
-    assert_eq!(spring.verdict(), Verdict::Invalid);
+    assert_eq!(spring.verdict(), Verdict::Replayable, "{}", spring.reason);
     assert_eq!(
-        spring.destination, "",
-        "the routing key is not taken as a queue"
+        spring.destination,
+        format!("{orders}/order.created"),
+        "a route: the routing key is not taken as a queue"
     );
     assert!(
-        spring.reason.contains("exchange-mode plan or a redirect")
-            && spring.reason.contains("order.created"),
-        "{}",
-        spring.reason
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("know only the exchange and routing key")),
+        "the precheck says so: {:?}",
+        report.warnings
     );
+    // A queue-mode plan refuses it, naming the way out.
+    let refused = client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(v1::Rate {
+                per_second: 10.0,
+                burst: 1,
+                rationale: "test".into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("queue mode refuses a route");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("destination exchange"),
+        "{}",
+        refused.message()
+    );
+    // So does a single replay (it goes to the queue a dead letter died in).
+    let single = client
+        .replay_dead_letter(v1::ReplayDeadLetterRequest {
+            dead_letter_id: spring.dead_letter_id.clone(),
+            reason: "test".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        single.outcome(),
+        v1::replay_dead_letter_response::Outcome::NotReplayed,
+        "{single:?}"
+    );
+    assert!(single.reason.contains("exchange mode"), "{}", single.reason);
+
+    // An exchange-mode plan publishes them to the exchange with the key.
+    let (received, consuming) = consume(&broker, &created).await?;
+    let plan = approved_plan(
+        &mut client,
+        &spring_queue,
+        100.0,
+        10,
+        Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
+    )
+    .await?;
+    let executor =
+        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    assert_eq!(done.counts.as_ref().map(|c| c.sent), Some(3));
+    wait_until("three replays consumed", Duration::from_secs(10), || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= 3) }
+    })
+    .await?;
+    assert_consuming(&consuming)?;
+    consuming.abort();
+    let received = received.lock().unwrap().clone();
+    let mut ids: Vec<_> = received.iter().map(|r| r.message_id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["spring-2", "spring-3", "spring-4"]);
+    let pool = db.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+
     planner.stop().await?;
+    redis_cleanup(&prefix).await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())

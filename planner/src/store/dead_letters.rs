@@ -124,7 +124,8 @@ pub(crate) fn columns(with_body: bool) -> String {
          body_oversized, body_compression, properties, headers, death_reason, death_queue, \
          death_exchange, death_routing_keys, death_count, death_time, reason_class, destination, \
          event_type, schema_version, producer, error_text, attempts, died_at, occurred_at, \
-         redrive_plan_id, original_exchange, original_routing_key, capture_notes, body_problem",
+         redrive_plan_id, original_exchange, original_routing_key, capture_notes, body_problem, \
+         exchange_only",
         if with_body {
             "body"
         } else {
@@ -352,6 +353,7 @@ async fn insert_rows(
     let original_exchanges = column(&|d| d.original_exchange.clone());
     let original_routing_keys = column(&|d| d.original_routing_key.clone());
     let notes = column(&|d| Some(json_text_array(&d.capture_notes)));
+    let exchange_only: Vec<bool> = batch.iter().map(|d| d.exchange_only).collect();
 
     let inserted: Vec<i64> = sqlx::query_scalar(
         r#"
@@ -362,7 +364,7 @@ async fn insert_rows(
                 death_exchange, death_routing_keys, death_count, death_time, reason_class,
                 destination, event_type, schema_version, producer, error_text, attempts,
                 died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
-                capture_notes, first_died_at, capture_batch)
+                capture_notes, first_died_at, capture_batch, exchange_only)
             SELECT
                 u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
                 u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
@@ -373,7 +375,8 @@ async fn insert_rows(
                 u.death_count, u.death_time, u.reason_class, u.destination, u.event_type,
                 u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
                 u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
-                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38
+                ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38,
+                u.exchange_only
             FROM UNNEST(
                 $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
                 $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
@@ -381,14 +384,14 @@ async fn insert_rows(
                 $19::text[], $20::text[], $21::bigint[], $22::timestamptz[], $23::text[],
                 $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
                 $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
-                $35::text[], $36::bool[], $37::timestamptz[]
+                $35::text[], $36::bool[], $37::timestamptz[], $39::bool[]
             ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
                    message_key, body, body_size, body_sha256, oversized, body_problem,
                    compression, properties, headers, content_type, death_reason, death_queue,
                    death_exchange, routing_keys, death_count, death_time, reason_class,
                    destination, event_type, schema_version, producer, error_text, attempts,
                    died_at, occurred_at, plan_id, original_exchange, original_routing_key,
-                   notes, redelivered, first_died_at)
+                   notes, redelivered, first_died_at, exchange_only)
             ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
             RETURNING id
             "#,
@@ -431,6 +434,7 @@ async fn insert_rows(
     .bind(&redelivered)
     .bind(&first_died_at)
     .bind(capture_batch)
+    .bind(&exchange_only)
     .fetch_all(&mut **transaction)
     .await?;
     Ok(inserted.len() as u64)
@@ -615,6 +619,7 @@ pub(crate) fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreE
         redrive_plan_id: row.try_get("redrive_plan_id")?,
         capture_notes,
         original_exchange: row.try_get("original_exchange")?,
+        exchange_only: row.try_get("exchange_only")?,
         original_routing_key: row.try_get("original_routing_key")?,
         attempts: row
             .try_get::<Option<i32>, _>("attempts")?

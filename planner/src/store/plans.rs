@@ -701,13 +701,58 @@ fn gate_reading(row: &PgRow) -> Result<GateReading, StoreError> {
 
 /// The effective destination of a plan item (`exchange/routing-key`, the
 /// token-bucket key): SQL over plan `p` and dead letter `d`.
+/// It follows [`crate::coordinator::route`] branch by branch.
 const ITEM_DESTINATION_SQL: &str = "CASE p.destination_mode \
     WHEN 'redirect' THEN coalesce(p.redirect_exchange, '') || '/' || coalesce(p.redirect_routing_key, '') \
-    WHEN 'exchange' THEN coalesce(d.death_exchange, '') || '/' || coalesce(d.death_routing_keys[1], '') \
-    ELSE CASE WHEN d.origin <> 'rabbitmq' AND strpos(d.destination, '/') > 0 THEN d.destination \
-              ELSE '/' || d.destination END END";
+    WHEN 'exchange' THEN CASE \
+        WHEN coalesce(d.death_queue, '') <> '' OR coalesce(d.death_exchange, '') <> '' \
+            THEN coalesce(d.death_exchange, '') || '/' || coalesce(d.death_routing_keys[1], '') \
+        WHEN d.original_exchange IS NOT NULL \
+            THEN d.original_exchange || '/' || coalesce(d.original_routing_key, '') \
+        WHEN strpos(d.destination, '/') > 0 THEN d.destination \
+        ELSE '/' || d.destination END \
+    ELSE CASE WHEN (d.origin <> 'rabbitmq' OR d.exchange_only) AND strpos(d.destination, '/') > 0 \
+              THEN d.destination ELSE '/' || d.destination END END";
+
+/// The replayable items of a precheck whose dead letter knows only an
+/// exchange and a routing key (`exchange_only`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeOnlyItems {
+    /// How many.
+    pub count: i64,
+    /// How many of them know no exchange either (only a routing key, such as
+    /// a Kafka topic): only a redirect can replay them.
+    pub without_exchange: i64,
+    /// The lowest dead letter id among them, as an example.
+    pub example: Option<i64>,
+}
 
 impl Store {
+    /// [`ExchangeOnlyItems`] of precheck `precheck_id`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn exchange_only_items(
+        &self,
+        precheck_id: Uuid,
+    ) -> Result<ExchangeOnlyItems, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS count, \
+                    count(*) FILTER (WHERE d.original_exchange IS NULL) AS without_exchange, \
+                    min(d.id) AS example \
+             FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
+             WHERE i.precheck_id = $1 AND i.verdict = 'replayable' AND d.exchange_only",
+        )
+        .bind(precheck_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(ExchangeOnlyItems {
+            count: row.try_get("count")?,
+            without_exchange: row.try_get("without_exchange")?,
+            example: row.try_get("example")?,
+        })
+    }
+
     /// Other running plans (canary, observing, main, paused) that publish to a
     /// destination plan `plan_id` publishes to: `(plan id, destination)`.
     ///
