@@ -25,15 +25,16 @@
 //!   derived fields (body, properties and headers kept exactly, noted), so one
 //!   odd message never stalls its queue.
 //! - lapin cannot read a delivery (a short string that is not UTF-8, a header
-//!   frame over `frame_max`, an unknown field type): it ends the connection,
-//!   and the broker requeues every message the session held, the bad one
-//!   first. The next round takes up to `prefetch` messages one at a time
-//!   with the fallback reader ([`raw`], `basic.get`, no prefetch), so each
-//!   of them is returned at most once more; readable ones are stored and
+//!   frame over `frame_max`): it ends the connection, and the broker
+//!   requeues every message the session held; they come back first. The next
+//!   round takes up to `prefetch` messages one at a time with the fallback
+//!   reader ([`raw`], `basic.get`, no prefetch), so they are not returned
+//!   again and again with every restart; readable ones are stored and
 //!   acked as usual, an unreadable one is stored as a placeholder
 //!   ([`ReasonClass::Unreadable`], `invalid` at precheck) and moved aside,
-//!   byte for byte, to `<queue>.unreadable`, then acked. Then the session
-//!   resumes with its prefetch.
+//!   byte for byte, to `<queue>.unreadable`, then acked, or held unacked in
+//!   the DLQ when it cannot be moved. Then the session resumes with its
+//!   prefetch (docs/design.md, "Messages the client cannot read").
 
 pub mod raw;
 
@@ -51,6 +52,7 @@ use redrive_proto::{
     amqp,
     v1::{Origin, ReasonClass},
 };
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
@@ -113,9 +115,11 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
             async move {
                 let mut backoff = Duration::from_millis(200);
                 let mut isolating = false;
+                // Unreadable messages that cannot be moved aside, held unacked.
+                let mut held = Vec::new();
                 while !shutdown.is_cancelled() {
                     if isolating {
-                        match isolate(&config, &queue, &store, &shutdown).await {
+                        match isolate(&config, &queue, &store, &shutdown, &mut held).await {
                             Ok(taken) => {
                                 info!(taken, "messages held by the failed session taken one at a time; consuming again");
                                 isolating = false;
@@ -150,6 +154,12 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
         );
     }
     while sessions.join_next().await.is_some() {}
+}
+
+/// The session's channel, for the round trip that proves an ack processed.
+struct AckChannel {
+    channel: lapin::Channel,
+    prefetch: u16,
 }
 
 /// A batch ready to store, with the delivery that acks it.
@@ -187,7 +197,10 @@ async fn session(
     // One batch queued while another is written: gathering overlaps the insert.
     let (batches, mut to_write) = mpsc::channel::<Batch>(1);
     let writer_store = store.clone();
-    let writer_channel = channel.clone();
+    let writer_channel = AckChannel {
+        channel: channel.clone(),
+        prefetch: config.prefetch,
+    };
     let writer_shutdown = shutdown.clone();
     let session_over = CancellationToken::new();
     let writer_session_over = session_over.clone();
@@ -316,6 +329,43 @@ async fn extract_batch(
     }
 }
 
+/// At most this many unreadable messages that cannot be moved aside are held
+/// unacked per queue (one connection each) while the planner runs.
+pub const MAX_HELD: usize = 16;
+
+/// Why an unreadable message cannot be moved aside, byte for byte, to the
+/// parking queue, if so.
+fn unparkable(
+    message: &raw::RawMessage,
+    decoded: &raw::DecodedHeader,
+    connection: &raw::RawConnection,
+    parking: &str,
+) -> Option<String> {
+    if parking.len() > 255 {
+        return Some(format!(
+            "the parking queue name {parking:?} is over 255 bytes"
+        ));
+    }
+    if message.header.len() + 8 > connection.frame_max() as usize {
+        return Some(format!(
+            "its header ({} bytes) is over the broker's frame_max ({}), which the broker enforces on publishers",
+            message.header.len(),
+            connection.frame_max()
+        ));
+    }
+    if let Some(user) = decoded.properties.user_id.as_deref()
+        && user != connection.username()
+    {
+        return Some(format!(
+            "its user_id {user:?} is not the planner's broker user: RabbitMQ refuses such a publish (rabbitmq.com/docs/validated-user-id)"
+        ));
+    }
+    if decoded.properties.expiration.is_some() {
+        return Some("it carries an expiration: it would expire in the parking queue".to_owned());
+    }
+    None
+}
+
 /// Takes up to `prefetch` messages of `queue` one at a time with the fallback
 /// reader: the messages a failed session held come back first, so the one
 /// lapin could not read is among them. Returns how many were taken.
@@ -323,10 +373,15 @@ async fn extract_batch(
 /// Each message is stored before it is acked, as in a session. A readable one
 /// becomes an ordinary dead letter. One with problems ([`raw::DecodedHeader`])
 /// is stored as a placeholder (reason class `unreadable`, a capture note and
-/// a republish problem naming each, body and every readable field kept),
-/// moved to [`unreadable_queue`] byte for byte with a publisher confirm, and
-/// only then acked. A failure leaves the message unacked: it returns to the
-/// queue, and its stored copy absorbs the redelivery.
+/// a republish problem naming each, body and every readable field kept; its
+/// fingerprint also covers the exact header bytes, which the lossy fields do
+/// not tell apart), then moved to [`unreadable_queue`] byte for byte
+/// (a fanout exchange and queue of that name; `mandatory`, confirmed) and
+/// only then acked. One that cannot be moved ([`unparkable`]) is left in the
+/// DLQ, held unacked on a connection of its own in `held` (at most
+/// [`MAX_HELD`]) so that the messages behind it are captured; it returns to
+/// the queue when the planner stops. A failure leaves the message unacked: it
+/// returns to the queue, and its stored copy absorbs the redelivery.
 ///
 /// # Errors
 /// [`raw::RawError`] from the broker; [`raw::RawError::Unsupported`] when the
@@ -336,6 +391,7 @@ async fn isolate(
     queue: &str,
     store: &Store,
     shutdown: &CancellationToken,
+    held: &mut Vec<raw::RawConnection>,
 ) -> Result<usize, raw::RawError> {
     let mut connection = raw::RawConnection::connect(&config.amqp_url).await?;
     let session = uuid::Uuid::new_v4();
@@ -353,11 +409,22 @@ async fn isolate(
                 ..raw::DecodedHeader::default()
             }
         });
+        let unreadable = !decoded.problems.is_empty();
+        let cannot_move = if unreadable {
+            unparkable(&message, &decoded, &connection, &parking)
+        } else {
+            None
+        };
+        if cannot_move.is_some() && held.len() >= MAX_HELD {
+            return Err(raw::RawError::Protocol(format!(
+                "{MAX_HELD} unreadable messages that cannot be moved aside are already held for this queue"
+            )));
+        }
         let raw_dead_letter = RawDeadLetter {
             source: queue.to_owned(),
             origin: Origin::Rabbitmq,
-            properties: decoded.properties,
-            headers: decoded.headers,
+            properties: decoded.properties.clone(),
+            headers: decoded.headers.clone(),
             redelivered: message.redelivered,
             body: message.body.clone(),
             reason: None,
@@ -368,22 +435,33 @@ async fn isolate(
             captured_at: Utc::now(),
         };
         let mut dead_letter = extract(&config.rules, raw_dead_letter).await;
-        let unreadable = !decoded.problems.is_empty();
         if unreadable {
             let problems = decoded.problems.join("; ");
+            let whereabouts = match &cannot_move {
+                None => format!("it was moved, byte for byte, to queue {parking}"),
+                Some(why) => format!(
+                    "it cannot be moved aside ({why}), so it stays in this DLQ, held unacked by the planner while it runs"
+                ),
+            };
             warn!(
                 source = queue,
                 %problems,
-                moved_to = %parking,
-                "a dead letter the AMQP client cannot read: captured as a placeholder, moved aside"
+                %whereabouts,
+                "a dead letter the AMQP client cannot read: captured as a placeholder"
             );
             dead_letter.reason_class = ReasonClass::Unreadable;
             dead_letter.body_problem = Some(format!(
-                "the AMQP client cannot read it ({problems}); it was moved, byte for byte, to queue {parking}"
+                "the AMQP client cannot read it ({problems}); {whereabouts}"
             ));
             dead_letter.capture_notes.push(format!(
-                "unreadable by the AMQP client: {problems}; shown lossily; the exact message is in queue {parking}"
+                "unreadable by the AMQP client: {problems}; shown lossily; {whereabouts}"
             ));
+            // Lossy fields do not tell two unreadable messages apart; the
+            // exact header bytes do.
+            let mut hasher = Sha256::new();
+            hasher.update(dead_letter.fingerprint);
+            hasher.update(&message.header);
+            dead_letter.fingerprint = hasher.finalize().into();
         }
         let batch_ids = loop {
             match store_batch(store, session, queue, std::slice::from_ref(&dead_letter)).await {
@@ -397,17 +475,24 @@ async fn isolate(
                 }
             }
         };
+        if cannot_move.is_some() {
+            // Keep the message unacked on this connection; go on with a new one.
+            let next = raw::RawConnection::connect(&config.amqp_url).await?;
+            held.push(std::mem::replace(&mut connection, next));
+            parking_declared = false;
+            continue;
+        }
         if unreadable {
             if !parking_declared {
-                connection.declare_queue(&parking).await?;
+                connection.declare_parking(&parking).await?;
                 parking_declared = true;
             }
             if !connection
-                .publish("", parking.as_bytes(), &message.header, &message.body)
+                .publish(&parking, b"", &message.header, &message.body)
                 .await?
             {
                 return Err(raw::RawError::Protocol(format!(
-                    "the broker refused (nack) moving a message to {parking}"
+                    "the broker did not take the message into {parking} (nacked, or unroutable: is the queue bound?)"
                 )));
             }
         }
@@ -430,7 +515,7 @@ async fn isolate(
 /// end of the session (the batch stays unacked and returns to the queue).
 async fn write_batch(
     store: &Store,
-    channel: &lapin::Channel,
+    channel: &AckChannel,
     source: &str,
     session: uuid::Uuid,
     batch: Batch,
@@ -471,16 +556,10 @@ async fn write_batch(
                 // same channel proves the broker processed the ack (frames of
                 // a channel are handled in order, AMQP 0-9-1 §2.3.6); only
                 // then is the batch recorded as acked.
-                // (A passive declare of the queue: its declare-ok is the reply.)
+                // (basic.qos with the session's own prefetch: a local reply.)
                 let sync = channel
-                    .queue_declare(
-                        source.into(),
-                        lapin::options::QueueDeclareOptions {
-                            passive: true,
-                            ..Default::default()
-                        },
-                        FieldTable::default(),
-                    )
+                    .channel
+                    .basic_qos(channel.prefetch, BasicQosOptions::default())
                     .await;
                 if let Err(error) = sync {
                     warn!(%error, "the ack after commit is unconfirmed; the batch stays open for redeliveries");

@@ -459,7 +459,13 @@ impl NewDeadLetter {
     pub fn degraded(&self, problem: &str) -> Self {
         let mut degraded = self.clone();
         degraded.death = None;
-        degraded.reason_class = ReasonClass::Unknown;
+        // An unreadable placeholder stays one: it must never become replayable.
+        let unreadable = self.reason_class == ReasonClass::Unreadable;
+        degraded.reason_class = if unreadable {
+            ReasonClass::Unreadable
+        } else {
+            ReasonClass::Unknown
+        };
         degraded.event_type = None;
         degraded.schema_version = None;
         degraded.producer = None;
@@ -472,17 +478,32 @@ impl NewDeadLetter {
         degraded.original_exchange = None;
         degraded.original_routing_key = None;
         degraded.content_type = None;
-        degraded.body_problem = None;
+        degraded.body_problem = if unreadable {
+            self.body_problem
+                .as_ref()
+                .map(|p| p.chars().take(2000).collect())
+        } else {
+            None
+        };
         degraded.message_id = self
             .message_id
             .as_ref()
             .map(|id| id.chars().take(255).collect());
         degraded.message_key = self.message_key.chars().take(1024).collect();
         degraded.destination = self.destination.chars().take(255).collect();
-        degraded.capture_notes = vec![format!(
+        let mut notes: Vec<String> = if unreadable {
+            self.capture_notes
+                .iter()
+                .map(|note| note.chars().take(2000).collect())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        notes.push(format!(
             "derived fields could not be stored ({}); kept as captured, death unknown",
             problem.chars().take(500).collect::<String>()
-        )];
+        ));
+        degraded.capture_notes = notes;
         degraded
     }
 }

@@ -264,6 +264,16 @@ impl Broker {
         Ok(())
     }
 
+    /// Deletes `queue` in [`Broker::cleanup`] (a queue something else declared).
+    pub fn track_queue(&self, queue: &str) {
+        self.queues.lock().unwrap().push(queue.to_owned());
+    }
+
+    /// Deletes `exchange` in [`Broker::cleanup`] (one something else declared).
+    pub fn track_exchange(&self, exchange: &str) {
+        self.exchanges.lock().unwrap().push(exchange.to_owned());
+    }
+
     /// Ready messages in `queue` (not counting unacked ones).
     ///
     /// # Errors

@@ -49,8 +49,16 @@ fn long_string(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// The unreadable kinds, each as (what the note must name, content header).
-fn unreadable_kinds(body_len: u64) -> Vec<(&'static str, Vec<u8>)> {
+/// `cc`: a queue named in the message_id kind's `CC` header.
+fn unreadable_kinds(body_len: u64, cc: &str) -> Vec<(&'static str, Vec<u8>)> {
     let json = short(b"application/json");
+    let cc_array = {
+        let item = long_string(cc.as_bytes());
+        let mut out = vec![b'A'];
+        out.extend_from_slice(&u32::try_from(item.len()).unwrap().to_be_bytes());
+        out.extend(item);
+        out
+    };
     vec![
         (
             "property type is not UTF-8",
@@ -61,7 +69,14 @@ fn unreadable_kinds(body_len: u64) -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "property message_id is not UTF-8",
-            content_header(body_len, &[(15, json.clone()), (7, short(b"best-\xfc-1"))]),
+            content_header(
+                body_len,
+                &[
+                    (15, json.clone()),
+                    (13, headers(&[(b"CC", cc_array)])),
+                    (7, short(b"best-\xfc-1")),
+                ],
+            ),
         ),
         (
             "headers field name is not UTF-8",
@@ -162,11 +177,17 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     let topology = DlqTopology::declare(&broker).await?;
     let dlq = topology.dlq.clone();
     let parking = unreadable_queue(&dlq);
-    broker.queue(&parking, FieldTable::default()).await?;
+    // The planner declares it (a fanout exchange and a queue of that name).
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+    // A healthy queue named in one message's CC header: moving that message
+    // aside must not copy it there.
+    let audit = unique("audit");
+    broker.queue(&audit, FieldTable::default()).await?;
 
     // good ×10, then each unreadable kind followed by 10 more good ones.
     let body = br#"{"order_id":"poison"}"#;
-    let kinds = unreadable_kinds(body.len() as u64);
+    let kinds = unreadable_kinds(body.len() as u64, &audit);
     let mut publisher = RawConnection::connect(AMQP_URL).await?;
     let mut good_count = 0;
     good(&broker, &dlq, good_count, 10).await?;
@@ -200,6 +221,10 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     good(&broker, &dlq, good_count, 10).await?;
     good_count += 10;
     publisher.close().await;
+    // Publishing it into the DLQ through the default exchange honoured its CC
+    // header once already: that copy is the baseline.
+    let audit_before = broker.ready_count(&audit).await?;
+    assert_eq!(audit_before, 1);
 
     let planner = {
         let mut config = redrive_planner::config::Config::for_database(db.url());
@@ -328,6 +353,12 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         "{unreadable_items:?}"
     );
 
+    assert_eq!(
+        broker.ready_count(&audit).await?,
+        audit_before,
+        "the CC header of a parked message copied it nowhere"
+    );
+
     // The exact messages sit in the parking queue, in order.
     let mut reader = RawConnection::connect(AMQP_URL).await?;
     for (problem, header) in &kinds {
@@ -343,6 +374,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     reader.close().await;
 
     planner.stop().await?;
+    // Nothing was held back unacked: with the planner gone the DLQ is empty.
+    assert_eq!(broker.ready_count(&dlq).await?, 0);
     broker.cleanup().await;
     Ok(())
 }
@@ -364,10 +397,11 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
         )
         .await?;
     let parking = unreadable_queue(&dlq);
-    broker.queue(&parking, FieldTable::default()).await?;
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
 
     let body = br#"{"order_id":"poison"}"#;
-    let (_, header) = unreadable_kinds(body.len() as u64).remove(0);
+    let (_, header) = unreadable_kinds(body.len() as u64, "nobody").remove(0);
     good(&broker, &dlq, 0, 5).await?;
     let mut publisher = RawConnection::connect(AMQP_URL).await?;
     assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
@@ -412,6 +446,113 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
     );
 
     planner.stop().await?;
+    broker.cleanup().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_blocks_nothing()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+
+    // Unreadable (Latin-1 type) and with an expiration: moved to the parking
+    // queue it would expire there, so it must stay where it is.
+    let body = br#"{"order_id":"poison"}"#;
+    let header = content_header(
+        body.len() as u64,
+        &[
+            (15, short(b"application/json")),
+            (8, short(b"3600000")),
+            (5, short(b"bestellung.ge\xe4ndert")),
+        ],
+    );
+    good(&broker, &dlq, 0, 10).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    publisher.close().await;
+    good(&broker, &dlq, 10, 10).await?;
+
+    let start = || async {
+        let mut config = redrive_planner::config::Config::for_database(db.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        config.capture_queues = vec![dlq.clone()];
+        config.capture_batch_size = 4;
+        config.capture_prefetch = 8;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+        redrive_tests::PlannerHandle::start(config).await
+    };
+    let planner = start().await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &dlq, 21).await?;
+    wait_until(
+        "the good messages to be acked",
+        Duration::from_secs(30),
+        || {
+            let broker = &broker;
+            let dlq = dlq.clone();
+            async move { Ok(broker.ready_count(&dlq).await? == 0) }
+        },
+    )
+    .await?;
+    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    assert_eq!(dead_letters.len(), 21);
+    assert_each_good_once(&dead_letters, 20);
+    let placeholder = dead_letters
+        .iter()
+        .find(|d| d.reason_class() == v1::ReasonClass::Unreadable)
+        .expect("a placeholder");
+    assert!(
+        placeholder
+            .capture_notes
+            .iter()
+            .any(|n| n.contains("expiration") && n.contains("stays in this DLQ")),
+        "{:?}",
+        placeholder.capture_notes
+    );
+    planner.stop().await?;
+    // Held unacked while the planner ran, back in the DLQ once it stopped.
+    wait_until(
+        "the held message back in the DLQ",
+        Duration::from_secs(10),
+        || {
+            let broker = &broker;
+            let dlq = dlq.clone();
+            async move { Ok(broker.ready_count(&dlq).await? == 1) }
+        },
+    )
+    .await?;
+
+    // A restart meets it again: no second row, the queue keeps flowing.
+    let planner = start().await?;
+    let mut client = planner.client().await?;
+    good(&broker, &dlq, 20, 5).await?;
+    captured(&mut client, &dlq, 26).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    assert_eq!(
+        dead_letters.len(),
+        26,
+        "the held message was not stored twice"
+    );
+    assert_each_good_once(&dead_letters, 25);
+    planner.stop().await?;
+    wait_until(
+        "the held message back again",
+        Duration::from_secs(10),
+        || {
+            let broker = &broker;
+            let dlq = dlq.clone();
+            async move { Ok(broker.ready_count(&dlq).await? == 1) }
+        },
+    )
+    .await?;
     broker.cleanup().await;
     Ok(())
 }

@@ -1,11 +1,11 @@
 //! A second, deliberately small AMQP 0-9-1 client for the deliveries lapin
-//! cannot decode (docs/design.md, "Capture: messages the client cannot read").
+//! cannot decode (docs/design.md, "Messages the client cannot read").
 //!
 //! lapin ends the whole connection when one frame fails to parse: a short
 //! string that is not UTF-8 (a property such as `type`, a header name, the
 //! routing key of `basic.deliver`), a header frame larger than the negotiated
-//! `frame_max` (the broker adds `x-death` after the publisher sized it), a
-//! field type it does not know. RabbitMQ accepts all of these from publishers,
+//! `frame_max` (the broker adds `x-death` after the publisher sized it).
+//! RabbitMQ accepts these from publishers,
 //! and the broker redelivers the message first, so capture of that queue would
 //! stop for good. This client takes one message at a time with `basic.get`
 //! (AMQP 0-9-1 §1.8.3.10) and reads its content header leniently:
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use amq_protocol::{
     frame::{AMQPFrame, WriteContext, gen_frame},
-    protocol::{AMQPClass, basic, channel, confirm, connection, parse_class, queue},
+    protocol::{AMQPClass, basic, channel, confirm, connection, exchange, parse_class, queue},
     types::{FieldTable, LongString, ShortString},
     uri::{AMQPScheme, AMQPUri},
 };
@@ -44,6 +44,20 @@ pub const MAX_INBOUND_FRAME: u32 = 64 * 1024 * 1024;
 /// headers nest three levels (`x-death` → entry → `routing-keys`); a deep one
 /// is a problem of the message, never a crash of the planner.
 pub const MAX_NESTING: usize = 64;
+
+/// At most this many problems are listed for one message (then one line
+/// saying more were found): a crafted header with thousands of bad names
+/// must not cost the planner memory.
+pub const MAX_PROBLEMS: usize = 16;
+
+/// A field path in a problem keeps at most this many characters per name
+/// and this many in all.
+const PATH_NAME_CHARS: usize = 32;
+const PATH_CHARS: usize = 200;
+
+/// Bodies above this are refused (RabbitMQ's own maximum message size is
+/// 512 MiB, "max_message_size").
+pub const MAX_BODY: u64 = 512 * 1024 * 1024;
 
 /// How long one broker round trip may take before the connection is given up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -109,6 +123,7 @@ pub struct RawConnection {
     frame_max: u32,
     confirms: bool,
     published: u64,
+    username: String,
 }
 
 impl RawConnection {
@@ -140,6 +155,7 @@ impl RawConnection {
             frame_max: 4096,
             confirms: false,
             published: 0,
+            username: uri.authority.userinfo.username.clone(),
         };
         this.writer.write_all(b"AMQP\x00\x00\x09\x01").await?;
         let AMQPClass::Connection(connection::AMQPMethod::Start(start)) = this.method(0).await?
@@ -207,6 +223,17 @@ impl RawConnection {
         Ok(this)
     }
 
+    /// The negotiated `frame_max`: no frame this client sends may be larger.
+    pub fn frame_max(&self) -> u32 {
+        self.frame_max
+    }
+
+    /// The user this connection logged in as (`user_id` must match it on
+    /// publish, rabbitmq.com/docs/validated-user-id).
+    pub fn username(&self) -> &str {
+        &self.username
+    }
+
     /// Takes the message at the head of `queue` without acking it, or `None`
     /// when the queue is empty.
     ///
@@ -242,15 +269,7 @@ impl RawConnection {
                     if kind != FRAME_HEADER || header.len() < 14 {
                         return Err(RawError::Protocol("expected a content header".into()));
                     }
-                    let body_size = u64::from_be_bytes(header[4..12].try_into().expect("8 bytes"));
-                    let mut body = Vec::new();
-                    while (body.len() as u64) < body_size {
-                        let (kind, _, chunk) = self.frame().await?;
-                        if kind != FRAME_BODY {
-                            return Err(RawError::Protocol("expected a body frame".into()));
-                        }
-                        body.extend_from_slice(&chunk);
-                    }
+                    let body = self.body(&header).await?;
                     return Ok(Some(RawMessage {
                         delivery_tag,
                         redelivered,
@@ -263,6 +282,31 @@ impl RawConnection {
                 _ => self.unexpected(channel_id, &payload)?,
             }
         }
+    }
+
+    /// Reads the body frames that follow content header `header`: exactly
+    /// its declared size, at most [`MAX_BODY`], no empty frame.
+    async fn body(&mut self, header: &[u8]) -> Result<Vec<u8>, RawError> {
+        let body_size = u64::from_be_bytes(header[4..12].try_into().expect("8 bytes"));
+        if body_size > MAX_BODY {
+            return Err(RawError::Protocol(format!(
+                "a body of {body_size} bytes is over {MAX_BODY}"
+            )));
+        }
+        let mut body = Vec::new();
+        while (body.len() as u64) < body_size {
+            let (kind, _, chunk) = self.frame().await?;
+            if kind != FRAME_BODY || chunk.is_empty() {
+                return Err(RawError::Protocol("expected a non-empty body frame".into()));
+            }
+            body.extend_from_slice(&chunk);
+            if body.len() as u64 > body_size {
+                return Err(RawError::Protocol(format!(
+                    "body frames carry more than the declared {body_size} bytes"
+                )));
+            }
+        }
+        Ok(body)
     }
 
     /// Acks one message (`basic.ack`, not multiple).
@@ -304,6 +348,47 @@ impl RawConnection {
         }
     }
 
+    /// Declares a durable fanout exchange and a durable classic queue, both
+    /// named `name`, the queue bound to the exchange (idempotent). A message
+    /// published to a fanout exchange reaches only its bound queues: its
+    /// routing key and any `CC`/`BCC` header are ignored (RabbitMQ,
+    /// "Sender-selected Distribution" applies to routing keys, which fanout
+    /// does not read).
+    ///
+    /// # Errors
+    /// The broker refusing (exists with other arguments, no permission),
+    /// connection failures.
+    pub async fn declare_parking(&mut self, name: &str) -> Result<(), RawError> {
+        self.send_method(
+            CHANNEL,
+            AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
+                exchange: short(name)?,
+                kind: ShortString::from("fanout"),
+                passive: false,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        )
+        .await?;
+        self.expect(40, 11).await?;
+        self.declare_queue(name).await?;
+        self.send_method(
+            CHANNEL,
+            AMQPClass::Queue(queue::AMQPMethod::Bind(queue::Bind {
+                queue: short(name)?,
+                exchange: short(name)?,
+                routing_key: ShortString::from(""),
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+        )
+        .await?;
+        self.expect(50, 21).await
+    }
+
     /// Declares a durable classic queue (idempotent when it exists with the
     /// same arguments).
     ///
@@ -323,9 +408,14 @@ impl RawConnection {
             })),
         )
         .await?;
+        self.expect(50, 11).await
+    }
+
+    /// Waits for method `class.method` on the channel.
+    async fn expect(&mut self, class: u16, method: u16) -> Result<(), RawError> {
         loop {
             let (_, channel_id, payload) = self.frame().await?;
-            if class_method(&payload) == (50, 11) {
+            if class_method(&payload) == (class, method) {
                 return Ok(());
             }
             self.unexpected(channel_id, &payload)?;
@@ -333,8 +423,10 @@ impl RawConnection {
     }
 
     /// Publishes `body` with exactly the content header `header` (a content
-    /// header frame payload, as in [`RawMessage::header`]) and waits for the
-    /// broker's confirm. `Ok(false)` is a nack.
+    /// header frame payload, as in [`RawMessage::header`]), `mandatory` set,
+    /// and waits for the broker's confirm. `Ok(true)`: confirmed and routed;
+    /// `Ok(false)`: nacked, or returned unroutable (`basic.return`, AMQP
+    /// 0-9-1 §1.8.3.9; the broker acks a returned message too).
     ///
     /// # Errors
     /// [`RawError::Protocol`] when the header does not fit one frame of the
@@ -378,7 +470,7 @@ impl RawConnection {
         method.extend_from_slice(&0u16.to_be_bytes());
         push_short(&mut method, exchange.as_bytes())?;
         push_short(&mut method, routing_key)?;
-        method.push(0);
+        method.push(1); // mandatory
         let mut out = frame(FRAME_METHOD, CHANNEL, &method);
         out.extend(frame(FRAME_HEADER, CHANNEL, header));
         let chunk = (self.frame_max as usize).saturating_sub(8).max(1);
@@ -387,11 +479,25 @@ impl RawConnection {
         }
         self.writer.write_all(&out).await?;
         self.published += 1;
+        let mut returned = false;
         loop {
-            let (_, channel_id, payload) = self.frame().await?;
+            let (kind, channel_id, payload) = self.frame().await?;
+            if kind != FRAME_METHOD {
+                return Err(RawError::Protocol(format!(
+                    "expected a method frame, got type {kind}"
+                )));
+            }
             match class_method(&payload) {
-                (60, 80) => return Ok(true),
+                (60, 80) => return Ok(!returned),
                 (60, 120) => return Ok(false),
+                (60, 50) => {
+                    let (kind, _, header) = self.frame().await?;
+                    if kind != FRAME_HEADER || header.len() < 14 {
+                        return Err(RawError::Protocol("expected a content header".into()));
+                    }
+                    self.body(&header).await?;
+                    returned = true;
+                }
                 _ => self.unexpected(channel_id, &payload)?,
             }
         }
@@ -586,9 +692,20 @@ pub fn decode_content_header(payload: &[u8]) -> Result<DecodedHeader, RawError> 
         body_size,
         ..DecodedHeader::default()
     };
+    if flags.len() > 1 || flags[0] & 0b11 != 0 {
+        note(
+            &mut decoded.problems,
+            "property flags name properties AMQP 0-9-1 does not define".to_owned(),
+        );
+    }
     let outcome = decode_properties(&mut reader, &flag, &mut decoded);
     if let Err(problem) = outcome {
-        decoded.problems.push(problem);
+        note(&mut decoded.problems, problem);
+    } else if !reader.is_empty() {
+        note(
+            &mut decoded.problems,
+            format!("{} bytes after the last property", reader.bytes.len()),
+        );
     }
     Ok(decoded)
 }
@@ -658,10 +775,38 @@ fn lossy(bytes: &[u8], what: &str, problems: &mut Vec<String>) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
         Err(_) => {
-            problems.push(format!("{what} is not UTF-8: {}", hex_preview(bytes)));
+            note(
+                problems,
+                format!("{what} is not UTF-8: {}", hex_preview(bytes)),
+            );
             String::from_utf8_lossy(bytes).into_owned()
         }
     }
+}
+
+/// Records a problem, at most [`MAX_PROBLEMS`] of them and then one line
+/// saying more were found.
+fn note(problems: &mut Vec<String>, problem: String) {
+    match problems.len() {
+        n if n < MAX_PROBLEMS => problems.push(problem),
+        n if n == MAX_PROBLEMS => problems.push("more problems not listed".to_owned()),
+        _ => {}
+    }
+}
+
+/// `path.name`, each name and the whole cut short for problem lines.
+fn child_path(path: &str, name: &str) -> String {
+    let mut child = String::with_capacity(path.len() + PATH_NAME_CHARS + 1);
+    child.push_str(path);
+    if child.chars().count() >= PATH_CHARS {
+        return child;
+    }
+    child.push('.');
+    child.extend(name.chars().take(PATH_NAME_CHARS));
+    if name.chars().count() > PATH_NAME_CHARS {
+        child.push('…');
+    }
+    child
 }
 
 fn hex_preview(bytes: &[u8]) -> String {
@@ -673,9 +818,10 @@ fn hex_preview(bytes: &[u8]) -> String {
 fn decode_table(bytes: &[u8], depth: usize, path: &str, problems: &mut Vec<String>) -> HeaderTable {
     let mut table = HeaderTable::default();
     if depth > MAX_NESTING {
-        problems.push(format!(
-            "{path} nests deeper than {MAX_NESTING} levels; not read"
-        ));
+        note(
+            problems,
+            format!("{path} nests deeper than {MAX_NESTING} levels; not read"),
+        );
         return table;
     }
     let mut reader = Reader::new(bytes);
@@ -683,15 +829,20 @@ fn decode_table(bytes: &[u8], depth: usize, path: &str, problems: &mut Vec<Strin
         let key = match reader.short_bytes() {
             Ok(key) => key,
             Err(_) => {
-                problems.push(format!("{path}: a field name is cut short"));
+                note(problems, format!("{path}: a field name is cut short"));
                 break;
             }
         };
         let key = lossy(key, &format!("{path} field name"), problems);
-        let field = format!("{path}.{key}");
+        let field = child_path(path, &key);
         match decode_value(&mut reader, depth, &field, problems) {
             Some(value) => {
-                table.fields.insert(key, value);
+                if table.fields.insert(key, value).is_some() {
+                    note(
+                        problems,
+                        format!("{field}: the name appears twice (or two names read the same)"),
+                    );
+                }
             }
             None => break,
         }
@@ -708,7 +859,7 @@ fn decode_value(
     problems: &mut Vec<String>,
 ) -> Option<HeaderValue> {
     let cut = |problems: &mut Vec<String>| {
-        problems.push(format!("{path}: value cut short"));
+        note(problems, format!("{path}: value cut short"));
         None
     };
     let Ok(tag) = reader.u8() else {
@@ -761,9 +912,10 @@ fn decode_value(
             let inner = read!(reader.take(length));
             let mut values = Vec::new();
             if depth + 1 > MAX_NESTING {
-                problems.push(format!(
-                    "{path} nests deeper than {MAX_NESTING} levels; not read"
-                ));
+                note(
+                    problems,
+                    format!("{path} nests deeper than {MAX_NESTING} levels; not read"),
+                );
             } else {
                 let mut items = Reader::new(inner);
                 while !items.is_empty() {
@@ -776,10 +928,13 @@ fn decode_value(
             Value::Array(HeaderArray { values })
         }
         other => {
-            problems.push(format!(
-                "{path}: unknown field type {:?} (0x{other:02x}); the rest of its table is not read",
-                char::from(other)
-            ));
+            note(
+                problems,
+                format!(
+                    "{path}: unknown field type {:?} (0x{other:02x}); the rest of its table is not read",
+                    char::from(other)
+                ),
+            );
             return None;
         }
     };
@@ -1026,5 +1181,57 @@ mod tests {
             decoded.problems
         );
         assert!(decode_content_header(&header[..10]).is_err());
+    }
+
+    #[test]
+    fn thousands_of_bad_names_cost_a_bounded_problem_list() {
+        // One-byte invalid names, ~30,000 of them, under a 255-byte name.
+        let mut inner = Vec::new();
+        for _ in 0..30_000 {
+            inner.extend(short_value(b"\xff"));
+            inner.push(b'V');
+        }
+        let mut nested = u32::try_from(inner.len()).unwrap().to_be_bytes().to_vec();
+        nested.extend(inner);
+        let long_name = vec![b'n'; 255];
+        let header = content_header(
+            0,
+            &[(13, table(&[(&long_name, [vec![b'F'], nested].concat())]))],
+        );
+        let decoded = decode_content_header(&header).unwrap();
+        assert_eq!(decoded.problems.len(), MAX_PROBLEMS + 1);
+        assert!(
+            decoded.problems.iter().all(|p| p.len() < 400),
+            "{:?}",
+            decoded.problems[0]
+        );
+        assert_eq!(decoded.problems[MAX_PROBLEMS], "more problems not listed");
+    }
+
+    #[test]
+    fn unknown_flags_and_trailing_bytes_are_problems() {
+        let mut header = content_header(0, &[(5, short_value(b"t"))]);
+        header.extend_from_slice(b"xyz");
+        let decoded = decode_content_header(&header).unwrap();
+        assert!(decoded.problems[0].contains("3 bytes after the last property"));
+        let mut header = content_header(0, &[(5, short_value(b"t"))]);
+        header[13] |= 0b10;
+        let decoded = decode_content_header(&header).unwrap();
+        assert!(
+            decoded.problems[0].contains("does not define"),
+            "{:?}",
+            decoded.problems
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_without_panic_and_with_a_bounded_list(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)
+        ) {
+            if let Ok(decoded) = decode_content_header(&bytes) {
+                proptest::prop_assert!(decoded.problems.len() <= MAX_PROBLEMS + 1);
+            }
+        }
     }
 }

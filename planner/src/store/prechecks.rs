@@ -98,8 +98,13 @@ impl Store {
             selector,
             // A repaired dead letter is prechecked with its latest revision, which
             // RepairDeadLetter validated against the body limit and content type.
+            // A problem of the message rather than its body stays: a message
+            // the AMQP client could not read (its exact form is in the parking
+            // queue) and a `user_id` the broker would refuse
+            // (dead_letter.rs starts that text with `user_id `).
             "id, message_key, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
-             CASE WHEN body_revision IS NULL THEN body_problem END AS body_problem, event_type, schema_version, \
+             CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
+                  THEN body_problem END AS body_problem, event_type, schema_version, \
              producer, reason_class, occurred_at, first_died_at, died_at, \
              CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
                  WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END AS body, \
