@@ -496,3 +496,73 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
     db.drop_database().await;
     Ok(())
 }
+
+/// A repair replaces the body; it cannot mend a problem of the message
+/// itself: a `user_id` the broker would refuse stays `invalid`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let mut config = Config::for_database(db.url());
+    config.amqp_url = redrive_tests::AMQP_URL.to_owned();
+    let planner = PlannerHandle::start(config).await?;
+    let mut client = planner.client().await?;
+    let source = unique("svc");
+    let mut foreign = item(&source, "m-1", br#"{"order_id":"o-1"}"#, "rejected", "shop");
+    foreign.properties.as_mut().unwrap().user_id = Some("billing-svc".to_owned());
+    let stored = client
+        .ingest_dead_letters(tokio_stream::iter(vec![foreign]))
+        .await?
+        .into_inner();
+    assert_eq!(stored.accepted, 1);
+    let precheck = |client: &mut redrive_proto::v1::planner_client::PlannerClient<_>| {
+        let mut client = client.clone();
+        let source = source.clone();
+        async move {
+            let report = client
+                .run_precheck(redrive_proto::v1::RunPrecheckRequest {
+                    selector: Some(redrive_proto::v1::Selector {
+                        sources: vec![source],
+                        ..Default::default()
+                    }),
+                    options: None,
+                })
+                .await?
+                .into_inner();
+            let items = client
+                .list_precheck_items(redrive_proto::v1::ListPrecheckItemsRequest {
+                    precheck_id: report.precheck_id,
+                    verdict: 0,
+                    page_size: 10,
+                    page_token: String::new(),
+                })
+                .await?
+                .into_inner()
+                .items;
+            anyhow::Ok(items)
+        }
+    };
+    let before = precheck(&mut client).await?;
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0].verdict(), redrive_proto::v1::Verdict::Invalid);
+    assert!(before[0].reason.contains("user_id"), "{}", before[0].reason);
+    client
+        .repair_dead_letter(redrive_proto::v1::RepairDeadLetterRequest {
+            dead_letter_id: before[0].dead_letter_id.clone(),
+            new_body: br#"{"order_id":"o-1","fixed":true}"#.to_vec(),
+            reason: "test".into(),
+        })
+        .await?;
+    let after = precheck(&mut client).await?;
+    assert_eq!(
+        after[0].verdict(),
+        redrive_proto::v1::Verdict::Invalid,
+        "{}",
+        after[0].reason
+    );
+    assert!(after[0].reason.contains("user_id"), "{}", after[0].reason);
+    planner.stop().await?;
+    db.drop_database().await;
+    Ok(())
+}

@@ -353,6 +353,42 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         "{unreadable_items:?}"
     );
 
+    // A repair replaces the body; the placeholder stays invalid.
+    client
+        .repair_dead_letter(v1::RepairDeadLetterRequest {
+            dead_letter_id: latin.id.clone(),
+            new_body: br#"{"order_id":"poison","fixed":true}"#.to_vec(),
+            reason: "test".into(),
+        })
+        .await?;
+    let again = client
+        .run_precheck(v1::RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                ids: vec![latin.id.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let repaired = client
+        .list_precheck_items(v1::ListPrecheckItemsRequest {
+            precheck_id: again.precheck_id,
+            verdict: 0,
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .items;
+    assert_eq!(repaired.len(), 1);
+    assert_eq!(repaired[0].verdict(), Verdict::Invalid);
+    assert!(
+        repaired[0].reason.contains("cannot read it"),
+        "{}",
+        repaired[0].reason
+    );
+
     assert_eq!(
         broker.ready_count(&audit).await?,
         audit_before,
