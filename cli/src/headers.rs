@@ -428,7 +428,7 @@ pub fn value_to_text(value: &HeaderValue) -> String {
         V::Timestamp(seconds) => i64::try_from(*seconds)
             .ok()
             .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0))
-            .map_or_else(|| seconds.to_string(), crate::output::rfc3339),
+            .map_or_else(|| seconds.to_string(), crate::time::rfc3339),
         V::Table(table) => format!(
             "{{{}}}",
             table

@@ -122,5 +122,6 @@ pub mod error;
 pub mod headers;
 pub mod output;
 pub mod selector;
+pub mod time;
 
 pub use commands::{Cli, Command, run};

@@ -38,26 +38,15 @@
 use std::io::{self, Write};
 
 use base64::{Engine, engine::general_purpose::STANDARD};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::DateTime;
 use comfy_table::{ContentArrangement, Table, presets};
-use redrive_proto::{
-    time::from_timestamp,
-    v1::{BodyCompression, BodyRevision, DeadLetter, Death, MessageProperties},
-};
+use redrive_proto::v1::{BodyCompression, BodyRevision, DeadLetter, Death, MessageProperties};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::headers;
 
-/// RFC 3339 in UTC, with fractional seconds only when they are not zero.
-pub fn rfc3339(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
-}
-
-/// [`rfc3339`] of a protobuf timestamp; `None` when absent or out of range.
-pub fn timestamp_text(at: Option<&prost_types::Timestamp>) -> Option<String> {
-    at.and_then(from_timestamp).map(rfc3339)
-}
+pub use crate::time::{rfc3339, timestamp_text};
 
 /// Writes `value` as one compact JSON document and a newline.
 ///

@@ -147,7 +147,7 @@ pub struct Config {
 
     /// Precheck policy: re-dead-letters after which a message key is looping,
     /// at least 1 (a request may lower it).
-    #[arg(long, env = "REDRIVE_MAX_REDRIVES", default_value_t = crate::precheck::DEFAULT_MAX_REDRIVES)]
+    #[arg(long, env = "REDRIVE_MAX_REDRIVES", default_value_t = crate::options::DEFAULT_MAX_REDRIVES)]
     pub max_redrives: u32,
 
     /// Precheck policy: JSON pointer (RFC 6901) to the original event time in

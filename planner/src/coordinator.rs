@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::{
     error::Error,
     notifier::Notifier,
-    precheck::PrecheckOptions,
+    options::PrecheckOptions,
     state_check::{StateChecker, StateDecision},
     store::{
         Store,
@@ -122,14 +122,14 @@ pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, S
 
 /// When an item turns stale under `options`: its deadline (by event type
 /// and source, the planner's policy merged in) counted from the same event
-/// time as the precheck ([`crate::precheck::event_time`]).
+/// time as the precheck ([`crate::options::event_time`]).
 fn stale_at(options: &PrecheckOptions, item: &LeasedItem) -> Option<chrono::DateTime<chrono::Utc>> {
     let dead_letter = &item.dead_letter;
     let max_age = options.max_age_for(
         dead_letter.event_type.as_deref(),
         Some(dead_letter.source.as_str()),
     )?;
-    let (event_time, _) = crate::precheck::event_time(
+    let (event_time, _) = crate::options::event_time(
         options,
         Some(&item.replay_body),
         dead_letter.occurred_at.as_ref().and_then(from_timestamp),
@@ -256,11 +256,7 @@ impl Coordinator {
         for (route, messages) in by_route {
             let answers = self
                 .checker
-                .check(
-                    route,
-                    messages,
-                    crate::precheck::DEFAULT_STATE_CHECK_TIMEOUT,
-                )
+                .check(route, messages, crate::options::DEFAULT_STATE_CHECK_TIMEOUT)
                 .await
                 .map_err(|error| {
                     Error::Unavailable(format!(

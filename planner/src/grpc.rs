@@ -14,10 +14,10 @@ use crate::{
     coordinator::Coordinator as CoordinatorService,
     dead_letter::ExtractionRules,
     error::Error,
-    ingest,
-    inspect::{self, PageToken},
+    ids::{self, PageToken, plan_id as parse_plan_id, precheck_id},
+    ingest, inspect,
     notifier::Notifier,
-    plan::{self, parse_plan_id},
+    plan,
     policy::Policy,
     precheck::{self, PrecheckRequest},
     selector::Selector,
@@ -76,11 +76,6 @@ fn actor<T>(request: &Request<T>) -> String {
         .filter(|value| !value.is_empty())
         .unwrap_or("anonymous")
         .to_owned()
-}
-
-fn precheck_id(field: &str, id: &str) -> Result<uuid::Uuid, Error> {
-    uuid::Uuid::parse_str(id)
-        .map_err(|_| Error::invalid(field, format!("{id:?} is not a precheck id (a UUID)")))
 }
 
 /// `redrive.v1.Planner` over [`PlannerState`].
@@ -148,7 +143,7 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::GetDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
-        let id = inspect::parse_id("id", &request.into_inner().id)?;
+        let id = ids::dead_letter_id("id", &request.into_inner().id)?;
         let (dead_letter, body_preview) = inspect::get(&self.state.store, id).await?;
         Ok(Response::new(v1::GetDeadLetterResponse {
             dead_letter: Some(dead_letter),

@@ -6,6 +6,7 @@ use redrive_proto::{time::timestamp, v1};
 use crate::{
     body,
     error::Error,
+    ids::PageToken,
     selector::Selector,
     store::{Store, dead_letters::Dimension},
 };
@@ -14,57 +15,6 @@ use crate::{
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
 /// See [`DEFAULT_PAGE_SIZE`].
 pub const MAX_PAGE_SIZE: u32 = 1000;
-
-/// Where a page starts: after this id, with this many already returned (so the
-/// selector's limit holds across pages). Encoded as `"{after_id}.{returned}"`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PageToken {
-    /// Last id of the previous page.
-    pub after_id: i64,
-    /// Dead letters returned by earlier pages.
-    pub returned: u64,
-}
-
-impl PageToken {
-    /// Parses a token from a previous answer; empty is the first page.
-    ///
-    /// # Errors
-    /// `InvalidArgument` naming `page_token`.
-    pub fn parse(token: &str) -> Result<Self, Error> {
-        if token.is_empty() {
-            return Ok(Self::default());
-        }
-        let parsed = token
-            .split_once('.')
-            .and_then(|(after, returned)| Some((after.parse().ok()?, returned.parse().ok()?)));
-        let (after_id, returned) = parsed
-            .ok_or_else(|| Error::invalid("page_token", "not a token from a previous answer"))?;
-        Ok(Self { after_id, returned })
-    }
-
-    /// The token text.
-    pub fn encode(self) -> String {
-        format!("{}.{}", self.after_id, self.returned)
-    }
-}
-
-/// Parses a dead letter id (decimal).
-///
-/// # Errors
-/// `InvalidArgument` naming `field`.
-pub fn parse_id(field: &str, id: &str) -> Result<i64, Error> {
-    // Digits only: `+1` and ` 1` are not how ids are written.
-    Some(id)
-        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|id| id.parse::<i64>().ok())
-        .filter(|id| *id > 0)
-        .ok_or_else(|| {
-            Error::invalid(
-                field,
-                format!("{id:?} is not a dead letter id (a positive integer)"),
-            )
-        })
-}
 
 /// One page of dead letters without bodies, and the token of the next page
 /// (empty on the last).

@@ -9,9 +9,11 @@
 //! - [`ingest`]: `IngestDeadLetters` (services and `redrivectl import`).
 //! - [`dead_letter`], [`death`], [`message_key`], [`body`]: what is derived from
 //!   a dead letter (death that counts, reason class, key, compression).
-//! - [`inspect`], [`selector`]: listing, lookups, summaries.
-//! - [`precheck`], [`policy`], [`state_check`]: the dry run, the planner's
-//!   floor under its options, and the owning services' hooks.
+//! - [`inspect`], [`selector`], [`ids`]: listing, lookups, summaries; ids and
+//!   page tokens parsed once.
+//! - [`precheck`], [`options`], [`policy`], [`state_check`]: the dry run, its
+//!   options and the one age rule, the planner's floor under them, and the
+//!   owning services' hooks.
 //! - [`plan`], [`coordinator`], [`audit`], [`notifier`]: plans, executors'
 //!   leases and reports, the audit record and live watching.
 //! - [`store`]: the PostgreSQL queries.
@@ -27,10 +29,12 @@ pub mod death;
 pub mod error;
 pub mod gates;
 pub mod grpc;
+pub mod ids;
 pub mod ingest;
 pub mod inspect;
 pub mod message_key;
 pub mod notifier;
+pub mod options;
 pub mod plan;
 pub mod policy;
 pub mod precheck;

@@ -32,15 +32,6 @@ pub const DEFAULT_CANARY_FRACTION: f64 = 0.01;
 /// Default observation window after the canary.
 pub const DEFAULT_OBSERVE_FOR: Duration = Duration::from_secs(15 * 60);
 
-/// Parses a plan id.
-///
-/// # Errors
-/// `InvalidArgument` naming `field`.
-pub fn parse_plan_id(field: &str, id: &str) -> Result<Uuid, Error> {
-    Uuid::parse_str(id)
-        .map_err(|_| Error::invalid(field, format!("{id:?} is not a plan id (a UUID)")))
-}
-
 /// Validates a `CreatePlanRequest` into a plan to store.
 ///
 /// # Errors
@@ -48,12 +39,7 @@ pub fn parse_plan_id(field: &str, id: &str) -> Result<Uuid, Error> {
 /// burst below 1, an empty rationale, a slice size over [`MAX_SLICE_SIZE`], a
 /// canary fraction outside (0, 1], a redirect without exchange or routing key.
 pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<NewPlan, Error> {
-    let precheck_id = Uuid::parse_str(&request.precheck_id).map_err(|_| {
-        Error::invalid(
-            "precheck_id",
-            format!("{:?} is not a precheck id (a UUID)", request.precheck_id),
-        )
-    })?;
+    let precheck_id = crate::ids::precheck_id("precheck_id", &request.precheck_id)?;
     let rate = request
         .rate
         .ok_or_else(|| Error::invalid("rate", "required: per_second, burst and rationale"))?;
@@ -388,7 +374,7 @@ pub async fn compensations(
     store: &Store,
     plan_id: Uuid,
     page_size: u32,
-    token: crate::inspect::PageToken,
+    token: crate::ids::PageToken,
 ) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
     let plan = get(store, plan_id).await?;
     let precheck_id = Uuid::parse_str(&plan.precheck_id)

@@ -32,7 +32,7 @@ use redrive_proto::v1;
 
 use crate::{
     error::Error,
-    precheck::{DEFAULT_MAX_REDRIVES, DEFAULT_REPLAY_KEY_WINDOW, PrecheckOptions, sort_rules},
+    options::{DEFAULT_MAX_REDRIVES, DEFAULT_REPLAY_KEY_WINDOW, PrecheckOptions, sort_rules},
     state_check::Pattern,
 };
 

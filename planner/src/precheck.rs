@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use prost::Message;
 use redrive_proto::{
-    time::{duration, from_duration, timestamp},
+    time::timestamp,
     v1::{self, Verdict},
 };
 use sha2::{Digest, Sha256};
@@ -25,26 +25,18 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
-    inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageToken},
+    ids::PageToken,
+    inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
+    options::{DeadlineRule, PrecheckOptions, event_time},
     policy::Policy,
     selector::Selector,
-    state_check::{Pattern, StateCheckError, StateChecker, StateDecision},
+    state_check::{StateCheckError, StateChecker, StateDecision},
     store::{
         Store, StoreError,
         prechecks::{Candidate, PrecheckRecord, copy_line, send_copy},
     },
 };
 
-/// Default replay-key window: 7 days.
-pub const DEFAULT_REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Default re-dead-letters after which a key is looping.
-pub const DEFAULT_MAX_REDRIVES: u32 = 3;
-/// Default state-check batch size.
-pub const DEFAULT_STATE_CHECK_BATCH: usize = 500;
-/// Largest state-check batch size accepted.
-pub const MAX_STATE_CHECK_BATCH: usize = 5000;
-/// Default per-batch hook timeout.
-pub const DEFAULT_STATE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Hook batches in flight at once.
 const HOOK_CONCURRENCY: usize = 4;
 /// Candidates classified per chunk.
@@ -54,289 +46,6 @@ const CHUNK: usize = 2000;
 const SAMPLE_BLOCKED: usize = 20;
 /// See [`SAMPLE_BLOCKED`].
 const SAMPLE_PER_VERDICT: usize = 5;
-
-/// Validated precheck options. Once merged with the planner's policy
-/// ([`crate::policy::Policy::apply`]) these are the effective options a
-/// precheck runs with and its report shows.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PrecheckOptions {
-    /// Event type pattern → maximum age, most specific first.
-    pub stale_after: Vec<(Pattern, Duration)>,
-    /// Source pattern → maximum age, most specific first.
-    pub stale_after_source: Vec<(Pattern, Duration)>,
-    /// Maximum age when no event type pattern matches.
-    pub default_stale_after: Option<Duration>,
-    /// Window of earlier replays that make a key already_replayed.
-    pub replay_key_window: Duration,
-    /// Re-dead-letters after which a key is looping.
-    pub max_redrives: u32,
-    /// Messages per hook call.
-    pub state_check_batch_size: usize,
-    /// Per-call hook timeout.
-    pub state_check_timeout: Duration,
-    /// Mark items of a failing hook blocked_by_state instead of failing.
-    pub block_on_state_check_error: bool,
-    /// JSON pointer to the original event time in the body.
-    pub event_time_pointer: Option<String>,
-    /// Why these options override the planner's policy (`override_policy`
-    /// with `override_reason`); `None` when they do not.
-    pub policy_override: Option<String>,
-}
-
-impl Default for PrecheckOptions {
-    /// No staleness rule, the default window, redrives and hook settings.
-    fn default() -> Self {
-        Self {
-            stale_after: Vec::new(),
-            stale_after_source: Vec::new(),
-            default_stale_after: None,
-            replay_key_window: DEFAULT_REPLAY_KEY_WINDOW,
-            max_redrives: DEFAULT_MAX_REDRIVES,
-            state_check_batch_size: DEFAULT_STATE_CHECK_BATCH,
-            state_check_timeout: DEFAULT_STATE_CHECK_TIMEOUT,
-            block_on_state_check_error: false,
-            event_time_pointer: None,
-            policy_override: None,
-        }
-    }
-}
-
-fn positive_duration(field: &str, value: &prost_types::Duration) -> Result<Duration, Error> {
-    from_duration(value)
-        .filter(|duration| !duration.is_zero())
-        .ok_or_else(|| Error::invalid(field, "must be a positive duration"))
-}
-
-/// Parses a `pattern → duration` map field (`options.stale_after`,
-/// `options.stale_after_source`), most specific pattern first.
-fn rules(
-    field: &str,
-    map: &BTreeMap<String, prost_types::Duration>,
-) -> Result<Vec<(Pattern, Duration)>, Error> {
-    let mut rules = Vec::with_capacity(map.len());
-    for (pattern, max_age) in map {
-        let field = format!("{field}[{pattern:?}]");
-        let parsed = Pattern::parse(pattern).map_err(|problem| Error::invalid(&field, problem))?;
-        rules.push((parsed, positive_duration(&field, max_age)?));
-    }
-    sort_rules(&mut rules);
-    Ok(rules)
-}
-
-/// Orders rules most specific first (the order lookups rely on).
-pub(crate) fn sort_rules(rules: &mut [(Pattern, Duration)]) {
-    rules.sort_by(|(a, _), (b, _)| {
-        b.specificity()
-            .cmp(&a.specificity())
-            .then_with(|| a.as_str().cmp(b.as_str()))
-    });
-}
-
-/// The maximum age of the most specific rule matching `value`.
-fn lookup<'a>(rules: &'a [(Pattern, Duration)], value: &str) -> Option<(Duration, &'a Pattern)> {
-    rules
-        .iter()
-        .find(|(pattern, _)| pattern.matches(value))
-        .map(|(pattern, age)| (*age, pattern))
-}
-
-impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
-    type Error = Error;
-
-    fn try_from(options: v1::PrecheckOptions) -> Result<Self, Error> {
-        let stale_after = rules("options.stale_after", &options.stale_after)?;
-        let stale_after_source = rules("options.stale_after_source", &options.stale_after_source)?;
-        let batch = match options.state_check_batch_size as usize {
-            0 => DEFAULT_STATE_CHECK_BATCH,
-            size if size > MAX_STATE_CHECK_BATCH => {
-                return Err(Error::invalid(
-                    "options.state_check_batch_size",
-                    format!("at most {MAX_STATE_CHECK_BATCH}"),
-                ));
-            }
-            size => size,
-        };
-        let pointer = Some(options.event_time_pointer).filter(|pointer| !pointer.is_empty());
-        if let Some(pointer) = &pointer
-            && !pointer.starts_with('/')
-        {
-            return Err(Error::invalid(
-                "options.event_time_pointer",
-                "a JSON pointer starts with '/' (RFC 6901)",
-            ));
-        }
-        let override_reason = options.override_reason.trim();
-        let policy_override = match (options.override_policy, override_reason.is_empty()) {
-            (true, true) => {
-                return Err(Error::invalid(
-                    "options.override_reason",
-                    "required with options.override_policy: say why the planner's policy is overridden",
-                ));
-            }
-            (true, false) => Some(override_reason.to_owned()),
-            (false, true) => None,
-            (false, false) => {
-                return Err(Error::invalid(
-                    "options.override_policy",
-                    "options.override_reason is given but override_policy is not set",
-                ));
-            }
-        };
-        Ok(Self {
-            stale_after,
-            stale_after_source,
-            default_stale_after: options
-                .default_stale_after
-                .as_ref()
-                .map(|d| positive_duration("options.default_stale_after", d))
-                .transpose()?,
-            replay_key_window: options
-                .replay_key_window
-                .as_ref()
-                .map(|d| positive_duration("options.replay_key_window", d))
-                .transpose()?
-                .unwrap_or(DEFAULT_REPLAY_KEY_WINDOW),
-            max_redrives: if options.max_redrives == 0 {
-                DEFAULT_MAX_REDRIVES
-            } else {
-                options.max_redrives
-            },
-            state_check_batch_size: batch,
-            state_check_timeout: options
-                .state_check_timeout
-                .as_ref()
-                .map(|d| positive_duration("options.state_check_timeout", d))
-                .transpose()?
-                .unwrap_or(DEFAULT_STATE_CHECK_TIMEOUT),
-            block_on_state_check_error: options.block_on_state_check_error,
-            event_time_pointer: pointer,
-            policy_override,
-        })
-    }
-}
-
-/// Where a dead letter's deadline comes from (for the `stale` reason).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadlineRule<'a> {
-    /// A `stale_after` pattern matching its event type.
-    EventType(&'a Pattern),
-    /// `default_stale_after` (no event type pattern matches).
-    Default,
-    /// A `stale_after_source` pattern matching its source.
-    Source(&'a Pattern),
-}
-
-impl PrecheckOptions {
-    /// The deadline of `event_type` alone: its most specific `stale_after`
-    /// pattern, else `default_stale_after` (source rules are not consulted;
-    /// see [`PrecheckOptions::max_age_for`]).
-    pub fn max_age(&self, event_type: Option<&str>) -> Option<Duration> {
-        event_type
-            .and_then(|event_type| lookup(&self.stale_after, event_type))
-            .map(|(age, _)| age)
-            .or(self.default_stale_after)
-    }
-
-    /// The deadline of a dead letter of `event_type` from `source`: the shorter
-    /// of its event type's ([`PrecheckOptions::max_age`]) and its source's (the
-    /// most specific matching `stale_after_source` pattern), with the rule it
-    /// comes from. `None`: it never turns stale.
-    pub fn deadline(
-        &self,
-        event_type: Option<&str>,
-        source: Option<&str>,
-    ) -> Option<(Duration, DeadlineRule<'_>)> {
-        let by_type = match event_type.and_then(|event_type| lookup(&self.stale_after, event_type))
-        {
-            Some((age, pattern)) => Some((age, DeadlineRule::EventType(pattern))),
-            None => self
-                .default_stale_after
-                .map(|age| (age, DeadlineRule::Default)),
-        };
-        let by_source = source
-            .and_then(|source| lookup(&self.stale_after_source, source))
-            .map(|(age, pattern)| (age, DeadlineRule::Source(pattern)));
-        match (by_type, by_source) {
-            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// [`PrecheckOptions::deadline`] without the rule.
-    pub fn max_age_for(&self, event_type: Option<&str>, source: Option<&str>) -> Option<Duration> {
-        self.deadline(event_type, source).map(|(age, _)| age)
-    }
-
-    /// The options as a request or report carries them (every default filled
-    /// in; maps in pattern order).
-    pub fn to_proto(&self) -> v1::PrecheckOptions {
-        let map = |rules: &[(Pattern, Duration)]| {
-            rules
-                .iter()
-                .map(|(pattern, age)| (pattern.as_str().to_owned(), duration(*age)))
-                .collect()
-        };
-        v1::PrecheckOptions {
-            stale_after: map(&self.stale_after),
-            default_stale_after: self.default_stale_after.map(duration),
-            replay_key_window: Some(duration(self.replay_key_window)),
-            max_redrives: self.max_redrives,
-            state_check_batch_size: u32::try_from(self.state_check_batch_size).unwrap_or(u32::MAX),
-            state_check_timeout: Some(duration(self.state_check_timeout)),
-            block_on_state_check_error: self.block_on_state_check_error,
-            event_time_pointer: self.event_time_pointer.clone().unwrap_or_default(),
-            stale_after_source: map(&self.stale_after_source),
-            override_policy: self.policy_override.is_some(),
-            override_reason: self.policy_override.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// The time a dead letter's age counts from, and what it is: the event
-/// time in the body at the options' `event_time_pointer`, else the
-/// `timestamp` property (`occurred_at`), else its first death. The one rule
-/// for staleness, at precheck and at send time.
-pub fn event_time(
-    options: &PrecheckOptions,
-    body: Option<&[u8]>,
-    occurred_at: Option<DateTime<Utc>>,
-    first_died_at: DateTime<Utc>,
-) -> (DateTime<Utc>, &'static str) {
-    let from_body = options
-        .event_time_pointer
-        .as_deref()
-        .zip(body)
-        .and_then(|(pointer, body)| event_time_from_body(body, pointer));
-    match (from_body, occurred_at) {
-        (Some(at), _) => (at, "event time in the body"),
-        (None, Some(at)) => (at, "timestamp property"),
-        (None, None) => (first_died_at, "first death"),
-    }
-}
-
-/// The original event time named by `pointer` in a JSON body: RFC 3339 text, or
-/// epoch seconds (or milliseconds, when above 10^11). A gzip, zstd or zlib
-/// body (by its magic bytes) is read decoded, capped at
-/// [`crate::dead_letter::DEFAULT_MAX_BODY_BYTES`].
-pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
-    let (decoded, _) =
-        crate::body::decode(body, None, crate::dead_letter::DEFAULT_MAX_BODY_BYTES).ok()?;
-    let json: serde_json::Value = serde_json::from_slice(&decoded).ok()?;
-    match json.pointer(pointer)? {
-        serde_json::Value::String(text) => DateTime::parse_from_rfc3339(text)
-            .ok()
-            .map(|at| at.with_timezone(&Utc)),
-        serde_json::Value::Number(number) => {
-            let value = number.as_i64()?;
-            if value > 100_000_000_000 {
-                DateTime::from_timestamp_millis(value)
-            } else {
-                DateTime::from_timestamp(value, 0)
-            }
-        }
-        _ => None,
-    }
-}
 
 /// The verdict of a candidate before the state check, or `None` when it goes
 /// on to the state check.
@@ -989,6 +698,7 @@ fn state_check_message(candidate: &Candidate) -> v1::StateCheckMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::event_time_from_body;
 
     fn candidate() -> Candidate {
         let now = Utc::now();

@@ -80,7 +80,7 @@ impl TryFrom<v1::Selector> for Selector {
             .iter()
             .enumerate()
             .map(|(index, id)| {
-                crate::inspect::parse_id(&format!("selector.ids[{index}]"), id.trim())
+                crate::ids::dead_letter_id(&format!("selector.ids[{index}]"), id.trim())
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {

@@ -108,7 +108,7 @@ impl Single<'_> {
         actor: &str,
         request: v1::ReplayDeadLetterRequest,
     ) -> Result<v1::ReplayDeadLetterResponse, Error> {
-        let id = inspect::parse_id("dead_letter_id", request.dead_letter_id.trim())?;
+        let id = crate::ids::dead_letter_id("dead_letter_id", request.dead_letter_id.trim())?;
         let reason = required_reason(&request.reason, "replayed")?;
         let wait = match &request.wait {
             None => DEFAULT_WAIT,
@@ -349,7 +349,7 @@ impl Single<'_> {
         actor: &str,
         request: v1::RepairDeadLetterRequest,
     ) -> Result<v1::GetDeadLetterResponse, Error> {
-        let id = inspect::parse_id("dead_letter_id", request.dead_letter_id.trim())?;
+        let id = crate::ids::dead_letter_id("dead_letter_id", request.dead_letter_id.trim())?;
         let reason = required_reason(&request.reason, "repaired")?;
         let body = request.new_body;
         if body.len() > self.rules.max_body_bytes {
