@@ -36,6 +36,7 @@
 //!   the DLQ when it cannot be moved. Then the session resumes with its
 //!   prefetch (docs/design.md, "Messages the client cannot read").
 
+pub mod guard;
 pub mod raw;
 
 use std::{sync::Arc, time::Duration};
@@ -90,6 +91,9 @@ pub enum CaptureError {
     /// The broker connection or channel failed.
     #[error("RabbitMQ: {0}")]
     Broker(#[from] lapin::Error),
+    /// The AMQP URI does not parse, or the capture guard cannot listen.
+    #[error("{0}")]
+    Uri(String),
     /// The consumer was cancelled by the broker (queue deleted).
     #[error("consumer of queue {0:?} ended (queue deleted or consumer cancelled)")]
     ConsumerEnded(String),
@@ -176,7 +180,24 @@ async fn session(
     shutdown: &CancellationToken,
     consumed: &mut bool,
 ) -> Result<(), CaptureError> {
-    let connection = Connection::connect(&config.amqp_url, ConnectionProperties::default()).await?;
+    // lapin connects through the guard (plain amqp://), which stops a
+    // delivery lapin cannot read safely before lapin parses it.
+    let uri: lapin::uri::AMQPUri = config
+        .amqp_url
+        .parse()
+        .map_err(|error: String| CaptureError::Uri(error))?;
+    let (_guard, uri) = if uri.scheme == lapin::uri::AMQPScheme::AMQP {
+        let guard = guard::Guard::start(uri.authority.host.clone(), uri.authority.port)
+            .await
+            .map_err(|error| CaptureError::Uri(format!("capture guard: {error}")))?;
+        let mut local = uri.clone();
+        local.authority.host = guard.local.ip().to_string();
+        local.authority.port = guard.local.port();
+        (Some(guard), local)
+    } else {
+        (None, uri)
+    };
+    let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(config.prefetch, BasicQosOptions::default())

@@ -592,3 +592,75 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     broker.cleanup().await;
     Ok(())
 }
+
+/// Headers nested thousands of levels deep overflow the stack of lapin's
+/// recursive frame parser and abort the process (without the capture guard
+/// this test binary dies). The guard stops the delivery before lapin reads
+/// it; the fallback reader stores a placeholder and moves it aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+
+    let mut value = long_string(b"leaf");
+    for _ in 0..3000 {
+        value = [vec![b'F'], headers(&[(b"k", value)])].concat();
+    }
+    let body = br#"{"order_id":"deep"}"#;
+    let header = content_header(
+        body.len() as u64,
+        &[
+            (15, short(b"application/json")),
+            (13, headers(&[(b"deep", value)])),
+            (7, short(b"deep-1")),
+        ],
+    );
+    good(&broker, &dlq, 0, 10).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    publisher.close().await;
+    good(&broker, &dlq, 10, 10).await?;
+
+    let planner = {
+        let mut config = redrive_planner::config::Config::for_database(db.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        config.capture_queues = vec![dlq.clone()];
+        config.capture_batch_size = 4;
+        config.capture_prefetch = 8;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+        redrive_tests::PlannerHandle::start(config).await?
+    };
+    let mut client = planner.client().await?;
+    captured(&mut client, &dlq, 21).await?;
+    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    assert_eq!(dead_letters.len(), 21);
+    assert_each_good_once(&dead_letters, 20);
+    let deep = dead_letters
+        .iter()
+        .find(|d| d.message_id.as_deref() == Some("deep-1"))
+        .expect("the deep one is recorded");
+    assert_eq!(deep.reason_class(), v1::ReasonClass::Unreadable);
+    assert!(
+        deep.capture_notes
+            .iter()
+            .any(|n| n.contains("nests deeper than 64")),
+        "{:?}",
+        deep.capture_notes
+    );
+    wait_until("the parked copy", Duration::from_secs(10), || {
+        let broker = &broker;
+        let parking = parking.clone();
+        async move { Ok(broker.ready_count(&parking).await? == 1) }
+    })
+    .await?;
+    planner.stop().await?;
+    assert_eq!(broker.ready_count(&dlq).await?, 0);
+    broker.cleanup().await;
+    Ok(())
+}
