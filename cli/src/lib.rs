@@ -119,6 +119,7 @@
 pub mod client;
 pub mod commands;
 pub mod error;
+pub mod escape;
 pub mod headers;
 pub mod output;
 pub mod selector;

@@ -119,8 +119,9 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
             async move {
                 let mut backoff = Duration::from_millis(200);
                 let mut isolating = false;
-                // Unreadable messages that cannot be moved aside, held unacked.
-                let mut held = Vec::new();
+                // The connection holding unreadable messages that could not
+                // be moved aside, unacked.
+                let mut held = None;
                 while !shutdown.is_cancelled() {
                     if isolating {
                         match isolate(&config, &queue, &store, &shutdown, &mut held).await {
@@ -350,10 +351,6 @@ async fn extract_batch(
     }
 }
 
-/// At most this many unreadable messages that cannot be moved aside are held
-/// unacked per queue (one connection each) while the planner runs.
-pub const MAX_HELD: usize = 16;
-
 /// Why an unreadable message cannot be moved aside, byte for byte, to the
 /// parking queue, if so.
 fn unparkable(
@@ -393,16 +390,20 @@ fn unparkable(
 ///
 /// Each message is stored before it is acked, as in a session. A readable one
 /// becomes an ordinary dead letter. One with problems ([`raw::DecodedHeader`])
-/// is stored as a placeholder (reason class `unreadable`, a capture note and
-/// a republish problem naming each, body and every readable field kept; its
-/// fingerprint also covers the exact header bytes, which the lossy fields do
-/// not tell apart), then moved to [`unreadable_queue`] byte for byte
-/// (a fanout exchange and queue of that name; `mandatory`, confirmed) and
-/// only then acked. One that cannot be moved ([`unparkable`]) is left in the
-/// DLQ, held unacked on a connection of its own in `held` (at most
-/// [`MAX_HELD`]) so that the messages behind it are captured; it returns to
-/// the queue when the planner stops. A failure leaves the message unacked: it
-/// returns to the queue, and its stored copy absorbs the redelivery.
+/// is first moved to [`unreadable_queue`] byte for byte, over a connection
+/// of its own (a fanout exchange and queue of that name; `mandatory`,
+/// confirmed), then stored as a placeholder (reason class `unreadable`, a
+/// capture note and a republish problem naming each problem and where the
+/// message is, its exact content header in `raw_content_header`, body and
+/// every readable field kept; its fingerprint also covers the problems,
+/// which name the bytes the lossy fields do not tell apart), and then acked. One
+/// that cannot be moved ([`unparkable`], or the move failed: no permission,
+/// a parking queue declared otherwise) stays in the DLQ: it is left unacked
+/// on this round's connection, which is kept in `held` (one per queue, reused
+/// while it lives) so that the messages behind it are captured; it returns
+/// to the queue when the planner stops or the broker ends the hold. A
+/// failure leaves the message unacked: it returns to the queue, and its
+/// stored copy absorbs the redelivery.
 ///
 /// # Errors
 /// [`raw::RawError`] from the broker; [`raw::RawError::Unsupported`] when the
@@ -412,123 +413,167 @@ async fn isolate(
     queue: &str,
     store: &Store,
     shutdown: &CancellationToken,
-    held: &mut Vec<raw::RawConnection>,
+    held: &mut Option<raw::RawConnection>,
 ) -> Result<usize, raw::RawError> {
-    let mut connection = raw::RawConnection::connect(&config.amqp_url).await?;
+    // Reuse the holding connection while it lives: what it holds stays held.
+    let mut connection = match held.take() {
+        Some(mut holding) => {
+            if holding.is_alive() {
+                holding
+            } else {
+                // The broker ended the hold: what it held is back in the queue.
+                raw::RawConnection::connect(&config.amqp_url).await?
+            }
+        }
+        None => raw::RawConnection::connect(&config.amqp_url).await?,
+    };
     let session = uuid::Uuid::new_v4();
     let parking = unreadable_queue(queue);
-    let mut parking_declared = false;
+    let mut parker: Option<raw::RawConnection> = None;
     let mut taken = 0;
-    while taken < usize::from(config.prefetch.max(1)) && !shutdown.is_cancelled() {
-        let Some(message) = connection.get(queue).await? else {
-            break;
-        };
-        taken += 1;
-        let decoded = raw::decode_content_header(&message.header).unwrap_or_else(|error| {
-            raw::DecodedHeader {
-                problems: vec![format!("content header unreadable: {error}")],
-                ..raw::DecodedHeader::default()
-            }
-        });
-        let unreadable = !decoded.problems.is_empty();
-        let cannot_move = if unreadable {
-            unparkable(&message, &decoded, &connection, &parking)
-        } else {
-            None
-        };
-        if cannot_move.is_some() && held.len() >= MAX_HELD {
-            return Err(raw::RawError::Protocol(format!(
-                "{MAX_HELD} unreadable messages that cannot be moved aside are already held for this queue"
-            )));
-        }
-        let raw_dead_letter = RawDeadLetter {
-            source: queue.to_owned(),
-            origin: Origin::Rabbitmq,
-            properties: decoded.properties.clone(),
-            headers: decoded.headers.clone(),
-            redelivered: message.redelivered,
-            body: message.body.clone(),
-            reason: None,
-            original_destination: None,
-            error_text: None,
-            attempts: None,
-            occurred_at: None,
-            captured_at: Utc::now(),
-        };
-        let mut dead_letter = extract(&config.rules, raw_dead_letter).await;
-        if unreadable {
-            let problems = decoded.problems.join("; ");
-            let whereabouts = match &cannot_move {
-                None => format!("it was moved, byte for byte, to queue {parking}"),
-                Some(why) => format!(
-                    "it cannot be moved aside ({why}), so it stays in this DLQ, held unacked by the planner while it runs"
-                ),
+    let outcome = async {
+        while taken < usize::from(config.prefetch.max(1)) && !shutdown.is_cancelled() {
+            let Some(message) = connection.get(queue).await? else {
+                break;
             };
-            warn!(
-                source = queue,
-                %problems,
-                %whereabouts,
-                "a dead letter the AMQP client cannot read: captured as a placeholder"
-            );
-            dead_letter.reason_class = ReasonClass::Unreadable;
-            dead_letter.body_problem = Some(format!(
-                "the AMQP client cannot read it ({problems}); {whereabouts}"
-            ));
-            dead_letter.capture_notes.push(format!(
-                "unreadable by the AMQP client: {problems}; shown lossily; {whereabouts}"
-            ));
-            // Lossy fields do not tell two unreadable messages apart; the
-            // exact header bytes do.
-            let mut hasher = Sha256::new();
-            hasher.update(dead_letter.fingerprint);
-            hasher.update(&message.header);
-            dead_letter.fingerprint = hasher.finalize().into();
-        }
-        let batch_ids = loop {
-            match store_batch(store, session, queue, std::slice::from_ref(&dead_letter)).await {
-                Ok((ids, _)) => break ids,
-                Err(error) => {
-                    warn!(%error, "storing a dead letter failed; nothing acked");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return Ok(taken),
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            taken += 1;
+            let decoded = raw::decode_content_header(&message.header).unwrap_or_else(|error| {
+                raw::DecodedHeader {
+                    problems: vec![format!("content header unreadable: {error}")],
+                    ..raw::DecodedHeader::default()
+                }
+            });
+            let unreadable = !decoded.problems.is_empty();
+            // Where an unreadable message ends up: `Ok` parked, `Err(why)` held.
+            let parked = if unreadable {
+                match unparkable(&message, &decoded, &connection, &parking) {
+                    Some(why) => Err(why),
+                    None => park(&config.amqp_url, &mut parker, &parking, &message)
+                        .await
+                        .map_err(|error| format!("moving it aside failed: {error}")),
+                }
+            } else {
+                Ok(())
+            };
+            let raw_dead_letter = RawDeadLetter {
+                source: queue.to_owned(),
+                origin: Origin::Rabbitmq,
+                properties: decoded.properties.clone(),
+                headers: decoded.headers.clone(),
+                redelivered: message.redelivered,
+                body: message.body.clone(),
+                reason: None,
+                original_destination: None,
+                error_text: None,
+                attempts: None,
+                occurred_at: None,
+                captured_at: Utc::now(),
+            };
+            let mut dead_letter = extract(&config.rules, raw_dead_letter).await;
+            if unreadable {
+                let problems = decoded.problems.join("; ");
+                let whereabouts = match &parked {
+                    Ok(()) => format!("it was moved, byte for byte, to queue {parking}"),
+                    Err(why) => format!(
+                        "it cannot be moved aside ({why}), so it stays in this DLQ, held unacked by the planner while it runs; its exact bytes are kept here too"
+                    ),
+                };
+                warn!(
+                    source = queue,
+                    %problems,
+                    %whereabouts,
+                    "a dead letter the AMQP client cannot read: captured as a placeholder"
+                );
+                dead_letter.reason_class = ReasonClass::Unreadable;
+                dead_letter.body_problem = Some(format!(
+                    "the AMQP client cannot read it ({problems}); {whereabouts}"
+                ));
+                dead_letter.capture_notes.push(format!(
+                    "unreadable by the AMQP client: {problems}; shown lossily; {whereabouts}"
+                ));
+                dead_letter.raw_content_header = Some(message.header.clone());
+                // Lossy fields do not tell two unreadable messages apart; the
+                // problems name the exact bytes (the raw header itself would
+                // change with a quorum queue's x-delivery-count).
+                let mut hasher = Sha256::new();
+                hasher.update(dead_letter.fingerprint);
+                hasher.update(problems.as_bytes());
+                dead_letter.fingerprint = hasher.finalize().into();
+            }
+            let batch_ids = loop {
+                match store_batch(store, session, queue, std::slice::from_ref(&dead_letter)).await
+                {
+                    Ok((ids, _)) => break ids,
+                    Err(error) => {
+                        warn!(%error, "storing a dead letter failed; nothing acked");
+                        tokio::select! {
+                            () = shutdown.cancelled() => return Ok(()),
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
                     }
                 }
+            };
+            if parked.is_err() {
+                // Held: left unacked on this connection.
+                continue;
             }
-        };
-        if cannot_move.is_some() {
-            // Keep the message unacked on this connection; go on with a new one.
-            let next = raw::RawConnection::connect(&config.amqp_url).await?;
-            held.push(std::mem::replace(&mut connection, next));
-            parking_declared = false;
-            continue;
-        }
-        if unreadable {
-            if !parking_declared {
-                connection.declare_parking(&parking).await?;
-                parking_declared = true;
-            }
-            if !connection
-                .publish(&parking, b"", &message.header, &message.body)
-                .await?
-            {
-                return Err(raw::RawError::Protocol(format!(
-                    "the broker did not take the message into {parking} (nacked, or unroutable: is the queue bound?)"
-                )));
+            connection.ack(message.delivery_tag).await?;
+            // As in a session: the ack is recorded once a reply behind it
+            // proves the broker processed it.
+            connection.sync().await?;
+            for batch_id in batch_ids {
+                if let Err(error) = store.mark_capture_acked(batch_id).await {
+                    warn!(%error, batch_id, "could not record the ack of a capture batch");
+                }
             }
         }
-        connection.ack(message.delivery_tag).await?;
-        // As in a session: the ack is recorded once a reply behind it proves
-        // the broker processed it.
-        connection.sync().await?;
-        for batch_id in batch_ids {
-            if let Err(error) = store.mark_capture_acked(batch_id).await {
-                warn!(%error, batch_id, "could not record the ack of a capture batch");
-            }
-        }
+        Ok::<(), raw::RawError>(())
     }
-    connection.close().await;
-    Ok(taken)
+    .await;
+    if let Some(parker) = parker {
+        parker.close().await;
+    }
+    // After a failure everything goes back to the queue (the next round
+    // holds again what must be held); otherwise the held messages stay held.
+    if outcome.is_ok() && connection.unacked() > 0 && connection.is_alive() {
+        *held = Some(connection);
+    } else {
+        connection.close().await;
+    }
+    outcome.map(|()| taken)
+}
+
+/// Moves `message` byte for byte to the parking exchange and queue `parking`
+/// over `parker` (connected and declared on first use; dropped on any
+/// failure, so a channel the broker closed is not reused).
+///
+/// # Errors
+/// Why it was not moved: connection, declaration (permissions, a queue of
+/// that name declared with other arguments), a nack, or unroutable.
+async fn park(
+    url: &str,
+    parker: &mut Option<raw::RawConnection>,
+    parking: &str,
+    message: &raw::RawMessage,
+) -> Result<(), raw::RawError> {
+    let mut connection = match parker.take() {
+        Some(connection) => connection,
+        None => {
+            let mut connection = raw::RawConnection::connect(url).await?;
+            connection.declare_parking(parking).await?;
+            connection
+        }
+    };
+    if !connection
+        .publish(parking, b"", &message.header, &message.body)
+        .await?
+    {
+        return Err(raw::RawError::Protocol(format!(
+            "the broker did not take it into {parking} (nacked, or unroutable: is the queue bound?)"
+        )));
+    }
+    *parker = Some(connection);
+    Ok(())
 }
 
 /// Stores `batch` (retrying while PostgreSQL is unavailable), acks it, then

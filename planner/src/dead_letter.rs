@@ -98,6 +98,10 @@ pub fn dedup_key(
     format!("v2:{}", hex::encode(hasher.finalize()))
 }
 
+/// The header in which a quorum queue counts a message's returns; it
+/// changes with every redelivery, so capture fingerprints leave it out.
+pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
 /// Raw material of a dead letter, before extraction.
 #[derive(Debug, Clone)]
 pub struct RawDeadLetter {
@@ -172,6 +176,10 @@ pub struct NewDeadLetter {
     /// framework's headers), not its queue: queue mode refuses it, exchange
     /// mode and redirects publish it (docs/design.md, "Destination").
     pub exchange_only: bool,
+    /// The exact content header frame payload of a message the AMQP client
+    /// could not read (reason class `unreadable`): with the body, the message
+    /// byte for byte, kept even if the broker later drops it.
+    pub raw_content_header: Option<Vec<u8>>,
     /// Event type (`type` property, else the event-type header).
     pub event_type: Option<String>,
     /// Schema version header.
@@ -382,9 +390,24 @@ impl ExtractionRules {
             .unwrap_or(died_at);
         let properties = raw.properties.encode_to_vec();
         let headers = raw.headers.encode_to_vec();
+        // A quorum queue counts each return in `x-delivery-count` (RabbitMQ,
+        // "Quorum Queues", poison message handling): a redelivery must still
+        // match its stored copy, so that header is not part of the identity.
+        let fingerprinted_headers = if raw.headers.fields.contains_key(DELIVERY_COUNT_HEADER) {
+            let mut headers = raw.headers.clone();
+            headers.fields.remove(DELIVERY_COUNT_HEADER);
+            headers.encode_to_vec()
+        } else {
+            headers.clone()
+        };
         let fingerprint: [u8; 32] = {
             let mut hasher = Sha256::new();
-            for part in [raw.source.as_bytes(), &body_sha256, &properties, &headers] {
+            for part in [
+                raw.source.as_bytes(),
+                &body_sha256,
+                &properties,
+                &fingerprinted_headers,
+            ] {
                 hasher.update((part.len() as u64).to_be_bytes());
                 hasher.update(part);
             }
@@ -421,6 +444,7 @@ impl ExtractionRules {
             reason_class,
             destination,
             exchange_only,
+            raw_content_header: None,
             event_type,
             schema_version,
             producer,
@@ -682,5 +706,22 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    #[test]
+    fn a_quorum_queue_redelivery_keeps_its_fingerprint() {
+        let first = rules().extract(raw(b"{}".to_vec(), MessageProperties::default(), &[]));
+        let again = rules().extract(raw(
+            b"{}".to_vec(),
+            MessageProperties::default(),
+            &[("x-delivery-count", "1")],
+        ));
+        let other = rules().extract(raw(
+            b"{}".to_vec(),
+            MessageProperties::default(),
+            &[("tenant", "1")],
+        ));
+        assert_eq!(first.fingerprint, again.fingerprint);
+        assert_ne!(first.fingerprint, other.fingerprint);
     }
 }

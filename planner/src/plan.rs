@@ -180,6 +180,15 @@ async fn refuse_unroutable(store: &Store, plan: &NewPlan) -> Result<(), Error> {
                 String::new()
             }
         ))),
+        DestinationMode::Exchange if only.count > 0 && only.replayable > only.count => {
+            Err(Error::FailedPrecondition(format!(
+                "precheck {} mixes {} dead letters that know only an exchange and routing key with {} whose queue is known: exchange mode would republish those {} through their exchange, to every queue bound there, not only the queue that failed them; precheck the exchange-only ones on their own (for example by source) and plan them in exchange mode",
+                plan.precheck_id,
+                only.count,
+                only.replayable - only.count,
+                only.replayable - only.count
+            )))
+        }
         DestinationMode::Exchange if only.without_exchange > 0 => {
             Err(Error::FailedPrecondition(format!(
                 "{} replayable dead letters of precheck {} know only a routing key (no exchange, as Spring Kafka and Kafka Connect record a topic): only a redirect can replay them",

@@ -454,7 +454,7 @@ async fn classify_all(
     let exchange_only = store.exchange_only_items(precheck_id).await?;
     if exchange_only.count > 0 {
         warnings.push(format!(
-            "{} replayable dead letters (for example {}) know only the exchange and routing key they were published with (framework headers), not their queue: a queue-mode plan refuses them; plan them with destination exchange{}, or a redirect",
+            "{} replayable dead letters (for example {}) know only the exchange and routing key they were published with (framework headers), not their queue: a queue-mode plan refuses them; plan them with destination exchange{}, or a redirect{}",
             exchange_only.count,
             exchange_only.example.unwrap_or_default(),
             if exchange_only.without_exchange > 0 {
@@ -464,6 +464,11 @@ async fn classify_all(
                 )
             } else {
                 String::new()
+            },
+            if exchange_only.replayable > exchange_only.count {
+                "; this selection also holds dead letters whose queue is known, which exchange mode would copy to every queue bound to their exchange, so CreatePlan refuses exchange mode for it: precheck the exchange-only ones on their own (for example by source)"
+            } else {
+                ""
             }
         ));
     }

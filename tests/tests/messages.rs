@@ -412,3 +412,75 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
     db.drop_database().await;
     Ok(())
 }
+
+/// One DLQ holds a dead letter the broker dead-lettered from `work` (whose
+/// exchange also routes its key to a healthy `audit` queue) and a Spring AMQP
+/// exchange-only one. Queue mode refuses the Spring one; exchange mode would
+/// copy the other to `audit`, so it is refused for this mixed precheck, and
+/// the warning says so before anyone tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    let audit = unique("audit");
+    broker.queue(&audit, FieldTable::default()).await?;
+    broker
+        .bind(&audit, &topology.exchange, &topology.routing_key())
+        .await?;
+    topology
+        .reject(
+            &broker,
+            br#"{"order_id":"o-1"}"#,
+            BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_message_id("o-1".into()),
+        )
+        .await?;
+    broker
+        .publish(
+            "",
+            &topology.dlq,
+            br#"{"order_id":"spring-1"}"#,
+            spring_recovered("spring-1", &unique("orders"), "order.created"),
+        )
+        .await?;
+    let audit_before = broker.ready_count(&audit).await?;
+    let planner = planner_for(&db, &topology.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &topology.dlq, 2).await?;
+    let (report, _) = items(&mut client, &topology.dlq).await?;
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("exchange-only ones on their own")),
+        "{:?}",
+        report.warnings
+    );
+    for mode in [
+        None,
+        Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
+    ] {
+        let refused = client
+            .create_plan(v1::CreatePlanRequest {
+                precheck_id: report.precheck_id.clone(),
+                rate: Some(v1::Rate {
+                    per_second: 10.0,
+                    burst: 1,
+                    rationale: "test".into(),
+                }),
+                destination: mode.map(|mode| v1::Destination { mode: Some(mode) }),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    }
+    assert_eq!(broker.ready_count(&audit).await?, audit_before);
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

@@ -17,7 +17,7 @@ use redrive_planner::capture::{
 };
 use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, TestDb, amqp_table, init_logging, unique, wait_until,
+    AMQP_URL, Broker, DlqTopology, TcpProxy, TestDb, amqp_table, init_logging, unique, wait_until,
 };
 
 mod support;
@@ -661,6 +661,315 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
     .await?;
     planner.stop().await?;
     assert_eq!(broker.ready_count(&dlq).await?, 0);
+    broker.cleanup().await;
+    Ok(())
+}
+
+/// A Latin-1 `type` plus an `expiration`: unreadable by lapin, and (per the
+/// README) it cannot be moved aside, so the planner holds it unacked.
+fn unparkable_header(body_len: u64, n: u32) -> Vec<u8> {
+    content_header(
+        body_len,
+        &[
+            (15, short(b"application/json")),
+            (8, short(b"3600000")),
+            (7, short(format!("poison-{n}").as_bytes())),
+            (5, short(b"bestellung.ge\xe4ndert")),
+        ],
+    )
+}
+
+async fn total(
+    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    dlq: &str,
+) -> anyhow::Result<u64> {
+    Ok(client
+        .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.to_owned()],
+                ..Default::default()
+            }),
+            group_by: vec![],
+        })
+        .await?
+        .into_inner()
+        .total)
+}
+
+fn config(db_url: String, amqp_url: String, dlq: &str) -> redrive_planner::config::Config {
+    let mut config = redrive_planner::config::Config::for_database(db_url);
+    config.amqp_url = amqp_url;
+    config.capture_queues = vec![dlq.to_owned()];
+    config.capture_batch_size = 4;
+    config.capture_prefetch = 8;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config
+}
+
+/// A producer that sets a per-message `expiration` (or its own validated
+/// `user_id`) and a Latin-1 `type` makes every one of its messages
+/// unparkable. After 16 of them (`MAX_HELD`) the 17th makes `isolate` fail
+/// before it even stores the placeholder, forever: the 17th is never
+/// recorded and nothing behind it is captured.
+///
+/// Expected: all good messages captured, 17 placeholders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+
+    let body = br#"{"order_id":"poison"}"#;
+    good(&broker, &dlq, 0, 5).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    for n in 0..17 {
+        let header = unparkable_header(body.len() as u64, n);
+        assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    }
+    publisher.close().await;
+    good(&broker, &dlq, 5, 5).await?;
+
+    let planner =
+        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
+    let mut client = planner.client().await?;
+    let outcome = captured(&mut client, &dlq, 27).await;
+    let stored = total(&mut client, &dlq).await?;
+    let ready = broker.ready_count(&dlq).await?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    outcome.map_err(|e| {
+        anyhow::anyhow!(
+            "{e}: stored {stored} of 27 dead letters (10 good + 17 poison); {ready} still ready in the DLQ"
+        )
+    })?;
+    Ok(())
+}
+
+/// Every time the planner's broker connection blips, the held connection
+/// dies and the broker requeues the unparkable message; the next round holds
+/// it again on a new connection, but the dead connection stays in `held`
+/// (never pruned). The same happens when `consumer_timeout` (30 min by
+/// default) closes a held channel, which the README describes as harmless.
+/// After 16 blips, ONE unparkable message stops the queue for good.
+///
+/// Expected: after any number of blips, messages published later are captured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+
+    let body = br#"{"order_id":"poison"}"#;
+    good(&broker, &dlq, 0, 3).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    let header = unparkable_header(body.len() as u64, 0);
+    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    publisher.close().await;
+    good(&broker, &dlq, 3, 3).await?;
+
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
+    let planner =
+        redrive_tests::PlannerHandle::start(config(db.url(), amqp_via_proxy, &dlq)).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &dlq, 7).await?;
+
+    let held_again = |timeout: Duration| {
+        let broker = &broker;
+        let dlq = dlq.clone();
+        redrive_tests::wait_until("the poison message held again", timeout, move || {
+            let dlq = dlq.clone();
+            async move { Ok(broker.ready_count(&dlq).await? == 0) }
+        })
+    };
+    held_again(Duration::from_secs(30)).await?;
+    let mut blips = 0;
+    let mut stalled_after = None;
+    while blips < 20 {
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.restore();
+        blips += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if held_again(Duration::from_secs(30)).await.is_err() {
+            stalled_after = Some(blips);
+            break;
+        }
+    }
+    // Whatever happened, a message published now must be captured.
+    good(&broker, &dlq, 6, 3).await?;
+    let outcome = captured(&mut client, &dlq, 10).await;
+    let stored = total(&mut client, &dlq).await?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    outcome.map_err(|e| {
+        anyhow::anyhow!(
+            "{e}: stored {stored} of 10; the poison message was no longer held after {stalled_after:?} connection blips"
+        )
+    })?;
+    Ok(())
+}
+
+/// An operator (or an earlier tool) has declared `<dlq>.unreadable` with a
+/// length limit. The planner's `queue.declare` with no arguments fails with
+/// 406 PRECONDITION_FAILED, `isolate` returns an error, the loop retries
+/// `isolate` forever and never goes back to consuming: the queue's capture
+/// stops behind one readable-by-nobody message.
+///
+/// Expected: capture goes on (the message stays in the DLQ, or is parked
+/// anyway), every good message is captured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let parking = unreadable_queue(&dlq);
+    broker
+        .queue(
+            &parking,
+            amqp_table(vec![(
+                "x-max-length",
+                lapin::types::AMQPValue::LongInt(100_000),
+            )]),
+        )
+        .await?;
+    broker.track_exchange(&parking);
+
+    let body = br#"{"order_id":"poison"}"#;
+    let header = content_header(
+        body.len() as u64,
+        &[
+            (15, short(b"application/json")),
+            (5, short(b"bestellung.ge\xe4ndert")),
+        ],
+    );
+    good(&broker, &dlq, 0, 5).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    publisher.close().await;
+    good(&broker, &dlq, 5, 5).await?;
+
+    let planner =
+        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
+    let mut client = planner.client().await?;
+    let outcome = captured(&mut client, &dlq, 11).await;
+    let stored = total(&mut client, &dlq).await?;
+    let ready = broker.ready_count(&dlq).await?;
+    planner.stop().await?;
+    broker.cleanup().await;
+    outcome.map_err(|e| {
+        anyhow::anyhow!("{e}: stored {stored} of 11; {ready} still ready in the DLQ")
+    })?;
+    Ok(())
+}
+
+/// An unparkable unreadable message is held in the DLQ. Every time the hold
+/// ends (planner restart, connection blip, `consumer_timeout`) the broker
+/// returns it, and a quorum DLQ counts each return against
+/// `x-delivery-limit`: past it the broker drops the message. Redrive cannot
+/// prevent that, so the placeholder keeps the message byte for byte (its raw
+/// content header and body) and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = unique("quorum-dlq");
+    broker
+        .queue(
+            &dlq,
+            amqp_table(vec![
+                ("x-queue-type", redrive_tests::amqp_text("quorum")),
+                ("x-delivery-limit", lapin::types::AMQPValue::LongInt(2)),
+            ]),
+        )
+        .await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+
+    let body = br#"{"order_id":"poison"}"#;
+    good(&broker, &dlq, 0, 2).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    let header = unparkable_header(body.len() as u64, 0);
+    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
+    publisher.close().await;
+
+    let mut expected = 3;
+    for restart in 0..4 {
+        let planner =
+            redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq))
+                .await?;
+        let mut client = planner.client().await?;
+        good(&broker, &dlq, 2 + restart, 1).await?;
+        captured(&mut client, &dlq, expected).await?;
+        expected += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        planner.stop().await?;
+    }
+    // By now the broker may have dropped it; the placeholder has it all.
+    let planner =
+        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
+    let mut client = planner.client().await?;
+    let list = client
+        .list_dead_letters(v1::ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                sources: vec![dlq.clone()],
+                reasons: vec!["unreadable".to_owned()],
+                ..Default::default()
+            }),
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .dead_letters;
+    assert_eq!(list.len(), 1, "one placeholder however often it came back");
+    let placeholder = client
+        .get_dead_letter(v1::GetDeadLetterRequest {
+            id: list[0].id.clone(),
+        })
+        .await?
+        .into_inner()
+        .dead_letter
+        .unwrap();
+    // As the broker delivered it: the published header plus the quorum
+    // queue's own x-delivery-count.
+    let stored =
+        redrive_planner::capture::raw::decode_content_header(&placeholder.raw_content_header)?;
+    let published = redrive_planner::capture::raw::decode_content_header(&header)?;
+    assert_eq!(stored.properties, published.properties);
+    assert!(stored.headers.fields.contains_key("x-delivery-count"));
+    assert!(
+        placeholder
+            .raw_content_header
+            .windows(19)
+            .any(|w| w == b"bestellung.ge\xe4ndert"),
+        "the exact Latin-1 bytes"
+    );
+    assert_eq!(placeholder.body, body, "the exact body");
+    assert!(
+        placeholder
+            .capture_notes
+            .iter()
+            .any(|n| n.contains("exact bytes are kept here")),
+        "{:?}",
+        placeholder.capture_notes
+    );
+    planner.stop().await?;
     broker.cleanup().await;
     Ok(())
 }

@@ -118,6 +118,18 @@ impl Cli {
 /// Whatever ends the command early; [`CliError::exit_code`] says how to exit.
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     let actor = cli.actor();
+    // Human output escapes control characters from dead letters
+    // ([`crate::escape`]); only the live progress bar writes its own.
+    let tty = std::io::stdout().is_terminal();
+    let live_bar =
+        tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
+    let mut escaping;
+    let out: &mut dyn Write = if cli.json || live_bar {
+        out
+    } else {
+        escaping = crate::escape::Escaping::new(out);
+        &mut escaping
+    };
     match cli.command {
         Command::DeadLetters(command) => {
             let command = command.read_input()?;
@@ -139,7 +151,6 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         }
         Command::Plan(command) => {
             let mut planner = client::connect(&cli.planner, &actor).await?;
-            let tty = std::io::stdout().is_terminal();
             plan::run(&mut planner, command, cli.json, tty, out).await
         }
         Command::Replay(args) => {

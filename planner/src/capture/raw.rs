@@ -124,6 +124,8 @@ pub struct RawConnection {
     confirms: bool,
     published: u64,
     username: String,
+    /// Messages taken with `basic.get` and not acked.
+    unacked: usize,
 }
 
 impl RawConnection {
@@ -156,6 +158,7 @@ impl RawConnection {
             confirms: false,
             published: 0,
             username: uri.authority.userinfo.username.clone(),
+            unacked: 0,
         };
         this.writer.write_all(b"AMQP\x00\x00\x09\x01").await?;
         let AMQPClass::Connection(connection::AMQPMethod::Start(start)) = this.method(0).await?
@@ -270,6 +273,7 @@ impl RawConnection {
                         return Err(RawError::Protocol("expected a content header".into()));
                     }
                     let body = self.body(&header).await?;
+                    self.unacked += 1;
                     return Ok(Some(RawMessage {
                         delivery_tag,
                         redelivered,
@@ -309,6 +313,22 @@ impl RawConnection {
         Ok(body)
     }
 
+    /// Messages taken with [`Self::get`] and not acked: held by this
+    /// connection, back in their queue when it closes.
+    pub fn unacked(&self) -> usize {
+        self.unacked
+    }
+
+    /// Whether the connection is still usable, without waiting: the broker
+    /// sends nothing unasked on it (no heartbeats, no capabilities), so any
+    /// byte or end of stream means it closed the channel or connection (for
+    /// example at `consumer_timeout`), which returned the held messages.
+    pub fn is_alive(&mut self) -> bool {
+        use futures::FutureExt;
+        use tokio::io::AsyncBufReadExt;
+        self.reader.fill_buf().now_or_never().is_none()
+    }
+
     /// Acks one message (`basic.ack`, not multiple).
     ///
     /// # Errors
@@ -321,7 +341,9 @@ impl RawConnection {
                 multiple: false,
             })),
         )
-        .await
+        .await?;
+        self.unacked = self.unacked.saturating_sub(1);
+        Ok(())
     }
 
     /// A round trip on the channel (`basic.qos` with no limit, which

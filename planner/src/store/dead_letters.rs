@@ -125,7 +125,7 @@ pub(crate) fn columns(with_body: bool) -> String {
          death_exchange, death_routing_keys, death_count, death_time, reason_class, destination, \
          event_type, schema_version, producer, error_text, attempts, died_at, occurred_at, \
          redrive_plan_id, original_exchange, original_routing_key, capture_notes, body_problem, \
-         exchange_only",
+         exchange_only, raw_content_header",
         if with_body {
             "body"
         } else {
@@ -354,6 +354,8 @@ async fn insert_rows(
     let original_routing_keys = column(&|d| d.original_routing_key.clone());
     let notes = column(&|d| Some(json_text_array(&d.capture_notes)));
     let exchange_only: Vec<bool> = batch.iter().map(|d| d.exchange_only).collect();
+    let raw_headers: Vec<Option<Vec<u8>>> =
+        batch.iter().map(|d| d.raw_content_header.clone()).collect();
 
     let inserted: Vec<i64> = sqlx::query_scalar(
         r#"
@@ -364,7 +366,7 @@ async fn insert_rows(
                 death_exchange, death_routing_keys, death_count, death_time, reason_class,
                 destination, event_type, schema_version, producer, error_text, attempts,
                 died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
-                capture_notes, first_died_at, capture_batch, exchange_only)
+                capture_notes, first_died_at, capture_batch, exchange_only, raw_content_header)
             SELECT
                 u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
                 u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
@@ -376,7 +378,7 @@ async fn insert_rows(
                 u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
                 u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
                 ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38,
-                u.exchange_only
+                u.exchange_only, u.raw_content_header
             FROM UNNEST(
                 $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
                 $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
@@ -384,14 +386,14 @@ async fn insert_rows(
                 $19::text[], $20::text[], $21::bigint[], $22::timestamptz[], $23::text[],
                 $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
                 $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
-                $35::text[], $36::bool[], $37::timestamptz[], $39::bool[]
+                $35::text[], $36::bool[], $37::timestamptz[], $39::bool[], $40::bytea[]
             ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
                    message_key, body, body_size, body_sha256, oversized, body_problem,
                    compression, properties, headers, content_type, death_reason, death_queue,
                    death_exchange, routing_keys, death_count, death_time, reason_class,
                    destination, event_type, schema_version, producer, error_text, attempts,
                    died_at, occurred_at, plan_id, original_exchange, original_routing_key,
-                   notes, redelivered, first_died_at, exchange_only)
+                   notes, redelivered, first_died_at, exchange_only, raw_content_header)
             ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
             RETURNING id
             "#,
@@ -435,6 +437,7 @@ async fn insert_rows(
     .bind(&first_died_at)
     .bind(capture_batch)
     .bind(&exchange_only)
+    .bind(&raw_headers)
     .fetch_all(&mut **transaction)
     .await?;
     Ok(inserted.len() as u64)
@@ -620,6 +623,9 @@ pub(crate) fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreE
         capture_notes,
         original_exchange: row.try_get("original_exchange")?,
         exchange_only: row.try_get("exchange_only")?,
+        raw_content_header: row
+            .try_get::<Option<Vec<u8>>, _>("raw_content_header")?
+            .unwrap_or_default(),
         original_routing_key: row.try_get("original_routing_key")?,
         attempts: row
             .try_get::<Option<i32>, _>("attempts")?

@@ -725,6 +725,8 @@ pub struct ExchangeOnlyItems {
     pub without_exchange: i64,
     /// The lowest dead letter id among them, as an example.
     pub example: Option<i64>,
+    /// All replayable items of the precheck, these included.
+    pub replayable: i64,
 }
 
 impl Store {
@@ -737,11 +739,13 @@ impl Store {
         precheck_id: Uuid,
     ) -> Result<ExchangeOnlyItems, StoreError> {
         let row = sqlx::query(
-            "SELECT count(*) AS count, \
-                    count(*) FILTER (WHERE d.original_exchange IS NULL) AS without_exchange, \
-                    min(d.id) AS example \
+            "SELECT count(*) FILTER (WHERE d.exchange_only) AS count, \
+                    count(*) FILTER (WHERE d.exchange_only AND d.original_exchange IS NULL) \
+                        AS without_exchange, \
+                    min(d.id) FILTER (WHERE d.exchange_only) AS example, \
+                    count(*) AS replayable \
              FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
-             WHERE i.precheck_id = $1 AND i.verdict = 'replayable' AND d.exchange_only",
+             WHERE i.precheck_id = $1 AND i.verdict = 'replayable'",
         )
         .bind(precheck_id)
         .fetch_one(self.pool())
@@ -750,6 +754,7 @@ impl Store {
             count: row.try_get("count")?,
             without_exchange: row.try_get("without_exchange")?,
             example: row.try_get("example")?,
+            replayable: row.try_get("replayable")?,
         })
     }
 

@@ -359,6 +359,9 @@ impl<'a> Watcher<'a> {
     /// Bar: `text` on a line of its own above the bar (whole: a finished line
     /// may wrap), then the bar again.
     fn above_bar(&mut self, text: &str) -> std::io::Result<()> {
+        // The text carries dead letters' keys and reasons: their control
+        // characters are shown, not obeyed.
+        let text = crate::escape::visible(text);
         write!(self.out, "\r\x1b[K{text}\n")?;
         if let Some(line) = &self.last_line {
             write!(self.out, "{line}\x1b[K")?;
