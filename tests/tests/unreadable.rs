@@ -908,15 +908,13 @@ async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyho
     assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
     publisher.close().await;
 
-    let mut expected = 3;
-    for restart in 0..4 {
+    for (restart, expected) in (0..4).zip(3..) {
         let planner =
             redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq))
                 .await?;
         let mut client = planner.client().await?;
         good(&broker, &dlq, 2 + restart, 1).await?;
         captured(&mut client, &dlq, expected).await?;
-        expected += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
         planner.stop().await?;
     }
