@@ -7,7 +7,7 @@
 //! ([`crate::plan::control`]), the gates ([`crate::gates`]), the store, which
 //! only executes a transition in one guarded
 //! `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
-//! ([`crate::store::plans::transition_in`]), and the SQL state lists
+//! ([`crate::store::Store::transition_plan`]), and the SQL state lists
 //! ([`names_where`], [`gated`]).
 //!
 //! | event | from | to |
@@ -234,7 +234,7 @@ impl Event {
 
     /// Where this event moves a plan in `state` that was paused from
     /// `paused_from` (if paused); `None` when it is not allowed from `state`.
-    /// The store does the same in SQL ([`crate::store::plans::transition_in`]).
+    /// The store does the same in SQL ([`crate::store::Store::transition_plan`]).
     pub fn apply(self, state: S, paused_from: Option<S>) -> Option<S> {
         if !self.allows(state) {
             return None;

@@ -477,8 +477,12 @@ impl Store {
         Ok(outcome)
     }
 
-    /// Executes `event` on a plan in one transaction (see [`transition_in`]),
-    /// recording its operator action by `actor` with `reason`.
+    /// Executes `event` on a plan in one transaction, as
+    /// [`crate::plan_state`]'s table says, in one guarded
+    /// `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
+    /// plus the event's extra condition; records its operator action by
+    /// `actor` with `reason` and notifies when the plan moved; a plan that
+    /// lands in `main` with every slice completed is completed too.
     ///
     /// # Errors
     /// [`StoreError`].
