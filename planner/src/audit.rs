@@ -18,12 +18,6 @@ use crate::{error::Error, notifier::Notifier, plan, store::Store};
 const PAGE: i64 = 1000;
 /// Progress snapshots are sent at most this often while a plan moves.
 const WATCH_INTERVAL: Duration = Duration::from_millis(250);
-/// Plan states after which nothing changes.
-const FINAL_STATES: &[v1::PlanState] = &[
-    v1::PlanState::Completed,
-    v1::PlanState::Cancelled,
-    v1::PlanState::Aborted,
-];
 
 /// The audit report of a plan.
 ///
@@ -207,7 +201,7 @@ pub async fn watch(
                     }
                 }
             }
-            let done = FINAL_STATES.contains(&snapshot.state());
+            let done = snapshot.state().is_final();
             let update = v1::WatchPlanResponse {
                 update: Some(v1::watch_plan_response::Update::Progress(snapshot)),
             };

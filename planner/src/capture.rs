@@ -107,7 +107,7 @@ pub fn unreadable_queue(queue: &str) -> String {
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
 /// its own with backoff (0.2 s doubling to 10 s); after a session that failed
 /// while consuming, the messages it held are first taken one at a time
-/// ([`isolate`]).
+/// (`isolate`).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {

@@ -18,6 +18,7 @@ use crate::{
     error::Error,
     notifier::Notifier,
     options::PrecheckOptions,
+    plan_state::State,
     state_check::{StateChecker, StateDecision},
     store::{
         Store,
@@ -33,15 +34,14 @@ pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
 /// Expired leases are looked for at least this often while a claim waits.
 const CLAIM_RECHECK: Duration = Duration::from_secs(1);
 
-/// Plan states in which executors keep publishing.
-const PUBLISHING_STATES: &[&str] = &["main", "canary"];
 /// How often a lease watch looks at its lease without a notification.
 pub const LEASE_RECHECK: Duration = Duration::from_millis(500);
 
-/// The signal for a lease in `state` (a plan state, or lost).
-fn lease_signal(state: Result<String, StaleToken>) -> v1::LeaseSignal {
+/// The signal for a lease in `state` (a plan state, or lost): executors keep
+/// publishing while the plan [`v1::PlanState::is_publishing`].
+fn lease_signal(state: Result<State, StaleToken>) -> v1::LeaseSignal {
     match state {
-        Ok(state) if PUBLISHING_STATES.contains(&state.as_str()) => v1::LeaseSignal {
+        Ok(state) if state.get().is_publishing() => v1::LeaseSignal {
             keep_publishing: true,
             reason: String::new(),
             lease_lost: false,

@@ -12,7 +12,13 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::store::{Store, StoreError, plans::GateReading};
+use crate::{
+    plan_state::{self, Event},
+    store::{
+        Store, StoreError,
+        plans::{GateReading, Moved},
+    },
+};
 
 /// How often the gates are looked at.
 pub const GATE_INTERVAL: Duration = Duration::from_millis(500);
@@ -23,20 +29,24 @@ pub const FAILURE_THRESHOLD: i64 = 0;
 /// Re-dead-letters tolerated.
 pub const REDEAD_THRESHOLD: i64 = 0;
 
-/// A tripped gate's decision: move the plan from one of `from` to `to`,
-/// recorded as `action` by [`GATE_ACTOR`] with `reason`.
+/// A tripped gate's decision: the event to execute ([`Event::GatePause`] or
+/// [`Event::Abort`], by [`plan_state::gate_trip`]), recorded by [`GATE_ACTOR`]
+/// with `reason`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateTrip {
-    /// States the plan may be in for the move (`main`; or `canary`,
-    /// `observing`).
-    pub from: &'static [&'static str],
-    /// `paused` (main wave) or `aborted` (canary wave, observation).
-    pub to: &'static str,
-    /// `pause` or `abort`.
-    pub action: &'static str,
+    /// [`Event::GatePause`] in the main wave; [`Event::Abort`] in the canary
+    /// wave or the observation.
+    pub event: Event,
     /// "gate tripped: N failed or unroutable outcome(s), M re-dead-letter(s)"
     /// and, with re-dead-letters, "; came back: key (dead letter id), ...".
     pub reason: String,
+}
+
+impl GateTrip {
+    /// The operator action it is recorded as (`pause` or `abort`).
+    pub fn action(&self) -> &'static str {
+        self.event.action().unwrap_or_default()
+    }
 }
 
 /// The gates' one rule, used by this loop and by the completion of a slice
@@ -54,15 +64,8 @@ pub fn decide(plan: &GateReading) -> Option<GateTrip> {
     if !plan.evidence.is_empty() {
         reason.push_str(&format!("; came back: {}", plan.evidence.join(", ")));
     }
-    let (from, to, action): (&'static [&'static str], _, _) = if plan.state == "main" {
-        (&["main"], "paused", "pause")
-    } else {
-        (&["canary", "observing"], "aborted", "abort")
-    };
     Some(GateTrip {
-        from,
-        to,
-        action,
+        event: plan_state::gate_trip(plan.state.get()),
         reason,
     })
 }
@@ -110,39 +113,21 @@ pub async fn check(store: &Store) -> Result<(), StoreError> {
     }
     for plan in store.gate_readings().await? {
         if let Some(trip) = decide(&plan) {
-            if store
-                .transition_plan(
-                    plan.id,
-                    trip.from,
-                    trip.to,
-                    trip.action,
-                    GATE_ACTOR,
-                    &trip.reason,
-                )
+            if let Moved::To(_) = store
+                .transition_plan(plan.id, trip.event, GATE_ACTOR, &trip.reason)
                 .await?
-                .as_deref()
-                == Some(&plan.state)
             {
-                warn!(plan.id = %plan.id, reason = %trip.reason, action = trip.action, "plan gate tripped");
+                warn!(plan.id = %plan.id, reason = %trip.reason, action = trip.action(), "plan gate tripped");
             }
-        } else if plan.state == "observing"
+        } else if Event::ObservationPassed.allows(plan.state.get())
             && plan
                 .observing_until
                 .is_some_and(|until| until <= Utc::now())
         {
             let reason = "observation window passed with the gates green";
-            if store
-                .transition_plan(
-                    plan.id,
-                    &["observing"],
-                    "main",
-                    "promote",
-                    GATE_ACTOR,
-                    reason,
-                )
+            if let Moved::To(_) = store
+                .transition_plan(plan.id, Event::ObservationPassed, GATE_ACTOR, reason)
                 .await?
-                .as_deref()
-                == Some("observing")
             {
                 info!(plan.id = %plan.id, "plan promoted to its main wave");
             }

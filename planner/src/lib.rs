@@ -16,6 +16,12 @@
 //!   owning services' hooks.
 //! - [`plan`], [`coordinator`], [`audit`], [`notifier`]: plans, executors'
 //!   leases and reports, the audit record and live watching.
+//! - [`plan_state`]: the plan state machine, the one transition table (event
+//!   → allowed states → target) that [`plan`], [`gates`] and the store ask;
+//!   the store only executes a move in one guarded `UPDATE`. The states and
+//!   their kinds (`is_final`, ...) are `v1::PlanState`'s (`proto`).
+//! - [`gates`], [`single`]: the canary gates; replays and repairs of one dead
+//!   letter.
 //! - [`store`]: the PostgreSQL queries.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
 
@@ -36,6 +42,7 @@ pub mod message_key;
 pub mod notifier;
 pub mod options;
 pub mod plan;
+pub mod plan_state;
 pub mod policy;
 pub mod precheck;
 pub mod selector;

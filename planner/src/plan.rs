@@ -9,9 +9,10 @@ use uuid::Uuid;
 
 use crate::{
     error::Error,
+    plan_state::{self, Event},
     store::{
         Store,
-        plans::{ApproveOutcome, CHANGES_LISTED, CreateOutcome, DestinationMode, NewPlan},
+        plans::{ApproveOutcome, CHANGES_LISTED, CreateOutcome, DestinationMode, Moved, NewPlan},
     },
 };
 
@@ -321,11 +322,6 @@ pub async fn list(
     Ok((plans, next))
 }
 
-/// States a plan can be paused in.
-const PAUSABLE: &[&str] = &["canary", "observing", "main"];
-/// States a plan can be cancelled in (everything not final).
-const CANCELLABLE: &[&str] = &["awaiting_approval", "canary", "observing", "main", "paused"];
-
 /// An operator control of a running plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -340,6 +336,18 @@ pub enum Control {
     Promote,
 }
 
+impl Control {
+    /// Its event in the plan state machine ([`crate::plan_state`]).
+    pub fn event(self) -> Event {
+        match self {
+            Self::Pause => Event::Pause,
+            Self::Resume => Event::Resume,
+            Self::Cancel => Event::Cancel,
+            Self::Promote => Event::Promote,
+        }
+    }
+}
+
 /// Applies `control` to a plan, recording the actor and reason.
 ///
 /// # Errors
@@ -352,22 +360,14 @@ pub async fn control(
     actor: &str,
     reason: &str,
 ) -> Result<v1::Plan, Error> {
-    let (from, to, action) = match control {
-        Control::Pause => (PAUSABLE, "paused", "pause"),
-        Control::Resume => (&["paused"][..], "main", "resume"),
-        Control::Promote => (&["canary", "observing"][..], "main", "promote"),
-        Control::Cancel => (CANCELLABLE, "cancelled", "cancel"),
-    };
-    match store
-        .transition_plan(plan_id, from, to, action, actor, reason)
-        .await?
-        .as_deref()
-    {
-        None => Err(Error::NotFound(format!("plan {plan_id} not found"))),
-        Some(state) if from.contains(&state) => get(store, plan_id).await,
-        Some(state) => Err(Error::FailedPrecondition(format!(
-            "plan {plan_id} is {state}: it cannot {action} from there (allowed from {})",
-            from.join(", ")
+    let event = control.event();
+    match store.transition_plan(plan_id, event, actor, reason).await? {
+        Moved::NotFound => Err(Error::NotFound(format!("plan {plan_id} not found"))),
+        Moved::To(_) => get(store, plan_id).await,
+        Moved::Refused(state) => Err(Error::FailedPrecondition(format!(
+            "plan {plan_id} is {state}: it cannot {} from there (allowed from {})",
+            event.action().unwrap_or_default(),
+            plan_state::names(event.allowed()).join(", ")
         ))),
     }
 }

@@ -220,7 +220,7 @@ impl Single<'_> {
             .await?
         {
             if let Some(plan) = self.store.get_plan(plan_id).await?
-                && matches!(plan.state(), v1::PlanState::Canary | v1::PlanState::Main)
+                && plan.state().is_publishing()
                 && let Some(plan_rate) = plan.rate
                 && rate.is_none_or(|(per_second, _)| plan_rate.per_second < per_second)
             {
@@ -276,7 +276,10 @@ impl Single<'_> {
                     ..Default::default()
                 });
             }
-            if matches!(progress.plan_state.as_str(), "cancelled" | "aborted") {
+            if matches!(
+                progress.plan_state.get(),
+                v1::PlanState::Cancelled | v1::PlanState::Aborted
+            ) {
                 return Ok(not_replayed(format!(
                     "plan {plan_id} was {} before publishing it: {}",
                     progress.plan_state, progress.plan_reason

@@ -74,7 +74,42 @@ impl Verdict {
     }
 }
 
+/// The plan states' one list and their kinds. Which event moves a plan from
+/// which state to which lives in the planner (`planner/src/plan_state.rs`).
 impl PlanState {
+    /// Every plan state, in lifecycle order (`Unspecified` is none).
+    pub const ALL: [Self; 8] = [
+        Self::AwaitingApproval,
+        Self::Canary,
+        Self::Observing,
+        Self::Main,
+        Self::Completed,
+        Self::Paused,
+        Self::Cancelled,
+        Self::Aborted,
+    ];
+
+    /// Whether a plan in this state will not change any more: `completed`,
+    /// `cancelled`, `aborted` (`paused` is resumable, so not final).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Cancelled | Self::Aborted)
+    }
+
+    /// Whether the plan was approved and is not final: `canary`, `observing`,
+    /// `main`, `paused` (the plans other plans' destinations are compared with).
+    pub fn is_running(self) -> bool {
+        matches!(
+            self,
+            Self::Canary | Self::Observing | Self::Main | Self::Paused
+        )
+    }
+
+    /// Whether executors publish for a plan in this state: `canary` (its
+    /// canary slices) and `main`.
+    pub fn is_publishing(self) -> bool {
+        matches!(self, Self::Canary | Self::Main)
+    }
+
     /// `awaiting_approval`, `canary`, `observing`, `main`, `completed`, `paused`,
     /// `cancelled`, `aborted`.
     pub fn name(self) -> &'static str {
@@ -89,6 +124,11 @@ impl PlanState {
             Self::Cancelled => "cancelled",
             Self::Aborted => "aborted",
         }
+    }
+
+    /// The state named `name` (one of [`PlanState::ALL`]), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.name() == name)
     }
 }
 
@@ -106,6 +146,53 @@ impl AuditAction {
             Self::Failed => "failed",
             Self::Unroutable => "unroutable",
             Self::Uncertain => "uncertain",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_states_round_trip_by_name() {
+        for state in PlanState::ALL {
+            assert_eq!(PlanState::from_name(state.name()), Some(state));
+        }
+        assert_eq!(PlanState::from_name("unspecified"), None);
+        assert_eq!(PlanState::from_name("running"), None);
+    }
+
+    #[test]
+    fn plan_state_kinds() {
+        use PlanState as S;
+        let named = |keep: fn(PlanState) -> bool| -> Vec<&str> {
+            PlanState::ALL
+                .into_iter()
+                .filter(|state| keep(*state))
+                .map(PlanState::name)
+                .collect()
+        };
+        assert_eq!(
+            named(PlanState::is_final),
+            ["completed", "cancelled", "aborted"]
+        );
+        assert_eq!(
+            named(PlanState::is_running),
+            ["canary", "observing", "main", "paused"]
+        );
+        assert_eq!(named(PlanState::is_publishing), ["canary", "main"]);
+        for kind in [S::is_final, S::is_running, S::is_publishing] {
+            assert!(!kind(S::Unspecified));
+        }
+        // Every state is awaiting approval, running or final.
+        for state in PlanState::ALL {
+            let kinds = [
+                state == S::AwaitingApproval,
+                state.is_running(),
+                state.is_final(),
+            ];
+            assert_eq!(kinds.iter().filter(|kind| **kind).count(), 1, "{state:?}");
         }
     }
 }

@@ -518,3 +518,44 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     db.drop_database().await;
     Ok(())
 }
+
+/// A plan paused during its canary whose last canary slice completes while
+/// it is paused (an executor finishing its slice) goes on to the
+/// observation when resumed, instead of sitting in `canary` with nothing
+/// left to claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_resumed_after_its_canary_finished_goes_on_to_the_observation() -> anyhow::Result<()>
+{
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 20).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 20).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, 10.0, 1, None).await?;
+    assert_eq!(plan.state(), v1::PlanState::Canary);
+    let control = |reason: &str| v1::PlanControlRequest {
+        plan_id: plan.plan_id.clone(),
+        reason: reason.to_owned(),
+    };
+    client.pause_plan(control("looking at the canary")).await?;
+    // No executor: the canary slice completes "while paused" by hand.
+    let pool = db.pool().await?;
+    let plan_id: uuid::Uuid = plan.plan_id.parse()?;
+    sqlx::query(
+        "UPDATE plan_slices SET state = 'completed' WHERE plan_id = $1 AND wave = 'canary'",
+    )
+    .bind(plan_id)
+    .execute(&pool)
+    .await?;
+    let resumed = client
+        .resume_plan(control("canary looked fine"))
+        .await?
+        .into_inner();
+    assert_eq!(resumed.state(), v1::PlanState::Observing);
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

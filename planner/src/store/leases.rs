@@ -14,7 +14,10 @@ use super::{
     dead_letters::{columns, dead_letter_from_row},
     plans::{DestinationMode, gate_reading_in, notify, transition_in},
 };
-use crate::gates;
+use crate::{
+    gates,
+    plan_state::{Event, State},
+};
 
 /// A slice just leased.
 #[derive(Debug, Clone)]
@@ -142,7 +145,7 @@ impl Store {
         let row = sqlx::query(
             "WITH candidate AS ( \
                 SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
-                WHERE (p.state = 'main' OR (p.state = 'canary' AND s.wave = 'canary')) \
+                WHERE (p.state = $3 OR (p.state = $4 AND s.wave = 'canary')) \
                   AND s.state = 'pending' \
                   AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
                 ORDER BY p.approved_at, p.id, s.seq \
@@ -155,6 +158,8 @@ impl Store {
         )
         .bind(executor_id)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+        .bind(v1::PlanState::Main.name())
+        .bind(v1::PlanState::Canary.name())
         .fetch_optional(self.pool())
         .await?;
         row.as_ref().map(leased_slice).transpose()
@@ -214,8 +219,8 @@ published; the next lease publishes it again with the same message id', wave, ow
         &self,
         slice_id: i64,
         token: i64,
-    ) -> Result<Result<String, StaleToken>, StoreError> {
-        let state: Option<String> = sqlx::query_scalar(
+    ) -> Result<Result<State, StaleToken>, StoreError> {
+        let state: Option<State> = sqlx::query_scalar(
             "SELECT p.state FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
              WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()",
         )
@@ -284,8 +289,8 @@ published; the next lease publishes it again with the same message id', wave, ow
         slice_id: i64,
         token: i64,
         ttl: Duration,
-    ) -> Result<Result<String, StaleToken>, StoreError> {
-        let state: Option<String> = sqlx::query_scalar(
+    ) -> Result<Result<State, StaleToken>, StoreError> {
+        let state: Option<State> = sqlx::query_scalar(
             "UPDATE plan_slices s SET lease_expires_at = now() + $3 * interval '1 millisecond' \
              FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' \
                AND s.lease_expires_at > now() AND p.id = s.plan_id \
@@ -539,7 +544,7 @@ published; the next lease publishes it again with the same message id', wave, ow
         let trip = if next == "completed" {
             gate_reading_in(&mut transaction, plan_id)
                 .await?
-                .filter(|reading| matches!(reading.state.as_str(), "canary" | "main"))
+                .filter(|reading| reading.state.get().is_publishing())
                 .and_then(|reading| gates::decide(&reading))
         } else {
             None
@@ -548,33 +553,18 @@ published; the next lease publishes it again with the same message id', wave, ow
             transition_in(
                 &mut transaction,
                 plan_id,
-                trip.from,
-                trip.to,
-                trip.action,
+                trip.event,
                 gates::GATE_ACTOR,
                 &trip.reason,
             )
             .await?;
-            tracing::warn!(plan.id = %plan_id, reason = %trip.reason, action = trip.action, "plan gate tripped at the end of a slice");
+            tracing::warn!(plan.id = %plan_id, reason = %trip.reason, action = trip.action(), "plan gate tripped at the end of a slice");
         } else if next == "completed" {
-            // The canary wave done: observe for the plan's window.
-            sqlx::query(
-                "UPDATE plans SET state = 'observing', \
-                    observing_until = now() + observe_for_ms * interval '1 millisecond' \
-                 WHERE id = $1 AND state = 'canary' AND NOT EXISTS \
-                    (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND wave = 'canary' AND state <> 'completed')",
-            )
-            .bind(plan_id)
-            .execute(&mut *transaction)
-            .await?;
-            sqlx::query(
-                "UPDATE plans SET state = 'completed', state_reason = '', completed_at = now() \
-                 WHERE id = $1 AND state = 'main' \
-                 AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
-            )
-            .bind(plan_id)
-            .execute(&mut *transaction)
-            .await?;
+            // The canary wave done: observe for the plan's window; the plan's
+            // last slice done: the plan is complete.
+            for event in [Event::CanaryDone, Event::Complete] {
+                transition_in(&mut transaction, plan_id, event, "", "").await?;
+            }
         }
         notify(&mut transaction, plan_id).await?;
         transaction.commit().await?;

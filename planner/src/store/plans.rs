@@ -8,6 +8,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction, postgres::PgRow};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
+use crate::plan_state::{self, Event, State, Target};
 
 /// The NOTIFY channel for plan changes; the payload is the plan id.
 pub const PLAN_CHANNEL: &str = "redrive_plans";
@@ -99,74 +100,140 @@ pub(crate) async fn record_action(
     Ok(())
 }
 
-/// [`Store::transition_plan`] inside `transaction` (which the caller
-/// commits): moves the plan from `from` states to `to` and records the action.
-/// Returns the state it was in (`None`: no such plan).
+/// What a transition did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moved {
+    /// The plan moved to this state.
+    To(State),
+    /// The plan is in this state and stays there: the event is not allowed
+    /// from it, or its extra condition does not hold.
+    Refused(State),
+    /// No such plan.
+    NotFound,
+}
+
+/// What an event sets besides `state`, `state_reason` and `paused_from`, and
+/// its extra condition besides the state (SQL fragments over plan `$1`; `$5`
+/// is the actor for an event that [`Event::approves`]).
+fn event_sql(event: Event) -> (String, &'static str) {
+    let mut set = String::new();
+    if event.approves() {
+        set.push_str(", approved_by = $5, approved_at = now()");
+    }
+    if event.resets_gates() {
+        set.push_str(", gates_since = now()");
+    }
+    let condition = match event {
+        Event::CanaryDone => {
+            set.push_str(", observing_until = now() + observe_for_ms * interval '1 millisecond'");
+            " AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND wave = 'canary' \
+             AND state <> 'completed')"
+        }
+        Event::Complete => {
+            set.push_str(", completed_at = now()");
+            " AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')"
+        }
+        Event::CancelUnclaimed => {
+            " AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND fencing_token > 0)"
+        }
+        Event::Approve
+        | Event::StartSingle
+        | Event::ObservationPassed
+        | Event::Promote
+        | Event::Pause
+        | Event::GatePause
+        | Event::Resume
+        | Event::Cancel
+        | Event::Abort => "",
+    };
+    (set, condition)
+}
+
+/// Executes `event` on plan `plan_id` inside `transaction` (which the caller
+/// commits), as [`crate::plan_state`]'s table says, in one guarded
+/// `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
+/// plus the event's extra condition. A resume's target is the stored
+/// `paused_from` (else the rule's fallback); a pause stores the state it
+/// paused from. When the plan moved, records the event's operator action (by
+/// `actor` with `reason`) and notifies; a plan that lands in `main` with every
+/// slice completed is then completed too ([`Event::Complete`]).
 ///
 /// # Errors
 /// [`StoreError`].
 pub(crate) async fn transition_in(
     transaction: &mut Transaction<'_, Postgres>,
     plan_id: Uuid,
-    from: &[&str],
-    to: &str,
-    action: &str,
+    event: Event,
     actor: &str,
     reason: &str,
-) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query("SELECT state, paused_from FROM plans WHERE id = $1 FOR UPDATE")
-        .bind(plan_id)
-        .fetch_optional(&mut **transaction)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let state: String = row.try_get("state")?;
-    if !from.contains(&state.as_str()) {
-        return Ok(Some(state));
+) -> Result<Moved, StoreError> {
+    let moved = execute(transaction, plan_id, event, actor, reason).await?;
+    // A plan resumed or promoted after its last slice completed is complete;
+    // one resumed into its canary after the last canary slice completed (it
+    // was paused meanwhile) goes on to the observation. Each follow-up's own
+    // condition (no slice left) decides; a refusal is no error.
+    match moved {
+        Moved::To(state) if state == v1::PlanState::Main => {
+            execute(transaction, plan_id, Event::Complete, actor, "").await?;
+        }
+        Moved::To(state) if state == v1::PlanState::Canary && event != Event::Approve => {
+            execute(transaction, plan_id, Event::CanaryDone, actor, "").await?;
+        }
+        _ => {}
     }
-    // Resuming returns to the state the plan was paused in.
-    let to = match action {
-        "resume" => row
-            .try_get::<Option<String>, _>("paused_from")?
-            .unwrap_or_else(|| to.to_owned()),
-        _ => to.to_owned(),
+    Ok(moved)
+}
+
+/// [`transition_in`] without the completion that may follow.
+async fn execute(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan_id: Uuid,
+    event: Event,
+    actor: &str,
+    reason: &str,
+) -> Result<Moved, StoreError> {
+    let rule = event.rule();
+    let (target, fallback) = match rule.to {
+        Target::To(state) => ("$2", state),
+        Target::PausedFrom { otherwise } => ("coalesce(paused_from, $2)", otherwise),
     };
-    let approving = action == "approve";
-    sqlx::query(
-        "UPDATE plans SET state = $2, state_reason = $3, \
-         approved_by = CASE WHEN $4 THEN $5 ELSE approved_by END, \
-         approved_at = CASE WHEN $4 THEN now() ELSE approved_at END, \
-         paused_from = CASE WHEN $2 = 'paused' THEN $6 ELSE NULL END, \
-         gates_since = CASE WHEN $7 IN ('resume', 'promote') THEN now() ELSE gates_since END \
-         WHERE id = $1",
-    )
-    .bind(plan_id)
-    .bind(&to)
+    let paused_from = if rule.to == Target::To(v1::PlanState::Paused) {
+        "state"
+    } else {
+        "NULL"
+    };
+    let (set, condition) = event_sql(event);
+    let sql = format!(
+        "UPDATE plans SET state = {target}, state_reason = $3, paused_from = {paused_from}{set} \
+         WHERE id = $1 AND state = ANY($4){condition} RETURNING state"
+    );
     // The state's reason is kept for the states that need one; every
     // action's reason stays in the operator actions.
-    .bind(
-        if matches!(to.as_str(), "paused" | "cancelled" | "aborted") {
-            reason
-        } else {
-            ""
-        },
-    )
-    .bind(approving)
-    .bind(actor)
-    .bind(&state)
-    .bind(action)
-    .execute(&mut **transaction)
-    .await?;
-    // A plan resumed after its last slice completed is complete.
-    sqlx::query(
-        "UPDATE plans SET state = 'completed', state_reason = '', completed_at = now() WHERE id = $1 AND state = 'main' \
-         AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')",
-    )
-    .bind(plan_id)
-    .execute(&mut **transaction)
-    .await?;
-    record_action(transaction, plan_id, action, actor, reason).await?;
+    let state_reason = if plan_state::target_keeps_reason(rule.to) {
+        reason
+    } else {
+        ""
+    };
+    let mut query = sqlx::query_scalar::<_, State>(AssertSqlSafe(sql))
+        .bind(plan_id)
+        .bind(fallback.name())
+        .bind(state_reason)
+        .bind(plan_state::names(rule.from));
+    if event.approves() {
+        query = query.bind(actor);
+    }
+    let Some(to) = query.fetch_optional(&mut **transaction).await? else {
+        let state: Option<State> = sqlx::query_scalar("SELECT state FROM plans WHERE id = $1")
+            .bind(plan_id)
+            .fetch_optional(&mut **transaction)
+            .await?;
+        return Ok(state.map_or(Moved::NotFound, Moved::Refused));
+    };
+    if let Some(action) = event.action() {
+        record_action(transaction, plan_id, action, actor, reason).await?;
+    }
     notify(transaction, plan_id).await?;
-    Ok(Some(state))
+    Ok(Moved::To(to))
 }
 
 /// Sends the plan-change notification inside `transaction` (delivered on commit).
@@ -322,7 +389,7 @@ pub enum ApproveOutcome {
     /// No such plan.
     NotFound,
     /// The plan is in this state, not `awaiting_approval`.
-    NotAwaiting(String),
+    NotAwaiting(State),
     /// Its precheck started longer ago than the allowed age.
     PrecheckTooOld {
         /// The precheck.
@@ -392,8 +459,8 @@ impl Store {
         let Some(row) = row else {
             return Ok(ApproveOutcome::NotFound);
         };
-        let state: String = row.try_get("state")?;
-        if state != "awaiting_approval" {
+        let state: State = row.try_get("state")?;
+        if !Event::Approve.allows(state.get()) {
             return Ok(ApproveOutcome::NotAwaiting(state));
         }
         let precheck_id: Uuid = row.try_get("precheck_id")?;
@@ -409,40 +476,36 @@ impl Store {
                 changes,
             });
         }
-        sqlx::query(
-            "UPDATE plans SET state = 'canary', state_reason = '', approved_by = $2, approved_at = now(), \
-             paused_from = NULL WHERE id = $1",
-        )
-        .bind(plan_id)
-        .bind(actor)
-        .execute(&mut *transaction)
-        .await?;
-        record_action(&mut transaction, plan_id, "approve", actor, "").await?;
-        notify(&mut transaction, plan_id).await?;
+        let outcome =
+            match transition_in(&mut transaction, plan_id, Event::Approve, actor, "").await? {
+                Moved::To(_) => ApproveOutcome::Approved,
+                Moved::Refused(state) => return Ok(ApproveOutcome::NotAwaiting(state)),
+                Moved::NotFound => return Ok(ApproveOutcome::NotFound),
+            };
         transaction.commit().await?;
-        Ok(ApproveOutcome::Approved)
+        Ok(outcome)
     }
 
-    /// Moves a plan from `from` states to `to`, recording the operator action,
-    /// in one transaction. Returns the state it was in (`None`: no such plan);
-    /// nothing changes unless that state is in `from`.
+    /// Executes `event` on a plan in one transaction, as
+    /// [`crate::plan_state`]'s table says, in one guarded
+    /// `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
+    /// plus the event's extra condition; records its operator action by
+    /// `actor` with `reason` and notifies when the plan moved; a plan that
+    /// lands in `main` with every slice completed is completed too.
     ///
     /// # Errors
     /// [`StoreError`].
     pub async fn transition_plan(
         &self,
         plan_id: Uuid,
-        from: &[&str],
-        to: &str,
-        action: &str,
+        event: Event,
         actor: &str,
         reason: &str,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Moved, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let state =
-            transition_in(&mut transaction, plan_id, from, to, action, actor, reason).await?;
+        let moved = transition_in(&mut transaction, plan_id, event, actor, reason).await?;
         transaction.commit().await?;
-        Ok(state)
+        Ok(moved)
     }
 
     /// The plan with its progress, actions and counts.
@@ -510,7 +573,7 @@ const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.s
     p.rate_burst, p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
     p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
-    CASE WHEN p.state = 'observing' THEN p.observing_until END AS observing_until, \
+    p.observing_until, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
     (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
@@ -544,24 +607,6 @@ pub fn action_counts(states: &serde_json::Value) -> (v1::ActionCounts, u64) {
     (counts, done)
 }
 
-/// The plan state named `name`.
-pub fn plan_state(name: &str) -> v1::PlanState {
-    use v1::PlanState as S;
-    [
-        S::AwaitingApproval,
-        S::Canary,
-        S::Observing,
-        S::Main,
-        S::Completed,
-        S::Paused,
-        S::Cancelled,
-        S::Aborted,
-    ]
-    .into_iter()
-    .find(|state| state.name() == name)
-    .unwrap_or(S::Unspecified)
-}
-
 fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
     let mode: String = row.try_get("destination_mode")?;
     let destination = match mode.as_str() {
@@ -578,14 +623,14 @@ fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
     };
     let states: serde_json::Value = row.try_get("item_states")?;
     let (counts, items_done) = action_counts(&states);
-    let state: String = row.try_get("state")?;
+    let state: State = row.try_get("state")?;
     let id: Uuid = row.try_get("id")?;
     let precheck_id: Uuid = row.try_get("precheck_id")?;
     let observe_for_ms: i64 = row.try_get("observe_for_ms")?;
     Ok(v1::Plan {
         plan_id: id.to_string(),
         precheck_id: precheck_id.to_string(),
-        state: plan_state(&state).into(),
+        state: state.get().into(),
         rate: Some(v1::Rate {
             per_second: row.try_get("rate_per_second")?,
             burst: u32::try_from(row.try_get::<i32, _>("rate_burst")?).unwrap_or(1),
@@ -621,8 +666,10 @@ fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
             .try_get::<Option<DateTime<Utc>>, _>("completed_at")?
             .map(timestamp),
         items_done,
+        // The end of the observation window, while observing.
         observing_until: row
             .try_get::<Option<DateTime<Utc>>, _>("observing_until")?
+            .filter(|_| state == v1::PlanState::Observing)
             .map(timestamp),
     })
 }
@@ -632,8 +679,9 @@ fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
 pub struct GateReading {
     /// The plan.
     pub id: Uuid,
-    /// `canary`, `observing` or `main`.
-    pub state: String,
+    /// `canary`, `observing` or `main` ([`plan_state::gated`]), or any state
+    /// when read for one plan.
+    pub state: State,
     /// End of the observation window, when observing.
     pub observing_until: Option<DateTime<Utc>>,
     /// Failed or unroutable outcomes since the gates were last reset.
@@ -651,8 +699,9 @@ impl Store {
     /// [`StoreError`].
     pub async fn gate_readings(&self) -> Result<Vec<GateReading>, StoreError> {
         let rows = sqlx::query(AssertSqlSafe(format!(
-            "{GATE_READING_SQL} WHERE p.state IN ('canary', 'observing', 'main')"
+            "{GATE_READING_SQL} WHERE p.state = ANY($1)"
         )))
+        .bind(plan_state::names(&plan_state::gated()))
         .fetch_all(self.pool())
         .await?;
         rows.iter().map(gate_reading).collect()
@@ -773,11 +822,12 @@ impl Store {
                  WHERE p.id = $1), \
              theirs AS (SELECT DISTINCT p.id, {ITEM_DESTINATION_SQL} AS destination \
                  FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
-                 WHERE p.id <> $1 AND p.state IN ('canary', 'observing', 'main', 'paused')) \
+                 WHERE p.id <> $1 AND p.state = ANY($2)) \
              SELECT theirs.id, theirs.destination FROM theirs JOIN mine USING (destination) ORDER BY 2, 1"
         );
         let rows = sqlx::query(AssertSqlSafe(query))
             .bind(plan_id)
+            .bind(plan_state::names_where(v1::PlanState::is_running))
             .fetch_all(self.pool())
             .await?;
         rows.iter()
@@ -817,11 +867,12 @@ impl Store {
         let query = format!(
             "SELECT DISTINCT p.id, {ITEM_DESTINATION_SQL} AS destination \
              FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
-             WHERE p.state IN ('canary', 'observing', 'main', 'paused') \
+             WHERE p.state = ANY($2) \
              AND {ITEM_DESTINATION_SQL} = ANY($1) ORDER BY 2, 1"
         );
         let rows = sqlx::query(AssertSqlSafe(query))
             .bind(destinations)
+            .bind(plan_state::names_where(v1::PlanState::is_running))
             .fetch_all(self.pool())
             .await?;
         rows.iter()

@@ -13,19 +13,18 @@ use uuid::Uuid;
 
 use super::{
     Store, StoreError,
-    plans::{CreateOutcome, NewPlan, insert_plan, notify, record_action},
+    plans::{CreateOutcome, Moved, NewPlan, insert_plan, transition_in},
 };
-
-/// Plan states in which a plan may still publish.
-const ACTIVE_PLAN_STATES: &[&str] = &["awaiting_approval", "canary", "observing", "main", "paused"];
+use crate::plan_state::{self, Event, State};
 
 /// A plan that may still publish a dead letter: its id and state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivePlan {
     /// The plan.
     pub plan_id: Uuid,
-    /// Its state (`awaiting_approval`, `canary`, `observing`, `main`, `paused`).
-    pub state: String,
+    /// Its state: any state not final (`awaiting_approval`, `canary`,
+    /// `observing`, `main`, `paused`).
+    pub state: State,
 }
 
 /// What creating a plan of one found.
@@ -56,7 +55,7 @@ pub enum RepairOutcome {
 #[derive(Debug, Clone)]
 pub struct SingleProgress {
     /// The plan's state.
-    pub plan_state: String,
+    pub plan_state: State,
     /// Why it is in that state (cancel or abort reason).
     pub plan_reason: String,
     /// The item's state (`pending`, `uncertain` or a final action).
@@ -77,7 +76,8 @@ async fn lock_dead_letter(
     Ok(())
 }
 
-/// A plan in which `dead_letter_id` is still to be published, if any.
+/// A plan in which `dead_letter_id` is still to be published, if any: one in
+/// a state not final, with the dead letter's item pending or uncertain.
 async fn active_plan_of(
     transaction: &mut Transaction<'_, Postgres>,
     dead_letter_id: i64,
@@ -88,7 +88,7 @@ async fn active_plan_of(
          ORDER BY p.created_at LIMIT 1",
     )
     .bind(dead_letter_id)
-    .bind(ACTIVE_PLAN_STATES)
+    .bind(plan_state::names_where(|state| !state.is_final()))
     .fetch_optional(&mut **transaction)
     .await?;
     row.map(|row| {
@@ -127,16 +127,29 @@ impl Store {
             other => return Ok(SingleOutcome::NotCreated(other)),
         }
         sqlx::query(
-            "UPDATE plans SET state = 'main', approved_by = $2, approved_at = now(), gates_since = now(), \
-             claim_by = now() + $3 * interval '1 millisecond' WHERE id = $1",
+            "UPDATE plans SET claim_by = now() + $2 * interval '1 millisecond' WHERE id = $1",
         )
         .bind(plan.id)
-        .bind(&plan.actor)
         .bind(i64::try_from(claim_within.as_millis()).unwrap_or(i64::MAX))
         .execute(&mut *transaction)
         .await?;
-        record_action(&mut transaction, plan.id, "approve", &plan.actor, reason).await?;
-        notify(&mut transaction, plan.id).await?;
+        match transition_in(
+            &mut transaction,
+            plan.id,
+            Event::StartSingle,
+            &plan.actor,
+            reason,
+        )
+        .await?
+        {
+            Moved::To(_) => {}
+            moved => {
+                return Err(StoreError::Corrupt(format!(
+                    "plan of one {} could not start: {moved:?}",
+                    plan.id
+                )));
+            }
+        }
         transaction.commit().await?;
         Ok(SingleOutcome::Created)
     }
@@ -183,28 +196,23 @@ impl Store {
         reason: &str,
     ) -> Result<bool, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let tokens: Vec<i64> = sqlx::query_scalar(
-            "SELECT fencing_token FROM plan_slices WHERE plan_id = $1 FOR UPDATE",
-        )
-        .bind(plan_id)
-        .fetch_all(&mut *transaction)
-        .await?;
-        if tokens.iter().any(|token| *token > 0) {
-            return Ok(false);
-        }
-        let cancelled = sqlx::query(
-            "UPDATE plans SET state = 'cancelled', state_reason = $2, paused_from = NULL \
-             WHERE id = $1 AND state IN ('main', 'paused')",
-        )
-        .bind(plan_id)
-        .bind(reason)
-        .execute(&mut *transaction)
-        .await?
-        .rows_affected()
-            == 1;
+        // Lock the slices: claims skip them until this ends.
+        sqlx::query("SELECT 1 FROM plan_slices WHERE plan_id = $1 FOR UPDATE")
+            .bind(plan_id)
+            .execute(&mut *transaction)
+            .await?;
+        let cancelled = matches!(
+            transition_in(
+                &mut transaction,
+                plan_id,
+                Event::CancelUnclaimed,
+                actor,
+                reason
+            )
+            .await?,
+            Moved::To(_)
+        );
         if cancelled {
-            record_action(&mut transaction, plan_id, "cancel", actor, reason).await?;
-            notify(&mut transaction, plan_id).await?;
             transaction.commit().await?;
         }
         Ok(cancelled)
@@ -217,9 +225,10 @@ impl Store {
     /// [`StoreError`].
     pub async fn unclaimed_past_deadline(&self) -> Result<Vec<Uuid>, StoreError> {
         Ok(sqlx::query_scalar(
-            "SELECT p.id FROM plans p WHERE p.claim_by < now() AND p.state IN ('main', 'paused') \
+            "SELECT p.id FROM plans p WHERE p.claim_by < now() AND p.state = ANY($1) \
              AND NOT EXISTS (SELECT 1 FROM plan_slices s WHERE s.plan_id = p.id AND s.fencing_token > 0)",
         )
+        .bind(plan_state::names(Event::CancelUnclaimed.allowed()))
         .fetch_all(self.pool())
         .await?)
     }

@@ -463,13 +463,6 @@ async fn get_plan(planner: &mut PlannerClient<Channel>, plan_id: &str) -> anyhow
         .into_inner())
 }
 
-fn is_final(state: PlanState) -> bool {
-    matches!(
-        state,
-        PlanState::Completed | PlanState::Cancelled | PlanState::Aborted
-    )
-}
-
 async fn wait_for_state(
     planner: &mut PlannerClient<Channel>,
     plan_id: &str,
@@ -483,7 +476,7 @@ async fn wait_for_state(
             return Ok(plan);
         }
         ensure!(
-            !is_final(plan.state()),
+            !plan.state().is_final(),
             "plan {plan_id} ended {} ({})",
             plan.state().as_str_name(),
             plan.state_reason

@@ -21,7 +21,7 @@ use tonic::Code;
 
 use super::{
     pace::{self, Elapsed, Pace, RateWindow, StallChange, StallWatch},
-    view::{self, EventJson, PlanJson, is_final, percent_done, state_text},
+    view::{self, EventJson, PlanJson, percent_done, state_text},
 };
 use crate::{
     client::Planner,
@@ -265,7 +265,7 @@ impl<'a> Watcher<'a> {
                 let due = self.last_printed.is_some_and(|printed| {
                     now.at.saturating_duration_since(printed) >= LINES_HEARTBEAT
                 });
-                if due && !is_final(plan.state()) {
+                if due && !plan.state().is_final() {
                     self.print_line(&plan, now)?;
                 }
             }
@@ -300,7 +300,7 @@ impl<'a> Watcher<'a> {
     pub fn pace(&self, plan: &Plan, now: Now) -> Pace {
         let state = plan.state();
         let wall = |at: Option<&prost_types::Timestamp>| at.and_then(from_timestamp);
-        if is_final(state) {
+        if state.is_final() {
             let took = wall(plan.approved_at.as_ref())
                 .zip(wall(plan.completed_at.as_ref()))
                 .map(|(approved, completed)| pace::wall_span(approved, completed));
@@ -508,7 +508,7 @@ pub async fn watch(
     // The planner ends the stream when the plan is final; ask once more to be
     // sure (and to have a state when no snapshot came).
     let plan = match watcher.last_plan() {
-        Some(plan) if is_final(plan.state()) => plan.clone(),
+        Some(plan) if plan.state().is_final() => plan.clone(),
         _ => planner
             .get_plan(GetPlanRequest {
                 plan_id: plan_id.clone(),
@@ -516,7 +516,7 @@ pub async fn watch(
             .await?
             .into_inner(),
     };
-    if !is_final(plan.state()) {
+    if !plan.state().is_final() {
         return Err(tonic::Status::unavailable(format!(
             "the watch stream ended while plan {plan_id} is still {}; run `redrivectl plan \
              watch {plan_id}` again",
@@ -567,7 +567,7 @@ pub async fn wait(
                 Ok(response) => {
                     outage = false;
                     let plan = response.into_inner();
-                    let done = is_final(plan.state());
+                    let done = plan.state().is_final();
                     last = Some(plan);
                     if done {
                         return Ok(());
@@ -953,8 +953,8 @@ mod tests {
             error.to_string(),
             "timed out after 1m 30s: plan p-1 is still paused (--timeout)"
         );
-        assert!(is_final(PlanState::Aborted));
-        assert!(!is_final(PlanState::Paused));
-        assert!(!is_final(PlanState::AwaitingApproval));
+        assert!(PlanState::Aborted.is_final());
+        assert!(!PlanState::Paused.is_final());
+        assert!(!PlanState::AwaitingApproval.is_final());
     }
 }

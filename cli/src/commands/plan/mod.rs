@@ -95,7 +95,7 @@ use redrive_proto::{
 
 use self::{
     live::{WaitOutcome, WatchMode},
-    view::{AuditReportJson, Destination, PlanJson, STATES},
+    view::{AuditReportJson, Destination, PlanJson},
 };
 use crate::{
     client::Planner,
@@ -409,15 +409,12 @@ pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
 /// A message listing the valid names.
 pub fn parse_state(name: &str) -> Result<PlanState, String> {
     let normalized = name.trim().to_ascii_lowercase().replace('-', "_");
-    STATES
-        .into_iter()
-        .find(|state| state.name() == normalized)
-        .ok_or_else(|| {
-            format!(
-                "unknown plan state {name:?}; valid names: {}",
-                STATES.map(PlanState::name).join(", ")
-            )
-        })
+    PlanState::from_name(&normalized).ok_or_else(|| {
+        format!(
+            "unknown plan state {name:?}; valid names: {}",
+            PlanState::ALL.map(PlanState::name).join(", ")
+        )
+    })
 }
 
 impl CreateArgs {
@@ -904,7 +901,7 @@ mod tests {
 
     #[test]
     fn states_parse_by_name() {
-        for state in STATES {
+        for state in PlanState::ALL {
             assert_eq!(parse_state(state.name()), Ok(state));
         }
         assert_eq!(

@@ -190,12 +190,6 @@ impl Pace {
     }
 }
 
-/// Whether a plan in `state` is meant to be publishing: `canary` and `main`
-/// (the only states a stall is reported in).
-pub fn is_sending(state: PlanState) -> bool {
-    matches!(state, PlanState::Canary | PlanState::Main)
-}
-
 /// A change in whether a plan is stalled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StallChange {
@@ -253,10 +247,11 @@ impl StallWatch {
     }
 
     /// When a stall will be due if nothing changes: `None` when the plan is
-    /// not sending or the stall was already reported.
+    /// not sending (not [`PlanState::is_publishing`]: `canary`, `main`) or the
+    /// stall was already reported.
     pub fn deadline(&self) -> Option<Instant> {
         match (self.last, self.since) {
-            (Some((state, _)), Some(since)) if is_sending(state) && !self.reported => {
+            (Some((state, _)), Some(since)) if state.is_publishing() && !self.reported => {
                 since.checked_add(self.after)
             }
             _ => None,

@@ -61,27 +61,6 @@ pub const ACTIONS: [AuditAction; 8] = [
     AuditAction::Uncertain,
 ];
 
-/// The plan states, in lifecycle order.
-pub const STATES: [PlanState; 8] = [
-    PlanState::AwaitingApproval,
-    PlanState::Canary,
-    PlanState::Observing,
-    PlanState::Main,
-    PlanState::Completed,
-    PlanState::Paused,
-    PlanState::Cancelled,
-    PlanState::Aborted,
-];
-
-/// Whether a plan in `state` will not change any more (`completed`,
-/// `cancelled`, `aborted`); `paused` is resumable, so not final.
-pub fn is_final(state: PlanState) -> bool {
-    matches!(
-        state,
-        PlanState::Completed | PlanState::Cancelled | PlanState::Aborted
-    )
-}
-
 /// `canary`, `main`, or `unspecified`.
 pub fn wave_name(wave: Wave) -> &'static str {
     match wave {
@@ -541,9 +520,7 @@ pub fn write_counts(out: &mut dyn Write, counts: &ActionCountsJson) -> std::io::
 /// The command to go on with, by state.
 pub fn next_hint(plan: &PlanJson) -> Option<String> {
     let id = &plan.plan_id;
-    let state = STATES
-        .into_iter()
-        .find(|state| state.name() == plan.state)?;
+    let state = PlanState::from_name(plan.state)?;
     Some(match state {
         PlanState::AwaitingApproval => format!(
             "redrivectl plan approve {id} --digest {}",
