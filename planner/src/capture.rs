@@ -83,6 +83,9 @@ pub struct CaptureConfig {
     pub batch_wait: Duration,
     /// How dead letters are read.
     pub rules: Arc<ExtractionRules>,
+    /// lapin connects through [`guard`] (plain `amqp://` only). Always on in
+    /// service; off only to measure its cost.
+    pub guard: bool,
 }
 
 /// Why a capture session ended.
@@ -187,7 +190,7 @@ async fn session(
         .amqp_url
         .parse()
         .map_err(|error: String| CaptureError::Uri(error))?;
-    let (_guard, uri) = if uri.scheme == lapin::uri::AMQPScheme::AMQP {
+    let (_guard, uri) = if config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP {
         let guard = guard::Guard::start(uri.authority.host.clone(), uri.authority.port)
             .await
             .map_err(|error| CaptureError::Uri(format!("capture guard: {error}")))?;

@@ -61,6 +61,12 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_CAPTURE_BATCH_SIZE", default_value_t = 1000)]
     pub capture_batch_size: usize,
 
+    /// Capture's lapin connection goes through the guard
+    /// ([`crate::capture::guard`]). Not a flag: always on in service; the
+    /// capture benchmark turns it off to measure what it costs.
+    #[arg(skip = true)]
+    pub capture_guard: bool,
+
     /// How long a partial batch waits for more deliveries, in milliseconds.
     #[arg(long, env = "REDRIVE_CAPTURE_BATCH_WAIT_MS", default_value_t = 20)]
     pub capture_batch_wait_ms: u64,

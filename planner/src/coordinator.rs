@@ -17,13 +17,11 @@ use std::sync::Arc;
 use crate::{
     error::Error,
     notifier::Notifier,
-    options::PrecheckOptions,
     plan_state::State,
     state_check::{StateChecker, StateDecision},
     store::{
         Store,
-        leases::{LeasedItem, LeasedSlice, Outcome, StaleToken},
-        plans::DestinationMode,
+        leases::{LeasedItem, Outcome, StaleToken},
     },
 };
 
@@ -74,90 +72,19 @@ impl From<StaleToken> for Error {
     }
 }
 
-/// Where an item is published, by the plan's destination mode (docs/design.md,
-/// "Destination"): `(exchange, routing_key)`. In `Queue` mode a dead letter
-/// that did not die in a RabbitMQ queue (ingested or imported) whose
-/// destination reads `exchange/routing-key` goes to that exchange. A captured
-/// dead letter whose queue is unknown (`exchange_only`) is refused in queue
-/// mode before it gets here ([`crate::plan::create`], [`crate::single`]); were
-/// it not, it would still go to its exchange, never to a queue named after
-/// its routing key.
-pub fn route(mode: &DestinationMode, dead_letter: &v1::DeadLetter) -> (String, String) {
-    match mode {
-        DestinationMode::Queue => match dead_letter.destination.split_once('/') {
-            Some((exchange, routing_key))
-                if dead_letter.origin() != v1::Origin::Rabbitmq || dead_letter.exchange_only =>
-            {
-                (exchange.to_owned(), routing_key.to_owned())
-            }
-            _ => (String::new(), dead_letter.destination.clone()),
-        },
-        DestinationMode::Exchange => {
-            if let Some(death) = dead_letter
-                .death
-                .as_ref()
-                .filter(|death| !death.queue.is_empty() || !death.exchange.is_empty())
-            {
-                (
-                    death.exchange.clone(),
-                    death.routing_keys.first().cloned().unwrap_or_default(),
-                )
-            } else if let Some(exchange) = &dead_letter.original_exchange {
-                (
-                    exchange.clone(),
-                    dead_letter.original_routing_key.clone().unwrap_or_default(),
-                )
-            } else if let Some((exchange, routing_key)) = dead_letter.destination.split_once('/') {
-                (exchange.to_owned(), routing_key.to_owned())
-            } else {
-                (String::new(), dead_letter.destination.clone())
-            }
-        }
-        DestinationMode::Redirect {
-            exchange,
-            routing_key,
-        } => (exchange.clone(), routing_key.clone()),
-    }
-}
-
-/// When an item turns stale under `options`: its deadline (by event type
-/// and source, the planner's policy merged in) counted from the same event
-/// time as the precheck ([`crate::options::event_time`]).
-fn stale_at(options: &PrecheckOptions, item: &LeasedItem) -> Option<chrono::DateTime<chrono::Utc>> {
-    let dead_letter = &item.dead_letter;
-    let max_age = options.max_age_for(
-        dead_letter.event_type.as_deref(),
-        Some(dead_letter.source.as_str()),
-    )?;
-    let (event_time, _) = crate::options::event_time(
-        options,
-        Some(&item.replay_body),
-        dead_letter.occurred_at.as_ref().and_then(from_timestamp),
-        item.first_died_at,
-    );
-    event_time.checked_add_signed(chrono::Duration::from_std(max_age).ok()?)
-}
-
-fn slice_item(
-    slice: &LeasedSlice,
-    mut item: LeasedItem,
-    checker: &StateChecker,
-    options: Option<&PrecheckOptions>,
-) -> v1::SliceItem {
-    let (exchange, routing_key) = route(&slice.destination, &item.dead_letter);
+fn slice_item(mut item: LeasedItem, checker: &StateChecker) -> v1::SliceItem {
     let state_check = checker
         .route(
             item.dead_letter.event_type.as_deref(),
             &item.dead_letter.destination,
         )
         .is_some();
-    let stale = options.and_then(|options| stale_at(options, &item));
     // The body travels once: `SliceItem.body` is what gets published.
     item.dead_letter.body = Vec::new();
     v1::SliceItem {
         item_id: item.position.to_string(),
-        exchange,
-        routing_key,
+        exchange: item.exchange,
+        routing_key: item.routing_key,
         attempts: u32::try_from(item.attempts).unwrap_or_default(),
         uncertain: item.state == "uncertain",
         redrive_count: u32::try_from(item.redrive_count).unwrap_or_default(),
@@ -165,7 +92,7 @@ fn slice_item(
         body: item.replay_body,
         dead_letter: Some(item.dead_letter),
         state_check,
-        stale_at: stale.map(redrive_proto::time::timestamp),
+        stale_at: item.stale_at.map(redrive_proto::time::timestamp),
         came_back_from: item.came_back_from,
     }
 }
@@ -193,18 +120,6 @@ impl Coordinator {
             lease_ttl,
             checker,
         }
-    }
-
-    /// The options of the precheck a plan was made from (`None` when they do
-    /// not validate any more).
-    async fn precheck_options(
-        &self,
-        precheck_id: uuid::Uuid,
-    ) -> Result<Option<PrecheckOptions>, Error> {
-        let report = crate::precheck::get(&self.store, precheck_id).await?;
-        Ok(report
-            .options
-            .and_then(|options| PrecheckOptions::try_from(options).ok()))
     }
 
     /// The owning services' verdicts on `dead_letter_ids` now, right before
@@ -298,13 +213,8 @@ impl Coordinator {
         let mut changes = self.notifier.subscribe();
         loop {
             if let Some(slice) = self.store.claim_slice(executor_id, self.lease_ttl).await? {
-                let loaded = async {
-                    let items = self.store.slice_items(slice.slice_id).await?;
-                    let options = self.precheck_options(slice.precheck_id).await?;
-                    Ok::<_, Error>((items, options))
-                }
-                .await;
-                let (items, options) = match loaded {
+                let loaded = self.store.slice_items(slice.slice_id).await;
+                let items = match loaded {
                     Ok(loaded) => loaded,
                     Err(error) => {
                         // Nobody will hold this lease: give it back now, so
@@ -317,7 +227,7 @@ impl Coordinator {
                         {
                             tracing::warn!(%release, slice.id = slice.slice_id, "cannot release a slice whose claim failed");
                         }
-                        return Err(error);
+                        return Err(error.into());
                     }
                 };
                 tracing::info!(
@@ -342,7 +252,7 @@ impl Coordinator {
                     rate: Some(slice.rate.clone()),
                     items: items
                         .into_iter()
-                        .map(|item| slice_item(&slice, item, &self.checker, options.as_ref()))
+                        .map(|item| slice_item(item, &self.checker))
                         .collect(),
                 }));
             }
@@ -519,64 +429,5 @@ impl Coordinator {
             .store
             .complete_slice(parse_slice_id(slice_id)?, parse_token(token)?, release)
             .await??)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routes_follow_the_destination_mode() {
-        let dead_letter = v1::DeadLetter {
-            destination: "orders.fulfil".into(),
-            death: Some(v1::Death {
-                reason: "rejected".into(),
-                queue: "orders.fulfil".into(),
-                exchange: "orders".into(),
-                routing_keys: vec!["order.paid".into()],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert_eq!(
-            route(&DestinationMode::Queue, &dead_letter),
-            (String::new(), "orders.fulfil".into())
-        );
-        assert_eq!(
-            route(&DestinationMode::Exchange, &dead_letter),
-            ("orders".into(), "order.paid".into())
-        );
-        let redirect = DestinationMode::Redirect {
-            exchange: "quarantine".into(),
-            routing_key: "all".into(),
-        };
-        assert_eq!(
-            route(&redirect, &dead_letter),
-            ("quarantine".into(), "all".into())
-        );
-        let ingested = v1::DeadLetter {
-            destination: "billing/invoice.sent".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            route(&DestinationMode::Exchange, &ingested),
-            ("billing".into(), "invoice.sent".into())
-        );
-        // Queue mode: an ingested `exchange/routing-key` goes to that exchange;
-        // a RabbitMQ queue whose name has a slash stays a queue.
-        assert_eq!(
-            route(&DestinationMode::Queue, &ingested),
-            ("billing".into(), "invoice.sent".into())
-        );
-        let captured = v1::DeadLetter {
-            destination: "team/orders".into(),
-            origin: v1::Origin::Rabbitmq.into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            route(&DestinationMode::Queue, &captured),
-            (String::new(), "team/orders".into())
-        );
     }
 }

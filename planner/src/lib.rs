@@ -182,6 +182,7 @@ pub async fn run(
                     batch_size: config.capture_batch_size,
                     batch_wait: config.capture_batch_wait(),
                     rules,
+                    guard: config.capture_guard,
                 },
                 store,
                 shutdown.clone(),

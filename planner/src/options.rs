@@ -231,6 +231,24 @@ impl PrecheckOptions {
         }
     }
 
+    /// When a dead letter turns stale under these options: its deadline
+    /// ([`PrecheckOptions::deadline`]) after its [`event_time`]; `None` when
+    /// no deadline applies (or the sum is beyond what a timestamp holds).
+    /// The precheck records it per item, and the executor checks it right
+    /// before publishing: one rule, decided once.
+    pub fn stale_at(
+        &self,
+        event_type: Option<&str>,
+        source: &str,
+        body: Option<&[u8]>,
+        occurred_at: Option<DateTime<Utc>>,
+        first_died_at: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let max_age = self.max_age_for(event_type, Some(source))?;
+        let (event_time, _) = event_time(self, body, occurred_at, first_died_at);
+        event_time.checked_add_signed(chrono::Duration::from_std(max_age).ok()?)
+    }
+
     /// [`PrecheckOptions::deadline`] without the rule.
     pub fn max_age_for(&self, event_type: Option<&str>, source: Option<&str>) -> Option<Duration> {
         self.deadline(event_type, source).map(|(age, _)| age)

@@ -421,11 +421,22 @@ async fn classify_all(
                     body_hash_keys += 1;
                 }
                 report.add(candidate, verdict, &reason);
+                let stale_at = options.stale_at(
+                    candidate.event_type.as_deref(),
+                    &candidate.source,
+                    candidate
+                        .payload
+                        .as_ref()
+                        .map(|(body, _, _)| body.as_slice()),
+                    candidate.occurred_at,
+                    candidate.first_died_at,
+                );
                 copy_line(
                     &mut buffer,
                     precheck_id,
                     candidate.id,
                     verdict.name(),
+                    stale_at,
                     &reason,
                 );
             }

@@ -156,8 +156,11 @@ impl Single<'_> {
                 dead_letter.destination
             ))));
         }
-        let (exchange, routing_key) =
-            crate::coordinator::route(&DestinationMode::Queue, &dead_letter);
+        let (exchange, routing_key) = self
+            .store
+            .route_of(id, &DestinationMode::Queue)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("dead letter {id} not found")))?;
         let (per_second, burst) = self
             .destination_rate(&format!("{exchange}/{routing_key}"))
             .await?;

@@ -5,7 +5,10 @@
 //! Run: `cargo bench -p redrive-tests --bench capture` (`REDRIVE_BENCH_MESSAGES`
 //! sets the backlog, default 100000). Prints the capture rate in dead letters
 //! per second, from the planner's start until every dead letter is stored and
-//! the DLQ is empty.
+//! the DLQ is empty, and, in the same run, the broker's raw limit: an equal
+//! backlog consumed by a bare lapin consumer (same prefetch, one
+//! `basic.ack(multiple)` per batch, nothing stored), with the ratio of the
+//! two (the broker's speed varies 2× between days; the ratio holds).
 
 use std::time::{Duration, Instant};
 
@@ -18,14 +21,9 @@ use lapin::{
 use redrive_planner::Config;
 use redrive_tests::{AMQP_URL, Broker, PlannerHandle, TestDb, unique, wait_until};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let messages: u32 = std::env::var("REDRIVE_BENCH_MESSAGES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let db = TestDb::new();
-    let broker = Broker::connect().await?;
+/// A DLQ holding `messages` dead letters the broker made (TTL 0 on a work
+/// queue with a dead-letter exchange).
+async fn backlog(broker: &Broker, messages: u32) -> anyhow::Result<String> {
     let (work, dlq) = (unique("bench_work"), unique("bench_dlq"));
     broker.queue(&dlq, FieldTable::default()).await?;
     let mut arguments = FieldTable::default();
@@ -88,10 +86,94 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     println!("backlog ready in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(dlq)
+}
 
+/// The broker's raw limit on this machine now: `messages` consumed by a bare
+/// lapin consumer with capture's default prefetch, one `basic.ack(multiple)`
+/// per 1000, nothing stored. Dead letters per second.
+async fn raw_consume(broker: &Broker, dlq: &str, messages: u32) -> anyhow::Result<f64> {
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+    let channel = broker.connection.create_channel().await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let started = Instant::now();
+    let mut consumer = channel
+        .basic_consume(
+            dlq.into(),
+            "raw-bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut seen = 0u32;
+    while seen < messages {
+        let delivery = consumer
+            .next()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("the raw consumer ended"))??;
+        seen += 1;
+        if seen.is_multiple_of(1000) || seen == messages {
+            delivery
+                .acker
+                .ack(BasicAckOptions { multiple: true })
+                .await?;
+        }
+    }
+    let rate = f64::from(messages) / started.elapsed().as_secs_f64();
+    channel.close(200, "done".into()).await?;
+    println!(
+        "raw limit: a bare consumer took {messages} in {:.2} s: {rate:.0}/s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(rate)
+}
+
+/// Capture's default prefetch (`--capture-prefetch`).
+const PREFETCH: u16 = 4000;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let messages: u32 = std::env::var("REDRIVE_BENCH_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let dlq = backlog(&broker, messages).await?;
+    let unguarded_dlq = backlog(&broker, messages).await?;
+    let raw_dlq = backlog(&broker, messages).await?;
+    let raw_rate = raw_consume(&broker, &raw_dlq, messages).await?;
+    let unguarded = capture(&db, &broker, &unguarded_dlq, messages, false).await?;
+    println!(
+        "without the capture guard: {unguarded:.0} dead letters/s; {:.2}× the raw limit",
+        unguarded / raw_rate
+    );
+    let db = TestDb::new();
+    let guarded = capture(&db, &broker, &dlq, messages, true).await?;
+    println!(
+        "with the capture guard (as in service): {guarded:.0} dead letters/s; {:.2}× the raw limit, {:.2}× unguarded",
+        guarded / raw_rate,
+        guarded / unguarded
+    );
+    broker.cleanup().await;
+    Ok(())
+}
+
+/// Captures the backlog in `dlq` into `db` with a planner in process;
+/// dead letters per second.
+async fn capture(
+    db: &TestDb,
+    broker: &Broker,
+    dlq: &str,
+    messages: u32,
+    guard: bool,
+) -> anyhow::Result<f64> {
     let mut config = Config::for_database(db.url());
     config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![dlq.clone()];
+    config.capture_queues = vec![dlq.to_owned()];
+    config.capture_guard = guard;
     config.message_keys = vec!["json:/order_id".to_owned()];
     // Create the database and schema before timing.
     PlannerHandle::start(Config::for_database(db.url()))
@@ -115,21 +197,20 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let elapsed = started.elapsed();
     planner.stop().await?;
-    let left = broker.ready_count(&dlq).await?;
+    let left = broker.ready_count(dlq).await?;
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
         .fetch_one(&pool)
         .await?;
+    let rate = stored as f64 / elapsed.as_secs_f64();
     println!(
-        "captured {stored} dead letters in {:.2} s: {:.0} dead letters/s ({left} left in the DLQ)",
+        "captured {stored} dead letters in {:.2} s: {rate:.0} dead letters/s ({left} left in the DLQ)",
         elapsed.as_secs_f64(),
-        stored as f64 / elapsed.as_secs_f64()
     );
     pool.close().await;
-    broker.cleanup().await;
     db.drop_database().await;
     anyhow::ensure!(
         stored == i64::from(messages) && left == 0,
         "capture lost or duplicated dead letters"
     );
-    Ok(())
+    Ok(rate)
 }

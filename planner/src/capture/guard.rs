@@ -90,42 +90,67 @@ async fn relay(client: TcpStream, broker: TcpStream) {
     }
 }
 
-/// Forwards frames from `from` to `to`; returns why it stopped early.
+/// Bytes read from the broker at once, and the most the relay holds before
+/// passing them on.
+const RELAY_BUFFER: usize = 256 * 1024;
+
+/// Forwards frames from `from` to `to`; returns why it stopped early. Reads
+/// are buffered and what was read is passed on in one write whenever the
+/// buffer runs dry (or fills), so a backlog costs a few syscalls per batch
+/// of frames, not several per frame.
 async fn screen(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
 ) -> Result<(), String> {
+    let mut from = tokio::io::BufReader::with_capacity(RELAY_BUFFER, from);
+    let mut out: Vec<u8> = Vec::with_capacity(RELAY_BUFFER);
     let mut head = [0u8; 7];
     loop {
+        if (from.buffer().is_empty() || out.len() >= RELAY_BUFFER) && !out.is_empty() {
+            if to.write_all(&out).await.is_err() {
+                return Ok(());
+            }
+            out.clear();
+        }
         if from.read_exact(&mut head).await.is_err() {
+            let _ = to.write_all(&out).await;
             return Ok(());
         }
         // A protocol header (the broker refusing our version) passes as is.
         if &head[..4] == b"AMQP" {
-            let _ = to.write_all(&head).await;
+            out.extend_from_slice(&head);
             let mut rest = [0u8; 1];
             let _ = from.read_exact(&mut rest).await;
-            let _ = to.write_all(&rest).await;
+            out.extend_from_slice(&rest);
+            let _ = to.write_all(&out).await;
             return Ok(());
         }
         let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
         if size > raw::MAX_INBOUND_FRAME {
             return Err(format!("a frame of {size} bytes"));
         }
-        let mut payload = vec![0u8; size as usize + 1];
-        if from.read_exact(&mut payload).await.is_err() {
+        let start = out.len();
+        out.extend_from_slice(&head);
+        out.resize(start + 7 + size as usize + 1, 0);
+        if from.read_exact(&mut out[start + 7..]).await.is_err() {
             return Ok(());
         }
         if head[0] == 2 {
-            let header = &payload[..size as usize];
+            let header = &out[start + 7..start + 7 + size as usize];
             match raw::decode_content_header(header) {
                 Ok(decoded) if decoded.problems.is_empty() => {}
-                Ok(decoded) => return Err(decoded.problems.join("; ")),
-                Err(error) => return Err(error.to_string()),
+                // Frames before it are passed on; this one and after, never.
+                Ok(decoded) => {
+                    out.truncate(start);
+                    let _ = to.write_all(&out).await;
+                    return Err(decoded.problems.join("; "));
+                }
+                Err(error) => {
+                    out.truncate(start);
+                    let _ = to.write_all(&out).await;
+                    return Err(error.to_string());
+                }
             }
-        }
-        if to.write_all(&head).await.is_err() || to.write_all(&payload).await.is_err() {
-            return Ok(());
         }
     }
 }

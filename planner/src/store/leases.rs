@@ -63,6 +63,12 @@ pub struct LeasedItem {
     /// whose replay of this key came back as a re-dead-letter in this
     /// destination.
     pub came_back_from: Vec<String>,
+    /// Where it is published, decided when the plan was created.
+    pub exchange: String,
+    /// See [`LeasedItem::exchange`].
+    pub routing_key: String,
+    /// When it turns stale, decided by its precheck (`None`: no deadline).
+    pub stale_at: Option<DateTime<Utc>>,
 }
 
 /// An outcome report rejected for its fencing token.
@@ -237,7 +243,8 @@ published; the next lease publishes it again with the same message id', wave, ow
     /// [`StoreError`].
     pub async fn slice_items(&self, slice_id: i64) -> Result<Vec<LeasedItem>, StoreError> {
         let query = format!(
-            "SELECT d.*, i.position, i.state AS item_state, \
+            "SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
+                i.routing_key AS item_routing_key, i.stale_at AS item_stale_at, \
                 (SELECT first_died_at FROM dead_letters WHERE id = i.dead_letter_id) AS first_died_at, i.attempts AS item_attempts, \
                 coalesce(rev.body, d.body) AS replay_body, \
                 rk.redrive_count, rk.key_replayed, cb.came_back_from \
@@ -273,6 +280,13 @@ published; the next lease publishes it again with the same message id', wave, ow
                     redrive_count: row.try_get("redrive_count")?,
                     came_back_from: row.try_get("came_back_from")?,
                     first_died_at: row.try_get("first_died_at")?,
+                    exchange: row
+                        .try_get::<Option<String>, _>("item_exchange")?
+                        .unwrap_or_default(),
+                    routing_key: row
+                        .try_get::<Option<String>, _>("item_routing_key")?
+                        .unwrap_or_default(),
+                    stale_at: row.try_get("item_stale_at")?,
                 })
             })
             .collect()

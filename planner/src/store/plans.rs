@@ -336,17 +336,22 @@ pub(crate) async fn insert_plan(
         .bind(canary_slices + main_slices)
         .execute(&mut **transaction)
         .await?;
-    sqlx::query(
-        "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key) \
-             SELECT $1, r.position, s.id, r.dead_letter_id, r.message_key \
-             FROM (SELECT i.dead_letter_id, d.message_key, \
+    // Each item's route and send-time deadline are decided here, once.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key, \
+                                 exchange, routing_key, stale_at) \
+             SELECT $1, r.position, s.id, r.dead_letter_id, r.message_key, \
+                    r.exchange, r.routing_key, r.stale_at \
+             FROM (SELECT i.dead_letter_id, d.message_key, i.stale_at, \
+                          {ITEM_EXCHANGE_SQL} AS exchange, {ITEM_ROUTING_KEY_SQL} AS routing_key, \
                           row_number() OVER (ORDER BY i.dead_letter_id) AS position \
                    FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
+                   JOIN plans p ON p.id = $1 \
                    WHERE i.precheck_id = $2 AND i.verdict = 'replayable') r \
              JOIN plan_slices s ON s.plan_id = $1 AND s.seq = CASE \
                  WHEN r.position <= $3 THEN (r.position - 1) / $4 \
-                 ELSE $5 + (r.position - $3 - 1) / $4 END",
-    )
+                 ELSE $5 + (r.position - $3 - 1) / $4 END"
+    )))
     .bind(plan.id)
     .bind(plan.precheck_id)
     .bind(canary)
@@ -748,20 +753,76 @@ fn gate_reading(row: &PgRow) -> Result<GateReading, StoreError> {
     })
 }
 
-/// The effective destination of a plan item (`exchange/routing-key`, the
-/// token-bucket key): SQL over plan `p` and dead letter `d`.
-/// It follows [`crate::coordinator::route`] branch by branch.
-const ITEM_DESTINATION_SQL: &str = "CASE p.destination_mode \
-    WHEN 'redirect' THEN coalesce(p.redirect_exchange, '') || '/' || coalesce(p.redirect_routing_key, '') \
+/// Where a plan item is published, decided once when the plan is created
+/// (docs/design.md, "Plan items"): the exchange, by the plan's destination
+/// mode (`p.destination_mode`) and the dead letter `d`. Queue mode: the
+/// default exchange to the queue it died in, or the `exchange/routing-key`
+/// an ingested, imported or exchange-only dead letter names. Exchange mode:
+/// the exchange and first routing key of a death the broker recorded (one
+/// with an exchange or routing keys; an ingested reason makes a death with
+/// neither), else the exchange and key a framework recorded, else the
+/// `exchange/routing-key` destination, else the queue through the default
+/// exchange. Redirect: the plan's exchange and key.
+/// The coordinator reads `plan_items.exchange` and `routing_key`; this SQL
+/// is the one place the rule is written.
+const ITEM_EXCHANGE_SQL: &str = "CASE p.destination_mode \
+    WHEN 'redirect' THEN coalesce(p.redirect_exchange, '') \
     WHEN 'exchange' THEN CASE \
-        WHEN coalesce(d.death_queue, '') <> '' OR coalesce(d.death_exchange, '') <> '' \
-            THEN coalesce(d.death_exchange, '') || '/' || coalesce(d.death_routing_keys[1], '') \
-        WHEN d.original_exchange IS NOT NULL \
-            THEN d.original_exchange || '/' || coalesce(d.original_routing_key, '') \
-        WHEN strpos(d.destination, '/') > 0 THEN d.destination \
-        ELSE '/' || d.destination END \
+        WHEN coalesce(d.death_exchange, '') <> '' OR coalesce(cardinality(d.death_routing_keys), 0) > 0 \
+            THEN coalesce(d.death_exchange, '') \
+        WHEN d.original_exchange IS NOT NULL THEN d.original_exchange \
+        WHEN strpos(d.destination, '/') > 0 THEN split_part(d.destination, '/', 1) \
+        ELSE '' END \
     ELSE CASE WHEN (d.origin <> 'rabbitmq' OR d.exchange_only) AND strpos(d.destination, '/') > 0 \
-              THEN d.destination ELSE '/' || d.destination END END";
+              THEN split_part(d.destination, '/', 1) ELSE '' END END";
+
+/// The routing key half of [`ITEM_EXCHANGE_SQL`], branch by branch.
+const ITEM_ROUTING_KEY_SQL: &str = "CASE p.destination_mode \
+    WHEN 'redirect' THEN coalesce(p.redirect_routing_key, '') \
+    WHEN 'exchange' THEN CASE \
+        WHEN coalesce(d.death_exchange, '') <> '' OR coalesce(cardinality(d.death_routing_keys), 0) > 0 \
+            THEN coalesce(d.death_routing_keys[1], '') \
+        WHEN d.original_exchange IS NOT NULL THEN coalesce(d.original_routing_key, '') \
+        WHEN strpos(d.destination, '/') > 0 \
+            THEN substr(d.destination, strpos(d.destination, '/') + 1) \
+        ELSE d.destination END \
+    ELSE CASE WHEN (d.origin <> 'rabbitmq' OR d.exchange_only) AND strpos(d.destination, '/') > 0 \
+              THEN substr(d.destination, strpos(d.destination, '/') + 1) \
+              ELSE d.destination END END";
+
+/// A plan item's destination as the token bucket keys it
+/// (`exchange/routing-key`), from the stored route of plan item `i`.
+const ITEM_DESTINATION_SQL: &str = "(i.exchange || '/' || i.routing_key)";
+
+impl Store {
+    /// Where dead letter `dead_letter_id` would be published under `mode`:
+    /// `(exchange, routing_key)` by the same SQL a plan item's route is
+    /// decided with ([`ITEM_EXCHANGE_SQL`]); `None` for an unknown id.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn route_of(
+        &self,
+        dead_letter_id: i64,
+        mode: &DestinationMode,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let (destination_mode, redirect_exchange, redirect_routing_key) = destination_columns(mode);
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ITEM_EXCHANGE_SQL} AS exchange, {ITEM_ROUTING_KEY_SQL} AS routing_key \
+             FROM dead_letters d, (SELECT $2::text AS destination_mode, $3::text AS redirect_exchange, \
+                                          $4::text AS redirect_routing_key) p \
+             WHERE d.id = $1"
+        )))
+        .bind(dead_letter_id)
+        .bind(destination_mode)
+        .bind(redirect_exchange)
+        .bind(redirect_routing_key)
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(|row| Ok((row.try_get("exchange")?, row.try_get("routing_key")?)))
+            .transpose()
+    }
+}
 
 /// The replayable items of a precheck whose dead letter knows only an
 /// exchange and a routing key (`exchange_only`).

@@ -168,7 +168,7 @@ impl Store {
         Ok(self
             .pool()
             .copy_in_raw(
-                "COPY precheck_items (precheck_id, dead_letter_id, verdict, reason) FROM STDIN",
+                "COPY precheck_items (precheck_id, dead_letter_id, verdict, stale_at, reason) FROM STDIN",
             )
             .await?)
     }
@@ -321,10 +321,18 @@ pub fn copy_line(
     precheck_id: Uuid,
     dead_letter_id: i64,
     verdict: &str,
+    stale_at: Option<DateTime<Utc>>,
     reason: &str,
 ) {
     use std::io::Write;
     let _ = write!(buffer, "{precheck_id}\t{dead_letter_id}\t{verdict}\t");
+    match stale_at {
+        Some(at) => {
+            let _ = write!(buffer, "{}\t", at.to_rfc3339());
+        }
+        // COPY's text format spells NULL `\N`.
+        None => buffer.extend_from_slice(b"\\N\t"),
+    }
     for byte in reason.bytes() {
         match byte {
             b'\\' => buffer.extend_from_slice(b"\\\\"),
