@@ -12,7 +12,10 @@ use std::{collections::BTreeMap, time::Duration};
 
 use lapin::{BasicProperties, types::FieldTable};
 use redrive_planner::capture::{
-    raw::{RawConnection, content_header},
+    raw::{
+        RawConnection, content_header,
+        encode::{long_string, short_string as short, table as headers},
+    },
     unreadable_queue,
 };
 use redrive_proto::v1::{self, Verdict};
@@ -23,32 +26,19 @@ use redrive_tests::{
 mod support;
 use support::*;
 
-fn short(bytes: &[u8]) -> Vec<u8> {
-    let mut out = vec![u8::try_from(bytes.len()).unwrap()];
-    out.extend_from_slice(bytes);
-    out
+/// A planner capturing `dlq` in small batches (4) with a small prefetch (8),
+/// so that sessions and isolation rounds alternate.
+fn config(db_url: String, amqp_url: String, dlq: &str) -> redrive_planner::config::Config {
+    let mut config = redrive_planner::config::Config::for_database(db_url);
+    config.amqp_url = amqp_url;
+    config.capture_queues = vec![dlq.to_owned()];
+    config.capture_batch_size = 4;
+    config.capture_prefetch = 8;
+    config.message_keys = vec!["json:/order_id".to_owned()];
+    config
 }
 
-/// A headers table (property bit 13) from already encoded values.
-fn headers(fields: &[(&[u8], Vec<u8>)]) -> Vec<u8> {
-    let mut inner = Vec::new();
-    for (key, value) in fields {
-        inner.extend(short(key));
-        inner.extend_from_slice(value);
-    }
-    let mut out = u32::try_from(inner.len()).unwrap().to_be_bytes().to_vec();
-    out.extend(inner);
-    out
-}
-
-fn long_string(bytes: &[u8]) -> Vec<u8> {
-    let mut out = vec![b'S'];
-    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
-    out.extend_from_slice(bytes);
-    out
-}
-
-/// The unreadable kinds, each as (what the note must name, content header).
+/// The unreadable kinds, each as (what the note must name, content header);
 /// `cc`: a queue named in the message_id kind's `CC` header.
 fn unreadable_kinds(body_len: u64, cc: &str) -> Vec<(&'static str, Vec<u8>)> {
     let json = short(b"application/json");
@@ -226,15 +216,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     let audit_before = broker.ready_count(&audit).await?;
     assert_eq!(audit_before, 1);
 
-    let planner = {
-        let mut config = redrive_planner::config::Config::for_database(db.url());
-        config.amqp_url = AMQP_URL.to_owned();
-        config.capture_queues = vec![dlq.clone()];
-        config.capture_batch_size = 4;
-        config.capture_prefetch = 8;
-        config.message_keys = vec!["json:/order_id".to_owned()];
-        redrive_tests::PlannerHandle::start(config).await?
-    };
+    let planner =
+        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
     let mut client = planner.client().await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
     captured(&mut client, &dlq, total).await?;
@@ -448,12 +431,9 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
     // behaviour each restart returned them all, and the second return made
     // the broker drop them (delivery limit 1, no dead-letter exchange).
     let planner = {
-        let mut config = redrive_planner::config::Config::for_database(db.url());
-        config.amqp_url = AMQP_URL.to_owned();
-        config.capture_queues = vec![dlq.clone()];
+        let mut config = config(db.url(), AMQP_URL.to_owned(), &dlq);
         config.capture_batch_size = 100;
         config.capture_prefetch = 200;
-        config.message_keys = vec!["json:/order_id".to_owned()];
         redrive_tests::PlannerHandle::start(config).await?
     };
     let mut client = planner.client().await?;
@@ -515,15 +495,8 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     publisher.close().await;
     good(&broker, &dlq, 10, 10).await?;
 
-    let start = || async {
-        let mut config = redrive_planner::config::Config::for_database(db.url());
-        config.amqp_url = AMQP_URL.to_owned();
-        config.capture_queues = vec![dlq.clone()];
-        config.capture_batch_size = 4;
-        config.capture_prefetch = 8;
-        config.message_keys = vec!["json:/order_id".to_owned()];
-        redrive_tests::PlannerHandle::start(config).await
-    };
+    let start =
+        || redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq));
     let planner = start().await?;
     let mut client = planner.client().await?;
     captured(&mut client, &dlq, 21).await?;
@@ -627,15 +600,8 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
     publisher.close().await;
     good(&broker, &dlq, 10, 10).await?;
 
-    let planner = {
-        let mut config = redrive_planner::config::Config::for_database(db.url());
-        config.amqp_url = AMQP_URL.to_owned();
-        config.capture_queues = vec![dlq.clone()];
-        config.capture_batch_size = 4;
-        config.capture_prefetch = 8;
-        config.message_keys = vec!["json:/order_id".to_owned()];
-        redrive_tests::PlannerHandle::start(config).await?
-    };
+    let planner =
+        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
     let mut client = planner.client().await?;
     captured(&mut client, &dlq, 21).await?;
     let dead_letters = all_dead_letters(&mut client, &dlq).await?;
@@ -696,15 +662,6 @@ async fn total(
         .total)
 }
 
-fn config(db_url: String, amqp_url: String, dlq: &str) -> redrive_planner::config::Config {
-    let mut config = redrive_planner::config::Config::for_database(db_url);
-    config.amqp_url = amqp_url;
-    config.capture_queues = vec![dlq.to_owned()];
-    config.capture_batch_size = 4;
-    config.capture_prefetch = 8;
-    config.message_keys = vec!["json:/order_id".to_owned()];
-    config
-}
 
 /// A producer that sets a per-message `expiration` (or its own validated
 /// `user_id`) and a Latin-1 `type` makes every one of its messages

@@ -1039,33 +1039,45 @@ pub fn content_header(body_size: u64, properties: &[(u16, Vec<u8>)]) -> Vec<u8> 
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn short_value(bytes: &[u8]) -> Vec<u8> {
-        let mut out = vec![u8::try_from(bytes.len()).unwrap()];
+/// Encoders for the parts of a content header, with any bytes (which lapin
+/// cannot write): for tests and tools that need a message lapin cannot
+/// publish. Field types per RabbitMQ's table (AMQP 0-9-1 errata).
+pub mod encode {
+    /// A short string: its length byte, then its bytes (at most 255).
+    ///
+    /// # Panics
+    /// When `bytes` is over 255 bytes.
+    pub fn short_string(bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![u8::try_from(bytes.len()).expect("a short string is at most 255 bytes")];
         out.extend_from_slice(bytes);
         out
     }
 
-    fn table(fields: &[(&[u8], Vec<u8>)]) -> Vec<u8> {
+    /// A field table from names and already encoded values (type tag
+    /// included): its 4-byte length, then the fields.
+    pub fn table(fields: &[(&[u8], Vec<u8>)]) -> Vec<u8> {
         let mut inner = Vec::new();
         for (key, value) in fields {
-            inner.extend(short_value(key));
+            inner.extend(short_string(key));
             inner.extend_from_slice(value);
         }
-        let mut out = u32::try_from(inner.len()).unwrap().to_be_bytes().to_vec();
+        let mut out = u32::try_from(inner.len()).unwrap_or(u32::MAX).to_be_bytes().to_vec();
         out.extend(inner);
         out
     }
 
-    fn long_string(bytes: &[u8]) -> Vec<u8> {
+    /// A long-string field value (`S`).
+    pub fn long_string(bytes: &[u8]) -> Vec<u8> {
         let mut out = vec![b'S'];
-        out.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
+        out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
         out.extend_from_slice(bytes);
         out
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn a_readable_header_decodes_as_lapin_does() {
@@ -1119,17 +1131,17 @@ mod tests {
         let header = content_header(
             0,
             &[
-                (15, short_value(b"text/plain")),
+                (15, encode::short_string(b"text/plain")),
                 (
                     13,
-                    table(&[
-                        (b"ge\xe4ndert", long_string(b"x")),
-                        (b"ok", long_string(b"\xff")),
+                    encode::table(&[
+                        (b"ge\xe4ndert", encode::long_string(b"x")),
+                        (b"ok", encode::long_string(b"\xff")),
                     ]),
                 ),
-                (7, short_value(b"id-\xfc")),
-                (5, short_value(b"bestellung.ge\xe4ndert")),
-                (3, short_value(b"app")),
+                (7, encode::short_string(b"id-\xfc")),
+                (5, encode::short_string(b"bestellung.ge\xe4ndert")),
+                (3, encode::short_string(b"app")),
             ],
         );
         let decoded = decode_content_header(&header).unwrap();
@@ -1166,7 +1178,7 @@ mod tests {
             0,
             &[(
                 13,
-                table(&[(b"a", long_string(b"1")), (b"b", vec![b'Q', 1, 2])]),
+                encode::table(&[(b"a", encode::long_string(b"1")), (b"b", vec![b'Q', 1, 2])]),
             )],
         );
         let decoded = decode_content_header(&header).unwrap();
@@ -1176,11 +1188,11 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_a_problem_not_a_crash() {
-        let mut value = long_string(b"leaf");
+        let mut value = encode::long_string(b"leaf");
         for _ in 0..200 {
-            value = [vec![b'F'], table(&[(b"k", value)])].concat();
+            value = [vec![b'F'], encode::table(&[(b"k", value)])].concat();
         }
-        let header = content_header(0, &[(13, table(&[(b"deep", value)]))]);
+        let header = content_header(0, &[(13, encode::table(&[(b"deep", value)]))]);
         let decoded = decode_content_header(&header).unwrap();
         assert!(
             decoded
@@ -1194,7 +1206,7 @@ mod tests {
 
     #[test]
     fn a_cut_header_is_named() {
-        let mut header = content_header(0, &[(5, short_value(b"order.created"))]);
+        let mut header = content_header(0, &[(5, encode::short_string(b"order.created"))]);
         header.truncate(header.len() - 3);
         let decoded = decode_content_header(&header).unwrap();
         assert!(
@@ -1210,7 +1222,7 @@ mod tests {
         // One-byte invalid names, ~30,000 of them, under a 255-byte name.
         let mut inner = Vec::new();
         for _ in 0..30_000 {
-            inner.extend(short_value(b"\xff"));
+            inner.extend(encode::short_string(b"\xff"));
             inner.push(b'V');
         }
         let mut nested = u32::try_from(inner.len()).unwrap().to_be_bytes().to_vec();
@@ -1218,7 +1230,7 @@ mod tests {
         let long_name = vec![b'n'; 255];
         let header = content_header(
             0,
-            &[(13, table(&[(&long_name, [vec![b'F'], nested].concat())]))],
+            &[(13, encode::table(&[(&long_name, [vec![b'F'], nested].concat())]))],
         );
         let decoded = decode_content_header(&header).unwrap();
         assert_eq!(decoded.problems.len(), MAX_PROBLEMS + 1);
@@ -1232,11 +1244,11 @@ mod tests {
 
     #[test]
     fn unknown_flags_and_trailing_bytes_are_problems() {
-        let mut header = content_header(0, &[(5, short_value(b"t"))]);
+        let mut header = content_header(0, &[(5, encode::short_string(b"t"))]);
         header.extend_from_slice(b"xyz");
         let decoded = decode_content_header(&header).unwrap();
         assert!(decoded.problems[0].contains("3 bytes after the last property"));
-        let mut header = content_header(0, &[(5, short_value(b"t"))]);
+        let mut header = content_header(0, &[(5, encode::short_string(b"t"))]);
         header[13] |= 0b10;
         let decoded = decode_content_header(&header).unwrap();
         assert!(
