@@ -29,13 +29,16 @@ use std::{
     time::Duration,
 };
 
-use redrive_proto::v1::{self, coordinator_client::CoordinatorClient};
+use redrive_proto::{
+    error::is_stale_token,
+    v1::{self, coordinator_client::CoordinatorClient},
+};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::{
     sync::{CancellationToken, WaitForCancellationFuture},
     task::AbortOnDropHandle,
 };
-use tonic::{Code, transport::Channel};
+use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
@@ -161,7 +164,7 @@ impl Lease {
                     shared.stop(StopReason::Plan(answer.reason));
                 }
             }
-            Err(status) if status.code() == Code::FailedPrecondition => {
+            Err(status) if is_stale_token(&status) => {
                 return Err(LeaseError::Lost(status.message().to_owned()));
             }
             Err(status) => return Err(LeaseError::Unavailable(status.message().to_owned())),
@@ -294,7 +297,7 @@ impl Lease {
         match tokio::time::timeout(self.shared.ttl / 3, coordinator.complete_slice(request)).await {
             Ok(Ok(_)) if release => info!("slice released"),
             Ok(Ok(_)) => info!("slice completed"),
-            Ok(Err(status)) if status.code() == Code::FailedPrecondition => {
+            Ok(Err(status)) if is_stale_token(&status) => {
                 tracing::debug!(message = status.message(), "the lease was already gone");
             }
             Ok(Err(status)) => {
@@ -338,7 +341,7 @@ async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shar
                     shared.stop(StopReason::Plan(answer.reason));
                 }
             }
-            Err(status) if status.code() == Code::FailedPrecondition => {
+            Err(status) if is_stale_token(&status) => {
                 shared.stop(StopReason::Lost(status.message().to_owned()));
                 return;
             }
@@ -381,7 +384,7 @@ async fn watch(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>)
                     }
                 }
             }
-            Err(status) if status.code() == Code::FailedPrecondition => {
+            Err(status) if is_stale_token(&status) => {
                 shared.stop(StopReason::Lost(status.message().to_owned()));
                 return;
             }
@@ -473,7 +476,7 @@ async fn report(
                 Ok(None) => {
                     warn!("outcome report answered nothing; retrying");
                 }
-                Err(status) if status.code() == Code::FailedPrecondition => {
+                Err(status) if is_stale_token(&status) => {
                     // A token the slice never had: nothing of it can be recorded.
                     warn!(message = status.message(), "outcome report refused");
                     shared

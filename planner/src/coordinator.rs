@@ -68,7 +68,7 @@ pub struct Coordinator {
 
 impl From<StaleToken> for Error {
     fn from(stale: StaleToken) -> Self {
-        Error::FailedPrecondition(stale.to_string())
+        Error::StaleToken(stale)
     }
 }
 

@@ -22,6 +22,11 @@ pub enum Error {
     /// The state forbids the request.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A coordinator call's fencing token is not the slice's current lease:
+    /// `FailedPrecondition` with [`redrive_proto::error::STALE_FENCING_TOKEN`]
+    /// in its details.
+    #[error("{0}")]
+    StaleToken(crate::store::leases::StaleToken),
     /// The caller may not do this (four-eyes approval).
     #[error("{0}")]
     PermissionDenied(String),
@@ -62,7 +67,7 @@ impl Error {
         match self {
             Self::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             Self::NotFound(_) => ErrorKind::NotFound,
-            Self::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Self::FailedPrecondition(_) | Self::StaleToken(_) => ErrorKind::FailedPrecondition,
             Self::Unimplemented(_) => ErrorKind::Unimplemented,
             Self::Unavailable(_) => ErrorKind::Unavailable,
             Self::PermissionDenied(_) => ErrorKind::PermissionDenied,
@@ -75,6 +80,13 @@ impl Error {
 
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
+        if let Error::StaleToken(stale) = &error {
+            return redrive_proto::error::stale_token_status(
+                error.to_string(),
+                stale.slice_id,
+                stale.token,
+            );
+        }
         let kind = error.kind();
         if kind == ErrorKind::Internal {
             tracing::error!(%error, "internal error");

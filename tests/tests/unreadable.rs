@@ -495,8 +495,7 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     publisher.close().await;
     good(&broker, &dlq, 10, 10).await?;
 
-    let start =
-        || redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq));
+    let start = || redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq));
     let planner = start().await?;
     let mut client = planner.client().await?;
     captured(&mut client, &dlq, 21).await?;
@@ -661,7 +660,6 @@ async fn total(
         .into_inner()
         .total)
 }
-
 
 /// A producer that sets a per-message `expiration` (or its own validated
 /// `user_id`) and a Latin-1 `type` makes every one of its messages

@@ -1061,7 +1061,10 @@ pub mod encode {
             inner.extend(short_string(key));
             inner.extend_from_slice(value);
         }
-        let mut out = u32::try_from(inner.len()).unwrap_or(u32::MAX).to_be_bytes().to_vec();
+        let mut out = u32::try_from(inner.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes()
+            .to_vec();
         out.extend(inner);
         out
     }
@@ -1230,7 +1233,10 @@ mod tests {
         let long_name = vec![b'n'; 255];
         let header = content_header(
             0,
-            &[(13, encode::table(&[(&long_name, [vec![b'F'], nested].concat())]))],
+            &[(
+                13,
+                encode::table(&[(&long_name, [vec![b'F'], nested].concat())]),
+            )],
         );
         let decoded = decode_content_header(&header).unwrap();
         assert_eq!(decoded.problems.len(), MAX_PROBLEMS + 1);
