@@ -123,8 +123,18 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     let tty = std::io::stdout().is_terminal();
     let live_bar =
         tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
+    // Exports pass through byte for byte (CSV records end in CR LF).
+    let export = matches!(
+        &cli.command,
+        Command::Plan(plan::PlanCommand::Report(plan::ReportArgs {
+            format: Some(
+                plan::ReportFormat::Json | plan::ReportFormat::Jsonl | plan::ReportFormat::Csv
+            ),
+            ..
+        }))
+    );
     let mut escaping;
-    let out: &mut dyn Write = if cli.json || live_bar {
+    let out: &mut dyn Write = if cli.json || live_bar || export {
         out
     } else {
         escaping = crate::escape::Escaping::new(out);
