@@ -89,18 +89,6 @@ pub enum Command {
     Replay(replay::ReplayArgs),
 }
 
-/// A required free-text flag (a reason): trimmed, not blank.
-///
-/// # Errors
-/// When blank, for clap to report as a usage error.
-pub fn non_blank(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err("must not be blank: say why".into());
-    }
-    Ok(text.to_owned())
-}
-
 impl Cli {
     /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else the
     /// `USER` environment variable, else `anonymous`.

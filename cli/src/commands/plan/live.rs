@@ -21,12 +21,13 @@ use tonic::Code;
 
 use super::{
     pace::{self, Elapsed, Pace, RateWindow, StallChange, StallWatch},
-    view::{self, EventJson, PlanJson, percent_done, state_text},
+    view::{self, PlanJson, percent_done, state_text},
 };
 use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     output::write_json,
+    views::EventJson,
 };
 
 // ---------------------------------------------------------------------------
