@@ -107,12 +107,23 @@ impl Cli {
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     let actor = cli.actor();
     // Human output escapes control characters from dead letters
-    // ([`crate::escape`]); only the live progress bar writes its own.
+    // ([`crate::escape`]); only the live progress bar writes its own, and an
+    // export that goes to a file is left as it is.
     let tty = std::io::stdout().is_terminal();
     let live_bar =
         tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
+    // `plan report --format jsonl|csv` into a file or pipe is the planner's
+    // export byte for byte (a CSV record ends in CRLF when the planner's does).
+    let raw_export = !tty
+        && matches!(
+            &cli.command,
+            Command::Plan(plan::PlanCommand::Report(plan::ReportArgs {
+                format: Some(plan::ReportFormat::Jsonl | plan::ReportFormat::Csv),
+                ..
+            }))
+        );
     let mut escaping;
-    let out: &mut dyn Write = if cli.json || live_bar {
+    let out: &mut dyn Write = if cli.json || live_bar || raw_export {
         out
     } else {
         escaping = crate::escape::Escaping::new(out);
