@@ -76,12 +76,8 @@ use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use chrono::Utc;
 use clap::{Args, Subcommand};
-use redrive_proto::{
-    time::duration,
-    v1::{
-        self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckItem, PrecheckReport,
-        RunPrecheckRequest, Verdict,
-    },
+use redrive_proto::v1::{
+    self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckReport, RunPrecheckRequest, Verdict,
 };
 use serde::Serialize;
 
@@ -759,7 +755,10 @@ async fn items(
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use redrive_proto::time::timestamp;
+    use redrive_proto::{
+        time::{duration, timestamp},
+        v1::PrecheckItem,
+    };
     use serde_json::json;
 
     use super::*;

@@ -34,7 +34,7 @@ use std::{fmt, io::Write};
 
 use redrive_proto::{
     time::from_duration,
-    v1::{self, AuditAction, AuditEvent, Plan, PlanState, Wave},
+    v1::{self, AuditAction, Plan, PlanState},
 };
 use serde::Serialize;
 
@@ -610,7 +610,10 @@ pub fn list_row(plan: &PlanJson) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use redrive_proto::time::{duration, timestamp};
+    use redrive_proto::{
+        time::{duration, timestamp},
+        v1::{AuditEvent, Wave},
+    };
     use serde_json::json;
 
     use super::*;
