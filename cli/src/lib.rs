@@ -111,11 +111,18 @@
 //!   group.
 //! - [`selector`]: the selector flags shared by `list`, `summary` and
 //!   `precheck`, and their conversion to the proto `Selector`.
+//! - [`args`]: flag values and groups taken by more than one command
+//!   (reasons, durations, the precheck options of `precheck` and `replay`).
+//! - [`views`]: JSON shapes and table rows printed by more than one command
+//!   (precheck items, audit events); commands import views and arguments from
+//!   here, never from each other.
 //! - [`client`]: connecting to the planner; the actor interceptor.
-//! - [`output`]: tables, JSON writing, the stable dead letter JSON shape.
+//! - [`output`]: tables, JSON writing, the stable dead letter JSON shape; it
+//!   imports nothing from [`commands`].
 //! - [`headers`]: typed AMQP header values as JSON, both ways.
 //! - [`error`]: [`error::CliError`] and the exit codes.
 
+pub mod args;
 pub mod client;
 pub mod commands;
 pub mod error;
@@ -124,5 +131,6 @@ pub mod headers;
 pub mod output;
 pub mod selector;
 pub mod time;
+pub mod views;
 
 pub use commands::{Cli, Command, run};

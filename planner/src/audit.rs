@@ -35,15 +35,27 @@ pub async fn report(store: &Store, plan_id: Uuid) -> Result<v1::AuditReport, Err
 }
 
 /// CSV columns of the export, in order.
-pub const CSV_HEADER: &str = "at,plan_id,slice_id,dead_letter_id,message_key,action,reason,wave,executor_id,attempt,confirm_latency_us\n";
+pub const CSV_COLUMNS: [&str; 11] = [
+    "at",
+    "plan_id",
+    "slice_id",
+    "dead_letter_id",
+    "message_key",
+    "action",
+    "reason",
+    "wave",
+    "executor_id",
+    "attempt",
+    "confirm_latency_us",
+];
 
-fn csv_field(value: &str) -> String {
-    // RFC 4180: quote fields holding a comma, quote or line break.
-    if value.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", value.replace('"', "\"\""))
-    } else {
-        value.to_owned()
-    }
+/// A CSV writer into memory (RFC 4180 through the `csv` crate: a field holding a
+/// comma, quote or line break is quoted with its quotes doubled; records end in
+/// `\n`). Writing into a `Vec` cannot fail, so its results are ignored.
+fn csv_writer(data: &mut Vec<u8>) -> csv::Writer<&mut Vec<u8>> {
+    csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(data)
 }
 
 /// One audit event as a JSON object (the export's and the CLI's shape).
@@ -63,32 +75,51 @@ pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
     })
 }
 
-fn event_csv(event: &v1::AuditEvent) -> String {
-    let at = event
-        .at
-        .as_ref()
-        .and_then(from_timestamp)
-        .map(|at| at.to_rfc3339())
-        .unwrap_or_default();
-    let wave = if event.wave() == v1::Wave::Canary {
-        "canary"
-    } else {
-        "main"
-    };
-    format!(
-        "{},{},{},{},{},{},{},{},{},{},{}\n",
-        at,
-        event.plan_id,
-        event.slice_id,
-        event.dead_letter_id,
-        csv_field(&event.message_key),
-        event.action().name(),
-        csv_field(&event.reason),
-        wave,
-        csv_field(&event.executor_id),
-        event.attempt,
-        event.confirm_latency_us
-    )
+/// Writes audit events as CSV records, in [`CSV_COLUMNS`] order.
+fn events_csv<'a>(events: impl IntoIterator<Item = &'a v1::AuditEvent>) -> Vec<u8> {
+    let mut data = Vec::new();
+    let mut writer = csv_writer(&mut data);
+    for event in events {
+        let at = event
+            .at
+            .as_ref()
+            .and_then(from_timestamp)
+            .map(|at| at.to_rfc3339())
+            .unwrap_or_default();
+        let wave = if event.wave() == v1::Wave::Canary {
+            "canary"
+        } else {
+            "main"
+        };
+        let attempt = event.attempt.to_string();
+        let confirm_latency_us = event.confirm_latency_us.to_string();
+        let _ = writer.write_record([
+            at.as_str(),
+            &event.plan_id,
+            &event.slice_id,
+            &event.dead_letter_id,
+            &event.message_key,
+            event.action().name(),
+            &event.reason,
+            wave,
+            &event.executor_id,
+            &attempt,
+            &confirm_latency_us,
+        ]);
+    }
+    let _ = writer.flush();
+    drop(writer);
+    data
+}
+
+/// The CSV header record, [`CSV_COLUMNS`].
+fn csv_header() -> Vec<u8> {
+    let mut data = Vec::new();
+    let mut writer = csv_writer(&mut data);
+    let _ = writer.write_record(CSV_COLUMNS);
+    let _ = writer.flush();
+    drop(writer);
+    data
 }
 
 /// Every audit event of a plan, in order, as JSON Lines or CSV chunks (one per
@@ -113,9 +144,7 @@ pub async fn export(
     tokio::spawn(async move {
         if format == v1::ExportFormat::Csv
             && sender
-                .send(Ok(v1::ExportAuditChunk {
-                    data: CSV_HEADER.as_bytes().to_vec(),
-                }))
+                .send(Ok(v1::ExportAuditChunk { data: csv_header() }))
                 .await
                 .is_err()
         {
@@ -132,19 +161,18 @@ pub async fn export(
             };
             let Some((last, _)) = page.last() else { return };
             after = *last;
-            let mut data = String::new();
-            for (_, event) in &page {
-                if format == v1::ExportFormat::Csv {
-                    data.push_str(&event_csv(event));
-                } else {
+            let data = if format == v1::ExportFormat::Csv {
+                events_csv(page.iter().map(|(_, event)| event))
+            } else {
+                let mut data = String::new();
+                for (_, event) in &page {
                     data.push_str(&event_json(event).to_string());
                     data.push('\n');
                 }
-            }
+                data.into_bytes()
+            };
             if sender
-                .send(Ok(v1::ExportAuditChunk {
-                    data: data.into_bytes(),
-                }))
+                .send(Ok(v1::ExportAuditChunk { data }))
                 .await
                 .is_err()
             {
@@ -254,8 +282,52 @@ mod tests {
 
     #[test]
     fn csv_fields_are_quoted_per_rfc_4180() {
-        assert_eq!(csv_field("plain"), "plain");
-        assert_eq!(csv_field("a,b"), "\"a,b\"");
-        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(
+            String::from_utf8(csv_header()).unwrap(),
+            "at,plan_id,slice_id,dead_letter_id,message_key,action,reason,wave,executor_id,attempt,confirm_latency_us\n"
+        );
+        let event = |message_key: &str, reason: &str, executor_id: &str| v1::AuditEvent {
+            plan_id: "p-1".into(),
+            slice_id: "s-1".into(),
+            dead_letter_id: "d-1".into(),
+            message_key: message_key.into(),
+            action: v1::AuditAction::Sent.into(),
+            reason: reason.into(),
+            wave: v1::Wave::Canary.into(),
+            executor_id: executor_id.into(),
+            attempt: 2,
+            confirm_latency_us: 1500,
+            at: Some(prost_types::Timestamp {
+                seconds: 1_714_564_800,
+                nanos: 0,
+            }),
+        };
+        let events = [
+            event("plain", "", "exec-1"),
+            event("a,b", "say \"hi\"", "line\nbreak"),
+            event("cr\rlf\r\n", "\"", ","),
+        ];
+        let data = String::from_utf8(events_csv(&events)).unwrap();
+        let sent = v1::AuditAction::Sent.name();
+        assert_eq!(
+            data,
+            format!(
+                "2024-05-01T12:00:00+00:00,p-1,s-1,d-1,plain,{sent},,canary,exec-1,2,1500\n\
+                 2024-05-01T12:00:00+00:00,p-1,s-1,d-1,\"a,b\",{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500\n\
+                 2024-05-01T12:00:00+00:00,p-1,s-1,d-1,\"cr\rlf\r\n\",{sent},\"\"\"\",canary,\",\",2,1500\n"
+            )
+        );
+        // A CSV reader gets every field back as it was.
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(data.as_bytes());
+        let records: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+        assert_eq!(records.len(), events.len());
+        for (record, event) in records.iter().zip(&events) {
+            assert_eq!(record.len(), CSV_COLUMNS.len());
+            assert_eq!(&record[4], event.message_key);
+            assert_eq!(&record[6], event.reason);
+            assert_eq!(&record[8], event.executor_id);
+        }
     }
 }

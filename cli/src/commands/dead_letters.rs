@@ -114,7 +114,7 @@ pub struct RepairArgs {
 
     /// Why the body is repaired (kept with the revision and shown in the audit
     /// of its replay).
-    #[arg(long, value_name = "TEXT", value_parser = crate::commands::non_blank)]
+    #[arg(long, value_name = "TEXT", value_parser = crate::args::non_blank)]
     pub reason: String,
 
     /// The body, once read ([`DeadLettersCommand::read_input`]).

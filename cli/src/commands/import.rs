@@ -20,16 +20,20 @@
 //! | `source` | overrides `--source` for this line |
 //!
 //! A `null` field counts as absent; any other field name is an error (a typo
-//! must not silently drop data).
+//! must not silently drop data), and so is a field given twice. The line is
+//! read by serde into a struct that denies unknown fields (`properties`
+//! too); an error names the field's path (`properties.priority: invalid
+//! type: ...`).
 //!
 //! ```json
 //! {"message_id":"m-1","body":"{\"order\":123}","headers":{"event-type":"order.paid","retries":{"type":"i32","value":3}},"properties":{"content_type":"application/json"},"reason":"rejected","error_text":"stock service timeout","original_destination":"orders","occurred_at":"2024-05-01T12:00:00Z"}
 //! ```
 //!
 //! # Bad lines
-//! A line that cannot be read (not JSON, not an object, neither or both body
-//! fields, bad base64, no `original_destination`, a field of the wrong type) is
-//! reported on stderr as `line N: <what is wrong>` and the import goes on. Lines
+//! A line that cannot be read (not JSON, not an object, an unknown field,
+//! neither or both body fields, bad base64, no `original_destination`, a field
+//! of the wrong type) is reported on stderr as `line N: <what is wrong>`
+//! (`line 7: unknown field `bdy`, expected one of ...`) and the import goes on. Lines
 //! the planner refuses come back with the index of the streamed item and are
 //! reported the same way, with their line number in the file.
 //!
@@ -49,8 +53,10 @@
 //! present.
 
 use std::{
+    fmt,
     fs::File,
     io::{self, BufRead, BufReader, Write},
+    marker::PhantomData,
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD};
@@ -59,8 +65,8 @@ use redrive_proto::{
     time::timestamp,
     v1::{IngestDeadLettersRequest, MessageProperties},
 };
-use serde::Serialize;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Deserializer, Serialize, de};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -402,84 +408,190 @@ fn read_lines(
 // One line
 // ---------------------------------------------------------------------------
 
-/// The fields a line may have.
-const LINE_FIELDS: &[&str] = &[
-    "body",
-    "body_base64",
-    "message_id",
-    "headers",
-    "properties",
-    "reason",
-    "attempts",
-    "error_text",
-    "original_destination",
-    "occurred_at",
-    "source",
-];
+/// One line of an import file (module docs), as read by serde: a `null`
+/// field is `None` like an absent one, and any other field name is refused
+/// (`unknown field ...`) so that a typo does not silently drop data.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    body: Option<String>,
+    body_base64: Option<String>,
+    message_id: Option<String>,
+    /// Plain or typed values, read by [`headers::table_from_json`]: the typed
+    /// shape depends on the `type` inside each value.
+    headers: Option<Value>,
+    properties: Option<Object<LineProperties>>,
+    reason: Option<String>,
+    attempts: Option<u32>,
+    error_text: Option<String>,
+    original_destination: Option<String>,
+    occurred_at: Option<String>,
+    source: Option<String>,
+}
 
-/// The property names a line's `properties` may have.
-const PROPERTY_FIELDS: &[&str] = &[
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-];
+/// A line's `properties` object: AMQP basic properties by name.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LineProperties {
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    delivery_mode: Option<u8>,
+    priority: Option<u8>,
+    correlation_id: Option<String>,
+    reply_to: Option<String>,
+    expiration: Option<Expiration>,
+    message_id: Option<String>,
+    timestamp: Option<EpochSeconds>,
+    #[serde(rename = "type")]
+    message_type: Option<String>,
+    user_id: Option<String>,
+    app_id: Option<String>,
+    cluster_id: Option<String>,
+}
+
+/// A struct read from a JSON object only: a derived `Deserialize` also takes an
+/// array, fields by position, which no import line means.
+#[derive(Debug)]
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> de::Visitor<'de> for Visitor<T> {
+            type Value = Object<T>;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
+            }
+        }
+        deserializer.deserialize_map(Visitor(PhantomData))
+    }
+}
+
+/// `properties.expiration`: AMQP keeps the TTL as a string of milliseconds; a
+/// non-negative integer is accepted too.
+#[derive(Debug)]
+struct Expiration(String);
+
+impl<'de> Deserialize<'de> for Expiration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = Expiration;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a string or a non-negative integer of milliseconds")
+            }
+            fn visit_u64<E: de::Error>(self, millis: u64) -> Result<Expiration, E> {
+                Ok(Expiration(millis.to_string()))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Expiration, E> {
+                Ok(Expiration(text.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// `properties.timestamp`: epoch seconds, or an RFC 3339 time (not before 1970).
+#[derive(Debug)]
+struct EpochSeconds(u64);
+
+impl<'de> Deserialize<'de> for EpochSeconds {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = EpochSeconds;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("non-negative epoch seconds or an RFC 3339 time")
+            }
+            fn visit_u64<E: de::Error>(self, seconds: u64) -> Result<EpochSeconds, E> {
+                Ok(EpochSeconds(seconds))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<EpochSeconds, E> {
+                let at = parse_rfc3339(text).map_err(E::custom)?;
+                u64::try_from(at.timestamp())
+                    .map(EpochSeconds)
+                    .map_err(|_| E::custom("before 1970"))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+impl TryFrom<LineProperties> for MessageProperties {
+    type Error = String;
+
+    /// # Errors
+    /// A short string over 255 bytes, the AMQP short-string limit.
+    fn try_from(properties: LineProperties) -> Result<Self, String> {
+        let short = |name: &str, value: Option<String>| -> Result<Option<String>, String> {
+            match value {
+                Some(text) if text.len() > 255 => Err(format!(
+                    "properties.{name}: longer than 255 bytes, the AMQP short-string limit"
+                )),
+                other => Ok(other),
+            }
+        };
+        Ok(MessageProperties {
+            content_type: short("content_type", properties.content_type)?,
+            content_encoding: short("content_encoding", properties.content_encoding)?,
+            delivery_mode: properties.delivery_mode.map(u32::from),
+            priority: properties.priority.map(u32::from),
+            correlation_id: short("correlation_id", properties.correlation_id)?,
+            reply_to: short("reply_to", properties.reply_to)?,
+            expiration: short(
+                "expiration",
+                properties.expiration.map(|expiration| expiration.0),
+            )?,
+            message_id: short("message_id", properties.message_id)?,
+            timestamp: properties.timestamp.map(|timestamp| timestamp.0),
+            r#type: short("type", properties.message_type)?,
+            user_id: short("user_id", properties.user_id)?,
+            app_id: short("app_id", properties.app_id)?,
+            cluster_id: short("cluster_id", properties.cluster_id)?,
+        })
+    }
+}
 
 /// Reads one line of an import file (module docs) into an ingest item with
 /// `imported` set; `default_source` unless the line has its own `source`.
 ///
 /// # Errors
-/// What is wrong with the line, naming the field.
+/// What is wrong with the line, naming the field: `not valid JSON: ...`,
+/// `expected a JSON object, got ...`, `unknown field `name`, expected one of
+/// ...` (also `properties: unknown field ...`), `FIELD: invalid type: ...`,
+/// and the rules of the module docs (one body, a destination, ...).
 pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersRequest, String> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
-    let Value::Object(fields) = value else {
-        return Err(format!("expected a JSON object, got {}", kind(&value)));
-    };
-    if let Some(unknown) = fields
-        .keys()
-        .find(|name| !LINE_FIELDS.contains(&name.as_str()))
-    {
-        return Err(format!(
-            "unknown field {unknown:?} (expected {})",
-            LINE_FIELDS.join(", ")
-        ));
-    }
-    let body = match (present(&fields, "body"), present(&fields, "body_base64")) {
+    let line = read_line(text)?;
+    let body = match (line.body, line.body_base64) {
         (Some(_), Some(_)) => return Err("both body and body_base64 given; use one".to_owned()),
         (None, None) => return Err("no body: give body (text) or body_base64".to_owned()),
-        (Some(body), None) => string("body", body)?.as_bytes().to_vec(),
+        (Some(body), None) => body.into_bytes(),
         (None, Some(encoded)) => STANDARD
-            .decode(string("body_base64", encoded)?)
+            .decode(encoded)
             .map_err(|error| format!("body_base64: not valid base64: {error}"))?,
     };
-    let original_destination = optional_string(&fields, "original_destination")?
+    let original_destination = line
+        .original_destination
         .filter(|destination| !destination.trim().is_empty())
         .ok_or_else(|| {
             "original_destination: required (a queue name, or exchange/routing-key)".to_owned()
         })?;
-    let source = match optional_string(&fields, "source")? {
+    let source = match line.source {
         Some(source) if source.trim().is_empty() => {
             return Err("source: must not be empty".to_owned());
         }
         Some(source) => source,
         None => default_source.to_owned(),
     };
-    let properties = present(&fields, "properties")
-        .map(properties_from_json)
+    let properties = line
+        .properties
+        .map(|Object(properties)| MessageProperties::try_from(properties))
         .transpose()?;
-    let message_id = optional_string(&fields, "message_id")?;
     if let (Some(top), Some(property)) = (
-        &message_id,
+        &line.message_id,
         properties.as_ref().and_then(|p| p.message_id.as_ref()),
     ) && top != property
     {
@@ -487,133 +599,64 @@ pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersR
             "message_id {top:?} and properties.message_id {property:?} differ"
         ));
     }
-    let headers = present(&fields, "headers")
-        .map(|headers| headers::table_from_json("headers", headers))
+    let headers = line
+        .headers
+        .map(|headers| headers::table_from_json("headers", &headers))
         .transpose()?;
-    let attempts = present(&fields, "attempts")
-        .map(|attempts| {
-            attempts
-                .as_u64()
-                .and_then(|attempts| u32::try_from(attempts).ok())
-                .ok_or_else(|| format!("attempts: expected a non-negative integer, got {attempts}"))
-        })
-        .transpose()?;
-    let occurred_at = optional_string(&fields, "occurred_at")?
+    let occurred_at = line
+        .occurred_at
         .map(|at| parse_rfc3339(&at).map_err(|error| format!("occurred_at: {error}")))
         .transpose()?;
     Ok(IngestDeadLettersRequest {
         source,
-        message_id: message_id.unwrap_or_default(),
+        message_id: line.message_id.unwrap_or_default(),
         body,
         properties,
         headers,
-        reason: optional_string(&fields, "reason")?.unwrap_or_default(),
-        attempts: attempts.unwrap_or(0),
-        error_text: optional_string(&fields, "error_text")?.unwrap_or_default(),
+        reason: line.reason.unwrap_or_default(),
+        attempts: line.attempts.unwrap_or(0),
+        error_text: line.error_text.unwrap_or_default(),
         original_destination,
         occurred_at: occurred_at.map(timestamp),
         imported: true,
     })
 }
 
-/// The field, unless absent or null.
-fn present<'a>(fields: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
-    fields.get(name).filter(|value| !value.is_null())
-}
-
-fn string<'a>(name: &str, value: &'a Value) -> Result<&'a str, String> {
-    value
-        .as_str()
-        .ok_or_else(|| format!("{name}: expected a string, got {}", kind(value)))
-}
-
-fn optional_string(fields: &Map<String, Value>, name: &str) -> Result<Option<String>, String> {
-    present(fields, name)
-        .map(|value| string(name, value).map(str::to_owned))
-        .transpose()
-}
-
-/// Reads a line's `properties` object.
-///
-/// # Errors
-/// An unknown name, a wrong type, or a short string over 255 bytes.
-pub fn properties_from_json(value: &Value) -> Result<MessageProperties, String> {
-    let Value::Object(fields) = value else {
-        return Err(format!(
-            "properties: expected an object, got {}",
-            kind(value)
-        ));
-    };
-    if let Some(unknown) = fields
-        .keys()
-        .find(|name| !PROPERTY_FIELDS.contains(&name.as_str()))
-    {
-        return Err(format!(
-            "properties: unknown property {unknown:?} (expected {})",
-            PROPERTY_FIELDS.join(", ")
-        ));
+/// Deserializes a [`Line`]; errors name the field's path (`properties.priority:
+/// ...`) and leave out serde_json's position inside the line.
+fn read_line(text: &str) -> Result<Line, String> {
+    // A derived struct also accepts a JSON array (fields by position): only an
+    // object is a line.
+    if !text.trim_start().starts_with('{') {
+        let value: Value =
+            serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
+        return Err(format!("expected a JSON object, got {}", kind(&value)));
     }
-    let short = |name: &str| -> Result<Option<String>, String> {
-        let Some(value) = present(fields, name) else {
-            return Ok(None);
-        };
-        let text = string(&format!("properties.{name}"), value)?;
-        if text.len() > 255 {
-            return Err(format!(
-                "properties.{name}: longer than 255 bytes, the AMQP short-string limit"
-            ));
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let line = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let mut path: Vec<String> = error.path().iter().map(ToString::to_string).collect();
+        let error = error.into_inner();
+        if error.is_syntax() || error.is_eof() {
+            return format!("not valid JSON: {error}");
         }
-        Ok(Some(text.to_owned()))
-    };
-    let octet = |name: &str| -> Result<Option<u32>, String> {
-        present(fields, name)
-            .map(|value| {
-                value
-                    .as_u64()
-                    .filter(|number| *number <= u64::from(u8::MAX))
-                    .and_then(|number| u32::try_from(number).ok())
-                    .ok_or_else(|| format!("properties.{name}: expected an integer in 0..=255"))
-            })
-            .transpose()
-    };
-    let expiration = match present(fields, "expiration") {
-        // AMQP keeps the TTL as a string of milliseconds; accept a number too.
-        Some(Value::Number(number)) if number.is_u64() => Some(number.to_string()),
-        Some(_) => short("expiration")?,
-        None => None,
-    };
-    let timestamp = present(fields, "timestamp")
-        .map(|value| match value {
-            Value::Number(number) => number.as_u64().ok_or_else(|| {
-                "properties.timestamp: expected non-negative epoch seconds".to_owned()
-            }),
-            Value::String(text) => parse_rfc3339(text)
-                .map_err(|error| format!("properties.timestamp: {error}"))
-                .and_then(|at| {
-                    u64::try_from(at.timestamp())
-                        .map_err(|_| "properties.timestamp: before 1970".to_owned())
-                }),
-            other => Err(format!(
-                "properties.timestamp: expected epoch seconds or RFC 3339, got {}",
-                kind(other)
-            )),
-        })
-        .transpose()?;
-    Ok(MessageProperties {
-        content_type: short("content_type")?,
-        content_encoding: short("content_encoding")?,
-        delivery_mode: octet("delivery_mode")?,
-        priority: octet("priority")?,
-        correlation_id: short("correlation_id")?,
-        reply_to: short("reply_to")?,
-        expiration,
-        message_id: short("message_id")?,
-        timestamp,
-        r#type: short("type")?,
-        user_id: short("user_id")?,
-        app_id: short("app_id")?,
-        cluster_id: short("cluster_id")?,
-    })
+        let message = error.to_string();
+        let position = format!(" at line {} column {}", error.line(), error.column());
+        let message = message.strip_suffix(&position).unwrap_or(&message);
+        // The path of an unknown field ends in its name, which the message
+        // gives already: name the object it is in.
+        if message.starts_with("unknown field") {
+            path.pop();
+        }
+        if path.is_empty() {
+            message.to_owned()
+        } else {
+            format!("{}: {message}", path.join("."))
+        }
+    })?;
+    deserializer
+        .end()
+        .map_err(|error| format!("not valid JSON: {error}"))?;
+    Ok(line)
 }
 
 #[cfg(test)]
@@ -762,16 +805,25 @@ mod tests {
             ),
             (
                 r#"{"body":5,"original_destination":"q"}"#,
-                "body: expected a string, got a number",
+                "body: invalid type: integer `5`, expected a string",
             ),
             (
                 r#"{"body":"a","original_destination":"q","attempts":-1}"#,
-                "attempts: expected a non-negative integer",
+                "attempts: invalid value: integer `-1`, expected u32",
             ),
             (
                 r#"{"body":"a","original_destination":"q","attempts":"3"}"#,
-                "attempts: expected a non-negative integer",
+                "attempts: invalid type: string \"3\", expected u32",
             ),
+            (
+                r#"{"body":"a","original_destination":"q","attempts":1.5}"#,
+                "attempts: invalid type: floating point",
+            ),
+            (
+                r#"{"body":"a","body":"b","original_destination":"q"}"#,
+                "duplicate field `body`",
+            ),
+            (r#"{"body":"a"} {}"#, "not valid JSON: trailing characters"),
             (
                 r#"{"body":"a","original_destination":"q","occurred_at":"yesterday"}"#,
                 "occurred_at:",
@@ -786,15 +838,35 @@ mod tests {
             ),
             (
                 r#"{"body":"a","original_destination":"q","properties":{"colour":"red"}}"#,
-                "properties: unknown property \"colour\"",
+                "properties: unknown field `colour`, expected one of `content_type`",
             ),
             (
                 r#"{"body":"a","original_destination":"q","properties":{"priority":"high"}}"#,
-                "properties.priority",
+                "properties.priority: invalid type: string \"high\", expected u8",
+            ),
+            (
+                r#"{"body":"a","original_destination":"q","properties":{"priority":256}}"#,
+                "properties.priority: invalid value: integer `256`, expected u8",
             ),
             (
                 r#"{"body":"a","original_destination":"q","properties":{"timestamp":-5}}"#,
-                "properties.timestamp",
+                "properties.timestamp: invalid type: integer `-5`, expected non-negative epoch seconds",
+            ),
+            (
+                r#"{"body":"a","original_destination":"q","properties":{"timestamp":"1969-12-31T23:59:59Z"}}"#,
+                "properties.timestamp: before 1970",
+            ),
+            (
+                r#"{"body":"a","original_destination":"q","properties":{"timestamp":"noon"}}"#,
+                "properties.timestamp: premature end of input; expected RFC 3339",
+            ),
+            (
+                r#"{"body":"a","original_destination":"q","properties":{"expiration":true}}"#,
+                "properties.expiration: invalid type: boolean `true`, expected a string or a non-negative integer",
+            ),
+            (
+                r#"{"body":"a","original_destination":"q","properties":["text/plain"]}"#,
+                "properties: invalid type: sequence, expected a JSON object",
             ),
             (
                 r#"{"body":"a","original_destination":"q","source":""}"#,
@@ -802,7 +874,7 @@ mod tests {
             ),
             (
                 r#"{"body":"a","original_destination":"q","bdy":"typo"}"#,
-                "unknown field \"bdy\"",
+                "unknown field `bdy`, expected one of `body`, `body_base64`",
             ),
             (
                 r#"{"body":"a","original_destination":"q","message_id":"a","properties":{"message_id":"b"}}"#,
@@ -813,6 +885,149 @@ mod tests {
             let error = parse_line(text, "s").unwrap_err();
             assert!(error.contains(expected), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn null_fields_count_as_absent() {
+        let item = parse_line(
+            &line(&json!({
+                "body": null, "body_base64": "eA==", "original_destination": "q",
+                "message_id": null, "headers": null, "properties": null, "reason": null,
+                "attempts": null, "error_text": null, "occurred_at": null, "source": null,
+            })),
+            "default",
+        )
+        .unwrap();
+        assert_eq!(item.body, b"x");
+        assert_eq!(item.source, "default");
+        assert_eq!(item.message_id, "");
+        assert_eq!((item.properties, item.headers), (None, None));
+        assert_eq!((item.reason.as_str(), item.attempts), ("", 0));
+        assert_eq!((item.error_text.as_str(), item.occurred_at), ("", None));
+
+        let item = parse_line(
+            r#"{"body":"x","original_destination":"q","properties":{"content_type":null,"priority":null,"timestamp":null,"expiration":null}}"#,
+            "s",
+        )
+        .unwrap();
+        assert_eq!(item.properties, Some(MessageProperties::default()));
+    }
+
+    #[test]
+    fn every_property_is_read_in_each_accepted_shape() {
+        let item = parse_line(
+            &line(
+                &json!({"body": "", "original_destination": "q", "message_id": "m-1",
+                "properties": {
+                    "content_type": "application/json", "content_encoding": "gzip",
+                    "delivery_mode": 2, "priority": 255, "correlation_id": "c-1",
+                    "reply_to": "replies", "expiration": "60000", "message_id": "m-1",
+                    "timestamp": 1_714_564_800, "type": "order.paid", "user_id": "guest",
+                    "app_id": "shop", "cluster_id": "eu",
+                }}),
+            ),
+            "s",
+        )
+        .unwrap();
+        assert_eq!(
+            item.properties,
+            Some(MessageProperties {
+                content_type: Some("application/json".into()),
+                content_encoding: Some("gzip".into()),
+                delivery_mode: Some(2),
+                priority: Some(255),
+                correlation_id: Some("c-1".into()),
+                reply_to: Some("replies".into()),
+                expiration: Some("60000".into()),
+                message_id: Some("m-1".into()),
+                timestamp: Some(1_714_564_800),
+                r#type: Some("order.paid".into()),
+                user_id: Some("guest".into()),
+                app_id: Some("shop".into()),
+                cluster_id: Some("eu".into()),
+            })
+        );
+        // The timestamp as RFC 3339 (any offset) and the expiration as a number.
+        let item = parse_line(
+            r#"{"body":"","original_destination":"q","properties":{"timestamp":"2024-05-01T14:00:00+02:00","expiration":60000}}"#,
+            "s",
+        )
+        .unwrap();
+        let properties = item.properties.unwrap();
+        assert_eq!(properties.timestamp, Some(1_714_564_800));
+        assert_eq!(properties.expiration.as_deref(), Some("60000"));
+
+        let long = "x".repeat(256);
+        let error = parse_line(
+            &line(
+                &json!({"body": "", "original_destination": "q", "properties": {"app_id": long}}),
+            ),
+            "s",
+        )
+        .unwrap_err();
+        assert!(
+            error.contains("properties.app_id: longer than 255 bytes"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn plain_json_headers_map_to_amqp_types() {
+        let item = parse_line(
+            &line(
+                &json!({"body": "", "original_destination": "q", "headers": {
+                    "text": "a", "count": -3, "ratio": 0.5, "flag": true, "nothing": null,
+                    "list": ["a", 1], "table": {"inner": "b"},
+                }}),
+            ),
+            "s",
+        )
+        .unwrap();
+        assert_eq!(header(&item, "text"), V::LongString(b"a".to_vec()));
+        assert_eq!(header(&item, "count"), V::LongLongInt(-3));
+        assert_eq!(header(&item, "ratio"), V::Double(0.5));
+        assert_eq!(header(&item, "flag"), V::Boolean(true));
+        assert!(matches!(header(&item, "nothing"), V::Void(_)));
+        let V::Array(list) = header(&item, "list") else {
+            panic!("list is not an array");
+        };
+        assert_eq!(list.values.len(), 2);
+        let V::Table(table) = header(&item, "table") else {
+            panic!("table is not a table");
+        };
+        assert_eq!(
+            table.fields["inner"].value,
+            Some(V::LongString(b"b".to_vec()))
+        );
+    }
+
+    #[test]
+    fn an_unknown_field_rejects_its_line_and_names_it() {
+        let text = [
+            r#"{"body":"b","original_destination":"q","message_id":"a"}"#,
+            r#"{"body":"b","original_destination":"q","message_id":"b","occured_at":"2024-05-01T12:00:00Z"}"#,
+            r#"{"body":"b","original_destination":"q","message_id":"c","properties":{"contentType":"text/plain"}}"#,
+            r#"{"body":"b","original_destination":"q","message_id":"d"}"#,
+        ]
+        .join("\n");
+        let (batches, bad) = read_all(text.as_bytes(), 10);
+        assert_eq!(
+            batches,
+            vec![vec![(1, "a".to_owned()), (4, "d".to_owned())]]
+        );
+        assert_eq!(bad.iter().map(|r| r.line).collect::<Vec<_>>(), [2, 3]);
+        assert!(
+            bad[0]
+                .reason
+                .starts_with("unknown field `occured_at`, expected one of"),
+            "{bad:?}"
+        );
+        assert!(
+            bad[1]
+                .reason
+                .starts_with("properties: unknown field `contentType`, expected one of"),
+            "{bad:?}"
+        );
     }
 
     #[test]

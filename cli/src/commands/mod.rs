@@ -89,18 +89,6 @@ pub enum Command {
     Replay(replay::ReplayArgs),
 }
 
-/// A required free-text flag (a reason): trimmed, not blank.
-///
-/// # Errors
-/// When blank, for clap to report as a usage error.
-pub fn non_blank(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err("must not be blank: say why".into());
-    }
-    Ok(text.to_owned())
-}
-
 impl Cli {
     /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else the
     /// `USER` environment variable, else `anonymous`.
@@ -119,22 +107,23 @@ impl Cli {
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     let actor = cli.actor();
     // Human output escapes control characters from dead letters
-    // ([`crate::escape`]); only the live progress bar writes its own.
+    // ([`crate::escape`]); only the live progress bar writes its own, and an
+    // export that goes to a file is left as it is.
     let tty = std::io::stdout().is_terminal();
     let live_bar =
         tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
-    // Exports pass through byte for byte (CSV records end in CR LF).
-    let export = matches!(
-        &cli.command,
-        Command::Plan(plan::PlanCommand::Report(plan::ReportArgs {
-            format: Some(
-                plan::ReportFormat::Json | plan::ReportFormat::Jsonl | plan::ReportFormat::Csv
-            ),
-            ..
-        }))
-    );
+    // `plan report --format jsonl|csv` into a file or pipe is the planner's
+    // export byte for byte (a CSV record ends in CRLF when the planner's does).
+    let raw_export = !tty
+        && matches!(
+            &cli.command,
+            Command::Plan(plan::PlanCommand::Report(plan::ReportArgs {
+                format: Some(plan::ReportFormat::Jsonl | plan::ReportFormat::Csv),
+                ..
+            }))
+        );
     let mut escaping;
-    let out: &mut dyn Write = if cli.json || live_bar || export {
+    let out: &mut dyn Write = if cli.json || live_bar || raw_export {
         out
     } else {
         escaping = crate::escape::Escaping::new(out);

@@ -76,20 +76,18 @@ use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use chrono::Utc;
 use clap::{Args, Subcommand};
-use redrive_proto::{
-    time::duration,
-    v1::{
-        self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckItem, PrecheckReport,
-        RunPrecheckRequest, Verdict,
-    },
+use redrive_proto::v1::{
+    self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckReport, RunPrecheckRequest, Verdict,
 };
 use serde::Serialize;
 
 use crate::{
+    args::OptionsArgs,
     client::Planner,
     error::{CliError, EX_OK},
     output::{self, cell, timestamp_text, write_json, write_table},
     selector::SelectorArgs,
+    views::{ITEM_COLUMNS, ItemJson, item_row},
 };
 
 /// The verdicts in precedence order (first match wins in the planner), which
@@ -104,9 +102,6 @@ pub const VERDICTS: [Verdict; 8] = [
     Verdict::NeedsCompensation,
     Verdict::Invalid,
 ];
-
-/// Largest `--state-check-batch` the planner accepts.
-pub const MAX_STATE_CHECK_BATCH: u32 = 5000;
 
 // ---------------------------------------------------------------------------
 // Command line
@@ -157,75 +152,6 @@ pub struct RunArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub options: OptionsArgs,
-}
-
-/// Precheck options (module docs).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
-#[command(next_help_heading = "Precheck options")]
-pub struct OptionsArgs {
-    /// Items of this event type (or prefix ending in `*`) older than DURATION are
-    /// stale, e.g. `payment.*=2h`; repeatable. Added to the planner's policy:
-    /// the shorter deadline applies; a longer one than the policy's needs
-    /// --override-policy.
-    #[arg(long = "stale-after", value_name = "TYPE=DURATION", value_parser = parse_stale_after)]
-    pub stale_after: Vec<StaleAfter>,
-
-    /// Items from this source (a DLQ name or import label, or a prefix ending
-    /// in `*`) older than DURATION are stale, e.g. `orders.dlq=30m`;
-    /// repeatable, like --stale-after.
-    #[arg(long = "stale-after-source", value_name = "SOURCE=DURATION", value_parser = parse_stale_after_source)]
-    pub stale_after_source: Vec<StaleAfter>,
-
-    /// Items of event types no --stale-after matches are stale after this long
-    /// (default: the planner's policy, else never).
-    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
-    pub default_stale_after: Option<Duration>,
-
-    /// An earlier successful replay of the same message key within this window
-    /// makes an item already_replayed (default: the planner's, 7 days unless
-    /// set; a shorter one needs --override-policy).
-    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
-    pub replay_key_window: Option<Duration>,
-
-    /// Re-dead-letters after which a message key is looping (default: the
-    /// planner's, 3 unless set; a higher one needs --override-policy).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_redrives: Option<u32>,
-
-    /// Messages per state-check hook call, 1-5000 (planner default 500).
-    #[arg(long = "state-check-batch", value_name = "N",
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STATE_CHECK_BATCH)))]
-    pub state_check_batch: Option<u32>,
-
-    /// Timeout of each state-check hook call (planner default 10s).
-    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
-    pub state_check_timeout: Option<Duration>,
-
-    /// Mark the items of an unreachable or failing state-check hook
-    /// blocked_by_state instead of failing the precheck.
-    #[arg(long)]
-    pub block_on_state_check_error: bool,
-
-    /// JSON pointer to the original event time in the body (RFC 3339 or epoch
-    /// seconds), e.g. `/meta/occurred_at`.
-    #[arg(long, value_name = "POINTER", value_parser = parse_json_pointer)]
-    pub event_time_pointer: Option<String>,
-
-    /// Let these options be looser than the planner's precheck policy (a
-    /// longer deadline, a shorter replay-key window, more redrives, another
-    /// event time pointer), saying why. Recorded in the report's warnings and
-    /// on every plan made from it.
-    #[arg(long, value_name = "REASON", value_parser = crate::commands::non_blank)]
-    pub override_policy: Option<String>,
-}
-
-/// One `--stale-after TYPE=DURATION`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StaleAfter {
-    /// An event type, or a prefix ending in `*`.
-    pub pattern: String,
-    /// Older than this is stale.
-    pub max_age: Duration,
 }
 
 /// `precheck show` arguments.
@@ -321,128 +247,6 @@ impl PrecheckArgs {
             },
         })
     }
-}
-
-impl OptionsArgs {
-    /// The proto options; unset flags leave the planner's defaults.
-    ///
-    /// # Errors
-    /// [`CliError::Usage`] when a `--stale-after` pattern is given twice.
-    pub fn to_options(&self) -> Result<v1::PrecheckOptions, CliError> {
-        Ok(v1::PrecheckOptions {
-            stale_after: rule_map("--stale-after", "event type", &self.stale_after)?,
-            stale_after_source: rule_map(
-                "--stale-after-source",
-                "source",
-                &self.stale_after_source,
-            )?,
-            default_stale_after: self.default_stale_after.map(duration),
-            replay_key_window: self.replay_key_window.map(duration),
-            max_redrives: self.max_redrives.unwrap_or(0),
-            state_check_batch_size: self.state_check_batch.unwrap_or(0),
-            state_check_timeout: self.state_check_timeout.map(duration),
-            block_on_state_check_error: self.block_on_state_check_error,
-            event_time_pointer: self.event_time_pointer.clone().unwrap_or_default(),
-            override_policy: self.override_policy.is_some(),
-            override_reason: self.override_policy.clone().unwrap_or_default(),
-        })
-    }
-}
-
-/// The `pattern → duration` map of a repeatable rule flag.
-///
-/// # Errors
-/// [`CliError::Usage`] when a pattern is given twice.
-fn rule_map(
-    flag: &str,
-    what: &str,
-    rules: &[StaleAfter],
-) -> Result<BTreeMap<String, prost_types::Duration>, CliError> {
-    let mut map = BTreeMap::new();
-    for StaleAfter { pattern, max_age } in rules {
-        if let Some(earlier) = map.insert(pattern.clone(), *max_age) {
-            return Err(CliError::Usage(format!(
-                "{flag}: {pattern} is given twice ({} and {}); give each {what} pattern once",
-                humantime::format_duration(earlier),
-                humantime::format_duration(*max_age),
-            )));
-        }
-    }
-    Ok(map
-        .into_iter()
-        .map(|(pattern, max_age)| (pattern, duration(max_age)))
-        .collect())
-}
-
-const STALE_AFTER_FORM: &str = "expected TYPE=DURATION, e.g. payment.*=2h or order.paid=30m";
-const STALE_AFTER_SOURCE_FORM: &str =
-    "expected SOURCE=DURATION, e.g. orders.dlq=30m or orders.*=1h";
-
-/// Parses `--stale-after TYPE=DURATION`: an event type, or a prefix ending in
-/// `*` (`*` alone matches every type), and a positive humantime duration.
-///
-/// # Errors
-/// A message saying what is wrong and the expected form, for clap (which names
-/// the flag).
-pub fn parse_stale_after(text: &str) -> Result<StaleAfter, String> {
-    parse_rule(text, "event type", STALE_AFTER_FORM)
-}
-
-/// Parses `--stale-after-source SOURCE=DURATION`: a source (DLQ name or import
-/// label), or a prefix ending in `*`, and a positive humantime duration.
-///
-/// # Errors
-/// As [`parse_stale_after`].
-pub fn parse_stale_after_source(text: &str) -> Result<StaleAfter, String> {
-    parse_rule(text, "source", STALE_AFTER_SOURCE_FORM)
-}
-
-fn parse_rule(text: &str, what: &str, form: &str) -> Result<StaleAfter, String> {
-    let Some((pattern, age)) = text.split_once('=') else {
-        return Err(format!("no '=' in {text:?}; {form}"));
-    };
-    let (pattern, age) = (pattern.trim(), age.trim());
-    if pattern.is_empty() {
-        return Err(format!("the {what} before '=' is empty; {form}"));
-    }
-    if pattern[..pattern.len() - 1].contains('*') {
-        return Err(format!(
-            "{pattern:?}: '*' may only end a pattern (a prefix such as payment.*); {form}"
-        ));
-    }
-    if age.is_empty() {
-        return Err(format!("no duration after '='; {form}"));
-    }
-    let max_age = parse_positive_duration(age)
-        .map_err(|problem| format!("{pattern}: duration {age:?}: {problem}; {form}"))?;
-    Ok(StaleAfter {
-        pattern: pattern.to_owned(),
-        max_age,
-    })
-}
-
-/// Parses a positive humantime duration (`90s`, `2h`, `1day 6h`).
-///
-/// # Errors
-/// The parser's complaint, or that it is zero.
-pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
-    let parsed = humantime::parse_duration(text.trim())
-        .map_err(|error| format!("{error} (e.g. 90s, 30m, 2h, 1day 6h)"))?;
-    if parsed.is_zero() {
-        return Err("must be longer than zero".to_owned());
-    }
-    Ok(parsed)
-}
-
-/// Checks `--event-time-pointer`: a JSON pointer (RFC 6901) starts with `/`.
-///
-/// # Errors
-/// What is wrong, for clap.
-pub fn parse_json_pointer(text: &str) -> Result<String, String> {
-    if !text.starts_with('/') {
-        return Err("a JSON pointer starts with '/' (RFC 6901), e.g. /meta/occurred_at".to_owned());
-    }
-    Ok(text.to_owned())
 }
 
 /// The verdict named `name` (`blocked_by_state`; `blocked-by-state` too).
@@ -555,40 +359,6 @@ impl BreakdownsJson {
             ("schema version", &self.schema_version),
             ("producer", &self.producer),
         ]
-    }
-}
-
-/// One precheck item.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ItemJson {
-    /// Decimal dead letter id.
-    pub dead_letter_id: String,
-    /// Idempotency key.
-    pub message_key: String,
-    /// A name of [`VERDICTS`].
-    pub verdict: &'static str,
-    /// Why this verdict.
-    pub reason: String,
-    /// Where it would be replayed.
-    pub destination: String,
-    /// Event type, if known.
-    pub event_type: Option<String>,
-    /// `plan compensations` only: found by the state re-check right before
-    /// publishing, not by the precheck.
-    pub at_send: bool,
-}
-
-impl From<&PrecheckItem> for ItemJson {
-    fn from(item: &PrecheckItem) -> Self {
-        Self {
-            dead_letter_id: item.dead_letter_id.clone(),
-            message_key: item.message_key.clone(),
-            verdict: item.verdict().name(),
-            reason: item.reason.clone(),
-            destination: item.destination.clone(),
-            event_type: item.event_type.clone(),
-            at_send: item.at_send,
-        }
     }
 }
 
@@ -952,16 +722,6 @@ struct ItemsQuery {
     all: bool,
 }
 
-/// The `items` table columns (also `plan compensations`).
-pub(crate) const ITEM_COLUMNS: &[&str] = &[
-    "dead_letter_id",
-    "verdict",
-    "message_key",
-    "destination",
-    "event_type",
-    "reason",
-];
-
 async fn items(
     planner: &mut Planner,
     query: ItemsQuery,
@@ -992,29 +752,17 @@ async fn items(
     Ok(EX_OK)
 }
 
-/// One `items` table row, in [`ITEM_COLUMNS`] order.
-pub(crate) fn item_row(item: &PrecheckItem) -> Vec<String> {
-    vec![
-        item.dead_letter_id.clone(),
-        if item.at_send {
-            format!("{} (at send)", item.verdict().name())
-        } else {
-            item.verdict().name().to_owned()
-        },
-        cell(&item.message_key).to_owned(),
-        cell(&item.destination).to_owned(),
-        cell(item.event_type.as_deref().unwrap_or_default()).to_owned(),
-        cell(&item.reason).to_owned(),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use redrive_proto::time::timestamp;
+    use redrive_proto::{
+        time::{duration, timestamp},
+        v1::PrecheckItem,
+    };
     use serde_json::json;
 
     use super::*;
+    use crate::args::{StaleAfter, parse_stale_after};
     use crate::selector::parse_rfc3339;
 
     #[derive(Debug, Parser)]

@@ -26,13 +26,11 @@ use redrive_proto::{
 use serde::Serialize;
 
 use crate::{
+    args::{OptionsArgs, parse_positive_duration},
     client::Planner,
-    commands::{
-        plan::view::EventJson,
-        precheck::{OptionsArgs, parse_positive_duration},
-    },
     error::{CliError, EX_OK},
     output::write_json,
+    views::EventJson,
 };
 
 /// `replay` arguments.
@@ -42,7 +40,7 @@ pub struct ReplayArgs {
     pub dead_letter_id: String,
 
     /// Why it is replayed (recorded as the plan's rationale and actions).
-    #[arg(long, value_name = "TEXT", value_parser = crate::commands::non_blank)]
+    #[arg(long, value_name = "TEXT", value_parser = crate::args::non_blank)]
     pub reason: String,
 
     /// How long the planner waits for an executor's outcome (planner default

@@ -4,11 +4,14 @@
 //! plan is final, with an exit code).
 
 use std::{
-    io::Write,
+    fmt,
+    io::{self, Write},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use chrono::{DateTime, Utc};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use redrive_proto::{
     time::from_timestamp,
     v1::{
@@ -21,12 +24,13 @@ use tonic::Code;
 
 use super::{
     pace::{self, Elapsed, Pace, RateWindow, StallChange, StallWatch},
-    view::{self, EventJson, PlanJson, percent_done, state_text},
+    view::{self, PlanJson, percent_done, state_text},
 };
 use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     output::write_json,
+    views::EventJson,
 };
 
 // ---------------------------------------------------------------------------
@@ -43,11 +47,11 @@ pub enum WatchMode {
     /// the status line again every [`LINES_HEARTBEAT`] while nothing
     /// changes: for logs and pipes.
     Lines,
-    /// A single progress line redrawn in place (`\r`) every [`TICK`], cut to
-    /// fit so it never wraps, events and warnings printed above it: for a
-    /// terminal.
+    /// A single progress line drawn by `indicatif` and redrawn every
+    /// [`TICK`], its text cut to fit the width; events and warnings are
+    /// printed above it: for a terminal.
     Bar {
-        /// Terminal columns; the line is cut to fit.
+        /// Terminal columns; the line's text is cut to fit.
         width: usize,
     },
 }
@@ -156,16 +160,85 @@ impl Now {
     }
 }
 
-/// Cells of the bar's `[####----]`.
-const BAR_CELLS: u64 = 24;
+/// The bar line: `[#########---------------] ` then [`progress_text`] and
+/// the pace, cut to the terminal width.
+const BAR_TEMPLATE: &str = "[{bar:24}] {wide_msg}";
+
+/// The bar's terminal for `indicatif`: `width` columns behind a writer
+/// (stdout; a buffer in tests), moved about with ANSI escape sequences.
+struct BarTerm {
+    width: u16,
+    out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl BarTerm {
+    fn write(&self, text: &str) -> io::Result<()> {
+        let mut out = self
+            .out
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        out.write_all(text.as_bytes())
+    }
+
+    fn move_cursor(&self, count: usize, direction: char) -> io::Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        self.write(&format!("\x1b[{count}{direction}"))
+    }
+}
+
+impl fmt::Debug for BarTerm {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("BarTerm")
+            .field("width", &self.width)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TermLike for BarTerm {
+    fn width(&self) -> u16 {
+        self.width
+    }
+    fn move_cursor_up(&self, count: usize) -> io::Result<()> {
+        self.move_cursor(count, 'A')
+    }
+    fn move_cursor_down(&self, count: usize) -> io::Result<()> {
+        self.move_cursor(count, 'B')
+    }
+    fn move_cursor_right(&self, count: usize) -> io::Result<()> {
+        self.move_cursor(count, 'C')
+    }
+    fn move_cursor_left(&self, count: usize) -> io::Result<()> {
+        self.move_cursor(count, 'D')
+    }
+    fn write_line(&self, line: &str) -> io::Result<()> {
+        self.write(line)?;
+        self.write("\n")
+    }
+    fn write_str(&self, text: &str) -> io::Result<()> {
+        self.write(text)
+    }
+    fn clear_line(&self) -> io::Result<()> {
+        self.write("\r\x1b[2K")
+    }
+    fn flush(&self) -> io::Result<()> {
+        let mut out = self
+            .out
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        out.flush()
+    }
+}
 
 /// Renders `plan watch` updates to `out` (flushing after each, so a pipe or
 /// terminal sees them at once), with the plan's pace and stall warnings.
 pub struct Watcher<'a> {
     out: &'a mut dyn Write,
     mode: WatchMode,
-    /// The last progress line drawn (bar) or printed (lines).
-    last_line: Option<String>,
+    /// Bar: the progress bar, drawn on its own writer (stdout).
+    bar: Option<ProgressBar>,
     /// Lines: the progress part of the last line printed (the pace part
     /// changes every second; a change of this part is printed at once).
     last_progress: Option<String>,
@@ -181,12 +254,41 @@ pub struct Watcher<'a> {
 
 impl<'a> Watcher<'a> {
     /// A watcher writing to `out` in `mode`, warning after `stall_after`
-    /// without progress in `canary` or `main`.
+    /// without progress in `canary` or `main`; the bar of
+    /// [`WatchMode::Bar`] is drawn on stdout (`out` gets the final line).
     pub fn new(out: &'a mut dyn Write, mode: WatchMode, stall_after: Duration) -> Self {
+        Self::with_bar_output(out, mode, stall_after, Box::new(io::stdout()))
+    }
+
+    /// [`Watcher::new`] with the bar drawn on `bar_output` (ignored in the
+    /// other modes).
+    pub fn with_bar_output(
+        out: &'a mut dyn Write,
+        mode: WatchMode,
+        stall_after: Duration,
+        bar_output: Box<dyn Write + Send>,
+    ) -> Self {
+        let bar = match mode {
+            WatchMode::Bar { width } => {
+                let term = BarTerm {
+                    width: u16::try_from(width).unwrap_or(u16::MAX),
+                    out: Mutex::new(bar_output),
+                };
+                let bar = ProgressBar::with_draw_target(
+                    Some(0),
+                    ProgressDrawTarget::term_like(Box::new(term)),
+                );
+                if let Ok(style) = ProgressStyle::with_template(BAR_TEMPLATE) {
+                    bar.set_style(style.progress_chars("#-"));
+                }
+                Some(bar)
+            }
+            WatchMode::Json | WatchMode::Lines => None,
+        };
         Self {
             out,
             mode,
-            last_line: None,
+            bar,
             last_progress: None,
             last_printed: None,
             last_plan: None,
@@ -227,7 +329,7 @@ impl<'a> Watcher<'a> {
                     self.print_line(plan, now)?;
                 }
             }
-            WatchMode::Bar { .. } => self.draw_bar(plan, now)?,
+            WatchMode::Bar { .. } => self.draw_bar(plan, now),
         }
         self.out.flush()
     }
@@ -241,7 +343,7 @@ impl<'a> Watcher<'a> {
         match self.mode {
             WatchMode::Json => write_json(self.out, &WatchLine::Event(&view))?,
             WatchMode::Lines => writeln!(self.out, "{}", event_text(&view))?,
-            WatchMode::Bar { .. } => self.above_bar(&event_text(&view))?,
+            WatchMode::Bar { .. } => self.above_bar(&event_text(&view)),
         }
         self.out.flush()
     }
@@ -269,7 +371,7 @@ impl<'a> Watcher<'a> {
                     self.print_line(&plan, now)?;
                 }
             }
-            WatchMode::Bar { .. } => self.draw_bar(&plan, now)?,
+            WatchMode::Bar { .. } => self.draw_bar(&plan, now),
         }
         self.out.flush()
     }
@@ -288,8 +390,10 @@ impl<'a> Watcher<'a> {
         if self.mode == WatchMode::Json {
             return Ok(());
         }
-        if matches!(self.mode, WatchMode::Bar { .. }) && self.last_line.is_some() {
-            writeln!(self.out)?;
+        if let Some(bar) = &self.bar {
+            // Left drawn; the cursor is past its end, so what follows starts
+            // on the next line.
+            bar.finish();
         }
         let view = PlanJson::from(plan);
         writeln!(self.out, "plan {} {}", view.plan_id, state_text(&view))?;
@@ -338,35 +442,33 @@ impl<'a> Watcher<'a> {
         writeln!(self.out, "{line}")?;
         self.last_progress = Some(progress);
         self.last_printed = Some(now.at);
-        self.last_line = Some(line);
         Ok(())
     }
 
     /// Bar: redraws the line of `plan` at `now` in place.
-    fn draw_bar(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
-        let WatchMode::Bar { width } = self.mode else {
-            return Ok(());
+    fn draw_bar(&mut self, plan: &Plan, now: Now) {
+        let Some(bar) = &self.bar else {
+            return;
         };
-        let line = fit(
-            &with_pace(bar_text(&PlanJson::from(plan)), &self.pace(plan, now)),
-            width,
-        );
-        write!(self.out, "\r{line}\x1b[K")?;
-        self.last_line = Some(line);
-        Ok(())
+        let view = PlanJson::from(plan);
+        bar.set_message(with_pace(progress_text(&view), &self.pace(plan, now)));
+        bar.update(|state| {
+            state.set_len(view.total_items);
+            state.set_pos(view.items_done.min(view.total_items));
+        });
+        // indicatif skips draws coming faster than its refresh rate; the
+        // latest state is drawn now.
+        bar.force_draw();
     }
 
     /// Bar: `text` on a line of its own above the bar (whole: a finished line
     /// may wrap), then the bar again.
-    fn above_bar(&mut self, text: &str) -> std::io::Result<()> {
-        // The text carries dead letters' keys and reasons: their control
-        // characters are shown, not obeyed.
-        let text = crate::escape::visible(text);
-        write!(self.out, "\r\x1b[K{text}\n")?;
-        if let Some(line) = &self.last_line {
-            write!(self.out, "{line}\x1b[K")?;
+    fn above_bar(&self, text: &str) {
+        if let Some(bar) = &self.bar {
+            // The text carries dead letters' keys and reasons: their control
+            // characters are shown, not obeyed.
+            bar.println(crate::escape::visible(text));
         }
-        Ok(())
     }
 
     /// A stall warning or its end, in the mode's form.
@@ -384,7 +486,10 @@ impl<'a> Watcher<'a> {
                 write_json(self.out, &WatchLine::Resumed(&stall))
             }
             (WatchMode::Lines, _) => writeln!(self.out, "{text}"),
-            (WatchMode::Bar { .. }, _) => self.above_bar(&text),
+            (WatchMode::Bar { .. }, _) => {
+                self.above_bar(&text);
+                Ok(())
+            }
         }
     }
 }
@@ -416,21 +521,6 @@ pub fn progress_text(plan: &PlanJson) -> String {
     line
 }
 
-/// `[#########---------------] ` then [`progress_text`].
-pub fn bar_text(plan: &PlanJson) -> String {
-    let filled = (plan.items_done.min(plan.total_items) * BAR_CELLS)
-        .checked_div(plan.total_items)
-        .unwrap_or(0);
-    let filled = usize::try_from(filled).unwrap_or(0);
-    let cells = usize::try_from(BAR_CELLS).unwrap_or(0);
-    format!(
-        "[{}{}] {}",
-        "#".repeat(filled),
-        "-".repeat(cells - filled),
-        progress_text(plan)
-    )
-}
-
 /// `2024-05-01T12:00:01Z sent order-1:pay` and the reason, if any.
 pub fn event_text(event: &EventJson) -> String {
     let mut line = format!(
@@ -448,12 +538,6 @@ pub fn event_text(event: &EventJson) -> String {
         line.push_str(&event.reason);
     }
     line
-}
-
-/// `line` cut to `width - 1` characters (the last column stays free, so the
-/// terminal does not wrap).
-fn fit(line: &str, width: usize) -> String {
-    line.chars().take(width.saturating_sub(1).max(1)).collect()
 }
 
 /// Sleeps until `deadline`, or for ever without one.
@@ -649,6 +733,8 @@ pub fn print_plan(out: &mut dyn Write, plan: &Plan, json: bool) -> std::io::Resu
 mod tests {
     use redrive_proto::v1::{self, AuditAction, Wave};
 
+    use std::sync::Arc;
+
     use super::*;
 
     fn plan(state: PlanState, done: u64) -> Plan {
@@ -824,9 +910,48 @@ mod tests {
         );
     }
 
+    /// A writer the bar's terminal and the test share.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// (what went to `out`, what indicatif drew on the bar's terminal).
+    fn render_bar(width: usize, run: impl FnOnce(&mut Watcher<'_>, &Clock)) -> (String, String) {
+        let mut out = Vec::new();
+        let screen = Shared::default();
+        run(
+            &mut Watcher::with_bar_output(
+                &mut out,
+                WatchMode::Bar { width },
+                Duration::from_secs(30),
+                Box::new(screen.clone()),
+            ),
+            &Clock::new(),
+        );
+        let drawn = String::from_utf8(screen.0.lock().unwrap().clone()).unwrap();
+        (String::from_utf8(out).unwrap(), drawn)
+    }
+
+    /// Where `needle` first is in `haystack`, after `from`.
+    fn position(haystack: &str, needle: &str, from: usize) -> usize {
+        haystack[from..]
+            .find(needle)
+            .map(|at| from + at)
+            .unwrap_or_else(|| panic!("{needle:?} not after {from} in {haystack:?}"))
+    }
+
     #[test]
     fn the_bar_redraws_in_place_and_events_go_above_it() {
-        let text = render(WatchMode::Bar { width: 120 }, |watcher, clock| {
+        let (out, drawn) = render_bar(120, |watcher, clock| {
             watcher
                 .progress(&plan(PlanState::Canary, 25), clock.at(0.0))
                 .unwrap();
@@ -840,35 +965,59 @@ mod tests {
             "[######------------------] canary  25/100 25.0%  sent 25  rate —  watched 0s  eta —";
         let ticked = "[######------------------] canary  25/100 25.0%  sent 25  rate 0.0/s  watched 1s  eta —";
         let done = "[########################] completed  100/100 100.0%  sent 100";
-        assert_eq!(
-            text,
-            format!(
-                "\r{bar}\x1b[K\r\x1b[K- failed order-1:pay nack\n{bar}\x1b[K\r{ticked}\x1b[K\
-                 \r{done}\x1b[K\nplan p-1 completed\n"
-            )
+        // The bar, the event on a line of its own with the bar drawn again
+        // under it, the pace a second later, the final state left drawn.
+        let first = position(&drawn, bar, 0);
+        let event_at = position(&drawn, "- failed order-1:pay nack", first);
+        let again = position(&drawn, bar, event_at);
+        let ticked_at = position(&drawn, ticked, again);
+        position(&drawn, done, ticked_at);
+        // The bar's lines are padded to the width, never longer.
+        assert!(
+            drawn.contains(&format!("{bar}{}", " ".repeat(120 - bar.chars().count()))),
+            "{drawn:?}"
         );
-        // A narrow terminal gets a cut line, never a wrapped one.
-        let narrow = render(WatchMode::Bar { width: 20 }, |watcher, clock| {
+        // People's output gets the final state only.
+        assert_eq!(out, "plan p-1 completed\n");
+
+        // A narrow terminal gets the text cut, the bar whole.
+        let (_, narrow) = render_bar(40, |watcher, clock| {
             watcher
                 .progress(&plan(PlanState::Main, 50), clock.at(0.0))
                 .unwrap();
         });
-        assert_eq!(narrow, "\r[############------\x1b[K");
-        // A stall warning goes above the bar too.
-        let stalled = render(WatchMode::Bar { width: 30 }, |watcher, clock| {
+        assert!(
+            narrow.contains("[############------------] main  50/100 "),
+            "{narrow:?}"
+        );
+        assert!(!narrow.contains("50.0%"), "{narrow:?}");
+
+        // A stall warning goes above the bar too, and so do dead letters'
+        // control characters, escaped.
+        let (_, stalled) = render_bar(120, |watcher, clock| {
             watcher
                 .progress(&plan(PlanState::Main, 50), clock.at(0.0))
                 .unwrap();
             watcher.tick(clock.at(30.0)).unwrap();
+            watcher
+                .event(&AuditEvent {
+                    message_key: "order-1\x1b]52;c;aGk=\x07".into(),
+                    ..event()
+                })
+                .unwrap();
         });
-        assert!(
-            stalled.contains("\r\x1b[Kwarning: no progress for 30s (plan main, 50/100 done);"),
-            "{stalled:?}"
+        let warning = position(
+            &stalled,
+            "warning: no progress for 30s (plan main, 50/100 done);",
+            0,
         );
-        assert!(
-            stalled.ends_with("\r[############------------] ma\x1b[K"),
-            "{stalled:?}"
+        let redrawn = position(&stalled, "[############------------] main  50/100", warning);
+        position(
+            &stalled,
+            r"- failed order-1\x1b]52;c;aGk=\x07 nack",
+            redrawn,
         );
+        assert!(!stalled.contains("\x1b]52"), "{stalled:?}");
     }
 
     #[test]

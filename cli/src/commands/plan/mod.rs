@@ -98,10 +98,11 @@ use self::{
     view::{AuditReportJson, Destination, PlanJson},
 };
 use crate::{
+    args::parse_positive_duration,
     client::Planner,
-    commands::precheck::{ITEM_COLUMNS, ItemJson, item_row, parse_positive_duration},
     error::{CliError, EX_OK},
     output::{terminal_width, write_json},
+    views::{ITEM_COLUMNS, ItemJson, item_row},
 };
 
 // ---------------------------------------------------------------------------

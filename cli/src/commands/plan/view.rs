@@ -1,5 +1,5 @@
-//! The stable JSON shapes of plans, audit events and audit reports, and their
-//! renderings for people.
+//! The stable JSON shapes of plans and audit reports, and their renderings for
+//! people; the audit event shape is [`crate::views::EventJson`].
 //!
 //! # Plan (`--json` of `create`, `approve`, `status`, `wait`, `promote`,
 //! `pause`, `resume`, `cancel`; each element of `list`)
@@ -25,14 +25,6 @@
 //! Plain proto strings stay strings (`""` when unset); timestamps and
 //! durations that are not set are null.
 //!
-//! # Audit event (`watch --json --events`, the report's `not_sent`)
-//!
-//! `{"plan_id", "slice_id", "dead_letter_id", "message_key", "action",
-//! "reason", "wave", "executor_id", "attempt", "confirm_latency_us", "at"}`:
-//! `action` is a name of [`ACTIONS`], `wave` `canary` or `main`
-//! (`unspecified` for events outside a wave), `attempt` and
-//! `confirm_latency_us` integers, `at` RFC 3339 or null, the rest strings.
-//!
 //! # Audit report (`report --format json`)
 //!
 //! `{"plan": plan or null, "counts": counts, "sent_keys": [string], "not_sent":
@@ -42,11 +34,14 @@ use std::{fmt, io::Write};
 
 use redrive_proto::{
     time::from_duration,
-    v1::{self, AuditAction, AuditEvent, Plan, PlanState, Wave},
+    v1::{self, AuditAction, Plan, PlanState},
 };
 use serde::Serialize;
 
-use crate::output::{self, cell, timestamp_text, write_table};
+use crate::{
+    output::{self, cell, timestamp_text, write_table},
+    views::EventJson,
+};
 
 /// The audit actions, in the order of every count table and JSON `counts`
 /// object: sent first, then why the others were not.
@@ -60,15 +55,6 @@ pub const ACTIONS: [AuditAction; 8] = [
     AuditAction::Unroutable,
     AuditAction::Uncertain,
 ];
-
-/// `canary`, `main`, or `unspecified`.
-pub fn wave_name(wave: Wave) -> &'static str {
-    match wave {
-        Wave::Unspecified => "unspecified",
-        Wave::Canary => "canary",
-        Wave::Main => "main",
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Destination
@@ -310,41 +296,6 @@ impl From<&Plan> for PlanJson {
                 })
                 .collect(),
             warnings: plan.warnings.clone(),
-        }
-    }
-}
-
-/// One audit event in its stable JSON shape (module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[allow(missing_docs)] // Named as the proto fields; the module docs describe them.
-pub struct EventJson {
-    pub plan_id: String,
-    pub slice_id: String,
-    pub dead_letter_id: String,
-    pub message_key: String,
-    pub action: &'static str,
-    pub reason: String,
-    pub wave: &'static str,
-    pub executor_id: String,
-    pub attempt: u32,
-    pub confirm_latency_us: u64,
-    pub at: Option<String>,
-}
-
-impl From<&AuditEvent> for EventJson {
-    fn from(event: &AuditEvent) -> Self {
-        Self {
-            plan_id: event.plan_id.clone(),
-            slice_id: event.slice_id.clone(),
-            dead_letter_id: event.dead_letter_id.clone(),
-            message_key: event.message_key.clone(),
-            action: event.action().name(),
-            reason: event.reason.clone(),
-            wave: wave_name(event.wave()),
-            executor_id: event.executor_id.clone(),
-            attempt: event.attempt,
-            confirm_latency_us: event.confirm_latency_us,
-            at: timestamp_text(event.at.as_ref()),
         }
     }
 }
@@ -659,7 +610,10 @@ pub fn list_row(plan: &PlanJson) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use redrive_proto::time::{duration, timestamp};
+    use redrive_proto::{
+        time::{duration, timestamp},
+        v1::{AuditEvent, Wave},
+    };
     use serde_json::json;
 
     use super::*;

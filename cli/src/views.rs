@@ -1,0 +1,130 @@
+//! The stable JSON shapes and table rows that more than one command prints,
+//! so that commands do not import each other's views.
+//!
+//! # Precheck item ([`ItemJson`]: `precheck items`, `plan compensations`,
+//! a report's `sample_blocked`)
+//!
+//! `{"dead_letter_id", "message_key", "verdict", "reason", "destination",
+//! "event_type", "at_send"}`: `verdict` a name of
+//! [`VERDICTS`](crate::commands::precheck::VERDICTS), `event_type` a string or
+//! null, `at_send` a bool, the rest strings. As a table: [`ITEM_COLUMNS`],
+//! [`item_row`].
+//!
+//! # Audit event ([`EventJson`]: `plan watch --json --events`, a report's
+//! `not_sent`, `replay`)
+//!
+//! `{"plan_id", "slice_id", "dead_letter_id", "message_key", "action",
+//! "reason", "wave", "executor_id", "attempt", "confirm_latency_us", "at"}`:
+//! `action` is a name of [`ACTIONS`](crate::commands::plan::view::ACTIONS),
+//! `wave` `canary` or `main` (`unspecified` for events outside a wave),
+//! `attempt` and `confirm_latency_us` integers, `at` RFC 3339 or null, the
+//! rest strings.
+
+use redrive_proto::v1::{AuditEvent, PrecheckItem, Wave};
+use serde::Serialize;
+
+use crate::output::{cell, timestamp_text};
+
+/// One precheck item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ItemJson {
+    /// Decimal dead letter id.
+    pub dead_letter_id: String,
+    /// Idempotency key.
+    pub message_key: String,
+    /// A name of [`VERDICTS`](crate::commands::precheck::VERDICTS).
+    pub verdict: &'static str,
+    /// Why this verdict.
+    pub reason: String,
+    /// Where it would be replayed.
+    pub destination: String,
+    /// Event type, if known.
+    pub event_type: Option<String>,
+    /// `plan compensations` only: found by the state re-check right before
+    /// publishing, not by the precheck.
+    pub at_send: bool,
+}
+
+impl From<&PrecheckItem> for ItemJson {
+    fn from(item: &PrecheckItem) -> Self {
+        Self {
+            dead_letter_id: item.dead_letter_id.clone(),
+            message_key: item.message_key.clone(),
+            verdict: item.verdict().name(),
+            reason: item.reason.clone(),
+            destination: item.destination.clone(),
+            event_type: item.event_type.clone(),
+            at_send: item.at_send,
+        }
+    }
+}
+
+/// The `items` table columns (also `plan compensations`).
+pub const ITEM_COLUMNS: &[&str] = &[
+    "dead_letter_id",
+    "verdict",
+    "message_key",
+    "destination",
+    "event_type",
+    "reason",
+];
+
+/// One `items` table row, in [`ITEM_COLUMNS`] order.
+pub fn item_row(item: &PrecheckItem) -> Vec<String> {
+    vec![
+        item.dead_letter_id.clone(),
+        if item.at_send {
+            format!("{} (at send)", item.verdict().name())
+        } else {
+            item.verdict().name().to_owned()
+        },
+        cell(&item.message_key).to_owned(),
+        cell(&item.destination).to_owned(),
+        cell(item.event_type.as_deref().unwrap_or_default()).to_owned(),
+        cell(&item.reason).to_owned(),
+    ]
+}
+
+/// `canary`, `main`, or `unspecified`.
+pub fn wave_name(wave: Wave) -> &'static str {
+    match wave {
+        Wave::Unspecified => "unspecified",
+        Wave::Canary => "canary",
+        Wave::Main => "main",
+    }
+}
+
+/// One audit event in its stable JSON shape (module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[allow(missing_docs)] // Named as the proto fields; the module docs describe them.
+pub struct EventJson {
+    pub plan_id: String,
+    pub slice_id: String,
+    pub dead_letter_id: String,
+    pub message_key: String,
+    pub action: &'static str,
+    pub reason: String,
+    pub wave: &'static str,
+    pub executor_id: String,
+    pub attempt: u32,
+    pub confirm_latency_us: u64,
+    pub at: Option<String>,
+}
+
+impl From<&AuditEvent> for EventJson {
+    fn from(event: &AuditEvent) -> Self {
+        Self {
+            plan_id: event.plan_id.clone(),
+            slice_id: event.slice_id.clone(),
+            dead_letter_id: event.dead_letter_id.clone(),
+            message_key: event.message_key.clone(),
+            action: event.action().name(),
+            reason: event.reason.clone(),
+            wave: wave_name(event.wave()),
+            executor_id: event.executor_id.clone(),
+            attempt: event.attempt,
+            confirm_latency_us: event.confirm_latency_us,
+            at: timestamp_text(event.at.as_ref()),
+        }
+    }
+}
