@@ -184,6 +184,28 @@ impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
     }
 }
 
+/// A dead letter's deadline ([`PrecheckOptions::deadline_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline<'a> {
+    /// How old it may be.
+    pub max_age: Duration,
+    /// Which rule set `max_age`.
+    pub rule: DeadlineRule<'a>,
+    /// What its age counts from.
+    pub event_time: DateTime<Utc>,
+    /// What `event_time` is (`event time in the body`, `timestamp property`,
+    /// `first death`).
+    pub basis: &'static str,
+}
+
+impl Deadline<'_> {
+    /// When it turns stale; `None` beyond what a timestamp holds.
+    pub fn at(&self) -> Option<DateTime<Utc>> {
+        self.event_time
+            .checked_add_signed(chrono::Duration::from_std(self.max_age).ok()?)
+    }
+}
+
 /// Where a dead letter's deadline comes from (for the `stale` reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeadlineRule<'a> {
@@ -231,22 +253,28 @@ impl PrecheckOptions {
         }
     }
 
-    /// When a dead letter turns stale under these options: its deadline
-    /// ([`PrecheckOptions::deadline`]) after its [`event_time`]; `None` when
-    /// no deadline applies (or the sum is beyond what a timestamp holds).
-    /// The precheck records it per item, and the executor checks it right
-    /// before publishing: one rule, decided once.
-    pub fn stale_at(
+    /// A dead letter's deadline under these options: the rule that applies
+    /// to its event type and source ([`PrecheckOptions::deadline`]) and the
+    /// [`event_time`] its age counts from; `None` when no rule applies. The
+    /// precheck reads it once per dead letter, for the `stale` verdict and
+    /// for the `stale_at` it records (which the executor checks right before
+    /// publishing): one rule, decided once.
+    pub fn deadline_of(
         &self,
         event_type: Option<&str>,
         source: &str,
         body: Option<&[u8]>,
         occurred_at: Option<DateTime<Utc>>,
         first_died_at: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
-        let max_age = self.max_age_for(event_type, Some(source))?;
-        let (event_time, _) = event_time(self, body, occurred_at, first_died_at);
-        event_time.checked_add_signed(chrono::Duration::from_std(max_age).ok()?)
+    ) -> Option<Deadline<'_>> {
+        let (max_age, rule) = self.deadline(event_type, Some(source))?;
+        let (event_time, basis) = event_time(self, body, occurred_at, first_died_at);
+        Some(Deadline {
+            max_age,
+            rule,
+            event_time,
+            basis,
+        })
     }
 
     /// [`PrecheckOptions::deadline`] without the rule.

@@ -27,7 +27,7 @@ use crate::{
     error::Error,
     ids::PageToken,
     inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
-    options::{DeadlineRule, PrecheckOptions, event_time},
+    options::{Deadline, DeadlineRule, PrecheckOptions},
     policy::Policy,
     selector::Selector,
     state_check::{StateCheckError, StateChecker, StateDecision},
@@ -47,11 +47,40 @@ const SAMPLE_BLOCKED: usize = 20;
 /// See [`SAMPLE_BLOCKED`].
 const SAMPLE_PER_VERDICT: usize = 5;
 
+/// A candidate's deadline under `options` ([`PrecheckOptions::deadline_of`]).
+fn deadline<'a>(candidate: &Candidate, options: &'a PrecheckOptions) -> Option<Deadline<'a>> {
+    options.deadline_of(
+        candidate.event_type.as_deref(),
+        &candidate.source,
+        candidate
+            .payload
+            .as_ref()
+            .map(|(body, _, _)| body.as_slice()),
+        candidate.occurred_at,
+        candidate.first_died_at,
+    )
+}
+
 /// The verdict of a candidate before the state check, or `None` when it goes
 /// on to the state check.
 pub fn classify(
     candidate: &Candidate,
     options: &PrecheckOptions,
+    now: DateTime<Utc>,
+) -> Option<(Verdict, String)> {
+    classify_with(
+        candidate,
+        options,
+        deadline(candidate, options).as_ref(),
+        now,
+    )
+}
+
+/// [`classify`] with the candidate's deadline already read.
+fn classify_with(
+    candidate: &Candidate,
+    options: &PrecheckOptions,
+    deadline: Option<&Deadline<'_>>,
     now: DateTime<Utc>,
 ) -> Option<(Verdict, String)> {
     if candidate.destination.is_empty() {
@@ -102,18 +131,13 @@ pub fn classify(
             ),
         ));
     }
-    if let Some((max_age, rule)) =
-        options.deadline(candidate.event_type.as_deref(), Some(&candidate.source))
+    if let Some(&Deadline {
+        max_age,
+        rule,
+        event_time,
+        basis,
+    }) = deadline
     {
-        let (event_time, basis) = event_time(
-            options,
-            candidate
-                .payload
-                .as_ref()
-                .map(|(body, _, _)| body.as_slice()),
-            candidate.occurred_at,
-            candidate.first_died_at,
-        );
         let age = (now - event_time).to_std().unwrap_or_default();
         if age > max_age {
             let of = match rule {
@@ -410,27 +434,25 @@ async fn classify_all(
             let chunk = chunk
                 .into_iter()
                 .collect::<Result<Vec<Candidate>, StoreError>>()?;
+            let deadlines: Vec<Option<Deadline<'_>>> = chunk
+                .iter()
+                .map(|candidate| deadline(candidate, options))
+                .collect();
             let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
                 .iter()
-                .map(|candidate| classify(candidate, options, now))
+                .zip(&deadlines)
+                .map(|(candidate, deadline)| {
+                    classify_with(candidate, options, deadline.as_ref(), now)
+                })
                 .collect();
             state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
-            for (candidate, verdict) in chunk.iter().zip(verdicts) {
+            for ((candidate, verdict), deadline) in chunk.iter().zip(verdicts).zip(&deadlines) {
                 let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
                 if candidate.message_key.starts_with("sha256:") {
                     body_hash_keys += 1;
                 }
                 report.add(candidate, verdict, &reason);
-                let stale_at = options.stale_at(
-                    candidate.event_type.as_deref(),
-                    &candidate.source,
-                    candidate
-                        .payload
-                        .as_ref()
-                        .map(|(body, _, _)| body.as_slice()),
-                    candidate.occurred_at,
-                    candidate.first_died_at,
-                );
+                let stale_at = deadline.as_ref().and_then(Deadline::at);
                 copy_line(
                     &mut buffer,
                     precheck_id,
