@@ -1,6 +1,7 @@
 //! One slice lease, as the executor holds it (docs/design.md, "Executor loop and
 //! guarantees"): the fencing token, the renewal (heartbeat), the stop signal
-//! pushed by the planner (`WatchLease`), the executor's own deadline, outcome
+//! pushed by the planner (`WatchLease`), the executor's own deadline, the
+//! write-ahead mark of what it may publish (`MarkPublishing`), outcome
 //! reports and the end of the lease.
 //!
 //! # When publishing stops
@@ -92,6 +93,9 @@ struct Shared {
     /// (its expiry makes every unreported item uncertain; a release would
     /// let them be published again with no `uncertain` on the record).
     unreported: std::sync::atomic::AtomicBool,
+    /// The write-ahead mark the planner recorded: items up to this position
+    /// may be published (`None`: nothing yet).
+    marked: Mutex<Option<u64>>,
 }
 
 impl Shared {
@@ -155,6 +159,7 @@ impl Lease {
             reason: Mutex::new(None),
             deadline: Mutex::new(Instant::now()),
             unreported: std::sync::atomic::AtomicBool::new(false),
+            marked: Mutex::new(None),
         });
         let sent_at = Instant::now();
         match renew(&mut coordinator.clone(), &shared).await {
@@ -249,6 +254,70 @@ impl Lease {
     /// Whether the lease is lost (not merely stopped).
     pub fn is_lost(&self) -> bool {
         matches!(self.stop_reason(), Some(StopReason::Lost(_)))
+    }
+
+    /// Makes sure the planner has recorded this lease's write-ahead mark
+    /// through item position `through` (`MarkPublishing`; docs/design.md,
+    /// "Precise uncertain items"): call it before publishing any item past
+    /// the last mark, and publish nothing past it on `false`. A mark that
+    /// already covers `through` costs nothing. Retried with backoff while
+    /// the planner does not answer (each try bounded by a third of the TTL),
+    /// until publishing stops: the lease's own deadline ends that wait.
+    ///
+    /// Returns `true` once recorded, `false` when publishing stopped first
+    /// or the planner refused the token (the lease is lost then).
+    pub async fn mark_publishing(&self, through: u64) -> bool {
+        let covered = |marked: &Mutex<Option<u64>>| {
+            marked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some_and(|marked| marked >= through)
+        };
+        if covered(&self.shared.marked) {
+            return true;
+        }
+        let request = v1::MarkPublishingRequest {
+            slice_id: self.shared.slice_id.clone(),
+            fencing_token: self.shared.token,
+            through_item_id: through.to_string(),
+        };
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            let mut coordinator = self.coordinator.clone();
+            let call = tokio::time::timeout(
+                self.shared.ttl / 3,
+                coordinator.mark_publishing(request.clone()),
+            );
+            let answer = tokio::select! {
+                () = self.stopped() => return false,
+                answer = call => answer,
+            };
+            match answer {
+                Ok(Ok(_)) => {
+                    let mut marked = self
+                        .shared
+                        .marked
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    *marked = Some(marked.map_or(through, |marked| marked.max(through)));
+                    return true;
+                }
+                Ok(Err(status)) if is_stale_token(&status) => {
+                    self.stop(StopReason::Lost(status.message().to_owned()));
+                    return false;
+                }
+                Ok(Err(status)) => {
+                    warn!(code = ?status.code(), message = status.message(), "cannot mark what this lease publishes; retrying");
+                }
+                Err(_) => warn!(
+                    "marking what this lease publishes took longer than a third of the TTL; retrying"
+                ),
+            }
+            tokio::select! {
+                () = self.stopped() => return false,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
+        }
     }
 
     /// Stops publishing for `reason`.

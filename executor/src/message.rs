@@ -22,6 +22,10 @@ pub const COUNT_HEADER: &str = "redrive-count";
 pub const REASON_HEADER: &str = "redrive-dead-letter-reason";
 /// W3C Trace Context header (<https://www.w3.org/TR/trace-context/>).
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// Header naming the executor that published this copy (its
+/// `--executor-id`, as in the audit): two copies of one message id from two
+/// executors are a lease takeover, and the audit's `uncertain` says why.
+pub const EXECUTOR_ID_HEADER: &str = "redrive-executor-id";
 
 /// What a replay does with one broker-interpreted field of the captured message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,13 +182,14 @@ fn text(value: &str) -> AMQPValue {
 }
 
 /// The AMQP properties of the replay of `item`, attempt `attempt` of plan
-/// `plan_id`.
+/// `plan_id`, published by `executor_id`.
 ///
 /// # Errors
 /// A stored header or property that AMQP cannot carry (a short string over 255
 /// bytes); the item is then reported failed.
 pub fn properties(
     plan_id: &str,
+    executor_id: &str,
     item: &v1::SliceItem,
     attempt: u32,
 ) -> Result<BasicProperties, String> {
@@ -203,6 +208,7 @@ pub fn properties(
         }
     }
     headers.insert(ShortString::from(PLAN_ID_HEADER), text(plan_id));
+    headers.insert(ShortString::from(EXECUTOR_ID_HEADER), text(executor_id));
     headers.insert(
         ShortString::from(ATTEMPT_HEADER),
         AMQPValue::LongInt(i32::try_from(attempt).unwrap_or(i32::MAX)),
@@ -272,7 +278,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let properties = properties("plan-1", &item, 2).unwrap();
+        let properties = properties("plan-1", "executor-1", &item, 2).unwrap();
         let headers = properties.headers().as_ref().unwrap().inner();
         assert!(!headers.contains_key("x-death"));
         assert!(!headers.contains_key("x-first-death-reason"));
@@ -289,6 +295,7 @@ mod tests {
         assert_eq!(headers.get("tenant"), Some(&text("acme")));
         assert_eq!(headers.get("retries"), Some(&AMQPValue::ShortInt(2)));
         assert_eq!(headers.get(PLAN_ID_HEADER), Some(&text("plan-1")));
+        assert_eq!(headers.get(EXECUTOR_ID_HEADER), Some(&text("executor-1")));
         assert_eq!(headers.get(ATTEMPT_HEADER), Some(&AMQPValue::LongInt(2)));
         assert_eq!(headers.get(COUNT_HEADER), Some(&AMQPValue::LongInt(2)));
         assert_eq!(headers.get(REASON_HEADER), Some(&text("rejected")));

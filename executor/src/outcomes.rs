@@ -56,6 +56,12 @@ pub struct Work {
 }
 
 impl Work {
+    /// The item's position in its plan (its `item_id`, which the planner
+    /// gives in slice order); `None` for an id that is not one.
+    pub fn position(&self) -> Option<u64> {
+        self.item.item_id.parse().ok()
+    }
+
     /// The item's message key.
     pub fn message_key(&self) -> &str {
         self.item

@@ -51,6 +51,9 @@ const TOKEN_CHUNK: u32 = 64;
 /// A run asks for about this much of the rate's time at once, so that slow
 /// rates take one token at a time and checks stay close to the publish.
 const RUN_SPAN: Duration = Duration::from_millis(50);
+/// A bucket that granted the last run's tokens within this did not hold it
+/// back: the next run's mark is sent while its tokens are taken.
+const TOKENS_AT_ONCE: Duration = Duration::from_millis(5);
 /// A token older than this is not spent: the run is taken again with fresh
 /// tokens (an interruption between the grant and the publish).
 pub const TOKEN_SPEND_LIMIT: Duration = Duration::from_millis(250);
@@ -151,6 +154,8 @@ struct SliceRun {
     in_flight: mpsc::Sender<InFlight>,
     debt: TokenDebt,
     progress: Progress,
+    /// How long the last run waited for its tokens.
+    tokens_waited: Duration,
 }
 
 impl SliceRun {
@@ -243,6 +248,7 @@ impl Worker {
             let claim = self.coordinator.claim_slice(v1::ClaimSliceRequest {
                 executor_id: self.settings.executor_id.clone(),
                 wait: Some(redrive_proto::time::duration(self.settings.claim_wait)),
+                marks_publishing: true,
             });
             let answer = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -380,6 +386,7 @@ impl Worker {
             in_flight,
             debt,
             progress,
+            tokens_waited: Duration::ZERO,
         };
         for item in slice.items {
             let work = Work {
@@ -480,6 +487,18 @@ impl Worker {
             return Leave::Next;
         }
         let key = items[0].bucket_key();
+        let Some(through) = items
+            .iter()
+            .map(Work::position)
+            .try_fold(0, |most, position| {
+                position.map(|position| most.max(position))
+            })
+        else {
+            warn!("the slice has an item id that is not a position; giving the slice back");
+            lease.stop(StopReason::Plan("item ids are not positions".to_owned()));
+            run.requeue(items);
+            return Leave::Stop;
+        };
         // 2. Room in the window, the debt, then the tokens.
         run.progress.waiting_for("the broker connection");
         let Some(publisher) = self
@@ -569,11 +588,30 @@ impl Worker {
             }
         }
         let tokens = u32::try_from(items.len()).unwrap_or(u32::MAX);
-        if !self.take_tokens(lease, &key, run.rate, tokens).await {
+        // No publish before the planner has the lease's write-ahead mark (a
+        // lost lease then judges only marked items uncertain). At full speed
+        // the bucket answers at once: the mark goes out while it does, so
+        // the two round trips overlap. Under a rate limit the run waits for
+        // its tokens first, so that a run still waiting is not marked.
+        let asked_at = Instant::now();
+        let tokens = async {
+            self.take_tokens(lease, &key, run.rate, tokens)
+                .await
+                .then(Instant::now)
+        };
+        let (granted, marked) = if run.tokens_waited < TOKENS_AT_ONCE {
+            tokio::join!(tokens, lease.mark_publishing(through))
+        } else {
+            match tokens.await {
+                Some(granted_at) => (Some(granted_at), lease.mark_publishing(through).await),
+                None => (None, false),
+            }
+        };
+        let (Some(granted_at), true) = (granted, marked) else {
             run.requeue(items);
             return Leave::Stop;
-        }
-        let granted_at = Instant::now();
+        };
+        run.tokens_waited = granted_at - asked_at;
         // 3. Sent by a concurrent plan or an earlier lease (Redis).
         run.progress.waiting_for("the replay keys in Redis");
         let Some(items) = self.drop_replayed(lease, run, items).await else {
@@ -596,14 +634,18 @@ impl Worker {
                 run.requeue(items);
                 return Leave::Next;
             }
-            let properties =
-                match message::properties(&run.context.plan_id, &work.item, work.attempt) {
-                    Ok(properties) => properties,
-                    Err(reason) => {
-                        run.finish(&work, v1::AuditAction::Failed, &reason).await;
-                        continue;
-                    }
-                };
+            let properties = match message::properties(
+                &run.context.plan_id,
+                &run.context.executor_id,
+                &work.item,
+                work.attempt,
+            ) {
+                Ok(properties) => properties,
+                Err(reason) => {
+                    run.finish(&work, v1::AuditAction::Failed, &reason).await;
+                    continue;
+                }
+            };
             let Some(slot) = slots.pop() else {
                 items.push_front(work);
                 run.requeue(items);

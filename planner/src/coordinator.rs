@@ -198,6 +198,8 @@ impl Coordinator {
 
     /// Leases a slice to `executor_id`, waiting up to `wait` (at most
     /// [`MAX_CLAIM_WAIT`]) for one to become claimable. `Ok(None)`: none came.
+    /// With `marks_publishing` the executor promises to call
+    /// [`Coordinator::mark_publishing`] before it publishes.
     ///
     /// # Errors
     /// `InvalidArgument` for an empty executor id; store errors.
@@ -205,6 +207,7 @@ impl Coordinator {
         &self,
         executor_id: &str,
         wait: Duration,
+        marks_publishing: bool,
     ) -> Result<Option<v1::Slice>, Error> {
         if executor_id.trim().is_empty() {
             return Err(Error::invalid("executor_id", "must not be empty"));
@@ -212,7 +215,11 @@ impl Coordinator {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_CLAIM_WAIT);
         let mut changes = self.notifier.subscribe();
         loop {
-            if let Some(slice) = self.store.claim_slice(executor_id, self.lease_ttl).await? {
+            if let Some(slice) = self
+                .store
+                .claim_slice(executor_id, self.lease_ttl, marks_publishing)
+                .await?
+            {
                 let loaded = self.store.slice_items(slice.slice_id).await;
                 let items = match loaded {
                     Ok(loaded) => loaded,
@@ -428,6 +435,36 @@ impl Coordinator {
         Ok(self
             .store
             .complete_slice(parse_slice_id(slice_id)?, parse_token(token)?, release)
+            .await??)
+    }
+
+    /// Records a lease's write-ahead mark: its holder may publish items up
+    /// to `through_item_id` (a [`v1::SliceItem::item_id`], the item's
+    /// position). [`Store::mark_publishing`] says what it changes.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an item id that is not one; `FailedPrecondition`
+    /// (STALE_FENCING_TOKEN) for a stale token or an expired lease; store
+    /// errors.
+    pub async fn mark_publishing(
+        &self,
+        slice_id: &str,
+        token: u64,
+        through_item_id: &str,
+    ) -> Result<(), Error> {
+        let position: i64 = through_item_id
+            .parse()
+            .ok()
+            .filter(|position| *position >= 0)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "through_item_id",
+                    format!("{through_item_id:?} is not an item id"),
+                )
+            })?;
+        Ok(self
+            .store
+            .mark_publishing(parse_slice_id(slice_id)?, parse_token(token)?, position)
             .await??)
     }
 }

@@ -449,7 +449,10 @@ impl Coordinator for CoordinatorGrpc {
             })
             .transpose()?
             .unwrap_or_default();
-        let slice = self.coordinator.claim(&request.executor_id, wait).await?;
+        let slice = self
+            .coordinator
+            .claim(&request.executor_id, wait, request.marks_publishing)
+            .await?;
         Ok(Response::new(v1::ClaimSliceResponse { slice }))
     }
 
@@ -520,6 +523,21 @@ impl Coordinator for CoordinatorGrpc {
             .complete(&request.slice_id, request.fencing_token, request.release)
             .await?;
         Ok(Response::new(v1::CompleteSliceResponse {}))
+    }
+
+    async fn mark_publishing(
+        &self,
+        request: Request<v1::MarkPublishingRequest>,
+    ) -> Result<Response<v1::MarkPublishingResponse>, Status> {
+        let request = request.into_inner();
+        self.coordinator
+            .mark_publishing(
+                &request.slice_id,
+                request.fencing_token,
+                &request.through_item_id,
+            )
+            .await?;
+        Ok(Response::new(v1::MarkPublishingResponse {}))
     }
 
     async fn recheck_state(

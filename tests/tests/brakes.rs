@@ -138,7 +138,7 @@ async fn stop_within_a_second(
         replayable.is_empty(),
         "a precheck after the stop calls delivered keys replayable: {replayable:?}"
     );
-    consuming.abort();
+    stop_consuming(consuming)?;
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
@@ -205,8 +205,7 @@ async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_onc
     executor.stop().await?;
     wait_received(&received, 150, Duration::from_secs(10)).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_consuming(&consuming)?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     let pool = db.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
@@ -279,7 +278,7 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
     }
     executor.stop().await?;
     for (_, consuming) in consumers {
-        consuming.abort();
+        stop_consuming(consuming)?;
     }
     pool.close().await;
     planner.stop().await?;
@@ -357,7 +356,7 @@ async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
     .fetch_one(&pool)
     .await?;
     assert_eq!(leased, 0, "the slice was released on SIGTERM");
-    consuming.abort();
+    stop_consuming(consuming)?;
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
@@ -419,8 +418,7 @@ async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -
     survivor.stop().await?;
     drop(executor);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_consuming(&consuming)?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     let pool = db.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
@@ -475,8 +473,7 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     executor.stop().await?;
     wait_received(&received, items as usize, Duration::from_secs(10)).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_consuming(&consuming)?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     // The bucket's bound, plus 50 ms of the rate for the jitter between a
     // grant and the consumer's receive time.

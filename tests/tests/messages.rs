@@ -109,7 +109,7 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
         async move { Ok(received.lock().unwrap().len() >= 2) }
     })
     .await?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     assert_eq!(
         broker.ready_count(&audit).await?,
         2,
@@ -316,8 +316,7 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
         async move { Ok(received.lock().unwrap().len() >= 3) }
     })
     .await?;
-    assert_consuming(&consuming)?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     let mut ids: Vec<_> = received.iter().map(|r| r.message_id.clone()).collect();
     ids.sort();
@@ -390,7 +389,7 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
         async move { Ok(!received.lock().unwrap().is_empty()) }
     })
     .await?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 1, "one replay for one order");
     assert_eq!(

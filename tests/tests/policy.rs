@@ -4,13 +4,9 @@
 //! record, an old or outdated precheck cannot be approved, and a source never
 //! seen is an error.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
-use lapin::{BasicProperties, options::BasicConsumeOptions, types::FieldTable};
+use lapin::BasicProperties;
 use redrive_planner::Config;
 use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, PlanState, Rate, RunPrecheckRequest,
@@ -21,6 +17,9 @@ use redrive_tests::{
     redis_cleanup, unique, wait_until,
 };
 use tonic::{Code, transport::Channel};
+
+mod support;
+use support::{Received, consume, stop_consuming};
 
 /// A JSON order event of `event_type` whose `timestamp` property is `age` ago.
 fn event(order_id: &str, event_type: &str, age: chrono::Duration) -> (Vec<u8>, BasicProperties) {
@@ -111,41 +110,6 @@ async fn captured(
             (order, dead_letter.id)
         })
         .collect())
-}
-
-/// Message ids delivered to `queue`, collected until the task is aborted.
-async fn consume(
-    broker: &Broker,
-    queue: &str,
-) -> anyhow::Result<(Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>)> {
-    let channel = broker.connection.create_channel().await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            unique("policy-consumer").as_str().into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    let received = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&received);
-    let task = tokio::spawn(async move {
-        let _channel = channel;
-        while let Some(Ok(delivery)) = consumer.next().await {
-            sink.lock().unwrap().push(
-                delivery
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|id| id.to_string())
-                    .unwrap_or_default(),
-            );
-        }
-    });
-    Ok((received, task))
 }
 
 fn replay(id: &str, options: Option<v1::PrecheckOptions>) -> v1::ReplayDeadLetterRequest {
@@ -299,9 +263,11 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
         async move { Ok(received.lock().unwrap().len() >= 2) }
     })
     .await?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     executor.stop().await?;
-    assert_eq!(*received.lock().unwrap(), ["m-p-new", "m-p-old"]);
+    let received: Vec<Received> = received.lock().unwrap().clone();
+    let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    assert_eq!(ids, ["m-p-new", "m-p-old"]);
     planner.stop().await?;
     redis_cleanup(&prefix).await?;
     broker.cleanup().await;

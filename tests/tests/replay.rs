@@ -15,8 +15,8 @@ use redrive_proto::v1::{
     Rate, RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TcpProxy, TestDb, amqp_table,
-    amqp_text, init_logging, redis_cleanup, unique, wait_until,
+    AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, PlannerHandle, REDIS_URL, TcpProxy, TestDb,
+    amqp_table, amqp_text, init_logging, redis_cleanup, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -79,7 +79,7 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     assert_eq!(events, 300, "one audit event per message");
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
 
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 300, "every replayable message arrived once");
@@ -256,7 +256,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     executor_a.stop().await?;
     executor_b.stop().await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
 
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 180, "60 + 120 items, each once");
@@ -282,9 +282,17 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A real crash: the executor process gets SIGKILL mid-plan. Another one
+/// takes its slice over when the lease expires; every message arrives, a
+/// second copy only of an item the audit calls `uncertain`, and the audit
+/// calls uncertain only what the dead one may have published (its
+/// write-ahead mark): at most its confirm window, one run and one report
+/// interval's outcomes, not the rest of its slice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<()> {
     init_logging();
+    const WINDOW: usize = 16;
+    const PER_SECOND: f64 = 100.0;
     let db = TestDb::new();
     let broker = Broker::connect().await?;
     let prefix = unique("redrive-test") + ":";
@@ -293,26 +301,29 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     let mut client = planner.client().await?;
     captured(&mut client, &incident.dlq, 200).await?;
     let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 100.0, 10, None).await?;
+    let plan = approved_plan(&mut client, &incident.dlq, PER_SECOND, 10, None).await?;
 
-    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
-    config.window = 16;
-    let doomed = ExecutorHandle::start(config.clone());
+    let args = |id: &str| {
+        let mut args = executor_process_args(&planner.url(), &prefix);
+        args.extend(["--executor-id", id, "--window", &WINDOW.to_string()].map(str::to_owned));
+        args
+    };
+    let doomed = ExecutorProcess::start(&args("doomed")).await?;
     wait_until(
         "the first executor is publishing",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || {
             let received = received.clone();
             async move { Ok(received.lock().unwrap().len() >= 60) }
         },
     )
     .await?;
-    doomed.kill();
-    let survivor = ExecutorHandle::start(config);
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
-    survivor.stop().await?;
+    doomed.signal("KILL").await?;
+    let survivor = ExecutorProcess::start(&args("survivor")).await?;
+    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(90)).await?;
+    survivor.signal("TERM").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
 
     let received = received.lock().unwrap().clone();
     let mut copies: HashMap<String, usize> = HashMap::new();
@@ -320,37 +331,55 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
         *copies.entry(delivery.message_id.clone()).or_default() += 1;
     }
     assert_eq!(copies.len(), 200, "nothing lost");
-    let duplicated: Vec<&String> = copies
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(id, _)| id)
-        .collect();
-    assert!(
-        duplicated.len() <= 16 + 50,
-        "duplicates bounded by the window and the slice: {}",
-        duplicated.len()
-    );
     assert_eq!(done.counts.unwrap().sent, 200);
-    // Every duplicate delivery is explained by an uncertain event in the audit.
     let pool = db.pool().await?;
-    let uncertain: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT d.message_id FROM audit_events e JOIN dead_letters d ON d.id = e.dead_letter_id \
-         WHERE e.action = 'uncertain'",
-    )
-    .fetch_all(&pool)
-    .await?;
-    // ... and the audit report lists it as possibly delivered twice.
+    // Received ⊆ sent ∪ uncertain, and every second copy is uncertain.
+    let (_, uncertain) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    // The takeover happened: the dead one's items are uncertain under its
+    // name, and the survivor sent the rest.
+    let by = |action: &'static str, executor: &'static str| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM audit_events WHERE action = $1 AND executor_id LIKE $2 || '/%'",
+        )
+        .bind(action)
+        .bind(executor)
+        .fetch_one(&pool)
+    };
+    let (doomed_sent, survivor_sent) = (by("sent", "doomed").await?, by("sent", "survivor").await?);
+    assert!(doomed_sent >= 40, "the first executor sent {doomed_sent}");
+    assert!(survivor_sent > 0, "the survivor took over");
+    assert_eq!(
+        by("uncertain", "doomed").await? as usize,
+        uncertain.len(),
+        "every uncertain item was the dead executor's"
+    );
+    // Precise: what was in its window, its current run and its last
+    // unreported outcomes (100 ms of the rate), never its whole slice (50).
+    // (Each of its slice loops, `doomed/N`, has its own lease; at 100/s
+    // with bursts of 10 they publish one at a time.)
+    let run = redrive_executor::worker::run_size(
+        redrive_executor::bucket::Rate::new(PER_SECOND, 10)?,
+        WINDOW,
+    );
+    let bound = WINDOW + run + (PER_SECOND / 10.0) as usize;
+    let twice = copies.values().filter(|n| **n > 1).count();
+    eprintln!(
+        "killed after {doomed_sent} sent: {} uncertain (bound {bound}), {twice} delivered twice",
+        uncertain.len()
+    );
+    assert!(
+        uncertain.len() <= bound,
+        "{} uncertain items, more than the window {WINDOW} + run {run} + one report interval",
+        uncertain.len()
+    );
+    // ... and the audit report lists every second copy as possibly delivered twice.
     let report = client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
         .await?
         .into_inner();
-    for id in duplicated {
-        assert!(
-            uncertain.contains(id),
-            "duplicate {id} is marked uncertain in the audit"
-        );
+    for (id, _) in copies.iter().filter(|(_, n)| **n > 1) {
         let key = format!("o-{}:order.paid", id.trim_start_matches("m-"));
         assert!(
             report.possibly_duplicated_keys.contains(&key),
@@ -363,6 +392,26 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     redis_cleanup(&prefix).await?;
     db.drop_database().await;
     Ok(())
+}
+
+/// Arguments of a `redrive-executor` process for the local broker and Redis.
+fn executor_process_args(planner_url: &str, prefix: &str) -> Vec<String> {
+    [
+        "--planner",
+        planner_url,
+        "--amqp-url",
+        AMQP_URL,
+        "--redis-url",
+        REDIS_URL,
+        "--redis-prefix",
+        prefix,
+        "--claim-wait-seconds",
+        "1",
+        "--shutdown-grace-seconds",
+        "5",
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -479,6 +528,9 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
             seconds: 5,
             nanos: 0,
         }),
+        // An executor that does not mark what it publishes: every
+        // unreported item may have been published.
+        marks_publishing: false,
     };
     let first = coordinator
         .claim_slice(claim("old"))
@@ -609,6 +661,172 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     Ok(())
 }
 
+/// Precise uncertain items (docs/design.md): a lease that expires makes
+/// `uncertain` only the unreported items up to its write-ahead mark; the
+/// items past it were never published and stay pending, without an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 10).await?;
+    let planner = planner_for(&db, &incident.dlq).await?;
+    let mut client = planner.client().await?;
+    captured(&mut client, &incident.dlq, 10).await?;
+    let report = client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![incident.dlq.clone()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    // One slice of 10: the whole plan is its canary wave.
+    let plan = client
+        .create_plan(CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(Rate {
+                per_second: 1000.0,
+                burst: 10,
+                rationale: "test".into(),
+            }),
+            slice_size: 10,
+            canary_fraction: Some(1.0),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    client
+        .approve_plan(ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?;
+    let mut coordinator = CoordinatorClient::connect(planner.url()).await?;
+    let claim = |executor: &str| v1::ClaimSliceRequest {
+        executor_id: executor.into(),
+        wait: Some(prost_types::Duration {
+            seconds: 10,
+            nanos: 0,
+        }),
+        marks_publishing: true,
+    };
+    let first = coordinator
+        .claim_slice(claim("old"))
+        .await?
+        .into_inner()
+        .slice
+        .expect("a slice");
+    assert_eq!(first.items.len(), 10);
+    let mark = |token: u64, through: &str| v1::MarkPublishingRequest {
+        slice_id: first.slice_id.clone(),
+        fencing_token: token,
+        through_item_id: through.to_owned(),
+    };
+    // Item ids name positions; anything else is refused, naming the field.
+    for wrong in ["", "x", "-1", "1.5"] {
+        let error = coordinator
+            .mark_publishing(mark(first.fencing_token, wrong))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{wrong:?}");
+        assert!(
+            error.message().contains("through_item_id"),
+            "{}",
+            error.message()
+        );
+    }
+    // Marks through the second item; a later, lower mark never moves it back.
+    coordinator
+        .mark_publishing(mark(first.fencing_token, &first.items[1].item_id))
+        .await?;
+    coordinator
+        .mark_publishing(mark(first.fencing_token, &first.items[0].item_id))
+        .await?;
+    let pool = db.pool().await?;
+    let slice_id: i64 = first.slice_id.parse()?;
+    sqlx::query(
+        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(slice_id)
+    .execute(&pool)
+    .await?;
+    let second = coordinator
+        .claim_slice(claim("new"))
+        .await?
+        .into_inner()
+        .slice
+        .expect("the expired slice, leased again");
+    assert_eq!(second.slice_id, first.slice_id);
+    let uncertain: Vec<&str> = second
+        .items
+        .iter()
+        .filter(|item| item.uncertain)
+        .map(|item| item.item_id.as_str())
+        .collect();
+    assert_eq!(
+        uncertain,
+        vec![
+            first.items[0].item_id.as_str(),
+            first.items[1].item_id.as_str()
+        ],
+        "only the marked items are uncertain"
+    );
+    assert_eq!(second.items.len(), first.items.len(), "nothing is lost");
+    let events: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT i.position, e.reason FROM audit_events e \
+         JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
+         WHERE e.plan_id = $1 AND e.action = 'uncertain' ORDER BY i.position",
+    )
+    .bind(plan.plan_id.parse::<uuid::Uuid>()?)
+    .fetch_all(&pool)
+    .await?;
+    assert_eq!(
+        events
+            .iter()
+            .map(|(position, _)| position.to_string())
+            .collect::<Vec<_>>(),
+        vec![
+            first.items[0].item_id.clone(),
+            first.items[1].item_id.clone()
+        ],
+        "an uncertain event for each marked item, none for the others"
+    );
+    assert!(events[0].1.contains("old"), "{}", events[0].1);
+    // The old token can mark nothing any more: typed lease loss.
+    let stale = coordinator
+        .mark_publishing(mark(first.fencing_token, &first.items[3].item_id))
+        .await
+        .unwrap_err();
+    assert!(redrive_proto::error::is_stale_token(&stale), "{stale:?}");
+    // The new holder dies without marking anything: nothing more is uncertain.
+    sqlx::query(
+        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(slice_id)
+    .execute(&pool)
+    .await?;
+    let third = coordinator
+        .claim_slice(claim("third"))
+        .await?
+        .into_inner()
+        .slice
+        .expect("leased a third time");
+    assert_eq!(
+        third.items.iter().filter(|item| item.uncertain).count(),
+        2,
+        "a holder that marked nothing left nothing uncertain"
+    );
+
+    pool.close().await;
+    planner.stop().await?;
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Result<()> {
     init_logging();
@@ -632,31 +850,51 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
         async move { Ok(received.lock().unwrap().len() >= 20) }
     })
     .await?;
+    let cut_at = Instant::now();
     proxy.cut();
-    tokio::time::sleep(Duration::from_secs(3)).await; // in-flight confirms land
-    let during = received.lock().unwrap().len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        received.lock().unwrap().len(),
-        during,
-        "nothing is published without the bucket (fail closed)"
-    );
-    assert!(during < 150);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restored_at = Instant::now();
     proxy.restore();
+    // Fail closed from the first second: what had its tokens before the cut
+    // is spent within 250 ms, and nothing after that.
+    let during: Vec<Duration> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.at > cut_at && r.at < restored_at)
+        .map(|r| r.at - cut_at)
+        .collect();
+    assert!(
+        during.iter().all(|after| *after < Duration::from_secs(1)),
+        "nothing is published without the bucket (fail closed): deliveries {during:?} after the cut"
+    );
+    let before = received.lock().unwrap().len();
+    assert!(
+        before < 150,
+        "the outage came mid-plan ({before} delivered)"
+    );
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
+    assert!(
+        received.iter().any(|r| r.at > restored_at),
+        "publishing resumed after Redis came back"
+    );
+    // Exactly once, by identity: 150 deliveries of 150 distinct ids.
     let mut ids: Vec<String> = received.iter().map(|r| r.message_id.clone()).collect();
     ids.sort();
     ids.dedup();
     assert_eq!(
-        ids.len(),
-        150,
-        "every message arrived after Redis came back"
+        (received.len(), ids.len()),
+        (150, 150),
+        "every message arrived once after Redis came back"
     );
     assert_eq!(done.counts.unwrap().sent, 150);
+    let pool = db.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
     redis_cleanup(&prefix).await?;
@@ -971,8 +1209,8 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
         },
     )
     .await?;
-    consuming_a.abort();
-    consuming_b.abort();
+    stop_consuming(consuming_a)?;
+    stop_consuming(consuming_b)?;
     let pool = db.pool().await?;
     for received in [&received_a, &received_b] {
         let received = received.lock().unwrap().clone();
@@ -1018,30 +1256,53 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     let proxy = TcpProxy::start(planner.addr).await?;
     let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
     config.planner = format!("http://{}", proxy.addr());
+    config.executor_id = Some("split".to_owned());
     let split = ExecutorHandle::start(config);
     wait_until("publishing started", Duration::from_secs(20), || {
         let received = received.clone();
         async move { Ok(received.lock().unwrap().len() >= 15) }
     })
     .await?;
+    let cut_at = Instant::now();
     proxy.cut();
-    // Lease TTL is 3 s: without a renewal for 2 s the executor gives the slice up.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after_cut = received.lock().unwrap().len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        received.lock().unwrap().len(),
-        after_cut,
-        "the cut-off executor stopped publishing"
-    );
-    let survivor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    // The replacement starts at the cut, so the two would overlap if the
+    // cut-off one went on publishing: it may only claim once the planner
+    // ends the lease (TTL 3 s after the last renewal).
+    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    config.executor_id = Some("survivor".to_owned());
+    let survivor = ExecutorHandle::start(config);
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
     survivor.stop().await?;
     split.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
+    let executor_of =
+        |delivery: &Received| match delivery.headers.inner().get("redrive-executor-id") {
+            Some(AMQPValue::LongString(id)) => String::from_utf8_lossy(id.as_bytes()).into_owned(),
+            other => panic!("no executor id header: {other:?}"),
+        };
+    // The cut-off holder's deadline is its last renewal + 2/3 of the TTL,
+    // and its last renewal was before the cut: nothing from it after
+    // cut + 2 s. The survivor publishes nothing before the cut.
+    let split_last = received
+        .iter()
+        .filter(|delivery| executor_of(delivery).starts_with("split/"))
+        .map(|delivery| delivery.at)
+        .max()
+        .expect("the split executor published");
+    assert!(
+        split_last <= cut_at + Duration::from_secs(2),
+        "the cut-off executor published {:?} after the cut",
+        split_last - cut_at
+    );
+    let survivor_first = received
+        .iter()
+        .filter(|delivery| executor_of(delivery).starts_with("survivor/"))
+        .map(|delivery| delivery.at)
+        .min()
+        .expect("the survivor took over");
+    assert!(survivor_first > cut_at);
     let mut copies: HashMap<String, usize> = HashMap::new();
     for delivery in &received {
         *copies.entry(delivery.message_id.clone()).or_default() += 1;
@@ -1049,18 +1310,8 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     assert_eq!(copies.len(), 150, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 150);
     let pool = db.pool().await?;
-    let uncertain: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT d.message_id FROM audit_events e JOIN dead_letters d ON d.id = e.dead_letter_id \
-         WHERE e.action = 'uncertain'",
-    )
-    .fetch_all(&pool)
-    .await?;
-    for (id, _) in copies.iter().filter(|(_, n)| **n > 1) {
-        assert!(
-            uncertain.contains(id),
-            "duplicate {id} is marked uncertain in the audit"
-        );
-    }
+    // Received ⊆ sent ∪ uncertain; a second copy only of an uncertain item.
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
@@ -1097,19 +1348,28 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
         .pause_plan(control("downstream latency rising"))
         .await?
         .into_inner();
+    let paused_at = Instant::now();
     assert_eq!(paused.state(), PlanState::Paused);
-    // Lease TTL 3 s: heartbeats every 1 s; allow one interval plus in-flight confirms.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let during = received.lock().unwrap().len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        received.lock().unwrap().len(),
-        during,
-        "nothing published while paused"
-    );
-    assert!(during < 120);
     let again = client.pause_plan(control("twice")).await.unwrap_err();
     assert_eq!(again.code(), Code::FailedPrecondition);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let resuming_at = Instant::now();
+    // Stop means stop from the first second (the lease watch pushes the
+    // pause): only what was already handed to the broker may still arrive.
+    let after_pause: Vec<Duration> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.at > paused_at && r.at < resuming_at)
+        .map(|r| r.at - paused_at)
+        .collect();
+    assert!(
+        after_pause
+            .iter()
+            .all(|after| *after < Duration::from_secs(1)),
+        "nothing published while paused; deliveries {after_pause:?} after the pause returned"
+    );
+    assert!(received.lock().unwrap().len() < 120);
 
     let resumed = client
         .resume_plan(control("latency back to normal"))
@@ -1119,7 +1379,7 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     let mut copies: HashMap<String, usize> = HashMap::new();
     for delivery in &received {
@@ -1258,7 +1518,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     assert_eq!(received.lock().unwrap().len(), 300);
     assert!(
         done.actions
@@ -1489,7 +1749,7 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     let counts = done.counts.unwrap();
     assert_eq!(
         (counts.sent, counts.skipped_state, counts.needs_compensation),
@@ -1686,7 +1946,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     assert_eq!(third.outcome(), Outcome::Replayed, "{}", third.reason);
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     executor.stop().await?;
     let received = received.lock().unwrap().clone();
     let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
@@ -1860,7 +2120,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         event.reason
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    consuming.abort();
+    stop_consuming(consuming)?;
     executor.stop().await?;
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 1);
@@ -2033,7 +2293,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
         ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
     tokio::time::sleep(Duration::from_secs(2)).await;
     executor.stop().await?;
-    consuming.abort();
+    stop_consuming(consuming)?;
     assert!(
         received.lock().unwrap().is_empty(),
         "nothing published behind the caller's back"

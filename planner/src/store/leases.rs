@@ -147,6 +147,7 @@ impl Store {
         &self,
         executor_id: &str,
         ttl: Duration,
+        marks_publishing: bool,
     ) -> Result<Option<LeasedSlice>, StoreError> {
         let row = sqlx::query(
             "WITH candidate AS ( \
@@ -157,7 +158,8 @@ impl Store {
                 ORDER BY p.approved_at, p.id, s.seq \
                 LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
              UPDATE plan_slices s SET state = 'leased', lease_owner = $1, \
-                lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1 \
+                lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1, \
+                published_through = CASE WHEN $5 THEN -1 END \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
                 p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id",
@@ -166,17 +168,22 @@ impl Store {
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
         .bind(v1::PlanState::Main.name())
         .bind(v1::PlanState::Canary.name())
+        .bind(marks_publishing)
         .fetch_optional(self.pool())
         .await?;
         row.as_ref().map(leased_slice).transpose()
     }
 
     /// Ends every lease that expired: the items its holder had not reported
-    /// may have been published, so they become `uncertain` (an audit event
-    /// each, and their keys recorded as possibly delivered), and the slice is
-    /// pending again for the next claim, which publishes them again with the
-    /// same message id. Runs in every planner's sweep; `SKIP LOCKED` keeps two
-    /// replicas from ending one lease twice. Returns the plans touched.
+    /// and may have published become `uncertain` (an audit event each, and
+    /// their keys recorded as possibly delivered), and the slice is pending
+    /// again for the next claim, which publishes them again with the same
+    /// message id. "May have published": up to the lease's write-ahead mark
+    /// ([`Store::mark_publishing`]) when its holder marks; every unreported
+    /// item when it does not. Items past the mark stay pending, without an
+    /// event: nobody published them. Runs in every planner's sweep; `SKIP
+    /// LOCKED` keeps two replicas from ending one lease twice. Returns the
+    /// plans touched.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -184,14 +191,16 @@ impl Store {
         let mut transaction = self.pool().begin().await?;
         let plans: Vec<Uuid> = sqlx::query_scalar(
             "WITH expired AS ( \
-                SELECT id, plan_id, wave, coalesce(lease_owner, '') AS owner FROM plan_slices \
+                SELECT id, plan_id, wave, coalesce(lease_owner, '') AS owner, published_through FROM plan_slices \
                 WHERE state = 'leased' AND lease_expires_at < now() FOR UPDATE SKIP LOCKED), \
              released AS ( \
-                UPDATE plan_slices s SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL \
-                FROM expired e WHERE s.id = e.id RETURNING e.id, e.plan_id, e.wave, e.owner), \
+                UPDATE plan_slices s SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, \
+                    published_through = NULL \
+                FROM expired e WHERE s.id = e.id RETURNING e.id, e.plan_id, e.wave, e.owner, e.published_through), \
              taken AS ( \
                 UPDATE plan_items i SET state = 'uncertain' FROM released r \
                 WHERE i.slice_id = r.id AND i.state = 'pending' \
+                  AND (r.published_through IS NULL OR i.position <= r.published_through) \
                 RETURNING i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, r.wave, r.owner), \
              keys AS ( \
                 INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
@@ -202,8 +211,8 @@ impl Store {
                 INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
                     executor_id, attempt) \
                 SELECT plan_id, slice_id, dead_letter_id, message_key, 'uncertain', \
-                    'the lease of ' || owner || ' expired before this item was reported: it may have been \
-published; the next lease publishes it again with the same message id', wave, owner, greatest(attempts, 1) \
+                    'the lease of ' || owner || ' expired after it may have published this item and before \
+it reported it; the next lease publishes it again with the same message id', wave, owner, greatest(attempts, 1) \
                 FROM taken) \
              SELECT DISTINCT plan_id FROM released",
         )
@@ -235,6 +244,42 @@ published; the next lease publishes it again with the same message id', wave, ow
         .fetch_optional(self.pool())
         .await?;
         Ok(state.ok_or(StaleToken { slice_id, token }))
+    }
+
+    /// Records the write-ahead mark of a lease: its holder may publish the
+    /// slice's items up to `position` (docs/design.md, "Precise uncertain
+    /// items"). A mark never moves back. Only while `token` is the slice's
+    /// current, unexpired lease: the `UPDATE` re-reads the row after a
+    /// concurrent [`Store::expire_leases`], so a mark is either recorded
+    /// before the lease ends (and its items judged by it) or refused.
+    ///
+    /// # Errors
+    /// `Ok(Err(StaleToken))` for a stale token or an expired lease;
+    /// [`StoreError`].
+    pub async fn mark_publishing(
+        &self,
+        slice_id: i64,
+        token: i64,
+        position: i64,
+    ) -> Result<Result<(), StaleToken>, StoreError> {
+        let marked = sqlx::query(
+            // NULL stays NULL: a holder that did not claim with marks is
+            // judged by the old rule whatever it sends.
+            "UPDATE plan_slices SET published_through = CASE WHEN published_through IS NULL THEN NULL \
+                ELSE greatest(published_through, $3) END \
+             WHERE id = $1 AND fencing_token = $2 AND state = 'leased' AND lease_expires_at > now()",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .bind(position)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(if marked == 1 {
+            Ok(())
+        } else {
+            Err(StaleToken { slice_id, token })
+        })
     }
 
     /// The items of `slice_id` still to publish (pending or uncertain), in order.

@@ -357,9 +357,13 @@ pub(super) fn check_replay(
     if let Some((done, total)) = outcome.killed_at {
         outcome.check(
             "executor-1 was killed mid-main-wave and its work taken over",
-            done < total && plan.state() == PlanState::Completed && uncertain > 0,
+            // `uncertain` may be 0: only what it had marked and not
+            // reported is (docs/design.md, "Precise uncertain items"), and
+            // between two runs under the rate limit that is nothing.
+            done < total && plan.state() == PlanState::Completed,
             format!(
-                "killed at {done}/{total}; {uncertain} items it held were marked uncertain and finished by the others"
+                "killed at {done}/{total}; the others finished the plan; {uncertain} items it may have \
+                 published without reporting were marked uncertain"
             ),
         );
     }

@@ -272,7 +272,14 @@ pub async fn consume(
     let sink = received.clone();
     let task = tokio::spawn(async move {
         let _channel = channel;
-        while let Some(Ok(delivery)) = consumer.next().await {
+        // An error or the end of the stream ends the task, which
+        // `stop_consuming` / `assert_consuming` turn into a test failure: a
+        // consumer that died silently would make every "nothing arrived"
+        // check pass.
+        while let Some(delivery) = consumer.next().await {
+            let Ok(delivery) = delivery else {
+                return;
+            };
             sink.lock().unwrap().push(Received {
                 at: Instant::now(),
                 message_id: delivery
@@ -361,5 +368,13 @@ pub async fn assert_received_within_audit(
 /// would make every "nothing arrived" check pass).
 pub fn assert_consuming(consuming: &tokio::task::JoinHandle<()>) -> anyhow::Result<()> {
     anyhow::ensure!(!consuming.is_finished(), "the test consumer stopped early");
+    Ok(())
+}
+
+/// Ends a consumer of [`consume`], failing the test if it had already
+/// stopped (an error or a closed channel) before its test was done with it.
+pub fn stop_consuming(consuming: tokio::task::JoinHandle<()>) -> anyhow::Result<()> {
+    assert_consuming(&consuming)?;
+    consuming.abort();
     Ok(())
 }
