@@ -228,6 +228,55 @@ mod tests {
 
     use super::*;
 
+    /// A short string's worth of any text: at most 63 characters of up to
+    /// 4 bytes each.
+    fn short_text() -> impl Strategy<Value = Option<String>> {
+        proptest::option::of("(?s).{0,63}")
+    }
+
+    fn message_properties() -> impl Strategy<Value = MessageProperties> {
+        (
+            (
+                short_text(),
+                short_text(),
+                proptest::option::of(0_u32..=255),
+            ),
+            (
+                proptest::option::of(0_u32..=255),
+                short_text(),
+                short_text(),
+            ),
+            (
+                short_text(),
+                short_text(),
+                proptest::option::of(any::<u64>()),
+            ),
+            (short_text(), short_text(), short_text(), short_text()),
+        )
+            .prop_map(
+                |(
+                    (content_type, content_encoding, delivery_mode),
+                    (priority, correlation_id, reply_to),
+                    (expiration, message_id, timestamp),
+                    (r#type, user_id, app_id, cluster_id),
+                )| MessageProperties {
+                    content_type,
+                    content_encoding,
+                    delivery_mode,
+                    priority,
+                    correlation_id,
+                    reply_to,
+                    expiration,
+                    message_id,
+                    timestamp,
+                    r#type,
+                    user_id,
+                    app_id,
+                    cluster_id,
+                },
+            )
+    }
+
     fn amqp_value() -> impl Strategy<Value = AMQPValue> {
         let leaf = prop_oneof![
             any::<bool>().prop_map(AMQPValue::Boolean),
@@ -273,20 +322,37 @@ mod tests {
             prop_assert_eq!(back, value);
         }
 
+        /// Every basic property, with any Unicode text (control characters
+        /// and newlines too) up to the 255-byte limit of a short string.
         #[test]
-        fn properties_round_trip(
-            message_id in proptest::option::of("[a-z0-9-]{1,40}"),
-            timestamp in proptest::option::of(any::<u64>()),
-            priority in proptest::option::of(any::<u8>()),
-            kind in proptest::option::of("[a-z.]{1,30}"),
+        fn properties_round_trip(properties in message_properties()) {
+            let amqp = properties_to_amqp(&properties, FieldTable::default()).unwrap();
+            prop_assert_eq!(properties_from_amqp(&amqp), properties);
+        }
+
+        /// A text property over 255 bytes is refused, naming the property.
+        #[test]
+        fn a_long_property_is_refused_by_name(
+            field in 0_usize..10,
+            text in "(?s).{64,80}",
         ) {
-            let mut amqp = BasicProperties::default().with_delivery_mode(2);
-            if let Some(v) = message_id { amqp = amqp.with_message_id(v.into()); }
-            if let Some(v) = timestamp { amqp = amqp.with_timestamp(v); }
-            if let Some(v) = priority { amqp = amqp.with_priority(v); }
-            if let Some(v) = kind { amqp = amqp.with_type(v.into()); }
-            let back = properties_to_amqp(&properties_from_amqp(&amqp), FieldTable::default()).unwrap();
-            prop_assert_eq!(properties_from_amqp(&back), properties_from_amqp(&amqp));
+            let long = text.repeat(4); // ≥ 256 characters, so ≥ 256 bytes
+            let mut properties = MessageProperties::default();
+            let (name, slot) = match field {
+                0 => ("content_type", &mut properties.content_type),
+                1 => ("content_encoding", &mut properties.content_encoding),
+                2 => ("correlation_id", &mut properties.correlation_id),
+                3 => ("reply_to", &mut properties.reply_to),
+                4 => ("expiration", &mut properties.expiration),
+                5 => ("message_id", &mut properties.message_id),
+                6 => ("type", &mut properties.r#type),
+                7 => ("user_id", &mut properties.user_id),
+                8 => ("app_id", &mut properties.app_id),
+                _ => ("cluster_id", &mut properties.cluster_id),
+            };
+            *slot = Some(long);
+            let error = properties_to_amqp(&properties, FieldTable::default()).unwrap_err();
+            prop_assert!(error.to_string().contains(name), "{} names {}", error, name);
         }
     }
 

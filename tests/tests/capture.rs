@@ -332,7 +332,10 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
-    let planner = PlannerHandle::start(config(db.url_via(&proxy), &dlq)).await?;
+    let mut config = config(db.url_via(&proxy), &dlq);
+    // Capture holds at most this many unacked; the rest must stay ready.
+    config.capture_prefetch = 50;
+    let planner = PlannerHandle::start(config).await?;
 
     proxy.cut();
     // Health follows PostgreSQL: every Planner call needs it.
@@ -353,7 +356,16 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
             )
             .await?;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Throughout the outage the messages stay in the queue: nothing is
+    // acked, at most the prefetch is held unacked, the rest stays ready.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let ready = broker.ready_count(&dlq).await?;
+        assert!(
+            ready >= 120 - 50,
+            "{ready} ready during the outage: more than the prefetch was taken"
+        );
+    }
     assert_eq!(
         stored_count(&db).await?,
         0,

@@ -246,10 +246,13 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
         "the second plan to one destination is warned about the first: {:?}",
         plans[1].warnings
     );
-    let executor_a =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let executor_b =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let executor = |id: &str| {
+        let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+        config.executor_id = Some(id.to_owned());
+        ExecutorHandle::start(config)
+    };
+    let executor_a = executor("a");
+    let executor_b = executor("b");
     for plan in &plans {
         wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
     }
@@ -274,6 +277,45 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
         "at most per_second + burst in any 1 s window, saw {worst}"
     );
     assert!(worst >= 30, "the rate is used, not starved: {worst}");
+    // Exactly once by identity, and the limit was shared, not taken in
+    // turns: both executors and both plans published at the same time.
+    let mut ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 180, "180 distinct message ids");
+    let span_of = |header: &str, matches: &dyn Fn(&str) -> bool| {
+        let times: Vec<Instant> = received
+            .iter()
+            .filter(|r| matches!(r.headers.inner().get(header), Some(AMQPValue::LongString(v)) if matches(&String::from_utf8_lossy(v.as_bytes()))))
+            .map(|r| r.at)
+            .collect();
+        (times.iter().min().copied(), times.iter().max().copied())
+    };
+    let overlap = |(a_first, a_last): (Option<Instant>, Option<Instant>),
+                   (b_first, b_last): (Option<Instant>, Option<Instant>)| {
+        match (a_first, a_last, b_first, b_last) {
+            (Some(a_first), Some(a_last), Some(b_first), Some(b_last)) => a_last
+                .min(b_last)
+                .saturating_duration_since(a_first.max(b_first)),
+            _ => Duration::ZERO,
+        }
+    };
+    let by_executor = overlap(
+        span_of("redrive-executor-id", &|id| id.starts_with("a/")),
+        span_of("redrive-executor-id", &|id| id.starts_with("b/")),
+    );
+    assert!(
+        by_executor >= Duration::from_secs(1),
+        "both executors published at once for {by_executor:?}"
+    );
+    let by_plan = overlap(
+        span_of("redrive-plan-id", &|id| id == plans[0].plan_id),
+        span_of("redrive-plan-id", &|id| id == plans[1].plan_id),
+    );
+    assert!(
+        by_plan >= Duration::from_millis(500),
+        "both plans published at once for {by_plan:?}"
+    );
 
     planner.stop().await?;
     broker.cleanup().await;
