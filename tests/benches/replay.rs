@@ -19,8 +19,8 @@ use prost::Message;
 use redrive_planner::Config;
 use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, env_count, peak_rss_mib,
-    redis_cleanup, unique,
+    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, RedisKeys, TestDb, env_count,
+    peak_rss_mib, unique,
 };
 
 async fn generate(
@@ -159,7 +159,8 @@ async fn main() -> anyhow::Result<()> {
     let naive_messages = env_count("REDRIVE_BENCH_NAIVE", 10_000);
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-bench") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let queues: Vec<String> = (0..4).map(|_| unique("bench_replay")).collect();
     for queue in &queues {
         broker.queue(queue, FieldTable::default()).await?;
@@ -229,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
     planner.stop().await?;
     pool.close().await;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     anyhow::ensure!(
         i64::from(delivered) == 2 * messages,

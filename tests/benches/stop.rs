@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use redrive_proto::v1::{self, PlanState};
-use redrive_tests::{Broker, ExecutorHandle, REDIS_URL, TestDb, env_count, redis_cleanup, unique};
+use redrive_tests::{Broker, ExecutorHandle, REDIS_URL, RedisKeys, TestDb, env_count};
 use tokio::time::Instant;
 
 #[path = "../tests/support/mod.rs"]
@@ -24,7 +24,8 @@ use support::*;
 async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow::Result<Latency> {
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-bench") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, items).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -67,7 +68,7 @@ async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow:
     consuming.abort();
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(Latency {
         from_call: last.saturating_duration_since(called_at),

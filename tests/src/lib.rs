@@ -771,6 +771,135 @@ pub async fn redis_cleanup(prefix: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A Redis key prefix of the test's own (`redrive-test-<random>:`).
+///
+/// Dropped without [`RedisKeys::cleanup`] (a test that failed early), it
+/// deletes the prefix's keys itself, so failing tests leave nothing behind.
+#[derive(Debug)]
+pub struct RedisKeys {
+    /// The prefix, ending in `:`.
+    pub prefix: String,
+    cleaned: std::sync::atomic::AtomicBool,
+}
+
+impl RedisKeys {
+    /// A new prefix; nothing is written yet.
+    pub fn new() -> Self {
+        Self {
+            prefix: unique("redrive-test") + ":",
+            cleaned: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Deletes every key under the prefix.
+    ///
+    /// # Errors
+    /// Redis errors.
+    pub async fn cleanup(&self) -> anyhow::Result<()> {
+        redis_cleanup(&self.prefix).await?;
+        self.cleaned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Default for RedisKeys {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        if !self.cleaned.load(std::sync::atomic::Ordering::SeqCst) {
+            let prefix = self.prefix.clone();
+            block_on_aside(move || async move {
+                let _ = redis_cleanup(&prefix).await;
+            });
+        }
+    }
+}
+
+/// What a replay test stands on: a database, a broker connection, a Redis
+/// prefix and a planner with a client, each of the test's own. Dropped —
+/// also when the test fails — it stops nothing gracefully but leaves
+/// nothing behind: the database is dropped, the queues and exchanges the
+/// broker declared or tracks are deleted, and the Redis keys are removed
+/// (each part's own `Drop`). [`TestBed::finish`] does the same in order
+/// after a test that passed, and reports a planner that did not stop.
+pub struct TestBed {
+    /// The planner's client.
+    pub client: PlannerClient<GrpcChannel>,
+    /// The planner, in-process.
+    pub planner: PlannerHandle,
+    /// Key prefix for executors' buckets and replay keys.
+    pub redis: RedisKeys,
+    /// Declares and publishes; deletes what it declared.
+    pub broker: Broker,
+    /// The database (created by the planner).
+    pub db: TestDb,
+}
+
+impl TestBed {
+    /// A planner configured by `configure` over a new database (capture,
+    /// keys and lease TTL are the caller's), with a broker connection and a
+    /// Redis prefix.
+    ///
+    /// # Errors
+    /// When a service is unreachable or the planner does not start.
+    pub async fn start(
+        broker: Broker,
+        configure: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<Self> {
+        let db = TestDb::new();
+        let mut config = Config::for_database(db.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        configure(&mut config);
+        let planner = PlannerHandle::start(config).await?;
+        let client = planner.client().await?;
+        Ok(Self {
+            client,
+            planner,
+            redis: RedisKeys::new(),
+            broker,
+            db,
+        })
+    }
+
+    /// A pool on the test's database, for assertions.
+    ///
+    /// # Errors
+    /// When PostgreSQL is unreachable.
+    pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        self.db.pool().await
+    }
+
+    /// An in-process executor config for this planner and Redis prefix.
+    pub fn executor_config(&self) -> redrive_executor::Config {
+        ExecutorHandle::config(&self.planner, Some((REDIS_URL, &self.redis.prefix)))
+    }
+
+    /// Stops the planner, then cleans up the broker, Redis and the database.
+    ///
+    /// # Errors
+    /// When the planner did not stop cleanly, or Redis failed.
+    pub async fn finish(self) -> anyhow::Result<()> {
+        let Self {
+            client,
+            planner,
+            redis,
+            broker,
+            db,
+        } = self;
+        drop(client);
+        let stopped = planner.stop().await;
+        broker.cleanup().await;
+        redis.cleanup().await?;
+        db.drop_database().await;
+        stopped
+    }
+}
+
 /// A whole number from environment variable `name` (benchmark sizes), else
 /// `default`.
 pub fn env_count(name: &str, default: i64) -> i64 {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use redrive_proto::v1::{self, PlanState, RunPrecheckRequest};
 use redrive_tests::{
-    Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, TcpProxy, TestDb, init_logging,
-    redis_cleanup, unique, wait_until,
+    Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, RedisKeys, TcpProxy, TestDb, init_logging,
+    wait_until,
 };
 use tokio::time::Instant;
 
@@ -85,7 +85,8 @@ async fn stop_within_a_second(
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, items).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -142,7 +143,7 @@ async fn stop_within_a_second(
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -171,7 +172,8 @@ async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_onc
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 150).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -213,7 +215,7 @@ async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_onc
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -226,7 +228,8 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     // (rate, burst, items): each runs about two seconds (0.5/s: four).
     let cases: [(f64, u32, u32); 4] = [(15.0, 5, 36), (30.0, 10, 70), (7.0, 3, 17), (0.5, 1, 3)];
     let mut incidents = Vec::new();
@@ -283,7 +286,7 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -316,7 +319,8 @@ async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 20).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -360,7 +364,7 @@ async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -375,7 +379,8 @@ async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 300).await?;
     let planner = planner_for(&db, &incident.dlq).await?; // lease TTL 3 s
     let mut client = planner.client().await?;
@@ -426,7 +431,7 @@ async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -439,7 +444,8 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let items = 1200;
     let incident = incident(&broker, items).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
@@ -511,7 +517,7 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     pool.close().await;
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }

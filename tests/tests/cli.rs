@@ -54,7 +54,8 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
         ),
         r#"{"message_id":"m-3","body":"x"}"#.to_owned(),
     ];
-    let file = std::env::temp_dir().join(format!("{source}.jsonl"));
+    let file_dir = tempfile::tempdir()?; // removed on drop, also on failure
+    let file = file_dir.path().join(format!("{source}.jsonl"));
     std::fs::write(&file, lines.join("\n") + "\n")?;
     let path = file.to_str().unwrap();
 
@@ -148,8 +149,6 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
 
     let (code, _) = redrivectl(&planner, &["dead-letters", "show", "999999"]).await;
     assert_eq!(code, 65, "an unknown id is refused input");
-
-    std::fs::remove_file(&file)?;
     planner.stop().await?;
     db.drop_database().await;
     Ok(())
@@ -236,7 +235,8 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     let lines: Vec<String> = (0..5)
         .map(|index| format!(r#"{{"message_id":"m-{index}","body":"{{\"order_id\":\"o-{index}\"}}","reason":"rejected","original_destination":"{queue}"}}"#))
         .collect();
-    let file = std::env::temp_dir().join(format!("{source}.jsonl"));
+    let file_dir = tempfile::tempdir()?; // removed on drop, also on failure
+    let file = file_dir.path().join(format!("{source}.jsonl"));
     std::fs::write(&file, lines.join("\n") + "\n")?;
     let (code, _) = redrivectl(
         &planner,
@@ -325,8 +325,6 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
         redrivectl(&planner, &["plan", "report", &plan_id, "--format", "jsonl"]).await;
     assert_eq!(code, 0);
     assert_eq!(jsonl.lines().count(), 5);
-
-    std::fs::remove_file(&file)?;
     planner.stop().await?;
     broker.cleanup().await;
     db.drop_database().await;
@@ -347,7 +345,8 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     let line = format!(
         r#"{{"message_id":"m-1","body":"{{\"order_id\":\"o-1\",\"qty\":-1}}","reason":"rejected","original_destination":"{queue}"}}"#
     );
-    let file = std::env::temp_dir().join(format!("{source}.jsonl"));
+    let file_dir = tempfile::tempdir()?; // removed on drop, also on failure
+    let file = file_dir.path().join(format!("{source}.jsonl"));
     std::fs::write(&file, line + "\n")?;
     let (code, _) = redrivectl(
         &planner,
@@ -363,7 +362,9 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     let listed: serde_json::Value = serde_json::from_str(&output)?;
     let id = listed["dead_letters"][0]["id"].as_str().unwrap().to_owned();
 
-    let body_file = std::env::temp_dir().join(format!("{source}.body"));
+    let body_file_dir = tempfile::tempdir()?; // removed on drop, also on failure
+
+    let body_file = body_file_dir.path().join(format!("{source}.body"));
     std::fs::write(&body_file, br#"{"order_id":"o-1","qty":1}"#)?;
     let (code, output) = redrivectl(
         &planner,
@@ -441,9 +442,6 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
         "and only one"
     );
     channel.close(200, "done".into()).await?;
-
-    std::fs::remove_file(&file)?;
-    std::fs::remove_file(&body_file)?;
     planner.stop().await?;
     broker.cleanup().await;
     db.drop_database().await;

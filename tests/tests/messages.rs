@@ -12,8 +12,8 @@ use lapin::{
 };
 use redrive_proto::v1::{self, ListPrecheckItemsRequest, RunPrecheckRequest, Verdict};
 use redrive_tests::{
-    Broker, DlqTopology, ExecutorHandle, REDIS_URL, TestDb, amqp_table, amqp_text, init_logging,
-    redis_cleanup, unique, wait_until,
+    Broker, DlqTopology, ExecutorHandle, REDIS_URL, RedisKeys, TestDb, amqp_table, amqp_text,
+    init_logging, unique, wait_until,
 };
 
 mod support;
@@ -58,7 +58,8 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     let audit = unique("audit");
     broker.queue(&audit, FieldTable::default()).await?;
@@ -150,7 +151,7 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
         );
     }
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())
@@ -178,7 +179,8 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let error_queue = unique("fulfil_error");
     broker.queue(&error_queue, FieldTable::default()).await?;
     // Where Spring's messages were published: exchange `orders_…` routes
@@ -325,7 +327,7 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
 
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())
@@ -336,7 +338,8 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     let json = br#"{"order_id":"o-7","attempt":1}"#;
     let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -406,7 +409,7 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
         Some("gzip")
     );
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())

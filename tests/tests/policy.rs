@@ -13,8 +13,8 @@ use redrive_proto::v1::{
     planner_client::PlannerClient, replay_dead_letter_response::Outcome,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, ExecutorHandle, PlannerHandle, REDIS_URL, TestDb, init_logging,
-    redis_cleanup, unique, wait_until,
+    AMQP_URL, Broker, DlqTopology, ExecutorHandle, PlannerHandle, REDIS_URL, RedisKeys, TestDb,
+    init_logging, wait_until,
 };
 use tonic::{Code, transport::Channel};
 
@@ -141,7 +141,8 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     for (order, age) in [("p-old", 3), ("p-new", 0)] {
         let (body, properties) = event(order, "payment.captured", chrono::Duration::hours(age));
@@ -269,7 +270,7 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
     assert_eq!(ids, ["m-p-new", "m-p-old"]);
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())
@@ -463,7 +464,8 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     for order in ["o-1", "o-2", "o-3"] {
         let (body, properties) = event(order, "order.paid", chrono::Duration::zero());
@@ -612,7 +614,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
 
     executor.stop().await?;
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())

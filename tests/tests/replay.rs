@@ -15,8 +15,8 @@ use redrive_proto::v1::{
     Rate, RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, PlannerHandle, REDIS_URL, TcpProxy, TestDb,
-    amqp_table, amqp_text, init_logging, redis_cleanup, unique, wait_until,
+    AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, PlannerHandle, REDIS_URL, RedisKeys,
+    TcpProxy, TestDb, amqp_table, amqp_text, init_logging, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -30,7 +30,8 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 300).await?;
     let healthy_before = broker.ready_count(&incident.healthy).await?;
     assert_eq!(healthy_before, 300);
@@ -155,7 +156,7 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
 
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -165,7 +166,8 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     // Two incidents, two DLQs, two plans; both replay into one destination queue.
     let first = incident_named(&broker, 60, "a-").await?;
     let second = incident_named(&broker, 120, "b-").await?;
@@ -319,7 +321,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
 
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -335,18 +337,15 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     init_logging();
     const WINDOW: usize = 16;
     const PER_SECOND: f64 = 100.0;
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
     let incident = incident(&broker, 200).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 200).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, PER_SECOND, 10, None).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 200).await?;
+    let prefix = bed.redis.prefix.clone();
+    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, PER_SECOND, 10, None).await?;
 
     let args = |id: &str| {
-        let mut args = executor_process_args(&planner.url(), &prefix);
+        let mut args = executor_process_args(&bed.planner.url(), &prefix);
         args.extend(["--executor-id", id, "--window", &WINDOW.to_string()].map(str::to_owned));
         args
     };
@@ -362,7 +361,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     .await?;
     doomed.signal("KILL").await?;
     let survivor = ExecutorProcess::start(&args("survivor")).await?;
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(90)).await?;
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
     survivor.signal("TERM").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
@@ -374,7 +373,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     }
     assert_eq!(copies.len(), 200, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 200);
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     // Received ⊆ sent ∪ uncertain, and every second copy is uncertain.
     let (_, uncertain) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     // The takeover happened: the dead one's items are uncertain under its
@@ -415,7 +414,8 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
         uncertain.len()
     );
     // ... and the audit report lists every second copy as possibly delivered twice.
-    let report = client
+    let report = bed
+        .client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
@@ -429,11 +429,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
         );
     }
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// Arguments of a `redrive-executor` process for the local broker and Redis.
@@ -872,19 +868,16 @@ async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
     let incident = incident(&broker, 150).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 150).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 50.0, 5, None).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let prefix = bed.redis.prefix.clone();
+    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 50.0, 5, None).await?;
     let proxy = TcpProxy::start("127.0.0.1:6379".parse()?).await?;
     let redis_via_proxy = format!("redis://{}", proxy.addr());
     let executor = ExecutorHandle::start(ExecutorHandle::config(
-        &planner,
+        &bed.planner,
         Some((&redis_via_proxy, &prefix)),
     ));
     wait_until("publishing started", Duration::from_secs(20), || {
@@ -915,7 +908,7 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
         before < 150,
         "the outage came mid-plan ({before} delivered)"
     );
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
@@ -934,14 +927,10 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
         "every message arrived once after Redis came back"
     );
     assert_eq!(done.counts.unwrap().sent, 150);
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1178,7 +1167,8 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     // A fan-out exchange to work queues a and b (both dead-lettering to one
     // DLQ) and a healthy subscriber.
     let (exchange, dlx, dlq) = (unique("orders"), unique("dlx"), unique("dlq"));
@@ -1273,7 +1263,7 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
         (4, 0),
         "both queues' copies were replayed: {counts:?}"
     );
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     planner.stop().await?;
     broker.cleanup().await;
     db.drop_database().await;
@@ -1284,19 +1274,16 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
 async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
     let incident = incident(&broker, 150).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 150).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 30.0, 3, None).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let prefix = bed.redis.prefix.clone();
+    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
     // The executor reaches the planner through a proxy the test cuts; its
     // broker and Redis connections stay up (a network split).
-    let proxy = TcpProxy::start(planner.addr).await?;
-    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    let proxy = TcpProxy::start(bed.planner.addr).await?;
+    let mut config = ExecutorHandle::config(&bed.planner, Some((REDIS_URL, &prefix)));
     config.planner = format!("http://{}", proxy.addr());
     config.executor_id = Some("split".to_owned());
     let split = ExecutorHandle::start(config);
@@ -1310,10 +1297,10 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     // The replacement starts at the cut, so the two would overlap if the
     // cut-off one went on publishing: it may only claim once the planner
     // ends the lease (TTL 3 s after the last renewal).
-    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    let mut config = ExecutorHandle::config(&bed.planner, Some((REDIS_URL, &prefix)));
     config.executor_id = Some("survivor".to_owned());
     let survivor = ExecutorHandle::start(config);
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     survivor.stop().await?;
     split.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1351,32 +1338,27 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     }
     assert_eq!(copies.len(), 150, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 150);
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     // Received ⊆ sent ∪ uncertain; a second copy only of an uncertain item.
     assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_once()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
     let incident = incident(&broker, 120).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 120).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 30.0, 3, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let mut bed = bed(broker, &[&incident.dlq], 120).await?;
+    let prefix = bed.redis.prefix.clone();
+    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
+    let executor = ExecutorHandle::start(ExecutorHandle::config(
+        &bed.planner,
+        Some((REDIS_URL, &prefix)),
+    ));
     wait_until("publishing started", Duration::from_secs(20), || {
         let received = received.clone();
         async move { Ok(received.lock().unwrap().len() >= 20) }
@@ -1386,13 +1368,14 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
         plan_id: plan.plan_id.clone(),
         reason: reason.into(),
     };
-    let paused = client
+    let paused = bed
+        .client
         .pause_plan(control("downstream latency rising"))
         .await?
         .into_inner();
     let paused_at = Instant::now();
     assert_eq!(paused.state(), PlanState::Paused);
-    let again = client.pause_plan(control("twice")).await.unwrap_err();
+    let again = bed.client.pause_plan(control("twice")).await.unwrap_err();
     assert_eq!(again.code(), Code::FailedPrecondition);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let resuming_at = Instant::now();
@@ -1413,12 +1396,13 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     );
     assert!(received.lock().unwrap().len() < 120);
 
-    let resumed = client
+    let resumed = bed
+        .client
         .resume_plan(control("latency back to normal"))
         .await?
         .into_inner();
     assert_eq!(resumed.state(), PlanState::Main);
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
@@ -1442,18 +1426,18 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
         actions.contains(&("resume".into(), "latency back to normal".into())),
         "{actions:?}"
     );
-    let cancel_done = client.cancel_plan(control("too late")).await.unwrap_err();
+    let cancel_done = bed
+        .client
+        .cancel_plan(control("too late"))
+        .await
+        .unwrap_err();
     assert_eq!(
         cancel_done.code(),
         Code::FailedPrecondition,
         "a completed plan cannot be cancelled"
     );
 
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1461,7 +1445,8 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 300).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -1569,7 +1554,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     );
     planner.stop().await?;
     broker.cleanup().await;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     db.drop_database().await;
     Ok(())
 }
@@ -1891,7 +1876,8 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 5).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -2000,7 +1986,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
         "the replayed message names its plan"
     );
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())
@@ -2014,7 +2000,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 3).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -2171,7 +2158,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         "the consumer gets the repaired body"
     );
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())
@@ -2298,7 +2285,8 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 2).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -2341,7 +2329,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
         "nothing published behind the caller's back"
     );
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())
@@ -2354,7 +2342,8 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     init_logging();
     let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let prefix = unique("redrive-test") + ":";
+    let redis_keys = RedisKeys::new();
+    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 2).await?;
     let planner = planner_for(&db, &incident.dlq).await?;
     let mut client = planner.client().await?;
@@ -2422,7 +2411,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     channel.close(200, "done".into()).await?;
     executor.stop().await?;
     planner.stop().await?;
-    redis_cleanup(&prefix).await?;
+    redis_keys.cleanup().await?;
     broker.cleanup().await;
     db.drop_database().await;
     Ok(())

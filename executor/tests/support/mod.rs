@@ -145,7 +145,8 @@ impl Drop for TcpProxy {
 }
 
 /// A plain channel on the local RabbitMQ for setup and assertions; deletes
-/// the queues and exchanges it declared on [`Broker::cleanup`].
+/// the queues and exchanges it declared on [`Broker::cleanup`], or when
+/// dropped without it (a failed test).
 pub struct Broker {
     /// The connection.
     pub connection: Connection,
@@ -250,18 +251,54 @@ impl Broker {
     /// Deletes what this broker declared.
     pub async fn cleanup(&self) {
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
-        for queue in queues {
-            let _ = self
-                .channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
-        for exchange in exchanges {
-            let _ = self
-                .channel
-                .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                .await;
+        delete_topology(&self.channel, queues, exchanges).await;
+    }
+}
+
+/// Dropped without [`Broker::cleanup`] (a test that failed early), it
+/// deletes what it declared over a connection of its own, on a thread and
+/// runtime of its own (`Drop` cannot await, and may run inside a runtime).
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        if queues.is_empty() && exchanges.is_empty() {
+            return;
         }
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                let Ok(connection) =
+                    Connection::connect(AMQP_URL, ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                if let Ok(channel) = connection.create_channel().await {
+                    delete_topology(&channel, queues, exchanges).await;
+                }
+                let _ = connection.close(200, "test cleanup".into()).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// Deletes `queues` and `exchanges`, ignoring errors (already gone).
+async fn delete_topology(channel: &Channel, queues: Vec<String>, exchanges: Vec<String>) {
+    for queue in queues {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for exchange in exchanges {
+        let _ = channel
+            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
     }
 }

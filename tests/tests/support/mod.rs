@@ -17,7 +17,7 @@ use redrive_proto::v1::{
     RunPrecheckRequest, planner_client::PlannerClient,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, PlannerHandle, TestDb, amqp_table, amqp_text, unique, wait_until,
+    AMQP_URL, Broker, PlannerHandle, TestBed, TestDb, amqp_table, amqp_text, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -105,12 +105,26 @@ pub async fn planner_for(db: &TestDb, dlq: &str) -> anyhow::Result<PlannerHandle
 pub async fn planner_for_all(db: &TestDb, dlqs: &[&str]) -> anyhow::Result<PlannerHandle> {
     let mut config = Config::for_database(db.url());
     config.amqp_url = AMQP_URL.to_owned();
+    capturing(&mut config, dlqs);
+    PlannerHandle::start(config).await
+}
+
+/// The replay tests' planner settings: capture `dlqs`, key by the body's
+/// `order_id`, a 3 s lease.
+pub fn capturing(config: &mut Config, dlqs: &[&str]) {
     config.capture_queues = dlqs.iter().map(|dlq| (*dlq).to_owned()).collect();
     config.capture_batch_size = 100;
     config.capture_prefetch = 500;
     config.message_keys = vec!["json:/order_id".to_owned()];
     config.lease_ttl_seconds = 3;
-    PlannerHandle::start(config).await
+}
+
+/// A [`TestBed`] over `broker` whose planner captures `dlqs`
+/// ([`capturing`]), with `messages` of the first of them stored.
+pub async fn bed(broker: Broker, dlqs: &[&str], messages: u64) -> anyhow::Result<TestBed> {
+    let mut bed = TestBed::start(broker, |config| capturing(config, dlqs)).await?;
+    captured(&mut bed.client, dlqs[0], messages).await?;
+    Ok(bed)
 }
 
 pub async fn captured(
