@@ -291,26 +291,6 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
     Ok(())
 }
 
-fn executor_args(planner_url: &str, amqp_url: &str, prefix: &str) -> Vec<String> {
-    [
-        "--planner",
-        planner_url,
-        "--amqp-url",
-        amqp_url,
-        "--redis-url",
-        REDIS_URL,
-        "--redis-prefix",
-        prefix,
-        "--claim-wait-seconds",
-        "1",
-        "--shutdown-grace-seconds",
-        "5",
-    ]
-    .iter()
-    .map(|arg| (*arg).to_owned())
-    .collect()
-}
-
 /// SIGTERM while the executor waits for tokens (1/s) ends it at once: it
 /// stops publishing, reports, releases the slice and exits, well inside its
 /// grace period.

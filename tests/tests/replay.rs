@@ -4,6 +4,8 @@
 
 use std::{collections::HashMap, time::Duration};
 
+use anyhow::Context;
+
 use futures::StreamExt;
 use lapin::{
     options::BasicConsumeOptions,
@@ -345,7 +347,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     let plan = approved_plan(&mut bed.client, &incident.dlq, PER_SECOND, 10, None).await?;
 
     let args = |id: &str| {
-        let mut args = executor_process_args(&bed.planner.url(), &prefix);
+        let mut args = executor_args(&bed.planner.url(), AMQP_URL, &prefix);
         args.extend(["--executor-id", id, "--window", &WINDOW.to_string()].map(str::to_owned));
         args
     };
@@ -430,26 +432,6 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     }
     pool.close().await;
     bed.finish().await
-}
-
-/// Arguments of a `redrive-executor` process for the local broker and Redis.
-fn executor_process_args(planner_url: &str, prefix: &str) -> Vec<String> {
-    [
-        "--planner",
-        planner_url,
-        "--amqp-url",
-        AMQP_URL,
-        "--redis-url",
-        REDIS_URL,
-        "--redis-prefix",
-        prefix,
-        "--claim-wait-seconds",
-        "1",
-        "--shutdown-grace-seconds",
-        "5",
-    ]
-    .map(str::to_owned)
-    .to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -560,35 +542,12 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     // Fencing: a lease that expired is ended by the planner's sweep (its
     // unreported items become uncertain) and leased again with a new token.
     let mut coordinator = CoordinatorClient::connect(planner.url()).await?;
-    let claim = |executor: &str| v1::ClaimSliceRequest {
-        executor_id: executor.into(),
-        wait: Some(prost_types::Duration {
-            seconds: 5,
-            nanos: 0,
-        }),
-        // An executor that does not mark what it publishes: every
-        // unreported item may have been published.
-        marks_publishing: false,
-    };
-    let first = coordinator
-        .claim_slice(claim("old"))
-        .await?
-        .into_inner()
-        .slice
-        .expect("a slice");
+    // An executor that does not mark what it publishes: every unreported
+    // item may have been published.
+    let first = claimed(&mut coordinator, "old", false).await?;
     let pool = db.pool().await?;
-    sqlx::query(
-        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
-    )
-    .bind(first.slice_id.parse::<i64>()?)
-    .execute(&pool)
-    .await?;
-    let second = coordinator
-        .claim_slice(claim("new"))
-        .await?
-        .into_inner()
-        .slice
-        .expect("the expired slice");
+    backdate_lease(&pool, &first.slice_id).await?;
+    let second = claimed(&mut coordinator, "new", false).await?;
     assert_eq!(second.slice_id, first.slice_id);
     assert_eq!(second.fencing_token, first.fencing_token + 1);
     assert!(
@@ -699,64 +658,62 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     Ok(())
 }
 
+/// A slice leased to `executor` (waiting up to 10 s for the planner's sweep
+/// to end an expired lease), claimed with or without write-ahead marks.
+async fn claimed(
+    coordinator: &mut CoordinatorClient<Channel>,
+    executor: &str,
+    marks_publishing: bool,
+) -> anyhow::Result<v1::Slice> {
+    coordinator
+        .claim_slice(v1::ClaimSliceRequest {
+            executor_id: executor.into(),
+            wait: Some(prost_types::Duration {
+                seconds: 10,
+                nanos: 0,
+            }),
+            marks_publishing,
+        })
+        .await?
+        .into_inner()
+        .slice
+        .with_context(|| format!("no slice for {executor}"))
+}
+
+/// Makes the lease of `slice_id` expired a second ago, for the sweep.
+async fn backdate_lease(pool: &sqlx::PgPool, slice_id: &str) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(slice_id.parse::<i64>()?)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Precise uncertain items (docs/design.md): a lease that expires makes
 /// `uncertain` only the unreported items up to its write-ahead mark; the
 /// items past it were never published and stay pending, without an event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 10).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 10).await?;
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let mut bed = bed(broker, &[&incident.dlq], 10).await?;
     // One slice of 10: the whole plan is its canary wave.
-    let plan = client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second: 1000.0,
-                burst: 10,
-                rationale: "test".into(),
-            }),
-            slice_size: 10,
-            canary_fraction: Some(1.0),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    client
-        .approve_plan(ApprovePlanRequest {
-            plan_id: plan.plan_id.clone(),
-            digest: report.digest,
-        })
-        .await?;
-    let mut coordinator = CoordinatorClient::connect(planner.url()).await?;
-    let claim = |executor: &str| v1::ClaimSliceRequest {
-        executor_id: executor.into(),
-        wait: Some(prost_types::Duration {
-            seconds: 10,
-            nanos: 0,
-        }),
-        marks_publishing: true,
-    };
-    let first = coordinator
-        .claim_slice(claim("old"))
-        .await?
-        .into_inner()
-        .slice
-        .expect("a slice");
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 10;
+        request.canary_fraction = Some(1.0);
+        request.rate = Some(Rate {
+            per_second: 1000.0,
+            burst: 10,
+            rationale: "test".into(),
+        });
+    })
+    .await?;
+    let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
+    let pool = bed.pool().await?;
+    let first = claimed(&mut coordinator, "old", true).await?;
     assert_eq!(first.items.len(), 10);
     let mark = |token: u64, through: &str| v1::MarkPublishingRequest {
         slice_id: first.slice_id.clone(),
@@ -783,20 +740,8 @@ async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Res
     coordinator
         .mark_publishing(mark(first.fencing_token, &first.items[0].item_id))
         .await?;
-    let pool = db.pool().await?;
-    let slice_id: i64 = first.slice_id.parse()?;
-    sqlx::query(
-        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
-    )
-    .bind(slice_id)
-    .execute(&pool)
-    .await?;
-    let second = coordinator
-        .claim_slice(claim("new"))
-        .await?
-        .into_inner()
-        .slice
-        .expect("the expired slice, leased again");
+    backdate_lease(&pool, &first.slice_id).await?;
+    let second = claimed(&mut coordinator, "new", true).await?;
     assert_eq!(second.slice_id, first.slice_id);
     let uncertain: Vec<&str> = second
         .items
@@ -840,18 +785,8 @@ async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Res
         .unwrap_err();
     assert!(redrive_proto::error::is_stale_token(&stale), "{stale:?}");
     // The new holder dies without marking anything: nothing more is uncertain.
-    sqlx::query(
-        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
-    )
-    .bind(slice_id)
-    .execute(&pool)
-    .await?;
-    let third = coordinator
-        .claim_slice(claim("third"))
-        .await?
-        .into_inner()
-        .slice
-        .expect("leased a third time");
+    backdate_lease(&pool, &first.slice_id).await?;
+    let third = claimed(&mut coordinator, "third", true).await?;
     assert_eq!(
         third.items.iter().filter(|item| item.uncertain).count(),
         2,
@@ -859,10 +794,7 @@ async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Res
     );
 
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

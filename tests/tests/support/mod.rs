@@ -17,7 +17,8 @@ use redrive_proto::v1::{
     RunPrecheckRequest, planner_client::PlannerClient,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, PlannerHandle, TestBed, TestDb, amqp_table, amqp_text, unique, wait_until,
+    AMQP_URL, Broker, PlannerHandle, REDIS_URL, TestBed, TestDb, amqp_table, amqp_text, unique,
+    wait_until,
 };
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -160,6 +161,24 @@ pub async fn approved_plan(
     burst: u32,
     destination: Option<v1::destination::Mode>,
 ) -> anyhow::Result<v1::Plan> {
+    approved_plan_with(client, dlq, |request| {
+        request.rate = Some(Rate {
+            per_second,
+            burst,
+            rationale: "test downstream takes this easily".into(),
+        });
+        request.destination = destination.map(|mode| v1::Destination { mode: Some(mode) });
+    })
+    .await
+}
+
+/// Precheck of `dlq` → plan → approve, with the plan request shaped by
+/// `shape` (by default slices of 50, the default canary, no observation).
+pub async fn approved_plan_with(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    shape: impl FnOnce(&mut CreatePlanRequest),
+) -> anyhow::Result<v1::Plan> {
     let report = client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
@@ -170,24 +189,18 @@ pub async fn approved_plan(
         })
         .await?
         .into_inner();
-    let plan = client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second,
-                burst,
-                rationale: "test downstream takes this easily".into(),
-            }),
-            destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
-            slice_size: 50,
-            canary_fraction: None,
-            observe_for: Some(prost_types::Duration {
-                seconds: 0,
-                nanos: 0,
-            }),
-        })
-        .await?
-        .into_inner();
+    let mut request = CreatePlanRequest {
+        precheck_id: report.precheck_id.clone(),
+        slice_size: 50,
+        canary_fraction: None,
+        observe_for: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    shape(&mut request);
+    let plan = client.create_plan(request).await?.into_inner();
     assert_eq!(plan.state(), PlanState::AwaitingApproval);
     Ok(client
         .approve_plan(ApprovePlanRequest {
@@ -391,4 +404,26 @@ pub fn stop_consuming(consuming: tokio::task::JoinHandle<()>) -> anyhow::Result<
     assert_consuming(&consuming)?;
     consuming.abort();
     Ok(())
+}
+
+/// Arguments of a `redrive-executor` process for `planner_url`, the broker
+/// at `amqp_url` and the local Redis under `prefix`.
+pub fn executor_args(planner_url: &str, amqp_url: &str, prefix: &str) -> Vec<String> {
+    [
+        "--planner",
+        planner_url,
+        "--amqp-url",
+        amqp_url,
+        "--redis-url",
+        REDIS_URL,
+        "--redis-prefix",
+        prefix,
+        "--claim-wait-seconds",
+        "1",
+        "--shutdown-grace-seconds",
+        "5",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect()
 }
