@@ -28,7 +28,7 @@ pub mod worker;
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::v1::coordinator_client::CoordinatorClient;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -121,8 +121,14 @@ pub struct Config {
 
 impl Config {
     /// The defaults pointed at `planner` (tests build configs this way).
+    /// Reads no `REDRIVE_*` variable: what the environment of a test run
+    /// happens to hold never changes a test's executor.
     pub fn for_planner(planner: impl Into<String>) -> Self {
-        let mut config = Self::parse_from(["redrive-executor"]);
+        let command = Self::command().mut_args(|arg| arg.env(None));
+        let mut config = command
+            .try_get_matches_from(["redrive-executor"])
+            .and_then(|matches| Self::from_arg_matches(&matches))
+            .expect("the defaults parse");
         config.planner = planner.into();
         config
     }

@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 use crate::{
     dead_letter::ExtractionRules,
@@ -196,8 +196,14 @@ pub struct ConfigError {
 
 impl Config {
     /// The defaults, with `database_url` set (tests build configs this way).
+    /// Reads no `REDRIVE_*` variable: what the environment of a test run
+    /// happens to hold never changes a test's planner.
     pub fn for_database(database_url: impl Into<String>) -> Self {
-        let mut config = Self::parse_from(["redrive-planner"]);
+        let command = Self::command().mut_args(|arg| arg.env(None));
+        let mut config = command
+            .try_get_matches_from(["redrive-planner"])
+            .and_then(|matches| Self::from_arg_matches(&matches))
+            .expect("the defaults parse");
         config.database_url = database_url.into();
         config
     }
@@ -448,5 +454,34 @@ mod tests {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
         }
+    }
+
+    /// Test configs read no `REDRIVE_*` variable. The test runs itself as a
+    /// child process with `REDRIVE_LEASE_TTL_SECONDS=1` and
+    /// `REDRIVE_FOUR_EYES=true` set (setting a variable in this process
+    /// would race other tests), and the child checks the defaults.
+    #[test]
+    fn test_configs_ignore_the_environment() {
+        const NAME: &str = "config::tests::test_configs_ignore_the_environment";
+        if std::env::var_os("REDRIVE_LEASE_TTL_SECONDS").is_some() {
+            let config = Config::for_database("postgres://localhost/x");
+            assert_eq!(config.lease_ttl_seconds, 30);
+            assert!(!config.four_eyes);
+            // ... while the binary's own parse does read them.
+            assert_eq!(Config::parse_from(["redrive-planner"]).lease_ttl_seconds, 1);
+            return;
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture"])
+            .env("REDRIVE_LEASE_TTL_SECONDS", "1")
+            .env("REDRIVE_FOUR_EYES", "true")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "the child run: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 }
