@@ -42,7 +42,7 @@ use crate::{
     lease::{Lease, StopReason},
     message,
     outcomes::{Collector, EventContext, Feedback, InFlight, LATE_CONFIRM, TokenDebt, Work},
-    publisher::{Outgoing, PublishError, Publisher, PublisherOptions},
+    publisher::{Outgoing, PublishError, Publisher, PublisherOptions, Slot},
     replay_keys::ReplayKeys,
 };
 
@@ -184,6 +184,17 @@ impl SliceRun {
         for work in run.into_iter().rev() {
             self.queue.push_front(work);
         }
+    }
+
+    /// Puts a run back (not published) and passes on why: the end of a
+    /// pipeline step that cannot go on.
+    fn give_back(
+        &mut self,
+        run: impl IntoIterator<Item = Work, IntoIter: DoubleEndedIterator>,
+        leave: Leave,
+    ) -> Leave {
+        self.requeue(run);
+        leave
     }
 
     /// The next run: items for one destination, without a pending backoff,
@@ -476,7 +487,9 @@ impl Worker {
         }
     }
 
-    /// One run of the pipeline (module docs).
+    /// One run of the pipeline (module docs). A step that cannot go on puts
+    /// the run's items back at the front of the queue and says why
+    /// ([`Leave`]).
     async fn publish_run(&mut self, lease: &Lease, run: &mut SliceRun, items: Vec<Work>) -> Leave {
         // 1. Decided without publishing.
         let items = drop_stale(run, items).await;
@@ -486,7 +499,6 @@ impl Worker {
         if items.is_empty() {
             return Leave::Next;
         }
-        let key = items[0].bucket_key();
         let Some(through) = items
             .iter()
             .map(Work::position)
@@ -496,57 +508,77 @@ impl Worker {
         else {
             warn!("the slice has an item id that is not a position; giving the slice back");
             lease.stop(StopReason::Plan("item ids are not positions".to_owned()));
-            run.requeue(items);
+            return run.give_back(items, Leave::Stop);
+        };
+        let key = items[0].bucket_key();
+        // 2. Room in the window, the debt, then the tokens and the mark.
+        let slots = match self.room(lease, run, items.len()).await {
+            Ok(slots) => slots,
+            Err(leave) => return run.give_back(items, leave),
+        };
+        if let Err(leave) = self.pay_debt(lease, run, &key).await {
+            return run.give_back(items, leave);
+        }
+        let tokens = u32::try_from(items.len()).unwrap_or(u32::MAX);
+        let Some(granted_at) = self.grant(lease, run, &key, tokens, through).await else {
+            return run.give_back(items, Leave::Stop);
+        };
+        // 3. Sent by a concurrent plan or an earlier lease (Redis).
+        run.progress.waiting_for("the replay keys in Redis");
+        let Some(items) = self.drop_replayed(lease, run, items).await else {
             return Leave::Stop;
         };
-        // 2. Room in the window, the debt, then the tokens.
+        // 4. Publish, each only under a live lease and a fresh token.
+        self.publish_items(lease, run, items, slots, granted_at)
+            .await
+    }
+
+    /// A connected publisher with room for `count` publishes in its confirm
+    /// window, and no confirm overdue: a confirm overdue means a stalled
+    /// connection, so nothing more goes into it until it answers or the
+    /// confirm timeout ends it. The broker unreachable for half the lease
+    /// TTL gives the slice back.
+    async fn room(
+        &mut self,
+        lease: &Lease,
+        run: &mut SliceRun,
+        count: usize,
+    ) -> Result<Vec<Slot>, Leave> {
         run.progress.waiting_for("the broker connection");
         let Some(publisher) = self
             .publisher(&lease.stop_signal(), Some(lease.ttl() / 2))
             .await
         else {
-            run.requeue(items);
             if lease.may_publish() {
                 warn!("broker unreachable for half the lease TTL: giving the slice back");
                 lease.stop(StopReason::Plan("broker unreachable".to_owned()));
             }
-            return Leave::Stop;
+            return Err(Leave::Stop);
         };
         run.progress.waiting_for("room in the confirm window");
         let slots = tokio::select! {
-            () = lease.stopped() => {
-                run.requeue(items);
-                return Leave::Stop;
-            }
-            slots = publisher.reserve(items.len()) => slots,
+            () = lease.stopped() => return Err(Leave::Stop),
+            slots = publisher.reserve(count) => slots,
         };
-        let Ok(mut slots) = slots else {
+        let Ok(slots) = slots else {
             self.publisher = None;
-            run.requeue(items);
-            return Leave::Next;
+            return Err(Leave::Next);
         };
-        // A confirm overdue means a stalled connection: publish nothing more
-        // into it until it answers or the confirm timeout ends it.
-        if publisher
-            .oldest_unconfirmed_age()
-            .is_some_and(|age| age > LATE_CONFIRM)
-        {
+        let overdue = |publisher: &Publisher| {
+            publisher
+                .oldest_unconfirmed_age()
+                .is_some_and(|age| age > LATE_CONFIRM)
+        };
+        if overdue(publisher) {
             run.progress.waiting_for("an overdue publisher confirm");
             tracing::debug!(
                 in_flight = publisher.in_flight(),
                 "a publisher confirm is overdue: not publishing until it comes"
             );
         }
-        while publisher
-            .oldest_unconfirmed_age()
-            .is_some_and(|age| age > LATE_CONFIRM)
-            && publisher.is_connected()
-        {
+        while overdue(publisher) && publisher.is_connected() {
             tokio::select! {
-                () = lease.stopped() => {
-                    run.requeue(items);
-                    return Leave::Stop;
-                }
+                () = lease.stopped() => return Err(Leave::Stop),
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
@@ -555,84 +587,103 @@ impl Worker {
             // lost confirms is paid on the new connection, when whatever the
             // dead one held may reach the broker too.
             self.publisher = None;
-            run.requeue(items);
-            return Leave::Next;
+            return Err(Leave::Next);
         }
+        Ok(slots)
+    }
+
+    /// Charges late and lost confirms of `key` to the rate limit again, the
+    /// moment the connection works again: that is when what a stalled one
+    /// held reaches the broker too. Fails closed: with the bucket
+    /// unreachable nothing is published (the run is taken again after
+    /// 500 ms).
+    async fn pay_debt(&self, lease: &Lease, run: &mut SliceRun, key: &str) -> Result<(), Leave> {
         run.progress.waiting_for("tokens of the rate limit");
-        // Late and lost confirms are charged the moment the connection
-        // works again: that is when what a stalled one held reaches the
-        // broker too.
-        let owed = run.debt.take(&key, u32::MAX);
-        if owed > 0 {
-            info!(
-                tokens = owed,
-                destination = %key,
-                "charging late or lost confirms to the rate limit again"
-            );
-            let charged = tokio::select! {
-                () = lease.stopped() => {
-                    run.debt.add(key, owed);
-                    run.requeue(items);
-                    return Leave::Stop;
-                }
-                charged = self.bucket.charge(&key, run.rate, owed) => charged,
-            };
-            if let Err(error) = charged {
-                warn!(%error, "cannot charge the rate limit: not publishing (fail closed)");
-                run.debt.add(key, owed);
-                run.requeue(items);
-                tokio::select! {
-                    () = lease.stopped() => return Leave::Stop,
-                    () = tokio::time::sleep(Duration::from_millis(500)) => return Leave::Next,
-                }
+        let owed = run.debt.take(key, u32::MAX);
+        if owed == 0 {
+            return Ok(());
+        }
+        info!(
+            tokens = owed,
+            destination = %key,
+            "charging late or lost confirms to the rate limit again"
+        );
+        let charged = tokio::select! {
+            () = lease.stopped() => {
+                run.debt.add(key.to_owned(), owed);
+                return Err(Leave::Stop);
+            }
+            charged = self.bucket.charge(key, run.rate, owed) => charged,
+        };
+        if let Err(error) = charged {
+            warn!(%error, "cannot charge the rate limit: not publishing (fail closed)");
+            run.debt.add(key.to_owned(), owed);
+            tokio::select! {
+                () = lease.stopped() => return Err(Leave::Stop),
+                () = tokio::time::sleep(Duration::from_millis(500)) => return Err(Leave::Next),
             }
         }
-        let tokens = u32::try_from(items.len()).unwrap_or(u32::MAX);
-        // No publish before the planner has the lease's write-ahead mark (a
-        // lost lease then judges only marked items uncertain). At full speed
-        // the bucket answers at once: the mark goes out while it does, so
-        // the two round trips overlap. Under a rate limit the run waits for
-        // its tokens first, so that a run still waiting is not marked.
+        Ok(())
+    }
+
+    /// Takes `tokens` of `key` and makes sure the planner has the lease's
+    /// write-ahead mark through item `through` ([`Lease::mark_publishing`]):
+    /// nothing is published before both, so a lost lease judges only marked
+    /// items uncertain. At full speed the bucket answers at once and the
+    /// mark goes out while it does (the two round trips overlap); under a
+    /// rate limit the run waits for its tokens first, so that a run still
+    /// waiting is not marked. When the tokens were granted; `None` when
+    /// publishing stopped first.
+    async fn grant(
+        &self,
+        lease: &Lease,
+        run: &mut SliceRun,
+        key: &str,
+        tokens: u32,
+        through: u64,
+    ) -> Option<Instant> {
         let asked_at = Instant::now();
-        let tokens = async {
-            self.take_tokens(lease, &key, run.rate, tokens)
+        let take = async {
+            self.take_tokens(lease, key, run.rate, tokens)
                 .await
                 .then(Instant::now)
         };
         let (granted, marked) = if run.tokens_waited < TOKENS_AT_ONCE {
-            tokio::join!(tokens, lease.mark_publishing(through))
+            tokio::join!(take, lease.mark_publishing(through))
         } else {
-            match tokens.await {
+            match take.await {
                 Some(granted_at) => (Some(granted_at), lease.mark_publishing(through).await),
                 None => (None, false),
             }
         };
-        let (Some(granted_at), true) = (granted, marked) else {
-            run.requeue(items);
-            return Leave::Stop;
-        };
+        let granted_at = granted.filter(|_| marked)?;
         run.tokens_waited = granted_at - asked_at;
-        // 3. Sent by a concurrent plan or an earlier lease (Redis).
-        run.progress.waiting_for("the replay keys in Redis");
-        let Some(items) = self.drop_replayed(lease, run, items).await else {
-            return Leave::Stop;
-        };
-        // 4. Publish, each only under a live lease and a fresh token.
+        Some(granted_at)
+    }
+
+    /// Publishes `items` into `slots` (one each), each only while the lease
+    /// allows it and while the run's tokens, granted at `granted_at`, are
+    /// fresh ([`TOKEN_SPEND_LIMIT`]); the rest goes back to the queue.
+    async fn publish_items(
+        &mut self,
+        lease: &Lease,
+        run: &mut SliceRun,
+        items: Vec<Work>,
+        mut slots: Vec<Slot>,
+        granted_at: Instant,
+    ) -> Leave {
         let Some(publisher) = self.publisher.as_ref() else {
-            run.requeue(items);
-            return Leave::Next;
+            return run.give_back(items, Leave::Next);
         };
         let mut items = VecDeque::from(items);
         while let Some(work) = items.pop_front() {
             if !lease.may_publish() {
                 items.push_front(work);
-                run.requeue(items);
-                return Leave::Stop;
+                return run.give_back(items, Leave::Stop);
             }
             if granted_at.elapsed() > TOKEN_SPEND_LIMIT {
                 items.push_front(work);
-                run.requeue(items);
-                return Leave::Next;
+                return run.give_back(items, Leave::Next);
             }
             let properties = match message::properties(
                 &run.context.plan_id,
@@ -648,17 +699,15 @@ impl Worker {
             };
             let Some(slot) = slots.pop() else {
                 items.push_front(work);
-                run.requeue(items);
-                return Leave::Next;
+                return run.give_back(items, Leave::Next);
             };
             if publisher
                 .oldest_unconfirmed_age()
                 .is_some_and(|age| age > LATE_CONFIRM)
             {
-                // Overdue since the guard above: take the tokens again later.
+                // Overdue since the room was made: take the tokens again later.
                 items.push_front(work);
-                run.requeue(items);
-                return Leave::Next;
+                return run.give_back(items, Leave::Next);
             }
             let outgoing = Outgoing {
                 exchange: work.item.exchange.clone(),
@@ -683,8 +732,7 @@ impl Worker {
                     // Not published: its token or the lease ran out while it
                     // waited for the publishing task.
                     items.push_front(work);
-                    run.requeue(items);
-                    return Leave::Next;
+                    return run.give_back(items, Leave::Next);
                 }
                 Err(error) => {
                     // Not published: publish it again on a new connection,
@@ -692,8 +740,7 @@ impl Worker {
                     warn!(%error, "publish failed; reconnecting");
                     self.publisher = None;
                     items.push_front(work);
-                    run.requeue(items);
-                    return Leave::Next;
+                    return run.give_back(items, Leave::Next);
                 }
             }
         }
