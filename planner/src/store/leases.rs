@@ -72,7 +72,7 @@ pub struct LeasedItem {
 }
 
 /// An outcome report rejected for its fencing token.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "stale fencing token {token} for slice {slice_id}: the lease was lost (expired and re-leased, or released)"
 )]

@@ -1,0 +1,300 @@
+//! The store's lease rules against the real PostgreSQL, without a planner
+//! around them: the fencing token, a backdated (expired) lease, the
+//! write-ahead mark and what an expiry makes `uncertain`, and plan state
+//! transitions executed by the one guarded `UPDATE`.
+//!
+//! Each test has a database of its own (`redrive_store_<random>`), migrated,
+//! with `tests/fixtures/one_slice.sql` loaded, and dropped when the test
+//! ends, also when it fails. (Not `#[sqlx::test]`: it takes its server from
+//! `DATABASE_URL`, which is also the planner's own `--database-url`
+//! variable, so setting it for `cargo test` would point every `cargo run`
+//! planner at the test server.)
+
+use std::time::Duration;
+
+use redrive_planner::{
+    plan_state::Event,
+    store::{Store, leases::StaleToken, plans::Moved},
+};
+use sqlx::{Executor, PgPool, Postgres, migrate::MigrateDatabase};
+use uuid::Uuid;
+
+const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+const PLAN: Uuid = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0002);
+const TTL: Duration = Duration::from_secs(30);
+
+/// A migrated database with the fixture; dropped on `Drop`.
+struct Db {
+    url: String,
+    pool: PgPool,
+    store: Store,
+}
+
+impl Db {
+    async fn new() -> Self {
+        let url = format!("{SERVER}/redrive_store_{}", Uuid::new_v4().simple());
+        Postgres::create_database(&url)
+            .await
+            .expect("create the test database");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .expect("connect");
+        let store = Store::from_pool(pool.clone());
+        store.migrate().await.expect("migrate");
+        pool.execute(include_str!("fixtures/one_slice.sql"))
+            .await
+            .expect("load the fixture");
+        Self { url, pool, store }
+    }
+
+    /// Makes the slice's lease expired a second ago.
+    async fn backdate(&self, slice_id: i64) {
+        sqlx::query(
+            "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+        )
+        .bind(slice_id)
+        .execute(&self.pool)
+        .await
+        .expect("backdate");
+    }
+
+    /// Item states in position order.
+    async fn states(&self) -> Vec<String> {
+        sqlx::query_scalar("SELECT state FROM plan_items ORDER BY position")
+            .fetch_all(&self.pool)
+            .await
+            .expect("states")
+    }
+
+    /// `uncertain` audit events, as (position, executor).
+    async fn uncertain_events(&self) -> Vec<(i64, String)> {
+        sqlx::query_as(
+            "SELECT i.position, e.executor_id FROM audit_events e \
+             JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
+             WHERE e.action = 'uncertain' ORDER BY e.id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("events")
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        // `Drop` cannot await and runs inside the test's runtime.
+        let _ = std::thread::spawn(move || {
+            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                runtime.block_on(async {
+                    let _ = Postgres::force_drop_database(&url).await;
+                });
+            }
+        })
+        .join();
+    }
+}
+
+#[tokio::test]
+async fn a_stale_fencing_token_is_refused_everywhere() {
+    let db = Db::new().await;
+    let first = db
+        .store
+        .claim_slice("old", TTL, true)
+        .await
+        .unwrap()
+        .expect("the pending slice");
+    assert_eq!(first.fencing_token, 1);
+    assert!(
+        db.store
+            .claim_slice("other", TTL, true)
+            .await
+            .unwrap()
+            .is_none(),
+        "a leased slice is not leased twice"
+    );
+    let slice = first.slice_id;
+    let stale = StaleToken {
+        slice_id: slice,
+        token: 0,
+    };
+    // A token the slice does not hold now is refused by every write.
+    assert_eq!(
+        db.store
+            .heartbeat(slice, 0, TTL)
+            .await
+            .unwrap()
+            .unwrap_err(),
+        stale
+    );
+    assert_eq!(
+        db.store
+            .mark_publishing(slice, 0, 3)
+            .await
+            .unwrap()
+            .unwrap_err(),
+        stale
+    );
+    assert_eq!(
+        db.store
+            .complete_slice(slice, 0, true)
+            .await
+            .unwrap()
+            .unwrap_err(),
+        stale
+    );
+    assert!(db.store.heartbeat(slice, 1, TTL).await.unwrap().is_ok());
+
+    // An expired lease is refused too, before and after the sweep ends it.
+    db.backdate(slice).await;
+    assert!(db.store.heartbeat(slice, 1, TTL).await.unwrap().is_err());
+    assert!(
+        db.store
+            .mark_publishing(slice, 1, 3)
+            .await
+            .unwrap()
+            .is_err()
+    );
+    assert_eq!(db.store.expire_leases().await.unwrap(), vec![PLAN]);
+    let second = db
+        .store
+        .claim_slice("new", TTL, true)
+        .await
+        .unwrap()
+        .expect("the slice, leased again");
+    assert_eq!((second.slice_id, second.fencing_token), (slice, 2));
+    assert!(
+        db.store
+            .complete_slice(slice, 1, false)
+            .await
+            .unwrap()
+            .is_err()
+    );
+    assert!(db.store.heartbeat(slice, 2, TTL).await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn an_expiry_makes_only_marked_unreported_items_uncertain() {
+    let db = Db::new().await;
+    let lease = db
+        .store
+        .claim_slice("old", TTL, true)
+        .await
+        .unwrap()
+        .unwrap();
+    // Marked through position 1; a lower mark later never moves it back.
+    db.store
+        .mark_publishing(lease.slice_id, 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    db.store
+        .mark_publishing(lease.slice_id, 1, 0)
+        .await
+        .unwrap()
+        .unwrap();
+    db.backdate(lease.slice_id).await;
+    db.store.expire_leases().await.unwrap();
+    assert_eq!(
+        db.states().await,
+        ["uncertain", "uncertain", "pending", "pending"]
+    );
+    assert_eq!(
+        db.uncertain_events().await,
+        [(0, "old".to_owned()), (1, "old".to_owned())]
+    );
+
+    // A holder that marked nothing adds nothing; one that does not mark at
+    // all makes every unreported item uncertain (the rule before marks).
+    let quiet = db
+        .store
+        .claim_slice("quiet", TTL, true)
+        .await
+        .unwrap()
+        .unwrap();
+    db.backdate(quiet.slice_id).await;
+    db.store.expire_leases().await.unwrap();
+    assert_eq!(db.uncertain_events().await.len(), 2);
+    let unmarked = db
+        .store
+        .claim_slice("unmarked", TTL, false)
+        .await
+        .unwrap()
+        .unwrap();
+    // Its marks are ignored: it did not promise to mark before publishing.
+    db.store
+        .mark_publishing(unmarked.slice_id, 3, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    db.backdate(unmarked.slice_id).await;
+    db.store.expire_leases().await.unwrap();
+    assert_eq!(db.states().await, ["uncertain"; 4]);
+    let events = db.uncertain_events().await;
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!(
+        events[2..],
+        [(2, "unmarked".to_owned()), (3, "unmarked".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn transitions_run_only_from_their_allowed_states() {
+    let db = Db::new().await;
+    let state = |moved: Moved| match moved {
+        Moved::To(state) => ("to", state.name()),
+        Moved::Refused(state) => ("refused", state.name()),
+        Moved::NotFound => ("not found", ""),
+    };
+    let mut run = Vec::new();
+    for event in [
+        Event::Approve,
+        Event::Pause,
+        Event::Pause,
+        Event::Promote,
+        Event::Resume,
+        Event::Complete,
+        Event::Cancel,
+        Event::Resume,
+    ] {
+        let moved = db
+            .store
+            .transition_plan(PLAN, event, "alice", "test")
+            .await
+            .unwrap();
+        run.push(state(moved));
+    }
+    assert_eq!(
+        run,
+        [
+            ("refused", "main"), // approve: only from awaiting_approval
+            ("to", "paused"),    // pause from main
+            ("refused", "paused"),
+            ("refused", "paused"), // promote: only canary or observing
+            ("to", "main"),        // resume into the state it was paused in
+            ("refused", "main"),   // complete: its slice is not completed
+            ("to", "cancelled"),
+            ("refused", "cancelled"), // final
+        ]
+    );
+    assert_eq!(
+        state(
+            db.store
+                .transition_plan(Uuid::nil(), Event::Pause, "a", "b")
+                .await
+                .unwrap()
+        ),
+        ("not found", "")
+    );
+    // Every move that happened is an operator action with actor and reason.
+    let actions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM operator_actions WHERE actor = 'alice'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(actions, 3);
+}
