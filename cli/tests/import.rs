@@ -1,0 +1,104 @@
+//! `redrivectl import` against the fake planner: rejections mapped back to
+//! file lines across batches, the summary, a failed call mid-import.
+
+mod support;
+
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_maps_rejections_back_to_file_lines_across_batches() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let file = [
+        line("m-1"),           // 1
+        "not json".to_owned(), // 2: refused by redrivectl
+        line("dup-1"),         // 3
+        String::new(),         // 4: blank, skipped
+        line("bad-1"),         // 5: refused by the planner (batch 2, index 0)
+        line("m-2"),           // 6
+        line("bad-2"),         // 7: refused by the planner (batch 3, index 0)
+    ]
+    .join("\n");
+
+    let output = redrivectl(
+        address,
+        &[
+            "import", "-", "--source", "export", "--batch", "2", "--json",
+        ],
+        &file,
+    )
+    .await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(65), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        report,
+        serde_json::json!({
+            "imported": 2,
+            "duplicates": 1,
+            "rejected": [
+                {"line": 2, "reason": "not valid JSON: expected ident at line 1 column 2"},
+                {"line": 5, "reason": "refused bad-1"},
+                {"line": 7, "reason": "refused bad-2"},
+            ],
+        })
+    );
+    for expected in [
+        "line 2: not valid JSON",
+        "line 5: refused bad-1",
+        "line 7: refused bad-2",
+    ] {
+        assert!(stderr.contains(expected), "{expected}: {stderr}");
+    }
+
+    let calls = fake.calls.lock().unwrap().clone();
+    let ids: Vec<Vec<&str>> = calls
+        .iter()
+        .map(|call| call.iter().map(|item| item.message_id.as_str()).collect())
+        .collect();
+    assert_eq!(
+        ids,
+        [vec!["m-1", "dup-1"], vec!["bad-1", "m-2"], vec!["bad-2"]]
+    );
+    assert!(
+        calls
+            .iter()
+            .flatten()
+            .all(|item| item.imported && item.source == "export")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_import_exits_zero_with_a_summary_line() {
+    let address = serve(Fake::default()).await;
+    let output = redrivectl(address, &["import", "-", "--source", "s"], &line("m-1")).await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "imported 1, already present 0, rejected 0\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_call_stops_the_import_and_says_how_far_it_got() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let mut lines: Vec<String> = (0..5).map(|n| line(&format!("m-{n}"))).collect();
+    lines.push(line("boom"));
+    lines.extend((5..500).map(|n| line(&format!("m-{n}"))));
+    let output = redrivectl(
+        address,
+        &["import", "-", "--source", "s", "--batch", "3"],
+        &lines.join("\n"),
+    )
+    .await;
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "redrivectl: import stopped after line 3 (imported 3, already present 0, rejected 0); \
+         importing the file again is safe\nredrivectl: failed_precondition: boom\n"
+    );
+    assert_eq!(fake.calls.lock().unwrap().len(), 1);
+}

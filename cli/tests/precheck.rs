@@ -1,0 +1,341 @@
+//! `redrivectl precheck` against the fake planner: the flags and actor it
+//! sends, its JSON and human reports, item pages, a hook outage, bad flags.
+
+mod support;
+
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &[
+            "precheck",
+            "--source",
+            "payments.dlq",
+            "--source",
+            "refunds.dlq",
+            "--reason",
+            "rejected",
+            "--event-type",
+            "payment.captured",
+            "--from",
+            "2024-05-01T10:00:00Z",
+            "--to",
+            "2024-05-01T12:00:00Z",
+            "--stale-after",
+            "payment.*=2h",
+            "--stale-after",
+            "payment.captured=30m",
+            "--default-stale-after",
+            "1day",
+            "--replay-key-window",
+            "3days",
+            "--max-redrives",
+            "5",
+            "--state-check-batch",
+            "250",
+            "--state-check-timeout",
+            "4s",
+            "--block-on-state-check-error",
+            "--event-time-pointer",
+            "/meta/occurred_at",
+            "--actor",
+            "alice",
+            "--json",
+        ],
+        "",
+    )
+    .await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+
+    let seconds = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
+    let requests = fake.prechecks.lock().unwrap().clone();
+    assert_eq!(
+        requests,
+        [v1::RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec!["payments.dlq".into(), "refunds.dlq".into()],
+                reasons: vec!["rejected".into()],
+                event_types: vec!["payment.captured".into()],
+                died_from: Some(prost_types::Timestamp {
+                    seconds: 1_714_557_600,
+                    nanos: 0,
+                }),
+                died_to: Some(prost_types::Timestamp {
+                    seconds: 1_714_564_800,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            }),
+            options: Some(v1::PrecheckOptions {
+                stale_after: [
+                    ("payment.*".to_owned(), seconds(7200).unwrap()),
+                    ("payment.captured".to_owned(), seconds(1800).unwrap()),
+                ]
+                .into_iter()
+                .collect(),
+                default_stale_after: seconds(86_400),
+                replay_key_window: seconds(3 * 86_400),
+                max_redrives: 5,
+                state_check_batch_size: 250,
+                state_check_timeout: seconds(4),
+                block_on_state_check_error: true,
+                event_time_pointer: "/meta/occurred_at".into(),
+                ..Default::default()
+            }),
+        }]
+    );
+    assert_eq!(fake.actors(), [("run_precheck", Some("alice".to_owned()))]);
+
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let counts = serde_json::json!({
+        "replayable": 7, "duplicate": 1, "already_replayed": 0, "looping": 0, "stale": 0,
+        "blocked_by_state": 2, "needs_compensation": 0, "invalid": 0,
+    });
+    assert_eq!(
+        report,
+        serde_json::json!({
+            "precheck_id": PRECHECK_ID,
+            "actor": "alice",
+            "created_at": "2024-05-01T12:00:00Z",
+            "digest": "9f86d081",
+            "total": 10,
+            "options": {
+                "stale_after_seconds": {},
+                "stale_after_source_seconds": {},
+                "default_stale_after_seconds": null,
+                "replay_key_window_seconds": null,
+                "max_redrives": 0,
+                "event_time_pointer": null,
+                "override_policy": false,
+                "override_reason": null,
+            },
+            "counts": counts,
+            "breakdowns": {
+                "reason_class": [],
+                "destination": [{"value": "payments", "total": 10, "counts": counts}],
+                "event_type": [],
+                "schema_version": [],
+                "producer": [],
+            },
+            "died_from": "2024-05-01T10:00:00Z",
+            "died_to": "2024-05-01T11:30:00Z",
+            "warnings": ["state check hooks blocked 2 of the 3 messages they checked"],
+            "sample_blocked": [{
+                "dead_letter_id": "41",
+                "message_key": "order-9:capture",
+                "verdict": "blocked_by_state",
+                "reason": "order 9 is cancelled",
+                "destination": "payments",
+                "event_type": "payment.captured",
+                "at_send": false,
+            }],
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn precheck_prints_a_report_people_can_read() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(address, &["precheck", "--source", "payments.dlq"], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    for expected in [
+        &format!("precheck id:  {PRECHECK_ID}")[..],
+        "actor:        tester",
+        "digest:       9f86d081",
+        "total:        10",
+        "died:         2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+        "\nreplayable          7\n",
+        "\nneeds_compensation  0\n",
+        "by destination:",
+        "VALUE     TOTAL  REPLAYABLE  DUPLICATE  BLOCKED_BY_STATE",
+        "WARNING: state check hooks blocked 2 of the 3 messages they checked",
+        "first non-replayable items (1 of 3):",
+        "41              order-9:capture  blocked_by_state  order 9 is cancelled",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
+    }
+    assert!(
+        stdout.ends_with(&format!(
+            "\nnext: redrivectl precheck items {PRECHECK_ID} --verdict blocked_by_state\n"
+        )),
+        "{stdout}"
+    );
+    // Options left unset go out unset: the planner applies its defaults.
+    let requests = fake.prechecks.lock().unwrap().clone();
+    assert_eq!(requests[0].options, Some(v1::PrecheckOptions::default()));
+
+    // `show` prints the same report.
+    let shown = redrivectl(address, &["precheck", "show", PRECHECK_ID], "").await;
+    let shown = String::from_utf8(shown.stdout).unwrap();
+    assert_eq!(
+        shown,
+        stdout.replace("actor:        tester", "actor:        carol")
+    );
+    let output = redrivectl(address, &["precheck", "--json", "show", PRECHECK_ID], "").await;
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["actor"], "carol");
+    assert_eq!(report["counts"]["looping"], 0);
+    let output = redrivectl(address, &["precheck", "show", "nope"], "").await;
+    assert_eq!(output.status.code(), Some(65));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn precheck_items_follow_pages_with_the_verdict() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &[
+            "precheck",
+            "items",
+            PRECHECK_ID,
+            "--verdict",
+            "stale",
+            "--page-size",
+            "2",
+            "--all",
+            "--json",
+            "--actor",
+            "dana",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    let listed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        listed,
+        serde_json::json!({
+            "items": [
+                {"dead_letter_id": "41", "message_key": "key-41", "verdict": "stale",
+                 "reason": "reason 41", "destination": "payments", "event_type": "payment.captured", "at_send": false},
+                {"dead_letter_id": "42", "message_key": "key-42", "verdict": "stale",
+                 "reason": "reason 42", "destination": "payments", "event_type": null, "at_send": false},
+                {"dead_letter_id": "43", "message_key": "key-43", "verdict": "stale",
+                 "reason": "reason 43", "destination": "payments", "event_type": "payment.refunded", "at_send": false},
+            ],
+            "next_page_token": "",
+        })
+    );
+    let calls = fake.item_calls.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        [
+            v1::ListPrecheckItemsRequest {
+                precheck_id: PRECHECK_ID.into(),
+                verdict: v1::Verdict::Stale.into(),
+                page_size: 2,
+                page_token: String::new(),
+            },
+            v1::ListPrecheckItemsRequest {
+                precheck_id: PRECHECK_ID.into(),
+                verdict: v1::Verdict::Stale.into(),
+                page_size: 2,
+                page_token: "p2".into(),
+            },
+        ]
+    );
+    assert!(
+        fake.actors()
+            .iter()
+            .all(|(_, actor)| actor.as_deref() == Some("dana"))
+    );
+
+    // One page, as a table, with every verdict.
+    let output = redrivectl(address, &["precheck", "items", PRECHECK_ID], "").await;
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout}");
+    assert!(
+        lines[0]
+            .starts_with("DEAD_LETTER_ID  VERDICT           MESSAGE_KEY  DESTINATION  EVENT_TYPE"),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].contains("42              blocked_by_state  key-42       payments     -"),
+        "{stdout}"
+    );
+    assert_eq!(lines[3], "next page token: p2");
+    let calls = fake.item_calls.lock().unwrap().clone();
+    assert_eq!(calls[2].verdict, i32::from(v1::Verdict::Unspecified));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_check_hook_outage_is_unavailable_and_says_which_flag() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(address, &["precheck", "--source", "hook-down"], "").await;
+    assert_eq!(output.status.code(), Some(69));
+    assert!(output.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "redrivectl: unavailable: state check hook http://127.0.0.1:9 for payment.*: connection \
+         refused; the precheck is not complete. Fix the hook, or run the precheck with \
+         block_on_state_check_error to mark its messages blocked_by_state \
+         (redrivectl precheck --block-on-state-check-error)\n"
+    );
+    let output = redrivectl(
+        address,
+        &[
+            "precheck",
+            "--source",
+            "hook-down",
+            "--block-on-state-check-error",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_precheck_flags_exit_64_before_any_call() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    for (args, expected) in [
+        (
+            &["precheck", "--source", "q", "--stale-after", "payment.*"][..],
+            "--stale-after <TYPE=DURATION>",
+        ),
+        (
+            &["precheck", "--source", "q", "--stale-after", "pay*ment=2h"],
+            "'*' may only end a pattern",
+        ),
+        (
+            &[
+                "precheck",
+                "--source",
+                "q",
+                "--stale-after",
+                "a=1h",
+                "--stale-after",
+                "a=2h",
+            ],
+            "--stale-after: a is given twice",
+        ),
+        (
+            &["precheck", "items", PRECHECK_ID, "--verdict", "blocked"],
+            "valid names: replayable, duplicate, already_replayed, looping, stale, \
+             blocked_by_state, needs_compensation, invalid",
+        ),
+        (&["precheck", "--reason", "rejected"], "--source <SOURCE>"),
+        (
+            &["precheck", "--source", "q", "show", PRECHECK_ID],
+            "takes no selector flags",
+        ),
+    ] {
+        let output = redrivectl(address, args, "").await;
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    assert!(fake.actors().is_empty());
+}
