@@ -96,6 +96,8 @@ struct Shared {
     /// The write-ahead mark the planner recorded: items up to this position
     /// may be published (`None`: nothing yet).
     marked: Mutex<Option<u64>>,
+    /// A [`Lease::mark_ahead`] is under way.
+    marking_ahead: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -117,6 +119,20 @@ impl Shared {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the recorded mark covers item position `through`.
+    fn marked_through(&self, through: u64) -> bool {
+        self.marked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|marked| marked >= through)
+    }
+
+    /// The planner recorded the mark through `through`.
+    fn record_mark(&self, through: u64) {
+        let mut marked = self.marked.lock().unwrap_or_else(PoisonError::into_inner);
+        *marked = Some(marked.map_or(through, |marked| marked.max(through)));
+    }
+
     /// A renewal sent at `sent_at` succeeded.
     fn renewed(&self, sent_at: Instant) {
         let until = sent_at + self.ttl * 2 / 3;
@@ -132,6 +148,8 @@ pub struct Lease {
     shared: Arc<Shared>,
     coordinator: CoordinatorClient<Channel>,
     _tasks: Vec<AbortOnDropHandle<()>>,
+    /// The last [`Lease::mark_ahead`] task.
+    marking: Mutex<Option<AbortOnDropHandle<()>>>,
 }
 
 impl Lease {
@@ -160,6 +178,7 @@ impl Lease {
             deadline: Mutex::new(Instant::now()),
             unreported: std::sync::atomic::AtomicBool::new(false),
             marked: Mutex::new(None),
+            marking_ahead: std::sync::atomic::AtomicBool::new(false),
         });
         let sent_at = Instant::now();
         match renew(&mut coordinator.clone(), &shared).await {
@@ -193,6 +212,7 @@ impl Lease {
             shared,
             coordinator,
             _tasks: tasks,
+            marking: Mutex::new(None),
         })
     }
 
@@ -267,57 +287,63 @@ impl Lease {
     /// Returns `true` once recorded, `false` when publishing stopped first
     /// or the planner refused the token (the lease is lost then).
     pub async fn mark_publishing(&self, through: u64) -> bool {
-        let covered = |marked: &Mutex<Option<u64>>| {
-            marked
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_some_and(|marked| marked >= through)
-        };
-        if covered(&self.shared.marked) {
-            return true;
-        }
-        let request = v1::MarkPublishingRequest {
-            slice_id: self.shared.slice_id.clone(),
-            fencing_token: self.shared.token,
-            through_item_id: through.to_string(),
-        };
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         loop {
-            let mut coordinator = self.coordinator.clone();
-            let call = tokio::time::timeout(
-                self.shared.ttl / 3,
-                coordinator.mark_publishing(request.clone()),
-            );
-            let answer = tokio::select! {
+            if self.shared.marked_through(through) {
+                return true;
+            }
+            let attempt = mark(self.coordinator.clone(), &self.shared, through);
+            let failed = tokio::select! {
                 () = self.stopped() => return false,
-                answer = call => answer,
+                outcome = attempt => match outcome {
+                    Ok(()) => return true,
+                    Err(failed) => failed,
+                },
             };
-            match answer {
-                Ok(Ok(_)) => {
-                    let mut marked = self
-                        .shared
-                        .marked
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    *marked = Some(marked.map_or(through, |marked| marked.max(through)));
-                    return true;
+            match failed {
+                MarkFailed::Lost => return false,
+                MarkFailed::Unanswered(why) => {
+                    warn!(reason = %why, "cannot mark what this lease publishes; retrying");
                 }
-                Ok(Err(status)) if is_stale_token(&status) => {
-                    self.stop(StopReason::Lost(status.message().to_owned()));
-                    return false;
-                }
-                Ok(Err(status)) => {
-                    warn!(code = ?status.code(), message = status.message(), "cannot mark what this lease publishes; retrying");
-                }
-                Err(_) => warn!(
-                    "marking what this lease publishes took longer than a third of the TTL; retrying"
-                ),
             }
             tokio::select! {
                 () = self.stopped() => return false,
                 () = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
+    }
+
+    /// Whether the recorded write-ahead mark covers item position `through`.
+    pub fn is_marked_through(&self, through: u64) -> bool {
+        self.shared.marked_through(through)
+    }
+
+    /// Moves the write-ahead mark to `through` in the background, unless it
+    /// is there already or a move is under way: at full speed the mark
+    /// stays ahead of publishing, so a run rarely waits for the planner
+    /// (each mark is a durable commit). One try; a failure is left to the
+    /// next [`Lease::mark_publishing`], which waits.
+    pub fn mark_ahead(&self, through: u64) {
+        if self.shared.marked_through(through)
+            || self
+                .shared
+                .marking_ahead
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let coordinator = self.coordinator.clone();
+        let task = tokio::spawn(async move {
+            if let Err(MarkFailed::Unanswered(why)) = mark(coordinator, &shared, through).await {
+                tracing::debug!(reason = %why, "moving the mark ahead failed");
+            }
+            shared
+                .marking_ahead
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+        *self.marking.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(AbortOnDropHandle::new(task));
     }
 
     /// Stops publishing for `reason`.
@@ -374,6 +400,46 @@ impl Lease {
             }
             Err(_) => warn!("ending the lease timed out; it expires by itself"),
         }
+    }
+}
+
+/// Why one `MarkPublishing` call did not record the mark.
+enum MarkFailed {
+    /// The planner refused the token: the lease is lost (and stopped).
+    Lost,
+    /// No answer, or an error other than a stale token.
+    Unanswered(String),
+}
+
+/// One `MarkPublishing` call through `through`, bounded by a third of the
+/// TTL; records the mark in `shared`, or stops the lease as lost.
+async fn mark(
+    mut coordinator: CoordinatorClient<Channel>,
+    shared: &Shared,
+    through: u64,
+) -> Result<(), MarkFailed> {
+    let request = v1::MarkPublishingRequest {
+        slice_id: shared.slice_id.clone(),
+        fencing_token: shared.token,
+        through_item_id: through.to_string(),
+    };
+    match tokio::time::timeout(shared.ttl / 3, coordinator.mark_publishing(request)).await {
+        Ok(Ok(_)) => {
+            shared.record_mark(through);
+            Ok(())
+        }
+        Ok(Err(status)) if is_stale_token(&status) => {
+            shared.stop(StopReason::Lost(status.message().to_owned()));
+            Err(MarkFailed::Lost)
+        }
+        Ok(Err(status)) => Err(MarkFailed::Unanswered(format!(
+            "{:?}: {}",
+            status.code(),
+            status.message()
+        ))),
+        Err(_) => Err(MarkFailed::Unanswered(
+            "no answer within a third of the lease TTL".to_owned(),
+        )),
     }
 }
 

@@ -51,6 +51,9 @@ const TOKEN_CHUNK: u32 = 64;
 /// A run asks for about this much of the rate's time at once, so that slow
 /// rates take one token at a time and checks stay close to the publish.
 const RUN_SPAN: Duration = Duration::from_millis(50);
+/// At full speed the write-ahead mark is kept about this much of the rate
+/// ahead of publishing ([`mark_lookahead`]).
+const MARK_AHEAD_SPAN: Duration = Duration::from_millis(100);
 /// A bucket that granted the last run's tokens within this did not hold it
 /// back: the next run's mark is sent while its tokens are taken.
 const TOKENS_AT_ONCE: Duration = Duration::from_millis(5);
@@ -156,6 +159,8 @@ struct SliceRun {
     progress: Progress,
     /// How long the last run waited for its tokens.
     tokens_waited: Duration,
+    /// The highest item position of the slice (the mark goes no further).
+    last_position: u64,
 }
 
 impl SliceRun {
@@ -214,6 +219,17 @@ impl SliceRun {
         }
         run
     }
+}
+
+/// How far ahead of a run the write-ahead mark is kept at full speed: about
+/// [`MARK_AHEAD_SPAN`] of the rate (a mark's durable commit and round trip
+/// take tens of milliseconds), at most the confirm window `window`, at
+/// least 1. This much is added to what a lost lease may leave `uncertain`.
+pub fn mark_lookahead(rate: Rate, window: usize) -> u64 {
+    let span = (rate.per_second * MARK_AHEAD_SPAN.as_secs_f64()).ceil();
+    let most = u64::try_from(window).unwrap_or(u64::MAX).max(1);
+    // `span` is finite and ≥ 0 (a validated rate); the cast saturates.
+    (span as u64).clamp(1, most)
 }
 
 /// Tokens per bucket call for `rate`: about [`RUN_SPAN`] of it, at least 1,
@@ -398,6 +414,12 @@ impl Worker {
             debt,
             progress,
             tokens_waited: Duration::ZERO,
+            last_position: slice
+                .items
+                .iter()
+                .filter_map(|item| item.item_id.parse().ok())
+                .max()
+                .unwrap_or(0),
         };
         for item in slice.items {
             let work = Work {
@@ -629,11 +651,14 @@ impl Worker {
     /// Takes `tokens` of `key` and makes sure the planner has the lease's
     /// write-ahead mark through item `through` ([`Lease::mark_publishing`]):
     /// nothing is published before both, so a lost lease judges only marked
-    /// items uncertain. At full speed the bucket answers at once and the
-    /// mark goes out while it does (the two round trips overlap); under a
-    /// rate limit the run waits for its tokens first, so that a run still
-    /// waiting is not marked. When the tokens were granted; `None` when
-    /// publishing stopped first.
+    /// items uncertain. Each mark is a durable commit, a round trip too
+    /// slow to pay per run at full speed. So, while the bucket answers at
+    /// once, the mark is kept up to a confirm window ahead of the run
+    /// ([`Lease::mark_ahead`], in the background), and a run waits only
+    /// when it is not there yet (overlapping the bucket's round trip).
+    /// Under a rate limit the run waits for its tokens first and then marks
+    /// exactly itself: a run still waiting is not marked. When the tokens
+    /// were granted; `None` when publishing stopped first.
     async fn grant(
         &self,
         lease: &Lease,
@@ -649,7 +674,17 @@ impl Worker {
                 .then(Instant::now)
         };
         let (granted, marked) = if run.tokens_waited < TOKENS_AT_ONCE {
-            tokio::join!(take, lease.mark_publishing(through))
+            let lookahead = mark_lookahead(run.rate, self.settings.publisher.window);
+            let ahead = through
+                .saturating_add(lookahead)
+                .min(run.last_position)
+                .max(through);
+            if lease.is_marked_through(through) {
+                lease.mark_ahead(ahead);
+                (take.await, true)
+            } else {
+                tokio::join!(take, lease.mark_publishing(ahead))
+            }
         } else {
             match take.await {
                 Some(granted_at) => (Some(granted_at), lease.mark_publishing(through).await),

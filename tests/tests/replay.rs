@@ -344,11 +344,31 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     let mut bed = bed(broker, &[&incident.dlq], 200).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(&bed.broker, &incident.work).await?;
-    let plan = approved_plan(&mut bed.client, &incident.dlq, PER_SECOND, 10, None).await?;
+    // One main slice of 198 (the canary takes 2), so the rule before the
+    // mark (every unreported item of the slice) would list well over 100.
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 200;
+        request.rate = Some(Rate {
+            per_second: PER_SECOND,
+            burst: 10,
+            rationale: "test".into(),
+        });
+    })
+    .await?;
 
     let args = |id: &str| {
         let mut args = executor_args(&bed.planner.url(), AMQP_URL, &prefix);
-        args.extend(["--executor-id", id, "--window", &WINDOW.to_string()].map(str::to_owned));
+        args.extend(
+            [
+                "--executor-id",
+                id,
+                "--window",
+                &WINDOW.to_string(),
+                "--concurrent-slices",
+                "1",
+            ]
+            .map(str::to_owned),
+        );
         args
     };
     let doomed = ExecutorProcess::start(&args("doomed")).await?;
@@ -396,15 +416,13 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
         uncertain.len(),
         "every uncertain item was the dead executor's"
     );
-    // Precise: what was in its window, its current run and its last
-    // unreported outcomes (100 ms of the rate), never its whole slice (50).
-    // (Each of its slice loops, `doomed/N`, has its own lease; at 100/s
-    // with bursts of 10 they publish one at a time.)
-    let run = redrive_executor::worker::run_size(
-        redrive_executor::bucket::Rate::new(PER_SECOND, 10)?,
-        WINDOW,
-    );
-    let bound = WINDOW + run + (PER_SECOND / 10.0) as usize;
+    // Precise: what was in its window, its current run, the mark's
+    // lookahead and its last unreported outcomes (100 ms of the rate), never
+    // the rest of its slice.
+    let rate = redrive_executor::bucket::Rate::new(PER_SECOND, 10)?;
+    let run = redrive_executor::worker::run_size(rate, WINDOW);
+    let lookahead = redrive_executor::worker::mark_lookahead(rate, WINDOW) as usize;
+    let bound = WINDOW + run + lookahead + (PER_SECOND / 10.0) as usize;
     let twice = copies.values().filter(|n| **n > 1).count();
     eprintln!(
         "killed after {doomed_sent} sent: {} uncertain (bound {bound}), {twice} delivered twice",
@@ -412,7 +430,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     );
     assert!(
         uncertain.len() <= bound,
-        "{} uncertain items, more than the window {WINDOW} + run {run} + one report interval",
+        "{} uncertain items, more than the window {WINDOW} + run {run} + lookahead {lookahead} + one report interval",
         uncertain.len()
     );
     // ... and the audit report lists every second copy as possibly delivered twice.

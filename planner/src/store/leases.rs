@@ -387,10 +387,15 @@ it reported it; the next lease publishes it again with the same message id', wav
         outcomes: &[Outcome],
     ) -> Result<Result<Reported, StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
+        // `FOR KEY SHARE`: the sweep's and a completion's `FOR UPDATE` wait
+        // for (or skip) a report in progress, so neither ends the lease
+        // under it; but the holder's renewals and write-ahead marks, plain
+        // `UPDATE`s of non-key columns, do not wait behind the report's
+        // inserts (they would hold publishing back for as long).
         let lease = sqlx::query(
             "SELECT s.plan_id, s.wave, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
-             FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR UPDATE",
+             FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR KEY SHARE",
         )
         .bind(slice_id)
         .bind(token)
