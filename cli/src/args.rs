@@ -26,7 +26,7 @@ pub fn non_blank(text: &str) -> Result<String, String> {
 }
 
 /// Largest `--state-check-batch` the planner accepts.
-pub const MAX_STATE_CHECK_BATCH: u32 = 5000;
+pub const MAX_STATE_CHECK_BATCH: u32 = redrive_proto::limits::MAX_STATE_CHECK_BATCH as u32;
 
 /// Precheck options (module docs).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]

@@ -27,8 +27,7 @@ use crate::{
 
 /// Default lease: 30 s (executors heartbeat at a third of it).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// Longest claim long-poll.
-pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
+pub use redrive_proto::limits::MAX_CLAIM_WAIT;
 /// Expired leases are looked for at least this often while a claim waits.
 const CLAIM_RECHECK: Duration = Duration::from_secs(1);
 

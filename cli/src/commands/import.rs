@@ -607,10 +607,10 @@ pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersR
         .occurred_at
         .map(|at| parse_rfc3339(&at).map_err(|error| format!("occurred_at: {error}")))
         .transpose()?;
-    Ok(IngestDeadLettersRequest {
+    let mut item = IngestDeadLettersRequest {
         source,
         message_id: line.message_id.unwrap_or_default(),
-        body,
+        body: Vec::new(),
         properties,
         headers,
         reason: line.reason.unwrap_or_default(),
@@ -619,7 +619,17 @@ pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersR
         original_destination,
         occurred_at: occurred_at.map(timestamp),
         imported: true,
-    })
+    };
+    // The planner's limits (text lengths, header nesting and size), here so
+    // that a line over them is this line's rejection: a message the planner's
+    // wire check refuses would end the whole stream.
+    redrive_proto::codec::check_request(
+        &<IngestDeadLettersRequest as prost::Name>::full_name(),
+        &prost::Message::encode_to_vec(&item),
+        redrive_proto::codec::Scope::All,
+    )?;
+    item.body = body;
+    Ok(item)
 }
 
 /// Deserializes a [`Line`]; errors name the field's path (`properties.priority:

@@ -42,8 +42,9 @@ pub const MAX_INBOUND_FRAME: u32 = 64 * 1024 * 1024;
 
 /// Tables and arrays nested deeper than this are not read further: real
 /// headers nest three levels (`x-death` → entry → `routing-keys`); a deep one
-/// is a problem of the message, never a crash of the planner.
-pub const MAX_NESTING: usize = 64;
+/// is a problem of the message, never a crash of the planner. The API's limit
+/// ([`redrive_proto::limits::MAX_HEADER_NESTING`]).
+pub use redrive_proto::limits::MAX_HEADER_NESTING as MAX_NESTING;
 
 /// At most this many problems are listed for one message (then one line
 /// saying more were found): a crafted header with thousands of bad names
