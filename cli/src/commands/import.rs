@@ -1118,6 +1118,34 @@ mod tests {
         assert!(bad[0].reason.starts_with("not UTF-8"), "{bad:?}");
     }
 
+    /// Issue 13: one 4,000-character message id aborted a whole import; a
+    /// line over the planner's limits is now that line's rejection.
+    #[test]
+    fn lines_over_the_planners_limits_are_rejected_here() {
+        let long_id = format!(
+            r#"{{"body":"a","original_destination":"q","message_id":"{}"}}"#,
+            "m".repeat(4000)
+        );
+        let error = parse_line(&long_id, "src").unwrap_err();
+        assert_eq!(error, "message_id: 4000 bytes, at most 255");
+        let mut headers = "true".to_owned();
+        for _ in 0..100 {
+            headers = format!(r#"{{"n":{headers}}}"#);
+        }
+        let deep = format!(r#"{{"body":"a","original_destination":"q","headers":{headers}}}"#);
+        let error = parse_line(&deep, "src").unwrap_err();
+        assert!(error.contains("deeper than 64 levels"), "{error}");
+        let nul = r#"{"body":"a","original_destination":"q","error_text":"x\u0000y"}"#;
+        let error = parse_line(nul, "src").unwrap_err();
+        assert!(error.starts_with("error_text: contains a NUL"), "{error}");
+        // The body is not a text field: any bytes, any size.
+        let big_body = format!(
+            r#"{{"body":"{}","original_destination":"q"}}"#,
+            "b".repeat(100_000)
+        );
+        assert_eq!(parse_line(&big_body, "src").unwrap().body.len(), 100_000);
+    }
+
     #[test]
     fn summary_line_lists_rejected_lines() {
         let mut report = ImportReport {
