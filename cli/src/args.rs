@@ -179,7 +179,7 @@ fn parse_rule(text: &str, what: &str, form: &str) -> Result<StaleAfter, String> 
     if pattern.is_empty() {
         return Err(format!("the {what} before '=' is empty; {form}"));
     }
-    if pattern[..pattern.len() - 1].contains('*') {
+    if pattern.strip_suffix('*').unwrap_or(pattern).contains('*') {
         return Err(format!(
             "{pattern:?}: '*' may only end a pattern (a prefix such as payment.*); {form}"
         ));

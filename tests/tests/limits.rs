@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use prost::{Message, bytes::BufMut};
+use prost::Message;
 use redrive_planner::Config;
 use redrive_proto::{
     limits,
@@ -16,103 +16,15 @@ use redrive_proto::{
         planner_client::PlannerClient,
     },
 };
-use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
-use tonic::{
-    Code, Status,
-    codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
-    codegen::http::uri::PathAndQuery,
-    transport::Channel,
+use redrive_tests::{
+    PlannerHandle, TestDb, init_logging,
+    raw::{raw_ingest, raw_unary},
+    unique,
 };
+use tonic::{Code, Status, transport::Channel};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
-
-/// Sends and receives encoded messages as they are: requests no prost
-/// client would build (nested thousands deep, garbage, oversized).
-#[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> Self {
-        Self
-    }
-
-    fn decoder(&mut self) -> Self {
-        Self
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        buf.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        use prost::bytes::Buf;
-        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
-    }
-}
-
-async fn raw_client(planner: &PlannerHandle) -> anyhow::Result<tonic::client::Grpc<Channel>> {
-    let channel = Channel::from_shared(planner.url())?.connect().await?;
-    Ok(tonic::client::Grpc::new(channel)
-        .max_encoding_message_size(usize::MAX)
-        .max_decoding_message_size(usize::MAX))
-}
-
-/// Calls unary `method` of `redrive.v1.Planner` with `bytes` as the request.
-async fn raw_unary(
-    planner: &PlannerHandle,
-    method: &str,
-    bytes: Vec<u8>,
-) -> Result<Vec<u8>, Status> {
-    let mut client = raw_client(planner)
-        .await
-        .map_err(|e| Status::unknown(e.to_string()))?;
-    client
-        .ready()
-        .await
-        .map_err(|e| Status::unknown(e.to_string()))?;
-    let path =
-        PathAndQuery::try_from(method.to_owned()).map_err(|e| Status::unknown(e.to_string()))?;
-    client
-        .unary(tonic::Request::new(bytes), path, RawCodec)
-        .await
-        .map(tonic::Response::into_inner)
-}
-
-/// Streams `items` to `IngestDeadLetters` as they are.
-async fn raw_ingest(planner: &PlannerHandle, items: Vec<Vec<u8>>) -> Result<Vec<u8>, Status> {
-    let mut client = raw_client(planner)
-        .await
-        .map_err(|e| Status::unknown(e.to_string()))?;
-    client
-        .ready()
-        .await
-        .map_err(|e| Status::unknown(e.to_string()))?;
-    client
-        .client_streaming(
-            tonic::Request::new(tokio_stream::iter(items)),
-            PathAndQuery::from_static("/redrive.v1.Planner/IngestDeadLetters"),
-            RawCodec,
-        )
-        .await
-        .map(tonic::Response::into_inner)
-}
 
 async fn serving(planner: &PlannerHandle) -> anyhow::Result<bool> {
     let channel = Channel::from_shared(planner.url())?.connect().await?;
