@@ -3,7 +3,9 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use redrive_proto::limits::{MAX_AGE, MAX_REDRIVES, at_most};
+use redrive_proto::limits::{
+    MAX_AGE, MAX_CAPTURE_BATCH_WAIT_MS, MAX_LEASE_TTL_SECONDS, MAX_REDRIVES, at_most,
+};
 
 use clap::Parser;
 
@@ -246,8 +248,17 @@ impl Config {
                 ),
             );
         }
-        if self.lease_ttl_seconds < 3 {
-            return error("lease-ttl-seconds", "must be at least 3".to_owned());
+        if !(3..=MAX_LEASE_TTL_SECONDS).contains(&self.lease_ttl_seconds) {
+            return error(
+                "lease-ttl-seconds",
+                format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
+            );
+        }
+        if self.capture_batch_wait_ms > MAX_CAPTURE_BATCH_WAIT_MS {
+            return error(
+                "capture-batch-wait-ms",
+                format!("at most {MAX_CAPTURE_BATCH_WAIT_MS}"),
+            );
         }
         if self.database_max_connections < 2 {
             return error(
@@ -489,11 +500,21 @@ mod tests {
                 "--max-precheck-age",
             ),
             (&["--max-redrives", "4000000000"][..], "max-redrives"),
+            (
+                &["--lease-ttl-seconds", "18446744073709551615"][..],
+                "lease-ttl-seconds",
+            ),
+            (
+                &["--capture-batch-wait-ms", "18446744073709551615"][..],
+                "capture-batch-wait-ms",
+            ),
         ] {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
             assert!(
-                error.contains("36500 days") || error.contains("1000"),
+                ["36500 days", "1000", "3600", "60000"]
+                    .iter()
+                    .any(|limit| error.contains(limit)),
                 "{args:?}: {error}"
             );
         }

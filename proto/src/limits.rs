@@ -96,6 +96,12 @@ pub const MAX_REPLAY_WAIT: Duration = Duration::from_secs(600);
 /// Longest `ClaimSlice` long poll.
 pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
 
+/// Longest slice lease (`--lease-ttl-seconds`): a dead executor's slices
+/// wait this long before another takes them.
+pub const MAX_LEASE_TTL_SECONDS: u64 = 3600;
+/// Longest wait of a partial capture batch (`--capture-batch-wait-ms`).
+pub const MAX_CAPTURE_BATCH_WAIT_MS: u64 = 60_000;
+
 /// Most attempts an ingested dead letter may say it had.
 pub const MAX_ATTEMPTS: u32 = 1_000_000;
 
