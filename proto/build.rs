@@ -22,11 +22,16 @@ fn main() -> Result<(), Box<dyn Error>> {
         out_dir.join("redrive_descriptor.bin"),
         descriptors.encode_to_vec(),
     )?;
+    // Type names: the codec looks each request up by its full name for the
+    // wire check (`src/codec.rs`).
+    let mut config = prost_build::Config::new();
+    config.enable_type_names();
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
         // Deterministic encoding: the capture fingerprint hashes encoded headers.
         .btree_map(".")
-        .compile_fds(descriptors)?;
+        .codec_path("crate::codec::CheckedCodec")
+        .compile_fds_with_config(descriptors, config)?;
     Ok(())
 }

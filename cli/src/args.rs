@@ -26,7 +26,7 @@ pub fn non_blank(text: &str) -> Result<String, String> {
 }
 
 /// Largest `--state-check-batch` the planner accepts.
-pub const MAX_STATE_CHECK_BATCH: u32 = 5000;
+pub const MAX_STATE_CHECK_BATCH: u32 = redrive_proto::limits::MAX_STATE_CHECK_BATCH as u32;
 
 /// Precheck options (module docs).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
@@ -179,7 +179,7 @@ fn parse_rule(text: &str, what: &str, form: &str) -> Result<StaleAfter, String> 
     if pattern.is_empty() {
         return Err(format!("the {what} before '=' is empty; {form}"));
     }
-    if pattern[..pattern.len() - 1].contains('*') {
+    if pattern.strip_suffix('*').unwrap_or(pattern).contains('*') {
         return Err(format!(
             "{pattern:?}: '*' may only end a pattern (a prefix such as payment.*); {form}"
         ));

@@ -25,9 +25,9 @@ pub const ANONYMOUS: &str = "anonymous";
 /// Where the planner listens by default (its own `--listen` default).
 pub const DEFAULT_PLANNER: &str = "http://127.0.0.1:50051";
 
-/// Largest answer accepted: a dead letter with a 16 MiB body and its
-/// revisions, base64 aside, fits well.
-pub const MAX_DECODING_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest answer accepted: the planner's limit (a dead letter with a 16 MiB
+/// body and its revisions fits well).
+pub use redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES as MAX_DECODING_MESSAGE_BYTES;
 
 /// How long to try to open the connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -30,7 +30,10 @@
 //! plain table.
 
 use base64::{Engine, engine::general_purpose::STANDARD};
-use redrive_proto::v1::{DecimalValue, HeaderArray, HeaderTable, HeaderValue, Void, header_value};
+use redrive_proto::{
+    limits::MAX_HEADER_NESTING,
+    v1::{DecimalValue, HeaderArray, HeaderTable, HeaderValue, Void, header_value},
+};
 use serde_json::{Map, Number, Value, json};
 
 /// Names of the typed shapes, in the order of the table in the module docs.
@@ -56,12 +59,22 @@ pub const TYPE_NAMES: &[&str] = &[
 ];
 
 /// The typed JSON form of one header value (module docs). A value with no type
-/// set, which the planner never sends, renders as `void`.
+/// set, which the planner never sends, renders as `void`; tables and arrays
+/// nested deeper than the planner's limit (stored before it existed) render
+/// as `{"type": "table", "not_shown": "..."}`, so the recursion is bounded.
 pub fn value_to_json(value: &HeaderValue) -> Value {
+    value_to_json_at(value, 1)
+}
+
+/// `depth`: the nesting level `value` has if it is a table or an array.
+fn value_to_json_at(value: &HeaderValue, depth: usize) -> Value {
     use header_value::Value as V;
     let Some(inner) = &value.value else {
         return json!({"type": "void"});
     };
+    if depth > MAX_HEADER_NESTING && matches!(inner, V::Array(_) | V::Table(_)) {
+        return json!({"type": type_name(value), "not_shown": TOO_DEEP});
+    }
     match inner {
         V::Boolean(flag) => json!({"type": "bool", "value": flag}),
         V::ShortShortInt(number) => json!({"type": "i8", "value": number}),
@@ -84,10 +97,14 @@ pub fn value_to_json(value: &HeaderValue) -> Value {
         },
         V::Array(array) => json!({
             "type": "array",
-            "value": array.values.iter().map(value_to_json).collect::<Vec<_>>(),
+            "value": array
+                .values
+                .iter()
+                .map(|value| value_to_json_at(value, depth + 1))
+                .collect::<Vec<_>>(),
         }),
         V::Timestamp(seconds) => json!({"type": "timestamp", "value": seconds}),
-        V::Table(table) => json!({"type": "table", "value": table_to_json(table)}),
+        V::Table(table) => json!({"type": "table", "value": table_to_json_at(table, depth)}),
         V::ByteArray(bytes) => json!({"type": "byte_array", "base64": STANDARD.encode(bytes)}),
         V::Void(_) => json!({"type": "void"}),
     }
@@ -95,14 +112,22 @@ pub fn value_to_json(value: &HeaderValue) -> Value {
 
 /// The typed JSON form of a header table: an object of name → typed value.
 pub fn table_to_json(table: &HeaderTable) -> Value {
+    table_to_json_at(table, 1)
+}
+
+/// `depth`: the nesting level of `table` itself.
+fn table_to_json_at(table: &HeaderTable, depth: usize) -> Value {
     Value::Object(
         table
             .fields
             .iter()
-            .map(|(name, value)| (name.clone(), value_to_json(value)))
+            .map(|(name, value)| (name.clone(), value_to_json_at(value, depth + 1)))
             .collect(),
     )
 }
+
+/// What stands for tables and arrays nested deeper than the limit.
+const TOO_DEEP: &str = "nested deeper than the planner's header limit";
 
 /// f32 through its shortest decimal form, so `0.1f32` renders as `0.1` and not
 /// as the f64 widening `0.10000000149011612`.
@@ -395,12 +420,21 @@ pub fn kind(value: &Value) -> &'static str {
 
 /// A one-line human rendering of a header value, for `dead-letters show`:
 /// scalars as they are, strings quoted, arrays `[a, b]`, tables `{k: v}`,
-/// binary as `<N bytes, base64 ...>`, timestamps as RFC 3339.
+/// binary as `<N bytes, base64 ...>`, timestamps as RFC 3339; deeper than the
+/// planner's header limit, `<nested deeper than ...>`.
 pub fn value_to_text(value: &HeaderValue) -> String {
+    value_to_text_at(value, 1)
+}
+
+/// `depth`: the nesting level `value` has if it is a table or an array.
+fn value_to_text_at(value: &HeaderValue, depth: usize) -> String {
     use header_value::Value as V;
     let Some(inner) = &value.value else {
         return "void".to_owned();
     };
+    if depth > MAX_HEADER_NESTING && matches!(inner, V::Array(_) | V::Table(_)) {
+        return format!("<{TOO_DEEP}>");
+    }
     match inner {
         V::Boolean(flag) => flag.to_string(),
         V::ShortShortInt(number) | V::ShortInt(number) | V::LongInt(number) => number.to_string(),
@@ -421,7 +455,7 @@ pub fn value_to_text(value: &HeaderValue) -> String {
             array
                 .values
                 .iter()
-                .map(value_to_text)
+                .map(|value| value_to_text_at(value, depth + 1))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -434,7 +468,7 @@ pub fn value_to_text(value: &HeaderValue) -> String {
             table
                 .fields
                 .iter()
-                .map(|(name, value)| format!("{name}: {}", value_to_text(value)))
+                .map(|(name, value)| format!("{name}: {}", value_to_text_at(value, depth + 1)))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -725,6 +759,31 @@ mod tests {
         }
         let error = table_from_json("headers", &json!([1])).unwrap_err();
         assert!(error.contains("expected an object"), "{error}");
+    }
+
+    /// Headers stored before the planner had a nesting limit render without
+    /// unbounded recursion: the levels over it are named, not shown.
+    #[test]
+    fn rendering_stops_at_the_nesting_limit() {
+        let mut deep = HeaderValue {
+            value: Some(header_value::Value::Boolean(true)),
+        };
+        for _ in 0..MAX_HEADER_NESTING + 5 {
+            deep = HeaderValue {
+                value: Some(header_value::Value::Array(HeaderArray {
+                    values: vec![deep],
+                })),
+            };
+        }
+        let json = value_to_json(&deep).to_string();
+        assert!(json.contains(TOO_DEEP), "{json}");
+        assert_eq!(
+            json.matches(r#""type":"array""#).count(),
+            MAX_HEADER_NESTING + 1
+        );
+        let text = value_to_text(&deep);
+        assert!(text.contains(TOO_DEEP), "{text}");
+        assert_eq!(text.matches('[').count(), MAX_HEADER_NESTING);
     }
 
     #[test]

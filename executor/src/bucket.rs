@@ -92,11 +92,12 @@ pub const MIN_WAIT: Duration = Duration::from_millis(1);
 /// Slowest accepted [`Rate::per_second`]: one token every 1,000 s.
 pub const MIN_PER_SECOND: f64 = 0.001;
 
-/// Fastest accepted [`Rate::per_second`]: an emission interval of 1 µs.
-pub const MAX_PER_SECOND: f64 = 1_000_000.0;
+/// Fastest accepted [`Rate::per_second`]: an emission interval of 1 µs (the
+/// planner's limit for a plan's rate).
+pub use redrive_proto::limits::MAX_RATE_PER_SECOND as MAX_PER_SECOND;
 
-/// Largest accepted [`Rate::burst`].
-pub const MAX_BURST: u32 = 1_000_000;
+/// Largest accepted [`Rate::burst`] (the planner's limit for a plan's burst).
+pub use redrive_proto::limits::MAX_RATE_BURST as MAX_BURST;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 

@@ -3,6 +3,10 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+use redrive_proto::limits::{
+    MAX_AGE, MAX_CAPTURE_BATCH_WAIT_MS, MAX_LEASE_TTL_SECONDS, MAX_REDRIVES, at_most,
+};
+
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 use crate::{
@@ -250,8 +254,17 @@ impl Config {
                 ),
             );
         }
-        if self.lease_ttl_seconds < 3 {
-            return error("lease-ttl-seconds", "must be at least 3".to_owned());
+        if !(3..=MAX_LEASE_TTL_SECONDS).contains(&self.lease_ttl_seconds) {
+            return error(
+                "lease-ttl-seconds",
+                format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
+            );
+        }
+        if self.capture_batch_wait_ms > MAX_CAPTURE_BATCH_WAIT_MS {
+            return error(
+                "capture-batch-wait-ms",
+                format!("at most {MAX_CAPTURE_BATCH_WAIT_MS}"),
+            );
         }
         if self.database_max_connections < 2 {
             return error(
@@ -285,8 +298,20 @@ impl Config {
         let stale_after = policy_rules("stale-after", "TYPE", &self.stale_after)?;
         let stale_after_source =
             policy_rules("stale-after-source", "SOURCE", &self.stale_after_source)?;
-        if self.max_redrives == 0 {
-            return Err(("max-redrives", "must be at least 1".to_owned()));
+        if !(1..=MAX_REDRIVES).contains(&self.max_redrives) {
+            return Err((
+                "max-redrives",
+                format!("{} is not from 1 to {MAX_REDRIVES}", self.max_redrives),
+            ));
+        }
+        for (setting, duration) in [
+            ("default-stale-after", self.default_stale_after),
+            ("replay-key-window", Some(self.replay_key_window)),
+            ("max-precheck-age", Some(self.max_precheck_age)),
+        ] {
+            if let Some(duration) = duration {
+                at_most(duration, MAX_AGE).map_err(|problem| (setting, problem))?;
+            }
         }
         if let Some(pointer) = &self.event_time_pointer
             && !pointer.starts_with('/')
@@ -347,17 +372,19 @@ impl Config {
     }
 }
 
-/// Parses a positive humantime duration (`90s`, `30m`, `2h`, `7days`).
+/// Parses a positive humantime duration (`90s`, `30m`, `2h`, `7days`) of at
+/// most [`MAX_AGE`] (100 years: every duration setting is an age or window).
 ///
 /// # Errors
-/// The parser's complaint, or that it is zero (clap names the setting).
+/// The parser's complaint, or that it is zero or above the limit (clap names
+/// the setting).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let parsed = humantime::parse_duration(text.trim())
         .map_err(|error| format!("{error} (e.g. 90s, 30m, 2h, 7days)"))?;
     if parsed.is_zero() {
         return Err("must be longer than zero".to_owned());
     }
-    Ok(parsed)
+    at_most(parsed, MAX_AGE)
 }
 
 /// Parses `PATTERN=DURATION` specs, each pattern at most once.
@@ -483,5 +510,55 @@ mod tests {
             "the child run: {stdout}{}",
             String::from_utf8_lossy(&output.stderr)
         );
+    }
+
+    /// Issue 13: `--default-stale-after 3170000years` made every ClaimSlice
+    /// panic on a chrono overflow; every duration setting has a maximum.
+    #[test]
+    fn durations_and_counts_have_maxima() {
+        for (args, setting) in [
+            (
+                &["--default-stale-after", "3170000years"][..],
+                "--default-stale-after",
+            ),
+            (
+                &["--replay-key-window", "100000years"][..],
+                "--replay-key-window",
+            ),
+            (&["--stale-after", "order.*=101years"][..], "--stale-after"),
+            (
+                &["--stale-after-source", "orders.dlq=101years"][..],
+                "--stale-after-source",
+            ),
+            (
+                &["--max-precheck-age", "200years"][..],
+                "--max-precheck-age",
+            ),
+            (&["--max-redrives", "4000000000"][..], "max-redrives"),
+            (
+                &["--lease-ttl-seconds", "18446744073709551615"][..],
+                "lease-ttl-seconds",
+            ),
+            (
+                &["--capture-batch-wait-ms", "18446744073709551615"][..],
+                "capture-batch-wait-ms",
+            ),
+        ] {
+            let error = config(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+            assert!(
+                ["36500 days", "1000", "3600", "60000"]
+                    .iter()
+                    .any(|limit| error.contains(limit)),
+                "{args:?}: {error}"
+            );
+        }
+        // Built in code (as tests do) rather than parsed: the same checks.
+        let mut built = Config::for_database("postgres://localhost/x".to_owned());
+        built.default_stale_after = Some(Duration::from_secs(u64::MAX / 4));
+        let error = built.validate().unwrap_err().to_string();
+        assert!(error.contains("default-stale-after"), "{error}");
+        assert!(config(&["--default-stale-after", "100years"]).is_err());
+        assert!(config(&["--default-stale-after", "36500days"]).is_ok());
     }
 }

@@ -27,13 +27,24 @@ use crate::{
 
 /// Default lease: 30 s (executors heartbeat at a third of it).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// Longest claim long-poll.
-pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
+pub use redrive_proto::limits::MAX_CLAIM_WAIT;
 /// Expired leases are looked for at least this often while a claim waits.
 const CLAIM_RECHECK: Duration = Duration::from_secs(1);
 
 /// How often a lease watch looks at its lease without a notification.
 pub const LEASE_RECHECK: Duration = Duration::from_millis(500);
+
+/// `text` with NUL characters replaced by U+FFFD: an executor's report carries
+/// broker error texts, which PostgreSQL's `text` could refuse, and a refused
+/// report would be retried for ever (reports are not length-checked either,
+/// see `redrive_proto::limits::STORED_DATA_MESSAGES`).
+fn storable(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{fffd}")
+    } else {
+        text
+    }
+}
 
 /// The signal for a lease in `state` (a plan state, or lost): executors keep
 /// publishing while the plan [`v1::PlanState::is_publishing`].
@@ -333,10 +344,10 @@ impl Coordinator {
                     dead_letter_id: event.dead_letter_id.parse().map_err(|_| {
                         Error::invalid(format!("events[{index}].dead_letter_id"), "not an id")
                     })?,
-                    message_key: event.message_key,
+                    message_key: storable(event.message_key),
                     action: action.name().to_owned(),
-                    reason: event.reason,
-                    executor_id: event.executor_id,
+                    reason: storable(event.reason),
+                    executor_id: storable(event.executor_id),
                     attempt: i32::try_from(event.attempt.max(1)).unwrap_or(i32::MAX),
                     confirm_latency_us: i64::try_from(event.confirm_latency_us).unwrap_or(i64::MAX),
                     at: event

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use futures::{Stream, StreamExt};
+use prost::{Message, Name};
 use redrive_proto::{
+    codec::{Scope, check_request},
+    limits::{MAX_ATTEMPTS, MAX_INGEST_BATCH_BYTES},
     time::from_timestamp,
     v1::{IngestDeadLettersRequest, IngestRejection, Origin},
 };
@@ -35,8 +38,18 @@ pub struct IngestSummary {
     pub rejected: Vec<IngestRejection>,
 }
 
-/// Validates one item into raw material, or says what is wrong with it.
-fn validate(request: IngestDeadLettersRequest) -> Result<RawDeadLetter, String> {
+/// Validates one item into raw material, or says what is wrong with it: the
+/// wire limits of every text field, header table and repeated field
+/// (`redrive_proto::limits`, checked here per item so that the stream goes
+/// on), then the fields' meaning.
+fn validate(mut request: IngestDeadLettersRequest) -> Result<RawDeadLetter, String> {
+    let body = std::mem::take(&mut request.body);
+    check_request(
+        &IngestDeadLettersRequest::full_name(),
+        &request.encode_to_vec(),
+        Scope::All,
+    )?;
+    request.body = body;
     if request.source.trim().is_empty() {
         return Err("source: must not be empty".to_owned());
     }
@@ -48,9 +61,17 @@ fn validate(request: IngestDeadLettersRequest) -> Result<RawDeadLetter, String> 
     let occurred_at = request
         .occurred_at
         .map(|at| {
-            from_timestamp(&at).ok_or_else(|| "occurred_at: not a valid timestamp".to_owned())
+            from_timestamp(&at).ok_or_else(|| {
+                "occurred_at: not a valid timestamp from 0001-01-01 to 9999-12-31".to_owned()
+            })
         })
         .transpose()?;
+    if request.attempts > MAX_ATTEMPTS {
+        return Err(format!(
+            "attempts: {} is above the limit of {MAX_ATTEMPTS}",
+            request.attempts
+        ));
+    }
     let mut properties = request.properties.unwrap_or_default();
     if !request.message_id.is_empty() {
         properties.message_id = Some(request.message_id);
@@ -75,11 +96,17 @@ fn validate(request: IngestDeadLettersRequest) -> Result<RawDeadLetter, String> 
     })
 }
 
-/// Stores every valid item of `items`, in batches.
+/// Stores every valid item of `items`, in batches of at most
+/// [`INGEST_BATCH`] items and about [`MAX_INGEST_BATCH_BYTES`] of bodies: the
+/// next item is read from the stream only after a full batch is stored, so a
+/// stream of large bodies is held back (HTTP/2 flow control) instead of
+/// buffered whole.
 ///
 /// # Errors
-/// [`Error::Store`] when PostgreSQL fails; batches stored before stay stored,
-/// and a retry of the whole stream is safe (idempotent).
+/// [`Error::Store`] when PostgreSQL fails in a way a retry can help with
+/// (unreachable); batches stored before stay stored, and a retry of the whole
+/// stream is safe (idempotent). An item PostgreSQL refuses for its content is
+/// a rejection with its index, and the stream goes on.
 pub async fn ingest<S>(
     store: &Store,
     rules: &Arc<ExtractionRules>,
@@ -89,45 +116,86 @@ where
     S: Stream<Item = Result<IngestDeadLettersRequest, tonic::Status>> + Unpin,
 {
     let mut summary = IngestSummary::default();
-    let mut batch: Vec<NewDeadLetter> = Vec::with_capacity(INGEST_BATCH);
+    let mut batch = Batch::default();
     let mut items = items.enumerate();
     while let Some((index, item)) = items.next().await {
-        let item = item.map_err(|status| Error::invalid("stream", status.message().to_owned()))?;
+        let item = match item {
+            Ok(item) => item,
+            Err(status) => {
+                // The stream cannot go on after a message it could not read:
+                // what came before is stored, and the answer says how much.
+                flush(store, &mut batch, &mut summary).await?;
+                return Err(Error::invalid(
+                    format!("stream item {index}"),
+                    format!(
+                        "{}; the items before it were handled ({} stored, {} already stored, {} rejected) and the rest were not read",
+                        status.message(),
+                        summary.accepted,
+                        summary.duplicates,
+                        summary.rejected.len()
+                    ),
+                ));
+            }
+        };
         match validate(item) {
             Ok(raw) => {
-                batch.push(extract(rules, raw).await);
+                let dead_letter = extract(rules, raw).await;
+                batch.bytes += dead_letter.body.len();
+                batch.indices.push(index as u64);
+                batch.items.push(dead_letter);
             }
             Err(reason) => summary.rejected.push(IngestRejection {
                 index: index as u64,
                 reason,
             }),
         }
-        if batch.len() >= INGEST_BATCH {
+        if batch.items.len() >= INGEST_BATCH || batch.bytes >= MAX_INGEST_BATCH_BYTES {
             flush(store, &mut batch, &mut summary).await?;
         }
     }
     flush(store, &mut batch, &mut summary).await?;
+    summary.rejected.sort_by_key(|rejection| rejection.index);
     Ok(summary)
+}
+
+/// Items waiting to be stored, with their stream index.
+#[derive(Default)]
+struct Batch {
+    /// Stream index of each of `items`.
+    indices: Vec<u64>,
+    items: Vec<NewDeadLetter>,
+    /// Body bytes of `items`.
+    bytes: usize,
 }
 
 /// Stores `batch`; when PostgreSQL refuses it for its content, item by item,
 /// a refused item degraded to what is always storable (its body, properties and
-/// headers exactly), so one odd item never stops an import.
-async fn flush(
-    store: &Store,
-    batch: &mut Vec<NewDeadLetter>,
-    summary: &mut IngestSummary,
-) -> Result<(), Error> {
-    let outcome = match store.insert_dead_letters(batch).await {
+/// headers exactly), and one refused even so a rejection with its index, so one
+/// odd item never stops an import and the summary counts what was stored.
+async fn flush(store: &Store, batch: &mut Batch, summary: &mut IngestSummary) -> Result<(), Error> {
+    if batch.items.is_empty() {
+        return Ok(());
+    }
+    let outcome = match store.insert_dead_letters(&batch.items).await {
         Err(error) if !error.is_retryable() => {
             tracing::warn!(%error, "an ingest batch was refused; storing its items one by one");
             let mut total = InsertOutcome::default();
-            for item in batch.iter() {
+            for (index, item) in batch.indices.iter().zip(&batch.items) {
                 let outcome = match store.insert_dead_letters(std::slice::from_ref(item)).await {
                     Err(error) if !error.is_retryable() => {
-                        store
+                        match store
                             .insert_dead_letters(&[item.degraded(&error.to_string())])
-                            .await?
+                            .await
+                        {
+                            Err(refused) if !refused.is_retryable() => {
+                                summary.rejected.push(IngestRejection {
+                                    index: *index,
+                                    reason: format!("refused by the database: {refused}"),
+                                });
+                                continue;
+                            }
+                            other => other?,
+                        }
                     }
                     other => other?,
                 };
@@ -140,6 +208,8 @@ async fn flush(
     };
     summary.accepted += outcome.inserted;
     summary.duplicates += outcome.already_stored;
-    batch.clear();
+    batch.indices.clear();
+    batch.items.clear();
+    batch.bytes = 0;
     Ok(())
 }

@@ -13,8 +13,7 @@ use crate::{
 
 /// Default and maximum page sizes of `ListDeadLetters`.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
-/// See [`DEFAULT_PAGE_SIZE`].
-pub const MAX_PAGE_SIZE: u32 = 1000;
+pub use redrive_proto::limits::MAX_PAGE_SIZE;
 
 /// One page of dead letters without bodies, and the token of the next page
 /// (empty on the last).

@@ -78,9 +78,27 @@ use crate::{
     store::Store,
 };
 
-/// Largest gRPC message the planner accepts or sends (a 16 MiB body plus
-/// headroom).
-pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+pub use redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES;
+
+/// tonic answers a request larger than [`MAX_GRPC_MESSAGE_BYTES`]
+/// `OUT_OF_RANGE` before any handler sees it; by gRPC's table that code is
+/// for iterating past a range, and the planner answers nothing else with it,
+/// so it becomes `RESOURCE_EXHAUSTED` (tonic's text, naming the limit, stays).
+fn oversized_is_resource_exhausted<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    let headers = response.headers_mut();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|status| status == "11")
+    {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("8"),
+        );
+    }
+    response
+}
 
 /// Runs the planner on `listener` until `shutdown` is cancelled: creates the
 /// database if missing, applies migrations (retrying while PostgreSQL is
@@ -148,6 +166,9 @@ pub async fn run(
     let server_shutdown = shutdown.clone();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
+            .layer(tower::util::MapResponseLayer::new(
+                oversized_is_resource_exhausted::<tonic::body::Body>,
+            ))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)

@@ -19,8 +19,8 @@ pub const DEFAULT_REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 360
 pub const DEFAULT_MAX_REDRIVES: u32 = 3;
 /// Default state-check batch size.
 pub const DEFAULT_STATE_CHECK_BATCH: usize = 500;
-/// Largest state-check batch size accepted.
-pub const MAX_STATE_CHECK_BATCH: usize = 5000;
+pub use redrive_proto::limits::MAX_STATE_CHECK_BATCH;
+use redrive_proto::limits::{MAX_AGE, MAX_REDRIVES, MAX_STATE_CHECK_TIMEOUT, at_most};
 /// Default per-batch hook timeout.
 pub const DEFAULT_STATE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -70,10 +70,16 @@ impl Default for PrecheckOptions {
     }
 }
 
-fn positive_duration(field: &str, value: &prost_types::Duration) -> Result<Duration, Error> {
-    from_duration(value)
+/// A duration above zero and at most `max`.
+fn positive_duration(
+    field: &str,
+    value: &prost_types::Duration,
+    max: Duration,
+) -> Result<Duration, Error> {
+    let duration = from_duration(value)
         .filter(|duration| !duration.is_zero())
-        .ok_or_else(|| Error::invalid(field, "must be a positive duration"))
+        .ok_or_else(|| Error::invalid(field, "must be a positive duration"))?;
+    at_most(duration, max).map_err(|problem| Error::invalid(field, problem))
 }
 
 /// Parses a `pattern → duration` map field (`options.stale_after`,
@@ -86,7 +92,7 @@ fn rules(
     for (pattern, max_age) in map {
         let field = format!("{field}[{pattern:?}]");
         let parsed = Pattern::parse(pattern).map_err(|problem| Error::invalid(&field, problem))?;
-        rules.push((parsed, positive_duration(&field, max_age)?));
+        rules.push((parsed, positive_duration(&field, max_age, MAX_AGE)?));
     }
     sort_rules(&mut rules);
     Ok(rules)
@@ -157,24 +163,31 @@ impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
             default_stale_after: options
                 .default_stale_after
                 .as_ref()
-                .map(|d| positive_duration("options.default_stale_after", d))
+                .map(|d| positive_duration("options.default_stale_after", d, MAX_AGE))
                 .transpose()?,
             replay_key_window: options
                 .replay_key_window
                 .as_ref()
-                .map(|d| positive_duration("options.replay_key_window", d))
+                .map(|d| positive_duration("options.replay_key_window", d, MAX_AGE))
                 .transpose()?
                 .unwrap_or(DEFAULT_REPLAY_KEY_WINDOW),
-            max_redrives: if options.max_redrives == 0 {
-                DEFAULT_MAX_REDRIVES
-            } else {
-                options.max_redrives
+            max_redrives: match options.max_redrives {
+                0 => DEFAULT_MAX_REDRIVES,
+                redrives if redrives > MAX_REDRIVES => {
+                    return Err(Error::invalid(
+                        "options.max_redrives",
+                        format!("{redrives} is above the limit of {MAX_REDRIVES}"),
+                    ));
+                }
+                redrives => redrives,
             },
             state_check_batch_size: batch,
             state_check_timeout: options
                 .state_check_timeout
                 .as_ref()
-                .map(|d| positive_duration("options.state_check_timeout", d))
+                .map(|d| {
+                    positive_duration("options.state_check_timeout", d, MAX_STATE_CHECK_TIMEOUT)
+                })
                 .transpose()?
                 .unwrap_or(DEFAULT_STATE_CHECK_TIMEOUT),
             block_on_state_check_error: options.block_on_state_check_error,

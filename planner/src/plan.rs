@@ -16,18 +16,12 @@ use crate::{
     },
 };
 
-/// Slowest rate a plan may have: one message every ~17 minutes.
-pub const MIN_RATE_PER_SECOND: f64 = 0.001;
-/// Fastest rate a plan may have (far above one broker's capacity).
-pub const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
-/// Largest burst a plan accepts: the executors' token bucket takes at most
-/// this many (`redrive_executor::bucket::MAX_BURST`).
-pub const MAX_RATE_BURST: u32 = 1_000_000;
+pub use redrive_proto::limits::{
+    MAX_OBSERVE_FOR, MAX_RATE_BURST, MAX_RATE_PER_SECOND, MAX_SLICE_SIZE, MIN_RATE_PER_SECOND,
+};
 
 /// Default items per slice.
 pub const DEFAULT_SLICE_SIZE: u32 = 100;
-/// Largest slice accepted.
-pub const MAX_SLICE_SIZE: u32 = 10_000;
 /// Default canary share: 1% (at least one item).
 pub const DEFAULT_CANARY_FRACTION: f64 = 0.01;
 /// Default observation window after the canary.
@@ -103,7 +97,11 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
     let observe_for = match request.observe_for {
         None => DEFAULT_OBSERVE_FOR,
         Some(duration) => from_duration(&duration)
-            .ok_or_else(|| Error::invalid("observe_for", "must not be negative"))?,
+            .ok_or_else(|| Error::invalid("observe_for", "must not be negative"))
+            .and_then(|observe_for| {
+                redrive_proto::limits::at_most(observe_for, MAX_OBSERVE_FOR)
+                    .map_err(|problem| Error::invalid("observe_for", problem))
+            })?,
     };
     Ok(NewPlan {
         id: Uuid::now_v7(),
@@ -302,8 +300,11 @@ pub async fn list(
                 Error::invalid("page_token", "not a token from a previous answer")
             })?)
         };
-    if page_size > 1000 {
-        return Err(Error::invalid("page_size", "at most 1000"));
+    if page_size > crate::inspect::MAX_PAGE_SIZE {
+        return Err(Error::invalid(
+            "page_size",
+            format!("at most {}", crate::inspect::MAX_PAGE_SIZE),
+        ));
     }
     let page_size = if page_size == 0 { 100 } else { page_size };
     let plans = store.list_plans(states, before, page_size).await?;

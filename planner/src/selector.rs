@@ -2,7 +2,7 @@
 //! validated at the edge.
 
 use chrono::{DateTime, Utc};
-use redrive_proto::{time::from_timestamp, v1};
+use redrive_proto::{limits::MAX_SELECTOR_LIMIT, time::from_timestamp, v1};
 
 use crate::error::Error;
 
@@ -61,7 +61,12 @@ impl TryFrom<v1::Selector> for Selector {
         }
         let time = |field: &str, at: Option<prost_types::Timestamp>| -> Result<_, Error> {
             at.map(|at| {
-                from_timestamp(&at).ok_or_else(|| Error::invalid(field, "not a valid timestamp"))
+                from_timestamp(&at).ok_or_else(|| {
+                    Error::invalid(
+                        field,
+                        "not a valid timestamp from 0001-01-01 to 9999-12-31 (nanos 0 to 999999999)",
+                    )
+                })
             })
             .transpose()
         };
@@ -92,7 +97,16 @@ impl TryFrom<v1::Selector> for Selector {
             producers: non_empty("selector.producers", selector.producers)?,
             died_from,
             died_to,
-            limit: (selector.limit > 0).then_some(selector.limit),
+            limit: match selector.limit {
+                0 => None,
+                limit if limit > MAX_SELECTOR_LIMIT => {
+                    return Err(Error::invalid(
+                        "selector.limit",
+                        format!("{limit} is above the limit of {MAX_SELECTOR_LIMIT}"),
+                    ));
+                }
+                limit => Some(limit),
+            },
             ids,
         })
     }

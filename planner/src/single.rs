@@ -38,7 +38,7 @@ use crate::{
 /// How long `ReplayDeadLetter` waits for an executor's outcome by default.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// The longest wait a caller may ask for.
-pub const MAX_WAIT: Duration = Duration::from_secs(600);
+pub use redrive_proto::limits::MAX_REPLAY_WAIT as MAX_WAIT;
 /// The rate of a plan of one when no running plan publishes to its
 /// destination: one message, at once when the bucket is idle.
 const SINGLE_RATE_PER_SECOND: f64 = 1.0;

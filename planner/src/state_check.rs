@@ -24,7 +24,9 @@ impl Pattern {
         if pattern.is_empty() {
             return Err("an event type pattern must not be empty".to_owned());
         }
-        if pattern[..pattern.len() - 1].contains('*') {
+        // Everything but a trailing '*' (a last character of any width).
+        let body = pattern.strip_suffix('*').unwrap_or(pattern);
+        if body.contains('*') {
             return Err(format!("{pattern:?}: '*' may only end a pattern"));
         }
         Ok(Self(pattern.to_owned()))
@@ -313,6 +315,17 @@ mod tests {
                 .unwrap_err()
                 .contains("'*'")
         );
+    }
+
+    /// Found by the fuzz test: a pattern ending in a multi-byte character
+    /// made the planner panic (a string cut inside a character).
+    #[test]
+    fn patterns_ending_in_wide_characters_parse() {
+        assert!(Pattern::parse("order.ⶺ").is_ok());
+        assert!(Pattern::parse("ⶺ*").is_ok());
+        assert!(Pattern::parse("a*ⶺ").is_err());
+        assert!(Pattern::parse("*").is_ok());
+        assert!(Pattern::parse("**").is_err());
     }
 
     #[test]

@@ -37,6 +37,14 @@ pub enum AmqpConversionError {
     /// A header value has no type set.
     #[error("a header value has no type set")]
     Empty,
+    /// Tables and arrays nest deeper than
+    /// [`crate::limits::MAX_HEADER_NESTING`] (the API refuses those; this
+    /// guards the recursion for anything stored before the limit).
+    #[error(
+        "headers nest deeper than {} levels",
+        crate::limits::MAX_HEADER_NESTING
+    )]
+    TooDeep,
 }
 
 fn short_string(what: &'static str, value: &str) -> Result<ShortString, AmqpConversionError> {
@@ -46,8 +54,25 @@ fn short_string(what: &'static str, value: &str) -> Result<ShortString, AmqpConv
     })
 }
 
-/// The proto form of one AMQP value.
+/// Marks a value left out for nesting deeper than the limit.
+const TOO_DEEP: &[u8] = b"(nested deeper than the header limit: not converted)";
+
+/// The proto form of one AMQP value. Tables and arrays nested deeper than
+/// [`crate::limits::MAX_HEADER_NESTING`] (capture's guard never lets lapin
+/// read those) are replaced by a long string saying so, so this recursion is
+/// bounded.
 pub fn value_from_amqp(value: &AMQPValue) -> HeaderValue {
+    value_from_amqp_at(value, 1)
+}
+
+/// `depth`: the nesting level `value` has if it is a table or an array.
+fn value_from_amqp_at(value: &AMQPValue, depth: usize) -> HeaderValue {
+    let nests = matches!(value, AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_));
+    if nests && depth > crate::limits::MAX_HEADER_NESTING {
+        return HeaderValue {
+            value: Some(Value::LongString(TOO_DEEP.to_vec())),
+        };
+    }
     let value = match value {
         AMQPValue::Boolean(v) => Value::Boolean(*v),
         AMQPValue::ShortShortInt(v) => Value::ShortShortInt(i32::from(*v)),
@@ -66,23 +91,37 @@ pub fn value_from_amqp(value: &AMQPValue) -> HeaderValue {
         AMQPValue::ShortString(v) => Value::ShortString(v.as_str().to_owned()),
         AMQPValue::LongString(v) => Value::LongString(v.as_bytes().to_vec()),
         AMQPValue::FieldArray(v) => Value::Array(HeaderArray {
-            values: v.as_slice().iter().map(value_from_amqp).collect(),
+            values: v
+                .as_slice()
+                .iter()
+                .map(|value| value_from_amqp_at(value, depth + 1))
+                .collect(),
         }),
         AMQPValue::Timestamp(v) => Value::Timestamp(*v),
-        AMQPValue::FieldTable(v) => Value::Table(table_from_amqp(v)),
+        AMQPValue::FieldTable(v) => Value::Table(table_from_amqp_at(v, depth)),
         AMQPValue::ByteArray(v) => Value::ByteArray(v.as_slice().to_vec()),
         AMQPValue::Void => Value::Void(v1::Void {}),
     };
     HeaderValue { value: Some(value) }
 }
 
-/// The proto form of an AMQP field table.
+/// The proto form of an AMQP field table (the top level of headers).
 pub fn table_from_amqp(table: &FieldTable) -> HeaderTable {
+    table_from_amqp_at(table, 1)
+}
+
+/// `depth`: the nesting level of `table` itself.
+fn table_from_amqp_at(table: &FieldTable, depth: usize) -> HeaderTable {
     HeaderTable {
         fields: table
             .inner()
             .iter()
-            .map(|(key, value)| (key.as_str().to_owned(), value_from_amqp(value)))
+            .map(|(key, value)| {
+                (
+                    key.as_str().to_owned(),
+                    value_from_amqp_at(value, depth + 1),
+                )
+            })
             .collect(),
     }
 }
@@ -95,11 +134,22 @@ fn narrow<T: TryFrom<i64>>(amqp_type: &'static str, value: i64) -> Result<T, Amq
 ///
 /// # Errors
 /// [`AmqpConversionError`] when an integer does not fit its AMQP type, a short
-/// string is over 255 bytes, or the value is empty.
+/// string is over 255 bytes, the value is empty, or tables and arrays nest
+/// deeper than [`crate::limits::MAX_HEADER_NESTING`].
 pub fn value_to_amqp(value: &HeaderValue) -> Result<AMQPValue, AmqpConversionError> {
+    value_to_amqp_at(value, 1)
+}
+
+/// `depth`: the nesting level `value` has if it is a table or an array.
+fn value_to_amqp_at(value: &HeaderValue, depth: usize) -> Result<AMQPValue, AmqpConversionError> {
     let Some(value) = &value.value else {
         return Err(AmqpConversionError::Empty);
     };
+    if matches!(value, Value::Array(_) | Value::Table(_))
+        && depth > crate::limits::MAX_HEADER_NESTING
+    {
+        return Err(AmqpConversionError::TooDeep);
+    }
     Ok(match value {
         Value::Boolean(v) => AMQPValue::Boolean(*v),
         Value::ShortShortInt(v) => {
@@ -124,11 +174,11 @@ pub fn value_to_amqp(value: &HeaderValue) -> Result<AMQPValue, AmqpConversionErr
         Value::Array(v) => AMQPValue::FieldArray(FieldArray::from(
             v.values
                 .iter()
-                .map(value_to_amqp)
+                .map(|value| value_to_amqp_at(value, depth + 1))
                 .collect::<Result<Vec<_>, _>>()?,
         )),
         Value::Timestamp(v) => AMQPValue::Timestamp(*v),
-        Value::Table(v) => AMQPValue::FieldTable(table_to_amqp(v)?),
+        Value::Table(v) => AMQPValue::FieldTable(table_to_amqp_at(v, depth)?),
         Value::ByteArray(v) => AMQPValue::ByteArray(ByteArray::from(v.clone())),
         Value::Void(_) => AMQPValue::Void,
     })
@@ -139,9 +189,17 @@ pub fn value_to_amqp(value: &HeaderValue) -> Result<AMQPValue, AmqpConversionErr
 /// # Errors
 /// As [`value_to_amqp`], and for a key over 255 bytes.
 pub fn table_to_amqp(table: &HeaderTable) -> Result<FieldTable, AmqpConversionError> {
+    table_to_amqp_at(table, 1)
+}
+
+/// `depth`: the nesting level of `table` itself.
+fn table_to_amqp_at(table: &HeaderTable, depth: usize) -> Result<FieldTable, AmqpConversionError> {
     let mut amqp = FieldTable::default();
     for (key, value) in &table.fields {
-        amqp.insert(short_string("header name", key)?, value_to_amqp(value)?);
+        amqp.insert(
+            short_string("header name", key)?,
+            value_to_amqp_at(value, depth + 1)?,
+        );
     }
     Ok(amqp)
 }
@@ -354,6 +412,57 @@ mod tests {
             let error = properties_to_amqp(&properties, FieldTable::default()).unwrap_err();
             prop_assert!(error.to_string().contains(name), "{} names {}", error, name);
         }
+    }
+
+    /// Tables `depth` levels deep, the outer one included.
+    fn nested_amqp(depth: usize) -> FieldTable {
+        let mut table = FieldTable::default();
+        for _ in 1..depth {
+            let mut outer = FieldTable::default();
+            outer.insert("n".into(), AMQPValue::FieldTable(table));
+            table = outer;
+        }
+        table
+    }
+
+    #[test]
+    fn nesting_is_bounded_both_ways() {
+        let limit = crate::limits::MAX_HEADER_NESTING;
+        let at_limit = table_from_amqp(&nested_amqp(limit));
+        assert_eq!(table_to_amqp(&at_limit).unwrap(), nested_amqp(limit));
+        let over = table_from_amqp(&nested_amqp(limit + 1));
+        table_to_amqp(&over).expect("the marker converts");
+        // The level over the limit became a string saying so.
+        let mut value = over.fields.get("n").cloned();
+        for _ in 2..limit {
+            value = match value.and_then(|v| v.value) {
+                Some(Value::Table(table)) => table.fields.get("n").cloned(),
+                other => panic!("{other:?}"),
+            };
+        }
+        assert!(matches!(
+            value.and_then(|v| v.value),
+            Some(Value::Table(table)) if matches!(
+                table.fields.get("n").and_then(|v| v.value.clone()),
+                Some(Value::LongString(text)) if text == TOO_DEEP
+            )
+        ));
+        let mut deep = HeaderTable::default();
+        for _ in 0..limit {
+            deep = HeaderTable {
+                fields: [(
+                    "n".to_owned(),
+                    HeaderValue {
+                        value: Some(Value::Table(deep)),
+                    },
+                )]
+                .into(),
+            };
+        }
+        assert!(matches!(
+            table_to_amqp(&deep),
+            Err(AmqpConversionError::TooDeep)
+        ));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - [`v1`]: the generated messages, clients and servers (`Planner`,
 //!   `Coordinator`, `StateCheck`).
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection.
+//! - [`limits`]: the one table of input limits; [`codec`]: the gRPC codec
+//!   that checks requests against them on the wire before decoding.
 //! - [`error`]: the small set of `tonic::Code`s the services answer with.
 //! - `amqp` (feature `amqp`): lossless conversions between the API's header and
 //!   property shapes and lapin's AMQP types.
@@ -16,7 +18,9 @@ pub mod v1 {
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+pub mod codec;
 pub mod error;
+pub mod limits;
 pub mod names;
 
 /// Encoded `FileDescriptorSet` of every `redrive.v1` file, for
@@ -36,9 +40,15 @@ pub mod time {
         }
     }
 
-    /// The chrono form of `at`, `None` when out of chrono's range or with
-    /// nanos outside `0..1e9`.
+    /// The chrono form of `at`, `None` outside years 1 to 9999
+    /// ([`crate::limits::MIN_TIMESTAMP_SECONDS`], the range of RFC 3339 and
+    /// well inside PostgreSQL's) or with nanos outside `0..1e9`.
     pub fn from_timestamp(at: &prost_types::Timestamp) -> Option<DateTime<Utc>> {
+        if !(crate::limits::MIN_TIMESTAMP_SECONDS..=crate::limits::MAX_TIMESTAMP_SECONDS)
+            .contains(&at.seconds)
+        {
+            return None;
+        }
         let nanos = u32::try_from(at.nanos).ok()?;
         DateTime::from_timestamp(at.seconds, nanos)
     }

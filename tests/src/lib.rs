@@ -926,3 +926,121 @@ pub fn peak_rss_mib() -> f64 {
         })
         .map_or(0.0, |kib| kib / 1024.0)
 }
+
+/// Requests sent as encoded bytes, as no prost client would build them
+/// (nested thousands deep, garbage, oversized).
+pub mod raw {
+    use prost::bytes::BufMut;
+    use tonic::{
+        Status,
+        codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
+        codegen::http::uri::PathAndQuery,
+        transport::Channel,
+    };
+
+    use crate::PlannerHandle;
+
+    /// Sends and receives encoded messages as they are: requests no prost
+    /// client would build (nested thousands deep, garbage, oversized).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct RawCodec;
+
+    impl Codec for RawCodec {
+        type Encode = Vec<u8>;
+        type Decode = Vec<u8>;
+        type Encoder = RawCodec;
+        type Decoder = RawCodec;
+
+        fn encoder(&mut self) -> Self {
+            Self
+        }
+
+        fn decoder(&mut self) -> Self {
+            Self
+        }
+    }
+
+    impl Encoder for RawCodec {
+        type Item = Vec<u8>;
+        type Error = Status;
+
+        fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+            buf.put_slice(&item);
+            Ok(())
+        }
+    }
+
+    impl Decoder for RawCodec {
+        type Item = Vec<u8>;
+        type Error = Status;
+
+        fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+            use prost::bytes::Buf;
+            Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
+        }
+    }
+
+    /// A client that sends [`RawCodec`] bytes to `planner`, without message
+    /// size limits.
+    ///
+    /// # Errors
+    /// When the planner is not reachable.
+    pub async fn raw_client(
+        planner: &PlannerHandle,
+    ) -> anyhow::Result<tonic::client::Grpc<Channel>> {
+        let channel = Channel::from_shared(planner.url())?.connect().await?;
+        Ok(tonic::client::Grpc::new(channel)
+            .max_encoding_message_size(usize::MAX)
+            .max_decoding_message_size(usize::MAX))
+    }
+
+    /// Calls unary `method` (`/redrive.v1.Planner/GetPlan`) with `bytes` as the
+    /// request.
+    ///
+    /// # Errors
+    /// The planner's answer (a connection failure as `UNKNOWN`).
+    pub async fn raw_unary(
+        planner: &PlannerHandle,
+        method: &str,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<u8>, Status> {
+        let mut client = raw_client(planner)
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        client
+            .ready()
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        let path = PathAndQuery::try_from(method.to_owned())
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        client
+            .unary(tonic::Request::new(bytes), path, RawCodec)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Streams `items` to `IngestDeadLetters` as they are.
+    ///
+    /// # Errors
+    /// The planner's answer (a connection failure as `UNKNOWN`).
+    pub async fn raw_ingest(
+        planner: &PlannerHandle,
+        items: Vec<Vec<u8>>,
+    ) -> Result<Vec<u8>, Status> {
+        let mut client = raw_client(planner)
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        client
+            .ready()
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        client
+            .client_streaming(
+                tonic::Request::new(tokio_stream::iter(items)),
+                PathAndQuery::from_static("/redrive.v1.Planner/IngestDeadLetters"),
+                RawCodec,
+            )
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}

@@ -607,10 +607,10 @@ pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersR
         .occurred_at
         .map(|at| parse_rfc3339(&at).map_err(|error| format!("occurred_at: {error}")))
         .transpose()?;
-    Ok(IngestDeadLettersRequest {
+    let mut item = IngestDeadLettersRequest {
         source,
         message_id: line.message_id.unwrap_or_default(),
-        body,
+        body: Vec::new(),
         properties,
         headers,
         reason: line.reason.unwrap_or_default(),
@@ -619,7 +619,17 @@ pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersR
         original_destination,
         occurred_at: occurred_at.map(timestamp),
         imported: true,
-    })
+    };
+    // The planner's limits (text lengths, header nesting and size), here so
+    // that a line over them is this line's rejection: a message the planner's
+    // wire check refuses would end the whole stream.
+    redrive_proto::codec::check_request(
+        &<IngestDeadLettersRequest as prost::Name>::full_name(),
+        &prost::Message::encode_to_vec(&item),
+        redrive_proto::codec::Scope::All,
+    )?;
+    item.body = body;
+    Ok(item)
 }
 
 /// Deserializes a [`Line`]; errors name the field's path (`properties.priority:
@@ -1106,6 +1116,34 @@ mod tests {
         assert!(batches.is_empty());
         assert_eq!(bad[0].line, 1);
         assert!(bad[0].reason.starts_with("not UTF-8"), "{bad:?}");
+    }
+
+    /// Issue 13: one 4,000-character message id aborted a whole import; a
+    /// line over the planner's limits is now that line's rejection.
+    #[test]
+    fn lines_over_the_planners_limits_are_rejected_here() {
+        let long_id = format!(
+            r#"{{"body":"a","original_destination":"q","message_id":"{}"}}"#,
+            "m".repeat(4000)
+        );
+        let error = parse_line(&long_id, "src").unwrap_err();
+        assert_eq!(error, "message_id: 4000 bytes, at most 255");
+        let mut headers = "true".to_owned();
+        for _ in 0..100 {
+            headers = format!(r#"{{"n":{headers}}}"#);
+        }
+        let deep = format!(r#"{{"body":"a","original_destination":"q","headers":{headers}}}"#);
+        let error = parse_line(&deep, "src").unwrap_err();
+        assert!(error.contains("deeper than 64 levels"), "{error}");
+        let nul = r#"{"body":"a","original_destination":"q","error_text":"x\u0000y"}"#;
+        let error = parse_line(nul, "src").unwrap_err();
+        assert!(error.starts_with("error_text: contains a NUL"), "{error}");
+        // The body is not a text field: any bytes, any size.
+        let big_body = format!(
+            r#"{{"body":"{}","original_destination":"q"}}"#,
+            "b".repeat(100_000)
+        );
+        assert_eq!(parse_line(&big_body, "src").unwrap().body.len(), 100_000);
     }
 
     #[test]

@@ -42,8 +42,9 @@ pub const MAX_INBOUND_FRAME: u32 = 64 * 1024 * 1024;
 
 /// Tables and arrays nested deeper than this are not read further: real
 /// headers nest three levels (`x-death` → entry → `routing-keys`); a deep one
-/// is a problem of the message, never a crash of the planner.
-pub const MAX_NESTING: usize = 64;
+/// is a problem of the message, never a crash of the planner. The API's limit
+/// ([`redrive_proto::limits::MAX_HEADER_NESTING`]).
+pub use redrive_proto::limits::MAX_HEADER_NESTING as MAX_NESTING;
 
 /// At most this many problems are listed for one message (then one line
 /// saying more were found): a crafted header with thousands of bad names
@@ -1081,6 +1082,51 @@ pub mod encode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header value nesting `depth` tables (or arrays) around a boolean.
+    fn nested_value(depth: usize, arrays: bool) -> Vec<u8> {
+        let mut value = vec![b't', 1];
+        for _ in 0..depth {
+            value = if arrays {
+                let mut array = vec![b'A'];
+                array.extend_from_slice(&u32::try_from(value.len()).unwrap().to_be_bytes());
+                array.extend(value);
+                array
+            } else {
+                [vec![b'F'], encode::table(&[(b"n", value)])].concat()
+            };
+        }
+        value
+    }
+
+    proptest::proptest! {
+        /// Issue 13's capture side: any bytes as the header table of a
+        /// well-formed content header decode or are named, never a panic.
+        #[test]
+        fn any_header_table_decodes_or_is_named(
+            table in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+        ) {
+            let _ = decode_content_header(&content_header(0, &[(13, table)]));
+        }
+
+        /// Tables and arrays nested up to thousands deep: read to the
+        /// limit, the rest named as a problem, without deep recursion.
+        #[test]
+        fn nesting_is_cut_at_the_limit(depth in 1usize..3000, arrays in proptest::prelude::any::<bool>()) {
+            let header = content_header(0, &[(13, encode::table(&[(b"h", nested_value(depth, arrays))]))]);
+            let decoded = decode_content_header(&header).unwrap();
+            if depth < MAX_NESTING - 2 {
+                proptest::prop_assert!(decoded.problems.is_empty(), "{:?}", decoded.problems);
+            }
+            if depth > MAX_NESTING + 2 {
+                proptest::prop_assert!(
+                    decoded.problems.iter().any(|problem| problem.contains("deeper than")),
+                    "{:?}",
+                    decoded.problems
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_readable_header_decodes_as_lapin_does() {
