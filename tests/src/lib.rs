@@ -4,9 +4,13 @@
 //! without touching the shared servers.
 //!
 //! # Layout
-//! - [`TestDb`]: a database of its own, dropped by [`TestDb::drop_database`].
+//! - [`TestDb`]: a database of its own, dropped by [`TestDb::drop_database`]
+//!   or when the guard drops (a failed test).
 //! - [`Broker`]: a RabbitMQ connection and helpers to declare, publish, count
-//!   and delete what a test uses.
+//!   and delete what a test uses (also on drop).
+//! - [`RedisKeys`]: a Redis key prefix of its own, deleted on drop.
+//! - [`TestBed`]: a database, a broker, a Redis prefix, a planner and its
+//!   client for one test, cleaned up on drop or by [`TestBed::finish`].
 //! - [`TcpProxy`]: forwards to a server until cut or stalled.
 //! - [`ExecutorProcess`]: the `redrive-executor` binary as a child process.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
