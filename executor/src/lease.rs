@@ -313,6 +313,15 @@ impl Lease {
         }
     }
 
+    /// Some publishes will never be reported: [`Lease::end`] then releases
+    /// nothing, and the planner's sweep judges the slice when the lease
+    /// expires (its unreported items up to the mark become `uncertain`).
+    pub fn keep_for_expiry(&self) {
+        self.shared
+            .unreported
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Whether the recorded write-ahead mark covers item position `through`.
     pub fn is_marked_through(&self, through: u64) -> bool {
         self.shared.marked_through(through)

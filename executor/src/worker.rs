@@ -454,7 +454,13 @@ impl Worker {
             ..
         } = run;
         drop(in_flight);
-        let _ = collecting.await;
+        if collecting.await.is_err() {
+            // The collector died with publishes in hand whose outcomes
+            // nobody will report: never release the slice, so that its
+            // expiry judges them by the write-ahead mark (`uncertain`).
+            warn!("the confirm collector failed; leaving the slice to expire");
+            lease.keep_for_expiry();
+        }
         while let Ok(message) = feedback.try_recv() {
             if let Feedback::Done = message {
                 outstanding = outstanding.saturating_sub(1);

@@ -298,3 +298,45 @@ async fn transitions_run_only_from_their_allowed_states() {
             .unwrap();
     assert_eq!(actions, 3);
 }
+
+/// A released lease takes its mark with it: the next holder is judged by
+/// its own marks, or, if it does not mark (an older executor leased by an
+/// older planner replica), by the rule before marks.
+#[tokio::test]
+async fn a_release_clears_the_mark() {
+    let db = Db::new().await;
+    let first = db
+        .store
+        .claim_slice("new", TTL, true)
+        .await
+        .unwrap()
+        .unwrap();
+    db.store
+        .mark_publishing(first.slice_id, 1, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    db.store
+        .complete_slice(first.slice_id, 1, true)
+        .await
+        .unwrap()
+        .unwrap();
+    let mark: Option<i64> =
+        sqlx::query_scalar("SELECT published_through FROM plan_slices WHERE id = $1")
+            .bind(first.slice_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(mark, None);
+    // Leased without marks (as an older planner would: it leaves the column alone).
+    sqlx::query(
+        "UPDATE plan_slices SET state = 'leased', lease_owner = 'old', fencing_token = 2, \
+         lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(first.slice_id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    db.store.expire_leases().await.unwrap();
+    assert_eq!(db.states().await, ["uncertain"; 4], "every unreported item");
+}

@@ -596,11 +596,17 @@ it reported it; the next lease publishes it again with the same message id', wav
         } else {
             "completed"
         };
-        sqlx::query("UPDATE plan_slices SET state = $2, lease_owner = NULL, lease_expires_at = NULL WHERE id = $1")
-            .bind(slice_id)
-            .bind(next)
-            .execute(&mut *transaction)
-            .await?;
+        // The mark belongs to this lease: a later holder that does not mark
+        // (an older executor, leased by an older planner replica) must be
+        // judged by the old rule, not by this lease's mark.
+        sqlx::query(
+            "UPDATE plan_slices SET state = $2, lease_owner = NULL, lease_expires_at = NULL, \
+                published_through = NULL WHERE id = $1",
+        )
+        .bind(slice_id)
+        .bind(next)
+        .execute(&mut *transaction)
+        .await?;
         // Failures that became final in this slice are judged here, before
         // the plan advances: the gates' decision (pause in main, abort in the
         // canary wave) replaces the completion, so a plan never completes, nor
