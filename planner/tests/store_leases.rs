@@ -14,7 +14,11 @@ use std::time::Duration;
 
 use redrive_planner::{
     plan_state::Event,
-    store::{Store, leases::StaleToken, plans::Moved},
+    store::{
+        Store,
+        leases::{LeasedSlice, StaleToken},
+        plans::Moved,
+    },
 };
 use sqlx::{Executor, PgPool, Postgres, migrate::MigrateDatabase};
 use uuid::Uuid;
@@ -47,6 +51,24 @@ impl Db {
             .await
             .expect("load the fixture");
         Self { url, pool, store }
+    }
+
+    /// Leases the pending slice to `executor` (it must be there).
+    async fn claim(&self, executor: &str, marks_publishing: bool) -> LeasedSlice {
+        self.store
+            .claim_slice(executor, TTL, marks_publishing)
+            .await
+            .unwrap()
+            .expect("a pending slice")
+    }
+
+    /// Records the mark through `position` under `token` (it must be current).
+    async fn mark(&self, slice_id: i64, token: i64, position: i64) {
+        self.store
+            .mark_publishing(slice_id, token, position)
+            .await
+            .unwrap()
+            .expect("the current lease");
     }
 
     /// Makes the slice's lease expired a second ago.
@@ -180,23 +202,10 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
 #[tokio::test]
 async fn an_expiry_makes_only_marked_unreported_items_uncertain() {
     let db = Db::new().await;
-    let lease = db
-        .store
-        .claim_slice("old", TTL, true)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = db.claim("old", true).await;
     // Marked through position 1; a lower mark later never moves it back.
-    db.store
-        .mark_publishing(lease.slice_id, 1, 1)
-        .await
-        .unwrap()
-        .unwrap();
-    db.store
-        .mark_publishing(lease.slice_id, 1, 0)
-        .await
-        .unwrap()
-        .unwrap();
+    db.mark(lease.slice_id, 1, 1).await;
+    db.mark(lease.slice_id, 1, 0).await;
     db.backdate(lease.slice_id).await;
     db.store.expire_leases().await.unwrap();
     assert_eq!(
@@ -210,27 +219,13 @@ async fn an_expiry_makes_only_marked_unreported_items_uncertain() {
 
     // A holder that marked nothing adds nothing; one that does not mark at
     // all makes every unreported item uncertain (the rule before marks).
-    let quiet = db
-        .store
-        .claim_slice("quiet", TTL, true)
-        .await
-        .unwrap()
-        .unwrap();
+    let quiet = db.claim("quiet", true).await;
     db.backdate(quiet.slice_id).await;
     db.store.expire_leases().await.unwrap();
     assert_eq!(db.uncertain_events().await.len(), 2);
-    let unmarked = db
-        .store
-        .claim_slice("unmarked", TTL, false)
-        .await
-        .unwrap()
-        .unwrap();
+    let unmarked = db.claim("unmarked", false).await;
     // Its marks are ignored: it did not promise to mark before publishing.
-    db.store
-        .mark_publishing(unmarked.slice_id, 3, 2)
-        .await
-        .unwrap()
-        .unwrap();
+    db.mark(unmarked.slice_id, 3, 2).await;
     db.backdate(unmarked.slice_id).await;
     db.store.expire_leases().await.unwrap();
     assert_eq!(db.states().await, ["uncertain"; 4]);
@@ -305,17 +300,8 @@ async fn transitions_run_only_from_their_allowed_states() {
 #[tokio::test]
 async fn a_release_clears_the_mark() {
     let db = Db::new().await;
-    let first = db
-        .store
-        .claim_slice("new", TTL, true)
-        .await
-        .unwrap()
-        .unwrap();
-    db.store
-        .mark_publishing(first.slice_id, 1, 1)
-        .await
-        .unwrap()
-        .unwrap();
+    let first = db.claim("new", true).await;
+    db.mark(first.slice_id, 1, 1).await;
     db.store
         .complete_slice(first.slice_id, 1, true)
         .await

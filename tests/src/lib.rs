@@ -998,6 +998,18 @@ pub mod raw {
             .max_decoding_message_size(usize::MAX))
     }
 
+    /// [`raw_client`], ready for a call; a connection failure as `UNKNOWN`.
+    async fn ready_client(planner: &PlannerHandle) -> Result<tonic::client::Grpc<Channel>, Status> {
+        let mut client = raw_client(planner)
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        client
+            .ready()
+            .await
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        Ok(client)
+    }
+
     /// Calls unary `method` (`/redrive.v1.Planner/GetPlan`) with `bytes` as the
     /// request.
     ///
@@ -1008,13 +1020,7 @@ pub mod raw {
         method: &str,
         bytes: Vec<u8>,
     ) -> Result<Vec<u8>, Status> {
-        let mut client = raw_client(planner)
-            .await
-            .map_err(|e| Status::unknown(e.to_string()))?;
-        client
-            .ready()
-            .await
-            .map_err(|e| Status::unknown(e.to_string()))?;
+        let mut client = ready_client(planner).await?;
         let path = PathAndQuery::try_from(method.to_owned())
             .map_err(|e| Status::unknown(e.to_string()))?;
         client
@@ -1031,13 +1037,7 @@ pub mod raw {
         planner: &PlannerHandle,
         items: Vec<Vec<u8>>,
     ) -> Result<Vec<u8>, Status> {
-        let mut client = raw_client(planner)
-            .await
-            .map_err(|e| Status::unknown(e.to_string()))?;
-        client
-            .ready()
-            .await
-            .map_err(|e| Status::unknown(e.to_string()))?;
+        let mut client = ready_client(planner).await?;
         client
             .client_streaming(
                 tonic::Request::new(tokio_stream::iter(items)),
