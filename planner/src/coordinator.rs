@@ -20,8 +20,8 @@ use crate::{
     plan_state::State,
     state_check::{StateChecker, StateDecision},
     store::{
-        Store,
-        leases::{LeasedItem, Outcome, StaleToken},
+        StaleToken, Store,
+        leases::{LeasedItem, Outcome},
     },
 };
 

@@ -26,7 +26,7 @@ pub enum Error {
     /// `FailedPrecondition` with [`redrive_proto::error::STALE_FENCING_TOKEN`]
     /// in its details.
     #[error("{0}")]
-    StaleToken(crate::store::leases::StaleToken),
+    StaleToken(crate::store::StaleToken),
     /// The caller may not do this (four-eyes approval).
     #[error("{0}")]
     PermissionDenied(String),

@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use super::{
-    Store, StoreError,
+    StaleToken, Store, StoreError,
     dead_letters::{columns, dead_letter_from_row},
     plans::{DestinationMode, gate_reading_in, notify, transition_in},
 };
@@ -69,18 +69,6 @@ pub struct LeasedItem {
     pub routing_key: String,
     /// When it turns stale, decided by its precheck (`None`: no deadline).
     pub stale_at: Option<DateTime<Utc>>,
-}
-
-/// An outcome report rejected for its fencing token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "stale fencing token {token} for slice {slice_id}: the lease was lost (expired and re-leased, or released)"
-)]
-pub struct StaleToken {
-    /// The slice.
-    pub slice_id: i64,
-    /// The token presented.
-    pub token: i64,
 }
 
 /// An outcome to record.

@@ -72,6 +72,18 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// An outcome report rejected for its fencing token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "stale fencing token {token} for slice {slice_id}: the lease was lost (expired and re-leased, or released)"
+)]
+pub struct StaleToken {
+    /// The slice.
+    pub slice_id: i64,
+    /// The token presented.
+    pub token: i64,
+}
+
 /// The planner's handle on PostgreSQL (a connection pool; cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Store {
