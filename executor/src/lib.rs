@@ -29,7 +29,10 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
-use redrive_proto::v1::coordinator_client::CoordinatorClient;
+use redrive_proto::{
+    settings::{SettingError, SettingErrors},
+    v1::coordinator_client::CoordinatorClient,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -133,56 +136,77 @@ impl Config {
         config
     }
 
-    /// Checks what clap cannot.
+    /// Checks what clap cannot, every setting.
     ///
     /// # Errors
-    /// A sentence naming the wrong setting.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`SettingErrors`] naming every wrong setting.
+    pub fn validate(&self) -> Result<(), SettingErrors> {
+        let mut problems = Vec::new();
+        let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         if !self.planner.starts_with("http://") && !self.planner.starts_with("https://") {
-            return Err(format!(
-                "invalid setting --planner: {:?} is not an http(s):// URL",
-                self.planner
-            ));
+            problem(
+                "planner",
+                format!("{:?} is not an http(s):// URL", self.planner),
+            );
         }
         if !self.amqp_url.starts_with("amqp://") && !self.amqp_url.starts_with("amqps://") {
-            return Err(format!(
-                "invalid setting --amqp-url: {:?} is not an amqp:// URL",
-                self.amqp_url
-            ));
+            problem(
+                "amqp-url",
+                format!("{:?} is not an amqp:// URL", self.amqp_url),
+            );
         }
         if let Some(redis) = &self.redis_url
             && !redis.starts_with("redis://")
             && !redis.starts_with("rediss://")
         {
-            return Err(format!(
-                "invalid setting --redis-url: {redis:?} is not a redis:// URL"
-            ));
+            problem("redis-url", format!("{redis:?} is not a redis:// URL"));
         }
-        if self.window == 0 {
-            return Err("invalid setting --window: must be at least 1".to_owned());
+        for (setting, value, range) in [
+            (
+                "window",
+                u64::try_from(self.window).unwrap_or(u64::MAX),
+                1..=u64::MAX,
+            ),
+            (
+                "concurrent-slices",
+                u64::try_from(self.concurrent_slices).unwrap_or(u64::MAX),
+                1..=64,
+            ),
+            ("max-attempts", u64::from(self.max_attempts), 1..=u64::MAX),
+            (
+                "replay-key-ttl-days",
+                self.replay_key_ttl_days,
+                1..=u64::MAX,
+            ),
+            ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
+            (
+                "confirm-timeout-seconds",
+                self.confirm_timeout_seconds,
+                1..=300,
+            ),
+            (
+                "amqp-heartbeat-seconds",
+                self.amqp_heartbeat_seconds,
+                1..=600,
+            ),
+            (
+                "shutdown-grace-seconds",
+                self.shutdown_grace_seconds,
+                0..=600,
+            ),
+        ] {
+            if !range.contains(&value) {
+                problem(
+                    setting,
+                    if *range.end() == u64::MAX {
+                        format!("must be at least {}", range.start())
+                    } else {
+                        format!("{} to {}", range.start(), range.end())
+                    },
+                );
+            }
         }
-        if self.concurrent_slices == 0 || self.concurrent_slices > 64 {
-            return Err("invalid setting --concurrent-slices: 1 to 64".to_owned());
-        }
-        if self.max_attempts == 0 {
-            return Err("invalid setting --max-attempts: must be at least 1".to_owned());
-        }
-        if self.replay_key_ttl_days == 0 {
-            return Err("invalid setting --replay-key-ttl-days: must be at least 1".to_owned());
-        }
-        if self.claim_wait_seconds == 0 || self.claim_wait_seconds > 30 {
-            return Err("invalid setting --claim-wait-seconds: 1 to 30".to_owned());
-        }
-        if self.confirm_timeout_seconds == 0 || self.confirm_timeout_seconds > 300 {
-            return Err("invalid setting --confirm-timeout-seconds: 1 to 300".to_owned());
-        }
-        if self.amqp_heartbeat_seconds == 0 || self.amqp_heartbeat_seconds > 600 {
-            return Err("invalid setting --amqp-heartbeat-seconds: 1 to 600".to_owned());
-        }
-        if self.shutdown_grace_seconds > 600 {
-            return Err("invalid setting --shutdown-grace-seconds: 0 to 600".to_owned());
-        }
-        Ok(())
+        SettingErrors::check(problems)
     }
 }
 
@@ -193,7 +217,7 @@ impl Config {
 /// # Errors
 /// An invalid configuration or planner URL.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     let executor_id = config
         .executor_id
         .clone()

@@ -3,31 +3,18 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use redrive_executor::Config;
+use redrive_proto::settings::parse_or_exit;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-/// Exit code for a bad setting (sysexits.h `EX_USAGE`).
-const EX_USAGE: u8 = 64;
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = match Config::try_parse() {
-        Ok(config) => config,
-        Err(error) if !error.use_stderr() => {
-            let _ = error.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            let _ = error.print();
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    if let Err(error) = config.validate() {
-        eprintln!("redrive-executor: {error}");
-        return ExitCode::from(EX_USAGE);
-    }
+    let config =
+        match parse_or_exit::<Config>("redrive-executor", std::env::args_os(), Config::validate) {
+            Ok(config) => config,
+            Err(code) => return code,
+        };
     let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -9,6 +9,8 @@ use redrive_proto::limits::{
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
+use redrive_proto::settings::{SettingError, SettingErrors};
+
 use crate::{
     dead_letter::ExtractionRules,
     message_key::KeySource,
@@ -188,16 +190,6 @@ pub struct Config {
     pub log_json: bool,
 }
 
-/// A setting that is wrong, named.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid setting --{setting}: {problem}")]
-pub struct ConfigError {
-    /// The flag name, without dashes.
-    pub setting: &'static str,
-    /// What is wrong.
-    pub problem: String,
-}
-
 impl Config {
     /// The defaults, with `database_url` set (tests build configs this way).
     /// Reads no `REDRIVE_*` variable: what the environment of a test run
@@ -212,41 +204,49 @@ impl Config {
         config
     }
 
-    /// Checks the settings that clap cannot.
+    /// Checks the settings that clap cannot, all of them.
     ///
     /// # Errors
-    /// [`ConfigError`] naming the first wrong setting.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let error = |setting, problem: String| Err(ConfigError { setting, problem });
+    /// [`SettingErrors`] naming every wrong setting.
+    pub fn validate(&self) -> Result<(), SettingErrors> {
+        SettingErrors::check(self.problems())
+    }
+
+    /// Every problem of these settings, in flag order.
+    fn problems(&self) -> Vec<SettingError> {
+        let mut problems = Vec::new();
+        let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         if !self.database_url.starts_with("postgres://")
             && !self.database_url.starts_with("postgresql://")
         {
-            return error(
+            problem(
                 "database-url",
                 format!("{:?} is not a postgres:// URL", self.database_url),
             );
         }
+        if self.database_max_connections < 2 {
+            problem(
+                "database-max-connections",
+                "must be at least 2 (a precheck reads with one connection and writes with another)"
+                    .to_owned(),
+            );
+        }
         if !self.amqp_url.starts_with("amqp://") && !self.amqp_url.starts_with("amqps://") {
-            return error(
+            problem(
                 "amqp-url",
                 format!("{:?} is not an amqp:// URL", self.amqp_url),
             );
         }
-        if let Some(queue) = self
-            .capture_queues
-            .iter()
-            .find(|q| q.trim().is_empty() || q.len() > 255)
-        {
-            return error(
-                "capture-queue",
-                format!("{queue:?}: a queue name is 1 to 255 bytes"),
-            );
-        }
-        if self.capture_batch_size == 0 {
-            return error("capture-batch-size", "must be at least 1".to_owned());
+        for queue in &self.capture_queues {
+            if queue.trim().is_empty() || queue.len() > 255 {
+                problem(
+                    "capture-queue",
+                    format!("{queue:?}: a queue name is 1 to 255 bytes"),
+                );
+            }
         }
         if usize::from(self.capture_prefetch) < self.capture_batch_size {
-            return error(
+            problem(
                 "capture-prefetch",
                 format!(
                     "{} is below --capture-batch-size {}: a batch could never fill",
@@ -254,39 +254,33 @@ impl Config {
                 ),
             );
         }
-        if !(3..=MAX_LEASE_TTL_SECONDS).contains(&self.lease_ttl_seconds) {
-            return error(
-                "lease-ttl-seconds",
-                format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
-            );
+        if self.capture_batch_size == 0 {
+            problem("capture-batch-size", "must be at least 1".to_owned());
         }
         if self.capture_batch_wait_ms > MAX_CAPTURE_BATCH_WAIT_MS {
-            return error(
+            problem(
                 "capture-batch-wait-ms",
                 format!("at most {MAX_CAPTURE_BATCH_WAIT_MS}"),
             );
         }
-        if self.database_max_connections < 2 {
-            return error(
-                "database-max-connections",
-                "must be at least 2 (a precheck reads with one connection and writes with another)"
-                    .to_owned(),
-            );
-        }
         for spec in &self.message_keys {
-            if let Err(problem) = spec.parse::<KeySource>() {
-                return error("message-key", problem);
+            if let Err(text) = spec.parse::<KeySource>() {
+                problem("message-key", text);
             }
         }
         for spec in &self.state_checks {
-            if let Err(problem) = spec.parse::<HookRoute>() {
-                return error("state-check", problem);
+            if let Err(text) = spec.parse::<HookRoute>() {
+                problem("state-check", text);
             }
         }
-        if let Err((setting, problem)) = self.try_policy() {
-            return error(setting, problem);
+        problems.extend(self.try_policy().err().unwrap_or_default());
+        if !(3..=MAX_LEASE_TTL_SECONDS).contains(&self.lease_ttl_seconds) {
+            problems.push(SettingError::new(
+                "lease-ttl-seconds",
+                format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
+            ));
         }
-        Ok(())
+        problems
     }
 
     /// The precheck policy these settings describe (call after `validate`).
@@ -294,32 +288,41 @@ impl Config {
         self.try_policy().unwrap_or_default()
     }
 
-    fn try_policy(&self) -> Result<Policy, (&'static str, String)> {
-        let stale_after = policy_rules("stale-after", "TYPE", &self.stale_after)?;
-        let stale_after_source =
-            policy_rules("stale-after-source", "SOURCE", &self.stale_after_source)?;
-        if !(1..=MAX_REDRIVES).contains(&self.max_redrives) {
-            return Err((
-                "max-redrives",
-                format!("{} is not from 1 to {MAX_REDRIVES}", self.max_redrives),
-            ));
-        }
+    /// The policy, or every problem of its settings.
+    fn try_policy(&self) -> Result<Policy, Vec<SettingError>> {
+        let mut problems = Vec::new();
+        let stale_after = policy_rules("stale-after", "TYPE", &self.stale_after, &mut problems);
+        let stale_after_source = policy_rules(
+            "stale-after-source",
+            "SOURCE",
+            &self.stale_after_source,
+            &mut problems,
+        );
         for (setting, duration) in [
             ("default-stale-after", self.default_stale_after),
             ("replay-key-window", Some(self.replay_key_window)),
             ("max-precheck-age", Some(self.max_precheck_age)),
         ] {
-            if let Some(duration) = duration {
-                at_most(duration, MAX_AGE).map_err(|problem| (setting, problem))?;
+            if let Some(Err(text)) = duration.map(|duration| at_most(duration, MAX_AGE)) {
+                problems.push(SettingError::new(setting, text));
             }
+        }
+        if !(1..=MAX_REDRIVES).contains(&self.max_redrives) {
+            problems.push(SettingError::new(
+                "max-redrives",
+                format!("{} is not from 1 to {MAX_REDRIVES}", self.max_redrives),
+            ));
         }
         if let Some(pointer) = &self.event_time_pointer
             && !pointer.starts_with('/')
         {
-            return Err((
+            problems.push(SettingError::new(
                 "event-time-pointer",
                 format!("{pointer:?}: a JSON pointer starts with '/' (RFC 6901)"),
             ));
+        }
+        if !problems.is_empty() {
+            return Err(problems);
         }
         Ok(Policy {
             stale_after,
@@ -387,31 +390,35 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     at_most(parsed, MAX_AGE)
 }
 
-/// Parses `PATTERN=DURATION` specs, each pattern at most once.
+/// Parses `PATTERN=DURATION` specs, each pattern at most once; a bad spec
+/// is added to `problems` and left out.
 fn policy_rules(
     setting: &'static str,
     what: &str,
     specs: &[String],
-) -> Result<Vec<(Pattern, Duration)>, (&'static str, String)> {
+    problems: &mut Vec<SettingError>,
+) -> Vec<(Pattern, Duration)> {
     let mut rules: Vec<(Pattern, Duration)> = Vec::with_capacity(specs.len());
     for spec in specs {
-        let problem = |problem: String| {
-            (
-                setting,
-                format!("{spec:?}: {problem}; expected {what}=DURATION, e.g. payment.*=2h"),
-            )
-        };
-        let (pattern, age) = spec
+        let rule = spec
             .split_once('=')
-            .ok_or_else(|| problem("no '='".to_owned()))?;
-        let pattern = Pattern::parse(pattern.trim()).map_err(problem)?;
-        let age = parse_duration(age).map_err(problem)?;
-        if rules.iter().any(|(existing, _)| *existing == pattern) {
-            return Err(problem(format!("{} is given twice", pattern.as_str())));
+            .ok_or_else(|| "no '='".to_owned())
+            .and_then(|(pattern, age)| {
+                let pattern = Pattern::parse(pattern.trim())?;
+                if rules.iter().any(|(existing, _)| *existing == pattern) {
+                    return Err(format!("{} is given twice", pattern.as_str()));
+                }
+                Ok((pattern, parse_duration(age)?))
+            });
+        match rule {
+            Ok(rule) => rules.push(rule),
+            Err(text) => problems.push(SettingError::new(
+                setting,
+                format!("{spec:?}: {text}; expected {what}=DURATION, e.g. payment.*=2h"),
+            )),
         }
-        rules.push((pattern, age));
     }
-    Ok(rules)
+    rules
 }
 
 #[cfg(test)]

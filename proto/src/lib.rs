@@ -22,6 +22,8 @@ pub mod codec;
 pub mod error;
 pub mod limits;
 pub mod names;
+#[cfg(feature = "settings")]
+pub mod settings;
 
 /// Encoded `FileDescriptorSet` of every `redrive.v1` file, for
 /// `tonic_reflection::server::Builder::register_encoded_file_descriptor_set`.

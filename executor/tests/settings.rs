@@ -1,0 +1,47 @@
+//! The executor binary names every bad setting at once and exits with
+//! `EX_USAGE` (64) before it connects to anything.
+
+use std::process::Command;
+
+/// Runs `redrive-executor` with `args` and no `REDRIVE_*` environment;
+/// answers the exit code and stderr.
+fn executor(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_redrive-executor"))
+        .args(args)
+        .env_clear()
+        .output()
+        .expect("running redrive-executor");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn every_bad_setting_is_named() {
+    let (code, stderr) = executor(&["--window=-1", "--concurrent-slices", "many"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    for named in ["'-1'", "--window", "'many'", "--concurrent-slices"] {
+        assert!(stderr.contains(named), "{named} missing from:\n{stderr}");
+    }
+
+    let (code, stderr) = executor(&[
+        "--planner",
+        "planner:50051",
+        "--window",
+        "0",
+        "--claim-wait-seconds",
+        "31",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("redrive-executor: invalid setting --"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(
+        named,
+        ["planner", "window", "claim-wait-seconds"],
+        "{stderr}"
+    );
+}

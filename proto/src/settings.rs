@@ -1,0 +1,238 @@
+//! Start-up settings of the services (`redrive-planner`, `redrive-executor`):
+//! parsed by clap into typed values, and every bad setting reported at once.
+//!
+//! clap stops at the first value it cannot parse. An operator fixing a
+//! deployment would then meet the problems one restart at a time, so when clap
+//! refuses a value, [`refused_values`] checks every other value with its own
+//! value parser too. Once every value parses, the service's own checks (ranges
+//! that depend on each other, URLs) run and report every problem they find.
+
+use std::{ffi::OsString, process::ExitCode};
+
+use clap::{Command, Parser, error::ErrorKind};
+
+/// Exit code for a bad setting (sysexits.h `EX_USAGE`).
+pub const EX_USAGE: u8 = 64;
+
+/// A setting that is wrong, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting --{setting}: {problem}")]
+pub struct SettingError {
+    /// The flag name, without dashes.
+    pub setting: &'static str,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl SettingError {
+    /// A problem with `--setting`.
+    pub fn new(setting: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            setting,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Every problem of a configuration, in flag order; never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingErrors(pub Vec<SettingError>);
+
+impl std::fmt::Display for SettingErrors {
+    /// One line a problem.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (index, error) in self.0.iter().enumerate() {
+            if index > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SettingErrors {}
+
+impl SettingErrors {
+    /// `Ok` when `problems` is empty.
+    ///
+    /// # Errors
+    /// The problems.
+    pub fn check(problems: Vec<SettingError>) -> Result<(), Self> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Self(problems))
+        }
+    }
+}
+
+/// Parses a service's settings from `args` (the first is the program name) and
+/// the environment, then runs `validate`. Prints help, the version or every
+/// problem (prefixed with `program: `) and answers the exit code when the
+/// service should not start: 0 after `--help`/`--version`, [`EX_USAGE`] for a
+/// bad setting.
+///
+/// # Errors
+/// The exit code, after printing.
+pub fn parse_or_exit<C: Parser>(
+    program: &str,
+    args: impl IntoIterator<Item = OsString>,
+    validate: impl FnOnce(&C) -> Result<(), SettingErrors>,
+) -> Result<C, ExitCode> {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let command = C::command();
+    let parsed = command
+        .clone()
+        .try_get_matches_from(&args)
+        .and_then(|matches| C::from_arg_matches(&matches));
+    match parsed {
+        Ok(config) => match validate(&config) {
+            Ok(()) => Ok(config),
+            Err(problems) => {
+                for problem in problems.0 {
+                    eprintln!("{program}: {problem}");
+                }
+                Err(ExitCode::from(EX_USAGE))
+            }
+        },
+        Err(error) if !error.use_stderr() => {
+            let _ = error.print();
+            Err(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            let refused = match error.kind() {
+                ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+                    refused_values(&command, &args)
+                }
+                _ => Vec::new(),
+            };
+            if refused.len() > 1 {
+                for problem in refused {
+                    eprintln!("{program}: {problem}");
+                }
+            } else {
+                let _ = error.print();
+            }
+            Err(ExitCode::from(EX_USAGE))
+        }
+    }
+}
+
+/// Every value (from a flag, an environment variable or a default) that its
+/// argument's value parser refuses, as clap's one-line messages, in flag
+/// order. Empty when the arguments do not even parse as text (an unknown
+/// flag, a missing value): clap's own error says that.
+pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
+    // First every value as text, so that none stops the others.
+    let lenient = command.clone().mut_args(|arg| {
+        if arg.get_action().takes_values() {
+            arg.value_parser(clap::builder::OsStringValueParser::new())
+        } else {
+            arg
+        }
+    });
+    let Ok(matches) = lenient.try_get_matches_from(args) else {
+        return Vec::new();
+    };
+    let mut refused = Vec::new();
+    for arg in command.get_arguments() {
+        let (Some(long), true) = (arg.get_long(), arg.get_action().takes_values()) else {
+            continue;
+        };
+        let Some(values) = matches.get_raw(arg.get_id().as_str()) else {
+            continue;
+        };
+        // Then each value alone, through the argument as the service declares
+        // it (its value parser, its name in the message).
+        let alone = Command::new("setting")
+            .no_binary_name(true)
+            .disable_help_flag(true)
+            .disable_version_flag(true)
+            .arg(
+                arg.clone()
+                    .env(None)
+                    .required(false)
+                    .value_delimiter(None)
+                    .default_value(None)
+                    .num_args(1),
+            );
+        for value in values {
+            let mut flag = OsString::from(format!("--{long}="));
+            flag.push(value);
+            if let Err(error) = alone.clone().try_get_matches_from([flag]) {
+                let text = error.to_string();
+                let line = text.lines().next().unwrap_or_default();
+                refused.push(line.trim_start_matches("error: ").to_owned());
+            }
+        }
+    }
+    refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[derive(Debug, Parser)]
+    struct Settings {
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[arg(long, value_delimiter = ',')]
+        port: Vec<u16>,
+        #[arg(long, default_value = "fine")]
+        name: String,
+    }
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        std::iter::once("test")
+            .chain(list.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn every_refused_value_is_named() {
+        let refused = refused_values(
+            &Settings::command(),
+            &args(&["--count=-3", "--port", "80,x,70000", "--name", "ok"]),
+        );
+        assert_eq!(refused.len(), 3, "{refused:#?}");
+        assert!(refused[0].contains("'-3'") && refused[0].contains("--count"));
+        assert!(refused[1].contains("'x'") && refused[1].contains("--port"));
+        assert!(refused[2].contains("'70000'") && refused[2].contains("--port"));
+    }
+
+    #[test]
+    fn good_values_and_unknown_flags_refuse_nothing_here() {
+        let command = Settings::command();
+        assert!(refused_values(&command, &args(&["--count", "3", "--port", "1,2"])).is_empty());
+        // An unknown flag is clap's own error, reported as clap reports it.
+        assert!(refused_values(&command, &args(&["--what", "3"])).is_empty());
+    }
+
+    #[test]
+    fn validation_problems_are_all_kept() {
+        let problems = SettingErrors::check(vec![
+            SettingError::new("a", "first"),
+            SettingError::new("b", "second"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            problems.to_string(),
+            "invalid setting --a: first\ninvalid setting --b: second"
+        );
+        assert!(SettingErrors::check(Vec::new()).is_ok());
+    }
+
+    #[test]
+    fn a_good_configuration_parses() {
+        let parsed = parse_or_exit::<Settings>("test", args(&["--count", "2"]), |_| Ok(()));
+        assert_eq!(parsed.map(|s| s.count).ok(), Some(2));
+        let refused = parse_or_exit::<Settings>("test", args(&["--count", "2"]), |_| {
+            SettingErrors::check(vec![SettingError::new("count", "too many")])
+        });
+        assert_eq!(refused.err(), Some(ExitCode::from(EX_USAGE)));
+    }
+}
