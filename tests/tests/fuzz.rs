@@ -6,8 +6,13 @@
 //! `UNKNOWN` (a panic in a handler), and the planner answers health at the
 //! end.
 //!
-//! `REDRIVE_FUZZ_CASES` sets the number of cases (default 48; each case makes
-//! about 30 calls): `REDRIVE_FUZZ_CASES=10000 cargo test -p redrive-tests
+//! A case is one call, drawn from [`CALLS`]. Ids are the case's own text one
+//! time in four, else ids the planner handed out to earlier cases (a plan of
+//! a fuzzed precheck, approved with its digest half the time), so that calls
+//! reach past the lookup.
+//!
+//! `REDRIVE_FUZZ_CASES` sets the number of cases (default 10,000, about a
+//! minute here): `REDRIVE_FUZZ_CASES=1000000 cargo test -p redrive-tests
 //! --test fuzz --release` is the long run.
 
 use std::{collections::BTreeMap, time::Duration};
@@ -194,6 +199,10 @@ fn options() -> impl Strategy<Value = Option<v1::PrecheckOptions>> {
 /// What one case sends.
 #[derive(Debug, Clone)]
 struct Case {
+    /// Which call ([`CALLS`]).
+    call: usize,
+    /// Which known id a call uses (or the case's own text).
+    pick: usize,
     texts: [String; 4],
     numbers: (u32, u64, f64, i32),
     selector: Option<v1::Selector>,
@@ -207,13 +216,18 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     (
+        (0..CALLS.len(), any::<usize>()),
         [text(), text(), text(), text()],
-        (
-            any::<u32>(),
-            any::<u64>(),
-            prop_oneof![any::<f64>(), 0.0f64..2.0, Just(f64::NAN), Just(1e300)],
-            any::<i32>(),
-        ),
+        prop_oneof![
+            (
+                any::<u32>(),
+                any::<u64>(),
+                prop_oneof![any::<f64>(), 0.0f64..2.0, Just(f64::NAN), Just(1e300)],
+                any::<i32>(),
+            ),
+            // Tame: mostly within the limits, so that calls get past them.
+            (1u32..600, 0u64..10_000, 0.001f64..1.0, 0i32..9),
+        ],
         selector(),
         options(),
         headers(),
@@ -223,8 +237,21 @@ fn case() -> impl Strategy<Value = Case> {
         vec(any::<u8>(), 0..64),
     )
         .prop_map(
-            |(texts, numbers, selector, options, headers, duration, timestamp, body, garbage)| {
+            |(
+                (call, pick),
+                texts,
+                numbers,
+                selector,
+                options,
+                headers,
+                duration,
+                timestamp,
+                body,
+                garbage,
+            )| {
                 Case {
+                    call,
+                    pick,
                     texts,
                     numbers,
                     selector,
@@ -239,8 +266,21 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
+/// Answers per call: (accepted, refused), printed at the end to show how
+/// far the cases reached.
+static TALLY: std::sync::Mutex<BTreeMap<String, (u32, u32)>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
 /// Fails on the codes a client must never get for its input.
 fn check<T>(call: &str, answer: Result<T, Status>) -> Result<(), TestCaseError> {
+    if let Ok(mut tally) = TALLY.lock() {
+        let counts = tally.entry(call.to_owned()).or_default();
+        if answer.is_ok() {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+    }
     match answer {
         Err(status) if matches!(status.code(), Code::Internal | Code::Unknown) => Err(
             TestCaseError::fail(format!("{call}: {:?} {}", status.code(), status.message())),
@@ -259,7 +299,6 @@ async fn bounded<T>(
         .map_err(|_| TestCaseError::fail(format!("{name}: no answer within 15 s")))
 }
 
-#[allow(clippy::too_many_lines)]
 /// Unary methods that get the case's undecodable bytes.
 const RAW_METHODS: &[&str] = &[
     "/redrive.v1.Planner/ListDeadLetters",
@@ -271,399 +310,506 @@ const RAW_METHODS: &[&str] = &[
     "/redrive.v1.Coordinator/RecheckState",
 ];
 
+/// The calls a case can make, one a case: every `Planner` and `Coordinator`
+/// RPC, and undecodable bytes to a unary method.
+const CALLS: &[&str] = &[
+    "IngestDeadLetters",
+    "ListDeadLetters",
+    "GetDeadLetter",
+    "SummarizeDeadLetters",
+    "RunPrecheck",
+    "GetPrecheck",
+    "ListPrecheckItems",
+    "CreatePlan",
+    "ApprovePlan",
+    "GetPlan",
+    "ListPlans",
+    "PausePlan",
+    "ResumePlan",
+    "PromotePlan",
+    "CancelPlan",
+    "ListCompensations",
+    "GetAuditReport",
+    "ExportAudit",
+    "WatchPlan",
+    "ReplayDeadLetter",
+    "RepairDeadLetter",
+    "ClaimSlice",
+    "MarkPublishing",
+    "Heartbeat",
+    "CompleteSlice",
+    "RecheckState",
+    "WatchLease",
+    "ReportOutcomes",
+    "raw",
+];
+
+/// Ids the planner handed out to earlier cases, so that later cases reach
+/// past the lookup (a plan of a fuzzed precheck, approved with a fuzzed
+/// digest, ...). Each list keeps its newest [`Known::KEEP`].
+#[derive(Debug, Default)]
+struct Known {
+    dead_letters: Vec<String>,
+    prechecks: Vec<String>,
+    plans: Vec<String>,
+    /// Leased slices: id, fencing token, item ids.
+    slices: Vec<(String, u64, Vec<String>)>,
+}
+
+impl Known {
+    const KEEP: usize = 64;
+
+    fn add<T>(list: &mut Vec<T>, id: T) {
+        if list.len() == Self::KEEP {
+            list.remove(0);
+        }
+        list.push(id);
+    }
+
+    /// Three times in four a known id (when there is one), else `own`.
+    fn pick(list: &[String], pick: usize, own: &str) -> String {
+        if list.is_empty() || pick % 4 == 0 {
+            own.to_owned()
+        } else {
+            list[pick / 4 % list.len()].clone()
+        }
+    }
+}
+
+#[allow(clippy::too_many_lines)]
 async fn run_case(
     handle: &PlannerHandle,
     planner: &mut PlannerClient<Channel>,
     coordinator: &mut CoordinatorClient<Channel>,
+    known: &mut Known,
     case: Case,
 ) -> Result<(), TestCaseError> {
     let [a, b, c, d] = case.texts.clone();
     let (number, big, float, signed) = case.numbers;
-    // An id that names nothing: a random one could name an ingested dead
-    // letter, and replaying it would wait for an executor.
-    let absent = format!("9{}", big % 1_000_000_000);
-    let item = v1::IngestDeadLettersRequest {
-        source: a.clone(),
-        message_id: b.clone(),
-        body: case.body.clone(),
-        properties: Some(v1::MessageProperties {
-            message_id: Some(c.clone()),
-            r#type: Some(d.clone()),
-            priority: Some(number),
-            ..Default::default()
-        }),
-        headers: case.headers.clone(),
-        reason: c.clone(),
-        attempts: number,
-        error_text: d.clone(),
-        original_destination: b.clone(),
-        occurred_at: case.timestamp,
-        imported: number % 2 == 0,
-    };
-    let ordinary = v1::IngestDeadLettersRequest {
-        source: "fuzz".into(),
-        original_destination: "orders".into(),
-        body: case.body.clone(),
-        ..Default::default()
-    };
-    check(
-        "IngestDeadLetters",
-        bounded(
-            "IngestDeadLetters",
-            planner.ingest_dead_letters(tokio_stream::iter(vec![item, ordinary])),
-        )
-        .await?,
-    )?;
-    check(
-        "ListDeadLetters",
-        bounded(
-            "ListDeadLetters",
-            planner.list_dead_letters(v1::ListDeadLettersRequest {
-                selector: case.selector.clone(),
-                page_size: number % 2000,
-                page_token: a.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "GetDeadLetter",
-        bounded(
-            "GetDeadLetter",
-            planner.get_dead_letter(v1::GetDeadLetterRequest { id: b.clone() }),
-        )
-        .await?,
-    )?;
-    check(
-        "SummarizeDeadLetters",
-        bounded(
-            "SummarizeDeadLetters",
-            planner.summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-                selector: case.selector.clone(),
-                group_by: vec![signed, signed % 8, 1],
-            }),
-        )
-        .await?,
-    )?;
-    let precheck = bounded(
-        "RunPrecheck",
-        planner.run_precheck(v1::RunPrecheckRequest {
-            selector: case.selector.clone(),
-            options: case.options.clone(),
-        }),
-    )
-    .await?;
-    let precheck_id = precheck
-        .as_ref()
-        .map(|report| report.get_ref().precheck_id.clone())
-        .unwrap_or_else(|_| c.clone());
-    check("RunPrecheck", precheck)?;
-    check(
-        "GetPrecheck",
-        bounded(
-            "GetPrecheck",
-            planner.get_precheck(v1::GetPrecheckRequest {
-                precheck_id: precheck_id.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "ListPrecheckItems",
-        bounded(
-            "ListPrecheckItems",
-            planner.list_precheck_items(v1::ListPrecheckItemsRequest {
-                precheck_id: precheck_id.clone(),
-                verdict: signed,
-                page_size: number % 2000,
-                page_token: d.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    let destination = match number % 4 {
-        0 => None,
-        1 => Some(v1::destination::Mode::Queue(v1::QueueDestination {})),
-        2 => Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
-        _ => Some(v1::destination::Mode::Redirect(v1::RedirectDestination {
-            exchange: a.clone(),
-            routing_key: b.clone(),
-        })),
-    };
-    let plan = bounded(
-        "CreatePlan",
-        planner.create_plan(v1::CreatePlanRequest {
-            precheck_id,
-            rate: Some(v1::Rate {
-                per_second: float,
-                burst: number,
-                rationale: d.clone(),
-            }),
-            destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
-            slice_size: number,
-            canary_fraction: Some(float),
-            observe_for: case.duration,
-        }),
-    )
-    .await?;
-    let plan_id = plan
-        .as_ref()
-        .map(|plan| plan.get_ref().plan_id.clone())
-        .unwrap_or_else(|_| a.clone());
-    check("CreatePlan", plan)?;
-    check(
-        "ApprovePlan",
-        bounded(
-            "ApprovePlan",
-            planner.approve_plan(v1::ApprovePlanRequest {
-                plan_id: plan_id.clone(),
-                digest: b.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "GetPlan",
-        bounded(
-            "GetPlan",
-            planner.get_plan(v1::GetPlanRequest {
-                plan_id: plan_id.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "ListPlans",
-        bounded(
-            "ListPlans",
-            planner.list_plans(v1::ListPlansRequest {
-                states: vec![signed, signed % 10],
-                page_size: number % 2000,
-                page_token: c.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    for (name, reason) in [("PausePlan", &a), ("ResumePlan", &b), ("PromotePlan", &c)] {
-        let request = v1::PlanControlRequest {
-            plan_id: plan_id.clone(),
-            reason: reason.clone(),
+    let name = CALLS[case.call];
+    let dead_letter = Known::pick(&known.dead_letters, case.pick, &b);
+    let precheck_id = Known::pick(&known.prechecks, case.pick, &c);
+    let plan_id = Known::pick(&known.plans, case.pick, &a);
+    // An id that names nothing: replaying a real dead letter would wait for
+    // an executor.
+    let absent = format!("9{:09}", big % 1_000_000_000);
+    // A leased slice three times in four, with its token half of those.
+    let (slice_id, token, item_id) =
+        match known.slices.get(case.pick / 4 % known.slices.len().max(1)) {
+            Some((slice, token, items)) if case.pick % 4 != 0 => (
+                slice.clone(),
+                if case.pick % 8 < 4 { *token } else { big },
+                items
+                    .get(number as usize % items.len().max(1))
+                    .cloned()
+                    .unwrap_or_else(|| c.clone()),
+            ),
+            _ => (b.clone(), big, c.clone()),
         };
-        let answer = match name {
-            "PausePlan" => bounded(name, planner.pause_plan(request)).await?,
-            "ResumePlan" => bounded(name, planner.resume_plan(request)).await?,
-            _ => bounded(name, planner.promote_plan(request)).await?,
-        };
-        check(name, answer)?;
-    }
-    check(
-        "ListCompensations",
-        bounded(
-            "ListCompensations",
-            planner.list_compensations(v1::ListCompensationsRequest {
-                plan_id: plan_id.clone(),
-                page_size: number % 2000,
-                page_token: d.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "GetAuditReport",
-        bounded(
-            "GetAuditReport",
-            planner.get_audit_report(v1::GetAuditReportRequest {
-                plan_id: plan_id.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    let export = bounded(
-        "ExportAudit",
-        planner.export_audit(v1::ExportAuditRequest {
-            plan_id: plan_id.clone(),
-            format: signed,
-        }),
-    )
-    .await?;
-    if let Ok(stream) = export {
-        let mut stream = stream.into_inner();
-        while let Some(chunk) = bounded("ExportAudit chunk", stream.message())
-            .await?
-            .transpose()
-        {
-            check("ExportAudit chunk", chunk)?;
-        }
-    } else {
-        check("ExportAudit", export)?;
-    }
-    check(
-        "CancelPlan",
-        bounded(
-            "CancelPlan",
-            planner.cancel_plan(v1::PlanControlRequest {
-                plan_id: plan_id.clone(),
-                reason: d.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    // A watch on the (now cancelled, or absent) plan ends or fails at once.
-    let watch = bounded(
-        "WatchPlan",
-        planner.watch_plan(v1::WatchPlanRequest {
-            plan_id: plan_id.clone(),
-            include_events: number % 2 == 0,
-        }),
-    )
-    .await?;
-    if let Ok(stream) = watch {
-        let mut stream = stream.into_inner();
-        let _first = bounded("WatchPlan message", stream.message()).await?;
-    } else {
-        check("WatchPlan", watch)?;
-    }
-    check(
-        "ReplayDeadLetter",
-        bounded(
-            "ReplayDeadLetter",
-            planner.replay_dead_letter(v1::ReplayDeadLetterRequest {
-                dead_letter_id: if number % 2 == 0 {
-                    absent.clone()
-                } else {
-                    c.clone() + "x"
-                },
-                reason: a.clone(),
-                options: case.options.clone(),
-                wait: case.duration,
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "RepairDeadLetter",
-        bounded(
-            "RepairDeadLetter",
-            planner.repair_dead_letter(v1::RepairDeadLetterRequest {
-                dead_letter_id: b.clone(),
-                new_body: case.body.clone(),
+    match name {
+        "IngestDeadLetters" => {
+            let item = v1::IngestDeadLettersRequest {
+                source: a.clone(),
+                message_id: b.clone(),
+                body: case.body.clone(),
+                properties: Some(v1::MessageProperties {
+                    message_id: Some(c.clone()),
+                    r#type: Some(d.clone()),
+                    priority: Some(number),
+                    ..Default::default()
+                }),
+                headers: case.headers.clone(),
                 reason: c.clone(),
-            }),
-        )
-        .await?,
-    )?;
-
-    // The Coordinator, with ids that name no lease.
-    let wait = case.duration.map(|duration| prost_types::Duration {
-        seconds: duration.seconds.min(0),
-        nanos: duration.nanos,
-    });
-    check(
-        "ClaimSlice",
-        bounded(
-            "ClaimSlice",
-            coordinator.claim_slice(v1::ClaimSliceRequest {
-                executor_id: a.clone(),
-                wait,
-                marks_publishing: number % 2 == 0,
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "MarkPublishing",
-        bounded(
-            "MarkPublishing",
-            coordinator.mark_publishing(v1::MarkPublishingRequest {
-                slice_id: b.clone(),
-                fencing_token: big,
-                through_item_id: c.clone(),
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "Heartbeat",
-        bounded(
-            "Heartbeat",
-            coordinator.heartbeat(v1::HeartbeatRequest {
-                slice_id: b.clone(),
-                fencing_token: big,
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "CompleteSlice",
-        bounded(
-            "CompleteSlice",
-            coordinator.complete_slice(v1::CompleteSliceRequest {
-                slice_id: c.clone(),
-                fencing_token: big,
-                release: number % 2 == 0,
-            }),
-        )
-        .await?,
-    )?;
-    check(
-        "RecheckState",
-        bounded(
-            "RecheckState",
-            coordinator.recheck_state(v1::RecheckStateRequest {
-                plan_id: plan_id.clone(),
-                dead_letter_ids: vec![absent.clone(), d.clone()],
-            }),
-        )
-        .await?,
-    )?;
-    let watch = bounded(
-        "WatchLease",
-        coordinator.watch_lease(v1::WatchLeaseRequest {
-            slice_id: d.clone(),
-            fencing_token: big,
-        }),
-    )
-    .await?;
-    if let Ok(stream) = watch {
-        let mut stream = stream.into_inner();
-        let _first = bounded("WatchLease message", stream.message()).await?;
-    } else {
-        check("WatchLease", watch)?;
+                attempts: number,
+                error_text: d.clone(),
+                original_destination: b.clone(),
+                occurred_at: case.timestamp,
+                imported: number % 2 == 0,
+            };
+            let ordinary = v1::IngestDeadLettersRequest {
+                source: "fuzz".into(),
+                original_destination: "orders".into(),
+                body: case.body.clone(),
+                ..Default::default()
+            };
+            check(
+                name,
+                bounded(
+                    name,
+                    planner.ingest_dead_letters(tokio_stream::iter(vec![item, ordinary])),
+                )
+                .await?,
+            )
+        }
+        "ListDeadLetters" => {
+            let answer = bounded(
+                name,
+                planner.list_dead_letters(v1::ListDeadLettersRequest {
+                    selector: case.selector.clone(),
+                    page_size: number % 2000,
+                    page_token: a.clone(),
+                }),
+            )
+            .await?;
+            if let Ok(page) = &answer {
+                for dead_letter in page.get_ref().dead_letters.iter().take(4) {
+                    Known::add(&mut known.dead_letters, dead_letter.id.clone());
+                }
+            }
+            check(name, answer)
+        }
+        "GetDeadLetter" => check(
+            name,
+            bounded(
+                name,
+                planner.get_dead_letter(v1::GetDeadLetterRequest { id: dead_letter }),
+            )
+            .await?,
+        ),
+        "SummarizeDeadLetters" => check(
+            name,
+            bounded(
+                name,
+                planner.summarize_dead_letters(v1::SummarizeDeadLettersRequest {
+                    selector: case.selector.clone(),
+                    group_by: if number % 2 == 0 {
+                        vec![signed % 8]
+                    } else {
+                        vec![signed, signed % 8, 1]
+                    },
+                }),
+            )
+            .await?,
+        ),
+        "RunPrecheck" => {
+            let answer = bounded(
+                name,
+                planner.run_precheck(v1::RunPrecheckRequest {
+                    selector: case.selector.clone(),
+                    options: case.options.clone(),
+                }),
+            )
+            .await?;
+            if let Ok(report) = &answer {
+                Known::add(&mut known.prechecks, report.get_ref().precheck_id.clone());
+            }
+            check(name, answer)
+        }
+        "GetPrecheck" => check(
+            name,
+            bounded(
+                name,
+                planner.get_precheck(v1::GetPrecheckRequest { precheck_id }),
+            )
+            .await?,
+        ),
+        "ListPrecheckItems" => check(
+            name,
+            bounded(
+                name,
+                planner.list_precheck_items(v1::ListPrecheckItemsRequest {
+                    precheck_id,
+                    verdict: signed,
+                    page_size: number % 2000,
+                    page_token: d.clone(),
+                }),
+            )
+            .await?,
+        ),
+        "CreatePlan" => {
+            let destination = match number % 4 {
+                0 => None,
+                1 => Some(v1::destination::Mode::Queue(v1::QueueDestination {})),
+                2 => Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
+                _ => Some(v1::destination::Mode::Redirect(v1::RedirectDestination {
+                    exchange: a.clone(),
+                    routing_key: b.clone(),
+                })),
+            };
+            let answer = bounded(
+                name,
+                planner.create_plan(v1::CreatePlanRequest {
+                    precheck_id,
+                    rate: Some(v1::Rate {
+                        per_second: float,
+                        burst: number,
+                        rationale: d.clone(),
+                    }),
+                    destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
+                    slice_size: number,
+                    canary_fraction: Some(float),
+                    observe_for: case.duration,
+                }),
+            )
+            .await?;
+            if let Ok(plan) = &answer {
+                Known::add(&mut known.plans, plan.get_ref().plan_id.clone());
+            }
+            check(name, answer)
+        }
+        "ApprovePlan" => {
+            // The plan's own digest half the time, so that approvals happen.
+            let digest = match bounded(
+                name,
+                planner.get_plan(v1::GetPlanRequest {
+                    plan_id: plan_id.clone(),
+                }),
+            )
+            .await?
+            {
+                Ok(plan) if number % 2 == 0 => plan.into_inner().precheck_digest,
+                _ => b.clone(),
+            };
+            check(
+                name,
+                bounded(
+                    name,
+                    planner.approve_plan(v1::ApprovePlanRequest { plan_id, digest }),
+                )
+                .await?,
+            )
+        }
+        "GetPlan" => check(
+            name,
+            bounded(name, planner.get_plan(v1::GetPlanRequest { plan_id })).await?,
+        ),
+        "ListPlans" => check(
+            name,
+            bounded(
+                name,
+                planner.list_plans(v1::ListPlansRequest {
+                    states: vec![signed, signed % 10],
+                    page_size: number % 2000,
+                    page_token: c.clone(),
+                }),
+            )
+            .await?,
+        ),
+        "PausePlan" | "ResumePlan" | "PromotePlan" | "CancelPlan" => {
+            let request = v1::PlanControlRequest {
+                plan_id,
+                reason: d.clone(),
+            };
+            let answer = match name {
+                "PausePlan" => bounded(name, planner.pause_plan(request)).await?,
+                "ResumePlan" => bounded(name, planner.resume_plan(request)).await?,
+                "PromotePlan" => bounded(name, planner.promote_plan(request)).await?,
+                _ => bounded(name, planner.cancel_plan(request)).await?,
+            };
+            check(name, answer)
+        }
+        "ListCompensations" => check(
+            name,
+            bounded(
+                name,
+                planner.list_compensations(v1::ListCompensationsRequest {
+                    plan_id,
+                    page_size: number % 2000,
+                    page_token: d.clone(),
+                }),
+            )
+            .await?,
+        ),
+        "GetAuditReport" => check(
+            name,
+            bounded(
+                name,
+                planner.get_audit_report(v1::GetAuditReportRequest { plan_id }),
+            )
+            .await?,
+        ),
+        "ExportAudit" => {
+            let export = bounded(
+                name,
+                planner.export_audit(v1::ExportAuditRequest {
+                    plan_id,
+                    format: signed,
+                }),
+            )
+            .await?;
+            let Ok(stream) = export else {
+                return check(name, export);
+            };
+            let mut stream = stream.into_inner();
+            while let Some(chunk) = bounded(name, stream.message()).await?.transpose() {
+                check(name, chunk)?;
+            }
+            Ok(())
+        }
+        "WatchPlan" => {
+            let watch = bounded(
+                name,
+                planner.watch_plan(v1::WatchPlanRequest {
+                    plan_id,
+                    include_events: number % 2 == 0,
+                }),
+            )
+            .await?;
+            // A watch of a live plan goes on: its first message is enough.
+            let Ok(stream) = watch else {
+                return check(name, watch);
+            };
+            let first = bounded(name, stream.into_inner().message()).await?;
+            check(name, first)
+        }
+        "ReplayDeadLetter" => check(
+            name,
+            bounded(
+                name,
+                planner.replay_dead_letter(v1::ReplayDeadLetterRequest {
+                    dead_letter_id: if number % 2 == 0 {
+                        absent
+                    } else {
+                        c.clone() + "x"
+                    },
+                    reason: a.clone(),
+                    options: case.options.clone(),
+                    wait: case.duration,
+                }),
+            )
+            .await?,
+        ),
+        "RepairDeadLetter" => check(
+            name,
+            bounded(
+                name,
+                planner.repair_dead_letter(v1::RepairDeadLetterRequest {
+                    dead_letter_id: dead_letter,
+                    new_body: case.body.clone(),
+                    reason: c.clone(),
+                }),
+            )
+            .await?,
+        ),
+        "ClaimSlice" => {
+            // At most a millisecond's long poll: a claim may lease a slice of
+            // an approved fuzz plan, which then expires unreported.
+            let wait = case.duration.map(|duration| prost_types::Duration {
+                seconds: duration.seconds.min(0),
+                nanos: duration.nanos % 1_000_000,
+            });
+            let answer = bounded(
+                name,
+                coordinator.claim_slice(v1::ClaimSliceRequest {
+                    executor_id: a.clone(),
+                    wait,
+                    marks_publishing: number % 2 == 0,
+                }),
+            )
+            .await?;
+            if let Ok(claim) = &answer
+                && let Some(slice) = &claim.get_ref().slice
+            {
+                let items = slice
+                    .items
+                    .iter()
+                    .map(|item| item.item_id.clone())
+                    .collect();
+                Known::add(
+                    &mut known.slices,
+                    (slice.slice_id.clone(), slice.fencing_token, items),
+                );
+            }
+            check(name, answer)
+        }
+        "MarkPublishing" => check(
+            name,
+            bounded(
+                name,
+                coordinator.mark_publishing(v1::MarkPublishingRequest {
+                    slice_id,
+                    fencing_token: token,
+                    through_item_id: item_id,
+                }),
+            )
+            .await?,
+        ),
+        "Heartbeat" => check(
+            name,
+            bounded(
+                name,
+                coordinator.heartbeat(v1::HeartbeatRequest {
+                    slice_id,
+                    fencing_token: token,
+                }),
+            )
+            .await?,
+        ),
+        "CompleteSlice" => check(
+            name,
+            bounded(
+                name,
+                coordinator.complete_slice(v1::CompleteSliceRequest {
+                    slice_id,
+                    fencing_token: token,
+                    release: number % 2 == 0,
+                }),
+            )
+            .await?,
+        ),
+        "RecheckState" => check(
+            name,
+            bounded(
+                name,
+                coordinator.recheck_state(v1::RecheckStateRequest {
+                    plan_id,
+                    dead_letter_ids: vec![dead_letter, d.clone()],
+                }),
+            )
+            .await?,
+        ),
+        "WatchLease" => {
+            let watch = bounded(
+                name,
+                coordinator.watch_lease(v1::WatchLeaseRequest {
+                    slice_id,
+                    fencing_token: token,
+                }),
+            )
+            .await?;
+            let Ok(stream) = watch else {
+                return check(name, watch);
+            };
+            let first = bounded(name, stream.into_inner().message()).await?;
+            check(name, first)
+        }
+        "ReportOutcomes" => {
+            let report = v1::ReportOutcomesRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+                events: vec![v1::AuditEvent {
+                    plan_id,
+                    slice_id,
+                    dead_letter_id: dead_letter,
+                    message_key: b.clone(),
+                    action: signed,
+                    reason: c.clone(),
+                    executor_id: d.clone(),
+                    attempt: number,
+                    confirm_latency_us: big,
+                    at: case.timestamp,
+                    ..Default::default()
+                }],
+            };
+            let reports = bounded(
+                name,
+                coordinator.report_outcomes(tokio_stream::iter(vec![report])),
+            )
+            .await?;
+            let Ok(stream) = reports else {
+                return check(name, reports);
+            };
+            let answer = bounded(name, stream.into_inner().message()).await?;
+            check(name, answer)
+        }
+        _ => {
+            let method = RAW_METHODS[number as usize % RAW_METHODS.len()];
+            check(
+                method,
+                bounded(method, raw_unary(handle, method, case.garbage.clone())).await?,
+            )
+        }
     }
-    let report = v1::ReportOutcomesRequest {
-        slice_id: a.clone(),
-        fencing_token: big,
-        events: vec![v1::AuditEvent {
-            plan_id,
-            dead_letter_id: absent,
-            message_key: b.clone(),
-            action: signed,
-            reason: c.clone(),
-            executor_id: d.clone(),
-            attempt: number,
-            confirm_latency_us: big,
-            at: case.timestamp,
-            ..Default::default()
-        }],
-    };
-    let reports = bounded(
-        "ReportOutcomes",
-        coordinator.report_outcomes(tokio_stream::iter(vec![report])),
-    )
-    .await?;
-    if let Ok(stream) = reports {
-        let mut stream = stream.into_inner();
-        let answer = bounded("ReportOutcomes answer", stream.message()).await?;
-        check("ReportOutcomes answer", answer)?;
-    } else {
-        check("ReportOutcomes", reports)?;
-    }
-    let method = RAW_METHODS[number as usize % RAW_METHODS.len()];
-    check(
-        method,
-        bounded(method, raw_unary(handle, method, case.garbage.clone())).await?,
-    )?;
-    Ok(())
 }
 
 #[test]
@@ -672,7 +818,7 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
     let cases = std::env::var("REDRIVE_FUZZ_CASES")
         .ok()
         .and_then(|cases| cases.parse().ok())
-        .unwrap_or(48);
+        .unwrap_or(10_000);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -693,10 +839,18 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
         failure_persistence: None,
         ..RunnerConfig::default()
     });
+    let known = std::sync::Mutex::new(Known::default());
     let result = runner.run(&case(), |case| {
         // Clients are cheap clones over one connection.
         let (mut client, mut coordinator) = (client.clone(), coordinator.clone());
-        runtime.block_on(run_case(&planner, &mut client, &mut coordinator, case))
+        let mut known = known.lock().expect("one case at a time");
+        runtime.block_on(run_case(
+            &planner,
+            &mut client,
+            &mut coordinator,
+            &mut known,
+            case,
+        ))
     });
     let serving = runtime.block_on(async {
         let channel = Channel::from_shared(planner.url())?.connect().await?;
@@ -708,6 +862,11 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
             .into_inner();
         anyhow::Ok(answer.status() == ServingStatus::Serving)
     })?;
+    if let Ok(tally) = TALLY.lock() {
+        for (call, (accepted, refused)) in tally.iter() {
+            eprintln!("{call}: {accepted} accepted, {refused} refused");
+        }
+    }
     runtime.block_on(planner.stop())?;
     runtime.block_on(db.drop_database());
     if let Err(error) = result {
