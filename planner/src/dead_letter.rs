@@ -469,9 +469,13 @@ pub async fn extract(rules: &std::sync::Arc<ExtractionRules>, raw: RawDeadLetter
         return rules.extract(raw);
     }
     let rules = std::sync::Arc::clone(rules);
-    tokio::task::spawn_blocking(move || rules.extract(raw))
-        .await
-        .expect("extraction does not panic")
+    match tokio::task::spawn_blocking(move || rules.extract(raw)).await {
+        Ok(extracted) => extracted,
+        // Extraction is a pure function that does not panic on any input
+        // (property-tested); were it to, the panic goes on in the caller's
+        // task exactly as it would inline.
+        Err(error) => std::panic::resume_unwind(error.into_panic()),
+    }
 }
 
 impl NewDeadLetter {

@@ -43,6 +43,36 @@ pub enum Error {
     /// PostgreSQL failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A defect in the planner: a panic caught where work that commits in
+    /// steps records how it ended (see [`caught`]). `INTERNAL`.
+    #[error("internal error: {0}")]
+    Defect(String),
+}
+
+/// Runs `work` and turns a panic inside it into [`Error::Defect`] naming
+/// the panic's message, so that the caller can record the end of work it
+/// committed in steps (a precheck marked `failed`, not left `running`).
+/// Work that commits once needs no such care: a panic drops its open
+/// transaction, which rolls back.
+///
+/// # Errors
+/// `work`'s error, or the caught panic.
+pub async fn caught<T>(
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(work)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            tracing::error!(panic = %message, "caught a panic");
+            Err(Error::Defect(message))
+        })
 }
 
 impl Error {
@@ -73,7 +103,7 @@ impl Error {
             Self::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Self::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
             Self::Store(store) if store.is_retryable() => ErrorKind::Unavailable,
-            Self::Store(_) => ErrorKind::Internal,
+            Self::Store(_) | Self::Defect(_) => ErrorKind::Internal,
         }
     }
 }
@@ -92,5 +122,22 @@ impl From<Error> for Status {
             tracing::error!(%error, "internal error");
         }
         kind.status(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_becomes_a_defect_with_its_message() {
+        let answer: Result<(), Error> = caught(async { panic!("index out of bounds") }).await;
+        match answer {
+            Err(Error::Defect(message)) => assert_eq!(message, "index out of bounds"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(caught(async { Ok(7) }).await.ok(), Some(7));
+        let status = Status::from(Error::Defect("x".into()));
+        assert_eq!(status.code(), tonic::Code::Internal);
     }
 }

@@ -359,7 +359,9 @@ pub async fn run(
     check_sources(store, &request.selector.sources).await?;
     let precheck_id = Uuid::now_v7();
     store.create_precheck(precheck_id, &request.actor).await?;
-    match classify_all(store, checker, precheck_id, &request).await {
+    // The precheck row is committed `running`: whatever happens next, even a
+    // panic, it ends `done` or `failed`.
+    match crate::error::caught(classify_all(store, checker, precheck_id, &request)).await {
         Ok(report) => {
             store.finish_precheck(&report).await?;
             info!(

@@ -133,7 +133,17 @@ pub async fn captured(
     dlq: &str,
     count: u64,
 ) -> anyhow::Result<()> {
-    wait_until("capture", Duration::from_secs(30), || {
+    captured_within(client, dlq, count, Duration::from_secs(30)).await
+}
+
+/// Waits at most `limit` until `count` dead letters from `dlq` are stored.
+pub async fn captured_within(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    count: u64,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    wait_until("capture", limit, || {
         let mut client = client.clone();
         let dlq = dlq.to_owned();
         async move {
