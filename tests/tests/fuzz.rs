@@ -368,7 +368,7 @@ impl Known {
 
     /// Three times in four a known id (when there is one), else `own`.
     fn pick(list: &[String], pick: usize, own: &str) -> String {
-        if list.is_empty() || pick % 4 == 0 {
+        if list.is_empty() || pick.is_multiple_of(4) {
             own.to_owned()
         } else {
             list[pick / 4 % list.len()].clone()
@@ -396,7 +396,7 @@ async fn run_case(
     // A leased slice three times in four, with its token half of those.
     let (slice_id, token, item_id) =
         match known.slices.get(case.pick / 4 % known.slices.len().max(1)) {
-            Some((slice, token, items)) if case.pick % 4 != 0 => (
+            Some((slice, token, items)) if !case.pick.is_multiple_of(4) => (
                 slice.clone(),
                 if case.pick % 8 < 4 { *token } else { big },
                 items
