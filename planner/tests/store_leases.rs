@@ -14,11 +14,7 @@ use std::time::Duration;
 
 use redrive_planner::{
     plan_state::Event,
-    store::{
-        Store,
-        leases::{LeasedSlice, StaleToken},
-        plans::Moved,
-    },
+    store::{StaleToken, Store, leases::LeasedSlice, plans::Moved},
 };
 use sqlx::{Executor, PgPool, Postgres, migrate::MigrateDatabase};
 use uuid::Uuid;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use super::{
@@ -18,9 +18,10 @@ use super::{
 use crate::plan_state::{self, Event, State};
 
 /// A plan that may still publish a dead letter: its id and state.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ActivePlan {
     /// The plan.
+    #[sqlx(rename = "id")]
     pub plan_id: Uuid,
     /// Its state: any state not final (`awaiting_approval`, `canary`,
     /// `observing`, `main`, `paused`).
@@ -52,11 +53,13 @@ pub enum RepairOutcome {
 }
 
 /// Where a plan of one stands, for the caller waiting on it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SingleProgress {
     /// The plan's state.
+    #[sqlx(rename = "state")]
     pub plan_state: State,
     /// Why it is in that state (cancel or abort reason).
+    #[sqlx(rename = "state_reason")]
     pub plan_reason: String,
     /// The item's state (`pending`, `uncertain` or a final action).
     pub item_state: String,
@@ -82,7 +85,7 @@ async fn active_plan_of(
     transaction: &mut Transaction<'_, Postgres>,
     dead_letter_id: i64,
 ) -> Result<Option<ActivePlan>, StoreError> {
-    let row = sqlx::query(
+    Ok(sqlx::query_as(
         "SELECT p.id, p.state FROM plan_items i JOIN plans p ON p.id = i.plan_id \
          WHERE i.dead_letter_id = $1 AND i.state IN ('pending', 'uncertain') AND p.state = ANY($2) \
          ORDER BY p.created_at LIMIT 1",
@@ -90,15 +93,7 @@ async fn active_plan_of(
     .bind(dead_letter_id)
     .bind(plan_state::names_where(|state| !state.is_final()))
     .fetch_optional(&mut **transaction)
-    .await?;
-    row.map(|row| {
-        Ok(ActivePlan {
-            plan_id: row.try_get("id")?,
-            state: row.try_get("state")?,
-        })
-    })
-    .transpose()
-    .map_err(|error: sqlx::Error| StoreError::from(error))
+    .await?)
 }
 
 impl Store {
@@ -162,24 +157,14 @@ impl Store {
         &self,
         plan_id: Uuid,
     ) -> Result<Option<SingleProgress>, StoreError> {
-        let row = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT p.state, p.state_reason, i.state AS item_state, s.fencing_token > 0 AS claimed \
              FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN plan_slices s ON s.id = i.slice_id \
              WHERE p.id = $1 LIMIT 1",
         )
         .bind(plan_id)
         .fetch_optional(self.pool())
-        .await?;
-        row.map(|row| {
-            Ok(SingleProgress {
-                plan_state: row.try_get("state")?,
-                plan_reason: row.try_get("state_reason")?,
-                item_state: row.try_get("item_state")?,
-                claimed: row.try_get("claimed")?,
-            })
-        })
-        .transpose()
-        .map_err(|error: sqlx::Error| StoreError::from(error))
+        .await?)
     }
 
     /// Cancels a plan in `main` or `paused` whose slices no executor has leased
