@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 use crate::{
     dead_letter::{Dedup, NewDeadLetter},
+    ids::DeadLetterId,
     selector::Selector,
 };
 
@@ -473,7 +474,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn get_dead_letter(&self, id: i64) -> Result<Option<v1::DeadLetter>, StoreError> {
+    pub async fn get_dead_letter(
+        &self,
+        id: DeadLetterId,
+    ) -> Result<Option<v1::DeadLetter>, StoreError> {
         let query = format!("SELECT {} FROM dead_letters WHERE id = $1", columns(true));
         let Some(row) = sqlx::query_as::<_, DeadLetterRow>(AssertSqlSafe(query))
             .bind(id)
@@ -609,7 +613,7 @@ impl From<DeathRow> for Option<v1::Death> {
 /// A row of [`columns`].
 #[derive(sqlx::FromRow)]
 pub(super) struct DeadLetterRow {
-    id: i64,
+    id: DeadLetterId,
     source: String,
     origin: String,
     captured_at: DateTime<Utc>,

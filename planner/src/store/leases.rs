@@ -7,7 +7,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
 use sqlx::AssertSqlSafe;
-use uuid::Uuid;
 
 use super::{
     StaleToken, Store, StoreError,
@@ -16,6 +15,7 @@ use super::{
 };
 use crate::{
     gates,
+    ids::{DeadLetterId, PlanId, PrecheckId},
     plan_state::{Event, State},
 };
 
@@ -25,7 +25,7 @@ pub struct LeasedSlice {
     /// Slice id.
     pub slice_id: i64,
     /// Its plan.
-    pub plan_id: Uuid,
+    pub plan_id: PlanId,
     /// `canary` or `main`.
     pub wave: String,
     /// The token every report must carry.
@@ -35,7 +35,7 @@ pub struct LeasedSlice {
     /// The plan's destination mode.
     pub destination: DestinationMode,
     /// The precheck the plan was made from (its options decide staleness).
-    pub precheck_id: Uuid,
+    pub precheck_id: PrecheckId,
 }
 
 /// A slice item to publish, with its dead letter.
@@ -75,7 +75,7 @@ pub struct LeasedItem {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// Dead letter.
-    pub dead_letter_id: i64,
+    pub dead_letter_id: DeadLetterId,
     /// Message key.
     pub message_key: String,
     /// Action name (`sent`, ...).
@@ -175,9 +175,9 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn expire_leases(&self) -> Result<Vec<Uuid>, StoreError> {
+    pub async fn expire_leases(&self) -> Result<Vec<PlanId>, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let plans: Vec<Uuid> = sqlx::query_scalar(
+        let plans: Vec<PlanId> = sqlx::query_scalar(
             "WITH expired AS ( \
                 SELECT id, plan_id, wave, coalesce(lease_owner, '') AS owner, published_through FROM plan_slices \
                 WHERE state = 'leased' AND lease_expires_at < now() FOR UPDATE SKIP LOCKED), \
@@ -377,8 +377,8 @@ it reported it; the next lease publishes it again with the same message id', wav
             return Ok(Err(StaleToken { slice_id, token }));
         };
         // Only items of this slice: an id from elsewhere is ignored (and logged).
-        let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let members: Vec<i64> = sqlx::query_scalar(
+        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let members: Vec<DeadLetterId> = sqlx::query_scalar(
             "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
         )
         .bind(slice_id)
@@ -408,7 +408,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         }
         let column =
             |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
-        let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
         let keys = column(&|o| o.message_key.clone());
         let actions = column(&|o| o.action.clone());
         let reasons = column(&|o| o.reason.replace('\0', ""));
@@ -477,7 +477,8 @@ it reported it; the next lease publishes it again with the same message id', wav
             .filter(|o| o.action == "sent" || o.action == "uncertain")
             .collect();
         if !delivered.is_empty() {
-            let delivered_ids: Vec<i64> = delivered.iter().map(|o| o.dead_letter_id).collect();
+            let delivered_ids: Vec<DeadLetterId> =
+                delivered.iter().map(|o| o.dead_letter_id).collect();
             let delivered_keys: Vec<String> =
                 delivered.iter().map(|o| o.message_key.clone()).collect();
             let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
@@ -497,7 +498,7 @@ it reported it; the next lease publishes it again with the same message id', wav
             .bind(&certain)
             .execute(&mut *transaction)
             .await?;
-            let sent_ids: Vec<i64> = delivered
+            let sent_ids: Vec<DeadLetterId> = delivered
                 .iter()
                 .filter(|o| o.action == "sent")
                 .map(|o| o.dead_letter_id)
@@ -543,7 +544,7 @@ it reported it; the next lease publishes it again with the same message id', wav
             .bind(slice_id)
             .execute(&mut *transaction)
             .await?;
-        let plan_id: Option<Uuid> = sqlx::query_scalar(
+        let plan_id: Option<PlanId> = sqlx::query_scalar(
             "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND state = 'leased' FOR UPDATE",
         )
         .bind(slice_id)
@@ -616,7 +617,7 @@ it reported it; the next lease publishes it again with the same message id', wav
     /// [`StoreError`].
     pub async fn audit_events(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         after_id: i64,
         limit: i64,
     ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
@@ -659,7 +660,7 @@ pub fn audit_action(name: &str) -> v1::AuditAction {
 struct AuditEventRow {
     id: i64,
     slice_id: Option<i64>,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
     message_key: String,
     action: String,
     reason: String,
@@ -672,7 +673,7 @@ struct AuditEventRow {
 
 impl AuditEventRow {
     /// The event of plan `plan_id` in the API shape.
-    fn into_event(self, plan_id: Uuid) -> v1::AuditEvent {
+    fn into_event(self, plan_id: PlanId) -> v1::AuditEvent {
         v1::AuditEvent {
             plan_id: plan_id.to_string(),
             slice_id: self.slice_id.map(|id| id.to_string()).unwrap_or_default(),
@@ -698,14 +699,14 @@ impl AuditEventRow {
 #[derive(sqlx::FromRow)]
 struct LeasedSliceRow {
     id: i64,
-    plan_id: Uuid,
+    plan_id: PlanId,
     wave: String,
     fencing_token: i64,
     #[sqlx(flatten)]
     rate: RateRow,
     #[sqlx(flatten)]
     destination: DestinationRow,
-    precheck_id: Uuid,
+    precheck_id: PrecheckId,
 }
 
 impl From<LeasedSliceRow> for LeasedSlice {
@@ -725,7 +726,7 @@ impl From<LeasedSliceRow> for LeasedSlice {
 /// The lease a report is checked against ([`Store::report_outcomes`]).
 #[derive(sqlx::FromRow)]
 struct LeaseRow {
-    plan_id: Uuid,
+    plan_id: PlanId,
     wave: String,
     /// Whether the token is the slice's current, unexpired lease.
     current: bool,
@@ -785,7 +786,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn sent_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
+    pub async fn sent_keys(&self, plan_id: PlanId) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar("SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position")
             .bind(plan_id)
             .fetch_all(self.pool())
@@ -797,7 +798,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn possibly_duplicated_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
+    pub async fn possibly_duplicated_keys(
+        &self,
+        plan_id: PlanId,
+    ) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar(
             // One pass over the plan's uncertain events, not one per item.
             "SELECT i.message_key FROM plan_items i \
@@ -816,7 +820,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn not_sent_events(&self, plan_id: Uuid) -> Result<Vec<v1::AuditEvent>, StoreError> {
+    pub async fn not_sent_events(
+        &self,
+        plan_id: PlanId,
+    ) -> Result<Vec<v1::AuditEvent>, StoreError> {
         let rows = sqlx::query_as::<_, AuditEventRow>(
             "SELECT * FROM (SELECT DISTINCT ON (e.dead_letter_id) e.id, e.slice_id, e.dead_letter_id, e.message_key, \
                 e.action, e.reason, e.wave, e.executor_id, e.attempt, e.confirm_latency_us, e.at, i.position \
@@ -839,7 +846,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn dead_letters_by_id(&self, ids: &[i64]) -> Result<Vec<v1::DeadLetter>, StoreError> {
+    pub async fn dead_letters_by_id(
+        &self,
+        ids: &[DeadLetterId],
+    ) -> Result<Vec<v1::DeadLetter>, StoreError> {
         let query = format!(
             "SELECT d.*, coalesce(rev.body, d.body) AS replay_body FROM (SELECT {} FROM dead_letters WHERE id = ANY($1)) d \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = d.id \

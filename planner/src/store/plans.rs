@@ -5,10 +5,12 @@ use chrono::{DateTime, Utc};
 use prost::Message;
 use redrive_proto::{time::timestamp, v1};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
-use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::plan_state::{self, Event, State, Target};
+use crate::{
+    ids::{DeadLetterId, PlanId, PrecheckId},
+    plan_state::{self, Event, State, Target},
+};
 
 /// The NOTIFY channel for plan changes; the payload is the plan id.
 pub const PLAN_CHANNEL: &str = "redrive_plans";
@@ -33,9 +35,9 @@ pub enum DestinationMode {
 #[derive(Debug, Clone)]
 pub struct NewPlan {
     /// Its id.
-    pub id: Uuid,
+    pub id: PlanId,
     /// The precheck it freezes.
-    pub precheck_id: Uuid,
+    pub precheck_id: PrecheckId,
     /// Messages per second.
     pub per_second: f64,
     /// Burst.
@@ -83,7 +85,7 @@ fn destination_columns(
 /// Records an operator action in `transaction`.
 pub(crate) async fn record_action(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
     action: &str,
     actor: &str,
     reason: &str,
@@ -162,7 +164,7 @@ fn event_sql(event: Event) -> (String, &'static str) {
 /// [`StoreError`].
 pub(crate) async fn transition_in(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
     event: Event,
     actor: &str,
     reason: &str,
@@ -187,7 +189,7 @@ pub(crate) async fn transition_in(
 /// [`transition_in`] without the completion that may follow.
 async fn execute(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
     event: Event,
     actor: &str,
     reason: &str,
@@ -239,7 +241,7 @@ async fn execute(
 /// Sends the plan-change notification inside `transaction` (delivered on commit).
 pub(crate) async fn notify(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
 ) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(PLAN_CHANNEL)
@@ -406,7 +408,7 @@ pub enum ApproveOutcome {
     /// Its precheck started longer ago than the allowed age.
     PrecheckTooOld {
         /// The precheck.
-        precheck_id: Uuid,
+        precheck_id: PrecheckId,
         /// How long ago it started.
         age: std::time::Duration,
     },
@@ -414,7 +416,7 @@ pub enum ApproveOutcome {
     /// another plan, or their message key was) or repaired.
     ChangedSincePrecheck {
         /// The precheck.
-        precheck_id: Uuid,
+        precheck_id: PrecheckId,
         /// What changed, oldest first: at most [`CHANGES_LISTED`] + 1 lines
         /// (one more tells that there are more).
         changes: Vec<String>,
@@ -453,7 +455,7 @@ const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
 #[derive(sqlx::FromRow)]
 struct ApproveCheckRow {
     state: State,
-    precheck_id: Uuid,
+    precheck_id: PrecheckId,
     age_seconds: f64,
     changes: Vec<String>,
 }
@@ -468,7 +470,7 @@ impl Store {
     /// [`StoreError`]; nothing changes then.
     pub async fn approve_plan(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         actor: &str,
         max_precheck_age: std::time::Duration,
     ) -> Result<ApproveOutcome, StoreError> {
@@ -521,7 +523,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn transition_plan(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         event: Event,
         actor: &str,
         reason: &str,
@@ -536,7 +538,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn get_plan(&self, plan_id: Uuid) -> Result<Option<v1::Plan>, StoreError> {
+    pub async fn get_plan(&self, plan_id: PlanId) -> Result<Option<v1::Plan>, StoreError> {
         let row = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
             "SELECT {PLAN_COLUMNS} FROM plans p WHERE p.id = $1"
         )))
@@ -563,7 +565,7 @@ impl Store {
     pub async fn list_plans(
         &self,
         states: &[String],
-        before: Option<(DateTime<Utc>, Uuid)>,
+        before: Option<(DateTime<Utc>, PlanId)>,
         page_size: u32,
     ) -> Result<Vec<v1::Plan>, StoreError> {
         let rows = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
@@ -699,8 +701,8 @@ impl From<DestinationMode> for v1::destination::Mode {
 /// A row of [`PLAN_COLUMNS`].
 #[derive(sqlx::FromRow)]
 struct PlanRow {
-    id: Uuid,
-    precheck_id: Uuid,
+    id: PlanId,
+    precheck_id: PrecheckId,
     precheck_digest: String,
     state: State,
     state_reason: String,
@@ -772,7 +774,7 @@ impl From<PlanRow> for v1::Plan {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct GateReading {
     /// The plan.
-    pub id: Uuid,
+    pub id: PlanId,
     /// `canary`, `observing` or `main` ([`plan_state::gated`]), or any state
     /// when read for one plan.
     pub state: State,
@@ -808,7 +810,7 @@ impl Store {
 /// [`StoreError`].
 pub(crate) async fn gate_reading_in(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
 ) -> Result<Option<GateReading>, StoreError> {
     Ok(
         sqlx::query_as(AssertSqlSafe(format!("{GATE_READING_SQL} WHERE p.id = $1")))
@@ -881,7 +883,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn route_of(
         &self,
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         mode: &DestinationMode,
     ) -> Result<Option<(String, String)>, StoreError> {
         let (destination_mode, redirect_exchange, redirect_routing_key) = destination_columns(mode);
@@ -910,7 +912,7 @@ pub struct ExchangeOnlyItems {
     /// a Kafka topic): only a redirect can replay them.
     pub without_exchange: i64,
     /// The lowest dead letter id among them, as an example.
-    pub example: Option<i64>,
+    pub example: Option<DeadLetterId>,
     /// All replayable items of the precheck, these included.
     pub replayable: i64,
 }
@@ -922,7 +924,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn exchange_only_items(
         &self,
-        precheck_id: Uuid,
+        precheck_id: PrecheckId,
     ) -> Result<ExchangeOnlyItems, StoreError> {
         Ok(sqlx::query_as(
             "SELECT count(*) FILTER (WHERE d.exchange_only) AS count, \
@@ -945,8 +947,8 @@ impl Store {
     /// [`StoreError`].
     pub async fn overlapping_plans(
         &self,
-        plan_id: Uuid,
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        plan_id: PlanId,
+    ) -> Result<Vec<(PlanId, String)>, StoreError> {
         let query = format!(
             "WITH mine AS (SELECT DISTINCT {ITEM_DESTINATION_SQL} AS destination \
                  FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
@@ -969,7 +971,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn set_plan_warnings(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         warnings: &[String],
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE plans SET warnings = $2 WHERE id = $1")
@@ -990,7 +992,7 @@ impl Store {
     pub async fn running_plans_to(
         &self,
         destinations: &[String],
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+    ) -> Result<Vec<(PlanId, String)>, StoreError> {
         let query = format!(
             "SELECT DISTINCT p.id, {ITEM_DESTINATION_SQL} AS destination \
              FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \

@@ -14,16 +14,18 @@ use sqlx::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use uuid::Uuid;
 
 use super::{Store, StoreError, dead_letters::push_selected};
-use crate::selector::Selector;
+use crate::{
+    ids::{DeadLetterId, PlanId, PrecheckId},
+    selector::Selector,
+};
 
 /// A selected dead letter with what PostgreSQL knows about it.
 #[derive(Debug, Clone)]
 pub struct Candidate {
     /// Dead letter id.
-    pub id: i64,
+    pub id: DeadLetterId,
     /// Message key.
     pub message_key: String,
     /// Source (DLQ name or import label).
@@ -50,10 +52,10 @@ pub struct Candidate {
     pub died_at: DateTime<Utc>,
     /// The earliest valid dead letter of the selection with the same key and
     /// destination, when that is not this one (docs/design.md, "Words": identity).
-    pub duplicate_of: Option<i64>,
+    pub duplicate_of: Option<DeadLetterId>,
     /// The latest successful replay of this key to this destination within the
     /// window: (plan, when).
-    pub replayed: Option<(Uuid, DateTime<Utc>)>,
+    pub replayed: Option<(PlanId, DateTime<Utc>)>,
     /// Whether that replay was confirmed (`false`: its outcome is uncertain,
     /// so the key may have been delivered).
     pub replayed_certain: bool,
@@ -147,7 +149,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn create_precheck(&self, id: Uuid, actor: &str) -> Result<(), StoreError> {
+    pub async fn create_precheck(&self, id: PrecheckId, actor: &str) -> Result<(), StoreError> {
         sqlx::query("INSERT INTO prechecks (id, actor, state) VALUES ($1, $2, 'running')")
             .bind(id)
             .bind(actor)
@@ -176,8 +178,9 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn finish_precheck(&self, report: &v1::PrecheckReport) -> Result<(), StoreError> {
-        let id =
-            Uuid::parse_str(&report.precheck_id).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let id = uuid::Uuid::parse_str(&report.precheck_id)
+            .map(PrecheckId::new)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         sqlx::query("UPDATE prechecks SET state = 'done', digest = $2, report = $3 WHERE id = $1")
             .bind(id)
             .bind(&report.digest)
@@ -191,7 +194,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn fail_precheck(&self, id: Uuid, error: &str) -> Result<(), StoreError> {
+    pub async fn fail_precheck(&self, id: PrecheckId, error: &str) -> Result<(), StoreError> {
         let mut transaction = self.pool().begin().await?;
         sqlx::query("DELETE FROM precheck_items WHERE precheck_id = $1")
             .bind(id)
@@ -210,7 +213,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn get_precheck(&self, id: Uuid) -> Result<Option<PrecheckRecord>, StoreError> {
+    pub async fn get_precheck(&self, id: PrecheckId) -> Result<Option<PrecheckRecord>, StoreError> {
         let row = sqlx::query_as::<_, PrecheckRow>(
             "SELECT state, error, report FROM prechecks WHERE id = $1",
         )
@@ -229,11 +232,11 @@ impl Store {
     /// [`StoreError`].
     pub async fn list_precheck_items(
         &self,
-        id: Uuid,
+        id: PrecheckId,
         verdict: Option<&str>,
         after_id: i64,
         page_size: u32,
-        plan_id: Option<Uuid>,
+        plan_id: Option<PlanId>,
     ) -> Result<Vec<v1::PrecheckItem>, StoreError> {
         let rows = sqlx::query_as::<_, PrecheckItemRow>(
             "SELECT c.dead_letter_id, c.verdict, c.reason, c.at_send, d.message_key, d.destination, d.event_type \
@@ -261,7 +264,7 @@ impl Store {
 /// A precheck item as [`Store::list_precheck_items`] reads it.
 #[derive(sqlx::FromRow)]
 struct PrecheckItemRow {
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
     message_key: String,
     verdict: String,
     reason: String,
@@ -342,8 +345,8 @@ pub fn verdict_from_name(name: &str) -> v1::Verdict {
 /// newline and carriage return escaped, PostgreSQL docs "COPY", Text Format).
 pub fn copy_line(
     buffer: &mut Vec<u8>,
-    precheck_id: Uuid,
-    dead_letter_id: i64,
+    precheck_id: PrecheckId,
+    dead_letter_id: DeadLetterId,
     verdict: &str,
     stale_at: Option<DateTime<Utc>>,
     reason: &str,
@@ -387,7 +390,7 @@ pub async fn send_copy(
 /// A row of [`Store::stream_candidates`].
 #[derive(sqlx::FromRow)]
 struct CandidateRow {
-    id: i64,
+    id: DeadLetterId,
     message_key: String,
     source: String,
     destination: String,
@@ -400,8 +403,8 @@ struct CandidateRow {
     occurred_at: Option<DateTime<Utc>>,
     first_died_at: DateTime<Utc>,
     died_at: DateTime<Utc>,
-    first_id: Option<i64>,
-    replayed_plan: Option<Uuid>,
+    first_id: Option<DeadLetterId>,
+    replayed_plan: Option<PlanId>,
     replayed_at: Option<DateTime<Utc>>,
     replayed_certain: bool,
     redrives: i64,

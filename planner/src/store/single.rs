@@ -9,20 +9,22 @@
 use std::time::Duration;
 
 use sqlx::{Postgres, Transaction};
-use uuid::Uuid;
 
 use super::{
     Store, StoreError,
     plans::{CreateOutcome, Moved, NewPlan, insert_plan, transition_in},
 };
-use crate::plan_state::{self, Event, State};
+use crate::{
+    ids::{DeadLetterId, PlanId},
+    plan_state::{self, Event, State},
+};
 
 /// A plan that may still publish a dead letter: its id and state.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ActivePlan {
     /// The plan.
     #[sqlx(rename = "id")]
-    pub plan_id: Uuid,
+    pub plan_id: PlanId,
     /// Its state: any state not final (`awaiting_approval`, `canary`,
     /// `observing`, `main`, `paused`).
     pub state: State,
@@ -70,7 +72,7 @@ pub struct SingleProgress {
 /// Serializes work on one dead letter until `transaction` ends.
 async fn lock_dead_letter(
     transaction: &mut Transaction<'_, Postgres>,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
 ) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('redrive-dead-letter:' || $1, 0))")
         .bind(dead_letter_id)
@@ -83,7 +85,7 @@ async fn lock_dead_letter(
 /// a state not final, with the dead letter's item pending or uncertain.
 async fn active_plan_of(
     transaction: &mut Transaction<'_, Postgres>,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
 ) -> Result<Option<ActivePlan>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT p.id, p.state FROM plan_items i JOIN plans p ON p.id = i.plan_id \
@@ -108,7 +110,7 @@ impl Store {
     pub async fn create_single_plan(
         &self,
         plan: &NewPlan,
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         reason: &str,
         claim_within: Duration,
     ) -> Result<SingleOutcome, StoreError> {
@@ -155,7 +157,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn single_progress(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
     ) -> Result<Option<SingleProgress>, StoreError> {
         Ok(sqlx::query_as(
             "SELECT p.state, p.state_reason, i.state AS item_state, s.fencing_token > 0 AS claimed \
@@ -176,7 +178,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn cancel_unclaimed(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         actor: &str,
         reason: &str,
     ) -> Result<bool, StoreError> {
@@ -208,7 +210,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn unclaimed_past_deadline(&self) -> Result<Vec<Uuid>, StoreError> {
+    pub async fn unclaimed_past_deadline(&self) -> Result<Vec<PlanId>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT p.id FROM plans p WHERE p.claim_by < now() AND p.state = ANY($1) \
              AND NOT EXISTS (SELECT 1 FROM plan_slices s WHERE s.plan_id = p.id AND s.fencing_token > 0)",
@@ -226,7 +228,7 @@ impl Store {
     /// [`StoreError`]; nothing is stored then.
     pub async fn repair_dead_letter(
         &self,
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         body: &[u8],
         body_sha256: &[u8; 32],
         actor: &str,
