@@ -1,6 +1,9 @@
 //! Identifiers and page tokens as the API writes them, parsed once at the
-//! edge: each parser answers `InvalidArgument` naming the field. A leaf
-//! module: the adapters, the selector and the stores all read ids here.
+//! edge: each parser answers `InvalidArgument` naming the field. Each kind of
+//! id is a type of its own ([`DeadLetterId`], [`PlanId`], [`PrecheckId`]),
+//! bound and decoded by sqlx as the column it is, so that an id of one kind
+//! cannot be passed for another. A leaf module: the adapters, the selector
+//! and the stores all read ids here.
 
 use std::fmt;
 
