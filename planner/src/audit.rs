@@ -10,9 +10,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
-use uuid::Uuid;
 
-use crate::{error::Error, notifier::Notifier, plan, store::Store};
+use crate::{error::Error, ids::PlanId, notifier::Notifier, plan, store::Store};
 
 /// Audit events read per page while exporting or watching.
 const PAGE: i64 = 1000;
@@ -23,7 +22,7 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 ///
 /// # Errors
 /// `NotFound`; store errors.
-pub async fn report(store: &Store, plan_id: Uuid) -> Result<v1::AuditReport, Error> {
+pub async fn report(store: &Store, plan_id: PlanId) -> Result<v1::AuditReport, Error> {
     let plan = plan::get(store, plan_id).await?;
     Ok(v1::AuditReport {
         counts: plan.counts,
@@ -129,7 +128,7 @@ fn csv_header() -> Vec<u8> {
 /// `NotFound` for an unknown plan, `InvalidArgument` for an unspecified format.
 pub async fn export(
     store: &Store,
-    plan_id: Uuid,
+    plan_id: PlanId,
     format: v1::ExportFormat,
 ) -> Result<BoxStream<'static, Result<v1::ExportAuditChunk, Status>>, Error> {
     if format == v1::ExportFormat::Unspecified {
@@ -193,7 +192,7 @@ pub async fn export(
 pub async fn watch(
     store: &Store,
     notifier: &Notifier,
-    plan_id: Uuid,
+    plan_id: PlanId,
     include_events: bool,
     shutdown: CancellationToken,
 ) -> Result<impl Stream<Item = Result<v1::WatchPlanResponse, Status>> + Send + 'static, Error> {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::{
     error::Error,
+    ids::DeadLetterId,
     notifier::Notifier,
     plan_state::State,
     state_check::{StateChecker, StateDecision},
@@ -149,6 +150,7 @@ impl Coordinator {
             .enumerate()
             .map(|(index, id)| {
                 id.parse::<i64>()
+                    .map(DeadLetterId::new)
                     .map_err(|_| Error::invalid(format!("dead_letter_ids[{index}]"), "not an id"))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -341,9 +343,13 @@ impl Coordinator {
                     ));
                 }
                 Ok(Outcome {
-                    dead_letter_id: event.dead_letter_id.parse().map_err(|_| {
-                        Error::invalid(format!("events[{index}].dead_letter_id"), "not an id")
-                    })?,
+                    dead_letter_id: event
+                        .dead_letter_id
+                        .parse::<i64>()
+                        .map(DeadLetterId::new)
+                        .map_err(|_| {
+                            Error::invalid(format!("events[{index}].dead_letter_id"), "not an id")
+                        })?,
                     message_key: storable(event.message_key),
                     action: action.name().to_owned(),
                     reason: storable(event.reason),

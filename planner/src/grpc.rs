@@ -14,7 +14,7 @@ use crate::{
     coordinator::Coordinator as CoordinatorService,
     dead_letter::ExtractionRules,
     error::Error,
-    ids::{self, PageToken, plan_id as parse_plan_id, precheck_id},
+    ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
     ingest, inspect,
     notifier::Notifier,
     plan,
@@ -98,7 +98,7 @@ impl PlannerGrpc {
     ) -> Result<Response<v1::Plan>, Status> {
         let actor = actor(&request);
         let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         Ok(Response::new(
             plan::control(&self.state.store, plan_id, control, &actor, &request.reason).await?,
         ))
@@ -143,7 +143,7 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::GetDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
-        let id = ids::dead_letter_id("id", &request.into_inner().id)?;
+        let id = DeadLetterId::parse("id", &request.into_inner().id)?;
         let (dead_letter, body_preview) = inspect::get(&self.state.store, id).await?;
         Ok(Response::new(v1::GetDeadLetterResponse {
             dead_letter: Some(dead_letter),
@@ -194,7 +194,7 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::GetPrecheckRequest>,
     ) -> Result<Response<v1::PrecheckReport>, Status> {
-        let id = precheck_id("precheck_id", &request.into_inner().precheck_id)?;
+        let id = PrecheckId::parse("precheck_id", &request.into_inner().precheck_id)?;
         Ok(Response::new(precheck::get(&self.state.store, id).await?))
     }
 
@@ -203,7 +203,7 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ListPrecheckItemsRequest>,
     ) -> Result<Response<v1::ListPrecheckItemsResponse>, Status> {
         let request = request.into_inner();
-        let id = precheck_id("precheck_id", &request.precheck_id)?;
+        let id = PrecheckId::parse("precheck_id", &request.precheck_id)?;
         let verdict = match v1::Verdict::try_from(request.verdict) {
             Ok(v1::Verdict::Unspecified) => None,
             Ok(verdict) => Some(verdict),
@@ -248,7 +248,7 @@ impl Planner for PlannerGrpc {
     ) -> Result<Response<v1::Plan>, Status> {
         let actor = actor(&request);
         let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         Ok(Response::new(
             plan::approve(
                 &self.state.store,
@@ -266,7 +266,7 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::GetPlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let plan_id = parse_plan_id("plan_id", &request.into_inner().plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.into_inner().plan_id)?;
         Ok(Response::new(plan::get(&self.state.store, plan_id).await?))
     }
 
@@ -333,7 +333,7 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ListCompensationsRequest>,
     ) -> Result<Response<v1::ListCompensationsResponse>, Status> {
         let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         let token = PageToken::parse(&request.page_token)?;
         let (items, next_page_token) =
             plan::compensations(&self.state.store, plan_id, request.page_size, token).await?;
@@ -350,7 +350,7 @@ impl Planner for PlannerGrpc {
         request: Request<v1::WatchPlanRequest>,
     ) -> Result<Response<Self::WatchPlanStream>, Status> {
         let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         let stream = audit::watch(
             &self.state.store,
             &self.state.notifier,
@@ -366,7 +366,7 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::GetAuditReportRequest>,
     ) -> Result<Response<v1::AuditReport>, Status> {
-        let plan_id = parse_plan_id("plan_id", &request.into_inner().plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.into_inner().plan_id)?;
         Ok(Response::new(
             audit::report(&self.state.store, plan_id).await?,
         ))
@@ -379,7 +379,7 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ExportAuditRequest>,
     ) -> Result<Response<Self::ExportAuditStream>, Status> {
         let request = request.into_inner();
-        let plan_id = parse_plan_id("plan_id", &request.plan_id)?;
+        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         let format = v1::ExportFormat::try_from(request.format).unwrap_or_default();
         Ok(Response::new(
             audit::export(&self.state.store, plan_id, format).await?,

@@ -1,6 +1,11 @@
 //! Identifiers and page tokens as the API writes them, parsed once at the
-//! edge: each parser answers `InvalidArgument` naming the field. A leaf
-//! module: the adapters, the selector and the stores all read ids here.
+//! edge: each parser answers `InvalidArgument` naming the field. Each kind of
+//! id is a type of its own ([`DeadLetterId`], [`PlanId`], [`PrecheckId`]),
+//! bound and decoded by sqlx as the column it is, so that an id of one kind
+//! cannot be passed for another. A leaf module: the adapters, the selector
+//! and the stores all read ids here.
+
+use std::fmt;
 
 use uuid::Uuid;
 
@@ -39,38 +44,137 @@ impl PageToken {
     }
 }
 
-/// Parses a dead letter id (decimal).
-///
-/// # Errors
-/// `InvalidArgument` naming `field`.
-pub fn dead_letter_id(field: &str, id: &str) -> Result<i64, Error> {
-    // Digits only: `+1` and ` 1` are not how ids are written.
-    Some(id)
-        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|id| id.parse::<i64>().ok())
-        .filter(|id| *id > 0)
-        .ok_or_else(|| {
-            Error::invalid(
-                field,
-                format!("{id:?} is not a dead letter id (a positive integer)"),
-            )
-        })
+/// A dead letter id (`dead_letters.id`): a positive integer, written in
+/// decimal. Binds and decodes as the `bigint` it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct DeadLetterId(i64);
+
+impl DeadLetterId {
+    /// Parses the id in request field `field` (decimal digits only).
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming `field`.
+    pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+        // Digits only: `+1` and ` 1` are not how ids are written.
+        Some(id)
+            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|id| id.parse::<i64>().ok())
+            .filter(|id| *id > 0)
+            .map(Self)
+            .ok_or_else(|| {
+                Error::invalid(
+                    field,
+                    format!("{id:?} is not a dead letter id (a positive integer)"),
+                )
+            })
+    }
+
+    /// The id `id` as stored (already known to be a dead letter's).
+    pub const fn new(id: i64) -> Self {
+        Self(id)
+    }
+
+    /// The stored integer.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
 }
 
-/// Parses a plan id (a UUID).
-///
-/// # Errors
-/// `InvalidArgument` naming `field`.
-pub fn plan_id(field: &str, id: &str) -> Result<Uuid, Error> {
-    Uuid::parse_str(id)
-        .map_err(|_| Error::invalid(field, format!("{id:?} is not a plan id (a UUID)")))
+impl fmt::Display for DeadLetterId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(formatter)
+    }
 }
 
-/// Parses a precheck id (a UUID).
-///
-/// # Errors
-/// `InvalidArgument` naming `field`.
-pub fn precheck_id(field: &str, id: &str) -> Result<Uuid, Error> {
-    Uuid::parse_str(id)
-        .map_err(|_| Error::invalid(field, format!("{id:?} is not a precheck id (a UUID)")))
+/// A UUID id of one kind: parsed once at the edge, bound and decoded as the
+/// `uuid` column it is, shown hyphenated.
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
+        #[sqlx(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            #[doc = concat!("Parses the ", $what, " in request field `field`.")]
+            ///
+            /// # Errors
+            /// `InvalidArgument` naming `field`.
+            pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+                Uuid::parse_str(id).map(Self).map_err(|_| {
+                    Error::invalid(field, format!("{id:?} is not a {} (a UUID)", $what))
+                })
+            }
+
+            #[doc = concat!("A new ", $what, " (a UUIDv7: ids sort by creation).")]
+            pub fn generate() -> Self {
+                Self(Uuid::now_v7())
+            }
+
+            #[doc = concat!("The UUID `id` as stored (already known to be a ", $what, ").")]
+            pub const fn new(id: Uuid) -> Self {
+                Self(id)
+            }
+
+            /// The UUID.
+            pub const fn get(self) -> Uuid {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(formatter)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// A plan id (`plans.id`).
+    PlanId,
+    "plan id"
+);
+
+uuid_id!(
+    /// A precheck id (`prechecks.id`).
+    PrecheckId,
+    "precheck id"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(error: Error) -> String {
+        match error {
+            Error::InvalidArgument { field, .. } => field,
+            other => panic!("not InvalidArgument: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_dead_letter_id_is_positive_decimal_digits_only() {
+        assert_eq!(DeadLetterId::parse("id", "42").unwrap().get(), 42);
+        for text in ["", "0", "-1", "+1", " 1", "1.0", "99999999999999999999"] {
+            let error = DeadLetterId::parse("selector.ids[3]", text).unwrap_err();
+            assert_eq!(field_of(error), "selector.ids[3]", "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_uuid_id_parses_to_its_kind_and_a_bad_one_names_the_field() {
+        let text = "01890a5d-ac96-774b-bcce-b302099a8057";
+        assert_eq!(PlanId::parse("plan_id", text).unwrap().to_string(), text);
+        assert_eq!(
+            PrecheckId::parse("precheck_id", text).unwrap().get(),
+            Uuid::parse_str(text).unwrap()
+        );
+        let error = PrecheckId::parse("precheck_id", "plan-7").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "precheck_id: \"plan-7\" is not a precheck id (a UUID)"
+        );
+    }
 }

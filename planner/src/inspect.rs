@@ -6,7 +6,7 @@ use redrive_proto::{time::timestamp, v1};
 use crate::{
     body,
     error::Error,
-    ids::PageToken,
+    ids::{DeadLetterId, PageToken},
     selector::Selector,
     store::{Store, dead_letters::Dimension},
 };
@@ -62,7 +62,7 @@ pub async fn list(
 ///
 /// # Errors
 /// `NotFound` when no dead letter has that id; store errors.
-pub async fn get(store: &Store, id: i64) -> Result<(v1::DeadLetter, String), Error> {
+pub async fn get(store: &Store, id: DeadLetterId) -> Result<(v1::DeadLetter, String), Error> {
     let dead_letter = store
         .get_dead_letter(id)
         .await?

@@ -11,12 +11,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 use uuid::Uuid;
 
-use crate::store::{Store, plans::PLAN_CHANNEL};
+use crate::{
+    ids::PlanId,
+    store::{Store, plans::PLAN_CHANNEL},
+};
 
 /// Subscribers get the id of every plan that changed.
 #[derive(Debug, Clone)]
 pub struct Notifier {
-    sender: broadcast::Sender<Uuid>,
+    sender: broadcast::Sender<PlanId>,
 }
 
 impl Notifier {
@@ -28,7 +31,7 @@ impl Notifier {
 
     /// A receiver of plan ids. A lagging receiver misses ids, not wake-ups:
     /// callers re-read state on any message or lag.
-    pub fn subscribe(&self) -> broadcast::Receiver<Uuid> {
+    pub fn subscribe(&self) -> broadcast::Receiver<PlanId> {
         self.sender.subscribe()
     }
 
@@ -48,7 +51,7 @@ impl Notifier {
                                 notification = listener.recv() => match notification {
                                     Ok(notification) => {
                                         if let Ok(plan_id) = Uuid::parse_str(notification.payload()) {
-                                            let _ = self.sender.send(plan_id);
+                                            let _ = self.sender.send(PlanId::new(plan_id));
                                         }
                                     }
                                     Err(error) => {

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use redrive_proto::{time::from_duration, v1};
-use uuid::Uuid;
 
 use crate::{
     error::Error,
+    ids::{DeadLetterId, PlanId, PrecheckId},
     plan_state::{self, Event},
     store::{
         Store,
@@ -34,7 +34,7 @@ pub const DEFAULT_OBSERVE_FOR: Duration = Duration::from_secs(15 * 60);
 /// burst below 1, an empty rationale, a slice size over [`MAX_SLICE_SIZE`], a
 /// canary fraction outside (0, 1], a redirect without exchange or routing key.
 pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<NewPlan, Error> {
-    let precheck_id = crate::ids::precheck_id("precheck_id", &request.precheck_id)?;
+    let precheck_id = PrecheckId::parse("precheck_id", &request.precheck_id)?;
     let rate = request
         .rate
         .ok_or_else(|| Error::invalid("rate", "required: per_second, burst and rationale"))?;
@@ -104,7 +104,7 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
             })?,
     };
     Ok(NewPlan {
-        id: Uuid::now_v7(),
+        id: PlanId::generate(),
         precheck_id,
         per_second: rate.per_second,
         burst: rate.burst,
@@ -164,7 +164,7 @@ pub async fn create(store: &Store, plan: NewPlan) -> Result<v1::Plan, Error> {
 /// `FailedPrecondition` naming how many, an example and the mode to use.
 async fn refuse_unroutable(store: &Store, plan: &NewPlan) -> Result<(), Error> {
     let only = store.exchange_only_items(plan.precheck_id).await?;
-    let example = only.example.unwrap_or_default();
+    let example = only.example.map(DeadLetterId::get).unwrap_or_default();
     match plan.destination {
         DestinationMode::Queue if only.count > 0 => Err(Error::FailedPrecondition(format!(
             "{} replayable dead letters of precheck {} (for example {example}) know only the exchange and routing key they were published with, not the queue they failed in; queue mode would take a routing key for a queue name: create the plan with destination exchange, or a redirect{}",
@@ -202,7 +202,7 @@ async fn refuse_unroutable(store: &Store, plan: &NewPlan) -> Result<(), Error> {
 ///
 /// # Errors
 /// `NotFound`; store errors.
-pub async fn get(store: &Store, plan_id: Uuid) -> Result<v1::Plan, Error> {
+pub async fn get(store: &Store, plan_id: PlanId) -> Result<v1::Plan, Error> {
     store
         .get_plan(plan_id)
         .await?
@@ -222,7 +222,7 @@ pub async fn get(store: &Store, plan_id: Uuid) -> Result<v1::Plan, Error> {
 /// `four_eyes` is on and the approver created the plan; store errors.
 pub async fn approve(
     store: &Store,
-    plan_id: Uuid,
+    plan_id: PlanId,
     digest: &str,
     actor: &str,
     four_eyes: bool,
@@ -293,7 +293,7 @@ pub async fn list(
                     chrono::DateTime::parse_from_rfc3339(at)
                         .ok()?
                         .with_timezone(&chrono::Utc),
-                    Uuid::parse_str(id).ok()?,
+                    PlanId::parse("page_token", id).ok()?,
                 ))
             });
             Some(parsed.ok_or_else(|| {
@@ -356,7 +356,7 @@ impl Control {
 /// (naming the state); store errors.
 pub async fn control(
     store: &Store,
-    plan_id: Uuid,
+    plan_id: PlanId,
     control: Control,
     actor: &str,
     reason: &str,
@@ -382,12 +382,13 @@ pub async fn control(
 /// size; store errors.
 pub async fn compensations(
     store: &Store,
-    plan_id: Uuid,
+    plan_id: PlanId,
     page_size: u32,
     token: crate::ids::PageToken,
 ) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
     let plan = get(store, plan_id).await?;
-    let precheck_id = Uuid::parse_str(&plan.precheck_id)
+    let precheck_id = uuid::Uuid::parse_str(&plan.precheck_id)
+        .map(PrecheckId::new)
         .map_err(|error| Error::Store(crate::store::StoreError::Corrupt(error.to_string())))?;
     crate::precheck::list_items(
         store,

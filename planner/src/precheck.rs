@@ -21,11 +21,10 @@ use redrive_proto::{
 };
 use sha2::{Digest, Sha256};
 use tracing::info;
-use uuid::Uuid;
 
 use crate::{
     error::Error,
-    ids::PageToken,
+    ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
     inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
     options::{Deadline, DeadlineRule, PrecheckOptions},
     policy::Policy,
@@ -245,7 +244,7 @@ impl ReportBuilder {
             self.died_to
                 .map_or(candidate.died_at, |at| at.max(candidate.died_at)),
         );
-        self.digest.update(candidate.id.to_be_bytes());
+        self.digest.update(candidate.id.get().to_be_bytes());
         self.digest.update(verdict.name().as_bytes());
         self.digest.update(b"\n");
         let of_this_verdict = self
@@ -357,7 +356,7 @@ pub async fn run(
     request: PrecheckRequest,
 ) -> Result<v1::PrecheckReport, Error> {
     check_sources(store, &request.selector.sources).await?;
-    let precheck_id = Uuid::now_v7();
+    let precheck_id = PrecheckId::generate();
     store.create_precheck(precheck_id, &request.actor).await?;
     // The precheck row is committed `running`: whatever happens next, even a
     // panic, it ends `done` or `failed`.
@@ -415,7 +414,7 @@ async fn check_sources(store: &Store, sources: &[String]) -> Result<(), Error> {
 async fn classify_all(
     store: &Store,
     checker: &Arc<StateChecker>,
-    precheck_id: Uuid,
+    precheck_id: PrecheckId,
     request: &PrecheckRequest,
 ) -> Result<v1::PrecheckReport, Error> {
     let options = &request.options;
@@ -491,7 +490,7 @@ async fn classify_all(
         warnings.push(format!(
             "{} replayable dead letters (for example {}) know only the exchange and routing key they were published with (framework headers), not their queue: a queue-mode plan refuses them; plan them with destination exchange{}, or a redirect{}",
             exchange_only.count,
-            exchange_only.example.unwrap_or_default(),
+            exchange_only.example.map(DeadLetterId::get).unwrap_or_default(),
             if exchange_only.without_exchange > 0 {
                 format!(
                     " ({} know no exchange either: a redirect only)",
@@ -657,7 +656,7 @@ async fn state_check_chunk(
 /// # Errors
 /// `NotFound` for an unknown id; `FailedPrecondition` when it is still running
 /// or failed (with its error).
-pub async fn get(store: &Store, id: Uuid) -> Result<v1::PrecheckReport, Error> {
+pub async fn get(store: &Store, id: PrecheckId) -> Result<v1::PrecheckReport, Error> {
     match store.get_precheck(id).await? {
         None => Err(Error::NotFound(format!("precheck {id} not found"))),
         Some(PrecheckRecord::Running) => Err(Error::FailedPrecondition(format!(
@@ -678,11 +677,11 @@ pub async fn get(store: &Store, id: Uuid) -> Result<v1::PrecheckReport, Error> {
 /// As [`get`], and `InvalidArgument` for a page size over 1000.
 pub async fn list_items(
     store: &Store,
-    id: Uuid,
+    id: PrecheckId,
     verdict: Option<Verdict>,
     page_size: u32,
     token: PageToken,
-    plan_id: Option<Uuid>,
+    plan_id: Option<PlanId>,
 ) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
     get(store, id).await?;
     if page_size > MAX_PAGE_SIZE {
@@ -743,7 +742,7 @@ mod tests {
     fn candidate() -> Candidate {
         let now = Utc::now();
         Candidate {
-            id: 7,
+            id: DeadLetterId::new(7),
             message_key: "o-1:order.paid".into(),
             source: "orders.dlq".into(),
             destination: "orders".into(),
@@ -789,7 +788,7 @@ mod tests {
         let options = options(&[("payment.*", 3600)]);
         let mut item = candidate();
         item.destination = String::new();
-        item.duplicate_of = Some(1);
+        item.duplicate_of = Some(DeadLetterId::new(1));
         assert_eq!(classify(&item, &options, now).unwrap().0, Verdict::Invalid);
         item.destination = "orders".into();
         assert_eq!(
@@ -797,7 +796,7 @@ mod tests {
             Verdict::Duplicate
         );
         item.duplicate_of = None;
-        item.replayed = Some((Uuid::nil(), now));
+        item.replayed = Some((PlanId::new(uuid::Uuid::nil()), now));
         item.redrives = 5;
         assert_eq!(
             classify(&item, &options, now).unwrap().0,

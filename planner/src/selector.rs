@@ -31,7 +31,7 @@ pub struct Selector {
     /// At most this many dead letters, first captured first.
     pub limit: Option<u64>,
     /// Only these dead letter ids (empty: any).
-    pub ids: Vec<i64>,
+    pub ids: Vec<crate::ids::DeadLetterId>,
 }
 
 fn non_empty(field: &str, values: Vec<String>) -> Result<Vec<String>, Error> {
@@ -85,7 +85,7 @@ impl TryFrom<v1::Selector> for Selector {
             .iter()
             .enumerate()
             .map(|(index, id)| {
-                crate::ids::dead_letter_id(&format!("selector.ids[{index}]"), id.trim())
+                crate::ids::DeadLetterId::parse(&format!("selector.ids[{index}]"), id.trim())
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {

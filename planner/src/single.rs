@@ -22,6 +22,7 @@ use uuid::Uuid;
 use crate::{
     dead_letter::ExtractionRules,
     error::Error,
+    ids::{DeadLetterId, PlanId, PrecheckId},
     inspect,
     notifier::Notifier,
     policy::Policy,
@@ -108,7 +109,7 @@ impl Single<'_> {
         actor: &str,
         request: v1::ReplayDeadLetterRequest,
     ) -> Result<v1::ReplayDeadLetterResponse, Error> {
-        let id = crate::ids::dead_letter_id("dead_letter_id", request.dead_letter_id.trim())?;
+        let id = DeadLetterId::parse("dead_letter_id", request.dead_letter_id.trim())?;
         let reason = required_reason(&request.reason, "replayed")?;
         let wait = match &request.wait {
             None => DEFAULT_WAIT,
@@ -128,6 +129,7 @@ impl Single<'_> {
         let (dead_letter, _) = inspect::get(self.store, id).await?;
         let report = precheck::run(self.store, self.checker, precheck).await?;
         let precheck_id = Uuid::parse_str(&report.precheck_id)
+            .map(PrecheckId::new)
             .map_err(|error| Error::FailedPrecondition(error.to_string()))?;
         let item = self
             .store
@@ -165,7 +167,7 @@ impl Single<'_> {
             .destination_rate(&format!("{exchange}/{routing_key}"))
             .await?;
         let plan = NewPlan {
-            id: Uuid::now_v7(),
+            id: PlanId::generate(),
             precheck_id,
             per_second,
             burst,
@@ -237,10 +239,10 @@ impl Single<'_> {
     /// passes.
     async fn await_outcome(
         &self,
-        plan_id: Uuid,
-        dead_letter_id: i64,
+        plan_id: PlanId,
+        dead_letter_id: DeadLetterId,
         wait: Duration,
-        changes: &mut tokio::sync::broadcast::Receiver<Uuid>,
+        changes: &mut tokio::sync::broadcast::Receiver<PlanId>,
     ) -> Result<v1::ReplayDeadLetterResponse, Error> {
         let deadline = Instant::now() + wait;
         loop {
@@ -355,7 +357,7 @@ impl Single<'_> {
         actor: &str,
         request: v1::RepairDeadLetterRequest,
     ) -> Result<v1::GetDeadLetterResponse, Error> {
-        let id = crate::ids::dead_letter_id("dead_letter_id", request.dead_letter_id.trim())?;
+        let id = DeadLetterId::parse("dead_letter_id", request.dead_letter_id.trim())?;
         let reason = required_reason(&request.reason, "repaired")?;
         let body = request.new_body;
         if body.len() > self.rules.max_body_bytes {
@@ -402,7 +404,12 @@ impl Single<'_> {
             .await?
         {
             RepairOutcome::Repaired(revision) => {
-                tracing::info!(dead_letter.id = id, revision, actor, "dead letter repaired");
+                tracing::info!(
+                    dead_letter.id = id.get(),
+                    revision,
+                    actor,
+                    "dead letter repaired"
+                );
             }
             RepairOutcome::NotFound => {
                 return Err(Error::NotFound(format!("dead letter {id} not found")));

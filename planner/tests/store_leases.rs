@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use redrive_planner::{
+    ids::PlanId,
     plan_state::Event,
     store::{StaleToken, Store, leases::LeasedSlice, plans::Moved},
 };
@@ -20,7 +21,7 @@ use sqlx::{Executor, PgPool, Postgres, migrate::MigrateDatabase};
 use uuid::Uuid;
 
 const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
-const PLAN: Uuid = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0002);
+const PLAN: PlanId = PlanId::new(Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0002));
 const TTL: Duration = Duration::from_secs(30);
 
 /// A migrated database with the fixture; dropped on `Drop`.
@@ -275,7 +276,7 @@ async fn transitions_run_only_from_their_allowed_states() {
     assert_eq!(
         state(
             db.store
-                .transition_plan(Uuid::nil(), Event::Pause, "a", "b")
+                .transition_plan(PlanId::new(Uuid::nil()), Event::Pause, "a", "b")
                 .await
                 .unwrap()
         ),

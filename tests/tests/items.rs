@@ -6,6 +6,7 @@
 use chrono::{DateTime, Duration as Age, Utc};
 use redrive_planner::{
     Config,
+    ids::DeadLetterId,
     store::{Store, plans::DestinationMode},
 };
 use redrive_proto::v1::{
@@ -123,6 +124,7 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
             .fetch_all(&db.pool().await?)
             .await?;
     let id_of = |name: &str| ids.iter().find(|(_, m)| m == name).unwrap().0;
+    let dead_letter = |name: &str| DeadLetterId::new(id_of(name));
     let route = |exchange: &str, key: &str| Some((exchange.to_owned(), key.to_owned()));
     let redirect = DestinationMode::Redirect {
         exchange: "quarantine".into(),
@@ -130,32 +132,32 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
     };
     assert_eq!(
         store
-            .route_of(id_of("twice"), &DestinationMode::Queue)
+            .route_of(dead_letter("twice"), &DestinationMode::Queue)
             .await?,
         route("", "orders.fulfil"),
         "queue mode: the queue of the death that counts, through the default exchange"
     );
     assert_eq!(
         store
-            .route_of(id_of("twice"), &DestinationMode::Exchange)
+            .route_of(dead_letter("twice"), &DestinationMode::Exchange)
             .await?,
         route("orders", "order.paid"),
         "exchange mode: that death's exchange and routing key"
     );
     assert_eq!(
-        store.route_of(id_of("twice"), &redirect).await?,
+        store.route_of(dead_letter("twice"), &redirect).await?,
         route("quarantine", "all")
     );
     assert_eq!(
         store
-            .route_of(id_of("ingested"), &DestinationMode::Queue)
+            .route_of(dead_letter("ingested"), &DestinationMode::Queue)
             .await?,
         route("billing", "invoice.sent"),
         "an ingested exchange/routing-key goes to that exchange"
     );
     assert_eq!(
         store
-            .route_of(id_of("ingested"), &DestinationMode::Exchange)
+            .route_of(dead_letter("ingested"), &DestinationMode::Exchange)
             .await?,
         route("billing", "invoice.sent")
     );

@@ -6,12 +6,13 @@ use redrive_proto::{
     time::timestamp,
     v1::{self, BodyCompression, HeaderTable, MessageProperties, Origin, ReasonClass},
 };
-use sqlx::{AssertSqlSafe, Postgres, QueryBuilder, Row, postgres::PgRow};
+use sqlx::{AssertSqlSafe, FromRow, Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
 use crate::{
     dead_letter::{Dedup, NewDeadLetter},
+    ids::DeadLetterId,
     selector::Selector,
 };
 
@@ -462,44 +463,38 @@ impl Store {
             .push_bind(after_id)
             .push(" ORDER BY id LIMIT ")
             .push_bind(i64::from(page_size));
-        let rows = builder.build().fetch_all(self.pool()).await?;
-        rows.iter().map(dead_letter_from_row).collect()
+        let rows = builder
+            .build_query_as::<DeadLetterRow>()
+            .fetch_all(self.pool())
+            .await?;
+        rows.into_iter().map(v1::DeadLetter::try_from).collect()
     }
 
     /// The dead letter `id` with its body and revisions, if stored.
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn get_dead_letter(&self, id: i64) -> Result<Option<v1::DeadLetter>, StoreError> {
+    pub async fn get_dead_letter(
+        &self,
+        id: DeadLetterId,
+    ) -> Result<Option<v1::DeadLetter>, StoreError> {
         let query = format!("SELECT {} FROM dead_letters WHERE id = $1", columns(true));
-        let Some(row) = sqlx::query(AssertSqlSafe(query))
+        let Some(row) = sqlx::query_as::<_, DeadLetterRow>(AssertSqlSafe(query))
             .bind(id)
             .fetch_optional(self.pool())
             .await?
         else {
             return Ok(None);
         };
-        let mut dead_letter = dead_letter_from_row(&row)?;
-        let revisions = sqlx::query(
+        let mut dead_letter = v1::DeadLetter::try_from(row)?;
+        let revisions = sqlx::query_as::<_, RevisionRow>(
             "SELECT revision, body, body_sha256, actor, reason, created_at \
              FROM dead_letter_revisions WHERE dead_letter_id = $1 ORDER BY revision",
         )
         .bind(id)
         .fetch_all(self.pool())
         .await?;
-        dead_letter.revisions = revisions
-            .iter()
-            .map(|row| {
-                Ok(v1::BodyRevision {
-                    revision: u32::try_from(row.try_get::<i32, _>("revision")?).unwrap_or_default(),
-                    body: row.try_get("body")?,
-                    body_sha256: hex::encode(row.try_get::<Vec<u8>, _>("body_sha256")?),
-                    actor: row.try_get("actor")?,
-                    reason: row.try_get("reason")?,
-                    created_at: Some(timestamp(row.try_get("created_at")?)),
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()?;
+        dead_letter.revisions = revisions.into_iter().map(v1::BodyRevision::from).collect();
         Ok(Some(dead_letter))
     }
 
@@ -535,6 +530,8 @@ impl Store {
         let rows = builder.build().fetch_all(self.pool()).await?;
         rows.iter()
             .map(|row| {
+                // The key columns (`k0`, `k1`, ...) are as many as the
+                // dimensions asked for: the one row shape read by position.
                 let key = dimensions
                     .iter()
                     .enumerate()
@@ -542,96 +539,165 @@ impl Store {
                         Ok((dimension.name(), row.try_get::<String, _>(index)?))
                     })
                     .collect::<Result<_, sqlx::Error>>()?;
+                let counted = SummaryCountsRow::from_row(row)?;
                 Ok(SummaryGroup {
                     key,
-                    count: u64::try_from(row.try_get::<i64, _>("count")?).unwrap_or_default(),
-                    first_seen: row.try_get("first_seen")?,
-                    last_seen: row.try_get("last_seen")?,
+                    count: u64::try_from(counted.count).unwrap_or_default(),
+                    first_seen: counted.first_seen,
+                    last_seen: counted.last_seen,
                 })
             })
             .collect()
     }
 }
 
-/// Decodes a row of [`columns`] into the API shape.
-pub(crate) fn dead_letter_from_row(row: &PgRow) -> Result<v1::DeadLetter, StoreError> {
-    let properties: Vec<u8> = row.try_get("properties")?;
-    let headers: Vec<u8> = row.try_get("headers")?;
-    let id: i64 = row.try_get("id")?;
-    let properties = MessageProperties::decode(properties.as_slice())
-        .map_err(|error| StoreError::Corrupt(format!("dead letter {id} properties: {error}")))?;
-    let headers = HeaderTable::decode(headers.as_slice())
-        .map_err(|error| StoreError::Corrupt(format!("dead letter {id} headers: {error}")))?;
-    let death_reason: Option<String> = row.try_get("death_reason")?;
-    let death = match death_reason {
-        None => None,
-        Some(reason) => Some(v1::Death {
-            reason,
-            queue: row
-                .try_get::<Option<String>, _>("death_queue")?
-                .unwrap_or_default(),
-            exchange: row
-                .try_get::<Option<String>, _>("death_exchange")?
-                .unwrap_or_default(),
-            routing_keys: row
-                .try_get::<Option<Vec<String>>, _>("death_routing_keys")?
-                .unwrap_or_default(),
+/// The fixed columns of a summary group (after its keys).
+#[derive(sqlx::FromRow)]
+struct SummaryCountsRow {
+    count: i64,
+    first_seen: DateTime<Utc>,
+    last_seen: DateTime<Utc>,
+}
+
+/// A body revision as [`Store::get_dead_letter`] reads it.
+#[derive(sqlx::FromRow)]
+struct RevisionRow {
+    revision: i32,
+    body: Vec<u8>,
+    body_sha256: Vec<u8>,
+    actor: String,
+    reason: String,
+    created_at: DateTime<Utc>,
+}
+
+impl From<RevisionRow> for v1::BodyRevision {
+    fn from(row: RevisionRow) -> Self {
+        Self {
+            revision: u32::try_from(row.revision).unwrap_or_default(),
+            body: row.body,
+            body_sha256: hex::encode(row.body_sha256),
+            actor: row.actor,
+            reason: row.reason,
+            created_at: Some(timestamp(row.created_at)),
+        }
+    }
+}
+
+/// The death columns of a dead letter: a death when `death_reason` is set.
+#[derive(sqlx::FromRow)]
+struct DeathRow {
+    death_reason: Option<String>,
+    death_queue: Option<String>,
+    death_exchange: Option<String>,
+    death_routing_keys: Option<Vec<String>>,
+    death_count: Option<i64>,
+    death_time: Option<DateTime<Utc>>,
+}
+
+impl From<DeathRow> for Option<v1::Death> {
+    fn from(row: DeathRow) -> Self {
+        Some(v1::Death {
+            reason: row.death_reason?,
+            queue: row.death_queue.unwrap_or_default(),
+            exchange: row.death_exchange.unwrap_or_default(),
+            routing_keys: row.death_routing_keys.unwrap_or_default(),
             count: row
-                .try_get::<Option<i64>, _>("death_count")?
+                .death_count
                 .and_then(|count| u64::try_from(count).ok())
                 .unwrap_or_default(),
-            time: row
-                .try_get::<Option<DateTime<Utc>>, _>("death_time")?
-                .map(timestamp),
-        }),
-    };
-    let mut capture_notes: Vec<String> = row.try_get("capture_notes")?;
-    if let Some(problem) = row.try_get::<Option<String>, _>("body_problem")? {
-        capture_notes.push(problem);
+            time: row.death_time.map(timestamp),
+        })
     }
-    let origin: String = row.try_get("origin")?;
-    let reason_class: String = row.try_get("reason_class")?;
-    let compression: String = row.try_get("body_compression")?;
-    Ok(v1::DeadLetter {
-        id: id.to_string(),
-        source: row.try_get("source")?,
-        origin: Origin::from_name(&origin).unwrap_or_default().into(),
-        captured_at: Some(timestamp(row.try_get("captured_at")?)),
-        message_id: row.try_get("message_id")?,
-        message_key: row.try_get("message_key")?,
-        body: row.try_get("body")?,
-        body_size: u64::try_from(row.try_get::<i64, _>("body_size")?).unwrap_or_default(),
-        body_sha256: hex::encode(row.try_get::<Vec<u8>, _>("body_sha256")?),
-        body_oversized: row.try_get("body_oversized")?,
-        body_compression: compression_from_name(&compression).into(),
-        properties: Some(properties),
-        headers: Some(headers),
-        death,
-        reason_class: ReasonClass::from_name(&reason_class)
-            .unwrap_or_default()
-            .into(),
-        destination: row.try_get("destination")?,
-        event_type: row.try_get("event_type")?,
-        schema_version: row.try_get("schema_version")?,
-        producer: row.try_get("producer")?,
-        error_text: row.try_get("error_text")?,
-        died_at: Some(timestamp(row.try_get("died_at")?)),
-        occurred_at: row
-            .try_get::<Option<DateTime<Utc>>, _>("occurred_at")?
-            .map(timestamp),
-        redrive_plan_id: row.try_get("redrive_plan_id")?,
-        capture_notes,
-        original_exchange: row.try_get("original_exchange")?,
-        exchange_only: row.try_get("exchange_only")?,
-        raw_content_header: row
-            .try_get::<Option<Vec<u8>>, _>("raw_content_header")?
-            .unwrap_or_default(),
-        original_routing_key: row.try_get("original_routing_key")?,
-        attempts: row
-            .try_get::<Option<i32>, _>("attempts")?
-            .and_then(|attempts| u32::try_from(attempts).ok()),
-        revisions: Vec::new(),
-    })
+}
+
+/// A row of [`columns`].
+#[derive(sqlx::FromRow)]
+pub(super) struct DeadLetterRow {
+    id: DeadLetterId,
+    source: String,
+    origin: String,
+    captured_at: DateTime<Utc>,
+    message_id: Option<String>,
+    message_key: String,
+    body: Vec<u8>,
+    body_size: i64,
+    body_sha256: Vec<u8>,
+    body_oversized: bool,
+    body_compression: String,
+    properties: Vec<u8>,
+    headers: Vec<u8>,
+    #[sqlx(flatten)]
+    death: DeathRow,
+    reason_class: String,
+    destination: String,
+    event_type: Option<String>,
+    schema_version: Option<String>,
+    producer: Option<String>,
+    error_text: Option<String>,
+    attempts: Option<i32>,
+    died_at: DateTime<Utc>,
+    occurred_at: Option<DateTime<Utc>>,
+    redrive_plan_id: Option<String>,
+    original_exchange: Option<String>,
+    original_routing_key: Option<String>,
+    capture_notes: Vec<String>,
+    body_problem: Option<String>,
+    exchange_only: bool,
+    raw_content_header: Option<Vec<u8>>,
+}
+
+impl TryFrom<DeadLetterRow> for v1::DeadLetter {
+    type Error = StoreError;
+
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the stored properties or headers do not
+    /// decode.
+    fn try_from(row: DeadLetterRow) -> Result<Self, StoreError> {
+        let id = row.id;
+        let properties = MessageProperties::decode(row.properties.as_slice()).map_err(|error| {
+            StoreError::Corrupt(format!("dead letter {id} properties: {error}"))
+        })?;
+        let headers = HeaderTable::decode(row.headers.as_slice())
+            .map_err(|error| StoreError::Corrupt(format!("dead letter {id} headers: {error}")))?;
+        let mut capture_notes = row.capture_notes;
+        capture_notes.extend(row.body_problem);
+        Ok(Self {
+            id: id.to_string(),
+            source: row.source,
+            origin: Origin::from_name(&row.origin).unwrap_or_default().into(),
+            captured_at: Some(timestamp(row.captured_at)),
+            message_id: row.message_id,
+            message_key: row.message_key,
+            body: row.body,
+            body_size: u64::try_from(row.body_size).unwrap_or_default(),
+            body_sha256: hex::encode(row.body_sha256),
+            body_oversized: row.body_oversized,
+            body_compression: compression_from_name(&row.body_compression).into(),
+            properties: Some(properties),
+            headers: Some(headers),
+            death: row.death.into(),
+            reason_class: ReasonClass::from_name(&row.reason_class)
+                .unwrap_or_default()
+                .into(),
+            destination: row.destination,
+            event_type: row.event_type,
+            schema_version: row.schema_version,
+            producer: row.producer,
+            error_text: row.error_text,
+            died_at: Some(timestamp(row.died_at)),
+            occurred_at: row.occurred_at.map(timestamp),
+            redrive_plan_id: row.redrive_plan_id,
+            capture_notes,
+            original_exchange: row.original_exchange,
+            exchange_only: row.exchange_only,
+            raw_content_header: row.raw_content_header.unwrap_or_default(),
+            original_routing_key: row.original_routing_key,
+            attempts: row
+                .attempts
+                .and_then(|attempts| u32::try_from(attempts).ok()),
+            revisions: Vec::new(),
+        })
+    }
 }
 
 impl Store {
@@ -645,23 +711,17 @@ impl Store {
         &self,
         sources: &[String],
     ) -> Result<Vec<(usize, String)>, StoreError> {
-        let rows = sqlx::query(
+        let rows: Vec<(i64, String)> = sqlx::query_as(
             "SELECT u.n, u.source FROM unnest($1::text[]) WITH ORDINALITY AS u(source, n) \
              WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.source = u.source) ORDER BY u.n",
         )
         .bind(sources)
         .fetch_all(self.pool())
         .await?;
-        rows.iter()
-            .map(|row| {
-                let n: i64 = row.try_get("n")?;
-                Ok((
-                    usize::try_from(n - 1).unwrap_or_default(),
-                    row.try_get("source")?,
-                ))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        Ok(rows
+            .into_iter()
+            .map(|(n, source)| (usize::try_from(n - 1).unwrap_or_default(), source))
+            .collect())
     }
 
     /// Up to `limit` distinct sources of stored dead letters, in name order. A

@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
-use sqlx::{AssertSqlSafe, Row, postgres::PgRow};
-use uuid::Uuid;
+use sqlx::AssertSqlSafe;
 
 use super::{
     StaleToken, Store, StoreError,
-    dead_letters::{columns, dead_letter_from_row},
-    plans::{DestinationMode, gate_reading_in, notify, transition_in},
+    dead_letters::{DeadLetterRow, columns},
+    plans::{DestinationMode, DestinationRow, RateRow, gate_reading_in, notify, transition_in},
 };
 use crate::{
     gates,
+    ids::{DeadLetterId, PlanId, PrecheckId},
     plan_state::{Event, State},
 };
 
@@ -25,7 +25,7 @@ pub struct LeasedSlice {
     /// Slice id.
     pub slice_id: i64,
     /// Its plan.
-    pub plan_id: Uuid,
+    pub plan_id: PlanId,
     /// `canary` or `main`.
     pub wave: String,
     /// The token every report must carry.
@@ -35,7 +35,7 @@ pub struct LeasedSlice {
     /// The plan's destination mode.
     pub destination: DestinationMode,
     /// The precheck the plan was made from (its options decide staleness).
-    pub precheck_id: Uuid,
+    pub precheck_id: PrecheckId,
 }
 
 /// A slice item to publish, with its dead letter.
@@ -75,7 +75,7 @@ pub struct LeasedItem {
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// Dead letter.
-    pub dead_letter_id: i64,
+    pub dead_letter_id: DeadLetterId,
     /// Message key.
     pub message_key: String,
     /// Action name (`sent`, ...).
@@ -137,7 +137,7 @@ impl Store {
         ttl: Duration,
         marks_publishing: bool,
     ) -> Result<Option<LeasedSlice>, StoreError> {
-        let row = sqlx::query(
+        let row = sqlx::query_as::<_, LeasedSliceRow>(
             "WITH candidate AS ( \
                 SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
                 WHERE (p.state = $3 OR (p.state = $4 AND s.wave = 'canary')) \
@@ -159,7 +159,7 @@ impl Store {
         .bind(marks_publishing)
         .fetch_optional(self.pool())
         .await?;
-        row.as_ref().map(leased_slice).transpose()
+        Ok(row.map(LeasedSlice::from))
     }
 
     /// Ends every lease that expired: the items its holder had not reported
@@ -175,9 +175,9 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn expire_leases(&self) -> Result<Vec<Uuid>, StoreError> {
+    pub async fn expire_leases(&self) -> Result<Vec<PlanId>, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let plans: Vec<Uuid> = sqlx::query_scalar(
+        let plans: Vec<PlanId> = sqlx::query_scalar(
             "WITH expired AS ( \
                 SELECT id, plan_id, wave, coalesce(lease_owner, '') AS owner, published_through FROM plan_slices \
                 WHERE state = 'leased' AND lease_expires_at < now() FOR UPDATE SKIP LOCKED), \
@@ -296,33 +296,12 @@ it reported it; the next lease publishes it again with the same message id', wav
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
             columns(true)
         );
-        let rows = sqlx::query(AssertSqlSafe(query))
+        let rows = sqlx::query_as::<_, LeasedItemRow>(AssertSqlSafe(query))
             .bind(slice_id)
             .bind(i64::try_from(REPLAY_KEY_WINDOW.as_secs()).unwrap_or(i64::MAX))
             .fetch_all(self.pool())
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LeasedItem {
-                    position: row.try_get("position")?,
-                    dead_letter: dead_letter_from_row(row)?,
-                    replay_body: row.try_get("replay_body")?,
-                    state: row.try_get("item_state")?,
-                    attempts: row.try_get("item_attempts")?,
-                    key_replayed: row.try_get("key_replayed")?,
-                    redrive_count: row.try_get("redrive_count")?,
-                    came_back_from: row.try_get("came_back_from")?,
-                    first_died_at: row.try_get("first_died_at")?,
-                    exchange: row
-                        .try_get::<Option<String>, _>("item_exchange")?
-                        .unwrap_or_default(),
-                    routing_key: row
-                        .try_get::<Option<String>, _>("item_routing_key")?
-                        .unwrap_or_default(),
-                    stale_at: row.try_get("item_stale_at")?,
-                })
-            })
-            .collect()
+        rows.into_iter().map(LeasedItem::try_from).collect()
     }
 
     /// Renews the lease while it has not expired (the same test as
@@ -380,7 +359,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         // under it; but the holder's renewals and write-ahead marks, plain
         // `UPDATE`s of non-key columns, do not wait behind the report's
         // inserts (they would hold publishing back for as long).
-        let lease = sqlx::query(
+        let lease = sqlx::query_as::<_, LeaseRow>(
             "SELECT s.plan_id, s.wave, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
              FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR KEY SHARE",
@@ -389,15 +368,17 @@ it reported it; the next lease publishes it again with the same message id', wav
         .bind(token)
         .fetch_optional(&mut *transaction)
         .await?;
-        let Some(lease) = lease else {
+        let Some(LeaseRow {
+            plan_id,
+            wave,
+            current,
+        }) = lease
+        else {
             return Ok(Err(StaleToken { slice_id, token }));
         };
-        let plan_id: Uuid = lease.try_get("plan_id")?;
-        let wave: String = lease.try_get("wave")?;
-        let current: bool = lease.try_get("current")?;
         // Only items of this slice: an id from elsewhere is ignored (and logged).
-        let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let members: Vec<i64> = sqlx::query_scalar(
+        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let members: Vec<DeadLetterId> = sqlx::query_scalar(
             "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
         )
         .bind(slice_id)
@@ -427,7 +408,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         }
         let column =
             |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
-        let ids: Vec<i64> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
         let keys = column(&|o| o.message_key.clone());
         let actions = column(&|o| o.action.clone());
         let reasons = column(&|o| o.reason.replace('\0', ""));
@@ -496,7 +477,8 @@ it reported it; the next lease publishes it again with the same message id', wav
             .filter(|o| o.action == "sent" || o.action == "uncertain")
             .collect();
         if !delivered.is_empty() {
-            let delivered_ids: Vec<i64> = delivered.iter().map(|o| o.dead_letter_id).collect();
+            let delivered_ids: Vec<DeadLetterId> =
+                delivered.iter().map(|o| o.dead_letter_id).collect();
             let delivered_keys: Vec<String> =
                 delivered.iter().map(|o| o.message_key.clone()).collect();
             let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
@@ -516,7 +498,7 @@ it reported it; the next lease publishes it again with the same message id', wav
             .bind(&certain)
             .execute(&mut *transaction)
             .await?;
-            let sent_ids: Vec<i64> = delivered
+            let sent_ids: Vec<DeadLetterId> = delivered
                 .iter()
                 .filter(|o| o.action == "sent")
                 .map(|o| o.dead_letter_id)
@@ -562,7 +544,7 @@ it reported it; the next lease publishes it again with the same message id', wav
             .bind(slice_id)
             .execute(&mut *transaction)
             .await?;
-        let plan_id: Option<Uuid> = sqlx::query_scalar(
+        let plan_id: Option<PlanId> = sqlx::query_scalar(
             "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND state = 'leased' FOR UPDATE",
         )
         .bind(slice_id)
@@ -635,11 +617,11 @@ it reported it; the next lease publishes it again with the same message id', wav
     /// [`StoreError`].
     pub async fn audit_events(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         after_id: i64,
         limit: i64,
     ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, AuditEventRow>(
             "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
                 confirm_latency_us, at FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
         )
@@ -648,9 +630,10 @@ it reported it; the next lease publishes it again with the same message id', wav
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get("id")?, audit_event(plan_id, row)?)))
-            .collect()
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.id, row.into_event(plan_id)))
+            .collect())
     }
 }
 
@@ -672,61 +655,130 @@ pub fn audit_action(name: &str) -> v1::AuditAction {
     .unwrap_or(A::Unspecified)
 }
 
-/// An audit event row (columns of [`Store::audit_events`]) in the API shape.
-pub(crate) fn audit_event(plan_id: Uuid, row: &PgRow) -> Result<v1::AuditEvent, StoreError> {
-    let action: String = row.try_get("action")?;
-    let wave: String = row.try_get("wave")?;
-    Ok(v1::AuditEvent {
-        plan_id: plan_id.to_string(),
-        slice_id: row
-            .try_get::<Option<i64>, _>("slice_id")?
-            .map(|id| id.to_string())
-            .unwrap_or_default(),
-        dead_letter_id: row.try_get::<i64, _>("dead_letter_id")?.to_string(),
-        message_key: row.try_get("message_key")?,
-        action: audit_action(&action).into(),
-        reason: row.try_get("reason")?,
-        wave: if wave == "canary" {
-            v1::Wave::Canary
-        } else {
-            v1::Wave::Main
-        }
-        .into(),
-        executor_id: row.try_get("executor_id")?,
-        attempt: u32::try_from(row.try_get::<i32, _>("attempt")?).unwrap_or_default(),
-        confirm_latency_us: u64::try_from(row.try_get::<i64, _>("confirm_latency_us")?)
-            .unwrap_or_default(),
-        at: Some(timestamp(row.try_get("at")?)),
-    })
+/// An audit event row (columns of [`Store::audit_events`]).
+#[derive(sqlx::FromRow)]
+struct AuditEventRow {
+    id: i64,
+    slice_id: Option<i64>,
+    dead_letter_id: DeadLetterId,
+    message_key: String,
+    action: String,
+    reason: String,
+    wave: String,
+    executor_id: String,
+    attempt: i32,
+    confirm_latency_us: i64,
+    at: DateTime<Utc>,
 }
 
-fn leased_slice(row: &PgRow) -> Result<LeasedSlice, StoreError> {
-    let mode: String = row.try_get("destination_mode")?;
-    let destination = match mode.as_str() {
-        "exchange" => DestinationMode::Exchange,
-        "redirect" => DestinationMode::Redirect {
-            exchange: row
-                .try_get::<Option<String>, _>("redirect_exchange")?
-                .unwrap_or_default(),
-            routing_key: row
-                .try_get::<Option<String>, _>("redirect_routing_key")?
-                .unwrap_or_default(),
-        },
-        _ => DestinationMode::Queue,
-    };
-    Ok(LeasedSlice {
-        slice_id: row.try_get("id")?,
-        plan_id: row.try_get("plan_id")?,
-        wave: row.try_get("wave")?,
-        fencing_token: row.try_get("fencing_token")?,
-        rate: v1::Rate {
-            per_second: row.try_get("rate_per_second")?,
-            burst: u32::try_from(row.try_get::<i32, _>("rate_burst")?).unwrap_or(1),
-            rationale: row.try_get("rate_rationale")?,
-        },
-        destination,
-        precheck_id: row.try_get("precheck_id")?,
-    })
+impl AuditEventRow {
+    /// The event of plan `plan_id` in the API shape.
+    fn into_event(self, plan_id: PlanId) -> v1::AuditEvent {
+        v1::AuditEvent {
+            plan_id: plan_id.to_string(),
+            slice_id: self.slice_id.map(|id| id.to_string()).unwrap_or_default(),
+            dead_letter_id: self.dead_letter_id.to_string(),
+            message_key: self.message_key,
+            action: audit_action(&self.action).into(),
+            reason: self.reason,
+            wave: if self.wave == "canary" {
+                v1::Wave::Canary
+            } else {
+                v1::Wave::Main
+            }
+            .into(),
+            executor_id: self.executor_id,
+            attempt: u32::try_from(self.attempt).unwrap_or_default(),
+            confirm_latency_us: u64::try_from(self.confirm_latency_us).unwrap_or_default(),
+            at: Some(timestamp(self.at)),
+        }
+    }
+}
+
+/// A slice as [`Store::claim_slice`] leases it, with its plan's columns.
+#[derive(sqlx::FromRow)]
+struct LeasedSliceRow {
+    id: i64,
+    plan_id: PlanId,
+    wave: String,
+    fencing_token: i64,
+    #[sqlx(flatten)]
+    rate: RateRow,
+    #[sqlx(flatten)]
+    destination: DestinationRow,
+    precheck_id: PrecheckId,
+}
+
+impl From<LeasedSliceRow> for LeasedSlice {
+    fn from(row: LeasedSliceRow) -> Self {
+        Self {
+            slice_id: row.id,
+            plan_id: row.plan_id,
+            wave: row.wave,
+            fencing_token: row.fencing_token,
+            rate: row.rate.into(),
+            destination: row.destination.into(),
+            precheck_id: row.precheck_id,
+        }
+    }
+}
+
+/// The lease a report is checked against ([`Store::report_outcomes`]).
+#[derive(sqlx::FromRow)]
+struct LeaseRow {
+    plan_id: PlanId,
+    wave: String,
+    /// Whether the token is the slice's current, unexpired lease.
+    current: bool,
+}
+
+/// A row of [`Store::slice_items`]: the dead letter's columns and its item's.
+#[derive(sqlx::FromRow)]
+struct LeasedItemRow {
+    #[sqlx(flatten)]
+    dead_letter: DeadLetterRow,
+    position: i64,
+    replay_body: Vec<u8>,
+    item_state: String,
+    item_attempts: i32,
+    key_replayed: bool,
+    redrive_count: i64,
+    came_back_from: Vec<String>,
+    first_died_at: DateTime<Utc>,
+    item_exchange: Option<String>,
+    item_routing_key: Option<String>,
+    item_stale_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<LeasedItemRow> for LeasedItem {
+    type Error = StoreError;
+
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the dead letter does not decode.
+    fn try_from(row: LeasedItemRow) -> Result<Self, StoreError> {
+        Ok(Self {
+            position: row.position,
+            dead_letter: row.dead_letter.try_into()?,
+            replay_body: row.replay_body,
+            state: row.item_state,
+            attempts: row.item_attempts,
+            key_replayed: row.key_replayed,
+            redrive_count: row.redrive_count,
+            came_back_from: row.came_back_from,
+            first_died_at: row.first_died_at,
+            exchange: row.item_exchange.unwrap_or_default(),
+            routing_key: row.item_routing_key.unwrap_or_default(),
+            stale_at: row.item_stale_at,
+        })
+    }
+}
+
+/// A dead letter with the body a replay publishes ([`Store::dead_letters_by_id`]).
+#[derive(sqlx::FromRow)]
+struct ReplayedDeadLetterRow {
+    #[sqlx(flatten)]
+    dead_letter: DeadLetterRow,
+    replay_body: Vec<u8>,
 }
 
 impl Store {
@@ -734,7 +786,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn sent_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
+    pub async fn sent_keys(&self, plan_id: PlanId) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar("SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position")
             .bind(plan_id)
             .fetch_all(self.pool())
@@ -746,7 +798,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn possibly_duplicated_keys(&self, plan_id: Uuid) -> Result<Vec<String>, StoreError> {
+    pub async fn possibly_duplicated_keys(
+        &self,
+        plan_id: PlanId,
+    ) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar(
             // One pass over the plan's uncertain events, not one per item.
             "SELECT i.message_key FROM plan_items i \
@@ -765,8 +820,11 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn not_sent_events(&self, plan_id: Uuid) -> Result<Vec<v1::AuditEvent>, StoreError> {
-        let rows = sqlx::query(
+    pub async fn not_sent_events(
+        &self,
+        plan_id: PlanId,
+    ) -> Result<Vec<v1::AuditEvent>, StoreError> {
+        let rows = sqlx::query_as::<_, AuditEventRow>(
             "SELECT * FROM (SELECT DISTINCT ON (e.dead_letter_id) e.id, e.slice_id, e.dead_letter_id, e.message_key, \
                 e.action, e.reason, e.wave, e.executor_id, e.attempt, e.confirm_latency_us, e.at, i.position \
              FROM audit_events e JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
@@ -776,7 +834,10 @@ impl Store {
         .bind(plan_id)
         .fetch_all(self.pool())
         .await?;
-        rows.iter().map(|row| audit_event(plan_id, row)).collect()
+        Ok(rows
+            .into_iter()
+            .map(|row| row.into_event(plan_id))
+            .collect())
     }
 }
 
@@ -785,21 +846,24 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn dead_letters_by_id(&self, ids: &[i64]) -> Result<Vec<v1::DeadLetter>, StoreError> {
+    pub async fn dead_letters_by_id(
+        &self,
+        ids: &[DeadLetterId],
+    ) -> Result<Vec<v1::DeadLetter>, StoreError> {
         let query = format!(
             "SELECT d.*, coalesce(rev.body, d.body) AS replay_body FROM (SELECT {} FROM dead_letters WHERE id = ANY($1)) d \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = d.id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true",
             columns(true)
         );
-        let rows = sqlx::query(AssertSqlSafe(query))
+        let rows = sqlx::query_as::<_, ReplayedDeadLetterRow>(AssertSqlSafe(query))
             .bind(ids)
             .fetch_all(self.pool())
             .await?;
-        rows.iter()
+        rows.into_iter()
             .map(|row| {
-                let mut dead_letter = dead_letter_from_row(row)?;
-                dead_letter.body = row.try_get("replay_body")?;
+                let mut dead_letter = v1::DeadLetter::try_from(row.dead_letter)?;
+                dead_letter.body = row.replay_body;
                 Ok(dead_letter)
             })
             .collect()

@@ -4,11 +4,13 @@
 use chrono::{DateTime, Utc};
 use prost::Message;
 use redrive_proto::{time::timestamp, v1};
-use sqlx::{AssertSqlSafe, Postgres, Row, Transaction, postgres::PgRow};
-use uuid::Uuid;
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::{Store, StoreError};
-use crate::plan_state::{self, Event, State, Target};
+use crate::{
+    ids::{DeadLetterId, PlanId, PrecheckId},
+    plan_state::{self, Event, State, Target},
+};
 
 /// The NOTIFY channel for plan changes; the payload is the plan id.
 pub const PLAN_CHANNEL: &str = "redrive_plans";
@@ -33,9 +35,9 @@ pub enum DestinationMode {
 #[derive(Debug, Clone)]
 pub struct NewPlan {
     /// Its id.
-    pub id: Uuid,
+    pub id: PlanId,
     /// The precheck it freezes.
-    pub precheck_id: Uuid,
+    pub precheck_id: PrecheckId,
     /// Messages per second.
     pub per_second: f64,
     /// Burst.
@@ -83,7 +85,7 @@ fn destination_columns(
 /// Records an operator action in `transaction`.
 pub(crate) async fn record_action(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
     action: &str,
     actor: &str,
     reason: &str,
@@ -162,7 +164,7 @@ fn event_sql(event: Event) -> (String, &'static str) {
 /// [`StoreError`].
 pub(crate) async fn transition_in(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
     event: Event,
     actor: &str,
     reason: &str,
@@ -187,7 +189,7 @@ pub(crate) async fn transition_in(
 /// [`transition_in`] without the completion that may follow.
 async fn execute(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
     event: Event,
     actor: &str,
     reason: &str,
@@ -239,7 +241,7 @@ async fn execute(
 /// Sends the plan-change notification inside `transaction` (delivered on commit).
 pub(crate) async fn notify(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
 ) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(PLAN_CHANNEL)
@@ -272,20 +274,19 @@ pub(crate) async fn insert_plan(
     transaction: &mut Transaction<'_, Postgres>,
     plan: &NewPlan,
 ) -> Result<CreateOutcome, StoreError> {
-    let precheck =
-        sqlx::query("SELECT state, digest, actor, report FROM prechecks WHERE id = $1 FOR SHARE")
-            .bind(plan.precheck_id)
-            .fetch_optional(&mut **transaction)
-            .await?;
+    let precheck = sqlx::query_as::<_, FrozenPrecheckRow>(
+        "SELECT state, digest, actor, report FROM prechecks WHERE id = $1 FOR SHARE",
+    )
+    .bind(plan.precheck_id)
+    .fetch_optional(&mut **transaction)
+    .await?;
     let Some(precheck) = precheck else {
         return Ok(CreateOutcome::PrecheckNotFound);
     };
-    if precheck.try_get::<String, _>("state")? != "done" {
+    if precheck.state != "done" {
         return Ok(CreateOutcome::PrecheckNotDone);
     }
-    let digest: String = precheck
-        .try_get::<Option<String>, _>("digest")?
-        .unwrap_or_default();
+    let digest = precheck.digest.unwrap_or_default();
     let total: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM precheck_items WHERE precheck_id = $1 AND verdict = 'replayable'",
     )
@@ -363,7 +364,7 @@ pub(crate) async fn insert_plan(
     // A precheck that overrode the planner's policy says so in the plan's
     // actions, by whoever overrode it.
     let report = precheck
-        .try_get::<Option<Vec<u8>>, _>("report")?
+        .report
         .map(|report| v1::PrecheckReport::decode(report.as_slice()))
         .transpose()
         .map_err(|error| StoreError::Corrupt(error.to_string()))?;
@@ -375,7 +376,7 @@ pub(crate) async fn insert_plan(
             transaction,
             plan.id,
             "override_policy",
-            &precheck.try_get::<String, _>("actor")?,
+            &precheck.actor,
             &format!(
                 "precheck {} overrode the planner's precheck policy: {}",
                 plan.precheck_id, options.override_reason
@@ -384,6 +385,15 @@ pub(crate) async fn insert_plan(
         .await?;
     }
     Ok(CreateOutcome::Created)
+}
+
+/// The precheck a plan freezes, as [`insert_plan`] reads it.
+#[derive(sqlx::FromRow)]
+struct FrozenPrecheckRow {
+    state: String,
+    digest: Option<String>,
+    actor: String,
+    report: Option<Vec<u8>>,
 }
 
 /// What approving a plan found.
@@ -398,7 +408,7 @@ pub enum ApproveOutcome {
     /// Its precheck started longer ago than the allowed age.
     PrecheckTooOld {
         /// The precheck.
-        precheck_id: Uuid,
+        precheck_id: PrecheckId,
         /// How long ago it started.
         age: std::time::Duration,
     },
@@ -406,7 +416,7 @@ pub enum ApproveOutcome {
     /// another plan, or their message key was) or repaired.
     ChangedSincePrecheck {
         /// The precheck.
-        precheck_id: Uuid,
+        precheck_id: PrecheckId,
         /// What changed, oldest first: at most [`CHANGES_LISTED`] + 1 lines
         /// (one more tells that there are more).
         changes: Vec<String>,
@@ -441,6 +451,15 @@ const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
         ORDER BY 2 LIMIT $2) z ORDER BY z.at) AS changes \
     FROM plans p JOIN prechecks c ON c.id = p.precheck_id WHERE p.id = $1 FOR UPDATE OF p";
 
+/// A row of [`APPROVE_CHECK_SQL`].
+#[derive(sqlx::FromRow)]
+struct ApproveCheckRow {
+    state: State,
+    precheck_id: PrecheckId,
+    age_seconds: f64,
+    changes: Vec<String>,
+}
+
 impl Store {
     /// Approves a plan awaiting approval, in one transaction: unless its
     /// precheck started more than `max_precheck_age` ago, or any of its dead
@@ -451,30 +470,32 @@ impl Store {
     /// [`StoreError`]; nothing changes then.
     pub async fn approve_plan(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         actor: &str,
         max_precheck_age: std::time::Duration,
     ) -> Result<ApproveOutcome, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let row = sqlx::query(APPROVE_CHECK_SQL)
+        let check = sqlx::query_as::<_, ApproveCheckRow>(APPROVE_CHECK_SQL)
             .bind(plan_id)
             .bind(i64::try_from(CHANGES_LISTED + 1).unwrap_or(i64::MAX))
             .fetch_optional(&mut *transaction)
             .await?;
-        let Some(row) = row else {
+        let Some(ApproveCheckRow {
+            state,
+            precheck_id,
+            age_seconds,
+            changes,
+        }) = check
+        else {
             return Ok(ApproveOutcome::NotFound);
         };
-        let state: State = row.try_get("state")?;
         if !Event::Approve.allows(state.get()) {
             return Ok(ApproveOutcome::NotAwaiting(state));
         }
-        let precheck_id: Uuid = row.try_get("precheck_id")?;
-        let age =
-            std::time::Duration::from_secs_f64(row.try_get::<f64, _>("age_seconds")?.max(0.0));
+        let age = std::time::Duration::from_secs_f64(age_seconds.max(0.0));
         if age > max_precheck_age {
             return Ok(ApproveOutcome::PrecheckTooOld { precheck_id, age });
         }
-        let changes: Vec<String> = row.try_get("changes")?;
         if !changes.is_empty() {
             return Ok(ApproveOutcome::ChangedSincePrecheck {
                 precheck_id,
@@ -502,7 +523,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn transition_plan(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         event: Event,
         actor: &str,
         reason: &str,
@@ -517,32 +538,22 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn get_plan(&self, plan_id: Uuid) -> Result<Option<v1::Plan>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(format!(
+    pub async fn get_plan(&self, plan_id: PlanId) -> Result<Option<v1::Plan>, StoreError> {
+        let row = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
             "SELECT {PLAN_COLUMNS} FROM plans p WHERE p.id = $1"
         )))
         .bind(plan_id)
         .fetch_optional(self.pool())
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let mut plan = plan_from_row(&row)?;
-        let actions = sqlx::query(
+        let mut plan = v1::Plan::from(row);
+        let actions = sqlx::query_as::<_, OperatorActionRow>(
             "SELECT action, actor, reason, at FROM operator_actions WHERE plan_id = $1 ORDER BY id",
         )
         .bind(plan_id)
         .fetch_all(self.pool())
         .await?;
-        plan.actions = actions
-            .iter()
-            .map(|row| {
-                Ok(v1::OperatorAction {
-                    action: row.try_get("action")?,
-                    actor: row.try_get("actor")?,
-                    reason: row.try_get("reason")?,
-                    at: Some(timestamp(row.try_get("at")?)),
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()?;
+        plan.actions = actions.into_iter().map(v1::OperatorAction::from).collect();
         Ok(Some(plan))
     }
 
@@ -554,10 +565,10 @@ impl Store {
     pub async fn list_plans(
         &self,
         states: &[String],
-        before: Option<(DateTime<Utc>, Uuid)>,
+        before: Option<(DateTime<Utc>, PlanId)>,
         page_size: u32,
     ) -> Result<Vec<v1::Plan>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        let rows = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
             "SELECT {PLAN_COLUMNS} FROM plans p \
              WHERE (cardinality($1::text[]) = 0 OR p.state = ANY($1)) \
              AND ($2::timestamptz IS NULL OR (p.created_at, p.id) < ($2, $3)) \
@@ -569,7 +580,7 @@ impl Store {
         .bind(i64::from(page_size))
         .fetch_all(self.pool())
         .await?;
-        rows.iter().map(plan_from_row).collect()
+        Ok(rows.into_iter().map(v1::Plan::from).collect())
     }
 }
 
@@ -612,78 +623,158 @@ pub fn action_counts(states: &serde_json::Value) -> (v1::ActionCounts, u64) {
     (counts, done)
 }
 
-fn plan_from_row(row: &PgRow) -> Result<v1::Plan, StoreError> {
-    let mode: String = row.try_get("destination_mode")?;
-    let destination = match mode.as_str() {
-        "exchange" => v1::destination::Mode::Exchange(v1::ExchangeDestination {}),
-        "redirect" => v1::destination::Mode::Redirect(v1::RedirectDestination {
-            exchange: row
-                .try_get::<Option<String>, _>("redirect_exchange")?
-                .unwrap_or_default(),
-            routing_key: row
-                .try_get::<Option<String>, _>("redirect_routing_key")?
-                .unwrap_or_default(),
-        }),
-        _ => v1::destination::Mode::Queue(v1::QueueDestination {}),
-    };
-    let states: serde_json::Value = row.try_get("item_states")?;
-    let (counts, items_done) = action_counts(&states);
-    let state: State = row.try_get("state")?;
-    let id: Uuid = row.try_get("id")?;
-    let precheck_id: Uuid = row.try_get("precheck_id")?;
-    let observe_for_ms: i64 = row.try_get("observe_for_ms")?;
-    Ok(v1::Plan {
-        plan_id: id.to_string(),
-        precheck_id: precheck_id.to_string(),
-        state: state.get().into(),
-        rate: Some(v1::Rate {
-            per_second: row.try_get("rate_per_second")?,
-            burst: u32::try_from(row.try_get::<i32, _>("rate_burst")?).unwrap_or(1),
-            rationale: row.try_get("rate_rationale")?,
-        }),
-        destination: Some(v1::Destination {
-            mode: Some(destination),
-        }),
-        slice_size: u32::try_from(row.try_get::<i32, _>("slice_size")?).unwrap_or_default(),
-        canary_fraction: row.try_get("canary_fraction")?,
-        observe_for: Some(redrive_proto::time::duration(
-            std::time::Duration::from_millis(u64::try_from(observe_for_ms).unwrap_or_default()),
-        )),
-        total_items: u64::try_from(row.try_get::<i64, _>("total_items")?).unwrap_or_default(),
-        canary_items: u64::try_from(row.try_get::<i64, _>("canary_items")?).unwrap_or_default(),
-        counts: Some(counts),
-        created_by: row.try_get("created_by")?,
-        created_at: Some(timestamp(row.try_get("created_at")?)),
-        state_reason: row.try_get("state_reason")?,
-        actions: Vec::new(),
-        warnings: row.try_get("warnings")?,
-        precheck_digest: row.try_get("precheck_digest")?,
-        slices_total: u64::try_from(row.try_get::<i64, _>("slices_total")?).unwrap_or_default(),
-        slices_completed: u64::try_from(row.try_get::<i64, _>("slices_completed")?)
-            .unwrap_or_default(),
-        approved_by: row
-            .try_get::<Option<String>, _>("approved_by")?
-            .unwrap_or_default(),
-        approved_at: row
-            .try_get::<Option<DateTime<Utc>>, _>("approved_at")?
-            .map(timestamp),
-        completed_at: row
-            .try_get::<Option<DateTime<Utc>>, _>("completed_at")?
-            .map(timestamp),
-        items_done,
-        // The end of the observation window, while observing.
-        observing_until: row
-            .try_get::<Option<DateTime<Utc>>, _>("observing_until")?
-            .filter(|_| state == v1::PlanState::Observing)
-            .map(timestamp),
-    })
+/// An operator action as [`Store::get_plan`] reads it.
+#[derive(sqlx::FromRow)]
+struct OperatorActionRow {
+    action: String,
+    actor: String,
+    reason: String,
+    at: DateTime<Utc>,
 }
 
-/// What the gates look at for one plan.
-#[derive(Debug, Clone)]
+impl From<OperatorActionRow> for v1::OperatorAction {
+    fn from(row: OperatorActionRow) -> Self {
+        Self {
+            action: row.action,
+            actor: row.actor,
+            reason: row.reason,
+            at: Some(timestamp(row.at)),
+        }
+    }
+}
+
+/// A plan's rate columns (`plans` and a claimed slice's plan).
+#[derive(sqlx::FromRow)]
+pub(super) struct RateRow {
+    rate_per_second: f64,
+    rate_burst: i32,
+    rate_rationale: String,
+}
+
+impl From<RateRow> for v1::Rate {
+    fn from(row: RateRow) -> Self {
+        Self {
+            per_second: row.rate_per_second,
+            burst: u32::try_from(row.rate_burst).unwrap_or(1),
+            rationale: row.rate_rationale,
+        }
+    }
+}
+
+/// A plan's destination columns; an unknown mode reads as `queue`.
+#[derive(sqlx::FromRow)]
+pub(super) struct DestinationRow {
+    destination_mode: String,
+    redirect_exchange: Option<String>,
+    redirect_routing_key: Option<String>,
+}
+
+impl From<DestinationRow> for DestinationMode {
+    fn from(row: DestinationRow) -> Self {
+        match row.destination_mode.as_str() {
+            "exchange" => Self::Exchange,
+            "redirect" => Self::Redirect {
+                exchange: row.redirect_exchange.unwrap_or_default(),
+                routing_key: row.redirect_routing_key.unwrap_or_default(),
+            },
+            _ => Self::Queue,
+        }
+    }
+}
+
+impl From<DestinationMode> for v1::destination::Mode {
+    fn from(mode: DestinationMode) -> Self {
+        match mode {
+            DestinationMode::Queue => Self::Queue(v1::QueueDestination {}),
+            DestinationMode::Exchange => Self::Exchange(v1::ExchangeDestination {}),
+            DestinationMode::Redirect {
+                exchange,
+                routing_key,
+            } => Self::Redirect(v1::RedirectDestination {
+                exchange,
+                routing_key,
+            }),
+        }
+    }
+}
+
+/// A row of [`PLAN_COLUMNS`].
+#[derive(sqlx::FromRow)]
+struct PlanRow {
+    id: PlanId,
+    precheck_id: PrecheckId,
+    precheck_digest: String,
+    state: State,
+    state_reason: String,
+    #[sqlx(flatten)]
+    rate: RateRow,
+    #[sqlx(flatten)]
+    destination: DestinationRow,
+    slice_size: i32,
+    canary_fraction: f64,
+    observe_for_ms: i64,
+    total_items: i64,
+    canary_items: i64,
+    created_by: String,
+    created_at: DateTime<Utc>,
+    approved_by: Option<String>,
+    approved_at: Option<DateTime<Utc>>,
+    completed_at: Option<DateTime<Utc>>,
+    warnings: Vec<String>,
+    observing_until: Option<DateTime<Utc>>,
+    slices_total: i64,
+    slices_completed: i64,
+    item_states: serde_json::Value,
+}
+
+impl From<PlanRow> for v1::Plan {
+    fn from(row: PlanRow) -> Self {
+        let (counts, items_done) = action_counts(&row.item_states);
+        let state = row.state;
+        Self {
+            plan_id: row.id.to_string(),
+            precheck_id: row.precheck_id.to_string(),
+            state: state.get().into(),
+            rate: Some(row.rate.into()),
+            destination: Some(v1::Destination {
+                mode: Some(DestinationMode::from(row.destination).into()),
+            }),
+            slice_size: u32::try_from(row.slice_size).unwrap_or_default(),
+            canary_fraction: row.canary_fraction,
+            observe_for: Some(redrive_proto::time::duration(
+                std::time::Duration::from_millis(
+                    u64::try_from(row.observe_for_ms).unwrap_or_default(),
+                ),
+            )),
+            total_items: u64::try_from(row.total_items).unwrap_or_default(),
+            canary_items: u64::try_from(row.canary_items).unwrap_or_default(),
+            counts: Some(counts),
+            created_by: row.created_by,
+            created_at: Some(timestamp(row.created_at)),
+            state_reason: row.state_reason,
+            actions: Vec::new(),
+            warnings: row.warnings,
+            precheck_digest: row.precheck_digest,
+            slices_total: u64::try_from(row.slices_total).unwrap_or_default(),
+            slices_completed: u64::try_from(row.slices_completed).unwrap_or_default(),
+            approved_by: row.approved_by.unwrap_or_default(),
+            approved_at: row.approved_at.map(timestamp),
+            completed_at: row.completed_at.map(timestamp),
+            items_done,
+            // The end of the observation window, while observing.
+            observing_until: row
+                .observing_until
+                .filter(|_| state == v1::PlanState::Observing)
+                .map(timestamp),
+        }
+    }
+}
+
+/// What the gates look at for one plan (a row of [`GATE_READING_SQL`]).
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct GateReading {
     /// The plan.
-    pub id: Uuid,
+    pub id: PlanId,
     /// `canary`, `observing` or `main` ([`plan_state::gated`]), or any state
     /// when read for one plan.
     pub state: State,
@@ -703,13 +794,12 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn gate_readings(&self) -> Result<Vec<GateReading>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
             "{GATE_READING_SQL} WHERE p.state = ANY($1)"
         )))
         .bind(plan_state::names(&plan_state::gated()))
         .fetch_all(self.pool())
-        .await?;
-        rows.iter().map(gate_reading).collect()
+        .await?)
     }
 }
 
@@ -720,13 +810,14 @@ impl Store {
 /// [`StoreError`].
 pub(crate) async fn gate_reading_in(
     transaction: &mut Transaction<'_, Postgres>,
-    plan_id: Uuid,
+    plan_id: PlanId,
 ) -> Result<Option<GateReading>, StoreError> {
-    let row = sqlx::query(AssertSqlSafe(format!("{GATE_READING_SQL} WHERE p.id = $1")))
-        .bind(plan_id)
-        .fetch_optional(&mut **transaction)
-        .await?;
-    row.as_ref().map(gate_reading).transpose()
+    Ok(
+        sqlx::query_as(AssertSqlSafe(format!("{GATE_READING_SQL} WHERE p.id = $1")))
+            .bind(plan_id)
+            .fetch_optional(&mut **transaction)
+            .await?,
+    )
 }
 
 /// What the gates count, per plan `p` (a `WHERE` over `p` follows): failed
@@ -741,17 +832,6 @@ const GATE_READING_SQL: &str = "SELECT p.id, p.state, p.observing_until, \
         FROM dead_letters d WHERE d.redrive_plan_id = p.id::text \
         AND d.captured_at > coalesce(p.gates_since, '-infinity'::timestamptz) ORDER BY d.id LIMIT 10) z) AS evidence \
     FROM plans p";
-
-fn gate_reading(row: &PgRow) -> Result<GateReading, StoreError> {
-    Ok(GateReading {
-        id: row.try_get("id")?,
-        state: row.try_get("state")?,
-        observing_until: row.try_get("observing_until")?,
-        failures: row.try_get("failures")?,
-        redeads: row.try_get("redeads")?,
-        evidence: row.try_get("evidence")?,
-    })
-}
 
 /// Where a plan item is published, decided once when the plan is created
 /// (docs/design.md, "Plan items"): the exchange, by the plan's destination
@@ -803,11 +883,11 @@ impl Store {
     /// [`StoreError`].
     pub async fn route_of(
         &self,
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         mode: &DestinationMode,
     ) -> Result<Option<(String, String)>, StoreError> {
         let (destination_mode, redirect_exchange, redirect_routing_key) = destination_columns(mode);
-        let row = sqlx::query(AssertSqlSafe(format!(
+        Ok(sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {ITEM_EXCHANGE_SQL} AS exchange, {ITEM_ROUTING_KEY_SQL} AS routing_key \
              FROM dead_letters d, (SELECT $2::text AS destination_mode, $3::text AS redirect_exchange, \
                                           $4::text AS redirect_routing_key) p \
@@ -818,15 +898,13 @@ impl Store {
         .bind(redirect_exchange)
         .bind(redirect_routing_key)
         .fetch_optional(self.pool())
-        .await?;
-        row.map(|row| Ok((row.try_get("exchange")?, row.try_get("routing_key")?)))
-            .transpose()
+        .await?)
     }
 }
 
 /// The replayable items of a precheck whose dead letter knows only an
 /// exchange and a routing key (`exchange_only`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct ExchangeOnlyItems {
     /// How many.
     pub count: i64,
@@ -834,7 +912,7 @@ pub struct ExchangeOnlyItems {
     /// a Kafka topic): only a redirect can replay them.
     pub without_exchange: i64,
     /// The lowest dead letter id among them, as an example.
-    pub example: Option<i64>,
+    pub example: Option<DeadLetterId>,
     /// All replayable items of the precheck, these included.
     pub replayable: i64,
 }
@@ -846,9 +924,9 @@ impl Store {
     /// [`StoreError`].
     pub async fn exchange_only_items(
         &self,
-        precheck_id: Uuid,
+        precheck_id: PrecheckId,
     ) -> Result<ExchangeOnlyItems, StoreError> {
-        let row = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT count(*) FILTER (WHERE d.exchange_only) AS count, \
                     count(*) FILTER (WHERE d.exchange_only AND d.original_exchange IS NULL) \
                         AS without_exchange, \
@@ -859,13 +937,7 @@ impl Store {
         )
         .bind(precheck_id)
         .fetch_one(self.pool())
-        .await?;
-        Ok(ExchangeOnlyItems {
-            count: row.try_get("count")?,
-            without_exchange: row.try_get("without_exchange")?,
-            example: row.try_get("example")?,
-            replayable: row.try_get("replayable")?,
-        })
+        .await?)
     }
 
     /// Other running plans (canary, observing, main, paused) that publish to a
@@ -875,8 +947,8 @@ impl Store {
     /// [`StoreError`].
     pub async fn overlapping_plans(
         &self,
-        plan_id: Uuid,
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        plan_id: PlanId,
+    ) -> Result<Vec<(PlanId, String)>, StoreError> {
         let query = format!(
             "WITH mine AS (SELECT DISTINCT {ITEM_DESTINATION_SQL} AS destination \
                  FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
@@ -886,15 +958,11 @@ impl Store {
                  WHERE p.id <> $1 AND p.state = ANY($2)) \
              SELECT theirs.id, theirs.destination FROM theirs JOIN mine USING (destination) ORDER BY 2, 1"
         );
-        let rows = sqlx::query(AssertSqlSafe(query))
+        Ok(sqlx::query_as(AssertSqlSafe(query))
             .bind(plan_id)
             .bind(plan_state::names_where(v1::PlanState::is_running))
             .fetch_all(self.pool())
-            .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get("id")?, row.try_get("destination")?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+            .await?)
     }
 
     /// Replaces a plan's warnings.
@@ -903,7 +971,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn set_plan_warnings(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         warnings: &[String],
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE plans SET warnings = $2 WHERE id = $1")
@@ -924,21 +992,17 @@ impl Store {
     pub async fn running_plans_to(
         &self,
         destinations: &[String],
-    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+    ) -> Result<Vec<(PlanId, String)>, StoreError> {
         let query = format!(
             "SELECT DISTINCT p.id, {ITEM_DESTINATION_SQL} AS destination \
              FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN dead_letters d ON d.id = i.dead_letter_id \
              WHERE p.state = ANY($2) \
              AND {ITEM_DESTINATION_SQL} = ANY($1) ORDER BY 2, 1"
         );
-        let rows = sqlx::query(AssertSqlSafe(query))
+        Ok(sqlx::query_as(AssertSqlSafe(query))
             .bind(destinations)
             .bind(plan_state::names_where(v1::PlanState::is_running))
             .fetch_all(self.pool())
-            .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get("id")?, row.try_get("destination")?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+            .await?)
     }
 }

@@ -8,22 +8,24 @@ use futures::StreamExt;
 use prost::Message;
 use redrive_proto::v1;
 use sqlx::{
-    Postgres, QueryBuilder, Row,
+    Postgres, QueryBuilder,
     pool::PoolConnection,
-    postgres::{PgCopyIn, PgPoolCopyExt, PgRow},
+    postgres::{PgCopyIn, PgPoolCopyExt},
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use uuid::Uuid;
 
 use super::{Store, StoreError, dead_letters::push_selected};
-use crate::selector::Selector;
+use crate::{
+    ids::{DeadLetterId, PlanId, PrecheckId},
+    selector::Selector,
+};
 
 /// A selected dead letter with what PostgreSQL knows about it.
 #[derive(Debug, Clone)]
 pub struct Candidate {
     /// Dead letter id.
-    pub id: i64,
+    pub id: DeadLetterId,
     /// Message key.
     pub message_key: String,
     /// Source (DLQ name or import label).
@@ -50,10 +52,10 @@ pub struct Candidate {
     pub died_at: DateTime<Utc>,
     /// The earliest valid dead letter of the selection with the same key and
     /// destination, when that is not this one (docs/design.md, "Words": identity).
-    pub duplicate_of: Option<i64>,
+    pub duplicate_of: Option<DeadLetterId>,
     /// The latest successful replay of this key to this destination within the
     /// window: (plan, when).
-    pub replayed: Option<(Uuid, DateTime<Utc>)>,
+    pub replayed: Option<(PlanId, DateTime<Utc>)>,
     /// Whether that replay was confirmed (`false`: its outcome is uncertain,
     /// so the key may have been delivered).
     pub replayed_certain: bool,
@@ -132,11 +134,9 @@ impl Store {
         let (sender, receiver) = mpsc::channel(CANDIDATE_BUFFER);
         let pool = self.pool().clone();
         tokio::spawn(async move {
-            let mut rows = builder.build().fetch(&pool);
+            let mut rows = builder.build_query_as::<CandidateRow>().fetch(&pool);
             while let Some(row) = rows.next().await {
-                let candidate = row
-                    .map_err(StoreError::from)
-                    .and_then(|row| candidate_from_row(&row));
+                let candidate = row.map(Candidate::from).map_err(StoreError::from);
                 if sender.send(candidate).await.is_err() {
                     break;
                 }
@@ -149,7 +149,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn create_precheck(&self, id: Uuid, actor: &str) -> Result<(), StoreError> {
+    pub async fn create_precheck(&self, id: PrecheckId, actor: &str) -> Result<(), StoreError> {
         sqlx::query("INSERT INTO prechecks (id, actor, state) VALUES ($1, $2, 'running')")
             .bind(id)
             .bind(actor)
@@ -178,8 +178,9 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn finish_precheck(&self, report: &v1::PrecheckReport) -> Result<(), StoreError> {
-        let id =
-            Uuid::parse_str(&report.precheck_id).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let id = uuid::Uuid::parse_str(&report.precheck_id)
+            .map(PrecheckId::new)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         sqlx::query("UPDATE prechecks SET state = 'done', digest = $2, report = $3 WHERE id = $1")
             .bind(id)
             .bind(&report.digest)
@@ -193,7 +194,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn fail_precheck(&self, id: Uuid, error: &str) -> Result<(), StoreError> {
+    pub async fn fail_precheck(&self, id: PrecheckId, error: &str) -> Result<(), StoreError> {
         let mut transaction = self.pool().begin().await?;
         sqlx::query("DELETE FROM precheck_items WHERE precheck_id = $1")
             .bind(id)
@@ -212,25 +213,14 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn get_precheck(&self, id: Uuid) -> Result<Option<PrecheckRecord>, StoreError> {
-        let row = sqlx::query("SELECT state, error, report FROM prechecks WHERE id = $1")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let state: String = row.try_get("state")?;
-        let report: Option<Vec<u8>> = row.try_get("report")?;
-        Ok(Some(match (state.as_str(), report) {
-            ("done", Some(report)) => PrecheckRecord::Done(Box::new(
-                v1::PrecheckReport::decode(report.as_slice())
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            )),
-            ("failed", _) => PrecheckRecord::Failed(
-                row.try_get::<Option<String>, _>("error")?
-                    .unwrap_or_default(),
-            ),
-            _ => PrecheckRecord::Running,
-        }))
+    pub async fn get_precheck(&self, id: PrecheckId) -> Result<Option<PrecheckRecord>, StoreError> {
+        let row = sqlx::query_as::<_, PrecheckRow>(
+            "SELECT state, error, report FROM prechecks WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(PrecheckRecord::try_from).transpose()
     }
 
     /// One page of a precheck's items by dead letter id, optionally of one
@@ -242,13 +232,13 @@ impl Store {
     /// [`StoreError`].
     pub async fn list_precheck_items(
         &self,
-        id: Uuid,
+        id: PrecheckId,
         verdict: Option<&str>,
         after_id: i64,
         page_size: u32,
-        plan_id: Option<Uuid>,
+        plan_id: Option<PlanId>,
     ) -> Result<Vec<v1::PrecheckItem>, StoreError> {
-        let rows = sqlx::query(
+        let rows = sqlx::query_as::<_, PrecheckItemRow>(
             "SELECT c.dead_letter_id, c.verdict, c.reason, c.at_send, d.message_key, d.destination, d.event_type \
              FROM (SELECT dead_letter_id, verdict, reason, false AS at_send FROM precheck_items \
                    WHERE precheck_id = $1 AND ($2::text IS NULL OR verdict = $2) AND dead_letter_id > $3 \
@@ -267,21 +257,58 @@ impl Store {
         .bind(plan_id)
         .fetch_all(self.pool())
         .await?;
-        rows.iter()
-            .map(|row| {
-                let verdict: String = row.try_get("verdict")?;
-                Ok(v1::PrecheckItem {
-                    dead_letter_id: row.try_get::<i64, _>("dead_letter_id")?.to_string(),
-                    message_key: row.try_get("message_key")?,
-                    verdict: verdict_from_name(&verdict).into(),
-                    reason: row.try_get("reason")?,
-                    destination: row.try_get("destination")?,
-                    event_type: row.try_get("event_type")?,
-                    at_send: row.try_get("at_send")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        Ok(rows.into_iter().map(v1::PrecheckItem::from).collect())
+    }
+}
+
+/// A precheck item as [`Store::list_precheck_items`] reads it.
+#[derive(sqlx::FromRow)]
+struct PrecheckItemRow {
+    dead_letter_id: DeadLetterId,
+    message_key: String,
+    verdict: String,
+    reason: String,
+    destination: String,
+    event_type: Option<String>,
+    at_send: bool,
+}
+
+impl From<PrecheckItemRow> for v1::PrecheckItem {
+    fn from(row: PrecheckItemRow) -> Self {
+        Self {
+            dead_letter_id: row.dead_letter_id.to_string(),
+            message_key: row.message_key,
+            verdict: verdict_from_name(&row.verdict).into(),
+            reason: row.reason,
+            destination: row.destination,
+            event_type: row.event_type,
+            at_send: row.at_send,
+        }
+    }
+}
+
+/// A precheck as [`Store::get_precheck`] reads it.
+#[derive(sqlx::FromRow)]
+struct PrecheckRow {
+    state: String,
+    error: Option<String>,
+    report: Option<Vec<u8>>,
+}
+
+impl TryFrom<PrecheckRow> for PrecheckRecord {
+    type Error = StoreError;
+
+    /// # Errors
+    /// [`StoreError::Corrupt`] when a done precheck's report does not decode.
+    fn try_from(row: PrecheckRow) -> Result<Self, StoreError> {
+        Ok(match (row.state.as_str(), row.report) {
+            ("done", Some(report)) => Self::Done(Box::new(
+                v1::PrecheckReport::decode(report.as_slice())
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            )),
+            ("failed", _) => Self::Failed(row.error.unwrap_or_default()),
+            _ => Self::Running,
+        })
     }
 }
 
@@ -318,8 +345,8 @@ pub fn verdict_from_name(name: &str) -> v1::Verdict {
 /// newline and carriage return escaped, PostgreSQL docs "COPY", Text Format).
 pub fn copy_line(
     buffer: &mut Vec<u8>,
-    precheck_id: Uuid,
-    dead_letter_id: i64,
+    precheck_id: PrecheckId,
+    dead_letter_id: DeadLetterId,
     verdict: &str,
     stale_at: Option<DateTime<Utc>>,
     reason: &str,
@@ -360,35 +387,57 @@ pub async fn send_copy(
     Ok(())
 }
 
-fn candidate_from_row(row: &PgRow) -> Result<Candidate, StoreError> {
-    let id: i64 = row.try_get("id")?;
-    let first_id: Option<i64> = row.try_get("first_id")?;
-    let replayed_plan: Option<Uuid> = row.try_get("replayed_plan")?;
-    let replayed_at: Option<DateTime<Utc>> = row.try_get("replayed_at")?;
-    let body: Option<Vec<u8>> = row.try_get("body")?;
-    let properties: Option<Vec<u8>> = row.try_get("properties")?;
-    let headers: Option<Vec<u8>> = row.try_get("headers")?;
-    Ok(Candidate {
-        id,
-        message_key: row.try_get("message_key")?,
-        source: row.try_get("source")?,
-        destination: row.try_get("destination")?,
-        body_oversized: row.try_get("body_oversized")?,
-        body_problem: row.try_get("body_problem")?,
-        event_type: row.try_get("event_type")?,
-        schema_version: row.try_get("schema_version")?,
-        producer: row.try_get("producer")?,
-        reason_class: row.try_get("reason_class")?,
-        occurred_at: row.try_get("occurred_at")?,
-        first_died_at: row.try_get("first_died_at")?,
-        died_at: row.try_get("died_at")?,
-        duplicate_of: first_id.filter(|first| *first != id),
-        replayed: replayed_plan.zip(replayed_at),
-        replayed_certain: row.try_get("replayed_certain")?,
-        redrives: row.try_get("redrives")?,
-        payload: match (body, properties, headers) {
-            (Some(body), Some(properties), Some(headers)) => Some((body, properties, headers)),
-            _ => None,
-        },
-    })
+/// A row of [`Store::stream_candidates`].
+#[derive(sqlx::FromRow)]
+struct CandidateRow {
+    id: DeadLetterId,
+    message_key: String,
+    source: String,
+    destination: String,
+    body_oversized: bool,
+    body_problem: Option<String>,
+    event_type: Option<String>,
+    schema_version: Option<String>,
+    producer: Option<String>,
+    reason_class: String,
+    occurred_at: Option<DateTime<Utc>>,
+    first_died_at: DateTime<Utc>,
+    died_at: DateTime<Utc>,
+    first_id: Option<DeadLetterId>,
+    replayed_plan: Option<PlanId>,
+    replayed_at: Option<DateTime<Utc>>,
+    replayed_certain: bool,
+    redrives: i64,
+    body: Option<Vec<u8>>,
+    properties: Option<Vec<u8>>,
+    headers: Option<Vec<u8>>,
+}
+
+impl From<CandidateRow> for Candidate {
+    fn from(row: CandidateRow) -> Self {
+        let id = row.id;
+        Self {
+            id,
+            message_key: row.message_key,
+            source: row.source,
+            destination: row.destination,
+            body_oversized: row.body_oversized,
+            body_problem: row.body_problem,
+            event_type: row.event_type,
+            schema_version: row.schema_version,
+            producer: row.producer,
+            reason_class: row.reason_class,
+            occurred_at: row.occurred_at,
+            first_died_at: row.first_died_at,
+            died_at: row.died_at,
+            duplicate_of: row.first_id.filter(|first| *first != id),
+            replayed: row.replayed_plan.zip(row.replayed_at),
+            replayed_certain: row.replayed_certain,
+            redrives: row.redrives,
+            payload: match (row.body, row.properties, row.headers) {
+                (Some(body), Some(properties), Some(headers)) => Some((body, properties, headers)),
+                _ => None,
+            },
+        }
+    }
 }

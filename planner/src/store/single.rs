@@ -8,20 +8,23 @@
 
 use std::time::Duration;
 
-use sqlx::{Postgres, Row, Transaction};
-use uuid::Uuid;
+use sqlx::{Postgres, Transaction};
 
 use super::{
     Store, StoreError,
     plans::{CreateOutcome, Moved, NewPlan, insert_plan, transition_in},
 };
-use crate::plan_state::{self, Event, State};
+use crate::{
+    ids::{DeadLetterId, PlanId},
+    plan_state::{self, Event, State},
+};
 
 /// A plan that may still publish a dead letter: its id and state.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ActivePlan {
     /// The plan.
-    pub plan_id: Uuid,
+    #[sqlx(rename = "id")]
+    pub plan_id: PlanId,
     /// Its state: any state not final (`awaiting_approval`, `canary`,
     /// `observing`, `main`, `paused`).
     pub state: State,
@@ -52,11 +55,13 @@ pub enum RepairOutcome {
 }
 
 /// Where a plan of one stands, for the caller waiting on it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SingleProgress {
     /// The plan's state.
+    #[sqlx(rename = "state")]
     pub plan_state: State,
     /// Why it is in that state (cancel or abort reason).
+    #[sqlx(rename = "state_reason")]
     pub plan_reason: String,
     /// The item's state (`pending`, `uncertain` or a final action).
     pub item_state: String,
@@ -67,7 +72,7 @@ pub struct SingleProgress {
 /// Serializes work on one dead letter until `transaction` ends.
 async fn lock_dead_letter(
     transaction: &mut Transaction<'_, Postgres>,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
 ) -> Result<(), StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('redrive-dead-letter:' || $1, 0))")
         .bind(dead_letter_id)
@@ -80,9 +85,9 @@ async fn lock_dead_letter(
 /// a state not final, with the dead letter's item pending or uncertain.
 async fn active_plan_of(
     transaction: &mut Transaction<'_, Postgres>,
-    dead_letter_id: i64,
+    dead_letter_id: DeadLetterId,
 ) -> Result<Option<ActivePlan>, StoreError> {
-    let row = sqlx::query(
+    Ok(sqlx::query_as(
         "SELECT p.id, p.state FROM plan_items i JOIN plans p ON p.id = i.plan_id \
          WHERE i.dead_letter_id = $1 AND i.state IN ('pending', 'uncertain') AND p.state = ANY($2) \
          ORDER BY p.created_at LIMIT 1",
@@ -90,15 +95,7 @@ async fn active_plan_of(
     .bind(dead_letter_id)
     .bind(plan_state::names_where(|state| !state.is_final()))
     .fetch_optional(&mut **transaction)
-    .await?;
-    row.map(|row| {
-        Ok(ActivePlan {
-            plan_id: row.try_get("id")?,
-            state: row.try_get("state")?,
-        })
-    })
-    .transpose()
-    .map_err(|error: sqlx::Error| StoreError::from(error))
+    .await?)
 }
 
 impl Store {
@@ -113,7 +110,7 @@ impl Store {
     pub async fn create_single_plan(
         &self,
         plan: &NewPlan,
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         reason: &str,
         claim_within: Duration,
     ) -> Result<SingleOutcome, StoreError> {
@@ -160,26 +157,16 @@ impl Store {
     /// [`StoreError`].
     pub async fn single_progress(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
     ) -> Result<Option<SingleProgress>, StoreError> {
-        let row = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT p.state, p.state_reason, i.state AS item_state, s.fencing_token > 0 AS claimed \
              FROM plans p JOIN plan_items i ON i.plan_id = p.id JOIN plan_slices s ON s.id = i.slice_id \
              WHERE p.id = $1 LIMIT 1",
         )
         .bind(plan_id)
         .fetch_optional(self.pool())
-        .await?;
-        row.map(|row| {
-            Ok(SingleProgress {
-                plan_state: row.try_get("state")?,
-                plan_reason: row.try_get("state_reason")?,
-                item_state: row.try_get("item_state")?,
-                claimed: row.try_get("claimed")?,
-            })
-        })
-        .transpose()
-        .map_err(|error: sqlx::Error| StoreError::from(error))
+        .await?)
     }
 
     /// Cancels a plan in `main` or `paused` whose slices no executor has leased
@@ -191,7 +178,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn cancel_unclaimed(
         &self,
-        plan_id: Uuid,
+        plan_id: PlanId,
         actor: &str,
         reason: &str,
     ) -> Result<bool, StoreError> {
@@ -223,7 +210,7 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn unclaimed_past_deadline(&self) -> Result<Vec<Uuid>, StoreError> {
+    pub async fn unclaimed_past_deadline(&self) -> Result<Vec<PlanId>, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT p.id FROM plans p WHERE p.claim_by < now() AND p.state = ANY($1) \
              AND NOT EXISTS (SELECT 1 FROM plan_slices s WHERE s.plan_id = p.id AND s.fencing_token > 0)",
@@ -241,7 +228,7 @@ impl Store {
     /// [`StoreError`]; nothing is stored then.
     pub async fn repair_dead_letter(
         &self,
-        dead_letter_id: i64,
+        dead_letter_id: DeadLetterId,
         body: &[u8],
         body_sha256: &[u8; 32],
         actor: &str,
