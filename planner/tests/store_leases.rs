@@ -323,3 +323,35 @@ async fn a_release_clears_the_mark() {
     db.store.expire_leases().await.unwrap();
     assert_eq!(db.states().await, ["uncertain"; 4], "every unreported item");
 }
+
+/// Issue 13: operator actions have no count limit (a plan may be paused and
+/// resumed without end), so `GetPlan` shows the newest
+/// `MAX_PLAN_ACTIONS_SHOWN` and counts the rest.
+#[tokio::test]
+async fn a_plan_shows_its_newest_operator_actions_and_counts_the_rest() {
+    let db = Db::new().await;
+    let shown = usize::try_from(redrive_proto::limits::MAX_PLAN_ACTIONS_SHOWN).unwrap();
+    let actions = shown + 11;
+    for n in 0..actions {
+        let event = if n % 2 == 0 {
+            Event::Pause
+        } else {
+            Event::Resume
+        };
+        let moved = db
+            .store
+            .transition_plan(PLAN, event, "alice", &format!("action {n}"))
+            .await
+            .unwrap();
+        assert!(matches!(moved, Moved::To(_)), "{n}: {moved:?}");
+    }
+    let plan = db.store.get_plan(PLAN).await.unwrap().expect("the plan");
+    assert_eq!(plan.actions.len(), shown);
+    assert_eq!(plan.actions_omitted, 11);
+    assert_eq!(plan.actions[0].reason, "action 11", "oldest shown first");
+    assert_eq!(
+        plan.actions.last().unwrap().reason,
+        format!("action {}", actions - 1),
+        "the newest is last"
+    );
+}

@@ -102,6 +102,11 @@ pub const MAX_LEASE_TTL_SECONDS: u64 = 3600;
 /// Longest wait of a partial capture batch (`--capture-batch-wait-ms`).
 pub const MAX_CAPTURE_BATCH_WAIT_MS: u64 = 60_000;
 
+/// Most operator actions `GetPlan` shows, the newest ones: a plan paused and
+/// resumed without end still fits a gRPC message (200 × a 4 KiB reason is
+/// under 1 MiB). `Plan.actions_omitted` counts the older ones.
+pub const MAX_PLAN_ACTIONS_SHOWN: i64 = 200;
+
 /// Most attempts an ingested dead letter may say it had.
 pub const MAX_ATTEMPTS: u32 = 1_000_000;
 

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use prost::Message;
-use redrive_proto::{time::timestamp, v1};
+use redrive_proto::{limits::MAX_PLAN_ACTIONS_SHOWN, time::timestamp, v1};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::{Store, StoreError};
@@ -547,12 +547,20 @@ impl Store {
         .await?;
         let Some(row) = row else { return Ok(None) };
         let mut plan = v1::Plan::from(row);
-        let actions = sqlx::query_as::<_, OperatorActionRow>(
-            "SELECT action, actor, reason, at FROM operator_actions WHERE plan_id = $1 ORDER BY id",
+        // The newest actions, and how many the plan has in all.
+        let mut actions = sqlx::query_as::<_, OperatorActionRow>(
+            "SELECT action, actor, reason, at, count(*) OVER () AS total \
+             FROM operator_actions WHERE plan_id = $1 ORDER BY id DESC LIMIT $2",
         )
         .bind(plan_id)
+        .bind(MAX_PLAN_ACTIONS_SHOWN)
         .fetch_all(self.pool())
         .await?;
+        actions.reverse();
+        let total = actions.first().map_or(0, |row| row.total);
+        plan.actions_omitted = u64::try_from(total)
+            .unwrap_or(0)
+            .saturating_sub(actions.len() as u64);
         plan.actions = actions.into_iter().map(v1::OperatorAction::from).collect();
         Ok(Some(plan))
     }
@@ -630,6 +638,8 @@ struct OperatorActionRow {
     actor: String,
     reason: String,
     at: DateTime<Utc>,
+    /// Actions of the plan in all.
+    total: i64,
 }
 
 impl From<OperatorActionRow> for v1::OperatorAction {
@@ -753,6 +763,7 @@ impl From<PlanRow> for v1::Plan {
             created_at: Some(timestamp(row.created_at)),
             state_reason: row.state_reason,
             actions: Vec::new(),
+            actions_omitted: 0,
             warnings: row.warnings,
             precheck_digest: row.precheck_digest,
             slices_total: u64::try_from(row.slices_total).unwrap_or_default(),

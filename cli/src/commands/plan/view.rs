@@ -239,6 +239,9 @@ pub struct PlanJson {
     pub completed_at: Option<String>,
     pub observing_until: Option<String>,
     pub actions: Vec<ActionJson>,
+    /// Older operator actions the planner did not send (it sends the newest
+    /// 200).
+    pub actions_omitted: u64,
     pub warnings: Vec<String>,
 }
 
@@ -295,6 +298,7 @@ impl From<&Plan> for PlanJson {
                     at: timestamp_text(action.at.as_ref()),
                 })
                 .collect(),
+            actions_omitted: plan.actions_omitted,
             warnings: plan.warnings.clone(),
         }
     }
@@ -370,6 +374,9 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
     write_counts(out, &plan.counts)?;
     if !plan.actions.is_empty() {
         writeln!(out, "\noperator actions:")?;
+        if plan.actions_omitted > 0 {
+            writeln!(out, "({} older actions not shown)", plan.actions_omitted)?;
+        }
         let mut table = output::table(&["at", "action", "actor", "reason"]);
         for action in &plan.actions {
             table.add_row([
@@ -668,6 +675,7 @@ mod tests {
             completed_at: None,
             items_done: 450,
             observing_until: None,
+            actions_omitted: 3,
         }
     }
 
@@ -718,6 +726,7 @@ mod tests {
                     "action": "approve", "actor": "bob", "reason": "",
                     "at": "2024-05-01T12:05:00Z",
                 }],
+                "actions_omitted": 3,
                 "warnings": ["2 destinations"],
             })
         );
@@ -736,7 +745,8 @@ mod tests {
             json!({"per_second": 0.0, "burst": 0, "rationale": ""})
         );
         assert_eq!(json["observing_until"], serde_json::Value::Null);
-        assert_eq!(json.as_object().unwrap().len(), 24);
+        assert_eq!(json["actions_omitted"], 0);
+        assert_eq!(json.as_object().unwrap().len(), 25);
     }
 
     #[test]
@@ -861,6 +871,7 @@ mod tests {
             "sent                440",
             "uncertain           0",
             "operator actions:",
+            "(3 older actions not shown)",
             "2024-05-01T12:05:00Z  approve  bob",
             "WARNING: 2 destinations",
             "next: redrivectl plan resume 0190f3b0-0000-7000-8000-000000000001 --reason TEXT",
