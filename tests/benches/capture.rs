@@ -18,8 +18,7 @@ use lapin::{
     options::BasicPublishOptions,
     types::{AMQPValue, FieldTable, LongString, ShortString},
 };
-use redrive_planner::Config;
-use redrive_tests::{AMQP_URL, Broker, PlannerHandle, TestDb, unique, wait_until};
+use redrive_tests::{Broker, TestBed, unique, wait_until};
 
 /// A DLQ holding `messages` dead letters the broker made (TTL 0 on a work
 /// queue with a dead-letter exchange).
@@ -139,19 +138,17 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = backlog(&broker, messages).await?;
     let unguarded_dlq = backlog(&broker, messages).await?;
     let raw_dlq = backlog(&broker, messages).await?;
     let raw_rate = raw_consume(&broker, &raw_dlq, messages).await?;
-    let unguarded = capture(&db, &broker, &unguarded_dlq, messages, false).await?;
+    let unguarded = capture(&broker, &unguarded_dlq, messages, false).await?;
     println!(
         "without the capture guard: {unguarded:.0} dead letters/s; {:.2}× the raw limit",
         unguarded / raw_rate
     );
-    let db = TestDb::new();
-    let guarded = capture(&db, &broker, &dlq, messages, true).await?;
+    let guarded = capture(&broker, &dlq, messages, true).await?;
     println!(
         "with the capture guard (as in service): {guarded:.0} dead letters/s; {:.2}× the raw limit, {:.2}× unguarded",
         guarded / raw_rate,
@@ -161,29 +158,21 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Captures the backlog in `dlq` into `db` with a planner in process;
-/// dead letters per second.
-async fn capture(
-    db: &TestDb,
-    broker: &Broker,
-    dlq: &str,
-    messages: u32,
-    guard: bool,
-) -> anyhow::Result<f64> {
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![dlq.to_owned()];
-    config.capture_guard = guard;
-    config.message_keys = vec!["json:/order_id".to_owned()];
+/// Captures the backlog in `dlq` into a database of its own with a planner
+/// in process; dead letters per second.
+async fn capture(broker: &Broker, dlq: &str, messages: u32, guard: bool) -> anyhow::Result<f64> {
     // Create the database and schema before timing.
-    PlannerHandle::start(Config::for_database(db.url()))
-        .await?
-        .stop()
-        .await?;
-    let pool = db.pool().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    bed.planner.halt().await?;
+    let pool = bed.pool().await?;
 
     let started = Instant::now();
-    let planner = PlannerHandle::start(config).await?;
+    bed.restart_planner(|config| {
+        config.capture_queues = vec![dlq.to_owned()];
+        config.capture_guard = guard;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+    })
+    .await?;
     wait_until(
         "every dead letter stored",
         Duration::from_secs(600),
@@ -196,7 +185,7 @@ async fn capture(
     )
     .await?;
     let elapsed = started.elapsed();
-    planner.stop().await?;
+    bed.planner.halt().await?;
     let left = broker.ready_count(dlq).await?;
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
         .fetch_one(&pool)
@@ -207,7 +196,7 @@ async fn capture(
         elapsed.as_secs_f64(),
     );
     pool.close().await;
-    db.drop_database().await;
+    bed.finish().await?;
     anyhow::ensure!(
         stored == i64::from(messages) && left == 0,
         "capture lost or duplicated dead letters"

@@ -10,10 +10,9 @@
 
 use std::time::Instant;
 
-use redrive_planner::Config;
 use redrive_proto::v1::{self, PrecheckOptions, RunPrecheckRequest};
 use redrive_tests::{
-    PlannerHandle, TestDb, env_count,
+    TestBed, env_count,
     orders_hook::{self, OrdersHook},
     peak_rss_mib,
 };
@@ -52,11 +51,8 @@ async fn generate(
     Ok(())
 }
 
-async fn time_precheck(
-    planner: &PlannerHandle,
-    source: &str,
-) -> anyhow::Result<(f64, v1::PrecheckReport)> {
-    let mut client = planner.client().await?;
+async fn time_precheck(bed: &TestBed, source: &str) -> anyhow::Result<(f64, v1::PrecheckReport)> {
+    let mut client = bed.client.clone();
     let started = Instant::now();
     let report = client
         .run_precheck(RunPrecheckRequest {
@@ -78,9 +74,8 @@ async fn time_precheck(
 async fn main() -> anyhow::Result<()> {
     let hooked = env_count("REDRIVE_BENCH_HOOKED", 100_000);
     let unhooked = env_count("REDRIVE_BENCH_UNHOOKED", 1_000_000);
-    let db = TestDb::new();
-    let setup = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let pool = db.pool().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let pool = bed.pool().await?;
     OrdersHook::create_schema(&pool).await?;
     sqlx::query("INSERT INTO orders (order_id, status) SELECT 'o-' || g, 'CANCELLED' FROM generate_series(1, $1) g")
         .bind(hooked / 10)
@@ -93,17 +88,18 @@ async fn main() -> anyhow::Result<()> {
         "generated {hooked} + {unhooked} dead letters in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    setup.stop().await?;
+    bed.planner.halt().await?;
 
     let hook_shutdown = CancellationToken::new();
     let hook_url = orders_hook::spawn(OrdersHook::new(pool.clone()), hook_shutdown.clone()).await?;
-    let mut config = Config::for_database(db.url());
-    config.state_checks = vec![format!(
-        "{}={hook_url}",
-        std::env::var("REDRIVE_BENCH_ROUTE").unwrap_or_else(|_| "order.*".to_owned())
-    )];
-    let planner = PlannerHandle::start(config).await?;
-    let (seconds, report) = time_precheck(&planner, "bench-hooked").await?;
+    bed.restart_planner(|config| {
+        config.state_checks = vec![format!(
+            "{}={hook_url}",
+            std::env::var("REDRIVE_BENCH_ROUTE").unwrap_or_else(|_| "order.*".to_owned())
+        )];
+    })
+    .await?;
+    let (seconds, report) = time_precheck(&bed, "bench-hooked").await?;
     let counts = report.counts.unwrap_or_default();
     println!(
         "precheck of {} dead letters with the orders hook (batches of 500): {seconds:.2} s ({:.0}/s); \
@@ -115,11 +111,11 @@ async fn main() -> anyhow::Result<()> {
         counts.blocked_by_state,
         peak_rss_mib()
     );
-    planner.stop().await?;
+    bed.planner.halt().await?;
     hook_shutdown.cancel();
 
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let (seconds, report) = time_precheck(&planner, "bench-unhooked").await?;
+    bed.restart_planner(|_| {}).await?;
+    let (seconds, report) = time_precheck(&bed, "bench-unhooked").await?;
     let counts = report.counts.unwrap_or_default();
     println!(
         "precheck of {} dead letters without a hook: {seconds:.2} s ({:.0}/s); replayable {}, duplicate {}; peak RSS {:.0} MiB",
@@ -129,8 +125,6 @@ async fn main() -> anyhow::Result<()> {
         counts.duplicate,
         peak_rss_mib()
     );
-    planner.stop().await?;
     pool.close().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

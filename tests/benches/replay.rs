@@ -16,12 +16,8 @@ use std::time::{Duration, Instant};
 
 use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
 use prost::Message;
-use redrive_planner::Config;
 use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
-use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, PlannerHandle, REDIS_URL, RedisKeys, TestDb, env_count,
-    peak_rss_mib, unique,
-};
+use redrive_tests::{Broker, ExecutorHandle, TestBed, env_count, peak_rss_mib, unique};
 
 async fn generate(
     pool: &sqlx::PgPool,
@@ -79,13 +75,8 @@ async fn generate(
     Ok(())
 }
 
-async fn replay(
-    planner: &PlannerHandle,
-    source: &str,
-    executors: usize,
-    prefix: &str,
-) -> anyhow::Result<f64> {
-    let mut client = planner.client().await?;
+async fn replay(bed: &TestBed, source: &str, executors: usize) -> anyhow::Result<f64> {
+    let mut client = bed.client.clone();
     let report = client
         .run_precheck(v1::RunPrecheckRequest {
             selector: Some(v1::Selector {
@@ -113,7 +104,7 @@ async fn replay(
         })
         .await?
         .into_inner();
-    let mut config = ExecutorHandle::config(planner, Some((REDIS_URL, prefix)));
+    let mut config = bed.executor_config();
     config.claim_wait_seconds = 1;
     let started = Instant::now();
     client
@@ -157,22 +148,20 @@ async fn replay(
 async fn main() -> anyhow::Result<()> {
     let messages = env_count("REDRIVE_BENCH_MESSAGES", 100_000);
     let naive_messages = env_count("REDRIVE_BENCH_NAIVE", 10_000);
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let queues: Vec<String> = (0..4).map(|_| unique("bench_replay")).collect();
     for queue in &queues {
         broker.queue(queue, FieldTable::default()).await?;
     }
-    let setup = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let pool = db.pool().await?;
+    let mut bed = TestBed::start(broker, |_| {}).await?;
+    let pool = bed.pool().await?;
     generate(&pool, "bench-one", messages, [&queues[0], &queues[1]]).await?;
     generate(&pool, "bench-two", messages, [&queues[2], &queues[3]]).await?;
     sqlx::query("ANALYZE dead_letters").execute(&pool).await?;
-    setup.stop().await?;
+    bed.planner.halt().await?;
 
     // The naive loop: publish, await the confirm, next.
+    let broker = bed.broker();
     let naive_queue = unique("bench_naive");
     broker.queue(&naive_queue, FieldTable::default()).await?;
     let body = vec![b'x'; 1024];
@@ -201,16 +190,15 @@ async fn main() -> anyhow::Result<()> {
         "naive loop (publish, await confirm, next): {naive_messages} messages, {naive:.0} msg/s"
     );
 
-    let mut config = Config::for_database(db.url());
-    config.lease_ttl_seconds = 30;
-    let planner = PlannerHandle::start(config).await?;
-    let one = replay(&planner, "bench-one", 1, &prefix).await?;
+    bed.restart_planner(|config| config.lease_ttl_seconds = 30)
+        .await?;
+    let one = replay(&bed, "bench-one", 1).await?;
     println!(
         "one executor: {messages} dead letters replayed end to end in {one:.2} s: {:.0} msg/s; peak RSS {:.0} MiB",
         messages as f64 / one,
         peak_rss_mib()
     );
-    let two = replay(&planner, "bench-two", 2, &prefix).await?;
+    let two = replay(&bed, "bench-two", 2).await?;
     println!(
         "two executors: {messages} dead letters replayed end to end in {two:.2} s: {:.0} msg/s; peak RSS {:.0} MiB",
         messages as f64 / two,
@@ -219,7 +207,7 @@ async fn main() -> anyhow::Result<()> {
     let delivered: u32 = {
         let mut total = 0;
         for queue in &queues {
-            total += broker.ready_count(queue).await?;
+            total += bed.broker().ready_count(queue).await?;
         }
         total
     };
@@ -227,15 +215,11 @@ async fn main() -> anyhow::Result<()> {
         "delivered {delivered} messages in all (expected {})",
         2 * messages
     );
-    planner.stop().await?;
     pool.close().await;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
+    bed.finish().await?;
     anyhow::ensure!(
         i64::from(delivered) == 2 * messages,
         "lost or duplicated messages"
     );
-    let _ = AMQP_URL;
     Ok(())
 }

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use redrive_proto::v1::{self, PlanState};
-use redrive_tests::{Broker, ExecutorHandle, REDIS_URL, RedisKeys, TestDb, env_count};
+use redrive_tests::{Broker, ExecutorHandle, env_count};
 use tokio::time::Instant;
 
 #[path = "../tests/support/mod.rs"]
@@ -22,18 +22,12 @@ use support::*;
 
 /// One round: the time from the stop call's return to the last delivery.
 async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow::Result<Latency> {
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, items).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, u64::from(items)).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, per_second, burst, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let mut bed = bed(broker, &[&incident.dlq], u64::from(items)).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, per_second, burst, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
     let started = received.clone();
     redrive_tests::wait_until("publishing", Duration::from_secs(30), move || {
         let started = started.clone();
@@ -46,9 +40,9 @@ async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow:
     };
     let called_at = Instant::now();
     let state = if cancel {
-        client.cancel_plan(request).await?.into_inner().state()
+        bed.client.cancel_plan(request).await?.into_inner().state()
     } else {
-        client.pause_plan(request).await?.into_inner().state()
+        bed.client.pause_plan(request).await?.into_inner().state()
     };
     let returned_at = Instant::now();
     anyhow::ensure!(
@@ -66,10 +60,11 @@ async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow:
         .unwrap_or(called_at);
     executor.stop().await?;
     consuming.abort();
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
+    let received = received.lock().unwrap().clone();
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
+    bed.finish().await?;
     Ok(Latency {
         from_call: last.saturating_duration_since(called_at),
         from_return: last.saturating_duration_since(returned_at),

@@ -9,8 +9,10 @@
 //! - [`Broker`]: a RabbitMQ connection and helpers to declare, publish, count
 //!   and delete what a test uses (also on drop).
 //! - [`RedisKeys`]: a Redis key prefix of its own, deleted on drop.
-//! - [`TestBed`]: a database, a broker, a Redis prefix, a planner and its
-//!   client for one test, cleaned up on drop or by [`TestBed::finish`].
+//! - [`TestBed`]: a database, a broker (or none), a Redis prefix, a planner
+//!   and its client for one test, cleaned up on drop or by
+//!   [`TestBed::finish`]; the planner can be stopped and restarted with
+//!   other settings over the same database.
 //! - [`TcpProxy`]: forwards to a server until cut or stalled.
 //! - [`ExecutorProcess`]: the `redrive-executor` binary as a child process.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
@@ -517,13 +519,15 @@ impl ExecutorProcess {
     }
 }
 
-/// A planner running in-process.
+/// A planner running in-process; dropped, it is told to shut down (and not
+/// waited for).
 pub struct PlannerHandle {
     /// Where it listens.
     pub addr: SocketAddr,
     /// Cancels it.
     pub shutdown: CancellationToken,
-    task: JoinHandle<anyhow::Result<()>>,
+    /// `None` once [`PlannerHandle::halt`] waited for it.
+    task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
 impl PlannerHandle {
@@ -539,7 +543,7 @@ impl PlannerHandle {
         let handle = Self {
             addr,
             shutdown,
-            task,
+            task: Some(task),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
@@ -556,7 +560,10 @@ impl PlannerHandle {
                     return Ok(handle);
                 }
             }
-            anyhow::ensure!(!handle.task.is_finished(), "planner exited during start-up");
+            anyhow::ensure!(
+                !handle.task.as_ref().is_some_and(JoinHandle::is_finished),
+                "planner exited during start-up"
+            );
             anyhow::ensure!(
                 tokio::time::Instant::now() < deadline,
                 "planner did not answer within 30 s"
@@ -584,9 +591,27 @@ impl PlannerHandle {
     ///
     /// # Errors
     /// What `run` returned.
-    pub async fn stop(self) -> anyhow::Result<()> {
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.halt().await
+    }
+
+    /// [`PlannerHandle::stop`] in place: the handle stays, answering `Ok`
+    /// at once when halted again.
+    ///
+    /// # Errors
+    /// What `run` returned.
+    pub async fn halt(&mut self) -> anyhow::Result<()> {
         self.shutdown.cancel();
-        self.task.await?
+        match self.task.take() {
+            Some(task) => task.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PlannerHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 
@@ -824,13 +849,15 @@ impl Drop for RedisKeys {
     }
 }
 
-/// What a replay test stands on: a database, a broker connection, a Redis
-/// prefix and a planner with a client, each of the test's own. Dropped —
-/// also when the test fails — it stops nothing gracefully but leaves
-/// nothing behind: the database is dropped, the queues and exchanges the
-/// broker declared or tracks are deleted, and the Redis keys are removed
-/// (each part's own `Drop`). [`TestBed::finish`] does the same in order
-/// after a test that passed, and reports a planner that did not stop.
+/// What a scenario test stands on: a database, a broker connection (or
+/// none, for a test that only talks to the planner), a Redis prefix and a
+/// planner with a client, each of the test's own. Dropped — also when the
+/// test fails — it stops nothing gracefully but leaves nothing behind: the
+/// database is dropped, the queues and exchanges the broker declared or
+/// tracks are deleted, the Redis keys are removed and the planner is told
+/// to shut down (each part's own `Drop`). [`TestBed::finish`] does the same
+/// in order after a test that passed, and reports a planner that did not
+/// stop.
 pub struct TestBed {
     /// The planner's client.
     pub client: PlannerClient<GrpcChannel>,
@@ -839,7 +866,7 @@ pub struct TestBed {
     /// Key prefix for executors' buckets and replay keys.
     pub redis: RedisKeys,
     /// Declares and publishes; deletes what it declared.
-    pub broker: Broker,
+    broker: Option<Broker>,
     /// The database (created by the planner).
     pub db: TestDb,
 }
@@ -855,11 +882,29 @@ impl TestBed {
         broker: Broker,
         configure: impl FnOnce(&mut Config),
     ) -> anyhow::Result<Self> {
-        let db = TestDb::new();
-        let mut config = Config::for_database(db.url());
-        config.amqp_url = AMQP_URL.to_owned();
-        configure(&mut config);
-        let planner = PlannerHandle::start(config).await?;
+        Self::start_on(TestDb::new(), Some(broker), configure).await
+    }
+
+    /// [`TestBed::start`] without a broker connection: for a test that
+    /// declares nothing on RabbitMQ through the bed.
+    ///
+    /// # Errors
+    /// When the planner does not start.
+    pub async fn without_broker(configure: impl FnOnce(&mut Config)) -> anyhow::Result<Self> {
+        Self::start_on(TestDb::new(), None, configure).await
+    }
+
+    /// [`TestBed::start`] over `db`, which the caller named first (to reach
+    /// it through a [`TcpProxy`], say: `configure` may set the URL).
+    ///
+    /// # Errors
+    /// When a service is unreachable or the planner does not start.
+    pub async fn start_on(
+        db: TestDb,
+        broker: Option<Broker>,
+        configure: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<Self> {
+        let planner = PlannerHandle::start(Self::config(&db, configure)).await?;
         let client = planner.client().await?;
         Ok(Self {
             client,
@@ -868,6 +913,40 @@ impl TestBed {
             broker,
             db,
         })
+    }
+
+    /// A planner config for `db` and the local RabbitMQ, then `configure`d.
+    fn config(db: &TestDb, configure: impl FnOnce(&mut Config)) -> Config {
+        let mut config = Config::for_database(db.url());
+        config.amqp_url = AMQP_URL.to_owned();
+        configure(&mut config);
+        config
+    }
+
+    /// The broker connection.
+    ///
+    /// # Panics
+    /// When the bed was started [`TestBed::without_broker`].
+    pub fn broker(&self) -> &Broker {
+        self.broker
+            .as_ref()
+            .expect("a bed started with a broker (TestBed::start)")
+    }
+
+    /// Stops the planner and starts a new one over the same database,
+    /// configured by `configure` (from the defaults, as in
+    /// [`TestBed::start`]), with a new client.
+    ///
+    /// # Errors
+    /// When the old planner did not stop cleanly or the new one does not start.
+    pub async fn restart_planner(
+        &mut self,
+        configure: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<()> {
+        self.planner.halt().await?;
+        self.planner = PlannerHandle::start(Self::config(&self.db, configure)).await?;
+        self.client = self.planner.client().await?;
+        Ok(())
     }
 
     /// A pool on the test's database, for assertions.
@@ -883,21 +962,24 @@ impl TestBed {
         ExecutorHandle::config(&self.planner, Some((REDIS_URL, &self.redis.prefix)))
     }
 
-    /// Stops the planner, then cleans up the broker, Redis and the database.
+    /// Stops the planner (unless [`PlannerHandle::halt`]ed already), then
+    /// cleans up the broker, Redis and the database.
     ///
     /// # Errors
     /// When the planner did not stop cleanly, or Redis failed.
     pub async fn finish(self) -> anyhow::Result<()> {
         let Self {
             client,
-            planner,
+            mut planner,
             redis,
             broker,
             db,
         } = self;
         drop(client);
-        let stopped = planner.stop().await;
-        broker.cleanup().await;
+        let stopped = planner.halt().await;
+        if let Some(broker) = broker {
+            broker.cleanup().await;
+        }
         redis.cleanup().await?;
         db.drop_database().await;
         stopped

@@ -5,7 +5,6 @@
 use std::io::Write;
 
 use redrive_planner::{
-    Config,
     dead_letter::{ExtractionRules, RawDeadLetter},
     store::Store,
 };
@@ -14,7 +13,7 @@ use redrive_proto::v1::{
     ListDeadLettersRequest, MessageProperties, Origin, ReasonClass, SummarizeDeadLettersRequest,
     SummaryDimension, header_value::Value,
 };
-use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
+use redrive_tests::{TestBed, TestDb, init_logging, unique};
 use tonic::Code;
 
 fn item(
@@ -63,9 +62,7 @@ fn gzip(text: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("svc");
     let compressed = gzip(r#"{"order_id":"o-9"}"#);
     let mut bad = item(&source, "m-bad", b"{}", "rejected", "shop");
@@ -83,7 +80,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         item(&source, "m-3", b"plain", "expired", "billing"),
     ];
 
-    let first = client
+    let first = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(items.clone()))
         .await?
         .into_inner();
@@ -97,7 +95,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         first.rejected
     );
 
-    let again = client
+    let again = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?
         .into_inner();
@@ -112,7 +111,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         sources: vec![source.clone()],
         ..Default::default()
     };
-    let page = client
+    let page = bed
+        .client
         .list_dead_letters(ListDeadLettersRequest {
             selector: Some(selector.clone()),
             page_size: 2,
@@ -125,7 +125,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         page.dead_letters.iter().all(|d| d.body.is_empty()),
         "list answers carry no bodies"
     );
-    let rest = client
+    let rest = bed
+        .client
         .list_dead_letters(ListDeadLettersRequest {
             selector: Some(selector.clone()),
             page_size: 2,
@@ -135,7 +136,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .into_inner();
     assert_eq!(rest.dead_letters.len(), 1);
     assert!(rest.next_page_token.is_empty());
-    let limited = client
+    let limited = bed
+        .client
         .list_dead_letters(ListDeadLettersRequest {
             selector: Some(v1::Selector {
                 limit: 2,
@@ -157,7 +159,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .iter()
         .find(|d| d.message_id.as_deref() == Some("m-2"))
         .unwrap();
-    let got = client
+    let got = bed
+        .client
         .get_dead_letter(GetDeadLetterRequest { id: m2.id.clone() })
         .await?
         .into_inner();
@@ -192,7 +195,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
     assert_eq!(m1.reason_class(), ReasonClass::Exhausted);
 
     // Summary by reason and producer.
-    let summary = client
+    let summary = bed
+        .client
         .summarize_dead_letters(SummarizeDeadLettersRequest {
             selector: Some(selector.clone()),
             group_by: vec![
@@ -213,7 +217,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         (billing.key["reason"].as_str(), billing.count),
         ("expired", 1)
     );
-    let by_hour = client
+    let by_hour = bed
+        .client
         .summarize_dead_letters(SummarizeDeadLettersRequest {
             selector: Some(selector.clone()),
             group_by: vec![SummaryDimension::Hour as i32],
@@ -224,7 +229,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
     assert_eq!(by_hour.groups[0].key["hour"], "2025-11-24T16:00Z");
 
     // Errors name the field, the id, or the missing capability.
-    let bad_reason = client
+    let bad_reason = bed
+        .client
         .list_dead_letters(ListDeadLettersRequest {
             selector: Some(v1::Selector {
                 reasons: vec!["exploded".into()],
@@ -240,7 +246,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         "{}",
         bad_reason.message()
     );
-    let bad_token = client
+    let bad_token = bed
+        .client
         .list_dead_letters(ListDeadLettersRequest {
             page_token: "zz".into(),
             ..Default::default()
@@ -248,19 +255,22 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         .await
         .unwrap_err();
     assert!(bad_token.message().contains("page_token"));
-    let missing = client
+    let missing = bed
+        .client
         .get_dead_letter(GetDeadLetterRequest {
             id: "999999999".into(),
         })
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
-    let not_an_id = client
+    let not_an_id = bed
+        .client
         .get_dead_letter(GetDeadLetterRequest { id: "abc".into() })
         .await
         .unwrap_err();
     assert_eq!(not_an_id.code(), Code::InvalidArgument);
-    let no_id = client
+    let no_id = bed
+        .client
         .replay_dead_letter(v1::ReplayDeadLetterRequest::default())
         .await
         .unwrap_err();
@@ -270,7 +280,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         "{}",
         no_id.message()
     );
-    let no_body = client
+    let no_body = bed
+        .client
         .repair_dead_letter(v1::RepairDeadLetterRequest {
             dead_letter_id: "1".into(),
             new_body: vec![],
@@ -285,9 +296,7 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         no_body.message()
     );
 
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A redelivered message (planner died between commit and ack) is stored once;
@@ -295,9 +304,8 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessions()
 -> anyhow::Result<()> {
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let store = Store::from_pool(db.pool().await?);
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let store = Store::from_pool(bed.pool().await?);
     let rules = ExtractionRules::default();
     let raw = |body: &[u8], redelivered| RawDeadLetter {
         source: "q".to_owned(),
@@ -354,7 +362,7 @@ async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessio
         outcome.inserted, 2,
         "the second copy of same and the copy of the acked done are new"
     );
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     let count = |body: &'static [u8]| {
         let pool = pool.clone();
         async move {
@@ -368,9 +376,26 @@ async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessio
     assert_eq!(count(b"twin").await?, 1);
     assert_eq!(count(b"done").await?, 2);
     pool.close().await;
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
+}
+
+/// Whether `queue` exists on the local RabbitMQ (a passive declare).
+async fn queue_exists(queue: &str) -> anyhow::Result<bool> {
+    let checker = redrive_tests::Broker::connect().await?;
+    let passive = checker
+        .connection
+        .create_channel()
+        .await?
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    Ok(passive.is_ok())
 }
 
 /// The test helpers clean up after a test that fails early (drop guards).
@@ -390,21 +415,45 @@ async fn a_test_that_fails_early_leaves_no_database_or_queue_behind() -> anyhow:
         .queue(&queue, lapin::types::FieldTable::default())
         .await?;
     drop(broker);
-    let checker = redrive_tests::Broker::connect().await?;
-    let passive = checker
-        .connection
-        .create_channel()
-        .await?
-        .queue_declare(
-            queue.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
-        .await;
-    assert!(passive.is_err(), "queue {queue} deleted");
+    assert!(!queue_exists(&queue).await?, "queue {queue} deleted");
+    Ok(())
+}
+
+/// A test bed dropped mid-test (a failed test) leaves no database, queue or
+/// Redis key behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_bed_dropped_mid_test_leaves_nothing_behind() -> anyhow::Result<()> {
+    use sqlx::{Postgres, migrate::MigrateDatabase};
+
+    let bed = TestBed::start(redrive_tests::Broker::connect().await?, |_| {}).await?;
+    let url = bed.db.url();
+    let queue = unique("left-behind");
+    bed.broker()
+        .queue(&queue, lapin::types::FieldTable::default())
+        .await?;
+    let key = format!("{}probe", bed.redis.prefix);
+    let mut redis = redis::Client::open(redrive_tests::REDIS_URL)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(1)
+        .query_async(&mut redis)
+        .await?;
+    assert!(
+        Postgres::database_exists(&url).await?,
+        "the planner made it"
+    );
+    assert!(queue_exists(&queue).await?, "queue {queue} declared");
+
+    drop(bed);
+    assert!(!Postgres::database_exists(&url).await?, "database dropped");
+    assert!(!queue_exists(&queue).await?, "queue {queue} deleted");
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(left, 0, "Redis key {key} deleted");
     Ok(())
 }
 
@@ -412,9 +461,7 @@ async fn a_test_that_fails_early_leaves_no_database_or_queue_behind() -> anyhow:
 async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("import");
     let line = |message_id: &str, body: &[u8], destination: &str| {
         let mut line = item(&source, message_id, body, "rejected", "shop");
@@ -442,7 +489,8 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
         // A replay of m-1 that came back: a re-dead-letter.
         came_back,
     ];
-    let first = client
+    let first = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(items.clone()))
         .await?
         .into_inner();
@@ -451,7 +499,8 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
         (4, 1),
         "only the re-sent line is a repeat"
     );
-    let again = client
+    let again = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?
         .into_inner();
@@ -465,7 +514,7 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
          FROM dead_letters WHERE source = $1 ORDER BY 1, 2, 3",
     )
     .bind(&source)
-    .fetch_all(&db.pool().await?)
+    .fetch_all(&bed.pool().await?)
     .await?;
     assert_eq!(
         seen,
@@ -492,9 +541,7 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
             ),
         ]
     );
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A repair replaces the body; it cannot mend a problem of the message
@@ -503,15 +550,13 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
 async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = redrive_tests::AMQP_URL.to_owned();
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
+    // The bed's planner has the local broker's URL.
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("svc");
     let mut foreign = item(&source, "m-1", br#"{"order_id":"o-1"}"#, "rejected", "shop");
     foreign.properties.as_mut().unwrap().user_id = Some("billing-svc".to_owned());
-    let stored = client
+    let stored = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(vec![foreign]))
         .await?
         .into_inner();
@@ -543,18 +588,18 @@ async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() ->
             anyhow::Ok(items)
         }
     };
-    let before = precheck(&mut client).await?;
+    let before = precheck(&mut bed.client).await?;
     assert_eq!(before.len(), 1);
     assert_eq!(before[0].verdict(), redrive_proto::v1::Verdict::Invalid);
     assert!(before[0].reason.contains("user_id"), "{}", before[0].reason);
-    client
+    bed.client
         .repair_dead_letter(redrive_proto::v1::RepairDeadLetterRequest {
             dead_letter_id: before[0].dead_letter_id.clone(),
             new_body: br#"{"order_id":"o-1","fixed":true}"#.to_vec(),
             reason: "test".into(),
         })
         .await?;
-    let after = precheck(&mut client).await?;
+    let after = precheck(&mut bed.client).await?;
     assert_eq!(
         after[0].verdict(),
         redrive_proto::v1::Verdict::Invalid,
@@ -562,7 +607,5 @@ async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() ->
         after[0].reason
     );
     assert!(after[0].reason.contains("user_id"), "{}", after[0].reason);
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use redrive_proto::v1::{self, PlanState, RunPrecheckRequest};
 use redrive_tests::{
-    Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, RedisKeys, TcpProxy, TestDb, init_logging,
-    wait_until,
+    Broker, ExecutorHandle, ExecutorProcess, TcpProxy, TestBed, init_logging, wait_until,
 };
 use tokio::time::Instant;
 
@@ -83,24 +82,18 @@ async fn stop_within_a_second(
     cancel: bool,
 ) -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, items).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, u64::from(items)).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, per_second, burst, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let mut bed = bed(broker, &[&incident.dlq], u64::from(items)).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, per_second, burst, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
     wait_received(&received, stop_after, Duration::from_secs(30)).await?;
     let request = control(&plan.plan_id, "downstream is struggling again");
     let state = if cancel {
-        client.cancel_plan(request).await?.into_inner().state()
+        bed.client.cancel_plan(request).await?.into_inner().state()
     } else {
-        client.pause_plan(request).await?.into_inner().state()
+        bed.client.pause_plan(request).await?.into_inner().state()
     };
     let stopped_at = Instant::now();
     assert_eq!(
@@ -131,21 +124,18 @@ async fn stop_within_a_second(
     );
     // The executor reports what was confirmed after the stop too.
     executor.stop().await?;
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     let (sent, uncertain) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     assert!(sent.len() + uncertain.len() >= received.len());
-    let replayable = delivered_but_replayable(&mut client, &pool, &incident.dlq, &received).await?;
+    let replayable =
+        delivered_but_replayable(&mut bed.client, &pool, &incident.dlq, &received).await?;
     assert!(
         replayable.is_empty(),
         "a precheck after the stop calls delivered keys replayable: {replayable:?}"
     );
     stop_consuming(consuming)?;
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -170,20 +160,15 @@ async fn pause_at_full_speed_stops_within_a_second_and_the_audit_has_every_deliv
 async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_once()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 150).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 150).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 20.0, 5, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 20.0, 5, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
     wait_received(&received, 25, Duration::from_secs(30)).await?;
-    let paused = client
+    let paused = bed
+        .client
         .pause_plan(control(&plan.plan_id, "latency rising"))
         .await?
         .into_inner();
@@ -200,24 +185,20 @@ async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_onc
         late, 0,
         "deliveries more than {STOP_WITHIN:?} after the pause"
     );
-    client
+    bed.client
         .resume_plan(control(&plan.plan_id, "latency back to normal"))
         .await?;
-    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     wait_received(&received, 150, Duration::from_secs(10)).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     assert_eq!(sent.len(), 150, "every item sent once the plan resumed");
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// Rates whose emission interval is not a whole number of microseconds
@@ -226,10 +207,7 @@ async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_onc
 async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     // (rate, burst, items): each runs about two seconds (0.5/s: four).
     let cases: [(f64, u32, u32); 4] = [(15.0, 5, 36), (30.0, 10, 70), (7.0, 3, 17), (0.5, 1, 3)];
     let mut incidents = Vec::new();
@@ -237,23 +215,22 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
         incidents.push(incident_named(&broker, *items, &format!("r{index}-")).await?);
     }
     let dlqs: Vec<&str> = incidents.iter().map(|i| i.dlq.as_str()).collect();
-    let planner = planner_for_all(&db, &dlqs).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlqs)).await?;
     let mut consumers = Vec::new();
     let mut plans = Vec::new();
     for (incident, (per_second, burst, items)) in incidents.iter().zip(cases) {
-        captured(&mut client, &incident.dlq, u64::from(items)).await?;
-        consumers.push(consume(&broker, &incident.work).await?);
-        plans.push(approved_plan(&mut client, &incident.dlq, per_second, burst, None).await?);
+        captured(&mut bed.client, &incident.dlq, u64::from(items)).await?;
+        consumers.push(consume(bed.broker(), &incident.work).await?);
+        plans.push(approved_plan(&mut bed.client, &incident.dlq, per_second, burst, None).await?);
     }
-    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    let mut config = bed.executor_config();
     config.concurrent_slices = 8;
     let executor = ExecutorHandle::start(config);
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     for ((plan, (received, consuming)), (per_second, burst, items)) in
         plans.iter().zip(&consumers).zip(cases)
     {
-        wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+        wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
         wait_received(received, items as usize, Duration::from_secs(5)).await?;
         assert_consuming(consuming)?;
         let received = received.lock().unwrap().clone();
@@ -284,11 +261,7 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
         stop_consuming(consuming)?;
     }
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// SIGTERM while the executor waits for tokens (1/s) ends it at once: it
@@ -297,20 +270,15 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 20).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 20).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 1.0, 1, None).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 1.0, 1, None).await?;
     let mut executor = ExecutorProcess::start(&executor_args(
-        &planner.url(),
+        &bed.planner.url(),
         redrive_tests::AMQP_URL,
-        &prefix,
+        &bed.redis.prefix,
     ))
     .await?;
     wait_received(&received, 3, Duration::from_secs(30)).await?;
@@ -330,7 +298,7 @@ async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
         received.iter().all(|r| r.at <= signalled + STOP_WITHIN),
         "nothing published after SIGTERM"
     );
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     // Released, not left leased: another executor can take it at once.
     let leased: i64 = sqlx::query_scalar(
@@ -342,11 +310,7 @@ async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
     assert_eq!(leased, 0, "the slice was released on SIGTERM");
     stop_consuming(consuming)?;
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// An executor SIGSTOPped past its lease TTL, whose link to the planner is
@@ -357,21 +321,16 @@ async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
 async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 300).await?;
-    let planner = planner_for(&db, &incident.dlq).await?; // lease TTL 3 s
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 300).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 40.0, 4, None).await?;
-    let link = TcpProxy::start(planner.addr).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 300).await?; // lease TTL 3 s
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 40.0, 4, None).await?;
+    let link = TcpProxy::start(bed.planner.addr).await?;
     let executor = ExecutorProcess::start(&executor_args(
         &format!("http://{}", link.addr()),
         redrive_tests::AMQP_URL,
-        &prefix,
+        &bed.redis.prefix,
     ))
     .await?;
     wait_received(&received, 40, Duration::from_secs(30)).await?;
@@ -397,23 +356,18 @@ async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -
     );
     // The link heals: the plan completes (this executor or a new one).
     link.heal();
-    let survivor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let survivor = ExecutorHandle::start(bed.executor_config());
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     survivor.stop().await?;
     drop(executor);
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     assert_eq!(sent.len(), 300, "every item sent in the end");
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// The broker connection is reset for 3 s, then stalled for 4 s (a
@@ -422,20 +376,15 @@ async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let items = 1200;
     let incident = incident(&broker, items).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, u64::from(items)).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let mut bed = bed(broker, &[&incident.dlq], u64::from(items)).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let (per_second, burst) = (100.0, 10);
-    let plan = approved_plan(&mut client, &incident.dlq, per_second, burst, None).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, per_second, burst, None).await?;
     let rabbit = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
-    let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+    let mut config = bed.executor_config();
     config.amqp_url = format!("amqp://guest:guest@{}/%2f", rabbit.addr());
     config.confirm_timeout_seconds = 2;
     config.amqp_heartbeat_seconds = 2;
@@ -455,7 +404,7 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     rabbit.heal();
     let healed = Instant::now();
     eprintln!("broker path healed at {}", chrono::Utc::now());
-    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(90)).await?;
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
     executor.stop().await?;
     wait_received(&received, items as usize, Duration::from_secs(10)).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -491,15 +440,11 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
         at(stalled),
         at(healed)
     );
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     assert_eq!(sent.len(), items as usize, "nothing lost");
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A plan paused during its canary whose last canary slice completes while
@@ -510,21 +455,20 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
 async fn a_plan_resumed_after_its_canary_finished_goes_on_to_the_observation() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 20).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 20).await?;
-    let plan = approved_plan(&mut client, &incident.dlq, 10.0, 1, None).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 10.0, 1, None).await?;
     assert_eq!(plan.state(), v1::PlanState::Canary);
     let control = |reason: &str| v1::PlanControlRequest {
         plan_id: plan.plan_id.clone(),
         reason: reason.to_owned(),
     };
-    client.pause_plan(control("looking at the canary")).await?;
+    bed.client
+        .pause_plan(control("looking at the canary"))
+        .await?;
     // No executor: the canary slice completes "while paused" by hand.
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     let plan_id: uuid::Uuid = plan.plan_id.parse()?;
     sqlx::query(
         "UPDATE plan_slices SET state = 'completed' WHERE plan_id = $1 AND wave = 'canary'",
@@ -532,13 +476,11 @@ async fn a_plan_resumed_after_its_canary_finished_goes_on_to_the_observation() -
     .bind(plan_id)
     .execute(&pool)
     .await?;
-    let resumed = client
+    let resumed = bed
+        .client
         .resume_plan(control("canary looked fine"))
         .await?
         .into_inner();
     assert_eq!(resumed.state(), v1::PlanState::Observing);
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

@@ -13,7 +13,7 @@ use redrive_proto::v1::{
     self, GetDeadLetterRequest, ListDeadLettersRequest, ReasonClass, header_value::Value,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, PlannerHandle, TcpProxy, TestDb, amqp_table, amqp_text, init_logging, unique,
+    Broker, PlannerHandle, TcpProxy, TestBed, TestDb, amqp_table, amqp_text, init_logging, unique,
     wait_until,
 };
 use tonic_health::pb::{
@@ -54,22 +54,20 @@ async fn stored_count(db: &TestDb) -> anyhow::Result<i64> {
     Ok(count)
 }
 
-fn config(db_url: String, dlq: &str) -> Config {
-    let mut config = Config::for_database(db_url);
-    config.amqp_url = AMQP_URL.to_owned();
+/// The capture tests' planner settings: capture `dlq`, bodies up to 4 KiB,
+/// key by the body's `order_id`.
+fn capturing(config: &mut Config, dlq: &str) {
     config.capture_queues = vec![dlq.to_owned()];
     config.capture_batch_size = 50;
     config.capture_prefetch = 200;
     config.max_body_bytes = 4096;
     config.message_keys = vec!["json:/order_id".to_owned()];
-    config
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let exchange = unique("orders");
     let dlx = unique("dlx");
@@ -198,28 +196,28 @@ async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -
         )
         .await?;
 
-    let planner = PlannerHandle::start(config(db.url(), &dlq)).await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     let waited = wait_until(
         "five dead letters stored",
         Duration::from_secs(20),
-        || async { Ok(stored_count(&db).await? >= 5) },
+        || async { Ok(stored_count(&bed.db).await? >= 5) },
     )
     .await;
     if let Err(error) = waited {
-        let pool = db.pool().await?;
+        let pool = bed.pool().await?;
         let rows: Vec<(Option<String>, String)> =
             sqlx::query_as("SELECT message_id, reason_class FROM dead_letters")
                 .fetch_all(&pool)
                 .await?;
         anyhow::bail!("{error}: stored {rows:?}");
     }
-    let dead_letters = captured(&planner, &dlq).await?;
-    planner.stop().await?;
+    let dead_letters = captured(&bed.planner, &dlq).await?;
+    bed.planner.halt().await?;
     assert_eq!(dead_letters.len(), 5, "each dead letter stored once");
     // Nothing is left in the DLQ, acked or not: after the planner is gone, an
     // unacked message would be back to ready.
     assert_eq!(
-        broker.ready_count(&dlq).await?,
+        bed.broker().ready_count(&dlq).await?,
         0,
         "the DLQ is empty after capture"
     );
@@ -305,9 +303,7 @@ async fn broker_dead_letters_are_captured_with_their_bytes_headers_and_death() -
     );
     assert_eq!(oversized.reason_class(), ReasonClass::Unknown);
 
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// Whether the planner's health for `redrive.v1.Planner` is `status`.
@@ -327,27 +323,31 @@ async fn planner_health_is(planner: &PlannerHandle, status: ServingStatus) -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
-    let mut config = config(db.url_via(&proxy), &dlq);
-    // Capture holds at most this many unacked; the rest must stay ready.
-    config.capture_prefetch = 50;
-    let planner = PlannerHandle::start(config).await?;
+    let db = TestDb::new();
+    let database_url = db.url_via(&proxy);
+    let mut bed = TestBed::start_on(db, Some(broker), |config| {
+        capturing(config, &dlq);
+        config.database_url = database_url;
+        // Capture holds at most this many unacked; the rest must stay ready.
+        config.capture_prefetch = 50;
+    })
+    .await?;
 
     proxy.cut();
     // Health follows PostgreSQL: every Planner call needs it.
     wait_until(
         "health NOT_SERVING while PostgreSQL is cut off",
         Duration::from_secs(20),
-        || planner_health_is(&planner, ServingStatus::NotServing),
+        || planner_health_is(&bed.planner, ServingStatus::NotServing),
     )
     .await?;
     for index in 0..120 {
         let body = format!(r#"{{"order_id":"o-{index}"}}"#);
-        broker
+        bed.broker()
             .publish(
                 "",
                 &dlq,
@@ -360,14 +360,14 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     // acked, at most the prefetch is held unacked, the rest stays ready.
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let ready = broker.ready_count(&dlq).await?;
+        let ready = bed.broker().ready_count(&dlq).await?;
         assert!(
             ready >= 120 - 50,
             "{ready} ready during the outage: more than the prefetch was taken"
         );
     }
     assert_eq!(
-        stored_count(&db).await?,
+        stored_count(&bed.db).await?,
         0,
         "nothing can be stored while PostgreSQL is cut off"
     );
@@ -376,19 +376,19 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     wait_until(
         "health SERVING after PostgreSQL is back",
         Duration::from_secs(20),
-        || planner_health_is(&planner, ServingStatus::Serving),
+        || planner_health_is(&bed.planner, ServingStatus::Serving),
     )
     .await?;
     wait_until(
         "all 120 stored after PostgreSQL is back",
         Duration::from_secs(30),
-        || async { Ok(stored_count(&db).await? >= 120) },
+        || async { Ok(stored_count(&bed.db).await? >= 120) },
     )
     .await?;
     // Give a stray duplicate the chance to show up before counting exactly.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead_letters = captured(&planner, &dlq).await?;
-    planner.stop().await?;
+    let dead_letters = captured(&bed.planner, &dlq).await?;
+    bed.planner.halt().await?;
 
     assert_eq!(dead_letters.len(), 120, "each message stored exactly once");
     let mut ids: Vec<String> = dead_letters
@@ -399,19 +399,16 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
     ids.dedup();
     assert_eq!(ids.len(), 120);
     assert_eq!(
-        broker.ready_count(&dlq).await?,
+        bed.broker().ready_count(&dlq).await?,
         0,
         "every message acked after its commit"
     );
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_odd_message_never_stalls_its_queue() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -444,14 +441,14 @@ async fn an_odd_message_never_stalls_its_queue() -> anyhow::Result<()> {
             )
             .await?;
     }
-    let planner = PlannerHandle::start(config(db.url(), &dlq)).await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     wait_until("all six stored", Duration::from_secs(20), || async {
-        Ok(stored_count(&db).await? == 6)
+        Ok(stored_count(&bed.db).await? == 6)
     })
     .await?;
-    let dead_letters = captured(&planner, &dlq).await?;
-    planner.stop().await?;
-    assert_eq!(broker.ready_count(&dlq).await?, 0);
+    let dead_letters = captured(&bed.planner, &dlq).await?;
+    bed.planner.halt().await?;
+    assert_eq!(bed.broker().ready_count(&dlq).await?, 0);
     let odd = dead_letters
         .iter()
         .find(|d| d.message_id.as_deref() == Some("odd"))
@@ -466,7 +463,5 @@ async fn an_odd_message_never_stalls_its_queue() -> anyhow::Result<()> {
         odd.headers.as_ref().unwrap().fields.contains_key("x-death"),
         "kept as captured"
     );
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

@@ -6,8 +6,7 @@ use std::io::Write;
 
 use base64::Engine;
 use clap::Parser;
-use redrive_planner::Config;
-use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
+use redrive_tests::{PlannerHandle, TestBed, init_logging, unique};
 use redrivectl::Cli;
 
 async fn redrivectl(planner: &PlannerHandle, args: &[&str]) -> (u8, String) {
@@ -41,8 +40,7 @@ fn gzip(text: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("legacy");
     let compressed = gzip(r#"{"order_id":"o-2"}"#);
     let lines = [
@@ -59,8 +57,11 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     std::fs::write(&file, lines.join("\n") + "\n")?;
     let path = file.to_str().unwrap();
 
-    let (code, output) =
-        redrivectl(&planner, &["--json", "import", path, "--source", &source]).await;
+    let (code, output) = redrivectl(
+        &bed.planner,
+        &["--json", "import", path, "--source", &source],
+    )
+    .await;
     assert_eq!(code, 65, "rejected lines make exit 65: {output}");
     let summary: serde_json::Value = serde_json::from_str(&output)?;
     assert_eq!(summary["imported"], 2);
@@ -71,7 +72,11 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
         .map(|r| r["line"].as_u64().unwrap())
         .collect();
     assert_eq!(rejected, vec![2, 4], "bad lines are named by line number");
-    let (_, again) = redrivectl(&planner, &["--json", "import", path, "--source", &source]).await;
+    let (_, again) = redrivectl(
+        &bed.planner,
+        &["--json", "import", path, "--source", &source],
+    )
+    .await;
     let again: serde_json::Value = serde_json::from_str(&again)?;
     assert_eq!(
         (again["imported"].as_u64(), again["duplicates"].as_u64()),
@@ -79,7 +84,7 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     );
 
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &["--json", "dead-letters", "list", "--source", &source],
     )
     .await;
@@ -94,7 +99,7 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
         .unwrap();
     let id = m2["id"].as_str().unwrap().to_owned();
 
-    let (code, output) = redrivectl(&planner, &["--json", "dead-letters", "show", &id]).await;
+    let (code, output) = redrivectl(&bed.planner, &["--json", "dead-letters", "show", &id]).await;
     assert_eq!(code, 0);
     let shown: serde_json::Value = serde_json::from_str(&output)?;
     let body =
@@ -124,7 +129,7 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     }
 
     let (_, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &[
             "--json",
             "dead-letters",
@@ -140,18 +145,17 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     assert_eq!(summary["total"], 2);
     assert_eq!(summary["groups"].as_array().unwrap().len(), 2);
 
-    let (code, output) = redrivectl(&planner, &["--json", "precheck", "--source", &source]).await;
+    let (code, output) =
+        redrivectl(&bed.planner, &["--json", "precheck", "--source", &source]).await;
     assert_eq!(code, 0);
     let report: serde_json::Value = serde_json::from_str(&output)?;
     assert_eq!(report["actor"], "tester", "the actor travels as metadata");
     assert_eq!(report["total"], 2);
     assert_eq!(report["counts"]["replayable"], 2);
 
-    let (code, _) = redrivectl(&planner, &["dead-letters", "show", "999999"]).await;
+    let (code, _) = redrivectl(&bed.planner, &["dead-letters", "show", "999999"]).await;
     assert_eq!(code, 65, "an unknown id is refused input");
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,9 +164,8 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let channel = tonic::transport::Channel::from_shared(planner.url())?
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let channel = tonic::transport::Channel::from_shared(bed.planner.url())?
         .connect()
         .await?;
     let mut client = ServerReflectionClient::new(channel);
@@ -193,7 +196,7 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
             ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
             server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
         };
-        let channel = tonic::transport::Channel::from_shared(planner.url())?
+        let channel = tonic::transport::Channel::from_shared(bed.planner.url())?
             .connect()
             .await?;
         let mut client = ServerReflectionClient::new(channel);
@@ -216,21 +219,18 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
             "{list:?}"
         );
     }
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = redrive_tests::Broker::connect().await?;
     let queue = unique("cli_target");
     broker
         .queue(&queue, lapin::types::FieldTable::default())
         .await?;
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let bed = TestBed::start(broker, |_| {}).await?;
     let source = unique("svc");
     let lines: Vec<String> = (0..5)
         .map(|index| format!(r#"{{"message_id":"m-{index}","body":"{{\"order_id\":\"o-{index}\"}}","reason":"rejected","original_destination":"{queue}"}}"#))
@@ -239,18 +239,18 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     let file = file_dir.path().join(format!("{source}.jsonl"));
     std::fs::write(&file, lines.join("\n") + "\n")?;
     let (code, _) = redrivectl(
-        &planner,
+        &bed.planner,
         &["import", file.to_str().unwrap(), "--source", &source],
     )
     .await;
     assert_eq!(code, 0);
-    let (_, output) = redrivectl(&planner, &["--json", "precheck", "--source", &source]).await;
+    let (_, output) = redrivectl(&bed.planner, &["--json", "precheck", "--source", &source]).await;
     let report: serde_json::Value = serde_json::from_str(&output)?;
     let precheck_id = report["precheck_id"].as_str().unwrap().to_owned();
     let digest = report["digest"].as_str().unwrap().to_owned();
 
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &[
             "--json",
             "plan",
@@ -273,22 +273,24 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     assert_eq!(plan["state"], "awaiting_approval");
     let plan_id = plan["plan_id"].as_str().unwrap().to_owned();
     let (code, _) = redrivectl(
-        &planner,
+        &bed.planner,
         &["plan", "approve", &plan_id, "--digest", "wrong"],
     )
     .await;
     assert_ne!(code, 0, "a wrong digest is refused");
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &["--json", "plan", "approve", &plan_id, "--digest", &digest],
     )
     .await;
     assert_eq!(code, 0, "{output}");
 
-    let executor =
-        redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(&planner, None));
+    let executor = redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(
+        &bed.planner,
+        None,
+    ));
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &["--json", "plan", "wait", &plan_id, "--timeout", "30s"],
     )
     .await;
@@ -298,12 +300,12 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     assert_eq!(done["state"], "completed");
     assert_eq!(done["counts"]["sent"], 5);
     assert_eq!(
-        broker.ready_count(&queue).await?,
+        bed.broker().ready_count(&queue).await?,
         5,
         "the target received the five"
     );
 
-    let (code, output) = redrivectl(&planner, &["--json", "plan", "report", &plan_id]).await;
+    let (code, output) = redrivectl(&bed.planner, &["--json", "plan", "report", &plan_id]).await;
     assert_eq!(code, 0);
     let report: serde_json::Value = serde_json::from_str(&output)?;
     let mut keys: Vec<String> = report["sent_keys"]
@@ -314,33 +316,36 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
         .collect();
     keys.sort();
     assert_eq!(keys.len(), 5);
-    let (code, csv) = redrivectl(&planner, &["plan", "report", &plan_id, "--format", "csv"]).await;
+    let (code, csv) = redrivectl(
+        &bed.planner,
+        &["plan", "report", &plan_id, "--format", "csv"],
+    )
+    .await;
     assert_eq!(code, 0);
     assert!(csv.starts_with("at,plan_id,slice_id"), "{csv}");
     assert_eq!(
         csv.lines().filter(|line| line.contains(",sent,")).count(),
         5
     );
-    let (code, jsonl) =
-        redrivectl(&planner, &["plan", "report", &plan_id, "--format", "jsonl"]).await;
+    let (code, jsonl) = redrivectl(
+        &bed.planner,
+        &["plan", "report", &plan_id, "--format", "jsonl"],
+    )
+    .await;
     assert_eq!(code, 0);
     assert_eq!(jsonl.lines().count(), 5);
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = redrive_tests::Broker::connect().await?;
     let queue = unique("cli_single");
     broker
         .queue(&queue, lapin::types::FieldTable::default())
         .await?;
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let bed = TestBed::start(broker, |_| {}).await?;
     let source = unique("svc");
     let line = format!(
         r#"{{"message_id":"m-1","body":"{{\"order_id\":\"o-1\",\"qty\":-1}}","reason":"rejected","original_destination":"{queue}"}}"#
@@ -349,13 +354,13 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     let file = file_dir.path().join(format!("{source}.jsonl"));
     std::fs::write(&file, line + "\n")?;
     let (code, _) = redrivectl(
-        &planner,
+        &bed.planner,
         &["import", file.to_str().unwrap(), "--source", &source],
     )
     .await;
     assert_eq!(code, 0);
     let (_, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &["--json", "dead-letters", "list", "--source", &source],
     )
     .await;
@@ -367,7 +372,7 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     let body_file = body_file_dir.path().join(format!("{source}.body"));
     std::fs::write(&body_file, br#"{"order_id":"o-1","qty":1}"#)?;
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &[
             "dead-letters",
             "repair",
@@ -381,7 +386,7 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     .await;
     assert_eq!(code, 66, "a missing body file: {output}");
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &[
             "--json",
             "dead-letters",
@@ -399,10 +404,12 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     assert_eq!(repaired["revisions"][0]["revision"], 1);
     assert_eq!(repaired["revisions"][0]["actor"], "tester");
 
-    let executor =
-        redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(&planner, None));
+    let executor = redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(
+        &bed.planner,
+        None,
+    ));
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &["--json", "replay", &id, "--reason", "ticket 4711"],
     )
     .await;
@@ -411,7 +418,7 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     assert_eq!(first["outcome"], "REPLAYED", "{output}");
     assert_eq!(first["event"]["action"], "sent");
     let (code, output) = redrivectl(
-        &planner,
+        &bed.planner,
         &["--json", "replay", &id, "--reason", "ticket 4711"],
     )
     .await;
@@ -428,7 +435,7 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     );
 
     // The target got one message, with the repaired body.
-    let channel = broker.connection.create_channel().await?;
+    let channel = bed.broker().connection.create_channel().await?;
     let delivery = channel
         .basic_get(queue.as_str().into(), Default::default())
         .await?
@@ -442,8 +449,5 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
         "and only one"
     );
     channel.close(200, "done".into()).await?;
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

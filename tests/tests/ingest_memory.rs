@@ -6,9 +6,8 @@
 //! (client and in-process planner), with no other test running beside it.
 
 use futures::StreamExt;
-use redrive_planner::Config;
 use redrive_proto::v1::{self, IngestDeadLettersRequest};
-use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
+use redrive_tests::{TestBed, init_logging, unique};
 
 const BODY_BYTES: usize = 50 * 1024 * 1024;
 /// More than the 12: the peak of a bounded stream does not grow with
@@ -35,9 +34,7 @@ fn peak_resident_bytes() -> anyhow::Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_large_bodies_is_stored_as_it_comes() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("large");
     // Resets the peak to the current resident size (Linux, `clear_refs`).
     std::fs::write("/proc/self/clear_refs", "5")?;
@@ -54,7 +51,7 @@ async fn a_stream_of_large_bodies_is_stored_as_it_comes() -> anyhow::Result<()> 
             ..Default::default()
         }
     });
-    let summary = client.ingest_dead_letters(items).await?.into_inner();
+    let summary = bed.client.ingest_dead_letters(items).await?.into_inner();
     assert_eq!(summary.accepted, ITEMS as u64, "{summary:?}");
     let grown = peak_resident_bytes()?.saturating_sub(before);
     let total = (ITEMS * BODY_BYTES) as u64;
@@ -69,7 +66,8 @@ async fn a_stream_of_large_bodies_is_stored_as_it_comes() -> anyhow::Result<()> 
         grown / (1024 * 1024),
         total / (1024 * 1024)
     );
-    let listed = client
+    let listed = bed
+        .client
         .list_dead_letters(v1::ListDeadLettersRequest {
             selector: Some(v1::Selector {
                 sources: vec![source],
@@ -81,7 +79,5 @@ async fn a_stream_of_large_bodies_is_stored_as_it_comes() -> anyhow::Result<()> 
         .await?
         .into_inner();
     assert_eq!(listed.dead_letters.len(), ITEMS);
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

@@ -5,7 +5,6 @@
 
 use chrono::{DateTime, Duration as Age, Utc};
 use redrive_planner::{
-    Config,
     ids::DeadLetterId,
     store::{Store, plans::DestinationMode},
 };
@@ -13,7 +12,7 @@ use redrive_proto::v1::{
     self, HeaderArray, HeaderTable, HeaderValue, IngestDeadLettersRequest, MessageProperties,
     header_value::Value,
 };
-use redrive_tests::{PlannerHandle, TestDb, init_logging, unique};
+use redrive_tests::{TestBed, init_logging, unique};
 
 fn text(value: &str) -> HeaderValue {
     HeaderValue {
@@ -91,9 +90,7 @@ fn item(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("svc");
     let now = Utc::now();
     let first = now - Age::minutes(30);
@@ -110,18 +107,19 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
         ],
     );
     let ingested = item(&source, "ingested", "billing/invoice.sent", vec![]);
-    let stored = client
+    let stored = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(vec![twice, ingested]))
         .await?
         .into_inner();
     assert_eq!(stored.accepted, 2, "{:?}", stored.rejected);
 
     // The route rule, per mode.
-    let store = Store::from_pool(db.pool().await?);
+    let store = Store::from_pool(bed.pool().await?);
     let ids: Vec<(i64, String)> =
         sqlx::query_as("SELECT id, message_id FROM dead_letters WHERE source = $1 ORDER BY id")
             .bind(&source)
-            .fetch_all(&db.pool().await?)
+            .fetch_all(&bed.pool().await?)
             .await?;
     let id_of = |name: &str| ids.iter().find(|(_, m)| m == name).unwrap().0;
     let dead_letter = |name: &str| DeadLetterId::new(id_of(name));
@@ -163,7 +161,8 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
     );
 
     // The deadline: one hour after the first death, not the last.
-    let report = client
+    let report = bed
+        .client
         .run_precheck(v1::RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![source.clone()],
@@ -180,7 +179,8 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
         .await?
         .into_inner();
     assert_eq!(report.counts.as_ref().unwrap().replayable, 2, "{report:?}");
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(v1::CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
             rate: Some(v1::Rate {
@@ -201,7 +201,7 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
          WHERE plan_id = $1 ORDER BY dead_letter_id",
     )
     .bind(plan_id)
-    .fetch_all(&db.pool().await?)
+    .fetch_all(&bed.pool().await?)
     .await?;
     let twice_row = rows.iter().find(|r| r.0 == id_of("twice")).unwrap();
     assert_eq!(
@@ -216,7 +216,5 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
         (ingested_row.1.as_str(), ingested_row.2.as_str()),
         ("billing", "invoice.sent")
     );
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

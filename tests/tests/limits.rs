@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use prost::Message;
-use redrive_planner::Config;
 use redrive_proto::{
     limits,
     v1::{
@@ -17,7 +16,7 @@ use redrive_proto::{
     },
 };
 use redrive_tests::{
-    PlannerHandle, TestDb, init_logging,
+    PlannerHandle, TestBed, init_logging,
     raw::{raw_ingest, raw_unary},
     unique,
 };
@@ -133,14 +132,13 @@ fn assert_invalid(status: &Status, field: &str, limit: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("deep");
     // The example: tables nested 3,000 deep (44 KB) aborted the
     // planner with a stack overflow; arrays are the sibling.
     for arrays in [false, true] {
         for depth in [3000, 100_000] {
-            let error = raw_ingest(&planner, vec![deep_ingest_item(&source, depth, arrays)])
+            let error = raw_ingest(&bed.planner, vec![deep_ingest_item(&source, depth, arrays)])
                 .await
                 .unwrap_err();
             assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
@@ -148,11 +146,14 @@ async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> an
             assert!(error.message().contains("stream item 0"), "{error:?}");
         }
     }
-    assert!(serving(&planner).await?, "the planner still answers health");
+    assert!(
+        serving(&bed.planner).await?,
+        "the planner still answers health"
+    );
 
     // At the limit a table is stored and read back; one level more is one
     // item's rejection, and the stream goes on.
-    let mut client = planner.client().await?;
+    let mut client = bed.planner.client().await?;
     let mut at_limit = item(&source, "at-limit");
     at_limit.headers = Some(nested_headers(limits::MAX_HEADER_NESTING));
     let mut over = item(&source, "over");
@@ -254,18 +255,14 @@ async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> an
         read_back.dead_letter.unwrap().headers,
         Some(nested_headers(limits::MAX_HEADER_NESTING))
     );
-    assert!(serving(&planner).await?);
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    assert!(serving(&bed.planner).await?);
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let years = |years: i64| prost_types::Duration {
         seconds: years * 365 * 24 * 3600,
         nanos: 0,
@@ -315,7 +312,7 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
         ),
     ];
     for (request, field, limit) in cases {
-        let error = client.create_plan(request).await.unwrap_err();
+        let error = bed.client.create_plan(request).await.unwrap_err();
         assert_invalid(&error, field, limit);
     }
 
@@ -423,7 +420,7 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
         ),
     ];
     for (request, field, limit) in cases {
-        let error = client.run_precheck(request).await.unwrap_err();
+        let error = bed.client.run_precheck(request).await.unwrap_err();
         assert_invalid(&error, field, limit);
     }
 
@@ -443,7 +440,8 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
             ..Default::default()
         },
     ] {
-        let error = client
+        let error = bed
+            .client
             .list_dead_letters(v1::ListDeadLettersRequest {
                 selector: Some(selector.clone()),
                 page_size: 0,
@@ -452,7 +450,8 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
             .await
             .unwrap_err();
         assert_invalid(&error, "selector.", "NUL");
-        let error = client
+        let error = bed
+            .client
             .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
                 selector: Some(selector),
                 group_by: vec![],
@@ -461,7 +460,8 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
             .unwrap_err();
         assert_invalid(&error, "selector.", "NUL");
     }
-    let error = client
+    let error = bed
+        .client
         .list_plans(v1::ListPlansRequest {
             states: vec![],
             page_size: limits::MAX_PAGE_SIZE + 1,
@@ -470,17 +470,14 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
         .await
         .unwrap_err();
     assert_invalid(&error, "page_size", "1000");
-    assert!(serving(&planner).await?);
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    assert!(serving(&bed.planner).await?);
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_and_oversized_requests_get_client_codes() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
+    let bed = TestBed::without_broker(|_| {}).await?;
     // Garbage where a GetPlanRequest belongs (a field key of wire type 7,
     // then a length running past the end): the client's fault.
     for garbage in [vec![0xff_u8, 0xff, 0xff], vec![0x0a, 0x7f, b'x']] {
@@ -489,7 +486,7 @@ async fn undecodable_and_oversized_requests_get_client_codes() -> anyhow::Result
             "/redrive.v1.Planner/RunPrecheck",
             "/redrive.v1.Coordinator/ClaimSlice",
         ] {
-            let error = raw_unary(&planner, method, garbage.clone())
+            let error = raw_unary(&bed.planner, method, garbage.clone())
                 .await
                 .unwrap_err();
             assert_eq!(error.code(), Code::InvalidArgument, "{method}: {error:?}");
@@ -502,7 +499,7 @@ async fn undecodable_and_oversized_requests_get_client_codes() -> anyhow::Result
         reason: "fix".into(),
     };
     let error = raw_unary(
-        &planner,
+        &bed.planner,
         "/redrive.v1.Planner/RepairDeadLetter",
         repair.encode_to_vec(),
     )
@@ -510,10 +507,8 @@ async fn undecodable_and_oversized_requests_get_client_codes() -> anyhow::Result
     .unwrap_err();
     assert_eq!(error.code(), Code::ResourceExhausted, "{error:?}");
     assert!(error.message().contains("67108864"), "{error:?}");
-    assert!(serving(&planner).await?);
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    assert!(serving(&bed.planner).await?);
+    bed.finish().await
 }
 
 /// The import example: a 4,000-character message id among ordinary
@@ -521,9 +516,7 @@ async fn undecodable_and_oversized_requests_get_client_codes() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("import");
     let mut long_id = item(&source, "long");
     long_id.message_id = "m".repeat(4000);
@@ -552,7 +545,8 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
         far_future,
         item(&source, "m-4"),
     ];
-    let summary = client
+    let summary = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?
         .into_inner();
@@ -572,7 +566,8 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
     );
     assert!(summary.rejected[3].reason.contains("attempts"));
     assert!(summary.rejected[4].reason.contains("occurred_at"));
-    let listed = client
+    let listed = bed
+        .client
         .list_dead_letters(v1::ListDeadLettersRequest {
             selector: Some(v1::Selector {
                 sources: vec![source],
@@ -588,9 +583,7 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
         4,
         "the summary counts what is stored"
     );
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A 25 MB cancel reason was committed and then made `GetPlan` fail for ever;
@@ -598,9 +591,8 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasons_are_bounded_and_plans_stay_readable() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let mut client: PlannerClient<Channel> = planner.client().await?;
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let mut client: PlannerClient<Channel> = bed.planner.client().await?;
     let source = unique("reasons");
     client
         .ingest_dead_letters(tokio_stream::iter(vec![item(&source, "m-1")]))
@@ -653,7 +645,5 @@ async fn reasons_are_bounded_and_plans_stay_readable() -> anyhow::Result<()> {
         .into_inner();
     assert_eq!(read.state(), v1::PlanState::Cancelled);
     assert!(read.actions.iter().any(|action| action.reason == longest));
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

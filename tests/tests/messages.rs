@@ -12,8 +12,7 @@ use lapin::{
 };
 use redrive_proto::v1::{self, ListPrecheckItemsRequest, RunPrecheckRequest, Verdict};
 use redrive_tests::{
-    Broker, DlqTopology, ExecutorHandle, REDIS_URL, RedisKeys, TestDb, amqp_table, amqp_text,
-    init_logging, unique, wait_until,
+    Broker, DlqTopology, ExecutorHandle, amqp_table, amqp_text, init_logging, unique, wait_until,
 };
 
 mod support;
@@ -56,10 +55,7 @@ async fn items(
 async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identical()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     let audit = unique("audit");
     broker.queue(&audit, FieldTable::default()).await?;
@@ -96,14 +92,11 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
         2,
         "the first publish reached audit"
     );
-    let planner = planner_for(&db, &topology.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &topology.dlq, 2).await?;
-    let (received, consuming) = consume(&broker, &topology.work).await?;
-    let plan = approved_plan(&mut client, &topology.dlq, 100.0, 10, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    let mut bed = bed(broker, &[&topology.dlq], 2).await?;
+    let (received, consuming) = consume(bed.broker(), &topology.work).await?;
+    let plan = approved_plan(&mut bed.client, &topology.dlq, 100.0, 10, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(30)).await?;
     executor.stop().await?;
     wait_until("both replays consumed", Duration::from_secs(10), || {
         let received = received.clone();
@@ -112,12 +105,15 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
     .await?;
     stop_consuming(consuming)?;
     assert_eq!(
-        broker.ready_count(&audit).await?,
+        bed.broker().ready_count(&audit).await?,
         2,
         "the healthy audit queue got nothing from the replay"
     );
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 2);
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
     for delivery in &received {
         let index: usize = delivery.message_id.trim_start_matches("m-").parse()?;
         let (sent, got) = (&published[index], &delivery.properties);
@@ -150,11 +146,7 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
             format!(r#"{{"order_id":"o-{index}"}}"#).as_bytes()
         );
     }
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A message as Spring AMQP's `RepublishMessageRecoverer` moves it: no
@@ -177,10 +169,7 @@ fn spring_recovered(id: &str, exchange: &str, routing_key: &str) -> BasicPropert
 async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mode_publishes()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let error_queue = unique("fulfil_error");
     broker.queue(&error_queue, FieldTable::default()).await?;
     // Where Spring's messages were published: exchange `orders_…` routes
@@ -234,11 +223,9 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
             )
             .await?;
     }
-    let planner = planner_for_all(&db, &[&error_queue, &spring_queue]).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &error_queue, 2).await?;
-    captured(&mut client, &spring_queue, 3).await?;
-    let (report, items) = items(&mut client, &error_queue).await?;
+    let mut bed = bed(broker, &[&error_queue, &spring_queue], 2).await?;
+    captured(&mut bed.client, &spring_queue, 3).await?;
+    let (report, items) = items(&mut bed.client, &error_queue).await?;
     assert_eq!(items.len(), 2, "{report:?}");
     let masstransit = items.iter().find(|i| i.message_key == "mt-1").unwrap();
     assert_eq!(
@@ -264,7 +251,8 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
         report.warnings
     );
     // A queue-mode plan refuses it, naming the way out.
-    let refused = client
+    let refused = bed
+        .client
         .create_plan(v1::CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
             rate: Some(v1::Rate {
@@ -283,7 +271,8 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
         refused.message()
     );
     // So does a single replay (it goes to the queue a dead letter died in).
-    let single = client
+    let single = bed
+        .client
         .replay_dead_letter(v1::ReplayDeadLetterRequest {
             dead_letter_id: spring.dead_letter_id.clone(),
             reason: "test".into(),
@@ -299,18 +288,17 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     assert!(single.reason.contains("exchange mode"), "{}", single.reason);
 
     // An exchange-mode plan publishes them to the exchange with the key.
-    let (received, consuming) = consume(&broker, &created).await?;
+    let (received, consuming) = consume(bed.broker(), &created).await?;
     let plan = approved_plan(
-        &mut client,
+        &mut bed.client,
         &spring_queue,
         100.0,
         10,
         Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
     )
     .await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(30)).await?;
     executor.stop().await?;
     assert_eq!(done.counts.as_ref().map(|c| c.sent), Some(3));
     wait_until("three replays consumed", Duration::from_secs(10), || {
@@ -323,23 +311,17 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     let mut ids: Vec<_> = received.iter().map(|r| r.message_id.clone()).collect();
     ids.sort();
     assert_eq!(ids, ["spring-2", "spring-3", "spring-4"]);
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
 
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     let json = br#"{"order_id":"o-7","attempt":1}"#;
     let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -367,10 +349,8 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
             )
             .await?;
     }
-    let planner = planner_for(&db, &topology.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &topology.dlq, 3).await?;
-    let (report, items) = items(&mut client, &topology.dlq).await?;
+    let mut bed = bed(broker, &[&topology.dlq], 3).await?;
+    let (report, items) = items(&mut bed.client, &topology.dlq).await?;
     let counts = report.counts.unwrap();
     assert_eq!(
         (counts.replayable, counts.duplicate, counts.invalid),
@@ -381,11 +361,10 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
         items.iter().all(|item| item.message_key == "o-7"),
         "{items:?}"
     );
-    let (received, consuming) = consume(&broker, &topology.work).await?;
-    let plan = approved_plan(&mut client, &topology.dlq, 100.0, 10, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    let (received, consuming) = consume(bed.broker(), &topology.work).await?;
+    let plan = approved_plan(&mut bed.client, &topology.dlq, 100.0, 10, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(30)).await?;
     executor.stop().await?;
     wait_until("the replay consumed", Duration::from_secs(10), || {
         let received = received.clone();
@@ -395,6 +374,9 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
     stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 1, "one replay for one order");
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
     assert_eq!(
         received[0].message_id, "m-0",
         "the first dead letter is replayed"
@@ -408,11 +390,7 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
             .map(|e| e.as_str()),
         Some("gzip")
     );
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// One DLQ holds a dead letter the broker dead-lettered from `work` (whose
@@ -423,7 +401,6 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let topology = DlqTopology::declare(&broker).await?;
     let audit = unique("audit");
@@ -449,10 +426,8 @@ async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> a
         )
         .await?;
     let audit_before = broker.ready_count(&audit).await?;
-    let planner = planner_for(&db, &topology.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &topology.dlq, 2).await?;
-    let (report, _) = items(&mut client, &topology.dlq).await?;
+    let mut bed = bed(broker, &[&topology.dlq], 2).await?;
+    let (report, _) = items(&mut bed.client, &topology.dlq).await?;
     assert!(
         report
             .warnings
@@ -465,7 +440,8 @@ async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> a
         None,
         Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
     ] {
-        let refused = client
+        let refused = bed
+            .client
             .create_plan(v1::CreatePlanRequest {
                 precheck_id: report.precheck_id.clone(),
                 rate: Some(v1::Rate {
@@ -480,9 +456,6 @@ async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> a
             .expect_err("refused");
         assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     }
-    assert_eq!(broker.ready_count(&audit).await?, audit_before);
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    assert_eq!(bed.broker().ready_count(&audit).await?, audit_before);
+    bed.finish().await
 }

@@ -12,14 +12,11 @@ use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, PlanState, Rate, RunPrecheckRequest,
     planner_client::PlannerClient, replay_dead_letter_response::Outcome,
 };
-use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, ExecutorHandle, PlannerHandle, REDIS_URL, RedisKeys, TestDb,
-    init_logging, wait_until,
-};
+use redrive_tests::{Broker, DlqTopology, ExecutorHandle, TestBed, init_logging, wait_until};
 use tonic::{Code, transport::Channel};
 
 mod support;
-use support::{Received, consume, stop_consuming};
+use support::{Received, assert_received_within_audit, consume, stop_consuming};
 
 /// A JSON order event of `event_type` whose `timestamp` property is `age` ago.
 fn event(order_id: &str, event_type: &str, age: chrono::Duration) -> (Vec<u8>, BasicProperties) {
@@ -47,22 +44,22 @@ fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
     request
 }
 
-/// A planner capturing `topology`'s DLQ, keys from `/order_id`, with `policy`
-/// applied to its config.
-async fn planner(
-    db: &TestDb,
+/// A bed over `broker` whose planner captures `topology`'s DLQ, keys from
+/// `/order_id`, with `policy` applied to its config.
+async fn bed(
+    broker: Broker,
     topology: &DlqTopology,
     policy: impl FnOnce(&mut Config),
-) -> anyhow::Result<PlannerHandle> {
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![topology.dlq.clone()];
-    config.capture_batch_size = 20;
-    config.capture_prefetch = 100;
-    config.message_keys = vec!["json:/order_id".to_owned()];
-    config.lease_ttl_seconds = 3;
-    policy(&mut config);
-    PlannerHandle::start(config).await
+) -> anyhow::Result<TestBed> {
+    TestBed::start(broker, |config| {
+        config.capture_queues = vec![topology.dlq.clone()];
+        config.capture_batch_size = 20;
+        config.capture_prefetch = 100;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+        config.lease_ttl_seconds = 3;
+        policy(config);
+    })
+    .await
 }
 
 /// Waits until `count` dead letters are stored; answers their ids by order id.
@@ -139,27 +136,23 @@ fn create(precheck_id: &str) -> CreatePlanRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     for (order, age) in [("p-old", 3), ("p-new", 0)] {
         let (body, properties) = event(order, "payment.captured", chrono::Duration::hours(age));
         topology.reject(&broker, &body, properties).await?;
     }
-    let planner = planner(&db, &topology, |config| {
+    let mut bed = bed(broker, &topology, |config| {
         config.stale_after = vec!["payment.*=2h".to_owned()];
     })
     .await?;
-    let mut client = planner.client().await?;
-    let ids = captured(&mut client, &topology.dlq, 2).await?;
-    let (received, consuming) = consume(&broker, &topology.work).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let ids = captured(&mut bed.client, &topology.dlq, 2).await?;
+    let (received, consuming) = consume(bed.broker(), &topology.work).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
 
     // No option at all: the planner's rule keeps the 3-hour-old payment out.
-    let refused = client
+    let refused = bed
+        .client
         .replay_dead_letter(replay(&ids["p-old"], None))
         .await?
         .into_inner();
@@ -178,7 +171,8 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
         refused.reason
     );
     assert!(refused.plan_id.is_empty(), "no plan is made for it");
-    let fresh = client
+    let fresh = bed
+        .client
         .replay_dead_letter(replay(&ids["p-new"], None))
         .await?
         .into_inner();
@@ -189,7 +183,8 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
         stale_after: [("payment.*".to_owned(), hours(5))].into(),
         ..Default::default()
     };
-    let error = client
+    let error = bed
+        .client
         .replay_dead_letter(replay(&ids["p-old"], Some(looser.clone())))
         .await
         .unwrap_err();
@@ -208,7 +203,8 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     );
 
     // An override with its reason is applied, and recorded.
-    let overridden = client
+    let overridden = bed
+        .client
         .replay_dead_letter(as_actor(
             "alice",
             replay(
@@ -228,7 +224,8 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
         "{}",
         overridden.reason
     );
-    let report = client
+    let report = bed
+        .client
         .get_precheck(v1::GetPrecheckRequest {
             precheck_id: overridden.precheck_id.clone(),
         })
@@ -244,7 +241,8 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     let options = report.options.unwrap();
     assert!(options.override_policy);
     assert_eq!(options.stale_after["payment.*"], hours(5));
-    let plan = client
+    let plan = bed
+        .client
         .get_plan(v1::GetPlanRequest {
             plan_id: overridden.plan_id.clone(),
         })
@@ -269,17 +267,25 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     let received: Vec<Received> = received.lock().unwrap().clone();
     let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
     assert_eq!(ids, ["m-p-new", "m-p-old"]);
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    let pool = bed.pool().await?;
+    for (plan_id, id) in [
+        (&fresh.plan_id, "m-p-new"),
+        (&overridden.plan_id, "m-p-old"),
+    ] {
+        let replayed: Vec<Received> = received
+            .iter()
+            .filter(|r| r.message_id == id)
+            .cloned()
+            .collect();
+        assert_received_within_audit(&pool, plan_id, &replayed).await?;
+    }
+    pool.close().await;
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let topology = DlqTopology::declare(&broker).await?;
     for (order, event_type, age) in [
@@ -291,20 +297,20 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
         topology.reject(&broker, &body, properties).await?;
     }
     let dlq = topology.dlq.clone();
-    let planner = planner(&db, &topology, |config| {
+    let mut bed = bed(broker, &topology, |config| {
         config.stale_after = vec!["payment.*=2h".to_owned()];
         config.stale_after_source = vec![format!("{dlq}=150m")];
     })
     .await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &topology.dlq, 3).await?;
+    captured(&mut bed.client, &topology.dlq, 3).await?;
     let selector = v1::Selector {
         sources: vec![topology.dlq.clone()],
         ..Default::default()
     };
 
     // Without options: both old events are stale, each by its own rule.
-    let report = client
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(selector.clone()),
             options: None,
@@ -343,7 +349,8 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
     assert!(!options.override_policy);
 
     // A stricter client rule applies on top of the policy.
-    let stricter = client
+    let stricter = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(selector.clone()),
             options: Some(v1::PrecheckOptions {
@@ -367,7 +374,8 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
         stale_after_source: [(dlq.clone(), hours(4))].into(),
         ..Default::default()
     };
-    let error = client
+    let error = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(selector.clone()),
             options: Some(looser.clone()),
@@ -385,7 +393,8 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
 
     // With the override: applied (the order event is replayable now), said in
     // the report, and in the actions of a plan made from it.
-    let overridden = client
+    let overridden = bed
+        .client
         .run_precheck(as_actor(
             "bob",
             RunPrecheckRequest {
@@ -418,7 +427,8 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
         options.override_reason,
         "INC-7: orders accepts late events today"
     );
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(as_actor("carol", create(&overridden.precheck_id)))
         .await?
         .into_inner();
@@ -435,7 +445,8 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
     );
 
     // A source never seen is an error, not an empty report.
-    let error = client
+    let error = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec!["orders.dql".into()],
@@ -453,28 +464,21 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
         )
     );
 
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let topology = DlqTopology::declare(&broker).await?;
     for order in ["o-1", "o-2", "o-3"] {
         let (body, properties) = event(order, "order.paid", chrono::Duration::zero());
         topology.reject(&broker, &body, properties).await?;
     }
-    let planner = planner(&db, &topology, |_| {}).await?;
-    let mut client = planner.client().await?;
-    let ids = captured(&mut client, &topology.dlq, 3).await?;
-    let pool = db.pool().await?;
+    let mut bed = bed(broker, &topology, |_| {}).await?;
+    let ids = captured(&mut bed.client, &topology.dlq, 3).await?;
+    let pool = bed.pool().await?;
     let selector = v1::Selector {
         sources: vec![topology.dlq.clone()],
         ..Default::default()
@@ -503,8 +507,9 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
     };
 
     // Older than --max-precheck-age (15 minutes by default).
-    let old = precheck(client.clone()).await?;
-    let plan = client
+    let old = precheck(bed.client.clone()).await?;
+    let plan = bed
+        .client
         .create_plan(create(&old.precheck_id))
         .await?
         .into_inner();
@@ -514,7 +519,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
     .bind(&old.precheck_id)
     .execute(&pool)
     .await?;
-    let error = approve(client.clone(), plan.clone()).await.unwrap_err();
+    let error = approve(bed.client.clone(), plan.clone()).await.unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition);
     assert!(
         error.message().contains(&format!(
@@ -527,14 +532,15 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         "{}",
         error.message()
     );
-    let unchanged = client
+    let unchanged = bed
+        .client
         .get_plan(v1::GetPlanRequest {
             plan_id: plan.plan_id.clone(),
         })
         .await?
         .into_inner();
     assert_eq!(unchanged.state(), PlanState::AwaitingApproval);
-    client
+    bed.client
         .cancel_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "precheck too old".into(),
@@ -542,8 +548,8 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         .await?;
 
     // A dead letter repaired after the precheck.
-    let before_repair = precheck(client.clone()).await?;
-    client
+    let before_repair = precheck(bed.client.clone()).await?;
+    bed.client
         .repair_dead_letter(as_actor(
             "alice",
             v1::RepairDeadLetterRequest {
@@ -553,11 +559,12 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
             },
         ))
         .await?;
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(create(&before_repair.precheck_id))
         .await?
         .into_inner();
-    let error = approve(client.clone(), plan.clone()).await.unwrap_err();
+    let error = approve(bed.client.clone(), plan.clone()).await.unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition);
     assert!(
         error.message().contains(&format!(
@@ -567,7 +574,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         "{}",
         error.message()
     );
-    client
+    bed.client
         .cancel_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "repaired since".into(),
@@ -575,19 +582,20 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         .await?;
 
     // A dead letter replayed by another plan after the precheck.
-    let before_replay = precheck(client.clone()).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let single = client
+    let before_replay = precheck(bed.client.clone()).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let single = bed
+        .client
         .replay_dead_letter(replay(&ids["o-2"], None))
         .await?
         .into_inner();
     assert_eq!(single.outcome(), Outcome::Replayed, "{}", single.reason);
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(create(&before_replay.precheck_id))
         .await?
         .into_inner();
-    let error = approve(client.clone(), plan.clone()).await.unwrap_err();
+    let error = approve(bed.client.clone(), plan.clone()).await.unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition);
     assert!(
         error.message().contains(&format!(
@@ -599,23 +607,20 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
     );
 
     // A fresh precheck sees all that, and its plan is approved.
-    let fresh = precheck(client.clone()).await?;
+    let fresh = precheck(bed.client.clone()).await?;
     assert_eq!(
         fresh.counts.unwrap().replayable,
         2,
         "o-2 is already replayed"
     );
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(create(&fresh.precheck_id))
         .await?
         .into_inner();
-    let approved = approve(client.clone(), plan).await?.into_inner();
+    let approved = approve(bed.client.clone(), plan).await?.into_inner();
     assert_eq!(approved.state(), PlanState::Canary);
 
     executor.stop().await?;
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

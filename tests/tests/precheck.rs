@@ -11,7 +11,7 @@ use redrive_proto::v1::{
     planner_client::PlannerClient,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, PlannerHandle, TestDb, amqp_table, amqp_text, init_logging,
+    Broker, DlqTopology, TestBed, amqp_table, amqp_text, init_logging,
     orders_hook::{self, OrdersHook},
     wait_until,
 };
@@ -76,7 +76,6 @@ fn verdict_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let topology = DlqTopology::declare(&broker).await?;
 
@@ -117,15 +116,15 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     }
 
     let hook_shutdown = CancellationToken::new();
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![topology.dlq.clone()];
-    config.capture_batch_size = 20;
-    config.capture_prefetch = 100;
-    config.message_keys = vec!["json:/order_id".to_owned()];
+    let capturing = |config: &mut Config| {
+        config.capture_queues = vec![topology.dlq.clone()];
+        config.capture_batch_size = 20;
+        config.capture_prefetch = 100;
+        config.message_keys = vec!["json:/order_id".to_owned()];
+    };
     // The hook needs the orders table in place: start it after the planner made the database.
-    let planner = PlannerHandle::start(config.clone()).await?;
-    let pool = db.pool().await?;
+    let mut bed = TestBed::start(broker, capturing).await?;
+    let pool = bed.pool().await?;
     OrdersHook::create_schema(&pool).await?;
     sqlx::query(
         "INSERT INTO orders (order_id, status, stock_reserved, fulfilled) VALUES \
@@ -144,10 +143,11 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     .execute(&pool)
     .await?;
     let hook_url = orders_hook::spawn(OrdersHook::new(pool.clone()), hook_shutdown.clone()).await?;
-    planner.stop().await?;
-    config.state_checks = vec![format!("order.*={hook_url}")];
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
+    bed.restart_planner(|config| {
+        capturing(config);
+        config.state_checks = vec![format!("order.*={hook_url}")];
+    })
+    .await?;
     wait_until(
         "all 13 dead letters captured",
         Duration::from_secs(20),
@@ -173,7 +173,7 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
             ..Default::default()
         }),
     };
-    let report = client.run_precheck(request.clone()).await?.into_inner();
+    let report = bed.client.run_precheck(request.clone()).await?.into_inner();
     let counts = report.counts.unwrap();
     assert_eq!(report.total, 13);
     assert_eq!(counts.replayable, 2, "o-1 and the first o-2");
@@ -190,7 +190,7 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     assert_eq!(report.digest.len(), 64);
     assert!(!report.sample_blocked.is_empty());
 
-    let all = items(&mut client, &report.precheck_id).await?;
+    let all = items(&mut bed.client, &report.precheck_id).await?;
     assert_eq!(all.len(), 13, "every item is stored and pages through");
     assert_eq!(verdict_of(&all, "o-1:")[0].0, Verdict::Replayable);
     let o2: Vec<Verdict> = verdict_of(&all, "o-2:").into_iter().map(|v| v.0).collect();
@@ -227,7 +227,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     );
 
     // Only one verdict, paged.
-    let blocked_only = client
+    let blocked_only = bed
+        .client
         .list_precheck_items(ListPrecheckItemsRequest {
             precheck_id: report.precheck_id.clone(),
             verdict: Verdict::BlockedByState as i32,
@@ -238,16 +239,17 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     assert_eq!(blocked_only.items.len(), 2);
 
     // The digest is stable for the same data, and changes when one verdict does.
-    let again = client.run_precheck(request.clone()).await?.into_inner();
+    let again = bed.client.run_precheck(request.clone()).await?.into_inner();
     assert_eq!(again.digest, report.digest);
     assert_ne!(again.precheck_id, report.precheck_id);
     sqlx::query("INSERT INTO orders (order_id, status) VALUES ('o-1', 'CANCELLED')")
         .execute(&pool)
         .await?;
-    let changed = client.run_precheck(request.clone()).await?.into_inner();
+    let changed = bed.client.run_precheck(request.clone()).await?.into_inner();
     assert_ne!(changed.digest, report.digest);
     assert_eq!(changed.counts.unwrap().replayable, 1);
-    let stored = client
+    let stored = bed
+        .client
         .get_precheck(v1::GetPrecheckRequest {
             precheck_id: report.precheck_id.clone(),
         })
@@ -260,7 +262,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
 
     // A source never seen is a typo, not an empty selection: refused, with
     // the sources there are.
-    let unknown = client
+    let unknown = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![topology.dlq.clone(), "no-such-queue".into()],
@@ -287,7 +290,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     );
 
     // Empty selection: a report of nothing, with a warning.
-    let empty = client
+    let empty = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![topology.dlq.clone()],
@@ -306,7 +310,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     );
 
     // Invalid selector and options name the field.
-    let bad = client
+    let bad = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 reasons: vec!["melted".into()],
@@ -322,7 +327,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
         "{}",
         bad.message()
     );
-    let bad = client
+    let bad = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: None,
             options: Some(PrecheckOptions {
@@ -337,7 +343,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
         "{}",
         bad.message()
     );
-    let unknown = client
+    let unknown = bed
+        .client
         .get_precheck(v1::GetPrecheckRequest {
             precheck_id: uuid::Uuid::now_v7().to_string(),
         })
@@ -346,7 +353,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     assert_eq!(unknown.code(), Code::NotFound);
 
     // The plan made from it lists the compensation items for people.
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(v1::CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
             rate: Some(v1::Rate {
@@ -358,7 +366,8 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
         })
         .await?
         .into_inner();
-    let compensations = client
+    let compensations = bed
+        .client
         .list_compensations(v1::ListCompensationsRequest {
             plan_id: plan.plan_id.clone(),
             ..Default::default()
@@ -373,30 +382,26 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
             .contains("release the extra reservation")
     );
 
-    planner.stop().await?;
+    bed.planner.halt().await?;
     hook_shutdown.cancel();
-    broker.cleanup().await;
     pool.close().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let hook_shutdown = CancellationToken::new();
-    let planner = PlannerHandle::start(Config::for_database(db.url())).await?;
-    let pool = db.pool().await?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let pool = bed.pool().await?;
     OrdersHook::create_schema(&pool).await?;
     let slow = OrdersHook::new(pool.clone()).with_delay(Duration::from_secs(3));
     let hook_url = orders_hook::spawn(slow, hook_shutdown.clone()).await?;
-    planner.stop().await?;
-    let mut config = Config::for_database(db.url());
-    config.state_checks = vec![format!("destination:orders.fulfil={hook_url}")];
-    config.message_keys = vec!["json:/order_id".to_owned()];
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
+    bed.restart_planner(|config| {
+        config.state_checks = vec![format!("destination:orders.fulfil={hook_url}")];
+        config.message_keys = vec!["json:/order_id".to_owned()];
+    })
+    .await?;
     let items: Vec<v1::IngestDeadLettersRequest> = (0..3)
         .map(|index| v1::IngestDeadLettersRequest {
             source: "svc".into(),
@@ -407,7 +412,7 @@ async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyh
             ..Default::default()
         })
         .collect();
-    client
+    bed.client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?;
     let options = PrecheckOptions {
@@ -418,7 +423,8 @@ async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyh
         ..Default::default()
     };
 
-    let failed = client
+    let failed = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: None,
             options: Some(options.clone()),
@@ -437,7 +443,8 @@ async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyh
         failed.message()
     );
 
-    let blocked = client
+    let blocked = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: None,
             options: Some(PrecheckOptions {
@@ -459,21 +466,19 @@ async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyh
         blocked.sample_blocked
     );
 
-    planner.stop().await?;
+    bed.planner.halt().await?;
     hook_shutdown.cancel();
     pool.close().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
-    let mut config = Config::for_database(db.url());
-    config.message_keys = vec!["json:/order_id".to_owned()];
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::without_broker(|config| {
+        config.message_keys = vec!["json:/order_id".to_owned()];
+    })
+    .await?;
     let source = redrive_tests::unique("svc");
     let item = |destination: &str, plan: Option<&str>| v1::IngestDeadLettersRequest {
         source: source.clone(),
@@ -502,12 +507,14 @@ async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> 
         item("orders.a", Some("22222222-2222-7222-8222-222222222222")),
         item("orders.a", Some("33333333-3333-7333-8333-333333333333")),
     ];
-    let stored = client
+    let stored = bed
+        .client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?
         .into_inner();
     assert_eq!(stored.accepted, 5);
-    let report = client
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![source.clone()],
@@ -523,7 +530,8 @@ async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> 
         (1, 1, 3),
         "a's copy loops, b's copy is replayable: {counts:?}"
     );
-    let replayable = client
+    let replayable = bed
+        .client
         .list_precheck_items(ListPrecheckItemsRequest {
             precheck_id: report.precheck_id.clone(),
             verdict: Verdict::Replayable.into(),
@@ -538,7 +546,5 @@ async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> 
         .map(|item| item.destination.as_str())
         .collect();
     assert_eq!(destinations, ["orders.b"]);
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

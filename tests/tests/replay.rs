@@ -11,14 +11,13 @@ use lapin::{
     options::BasicConsumeOptions,
     types::{AMQPValue, FieldTable},
 };
-use redrive_planner::Config;
 use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetAuditReportRequest, GetPlanRequest, PlanState,
     Rate, RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
 };
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, PlannerHandle, REDIS_URL, RedisKeys,
-    TcpProxy, TestDb, amqp_table, amqp_text, init_logging, unique, wait_until,
+    AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, TcpProxy, TestBed, amqp_table,
+    amqp_text, init_logging, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -30,21 +29,17 @@ use support::*;
 async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 300).await?;
     let healthy_before = broker.ready_count(&incident.healthy).await?;
     assert_eq!(healthy_before, 300);
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 300).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 300).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
 
-    let plan = approved_plan(&mut client, &incident.dlq, 2000.0, 100, None).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 2000.0, 100, None).await?;
     // Watch it live, as an ops portal would, from before the first claim.
-    let mut watch = client
+    let mut watch = bed
+        .client
         .watch_plan(v1::WatchPlanRequest {
             plan_id: plan.plan_id.clone(),
             include_events: true,
@@ -65,9 +60,8 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
         }
         (snapshots, events, last_state)
     });
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     let (snapshots, events, last_state) =
         tokio::time::timeout(Duration::from_secs(10), watching).await??;
     assert_eq!(
@@ -86,6 +80,9 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
 
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 300, "every replayable message arrived once");
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
     let mut by_id: HashMap<String, &Received> = HashMap::new();
     for delivery in &received {
         assert!(
@@ -125,7 +122,7 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     );
     assert!(headers.contains_key("traceparent"));
     assert_eq!(
-        broker.ready_count(&incident.healthy).await?,
+        bed.broker().ready_count(&incident.healthy).await?,
         300,
         "the healthy subscriber got no second copy"
     );
@@ -133,7 +130,8 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     let counts = done.counts.unwrap();
     assert_eq!(counts.sent, 300);
     assert_eq!(done.items_done, 300);
-    let report = client
+    let report = bed
+        .client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
@@ -144,7 +142,8 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     assert!(report.not_sent.is_empty());
 
     // Replaying the same dead letters again is refused by the precheck.
-    let again = client
+    let again = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -156,33 +155,25 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
         .into_inner();
     assert_eq!(again.counts.unwrap().already_replayed, 300);
 
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     // Two incidents, two DLQs, two plans; both replay into one destination queue.
     let first = incident_named(&broker, 60, "a-").await?;
     let second = incident_named(&broker, 120, "b-").await?;
-    let planner = planner_for_all(&db, &[&first.dlq, &second.dlq]).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &first.dlq, 60).await?;
-    captured(&mut client, &second.dlq, 120).await?;
+    let mut bed = bed(broker, &[&first.dlq, &second.dlq], 60).await?;
+    captured(&mut bed.client, &second.dlq, 120).await?;
     let target = unique("downstream");
-    broker.queue(&target, FieldTable::default()).await?;
-    let (received, consuming) = consume(&broker, &target).await?;
+    bed.broker().queue(&target, FieldTable::default()).await?;
+    let (received, consuming) = consume(bed.broker(), &target).await?;
     let mut plans = Vec::new();
     for dlq in [&first.dlq, &second.dlq] {
-        let report = client
+        let report = bed
+            .client
             .run_precheck(RunPrecheckRequest {
                 selector: Some(v1::Selector {
                     sources: vec![dlq.clone()],
@@ -192,7 +183,8 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
             })
             .await?
             .into_inner();
-        let plan = client
+        let plan = bed
+            .client
             .create_plan(CreatePlanRequest {
                 precheck_id: report.precheck_id.clone(),
                 rate: Some(Rate {
@@ -216,7 +208,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
             .await?
             .into_inner();
         plans.push(
-            client
+            bed.client
                 .approve_plan(ApprovePlanRequest {
                     plan_id: plan.plan_id,
                     digest: report.digest,
@@ -227,7 +219,8 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     }
     assert!(plans[0].warnings.is_empty());
     // A precheck of the first incident now warns: its queue is a running plan's.
-    let again = client
+    let again = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![first.dlq.clone()],
@@ -251,14 +244,14 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
         plans[1].warnings
     );
     let executor = |id: &str| {
-        let mut config = ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix)));
+        let mut config = bed.executor_config();
         config.executor_id = Some(id.to_owned());
         ExecutorHandle::start(config)
     };
     let executor_a = executor("a");
     let executor_b = executor("b");
     for plan in &plans {
-        wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+        wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     }
     executor_a.stop().await?;
     executor_b.stop().await?;
@@ -287,6 +280,19 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 180, "180 distinct message ids");
+    let pool = bed.pool().await?;
+    let mut checked = 0;
+    for (plan, tag) in plans.iter().zip(["a-", "b-"]) {
+        let of_plan: Vec<Received> = received
+            .iter()
+            .filter(|r| r.message_id.starts_with(tag))
+            .cloned()
+            .collect();
+        checked += of_plan.len();
+        assert_received_within_audit(&pool, &plan.plan_id, &of_plan).await?;
+    }
+    assert_eq!(checked, received.len(), "every delivery is one plan's");
+    pool.close().await;
     let span_of = |header: &str, matches: &dyn Fn(&str) -> bool| {
         let times: Vec<Instant> = received
             .iter()
@@ -321,11 +327,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
         "both plans published at once for {by_plan:?}"
     );
 
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A real crash: the executor process gets SIGKILL mid-plan. Another one
@@ -343,7 +345,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     let incident = incident(&broker, 200).await?;
     let mut bed = bed(broker, &[&incident.dlq], 200).await?;
     let prefix = bed.redis.prefix.clone();
-    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     // One main slice of 198 (the canary takes 2), so the rule before the
     // mark (every unreported item of the slice) would list well over 100.
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
@@ -455,13 +457,11 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 20).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 20).await?;
-    let report = client
+    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -488,7 +488,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         (create(10.0, 0, "x"), "rate.burst"),
         (create(10.0, 1, "  "), "rate.rationale"),
     ] {
-        let error = client.create_plan(request).await.unwrap_err();
+        let error = bed.client.create_plan(request).await.unwrap_err();
         assert_eq!(error.code(), Code::InvalidArgument);
         assert!(
             error.message().contains(field),
@@ -496,7 +496,8 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
             error.message()
         );
     }
-    let empty = client
+    let empty = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -507,7 +508,8 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         })
         .await?
         .into_inner();
-    let error = client
+    let error = bed
+        .client
         .create_plan(CreatePlanRequest {
             precheck_id: empty.precheck_id,
             ..create(10.0, 1, "x")
@@ -515,7 +517,8 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await
         .unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition);
-    let error = client
+    let error = bed
+        .client
         .create_plan(CreatePlanRequest {
             precheck_id: uuid::Uuid::now_v7().to_string(),
             ..create(10.0, 1, "x")
@@ -523,11 +526,13 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await
         .unwrap_err();
     assert_eq!(error.code(), Code::NotFound);
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(create(1000.0, 10, "fine"))
         .await?
         .into_inner();
-    let wrong = client
+    let wrong = bed
+        .client
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: "0".repeat(64),
@@ -535,13 +540,14 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await
         .unwrap_err();
     assert_eq!(wrong.code(), Code::FailedPrecondition);
-    client
+    bed.client
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest.clone(),
         })
         .await?;
-    let twice = client
+    let twice = bed
+        .client
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest.clone(),
@@ -549,7 +555,8 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await
         .unwrap_err();
     assert_eq!(twice.code(), Code::FailedPrecondition);
-    let unknown = client
+    let unknown = bed
+        .client
         .get_plan(GetPlanRequest {
             plan_id: uuid::Uuid::now_v7().to_string(),
         })
@@ -559,11 +566,11 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
 
     // Fencing: a lease that expired is ended by the planner's sweep (its
     // unreported items become uncertain) and leased again with a new token.
-    let mut coordinator = CoordinatorClient::connect(planner.url()).await?;
+    let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
     // An executor that does not mark what it publishes: every unreported
     // item may have been published.
     let first = claimed(&mut coordinator, "old", false).await?;
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     backdate_lease(&pool, &first.slice_id).await?;
     let second = claimed(&mut coordinator, "new", false).await?;
     assert_eq!(second.slice_id, first.slice_id);
@@ -670,10 +677,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     assert!(current.keep_publishing);
 
     pool.close().await;
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// A slice leased to `executor` (waiting up to 10 s for the planner's sweep
@@ -822,7 +826,7 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
     let incident = incident(&broker, 150).await?;
     let mut bed = bed(broker, &[&incident.dlq], 150).await?;
     let prefix = bed.redis.prefix.clone();
-    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 50.0, 5, None).await?;
     let proxy = TcpProxy::start("127.0.0.1:6379".parse()?).await?;
     let redis_via_proxy = format!("redis://{}", proxy.addr());
@@ -886,7 +890,6 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 10).await?;
     // The producers' exchange loses its binding before the replay.
@@ -908,22 +911,20 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
             FieldTable::default(),
         )
         .await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 10).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 10).await?;
     let plan = approved_plan(
-        &mut client,
+        &mut bed.client,
         &incident.dlq,
         1000.0,
         10,
         Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
     )
     .await?;
-    let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
+    let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
     // The canary item comes back from the broker: the gate aborts the plan
     // before any main-wave item is published.
     let done = wait_state(
-        &mut client,
+        &mut bed.client,
         &plan.plan_id,
         PlanState::Aborted,
         Duration::from_secs(30),
@@ -941,7 +942,8 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
         (1, 0),
         "only the canary item was tried"
     );
-    let report = client
+    let report = bed
+        .client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
@@ -955,20 +957,16 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
         report.not_sent[0].reason
     );
     assert_eq!(
-        broker.ready_count(&incident.work).await?,
+        bed.broker().ready_count(&incident.work).await?,
         0,
         "nothing delivered"
     );
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 5).await?;
     // A full queue that rejects publishes: RabbitMQ nacks them
@@ -983,19 +981,17 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
             ]),
         )
         .await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 5).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
     let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
         exchange: String::new(),
         routing_key: full.clone(),
     });
-    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
-    let mut config = ExecutorHandle::config(&planner, None);
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
+    let mut config = ExecutorHandle::config(&bed.planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
     let done = wait_state(
-        &mut client,
+        &mut bed.client,
         &plan.plan_id,
         PlanState::Aborted,
         Duration::from_secs(30),
@@ -1008,7 +1004,8 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
         (1, 0),
         "the canary item failed; the main wave never started"
     );
-    let report = client
+    let report = bed
+        .client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
@@ -1022,16 +1019,12 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
         "{:?}",
         report.not_sent
     );
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 8).await?;
     // Room for three: the broker nacks the other five
@@ -1047,19 +1040,17 @@ async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow:
             ]),
         )
         .await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 8).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 8).await?;
     let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
         exchange: String::new(),
         routing_key: full.clone(),
     });
-    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
-    let mut config = ExecutorHandle::config(&planner, None);
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
+    let mut config = ExecutorHandle::config(&bed.planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
     let paused = wait_state(
-        &mut client,
+        &mut bed.client,
         &plan.plan_id,
         PlanState::Paused,
         Duration::from_secs(30),
@@ -1078,19 +1069,21 @@ async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow:
         "{}",
         paused.state_reason
     );
-    assert_eq!(broker.ready_count(&full).await?, 3, "only the sent arrived");
+    assert_eq!(
+        bed.broker().ready_count(&full).await?,
+        3,
+        "only the sent arrived"
+    );
     // Still paused: nothing completes a plan past its gates.
-    let again = client
+    let again = bed
+        .client
         .get_plan(GetPlanRequest {
             plan_id: plan.plan_id.clone(),
         })
         .await?
         .into_inner();
     assert_eq!(again.state(), PlanState::Paused);
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// The verdict counts of a fresh precheck over `dlq`.
@@ -1115,10 +1108,7 @@ async fn precheck_counts(
 async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     // A fan-out exchange to work queues a and b (both dead-lettering to one
     // DLQ) and a healthy subscriber.
     let (exchange, dlx, dlq) = (unique("orders"), unique("dlx"), unique("dlq"));
@@ -1163,22 +1153,19 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
                 .await?;
         }
     }
-    let planner = planner_for(&db, &dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &dlq, 4).await?;
+    let mut bed = bed(broker, &[&dlq], 4).await?;
 
-    let counts = precheck_counts(&mut client, &dlq).await?;
+    let counts = precheck_counts(&mut bed.client, &dlq).await?;
     assert_eq!(
         (counts.replayable, counts.duplicate),
         (4, 0),
         "each queue's copy is its own work: {counts:?}"
     );
-    let (received_a, consuming_a) = consume(&broker, &a).await?;
-    let (received_b, consuming_b) = consume(&broker, &b).await?;
-    let plan = approved_plan(&mut client, &dlq, 1000.0, 10, None).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await;
+    let (received_a, consuming_a) = consume(bed.broker(), &a).await?;
+    let (received_b, consuming_b) = consume(bed.broker(), &b).await?;
+    let plan = approved_plan(&mut bed.client, &dlq, 1000.0, 10, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(30)).await;
     executor.stop().await?;
     let done = done?;
     assert_eq!(done.counts.unwrap().sent, 4);
@@ -1193,7 +1180,7 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
     .await?;
     stop_consuming(consuming_a)?;
     stop_consuming(consuming_b)?;
-    let pool = db.pool().await?;
+    let pool = bed.pool().await?;
     for received in [&received_a, &received_b] {
         let received = received.lock().unwrap().clone();
         let mut ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
@@ -1202,22 +1189,18 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
         assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     }
     assert_eq!(
-        broker.ready_count(&healthy).await?,
+        bed.broker().ready_count(&healthy).await?,
         2,
         "the healthy subscriber got nothing more"
     );
 
-    let counts = precheck_counts(&mut client, &dlq).await?;
+    let counts = precheck_counts(&mut bed.client, &dlq).await?;
     assert_eq!(
         (counts.already_replayed, counts.replayable),
         (4, 0),
         "both queues' copies were replayed: {counts:?}"
     );
-    redis_keys.cleanup().await?;
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1228,7 +1211,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     let incident = incident(&broker, 150).await?;
     let mut bed = bed(broker, &[&incident.dlq], 150).await?;
     let prefix = bed.redis.prefix.clone();
-    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
     // The executor reaches the planner through a proxy the test cuts; its
     // broker and Redis connections stay up (a network split).
@@ -1303,7 +1286,7 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     let incident = incident(&broker, 120).await?;
     let mut bed = bed(broker, &[&incident.dlq], 120).await?;
     let prefix = bed.redis.prefix.clone();
-    let (received, consuming) = consume(&bed.broker, &incident.work).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
     let executor = ExecutorHandle::start(ExecutorHandle::config(
         &bed.planner,
@@ -1363,6 +1346,9 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     }
     assert_eq!(copies.len(), 120);
     assert!(copies.values().all(|n| *n == 1), "every item exactly once");
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
     let actions: Vec<(String, String)> = done
         .actions
         .iter()
@@ -1393,16 +1379,12 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 300).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 300).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let report = client
+    let mut bed = bed(broker, &[&incident.dlq], 300).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -1412,7 +1394,8 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         })
         .await?
         .into_inner();
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
             rate: Some(Rate {
@@ -1431,7 +1414,8 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         .await?
         .into_inner();
     assert_eq!(plan.canary_items, 3);
-    let approved = client
+    let approved = bed
+        .client
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest,
@@ -1439,10 +1423,9 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         .await?
         .into_inner();
     assert_eq!(approved.state(), PlanState::Canary);
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let executor = ExecutorHandle::start(bed.executor_config());
     let observing = wait_state(
-        &mut client,
+        &mut bed.client,
         &plan.plan_id,
         PlanState::Observing,
         Duration::from_secs(30),
@@ -1465,7 +1448,8 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     );
     // While it runs, a precheck over the same queue warns that the two would
     // share its destination.
-    let overlapping = client
+    let overlapping = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -1483,7 +1467,8 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         "{:?}",
         overlapping.warnings
     );
-    let promoted = client
+    let promoted = bed
+        .client
         .promote_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "canary looks healthy".into(),
@@ -1492,35 +1477,32 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         .into_inner();
     assert_eq!(promoted.state(), PlanState::Main);
     assert_eq!(promoted.observing_until, None, "only while observing");
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
-    assert_eq!(received.lock().unwrap().len(), 300);
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 300);
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
+    pool.close().await;
     assert!(
         done.actions
             .iter()
             .any(|a| a.action == "promote" && a.reason == "canary looks healthy")
     );
-    planner.stop().await?;
-    broker.cleanup().await;
-    redis_keys.cleanup().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 200).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 200).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 200).await?;
     // The consumer is still broken: it rejects what is replayed, which dead-letters
     // it again into the captured DLQ with the plan's redrive-plan-id header.
-    let channel = broker.connection.create_channel().await?;
+    let channel = bed.broker().connection.create_channel().await?;
     let mut consumer = channel
         .basic_consume(
             incident.work.as_str().into(),
@@ -1540,10 +1522,10 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
                 .await;
         }
     });
-    let plan = approved_plan(&mut client, &incident.dlq, 1000.0, 10, None).await?;
-    let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 10, None).await?;
+    let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
     let aborted = wait_state(
-        &mut client,
+        &mut bed.client,
         &plan.plan_id,
         PlanState::Aborted,
         Duration::from_secs(30),
@@ -1573,26 +1555,22 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
             .iter()
             .any(|a| a.action == "abort" && a.actor == "redrive-gate")
     );
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 5).await?;
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![incident.dlq.clone()];
-    config.four_eyes = true;
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 5).await?;
-    let report = client
+    let mut bed = TestBed::start(broker, |config| {
+        config.capture_queues = vec![incident.dlq.clone()];
+        config.four_eyes = true;
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 5).await?;
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -1602,7 +1580,8 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
         })
         .await?
         .into_inner();
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(as_actor(
             "alice",
             CreatePlanRequest {
@@ -1622,7 +1601,8 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
         plan_id: plan.plan_id.clone(),
         digest: report.digest.clone(),
     };
-    let refused = client
+    let refused = bed
+        .client
         .approve_plan(as_actor("alice", approve()))
         .await
         .unwrap_err();
@@ -1632,15 +1612,13 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
         "{}",
         refused.message()
     );
-    let approved = client
+    let approved = bed
+        .client
         .approve_plan(as_actor("bob", approve()))
         .await?
         .into_inner();
     assert_eq!(approved.approved_by, "bob");
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// `message` as sent by `actor` (request metadata `x-redrive-actor`).
@@ -1655,31 +1633,30 @@ fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 20).await?;
     // The planner with the orders hook for order.* events.
-    let setup = planner_for(&db, &incident.dlq).await?;
-    let pool = db.pool().await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &[&incident.dlq])).await?;
+    let pool = bed.pool().await?;
     redrive_tests::orders_hook::OrdersHook::create_schema(&pool).await?;
-    setup.stop().await?;
+    bed.planner.halt().await?;
     let hook_shutdown = tokio_util::sync::CancellationToken::new();
     let hook_url = redrive_tests::orders_hook::spawn(
         redrive_tests::orders_hook::OrdersHook::new(pool.clone()),
         hook_shutdown.clone(),
     )
     .await?;
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![incident.dlq.clone()];
-    config.message_keys = vec!["json:/order_id".to_owned()];
-    config.lease_ttl_seconds = 3;
-    config.state_checks = vec![format!("order.*={hook_url}")];
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 20).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let report = client
+    bed.restart_planner(|config| {
+        config.capture_queues = vec![incident.dlq.clone()];
+        config.message_keys = vec!["json:/order_id".to_owned()];
+        config.lease_ttl_seconds = 3;
+        config.state_checks = vec![format!("order.*={hook_url}")];
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 20).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -1690,7 +1667,8 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         .await?
         .into_inner();
     assert_eq!(report.counts.unwrap().replayable, 20);
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
             rate: Some(Rate {
@@ -1716,14 +1694,14 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     )
     .execute(&pool)
     .await?;
-    client
+    bed.client
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest,
         })
         .await?;
-    let executor = ExecutorHandle::start(ExecutorHandle::config(&planner, None));
-    let done = wait_completed(&mut client, &plan.plan_id, Duration::from_secs(30)).await?;
+    let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(30)).await?;
     executor.stop().await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
@@ -1740,8 +1718,10 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
             .all(|r| r.message_id != "m-7" && r.message_id != "m-8"),
         "the cancelled order was not revived, the reserved one not replayed"
     );
+    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     // o-8 is on the plan's compensation list, found at send time.
-    let compensations = client
+    let compensations = bed
+        .client
         .list_compensations(v1::ListCompensationsRequest {
             plan_id: plan.plan_id.clone(),
             page_size: 0,
@@ -1760,7 +1740,8 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         "{}",
         compensations[0].reason
     );
-    let audit = client
+    let audit = bed
+        .client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
@@ -1773,12 +1754,10 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         "{}",
         skipped.reason
     );
-    planner.stop().await?;
+    bed.planner.halt().await?;
     hook_shutdown.cancel();
     pool.close().await;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// The id of the dead letter of order `order` among `dlq`'s (message key
@@ -1824,20 +1803,16 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 5).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 5).await?;
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let two = dead_letter_id(&mut client, &incident.dlq, "o-2").await?;
-    let three = dead_letter_id(&mut client, &incident.dlq, "o-3").await?;
+    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let two = dead_letter_id(&mut bed.client, &incident.dlq, "o-2").await?;
+    let three = dead_letter_id(&mut bed.client, &incident.dlq, "o-3").await?;
 
     // Bad requests are refused, naming what is wrong.
-    let error = client
+    let error = bed
+        .client
         .replay_dead_letter(v1::ReplayDeadLetterRequest {
             reason: " ".into(),
             ..replay_request(&two, 1000)
@@ -1850,7 +1825,8 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
         "{}",
         error.message()
     );
-    let error = client
+    let error = bed
+        .client
         .replay_dead_letter(replay_request("999999999", 1000))
         .await
         .unwrap_err();
@@ -1858,7 +1834,8 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
 
     // No executor yet: nobody claims the plan of one, which is cancelled so
     // that it is not published later behind the caller's back.
-    let answer = client
+    let answer = bed
+        .client
         .replay_dead_letter(replay_request(&three, 1500))
         .await?
         .into_inner();
@@ -1868,7 +1845,8 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
         "{}",
         answer.reason
     );
-    let abandoned = client
+    let abandoned = bed
+        .client
         .get_plan(GetPlanRequest {
             plan_id: answer.plan_id.clone(),
         })
@@ -1876,9 +1854,9 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
         .into_inner();
     assert_eq!(abandoned.state(), PlanState::Cancelled);
 
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let first = client
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let first = bed
+        .client
         .replay_dead_letter(as_actor("alice", replay_request(&two, 30_000)))
         .await?
         .into_inner();
@@ -1889,7 +1867,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     assert_eq!(event.dead_letter_id, two);
     assert_eq!(event.plan_id, first.plan_id);
     // A plan of one: no canary, created and approved by the caller.
-    let plan = wait_completed(&mut client, &first.plan_id, Duration::from_secs(10)).await?;
+    let plan = wait_completed(&mut bed.client, &first.plan_id, Duration::from_secs(10)).await?;
     assert_eq!((plan.total_items, plan.canary_items), (1, 0));
     assert_eq!(
         (plan.created_by.as_str(), plan.approved_by.as_str()),
@@ -1903,7 +1881,8 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     );
 
     // Again: the precheck finds it already replayed.
-    let second = client
+    let second = bed
+        .client
         .replay_dead_letter(replay_request(&two, 30_000))
         .await?
         .into_inner();
@@ -1917,7 +1896,8 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     assert!(second.plan_id.is_empty(), "no plan is made for it");
 
     // The cancelled plan of one released o-3: it can be replayed now.
-    let third = client
+    let third = bed
+        .client
         .replay_dead_letter(replay_request(&three, 30_000))
         .await?
         .into_inner();
@@ -1929,17 +1909,18 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     let received = received.lock().unwrap().clone();
     let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
     assert_eq!(ids, ["m-2", "m-3"], "each once, nothing else");
+    let pool = bed.pool().await?;
+    for (plan_id, delivery) in [&first.plan_id, &third.plan_id].into_iter().zip(&received) {
+        assert_received_within_audit(&pool, plan_id, std::slice::from_ref(delivery)).await?;
+    }
+    pool.close().await;
     let plan_header = received[0].headers.inner().get("redrive-plan-id").cloned();
     assert_eq!(
         plan_header,
         Some(amqp_text(&first.plan_id)),
         "the replayed message names its plan"
     );
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1948,16 +1929,11 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 3).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 3).await?;
-    let one = dead_letter_id(&mut client, &incident.dlq, "o-1").await?;
-    let two = dead_letter_id(&mut client, &incident.dlq, "o-2").await?;
+    let mut bed = bed(broker, &[&incident.dlq], 3).await?;
+    let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
+    let two = dead_letter_id(&mut bed.client, &incident.dlq, "o-2").await?;
     let original = br#"{"order_id":"o-1","n":1}"#.to_vec();
     let repaired = br#"{"order_id":"o-1","n":1,"currency":"EUR"}"#.to_vec();
     let repair = |id: &str, body: &[u8]| v1::RepairDeadLetterRequest {
@@ -1967,7 +1943,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     };
 
     // The content type says JSON: a body that is not JSON is refused.
-    let error = client
+    let error = bed
+        .client
         .repair_dead_letter(repair(&one, b"{\"order_id\": "))
         .await
         .unwrap_err();
@@ -1978,7 +1955,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         error.message()
     );
     // The captured body again is no repair.
-    let error = client
+    let error = bed
+        .client
         .repair_dead_letter(repair(&one, &original))
         .await
         .unwrap_err();
@@ -1989,7 +1967,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         error.message()
     );
 
-    let answer = client
+    let answer = bed
+        .client
         .repair_dead_letter(as_actor("alice", repair(&one, &repaired)))
         .await?
         .into_inner();
@@ -2006,7 +1985,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         "{}",
         answer.body_preview
     );
-    let shown = client
+    let shown = bed
+        .client
         .get_dead_letter(v1::GetDeadLetterRequest { id: one.clone() })
         .await?
         .into_inner()
@@ -2020,7 +2000,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
 
     // The precheck reads the latest revision: o-2's repaired body carries an
     // event time three hours old, so it is stale by the body's own clock.
-    client
+    bed.client
         .repair_dead_letter(repair(
             &two,
             br#"{"order_id":"o-2","n":2,"at":"2020-01-01T00:00:00Z"}"#,
@@ -2034,7 +2014,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         event_time_pointer: "/at".into(),
         ..Default::default()
     };
-    let report = client
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -2048,8 +2029,9 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     assert_eq!((counts.replayable, counts.stale), (2, 1));
 
     // A plan that is still to publish o-0 keeps its body: no repair under it.
-    let zero = dead_letter_id(&mut client, &incident.dlq, "o-0").await?;
-    let pending = client
+    let zero = dead_letter_id(&mut bed.client, &incident.dlq, "o-0").await?;
+    let pending = bed
+        .client
         .create_plan(CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),
             rate: Some(Rate {
@@ -2061,7 +2043,8 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         })
         .await?
         .into_inner();
-    let error = client
+    let error = bed
+        .client
         .repair_dead_letter(repair(&zero, br#"{"order_id":"o-0"}"#))
         .await
         .unwrap_err();
@@ -2071,21 +2054,21 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         "{}",
         error.message()
     );
-    client
+    bed.client
         .cancel_plan(v1::PlanControlRequest {
             plan_id: pending.plan_id.clone(),
             reason: "repair first".into(),
         })
         .await?;
-    client
+    bed.client
         .repair_dead_letter(repair(&zero, br#"{"order_id":"o-0"}"#))
         .await?;
 
     // The replay publishes the repaired body and its audit says so.
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let replayed = client
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let replayed = bed
+        .client
         .replay_dead_letter(replay_request(&one, 30_000))
         .await?
         .into_inner();
@@ -2107,28 +2090,26 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         received[0].body, repaired,
         "the consumer gets the repaired body"
     );
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    let pool = bed.pool().await?;
+    assert_received_within_audit(&pool, &replayed.plan_id, &received).await?;
+    pool.close().await;
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 2).await?;
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    config.capture_queues = vec![incident.dlq.clone()];
-    config.shutdown_grace_seconds = 1;
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 2).await?;
-    let report = client
+    let mut bed = TestBed::start(broker, |config| {
+        config.capture_queues = vec![incident.dlq.clone()];
+        config.shutdown_grace_seconds = 1;
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 2).await?;
+    let report = bed
+        .client
         .run_precheck(RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -2138,7 +2119,8 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
         })
         .await?
         .into_inner();
-    let plan = client
+    let plan = bed
+        .client
         .create_plan(CreatePlanRequest {
             precheck_id: report.precheck_id,
             rate: Some(Rate {
@@ -2151,7 +2133,8 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
         .await?
         .into_inner();
     // A watcher of a plan awaiting approval: its stream stays open.
-    let mut watch = client
+    let mut watch = bed
+        .client
         .watch_plan(v1::WatchPlanRequest {
             plan_id: plan.plan_id.clone(),
             include_events: false,
@@ -2160,27 +2143,22 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
         .into_inner();
     assert!(watch.message().await?.is_some(), "the first snapshot");
     // SIGTERM: the planner ends the stream after the grace period, not never.
-    tokio::time::timeout(Duration::from_secs(20), planner.stop())
+    tokio::time::timeout(Duration::from_secs(20), bed.planner.halt())
         .await
         .map_err(|_| anyhow::anyhow!("the planner did not stop with a watch stream open"))??;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for_ever()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 20).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 20).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
     let missing = unique("no-such-exchange");
     let plan = approved_plan(
-        &mut client,
+        &mut bed.client,
         &incident.dlq,
         100.0,
         5,
@@ -2190,11 +2168,11 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
         })),
     )
     .await?;
-    let mut config = ExecutorHandle::config(&planner, None);
+    let mut config = ExecutorHandle::config(&bed.planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
     let aborted = wait_state(
-        &mut client,
+        &mut bed.client,
         &plan.plan_id,
         PlanState::Aborted,
         Duration::from_secs(30),
@@ -2203,7 +2181,8 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
     executor.stop().await?;
     let counts = aborted.counts.unwrap();
     assert_eq!((counts.sent, counts.failed), (0, 1), "{counts:?}");
-    let audit = client
+    let audit = bed
+        .client
         .get_audit_report(GetAuditReportRequest {
             plan_id: plan.plan_id.clone(),
         })
@@ -2222,10 +2201,7 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
         "the reason names the exchange: {}",
         failed.reason
     );
-    planner.stop().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2233,18 +2209,13 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 2).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 2).await?;
-    let one = dead_letter_id(&mut client, &incident.dlq, "o-1").await?;
+    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     // No executor: the call waits; the planner is stopped meanwhile.
     let waiting = tokio::spawn({
-        let mut client = client.clone();
+        let mut client = bed.client.clone();
         let one = one.clone();
         async move {
             client
@@ -2253,24 +2224,24 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
         }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    planner.stop().await?;
+    bed.planner.halt().await?;
     let answer = waiting.await??.into_inner();
     assert_eq!(answer.outcome(), Outcome::NotReplayed);
     assert!(answer.reason.contains("shutting down"), "{}", answer.reason);
 
     // After a restart, an executor finds nothing to publish.
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    let plan = client
+    bed.restart_planner(|config| capturing(config, &[&incident.dlq]))
+        .await?;
+    let plan = bed
+        .client
         .get_plan(GetPlanRequest {
             plan_id: answer.plan_id.clone(),
         })
         .await?
         .into_inner();
     assert_eq!(plan.state(), PlanState::Cancelled);
-    let (received, consuming) = consume(&broker, &incident.work).await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
     tokio::time::sleep(Duration::from_secs(2)).await;
     executor.stop().await?;
     stop_consuming(consuming)?;
@@ -2278,11 +2249,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
         received.lock().unwrap().is_empty(),
         "nothing published behind the caller's back"
     );
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2290,18 +2257,13 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
-    let redis_keys = RedisKeys::new();
-    let prefix = redis_keys.prefix.clone();
     let incident = incident(&broker, 2).await?;
-    let planner = planner_for(&db, &incident.dlq).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &incident.dlq, 2).await?;
-    let one = dead_letter_id(&mut client, &incident.dlq, "o-1").await?;
-    let executor =
-        ExecutorHandle::start(ExecutorHandle::config(&planner, Some((REDIS_URL, &prefix))));
-    let first = client
+    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let first = bed
+        .client
         .replay_dead_letter(replay_request(&one, 30_000))
         .await?
         .into_inner();
@@ -2309,7 +2271,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
 
     // The consumer still cannot take it: it dead-letters again and is
     // captured as a re-dead-letter of that plan.
-    let channel = broker.connection.create_channel().await?;
+    let channel = bed.broker().connection.create_channel().await?;
     let delivery = channel
         .basic_get(incident.work.as_str().into(), Default::default())
         .await?
@@ -2318,8 +2280,9 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
         .acker
         .reject(lapin::options::BasicRejectOptions { requeue: false })
         .await?;
-    captured(&mut client, &incident.dlq, 3).await?;
-    let page = client
+    captured(&mut bed.client, &incident.dlq, 3).await?;
+    let page = bed
+        .client
         .list_dead_letters(v1::ListDeadLettersRequest {
             selector: Some(v1::Selector {
                 sources: vec![incident.dlq.clone()],
@@ -2341,14 +2304,15 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     // Repaired, it replays: that earlier replay did not reach the consumer's
     // books, so its replay key does not make this a duplicate.
     let fixed = br#"{"order_id":"o-1","n":1,"fixed":true}"#.to_vec();
-    client
+    bed.client
         .repair_dead_letter(v1::RepairDeadLetterRequest {
             dead_letter_id: back.clone(),
             new_body: fixed.clone(),
             reason: "the field the consumer needs".into(),
         })
         .await?;
-    let again = client
+    let again = bed
+        .client
         .replay_dead_letter(replay_request(&back, 30_000))
         .await?
         .into_inner();
@@ -2360,9 +2324,5 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     assert_eq!(delivery.data, fixed);
     channel.close(200, "done".into()).await?;
     executor.stop().await?;
-    planner.stop().await?;
-    redis_keys.cleanup().await?;
-    broker.cleanup().await;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

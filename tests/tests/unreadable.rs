@@ -20,7 +20,7 @@ use redrive_planner::capture::{
 };
 use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, TcpProxy, TestDb, amqp_table, init_logging, unique, wait_until,
+    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, unique, wait_until,
 };
 
 mod support;
@@ -28,14 +28,13 @@ use support::*;
 
 /// A planner capturing `dlq` in small batches (4) with a small prefetch (8),
 /// so that sessions and isolation rounds alternate.
-fn config(db_url: String, amqp_url: String, dlq: &str) -> redrive_planner::config::Config {
-    let mut config = redrive_planner::config::Config::for_database(db_url);
-    config.amqp_url = amqp_url;
+/// The planner settings here: capture `dlq` in small batches, key by the
+/// body's `order_id`.
+fn capturing(config: &mut redrive_planner::config::Config, dlq: &str) {
     config.capture_queues = vec![dlq.to_owned()];
     config.capture_batch_size = 4;
     config.capture_prefetch = 8;
     config.message_keys = vec!["json:/order_id".to_owned()];
-    config
 }
 
 /// The unreadable kinds, each as (what the note must name, content header);
@@ -162,7 +161,6 @@ fn assert_each_good_once(dead_letters: &[v1::DeadLetter], expected: u32) {
 async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captured()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let topology = DlqTopology::declare(&broker).await?;
     let dlq = topology.dlq.clone();
@@ -216,13 +214,11 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     let audit_before = broker.ready_count(&audit).await?;
     assert_eq!(audit_before, 1);
 
-    let planner =
-        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
-    let mut client = planner.client().await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
-    captured(&mut client, &dlq, total).await?;
+    captured(&mut bed.client, &dlq, total).await?;
     wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = &broker;
+        let broker = bed.broker();
         let dlq = dlq.clone();
         async move { Ok(broker.ready_count(&dlq).await? == 0) }
     })
@@ -230,7 +226,7 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     // Nothing more arrives later (no duplicates from redeliveries).
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
     assert_eq!(dead_letters.len() as u64, total, "one row per message");
     assert_each_good_once(&dead_letters, good_count);
 
@@ -284,7 +280,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     );
 
     // The summary counts them.
-    let summary = client
+    let summary = bed
+        .client
         .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
             selector: Some(v1::Selector {
                 sources: vec![dlq.clone()],
@@ -302,7 +299,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     assert_eq!(unreadable_group.count, kinds.len() as u64);
 
     // The precheck calls them invalid, naming why; the rest is replayable.
-    let report = client
+    let report = bed
+        .client
         .run_precheck(v1::RunPrecheckRequest {
             selector: Some(v1::Selector {
                 sources: vec![dlq.clone()],
@@ -312,7 +310,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         })
         .await?
         .into_inner();
-    let items = client
+    let items = bed
+        .client
         .list_precheck_items(v1::ListPrecheckItemsRequest {
             precheck_id: report.precheck_id.clone(),
             verdict: Verdict::Invalid as i32,
@@ -337,14 +336,15 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     );
 
     // A repair replaces the body; the placeholder stays invalid.
-    client
+    bed.client
         .repair_dead_letter(v1::RepairDeadLetterRequest {
             dead_letter_id: latin.id.clone(),
             new_body: br#"{"order_id":"poison","fixed":true}"#.to_vec(),
             reason: "test".into(),
         })
         .await?;
-    let again = client
+    let again = bed
+        .client
         .run_precheck(v1::RunPrecheckRequest {
             selector: Some(v1::Selector {
                 ids: vec![latin.id.clone()],
@@ -354,7 +354,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         })
         .await?
         .into_inner();
-    let repaired = client
+    let repaired = bed
+        .client
         .list_precheck_items(v1::ListPrecheckItemsRequest {
             precheck_id: again.precheck_id,
             verdict: 0,
@@ -373,7 +374,7 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     );
 
     assert_eq!(
-        broker.ready_count(&audit).await?,
+        bed.broker().ready_count(&audit).await?,
         audit_before,
         "the CC header of a parked message copied it nowhere"
     );
@@ -392,18 +393,16 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     assert!(reader.get(&parking).await?.is_none(), "nothing else parked");
     reader.close().await;
 
-    planner.stop().await?;
+    bed.planner.halt().await?;
     // Nothing was held back unacked: with the planner gone the DLQ is empty.
-    assert_eq!(broker.ready_count(&dlq).await?, 0);
-    broker.cleanup().await;
-    Ok(())
+    assert_eq!(bed.broker().ready_count(&dlq).await?, 0);
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_message()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("quorum-dlq");
     broker
@@ -430,22 +429,21 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
     // A large prefetch: the failed session held every message. With the old
     // behaviour each restart returned them all, and the second return made
     // the broker drop them (delivery limit 1, no dead-letter exchange).
-    let planner = {
-        let mut config = config(db.url(), AMQP_URL.to_owned(), &dlq);
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &dlq);
         config.capture_batch_size = 100;
         config.capture_prefetch = 200;
-        redrive_tests::PlannerHandle::start(config).await?
-    };
-    let mut client = planner.client().await?;
-    captured(&mut client, &dlq, 101).await?;
+    })
+    .await?;
+    captured(&mut bed.client, &dlq, 101).await?;
     wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = &broker;
+        let broker = bed.broker();
         let dlq = dlq.clone();
         async move { Ok(broker.ready_count(&dlq).await? == 0) }
     })
     .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
     assert_eq!(dead_letters.len(), 101);
     assert_each_good_once(&dead_letters, 100);
     assert_eq!(
@@ -456,21 +454,18 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
         1
     );
     assert_eq!(
-        broker.ready_count(&parking).await?,
+        bed.broker().ready_count(&parking).await?,
         1,
         "the poison message is parked"
     );
 
-    planner.stop().await?;
-    broker.cleanup().await;
-    Ok(())
+    bed.finish().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_blocks_nothing()
 -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -495,21 +490,19 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     publisher.close().await;
     good(&broker, &dlq, 10, 10).await?;
 
-    let start = || redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq));
-    let planner = start().await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &dlq, 21).await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
+    captured(&mut bed.client, &dlq, 21).await?;
     wait_until(
         "the good messages to be acked",
         Duration::from_secs(30),
         || {
-            let broker = &broker;
+            let broker = bed.broker();
             let dlq = dlq.clone();
             async move { Ok(broker.ready_count(&dlq).await? == 0) }
         },
     )
     .await?;
-    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
     assert_eq!(dead_letters.len(), 21);
     assert_each_good_once(&dead_letters, 20);
     let placeholder = dead_letters
@@ -524,13 +517,13 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
         "{:?}",
         placeholder.capture_notes
     );
-    planner.stop().await?;
+    bed.planner.halt().await?;
     // Held unacked while the planner ran, back in the DLQ once it stopped.
     wait_until(
         "the held message back in the DLQ",
         Duration::from_secs(10),
         || {
-            let broker = &broker;
+            let broker = bed.broker();
             let dlq = dlq.clone();
             async move { Ok(broker.ready_count(&dlq).await? == 1) }
         },
@@ -538,31 +531,30 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     .await?;
 
     // A restart meets it again: no second row, the queue keeps flowing.
-    let planner = start().await?;
-    let mut client = planner.client().await?;
-    good(&broker, &dlq, 20, 5).await?;
-    captured(&mut client, &dlq, 26).await?;
+    bed.restart_planner(|config| capturing(config, &dlq))
+        .await?;
+    good(bed.broker(), &dlq, 20, 5).await?;
+    captured(&mut bed.client, &dlq, 26).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
     assert_eq!(
         dead_letters.len(),
         26,
         "the held message was not stored twice"
     );
     assert_each_good_once(&dead_letters, 25);
-    planner.stop().await?;
+    bed.planner.halt().await?;
     wait_until(
         "the held message back again",
         Duration::from_secs(10),
         || {
-            let broker = &broker;
+            let broker = bed.broker();
             let dlq = dlq.clone();
             async move { Ok(broker.ready_count(&dlq).await? == 1) }
         },
     )
     .await?;
-    broker.cleanup().await;
-    Ok(())
+    bed.finish().await
 }
 
 /// Headers nested thousands of levels deep overflow the stack of lapin's
@@ -572,7 +564,6 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -599,11 +590,9 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
     publisher.close().await;
     good(&broker, &dlq, 10, 10).await?;
 
-    let planner =
-        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &dlq, 21).await?;
-    let dead_letters = all_dead_letters(&mut client, &dlq).await?;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
+    captured(&mut bed.client, &dlq, 21).await?;
+    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
     assert_eq!(dead_letters.len(), 21);
     assert_each_good_once(&dead_letters, 20);
     let deep = dead_letters
@@ -619,15 +608,14 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
         deep.capture_notes
     );
     wait_until("the parked copy", Duration::from_secs(10), || {
-        let broker = &broker;
+        let broker = bed.broker();
         let parking = parking.clone();
         async move { Ok(broker.ready_count(&parking).await? == 1) }
     })
     .await?;
-    planner.stop().await?;
-    assert_eq!(broker.ready_count(&dlq).await?, 0);
-    broker.cleanup().await;
-    Ok(())
+    bed.planner.halt().await?;
+    assert_eq!(bed.broker().ready_count(&dlq).await?, 0);
+    bed.finish().await
 }
 
 /// A Latin-1 `type` plus an `expiration`: unreadable by lapin, and (per the
@@ -671,7 +659,6 @@ async fn total(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -689,14 +676,11 @@ async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow:
     publisher.close().await;
     good(&broker, &dlq, 5, 5).await?;
 
-    let planner =
-        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
-    let mut client = planner.client().await?;
-    let outcome = captured(&mut client, &dlq, 27).await;
-    let stored = total(&mut client, &dlq).await?;
-    let ready = broker.ready_count(&dlq).await?;
-    planner.stop().await?;
-    broker.cleanup().await;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
+    let outcome = captured(&mut bed.client, &dlq, 27).await;
+    let stored = total(&mut bed.client, &dlq).await?;
+    let ready = bed.broker().ready_count(&dlq).await?;
+    bed.finish().await?;
     outcome.map_err(|e| {
         anyhow::anyhow!(
             "{e}: stored {stored} of 27 dead letters (10 good + 17 poison); {ready} still ready in the DLQ"
@@ -716,7 +700,6 @@ async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -734,13 +717,15 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
 
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
-    let planner =
-        redrive_tests::PlannerHandle::start(config(db.url(), amqp_via_proxy, &dlq)).await?;
-    let mut client = planner.client().await?;
-    captured(&mut client, &dlq, 7).await?;
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &dlq);
+        config.amqp_url = amqp_via_proxy;
+    })
+    .await?;
+    captured(&mut bed.client, &dlq, 7).await?;
 
     let held_again = |timeout: Duration| {
-        let broker = &broker;
+        let broker = bed.broker();
         let dlq = dlq.clone();
         redrive_tests::wait_until("the poison message held again", timeout, move || {
             let dlq = dlq.clone();
@@ -762,11 +747,10 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
         }
     }
     // Whatever happened, a message published now must be captured.
-    good(&broker, &dlq, 6, 3).await?;
-    let outcome = captured(&mut client, &dlq, 10).await;
-    let stored = total(&mut client, &dlq).await?;
-    planner.stop().await?;
-    broker.cleanup().await;
+    good(bed.broker(), &dlq, 6, 3).await?;
+    let outcome = captured(&mut bed.client, &dlq, 10).await;
+    let stored = total(&mut bed.client, &dlq).await?;
+    bed.finish().await?;
     outcome.map_err(|e| {
         anyhow::anyhow!(
             "{e}: stored {stored} of 10; the poison message was no longer held after {stalled_after:?} connection blips"
@@ -787,7 +771,6 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
 async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -> anyhow::Result<()>
 {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -817,14 +800,11 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
     publisher.close().await;
     good(&broker, &dlq, 5, 5).await?;
 
-    let planner =
-        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
-    let mut client = planner.client().await?;
-    let outcome = captured(&mut client, &dlq, 11).await;
-    let stored = total(&mut client, &dlq).await?;
-    let ready = broker.ready_count(&dlq).await?;
-    planner.stop().await?;
-    broker.cleanup().await;
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
+    let outcome = captured(&mut bed.client, &dlq, 11).await;
+    let stored = total(&mut bed.client, &dlq).await?;
+    let ready = bed.broker().ready_count(&dlq).await?;
+    bed.finish().await?;
     outcome.map_err(|e| {
         anyhow::anyhow!("{e}: stored {stored} of 11; {ready} still ready in the DLQ")
     })?;
@@ -840,7 +820,6 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyhow::Result<()> {
     init_logging();
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("quorum-dlq");
     broker
@@ -863,21 +842,17 @@ async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyho
     assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
     publisher.close().await;
 
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     for (restart, expected) in (0..4).zip(3..) {
-        let planner =
-            redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq))
-                .await?;
-        let mut client = planner.client().await?;
-        good(&broker, &dlq, 2 + restart, 1).await?;
-        captured(&mut client, &dlq, expected).await?;
+        good(bed.broker(), &dlq, 2 + restart, 1).await?;
+        captured(&mut bed.client, &dlq, expected).await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        planner.stop().await?;
+        bed.restart_planner(|config| capturing(config, &dlq))
+            .await?;
     }
     // By now the broker may have dropped it; the placeholder has it all.
-    let planner =
-        redrive_tests::PlannerHandle::start(config(db.url(), AMQP_URL.to_owned(), &dlq)).await?;
-    let mut client = planner.client().await?;
-    let list = client
+    let list = bed
+        .client
         .list_dead_letters(v1::ListDeadLettersRequest {
             selector: Some(v1::Selector {
                 sources: vec![dlq.clone()],
@@ -891,7 +866,8 @@ async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyho
         .into_inner()
         .dead_letters;
     assert_eq!(list.len(), 1, "one placeholder however often it came back");
-    let placeholder = client
+    let placeholder = bed
+        .client
         .get_dead_letter(v1::GetDeadLetterRequest {
             id: list[0].id.clone(),
         })
@@ -922,7 +898,5 @@ async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyho
         "{:?}",
         placeholder.capture_notes
     );
-    planner.stop().await?;
-    broker.cleanup().await;
-    Ok(())
+    bed.finish().await
 }

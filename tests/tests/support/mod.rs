@@ -16,10 +16,7 @@ use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
     RunPrecheckRequest, planner_client::PlannerClient,
 };
-use redrive_tests::{
-    AMQP_URL, Broker, PlannerHandle, REDIS_URL, TestBed, TestDb, amqp_table, amqp_text, unique,
-    wait_until,
-};
+use redrive_tests::{Broker, REDIS_URL, TestBed, amqp_table, amqp_text, unique, wait_until};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
@@ -97,17 +94,6 @@ pub async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow
     }
     channel.close(200, "done".into()).await?;
     Ok(incident)
-}
-
-pub async fn planner_for(db: &TestDb, dlq: &str) -> anyhow::Result<PlannerHandle> {
-    planner_for_all(db, &[dlq]).await
-}
-
-pub async fn planner_for_all(db: &TestDb, dlqs: &[&str]) -> anyhow::Result<PlannerHandle> {
-    let mut config = Config::for_database(db.url());
-    config.amqp_url = AMQP_URL.to_owned();
-    capturing(&mut config, dlqs);
-    PlannerHandle::start(config).await
 }
 
 /// The replay tests' planner settings: capture `dlqs`, key by the body's
