@@ -25,7 +25,7 @@ use proptest::{
 };
 use redrive_planner::capture::unreadable_queue;
 use redrive_proto::{amqp::table_from_amqp, v1};
-use redrive_tests::{Broker, PlannerHandle, TestDb, init_logging, unique, wait_until};
+use redrive_tests::{Broker, TestBed, init_logging, unique, wait_until};
 
 mod support;
 use support::captured_within;
@@ -110,7 +110,6 @@ async fn arbitrary_header_tables_are_captured_once_each() -> anyhow::Result<()> 
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(300);
-    let db = TestDb::new();
     let broker = Broker::connect().await?;
     let dlq = unique("fuzz.dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
@@ -141,10 +140,13 @@ async fn arbitrary_header_tables_are_captured_once_each() -> anyhow::Result<()> 
         sent.insert(id, table);
     }
 
-    let mut config = redrive_planner::Config::for_database(db.url());
-    config.capture_queues = vec![dlq.clone()];
-    let planner = PlannerHandle::start(config).await?;
-    let mut client = planner.client().await?;
+    // The planner starts capturing once every message is in the DLQ.
+    let bed = TestBed::start(broker, |config| {
+        config.capture_queues = vec![dlq.clone()];
+    })
+    .await?;
+    let broker = bed.broker();
+    let mut client = bed.client.clone();
     let started = std::time::Instant::now();
     captured_within(
         &mut client,
@@ -155,7 +157,7 @@ async fn arbitrary_header_tables_are_captured_once_each() -> anyhow::Result<()> 
     .await?;
     eprintln!("captured in {:?}", started.elapsed());
     wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = &broker;
+        let broker = broker;
         let dlq = dlq.clone();
         async move { Ok(broker.ready_count(&dlq).await? == 0) }
     })
@@ -238,7 +240,5 @@ async fn arbitrary_header_tables_are_captured_once_each() -> anyhow::Result<()> 
     client
         .summarize_dead_letters(v1::SummarizeDeadLettersRequest::default())
         .await?;
-    planner.stop().await?;
-    db.drop_database().await;
-    Ok(())
+    bed.finish().await
 }

@@ -23,12 +23,11 @@ use proptest::{
     prelude::*,
     test_runner::{Config as RunnerConfig, TestRunner},
 };
-use redrive_planner::Config;
 use redrive_proto::v1::{
     self, HeaderArray, HeaderTable, HeaderValue, coordinator_client::CoordinatorClient,
     header_value::Value, planner_client::PlannerClient,
 };
-use redrive_tests::{PlannerHandle, TestDb, init_logging, raw::raw_unary};
+use redrive_tests::{PlannerHandle, TestBed, init_logging, raw::raw_unary};
 use tonic::{Code, Status, transport::Channel};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -823,8 +822,8 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let db = TestDb::new();
-    let planner = runtime.block_on(PlannerHandle::start(Config::for_database(db.url())))?;
+    let bed = runtime.block_on(TestBed::without_broker(|_| {}))?;
+    let planner = &bed.planner;
     let (client, coordinator) = runtime.block_on(async {
         let channel = Channel::from_shared(planner.url())?.connect().await?;
         anyhow::Ok((
@@ -845,7 +844,7 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
         let (mut client, mut coordinator) = (client.clone(), coordinator.clone());
         let mut known = known.lock().expect("one case at a time");
         runtime.block_on(run_case(
-            &planner,
+            planner,
             &mut client,
             &mut coordinator,
             &mut known,
@@ -867,8 +866,7 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
             eprintln!("{call}: {accepted} accepted, {refused} refused");
         }
     }
-    runtime.block_on(planner.stop())?;
-    runtime.block_on(db.drop_database());
+    runtime.block_on(bed.finish())?;
     if let Err(error) = result {
         anyhow::bail!("{error}");
     }
