@@ -686,7 +686,11 @@ impl Worker {
                 .min(run.last_position)
                 .max(through);
             if lease.is_marked_through(through) {
-                lease.mark_ahead(ahead);
+                // Moved once half the lookahead is used: one durable commit
+                // per half a lookahead of items, not one per run.
+                if !lease.is_marked_through(through.saturating_add(lookahead / 2)) {
+                    lease.mark_ahead(ahead);
+                }
                 (take.await, true)
             } else {
                 tokio::join!(take, lease.mark_publishing(ahead))
