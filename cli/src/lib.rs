@@ -120,6 +120,8 @@
 //! - [`output`]: tables, JSON writing, the stable dead letter JSON shape; it
 //!   imports nothing from [`commands`].
 //! - [`headers`]: typed AMQP header values as JSON, both ways.
+//! - [`escape`]: producers' control characters kept off the terminal.
+//! - [`time`]: how times are written (RFC 3339, UTC).
 //! - [`error`]: [`error::CliError`] and the exit codes.
 
 pub mod args;

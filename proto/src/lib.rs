@@ -8,6 +8,10 @@
 //! - [`limits`]: the one table of input limits; [`codec`]: the gRPC codec
 //!   that checks requests against them on the wire before decoding.
 //! - [`error`]: the small set of `tonic::Code`s the services answer with.
+//! - [`names`]: the stable lowercase names of the API's enums.
+//! - [`time`]: conversions between protobuf and chrono times and durations.
+//! - `settings` (feature `settings`): the services' start-up settings, every
+//!   bad one reported at once.
 //! - `amqp` (feature `amqp`): lossless conversions between the API's header and
 //!   property shapes and lapin's AMQP types.
 

@@ -16,6 +16,8 @@
 //! - [`TcpProxy`]: forwards to a server until cut or stalled.
 //! - [`ExecutorProcess`]: the `redrive-executor` binary as a child process.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
+//! - [`raw`]: gRPC calls with bytes the generated clients would not send
+//!   (undecodable and oversized requests).
 //! - [`orders_hook`]: the example `StateCheck` hook over an `orders` table.
 //! - [`scenario`]: the order-fulfilment incident and its replay with the real
 //!   binaries, run by `redrive-demo` and `tests/e2e.rs`.
