@@ -5,6 +5,7 @@
 //! - [`parse_positive_duration`]: humantime durations (`90s`, `2h`).
 //! - [`OptionsArgs`]: the precheck options of `precheck` and `replay`
 //!   (described in [`crate::commands::precheck`]), with their parsers.
+//! - [`Paging`]: the paging flags of the listing commands, and the page walk.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -217,4 +218,43 @@ pub fn parse_json_pointer(text: &str) -> Result<String, String> {
         return Err("a JSON pointer starts with '/' (RFC 6901), e.g. /meta/occurred_at".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// The paging flags of the listing commands (`dead-letters list`,
+/// `precheck items`, `plan list`, `plan compensations`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct Paging {
+    /// Per page (the planner's default is 100, at most 1000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub page_size: Option<u32>,
+
+    /// Start at this page (from a previous answer's next page token).
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+
+    /// Follow page tokens until the last page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl Paging {
+    /// Walks the pages these flags ask for: `page(page_size, page_token)`
+    /// fetches one page (0: the planner's default size), takes its rows and
+    /// answers the next page token. One page, or every page with `--all`.
+    /// Answers the token after the last page walked (empty at the end).
+    ///
+    /// # Errors
+    /// `page`'s.
+    pub async fn walk(
+        &self,
+        mut page: impl AsyncFnMut(u32, String) -> Result<String, CliError>,
+    ) -> Result<String, CliError> {
+        let mut page_token = self.page_token.clone().unwrap_or_default();
+        loop {
+            page_token = page(self.page_size.unwrap_or(0), page_token).await?;
+            if !self.all || page_token.is_empty() {
+                return Ok(page_token);
+            }
+        }
+    }
 }

@@ -42,7 +42,7 @@
 //! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
 //! key is `""`.
 
-use crate::output::Listing;
+use crate::{args::Paging, output::Listing};
 use std::{fmt, io::Write, str::FromStr};
 
 use chrono::Utc;
@@ -82,17 +82,9 @@ pub struct ListArgs {
     #[allow(missing_docs)]
     pub selector: SelectorArgs,
 
-    /// Dead letters per page (the planner's default is 100, at most 1000).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub page_size: Option<u32>,
-
-    /// Start at this page (from a previous answer's next page token).
-    #[arg(long, value_name = "TOKEN")]
-    pub page_token: Option<String>,
-
-    /// Follow page tokens until the last page.
-    #[arg(long)]
-    pub all: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub page: Paging,
 }
 
 /// `dead-letters show` arguments.
@@ -192,29 +184,28 @@ async fn list(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let selector = args.selector.to_selector(Utc::now());
-    let mut page_token = args.page_token.unwrap_or_default();
     // People get one aligned table (use --json to stream a long --all);
     // scripts get each page written as it comes.
     let mut listing = Listing::open(out, json, "dead_letters")?;
-    loop {
-        let response = planner
-            .list_dead_letters(ListDeadLettersRequest {
-                selector: Some(selector.clone()),
-                page_size: args.page_size.unwrap_or(0),
-                page_token: page_token.clone(),
-            })
-            .await?
-            .into_inner();
-        page_token = response.next_page_token;
-        for dead_letter in &response.dead_letters {
-            listing.push(&DeadLetterJson::summary(dead_letter), || {
-                list_row(dead_letter)
-            })?;
-        }
-        if !args.all || page_token.is_empty() {
-            break;
-        }
-    }
+    let page_token = args
+        .page
+        .walk(async |page_size, page_token| {
+            let response = planner
+                .list_dead_letters(ListDeadLettersRequest {
+                    selector: Some(selector.clone()),
+                    page_size,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            for dead_letter in &response.dead_letters {
+                listing.push(&DeadLetterJson::summary(dead_letter), || {
+                    list_row(dead_letter)
+                })?;
+            }
+            Ok(response.next_page_token)
+        })
+        .await?;
     listing.finish(&page_token, LIST_COLUMNS, "no dead letters match")?;
     Ok(EX_OK)
 }

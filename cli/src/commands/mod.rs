@@ -246,9 +246,10 @@ mod tests {
             PrecheckCommand::Items {
                 id: "p-1".into(),
                 verdict: Some(redrive_proto::v1::Verdict::BlockedByState),
-                page_size: None,
-                page_token: None,
-                all: true,
+                page: crate::args::Paging {
+                    all: true,
+                    ..Default::default()
+                },
             }
         );
     }

@@ -71,7 +71,7 @@
 //! `{dead_letter_id, message_key, verdict, reason, destination, event_type}`,
 //! `event_type` a string or null.
 
-use crate::output::Listing;
+use crate::{args::Paging, output::Listing};
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use chrono::Utc;
@@ -172,17 +172,9 @@ pub struct ItemsArgs {
     #[arg(long, value_name = "VERDICT", value_parser = parse_verdict)]
     pub verdict: Option<Verdict>,
 
-    /// Items per page (the planner's default is 100, at most 1000).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub page_size: Option<u32>,
-
-    /// Start at this page (from a previous answer's next page token).
-    #[arg(long, value_name = "TOKEN")]
-    pub page_token: Option<String>,
-
-    /// Follow page tokens until the last page.
-    #[arg(long)]
-    pub all: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub page: Paging,
 }
 
 /// What `precheck` was asked to do, with the flags checked.
@@ -204,12 +196,8 @@ pub enum PrecheckCommand {
         id: String,
         /// Only this verdict.
         verdict: Option<Verdict>,
-        /// Items per page.
-        page_size: Option<u32>,
-        /// Where to start.
-        page_token: Option<String>,
-        /// Follow the tokens.
-        all: bool,
+        /// Which pages.
+        page: Paging,
     },
 }
 
@@ -237,9 +225,7 @@ impl PrecheckArgs {
             Some(PrecheckSubcommand::Items(args)) => PrecheckCommand::Items {
                 id: args.id,
                 verdict: args.verdict,
-                page_size: args.page_size,
-                page_token: args.page_token,
-                all: args.all,
+                page: args.page,
             },
             None => PrecheckCommand::Run {
                 options: self.run.options.to_options()?,
@@ -536,26 +522,8 @@ pub async fn run(
                 .get_precheck(GetPrecheckRequest { precheck_id })
                 .await?
         }
-        PrecheckCommand::Items {
-            id,
-            verdict,
-            page_size,
-            page_token,
-            all,
-        } => {
-            return items(
-                planner,
-                ItemsQuery {
-                    id,
-                    verdict,
-                    page_size,
-                    page_token,
-                    all,
-                },
-                json,
-                out,
-            )
-            .await;
+        PrecheckCommand::Items { id, verdict, page } => {
+            return items(planner, ItemsQuery { id, verdict, page }, json, out).await;
         }
     }
     .into_inner();
@@ -717,9 +685,7 @@ pub fn next_hint(report: &ReportJson) -> String {
 struct ItemsQuery {
     id: String,
     verdict: Option<Verdict>,
-    page_size: Option<u32>,
-    page_token: Option<String>,
-    all: bool,
+    page: Paging,
 }
 
 async fn items(
@@ -728,26 +694,25 @@ async fn items(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let mut page_token = query.page_token.unwrap_or_default();
     let mut listing = Listing::open(out, json, "items")?;
-    loop {
-        let response = planner
-            .list_precheck_items(ListPrecheckItemsRequest {
-                precheck_id: query.id.clone(),
-                verdict: query.verdict.unwrap_or(Verdict::Unspecified).into(),
-                page_size: query.page_size.unwrap_or(0),
-                page_token: page_token.clone(),
-            })
-            .await?
-            .into_inner();
-        page_token = response.next_page_token;
-        for item in &response.items {
-            listing.push(&ItemJson::from(item), || item_row(item))?;
-        }
-        if !query.all || page_token.is_empty() {
-            break;
-        }
-    }
+    let page_token = query
+        .page
+        .walk(async |page_size, page_token| {
+            let response = planner
+                .list_precheck_items(ListPrecheckItemsRequest {
+                    precheck_id: query.id.clone(),
+                    verdict: query.verdict.unwrap_or(Verdict::Unspecified).into(),
+                    page_size,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            for item in &response.items {
+                listing.push(&ItemJson::from(item), || item_row(item))?;
+            }
+            Ok(response.next_page_token)
+        })
+        .await?;
     listing.finish(&page_token, ITEM_COLUMNS, "no items match")?;
     Ok(EX_OK)
 }

@@ -80,7 +80,7 @@ pub mod live;
 pub mod pace;
 pub mod view;
 
-use crate::output::Listing;
+use crate::{args::Paging, output::Listing};
 use std::{io::Write, time::Duration};
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -221,22 +221,6 @@ pub struct ListArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub page: Paging,
-}
-
-/// Paging flags.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
-pub struct Paging {
-    /// Per page (the planner's default is 100, at most 1000).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub page_size: Option<u32>,
-
-    /// Start at this page (from a previous answer's next page token).
-    #[arg(long, value_name = "TOKEN")]
-    pub page_token: Option<String>,
-
-    /// Follow page tokens until the last page.
-    #[arg(long)]
-    pub all: bool,
 }
 
 /// A plan id and paging flags.
@@ -538,26 +522,25 @@ async fn list(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let states: Vec<i32> = args.states.iter().map(|state| i32::from(*state)).collect();
-    let mut page_token = args.page.page_token.clone().unwrap_or_default();
     let mut listing = Listing::open(out, json, "plans")?;
-    loop {
-        let response = planner
-            .list_plans(ListPlansRequest {
-                states: states.clone(),
-                page_size: args.page.page_size.unwrap_or(0),
-                page_token: page_token.clone(),
-            })
-            .await?
-            .into_inner();
-        page_token = response.next_page_token;
-        for plan in &response.plans {
-            let view = PlanJson::from(plan);
-            listing.push(&view, || view::list_row(&view))?;
-        }
-        if !args.page.all || page_token.is_empty() {
-            break;
-        }
-    }
+    let page_token = args
+        .page
+        .walk(async |page_size, page_token| {
+            let response = planner
+                .list_plans(ListPlansRequest {
+                    states: states.clone(),
+                    page_size,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            for plan in &response.plans {
+                let view = PlanJson::from(plan);
+                listing.push(&view, || view::list_row(&view))?;
+            }
+            Ok(response.next_page_token)
+        })
+        .await?;
     listing.finish(&page_token, view::LIST_COLUMNS, "no plans match")?;
     Ok(EX_OK)
 }
@@ -568,25 +551,24 @@ async fn compensations(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let mut page_token = args.page.page_token.clone().unwrap_or_default();
     let mut listing = Listing::open(out, json, "items")?;
-    loop {
-        let response = planner
-            .list_compensations(ListCompensationsRequest {
-                plan_id: args.id.clone(),
-                page_size: args.page.page_size.unwrap_or(0),
-                page_token: page_token.clone(),
-            })
-            .await?
-            .into_inner();
-        page_token = response.next_page_token;
-        for item in &response.items {
-            listing.push(&ItemJson::from(item), || item_row(item))?;
-        }
-        if !args.page.all || page_token.is_empty() {
-            break;
-        }
-    }
+    let page_token = args
+        .page
+        .walk(async |page_size, page_token| {
+            let response = planner
+                .list_compensations(ListCompensationsRequest {
+                    plan_id: args.id.clone(),
+                    page_size,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            for item in &response.items {
+                listing.push(&ItemJson::from(item), || item_row(item))?;
+            }
+            Ok(response.next_page_token)
+        })
+        .await?;
     listing.finish(&page_token, ITEM_COLUMNS, "no items need compensation")?;
     Ok(EX_OK)
 }
