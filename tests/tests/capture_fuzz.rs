@@ -157,7 +157,6 @@ async fn arbitrary_header_tables_are_captured_once_each() -> anyhow::Result<()> 
     .await?;
     eprintln!("captured in {:?}", started.elapsed());
     wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = broker;
         let dlq = dlq.clone();
         async move { Ok(broker.ready_count(&dlq).await? == 0) }
     })
