@@ -30,7 +30,7 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::{
-    settings::{SettingError, SettingErrors},
+    settings::{SettingError, SettingErrors, check_amqp_url},
     v1::coordinator_client::CoordinatorClient,
 };
 use tokio_util::sync::CancellationToken;
@@ -148,18 +148,28 @@ impl Config {
                 "planner",
                 format!("{:?} is not an http(s):// URL", self.planner),
             );
+        } else if let Err(error) = tonic::transport::Endpoint::from_shared(self.planner.clone()) {
+            problem("planner", format!("{:?}: {error}", self.planner));
         }
-        if !self.amqp_url.starts_with("amqp://") && !self.amqp_url.starts_with("amqps://") {
-            problem(
-                "amqp-url",
-                format!("{:?} is not an amqp:// URL", self.amqp_url),
-            );
+        if let Err(text) = check_amqp_url(&self.amqp_url) {
+            problem("amqp-url", text);
         }
-        if let Some(redis) = &self.redis_url
-            && !redis.starts_with("redis://")
-            && !redis.starts_with("rediss://")
+        if let Some(redis) = &self.redis_url {
+            if !redis.starts_with("redis://") && !redis.starts_with("rediss://") {
+                problem("redis-url", format!("{redis:?} is not a redis:// URL"));
+            } else if let Err(error) =
+                redis::IntoConnectionInfo::into_connection_info(redis.as_str())
+            {
+                problem("redis-url", format!("{redis:?}: {error}"));
+            }
+        }
+        if let Some(id) = &self.executor_id
+            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
         {
-            problem("redis-url", format!("{redis:?} is not a redis:// URL"));
+            problem(
+                "executor-id",
+                format!("{id:?}: 1 to 255 bytes of printable text"),
+            );
         }
         for (setting, value, range) in [
             (

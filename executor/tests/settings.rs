@@ -44,4 +44,26 @@ fn every_bad_setting_is_named() {
         ["planner", "window", "claim-wait-seconds"],
         "{stderr}"
     );
+
+    let (code, stderr) = executor(&[
+        "--planner",
+        "http://",
+        "--amqp-url",
+        "amqp://x:1/%2f?heartbeat=abc",
+        "--redis-url",
+        "redis://127.0.0.1:99999",
+        "--executor-id",
+        "",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("redrive-executor: invalid setting --"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(
+        named,
+        ["planner", "amqp-url", "redis-url", "executor-id"],
+        "{stderr}"
+    );
 }

@@ -9,7 +9,7 @@ use redrive_proto::limits::{
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use redrive_proto::settings::{SettingError, SettingErrors};
+use redrive_proto::settings::{SettingError, SettingErrors, check_amqp_url};
 
 use crate::{
     dead_letter::ExtractionRules,
@@ -223,6 +223,23 @@ impl Config {
                 "database-url",
                 format!("{:?} is not a postgres:// URL", self.database_url),
             );
+        } else {
+            match self
+                .database_url
+                .parse::<sqlx::postgres::PgConnectOptions>()
+            {
+                Err(error) => problem("database-url", format!("{error}")),
+                // Without a name the server's default database would do,
+                // often `postgres`: the planner would migrate into it.
+                Ok(options) if options.get_database().is_none_or(str::is_empty) => problem(
+                    "database-url",
+                    format!(
+                        "{:?} names no database (e.g. postgres://host/redrive)",
+                        self.database_url
+                    ),
+                ),
+                Ok(_) => {}
+            }
         }
         if self.database_max_connections < 2 {
             problem(
@@ -231,18 +248,24 @@ impl Config {
                     .to_owned(),
             );
         }
-        if !self.amqp_url.starts_with("amqp://") && !self.amqp_url.starts_with("amqps://") {
-            problem(
-                "amqp-url",
-                format!("{:?} is not an amqp:// URL", self.amqp_url),
-            );
+        if let Err(text) = check_amqp_url(&self.amqp_url) {
+            problem("amqp-url", text);
         }
-        for queue in &self.capture_queues {
+        for (index, queue) in self.capture_queues.iter().enumerate() {
             if queue.trim().is_empty() || queue.len() > 255 {
                 problem(
                     "capture-queue",
                     format!("{queue:?}: a queue name is 1 to 255 bytes"),
                 );
+            } else if queue.trim() != queue {
+                problem(
+                    "capture-queue",
+                    format!(
+                        "{queue:?}: begins or ends with a space (a list is comma-separated without spaces)"
+                    ),
+                );
+            } else if self.capture_queues[..index].contains(queue) {
+                problem("capture-queue", format!("{queue:?} is given twice"));
             }
         }
         if usize::from(self.capture_prefetch) < self.capture_batch_size {
@@ -262,6 +285,15 @@ impl Config {
                 "capture-batch-wait-ms",
                 format!("at most {MAX_CAPTURE_BATCH_WAIT_MS}"),
             );
+        }
+        for (setting, header) in [
+            ("event-type-header", &self.event_type_header),
+            ("schema-version-header", &self.schema_version_header),
+            ("error-class-header", &self.error_class_header),
+        ] {
+            if header.is_empty() || header.len() > 255 {
+                problem(setting, "a header name is 1 to 255 bytes".to_owned());
+            }
         }
         for spec in &self.message_keys {
             if let Err(text) = spec.parse::<KeySource>() {

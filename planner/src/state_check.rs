@@ -89,16 +89,22 @@ impl FromStr for HookRoute {
     type Err = String;
 
     fn from_str(spec: &str) -> Result<Self, Self::Err> {
-        let (matcher, url) = spec.rsplit_once('=').ok_or_else(|| {
-            format!(
-                "{spec:?}: expected event-type:PATTERN=URL, destination:NAME=URL or PATTERN=URL"
-            )
-        })?;
-        if !url.starts_with("http://") && !url.starts_with("https://") {
-            return Err(format!(
-                "{spec:?}: the hook URL must be http:// or https://"
-            ));
-        }
+        // The matcher ends at the `=` before the URL's scheme: a URL may hold
+        // `=` in its query, and a queue name may hold one too.
+        let split = ["=http://", "=https://"]
+            .iter()
+            .filter_map(|scheme| spec.find(scheme))
+            .min();
+        let Some(split) = split else {
+            return Err(if spec.contains('=') {
+                format!("{spec:?}: the hook URL must be http:// or https://")
+            } else {
+                format!(
+                    "{spec:?}: expected event-type:PATTERN=URL, destination:NAME=URL or PATTERN=URL"
+                )
+            });
+        };
+        let (matcher, url) = (&spec[..split], &spec[split + 1..]);
         let matcher = match matcher.split_once(':') {
             Some(("destination", name)) if !name.is_empty() => {
                 HookMatcher::Destination(name.to_owned())
@@ -315,6 +321,12 @@ mod tests {
                 .unwrap_err()
                 .contains("'*'")
         );
+        // A query string with `=`, and a queue name with one.
+        let route: HookRoute = "order.*=http://a/x?p=1&q=2".parse().unwrap();
+        assert_eq!(route.url, "http://a/x?p=1&q=2");
+        let route: HookRoute = "destination:a=b=https://h/".parse().unwrap();
+        assert_eq!(route.matcher, HookMatcher::Destination("a=b".into()));
+        assert_eq!(route.url, "https://h/");
     }
 
     /// Found by the fuzz test: a pattern ending in a multi-byte character

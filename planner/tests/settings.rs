@@ -74,6 +74,60 @@ fn settings_the_planner_checks_are_all_named() {
     );
 }
 
+/// A URL is checked as its client reads it, at start-up: a bad port or query
+/// would otherwise be retried for ever, and a database URL without a name
+/// would migrate into the server's default database.
+#[test]
+fn urls_are_read_as_their_clients_read_them() {
+    let (code, stderr) = planner(&[
+        "--database-url",
+        "postgres://postgres@127.0.0.1:5432/",
+        "--amqp-url",
+        "amqp://guest:guest@127.0.0.1:99999/%2f",
+        "--state-check",
+        "order.*=http://hook/check?x=1",
+        "--capture-queue",
+        "orders.dlq",
+        "--capture-queue",
+        "orders.dlq",
+        "--event-type-header",
+        "",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("redrive-planner: invalid setting --"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect();
+    assert_eq!(
+        named,
+        [
+            "database-url",
+            "amqp-url",
+            "capture-queue",
+            "event-type-header"
+        ],
+        "{stderr}"
+    );
+    assert!(stderr.contains("names no database"), "{stderr}");
+    assert!(stderr.contains("given twice"), "{stderr}");
+
+    let (code, stderr) = planner(&["--database-url", "postgres://h:99999/x"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("--database-url"), "{stderr}");
+}
+
+#[test]
+fn one_refused_value_reads_like_several() {
+    let (code, stderr) = planner(&["--lease-ttl-seconds", "soon"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("redrive-planner: invalid value 'soon'"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn help_exits_zero() {
     let (code, _) = planner(&["--help"]);

@@ -107,7 +107,7 @@ pub fn parse_or_exit<C: Parser>(
                 }
                 _ => Vec::new(),
             };
-            if refused.len() > 1 {
+            if !refused.is_empty() {
                 for problem in refused {
                     eprintln!("{program}: {problem}");
                 }
@@ -168,6 +168,22 @@ pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
         }
     }
     refused
+}
+
+#[cfg(feature = "amqp")]
+/// Checks an AMQP URI as lapin reads it (RabbitMQ's URI spec:
+/// <https://www.rabbitmq.com/docs/uri-spec>), so that a bad port or query is
+/// named at start-up instead of retried for ever.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn check_amqp_url(url: &str) -> Result<(), String> {
+    if !url.starts_with("amqp://") && !url.starts_with("amqps://") {
+        return Err(format!("{url:?} is not an amqp:// URL"));
+    }
+    url.parse::<lapin::uri::AMQPUri>()
+        .map(|_| ())
+        .map_err(|error| format!("{url:?}: {error}"))
 }
 
 #[cfg(test)]

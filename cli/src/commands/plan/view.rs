@@ -375,7 +375,9 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
     if !plan.actions.is_empty() {
         writeln!(out, "\noperator actions:")?;
         if plan.actions_omitted > 0 {
-            writeln!(out, "({} older actions not shown)", plan.actions_omitted)?;
+            let older = plan.actions_omitted;
+            let noun = if older == 1 { "action" } else { "actions" };
+            writeln!(out, "({older} older {noun} not shown)")?;
         }
         let mut table = output::table(&["at", "action", "actor", "reason"]);
         for action in &plan.actions {
