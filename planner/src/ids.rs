@@ -11,6 +11,17 @@ use uuid::Uuid;
 
 use crate::error::Error;
 
+/// One page of `rows`, which were fetched as `page_size + 1`: the first
+/// `page_size` rows and whether another page follows (the extra row says
+/// so). A full last page thus gets no next page token, so following a token
+/// never yields an empty page.
+pub fn page_of<T>(mut rows: Vec<T>, page_size: u32) -> (Vec<T>, bool) {
+    let size = usize::try_from(page_size).unwrap_or(usize::MAX);
+    let more = rows.len() > size;
+    rows.truncate(size);
+    (rows, more)
+}
+
 /// Where a page starts: after this id, with this many already returned (so the
 /// selector's limit holds across pages). Encoded as `"{after_id}.{returned}"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,6 +156,14 @@ uuid_id!(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_page_fetched_one_longer_says_whether_more_follow() {
+        assert_eq!(page_of(vec![1, 2, 3], 2), (vec![1, 2], true));
+        assert_eq!(page_of(vec![1, 2], 2), (vec![1, 2], false));
+        assert_eq!(page_of(Vec::<u8>::new(), 2), (vec![], false));
+    }
+
     use super::*;
 
     fn field_of(error: Error) -> String {

@@ -6,7 +6,7 @@ use redrive_proto::{time::timestamp, v1};
 use crate::{
     body,
     error::Error,
-    ids::{DeadLetterId, PageToken},
+    ids::{DeadLetterId, PageToken, page_of},
     selector::Selector,
     store::{Store, dead_letters::Dimension},
 };
@@ -44,11 +44,14 @@ pub async fn list(
             return Ok((Vec::new(), String::new()));
         }
     }
-    let dead_letters = store
-        .list_dead_letters(selector, token.after_id, page_size)
+    let rows = store
+        .list_dead_letters(selector, token.after_id, page_size + 1)
         .await?;
+    let (dead_letters, more) = page_of(rows, page_size);
+    let returned = token.returned + dead_letters.len() as u64;
+    let more = more && selector.limit.is_none_or(|limit| returned < limit);
     let next = match dead_letters.last() {
-        Some(last) if dead_letters.len() as u32 == page_size => PageToken {
+        Some(last) if more => PageToken {
             after_id: last.id.parse().unwrap_or(i64::MAX),
             returned: token.returned + dead_letters.len() as u64,
         }

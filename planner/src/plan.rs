@@ -307,9 +307,10 @@ pub async fn list(
         ));
     }
     let page_size = if page_size == 0 { 100 } else { page_size };
-    let plans = store.list_plans(states, before, page_size).await?;
+    let rows = store.list_plans(states, before, page_size + 1).await?;
+    let (plans, more) = crate::ids::page_of(rows, page_size);
     let next = match plans.last() {
-        Some(last) if plans.len() as u32 == page_size => {
+        Some(last) if more => {
             let at = last
                 .created_at
                 .as_ref()

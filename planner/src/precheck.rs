@@ -695,17 +695,18 @@ pub async fn list_items(
     } else {
         page_size
     };
-    let items = store
+    let rows = store
         .list_precheck_items(
             id,
             verdict.map(Verdict::name),
             token.after_id,
-            page_size,
+            page_size + 1,
             plan_id,
         )
         .await?;
+    let (items, more) = crate::ids::page_of(rows, page_size);
     let next = match items.last() {
-        Some(last) if items.len() as u32 == page_size => PageToken {
+        Some(last) if more => PageToken {
             after_id: last.dead_letter_id.parse().unwrap_or(i64::MAX),
             returned: token.returned + items.len() as u64,
         }

@@ -152,6 +152,27 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         limited.dead_letters.is_empty(),
         "the limit holds across pages"
     );
+    // A full last page says there is no next one (no empty page to fetch),
+    // also when the limit ends the listing.
+    for (page_size, limit) in [(3, 0), (2, 2)] {
+        let full = bed
+            .client
+            .list_dead_letters(ListDeadLettersRequest {
+                selector: Some(v1::Selector {
+                    limit,
+                    ..selector.clone()
+                }),
+                page_size,
+                page_token: String::new(),
+            })
+            .await?
+            .into_inner();
+        assert_eq!(full.dead_letters.len(), page_size as usize);
+        assert_eq!(
+            full.next_page_token, "",
+            "page size {page_size}, limit {limit}"
+        );
+    }
 
     // Get: exact bytes, typed headers, reason class, preview decompressed.
     let m2 = page
