@@ -306,6 +306,20 @@ impl Config {
             }
         }
         problems.extend(self.try_policy().err().unwrap_or_default());
+        // A body is stored whole and sent in one gRPC message.
+        let most_body = redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES / 2;
+        if !(1..=most_body).contains(&self.max_body_bytes) {
+            problems.push(SettingError::new(
+                "max-body-bytes",
+                format!("must be from 1 to {most_body}"),
+            ));
+        }
+        if self.shutdown_grace_seconds > 600 {
+            problems.push(SettingError::new(
+                "shutdown-grace-seconds",
+                "0 to 600".to_owned(),
+            ));
+        }
         if !(3..=MAX_LEASE_TTL_SECONDS).contains(&self.lease_ttl_seconds) {
             problems.push(SettingError::new(
                 "lease-ttl-seconds",

@@ -54,6 +54,10 @@ fn settings_the_planner_checks_are_all_named() {
         "payment.*",
         "--message-key",
         "body",
+        "--max-body-bytes",
+        "0",
+        "--shutdown-grace-seconds",
+        "99999999",
     ]);
     assert_eq!(code, Some(64), "{stderr}");
     let named: Vec<&str> = stderr
@@ -68,6 +72,8 @@ fn settings_the_planner_checks_are_all_named() {
             "message-key",
             "stale-after",
             "max-redrives",
+            "max-body-bytes",
+            "shutdown-grace-seconds",
             "lease-ttl-seconds"
         ],
         "{stderr}"
