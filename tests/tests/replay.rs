@@ -964,24 +964,28 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
     bed.finish().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
-    init_logging();
+/// A plan of `messages` dead letters redirected to a queue with room for
+/// `room` that nacks the rest (RabbitMQ's `reject-publish` overflow,
+/// <https://www.rabbitmq.com/docs/maxlength#overflow-behaviour>), approved
+/// at 1,000/s, and an executor that tries each publish twice. Answers the
+/// bed, the full queue's name, the plan and the executor.
+async fn plan_into_a_full_queue(
+    messages: u32,
+    room: i32,
+) -> anyhow::Result<(TestBed, String, v1::Plan, ExecutorHandle)> {
     let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    // A full queue that rejects publishes: RabbitMQ nacks them
-    // (https://www.rabbitmq.com/docs/maxlength#overflow-behaviour).
+    let incident = incident(&broker, messages).await?;
     let full = unique("full");
     broker
         .queue(
             &full,
             amqp_table(vec![
-                ("x-max-length", AMQPValue::LongInt(0)),
+                ("x-max-length", AMQPValue::LongInt(room)),
                 ("x-overflow", amqp_text("reject-publish")),
             ]),
         )
         .await?;
-    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
+    let mut bed = bed(broker, &[&incident.dlq], u64::from(messages)).await?;
     let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
         exchange: String::new(),
         routing_key: full.clone(),
@@ -990,6 +994,14 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
     let mut config = ExecutorHandle::config(&bed.planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
+    Ok((bed, full, plan, executor))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
+    init_logging();
+    // No room at all: every publish is nacked.
+    let (mut bed, _full, plan, executor) = plan_into_a_full_queue(5, 0).await?;
     let done = wait_state(
         &mut bed.client,
         &plan.plan_id,
@@ -1025,30 +1037,9 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 8).await?;
-    // Room for three: the broker nacks the other five
-    // (https://www.rabbitmq.com/docs/maxlength#overflow-behaviour). They fail
-    // in the plan's one main slice, and become final as that slice ends.
-    let full = unique("max3");
-    broker
-        .queue(
-            &full,
-            amqp_table(vec![
-                ("x-max-length", AMQPValue::LongInt(3)),
-                ("x-overflow", amqp_text("reject-publish")),
-            ]),
-        )
-        .await?;
-    let mut bed = bed(broker, &[&incident.dlq], 8).await?;
-    let redirect = v1::destination::Mode::Redirect(v1::RedirectDestination {
-        exchange: String::new(),
-        routing_key: full.clone(),
-    });
-    let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 10, Some(redirect)).await?;
-    let mut config = ExecutorHandle::config(&bed.planner, None);
-    config.max_attempts = 2;
-    let executor = ExecutorHandle::start(config);
+    // Room for three: the broker nacks the other five. They fail in the
+    // plan's one main slice, and become final as that slice ends.
+    let (mut bed, full, plan, executor) = plan_into_a_full_queue(8, 3).await?;
     let paused = wait_state(
         &mut bed.client,
         &plan.plan_id,
