@@ -139,3 +139,19 @@ fn help_exits_zero() {
     let (code, _) = planner(&["--help"]);
     assert_eq!(code, Some(0));
 }
+
+/// A boolean flag's environment variable has no value of its own for the
+/// walk over values to check: clap's error about it still leads the list.
+#[test]
+fn a_bad_boolean_variable_is_named_beside_the_rest() {
+    let output = Command::new(env!("CARGO_BIN_EXE_redrive-planner"))
+        .args(["--lease-ttl-seconds", "soon"])
+        .env_clear()
+        .env("REDRIVE_FOUR_EYES", "maybe")
+        .output()
+        .expect("running redrive-planner");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("'maybe'"), "{stderr}");
+    assert!(stderr.contains("'soon'"), "{stderr}");
+}

@@ -101,12 +101,18 @@ pub fn parse_or_exit<C: Parser>(
             Err(ExitCode::SUCCESS)
         }
         Err(error) => {
-            let refused = match error.kind() {
+            let mut refused = match error.kind() {
                 ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
                     refused_values(&command, &args)
                 }
                 _ => Vec::new(),
             };
+            // A value the walk cannot see (a flag's boolean environment
+            // variable) is still named: clap's own error leads.
+            let first = first_line(&error);
+            if !refused.is_empty() && !refused.contains(&first) {
+                refused.insert(0, first);
+            }
             if !refused.is_empty() {
                 for problem in refused {
                     eprintln!("{program}: {problem}");
@@ -125,11 +131,13 @@ pub fn parse_or_exit<C: Parser>(
 /// flag, a missing value): clap's own error says that.
 pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
     // First every value as text, so that none stops the others.
+    // (A flag without a value reads its environment variable as a boolean:
+    // it is checked on its own below.)
     let lenient = command.clone().mut_args(|arg| {
         if arg.get_action().takes_values() {
             arg.value_parser(clap::builder::OsStringValueParser::new())
         } else {
-            arg
+            arg.env(None)
         }
     });
     let Ok(matches) = lenient.try_get_matches_from(args) else {
@@ -137,6 +145,17 @@ pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
     };
     let mut refused = Vec::new();
     for arg in command.get_arguments() {
+        if !arg.get_action().takes_values() && arg.get_env().is_some() {
+            let alone = Command::new("setting")
+                .no_binary_name(true)
+                .disable_help_flag(true)
+                .disable_version_flag(true)
+                .arg(arg.clone());
+            if let Err(error) = alone.try_get_matches_from(Vec::<OsString>::new()) {
+                refused.push(first_line(&error));
+            }
+            continue;
+        }
         let (Some(long), true) = (arg.get_long(), arg.get_action().takes_values()) else {
             continue;
         };
@@ -161,13 +180,18 @@ pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
             let mut flag = OsString::from(format!("--{long}="));
             flag.push(value);
             if let Err(error) = alone.clone().try_get_matches_from([flag]) {
-                let text = error.to_string();
-                let line = text.lines().next().unwrap_or_default();
-                refused.push(line.trim_start_matches("error: ").to_owned());
+                refused.push(first_line(&error));
             }
         }
     }
     refused
+}
+
+/// The first line of clap's message, without its `error: ` prefix.
+fn first_line(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let line = text.lines().next().unwrap_or_default();
+    line.trim_start_matches("error: ").to_owned()
 }
 
 #[cfg(feature = "amqp")]
