@@ -17,6 +17,15 @@ fn executor(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// The settings `stderr` names, in order (`redrive-executor: invalid setting --NAME: ...`).
+fn named(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("redrive-executor: invalid setting --"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect()
+}
+
 #[test]
 fn every_bad_setting_is_named() {
     let (code, stderr) = executor(&["--window=-1", "--concurrent-slices", "many"]);
@@ -34,13 +43,8 @@ fn every_bad_setting_is_named() {
         "31",
     ]);
     assert_eq!(code, Some(64), "{stderr}");
-    let named: Vec<&str> = stderr
-        .lines()
-        .filter_map(|line| line.strip_prefix("redrive-executor: invalid setting --"))
-        .filter_map(|rest| rest.split(':').next())
-        .collect();
     assert_eq!(
-        named,
+        named(&stderr),
         ["planner", "window", "claim-wait-seconds"],
         "{stderr}"
     );
@@ -56,13 +60,8 @@ fn every_bad_setting_is_named() {
         "",
     ]);
     assert_eq!(code, Some(64), "{stderr}");
-    let named: Vec<&str> = stderr
-        .lines()
-        .filter_map(|line| line.strip_prefix("redrive-executor: invalid setting --"))
-        .filter_map(|rest| rest.split(':').next())
-        .collect();
     assert_eq!(
-        named,
+        named(&stderr),
         ["planner", "amqp-url", "redis-url", "executor-id"],
         "{stderr}"
     );

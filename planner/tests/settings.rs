@@ -17,6 +17,15 @@ fn planner(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// The settings `stderr` names, in order (`redrive-planner: invalid setting --NAME: ...`).
+fn named(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("redrive-planner: invalid setting --"))
+        .filter_map(|rest| rest.split(':').next())
+        .collect()
+}
+
 #[test]
 fn values_clap_refuses_are_all_named() {
     let (code, stderr) = planner(&[
@@ -60,13 +69,8 @@ fn settings_the_planner_checks_are_all_named() {
         "99999999",
     ]);
     assert_eq!(code, Some(64), "{stderr}");
-    let named: Vec<&str> = stderr
-        .lines()
-        .filter_map(|line| line.strip_prefix("redrive-planner: invalid setting --"))
-        .filter_map(|rest| rest.split(':').next())
-        .collect();
     assert_eq!(
-        named,
+        named(&stderr),
         [
             "amqp-url",
             "message-key",
@@ -100,13 +104,8 @@ fn urls_are_read_as_their_clients_read_them() {
         "",
     ]);
     assert_eq!(code, Some(64), "{stderr}");
-    let named: Vec<&str> = stderr
-        .lines()
-        .filter_map(|line| line.strip_prefix("redrive-planner: invalid setting --"))
-        .filter_map(|rest| rest.split(':').next())
-        .collect();
     assert_eq!(
-        named,
+        named(&stderr),
         [
             "database-url",
             "amqp-url",
