@@ -288,6 +288,19 @@ fn check<T>(call: &str, answer: Result<T, Status>) -> Result<(), TestCaseError> 
     }
 }
 
+/// Checks a streaming call's answer and, when the stream opened, its first
+/// message (a watch of a live plan goes on: the first is enough).
+async fn check_first<T>(
+    name: &str,
+    opened: Result<tonic::Response<tonic::Streaming<T>>, Status>,
+) -> Result<(), TestCaseError> {
+    let Ok(stream) = opened else {
+        return check(name, opened);
+    };
+    let first = bounded(name, stream.into_inner().message()).await?;
+    check(name, first)
+}
+
 /// Waits at most 15 s for `call` (no random request may hang a handler).
 async fn bounded<T>(
     name: &str,
@@ -644,12 +657,7 @@ async fn run_case(
                 }),
             )
             .await?;
-            // A watch of a live plan goes on: its first message is enough.
-            let Ok(stream) = watch else {
-                return check(name, watch);
-            };
-            let first = bounded(name, stream.into_inner().message()).await?;
-            check(name, first)
+            check_first(name, watch).await
         }
         "ReplayDeadLetter" => check(
             name,
@@ -766,11 +774,7 @@ async fn run_case(
                 }),
             )
             .await?;
-            let Ok(stream) = watch else {
-                return check(name, watch);
-            };
-            let first = bounded(name, stream.into_inner().message()).await?;
-            check(name, first)
+            check_first(name, watch).await
         }
         "ReportOutcomes" => {
             let report = v1::ReportOutcomesRequest {
@@ -795,11 +799,7 @@ async fn run_case(
                 coordinator.report_outcomes(tokio_stream::iter(vec![report])),
             )
             .await?;
-            let Ok(stream) = reports else {
-                return check(name, reports);
-            };
-            let answer = bounded(name, stream.into_inner().message()).await?;
-            check(name, answer)
+            check_first(name, reports).await
         }
         _ => {
             let method = RAW_METHODS[number as usize % RAW_METHODS.len()];
