@@ -15,65 +15,10 @@
 use std::time::{Duration, Instant};
 
 use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
-use prost::Message;
-use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
-use redrive_tests::{Broker, ExecutorHandle, TestBed, env_count, peak_rss_mib, unique};
-
-async fn generate(
-    pool: &sqlx::PgPool,
-    source: &str,
-    count: i64,
-    queues: [&str; 2],
-) -> anyhow::Result<()> {
-    let properties = MessageProperties {
-        content_type: Some("application/json".into()),
-        delivery_mode: Some(2),
-        app_id: Some("checkout".into()),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let text = |value: &str| HeaderValue {
-        value: Some(Value::LongString(value.as_bytes().to_vec())),
-    };
-    let headers = HeaderTable {
-        fields: [
-            ("tenant".to_owned(), text("acme")),
-            ("schema-version".to_owned(), text("3")),
-            (
-                "attempt".to_owned(),
-                HeaderValue {
-                    value: Some(Value::LongInt(1)),
-                },
-            ),
-        ]
-        .into(),
-    }
-    .encode_to_vec();
-    sqlx::query(
-        r#"
-        INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key,
-            body, body_size, body_sha256, body_oversized, body_compression, properties, headers,
-            content_type, death_reason, death_queue, death_exchange, death_routing_keys, death_count,
-            death_time, reason_class, destination, event_type, schema_version, producer, died_at,
-            first_died_at, capture_notes)
-        SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), $1 || '-m-' || g, $1 || '-o-' || g,
-            b.body, length(b.body), sha256(b.body), false, 'none', $3, $4, 'application/json', 'rejected',
-            d.queue, '', ARRAY[d.queue], 1, now(), 'rejected', d.queue, 'order.paid', '3', 'checkout', now(), now(), '{}'
-        FROM generate_series(1, $2) g,
-        LATERAL (SELECT convert_to('{"order_id":"' || $1 || '-o-' || g || '","pad":"' || repeat('x', 960) || '"}', 'UTF8') AS body) b,
-        LATERAL (SELECT CASE WHEN g % 2 = 0 THEN $5 ELSE $6 END AS queue) d
-        "#,
-    )
-    .bind(source)
-    .bind(count)
-    .bind(&properties)
-    .bind(&headers)
-    .bind(queues[0])
-    .bind(queues[1])
-    .execute(pool)
-    .await?;
-    Ok(())
-}
+use redrive_proto::v1;
+use redrive_tests::{
+    Broker, ExecutorHandle, TestBed, bench::generate_dead_letters, env_count, peak_rss_mib, unique,
+};
 
 async fn replay(bed: &TestBed, source: &str, executors: usize) -> anyhow::Result<f64> {
     let mut client = bed.client.clone();
@@ -155,8 +100,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut bed = TestBed::start(broker, |_| {}).await?;
     let pool = bed.pool().await?;
-    generate(&pool, "bench-one", messages, [&queues[0], &queues[1]]).await?;
-    generate(&pool, "bench-two", messages, [&queues[2], &queues[3]]).await?;
+    generate_dead_letters(&pool, "bench-one", messages, &[&queues[0], &queues[1]]).await?;
+    generate_dead_letters(&pool, "bench-two", messages, &[&queues[2], &queues[3]]).await?;
     sqlx::query("ANALYZE dead_letters").execute(&pool).await?;
     bed.planner.halt().await?;
 

@@ -18,10 +18,13 @@
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
 //! - [`raw`]: gRPC calls with bytes the generated clients would not send
 //!   (undecodable and oversized requests).
+//! - [`bench`]: what the benchmarks share (generated dead letters, the
+//!   broker's raw limit, CPU and writes per message).
 //! - [`orders_hook`]: the example `StateCheck` hook over an `orders` table.
 //! - [`scenario`]: the order-fulfilment incident and its replay with the real
 //!   binaries, run by `redrive-demo` and `tests/e2e.rs`.
 
+pub mod bench;
 pub mod orders_hook;
 pub mod scenario;
 
@@ -118,9 +121,13 @@ impl TestDb {
         }
     }
 
-    /// URL on the real server.
+    /// URL on the real server: [`POSTGRES_URL`], or the server named by
+    /// `REDRIVE_TEST_POSTGRES_URL` (a URL without a database; for profiling
+    /// on a private server with `pg_stat_statements`).
     pub fn url(&self) -> String {
-        format!("{POSTGRES_URL}/{}", self.name)
+        let server =
+            std::env::var("REDRIVE_TEST_POSTGRES_URL").unwrap_or_else(|_| POSTGRES_URL.to_owned());
+        format!("{}/{}", server.trim_end_matches('/'), self.name)
     }
 
     /// URL through `proxy`.
@@ -480,15 +487,33 @@ impl ExecutorProcess {
     /// # Errors
     /// When the binary cannot be built or started.
     pub async fn start(args: &[String]) -> anyhow::Result<Self> {
+        Self::start_logging(args, "info").await
+    }
+
+    /// [`ExecutorProcess::start`] logging warnings and errors only
+    /// (benchmarks).
+    ///
+    /// # Errors
+    /// When the binary cannot be built or started.
+    pub async fn start_quiet(args: &[String]) -> anyhow::Result<Self> {
+        Self::start_logging(args, "warn").await
+    }
+
+    async fn start_logging(args: &[String], level: &str) -> anyhow::Result<Self> {
         let bin_dir = scenario::build_binaries().await?;
         let child = tokio::process::Command::new(bin_dir.join("redrive-executor"))
             .args(args)
-            .env("REDRIVE_LOG", "info")
+            .env("REDRIVE_LOG", level)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .context("starting redrive-executor")?;
         Ok(Self { child })
+    }
+
+    /// The process id, `None` once it has been waited for.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Sends `signal` (`TERM`, `STOP`, `CONT`, `KILL`) with kill(1).
@@ -1000,19 +1025,7 @@ pub fn env_count(name: &str, default: i64) -> i64 {
 /// This process's peak resident memory (`VmHWM`), in MiB; 0 where
 /// `/proc/self/status` does not say.
 pub fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| {
-            value
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
+    bench::peak_rss_of(std::process::id())
 }
 
 /// Requests sent as encoded bytes, as no prost client would build them

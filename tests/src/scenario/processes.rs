@@ -52,7 +52,9 @@ pub(super) const CRATE_VARIABLES: &[&str] = &[
 /// Builds the workspace's binaries with the running cargo (`cargo build
 /// --workspace --bins --tests`: the features of `cargo test --workspace`, so
 /// within it this is a no-op, except that the planner's binary, which `cargo
-/// test` does not build, is linked once) and returns their directory.
+/// test` does not build, is linked once) and returns their directory. From
+/// a release build (a benchmark), `cargo build --release --workspace
+/// --bins`.
 ///
 /// # Errors
 /// When cargo fails.
@@ -66,7 +68,7 @@ pub async fn build_binaries() -> anyhow::Result<PathBuf> {
         .arg("--quiet")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args(["--workspace", "--bins", "--tests"]);
+        .args(["--workspace", "--bins"]);
     if let Some(target_dir) = profile_dir.parent() {
         command.arg("--target-dir").arg(target_dir);
     }
@@ -74,7 +76,10 @@ pub async fn build_binaries() -> anyhow::Result<PathBuf> {
         .file_name()
         .is_some_and(|name| name == "release")
     {
+        // A benchmark: the release binaries only, not every test.
         command.arg("--release");
+    } else {
+        command.arg("--tests");
     }
     // Cargo gives a test the variables it sets for a crate (CARGO_PKG_NAME,
     // CARGO_MANIFEST_DIR, ...); build scripts that watch them (ring watches

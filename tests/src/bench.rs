@@ -1,0 +1,313 @@
+//! What the benchmarks share: dead letters generated in SQL, the broker's
+//! raw publish-confirm limit, and the cost of a run (CPU seconds per process
+//! from `/proc`, PostgreSQL rows and WAL written).
+
+use std::{collections::BTreeMap, time::Instant};
+
+use lapin::{
+    BasicProperties, Connection, ConnectionProperties,
+    options::{BasicPublishOptions, ConfirmSelectOptions},
+};
+use prost::Message as _;
+use redrive_proto::v1::{HeaderTable, HeaderValue, MessageProperties, header_value::Value};
+
+use crate::AMQP_URL;
+
+/// Inserts `count` dead letters of source `source` with the shape capture
+/// stores: a 1 KiB JSON body (`order_id` `<source>-o-<n>`, also the message
+/// key), persistent, three headers, died in the queue `queues[n % len]`.
+///
+/// # Errors
+/// PostgreSQL errors.
+pub async fn generate_dead_letters(
+    pool: &sqlx::PgPool,
+    source: &str,
+    count: i64,
+    queues: &[&str],
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!queues.is_empty(), "at least one queue");
+    let properties = MessageProperties {
+        content_type: Some("application/json".into()),
+        delivery_mode: Some(2),
+        app_id: Some("checkout".into()),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let text = |value: &str| HeaderValue {
+        value: Some(Value::LongString(value.as_bytes().to_vec())),
+    };
+    let headers = HeaderTable {
+        fields: [
+            ("tenant".to_owned(), text("acme")),
+            ("schema-version".to_owned(), text("3")),
+            (
+                "attempt".to_owned(),
+                HeaderValue {
+                    value: Some(Value::LongInt(1)),
+                },
+            ),
+        ]
+        .into(),
+    }
+    .encode_to_vec();
+    let queues: Vec<String> = queues.iter().map(|queue| (*queue).to_owned()).collect();
+    sqlx::query(
+        r#"
+        INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key,
+            body, body_size, body_sha256, body_oversized, body_compression, properties, headers,
+            content_type, death_reason, death_queue, death_exchange, death_routing_keys, death_count,
+            death_time, reason_class, destination, event_type, schema_version, producer, died_at,
+            first_died_at, capture_notes)
+        SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), $1 || '-m-' || g, $1 || '-o-' || g,
+            b.body, length(b.body), sha256(b.body), false, 'none', $3, $4, 'application/json', 'rejected',
+            d.queue, '', ARRAY[d.queue], 1, now(), 'rejected', d.queue, 'order.paid', '3', 'checkout', now(), now(), '{}'
+        FROM generate_series(1, $2) g,
+        LATERAL (SELECT convert_to('{"order_id":"' || $1 || '-o-' || g || '","pad":"' || repeat('x', 960) || '"}', 'UTF8') AS body) b,
+        LATERAL (SELECT $5::text[] AS queues) q,
+        LATERAL (SELECT q.queues[1 + (g % cardinality(q.queues))] AS queue) d
+        "#,
+    )
+    .bind(source)
+    .bind(count)
+    .bind(&properties)
+    .bind(&headers)
+    .bind(&queues)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The broker's own limit: `count` persistent 1 KiB messages published with
+/// publisher confirms, at most `in_flight` unconfirmed, on one channel of
+/// one connection per queue, to every queue of `queues` at once
+/// (`count / queues.len()` each). Returns messages per second over all.
+///
+/// # Errors
+/// Broker errors, or a confirm that is not an ack.
+pub async fn raw_publish_rate(
+    queues: &[String],
+    count: usize,
+    in_flight: usize,
+) -> anyhow::Result<f64> {
+    let each = count / queues.len().max(1);
+    let mut connections = Vec::new();
+    for _ in queues {
+        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        connections.push((connection, channel));
+    }
+    let started = Instant::now();
+    let publishers = connections
+        .iter()
+        .zip(queues)
+        .map(|((_, channel), queue)| async move {
+            let body = vec![b'x'; 1024];
+            let mut pending = std::collections::VecDeque::with_capacity(in_flight);
+            for index in 0..each {
+                let properties = BasicProperties::default()
+                    .with_message_id(format!("raw-{index}").into())
+                    .with_content_type("application/json".into())
+                    .with_delivery_mode(2);
+                pending.push_back(
+                    channel
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                ..Default::default()
+                            },
+                            &body,
+                            properties,
+                        )
+                        .await?,
+                );
+                if pending.len() >= in_flight
+                    && let Some(confirm) = pending.pop_front()
+                {
+                    anyhow::ensure!(confirm.await?.is_ack(), "a raw publish was nacked");
+                }
+            }
+            for confirm in pending {
+                anyhow::ensure!(confirm.await?.is_ack(), "a raw publish was nacked");
+            }
+            anyhow::Ok(())
+        });
+    futures::future::try_join_all(publishers).await?;
+    let rate = (each * queues.len()) as f64 / started.elapsed().as_secs_f64();
+    for (connection, _) in connections {
+        connection.close(200, "done".into()).await?;
+    }
+    Ok(rate)
+}
+
+/// CPU time (user + system) used by the processes of each group, in clock
+/// ticks, read from `/proc/<pid>/stat`.
+#[derive(Debug, Clone, Default)]
+pub struct CpuSample {
+    ticks: BTreeMap<String, u64>,
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// The CPU ticks one process has used so far, `None` when it is gone.
+fn process_ticks(pid: u32) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat[open + 1..close].to_owned();
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    // Fields 14 and 15 of proc(5) (utime, stime) are 11 and 12 after comm.
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    Some((comm, user + system))
+}
+
+impl CpuSample {
+    /// Samples now: PostgreSQL (every `postgres` process), RabbitMQ
+    /// (`beam.smp`), Redis (`redis-server`), this process (`planner`: the
+    /// benchmark runs the planner in-process) and each of `executors`
+    /// (pids of executor child processes, summed as `executor`).
+    pub fn now(executors: &[u32]) -> Self {
+        let mut ticks = BTreeMap::new();
+        let mut add =
+            |group: &str, value: u64| *ticks.entry(group.to_owned()).or_insert(0) += value;
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if let Some((comm, value)) = process_ticks(pid) {
+                    match comm.as_str() {
+                        "postgres" => add("postgresql", value),
+                        "beam.smp" => add("rabbitmq", value),
+                        "redis-server" => add("redis", value),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        if let Some((_, value)) = process_ticks(std::process::id()) {
+            add("planner", value);
+        }
+        for pid in executors {
+            if let Some((_, value)) = process_ticks(*pid) {
+                add("executor", value);
+            }
+        }
+        Self { ticks }
+    }
+
+    /// CPU microseconds per message of each group between `earlier` and
+    /// this sample, for `messages` messages.
+    pub fn micros_per_message(&self, earlier: &Self, messages: u64) -> BTreeMap<String, f64> {
+        self.ticks
+            .iter()
+            .map(|(group, value)| {
+                let before = earlier.ticks.get(group).copied().unwrap_or(0);
+                let seconds = value.saturating_sub(before) as f64 / TICKS_PER_SECOND;
+                (group.clone(), seconds * 1e6 / messages.max(1) as f64)
+            })
+            .collect()
+    }
+}
+
+/// Rows written to each table of the current database (inserted, updated,
+/// of which HOT, deleted), commits, and the WAL the whole server wrote.
+#[derive(Debug, Clone, Default)]
+pub struct WriteSample {
+    tables: BTreeMap<String, [i64; 4]>,
+    commits: i64,
+    wal_bytes: f64,
+}
+
+impl WriteSample {
+    /// Reads `pg_stat_user_tables`, `pg_stat_database` and `pg_stat_wal`.
+    /// Backends publish their counts about once a second when idle: sample
+    /// after a pause.
+    ///
+    /// # Errors
+    /// PostgreSQL errors.
+    pub async fn now(pool: &sqlx::PgPool) -> anyhow::Result<Self> {
+        let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables",
+        )
+        .fetch_all(pool)
+        .await?;
+        let commits: i64 = sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await?;
+        let wal_bytes: f64 = sqlx::query_scalar("SELECT wal_bytes::float8 FROM pg_stat_wal")
+            .fetch_one(pool)
+            .await?;
+        Ok(Self {
+            tables: rows
+                .into_iter()
+                .map(|(table, inserted, updated, hot, deleted)| {
+                    (table, [inserted, updated, hot, deleted])
+                })
+                .collect(),
+            commits,
+            wal_bytes,
+        })
+    }
+
+    /// Per message since `earlier`: a line per table that was written
+    /// (`table +ins ~upd (hot) -del`), then rows, commits and WAL bytes.
+    pub fn describe(&self, earlier: &Self, messages: u64) -> String {
+        let per = |value: f64| value / messages.max(1) as f64;
+        let mut rows = 0;
+        let mut lines = Vec::new();
+        for (table, now) in &self.tables {
+            let before = earlier.tables.get(table).copied().unwrap_or_default();
+            let delta: Vec<i64> = now.iter().zip(before).map(|(a, b)| a - b).collect();
+            let written = delta[0] + delta[1] + delta[3];
+            if written == 0 {
+                continue;
+            }
+            rows += written;
+            lines.push(format!(
+                "    {table}: {:.2} inserted, {:.2} updated ({:.2} HOT), {:.2} deleted",
+                per(delta[0] as f64),
+                per(delta[1] as f64),
+                per(delta[2] as f64),
+                per(delta[3] as f64)
+            ));
+        }
+        lines.push(format!(
+            "    rows written {:.2}, commits {:.3}, WAL {:.0} bytes per message",
+            per(rows as f64),
+            per((self.commits - earlier.commits) as f64),
+            per(self.wal_bytes - earlier.wal_bytes)
+        ));
+        lines.join("\n")
+    }
+}
+
+/// A process's peak resident memory (`VmHWM`) in MiB; 0 when unknown.
+pub fn peak_rss_of(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
