@@ -521,7 +521,7 @@ pub fn progress_text(plan: &PlanJson) -> String {
     line
 }
 
-/// `2024-05-01T12:00:01Z sent order-1:pay` and the reason, if any.
+/// `2024-05-01T12:00:01.000Z sent order-1:pay` and the reason, if any.
 pub fn event_text(event: &EventJson) -> String {
     let mut line = format!(
         "{} {} {}",
