@@ -72,15 +72,16 @@ fn main() -> ExitCode {
 }
 
 /// Whether a command line clap refused asked for JSON: `--json` among the
-/// arguments (before a `--`), or `REDRIVE_JSON` set to a true value.
+/// arguments (before a `--`), or `REDRIVE_JSON` set, as clap reads it, to
+/// anything but empty, `0`, `false`, `no`, `off`, `n` or `f`.
 fn wants_json(args: impl Iterator<Item = OsString>, env: Option<&str>) -> bool {
     let flag = args
         .take_while(|arg| arg != "--")
         .any(|arg| arg == "--json" || arg == "--json=true");
     let env = env.is_some_and(|value| {
-        matches!(
+        !matches!(
             value.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "y" | "on" | "t"
+            "" | "0" | "false" | "no" | "off" | "n" | "f"
         )
     });
     flag || env
@@ -150,6 +151,8 @@ mod tests {
         assert!(!wants_json(args(&["plan", "--", "--json"]), None));
         assert!(wants_json(args(&["plan"]), Some("1")));
         assert!(!wants_json(args(&["plan"]), Some("0")));
+        assert!(!wants_json(args(&["plan"]), Some("")));
+        assert!(wants_json(args(&["plan"]), Some("yes")));
         assert!(!wants_json(args(&["plan"]), None));
     }
 }

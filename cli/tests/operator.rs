@@ -274,6 +274,22 @@ async fn errors_are_json_on_stderr_with_json() {
     .await;
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(stdout_json(&output)["dead_letters"][0]["id"], "1");
+    // Empty or a false word is off.
+    for off in ["", "0", "false", "off"] {
+        let output = redrivectl_with_env(
+            address,
+            &["dead-letters", "show", "42"],
+            "",
+            &[("REDRIVE_JSON", Some(off))],
+        )
+        .await;
+        assert_eq!(output.status.code(), Some(65), "{off:?}");
+        assert_eq!(
+            stderr(&output),
+            "redrivectl: not_found: dead letter 42 not found\n",
+            "{off:?}"
+        );
+    }
 
     // Usage errors too, with the usual exit code.
     let output = redrivectl(address, &["--json", "plan", "approve", "p-1"], "").await;

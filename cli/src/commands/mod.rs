@@ -13,7 +13,7 @@ pub mod replay;
 
 use std::io::{IsTerminal, Write};
 
-use clap::{ArgAction, Args, Parser, Subcommand, builder::BoolishValueParser};
+use clap::{ArgAction, Args, Parser, Subcommand, builder::FalseyValueParser};
 use clap_complete::Shell;
 
 use crate::{
@@ -53,7 +53,7 @@ pub struct Cli {
         global = true,
         help_heading = "Global options",
         env = "REDRIVE_JSON",
-        value_parser = BoolishValueParser::new(),
+        value_parser = FalseyValueParser::new(),
         action = ArgAction::SetTrue
     )]
     pub json: bool,
@@ -150,17 +150,18 @@ impl Cli {
 /// When writing to `out` fails.
 pub fn write_generated(command: &Command, out: &mut dyn Write) -> Result<bool, CliError> {
     let mut cli = <Cli as clap::CommandFactory>::command();
+    // Made in memory first: the generators panic when a write fails (a
+    // closed pipe), `out` does not.
+    let mut text = Vec::new();
     match command {
         Command::Completion(args) => {
-            clap_complete::generate(args.shell, &mut cli, "redrivectl", out);
-            Ok(true)
+            clap_complete::generate(args.shell, &mut cli, "redrivectl", &mut text);
         }
-        Command::Man => {
-            clap_mangen::Man::new(cli).render(out)?;
-            Ok(true)
-        }
-        _ => Ok(false),
+        Command::Man => clap_mangen::Man::new(cli).render(&mut text)?,
+        _ => return Ok(false),
     }
+    out.write_all(&text)?;
+    Ok(true)
 }
 
 /// Runs the command `cli` names, writing its output to `out`; the `Ok` value is
