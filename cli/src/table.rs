@@ -350,12 +350,10 @@ fn one_line(text: &str) -> String {
         .replace('\t', "\\t")
 }
 
-/// Columns a text takes on a terminal: one per character, as the tables'
-/// ids, keys and names are (wide CJK characters count one, a small
-/// overestimate of the room left, never of the line's length: comfy-table
-/// measures them right when it cuts).
+/// Columns a text takes on a terminal (a wide CJK character two), as
+/// comfy-table measures it.
 fn display_width(text: &str) -> usize {
-    text.chars().count()
+    unicode_width::UnicodeWidthStr::width(text)
 }
 
 #[cfg(test)]
@@ -492,6 +490,20 @@ mod tests {
                 "{word}: {text}"
             );
         }
+    }
+
+    #[test]
+    fn wide_characters_count_two_columns() {
+        let mut names = table(&[Column::keep("id"), Column::shorten("source")]);
+        names.add_row(["1", "注文キュー-死んだ手紙-再送-注文キュー-死んだ手紙-再送"]);
+        let lines = names.lines_for(Some(30));
+        for line in &lines {
+            assert!(
+                unicode_width::UnicodeWidthStr::width(line.as_str()) <= 30,
+                "{lines:#?}"
+            );
+        }
+        assert!(lines[1].ends_with(ELLIPSIS), "{lines:#?}");
     }
 
     #[test]
