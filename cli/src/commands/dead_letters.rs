@@ -5,8 +5,10 @@
 //! `redrivectl dead-letters list [selector flags] [--page-size N] [--page-token T] [--all]`
 //!
 //! A table of id, source, reason class, death reason, destination, event type,
-//! message key, body size and death time, then `next page token: T` when there
-//! are more; `--all` follows the tokens to the end (the table is printed once
+//! message key, body size and death time (fitted to the terminal,
+//! [`crate::table`]: body size, destination and death reason are left out
+//! first, then source, event type and key are shortened; `--wide` shows them
+//! all), then `next page token: T` when there are more; `--all` follows the tokens to the end (the table is printed once
 //! all pages are in; `--json` writes each page as it arrives). `--json`:
 //! `{"dead_letters": [...], "next_page_token": "..."}`, each dead letter in the
 //! shape of [`crate::output`] without `body_base64` and `body_preview`;
@@ -40,7 +42,7 @@
 //! seen, largest group first, then `total: N`. `--json`:
 //! `{"total": N, "groups": [{"key": {"reason": "rejected", ...}, "count": N,
 //! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
-//! key is `""`.
+//! key is `""`; an `hour` reads as every time does ([`crate::time`]).
 
 use crate::{args::Paging, output::Listing};
 use std::{fmt, io::Write, str::FromStr};
