@@ -14,6 +14,9 @@
 //! 3. Headers are never broken inside a word; only when the table does not
 //!    fit otherwise are they stacked at their underscores
 //!    (`ALREADY` over `REPLAYED`).
+//! 4. A table that is still too wide (many counts side by side) is printed
+//!    as several tables, one under the other, each starting with the first
+//!    column.
 //!
 //! With `--wide` ([`set_width`] `None`) every column is shown with its full
 //! values, however long the lines get. Every row is one line: control
@@ -159,6 +162,12 @@ impl Table {
     /// without trailing blanks.
     pub fn lines_for(&self, width: Option<u16>) -> Vec<String> {
         let layout = width.map(|width| self.layout(usize::from(width)));
+        if let (Some(width), Some(layout)) = (width, &layout)
+            && layout.total > usize::from(width)
+            && self.columns.len() > 2
+        {
+            return self.split_lines(width);
+        }
         let mut comfy = Comfy::new();
         comfy
             .load_preset(presets::NOTHING)
@@ -208,6 +217,55 @@ impl Table {
                 line.strip_prefix(' ').unwrap_or(line).to_owned()
             })
             .collect()
+    }
+
+    /// A table too wide even at its least (many columns that are never cut)
+    /// as several tables one under the other, each with the first column
+    /// (what the rows are) and as many of the others as fit with their
+    /// headers on one line; optional columns are left out.
+    fn split_lines(&self, width: u16) -> Vec<String> {
+        // Each part with its headers on one line.
+        let fits = |columns: &[usize]| {
+            let layout = self.part(columns).layout(usize::from(width));
+            layout.total <= usize::from(width) && !layout.stacked
+        };
+        let mut parts: Vec<Vec<usize>> = vec![vec![0]];
+        for index in 1..self.columns.len() {
+            if self.columns[index].optional {
+                continue;
+            }
+            let last = parts.last_mut().expect("one part at least");
+            last.push(index);
+            if last.len() > 2 && !fits(last) {
+                last.pop();
+                parts.push(vec![0, index]);
+            }
+        }
+        let mut lines = Vec::new();
+        for (number, columns) in parts.iter().enumerate() {
+            if number > 0 {
+                lines.push(String::new());
+            }
+            lines.extend(self.part(columns).lines_for(Some(width)));
+        }
+        lines
+    }
+
+    /// These columns of the table, with their cells.
+    fn part(&self, columns: &[usize]) -> Self {
+        Self {
+            columns: columns.iter().map(|index| self.columns[*index]).collect(),
+            rows: self
+                .rows
+                .iter()
+                .map(|row| {
+                    columns
+                        .iter()
+                        .map(|index| row.get(*index).cloned().unwrap_or_default())
+                        .collect()
+                })
+                .collect(),
+        }
     }
 
     /// Which columns are shown and how wide, for `width` (module docs).
@@ -504,6 +562,41 @@ mod tests {
             );
         }
         assert!(lines[1].ends_with(ELLIPSIS), "{lines:#?}");
+    }
+
+    #[test]
+    fn a_table_too_wide_at_its_least_is_split_in_parts() {
+        let mut counts = table(&[
+            Column::shorten("value"),
+            Column::keep("total"),
+            Column::keep("replayable"),
+            Column::keep("duplicate"),
+            Column::keep("already_replayed"),
+            Column::keep("looping"),
+            Column::keep("stale"),
+            Column::keep("blocked_by_state"),
+            Column::keep("needs_compensation"),
+            Column::keep("invalid"),
+        ]);
+        counts.add_row([
+            "rejected", "80", "10", "10", "10", "10", "10", "10", "10", "10",
+        ]);
+        let lines = counts.lines_for(Some(80));
+        assert_fits(&lines, 80);
+        let text = lines.join("\n");
+        // Every count is there, each part starts with the row's value.
+        for word in ["NEEDS_COMPENSATION", "INVALID", "ALREADY_REPLAYED", "TOTAL"] {
+            assert!(
+                text.split_whitespace().any(|part| part == word),
+                "{word}: {text}"
+            );
+        }
+        let parts: Vec<&str> = text.split("\n\n").collect();
+        assert!(parts.len() >= 2, "{text}");
+        for part in parts {
+            assert!(part.starts_with("VALUE"), "{text}");
+            assert!(part.contains("rejected"), "{text}");
+        }
     }
 
     #[test]
