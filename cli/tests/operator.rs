@@ -37,6 +37,8 @@ const HEADER_WORDS: &[&str] = &[
     "ACTOR",
     "FIRST_SEEN",
     "LAST_SEEN",
+    "PRODUCER",
+    "HOUR",
 ];
 
 fn stdout(output: &Output) -> String {
@@ -150,6 +152,48 @@ async fn dead_letters_list_fits_80_columns_and_wide_shows_everything() {
         assert!(text.contains(whole), "{whole}: {text}");
     }
     assert!(!text.contains('…'), "{text}");
+}
+
+#[tokio::test]
+async fn the_summary_fits_80_columns_with_hours_as_every_time() {
+    let address = serve(Fake::default()).await;
+    let args = [
+        "dead-letters",
+        "summary",
+        "--source",
+        "long",
+        "--group-by",
+        "reason,producer,event_type,hour",
+    ];
+    let output = run_80(address, &args).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert_eq!(assert_fits_80(&text), 1, "{text}");
+    assert!(text.contains("2026-11-29T14:00:00.000Z"), "{text}");
+    // No room for the first and last seen times: --wide has them.
+    assert!(!text.contains("LAST_SEEN"), "{text}");
+    let mut wide_args = args.to_vec();
+    wide_args.push("--wide");
+    let wide = stdout(&run_80(address, &wide_args).await);
+    for whole in [
+        "FIRST_SEEN",
+        "2025-11-29T14:00:00.987Z",
+        "2025-11-29T14:59:59.000Z",
+        "payments-settlement-service.eu-west-1",
+    ] {
+        assert!(wide.contains(whole), "{whole}: {wide}");
+    }
+    assert!(text.ends_with("total: 12\n"), "{text}");
+
+    let mut json_args = vec!["--json"];
+    json_args.extend(args);
+    let json = stdout_json(&redrivectl(address, &json_args, "").await);
+    assert_eq!(json["groups"][0]["key"]["hour"], "2026-11-29T14:00:00.000Z");
+    assert_eq!(json["groups"][0]["first_seen"], "2025-11-29T14:00:00.987Z");
+    assert_eq!(
+        json["groups"][0]["key"]["producer"],
+        "payments-settlement-service.eu-west-1"
+    );
 }
 
 #[tokio::test]

@@ -625,7 +625,7 @@ async fn summary(
     columns.extend([
         Column::keep("count"),
         Column::keep("first_seen").optional(),
-        Column::keep("last_seen"),
+        Column::keep("last_seen").optional(),
     ]);
     let mut table = output::table(&columns);
     for group in &response.groups {

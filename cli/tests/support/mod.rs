@@ -359,11 +359,43 @@ impl Planner for Fake {
         }))
     }
 
+    /// With source `long`: one group keyed by every requested name, long
+    /// values and the planner's `hour` form; else `unimplemented`.
     async fn summarize_dead_letters(
         &self,
-        _: Request<v1::SummarizeDeadLettersRequest>,
+        request: Request<v1::SummarizeDeadLettersRequest>,
     ) -> Result<Response<v1::SummarizeDeadLettersResponse>, Status> {
-        Err(Status::unimplemented("summarize_dead_letters"))
+        let request = request.into_inner();
+        if !request
+            .selector
+            .is_some_and(|selector| selector.sources.iter().any(|source| source == "long"))
+        {
+            return Err(Status::unimplemented("summarize_dead_letters"));
+        }
+        let key = [
+            ("reason", "exhausted"),
+            ("producer", "payments-settlement-service.eu-west-1"),
+            ("event_type", "payment.settlement.captured"),
+            ("hour", "2026-11-29T14:00Z"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+        Ok(Response::new(v1::SummarizeDeadLettersResponse {
+            total: 12,
+            groups: vec![v1::SummaryGroup {
+                key,
+                count: 12,
+                first_seen: Some(prost_types::Timestamp {
+                    seconds: 1_764_424_800,
+                    nanos: 987_654_321,
+                }),
+                last_seen: Some(prost_types::Timestamp {
+                    seconds: 1_764_428_399,
+                    nanos: 0,
+                }),
+            }],
+        }))
     }
 
     /// The [`report`], echoing the actor; `unavailable` like a planner whose
