@@ -17,7 +17,9 @@
 //! With `--json` (or `REDRIVE_JSON=1`) stderr gets one JSON object instead,
 //! [`error_json`]: `{"error": {"code": "not_found", "message": "dead letter 42
 //! not found"}}`, `code` being [`CliError::code`] (`usage` for a bad command
-//! line); the exit codes stay the same.
+//! line); the exit codes stay the same. Diagnostics on the way (an import
+//! line refused, a planner outage waited out) are then
+//! [`warning_json`] lines, so that stderr is JSON lines throughout.
 
 use tonic::{Code, Status};
 
@@ -176,6 +178,13 @@ impl From<std::io::Error> for CliError {
 /// CODE, "message": MESSAGE}}` on one line.
 pub fn error_json(code: &str, message: &str) -> String {
     serde_json::json!({"error": {"code": code, "message": message}}).to_string()
+}
+
+/// The JSON form of a diagnostic that is not the end of the command (an
+/// import line refused, a planner outage waited out), on stderr with
+/// `--json`: `{"warning": {"code": CODE, "message": MESSAGE}}` on one line.
+pub fn warning_json(code: &str, message: &str) -> String {
+    serde_json::json!({"warning": {"code": code, "message": message}}).to_string()
 }
 
 /// The canonical gRPC code name in snake case (`invalid_argument`).

@@ -261,6 +261,9 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
         stderr.contains("unavailable (planner restarting); still waiting"),
         "{stderr}"
     );
+    // --json: the note is a JSON warning line.
+    let warning: serde_json::Value = serde_json::from_str(stderr.trim_end()).unwrap();
+    assert_eq!(warning["warning"]["code"], "unavailable");
 
     // An unknown plan is not found at once.
     let output = redrivectl(address, &wait("plan-nope", &["--timeout", "5s"]), "").await;

@@ -474,7 +474,7 @@ pub async fn run(
             return live::watch(planner, args.id, args.events, mode, args.stall_after, out).await;
         }
         PlanCommand::Wait(args) => {
-            return match live::wait(planner, &args.id, args.timeout, args.interval).await? {
+            return match live::wait(planner, &args.id, args.timeout, args.interval, json).await? {
                 WaitOutcome::Final(plan) => {
                     live::print_plan(out, &plan, json)?;
                     live::not_completed(&plan).map_or(Ok(EX_OK), Err)
