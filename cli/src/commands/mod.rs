@@ -143,21 +143,21 @@ impl Cli {
     }
 }
 
-/// Writes the completion script for `shell` or the man page: what needs no
-/// planner.
+/// Writes what needs no planner, `completion`'s script or `man`'s page, and
+/// answers whether `command` was one of those.
 ///
 /// # Errors
 /// When writing to `out` fails.
 pub fn write_generated(command: &Command, out: &mut dyn Write) -> Result<bool, CliError> {
-    let mut cli = <Cli as clap::CommandFactory>::command();
+    let cli = || <Cli as clap::CommandFactory>::command();
     // Made in memory first: the generators panic when a write fails (a
     // closed pipe), `out` does not.
     let mut text = Vec::new();
     match command {
         Command::Completion(args) => {
-            clap_complete::generate(args.shell, &mut cli, "redrivectl", &mut text);
+            clap_complete::generate(args.shell, &mut cli(), "redrivectl", &mut text);
         }
-        Command::Man => clap_mangen::Man::new(cli).render(&mut text)?,
+        Command::Man => clap_mangen::Man::new(cli()).render(&mut text)?,
         _ => return Ok(false),
     }
     out.write_all(&text)?;
