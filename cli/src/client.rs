@@ -103,16 +103,34 @@ pub fn resolve_actor(flag: Option<&str>, user: Option<&str>) -> String {
         .to_owned()
 }
 
-/// Checks a `--planner` value: an `http://` or `https://` URL.
+/// Checks a `--planner` value and answers the URL to dial: an `http://` or
+/// `https://` URL, or `HOST:PORT` alone (as grpcurl takes it), which means
+/// `http://HOST:PORT`.
 ///
 /// # Errors
 /// A message saying what is wrong, for clap.
-pub fn parse_planner_url(url: &str) -> Result<String, String> {
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
-        return Err("expected an http:// or https:// URL, e.g. http://127.0.0.1:50051".to_owned());
+pub fn parse_planner_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let url = if text.contains("://") {
+        if !(text.starts_with("http://") || text.starts_with("https://")) {
+            return Err(
+                "expected HOST:PORT or an http:// or https:// URL, e.g. 127.0.0.1:50051 or \
+                 https://planner.internal:443"
+                    .to_owned(),
+            );
+        }
+        text.to_owned()
+    } else {
+        format!("http://{text}")
+    };
+    let endpoint =
+        Endpoint::from_shared(url.clone()).map_err(|error| format!("not a valid URL: {error}"))?;
+    if endpoint.uri().host().is_none_or(str::is_empty) {
+        return Err(format!(
+            "no host in {text:?}; expected e.g. 127.0.0.1:50051"
+        ));
     }
-    Endpoint::from_shared(url.to_owned()).map_err(|error| format!("not a valid URL: {error}"))?;
-    Ok(url.to_owned())
+    Ok(url)
 }
 
 /// Connects to the planner at `url`, eagerly, so an unreachable planner is
@@ -162,10 +180,20 @@ mod tests {
 
     #[test]
     fn planner_urls_need_a_scheme() {
-        assert!(parse_planner_url(DEFAULT_PLANNER).is_ok());
+        assert_eq!(parse_planner_url(DEFAULT_PLANNER).unwrap(), DEFAULT_PLANNER);
         assert!(parse_planner_url("https://planner.internal:443").is_ok());
-        assert!(parse_planner_url("127.0.0.1:50051").is_err());
+        // HOST:PORT alone, as grpcurl takes it: plain http.
+        assert_eq!(
+            parse_planner_url("127.0.0.1:50051").unwrap(),
+            "http://127.0.0.1:50051"
+        );
+        assert_eq!(
+            parse_planner_url("planner.internal:50051").unwrap(),
+            "http://planner.internal:50051"
+        );
         assert!(parse_planner_url("http://bad host").is_err());
+        assert!(parse_planner_url("ftp://planner:21").is_err());
+        assert!(parse_planner_url("").is_err());
     }
 
     #[test]

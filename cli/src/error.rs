@@ -10,9 +10,16 @@
 //! | 69 | `EX_UNAVAILABLE` | the planner cannot be reached, or answered `UNAVAILABLE` (also a precheck whose state-check hook is down) |
 //! | 74 | `EX_IOERR` | reading the import file or writing the output failed |
 //! | 75 | `EX_TEMPFAIL` | `plan wait --timeout` ran out before the plan was final |
+//! | 78 | `EX_CONFIG` | the config file cannot be read or parsed, has a bad value, or lacks the `--profile` asked for |
 //!
 //! Errors go to stderr as one line, `redrivectl: <what>`; a gRPC error reads
 //! `redrivectl: <code>: <message>` with the code in snake case (`not_found`).
+//! With `--json` (or `REDRIVE_JSON=1`) stderr gets one JSON object instead,
+//! [`error_json`]: `{"error": {"code": "not_found", "message": "dead letter 42
+//! not found"}}`, `code` being [`CliError::code`] (`usage` for a bad command
+//! line); the exit codes stay the same. Diagnostics on the way (an import
+//! line refused, a planner outage waited out) are then
+//! [`warning_json`] lines, so that stderr is JSON lines throughout.
 
 use tonic::{Code, Status};
 
@@ -32,6 +39,8 @@ pub const EX_UNAVAILABLE: u8 = 69;
 pub const EX_IOERR: u8 = 74;
 /// Try again later: `plan wait --timeout` ran out.
 pub const EX_TEMPFAIL: u8 = 75;
+/// The config file is wrong.
+pub const EX_CONFIG: u8 = 78;
 
 /// A failure that ends the command.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +94,10 @@ pub enum CliError {
     /// A wait ran out of time.
     #[error("{0}")]
     Timeout(String),
+
+    /// The config file cannot be used ([`crate::config`]).
+    #[error("config file {0}")]
+    Config(String),
 }
 
 impl CliError {
@@ -103,6 +116,33 @@ impl CliError {
             Self::Rejected(_) => EX_DATAERR,
             Self::NotCompleted(_) => EX_FAILURE,
             Self::Timeout(_) => EX_TEMPFAIL,
+            Self::Config(_) => EX_CONFIG,
+        }
+    }
+
+    /// The stable name of this kind of error, the `code` of the JSON error:
+    /// `unreachable`, the gRPC code in snake case (`not_found`), `usage`,
+    /// `no_input`, `io`, `rejected`, `not_completed`, `timeout`, `config`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unreachable { .. } => "unreachable",
+            Self::Grpc(status) => code_name(status.code()),
+            Self::Usage(_) => "usage",
+            Self::NoInput { .. } => "no_input",
+            Self::Io { .. } => "io",
+            Self::Rejected(_) => "rejected",
+            Self::NotCompleted(_) => "not_completed",
+            Self::Timeout(_) => "timeout",
+            Self::Config(_) => "config",
+        }
+    }
+
+    /// The message without the code: for a gRPC error the planner's message
+    /// alone, else the whole text.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Grpc(status) => status.message().to_owned(),
+            other => other.to_string(),
         }
     }
 
@@ -132,6 +172,19 @@ impl From<std::io::Error> for CliError {
     fn from(source: std::io::Error) -> Self {
         Self::io("writing the output", source)
     }
+}
+
+/// The JSON form of an error on stderr with `--json`: `{"error": {"code":
+/// CODE, "message": MESSAGE}}` on one line.
+pub fn error_json(code: &str, message: &str) -> String {
+    serde_json::json!({"error": {"code": code, "message": message}}).to_string()
+}
+
+/// The JSON form of a diagnostic that is not the end of the command (an
+/// import line refused, a planner outage waited out), on stderr with
+/// `--json`: `{"warning": {"code": CODE, "message": MESSAGE}}` on one line.
+pub fn warning_json(code: &str, message: &str) -> String {
+    serde_json::json!({"warning": {"code": code, "message": message}}).to_string()
 }
 
 /// The canonical gRPC code name in snake case (`invalid_argument`).
@@ -174,6 +227,19 @@ mod tests {
             CliError::from(Status::unavailable("x")).exit_code(),
             EX_UNAVAILABLE
         );
+    }
+
+    #[test]
+    fn json_errors_carry_code_and_message() {
+        let error = CliError::from(Status::not_found("dead letter 9 not found"));
+        let json: serde_json::Value =
+            serde_json::from_str(&error_json(error.code(), &error.message())).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"error": {"code": "not_found", "message": "dead letter 9 not found"}})
+        );
+        assert_eq!(CliError::Usage("x".into()).code(), "usage");
+        assert_eq!(CliError::Timeout("x".into()).code(), "timeout");
     }
 
     #[test]

@@ -791,7 +791,7 @@ mod tests {
         assert_eq!(
             value_to_text(&x_death()),
             "[{count: 3, exchange: \"shop\", queue: \"orders\", reason: \"rejected\", \
-             routing-keys: [\"order.created\"], time: 2023-11-14T22:13:20Z}]"
+             routing-keys: [\"order.created\"], time: 2023-11-14T22:13:20.000Z}]"
         );
         assert_eq!(
             value_to_text(&value(V::Decimal(DecimalValue { scale: 3, value: 7 }))),

@@ -26,12 +26,18 @@
 //! redrivectl [global flags] plan report ID [--format text|json|jsonl|csv]
 //! redrivectl [global flags] plan promote|pause|resume|cancel ID [--reason TEXT]
 //! redrivectl [global flags] plan compensations ID [--page-size N] [--page-token T] [--all]
+//! redrivectl completion bash|zsh|fish|elvish|powershell
+//! redrivectl man
 //! ```
 //!
 //! Global flags (anywhere on the line): `--planner URL` (env `REDRIVE_PLANNER`,
-//! default `http://127.0.0.1:50051`), `--json` (env `REDRIVE_JSON`): one
+//! `HOST:PORT` or an `http://`/`https://` URL, default the profile's, else
+//! `http://127.0.0.1:50051`), `--json` (env `REDRIVE_JSON`): one
 //! compact JSON document on stdout instead of tables (`plan watch`: one per
-//! line, per update), and `--actor NAME` (env
+//! line, per update) and errors as JSON on stderr
+//! ([`error::error_json`]), `--wide`: tables in full ([`table`]),
+//! `--profile NAME` (env `REDRIVE_PROFILE`): a profile of the config file
+//! ([`config`]), and `--actor NAME` (env
 //! `REDRIVE_ACTOR`, default the `USER` environment variable, else
 //! `anonymous`): who is calling, sent as the `x-redrive-actor` gRPC metadata on
 //! every request (visible ASCII; the planner records it as the actor of what
@@ -49,6 +55,7 @@
 //! | 69 | the planner is unreachable or answered `unavailable` (`EX_UNAVAILABLE`), e.g. a precheck whose state-check hook is down (without `--block-on-state-check-error`); `plan watch`: the stream ended before the plan was final |
 //! | 74 | reading the import file or writing the output failed (`EX_IOERR`) |
 //! | 75 | `plan wait --timeout` ran out before the plan was final (`EX_TEMPFAIL`) |
+//! | 78 | the config file is wrong or lacks the `--profile` asked for (`EX_CONFIG`) |
 //!
 //! An unreachable planner reads `redrivectl: cannot reach the planner at URL:
 //! <cause> (is redrive-planner running? set --planner or REDRIVE_PLANNER)`; a
@@ -117,21 +124,32 @@
 //!   (precheck items, audit events); commands import views and arguments from
 //!   here, never from each other.
 //! - [`client`]: connecting to the planner; the actor interceptor.
-//! - [`output`]: tables, JSON writing, the stable dead letter JSON shape; it
+//! - [`config`]: the config file's defaults and profiles (planner, actor).
+//! - [`output`]: JSON writing, the stable dead letter JSON shape; it
 //!   imports nothing from [`commands`].
+//! - [`table`]: tables for people, fitted to the terminal (`--wide`: full
+//!   values).
 //! - [`headers`]: typed AMQP header values as JSON, both ways.
 //! - [`escape`]: producers' control characters kept off the terminal.
+//! - [`preview`]: the body preview of `dead-letters show` (key order kept,
+//!   binary escaped).
+//! - [`export`]: `plan report --format jsonl|csv`, times rewritten and cells
+//!   neutralized for spreadsheets.
 //! - [`time`]: how times are written (RFC 3339, UTC).
 //! - [`error`]: [`error::CliError`] and the exit codes.
 
 pub mod args;
 pub mod client;
 pub mod commands;
+pub mod config;
 pub mod error;
 pub mod escape;
+pub mod export;
 pub mod headers;
 pub mod output;
+pub mod preview;
 pub mod selector;
+pub mod table;
 pub mod time;
 pub mod views;
 

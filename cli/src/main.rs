@@ -1,7 +1,10 @@
 //! `redrivectl`: parses the command line and runs [`redrivectl::run`] on a
-//! single-threaded runtime; exit codes are in [`redrivectl::error`].
+//! single-threaded runtime; exit codes are in [`redrivectl::error`]. With
+//! `--json` (or `REDRIVE_JSON`) errors go to stderr as JSON
+//! ([`redrivectl::error::error_json`]), usage errors included.
 
 use std::{
+    ffi::OsString,
     io::{self, BufWriter, Write},
     process::ExitCode,
 };
@@ -9,16 +12,36 @@ use std::{
 use clap::Parser;
 use redrivectl::{
     Cli,
-    error::{CliError, EX_FAILURE, EX_OK, EX_USAGE},
+    error::{CliError, EX_FAILURE, EX_OK, EX_USAGE, error_json},
 };
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let _ = error.print();
             // --help and --version are not errors.
-            return ExitCode::from(if error.use_stderr() { EX_USAGE } else { EX_OK });
+            if !error.use_stderr() {
+                let _ = error.print();
+                return ExitCode::from(EX_OK);
+            }
+            let json = wants_json(
+                std::env::args_os().skip(1),
+                std::env::var("REDRIVE_JSON").ok().as_deref(),
+            );
+            if json {
+                eprintln!("{}", error_json("usage", &usage_message(&error)));
+            } else {
+                eprint!("{}", without_global_flags(&error.render().to_string()));
+            }
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let json = cli.json;
+    let report = |error: &CliError| {
+        if json {
+            eprintln!("{}", error_json(error.code(), &error.message()));
+        } else {
+            eprintln!("redrivectl: {error}");
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -27,7 +50,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("redrivectl: cannot start the async runtime: {error}");
+            report(&CliError::io("cannot start the async runtime", error));
             return ExitCode::from(EX_FAILURE);
         }
     };
@@ -42,8 +65,94 @@ fn main() -> ExitCode {
         Err(error) if error.is_broken_pipe() => ExitCode::from(EX_OK),
         Err(error) => {
             let _ = out.flush();
-            eprintln!("redrivectl: {error}");
+            report(&error);
             ExitCode::from(error.exit_code())
         }
+    }
+}
+
+/// Whether a command line clap refused asked for JSON: `--json` among the
+/// arguments (before a `--`), or `REDRIVE_JSON` set, as clap reads it, to
+/// anything but empty, `0`, `false`, `no`, `off`, `n` or `f`.
+fn wants_json(args: impl Iterator<Item = OsString>, env: Option<&str>) -> bool {
+    let flag = args
+        .take_while(|arg| arg != "--")
+        .any(|arg| arg == "--json" || arg == "--json=true");
+    let env = env.is_some_and(|value| {
+        !matches!(
+            value.trim().to_ascii_lowercase().as_str(),
+            "" | "0" | "false" | "no" | "off" | "n" | "f"
+        )
+    });
+    flag || env
+}
+
+/// The global flags as clap writes them in a usage line.
+const GLOBAL_FLAGS: [&str; 5] = [
+    " --planner <URL>",
+    " --actor <NAME>",
+    " --profile <NAME>",
+    " --json",
+    " --wide",
+];
+
+/// A usage error's text with the global flags left out of its `Usage:` line:
+/// clap lists every flag that has a value there, so `--planner <URL>` from
+/// `REDRIVE_PLANNER` read as if the command needed it.
+fn without_global_flags(text: &str) -> String {
+    text.split_inclusive('\n')
+        .map(|line| {
+            if line.starts_with("Usage: ") {
+                GLOBAL_FLAGS
+                    .iter()
+                    .fold(line.to_owned(), |line, flag| line.replace(flag, ""))
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect()
+}
+
+/// Clap's complaint without `error: ` and without the usage and help lines
+/// that follow it.
+fn usage_message(error: &clap::Error) -> String {
+    let text = without_global_flags(&error.render().to_string());
+    let first = text.split("\n\n").next().unwrap_or_default();
+    first
+        .strip_prefix("error: ")
+        .unwrap_or(first)
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_lines_leave_out_the_global_flags() {
+        assert_eq!(
+            without_global_flags(
+                "error: missing\n\nUsage: redrivectl plan approve --digest <DIGEST> --planner <URL> --json <ID>\n"
+            ),
+            "error: missing\n\nUsage: redrivectl plan approve --digest <DIGEST> <ID>\n"
+        );
+    }
+
+    #[test]
+    fn json_is_asked_for_by_flag_or_environment() {
+        let args = |list: &[&str]| {
+            list.iter()
+                .map(OsString::from)
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert!(wants_json(args(&["plan", "--json"]), None));
+        assert!(!wants_json(args(&["plan", "--", "--json"]), None));
+        assert!(wants_json(args(&["plan"]), Some("1")));
+        assert!(!wants_json(args(&["plan"]), Some("0")));
+        assert!(!wants_json(args(&["plan"]), Some("")));
+        assert!(wants_json(args(&["plan"]), Some("yes")));
+        assert!(!wants_json(args(&["plan"]), None));
     }
 }

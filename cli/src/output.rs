@@ -2,8 +2,9 @@
 //!
 //! `--json` output is one compact JSON document on stdout followed by a
 //! newline (`plan watch --json`: one per line, per update; `plan report
-//! --format jsonl|csv` writes the planner's export as it is). Times are RFC 3339 in UTC (`2024-05-01T12:00:00Z`, fractional
-//! seconds only when not zero); absent optional fields are `null`, never left
+//! --format jsonl|csv` writes the planner's export, see
+//! [`crate::commands::plan`]). Times are RFC 3339 in UTC with milliseconds
+//! (`2024-05-01T12:00:00.000Z`, [`crate::time`]); absent optional fields are `null`, never left
 //! out, so scripts can rely on every key being present.
 //!
 //! # The dead letter shape
@@ -39,14 +40,16 @@ use std::io::{self, Write};
 
 use base64::{Engine, engine::general_purpose::STANDARD};
 use chrono::DateTime;
-use comfy_table::{ContentArrangement, Table, presets};
 use redrive_proto::v1::{BodyCompression, BodyRevision, DeadLetter, Death, MessageProperties};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::headers;
 
-pub use crate::time::{rfc3339, timestamp_text};
+pub use crate::{
+    table::{Column, Table, table, write_table},
+    time::{rfc3339, timestamp_text},
+};
 
 /// Writes `value` as one compact JSON document and a newline.
 ///
@@ -57,38 +60,10 @@ pub fn write_json<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::
     out.write_all(b"\n")
 }
 
-/// A borderless table (like `kubectl get`) with upper-case column headers,
-/// wrapped to the terminal width when there is one.
-pub fn table(headers: &[&str]) -> Table {
-    let mut table = Table::new();
-    table
-        .load_preset(presets::NOTHING)
-        .set_content_arrangement(ContentArrangement::Dynamic);
-    if !headers.is_empty() {
-        table.set_header(headers.iter().map(|header| header.to_uppercase()));
-    }
-    table
-}
-
 /// The width of the terminal stdout goes to, if it is one and says (a
 /// pseudo-terminal without a size reports 0: unknown).
 pub fn terminal_width() -> Option<u16> {
-    Table::new().width().filter(|width| *width > 0)
-}
-
-/// Prints `table` with the outer padding trimmed from each line.
-///
-/// # Errors
-/// When writing to `out` fails.
-pub fn write_table(out: &mut dyn Write, table: &Table) -> io::Result<()> {
-    for line in table.lines() {
-        writeln!(
-            out,
-            "{}",
-            line.trim_end().strip_prefix(' ').unwrap_or(&line)
-        )?;
-    }
-    Ok(())
+    comfy_table::Table::new().width().filter(|width| *width > 0)
 }
 
 /// `-` for an empty cell, so columns stay readable.
@@ -431,7 +406,7 @@ impl<'o> Listing<'o> {
     ///
     /// # Errors
     /// Writing to the output.
-    pub fn finish(self, page_token: &str, columns: &[&str], empty: &str) -> io::Result<()> {
+    pub fn finish(self, page_token: &str, columns: &[Column], empty: &str) -> io::Result<()> {
         if self.json {
             self.out.write_all(b"],\"next_page_token\":")?;
             serde_json::to_writer(&mut *self.out, page_token)?;
@@ -545,7 +520,7 @@ mod tests {
                     "exchange": "shop",
                     "routing_keys": ["order.paid"],
                     "count": 2,
-                    "time": "2023-11-14T22:14:10Z",
+                    "time": "2023-11-14T22:14:10.000Z",
                 },
                 "reason_class": "rejected",
                 "destination": "orders",
@@ -553,8 +528,8 @@ mod tests {
                 "schema_version": null,
                 "producer": null,
                 "error_text": null,
-                "died_at": "2023-11-14T22:14:10Z",
-                "captured_at": "2023-11-14T22:15:00Z",
+                "died_at": "2023-11-14T22:14:10.000Z",
+                "captured_at": "2023-11-14T22:15:00.000Z",
                 "occurred_at": null,
                 "redrive_plan_id": null,
                 "original_exchange": null,
@@ -567,7 +542,7 @@ mod tests {
                     "body_sha256": "cd",
                     "actor": "ops",
                     "reason": "fix",
-                    "created_at": "2023-11-14T22:16:40Z",
+                    "created_at": "2023-11-14T22:16:40.000Z",
                 }],
                 "body_preview": "preview",
             })

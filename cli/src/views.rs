@@ -23,7 +23,7 @@
 use redrive_proto::v1::{AuditEvent, PrecheckItem, Wave};
 use serde::Serialize;
 
-use crate::output::{cell, timestamp_text};
+use crate::output::{Column, cell, timestamp_text};
 
 /// One precheck item.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -60,13 +60,13 @@ impl From<&PrecheckItem> for ItemJson {
 }
 
 /// The `items` table columns (also `plan compensations`).
-pub const ITEM_COLUMNS: &[&str] = &[
-    "dead_letter_id",
-    "verdict",
-    "message_key",
-    "destination",
-    "event_type",
-    "reason",
+pub const ITEM_COLUMNS: &[Column] = &[
+    Column::keep("dead_letter_id"),
+    Column::keep("verdict"),
+    Column::shorten("message_key"),
+    Column::shorten("destination").optional(),
+    Column::shorten("event_type").optional(),
+    Column::shorten("reason"),
 ];
 
 /// One `items` table row, in [`ITEM_COLUMNS`] order.

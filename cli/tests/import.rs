@@ -51,6 +51,12 @@ async fn import_maps_rejections_back_to_file_lines_across_batches() {
     ] {
         assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
+    // With --json, stderr is JSON lines: one warning per refused line.
+    for line in stderr.lines() {
+        let warning: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(warning["warning"]["code"], "rejected", "{line}");
+    }
+    assert_eq!(stderr.lines().count(), 3, "{stderr}");
 
     let calls = fake.calls.lock().unwrap().clone();
     let ids: Vec<Vec<&str>> = calls
@@ -101,4 +107,22 @@ async fn a_failed_call_stops_the_import_and_says_how_far_it_got() {
          importing the file again is safe\nredrivectl: failed_precondition: boom\n"
     );
     assert_eq!(fake.calls.lock().unwrap().len(), 1);
+
+    // With --json: one JSON error, the note in its message.
+    let output = redrivectl(
+        address,
+        &["import", "-", "--source", "s", "--batch", "3", "--json"],
+        &lines.join("\n"),
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&output.stderr).unwrap(),
+        serde_json::json!({"error": {
+            "code": "failed_precondition",
+            "message": "boom; import stopped after line 3 (imported 3, already present 0, \
+                        rejected 0); importing the file again is safe"
+        }})
+    );
 }

@@ -222,9 +222,13 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
     let output = redrivectl(address, &wait("plan-cancelled", &[]), "").await;
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(stdout_json(&output)["state"], "cancelled");
+    // With --json, why is JSON on stderr too.
     assert_eq!(
-        String::from_utf8(output.stderr).unwrap(),
-        "redrivectl: plan plan-cancelled ended cancelled (wrong selection), not completed\n"
+        serde_json::from_slice::<serde_json::Value>(&output.stderr).unwrap(),
+        serde_json::json!({"error": {
+            "code": "not_completed",
+            "message": "plan plan-cancelled ended cancelled (wrong selection), not completed"
+        }})
     );
     let output = redrivectl(address, &["plan", "wait", "plan-aborted"], "").await;
     assert_eq!(output.status.code(), Some(1));
@@ -244,7 +248,8 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
     assert_eq!(stdout_json(&output)["state"], "main");
     assert_eq!(
         String::from_utf8(output.stderr).unwrap(),
-        "redrivectl: timed out after 2s: plan plan-slow is still main (--timeout)\n"
+        "{\"error\":{\"code\":\"timeout\",\"message\":\"timed out after 2s: plan plan-slow is still main \
+         (--timeout)\"}}\n"
     );
     assert!(fake.polls("plan-slow") >= 2);
 
@@ -256,13 +261,16 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
         stderr.contains("unavailable (planner restarting); still waiting"),
         "{stderr}"
     );
+    // --json: the note is a JSON warning line.
+    let warning: serde_json::Value = serde_json::from_str(stderr.trim_end()).unwrap();
+    assert_eq!(warning["warning"]["code"], "unavailable");
 
     // An unknown plan is not found at once.
     let output = redrivectl(address, &wait("plan-nope", &["--timeout", "5s"]), "").await;
     assert_eq!(output.status.code(), Some(65));
     assert_eq!(
         String::from_utf8(output.stderr).unwrap(),
-        "redrivectl: not_found: plan plan-nope not found\n"
+        "{\"error\":{\"code\":\"not_found\",\"message\":\"plan plan-nope not found\"}}\n"
     );
 }
 
@@ -313,7 +321,7 @@ async fn plan_watch_prints_one_line_per_update() {
             "plan_id": "plan-done", "slice_id": "slice-1", "dead_letter_id": "41",
             "message_key": "order-7:pay", "action": "skipped_stale", "reason": "older than 2h",
             "wave": "main", "executor_id": "executor-1", "attempt": 1,
-            "confirm_latency_us": 900, "at": "2024-05-01T12:03:20Z",
+            "confirm_latency_us": 900, "at": "2024-05-01T12:03:20.000Z",
         })
     );
     assert_eq!(
@@ -343,7 +351,7 @@ async fn plan_watch_prints_one_line_per_update() {
     assert!(
         stdout.contains(
             "main  4/7 57.1%  sent 4  rate —  watched 0s  eta —\n\
-             2024-05-01T12:03:20Z skipped_stale order-7:pay older than 2h\n"
+             2024-05-01T12:03:20.000Z skipped_stale order-7:pay older than 2h\n"
         ),
         "{stdout}"
     );
@@ -575,7 +583,8 @@ async fn plan_report_json_and_text() {
     .await;
     assert_eq!(stdout_json(&output), report);
 
-    let output = redrivectl(address, &["plan", "report", "plan-done"], "").await;
+    // --wide: 80 columns have no room for the AT column.
+    let output = redrivectl(address, &["plan", "report", "plan-done", "--wide"], "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     for expected in [
         "state:        completed",
@@ -583,7 +592,7 @@ async fn plan_report_json_and_text() {
         "skipped_stale       1",
         "sent keys: 6\n  order-1:pay\n",
         "not sent: 1",
-        "41              order-7:pay  skipped_stale  main  2024-05-01T12:03:20Z  older than 2h",
+        "41              order-7:pay  skipped_stale  main  2024-05-01T12:03:20.000Z  older than 2h",
         "redrivectl plan report plan-done --format csv",
     ] {
         assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
@@ -652,7 +661,7 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
         assert_eq!(
             plan["actions"],
             serde_json::json!([{"action": command, "actor": "tester",
-                               "reason": "downstream alarm", "at": "2024-05-01T12:10:00Z"}])
+                               "reason": "downstream alarm", "at": "2024-05-01T12:10:00.000Z"}])
         );
     }
     let output = redrivectl(address, &["plan", "pause", "plan-done"], "").await;

@@ -102,7 +102,7 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
         serde_json::json!({
             "precheck_id": PRECHECK_ID,
             "actor": "alice",
-            "created_at": "2024-05-01T12:00:00Z",
+            "created_at": "2024-05-01T12:00:00.000Z",
             "digest": "9f86d081",
             "total": 10,
             "options": {
@@ -123,8 +123,8 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
                 "schema_version": [],
                 "producer": [],
             },
-            "died_from": "2024-05-01T10:00:00Z",
-            "died_to": "2024-05-01T11:30:00Z",
+            "died_from": "2024-05-01T10:00:00.000Z",
+            "died_to": "2024-05-01T11:30:00.000Z",
             "warnings": ["state check hooks blocked 2 of the 3 messages they checked"],
             "sample_blocked": [{
                 "dead_letter_id": "41",
@@ -151,7 +151,7 @@ async fn precheck_prints_a_report_people_can_read() {
         "actor:        tester",
         "digest:       9f86d081",
         "total:        10",
-        "died:         2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+        "died:         2024-05-01T10:00:00.000Z .. 2024-05-01T11:30:00.000Z",
         "\nreplayable          7\n",
         "\nneeds_compensation  0\n",
         "by destination:",
@@ -249,8 +249,9 @@ async fn precheck_items_follow_pages_with_the_verdict() {
             .all(|(_, actor)| actor.as_deref() == Some("dana"))
     );
 
-    // One page, as a table, with every verdict.
-    let output = redrivectl(address, &["precheck", "items", PRECHECK_ID], "").await;
+    // One page, as a table, with every verdict (--wide: every column; 80
+    // columns leave out the event type here).
+    let output = redrivectl(address, &["precheck", "items", PRECHECK_ID, "--wide"], "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 4, "{stdout}");

@@ -5,8 +5,10 @@
 //! `redrivectl dead-letters list [selector flags] [--page-size N] [--page-token T] [--all]`
 //!
 //! A table of id, source, reason class, death reason, destination, event type,
-//! message key, body size and death time, then `next page token: T` when there
-//! are more; `--all` follows the tokens to the end (the table is printed once
+//! message key, body size and death time (fitted to the terminal,
+//! [`crate::table`]: body size, destination and death reason are left out
+//! first, then source, event type and key are shortened; `--wide` shows them
+//! all), then `next page token: T` when there are more; `--all` follows the tokens to the end (the table is printed once
 //! all pages are in; `--json` writes each page as it arrives). `--json`:
 //! `{"dead_letters": [...], "next_page_token": "..."}`, each dead letter in the
 //! shape of [`crate::output`] without `body_base64` and `body_preview`;
@@ -40,7 +42,7 @@
 //! seen, largest group first, then `total: N`. `--json`:
 //! `{"total": N, "groups": [{"key": {"reason": "rejected", ...}, "count": N,
 //! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
-//! key is `""`.
+//! key is `""`; an `hour` reads as every time does ([`crate::time`]).
 
 use crate::{args::Paging, output::Listing};
 use std::{fmt, io::Write, str::FromStr};
@@ -57,7 +59,7 @@ use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     headers,
-    output::{self, DeadLetterJson, cell, timestamp_text, write_json, write_table},
+    output::{self, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table},
     selector::SelectorArgs,
 };
 
@@ -165,16 +167,16 @@ pub async fn run(
 // list
 // ---------------------------------------------------------------------------
 
-const LIST_COLUMNS: &[&str] = &[
-    "id",
-    "source",
-    "reason_class",
-    "death_reason",
-    "destination",
-    "event_type",
-    "message_key",
-    "body_size",
-    "died_at",
+const LIST_COLUMNS: &[Column] = &[
+    Column::keep("id"),
+    Column::shorten("source"),
+    Column::keep("reason_class"),
+    Column::keep("death_reason").optional(),
+    Column::shorten("destination").optional(),
+    Column::shorten("event_type"),
+    Column::shorten("message_key"),
+    Column::keep("body_size").optional(),
+    Column::keep("died_at"),
 ];
 
 async fn list(
@@ -297,13 +299,11 @@ fn write_dead_letter(
             "the planner answered without a dead letter",
         )));
     };
+    let preview = crate::preview::body_preview(&dead_letter, &response.body_preview);
     if json {
-        write_json(
-            out,
-            &DeadLetterJson::full(&dead_letter, &response.body_preview),
-        )?;
+        write_json(out, &DeadLetterJson::full(&dead_letter, &preview))?;
     } else {
-        write_show(out, &dead_letter, &response.body_preview)?;
+        write_show(out, &dead_letter, &preview)?;
     }
     Ok(EX_OK)
 }
@@ -561,13 +561,25 @@ impl From<&SummaryGroup> for GroupJson {
         Self {
             key: group
                 .key
-                .iter()
-                .map(|(name, value)| (name.clone(), value.clone()))
+                .keys()
+                .map(|name| (name.clone(), key_value(group, name)))
                 .collect(),
             count: group.count,
             first_seen: timestamp_text(group.first_seen.as_ref()),
             last_seen: timestamp_text(group.last_seen.as_ref()),
         }
+    }
+}
+
+/// The value of `name` in a group's key (`""` when absent); an `hour` as
+/// every time is written ([`crate::time`]), not as the planner's
+/// `2026-11-29T14:00Z`.
+fn key_value(group: &SummaryGroup, name: &str) -> String {
+    let value = group.key.get(name).cloned().unwrap_or_default();
+    if name == "hour" {
+        crate::time::normalize(&value).unwrap_or(value)
+    } else {
+        value
     }
 }
 
@@ -600,15 +612,26 @@ async fn summary(
         return Ok(EX_OK);
     }
     let names = args.group_by.names();
-    let mut columns = names.clone();
-    columns.extend(["count", "first_seen", "last_seen"]);
+    let mut columns: Vec<Column> = names
+        .iter()
+        .map(|name| {
+            if *name == "hour" {
+                Column::keep(name)
+            } else {
+                Column::shorten(name)
+            }
+        })
+        .collect();
+    columns.extend([
+        Column::keep("count"),
+        Column::keep("first_seen").optional(),
+        Column::keep("last_seen").optional(),
+    ]);
     let mut table = output::table(&columns);
     for group in &response.groups {
         let mut row: Vec<String> = names
             .iter()
-            .map(|name| {
-                cell(group.key.get(*name).map(String::as_str).unwrap_or_default()).to_owned()
-            })
+            .map(|name| cell(&key_value(group, name)).to_owned())
             .collect();
         row.push(group.count.to_string());
         row.push(timestamp_text(group.first_seen.as_ref()).unwrap_or_else(|| "-".to_owned()));
@@ -699,9 +722,8 @@ mod tests {
         };
         let mut table = output::table(LIST_COLUMNS);
         table.add_row(list_row(&dead_letter));
-        let mut out = Vec::new();
-        write_table(&mut out, &table).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        // --wide: every column (80 columns leave out the body size).
+        let text = table.lines_for(None).join("\n");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines[0].starts_with("ID"), "{text}");

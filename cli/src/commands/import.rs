@@ -151,6 +151,19 @@ impl ImportReport {
     }
 }
 
+/// Says on stderr that a line was refused: `line N: why`, or with `--json`
+/// a [`warning_json`](crate::error::warning_json) line of code `rejected`.
+fn report_rejection(json: bool, line: u64, reason: &str) {
+    if json {
+        eprintln!(
+            "{}",
+            crate::error::warning_json("rejected", &format!("line {line}: {reason}"))
+        );
+    } else {
+        eprintln!("line {line}: {reason}");
+    }
+}
+
 /// Runs `import` over `input` (from [`open`]).
 ///
 /// # Errors
@@ -168,7 +181,7 @@ pub async fn run(
     let batch_size = u64::from(args.batch);
     let reader = tokio::task::spawn_blocking(move || {
         read_lines(input, &source, batch_size, &batches_tx, |rejection| {
-            eprintln!("line {}: {}", rejection.line, rejection.reason);
+            report_rejection(json, rejection.line, &rejection.reason);
         })
     });
 
@@ -183,10 +196,19 @@ pub async fn run(
             Err(status) => {
                 drop(batches);
                 let _ = reader.await;
-                eprintln!(
-                    "redrivectl: import stopped after line {last_line_done} ({}); importing the file again is safe",
+                let note = format!(
+                    "import stopped after line {last_line_done} ({}); importing the file again is safe",
                     report.summary_line()
                 );
+                if json {
+                    // One JSON error: the note goes into its message.
+                    return Err(tonic::Status::new(
+                        status.code(),
+                        format!("{}; {note}", status.message()),
+                    )
+                    .into());
+                }
+                eprintln!("redrivectl: {note}");
                 return Err(status.into());
             }
         };
@@ -195,7 +217,7 @@ pub async fn run(
         report.duplicates += answer.duplicates;
         for rejection in answer.rejected {
             let line = lines.line(rejection.index).unwrap_or(0);
-            eprintln!("line {line}: {}", rejection.reason);
+            report_rejection(json, line, &rejection.reason);
             report.rejected.push(Rejection {
                 line,
                 reason: rejection.reason,

@@ -13,10 +13,12 @@ pub mod replay;
 
 use std::io::{IsTerminal, Write};
 
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand, builder::FalseyValueParser};
+use clap_complete::Shell;
 
 use crate::{
-    client::{self, DEFAULT_PLANNER, parse_actor, parse_planner_url, resolve_actor},
+    client::{self, parse_actor, parse_planner_url, resolve_actor},
+    config,
     error::CliError,
 };
 
@@ -29,32 +31,40 @@ use crate::{
     after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled, \
                   aborted or completed with failed items; `replay`: NOT_REPLAYED), 64 bad usage, 65 refused input (invalid argument, not found, \
                   rejected import lines), 66 input file missing, 69 planner unreachable or \
-                  unavailable, 74 I/O error, 75 `plan wait --timeout` ran out."
+                  unavailable, 74 I/O error, 75 `plan wait --timeout` ran out, 78 bad config file."
 )]
 pub struct Cli {
-    /// Planner gRPC endpoint.
+    /// Planner gRPC endpoint: HOST:PORT (plain http) or an http:// or
+    /// https:// URL [default: the profile's, else http://127.0.0.1:50051].
     #[arg(
         long,
         global = true,
         help_heading = "Global options",
         value_name = "URL",
         env = "REDRIVE_PLANNER",
-        default_value = DEFAULT_PLANNER,
         value_parser = parse_planner_url
     )]
-    pub planner: String,
+    pub planner: Option<String>,
 
-    /// Print machine-readable JSON on stdout instead of tables.
+    /// Print machine-readable JSON on stdout instead of tables, and errors as
+    /// JSON on stderr.
     #[arg(
         long,
         global = true,
         help_heading = "Global options",
-        env = "REDRIVE_JSON"
+        env = "REDRIVE_JSON",
+        value_parser = FalseyValueParser::new(),
+        action = ArgAction::SetTrue
     )]
     pub json: bool,
 
+    /// Tables with every column and full values, however wide (default: fit
+    /// the terminal, shortening long values with …).
+    #[arg(long, global = true, help_heading = "Global options")]
+    pub wide: bool,
+
     /// Who is calling, sent to the planner as `x-redrive-actor` metadata on
-    /// every request [default: $USER, else anonymous].
+    /// every request [default: the profile's, else $USER, else anonymous].
     #[arg(
         long,
         global = true,
@@ -64,6 +74,18 @@ pub struct Cli {
         value_parser = parse_actor
     )]
     pub actor: Option<String>,
+
+    /// The profile of the config file to use
+    /// ($XDG_CONFIG_HOME/redrive/config.toml, else
+    /// ~/.config/redrive/config.toml).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "NAME",
+        env = "REDRIVE_PROFILE"
+    )]
+    pub profile: Option<String>,
 
     #[command(subcommand)]
     #[allow(missing_docs)]
@@ -87,34 +109,93 @@ pub enum Command {
     /// Replay one dead letter now (a plan of one: precheck, no canary, no
     /// approval step) and wait for the outcome: REPLAYED or NOT_REPLAYED.
     Replay(replay::ReplayArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or
+    /// powershell.
+    Completion(CompletionArgs),
+    /// Print the manual page (roff), e.g. `redrivectl man > redrivectl.1`.
+    Man,
+}
+
+/// `completion` arguments.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Install, e.g.:\n  \
+    bash: redrivectl completion bash > ~/.local/share/bash-completion/completions/redrivectl\n  \
+    zsh:  redrivectl completion zsh > ~/.zfunc/_redrivectl (with fpath+=~/.zfunc before compinit)\n  \
+    fish: redrivectl completion fish > ~/.config/fish/completions/redrivectl.fish")]
+pub struct CompletionArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: Shell,
 }
 
 impl Cli {
-    /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else the
-    /// `USER` environment variable, else `anonymous`.
-    pub fn actor(&self) -> String {
+    /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else
+    /// `profile_actor` (the config file's), else the `USER` environment
+    /// variable, else `anonymous`.
+    pub fn actor(&self, profile_actor: Option<&str>) -> String {
         let user = std::env::var("USER").ok();
-        resolve_actor(self.actor.as_deref(), user.as_deref())
+        let flag = self
+            .actor
+            .as_deref()
+            .filter(|actor| !actor.is_empty())
+            .or(profile_actor);
+        resolve_actor(flag, user.as_deref())
     }
+}
+
+/// Writes what needs no planner, `completion`'s script or `man`'s page, and
+/// answers whether `command` was one of those.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_generated(command: &Command, out: &mut dyn Write) -> Result<bool, CliError> {
+    let cli = || <Cli as clap::CommandFactory>::command();
+    // Made in memory first: the generators panic when a write fails (a
+    // closed pipe), `out` does not.
+    let mut text = Vec::new();
+    match command {
+        Command::Completion(args) => {
+            clap_complete::generate(args.shell, &mut cli(), "redrivectl", &mut text);
+        }
+        Command::Man => clap_mangen::Man::new(cli()).render(&mut text)?,
+        _ => return Ok(false),
+    }
+    out.write_all(&text)?;
+    Ok(true)
 }
 
 /// Runs the command `cli` names, writing its output to `out`; the `Ok` value is
 /// the exit code (0, or 65 when an import rejected lines). `plan watch` draws
-/// a progress bar when stdout is a terminal.
+/// a progress bar when stdout is a terminal. Tables are laid out for the
+/// terminal's width ([`crate::table`]), or in full with `--wide`.
 ///
 /// # Errors
 /// Whatever ends the command early; [`CliError::exit_code`] says how to exit.
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
-    let actor = cli.actor();
+    if write_generated(&cli.command, out)? {
+        return Ok(crate::error::EX_OK);
+    }
+    let settings = config::Settings::resolve(&cli)?;
+    let actor = settings.actor;
+    let planner_url = settings.planner;
     // Human output escapes control characters from dead letters
-    // ([`crate::escape`]); only the live progress bar writes its own, and an
-    // export that goes to a file is left as it is.
+    // ([`crate::escape`]); only the live progress bar writes its own.
     let tty = std::io::stdout().is_terminal();
+    crate::table::set_width(crate::table::width_for(
+        cli.wide,
+        if tty {
+            crate::output::terminal_width()
+        } else {
+            None
+        },
+        std::env::var("COLUMNS").ok().as_deref(),
+    ));
     let live_bar =
         tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
-    // `plan report --format jsonl|csv` into a file or pipe is the planner's
-    // export byte for byte (a CSV record ends in CRLF when the planner's does).
-    let raw_export = !tty
+    // `plan report --format jsonl|csv` into a file or pipe is written by its
+    // own rules (times rewritten, cells neutralized for spreadsheets, see
+    // [`plan`]), whatever `--json` says; on a terminal it is escaped too.
+    let export = !tty
         && matches!(
             &cli.command,
             Command::Plan(plan::PlanCommand::Report(plan::ReportArgs {
@@ -123,7 +204,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             }))
         );
     let mut escaping;
-    let out: &mut dyn Write = if cli.json || live_bar || raw_export {
+    let out: &mut dyn Write = if cli.json || live_bar || export {
         out
     } else {
         escaping = crate::escape::Escaping::new(out);
@@ -132,30 +213,31 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::DeadLetters(command) => {
             let command = command.read_input()?;
-            let mut planner = client::connect(&cli.planner, &actor).await?;
+            let mut planner = client::connect(&planner_url, &actor).await?;
             dead_letters::run(&mut planner, command, cli.json, out).await
         }
         Command::Import(args) => {
             // The file first: a typo in its name should not wait on the network.
             let input = import::open(&args.file)?;
-            let mut planner = client::connect(&cli.planner, &actor).await?;
+            let mut planner = client::connect(&planner_url, &actor).await?;
             import::run(&mut planner, args, input, cli.json, out).await
         }
         Command::Precheck(args) => {
             // Flag checks clap cannot do (a --stale-after pattern given twice)
             // before the network.
             let command = args.into_command()?;
-            let mut planner = client::connect(&cli.planner, &actor).await?;
+            let mut planner = client::connect(&planner_url, &actor).await?;
             precheck::run(&mut planner, command, cli.json, out).await
         }
         Command::Plan(command) => {
-            let mut planner = client::connect(&cli.planner, &actor).await?;
+            let mut planner = client::connect(&planner_url, &actor).await?;
             plan::run(&mut planner, command, cli.json, tty, out).await
         }
         Command::Replay(args) => {
-            let mut planner = client::connect(&cli.planner, &actor).await?;
+            let mut planner = client::connect(&planner_url, &actor).await?;
             replay::run(&mut planner, args, cli.json, out).await
         }
+        Command::Completion(_) | Command::Man => Ok(crate::error::EX_OK),
     }
 }
 
@@ -185,7 +267,10 @@ mod tests {
         ])
         .unwrap();
         assert!(cli.json);
-        assert_eq!(cli.planner, "http://p:1");
+        assert_eq!(cli.planner.as_deref(), Some("http://p:1"));
+        // HOST:PORT alone means plain http, as in grpcurl.
+        let cli = parse(&["--planner", "localhost:50051", "dead-letters", "list"]).unwrap();
+        assert_eq!(cli.planner.as_deref(), Some("http://localhost:50051"));
         let cli = parse(&["--json", "import", "-", "--source", "x"]).unwrap();
         let Command::Import(args) = cli.command else {
             panic!("not import");
@@ -295,14 +380,14 @@ mod tests {
             cli.command,
             Command::Plan(plan::PlanCommand::Status(_))
         ));
-        assert_eq!(cli.actor(), "bob");
+        assert_eq!(cli.actor(None), "bob");
         assert!(parse(&["plan"]).unwrap_err().use_stderr());
     }
 
     #[test]
     fn the_actor_flag_wins_over_user() {
         let cli = parse(&["--actor", " alice ", "dead-letters", "list"]).unwrap();
-        assert_eq!(cli.actor(), "alice");
+        assert_eq!(cli.actor(Some("carol")), "alice");
     }
 
     #[test]
@@ -312,7 +397,8 @@ mod tests {
             &["import", "f.jsonl"],
             &["import", "f.jsonl", "--source", "x", "--batch", "0"],
             &["dead-letters", "list", "--page-size", "5000"],
-            &["--planner", "localhost:50051", "dead-letters", "list"],
+            &["--planner", "ftp://localhost:50051", "dead-letters", "list"],
+            &["completion", "tcsh"],
             &["dead-letters", "summary", "--group-by", "reason,colour"],
             &["replay", "42"],
             &["replay", "42", "--reason", "  "],

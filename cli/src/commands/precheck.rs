@@ -85,7 +85,7 @@ use crate::{
     args::OptionsArgs,
     client::Planner,
     error::{CliError, EX_OK},
-    output::{self, cell, timestamp_text, write_json, write_table},
+    output::{self, Column, cell, timestamp_text, write_json, write_table},
     selector::SelectorArgs,
     views::{ITEM_COLUMNS, ItemJson, item_row},
 };
@@ -582,7 +582,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
     }
 
     writeln!(out)?;
-    let mut counts = output::table(&["verdict", "count"]);
+    let mut counts = output::table(&[Column::keep("verdict"), Column::keep("count")]);
     for verdict in VERDICTS {
         counts.add_row([
             verdict.name().to_owned(),
@@ -613,7 +613,12 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
             "\nfirst non-replayable items ({} of {blocked}):",
             report.sample_blocked.len()
         )?;
-        let mut table = output::table(&["dead_letter_id", "message_key", "verdict", "reason"]);
+        let mut table = output::table(&[
+            Column::keep("dead_letter_id"),
+            Column::shorten("message_key"),
+            Column::keep("verdict"),
+            Column::shorten("reason"),
+        ]);
         for item in &report.sample_blocked {
             table.add_row([
                 item.dead_letter_id.clone(),
@@ -633,14 +638,18 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
 
 /// A breakdown table: value, total, replayable, then one column per other
 /// verdict that is not zero in some row.
-fn breakdown_table(rows: &[BreakdownJson]) -> comfy_table::Table {
+fn breakdown_table(rows: &[BreakdownJson]) -> output::Table {
     let others: Vec<Verdict> = VERDICTS[1..]
         .iter()
         .copied()
         .filter(|verdict| rows.iter().any(|row| row.counts.get(*verdict) > 0))
         .collect();
-    let mut columns = vec!["value", "total", "replayable"];
-    columns.extend(others.iter().map(|verdict| verdict.name()));
+    let mut columns = vec![
+        Column::shorten("value"),
+        Column::keep("total"),
+        Column::keep("replayable"),
+    ];
+    columns.extend(others.iter().map(|verdict| Column::keep(verdict.name())));
     let mut table = output::table(&columns);
     for row in rows {
         let mut cells = vec![
@@ -984,7 +993,7 @@ mod tests {
             json!({
                 "precheck_id": "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
                 "actor": "alice",
-                "created_at": "2024-05-01T12:00:00Z",
+                "created_at": "2024-05-01T12:00:00.000Z",
                 "digest": "ab12",
                 "total": 10,
                 "options": {
@@ -1026,8 +1035,8 @@ mod tests {
                     "schema_version": [],
                     "producer": [],
                 },
-                "died_from": "2024-05-01T10:00:00Z",
-                "died_to": "2024-05-01T11:30:00Z",
+                "died_from": "2024-05-01T10:00:00.000Z",
+                "died_to": "2024-05-01T11:30:00.000Z",
                 "warnings": ["heterogeneous selection: 2 schema versions (1, 2)"],
                 "sample_blocked": [{
                     "dead_letter_id": "7",
@@ -1059,7 +1068,7 @@ mod tests {
             "actor:            alice",
             "digest:           ab12",
             "total:            10",
-            "died:             2024-05-01T10:00:00Z .. 2024-05-01T11:30:00Z",
+            "died:             2024-05-01T10:00:00.000Z .. 2024-05-01T11:30:00.000Z",
             "options:          stale after payment.*=2h, source orders.dlq=30m; replay-key window 7days; max redrives 3",
             "policy override:  INC-7: late captures are fine",
             "VERDICT",

@@ -183,6 +183,45 @@ pub const CSV_CHUNKS: [&[u8]; 4] = [
     b"plan-done,bin-\xff\xfe,failed,nack\r\n",
 ];
 
+/// A dead letter with long names and keys, died at a time with
+/// nanoseconds.
+pub fn long_dead_letter() -> v1::DeadLetter {
+    v1::DeadLetter {
+        id: "1234567".into(),
+        source: "payments.settlement.dead-letter-queue".into(),
+        reason_class: v1::ReasonClass::Exhausted.into(),
+        death: Some(v1::Death {
+            reason: "delivery_limit".into(),
+            queue: "payments.settlement".into(),
+            ..Default::default()
+        }),
+        destination: "payments.settlement".into(),
+        event_type: Some("payment.settlement.captured".into()),
+        message_key: "order-9f86d081884c7d659a2feaa0c55ad015:capture".into(),
+        body_size: 16_777_216,
+        died_at: Some(prost_types::Timestamp {
+            seconds: 1_764_576_000,
+            nanos: 123_456_789,
+        }),
+        captured_at: Some(prost_types::Timestamp {
+            seconds: 1_764_576_001,
+            nanos: 5_000,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The CSV export of `plan-formula`: cells a spreadsheet would run, times
+/// as the planner writes them.
+pub const FORMULA_CSV: &[u8] = b"at,plan_id,message_key,action,reason\n\
+2024-05-01T12:10:00+00:00,plan-formula,\"=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\",failed,+1 nack\n\
+2024-05-01T12:10:00.500123+00:00,plan-formula,@SUM(A1),sent,-2\n\
+2024-05-01T12:10:01Z,plan-formula,\tkey,sent,\"\rcr\"\n";
+
+/// The JSONL export of `plan-formula`.
+pub const FORMULA_JSONL: &[u8] =
+    b"{\"at\":\"2024-05-01T12:10:00+00:00\",\"message_key\":\"=HYPERLINK(1)\",\"attempt\":-1}\n";
+
 pub const PRECHECK_ID: &str = "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e";
 
 /// A report with some verdicts zero, as the planner sends it.
@@ -256,13 +295,24 @@ impl Planner for Fake {
         Ok(Response::new(answer))
     }
 
-    /// Two pages of one dead letter each.
+    /// Two pages of one dead letter each; with source `long`, one page of
+    /// [`long_dead_letter`].
     async fn list_dead_letters(
         &self,
         request: Request<v1::ListDeadLettersRequest>,
     ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
         self.record("list_dead_letters", &request);
-        let token = request.into_inner().page_token;
+        let request = request.into_inner();
+        if request
+            .selector
+            .is_some_and(|selector| selector.sources.iter().any(|source| source == "long"))
+        {
+            return Ok(Response::new(v1::ListDeadLettersResponse {
+                dead_letters: vec![long_dead_letter()],
+                next_page_token: String::new(),
+            }));
+        }
+        let token = request.page_token;
         let (id, next) = if token.is_empty() {
             ("1", "p2")
         } else {
@@ -278,21 +328,74 @@ impl Planner for Fake {
         }))
     }
 
+    /// `long`: [`long_dead_letter`]; `bin`: a binary body with control
+    /// bytes; `json`: a JSON body whose keys are not in alphabetical order
+    /// (the planner's preview sorts them); else `not_found`.
     async fn get_dead_letter(
         &self,
         request: Request<v1::GetDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
-        Err(Status::not_found(format!(
-            "dead letter {} not found",
-            request.into_inner().id
-        )))
+        let id = request.into_inner().id;
+        let (body, body_preview): (&[u8], &str) = match id.as_str() {
+            "long" => (b"{}", "{}"),
+            "bin" => (
+                b"\x00\x1b[2J\x1b]52;c;aGk=\x07\xff\xfe\x9b tail",
+                "\u{0}\u{1b}[2J\u{1b}]52;c;aGk=\u{7}\u{fffd}\u{fffd}\u{fffd} tail",
+            ),
+            "json" => (
+                br#"{"order_id":"o-1","amount":{"value":12.50,"currency":"EUR"},"customer":"c-9"}"#,
+                "{\n  \"amount\": {\n    \"currency\": \"EUR\",\n    \"value\": 12.5\n  },\n  \"customer\": \"c-9\",\n  \"order_id\": \"o-1\"\n}",
+            ),
+            _ => return Err(Status::not_found(format!("dead letter {id} not found"))),
+        };
+        Ok(Response::new(v1::GetDeadLetterResponse {
+            dead_letter: Some(v1::DeadLetter {
+                id,
+                body: body.to_vec(),
+                body_size: body.len() as u64,
+                ..long_dead_letter()
+            }),
+            body_preview: body_preview.into(),
+        }))
     }
 
+    /// With source `long`: one group keyed by every requested name, long
+    /// values and the planner's `hour` form; else `unimplemented`.
     async fn summarize_dead_letters(
         &self,
-        _: Request<v1::SummarizeDeadLettersRequest>,
+        request: Request<v1::SummarizeDeadLettersRequest>,
     ) -> Result<Response<v1::SummarizeDeadLettersResponse>, Status> {
-        Err(Status::unimplemented("summarize_dead_letters"))
+        let request = request.into_inner();
+        if !request
+            .selector
+            .is_some_and(|selector| selector.sources.iter().any(|source| source == "long"))
+        {
+            return Err(Status::unimplemented("summarize_dead_letters"));
+        }
+        let key = [
+            ("reason", "exhausted"),
+            ("producer", "payments-settlement-service.eu-west-1"),
+            ("event_type", "payment.settlement.captured"),
+            ("hour", "2026-11-29T14:00Z"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+        Ok(Response::new(v1::SummarizeDeadLettersResponse {
+            total: 12,
+            groups: vec![v1::SummaryGroup {
+                key,
+                count: 12,
+                first_seen: Some(prost_types::Timestamp {
+                    seconds: 1_764_424_800,
+                    nanos: 987_654_321,
+                }),
+                last_seen: Some(prost_types::Timestamp {
+                    seconds: 1_764_428_399,
+                    nanos: 0,
+                }),
+            }],
+        }))
     }
 
     /// The [`report`], echoing the actor; `unavailable` like a planner whose
@@ -620,7 +723,10 @@ impl Planner for Fake {
     ) -> Result<Response<Self::ExportAuditStream>, Status> {
         let request = request.into_inner();
         self.plan_call(PlanCall::Export(request.clone()));
+        let formula = request.plan_id == "plan-formula";
         let chunks: Vec<Vec<u8>> = match request.format() {
+            v1::ExportFormat::Csv if formula => vec![FORMULA_CSV.to_vec()],
+            v1::ExportFormat::Jsonl if formula => vec![FORMULA_JSONL.to_vec()],
             v1::ExportFormat::Csv => CSV_CHUNKS.iter().map(|chunk| chunk.to_vec()).collect(),
             v1::ExportFormat::Jsonl => vec![
                 b"{\"message_key\":\"order-1:pay\",\"action\":\"sent\"}\n{\"mess".to_vec(),

@@ -521,7 +521,7 @@ pub fn progress_text(plan: &PlanJson) -> String {
     line
 }
 
-/// `2024-05-01T12:00:01Z sent order-1:pay` and the reason, if any.
+/// `2024-05-01T12:00:01.000Z sent order-1:pay` and the reason, if any.
 pub fn event_text(event: &EventJson) -> String {
     let mut line = format!(
         "{} {} {}",
@@ -628,7 +628,7 @@ pub enum WaitOutcome {
 /// Polls `GetPlan` every `interval` until the plan is final (`completed`,
 /// `cancelled`, `aborted`; `paused` is not) or `timeout` runs out. An
 /// `unavailable` answer (a planner restarting) is retried, with a note on
-/// stderr, until the timeout.
+/// stderr (a JSON warning line with `json`), until the timeout.
 ///
 /// # Errors
 /// Other gRPC errors (an unknown plan is `not_found`).
@@ -637,6 +637,7 @@ pub async fn wait(
     plan_id: &str,
     timeout: Option<Duration>,
     interval: Duration,
+    json: bool,
 ) -> Result<WaitOutcome, CliError> {
     let mut last = None;
     let polling = async {
@@ -659,10 +660,15 @@ pub async fn wait(
                 }
                 Err(status) if status.code() == Code::Unavailable => {
                     if !outage {
-                        eprintln!(
-                            "redrivectl: the planner is unavailable ({}); still waiting",
+                        let note = format!(
+                            "the planner is unavailable ({}); still waiting",
                             status.message()
                         );
+                        if json {
+                            eprintln!("{}", crate::error::warning_json("unavailable", &note));
+                        } else {
+                            eprintln!("redrivectl: {note}");
+                        }
                         outage = true;
                     }
                 }

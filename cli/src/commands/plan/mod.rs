@@ -73,8 +73,9 @@
 //! printed for people (plan fields, counts per action, the number of sent keys
 //! and the first 20, the items not sent with their reasons) or as JSON
 //! `{"plan", "counts", "sent_keys", "not_sent", "possibly_duplicated_keys"}`. `--format jsonl|csv`:
-//! `ExportAudit`, the planner's export written to stdout byte for byte (the
-//! reconciliation file), whatever `--json` says.
+//! `ExportAudit`, the planner's export (the reconciliation file), whatever
+//! `--json` says, with times in `redrivectl`'s one format and cells that a
+//! spreadsheet would run as formulas neutralized ([`crate::export`]).
 
 pub mod live;
 pub mod pace;
@@ -272,8 +273,9 @@ pub struct ReportArgs {
     pub id: String,
 
     /// text (for people; the default) or json: the audit report; jsonl or
-    /// csv: every audit event, exported by the planner, written as is.
-    /// Default: json with --json, else text.
+    /// csv: every audit event, exported by the planner (cells starting with
+    /// = + - @ get a ' in front, safe for spreadsheets). Default: json with
+    /// --json, else text.
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<ReportFormat>,
 }
@@ -472,7 +474,7 @@ pub async fn run(
             return live::watch(planner, args.id, args.events, mode, args.stall_after, out).await;
         }
         PlanCommand::Wait(args) => {
-            return match live::wait(planner, &args.id, args.timeout, args.interval).await? {
+            return match live::wait(planner, &args.id, args.timeout, args.interval, json).await? {
                 WaitOutcome::Final(plan) => {
                     live::print_plan(out, &plan, json)?;
                     live::not_completed(&plan).map_or(Ok(EX_OK), Err)
@@ -584,7 +586,7 @@ async fn report(
     } else {
         ReportFormat::Text
     });
-    let export = match format {
+    let (export, rewrite) = match format {
         ReportFormat::Text | ReportFormat::Json => {
             let report = planner
                 .get_audit_report(GetAuditReportRequest {
@@ -600,8 +602,8 @@ async fn report(
             }
             return Ok(EX_OK);
         }
-        ReportFormat::Jsonl => ExportFormat::Jsonl,
-        ReportFormat::Csv => ExportFormat::Csv,
+        ReportFormat::Jsonl => (ExportFormat::Jsonl, crate::export::Format::Jsonl),
+        ReportFormat::Csv => (ExportFormat::Csv, crate::export::Format::Csv),
     };
     let mut stream = planner
         .export_audit(ExportAuditRequest {
@@ -610,9 +612,11 @@ async fn report(
         })
         .await?
         .into_inner();
+    let mut writer = crate::export::Export::new(out, rewrite);
     while let Some(chunk) = stream.message().await? {
-        out.write_all(&chunk.data)?;
+        writer.push(&chunk.data)?;
     }
+    writer.finish()?;
     Ok(EX_OK)
 }
 

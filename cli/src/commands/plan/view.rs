@@ -39,7 +39,7 @@ use redrive_proto::{
 use serde::Serialize;
 
 use crate::{
-    output::{self, cell, timestamp_text, write_table},
+    output::{self, Column, cell, timestamp_text, write_table},
     views::EventJson,
 };
 
@@ -379,7 +379,12 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
             let noun = if older == 1 { "action" } else { "actions" };
             writeln!(out, "({older} older {noun} not shown)")?;
         }
-        let mut table = output::table(&["at", "action", "actor", "reason"]);
+        let mut table = output::table(&[
+            Column::keep("at"),
+            Column::keep("action"),
+            Column::shorten("actor"),
+            Column::shorten("reason"),
+        ]);
         for action in &plan.actions {
             table.add_row([
                 action.at.clone().unwrap_or_else(|| "-".to_owned()),
@@ -470,7 +475,7 @@ fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()
 
 /// The table of all eight counts, in [`ACTIONS`] order.
 pub fn write_counts(out: &mut dyn Write, counts: &ActionCountsJson) -> std::io::Result<()> {
-    let mut table = output::table(&["action", "count"]);
+    let mut table = output::table(&[Column::keep("action"), Column::keep("count")]);
     for action in ACTIONS {
         table.add_row([action.name().to_owned(), counts.get(action).to_string()]);
     }
@@ -532,12 +537,12 @@ pub fn write_audit_report(
     writeln!(out, "\nnot sent: {not_sent}")?;
     if not_sent > 0 {
         let mut table = output::table(&[
-            "dead_letter_id",
-            "message_key",
-            "action",
-            "wave",
-            "at",
-            "reason",
+            Column::keep("dead_letter_id"),
+            Column::shorten("message_key"),
+            Column::keep("action"),
+            Column::keep("wave"),
+            Column::keep("at").optional(),
+            Column::shorten("reason"),
         ]);
         for event in report.not_sent.iter().take(NOT_SENT_SHOWN) {
             table.add_row([
@@ -589,14 +594,14 @@ fn write_keys(
 }
 
 /// The `plan list` columns.
-pub const LIST_COLUMNS: &[&str] = &[
-    "plan_id",
-    "state",
-    "done",
-    "rate",
-    "destination",
-    "created_by",
-    "created_at",
+pub const LIST_COLUMNS: &[Column] = &[
+    Column::keep("plan_id"),
+    Column::keep("state"),
+    Column::keep("done"),
+    Column::keep("rate").optional(),
+    Column::shorten("destination").optional(),
+    Column::shorten("created_by").optional(),
+    Column::keep("created_at").optional(),
 ];
 
 /// One `plan list` row, in [`LIST_COLUMNS`] order.
@@ -719,14 +724,14 @@ mod tests {
                     "unroutable": 0, "uncertain": 0,
                 },
                 "created_by": "alice",
-                "created_at": "2024-05-01T12:00:00Z",
+                "created_at": "2024-05-01T12:00:00.000Z",
                 "approved_by": "bob",
-                "approved_at": "2024-05-01T12:05:00Z",
+                "approved_at": "2024-05-01T12:05:00.000Z",
                 "completed_at": null,
                 "observing_until": null,
                 "actions": [{
                     "action": "approve", "actor": "bob", "reason": "",
-                    "at": "2024-05-01T12:05:00Z",
+                    "at": "2024-05-01T12:05:00.000Z",
                 }],
                 "actions_omitted": 3,
                 "warnings": ["2 destinations"],
@@ -793,13 +798,13 @@ mod tests {
         let view = PlanJson::from(&plan);
         assert_eq!(
             serde_json::to_value(&view).unwrap()["observing_until"],
-            "2024-05-01T12:20:00Z"
+            "2024-05-01T12:20:00.000Z"
         );
         let mut out = Vec::new();
         write_plan(&mut out, &view).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
-            text.contains("observe for:  15m (observing until 2024-05-01T12:20:00Z)\n"),
+            text.contains("observe for:  15m (observing until 2024-05-01T12:20:00.000Z)\n"),
             "{text}"
         );
     }
@@ -866,15 +871,15 @@ mod tests {
             "done:         450 of 1000 (45.0%)",
             "slices:       4 of 10 completed, 100 items each",
             "observe for:  15m",
-            "created:      2024-05-01T12:00:00Z by alice",
-            "approved:     2024-05-01T12:05:00Z by bob",
+            "created:      2024-05-01T12:00:00.000Z by alice",
+            "approved:     2024-05-01T12:05:00.000Z by bob",
             "completed:    -",
             "ACTION              COUNT",
             "sent                440",
             "uncertain           0",
             "operator actions:",
             "(3 older actions not shown)",
-            "2024-05-01T12:05:00Z  approve  bob",
+            "2024-05-01T12:05:00.000Z  approve  bob",
             "WARNING: 2 destinations",
             "next: redrivectl plan resume 0190f3b0-0000-7000-8000-000000000001 --reason TEXT",
         ] {

@@ -1,0 +1,265 @@
+//! The config file: defaults and named profiles for the planner URL and the
+//! actor, so that `--planner` need not be typed on every line.
+//!
+//! The file is `$XDG_CONFIG_HOME/redrive/config.toml`, else
+//! `~/.config/redrive/config.toml`; it may be absent.
+//!
+//! ```toml
+//! # used when no profile is chosen, and under every profile
+//! planner = "127.0.0.1:50051"
+//! actor = "alice"
+//!
+//! [profiles.prod]
+//! planner = "https://planner.prod.internal:443"
+//!
+//! [profiles.staging]
+//! planner = "planner.staging.internal:50051"
+//! actor = "alice-staging"
+//! ```
+//!
+//! `--profile NAME` (env `REDRIVE_PROFILE`) chooses a profile; its keys win
+//! over the top-level ones. Flags and their environment variables
+//! (`--planner`/`REDRIVE_PLANNER`, `--actor`/`REDRIVE_ACTOR`) win over the
+//! file. A profile that the file does not have, a file that is not valid
+//! TOML, an unknown key or a bad value is a config error (exit 78) naming the
+//! file.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+
+use crate::{
+    client::{DEFAULT_PLANNER, parse_actor, parse_planner_url},
+    commands::Cli,
+    error::CliError,
+};
+
+/// One profile, or the file's top level.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Planner endpoint: `HOST:PORT` or an `http://`/`https://` URL.
+    pub planner: Option<String>,
+    /// Who is calling (visible ASCII).
+    pub actor: Option<String>,
+}
+
+/// The config file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Planner endpoint used when neither a flag nor the profile names one.
+    pub planner: Option<String>,
+    /// Actor used when neither a flag nor the profile names one.
+    pub actor: Option<String>,
+    /// Named profiles.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// Where the config file is: `$XDG_CONFIG_HOME/redrive/config.toml`, else
+/// `$HOME/.config/redrive/config.toml`; `None` when neither is set.
+pub fn path(xdg_config_home: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
+    let base = xdg_config_home
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            home.filter(|dir| !dir.is_empty())
+                .map(|home| Path::new(home).join(".config"))
+        })?;
+    Some(base.join("redrive").join("config.toml"))
+}
+
+/// What a command runs with, once flags, environment and the file are
+/// weighed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The planner URL to dial.
+    pub planner: String,
+    /// The actor sent with every request.
+    pub actor: String,
+}
+
+impl Settings {
+    /// The settings for `cli`, reading the config file from its usual place.
+    ///
+    /// # Errors
+    /// [`CliError::Config`] as [`Settings::from_file`].
+    pub fn resolve(cli: &Cli) -> Result<Self, CliError> {
+        let path = path(
+            std::env::var("XDG_CONFIG_HOME").ok().as_deref(),
+            std::env::var("HOME").ok().as_deref(),
+        );
+        Self::from_file(cli, path.as_deref())
+    }
+
+    /// The settings for `cli` with the config file at `path` (absent is
+    /// fine unless a profile is asked for): flags and environment first,
+    /// then the chosen profile, then the file's top level, then the
+    /// defaults.
+    ///
+    /// # Errors
+    /// [`CliError::Config`] when the file cannot be read or parsed, has an
+    /// unknown key or a bad value, or lacks the profile asked for.
+    pub fn from_file(cli: &Cli, path: Option<&Path>) -> Result<Self, CliError> {
+        let shown = path.map_or_else(
+            || "(no config file)".to_owned(),
+            |p| p.display().to_string(),
+        );
+        let problem = |what: String| CliError::Config(format!("{shown}: {what}"));
+        let file = match path.map(std::fs::read_to_string) {
+            None => ConfigFile::default(),
+            Some(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
+                ConfigFile::default()
+            }
+            Some(Err(error)) => return Err(problem(format!("cannot read it: {error}"))),
+            Some(Ok(text)) => toml::from_str(&text)
+                .map_err(|error| problem(error.to_string().trim_end().to_owned()))?,
+        };
+        let profile = match cli.profile.as_deref().filter(|name| !name.is_empty()) {
+            None => Profile::default(),
+            Some(name) => file.profiles.get(name).cloned().ok_or_else(|| {
+                let known: Vec<&str> = file.profiles.keys().map(String::as_str).collect();
+                problem(format!(
+                    "no profile {name:?} (--profile or REDRIVE_PROFILE); profiles: {}",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ))
+            })?,
+        };
+        let planner = match &cli.planner {
+            Some(url) => url.clone(),
+            None => match profile.planner.as_ref().or(file.planner.as_ref()) {
+                Some(text) => {
+                    parse_planner_url(text).map_err(|error| problem(format!("planner: {error}")))?
+                }
+                None => DEFAULT_PLANNER.to_owned(),
+            },
+        };
+        let file_actor = match profile.actor.as_ref().or(file.actor.as_ref()) {
+            Some(text) => {
+                Some(parse_actor(text).map_err(|error| problem(format!("actor: {error}")))?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            planner,
+            actor: cli.actor(file_actor.as_deref()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(
+            ["redrivectl"]
+                .iter()
+                .chain(args)
+                .chain(&["dead-letters", "list"]),
+        )
+        .unwrap()
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    const FILE: &str = r#"
+planner = "127.0.0.1:7000"
+actor = "alice"
+
+[profiles.prod]
+planner = "https://planner.prod:443"
+
+[profiles.staging]
+planner = "staging:50051"
+actor = "alice-staging"
+"#;
+
+    #[test]
+    fn the_path_honours_xdg_config_home() {
+        assert_eq!(
+            path(Some("/x"), Some("/home/a")).unwrap(),
+            Path::new("/x/redrive/config.toml")
+        );
+        assert_eq!(
+            path(Some(""), Some("/home/a")).unwrap(),
+            Path::new("/home/a/.config/redrive/config.toml")
+        );
+        assert_eq!(path(None, None), None);
+    }
+
+    #[test]
+    fn profiles_then_top_level_then_defaults() {
+        let (_dir, path) = file(FILE);
+        let top = Settings::from_file(&cli(&[]), Some(&path)).unwrap();
+        assert_eq!(top.planner, "http://127.0.0.1:7000");
+        assert_eq!(top.actor, "alice");
+        let prod = Settings::from_file(&cli(&["--profile", "prod"]), Some(&path)).unwrap();
+        assert_eq!(prod.planner, "https://planner.prod:443");
+        assert_eq!(prod.actor, "alice");
+        let staging = Settings::from_file(&cli(&["--profile", "staging"]), Some(&path)).unwrap();
+        assert_eq!(
+            (staging.planner.as_str(), staging.actor.as_str()),
+            ("http://staging:50051", "alice-staging")
+        );
+        let none = Settings::from_file(&cli(&[]), None).unwrap();
+        assert_eq!(none.planner, DEFAULT_PLANNER);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let (_dir, path) = file(FILE);
+        let settings = Settings::from_file(
+            &cli(&[
+                "--profile",
+                "staging",
+                "--planner",
+                "other:1",
+                "--actor",
+                "bob",
+            ]),
+            Some(&path),
+        )
+        .unwrap();
+        assert_eq!(
+            (settings.planner.as_str(), settings.actor.as_str()),
+            ("http://other:1", "bob")
+        );
+    }
+
+    #[test]
+    fn config_errors_name_the_file() {
+        let (_dir, path) = file(FILE);
+        let error = Settings::from_file(&cli(&["--profile", "qa"]), Some(&path)).unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::EX_CONFIG);
+        let text = error.to_string();
+        assert!(text.contains("config.toml"), "{text}");
+        assert!(text.contains("profiles: prod, staging"), "{text}");
+
+        let (_dir, bad) = file("planner = \"ftp://x:1\"\n");
+        let error = Settings::from_file(&cli(&[]), Some(&bad)).unwrap_err();
+        assert!(error.to_string().contains("planner:"), "{error}");
+        let (_dir, unknown) = file("plannr = \"x:1\"\n");
+        let error = Settings::from_file(&cli(&[]), Some(&unknown)).unwrap_err();
+        assert!(error.to_string().contains("plannr"), "{error}");
+        // No file is fine, but not when a profile is asked for.
+        let missing = Path::new("/nonexistent/redrive/config.toml");
+        assert!(Settings::from_file(&cli(&[]), Some(missing)).is_ok());
+        assert!(Settings::from_file(&cli(&["--profile", "prod"]), Some(missing)).is_err());
+    }
+}
