@@ -498,20 +498,6 @@ it reported it; the next lease publishes it again with the same message id', wav
             .bind(&certain)
             .execute(&mut *transaction)
             .await?;
-            let sent_ids: Vec<DeadLetterId> = delivered
-                .iter()
-                .filter(|o| o.action == "sent")
-                .map(|o| o.dead_letter_id)
-                .collect();
-            if !sent_ids.is_empty() {
-                sqlx::query(
-                    "UPDATE dead_letters SET replayed_by_plan = $1, replayed_at = now() WHERE id = ANY($2)",
-                )
-                .bind(plan_id)
-                .bind(&sent_ids)
-                .execute(&mut *transaction)
-                .await?;
-            }
         }
         notify(&mut transaction, plan_id).await?;
         transaction.commit().await?;

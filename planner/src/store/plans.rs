@@ -429,8 +429,8 @@ pub const CHANGES_LISTED: usize = 10;
 /// The approval check, one query with the plan row locked: the precheck's age
 /// in seconds, and what happened to the plan's dead letters since the
 /// precheck started, oldest first. Replays are found through `replayed_keys`
-/// (written in the same transaction as `dead_letters.replayed_at`, and
-/// covering another dead letter with the same key), newest first from its
+/// (written with the report of the send, and covering another dead letter
+/// with the same key), newest first from its
 /// `replayed_at` index and then by key and dead letter; repairs through
 /// `dead_letter_revisions`.
 const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
@@ -601,7 +601,8 @@ const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.s
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
     (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
-        (SELECT state, count(*) AS n FROM plan_items i WHERE i.plan_id = p.id GROUP BY state) c) AS item_states";
+        (SELECT state, sum(items)::bigint AS n FROM plan_item_counts k WHERE k.plan_id = p.id \
+         GROUP BY state HAVING sum(items) <> 0) c) AS item_states";
 
 /// `ActionCounts` from item states (`{"sent": 3, ...}`), and how many are final.
 pub fn action_counts(states: &serde_json::Value) -> (v1::ActionCounts, u64) {
