@@ -17,45 +17,21 @@ use std::time::{Duration, Instant};
 use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
 use redrive_proto::v1;
 use redrive_tests::{
-    Broker, ExecutorHandle, TestBed, bench::generate_dead_letters, env_count, peak_rss_mib, unique,
+    Broker, ExecutorHandle, TestBed,
+    bench::{generate_dead_letters, unthrottled_plan},
+    env_count, peak_rss_mib, unique,
 };
 
 async fn replay(bed: &TestBed, source: &str, executors: usize) -> anyhow::Result<f64> {
     let mut client = bed.client.clone();
-    let report = client
-        .run_precheck(v1::RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
-    let plan = client
-        .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(v1::Rate {
-                per_second: 1_000_000.0,
-                burst: 1000,
-                rationale: "benchmark: far above the machine".into(),
-            }),
-            slice_size: 1000,
-            observe_for: Some(prost_types::Duration {
-                seconds: 0,
-                nanos: 0,
-            }),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let (plan, digest) = unthrottled_plan(&mut client, source, 0).await?;
     let mut config = bed.executor_config();
     config.claim_wait_seconds = 1;
     let started = Instant::now();
     client
         .approve_plan(v1::ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
-            digest: report.digest,
+            digest,
         })
         .await?;
     let handles: Vec<ExecutorHandle> = (0..executors)

@@ -28,7 +28,10 @@ use lapin::{options::QueuePurgeOptions, types::FieldTable};
 use redrive_proto::v1;
 use redrive_tests::{
     ExecutorProcess, REDIS_URL, TestBed,
-    bench::{CpuSample, WriteSample, generate_dead_letters, peak_rss_of, raw_publish_rate},
+    bench::{
+        CpuSample, WriteSample, generate_dead_letters, peak_rss_of, raw_publish_rate,
+        unthrottled_plan,
+    },
     env_count, unique,
 };
 
@@ -63,33 +66,7 @@ async fn replay(
     executors: usize,
 ) -> anyhow::Result<Figures> {
     let mut client = bed.client.clone();
-    let report = client
-        .run_precheck(v1::RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
-    let plan = client
-        .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(v1::Rate {
-                per_second: 1_000_000.0,
-                burst: 1000,
-                rationale: "benchmark: far above the machine".into(),
-            }),
-            slice_size: 1000,
-            observe_for: Some(prost_types::Duration {
-                seconds: 1,
-                nanos: 0,
-            }),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let (plan, digest) = unthrottled_plan(&mut client, source, 1).await?;
     let mut processes = Vec::new();
     for index in 0..executors {
         let args: Vec<String> = [
@@ -121,7 +98,7 @@ async fn replay(
     client
         .approve_plan(v1::ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
-            digest: report.digest,
+            digest,
         })
         .await?;
     let total = loop {

@@ -77,6 +77,49 @@ pub async fn generate_dead_letters(
     Ok(())
 }
 
+/// A precheck of every dead letter of `source` and a plan of it at a rate far
+/// above the machine (1,000,000/s, burst 1,000), slices of 1,000, observing
+/// the canary for `observe_seconds`; the plan and the digest to approve it
+/// with.
+///
+/// # Errors
+/// What the planner answered.
+pub async fn unthrottled_plan(
+    client: &mut redrive_proto::v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    source: &str,
+    observe_seconds: i64,
+) -> anyhow::Result<(redrive_proto::v1::Plan, String)> {
+    use redrive_proto::v1;
+    let report = client
+        .run_precheck(v1::RunPrecheckRequest {
+            selector: Some(v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            rate: Some(v1::Rate {
+                per_second: 1_000_000.0,
+                burst: 1000,
+                rationale: "benchmark: far above the machine".into(),
+            }),
+            slice_size: 1000,
+            observe_for: Some(prost_types::Duration {
+                seconds: observe_seconds,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    Ok((plan, report.digest))
+}
+
 /// The broker's own limit: `count` persistent 1 KiB messages published with
 /// publisher confirms, at most `in_flight` unconfirmed, on one channel of
 /// one connection per queue, to every queue of `queues` at once
