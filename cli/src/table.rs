@@ -422,27 +422,19 @@ mod tests {
     /// `width` characters.
     fn assert_fits(lines: &[String], width: usize) {
         for line in lines {
+            // Terminal columns, as the table measures its cells.
+            let columns = unicode_width::UnicodeWidthStr::width(line.as_str());
             assert!(
-                line.chars().count() <= width,
-                "{} > {width}: {line:?}\n{}",
-                line.chars().count(),
+                columns <= width,
+                "{columns} > {width}: {line:?}\n{}",
                 lines.join("\n")
             );
         }
     }
 
     fn sample() -> Table {
-        let mut table = table(&[
-            Column::keep("id"),
-            Column::shorten("source"),
-            Column::keep("reason_class"),
-            Column::keep("death_reason").optional(),
-            Column::shorten("destination").optional(),
-            Column::shorten("event_type"),
-            Column::shorten("message_key"),
-            Column::keep("body_size").optional(),
-            Column::keep("died_at"),
-        ]);
+        // The columns `dead-letters list` prints.
+        let mut table = table(crate::commands::dead_letters::LIST_COLUMNS);
         table.add_row([
             "123456",
             "payments.settlement.dead-letter-queue",
@@ -555,12 +547,7 @@ mod tests {
         let mut names = table(&[Column::keep("id"), Column::shorten("source")]);
         names.add_row(["1", "注文キュー-死んだ手紙-再送-注文キュー-死んだ手紙-再送"]);
         let lines = names.lines_for(Some(30));
-        for line in &lines {
-            assert!(
-                unicode_width::UnicodeWidthStr::width(line.as_str()) <= 30,
-                "{lines:#?}"
-            );
-        }
+        assert_fits(&lines, 30);
         assert!(lines[1].ends_with(ELLIPSIS), "{lines:#?}");
     }
 

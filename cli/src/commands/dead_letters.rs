@@ -167,7 +167,8 @@ pub async fn run(
 // list
 // ---------------------------------------------------------------------------
 
-const LIST_COLUMNS: &[Column] = &[
+/// The columns of `dead-letters list`, least needed marked optional.
+pub(crate) const LIST_COLUMNS: &[Column] = &[
     Column::keep("id"),
     Column::shorten("source"),
     Column::keep("reason_class"),
