@@ -2,7 +2,7 @@
 //! statement with `FOR UPDATE SKIP LOCKED`; every later write is conditioned on
 //! the token), and outcome reports.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
@@ -146,7 +146,9 @@ impl Store {
                 ORDER BY p.approved_at, p.id, s.seq \
                 LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
              UPDATE plan_slices s SET state = 'leased', lease_owner = $1, \
-                lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1, \
+                lease_expires_at = now() + $2 * interval '1 millisecond', \
+                fencing_token = redrive_next_fencing_token(s.fencing_token), \
+                past_tokens = CASE WHEN s.fencing_token > 0 THEN s.past_tokens || s.fencing_token ELSE s.past_tokens END, \
                 published_through = CASE WHEN $5 THEN -1 END \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
@@ -362,7 +364,8 @@ it reported it; the next lease publishes it again with the same message id', wav
         let lease = sqlx::query_as::<_, LeaseRow>(
             "SELECT s.plan_id, s.wave, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
-             FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR KEY SHARE",
+             FROM plan_slices s WHERE s.id = $1 AND $2 > 0 AND (s.fencing_token = $2 OR $2 = ANY(s.past_tokens)) \
+             FOR KEY SHARE",
         )
         .bind(slice_id)
         .bind(token)
@@ -377,19 +380,35 @@ it reported it; the next lease publishes it again with the same message id', wav
             return Ok(Err(StaleToken { slice_id, token }));
         };
         // Only items of this slice: an id from elsewhere is ignored (and logged).
+        // What is recorded about an item (its message key; its destination,
+        // below) comes from the plan's own rows, never from the report: a
+        // report says only which item had which outcome.
         let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let members: Vec<DeadLetterId> = sqlx::query_scalar(
-            "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
+        let members: HashMap<DeadLetterId, String> = sqlx::query_as::<_, (DeadLetterId, String)>(
+            "SELECT dead_letter_id, message_key FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
         )
         .bind(slice_id)
         .bind(&ids)
         .fetch_all(&mut *transaction)
-        .await?;
+        .await?
+        .into_iter()
+        .collect();
         let outcomes: Vec<&Outcome> = outcomes
             .iter()
-            .filter(|o| members.contains(&o.dead_letter_id))
+            .filter(|o| members.contains_key(&o.dead_letter_id))
             .filter(|o| current || PUBLISH_OUTCOMES.contains(&o.action.as_str()))
             .collect();
+        let misnamed = outcomes
+            .iter()
+            .filter(|o| members.get(&o.dead_letter_id) != Some(&o.message_key))
+            .count();
+        if misnamed > 0 {
+            tracing::warn!(
+                slice.id = slice_id,
+                misnamed,
+                "outcomes named another message key than their plan item's; the plan item's is recorded"
+            );
+        }
         let dropped = (ids.len() - outcomes.len()) as u64;
         if dropped > 0 {
             tracing::warn!(
@@ -409,7 +428,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         let column =
             |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
         let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let keys = column(&|o| o.message_key.clone());
+        let keys = column(&|o| members[&o.dead_letter_id].clone());
         let actions = column(&|o| o.action.clone());
         let reasons = column(&|o| o.reason.replace('\0', ""));
         let executors = column(&|o| o.executor_id.clone());
@@ -479,8 +498,10 @@ it reported it; the next lease publishes it again with the same message id', wav
         if !delivered.is_empty() {
             let delivered_ids: Vec<DeadLetterId> =
                 delivered.iter().map(|o| o.dead_letter_id).collect();
-            let delivered_keys: Vec<String> =
-                delivered.iter().map(|o| o.message_key.clone()).collect();
+            let delivered_keys: Vec<String> = delivered
+                .iter()
+                .map(|o| members[&o.dead_letter_id].clone())
+                .collect();
             let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
             sqlx::query(
                 "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
