@@ -78,6 +78,14 @@ fn actor<T>(request: &Request<T>) -> String {
         .to_owned()
 }
 
+/// The principal a lease is bound to: the caller's authenticated identity,
+/// `""` when the planner runs without authentication (every caller is then
+/// the same principal). Every write under a lease must come from the
+/// principal that claimed it (docs/design.md, "Leases").
+fn caller<T>(_request: &Request<T>) -> String {
+    String::new()
+}
+
 /// `redrive.v1.Planner` over [`PlannerState`].
 #[derive(Debug, Clone)]
 pub struct PlannerGrpc {
@@ -439,6 +447,7 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::ClaimSliceRequest>,
     ) -> Result<Response<v1::ClaimSliceResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         let wait = request
             .wait
@@ -451,7 +460,12 @@ impl Coordinator for CoordinatorGrpc {
             .unwrap_or_default();
         let slice = self
             .coordinator
-            .claim(&request.executor_id, wait, request.marks_publishing)
+            .claim(
+                &request.executor_id,
+                &caller,
+                wait,
+                request.marks_publishing,
+            )
             .await?;
         Ok(Response::new(v1::ClaimSliceResponse { slice }))
     }
@@ -460,10 +474,11 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         Ok(Response::new(
             self.coordinator
-                .heartbeat(&request.slice_id, request.fencing_token)
+                .heartbeat(&request.slice_id, request.fencing_token, &caller)
                 .await?,
         ))
     }
@@ -474,13 +489,17 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<Streaming<v1::ReportOutcomesRequest>>,
     ) -> Result<Response<Self::ReportOutcomesStream>, Status> {
+        let caller = caller(&request);
         let mut reports = request.into_inner();
         let coordinator = self.coordinator.clone();
         let (sender, receiver) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             while let Some(report) = reports.next().await {
                 let answer = match report {
-                    Ok(report) => coordinator.report(report).await.map_err(Status::from),
+                    Ok(report) => coordinator
+                        .report(report, &caller)
+                        .await
+                        .map_err(Status::from),
                     Err(status) => Err(status),
                 };
                 let failed = answer.is_err();
@@ -500,12 +519,14 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::WatchLeaseRequest>,
     ) -> Result<Response<Self::WatchLeaseStream>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         let signals = self
             .coordinator
             .watch_lease(
                 &request.slice_id,
                 request.fencing_token,
+                &caller,
                 self.shutdown.clone(),
             )
             .await?;
@@ -518,9 +539,15 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::CompleteSliceRequest>,
     ) -> Result<Response<v1::CompleteSliceResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         self.coordinator
-            .complete(&request.slice_id, request.fencing_token, request.release)
+            .complete(
+                &request.slice_id,
+                request.fencing_token,
+                &caller,
+                request.release,
+            )
             .await?;
         Ok(Response::new(v1::CompleteSliceResponse {}))
     }
@@ -529,11 +556,13 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::MarkPublishingRequest>,
     ) -> Result<Response<v1::MarkPublishingResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         self.coordinator
             .mark_publishing(
                 &request.slice_id,
                 request.fencing_token,
+                &caller,
                 &request.through_item_id,
             )
             .await?;

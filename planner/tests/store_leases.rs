@@ -57,7 +57,7 @@ impl Db {
     /// Leases the pending slice to `executor` (it must be there).
     async fn claim(&self, executor: &str, marks_publishing: bool) -> LeasedSlice {
         self.store
-            .claim_slice(executor, TTL, marks_publishing)
+            .claim_slice(executor, "", TTL, marks_publishing)
             .await
             .unwrap()
             .expect("a pending slice")
@@ -66,7 +66,7 @@ impl Db {
     /// Records the mark through `position` under `token` (it must be current).
     async fn mark(&self, slice_id: i64, token: i64, position: i64) {
         self.store
-            .mark_publishing(slice_id, token, position)
+            .mark_publishing(slice_id, token, "", position)
             .await
             .unwrap()
             .expect("the current lease");
@@ -127,7 +127,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     let db = Db::new().await;
     let first = db
         .store
-        .claim_slice("old", TTL, true)
+        .claim_slice("old", "", TTL, true)
         .await
         .unwrap()
         .expect("the pending slice");
@@ -135,7 +135,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     assert!(token > 1 << 32, "a random token, not a counter: {token}");
     assert!(
         db.store
-            .claim_slice("other", TTL, true)
+            .claim_slice("other", "", TTL, true)
             .await
             .unwrap()
             .is_none(),
@@ -149,7 +149,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     // A token the slice does not hold now is refused by every write.
     assert_eq!(
         db.store
-            .heartbeat(slice, 0, TTL)
+            .heartbeat(slice, 0, "", TTL)
             .await
             .unwrap()
             .unwrap_err(),
@@ -157,7 +157,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     );
     assert_eq!(
         db.store
-            .mark_publishing(slice, 0, 3)
+            .mark_publishing(slice, 0, "", 3)
             .await
             .unwrap()
             .unwrap_err(),
@@ -165,26 +165,32 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     );
     assert_eq!(
         db.store
-            .complete_slice(slice, 0, true)
+            .complete_slice(slice, 0, "", true)
             .await
             .unwrap()
             .unwrap_err(),
         stale
     );
-    assert!(db.store.heartbeat(slice, token, TTL).await.unwrap().is_ok());
+    assert!(
+        db.store
+            .heartbeat(slice, token, "", TTL)
+            .await
+            .unwrap()
+            .is_ok()
+    );
 
     // An expired lease is refused too, before and after the sweep ends it.
     db.backdate(slice).await;
     assert!(
         db.store
-            .heartbeat(slice, token, TTL)
+            .heartbeat(slice, token, "", TTL)
             .await
             .unwrap()
             .is_err()
     );
     assert!(
         db.store
-            .mark_publishing(slice, token, 3)
+            .mark_publishing(slice, token, "", 3)
             .await
             .unwrap()
             .is_err()
@@ -192,7 +198,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     assert_eq!(db.store.expire_leases().await.unwrap(), vec![PLAN]);
     let second = db
         .store
-        .claim_slice("new", TTL, true)
+        .claim_slice("new", "", TTL, true)
         .await
         .unwrap()
         .expect("the slice, leased again");
@@ -200,14 +206,14 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     assert!(second.fencing_token > token, "tokens grow with each lease");
     assert!(
         db.store
-            .complete_slice(slice, token, false)
+            .complete_slice(slice, token, "", false)
             .await
             .unwrap()
             .is_err()
     );
     assert!(
         db.store
-            .heartbeat(slice, second.fencing_token, TTL)
+            .heartbeat(slice, second.fencing_token, "", TTL)
             .await
             .unwrap()
             .is_ok()
@@ -280,7 +286,7 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     for guess in [1, first.fencing_token + 1, first.fencing_token - 1] {
         assert_eq!(
             db.store
-                .report_outcomes(slice, guess, &[sent(0, &dead_letters[0].1)])
+                .report_outcomes(slice, guess, "", &[sent(0, &dead_letters[0].1)])
                 .await
                 .unwrap()
                 .unwrap_err(),
@@ -295,7 +301,7 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     // report names.
     let reported = db
         .store
-        .report_outcomes(slice, first.fencing_token, &[sent(0, "forged-key")])
+        .report_outcomes(slice, first.fencing_token, "", &[sent(0, "forged-key")])
         .await
         .unwrap()
         .unwrap();
@@ -306,7 +312,12 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     let second = db.claim("new", true).await;
     let late = db
         .store
-        .report_outcomes(slice, first.fencing_token, &[sent(1, &dead_letters[1].1)])
+        .report_outcomes(
+            slice,
+            first.fencing_token,
+            "",
+            &[sent(1, &dead_letters[1].1)],
+        )
         .await
         .unwrap()
         .unwrap();
@@ -330,6 +341,98 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     assert!(
         !replayed.contains(&"forged-key".to_owned()),
         "the ledger takes keys from the plan: {replayed:?}"
+    );
+}
+
+/// Issue 15: a lease is bound to the principal that claimed it. Another
+/// principal holding the slice id and the token (both travel in the clear
+/// without TLS) can neither renew, mark, report into, nor end it.
+#[tokio::test]
+async fn a_lease_refuses_every_write_from_another_principal() {
+    let db = Db::new().await;
+    let lease = db
+        .store
+        .claim_slice("exec-1", "executor-a", TTL, true)
+        .await
+        .unwrap()
+        .expect("the pending slice");
+    let (slice, token) = (lease.slice_id, lease.fencing_token);
+    let stale = StaleToken {
+        slice_id: slice,
+        token,
+    };
+    let dead_letter: DeadLetterId =
+        sqlx::query_scalar("SELECT dead_letter_id FROM plan_items ORDER BY position LIMIT 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let sent = [Outcome {
+        dead_letter_id: dead_letter,
+        message_key: String::new(),
+        action: "sent".to_owned(),
+        reason: String::new(),
+        executor_id: "exec-1".to_owned(),
+        attempt: 1,
+        confirm_latency_us: 0,
+        at: chrono::Utc::now(),
+    }];
+    for intruder in ["executor-b", ""] {
+        let store = &db.store;
+        assert_eq!(
+            store.heartbeat(slice, token, intruder, TTL).await.unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store.lease_state(slice, token, intruder).await.unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store
+                .mark_publishing(slice, token, intruder, 3)
+                .await
+                .unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store
+                .report_outcomes(slice, token, intruder, &sent)
+                .await
+                .unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store
+                .complete_slice(slice, token, intruder, true)
+                .await
+                .unwrap(),
+            Err(stale)
+        );
+    }
+    // The holder is untouched by all that.
+    assert!(
+        db.store
+            .heartbeat(slice, token, "executor-a", TTL)
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    let reported = db
+        .store
+        .report_outcomes(slice, token, "executor-a", &sent)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((reported.accepted, reported.lease_lost), (1, false));
+    let leases: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT fencing_token, principal, executor_id FROM slice_leases WHERE slice_id = $1",
+    )
+    .bind(slice)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        leases,
+        [(token, "executor-a".to_owned(), "exec-1".to_owned())]
     );
 }
 
@@ -399,7 +502,7 @@ async fn a_release_clears_the_mark() {
     let first = db.claim("new", true).await;
     db.mark(first.slice_id, first.fencing_token, 1).await;
     db.store
-        .complete_slice(first.slice_id, first.fencing_token, true)
+        .complete_slice(first.slice_id, first.fencing_token, "", true)
         .await
         .unwrap()
         .unwrap();

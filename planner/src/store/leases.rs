@@ -134,6 +134,7 @@ impl Store {
     pub async fn claim_slice(
         &self,
         executor_id: &str,
+        principal: &str,
         ttl: Duration,
         marks_publishing: bool,
     ) -> Result<Option<LeasedSlice>, StoreError> {
@@ -144,21 +145,24 @@ impl Store {
                   AND s.state = 'pending' \
                   AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
                 ORDER BY p.approved_at, p.id, s.seq \
-                LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
-             UPDATE plan_slices s SET state = 'leased', lease_owner = $1, \
+                LIMIT 1 FOR UPDATE OF s SKIP LOCKED), \
+             leased AS (UPDATE plan_slices s SET state = 'leased', lease_owner = $1, lease_principal = $6, \
                 lease_expires_at = now() + $2 * interval '1 millisecond', \
                 fencing_token = redrive_next_fencing_token(s.fencing_token), \
-                past_tokens = CASE WHEN s.fencing_token > 0 THEN s.past_tokens || s.fencing_token ELSE s.past_tokens END, \
                 published_through = CASE WHEN $5 THEN -1 END \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
-                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id",
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id), \
+             recorded AS (INSERT INTO slice_leases (slice_id, fencing_token, principal, executor_id) \
+                SELECT id, fencing_token, $6, $1 FROM leased) \
+             SELECT * FROM leased",
         )
         .bind(executor_id)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
         .bind(v1::PlanState::Main.name())
         .bind(v1::PlanState::Canary.name())
         .bind(marks_publishing)
+        .bind(principal)
         .fetch_optional(self.pool())
         .await?;
         Ok(row.map(LeasedSlice::from))
@@ -224,13 +228,16 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
     ) -> Result<Result<State, StaleToken>, StoreError> {
         let state: Option<State> = sqlx::query_scalar(
             "SELECT p.state FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
-             WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()",
+             WHERE s.id = $1 AND s.fencing_token = $2 AND s.lease_principal = $3 AND s.state = 'leased' \
+               AND s.lease_expires_at > now()",
         )
         .bind(slice_id)
         .bind(token)
+        .bind(principal)
         .fetch_optional(self.pool())
         .await?;
         Ok(state.ok_or(StaleToken { slice_id, token }))
@@ -250,6 +257,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         position: i64,
     ) -> Result<Result<(), StaleToken>, StoreError> {
         let marked = sqlx::query(
@@ -257,11 +265,13 @@ it reported it; the next lease publishes it again with the same message id', wav
             // judged by the old rule whatever it sends.
             "UPDATE plan_slices SET published_through = CASE WHEN published_through IS NULL THEN NULL \
                 ELSE greatest(published_through, $3) END \
-             WHERE id = $1 AND fencing_token = $2 AND state = 'leased' AND lease_expires_at > now()",
+             WHERE id = $1 AND fencing_token = $2 AND lease_principal = $4 AND state = 'leased' \
+               AND lease_expires_at > now()",
         )
         .bind(slice_id)
         .bind(token)
         .bind(position)
+        .bind(principal)
         .execute(self.pool())
         .await?
         .rows_affected();
@@ -316,17 +326,19 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         ttl: Duration,
     ) -> Result<Result<State, StaleToken>, StoreError> {
         let state: Option<State> = sqlx::query_scalar(
             "UPDATE plan_slices s SET lease_expires_at = now() + $3 * interval '1 millisecond' \
-             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' \
-               AND s.lease_expires_at > now() AND p.id = s.plan_id \
+             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.lease_principal = $4 \
+               AND s.state = 'leased' AND s.lease_expires_at > now() AND p.id = s.plan_id \
              RETURNING p.state",
         )
         .bind(slice_id)
         .bind(token)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+        .bind(principal)
         .fetch_optional(self.pool())
         .await?;
         Ok(state.ok_or(StaleToken { slice_id, token }))
@@ -353,6 +365,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         outcomes: &[Outcome],
     ) -> Result<Result<Reported, StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
@@ -364,11 +377,13 @@ it reported it; the next lease publishes it again with the same message id', wav
         let lease = sqlx::query_as::<_, LeaseRow>(
             "SELECT s.plan_id, s.wave, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
-             FROM plan_slices s WHERE s.id = $1 AND $2 > 0 AND (s.fencing_token = $2 OR $2 = ANY(s.past_tokens)) \
+             FROM plan_slices s WHERE s.id = $1 AND EXISTS (SELECT 1 FROM slice_leases l \
+                WHERE l.slice_id = s.id AND l.fencing_token = $2 AND l.principal = $3) \
              FOR KEY SHARE",
         )
         .bind(slice_id)
         .bind(token)
+        .bind(principal)
         .fetch_optional(&mut *transaction)
         .await?;
         let Some(LeaseRow {
@@ -542,6 +557,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         release: bool,
     ) -> Result<Result<(), StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
@@ -552,10 +568,12 @@ it reported it; the next lease publishes it again with the same message id', wav
             .execute(&mut *transaction)
             .await?;
         let plan_id: Option<PlanId> = sqlx::query_scalar(
-            "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND state = 'leased' FOR UPDATE",
+            "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND lease_principal = $3 \
+                AND state = 'leased' FOR UPDATE",
         )
         .bind(slice_id)
         .bind(token)
+        .bind(principal)
         .fetch_optional(&mut *transaction)
         .await?;
         let Some(plan_id) = plan_id else {
