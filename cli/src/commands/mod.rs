@@ -75,6 +75,49 @@ pub struct Cli {
     )]
     pub actor: Option<String>,
 
+    /// PEM bundle of the CAs the planner's certificate must chain to, for an
+    /// https:// planner [default: the platform's roots].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_CA"
+    )]
+    pub ca: Option<std::path::PathBuf>,
+
+    /// PEM client certificate presented to an https:// planner (mutual TLS;
+    /// needs --tls-client-key).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_TLS_CLIENT_CERT"
+    )]
+    pub tls_client_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-client-cert.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_TLS_CLIENT_KEY"
+    )]
+    pub tls_client_key: Option<std::path::PathBuf>,
+
+    /// A file holding the bearer token (a static token or a JWT) sent as
+    /// `authorization: Bearer TOKEN` [default: $REDRIVE_TOKEN, if set].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_TOKEN_FILE"
+    )]
+    pub token_file: Option<std::path::PathBuf>,
+
     /// The profile of the config file to use
     /// ($XDG_CONFIG_HOME/redrive/config.toml, else
     /// ~/.config/redrive/config.toml).
@@ -129,6 +172,41 @@ pub struct CompletionArgs {
 }
 
 impl Cli {
+    /// The credentials to present: the TLS files, and the bearer token from
+    /// `--token-file`, else the `REDRIVE_TOKEN` environment variable.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when the token file cannot be read or is empty.
+    pub fn credentials(&self) -> Result<client::Credentials, CliError> {
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|error| {
+                    CliError::Usage(format!("--token-file {}: {error}", path.display()))
+                })?;
+                let token = text.trim().to_owned();
+                if token.is_empty() {
+                    return Err(CliError::Usage(format!(
+                        "--token-file {} is empty",
+                        path.display()
+                    )));
+                }
+                Some(token)
+            }
+            None => std::env::var("REDRIVE_TOKEN")
+                .ok()
+                .map(|token| token.trim().to_owned())
+                .filter(|token| !token.is_empty()),
+        };
+        Ok(client::Credentials {
+            tls: redrive_proto::tls::ClientTlsFiles {
+                ca: self.ca.clone(),
+                client_cert: self.tls_client_cert.clone(),
+                client_key: self.tls_client_key.clone(),
+            },
+            token,
+        })
+    }
+
     /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else
     /// `profile_actor` (the config file's), else the `USER` environment
     /// variable, else `anonymous`.
@@ -176,7 +254,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         return Ok(crate::error::EX_OK);
     }
     let settings = config::Settings::resolve(&cli)?;
-    let actor = settings.actor;
+    let credentials = cli.credentials()?;
+    // With credentials the planner knows who calls: the actor is sent only
+    // when named (a delegating portal naming its user), never from $USER.
+    let actor = (!credentials.present() || settings.actor_given).then_some(settings.actor);
+    let actor = actor.as_deref();
     let planner_url = settings.planner;
     // Human output escapes control characters from dead letters
     // ([`crate::escape`]); only the live progress bar writes its own.
@@ -213,28 +295,28 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::DeadLetters(command) => {
             let command = command.read_input()?;
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             dead_letters::run(&mut planner, command, cli.json, out).await
         }
         Command::Import(args) => {
             // The file first: a typo in its name should not wait on the network.
             let input = import::open(&args.file)?;
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             import::run(&mut planner, args, input, cli.json, out).await
         }
         Command::Precheck(args) => {
             // Flag checks clap cannot do (a --stale-after pattern given twice)
             // before the network.
             let command = args.into_command()?;
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             precheck::run(&mut planner, command, cli.json, out).await
         }
         Command::Plan(command) => {
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             plan::run(&mut planner, command, cli.json, tty, out).await
         }
         Command::Replay(args) => {
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             replay::run(&mut planner, args, cli.json, out).await
         }
         Command::Completion(_) | Command::Man => Ok(crate::error::EX_OK),
