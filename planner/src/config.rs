@@ -216,6 +216,20 @@ pub struct Config {
     )]
     pub state_checks: Vec<String>,
 
+    /// PEM bundle of the CAs `https://` state-check hooks' certificates must
+    /// chain to (default: the platform's roots).
+    #[arg(long, env = "REDRIVE_STATE_CHECK_CA", value_name = "FILE")]
+    pub state_check_ca: Option<PathBuf>,
+
+    /// PEM client certificate presented to `https://` state-check hooks
+    /// (needs --state-check-client-key).
+    #[arg(long, env = "REDRIVE_STATE_CHECK_CLIENT_CERT", value_name = "FILE")]
+    pub state_check_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --state-check-client-cert.
+    #[arg(long, env = "REDRIVE_STATE_CHECK_CLIENT_KEY", value_name = "FILE")]
+    pub state_check_client_key: Option<PathBuf>,
+
     /// Precheck policy: dead letters of this event type (or a prefix ending
     /// in `*`) older than DURATION are stale, e.g. `payment.*=2h` (repeatable;
     /// the environment variable takes a comma-separated list). Applies to every
@@ -450,6 +464,15 @@ impl Config {
         Ok(self)
     }
 
+    /// The TLS files for `https://` state-check hooks.
+    pub fn state_check_tls(&self) -> redrive_proto::tls::ClientTlsFiles {
+        redrive_proto::tls::ClientTlsFiles {
+            ca: self.state_check_ca.clone(),
+            client_cert: self.state_check_client_cert.clone(),
+            client_key: self.state_check_client_key.clone(),
+        }
+    }
+
     /// What authentication these settings ask for.
     pub fn auth_settings(&self) -> AuthSettings {
         AuthSettings {
@@ -531,6 +554,16 @@ impl Config {
             problems.push(SettingError::new(
                 "tls-client-ca",
                 "needs --tls-cert and --tls-key (client certificates come with TLS)",
+            ));
+        }
+        let hook_tls = self.state_check_tls();
+        if hook_tls.any()
+            && let Err(text) = hook_tls.config_for("https://hook")
+        {
+            problems.push(SettingError::new(
+                "state-check-ca",
+                text.replace("--ca", "--state-check-ca")
+                    .replace("--tls-client", "--state-check-client"),
             ));
         }
         if let Err(more) = self.authenticator() {
@@ -755,6 +788,101 @@ mod tests {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
         }
+    }
+
+    /// Issue 15: a non-loopback address needs TLS and authentication, or
+    /// --insecure.
+    #[test]
+    fn a_public_address_needs_tls_and_authentication_or_insecure() {
+        let error = config(&["--listen", "0.0.0.0:50051"]).unwrap_err();
+        assert!(
+            error.contains("--listen") && error.contains("--insecure"),
+            "{error}"
+        );
+        let insecure = config(&["--listen", "0.0.0.0:50051", "--insecure"]).unwrap();
+        assert!(insecure.exposed_without_protection());
+        assert!(!Config::for_database("postgres://x/y").exposed_without_protection());
+        // TLS without authentication is still unprotected.
+        let mut tls_only = Config::for_database("postgres://x/y");
+        tls_only.listen = "0.0.0.0:50051".parse().unwrap();
+        tls_only.tls_cert = Some("cert.pem".into());
+        tls_only.tls_key = Some("key.pem".into());
+        assert!(tls_only.exposed_without_protection());
+        for (args, setting) in [
+            (&["--tls-cert", "c.pem"][..], "--tls-cert"),
+            (&["--tls-client-ca", "ca.pem"][..], "--tls-client-ca"),
+            (&["--cert-role", "x=root"][..], "--cert-role"),
+            (
+                &["--jwt-public-key", "/nonexistent.pem"][..],
+                "--jwt-issuer",
+            ),
+            (&["--token-file", "/nonexistent.toml"][..], "--token-file"),
+        ] {
+            let error = config(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+    }
+
+    /// Issue 15: `--help` printed `DATABASE_URL=postgres://u:secret@…`, and a
+    /// bad URL's error printed it whole.
+    #[test]
+    fn secrets_stay_out_of_help_and_errors() {
+        let command = Config::command();
+        for name in ["database_url", "amqp_url"] {
+            let arg = command
+                .get_arguments()
+                .find(|arg| arg.get_id() == name)
+                .unwrap();
+            assert!(arg.is_hide_env_values_set(), "{name}");
+        }
+        let error = config(&["--database-url", "postgres://u:secret@db:notaport/x"]).unwrap_err();
+        assert!(
+            error.contains("database-url") && !error.contains("secret"),
+            "{error}"
+        );
+        let error = config(&["--database-url", "mysql://u:secret@db/x"]).unwrap_err();
+        assert!(
+            error.contains("u:***@db") && !error.contains("secret"),
+            "{error}"
+        );
+        let error = config(&["--amqp-url", "amqp://u:secret@h:port/%2f"]).unwrap_err();
+        assert!(
+            error.contains("amqp-url") && !error.contains("secret"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn urls_can_come_from_files() {
+        let dir = std::env::temp_dir().join(format!("redrive-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("database-url");
+        std::fs::write(&path, "postgres://u:secret@db/redrive\n").unwrap();
+        let config = Config::try_parse_from([
+            "redrive-planner",
+            "--database-url-file",
+            path.to_str().unwrap(),
+        ])
+        .unwrap()
+        .with_secret_files()
+        .unwrap();
+        assert_eq!(config.database_url, "postgres://u:secret@db/redrive");
+        config.validate().unwrap();
+        std::fs::write(&path, "  \n").unwrap();
+        let error = Config::try_parse_from([
+            "redrive-planner",
+            "--database-url-file",
+            path.to_str().unwrap(),
+        ])
+        .unwrap()
+        .with_secret_files()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("database-url-file") && error.contains("empty"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Test configs read no `REDRIVE_*` variable. The test runs itself as a

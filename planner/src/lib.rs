@@ -138,7 +138,8 @@ pub async fn run(
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?;
     let rules = Arc::new(config.extraction_rules());
     let notifier = Notifier::new();
-    let checker = Arc::new(StateChecker::new(config.state_check_routes()));
+    let checker =
+        Arc::new(StateChecker::new(config.state_check_routes()).with_tls(config.state_check_tls()));
     let coordinator_service = coordinator::Coordinator::new(
         store.clone(),
         notifier.clone(),

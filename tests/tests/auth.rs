@@ -424,3 +424,53 @@ async fn an_executor_with_a_client_certificate_replays_a_plan_over_tls() -> anyh
     assert!(lines.contains("executor-tls-1/"), "{lines}");
     bed.finish().await
 }
+
+/// `redrivectl` as a person runs it: `--planner https://...`, `--ca` and
+/// `--token-file`; the actor is the token's principal, not `$USER`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrivectl_speaks_https_with_a_token() -> anyhow::Result<()> {
+    use clap::Parser;
+    init_logging();
+    let bed = TestBed::start_secure(None, Pki::new()?, |_| {}).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let token_file = pki.path("vera.token");
+    std::fs::write(&token_file, format!("{}\n", token_of("vera")))?;
+    let url = bed.planner.url();
+    let ca = pki.ca_pem.to_string_lossy().into_owned();
+    let token = token_file.to_string_lossy().into_owned();
+    let run = |extra: &'static [&'static str], with_token: bool| {
+        let mut args = vec![
+            "redrivectl".to_owned(),
+            "--planner".to_owned(),
+            url.clone(),
+            "--ca".to_owned(),
+            ca.clone(),
+            "--json".to_owned(),
+        ];
+        if with_token {
+            args.extend(["--token-file".to_owned(), token.clone()]);
+        }
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        async move {
+            let cli = redrivectl::Cli::try_parse_from(args).expect("the command line parses");
+            let mut out = Vec::new();
+            match redrivectl::run(cli, &mut out).await {
+                Ok(code) => (code, String::from_utf8_lossy(&out).into_owned()),
+                Err(error) => (error.exit_code(), error.to_string()),
+            }
+        }
+    };
+    let (code, out) = run(&["plan", "list"], true).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"plans\""), "{out}");
+    let (code, out) = run(&["plan", "list"], false).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("unauthenticated"), "{out}");
+    let (code, out) = run(&["--actor", "someone-else", "plan", "list"], true).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("permission_denied") && out.contains("delegate"),
+        "{out}"
+    );
+    bed.finish().await
+}

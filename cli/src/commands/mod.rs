@@ -157,6 +157,9 @@ pub enum Command {
     Completion(CompletionArgs),
     /// Print the manual page (roff), e.g. `redrivectl man > redrivectl.1`.
     Man,
+    /// Read a bearer token from stdin and print its SHA-256 (hex), the
+    /// `sha256` of the planner's `--token-file` entry for it.
+    HashToken,
 }
 
 /// `completion` arguments.
@@ -169,6 +172,13 @@ pub struct CompletionArgs {
     /// The shell to complete for.
     #[arg(value_enum)]
     pub shell: Shell,
+}
+
+/// The SHA-256 of a bearer token, lowercase hex: what the planner's token
+/// file holds for it (the planner hashes what it receives the same way).
+pub fn hash_token(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
 impl Cli {
@@ -236,6 +246,19 @@ pub fn write_generated(command: &Command, out: &mut dyn Write) -> Result<bool, C
             clap_complete::generate(args.shell, &mut cli(), "redrivectl", &mut text);
         }
         Command::Man => clap_mangen::Man::new(cli()).render(&mut text)?,
+        Command::HashToken => {
+            let mut token = String::new();
+            std::io::stdin().read_line(&mut token)?;
+            let token = token.trim();
+            if token.is_empty() {
+                return Err(CliError::Usage(
+                    "hash-token reads the token from stdin, e.g. printf %s \"$TOKEN\" | \
+                     redrivectl hash-token"
+                        .to_owned(),
+                ));
+            }
+            writeln!(text, "{}", hash_token(token))?;
+        }
         _ => return Ok(false),
     }
     out.write_all(&text)?;
@@ -319,7 +342,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             replay::run(&mut planner, args, cli.json, out).await
         }
-        Command::Completion(_) | Command::Man => Ok(crate::error::EX_OK),
+        Command::Completion(_) | Command::Man | Command::HashToken => Ok(crate::error::EX_OK),
     }
 }
 
@@ -329,6 +352,15 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("redrivectl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn tokens_hash_as_sha256sum_does() {
+        // printf %s s3cret | sha256sum
+        assert_eq!(
+            hash_token("s3cret"),
+            "1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0"
+        );
     }
 
     #[test]
