@@ -55,6 +55,11 @@ pub const TOKENS: &[StaticToken] = &[
         roles: &["viewer", "operator", "approver", "delegate"],
     },
     StaticToken {
+        token: "demo-operator-secret",
+        name: "demo-operator",
+        roles: &["viewer", "operator", "approver"],
+    },
+    StaticToken {
         token: "admin-secret",
         name: "root-admin",
         roles: &["admin"],
@@ -74,6 +79,7 @@ pub fn token_of(name: &str) -> &'static str {
 }
 
 /// A CA and what it signed, in a directory of the test's own.
+#[derive(Debug)]
 pub struct Pki {
     dir: tempfile::TempDir,
     ca: Issuer<'static, KeyPair>,
@@ -209,6 +215,17 @@ impl Pki {
             claims,
             &key,
         )?)
+    }
+
+    /// Writes the bearer token of principal `name` ([`TOKENS`]) to a file
+    /// of its own, for `--token-file`.
+    ///
+    /// # Errors
+    /// Writing failed.
+    pub fn token_file(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let path = self.path(&format!("{name}.token"));
+        std::fs::write(&path, format!("{}\n", token_of(name)))?;
+        Ok(path)
     }
 
     /// The directory.
