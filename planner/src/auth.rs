@@ -393,6 +393,8 @@ impl JwtVerifier {
         validation.set_issuer(&[&self.issuer]);
         validation.set_audience(&[&self.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        // A token not yet valid (`nbf`, RFC 7519 section 4.1.5) is refused too.
+        validation.validate_nbf = true;
         let candidates = self.keys.iter().filter(|key| {
             key.key.family() == header.alg.family()
                 && (header.kid.is_none() || key.key_id.is_none() || key.key_id == header.kid)
