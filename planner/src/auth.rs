@@ -854,6 +854,61 @@ mod tests {
         assert!(Authenticator::actor(&portal, Some("bob for alice")).is_err());
     }
 
+    /// A JWKS (RFC 7517) with two keys: the token's `kid` picks its key;
+    /// roles come from the configured claim; HMAC is refused.
+    #[test]
+    fn jwts_verify_against_a_jwks() {
+        let dir = std::env::temp_dir().join(format!("redrive-jwks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut keys = Vec::new();
+        let mut signing = Vec::new();
+        for kid in ["old", "new"] {
+            let pair = rcgen::KeyPair::generate().unwrap();
+            let encoding =
+                jsonwebtoken::EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
+            let mut jwk =
+                jsonwebtoken::jwk::Jwk::from_encoding_key(&encoding, Algorithm::ES256).unwrap();
+            jwk.common.key_id = Some(kid.to_owned());
+            keys.push(jwk);
+            signing.push(encoding);
+        }
+        let path = dir.join("jwks.json");
+        std::fs::write(&path, serde_json::to_vec(&JwkSet { keys }).unwrap()).unwrap();
+        let verifier = JwtVerifier::load(&JwtSettings {
+            public_keys: Vec::new(),
+            jwks: Some(path),
+            issuer: Some("idp".to_owned()),
+            audience: Some("redrive".to_owned()),
+            roles_claim: "groups".to_owned(),
+            name_claim: "email".to_owned(),
+        })
+        .unwrap();
+        let claims = serde_json::json!({
+            "email": "dave@example.com", "iss": "idp", "aud": "redrive",
+            "exp": jsonwebtoken::get_current_timestamp() + 600,
+            "groups": "approver delegate sales",
+        });
+        let mut header = jsonwebtoken::Header::new(Algorithm::ES256);
+        header.kid = Some("new".to_owned());
+        let token = jsonwebtoken::encode(&header, &claims, &signing[1]).unwrap();
+        let principal = verifier.verify(&token).unwrap();
+        assert_eq!(principal.name, "dave@example.com");
+        assert_eq!(principal.roles, BTreeSet::from([Role::Approver]));
+        assert!(principal.can_delegate);
+        // Signed by "old" but claiming to be "new": refused.
+        let forged = jsonwebtoken::encode(&header, &claims, &signing[0]).unwrap();
+        assert!(verifier.verify(&forged).is_err());
+        // HS256 with any key: refused before any key is tried.
+        let hmac = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(b"public key bytes").unwrap(),
+        )
+        .unwrap();
+        assert!(verifier.verify(&hmac).unwrap_err().contains("not accepted"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn cert_roles_parse_and_match() {
         let rule: CertRole = "executor-*=executor".parse().unwrap();

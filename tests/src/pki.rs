@@ -163,6 +163,24 @@ impl Pki {
         Ok((cert_path, key_path))
     }
 
+    /// A server identity named `name` for `127.0.0.1` and `localhost`,
+    /// signed by the CA (a state-check hook's).
+    ///
+    /// # Errors
+    /// Writing or reading the files failed.
+    pub fn server_tls(&self, name: &str) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+        let (cert, key) = self.issue(
+            name,
+            &["127.0.0.1", "localhost"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        Ok(
+            tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?),
+            ),
+        )
+    }
+
     /// TLS files for a client presenting a certificate named `name`.
     ///
     /// # Errors

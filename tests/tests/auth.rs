@@ -11,6 +11,7 @@ use redrive_proto::v1::{
 };
 use redrive_tests::{
     Broker, ExecutorHandle, TestBed, init_logging,
+    orders_hook::{self, OrdersHook},
     pki::{JWT_AUDIENCE, JWT_ISSUER, Pki, token_of},
 };
 use tonic::{Code, Request, transport::Channel};
@@ -472,5 +473,62 @@ async fn redrivectl_speaks_https_with_a_token() -> anyhow::Result<()> {
         out.contains("permission_denied") && out.contains("delegate"),
         "{out}"
     );
+    bed.finish().await
+}
+
+/// The planner calls a state-check hook over TLS when its URL says
+/// `https://`, trusting `--state-check-ca`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_planner_calls_an_https_state_check_hook() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    let pool = bed.pool().await?;
+    OrdersHook::create_schema(&pool).await?;
+    sqlx::query(
+        "INSERT INTO orders (order_id, status, stock_reserved, fulfilled) VALUES \
+         ('o-0', 'CANCELLED', false, false)",
+    )
+    .execute(&pool)
+    .await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let hook_shutdown = tokio_util::sync::CancellationToken::new();
+    let hook_url = orders_hook::spawn_tls(
+        OrdersHook::new(pool.clone()),
+        pki.server_tls("orders-hook")?,
+        hook_shutdown.clone(),
+    )
+    .await?;
+    assert!(hook_url.starts_with("https://"));
+    let dlq = incident.dlq.clone();
+    let ca = pki.ca_pem.clone();
+    bed.restart_planner(|config| {
+        capturing(config, &[&dlq]);
+        config.state_checks = vec![format!("order.*={hook_url}")];
+        config.state_check_ca = Some(ca);
+    })
+    .await?;
+    let report = bed
+        .client
+        .run_precheck(as_principal(
+            "alice",
+            RunPrecheckRequest {
+                selector: Some(v1::Selector {
+                    sources: vec![incident.dlq.clone()],
+                    ..Default::default()
+                }),
+                options: None,
+            },
+        ))
+        .await?
+        .into_inner();
+    let counts = report.counts.expect("counts");
+    assert_eq!(report.total, 5);
+    assert_eq!(counts.blocked_by_state, 1, "o-0 was cancelled: {counts:?}");
+    assert_eq!(counts.replayable, 4, "{counts:?}");
+    assert_eq!(report.actor, "alice");
+    hook_shutdown.cancel();
+    drop(pool);
     bed.finish().await
 }
