@@ -1,8 +1,14 @@
 //! Connecting to the planner's `redrive.v1.Planner` service, and who the
-//! caller is: every request carries the actor (`--actor`, `REDRIVE_ACTOR`,
-//! else `USER`, else `anonymous`) in the `x-redrive-actor` metadata, which the
-//! planner records as the actor of what the request creates (a precheck's
-//! `actor`).
+//! caller is. Without credentials every request carries the actor
+//! (`--actor`, `REDRIVE_ACTOR`, else `USER`, else `anonymous`) in the
+//! `x-redrive-actor` metadata, which the planner records as the actor of
+//! what the request creates (a precheck's `actor`). With credentials (a
+//! bearer token from `--token-file` or `REDRIVE_TOKEN`, sent as
+//! `authorization: Bearer TOKEN`, or a client certificate) the planner
+//! records the authenticated caller, and the actor is sent only when named
+//! (a portal with the delegate permission naming its user). `https://`
+//! URLs use TLS: `--ca` (else the platform's roots), and `--tls-client-cert`
+//! with `--tls-client-key` for mutual TLS.
 
 use std::{error::Error as _, time::Duration};
 
@@ -32,13 +38,32 @@ pub use redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES as MAX_DECODING_MESSAGE_BY
 /// How long to try to open the connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A planner client; every request carries the actor.
+/// A planner client; every request carries the actor and the token.
 pub type Planner = PlannerClient<InterceptedService<Channel, ActorInterceptor>>;
 
-/// Adds `x-redrive-actor: NAME` to every request.
+/// What the CLI presents to the planner.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// CA bundle and client certificate for `https://`.
+    pub tls: redrive_proto::tls::ClientTlsFiles,
+    /// The bearer token (a static token or a JWT).
+    pub token: Option<String>,
+}
+
+impl Credentials {
+    /// Whether the planner can tell who calls from these (a token or a
+    /// client certificate).
+    pub fn present(&self) -> bool {
+        self.token.is_some() || self.tls.client_cert.is_some()
+    }
+}
+
+/// Adds `x-redrive-actor: NAME` and `authorization: Bearer TOKEN` to every
+/// request.
 #[derive(Debug, Clone)]
 pub struct ActorInterceptor {
-    actor: MetadataValue<Ascii>,
+    actor: Option<MetadataValue<Ascii>>,
+    authorization: Option<MetadataValue<Ascii>>,
 }
 
 impl ActorInterceptor {
@@ -49,16 +74,44 @@ impl ActorInterceptor {
     /// (visible ASCII only).
     pub fn new(actor: &str) -> Result<Self, CliError> {
         Ok(Self {
-            actor: actor_metadata(actor).map_err(CliError::Usage)?,
+            actor: Some(actor_metadata(actor).map_err(CliError::Usage)?),
+            authorization: None,
+        })
+    }
+
+    /// An interceptor sending `actor` when given, and `token` when given.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when either cannot be a gRPC metadata value.
+    pub fn with_token(actor: Option<&str>, token: Option<&str>) -> Result<Self, CliError> {
+        let actor = actor
+            .map(actor_metadata)
+            .transpose()
+            .map_err(CliError::Usage)?;
+        let authorization = token
+            .map(|token| {
+                MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                    CliError::Usage("the bearer token is not visible ASCII".to_owned())
+                })
+            })
+            .transpose()?;
+        Ok(Self {
+            actor,
+            authorization,
         })
     }
 }
 
 impl Interceptor for ActorInterceptor {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        request
-            .metadata_mut()
-            .insert(ACTOR_METADATA, self.actor.clone());
+        if let Some(actor) = &self.actor {
+            request.metadata_mut().insert(ACTOR_METADATA, actor.clone());
+        }
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         Ok(request)
     }
 }
@@ -135,14 +188,19 @@ pub fn parse_planner_url(text: &str) -> Result<String, String> {
 
 /// Connects to the planner at `url`, eagerly, so an unreachable planner is
 /// reported once, clearly, before any work is done; every request will carry
-/// `actor`.
+/// `actor` (when given) and the credentials' token; an `https://` URL uses
+/// the credentials' TLS files.
 ///
 /// # Errors
 /// [`CliError::Usage`] when `actor` cannot be sent as metadata (it came from
-/// `USER`; `--actor` is checked while parsing); [`CliError::Unreachable`]
-/// with the transport's reason.
-pub async fn connect(url: &str, actor: &str) -> Result<Planner, CliError> {
-    let interceptor = ActorInterceptor::new(actor)
+/// `USER`; `--actor` is checked while parsing), or a TLS file is missing or
+/// misplaced; [`CliError::Unreachable`] with the transport's reason.
+pub async fn connect(
+    url: &str,
+    actor: Option<&str>,
+    credentials: &Credentials,
+) -> Result<Planner, CliError> {
+    let interceptor = ActorInterceptor::with_token(actor, credentials.token.as_deref())
         .map_err(|error| CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR")))?;
     let unreachable = |cause: String| CliError::Unreachable {
         url: url.to_owned(),
@@ -151,6 +209,10 @@ pub async fn connect(url: &str, actor: &str) -> Result<Planner, CliError> {
     let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|error| unreachable(error.to_string()))?
         .connect_timeout(CONNECT_TIMEOUT);
+    let endpoint = credentials
+        .tls
+        .apply(url, endpoint)
+        .map_err(CliError::Usage)?;
     let channel = endpoint
         .connect()
         .await
@@ -227,7 +289,9 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let error = connect(&url, "ops").await.unwrap_err();
+        let error = connect(&url, Some("ops"), &Credentials::default())
+            .await
+            .unwrap_err();
         assert_eq!(error.exit_code(), crate::error::EX_UNAVAILABLE);
         assert!(error.to_string().contains(&url), "{error}");
     }

@@ -81,6 +81,11 @@ pub struct Settings {
     pub planner: String,
     /// The actor sent with every request.
     pub actor: String,
+    /// Whether the actor was named (`--actor`, `REDRIVE_ACTOR` or the
+    /// file) rather than taken from `USER`: with credentials only a named
+    /// actor is sent (the planner refuses one that differs from the
+    /// authenticated caller unless it may delegate).
+    pub actor_given: bool,
 }
 
 impl Settings {
@@ -148,9 +153,12 @@ impl Settings {
             }
             None => None,
         };
+        let actor_given = cli.actor.as_deref().is_some_and(|actor| !actor.is_empty())
+            || file_actor.as_deref().is_some_and(|actor| !actor.is_empty());
         Ok(Self {
             planner,
             actor: cli.actor(file_actor.as_deref()),
+            actor_given,
         })
     }
 }

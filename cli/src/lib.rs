@@ -28,6 +28,7 @@
 //! redrivectl [global flags] plan compensations ID [--page-size N] [--page-token T] [--all]
 //! redrivectl completion bash|zsh|fish|elvish|powershell
 //! redrivectl man
+//! redrivectl hash-token < token.txt
 //! ```
 //!
 //! Global flags (anywhere on the line): `--planner URL` (env `REDRIVE_PLANNER`,
@@ -41,8 +42,13 @@
 //! `REDRIVE_ACTOR`, default the `USER` environment variable, else
 //! `anonymous`): who is calling, sent as the `x-redrive-actor` gRPC metadata on
 //! every request (visible ASCII; the planner records it as the actor of what
-//! the request creates, e.g. a precheck's `actor`). Diagnostics always go to stderr. Answers up to 64 MiB
-//! are accepted.
+//! the request creates, e.g. a precheck's `actor`). Credentials for a planner
+//! with TLS and authentication: `--ca FILE` (env `REDRIVE_CA`),
+//! `--tls-client-cert FILE` and `--tls-client-key FILE`, `--token-file FILE`
+//! (env `REDRIVE_TOKEN_FILE`, else the token in `REDRIVE_TOKEN`); with
+//! credentials the actor is sent only when given ([`client`]).
+//! `redrivectl hash-token` prints the SHA-256 of a token read from stdin.
+//! Diagnostics always go to stderr. Answers up to 64 MiB are accepted.
 //!
 //! # Exit codes
 //! | code | when |

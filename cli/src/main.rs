@@ -88,9 +88,13 @@ fn wants_json(args: impl Iterator<Item = OsString>, env: Option<&str>) -> bool {
 }
 
 /// The global flags as clap writes them in a usage line.
-const GLOBAL_FLAGS: [&str; 5] = [
+const GLOBAL_FLAGS: [&str; 9] = [
     " --planner <URL>",
     " --actor <NAME>",
+    " --ca <FILE>",
+    " --tls-client-cert <FILE>",
+    " --tls-client-key <FILE>",
+    " --token-file <FILE>",
     " --profile <NAME>",
     " --json",
     " --wide",

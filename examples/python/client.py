@@ -8,6 +8,13 @@ prechecks, plans and operator actions.
 
     ./generate.sh
     python3 client.py --planner 127.0.0.1:50051 --actor alice [--source orders.dlq]
+    REDRIVE_TOKEN=... python3 client.py --planner https://planner:50051 --ca ca.pem
+
+With an https:// planner it uses TLS (--ca, else the platform's roots; a
+client certificate with --tls-client-cert/--tls-client-key) and sends the
+bearer token in REDRIVE_TOKEN as `authorization: Bearer TOKEN`; the actor is
+then sent only when --actor or REDRIVE_ACTOR names one (a principal without
+the delegate permission may only name itself).
 """
 
 import argparse
@@ -36,15 +43,39 @@ def main() -> int:
     )
     parser.add_argument(
         "--actor",
-        default=os.environ.get("REDRIVE_ACTOR") or getpass.getuser(),
-        help="who is calling (env REDRIVE_ACTOR, default the login name)",
+        default=os.environ.get("REDRIVE_ACTOR"),
+        help="who is calling (env REDRIVE_ACTOR, default the login name without a token)",
     )
+    parser.add_argument("--ca", default=os.environ.get("REDRIVE_CA"), help="PEM CA bundle for https:// (env REDRIVE_CA)")
+    parser.add_argument("--tls-client-cert", default=os.environ.get("REDRIVE_TLS_CLIENT_CERT"), help="PEM client certificate")
+    parser.add_argument("--tls-client-key", default=os.environ.get("REDRIVE_TLS_CLIENT_KEY"), help="PEM client key")
     parser.add_argument("--source", action="append", default=[], help="a DLQ to summarize (repeatable; default all)")
     args = parser.parse_args()
 
-    target = args.planner.removeprefix("http://")
-    metadata = [(ACTOR_METADATA, args.actor)]
-    with grpc.insecure_channel(target) as channel:
+    token = os.environ.get("REDRIVE_TOKEN", "").strip()
+    metadata = []
+    if token:
+        metadata.append(("authorization", f"Bearer {token}"))
+    actor = args.actor or (None if token else getpass.getuser())
+    if actor:
+        metadata.append((ACTOR_METADATA, actor))
+
+    def read(path):
+        if not path:
+            return None
+        with open(path, "rb") as file:
+            return file.read()
+
+    if args.planner.startswith("https://"):
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(args.ca),
+            private_key=read(args.tls_client_key),
+            certificate_chain=read(args.tls_client_cert),
+        )
+        channel = grpc.secure_channel(args.planner.removeprefix("https://"), credentials)
+    else:
+        channel = grpc.insecure_channel(args.planner.removeprefix("http://"))
+    with channel:
         planner = planner_pb2_grpc.PlannerStub(channel)
         try:
             summary = planner.SummarizeDeadLetters(

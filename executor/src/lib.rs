@@ -25,12 +25,13 @@ pub mod publisher;
 pub mod replay_keys;
 pub mod worker;
 
-use std::{sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::{
-    settings::{SettingError, SettingErrors, check_amqp_url},
+    settings::{SettingError, SettingErrors, check_amqp_url, read_secret_file, redact_url},
+    tls::ClientTlsFiles,
     v1::coordinator_client::CoordinatorClient,
 };
 use tokio_util::sync::CancellationToken;
@@ -51,7 +52,7 @@ use crate::{
     about = "Redrive executor: replays plan slices with publisher confirms"
 )]
 pub struct Config {
-    /// The planner's gRPC URL.
+    /// The planner's gRPC URL (`https://` for TLS).
     #[arg(
         long,
         env = "REDRIVE_PLANNER",
@@ -59,19 +60,43 @@ pub struct Config {
     )]
     pub planner: String,
 
-    /// AMQP URL of the RabbitMQ broker to publish to.
+    /// PEM bundle of the CAs the planner's certificate must chain to
+    /// (default with `https://`: the platform's roots).
+    #[arg(long, env = "REDRIVE_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
+    /// PEM client certificate presented to the planner: its CN (or first
+    /// DNS name) is this executor's principal, which needs the executor
+    /// role (needs --tls-client-key).
+    #[arg(long, env = "REDRIVE_TLS_CLIENT_CERT", value_name = "FILE")]
+    pub tls_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-client-cert.
+    #[arg(long, env = "REDRIVE_TLS_CLIENT_KEY", value_name = "FILE")]
+    pub tls_client_key: Option<PathBuf>,
+
+    /// AMQP URL of the RabbitMQ broker to publish to (`amqps://` for TLS).
     #[arg(
         long,
         env = "REDRIVE_AMQP_URL",
+        hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
 
-    /// Redis URL of the shared token bucket and replay keys. Without it the
-    /// executor runs in single-executor mode (in-process limiter, the planner's
-    /// record of sent keys): run only one such executor.
-    #[arg(long, env = "REDRIVE_REDIS_URL")]
+    /// A file holding the AMQP URL (read at start; overrides --amqp-url).
+    #[arg(long, env = "REDRIVE_AMQP_URL_FILE", value_name = "FILE")]
+    pub amqp_url_file: Option<PathBuf>,
+
+    /// Redis URL of the shared token bucket and replay keys (`rediss://` for
+    /// TLS). Without it the executor runs in single-executor mode (in-process
+    /// limiter, the planner's record of sent keys): run only one such executor.
+    #[arg(long, env = "REDRIVE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+
+    /// A file holding the Redis URL (read at start; overrides --redis-url).
+    #[arg(long, env = "REDRIVE_REDIS_URL_FILE", value_name = "FILE")]
+    pub redis_url_file: Option<PathBuf>,
 
     /// Prefix of this deployment's Redis keys (bucket and replay keys).
     #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
@@ -136,6 +161,38 @@ impl Config {
         config
     }
 
+    /// The TLS files for the planner connection.
+    pub fn planner_tls(&self) -> ClientTlsFiles {
+        ClientTlsFiles {
+            ca: self.ca.clone(),
+            client_cert: self.tls_client_cert.clone(),
+            client_key: self.tls_client_key.clone(),
+        }
+    }
+
+    /// The settings with `--amqp-url-file` and `--redis-url-file` read into
+    /// `amqp_url` and `redis_url`.
+    ///
+    /// # Errors
+    /// A file that cannot be read or is empty (named, never its content).
+    pub fn with_secret_files(mut self) -> Result<Self, SettingErrors> {
+        let mut problems = Vec::new();
+        if let Some(path) = &self.amqp_url_file {
+            match read_secret_file("amqp-url-file", path) {
+                Ok(url) => self.amqp_url = url,
+                Err(problem) => problems.push(problem),
+            }
+        }
+        if let Some(path) = &self.redis_url_file {
+            match read_secret_file("redis-url-file", path) {
+                Ok(url) => self.redis_url = Some(url),
+                Err(problem) => problems.push(problem),
+            }
+        }
+        SettingErrors::check(problems)?;
+        Ok(self)
+    }
+
     /// Checks what clap cannot, every setting.
     ///
     /// # Errors
@@ -150,17 +207,26 @@ impl Config {
             );
         } else if let Err(error) = tonic::transport::Endpoint::from_shared(self.planner.clone()) {
             problem("planner", format!("{:?}: {error}", self.planner));
+        } else if let Err(text) = self.planner_tls().config_for(&self.planner) {
+            problem("planner", text);
         }
         if let Err(text) = check_amqp_url(&self.amqp_url) {
             problem("amqp-url", text);
         }
         if let Some(redis) = &self.redis_url {
+            let shown = redact_url(redis);
             if !redis.starts_with("redis://") && !redis.starts_with("rediss://") {
-                problem("redis-url", format!("{redis:?} is not a redis:// URL"));
+                problem("redis-url", format!("{shown:?} is not a redis:// URL"));
             } else if let Err(error) =
                 redis::IntoConnectionInfo::into_connection_info(redis.as_str())
             {
-                problem("redis-url", format!("{redis:?}: {error}"));
+                problem(
+                    "redis-url",
+                    format!(
+                        "{shown:?}: {}",
+                        redrive_proto::settings::redact_text(&error.to_string(), redis)
+                    ),
+                );
             }
         }
         if let Some(id) = &self.executor_id
@@ -232,8 +298,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .executor_id
         .clone()
         .unwrap_or_else(|| format!("executor-{}", uuid::Uuid::new_v4()));
-    let channel = tonic::transport::Endpoint::from_shared(config.planner.clone())
-        .with_context(|| format!("invalid setting --planner: {}", config.planner))?
+    let endpoint = tonic::transport::Endpoint::from_shared(config.planner.clone())
+        .with_context(|| format!("invalid setting --planner: {}", config.planner))?;
+    let channel = config
+        .planner_tls()
+        .apply(&config.planner, endpoint)
+        .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?
         .tcp_nodelay(true)
         // A half-open link to the planner is noticed (HTTP/2 PING), so
         // claims, renewals and reports fail instead of hanging.

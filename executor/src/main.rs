@@ -4,17 +4,26 @@
 use std::process::ExitCode;
 
 use redrive_executor::Config;
-use redrive_proto::settings::parse_or_exit;
+use redrive_proto::settings::{EX_USAGE, parse_or_exit};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config =
-        match parse_or_exit::<Config>("redrive-executor", std::env::args_os(), Config::validate) {
-            Ok(config) => config,
-            Err(code) => return code,
-        };
+    let config = match parse_or_exit::<Config>("redrive-executor", std::env::args_os(), |config| {
+        config.clone().with_secret_files()?.validate()
+    }) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    // Checked above: the files were readable a moment ago.
+    let config = match config.with_secret_files() {
+        Ok(config) => config,
+        Err(problems) => {
+            eprintln!("redrive-executor: {problems}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

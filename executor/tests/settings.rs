@@ -66,3 +66,39 @@ fn every_bad_setting_is_named() {
         "{stderr}"
     );
 }
+
+/// Issue 15: no password in `--help` or in a bad setting's error; TLS files
+/// need an `https://` planner and go in pairs.
+#[test]
+fn secrets_stay_hidden_and_tls_files_are_checked() {
+    let output = Command::new(env!("CARGO_BIN_EXE_redrive-executor"))
+        .arg("--help")
+        .env_clear()
+        .env("REDRIVE_AMQP_URL", "amqp://u:hunter2@rabbit:5672/%2f")
+        .env("REDRIVE_REDIS_URL", "redis://:hunter2@redis:6379")
+        .output()
+        .expect("running redrive-executor");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("REDRIVE_REDIS_URL"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
+    let (code, stderr) = executor(&[
+        "--redis-url",
+        "redis://:hunter2@redis:port",
+        "--amqp-url",
+        "amqp://u:hunter2@rabbit:port/%2f",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["amqp-url", "redis-url"], "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    let (code, stderr) = executor(&["--ca", "/etc/ca.pem"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("https://"), "{stderr}");
+    let (code, stderr) = executor(&[
+        "--planner",
+        "https://planner:50051",
+        "--tls-client-cert",
+        "/etc/executor.pem",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("--tls-client-key"), "{stderr}");
+}

@@ -1,7 +1,7 @@
 //! The planner's configuration: flags with `REDRIVE_…` environment fallbacks,
 //! defaults pointing at the local services, validated at start-up.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use redrive_proto::limits::{
     MAX_AGE, MAX_CAPTURE_BATCH_WAIT_MS, MAX_LEASE_TTL_SECONDS, MAX_REDRIVES, at_most,
@@ -9,9 +9,12 @@ use redrive_proto::limits::{
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use redrive_proto::settings::{SettingError, SettingErrors, check_amqp_url};
+use redrive_proto::settings::{
+    SettingError, SettingErrors, check_amqp_url, read_secret_file, redact_text, redact_url,
+};
 
 use crate::{
+    auth::{AuthSettings, Authenticator, JwtSettings},
     dead_letter::ExtractionRules,
     message_key::KeySource,
     policy::Policy,
@@ -30,25 +33,115 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// PostgreSQL URL; the database is created if it does not exist.
+    /// PostgreSQL URL; the database is created if it does not exist. TLS:
+    /// `?sslmode=require` (or `verify-full` with `sslrootcert=FILE`).
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         default_value = "postgres://postgres@127.0.0.1:5432/redrive"
     )]
     pub database_url: String,
+
+    /// A file holding the PostgreSQL URL (it carries a password): read at
+    /// start, surrounding whitespace dropped; overrides --database-url.
+    #[arg(long, env = "REDRIVE_DATABASE_URL_FILE", value_name = "FILE")]
+    pub database_url_file: Option<PathBuf>,
 
     /// Most PostgreSQL connections this planner opens.
     #[arg(long, env = "REDRIVE_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
 
-    /// AMQP URL of the RabbitMQ broker.
+    /// AMQP URL of the RabbitMQ broker (`amqps://` for TLS).
     #[arg(
         long,
         env = "REDRIVE_AMQP_URL",
+        hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
+
+    /// A file holding the AMQP URL: read at start, surrounding whitespace
+    /// dropped; overrides --amqp-url.
+    #[arg(long, env = "REDRIVE_AMQP_URL_FILE", value_name = "FILE")]
+    pub amqp_url_file: Option<PathBuf>,
+
+    /// PEM certificate chain the planner serves gRPC over TLS with (needs
+    /// --tls-key).
+    #[arg(long, env = "REDRIVE_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "REDRIVE_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM bundle of the CAs client certificates must chain to: callers
+    /// present certificates (required unless --token-file or JWT keys are set
+    /// too) and are named by their CN or first DNS name (see --cert-role).
+    #[arg(long, env = "REDRIVE_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Roles of client certificates: `NAME=ROLE[,ROLE...]`, NAME a
+    /// certificate's name or a prefix ending in `*` (`executor-*=executor`);
+    /// first match wins; `delegate` among the roles lets it act for users.
+    /// Repeatable; `;`-separated in the environment.
+    #[arg(
+        long = "cert-role",
+        env = "REDRIVE_CERT_ROLES",
+        value_delimiter = ';',
+        value_name = "NAME=ROLES"
+    )]
+    pub cert_roles: Vec<String>,
+
+    /// Static bearer tokens: a TOML file of `[[token]]` tables with `name`,
+    /// `sha256` (hex SHA-256 of the token) and `roles`.
+    #[arg(long, env = "REDRIVE_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// A PEM public key (RSA, EC or Ed25519) bearer JWTs may be signed with
+    /// (repeatable).
+    #[arg(
+        long = "jwt-public-key",
+        env = "REDRIVE_JWT_PUBLIC_KEYS",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
+    pub jwt_public_keys: Vec<PathBuf>,
+
+    /// A JWKS file (RFC 7517) of the keys bearer JWTs may be signed with.
+    #[arg(long, env = "REDRIVE_JWT_JWKS", value_name = "FILE")]
+    pub jwt_jwks: Option<PathBuf>,
+
+    /// The `iss` every bearer JWT must carry.
+    #[arg(long, env = "REDRIVE_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// The `aud` every bearer JWT must carry.
+    #[arg(long, env = "REDRIVE_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// The JWT claim holding the caller's roles (an array of strings, or one
+    /// space-separated string).
+    #[arg(long, env = "REDRIVE_JWT_ROLES_CLAIM", default_value = "roles")]
+    pub jwt_roles_claim: String,
+
+    /// The JWT claim naming the caller.
+    #[arg(long, env = "REDRIVE_JWT_NAME_CLAIM", default_value = "sub")]
+    pub jwt_name_claim: String,
+
+    /// Health and reflection need credentials too (by default they answer
+    /// anyone, for load balancers and grpcurl).
+    #[arg(
+        long,
+        env = "REDRIVE_AUTHENTICATE_HEALTH_AND_REFLECTION",
+        default_value_t = false
+    )]
+    pub authenticate_health_and_reflection: bool,
+
+    /// Let the planner listen on a non-loopback address without TLS or
+    /// without authentication (it logs a warning).
+    #[arg(long, env = "REDRIVE_INSECURE", default_value_t = false)]
+    pub insecure: bool,
 
     /// A dead-letter queue to capture (repeatable; the environment variable
     /// takes a comma-separated list). The queue must exist.
@@ -122,6 +215,20 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub state_checks: Vec<String>,
+
+    /// PEM bundle of the CAs `https://` state-check hooks' certificates must
+    /// chain to (default: the platform's roots).
+    #[arg(long, env = "REDRIVE_STATE_CHECK_CA", value_name = "FILE")]
+    pub state_check_ca: Option<PathBuf>,
+
+    /// PEM client certificate presented to `https://` state-check hooks
+    /// (needs --state-check-client-key).
+    #[arg(long, env = "REDRIVE_STATE_CHECK_CLIENT_CERT", value_name = "FILE")]
+    pub state_check_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --state-check-client-cert.
+    #[arg(long, env = "REDRIVE_STATE_CHECK_CLIENT_KEY", value_name = "FILE")]
+    pub state_check_client_key: Option<PathBuf>,
 
     /// Precheck policy: dead letters of this event type (or a prefix ending
     /// in `*`) older than DURATION are stale, e.g. `payment.*=2h` (repeatable;
@@ -216,26 +323,29 @@ impl Config {
     fn problems(&self) -> Vec<SettingError> {
         let mut problems = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
+        let shown_database_url = redact_url(&self.database_url);
         if !self.database_url.starts_with("postgres://")
             && !self.database_url.starts_with("postgresql://")
         {
             problem(
                 "database-url",
-                format!("{:?} is not a postgres:// URL", self.database_url),
+                format!("{shown_database_url:?} is not a postgres:// URL"),
             );
         } else {
             match self
                 .database_url
                 .parse::<sqlx::postgres::PgConnectOptions>()
             {
-                Err(error) => problem("database-url", format!("{error}")),
+                Err(error) => problem(
+                    "database-url",
+                    redact_text(&error.to_string(), &self.database_url),
+                ),
                 // Without a name the server's default database would do,
                 // often `postgres`: the planner would migrate into it.
                 Ok(options) if options.get_database().is_none_or(str::is_empty) => problem(
                     "database-url",
                     format!(
-                        "{:?} names no database (e.g. postgres://host/redrive)",
-                        self.database_url
+                        "{shown_database_url:?} names no database (e.g. postgres://host/redrive)"
                     ),
                 ),
                 Ok(_) => {}
@@ -306,6 +416,7 @@ impl Config {
             }
         }
         problems.extend(self.try_policy().err().unwrap_or_default());
+        problems.extend(self.transport_problems());
         // A body is stored whole and sent in one gRPC message.
         let most_body = redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES / 2;
         if !(1..=most_body).contains(&self.max_body_bytes) {
@@ -324,6 +435,149 @@ impl Config {
             problems.push(SettingError::new(
                 "lease-ttl-seconds",
                 format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
+            ));
+        }
+        problems
+    }
+
+    /// The settings with `--database-url-file` and `--amqp-url-file` read
+    /// into `database_url` and `amqp_url`.
+    ///
+    /// # Errors
+    /// A file that cannot be read or is empty (named, its content never
+    /// shown).
+    pub fn with_secret_files(mut self) -> Result<Self, SettingErrors> {
+        let mut problems = Vec::new();
+        if let Some(path) = &self.database_url_file {
+            match read_secret_file("database-url-file", path) {
+                Ok(url) => self.database_url = url,
+                Err(problem) => problems.push(problem),
+            }
+        }
+        if let Some(path) = &self.amqp_url_file {
+            match read_secret_file("amqp-url-file", path) {
+                Ok(url) => self.amqp_url = url,
+                Err(problem) => problems.push(problem),
+            }
+        }
+        SettingErrors::check(problems)?;
+        Ok(self)
+    }
+
+    /// The TLS files for `https://` state-check hooks.
+    pub fn state_check_tls(&self) -> redrive_proto::tls::ClientTlsFiles {
+        redrive_proto::tls::ClientTlsFiles {
+            ca: self.state_check_ca.clone(),
+            client_cert: self.state_check_client_cert.clone(),
+            client_key: self.state_check_client_key.clone(),
+        }
+    }
+
+    /// What authentication these settings ask for.
+    pub fn auth_settings(&self) -> AuthSettings {
+        AuthSettings {
+            token_file: self.token_file.clone(),
+            jwt: JwtSettings {
+                public_keys: self.jwt_public_keys.clone(),
+                jwks: self.jwt_jwks.clone(),
+                issuer: self.jwt_issuer.clone(),
+                audience: self.jwt_audience.clone(),
+                roles_claim: self.jwt_roles_claim.clone(),
+                name_claim: self.jwt_name_claim.clone(),
+            },
+            client_certificates: self.tls_client_ca.is_some(),
+            cert_roles: self.cert_roles.clone(),
+            protect_open_services: self.authenticate_health_and_reflection,
+        }
+    }
+
+    /// The authenticator (reads the token, key and JWKS files); `None` when
+    /// authentication is off.
+    ///
+    /// # Errors
+    /// Every problem of the auth settings.
+    pub fn authenticator(&self) -> Result<Option<Authenticator>, SettingErrors> {
+        Authenticator::load(&self.auth_settings()).map_err(SettingErrors)
+    }
+
+    /// The server's TLS configuration (reads the files); `None` without
+    /// `--tls-cert`. With `--tls-client-ca`, client certificates are
+    /// verified against it, and required unless bearer tokens are accepted
+    /// too (`client_certificates_optional`).
+    ///
+    /// # Errors
+    /// A file that cannot be read, named.
+    pub fn server_tls(
+        &self,
+        client_certificates_optional: bool,
+    ) -> Result<Option<tonic::transport::ServerTlsConfig>, SettingErrors> {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let read = |setting: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|error| {
+                SettingErrors(vec![SettingError::new(
+                    setting,
+                    format!("cannot read {}: {error}", path.display()),
+                )])
+            })
+        };
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
+            read("tls-cert", cert)?,
+            read("tls-key", key)?,
+        ));
+        if let Some(ca) = &self.tls_client_ca {
+            config = config
+                .client_ca_root(Certificate::from_pem(read("tls-client-ca", ca)?))
+                .client_auth_optional(client_certificates_optional);
+        }
+        Ok(Some(config))
+    }
+
+    /// Whether the planner may serve without TLS or authentication here:
+    /// on a loopback address, or with `--insecure`.
+    pub fn exposed_without_protection(&self) -> bool {
+        !self.listen.ip().is_loopback()
+            && (self.tls_cert.is_none() || !self.auth_settings().enabled())
+    }
+
+    /// Problems of the TLS and authentication settings.
+    fn transport_problems(&self) -> Vec<SettingError> {
+        let mut problems = Vec::new();
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => problems.push(SettingError::new("tls-cert", "needs --tls-key")),
+            (None, Some(_)) => problems.push(SettingError::new("tls-key", "needs --tls-cert")),
+            _ => {}
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            problems.push(SettingError::new(
+                "tls-client-ca",
+                "needs --tls-cert and --tls-key (client certificates come with TLS)",
+            ));
+        }
+        let hook_tls = self.state_check_tls();
+        if hook_tls.any()
+            && let Err(text) = hook_tls.config_for("https://hook")
+        {
+            problems.push(SettingError::new(
+                "state-check-ca",
+                text.replace("--ca", "--state-check-ca")
+                    .replace("--tls-client", "--state-check-client"),
+            ));
+        }
+        if let Err(more) = self.authenticator() {
+            problems.extend(more.0);
+        }
+        if self.exposed_without_protection() && !self.insecure {
+            problems.push(SettingError::new(
+                "listen",
+                format!(
+                    "{} is not a loopback address: serving it needs TLS (--tls-cert, --tls-key) and \
+                     authentication (--tls-client-ca, --token-file or --jwt-public-key/--jwt-jwks), \
+                     or --insecure to serve it unprotected anyway",
+                    self.listen
+                ),
             ));
         }
         problems
@@ -534,6 +788,101 @@ mod tests {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
         }
+    }
+
+    /// Issue 15: a non-loopback address needs TLS and authentication, or
+    /// --insecure.
+    #[test]
+    fn a_public_address_needs_tls_and_authentication_or_insecure() {
+        let error = config(&["--listen", "0.0.0.0:50051"]).unwrap_err();
+        assert!(
+            error.contains("--listen") && error.contains("--insecure"),
+            "{error}"
+        );
+        let insecure = config(&["--listen", "0.0.0.0:50051", "--insecure"]).unwrap();
+        assert!(insecure.exposed_without_protection());
+        assert!(!Config::for_database("postgres://x/y").exposed_without_protection());
+        // TLS without authentication is still unprotected.
+        let mut tls_only = Config::for_database("postgres://x/y");
+        tls_only.listen = "0.0.0.0:50051".parse().unwrap();
+        tls_only.tls_cert = Some("cert.pem".into());
+        tls_only.tls_key = Some("key.pem".into());
+        assert!(tls_only.exposed_without_protection());
+        for (args, setting) in [
+            (&["--tls-cert", "c.pem"][..], "--tls-cert"),
+            (&["--tls-client-ca", "ca.pem"][..], "--tls-client-ca"),
+            (&["--cert-role", "x=root"][..], "--cert-role"),
+            (
+                &["--jwt-public-key", "/nonexistent.pem"][..],
+                "--jwt-issuer",
+            ),
+            (&["--token-file", "/nonexistent.toml"][..], "--token-file"),
+        ] {
+            let error = config(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+    }
+
+    /// Issue 15: `--help` printed `DATABASE_URL=postgres://u:secret@…`, and a
+    /// bad URL's error printed it whole.
+    #[test]
+    fn secrets_stay_out_of_help_and_errors() {
+        let command = Config::command();
+        for name in ["database_url", "amqp_url"] {
+            let arg = command
+                .get_arguments()
+                .find(|arg| arg.get_id() == name)
+                .unwrap();
+            assert!(arg.is_hide_env_values_set(), "{name}");
+        }
+        let error = config(&["--database-url", "postgres://u:secret@db:notaport/x"]).unwrap_err();
+        assert!(
+            error.contains("database-url") && !error.contains("secret"),
+            "{error}"
+        );
+        let error = config(&["--database-url", "mysql://u:secret@db/x"]).unwrap_err();
+        assert!(
+            error.contains("u:***@db") && !error.contains("secret"),
+            "{error}"
+        );
+        let error = config(&["--amqp-url", "amqp://u:secret@h:port/%2f"]).unwrap_err();
+        assert!(
+            error.contains("amqp-url") && !error.contains("secret"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn urls_can_come_from_files() {
+        let dir = std::env::temp_dir().join(format!("redrive-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("database-url");
+        std::fs::write(&path, "postgres://u:secret@db/redrive\n").unwrap();
+        let config = Config::try_parse_from([
+            "redrive-planner",
+            "--database-url-file",
+            path.to_str().unwrap(),
+        ])
+        .unwrap()
+        .with_secret_files()
+        .unwrap();
+        assert_eq!(config.database_url, "postgres://u:secret@db/redrive");
+        config.validate().unwrap();
+        std::fs::write(&path, "  \n").unwrap();
+        let error = Config::try_parse_from([
+            "redrive-planner",
+            "--database-url-file",
+            path.to_str().unwrap(),
+        ])
+        .unwrap()
+        .with_secret_files()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("database-url-file") && error.contains("empty"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Test configs read no `REDRIVE_*` variable. The test runs itself as a

@@ -62,12 +62,16 @@ impl PlannerState {
     }
 }
 
-/// Request metadata key naming the person or system making a call (bound to a
-/// credential by later authentication work).
-pub const ACTOR_METADATA: &str = "x-redrive-actor";
+pub use crate::auth::ACTOR_METADATA;
 
-/// The actor of `request`, `"anonymous"` when not given.
+/// The actor `request` is recorded under: the one authentication settled
+/// ([`crate::auth::Actor`]: the principal, or `portal-x for alice`), else
+/// (authentication off) the `x-redrive-actor` header, `"anonymous"` when
+/// not given.
 fn actor<T>(request: &Request<T>) -> String {
+    if let Some(actor) = request.extensions().get::<crate::auth::Actor>() {
+        return actor.to_string();
+    }
     request
         .metadata()
         .get(ACTOR_METADATA)

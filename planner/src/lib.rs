@@ -24,8 +24,12 @@
 //!   letter.
 //! - [`store`]: the PostgreSQL queries.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
+//! - [`auth`], [`roles`]: who is calling (client certificates, bearer JWTs,
+//!   static tokens → [`auth::Principal`]), the one table of which role each
+//!   RPC needs, and the actor a call is recorded under.
 
 pub mod audit;
+pub mod auth;
 pub mod body;
 pub mod capture;
 pub mod config;
@@ -45,6 +49,7 @@ pub mod plan;
 pub mod plan_state;
 pub mod policy;
 pub mod precheck;
+pub mod roles;
 pub mod selector;
 pub mod single;
 pub mod state_check;
@@ -115,10 +120,26 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let authenticator = config.authenticator()?.map(Arc::new);
+    let tls = config.server_tls(
+        authenticator
+            .as_ref()
+            .is_some_and(|authenticator| authenticator.accepts_bearer_tokens()),
+    )?;
+    if config.exposed_without_protection() {
+        warn!(
+            listen = %config.listen,
+            tls = tls.is_some(),
+            authentication = authenticator.is_some(),
+            "--insecure: serving a non-loopback address without TLS or without authentication; \
+             anyone who reaches it can call every RPC as anyone"
+        );
+    }
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?;
     let rules = Arc::new(config.extraction_rules());
     let notifier = Notifier::new();
-    let checker = Arc::new(StateChecker::new(config.state_check_routes()));
+    let checker =
+        Arc::new(StateChecker::new(config.state_check_routes()).with_tls(config.state_check_tls()));
     let coordinator_service = coordinator::Coordinator::new(
         store.clone(),
         notifier.clone(),
@@ -162,13 +183,24 @@ pub async fn run(
             .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
     let gate = ReadyGate(Arc::clone(&ready));
-    info!(listen = %listener.local_addr()?, capture_queues = ?config.capture_queues, "planner serving");
+    info!(
+        listen = %listener.local_addr()?,
+        capture_queues = ?config.capture_queues,
+        tls = tls.is_some(),
+        authentication = authenticator.is_some(),
+        "planner serving"
+    );
     let server_shutdown = shutdown.clone();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .layer(tower::util::MapResponseLayer::new(
                 oversized_is_resource_exhausted::<tonic::body::Body>,
             ))
+            .layer(auth::AuthLayer::new(authenticator))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)

@@ -10,11 +10,20 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config =
-        match parse_or_exit::<Config>("redrive-planner", std::env::args_os(), Config::validate) {
-            Ok(config) => config,
-            Err(code) => return code,
-        };
+    let config = match parse_or_exit::<Config>("redrive-planner", std::env::args_os(), |config| {
+        config.clone().with_secret_files()?.validate()
+    }) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    // Checked above: the files were readable a moment ago.
+    let config = match config.with_secret_files() {
+        Ok(config) => config,
+        Err(problems) => {
+            eprintln!("redrive-planner: {problems}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     if config.log_json {
         tracing_subscriber::fmt()

@@ -219,7 +219,9 @@ pub async fn get(store: &Store, plan_id: PlanId) -> Result<v1::Plan, Error> {
 /// `max_precheck_age` ago (the planner's `--max-precheck-age`), or dead letters
 /// of the plan replayed by another plan or repaired since its precheck (each
 /// message says to run the precheck again); `PermissionDenied` when
-/// `four_eyes` is on and the approver created the plan; store errors.
+/// `four_eyes` is on and the approver created the plan (the users compared,
+/// [`crate::auth::recorded_user`]: a delegated `portal-x for alice` is
+/// alice); store errors.
 pub async fn approve(
     store: &Store,
     plan_id: PlanId,
@@ -229,9 +231,13 @@ pub async fn approve(
     max_precheck_age: Duration,
 ) -> Result<v1::Plan, Error> {
     let plan = get(store, plan_id).await?;
-    if four_eyes && actor == plan.created_by {
+    // The people, not the principals: `portal-x for alice` is alice.
+    let approver = crate::auth::recorded_user(actor);
+    if four_eyes && approver == crate::auth::recorded_user(&plan.created_by) {
         return Err(Error::PermissionDenied(format!(
-            "four-eyes approval is on: {actor} created plan {plan_id}, so someone else must approve it"
+            "four-eyes approval is on: {approver} created plan {plan_id} (as {}), so someone else \
+             must approve it",
+            plan.created_by
         )));
     }
     if digest.trim() != plan.precheck_digest {

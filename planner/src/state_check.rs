@@ -176,6 +176,8 @@ pub enum StateCheckError {
 pub struct StateChecker {
     routes: Vec<HookRoute>,
     clients: Mutex<HashMap<String, StateCheckClient<Channel>>>,
+    /// CA bundle and client certificate for `https://` hooks.
+    tls: redrive_proto::tls::ClientTlsFiles,
 }
 
 impl StateChecker {
@@ -184,7 +186,15 @@ impl StateChecker {
         Self {
             routes,
             clients: Mutex::new(HashMap::new()),
+            tls: redrive_proto::tls::ClientTlsFiles::default(),
         }
+    }
+
+    /// The checker calling `https://` hooks with `tls` (a CA bundle, else
+    /// the platform's roots; a client certificate when given).
+    pub fn with_tls(mut self, tls: redrive_proto::tls::ClientTlsFiles) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Whether any hook is configured.
@@ -215,11 +225,15 @@ impl StateChecker {
         if let Some(client) = clients.get(url) {
             return Ok(client.clone());
         }
-        let endpoint =
-            Endpoint::from_shared(url.to_owned()).map_err(|error| StateCheckError::Failed {
-                url: url.to_owned(),
-                message: error.to_string(),
-            })?;
+        let failed = |message: String| StateCheckError::Failed {
+            url: url.to_owned(),
+            message,
+        };
+        let mut endpoint =
+            Endpoint::from_shared(url.to_owned()).map_err(|error| failed(error.to_string()))?;
+        if url.starts_with("https://") {
+            endpoint = self.tls.apply(url, endpoint).map_err(failed)?;
+        }
         let client = StateCheckClient::new(
             endpoint
                 .connect_timeout(Duration::from_secs(5))

@@ -154,3 +154,39 @@ fn a_bad_boolean_variable_is_named_beside_the_rest() {
     assert!(stderr.contains("'maybe'"), "{stderr}");
     assert!(stderr.contains("'soon'"), "{stderr}");
 }
+
+/// Issue 15: `--help` printed `DATABASE_URL=postgres://u:secret@…` (clap
+/// shows environment values), and a bad setting's error printed the URL
+/// whole.
+#[test]
+fn help_and_errors_show_no_password() {
+    let output = Command::new(env!("CARGO_BIN_EXE_redrive-planner"))
+        .arg("--help")
+        .env_clear()
+        .env("DATABASE_URL", "postgres://u:hunter2@db:5432/redrive")
+        .env("REDRIVE_AMQP_URL", "amqp://u:hunter2@rabbit:5672/%2f")
+        .output()
+        .expect("running redrive-planner");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("DATABASE_URL"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
+    let (code, stderr) = planner(&[
+        "--database-url",
+        "postgres://u:hunter2@db:notaport/redrive",
+        "--amqp-url",
+        "amqp://u:hunter2@rabbit:port/%2f",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["database-url", "amqp-url"], "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// Issue 15: no plaintext, unauthenticated port on a shared network unless
+/// asked for.
+#[test]
+fn a_public_address_without_tls_and_authentication_is_refused() {
+    let (code, stderr) = planner(&["--listen", "0.0.0.0:0"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["listen"], "{stderr}");
+    assert!(stderr.contains("--insecure"), "{stderr}");
+}

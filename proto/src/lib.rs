@@ -12,6 +12,8 @@
 //! - [`time`]: conversions between protobuf and chrono times and durations.
 //! - `settings` (feature `settings`): the services' start-up settings, every
 //!   bad one reported at once.
+//! - [`tls`]: client TLS to the planner and hooks (`https://`, a CA bundle,
+//!   an optional client certificate).
 //! - `amqp` (feature `amqp`): lossless conversions between the API's header and
 //!   property shapes and lapin's AMQP types.
 
@@ -28,6 +30,7 @@ pub mod limits;
 pub mod names;
 #[cfg(feature = "settings")]
 pub mod settings;
+pub mod tls;
 
 /// Encoded `FileDescriptorSet` of every `redrive.v1` file, for
 /// `tonic_reflection::server::Builder::register_encoded_file_descriptor_set`.

@@ -202,12 +202,70 @@ fn first_line(error: &clap::Error) -> String {
 /// # Errors
 /// What is wrong with it.
 pub fn check_amqp_url(url: &str) -> Result<(), String> {
+    let shown = redact_url(url);
     if !url.starts_with("amqp://") && !url.starts_with("amqps://") {
-        return Err(format!("{url:?} is not an amqp:// URL"));
+        return Err(format!("{shown:?} is not an amqp:// URL"));
     }
     url.parse::<lapin::uri::AMQPUri>()
         .map(|_| ())
-        .map_err(|error| format!("{url:?}: {error}"))
+        .map_err(|error| format!("{shown:?}: {}", redact_text(&error.to_string(), url)))
+}
+
+/// `url` with the password of its user info (`scheme://user:PASSWORD@host`,
+/// RFC 3986 section 3.2.1) replaced by `***`, for logs and error messages;
+/// unchanged when it has none.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((user_info, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match user_info.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+        None => url.to_owned(),
+    }
+}
+
+/// `text` with every occurrence of `url`'s password replaced by `***` (a
+/// parser's error that quotes part of the URL).
+pub fn redact_text(text: &str, url: &str) -> String {
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .and_then(|(user_info, _)| user_info.split_once(':'))
+        .map(|(_, password)| password)
+        .filter(|password| !password.is_empty());
+    match password {
+        Some(password) => text.replace(password, "***"),
+        None => text.to_owned(),
+    }
+}
+
+/// The secret in `path` (a `--…-file` setting): the file's text without
+/// surrounding whitespace (a trailing newline, as `echo` writes it).
+///
+/// # Errors
+/// The file cannot be read, is not UTF-8 or is empty; the message names
+/// `setting` and the path, never the content.
+pub fn read_secret_file(
+    setting: &'static str,
+    path: &std::path::Path,
+) -> Result<String, SettingError> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        SettingError::new(setting, format!("cannot read {}: {error}", path.display()))
+    })?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(SettingError::new(
+            setting,
+            format!("{} is empty", path.display()),
+        ));
+    }
+    Ok(secret.to_owned())
 }
 
 #[cfg(test)]
@@ -223,6 +281,21 @@ mod tests {
         port: Vec<u16>,
         #[arg(long, default_value = "fine")]
         name: String,
+    }
+
+    #[test]
+    fn url_passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u:secret@db:5432/x?sslmode=require"),
+            "postgres://u:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(redact_url("redis://redis:6379"), "redis://redis:6379");
+        assert_eq!(redact_url("amqp://guest@h/%2f"), "amqp://guest@h/%2f");
+        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_text("bad port in u:secret@h:x", "amqp://u:secret@h:x"),
+            "bad port in u:***@h:x"
+        );
     }
 
     fn args(list: &[&str]) -> Vec<OsString> {

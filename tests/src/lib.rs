@@ -16,6 +16,8 @@
 //! - [`TcpProxy`]: forwards to a server until cut or stalled.
 //! - [`ExecutorProcess`]: the `redrive-executor` binary as a child process.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
+//! - [`pki`]: a CA, certificates, tokens and JWTs made for one test;
+//!   [`TestBed::start_secure`] runs the planner with TLS and authentication.
 //! - [`raw`]: gRPC calls with bytes the generated clients would not send
 //!   (undecodable and oversized requests).
 //! - [`bench`]: what the benchmarks share (generated dead letters, the
@@ -26,6 +28,7 @@
 
 pub mod bench;
 pub mod orders_hook;
+pub mod pki;
 pub mod scenario;
 
 use std::{
@@ -44,7 +47,7 @@ use lapin::{
     types::FieldTable,
 };
 use redrive_planner::Config;
-use redrive_proto::v1::planner_client::PlannerClient;
+use redrive_proto::{tls::ClientTlsFiles, v1::planner_client::PlannerClient};
 use sqlx::{Postgres, migrate::MigrateDatabase};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -555,6 +558,9 @@ pub struct PlannerHandle {
     pub shutdown: CancellationToken,
     /// `None` once [`PlannerHandle::halt`] waited for it.
     task: Option<JoinHandle<anyhow::Result<()>>>,
+    /// What [`PlannerHandle::client`] presents (a CA and a client
+    /// certificate when the planner serves TLS); empty for plain HTTP.
+    pub tls: ClientTlsFiles,
 }
 
 impl PlannerHandle {
@@ -563,6 +569,16 @@ impl PlannerHandle {
     /// # Errors
     /// When it does not answer within 30 s.
     pub async fn start(config: Config) -> anyhow::Result<Self> {
+        Self::start_with(config, ClientTlsFiles::default()).await
+    }
+
+    /// [`PlannerHandle::start`] for a planner serving TLS: `tls` (the CA,
+    /// and a client certificate when the planner requires one) is what its
+    /// clients present.
+    ///
+    /// # Errors
+    /// When it does not answer within 30 s.
+    pub async fn start_with(config: Config, tls: ClientTlsFiles) -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
@@ -571,10 +587,11 @@ impl PlannerHandle {
             addr,
             shutdown,
             task: Some(task),
+            tls,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(channel) = GrpcChannel::from_shared(handle.url())?.connect().await {
+            if let Ok(channel) = handle.channel().await {
                 let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
                 let request = tonic_health::pb::HealthCheckRequest {
                     service: "redrive.v1.Planner".to_owned(),
@@ -599,9 +616,31 @@ impl PlannerHandle {
         }
     }
 
-    /// `http://127.0.0.1:port`.
+    /// `http://127.0.0.1:port`, or `https://` when it serves TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.any() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// A connection presenting [`PlannerHandle::tls`].
+    ///
+    /// # Errors
+    /// When the planner is not reachable or a TLS file is bad.
+    pub async fn channel(&self) -> anyhow::Result<GrpcChannel> {
+        self.channel_as(&self.tls).await
+    }
+
+    /// A connection presenting `tls` instead (another client certificate,
+    /// or none).
+    ///
+    /// # Errors
+    /// When the planner is not reachable or a TLS file is bad.
+    pub async fn channel_as(&self, tls: &ClientTlsFiles) -> anyhow::Result<GrpcChannel> {
+        let url = self.url();
+        let endpoint = tls
+            .apply(&url, GrpcChannel::from_shared(url.clone())?)
+            .map_err(anyhow::Error::msg)?;
+        Ok(endpoint.connect().await?)
     }
 
     /// A Planner client.
@@ -609,9 +648,7 @@ impl PlannerHandle {
     /// # Errors
     /// When the planner is not reachable.
     pub async fn client(&self) -> anyhow::Result<PlannerClient<GrpcChannel>> {
-        Ok(PlannerClient::connect(self.url())
-            .await?
-            .max_decoding_message_size(64 * 1024 * 1024))
+        Ok(PlannerClient::new(self.channel().await?).max_decoding_message_size(64 * 1024 * 1024))
     }
 
     /// Shuts the planner down and waits for it.
@@ -896,9 +933,39 @@ pub struct TestBed {
     broker: Option<Broker>,
     /// The database (created by the planner).
     pub db: TestDb,
+    /// The credentials of a secure bed ([`TestBed::start_secure`]).
+    pub pki: Option<Arc<pki::Pki>>,
 }
 
 impl TestBed {
+    /// [`TestBed::start`] with TLS and authentication on
+    /// ([`pki::Pki::secure`], then `configure`): the bed's client presents
+    /// the `test-admin` client certificate (role admin); others connect with
+    /// [`PlannerHandle::channel_as`].
+    ///
+    /// # Errors
+    /// When a service is unreachable or the planner does not start.
+    pub async fn start_secure(
+        broker: Option<Broker>,
+        pki: pki::Pki,
+        configure: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<Self> {
+        let db = TestDb::new();
+        let pki = Arc::new(pki);
+        let tls = pki.client("test-admin")?;
+        let planner =
+            PlannerHandle::start_with(Self::config(&db, Some(&pki), configure), tls).await?;
+        let client = planner.client().await?;
+        Ok(Self {
+            client,
+            planner,
+            redis: RedisKeys::new(),
+            broker,
+            db,
+            pki: Some(pki),
+        })
+    }
+
     /// A planner configured by `configure` over a new database (capture,
     /// keys and lease TTL are the caller's), with a broker connection and a
     /// Redis prefix.
@@ -931,7 +998,7 @@ impl TestBed {
         broker: Option<Broker>,
         configure: impl FnOnce(&mut Config),
     ) -> anyhow::Result<Self> {
-        let planner = PlannerHandle::start(Self::config(&db, configure)).await?;
+        let planner = PlannerHandle::start(Self::config(&db, None, configure)).await?;
         let client = planner.client().await?;
         Ok(Self {
             client,
@@ -939,13 +1006,18 @@ impl TestBed {
             redis: RedisKeys::new(),
             broker,
             db,
+            pki: None,
         })
     }
 
-    /// A planner config for `db` and the local RabbitMQ, then `configure`d.
-    fn config(db: &TestDb, configure: impl FnOnce(&mut Config)) -> Config {
+    /// A planner config for `db` and the local RabbitMQ (secured by `pki`
+    /// when given), then `configure`d.
+    fn config(db: &TestDb, pki: Option<&pki::Pki>, configure: impl FnOnce(&mut Config)) -> Config {
         let mut config = Config::for_database(db.url());
         config.amqp_url = AMQP_URL.to_owned();
+        if let Some(pki) = pki {
+            pki.secure(&mut config);
+        }
         configure(&mut config);
         config
     }
@@ -971,7 +1043,8 @@ impl TestBed {
         configure: impl FnOnce(&mut Config),
     ) -> anyhow::Result<()> {
         self.planner.halt().await?;
-        self.planner = PlannerHandle::start(Self::config(&self.db, configure)).await?;
+        let config = Self::config(&self.db, self.pki.as_deref(), configure);
+        self.planner = PlannerHandle::start_with(config, self.planner.tls.clone()).await?;
         self.client = self.planner.client().await?;
         Ok(())
     }
@@ -989,6 +1062,26 @@ impl TestBed {
         ExecutorHandle::config(&self.planner, Some((REDIS_URL, &self.redis.prefix)))
     }
 
+    /// [`TestBed::executor_config`] for a secure bed: the executor trusts
+    /// the bed's CA and presents a client certificate named `name`
+    /// (`executor-*` names get the executor role).
+    ///
+    /// # Errors
+    /// When the bed is not secure, or writing the certificate failed.
+    pub fn secure_executor_config(&self, name: &str) -> anyhow::Result<redrive_executor::Config> {
+        let pki = self
+            .pki
+            .as_ref()
+            .context("a bed started with TestBed::start_secure")?;
+        let tls = pki.client(name)?;
+        let mut config = self.executor_config();
+        config.ca = tls.ca;
+        config.tls_client_cert = tls.client_cert;
+        config.tls_client_key = tls.client_key;
+        config.executor_id = Some(name.to_owned());
+        Ok(config)
+    }
+
     /// Stops the planner (unless [`PlannerHandle::halt`]ed already), then
     /// cleans up the broker, Redis and the database.
     ///
@@ -1001,8 +1094,10 @@ impl TestBed {
             redis,
             broker,
             db,
+            pki,
         } = self;
         drop(client);
+        drop(pki);
         let stopped = planner.halt().await;
         if let Some(broker) = broker {
             broker.cleanup().await;

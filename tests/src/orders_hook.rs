@@ -181,6 +181,29 @@ pub async fn serve(
     Ok(())
 }
 
+/// Starts `hook` on `127.0.0.1:0` over TLS with `tls` in the background
+/// (as a hook on a shared network runs); returns its `https://` URL.
+///
+/// # Errors
+/// When binding fails or `tls` is refused.
+pub async fn spawn_tls(
+    hook: OrdersHook,
+    tls: tonic::transport::ServerTlsConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let server = tonic::transport::Server::builder()
+        .tls_config(tls)?
+        .add_service(StateCheckServer::new(hook))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown.cancelled_owned(),
+        );
+    tokio::spawn(server);
+    Ok(format!("https://{addr}"))
+}
+
 /// Starts `hook` on `127.0.0.1:0` in the background; returns its URL.
 ///
 /// # Errors

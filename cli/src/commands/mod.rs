@@ -75,6 +75,49 @@ pub struct Cli {
     )]
     pub actor: Option<String>,
 
+    /// PEM bundle of the CAs the planner's certificate must chain to, for an
+    /// https:// planner [default: the platform's roots].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_CA"
+    )]
+    pub ca: Option<std::path::PathBuf>,
+
+    /// PEM client certificate presented to an https:// planner (mutual TLS;
+    /// needs --tls-client-key).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_TLS_CLIENT_CERT"
+    )]
+    pub tls_client_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-client-cert.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_TLS_CLIENT_KEY"
+    )]
+    pub tls_client_key: Option<std::path::PathBuf>,
+
+    /// A file holding the bearer token (a static token or a JWT) sent as
+    /// `authorization: Bearer TOKEN` [default: $REDRIVE_TOKEN, if set].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE",
+        env = "REDRIVE_TOKEN_FILE"
+    )]
+    pub token_file: Option<std::path::PathBuf>,
+
     /// The profile of the config file to use
     /// ($XDG_CONFIG_HOME/redrive/config.toml, else
     /// ~/.config/redrive/config.toml).
@@ -114,6 +157,9 @@ pub enum Command {
     Completion(CompletionArgs),
     /// Print the manual page (roff), e.g. `redrivectl man > redrivectl.1`.
     Man,
+    /// Read a bearer token from stdin and print its SHA-256 (hex), the
+    /// `sha256` of the planner's `--token-file` entry for it.
+    HashToken,
 }
 
 /// `completion` arguments.
@@ -128,7 +174,49 @@ pub struct CompletionArgs {
     pub shell: Shell,
 }
 
+/// The SHA-256 of a bearer token, lowercase hex: what the planner's token
+/// file holds for it (the planner hashes what it receives the same way).
+pub fn hash_token(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
 impl Cli {
+    /// The credentials to present: the TLS files, and the bearer token from
+    /// `--token-file`, else the `REDRIVE_TOKEN` environment variable.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when the token file cannot be read or is empty.
+    pub fn credentials(&self) -> Result<client::Credentials, CliError> {
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|error| {
+                    CliError::Usage(format!("--token-file {}: {error}", path.display()))
+                })?;
+                let token = text.trim().to_owned();
+                if token.is_empty() {
+                    return Err(CliError::Usage(format!(
+                        "--token-file {} is empty",
+                        path.display()
+                    )));
+                }
+                Some(token)
+            }
+            None => std::env::var("REDRIVE_TOKEN")
+                .ok()
+                .map(|token| token.trim().to_owned())
+                .filter(|token| !token.is_empty()),
+        };
+        Ok(client::Credentials {
+            tls: redrive_proto::tls::ClientTlsFiles {
+                ca: self.ca.clone(),
+                client_cert: self.tls_client_cert.clone(),
+                client_key: self.tls_client_key.clone(),
+            },
+            token,
+        })
+    }
+
     /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else
     /// `profile_actor` (the config file's), else the `USER` environment
     /// variable, else `anonymous`.
@@ -158,6 +246,19 @@ pub fn write_generated(command: &Command, out: &mut dyn Write) -> Result<bool, C
             clap_complete::generate(args.shell, &mut cli(), "redrivectl", &mut text);
         }
         Command::Man => clap_mangen::Man::new(cli()).render(&mut text)?,
+        Command::HashToken => {
+            let mut token = String::new();
+            std::io::stdin().read_line(&mut token)?;
+            let token = token.trim();
+            if token.is_empty() {
+                return Err(CliError::Usage(
+                    "hash-token reads the token from stdin, e.g. printf %s \"$TOKEN\" | \
+                     redrivectl hash-token"
+                        .to_owned(),
+                ));
+            }
+            writeln!(text, "{}", hash_token(token))?;
+        }
         _ => return Ok(false),
     }
     out.write_all(&text)?;
@@ -176,7 +277,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         return Ok(crate::error::EX_OK);
     }
     let settings = config::Settings::resolve(&cli)?;
-    let actor = settings.actor;
+    let credentials = cli.credentials()?;
+    // With credentials the planner knows who calls: the actor is sent only
+    // when named (a delegating portal naming its user), never from $USER.
+    let actor = (!credentials.present() || settings.actor_given).then_some(settings.actor);
+    let actor = actor.as_deref();
     let planner_url = settings.planner;
     // Human output escapes control characters from dead letters
     // ([`crate::escape`]); only the live progress bar writes its own.
@@ -213,31 +318,31 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match cli.command {
         Command::DeadLetters(command) => {
             let command = command.read_input()?;
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             dead_letters::run(&mut planner, command, cli.json, out).await
         }
         Command::Import(args) => {
             // The file first: a typo in its name should not wait on the network.
             let input = import::open(&args.file)?;
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             import::run(&mut planner, args, input, cli.json, out).await
         }
         Command::Precheck(args) => {
             // Flag checks clap cannot do (a --stale-after pattern given twice)
             // before the network.
             let command = args.into_command()?;
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             precheck::run(&mut planner, command, cli.json, out).await
         }
         Command::Plan(command) => {
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             plan::run(&mut planner, command, cli.json, tty, out).await
         }
         Command::Replay(args) => {
-            let mut planner = client::connect(&planner_url, &actor).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             replay::run(&mut planner, args, cli.json, out).await
         }
-        Command::Completion(_) | Command::Man => Ok(crate::error::EX_OK),
+        Command::Completion(_) | Command::Man | Command::HashToken => Ok(crate::error::EX_OK),
     }
 }
 
@@ -247,6 +352,15 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("redrivectl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn tokens_hash_as_sha256sum_does() {
+        // printf %s s3cret | sha256sum
+        assert_eq!(
+            hash_token("s3cret"),
+            "1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0"
+        );
     }
 
     #[test]

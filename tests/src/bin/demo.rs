@@ -44,6 +44,15 @@ async fn main() -> ExitCode {
         }
     };
     let mut config = ScenarioConfig::demo(bin_dir);
+    // TLS and authentication on, as in production: a CA, certificates and
+    // tokens made for this run.
+    match redrive_tests::pki::Pki::new() {
+        Ok(pki) => config.pki = Some(std::sync::Arc::new(pki)),
+        Err(error) => {
+            eprintln!("redrive-demo: making the run's certificates: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     if args.small {
         config.shape = Shape::SMALL;
     }

@@ -114,6 +114,11 @@ pub struct ScenarioConfig {
     pub terminal: bool,
     /// How long the whole replay may take before the run gives up.
     pub replay_timeout: Duration,
+    /// With credentials, the planner serves TLS with authentication on:
+    /// executors present client certificates (`executor-*`: role
+    /// executor), `redrivectl` a token (`demo-operator`), the run's own
+    /// client the `scenario-admin` certificate.
+    pub pki: Option<std::sync::Arc<crate::pki::Pki>>,
 }
 
 impl ScenarioConfig {
@@ -139,13 +144,15 @@ impl ScenarioConfig {
             logs: Logs::Inherit,
             terminal: std::io::stdout().is_terminal(),
             replay_timeout: Duration::from_secs(180),
+            pki: None,
         }
     }
 
     /// The end-to-end test: small, with unique names and free ports, a
     /// database dropped at the end, 100 messages/s with a burst of 10, a 2 s
     /// observation window, a 3 s lease and `executor-1` killed mid-main-wave;
-    /// logs in a temporary directory.
+    /// logs in a temporary directory; TLS and authentication on
+    /// ([`ScenarioConfig::pki`]).
     ///
     /// # Errors
     /// When no free port can be found.
@@ -169,6 +176,7 @@ impl ScenarioConfig {
             terminal: false,
             replay_timeout: Duration::from_secs(90),
             names,
+            pki: Some(std::sync::Arc::new(crate::pki::Pki::new()?)),
         })
     }
 
@@ -177,7 +185,8 @@ impl ScenarioConfig {
     }
 
     fn planner_url(&self) -> String {
-        format!("http://{}", self.planner_addr)
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.planner_addr)
     }
 
     fn database_name(&self) -> &str {
@@ -266,25 +275,45 @@ async fn replay_incident(
     )?;
     wait_for_port(processes, config.hook_addr).await?;
     let lease_ttl = config.lease_ttl_seconds.to_string();
-    processes.spawn(
-        "redrive-planner",
-        "redrive-planner",
-        &[
-            "--listen",
-            &config.planner_addr.to_string(),
-            "--database-url",
-            &config.database_url,
-            "--capture-queue",
-            &dlq,
-            "--message-key",
-            "json:/order_id",
-            "--state-check",
-            &format!("order.*=http://{}", config.hook_addr),
-            "--lease-ttl-seconds",
-            &lease_ttl,
-        ],
-    )?;
-    let mut planner = wait_for_planner(processes, &config.planner_url()).await?;
+    let mut planner_args: Vec<String> = [
+        "--listen",
+        &config.planner_addr.to_string(),
+        "--database-url",
+        &config.database_url,
+        "--capture-queue",
+        &dlq,
+        "--message-key",
+        "json:/order_id",
+        "--state-check",
+        &format!("order.*=http://{}", config.hook_addr),
+        "--lease-ttl-seconds",
+        &lease_ttl,
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    let mut admin_tls = redrive_proto::tls::ClientTlsFiles::default();
+    if let Some(pki) = &config.pki {
+        let path = |name: &str| pki.path(name).to_string_lossy().into_owned();
+        planner_args.extend([
+            "--tls-cert".to_owned(),
+            path("planner.pem"),
+            "--tls-key".to_owned(),
+            path("planner.key"),
+            "--tls-client-ca".to_owned(),
+            pki.ca_pem.to_string_lossy().into_owned(),
+            "--cert-role".to_owned(),
+            "executor-*=executor".to_owned(),
+            "--cert-role".to_owned(),
+            "scenario-admin=admin".to_owned(),
+            "--token-file".to_owned(),
+            path("tokens.toml"),
+        ]);
+        admin_tls = pki.client("scenario-admin")?;
+    }
+    let planner_args: Vec<&str> = planner_args.iter().map(String::as_str).collect();
+    processes.spawn("redrive-planner", "redrive-planner", &planner_args)?;
+    let mut planner = wait_for_planner(processes, &config.planner_url(), &admin_tls).await?;
     for executor in ["executor-1", "executor-2"] {
         spawn_executor(config, processes, executor)?;
     }
@@ -293,7 +322,7 @@ async fn replay_incident(
         processes.describe(),
         config.planner_url()
     );
-    let ctl = Redrivectl::new(config);
+    let ctl = Redrivectl::new(config)?;
     captured(&mut planner, &dlq, shape.dead_letters()).await?;
     ctl.show(&[
         "dead-letters",

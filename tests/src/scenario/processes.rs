@@ -298,20 +298,34 @@ pub(super) fn spawn_executor(
     processes: &mut Processes,
     executor_id: &str,
 ) -> anyhow::Result<u32> {
-    processes.spawn(
+    let mut args: Vec<String> = [
+        "--planner",
+        &config.planner_url(),
+        "--redis-url",
+        REDIS_URL,
+        "--redis-prefix",
+        &config.redis_prefix,
+        "--executor-id",
         executor_id,
-        "redrive-executor",
-        &[
-            "--planner",
-            &config.planner_url(),
-            "--redis-url",
-            REDIS_URL,
-            "--redis-prefix",
-            &config.redis_prefix,
-            "--executor-id",
-            executor_id,
-        ],
-    )
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    if let Some(pki) = &config.pki {
+        // The certificate's name is the executor's principal.
+        let tls = pki.client(executor_id)?;
+        for (flag, path) in [
+            ("--ca", tls.ca),
+            ("--tls-client-cert", tls.client_cert),
+            ("--tls-client-key", tls.client_key),
+        ] {
+            if let Some(path) = path {
+                args.extend([flag.to_owned(), path.to_string_lossy().into_owned()]);
+            }
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    processes.spawn(executor_id, "redrive-executor", &args)
 }
 
 pub(super) async fn wait_for_port(
@@ -331,14 +345,19 @@ pub(super) async fn wait_for_port(
 }
 
 /// Waits until the planner reports SERVING on `grpc.health.v1` (its
-/// migrations applied) and returns a client.
+/// migrations applied) and returns a client presenting `tls` (for an
+/// `https://` planner).
 pub(super) async fn wait_for_planner(
     processes: &mut Processes,
     url: &str,
+    tls: &redrive_proto::tls::ClientTlsFiles,
 ) -> anyhow::Result<PlannerClient<Channel>> {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let endpoint = tls
+        .apply(url, Channel::from_shared(url.to_owned())?)
+        .map_err(anyhow::Error::msg)?;
     loop {
-        if let Ok(channel) = Channel::from_shared(url.to_owned())?.connect().await {
+        if let Ok(channel) = endpoint.connect().await {
             let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
             let request = tonic_health::pb::HealthCheckRequest {
                 service: "redrive.v1.Planner".to_owned(),
@@ -364,14 +383,24 @@ pub(super) async fn wait_for_planner(
 pub(super) struct Redrivectl {
     pub(super) program: PathBuf,
     pub(super) planner_url: String,
+    /// `REDRIVE_CA` and `REDRIVE_TOKEN_FILE` for a planner with TLS and
+    /// authentication (the token's principal is `demo-operator`).
+    pub(super) credentials: Option<(PathBuf, PathBuf)>,
 }
 
 impl Redrivectl {
-    pub(super) fn new(config: &ScenarioConfig) -> Self {
-        Self {
+    /// # Errors
+    /// Writing the token file failed.
+    pub(super) fn new(config: &ScenarioConfig) -> anyhow::Result<Self> {
+        let credentials = match &config.pki {
+            Some(pki) => Some((pki.ca_pem.clone(), pki.token_file("demo-operator")?)),
+            None => None,
+        };
+        Ok(Self {
             program: config.bin_dir.join("redrivectl"),
             planner_url: config.planner_url(),
-        }
+            credentials,
+        })
     }
 
     pub(super) fn command(&self, args: &[&str]) -> Command {
@@ -382,6 +411,11 @@ impl Redrivectl {
             .env("REDRIVE_ACTOR", "demo-operator")
             .stdin(Stdio::null())
             .kill_on_drop(true);
+        if let Some((ca, token_file)) = &self.credentials {
+            command
+                .env("REDRIVE_CA", ca)
+                .env("REDRIVE_TOKEN_FILE", token_file);
+        }
         command
     }
 

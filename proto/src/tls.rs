@@ -1,0 +1,134 @@
+//! The client side of TLS to the planner (and to state-check hooks): one way
+//! for `redrivectl`, the executor and the planner's hook client to turn an
+//! `https://` URL, a CA bundle and an optional client certificate into a
+//! tonic endpoint.
+//!
+//! An `https://` URL without a CA bundle trusts the platform's roots
+//! (`rustls-native-certs`); with `--ca` it trusts exactly that bundle. A
+//! client certificate (PEM chain and its PEM private key) is presented when
+//! both files are given: the planner maps its subject to a principal
+//! (README, "Security").
+
+use std::path::{Path, PathBuf};
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// The TLS files a client may be given; all optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTlsFiles {
+    /// PEM bundle of the CAs the server's certificate must chain to
+    /// (default: the platform's roots).
+    pub ca: Option<PathBuf>,
+    /// PEM certificate chain presented to the server (mutual TLS).
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of `client_cert` (PKCS#8, PKCS#1 or SEC1).
+    pub client_key: Option<PathBuf>,
+}
+
+impl ClientTlsFiles {
+    /// Whether any file is given.
+    pub fn any(&self) -> bool {
+        self.ca.is_some() || self.client_cert.is_some() || self.client_key.is_some()
+    }
+
+    /// Checks that the files go together with `url`: a client certificate
+    /// needs its key and the other way round, and TLS files need an
+    /// `https://` URL (they would be ignored otherwise).
+    ///
+    /// # Errors
+    /// A sentence saying which flag is missing or misplaced.
+    pub fn check(&self, url: &str) -> Result<(), String> {
+        match (&self.client_cert, &self.client_key) {
+            (Some(_), None) => {
+                return Err("--tls-client-cert needs --tls-client-key".to_owned());
+            }
+            (None, Some(_)) => {
+                return Err("--tls-client-key needs --tls-client-cert".to_owned());
+            }
+            _ => {}
+        }
+        if self.any() && !url.starts_with("https://") {
+            return Err(format!(
+                "--ca and --tls-client-cert/--tls-client-key need an https:// planner URL, not {url:?}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The TLS configuration for `url`: `None` for `http://`, else the CA
+    /// bundle (or the platform's roots) and the client identity.
+    ///
+    /// # Errors
+    /// A file that cannot be read, named.
+    pub fn config_for(&self, url: &str) -> Result<Option<ClientTlsConfig>, String> {
+        self.check(url)?;
+        if !url.starts_with("https://") {
+            return Ok(None);
+        }
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "--ca")?)),
+            None => config.with_enabled_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            config = config.identity(Identity::from_pem(
+                read(cert, "--tls-client-cert")?,
+                read(key, "--tls-client-key")?,
+            ));
+        }
+        Ok(Some(config))
+    }
+
+    /// `endpoint` with TLS set up for `url` (unchanged for `http://`).
+    ///
+    /// # Errors
+    /// As [`ClientTlsFiles::config_for`], or tonic refusing the configuration.
+    pub fn apply(&self, url: &str, endpoint: Endpoint) -> Result<Endpoint, String> {
+        match self.config_for(url)? {
+            None => Ok(endpoint),
+            Some(config) => endpoint
+                .tls_config(config)
+                .map_err(|error| format!("TLS configuration for {url}: {error}")),
+        }
+    }
+}
+
+/// The bytes of `path`, or an error naming `flag` and the file.
+///
+/// # Errors
+/// The I/O error, with the flag and path.
+pub fn read(path: &Path, flag: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|error| format!("{flag} {}: {error}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_must_go_together_and_with_https() {
+        let none = ClientTlsFiles::default();
+        assert!(none.check("http://x:1").is_ok());
+        assert!(none.config_for("http://x:1").unwrap().is_none());
+        assert!(none.config_for("https://x:1").unwrap().is_some());
+        let ca = ClientTlsFiles {
+            ca: Some("/nonexistent/ca.pem".into()),
+            ..Default::default()
+        };
+        assert!(ca.check("http://x:1").unwrap_err().contains("https://"));
+        assert!(
+            ca.config_for("https://x:1")
+                .unwrap_err()
+                .contains("--ca /nonexistent/ca.pem")
+        );
+        let half = ClientTlsFiles {
+            client_cert: Some("c.pem".into()),
+            ..Default::default()
+        };
+        assert!(
+            half.check("https://x:1")
+                .unwrap_err()
+                .contains("--tls-client-key")
+        );
+    }
+}

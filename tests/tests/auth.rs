@@ -1,0 +1,534 @@
+//! The trust boundary over real TLS (issue 15): certificates, tokens and JWTs
+//! made in the test ([`redrive_tests::pki`]); who may call what; four-eyes
+//! by authenticated principal; delegation recorded with both names; an
+//! executor with a client certificate replaying a plan end to end.
+
+use std::time::Duration;
+
+use redrive_proto::v1::{
+    self, ApprovePlanRequest, CreatePlanRequest, PlanState, Rate, RunPrecheckRequest,
+    coordinator_client::CoordinatorClient, planner_client::PlannerClient,
+};
+use redrive_tests::{
+    Broker, ExecutorHandle, TestBed, init_logging,
+    orders_hook::{self, OrdersHook},
+    pki::{JWT_AUDIENCE, JWT_ISSUER, Pki, token_of},
+};
+use tonic::{Code, Request, transport::Channel};
+
+mod support;
+use support::*;
+
+/// `message` sent with `authorization: Bearer TOKEN`, and `x-redrive-actor`
+/// when `actor` is given.
+fn bearer<T>(token: &str, actor: Option<&str>, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("an ASCII token"),
+    );
+    if let Some(actor) = actor {
+        request
+            .metadata_mut()
+            .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
+    }
+    request
+}
+
+/// `message` as principal `name` of the token file.
+fn as_principal<T>(name: &str, message: T) -> Request<T> {
+    bearer(token_of(name), None, message)
+}
+
+/// A secure bed capturing `incident`'s DLQ with four-eyes on, its 5 dead
+/// letters stored.
+async fn secure_bed(broker: Broker, dlq: &str) -> anyhow::Result<TestBed> {
+    let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
+        capturing(config, &[dlq]);
+        config.four_eyes = true;
+    })
+    .await?;
+    captured(&mut bed.client, dlq, 5).await?;
+    Ok(bed)
+}
+
+/// A client over TLS without a client certificate (trusting the bed's CA).
+async fn client_without_certificate(bed: &TestBed) -> anyhow::Result<PlannerClient<Channel>> {
+    let pki = bed.pki.as_ref().expect("a secure bed");
+    Ok(PlannerClient::new(
+        bed.planner.channel_as(&pki.anonymous()).await?,
+    ))
+}
+
+/// A precheck of `dlq` by `creator`, and a plan over it created as
+/// `creator` (`on_behalf_of` through `x-redrive-actor`): (plan, digest).
+async fn plan_by(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+    creator: &str,
+    on_behalf_of: Option<&str>,
+) -> anyhow::Result<(v1::Plan, String)> {
+    let report = client
+        .run_precheck(bearer(
+            token_of(creator),
+            on_behalf_of,
+            RunPrecheckRequest {
+                selector: Some(v1::Selector {
+                    sources: vec![dlq.to_owned()],
+                    ..Default::default()
+                }),
+                options: None,
+            },
+        ))
+        .await?
+        .into_inner();
+    let plan = client
+        .create_plan(bearer(
+            token_of(creator),
+            on_behalf_of,
+            CreatePlanRequest {
+                precheck_id: report.precheck_id.clone(),
+                rate: Some(Rate {
+                    per_second: 1000.0,
+                    burst: 10,
+                    rationale: "test downstream takes this easily".into(),
+                }),
+                observe_for: Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok((plan, report.digest))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_without_credentials_are_refused_but_health_answers() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let bed = secure_bed(broker, &incident.dlq).await?;
+    let mut anonymous = client_without_certificate(&bed).await?;
+    let refused = anonymous
+        .list_plans(v1::ListPlansRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("no credentials"), "{refused:?}");
+    // A wrong token is no better, and the message does not echo it.
+    let refused = anonymous
+        .list_plans(bearer("guessed", None, v1::ListPlansRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(!refused.message().contains("guessed"), "{refused:?}");
+    // Plain HTTP to the TLS port gets nowhere.
+    let plain = format!("http://{}", bed.planner.addr);
+    let plain_call = async {
+        let mut client = PlannerClient::connect(plain).await?;
+        client.list_plans(v1::ListPlansRequest::default()).await?;
+        anyhow::Ok(())
+    };
+    assert!(plain_call.await.is_err());
+    // Health answers anyone (load balancers), over TLS.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(
+        bed.planner
+            .channel_as(&bed.pki.as_ref().unwrap().anonymous())
+            .await?,
+    );
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "redrive.v1.Planner".to_owned(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        status.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    // With a token, the same client is someone.
+    let plans = anonymous
+        .list_plans(as_principal("vera", v1::ListPlansRequest::default()))
+        .await?
+        .into_inner();
+    assert!(plans.plans.is_empty());
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_viewer_cannot_approve_and_the_creator_cannot_approve_whatever_the_header()
+-> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
+    assert_eq!(plan.created_by, "alice");
+    let approve = || ApprovePlanRequest {
+        plan_id: plan.plan_id.clone(),
+        digest: digest.clone(),
+    };
+
+    // A viewer: the role is named.
+    let refused = bed
+        .client
+        .approve_plan(as_principal("vera", approve()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("vera") && refused.message().contains("approver"),
+        "{refused:?}"
+    );
+    // The creator naming someone else: refused, she may not delegate.
+    let refused = bed
+        .client
+        .approve_plan(bearer(token_of("alice"), Some("bob"), approve()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("delegate"), "{refused:?}");
+    // The creator as herself: four-eyes.
+    let refused = bed
+        .client
+        .approve_plan(as_principal("alice", approve()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("four-eyes"), "{refused:?}");
+    // The creator through a portal that may delegate: still alice.
+    let refused = bed
+        .client
+        .approve_plan(bearer(token_of("portal-x"), Some("alice"), approve()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("four-eyes"), "{refused:?}");
+    let still = bed
+        .client
+        .get_plan(v1::GetPlanRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(still.state(), PlanState::AwaitingApproval);
+    assert_eq!(still.approved_by, "");
+    // Someone else approves.
+    let approved = bed
+        .client
+        .approve_plan(as_principal("bob", approve()))
+        .await?
+        .into_inner();
+    assert_eq!(approved.approved_by, "bob");
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delegated_approval_is_recorded_with_both_names() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    // Created by the portal for bob.
+    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "portal-x", Some("bob")).await?;
+    assert_eq!(plan.created_by, "portal-x for bob");
+    let approve = || ApprovePlanRequest {
+        plan_id: plan.plan_id.clone(),
+        digest: digest.clone(),
+    };
+    // Bob himself may not approve what the portal created for him.
+    let refused = bed
+        .client
+        .approve_plan(as_principal("bob", approve()))
+        .await
+        .unwrap_err();
+    assert!(refused.message().contains("four-eyes"), "{refused:?}");
+    // The portal for alice may.
+    let approved = bed
+        .client
+        .approve_plan(bearer(token_of("portal-x"), Some("alice"), approve()))
+        .await?
+        .into_inner();
+    assert_eq!(approved.approved_by, "portal-x for alice");
+    let actions: Vec<(String, String)> = approved
+        .actions
+        .iter()
+        .map(|action| (action.action.clone(), action.actor.clone()))
+        .collect();
+    assert!(
+        actions.contains(&("create".to_owned(), "portal-x for bob".to_owned()))
+            && actions.contains(&("approve".to_owned(), "portal-x for alice".to_owned())),
+        "{actions:?}"
+    );
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_executors_may_call_the_coordinator() -> anyhow::Result<()> {
+    init_logging();
+    let bed = TestBed::start_secure(None, Pki::new()?, |_| {}).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let claim = || v1::ClaimSliceRequest {
+        executor_id: "forger".to_owned(),
+        ..Default::default()
+    };
+    // Not an admin (the bed's certificate), not an operator token.
+    let mut coordinator = CoordinatorClient::new(bed.planner.channel().await?);
+    let refused = coordinator.claim_slice(claim()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("executor role"), "{refused:?}");
+    let refused = coordinator
+        .claim_slice(as_principal("root-admin", claim()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let reports = futures::stream::iter(vec![v1::ReportOutcomesRequest::default()]);
+    let refused = coordinator
+        .report_outcomes(as_principal("alice", reports))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // Without credentials: unauthenticated.
+    let mut anonymous = CoordinatorClient::new(bed.planner.channel_as(&pki.anonymous()).await?);
+    let refused = anonymous.claim_slice(claim()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    // A certificate of the CA that no rule maps: authenticated, no role.
+    let mut stranger =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("stranger")?).await?);
+    let refused = stranger.claim_slice(claim()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // An executor's certificate passes (nothing to claim).
+    let mut executor =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
+    let answer = executor.claim_slice(claim()).await?.into_inner();
+    assert!(answer.slice.is_none());
+    // ... and may not use the Planner.
+    let mut as_planner_client =
+        PlannerClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
+    let refused = as_planner_client
+        .list_plans(v1::ListPlansRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jwts_are_verified_and_an_expired_one_is_refused() -> anyhow::Result<()> {
+    init_logging();
+    let bed = TestBed::start_secure(None, Pki::new()?, |_| {}).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let mut client = client_without_certificate(&bed).await?;
+    let now = jsonwebtoken::get_current_timestamp();
+    let claims = |exp: u64, aud: &str| {
+        serde_json::json!({
+            "sub": "carol@example.com",
+            "iss": JWT_ISSUER,
+            "aud": aud,
+            "exp": exp,
+            "roles": ["viewer", "some-other-group"],
+        })
+    };
+    let valid = pki.jwt(&claims(now + 600, JWT_AUDIENCE))?;
+    client
+        .list_plans(bearer(&valid, None, v1::ListPlansRequest::default()))
+        .await?;
+    // Her roles are the claim's: viewer, not operator.
+    let refused = client
+        .run_precheck(bearer(&valid, None, RunPrecheckRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("carol@example.com"),
+        "{refused:?}"
+    );
+    // Expired an hour ago (beyond the 60 s leeway).
+    let expired = pki.jwt(&claims(now - 3600, JWT_AUDIENCE))?;
+    let refused = client
+        .list_plans(bearer(&expired, None, v1::ListPlansRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("xpired"), "{refused:?}");
+    // Another audience.
+    let elsewhere = pki.jwt(&claims(now + 600, "another-service"))?;
+    let refused = client
+        .list_plans(bearer(&elsewhere, None, v1::ListPlansRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    // Signed by a key the planner does not trust.
+    let forged = Pki::new()?.jwt(&claims(now + 600, JWT_AUDIENCE))?;
+    let refused = client
+        .list_plans(bearer(&forged, None, v1::ListPlansRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executor_with_a_client_certificate_replays_a_plan_over_tls() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 20).await?;
+    let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
+        capturing(config, &[&incident.dlq]);
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 20).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
+    bed.client
+        .approve_plan(as_principal(
+            "bob",
+            ApprovePlanRequest {
+                plan_id: plan.plan_id.clone(),
+                digest,
+            },
+        ))
+        .await?;
+    let config = bed.secure_executor_config("executor-tls-1")?;
+    assert!(config.planner.starts_with("https://"), "{}", config.planner);
+    let executor = ExecutorHandle::start(config);
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
+    assert_eq!(done.counts.as_ref().map(|counts| counts.sent), Some(20));
+    executor.stop().await?;
+    stop_consuming(consuming)?;
+    let mut ids: Vec<String> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|message| message.message_id.clone())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 20, "{ids:?}");
+    // The audit names the executor by its certificate's name.
+    let mut export = bed
+        .client
+        .export_audit(v1::ExportAuditRequest {
+            plan_id: plan.plan_id.clone(),
+            format: v1::ExportFormat::Jsonl as i32,
+        })
+        .await?
+        .into_inner();
+    let mut lines = Vec::new();
+    while let Some(chunk) = export.message().await? {
+        lines.extend_from_slice(&chunk.data);
+    }
+    let lines = String::from_utf8(lines)?;
+    assert!(lines.contains("executor-tls-1/"), "{lines}");
+    bed.finish().await
+}
+
+/// `redrivectl` as a person runs it: `--planner https://...`, `--ca` and
+/// `--token-file`; the actor is the token's principal, not `$USER`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrivectl_speaks_https_with_a_token() -> anyhow::Result<()> {
+    use clap::Parser;
+    init_logging();
+    let bed = TestBed::start_secure(None, Pki::new()?, |_| {}).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let token_file = pki.path("vera.token");
+    std::fs::write(&token_file, format!("{}\n", token_of("vera")))?;
+    let url = bed.planner.url();
+    let ca = pki.ca_pem.to_string_lossy().into_owned();
+    let token = token_file.to_string_lossy().into_owned();
+    let run = |extra: &'static [&'static str], with_token: bool| {
+        let mut args = vec![
+            "redrivectl".to_owned(),
+            "--planner".to_owned(),
+            url.clone(),
+            "--ca".to_owned(),
+            ca.clone(),
+            "--json".to_owned(),
+        ];
+        if with_token {
+            args.extend(["--token-file".to_owned(), token.clone()]);
+        }
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        async move {
+            let cli = redrivectl::Cli::try_parse_from(args).expect("the command line parses");
+            let mut out = Vec::new();
+            match redrivectl::run(cli, &mut out).await {
+                Ok(code) => (code, String::from_utf8_lossy(&out).into_owned()),
+                Err(error) => (error.exit_code(), error.to_string()),
+            }
+        }
+    };
+    let (code, out) = run(&["plan", "list"], true).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"plans\""), "{out}");
+    let (code, out) = run(&["plan", "list"], false).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("unauthenticated"), "{out}");
+    let (code, out) = run(&["--actor", "someone-else", "plan", "list"], true).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("permission_denied") && out.contains("delegate"),
+        "{out}"
+    );
+    bed.finish().await
+}
+
+/// The planner calls a state-check hook over TLS when its URL says
+/// `https://`, trusting `--state-check-ca`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_planner_calls_an_https_state_check_hook() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    let pool = bed.pool().await?;
+    OrdersHook::create_schema(&pool).await?;
+    sqlx::query(
+        "INSERT INTO orders (order_id, status, stock_reserved, fulfilled) VALUES \
+         ('o-0', 'CANCELLED', false, false)",
+    )
+    .execute(&pool)
+    .await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let hook_shutdown = tokio_util::sync::CancellationToken::new();
+    let hook_url = orders_hook::spawn_tls(
+        OrdersHook::new(pool.clone()),
+        pki.server_tls("orders-hook")?,
+        hook_shutdown.clone(),
+    )
+    .await?;
+    assert!(hook_url.starts_with("https://"));
+    let dlq = incident.dlq.clone();
+    let ca = pki.ca_pem.clone();
+    bed.restart_planner(|config| {
+        capturing(config, &[&dlq]);
+        config.state_checks = vec![format!("order.*={hook_url}")];
+        config.state_check_ca = Some(ca);
+    })
+    .await?;
+    let report = bed
+        .client
+        .run_precheck(as_principal(
+            "alice",
+            RunPrecheckRequest {
+                selector: Some(v1::Selector {
+                    sources: vec![incident.dlq.clone()],
+                    ..Default::default()
+                }),
+                options: None,
+            },
+        ))
+        .await?
+        .into_inner();
+    let counts = report.counts.expect("counts");
+    assert_eq!(report.total, 5);
+    assert_eq!(counts.blocked_by_state, 1, "o-0 was cancelled: {counts:?}");
+    assert_eq!(counts.replayable, 4, "{counts:?}");
+    assert_eq!(report.actor, "alice");
+    hook_shutdown.cancel();
+    drop(pool);
+    bed.finish().await
+}
