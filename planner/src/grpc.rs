@@ -46,6 +46,8 @@ pub struct PlannerState {
     /// The planner's shutdown: long waits (ReplayDeadLetter, WatchPlan) end
     /// early instead of being cut.
     pub shutdown: CancellationToken,
+    /// Caps on open `WatchPlan` streams, per caller and in total.
+    pub watches: crate::admission::StreamLimits,
 }
 
 impl PlannerState {
@@ -86,8 +88,10 @@ fn actor<T>(request: &Request<T>) -> String {
 /// `""` when the planner runs without authentication (every caller is then
 /// the same principal). Every write under a lease must come from the
 /// principal that claimed it (docs/design.md, "Leases").
-fn caller<T>(_request: &Request<T>) -> String {
-    String::new()
+fn caller<T>(request: &Request<T>) -> String {
+    crate::auth::Principal::of(request)
+        .map(|principal| principal.name.clone())
+        .unwrap_or_default()
 }
 
 /// `redrive.v1.Planner` over [`PlannerState`].
@@ -361,6 +365,10 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::WatchPlanRequest>,
     ) -> Result<Response<Self::WatchPlanStream>, Status> {
+        let permit = self
+            .state
+            .watches
+            .open(crate::admission::request_caller_key(&request))?;
         let request = request.into_inner();
         let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         let stream = audit::watch(
@@ -371,6 +379,12 @@ impl Planner for PlannerGrpc {
             self.state.shutdown.clone(),
         )
         .await?;
+        // The permit lives as long as the stream: dropping the stream (the
+        // client went away, or the watch ended) frees its place.
+        let stream = stream.map(move |item| {
+            let _held = &permit;
+            item
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 
