@@ -303,9 +303,23 @@ impl Planner for PlannerGrpc {
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let kinds = request
+            .kinds
+            .iter()
+            .enumerate()
+            .map(|(index, kind)| match v1::PlanKind::try_from(*kind) {
+                Ok(v1::PlanKind::Bulk) => Ok("bulk".to_owned()),
+                Ok(v1::PlanKind::Single) => Ok("single".to_owned()),
+                _ => Err(Error::invalid(
+                    format!("kinds[{index}]"),
+                    "not a plan kind (bulk or single)",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let (plans, next_page_token) = plan::list(
             &self.state.store,
             &states,
+            &kinds,
             &request.page_token,
             request.page_size,
         )

@@ -215,6 +215,7 @@ const REPEATED_LIMITS: &[(&str, &str, usize)] = &[
     ),
     ("redrive.v1.SummarizeDeadLettersRequest", "group_by", 16),
     ("redrive.v1.ListPlansRequest", "states", 16),
+    ("redrive.v1.ListPlansRequest", "kinds", 4),
     (
         "redrive.v1.RecheckStateRequest",
         "dead_letter_ids",

@@ -2335,3 +2335,70 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     executor.stop().await?;
     bed.finish().await
 }
+
+/// Issue 17: `ListPlans` tells single replays from bulk plans (`kinds`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plans_are_listed_by_kind() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 2).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
+    // No executor: the single replay's plan is cancelled unclaimed, but it
+    // is a plan of its kind all the same.
+    let single = bed
+        .client
+        .replay_dead_letter(replay_request(&one, 500))
+        .await?
+        .into_inner();
+    let bulk = approved_plan(&mut bed.client, &incident.dlq, 10.0, 1, None).await?;
+    let listed = |kinds: Vec<v1::PlanKind>| v1::ListPlansRequest {
+        kinds: kinds.into_iter().map(i32::from).collect(),
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for kinds in [
+        vec![v1::PlanKind::Single],
+        vec![v1::PlanKind::Bulk],
+        vec![v1::PlanKind::Single, v1::PlanKind::Bulk],
+    ] {
+        let plans = bed
+            .client
+            .list_plans(listed(kinds))
+            .await?
+            .into_inner()
+            .plans;
+        ids.push(
+            plans
+                .iter()
+                .map(|plan| (plan.plan_id.clone(), plan.kind()))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(
+        ids,
+        [
+            vec![(single.plan_id.clone(), v1::PlanKind::Single)],
+            vec![(bulk.plan_id.clone(), v1::PlanKind::Bulk)],
+            vec![
+                (bulk.plan_id.clone(), v1::PlanKind::Bulk),
+                (single.plan_id.clone(), v1::PlanKind::Single)
+            ],
+        ]
+    );
+    let refused = bed
+        .client
+        .list_plans(v1::ListPlansRequest {
+            kinds: vec![0],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().contains("kinds[0]"),
+        "{}",
+        refused.message()
+    );
+    bed.finish().await
+}
