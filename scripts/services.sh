@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the local PostgreSQL 15, Redis 7 and RabbitMQ that Redrive's tests,
 # benchmarks and demo use are up on their standard ports, starting any that is
-# down with the commands of this machine kind (see README, "Local services").
+# down with the commands of this machine kind (see docs/operating.md, "Local services").
 # Installs the ones that are missing when run as root on Debian or Ubuntu, and
 # prints the commands otherwise. Never stops or reconfigures a running server.
 set -euo pipefail
@@ -32,7 +32,7 @@ if ((${#missing[@]})); then
       echo "  printf 'host all all 127.0.0.1/32 trust\\nhost all all ::1/128 trust\\n' | cat - /etc/postgresql/*/main/pg_hba.conf > /tmp/hba && cp /tmp/hba /etc/postgresql/*/main/pg_hba.conf" >&2
       echo "  pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main reload || true" >&2
     fi
-    echo "  and run this script again (or see README, \"Local services\")." >&2
+    echo "  and run this script again (or see docs/operating.md, \"Local services\")." >&2
     exit 1
   fi
   echo "services: installing ${missing[*]}"

@@ -1,5 +1,5 @@
 //! The one table of input limits: every bound a request is checked against,
-//! with where it comes from. The README's "Limits" section is the same table
+//! with where it comes from. docs/api.md's "Limits" section is the same table
 //! for API users; a change here changes it there.
 //!
 //! Two layers enforce them:
