@@ -371,7 +371,7 @@ async fn a_lease_refuses_every_write_from_another_principal() {
         message_key: String::new(),
         action: "sent".to_owned(),
         reason: String::new(),
-        executor_id: "exec-1".to_owned(),
+        executor_id: "named-in-the-report".to_owned(),
         attempt: 1,
         confirm_latency_us: 0,
         at: chrono::Utc::now(),
@@ -433,6 +433,15 @@ async fn a_lease_refuses_every_write_from_another_principal() {
     assert_eq!(
         leases,
         [(token, "executor-a".to_owned(), "exec-1".to_owned())]
+    );
+    let recorded: Vec<String> = sqlx::query_scalar("SELECT executor_id FROM audit_events")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded,
+        ["exec-1"],
+        "the lease's executor, not the report's"
     );
 }
 

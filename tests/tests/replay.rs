@@ -269,9 +269,14 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
             .count();
         worst = worst.max(in_window);
     }
+    // The bucket bounds publishes; the consumer sees them through the
+    // broker, whose delivery can bunch a few that were published apart (a
+    // loaded machine's stall). As the demo's check does, 50 ms of the rate
+    // (2 messages) is allowed for that; executors that did not share the
+    // rate would show about twice the bound.
     assert!(
-        worst <= 40 + 4,
-        "at most per_second + burst in any 1 s window, saw {worst}"
+        worst <= 40 + 4 + 2,
+        "at most per_second + burst (+ 50 ms of receive jitter) in any 1 s window, saw {worst}"
     );
     assert!(worst >= 30, "the rate is used, not starved: {worst}");
     // Exactly once by identity, and the limit was shared, not taken in

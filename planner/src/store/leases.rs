@@ -82,7 +82,8 @@ pub struct Outcome {
     pub action: String,
     /// Why.
     pub reason: String,
-    /// Executor.
+    /// Executor, as the report names it; the audit records the executor id
+    /// the lease was claimed with instead.
     pub executor_id: String,
     /// Attempt number (1-based).
     pub attempt: i32,
@@ -375,11 +376,11 @@ it reported it; the next lease publishes it again with the same message id', wav
         // `UPDATE`s of non-key columns, do not wait behind the report's
         // inserts (they would hold publishing back for as long).
         let lease = sqlx::query_as::<_, LeaseRow>(
-            "SELECT s.plan_id, s.wave, \
+            "SELECT s.plan_id, s.wave, l.executor_id, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
-             FROM plan_slices s WHERE s.id = $1 AND EXISTS (SELECT 1 FROM slice_leases l \
-                WHERE l.slice_id = s.id AND l.fencing_token = $2 AND l.principal = $3) \
-             FOR KEY SHARE",
+             FROM plan_slices s JOIN slice_leases l \
+                ON l.slice_id = s.id AND l.fencing_token = $2 AND l.principal = $3 \
+             WHERE s.id = $1 FOR KEY SHARE OF s",
         )
         .bind(slice_id)
         .bind(token)
@@ -389,6 +390,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         let Some(LeaseRow {
             plan_id,
             wave,
+            executor_id,
             current,
         }) = lease
         else {
@@ -446,7 +448,9 @@ it reported it; the next lease publishes it again with the same message id', wav
         let keys = column(&|o| members[&o.dead_letter_id].clone());
         let actions = column(&|o| o.action.clone());
         let reasons = column(&|o| o.reason.replace('\0', ""));
-        let executors = column(&|o| o.executor_id.clone());
+        // The executor is the one that claimed the lease, whatever the
+        // report says.
+        let executors = column(&|_| executor_id.clone());
         let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
         let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
@@ -753,6 +757,8 @@ impl From<LeasedSliceRow> for LeasedSlice {
 struct LeaseRow {
     plan_id: PlanId,
     wave: String,
+    /// The executor id the lease was claimed with.
+    executor_id: String,
     /// Whether the token is the slice's current, unexpired lease.
     current: bool,
 }
