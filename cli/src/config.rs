@@ -11,6 +11,8 @@
 //!
 //! [profiles.prod]
 //! planner = "https://planner.prod.internal:443"
+//! ca = "/etc/redrive/prod-ca.pem"
+//! token_file = "/home/alice/.config/redrive/prod.token"
 //!
 //! [profiles.staging]
 //! planner = "planner.staging.internal:50051"
@@ -19,8 +21,11 @@
 //!
 //! `--profile NAME` (env `REDRIVE_PROFILE`) chooses a profile; its keys win
 //! over the top-level ones. Flags and their environment variables
-//! (`--planner`/`REDRIVE_PLANNER`, `--actor`/`REDRIVE_ACTOR`) win over the
-//! file. A profile that the file does not have, a file that is not valid
+//! (`--planner`/`REDRIVE_PLANNER`, `--actor`/`REDRIVE_ACTOR`, `--ca`,
+//! `--tls-client-cert`, `--tls-client-key`, `--token-file` and the token in
+//! `REDRIVE_TOKEN`) win over the file. The credential keys (`ca`,
+//! `tls_client_cert`, `tls_client_key`, `token_file`) are paths; the file
+//! holds no secret itself. A profile that the file does not have, a file that is not valid
 //! TOML, an unknown key or a bad value is a config error (exit 78) naming the
 //! file.
 
@@ -45,6 +50,14 @@ pub struct Profile {
     pub planner: Option<String>,
     /// Who is calling (visible ASCII).
     pub actor: Option<String>,
+    /// PEM CA bundle for an `https://` planner.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS).
+    pub tls_client_cert: Option<PathBuf>,
+    /// PEM private key of `tls_client_cert`.
+    pub tls_client_key: Option<PathBuf>,
+    /// A file holding the bearer token.
+    pub token_file: Option<PathBuf>,
 }
 
 /// The config file.
@@ -55,6 +68,15 @@ pub struct ConfigFile {
     pub planner: Option<String>,
     /// Actor used when neither a flag nor the profile names one.
     pub actor: Option<String>,
+    /// CA bundle used when neither a flag nor the profile names one.
+    pub ca: Option<PathBuf>,
+    /// Client certificate used when neither a flag nor the profile names one.
+    pub tls_client_cert: Option<PathBuf>,
+    /// Its key.
+    pub tls_client_key: Option<PathBuf>,
+    /// Token file used when neither a flag, `REDRIVE_TOKEN` nor the profile
+    /// names one.
+    pub token_file: Option<PathBuf>,
     /// Named profiles.
     #[serde(default)]
     pub profiles: BTreeMap<String, Profile>,
@@ -86,6 +108,8 @@ pub struct Settings {
     /// actor is sent (the planner refuses one that differs from the
     /// authenticated caller unless it may delegate).
     pub actor_given: bool,
+    /// What is presented to the planner (TLS files, bearer token).
+    pub credentials: crate::client::Credentials,
 }
 
 impl Settings {
@@ -155,12 +179,57 @@ impl Settings {
         };
         let actor_given = cli.actor.as_deref().is_some_and(|actor| !actor.is_empty())
             || file_actor.as_deref().is_some_and(|actor| !actor.is_empty());
+        let pick = |flag: &Option<PathBuf>, profile: &Option<PathBuf>, top: &Option<PathBuf>| {
+            flag.clone()
+                .or_else(|| profile.clone())
+                .or_else(|| top.clone())
+        };
+        let tls = redrive_proto::tls::ClientTlsFiles {
+            ca: pick(&cli.ca, &profile.ca, &file.ca),
+            client_cert: pick(
+                &cli.tls_client_cert,
+                &profile.tls_client_cert,
+                &file.tls_client_cert,
+            ),
+            client_key: pick(
+                &cli.tls_client_key,
+                &profile.tls_client_key,
+                &file.tls_client_key,
+            ),
+        };
+        let token = match (&cli.token_file, Cli::token_from_environment()) {
+            (Some(path), _) => Some(read_token(path)?),
+            (None, Some(token)) => Some(token),
+            (None, None) => match profile.token_file.as_ref().or(file.token_file.as_ref()) {
+                Some(path) => Some(read_token(path)?),
+                None => None,
+            },
+        };
         Ok(Self {
             planner,
             actor: cli.actor(file_actor.as_deref()),
             actor_given,
+            credentials: crate::client::Credentials { tls, token },
         })
     }
+}
+
+/// The bearer token in `path`, without surrounding whitespace.
+///
+/// # Errors
+/// [`CliError::Usage`] when it cannot be read or is empty (the path is
+/// named, never the content).
+fn read_token(path: &Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| CliError::Usage(format!("token file {}: {error}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(CliError::Usage(format!(
+            "token file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(token.to_owned())
 }
 
 #[cfg(test)]
@@ -248,6 +317,44 @@ actor = "alice-staging"
             (settings.planner.as_str(), settings.actor.as_str()),
             ("http://other:1", "bob")
         );
+    }
+
+    #[test]
+    fn credentials_come_from_flags_then_the_profile_then_the_top_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("prod.token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let text = format!(
+            "ca = \"/etc/top-ca.pem\"\n\n[profiles.prod]\nplanner = \"https://p:443\"\n\
+             token_file = {token:?}\ntls_client_cert = \"/etc/me.pem\"\n\
+             tls_client_key = \"/etc/me.key\"\n"
+        );
+        let (_dir, path) = file(&text);
+        let prod = Settings::from_file(&cli(&["--profile", "prod"]), Some(&path)).unwrap();
+        assert_eq!(prod.credentials.token.as_deref(), Some("s3cret"));
+        assert_eq!(
+            prod.credentials.tls.ca.as_deref(),
+            Some(Path::new("/etc/top-ca.pem"))
+        );
+        assert_eq!(
+            prod.credentials.tls.client_cert.as_deref(),
+            Some(Path::new("/etc/me.pem"))
+        );
+        assert!(prod.credentials.present());
+        let flagged = Settings::from_file(
+            &cli(&["--profile", "prod", "--ca", "/etc/flag-ca.pem"]),
+            Some(&path),
+        )
+        .unwrap();
+        assert_eq!(
+            flagged.credentials.tls.ca.as_deref(),
+            Some(Path::new("/etc/flag-ca.pem"))
+        );
+        let top = Settings::from_file(&cli(&[]), Some(&path)).unwrap();
+        assert!(!top.credentials.present());
+        std::fs::write(&token, " \n").unwrap();
+        let error = Settings::from_file(&cli(&["--profile", "prod"]), Some(&path)).unwrap_err();
+        assert!(error.to_string().contains("is empty"), "{error}");
     }
 
     #[test]

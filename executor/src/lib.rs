@@ -207,7 +207,11 @@ impl Config {
             );
         } else if let Err(error) = tonic::transport::Endpoint::from_shared(self.planner.clone()) {
             problem("planner", format!("{:?}: {error}", self.planner));
-        } else if let Err(text) = self.planner_tls().config_for(&self.planner) {
+        } else if let Err(text) = tonic::transport::Endpoint::from_shared(self.planner.clone())
+            .map_err(|error| error.to_string())
+            .and_then(|endpoint| self.planner_tls().apply(&self.planner, endpoint))
+        {
+            // Read and parsed now: a bad file is a bad setting, not a failed start.
             problem("planner", text);
         }
         if let Err(text) = check_amqp_url(&self.amqp_url) {

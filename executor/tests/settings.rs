@@ -101,4 +101,13 @@ fn secrets_stay_hidden_and_tls_files_are_checked() {
     ]);
     assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("--tls-client-key"), "{stderr}");
+    // A CA file that is no PEM: named at start, not at the first call.
+    let (code, stderr) = executor(&[
+        "--planner",
+        "https://planner:50051",
+        "--ca",
+        "/etc/hostname",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["planner"], "{stderr}");
 }

@@ -909,6 +909,84 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    fn token_settings(path: &Path, protect_open_services: bool) -> AuthSettings {
+        AuthSettings {
+            token_file: Some(path.to_owned()),
+            jwt: JwtSettings {
+                public_keys: Vec::new(),
+                jwks: None,
+                issuer: None,
+                audience: None,
+                roles_claim: "roles".to_owned(),
+                name_claim: "sub".to_owned(),
+            },
+            client_certificates: false,
+            cert_roles: Vec::new(),
+            protect_open_services,
+        }
+    }
+
+    /// Health and reflection answer anyone unless protected; everything
+    /// else needs credentials and a role; an admitted call carries its
+    /// principal and actor.
+    #[test]
+    fn admission_puts_the_principal_and_actor_into_the_request() {
+        let dir = std::env::temp_dir().join(format!("redrive-admit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[[token]]\nname = \"portal\"\nsha256 = \"{}\"\nroles = [\"viewer\", \"delegate\"]\n",
+                hash_token("t")
+            ),
+        )
+        .unwrap();
+        let open = Authenticator::load(&token_settings(&path, false))
+            .unwrap()
+            .unwrap();
+        let protected = Authenticator::load(&token_settings(&path, true))
+            .unwrap()
+            .unwrap();
+        let health = "/grpc.health.v1.Health/Check";
+        let mut extensions = http::Extensions::new();
+        open.admit(health, &http::HeaderMap::new(), &mut extensions)
+            .unwrap();
+        assert!(extensions.get::<Principal>().is_none());
+        let refused = protected
+            .admit(
+                health,
+                &http::HeaderMap::new(),
+                &mut http::Extensions::new(),
+            )
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("authorization", "Bearer t".parse().unwrap());
+        protected
+            .admit(health, &headers, &mut http::Extensions::new())
+            .unwrap();
+        headers.insert(ACTOR_METADATA, "alice".parse().unwrap());
+        let mut extensions = http::Extensions::new();
+        open.admit("/redrive.v1.Planner/GetPlan", &headers, &mut extensions)
+            .unwrap();
+        assert_eq!(extensions.get::<Principal>().unwrap().name, "portal");
+        assert_eq!(
+            extensions.get::<Actor>().unwrap().to_string(),
+            "portal for alice"
+        );
+        let refused = open
+            .admit(
+                "/redrive.v1.Planner/CancelPlan",
+                &headers,
+                &mut http::Extensions::new(),
+            )
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(refused.message().contains("operator"), "{refused:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn cert_roles_parse_and_match() {
         let rule: CertRole = "executor-*=executor".parse().unwrap();

@@ -669,6 +669,20 @@ impl Config {
         if let Err(more) = self.authenticator() {
             problems.extend(more.0);
         }
+        // The files are read and parsed now, so that a missing or malformed
+        // certificate or key is a bad setting (exit 64), not a failed start.
+        match self.server_tls(false) {
+            Err(more) => problems.extend(more.0),
+            Ok(Some(tls)) => {
+                if let Err(error) = tonic::transport::Server::builder().tls_config(tls) {
+                    problems.push(SettingError::new(
+                        "tls-cert",
+                        format!("the certificate, key or client CA is not usable PEM: {error}"),
+                    ));
+                }
+            }
+            Ok(None) => {}
+        }
         if self.exposed_without_protection() && !self.insecure {
             problems.push(SettingError::new(
                 "listen",
@@ -917,6 +931,19 @@ mod tests {
                 "--jwt-issuer",
             ),
             (&["--token-file", "/nonexistent.toml"][..], "--token-file"),
+            (
+                &[
+                    "--tls-cert",
+                    "/nonexistent.pem",
+                    "--tls-key",
+                    "/nonexistent.key",
+                ][..],
+                "--tls-cert",
+            ),
+            (
+                &["--tls-cert", "/etc/hostname", "--tls-key", "/etc/hostname"][..],
+                "not usable PEM",
+            ),
         ] {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");

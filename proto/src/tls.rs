@@ -67,13 +67,15 @@ impl ClientTlsFiles {
         }
         let mut config = ClientTlsConfig::new();
         config = match &self.ca {
-            Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "--ca")?)),
+            Some(ca) => {
+                config.ca_certificate(Certificate::from_pem(read_pem(ca, "--ca", "CERTIFICATE")?))
+            }
             None => config.with_enabled_roots(),
         };
         if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
             config = config.identity(Identity::from_pem(
-                read(cert, "--tls-client-cert")?,
-                read(key, "--tls-client-key")?,
+                read_pem(cert, "--tls-client-cert", "CERTIFICATE")?,
+                read_pem(key, "--tls-client-key", "PRIVATE KEY")?,
             ));
         }
         Ok(Some(config))
@@ -91,6 +93,28 @@ impl ClientTlsFiles {
                 .map_err(|error| format!("TLS configuration for {url}: {error}")),
         }
     }
+}
+
+/// The bytes of the PEM file `path`, which must hold a block whose label
+/// ends in `label` (`CERTIFICATE`, `PRIVATE KEY`: RFC 7468): a file of
+/// something else would otherwise be taken for an empty CA bundle, and every
+/// handshake would fail later instead of the setting now.
+///
+/// # Errors
+/// The file cannot be read or holds no such block, with the flag and path.
+pub fn read_pem(path: &Path, flag: &str, label: &str) -> Result<Vec<u8>, String> {
+    let bytes = read(path, flag)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let found = text.lines().any(|line| {
+        line.trim()
+            .strip_prefix("-----BEGIN ")
+            .and_then(|rest| rest.strip_suffix("-----"))
+            .is_some_and(|block| block.ends_with(label))
+    });
+    if !found {
+        return Err(format!("{flag} {}: no PEM {label} in it", path.display()));
+    }
+    Ok(bytes)
 }
 
 /// The bytes of `path`, or an error naming `flag` and the file.
@@ -120,6 +144,16 @@ mod tests {
             ca.config_for("https://x:1")
                 .unwrap_err()
                 .contains("--ca /nonexistent/ca.pem")
+        );
+        let not_pem = ClientTlsFiles {
+            ca: Some("/etc/hostname".into()),
+            ..Default::default()
+        };
+        assert!(
+            not_pem
+                .config_for("https://x:1")
+                .unwrap_err()
+                .contains("no PEM CERTIFICATE")
         );
         let half = ClientTlsFiles {
             client_cert: Some("c.pem".into()),

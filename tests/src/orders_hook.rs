@@ -171,7 +171,24 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    tonic::transport::Server::builder()
+    serve_with(hook, listener, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is given.
+///
+/// # Errors
+/// Server errors, or `tls` refused.
+pub async fn serve_with(
+    hook: OrdersHook,
+    listener: TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .add_service(StateCheckServer::new(hook))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -193,14 +210,7 @@ pub async fn spawn_tls(
 ) -> anyhow::Result<String> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr: SocketAddr = listener.local_addr()?;
-    let server = tonic::transport::Server::builder()
-        .tls_config(tls)?
-        .add_service(StateCheckServer::new(hook))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled_owned(),
-        );
-    tokio::spawn(server);
+    tokio::spawn(serve_with(hook, listener, Some(tls), shutdown));
     Ok(format!("https://{addr}"))
 }
 

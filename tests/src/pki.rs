@@ -163,17 +163,26 @@ impl Pki {
         Ok((cert_path, key_path))
     }
 
+    /// Writes a server certificate named `name` for `127.0.0.1` and
+    /// `localhost` and its key (`NAME.pem`, `NAME.key`).
+    ///
+    /// # Errors
+    /// Writing the files failed.
+    pub fn server(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        self.issue(
+            name,
+            &["127.0.0.1", "localhost"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
     /// A server identity named `name` for `127.0.0.1` and `localhost`,
     /// signed by the CA (a state-check hook's).
     ///
     /// # Errors
     /// Writing or reading the files failed.
     pub fn server_tls(&self, name: &str) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
-        let (cert, key) = self.issue(
-            name,
-            &["127.0.0.1", "localhost"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )?;
+        let (cert, key) = self.server(name)?;
         Ok(
             tonic::transport::ServerTlsConfig::new().identity(
                 tonic::transport::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?),

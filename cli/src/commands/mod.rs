@@ -182,39 +182,13 @@ pub fn hash_token(token: &str) -> String {
 }
 
 impl Cli {
-    /// The credentials to present: the TLS files, and the bearer token from
-    /// `--token-file`, else the `REDRIVE_TOKEN` environment variable.
-    ///
-    /// # Errors
-    /// [`CliError::Usage`] when the token file cannot be read or is empty.
-    pub fn credentials(&self) -> Result<client::Credentials, CliError> {
-        let token = match &self.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|error| {
-                    CliError::Usage(format!("--token-file {}: {error}", path.display()))
-                })?;
-                let token = text.trim().to_owned();
-                if token.is_empty() {
-                    return Err(CliError::Usage(format!(
-                        "--token-file {} is empty",
-                        path.display()
-                    )));
-                }
-                Some(token)
-            }
-            None => std::env::var("REDRIVE_TOKEN")
-                .ok()
-                .map(|token| token.trim().to_owned())
-                .filter(|token| !token.is_empty()),
-        };
-        Ok(client::Credentials {
-            tls: redrive_proto::tls::ClientTlsFiles {
-                ca: self.ca.clone(),
-                client_cert: self.tls_client_cert.clone(),
-                client_key: self.tls_client_key.clone(),
-            },
-            token,
-        })
+    /// The bearer token in the `REDRIVE_TOKEN` environment variable, if set
+    /// and not blank.
+    pub fn token_from_environment() -> Option<String> {
+        std::env::var("REDRIVE_TOKEN")
+            .ok()
+            .map(|token| token.trim().to_owned())
+            .filter(|token| !token.is_empty())
     }
 
     /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else
@@ -277,7 +251,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         return Ok(crate::error::EX_OK);
     }
     let settings = config::Settings::resolve(&cli)?;
-    let credentials = cli.credentials()?;
+    let credentials = settings.credentials.clone();
     // With credentials the planner knows who calls: the actor is sent only
     // when named (a delegating portal naming its user), never from $USER.
     let actor = (!credentials.present() || settings.actor_given).then_some(settings.actor);

@@ -25,6 +25,13 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432/redrive"
     )]
     database_url: String,
+    /// PEM certificate chain to serve TLS with (the planner then calls
+    /// `https://HOST:PORT`; needs --tls-key).
+    #[arg(long, env = "REDRIVE_HOOK_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "REDRIVE_HOOK_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -60,8 +67,18 @@ async fn main() -> ExitCode {
             }
             signal.cancel();
         });
-        eprintln!("orders hook listening on {}", args.listen);
-        orders_hook::serve(OrdersHook::new(pool), listener, shutdown).await
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?),
+            )),
+            _ => None,
+        };
+        eprintln!(
+            "orders hook listening on {} ({})",
+            args.listen,
+            if tls.is_some() { "TLS" } else { "plaintext" }
+        );
+        orders_hook::serve_with(OrdersHook::new(pool), listener, tls, shutdown).await
     };
     match run.await {
         Ok(()) => ExitCode::SUCCESS,

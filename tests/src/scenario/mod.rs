@@ -263,15 +263,32 @@ async fn replay_incident(
     let dlq = config.name("fulfilment.dlq");
 
     println!("== 3. the orders hook, the planner and two executors start; capture");
+    let mut hook_args: Vec<String> = vec![
+        "--listen".to_owned(),
+        config.hook_addr.to_string(),
+        "--database-url".to_owned(),
+        config.database_url.clone(),
+    ];
+    // With credentials the hook serves TLS too, and the planner calls it
+    // over https:// trusting the run's CA.
+    let hook_scheme = match &config.pki {
+        Some(pki) => {
+            let (cert, key) = pki.server("orders-hook")?;
+            hook_args.extend([
+                "--tls-cert".to_owned(),
+                cert.to_string_lossy().into_owned(),
+                "--tls-key".to_owned(),
+                key.to_string_lossy().into_owned(),
+            ]);
+            "https"
+        }
+        None => "http",
+    };
+    let hook_args: Vec<&str> = hook_args.iter().map(String::as_str).collect();
     processes.spawn(
         "redrive-example-orders-hook",
         "redrive-example-orders-hook",
-        &[
-            "--listen",
-            &config.hook_addr.to_string(),
-            "--database-url",
-            &config.database_url,
-        ],
+        &hook_args,
     )?;
     wait_for_port(processes, config.hook_addr).await?;
     let lease_ttl = config.lease_ttl_seconds.to_string();
@@ -285,7 +302,7 @@ async fn replay_incident(
         "--message-key",
         "json:/order_id",
         "--state-check",
-        &format!("order.*=http://{}", config.hook_addr),
+        &format!("order.*={hook_scheme}://{}", config.hook_addr),
         "--lease-ttl-seconds",
         &lease_ttl,
     ]
@@ -308,6 +325,8 @@ async fn replay_incident(
             "scenario-admin=admin".to_owned(),
             "--token-file".to_owned(),
             path("tokens.toml"),
+            "--state-check-ca".to_owned(),
+            pki.ca_pem.to_string_lossy().into_owned(),
         ]);
         admin_tls = pki.client("scenario-admin")?;
     }
