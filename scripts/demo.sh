@@ -5,6 +5,29 @@
 # check fails. Arguments go to redrive-demo (--kill-executor, --small, --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  case "$arg" in
+  -h | --help)
+    # Printed here, before anything is built (a test keeps it in step with
+    # redrive-demo's own --help).
+    cat <<'USAGE'
+Usage: scripts/demo.sh [--small] [--kill-executor]
+
+Starts the local services (scripts/services.sh), builds the binaries, and
+runs Redrive's main job with TLS and authentication on: a real RabbitMQ
+incident is captured, prechecked, planned, approved, replayed canary first by
+executor processes, and audited; the demo checks the result and exits non-zero
+when a check fails.
+
+Options:
+      --small          The end-to-end test's smaller incident (345 dead letters) instead of the full one (2,050)
+      --kill-executor  SIGKILL one executor a third into the main wave and start another (the audit then marks what it held `uncertain`)
+  -h, --help           Print help
+USAGE
+    exit 0
+    ;;
+  esac
+done
 bash scripts/services.sh
 cargo build --bins
 exec "${CARGO_TARGET_DIR:-target}/debug/redrive-demo" "$@"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the local PostgreSQL 15, Redis 7 and RabbitMQ that Redrive's tests,
 # benchmarks and demo use are up on their standard ports, starting any that is
-# down with the commands of this machine kind (see README, "Local services").
-# Never stops or reconfigures a running server.
+# down with the commands of this machine kind (see docs/operating.md, "Local services").
+# Installs the ones that are missing when run as root on Debian or Ubuntu, and
+# prints the commands otherwise. Never stops or reconfigures a running server.
 set -euo pipefail
 
 wait_for() { # what, seconds, command...
@@ -14,6 +15,38 @@ wait_for() { # what, seconds, command...
   echo "services: $what did not come up within ${seconds}s" >&2
   return 1
 }
+
+# Missing servers: installed when we are root on Debian or Ubuntu (apt-get),
+# else the exact commands are printed and the script stops.
+missing=()
+command -v pg_isready >/dev/null 2>&1 || missing+=(postgresql postgresql-client)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server redis-tools)
+command -v rabbitmq-server >/dev/null 2>&1 || missing+=(rabbitmq-server)
+if ((${#missing[@]})); then
+  install="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "services: not installed: ${missing[*]}. On Debian 12 or Ubuntu 22.04+, as root:" >&2
+    echo "  $install" >&2
+    if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+      echo "  then let local TCP connections in without a password (tests connect as postgres@127.0.0.1):" >&2
+      echo "  printf 'host all all 127.0.0.1/32 trust\\nhost all all ::1/128 trust\\n' | cat - /etc/postgresql/*/main/pg_hba.conf > /tmp/hba && cp /tmp/hba /etc/postgresql/*/main/pg_hba.conf" >&2
+      echo "  pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main reload || true" >&2
+    fi
+    echo "  and run this script again (or see docs/operating.md, \"Local services\")." >&2
+    exit 1
+  fi
+  echo "services: installing ${missing[*]}"
+  bash -c "$install"
+  if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+    # A cluster we just created: trust local TCP connections, as the tests
+    # and the demo connect as postgres@127.0.0.1 without a password.
+    for hba in /etc/postgresql/*/main/pg_hba.conf; do
+      printf 'host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' | cat - "$hba" > "$hba.new"
+      mv "$hba.new" "$hba"
+    done
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main reload 2>/dev/null || true
+  fi
+fi
 
 if ! pg_isready -h 127.0.0.1 -q; then
   echo "services: starting PostgreSQL"

@@ -96,91 +96,13 @@ fn escape_binary(bytes: &[u8]) -> String {
     out
 }
 
-/// Valid JSON `text` re-indented as `serde_json`'s pretty printer would
-/// (two spaces, `"key": value`), from its own tokens: nothing is parsed into
-/// a map, so keys keep their order and numbers and escapes their spelling.
-pub fn pretty_json(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() * 2);
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    let mut chars = text.chars().peekable();
-    let newline = |out: &mut String, depth: usize| {
-        out.push('\n');
-        for _ in 0..depth {
-            out.push_str("  ");
-        }
-    };
-    while let Some(c) = chars.next() {
-        if in_string {
-            out.push(c);
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
-            continue;
-        }
-        match c {
-            '"' => {
-                in_string = true;
-                out.push(c);
-            }
-            '{' | '[' => {
-                out.push(c);
-                // `{}` and `[]` stay on one line.
-                while chars.peek().is_some_and(|next| next.is_whitespace()) {
-                    chars.next();
-                }
-                if chars.peek().is_some_and(|next| matches!(next, '}' | ']')) {
-                    out.push(chars.next().unwrap_or_default());
-                } else {
-                    depth += 1;
-                    newline(&mut out, depth);
-                }
-            }
-            '}' | ']' => {
-                depth = depth.saturating_sub(1);
-                newline(&mut out, depth);
-                out.push(c);
-            }
-            ',' => {
-                out.push(c);
-                newline(&mut out, depth);
-            }
-            ':' => out.push_str(": "),
-            c if c.is_whitespace() => {}
-            c => out.push(c),
-        }
-    }
-    // Control characters inside strings are JSON escapes already; a text
-    // with raw ones is not valid JSON and does not get here.
-    out
-}
+pub use redrive_proto::json::pretty as pretty_json;
 
 #[cfg(test)]
 mod tests {
     use redrive_proto::v1::{BodyRevision, MessageProperties};
 
     use super::*;
-
-    #[test]
-    fn json_keeps_its_key_order_and_spelling() {
-        let body = r#"{"zeta":1,"alpha":{"b":[1, 2.50,{}],"a":[]},"m":"x\"y\u00e9","big":12345678901234567890}"#;
-        assert_eq!(
-            pretty_json(body),
-            "{\n  \"zeta\": 1,\n  \"alpha\": {\n    \"b\": [\n      1,\n      2.50,\n      {}\n    ],\n    \"a\": []\n  },\n  \"m\": \"x\\\"y\\u00e9\",\n  \"big\": 12345678901234567890\n}"
-        );
-        // Same layout as serde_json's pretty printer where both apply.
-        let sorted = r#"{"a":"t", "b":[1,{"c":null}], "d":{}}"#;
-        let value: serde_json::Value = serde_json::from_str(sorted).unwrap();
-        assert_eq!(
-            pretty_json(sorted),
-            serde_json::to_string_pretty(&value).unwrap()
-        );
-    }
 
     #[test]
     fn binary_bodies_are_escaped() {

@@ -6,15 +6,10 @@
 //! are noise to an operator and the planner's clocks are not that precise.
 //! A leaf module, shared by the output, the header rendering and the exports.
 
-use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use redrive_proto::time::from_timestamp;
 
-/// `at` as RFC 3339 in UTC with milliseconds and `Z`
-/// (`2026-12-01T08:00:00.123Z`); finer digits are cut, not rounded, so a
-/// time never moves into the next second.
-pub fn rfc3339(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
+pub use redrive_proto::time::rfc3339;
 
 /// [`rfc3339`] of a protobuf timestamp; `None` when absent or out of range.
 pub fn timestamp_text(at: Option<&prost_types::Timestamp>) -> Option<String> {

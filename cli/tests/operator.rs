@@ -39,6 +39,7 @@ const HEADER_WORDS: &[&str] = &[
     "LAST_SEEN",
     "PRODUCER",
     "HOUR",
+    "KIND",
 ];
 
 fn stdout(output: &Output) -> String {

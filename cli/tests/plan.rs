@@ -723,6 +723,10 @@ async fn plan_list_and_compensations_follow_pages() {
             "main",
             "--state",
             "cancelled",
+            "--kind",
+            "single",
+            "--kind",
+            "BULK",
             "--page-size",
             "1",
             "--all",
@@ -752,6 +756,7 @@ async fn plan_list_and_compensations_follow_pages() {
     let list = |token: &str| {
         PlanCall::List(v1::ListPlansRequest {
             states: vec![v1::PlanState::Main.into(), v1::PlanState::Cancelled.into()],
+            kinds: vec![v1::PlanKind::Single.into(), v1::PlanKind::Bulk.into()],
             page_size: 1,
             page_token: token.into(),
         })
@@ -763,11 +768,11 @@ async fn plan_list_and_compensations_follow_pages() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}");
     assert!(
-        lines[0].starts_with("PLAN_ID    STATE  DONE         RATE  DESTINATION  CREATED_BY"),
+        lines[0].starts_with("PLAN_ID    STATE  KIND  DONE         RATE  DESTINATION  CREATED_BY"),
         "{stdout}"
     );
     assert!(
-        lines[1].starts_with("plan-done  main   3/7 (42.9%)  50/s  queue        alice"),
+        lines[1].starts_with("plan-done  main   bulk  3/7 (42.9%)  50/s  queue        alice"),
         "{stdout}"
     );
     assert_eq!(lines[2], "next page token: p2");

@@ -98,6 +98,10 @@ struct Shared {
     marked: Mutex<Option<u64>>,
     /// A [`Lease::mark_ahead`] is under way.
     marking_ahead: std::sync::atomic::AtomicBool,
+    /// [`Lease::end`] is ending the lease: the planner's answers that it is
+    /// gone (a renewal or the lease watch racing the completion) are the
+    /// expected end, not a loss to warn about.
+    ending: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -107,6 +111,9 @@ impl Shared {
             match &reason {
                 StopReason::Shutdown => info!("shutting down: publishing stopped"),
                 StopReason::Plan(why) => info!(reason = %why, "told to stop publishing"),
+                StopReason::Lost(why) if self.ending.load(std::sync::atomic::Ordering::SeqCst) => {
+                    tracing::debug!(reason = %why, "lease gone while it was being ended");
+                }
                 StopReason::Lost(why) => warn!(reason = %why, "lease lost: publishing stopped"),
             }
             *first = Some(reason);
@@ -179,6 +186,7 @@ impl Lease {
             unreported: std::sync::atomic::AtomicBool::new(false),
             marked: Mutex::new(None),
             marking_ahead: std::sync::atomic::AtomicBool::new(false),
+            ending: std::sync::atomic::AtomicBool::new(false),
         });
         let sent_at = Instant::now();
         match renew(&mut coordinator.clone(), &shared).await {
@@ -392,6 +400,9 @@ impl Lease {
             return;
         }
         let release = release || self.is_lost();
+        self.shared
+            .ending
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let request = v1::CompleteSliceRequest {
             slice_id: self.shared.slice_id.clone(),
             fencing_token: self.shared.token,

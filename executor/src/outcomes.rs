@@ -95,6 +95,12 @@ impl Work {
         format!("{}/{}", self.item.exchange, self.item.routing_key)
     }
 
+    /// Whether `other` goes to the same exchange and routing key (the same
+    /// [`bucket_key`](Self::bucket_key), without building it).
+    pub fn same_destination(&self, other: &Self) -> bool {
+        self.item.exchange == other.item.exchange && self.item.routing_key == other.item.routing_key
+    }
+
     /// This work again, attempt + 1, after a backoff that doubles from
     /// 200 ms to 6.4 s with the attempt.
     fn retry(&self) -> Self {

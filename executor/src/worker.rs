@@ -202,23 +202,42 @@ impl SliceRun {
         leave
     }
 
-    /// The next run: items for one destination, without a pending backoff,
-    /// at most `chunk`.
+    /// The next run ([`take_run`] from the queue).
     fn next_run(&mut self, first: Work, chunk: usize) -> Vec<Work> {
-        let key = first.bucket_key();
-        let mut run = vec![first];
-        while run.len() < chunk
-            && self
-                .queue
-                .front()
-                .is_some_and(|next| next.not_before.is_none() && next.bucket_key() == key)
-        {
-            if let Some(next) = self.queue.pop_front() {
+        take_run(&mut self.queue, first, chunk)
+    }
+}
+
+/// The next run: `first` and the queued items for its destination
+/// without a pending backoff, in queue order, at most `chunk`. Items for
+/// other destinations keep their places. A slice whose items alternate
+/// between destinations (a fan-out's dead letters) is thus published in
+/// runs as long as one destination's items, not runs of one. Order is
+/// kept per destination, never across destinations; the write-ahead mark
+/// of a run covers the skipped items below it too, which only widens what
+/// a lost lease may leave `uncertain`.
+fn take_run(queue: &mut VecDeque<Work>, first: Work, chunk: usize) -> Vec<Work> {
+    let fits = |next: &Work| next.not_before.is_none() && next.same_destination(&first);
+    let mut run = Vec::with_capacity(chunk.min(queue.len() + 1));
+    // The common case, one destination: take from the front.
+    while run.len() + 1 < chunk && queue.front().is_some_and(fits) {
+        run.extend(queue.pop_front());
+    }
+    if run.len() + 1 < chunk && !queue.is_empty() {
+        // Items for other destinations in between: one pass that keeps
+        // them in order.
+        let mut rest = VecDeque::with_capacity(queue.len());
+        for next in queue.drain(..) {
+            if run.len() + 1 < chunk && fits(&next) {
                 run.push(next);
+            } else {
+                rest.push_back(next);
             }
         }
-        run
+        *queue = rest;
     }
+    run.insert(0, first);
+    run
 }
 
 /// How far ahead of a run the write-ahead mark is kept at full speed: about
@@ -985,5 +1004,59 @@ mod tests {
         assert_eq!(run_size(rate(200.0, 5), 256), 5);
         assert_eq!(run_size(rate(1e6, 1000), 256), 64);
         assert_eq!(run_size(rate(1e6, 1000), 8), 8);
+    }
+
+    fn work(id: u64, routing_key: &str, retry: bool) -> Work {
+        Work {
+            item: v1::SliceItem {
+                item_id: id.to_string(),
+                routing_key: routing_key.to_owned(),
+                ..Default::default()
+            },
+            attempt: 1,
+            not_before: retry.then(tokio::time::Instant::now),
+        }
+    }
+
+    fn ids(works: &[Work]) -> Vec<&str> {
+        works
+            .iter()
+            .map(|work| work.item.item_id.as_str())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_run_takes_one_destination_across_interleaved_items_and_keeps_the_rest_in_order() {
+        // A fan-out's dead letters: destinations alternate, one is a retry.
+        let mut queue: VecDeque<Work> = [
+            work(2, "b", false),
+            work(3, "a", false),
+            work(4, "b", false),
+            work(5, "a", true),
+            work(6, "a", false),
+            work(7, "a", false),
+            work(8, "b", false),
+        ]
+        .into();
+        let run = take_run(&mut queue, work(1, "a", false), 3);
+        assert_eq!(
+            ids(&run),
+            ["1", "3", "6"],
+            "at most the chunk, in order, no retry"
+        );
+        assert_eq!(ids(queue.make_contiguous()), ["2", "4", "5", "7", "8"]);
+        let run = take_run(&mut queue.split_off(0), work(9, "c", false), 64);
+        assert_eq!(ids(&run), ["9"], "nothing else for c");
+    }
+
+    #[tokio::test]
+    async fn a_run_of_one_destination_is_taken_from_the_front() {
+        let mut queue: VecDeque<Work> = (2..=6).map(|id| work(id, "a", false)).collect();
+        let run = take_run(&mut queue, work(1, "a", false), 4);
+        assert_eq!(ids(&run), ["1", "2", "3", "4"]);
+        assert_eq!(ids(queue.make_contiguous()), ["5", "6"]);
+        let run = take_run(&mut queue, work(0, "a", false), 1);
+        assert_eq!(ids(&run), ["0"], "a chunk of one takes only the first");
+        assert_eq!(ids(queue.make_contiguous()), ["5", "6"]);
     }
 }

@@ -60,7 +60,7 @@ fn csv_writer(data: &mut Vec<u8>) -> csv::Writer<&mut Vec<u8>> {
 /// One audit event as a JSON object (the export's and the CLI's shape).
 pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
     serde_json::json!({
-        "at": event.at.as_ref().and_then(from_timestamp).map(|at| at.to_rfc3339()),
+        "at": event.at.as_ref().and_then(from_timestamp).map(redrive_proto::time::rfc3339),
         "plan_id": event.plan_id,
         "slice_id": event.slice_id,
         "dead_letter_id": event.dead_letter_id,
@@ -83,7 +83,7 @@ fn events_csv<'a>(events: impl IntoIterator<Item = &'a v1::AuditEvent>) -> Vec<u
             .at
             .as_ref()
             .and_then(from_timestamp)
-            .map(|at| at.to_rfc3339())
+            .map(redrive_proto::time::rfc3339)
             .unwrap_or_default();
         let wave = if event.wave() == v1::Wave::Canary {
             "canary"
@@ -311,9 +311,9 @@ mod tests {
         assert_eq!(
             data,
             format!(
-                "2024-05-01T12:00:00+00:00,p-1,s-1,d-1,plain,{sent},,canary,exec-1,2,1500\n\
-                 2024-05-01T12:00:00+00:00,p-1,s-1,d-1,\"a,b\",{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500\n\
-                 2024-05-01T12:00:00+00:00,p-1,s-1,d-1,\"cr\rlf\r\n\",{sent},\"\"\"\",canary,\",\",2,1500\n"
+                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,{sent},,canary,exec-1,2,1500\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",{sent},\"\"\"\",canary,\",\",2,1500\n"
             )
         );
         // A CSV reader gets every field back as it was.

@@ -229,9 +229,14 @@ pub fn preview(body: &[u8], declared: Option<&str>) -> String {
         },
     };
     let bytes = decompressed.as_deref().unwrap_or(body);
-    let mut text = match serde_json::from_slice::<serde_json::Value>(bytes) {
-        Ok(json) => serde_json::to_string_pretty(&json).unwrap_or_default(),
-        Err(_) => {
+    // Valid JSON is re-indented from its own tokens, so its keys keep their
+    // order (a map would sort them) and numbers their spelling.
+    let json = std::str::from_utf8(bytes)
+        .ok()
+        .filter(|text| serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok());
+    let mut text = match json {
+        Some(json) => redrive_proto::json::pretty(json),
+        None => {
             if std::str::from_utf8(bytes).is_err() {
                 notes.push("[not UTF-8: invalid bytes shown as \u{fffd}]".to_owned());
             }
@@ -260,6 +265,12 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+
+    #[test]
+    fn a_json_preview_keeps_the_body_key_order() {
+        let text = preview(br#"{"zeta":1,"alpha":2.50}"#, None);
+        assert_eq!(text, "{\n  \"zeta\": 1,\n  \"alpha\": 2.50\n}");
+    }
 
     #[test]
     fn gzip_bodies_are_sniffed_and_previewed_decompressed() {

@@ -1,7 +1,7 @@
 //! The planner's configuration: flags with `REDRIVE_…` environment fallbacks,
 //! defaults pointing at the local services, validated at start-up.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, time::Duration};
 
 use redrive_proto::limits::{
     MAX_AGE, MAX_CAPTURE_BATCH_WAIT_MS, MAX_LEASE_TTL_SECONDS, MAX_REDRIVES, at_most,
@@ -142,6 +142,41 @@ pub struct Config {
     /// without authentication (it logs a warning).
     #[arg(long, env = "REDRIVE_INSECURE", default_value_t = false)]
     pub insecure: bool,
+
+    /// Open connections allowed from one peer address; more are closed at
+    /// once (and logged).
+    #[arg(long, env = "REDRIVE_MAX_CONNECTIONS_PER_PEER", default_value_t = crate::admission::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
+
+    /// Open connections allowed in total (keep it below the process's open
+    /// file limit, less the database pool).
+    #[arg(long, env = "REDRIVE_MAX_CONNECTIONS", default_value_t = crate::admission::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Seconds a connection may send nothing (no request, no answer to the
+    /// server's HTTP/2 keepalive ping every 20 s) before it is closed;
+    /// at least 45.
+    #[arg(long, env = "REDRIVE_IDLE_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub idle_timeout_seconds: u64,
+
+    /// Requests per second allowed per principal (per peer address without
+    /// authentication); over it a call gets RESOURCE_EXHAUSTED. A stream
+    /// counts once.
+    #[arg(long, env = "REDRIVE_REQUESTS_PER_SECOND", default_value_t = crate::admission::DEFAULT_REQUESTS_PER_SECOND)]
+    pub requests_per_second: u32,
+
+    /// Requests per principal allowed at once above that rate.
+    #[arg(long, env = "REDRIVE_REQUEST_BURST", default_value_t = crate::admission::DEFAULT_REQUEST_BURST)]
+    pub request_burst: u32,
+
+    /// Open WatchPlan streams allowed per principal (per peer address
+    /// without authentication).
+    #[arg(long, env = "REDRIVE_MAX_WATCHES_PER_PRINCIPAL", default_value_t = crate::admission::DEFAULT_WATCHES_PER_PRINCIPAL)]
+    pub max_watches_per_principal: usize,
+
+    /// Open WatchPlan streams allowed in total.
+    #[arg(long, env = "REDRIVE_MAX_WATCHES", default_value_t = crate::admission::DEFAULT_WATCHES)]
+    pub max_watches: usize,
 
     /// A dead-letter queue to capture (repeatable; the environment variable
     /// takes a comma-separated list). The queue must exist.
@@ -311,6 +346,70 @@ impl Config {
         config
     }
 
+    /// The caps on connections ([`crate::admission::admit`]).
+    pub fn connection_limits(&self) -> crate::admission::ConnectionLimits {
+        crate::admission::ConnectionLimits {
+            per_peer: self.max_connections_per_peer,
+            total: self.max_connections,
+            idle_timeout: Duration::from_secs(self.idle_timeout_seconds),
+        }
+    }
+
+    /// The request rate per principal ([`crate::admission::RateLimitLayer`]);
+    /// zeros are refused by [`Config::validate`].
+    pub fn request_rate(&self) -> crate::admission::RequestRate {
+        let at_least_one = |value: u32| NonZeroU32::new(value).unwrap_or(NonZeroU32::MIN);
+        crate::admission::RequestRate {
+            per_second: at_least_one(self.requests_per_second),
+            burst: at_least_one(self.request_burst),
+        }
+    }
+
+    /// The caps on open `WatchPlan` streams.
+    pub fn watch_limits(&self) -> crate::admission::StreamLimits {
+        crate::admission::StreamLimits::new(
+            "WatchPlan",
+            self.max_watches_per_principal,
+            self.max_watches,
+        )
+    }
+
+    fn admission_problems(&self) -> Vec<SettingError> {
+        let mut problems = Vec::new();
+        for (setting, value) in [
+            ("max-connections-per-peer", self.max_connections_per_peer),
+            ("max-connections", self.max_connections),
+            ("max-watches-per-principal", self.max_watches_per_principal),
+            ("max-watches", self.max_watches),
+        ] {
+            if value == 0 {
+                problems.push(SettingError::new(setting, "must be at least 1".to_owned()));
+            }
+        }
+        for (setting, value) in [
+            ("requests-per-second", self.requests_per_second),
+            ("request-burst", self.request_burst),
+        ] {
+            if value == 0 {
+                problems.push(SettingError::new(setting, "must be at least 1".to_owned()));
+            }
+        }
+        let least = crate::admission::KEEPALIVE_INTERVAL + crate::admission::KEEPALIVE_TIMEOUT;
+        if self.idle_timeout_seconds < least.as_secs() + 5 {
+            problems.push(SettingError::new(
+                "idle-timeout-seconds",
+                format!(
+                    "{} is too short: at least {} (a live client answers the keepalive ping every {} s within {} s)",
+                    self.idle_timeout_seconds,
+                    least.as_secs() + 5,
+                    crate::admission::KEEPALIVE_INTERVAL.as_secs(),
+                    crate::admission::KEEPALIVE_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+        problems
+    }
+
     /// Checks the settings that clap cannot, all of them.
     ///
     /// # Errors
@@ -417,6 +516,7 @@ impl Config {
         }
         problems.extend(self.try_policy().err().unwrap_or_default());
         problems.extend(self.transport_problems());
+        problems.extend(self.admission_problems());
         // A body is stored whole and sent in one gRPC message.
         let most_body = redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES / 2;
         if !(1..=most_body).contains(&self.max_body_bytes) {

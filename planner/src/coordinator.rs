@@ -219,6 +219,7 @@ impl Coordinator {
     pub async fn claim(
         &self,
         executor_id: &str,
+        caller: &str,
         wait: Duration,
         marks_publishing: bool,
     ) -> Result<Option<v1::Slice>, Error> {
@@ -230,7 +231,7 @@ impl Coordinator {
         loop {
             if let Some(slice) = self
                 .store
-                .claim_slice(executor_id, self.lease_ttl, marks_publishing)
+                .claim_slice(executor_id, caller, self.lease_ttl, marks_publishing)
                 .await?
             {
                 let loaded = self.store.slice_items(slice.slice_id).await;
@@ -242,7 +243,7 @@ impl Coordinator {
                         // were never handed to an executor.
                         if let Err(release) = self
                             .store
-                            .complete_slice(slice.slice_id, slice.fencing_token, true)
+                            .complete_slice(slice.slice_id, slice.fencing_token, caller, true)
                             .await
                         {
                             tracing::warn!(%release, slice.id = slice.slice_id, "cannot release a slice whose claim failed");
@@ -300,12 +301,14 @@ impl Coordinator {
         &self,
         slice_id: &str,
         token: u64,
+        caller: &str,
     ) -> Result<v1::HeartbeatResponse, Error> {
         let state = self
             .store
             .heartbeat(
                 parse_slice_id(slice_id)?,
                 parse_token(token)?,
+                caller,
                 self.lease_ttl,
             )
             .await??;
@@ -327,6 +330,7 @@ impl Coordinator {
     pub async fn report(
         &self,
         request: v1::ReportOutcomesRequest,
+        caller: &str,
     ) -> Result<v1::ReportOutcomesResponse, Error> {
         let slice_id = parse_slice_id(&request.slice_id)?;
         let token = parse_token(request.fencing_token)?;
@@ -366,7 +370,7 @@ impl Coordinator {
             .collect::<Result<Vec<_>, Error>>()?;
         let reported = self
             .store
-            .report_outcomes(slice_id, token, &outcomes)
+            .report_outcomes(slice_id, token, caller, &outcomes)
             .await??;
         if reported.lease_lost {
             tracing::info!(
@@ -398,12 +402,14 @@ impl Coordinator {
         &self,
         slice_id: &str,
         token: u64,
+        caller: &str,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Result<tokio::sync::mpsc::Receiver<v1::LeaseSignal>, Error> {
         let slice_id = parse_slice_id(slice_id)?;
         let token = parse_token(token)?;
         let mut changes = self.notifier.subscribe();
-        let first = self.store.lease_state(slice_id, token).await??;
+        let first = self.store.lease_state(slice_id, token, caller).await??;
+        let caller = caller.to_owned();
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
         let store = self.store.clone();
         tokio::spawn(async move {
@@ -424,7 +430,7 @@ impl Coordinator {
                         while changes.try_recv().is_ok() {}
                     }
                 }
-                let signal = match store.lease_state(slice_id, token).await {
+                let signal = match store.lease_state(slice_id, token, &caller).await {
                     Ok(state) => lease_signal(state),
                     Err(error) => {
                         tracing::warn!(%error, slice.id = slice_id, "cannot read a lease's state");
@@ -448,10 +454,21 @@ impl Coordinator {
     ///
     /// # Errors
     /// `FailedPrecondition` for a stale fencing token; store errors.
-    pub async fn complete(&self, slice_id: &str, token: u64, release: bool) -> Result<(), Error> {
+    pub async fn complete(
+        &self,
+        slice_id: &str,
+        token: u64,
+        caller: &str,
+        release: bool,
+    ) -> Result<(), Error> {
         Ok(self
             .store
-            .complete_slice(parse_slice_id(slice_id)?, parse_token(token)?, release)
+            .complete_slice(
+                parse_slice_id(slice_id)?,
+                parse_token(token)?,
+                caller,
+                release,
+            )
             .await??)
     }
 
@@ -467,6 +484,7 @@ impl Coordinator {
         &self,
         slice_id: &str,
         token: u64,
+        caller: &str,
         through_item_id: &str,
     ) -> Result<(), Error> {
         let position: i64 = through_item_id
@@ -481,7 +499,12 @@ impl Coordinator {
             })?;
         Ok(self
             .store
-            .mark_publishing(parse_slice_id(slice_id)?, parse_token(token)?, position)
+            .mark_publishing(
+                parse_slice_id(slice_id)?,
+                parse_token(token)?,
+                caller,
+                position,
+            )
             .await??)
     }
 }

@@ -46,6 +46,8 @@ pub struct PlannerState {
     /// The planner's shutdown: long waits (ReplayDeadLetter, WatchPlan) end
     /// early instead of being cut.
     pub shutdown: CancellationToken,
+    /// Caps on open `WatchPlan` streams, per caller and in total.
+    pub watches: crate::admission::StreamLimits,
 }
 
 impl PlannerState {
@@ -80,6 +82,16 @@ fn actor<T>(request: &Request<T>) -> String {
         .filter(|value| !value.is_empty())
         .unwrap_or("anonymous")
         .to_owned()
+}
+
+/// The principal a lease is bound to: the caller's authenticated identity,
+/// `""` when the planner runs without authentication (every caller is then
+/// the same principal). Every write under a lease must come from the
+/// principal that claimed it (docs/design.md, "Leases").
+fn caller<T>(request: &Request<T>) -> String {
+    crate::auth::Principal::of(request)
+        .map(|principal| principal.name.clone())
+        .unwrap_or_default()
 }
 
 /// `redrive.v1.Planner` over [`PlannerState`].
@@ -291,9 +303,23 @@ impl Planner for PlannerGrpc {
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let kinds = request
+            .kinds
+            .iter()
+            .enumerate()
+            .map(|(index, kind)| match v1::PlanKind::try_from(*kind) {
+                Ok(v1::PlanKind::Bulk) => Ok("bulk".to_owned()),
+                Ok(v1::PlanKind::Single) => Ok("single".to_owned()),
+                _ => Err(Error::invalid(
+                    format!("kinds[{index}]"),
+                    "not a plan kind (bulk or single)",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let (plans, next_page_token) = plan::list(
             &self.state.store,
             &states,
+            &kinds,
             &request.page_token,
             request.page_size,
         )
@@ -353,6 +379,10 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::WatchPlanRequest>,
     ) -> Result<Response<Self::WatchPlanStream>, Status> {
+        let permit = self
+            .state
+            .watches
+            .open(crate::admission::request_caller_key(&request))?;
         let request = request.into_inner();
         let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         let stream = audit::watch(
@@ -363,6 +393,12 @@ impl Planner for PlannerGrpc {
             self.state.shutdown.clone(),
         )
         .await?;
+        // The permit lives as long as the stream: dropping the stream (the
+        // client went away, or the watch ended) frees its place.
+        let stream = stream.map(move |item| {
+            let _held = &permit;
+            item
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -443,6 +479,7 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::ClaimSliceRequest>,
     ) -> Result<Response<v1::ClaimSliceResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         let wait = request
             .wait
@@ -455,7 +492,12 @@ impl Coordinator for CoordinatorGrpc {
             .unwrap_or_default();
         let slice = self
             .coordinator
-            .claim(&request.executor_id, wait, request.marks_publishing)
+            .claim(
+                &request.executor_id,
+                &caller,
+                wait,
+                request.marks_publishing,
+            )
             .await?;
         Ok(Response::new(v1::ClaimSliceResponse { slice }))
     }
@@ -464,10 +506,11 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         Ok(Response::new(
             self.coordinator
-                .heartbeat(&request.slice_id, request.fencing_token)
+                .heartbeat(&request.slice_id, request.fencing_token, &caller)
                 .await?,
         ))
     }
@@ -478,13 +521,17 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<Streaming<v1::ReportOutcomesRequest>>,
     ) -> Result<Response<Self::ReportOutcomesStream>, Status> {
+        let caller = caller(&request);
         let mut reports = request.into_inner();
         let coordinator = self.coordinator.clone();
         let (sender, receiver) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             while let Some(report) = reports.next().await {
                 let answer = match report {
-                    Ok(report) => coordinator.report(report).await.map_err(Status::from),
+                    Ok(report) => coordinator
+                        .report(report, &caller)
+                        .await
+                        .map_err(Status::from),
                     Err(status) => Err(status),
                 };
                 let failed = answer.is_err();
@@ -504,12 +551,14 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::WatchLeaseRequest>,
     ) -> Result<Response<Self::WatchLeaseStream>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         let signals = self
             .coordinator
             .watch_lease(
                 &request.slice_id,
                 request.fencing_token,
+                &caller,
                 self.shutdown.clone(),
             )
             .await?;
@@ -522,9 +571,15 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::CompleteSliceRequest>,
     ) -> Result<Response<v1::CompleteSliceResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         self.coordinator
-            .complete(&request.slice_id, request.fencing_token, request.release)
+            .complete(
+                &request.slice_id,
+                request.fencing_token,
+                &caller,
+                request.release,
+            )
             .await?;
         Ok(Response::new(v1::CompleteSliceResponse {}))
     }
@@ -533,11 +588,13 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::MarkPublishingRequest>,
     ) -> Result<Response<v1::MarkPublishingResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
         self.coordinator
             .mark_publishing(
                 &request.slice_id,
                 request.fencing_token,
+                &caller,
                 &request.through_item_id,
             )
             .await?;

@@ -28,6 +28,7 @@
 //!   static tokens → [`auth::Principal`]), the one table of which role each
 //!   RPC needs, and the actor a call is recorded under.
 
+pub mod admission;
 pub mod audit;
 pub mod auth;
 pub mod body;
@@ -175,6 +176,7 @@ pub async fn run(
         policy: Arc::new(config.policy()),
         max_precheck_age: config.max_precheck_age,
         shutdown: shutdown.clone(),
+        watches: config.watch_limits(),
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
@@ -191,7 +193,11 @@ pub async fn run(
         "planner serving"
     );
     let server_shutdown = shutdown.clone();
-    let mut builder = tonic::transport::Server::builder();
+    // HTTP/2 keepalive pings find dead clients; the admitted connections
+    // close idle ones and cap how many one peer may hold.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(admission::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(admission::KEEPALIVE_TIMEOUT));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
@@ -201,12 +207,16 @@ pub async fn run(
                 oversized_is_resource_exhausted::<tonic::body::Body>,
             ))
             .layer(auth::AuthLayer::new(authenticator))
+            .layer(admission::RateLimitLayer::new(config.request_rate()))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
             .add_service(InterceptedService::new(planner, gate.clone()))
             .add_service(InterceptedService::new(coordinator, gate))
-            .serve_with_incoming_shutdown(incoming(listener), server_shutdown.cancelled_owned()),
+            .serve_with_incoming_shutdown(
+                admission::admit(incoming(listener), config.connection_limits()),
+                server_shutdown.cancelled_owned(),
+            ),
     );
 
     let prepared = prepare_database(&config, &store, &shutdown).await;

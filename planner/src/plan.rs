@@ -287,6 +287,7 @@ pub async fn approve(
 pub async fn list(
     store: &Store,
     states: &[String],
+    kinds: &[String],
     page_token: &str,
     page_size: u32,
 ) -> Result<(Vec<v1::Plan>, String), Error> {
@@ -313,7 +314,9 @@ pub async fn list(
         ));
     }
     let page_size = if page_size == 0 { 100 } else { page_size };
-    let rows = store.list_plans(states, before, page_size + 1).await?;
+    let rows = store
+        .list_plans(states, kinds, before, page_size + 1)
+        .await?;
     let (plans, more) = crate::ids::page_of(rows, page_size);
     let next = match plans.last() {
         Some(last) if more => {

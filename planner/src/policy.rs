@@ -1,4 +1,4 @@
-//! The planner's precheck policy (README, "Precheck" → "The planner's policy"):
+//! The planner's precheck policy (docs/replay.md, "Precheck" → "The planner's policy"):
 //! staleness rules and precheck defaults set on the planner
 //! (`--stale-after`, `--stale-after-source`, `--default-stale-after`,
 //! `--replay-key-window`, `--max-redrives`, `--event-time-pointer`), the floor

@@ -111,12 +111,15 @@ fn classify_with(
     }
     if let Some((plan, at)) = &candidate.replayed {
         let reason = if candidate.replayed_certain {
-            format!("replayed by plan {plan} at {}", at.to_rfc3339())
+            format!(
+                "replayed by plan {plan} at {}",
+                redrive_proto::time::rfc3339(*at)
+            )
         } else {
             // Never replayable: it may have reached the consumer.
             format!(
                 "possibly delivered by plan {plan} at {}: its publish outcome is uncertain (a confirm lost with the connection, or a lease that expired)",
-                at.to_rfc3339()
+                redrive_proto::time::rfc3339(*at)
             )
         };
         return Some((Verdict::AlreadyReplayed, reason));
@@ -811,6 +814,21 @@ mod tests {
         assert!(reason.contains("first death"), "{reason}");
         item.first_died_at = now - chrono::Duration::minutes(5);
         assert_eq!(classify(&item, &options, now), None);
+    }
+
+    #[test]
+    fn replay_reasons_write_times_as_everything_else_does() {
+        // One time format everywhere (issue 17): UTC, `Z`, milliseconds.
+        let at = DateTime::parse_from_rfc3339("2026-12-01T08:00:00.123456+02:00")
+            .unwrap()
+            .with_timezone(&Utc);
+        let mut item = candidate();
+        item.replayed = Some((PlanId::new(uuid::Uuid::nil()), at));
+        for certain in [true, false] {
+            item.replayed_certain = certain;
+            let (_, reason) = classify(&item, &options(&[]), at).unwrap();
+            assert!(reason.contains(" at 2026-12-01T06:00:00.123Z"), "{reason}");
+        }
     }
 
     #[test]

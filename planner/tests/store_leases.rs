@@ -13,9 +13,13 @@
 use std::time::Duration;
 
 use redrive_planner::{
-    ids::PlanId,
+    ids::{DeadLetterId, PlanId},
     plan_state::Event,
-    store::{StaleToken, Store, leases::LeasedSlice, plans::Moved},
+    store::{
+        StaleToken, Store,
+        leases::{LeasedSlice, Outcome},
+        plans::Moved,
+    },
 };
 use sqlx::{Executor, PgPool, Postgres, migrate::MigrateDatabase};
 use uuid::Uuid;
@@ -53,7 +57,7 @@ impl Db {
     /// Leases the pending slice to `executor` (it must be there).
     async fn claim(&self, executor: &str, marks_publishing: bool) -> LeasedSlice {
         self.store
-            .claim_slice(executor, TTL, marks_publishing)
+            .claim_slice(executor, "", TTL, marks_publishing)
             .await
             .unwrap()
             .expect("a pending slice")
@@ -62,7 +66,7 @@ impl Db {
     /// Records the mark through `position` under `token` (it must be current).
     async fn mark(&self, slice_id: i64, token: i64, position: i64) {
         self.store
-            .mark_publishing(slice_id, token, position)
+            .mark_publishing(slice_id, token, "", position)
             .await
             .unwrap()
             .expect("the current lease");
@@ -123,14 +127,15 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     let db = Db::new().await;
     let first = db
         .store
-        .claim_slice("old", TTL, true)
+        .claim_slice("old", "", TTL, true)
         .await
         .unwrap()
         .expect("the pending slice");
-    assert_eq!(first.fencing_token, 1);
+    let token = first.fencing_token;
+    assert!(token > 1 << 32, "a random token, not a counter: {token}");
     assert!(
         db.store
-            .claim_slice("other", TTL, true)
+            .claim_slice("other", "", TTL, true)
             .await
             .unwrap()
             .is_none(),
@@ -144,7 +149,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     // A token the slice does not hold now is refused by every write.
     assert_eq!(
         db.store
-            .heartbeat(slice, 0, TTL)
+            .heartbeat(slice, 0, "", TTL)
             .await
             .unwrap()
             .unwrap_err(),
@@ -152,7 +157,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     );
     assert_eq!(
         db.store
-            .mark_publishing(slice, 0, 3)
+            .mark_publishing(slice, 0, "", 3)
             .await
             .unwrap()
             .unwrap_err(),
@@ -160,20 +165,32 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     );
     assert_eq!(
         db.store
-            .complete_slice(slice, 0, true)
+            .complete_slice(slice, 0, "", true)
             .await
             .unwrap()
             .unwrap_err(),
         stale
     );
-    assert!(db.store.heartbeat(slice, 1, TTL).await.unwrap().is_ok());
+    assert!(
+        db.store
+            .heartbeat(slice, token, "", TTL)
+            .await
+            .unwrap()
+            .is_ok()
+    );
 
     // An expired lease is refused too, before and after the sweep ends it.
     db.backdate(slice).await;
-    assert!(db.store.heartbeat(slice, 1, TTL).await.unwrap().is_err());
     assert!(
         db.store
-            .mark_publishing(slice, 1, 3)
+            .heartbeat(slice, token, "", TTL)
+            .await
+            .unwrap()
+            .is_err()
+    );
+    assert!(
+        db.store
+            .mark_publishing(slice, token, "", 3)
             .await
             .unwrap()
             .is_err()
@@ -181,19 +198,26 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     assert_eq!(db.store.expire_leases().await.unwrap(), vec![PLAN]);
     let second = db
         .store
-        .claim_slice("new", TTL, true)
+        .claim_slice("new", "", TTL, true)
         .await
         .unwrap()
         .expect("the slice, leased again");
-    assert_eq!((second.slice_id, second.fencing_token), (slice, 2));
+    assert_eq!(second.slice_id, slice);
+    assert!(second.fencing_token > token, "tokens grow with each lease");
     assert!(
         db.store
-            .complete_slice(slice, 1, false)
+            .complete_slice(slice, token, "", false)
             .await
             .unwrap()
             .is_err()
     );
-    assert!(db.store.heartbeat(slice, 2, TTL).await.unwrap().is_ok());
+    assert!(
+        db.store
+            .heartbeat(slice, second.fencing_token, "", TTL)
+            .await
+            .unwrap()
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -201,8 +225,8 @@ async fn an_expiry_makes_only_marked_unreported_items_uncertain() {
     let db = Db::new().await;
     let lease = db.claim("old", true).await;
     // Marked through position 1; a lower mark later never moves it back.
-    db.mark(lease.slice_id, 1, 1).await;
-    db.mark(lease.slice_id, 1, 0).await;
+    db.mark(lease.slice_id, lease.fencing_token, 1).await;
+    db.mark(lease.slice_id, lease.fencing_token, 0).await;
     db.backdate(lease.slice_id).await;
     db.store.expire_leases().await.unwrap();
     assert_eq!(
@@ -222,7 +246,7 @@ async fn an_expiry_makes_only_marked_unreported_items_uncertain() {
     assert_eq!(db.uncertain_events().await.len(), 2);
     let unmarked = db.claim("unmarked", false).await;
     // Its marks are ignored: it did not promise to mark before publishing.
-    db.mark(unmarked.slice_id, 3, 2).await;
+    db.mark(unmarked.slice_id, unmarked.fencing_token, 2).await;
     db.backdate(unmarked.slice_id).await;
     db.store.expire_leases().await.unwrap();
     assert_eq!(db.states().await, ["uncertain"; 4]);
@@ -231,6 +255,193 @@ async fn an_expiry_makes_only_marked_unreported_items_uncertain() {
     assert_eq!(
         events[2..],
         [(2, "unmarked".to_owned()), (3, "unmarked".to_owned())]
+    );
+}
+
+/// Issue 15: a report is accepted only under a token the slice was given:
+/// its live lease's, or an earlier lease's (a late report of publishes that
+/// happened). A guessed token (the old counter's `1`, or the live token's
+/// neighbour) is refused, even for `sent`. What is recorded about an item
+/// comes from the plan item, not from the report.
+#[tokio::test]
+async fn a_report_under_a_token_the_slice_never_had_is_refused() {
+    let db = Db::new().await;
+    let first = db.claim("old", true).await;
+    let slice = first.slice_id;
+    let dead_letters: Vec<(DeadLetterId, String)> =
+        sqlx::query_as("SELECT dead_letter_id, message_key FROM plan_items ORDER BY position")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let sent = |index: usize, key: &str| Outcome {
+        dead_letter_id: dead_letters[index].0,
+        message_key: key.to_owned(),
+        action: "sent".to_owned(),
+        reason: String::new(),
+        executor_id: "x".to_owned(),
+        attempt: 1,
+        confirm_latency_us: 0,
+        at: chrono::Utc::now(),
+    };
+    for guess in [1, first.fencing_token + 1, first.fencing_token - 1] {
+        assert_eq!(
+            db.store
+                .report_outcomes(slice, guess, "", &[sent(0, &dead_letters[0].1)])
+                .await
+                .unwrap()
+                .unwrap_err(),
+            StaleToken {
+                slice_id: slice,
+                token: guess
+            },
+            "guessed token {guess}"
+        );
+    }
+    // The live lease's report records the plan item's key, whatever the
+    // report names.
+    let reported = db
+        .store
+        .report_outcomes(slice, first.fencing_token, "", &[sent(0, "forged-key")])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((reported.accepted, reported.lease_lost), (1, false));
+    // An earlier lease's late `sent` is still the truth and recorded.
+    db.backdate(slice).await;
+    db.store.expire_leases().await.unwrap();
+    let second = db.claim("new", true).await;
+    let late = db
+        .store
+        .report_outcomes(
+            slice,
+            first.fencing_token,
+            "",
+            &[sent(1, &dead_letters[1].1)],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((late.accepted, late.lease_lost), (1, true));
+    assert!(second.fencing_token > first.fencing_token);
+    let recorded: Vec<String> = sqlx::query_scalar(
+        "SELECT message_key FROM audit_events WHERE action = 'sent' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded,
+        [dead_letters[0].1.clone(), dead_letters[1].1.clone()]
+    );
+    let replayed: Vec<String> =
+        sqlx::query_scalar("SELECT message_key FROM replayed_keys ORDER BY message_key")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        !replayed.contains(&"forged-key".to_owned()),
+        "the ledger takes keys from the plan: {replayed:?}"
+    );
+}
+
+/// Issue 15: a lease is bound to the principal that claimed it. Another
+/// principal holding the slice id and the token (both travel in the clear
+/// without TLS) can neither renew, mark, report into, nor end it.
+#[tokio::test]
+async fn a_lease_refuses_every_write_from_another_principal() {
+    let db = Db::new().await;
+    let lease = db
+        .store
+        .claim_slice("exec-1", "executor-a", TTL, true)
+        .await
+        .unwrap()
+        .expect("the pending slice");
+    let (slice, token) = (lease.slice_id, lease.fencing_token);
+    let stale = StaleToken {
+        slice_id: slice,
+        token,
+    };
+    let dead_letter: DeadLetterId =
+        sqlx::query_scalar("SELECT dead_letter_id FROM plan_items ORDER BY position LIMIT 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let sent = [Outcome {
+        dead_letter_id: dead_letter,
+        message_key: String::new(),
+        action: "sent".to_owned(),
+        reason: String::new(),
+        executor_id: "named-in-the-report".to_owned(),
+        attempt: 1,
+        confirm_latency_us: 0,
+        at: chrono::Utc::now(),
+    }];
+    for intruder in ["executor-b", ""] {
+        let store = &db.store;
+        assert_eq!(
+            store.heartbeat(slice, token, intruder, TTL).await.unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store.lease_state(slice, token, intruder).await.unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store
+                .mark_publishing(slice, token, intruder, 3)
+                .await
+                .unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store
+                .report_outcomes(slice, token, intruder, &sent)
+                .await
+                .unwrap(),
+            Err(stale)
+        );
+        assert_eq!(
+            store
+                .complete_slice(slice, token, intruder, true)
+                .await
+                .unwrap(),
+            Err(stale)
+        );
+    }
+    // The holder is untouched by all that.
+    assert!(
+        db.store
+            .heartbeat(slice, token, "executor-a", TTL)
+            .await
+            .unwrap()
+            .is_ok()
+    );
+    let reported = db
+        .store
+        .report_outcomes(slice, token, "executor-a", &sent)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((reported.accepted, reported.lease_lost), (1, false));
+    let leases: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT fencing_token, principal, executor_id FROM slice_leases WHERE slice_id = $1",
+    )
+    .bind(slice)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        leases,
+        [(token, "executor-a".to_owned(), "exec-1".to_owned())]
+    );
+    let recorded: Vec<String> = sqlx::query_scalar("SELECT executor_id FROM audit_events")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded,
+        ["exec-1"],
+        "the lease's executor, not the report's"
     );
 }
 
@@ -298,9 +509,9 @@ async fn transitions_run_only_from_their_allowed_states() {
 async fn a_release_clears_the_mark() {
     let db = Db::new().await;
     let first = db.claim("new", true).await;
-    db.mark(first.slice_id, 1, 1).await;
+    db.mark(first.slice_id, first.fencing_token, 1).await;
     db.store
-        .complete_slice(first.slice_id, 1, true)
+        .complete_slice(first.slice_id, first.fencing_token, "", true)
         .await
         .unwrap()
         .unwrap();

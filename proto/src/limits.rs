@@ -1,5 +1,5 @@
 //! The one table of input limits: every bound a request is checked against,
-//! with where it comes from. The README's "Limits" section is the same table
+//! with where it comes from. docs/api.md's "Limits" section is the same table
 //! for API users; a change here changes it there.
 //!
 //! Two layers enforce them:
@@ -215,6 +215,7 @@ const REPEATED_LIMITS: &[(&str, &str, usize)] = &[
     ),
     ("redrive.v1.SummarizeDeadLettersRequest", "group_by", 16),
     ("redrive.v1.ListPlansRequest", "states", 16),
+    ("redrive.v1.ListPlansRequest", "kinds", 4),
     (
         "redrive.v1.RecheckStateRequest",
         "dead_letter_ids",

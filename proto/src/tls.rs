@@ -7,7 +7,7 @@
 //! (`rustls-native-certs`); with `--ca` it trusts exactly that bundle. A
 //! client certificate (PEM chain and its PEM private key) is presented when
 //! both files are given: the planner maps its subject to a principal
-//! (README, "Security").
+//! (docs/security.md).
 
 use std::path::{Path, PathBuf};
 

@@ -532,3 +532,137 @@ async fn the_planner_calls_an_https_state_check_hook() -> anyhow::Result<()> {
     drop(pool);
     bed.finish().await
 }
+
+/// The attack of issue 15: a second executor credential, holding a real
+/// lease's slice id and fencing token (both travel to the first executor),
+/// can neither renew, mark, report into, watch nor end that lease; its
+/// forged `sent` reports reach neither the audit nor the replay ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executor_cannot_act_on_another_executors_lease() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
+    bed.client
+        .approve_plan(as_principal(
+            "bob",
+            ApprovePlanRequest {
+                plan_id: plan.plan_id.clone(),
+                digest,
+            },
+        ))
+        .await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let mut holder =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
+    let mut intruder =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-2")?).await?);
+    let slice = holder
+        .claim_slice(v1::ClaimSliceRequest {
+            executor_id: "executor-1".to_owned(),
+            marks_publishing: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .slice
+        .expect("the canary slice");
+    let (slice_id, token) = (slice.slice_id.clone(), slice.fencing_token);
+    let stale = |status: tonic::Status| {
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status.message().contains("stale fencing token"),
+            "{status:?}"
+        );
+    };
+    stale(
+        intruder
+            .heartbeat(v1::HeartbeatRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+            })
+            .await
+            .unwrap_err(),
+    );
+    stale(
+        intruder
+            .mark_publishing(v1::MarkPublishingRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+                through_item_id: slice.items[0].item_id.clone(),
+            })
+            .await
+            .unwrap_err(),
+    );
+    stale(
+        intruder
+            .watch_lease(v1::WatchLeaseRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+            })
+            .await
+            .unwrap_err(),
+    );
+    let forged = v1::ReportOutcomesRequest {
+        slice_id: slice_id.clone(),
+        fencing_token: token,
+        events: slice
+            .items
+            .iter()
+            .map(|item| v1::AuditEvent {
+                dead_letter_id: item
+                    .dead_letter
+                    .as_ref()
+                    .map(|dead_letter| dead_letter.id.clone())
+                    .unwrap_or_default(),
+                message_key: "forged".to_owned(),
+                action: v1::AuditAction::Sent.into(),
+                executor_id: "executor-1".to_owned(),
+                attempt: 1,
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let mut answers = intruder
+        .report_outcomes(futures::stream::iter(vec![forged]))
+        .await?
+        .into_inner();
+    stale(answers.message().await.unwrap_err());
+    stale(
+        intruder
+            .complete_slice(v1::CompleteSliceRequest {
+                slice_id: slice_id.clone(),
+                fencing_token: token,
+                release: false,
+            })
+            .await
+            .unwrap_err(),
+    );
+    // Nothing of it was recorded; the holder's lease is intact.
+    let pool = bed.pool().await?;
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'sent'")
+            .fetch_one(&pool)
+            .await?;
+    let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM replayed_keys")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!((recorded, ledger), (0, 0));
+    let renewed = holder
+        .heartbeat(v1::HeartbeatRequest {
+            slice_id: slice_id.clone(),
+            fencing_token: token,
+        })
+        .await?
+        .into_inner();
+    assert!(renewed.keep_publishing);
+    holder
+        .complete_slice(v1::CompleteSliceRequest {
+            slice_id,
+            fencing_token: token,
+            release: true,
+        })
+        .await?;
+    bed.finish().await
+}

@@ -40,3 +40,34 @@ async fn the_demo_incident_replays_exactly_once_through_a_killed_executor() -> a
     }
     Ok(())
 }
+
+/// `scripts/demo.sh --help` answers before anything is built (issue 17),
+/// from its own text: every option `redrive-demo --help` lists is in it,
+/// word for word.
+#[test]
+fn demo_sh_help_answers_without_building_and_lists_every_demo_option() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let script = std::process::Command::new("bash")
+        .arg(root.join("scripts/demo.sh"))
+        .arg("--help")
+        // No cargo on the path: a build attempt would fail the test.
+        .env("PATH", "/usr/bin:/bin")
+        .output()?;
+    assert!(script.status.success(), "{script:?}");
+    let script = String::from_utf8(script.stdout)?;
+    let demo = std::process::Command::new(env!("CARGO_BIN_EXE_redrive-demo"))
+        .arg("--help")
+        .output()?;
+    let demo = String::from_utf8(demo.stdout)?;
+    let options = demo
+        .split_once("Options:")
+        .map(|(_, options)| options)
+        .expect("an Options section");
+    for line in options.lines().filter(|line| !line.trim().is_empty()) {
+        assert!(
+            script.contains(line),
+            "demo.sh --help lacks {line:?}:\n{script}"
+        );
+    }
+    Ok(())
+}

@@ -591,6 +591,7 @@ async fn run_case(
                 name,
                 planner.list_plans(v1::ListPlansRequest {
                     states: vec![signed, signed % 10],
+                    kinds: vec![signed % 4],
                     page_size: number % 2000,
                     page_token: c.clone(),
                 }),

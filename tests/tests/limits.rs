@@ -463,9 +463,8 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
     let error = bed
         .client
         .list_plans(v1::ListPlansRequest {
-            states: vec![],
             page_size: limits::MAX_PAGE_SIZE + 1,
-            page_token: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

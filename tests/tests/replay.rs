@@ -269,9 +269,14 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
             .count();
         worst = worst.max(in_window);
     }
+    // The bucket bounds publishes; the consumer sees them through the
+    // broker, whose delivery can bunch a few that were published apart (a
+    // loaded machine's stall). As the demo's check does, 50 ms of the rate
+    // (2 messages) is allowed for that; executors that did not share the
+    // rate would show about twice the bound.
     assert!(
-        worst <= 40 + 4,
-        "at most per_second + burst in any 1 s window, saw {worst}"
+        worst <= 40 + 4 + 2,
+        "at most per_second + burst (+ 50 ms of receive jitter) in any 1 s window, saw {worst}"
     );
     assert!(worst >= 30, "the rate is used, not starved: {worst}");
     // Exactly once by identity, and the limit was shared, not taken in
@@ -574,7 +579,10 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     backdate_lease(&pool, &first.slice_id).await?;
     let second = claimed(&mut coordinator, "new", false).await?;
     assert_eq!(second.slice_id, first.slice_id);
-    assert_eq!(second.fencing_token, first.fencing_token + 1);
+    assert!(
+        second.fencing_token > first.fencing_token,
+        "tokens grow with each lease"
+    );
     assert!(
         second.items.iter().all(|item| item.uncertain),
         "a takeover republishes as uncertain"
@@ -1513,7 +1521,22 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
                 .await;
         }
     });
-    let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 10, None).await?;
+    // The observation window is what gives the re-dead-letters time to come
+    // back and be captured before the main wave: with none, the plan is
+    // promoted at the next gate pass (0.5 s), which a loaded machine's capture
+    // can miss (CI saw the main wave go out and the plan pause instead).
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.rate = Some(Rate {
+            per_second: 1000.0,
+            burst: 10,
+            rationale: "test downstream takes this easily".into(),
+        });
+        request.observe_for = Some(prost_types::Duration {
+            seconds: 10,
+            nanos: 0,
+        });
+    })
+    .await?;
     let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
     let aborted = wait_state(
         &mut bed.client,
@@ -2315,5 +2338,72 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     assert_eq!(delivery.data, fixed);
     channel.close(200, "done".into()).await?;
     executor.stop().await?;
+    bed.finish().await
+}
+
+/// Issue 17: `ListPlans` tells single replays from bulk plans (`kinds`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plans_are_listed_by_kind() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 2).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
+    // No executor: the single replay's plan is cancelled unclaimed, but it
+    // is a plan of its kind all the same.
+    let single = bed
+        .client
+        .replay_dead_letter(replay_request(&one, 500))
+        .await?
+        .into_inner();
+    let bulk = approved_plan(&mut bed.client, &incident.dlq, 10.0, 1, None).await?;
+    let listed = |kinds: Vec<v1::PlanKind>| v1::ListPlansRequest {
+        kinds: kinds.into_iter().map(i32::from).collect(),
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for kinds in [
+        vec![v1::PlanKind::Single],
+        vec![v1::PlanKind::Bulk],
+        vec![v1::PlanKind::Single, v1::PlanKind::Bulk],
+    ] {
+        let plans = bed
+            .client
+            .list_plans(listed(kinds))
+            .await?
+            .into_inner()
+            .plans;
+        ids.push(
+            plans
+                .iter()
+                .map(|plan| (plan.plan_id.clone(), plan.kind()))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(
+        ids,
+        [
+            vec![(single.plan_id.clone(), v1::PlanKind::Single)],
+            vec![(bulk.plan_id.clone(), v1::PlanKind::Bulk)],
+            vec![
+                (bulk.plan_id.clone(), v1::PlanKind::Bulk),
+                (single.plan_id.clone(), v1::PlanKind::Single)
+            ],
+        ]
+    );
+    let refused = bed
+        .client
+        .list_plans(v1::ListPlansRequest {
+            kinds: vec![0],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().contains("kinds[0]"),
+        "{}",
+        refused.message()
+    );
     bed.finish().await
 }

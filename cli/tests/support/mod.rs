@@ -117,6 +117,7 @@ pub fn plan(plan_id: &str, state: v1::PlanState, done: u64) -> v1::Plan {
         }),
         total_items: 7,
         canary_items: 1,
+        kind: v1::PlanKind::Bulk.into(),
         items_done: done,
         slices_total: 1,
         slices_completed: u64::from(done == 7),

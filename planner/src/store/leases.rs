@@ -2,7 +2,7 @@
 //! statement with `FOR UPDATE SKIP LOCKED`; every later write is conditioned on
 //! the token), and outcome reports.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
@@ -82,7 +82,8 @@ pub struct Outcome {
     pub action: String,
     /// Why.
     pub reason: String,
-    /// Executor.
+    /// Executor, as the report names it; the audit records the executor id
+    /// the lease was claimed with instead.
     pub executor_id: String,
     /// Attempt number (1-based).
     pub attempt: i32,
@@ -134,6 +135,7 @@ impl Store {
     pub async fn claim_slice(
         &self,
         executor_id: &str,
+        principal: &str,
         ttl: Duration,
         marks_publishing: bool,
     ) -> Result<Option<LeasedSlice>, StoreError> {
@@ -144,19 +146,24 @@ impl Store {
                   AND s.state = 'pending' \
                   AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
                 ORDER BY p.approved_at, p.id, s.seq \
-                LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
-             UPDATE plan_slices s SET state = 'leased', lease_owner = $1, \
-                lease_expires_at = now() + $2 * interval '1 millisecond', fencing_token = s.fencing_token + 1, \
+                LIMIT 1 FOR UPDATE OF s SKIP LOCKED), \
+             leased AS (UPDATE plan_slices s SET state = 'leased', lease_owner = $1, lease_principal = $6, \
+                lease_expires_at = now() + $2 * interval '1 millisecond', \
+                fencing_token = redrive_next_fencing_token(s.fencing_token), \
                 published_through = CASE WHEN $5 THEN -1 END \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
-                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id",
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id), \
+             recorded AS (INSERT INTO slice_leases (slice_id, fencing_token, principal, executor_id) \
+                SELECT id, fencing_token, $6, $1 FROM leased) \
+             SELECT * FROM leased",
         )
         .bind(executor_id)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
         .bind(v1::PlanState::Main.name())
         .bind(v1::PlanState::Canary.name())
         .bind(marks_publishing)
+        .bind(principal)
         .fetch_optional(self.pool())
         .await?;
         Ok(row.map(LeasedSlice::from))
@@ -222,13 +229,16 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
     ) -> Result<Result<State, StaleToken>, StoreError> {
         let state: Option<State> = sqlx::query_scalar(
             "SELECT p.state FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
-             WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()",
+             WHERE s.id = $1 AND s.fencing_token = $2 AND s.lease_principal = $3 AND s.state = 'leased' \
+               AND s.lease_expires_at > now()",
         )
         .bind(slice_id)
         .bind(token)
+        .bind(principal)
         .fetch_optional(self.pool())
         .await?;
         Ok(state.ok_or(StaleToken { slice_id, token }))
@@ -248,6 +258,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         position: i64,
     ) -> Result<Result<(), StaleToken>, StoreError> {
         let marked = sqlx::query(
@@ -255,11 +266,13 @@ it reported it; the next lease publishes it again with the same message id', wav
             // judged by the old rule whatever it sends.
             "UPDATE plan_slices SET published_through = CASE WHEN published_through IS NULL THEN NULL \
                 ELSE greatest(published_through, $3) END \
-             WHERE id = $1 AND fencing_token = $2 AND state = 'leased' AND lease_expires_at > now()",
+             WHERE id = $1 AND fencing_token = $2 AND lease_principal = $4 AND state = 'leased' \
+               AND lease_expires_at > now()",
         )
         .bind(slice_id)
         .bind(token)
         .bind(position)
+        .bind(principal)
         .execute(self.pool())
         .await?
         .rows_affected();
@@ -314,17 +327,19 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         ttl: Duration,
     ) -> Result<Result<State, StaleToken>, StoreError> {
         let state: Option<State> = sqlx::query_scalar(
             "UPDATE plan_slices s SET lease_expires_at = now() + $3 * interval '1 millisecond' \
-             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.state = 'leased' \
-               AND s.lease_expires_at > now() AND p.id = s.plan_id \
+             FROM plans p WHERE s.id = $1 AND s.fencing_token = $2 AND s.lease_principal = $4 \
+               AND s.state = 'leased' AND s.lease_expires_at > now() AND p.id = s.plan_id \
              RETURNING p.state",
         )
         .bind(slice_id)
         .bind(token)
         .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+        .bind(principal)
         .fetch_optional(self.pool())
         .await?;
         Ok(state.ok_or(StaleToken { slice_id, token }))
@@ -351,6 +366,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         outcomes: &[Outcome],
     ) -> Result<Result<Reported, StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
@@ -360,36 +376,56 @@ it reported it; the next lease publishes it again with the same message id', wav
         // `UPDATE`s of non-key columns, do not wait behind the report's
         // inserts (they would hold publishing back for as long).
         let lease = sqlx::query_as::<_, LeaseRow>(
-            "SELECT s.plan_id, s.wave, \
+            "SELECT s.plan_id, s.wave, l.executor_id, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
-             FROM plan_slices s WHERE s.id = $1 AND s.fencing_token >= $2 AND $2 > 0 FOR KEY SHARE",
+             FROM plan_slices s JOIN slice_leases l \
+                ON l.slice_id = s.id AND l.fencing_token = $2 AND l.principal = $3 \
+             WHERE s.id = $1 FOR KEY SHARE OF s",
         )
         .bind(slice_id)
         .bind(token)
+        .bind(principal)
         .fetch_optional(&mut *transaction)
         .await?;
         let Some(LeaseRow {
             plan_id,
             wave,
+            executor_id,
             current,
         }) = lease
         else {
             return Ok(Err(StaleToken { slice_id, token }));
         };
         // Only items of this slice: an id from elsewhere is ignored (and logged).
+        // What is recorded about an item (its message key; its destination,
+        // below) comes from the plan's own rows, never from the report: a
+        // report says only which item had which outcome.
         let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let members: Vec<DeadLetterId> = sqlx::query_scalar(
-            "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
+        let members: HashMap<DeadLetterId, String> = sqlx::query_as::<_, (DeadLetterId, String)>(
+            "SELECT dead_letter_id, message_key FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
         )
         .bind(slice_id)
         .bind(&ids)
         .fetch_all(&mut *transaction)
-        .await?;
+        .await?
+        .into_iter()
+        .collect();
         let outcomes: Vec<&Outcome> = outcomes
             .iter()
-            .filter(|o| members.contains(&o.dead_letter_id))
+            .filter(|o| members.contains_key(&o.dead_letter_id))
             .filter(|o| current || PUBLISH_OUTCOMES.contains(&o.action.as_str()))
             .collect();
+        let misnamed = outcomes
+            .iter()
+            .filter(|o| members.get(&o.dead_letter_id) != Some(&o.message_key))
+            .count();
+        if misnamed > 0 {
+            tracing::warn!(
+                slice.id = slice_id,
+                misnamed,
+                "outcomes named another message key than their plan item's; the plan item's is recorded"
+            );
+        }
         let dropped = (ids.len() - outcomes.len()) as u64;
         if dropped > 0 {
             tracing::warn!(
@@ -409,10 +445,12 @@ it reported it; the next lease publishes it again with the same message id', wav
         let column =
             |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
         let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let keys = column(&|o| o.message_key.clone());
+        let keys = column(&|o| members[&o.dead_letter_id].clone());
         let actions = column(&|o| o.action.clone());
         let reasons = column(&|o| o.reason.replace('\0', ""));
-        let executors = column(&|o| o.executor_id.clone());
+        // The executor is the one that claimed the lease, whatever the
+        // report says.
+        let executors = column(&|_| executor_id.clone());
         let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
         let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
@@ -479,8 +517,10 @@ it reported it; the next lease publishes it again with the same message id', wav
         if !delivered.is_empty() {
             let delivered_ids: Vec<DeadLetterId> =
                 delivered.iter().map(|o| o.dead_letter_id).collect();
-            let delivered_keys: Vec<String> =
-                delivered.iter().map(|o| o.message_key.clone()).collect();
+            let delivered_keys: Vec<String> = delivered
+                .iter()
+                .map(|o| members[&o.dead_letter_id].clone())
+                .collect();
             let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
             sqlx::query(
                 "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
@@ -521,6 +561,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         &self,
         slice_id: i64,
         token: i64,
+        principal: &str,
         release: bool,
     ) -> Result<Result<(), StaleToken>, StoreError> {
         let mut transaction = self.pool().begin().await?;
@@ -531,10 +572,12 @@ it reported it; the next lease publishes it again with the same message id', wav
             .execute(&mut *transaction)
             .await?;
         let plan_id: Option<PlanId> = sqlx::query_scalar(
-            "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND state = 'leased' FOR UPDATE",
+            "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND lease_principal = $3 \
+                AND state = 'leased' FOR UPDATE",
         )
         .bind(slice_id)
         .bind(token)
+        .bind(principal)
         .fetch_optional(&mut *transaction)
         .await?;
         let Some(plan_id) = plan_id else {
@@ -714,6 +757,8 @@ impl From<LeasedSliceRow> for LeasedSlice {
 struct LeaseRow {
     plan_id: PlanId,
     wave: String,
+    /// The executor id the lease was claimed with.
+    executor_id: String,
     /// Whether the token is the slice's current, unexpired lease.
     current: bool,
 }

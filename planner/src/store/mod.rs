@@ -75,7 +75,7 @@ impl From<sqlx::Error> for StoreError {
 /// An outcome report rejected for its fencing token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "stale fencing token {token} for slice {slice_id}: the lease was lost (expired and re-leased, or released)"
+    "stale fencing token {token} for slice {slice_id}: not a live lease of the caller (expired and re-leased, released, or claimed by another principal)"
 )]
 pub struct StaleToken {
     /// The slice.

@@ -573,12 +573,14 @@ impl Store {
     pub async fn list_plans(
         &self,
         states: &[String],
+        kinds: &[String],
         before: Option<(DateTime<Utc>, PlanId)>,
         page_size: u32,
     ) -> Result<Vec<v1::Plan>, StoreError> {
         let rows = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
             "SELECT {PLAN_COLUMNS} FROM plans p \
              WHERE (cardinality($1::text[]) = 0 OR p.state = ANY($1)) \
+             AND (cardinality($5::text[]) = 0 OR {PLAN_KIND} = ANY($5)) \
              AND ($2::timestamptz IS NULL OR (p.created_at, p.id) < ($2, $3)) \
              ORDER BY p.created_at DESC, p.id DESC LIMIT $4"
         )))
@@ -586,18 +588,23 @@ impl Store {
         .bind(before.map(|(at, _)| at))
         .bind(before.map(|(_, id)| id))
         .bind(i64::from(page_size))
+        .bind(kinds)
         .fetch_all(self.pool())
         .await?;
         Ok(rows.into_iter().map(v1::Plan::from).collect())
     }
 }
 
+/// A plan's kind, `bulk` or `single`: a single replay's plan is the one
+/// with a claim deadline (`claim_by`, set by `ReplayDeadLetter`).
+const PLAN_KIND: &str = "(CASE WHEN p.claim_by IS NULL THEN 'bulk' ELSE 'single' END)";
+
 /// Plan columns with progress aggregated from its items and slices.
 const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.state_reason, p.rate_per_second, \
     p.rate_burst, p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
     p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
-    p.observing_until, \
+    p.observing_until, (p.claim_by IS NOT NULL) AS single, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
     (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
@@ -733,6 +740,7 @@ struct PlanRow {
     completed_at: Option<DateTime<Utc>>,
     warnings: Vec<String>,
     observing_until: Option<DateTime<Utc>>,
+    single: bool,
     slices_total: i64,
     slices_completed: i64,
     item_states: serde_json::Value,
@@ -773,6 +781,12 @@ impl From<PlanRow> for v1::Plan {
             approved_at: row.approved_at.map(timestamp),
             completed_at: row.completed_at.map(timestamp),
             items_done,
+            kind: if row.single {
+                v1::PlanKind::Single
+            } else {
+                v1::PlanKind::Bulk
+            }
+            .into(),
             // The end of the observation window, while observing.
             observing_until: row
                 .observing_until

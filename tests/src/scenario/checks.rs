@@ -213,7 +213,7 @@ pub(super) fn check_replay(
         .collect();
     outcome.delivered_twice.clone_from(&twice);
     if config.kill_executor {
-        // The honest guarantee with a crash (README, "Guarantees, and their
+        // The honest guarantee with a crash (docs/replay.md, "Guarantees, and their
         // limits"): what the killed executor had published but not reported
         // is `uncertain` and is published again with the same message id, so
         // consumer idempotency on the message id closes the gap. Distinct ids
@@ -296,7 +296,7 @@ pub(super) fn check_replay(
         ),
     );
 
-    // The bucket's promise (README, "Guarantees"): over any second at most
+    // The bucket's promise (docs/replay.md, "Guarantees"): over any second at most
     // per_second + burst. The consumer timestamps deliveries when it gets
     // them, so a consumer held up for a moment sees a bunch at once: 50 ms of
     // the rate is allowed for that.

@@ -90,7 +90,7 @@ use redrive_proto::{
     v1::{
         ApprovePlanRequest, CreatePlanRequest, ExportAuditRequest, ExportFormat,
         GetAuditReportRequest, GetPlanRequest, ListCompensationsRequest, ListPlansRequest,
-        PlanControlRequest, PlanState, Rate,
+        PlanControlRequest, PlanKind, PlanState, Rate,
     },
 };
 
@@ -218,6 +218,11 @@ pub struct ListArgs {
     /// observing, main, completed, paused, cancelled, aborted.
     #[arg(long = "state", value_name = "STATE", value_parser = parse_state)]
     pub states: Vec<PlanState>,
+
+    /// Only plans of this kind; repeatable: bulk (made from a precheck and
+    /// approved) or single (`dead-letters replay`).
+    #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind)]
+    pub kinds: Vec<PlanKind>,
 
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -390,6 +395,20 @@ pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
     Ok(fraction)
 }
 
+/// A plan kind by its name (`bulk`, `single`; any case).
+///
+/// # Errors
+/// An unknown name, listing the valid ones.
+pub fn parse_kind(name: &str) -> Result<PlanKind, String> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "bulk" => Ok(PlanKind::Bulk),
+        "single" => Ok(PlanKind::Single),
+        _ => Err(format!(
+            "unknown plan kind {name:?}; valid names: bulk, single"
+        )),
+    }
+}
+
 /// The plan state named `name` (`awaiting_approval`; `awaiting-approval` too).
 ///
 /// # Errors
@@ -524,6 +543,7 @@ async fn list(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let states: Vec<i32> = args.states.iter().map(|state| i32::from(*state)).collect();
+    let kinds: Vec<i32> = args.kinds.iter().map(|kind| i32::from(*kind)).collect();
     let mut listing = Listing::open(out, json, "plans")?;
     let page_token = args
         .page
@@ -531,6 +551,7 @@ async fn list(
             let response = planner
                 .list_plans(ListPlansRequest {
                     states: states.clone(),
+                    kinds: kinds.clone(),
                     page_size,
                     page_token,
                 })

@@ -34,7 +34,7 @@ use std::{fmt, io::Write};
 
 use redrive_proto::{
     time::from_duration,
-    v1::{self, AuditAction, Plan, PlanState},
+    v1::{self, AuditAction, Plan, PlanKind, PlanState},
 };
 use serde::Serialize;
 
@@ -220,6 +220,8 @@ pub struct PlanJson {
     pub precheck_id: String,
     pub precheck_digest: String,
     pub state: &'static str,
+    /// `bulk` (made from a precheck) or `single` (`dead-letters replay`).
+    pub kind: &'static str,
     pub state_reason: String,
     pub rate: RateJson,
     pub destination: Destination,
@@ -262,6 +264,7 @@ impl From<&Plan> for PlanJson {
             precheck_id: plan.precheck_id.clone(),
             precheck_digest: plan.precheck_digest.clone(),
             state: plan.state().name(),
+            kind: kind_name(plan.kind()),
             state_reason: plan.state_reason.clone(),
             rate: RateJson {
                 per_second: rate.per_second,
@@ -597,6 +600,7 @@ fn write_keys(
 pub const LIST_COLUMNS: &[Column] = &[
     Column::keep("plan_id"),
     Column::keep("state"),
+    Column::keep("kind").optional(),
     Column::keep("done"),
     Column::keep("rate").optional(),
     Column::shorten("destination").optional(),
@@ -604,11 +608,22 @@ pub const LIST_COLUMNS: &[Column] = &[
     Column::keep("created_at").optional(),
 ];
 
+/// The name of `kind` in tables, JSON and `--kind`: `bulk` or `single`
+/// (`unknown` from a planner that does not say).
+pub fn kind_name(kind: PlanKind) -> &'static str {
+    match kind {
+        PlanKind::Bulk => "bulk",
+        PlanKind::Single => "single",
+        PlanKind::Unspecified => "unknown",
+    }
+}
+
 /// One `plan list` row, in [`LIST_COLUMNS`] order.
 pub fn list_row(plan: &PlanJson) -> Vec<String> {
     vec![
         plan.plan_id.clone(),
         plan.state.to_owned(),
+        plan.kind.to_owned(),
         format!(
             "{}/{} ({})",
             plan.items_done,
@@ -681,6 +696,7 @@ mod tests {
             approved_at: at("2024-05-01T12:05:00Z"),
             completed_at: None,
             items_done: 450,
+            kind: PlanKind::Bulk.into(),
             observing_until: None,
             actions_omitted: 3,
         }
@@ -716,6 +732,7 @@ mod tests {
                 "total_items": 1000,
                 "canary_items": 10,
                 "items_done": 450,
+                "kind": "bulk",
                 "slices_total": 10,
                 "slices_completed": 4,
                 "counts": {
@@ -753,7 +770,8 @@ mod tests {
         );
         assert_eq!(json["observing_until"], serde_json::Value::Null);
         assert_eq!(json["actions_omitted"], 0);
-        assert_eq!(json.as_object().unwrap().len(), 25);
+        assert_eq!(json["kind"], "unknown");
+        assert_eq!(json.as_object().unwrap().len(), 26);
     }
 
     #[test]
