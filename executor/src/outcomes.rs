@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::{
+    metrics::{ExecutorMetrics, PublishFailure},
     publisher::{Pending, PublishOutcome},
     replay_keys::ReplayKeys,
 };
@@ -168,6 +169,8 @@ pub struct EventContext {
     pub wave: i32,
     /// This executor (slice loop).
     pub executor_id: String,
+    /// Where every event is counted by action.
+    pub metrics: ExecutorMetrics,
 }
 
 impl EventContext {
@@ -179,6 +182,7 @@ impl EventContext {
         reason: &str,
         latency_us: u64,
     ) -> v1::AuditEvent {
+        self.metrics.item(action);
         v1::AuditEvent {
             plan_id: self.plan_id.clone(),
             slice_id: self.slice_id.clone(),
@@ -268,6 +272,20 @@ impl Collector {
             PublishOutcome::Uncertain { .. } => true,
             _ => false,
         };
+        match &outcome {
+            PublishOutcome::Sent { latency } => self.context.metrics.published(*latency),
+            PublishOutcome::Nacked => self.context.metrics.publish_failed(PublishFailure::Nacked),
+            PublishOutcome::Unroutable { .. } => {
+                self.context
+                    .metrics
+                    .publish_failed(PublishFailure::Unroutable);
+            }
+            PublishOutcome::Uncertain { .. } => {
+                self.context
+                    .metrics
+                    .publish_failed(PublishFailure::Uncertain);
+            }
+        }
         if late {
             self.debt.add(work.bucket_key(), 1);
         }

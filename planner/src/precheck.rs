@@ -360,9 +360,13 @@ pub async fn run(
     store.create_precheck(precheck_id, &request.actor).await?;
     // The precheck row is committed `running`: whatever happens next, even a
     // panic, it ends `done` or `failed`.
+    let started = std::time::Instant::now();
     match crate::error::caught(classify_all(store, checker, precheck_id, &request)).await {
         Ok(report) => {
             store.finish_precheck(&report).await?;
+            store
+                .metrics()
+                .precheck_ended(started.elapsed(), report.counts.as_ref());
             info!(
                 precheck.id = %precheck_id,
                 total = report.total,
@@ -373,6 +377,7 @@ pub async fn run(
             Ok(report)
         }
         Err(error) => {
+            store.metrics().precheck_ended(started.elapsed(), None);
             let _ = store.fail_precheck(precheck_id, &error.to_string()).await;
             Err(error)
         }
