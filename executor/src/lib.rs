@@ -169,10 +169,16 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_LIVENESS_TIMEOUT_SECONDS", default_value_t = 90)]
     pub liveness_timeout_seconds: u64,
 
-    /// OTLP/gRPC collector metrics are pushed to (every 10 s); off when not
-    /// set. The standard variable of the OpenTelemetry SDKs.
+    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
+    /// pushed to; off when not set. The standard variable of the
+    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
+    /// and `OTEL_TRACES_SAMPLER` apply too.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
 }
 
 impl Config {

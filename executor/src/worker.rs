@@ -777,11 +777,23 @@ impl Worker {
                 items.push_front(work);
                 return run.give_back(items, Leave::Next);
             }
+            // With spans exported, the message names its publish span;
+            // otherwise a random traceparent, and no span per message.
+            let (span, traceparent) = if redrive_proto::telemetry::tracing_enabled() {
+                let span =
+                    message::publish_span(&run.context.plan_id, &run.context.slice_id, &work.item);
+                let traceparent = redrive_proto::telemetry::traceparent_of(&span);
+                (span, traceparent)
+            } else {
+                (tracing::Span::none(), None)
+            };
+            let traceparent = traceparent.unwrap_or_else(message::traceparent);
             let properties = match message::properties(
                 &run.context.plan_id,
                 &run.context.executor_id,
                 &work.item,
                 work.attempt,
+                &traceparent,
             ) {
                 Ok(properties) => properties,
                 Err(reason) => {
@@ -813,7 +825,11 @@ impl Worker {
                     run.progress.bump();
                     if run
                         .in_flight
-                        .send(InFlight { work, pending })
+                        .send(InFlight {
+                            work,
+                            pending,
+                            span,
+                        })
                         .await
                         .is_err()
                     {

@@ -337,8 +337,10 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
 
-    /// OTLP/gRPC collector metrics are pushed to (every 10 s); off when not
-    /// set. The standard variable of the OpenTelemetry SDKs.
+    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
+    /// pushed to; off when not set. The standard variable of the
+    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
+    /// and `OTEL_TRACES_SAMPLER` apply too.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 }

@@ -217,6 +217,8 @@ pub async fn run(
     // HTTP/2 keepalive pings find dead clients; the admitted connections
     // close idle ones and cap how many one peer may hold.
     let mut builder = tonic::transport::Server::builder()
+        // One server span per call, continuing the caller's traceparent.
+        .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
         .http2_keepalive_interval(Some(admission::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(admission::KEEPALIVE_TIMEOUT));
     if let Some(tls) = tls {
