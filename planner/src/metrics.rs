@@ -13,7 +13,7 @@
 //! | `redrive.planner.precheck.verdicts` | counter | `{dead_letter}` | `redrive.verdict` |
 //! | `redrive.planner.items` | counter | `{item}` | `redrive.audit.action`: audit events executors reported |
 //! | `redrive.planner.plan.transitions` | counter | `{transition}` | `redrive.plan.state`: the state a plan moved to |
-//! | `redrive.planner.gate.trips` | counter | `{trip}` | `redrive.gate.action` (`paused`, `aborted`) |
+//! | `redrive.planner.gate.trips` | counter | `{trip}` | `redrive.gate.action` (`pause`, `abort`) |
 //! | `redrive.planner.leases.expired` | counter | `{lease}` | none |
 
 use std::{collections::HashMap, time::Duration};
@@ -248,7 +248,7 @@ impl PlannerMetrics {
         }
     }
 
-    /// A gate tripped: `action` is `paused` or `aborted`.
+    /// A gate tripped: `action` is `pause` or `abort`.
     pub fn gate_tripped(&self, action: &'static str) {
         self.gate_trips
             .add(1, &[KeyValue::new("redrive.gate.action", action)]);
