@@ -194,7 +194,8 @@ pub fn original_traceparent(item: &v1::SliceItem) -> Option<String> {
 /// semantic conventions name it for RabbitMQ: `publish {exchange}` (or
 /// `publish amq.default` for the default exchange), kind producer, with
 /// `messaging.system`, `messaging.operation.type` / `.name`,
-/// `messaging.destination.name` (the exchange),
+/// `messaging.destination.name` (the exchange, `amq.default` for the
+/// default one),
 /// `messaging.rabbitmq.destination.routing_key`, `messaging.message.id`,
 /// and the plan and slice ids; a child of the current (slice) span, linked
 /// to the dead letter's own `traceparent` when it carried one. It ends when
@@ -219,7 +220,7 @@ pub fn publish_span(plan_id: &str, slice_id: &str, item: &v1::SliceItem) -> trac
         messaging.system = "rabbitmq",
         messaging.operation.type = "send",
         messaging.operation.name = "publish",
-        messaging.destination.name = %item.exchange,
+        messaging.destination.name = %exchange,
         messaging.rabbitmq.destination.routing_key = %item.routing_key,
         messaging.message.id = %message_id,
         redrive.plan.id = %plan_id,

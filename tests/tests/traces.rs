@@ -100,7 +100,9 @@ async fn replays_export_publish_spans_their_messages_name() -> anyhow::Result<()
 
     let flushing = tracer.clone();
     tokio::task::spawn_blocking(move || flushing.force_flush()).await??;
-    let publish_name = format!("publish {}", topology.exchange);
+    // Queue mode (the default destination): the default exchange, routed
+    // by the queue's name.
+    let publish_name = "publish amq.default".to_owned();
     wait_until(
         "the publish spans exported",
         Duration::from_secs(20),
@@ -144,11 +146,11 @@ async fn replays_export_publish_spans_their_messages_name() -> anyhow::Result<()
         assert_eq!(attribute(span, "messaging.operation.type"), Some("send"));
         assert_eq!(
             attribute(span, "messaging.destination.name"),
-            Some(topology.exchange.as_str())
+            Some("amq.default")
         );
         assert_eq!(
             attribute(span, "messaging.rabbitmq.destination.routing_key"),
-            Some(topology.routing_key().as_str())
+            Some(topology.work.as_str())
         );
         assert_eq!(
             attribute(span, "messaging.message.id"),
