@@ -640,7 +640,17 @@ async fn write_batch(
 ) -> bool {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match store_batch(store, session, source, &batch.dead_letters).await {
+        let span = info_span!(
+            "planner.capture.batch",
+            messaging.system = "rabbitmq",
+            messaging.operation.type = "process",
+            messaging.destination.name = %source,
+            messaging.batch.message_count = batch.dead_letters.len(),
+        );
+        match store_batch(store, session, source, &batch.dead_letters)
+            .instrument(span)
+            .await
+        {
             Ok((batch_ids, outcome)) => {
                 let redead = batch
                     .dead_letters

@@ -426,3 +426,15 @@ pub fn init_subscriber(
     tracing_subscriber::registry().with(spans).with(logs).init();
     Ok(provider)
 }
+
+/// Puts `span`'s W3C `traceparent` into the metadata of an outgoing gRPC
+/// call, so that the callee continues the trace (nothing when spans are not
+/// exported).
+pub fn inject_traceparent(span: &tracing::Span, metadata: &mut tonic::metadata::MetadataMap) {
+    if !tracing_enabled() {
+        return;
+    }
+    if let Some(value) = traceparent_of(span).and_then(|text| text.parse().ok()) {
+        metadata.insert("traceparent", value);
+    }
+}

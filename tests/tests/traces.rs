@@ -4,8 +4,8 @@
 //! publish span per message with the messaging semantic-convention
 //! attributes; the `traceparent` every replayed message carries names one
 //! of them; a dead letter that carried its producer's `traceparent` is
-//! linked to it (`traces_rpc.rs`: a planner RPC continues its caller's
-//! `traceparent`).
+//! linked to it; the precheck and capture batches are spans too
+//! (`traces_rpc.rs`: a planner RPC continues its caller's `traceparent`).
 //!
 //! Its own test binary: the tracing subscriber is global to the process.
 
@@ -180,6 +180,24 @@ async fn replays_export_publish_spans_their_messages_name() -> anyhow::Result<()
             None => assert!(span.links.is_empty()),
         }
     }
+
+    // The precheck is a span under its RPC's server span; capture batches
+    // are spans of their own.
+    let run_precheck = spans
+        .iter()
+        .find(|span| span.name == "redrive.v1.Planner/RunPrecheck")
+        .context("the RunPrecheck server span")?;
+    let precheck = spans
+        .iter()
+        .find(|span| span.name == "planner.precheck")
+        .context("the precheck span")?;
+    assert_eq!(precheck.parent_span_id, run_precheck.span_id);
+    assert_eq!(precheck.trace_id, run_precheck.trace_id);
+    assert!(
+        spans.iter().any(|span| span.name == "planner.capture.batch"
+            && attribute(span, "messaging.destination.name") == Some(topology.dlq.as_str())),
+        "capture batches are spans"
+    );
 
     bed.finish().await
 }

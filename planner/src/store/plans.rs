@@ -242,6 +242,8 @@ async fn execute(
     // Counted when executed: a transaction that then fails to commit is
     // counted too (PostgreSQL unreachable at that instant).
     metrics.plan_moved(to.get());
+    // An event on the current span (the RPC's, the gates' or a report's).
+    tracing::info!(plan.id = %plan_id, plan.state = to.name(), "plan state changed");
     Ok(Moved::To(to))
 }
 
