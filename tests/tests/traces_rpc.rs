@@ -1,5 +1,6 @@
 //! A planner RPC is a server span continuing its caller's W3C `traceparent`
-//! (gRPC metadata), exported over OTLP to a receiver inside the test.
+//! (gRPC metadata), exported over OTLP to a receiver inside the test; the
+//! calls of `redrivectl` carry one.
 //!
 //! Its own test binary: the tracing subscriber is global to the process.
 
@@ -63,5 +64,46 @@ async fn an_rpc_continues_its_callers_trace() -> anyhow::Result<()> {
     assert_eq!(attribute(rpc, "rpc.system"), Some("grpc"));
     assert_eq!(attribute(rpc, "rpc.service"), Some("redrive.v1.Planner"));
     assert_eq!(attribute(rpc, "rpc.method"), Some("ListPlans"));
+
+    // redrivectl sends its run's traceparent on every call.
+    let mut cli = redrivectl::client::connect(
+        &bed.planner.url(),
+        Some("tracer"),
+        &redrivectl::client::Credentials::default(),
+    )
+    .await?;
+    cli.get_plan(redrive_proto::v1::GetPlanRequest {
+        plan_id: "01a23314-fe74-756d-9456-334411319931".to_owned(),
+    })
+    .await
+    .err()
+    .context("no such plan")?;
+    let flushing = tracer.clone();
+    tokio::task::spawn_blocking(move || flushing.force_flush()).await??;
+    let sent = redrivectl::client::invocation_traceparent();
+    let (cli_trace, cli_span) = (&sent[3..35], &sent[36..52]);
+    wait_until(
+        "redrivectl's call exported",
+        Duration::from_secs(20),
+        || {
+            let found = receiver
+                .spans()
+                .iter()
+                .any(|span| span.name == "redrive.v1.Planner/GetPlan");
+            async move { Ok(found) }
+        },
+    )
+    .await?;
+    let spans = receiver.spans();
+    let get_plan = spans
+        .iter()
+        .find(|span| span.name == "redrive.v1.Planner/GetPlan")
+        .context("the GetPlan server span")?;
+    assert_eq!(
+        hex::encode(&get_plan.trace_id),
+        cli_trace,
+        "redrivectl's trace"
+    );
+    assert_eq!(hex::encode(&get_plan.parent_span_id), cli_span);
     bed.finish().await
 }
