@@ -11,7 +11,6 @@
 //! Until the first check ends, every name is `NOT_SERVING`.
 
 use std::{
-    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -107,8 +106,9 @@ pub async fn serve(
             .set_service_status(name, ServingStatus::NotServing)
             .await;
     }
-    let address: Option<SocketAddr> = listener.local_addr().ok();
-    info!(address = ?address, "health serving grpc.health.v1");
+    if let Ok(address) = listener.local_addr() {
+        info!(%address, "health serving grpc.health.v1");
+    }
     tokio::spawn(keep_current(reporter, checks, shutdown.clone()));
     tonic::transport::Server::builder()
         .add_service(service)

@@ -371,7 +371,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         shutdown.clone(),
     )
     .await
-    .map_err(|error| anyhow::anyhow!("invalid setting --metrics-listen: {error}"))?;
+    .map_err(|error| {
+        anyhow::anyhow!("invalid setting (--metrics-listen or --otlp-endpoint): {error}")
+    })?;
     let metrics = ExecutorMetrics::new(&metrics_pipeline.meter("redrive-executor"));
     let (bucket, replay_keys, redis) = match &config.redis_url {
         None => {

@@ -148,7 +148,9 @@ pub async fn run(
         shutdown.clone(),
     )
     .await
-    .map_err(|error| anyhow::anyhow!("invalid setting --metrics-listen: {error}"))?;
+    .map_err(|error| {
+        anyhow::anyhow!("invalid setting (--metrics-listen or --otlp-endpoint): {error}")
+    })?;
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?
         .with_metrics(metrics::PlannerMetrics::new(
             &metrics_pipeline.meter("redrive-planner"),

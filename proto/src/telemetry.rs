@@ -143,7 +143,9 @@ impl Metrics {
             None => (None, None),
             Some((listener, registry)) => {
                 let address = listener.local_addr().ok();
-                info!(address = ?address, "metrics endpoint serving /metrics");
+                if let Some(address) = address {
+                    info!(%address, "metrics endpoint serving /metrics");
+                }
                 let serving = tokio::spawn(serve_metrics(listener, Arc::new(registry), shutdown));
                 (address, Some(serving))
             }
