@@ -58,12 +58,57 @@ impl Credentials {
     }
 }
 
-/// Adds `x-redrive-actor: NAME` and `authorization: Bearer TOKEN` to every
+/// Adds `x-redrive-actor: NAME`, `authorization: Bearer TOKEN` and the
+/// invocation's W3C `traceparent` ([`invocation_traceparent`]) to every
 /// request.
 #[derive(Debug, Clone)]
 pub struct ActorInterceptor {
     actor: Option<MetadataValue<Ascii>>,
     authorization: Option<MetadataValue<Ascii>>,
+    traceparent: Option<MetadataValue<Ascii>>,
+}
+
+/// Whether `text` is a W3C Trace Context `traceparent` of version 00 with
+/// non-zero ids (<https://www.w3.org/TR/trace-context/#traceparent-header>).
+fn is_traceparent(text: &str) -> bool {
+    let parts: Vec<&str> = text.split('-').collect();
+    let hex_of = |part: &str, length: usize| {
+        part.len() == length
+            && part
+                .bytes()
+                .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+    };
+    matches!(parts.as_slice(), [version, trace, span, flags]
+        if *version == "00"
+            && hex_of(trace, 32)
+            && hex_of(span, 16)
+            && hex_of(flags, 2)
+            && trace.bytes().any(|byte| byte != b'0')
+            && span.bytes().any(|byte| byte != b'0'))
+}
+
+/// The `traceparent` every RPC of this `redrivectl` run carries, so that
+/// the planner's server spans of one command share one trace: the
+/// `TRACEPARENT` environment variable when it holds a valid one (a caller
+/// such as a CI job or a script continuing its own trace), else a new
+/// random one per run, sampled.
+pub fn invocation_traceparent() -> &'static str {
+    static TRACEPARENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TRACEPARENT.get_or_init(|| {
+        std::env::var("TRACEPARENT")
+            .ok()
+            .map(|text| text.trim().to_owned())
+            .filter(|text| is_traceparent(text))
+            .unwrap_or_else(|| {
+                let trace = uuid::Uuid::new_v4().simple().to_string();
+                let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
+                format!("00-{trace}-{span}-01")
+            })
+    })
+}
+
+fn traceparent_metadata() -> Option<MetadataValue<Ascii>> {
+    MetadataValue::try_from(invocation_traceparent()).ok()
 }
 
 impl ActorInterceptor {
@@ -76,6 +121,7 @@ impl ActorInterceptor {
         Ok(Self {
             actor: Some(actor_metadata(actor).map_err(CliError::Usage)?),
             authorization: None,
+            traceparent: traceparent_metadata(),
         })
     }
 
@@ -98,6 +144,7 @@ impl ActorInterceptor {
         Ok(Self {
             actor,
             authorization,
+            traceparent: traceparent_metadata(),
         })
     }
 }
@@ -111,6 +158,11 @@ impl Interceptor for ActorInterceptor {
             request
                 .metadata_mut()
                 .insert("authorization", authorization.clone());
+        }
+        if let Some(traceparent) = &self.traceparent {
+            request
+                .metadata_mut()
+                .insert("traceparent", traceparent.clone());
         }
         Ok(request)
     }
@@ -239,6 +291,21 @@ fn error_chain(error: &tonic::transport::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traceparents_are_checked() {
+        assert!(is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent(
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent(
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!is_traceparent("garbage"));
+        assert!(is_traceparent(invocation_traceparent()));
+    }
 
     #[test]
     fn planner_urls_need_a_scheme() {

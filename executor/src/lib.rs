@@ -15,22 +15,27 @@
 //! - [`bucket`]: the GCRA token bucket in Redis (or in-process without Redis).
 //! - [`replay_keys`]: the record of sent message keys in Redis.
 //! - [`message`]: the replayed message's properties and headers.
+//! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus `/metrics`).
+//! - [`health`]: `grpc.health.v1` readiness and liveness on `--health-listen`.
 
 pub mod backoff;
 pub mod bucket;
+pub mod health;
 pub mod lease;
 pub mod message;
+pub mod metrics;
 pub mod outcomes;
 pub mod publisher;
 pub mod replay_keys;
 pub mod worker;
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::{
     settings::{SettingError, SettingErrors, check_amqp_url, read_secret_file, redact_url},
+    telemetry::{Metrics, MetricsSettings},
     tls::ClientTlsFiles,
     v1::coordinator_client::CoordinatorClient,
 };
@@ -39,6 +44,8 @@ use tracing::{info, warn};
 
 use crate::{
     bucket::{Bucket, DEFAULT_CALL_TIMEOUT, LocalBucket, RedisBucket, connect_redis},
+    health::{HealthChecks, Heartbeat},
+    metrics::ExecutorMetrics,
     publisher::PublisherOptions,
     replay_keys::ReplayKeys,
     worker::{Worker, WorkerSettings},
@@ -145,6 +152,33 @@ pub struct Config {
     /// still holds expire, and their unreported items become uncertain).
     #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
+
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (off when not set).
+    #[arg(long, env = "REDRIVE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Serve `grpc.health.v1.Health` here, plaintext: `""`/`readiness`
+    /// (broker, Redis and planner reachable) and `liveness` (no slice loop
+    /// wedged). Off when not set.
+    #[arg(long, env = "REDRIVE_HEALTH_LISTEN", value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
+
+    /// Seconds a slice loop may go without a heartbeat before `liveness`
+    /// reports `NOT_SERVING` (at least 10 more than --claim-wait-seconds
+    /// and --confirm-timeout-seconds, the longest waits without a beat).
+    #[arg(long, env = "REDRIVE_LIVENESS_TIMEOUT_SECONDS", default_value_t = 90)]
+    pub liveness_timeout_seconds: u64,
+
+    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
+    /// pushed to; off when not set. The standard variable of the
+    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
+    /// and `OTEL_TRACES_SAMPLER` apply too.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
 }
 
 impl Config {
@@ -214,6 +248,11 @@ impl Config {
             // Read and parsed now: a bad file is a bad setting, not a failed start.
             problem("planner", text);
         }
+        if let Some(endpoint) = &self.otlp_endpoint
+            && tonic::transport::Endpoint::from_shared(endpoint.clone()).is_err()
+        {
+            problem("otlp-endpoint", format!("{endpoint:?} is not a URL"));
+        }
         if let Err(text) = check_amqp_url(&self.amqp_url) {
             problem("amqp-url", text);
         }
@@ -259,6 +298,13 @@ impl Config {
                 1..=u64::MAX,
             ),
             ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
+            (
+                "liveness-timeout-seconds",
+                self.liveness_timeout_seconds,
+                self.claim_wait_seconds
+                    .max(self.confirm_timeout_seconds)
+                    .saturating_add(10)..=86_400,
+            ),
             (
                 "confirm-timeout-seconds",
                 self.confirm_timeout_seconds,
@@ -315,15 +361,30 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true)
         .connect_lazy();
+
+    let planner_channel = channel.clone();
     let coordinator = CoordinatorClient::new(channel)
         .max_decoding_message_size(256 * 1024 * 1024)
         .max_encoding_message_size(64 * 1024 * 1024);
-    let (bucket, replay_keys) = match &config.redis_url {
+    let metrics_pipeline = Metrics::start(
+        "redrive-executor",
+        &MetricsSettings {
+            listen: config.metrics_listen,
+            otlp_endpoint: config.otlp_endpoint.clone(),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|error| {
+        anyhow::anyhow!("invalid setting (--metrics-listen or --otlp-endpoint): {error}")
+    })?;
+    let metrics = ExecutorMetrics::new(&metrics_pipeline.meter("redrive-executor"));
+    let (bucket, replay_keys, redis) = match &config.redis_url {
         None => {
             info!(
                 "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
             );
-            (Bucket::Local(LocalBucket::new()), None)
+            (Bucket::Local(LocalBucket::new()), None, None)
         }
         Some(redis_url) => {
             let mut backoff =
@@ -346,9 +407,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 DEFAULT_CALL_TIMEOUT,
             );
             let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
-            let replay_keys = ReplayKeys::new(connection, config.redis_prefix.clone(), ttl)
+            let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
                 .map_err(anyhow::Error::msg)?;
-            (Bucket::Redis(bucket), Some(replay_keys))
+            (Bucket::Redis(bucket), Some(replay_keys), Some(connection))
         }
     };
     info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
@@ -369,18 +430,48 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let bucket = Arc::new(bucket);
     let debt = outcomes::TokenDebt::default();
     let mut loops = tokio::task::JoinSet::new();
+    let started = tokio::time::Instant::now();
+    let mut heartbeats = Vec::with_capacity(config.concurrent_slices);
     for index in 0..config.concurrent_slices {
         let mut settings = settings.clone();
         settings.executor_id = format!("{}/{index}", settings.executor_id);
+        let heartbeat = Heartbeat::new(started);
+        heartbeats.push(heartbeat.clone());
         let worker = Worker::new(
             settings,
             coordinator.clone(),
             Arc::clone(&bucket),
             replay_keys.clone(),
             debt.clone(),
+            metrics.clone(),
+            heartbeat,
         );
         loops.spawn(worker.run(shutdown.clone()));
     }
+    // Served once Redis answered: until then a probe's connection is
+    // refused, which orchestrators take as not ready too.
+    let health_listener =
+        match config.health_listen {
+            None => None,
+            Some(address) => Some(tokio::net::TcpListener::bind(address).await.with_context(
+                || format!("invalid setting --health-listen: cannot bind {address}"),
+            )?),
+        };
+    let health = match health_listener {
+        None => None,
+        Some(listener) => Some(tokio::spawn(health::serve(
+            listener,
+            HealthChecks {
+                amqp_url: config.amqp_url.clone(),
+                publisher: settings.publisher,
+                redis,
+                planner: planner_channel,
+                heartbeats,
+                liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
+            },
+            shutdown.clone(),
+        ))),
+    };
     // After shutdown each loop stops publishing at once, drains its confirms
     // and reports; the grace period bounds that.
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
@@ -396,5 +487,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             loops.abort_all();
         }
     }
+    if let Some(health) = health {
+        health.abort();
+    }
+    metrics_pipeline.shutdown().await;
     Ok(())
 }

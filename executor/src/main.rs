@@ -25,11 +25,18 @@ async fn main() -> ExitCode {
         }
     };
     let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter)
-        .init();
+    let tracer = match redrive_proto::telemetry::init_subscriber(
+        "redrive-executor",
+        filter,
+        config.log_json,
+        config.otlp_endpoint.as_deref(),
+    ) {
+        Ok(tracer) => tracer,
+        Err(error) => {
+            eprintln!("redrive-executor: invalid setting --otlp-endpoint: {error}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let shutdown = CancellationToken::new();
     let signal_shutdown = shutdown.clone();
     tokio::spawn(async move {
@@ -42,11 +49,16 @@ async fn main() -> ExitCode {
         }
         signal_shutdown.cancel();
     });
-    match redrive_executor::run(config, shutdown).await {
+    let code = match redrive_executor::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("redrive-executor: {error:#}");
             ExitCode::FAILURE
         }
+    };
+    if let Some(tracer) = tracer {
+        // The batch processor's last export blocks: off the runtime.
+        let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     }
+    code
 }

@@ -169,12 +169,72 @@ pub fn drops_property(name: &str) -> bool {
     })
 }
 
-/// A new W3C `traceparent` for the replay span: version 00, random trace and
-/// span ids, sampled.
+/// A W3C `traceparent` naming no span: version 00, random trace and span
+/// ids, sampled. Replays carry it when this executor exports no spans
+/// (no `OTEL_EXPORTER_OTLP_ENDPOINT`); with spans on they carry their
+/// publish span's ([`publish_span`]).
 pub fn traceparent() -> String {
     let trace = uuid::Uuid::new_v4().simple().to_string();
     let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
     format!("00-{trace}-{span}-01")
+}
+
+/// The `traceparent` the dead letter carried from its original producer,
+/// if any (a text header).
+pub fn original_traceparent(item: &v1::SliceItem) -> Option<String> {
+    let headers = item.dead_letter.as_ref()?.headers.as_ref()?;
+    match headers.fields.get(TRACEPARENT_HEADER)?.value.as_ref()? {
+        v1::header_value::Value::LongString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        v1::header_value::Value::ShortString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// The producer span of one publish, as the OpenTelemetry messaging
+/// semantic conventions name it for RabbitMQ: `publish {exchange}` (or
+/// `publish amq.default` for the default exchange), kind producer, with
+/// `messaging.system`, `messaging.operation.type` / `.name`,
+/// `messaging.destination.name` (the exchange, `amq.default` for the
+/// default one),
+/// `messaging.rabbitmq.destination.routing_key`, `messaging.message.id`,
+/// and the plan and slice ids; a child of the current (slice) span, linked
+/// to the dead letter's own `traceparent` when it carried one. It ends when
+/// dropped: at the publish's final outcome.
+pub fn publish_span(plan_id: &str, slice_id: &str, item: &v1::SliceItem) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let exchange = if item.exchange.is_empty() {
+        "amq.default"
+    } else {
+        item.exchange.as_str()
+    };
+    let message_id = item
+        .dead_letter
+        .as_ref()
+        .and_then(|dead_letter| dead_letter.properties.as_ref())
+        .and_then(|properties| properties.message_id.as_deref())
+        .unwrap_or_default();
+    let span = tracing::info_span!(
+        "executor.publish",
+        otel.name = %format_args!("publish {exchange}"),
+        otel.kind = "producer",
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "send",
+        messaging.operation.name = "publish",
+        messaging.destination.name = %exchange,
+        messaging.rabbitmq.destination.routing_key = %item.routing_key,
+        messaging.message.id = %message_id,
+        redrive.plan.id = %plan_id,
+        redrive.slice.id = %slice_id,
+        error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if let Some(original) = original_traceparent(item)
+        .as_deref()
+        .and_then(redrive_proto::telemetry::parse_traceparent)
+    {
+        span.add_link(original);
+    }
+    span
 }
 
 fn text(value: &str) -> AMQPValue {
@@ -182,7 +242,7 @@ fn text(value: &str) -> AMQPValue {
 }
 
 /// The AMQP properties of the replay of `item`, attempt `attempt` of plan
-/// `plan_id`, published by `executor_id`.
+/// `plan_id`, published by `executor_id`, carrying `traceparent`.
 ///
 /// # Errors
 /// A stored header or property that AMQP cannot carry (a short string over 255
@@ -192,6 +252,7 @@ pub fn properties(
     executor_id: &str,
     item: &v1::SliceItem,
     attempt: u32,
+    traceparent: &str,
 ) -> Result<BasicProperties, String> {
     let dead_letter = item
         .dead_letter
@@ -220,7 +281,7 @@ pub fn properties(
     if let Some(death) = &dead_letter.death {
         headers.insert(ShortString::from(REASON_HEADER), text(&death.reason));
     }
-    headers.insert(ShortString::from(TRACEPARENT_HEADER), text(&traceparent()));
+    headers.insert(ShortString::from(TRACEPARENT_HEADER), text(traceparent));
     let mut stored_properties = dead_letter.properties.clone().unwrap_or_default();
     if drops_property("expiration") {
         stored_properties.expiration = None;
@@ -278,7 +339,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let properties = properties("plan-1", "executor-1", &item, 2).unwrap();
+        let properties = properties("plan-1", "executor-1", &item, 2, &traceparent()).unwrap();
         let headers = properties.headers().as_ref().unwrap().inner();
         assert!(!headers.contains_key("x-death"));
         assert!(!headers.contains_key("x-first-death-reason"));

@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::{
+    metrics::{ExecutorMetrics, PublishFailure},
     publisher::{Pending, PublishOutcome},
     replay_keys::ReplayKeys,
 };
@@ -119,6 +120,9 @@ pub struct InFlight {
     pub work: Work,
     /// Its confirm.
     pub pending: Pending,
+    /// Its publish span (disabled when no spans are exported), ended with
+    /// the outcome.
+    pub span: tracing::Span,
 }
 
 /// What the collector tells the publishing loop.
@@ -168,6 +172,8 @@ pub struct EventContext {
     pub wave: i32,
     /// This executor (slice loop).
     pub executor_id: String,
+    /// Where every event is counted by action.
+    pub metrics: ExecutorMetrics,
 }
 
 impl EventContext {
@@ -179,6 +185,7 @@ impl EventContext {
         reason: &str,
         latency_us: u64,
     ) -> v1::AuditEvent {
+        self.metrics.item(action);
         v1::AuditEvent {
             plan_id: self.plan_id.clone(),
             slice_id: self.slice_id.clone(),
@@ -230,7 +237,7 @@ impl Collector {
             }
             let mut resolved = Vec::new();
             if let Some(oldest) = waiting.pop_front() {
-                resolved.push((oldest.work, oldest.pending.await));
+                resolved.push((oldest.work, oldest.pending.await, oldest.span));
             }
             while resolved.len() < MARK_BATCH {
                 let Some(front) = waiting.front_mut() else {
@@ -240,13 +247,13 @@ impl Collector {
                     break;
                 };
                 if let Some(done) = waiting.pop_front() {
-                    resolved.push((done.work, outcome));
+                    resolved.push((done.work, outcome, done.span));
                 }
             }
             let sent_keys: Vec<(String, String)> = resolved
                 .iter()
-                .filter(|(_, outcome)| outcome.is_sent())
-                .map(|(work, _)| (work.replay_identity(), self.context.plan_id.clone()))
+                .filter(|(_, outcome, _)| outcome.is_sent())
+                .map(|(work, _, _)| (work.replay_identity(), self.context.plan_id.clone()))
                 .collect();
             if let Some(replay_keys) = &self.replay_keys
                 && !sent_keys.is_empty()
@@ -256,8 +263,20 @@ impl Collector {
                 // still gets it from the report.
                 warn!(%error, "could not mark replay keys in Redis");
             }
-            for (work, outcome) in resolved {
+            for (work, outcome, span) in resolved {
+                let error = match &outcome {
+                    PublishOutcome::Sent { .. } => None,
+                    PublishOutcome::Nacked => Some("nacked"),
+                    PublishOutcome::Unroutable { .. } => Some("unroutable"),
+                    PublishOutcome::Uncertain { .. } => Some("uncertain"),
+                };
+                if let Some(error) = error {
+                    span.record("error.type", error);
+                    span.record("otel.status_code", "ERROR");
+                }
                 self.handle(work, outcome).await;
+                // The publish span ends here, at its outcome.
+                drop(span);
             }
         }
     }
@@ -268,6 +287,20 @@ impl Collector {
             PublishOutcome::Uncertain { .. } => true,
             _ => false,
         };
+        match &outcome {
+            PublishOutcome::Sent { latency } => self.context.metrics.published(*latency),
+            PublishOutcome::Nacked => self.context.metrics.publish_failed(PublishFailure::Nacked),
+            PublishOutcome::Unroutable { .. } => {
+                self.context
+                    .metrics
+                    .publish_failed(PublishFailure::Unroutable);
+            }
+            PublishOutcome::Uncertain { .. } => {
+                self.context
+                    .metrics
+                    .publish_failed(PublishFailure::Uncertain);
+            }
+        }
         if late {
             self.debt.add(work.bucket_key(), 1);
         }

@@ -39,8 +39,10 @@ use tracing::{info, warn};
 use crate::{
     backoff::Backoff,
     bucket::{Bucket, BucketError, Rate},
+    health::Heartbeat,
     lease::{Lease, StopReason},
     message,
+    metrics::ExecutorMetrics,
     outcomes::{Collector, EventContext, Feedback, InFlight, LATE_CONFIRM, TokenDebt, Work},
     publisher::{Outgoing, PublishError, Publisher, PublisherOptions, Slot},
     replay_keys::ReplayKeys,
@@ -89,6 +91,9 @@ pub struct Worker {
     /// Late and lost confirms not yet charged, shared by every slice loop of
     /// the executor: a slice that ends does not take its debt with it.
     debt: TokenDebt,
+    metrics: ExecutorMetrics,
+    /// Beaten by the loop, for the health service's liveness.
+    heartbeat: Heartbeat,
 }
 
 /// Why the publishing loop left a run.
@@ -106,11 +111,16 @@ struct Progress {
     counter: Arc<AtomicU64>,
     /// What the loop waits for now.
     waiting_for: Arc<Mutex<&'static str>>,
+    /// The loop's liveness, beaten with every bump.
+    heartbeat: Option<Heartbeat>,
 }
 
 impl Progress {
     fn bump(&self) {
         self.counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(heartbeat) = &self.heartbeat {
+            heartbeat.beat();
+        }
     }
 
     fn waiting_for(&self, what: &'static str) {
@@ -272,6 +282,8 @@ impl Worker {
         bucket: Arc<Bucket>,
         replay_keys: Option<ReplayKeys>,
         debt: TokenDebt,
+        metrics: ExecutorMetrics,
+        heartbeat: Heartbeat,
     ) -> Self {
         Self {
             settings,
@@ -280,6 +292,8 @@ impl Worker {
             replay_keys,
             publisher: None,
             debt,
+            metrics,
+            heartbeat,
         }
     }
 
@@ -287,6 +301,7 @@ impl Worker {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         while !shutdown.is_cancelled() {
+            self.heartbeat.beat();
             // No claim without a broker to publish to: a slice would only be held.
             if self.publisher(&shutdown, None).await.is_none() {
                 break;
@@ -300,6 +315,7 @@ impl Worker {
                 () = shutdown.cancelled() => break,
                 answer = claim => answer,
             };
+            self.heartbeat.beat();
             match answer {
                 Ok(answer) => {
                     backoff.reset();
@@ -353,6 +369,7 @@ impl Worker {
                 Ok(publisher) => self.publisher = Some(publisher),
                 Err(error) => {
                     let delay = backoff.next_delay();
+                    self.heartbeat.beat();
                     warn!(%error, retry_in_ms = delay.as_millis() as u64, "cannot connect to the broker");
                     if give_up_after.is_some_and(|limit| started.elapsed() >= limit) {
                         return None;
@@ -389,6 +406,7 @@ impl Worker {
                 return;
             }
         };
+        self.metrics.lease_claimed();
         let rate = slice.rate.clone().unwrap_or_default();
         let Ok(rate) = Rate::new(rate.per_second, rate.burst) else {
             warn!("slice carries an invalid rate; releasing it");
@@ -410,6 +428,7 @@ impl Worker {
             slice_id: slice.slice_id.clone(),
             wave: slice.wave,
             executor_id: self.settings.executor_id.clone(),
+            metrics: self.metrics.clone(),
         };
         let collector = Collector {
             events: events.clone(),
@@ -420,7 +439,10 @@ impl Worker {
             debt: debt.clone(),
         };
         let collecting = AbortOnDropHandle::new(tokio::spawn(collector.run(in_flight_received)));
-        let progress = Progress::default();
+        let progress = Progress {
+            heartbeat: Some(self.heartbeat.clone()),
+            ..Progress::default()
+        };
         let _stall_warning = AbortOnDropHandle::new(tokio::spawn(progress.clone().watch()));
         let mut run = SliceRun {
             rate,
@@ -488,9 +510,11 @@ impl Worker {
         drop(events);
         let _ = reporting.await;
         tracing::debug!("outcomes reported");
+        let lost = matches!(lease.stop_reason(), Some(StopReason::Lost(_)));
         if let Some(StopReason::Lost(why)) = lease.stop_reason() {
             warn!(reason = %why, unfinished = outstanding, "lease lost: the slice goes to whichever executor claims it next");
         }
+        self.metrics.lease_ended(lost);
         lease.end(outstanding > 0).await;
     }
 
@@ -624,6 +648,9 @@ impl Worker {
             );
         }
         while overdue(publisher) && publisher.is_connected() {
+            if let Some(heartbeat) = &run.progress.heartbeat {
+                heartbeat.beat();
+            }
             tokio::select! {
                 () = lease.stopped() => return Err(Leave::Stop),
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
@@ -722,6 +749,7 @@ impl Worker {
         };
         let granted_at = granted.filter(|_| marked)?;
         run.tokens_waited = granted_at - asked_at;
+        self.metrics.bucket_waited(run.tokens_waited);
         Some(granted_at)
     }
 
@@ -749,11 +777,23 @@ impl Worker {
                 items.push_front(work);
                 return run.give_back(items, Leave::Next);
             }
+            // With spans exported, the message names its publish span;
+            // otherwise a random traceparent, and no span per message.
+            let (span, traceparent) = if redrive_proto::telemetry::tracing_enabled() {
+                let span =
+                    message::publish_span(&run.context.plan_id, &run.context.slice_id, &work.item);
+                let traceparent = redrive_proto::telemetry::traceparent_of(&span);
+                (span, traceparent)
+            } else {
+                (tracing::Span::none(), None)
+            };
+            let traceparent = traceparent.unwrap_or_else(message::traceparent);
             let properties = match message::properties(
                 &run.context.plan_id,
                 &run.context.executor_id,
                 &work.item,
                 work.attempt,
+                &traceparent,
             ) {
                 Ok(properties) => properties,
                 Err(reason) => {
@@ -785,7 +825,11 @@ impl Worker {
                     run.progress.bump();
                     if run
                         .in_flight
-                        .send(InFlight { work, pending })
+                        .send(InFlight {
+                            work,
+                            pending,
+                            span,
+                        })
                         .await
                         .is_err()
                     {
@@ -816,9 +860,16 @@ impl Worker {
     async fn take_tokens(&self, lease: &Lease, key: &str, rate: Rate, tokens: u32) -> bool {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
         loop {
-            let answer = tokio::select! {
-                () = lease.stopped() => return false,
-                answer = self.bucket.acquire(key, rate, tokens) => answer,
+            // A slow rate waits long for its tokens: the loop is alive
+            // meanwhile, and beats once a second to say so.
+            let acquire = self.bucket.acquire(key, rate, tokens);
+            tokio::pin!(acquire);
+            let answer = loop {
+                tokio::select! {
+                    () = lease.stopped() => return false,
+                    answer = &mut acquire => break answer,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => self.heartbeat.beat(),
+                }
             };
             match answer {
                 Ok(()) => return true,

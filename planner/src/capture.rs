@@ -39,7 +39,13 @@
 pub mod guard;
 pub mod raw;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use chrono::Utc;
 use futures::StreamExt;
@@ -60,6 +66,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
+    metrics::CaptureFailure,
     store::{Store, StoreError, dead_letters::InsertOutcome},
 };
 
@@ -86,6 +93,42 @@ pub struct CaptureConfig {
     /// lapin connects through [`guard`] (plain `amqp://` only). Always on in
     /// service; off only to measure its cost.
     pub guard: bool,
+    /// Where each queue's consumer says whether it is connected (readiness).
+    pub status: CaptureStatus,
+}
+
+/// Whether each capture queue has a consumer now: what the planner's
+/// readiness requires (cheap to clone; shared by capture and health).
+#[derive(Debug, Clone, Default)]
+pub struct CaptureStatus(Arc<Vec<(String, AtomicBool)>>);
+
+impl CaptureStatus {
+    /// Every queue of `queues` without a consumer yet.
+    pub fn new(queues: &[String]) -> Self {
+        Self(Arc::new(
+            queues
+                .iter()
+                .map(|queue| (queue.clone(), AtomicBool::new(false)))
+                .collect(),
+        ))
+    }
+
+    fn set(&self, queue: &str, consuming: bool) {
+        for (name, flag) in self.0.iter() {
+            if name == queue {
+                flag.store(consuming, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The queues without a consumer now (empty: capture is ready).
+    pub fn not_consuming(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(_, flag)| !flag.load(Ordering::SeqCst))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
 }
 
 /// Why a capture session ended.
@@ -143,9 +186,12 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                         }
                     } else {
                         let mut consumed = false;
-                        match session(&config, &queue, &store, &shutdown, &mut consumed).await {
+                        let ended = session(&config, &queue, &store, &shutdown, &mut consumed).await;
+                        config.status.set(&queue, false);
+                        match ended {
                             Ok(()) => break,
                             Err(error) => {
+                                store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
                                 warn!(%error, retry_in_ms = backoff.as_millis() as u64, "capture session ended");
                             }
@@ -216,6 +262,7 @@ async fn session(
         )
         .await?;
     *consumed = true;
+    config.status.set(queue, true);
     let session_id = uuid::Uuid::new_v4();
     info!(prefetch = config.prefetch, batch_size = config.batch_size, capture.session = %session_id, "capturing");
 
@@ -593,8 +640,38 @@ async fn write_batch(
 ) -> bool {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match store_batch(store, session, source, &batch.dead_letters).await {
+        let span = info_span!(
+            "planner.capture.batch",
+            messaging.system = "rabbitmq",
+            messaging.operation.type = "process",
+            messaging.destination.name = %source,
+            messaging.batch.message_count = batch.dead_letters.len(),
+        );
+        match store_batch(store, session, source, &batch.dead_letters)
+            .instrument(span)
+            .await
+        {
             Ok((batch_ids, outcome)) => {
+                let redead = batch
+                    .dead_letters
+                    .iter()
+                    .filter(|dead_letter| dead_letter.redrive_plan_id.is_some())
+                    .count();
+                if outcome.already_stored == 0 {
+                    store.metrics().captured(
+                        source,
+                        batch
+                            .dead_letters
+                            .iter()
+                            .map(|dead_letter| dead_letter.reason_class),
+                        u64::try_from(redead).unwrap_or(u64::MAX),
+                    );
+                } else {
+                    // Which ones were new is not known: counted by source only.
+                    store
+                        .metrics()
+                        .captured_unclassified(source, outcome.inserted);
+                }
                 tracing::debug!(
                     source,
                     inserted = outcome.inserted,
@@ -642,6 +719,9 @@ async fn write_batch(
                 return true;
             }
             Err(error) => {
+                store
+                    .metrics()
+                    .capture_failed(source, CaptureFailure::Store);
                 warn!(%error, retry_in_ms = backoff.as_millis() as u64, "storing dead letters failed; nothing acked");
                 if shutdown.is_cancelled() || session_over.is_cancelled() {
                     return false;

@@ -330,6 +330,19 @@ pub struct Config {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
     pub log_json: bool,
+
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (plaintext, no
+    /// authentication: bind it where only the scraper reaches). Off when
+    /// not set.
+    #[arg(long, env = "REDRIVE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
+    /// pushed to; off when not set. The standard variable of the
+    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
+    /// and `OTEL_TRACES_SAMPLER` apply too.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Config {
@@ -423,6 +436,11 @@ impl Config {
         let mut problems = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         let shown_database_url = redact_url(&self.database_url);
+        if let Some(endpoint) = &self.otlp_endpoint
+            && tonic::transport::Endpoint::from_shared(endpoint.clone()).is_err()
+        {
+            problem("otlp-endpoint", format!("{endpoint:?} is not a URL"));
+        }
         if !self.database_url.starts_with("postgres://")
             && !self.database_url.starts_with("postgresql://")
         {

@@ -334,6 +334,8 @@ impl Coordinator {
     ) -> Result<v1::ReportOutcomesResponse, Error> {
         let slice_id = parse_slice_id(&request.slice_id)?;
         let token = parse_token(request.fencing_token)?;
+        // Reported events by action (wire number), for the metrics.
+        let mut actions = [0_u64; 9];
         let outcomes = request
             .events
             .into_iter()
@@ -345,6 +347,12 @@ impl Coordinator {
                         format!("events[{index}].action"),
                         "unspecified",
                     ));
+                }
+                if let Some(count) = usize::try_from(i32::from(action))
+                    .ok()
+                    .and_then(|index| actions.get_mut(index))
+                {
+                    *count += 1;
                 }
                 Ok(Outcome {
                     dead_letter_id: event
@@ -372,6 +380,15 @@ impl Coordinator {
             .store
             .report_outcomes(slice_id, token, caller, &outcomes)
             .await??;
+        for (number, count) in actions.into_iter().enumerate() {
+            if count > 0
+                && let Some(action) = i32::try_from(number)
+                    .ok()
+                    .and_then(|number| v1::AuditAction::try_from(number).ok())
+            {
+                self.store.metrics().items_reported(action, count);
+            }
+        }
         if reported.lease_lost {
             tracing::info!(
                 slice.id = slice_id,

@@ -117,6 +117,7 @@ pub async fn check(store: &Store) -> Result<(), StoreError> {
                 .transition_plan(plan.id, trip.event, GATE_ACTOR, &trip.reason)
                 .await?
             {
+                store.metrics().gate_tripped(trip.action());
                 warn!(plan.id = %plan.id, reason = %trip.reason, action = trip.action(), "plan gate tripped");
             }
         } else if Event::ObservationPassed.allows(plan.state.get())

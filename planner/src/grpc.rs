@@ -200,9 +200,12 @@ impl Planner for PlannerGrpc {
         // half done (it finishes and is stored, for GetPrecheck).
         let store = self.state.store.clone();
         let checker = Arc::clone(&self.state.checker);
-        let report = tokio::spawn(async move { precheck::run(&store, &checker, precheck).await })
-            .await
-            .map_err(|error| Status::internal(format!("precheck task failed: {error}")))??;
+        // The detached task keeps the call's span as its parent (traces).
+        let report = tokio::spawn(tracing::Instrument::in_current_span(async move {
+            precheck::run(&store, &checker, precheck).await
+        }))
+        .await
+        .map_err(|error| Status::internal(format!("precheck task failed: {error}")))??;
         Ok(Response::new(report))
     }
 

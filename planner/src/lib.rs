@@ -24,6 +24,8 @@
 //!   letter.
 //! - [`store`]: the PostgreSQL queries.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
+//! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus
+//!   `/metrics`), counted through the [`store::Store`] every part holds.
 //! - [`auth`], [`roles`]: who is calling (client certificates, bearer JWTs,
 //!   static tokens → [`auth::Principal`]), the one table of which role each
 //!   RPC needs, and the actor a call is recorded under.
@@ -44,6 +46,7 @@ pub mod ids;
 pub mod ingest;
 pub mod inspect;
 pub mod message_key;
+pub mod metrics;
 pub mod notifier;
 pub mod options;
 pub mod plan;
@@ -77,7 +80,7 @@ use tracing::{info, warn};
 
 pub use crate::config::Config;
 use crate::{
-    capture::CaptureConfig,
+    capture::{CaptureConfig, CaptureStatus},
     grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
     notifier::Notifier,
     state_check::StateChecker,
@@ -136,7 +139,23 @@ pub async fn run(
              anyone who reaches it can call every RPC as anyone"
         );
     }
-    let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?;
+    let metrics_pipeline = redrive_proto::telemetry::Metrics::start(
+        "redrive-planner",
+        &redrive_proto::telemetry::MetricsSettings {
+            listen: config.metrics_listen,
+            otlp_endpoint: config.otlp_endpoint.clone(),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|error| {
+        anyhow::anyhow!("invalid setting (--metrics-listen or --otlp-endpoint): {error}")
+    })?;
+    let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?
+        .with_metrics(metrics::PlannerMetrics::new(
+            &metrics_pipeline.meter("redrive-planner"),
+        ));
+    let capture_status = CaptureStatus::new(&config.capture_queues);
     let rules = Arc::new(config.extraction_rules());
     let notifier = Notifier::new();
     let checker =
@@ -157,6 +176,10 @@ pub async fn run(
         .await;
     health_reporter
         .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
+        .await;
+    // `""` is readiness: PostgreSQL and every capture consumer (report_health).
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
     // Both reflection versions: grpcurl before 1.8.8, grpcui and older Postman
     // speak only v1alpha.
@@ -196,6 +219,8 @@ pub async fn run(
     // HTTP/2 keepalive pings find dead clients; the admitted connections
     // close idle ones and cap how many one peer may hold.
     let mut builder = tonic::transport::Server::builder()
+        // One server span per call, continuing the caller's traceparent.
+        .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
         .http2_keepalive_interval(Some(admission::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(admission::KEEPALIVE_TIMEOUT));
     if let Some(tls) = tls {
@@ -232,6 +257,7 @@ pub async fn run(
             info!("planner ready");
             tokio::spawn(report_health(
                 store.clone(),
+                capture_status.clone(),
                 health_reporter.clone(),
                 shutdown.clone(),
             ));
@@ -246,6 +272,7 @@ pub async fn run(
                     batch_wait: config.capture_batch_wait(),
                     rules,
                     guard: config.capture_guard,
+                    status: capture_status,
                 },
                 store,
                 shutdown.clone(),
@@ -289,46 +316,66 @@ pub async fn run(
             "capture did not stop within the grace period"
         );
     }
+    metrics_pipeline.shutdown().await;
     info!("planner stopped");
     Ok(())
 }
 
-/// How often health follows PostgreSQL after start-up.
-const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often health follows PostgreSQL and capture after start-up.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Keeps the health of `redrive.v1.Planner` and `redrive.v1.Coordinator` in
-/// step with PostgreSQL (every [`HEALTH_INTERVAL`]): `NOT_SERVING` while it
-/// does not answer, since every call needs it.
+/// Keeps health current (every [`HEALTH_INTERVAL`], gRPC health checking
+/// protocol): `redrive.v1.Planner` and `redrive.v1.Coordinator` follow
+/// PostgreSQL (`NOT_SERVING` while it does not answer, since every call
+/// needs it); `""`, the server's readiness, also requires every capture
+/// queue's consumer to be connected.
 async fn report_health(
     store: Store,
+    capture: CaptureStatus,
     reporter: tonic_health::server::HealthReporter,
     shutdown: CancellationToken,
 ) {
     let mut serving = true;
+    let mut ready = None;
     loop {
+        let up = store.ping().await.is_ok();
+        if up != serving {
+            serving = up;
+            if up {
+                info!("PostgreSQL answers again: health SERVING");
+                reporter.set_serving::<PlannerServer<PlannerGrpc>>().await;
+                reporter
+                    .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+                    .await;
+            } else {
+                warn!("PostgreSQL does not answer: health NOT_SERVING");
+                reporter
+                    .set_not_serving::<PlannerServer<PlannerGrpc>>()
+                    .await;
+                reporter
+                    .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
+                    .await;
+            }
+        }
+        let not_consuming = capture.not_consuming();
+        let now_ready = up && not_consuming.is_empty();
+        if ready != Some(now_ready) {
+            if now_ready {
+                info!("ready: PostgreSQL answers and every capture queue has a consumer");
+            } else {
+                warn!(postgres = up, capture_queues_without_consumer = ?not_consuming, "not ready");
+            }
+            let status = if now_ready {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            ready = Some(now_ready);
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(HEALTH_INTERVAL) => {}
-        }
-        let up = store.ping().await.is_ok();
-        if up == serving {
-            continue;
-        }
-        serving = up;
-        if up {
-            info!("PostgreSQL answers again: health SERVING");
-            reporter.set_serving::<PlannerServer<PlannerGrpc>>().await;
-            reporter
-                .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
-                .await;
-        } else {
-            warn!("PostgreSQL does not answer: health NOT_SERVING");
-            reporter
-                .set_not_serving::<PlannerServer<PlannerGrpc>>()
-                .await;
-            reporter
-                .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
-                .await;
         }
     }
 }

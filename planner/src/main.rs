@@ -25,19 +25,18 @@ async fn main() -> ExitCode {
         }
     };
     let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    if config.log_json {
-        tracing_subscriber::fmt()
-            .json()
-            .with_writer(std::io::stderr)
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_env_filter(filter)
-            .init();
-    }
+    let tracer = match redrive_proto::telemetry::init_subscriber(
+        "redrive-planner",
+        filter,
+        config.log_json,
+        config.otlp_endpoint.as_deref(),
+    ) {
+        Ok(tracer) => tracer,
+        Err(error) => {
+            eprintln!("redrive-planner: invalid setting --otlp-endpoint: {error}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
 
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -51,13 +50,18 @@ async fn main() -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    match redrive_planner::run(config, listener, shutdown).await {
+    let code = match redrive_planner::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "planner failed");
             ExitCode::FAILURE
         }
+    };
+    if let Some(tracer) = tracer {
+        // The batch processor's last export blocks: off the runtime.
+        let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
     }
+    code
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

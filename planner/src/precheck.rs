@@ -353,6 +353,7 @@ impl PrecheckRequest {
 /// known sources, for a source never seen; [`Error::Unavailable`] when a hook
 /// fails and the options do not say to block instead (the precheck is
 /// recorded as failed); store errors.
+#[tracing::instrument(name = "planner.precheck", skip_all, fields(precheck.id = tracing::field::Empty, precheck.total = tracing::field::Empty))]
 pub async fn run(
     store: &Store,
     checker: &Arc<StateChecker>,
@@ -360,12 +361,18 @@ pub async fn run(
 ) -> Result<v1::PrecheckReport, Error> {
     check_sources(store, &request.selector.sources).await?;
     let precheck_id = PrecheckId::generate();
+    tracing::Span::current().record("precheck.id", tracing::field::display(precheck_id));
     store.create_precheck(precheck_id, &request.actor).await?;
     // The precheck row is committed `running`: whatever happens next, even a
     // panic, it ends `done` or `failed`.
+    let started = std::time::Instant::now();
     match crate::error::caught(classify_all(store, checker, precheck_id, &request)).await {
         Ok(report) => {
             store.finish_precheck(&report).await?;
+            tracing::Span::current().record("precheck.total", report.total);
+            store
+                .metrics()
+                .precheck_ended(started.elapsed(), report.counts.as_ref());
             info!(
                 precheck.id = %precheck_id,
                 total = report.total,
@@ -376,6 +383,7 @@ pub async fn run(
             Ok(report)
         }
         Err(error) => {
+            store.metrics().precheck_ended(started.elapsed(), None);
             let _ = store.fail_precheck(precheck_id, &error.to_string()).await;
             Err(error)
         }

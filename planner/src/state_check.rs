@@ -260,7 +260,20 @@ impl StateChecker {
         let url = self.url(index).to_owned();
         let mut client = self.client(&url)?;
         let wanted: Vec<String> = messages.iter().map(|m| m.dead_letter_id.clone()).collect();
-        let call = client.check(StateCheckRequest { messages });
+        // A client span, its traceparent sent along: the hook's own server
+        // span continues the precheck's (or the executor's re-check) trace.
+        let span = tracing::info_span!(
+            "grpc.client",
+            otel.name = "redrive.v1.StateCheck/Check",
+            otel.kind = "client",
+            rpc.system = "grpc",
+            rpc.service = "redrive.v1.StateCheck",
+            rpc.method = "Check",
+            redrive.messages = wanted.len(),
+        );
+        let mut request = tonic::Request::new(StateCheckRequest { messages });
+        redrive_proto::telemetry::inject_traceparent(&span, request.metadata_mut());
+        let call = tracing::Instrument::instrument(client.check(request), span);
         let answer = match tokio::time::timeout(timeout, call).await {
             Err(_) => return Err(StateCheckError::Timeout { url, timeout }),
             Ok(Err(status)) => {

@@ -30,6 +30,8 @@ pub mod limits;
 pub mod names;
 #[cfg(feature = "settings")]
 pub mod settings;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
 pub mod tls;
 
 /// Encoded `FileDescriptorSet` of every `redrive.v1` file, for

@@ -23,11 +23,14 @@
 //! - [`bench`]: what the benchmarks share (generated dead letters, the
 //!   broker's raw limit, CPU and writes per message).
 //! - [`orders_hook`]: the example `StateCheck` hook over an `orders` table.
+//! - [`otlp`]: an OTLP trace receiver (the collector's gRPC service) for
+//!   the traces tests.
 //! - [`scenario`]: the order-fulfilment incident and its replay with the real
 //!   binaries, run by `redrive-demo` and `tests/e2e.rs`.
 
 pub mod bench;
 pub mod orders_hook;
+pub mod otlp;
 pub mod pki;
 pub mod scenario;
 

@@ -209,14 +209,24 @@ impl Store {
                     'the lease of ' || owner || ' expired after it may have published this item and before \
 it reported it; the next lease publishes it again with the same message id', wave, owner, greatest(attempts, 1) \
                 FROM taken) \
-             SELECT DISTINCT plan_id FROM released",
+             SELECT plan_id FROM released",
         )
         .fetch_all(&mut *transaction)
         .await?;
+        // One row per expired lease: counted, then one per plan.
+        let expired = u64::try_from(plans.len()).unwrap_or(u64::MAX);
+        let plans: Vec<PlanId> = {
+            let mut seen = std::collections::HashSet::new();
+            plans
+                .into_iter()
+                .filter(|plan| seen.insert(*plan))
+                .collect()
+        };
         for plan_id in &plans {
             notify(&mut transaction, *plan_id).await?;
         }
         transaction.commit().await?;
+        self.metrics.leases_expired(expired);
         Ok(plans)
     }
 
@@ -620,6 +630,7 @@ it reported it; the next lease publishes it again with the same message id', wav
         };
         if let Some(trip) = trip {
             transition_in(
+                &self.metrics,
                 &mut transaction,
                 plan_id,
                 trip.event,
@@ -627,12 +638,13 @@ it reported it; the next lease publishes it again with the same message id', wav
                 &trip.reason,
             )
             .await?;
+            self.metrics.gate_tripped(trip.action());
             tracing::warn!(plan.id = %plan_id, reason = %trip.reason, action = trip.action(), "plan gate tripped at the end of a slice");
         } else if next == "completed" {
             // The canary wave done: observe for the plan's window; the plan's
             // last slice done: the plan is complete.
             for event in [Event::CanaryDone, Event::Complete] {
-                transition_in(&mut transaction, plan_id, event, "", "").await?;
+                transition_in(&self.metrics, &mut transaction, plan_id, event, "", "").await?;
             }
         }
         notify(&mut transaction, plan_id).await?;

@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use sqlx::{PgPool, postgres::PgPoolOptions};
 
+use crate::metrics::PlannerMetrics;
+
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -88,6 +90,9 @@ pub struct StaleToken {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// The instruments the store's own events (plan moves, expired leases)
+    /// are counted with, and that every part holding the store reaches.
+    metrics: PlannerMetrics,
 }
 
 impl Store {
@@ -102,12 +107,29 @@ impl Store {
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy(database_url)
             .map_err(StoreError::Database)?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            metrics: PlannerMetrics::default(),
+        })
+    }
+
+    /// This store counting into `metrics`.
+    pub fn with_metrics(mut self, metrics: PlannerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The planner's metric instruments.
+    pub fn metrics(&self) -> &PlannerMetrics {
+        &self.metrics
     }
 
     /// Wraps an existing pool (tests).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            metrics: PlannerMetrics::default(),
+        }
     }
 
     /// Applies `planner/migrations` (idempotent; concurrent planners serialize on

@@ -9,6 +9,7 @@ use sqlx::{AssertSqlSafe, Postgres, Transaction};
 use super::{Store, StoreError};
 use crate::{
     ids::{DeadLetterId, PlanId, PrecheckId},
+    metrics::PlannerMetrics,
     plan_state::{self, Event, State, Target},
 };
 
@@ -163,31 +164,34 @@ fn event_sql(event: Event) -> (String, &'static str) {
 /// # Errors
 /// [`StoreError`].
 pub(crate) async fn transition_in(
+    metrics: &PlannerMetrics,
     transaction: &mut Transaction<'_, Postgres>,
     plan_id: PlanId,
     event: Event,
     actor: &str,
     reason: &str,
 ) -> Result<Moved, StoreError> {
-    let moved = execute(transaction, plan_id, event, actor, reason).await?;
+    let moved = execute(metrics, transaction, plan_id, event, actor, reason).await?;
     // A plan resumed or promoted after its last slice completed is complete;
     // one resumed into its canary after the last canary slice completed (it
     // was paused meanwhile) goes on to the observation. Each follow-up's own
     // condition (no slice left) decides; a refusal is no error.
     match moved {
         Moved::To(state) if state == v1::PlanState::Main => {
-            execute(transaction, plan_id, Event::Complete, actor, "").await?;
+            execute(metrics, transaction, plan_id, Event::Complete, actor, "").await?;
         }
         Moved::To(state) if state == v1::PlanState::Canary && event != Event::Approve => {
-            execute(transaction, plan_id, Event::CanaryDone, actor, "").await?;
+            execute(metrics, transaction, plan_id, Event::CanaryDone, actor, "").await?;
         }
         _ => {}
     }
     Ok(moved)
 }
 
-/// [`transition_in`] without the completion that may follow.
+/// [`transition_in`] without the completion that may follow; counts the
+/// move in `metrics`.
 async fn execute(
+    metrics: &PlannerMetrics,
     transaction: &mut Transaction<'_, Postgres>,
     plan_id: PlanId,
     event: Event,
@@ -235,6 +239,11 @@ async fn execute(
         record_action(transaction, plan_id, action, actor, reason).await?;
     }
     notify(transaction, plan_id).await?;
+    // Counted when executed: a transaction that then fails to commit is
+    // counted too (PostgreSQL unreachable at that instant).
+    metrics.plan_moved(to.get());
+    // An event on the current span (the RPC's, the gates' or a report's).
+    tracing::info!(plan.id = %plan_id, plan.state = to.name(), "plan state changed");
     Ok(Moved::To(to))
 }
 
@@ -502,12 +511,20 @@ impl Store {
                 changes,
             });
         }
-        let outcome =
-            match transition_in(&mut transaction, plan_id, Event::Approve, actor, "").await? {
-                Moved::To(_) => ApproveOutcome::Approved,
-                Moved::Refused(state) => return Ok(ApproveOutcome::NotAwaiting(state)),
-                Moved::NotFound => return Ok(ApproveOutcome::NotFound),
-            };
+        let outcome = match transition_in(
+            &self.metrics,
+            &mut transaction,
+            plan_id,
+            Event::Approve,
+            actor,
+            "",
+        )
+        .await?
+        {
+            Moved::To(_) => ApproveOutcome::Approved,
+            Moved::Refused(state) => return Ok(ApproveOutcome::NotAwaiting(state)),
+            Moved::NotFound => return Ok(ApproveOutcome::NotFound),
+        };
         transaction.commit().await?;
         Ok(outcome)
     }
@@ -529,7 +546,15 @@ impl Store {
         reason: &str,
     ) -> Result<Moved, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let moved = transition_in(&mut transaction, plan_id, event, actor, reason).await?;
+        let moved = transition_in(
+            &self.metrics,
+            &mut transaction,
+            plan_id,
+            event,
+            actor,
+            reason,
+        )
+        .await?;
         transaction.commit().await?;
         Ok(moved)
     }

@@ -131,6 +131,7 @@ impl Store {
         .execute(&mut *transaction)
         .await?;
         match transition_in(
+            &self.metrics,
             &mut transaction,
             plan.id,
             Event::StartSingle,
@@ -190,6 +191,7 @@ impl Store {
             .await?;
         let cancelled = matches!(
             transition_in(
+                &self.metrics,
                 &mut transaction,
                 plan_id,
                 Event::CancelUnclaimed,

@@ -1,0 +1,216 @@
+//! The executor's health, served as the gRPC health checking protocol
+//! (`grpc.health.v1.Health`, grpc/grpc `doc/health-checking.md`) on
+//! `--health-listen`, for an orchestrator's probes (Kubernetes `grpc:`
+//! probes, `grpc_health_probe`).
+//!
+//! | service name | `SERVING` when |
+//! | --- | --- |
+//! | `""` (the server) and `readiness` | ready: the broker accepts a connection, Redis answers `PING` (when configured) and the planner's `redrive.v1.Coordinator` reports `SERVING`, all checked every [`CHECK_INTERVAL`] |
+//! | `liveness` | live: every slice loop beat its [`Heartbeat`] within the liveness timeout (it beats on every claim answer, publish, outcome and each second of a wait) |
+//!
+//! Until the first check ends, every name is `NOT_SERVING`.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use redis::aio::ConnectionManager;
+use tokio::{net::TcpListener, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic_health::{
+    ServingStatus,
+    pb::{HealthCheckRequest, health_check_response, health_client::HealthClient},
+    server::HealthReporter,
+};
+use tracing::{info, warn};
+
+use crate::publisher::{Publisher, PublisherOptions};
+
+/// How often readiness and liveness are checked.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How long one dependency check may take before it counts as unreachable.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+/// The service name of readiness (also answered for `""`).
+pub const READINESS: &str = "readiness";
+/// The service name of liveness.
+pub const LIVENESS: &str = "liveness";
+/// The planner's service whose health readiness follows.
+const PLANNER_SERVICE: &str = "redrive.v1.Coordinator";
+
+/// The last time a slice loop showed it is not wedged: milliseconds since
+/// the executor started, shared between the loop and the health checks.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    started: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Heartbeat {
+    /// A heartbeat that beat now, measured from `started`.
+    pub fn new(started: Instant) -> Self {
+        let heartbeat = Self {
+            started,
+            last_ms: Arc::new(AtomicU64::new(0)),
+        };
+        heartbeat.beat();
+        heartbeat
+    }
+
+    /// The loop is alive now.
+    pub fn beat(&self) {
+        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.fetch_max(elapsed, Ordering::Relaxed);
+    }
+
+    /// Time since the last beat.
+    pub fn silent_for(&self) -> Duration {
+        let now = self.started.elapsed();
+        now.saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// What readiness checks and liveness watches.
+pub struct HealthChecks {
+    /// The AMQP URL and options of the publishers.
+    pub amqp_url: String,
+    /// Publisher options (TLS, heartbeat) for the broker check.
+    pub publisher: PublisherOptions,
+    /// Redis, when configured.
+    pub redis: Option<ConnectionManager>,
+    /// The planner channel the executor uses.
+    pub planner: Channel,
+    /// One per slice loop.
+    pub heartbeats: Vec<Heartbeat>,
+    /// A loop silent longer than this is wedged.
+    pub liveness_timeout: Duration,
+}
+
+/// Serves `grpc.health.v1.Health` on `listener` and keeps its statuses
+/// current until `shutdown`.
+///
+/// # Errors
+/// The server failing.
+pub async fn serve(
+    listener: TcpListener,
+    checks: HealthChecks,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    for name in ["", READINESS, LIVENESS] {
+        reporter
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    if let Ok(address) = listener.local_addr() {
+        info!(%address, "health serving grpc.health.v1");
+    }
+    tokio::spawn(keep_current(reporter, checks, shutdown.clone()));
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown.cancelled_owned(),
+        )
+        .await
+}
+
+async fn keep_current(reporter: HealthReporter, checks: HealthChecks, shutdown: CancellationToken) {
+    let mut was_ready = None;
+    let mut was_live = None;
+    loop {
+        let problems = tokio::select! {
+            () = shutdown.cancelled() => return,
+            problems = readiness_problems(&checks) => problems,
+        };
+        let ready = problems.is_empty();
+        if was_ready != Some(ready) {
+            if ready {
+                info!("ready: broker, Redis and planner reachable");
+            } else {
+                warn!(unreachable = ?problems, "not ready");
+            }
+            let status = serving(ready);
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status(READINESS, status).await;
+            was_ready = Some(ready);
+        }
+        let wedged = checks
+            .heartbeats
+            .iter()
+            .enumerate()
+            .filter(|(_, heartbeat)| heartbeat.silent_for() > checks.liveness_timeout)
+            .map(|(index, _)| index)
+            .collect::<Vec<_>>();
+        let live = wedged.is_empty();
+        if was_live != Some(live) {
+            if !live {
+                warn!(loops = ?wedged, timeout_seconds = checks.liveness_timeout.as_secs(), "slice loops silent past the liveness timeout: not live");
+            }
+            reporter.set_service_status(LIVENESS, serving(live)).await;
+            was_live = Some(live);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(CHECK_INTERVAL) => {}
+        }
+    }
+}
+
+fn serving(up: bool) -> ServingStatus {
+    if up {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    }
+}
+
+/// Which dependencies do not answer (`broker`, `redis`, `planner`), checked
+/// at once.
+async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
+    let broker = async {
+        let connected = tokio::time::timeout(
+            CHECK_TIMEOUT,
+            Publisher::connect_with(&checks.amqp_url, checks.publisher),
+        )
+        .await;
+        match connected {
+            Ok(Ok(publisher)) => {
+                let _ = tokio::time::timeout(CHECK_TIMEOUT, publisher.close()).await;
+                true
+            }
+            _ => false,
+        }
+    };
+    let redis = async {
+        let Some(connection) = &checks.redis else {
+            return true;
+        };
+        let mut connection = connection.clone();
+        let command = redis::cmd("PING");
+        let ping = command.query_async::<String>(&mut connection);
+        matches!(tokio::time::timeout(CHECK_TIMEOUT, ping).await, Ok(Ok(_)))
+    };
+    let planner = async {
+        let mut client = HealthClient::new(checks.planner.clone());
+        let check = client.check(HealthCheckRequest {
+            service: PLANNER_SERVICE.to_owned(),
+        });
+        match tokio::time::timeout(CHECK_TIMEOUT, check).await {
+            Ok(Ok(answer)) => {
+                answer.into_inner().status == health_check_response::ServingStatus::Serving as i32
+            }
+            _ => false,
+        }
+    };
+    let (broker, redis, planner) = tokio::join!(broker, redis, planner);
+    [("broker", broker), ("redis", redis), ("planner", planner)]
+        .into_iter()
+        .filter(|(_, up)| !up)
+        .map(|(name, _)| name)
+        .collect()
+}

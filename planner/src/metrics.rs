@@ -1,0 +1,263 @@
+//! The planner's metric instruments, all in one place: names, units,
+//! descriptions and attributes (all `redrive.planner.*`: the OpenTelemetry
+//! semantic conventions name none of these). Every attribute is of bounded
+//! cardinality: sources are the configured capture queues and ingest
+//! labels, the rest are enums; never a message, plan or dead letter id.
+//!
+//! | instrument | kind | unit | attributes |
+//! | --- | --- | --- | --- |
+//! | `redrive.planner.dead_letters.captured` | counter | `{dead_letter}` | `redrive.source`, `redrive.reason_class` (RabbitMQ capture; new dead letters, not redeliveries) |
+//! | `redrive.planner.dead_letters.redead` | counter | `{dead_letter}` | `redrive.source`: captured dead letters carrying `redrive-plan-id` (a replay came back) |
+//! | `redrive.planner.capture.errors` | counter | `{error}` | `redrive.source`, `error.type` (`session`: the consumer's connection or channel ended; `store`: a batch could not be written) |
+//! | `redrive.planner.precheck.duration` | histogram | `s` | `redrive.outcome` (`done`, `failed`) |
+//! | `redrive.planner.precheck.verdicts` | counter | `{dead_letter}` | `redrive.verdict` |
+//! | `redrive.planner.items` | counter | `{item}` | `redrive.audit.action`: audit events executors reported |
+//! | `redrive.planner.plan.transitions` | counter | `{transition}` | `redrive.plan.state`: the state a plan moved to |
+//! | `redrive.planner.gate.trips` | counter | `{trip}` | `redrive.gate.action` (`pause`, `abort`) |
+//! | `redrive.planner.leases.expired` | counter | `{lease}` | none |
+
+use std::{collections::HashMap, time::Duration};
+
+use opentelemetry::{
+    KeyValue,
+    metrics::{Counter, Histogram, Meter},
+};
+use redrive_proto::{
+    telemetry::{Metrics, SECONDS_BOUNDARIES},
+    v1::{AuditAction, PlanState, ReasonClass, Verdict, VerdictCounts},
+};
+
+/// New dead letters captured from RabbitMQ, by source and reason class.
+pub const CAPTURED: &str = "redrive.planner.dead_letters.captured";
+/// Captured dead letters that are replays coming back.
+pub const REDEAD: &str = "redrive.planner.dead_letters.redead";
+/// Capture sessions that ended in an error, and batches not stored.
+pub const CAPTURE_ERRORS: &str = "redrive.planner.capture.errors";
+/// Seconds a precheck took.
+pub const PRECHECK_DURATION: &str = "redrive.planner.precheck.duration";
+/// Verdicts of finished prechecks.
+pub const PRECHECK_VERDICTS: &str = "redrive.planner.precheck.verdicts";
+/// Audit events reported by executors, by action.
+pub const ITEMS: &str = "redrive.planner.items";
+/// Plan state changes, by the state moved to.
+pub const PLAN_TRANSITIONS: &str = "redrive.planner.plan.transitions";
+/// Gates that paused or aborted a plan.
+pub const GATE_TRIPS: &str = "redrive.planner.gate.trips";
+/// Leases that expired unreported.
+pub const LEASES_EXPIRED: &str = "redrive.planner.leases.expired";
+
+/// Why capture failed: the `error.type` of [`CAPTURE_ERRORS`].
+#[derive(Debug, Clone, Copy)]
+pub enum CaptureFailure {
+    /// The consumer's session ended (connection or channel lost, queue
+    /// deleted).
+    Session,
+    /// A batch could not be stored (retried, nothing acked).
+    Store,
+}
+
+impl CaptureFailure {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Store => "store",
+        }
+    }
+}
+
+/// The planner's instruments; cheap to clone (shared instruments).
+#[derive(Debug, Clone)]
+pub struct PlannerMetrics {
+    captured: Counter<u64>,
+    redead: Counter<u64>,
+    capture_errors: Counter<u64>,
+    precheck_duration: Histogram<f64>,
+    precheck_verdicts: Counter<u64>,
+    items: Counter<u64>,
+    plan_transitions: Counter<u64>,
+    gate_trips: Counter<u64>,
+    leases_expired: Counter<u64>,
+    /// By `AuditAction` as index (its wire number, 0 to 8).
+    actions: [[KeyValue; 1]; 9],
+    /// By `PlanState` as index (its wire number, 0 to 8).
+    states: [[KeyValue; 1]; 9],
+}
+
+impl Default for PlannerMetrics {
+    /// Instruments that record nothing.
+    fn default() -> Self {
+        Self::new(&Metrics::disabled().meter("redrive-planner"))
+    }
+}
+
+impl PlannerMetrics {
+    /// The instruments on `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        let counter = |name: &'static str, unit: &'static str, description: &'static str| {
+            meter
+                .u64_counter(name)
+                .with_unit(unit)
+                .with_description(description)
+                .build()
+        };
+        let actions = std::array::from_fn(|index| {
+            let action = i32::try_from(index)
+                .ok()
+                .and_then(|number| AuditAction::try_from(number).ok())
+                .unwrap_or(AuditAction::Unspecified);
+            [KeyValue::new("redrive.audit.action", action.name())]
+        });
+        let states = std::array::from_fn(|index| {
+            let state = i32::try_from(index)
+                .ok()
+                .and_then(|number| PlanState::try_from(number).ok())
+                .unwrap_or(PlanState::Unspecified);
+            [KeyValue::new("redrive.plan.state", state.name())]
+        });
+        Self {
+            captured: counter(
+                CAPTURED,
+                "{dead_letter}",
+                "New dead letters captured from RabbitMQ",
+            ),
+            redead: counter(
+                REDEAD,
+                "{dead_letter}",
+                "Captured dead letters that are replays coming back",
+            ),
+            capture_errors: counter(
+                CAPTURE_ERRORS,
+                "{error}",
+                "Capture sessions ended by an error and batches not stored",
+            ),
+            precheck_duration: meter
+                .f64_histogram(PRECHECK_DURATION)
+                .with_unit("s")
+                .with_description("Time a precheck took")
+                .with_boundaries(SECONDS_BOUNDARIES.to_vec())
+                .build(),
+            precheck_verdicts: counter(
+                PRECHECK_VERDICTS,
+                "{dead_letter}",
+                "Verdicts of finished prechecks",
+            ),
+            items: counter(ITEMS, "{item}", "Audit events reported by executors"),
+            plan_transitions: counter(
+                PLAN_TRANSITIONS,
+                "{transition}",
+                "Plan state changes, by the state moved to",
+            ),
+            gate_trips: counter(GATE_TRIPS, "{trip}", "Gates that paused or aborted a plan"),
+            leases_expired: counter(
+                LEASES_EXPIRED,
+                "{lease}",
+                "Slice leases that expired before their executor ended them",
+            ),
+            actions,
+            states,
+        }
+    }
+
+    /// A stored capture batch from `source`: its new dead letters' reason
+    /// classes and how many carried `redrive-plan-id`. One measurement per
+    /// class present, not per message.
+    pub fn captured(
+        &self,
+        source: &str,
+        classes: impl IntoIterator<Item = ReasonClass>,
+        redead: u64,
+    ) {
+        let mut counts: HashMap<ReasonClass, u64> = HashMap::new();
+        for class in classes {
+            *counts.entry(class).or_default() += 1;
+        }
+        let source = KeyValue::new("redrive.source", source.to_owned());
+        for (class, count) in counts {
+            self.captured.add(
+                count,
+                &[
+                    source.clone(),
+                    KeyValue::new("redrive.reason_class", class.name()),
+                ],
+            );
+        }
+        if redead > 0 {
+            self.redead.add(redead, &[source]);
+        }
+    }
+
+    /// `count` new dead letters of `source` of a batch partly stored before
+    /// (a redelivery after a crash): which were new is not known, so they
+    /// carry no `redrive.reason_class`.
+    pub fn captured_unclassified(&self, source: &str, count: u64) {
+        if count > 0 {
+            self.captured
+                .add(count, &[KeyValue::new("redrive.source", source.to_owned())]);
+        }
+    }
+
+    /// Capture of `source` failed.
+    pub fn capture_failed(&self, source: &str, failure: CaptureFailure) {
+        self.capture_errors.add(
+            1,
+            &[
+                KeyValue::new("redrive.source", source.to_owned()),
+                KeyValue::new("error.type", failure.name()),
+            ],
+        );
+    }
+
+    /// A precheck ended after `took`; its verdict counts when it finished.
+    pub fn precheck_ended(&self, took: Duration, counts: Option<&VerdictCounts>) {
+        let outcome = if counts.is_some() { "done" } else { "failed" };
+        self.precheck_duration.record(
+            took.as_secs_f64(),
+            &[KeyValue::new("redrive.outcome", outcome)],
+        );
+        let Some(counts) = counts else { return };
+        for (verdict, count) in [
+            (Verdict::Replayable, counts.replayable),
+            (Verdict::Duplicate, counts.duplicate),
+            (Verdict::AlreadyReplayed, counts.already_replayed),
+            (Verdict::Looping, counts.looping),
+            (Verdict::Stale, counts.stale),
+            (Verdict::BlockedByState, counts.blocked_by_state),
+            (Verdict::NeedsCompensation, counts.needs_compensation),
+            (Verdict::Invalid, counts.invalid),
+        ] {
+            if count > 0 {
+                self.precheck_verdicts
+                    .add(count, &[KeyValue::new("redrive.verdict", verdict.name())]);
+            }
+        }
+    }
+
+    /// `count` audit events with `action` were reported.
+    pub fn items_reported(&self, action: AuditAction, count: u64) {
+        let index = usize::try_from(i32::from(action)).unwrap_or(0);
+        if let Some(attributes) = self.actions.get(index) {
+            self.items.add(count, attributes);
+        }
+    }
+
+    /// A plan moved to `state`.
+    pub fn plan_moved(&self, state: PlanState) {
+        let index = usize::try_from(i32::from(state)).unwrap_or(0);
+        if let Some(attributes) = self.states.get(index) {
+            self.plan_transitions.add(1, attributes);
+        }
+    }
+
+    /// A gate tripped: `action` is `pause` or `abort`.
+    pub fn gate_tripped(&self, action: &'static str) {
+        self.gate_trips
+            .add(1, &[KeyValue::new("redrive.gate.action", action)]);
+    }
+
+    /// `count` leases expired.
+    pub fn leases_expired(&self, count: u64) {
+        if count > 0 {
+            self.leases_expired.add(count, &[]);
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The services' metrics pipeline: one OpenTelemetry [`SdkMeterProvider`] per
+//! running service, read by a Prometheus scrape endpoint (`GET /metrics`,
+//! text exposition format 0.0.4) when a listen address is given, and pushed
+//! to an OTLP collector over gRPC when an endpoint is given. With neither,
+//! every instrument is a no-op.
+//!
+//! Each `run` of a service builds its own pipeline (never the global
+//! provider), so several planners and executors in one test process keep
+//! separate counts.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Bytes, header::CONTENT_TYPE};
+use hyper_util::rt::TokioIo;
+use opentelemetry::metrics::{Meter, MeterProvider as _};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::{Resource, metrics::SdkMeterProvider};
+use prometheus::{Encoder as _, TextEncoder};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Histogram bucket boundaries in seconds for latencies from half a
+/// millisecond to ten seconds (the SDK's default boundaries, 0 to 10,000,
+/// suit milliseconds, not seconds).
+pub const SECONDS_BOUNDARIES: [f64; 15] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// How often metrics are pushed to the OTLP collector.
+pub const OTLP_EXPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A telemetry pipeline that could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The metrics listen address could not be bound.
+    #[error("cannot bind the metrics address {address}: {source}")]
+    Bind {
+        /// The `--metrics-listen` address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The OTLP exporter or the Prometheus reader could not be built.
+    #[error("cannot build the {what}: {text}")]
+    Exporter {
+        /// Which exporter.
+        what: &'static str,
+        /// The SDK's error text.
+        text: String,
+    },
+}
+
+/// What a service's metrics pipeline is told at start.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSettings {
+    /// Serve `GET /metrics` here (`--metrics-listen`); none: no endpoint.
+    pub listen: Option<SocketAddr>,
+    /// The OTLP/gRPC collector (`OTEL_EXPORTER_OTLP_ENDPOINT`, e.g.
+    /// `http://127.0.0.1:4317`); none: no push.
+    pub otlp_endpoint: Option<String>,
+}
+
+/// A running metrics pipeline: its meter provider and the scrape endpoint's
+/// address. Dropping it stops the endpoint; [`Metrics::shutdown`] also
+/// flushes the OTLP exporter.
+pub struct Metrics {
+    provider: SdkMeterProvider,
+    scrape_address: Option<SocketAddr>,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Metrics")
+            .field("scrape_address", &self.scrape_address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The resource every signal of `service_name` carries: the SDK's detectors
+/// (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), with `service.name`
+/// defaulting to `service_name` rather than `unknown_service`.
+pub fn resource(service_name: &'static str) -> Resource {
+    let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|name| !name.trim().is_empty());
+    let builder = Resource::builder();
+    if named {
+        builder.build()
+    } else {
+        builder.with_service_name(service_name).build()
+    }
+}
+
+impl Metrics {
+    /// Starts the pipeline of `service_name` (its `service.name` unless
+    /// `OTEL_SERVICE_NAME` says otherwise). Must run inside the Tokio
+    /// runtime (the OTLP exporter's channel and the endpoint live on it);
+    /// the endpoint stops when `shutdown` is cancelled.
+    ///
+    /// # Errors
+    /// [`TelemetryError`] when the address cannot be bound or an exporter
+    /// cannot be built (a malformed endpoint).
+    pub async fn start(
+        service_name: &'static str,
+        settings: &MetricsSettings,
+        shutdown: CancellationToken,
+    ) -> Result<Self, TelemetryError> {
+        let mut builder = SdkMeterProvider::builder().with_resource(resource(service_name));
+        let mut scrape = None;
+        if let Some(address) = settings.listen {
+            let registry = prometheus::Registry::new();
+            let reader = opentelemetry_prometheus::exporter()
+                .with_registry(registry.clone())
+                .build()
+                .map_err(|error| TelemetryError::Exporter {
+                    what: "Prometheus reader",
+                    text: error.to_string(),
+                })?;
+            builder = builder.with_reader(reader);
+            let listener = TcpListener::bind(address)
+                .await
+                .map_err(|source| TelemetryError::Bind { address, source })?;
+            scrape = Some((listener, registry));
+        }
+        if let Some(endpoint) = &settings.otlp_endpoint {
+            let exporter = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint.clone())
+                .build()
+                .map_err(|error| TelemetryError::Exporter {
+                    what: "OTLP metric exporter",
+                    text: error.to_string(),
+                })?;
+            let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+                .with_interval(OTLP_EXPORT_INTERVAL)
+                .build();
+            builder = builder.with_reader(reader);
+        }
+        let provider = builder.build();
+        let (scrape_address, serving) = match scrape {
+            None => (None, None),
+            Some((listener, registry)) => {
+                let address = listener.local_addr().ok();
+                if let Some(address) = address {
+                    info!(%address, "metrics endpoint serving /metrics");
+                }
+                let serving = tokio::spawn(serve_metrics(listener, Arc::new(registry), shutdown));
+                (address, Some(serving))
+            }
+        };
+        Ok(Self {
+            provider,
+            scrape_address,
+            serving,
+        })
+    }
+
+    /// A pipeline that records nothing (tests of parts that need a meter).
+    pub fn disabled() -> Self {
+        Self {
+            provider: SdkMeterProvider::builder().build(),
+            scrape_address: None,
+            serving: None,
+        }
+    }
+
+    /// The meter of the instrumentation scope `scope` (the crate name).
+    pub fn meter(&self, scope: &'static str) -> Meter {
+        self.provider.meter(scope)
+    }
+
+    /// Where `/metrics` is served (the bound address, also for port 0).
+    pub fn scrape_address(&self) -> Option<SocketAddr> {
+        self.scrape_address
+    }
+
+    /// Stops the endpoint and flushes and stops the exporters (the OTLP
+    /// exporter pushes what it holds once more).
+    pub async fn shutdown(mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+        let provider = self.provider.clone();
+        // The periodic reader's shutdown blocks until its last export.
+        let stopped = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        if let Ok(Err(error)) = stopped {
+            warn!(%error, "metrics pipeline did not stop cleanly");
+        }
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+}
+
+/// Serves `GET /metrics` (HTTP/1.1) from `registry` until `shutdown`.
+async fn serve_metrics(
+    listener: TcpListener,
+    registry: Arc<prometheus::Registry>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                warn!(%error, "metrics endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let registry = Arc::clone(&registry);
+        let connection_shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let registry = Arc::clone(&registry);
+                async move { Ok::<_, std::convert::Infallible>(answer(&request, &registry)) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = connection_shutdown.cancelled() => {}
+                _ = connection => {}
+            }
+        });
+    }
+}
+
+fn answer<B>(request: &Request<B>, registry: &prometheus::Registry) -> Response<Full<Bytes>> {
+    let status = |code: StatusCode, text: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+        *response.status_mut() = code;
+        response
+    };
+    if request.uri().path() != "/metrics" {
+        return status(
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics\n",
+        );
+    }
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return status(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n");
+    }
+    let encoder = TextEncoder::new();
+    let mut body = Vec::new();
+    if let Err(error) = encoder.encode(&registry.gather(), &mut body) {
+        warn!(%error, "metrics endpoint: encoding failed");
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
+    }
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    if let Ok(value) = encoder.format_type().parse() {
+        response.headers_mut().insert(CONTENT_TYPE, value);
+    }
+    response
+}
+
+/// Whether this process exports spans (set once by [`tracer_provider`]):
+/// without it, the executor makes no span per message and replays carry a
+/// random `traceparent`.
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether spans are exported by this process ([`tracer_provider`] ran).
+pub fn tracing_enabled() -> bool {
+    TRACING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The tracer provider exporting `service_name`'s spans over OTLP/gRPC to
+/// `endpoint`, in batches. The sampler is the SDK's, from
+/// `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` (default
+/// `parentbased_always_on`); the resource from `OTEL_SERVICE_NAME` and
+/// `OTEL_RESOURCE_ATTRIBUTES`. Installs the W3C Trace Context propagator as
+/// the global one (what RPCs and replayed messages carry) and the provider
+/// as the global one. Must run inside the Tokio runtime.
+///
+/// # Errors
+/// [`TelemetryError::Exporter`] for an endpoint the exporter refuses.
+pub fn tracer_provider(
+    service_name: &'static str,
+    endpoint: &str,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, TelemetryError> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint.to_owned())
+        .build()
+        .map_err(|error| TelemetryError::Exporter {
+            what: "OTLP span exporter",
+            text: error.to_string(),
+        })?;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_resource(resource(service_name))
+        .with_batch_exporter(exporter)
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    TRACING.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(provider)
+}
+
+/// The `tracing` layer that turns spans into OpenTelemetry spans of
+/// `provider` (instrumentation scope `scope`); `otel.name`, `otel.kind` and
+/// `otel.status_code` fields set the span's name, kind and status.
+pub fn tracing_layer<S>(
+    provider: &opentelemetry_sdk::trace::SdkTracerProvider,
+    scope: &'static str,
+) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    tracing_opentelemetry::layer().with_tracer(provider.tracer(scope))
+}
+
+/// Reads W3C Trace Context from HTTP/2 headers (gRPC metadata).
+struct HeaderExtractor<'a>(&'a hyper::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .map(hyper::header::HeaderName::as_str)
+            .collect()
+    }
+}
+
+/// The server span of one gRPC call (`rpc.system = grpc`, named by its
+/// path as the RPC semantic conventions ask: `package.Service/Method`),
+/// continuing the caller's W3C `traceparent` when it sent one. For tonic's
+/// `Server::trace_fn`.
+pub fn grpc_server_span<B>(request: &hyper::Request<B>) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let path = request.uri().path();
+    let name = path.trim_start_matches('/');
+    let (service, method) = name.split_once('/').unwrap_or((name, ""));
+    let span = tracing::info_span!(
+        "grpc.server",
+        otel.name = %name,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = %service,
+        rpc.method = %method,
+    );
+    if tracing_enabled() {
+        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.extract(&HeaderExtractor(request.headers()))
+        });
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// The W3C `traceparent` naming `span` when it is an exported span's (the
+/// OpenTelemetry layer is installed and the span is enabled); `None`
+/// otherwise.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        )
+    })
+}
+
+/// The span context a W3C `traceparent` value names, when it is valid.
+pub fn parse_traceparent(value: &str) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::{propagation::TextMapPropagator as _, trace::TraceContextExt as _};
+    let carrier = std::collections::HashMap::from([("traceparent".to_owned(), value.to_owned())]);
+    let context = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then_some(span_context)
+}
+
+/// Installs the process's `tracing` subscriber: log lines to stderr (JSON
+/// lines with `json`, else text; filtered by `filter`, e.g. `REDRIVE_LOG`)
+/// and, with an OTLP `endpoint`, spans at INFO and above exported through
+/// [`tracer_provider`] whatever the log filter says. Returns the provider
+/// to shut down (flush) at exit. Must run inside the Tokio runtime.
+///
+/// # Errors
+/// [`TelemetryError::Exporter`] for an endpoint the exporter refuses.
+pub fn init_subscriber(
+    service_name: &'static str,
+    filter: tracing_subscriber::EnvFilter,
+    json: bool,
+    endpoint: Option<&str>,
+) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, TelemetryError> {
+    use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    let provider = endpoint
+        .map(|endpoint| tracer_provider(service_name, endpoint))
+        .transpose()?;
+    let spans = provider.as_ref().map(|provider| {
+        tracing_layer(provider, service_name)
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    let logs = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_filter(filter)
+            .boxed()
+    };
+    tracing_subscriber::registry().with(spans).with(logs).init();
+    Ok(provider)
+}
+
+/// Puts `span`'s W3C `traceparent` into the metadata of an outgoing gRPC
+/// call, so that the callee continues the trace (nothing when spans are not
+/// exported).
+pub fn inject_traceparent(span: &tracing::Span, metadata: &mut tonic::metadata::MetadataMap) {
+    if !tracing_enabled() {
+        return;
+    }
+    if let Some(value) = traceparent_of(span).and_then(|text| text.parse().ok()) {
+        metadata.insert("traceparent", value);
+    }
+}

@@ -1,0 +1,360 @@
+//! Observability as an operator sees it: the Prometheus `/metrics` of the
+//! executor and the planner after a replay, against the audit; the
+//! executor's `grpc.health.v1` readiness and liveness with Redis cut; the
+//! planner's readiness with its capture consumer's broker cut.
+
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
+
+use anyhow::Context;
+use lapin::types::FieldTable;
+use redrive_proto::v1::GetAuditReportRequest;
+use redrive_tests::{
+    AMQP_URL, Broker, ExecutorHandle, TcpProxy, TestBed, init_logging, unique, wait_until,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+mod support;
+use support::*;
+
+/// A port free a moment ago on 127.0.0.1.
+async fn free_address() -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    Ok(listener.local_addr()?)
+}
+
+/// `GET /metrics` over plain HTTP/1.1: the exposition text.
+async fn scrape(address: SocketAddr) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8(answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer with a body")?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "answer {head:?}");
+    anyhow::ensure!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "the Prometheus text format: {head:?}"
+    );
+    Ok(body.to_owned())
+}
+
+/// The samples of metric `name` in exposition `text`: labels → value.
+fn samples(text: &str, name: &str) -> Vec<(HashMap<String, String>, f64)> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(rest) => match rest.split_once("} ") {
+                Some((labels, value)) => (labels, value),
+                None => continue,
+            },
+            None => match rest.strip_prefix(' ') {
+                Some(value) => ("", value),
+                None => continue,
+            },
+        };
+        let labels = labels
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(key, value)| (key.to_owned(), value.trim_matches('"').to_owned()))
+            .collect();
+        if let Ok(value) = value.trim().parse::<f64>() {
+            found.push((labels, value));
+        }
+    }
+    found
+}
+
+/// The sum of metric `name`'s samples whose labels include `with` and none
+/// of `without`.
+fn total(text: &str, name: &str, with: &[(&str, &str)], without: &[&str]) -> f64 {
+    samples(text, name)
+        .into_iter()
+        .filter(|(labels, _)| {
+            with.iter()
+                .all(|(key, value)| labels.get(*key).map(String::as_str) == Some(*value))
+                && without.iter().all(|key| !labels.contains_key(*key))
+        })
+        .map(|(_, value)| value)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 60).await?;
+    let planner_metrics = free_address().await?;
+    let dlq = incident.dlq.clone();
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &[&dlq]);
+        config.metrics_listen = Some(planner_metrics);
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 60).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 50, None).await?;
+    let executor_metrics = free_address().await?;
+    let mut config = bed.executor_config();
+    config.metrics_listen = Some(executor_metrics);
+    let executor = ExecutorHandle::start(config);
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
+    let counts = done.counts.context("the plan's counts")?;
+    let report = bed
+        .client
+        .get_audit_report(GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(counts.sent, 60, "every replayable message sent");
+    assert_eq!(report.sent_keys.len(), 60);
+
+    // Scraped while the executor still runs, as Prometheus would.
+    let text = scrape(executor_metrics).await?;
+    let sent_events = total(
+        &text,
+        "redrive_executor_items_total",
+        &[("redrive_audit_action", "sent")],
+        &[],
+    );
+    let acked = total(
+        &text,
+        "messaging_client_sent_messages_total",
+        &[
+            ("messaging_system", "rabbitmq"),
+            ("messaging_operation_name", "publish"),
+        ],
+        &["error_type"],
+    );
+    assert_eq!(
+        sent_events, counts.sent as f64,
+        "the executor's sent items are the audit's sent count:\n{text}"
+    );
+    assert_eq!(
+        acked, counts.sent as f64,
+        "acked publishes (no error.type) are the audit's sent count"
+    );
+    let confirms = total(
+        &text,
+        "messaging_client_operation_duration_seconds_count",
+        &[("messaging_system", "rabbitmq")],
+        &[],
+    );
+    assert_eq!(
+        confirms, counts.sent as f64,
+        "one publisher-confirm latency per acked publish"
+    );
+    assert!(
+        total(&text, "redrive_executor_leases_claimed_total", &[], &[]) >= 1.0,
+        "leases taken are counted"
+    );
+    assert!(
+        total(
+            &text,
+            "redrive_executor_bucket_wait_seconds_count",
+            &[],
+            &[]
+        ) >= 1.0,
+        "token waits are measured"
+    );
+    assert!(
+        !text.contains(&plan.plan_id),
+        "no plan id in any label (bounded cardinality)"
+    );
+
+    let text = scrape(planner_metrics).await?;
+    assert_eq!(
+        total(
+            &text,
+            "redrive_planner_dead_letters_captured_total",
+            &[("redrive_source", &incident.dlq)],
+            &[]
+        ),
+        60.0,
+        "every captured dead letter counted by source:\n{text}"
+    );
+    assert_eq!(
+        total(
+            &text,
+            "redrive_planner_precheck_verdicts_total",
+            &[("redrive_verdict", "replayable")],
+            &[]
+        ),
+        60.0
+    );
+    assert!(
+        total(
+            &text,
+            "redrive_planner_precheck_duration_seconds_count",
+            &[],
+            &[]
+        ) >= 1.0
+    );
+    assert_eq!(
+        total(
+            &text,
+            "redrive_planner_items_total",
+            &[("redrive_audit_action", "sent")],
+            &[]
+        ),
+        counts.sent as f64,
+        "the planner counts the sent outcomes reported"
+    );
+    assert_eq!(
+        total(
+            &text,
+            "redrive_planner_plan_transitions_total",
+            &[("redrive_plan_state", "completed")],
+            &[]
+        ),
+        1.0,
+        "one plan completed"
+    );
+
+    executor.stop().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_consuming(consuming)?;
+    assert_eq!(received.lock().unwrap().len(), 60);
+    bed.finish().await
+}
+
+/// The health status of `service` at `address` (`None`: no answer).
+async fn health(address: SocketAddr, service: &str) -> Option<ServingStatus> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+        .ok()?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .ok()?;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(3),
+        HealthClient::new(channel).check(HealthCheckRequest {
+            service: service.to_owned(),
+        }),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    Some(answer.into_inner().status())
+}
+
+async fn wait_health(
+    address: SocketAddr,
+    service: &str,
+    status: ServingStatus,
+) -> anyhow::Result<()> {
+    wait_until(
+        &format!("health of {service:?} {status:?}"),
+        Duration::from_secs(30),
+        || async move { Ok(health(address, service).await == Some(status)) },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn executor_readiness_follows_redis_and_liveness_its_loops() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let bed = TestBed::start(broker, |_| {}).await?;
+    let redis_proxy = TcpProxy::start("127.0.0.1:6379".parse()?).await?;
+    let health_address = free_address().await?;
+    let mut config = bed.executor_config();
+    config.redis_url = Some(format!("redis://{}", redis_proxy.addr()));
+    config.health_listen = Some(health_address);
+    let executor = ExecutorHandle::start(config);
+
+    wait_health(health_address, "", ServingStatus::Serving).await?;
+    assert_eq!(
+        health(health_address, "readiness").await,
+        Some(ServingStatus::Serving)
+    );
+    assert_eq!(
+        health(health_address, "liveness").await,
+        Some(ServingStatus::Serving)
+    );
+
+    // Redis unreachable: not ready, still live (the loops wait, not wedged).
+    redis_proxy.cut();
+    wait_health(health_address, "", ServingStatus::NotServing).await?;
+    assert_eq!(
+        health(health_address, "readiness").await,
+        Some(ServingStatus::NotServing)
+    );
+    assert_eq!(
+        health(health_address, "liveness").await,
+        Some(ServingStatus::Serving)
+    );
+
+    redis_proxy.restore();
+    wait_health(health_address, "", ServingStatus::Serving).await?;
+
+    executor.stop().await?;
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn executor_is_not_ready_without_its_planner() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let bed = TestBed::start(broker, |_| {}).await?;
+    let planner_proxy = TcpProxy::start(bed.planner.addr).await?;
+    let health_address = free_address().await?;
+    let mut config = bed.executor_config();
+    config.planner = format!("http://{}", planner_proxy.addr());
+    config.health_listen = Some(health_address);
+    let executor = ExecutorHandle::start(config);
+
+    wait_health(health_address, "readiness", ServingStatus::Serving).await?;
+    planner_proxy.cut();
+    wait_health(health_address, "readiness", ServingStatus::NotServing).await?;
+    planner_proxy.restore();
+    wait_health(health_address, "readiness", ServingStatus::Serving).await?;
+
+    executor.stop().await?;
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn planner_readiness_requires_every_capture_consumer() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let amqp_proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    let proxied_amqp = AMQP_URL.replace("127.0.0.1:5672", &amqp_proxy.addr().to_string());
+    let capture_queue = dlq.clone();
+    let bed = TestBed::start(broker, |config| {
+        config.capture_queues = vec![capture_queue];
+        config.amqp_url = proxied_amqp;
+    })
+    .await?;
+    let planner = bed.planner.addr;
+
+    wait_health(planner, "", ServingStatus::Serving).await?;
+    amqp_proxy.cut();
+    wait_health(planner, "", ServingStatus::NotServing).await?;
+    assert_eq!(
+        health(planner, "redrive.v1.Planner").await,
+        Some(ServingStatus::Serving),
+        "the API itself still serves: only capture is down"
+    );
+    amqp_proxy.restore();
+    wait_health(planner, "", ServingStatus::Serving).await?;
+
+    bed.finish().await
+}
