@@ -3,10 +3,14 @@
 //! the edge"):
 //!
 //! - **connections**, per peer address and in total ([`ConnectionLimits`],
-//!   [`admit`]): one over either cap is closed at once and logged. Idle
-//!   connections are closed too: a connection that sends nothing for the
-//!   idle timeout (no request, and no answer to the HTTP/2 keepalive pings
-//!   the server sends, RFC 9113 §6.7) is dead or was never used;
+//!   [`admit`]): one over either cap is closed at once and logged. A
+//!   connection must make a request that passes authentication (health
+//!   checks do not count) within the first-request timeout, or it is closed:
+//!   without that, idle clients that never authenticate could hold every
+//!   place, since HTTP/2 clients answer keepalive pings by themselves. After
+//!   that, a connection that sends nothing for the idle timeout (no request,
+//!   no answer to the server's keepalive pings, RFC 9113 §6.7) is dead and
+//!   closed;
 //! - **requests**, per principal ([`RateLimitLayer`], GCRA from `governor`):
 //!   over the rate a call is answered `RESOURCE_EXHAUSTED` before any work;
 //! - **open `WatchPlan` streams**, per principal and in total
@@ -51,6 +55,9 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;
 /// Default cap on connections in total (below the usual 1,024 open files,
 /// with room for the database pool and the broker).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default time a new connection has to make its first request that passes
+/// authentication.
+pub const DEFAULT_FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default idle timeout: longer than the keepalive interval plus its
 /// timeout ([`KEEPALIVE_INTERVAL`], [`KEEPALIVE_TIMEOUT`]), so a live
 /// client always answers a ping before it.
@@ -80,6 +87,9 @@ pub struct ConnectionLimits {
     pub total: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection that made no request passing authentication (health
+    /// checks do not count) this long after it opened is closed.
+    pub first_request_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -88,6 +98,46 @@ impl Default for ConnectionLimits {
             per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             total: DEFAULT_MAX_CONNECTIONS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            first_request_timeout: DEFAULT_FIRST_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// Which open connections made a request that passed authentication, by
+/// peer socket address (a connection's own): shared by [`admit`], which
+/// registers each admitted connection, and [`RateLimitLayer`], which sees
+/// every authenticated request and marks its connection used.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    used: Arc<Mutex<HashMap<SocketAddr, Arc<std::sync::atomic::AtomicBool>>>>,
+}
+
+impl Activity {
+    fn register(&self, peer: SocketAddr) -> Arc<std::sync::atomic::AtomicBool> {
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(peer, Arc::clone(&flag));
+        flag
+    }
+
+    fn forget(&self, peer: SocketAddr) {
+        self.used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&peer);
+    }
+
+    /// Marks the connection from `peer` used.
+    fn mark(&self, peer: SocketAddr) {
+        if let Some(flag) = self
+            .used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&peer)
+        {
+            flag.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -95,14 +145,14 @@ impl Default for ConnectionLimits {
 /// Logs a kind of refusal at most once per [`WARN_EVERY`], with how many
 /// there were since the last line.
 #[derive(Debug, Default)]
-struct Throttled {
+pub(crate) struct Throttled {
     last: Mutex<Option<Instant>>,
     since: AtomicU64,
 }
 
 impl Throttled {
     /// Counts one refusal; `Some(count)` when it is time to log.
-    fn count(&self) -> Option<u64> {
+    pub(crate) fn count(&self) -> Option<u64> {
         let refused = self.since.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
@@ -163,6 +213,7 @@ impl Drop for Admission {
 pub fn admit<S>(
     incoming: S,
     limits: ConnectionLimits,
+    activity: Activity,
 ) -> impl Stream<Item = io::Result<AdmittedConnection>> + Send + 'static
 where
     S: Stream<Item = io::Result<TcpStream>> + Send + 'static,
@@ -174,6 +225,7 @@ where
     });
     incoming.filter_map(move |accepted| {
         let registry = Arc::clone(&registry);
+        let activity = activity.clone();
         async move {
             let stream = match accepted {
                 Ok(stream) => stream,
@@ -185,9 +237,7 @@ where
             };
             match registry.enter(peer.ip()) {
                 Ok(admission) => Some(Ok(AdmittedConnection::new(
-                    stream,
-                    admission,
-                    limits.idle_timeout,
+                    stream, admission, &limits, peer, activity,
                 ))),
                 Err(cap) => {
                     if let Some(refused) = registry.refused.count() {
@@ -208,27 +258,63 @@ pub struct AdmittedConnection {
     _admission: Admission,
     idle_timeout: Duration,
     last_read: Instant,
+    /// Until when the first authenticated request may come.
+    first_request_by: Instant,
+    /// Set by [`RateLimitLayer`] at the first authenticated request.
+    used: Arc<std::sync::atomic::AtomicBool>,
+    peer: SocketAddr,
+    activity: Activity,
     idle: Pin<Box<Sleep>>,
 }
 
+impl Drop for AdmittedConnection {
+    fn drop(&mut self) {
+        self.activity.forget(self.peer);
+    }
+}
+
 impl AdmittedConnection {
-    fn new(stream: TcpStream, admission: Admission, idle_timeout: Duration) -> Self {
+    fn new(
+        stream: TcpStream,
+        admission: Admission,
+        limits: &ConnectionLimits,
+        peer: SocketAddr,
+        activity: Activity,
+    ) -> Self {
         let now = Instant::now();
+        let first_request_by = now + limits.first_request_timeout;
         Self {
             stream,
             _admission: admission,
-            idle_timeout,
+            idle_timeout: limits.idle_timeout,
             last_read: now,
-            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            first_request_by,
+            used: activity.register(peer),
+            peer,
+            activity,
+            idle: Box::pin(tokio::time::sleep_until(
+                first_request_by.min(now + limits.idle_timeout),
+            )),
         }
     }
 
-    /// `Err(TimedOut)` when the idle timer ran out since the last read;
-    /// re-arms it when a read came meanwhile.
+    /// `Err(TimedOut)` when the idle timer ran out since the last read, or
+    /// the first-request time passed without an authenticated request;
+    /// re-arms the timer otherwise.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         while self.idle.as_mut().poll(cx).is_ready() {
-            let deadline = self.last_read + self.idle_timeout;
-            if deadline <= Instant::now() {
+            let now = Instant::now();
+            let mut deadline = self.last_read + self.idle_timeout;
+            if !self.used.load(Ordering::Relaxed) {
+                if self.first_request_by <= now {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no authenticated request since the connection opened",
+                    ));
+                }
+                deadline = deadline.min(self.first_request_by);
+            }
+            if deadline <= now {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("idle for {:?}", self.idle_timeout),
@@ -312,17 +398,21 @@ pub fn caller_key(principal: Option<&Principal>, peer: Option<SocketAddr>) -> St
     }
 }
 
-/// [`caller_key`] of an HTTP request (in a tower layer).
-fn http_caller_key(extensions: &http::Extensions) -> String {
-    let peer = extensions
+/// The peer socket address of an HTTP request (plain or TLS).
+fn http_peer(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions
         .get::<TcpConnectInfo>()
         .and_then(TcpConnectInfo::remote_addr)
         .or_else(|| {
             extensions
                 .get::<tonic::transport::server::TlsConnectInfo<TcpConnectInfo>>()
                 .and_then(|info| info.get_ref().remote_addr())
-        });
-    caller_key(extensions.get::<Principal>(), peer)
+        })
+}
+
+/// [`caller_key`] of an HTTP request (in a tower layer).
+fn http_caller_key(extensions: &http::Extensions) -> String {
+    caller_key(extensions.get::<Principal>(), http_peer(extensions))
 }
 
 /// [`caller_key`] of a gRPC request (in a handler).
@@ -357,6 +447,7 @@ pub struct RateLimitLayer {
     limiter: Arc<DefaultKeyedRateLimiter<String>>,
     refused: Arc<Throttled>,
     rate: RequestRate,
+    activity: Activity,
 }
 
 impl std::fmt::Debug for RateLimitLayer {
@@ -368,13 +459,15 @@ impl std::fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// A limiter of `rate` per caller.
-    pub fn new(rate: RequestRate) -> Self {
+    /// A limiter of `rate` per caller, marking the connections of the
+    /// requests it sees used in `activity`.
+    pub fn new(rate: RequestRate, activity: Activity) -> Self {
         let quota = Quota::per_second(rate.per_second).allow_burst(rate.burst);
         Self {
             limiter: Arc::new(RateLimiter::keyed(quota)),
             refused: Arc::new(Throttled::default()),
             rate,
+            activity,
         }
     }
 
@@ -434,6 +527,11 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let health = request.uri().path().starts_with("/grpc.health.v1.");
+        // Inside authentication: this request passed it. Health checks
+        // pass without credentials, so they do not make a connection used.
+        if !health && let Some(peer) = http_peer(request.extensions()) {
+            self.layer.activity.mark(peer);
+        }
         if !health && let Err(status) = self.layer.check(&http_caller_key(request.extensions())) {
             return Box::pin(async move { Ok(status.into_http()) });
         }
@@ -574,7 +672,11 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let (ended, ends) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut admitted = Box::pin(admit(TcpListenerStream::new(listener), limits));
+            let mut admitted = Box::pin(admit(
+                TcpListenerStream::new(listener),
+                limits,
+                Activity::default(),
+            ));
             while let Some(Ok(mut connection)) = admitted.next().await {
                 let ended = ended.clone();
                 tokio::spawn(async move {
@@ -619,6 +721,7 @@ mod tests {
             per_peer: 2,
             total: 10,
             idle_timeout: Duration::from_secs(60),
+            first_request_timeout: Duration::from_secs(60),
         };
         let (address, _ends) = echo_server(limits).await;
         let mut first = TcpStream::connect(address).await.unwrap();
@@ -665,6 +768,7 @@ mod tests {
             per_peer: 4,
             total: 4,
             idle_timeout: Duration::from_millis(300),
+            first_request_timeout: Duration::from_secs(60),
         };
         let (address, mut ends) = echo_server(limits).await;
         let mut busy = TcpStream::connect(address).await.unwrap();
@@ -684,10 +788,13 @@ mod tests {
 
     #[test]
     fn a_caller_over_its_rate_is_refused_and_others_are_not() {
-        let layer = RateLimitLayer::new(RequestRate {
-            per_second: NonZeroU32::MIN,
-            burst: NonZeroU32::new(2).unwrap(),
-        });
+        let layer = RateLimitLayer::new(
+            RequestRate {
+                per_second: NonZeroU32::MIN,
+                burst: NonZeroU32::new(2).unwrap(),
+            },
+            Activity::default(),
+        );
         assert!(layer.check("principal:a").is_ok());
         assert!(layer.check("principal:a").is_ok());
         let refused = layer.check("principal:a").unwrap_err();

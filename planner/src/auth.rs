@@ -475,6 +475,9 @@ pub struct Authenticator {
     cert_roles: Vec<CertRole>,
     client_certificates: bool,
     protect_open_services: bool,
+    /// Refusals are logged at most every 10 s with their count, so that a
+    /// flood of bad credentials cannot flood the log.
+    refused: Arc<crate::admission::Throttled>,
 }
 
 impl Authenticator {
@@ -535,6 +538,7 @@ impl Authenticator {
             cert_roles,
             client_certificates: settings.client_certificates,
             protect_open_services: settings.protect_open_services,
+            refused: Arc::default(),
         }))
     }
 
@@ -652,23 +656,39 @@ impl Authenticator {
         let principal = self
             .authenticate(headers, extensions)
             .inspect_err(|status| {
-                warn!(
-                    rpc = path,
-                    reason = status.message(),
-                    "unauthenticated call refused"
-                );
+                if let Some(refused) = self.refused.count() {
+                    warn!(
+                        rpc = path,
+                        reason = status.message(),
+                        refused,
+                        "unauthenticated calls refused (the first shown; counted since the last line)"
+                    );
+                }
             })?;
+        let denied = |principal: &Principal, status: &Status| {
+            if let Some(refused) = self.refused.count() {
+                warn!(principal = %principal.name, rpc = path, reason = status.message(), refused, "permission denied (the first shown; calls refused since the last line)");
+            }
+        };
         if !(roles::is_open(path)) {
-            roles::authorize(&principal, path).inspect_err(|status| {
-                warn!(principal = %principal.name, rpc = path, reason = status.message(), "permission denied");
-            })?;
+            roles::authorize(&principal, path).inspect_err(|status| denied(&principal, status))?;
         }
+        // A header that is not visible ASCII is refused, not ignored: a
+        // portal's user must not silently become the portal.
         let header = headers
             .get(ACTOR_METADATA)
-            .and_then(|value| value.to_str().ok());
-        let actor = Self::actor(&principal, header).inspect_err(|status| {
-            warn!(principal = %principal.name, rpc = path, reason = status.message(), "permission denied");
-        })?;
+            .map(|value| {
+                value.to_str().map_err(|_| {
+                    Status::invalid_argument(format!(
+                        "{ACTOR_METADATA} must be visible ASCII text (gRPC ASCII metadata); \
+                         name the user by an ASCII id"
+                    ))
+                })
+            })
+            .transpose()
+            .inspect_err(|status| denied(&principal, status))?;
+        let actor =
+            Self::actor(&principal, header).inspect_err(|status| denied(&principal, status))?;
         extensions.insert(actor);
         extensions.insert(principal);
         Ok(())
@@ -975,6 +995,22 @@ mod tests {
             extensions.get::<Actor>().unwrap().to_string(),
             "portal for alice"
         );
+        // A user name that is not ASCII (Cyrillic а) is refused, never
+        // dropped: the portal's user must not silently become the portal.
+        let mut cyrillic = headers.clone();
+        cyrillic.insert(
+            ACTOR_METADATA,
+            http::HeaderValue::from_bytes("аlice".as_bytes()).unwrap(),
+        );
+        let refused = open
+            .admit(
+                "/redrive.v1.Planner/GetPlan",
+                &cyrillic,
+                &mut http::Extensions::new(),
+            )
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(refused.message().contains(ACTOR_METADATA), "{refused:?}");
         let refused = open
             .admit(
                 "/redrive.v1.Planner/CancelPlan",

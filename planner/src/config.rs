@@ -159,6 +159,16 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_IDLE_TIMEOUT_SECONDS", default_value_t = 60)]
     pub idle_timeout_seconds: u64,
 
+    /// Seconds a new connection has to make a request that passes
+    /// authentication (health checks do not count) before it is closed, so
+    /// that clients without credentials cannot hold connections.
+    #[arg(
+        long,
+        env = "REDRIVE_FIRST_REQUEST_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub first_request_timeout_seconds: u64,
+
     /// Requests per second allowed per principal (per peer address without
     /// authentication); over it a call gets RESOURCE_EXHAUSTED. A stream
     /// counts once.
@@ -247,7 +257,8 @@ pub struct Config {
     #[arg(
         long = "state-check",
         env = "REDRIVE_STATE_CHECKS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        hide_env_values = true
     )]
     pub state_checks: Vec<String>,
 
@@ -365,6 +376,7 @@ impl Config {
             per_peer: self.max_connections_per_peer,
             total: self.max_connections,
             idle_timeout: Duration::from_secs(self.idle_timeout_seconds),
+            first_request_timeout: Duration::from_secs(self.first_request_timeout_seconds),
         }
     }
 
@@ -394,6 +406,10 @@ impl Config {
             ("max-connections", self.max_connections),
             ("max-watches-per-principal", self.max_watches_per_principal),
             ("max-watches", self.max_watches),
+            (
+                "first-request-timeout-seconds",
+                usize::try_from(self.first_request_timeout_seconds).unwrap_or(usize::MAX),
+            ),
         ] {
             if value == 0 {
                 problems.push(SettingError::new(setting, "must be at least 1".to_owned()));

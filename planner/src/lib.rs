@@ -218,6 +218,7 @@ pub async fn run(
     let server_shutdown = shutdown.clone();
     // HTTP/2 keepalive pings find dead clients; the admitted connections
     // close idle ones and cap how many one peer may hold.
+    let activity = admission::Activity::default();
     let mut builder = tonic::transport::Server::builder()
         // One server span per call, continuing the caller's traceparent.
         .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
@@ -232,14 +233,17 @@ pub async fn run(
                 oversized_is_resource_exhausted::<tonic::body::Body>,
             ))
             .layer(auth::AuthLayer::new(authenticator))
-            .layer(admission::RateLimitLayer::new(config.request_rate()))
+            .layer(admission::RateLimitLayer::new(
+                config.request_rate(),
+                activity.clone(),
+            ))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
             .add_service(InterceptedService::new(planner, gate.clone()))
             .add_service(InterceptedService::new(coordinator, gate))
             .serve_with_incoming_shutdown(
-                admission::admit(incoming(listener), config.connection_limits()),
+                admission::admit(incoming(listener), config.connection_limits(), activity),
                 server_shutdown.cancelled_owned(),
             ),
     );

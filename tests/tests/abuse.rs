@@ -140,3 +140,51 @@ async fn watch_streams_are_capped_per_caller_and_a_closed_one_frees_its_place() 
     }
     bed.finish().await
 }
+
+/// The breaker's attack on the total cap: HTTP/2 clients that connect from
+/// several addresses, answer the server's keepalive pings (as every HTTP/2
+/// client does by itself) and never make a request. They are closed after
+/// the first-request timeout, so the total cap does not stay full and
+/// another caller gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_http2_clients_are_closed_after_the_first_request_timeout() -> anyhow::Result<()> {
+    init_logging();
+    let bed = TestBed::without_broker(|config| {
+        config.max_connections = 8;
+        config.first_request_timeout_seconds = 2;
+    })
+    .await?;
+    // The bed's own client holds one place; fill the other seven.
+    let mut silent = Vec::new();
+    for last in 2..9 {
+        let endpoint = tonic::transport::Endpoint::from_shared(bed.planner.url())?
+            .local_address(Some(std::net::IpAddr::from([127, 0, 0, last])));
+        silent.push(endpoint.connect().await?);
+    }
+    let fresh = || async {
+        let channel = tonic::transport::Endpoint::from_shared(bed.planner.url())?
+            .local_address(Some(std::net::IpAddr::from([127, 0, 0, 20])))
+            .connect()
+            .await?;
+        let mut client = redrive_proto::v1::planner_client::PlannerClient::new(channel);
+        anyhow::Ok(
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                client.list_plans(v1::ListPlansRequest::default()),
+            )
+            .await,
+        )
+    };
+    // Full now: a new caller is turned away.
+    let refused = fresh().await;
+    assert!(
+        !matches!(refused, Ok(Ok(Ok(_)))),
+        "the total cap is full: {refused:?}"
+    );
+    // After the first-request timeout the silent ones are gone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let served = fresh().await?;
+    assert!(matches!(served, Ok(Ok(_))), "{served:?}");
+    drop(silent);
+    bed.finish().await
+}
