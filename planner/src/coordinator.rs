@@ -226,6 +226,12 @@ impl Coordinator {
         if executor_id.trim().is_empty() {
             return Err(Error::invalid("executor_id", "must not be empty"));
         }
+        // The executor id the lease and the audit record: with
+        // authentication, it names the principal too when the id the
+        // executor chose does not start with it ("executor-2 as
+        // executor-1"), so a claimed name cannot hide who published.
+        let recorded = recorded_executor(executor_id, caller);
+        let executor_id = recorded.as_str();
         let deadline = tokio::time::Instant::now() + wait.min(MAX_CLAIM_WAIT);
         let mut changes = self.notifier.subscribe();
         loop {
@@ -523,5 +529,46 @@ impl Coordinator {
                 position,
             )
             .await??)
+    }
+}
+
+/// The executor id recorded for a claim by principal `caller` with
+/// `executor_id`: the id itself without authentication (`caller` empty) or
+/// when it is the principal's name or starts with it and `/`
+/// (`executor-1/0`); else `CALLER as EXECUTOR_ID`.
+pub fn recorded_executor(executor_id: &str, caller: &str) -> String {
+    let names_caller = caller.is_empty()
+        || executor_id == caller
+        || executor_id
+            .strip_prefix(caller)
+            .is_some_and(|rest| rest.starts_with('/'));
+    if names_caller {
+        executor_id.to_owned()
+    } else {
+        format!("{caller} as {executor_id}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recorded_executor;
+
+    #[test]
+    fn a_claimed_executor_id_names_its_principal() {
+        assert_eq!(recorded_executor("exec-1", ""), "exec-1");
+        assert_eq!(
+            recorded_executor("executor-1/0", "executor-1"),
+            "executor-1/0"
+        );
+        assert_eq!(recorded_executor("executor-1", "executor-1"), "executor-1");
+        assert_eq!(
+            recorded_executor("executor-1/0", "executor-2"),
+            "executor-2 as executor-1/0"
+        );
+        assert_eq!(
+            recorded_executor("executor-2/0", "executor"),
+            "executor as executor-2/0",
+            "a shorter name is not a prefix of someone else's"
+        );
     }
 }
