@@ -252,6 +252,9 @@ pub async fn connect(
     actor: Option<&str>,
     credentials: &Credentials,
 ) -> Result<Planner, CliError> {
+    if credentials.token.is_some() {
+        refuse_cleartext_token(url)?;
+    }
     let interceptor = ActorInterceptor::with_token(actor, credentials.token.as_deref())
         .map_err(|error| CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR")))?;
     let unreachable = |cause: String| CliError::Unreachable {
@@ -273,6 +276,34 @@ pub async fn connect(
         .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
 }
 
+/// A bearer token travels in clear over `http://`: allowed only to a
+/// loopback address (local development), where nobody else can read it.
+///
+/// # Errors
+/// [`CliError::Usage`] naming the host, for `http://` to any other host.
+fn refuse_cleartext_token(url: &str) -> Result<(), CliError> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Ok(());
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(CliError::Usage(format!(
+            "refusing to send the bearer token in clear text to {host}: use an https:// planner URL (a token over http:// is sent only to a loopback address)"
+        )))
+    }
+}
+
 /// `error` and its sources joined with `: `, repeated texts left out
 /// (`transport error: tcp connect error: Connection refused (os error 111)`).
 fn error_chain(error: &tonic::transport::Error) -> String {
@@ -291,6 +322,25 @@ fn error_chain(error: &tonic::transport::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bearer_token_goes_in_clear_text_only_to_loopback() {
+        for url in [
+            "http://127.0.0.1:50051",
+            "http://localhost:50051",
+            "http://[::1]:50051",
+            "https://planner.example:443",
+        ] {
+            assert!(refuse_cleartext_token(url).is_ok(), "{url}");
+        }
+        for url in ["http://192.0.2.2:50994", "http://planner.example:50051/"] {
+            let refused = refuse_cleartext_token(url).unwrap_err();
+            assert!(
+                refused.to_string().contains("clear text"),
+                "{url}: {refused}"
+            );
+        }
+    }
 
     #[test]
     fn traceparents_are_checked() {
