@@ -94,6 +94,26 @@ fn caller<T>(request: &Request<T>) -> String {
         .unwrap_or_default()
 }
 
+/// The store's names of the enum values of repeated field `field`, by
+/// `name`; `InvalidArgument` naming `field[i]` with `problem` for a value
+/// `name` does not know.
+fn enum_names(
+    values: &[i32],
+    field: &str,
+    problem: &str,
+    name: impl Fn(i32) -> Option<&'static str>,
+) -> Result<Vec<String>, Error> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            name(*value)
+                .map(str::to_owned)
+                .ok_or_else(|| Error::invalid(format!("{field}[{index}]"), problem))
+        })
+        .collect()
+}
+
 /// `redrive.v1.Planner` over [`PlannerState`].
 #[derive(Debug, Clone)]
 pub struct PlannerGrpc {
@@ -294,31 +314,22 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ListPlansRequest>,
     ) -> Result<Response<v1::ListPlansResponse>, Status> {
         let request = request.into_inner();
-        let states = request
-            .states
-            .iter()
-            .enumerate()
-            .map(|(index, state)| match v1::PlanState::try_from(*state) {
-                Ok(state) if state != v1::PlanState::Unspecified => Ok(state.name().to_owned()),
-                _ => Err(Error::invalid(
-                    format!("states[{index}]"),
-                    "not a plan state",
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let kinds = request
-            .kinds
-            .iter()
-            .enumerate()
-            .map(|(index, kind)| match v1::PlanKind::try_from(*kind) {
-                Ok(v1::PlanKind::Bulk) => Ok("bulk".to_owned()),
-                Ok(v1::PlanKind::Single) => Ok("single".to_owned()),
-                _ => Err(Error::invalid(
-                    format!("kinds[{index}]"),
-                    "not a plan kind (bulk or single)",
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let states = enum_names(&request.states, "states", "not a plan state", |value| {
+            v1::PlanState::try_from(value)
+                .ok()
+                .filter(|state| *state != v1::PlanState::Unspecified)
+                .map(v1::PlanState::name)
+        })?;
+        let kinds = enum_names(
+            &request.kinds,
+            "kinds",
+            "not a plan kind (bulk or single)",
+            |value| match v1::PlanKind::try_from(value) {
+                Ok(v1::PlanKind::Bulk) => Some("bulk"),
+                Ok(v1::PlanKind::Single) => Some("single"),
+                _ => None,
+            },
+        )?;
         let (plans, next_page_token) = plan::list(
             &self.state.store,
             &states,
