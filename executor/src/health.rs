@@ -214,3 +214,107 @@ async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
         .map(|(name, _)| name)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use tonic::transport::Endpoint;
+
+    use super::*;
+
+    async fn liveness(client: &mut HealthClient<Channel>) -> Option<i32> {
+        client
+            .check(HealthCheckRequest {
+                service: LIVENESS.to_owned(),
+            })
+            .await
+            .ok()
+            .map(|answer| answer.into_inner().status)
+    }
+
+    async fn wait_liveness(
+        client: &mut HealthClient<Channel>,
+        expected: health_check_response::ServingStatus,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while liveness(client).await != Some(expected as i32) {
+            assert!(
+                Instant::now() < deadline,
+                "liveness never became {expected:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A slice loop that stops beating makes `liveness` NOT_SERVING after
+    /// the timeout (an orchestrator restarts the executor), and a beat
+    /// makes it SERVING again; readiness, with nothing reachable, stays
+    /// NOT_SERVING throughout and does not hide it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_slice_loop_makes_liveness_not_serving() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("its address");
+        let beating = Heartbeat::new(Instant::now());
+        let silent = Heartbeat::new(Instant::now());
+        let checks = HealthChecks {
+            // Nothing listens on port 1: readiness stays NOT_SERVING.
+            amqp_url: "amqp://127.0.0.1:1/%2f".to_owned(),
+            publisher: PublisherOptions::with_window(1),
+            redis: None,
+            planner: Endpoint::from_static("http://127.0.0.1:1").connect_lazy(),
+            heartbeats: vec![beating.clone(), silent.clone()],
+            liveness_timeout: Duration::from_secs(3),
+        };
+        let shutdown = CancellationToken::new();
+        let serving = tokio::spawn(serve(listener, checks, shutdown.clone()));
+        let keep_beating = tokio::spawn(async move {
+            loop {
+                beating.beat();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut client = HealthClient::new(
+            Endpoint::from_shared(format!("http://{address}"))
+                .expect("an endpoint")
+                .connect_lazy(),
+        );
+
+        // Both loops beat at first (the first check refuses fast: nothing
+        // listens on port 1): live.
+        wait_liveness(&mut client, health_check_response::ServingStatus::Serving).await;
+        // One loop silent past the timeout: not live.
+        wait_liveness(
+            &mut client,
+            health_check_response::ServingStatus::NotServing,
+        )
+        .await;
+        let readiness = client
+            .check(HealthCheckRequest {
+                service: READINESS.to_owned(),
+            })
+            .await
+            .expect("readiness answers")
+            .into_inner()
+            .status;
+        assert_eq!(
+            readiness,
+            health_check_response::ServingStatus::NotServing as i32
+        );
+
+        // It beats again: live.
+        let silent_beats = tokio::spawn(async move {
+            loop {
+                silent.beat();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        wait_liveness(&mut client, health_check_response::ServingStatus::Serving).await;
+
+        keep_beating.abort();
+        silent_beats.abort();
+        shutdown.cancel();
+        serving
+            .await
+            .expect("the server task")
+            .expect("the server ends cleanly");
+    }
+}

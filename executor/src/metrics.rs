@@ -2,8 +2,11 @@
 //! descriptions and attributes. Names follow the OpenTelemetry messaging
 //! semantic conventions where one exists (`messaging.client.*`, v1.27+);
 //! the others are `redrive.executor.*`. Every attribute is of bounded
-//! cardinality (no message, plan or slice ids), and every attribute set is
-//! built once here, so recording allocates nothing.
+//! cardinality (no message, plan or slice ids). Every attribute set is
+//! built once here, so recording per message allocates nothing; the bucket
+//! instruments, recorded once per run of messages, name the destination:
+//! one series per exchange and routing key replayed to, as many as the
+//! token buckets themselves.
 //!
 //! | instrument | kind | unit | attributes |
 //! | --- | --- | --- | --- |
@@ -12,7 +15,9 @@
 //! | `redrive.executor.items` | counter | `{item}` | `redrive.audit.action`: every audit event the executor reports |
 //! | `redrive.executor.publish.nacks` | counter | `{message}` | none: `basic.nack`s |
 //! | `redrive.executor.publish.returns` | counter | `{message}` | none: `basic.return`s (unroutable) |
-//! | `redrive.executor.bucket.wait` | histogram | `s` | none: time a run waited for its tokens |
+//! | `redrive.executor.bucket.wait` | histogram | `s` | `messaging.destination.name` (the exchange), `messaging.rabbitmq.destination.routing_key`: time a run waited for its tokens |
+//! | `redrive.executor.bucket.tokens` | counter | `{token}` | the destination, as above: tokens granted by the shared bucket; its rate is the destination's replay rate through this executor |
+//! | `redrive.executor.bucket.rate` | gauge | `{token}/s` | the destination, as above: the sustained rate of the destination's bucket the last run was granted under |
 //! | `redrive.executor.leases.held` | up-down counter | `{lease}` | none |
 //! | `redrive.executor.leases.claimed` | counter | `{lease}` | none |
 //! | `redrive.executor.leases.lost` | counter | `{lease}` | none: leases that ended lost (expired, fenced, cancelled) |
@@ -21,7 +26,7 @@ use std::time::Duration;
 
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, Histogram, Meter, UpDownCounter},
+    metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter},
 };
 use redrive_proto::{telemetry::SECONDS_BOUNDARIES, v1::AuditAction};
 
@@ -39,6 +44,10 @@ pub const NACKS: &str = "redrive.executor.publish.nacks";
 pub const RETURNS: &str = "redrive.executor.publish.returns";
 /// Seconds a run waited for its tokens from the shared bucket.
 pub const BUCKET_WAIT: &str = "redrive.executor.bucket.wait";
+/// Tokens granted by the shared bucket, by destination.
+pub const BUCKET_TOKENS: &str = "redrive.executor.bucket.tokens";
+/// The sustained rate (tokens per second) of a destination's bucket.
+pub const BUCKET_RATE: &str = "redrive.executor.bucket.rate";
 /// Leases held now.
 pub const LEASES_HELD: &str = "redrive.executor.leases.held";
 /// Leases taken (slices claimed).
@@ -69,6 +78,8 @@ pub struct ExecutorMetrics {
     nacks: Counter<u64>,
     returns: Counter<u64>,
     bucket_wait: Histogram<f64>,
+    bucket_tokens: Counter<u64>,
+    bucket_rate: Gauge<f64>,
     leases_held: UpDownCounter<i64>,
     leases_claimed: Counter<u64>,
     leases_lost: Counter<u64>,
@@ -133,6 +144,16 @@ impl ExecutorMetrics {
                 .with_description("Time a run waited for its tokens from the shared bucket")
                 .with_boundaries(SECONDS_BOUNDARIES.to_vec())
                 .build(),
+            bucket_tokens: meter
+                .u64_counter(BUCKET_TOKENS)
+                .with_unit("{token}")
+                .with_description("Tokens granted by the shared bucket, by destination")
+                .build(),
+            bucket_rate: meter
+                .f64_gauge(BUCKET_RATE)
+                .with_unit("{token}/s")
+                .with_description("Sustained rate of the destination's shared bucket")
+                .build(),
             leases_held: meter
                 .i64_up_down_counter(LEASES_HELD)
                 .with_unit("{lease}")
@@ -184,9 +205,26 @@ impl ExecutorMetrics {
         }
     }
 
-    /// A run waited `waited` for its tokens.
-    pub fn bucket_waited(&self, waited: Duration) {
-        self.bucket_wait.record(waited.as_secs_f64(), &[]);
+    /// A run to `exchange` with `routing_key` was granted `tokens` after
+    /// waiting `waited`, under a bucket of `per_second` tokens a second.
+    pub fn tokens_granted(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        tokens: u32,
+        waited: Duration,
+        per_second: f64,
+    ) {
+        let destination = [
+            KeyValue::new("messaging.destination.name", exchange.to_owned()),
+            KeyValue::new(
+                "messaging.rabbitmq.destination.routing_key",
+                routing_key.to_owned(),
+            ),
+        ];
+        self.bucket_wait.record(waited.as_secs_f64(), &destination);
+        self.bucket_tokens.add(u64::from(tokens), &destination);
+        self.bucket_rate.record(per_second, &destination);
     }
 
     /// A lease was taken.

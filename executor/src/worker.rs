@@ -594,6 +594,13 @@ impl Worker {
         let Some(granted_at) = self.grant(lease, run, &key, tokens, through).await else {
             return run.give_back(items, Leave::Stop);
         };
+        self.metrics.tokens_granted(
+            &items[0].item.exchange,
+            &items[0].item.routing_key,
+            tokens,
+            run.tokens_waited,
+            run.rate.per_second,
+        );
         // 3. Sent by a concurrent plan or an earlier lease (Redis).
         run.progress.waiting_for("the replay keys in Redis");
         let Some(items) = self.drop_replayed(lease, run, items).await else {
@@ -749,7 +756,6 @@ impl Worker {
         };
         let granted_at = granted.filter(|_| marked)?;
         run.tokens_waited = granted_at - asked_at;
-        self.metrics.bucket_waited(run.tokens_waited);
         Some(granted_at)
     }
 

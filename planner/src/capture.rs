@@ -66,7 +66,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
-    metrics::CaptureFailure,
+    metrics::{CaptureFailure, Quarantine},
     store::{Store, StoreError, dead_letters::InsertOutcome},
 };
 
@@ -563,6 +563,14 @@ async fn isolate(
                     }
                 }
             };
+            if unreadable {
+                let how = if parked.is_ok() {
+                    Quarantine::Parked
+                } else {
+                    Quarantine::Held
+                };
+                store.metrics().quarantined(queue, how);
+            }
             if parked.is_err() {
                 // Held: left unacked on this connection.
                 continue;

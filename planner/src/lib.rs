@@ -76,7 +76,7 @@ use redrive_proto::{
 use sqlx::{Postgres, migrate::MigrateDatabase};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use crate::config::Config;
 use crate::{
@@ -265,6 +265,7 @@ pub async fn run(
                 health_reporter.clone(),
                 shutdown.clone(),
             ));
+            tokio::spawn(count_plans(store.clone(), shutdown.clone()));
             let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
             tokio::spawn(gates::run(store.clone(), shutdown.clone()));
             let capture = tokio::spawn(capture::run(
@@ -380,6 +381,28 @@ async fn report_health(
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(HEALTH_INTERVAL) => {}
+        }
+    }
+}
+
+/// Keeps the `redrive.planner.plans` gauge current: counts the plans in
+/// each state every [`metrics::PLANS_COUNT_INTERVAL`]. A count that fails
+/// (PostgreSQL away) leaves the last figures; health reports the outage.
+async fn count_plans(store: Store, shutdown: CancellationToken) {
+    loop {
+        match store.count_plans_by_state().await {
+            Ok(counts) => {
+                let counts: Vec<_> = counts
+                    .into_iter()
+                    .map(|(state, count)| (state.get(), count))
+                    .collect();
+                store.metrics().plans_counted(&counts);
+            }
+            Err(error) => debug!(%error, "counting plans by state failed"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(metrics::PLANS_COUNT_INTERVAL) => {}
         }
     }
 }

@@ -8,11 +8,13 @@
 //! | --- | --- | --- | --- |
 //! | `redrive.planner.dead_letters.captured` | counter | `{dead_letter}` | `redrive.source`, `redrive.reason_class` (RabbitMQ capture; new dead letters, not redeliveries) |
 //! | `redrive.planner.dead_letters.redead` | counter | `{dead_letter}` | `redrive.source`: captured dead letters carrying `redrive-plan-id` (a replay came back) |
+//! | `redrive.planner.dead_letters.quarantined` | counter | `{dead_letter}` | `redrive.source`, `redrive.quarantine` (`parked`: moved byte for byte to `<queue>.unreadable`; `held`: left unacked in the DLQ): messages the AMQP client cannot read |
 //! | `redrive.planner.capture.errors` | counter | `{error}` | `redrive.source`, `error.type` (`session`: the consumer's connection or channel ended; `store`: a batch could not be written) |
 //! | `redrive.planner.precheck.duration` | histogram | `s` | `redrive.outcome` (`done`, `failed`) |
 //! | `redrive.planner.precheck.verdicts` | counter | `{dead_letter}` | `redrive.verdict` |
 //! | `redrive.planner.items` | counter | `{item}` | `redrive.audit.action`: audit events executors reported |
 //! | `redrive.planner.plan.transitions` | counter | `{transition}` | `redrive.plan.state`: the state a plan moved to |
+//! | `redrive.planner.plans` | gauge | `{plan}` | `redrive.plan.state`: plans in each state, counted in PostgreSQL every [`PLANS_COUNT_INTERVAL`] (so the figure is shared by every planner of the database) |
 //! | `redrive.planner.gate.trips` | counter | `{trip}` | `redrive.gate.action` (`pause`, `abort`) |
 //! | `redrive.planner.leases.expired` | counter | `{lease}` | none |
 
@@ -20,7 +22,7 @@ use std::{collections::HashMap, time::Duration};
 
 use opentelemetry::{
     KeyValue,
-    metrics::{Counter, Histogram, Meter},
+    metrics::{Counter, Gauge, Histogram, Meter},
 };
 use redrive_proto::{
     telemetry::{Metrics, SECONDS_BOUNDARIES},
@@ -31,6 +33,8 @@ use redrive_proto::{
 pub const CAPTURED: &str = "redrive.planner.dead_letters.captured";
 /// Captured dead letters that are replays coming back.
 pub const REDEAD: &str = "redrive.planner.dead_letters.redead";
+/// Unreadable messages moved aside or held, by source and where they went.
+pub const QUARANTINED: &str = "redrive.planner.dead_letters.quarantined";
 /// Capture sessions that ended in an error, and batches not stored.
 pub const CAPTURE_ERRORS: &str = "redrive.planner.capture.errors";
 /// Seconds a precheck took.
@@ -41,6 +45,10 @@ pub const PRECHECK_VERDICTS: &str = "redrive.planner.precheck.verdicts";
 pub const ITEMS: &str = "redrive.planner.items";
 /// Plan state changes, by the state moved to.
 pub const PLAN_TRANSITIONS: &str = "redrive.planner.plan.transitions";
+/// Plans in each state (a gauge).
+pub const PLANS: &str = "redrive.planner.plans";
+/// How often [`PLANS`] is counted in PostgreSQL.
+pub const PLANS_COUNT_INTERVAL: Duration = Duration::from_secs(10);
 /// Gates that paused or aborted a plan.
 pub const GATE_TRIPS: &str = "redrive.planner.gate.trips";
 /// Leases that expired unreported.
@@ -54,6 +62,26 @@ pub enum CaptureFailure {
     Session,
     /// A batch could not be stored (retried, nothing acked).
     Store,
+}
+
+/// Where an unreadable message went: the `redrive.quarantine` of
+/// [`QUARANTINED`].
+#[derive(Debug, Clone, Copy)]
+pub enum Quarantine {
+    /// Moved byte for byte to `<queue>.unreadable`, then acked.
+    Parked,
+    /// It cannot be moved aside: left unacked in the DLQ, held by the
+    /// planner while it runs.
+    Held,
+}
+
+impl Quarantine {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Parked => "parked",
+            Self::Held => "held",
+        }
+    }
 }
 
 impl CaptureFailure {
@@ -70,11 +98,13 @@ impl CaptureFailure {
 pub struct PlannerMetrics {
     captured: Counter<u64>,
     redead: Counter<u64>,
+    quarantined: Counter<u64>,
     capture_errors: Counter<u64>,
     precheck_duration: Histogram<f64>,
     precheck_verdicts: Counter<u64>,
     items: Counter<u64>,
     plan_transitions: Counter<u64>,
+    plans: Gauge<u64>,
     gate_trips: Counter<u64>,
     leases_expired: Counter<u64>,
     /// By `AuditAction` as index (its wire number, 0 to 8).
@@ -125,6 +155,11 @@ impl PlannerMetrics {
                 "{dead_letter}",
                 "Captured dead letters that are replays coming back",
             ),
+            quarantined: counter(
+                QUARANTINED,
+                "{dead_letter}",
+                "Messages the AMQP client cannot read, moved aside or held in the DLQ",
+            ),
             capture_errors: counter(
                 CAPTURE_ERRORS,
                 "{error}",
@@ -147,6 +182,11 @@ impl PlannerMetrics {
                 "{transition}",
                 "Plan state changes, by the state moved to",
             ),
+            plans: meter
+                .u64_gauge(PLANS)
+                .with_unit("{plan}")
+                .with_description("Plans in each state")
+                .build(),
             gate_trips: counter(GATE_TRIPS, "{trip}", "Gates that paused or aborted a plan"),
             leases_expired: counter(
                 LEASES_EXPIRED,
@@ -194,6 +234,17 @@ impl PlannerMetrics {
             self.captured
                 .add(count, &[KeyValue::new("redrive.source", source.to_owned())]);
         }
+    }
+
+    /// An unreadable message of `source` was quarantined `how`.
+    pub fn quarantined(&self, source: &str, how: Quarantine) {
+        self.quarantined.add(
+            1,
+            &[
+                KeyValue::new("redrive.source", source.to_owned()),
+                KeyValue::new("redrive.quarantine", how.name()),
+            ],
+        );
     }
 
     /// Capture of `source` failed.
@@ -245,6 +296,24 @@ impl PlannerMetrics {
         let index = usize::try_from(i32::from(state)).unwrap_or(0);
         if let Some(attributes) = self.states.get(index) {
             self.plan_transitions.add(1, attributes);
+        }
+    }
+
+    /// The number of plans in each state, as counted: every state is
+    /// recorded, 0 for one absent from `counts`, so a state that empties
+    /// drops to 0 rather than keeping its last figure.
+    pub fn plans_counted(&self, counts: &[(PlanState, u64)]) {
+        let mut by_state = [0_u64; 9];
+        for (state, count) in counts {
+            if let Some(slot) = usize::try_from(i32::from(*state))
+                .ok()
+                .and_then(|index| by_state.get_mut(index))
+            {
+                *slot += count;
+            }
+        }
+        for (count, attributes) in by_state.iter().zip(&self.states).skip(1) {
+            self.plans.record(*count, attributes);
         }
     }
 

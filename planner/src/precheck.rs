@@ -20,7 +20,7 @@ use redrive_proto::{
     v1::{self, Verdict},
 };
 use sha2::{Digest, Sha256};
-use tracing::info;
+use tracing::{Instrument as _, info};
 
 use crate::{
     error::Error,
@@ -442,39 +442,53 @@ async fn classify_all(
     let mut body_hash_keys = 0_u64;
 
     let outcome: Result<(), Error> = async {
+        let mut index = 0_u64;
         while let Some(chunk) = candidates.next().await {
             let chunk = chunk
                 .into_iter()
                 .collect::<Result<Vec<Candidate>, StoreError>>()?;
-            let deadlines: Vec<Option<Deadline<'_>>> = chunk
-                .iter()
-                .map(|candidate| deadline(candidate, options))
-                .collect();
-            let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
-                .iter()
-                .zip(&deadlines)
-                .map(|(candidate, deadline)| {
-                    classify_with(candidate, options, deadline.as_ref(), now)
-                })
-                .collect();
-            state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
-            for ((candidate, verdict), deadline) in chunk.iter().zip(verdicts).zip(&deadlines) {
-                let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
-                if candidate.message_key.starts_with("sha256:") {
-                    body_hash_keys += 1;
+            // One span per chunk (under the precheck's): classification, the
+            // state-check hook calls and the chunk's COPY.
+            let span = tracing::info_span!(
+                "planner.precheck.chunk",
+                precheck.chunk.index = index,
+                precheck.chunk.size = chunk.len(),
+            );
+            index += 1;
+            async {
+                let deadlines: Vec<Option<Deadline<'_>>> = chunk
+                    .iter()
+                    .map(|candidate| deadline(candidate, options))
+                    .collect();
+                let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
+                    .iter()
+                    .zip(&deadlines)
+                    .map(|(candidate, deadline)| {
+                        classify_with(candidate, options, deadline.as_ref(), now)
+                    })
+                    .collect();
+                state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
+                for ((candidate, verdict), deadline) in chunk.iter().zip(verdicts).zip(&deadlines) {
+                    let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
+                    if candidate.message_key.starts_with("sha256:") {
+                        body_hash_keys += 1;
+                    }
+                    report.add(candidate, verdict, &reason);
+                    let stale_at = deadline.as_ref().and_then(Deadline::at);
+                    copy_line(
+                        &mut buffer,
+                        precheck_id,
+                        candidate.id,
+                        verdict.name(),
+                        stale_at,
+                        &reason,
+                    );
                 }
-                report.add(candidate, verdict, &reason);
-                let stale_at = deadline.as_ref().and_then(Deadline::at);
-                copy_line(
-                    &mut buffer,
-                    precheck_id,
-                    candidate.id,
-                    verdict.name(),
-                    stale_at,
-                    &reason,
-                );
+                send_copy(&mut copy, &mut buffer).await?;
+                Ok::<(), Error>(())
             }
-            send_copy(&mut copy, &mut buffer).await?;
+            .instrument(span)
+            .await?;
         }
         Ok(())
     }

@@ -412,21 +412,138 @@ pub fn init_subscriber(
         tracing_layer(provider, service_name)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
-    let logs = if json {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-            .with_filter(filter)
-            .boxed()
-    } else {
-        tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_filter(filter)
-            .boxed()
-    };
+    let logs = log_layer(json, std::io::stderr).with_filter(filter);
     tracing_subscriber::registry().with(spans).with(logs).init();
     Ok(provider)
+}
+
+/// The log-line layer writing to `writer`: JSON lines with `json`, else
+/// text (coloured on a terminal). Either way a line logged inside an
+/// exported span carries that span's `trace_id` (32 hex digits) and
+/// `span_id` (16), the W3C Trace Context identifiers, so that a log search
+/// and a trace viewer meet ([`WithTraceIds`]).
+pub fn log_layer<S, W>(json: bool, writer: W) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+    W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer as _;
+    let dispatch = Arc::new(std::sync::OnceLock::new());
+    let catcher = DispatchCatcher(Arc::clone(&dispatch));
+    if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .map_event_format(|format| WithTraceIds {
+                inner: format,
+                json: true,
+                dispatch,
+            })
+            .with_writer(writer)
+            .and_then(catcher)
+            .boxed()
+    } else {
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        tracing_subscriber::fmt::layer()
+            .with_ansi(terminal)
+            .map_event_format(|format| WithTraceIds {
+                inner: format,
+                json: false,
+                dispatch,
+            })
+            .with_writer(writer)
+            .and_then(catcher)
+            .boxed()
+    }
+}
+
+/// The dispatcher a subscriber was registered as, kept (weakly) for the
+/// log format: an event is formatted while that dispatcher is busy, when
+/// `tracing`'s own lookups of the current dispatcher answer "none" for a
+/// scoped one.
+type RegisteredDispatch = Arc<std::sync::OnceLock<tracing::dispatcher::WeakDispatch>>;
+
+/// A layer that does nothing but remember its dispatcher.
+struct DispatchCatcher(RegisteredDispatch);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DispatchCatcher {
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.0.set(subscriber.downgrade());
+    }
+}
+
+/// An event format adding the current span's OpenTelemetry `trace_id` and
+/// `span_id` to the line `inner` writes: as two more members of the JSON
+/// object, or as `trace_id=… span_id=…` at the end of a text line. Lines
+/// outside any exported span are written unchanged. (A text line with ids
+/// loses its ANSI colours: the line is formatted into a buffer first.)
+#[derive(Debug, Clone)]
+pub struct WithTraceIds<F> {
+    inner: F,
+    json: bool,
+    dispatch: RegisteredDispatch,
+}
+
+impl<F> WithTraceIds<F> {
+    /// The trace and span id (lower-case hex) of the event's span, when it
+    /// is an OpenTelemetry span with a valid context.
+    fn trace_ids<S, N>(
+        &self,
+        context: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+    ) -> Option<(String, String)>
+    where
+        S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+        N: for<'fields> tracing_subscriber::fmt::FormatFields<'fields> + 'static,
+    {
+        use opentelemetry::trace::TraceContextExt as _;
+        let span = context.parent_span()?.id();
+        let dispatch = self.dispatch.get()?.upgrade()?;
+        let otel = tracing_opentelemetry::get_otel_context(&span, &dispatch)?;
+        let span_context = otel.span().span_context().clone();
+        span_context.is_valid().then(|| {
+            (
+                span_context.trace_id().to_string(),
+                span_context.span_id().to_string(),
+            )
+        })
+    }
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+    N: for<'fields> tracing_subscriber::fmt::FormatFields<'fields> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        context: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let Some((trace_id, span_id)) = self.trace_ids(context) else {
+            return self.inner.format_event(context, writer, event);
+        };
+        let mut line = String::new();
+        self.inner.format_event(
+            context,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        let body = line.trim_end_matches('\n');
+        if self.json {
+            // The inner format wrote one JSON object: add two members
+            // before its closing brace.
+            let Some(open) = body.strip_suffix('}') else {
+                return writeln!(writer, "{body}");
+            };
+            writeln!(
+                writer,
+                "{open},\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
+            )
+        } else {
+            writeln!(writer, "{body} trace_id={trace_id} span_id={span_id}")
+        }
+    }
 }
 
 /// Puts `span`'s W3C `traceparent` into the metadata of an outgoing gRPC
@@ -438,5 +555,85 @@ pub fn inject_traceparent(span: &tracing::Span, metadata: &mut tonic::metadata::
     }
     if let Some(value) = traceparent_of(span).and_then(|text| text.parse().ok()) {
         metadata.insert("traceparent", value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    use super::*;
+
+    /// Log lines written to memory.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lines").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'writer> tracing_subscriber::fmt::MakeWriter<'writer> for Lines {
+        type Writer = Self;
+
+        fn make_writer(&'writer self) -> Self {
+            self.clone()
+        }
+    }
+
+    /// Logs one line inside an exported span and one outside any span;
+    /// returns the two lines and the span's traceparent.
+    fn log_in_and_out_of_a_span(json: bool) -> (String, String, String) {
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_layer(&provider, "redrive-tests"))
+            .with(log_layer(json, lines.clone()));
+        let traceparent = tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(plan = "p-1", "outside");
+            let span = tracing::info_span!("replay.publish");
+            let _entered = span.enter();
+            tracing::info!(plan = "p-1", "inside");
+            traceparent_of(&span).expect("an exported span")
+        });
+        let text = String::from_utf8(lines.0.lock().expect("lines").clone()).expect("utf-8");
+        let mut each = text.lines().map(str::to_owned);
+        let outside = each.next().expect("the line outside");
+        let inside = each.next().expect("the line inside");
+        (outside, inside, traceparent)
+    }
+
+    #[test]
+    fn json_log_lines_inside_a_span_carry_its_trace_and_span_ids() {
+        let (outside, inside, traceparent) = log_in_and_out_of_a_span(true);
+        let outside: serde_json::Value = serde_json::from_str(&outside).expect("JSON outside");
+        assert!(outside.get("trace_id").is_none(), "{outside}");
+        let inside: serde_json::Value = serde_json::from_str(&inside).expect("JSON inside");
+        assert_eq!(inside["trace_id"], traceparent[3..35], "{inside}");
+        assert_eq!(inside["span_id"], traceparent[36..52], "{inside}");
+        assert_eq!(inside["fields"]["message"], "inside");
+        assert_eq!(inside["fields"]["plan"], "p-1");
+    }
+
+    #[test]
+    fn text_log_lines_inside_a_span_end_with_its_trace_and_span_ids() {
+        let (outside, inside, traceparent) = log_in_and_out_of_a_span(false);
+        assert!(!outside.contains("trace_id="), "{outside}");
+        assert!(outside.contains("outside"), "{outside}");
+        let expected = format!(
+            " trace_id={} span_id={}",
+            &traceparent[3..35],
+            &traceparent[36..52]
+        );
+        assert!(inside.ends_with(&expected), "{inside}");
+        assert!(inside.contains("inside plan=\"p-1\""), "{inside}");
     }
 }

@@ -22,153 +22,12 @@
 //! Every replay checks that the plan sent every item and that the queues hold
 //! exactly as many messages.
 
-use std::time::{Duration, Instant};
-
-use lapin::{options::QueuePurgeOptions, types::FieldTable};
-use redrive_proto::v1;
+use lapin::types::FieldTable;
 use redrive_tests::{
-    ExecutorProcess, REDIS_URL, TestBed,
-    bench::{
-        CpuSample, WriteSample, generate_dead_letters, peak_rss_of, raw_publish_rate,
-        unthrottled_plan,
-    },
+    TestBed,
+    bench::{IN_FLIGHT, generate_dead_letters, measure_replay, purge_queues, raw_publish_rate},
     env_count, unique,
 };
-
-/// Unconfirmed publishes at most, raw and per executor slice (the
-/// executor's default `--window`).
-const IN_FLIGHT: usize = 256;
-
-/// What one replay measured.
-struct Figures {
-    main_rate: f64,
-    end_to_end_rate: f64,
-}
-
-async fn purge(bed: &TestBed, queues: &[String]) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for queue in queues {
-        total += u64::from(
-            bed.broker()
-                .channel
-                .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
-                .await?,
-        );
-    }
-    Ok(total)
-}
-
-async fn replay(
-    bed: &TestBed,
-    pool: &sqlx::PgPool,
-    source: &str,
-    queues: &[String],
-    executors: usize,
-) -> anyhow::Result<Figures> {
-    let mut client = bed.client.clone();
-    let (plan, digest) = unthrottled_plan(&mut client, source, 1).await?;
-    let mut processes = Vec::new();
-    for index in 0..executors {
-        let args: Vec<String> = [
-            "--planner",
-            &bed.planner.url(),
-            "--amqp-url",
-            redrive_tests::AMQP_URL,
-            "--redis-url",
-            REDIS_URL,
-            "--redis-prefix",
-            &bed.redis.prefix,
-            "--executor-id",
-            &format!("bench-{index}"),
-            "--claim-wait-seconds",
-            "1",
-        ]
-        .iter()
-        .map(|arg| (*arg).to_owned())
-        .collect();
-        processes.push(ExecutorProcess::start_quiet(&args).await?);
-    }
-    let pids: Vec<u32> = processes.iter().filter_map(ExecutorProcess::id).collect();
-    // Let the executors connect and start polling for slices, and the
-    // statistics of earlier work settle.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes_before = WriteSample::now(pool).await?;
-    let cpu_before = CpuSample::now(&pids);
-    let started = Instant::now();
-    client
-        .approve_plan(v1::ApprovePlanRequest {
-            plan_id: plan.plan_id.clone(),
-            digest,
-        })
-        .await?;
-    let total = loop {
-        let current = client
-            .get_plan(v1::GetPlanRequest {
-                plan_id: plan.plan_id.clone(),
-            })
-            .await?
-            .into_inner();
-        if current.state() == v1::PlanState::Completed {
-            let counts = current.counts.unwrap_or_default();
-            anyhow::ensure!(
-                counts.sent == current.total_items,
-                "not all sent: {counts:?}"
-            );
-            break current.total_items;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "replay did not finish in 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let seconds = started.elapsed().as_secs_f64();
-    let cpu = CpuSample::now(&pids).micros_per_message(&cpu_before, total);
-    let rss = pids.iter().map(|pid| peak_rss_of(*pid)).fold(0.0, f64::max);
-    for process in &processes {
-        process.signal("TERM").await?;
-    }
-    for mut process in processes {
-        process.wait_exit(Duration::from_secs(30)).await?;
-    }
-    // Backends publish their statistics about once a second when idle.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let writes = WriteSample::now(pool)
-        .await?
-        .describe(&writes_before, total);
-    let (main_items, main_seconds): (i64, f64) = sqlx::query_as(
-        "SELECT count(*), coalesce(extract(epoch FROM max(at) - min(at))::float8, 0) \
-         FROM audit_events WHERE plan_id = $1::uuid AND wave = 'main' AND action = 'sent'",
-    )
-    .bind(&plan.plan_id)
-    .fetch_one(pool)
-    .await?;
-    let delivered = purge(bed, queues).await?;
-    anyhow::ensure!(
-        delivered == total,
-        "{delivered} messages in the queues, {total} sent: lost or duplicated messages"
-    );
-    let figures = Figures {
-        main_rate: main_items as f64 / main_seconds.max(1e-3),
-        end_to_end_rate: total as f64 / seconds,
-    };
-    println!(
-        "  {executors} executor(s), {} queue(s): main wave {:.0} msg/s; approve → completed {total} in {seconds:.2} s, {:.0} msg/s",
-        queues.len(),
-        figures.main_rate,
-        figures.end_to_end_rate
-    );
-    println!(
-        "    CPU µs per message: {}",
-        cpu.iter()
-            .map(|(group, micros)| format!("{group} {micros:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!("{writes}");
-    println!("    executor peak RSS {rss:.0} MiB");
-    Ok(figures)
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -206,23 +65,23 @@ async fn main() -> anyhow::Result<()> {
         anyhow::Ok((rate, queues))
     };
     let (raw_one_before, _) = raw(raw_one.clone()).await?;
-    purge(&bed, &raw_one).await?;
+    purge_queues(&bed, &raw_one).await?;
     let (raw_two_before, _) = raw(raw_two.clone()).await?;
-    purge(&bed, &raw_two).await?;
+    purge_queues(&bed, &raw_two).await?;
     println!(
         "raw publish + confirm, {IN_FLIGHT} in flight, {messages} × 1 KiB: one queue {raw_one_before:.0} msg/s, two queues {raw_two_before:.0} msg/s"
     );
 
     let mut results = Vec::new();
     for (source, queues, executors) in &runs {
-        let figures = replay(&bed, &pool, source, queues, *executors).await?;
+        let figures = measure_replay(&bed, &pool, source, queues, *executors, &[]).await?;
         results.push((queues.len(), *executors, figures));
     }
 
     let (raw_one_after, _) = raw(raw_one.clone()).await?;
-    purge(&bed, &raw_one).await?;
+    purge_queues(&bed, &raw_one).await?;
     let (raw_two_after, _) = raw(raw_two.clone()).await?;
-    purge(&bed, &raw_two).await?;
+    purge_queues(&bed, &raw_two).await?;
     println!(
         "raw again after the replays: one queue {raw_one_after:.0} msg/s, two queues {raw_two_after:.0} msg/s"
     );

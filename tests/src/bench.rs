@@ -2,16 +2,23 @@
 //! raw publish-confirm limit, and the cost of a run (CPU seconds per process
 //! from `/proc`, PostgreSQL rows and WAL written).
 
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use lapin::{
     BasicProperties, Connection, ConnectionProperties,
-    options::{BasicPublishOptions, ConfirmSelectOptions},
+    options::{BasicPublishOptions, ConfirmSelectOptions, QueuePurgeOptions},
 };
 use prost::Message as _;
-use redrive_proto::v1::{HeaderTable, HeaderValue, MessageProperties, header_value::Value};
+use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
 
-use crate::AMQP_URL;
+use crate::{AMQP_URL, ExecutorProcess, REDIS_URL, TestBed};
+
+/// Unconfirmed publishes at most, raw and per executor slice (the
+/// executor's default `--window`).
+pub const IN_FLIGHT: usize = 256;
 
 /// Inserts `count` dead letters of source `source` with the shape capture
 /// stores: a 1 KiB JSON body (`order_id` `<source>-o-<n>`, also the message
@@ -89,7 +96,6 @@ pub async fn unthrottled_plan(
     source: &str,
     observe_seconds: i64,
 ) -> anyhow::Result<(redrive_proto::v1::Plan, String)> {
-    use redrive_proto::v1;
     let report = client
         .run_precheck(v1::RunPrecheckRequest {
             selector: Some(v1::Selector {
@@ -353,4 +359,157 @@ pub fn peak_rss_of(pid: u32) -> f64 {
                 .ok()
         })
         .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// What one replay measured ([`measure_replay`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayFigures {
+    /// Messages per second of the main wave: its `sent` audit events over
+    /// the time from their first to their last publish.
+    pub main_rate: f64,
+    /// Messages per second from approval to completion (canary and
+    /// observation included).
+    pub end_to_end_rate: f64,
+}
+
+/// Empties `queues`; how many messages they held.
+///
+/// # Errors
+/// Broker errors.
+pub async fn purge_queues(bed: &TestBed, queues: &[String]) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for queue in queues {
+        total += u64::from(
+            bed.broker()
+                .channel
+                .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+                .await?,
+        );
+    }
+    Ok(total)
+}
+
+/// Replays every dead letter of `source` ([`unthrottled_plan`], 1 s
+/// observation) with `executors` executor processes (the release binary,
+/// each also given `executor_args`), from approval to completion, and
+/// prints the figures: the main wave's rate, approve → completed, CPU µs
+/// per message by process (`/proc`), PostgreSQL rows and WAL written per
+/// message, the executors' peak RSS. Checks that every item was sent and
+/// that `queues` hold exactly as many messages, then empties them.
+///
+/// # Errors
+/// A plan not completed in 10 minutes, an item not sent, a message lost or
+/// duplicated, or any service error.
+pub async fn measure_replay(
+    bed: &TestBed,
+    pool: &sqlx::PgPool,
+    source: &str,
+    queues: &[String],
+    executors: usize,
+    executor_args: &[String],
+) -> anyhow::Result<ReplayFigures> {
+    let mut client = bed.client.clone();
+    let (plan, digest) = unthrottled_plan(&mut client, source, 1).await?;
+    let mut processes = Vec::new();
+    for index in 0..executors {
+        let args: Vec<String> = [
+            "--planner",
+            &bed.planner.url(),
+            "--amqp-url",
+            AMQP_URL,
+            "--redis-url",
+            REDIS_URL,
+            "--redis-prefix",
+            &bed.redis.prefix,
+            "--executor-id",
+            &format!("bench-{index}"),
+            "--claim-wait-seconds",
+            "1",
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .chain(executor_args.iter().cloned())
+        .collect();
+        processes.push(ExecutorProcess::start_quiet(&args).await?);
+    }
+    let pids: Vec<u32> = processes.iter().filter_map(ExecutorProcess::id).collect();
+    // Let the executors connect and start polling for slices, and the
+    // statistics of earlier work settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes_before = WriteSample::now(pool).await?;
+    let cpu_before = CpuSample::now(&pids);
+    let started = Instant::now();
+    client
+        .approve_plan(v1::ApprovePlanRequest {
+            plan_id: plan.plan_id.clone(),
+            digest,
+        })
+        .await?;
+    let total = loop {
+        let current = client
+            .get_plan(v1::GetPlanRequest {
+                plan_id: plan.plan_id.clone(),
+            })
+            .await?
+            .into_inner();
+        if current.state() == v1::PlanState::Completed {
+            let counts = current.counts.unwrap_or_default();
+            anyhow::ensure!(
+                counts.sent == current.total_items,
+                "not all sent: {counts:?}"
+            );
+            break current.total_items;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "replay did not finish in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = CpuSample::now(&pids).micros_per_message(&cpu_before, total);
+    let rss = pids.iter().map(|pid| peak_rss_of(*pid)).fold(0.0, f64::max);
+    for process in &processes {
+        process.signal("TERM").await?;
+    }
+    for mut process in processes {
+        process.wait_exit(Duration::from_secs(30)).await?;
+    }
+    // Backends publish their statistics about once a second when idle.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let writes = WriteSample::now(pool)
+        .await?
+        .describe(&writes_before, total);
+    let (main_items, main_seconds): (i64, f64) = sqlx::query_as(
+        "SELECT count(*), coalesce(extract(epoch FROM max(at) - min(at))::float8, 0) \
+         FROM audit_events WHERE plan_id = $1::uuid AND wave = 'main' AND action = 'sent'",
+    )
+    .bind(&plan.plan_id)
+    .fetch_one(pool)
+    .await?;
+    let delivered = purge_queues(bed, queues).await?;
+    anyhow::ensure!(
+        delivered == total,
+        "{delivered} messages in the queues, {total} sent: lost or duplicated messages"
+    );
+    let figures = ReplayFigures {
+        main_rate: main_items as f64 / main_seconds.max(1e-3),
+        end_to_end_rate: total as f64 / seconds,
+    };
+    println!(
+        "  {executors} executor(s), {} queue(s): main wave {:.0} msg/s; approve → completed {total} in {seconds:.2} s, {:.0} msg/s",
+        queues.len(),
+        figures.main_rate,
+        figures.end_to_end_rate
+    );
+    println!(
+        "    CPU µs per message: {}",
+        cpu.iter()
+            .map(|(group, micros)| format!("{group} {micros:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("{writes}");
+    println!("    executor peak RSS {rss:.0} MiB");
+    Ok(figures)
 }

@@ -3,7 +3,7 @@
 //! executor's `grpc.health.v1` readiness and liveness with Redis cut; the
 //! planner's readiness with its capture consumer's broker cut.
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use lapin::types::FieldTable;
@@ -11,86 +11,12 @@ use redrive_proto::v1::GetAuditReportRequest;
 use redrive_tests::{
     AMQP_URL, Broker, ExecutorHandle, TcpProxy, TestBed, init_logging, unique, wait_until,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
 
 mod support;
 use support::*;
-
-/// A port free a moment ago on 127.0.0.1.
-async fn free_address() -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    Ok(listener.local_addr()?)
-}
-
-/// `GET /metrics` over plain HTTP/1.1: the exposition text.
-async fn scrape(address: SocketAddr) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    let answer = String::from_utf8(answer)?;
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .context("an HTTP answer with a body")?;
-    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "answer {head:?}");
-    anyhow::ensure!(
-        head.to_ascii_lowercase()
-            .contains("content-type: text/plain"),
-        "the Prometheus text format: {head:?}"
-    );
-    Ok(body.to_owned())
-}
-
-/// The samples of metric `name` in exposition `text`: labels → value.
-fn samples(text: &str, name: &str) -> Vec<(HashMap<String, String>, f64)> {
-    let mut found = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let (labels, value) = match rest.strip_prefix('{') {
-            Some(rest) => match rest.split_once("} ") {
-                Some((labels, value)) => (labels, value),
-                None => continue,
-            },
-            None => match rest.strip_prefix(' ') {
-                Some(value) => ("", value),
-                None => continue,
-            },
-        };
-        let labels = labels
-            .split(',')
-            .filter_map(|pair| pair.split_once('='))
-            .map(|(key, value)| (key.to_owned(), value.trim_matches('"').to_owned()))
-            .collect();
-        if let Ok(value) = value.trim().parse::<f64>() {
-            found.push((labels, value));
-        }
-    }
-    found
-}
-
-/// The sum of metric `name`'s samples whose labels include `with` and none
-/// of `without`.
-fn total(text: &str, name: &str, with: &[(&str, &str)], without: &[&str]) -> f64 {
-    samples(text, name)
-        .into_iter()
-        .filter(|(labels, _)| {
-            with.iter()
-                .all(|(key, value)| labels.get(*key).map(String::as_str) == Some(*value))
-                && without.iter().all(|key| !labels.contains_key(*key))
-        })
-        .map(|(_, value)| value)
-        .sum()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
@@ -125,14 +51,14 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
     assert_eq!(report.sent_keys.len(), 60);
 
     // Scraped while the executor still runs, as Prometheus would.
-    let text = scrape(executor_metrics).await?;
-    let sent_events = total(
+    let text = scrape_metrics(executor_metrics).await?;
+    let sent_events = metric_total(
         &text,
         "redrive_executor_items_total",
         &[("redrive_audit_action", "sent")],
         &[],
     );
-    let acked = total(
+    let acked = metric_total(
         &text,
         "messaging_client_sent_messages_total",
         &[
@@ -149,7 +75,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         acked, counts.sent as f64,
         "acked publishes (no error.type) are the audit's sent count"
     );
-    let confirms = total(
+    let confirms = metric_total(
         &text,
         "messaging_client_operation_duration_seconds_count",
         &[("messaging_system", "rabbitmq")],
@@ -160,11 +86,11 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         "one publisher-confirm latency per acked publish"
     );
     assert!(
-        total(&text, "redrive_executor_leases_claimed_total", &[], &[]) >= 1.0,
+        metric_total(&text, "redrive_executor_leases_claimed_total", &[], &[]) >= 1.0,
         "leases taken are counted"
     );
     assert!(
-        total(
+        metric_total(
             &text,
             "redrive_executor_bucket_wait_seconds_count",
             &[],
@@ -172,14 +98,44 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         ) >= 1.0,
         "token waits are measured"
     );
+    // The bucket, per destination (queue mode: the default exchange, the
+    // queue's name as routing key): one token per message sent, under the
+    // plan's rate.
+    let work_queue = [
+        ("messaging_destination_name", ""),
+        (
+            "messaging_rabbitmq_destination_routing_key",
+            incident.work.as_str(),
+        ),
+    ];
+    assert_eq!(
+        metric_total(
+            &text,
+            "redrive_executor_bucket_tokens_total",
+            &work_queue,
+            &[]
+        ),
+        counts.sent as f64,
+        "one token per message sent, by destination:\n{text}"
+    );
+    assert_eq!(
+        metric_total(
+            &text,
+            "redrive_executor_bucket_rate_per_second",
+            &work_queue,
+            &[]
+        ),
+        1000.0,
+        "the destination's bucket rate:\n{text}"
+    );
     assert!(
         !text.contains(&plan.plan_id),
         "no plan id in any label (bounded cardinality)"
     );
 
-    let text = scrape(planner_metrics).await?;
+    let text = scrape_metrics(planner_metrics).await?;
     assert_eq!(
-        total(
+        metric_total(
             &text,
             "redrive_planner_dead_letters_captured_total",
             &[("redrive_source", &incident.dlq)],
@@ -189,7 +145,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         "every captured dead letter counted by source:\n{text}"
     );
     assert_eq!(
-        total(
+        metric_total(
             &text,
             "redrive_planner_precheck_verdicts_total",
             &[("redrive_verdict", "replayable")],
@@ -198,7 +154,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         60.0
     );
     assert!(
-        total(
+        metric_total(
             &text,
             "redrive_planner_precheck_duration_seconds_count",
             &[],
@@ -206,7 +162,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         ) >= 1.0
     );
     assert_eq!(
-        total(
+        metric_total(
             &text,
             "redrive_planner_items_total",
             &[("redrive_audit_action", "sent")],
@@ -216,7 +172,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         "the planner counts the sent outcomes reported"
     );
     assert_eq!(
-        total(
+        metric_total(
             &text,
             "redrive_planner_plan_transitions_total",
             &[("redrive_plan_state", "completed")],
@@ -224,6 +180,37 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
         ),
         1.0,
         "one plan completed"
+    );
+    // Plans by state, counted in PostgreSQL every 10 s.
+    let mut text = text;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while metric_total(
+        &text,
+        "redrive_planner_plans",
+        &[("redrive_plan_state", "completed")],
+        &[],
+    ) != 1.0
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the plans gauge never counted the completed plan:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        text = scrape_metrics(planner_metrics).await?;
+    }
+    assert_eq!(
+        metric_total(
+            &text,
+            "redrive_planner_plans",
+            &[("redrive_plan_state", "canary")],
+            &[]
+        ),
+        0.0,
+        "a state without plans shows 0"
+    );
+    assert!(
+        text.contains("redrive_planner_plans{") && text.contains("redrive_plan_state=\"canary\""),
+        "every state is a series, also at 0:\n{text}"
     );
 
     executor.stop().await?;

@@ -193,6 +193,22 @@ async fn replays_export_publish_spans_their_messages_name() -> anyhow::Result<()
         .context("the precheck span")?;
     assert_eq!(precheck.parent_span_id, run_precheck.span_id);
     assert_eq!(precheck.trace_id, run_precheck.trace_id);
+    // Its chunks are spans under it, each with its size.
+    let chunks: Vec<_> = spans
+        .iter()
+        .filter(|span| span.name == "planner.precheck.chunk")
+        .collect();
+    assert!(!chunks.is_empty(), "the precheck's chunks are spans");
+    for chunk in chunks {
+        assert_eq!(chunk.parent_span_id, precheck.span_id);
+        assert!(
+            chunk
+                .attributes
+                .iter()
+                .any(|attribute| attribute.key == "precheck.chunk.size"),
+            "a chunk span names its size"
+        );
+    }
     assert!(
         spans.iter().any(|span| span.name == "planner.capture.batch"
             && attribute(span, "messaging.destination.name") == Some(topology.dlq.as_str())),

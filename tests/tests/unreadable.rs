@@ -214,7 +214,12 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     let audit_before = broker.ready_count(&audit).await?;
     assert_eq!(audit_before, 1);
 
-    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
+    let planner_metrics = free_address().await?;
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &dlq);
+        config.metrics_listen = Some(planner_metrics);
+    })
+    .await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
     captured(&mut bed.client, &dlq, total).await?;
     wait_until("the DLQ to empty", Duration::from_secs(30), || {
@@ -244,6 +249,18 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         .filter(|d| d.reason_class() == v1::ReasonClass::Unreadable)
         .collect();
     assert_eq!(unreadable.len(), kinds.len());
+    // Counted as quarantined (moved aside), by source.
+    let text = scrape_metrics(planner_metrics).await?;
+    assert_eq!(
+        metric_total(
+            &text,
+            "redrive_planner_dead_letters_quarantined_total",
+            &[("redrive_source", &dlq), ("redrive_quarantine", "parked")],
+            &[]
+        ),
+        kinds.len() as f64,
+        "each unreadable message counted once, as parked:\n{text}"
+    );
     for (problem, _) in &kinds {
         assert!(
             unreadable

@@ -590,6 +590,22 @@ impl Store {
         Ok(Some(plan))
     }
 
+    /// How many plans are in each state (states with none are absent):
+    /// what the `redrive.planner.plans` gauge shows.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn count_plans_by_state(&self) -> Result<Vec<(State, u64)>, StoreError> {
+        let rows: Vec<(State, i64)> =
+            sqlx::query_as("SELECT state, count(*) FROM plans GROUP BY state")
+                .fetch_all(self.pool())
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(state, count)| (state, u64::try_from(count).unwrap_or(0)))
+            .collect())
+    }
+
     /// Plans, newest first, optionally in some states, after `before` (a
     /// `created_at` + id cursor).
     ///

@@ -3,7 +3,9 @@
 //! and the audit invariant.
 #![allow(dead_code)]
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
+
+use anyhow::Context as _;
 
 use futures::StreamExt;
 use lapin::{
@@ -17,7 +19,10 @@ use redrive_proto::v1::{
     RunPrecheckRequest, planner_client::PlannerClient,
 };
 use redrive_tests::{Broker, REDIS_URL, TestBed, amqp_table, amqp_text, unique, wait_until};
-use tokio::time::Instant;
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    time::Instant,
+};
 use tonic::transport::Channel;
 
 /// A fanout exchange with a work queue (dead-lettering to a DLQ) and a healthy
@@ -422,4 +427,77 @@ pub fn executor_args(planner_url: &str, amqp_url: &str, prefix: &str) -> Vec<Str
     .iter()
     .map(|arg| (*arg).to_owned())
     .collect()
+}
+
+/// A port free a moment ago on 127.0.0.1.
+pub async fn free_address() -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    Ok(listener.local_addr()?)
+}
+
+/// `GET /metrics` over plain HTTP/1.1: the exposition text.
+pub async fn scrape_metrics(address: SocketAddr) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8(answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer with a body")?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "answer {head:?}");
+    anyhow::ensure!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "the Prometheus text format: {head:?}"
+    );
+    Ok(body.to_owned())
+}
+
+/// The samples of metric `name` in exposition `text`: labels → value.
+pub fn metric_samples(text: &str, name: &str) -> Vec<(HashMap<String, String>, f64)> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(rest) => match rest.split_once("} ") {
+                Some((labels, value)) => (labels, value),
+                None => continue,
+            },
+            None => match rest.strip_prefix(' ') {
+                Some(value) => ("", value),
+                None => continue,
+            },
+        };
+        let labels = labels
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(key, value)| (key.to_owned(), value.trim_matches('"').to_owned()))
+            .collect();
+        if let Ok(value) = value.trim().parse::<f64>() {
+            found.push((labels, value));
+        }
+    }
+    found
+}
+
+/// The sum of metric `name`'s samples whose labels include `with` and none
+/// of `without`.
+pub fn metric_total(text: &str, name: &str, with: &[(&str, &str)], without: &[&str]) -> f64 {
+    metric_samples(text, name)
+        .into_iter()
+        .filter(|(labels, _)| {
+            with.iter()
+                .all(|(key, value)| labels.get(*key).map(String::as_str) == Some(*value))
+                && without.iter().all(|key| !labels.contains_key(*key))
+        })
+        .map(|(_, value)| value)
+        .sum()
 }
