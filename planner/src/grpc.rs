@@ -14,6 +14,7 @@ use crate::{
     coordinator::Coordinator as CoordinatorService,
     dead_letter::ExtractionRules,
     error::Error,
+    housekeeping,
     ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
     ingest, inspect,
     notifier::Notifier,
@@ -201,6 +202,28 @@ impl Planner for PlannerGrpc {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Response::new(
             inspect::summarize(&self.state.store, &selector, dimensions).await?,
+        ))
+    }
+
+    async fn archive_dead_letters(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        let actor = actor(&request);
+        Ok(Response::new(
+            housekeeping::set_archived(&self.state.store, &actor, request.into_inner(), true)
+                .await?,
+        ))
+    }
+
+    async fn unarchive_dead_letters(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        let actor = actor(&request);
+        Ok(Response::new(
+            housekeeping::set_archived(&self.state.store, &actor, request.into_inner(), false)
+                .await?,
         ))
     }
 
