@@ -23,6 +23,8 @@ async fn archive_sends_the_selector_reason_and_actor() {
             "Timeout",
             "--body",
             "/order/status=paid",
+            "--reason-class",
+            "poison",
             "--reason",
             "  duplicates of orders already settled ",
         ],
@@ -46,6 +48,7 @@ async fn archive_sends_the_selector_reason_and_actor() {
     assert_eq!(request.reason, "duplicates of orders already settled");
     let selector = request.selector.clone().unwrap();
     assert_eq!(selector.ids, ["3", "7"]);
+    assert_eq!(selector.reasons, ["poison"], "--reason-class filters here");
     assert_eq!(selector.error_contains, "Timeout");
     assert_eq!(
         selector.body_matches,

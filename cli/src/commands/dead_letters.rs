@@ -52,7 +52,8 @@
 //! `redrivectl dead-letters archive [selector flags] --reason TEXT`
 //!
 //! Archives the selected dead letters (every status unless `--status` says;
-//! at least one selector flag): they leave listings, summaries and prechecks,
+//! at least one selector flag; the reason class filter is `--reason-class`
+//! here, `--reason` says why): they leave listings, summaries and prechecks,
 //! and the planner's retention may delete them later. `unarchive` reverses
 //! it. Prints `archived N dead letter(s) (M unchanged)` and the ids changed;
 //! `--json`: `{"changed": N, "unchanged": M, "dead_letter_ids": [...]}`.
@@ -98,16 +99,56 @@ pub enum DeadLettersCommand {
     Unarchive(ArchiveArgs),
 }
 
-/// `dead-letters archive` and `unarchive` flags.
-#[derive(Debug, Clone, Args)]
+/// `dead-letters archive` and `unarchive` flags: the selector flags, with
+/// the reason class filter as `--reason-class` there, since `--reason` says
+/// why, as it does for every other verb (`replay`, `repair`, `plan cancel`).
+#[derive(Debug, Clone)]
 pub struct ArchiveArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
+    /// Which dead letters.
     pub selector: SelectorArgs,
-
     /// Why (recorded with each dead letter, with who did it and when).
-    #[arg(long, value_name = "TEXT", value_parser = crate::args::non_blank)]
     pub reason: String,
+}
+
+impl clap::FromArgMatches for ArchiveArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            selector: SelectorArgs::from_arg_matches(matches)?,
+            reason: matches
+                .get_one::<String>("reason")
+                .cloned()
+                .ok_or_else(|| {
+                    clap::Error::raw(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--reason TEXT is required: say why",
+                    )
+                })?,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for ArchiveArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        SelectorArgs::augment_args(command)
+            .mut_arg("reasons", |arg| arg.long("reason-class"))
+            .arg(
+                clap::Arg::new("reason")
+                    .long("reason")
+                    .value_name("TEXT")
+                    .required(true)
+                    .value_parser(crate::args::non_blank)
+                    .help("Why (recorded with each dead letter, with who did it and when)"),
+            )
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
 }
 
 /// `dead-letters list` flags.
@@ -796,9 +837,10 @@ mod tests {
             ]
         );
         assert_eq!(group_by.to_string(), "reason,producer,schema_version,hour");
-        let every: GroupBy = "reason,destination,producer,schema_version,event_type,hour,source"
-            .parse()
-            .unwrap();
+        let every: GroupBy =
+            "reason,destination,producer,schema_version,event_type,hour,source,error,status"
+                .parse()
+                .unwrap();
         assert_eq!(every.0.len(), DIMENSIONS.len());
     }
 

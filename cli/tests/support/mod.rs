@@ -267,7 +267,6 @@ pub fn report(actor: &str) -> v1::PrecheckReport {
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-#[tonic::async_trait]
 impl Fake {
     /// Archive or unarchive: every selected id changes, but id `7`, which is
     /// unchanged; a selector with id `9` is in a live plan.
@@ -294,6 +293,7 @@ impl Fake {
     }
 }
 
+#[tonic::async_trait]
 impl Planner for Fake {
     async fn archive_dead_letters(
         &self,
@@ -439,6 +439,9 @@ impl Planner for Fake {
                     nanos: 0,
                 }),
             }],
+            open: 12,
+            archived: 3,
+            replayed: 0,
         }))
     }
 
