@@ -150,6 +150,20 @@ impl AuditAction {
     }
 }
 
+impl DeadLetterStatus {
+    /// `open`, `archived`, `replayed`, `all`; `unspecified` for a selector's
+    /// default (not archived).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unspecified => "unspecified",
+            Self::Open => "open",
+            Self::Archived => "archived",
+            Self::Replayed => "replayed",
+            Self::All => "all",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,20 +207,6 @@ mod tests {
                 state.is_final(),
             ];
             assert_eq!(kinds.iter().filter(|kind| **kind).count(), 1, "{state:?}");
-        }
-    }
-}
-
-impl DeadLetterStatus {
-    /// `open`, `archived`, `replayed`, `all`; `unspecified` for a selector's
-    /// default (not archived).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Unspecified => "unspecified",
-            Self::Open => "open",
-            Self::Archived => "archived",
-            Self::Replayed => "replayed",
-            Self::All => "all",
         }
     }
 }

@@ -389,7 +389,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
         .into_inner();
     assert_eq!(answer.changed, 1);
     assert_eq!(answer.unchanged, 0, "an unknown id selects nothing");
-    assert_eq!(answer.dead_letter_ids, [one.clone()]);
+    assert_eq!(answer.dead_letter_ids, std::slice::from_ref(one));
     let again = bed
         .client
         .archive_dead_letters(archive(&[one], "again"))
