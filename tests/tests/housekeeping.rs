@@ -56,18 +56,19 @@ async fn ingest(client: &mut Client, items: Vec<IngestDeadLettersRequest>) -> an
     Ok(())
 }
 
+/// Every dead letter of `source`, whatever its status.
+fn all_of(source: &str) -> Selector {
+    Selector {
+        sources: vec![source.to_owned()],
+        status: DeadLetterStatus::All.into(),
+        ..Default::default()
+    }
+}
+
 /// Message id → dead letter id of every dead letter of `source` (archived
 /// ones too).
 async fn ids(client: &mut Client, source: &str) -> anyhow::Result<BTreeMap<String, String>> {
-    let listed = list(
-        client,
-        Selector {
-            sources: vec![source.to_owned()],
-            status: DeadLetterStatus::All.into(),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let listed = list(client, all_of(source)).await?;
     Ok(listed
         .into_iter()
         .map(|dead_letter| (dead_letter.message_id.unwrap_or_default(), dead_letter.id))
@@ -455,15 +456,9 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
     assert!(error.message().contains("archived"), "{}", error.message());
 
     // Who, when, why.
-    let shown = bed
-        .client
-        .get_dead_letter(GetDeadLetterRequest { id: one.clone() })
-        .await?
-        .into_inner()
-        .dead_letter
-        .unwrap();
-    assert_eq!(shown.status(), DeadLetterStatus::Archived);
-    let record = shown.archived.unwrap();
+    let seen = shown(&mut bed.client, one).await?;
+    assert_eq!(seen.status(), DeadLetterStatus::Archived);
+    let record = seen.archived.unwrap();
     assert_eq!(record.actor, "alice");
     assert_eq!(record.reason, "duplicate of an order settled by hand");
 
@@ -480,16 +475,10 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
     let report = precheck(&mut bed.client, everything.clone()).await?;
     assert_eq!(report.total, 4);
     assert!(precheck_ids(&mut bed.client, &report).await?.contains(one));
-    let shown = bed
-        .client
-        .get_dead_letter(GetDeadLetterRequest { id: one.clone() })
-        .await?
-        .into_inner()
-        .dead_letter
-        .unwrap();
-    assert_eq!(shown.status(), DeadLetterStatus::Open);
-    assert!(shown.archived.is_none());
-    let history: Vec<(String, String, String)> = shown
+    let seen = shown(&mut bed.client, one).await?;
+    assert_eq!(seen.status(), DeadLetterStatus::Open);
+    assert!(seen.archived.is_none());
+    let history: Vec<(String, String, String)> = seen
         .archive_history
         .iter()
         .map(|r| (r.action.clone(), r.actor.clone(), r.reason.clone()))
@@ -540,12 +529,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
         .len(),
         0
     );
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan.plan_id.clone(),
-            reason: "archive instead".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan.plan_id, "archive instead").await?;
     // Once the plan ended, it can; and a plan from a precheck made before
     // the archive is refused.
     let report = precheck(&mut bed.client, everything.clone()).await?;
@@ -638,12 +622,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
     .bind(&sent)
     .execute(&pool)
     .await?;
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan_a.plan_id.clone(),
-            reason: "sent two by hand".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan_a.plan_id, "sent two by hand").await?;
 
     // Plan B, awaiting approval, holds replayed-live.
     let report_b = precheck(
@@ -673,18 +652,11 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
         .execute(&pool)
         .await?;
 
-    let statuses: BTreeMap<String, DeadLetterStatus> = list(
-        &mut bed.client,
-        Selector {
-            sources: vec![source.clone()],
-            status: DeadLetterStatus::All.into(),
-            ..Default::default()
-        },
-    )
-    .await?
-    .into_iter()
-    .map(|d| (d.message_id.clone().unwrap_or_default(), d.status()))
-    .collect();
+    let statuses: BTreeMap<String, DeadLetterStatus> = list(&mut bed.client, all_of(&source))
+        .await?
+        .into_iter()
+        .map(|d| (d.message_id.clone().unwrap_or_default(), d.status()))
+        .collect();
     assert_eq!(statuses["open"], DeadLetterStatus::Open);
     assert_eq!(statuses["replayed-old"], DeadLetterStatus::Replayed);
     assert_eq!(statuses["replayed-live"], DeadLetterStatus::Replayed);
@@ -706,15 +678,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
         "a second pass finds nothing"
     );
     assert_eq!(
-        listed(
-            &mut bed.client,
-            Selector {
-                sources: vec![source.clone()],
-                status: DeadLetterStatus::All.into(),
-                ..Default::default()
-            }
-        )
-        .await?,
+        listed(&mut bed.client, all_of(&source)).await?,
         [
             "archived-new",
             "open",
@@ -768,12 +732,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
     assert_eq!(error.code(), Code::NotFound);
 
     // Once plan B has ended too, replayed-live goes; the open ones never.
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan_b.plan_id.clone(),
-            reason: "not needed".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan_b.plan_id, "not needed").await?;
     let deleted =
         housekeeping::sweep(&store, chrono::Utc::now() + chrono::Duration::days(1)).await?;
     assert_eq!(
@@ -781,15 +740,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
         "replayed-live, and archived-new by a later cutoff"
     );
     assert_eq!(
-        listed(
-            &mut bed.client,
-            Selector {
-                sources: vec![source.clone()],
-                status: DeadLetterStatus::All.into(),
-                ..Default::default()
-            }
-        )
-        .await?,
+        listed(&mut bed.client, all_of(&source)).await?,
         ["open", "pending-in-ended-plan"]
     );
     // Plan A's sent dead letters are all gone: the plan is not looked at again.
@@ -840,19 +791,28 @@ async fn the_retention_flag_deletes_in_the_background() -> anyhow::Result<()> {
         }
     })
     .await?;
-    assert_eq!(
-        listed(
-            &mut client,
-            Selector {
-                sources: vec![source.clone()],
-                status: DeadLetterStatus::All.into(),
-                ..Default::default()
-            }
-        )
-        .await?,
-        ["open"]
-    );
+    assert_eq!(listed(&mut client, all_of(&source)).await?, ["open"]);
     bed.finish().await
+}
+
+async fn cancel(client: &mut Client, plan_id: &str, reason: &str) -> anyhow::Result<()> {
+    client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: plan_id.to_owned(),
+            reason: reason.to_owned(),
+        })
+        .await?;
+    Ok(())
+}
+
+/// The dead letter `id` as `GetDeadLetter` answers.
+async fn shown(client: &mut Client, id: &str) -> anyhow::Result<v1::DeadLetter> {
+    client
+        .get_dead_letter(GetDeadLetterRequest { id: id.to_owned() })
+        .await?
+        .into_inner()
+        .dead_letter
+        .ok_or_else(|| anyhow::anyhow!("no dead letter in the answer"))
 }
 
 async fn export(client: &mut Client, plan_id: &str) -> anyhow::Result<Vec<u8>> {

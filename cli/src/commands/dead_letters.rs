@@ -76,7 +76,9 @@ use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     headers,
-    output::{self, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table},
+    output::{
+        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table,
+    },
     selector::SelectorArgs,
 };
 
@@ -469,15 +471,7 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
         fields.push(("error text", text.clone()));
     }
     if let Some(archived) = &view.archived {
-        fields.push((
-            "archived",
-            format!(
-                "by {} at {}: {}",
-                archived.actor,
-                archived.at.as_deref().unwrap_or("-"),
-                archived.reason
-            ),
-        ));
+        fields.push(("archived", archive_text(archived)));
     }
     if let Some(plan) = &view.redrive_plan_id {
         fields.push(("redrive plan", format!("{plan} (a re-dead-letter)")));
@@ -560,14 +554,7 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     if !view.archive_history.is_empty() {
         writeln!(out, "\narchive history:")?;
         for record in &view.archive_history {
-            writeln!(
-                out,
-                "  {} by {} at {}: {}",
-                record.action,
-                record.actor,
-                record.at.as_deref().unwrap_or("-"),
-                record.reason
-            )?;
+            writeln!(out, "  {} {}", record.action, archive_text(record))?;
         }
     }
 
@@ -594,6 +581,16 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     writeln!(out, "{body}):")?;
     writeln!(out, "{preview}")?;
     Ok(())
+}
+
+/// `by ACTOR at TIME: REASON` of an archive record.
+fn archive_text(record: &ArchiveJson) -> String {
+    format!(
+        "by {} at {}: {}",
+        record.actor,
+        record.at.as_deref().unwrap_or("-"),
+        record.reason
+    )
 }
 
 fn write_fields(
