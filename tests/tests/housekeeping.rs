@@ -13,8 +13,11 @@ use redrive_proto::v1::{
     GetDeadLetterRequest, IngestDeadLettersRequest, ListDeadLettersRequest, RunPrecheckRequest,
     Selector, SummarizeDeadLettersRequest, SummaryDimension,
 };
-use redrive_tests::{TestBed, init_logging, unique, wait_until};
+use redrive_tests::{Broker, ExecutorHandle, TestBed, init_logging, unique, wait_until};
 use tonic::{Code, Request};
+
+mod support;
+use support::{approved_plan, bed, incident, wait_completed};
 
 type Client = v1::planner_client::PlannerClient<tonic::transport::Channel>;
 
@@ -750,6 +753,67 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
             .fetch_one(&pool)
             .await?;
     assert!(swept.is_some());
+    bed.finish().await
+}
+
+/// A plan an executor really ran (capture, precheck, canary, main wave,
+/// publisher confirms): its dead letters are replayed, retention deletes them
+/// once older than the cutoff, and the plan's audit reads exactly as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_after_a_real_replay_keeps_the_audit() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 100.0, 10, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
+    executor.stop().await?;
+    let summary = bed
+        .client
+        .summarize_dead_letters(SummarizeDeadLettersRequest {
+            selector: Some(all_of(&incident.dlq)),
+            group_by: vec![SummaryDimension::Status.into()],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        (summary.open, summary.archived, summary.replayed),
+        (0, 0, 5)
+    );
+    let export_before = export(&mut bed.client, &plan.plan_id).await?;
+    let report_before = audit(&mut bed.client, &plan.plan_id).await?;
+    assert_eq!(report_before.sent_keys.len(), 5);
+
+    let store = Store::from_pool(bed.pool().await?);
+    let now = chrono::Utc::now();
+    assert_eq!(
+        housekeeping::sweep(&store, now - chrono::Duration::days(30)).await?,
+        0,
+        "replayed a moment ago: kept for a 30-day retention"
+    );
+    assert_eq!(
+        housekeeping::sweep(&store, now + chrono::Duration::minutes(1)).await?,
+        5
+    );
+    assert!(
+        list(&mut bed.client, all_of(&incident.dlq))
+            .await?
+            .is_empty()
+    );
+    assert_eq!(export(&mut bed.client, &plan.plan_id).await?, export_before);
+    let report_after = audit(&mut bed.client, &plan.plan_id).await?;
+    assert_eq!(report_after.sent_keys, report_before.sent_keys);
+    assert_eq!(report_after.counts, report_before.counts);
+    let progress = bed
+        .client
+        .get_plan(v1::GetPlanRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(progress.items_done, 5);
+    assert_eq!(progress.counts.unwrap_or_default().sent, 5);
     bed.finish().await
 }
 
