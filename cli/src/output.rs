@@ -40,7 +40,9 @@ use std::io::{self, Write};
 
 use base64::{Engine, engine::general_purpose::STANDARD};
 use chrono::DateTime;
-use redrive_proto::v1::{BodyCompression, BodyRevision, DeadLetter, Death, MessageProperties};
+use redrive_proto::v1::{
+    ArchiveRecord, BodyCompression, BodyRevision, DeadLetter, Death, MessageProperties,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -140,6 +142,14 @@ pub struct DeadLetterJson {
     pub capture_notes: Vec<String>,
     /// Repaired bodies, oldest first.
     pub revisions: Vec<RevisionJson>,
+    /// `open`, `archived` or `replayed`.
+    pub status: &'static str,
+    /// Who archived it, when and why, while archived.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub archived: Option<ArchiveJson>,
+    /// Every archive and unarchive of it, oldest first; `show` only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub archive_history: Vec<ArchiveJson>,
     /// A readable rendition of the latest body; `show` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_preview: Option<String>,
@@ -295,6 +305,30 @@ impl From<&BodyRevision> for RevisionJson {
     }
 }
 
+/// An archive, unarchive or retention delete of a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArchiveJson {
+    /// `archive`, `unarchive` or `delete`.
+    pub action: String,
+    /// Who.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+    /// When, RFC 3339.
+    pub at: Option<String>,
+}
+
+impl From<&ArchiveRecord> for ArchiveJson {
+    fn from(record: &ArchiveRecord) -> Self {
+        Self {
+            action: record.action.clone(),
+            actor: record.actor.clone(),
+            reason: record.reason.clone(),
+            at: timestamp_text(record.at.as_ref()),
+        }
+    }
+}
+
 impl DeadLetterJson {
     /// The list shape: no body, no preview.
     pub fn summary(dead_letter: &DeadLetter) -> Self {
@@ -337,6 +371,13 @@ impl DeadLetterJson {
                 .revisions
                 .iter()
                 .map(RevisionJson::from)
+                .collect(),
+            status: dead_letter.status().name(),
+            archived: dead_letter.archived.as_ref().map(ArchiveJson::from),
+            archive_history: dead_letter
+                .archive_history
+                .iter()
+                .map(ArchiveJson::from)
                 .collect(),
             body_preview: None,
         }
@@ -491,6 +532,13 @@ mod tests {
                 reason: "fix".into(),
                 created_at: at(1_700_000_200),
             }],
+            status: v1::DeadLetterStatus::Archived.into(),
+            archived: Some(ArchiveRecord {
+                action: "archive".into(),
+                actor: "alice".into(),
+                reason: "settled by hand".into(),
+                at: at(1_700_000_300),
+            }),
             ..Default::default()
         };
         let json = serde_json::to_value(DeadLetterJson::full(&dead_letter, "preview")).unwrap();
@@ -544,6 +592,13 @@ mod tests {
                     "reason": "fix",
                     "created_at": "2023-11-14T22:16:40.000Z",
                 }],
+                "status": "archived",
+                "archived": {
+                    "action": "archive",
+                    "actor": "alice",
+                    "reason": "settled by hand",
+                    "at": "2023-11-14T22:18:20.000Z",
+                },
                 "body_preview": "preview",
             })
         );

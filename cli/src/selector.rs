@@ -14,6 +14,9 @@
 //! | `--from T`, `--to T` | `died_from`, `died_to` (RFC 3339; `[from, to)`); neither goes with `--since` |
 //! | `--limit N` | `limit` |
 //! | `--id ID` (repeatable) | `ids`: only these dead letters |
+//! | `--status S` | `status`: `open`, `archived`, `replayed` or `all` (default: everything not archived) |
+//! | `--error-contains TEXT` | `error_contains`: the error text contains TEXT, case-insensitively |
+//! | `--body /POINTER=VALUE` (repeatable) | `body_matches`: the JSON body has VALUE at the RFC 6901 pointer (split at the first `=`) |
 //!
 //! Repeated values of one flag match any of them; different flags all narrow.
 //!
@@ -88,6 +91,70 @@ pub struct SelectorArgs {
     /// Only this dead letter id; repeatable.
     #[arg(long = "id", value_name = "ID")]
     pub ids: Vec<String>,
+
+    /// Only dead letters with this status: open (neither archived nor
+    /// replayed), archived, replayed, or all (default: all but archived).
+    #[arg(long, value_name = "STATUS", value_parser = clap::builder::PossibleValuesParser::new(STATUSES))]
+    pub status: Option<String>,
+
+    /// Only dead letters whose error text contains TEXT (case-insensitive).
+    #[arg(long, value_name = "TEXT", value_parser = parse_error_contains)]
+    pub error_contains: Option<String>,
+
+    /// Only dead letters whose JSON body has VALUE at the JSON pointer
+    /// (RFC 6901, e.g. `/order/status=paid`); repeatable, all must match. A
+    /// body that is not JSON, or is compressed, does not match.
+    #[arg(long = "body", value_name = "/POINTER=VALUE", value_parser = parse_body_match)]
+    pub body_matches: Vec<BodyArg>,
+}
+
+/// One `--body /POINTER=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyArg {
+    /// The JSON pointer, as given.
+    pub pointer: String,
+    /// The value required there.
+    pub value: String,
+}
+
+/// `--status` values.
+pub const STATUSES: &[&str] = &["open", "archived", "replayed", "all"];
+
+/// Parses `--body /POINTER=VALUE`, split at the first `=` (the planner checks
+/// the pointer).
+///
+/// # Errors
+/// A message saying the expected form when there is no `=`.
+pub fn parse_body_match(text: &str) -> Result<BodyArg, String> {
+    let (pointer, value) = text.split_once('=').ok_or_else(|| {
+        format!("{text:?} has no '=': expected /POINTER=VALUE, e.g. /order/status=paid")
+    })?;
+    Ok(BodyArg {
+        pointer: pointer.to_owned(),
+        value: value.to_owned(),
+    })
+}
+
+/// `--error-contains TEXT`, as given (spaces count), unless blank.
+///
+/// # Errors
+/// When blank.
+fn parse_error_contains(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("must not be blank: give the text the error should contain".into());
+    }
+    Ok(text.to_owned())
+}
+
+/// The selector status named `name` (one of [`STATUSES`]).
+fn status(name: &str) -> v1::DeadLetterStatus {
+    match name {
+        "open" => v1::DeadLetterStatus::Open,
+        "archived" => v1::DeadLetterStatus::Archived,
+        "replayed" => v1::DeadLetterStatus::Replayed,
+        "all" => v1::DeadLetterStatus::All,
+        _ => v1::DeadLetterStatus::Unspecified,
+    }
 }
 
 /// Parses an RFC 3339 time (`2024-05-01T12:00:00Z`, `2024-05-01T14:00:00+02:00`).
@@ -120,6 +187,16 @@ impl SelectorArgs {
             died_to: self.to.map(timestamp),
             limit: self.limit.unwrap_or(0),
             ids: self.ids.clone(),
+            status: self.status.as_deref().map_or(0, |name| status(name).into()),
+            error_contains: self.error_contains.clone().unwrap_or_default(),
+            body_matches: self
+                .body_matches
+                .iter()
+                .map(|body| v1::BodyMatch {
+                    pointer: body.pointer.clone(),
+                    value: body.value.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -178,6 +255,12 @@ mod tests {
             "2024-05-01T11:00:00Z",
             "--limit",
             "50",
+            "--status",
+            "archived",
+            "--error-contains",
+            "Timeout",
+            "--body",
+            "/order/status=paid=yes",
         ])
         .unwrap()
         .to_selector(now());
@@ -194,6 +277,12 @@ mod tests {
                 died_to: Some(timestamp(parse_rfc3339("2024-05-01T11:00:00Z").unwrap())),
                 limit: 50,
                 ids: vec![],
+                status: v1::DeadLetterStatus::Archived.into(),
+                error_contains: "Timeout".into(),
+                body_matches: vec![v1::BodyMatch {
+                    pointer: "/order/status".into(),
+                    value: "paid=yes".into(),
+                }],
             }
         );
     }
@@ -217,6 +306,9 @@ mod tests {
             &["--from", "yesterday"],
             &["--reason", "exploded"],
             &["--limit", "-1"],
+            &["--body", "/order/status"],
+            &["--status", "closed"],
+            &["--error-contains", " "],
         ] {
             let error = parse(args).unwrap_err();
             assert!(error.use_stderr(), "{args:?}");

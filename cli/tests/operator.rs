@@ -184,11 +184,22 @@ async fn the_summary_fits_80_columns_with_hours_as_every_time() {
     ] {
         assert!(wide.contains(whole), "{whole}: {wide}");
     }
-    assert!(text.ends_with("total: 12\n"), "{text}");
+    assert!(
+        text.ends_with("open: 12, archived: 3, replayed: 0\ntotal: 12\n"),
+        "{text}"
+    );
 
     let mut json_args = vec!["--json"];
     json_args.extend(args);
     let json = stdout_json(&redrivectl(address, &json_args, "").await);
+    assert_eq!(
+        (&json["open"], &json["archived"], &json["replayed"]),
+        (
+            &serde_json::json!(12),
+            &serde_json::json!(3),
+            &serde_json::json!(0)
+        )
+    );
     assert_eq!(json["groups"][0]["key"]["hour"], "2026-11-29T14:00:00.000Z");
     assert_eq!(json["groups"][0]["first_seen"], "2025-11-29T14:00:00.987Z");
     assert_eq!(

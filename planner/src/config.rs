@@ -325,6 +325,14 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_MAX_PRECHECK_AGE", value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
     pub max_precheck_age: Duration,
 
+    /// Housekeeping: delete resolved dead letters once resolved longer ago
+    /// than this (e.g. `30d`), in batches of 1000, every minute, logging how
+    /// many: archived ones counted from their archive, replayed ones from
+    /// their `sent` audit event in a plan that has ended. Never an open dead
+    /// letter, never an item of a plan that has not ended (default: off).
+    #[arg(long, env = "REDRIVE_RETENTION", value_name = "DURATION", value_parser = parse_duration)]
+    pub retention: Option<Duration>,
+
     /// Four-eyes approval: the approver of a plan must not be its creator.
     #[arg(long, env = "REDRIVE_FOUR_EYES", default_value_t = false)]
     pub four_eyes: bool,

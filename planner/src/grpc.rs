@@ -14,6 +14,7 @@ use crate::{
     coordinator::Coordinator as CoordinatorService,
     dead_letter::ExtractionRules,
     error::Error,
+    housekeeping,
     ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
     ingest, inspect,
     notifier::Notifier,
@@ -141,6 +142,21 @@ impl PlannerGrpc {
     }
 }
 
+impl PlannerGrpc {
+    /// Archive (`archive`) or unarchive, as the caller in the metadata.
+    async fn set_archived(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+        archive: bool,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        let actor = actor(&request);
+        Ok(Response::new(
+            housekeeping::set_archived(&self.state.store, &actor, request.into_inner(), archive)
+                .await?,
+        ))
+    }
+}
+
 fn selector(selector: Option<v1::Selector>) -> Result<Selector, Error> {
     Selector::try_from(selector.unwrap_or_default())
 }
@@ -202,6 +218,20 @@ impl Planner for PlannerGrpc {
         Ok(Response::new(
             inspect::summarize(&self.state.store, &selector, dimensions).await?,
         ))
+    }
+
+    async fn archive_dead_letters(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        self.set_archived(request, true).await
+    }
+
+    async fn unarchive_dead_letters(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        self.set_archived(request, false).await
     }
 
     async fn run_precheck(

@@ -96,16 +96,21 @@ pub fn dimension(index: usize, value: i32) -> Result<Dimension, Error> {
         D::EventType => Dimension::EventType,
         D::Hour => Dimension::Hour,
         D::Source => Dimension::Source,
+        D::Error => Dimension::Error,
+        D::Status => Dimension::Status,
         D::Unspecified => {
             return Err(Error::invalid(
                 format!("group_by[{index}]"),
-                "one of reason, destination, producer, schema_version, event_type, hour, source",
+                "one of reason, destination, producer, schema_version, event_type, hour, source, \
+                 error, status",
             ));
         }
     })
 }
 
-/// Grouped counts of the selected dead letters, largest group first.
+/// Grouped counts of the selected dead letters, largest group first, and
+/// how many of them (whatever the selector's status) are open, archived and
+/// replayed.
 ///
 /// # Errors
 /// `InvalidArgument` for a dimension named twice; store errors.
@@ -128,7 +133,12 @@ pub async fn summarize(
         }
     }
     let groups = store.summarize_dead_letters(selector, &dimensions).await?;
+    let counts = store.status_counts(selector).await?;
+    let count = |value: i64| u64::try_from(value).unwrap_or_default();
     Ok(v1::SummarizeDeadLettersResponse {
+        open: count(counts.open),
+        archived: count(counts.archived),
+        replayed: count(counts.replayed),
         total: groups.iter().map(|group| group.count).sum(),
         groups: groups
             .into_iter()

@@ -22,6 +22,7 @@
 //!   their kinds (`is_final`, ...) are `v1::PlanState`'s (`proto`).
 //! - [`gates`], [`single`]: the canary gates; replays and repairs of one dead
 //!   letter.
+//! - [`housekeeping`]: archive and unarchive; retention's background deletes.
 //! - [`store`]: the PostgreSQL queries.
 //! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
 //! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus
@@ -42,6 +43,7 @@ pub mod death;
 pub mod error;
 pub mod gates;
 pub mod grpc;
+pub mod housekeeping;
 pub mod ids;
 pub mod ingest;
 pub mod inspect;
@@ -268,6 +270,13 @@ pub async fn run(
             tokio::spawn(count_plans(store.clone(), shutdown.clone()));
             let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
             tokio::spawn(gates::run(store.clone(), shutdown.clone()));
+            if let Some(retention) = config.retention {
+                tokio::spawn(housekeeping::run_retention(
+                    store.clone(),
+                    retention,
+                    shutdown.clone(),
+                ));
+            }
             let capture = tokio::spawn(capture::run(
                 CaptureConfig {
                     amqp_url: config.amqp_url.clone(),

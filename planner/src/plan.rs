@@ -153,6 +153,10 @@ pub async fn create(store: &Store, plan: NewPlan) -> Result<v1::Plan, Error> {
             "precheck {} has no replayable item: there is nothing to plan",
             plan.precheck_id
         ))),
+        CreateOutcome::ChangedSincePrecheck(what) => Err(Error::FailedPrecondition(format!(
+            "precheck {}: {what}; run the precheck again",
+            plan.precheck_id
+        ))),
     }
 }
 

@@ -28,7 +28,7 @@ use crate::{
     inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
     options::{Deadline, DeadlineRule, PrecheckOptions},
     policy::Policy,
-    selector::Selector,
+    selector::{Selector, Status},
     state_check::{StateCheckError, StateChecker, StateDecision},
     store::{
         Store, StoreError,
@@ -318,6 +318,13 @@ impl PrecheckRequest {
         policy: &Policy,
     ) -> Result<Self, Error> {
         let validated = Selector::try_from(selector.clone())?;
+        if matches!(validated.status, Status::Archived | Status::All) {
+            return Err(Error::invalid(
+                "selector.status",
+                "a precheck never covers archived dead letters: select open or replayed ones \
+                 (or leave it unspecified), and unarchive the archived ones to replay them",
+            ));
+        }
         let effective = policy.apply(options)?;
         Ok(Self {
             actor,

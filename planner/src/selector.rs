@@ -32,6 +32,92 @@ pub struct Selector {
     pub limit: Option<u64>,
     /// Only these dead letter ids (empty: any).
     pub ids: Vec<crate::ids::DeadLetterId>,
+    /// Which dead letters by status (default: not archived).
+    pub status: Status,
+    /// Only error texts containing this, case-insensitively.
+    pub error_contains: Option<String>,
+    /// Only bodies with all these values.
+    pub body_matches: Vec<BodyMatch>,
+}
+
+/// A selector's status filter (`Selector.status`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Status {
+    /// Open and replayed: everything not archived (`UNSPECIFIED`).
+    #[default]
+    NotArchived,
+    /// Neither archived nor replayed.
+    Open,
+    /// Archived.
+    Archived,
+    /// Not archived, sent by a plan.
+    Replayed,
+    /// Every dead letter.
+    All,
+}
+
+impl Status {
+    /// The filter of `status`; `None` for a number no value has.
+    pub fn from_proto(status: i32) -> Option<Self> {
+        use v1::DeadLetterStatus as S;
+        Some(match S::try_from(status).ok()? {
+            S::Unspecified => Self::NotArchived,
+            S::Open => Self::Open,
+            S::Archived => Self::Archived,
+            S::Replayed => Self::Replayed,
+            S::All => Self::All,
+        })
+    }
+}
+
+/// A body value a selector requires (`Selector.body_matches`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyMatch {
+    /// The pointer as given (for messages).
+    pub pointer: String,
+    /// Its reference tokens, unescaped: the jsonb path.
+    pub path: Vec<String>,
+    /// The value required there.
+    pub value: String,
+}
+
+/// The reference tokens of RFC 6901 JSON pointer `pointer`, unescaped (`~1`
+/// is `/`, `~0` is `~`); "" (the whole document) has none.
+///
+/// # Errors
+/// What is wrong: no leading `/`, or a `~` not followed by `0` or `1`.
+pub fn pointer_tokens(pointer: &str) -> Result<Vec<String>, String> {
+    if pointer.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(format!(
+            "{pointer:?} is not a JSON pointer: it starts with '/' (RFC 6901), e.g. /order/id"
+        ));
+    };
+    rest.split('/')
+        .map(|token| {
+            let mut unescaped = String::with_capacity(token.len());
+            let mut chars = token.chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    unescaped.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => unescaped.push('~'),
+                    Some('1') => unescaped.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "{pointer:?} is not a JSON pointer: '~' must be followed by 0 or 1 \
+                             (~0 is '~', ~1 is '/'; RFC 6901)"
+                        ));
+                    }
+                }
+            }
+            Ok(unescaped)
+        })
+        .collect()
 }
 
 fn non_empty(field: &str, values: Vec<String>) -> Result<Vec<String>, Error> {
@@ -108,7 +194,63 @@ impl TryFrom<v1::Selector> for Selector {
                 limit => Some(limit),
             },
             ids,
+            status: Status::from_proto(selector.status).ok_or_else(|| {
+                Error::invalid(
+                    "selector.status",
+                    format!(
+                        "{} is not a status (open, archived, replayed, all)",
+                        selector.status
+                    ),
+                )
+            })?,
+            error_contains: Some(selector.error_contains)
+                .filter(|text| !text.is_empty())
+                .map(|text| {
+                    if text.trim().is_empty() {
+                        Err(Error::invalid(
+                            "selector.error_contains",
+                            "must not be only white space",
+                        ))
+                    } else {
+                        Ok(text)
+                    }
+                })
+                .transpose()?,
+            body_matches: selector
+                .body_matches
+                .into_iter()
+                .enumerate()
+                .map(|(index, body_match)| {
+                    let path = pointer_tokens(&body_match.pointer).map_err(|problem| {
+                        Error::invalid(format!("selector.body_matches[{index}].pointer"), problem)
+                    })?;
+                    Ok(BodyMatch {
+                        pointer: body_match.pointer,
+                        path,
+                        value: body_match.value,
+                    })
+                })
+                .collect::<Result<_, Error>>()?,
         })
+    }
+}
+
+impl Selector {
+    /// Whether nothing narrows it (no list, window, limit, text or body
+    /// filter); the status aside.
+    pub fn is_unfiltered(&self) -> bool {
+        self.sources.is_empty()
+            && self.reasons.is_empty()
+            && self.destinations.is_empty()
+            && self.event_types.is_empty()
+            && self.schema_versions.is_empty()
+            && self.producers.is_empty()
+            && self.died_from.is_none()
+            && self.died_to.is_none()
+            && self.limit.is_none()
+            && self.ids.is_empty()
+            && self.error_contains.is_none()
+            && self.body_matches.is_empty()
     }
 }
 
@@ -149,6 +291,47 @@ mod tests {
         })
         .unwrap_err();
         assert!(error.to_string().contains("selector.ids[1]"), "{error}");
+    }
+
+    #[test]
+    fn json_pointers_follow_rfc_6901() {
+        assert_eq!(pointer_tokens("").unwrap(), Vec::<String>::new());
+        assert_eq!(pointer_tokens("/a/0").unwrap(), ["a", "0"]);
+        assert_eq!(pointer_tokens("/a~1b/m~0n").unwrap(), ["a/b", "m~n"]);
+        assert_eq!(pointer_tokens("/").unwrap(), [""]);
+        assert!(
+            pointer_tokens("a/b")
+                .unwrap_err()
+                .contains("starts with '/'")
+        );
+        assert!(pointer_tokens("/a~2").unwrap_err().contains("~0 is '~'"));
+        assert!(pointer_tokens("/a~").is_err());
+        let error = Selector::try_from(v1::Selector {
+            body_matches: vec![
+                v1::BodyMatch {
+                    pointer: "/ok".into(),
+                    value: "1".into(),
+                },
+                v1::BodyMatch {
+                    pointer: "order.id".into(),
+                    value: "1".into(),
+                },
+            ],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("selector.body_matches[1].pointer"),
+            "{error}"
+        );
+        let error = Selector::try_from(v1::Selector {
+            status: 99,
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("selector.status"), "{error}");
     }
 
     #[test]

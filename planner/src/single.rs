@@ -75,12 +75,14 @@ fn not_replayed(reason: impl Into<String>) -> v1::ReplayDeadLetterResponse {
     }
 }
 
-fn required_reason(reason: &str, what: &str) -> Result<String, Error> {
+/// `reason` trimmed; `InvalidArgument` naming `reason` when empty, asking to
+/// say why `what` (`this dead letter is replayed`).
+pub(crate) fn required_reason(reason: &str, what: &str) -> Result<String, Error> {
     let reason = reason.trim();
     if reason.is_empty() {
         return Err(Error::invalid(
             "reason",
-            format!("required: say why this dead letter is {what}"),
+            format!("required: say why {what}"),
         ));
     }
     Ok(reason.to_owned())
@@ -110,7 +112,7 @@ impl Single<'_> {
         request: v1::ReplayDeadLetterRequest,
     ) -> Result<v1::ReplayDeadLetterResponse, Error> {
         let id = DeadLetterId::parse("dead_letter_id", request.dead_letter_id.trim())?;
-        let reason = required_reason(&request.reason, "replayed")?;
+        let reason = required_reason(&request.reason, "this dead letter is replayed")?;
         let wait = match &request.wait {
             None => DEFAULT_WAIT,
             Some(wait) => from_duration(wait)
@@ -127,6 +129,12 @@ impl Single<'_> {
             self.policy,
         )?;
         let (dead_letter, _) = inspect::get(self.store, id).await?;
+        if let Some(archived) = &dead_letter.archived {
+            return Err(Error::FailedPrecondition(format!(
+                "dead letter {id} is archived (by {}: {}): unarchive it to replay it",
+                archived.actor, archived.reason
+            )));
+        }
         let report = precheck::run(self.store, self.checker, precheck).await?;
         let precheck_id = Uuid::parse_str(&report.precheck_id)
             .map(PrecheckId::new)
@@ -358,7 +366,7 @@ impl Single<'_> {
         request: v1::RepairDeadLetterRequest,
     ) -> Result<v1::GetDeadLetterResponse, Error> {
         let id = DeadLetterId::parse("dead_letter_id", request.dead_letter_id.trim())?;
-        let reason = required_reason(&request.reason, "repaired")?;
+        let reason = required_reason(&request.reason, "this dead letter is repaired")?;
         let body = request.new_body;
         if body.len() > self.rules.max_body_bytes {
             return Err(Error::invalid(

@@ -142,6 +142,11 @@ const TEXT_LIMITS: &[(&str, &str, usize)] = &[
         MAX_REASON_BYTES,
     ),
     (
+        "redrive.v1.ArchiveDeadLettersRequest",
+        "reason",
+        MAX_REASON_BYTES,
+    ),
+    (
         "redrive.v1.IngestDeadLettersRequest",
         "error_text",
         MAX_ERROR_TEXT_BYTES,
@@ -203,6 +208,7 @@ const REPEATED_LIMITS: &[(&str, &str, usize)] = &[
         MAX_SELECTOR_VALUES,
     ),
     ("redrive.v1.Selector", "producers", MAX_SELECTOR_VALUES),
+    ("redrive.v1.Selector", "body_matches", 16),
     (
         "redrive.v1.PrecheckOptions",
         "stale_after",

@@ -1,6 +1,6 @@
 //! Stable lowercase names of API enums, used in CLI output, JSON and SQL.
 
-use crate::v1::{AuditAction, Origin, PlanState, ReasonClass, Verdict};
+use crate::v1::{AuditAction, DeadLetterStatus, Origin, PlanState, ReasonClass, Verdict};
 
 impl ReasonClass {
     /// `rejected`, `expired`, `overflow`, `exhausted`, `poison`, `permanent`,
@@ -146,6 +146,20 @@ impl AuditAction {
             Self::Failed => "failed",
             Self::Unroutable => "unroutable",
             Self::Uncertain => "uncertain",
+        }
+    }
+}
+
+impl DeadLetterStatus {
+    /// `open`, `archived`, `replayed`, `all`; `unspecified` for a selector's
+    /// default (not archived).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unspecified => "unspecified",
+            Self::Open => "open",
+            Self::Archived => "archived",
+            Self::Replayed => "replayed",
+            Self::All => "all",
         }
     }
 }

@@ -142,9 +142,25 @@ fn selector() -> impl Strategy<Value = Option<v1::Selector>> {
             timestamp(),
             any::<u64>(),
             texts(),
+            prop_oneof![0i32..6, any::<i32>()],
+            text(),
+            vec((text(), text()), 0..3),
         )
             .prop_map(
-                |(sources, reasons, destinations, event_types, producers, from, to, limit, ids)| {
+                |(
+                    sources,
+                    reasons,
+                    destinations,
+                    event_types,
+                    producers,
+                    from,
+                    to,
+                    limit,
+                    ids,
+                    status,
+                    error_contains,
+                    body_matches,
+                )| {
                     v1::Selector {
                         sources,
                         reasons,
@@ -156,6 +172,12 @@ fn selector() -> impl Strategy<Value = Option<v1::Selector>> {
                         died_to: to,
                         limit,
                         ids,
+                        status,
+                        error_contains,
+                        body_matches: body_matches
+                            .into_iter()
+                            .map(|(pointer, value)| v1::BodyMatch { pointer, value })
+                            .collect(),
                     }
                 },
             ),
@@ -329,6 +351,8 @@ const CALLS: &[&str] = &[
     "ListDeadLetters",
     "GetDeadLetter",
     "SummarizeDeadLetters",
+    "ArchiveDeadLetters",
+    "UnarchiveDeadLetters",
     "RunPrecheck",
     "GetPrecheck",
     "ListPrecheckItems",
@@ -677,6 +701,18 @@ async fn run_case(
             )
             .await?,
         ),
+        "ArchiveDeadLetters" | "UnarchiveDeadLetters" => {
+            let request = v1::ArchiveDeadLettersRequest {
+                selector: case.selector.clone(),
+                reason: c.clone(),
+            };
+            let answer = if name == "ArchiveDeadLetters" {
+                bounded(name, planner.archive_dead_letters(request)).await?
+            } else {
+                bounded(name, planner.unarchive_dead_letters(request)).await?
+            };
+            check(name, answer)
+        }
         "RepairDeadLetter" => check(
             name,
             bounded(

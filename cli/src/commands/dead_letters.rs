@@ -1,5 +1,7 @@
-//! `redrivectl dead-letters list | show | summary`: inspecting captured dead
-//! letters (`ListDeadLetters`, `GetDeadLetter`, `SummarizeDeadLetters`).
+//! `redrivectl dead-letters list | show | summary | repair | archive |
+//! unarchive`: inspecting captured dead letters (`ListDeadLetters`,
+//! `GetDeadLetter`, `SummarizeDeadLetters`), repairing one, and resolving
+//! them without a replay (`ArchiveDeadLetters`, `UnarchiveDeadLetters`).
 //!
 //! # `list`
 //! `redrivectl dead-letters list [selector flags] [--page-size N] [--page-token T] [--all]`
@@ -37,12 +39,26 @@
 //! `redrivectl dead-letters summary [selector flags] [--group-by reason,producer,...]`
 //!
 //! Group-by names: `reason` (the default), `destination`, `producer`,
-//! `schema_version`, `event_type`, `hour`, `source`, comma separated, each at
-//! most once. A table with one column per name, then count, first seen and last
-//! seen, largest group first, then `total: N`. `--json`:
-//! `{"total": N, "groups": [{"key": {"reason": "rejected", ...}, "count": N,
+//! `schema_version`, `event_type`, `hour`, `source`, `error` (the error text
+//! with digits, hex numbers and UUIDs folded), `status`, comma separated, each
+//! at most once. A table with one column per name, then count, first seen and
+//! last seen, largest group first, then `open: N, archived: N, replayed: N`
+//! (the selection by status, whatever `--status` says) and `total: N`. `--json`: `{"total": N, "open": N, "archived": N,
+//! "replayed": N, "groups": [{"key": {"reason": "rejected", ...}, "count": N,
 //! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
 //! key is `""`; an `hour` reads as every time does ([`crate::time`]).
+//!
+//! # `archive`, `unarchive`
+//! `redrivectl dead-letters archive [selector flags] --reason TEXT`
+//!
+//! Archives the selected dead letters (every status unless `--status` says;
+//! at least one selector flag; the reason class filter is `--reason-class`
+//! here, `--reason` says why): they leave listings, summaries and prechecks,
+//! and the planner's retention may delete them later. `unarchive` reverses
+//! it. Prints `archived N dead letter(s) (M unchanged)` and the ids changed;
+//! `--json`: `{"changed": N, "unchanged": M, "dead_letter_ids": [...]}`.
+//! Refused (exit 1) when a selected dead letter is an item of a plan that has
+//! not ended, naming the plan.
 
 use crate::{args::Paging, output::Listing};
 use std::{fmt, io::Write, str::FromStr};
@@ -50,8 +66,9 @@ use std::{fmt, io::Write, str::FromStr};
 use chrono::Utc;
 use clap::{Args, Subcommand};
 use redrive_proto::v1::{
-    DeadLetter, GetDeadLetterRequest, GetDeadLetterResponse, ListDeadLettersRequest,
-    RepairDeadLetterRequest, SummarizeDeadLettersRequest, SummaryDimension, SummaryGroup,
+    ArchiveDeadLettersRequest, DeadLetter, GetDeadLetterRequest, GetDeadLetterResponse,
+    ListDeadLettersRequest, RepairDeadLetterRequest, SummarizeDeadLettersRequest, SummaryDimension,
+    SummaryGroup,
 };
 use serde::Serialize;
 
@@ -59,7 +76,9 @@ use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     headers,
-    output::{self, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table},
+    output::{
+        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table,
+    },
     selector::SelectorArgs,
 };
 
@@ -75,6 +94,63 @@ pub enum DeadLettersCommand {
     /// Store a corrected body as a new revision (the captured one is kept);
     /// prechecks and replays use it from then on.
     Repair(RepairArgs),
+    /// Resolve dead letters without replaying them: they leave listings,
+    /// summaries and prechecks (reversible with unarchive).
+    Archive(ArchiveArgs),
+    /// Make archived dead letters open again.
+    Unarchive(ArchiveArgs),
+}
+
+/// `dead-letters archive` and `unarchive` flags: the selector flags, with
+/// the reason class filter as `--reason-class` there, since `--reason` says
+/// why, as it does for every other verb (`replay`, `repair`, `plan cancel`).
+#[derive(Debug, Clone)]
+pub struct ArchiveArgs {
+    /// Which dead letters.
+    pub selector: SelectorArgs,
+    /// Why (recorded with each dead letter, with who did it and when).
+    pub reason: String,
+}
+
+impl clap::FromArgMatches for ArchiveArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            selector: SelectorArgs::from_arg_matches(matches)?,
+            reason: matches
+                .get_one::<String>("reason")
+                .cloned()
+                .ok_or_else(|| {
+                    clap::Error::raw(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--reason TEXT is required: say why",
+                    )
+                })?,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for ArchiveArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        SelectorArgs::augment_args(command)
+            .mut_arg("reasons", |arg| arg.long("reason-class"))
+            .arg(
+                clap::Arg::new("reason")
+                    .long("reason")
+                    .value_name("TEXT")
+                    .required(true)
+                    .value_parser(crate::args::non_blank)
+                    .help("Why (recorded with each dead letter, with who did it and when)"),
+            )
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
+    }
 }
 
 /// `dead-letters list` flags.
@@ -140,7 +216,8 @@ pub struct SummaryArgs {
     pub selector: SelectorArgs,
 
     /// Group by these, in this order, comma separated: reason, destination,
-    /// producer, schema_version, event_type, hour, source.
+    /// producer, schema_version, event_type, hour, source, error (the error
+    /// text with digits and ids folded), status.
     #[arg(long, value_name = "NAMES", default_value = "reason")]
     pub group_by: GroupBy,
 }
@@ -160,6 +237,8 @@ pub async fn run(
         DeadLettersCommand::Show(args) => show(planner, args, json, out).await,
         DeadLettersCommand::Summary(args) => summary(planner, args, json, out).await,
         DeadLettersCommand::Repair(args) => repair(planner, args, json, out).await,
+        DeadLettersCommand::Archive(args) => set_archived(planner, args, true, json, out).await,
+        DeadLettersCommand::Unarchive(args) => set_archived(planner, args, false, json, out).await,
     }
 }
 
@@ -273,6 +352,62 @@ async fn repair(
     write_dead_letter(out, response, json)
 }
 
+/// `archive --json` and `unarchive --json`.
+#[derive(Debug, Serialize)]
+struct ArchiveResultJson {
+    changed: u64,
+    unchanged: u64,
+    dead_letter_ids: Vec<String>,
+}
+
+async fn set_archived(
+    planner: &mut Planner,
+    args: ArchiveArgs,
+    archive: bool,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let request = ArchiveDeadLettersRequest {
+        selector: Some(args.selector.to_selector(Utc::now())),
+        reason: args.reason,
+    };
+    let response = if archive {
+        planner.archive_dead_letters(request).await?
+    } else {
+        planner.unarchive_dead_letters(request).await?
+    }
+    .into_inner();
+    if json {
+        write_json(
+            out,
+            &ArchiveResultJson {
+                changed: response.changed,
+                unchanged: response.unchanged,
+                dead_letter_ids: response.dead_letter_ids,
+            },
+        )?;
+        return Ok(EX_OK);
+    }
+    writeln!(
+        out,
+        "{} {} dead letter(s) ({} unchanged)",
+        if archive { "archived" } else { "unarchived" },
+        response.changed,
+        response.unchanged
+    )?;
+    if !response.dead_letter_ids.is_empty() {
+        let more = response
+            .changed
+            .saturating_sub(response.dead_letter_ids.len() as u64);
+        let mut ids = response.dead_letter_ids.join(", ");
+        if more > 0 {
+            ids.push_str(&format!(" and {more} more"));
+        }
+        writeln!(out, "ids: {ids}")?;
+    }
+    Ok(EX_OK)
+}
+
 /// The bytes of `path` (`-`: stdin).
 ///
 /// # Errors
@@ -320,6 +455,7 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
         ("message id", optional(&view.message_id)),
         ("message key", view.message_key.clone()),
         ("reason class", view.reason_class.to_owned()),
+        ("status", view.status.to_owned()),
         ("destination", cell(&view.destination).to_owned()),
         ("event type", optional(&view.event_type)),
         ("schema version", optional(&view.schema_version)),
@@ -333,6 +469,9 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     }
     if let Some(text) = &view.error_text {
         fields.push(("error text", text.clone()));
+    }
+    if let Some(archived) = &view.archived {
+        fields.push(("archived", archive_text(archived)));
     }
     if let Some(plan) = &view.redrive_plan_id {
         fields.push(("redrive plan", format!("{plan} (a re-dead-letter)")));
@@ -412,6 +551,13 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
         }
     }
 
+    if !view.archive_history.is_empty() {
+        writeln!(out, "\narchive history:")?;
+        for record in &view.archive_history {
+            writeln!(out, "  {} {}", record.action, archive_text(record))?;
+        }
+    }
+
     let mut body = format!(
         "\nbody ({} bytes, {}, sha256 {}",
         view.body_size, view.body_compression, view.body_sha256
@@ -435,6 +581,16 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     writeln!(out, "{body}):")?;
     writeln!(out, "{preview}")?;
     Ok(())
+}
+
+/// `by ACTOR at TIME: REASON` of an archive record.
+fn archive_text(record: &ArchiveJson) -> String {
+    format!(
+        "by {} at {}: {}",
+        record.actor,
+        record.at.as_deref().unwrap_or("-"),
+        record.reason
+    )
 }
 
 fn write_fields(
@@ -467,6 +623,8 @@ pub const DIMENSIONS: &[(&str, SummaryDimension)] = &[
     ("event_type", SummaryDimension::EventType),
     ("hour", SummaryDimension::Hour),
     ("source", SummaryDimension::Source),
+    ("error", SummaryDimension::Error),
+    ("status", SummaryDimension::Status),
 ];
 
 /// A `--group-by` value: dimensions in order, each at most once.
@@ -478,7 +636,7 @@ pub struct GroupBy(pub Vec<SummaryDimension>);
 pub enum GroupByError {
     /// Not a dimension name.
     #[error(
-        "unknown group-by name {0:?}; valid names: reason, destination, producer, schema_version, event_type, hour, source"
+        "unknown group-by name {0:?}; valid names: reason, destination, producer, schema_version, event_type, hour, source, error, status"
     )]
     Unknown(String),
     /// Named twice.
@@ -546,6 +704,9 @@ pub fn dimension_name(dimension: SummaryDimension) -> &'static str {
 #[derive(Debug, Serialize)]
 struct SummaryJson {
     total: u64,
+    open: u64,
+    archived: u64,
+    replayed: u64,
     groups: Vec<GroupJson>,
 }
 
@@ -607,6 +768,9 @@ async fn summary(
             out,
             &SummaryJson {
                 total: response.total,
+                open: response.open,
+                archived: response.archived,
+                replayed: response.replayed,
                 groups: response.groups.iter().map(GroupJson::from).collect(),
             },
         )?;
@@ -642,6 +806,11 @@ async fn summary(
     if !response.groups.is_empty() {
         write_table(out, &table)?;
     }
+    writeln!(
+        out,
+        "open: {}, archived: {}, replayed: {}",
+        response.open, response.archived, response.replayed
+    )?;
     writeln!(out, "total: {}", response.total)?;
     Ok(EX_OK)
 }
@@ -665,9 +834,10 @@ mod tests {
             ]
         );
         assert_eq!(group_by.to_string(), "reason,producer,schema_version,hour");
-        let every: GroupBy = "reason,destination,producer,schema_version,event_type,hour,source"
-            .parse()
-            .unwrap();
+        let every: GroupBy =
+            "reason,destination,producer,schema_version,event_type,hour,source,error,status"
+                .parse()
+                .unwrap();
         assert_eq!(every.0.len(), DIMENSIONS.len());
     }
 

@@ -38,6 +38,9 @@ pub struct Fake {
     pub polls: Arc<Mutex<HashMap<String, usize>>>,
     /// Lets the `plan-stalled` watch stream go on.
     pub resume: Arc<tokio::sync::Notify>,
+    /// Every ArchiveDeadLetters (`archive`) and UnarchiveDeadLetters
+    /// (`unarchive`) request.
+    pub archives: Arc<Mutex<Vec<(&'static str, v1::ArchiveDeadLettersRequest)>>>,
 }
 
 /// A plan RPC the fake planner received (GetPlan is counted in `polls`).
@@ -264,8 +267,48 @@ pub fn report(actor: &str) -> v1::PrecheckReport {
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+impl Fake {
+    /// Archive or unarchive: every selected id changes, but id `7`, which is
+    /// unchanged; a selector with id `9` is in a live plan.
+    fn archive_answer(
+        &self,
+        verb: &'static str,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        self.record(verb, &request);
+        let request = request.into_inner();
+        self.archives.lock().unwrap().push((verb, request.clone()));
+        let ids = request.selector.unwrap_or_default().ids;
+        if ids.iter().any(|id| id == "9") {
+            return Err(Status::failed_precondition(
+                "dead letter 9 is an item of plan p-1 (main), which has not ended",
+            ));
+        }
+        let changed: Vec<String> = ids.into_iter().filter(|id| id != "7").collect();
+        Ok(Response::new(v1::ArchiveDeadLettersResponse {
+            changed: changed.len() as u64,
+            unchanged: 1,
+            dead_letter_ids: changed,
+        }))
+    }
+}
+
 #[tonic::async_trait]
 impl Planner for Fake {
+    async fn archive_dead_letters(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        self.archive_answer("archive", request)
+    }
+
+    async fn unarchive_dead_letters(
+        &self,
+        request: Request<v1::ArchiveDeadLettersRequest>,
+    ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
+        self.archive_answer("unarchive", request)
+    }
+
     /// Rejects items whose message id starts with `bad`, counts those starting
     /// with `dup` as already stored, fails the call on `boom`.
     async fn ingest_dead_letters(
@@ -396,6 +439,9 @@ impl Planner for Fake {
                     nanos: 0,
                 }),
             }],
+            open: 12,
+            archived: 3,
+            replayed: 0,
         }))
     }
 

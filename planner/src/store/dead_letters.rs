@@ -13,7 +13,7 @@ use super::{Store, StoreError};
 use crate::{
     dead_letter::{Dedup, NewDeadLetter},
     ids::DeadLetterId,
-    selector::Selector,
+    selector::{Selector, Status},
 };
 
 /// What a batch insert did.
@@ -42,6 +42,11 @@ pub enum Dimension {
     Hour,
     /// Source.
     Source,
+    /// Error group: the error text normalized by `redrive_error_group`
+    /// (migration 0020).
+    Error,
+    /// `open`, `archived` or `replayed`.
+    Status,
 }
 
 impl Dimension {
@@ -55,6 +60,8 @@ impl Dimension {
             Self::EventType => "event_type",
             Self::Hour => "hour",
             Self::Source => "source",
+            Self::Error => "error",
+            Self::Status => "status",
         }
     }
 
@@ -69,8 +76,45 @@ impl Dimension {
                 "to_char(date_trunc('hour', died_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24\":00Z\"')"
             }
             Self::Source => "source",
+            Self::Error => "redrive_error_group(error_text)",
+            Self::Status => "status",
         }
     }
+}
+
+/// Whether dead letter `dead_letters` (the table, unaliased) was sent by a
+/// plan: a plan item of it is `sent`.
+pub(crate) const REPLAYED_SQL: &str = "EXISTS (SELECT 1 FROM plan_items sent \
+    WHERE sent.dead_letter_id = dead_letters.id AND sent.state = 'sent')";
+
+/// The status of dead letter `dead_letters` (unaliased): `archived`,
+/// `replayed` or `open` (docs/design.md, "Housekeeping").
+fn status_sql() -> String {
+    format!(
+        "CASE WHEN dead_letters.archived_at IS NOT NULL THEN 'archived' \
+         WHEN {REPLAYED_SQL} THEN 'replayed' ELSE 'open' END"
+    )
+}
+
+/// The housekeeping columns of a dead letter read beside [`columns`] by
+/// listings and lookups (not by executors' reads): its status and archive.
+fn archive_columns() -> String {
+    format!(
+        "{} AS status, dead_letters.archived_at, dead_letters.archived_by, \
+         dead_letters.archive_reason",
+        status_sql()
+    )
+}
+
+/// The summary counts by status of a selection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct StatusCounts {
+    /// Neither archived nor replayed.
+    pub open: i64,
+    /// Archived.
+    pub archived: i64,
+    /// Replayed, not archived.
+    pub replayed: i64,
 }
 
 /// One group of a summary.
@@ -172,6 +216,43 @@ fn push_conditions(builder: &mut QueryBuilder<Postgres>, selector: &Selector) {
     }
     if let Some(to) = selector.died_to {
         builder.push(" AND died_at < ").push_bind(to);
+    }
+    match selector.status {
+        Status::NotArchived => {
+            builder.push(" AND dead_letters.archived_at IS NULL");
+        }
+        Status::Open => {
+            builder.push(format!(
+                " AND dead_letters.archived_at IS NULL AND NOT {REPLAYED_SQL}"
+            ));
+        }
+        Status::Archived => {
+            builder.push(" AND dead_letters.archived_at IS NOT NULL");
+        }
+        Status::Replayed => {
+            builder.push(format!(
+                " AND dead_letters.archived_at IS NULL AND {REPLAYED_SQL}"
+            ));
+        }
+        Status::All => {}
+    }
+    if let Some(text) = &selector.error_contains {
+        builder
+            .push(" AND strpos(lower(dead_letters.error_text), lower(")
+            .push_bind(text.clone())
+            .push(")) > 0");
+    }
+    // The latest body: a repaired body's revision, else the captured one.
+    for body_match in &selector.body_matches {
+        builder
+            .push(
+                " AND redrive_body_value(CASE WHEN dead_letters.body_revision IS NULL \
+                 THEN dead_letters.body ELSE (SELECT v.body FROM dead_letter_revisions v \
+                 WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END, ",
+            )
+            .push_bind(body_match.path.clone())
+            .push("::text[]) = ")
+            .push_bind(body_match.value.clone());
     }
 }
 
@@ -456,7 +537,11 @@ impl Store {
         after_id: i64,
         page_size: u32,
     ) -> Result<Vec<v1::DeadLetter>, StoreError> {
-        let mut builder = QueryBuilder::new(format!("SELECT {} FROM dead_letters", columns(false)));
+        let mut builder = QueryBuilder::new(format!(
+            "SELECT {}, {} FROM dead_letters",
+            columns(false),
+            archive_columns()
+        ));
         push_conditions(&mut builder, selector);
         builder
             .push(" AND id > ")
@@ -478,7 +563,11 @@ impl Store {
         &self,
         id: DeadLetterId,
     ) -> Result<Option<v1::DeadLetter>, StoreError> {
-        let query = format!("SELECT {} FROM dead_letters WHERE id = $1", columns(true));
+        let query = format!(
+            "SELECT {}, {} FROM dead_letters WHERE id = $1",
+            columns(true),
+            archive_columns()
+        );
         let Some(row) = sqlx::query_as::<_, DeadLetterRow>(AssertSqlSafe(query))
             .bind(id)
             .fetch_optional(self.pool())
@@ -495,6 +584,7 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         dead_letter.revisions = revisions.into_iter().map(v1::BodyRevision::from).collect();
+        dead_letter.archive_history = self.archive_history(id).await?;
         Ok(Some(dead_letter))
     }
 
@@ -519,7 +609,11 @@ impl Store {
         push_selected(
             &mut builder,
             selector,
-            "reason_class, destination, producer, schema_version, event_type, died_at, source",
+            &format!(
+                "reason_class, destination, producer, schema_version, event_type, died_at, source, \
+                 error_text, {} AS status",
+                status_sql()
+            ),
         );
         let positions: Vec<String> = (1..=dimensions.len()).map(|p| p.to_string()).collect();
         builder.push(format!(
@@ -548,6 +642,31 @@ impl Store {
                 })
             })
             .collect()
+    }
+}
+
+impl Store {
+    /// How many of the selected dead letters (whatever the selector's
+    /// status) are open, archived and replayed.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn status_counts(&self, selector: &Selector) -> Result<StatusCounts, StoreError> {
+        let every = Selector {
+            status: Status::All,
+            ..selector.clone()
+        };
+        let mut builder = QueryBuilder::new(
+            "SELECT count(*) FILTER (WHERE status = 'open') AS open, \
+             count(*) FILTER (WHERE status = 'archived') AS archived, \
+             count(*) FILTER (WHERE status = 'replayed') AS replayed FROM ",
+        );
+        push_selected(&mut builder, &every, &format!("{} AS status", status_sql()));
+        builder.push(" d");
+        Ok(builder
+            .build_query_as::<StatusCounts>()
+            .fetch_one(self.pool())
+            .await?)
     }
 }
 
@@ -644,6 +763,16 @@ pub(super) struct DeadLetterRow {
     body_problem: Option<String>,
     exchange_only: bool,
     raw_content_header: Option<Vec<u8>>,
+    /// Housekeeping columns ([`archive_columns`]); absent from executors'
+    /// reads.
+    #[sqlx(default)]
+    status: Option<String>,
+    #[sqlx(default)]
+    archived_at: Option<DateTime<Utc>>,
+    #[sqlx(default)]
+    archived_by: Option<String>,
+    #[sqlx(default)]
+    archive_reason: Option<String>,
 }
 
 impl TryFrom<DeadLetterRow> for v1::DeadLetter {
@@ -696,6 +825,20 @@ impl TryFrom<DeadLetterRow> for v1::DeadLetter {
                 .attempts
                 .and_then(|attempts| u32::try_from(attempts).ok()),
             revisions: Vec::new(),
+            status: match row.status.as_deref() {
+                Some("archived") => v1::DeadLetterStatus::Archived,
+                Some("replayed") => v1::DeadLetterStatus::Replayed,
+                Some(_) => v1::DeadLetterStatus::Open,
+                None => v1::DeadLetterStatus::Unspecified,
+            }
+            .into(),
+            archived: row.archived_at.map(|at| v1::ArchiveRecord {
+                action: "archive".to_owned(),
+                actor: row.archived_by.unwrap_or_default(),
+                reason: row.archive_reason.unwrap_or_default(),
+                at: Some(timestamp(at)),
+            }),
+            archive_history: Vec::new(),
         })
     }
 }

@@ -8,8 +8,10 @@
 //! - [`plans`]: plan creation, transitions, reads with progress.
 //! - [`leases`]: slice leases with fencing tokens, outcome reports, audit events.
 //! - [`single`]: plans of one (single replay) and body repairs.
+//! - [`housekeeping`]: archive, unarchive and their history; retention.
 
 pub mod dead_letters;
+pub mod housekeeping;
 pub mod leases;
 pub mod plans;
 pub mod prechecks;

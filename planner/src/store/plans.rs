@@ -68,6 +68,27 @@ pub enum CreateOutcome {
     PrecheckNotDone,
     /// The precheck has no replayable item.
     NothingReplayable,
+    /// Some of its replayable dead letters were archived or deleted
+    /// (retention) since the precheck: what changed.
+    ChangedSincePrecheck(String),
+}
+
+/// The replayable dead letters of precheck `$1` locked `FOR SHARE` (archive
+/// and retention lock them `FOR UPDATE`, so neither crosses a plan being
+/// created): how many are still stored, how many are archived, and the
+/// lowest archived id.
+const FROZEN_DEAD_LETTERS_SQL: &str = "WITH held AS (SELECT d.id, d.archived_at FROM dead_letters d \
+    JOIN precheck_items i ON i.dead_letter_id = d.id \
+    WHERE i.precheck_id = $1 AND i.verdict = 'replayable' FOR SHARE OF d) \
+    SELECT count(*) AS stored, count(*) FILTER (WHERE archived_at IS NOT NULL) AS archived, \
+    min(id) FILTER (WHERE archived_at IS NOT NULL) AS first_archived FROM held";
+
+/// A row of [`FROZEN_DEAD_LETTERS_SQL`].
+#[derive(sqlx::FromRow)]
+struct FrozenDeadLettersRow {
+    stored: i64,
+    archived: i64,
+    first_archived: Option<DeadLetterId>,
 }
 
 fn destination_columns(
@@ -304,6 +325,22 @@ pub(crate) async fn insert_plan(
     .await?;
     if total == 0 {
         return Ok(CreateOutcome::NothingReplayable);
+    }
+    let frozen = sqlx::query_as::<_, FrozenDeadLettersRow>(FROZEN_DEAD_LETTERS_SQL)
+        .bind(plan.precheck_id)
+        .fetch_one(&mut **transaction)
+        .await?;
+    if let Some(first) = frozen.first_archived {
+        return Ok(CreateOutcome::ChangedSincePrecheck(format!(
+            "{} of its replayable dead letters (dead letter {first} first) were archived since",
+            frozen.archived
+        )));
+    }
+    if frozen.stored < total {
+        return Ok(CreateOutcome::ChangedSincePrecheck(format!(
+            "{} of its replayable dead letters were deleted by retention since",
+            total - frozen.stored
+        )));
     }
     let canary = if plan.canary_fraction > 0.0 {
         ((total as f64 * plan.canary_fraction).ceil() as i64).clamp(1, total)

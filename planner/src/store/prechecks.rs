@@ -226,7 +226,8 @@ impl Store {
     /// One page of a precheck's items by dead letter id, optionally of one
     /// verdict. With `plan_id`, that plan's items whose send-time outcome is the
     /// verdict's action (`needs_compensation`) are included too, marked
-    /// `at_send` with the reason of their audit event.
+    /// `at_send` with the reason of their audit event. An item whose dead
+    /// letter retention deleted has an empty message key and destination.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -239,7 +240,8 @@ impl Store {
         plan_id: Option<PlanId>,
     ) -> Result<Vec<v1::PrecheckItem>, StoreError> {
         let rows = sqlx::query_as::<_, PrecheckItemRow>(
-            "SELECT c.dead_letter_id, c.verdict, c.reason, c.at_send, d.message_key, d.destination, d.event_type \
+            "SELECT c.dead_letter_id, c.verdict, c.reason, c.at_send, coalesce(d.message_key, '') AS message_key, \
+                    coalesce(d.destination, '') AS destination, d.event_type \
              FROM (SELECT dead_letter_id, verdict, reason, false AS at_send FROM precheck_items \
                    WHERE precheck_id = $1 AND ($2::text IS NULL OR verdict = $2) AND dead_letter_id > $3 \
                    UNION ALL \
@@ -247,7 +249,7 @@ impl Store {
                        WHERE e.plan_id = i.plan_id AND e.dead_letter_id = i.dead_letter_id AND e.action = i.state \
                        ORDER BY e.id DESC LIMIT 1), ''), true FROM plan_items i \
                    WHERE i.plan_id = $5 AND i.state = $2 AND i.dead_letter_id > $3) c \
-             JOIN dead_letters d ON d.id = c.dead_letter_id \
+             LEFT JOIN dead_letters d ON d.id = c.dead_letter_id \
              ORDER BY c.dead_letter_id LIMIT $4",
         )
         .bind(id)

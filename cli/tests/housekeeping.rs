@@ -1,0 +1,128 @@
+//! `redrivectl dead-letters archive | unarchive` and the housekeeping
+//! selector flags (`--status`, `--error-contains`, `--body`) against the
+//! fake planner.
+
+mod support;
+
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_sends_the_selector_reason_and_actor() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    let output = redrivectl(
+        address,
+        &[
+            "dead-letters",
+            "archive",
+            "--id",
+            "3",
+            "--id",
+            "7",
+            "--error-contains",
+            "Timeout",
+            "--body",
+            "/order/status=paid",
+            "--reason-class",
+            "poison",
+            "--reason",
+            "  duplicates of orders already settled ",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "archived 1 dead letter(s) (1 unchanged)\nids: 3\n"
+    );
+    let archives = fake.archives.lock().unwrap().clone();
+    assert_eq!(archives.len(), 1);
+    let (verb, request) = &archives[0];
+    assert_eq!(*verb, "archive");
+    assert_eq!(request.reason, "duplicates of orders already settled");
+    let selector = request.selector.clone().unwrap();
+    assert_eq!(selector.ids, ["3", "7"]);
+    assert_eq!(selector.reasons, ["poison"], "--reason-class filters here");
+    assert_eq!(selector.error_contains, "Timeout");
+    assert_eq!(
+        selector.body_matches,
+        [v1::BodyMatch {
+            pointer: "/order/status".into(),
+            value: "paid".into(),
+        }]
+    );
+    assert_eq!(
+        fake.actors(),
+        [("archive", Some("tester".to_owned()))],
+        "the actor travels with the call"
+    );
+
+    let output = redrivectl(
+        address,
+        &[
+            "dead-letters",
+            "unarchive",
+            "--id",
+            "3",
+            "--status",
+            "archived",
+            "--reason",
+            "wrong call",
+            "--json",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        stdout_json(&output),
+        serde_json::json!({"changed": 1, "unchanged": 1, "dead_letter_ids": ["3"]})
+    );
+    let archives = fake.archives.lock().unwrap().clone();
+    assert_eq!(archives[1].0, "unarchive");
+    assert_eq!(
+        archives[1].1.selector.clone().unwrap().status,
+        i32::from(v1::DeadLetterStatus::Archived)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_needs_a_reason_and_a_well_formed_body_filter() {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    for args in [
+        &["dead-letters", "archive", "--id", "3"][..],
+        &["dead-letters", "archive", "--id", "3", "--reason", "  "],
+        &[
+            "dead-letters",
+            "archive",
+            "--body",
+            "/order/status",
+            "--reason",
+            "r",
+        ],
+        &["dead-letters", "list", "--status", "closed"],
+    ] {
+        let output = redrivectl(address, args, "").await;
+        assert_eq!(output.status.code(), Some(64), "{args:?}");
+    }
+    assert!(fake.archives.lock().unwrap().is_empty());
+
+    // A refusal of the planner is printed with its code, exit 1.
+    let output = redrivectl(
+        address,
+        &["dead-letters", "archive", "--id", "9", "--reason", "r"],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("failed_precondition"), "{stderr}");
+    assert!(stderr.contains("plan p-1"), "{stderr}");
+}
