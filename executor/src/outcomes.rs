@@ -120,9 +120,9 @@ pub struct InFlight {
     pub work: Work,
     /// Its confirm.
     pub pending: Pending,
-    /// Its publish span (disabled when no spans are exported), ended with
-    /// the outcome.
-    pub span: tracing::Span,
+    /// Its publish span (none when no spans are exported), ended with the
+    /// outcome.
+    pub span: Option<opentelemetry::global::BoxedSpan>,
 }
 
 /// What the collector tells the publishing loop.
@@ -270,13 +270,11 @@ impl Collector {
                     PublishOutcome::Unroutable { .. } => Some("unroutable"),
                     PublishOutcome::Uncertain { .. } => Some("uncertain"),
                 };
-                if let Some(error) = error {
-                    span.record("error.type", error);
-                    span.record("otel.status_code", "ERROR");
+                // The publish span ends here, at its outcome.
+                if let Some(span) = span {
+                    crate::message::end_publish_span(span, error);
                 }
                 self.handle(work, outcome).await;
-                // The publish span ends here, at its outcome.
-                drop(span);
             }
         }
     }

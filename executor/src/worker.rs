@@ -62,6 +62,10 @@ const TOKENS_AT_ONCE: Duration = Duration::from_millis(5);
 /// A token older than this is not spent: the run is taken again with fresh
 /// tokens (an interruption between the grant and the publish).
 pub const TOKEN_SPEND_LIMIT: Duration = Duration::from_millis(250);
+
+/// The instrumentation scope of the publish spans (the crate, as the
+/// `tracing` bridge names the executor's other spans).
+const TRACER_SCOPE: &str = "redrive-executor";
 /// A slice that publishes nothing and confirms nothing for this long, while
 /// not told to stop, is logged as stalled with what it waits for.
 const STALL_WARNING: Duration = Duration::from_secs(30);
@@ -773,6 +777,15 @@ impl Worker {
         let Some(publisher) = self.publisher.as_ref() else {
             return run.give_back(items, Leave::Next);
         };
+        // With spans exported, each message's publish span is a child of the
+        // slice's span.
+        let tracing = redrive_proto::telemetry::tracing_enabled().then(|| {
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            (
+                opentelemetry::global::tracer(TRACER_SCOPE),
+                tracing::Span::current().context(),
+            )
+        });
         let mut items = VecDeque::from(items);
         while let Some(work) = items.pop_front() {
             if !lease.may_publish() {
@@ -785,15 +798,22 @@ impl Worker {
             }
             // With spans exported, the message names its publish span;
             // otherwise a random traceparent, and no span per message.
-            let (span, traceparent) = if redrive_proto::telemetry::tracing_enabled() {
-                let span =
-                    message::publish_span(&run.context.plan_id, &run.context.slice_id, &work.item);
-                let traceparent = redrive_proto::telemetry::traceparent_of(&span);
-                (span, traceparent)
-            } else {
-                (tracing::Span::none(), None)
-            };
-            let traceparent = traceparent.unwrap_or_else(message::traceparent);
+            let span = tracing.as_ref().map(|(tracer, parent)| {
+                message::publish_span(
+                    tracer,
+                    parent,
+                    &run.context.plan_id,
+                    &run.context.slice_id,
+                    &work.item,
+                )
+            });
+            let traceparent = span
+                .as_ref()
+                .and_then(|span| {
+                    use opentelemetry::trace::Span as _;
+                    redrive_proto::telemetry::traceparent_of_context(span.span_context())
+                })
+                .unwrap_or_else(message::traceparent);
             let properties = match message::properties(
                 &run.context.plan_id,
                 &run.context.executor_id,

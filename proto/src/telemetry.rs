@@ -370,7 +370,12 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let context = span.context();
-    let span_context = context.span().span_context().clone();
+    traceparent_of_context(context.span().span_context())
+}
+
+/// The W3C `traceparent` (version `00`) naming `span_context`, when it is
+/// valid.
+pub fn traceparent_of_context(span_context: &opentelemetry::trace::SpanContext) -> Option<String> {
     span_context.is_valid().then(|| {
         format!(
             "00-{}-{}-{:02x}",

@@ -71,3 +71,53 @@ fn demo_sh_help_answers_without_building_and_lists_every_demo_option() -> anyhow
     }
     Ok(())
 }
+
+/// `scripts/services.sh` on a machine without the servers, as a user who is
+/// not root (issue 17): it installs nothing, prints the exact apt-get
+/// command naming every missing package and the PostgreSQL access step, and
+/// exits 1. The machine is simulated with a `PATH` holding only the tools
+/// the script itself needs, and an `id` that answers uid 1000.
+#[test]
+fn services_sh_prints_the_install_commands_when_servers_are_missing() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bin = tempfile::tempdir()?;
+    for tool in ["bash", "seq", "sleep", "cat", "head", "ls"] {
+        let found = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|dir| std::path::Path::new(dir).join(tool))
+            .find(|path| path.exists())
+            .ok_or_else(|| anyhow::anyhow!("{tool} is not installed"))?;
+        std::os::unix::fs::symlink(found, bin.path().join(tool))?;
+    }
+    let id = bin.path().join("id");
+    std::fs::write(&id, "#!/bin/sh\necho 1000\n")?;
+    std::fs::set_permissions(&id, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let output = std::process::Command::new(bin.path().join("bash"))
+        .arg(root.join("scripts/services.sh"))
+        .env_clear()
+        .env("PATH", bin.path())
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "not installed: postgresql postgresql-client redis-server redis-tools rabbitmq-server"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql postgresql-client redis-server redis-tools rabbitmq-server"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("host all all 127.0.0.1/32 trust"),
+        "the PostgreSQL access step: {stderr}"
+    );
+    assert!(
+        String::from_utf8(output.stdout)?.is_empty(),
+        "nothing started or installed"
+    );
+    Ok(())
+}

@@ -142,6 +142,12 @@ async fn replays_export_publish_spans_their_messages_name() -> anyhow::Result<()
         })?;
         assert_eq!(span.name, publish_name);
         assert_eq!(span.kind, SpanKind::Producer as i32);
+        let parent = spans
+            .iter()
+            .find(|parent| parent.span_id == span.parent_span_id)
+            .context("the publish span's parent is exported")?;
+        assert_eq!(parent.name, "executor.slice", "a child of its slice's span");
+        assert_eq!(parent.trace_id, span.trace_id);
         assert_eq!(attribute(span, "messaging.system"), Some("rabbitmq"));
         assert_eq!(attribute(span, "messaging.operation.type"), Some("send"));
         assert_eq!(
