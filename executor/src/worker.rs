@@ -796,6 +796,19 @@ impl Worker {
                 items.push_front(work);
                 return run.give_back(items, Leave::Next);
             }
+            // A slot first: a span is made only for a message that goes out.
+            let Some(slot) = slots.pop() else {
+                items.push_front(work);
+                return run.give_back(items, Leave::Next);
+            };
+            if publisher
+                .oldest_unconfirmed_age()
+                .is_some_and(|age| age > LATE_CONFIRM)
+            {
+                // Overdue since the room was made: take the tokens again later.
+                items.push_front(work);
+                return run.give_back(items, Leave::Next);
+            }
             // With spans exported, the message names its publish span;
             // otherwise a random traceparent, and no span per message.
             let span = tracing.as_ref().map(|(tracer, parent)| {
@@ -823,22 +836,11 @@ impl Worker {
             ) {
                 Ok(properties) => properties,
                 Err(reason) => {
+                    slots.push(slot);
                     run.finish(&work, v1::AuditAction::Failed, &reason).await;
                     continue;
                 }
             };
-            let Some(slot) = slots.pop() else {
-                items.push_front(work);
-                return run.give_back(items, Leave::Next);
-            };
-            if publisher
-                .oldest_unconfirmed_age()
-                .is_some_and(|age| age > LATE_CONFIRM)
-            {
-                // Overdue since the room was made: take the tokens again later.
-                items.push_front(work);
-                return run.give_back(items, Leave::Next);
-            }
             let outgoing = Outgoing {
                 exchange: work.item.exchange.clone(),
                 routing_key: work.item.routing_key.clone(),

@@ -18,7 +18,7 @@ use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
 use redrive_proto::v1;
 use redrive_tests::{
     Broker, ExecutorHandle, TestBed,
-    bench::{generate_dead_letters, unthrottled_plan},
+    bench::{generate_dead_letters, unthrottled_plan, wait_all_sent},
     env_count, peak_rss_mib, unique,
 };
 
@@ -37,27 +37,13 @@ async fn replay(bed: &TestBed, source: &str, executors: usize) -> anyhow::Result
     let handles: Vec<ExecutorHandle> = (0..executors)
         .map(|_| ExecutorHandle::start(config.clone()))
         .collect();
-    loop {
-        let current = client
-            .get_plan(v1::GetPlanRequest {
-                plan_id: plan.plan_id.clone(),
-            })
-            .await?
-            .into_inner();
-        if current.state() == v1::PlanState::Completed {
-            let counts = current.counts.unwrap_or_default();
-            anyhow::ensure!(
-                counts.sent == current.total_items,
-                "not all sent: {counts:?}"
-            );
-            break;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "replay did not finish in 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_all_sent(
+        &mut client,
+        &plan.plan_id,
+        started,
+        Duration::from_millis(50),
+    )
+    .await?;
     let seconds = started.elapsed().as_secs_f64();
     for handle in handles {
         handle.stop().await?;

@@ -142,7 +142,12 @@ async fn main() -> anyhow::Result<()> {
     let flushing = provider.clone();
     tokio::task::spawn_blocking(move || flushing.force_flush()).await??;
     ratios.sort_by(f64::total_cmp);
-    let median = ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN);
+    let middle = ratios.len() / 2;
+    let median = match ratios.len() {
+        0 => f64::NAN,
+        count if count % 2 == 0 => (ratios[middle - 1] + ratios[middle]) / 2.0,
+        _ => ratios[middle],
+    };
     let spans = receiver.spans();
     let publish_spans = spans
         .iter()

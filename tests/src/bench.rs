@@ -445,27 +445,13 @@ pub async fn measure_replay(
             digest,
         })
         .await?;
-    let total = loop {
-        let current = client
-            .get_plan(v1::GetPlanRequest {
-                plan_id: plan.plan_id.clone(),
-            })
-            .await?
-            .into_inner();
-        if current.state() == v1::PlanState::Completed {
-            let counts = current.counts.unwrap_or_default();
-            anyhow::ensure!(
-                counts.sent == current.total_items,
-                "not all sent: {counts:?}"
-            );
-            break current.total_items;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "replay did not finish in 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let total = wait_all_sent(
+        &mut client,
+        &plan.plan_id,
+        started,
+        Duration::from_millis(100),
+    )
+    .await?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = CpuSample::now(&pids).micros_per_message(&cpu_before, total);
     let rss = pids.iter().map(|pid| peak_rss_of(*pid)).fold(0.0, f64::max);
@@ -512,4 +498,39 @@ pub async fn measure_replay(
     println!("{writes}");
     println!("    executor peak RSS {rss:.0} MiB");
     Ok(figures)
+}
+
+/// Waits, polling `GetPlan` every `poll`, until plan `plan_id` is completed
+/// with every item sent; its item count.
+///
+/// # Errors
+/// A plan completed with items not sent, not completed 10 minutes after
+/// `started`, or a planner error.
+pub async fn wait_all_sent(
+    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    plan_id: &str,
+    started: Instant,
+    poll: Duration,
+) -> anyhow::Result<u64> {
+    loop {
+        let current = client
+            .get_plan(v1::GetPlanRequest {
+                plan_id: plan_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if current.state() == v1::PlanState::Completed {
+            let counts = current.counts.unwrap_or_default();
+            anyhow::ensure!(
+                counts.sent == current.total_items,
+                "not all sent: {counts:?}"
+            );
+            return Ok(current.total_items);
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "replay did not finish in 10 minutes"
+        );
+        tokio::time::sleep(poll).await;
+    }
 }
