@@ -395,12 +395,16 @@ impl DeadLetterJson {
 
 /// A paged listing on its way out: with `--json`, one object
 /// `{"<key>": [...], "next_page_token": "..."}` whose array is written item by
-/// item as pages arrive; otherwise one aligned table after the last page (or
+/// item as pages arrive (from the first item on: a request refused before any
+/// item leaves nothing on stdout, only the error); otherwise one aligned
+/// table after the last page (or
 /// `empty` when nothing matched), then `next page token: T` when more pages are
 /// left.
 pub struct Listing<'o> {
     out: &'o mut dyn Write,
     json: bool,
+    /// The JSON opening, `{"<key>":[`, until it is written.
+    opening: Option<String>,
     listed: usize,
     rows: Vec<Vec<String>>,
 }
@@ -411,15 +415,24 @@ impl<'o> Listing<'o> {
     /// # Errors
     /// Writing to `out`.
     pub fn open(out: &'o mut dyn Write, json: bool, key: &str) -> io::Result<Self> {
-        if json {
-            write!(out, "{{{}:[", serde_json::to_string(key)?)?;
-        }
+        let opening = json
+            .then(|| serde_json::to_string(key).map(|key| format!("{{{key}:[")))
+            .transpose()?;
         Ok(Self {
             out,
             json,
+            opening,
             listed: 0,
             rows: Vec::new(),
         })
+    }
+
+    /// Writes the JSON opening if it is not out yet.
+    fn opened(&mut self) -> io::Result<()> {
+        match self.opening.take() {
+            Some(opening) => self.out.write_all(opening.as_bytes()),
+            None => Ok(()),
+        }
     }
 
     /// Adds one item: its JSON shape, or its table row (built only for tables).
@@ -432,6 +445,7 @@ impl<'o> Listing<'o> {
         row: impl FnOnce() -> Vec<String>,
     ) -> io::Result<()> {
         if self.json {
+            self.opened()?;
             if self.listed > 0 {
                 self.out.write_all(b",")?;
             }
@@ -447,8 +461,9 @@ impl<'o> Listing<'o> {
     ///
     /// # Errors
     /// Writing to the output.
-    pub fn finish(self, page_token: &str, columns: &[Column], empty: &str) -> io::Result<()> {
+    pub fn finish(mut self, page_token: &str, columns: &[Column], empty: &str) -> io::Result<()> {
         if self.json {
+            self.opened()?;
             self.out.write_all(b"],\"next_page_token\":")?;
             serde_json::to_writer(&mut *self.out, page_token)?;
             return self.out.write_all(b"}\n");
@@ -469,6 +484,24 @@ impl<'o> Listing<'o> {
 
 #[cfg(test)]
 mod tests {
+    /// A `--json` listing whose first request is refused leaves stdout
+    /// empty (the error goes to stderr), not a JSON document cut short.
+    #[test]
+    fn a_json_listing_writes_nothing_before_its_first_item() {
+        let mut out = Vec::new();
+        drop(super::Listing::open(&mut out, true, "dead_letters").unwrap());
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        let mut out = Vec::new();
+        super::Listing::open(&mut out, true, "dead_letters")
+            .unwrap()
+            .finish("", &[], "none")
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\"dead_letters\":[],\"next_page_token\":\"\"}\n"
+        );
+    }
+
     use redrive_proto::{time::timestamp, v1};
     use serde_json::json;
 

@@ -82,7 +82,7 @@ async fn archive_sends_the_selector_reason_and_actor() {
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(
         stdout_json(&output),
-        serde_json::json!({"changed": 1, "unchanged": 1, "dead_letter_ids": ["3"]})
+        serde_json::json!({"changed": 1, "unchanged": 1, "dead_letter_ids": ["3"], "not_found_ids": []})
     );
     let archives = fake.archives.lock().unwrap().clone();
     assert_eq!(archives[1].0, "unarchive");
@@ -112,7 +112,58 @@ async fn archive_needs_a_reason_and_a_well_formed_body_filter() {
         let output = redrivectl(address, args, "").await;
         assert_eq!(output.status.code(), Some(64), "{args:?}");
     }
+    // `--reason poison` filters in `list`: here, where it says why, a bare
+    // reason class is refused rather than archiving the whole source.
+    for class in ["poison", " Rejected ", "delivery_limit"] {
+        let output = redrivectl(
+            address,
+            &[
+                "dead-letters",
+                "archive",
+                "--source",
+                "orders.dlq",
+                "--reason",
+                class,
+            ],
+            "",
+        )
+        .await;
+        assert_eq!(output.status.code(), Some(64), "{class:?}");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(
+            stderr.contains(&format!(
+                "--reason-class {}",
+                class.trim().to_ascii_lowercase()
+            )),
+            "{stderr}"
+        );
+    }
     assert!(fake.archives.lock().unwrap().is_empty());
+
+    // An id that names nothing is said, and the exit is 65: not everything
+    // asked was done.
+    let output = redrivectl(
+        address,
+        &[
+            "dead-letters",
+            "archive",
+            "--id",
+            "5",
+            "--id",
+            "404",
+            "--reason",
+            "settled by hand",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(65));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("archived 1 dead letter(s)"), "{stdout}");
+    assert!(
+        stdout.contains("not found (never captured here, or deleted by retention): 404"),
+        "{stdout}"
+    );
 
     // A refusal of the planner is printed with its code, exit 1.
     let output = redrivectl(

@@ -8,11 +8,14 @@
 //! | `""` (the server) and `readiness` | ready: the broker accepts a connection, Redis answers `PING` (when configured) and the planner's `redrive.v1.Coordinator` reports `SERVING`, all checked every [`CHECK_INTERVAL`] |
 //! | `liveness` | live: every slice loop beat its [`Heartbeat`] within the liveness timeout (it beats on every claim answer, publish, outcome and each second of a wait) |
 //!
-//! Until the first check ends, every name is `NOT_SERVING`.
+//! Until the first check ends, every name is `NOT_SERVING`. Health is served
+//! from the start, also while the executor still waits for Redis: not
+//! ready then, but live (nothing is wedged; the slice loops have not
+//! started).
 
 use std::{
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -80,12 +83,13 @@ pub struct HealthChecks {
     pub amqp_url: String,
     /// Publisher options (TLS, heartbeat) for the broker check.
     pub publisher: PublisherOptions,
-    /// Redis, when configured.
-    pub redis: Option<ConnectionManager>,
+    /// Redis, when configured: set once connected (not ready before).
+    pub redis: Option<Arc<OnceLock<ConnectionManager>>>,
     /// The planner channel the executor uses.
     pub planner: Channel,
-    /// One per slice loop.
-    pub heartbeats: Vec<Heartbeat>,
+    /// One per slice loop, set when the loops start (live before: starting
+    /// is not being wedged).
+    pub heartbeats: Arc<OnceLock<Vec<Heartbeat>>>,
     /// A loop silent longer than this is wedged.
     pub liveness_timeout: Duration,
 }
@@ -141,6 +145,9 @@ async fn keep_current(reporter: HealthReporter, checks: HealthChecks, shutdown: 
         }
         let wedged = checks
             .heartbeats
+            .get()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
             .iter()
             .enumerate()
             .filter(|(_, heartbeat)| heartbeat.silent_for() > checks.liveness_timeout)
@@ -189,6 +196,10 @@ async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
     let redis = async {
         let Some(connection) = &checks.redis else {
             return true;
+        };
+        let Some(connection) = connection.get() else {
+            // Not connected yet.
+            return false;
         };
         let mut connection = connection.clone();
         let command = redis::cmd("PING");
@@ -261,7 +272,7 @@ mod tests {
             publisher: PublisherOptions::with_window(1),
             redis: None,
             planner: Endpoint::from_static("http://127.0.0.1:1").connect_lazy(),
-            heartbeats: vec![beating.clone(), silent.clone()],
+            heartbeats: Arc::new(OnceLock::from(vec![beating.clone(), silent.clone()])),
             liveness_timeout: Duration::from_secs(3),
         };
         let shutdown = CancellationToken::new();

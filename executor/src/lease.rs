@@ -413,10 +413,13 @@ impl Lease {
             Ok(Ok(_)) if release => info!("slice released"),
             Ok(Ok(_)) => info!("slice completed"),
             Ok(Err(status)) if is_stale_token(&status) => {
-                tracing::debug!(message = status.message(), "the lease was already gone");
+                tracing::debug!(
+                    grpc_message = status.message(),
+                    "the lease was already gone"
+                );
             }
             Ok(Err(status)) => {
-                warn!(code = ?status.code(), message = status.message(), "ending the lease failed");
+                warn!(code = ?status.code(), grpc_message = status.message(), "ending the lease failed");
             }
             Err(_) => warn!("ending the lease timed out; it expires by itself"),
         }
@@ -501,7 +504,7 @@ async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shar
                 return;
             }
             Err(status) => {
-                warn!(code = ?status.code(), message = status.message(), "lease renewal failed");
+                warn!(code = ?status.code(), grpc_message = status.message(), "lease renewal failed");
             }
         }
     }
@@ -533,7 +536,7 @@ async fn watch(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>)
                         }
                         Ok(None) => break,
                         Err(status) => {
-                            tracing::debug!(code = ?status.code(), message = status.message(), "lease watch ended");
+                            tracing::debug!(code = ?status.code(), grpc_message = status.message(), "lease watch ended");
                             break;
                         }
                     }
@@ -544,7 +547,7 @@ async fn watch(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>)
                 return;
             }
             Err(status) => {
-                tracing::debug!(code = ?status.code(), message = status.message(), "cannot watch the lease");
+                tracing::debug!(code = ?status.code(), grpc_message = status.message(), "cannot watch the lease");
             }
         }
         tokio::time::sleep(backoff.next_delay()).await;
@@ -633,7 +636,7 @@ async fn report(
                 }
                 Err(status) if is_stale_token(&status) => {
                     // A token the slice never had: nothing of it can be recorded.
-                    warn!(message = status.message(), "outcome report refused");
+                    warn!(grpc_message = status.message(), "outcome report refused");
                     shared
                         .unreported
                         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -641,10 +644,10 @@ async fn report(
                     break;
                 }
                 Err(status) if started.elapsed() < REPORT_GIVE_UP => {
-                    warn!(code = ?status.code(), message = status.message(), "outcome report failed; retrying");
+                    warn!(code = ?status.code(), grpc_message = status.message(), "outcome report failed; retrying");
                 }
                 Err(status) => {
-                    warn!(code = ?status.code(), message = status.message(), events = request.events.len(),
+                    warn!(code = ?status.code(), grpc_message = status.message(), events = request.events.len(),
                         "giving up on an outcome report; when the lease expires the planner marks its unreported items uncertain");
                     shared
                         .unreported

@@ -375,16 +375,48 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         shutdown.clone(),
     )
     .await
-    .map_err(|error| {
-        anyhow::anyhow!("invalid setting (--metrics-listen or --otlp-endpoint): {error}")
-    })?;
+    .map_err(|error| anyhow::anyhow!("invalid setting {}: {error}", error.setting()))?;
     let metrics = ExecutorMetrics::new(&metrics_pipeline.meter("redrive-executor"));
-    let (bucket, replay_keys, redis) = match &config.redis_url {
+    // Health is served from here on, also while Redis is waited for (not
+    // ready then, but live); a bad address ends the start before any claim.
+    let publisher_options = PublisherOptions {
+        window: config.window,
+        confirm_timeout: Duration::from_secs(config.confirm_timeout_seconds),
+        heartbeat: Duration::from_secs(config.amqp_heartbeat_seconds),
+    };
+    let redis_for_health = config
+        .redis_url
+        .as_ref()
+        .map(|_| Arc::new(std::sync::OnceLock::new()));
+    let heartbeats_for_health = Arc::new(std::sync::OnceLock::new());
+    let health = match config.health_listen {
+        None => None,
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| {
+                    format!("invalid setting --health-listen: cannot bind {address}")
+                })?;
+            Some(tokio::spawn(health::serve(
+                listener,
+                HealthChecks {
+                    amqp_url: config.amqp_url.clone(),
+                    publisher: publisher_options,
+                    redis: redis_for_health.clone(),
+                    planner: planner_channel,
+                    heartbeats: Arc::clone(&heartbeats_for_health),
+                    liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
+                },
+                shutdown.clone(),
+            )))
+        }
+    };
+    let (bucket, replay_keys) = match &config.redis_url {
         None => {
             info!(
                 "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
             );
-            (Bucket::Local(LocalBucket::new()), None, None)
+            (Bucket::Local(LocalBucket::new()), None)
         }
         Some(redis_url) => {
             let mut backoff =
@@ -395,7 +427,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                     Err(error) => {
                         warn!(%error, "Redis unreachable: not publishing until it is back");
                         tokio::select! {
-                            () = shutdown.cancelled() => return Ok(()),
+                            () = shutdown.cancelled() => {
+                                if let Some(health) = health {
+                                    health.abort();
+                                }
+                                return Ok(());
+                            }
                             () = tokio::time::sleep(backoff.next_delay()) => {}
                         }
                     }
@@ -409,18 +446,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
             let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
                 .map_err(anyhow::Error::msg)?;
-            (Bucket::Redis(bucket), Some(replay_keys), Some(connection))
+            if let Some(ready) = &redis_for_health {
+                let _ = ready.set(connection);
+            }
+            (Bucket::Redis(bucket), Some(replay_keys))
         }
     };
     info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
     let settings = WorkerSettings {
         executor_id,
         amqp_url: config.amqp_url.clone(),
-        publisher: PublisherOptions {
-            window: config.window,
-            confirm_timeout: Duration::from_secs(config.confirm_timeout_seconds),
-            heartbeat: Duration::from_secs(config.amqp_heartbeat_seconds),
-        },
+        publisher: publisher_options,
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
     };
@@ -448,30 +484,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         );
         loops.spawn(worker.run(shutdown.clone()));
     }
-    // Served once Redis answered: until then a probe's connection is
-    // refused, which orchestrators take as not ready too.
-    let health_listener =
-        match config.health_listen {
-            None => None,
-            Some(address) => Some(tokio::net::TcpListener::bind(address).await.with_context(
-                || format!("invalid setting --health-listen: cannot bind {address}"),
-            )?),
-        };
-    let health = match health_listener {
-        None => None,
-        Some(listener) => Some(tokio::spawn(health::serve(
-            listener,
-            HealthChecks {
-                amqp_url: config.amqp_url.clone(),
-                publisher: settings.publisher,
-                redis,
-                planner: planner_channel,
-                heartbeats,
-                liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
-            },
-            shutdown.clone(),
-        ))),
-    };
+    let _ = heartbeats_for_health.set(heartbeats);
     // After shutdown each loop stops publishing at once, drains its confirms
     // and reports; the grace period bounds that.
     let grace = Duration::from_secs(config.shutdown_grace_seconds);

@@ -53,7 +53,13 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("redrive-executor: {error:#}");
-            ExitCode::FAILURE
+            // A setting found wrong only when used (an address that cannot
+            // be bound) is a usage error, as at parsing.
+            if error.to_string().starts_with("invalid setting") {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     };
     if let Some(tracer) = tracer {

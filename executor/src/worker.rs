@@ -329,7 +329,7 @@ impl Worker {
                 }
                 Err(status) => {
                     let delay = backoff.next_delay();
-                    warn!(code = ?status.code(), message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed");
+                    warn!(code = ?status.code(), grpc_message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed");
                     tokio::select! {
                         () = shutdown.cancelled() => break,
                         () = tokio::time::sleep(delay) => {}
@@ -952,7 +952,7 @@ impl Worker {
             match answer {
                 Ok(answer) => break answer.into_inner().decisions,
                 Err(status) => {
-                    warn!(code = ?status.code(), message = status.message(), "state re-check failed: not publishing these items until it answers");
+                    warn!(code = ?status.code(), grpc_message = status.message(), "state re-check failed: not publishing these items until it answers");
                     tokio::select! {
                         () = lease.stopped() => {
                             run.requeue(items);

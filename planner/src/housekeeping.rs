@@ -60,7 +60,11 @@ pub async fn set_archived(
         .set_archived(&selector, archive, actor, &reason)
         .await?
     {
-        ArchiveOutcome::Done { changed, unchanged } => {
+        ArchiveOutcome::Done {
+            changed,
+            unchanged,
+            not_found,
+        } => {
             info!(
                 actor,
                 changed = changed.len(),
@@ -76,6 +80,7 @@ pub async fn set_archived(
                     .take(IDS_LISTED)
                     .map(ToString::to_string)
                     .collect(),
+                not_found_ids: not_found.iter().map(ToString::to_string).collect(),
             })
         }
         ArchiveOutcome::InLivePlan {

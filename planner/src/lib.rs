@@ -150,9 +150,7 @@ pub async fn run(
         shutdown.clone(),
     )
     .await
-    .map_err(|error| {
-        anyhow::anyhow!("invalid setting (--metrics-listen or --otlp-endpoint): {error}")
-    })?;
+    .map_err(|error| anyhow::anyhow!("invalid setting {}: {error}", error.setting()))?;
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?
         .with_metrics(metrics::PlannerMetrics::new(
             &metrics_pipeline.meter("redrive-planner"),

@@ -54,7 +54,14 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "planner failed");
-            ExitCode::FAILURE
+            // A setting found wrong only when used (an address that cannot
+            // be bound) is a usage error, as at parsing.
+            if error.to_string().starts_with("invalid setting") {
+                eprintln!("redrive-planner: {error:#}");
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     };
     if let Some(tracer) = tracer {

@@ -92,7 +92,7 @@ pub fn pointer_tokens(pointer: &str) -> Result<Vec<String>, String> {
     }
     let Some(rest) = pointer.strip_prefix('/') else {
         return Err(format!(
-            "{pointer:?} is not a JSON pointer: it starts with '/' (RFC 6901), e.g. /order/id"
+            "{pointer:?} is not a JSON pointer: a pointer starts with '/' (RFC 6901), e.g. /order/id"
         ));
     };
     rest.split('/')
@@ -236,8 +236,9 @@ impl TryFrom<v1::Selector> for Selector {
 }
 
 impl Selector {
-    /// Whether nothing narrows it (no list, window, limit, text or body
-    /// filter); the status aside.
+    /// Whether nothing narrows it by what the dead letters are (no list,
+    /// window, text or body filter); the status and the limit aside: a
+    /// limit alone picks the first dead letters by id, whatever they are.
     pub fn is_unfiltered(&self) -> bool {
         self.sources.is_empty()
             && self.reasons.is_empty()
@@ -247,7 +248,6 @@ impl Selector {
             && self.producers.is_empty()
             && self.died_from.is_none()
             && self.died_to.is_none()
-            && self.limit.is_none()
             && self.ids.is_empty()
             && self.error_contains.is_none()
             && self.body_matches.is_empty()

@@ -52,6 +52,17 @@ pub enum TelemetryError {
     },
 }
 
+impl TelemetryError {
+    /// The setting at fault: `--metrics-listen` for an address that cannot
+    /// be bound, `--otlp-endpoint` for an exporter that cannot be built.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            Self::Bind { .. } => "--metrics-listen",
+            Self::Exporter { .. } => "--otlp-endpoint",
+        }
+    }
+}
+
 /// What a service's metrics pipeline is told at start.
 #[derive(Debug, Clone, Default)]
 pub struct MetricsSettings {

@@ -381,6 +381,20 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
         "{}",
         error.message()
     );
+    // A limit alone is no filter: it would take the first dead letters,
+    // whatever they are.
+    let error = bed
+        .client
+        .archive_dead_letters(ArchiveDeadLettersRequest {
+            selector: Some(Selector {
+                limit: 100_000,
+                ..Default::default()
+            }),
+            reason: "oops".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument, "{}", error.message());
 
     // Archive one, by alice.
     let answer = bed
@@ -393,6 +407,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
         .into_inner();
     assert_eq!(answer.changed, 1);
     assert_eq!(answer.unchanged, 0, "an unknown id selects nothing");
+    assert_eq!(answer.not_found_ids, ["999999"], "and is named");
     assert_eq!(answer.dead_letter_ids, std::slice::from_ref(one));
     let again = bed
         .client

@@ -294,6 +294,40 @@ async fn executor_readiness_follows_redis_and_liveness_its_loops() -> anyhow::Re
     bed.finish().await
 }
 
+/// Redis down when the executor starts: health answers at once (a probe
+/// gets NOT_SERVING readiness, SERVING liveness, not a refused connection
+/// that an orchestrator would take for a dead process), and readiness
+/// follows once Redis is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn executor_health_answers_while_redis_is_down_at_start() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let bed = TestBed::start(broker, |_| {}).await?;
+    let redis_proxy = TcpProxy::start("127.0.0.1:6379".parse()?).await?;
+    redis_proxy.cut();
+    let health_address = free_address().await?;
+    let mut config = bed.executor_config();
+    config.redis_url = Some(format!("redis://{}", redis_proxy.addr()));
+    config.health_listen = Some(health_address);
+    let executor = ExecutorHandle::start(config);
+
+    wait_health(health_address, "liveness", ServingStatus::Serving).await?;
+    assert_eq!(
+        health(health_address, "readiness").await,
+        Some(ServingStatus::NotServing),
+        "not ready without Redis"
+    );
+    redis_proxy.restore();
+    wait_health(health_address, "readiness", ServingStatus::Serving).await?;
+    assert_eq!(
+        health(health_address, "liveness").await,
+        Some(ServingStatus::Serving)
+    );
+
+    executor.stop().await?;
+    bed.finish().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn executor_is_not_ready_without_its_planner() -> anyhow::Result<()> {
     init_logging();

@@ -55,8 +55,10 @@
 //! at least one selector flag; the reason class filter is `--reason-class`
 //! here, `--reason` says why): they leave listings, summaries and prechecks,
 //! and the planner's retention may delete them later. `unarchive` reverses
-//! it. Prints `archived N dead letter(s) (M unchanged)` and the ids changed;
-//! `--json`: `{"changed": N, "unchanged": M, "dead_letter_ids": [...]}`.
+//! it. Prints `archived N dead letter(s) (M unchanged)`, the ids changed and
+//! the `--id`s that name no dead letter (then exit 65);
+//! `--json`: `{"changed": N, "unchanged": M, "dead_letter_ids": [...],
+//! "not_found_ids": [...]}`.
 //! Refused (exit 1) when a selected dead letter is an item of a plan that has
 //! not ended, naming the plan.
 
@@ -74,7 +76,7 @@ use serde::Serialize;
 
 use crate::{
     client::Planner,
-    error::{CliError, EX_OK},
+    error::{CliError, EX_DATAERR, EX_OK},
     headers,
     output::{
         self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table,
@@ -114,17 +116,32 @@ pub struct ArchiveArgs {
 
 impl clap::FromArgMatches for ArchiveArgs {
     fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let reason = matches
+            .get_one::<String>("reason")
+            .cloned()
+            .ok_or_else(|| {
+                clap::Error::raw(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "--reason TEXT is required: say why",
+                )
+            })?;
+        // Elsewhere `--reason R` filters by reason class: here it says why,
+        // so a bare class name is most likely a filter meant as
+        // `--reason-class`, and would archive more than meant.
+        let bare = reason.trim().to_ascii_lowercase();
+        if crate::selector::REASONS.contains(&bare.as_str()) {
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "--reason {bare:?} looks like a reason class, but here --reason says why \
+                     (free text): to select by reason class use --reason-class {bare}, and \
+                     say why with --reason\n"
+                ),
+            ));
+        }
         Ok(Self {
             selector: SelectorArgs::from_arg_matches(matches)?,
-            reason: matches
-                .get_one::<String>("reason")
-                .cloned()
-                .ok_or_else(|| {
-                    clap::Error::raw(
-                        clap::error::ErrorKind::MissingRequiredArgument,
-                        "--reason TEXT is required: say why",
-                    )
-                })?,
+            reason,
         })
     }
 
@@ -358,6 +375,7 @@ struct ArchiveResultJson {
     changed: u64,
     unchanged: u64,
     dead_letter_ids: Vec<String>,
+    not_found_ids: Vec<String>,
 }
 
 async fn set_archived(
@@ -377,6 +395,12 @@ async fn set_archived(
         planner.unarchive_dead_letters(request).await?
     }
     .into_inner();
+    // Ids that name nothing: what was asked could not all be done.
+    let code = if response.not_found_ids.is_empty() {
+        EX_OK
+    } else {
+        EX_DATAERR
+    };
     if json {
         write_json(
             out,
@@ -384,9 +408,10 @@ async fn set_archived(
                 changed: response.changed,
                 unchanged: response.unchanged,
                 dead_letter_ids: response.dead_letter_ids,
+                not_found_ids: response.not_found_ids,
             },
         )?;
-        return Ok(EX_OK);
+        return Ok(code);
     }
     writeln!(
         out,
@@ -405,7 +430,14 @@ async fn set_archived(
         }
         writeln!(out, "ids: {ids}")?;
     }
-    Ok(EX_OK)
+    if !response.not_found_ids.is_empty() {
+        writeln!(
+            out,
+            "not found (never captured here, or deleted by retention): {}",
+            response.not_found_ids.join(", ")
+        )?;
+    }
+    Ok(code)
 }
 
 /// The bytes of `path` (`-`: stdin).

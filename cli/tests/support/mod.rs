@@ -269,7 +269,8 @@ pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl Fake {
     /// Archive or unarchive: every selected id changes, but id `7`, which is
-    /// unchanged; a selector with id `9` is in a live plan.
+    /// unchanged, and id `404`, which names nothing; a selector with id `9`
+    /// is in a live plan.
     fn archive_answer(
         &self,
         verb: &'static str,
@@ -284,11 +285,16 @@ impl Fake {
                 "dead letter 9 is an item of plan p-1 (main), which has not ended",
             ));
         }
-        let changed: Vec<String> = ids.into_iter().filter(|id| id != "7").collect();
+        let not_found_ids: Vec<String> = ids.iter().filter(|id| *id == "404").cloned().collect();
+        let changed: Vec<String> = ids
+            .into_iter()
+            .filter(|id| id != "7" && id != "404")
+            .collect();
         Ok(Response::new(v1::ArchiveDeadLettersResponse {
             changed: changed.len() as u64,
             unchanged: 1,
             dead_letter_ids: changed,
+            not_found_ids,
         }))
     }
 }

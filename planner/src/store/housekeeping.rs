@@ -28,6 +28,8 @@ pub enum ArchiveOutcome {
         changed: Vec<DeadLetterId>,
         /// Selected dead letters left as they were.
         unchanged: u64,
+        /// Ids the selector names that name no stored dead letter.
+        not_found: Vec<DeadLetterId>,
     },
     /// Refused, nothing changed: a selected dead letter is an item of a plan
     /// that has not ended.
@@ -141,10 +143,22 @@ impl Store {
             .bind(reason)
             .fetch_all(&mut *transaction)
             .await?;
+        let not_found: Vec<DeadLetterId> = if selector.ids.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query_scalar(
+                "SELECT DISTINCT x FROM unnest($1::bigint[]) x \
+                 WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.id = x) ORDER BY x",
+            )
+            .bind(&selector.ids)
+            .fetch_all(&mut *transaction)
+            .await?
+        };
         transaction.commit().await?;
         Ok(ArchiveOutcome::Done {
             unchanged: (selected.len() - changed.len()) as u64,
             changed,
+            not_found,
         })
     }
 
