@@ -28,7 +28,10 @@ use opentelemetry::{
     KeyValue,
     metrics::{Counter, Gauge, Histogram, Meter, UpDownCounter},
 };
-use redrive_proto::{telemetry::SECONDS_BOUNDARIES, v1::AuditAction};
+use redrive_proto::{
+    telemetry::{EnumAttributes, SECONDS_BOUNDARIES},
+    v1::AuditAction,
+};
 
 /// `messaging.client.sent.messages` (OpenTelemetry messaging semantic
 /// conventions): publish attempts, by `error.type` when not acked and routed.
@@ -86,8 +89,8 @@ pub struct ExecutorMetrics {
     publish_ok: [KeyValue; 2],
     /// By [`PublishFailure`] as index.
     publish_errors: [[KeyValue; 3]; 3],
-    /// By `AuditAction` as index (its wire number, 0 to 8).
-    actions: [[KeyValue; 1]; 9],
+    /// By `AuditAction`.
+    actions: EnumAttributes<9>,
 }
 
 impl ExecutorMetrics {
@@ -104,12 +107,10 @@ impl ExecutorMetrics {
                 KeyValue::new("error.type", error),
             ]
         };
-        let actions = std::array::from_fn(|index| {
-            let action = i32::try_from(index)
-                .ok()
-                .and_then(|number| AuditAction::try_from(number).ok())
-                .unwrap_or(AuditAction::Unspecified);
-            [KeyValue::new("redrive.audit.action", action.name())]
+        let actions = EnumAttributes::new("redrive.audit.action", |number| {
+            AuditAction::try_from(number)
+                .unwrap_or(AuditAction::Unspecified)
+                .name()
         });
         Self {
             sent_messages: meter
@@ -199,8 +200,7 @@ impl ExecutorMetrics {
 
     /// An audit event with `action` reported.
     pub fn item(&self, action: AuditAction) {
-        let index = usize::try_from(i32::from(action)).unwrap_or(0);
-        if let Some(attributes) = self.actions.get(index) {
+        if let Some(attributes) = self.actions.of(action.into()) {
             self.items.add(1, attributes);
         }
     }

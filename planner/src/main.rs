@@ -4,9 +4,11 @@
 use std::process::ExitCode;
 
 use redrive_planner::Config;
-use redrive_proto::settings::{EX_USAGE, parse_or_exit};
+use redrive_proto::{
+    settings::{EX_USAGE, parse_or_exit, run_failure_code},
+    telemetry::{Logging, cancel_on_signal},
+};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -24,18 +26,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let filter = EnvFilter::try_from_env("REDRIVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let tracer = match redrive_proto::telemetry::init_subscriber(
+    let logging = match Logging::start(
         "redrive-planner",
-        filter,
         config.log_json,
         config.otlp_endpoint.as_deref(),
     ) {
-        Ok(tracer) => tracer,
-        Err(error) => {
-            eprintln!("redrive-planner: invalid setting --otlp-endpoint: {error}");
-            return ExitCode::from(EX_USAGE);
-        }
+        Ok(logging) => logging,
+        Err(code) => return code,
     };
 
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
@@ -54,30 +51,14 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "planner failed");
-            // A setting found wrong only when used (an address that cannot
-            // be bound) is a usage error, as at parsing.
-            if error.to_string().starts_with("invalid setting") {
+            let code = run_failure_code(&error);
+            if code == ExitCode::from(EX_USAGE) {
+                // A usage error goes where the parsing ones go, too.
                 eprintln!("redrive-planner: {error:#}");
-                ExitCode::from(EX_USAGE)
-            } else {
-                ExitCode::FAILURE
             }
+            code
         }
     };
-    if let Some(tracer) = tracer {
-        // The batch processor's last export blocks: off the runtime.
-        let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
-    }
+    logging.finish().await;
     code
-}
-
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
-    tracing::info!("shutdown requested");
-    shutdown.cancel();
 }

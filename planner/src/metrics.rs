@@ -25,7 +25,7 @@ use opentelemetry::{
     metrics::{Counter, Gauge, Histogram, Meter},
 };
 use redrive_proto::{
-    telemetry::{Metrics, SECONDS_BOUNDARIES},
+    telemetry::{EnumAttributes, Metrics, SECONDS_BOUNDARIES},
     v1::{AuditAction, PlanState, ReasonClass, Verdict, VerdictCounts},
 };
 
@@ -107,10 +107,10 @@ pub struct PlannerMetrics {
     plans: Gauge<u64>,
     gate_trips: Counter<u64>,
     leases_expired: Counter<u64>,
-    /// By `AuditAction` as index (its wire number, 0 to 8).
-    actions: [[KeyValue; 1]; 9],
-    /// By `PlanState` as index (its wire number, 0 to 8).
-    states: [[KeyValue; 1]; 9],
+    /// By `AuditAction`.
+    actions: EnumAttributes<9>,
+    /// By `PlanState`.
+    states: EnumAttributes<9>,
 }
 
 impl Default for PlannerMetrics {
@@ -130,19 +130,15 @@ impl PlannerMetrics {
                 .with_description(description)
                 .build()
         };
-        let actions = std::array::from_fn(|index| {
-            let action = i32::try_from(index)
-                .ok()
-                .and_then(|number| AuditAction::try_from(number).ok())
-                .unwrap_or(AuditAction::Unspecified);
-            [KeyValue::new("redrive.audit.action", action.name())]
+        let actions = EnumAttributes::new("redrive.audit.action", |number| {
+            AuditAction::try_from(number)
+                .unwrap_or(AuditAction::Unspecified)
+                .name()
         });
-        let states = std::array::from_fn(|index| {
-            let state = i32::try_from(index)
-                .ok()
-                .and_then(|number| PlanState::try_from(number).ok())
-                .unwrap_or(PlanState::Unspecified);
-            [KeyValue::new("redrive.plan.state", state.name())]
+        let states = EnumAttributes::new("redrive.plan.state", |number| {
+            PlanState::try_from(number)
+                .unwrap_or(PlanState::Unspecified)
+                .name()
         });
         Self {
             captured: counter(
@@ -285,16 +281,14 @@ impl PlannerMetrics {
 
     /// `count` audit events with `action` were reported.
     pub fn items_reported(&self, action: AuditAction, count: u64) {
-        let index = usize::try_from(i32::from(action)).unwrap_or(0);
-        if let Some(attributes) = self.actions.get(index) {
+        if let Some(attributes) = self.actions.of(action.into()) {
             self.items.add(count, attributes);
         }
     }
 
     /// A plan moved to `state`.
     pub fn plan_moved(&self, state: PlanState) {
-        let index = usize::try_from(i32::from(state)).unwrap_or(0);
-        if let Some(attributes) = self.states.get(index) {
+        if let Some(attributes) = self.states.of(state.into()) {
             self.plan_transitions.add(1, attributes);
         }
     }
@@ -303,17 +297,15 @@ impl PlannerMetrics {
     /// recorded, 0 for one absent from `counts`, so a state that empties
     /// drops to 0 rather than keeping its last figure.
     pub fn plans_counted(&self, counts: &[(PlanState, u64)]) {
-        let mut by_state = [0_u64; 9];
-        for (state, count) in counts {
-            if let Some(slot) = usize::try_from(i32::from(*state))
-                .ok()
-                .and_then(|index| by_state.get_mut(index))
-            {
-                *slot += count;
+        for state in PlanState::ALL {
+            let count = counts
+                .iter()
+                .filter(|(counted, _)| *counted == state)
+                .map(|(_, count)| count)
+                .sum();
+            if let Some(attributes) = self.states.of(state.into()) {
+                self.plans.record(count, attributes);
             }
-        }
-        for (count, attributes) in by_state.iter().zip(&self.states).skip(1) {
-            self.plans.record(*count, attributes);
         }
     }
 

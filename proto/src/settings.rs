@@ -14,6 +14,18 @@ use clap::{Command, Parser, error::ErrorKind};
 /// Exit code for a bad setting (sysexits.h `EX_USAGE`).
 pub const EX_USAGE: u8 = 64;
 
+/// What a service's run that ended with `error` exits with: [`EX_USAGE`]
+/// for a setting found wrong only when used (its message starts with
+/// `invalid setting`, as [`SettingError`]'s do: an address that cannot be
+/// bound), as at parsing; 1 otherwise.
+pub fn run_failure_code(error: &dyn std::fmt::Display) -> ExitCode {
+    if error.to_string().starts_with("invalid setting") {
+        ExitCode::from(EX_USAGE)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// A setting that is wrong, named.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting --{setting}: {problem}")]

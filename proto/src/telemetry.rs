@@ -28,6 +28,35 @@ pub const SECONDS_BOUNDARIES: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// One attribute set `[key = name]` per value of a proto enum of `N`
+/// values, indexed by its wire number (0 to `N - 1`): built once, so that
+/// recording a measurement by enum allocates nothing.
+#[derive(Debug, Clone)]
+pub struct EnumAttributes<const N: usize> {
+    sets: [[opentelemetry::KeyValue; 1]; N],
+}
+
+impl<const N: usize> EnumAttributes<N> {
+    /// The sets of `key`, each value named by `name_of(wire number)`.
+    pub fn new(key: &'static str, name_of: impl Fn(i32) -> &'static str) -> Self {
+        Self {
+            sets: std::array::from_fn(|index| {
+                let number = i32::try_from(index).unwrap_or_default();
+                [opentelemetry::KeyValue::new(key, name_of(number))]
+            }),
+        }
+    }
+
+    /// The set of the value with wire number `number`; `None` outside
+    /// `0..N`.
+    pub fn of(&self, number: i32) -> Option<&[opentelemetry::KeyValue]> {
+        usize::try_from(number)
+            .ok()
+            .and_then(|index| self.sets.get(index))
+            .map(<[_; 1]>::as_slice)
+    }
+}
+
 /// How often metrics are pushed to the OTLP collector.
 pub const OTLP_EXPORT_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -560,6 +589,63 @@ where
             writeln!(writer, "{body} trace_id={trace_id} span_id={span_id}")
         }
     }
+}
+
+/// A service binary's logging and span export, from start to exit: the
+/// subscriber of [`init_subscriber`] filtered by `REDRIVE_LOG` (default
+/// `info`), and the tracer provider to flush at exit.
+#[derive(Debug)]
+pub struct Logging {
+    tracer: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Logging {
+    /// Installs the subscriber of `program` (its `service.name`): JSON lines
+    /// with `json`, spans exported to `otlp_endpoint` when given. Must run
+    /// inside the Tokio runtime.
+    ///
+    /// # Errors
+    /// [`EX_USAGE`](crate::settings::EX_USAGE), after printing
+    /// `program: invalid setting --otlp-endpoint: ...`, for an endpoint the
+    /// exporter refuses.
+    pub fn start(
+        program: &'static str,
+        json: bool,
+        otlp_endpoint: Option<&str>,
+    ) -> Result<Self, std::process::ExitCode> {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("REDRIVE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        match init_subscriber(program, filter, json, otlp_endpoint) {
+            Ok(tracer) => Ok(Self { tracer }),
+            Err(error) => {
+                eprintln!("{program}: invalid setting --otlp-endpoint: {error}");
+                Err(std::process::ExitCode::from(crate::settings::EX_USAGE))
+            }
+        }
+    }
+
+    /// Flushes and stops span export (the batch processor's last export
+    /// blocks, so it runs off the runtime).
+    pub async fn finish(self) {
+        if let Some(tracer) = self.tracer {
+            let _ = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
+        }
+    }
+}
+
+/// Cancels `shutdown` at the first SIGINT or SIGTERM.
+///
+/// # Panics
+/// When the SIGTERM handler cannot be installed (at start, once).
+pub async fn cancel_on_signal(shutdown: CancellationToken) {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    info!("shutdown requested");
+    shutdown.cancel();
 }
 
 /// Puts `span`'s W3C `traceparent` into the metadata of an outgoing gRPC
