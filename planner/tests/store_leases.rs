@@ -1,7 +1,8 @@
 //! The store's lease rules against the real PostgreSQL, without a planner
 //! around them: the fencing token, a backdated (expired) lease, the
 //! write-ahead mark and what an expiry makes `uncertain`, and plan state
-//! transitions executed by the one guarded `UPDATE`.
+//! transitions executed by the one guarded `UPDATE`; and the upgrade that
+//! folded the replay ledger into the audit (migration 0021).
 //!
 //! Each test has a database of its own (`redrive_store_<random>`), migrated,
 //! with `tests/fixtures/one_slice.sql` loaded, and dropped when the test
@@ -10,7 +11,7 @@
 //! variable, so setting it for `cargo test` would point every `cargo run`
 //! planner at the test server.)
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use redrive_planner::{
     ids::{DeadLetterId, PlanId},
@@ -21,7 +22,7 @@ use redrive_planner::{
         plans::Moved,
     },
 };
-use sqlx::{Executor, PgPool, Postgres, migrate::MigrateDatabase};
+use sqlx::{AssertSqlSafe, Executor, PgPool, Postgres, migrate::MigrateDatabase};
 use uuid::Uuid;
 
 const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
@@ -36,7 +37,8 @@ struct Db {
 }
 
 impl Db {
-    async fn new() -> Self {
+    /// An empty database, not migrated.
+    async fn empty() -> Self {
         let url = format!("{SERVER}/redrive_store_{}", Uuid::new_v4().simple());
         Postgres::create_database(&url)
             .await
@@ -47,11 +49,35 @@ impl Db {
             .await
             .expect("connect");
         let store = Store::from_pool(pool.clone());
-        store.migrate().await.expect("migrate");
-        pool.execute(include_str!("fixtures/one_slice.sql"))
+        Self { url, pool, store }
+    }
+
+    async fn new() -> Self {
+        let db = Self::empty().await;
+        db.store.migrate().await.expect("migrate");
+        db.pool
+            .execute(include_str!("fixtures/one_slice.sql"))
             .await
             .expect("load the fixture");
-        Self { url, pool, store }
+        db
+    }
+
+    /// Runs every migration file whose name sorts before `until`, in order.
+    async fn migrate_before(&self, until: &str) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("the migrations folder")
+            .map(|entry| entry.expect("an entry").file_name().into_string().unwrap())
+            .filter(|name| name.ends_with(".sql") && name.as_str() < until)
+            .collect();
+        files.sort();
+        for file in files {
+            let sql = std::fs::read_to_string(dir.join(&file)).unwrap();
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&self.pool)
+                .await
+                .unwrap_or_else(|error| panic!("{file}: {error}"));
+        }
     }
 
     /// Leases the pending slice to `executor` (it must be there).
@@ -333,15 +359,21 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
         recorded,
         [dead_letters[0].1.clone(), dead_letters[1].1.clone()]
     );
-    let replayed: Vec<String> =
-        sqlx::query_scalar("SELECT message_key FROM replayed_keys ORDER BY message_key")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
-    assert!(
-        !replayed.contains(&"forged-key".to_owned()),
-        "the ledger takes keys from the plan: {replayed:?}"
-    );
+    // The replay record of a key is its `sent` or `uncertain` event: keyed by
+    // the plan's key and the dead letter's destination, never the report's.
+    let replayed: Vec<(String, Option<String>, String)> = sqlx::query_as(
+        "SELECT e.message_key, e.destination, d.destination FROM audit_events e \
+         JOIN dead_letters d ON d.id = e.dead_letter_id \
+         WHERE e.action IN ('sent', 'uncertain') ORDER BY e.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(!replayed.is_empty());
+    for (key, destination, dead_letter_destination) in &replayed {
+        assert_ne!(key, "forged-key", "the ledger takes keys from the plan");
+        assert_eq!(destination.as_ref(), Some(dead_letter_destination));
+    }
 }
 
 /// Issue 15: a lease is bound to the principal that claimed it. Another
@@ -564,5 +596,90 @@ async fn a_plan_shows_its_newest_operator_actions_and_counts_the_rest() {
         plan.actions.last().unwrap().reason,
         format!("action {}", actions - 1),
         "the newest is last"
+    );
+}
+
+/// The migration that folds the replay ledger (`replayed_keys`) into the audit.
+const FOLD: &str = "0021_replay_ledger_in_audit.sql";
+
+/// Migration 0021 folds the replay ledger into the audit: a database upgraded
+/// from 0020 still knows every key it had replayed, with its destination,
+/// also when retention had deleted the dead letter. Migrated by hand to 0020
+/// (each file's SQL in order), given ledger rows, then migrated with 0021.
+#[tokio::test]
+async fn the_ledger_folded_into_the_audit_keeps_every_replayed_key() {
+    let db = Db::empty().await;
+    db.migrate_before(FOLD).await;
+    // One plan over four dead letters o-0 … o-3, all dead in `work`.
+    db.pool
+        .execute(include_str!("fixtures/one_slice.sql"))
+        .await
+        .unwrap();
+    db.pool
+        .execute(
+            "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, wave, \
+                 executor_id, attempt) \
+             SELECT i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, a.action, 'main', 'e', 1 \
+             FROM plan_items i JOIN (VALUES (0, 'sent'), (1, 'sent'), (3, 'failed')) AS a(position, action) \
+                 ON a.position = i.position; \
+             INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
+             SELECT i.message_key, 'work', i.plan_id, i.dead_letter_id, i.position < 2 \
+             FROM plan_items i WHERE i.position < 3; \
+             -- A ledger row of a plan that does not exist: written by hand.
+             INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id) \
+             VALUES ('o-9:order.paid', 'work', '00000000-0000-7000-8000-00000000ffff', 99); \
+             -- Retention deleted o-1's dead letter; its ledger row outlived it.
+             DELETE FROM dead_letters WHERE message_key = 'o-1:order.paid';",
+        )
+        .await
+        .unwrap();
+
+    let fold = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(FOLD),
+    )
+    .unwrap();
+    sqlx::raw_sql(AssertSqlSafe(fold))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let events: Vec<(String, Option<String>, String)> = sqlx::query_as(
+        "SELECT message_key, destination, action FROM audit_events ORDER BY message_key, action",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let work = || Some("work".to_owned());
+    assert_eq!(
+        events,
+        [
+            ("o-0:order.paid".to_owned(), work(), "sent".to_owned()),
+            // From the ledger: the dead letter is gone.
+            ("o-1:order.paid".to_owned(), work(), "sent".to_owned()),
+            // The ledger's possibly delivered key, which had no event.
+            ("o-2:order.paid".to_owned(), work(), "uncertain".to_owned()),
+            ("o-3:order.paid".to_owned(), work(), "failed".to_owned()),
+        ]
+    );
+    let ledger: Option<String> = sqlx::query_scalar("SELECT to_regclass('replayed_keys')::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(ledger, None);
+    // The ledger's index serves a key lookup; the primary key leads with the plan.
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'audit_events' ORDER BY indexname",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(indexes.len(), 3, "{indexes:?}");
+    assert!(indexes[0].contains("(plan_id, at) WHERE"), "{indexes:?}");
+    assert!(indexes[1].contains("(plan_id, id)"), "{indexes:?}");
+    assert!(
+        indexes[2].contains("(message_key, destination) WHERE"),
+        "{indexes:?}"
     );
 }

@@ -134,10 +134,18 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     .await?;
     // o-3 was replayed successfully to its work queue by an earlier plan
     // yesterday; a replay of its key to another queue does not count.
+    // The replay record is the audit's `sent` event of that plan.
     sqlx::query(
-        "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, replayed_at) \
-         VALUES ('o-3:order.paid', $1, '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day'), \
-                ('o-2:order.paid', 'another-queue', '44444444-4444-7444-8444-444444444444', 1, now() - interval '1 day')",
+        "WITH c AS (INSERT INTO prechecks (id, actor, state) \
+                    VALUES ('44444444-4444-7444-8444-444444444444', 'earlier', 'done') RETURNING id), \
+              p AS (INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
+                        rate_rationale, destination_mode, slice_size, canary_fraction, observe_for_ms, \
+                        total_items, canary_items, created_by) \
+                    SELECT id, id, '', 'completed', 1, 1, '', 'queue', 1, 0, 0, 0, 0, 'earlier' FROM c RETURNING id) \
+         INSERT INTO audit_events (plan_id, dead_letter_id, message_key, destination, action, wave, executor_id, \
+             attempt, at) \
+         SELECT p.id, 1, e.key, e.destination, 'sent', 'main', 'exec-earlier', 1, now() - interval '1 day' \
+         FROM p, (VALUES ('o-3:order.paid', $1), ('o-2:order.paid', 'another-queue')) AS e(key, destination)",
     )
     .bind(&topology.work)
     .execute(&pool)

@@ -170,8 +170,8 @@ impl Store {
     }
 
     /// Ends every lease that expired: the items its holder had not reported
-    /// and may have published become `uncertain` (an audit event each, and
-    /// their keys recorded as possibly delivered), and the slice is pending
+    /// and may have published become `uncertain` (an audit event each, which
+    /// records the key as possibly delivered), and the slice is pending
     /// again for the next claim, which publishes them again with the same
     /// message id. "May have published": up to the lease's write-ahead mark
     /// ([`Store::mark_publishing`]) when its holder marks; every unreported
@@ -197,18 +197,14 @@ impl Store {
                 WHERE i.slice_id = r.id AND i.state = 'pending' \
                   AND (r.published_through IS NULL OR i.position <= r.published_through) \
                 RETURNING i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, r.wave, r.owner), \
-             keys AS ( \
-                INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
-                SELECT t.message_key, d.destination, t.plan_id, t.dead_letter_id, false \
-                FROM taken t JOIN dead_letters d ON d.id = t.dead_letter_id \
-                ON CONFLICT (message_key, destination, plan_id) DO NOTHING), \
              events AS ( \
-                INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
-                    executor_id, attempt) \
-                SELECT plan_id, slice_id, dead_letter_id, message_key, 'uncertain', \
-                    'the lease of ' || owner || ' expired after it may have published this item and before \
-it reported it; the next lease publishes it again with the same message id', wave, owner, greatest(attempts, 1) \
-                FROM taken) \
+                INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
+                    reason, wave, executor_id, attempt) \
+                SELECT t.plan_id, t.slice_id, t.dead_letter_id, t.message_key, d.destination, 'uncertain', \
+                    'the lease of ' || t.owner || ' expired after it may have published this item and before \
+it reported it; the next lease publishes it again with the same message id', t.wave, t.owner, \
+                    greatest(t.attempts, 1) \
+                FROM taken t LEFT JOIN dead_letters d ON d.id = t.dead_letter_id) \
              SELECT plan_id FROM released",
         )
         .fetch_all(&mut *transaction)
@@ -309,11 +305,12 @@ it reported it; the next lease publishes it again with the same message id', wav
              LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
                 FROM dead_letters x WHERE x.message_key = i.message_key AND x.destination = d.destination \
                 AND x.redrive_plan_id IS NOT NULL) cb ON true \
-             LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE r.certain) AS redrive_count, \
-                coalesce(bool_or(r.replayed_at > now() - $2 * interval '1 second' \
+             LEFT JOIN LATERAL (SELECT count(DISTINCT r.plan_id) FILTER (WHERE r.action = 'sent') AS redrive_count, \
+                coalesce(bool_or(r.at > now() - $2 * interval '1 second' \
                                  AND NOT r.plan_id::text = ANY(cb.came_back_from) \
-                                 AND (r.certain OR r.plan_id <> i.plan_id)), false) AS key_replayed \
-                FROM replayed_keys r WHERE r.message_key = i.message_key AND r.destination = d.destination) rk ON true \
+                                 AND (r.action = 'sent' OR r.plan_id <> i.plan_id)), false) AS key_replayed \
+                FROM audit_events r WHERE r.message_key = i.message_key AND r.destination = d.destination \
+                AND r.action IN ('sent', 'uncertain')) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
@@ -355,10 +352,10 @@ it reported it; the next lease publishes it again with the same message id', wav
         Ok(state.ok_or(StaleToken { slice_id, token }))
     }
 
-    /// Records outcomes of a slice in one transaction: audit events appended,
-    /// item states and attempts updated, sent dead letters marked replayed
-    /// and their keys recorded (possibly delivered ones, `uncertain`, as not
-    /// certain).
+    /// Records outcomes of a slice in one transaction: audit events appended
+    /// (each with its dead letter's destination: a `sent` or `uncertain`
+    /// event is also the replay record of its key, docs/design.md, "What a
+    /// report writes"), item states and attempts updated.
     ///
     /// With `token` the slice's current lease, every outcome is recorded.
     /// With an older token of the slice (the lease expired, was released or
@@ -465,9 +462,9 @@ it reported it; the next lease publishes it again with the same message id', wav
         let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
         sqlx::query(
-            "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, reason, wave, \
-                executor_id, attempt, confirm_latency_us, at) \
-             SELECT $1, $2, u.id, u.key, u.action, \
+            "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
+                wave, executor_id, attempt, confirm_latency_us, at) \
+             SELECT $1, $2, u.id, u.key, d.destination, u.action, \
                 CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
                     format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
                 ELSE u.reason END, \
@@ -519,36 +516,6 @@ it reported it; the next lease publishes it again with the same message id', wav
         .bind(current)
         .execute(&mut *transaction)
         .await?;
-        // Keys delivered (`sent`, certain) or possibly delivered (`uncertain`).
-        let delivered: Vec<&&Outcome> = outcomes
-            .iter()
-            .filter(|o| o.action == "sent" || o.action == "uncertain")
-            .collect();
-        if !delivered.is_empty() {
-            let delivered_ids: Vec<DeadLetterId> =
-                delivered.iter().map(|o| o.dead_letter_id).collect();
-            let delivered_keys: Vec<String> = delivered
-                .iter()
-                .map(|o| members[&o.dead_letter_id].clone())
-                .collect();
-            let certain: Vec<bool> = delivered.iter().map(|o| o.action == "sent").collect();
-            sqlx::query(
-                "INSERT INTO replayed_keys (message_key, destination, plan_id, dead_letter_id, certain) \
-                 SELECT DISTINCT ON (u.key, d.destination) u.key, d.destination, $1, u.id, u.certain \
-                 FROM UNNEST($2::bigint[], $3::text[], $4::bool[]) AS u(id, key, certain) \
-                 JOIN dead_letters d ON d.id = u.id \
-                 ORDER BY u.key, d.destination, u.certain DESC \
-                 ON CONFLICT (message_key, destination, plan_id) DO UPDATE SET certain = true, \
-                    replayed_at = excluded.replayed_at, dead_letter_id = excluded.dead_letter_id \
-                 WHERE excluded.certain AND NOT replayed_keys.certain",
-            )
-            .bind(plan_id)
-            .bind(&delivered_ids)
-            .bind(&delivered_keys)
-            .bind(&certain)
-            .execute(&mut *transaction)
-            .await?;
-        }
         notify(&mut transaction, plan_id).await?;
         transaction.commit().await?;
         Ok(Ok(Reported {

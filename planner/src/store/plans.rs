@@ -474,20 +474,23 @@ pub const CHANGES_LISTED: usize = 10;
 
 /// The approval check, one query with the plan row locked: the precheck's age
 /// in seconds, and what happened to the plan's dead letters since the
-/// precheck started, oldest first. Replays are found through `replayed_keys`
-/// (written with the report of the send, and covering another dead letter
-/// with the same key), newest first from its
-/// `replayed_at` index and then by key and dead letter; repairs through
+/// precheck started, oldest first. Replays are found through the audit's
+/// `sent` and `uncertain` events (written with the report of the send, and
+/// covering another dead letter with the same key and destination, found by
+/// the `audit_events_replayed` index); repairs through
 /// `dead_letter_revisions`.
 const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
     extract(epoch FROM now() - c.created_at)::float8 AS age_seconds, \
     ARRAY(SELECT z.what FROM ( \
-        SELECT 'dead letter ' || i.dead_letter_id || ': its message key ' || r.message_key || \
+        SELECT 'dead letter ' || r.dead_letter_id || ': its message key ' || r.message_key || \
                ' was replayed by plan ' || r.plan_id || ' at ' || \
-               to_char(r.replayed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS what, r.replayed_at AS at \
-        FROM replayed_keys r JOIN dead_letters d ON d.message_key = r.message_key AND d.destination = r.destination \
-        JOIN plan_items i ON i.dead_letter_id = d.id AND i.plan_id = p.id \
-        WHERE r.replayed_at >= c.created_at AND r.plan_id <> p.id \
+               to_char(r.at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS what, r.at AS at \
+        FROM (SELECT DISTINCT ON (i.dead_letter_id, e.plan_id) i.dead_letter_id, e.message_key, e.plan_id, e.at \
+              FROM plan_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
+              JOIN audit_events e ON e.message_key = d.message_key AND e.destination = d.destination \
+              WHERE i.plan_id = p.id AND e.action IN ('sent', 'uncertain') AND e.at >= c.created_at \
+                AND e.plan_id <> p.id \
+              ORDER BY i.dead_letter_id, e.plan_id, e.action = 'sent' DESC, e.at DESC) r \
         UNION ALL \
         SELECT 'dead letter ' || v.dead_letter_id || ' was repaired (revision ' || v.revision || ' by ' || \
                v.actor || ' at ' || to_char(v.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') || ')', \

@@ -114,17 +114,18 @@ impl Store {
         );
         builder
             .push(
-                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key, destination) message_key, destination, plan_id, replayed_at, certain \
-                 FROM replayed_keys WHERE replayed_at > now() - ",
+                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key, destination) message_key, destination, plan_id, \
+                 at AS replayed_at, action = 'sent' AS certain \
+                 FROM audit_events e WHERE action IN ('sent', 'uncertain') AND at > now() - ",
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
             .push(
                 // A replay that came back as a re-dead-letter (its consumer did not
                 // take it) does not make the key already replayed; looping caps it.
                 " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
-                 WHERE x.message_key = replayed_keys.message_key AND x.destination = replayed_keys.destination \
-                 AND x.redrive_plan_id = replayed_keys.plan_id::text) \
-                 ORDER BY message_key, destination, certain DESC, replayed_at DESC) r \
+                 WHERE x.message_key = e.message_key AND x.destination = e.destination \
+                 AND x.redrive_plan_id = e.plan_id::text) \
+                 ORDER BY message_key, destination, action = 'sent' DESC, at DESC) r \
                  ON r.message_key = d.message_key AND r.destination = d.destination \
                  LEFT JOIN (SELECT message_key, destination, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
                  WHERE redrive_plan_id IS NOT NULL GROUP BY message_key, destination) l \
