@@ -12,8 +12,8 @@ use lapin::{
     types::{AMQPValue, FieldTable},
 };
 use redrive_proto::v1::{
-    self, ApprovePlanRequest, CreatePlanRequest, GetAuditReportRequest, GetPlanRequest, PlanState,
-    Rate, RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
+    self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
+    RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
 };
 use redrive_tests::{
     AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, TcpProxy, TestBed, amqp_table,
@@ -75,14 +75,9 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     );
     assert_eq!(events, 300, "one audit event per message");
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert_eq!(received.len(), 300, "every replayable message arrived once");
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     let mut by_id: HashMap<String, &Received> = HashMap::new();
     for delivery in &received {
         assert!(
@@ -130,29 +125,13 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     let counts = done.counts.unwrap();
     assert_eq!(counts.sent, 300);
     assert_eq!(done.items_done, 300);
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(report.sent_keys.len(), 300);
     assert!(report.sent_keys.contains(&"o-7:order.paid".to_owned()));
     assert!(report.not_sent.is_empty());
 
     // Replaying the same dead letters again is refused by the precheck.
-    let again = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let again = precheck(&mut bed.client, &incident.dlq).await?;
     assert_eq!(again.counts.unwrap().already_replayed, 300);
 
     bed.finish().await
@@ -172,17 +151,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     let (received, consuming) = consume(bed.broker(), &target).await?;
     let mut plans = Vec::new();
     for dlq in [&first.dlq, &second.dlq] {
-        let report = bed
-            .client
-            .run_precheck(RunPrecheckRequest {
-                selector: Some(v1::Selector {
-                    sources: vec![dlq.clone()],
-                    ..Default::default()
-                }),
-                options: None,
-            })
-            .await?
-            .into_inner();
+        let report = precheck(&mut bed.client, dlq).await?;
         let plan = bed
             .client
             .create_plan(CreatePlanRequest {
@@ -219,17 +188,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     }
     assert!(plans[0].warnings.is_empty());
     // A precheck of the first incident now warns: its queue is a running plan's.
-    let again = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![first.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let again = precheck(&mut bed.client, &first.dlq).await?;
     assert!(
         again.warnings.is_empty(),
         "the running plans redirect elsewhere: {:?}",
@@ -255,10 +214,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     }
     executor_a.stop().await?;
     executor_b.stop().await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop_consuming(consuming)?;
-
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(200)).await?;
     assert_eq!(received.len(), 180, "60 + 120 items, each once");
     let times: Vec<Instant> = received.iter().map(|r| r.at).collect();
     let mut worst = 0;
@@ -392,14 +348,8 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     let survivor = ExecutorProcess::start(&args("survivor")).await?;
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
     survivor.signal("TERM").await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-
-    let received = received.lock().unwrap().clone();
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    for delivery in &received {
-        *copies.entry(delivery.message_id.clone()).or_default() += 1;
-    }
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    let copies = copies_by_id(&received);
     assert_eq!(copies.len(), 200, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 200);
     let pool = bed.pool().await?;
@@ -441,13 +391,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
         uncertain.len()
     );
     // ... and the audit report lists every second copy as possibly delivered twice.
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     for (id, _) in copies.iter().filter(|(_, n)| **n > 1) {
         let key = format!("o-{}:order.paid", id.trim_start_matches("m-"));
         assert!(
@@ -465,17 +409,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     let broker = Broker::connect().await?;
     let incident = incident(&broker, 20).await?;
     let mut bed = bed(broker, &[&incident.dlq], 20).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let create = |per_second: f64, burst: u32, rationale: &str| CreatePlanRequest {
         precheck_id: report.precheck_id.clone(),
         rate: Some(Rate {
@@ -872,9 +806,7 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
     );
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert!(
         received.iter().any(|r| r.at > restored_at),
         "publishing resumed after Redis came back"
@@ -889,9 +821,7 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
         "every message arrived once after Redis came back"
     );
     assert_eq!(done.counts.unwrap().sent, 150);
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     bed.finish().await
 }
 
@@ -950,13 +880,7 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
         (1, 0),
         "only the canary item was tried"
     );
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert!(report.sent_keys.is_empty());
     assert_eq!(report.not_sent.len(), 1);
     assert!(
@@ -1024,13 +948,7 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
         (1, 0),
         "the canary item failed; the main wave never started"
     );
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert!(
         report
             .not_sent
@@ -1074,13 +992,7 @@ async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow:
         "only the sent arrived"
     );
     // Still paused: nothing completes a plan past its gates.
-    let again = bed
-        .client
-        .get_plan(GetPlanRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let again = get_plan(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(again.state(), PlanState::Paused);
     bed.finish().await
 }
@@ -1090,17 +1002,7 @@ async fn precheck_counts(
     client: &mut PlannerClient<Channel>,
     dlq: &str,
 ) -> anyhow::Result<v1::VerdictCounts> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
-    Ok(report.counts.unwrap_or_default())
+    Ok(precheck(client, dlq).await?.counts.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1235,9 +1137,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     survivor.stop().await?;
     split.kill();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     let executor_of =
         |delivery: &Received| match delivery.headers.inner().get("redrive-executor-id") {
             Some(AMQPValue::LongString(id)) => String::from_utf8_lossy(id.as_bytes()).into_owned(),
@@ -1264,10 +1164,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
         .min()
         .expect("the survivor took over");
     assert!(survivor_first > cut_at);
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    for delivery in &received {
-        *copies.entry(delivery.message_id.clone()).or_default() += 1;
-    }
+    let copies = copies_by_id(&received);
     assert_eq!(copies.len(), 150, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 150);
     let pool = bed.pool().await?;
@@ -1336,18 +1233,11 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     assert_eq!(resumed.state(), PlanState::Main);
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    for delivery in &received {
-        *copies.entry(delivery.message_id.clone()).or_default() += 1;
-    }
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    let copies = copies_by_id(&received);
     assert_eq!(copies.len(), 120);
     assert!(copies.values().all(|n| *n == 1), "every item exactly once");
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     let actions: Vec<(String, String)> = done
         .actions
         .iter()
@@ -1382,17 +1272,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     let incident = incident(&broker, 300).await?;
     let mut bed = bed(broker, &[&incident.dlq], 300).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
         .create_plan(CreatePlanRequest {
@@ -1447,17 +1327,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     );
     // While it runs, a precheck over the same queue warns that the two would
     // share its destination.
-    let overlapping = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let overlapping = precheck(&mut bed.client, &incident.dlq).await?;
     assert!(
         overlapping
             .warnings
@@ -1478,13 +1348,9 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     assert_eq!(promoted.observing_until, None, "only while observing");
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert_eq!(received.len(), 300);
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     assert!(
         done.actions
             .iter()
@@ -1583,17 +1449,7 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
     })
     .await?;
     captured(&mut bed.client, &incident.dlq, 5).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
         .create_plan(as_actor(
@@ -1669,17 +1525,7 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     .await?;
     captured(&mut bed.client, &incident.dlq, 20).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     assert_eq!(report.counts.unwrap().replayable, 20);
     let plan = bed
         .client
@@ -1754,13 +1600,7 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         "{}",
         compensations[0].reason
     );
-    let audit = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let audit = audit_report(&mut bed.client, &plan.plan_id).await?;
     let skipped = &audit.not_sent[0];
     assert_eq!(skipped.action(), v1::AuditAction::SkippedState);
     assert!(
@@ -1859,13 +1699,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
         "{}",
         answer.reason
     );
-    let abandoned = bed
-        .client
-        .get_plan(GetPlanRequest {
-            plan_id: answer.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let abandoned = get_plan(&mut bed.client, &answer.plan_id).await?;
     assert_eq!(abandoned.state(), PlanState::Cancelled);
 
     let executor = ExecutorHandle::start(bed.executor_config());
@@ -2104,9 +1938,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         received[0].body, repaired,
         "the consumer gets the repaired body"
     );
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &replayed.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &replayed.plan_id, &received).await?;
     bed.finish().await
 }
 
@@ -2122,17 +1954,7 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
     })
     .await?;
     captured(&mut bed.client, &incident.dlq, 2).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
         .create_plan(CreatePlanRequest {
@@ -2195,13 +2017,7 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
     executor.stop().await?;
     let counts = aborted.counts.unwrap();
     assert_eq!((counts.sent, counts.failed), (0, 1), "{counts:?}");
-    let audit = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let audit = audit_report(&mut bed.client, &plan.plan_id).await?;
     let failed = audit
         .not_sent
         .iter()
@@ -2246,13 +2062,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     // After a restart, an executor finds nothing to publish.
     bed.restart_planner(|config| capturing(config, &[&incident.dlq]))
         .await?;
-    let plan = bed
-        .client
-        .get_plan(GetPlanRequest {
-            plan_id: answer.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let plan = get_plan(&mut bed.client, &answer.plan_id).await?;
     assert_eq!(plan.state(), PlanState::Cancelled);
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let executor = ExecutorHandle::start(bed.executor_config());

@@ -180,16 +180,7 @@ pub async fn approved_plan_with(
     dlq: &str,
     shape: impl FnOnce(&mut CreatePlanRequest),
 ) -> anyhow::Result<v1::Plan> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(client, dlq).await?;
     let mut request = CreatePlanRequest {
         precheck_id: report.precheck_id.clone(),
         slice_size: 50,
@@ -212,25 +203,43 @@ pub async fn approved_plan_with(
         .into_inner())
 }
 
+/// Waits at most `timeout` until plan `plan_id` is completed; returns it.
 pub async fn wait_completed(
     client: &mut PlannerClient<Channel>,
     plan_id: &str,
     timeout: Duration,
 ) -> anyhow::Result<v1::Plan> {
+    wait_plan(client, plan_id, PlanState::Completed, "completed", timeout).await
+}
+
+/// Waits at most `timeout` until plan `plan_id` is in `state`; returns it.
+pub async fn wait_state(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    state: PlanState,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
+    wait_plan(client, plan_id, state, &format!("{state:?}"), timeout).await
+}
+
+/// Polls plan `plan_id` every 100 ms until it is in `state` (called `what`
+/// in the error when `timeout` runs out first).
+async fn wait_plan(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    state: PlanState,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
     let deadline = Instant::now() + timeout;
     loop {
-        let plan = client
-            .get_plan(GetPlanRequest {
-                plan_id: plan_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if plan.state() == PlanState::Completed {
+        let plan = get_plan(client, plan_id).await?;
+        if plan.state() == state {
             return Ok(plan);
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "plan not completed in {timeout:?}: {:?} {:?}",
+            "plan not {what} in {timeout:?}: {:?} {:?}",
             plan.state(),
             plan.counts
         );
@@ -238,31 +247,53 @@ pub async fn wait_completed(
     }
 }
 
-pub async fn wait_state(
+/// Plan `plan_id` as the planner has it now.
+pub async fn get_plan(
     client: &mut PlannerClient<Channel>,
     plan_id: &str,
-    state: PlanState,
-    timeout: Duration,
 ) -> anyhow::Result<v1::Plan> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let plan = client
-            .get_plan(GetPlanRequest {
-                plan_id: plan_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if plan.state() == state {
-            return Ok(plan);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "plan not {state:?} in {timeout:?}: {:?} {:?}",
-            plan.state(),
-            plan.counts
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(client
+        .get_plan(GetPlanRequest {
+            plan_id: plan_id.to_owned(),
+        })
+        .await?
+        .into_inner())
+}
+
+/// The request for a precheck of everything stored from `dlq`, with the
+/// default options.
+pub fn precheck_request(dlq: &str) -> RunPrecheckRequest {
+    RunPrecheckRequest {
+        selector: Some(v1::Selector {
+            sources: vec![dlq.to_owned()],
+            ..Default::default()
+        }),
+        options: None,
     }
+}
+
+/// A fresh precheck of everything stored from `dlq` ([`precheck_request`]).
+pub async fn precheck(
+    client: &mut PlannerClient<Channel>,
+    dlq: &str,
+) -> anyhow::Result<v1::PrecheckReport> {
+    Ok(client
+        .run_precheck(precheck_request(dlq))
+        .await?
+        .into_inner())
+}
+
+/// The audit report of plan `plan_id`.
+pub async fn audit_report(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+) -> anyhow::Result<v1::AuditReport> {
+    Ok(client
+        .get_audit_report(v1::GetAuditReportRequest {
+            plan_id: plan_id.to_owned(),
+        })
+        .await?
+        .into_inner())
 }
 
 /// A delivery as the consumer saw it.
@@ -353,6 +384,19 @@ fn busiest_window(received: &[Received], window: Duration) -> Option<(usize, Ins
     best
 }
 
+/// [`assert_received_within_audit`] over a pool of `bed`'s database, closed
+/// again after the check. Returns the audit's sent and uncertain ids.
+pub async fn assert_bed_audit(
+    bed: &TestBed,
+    plan_id: &str,
+    received: &[Received],
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let pool = bed.pool().await?;
+    let ids = assert_received_within_audit(&pool, plan_id, received).await;
+    pool.close().await;
+    ids
+}
+
 /// The audit invariant after a replay (DESIGN "Executor loop and
 /// guarantees"): every message id the consumer received is `sent` or
 /// `uncertain` in the audit of `plan_id`, and an id received twice has an
@@ -405,6 +449,28 @@ pub fn stop_consuming(consuming: tokio::task::JoinHandle<()>) -> anyhow::Result<
     assert_consuming(&consuming)?;
     consuming.abort();
     Ok(())
+}
+
+/// Gives deliveries in flight `settle` to arrive, ends the consumer of
+/// [`consume`] (failing if it had stopped early, as [`stop_consuming`]) and
+/// returns everything it received.
+pub async fn drain(
+    received: &std::sync::Mutex<Vec<Received>>,
+    consuming: tokio::task::JoinHandle<()>,
+    settle: Duration,
+) -> anyhow::Result<Vec<Received>> {
+    tokio::time::sleep(settle).await;
+    stop_consuming(consuming)?;
+    Ok(received.lock().unwrap().clone())
+}
+
+/// How many copies of each message id the consumer received.
+pub fn copies_by_id(received: &[Received]) -> HashMap<String, usize> {
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for delivery in received {
+        *copies.entry(delivery.message_id.clone()).or_default() += 1;
+    }
+    copies
 }
 
 /// Arguments of a `redrive-executor` process for `planner_url`, the broker
