@@ -116,6 +116,64 @@ async fn good(broker: &Broker, dlq: &str, from: u32, count: u32) -> anyhow::Resu
     Ok(())
 }
 
+/// A DLQ named `unique(prefix)` declared with `arguments`, and the name of
+/// its parking queue (which the planner declares; tracked for clean-up).
+async fn dlq_and_parking(
+    broker: &Broker,
+    prefix: &str,
+    arguments: FieldTable,
+) -> anyhow::Result<(String, String)> {
+    let dlq = unique(prefix);
+    broker.queue(&dlq, arguments).await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+    Ok((dlq, parking))
+}
+
+/// The arguments of a quorum queue that drops a message returned more than
+/// `limit` times.
+fn quorum_with_delivery_limit(limit: i32) -> FieldTable {
+    amqp_table(vec![
+        ("x-queue-type", redrive_tests::amqp_text("quorum")),
+        ("x-delivery-limit", lapin::types::AMQPValue::LongInt(limit)),
+    ])
+}
+
+/// Into `dlq`: good messages `0..before`, then `body` under each of
+/// `headers` published raw (each confirmed), then good messages
+/// `before..before + after`.
+async fn good_around_raw(
+    broker: &Broker,
+    dlq: &str,
+    before: u32,
+    headers: &[&[u8]],
+    body: &[u8],
+    after: u32,
+) -> anyhow::Result<()> {
+    good(broker, dlq, 0, before).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    for header in headers {
+        assert!(publisher.publish("", dlq.as_bytes(), header, body).await?);
+    }
+    publisher.close().await;
+    good(broker, dlq, before, after).await
+}
+
+/// Waits at most `timeout` until `queue` holds exactly `count` ready messages.
+async fn wait_ready(
+    broker: &Broker,
+    what: &str,
+    queue: &str,
+    count: u32,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait_until(what, timeout, || async move {
+        Ok(broker.ready_count(queue).await? == count)
+    })
+    .await
+}
+
 async fn all_dead_letters(
     client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
     dlq: &str,
@@ -222,11 +280,13 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     .await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
     captured(&mut bed.client, &dlq, total).await?;
-    wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = bed.broker();
-        let dlq = dlq.clone();
-        async move { Ok(broker.ready_count(&dlq).await? == 0) }
-    })
+    wait_ready(
+        bed.broker(),
+        "the DLQ to empty",
+        &dlq,
+        0,
+        Duration::from_secs(30),
+    )
     .await?;
     // Nothing more arrives later (no duplicates from redeliveries).
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -421,27 +481,12 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
 -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("quorum-dlq");
-    broker
-        .queue(
-            &dlq,
-            amqp_table(vec![
-                ("x-queue-type", redrive_tests::amqp_text("quorum")),
-                ("x-delivery-limit", lapin::types::AMQPValue::LongInt(1)),
-            ]),
-        )
-        .await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, parking) =
+        dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(1)).await?;
 
     let body = br#"{"order_id":"poison"}"#;
     let (_, header) = unreadable_kinds(body.len() as u64, "nobody").remove(0);
-    good(&broker, &dlq, 0, 5).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 5, 95).await?;
+    good_around_raw(&broker, &dlq, 5, &[&header], body, 95).await?;
 
     // A large prefetch: the failed session held every message. With the old
     // behaviour each restart returned them all, and the second return made
@@ -453,11 +498,13 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
     })
     .await?;
     captured(&mut bed.client, &dlq, 101).await?;
-    wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = bed.broker();
-        let dlq = dlq.clone();
-        async move { Ok(broker.ready_count(&dlq).await? == 0) }
-    })
+    wait_ready(
+        bed.broker(),
+        "the DLQ to empty",
+        &dlq,
+        0,
+        Duration::from_secs(30),
+    )
     .await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
@@ -484,11 +531,7 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
 -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     // Unreadable (Latin-1 type) and with an expiration: moved to the parking
     // queue it would expire there, so it must stay where it is.
@@ -501,22 +544,16 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
             (5, short(b"bestellung.ge\xe4ndert")),
         ],
     );
-    good(&broker, &dlq, 0, 10).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 10, 10).await?;
+    good_around_raw(&broker, &dlq, 10, &[&header], body, 10).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     captured(&mut bed.client, &dlq, 21).await?;
-    wait_until(
+    wait_ready(
+        bed.broker(),
         "the good messages to be acked",
+        &dlq,
+        0,
         Duration::from_secs(30),
-        || {
-            let broker = bed.broker();
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 0) }
-        },
     )
     .await?;
     let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
@@ -536,14 +573,12 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     );
     bed.planner.halt().await?;
     // Held unacked while the planner ran, back in the DLQ once it stopped.
-    wait_until(
+    wait_ready(
+        bed.broker(),
         "the held message back in the DLQ",
+        &dlq,
+        1,
         Duration::from_secs(10),
-        || {
-            let broker = bed.broker();
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 1) }
-        },
     )
     .await?;
 
@@ -561,14 +596,12 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     );
     assert_each_good_once(&dead_letters, 25);
     bed.planner.halt().await?;
-    wait_until(
+    wait_ready(
+        bed.broker(),
         "the held message back again",
+        &dlq,
+        1,
         Duration::from_secs(10),
-        || {
-            let broker = bed.broker();
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 1) }
-        },
     )
     .await?;
     bed.finish().await
@@ -582,11 +615,7 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
 async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     let mut value = long_string(b"leaf");
     for _ in 0..3000 {
@@ -601,11 +630,7 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
             (7, short(b"deep-1")),
         ],
     );
-    good(&broker, &dlq, 0, 10).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 10, 10).await?;
+    good_around_raw(&broker, &dlq, 10, &[&header], body, 10).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     captured(&mut bed.client, &dlq, 21).await?;
@@ -624,11 +649,13 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
         "{:?}",
         deep.capture_notes
     );
-    wait_until("the parked copy", Duration::from_secs(10), || {
-        let broker = bed.broker();
-        let parking = parking.clone();
-        async move { Ok(broker.ready_count(&parking).await? == 1) }
-    })
+    wait_ready(
+        bed.broker(),
+        "the parked copy",
+        &parking,
+        1,
+        Duration::from_secs(10),
+    )
     .await?;
     bed.planner.halt().await?;
     assert_eq!(bed.broker().ready_count(&dlq).await?, 0);
@@ -677,21 +704,14 @@ async fn total(
 async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     let body = br#"{"order_id":"poison"}"#;
-    good(&broker, &dlq, 0, 5).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    for n in 0..17 {
-        let header = unparkable_header(body.len() as u64, n);
-        assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    }
-    publisher.close().await;
-    good(&broker, &dlq, 5, 5).await?;
+    let headers: Vec<Vec<u8>> = (0..17)
+        .map(|n| unparkable_header(body.len() as u64, n))
+        .collect();
+    let headers: Vec<&[u8]> = headers.iter().map(Vec::as_slice).collect();
+    good_around_raw(&broker, &dlq, 5, &headers, body, 5).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     let outcome = captured(&mut bed.client, &dlq, 27).await;
@@ -718,19 +738,11 @@ async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow:
 async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     let body = br#"{"order_id":"poison"}"#;
-    good(&broker, &dlq, 0, 3).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
     let header = unparkable_header(body.len() as u64, 0);
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 3, 3).await?;
+    good_around_raw(&broker, &dlq, 3, &[&header], body, 3).await?;
 
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
@@ -742,12 +754,13 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     captured(&mut bed.client, &dlq, 7).await?;
 
     let held_again = |timeout: Duration| {
-        let broker = bed.broker();
-        let dlq = dlq.clone();
-        redrive_tests::wait_until("the poison message held again", timeout, move || {
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 0) }
-        })
+        wait_ready(
+            bed.broker(),
+            "the poison message held again",
+            &dlq,
+            0,
+            timeout,
+        )
     };
     held_again(Duration::from_secs(30)).await?;
     let mut blips = 0;
@@ -811,11 +824,7 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
             (5, short(b"bestellung.ge\xe4ndert")),
         ],
     );
-    good(&broker, &dlq, 0, 5).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 5, 5).await?;
+    good_around_raw(&broker, &dlq, 5, &[&header], body, 5).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     let outcome = captured(&mut bed.client, &dlq, 11).await;
@@ -838,26 +847,12 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
 async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("quorum-dlq");
-    broker
-        .queue(
-            &dlq,
-            amqp_table(vec![
-                ("x-queue-type", redrive_tests::amqp_text("quorum")),
-                ("x-delivery-limit", lapin::types::AMQPValue::LongInt(2)),
-            ]),
-        )
-        .await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) =
+        dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(2)).await?;
 
     let body = br#"{"order_id":"poison"}"#;
-    good(&broker, &dlq, 0, 2).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
     let header = unparkable_header(body.len() as u64, 0);
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
+    good_around_raw(&broker, &dlq, 2, &[&header], body, 0).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     for (restart, expected) in (0..4).zip(3..) {
