@@ -17,7 +17,7 @@ use redrive_proto::v1::{
 };
 use redrive_tests::{
     AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, TcpProxy, TestBed, amqp_table,
-    amqp_text, init_logging, unique, wait_until,
+    amqp_text, init_logging, plan_request, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -302,9 +302,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     init_logging();
     const WINDOW: usize = 16;
     const PER_SECOND: f64 = 100.0;
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 200).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 200).await?;
+    let (incident, mut bed) = incident_bed(200).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     // One main slice of 198 (the canary takes 2), so the rule before the
@@ -406,9 +404,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 20).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let (incident, mut bed) = incident_bed(20).await?;
     let report = precheck(&mut bed.client, &incident.dlq).await?;
     let create = |per_second: f64, burst: u32, rationale: &str| CreatePlanRequest {
         precheck_id: report.precheck_id.clone(),
@@ -661,9 +657,7 @@ async fn backdate_lease(pool: &sqlx::PgPool, slice_id: &str) -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 10).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 10).await?;
+    let (incident, mut bed) = incident_bed(10).await?;
     // One slice of 10: the whole plan is its canary wave.
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
         request.slice_size = 10;
@@ -764,9 +758,7 @@ async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 150).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let (incident, mut bed) = incident_bed(150).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 50.0, 5, None).await?;
@@ -861,13 +853,7 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
     let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
     // The canary item comes back from the broker: the gate aborts the plan
     // before any main-wave item is published.
-    let done = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let done = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     executor.stop().await?;
     assert!(
         done.state_reason.contains("gate tripped"),
@@ -934,13 +920,7 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
     init_logging();
     // No room at all: every publish is nacked.
     let (mut bed, _full, plan, executor) = plan_into_a_full_queue(5, 0).await?;
-    let done = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let done = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     executor.stop().await?;
     let counts = done.counts.unwrap();
     assert_eq!(
@@ -1108,9 +1088,7 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
 async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 150).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let (incident, mut bed) = incident_bed(150).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
@@ -1178,9 +1156,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
 async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_once()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 120).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 120).await?;
+    let (incident, mut bed) = incident_bed(120).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
@@ -1268,9 +1244,7 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 300).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 300).await?;
+    let (incident, mut bed) = incident_bed(300).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
@@ -1362,9 +1336,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 200).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 200).await?;
+    let (incident, mut bed) = incident_bed(200).await?;
     // The consumer is still broken: it rejects what is replayed, which dead-letters
     // it again into the captured DLQ with the plan's redrive-plan-id header.
     let channel = bed.broker().connection.create_channel().await?;
@@ -1404,13 +1376,7 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
     })
     .await?;
     let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
-    let aborted = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let aborted = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     executor.stop().await?;
     rejecting.abort();
@@ -1452,18 +1418,7 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
     let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
-        .create_plan(as_actor(
-            "alice",
-            CreatePlanRequest {
-                precheck_id: report.precheck_id.clone(),
-                rate: Some(Rate {
-                    per_second: 10.0,
-                    burst: 1,
-                    rationale: "test".into(),
-                }),
-                ..Default::default()
-            },
-        ))
+        .create_plan(as_actor("alice", plan_request(&report, 10.0, 1)))
         .await?
         .into_inner();
     assert_eq!(plan.created_by, "alice");
@@ -1530,17 +1485,11 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     let plan = bed
         .client
         .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second: 1000.0,
-                burst: 10,
-                rationale: "test".into(),
-            }),
             observe_for: Some(prost_types::Duration {
                 seconds: 0,
                 nanos: 0,
             }),
-            ..Default::default()
+            ..plan_request(&report, 1000.0, 10)
         })
         .await?
         .into_inner();
@@ -1657,9 +1606,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
+    let (incident, mut bed) = incident_bed(5).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let two = dead_letter_id(&mut bed.client, &incident.dlq, "o-2").await?;
     let three = dead_letter_id(&mut bed.client, &incident.dlq, "o-3").await?;
@@ -1777,9 +1724,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 3).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 3).await?;
+    let (incident, mut bed) = incident_bed(3).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     let two = dead_letter_id(&mut bed.client, &incident.dlq, "o-2").await?;
     let original = br#"{"order_id":"o-1","n":1}"#.to_vec();
@@ -1880,15 +1825,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     let zero = dead_letter_id(&mut bed.client, &incident.dlq, "o-0").await?;
     let pending = bed
         .client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
-            ..Default::default()
-        })
+        .create_plan(plan_request(&report, 10.0, 1))
         .await?
         .into_inner();
     let error = bed
@@ -1957,15 +1894,7 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
     let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id,
-            rate: Some(Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
-            ..Default::default()
-        })
+        .create_plan(plan_request(&report, 10.0, 1))
         .await?
         .into_inner();
     // A watcher of a plan awaiting approval: its stream stays open.
@@ -1989,9 +1918,7 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
 async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for_ever()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 20).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let (incident, mut bed) = incident_bed(20).await?;
     let missing = unique("no-such-exchange");
     let plan = approved_plan(
         &mut bed.client,
@@ -2007,13 +1934,7 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
     let mut config = ExecutorHandle::config(&bed.planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
-    let aborted = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let aborted = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     executor.stop().await?;
     let counts = aborted.counts.unwrap();
     assert_eq!((counts.sent, counts.failed), (0, 1), "{counts:?}");
@@ -2039,9 +1960,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 2).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let (incident, mut bed) = incident_bed(2).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     // No executor: the call waits; the planner is stopped meanwhile.
     let waiting = tokio::spawn({
@@ -2081,9 +2000,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 2).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let (incident, mut bed) = incident_bed(2).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     let executor = ExecutorHandle::start(bed.executor_config());
     let first = bed
@@ -2155,9 +2072,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plans_are_listed_by_kind() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 2).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let (incident, mut bed) = incident_bed(2).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     // No executor: the single replay's plan is cancelled unclaimed, but it
     // is a plan of its kind all the same.

@@ -376,17 +376,7 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     assert_eq!(unreadable_group.count, kinds.len() as u64);
 
     // The precheck calls them invalid, naming why; the rest is replayable.
-    let report = bed
-        .client
-        .run_precheck(v1::RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &dlq).await?;
     let items = bed
         .client
         .list_precheck_items(v1::ListPrecheckItemsRequest {

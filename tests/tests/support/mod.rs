@@ -16,9 +16,13 @@ use lapin::{
 use redrive_planner::Config;
 use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
-    RunPrecheckRequest, planner_client::PlannerClient,
+    planner_client::PlannerClient,
 };
 use redrive_tests::{Broker, REDIS_URL, TestBed, amqp_table, amqp_text, unique, wait_until};
+// Re-exported for the files that glob-import this module; not every test
+// binary uses them.
+#[allow(unused_imports)]
+pub use redrive_tests::{precheck, precheck_request};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     time::Instant,
@@ -119,6 +123,16 @@ pub async fn bed(broker: Broker, dlqs: &[&str], messages: u64) -> anyhow::Result
     Ok(bed)
 }
 
+/// An [`incident`] of `messages` and a [`bed`] capturing its DLQ, with all
+/// of them stored.
+pub async fn incident_bed(messages: u32) -> anyhow::Result<(Incident, TestBed)> {
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, messages).await?;
+    let bed = bed(broker, &[&incident.dlq], u64::from(messages)).await?;
+    Ok((incident, bed))
+}
+
+/// Waits at most 30 s until `count` dead letters from `dlq` are stored.
 pub async fn captured(
     client: &mut PlannerClient<Channel>,
     dlq: &str,
@@ -247,6 +261,14 @@ async fn wait_plan(
     }
 }
 
+/// Waits at most 30 s until plan `plan_id` is aborted; returns it.
+pub async fn wait_aborted(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+) -> anyhow::Result<v1::Plan> {
+    wait_state(client, plan_id, PlanState::Aborted, Duration::from_secs(30)).await
+}
+
 /// Plan `plan_id` as the planner has it now.
 pub async fn get_plan(
     client: &mut PlannerClient<Channel>,
@@ -256,29 +278,6 @@ pub async fn get_plan(
         .get_plan(GetPlanRequest {
             plan_id: plan_id.to_owned(),
         })
-        .await?
-        .into_inner())
-}
-
-/// The request for a precheck of everything stored from `dlq`, with the
-/// default options.
-pub fn precheck_request(dlq: &str) -> RunPrecheckRequest {
-    RunPrecheckRequest {
-        selector: Some(v1::Selector {
-            sources: vec![dlq.to_owned()],
-            ..Default::default()
-        }),
-        options: None,
-    }
-}
-
-/// A fresh precheck of everything stored from `dlq` ([`precheck_request`]).
-pub async fn precheck(
-    client: &mut PlannerClient<Channel>,
-    dlq: &str,
-) -> anyhow::Result<v1::PrecheckReport> {
-    Ok(client
-        .run_precheck(precheck_request(dlq))
         .await?
         .into_inner())
 }
