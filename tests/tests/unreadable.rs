@@ -174,6 +174,41 @@ async fn wait_ready(
     .await
 }
 
+/// Waits until `count` dead letters of `dlq` are stored and the DLQ is
+/// empty, gives redeliveries 500 ms to show up (none may), and lists them.
+async fn settled_dead_letters(
+    bed: &mut TestBed,
+    dlq: &str,
+    count: u64,
+) -> anyhow::Result<Vec<v1::DeadLetter>> {
+    captured(&mut bed.client, dlq, count).await?;
+    wait_ready(
+        bed.broker(),
+        "the DLQ to empty",
+        dlq,
+        0,
+        Duration::from_secs(30),
+    )
+    .await?;
+    // Nothing more arrives later (no duplicates from redeliveries).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    all_dead_letters(&mut bed.client, dlq).await
+}
+
+/// A bed over `broker` capturing `dlq` must store `count` dead letters
+/// (`what`, for the failure); a failure says how many it stored and how
+/// many are still ready in the DLQ.
+async fn captures_all(broker: Broker, dlq: &str, count: u64, what: &str) -> anyhow::Result<()> {
+    let mut bed = TestBed::start(broker, |config| capturing(config, dlq)).await?;
+    let outcome = captured(&mut bed.client, dlq, count).await;
+    let stored = total(&mut bed.client, dlq).await?;
+    let ready = bed.broker().ready_count(dlq).await?;
+    bed.finish().await?;
+    outcome.map_err(|e| {
+        anyhow::anyhow!("{e}: stored {stored} of {what}; {ready} still ready in the DLQ")
+    })
+}
+
 async fn all_dead_letters(
     client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
     dlq: &str,
@@ -279,19 +314,7 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     })
     .await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
-    captured(&mut bed.client, &dlq, total).await?;
-    wait_ready(
-        bed.broker(),
-        "the DLQ to empty",
-        &dlq,
-        0,
-        Duration::from_secs(30),
-    )
-    .await?;
-    // Nothing more arrives later (no duplicates from redeliveries).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
-    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, total).await?;
     assert_eq!(dead_letters.len() as u64, total, "one row per message");
     assert_each_good_once(&dead_letters, good_count);
 
@@ -487,17 +510,7 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
         config.capture_prefetch = 200;
     })
     .await?;
-    captured(&mut bed.client, &dlq, 101).await?;
-    wait_ready(
-        bed.broker(),
-        "the DLQ to empty",
-        &dlq,
-        0,
-        Duration::from_secs(30),
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, 101).await?;
     assert_eq!(dead_letters.len(), 101);
     assert_each_good_once(&dead_letters, 100);
     assert_eq!(
@@ -703,17 +716,7 @@ async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow:
     let headers: Vec<&[u8]> = headers.iter().map(Vec::as_slice).collect();
     good_around_raw(&broker, &dlq, 5, &headers, body, 5).await?;
 
-    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
-    let outcome = captured(&mut bed.client, &dlq, 27).await;
-    let stored = total(&mut bed.client, &dlq).await?;
-    let ready = bed.broker().ready_count(&dlq).await?;
-    bed.finish().await?;
-    outcome.map_err(|e| {
-        anyhow::anyhow!(
-            "{e}: stored {stored} of 27 dead letters (10 good + 17 poison); {ready} still ready in the DLQ"
-        )
-    })?;
-    Ok(())
+    captures_all(broker, &dlq, 27, "27 dead letters (10 good + 17 poison)").await
 }
 
 /// Every time the planner's broker connection blips, the held connection
@@ -816,15 +819,7 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
     );
     good_around_raw(&broker, &dlq, 5, &[&header], body, 5).await?;
 
-    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
-    let outcome = captured(&mut bed.client, &dlq, 11).await;
-    let stored = total(&mut bed.client, &dlq).await?;
-    let ready = bed.broker().ready_count(&dlq).await?;
-    bed.finish().await?;
-    outcome.map_err(|e| {
-        anyhow::anyhow!("{e}: stored {stored} of 11; {ready} still ready in the DLQ")
-    })?;
-    Ok(())
+    captures_all(broker, &dlq, 11, "11").await
 }
 
 /// An unparkable unreadable message is held in the DLQ. Every time the hold
