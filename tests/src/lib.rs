@@ -1145,6 +1145,29 @@ pub async fn precheck(
         .into_inner())
 }
 
+/// The first page (at most `page_size`) of the dead letters stored from
+/// `source`.
+///
+/// # Errors
+/// When the planner refuses the listing.
+pub async fn dead_letters_of(
+    client: &mut PlannerClient<GrpcChannel>,
+    source: &str,
+    page_size: u32,
+) -> anyhow::Result<redrive_proto::v1::ListDeadLettersResponse> {
+    Ok(client
+        .list_dead_letters(redrive_proto::v1::ListDeadLettersRequest {
+            selector: Some(redrive_proto::v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            page_size,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner())
+}
+
 /// The request for a plan over the precheck `report` at `per_second` and
 /// `burst` (rationale "test"), everything else left to the planner.
 pub fn plan_request(

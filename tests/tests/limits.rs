@@ -16,7 +16,7 @@ use redrive_proto::{
     },
 };
 use redrive_tests::{
-    TestBed, init_logging, precheck,
+    TestBed, dead_letters_of, init_logging, precheck,
     raw::{raw_ingest, raw_unary},
     unique,
 };
@@ -215,17 +215,7 @@ async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> an
         rejected[3].1.contains("deeper than 64 levels"),
         "{rejected:?}"
     );
-    let listed = client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.clone()],
-                ..Default::default()
-            }),
-            page_size: 10,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let listed = dead_letters_of(&mut client, &source, 10).await?;
     let stored = listed
         .dead_letters
         .iter()
@@ -551,18 +541,7 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
     );
     assert!(summary.rejected[3].reason.contains("attempts"));
     assert!(summary.rejected[4].reason.contains("occurred_at"));
-    let listed = bed
-        .client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source],
-                ..Default::default()
-            }),
-            page_size: 100,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let listed = dead_letters_of(&mut bed.client, &source, 100).await?;
     assert_eq!(
         listed.dead_letters.len(),
         4,

@@ -17,7 +17,7 @@ use redrive_proto::v1::{
 };
 use redrive_tests::{
     AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, TcpProxy, TestBed, amqp_table,
-    amqp_text, init_logging, plan_request, unique, wait_until,
+    amqp_text, dead_letters_of, init_logging, plan_request, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -1571,17 +1571,7 @@ async fn dead_letter_id(
     order: &str,
 ) -> anyhow::Result<String> {
     let key = format!("{order}:order.paid");
-    let page = client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            page_size: 1000,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let page = dead_letters_of(client, dlq, 1000).await?;
     page.dead_letters
         .into_iter()
         .find(|dead_letter| dead_letter.message_key == key)
@@ -2022,18 +2012,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
         .reject(lapin::options::BasicRejectOptions { requeue: false })
         .await?;
     captured(&mut bed.client, &incident.dlq, 3).await?;
-    let page = bed
-        .client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            page_size: 100,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let page = dead_letters_of(&mut bed.client, &incident.dlq, 100).await?;
     let back = page
         .dead_letters
         .iter()
