@@ -307,12 +307,14 @@ fn check<T>(call: &str, answer: Result<T, Status>) -> Result<(), TestCaseError> 
     }
 }
 
-/// Checks a streaming call's answer and, when the stream opened, its first
-/// message (a watch of a live plan goes on: the first is enough).
+/// Checks a streaming call's answer (waited for as [`bounded`]) and, when
+/// the stream opened, its first message (a watch of a live plan goes on: the
+/// first is enough).
 async fn check_first<T>(
     name: &str,
-    opened: Result<tonic::Response<tonic::Streaming<T>>, Status>,
+    call: impl std::future::Future<Output = Result<tonic::Response<tonic::Streaming<T>>, Status>>,
 ) -> Result<(), TestCaseError> {
+    let opened = bounded(name, call).await?;
     let Ok(stream) = opened else {
         return check(name, opened);
     };
@@ -666,15 +668,14 @@ async fn run_case(
             Ok(())
         }
         "WatchPlan" => {
-            let watch = bounded(
+            check_first(
                 name,
                 planner.watch_plan(v1::WatchPlanRequest {
                     plan_id,
                     include_events: number % 2 == 0,
                 }),
             )
-            .await?;
-            check_first(name, watch).await
+            .await
         }
         "ReplayDeadLetter" => {
             checked(
@@ -789,15 +790,14 @@ async fn run_case(
             .await
         }
         "WatchLease" => {
-            let watch = bounded(
+            check_first(
                 name,
                 coordinator.watch_lease(v1::WatchLeaseRequest {
                     slice_id,
                     fencing_token: token,
                 }),
             )
-            .await?;
-            check_first(name, watch).await
+            .await
         }
         "ReportOutcomes" => {
             let report = v1::ReportOutcomesRequest {
@@ -817,12 +817,11 @@ async fn run_case(
                     ..Default::default()
                 }],
             };
-            let reports = bounded(
+            check_first(
                 name,
                 coordinator.report_outcomes(tokio_stream::iter(vec![report])),
             )
-            .await?;
-            check_first(name, reports).await
+            .await
         }
         _ => {
             let method = RAW_METHODS[number as usize % RAW_METHODS.len()];
