@@ -17,7 +17,7 @@ use redrive_tests::{ExecutorHandle, TestBed, init_logging, unique, wait_until};
 use tonic::{Code, Request};
 
 mod support;
-use support::{approved_plan, audit_report, get_plan, incident_bed, wait_completed};
+use support::{approved_plan, audit_report, cancel, get_plan, incident_bed, wait_completed};
 
 type Client = v1::planner_client::PlannerClient<tonic::transport::Channel>;
 
@@ -864,16 +864,6 @@ async fn the_retention_flag_deletes_in_the_background() -> anyhow::Result<()> {
     .await?;
     assert_eq!(listed(&mut client, all_of(&source)).await?, ["open"]);
     bed.finish().await
-}
-
-async fn cancel(client: &mut Client, plan_id: &str, reason: &str) -> anyhow::Result<()> {
-    client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan_id.to_owned(),
-            reason: reason.to_owned(),
-        })
-        .await?;
-    Ok(())
 }
 
 /// The dead letter `id` as `GetDeadLetter` answers.

@@ -16,7 +16,7 @@ use redrive_tests::{Broker, DlqTopology, ExecutorHandle, TestBed, init_logging, 
 use tonic::{Code, transport::Channel};
 
 mod support;
-use support::{Received, assert_received_within_audit, consume, get_plan, stop_consuming};
+use support::{Received, assert_received_within_audit, cancel, consume, get_plan, stop_consuming};
 
 /// A JSON order event of `event_type` whose `timestamp` property is `age` ago.
 fn event(order_id: &str, event_type: &str, age: chrono::Duration) -> (Vec<u8>, BasicProperties) {
@@ -546,12 +546,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
     );
     let unchanged = get_plan(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(unchanged.state(), PlanState::AwaitingApproval);
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan.plan_id.clone(),
-            reason: "precheck too old".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan.plan_id, "precheck too old").await?;
 
     // A dead letter repaired after the precheck.
     let before_repair = precheck(bed.client.clone()).await?;
@@ -575,12 +570,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         "{}",
         error.message()
     );
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan.plan_id.clone(),
-            reason: "repaired since".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan.plan_id, "repaired since").await?;
 
     // A dead letter replayed by another plan after the precheck.
     let before_replay = precheck(bed.client.clone()).await?;

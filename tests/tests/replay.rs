@@ -1829,12 +1829,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         "{}",
         error.message()
     );
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: pending.plan_id.clone(),
-            reason: "repair first".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &pending.plan_id, "repair first").await?;
     bed.client
         .repair_dead_letter(repair(&zero, br#"{"order_id":"o-0"}"#))
         .await?;

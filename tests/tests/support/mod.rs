@@ -282,6 +282,21 @@ pub async fn get_plan(
         .into_inner())
 }
 
+/// Cancels plan `plan_id`, giving `reason`.
+pub async fn cancel(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: plan_id.to_owned(),
+            reason: reason.to_owned(),
+        })
+        .await?;
+    Ok(())
+}
+
 /// The audit report of plan `plan_id`.
 pub async fn audit_report(
     client: &mut PlannerClient<Channel>,
