@@ -1023,15 +1023,7 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
     // Both consumers fail every message: four dead letters, two per message id.
     for queue in [&a, &b] {
         for _ in 0..2 {
-            let delivery = broker
-                .channel
-                .basic_get(queue.as_str().into(), Default::default())
-                .await?
-                .expect("the work queue holds the message");
-            delivery
-                .acker
-                .reject(lapin::options::BasicRejectOptions { requeue: false })
-                .await?;
+            reject_next(&broker.channel, queue, "the work queue holds the message").await?;
         }
     }
     let mut bed = bed(broker, &[&dlq], 4).await?;
@@ -1998,14 +1990,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     // The consumer still cannot take it: it dead-letters again and is
     // captured as a re-dead-letter of that plan.
     let channel = bed.broker().connection.create_channel().await?;
-    let delivery = channel
-        .basic_get(incident.work.as_str().into(), Default::default())
-        .await?
-        .expect("the replayed message");
-    delivery
-        .acker
-        .reject(lapin::options::BasicRejectOptions { requeue: false })
-        .await?;
+    reject_next(&channel, &incident.work, "the replayed message").await?;
     captured(&mut bed.client, &incident.dlq, 3).await?;
     let page = dead_letters_of(&mut bed.client, &incident.dlq, 100).await?;
     let back = page

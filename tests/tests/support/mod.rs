@@ -92,17 +92,25 @@ pub async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow
     // The broken consumer rejects everything on the work queue.
     let channel = broker.connection.create_channel().await?;
     for _ in 0..messages {
-        let delivery = channel
-            .basic_get(incident.work.as_str().into(), Default::default())
-            .await?
-            .expect("the work queue holds the message");
-        delivery
-            .acker
-            .reject(lapin::options::BasicRejectOptions { requeue: false })
-            .await?;
+        reject_next(&channel, &incident.work, "the work queue holds the message").await?;
     }
     channel.close(200, "done".into()).await?;
     Ok(incident)
+}
+
+/// Takes the next message of `queue` (there must be one: `what` says
+/// which) and rejects it without requeueing, as a broken consumer would:
+/// the broker dead-letters it.
+pub async fn reject_next(channel: &lapin::Channel, queue: &str, what: &str) -> anyhow::Result<()> {
+    let delivery = channel
+        .basic_get(queue.into(), Default::default())
+        .await?
+        .expect(what);
+    delivery
+        .acker
+        .reject(lapin::options::BasicRejectOptions { requeue: false })
+        .await?;
+    Ok(())
 }
 
 /// The replay tests' planner settings: capture `dlqs`, key by the body's
