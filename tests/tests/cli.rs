@@ -176,9 +176,7 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
     let bed = TestBed::without_broker(|_| {}).await?;
-    let channel = tonic::transport::Channel::from_shared(bed.planner.url())?
-        .connect()
-        .await?;
+    let channel = bed.planner.channel().await?;
     let mut client = ServerReflectionClient::new(channel);
     let request = ServerReflectionRequest {
         host: String::new(),
@@ -207,9 +205,7 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
             ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
             server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
         };
-        let channel = tonic::transport::Channel::from_shared(bed.planner.url())?
-            .connect()
-            .await?;
+        let channel = bed.planner.channel().await?;
         let mut client = ServerReflectionClient::new(channel);
         let request = ServerReflectionRequest {
             host: String::new(),
