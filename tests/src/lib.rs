@@ -1168,6 +1168,28 @@ pub async fn dead_letters_of(
         .into_inner())
 }
 
+/// How many dead letters from `source` are stored (a summary without
+/// grouping).
+///
+/// # Errors
+/// When the planner refuses the summary.
+pub async fn stored_total(
+    client: &mut PlannerClient<GrpcChannel>,
+    source: &str,
+) -> anyhow::Result<u64> {
+    Ok(client
+        .summarize_dead_letters(redrive_proto::v1::SummarizeDeadLettersRequest {
+            selector: Some(redrive_proto::v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            group_by: vec![],
+        })
+        .await?
+        .into_inner()
+        .total)
+}
+
 /// The request for a plan over the precheck `report` at `per_second` and
 /// `burst` (rationale "test"), everything else left to the planner.
 pub fn plan_request(

@@ -20,7 +20,8 @@ use redrive_planner::capture::{
 };
 use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, unique, wait_until,
+    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, stored_total,
+    unique, wait_until,
 };
 
 mod support;
@@ -201,7 +202,7 @@ async fn settled_dead_letters(
 async fn captures_all(broker: Broker, dlq: &str, count: u64, what: &str) -> anyhow::Result<()> {
     let mut bed = TestBed::start(broker, |config| capturing(config, dlq)).await?;
     let outcome = captured(&mut bed.client, dlq, count).await;
-    let stored = total(&mut bed.client, dlq).await?;
+    let stored = stored_total(&mut bed.client, dlq).await?;
     let ready = bed.broker().ready_count(dlq).await?;
     bed.finish().await?;
     outcome.map_err(|e| {
@@ -679,23 +680,6 @@ fn unparkable_header(body_len: u64, n: u32) -> Vec<u8> {
     )
 }
 
-async fn total(
-    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
-    dlq: &str,
-) -> anyhow::Result<u64> {
-    Ok(client
-        .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            group_by: vec![],
-        })
-        .await?
-        .into_inner()
-        .total)
-}
-
 /// A producer that sets a per-message `expiration` (or its own validated
 /// `user_id`) and a Latin-1 `type` makes every one of its messages
 /// unparkable. After 16 of them (`MAX_HELD`) the 17th makes `isolate` fail
@@ -772,7 +756,7 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     // Whatever happened, a message published now must be captured.
     good(bed.broker(), &dlq, 6, 3).await?;
     let outcome = captured(&mut bed.client, &dlq, 10).await;
-    let stored = total(&mut bed.client, &dlq).await?;
+    let stored = stored_total(&mut bed.client, &dlq).await?;
     bed.finish().await?;
     outcome.map_err(|e| {
         anyhow::anyhow!(

@@ -18,7 +18,9 @@ use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
     planner_client::PlannerClient,
 };
-use redrive_tests::{Broker, REDIS_URL, TestBed, amqp_table, amqp_text, unique, wait_until};
+use redrive_tests::{
+    Broker, REDIS_URL, TestBed, amqp_table, amqp_text, stored_total, unique, wait_until,
+};
 // Re-exported for the files that glob-import this module; not every test
 // binary uses them.
 #[allow(unused_imports)]
@@ -159,19 +161,7 @@ pub async fn captured_within(
     wait_until("capture", limit, || {
         let mut client = client.clone();
         let dlq = dlq.to_owned();
-        async move {
-            let summary = client
-                .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-                    selector: Some(v1::Selector {
-                        sources: vec![dlq],
-                        ..Default::default()
-                    }),
-                    group_by: vec![],
-                })
-                .await?
-                .into_inner();
-            Ok(summary.total >= count)
-        }
+        async move { Ok(stored_total(&mut client, &dlq).await? >= count) }
     })
     .await
 }
