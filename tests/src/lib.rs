@@ -1190,6 +1190,28 @@ pub async fn stored_total(
         .total)
 }
 
+/// The first page (at most `page_size`) of the items of precheck
+/// `precheck_id` with `verdict` (0: any).
+///
+/// # Errors
+/// When the planner refuses the listing.
+pub async fn precheck_items(
+    client: &mut PlannerClient<GrpcChannel>,
+    precheck_id: &str,
+    verdict: i32,
+    page_size: u32,
+) -> anyhow::Result<redrive_proto::v1::ListPrecheckItemsResponse> {
+    Ok(client
+        .list_precheck_items(redrive_proto::v1::ListPrecheckItemsRequest {
+            precheck_id: precheck_id.to_owned(),
+            verdict,
+            page_size,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner())
+}
+
 /// The request for a plan over the precheck `report` at `per_second` and
 /// `burst` (rationale "test"), everything else left to the planner.
 pub fn plan_request(

@@ -13,7 +13,7 @@ use redrive_proto::v1::{
     ListDeadLettersRequest, MessageProperties, Origin, ReasonClass, SummarizeDeadLettersRequest,
     SummaryDimension, header_value::Value,
 };
-use redrive_tests::{TestBed, TestDb, init_logging, unique};
+use redrive_tests::{TestBed, TestDb, init_logging, precheck_items, unique};
 use tonic::Code;
 
 fn item(
@@ -587,15 +587,8 @@ async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() ->
                 })
                 .await?
                 .into_inner();
-            let items = client
-                .list_precheck_items(redrive_proto::v1::ListPrecheckItemsRequest {
-                    precheck_id: report.precheck_id,
-                    verdict: 0,
-                    page_size: 10,
-                    page_token: String::new(),
-                })
+            let items = precheck_items(&mut client, &report.precheck_id, 0, 10)
                 .await?
-                .into_inner()
                 .items;
             anyhow::Ok(items)
         }

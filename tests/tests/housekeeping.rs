@@ -13,7 +13,7 @@ use redrive_proto::v1::{
     GetDeadLetterRequest, IngestDeadLettersRequest, ListDeadLettersRequest, RunPrecheckRequest,
     Selector, SummarizeDeadLettersRequest, SummaryDimension,
 };
-use redrive_tests::{ExecutorHandle, TestBed, init_logging, unique, wait_until};
+use redrive_tests::{ExecutorHandle, TestBed, init_logging, precheck_items, unique, wait_until};
 use tonic::{Code, Request};
 
 mod support;
@@ -116,15 +116,8 @@ async fn precheck_ids(
     client: &mut Client,
     report: &v1::PrecheckReport,
 ) -> anyhow::Result<Vec<String>> {
-    let mut ids: Vec<String> = client
-        .list_precheck_items(v1::ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: 0,
-            page_size: 1000,
-            page_token: String::new(),
-        })
+    let mut ids: Vec<String> = precheck_items(client, &report.precheck_id, 0, 1000)
         .await?
-        .into_inner()
         .items
         .into_iter()
         .map(|item| item.dead_letter_id)

@@ -10,10 +10,10 @@ use lapin::{
     BasicProperties,
     types::{AMQPValue, FieldArray, FieldTable},
 };
-use redrive_proto::v1::{self, ListPrecheckItemsRequest, Verdict};
+use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    Broker, DlqTopology, ExecutorHandle, amqp_table, amqp_text, init_logging, plan_request, unique,
-    wait_until,
+    Broker, DlqTopology, ExecutorHandle, amqp_table, amqp_text, init_logging, plan_request,
+    precheck_items, unique, wait_until,
 };
 
 mod support;
@@ -30,15 +30,8 @@ async fn items(
     source: &str,
 ) -> anyhow::Result<(v1::PrecheckReport, Vec<v1::PrecheckItem>)> {
     let report = precheck(client, source).await?;
-    let items = client
-        .list_precheck_items(ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: 0,
-            page_size: 100,
-            page_token: String::new(),
-        })
+    let items = precheck_items(client, &report.precheck_id, 0, 100)
         .await?
-        .into_inner()
         .items;
     Ok((report, items))
 }

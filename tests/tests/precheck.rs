@@ -13,7 +13,7 @@ use redrive_proto::v1::{
 use redrive_tests::{
     Broker, DlqTopology, TestBed, amqp_table, amqp_text, init_logging,
     orders_hook::{self, OrdersHook},
-    plan_request, precheck, wait_until,
+    plan_request, precheck, precheck_items, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, transport::Channel};
@@ -512,16 +512,13 @@ async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> 
         (1, 1, 3),
         "a's copy loops, b's copy is replayable: {counts:?}"
     );
-    let replayable = bed
-        .client
-        .list_precheck_items(ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: Verdict::Replayable.into(),
-            page_size: 10,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let replayable = precheck_items(
+        &mut bed.client,
+        &report.precheck_id,
+        Verdict::Replayable.into(),
+        10,
+    )
+    .await?;
     let destinations: Vec<&str> = replayable
         .items
         .iter()

@@ -20,8 +20,8 @@ use redrive_planner::capture::{
 };
 use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, stored_total,
-    unique, wait_until,
+    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, precheck_items,
+    stored_total, unique, wait_until,
 };
 
 mod support;
@@ -401,17 +401,14 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
 
     // The precheck calls them invalid, naming why; the rest is replayable.
     let report = precheck(&mut bed.client, &dlq).await?;
-    let items = bed
-        .client
-        .list_precheck_items(v1::ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: Verdict::Invalid as i32,
-            page_size: 1000,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner()
-        .items;
+    let items = precheck_items(
+        &mut bed.client,
+        &report.precheck_id,
+        Verdict::Invalid as i32,
+        1000,
+    )
+    .await?
+    .items;
     // (The good ones were published straight into the DLQ: no x-death, so
     // they are invalid for want of a destination.)
     let unreadable_items: Vec<_> = items
@@ -445,16 +442,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         })
         .await?
         .into_inner();
-    let repaired = bed
-        .client
-        .list_precheck_items(v1::ListPrecheckItemsRequest {
-            precheck_id: again.precheck_id,
-            verdict: 0,
-            page_size: 10,
-            page_token: String::new(),
-        })
+    let repaired = precheck_items(&mut bed.client, &again.precheck_id, 0, 10)
         .await?
-        .into_inner()
         .items;
     assert_eq!(repaired.len(), 1);
     assert_eq!(repaired[0].verdict(), Verdict::Invalid);
