@@ -1139,10 +1139,8 @@ pub async fn precheck(
     client: &mut PlannerClient<GrpcChannel>,
     dlq: &str,
 ) -> anyhow::Result<redrive_proto::v1::PrecheckReport> {
-    Ok(client
-        .run_precheck(precheck_request(dlq))
-        .await?
-        .into_inner())
+    let report = client.run_precheck(precheck_request(dlq)).await?;
+    Ok(report.into_inner())
 }
 
 /// The first page (at most `page_size`) of the dead letters stored from

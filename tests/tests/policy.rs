@@ -132,13 +132,11 @@ async fn plan_over(
 /// Approves `plan` with the digest it shows, expecting the refusal
 /// FailedPrecondition; returns it.
 async fn approval_refused(client: &mut PlannerClient<Channel>, plan: &v1::Plan) -> tonic::Status {
-    let error = client
-        .approve_plan(ApprovePlanRequest {
-            plan_id: plan.plan_id.clone(),
-            digest: plan.precheck_digest.clone(),
-        })
-        .await
-        .unwrap_err();
+    let request = ApprovePlanRequest {
+        plan_id: plan.plan_id.clone(),
+        digest: plan.precheck_digest.clone(),
+    };
+    let error = client.approve_plan(request).await.unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition);
     error
 }
