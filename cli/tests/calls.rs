@@ -44,8 +44,7 @@ async fn grpc_errors_print_code_and_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_actor_defaults_to_user_then_anonymous_on_every_request() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let run = ["precheck", "--source", "q", "--json"];
     for env in [
         &[("USER", Some("bob"))][..],

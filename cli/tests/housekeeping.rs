@@ -8,8 +8,7 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_sends_the_selector_reason_and_actor() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &[
@@ -94,8 +93,7 @@ async fn archive_sends_the_selector_reason_and_actor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_needs_a_reason_and_a_well_formed_body_filter() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     for args in [
         &["dead-letters", "archive", "--id", "3"][..],
         &["dead-letters", "archive", "--id", "3", "--reason", "  "],

@@ -7,8 +7,7 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_maps_rejections_back_to_file_lines_across_batches() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let file = [
         line("m-1"),           // 1
         "not json".to_owned(), // 2: refused by redrivectl
@@ -88,8 +87,7 @@ async fn a_clean_import_exits_zero_with_a_summary_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_call_stops_the_import_and_says_how_far_it_got() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let mut lines: Vec<String> = (0..5).map(|n| line(&format!("m-{n}"))).collect();
     lines.push(line("boom"));
     lines.extend((5..500).map(|n| line(&format!("m-{n}"))));

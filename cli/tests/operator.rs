@@ -497,8 +497,7 @@ async fn completions_and_the_man_page_are_generated() {
 
 #[tokio::test]
 async fn profiles_come_from_the_config_file_and_flags_win() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let config = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(config.path().join("redrive")).unwrap();
     std::fs::write(

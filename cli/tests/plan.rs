@@ -5,10 +5,23 @@ mod support;
 
 use support::*;
 
+/// `plan create` of the fake's precheck at 50/s, burst 10, rationale "r".
+const CREATE_AT_50: [&str; 10] = [
+    "plan",
+    "create",
+    "--precheck",
+    PRECHECK_ID,
+    "--rate",
+    "50",
+    "--burst",
+    "10",
+    "--rationale",
+    "r",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_create_sends_the_flags_and_prints_the_plan() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &[
@@ -85,23 +98,7 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
     );
 
     // People get the plan and the command to approve it; defaults left unset.
-    let output = redrivectl(
-        address,
-        &[
-            "plan",
-            "create",
-            "--precheck",
-            PRECHECK_ID,
-            "--rate",
-            "50",
-            "--burst",
-            "10",
-            "--rationale",
-            "r",
-        ],
-        "",
-    )
-    .await;
+    let output = redrivectl(address, &CREATE_AT_50, "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     for expected in [
@@ -142,21 +139,9 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_plan_flags_exit_64_before_any_call() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let create = |extra: &[&'static str]| {
-        let mut args = vec![
-            "plan",
-            "create",
-            "--precheck",
-            PRECHECK_ID,
-            "--rate",
-            "50",
-            "--burst",
-            "10",
-            "--rationale",
-            "r",
-        ];
+        let mut args = CREATE_AT_50.to_vec();
         args.extend_from_slice(extra);
         args
     };
@@ -198,8 +183,7 @@ async fn bad_plan_flags_exit_64_before_any_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let wait = |plan_id: &'static str, extra: &[&'static str]| {
         let mut args = vec!["plan", "wait", plan_id, "--interval", "10ms", "--json"];
         args.extend_from_slice(extra);
@@ -276,8 +260,7 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_watch_prints_one_line_per_update() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &["plan", "watch", "plan-done", "--events", "--json"],
@@ -372,8 +355,7 @@ async fn plan_watch_prints_one_line_per_update() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_watch_warns_once_of_a_stall_and_says_when_it_ends() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
 
     // Lines: the plan stays in main at 3/7; the planner sends nothing.
     let (mut child, mut lines) = redrivectl_live(
@@ -491,8 +473,7 @@ async fn plan_watch_warns_once_of_a_stall_and_says_when_it_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_watch_counts_down_the_observation_window() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (_fake, address) = served().await;
     let output = redrivectl(address, &["plan", "watch", "plan-observing"], "").await;
     assert_eq!(output.status.code(), Some(0));
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -512,8 +493,7 @@ async fn plan_watch_counts_down_the_observation_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_report_csv_and_jsonl_pass_the_export_through_byte_for_byte() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let expected: Vec<u8> = CSV_CHUNKS.concat();
     for args in [
         &["plan", "report", "plan-done", "--format", "csv"][..],
@@ -553,8 +533,7 @@ async fn plan_report_csv_and_jsonl_pass_the_export_through_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_report_json_and_text() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(address, &["plan", "report", "plan-done", "--json"], "").await;
     assert_eq!(output.status.code(), Some(0));
     let report = stdout_json(&output);
@@ -606,8 +585,7 @@ async fn plan_report_json_and_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &[
@@ -712,8 +690,7 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_list_and_compensations_follow_pages() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &[

@@ -7,8 +7,7 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &[
@@ -141,8 +140,7 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn precheck_prints_a_report_people_can_read() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(address, &["precheck", "--source", "payments.dlq"], "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert_eq!(output.status.code(), Some(0), "{stdout}");
@@ -189,8 +187,7 @@ async fn precheck_prints_a_report_people_can_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn precheck_items_follow_pages_with_the_verdict() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     let output = redrivectl(
         address,
         &[
@@ -271,8 +268,7 @@ async fn precheck_items_follow_pages_with_the_verdict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_check_hook_outage_is_unavailable_and_says_which_flag() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (_fake, address) = served().await;
     let output = redrivectl(address, &["precheck", "--source", "hook-down"], "").await;
     assert_eq!(output.status.code(), Some(69));
     assert!(output.stdout.is_empty());
@@ -299,8 +295,7 @@ async fn a_state_check_hook_outage_is_unavailable_and_says_which_flag() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_precheck_flags_exit_64_before_any_call() {
-    let fake = Fake::default();
-    let address = serve(fake.clone()).await;
+    let (fake, address) = served().await;
     for (args, expected) in [
         (
             &["precheck", "--source", "q", "--stale-after", "payment.*"][..],

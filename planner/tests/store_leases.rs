@@ -151,12 +151,7 @@ impl Drop for Db {
 #[tokio::test]
 async fn a_stale_fencing_token_is_refused_everywhere() {
     let db = Db::new().await;
-    let first = db
-        .store
-        .claim_slice("old", "", TTL, true)
-        .await
-        .unwrap()
-        .expect("the pending slice");
+    let first = db.claim("old", true).await;
     let token = first.fencing_token;
     assert!(token > 1 << 32, "a random token, not a counter: {token}");
     assert!(

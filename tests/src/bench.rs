@@ -14,7 +14,7 @@ use lapin::{
 use prost::Message as _;
 use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
 
-use crate::{AMQP_URL, ExecutorProcess, REDIS_URL, TestBed};
+use crate::{AMQP_URL, ExecutorProcess, REDIS_URL, TestBed, precheck};
 
 /// Unconfirmed publishes at most, raw and per executor slice (the
 /// executor's default `--window`).
@@ -96,16 +96,7 @@ pub async fn unthrottled_plan(
     source: &str,
     observe_seconds: i64,
 ) -> anyhow::Result<(redrive_proto::v1::Plan, String)> {
-    let report = client
-        .run_precheck(v1::RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(client, source).await?;
     let plan = client
         .create_plan(v1::CreatePlanRequest {
             precheck_id: report.precheck_id.clone(),

@@ -594,18 +594,8 @@ impl PlannerHandle {
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(channel) = handle.channel().await {
-                let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-                let request = tonic_health::pb::HealthCheckRequest {
-                    service: "redrive.v1.Planner".to_owned(),
-                };
-                let serving =
-                    tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
-                if let Ok(answer) = health.check(request).await
-                    && answer.into_inner().status == serving
-                {
-                    return Ok(handle);
-                }
+            if matches!(handle.serving().await, Ok(true)) {
+                return Ok(handle);
             }
             anyhow::ensure!(
                 !handle.task.as_ref().is_some_and(JoinHandle::is_finished),
@@ -644,6 +634,22 @@ impl PlannerHandle {
             .apply(&url, GrpcChannel::from_shared(url.clone())?)
             .map_err(anyhow::Error::msg)?;
         Ok(endpoint.connect().await?)
+    }
+
+    /// Whether the planner's health service calls `redrive.v1.Planner`
+    /// serving.
+    ///
+    /// # Errors
+    /// When the planner is not reachable or the health check fails.
+    pub async fn serving(&self) -> anyhow::Result<bool> {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel().await?);
+        let answer = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "redrive.v1.Planner".to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(answer.status() == tonic_health::pb::health_check_response::ServingStatus::Serving)
     }
 
     /// A Planner client.
@@ -953,20 +959,7 @@ impl TestBed {
         pki: pki::Pki,
         configure: impl FnOnce(&mut Config),
     ) -> anyhow::Result<Self> {
-        let db = TestDb::new();
-        let pki = Arc::new(pki);
-        let tls = pki.client("test-admin")?;
-        let planner =
-            PlannerHandle::start_with(Self::config(&db, Some(&pki), configure), tls).await?;
-        let client = planner.client().await?;
-        Ok(Self {
-            client,
-            planner,
-            redis: RedisKeys::new(),
-            broker,
-            db,
-            pki: Some(pki),
-        })
+        Self::launch(TestDb::new(), broker, Some(Arc::new(pki)), configure).await
     }
 
     /// A planner configured by `configure` over a new database (capture,
@@ -1001,7 +994,22 @@ impl TestBed {
         broker: Option<Broker>,
         configure: impl FnOnce(&mut Config),
     ) -> anyhow::Result<Self> {
-        let planner = PlannerHandle::start(Self::config(&db, None, configure)).await?;
+        Self::launch(db, broker, None, configure).await
+    }
+
+    /// The planner over `db` (with TLS and authentication by `pki` when
+    /// given, the client then `test-admin`) and the bed around it.
+    async fn launch(
+        db: TestDb,
+        broker: Option<Broker>,
+        pki: Option<Arc<pki::Pki>>,
+        configure: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<Self> {
+        let config = Self::config(&db, pki.as_deref(), configure);
+        let planner = match &pki {
+            Some(pki) => PlannerHandle::start_with(config, pki.client("test-admin")?).await?,
+            None => PlannerHandle::start(config).await?,
+        };
         let client = planner.client().await?;
         Ok(Self {
             client,
@@ -1009,7 +1017,7 @@ impl TestBed {
             redis: RedisKeys::new(),
             broker,
             db,
-            pki: None,
+            pki,
         })
     }
 
@@ -1108,6 +1116,115 @@ impl TestBed {
         redis.cleanup().await?;
         db.drop_database().await;
         stopped
+    }
+}
+
+/// The request for a precheck of everything stored from `dlq`, with the
+/// default options.
+pub fn precheck_request(dlq: &str) -> redrive_proto::v1::RunPrecheckRequest {
+    redrive_proto::v1::RunPrecheckRequest {
+        selector: Some(redrive_proto::v1::Selector {
+            sources: vec![dlq.to_owned()],
+            ..Default::default()
+        }),
+        options: None,
+    }
+}
+
+/// A fresh precheck of everything stored from `dlq` ([`precheck_request`]).
+///
+/// # Errors
+/// When the planner refuses it.
+pub async fn precheck(
+    client: &mut PlannerClient<GrpcChannel>,
+    dlq: &str,
+) -> anyhow::Result<redrive_proto::v1::PrecheckReport> {
+    let report = client.run_precheck(precheck_request(dlq)).await?;
+    Ok(report.into_inner())
+}
+
+/// The first page (at most `page_size`) of the dead letters stored from
+/// `source`.
+///
+/// # Errors
+/// When the planner refuses the listing.
+pub async fn dead_letters_of(
+    client: &mut PlannerClient<GrpcChannel>,
+    source: &str,
+    page_size: u32,
+) -> anyhow::Result<redrive_proto::v1::ListDeadLettersResponse> {
+    Ok(client
+        .list_dead_letters(redrive_proto::v1::ListDeadLettersRequest {
+            selector: Some(redrive_proto::v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            page_size,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner())
+}
+
+/// How many dead letters from `source` are stored (a summary without
+/// grouping).
+///
+/// # Errors
+/// When the planner refuses the summary.
+pub async fn stored_total(
+    client: &mut PlannerClient<GrpcChannel>,
+    source: &str,
+) -> anyhow::Result<u64> {
+    Ok(client
+        .summarize_dead_letters(redrive_proto::v1::SummarizeDeadLettersRequest {
+            selector: Some(redrive_proto::v1::Selector {
+                sources: vec![source.to_owned()],
+                ..Default::default()
+            }),
+            group_by: vec![],
+        })
+        .await?
+        .into_inner()
+        .total)
+}
+
+/// The first page (at most `page_size`) of the items of precheck
+/// `precheck_id` with `verdict` (0: any).
+///
+/// # Errors
+/// When the planner refuses the listing.
+pub async fn precheck_items(
+    client: &mut PlannerClient<GrpcChannel>,
+    precheck_id: &str,
+    verdict: i32,
+    page_size: u32,
+) -> anyhow::Result<redrive_proto::v1::ListPrecheckItemsResponse> {
+    Ok(client
+        .list_precheck_items(redrive_proto::v1::ListPrecheckItemsRequest {
+            precheck_id: precheck_id.to_owned(),
+            verdict,
+            page_size,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner())
+}
+
+/// The request for a plan over the precheck `report` at `per_second` and
+/// `burst` (rationale "test"), everything else left to the planner.
+pub fn plan_request(
+    report: &redrive_proto::v1::PrecheckReport,
+    per_second: f64,
+    burst: u32,
+) -> redrive_proto::v1::CreatePlanRequest {
+    redrive_proto::v1::CreatePlanRequest {
+        precheck_id: report.precheck_id.clone(),
+        rate: Some(redrive_proto::v1::Rate {
+            per_second,
+            burst,
+            rationale: "test".into(),
+        }),
+        ..Default::default()
     }
 }
 

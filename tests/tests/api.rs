@@ -13,7 +13,7 @@ use redrive_proto::v1::{
     ListDeadLettersRequest, MessageProperties, Origin, ReasonClass, SummarizeDeadLettersRequest,
     SummaryDimension, header_value::Value,
 };
-use redrive_tests::{TestBed, TestDb, init_logging, unique};
+use redrive_tests::{TestBed, TestDb, init_logging, precheck_items, unique};
 use tonic::Code;
 
 fn item(
@@ -59,6 +59,17 @@ fn gzip(text: &str) -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
+/// Pushes `items` through IngestDeadLetters in one stream; the answer.
+async fn ingest(
+    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    items: Vec<IngestDeadLettersRequest>,
+) -> anyhow::Result<v1::IngestDeadLettersResponse> {
+    Ok(client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?
+        .into_inner())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::Result<()> {
     init_logging();
@@ -80,11 +91,7 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         item(&source, "m-3", b"plain", "expired", "billing"),
     ];
 
-    let first = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(items.clone()))
-        .await?
-        .into_inner();
+    let first = ingest(&mut bed.client, items.clone()).await?;
     assert_eq!(first.accepted, 3);
     assert_eq!(first.duplicates, 0);
     assert_eq!(first.rejected.len(), 1);
@@ -95,11 +102,7 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
         first.rejected
     );
 
-    let again = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(items))
-        .await?
-        .into_inner();
+    let again = ingest(&mut bed.client, items).await?;
     assert_eq!(
         (again.accepted, again.duplicates),
         (0, 3),
@@ -510,21 +513,13 @@ async fn an_import_tells_a_re_sent_line_from_another_message_sharing_its_id() ->
         // A replay of m-1 that came back: a re-dead-letter.
         came_back,
     ];
-    let first = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(items.clone()))
-        .await?
-        .into_inner();
+    let first = ingest(&mut bed.client, items.clone()).await?;
     assert_eq!(
         (first.accepted, first.duplicates),
         (4, 1),
         "only the re-sent line is a repeat"
     );
-    let again = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(items))
-        .await?
-        .into_inner();
+    let again = ingest(&mut bed.client, items).await?;
     assert_eq!(
         (again.accepted, again.duplicates),
         (0, 5),
@@ -576,11 +571,7 @@ async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() ->
     let source = unique("svc");
     let mut foreign = item(&source, "m-1", br#"{"order_id":"o-1"}"#, "rejected", "shop");
     foreign.properties.as_mut().unwrap().user_id = Some("billing-svc".to_owned());
-    let stored = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(vec![foreign]))
-        .await?
-        .into_inner();
+    let stored = ingest(&mut bed.client, vec![foreign]).await?;
     assert_eq!(stored.accepted, 1);
     let precheck = |client: &mut redrive_proto::v1::planner_client::PlannerClient<_>| {
         let mut client = client.clone();
@@ -596,15 +587,8 @@ async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() ->
                 })
                 .await?
                 .into_inner();
-            let items = client
-                .list_precheck_items(redrive_proto::v1::ListPrecheckItemsRequest {
-                    precheck_id: report.precheck_id,
-                    verdict: 0,
-                    page_size: 10,
-                    page_token: String::new(),
-                })
+            let items = precheck_items(&mut client, &report.precheck_id, 0, 10)
                 .await?
-                .into_inner()
                 .items;
             anyhow::Ok(items)
         }

@@ -40,16 +40,25 @@ fn as_principal<T>(name: &str, message: T) -> Request<T> {
     bearer(token_of(name), None, message)
 }
 
-/// A secure bed capturing `incident`'s DLQ with four-eyes on, its 5 dead
-/// letters stored.
-async fn secure_bed(broker: Broker, dlq: &str) -> anyhow::Result<TestBed> {
+/// An incident of 5 messages and a secure bed capturing its DLQ with
+/// four-eyes on, the 5 dead letters stored.
+async fn secure_incident() -> anyhow::Result<(Incident, TestBed)> {
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
     let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
-        capturing(config, &[dlq]);
+        capturing(config, &[&incident.dlq]);
         config.four_eyes = true;
     })
     .await?;
-    captured(&mut bed.client, dlq, 5).await?;
-    Ok(bed)
+    captured(&mut bed.client, &incident.dlq, 5).await?;
+    Ok((incident, bed))
+}
+
+/// The refusal `answer` must be: PermissionDenied.
+fn denied<T: std::fmt::Debug>(answer: Result<T, tonic::Status>) -> tonic::Status {
+    let refused = answer.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    refused
 }
 
 /// A client over TLS without a client certificate (trusting the bed's CA).
@@ -61,24 +70,19 @@ async fn client_without_certificate(bed: &TestBed) -> anyhow::Result<PlannerClie
 }
 
 /// A precheck of `dlq` by `creator`, and a plan over it created as
-/// `creator` (`on_behalf_of` through `x-redrive-actor`): (plan, digest).
+/// `creator` (`on_behalf_of` through `x-redrive-actor`): the plan and the
+/// request that approves it.
 async fn plan_by(
     client: &mut PlannerClient<Channel>,
     dlq: &str,
     creator: &str,
     on_behalf_of: Option<&str>,
-) -> anyhow::Result<(v1::Plan, String)> {
+) -> anyhow::Result<(v1::Plan, ApprovePlanRequest)> {
     let report = client
         .run_precheck(bearer(
             token_of(creator),
             on_behalf_of,
-            RunPrecheckRequest {
-                selector: Some(v1::Selector {
-                    sources: vec![dlq.to_owned()],
-                    ..Default::default()
-                }),
-                options: None,
-            },
+            precheck_request(dlq),
         ))
         .await?
         .into_inner();
@@ -102,15 +106,17 @@ async fn plan_by(
         ))
         .await?
         .into_inner();
-    Ok((plan, report.digest))
+    let approval = ApprovePlanRequest {
+        plan_id: plan.plan_id.clone(),
+        digest: report.digest,
+    };
+    Ok((plan, approval))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_without_credentials_are_refused_but_health_answers() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let bed = secure_bed(broker, &incident.dlq).await?;
+    let (_incident, bed) = secure_incident().await?;
     let mut anonymous = client_without_certificate(&bed).await?;
     let refused = anonymous
         .list_plans(v1::ListPlansRequest::default())
@@ -162,58 +168,43 @@ async fn callers_without_credentials_are_refused_but_health_answers() -> anyhow:
 async fn a_viewer_cannot_approve_and_the_creator_cannot_approve_whatever_the_header()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = secure_bed(broker, &incident.dlq).await?;
-    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
+    let (incident, mut bed) = secure_incident().await?;
+    let (plan, approval) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
     assert_eq!(plan.created_by, "alice");
-    let approve = || ApprovePlanRequest {
-        plan_id: plan.plan_id.clone(),
-        digest: digest.clone(),
-    };
+    let approve = || approval.clone();
 
     // A viewer: the role is named.
-    let refused = bed
-        .client
-        .approve_plan(as_principal("vera", approve()))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = denied(
+        bed.client
+            .approve_plan(as_principal("vera", approve()))
+            .await,
+    );
     assert!(
         refused.message().contains("vera") && refused.message().contains("approver"),
         "{refused:?}"
     );
     // The creator naming someone else: refused, she may not delegate.
-    let refused = bed
-        .client
-        .approve_plan(bearer(token_of("alice"), Some("bob"), approve()))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = denied(
+        bed.client
+            .approve_plan(bearer(token_of("alice"), Some("bob"), approve()))
+            .await,
+    );
     assert!(refused.message().contains("delegate"), "{refused:?}");
     // The creator as herself: four-eyes.
-    let refused = bed
-        .client
-        .approve_plan(as_principal("alice", approve()))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = denied(
+        bed.client
+            .approve_plan(as_principal("alice", approve()))
+            .await,
+    );
     assert!(refused.message().contains("four-eyes"), "{refused:?}");
     // The creator through a portal that may delegate: still alice.
-    let refused = bed
-        .client
-        .approve_plan(bearer(token_of("portal-x"), Some("alice"), approve()))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = denied(
+        bed.client
+            .approve_plan(bearer(token_of("portal-x"), Some("alice"), approve()))
+            .await,
+    );
     assert!(refused.message().contains("four-eyes"), "{refused:?}");
-    let still = bed
-        .client
-        .get_plan(v1::GetPlanRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let still = get_plan(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(still.state(), PlanState::AwaitingApproval);
     assert_eq!(still.approved_by, "");
     // Someone else approves.
@@ -229,16 +220,11 @@ async fn a_viewer_cannot_approve_and_the_creator_cannot_approve_whatever_the_hea
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_delegated_approval_is_recorded_with_both_names() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    let (incident, mut bed) = secure_incident().await?;
     // Created by the portal for bob.
-    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "portal-x", Some("bob")).await?;
+    let (plan, approval) = plan_by(&mut bed.client, &incident.dlq, "portal-x", Some("bob")).await?;
     assert_eq!(plan.created_by, "portal-x for bob");
-    let approve = || ApprovePlanRequest {
-        plan_id: plan.plan_id.clone(),
-        digest: digest.clone(),
-    };
+    let approve = || approval.clone();
     // Bob himself may not approve what the portal created for him.
     let refused = bed
         .client
@@ -277,20 +263,19 @@ async fn only_executors_may_call_the_coordinator() -> anyhow::Result<()> {
     };
     // Not an admin (the bed's certificate), not an operator token.
     let mut coordinator = CoordinatorClient::new(bed.planner.channel().await?);
-    let refused = coordinator.claim_slice(claim()).await.unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = denied(coordinator.claim_slice(claim()).await);
     assert!(refused.message().contains("executor role"), "{refused:?}");
-    let refused = coordinator
-        .claim_slice(as_principal("root-admin", claim()))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    denied(
+        coordinator
+            .claim_slice(as_principal("root-admin", claim()))
+            .await,
+    );
     let reports = futures::stream::iter(vec![v1::ReportOutcomesRequest::default()]);
-    let refused = coordinator
-        .report_outcomes(as_principal("alice", reports))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    denied(
+        coordinator
+            .report_outcomes(as_principal("alice", reports))
+            .await,
+    );
     // Without credentials: unauthenticated.
     let mut anonymous = CoordinatorClient::new(bed.planner.channel_as(&pki.anonymous()).await?);
     let refused = anonymous.claim_slice(claim()).await.unwrap_err();
@@ -298,8 +283,7 @@ async fn only_executors_may_call_the_coordinator() -> anyhow::Result<()> {
     // A certificate of the CA that no rule maps: authenticated, no role.
     let mut stranger =
         CoordinatorClient::new(bed.planner.channel_as(&pki.client("stranger")?).await?);
-    let refused = stranger.claim_slice(claim()).await.unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    denied(stranger.claim_slice(claim()).await);
     // An executor's certificate passes (nothing to claim).
     let mut executor =
         CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
@@ -308,11 +292,11 @@ async fn only_executors_may_call_the_coordinator() -> anyhow::Result<()> {
     // ... and may not use the Planner.
     let mut as_planner_client =
         PlannerClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
-    let refused = as_planner_client
-        .list_plans(v1::ListPlansRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    denied(
+        as_planner_client
+            .list_plans(v1::ListPlansRequest::default())
+            .await,
+    );
     bed.finish().await
 }
 
@@ -337,11 +321,11 @@ async fn jwts_are_verified_and_an_expired_one_is_refused() -> anyhow::Result<()>
         .list_plans(bearer(&valid, None, v1::ListPlansRequest::default()))
         .await?;
     // Her roles are the claim's: viewer, not operator.
-    let refused = client
-        .run_precheck(bearer(&valid, None, RunPrecheckRequest::default()))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = denied(
+        client
+            .run_precheck(bearer(&valid, None, RunPrecheckRequest::default()))
+            .await,
+    );
     assert!(
         refused.message().contains("carol@example.com"),
         "{refused:?}"
@@ -382,15 +366,9 @@ async fn an_executor_with_a_client_certificate_replays_a_plan_over_tls() -> anyh
     .await?;
     captured(&mut bed.client, &incident.dlq, 20).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
-    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
+    let (plan, approval) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
     bed.client
-        .approve_plan(as_principal(
-            "bob",
-            ApprovePlanRequest {
-                plan_id: plan.plan_id.clone(),
-                digest,
-            },
-        ))
+        .approve_plan(as_principal("bob", approval))
         .await?;
     let config = bed.secure_executor_config("executor-tls-1")?;
     assert!(config.planner.starts_with("https://"), "{}", config.planner);
@@ -481,9 +459,7 @@ async fn redrivectl_speaks_https_with_a_token() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_planner_calls_an_https_state_check_hook() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = secure_bed(broker, &incident.dlq).await?;
+    let (incident, mut bed) = secure_incident().await?;
     let pool = bed.pool().await?;
     OrdersHook::create_schema(&pool).await?;
     sqlx::query(
@@ -511,16 +487,7 @@ async fn the_planner_calls_an_https_state_check_hook() -> anyhow::Result<()> {
     .await?;
     let report = bed
         .client
-        .run_precheck(as_principal(
-            "alice",
-            RunPrecheckRequest {
-                selector: Some(v1::Selector {
-                    sources: vec![incident.dlq.clone()],
-                    ..Default::default()
-                }),
-                options: None,
-            },
-        ))
+        .run_precheck(as_principal("alice", precheck_request(&incident.dlq)))
         .await?
         .into_inner();
     let counts = report.counts.expect("counts");
@@ -540,18 +507,10 @@ async fn the_planner_calls_an_https_state_check_hook() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_executor_cannot_act_on_another_executors_lease() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = secure_bed(broker, &incident.dlq).await?;
-    let (plan, digest) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
+    let (incident, mut bed) = secure_incident().await?;
+    let (_plan, approval) = plan_by(&mut bed.client, &incident.dlq, "alice", None).await?;
     bed.client
-        .approve_plan(as_principal(
-            "bob",
-            ApprovePlanRequest {
-                plan_id: plan.plan_id.clone(),
-                digest,
-            },
-        ))
+        .approve_plan(as_principal("bob", approval))
         .await?;
     let pki = bed.pki.clone().expect("a secure bed");
     let mut holder =

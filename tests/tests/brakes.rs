@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redrive_proto::v1::{self, PlanState, RunPrecheckRequest};
+use redrive_proto::v1::{self, PlanState};
 use redrive_tests::{
     Broker, ExecutorHandle, ExecutorProcess, TcpProxy, TestBed, init_logging, wait_until,
 };
@@ -46,16 +46,7 @@ async fn delivered_but_replayable(
     dlq: &str,
     received: &[Received],
 ) -> anyhow::Result<Vec<String>> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(client, dlq).await?;
     let replayable: Vec<String> = sqlx::query_scalar(
         "SELECT d.message_id FROM precheck_items p JOIN dead_letters d ON d.id = p.dead_letter_id \
          WHERE p.precheck_id = $1 AND p.verdict = 'replayable' AND d.message_id IS NOT NULL",
@@ -82,9 +73,7 @@ async fn stop_within_a_second(
     cancel: bool,
 ) -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, items).await?;
-    let mut bed = bed(broker, &[&incident.dlq], u64::from(items)).await?;
+    let (incident, mut bed) = incident_bed(items).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, per_second, burst, None).await?;
     let executor = ExecutorHandle::start(bed.executor_config());
@@ -160,9 +149,7 @@ async fn pause_at_full_speed_stops_within_a_second_and_the_audit_has_every_deliv
 async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_once()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 150).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let (incident, mut bed) = incident_bed(150).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 20.0, 5, None).await?;
     let executor = ExecutorHandle::start(bed.executor_config());
@@ -191,9 +178,7 @@ async fn pause_stops_publishing_within_a_second_and_resume_delivers_the_rest_onc
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
     wait_received(&received, 150, Duration::from_secs(10)).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     let pool = bed.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     assert_eq!(sent.len(), 150, "every item sent once the plan resumed");
@@ -270,9 +255,7 @@ async fn plans_at_15_30_7_and_half_a_message_per_second_complete_at_their_rate()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_during_a_token_wait_exits_at_once() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 20).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let (incident, mut bed) = incident_bed(20).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 1.0, 1, None).await?;
     let mut executor = ExecutorProcess::start(&executor_args(
@@ -360,9 +343,7 @@ async fn an_executor_paused_past_its_lease_publishes_nothing_when_it_resumes() -
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     survivor.stop().await?;
     drop(executor);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     let pool = bed.pool().await?;
     let (sent, _) = assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
     assert_eq!(sent.len(), 300, "every item sent in the end");
@@ -407,9 +388,7 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
     executor.stop().await?;
     wait_received(&received, items as usize, Duration::from_secs(10)).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(500)).await?;
     // The bucket's bound, plus 50 ms of the rate for the jitter between a
     // grant and the consumer's receive time.
     let bound = (per_second * 1.05 + f64::from(burst)) as usize;
@@ -455,9 +434,7 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
 async fn a_plan_resumed_after_its_canary_finished_goes_on_to_the_observation() -> anyhow::Result<()>
 {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 20).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let (incident, mut bed) = incident_bed(20).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 10.0, 1, None).await?;
     assert_eq!(plan.state(), v1::PlanState::Canary);
     let control = |reason: &str| v1::PlanControlRequest {

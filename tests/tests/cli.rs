@@ -37,6 +37,17 @@ fn gzip(text: &str) -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
+/// A bed with default settings over a broker with a fresh queue
+/// `unique(prefix)` (for replays to land in): the bed and the queue's name.
+async fn bed_with_queue(prefix: &str) -> anyhow::Result<(TestBed, String)> {
+    let broker = redrive_tests::Broker::connect().await?;
+    let queue = unique(prefix);
+    broker
+        .queue(&queue, lapin::types::FieldTable::default())
+        .await?;
+    Ok((TestBed::start(broker, |_| {}).await?, queue))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     init_logging();
@@ -165,9 +176,7 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
     let bed = TestBed::without_broker(|_| {}).await?;
-    let channel = tonic::transport::Channel::from_shared(bed.planner.url())?
-        .connect()
-        .await?;
+    let channel = bed.planner.channel().await?;
     let mut client = ServerReflectionClient::new(channel);
     let request = ServerReflectionRequest {
         host: String::new(),
@@ -196,9 +205,7 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
             ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
             server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
         };
-        let channel = tonic::transport::Channel::from_shared(bed.planner.url())?
-            .connect()
-            .await?;
+        let channel = bed.planner.channel().await?;
         let mut client = ServerReflectionClient::new(channel);
         let request = ServerReflectionRequest {
             host: String::new(),
@@ -225,12 +232,7 @@ async fn reflection_lists_the_redrive_services() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()> {
     init_logging();
-    let broker = redrive_tests::Broker::connect().await?;
-    let queue = unique("cli_target");
-    broker
-        .queue(&queue, lapin::types::FieldTable::default())
-        .await?;
-    let bed = TestBed::start(broker, |_| {}).await?;
+    let (bed, queue) = bed_with_queue("cli_target").await?;
     let source = unique("svc");
     let lines: Vec<String> = (0..5)
         .map(|index| format!(r#"{{"message_id":"m-{index}","body":"{{\"order_id\":\"o-{index}\"}}","reason":"rejected","original_destination":"{queue}"}}"#))
@@ -340,12 +342,7 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Result<()> {
     init_logging();
-    let broker = redrive_tests::Broker::connect().await?;
-    let queue = unique("cli_single");
-    broker
-        .queue(&queue, lapin::types::FieldTable::default())
-        .await?;
-    let bed = TestBed::start(broker, |_| {}).await?;
+    let (bed, queue) = bed_with_queue("cli_single").await?;
     let source = unique("svc");
     let line = format!(
         r#"{{"message_id":"m-1","body":"{{\"order_id\":\"o-1\",\"qty\":-1}}","reason":"rejected","original_destination":"{queue}"}}"#

@@ -29,9 +29,6 @@ use redrive_proto::v1::{
 };
 use redrive_tests::{PlannerHandle, TestBed, init_logging, raw::raw_unary};
 use tonic::{Code, Status, transport::Channel};
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
 
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -310,12 +307,14 @@ fn check<T>(call: &str, answer: Result<T, Status>) -> Result<(), TestCaseError> 
     }
 }
 
-/// Checks a streaming call's answer and, when the stream opened, its first
-/// message (a watch of a live plan goes on: the first is enough).
+/// Checks a streaming call's answer (waited for as [`bounded`]) and, when
+/// the stream opened, its first message (a watch of a live plan goes on: the
+/// first is enough).
 async fn check_first<T>(
     name: &str,
-    opened: Result<tonic::Response<tonic::Streaming<T>>, Status>,
+    call: impl std::future::Future<Output = Result<tonic::Response<tonic::Streaming<T>>, Status>>,
 ) -> Result<(), TestCaseError> {
+    let opened = bounded(name, call).await?;
     let Ok(stream) = opened else {
         return check(name, opened);
     };
@@ -331,6 +330,14 @@ async fn bounded<T>(
     tokio::time::timeout(Duration::from_secs(15), call)
         .await
         .map_err(|_| TestCaseError::fail(format!("{name}: no answer within 15 s")))
+}
+
+/// [`check`] of `call`'s answer, waited for at most 15 s ([`bounded`]).
+async fn checked<T>(
+    name: &str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<(), TestCaseError> {
+    check(name, bounded(name, call).await?)
 }
 
 /// Unary methods that get the case's undecodable bytes.
@@ -468,14 +475,11 @@ async fn run_case(
                 body: case.body.clone(),
                 ..Default::default()
             };
-            check(
+            checked(
                 name,
-                bounded(
-                    name,
-                    planner.ingest_dead_letters(tokio_stream::iter(vec![item, ordinary])),
-                )
-                .await?,
+                planner.ingest_dead_letters(tokio_stream::iter(vec![item, ordinary])),
             )
+            .await
         }
         "ListDeadLetters" => {
             let answer = bounded(
@@ -494,17 +498,15 @@ async fn run_case(
             }
             check(name, answer)
         }
-        "GetDeadLetter" => check(
-            name,
-            bounded(
+        "GetDeadLetter" => {
+            checked(
                 name,
                 planner.get_dead_letter(v1::GetDeadLetterRequest { id: dead_letter }),
             )
-            .await?,
-        ),
-        "SummarizeDeadLetters" => check(
-            name,
-            bounded(
+            .await
+        }
+        "SummarizeDeadLetters" => {
+            checked(
                 name,
                 planner.summarize_dead_letters(v1::SummarizeDeadLettersRequest {
                     selector: case.selector.clone(),
@@ -515,8 +517,8 @@ async fn run_case(
                     },
                 }),
             )
-            .await?,
-        ),
+            .await
+        }
         "RunPrecheck" => {
             let answer = bounded(
                 name,
@@ -531,17 +533,15 @@ async fn run_case(
             }
             check(name, answer)
         }
-        "GetPrecheck" => check(
-            name,
-            bounded(
+        "GetPrecheck" => {
+            checked(
                 name,
                 planner.get_precheck(v1::GetPrecheckRequest { precheck_id }),
             )
-            .await?,
-        ),
-        "ListPrecheckItems" => check(
-            name,
-            bounded(
+            .await
+        }
+        "ListPrecheckItems" => {
+            checked(
                 name,
                 planner.list_precheck_items(v1::ListPrecheckItemsRequest {
                     precheck_id,
@@ -550,8 +550,8 @@ async fn run_case(
                     page_token: d.clone(),
                 }),
             )
-            .await?,
-        ),
+            .await
+        }
         "CreatePlan" => {
             let destination = match number % 4 {
                 0 => None,
@@ -596,22 +596,18 @@ async fn run_case(
                 Ok(plan) if number % 2 == 0 => plan.into_inner().precheck_digest,
                 _ => b.clone(),
             };
-            check(
+            checked(
                 name,
-                bounded(
-                    name,
-                    planner.approve_plan(v1::ApprovePlanRequest { plan_id, digest }),
-                )
-                .await?,
+                planner.approve_plan(v1::ApprovePlanRequest { plan_id, digest }),
             )
+            .await
         }
         "GetPlan" => check(
             name,
             bounded(name, planner.get_plan(v1::GetPlanRequest { plan_id })).await?,
         ),
-        "ListPlans" => check(
-            name,
-            bounded(
+        "ListPlans" => {
+            checked(
                 name,
                 planner.list_plans(v1::ListPlansRequest {
                     states: vec![signed, signed % 10],
@@ -620,8 +616,8 @@ async fn run_case(
                     page_token: c.clone(),
                 }),
             )
-            .await?,
-        ),
+            .await
+        }
         "PausePlan" | "ResumePlan" | "PromotePlan" | "CancelPlan" => {
             let request = v1::PlanControlRequest {
                 plan_id,
@@ -635,9 +631,8 @@ async fn run_case(
             };
             check(name, answer)
         }
-        "ListCompensations" => check(
-            name,
-            bounded(
+        "ListCompensations" => {
+            checked(
                 name,
                 planner.list_compensations(v1::ListCompensationsRequest {
                     plan_id,
@@ -645,16 +640,15 @@ async fn run_case(
                     page_token: d.clone(),
                 }),
             )
-            .await?,
-        ),
-        "GetAuditReport" => check(
-            name,
-            bounded(
+            .await
+        }
+        "GetAuditReport" => {
+            checked(
                 name,
                 planner.get_audit_report(v1::GetAuditReportRequest { plan_id }),
             )
-            .await?,
-        ),
+            .await
+        }
         "ExportAudit" => {
             let export = bounded(
                 name,
@@ -674,19 +668,17 @@ async fn run_case(
             Ok(())
         }
         "WatchPlan" => {
-            let watch = bounded(
+            check_first(
                 name,
                 planner.watch_plan(v1::WatchPlanRequest {
                     plan_id,
                     include_events: number % 2 == 0,
                 }),
             )
-            .await?;
-            check_first(name, watch).await
+            .await
         }
-        "ReplayDeadLetter" => check(
-            name,
-            bounded(
+        "ReplayDeadLetter" => {
+            checked(
                 name,
                 planner.replay_dead_letter(v1::ReplayDeadLetterRequest {
                     dead_letter_id: if number % 2 == 0 {
@@ -699,8 +691,8 @@ async fn run_case(
                     wait: case.duration,
                 }),
             )
-            .await?,
-        ),
+            .await
+        }
         "ArchiveDeadLetters" | "UnarchiveDeadLetters" => {
             let request = v1::ArchiveDeadLettersRequest {
                 selector: case.selector.clone(),
@@ -713,9 +705,8 @@ async fn run_case(
             };
             check(name, answer)
         }
-        "RepairDeadLetter" => check(
-            name,
-            bounded(
+        "RepairDeadLetter" => {
+            checked(
                 name,
                 planner.repair_dead_letter(v1::RepairDeadLetterRequest {
                     dead_letter_id: dead_letter,
@@ -723,8 +714,8 @@ async fn run_case(
                     reason: c.clone(),
                 }),
             )
-            .await?,
-        ),
+            .await
+        }
         "ClaimSlice" => {
             // At most a millisecond's long poll: a claim may lease a slice of
             // an approved fuzz plan, which then expires unreported.
@@ -756,9 +747,8 @@ async fn run_case(
             }
             check(name, answer)
         }
-        "MarkPublishing" => check(
-            name,
-            bounded(
+        "MarkPublishing" => {
+            checked(
                 name,
                 coordinator.mark_publishing(v1::MarkPublishingRequest {
                     slice_id,
@@ -766,22 +756,20 @@ async fn run_case(
                     through_item_id: item_id,
                 }),
             )
-            .await?,
-        ),
-        "Heartbeat" => check(
-            name,
-            bounded(
+            .await
+        }
+        "Heartbeat" => {
+            checked(
                 name,
                 coordinator.heartbeat(v1::HeartbeatRequest {
                     slice_id,
                     fencing_token: token,
                 }),
             )
-            .await?,
-        ),
-        "CompleteSlice" => check(
-            name,
-            bounded(
+            .await
+        }
+        "CompleteSlice" => {
+            checked(
                 name,
                 coordinator.complete_slice(v1::CompleteSliceRequest {
                     slice_id,
@@ -789,29 +777,27 @@ async fn run_case(
                     release: number % 2 == 0,
                 }),
             )
-            .await?,
-        ),
-        "RecheckState" => check(
-            name,
-            bounded(
+            .await
+        }
+        "RecheckState" => {
+            checked(
                 name,
                 coordinator.recheck_state(v1::RecheckStateRequest {
                     plan_id,
                     dead_letter_ids: vec![dead_letter, d.clone()],
                 }),
             )
-            .await?,
-        ),
+            .await
+        }
         "WatchLease" => {
-            let watch = bounded(
+            check_first(
                 name,
                 coordinator.watch_lease(v1::WatchLeaseRequest {
                     slice_id,
                     fencing_token: token,
                 }),
             )
-            .await?;
-            check_first(name, watch).await
+            .await
         }
         "ReportOutcomes" => {
             let report = v1::ReportOutcomesRequest {
@@ -831,12 +817,11 @@ async fn run_case(
                     ..Default::default()
                 }],
             };
-            let reports = bounded(
+            check_first(
                 name,
                 coordinator.report_outcomes(tokio_stream::iter(vec![report])),
             )
-            .await?;
-            check_first(name, reports).await
+            .await
         }
         _ => {
             let method = RAW_METHODS[number as usize % RAW_METHODS.len()];
@@ -888,16 +873,7 @@ fn arbitrary_requests_never_crash_or_get_internal() -> anyhow::Result<()> {
             case,
         ))
     });
-    let serving = runtime.block_on(async {
-        let channel = Channel::from_shared(planner.url())?.connect().await?;
-        let answer = HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: "redrive.v1.Planner".into(),
-            })
-            .await?
-            .into_inner();
-        anyhow::Ok(answer.status() == ServingStatus::Serving)
-    })?;
+    let serving = runtime.block_on(planner.serving())?;
     if let Ok(tally) = TALLY.lock() {
         for (call, (accepted, refused)) in tally.iter() {
             eprintln!("{call}: {accepted} accepted, {refused} refused");

@@ -13,11 +13,11 @@ use redrive_proto::v1::{
     GetDeadLetterRequest, IngestDeadLettersRequest, ListDeadLettersRequest, RunPrecheckRequest,
     Selector, SummarizeDeadLettersRequest, SummaryDimension,
 };
-use redrive_tests::{Broker, ExecutorHandle, TestBed, init_logging, unique, wait_until};
+use redrive_tests::{ExecutorHandle, TestBed, init_logging, precheck_items, unique, wait_until};
 use tonic::{Code, Request};
 
 mod support;
-use support::{approved_plan, bed, incident, wait_completed};
+use support::{approved_plan, audit_report, cancel, get_plan, incident_bed, wait_completed};
 
 type Client = v1::planner_client::PlannerClient<tonic::transport::Channel>;
 
@@ -116,15 +116,8 @@ async fn precheck_ids(
     client: &mut Client,
     report: &v1::PrecheckReport,
 ) -> anyhow::Result<Vec<String>> {
-    let mut ids: Vec<String> = client
-        .list_precheck_items(v1::ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: 0,
-            page_size: 1000,
-            page_token: String::new(),
-        })
+    let mut ids: Vec<String> = precheck_items(client, &report.precheck_id, 0, 1000)
         .await?
-        .into_inner()
         .items
         .into_iter()
         .map(|item| item.dead_letter_id)
@@ -683,7 +676,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
 
     // The audit of plan A before retention.
     let export_before = export(&mut bed.client, &plan_a.plan_id).await?;
-    let report_before = audit(&mut bed.client, &plan_a.plan_id).await?;
+    let report_before = audit_report(&mut bed.client, &plan_a.plan_id).await?;
     assert_eq!(report_before.sent_keys.len(), 2);
 
     let store = Store::from_pool(pool.clone());
@@ -732,7 +725,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
         export(&mut bed.client, &plan_a.plan_id).await?,
         export_before
     );
-    let report_after = audit(&mut bed.client, &plan_a.plan_id).await?;
+    let report_after = audit_report(&mut bed.client, &plan_a.plan_id).await?;
     assert_eq!(report_after.sent_keys, report_before.sent_keys);
     assert_eq!(report_after.counts, report_before.counts);
     assert!(
@@ -777,9 +770,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retention_after_a_real_replay_keeps_the_audit() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
+    let (incident, mut bed) = incident_bed(5).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 100.0, 10, None).await?;
     let executor = ExecutorHandle::start(bed.executor_config());
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
@@ -797,7 +788,7 @@ async fn retention_after_a_real_replay_keeps_the_audit() -> anyhow::Result<()> {
         (0, 0, 5)
     );
     let export_before = export(&mut bed.client, &plan.plan_id).await?;
-    let report_before = audit(&mut bed.client, &plan.plan_id).await?;
+    let report_before = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(report_before.sent_keys.len(), 5);
 
     let store = Store::from_pool(bed.pool().await?);
@@ -817,16 +808,10 @@ async fn retention_after_a_real_replay_keeps_the_audit() -> anyhow::Result<()> {
             .is_empty()
     );
     assert_eq!(export(&mut bed.client, &plan.plan_id).await?, export_before);
-    let report_after = audit(&mut bed.client, &plan.plan_id).await?;
+    let report_after = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(report_after.sent_keys, report_before.sent_keys);
     assert_eq!(report_after.counts, report_before.counts);
-    let progress = bed
-        .client
-        .get_plan(v1::GetPlanRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let progress = get_plan(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(progress.items_done, 5);
     assert_eq!(progress.counts.unwrap_or_default().sent, 5);
     bed.finish().await
@@ -874,16 +859,6 @@ async fn the_retention_flag_deletes_in_the_background() -> anyhow::Result<()> {
     bed.finish().await
 }
 
-async fn cancel(client: &mut Client, plan_id: &str, reason: &str) -> anyhow::Result<()> {
-    client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan_id.to_owned(),
-            reason: reason.to_owned(),
-        })
-        .await?;
-    Ok(())
-}
-
 /// The dead letter `id` as `GetDeadLetter` answers.
 async fn shown(client: &mut Client, id: &str) -> anyhow::Result<v1::DeadLetter> {
     client
@@ -907,13 +882,4 @@ async fn export(client: &mut Client, plan_id: &str) -> anyhow::Result<Vec<u8>> {
         data.extend(chunk?.data);
     }
     Ok(data)
-}
-
-async fn audit(client: &mut Client, plan_id: &str) -> anyhow::Result<v1::AuditReport> {
-    Ok(client
-        .get_audit_report(v1::GetAuditReportRequest {
-            plan_id: plan_id.to_owned(),
-        })
-        .await?
-        .into_inner())
 }

@@ -6,8 +6,8 @@
 //! (client and in-process planner), with no other test running beside it.
 
 use futures::StreamExt;
-use redrive_proto::v1::{self, IngestDeadLettersRequest};
-use redrive_tests::{TestBed, init_logging, unique};
+use redrive_proto::v1::IngestDeadLettersRequest;
+use redrive_tests::{TestBed, dead_letters_of, init_logging, unique};
 
 const BODY_BYTES: usize = 50 * 1024 * 1024;
 /// More than the 12: the peak of a bounded stream does not grow with
@@ -66,18 +66,7 @@ async fn a_stream_of_large_bodies_is_stored_as_it_comes() -> anyhow::Result<()> 
         grown / (1024 * 1024),
         total / (1024 * 1024)
     );
-    let listed = bed
-        .client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source],
-                ..Default::default()
-            }),
-            page_size: 100,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let listed = dead_letters_of(&mut bed.client, &source, 100).await?;
     assert_eq!(listed.dead_letters.len(), ITEMS);
     bed.finish().await
 }

@@ -12,7 +12,7 @@ use redrive_proto::v1::{
     self, HeaderArray, HeaderTable, HeaderValue, IngestDeadLettersRequest, MessageProperties,
     header_value::Value,
 };
-use redrive_tests::{TestBed, init_logging, unique};
+use redrive_tests::{TestBed, init_logging, plan_request, unique};
 
 fn text(value: &str) -> HeaderValue {
     HeaderValue {
@@ -182,16 +182,10 @@ async fn routes_and_deadlines_are_decided_once_from_the_first_death() -> anyhow:
     let plan = bed
         .client
         .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(v1::Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
             destination: Some(v1::Destination {
                 mode: Some(v1::destination::Mode::Exchange(v1::ExchangeDestination {})),
             }),
-            ..Default::default()
+            ..plan_request(&report, 10.0, 1)
         })
         .await?
         .into_inner();

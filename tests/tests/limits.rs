@@ -16,25 +16,11 @@ use redrive_proto::{
     },
 };
 use redrive_tests::{
-    PlannerHandle, TestBed, init_logging,
+    TestBed, dead_letters_of, init_logging, precheck,
     raw::{raw_ingest, raw_unary},
     unique,
 };
 use tonic::{Code, Status, transport::Channel};
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
-
-async fn serving(planner: &PlannerHandle) -> anyhow::Result<bool> {
-    let channel = Channel::from_shared(planner.url())?.connect().await?;
-    let answer = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "redrive.v1.Planner".into(),
-        })
-        .await?
-        .into_inner();
-    Ok(answer.status() == ServingStatus::Serving)
-}
 
 fn length_delimited(out: &mut Vec<u8>, field: u8, content: &[u8]) {
     let key = u32::from(field) << 3 | 2;
@@ -147,7 +133,7 @@ async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> an
         }
     }
     assert!(
-        serving(&bed.planner).await?,
+        bed.planner.serving().await?,
         "the planner still answers health"
     );
 
@@ -229,17 +215,7 @@ async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> an
         rejected[3].1.contains("deeper than 64 levels"),
         "{rejected:?}"
     );
-    let listed = client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.clone()],
-                ..Default::default()
-            }),
-            page_size: 10,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let listed = dead_letters_of(&mut client, &source, 10).await?;
     let stored = listed
         .dead_letters
         .iter()
@@ -255,7 +231,7 @@ async fn headers_nested_thousands_deep_are_refused_and_the_planner_lives() -> an
         read_back.dead_letter.unwrap().headers,
         Some(nested_headers(limits::MAX_HEADER_NESTING))
     );
-    assert!(serving(&bed.planner).await?);
+    assert!(bed.planner.serving().await?);
     bed.finish().await
 }
 
@@ -469,7 +445,7 @@ async fn durations_numbers_and_text_have_bounds() -> anyhow::Result<()> {
         .await
         .unwrap_err();
     assert_invalid(&error, "page_size", "1000");
-    assert!(serving(&bed.planner).await?);
+    assert!(bed.planner.serving().await?);
     bed.finish().await
 }
 
@@ -506,7 +482,7 @@ async fn undecodable_and_oversized_requests_get_client_codes() -> anyhow::Result
     .unwrap_err();
     assert_eq!(error.code(), Code::ResourceExhausted, "{error:?}");
     assert!(error.message().contains("67108864"), "{error:?}");
-    assert!(serving(&bed.planner).await?);
+    assert!(bed.planner.serving().await?);
     bed.finish().await
 }
 
@@ -565,18 +541,7 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
     );
     assert!(summary.rejected[3].reason.contains("attempts"));
     assert!(summary.rejected[4].reason.contains("occurred_at"));
-    let listed = bed
-        .client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source],
-                ..Default::default()
-            }),
-            page_size: 100,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let listed = dead_letters_of(&mut bed.client, &source, 100).await?;
     assert_eq!(
         listed.dead_letters.len(),
         4,
@@ -596,16 +561,7 @@ async fn reasons_are_bounded_and_plans_stay_readable() -> anyhow::Result<()> {
     client
         .ingest_dead_letters(tokio_stream::iter(vec![item(&source, "m-1")]))
         .await?;
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut client, &source).await?;
     let plan = client
         .create_plan(CreatePlanRequest {
             precheck_id: report.precheck_id,

@@ -10,9 +10,10 @@ use lapin::{
     BasicProperties,
     types::{AMQPValue, FieldArray, FieldTable},
 };
-use redrive_proto::v1::{self, ListPrecheckItemsRequest, RunPrecheckRequest, Verdict};
+use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    Broker, DlqTopology, ExecutorHandle, amqp_table, amqp_text, init_logging, unique, wait_until,
+    Broker, DlqTopology, ExecutorHandle, amqp_table, amqp_text, init_logging, plan_request,
+    precheck_items, unique, wait_until,
 };
 
 mod support;
@@ -28,25 +29,9 @@ async fn items(
     client: &mut redrive_proto::v1::planner_client::PlannerClient<tonic::transport::Channel>,
     source: &str,
 ) -> anyhow::Result<(v1::PrecheckReport, Vec<v1::PrecheckItem>)> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
+    let report = precheck(client, source).await?;
+    let items = precheck_items(client, &report.precheck_id, 0, 100)
         .await?
-        .into_inner();
-    let items = client
-        .list_precheck_items(ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: 0,
-            page_size: 100,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner()
         .items;
     Ok((report, items))
 }
@@ -111,9 +96,7 @@ async fn cc_and_bcc_reach_nobody_on_replay_and_kept_properties_are_byte_identica
     );
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 2);
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     for delivery in &received {
         let index: usize = delivery.message_id.trim_start_matches("m-").parse()?;
         let (sent, got) = (&published[index], &delivery.properties);
@@ -253,15 +236,7 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     // A queue-mode plan refuses it, naming the way out.
     let refused = bed
         .client
-        .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(v1::Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
-            ..Default::default()
-        })
+        .create_plan(plan_request(&report, 10.0, 1))
         .await
         .expect_err("queue mode refuses a route");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
@@ -311,9 +286,7 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     let mut ids: Vec<_> = received.iter().map(|r| r.message_id.clone()).collect();
     ids.sort();
     assert_eq!(ids, ["spring-2", "spring-3", "spring-4"]);
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
 
     bed.finish().await
 }
@@ -374,9 +347,7 @@ async fn compressed_retries_of_one_order_are_one_key_and_replay_byte_exact() -> 
     stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     assert_eq!(received.len(), 1, "one replay for one order");
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     assert_eq!(
         received[0].message_id, "m-0",
         "the first dead letter is replayed"
@@ -443,14 +414,8 @@ async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> a
         let refused = bed
             .client
             .create_plan(v1::CreatePlanRequest {
-                precheck_id: report.precheck_id.clone(),
-                rate: Some(v1::Rate {
-                    per_second: 10.0,
-                    burst: 1,
-                    rationale: "test".into(),
-                }),
                 destination: mode.map(|mode| v1::Destination { mode: Some(mode) }),
-                ..Default::default()
+                ..plan_request(&report, 10.0, 1)
             })
             .await
             .expect_err("refused");

@@ -7,7 +7,6 @@ use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use lapin::types::FieldTable;
-use redrive_proto::v1::GetAuditReportRequest;
 use redrive_tests::{
     AMQP_URL, Broker, ExecutorHandle, TcpProxy, TestBed, init_logging, unique, wait_until,
 };
@@ -40,13 +39,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
     let executor = ExecutorHandle::start(config);
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     let counts = done.counts.context("the plan's counts")?;
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(counts.sent, 60, "every replayable message sent");
     assert_eq!(report.sent_keys.len(), 60);
 

@@ -16,7 +16,7 @@ use redrive_tests::{Broker, DlqTopology, ExecutorHandle, TestBed, init_logging, 
 use tonic::{Code, transport::Channel};
 
 mod support;
-use support::{Received, assert_received_within_audit, consume, stop_consuming};
+use support::{Received, assert_received_within_audit, cancel, consume, get_plan, stop_consuming};
 
 /// A JSON order event of `event_type` whose `timestamp` property is `age` ago.
 fn event(order_id: &str, event_type: &str, age: chrono::Duration) -> (Vec<u8>, BasicProperties) {
@@ -121,6 +121,27 @@ fn replay(id: &str, options: Option<v1::PrecheckOptions>) -> v1::ReplayDeadLette
     }
 }
 
+/// A plan over the precheck `precheck_id` ([`create`]).
+async fn plan_over(
+    client: &mut PlannerClient<Channel>,
+    precheck_id: &str,
+) -> anyhow::Result<v1::Plan> {
+    Ok(client.create_plan(create(precheck_id)).await?.into_inner())
+}
+
+/// Approves `plan` with the digest it shows, expecting the refusal
+/// FailedPrecondition; returns it.
+async fn approval_refused(client: &mut PlannerClient<Channel>, plan: &v1::Plan) -> tonic::Status {
+    let request = ApprovePlanRequest {
+        plan_id: plan.plan_id.clone(),
+        digest: plan.precheck_digest.clone(),
+    };
+    let error = client.approve_plan(request).await.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    error
+}
+
+/// The request for a plan over `precheck_id` at 100/s.
 fn create(precheck_id: &str) -> CreatePlanRequest {
     CreatePlanRequest {
         precheck_id: precheck_id.to_owned(),
@@ -241,13 +262,7 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     let options = report.options.unwrap();
     assert!(options.override_policy);
     assert_eq!(options.stale_after["payment.*"], hours(5));
-    let plan = bed
-        .client
-        .get_plan(v1::GetPlanRequest {
-            plan_id: overridden.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let plan = get_plan(&mut bed.client, &overridden.plan_id).await?;
     let action = plan
         .actions
         .iter()
@@ -508,19 +523,14 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
 
     // Older than --max-precheck-age (15 minutes by default).
     let old = precheck(bed.client.clone()).await?;
-    let plan = bed
-        .client
-        .create_plan(create(&old.precheck_id))
-        .await?
-        .into_inner();
+    let plan = plan_over(&mut bed.client, &old.precheck_id).await?;
     sqlx::query(
         "UPDATE prechecks SET created_at = now() - interval '20 minutes' WHERE id = $1::uuid",
     )
     .bind(&old.precheck_id)
     .execute(&pool)
     .await?;
-    let error = approve(bed.client.clone(), plan.clone()).await.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition);
+    let error = approval_refused(&mut bed.client, &plan).await;
     assert!(
         error.message().contains(&format!(
             "precheck {} of plan {} is 20m",
@@ -532,20 +542,9 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         "{}",
         error.message()
     );
-    let unchanged = bed
-        .client
-        .get_plan(v1::GetPlanRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let unchanged = get_plan(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(unchanged.state(), PlanState::AwaitingApproval);
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan.plan_id.clone(),
-            reason: "precheck too old".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan.plan_id, "precheck too old").await?;
 
     // A dead letter repaired after the precheck.
     let before_repair = precheck(bed.client.clone()).await?;
@@ -559,13 +558,8 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
             },
         ))
         .await?;
-    let plan = bed
-        .client
-        .create_plan(create(&before_repair.precheck_id))
-        .await?
-        .into_inner();
-    let error = approve(bed.client.clone(), plan.clone()).await.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition);
+    let plan = plan_over(&mut bed.client, &before_repair.precheck_id).await?;
+    let error = approval_refused(&mut bed.client, &plan).await;
     assert!(
         error.message().contains(&format!(
             "dead letter {} was repaired (revision 1 by alice",
@@ -574,12 +568,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         "{}",
         error.message()
     );
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: plan.plan_id.clone(),
-            reason: "repaired since".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &plan.plan_id, "repaired since").await?;
 
     // A dead letter replayed by another plan after the precheck.
     let before_replay = precheck(bed.client.clone()).await?;
@@ -590,13 +579,8 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         .await?
         .into_inner();
     assert_eq!(single.outcome(), Outcome::Replayed, "{}", single.reason);
-    let plan = bed
-        .client
-        .create_plan(create(&before_replay.precheck_id))
-        .await?
-        .into_inner();
-    let error = approve(bed.client.clone(), plan.clone()).await.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition);
+    let plan = plan_over(&mut bed.client, &before_replay.precheck_id).await?;
+    let error = approval_refused(&mut bed.client, &plan).await;
     assert!(
         error.message().contains(&format!(
             "dead letter {}: its message key o-2:order.paid was replayed by plan {}",
@@ -613,11 +597,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
         2,
         "o-2 is already replayed"
     );
-    let plan = bed
-        .client
-        .create_plan(create(&fresh.precheck_id))
-        .await?
-        .into_inner();
+    let plan = plan_over(&mut bed.client, &fresh.precheck_id).await?;
     let approved = approve(bed.client.clone(), plan).await?.into_inner();
     assert_eq!(approved.state(), PlanState::Canary);
 

@@ -13,7 +13,7 @@ use redrive_proto::v1::{
 use redrive_tests::{
     Broker, DlqTopology, TestBed, amqp_table, amqp_text, init_logging,
     orders_hook::{self, OrdersHook},
-    wait_until,
+    plan_request, precheck, precheck_items, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, transport::Channel};
@@ -363,15 +363,7 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     // The plan made from it lists the compensation items for people.
     let plan = bed
         .client
-        .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(v1::Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
-            ..Default::default()
-        })
+        .create_plan(plan_request(&report, 10.0, 1))
         .await?
         .into_inner();
     let compensations = bed
@@ -521,33 +513,20 @@ async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> 
         .await?
         .into_inner();
     assert_eq!(stored.accepted, 5);
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![source.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &source).await?;
     let counts = report.counts.unwrap();
     assert_eq!(
         (counts.looping, counts.replayable, counts.duplicate),
         (1, 1, 3),
         "a's copy loops, b's copy is replayable: {counts:?}"
     );
-    let replayable = bed
-        .client
-        .list_precheck_items(ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: Verdict::Replayable.into(),
-            page_size: 10,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let replayable = precheck_items(
+        &mut bed.client,
+        &report.precheck_id,
+        Verdict::Replayable.into(),
+        10,
+    )
+    .await?;
     let destinations: Vec<&str> = replayable
         .items
         .iter()

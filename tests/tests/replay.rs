@@ -12,12 +12,12 @@ use lapin::{
     types::{AMQPValue, FieldTable},
 };
 use redrive_proto::v1::{
-    self, ApprovePlanRequest, CreatePlanRequest, GetAuditReportRequest, GetPlanRequest, PlanState,
-    Rate, RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
+    self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
+    RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
 };
 use redrive_tests::{
     AMQP_URL, Broker, ExecutorHandle, ExecutorProcess, REDIS_URL, TcpProxy, TestBed, amqp_table,
-    amqp_text, init_logging, unique, wait_until,
+    amqp_text, dead_letters_of, init_logging, plan_request, unique, wait_until,
 };
 use tokio::time::Instant;
 use tonic::{Code, transport::Channel};
@@ -75,14 +75,9 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     );
     assert_eq!(events, 300, "one audit event per message");
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert_eq!(received.len(), 300, "every replayable message arrived once");
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     let mut by_id: HashMap<String, &Received> = HashMap::new();
     for delivery in &received {
         assert!(
@@ -130,29 +125,13 @@ async fn every_replayable_message_arrives_exactly_once_and_only_where_it_died() 
     let counts = done.counts.unwrap();
     assert_eq!(counts.sent, 300);
     assert_eq!(done.items_done, 300);
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(report.sent_keys.len(), 300);
     assert!(report.sent_keys.contains(&"o-7:order.paid".to_owned()));
     assert!(report.not_sent.is_empty());
 
     // Replaying the same dead letters again is refused by the precheck.
-    let again = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let again = precheck(&mut bed.client, &incident.dlq).await?;
     assert_eq!(again.counts.unwrap().already_replayed, 300);
 
     bed.finish().await
@@ -172,17 +151,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     let (received, consuming) = consume(bed.broker(), &target).await?;
     let mut plans = Vec::new();
     for dlq in [&first.dlq, &second.dlq] {
-        let report = bed
-            .client
-            .run_precheck(RunPrecheckRequest {
-                selector: Some(v1::Selector {
-                    sources: vec![dlq.clone()],
-                    ..Default::default()
-                }),
-                options: None,
-            })
-            .await?
-            .into_inner();
+        let report = precheck(&mut bed.client, dlq).await?;
         let plan = bed
             .client
             .create_plan(CreatePlanRequest {
@@ -219,17 +188,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     }
     assert!(plans[0].warnings.is_empty());
     // A precheck of the first incident now warns: its queue is a running plan's.
-    let again = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![first.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let again = precheck(&mut bed.client, &first.dlq).await?;
     assert!(
         again.warnings.is_empty(),
         "the running plans redirect elsewhere: {:?}",
@@ -255,10 +214,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     }
     executor_a.stop().await?;
     executor_b.stop().await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop_consuming(consuming)?;
-
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(200)).await?;
     assert_eq!(received.len(), 180, "60 + 120 items, each once");
     let times: Vec<Instant> = received.iter().map(|r| r.at).collect();
     let mut worst = 0;
@@ -346,9 +302,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     init_logging();
     const WINDOW: usize = 16;
     const PER_SECOND: f64 = 100.0;
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 200).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 200).await?;
+    let (incident, mut bed) = incident_bed(200).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     // One main slice of 198 (the canary takes 2), so the rule before the
@@ -392,14 +346,8 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
     let survivor = ExecutorProcess::start(&args("survivor")).await?;
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
     survivor.signal("TERM").await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-
-    let received = received.lock().unwrap().clone();
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    for delivery in &received {
-        *copies.entry(delivery.message_id.clone()).or_default() += 1;
-    }
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    let copies = copies_by_id(&received);
     assert_eq!(copies.len(), 200, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 200);
     let pool = bed.pool().await?;
@@ -441,13 +389,7 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
         uncertain.len()
     );
     // ... and the audit report lists every second copy as possibly delivered twice.
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     for (id, _) in copies.iter().filter(|(_, n)| **n > 1) {
         let key = format!("o-{}:order.paid", id.trim_start_matches("m-"));
         assert!(
@@ -462,20 +404,8 @@ async fn a_killed_executor_is_replaced_and_nothing_is_lost() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 20).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let (incident, mut bed) = incident_bed(20).await?;
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let create = |per_second: f64, burst: u32, rationale: &str| CreatePlanRequest {
         precheck_id: report.precheck_id.clone(),
         rate: Some(Rate {
@@ -727,9 +657,7 @@ async fn backdate_lease(pool: &sqlx::PgPool, slice_id: &str) -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 10).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 10).await?;
+    let (incident, mut bed) = incident_bed(10).await?;
     // One slice of 10: the whole plan is its canary wave.
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
         request.slice_size = 10;
@@ -830,9 +758,7 @@ async fn an_expired_lease_makes_only_its_marked_items_uncertain() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 150).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let (incident, mut bed) = incident_bed(150).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 50.0, 5, None).await?;
@@ -872,9 +798,7 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
     );
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert!(
         received.iter().any(|r| r.at > restored_at),
         "publishing resumed after Redis came back"
@@ -889,9 +813,7 @@ async fn publishing_stops_while_redis_is_unreachable_and_resumes() -> anyhow::Re
         "every message arrived once after Redis came back"
     );
     assert_eq!(done.counts.unwrap().sent, 150);
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     bed.finish().await
 }
 
@@ -931,13 +853,7 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
     let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
     // The canary item comes back from the broker: the gate aborts the plan
     // before any main-wave item is published.
-    let done = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let done = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     executor.stop().await?;
     assert!(
         done.state_reason.contains("gate tripped"),
@@ -950,13 +866,7 @@ async fn an_unbound_routing_key_in_exchange_mode_is_unroutable_not_sent() -> any
         (1, 0),
         "only the canary item was tried"
     );
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert!(report.sent_keys.is_empty());
     assert_eq!(report.not_sent.len(), 1);
     assert!(
@@ -1010,13 +920,7 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
     init_logging();
     // No room at all: every publish is nacked.
     let (mut bed, _full, plan, executor) = plan_into_a_full_queue(5, 0).await?;
-    let done = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let done = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     executor.stop().await?;
     let counts = done.counts.unwrap();
     assert_eq!(
@@ -1024,13 +928,7 @@ async fn nacked_publishes_are_retried_then_failed() -> anyhow::Result<()> {
         (1, 0),
         "the canary item failed; the main wave never started"
     );
-    let report = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let report = audit_report(&mut bed.client, &plan.plan_id).await?;
     assert!(
         report
             .not_sent
@@ -1074,13 +972,7 @@ async fn failures_in_the_last_slice_of_the_main_wave_pause_the_plan() -> anyhow:
         "only the sent arrived"
     );
     // Still paused: nothing completes a plan past its gates.
-    let again = bed
-        .client
-        .get_plan(GetPlanRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let again = get_plan(&mut bed.client, &plan.plan_id).await?;
     assert_eq!(again.state(), PlanState::Paused);
     bed.finish().await
 }
@@ -1090,17 +982,7 @@ async fn precheck_counts(
     client: &mut PlannerClient<Channel>,
     dlq: &str,
 ) -> anyhow::Result<v1::VerdictCounts> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
-    Ok(report.counts.unwrap_or_default())
+    Ok(precheck(client, dlq).await?.counts.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1141,15 +1023,7 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
     // Both consumers fail every message: four dead letters, two per message id.
     for queue in [&a, &b] {
         for _ in 0..2 {
-            let delivery = broker
-                .channel
-                .basic_get(queue.as_str().into(), Default::default())
-                .await?
-                .expect("the work queue holds the message");
-            delivery
-                .acker
-                .reject(lapin::options::BasicRejectOptions { requeue: false })
-                .await?;
+            reject_next(&broker.channel, queue, "the work queue holds the message").await?;
         }
     }
     let mut bed = bed(broker, &[&dlq], 4).await?;
@@ -1206,9 +1080,7 @@ async fn one_message_dead_lettered_by_two_fan_out_queues_is_replayed_to_each() -
 async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_expires()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 150).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 150).await?;
+    let (incident, mut bed) = incident_bed(150).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
@@ -1235,9 +1107,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     survivor.stop().await?;
     split.kill();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     let executor_of =
         |delivery: &Received| match delivery.headers.inner().get("redrive-executor-id") {
             Some(AMQPValue::LongString(id)) => String::from_utf8_lossy(id.as_bytes()).into_owned(),
@@ -1264,10 +1134,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
         .min()
         .expect("the survivor took over");
     assert!(survivor_first > cut_at);
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    for delivery in &received {
-        *copies.entry(delivery.message_id.clone()).or_default() += 1;
-    }
+    let copies = copies_by_id(&received);
     assert_eq!(copies.len(), 150, "nothing lost");
     assert_eq!(done.counts.unwrap().sent, 150);
     let pool = bed.pool().await?;
@@ -1281,9 +1148,7 @@ async fn an_executor_cut_off_from_the_planner_stops_publishing_before_its_lease_
 async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_once()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 120).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 120).await?;
+    let (incident, mut bed) = incident_bed(120).await?;
     let prefix = bed.redis.prefix.clone();
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let plan = approved_plan(&mut bed.client, &incident.dlq, 30.0, 3, None).await?;
@@ -1336,18 +1201,11 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     assert_eq!(resumed.state(), PlanState::Main);
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    for delivery in &received {
-        *copies.entry(delivery.message_id.clone()).or_default() += 1;
-    }
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    let copies = copies_by_id(&received);
     assert_eq!(copies.len(), 120);
     assert!(copies.values().all(|n| *n == 1), "every item exactly once");
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     let actions: Vec<(String, String)> = done
         .actions
         .iter()
@@ -1378,21 +1236,9 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 300).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 300).await?;
+    let (incident, mut bed) = incident_bed(300).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
         .create_plan(CreatePlanRequest {
@@ -1447,17 +1293,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     );
     // While it runs, a precheck over the same queue warns that the two would
     // share its destination.
-    let overlapping = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let overlapping = precheck(&mut bed.client, &incident.dlq).await?;
     assert!(
         overlapping
             .warnings
@@ -1478,13 +1314,9 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
     assert_eq!(promoted.observing_until, None, "only while observing");
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert_eq!(received.len(), 300);
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &plan.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     assert!(
         done.actions
             .iter()
@@ -1496,9 +1328,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 200).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 200).await?;
+    let (incident, mut bed) = incident_bed(200).await?;
     // The consumer is still broken: it rejects what is replayed, which dead-letters
     // it again into the captured DLQ with the plan's redrive-plan-id header.
     let channel = bed.broker().connection.create_channel().await?;
@@ -1538,13 +1368,7 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
     })
     .await?;
     let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));
-    let aborted = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let aborted = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     executor.stop().await?;
     rejecting.abort();
@@ -1583,31 +1407,10 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
     })
     .await?;
     captured(&mut bed.client, &incident.dlq, 5).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
-        .create_plan(as_actor(
-            "alice",
-            CreatePlanRequest {
-                precheck_id: report.precheck_id.clone(),
-                rate: Some(Rate {
-                    per_second: 10.0,
-                    burst: 1,
-                    rationale: "test".into(),
-                }),
-                ..Default::default()
-            },
-        ))
+        .create_plan(as_actor("alice", plan_request(&report, 10.0, 1)))
         .await?
         .into_inner();
     assert_eq!(plan.created_by, "alice");
@@ -1669,32 +1472,16 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
     .await?;
     captured(&mut bed.client, &incident.dlq, 20).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     assert_eq!(report.counts.unwrap().replayable, 20);
     let plan = bed
         .client
         .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second: 1000.0,
-                burst: 10,
-                rationale: "test".into(),
-            }),
             observe_for: Some(prost_types::Duration {
                 seconds: 0,
                 nanos: 0,
             }),
-            ..Default::default()
+            ..plan_request(&report, 1000.0, 10)
         })
         .await?
         .into_inner();
@@ -1754,13 +1541,7 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         "{}",
         compensations[0].reason
     );
-    let audit = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let audit = audit_report(&mut bed.client, &plan.plan_id).await?;
     let skipped = &audit.not_sent[0];
     assert_eq!(skipped.action(), v1::AuditAction::SkippedState);
     assert!(
@@ -1782,17 +1563,7 @@ async fn dead_letter_id(
     order: &str,
 ) -> anyhow::Result<String> {
     let key = format!("{order}:order.paid");
-    let page = client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            page_size: 1000,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let page = dead_letters_of(client, dlq, 1000).await?;
     page.dead_letters
         .into_iter()
         .find(|dead_letter| dead_letter.message_key == key)
@@ -1817,9 +1588,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 5).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 5).await?;
+    let (incident, mut bed) = incident_bed(5).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let two = dead_letter_id(&mut bed.client, &incident.dlq, "o-2").await?;
     let three = dead_letter_id(&mut bed.client, &incident.dlq, "o-3").await?;
@@ -1859,13 +1628,7 @@ async fn replaying_one_dead_letter_twice_delivers_it_once() -> anyhow::Result<()
         "{}",
         answer.reason
     );
-    let abandoned = bed
-        .client
-        .get_plan(GetPlanRequest {
-            plan_id: answer.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let abandoned = get_plan(&mut bed.client, &answer.plan_id).await?;
     assert_eq!(abandoned.state(), PlanState::Cancelled);
 
     let executor = ExecutorHandle::start(bed.executor_config());
@@ -1943,9 +1706,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 3).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 3).await?;
+    let (incident, mut bed) = incident_bed(3).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     let two = dead_letter_id(&mut bed.client, &incident.dlq, "o-2").await?;
     let original = br#"{"order_id":"o-1","n":1}"#.to_vec();
@@ -2046,15 +1807,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
     let zero = dead_letter_id(&mut bed.client, &incident.dlq, "o-0").await?;
     let pending = bed
         .client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id.clone(),
-            rate: Some(Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
-            ..Default::default()
-        })
+        .create_plan(plan_request(&report, 10.0, 1))
         .await?
         .into_inner();
     let error = bed
@@ -2068,12 +1821,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         "{}",
         error.message()
     );
-    bed.client
-        .cancel_plan(v1::PlanControlRequest {
-            plan_id: pending.plan_id.clone(),
-            reason: "repair first".into(),
-        })
-        .await?;
+    cancel(&mut bed.client, &pending.plan_id, "repair first").await?;
     bed.client
         .repair_dead_letter(repair(&zero, br#"{"order_id":"o-0"}"#))
         .await?;
@@ -2104,9 +1852,7 @@ async fn a_repaired_body_is_prechecked_and_replayed_and_the_original_is_kept() -
         received[0].body, repaired,
         "the consumer gets the repaired body"
     );
-    let pool = bed.pool().await?;
-    assert_received_within_audit(&pool, &replayed.plan_id, &received).await?;
-    pool.close().await;
+    assert_bed_audit(&bed, &replayed.plan_id, &received).await?;
     bed.finish().await
 }
 
@@ -2122,28 +1868,10 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
     })
     .await?;
     captured(&mut bed.client, &incident.dlq, 2).await?;
-    let report = bed
-        .client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
     let plan = bed
         .client
-        .create_plan(CreatePlanRequest {
-            precheck_id: report.precheck_id,
-            rate: Some(Rate {
-                per_second: 10.0,
-                burst: 1,
-                rationale: "test".into(),
-            }),
-            ..Default::default()
-        })
+        .create_plan(plan_request(&report, 10.0, 1))
         .await?
         .into_inner();
     // A watcher of a plan awaiting approval: its stream stays open.
@@ -2167,9 +1895,7 @@ async fn a_planner_stops_within_its_grace_period_while_a_watch_stream_is_open() 
 async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for_ever()
 -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 20).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 20).await?;
+    let (incident, mut bed) = incident_bed(20).await?;
     let missing = unique("no-such-exchange");
     let plan = approved_plan(
         &mut bed.client,
@@ -2185,23 +1911,11 @@ async fn a_missing_destination_exchange_fails_the_canary_instead_of_retrying_for
     let mut config = ExecutorHandle::config(&bed.planner, None);
     config.max_attempts = 2;
     let executor = ExecutorHandle::start(config);
-    let aborted = wait_state(
-        &mut bed.client,
-        &plan.plan_id,
-        PlanState::Aborted,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let aborted = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     executor.stop().await?;
     let counts = aborted.counts.unwrap();
     assert_eq!((counts.sent, counts.failed), (0, 1), "{counts:?}");
-    let audit = bed
-        .client
-        .get_audit_report(GetAuditReportRequest {
-            plan_id: plan.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let audit = audit_report(&mut bed.client, &plan.plan_id).await?;
     let failed = audit
         .not_sent
         .iter()
@@ -2223,9 +1937,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 2).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let (incident, mut bed) = incident_bed(2).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     // No executor: the call waits; the planner is stopped meanwhile.
     let waiting = tokio::spawn({
@@ -2246,13 +1958,7 @@ async fn a_single_replay_cut_short_by_shutdown_is_never_published_later() -> any
     // After a restart, an executor finds nothing to publish.
     bed.restart_planner(|config| capturing(config, &[&incident.dlq]))
         .await?;
-    let plan = bed
-        .client
-        .get_plan(GetPlanRequest {
-            plan_id: answer.plan_id.clone(),
-        })
-        .await?
-        .into_inner();
+    let plan = get_plan(&mut bed.client, &answer.plan_id).await?;
     assert_eq!(plan.state(), PlanState::Cancelled);
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     let executor = ExecutorHandle::start(bed.executor_config());
@@ -2271,9 +1977,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     use v1::replay_dead_letter_response::Outcome;
 
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 2).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let (incident, mut bed) = incident_bed(2).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     let executor = ExecutorHandle::start(bed.executor_config());
     let first = bed
@@ -2286,27 +1990,9 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
     // The consumer still cannot take it: it dead-letters again and is
     // captured as a re-dead-letter of that plan.
     let channel = bed.broker().connection.create_channel().await?;
-    let delivery = channel
-        .basic_get(incident.work.as_str().into(), Default::default())
-        .await?
-        .expect("the replayed message");
-    delivery
-        .acker
-        .reject(lapin::options::BasicRejectOptions { requeue: false })
-        .await?;
+    reject_next(&channel, &incident.work, "the replayed message").await?;
     captured(&mut bed.client, &incident.dlq, 3).await?;
-    let page = bed
-        .client
-        .list_dead_letters(v1::ListDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![incident.dlq.clone()],
-                ..Default::default()
-            }),
-            page_size: 100,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner();
+    let page = dead_letters_of(&mut bed.client, &incident.dlq, 100).await?;
     let back = page
         .dead_letters
         .iter()
@@ -2345,9 +2031,7 @@ async fn a_replay_that_came_back_can_be_repaired_and_replayed_again() -> anyhow:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plans_are_listed_by_kind() -> anyhow::Result<()> {
     init_logging();
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 2).await?;
-    let mut bed = bed(broker, &[&incident.dlq], 2).await?;
+    let (incident, mut bed) = incident_bed(2).await?;
     let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
     // No executor: the single replay's plan is cancelled unclaimed, but it
     // is a plan of its kind all the same.

@@ -93,9 +93,7 @@ async fn replays_export_publish_spans_their_messages_name() -> anyhow::Result<()
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
 
     executor.stop().await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop_consuming(consuming)?;
-    let received = received.lock().unwrap().clone();
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert_eq!(received.len(), 5, "every order replayed once");
 
     let flushing = tracer.clone();

@@ -20,7 +20,8 @@ use redrive_planner::capture::{
 };
 use redrive_proto::v1::{self, Verdict};
 use redrive_tests::{
-    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, unique, wait_until,
+    AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, precheck_items,
+    stored_total, unique, wait_until,
 };
 
 mod support;
@@ -114,6 +115,99 @@ async fn good(broker: &Broker, dlq: &str, from: u32, count: u32) -> anyhow::Resu
             .await?;
     }
     Ok(())
+}
+
+/// A DLQ named `unique(prefix)` declared with `arguments`, and the name of
+/// its parking queue (which the planner declares; tracked for clean-up).
+async fn dlq_and_parking(
+    broker: &Broker,
+    prefix: &str,
+    arguments: FieldTable,
+) -> anyhow::Result<(String, String)> {
+    let dlq = unique(prefix);
+    broker.queue(&dlq, arguments).await?;
+    let parking = unreadable_queue(&dlq);
+    broker.track_queue(&parking);
+    broker.track_exchange(&parking);
+    Ok((dlq, parking))
+}
+
+/// The arguments of a quorum queue that drops a message returned more than
+/// `limit` times.
+fn quorum_with_delivery_limit(limit: i32) -> FieldTable {
+    amqp_table(vec![
+        ("x-queue-type", redrive_tests::amqp_text("quorum")),
+        ("x-delivery-limit", lapin::types::AMQPValue::LongInt(limit)),
+    ])
+}
+
+/// Into `dlq`: good messages `0..before`, then `body` under each of
+/// `headers` published raw (each confirmed), then good messages
+/// `before..before + after`.
+async fn good_around_raw(
+    broker: &Broker,
+    dlq: &str,
+    before: u32,
+    headers: &[&[u8]],
+    body: &[u8],
+    after: u32,
+) -> anyhow::Result<()> {
+    good(broker, dlq, 0, before).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    for header in headers {
+        assert!(publisher.publish("", dlq.as_bytes(), header, body).await?);
+    }
+    publisher.close().await;
+    good(broker, dlq, before, after).await
+}
+
+/// Waits at most `timeout` until `queue` holds exactly `count` ready messages.
+async fn wait_ready(
+    broker: &Broker,
+    what: &str,
+    queue: &str,
+    count: u32,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait_until(what, timeout, || async move {
+        Ok(broker.ready_count(queue).await? == count)
+    })
+    .await
+}
+
+/// Waits until `count` dead letters of `dlq` are stored and the DLQ is
+/// empty, gives redeliveries 500 ms to show up (none may), and lists them.
+async fn settled_dead_letters(
+    bed: &mut TestBed,
+    dlq: &str,
+    count: u64,
+) -> anyhow::Result<Vec<v1::DeadLetter>> {
+    captured(&mut bed.client, dlq, count).await?;
+    wait_ready(
+        bed.broker(),
+        "the DLQ to empty",
+        dlq,
+        0,
+        Duration::from_secs(30),
+    )
+    .await?;
+    // Nothing more arrives later (no duplicates from redeliveries).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    all_dead_letters(&mut bed.client, dlq).await
+}
+
+/// A bed over `broker` capturing `dlq` must store `count` dead letters
+/// (`what`, for the failure); a failure says how many it stored and how
+/// many are still ready in the DLQ.
+async fn captures_all(broker: Broker, dlq: &str, count: u64, what: &str) -> anyhow::Result<()> {
+    let mut bed = TestBed::start(broker, |config| capturing(config, dlq)).await?;
+    let outcome = captured(&mut bed.client, dlq, count).await;
+    let stored = stored_total(&mut bed.client, dlq).await?;
+    let ready = bed.broker().ready_count(dlq).await?;
+    bed.finish().await?;
+    outcome.map_err(|e| {
+        anyhow::anyhow!("{e}: stored {stored} of {what}; {ready} still ready in the DLQ")
+    })
 }
 
 async fn all_dead_letters(
@@ -221,17 +315,7 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     })
     .await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
-    captured(&mut bed.client, &dlq, total).await?;
-    wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = bed.broker();
-        let dlq = dlq.clone();
-        async move { Ok(broker.ready_count(&dlq).await? == 0) }
-    })
-    .await?;
-    // Nothing more arrives later (no duplicates from redeliveries).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
-    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, total).await?;
     assert_eq!(dead_letters.len() as u64, total, "one row per message");
     assert_each_good_once(&dead_letters, good_count);
 
@@ -316,28 +400,15 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     assert_eq!(unreadable_group.count, kinds.len() as u64);
 
     // The precheck calls them invalid, naming why; the rest is replayable.
-    let report = bed
-        .client
-        .run_precheck(v1::RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.clone()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
-    let items = bed
-        .client
-        .list_precheck_items(v1::ListPrecheckItemsRequest {
-            precheck_id: report.precheck_id.clone(),
-            verdict: Verdict::Invalid as i32,
-            page_size: 1000,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner()
-        .items;
+    let report = precheck(&mut bed.client, &dlq).await?;
+    let items = precheck_items(
+        &mut bed.client,
+        &report.precheck_id,
+        Verdict::Invalid as i32,
+        1000,
+    )
+    .await?
+    .items;
     // (The good ones were published straight into the DLQ: no x-death, so
     // they are invalid for want of a destination.)
     let unreadable_items: Vec<_> = items
@@ -371,16 +442,8 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         })
         .await?
         .into_inner();
-    let repaired = bed
-        .client
-        .list_precheck_items(v1::ListPrecheckItemsRequest {
-            precheck_id: again.precheck_id,
-            verdict: 0,
-            page_size: 10,
-            page_token: String::new(),
-        })
+    let repaired = precheck_items(&mut bed.client, &again.precheck_id, 0, 10)
         .await?
-        .into_inner()
         .items;
     assert_eq!(repaired.len(), 1);
     assert_eq!(repaired[0].verdict(), Verdict::Invalid);
@@ -421,27 +484,12 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
 -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("quorum-dlq");
-    broker
-        .queue(
-            &dlq,
-            amqp_table(vec![
-                ("x-queue-type", redrive_tests::amqp_text("quorum")),
-                ("x-delivery-limit", lapin::types::AMQPValue::LongInt(1)),
-            ]),
-        )
-        .await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, parking) =
+        dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(1)).await?;
 
     let body = br#"{"order_id":"poison"}"#;
     let (_, header) = unreadable_kinds(body.len() as u64, "nobody").remove(0);
-    good(&broker, &dlq, 0, 5).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 5, 95).await?;
+    good_around_raw(&broker, &dlq, 5, &[&header], body, 95).await?;
 
     // A large prefetch: the failed session held every message. With the old
     // behaviour each restart returned them all, and the second return made
@@ -452,15 +500,7 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
         config.capture_prefetch = 200;
     })
     .await?;
-    captured(&mut bed.client, &dlq, 101).await?;
-    wait_until("the DLQ to empty", Duration::from_secs(30), || {
-        let broker = bed.broker();
-        let dlq = dlq.clone();
-        async move { Ok(broker.ready_count(&dlq).await? == 0) }
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, 101).await?;
     assert_eq!(dead_letters.len(), 101);
     assert_each_good_once(&dead_letters, 100);
     assert_eq!(
@@ -484,11 +524,7 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
 -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     // Unreadable (Latin-1 type) and with an expiration: moved to the parking
     // queue it would expire there, so it must stay where it is.
@@ -501,22 +537,16 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
             (5, short(b"bestellung.ge\xe4ndert")),
         ],
     );
-    good(&broker, &dlq, 0, 10).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 10, 10).await?;
+    good_around_raw(&broker, &dlq, 10, &[&header], body, 10).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     captured(&mut bed.client, &dlq, 21).await?;
-    wait_until(
+    wait_ready(
+        bed.broker(),
         "the good messages to be acked",
+        &dlq,
+        0,
         Duration::from_secs(30),
-        || {
-            let broker = bed.broker();
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 0) }
-        },
     )
     .await?;
     let dead_letters = all_dead_letters(&mut bed.client, &dlq).await?;
@@ -536,14 +566,12 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     );
     bed.planner.halt().await?;
     // Held unacked while the planner ran, back in the DLQ once it stopped.
-    wait_until(
+    wait_ready(
+        bed.broker(),
         "the held message back in the DLQ",
+        &dlq,
+        1,
         Duration::from_secs(10),
-        || {
-            let broker = bed.broker();
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 1) }
-        },
     )
     .await?;
 
@@ -561,14 +589,12 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
     );
     assert_each_good_once(&dead_letters, 25);
     bed.planner.halt().await?;
-    wait_until(
+    wait_ready(
+        bed.broker(),
         "the held message back again",
+        &dlq,
+        1,
         Duration::from_secs(10),
-        || {
-            let broker = bed.broker();
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 1) }
-        },
     )
     .await?;
     bed.finish().await
@@ -582,11 +608,7 @@ async fn an_unreadable_message_that_cannot_be_moved_aside_stays_in_the_dlq_and_b
 async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     let mut value = long_string(b"leaf");
     for _ in 0..3000 {
@@ -601,11 +623,7 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
             (7, short(b"deep-1")),
         ],
     );
-    good(&broker, &dlq, 0, 10).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 10, 10).await?;
+    good_around_raw(&broker, &dlq, 10, &[&header], body, 10).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     captured(&mut bed.client, &dlq, 21).await?;
@@ -624,11 +642,13 @@ async fn headers_nested_thousands_deep_crash_nothing_and_are_moved_aside() -> an
         "{:?}",
         deep.capture_notes
     );
-    wait_until("the parked copy", Duration::from_secs(10), || {
-        let broker = bed.broker();
-        let parking = parking.clone();
-        async move { Ok(broker.ready_count(&parking).await? == 1) }
-    })
+    wait_ready(
+        bed.broker(),
+        "the parked copy",
+        &parking,
+        1,
+        Duration::from_secs(10),
+    )
     .await?;
     bed.planner.halt().await?;
     assert_eq!(bed.broker().ready_count(&dlq).await?, 0);
@@ -649,23 +669,6 @@ fn unparkable_header(body_len: u64, n: u32) -> Vec<u8> {
     )
 }
 
-async fn total(
-    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
-    dlq: &str,
-) -> anyhow::Result<u64> {
-    Ok(client
-        .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            group_by: vec![],
-        })
-        .await?
-        .into_inner()
-        .total)
-}
-
 /// A producer that sets a per-message `expiration` (or its own validated
 /// `user_id`) and a Latin-1 `type` makes every one of its messages
 /// unparkable. After 16 of them (`MAX_HELD`) the 17th makes `isolate` fail
@@ -677,33 +680,16 @@ async fn total(
 async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     let body = br#"{"order_id":"poison"}"#;
-    good(&broker, &dlq, 0, 5).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    for n in 0..17 {
-        let header = unparkable_header(body.len() as u64, n);
-        assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    }
-    publisher.close().await;
-    good(&broker, &dlq, 5, 5).await?;
+    let headers: Vec<Vec<u8>> = (0..17)
+        .map(|n| unparkable_header(body.len() as u64, n))
+        .collect();
+    let headers: Vec<&[u8]> = headers.iter().map(Vec::as_slice).collect();
+    good_around_raw(&broker, &dlq, 5, &headers, body, 5).await?;
 
-    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
-    let outcome = captured(&mut bed.client, &dlq, 27).await;
-    let stored = total(&mut bed.client, &dlq).await?;
-    let ready = bed.broker().ready_count(&dlq).await?;
-    bed.finish().await?;
-    outcome.map_err(|e| {
-        anyhow::anyhow!(
-            "{e}: stored {stored} of 27 dead letters (10 good + 17 poison); {ready} still ready in the DLQ"
-        )
-    })?;
-    Ok(())
+    captures_all(broker, &dlq, 27, "27 dead letters (10 good + 17 poison)").await
 }
 
 /// Every time the planner's broker connection blips, the held connection
@@ -718,19 +704,11 @@ async fn seventeen_unparkable_poison_messages_do_not_stop_the_queue() -> anyhow:
 async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("dlq");
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) = dlq_and_parking(&broker, "dlq", FieldTable::default()).await?;
 
     let body = br#"{"order_id":"poison"}"#;
-    good(&broker, &dlq, 0, 3).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
     let header = unparkable_header(body.len() as u64, 0);
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 3, 3).await?;
+    good_around_raw(&broker, &dlq, 3, &[&header], body, 3).await?;
 
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
@@ -742,12 +720,13 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     captured(&mut bed.client, &dlq, 7).await?;
 
     let held_again = |timeout: Duration| {
-        let broker = bed.broker();
-        let dlq = dlq.clone();
-        redrive_tests::wait_until("the poison message held again", timeout, move || {
-            let dlq = dlq.clone();
-            async move { Ok(broker.ready_count(&dlq).await? == 0) }
-        })
+        wait_ready(
+            bed.broker(),
+            "the poison message held again",
+            &dlq,
+            0,
+            timeout,
+        )
     };
     held_again(Duration::from_secs(30)).await?;
     let mut blips = 0;
@@ -766,7 +745,7 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     // Whatever happened, a message published now must be captured.
     good(bed.broker(), &dlq, 6, 3).await?;
     let outcome = captured(&mut bed.client, &dlq, 10).await;
-    let stored = total(&mut bed.client, &dlq).await?;
+    let stored = stored_total(&mut bed.client, &dlq).await?;
     bed.finish().await?;
     outcome.map_err(|e| {
         anyhow::anyhow!(
@@ -811,21 +790,9 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
             (5, short(b"bestellung.ge\xe4ndert")),
         ],
     );
-    good(&broker, &dlq, 0, 5).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
-    good(&broker, &dlq, 5, 5).await?;
+    good_around_raw(&broker, &dlq, 5, &[&header], body, 5).await?;
 
-    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
-    let outcome = captured(&mut bed.client, &dlq, 11).await;
-    let stored = total(&mut bed.client, &dlq).await?;
-    let ready = bed.broker().ready_count(&dlq).await?;
-    bed.finish().await?;
-    outcome.map_err(|e| {
-        anyhow::anyhow!("{e}: stored {stored} of 11; {ready} still ready in the DLQ")
-    })?;
-    Ok(())
+    captures_all(broker, &dlq, 11, "11").await
 }
 
 /// An unparkable unreadable message is held in the DLQ. Every time the hold
@@ -838,26 +805,12 @@ async fn a_parking_queue_declared_with_other_arguments_does_not_stop_capture() -
 async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
-    let dlq = unique("quorum-dlq");
-    broker
-        .queue(
-            &dlq,
-            amqp_table(vec![
-                ("x-queue-type", redrive_tests::amqp_text("quorum")),
-                ("x-delivery-limit", lapin::types::AMQPValue::LongInt(2)),
-            ]),
-        )
-        .await?;
-    let parking = unreadable_queue(&dlq);
-    broker.track_queue(&parking);
-    broker.track_exchange(&parking);
+    let (dlq, _parking) =
+        dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(2)).await?;
 
     let body = br#"{"order_id":"poison"}"#;
-    good(&broker, &dlq, 0, 2).await?;
-    let mut publisher = RawConnection::connect(AMQP_URL).await?;
     let header = unparkable_header(body.len() as u64, 0);
-    assert!(publisher.publish("", dlq.as_bytes(), &header, body).await?);
-    publisher.close().await;
+    good_around_raw(&broker, &dlq, 2, &[&header], body, 0).await?;
 
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     for (restart, expected) in (0..4).zip(3..) {

@@ -870,6 +870,14 @@ impl Fake {
     }
 }
 
+/// A default [`Fake`] served on a local port ([`serve`]): the fake, to read
+/// what it received, and its address.
+pub async fn served() -> (Fake, SocketAddr) {
+    let fake = Fake::default();
+    let address = serve(fake.clone()).await;
+    (fake, address)
+}
+
 pub async fn serve(fake: Fake) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();

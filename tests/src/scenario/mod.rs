@@ -50,7 +50,7 @@ use tokio::{
 };
 use tonic::transport::Channel;
 
-use crate::{Broker, POSTGRES_URL, redis_cleanup, unique};
+use crate::{Broker, POSTGRES_URL, redis_cleanup, stored_total, unique};
 use checks::{Audit, check_no_re_dead_letters, check_precheck, check_replay};
 use incident::{business_state, reset};
 use processes::{
@@ -480,17 +480,9 @@ async fn captured(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let summary = planner
-            .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-                selector: Some(v1::Selector {
-                    sources: vec![dlq.to_owned()],
-                    ..Default::default()
-                }),
-                group_by: vec![],
-            })
-            .await;
-        if let Ok(summary) = summary
-            && summary.get_ref().total >= expected
+        if stored_total(planner, dlq)
+            .await
+            .is_ok_and(|total| total >= expected)
         {
             return Ok(());
         }

@@ -16,9 +16,15 @@ use lapin::{
 use redrive_planner::Config;
 use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
-    RunPrecheckRequest, planner_client::PlannerClient,
+    planner_client::PlannerClient,
 };
-use redrive_tests::{Broker, REDIS_URL, TestBed, amqp_table, amqp_text, unique, wait_until};
+use redrive_tests::{
+    Broker, REDIS_URL, TestBed, amqp_table, amqp_text, stored_total, unique, wait_until,
+};
+// Re-exported for the files that glob-import this module; not every test
+// binary uses them.
+#[allow(unused_imports)]
+pub use redrive_tests::{precheck, precheck_request};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     time::Instant,
@@ -88,17 +94,25 @@ pub async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow
     // The broken consumer rejects everything on the work queue.
     let channel = broker.connection.create_channel().await?;
     for _ in 0..messages {
-        let delivery = channel
-            .basic_get(incident.work.as_str().into(), Default::default())
-            .await?
-            .expect("the work queue holds the message");
-        delivery
-            .acker
-            .reject(lapin::options::BasicRejectOptions { requeue: false })
-            .await?;
+        reject_next(&channel, &incident.work, "the work queue holds the message").await?;
     }
     channel.close(200, "done".into()).await?;
     Ok(incident)
+}
+
+/// Takes the next message of `queue` (there must be one: `what` says
+/// which) and rejects it without requeueing, as a broken consumer would:
+/// the broker dead-letters it.
+pub async fn reject_next(channel: &lapin::Channel, queue: &str, what: &str) -> anyhow::Result<()> {
+    let delivery = channel
+        .basic_get(queue.into(), Default::default())
+        .await?
+        .expect(what);
+    delivery
+        .acker
+        .reject(lapin::options::BasicRejectOptions { requeue: false })
+        .await?;
+    Ok(())
 }
 
 /// The replay tests' planner settings: capture `dlqs`, key by the body's
@@ -119,6 +133,16 @@ pub async fn bed(broker: Broker, dlqs: &[&str], messages: u64) -> anyhow::Result
     Ok(bed)
 }
 
+/// An [`incident`] of `messages` and a [`bed`] capturing its DLQ, with all
+/// of them stored.
+pub async fn incident_bed(messages: u32) -> anyhow::Result<(Incident, TestBed)> {
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, messages).await?;
+    let bed = bed(broker, &[&incident.dlq], u64::from(messages)).await?;
+    Ok((incident, bed))
+}
+
+/// Waits at most 30 s until `count` dead letters from `dlq` are stored.
 pub async fn captured(
     client: &mut PlannerClient<Channel>,
     dlq: &str,
@@ -137,19 +161,7 @@ pub async fn captured_within(
     wait_until("capture", limit, || {
         let mut client = client.clone();
         let dlq = dlq.to_owned();
-        async move {
-            let summary = client
-                .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
-                    selector: Some(v1::Selector {
-                        sources: vec![dlq],
-                        ..Default::default()
-                    }),
-                    group_by: vec![],
-                })
-                .await?
-                .into_inner();
-            Ok(summary.total >= count)
-        }
+        async move { Ok(stored_total(&mut client, &dlq).await? >= count) }
     })
     .await
 }
@@ -180,16 +192,7 @@ pub async fn approved_plan_with(
     dlq: &str,
     shape: impl FnOnce(&mut CreatePlanRequest),
 ) -> anyhow::Result<v1::Plan> {
-    let report = client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(v1::Selector {
-                sources: vec![dlq.to_owned()],
-                ..Default::default()
-            }),
-            options: None,
-        })
-        .await?
-        .into_inner();
+    let report = precheck(client, dlq).await?;
     let mut request = CreatePlanRequest {
         precheck_id: report.precheck_id.clone(),
         slice_size: 50,
@@ -212,25 +215,43 @@ pub async fn approved_plan_with(
         .into_inner())
 }
 
+/// Waits at most `timeout` until plan `plan_id` is completed; returns it.
 pub async fn wait_completed(
     client: &mut PlannerClient<Channel>,
     plan_id: &str,
     timeout: Duration,
 ) -> anyhow::Result<v1::Plan> {
+    wait_plan(client, plan_id, PlanState::Completed, "completed", timeout).await
+}
+
+/// Waits at most `timeout` until plan `plan_id` is in `state`; returns it.
+pub async fn wait_state(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    state: PlanState,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
+    wait_plan(client, plan_id, state, &format!("{state:?}"), timeout).await
+}
+
+/// Polls plan `plan_id` every 100 ms until it is in `state` (called `what`
+/// in the error when `timeout` runs out first).
+async fn wait_plan(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    state: PlanState,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<v1::Plan> {
     let deadline = Instant::now() + timeout;
     loop {
-        let plan = client
-            .get_plan(GetPlanRequest {
-                plan_id: plan_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if plan.state() == PlanState::Completed {
+        let plan = get_plan(client, plan_id).await?;
+        if plan.state() == state {
             return Ok(plan);
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "plan not completed in {timeout:?}: {:?} {:?}",
+            "plan not {what} in {timeout:?}: {:?} {:?}",
             plan.state(),
             plan.counts
         );
@@ -238,31 +259,53 @@ pub async fn wait_completed(
     }
 }
 
-pub async fn wait_state(
+/// Waits at most 30 s until plan `plan_id` is aborted; returns it.
+pub async fn wait_aborted(
     client: &mut PlannerClient<Channel>,
     plan_id: &str,
-    state: PlanState,
-    timeout: Duration,
 ) -> anyhow::Result<v1::Plan> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let plan = client
-            .get_plan(GetPlanRequest {
-                plan_id: plan_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if plan.state() == state {
-            return Ok(plan);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "plan not {state:?} in {timeout:?}: {:?} {:?}",
-            plan.state(),
-            plan.counts
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_state(client, plan_id, PlanState::Aborted, Duration::from_secs(30)).await
+}
+
+/// Plan `plan_id` as the planner has it now.
+pub async fn get_plan(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+) -> anyhow::Result<v1::Plan> {
+    Ok(client
+        .get_plan(GetPlanRequest {
+            plan_id: plan_id.to_owned(),
+        })
+        .await?
+        .into_inner())
+}
+
+/// Cancels plan `plan_id`, giving `reason`.
+pub async fn cancel(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: plan_id.to_owned(),
+            reason: reason.to_owned(),
+        })
+        .await?;
+    Ok(())
+}
+
+/// The audit report of plan `plan_id`.
+pub async fn audit_report(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+) -> anyhow::Result<v1::AuditReport> {
+    Ok(client
+        .get_audit_report(v1::GetAuditReportRequest {
+            plan_id: plan_id.to_owned(),
+        })
+        .await?
+        .into_inner())
 }
 
 /// A delivery as the consumer saw it.
@@ -353,6 +396,19 @@ fn busiest_window(received: &[Received], window: Duration) -> Option<(usize, Ins
     best
 }
 
+/// [`assert_received_within_audit`] over a pool of `bed`'s database, closed
+/// again after the check. Returns the audit's sent and uncertain ids.
+pub async fn assert_bed_audit(
+    bed: &TestBed,
+    plan_id: &str,
+    received: &[Received],
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let pool = bed.pool().await?;
+    let ids = assert_received_within_audit(&pool, plan_id, received).await;
+    pool.close().await;
+    ids
+}
+
 /// The audit invariant after a replay (DESIGN "Executor loop and
 /// guarantees"): every message id the consumer received is `sent` or
 /// `uncertain` in the audit of `plan_id`, and an id received twice has an
@@ -405,6 +461,28 @@ pub fn stop_consuming(consuming: tokio::task::JoinHandle<()>) -> anyhow::Result<
     assert_consuming(&consuming)?;
     consuming.abort();
     Ok(())
+}
+
+/// Gives deliveries in flight `settle` to arrive, ends the consumer of
+/// [`consume`] (failing if it had stopped early, as [`stop_consuming`]) and
+/// returns everything it received.
+pub async fn drain(
+    received: &std::sync::Mutex<Vec<Received>>,
+    consuming: tokio::task::JoinHandle<()>,
+    settle: Duration,
+) -> anyhow::Result<Vec<Received>> {
+    tokio::time::sleep(settle).await;
+    stop_consuming(consuming)?;
+    Ok(received.lock().unwrap().clone())
+}
+
+/// How many copies of each message id the consumer received.
+pub fn copies_by_id(received: &[Received]) -> HashMap<String, usize> {
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for delivery in received {
+        *copies.entry(delivery.message_id.clone()).or_default() += 1;
+    }
+    copies
 }
 
 /// Arguments of a `redrive-executor` process for `planner_url`, the broker
