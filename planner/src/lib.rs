@@ -28,7 +28,7 @@
 //! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus
 //!   `/metrics`), counted through the [`store::Store`] every part holds.
 //! - [`auth`], [`roles`]: who is calling (client certificates, bearer JWTs,
-//!   static tokens → [`auth::Principal`]), the one table of which role each
+//!   static tokens → [`roles::Principal`]), the one table of which role each
 //!   RPC needs, and the actor a call is recorded under.
 
 pub mod admission;
