@@ -47,18 +47,10 @@ use crate::{
 /// `commands`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Flags {
-    /// `--planner` / `REDRIVE_PLANNER`, already parsed into a URL.
-    pub planner: Option<String>,
-    /// `--actor` / `REDRIVE_ACTOR`.
-    pub actor: Option<String>,
-    /// `--ca` / `REDRIVE_CA`.
-    pub ca: Option<PathBuf>,
-    /// `--tls-client-cert` / `REDRIVE_TLS_CLIENT_CERT`.
-    pub tls_client_cert: Option<PathBuf>,
-    /// `--tls-client-key` / `REDRIVE_TLS_CLIENT_KEY`.
-    pub tls_client_key: Option<PathBuf>,
-    /// `--token-file` / `REDRIVE_TOKEN_FILE`.
-    pub token_file: Option<PathBuf>,
+    /// `--planner`, `--actor`, `--ca`, `--tls-client-cert`,
+    /// `--tls-client-key` and `--token-file` (and their `REDRIVE_*`
+    /// variables), the planner already parsed into a URL.
+    pub keys: Profile,
     /// `--profile` / `REDRIVE_PROFILE`.
     pub profile: Option<String>,
 }
@@ -70,6 +62,7 @@ impl Flags {
     pub fn actor(&self, profile_actor: Option<&str>) -> String {
         let user = std::env::var("USER").ok();
         let flag = self
+            .keys
             .actor
             .as_deref()
             .filter(|actor| !actor.is_empty())
@@ -208,7 +201,7 @@ impl Settings {
                 ))
             })?,
         };
-        let planner = match &flags.planner {
+        let planner = match &flags.keys.planner {
             Some(url) => url.clone(),
             None => match profile.planner.as_ref().or(file.planner.as_ref()) {
                 Some(text) => {
@@ -224,6 +217,7 @@ impl Settings {
             None => None,
         };
         let actor_given = flags
+            .keys
             .actor
             .as_deref()
             .is_some_and(|actor| !actor.is_empty())
@@ -234,19 +228,19 @@ impl Settings {
                 .or_else(|| top.clone())
         };
         let tls = redrive_proto::tls::ClientTlsFiles {
-            ca: pick(&flags.ca, &profile.ca, &file.ca),
+            ca: pick(&flags.keys.ca, &profile.ca, &file.ca),
             client_cert: pick(
-                &flags.tls_client_cert,
+                &flags.keys.tls_client_cert,
                 &profile.tls_client_cert,
                 &file.tls_client_cert,
             ),
             client_key: pick(
-                &flags.tls_client_key,
+                &flags.keys.tls_client_key,
                 &profile.tls_client_key,
                 &file.tls_client_key,
             ),
         };
-        let token = match (&flags.token_file, token_from_environment()) {
+        let token = match (&flags.keys.token_file, token_from_environment()) {
             (Some(path), _) => Some(read_token(path)?),
             (None, Some(token)) => Some(token),
             (None, None) => match profile.token_file.as_ref().or(file.token_file.as_ref()) {

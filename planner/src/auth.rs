@@ -1010,20 +1010,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let settings = AuthSettings {
-            token_file: Some(path.clone()),
-            jwt: JwtSettings {
-                public_keys: Vec::new(),
-                jwks: None,
-                issuer: None,
-                audience: None,
-                roles_claim: "roles".to_owned(),
-                name_claim: "sub".to_owned(),
-            },
-            client_certificates: false,
-            cert_roles: Vec::new(),
-            protect_open_services: false,
-        };
+        let settings = token_settings(&path, false);
         let authenticator = Authenticator::load(&settings).unwrap().unwrap();
         let mut headers = http::HeaderMap::new();
         headers.insert("authorization", "Bearer s3cret".parse().unwrap());

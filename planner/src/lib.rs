@@ -73,6 +73,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use redrive_proto::{
     FILE_DESCRIPTOR_SET,
+    settings::ServiceSettings,
     v1::{coordinator_server::CoordinatorServer, planner_server::PlannerServer},
 };
 use sqlx::{Postgres, migrate::MigrateDatabase};

@@ -185,12 +185,14 @@ impl Cli {
     /// The global flags that the config file's keys stand in for.
     pub fn flags(&self) -> config::Flags {
         config::Flags {
-            planner: self.planner.clone(),
-            actor: self.actor.clone(),
-            ca: self.ca.clone(),
-            tls_client_cert: self.tls_client_cert.clone(),
-            tls_client_key: self.tls_client_key.clone(),
-            token_file: self.token_file.clone(),
+            keys: config::Profile {
+                planner: self.planner.clone(),
+                actor: self.actor.clone(),
+                ca: self.ca.clone(),
+                tls_client_cert: self.tls_client_cert.clone(),
+                tls_client_key: self.tls_client_key.clone(),
+                token_file: self.token_file.clone(),
+            },
             profile: self.profile.clone(),
         }
     }
