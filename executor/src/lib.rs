@@ -5,7 +5,8 @@
 //! item states; Redis holds the shared bucket and the replay keys.
 //!
 //! # Layout
-//! - [`Config`] and [`run`]: flags, validation, start-up.
+//! - `lib.rs`: [`Config`] and [`run`]: flags, validation, start-up;
+//!   `main.rs`: the binary (settings, logging, signals, then [`run`]).
 //! - [`worker`]: the claim loop and the per-run publishing pipeline.
 //! - [`lease`]: one slice lease: renewal, the planner's stop signal, the
 //!   executor's own deadline, outcome reports, the end of the lease.
@@ -17,6 +18,8 @@
 //! - [`message`]: the replayed message's properties and headers.
 //! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus `/metrics`).
 //! - [`health`]: `grpc.health.v1` readiness and liveness on `--health-listen`.
+//! - `benches/publish.rs`: publish-with-confirm throughput, a naive loop
+//!   against the [`publisher::Publisher`] with a confirm window.
 
 pub mod backoff;
 pub mod bucket;
