@@ -37,10 +37,48 @@ use std::{
 use serde::Deserialize;
 
 use crate::{
-    client::{DEFAULT_PLANNER, parse_actor, parse_planner_url},
-    commands::Cli,
+    client::{DEFAULT_PLANNER, parse_actor, parse_planner_url, resolve_actor},
     error::CliError,
 };
+
+/// What the command line says before the file is read: the global flags
+/// (with their environment variables) that the file's keys stand in for.
+/// `redrivectl`'s parsed command line gives them (`Cli::flags` in
+/// `commands`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// `--planner`, `--actor`, `--ca`, `--tls-client-cert`,
+    /// `--tls-client-key` and `--token-file` (and their `REDRIVE_*`
+    /// variables), the planner already parsed into a URL.
+    pub keys: Profile,
+    /// `--profile` / `REDRIVE_PROFILE`.
+    pub profile: Option<String>,
+}
+
+impl Flags {
+    /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else
+    /// `profile_actor` (the config file's), else the `USER` environment
+    /// variable, else `anonymous`.
+    pub fn actor(&self, profile_actor: Option<&str>) -> String {
+        let user = std::env::var("USER").ok();
+        let flag = self
+            .keys
+            .actor
+            .as_deref()
+            .filter(|actor| !actor.is_empty())
+            .or(profile_actor);
+        resolve_actor(flag, user.as_deref())
+    }
+}
+
+/// The bearer token in the `REDRIVE_TOKEN` environment variable, if set
+/// and not blank.
+pub fn token_from_environment() -> Option<String> {
+    std::env::var("REDRIVE_TOKEN")
+        .ok()
+        .map(|token| token.trim().to_owned())
+        .filter(|token| !token.is_empty())
+}
 
 /// One profile, or the file's top level.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -113,19 +151,20 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The settings for `cli`, reading the config file from its usual place.
+    /// The settings for `flags`, reading the config file from its
+    /// usual place.
     ///
     /// # Errors
     /// [`CliError::Config`] as [`Settings::from_file`].
-    pub fn resolve(cli: &Cli) -> Result<Self, CliError> {
+    pub fn resolve(flags: &Flags) -> Result<Self, CliError> {
         let path = path(
             std::env::var("XDG_CONFIG_HOME").ok().as_deref(),
             std::env::var("HOME").ok().as_deref(),
         );
-        Self::from_file(cli, path.as_deref())
+        Self::from_file(flags, path.as_deref())
     }
 
-    /// The settings for `cli` with the config file at `path` (absent is
+    /// The settings for `flags` with the config file at `path` (absent is
     /// fine unless a profile is asked for): flags and environment first,
     /// then the chosen profile, then the file's top level, then the
     /// defaults.
@@ -133,7 +172,7 @@ impl Settings {
     /// # Errors
     /// [`CliError::Config`] when the file cannot be read or parsed, has an
     /// unknown key or a bad value, or lacks the profile asked for.
-    pub fn from_file(cli: &Cli, path: Option<&Path>) -> Result<Self, CliError> {
+    pub fn from_file(flags: &Flags, path: Option<&Path>) -> Result<Self, CliError> {
         let shown = path.map_or_else(
             || "(no config file)".to_owned(),
             |p| p.display().to_string(),
@@ -148,7 +187,7 @@ impl Settings {
             Some(Ok(text)) => toml::from_str(&text)
                 .map_err(|error| problem(error.to_string().trim_end().to_owned()))?,
         };
-        let profile = match cli.profile.as_deref().filter(|name| !name.is_empty()) {
+        let profile = match flags.profile.as_deref().filter(|name| !name.is_empty()) {
             None => Profile::default(),
             Some(name) => file.profiles.get(name).cloned().ok_or_else(|| {
                 let known: Vec<&str> = file.profiles.keys().map(String::as_str).collect();
@@ -162,7 +201,7 @@ impl Settings {
                 ))
             })?,
         };
-        let planner = match &cli.planner {
+        let planner = match &flags.keys.planner {
             Some(url) => url.clone(),
             None => match profile.planner.as_ref().or(file.planner.as_ref()) {
                 Some(text) => {
@@ -177,7 +216,11 @@ impl Settings {
             }
             None => None,
         };
-        let actor_given = cli.actor.as_deref().is_some_and(|actor| !actor.is_empty())
+        let actor_given = flags
+            .keys
+            .actor
+            .as_deref()
+            .is_some_and(|actor| !actor.is_empty())
             || file_actor.as_deref().is_some_and(|actor| !actor.is_empty());
         let pick = |flag: &Option<PathBuf>, profile: &Option<PathBuf>, top: &Option<PathBuf>| {
             flag.clone()
@@ -185,19 +228,19 @@ impl Settings {
                 .or_else(|| top.clone())
         };
         let tls = redrive_proto::tls::ClientTlsFiles {
-            ca: pick(&cli.ca, &profile.ca, &file.ca),
+            ca: pick(&flags.keys.ca, &profile.ca, &file.ca),
             client_cert: pick(
-                &cli.tls_client_cert,
+                &flags.keys.tls_client_cert,
                 &profile.tls_client_cert,
                 &file.tls_client_cert,
             ),
             client_key: pick(
-                &cli.tls_client_key,
+                &flags.keys.tls_client_key,
                 &profile.tls_client_key,
                 &file.tls_client_key,
             ),
         };
-        let token = match (&cli.token_file, Cli::token_from_environment()) {
+        let token = match (&flags.keys.token_file, token_from_environment()) {
             (Some(path), _) => Some(read_token(path)?),
             (None, Some(token)) => Some(token),
             (None, None) => match profile.token_file.as_ref().or(file.token_file.as_ref()) {
@@ -207,7 +250,7 @@ impl Settings {
         };
         Ok(Self {
             planner,
-            actor: cli.actor(file_actor.as_deref()),
+            actor: flags.actor(file_actor.as_deref()),
             actor_given,
             credentials: crate::client::Credentials { tls, token },
         })
@@ -234,38 +277,7 @@ fn read_token(path: &Path) -> Result<String, CliError> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-
-    fn cli(args: &[&str]) -> Cli {
-        Cli::try_parse_from(
-            ["redrivectl"]
-                .iter()
-                .chain(args)
-                .chain(&["dead-letters", "list"]),
-        )
-        .unwrap()
-    }
-
-    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.toml");
-        std::fs::write(&path, text).unwrap();
-        (dir, path)
-    }
-
-    const FILE: &str = r#"
-planner = "127.0.0.1:7000"
-actor = "alice"
-
-[profiles.prod]
-planner = "https://planner.prod:443"
-
-[profiles.staging]
-planner = "staging:50051"
-actor = "alice-staging"
-"#;
 
     #[test]
     fn the_path_honours_xdg_config_home() {
@@ -278,103 +290,5 @@ actor = "alice-staging"
             Path::new("/home/a/.config/redrive/config.toml")
         );
         assert_eq!(path(None, None), None);
-    }
-
-    #[test]
-    fn profiles_then_top_level_then_defaults() {
-        let (_dir, path) = file(FILE);
-        let top = Settings::from_file(&cli(&[]), Some(&path)).unwrap();
-        assert_eq!(top.planner, "http://127.0.0.1:7000");
-        assert_eq!(top.actor, "alice");
-        let prod = Settings::from_file(&cli(&["--profile", "prod"]), Some(&path)).unwrap();
-        assert_eq!(prod.planner, "https://planner.prod:443");
-        assert_eq!(prod.actor, "alice");
-        let staging = Settings::from_file(&cli(&["--profile", "staging"]), Some(&path)).unwrap();
-        assert_eq!(
-            (staging.planner.as_str(), staging.actor.as_str()),
-            ("http://staging:50051", "alice-staging")
-        );
-        let none = Settings::from_file(&cli(&[]), None).unwrap();
-        assert_eq!(none.planner, DEFAULT_PLANNER);
-    }
-
-    #[test]
-    fn flags_win_over_the_file() {
-        let (_dir, path) = file(FILE);
-        let settings = Settings::from_file(
-            &cli(&[
-                "--profile",
-                "staging",
-                "--planner",
-                "other:1",
-                "--actor",
-                "bob",
-            ]),
-            Some(&path),
-        )
-        .unwrap();
-        assert_eq!(
-            (settings.planner.as_str(), settings.actor.as_str()),
-            ("http://other:1", "bob")
-        );
-    }
-
-    #[test]
-    fn credentials_come_from_flags_then_the_profile_then_the_top_level() {
-        let dir = tempfile::tempdir().unwrap();
-        let token = dir.path().join("prod.token");
-        std::fs::write(&token, "s3cret\n").unwrap();
-        let text = format!(
-            "ca = \"/etc/top-ca.pem\"\n\n[profiles.prod]\nplanner = \"https://p:443\"\n\
-             token_file = {token:?}\ntls_client_cert = \"/etc/me.pem\"\n\
-             tls_client_key = \"/etc/me.key\"\n"
-        );
-        let (_dir, path) = file(&text);
-        let prod = Settings::from_file(&cli(&["--profile", "prod"]), Some(&path)).unwrap();
-        assert_eq!(prod.credentials.token.as_deref(), Some("s3cret"));
-        assert_eq!(
-            prod.credentials.tls.ca.as_deref(),
-            Some(Path::new("/etc/top-ca.pem"))
-        );
-        assert_eq!(
-            prod.credentials.tls.client_cert.as_deref(),
-            Some(Path::new("/etc/me.pem"))
-        );
-        assert!(prod.credentials.present());
-        let flagged = Settings::from_file(
-            &cli(&["--profile", "prod", "--ca", "/etc/flag-ca.pem"]),
-            Some(&path),
-        )
-        .unwrap();
-        assert_eq!(
-            flagged.credentials.tls.ca.as_deref(),
-            Some(Path::new("/etc/flag-ca.pem"))
-        );
-        let top = Settings::from_file(&cli(&[]), Some(&path)).unwrap();
-        assert!(!top.credentials.present());
-        std::fs::write(&token, " \n").unwrap();
-        let error = Settings::from_file(&cli(&["--profile", "prod"]), Some(&path)).unwrap_err();
-        assert!(error.to_string().contains("is empty"), "{error}");
-    }
-
-    #[test]
-    fn config_errors_name_the_file() {
-        let (_dir, path) = file(FILE);
-        let error = Settings::from_file(&cli(&["--profile", "qa"]), Some(&path)).unwrap_err();
-        assert_eq!(error.exit_code(), crate::error::EX_CONFIG);
-        let text = error.to_string();
-        assert!(text.contains("config.toml"), "{text}");
-        assert!(text.contains("profiles: prod, staging"), "{text}");
-
-        let (_dir, bad) = file("planner = \"ftp://x:1\"\n");
-        let error = Settings::from_file(&cli(&[]), Some(&bad)).unwrap_err();
-        assert!(error.to_string().contains("planner:"), "{error}");
-        let (_dir, unknown) = file("plannr = \"x:1\"\n");
-        let error = Settings::from_file(&cli(&[]), Some(&unknown)).unwrap_err();
-        assert!(error.to_string().contains("plannr"), "{error}");
-        // No file is fine, but not when a profile is asked for.
-        let missing = Path::new("/nonexistent/redrive/config.toml");
-        assert!(Settings::from_file(&cli(&[]), Some(missing)).is_ok());
-        assert!(Settings::from_file(&cli(&["--profile", "prod"]), Some(missing)).is_err());
     }
 }

@@ -116,23 +116,32 @@
 //!   "..."}`.
 //!
 //! # Layout
-//! - [`commands`]: the clap command line ([`Cli`]) and dispatch ([`run`]);
-//!   [`commands::dead_letters`], [`commands::import`],
-//!   [`commands::precheck`] and [`commands::plan`] (with
-//!   [`commands::plan::view`], the plan JSON shapes and renderings, and
-//!   [`commands::plan::live`], `watch` and `wait`), one module per command
-//!   group.
+//! - `lib.rs`: this page; `main.rs`: the binary (parse, run on a
+//!   single-threaded runtime, exit codes).
+//! - [`commands`] (`commands/mod.rs`): the clap command line ([`Cli`]) and
+//!   dispatch ([`run`]); one module per command group:
+//!   - [`commands::dead_letters`]: `dead-letters list | show | summary |
+//!     repair | archive | unarchive`;
+//!   - [`commands::import`]: `import`, the JSON Lines file format;
+//!   - [`commands::precheck`]: `precheck`, `precheck show | items`;
+//!   - [`commands::replay`]: `replay`, one dead letter now;
+//!   - [`commands::plan`] (`commands/plan/mod.rs`): `plan create | approve |
+//!     list | report | ...`;
+//!   - [`commands::plan::view`]: the plan JSON shapes and their renderings;
+//!   - [`commands::plan::live`]: `plan watch` and `plan wait`;
+//!   - [`commands::plan::pace`]: a watched plan's pace and stalls.
 //! - [`selector`]: the selector flags shared by `list`, `summary` and
 //!   `precheck`, and their conversion to the proto `Selector`.
 //! - [`args`]: flag values and groups taken by more than one command
-//!   (reasons, durations, the precheck options of `precheck` and `replay`).
-//! - [`views`]: JSON shapes and table rows printed by more than one command
-//!   (precheck items, audit events); commands import views and arguments from
-//!   here, never from each other.
+//!   (paging, reasons, durations, the precheck options).
+//! - [`views`]: JSON shapes, table rows and listings printed by more than one
+//!   command (precheck items, audit events); commands import views and
+//!   arguments from here, never from each other.
 //! - [`client`]: connecting to the planner; the actor interceptor.
-//! - [`config`]: the config file's defaults and profiles (planner, actor).
-//! - [`output`]: JSON writing, the stable dead letter JSON shape; it
-//!   imports nothing from [`commands`].
+//! - [`config`]: the config file's defaults and profiles (planner, actor,
+//!   credentials), weighed against the flags.
+//! - [`output`]: JSON writing, paged listings, the stable dead letter JSON
+//!   shape; it imports nothing from [`commands`].
 //! - [`table`]: tables for people, fitted to the terminal (`--wide`: full
 //!   values).
 //! - [`headers`]: typed AMQP header values as JSON, both ways.

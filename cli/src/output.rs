@@ -46,7 +46,11 @@ use redrive_proto::v1::{
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::headers;
+use crate::{
+    args::Paging,
+    error::{CliError, EX_OK},
+    headers,
+};
 
 pub use crate::{
     table::{Column, Table, table, write_table},
@@ -480,6 +484,47 @@ impl<'o> Listing<'o> {
         }
         Ok(())
     }
+}
+
+/// What a paged listing is called and shows: the key of its JSON array, its
+/// table columns, and the line printed when nothing matched.
+#[derive(Debug, Clone, Copy)]
+pub struct ListingKind {
+    /// The JSON array's key (`items`).
+    pub key: &'static str,
+    /// The table's columns.
+    pub columns: &'static [Column],
+    /// What a table listing prints when nothing matched.
+    pub empty: &'static str,
+}
+
+/// Lists the pages `paging` asks for ([`Paging::walk`]) as a
+/// [`Listing`] of `kind`: `fetch(page_size, page_token)` answers one page's
+/// items and the next page token, `push` adds one item to the listing.
+/// Answers [`EX_OK`].
+///
+/// # Errors
+/// `fetch`'s, or writing to `out`.
+pub async fn list_pages<T>(
+    out: &mut dyn Write,
+    json: bool,
+    kind: ListingKind,
+    paging: &Paging,
+    mut fetch: impl AsyncFnMut(u32, String) -> Result<(Vec<T>, String), CliError>,
+    mut push: impl FnMut(&mut Listing<'_>, &T) -> io::Result<()>,
+) -> Result<u8, CliError> {
+    let mut listing = Listing::open(out, json, kind.key)?;
+    let page_token = paging
+        .walk(async |page_size, page_token| {
+            let (items, next_page_token) = fetch(page_size, page_token).await?;
+            for item in &items {
+                push(&mut listing, item)?;
+            }
+            Ok(next_page_token)
+        })
+        .await?;
+    listing.finish(&page_token, kind.columns, kind.empty)?;
+    Ok(EX_OK)
 }
 
 #[cfg(test)]

@@ -518,18 +518,21 @@ mod tests {
         assert!(!lines.join("\n").contains(ELLIPSIS), "{lines:#?}");
     }
 
+    /// A table of verdict counts: `value` (cut), then `total` and the
+    /// first `verdicts` verdicts in precedence order (all kept).
+    fn counts_table(verdicts: usize) -> Table {
+        let mut columns = vec![Column::shorten("value"), Column::keep("total")];
+        columns.extend(
+            crate::commands::precheck::VERDICTS[..verdicts]
+                .iter()
+                .map(|verdict| Column::keep(verdict.name())),
+        );
+        table(&columns)
+    }
+
     #[test]
     fn headers_stack_at_underscores_rather_than_break() {
-        let mut counts = table(&[
-            Column::shorten("value"),
-            Column::keep("total"),
-            Column::keep("replayable"),
-            Column::keep("duplicate"),
-            Column::keep("already_replayed"),
-            Column::keep("looping"),
-            Column::keep("stale"),
-            Column::keep("blocked_by_state"),
-        ]);
+        let mut counts = counts_table(6);
         counts.add_row(["orders", "10", "1", "1", "1", "1", "1", "5"]);
         let lines = counts.lines_for(Some(80));
         assert_fits(&lines, 80);
@@ -553,18 +556,7 @@ mod tests {
 
     #[test]
     fn a_table_too_wide_at_its_least_is_split_in_parts() {
-        let mut counts = table(&[
-            Column::shorten("value"),
-            Column::keep("total"),
-            Column::keep("replayable"),
-            Column::keep("duplicate"),
-            Column::keep("already_replayed"),
-            Column::keep("looping"),
-            Column::keep("stale"),
-            Column::keep("blocked_by_state"),
-            Column::keep("needs_compensation"),
-            Column::keep("invalid"),
-        ]);
+        let mut counts = counts_table(8);
         counts.add_row([
             "rejected", "80", "10", "10", "10", "10", "10", "10", "10", "10",
         ]);

@@ -23,7 +23,11 @@
 use redrive_proto::v1::{AuditEvent, PrecheckItem, Wave};
 use serde::Serialize;
 
-use crate::output::{Column, cell, timestamp_text};
+use crate::{
+    args::Paging,
+    error::CliError,
+    output::{Column, ListingKind, cell, list_pages, timestamp_text},
+};
 
 /// One precheck item.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,6 +72,31 @@ pub const ITEM_COLUMNS: &[Column] = &[
     Column::shorten("event_type").optional(),
     Column::shorten("reason"),
 ];
+
+/// Lists the precheck items of the pages `paging` asks for
+/// (`precheck items`, `plan compensations`): `fetch(page_size, page_token)`
+/// answers one page's items and the next page token; `empty` is printed
+/// when none matched.
+///
+/// # Errors
+/// `fetch`'s, or writing to `out`.
+pub async fn list_items(
+    out: &mut dyn std::io::Write,
+    json: bool,
+    empty: &'static str,
+    paging: &Paging,
+    fetch: impl AsyncFnMut(u32, String) -> Result<(Vec<PrecheckItem>, String), CliError>,
+) -> Result<u8, CliError> {
+    let kind = ListingKind {
+        key: "items",
+        columns: ITEM_COLUMNS,
+        empty,
+    };
+    list_pages(out, json, kind, paging, fetch, |listing, item| {
+        listing.push(&ItemJson::from(item), || item_row(item))
+    })
+    .await
+}
 
 /// One `items` table row, in [`ITEM_COLUMNS`] order.
 pub fn item_row(item: &PrecheckItem) -> Vec<String> {

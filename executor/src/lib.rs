@@ -5,7 +5,8 @@
 //! item states; Redis holds the shared bucket and the replay keys.
 //!
 //! # Layout
-//! - [`Config`] and [`run`]: flags, validation, start-up.
+//! - `lib.rs`: [`Config`] and [`run`]: flags, validation, start-up;
+//!   `main.rs`: the binary (settings, logging, signals, then [`run`]).
 //! - [`worker`]: the claim loop and the per-run publishing pipeline.
 //! - [`lease`]: one slice lease: renewal, the planner's stop signal, the
 //!   executor's own deadline, outcome reports, the end of the lease.
@@ -17,6 +18,8 @@
 //! - [`message`]: the replayed message's properties and headers.
 //! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus `/metrics`).
 //! - [`health`]: `grpc.health.v1` readiness and liveness on `--health-listen`.
+//! - `benches/publish.rs`: publish-with-confirm throughput, a naive loop
+//!   against the [`publisher::Publisher`] with a confirm window.
 
 pub mod backoff;
 pub mod bucket;
@@ -34,7 +37,9 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::{
-    settings::{SettingError, SettingErrors, check_amqp_url, read_secret_file, redact_url},
+    settings::{
+        ServiceSettings, SettingError, SettingErrors, check_amqp_url, read_secret_into, redact_url,
+    },
     telemetry::{Metrics, MetricsSettings},
     tls::ClientTlsFiles,
     v1::coordinator_client::CoordinatorClient,
@@ -203,35 +208,23 @@ impl Config {
             client_key: self.tls_client_key.clone(),
         }
     }
+}
 
-    /// The settings with `--amqp-url-file` and `--redis-url-file` read into
+impl ServiceSettings for Config {
+    /// Reads `--amqp-url-file` and `--redis-url-file` into
     /// `amqp_url` and `redis_url`.
-    ///
-    /// # Errors
-    /// A file that cannot be read or is empty (named, never its content).
-    pub fn with_secret_files(mut self) -> Result<Self, SettingErrors> {
-        let mut problems = Vec::new();
-        if let Some(path) = &self.amqp_url_file {
-            match read_secret_file("amqp-url-file", path) {
-                Ok(url) => self.amqp_url = url,
-                Err(problem) => problems.push(problem),
-            }
-        }
-        if let Some(path) = &self.redis_url_file {
-            match read_secret_file("redis-url-file", path) {
-                Ok(url) => self.redis_url = Some(url),
-                Err(problem) => problems.push(problem),
-            }
-        }
-        SettingErrors::check(problems)?;
-        Ok(self)
+    fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
+        let file = self.amqp_url_file.as_deref();
+        read_secret_into("amqp-url-file", file, &mut self.amqp_url, problems);
+        let file = self.redis_url_file.as_deref();
+        read_secret_into("redis-url-file", file, &mut self.redis_url, problems);
     }
 
     /// Checks what clap cannot, every setting.
     ///
     /// # Errors
     /// [`SettingErrors`] naming every wrong setting.
-    pub fn validate(&self) -> Result<(), SettingErrors> {
+    fn validate(&self) -> Result<(), SettingErrors> {
         let mut problems = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         if !self.planner.starts_with("http://") && !self.planner.starts_with("https://") {
@@ -333,6 +326,10 @@ impl Config {
             }
         }
         SettingErrors::check(problems)
+    }
+
+    fn logging(&self) -> (bool, Option<&str>) {
+        (self.log_json, self.otlp_endpoint.as_deref())
     }
 }
 

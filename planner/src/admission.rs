@@ -48,7 +48,7 @@ use tonic::{
 };
 use tracing::warn;
 
-use crate::auth::Principal;
+use crate::roles::Principal;
 
 /// Default cap on connections from one peer address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;

@@ -151,12 +151,8 @@ pub async fn export(
         }
         let mut after = 0;
         loop {
-            let page = match store.audit_events(plan_id, after, PAGE).await {
-                Ok(page) => page,
-                Err(error) => {
-                    let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                    return;
-                }
+            let Some(page) = events_page(&store, plan_id, after, &sender).await else {
+                return;
             };
             let Some((last, _)) = page.last() else { return };
             after = *last;
@@ -180,6 +176,24 @@ pub async fn export(
         }
     });
     Ok(Box::pin(ReceiverStream::new(receiver)))
+}
+
+/// The next page of `plan_id`'s audit events after the event `after`, or
+/// `None` once reading failed and the error was sent on `sender` (the
+/// stream then ends).
+async fn events_page<T>(
+    store: &Store,
+    plan_id: PlanId,
+    after: i64,
+    sender: &mpsc::Sender<Result<T, Status>>,
+) -> Option<Vec<(i64, v1::AuditEvent)>> {
+    match store.audit_events(plan_id, after, PAGE).await {
+        Ok(page) => Some(page),
+        Err(error) => {
+            let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+            None
+        }
+    }
 }
 
 /// Progress snapshots (and audit events, with `include_events`) of a plan,
@@ -206,12 +220,8 @@ pub async fn watch(
         loop {
             if include_events {
                 loop {
-                    let page = match store.audit_events(plan_id, after, PAGE).await {
-                        Ok(page) => page,
-                        Err(error) => {
-                            let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                            return;
-                        }
+                    let Some(page) = events_page(&store, plan_id, after, &sender).await else {
+                        return;
                     };
                     let full = page.len() as i64 == PAGE;
                     for (id, event) in page {

@@ -40,7 +40,7 @@ use tonic::{
 use tower::{Layer, Service};
 use tracing::warn;
 
-use crate::roles::{self, DELEGATE, Role};
+use crate::roles::{self, DELEGATE, Principal, Role, Source};
 
 /// Request metadata naming the person or system a call is made for: the
 /// actor itself without authentication; with it, the user a principal with
@@ -52,45 +52,6 @@ pub const DELEGATION_SEPARATOR: &str = " for ";
 
 /// Longest delegated user name, in bytes.
 pub const MAX_USER_BYTES: usize = 255;
-
-/// Where a principal's identity came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// A client certificate verified by TLS.
-    ClientCertificate,
-    /// A bearer JWT (RFC 7519).
-    Jwt,
-    /// A bearer token of the static token file.
-    StaticToken,
-}
-
-/// An authenticated caller, in the request's extensions of every call that
-/// passed authentication (`request.extensions().get::<Principal>()`, or
-/// [`Principal::of`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    /// The caller's name: a certificate's common name (or first DNS SAN), a
-    /// JWT's name claim (default `sub`), a static token's `name`.
-    pub name: String,
-    /// The roles it holds ([`crate::roles`]).
-    pub roles: BTreeSet<Role>,
-    /// Whether it may name the user it acts for in `x-redrive-actor`.
-    pub can_delegate: bool,
-    /// How it authenticated.
-    pub source: Source,
-}
-
-impl Principal {
-    /// Whether it holds `role`.
-    pub fn has(&self, role: Role) -> bool {
-        self.roles.contains(&role)
-    }
-
-    /// The principal of `request`, `None` when authentication is off.
-    pub fn of<T>(request: &tonic::Request<T>) -> Option<&Principal> {
-        request.extensions().get::<Principal>()
-    }
-}
 
 /// Who a call is recorded under (plans' `created_by`/`approved_by`,
 /// operator actions, prechecks' `actor`, repairs).
@@ -1049,20 +1010,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let settings = AuthSettings {
-            token_file: Some(path.clone()),
-            jwt: JwtSettings {
-                public_keys: Vec::new(),
-                jwks: None,
-                issuer: None,
-                audience: None,
-                roles_claim: "roles".to_owned(),
-                name_claim: "sub".to_owned(),
-            },
-            client_certificates: false,
-            cert_roles: Vec::new(),
-            protect_open_services: false,
-        };
+        let settings = token_settings(&path, false);
         let authenticator = Authenticator::load(&settings).unwrap().unwrap();
         let mut headers = http::HeaderMap::new();
         headers.insert("authorization", "Bearer s3cret".parse().unwrap());

@@ -10,7 +10,8 @@ use redrive_proto::limits::{
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 use redrive_proto::settings::{
-    SettingError, SettingErrors, check_amqp_url, read_secret_file, redact_text, redact_url,
+    ServiceSettings, SettingError, SettingErrors, check_amqp_url, read_secret_into, redact_text,
+    redact_url,
 };
 
 use crate::{
@@ -447,14 +448,6 @@ impl Config {
         problems
     }
 
-    /// Checks the settings that clap cannot, all of them.
-    ///
-    /// # Errors
-    /// [`SettingErrors`] naming every wrong setting.
-    pub fn validate(&self) -> Result<(), SettingErrors> {
-        SettingErrors::check(self.problems())
-    }
-
     /// Every problem of these settings, in flag order.
     fn problems(&self) -> Vec<SettingError> {
         let mut problems = Vec::new();
@@ -580,30 +573,6 @@ impl Config {
             ));
         }
         problems
-    }
-
-    /// The settings with `--database-url-file` and `--amqp-url-file` read
-    /// into `database_url` and `amqp_url`.
-    ///
-    /// # Errors
-    /// A file that cannot be read or is empty (named, its content never
-    /// shown).
-    pub fn with_secret_files(mut self) -> Result<Self, SettingErrors> {
-        let mut problems = Vec::new();
-        if let Some(path) = &self.database_url_file {
-            match read_secret_file("database-url-file", path) {
-                Ok(url) => self.database_url = url,
-                Err(problem) => problems.push(problem),
-            }
-        }
-        if let Some(path) = &self.amqp_url_file {
-            match read_secret_file("amqp-url-file", path) {
-                Ok(url) => self.amqp_url = url,
-                Err(problem) => problems.push(problem),
-            }
-        }
-        SettingErrors::check(problems)?;
-        Ok(self)
     }
 
     /// The TLS files for `https://` state-check hooks.
@@ -828,6 +797,29 @@ impl Config {
     /// How long a partial capture batch waits.
     pub fn capture_batch_wait(&self) -> Duration {
         Duration::from_millis(self.capture_batch_wait_ms)
+    }
+}
+
+impl ServiceSettings for Config {
+    /// Checks the settings that clap cannot, all of them.
+    ///
+    /// # Errors
+    /// [`SettingErrors`] naming every wrong setting.
+    fn validate(&self) -> Result<(), SettingErrors> {
+        SettingErrors::check(self.problems())
+    }
+
+    /// Reads `--database-url-file` and `--amqp-url-file`
+    /// into `database_url` and `amqp_url`.
+    fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
+        let file = self.database_url_file.as_deref();
+        read_secret_into("database-url-file", file, &mut self.database_url, problems);
+        let file = self.amqp_url_file.as_deref();
+        read_secret_into("amqp-url-file", file, &mut self.amqp_url, problems);
+    }
+
+    fn logging(&self) -> (bool, Option<&str>) {
+        (self.log_json, self.otlp_endpoint.as_deref())
     }
 }
 

@@ -90,7 +90,7 @@ fn actor<T>(request: &Request<T>) -> String {
 /// the same principal). Every write under a lease must come from the
 /// principal that claimed it (docs/design.md, "Leases").
 fn caller<T>(request: &Request<T>) -> String {
-    crate::auth::Principal::of(request)
+    crate::roles::Principal::of(request)
         .map(|principal| principal.name.clone())
         .unwrap_or_default()
 }

@@ -4,32 +4,50 @@
 //! piece of state lives in PostgreSQL, so replicas are interchangeable.
 //!
 //! # Layout
-//! - [`config`]: flags and validation.
-//! - [`capture`]: consuming DLQs, ack after commit.
+//! - `lib.rs`: [`run`], the wiring of the services; `main.rs`: the binary's
+//!   start-up (settings, logging, signals, `--listen`).
+//! - [`config`]: flags with `REDRIVE_…` fallbacks, validated at start-up.
+//! - [`capture`]: consuming DLQs into PostgreSQL, ack after commit;
+//!   `capture/guard.rs` ([`capture::guard`]): the relay that reads content
+//!   headers before lapin; `capture/raw.rs` ([`capture::raw`]): the small AMQP
+//!   client for deliveries lapin cannot decode.
 //! - [`ingest`]: `IngestDeadLetters` (services and `redrivectl import`).
-//! - [`dead_letter`], [`death`], [`message_key`], [`body`]: what is derived from
-//!   a dead letter (death that counts, reason class, key, compression).
-//! - [`inspect`], [`selector`], [`ids`]: listing, lookups, summaries; ids and
-//!   page tokens parsed once.
-//! - [`precheck`], [`options`], [`policy`], [`state_check`]: the dry run, its
-//!   options and the one age rule, the planner's floor under them, and the
-//!   owning services' hooks.
-//! - [`plan`], [`coordinator`], [`audit`], [`notifier`]: plans, executors'
-//!   leases and reports, the audit record and live watching.
+//! - [`dead_letter`]: a dead letter about to be stored, and the rules that
+//!   derive what is kept beside it.
+//! - [`death`]: the death that counts, its reason class, other frameworks'
+//!   dead-letter headers.
+//! - [`message_key`]: the idempotency key and event type of a dead letter.
+//! - [`body`]: compression sniffing and readable previews.
+//! - [`inspect`]: listing, lookups and summaries of dead letters.
+//! - [`selector`]: which dead letters a call covers, validated at the edge.
+//! - [`ids`]: ids and page tokens, parsed once.
+//! - [`precheck`]: the dry run that gives every dead letter one verdict.
+//! - [`options`]: a precheck's options and the one age rule
+//!   ([`options::event_time`]).
+//! - [`policy`]: the planner's floor under precheck options.
+//! - [`state_check`]: the owning services' state-check hooks.
+//! - [`plan`]: plans created from a precheck and approved by digest.
 //! - [`plan_state`]: the plan state machine, the one transition table (event
 //!   → allowed states → target) that [`plan`], [`gates`] and the store ask;
-//!   the store only executes a move in one guarded `UPDATE`. The states and
-//!   their kinds (`is_final`, ...) are `v1::PlanState`'s (`proto`).
-//! - [`gates`], [`single`]: the canary gates; replays and repairs of one dead
-//!   letter.
+//!   the states and their kinds (`is_final`, ...) are `v1::PlanState`'s.
+//! - [`coordinator`]: executors' slice claims, leases, fencing and reports.
+//! - [`gates`]: the canary gates.
+//! - [`single`]: replays and repairs of one dead letter.
+//! - [`audit`]: a plan's report, audit export and live watch.
+//! - [`notifier`]: plan-change notifications across replicas.
 //! - [`housekeeping`]: archive and unarchive; retention's background deletes.
-//! - [`store`]: the PostgreSQL queries.
-//! - [`grpc`]: the gRPC adapters; [`error`]: the one error → status mapping.
+//! - [`store`]: the PostgreSQL queries (its own `# Layout`); `migrations/`:
+//!   the schema, one numbered SQL file per change.
+//! - [`grpc`]: the gRPC adapters.
+//! - [`error`]: the domain error and its one mapping to a status.
 //! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus
 //!   `/metrics`), counted through the [`store::Store`] every part holds.
-//! - [`auth`], [`roles`]: who is calling (client certificates, bearer JWTs,
-//!   static tokens → [`auth::Principal`]), the one table of which role each
-//!   RPC needs, and the actor a call is recorded under.
+//! - [`auth`]: who is calling (client certificates, bearer JWTs, static
+//!   tokens) and the actor a call is recorded under.
+//! - [`roles`]: the authenticated caller ([`roles::Principal`]) and the one
+//!   table of which role each RPC needs.
+//! - [`admission`]: what one caller may take of the planner (rate, streams,
+//!   connections).
 
 pub mod admission;
 pub mod audit;
@@ -73,6 +91,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use redrive_proto::{
     FILE_DESCRIPTOR_SET,
+    settings::ServiceSettings,
     v1::{coordinator_server::CoordinatorServer, planner_server::PlannerServer},
 };
 use sqlx::{Postgres, migrate::MigrateDatabase};

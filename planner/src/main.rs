@@ -1,40 +1,22 @@
 //! `redrive-planner`: parses the configuration, starts logging, wires SIGINT and
-//! SIGTERM to a cancellation token and runs [`redrive_planner::run`].
+//! SIGTERM to a cancellation token ([`start_service`]), binds `--listen` and runs
+//! [`redrive_planner::run`].
 
 use std::process::ExitCode;
 
 use redrive_planner::Config;
 use redrive_proto::{
-    settings::{EX_USAGE, parse_or_exit, run_failure_code},
-    telemetry::{Logging, cancel_on_signal},
+    settings::{EX_USAGE, run_failure_code},
+    telemetry::start_service,
 };
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = match parse_or_exit::<Config>("redrive-planner", std::env::args_os(), |config| {
-        config.clone().with_secret_files()?.validate()
-    }) {
-        Ok(config) => config,
-        Err(code) => return code,
-    };
-    // Checked above: the files were readable a moment ago.
-    let config = match config.with_secret_files() {
-        Ok(config) => config,
-        Err(problems) => {
-            eprintln!("redrive-planner: {problems}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    let logging = match Logging::start(
-        "redrive-planner",
-        config.log_json,
-        config.otlp_endpoint.as_deref(),
-    ) {
-        Ok(logging) => logging,
-        Err(code) => return code,
-    };
-
+    let (config, logging, shutdown) =
+        match start_service::<Config>("redrive-planner", std::env::args_os()) {
+            Ok(started) => started,
+            Err(code) => return code,
+        };
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -45,8 +27,6 @@ async fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
     let code = match redrive_planner::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

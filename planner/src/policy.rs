@@ -32,7 +32,7 @@ use redrive_proto::v1;
 
 use crate::{
     error::Error,
-    options::{DEFAULT_MAX_REDRIVES, DEFAULT_REPLAY_KEY_WINDOW, PrecheckOptions, sort_rules},
+    options::{PrecheckOptions, sort_rules},
     state_check::Pattern,
 };
 
@@ -59,13 +59,15 @@ impl Default for Policy {
     /// No staleness rule, a 7-day replay-key window, 3 redrives, no event time
     /// pointer: what a precheck without options had before policies.
     fn default() -> Self {
+        // The same defaults a precheck's options have.
+        let options = PrecheckOptions::default();
         Self {
-            stale_after: Vec::new(),
-            stale_after_source: Vec::new(),
-            default_stale_after: None,
-            replay_key_window: DEFAULT_REPLAY_KEY_WINDOW,
-            max_redrives: DEFAULT_MAX_REDRIVES,
-            event_time_pointer: None,
+            stale_after: options.stale_after,
+            stale_after_source: options.stale_after_source,
+            default_stale_after: options.default_stale_after,
+            replay_key_window: options.replay_key_window,
+            max_redrives: options.max_redrives,
+            event_time_pointer: options.event_time_pointer,
         }
     }
 }

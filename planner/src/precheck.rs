@@ -272,6 +272,17 @@ impl ReportBuilder {
     }
 }
 
+/// The warning for a selection spread over several `what`:
+/// `heterogeneous selection: N what (a, b, ...)`.
+fn heterogeneous<'a>(what: &str, names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    format!(
+        "heterogeneous selection: {} {what} ({})",
+        names.len(),
+        names.join(", ")
+    )
+}
+
 fn breakdown(map: BTreeMap<String, Tally>) -> Vec<v1::Breakdown> {
     let mut rows: Vec<v1::Breakdown> = map
         .into_iter()
@@ -539,28 +550,18 @@ async fn classify_all(
         ));
     }
     if report.by_destination.len() > 1 {
+        let destinations = report.by_destination.keys().map(String::as_str);
         warnings.push(format!(
-            "heterogeneous selection: {} destinations ({}); consider one precheck per destination",
-            report.by_destination.len(),
-            report
-                .by_destination
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
+            "{}; consider one precheck per destination",
+            heterogeneous("destinations", destinations)
         ));
     }
     if report.by_schema_version.len() > 1 {
-        warnings.push(format!(
-            "heterogeneous selection: {} schema versions ({})",
-            report.by_schema_version.len(),
-            report
-                .by_schema_version
-                .keys()
-                .map(|v| if v.is_empty() { "(none)" } else { v })
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        let versions = report
+            .by_schema_version
+            .keys()
+            .map(|v| if v.is_empty() { "(none)" } else { v });
+        warnings.push(heterogeneous("schema versions", versions));
     }
     if report.hook_checked > 0 && report.hook_blocked * 2 > report.hook_checked {
         warnings.push(format!(

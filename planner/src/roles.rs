@@ -1,4 +1,5 @@
-//! Who may call what: the one table from RPC to the role it needs
+//! Who may call what: the authenticated caller ([`Principal`]), the one
+//! table from RPC to the role it needs
 //! ([`RPC_ROLES`]), and the check the authentication layer
 //! ([`crate::auth`]) runs on every request once the caller is known.
 //!
@@ -14,11 +15,48 @@
 //! `admin`. `delegate` is a permission, not a role: its holder may name
 //! the user it acts for in `x-redrive-actor` ([`crate::auth`]).
 
-use std::{fmt, str::FromStr};
+use std::{collections::BTreeSet, fmt, str::FromStr};
 
 use tonic::Status;
 
-use crate::auth::Principal;
+/// Where a principal's identity came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A client certificate verified by TLS.
+    ClientCertificate,
+    /// A bearer JWT (RFC 7519).
+    Jwt,
+    /// A bearer token of the static token file.
+    StaticToken,
+}
+
+/// An authenticated caller, in the request's extensions of every call that
+/// passed authentication (`request.extensions().get::<Principal>()`, or
+/// [`Principal::of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The caller's name: a certificate's common name (or first DNS SAN), a
+    /// JWT's name claim (default `sub`), a static token's `name`.
+    pub name: String,
+    /// The roles it holds ([`crate::roles`]).
+    pub roles: BTreeSet<Role>,
+    /// Whether it may name the user it acts for in `x-redrive-actor`.
+    pub can_delegate: bool,
+    /// How it authenticated.
+    pub source: Source,
+}
+
+impl Principal {
+    /// Whether it holds `role`.
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role)
+    }
+
+    /// The principal of `request`, `None` when authentication is off.
+    pub fn of<T>(request: &tonic::Request<T>) -> Option<&Principal> {
+        request.extensions().get::<Principal>()
+    }
+}
 
 /// A role a principal holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -182,7 +220,6 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::auth::Source;
 
     fn principal(roles: &[Role]) -> Principal {
         Principal {

@@ -2,20 +2,28 @@
 //! executor, `redrivectl` and the end-to-end tests.
 //!
 //! # Layout
-//! - [`v1`]: the generated messages, clients and servers (`Planner`,
-//!   `Coordinator`, `StateCheck`).
-//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for server reflection.
-//! - [`limits`]: the one table of input limits; [`codec`]: the gRPC codec
-//!   that checks requests against them on the wire before decoding.
-//! - [`error`]: the small set of `tonic::Code`s the services answer with.
-//! - [`names`]: the stable lowercase names of the API's enums.
-//! - [`time`]: conversions between protobuf and chrono times and durations.
-//! - `settings` (feature `settings`): the services' start-up settings, every
-//!   bad one reported at once.
-//! - [`tls`]: client TLS to the planner and hooks (`https://`, a CA bundle,
-//!   an optional client certificate).
-//! - `amqp` (feature `amqp`): lossless conversions between the API's header and
-//!   property shapes and lapin's AMQP types.
+//! - `lib.rs`: [`v1`], the generated messages, clients and servers
+//!   (`Planner`, `Coordinator`, `StateCheck`); [`FILE_DESCRIPTOR_SET`] for
+//!   server reflection; [`time`] (protobuf ↔ chrono times and durations) and
+//!   [`json`] (JSON text as Redrive shows it: body previews).
+//! - `build.rs`: compiles the `.proto` files and writes the descriptor set.
+//! - `redrive/v1/messages.proto`, `planner.proto`, `coordinator.proto`,
+//!   `state_check.proto`: the wire contract (shared messages, the operators'
+//!   API, the executors' API, the owning services' hook).
+//! - `src/limits.rs` ([`limits`]): the one table of input limits.
+//! - `src/codec.rs` ([`codec`]): the gRPC codec that checks requests against
+//!   the limits on the wire before decoding.
+//! - `src/error.rs` ([`error`]): the small set of `tonic::Code`s the services
+//!   answer with.
+//! - `src/names.rs` ([`names`]): the stable lowercase names of the API's enums.
+//! - `src/tls.rs` ([`tls`]): client TLS to the planner and hooks (`https://`, a
+//!   CA bundle, an optional client certificate).
+//! - `src/settings.rs` (`settings`, feature `settings`): the services' start-up
+//!   settings, every bad one reported at once, secret files read.
+//! - `src/telemetry.rs` (`telemetry`, feature `telemetry`): metrics, logging,
+//!   trace propagation and the services' shared start-up (`start_service`).
+//! - `src/amqp.rs` (`amqp`, feature `amqp`): lossless conversions between the
+//!   API's header and property shapes and lapin's AMQP types.
 
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {

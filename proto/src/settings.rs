@@ -137,6 +137,54 @@ pub fn parse_or_exit<C: Parser>(
     }
 }
 
+/// A service's settings: parsed by clap, with secrets that may be named by
+/// file (`--…-file`) and checks that clap cannot make.
+pub trait ServiceSettings: Parser + Clone {
+    /// Reads every secret file into its setting ([`read_secret_into`]),
+    /// a file that cannot be read or is empty into `problems`.
+    fn read_secret_files(&mut self, problems: &mut Vec<SettingError>);
+
+    /// The settings with every secret file read into its setting.
+    ///
+    /// # Errors
+    /// A file that cannot be read or is empty (named, never its content).
+    fn with_secret_files(mut self) -> Result<Self, SettingErrors> {
+        let mut problems = Vec::new();
+        self.read_secret_files(&mut problems);
+        SettingErrors::check(problems)?;
+        Ok(self)
+    }
+
+    /// Checks what clap cannot, every setting.
+    ///
+    /// # Errors
+    /// [`SettingErrors`] naming every wrong setting.
+    fn validate(&self) -> Result<(), SettingErrors>;
+
+    /// How the service logs: whether as JSON lines (`--log-json`), and
+    /// where spans are exported (`--otlp-endpoint`), if anywhere.
+    fn logging(&self) -> (bool, Option<&str>);
+}
+
+/// [`parse_or_exit`] for a service: the settings are checked with their
+/// secret files read, then answered with them read.
+///
+/// # Errors
+/// The exit code, after printing.
+pub fn parse_service<C: ServiceSettings>(
+    program: &str,
+    args: impl IntoIterator<Item = OsString>,
+) -> Result<C, ExitCode> {
+    let config = parse_or_exit::<C>(program, args, |config| {
+        config.clone().with_secret_files()?.validate()
+    })?;
+    // Checked above: the files were readable a moment ago.
+    config.with_secret_files().map_err(|problems| {
+        eprintln!("{program}: {problems}");
+        ExitCode::from(EX_USAGE)
+    })
+}
+
 /// Every value (from a flag, an environment variable or a default) that its
 /// argument's value parser refuses, as clap's one-line messages, in flag
 /// order. Empty when the arguments do not even parse as text (an unknown
@@ -254,6 +302,23 @@ pub fn redact_text(text: &str, url: &str) -> String {
     match password {
         Some(password) => text.replace(password, "***"),
         None => text.to_owned(),
+    }
+}
+
+/// Puts the secret of the `--…-file` setting `setting` into `setting_value`
+/// when `path` names a file ([`read_secret_file`]); a file that cannot be
+/// read goes to `problems` instead.
+pub fn read_secret_into<T: From<String>>(
+    setting: &'static str,
+    path: Option<&std::path::Path>,
+    setting_value: &mut T,
+    problems: &mut Vec<SettingError>,
+) {
+    if let Some(path) = path {
+        match read_secret_file(setting, path) {
+            Ok(secret) => *setting_value = T::from(secret),
+            Err(problem) => problems.push(problem),
+        }
     }
 }
 

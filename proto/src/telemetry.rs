@@ -633,6 +633,26 @@ impl Logging {
     }
 }
 
+/// What a service does first: parses its settings
+/// ([`parse_service`](crate::settings::parse_service)), starts its logging
+/// ([`Logging::start`]) and wires SIGINT and SIGTERM to the cancellation
+/// token it answers ([`cancel_on_signal`]). Must run inside the Tokio
+/// runtime.
+///
+/// # Errors
+/// The exit code to end with, after printing.
+pub fn start_service<C: crate::settings::ServiceSettings>(
+    program: &'static str,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<(C, Logging, CancellationToken), std::process::ExitCode> {
+    let config = crate::settings::parse_service::<C>(program, args)?;
+    let (json, otlp_endpoint) = config.logging();
+    let logging = Logging::start(program, json, otlp_endpoint)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    Ok((config, logging, shutdown))
+}
+
 /// Cancels `shutdown` at the first SIGINT or SIGTERM.
 ///
 /// # Panics

@@ -4,6 +4,8 @@
 //! without touching the shared servers.
 //!
 //! # Layout
+//! `lib.rs` holds the items below down to [`raw`]; the rest are files of their
+//! own.
 //! - [`TestDb`]: a database of its own, dropped by [`TestDb::drop_database`]
 //!   or when the guard drops (a failed test).
 //! - [`Broker`]: a RabbitMQ connection and helpers to declare, publish, count
@@ -27,6 +29,8 @@
 //!   the traces tests.
 //! - [`scenario`]: the order-fulfilment incident and its replay with the real
 //!   binaries, run by `redrive-demo` and `tests/e2e.rs`.
+//! - `bin/demo.rs`: `redrive-demo`, the scenario on the local services;
+//!   `bin/orders_hook.rs`: the [`orders_hook`] as a service of its own.
 
 pub mod bench;
 pub mod orders_hook;

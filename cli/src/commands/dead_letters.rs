@@ -62,7 +62,10 @@
 //! Refused (exit 1) when a selected dead letter is an item of a plan that has
 //! not ended, naming the plan.
 
-use crate::{args::Paging, output::Listing};
+use crate::{
+    args::Paging,
+    output::{ListingKind, list_pages},
+};
 use std::{fmt, io::Write, str::FromStr};
 
 use chrono::Utc;
@@ -285,28 +288,33 @@ async fn list(
     let selector = args.selector.to_selector(Utc::now());
     // People get one aligned table (use --json to stream a long --all);
     // scripts get each page written as it comes.
-    let mut listing = Listing::open(out, json, "dead_letters")?;
-    let page_token = args
-        .page
-        .walk(async |page_size, page_token| {
-            let response = planner
-                .list_dead_letters(ListDeadLettersRequest {
-                    selector: Some(selector.clone()),
-                    page_size,
-                    page_token,
-                })
-                .await?
-                .into_inner();
-            for dead_letter in &response.dead_letters {
-                listing.push(&DeadLetterJson::summary(dead_letter), || {
-                    list_row(dead_letter)
-                })?;
-            }
-            Ok(response.next_page_token)
-        })
-        .await?;
-    listing.finish(&page_token, LIST_COLUMNS, "no dead letters match")?;
-    Ok(EX_OK)
+    let kind = ListingKind {
+        key: "dead_letters",
+        columns: LIST_COLUMNS,
+        empty: "no dead letters match",
+    };
+    let fetch = async |page_size, page_token| {
+        let request = ListDeadLettersRequest {
+            selector: Some(selector.clone()),
+            page_size,
+            page_token,
+        };
+        let response = planner.list_dead_letters(request).await?.into_inner();
+        Ok((response.dead_letters, response.next_page_token))
+    };
+    list_pages(
+        out,
+        json,
+        kind,
+        &args.page,
+        fetch,
+        |listing, dead_letter| {
+            listing.push(&DeadLetterJson::summary(dead_letter), || {
+                list_row(dead_letter)
+            })
+        },
+    )
+    .await
 }
 
 /// One `list` table row, in [`LIST_COLUMNS`] order.

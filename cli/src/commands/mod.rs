@@ -17,7 +17,7 @@ use clap::{ArgAction, Args, Parser, Subcommand, builder::FalseyValueParser};
 use clap_complete::Shell;
 
 use crate::{
-    client::{self, parse_actor, parse_planner_url, resolve_actor},
+    client::{self, parse_actor, parse_planner_url},
     config,
     error::CliError,
 };
@@ -182,26 +182,26 @@ pub fn hash_token(token: &str) -> String {
 }
 
 impl Cli {
-    /// The bearer token in the `REDRIVE_TOKEN` environment variable, if set
-    /// and not blank.
-    pub fn token_from_environment() -> Option<String> {
-        std::env::var("REDRIVE_TOKEN")
-            .ok()
-            .map(|token| token.trim().to_owned())
-            .filter(|token| !token.is_empty())
+    /// The global flags that the config file's keys stand in for.
+    pub fn flags(&self) -> config::Flags {
+        config::Flags {
+            keys: config::Profile {
+                planner: self.planner.clone(),
+                actor: self.actor.clone(),
+                ca: self.ca.clone(),
+                tls_client_cert: self.tls_client_cert.clone(),
+                tls_client_key: self.tls_client_key.clone(),
+                token_file: self.token_file.clone(),
+            },
+            profile: self.profile.clone(),
+        }
     }
 
     /// The actor sent on every request: `--actor` / `REDRIVE_ACTOR`, else
     /// `profile_actor` (the config file's), else the `USER` environment
-    /// variable, else `anonymous`.
+    /// variable, else `anonymous` ([`config::Flags::actor`]).
     pub fn actor(&self, profile_actor: Option<&str>) -> String {
-        let user = std::env::var("USER").ok();
-        let flag = self
-            .actor
-            .as_deref()
-            .filter(|actor| !actor.is_empty())
-            .or(profile_actor);
-        resolve_actor(flag, user.as_deref())
+        self.flags().actor(profile_actor)
     }
 }
 
@@ -250,7 +250,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     if write_generated(&cli.command, out)? {
         return Ok(crate::error::EX_OK);
     }
-    let settings = config::Settings::resolve(&cli)?;
+    let settings = config::Settings::resolve(&cli.flags())?;
     let credentials = settings.credentials.clone();
     // With credentials the planner knows who calls: the actor is sent only
     // when named (a delegating portal naming its user), never from $USER.
@@ -498,5 +498,141 @@ mod tests {
         }
         assert!(!parse(&["--help"]).unwrap_err().use_stderr());
         assert!(!parse(&["--version"]).unwrap_err().use_stderr());
+    }
+
+    fn cli_flags(args: &[&str]) -> config::Flags {
+        Cli::try_parse_from(
+            ["redrivectl"]
+                .iter()
+                .chain(args)
+                .chain(&["dead-letters", "list"]),
+        )
+        .unwrap()
+        .flags()
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    const FILE: &str = r#"
+planner = "127.0.0.1:7000"
+actor = "alice"
+
+[profiles.prod]
+planner = "https://planner.prod:443"
+
+[profiles.staging]
+planner = "staging:50051"
+actor = "alice-staging"
+"#;
+
+    #[test]
+    fn profiles_then_top_level_then_defaults() {
+        let (_dir, path) = file(FILE);
+        let top = config::Settings::from_file(&cli_flags(&[]), Some(&path)).unwrap();
+        assert_eq!(top.planner, "http://127.0.0.1:7000");
+        assert_eq!(top.actor, "alice");
+        let prod =
+            config::Settings::from_file(&cli_flags(&["--profile", "prod"]), Some(&path)).unwrap();
+        assert_eq!(prod.planner, "https://planner.prod:443");
+        assert_eq!(prod.actor, "alice");
+        let staging =
+            config::Settings::from_file(&cli_flags(&["--profile", "staging"]), Some(&path))
+                .unwrap();
+        assert_eq!(
+            (staging.planner.as_str(), staging.actor.as_str()),
+            ("http://staging:50051", "alice-staging")
+        );
+        let none = config::Settings::from_file(&cli_flags(&[]), None).unwrap();
+        assert_eq!(none.planner, client::DEFAULT_PLANNER);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let (_dir, path) = file(FILE);
+        let settings = config::Settings::from_file(
+            &cli_flags(&[
+                "--profile",
+                "staging",
+                "--planner",
+                "other:1",
+                "--actor",
+                "bob",
+            ]),
+            Some(&path),
+        )
+        .unwrap();
+        assert_eq!(
+            (settings.planner.as_str(), settings.actor.as_str()),
+            ("http://other:1", "bob")
+        );
+    }
+
+    #[test]
+    fn credentials_come_from_flags_then_the_profile_then_the_top_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("prod.token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let text = format!(
+            "ca = \"/etc/top-ca.pem\"\n\n[profiles.prod]\nplanner = \"https://p:443\"\n\
+             token_file = {token:?}\ntls_client_cert = \"/etc/me.pem\"\n\
+             tls_client_key = \"/etc/me.key\"\n"
+        );
+        let (_dir, path) = file(&text);
+        let prod =
+            config::Settings::from_file(&cli_flags(&["--profile", "prod"]), Some(&path)).unwrap();
+        assert_eq!(prod.credentials.token.as_deref(), Some("s3cret"));
+        assert_eq!(
+            prod.credentials.tls.ca.as_deref(),
+            Some(std::path::Path::new("/etc/top-ca.pem"))
+        );
+        assert_eq!(
+            prod.credentials.tls.client_cert.as_deref(),
+            Some(std::path::Path::new("/etc/me.pem"))
+        );
+        assert!(prod.credentials.present());
+        let flagged = config::Settings::from_file(
+            &cli_flags(&["--profile", "prod", "--ca", "/etc/flag-ca.pem"]),
+            Some(&path),
+        )
+        .unwrap();
+        assert_eq!(
+            flagged.credentials.tls.ca.as_deref(),
+            Some(std::path::Path::new("/etc/flag-ca.pem"))
+        );
+        let top = config::Settings::from_file(&cli_flags(&[]), Some(&path)).unwrap();
+        assert!(!top.credentials.present());
+        std::fs::write(&token, " \n").unwrap();
+        let error = config::Settings::from_file(&cli_flags(&["--profile", "prod"]), Some(&path))
+            .unwrap_err();
+        assert!(error.to_string().contains("is empty"), "{error}");
+    }
+
+    #[test]
+    fn config_errors_name_the_file() {
+        let (_dir, path) = file(FILE);
+        let error =
+            config::Settings::from_file(&cli_flags(&["--profile", "qa"]), Some(&path)).unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::EX_CONFIG);
+        let text = error.to_string();
+        assert!(text.contains("config.toml"), "{text}");
+        assert!(text.contains("profiles: prod, staging"), "{text}");
+
+        let (_dir, bad) = file("planner = \"ftp://x:1\"\n");
+        let error = config::Settings::from_file(&cli_flags(&[]), Some(&bad)).unwrap_err();
+        assert!(error.to_string().contains("planner:"), "{error}");
+        let (_dir, unknown) = file("plannr = \"x:1\"\n");
+        let error = config::Settings::from_file(&cli_flags(&[]), Some(&unknown)).unwrap_err();
+        assert!(error.to_string().contains("plannr"), "{error}");
+        // No file is fine, but not when a profile is asked for.
+        let missing = std::path::Path::new("/nonexistent/redrive/config.toml");
+        assert!(config::Settings::from_file(&cli_flags(&[]), Some(missing)).is_ok());
+        assert!(
+            config::Settings::from_file(&cli_flags(&["--profile", "prod"]), Some(missing)).is_err()
+        );
     }
 }

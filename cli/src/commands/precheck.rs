@@ -71,7 +71,7 @@
 //! `{dead_letter_id, message_key, verdict, reason, destination, event_type}`,
 //! `event_type` a string or null.
 
-use crate::{args::Paging, output::Listing};
+use crate::args::Paging;
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use chrono::Utc;
@@ -87,7 +87,7 @@ use crate::{
     error::{CliError, EX_OK},
     output::{self, Column, cell, timestamp_text, write_json, write_table},
     selector::SelectorArgs,
-    views::{ITEM_COLUMNS, ItemJson, item_row},
+    views::{ItemJson, list_items},
 };
 
 /// The verdicts in precedence order (first match wins in the planner), which
@@ -703,27 +703,17 @@ async fn items(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let mut listing = Listing::open(out, json, "items")?;
-    let page_token = query
-        .page
-        .walk(async |page_size, page_token| {
-            let response = planner
-                .list_precheck_items(ListPrecheckItemsRequest {
-                    precheck_id: query.id.clone(),
-                    verdict: query.verdict.unwrap_or(Verdict::Unspecified).into(),
-                    page_size,
-                    page_token,
-                })
-                .await?
-                .into_inner();
-            for item in &response.items {
-                listing.push(&ItemJson::from(item), || item_row(item))?;
-            }
-            Ok(response.next_page_token)
-        })
-        .await?;
-    listing.finish(&page_token, ITEM_COLUMNS, "no items match")?;
-    Ok(EX_OK)
+    let fetch = async |page_size, page_token| {
+        let request = ListPrecheckItemsRequest {
+            precheck_id: query.id.clone(),
+            verdict: query.verdict.unwrap_or(Verdict::Unspecified).into(),
+            page_size,
+            page_token,
+        };
+        let response = planner.list_precheck_items(request).await?.into_inner();
+        Ok((response.items, response.next_page_token))
+    };
+    list_items(out, json, "no items match", &query.page, fetch).await
 }
 
 #[cfg(test)]
@@ -738,6 +728,19 @@ mod tests {
     use super::*;
     use crate::args::{StaleAfter, parse_stale_after};
     use crate::selector::parse_rfc3339;
+    use crate::views::item_row;
+
+    /// The verdicts' names in precedence order, as the reports print them.
+    const VERDICT_NAMES: [&str; 8] = [
+        "replayable",
+        "duplicate",
+        "already_replayed",
+        "looping",
+        "stale",
+        "blocked_by_state",
+        "needs_compensation",
+        "invalid",
+    ];
 
     #[derive(Debug, Parser)]
     struct Harness {
@@ -881,19 +884,7 @@ mod tests {
     #[test]
     fn verdict_names_round_trip_in_precedence_order() {
         let names = VERDICTS.map(Verdict::name);
-        assert_eq!(
-            names,
-            [
-                "replayable",
-                "duplicate",
-                "already_replayed",
-                "looping",
-                "stale",
-                "blocked_by_state",
-                "needs_compensation",
-                "invalid",
-            ]
-        );
+        assert_eq!(names, VERDICT_NAMES);
         for verdict in VERDICTS {
             assert_eq!(parse_verdict(verdict.name()), Ok(verdict));
         }
@@ -914,26 +905,23 @@ mod tests {
 
     fn report() -> PrecheckReport {
         let at = |text| Some(timestamp(parse_rfc3339(text).unwrap()));
+        // One reason class: its counts are the whole report's.
+        let counts = Some(v1::VerdictCounts {
+            replayable: 6,
+            stale: 3,
+            blocked_by_state: 1,
+            ..Default::default()
+        });
         PrecheckReport {
             precheck_id: "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e".into(),
             actor: "alice".into(),
             created_at: at("2024-05-01T12:00:00Z"),
             total: 10,
-            counts: Some(v1::VerdictCounts {
-                replayable: 6,
-                stale: 3,
-                blocked_by_state: 1,
-                ..Default::default()
-            }),
+            counts,
             by_reason_class: vec![v1::Breakdown {
                 value: "rejected".into(),
                 total: 10,
-                counts: Some(v1::VerdictCounts {
-                    replayable: 6,
-                    stale: 3,
-                    blocked_by_state: 1,
-                    ..Default::default()
-                }),
+                counts,
             }],
             by_event_type: vec![
                 v1::Breakdown {
@@ -1072,14 +1060,10 @@ mod tests {
             "options:          stale after payment.*=2h, source orders.dlq=30m; replay-key window 7days; max redrives 3",
             "policy override:  INC-7: late captures are fine",
             "VERDICT",
-            "replayable",
-            "duplicate",
-            "already_replayed",
-            "looping",
-            "stale",
-            "blocked_by_state",
-            "needs_compensation",
-            "invalid",
+        ]
+        .into_iter()
+        .chain(VERDICT_NAMES)
+        .chain([
             "by reason class:",
             "VALUE     TOTAL  REPLAYABLE  STALE  BLOCKED_BY_STATE",
             "rejected  10     6           3      1",
@@ -1089,7 +1073,7 @@ mod tests {
             "first non-replayable items (1 of 4):",
             "7               order-1:pay  stale    older than 2h",
             "next: redrivectl precheck items 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --verdict stale",
-        ] {
+        ]) {
             let found = text[at..]
                 .find(expected)
                 .unwrap_or_else(|| panic!("{expected:?} after byte {at} in:\n{text}"));

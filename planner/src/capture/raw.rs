@@ -253,12 +253,7 @@ impl RawConnection {
         )
         .await?;
         loop {
-            let (kind, channel_id, payload) = self.frame().await?;
-            if kind != FRAME_METHOD {
-                return Err(RawError::Protocol(format!(
-                    "expected a method frame, got type {kind}"
-                )));
-            }
+            let (channel_id, payload) = self.method_frame().await?;
             match class_method(&payload) {
                 // basic.get-empty
                 (60, 72) => return Ok(None),
@@ -504,12 +499,7 @@ impl RawConnection {
         self.published += 1;
         let mut returned = false;
         loop {
-            let (kind, channel_id, payload) = self.frame().await?;
-            if kind != FRAME_METHOD {
-                return Err(RawError::Protocol(format!(
-                    "expected a method frame, got type {kind}"
-                )));
-            }
+            let (channel_id, payload) = self.method_frame().await?;
             match class_method(&payload) {
                 (60, 80) => return Ok(!returned),
                 (60, 120) => return Ok(false),
@@ -597,6 +587,17 @@ impl RawConnection {
         Err(RawError::Protocol(format!(
             "unexpected method {class}.{method} on channel {channel_id}"
         )))
+    }
+
+    /// Reads one frame that must be a method frame: (channel, payload).
+    async fn method_frame(&mut self) -> Result<(u16, Vec<u8>), RawError> {
+        let (kind, channel_id, payload) = self.frame().await?;
+        if kind != FRAME_METHOD {
+            return Err(RawError::Protocol(format!(
+                "expected a method frame, got type {kind}"
+            )));
+        }
+        Ok((channel_id, payload))
     }
 
     /// Reads one frame: (type, channel, payload). Heartbeats are skipped.

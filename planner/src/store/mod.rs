@@ -2,6 +2,8 @@
 //! `sqlx::Error` is translated by SQLSTATE here, once.
 //!
 //! # Layout
+//! - `mod.rs`: the [`Store`] (the pool and the metrics every part counts
+//!   through) and [`StoreError`], `sqlx::Error` translated by SQLSTATE.
 //! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
 //!   summarize.
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.

@@ -81,7 +81,10 @@ pub mod live;
 pub mod pace;
 pub mod view;
 
-use crate::{args::Paging, output::Listing};
+use crate::{
+    args::Paging,
+    output::{ListingKind, list_pages},
+};
 use std::{io::Write, time::Duration};
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -103,7 +106,7 @@ use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     output::{terminal_width, write_json},
-    views::{ITEM_COLUMNS, ItemJson, item_row},
+    views::list_items,
 };
 
 // ---------------------------------------------------------------------------
@@ -535,7 +538,7 @@ fn control(args: ControlArgs) -> PlanControlRequest {
     }
 }
 
-/// Writes the JSON closing of a paged list: `],"next_page_token":"..."}`.
+/// `plan list`: the plans in the states and of the kinds asked for.
 async fn list(
     planner: &mut Planner,
     args: ListArgs,
@@ -544,28 +547,26 @@ async fn list(
 ) -> Result<u8, CliError> {
     let states: Vec<i32> = args.states.iter().map(|state| i32::from(*state)).collect();
     let kinds: Vec<i32> = args.kinds.iter().map(|kind| i32::from(*kind)).collect();
-    let mut listing = Listing::open(out, json, "plans")?;
-    let page_token = args
-        .page
-        .walk(async |page_size, page_token| {
-            let response = planner
-                .list_plans(ListPlansRequest {
-                    states: states.clone(),
-                    kinds: kinds.clone(),
-                    page_size,
-                    page_token,
-                })
-                .await?
-                .into_inner();
-            for plan in &response.plans {
-                let view = PlanJson::from(plan);
-                listing.push(&view, || view::list_row(&view))?;
-            }
-            Ok(response.next_page_token)
-        })
-        .await?;
-    listing.finish(&page_token, view::LIST_COLUMNS, "no plans match")?;
-    Ok(EX_OK)
+    let kind = ListingKind {
+        key: "plans",
+        columns: view::LIST_COLUMNS,
+        empty: "no plans match",
+    };
+    let fetch = async |page_size, page_token| {
+        let request = ListPlansRequest {
+            states: states.clone(),
+            kinds: kinds.clone(),
+            page_size,
+            page_token,
+        };
+        let response = planner.list_plans(request).await?.into_inner();
+        Ok((response.plans, response.next_page_token))
+    };
+    list_pages(out, json, kind, &args.page, fetch, |listing, plan| {
+        let view = PlanJson::from(plan);
+        listing.push(&view, || view::list_row(&view))
+    })
+    .await
 }
 
 async fn compensations(
@@ -574,26 +575,16 @@ async fn compensations(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let mut listing = Listing::open(out, json, "items")?;
-    let page_token = args
-        .page
-        .walk(async |page_size, page_token| {
-            let response = planner
-                .list_compensations(ListCompensationsRequest {
-                    plan_id: args.id.clone(),
-                    page_size,
-                    page_token,
-                })
-                .await?
-                .into_inner();
-            for item in &response.items {
-                listing.push(&ItemJson::from(item), || item_row(item))?;
-            }
-            Ok(response.next_page_token)
-        })
-        .await?;
-    listing.finish(&page_token, ITEM_COLUMNS, "no items need compensation")?;
-    Ok(EX_OK)
+    let fetch = async |page_size, page_token| {
+        let request = ListCompensationsRequest {
+            plan_id: args.id.clone(),
+            page_size,
+            page_token,
+        };
+        let response = planner.list_compensations(request).await?.into_inner();
+        Ok((response.items, response.next_page_token))
+    };
+    list_items(out, json, "no items need compensation", &args.page, fetch).await
 }
 
 async fn report(
