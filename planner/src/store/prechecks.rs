@@ -114,9 +114,12 @@ impl Store {
         );
         builder
             .push(
-                " s) d LEFT JOIN (SELECT DISTINCT ON (message_key, destination) message_key, destination, plan_id, \
-                 at AS replayed_at, action = 'sent' AS certain \
-                 FROM audit_events e WHERE action IN ('sent', 'uncertain') AND at > now() - ",
+                // The key's latest delivery within the window, a confirmed one
+                // first, looked up per candidate in `audit_events_replayed`:
+                // the cost follows the selection, not the audit's history.
+                " s) d LEFT JOIN LATERAL (SELECT e.plan_id, e.at AS replayed_at, e.action = 'sent' AS certain \
+                 FROM audit_events e WHERE e.message_key = d.message_key AND e.destination = d.destination \
+                 AND e.action IN ('sent', 'uncertain') AND e.at > now() - ",
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
             .push(
@@ -125,8 +128,7 @@ impl Store {
                 " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
                  WHERE x.message_key = e.message_key AND x.destination = e.destination \
                  AND x.redrive_plan_id = e.plan_id::text) \
-                 ORDER BY message_key, destination, action = 'sent' DESC, at DESC) r \
-                 ON r.message_key = d.message_key AND r.destination = d.destination \
+                 ORDER BY e.action = 'sent' DESC, e.at DESC LIMIT 1) r ON true \
                  LEFT JOIN (SELECT message_key, destination, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
                  WHERE redrive_plan_id IS NOT NULL GROUP BY message_key, destination) l \
                  ON l.message_key = d.message_key AND l.destination = d.destination \
