@@ -57,6 +57,32 @@ pub use crate::{
     time::{rfc3339, timestamp_text},
 };
 
+/// Writes a block of `name: value` lines after `indent`, the values aligned
+/// in one column. A value's further lines (a multi-line reason, rationale or
+/// error text) are indented to that column, so that none of them reads as a
+/// field of its own (a reason holding `\nstatus: open` cannot pass for the
+/// status). Control characters are the writer's to escape
+/// ([`crate::escape`]).
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_fields(
+    out: &mut dyn Write,
+    indent: &str,
+    fields: &[(&str, String)],
+) -> io::Result<()> {
+    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+    for (name, value) in fields {
+        let mut lines = value.split('\n');
+        let first = lines.next().unwrap_or_default();
+        writeln!(out, "{indent}{:<width$}  {first}", format!("{name}:"))?;
+        for line in lines {
+            writeln!(out, "{indent}{:<width$}  {line}", "")?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `value` as one compact JSON document and a newline.
 ///
 /// # Errors
@@ -529,6 +555,22 @@ pub async fn list_pages<T>(
 
 #[cfg(test)]
 mod tests {
+    /// An archive reason (or rationale, or error text) with line breaks
+    /// printed them raw: its second line could read as a field of its own.
+    #[test]
+    fn a_multi_line_value_stays_in_its_column() {
+        let mut out = Vec::new();
+        let fields = [
+            ("archived", "by bob: duplicate\nstatus: open".to_owned()),
+            ("status", "archived".to_owned()),
+        ];
+        super::write_fields(&mut out, "  ", &fields).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "  archived:  by bob: duplicate\n             status: open\n  status:    archived\n"
+        );
+    }
+
     /// A `--json` listing whose first request is refused leaves stdout
     /// empty (the error goes to stderr), not a JSON document cut short.
     #[test]

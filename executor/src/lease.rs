@@ -42,7 +42,7 @@ use tokio_util::{
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
-use crate::backoff::Backoff;
+use redrive_proto::backoff::Backoff;
 
 /// Why a lease counts as lost when its own deadline passed.
 const PAST_DEADLINE: &str =

@@ -11,7 +11,6 @@
 //! - [`lease`]: one slice lease: renewal, the planner's stop signal, the
 //!   executor's own deadline, outcome reports, the end of the lease.
 //! - [`outcomes`]: publisher confirms → audit events, retries, token debt.
-//! - [`backoff`]: the one jittered retry delay.
 //! - [`publisher`]: publishing with publisher confirms and a confirm window.
 //! - [`bucket`]: the GCRA token bucket in Redis (or in-process without Redis).
 //! - [`replay_keys`]: the record of sent message keys in Redis.
@@ -21,7 +20,6 @@
 //! - `benches/publish.rs`: publish-with-confirm throughput, a naive loop
 //!   against the [`publisher::Publisher`] with a confirm window.
 
-pub mod backoff;
 pub mod bucket;
 pub mod health;
 pub mod lease;
@@ -38,7 +36,8 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::{
     settings::{
-        ServiceSettings, SettingError, SettingErrors, check_amqp_url, read_secret_into, redact_url,
+        AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
+        read_secret_into, redact_url,
     },
     telemetry::{Metrics, MetricsSettings},
     tls::ClientTlsFiles,
@@ -87,18 +86,9 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_TLS_CLIENT_KEY", value_name = "FILE")]
     pub tls_client_key: Option<PathBuf>,
 
-    /// AMQP URL of the RabbitMQ broker to publish to (`amqps://` for TLS).
-    #[arg(
-        long,
-        env = "REDRIVE_AMQP_URL",
-        hide_env_values = true,
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    pub amqp_url: String,
-
-    /// A file holding the AMQP URL (read at start; overrides --amqp-url).
-    #[arg(long, env = "REDRIVE_AMQP_URL_FILE", value_name = "FILE")]
-    pub amqp_url_file: Option<PathBuf>,
+    /// The broker replays are published to: `--amqp-url`, `--amqp-url-file`.
+    #[command(flatten)]
+    pub amqp: AmqpSettings,
 
     /// Redis URL of the shared token bucket and replay keys (`rediss://` for
     /// TLS). Without it the executor runs in single-executor mode (in-process
@@ -158,10 +148,6 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
 
-    /// Serve Prometheus metrics at `http://ADDR/metrics` (off when not set).
-    #[arg(long, env = "REDRIVE_METRICS_LISTEN", value_name = "ADDR")]
-    pub metrics_listen: Option<SocketAddr>,
-
     /// Serve `grpc.health.v1.Health` here, plaintext: `""`/`readiness`
     /// (broker, Redis and planner reachable) and `liveness` (no slice loop
     /// wedged). Off when not set.
@@ -174,16 +160,10 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_LIVENESS_TIMEOUT_SECONDS", default_value_t = 90)]
     pub liveness_timeout_seconds: u64,
 
-    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
-    /// pushed to; off when not set. The standard variable of the
-    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
-    /// and `OTEL_TRACES_SAMPLER` apply too.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
-
-    /// Log as JSON lines instead of text.
-    #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
-    pub log_json: bool,
+    /// Logging and telemetry: `--log-json`, `--metrics-listen`,
+    /// `--otlp-endpoint`.
+    #[command(flatten)]
+    pub telemetry: TelemetrySettings,
 }
 
 impl Config {
@@ -212,10 +192,9 @@ impl Config {
 
 impl ServiceSettings for Config {
     /// Reads `--amqp-url-file` and `--redis-url-file` into
-    /// `amqp_url` and `redis_url`.
+    /// `amqp.url` and `redis_url`.
     fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
-        let file = self.amqp_url_file.as_deref();
-        read_secret_into("amqp-url-file", file, &mut self.amqp_url, problems);
+        self.amqp.read_secret_file(problems);
         let file = self.redis_url_file.as_deref();
         read_secret_into("redis-url-file", file, &mut self.redis_url, problems);
     }
@@ -241,13 +220,10 @@ impl ServiceSettings for Config {
             // Read and parsed now: a bad file is a bad setting, not a failed start.
             problem("planner", text);
         }
-        if let Some(endpoint) = &self.otlp_endpoint
-            && tonic::transport::Endpoint::from_shared(endpoint.clone()).is_err()
-        {
-            problem("otlp-endpoint", format!("{endpoint:?} is not a URL"));
-        }
-        if let Err(text) = check_amqp_url(&self.amqp_url) {
-            problem("amqp-url", text);
+        for checked in [self.telemetry.check(), self.amqp.check()] {
+            if let Err(error) = checked {
+                problem(error.setting, error.problem);
+            }
         }
         if let Some(redis) = &self.redis_url {
             let shown = redact_url(redis);
@@ -328,8 +304,8 @@ impl ServiceSettings for Config {
         SettingErrors::check(problems)
     }
 
-    fn logging(&self) -> (bool, Option<&str>) {
-        (self.log_json, self.otlp_endpoint.as_deref())
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
     }
 }
 
@@ -365,10 +341,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .max_encoding_message_size(64 * 1024 * 1024);
     let metrics_pipeline = Metrics::start(
         "redrive-executor",
-        &MetricsSettings {
-            listen: config.metrics_listen,
-            otlp_endpoint: config.otlp_endpoint.clone(),
-        },
+        &MetricsSettings::from(&config.telemetry),
         shutdown.clone(),
     )
     .await
@@ -397,7 +370,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             Some(tokio::spawn(health::serve(
                 listener,
                 HealthChecks {
-                    amqp_url: config.amqp_url.clone(),
+                    amqp_url: config.amqp.url.clone(),
                     publisher: publisher_options,
                     redis: redis_for_health.clone(),
                     planner: planner_channel,
@@ -416,8 +389,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             (Bucket::Local(LocalBucket::new()), None)
         }
         Some(redis_url) => {
-            let mut backoff =
-                backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+            let mut backoff = redrive_proto::backoff::Backoff::new(
+                Duration::from_millis(200),
+                Duration::from_secs(5),
+            );
             let connection = loop {
                 match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
                     Ok(connection) => break connection,
@@ -452,7 +427,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
     let settings = WorkerSettings {
         executor_id,
-        amqp_url: config.amqp_url.clone(),
+        amqp_url: config.amqp.url.clone(),
         publisher: publisher_options,
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),

@@ -28,6 +28,7 @@ use std::{
 };
 
 use redrive_proto::{
+    backoff::Backoff,
     time::from_duration,
     v1::{self, coordinator_client::CoordinatorClient},
 };
@@ -37,7 +38,6 @@ use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use crate::{
-    backoff::Backoff,
     bucket::{Bucket, BucketError, Rate},
     health::Heartbeat,
     lease::{Lease, StopReason},

@@ -55,10 +55,7 @@ use lapin::{
     options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions},
     types::FieldTable,
 };
-use redrive_proto::{
-    amqp,
-    v1::{Origin, ReasonClass},
-};
+use redrive_proto::{amqp, backoff::Backoff, v1::ReasonClass};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -150,10 +147,26 @@ pub fn unreadable_queue(queue: &str) -> String {
     format!("{queue}.unreadable")
 }
 
+/// A session that consumed for this long before it failed was healthy: the
+/// next attempt starts from the shortest delay again, not from where the
+/// failures before it had left the backoff.
+const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+/// The delay before reconnecting after a session that failed after running
+/// for `ran`: the next of `backoff`, which starts over after a healthy
+/// session ([`HEALTHY_SESSION`]).
+fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
+    if ran >= HEALTHY_SESSION {
+        backoff.reset();
+    }
+    backoff.next_delay()
+}
+
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
-/// its own with backoff (0.2 s doubling to 10 s); after a session that failed
-/// while consuming, the messages it held are first taken one at a time
-/// (`isolate`).
+/// its own with backoff (0.2 s doubling to 10 s, jittered; from 0.2 s again
+/// after a session that had run for [`HEALTHY_SESSION`]); after a session
+/// that failed while consuming, the messages it held are first taken one at
+/// a time (`isolate`).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -163,7 +176,8 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
         let span = info_span!("planner.capture", queue = %queue);
         sessions.spawn(
             async move {
-                let mut backoff = Duration::from_millis(200);
+                let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+                let mut delay;
                 let mut isolating = false;
                 // The connection holding unreadable messages that could not
                 // be moved aside, unacked.
@@ -174,7 +188,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                             Ok(taken) => {
                                 info!(taken, "messages held by the failed session taken one at a time; consuming again");
                                 isolating = false;
-                                backoff = Duration::from_millis(200);
+                                backoff.reset();
                                 continue;
                             }
                             Err(raw::RawError::Unsupported(why)) => {
@@ -182,10 +196,14 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 isolating = false;
                                 continue;
                             }
-                            Err(error) => warn!(%error, retry_in_ms = backoff.as_millis() as u64, "taking messages one at a time failed"),
+                            Err(error) => {
+                                delay = backoff.next_delay();
+                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "taking messages one at a time failed");
+                            }
                         }
                     } else {
                         let mut consumed = false;
+                        let started = tokio::time::Instant::now();
                         let ended = session(&config, &queue, &store, &shutdown, &mut consumed).await;
                         config.status.set(&queue, false);
                         match ended {
@@ -193,15 +211,15 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                             Err(error) => {
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
-                                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "capture session ended");
+                                delay = delay_after_session(&mut backoff, started.elapsed());
+                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "capture session ended");
                             }
                         }
                     }
                     tokio::select! {
                         () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(backoff) => {}
+                        () = tokio::time::sleep(delay) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
                 }
             }
             .instrument(span),
@@ -365,25 +383,20 @@ async fn extract_batch(
     let mut dead_letters = Vec::with_capacity(deliveries.len());
     let mut last = None;
     for delivery in deliveries {
-        let raw = RawDeadLetter {
-            source: queue.to_owned(),
-            origin: Origin::Rabbitmq,
-            properties: amqp::properties_from_amqp(&delivery.properties),
-            headers: delivery
-                .properties
-                .headers()
-                .as_ref()
-                .map(amqp::table_from_amqp)
-                .unwrap_or_default(),
-            redelivered: delivery.redelivered,
-            body: delivery.data.clone(),
-            reason: None,
-            original_destination: None,
-            error_text: None,
-            attempts: None,
-            occurred_at: None,
+        let headers = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .map(amqp::table_from_amqp)
+            .unwrap_or_default();
+        let raw = RawDeadLetter::from_queue(
+            queue,
+            delivery.data.clone(),
+            amqp::properties_from_amqp(&delivery.properties),
+            headers,
+            delivery.redelivered,
             captured_at,
-        };
+        );
         let dead_letter = extract(rules, raw).await;
         if dead_letter.body_oversized {
             warn!(
@@ -505,20 +518,14 @@ async fn isolate(
             } else {
                 Ok(())
             };
-            let raw_dead_letter = RawDeadLetter {
-                source: queue.to_owned(),
-                origin: Origin::Rabbitmq,
-                properties: decoded.properties.clone(),
-                headers: decoded.headers.clone(),
-                redelivered: message.redelivered,
-                body: message.body.clone(),
-                reason: None,
-                original_destination: None,
-                error_text: None,
-                attempts: None,
-                occurred_at: None,
-                captured_at: Utc::now(),
-            };
+            let raw_dead_letter = RawDeadLetter::from_queue(
+                queue,
+                message.body.clone(),
+                decoded.properties.clone(),
+                decoded.headers.clone(),
+                message.redelivered,
+                Utc::now(),
+            );
             let mut dead_letter = extract(&config.rules, raw_dead_letter).await;
             if unreadable {
                 let problems = decoded.problems.join("; ");
@@ -646,7 +653,7 @@ async fn write_batch(
     shutdown: &CancellationToken,
     session_over: &CancellationToken,
 ) -> bool {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let span = info_span!(
             "planner.capture.batch",
@@ -730,16 +737,16 @@ async fn write_batch(
                 store
                     .metrics()
                     .capture_failed(source, CaptureFailure::Store);
-                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "storing dead letters failed; nothing acked");
+                let delay = backoff.next_delay();
+                warn!(%error, retry_in_ms = delay.as_millis() as u64, "storing dead letters failed; nothing acked");
                 if shutdown.is_cancelled() || session_over.is_cancelled() {
                     return false;
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => {}
                     () = session_over.cancelled() => return false,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(delay) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }
@@ -792,4 +799,28 @@ async fn store_batch(
         total.already_stored += outcome.already_stored;
     }
     Ok((ids, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue whose connection dropped every few hours reconnected up to
+    /// 10 s late ever after: the delay never went back down.
+    #[test]
+    fn a_healthy_session_starts_the_backoff_over() {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        let failing: Vec<Duration> = (0..8)
+            .map(|_| delay_after_session(&mut backoff, Duration::from_millis(50)))
+            .collect();
+        assert!(
+            failing[7] >= Duration::from_secs(5),
+            "failing sessions back off: {failing:?}"
+        );
+        let after_healthy = delay_after_session(&mut backoff, HEALTHY_SESSION);
+        assert!(
+            after_healthy < Duration::from_millis(500),
+            "{after_healthy:?}"
+        );
+    }
 }

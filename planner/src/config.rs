@@ -10,8 +10,8 @@ use redrive_proto::limits::{
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 use redrive_proto::settings::{
-    ServiceSettings, SettingError, SettingErrors, check_amqp_url, read_secret_into, redact_text,
-    redact_url,
+    AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
+    read_secret_into, redact_text, redact_url,
 };
 
 use crate::{
@@ -53,19 +53,9 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
 
-    /// AMQP URL of the RabbitMQ broker (`amqps://` for TLS).
-    #[arg(
-        long,
-        env = "REDRIVE_AMQP_URL",
-        hide_env_values = true,
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    pub amqp_url: String,
-
-    /// A file holding the AMQP URL: read at start, surrounding whitespace
-    /// dropped; overrides --amqp-url.
-    #[arg(long, env = "REDRIVE_AMQP_URL_FILE", value_name = "FILE")]
-    pub amqp_url_file: Option<PathBuf>,
+    /// The broker: `--amqp-url`, `--amqp-url-file`.
+    #[command(flatten)]
+    pub amqp: AmqpSettings,
 
     /// PEM certificate chain the planner serves gRPC over TLS with (needs
     /// --tls-key).
@@ -347,22 +337,10 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
 
-    /// Log as JSON lines instead of text.
-    #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
-    pub log_json: bool,
-
-    /// Serve Prometheus metrics at `http://ADDR/metrics` (plaintext, no
-    /// authentication: bind it where only the scraper reaches). Off when
-    /// not set.
-    #[arg(long, env = "REDRIVE_METRICS_LISTEN", value_name = "ADDR")]
-    pub metrics_listen: Option<SocketAddr>,
-
-    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
-    /// pushed to; off when not set. The standard variable of the
-    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
-    /// and `OTEL_TRACES_SAMPLER` apply too.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
+    /// Logging and telemetry: `--log-json`, `--metrics-listen`,
+    /// `--otlp-endpoint`.
+    #[command(flatten)]
+    pub telemetry: TelemetrySettings,
 }
 
 impl Config {
@@ -453,10 +431,8 @@ impl Config {
         let mut problems = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         let shown_database_url = redact_url(&self.database_url);
-        if let Some(endpoint) = &self.otlp_endpoint
-            && tonic::transport::Endpoint::from_shared(endpoint.clone()).is_err()
-        {
-            problem("otlp-endpoint", format!("{endpoint:?} is not a URL"));
+        if let Err(error) = self.telemetry.check() {
+            problem(error.setting, error.problem);
         }
         if !self.database_url.starts_with("postgres://")
             && !self.database_url.starts_with("postgresql://")
@@ -492,8 +468,8 @@ impl Config {
                     .to_owned(),
             );
         }
-        if let Err(text) = check_amqp_url(&self.amqp_url) {
-            problem("amqp-url", text);
+        if let Err(error) = self.amqp.check() {
+            problem(error.setting, error.problem);
         }
         for (index, queue) in self.capture_queues.iter().enumerate() {
             if queue.trim().is_empty() || queue.len() > 255 {
@@ -782,7 +758,8 @@ impl Config {
             max_body_bytes: self.max_body_bytes,
             // The AMQP URI's user (default `guest`, as AMQP URIs define it).
             publish_user: self
-                .amqp_url
+                .amqp
+                .url
                 .parse::<lapin::uri::AMQPUri>()
                 .ok()
                 .map(|uri| uri.authority.userinfo.username),
@@ -810,16 +787,15 @@ impl ServiceSettings for Config {
     }
 
     /// Reads `--database-url-file` and `--amqp-url-file`
-    /// into `database_url` and `amqp_url`.
+    /// into `database_url` and `amqp.url`.
     fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
         let file = self.database_url_file.as_deref();
         read_secret_into("database-url-file", file, &mut self.database_url, problems);
-        let file = self.amqp_url_file.as_deref();
-        read_secret_into("amqp-url-file", file, &mut self.amqp_url, problems);
+        self.amqp.read_secret_file(problems);
     }
 
-    fn logging(&self) -> (bool, Option<&str>) {
-        (self.log_json, self.otlp_endpoint.as_deref())
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
     }
 }
 

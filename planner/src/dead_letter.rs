@@ -131,6 +131,34 @@ pub struct RawDeadLetter {
     pub captured_at: DateTime<Utc>,
 }
 
+impl RawDeadLetter {
+    /// A dead letter as RabbitMQ delivered it from the DLQ `source`, received
+    /// at `captured_at`: none of the facts only an ingest gives.
+    pub fn from_queue(
+        source: &str,
+        body: Vec<u8>,
+        properties: MessageProperties,
+        headers: HeaderTable,
+        redelivered: bool,
+        captured_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            source: source.to_owned(),
+            origin: Origin::Rabbitmq,
+            body,
+            properties,
+            headers,
+            redelivered,
+            reason: None,
+            original_destination: None,
+            error_text: None,
+            attempts: None,
+            occurred_at: None,
+            captured_at,
+        }
+    }
+}
+
 /// A dead letter ready to be stored.
 #[derive(Debug, Clone)]
 pub struct NewDeadLetter {
@@ -549,32 +577,20 @@ mod tests {
         properties: MessageProperties,
         headers: &[(&str, &str)],
     ) -> RawDeadLetter {
-        RawDeadLetter {
-            source: "dlq".into(),
-            origin: Origin::Rabbitmq,
-            body,
-            properties,
-            headers: HeaderTable {
-                fields: headers
-                    .iter()
-                    .map(|(name, value)| {
-                        (
-                            (*name).to_owned(),
-                            HeaderValue {
-                                value: Some(Value::LongString(value.as_bytes().to_vec())),
-                            },
-                        )
-                    })
-                    .collect(),
-            },
-            redelivered: false,
-            reason: None,
-            original_destination: None,
-            error_text: None,
-            attempts: None,
-            occurred_at: None,
-            captured_at: Utc::now(),
-        }
+        let headers = HeaderTable {
+            fields: headers
+                .iter()
+                .map(|(name, value)| {
+                    (
+                        (*name).to_owned(),
+                        HeaderValue {
+                            value: Some(Value::LongString(value.as_bytes().to_vec())),
+                        },
+                    )
+                })
+                .collect(),
+        };
+        RawDeadLetter::from_queue("dlq", body, properties, headers, false, Utc::now())
     }
 
     fn rules() -> ExtractionRules {

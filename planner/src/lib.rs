@@ -162,10 +162,7 @@ pub async fn run(
     }
     let metrics_pipeline = redrive_proto::telemetry::Metrics::start(
         "redrive-planner",
-        &redrive_proto::telemetry::MetricsSettings {
-            listen: config.metrics_listen,
-            otlp_endpoint: config.otlp_endpoint.clone(),
-        },
+        &redrive_proto::telemetry::MetricsSettings::from(&config.telemetry),
         shutdown.clone(),
     )
     .await
@@ -296,7 +293,7 @@ pub async fn run(
             }
             let capture = tokio::spawn(capture::run(
                 CaptureConfig {
-                    amqp_url: config.amqp_url.clone(),
+                    amqp_url: config.amqp.url.clone(),
                     queues: config.capture_queues.clone(),
                     prefetch: config.capture_prefetch,
                     batch_size: config.capture_batch_size,
@@ -456,7 +453,8 @@ async fn prepare_database(
     store: &Store,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<bool> {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff =
+        redrive_proto::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         let attempt = async {
             if !Postgres::database_exists(&config.database_url).await? {
@@ -469,15 +467,15 @@ async fn prepare_database(
         match attempt.await {
             Ok(()) => return Ok(true),
             Err(error) if is_unreachable(&error) => {
-                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "PostgreSQL unreachable, waiting");
+                let delay = backoff.next_delay();
+                warn!(%error, retry_in_ms = delay.as_millis() as u64, "PostgreSQL unreachable, waiting");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(false),
+                    () = tokio::time::sleep(delay) => {}
+                }
             }
             Err(error) => return Err(error.context("preparing the database")),
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(false),
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use redrive_proto::backoff::Backoff;
 use sqlx::postgres::PgListener;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -37,14 +38,14 @@ impl Notifier {
 
     /// Listens until `shutdown`, reconnecting with backoff.
     pub async fn listen(self, store: Store, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         while !shutdown.is_cancelled() {
             match PgListener::connect_with(store.pool()).await {
                 Ok(mut listener) => {
                     if let Err(error) = listener.listen(PLAN_CHANNEL).await {
                         warn!(%error, "cannot LISTEN for plan changes");
                     } else {
-                        backoff = Duration::from_millis(200);
+                        backoff.reset();
                         loop {
                             tokio::select! {
                                 () = shutdown.cancelled() => return,
@@ -67,9 +68,8 @@ impl Notifier {
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(backoff.next_delay()) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 }

@@ -98,6 +98,19 @@ impl Db {
             .expect("the current lease");
     }
 
+    /// What the two fenced writes that leave the lease held, the heartbeat
+    /// and the write-ahead mark (through position 3), answer `token` on
+    /// `slice`.
+    async fn beat_and_mark(&self, slice_id: i64, token: i64) -> [Result<(), StaleToken>; 2] {
+        let beat = self
+            .store
+            .heartbeat(slice_id, token, "", TTL)
+            .await
+            .unwrap();
+        let mark = self.store.mark_publishing(slice_id, token, "", 3).await;
+        [beat.map(|_| ()), mark.unwrap()]
+    }
+
     /// Makes the slice's lease expired a second ago.
     async fn backdate(&self, slice_id: i64) {
         sqlx::query(
@@ -168,54 +181,21 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
         token: 0,
     };
     // A token the slice does not hold now is refused by every write.
+    assert_eq!(db.beat_and_mark(slice, 0).await, [Err(stale); 2]);
     assert_eq!(
-        db.store
-            .heartbeat(slice, 0, "", TTL)
-            .await
-            .unwrap()
-            .unwrap_err(),
-        stale
+        db.store.complete_slice(slice, 0, "", true).await.unwrap(),
+        Err(stale)
     );
-    assert_eq!(
-        db.store
-            .mark_publishing(slice, 0, "", 3)
-            .await
-            .unwrap()
-            .unwrap_err(),
-        stale
-    );
-    assert_eq!(
-        db.store
-            .complete_slice(slice, 0, "", true)
-            .await
-            .unwrap()
-            .unwrap_err(),
-        stale
-    );
-    assert!(
-        db.store
-            .heartbeat(slice, token, "", TTL)
-            .await
-            .unwrap()
-            .is_ok()
-    );
+    let beat = db.store.heartbeat(slice, token, "", TTL).await.unwrap();
+    assert!(beat.is_ok(), "the holder's own token: {beat:?}");
 
     // An expired lease is refused too, before and after the sweep ends it.
     db.backdate(slice).await;
-    assert!(
-        db.store
-            .heartbeat(slice, token, "", TTL)
-            .await
-            .unwrap()
-            .is_err()
-    );
-    assert!(
-        db.store
-            .mark_publishing(slice, token, "", 3)
-            .await
-            .unwrap()
-            .is_err()
-    );
+    let expired = StaleToken {
+        slice_id: slice,
+        token,
+    };
+    assert_eq!(db.beat_and_mark(slice, token).await, [Err(expired); 2]);
     assert_eq!(db.store.expire_leases().await.unwrap(), vec![PLAN]);
     let second = db
         .store
@@ -225,19 +205,16 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
         .expect("the slice, leased again");
     assert_eq!(second.slice_id, slice);
     assert!(second.fencing_token > token, "tokens grow with each lease");
-    assert!(
+    assert_eq!(
         db.store
             .complete_slice(slice, token, "", false)
             .await
-            .unwrap()
-            .is_err()
+            .unwrap(),
+        Err(expired)
     );
-    assert!(
-        db.store
-            .heartbeat(slice, second.fencing_token, "", TTL)
-            .await
-            .unwrap()
-            .is_ok()
+    assert_eq!(
+        db.beat_and_mark(slice, second.fencing_token).await,
+        [Ok(()); 2]
     );
 }
 

@@ -24,6 +24,8 @@
 //!   trace propagation and the services' shared start-up (`start_service`).
 //! - `src/amqp.rs` (`amqp`, feature `amqp`): lossless conversions between the
 //!   API's header and property shapes and lapin's AMQP types.
+//! - `src/backoff.rs` (`backoff`, feature `backoff`): the services' one
+//!   jittered retry delay.
 
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
@@ -32,6 +34,8 @@ pub mod v1 {
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "backoff")]
+pub mod backoff;
 pub mod codec;
 pub mod error;
 pub mod limits;

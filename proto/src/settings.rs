@@ -161,9 +161,8 @@ pub trait ServiceSettings: Parser + Clone {
     /// [`SettingErrors`] naming every wrong setting.
     fn validate(&self) -> Result<(), SettingErrors>;
 
-    /// How the service logs: whether as JSON lines (`--log-json`), and
-    /// where spans are exported (`--otlp-endpoint`), if anywhere.
-    fn logging(&self) -> (bool, Option<&str>);
+    /// How the service logs, serves its metrics and exports telemetry.
+    fn telemetry(&self) -> &TelemetrySettings;
 }
 
 /// [`parse_or_exit`] for a service: the settings are checked with their
@@ -252,6 +251,96 @@ fn first_line(error: &clap::Error) -> String {
     let text = error.to_string();
     let line = text.lines().next().unwrap_or_default();
     line.trim_start_matches("error: ").to_owned()
+}
+
+/// The telemetry settings every service takes, flattened into its
+/// settings (`#[command(flatten)]`): how it logs, where it serves its metrics
+/// and where it exports spans and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct TelemetrySettings {
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
+
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (plaintext, no
+    /// authentication: bind it where only the scraper reaches). Off when
+    /// not set.
+    #[arg(long, env = "REDRIVE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// OTLP/gRPC collector spans (in batches) and metrics (every 10 s) are
+    /// pushed to; off when not set. The standard variable of the
+    /// OpenTelemetry SDKs; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`
+    /// and `OTEL_TRACES_SAMPLER` apply too.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TelemetrySettings {
+    /// Checks what clap cannot.
+    ///
+    /// # Errors
+    /// An `--otlp-endpoint` that is not a URL.
+    pub fn check(&self) -> Result<(), SettingError> {
+        match &self.otlp_endpoint {
+            Some(endpoint)
+                if tonic::transport::Endpoint::from_shared(endpoint.clone()).is_err() =>
+            {
+                Err(SettingError::new(
+                    "otlp-endpoint",
+                    format!("{endpoint:?} is not a URL"),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(feature = "amqp")]
+/// The broker setting every service takes, flattened into its settings: the
+/// AMQP URL, given directly or (since it carries a password) by file.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct AmqpSettings {
+    /// AMQP URL of the RabbitMQ broker (`amqps://` for TLS).
+    #[arg(
+        id = "amqp_url",
+        long = "amqp-url",
+        env = "REDRIVE_AMQP_URL",
+        hide_env_values = true,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub url: String,
+
+    /// A file holding the AMQP URL: read at start, surrounding whitespace
+    /// dropped; overrides --amqp-url.
+    #[arg(
+        id = "amqp_url_file",
+        long = "amqp-url-file",
+        env = "REDRIVE_AMQP_URL_FILE",
+        value_name = "FILE"
+    )]
+    pub url_file: Option<std::path::PathBuf>,
+}
+
+#[cfg(feature = "amqp")]
+impl AmqpSettings {
+    /// Reads `--amqp-url-file` into `url` ([`read_secret_into`]).
+    pub fn read_secret_file(&mut self, problems: &mut Vec<SettingError>) {
+        read_secret_into(
+            "amqp-url-file",
+            self.url_file.as_deref(),
+            &mut self.url,
+            problems,
+        );
+    }
+
+    /// Checks `--amqp-url` as lapin reads it ([`check_amqp_url`]).
+    ///
+    /// # Errors
+    /// What is wrong with it, the password hidden.
+    pub fn check(&self) -> Result<(), SettingError> {
+        check_amqp_url(&self.url).map_err(|text| SettingError::new("amqp-url", text))
+    }
 }
 
 #[cfg(feature = "amqp")]

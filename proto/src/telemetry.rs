@@ -102,6 +102,15 @@ pub struct MetricsSettings {
     pub otlp_endpoint: Option<String>,
 }
 
+impl From<&crate::settings::TelemetrySettings> for MetricsSettings {
+    fn from(settings: &crate::settings::TelemetrySettings) -> Self {
+        Self {
+            listen: settings.metrics_listen,
+            otlp_endpoint: settings.otlp_endpoint.clone(),
+        }
+    }
+}
+
 /// A running metrics pipeline: its meter provider and the scrape endpoint's
 /// address. Dropping it stops the endpoint; [`Metrics::shutdown`] also
 /// flushes the OTLP exporter.
@@ -646,8 +655,12 @@ pub fn start_service<C: crate::settings::ServiceSettings>(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Result<(C, Logging, CancellationToken), std::process::ExitCode> {
     let config = crate::settings::parse_service::<C>(program, args)?;
-    let (json, otlp_endpoint) = config.logging();
-    let logging = Logging::start(program, json, otlp_endpoint)?;
+    let telemetry = config.telemetry();
+    let logging = Logging::start(
+        program,
+        telemetry.log_json,
+        telemetry.otlp_endpoint.as_deref(),
+    )?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     Ok((config, logging, shutdown))

@@ -25,13 +25,8 @@ async fn generate(
     body_padding: i32,
 ) -> anyhow::Result<()> {
     let distinct_keys = count - count / 20;
-    sqlx::query(
+    sqlx::query(redrive_tests::insert_dead_letters!(
         r#"
-        INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key,
-            body, body_size, body_sha256, body_oversized, body_compression, properties, headers,
-            content_type, death_reason, death_queue, death_exchange, death_routing_keys, death_count,
-            death_time, reason_class, destination, event_type, schema_version, producer, died_at,
-            first_died_at, capture_notes)
         SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), 'm-' || g,
             'o-' || (g % $3) || ':order.paid', b.body, length(b.body), sha256(b.body), false, 'none',
             '\x'::bytea, '\x'::bytea, 'application/json', 'rejected', 'orders.fulfil', 'orders',
@@ -39,7 +34,8 @@ async fn generate(
             'order.paid', '1', 'checkout', now() - interval '10 minutes', now() - interval '10 minutes', '{}'
         FROM generate_series(1, $2) g,
         LATERAL (SELECT convert_to('{"order_id":"o-' || (g % $3) || '","pad":"' || repeat('x', $4) || '"}', 'UTF8') AS body) b
-        "#,
+        "#
+    ),
     )
     .bind(source)
     .bind(count)

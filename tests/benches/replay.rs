@@ -14,11 +14,10 @@
 
 use std::time::{Duration, Instant};
 
-use lapin::{BasicProperties, options::BasicPublishOptions, types::FieldTable};
-use redrive_proto::v1;
+use lapin::types::FieldTable;
 use redrive_tests::{
     Broker, ExecutorHandle, TestBed,
-    bench::{generate_dead_letters, unthrottled_plan, wait_all_sent},
+    bench::{approve, generate_dead_letters, raw_publish_rate, unthrottled_plan, wait_all_sent},
     env_count, peak_rss_mib, unique,
 };
 
@@ -28,12 +27,7 @@ async fn replay(bed: &TestBed, source: &str, executors: usize) -> anyhow::Result
     let mut config = bed.executor_config();
     config.claim_wait_seconds = 1;
     let started = Instant::now();
-    client
-        .approve_plan(v1::ApprovePlanRequest {
-            plan_id: plan.plan_id.clone(),
-            digest,
-        })
-        .await?;
+    approve(&mut client, &plan.plan_id, digest).await?;
     let handles: Vec<ExecutorHandle> = (0..executors)
         .map(|_| ExecutorHandle::start(config.clone()))
         .collect();
@@ -67,32 +61,12 @@ async fn main() -> anyhow::Result<()> {
     sqlx::query("ANALYZE dead_letters").execute(&pool).await?;
     bed.planner.halt().await?;
 
-    // The naive loop: publish, await the confirm, next.
+    // The naive loop: publish, await the confirm, next (the raw limit with
+    // one message in flight).
     let broker = bed.broker();
     let naive_queue = unique("bench_naive");
     broker.queue(&naive_queue, FieldTable::default()).await?;
-    let body = vec![b'x'; 1024];
-    let started = Instant::now();
-    for index in 0..naive_messages {
-        let properties = BasicProperties::default()
-            .with_message_id(format!("n-{index}").into())
-            .with_delivery_mode(2);
-        broker
-            .channel
-            .basic_publish(
-                "".into(),
-                naive_queue.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &body,
-                properties,
-            )
-            .await?
-            .await?;
-    }
-    let naive = naive_messages as f64 / started.elapsed().as_secs_f64();
+    let naive = raw_publish_rate(&[naive_queue], usize::try_from(naive_messages)?, 1).await?;
     println!(
         "naive loop (publish, await confirm, next): {naive_messages} messages, {naive:.0} msg/s"
     );

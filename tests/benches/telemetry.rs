@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let on_bed = TestBed::start(redrive_tests::Broker::connect().await?, |config| {
         config.lease_ttl_seconds = 30;
-        config.metrics_listen = Some(metrics_listen);
+        config.telemetry.metrics_listen = Some(metrics_listen);
     })
     .await?;
     let queue = vec![unique("bench_telemetry")];

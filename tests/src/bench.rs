@@ -58,13 +58,8 @@ pub async fn generate_dead_letters(
     }
     .encode_to_vec();
     let queues: Vec<String> = queues.iter().map(|queue| (*queue).to_owned()).collect();
-    sqlx::query(
+    sqlx::query(crate::insert_dead_letters!(
         r#"
-        INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key,
-            body, body_size, body_sha256, body_oversized, body_compression, properties, headers,
-            content_type, death_reason, death_queue, death_exchange, death_routing_keys, death_count,
-            death_time, reason_class, destination, event_type, schema_version, producer, died_at,
-            first_died_at, capture_notes)
         SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), $1 || '-m-' || g, $1 || '-o-' || g,
             b.body, length(b.body), sha256(b.body), false, 'none', $3, $4, 'application/json', 'rejected',
             d.queue, '', ARRAY[d.queue], 1, now(), 'rejected', d.queue, 'order.paid', '3', 'checkout', now(), now(), '{}'
@@ -72,7 +67,8 @@ pub async fn generate_dead_letters(
         LATERAL (SELECT convert_to('{"order_id":"' || $1 || '-o-' || g || '","pad":"' || repeat('x', 960) || '"}', 'UTF8') AS body) b,
         LATERAL (SELECT $5::text[] AS queues) q,
         LATERAL (SELECT q.queues[1 + (g % cardinality(q.queues))] AS queue) d
-        "#,
+        "#
+    ),
     )
     .bind(source)
     .bind(count)
@@ -115,6 +111,24 @@ pub async fn unthrottled_plan(
         .await?
         .into_inner();
     Ok((plan, report.digest))
+}
+
+/// `INSERT INTO dead_letters (…) <select>`: every column capture writes,
+/// filled by `select` (a string literal, a `SELECT` of as many values in
+/// that order), for the benchmarks' dead letters generated in SQL.
+#[macro_export]
+macro_rules! insert_dead_letters {
+    ($select:literal) => {
+        concat!(
+            "INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, \
+             message_id, message_key, body, body_size, body_sha256, body_oversized, \
+             body_compression, properties, headers, content_type, death_reason, death_queue, \
+             death_exchange, death_routing_keys, death_count, death_time, reason_class, \
+             destination, event_type, schema_version, producer, died_at, first_died_at, \
+             capture_notes) ",
+            $select
+        )
+    };
 }
 
 /// The broker's own limit: `count` persistent 1 KiB messages published with
@@ -430,12 +444,7 @@ pub async fn measure_replay(
     let writes_before = WriteSample::now(pool).await?;
     let cpu_before = CpuSample::now(&pids);
     let started = Instant::now();
-    client
-        .approve_plan(v1::ApprovePlanRequest {
-            plan_id: plan.plan_id.clone(),
-            digest,
-        })
-        .await?;
+    approve(&mut client, &plan.plan_id, digest).await?;
     let total = wait_all_sent(
         &mut client,
         &plan.plan_id,
@@ -489,6 +498,24 @@ pub async fn measure_replay(
     println!("{writes}");
     println!("    executor peak RSS {rss:.0} MiB");
     Ok(figures)
+}
+
+/// Approves plan `plan_id` with the `digest` of its precheck.
+///
+/// # Errors
+/// The planner's refusal.
+pub async fn approve(
+    client: &mut v1::planner_client::PlannerClient<tonic::transport::Channel>,
+    plan_id: &str,
+    digest: String,
+) -> anyhow::Result<()> {
+    client
+        .approve_plan(v1::ApprovePlanRequest {
+            plan_id: plan_id.to_owned(),
+            digest,
+        })
+        .await?;
+    Ok(())
 }
 
 /// Waits, polling `GetPlan` every `poll`, until plan `plan_id` is completed

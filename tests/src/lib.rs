@@ -830,7 +830,7 @@ impl ExecutorHandle {
         redis: Option<(&str, &str)>,
     ) -> redrive_executor::Config {
         let mut config = redrive_executor::Config::for_planner(planner.url());
-        config.amqp_url = AMQP_URL.to_owned();
+        config.amqp.url = AMQP_URL.to_owned();
         config.claim_wait_seconds = 1;
         if let Some((url, prefix)) = redis {
             config.redis_url = Some(url.to_owned());
@@ -1029,7 +1029,7 @@ impl TestBed {
     /// when given), then `configure`d.
     fn config(db: &TestDb, pki: Option<&pki::Pki>, configure: impl FnOnce(&mut Config)) -> Config {
         let mut config = Config::for_database(db.url());
-        config.amqp_url = AMQP_URL.to_owned();
+        config.amqp.url = AMQP_URL.to_owned();
         if let Some(pki) = pki {
             pki.secure(&mut config);
         }

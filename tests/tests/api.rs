@@ -331,19 +331,15 @@ async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessio
     let bed = TestBed::without_broker(|_| {}).await?;
     let store = Store::from_pool(bed.pool().await?);
     let rules = ExtractionRules::default();
-    let raw = |body: &[u8], redelivered| RawDeadLetter {
-        source: "q".to_owned(),
-        origin: Origin::Rabbitmq,
-        body: body.to_vec(),
-        properties: MessageProperties::default(),
-        headers: HeaderTable::default(),
-        redelivered,
-        reason: None,
-        original_destination: None,
-        error_text: None,
-        attempts: None,
-        occurred_at: None,
-        captured_at: chrono::Utc::now(),
+    let raw = |body: &[u8], redelivered| {
+        RawDeadLetter::from_queue(
+            "q",
+            body.to_vec(),
+            MessageProperties::default(),
+            HeaderTable::default(),
+            redelivered,
+            chrono::Utc::now(),
+        )
     };
     let (crashed, acked) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
     // Session 1 stores "same" and "twin" but dies before acking; session 2

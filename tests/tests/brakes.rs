@@ -366,7 +366,7 @@ async fn the_rate_bound_holds_across_a_broker_reset_and_a_stall() -> anyhow::Res
     let plan = approved_plan(&mut bed.client, &incident.dlq, per_second, burst, None).await?;
     let rabbit = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     let mut config = bed.executor_config();
-    config.amqp_url = format!("amqp://guest:guest@{}/%2f", rabbit.addr());
+    config.amqp.url = format!("amqp://guest:guest@{}/%2f", rabbit.addr());
     config.confirm_timeout_seconds = 2;
     config.amqp_heartbeat_seconds = 2;
     let executor = ExecutorHandle::start(config);

@@ -232,11 +232,13 @@ struct Case {
     garbage: Vec<u8>,
 }
 
-fn case() -> impl Strategy<Value = Case> {
-    (
-        (0..CALLS.len(), any::<usize>()),
-        [text(), text(), text(), text()],
-        prop_oneof![
+prop_compose! {
+    /// One case: a call, with every input it may take drawn at random.
+    fn case()(
+        call in 0..CALLS.len(),
+        pick in any::<usize>(),
+        texts in [text(), text(), text(), text()],
+        numbers in prop_oneof![
             (
                 any::<u32>(),
                 any::<u64>(),
@@ -246,42 +248,16 @@ fn case() -> impl Strategy<Value = Case> {
             // Tame: mostly within the limits, so that calls get past them.
             (1u32..600, 0u64..10_000, 0.001f64..1.0, 0i32..9),
         ],
-        selector(),
-        options(),
-        headers(),
-        duration(),
-        timestamp(),
-        vec(any::<u8>(), 0..256),
-        vec(any::<u8>(), 0..64),
-    )
-        .prop_map(
-            |(
-                (call, pick),
-                texts,
-                numbers,
-                selector,
-                options,
-                headers,
-                duration,
-                timestamp,
-                body,
-                garbage,
-            )| {
-                Case {
-                    call,
-                    pick,
-                    texts,
-                    numbers,
-                    selector,
-                    options,
-                    headers,
-                    duration,
-                    timestamp,
-                    body,
-                    garbage,
-                }
-            },
-        )
+        selector in selector(),
+        options in options(),
+        headers in headers(),
+        duration in duration(),
+        timestamp in timestamp(),
+        body in vec(any::<u8>(), 0..256),
+        garbage in vec(any::<u8>(), 0..64),
+    ) -> Case {
+        Case { call, pick, texts, numbers, selector, options, headers, duration, timestamp, body, garbage }
+    }
 }
 
 /// Answers per call: (accepted, refused), printed at the end to show how

@@ -14,10 +14,12 @@ use redrive_proto::v1::{
     Selector, SummarizeDeadLettersRequest, SummaryDimension,
 };
 use redrive_tests::{ExecutorHandle, TestBed, init_logging, precheck_items, unique, wait_until};
-use tonic::{Code, Request};
+use tonic::Code;
 
 mod support;
-use support::{approved_plan, audit_report, cancel, get_plan, incident_bed, wait_completed};
+use support::{
+    approved_plan, as_actor, audit_report, cancel, get_plan, incident_bed, wait_completed,
+};
 
 type Client = v1::planner_client::PlannerClient<tonic::transport::Channel>;
 
@@ -37,16 +39,6 @@ fn gzip(text: &str) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     encoder.write_all(text.as_bytes()).unwrap();
     encoder.finish().unwrap()
-}
-
-/// `message` sent as `actor` (the planner runs without authentication, so
-/// `x-redrive-actor` names the actor).
-fn as_actor<T>(actor: &str, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("x-redrive-actor", actor.parse().unwrap());
-    request
 }
 
 async fn ingest(client: &mut Client, items: Vec<IngestDeadLettersRequest>) -> anyhow::Result<()> {

@@ -26,7 +26,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
     let dlq = incident.dlq.clone();
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &[&dlq]);
-        config.metrics_listen = Some(planner_metrics);
+        config.telemetry.metrics_listen = Some(planner_metrics);
     })
     .await?;
     captured(&mut bed.client, &incident.dlq, 60).await?;
@@ -35,7 +35,7 @@ async fn scraped_metrics_match_the_audit() -> anyhow::Result<()> {
     let plan = approved_plan(&mut bed.client, &incident.dlq, 1000.0, 50, None).await?;
     let executor_metrics = free_address().await?;
     let mut config = bed.executor_config();
-    config.metrics_listen = Some(executor_metrics);
+    config.telemetry.metrics_listen = Some(executor_metrics);
     let executor = ExecutorHandle::start(config);
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
     let counts = done.counts.context("the plan's counts")?;
@@ -354,7 +354,7 @@ async fn planner_readiness_requires_every_capture_consumer() -> anyhow::Result<(
     let capture_queue = dlq.clone();
     let bed = TestBed::start(broker, |config| {
         config.capture_queues = vec![capture_queue];
-        config.amqp_url = proxied_amqp;
+        config.amqp.url = proxied_amqp;
     })
     .await?;
     let planner = bed.planner.addr;

@@ -16,7 +16,9 @@ use redrive_tests::{Broker, DlqTopology, ExecutorHandle, TestBed, init_logging, 
 use tonic::{Code, transport::Channel};
 
 mod support;
-use support::{Received, assert_received_within_audit, cancel, consume, get_plan, stop_consuming};
+use support::{
+    Received, as_actor, assert_received_within_audit, cancel, consume, get_plan, stop_consuming,
+};
 
 /// A JSON order event of `event_type` whose `timestamp` property is `age` ago.
 fn event(order_id: &str, event_type: &str, age: chrono::Duration) -> (Vec<u8>, BasicProperties) {
@@ -36,12 +38,13 @@ fn hours(n: i64) -> prost_types::Duration {
     }
 }
 
-fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
-    request
+/// A test's start: logging, a broker connection and a dead-letter topology
+/// of the test's own on it.
+async fn broker_with_topology() -> anyhow::Result<(Broker, DlqTopology)> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    Ok((broker, topology))
 }
 
 /// A bed over `broker` whose planner captures `topology`'s DLQ, keys from
@@ -121,6 +124,18 @@ fn replay(id: &str, options: Option<v1::PrecheckOptions>) -> v1::ReplayDeadLette
     }
 }
 
+/// `ReplayDeadLetter` of dead letter `id` with `options` ([`replay`]).
+async fn replay_one(
+    client: &mut PlannerClient<Channel>,
+    id: &str,
+    options: Option<v1::PrecheckOptions>,
+) -> Result<v1::ReplayDeadLetterResponse, tonic::Status> {
+    Ok(client
+        .replay_dead_letter(replay(id, options))
+        .await?
+        .into_inner())
+}
+
 /// A plan over the precheck `precheck_id` ([`create`]).
 async fn plan_over(
     client: &mut PlannerClient<Channel>,
@@ -156,9 +171,7 @@ fn create(precheck_id: &str) -> CreatePlanRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> anyhow::Result<()> {
-    init_logging();
-    let broker = Broker::connect().await?;
-    let topology = DlqTopology::declare(&broker).await?;
+    let (broker, topology) = broker_with_topology().await?;
     for (order, age) in [("p-old", 3), ("p-new", 0)] {
         let (body, properties) = event(order, "payment.captured", chrono::Duration::hours(age));
         topology.reject(&broker, &body, properties).await?;
@@ -172,11 +185,7 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     let executor = ExecutorHandle::start(bed.executor_config());
 
     // No option at all: the planner's rule keeps the 3-hour-old payment out.
-    let refused = bed
-        .client
-        .replay_dead_letter(replay(&ids["p-old"], None))
-        .await?
-        .into_inner();
+    let refused = replay_one(&mut bed.client, &ids["p-old"], None).await?;
     assert_eq!(
         refused.outcome(),
         Outcome::NotReplayed,
@@ -192,11 +201,7 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
         refused.reason
     );
     assert!(refused.plan_id.is_empty(), "no plan is made for it");
-    let fresh = bed
-        .client
-        .replay_dead_letter(replay(&ids["p-new"], None))
-        .await?
-        .into_inner();
+    let fresh = replay_one(&mut bed.client, &ids["p-new"], None).await?;
     assert_eq!(fresh.outcome(), Outcome::Replayed, "{}", fresh.reason);
 
     // A looser client rule is not a way around it.
@@ -204,9 +209,7 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
         stale_after: [("payment.*".to_owned(), hours(5))].into(),
         ..Default::default()
     };
-    let error = bed
-        .client
-        .replay_dead_letter(replay(&ids["p-old"], Some(looser.clone())))
+    let error = replay_one(&mut bed.client, &ids["p-old"], Some(looser.clone()))
         .await
         .unwrap_err();
     assert_eq!(error.code(), Code::InvalidArgument);
@@ -300,9 +303,7 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> anyhow::Result<()> {
-    init_logging();
-    let broker = Broker::connect().await?;
-    let topology = DlqTopology::declare(&broker).await?;
+    let (broker, topology) = broker_with_topology().await?;
     for (order, event_type, age) in [
         ("p-old", "payment.captured", 3),
         ("p-new", "payment.captured", 0),
@@ -484,9 +485,7 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> {
-    init_logging();
-    let broker = Broker::connect().await?;
-    let topology = DlqTopology::declare(&broker).await?;
+    let (broker, topology) = broker_with_topology().await?;
     for order in ["o-1", "o-2", "o-3"] {
         let (body, properties) = event(order, "order.paid", chrono::Duration::zero());
         topology.reject(&broker, &body, properties).await?;
@@ -573,11 +572,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
     // A dead letter replayed by another plan after the precheck.
     let before_replay = precheck(bed.client.clone()).await?;
     let executor = ExecutorHandle::start(bed.executor_config());
-    let single = bed
-        .client
-        .replay_dead_letter(replay(&ids["o-2"], None))
-        .await?
-        .into_inner();
+    let single = replay_one(&mut bed.client, &ids["o-2"], None).await?;
     assert_eq!(single.outcome(), Outcome::Replayed, "{}", single.reason);
     let plan = plan_over(&mut bed.client, &before_replay.precheck_id).await?;
     let error = approval_refused(&mut bed.client, &plan).await;

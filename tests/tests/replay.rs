@@ -1438,15 +1438,6 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
     bed.finish().await
 }
 
-/// `message` as sent by `actor` (request metadata `x-redrive-actor`).
-fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
-    request
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyhow::Result<()> {
     init_logging();

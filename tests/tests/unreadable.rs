@@ -311,7 +311,7 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
     let planner_metrics = free_address().await?;
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &dlq);
-        config.metrics_listen = Some(planner_metrics);
+        config.telemetry.metrics_listen = Some(planner_metrics);
     })
     .await?;
     let total = u64::from(good_count) + kinds.len() as u64 + 1;
@@ -714,7 +714,7 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &dlq);
-        config.amqp_url = amqp_via_proxy;
+        config.amqp.url = amqp_via_proxy;
     })
     .await?;
     captured(&mut bed.client, &dlq, 7).await?;

@@ -82,7 +82,8 @@ use crate::{
     error::{CliError, EX_DATAERR, EX_OK},
     headers,
     output::{
-        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_json, write_table,
+        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_fields, write_json,
+        write_table,
     },
     selector::SelectorArgs,
 };
@@ -631,23 +632,6 @@ fn archive_text(record: &ArchiveJson) -> String {
         record.at.as_deref().unwrap_or("-"),
         record.reason
     )
-}
-
-fn write_fields(
-    out: &mut dyn Write,
-    indent: &str,
-    fields: &[(&str, String)],
-) -> std::io::Result<()> {
-    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
-    for (name, value) in fields {
-        writeln!(
-            out,
-            "{indent}{:<width$}  {value}",
-            format!("{name}:"),
-            width = width + 1
-        )?;
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -576,10 +576,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
     if let Some(reason) = &report.options.override_reason {
         fields.push(("policy override", reason.clone()));
     }
-    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
-    for (name, value) in &fields {
-        writeln!(out, "{:<width$}  {value}", format!("{name}:"))?;
-    }
+    output::write_fields(out, "", &fields)?;
 
     writeln!(out)?;
     let mut counts = output::table(&[Column::keep("verdict"), Column::keep("count")]);

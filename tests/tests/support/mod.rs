@@ -31,6 +31,16 @@ use tokio::{
 };
 use tonic::transport::Channel;
 
+/// `message` sent as `actor`: request metadata `x-redrive-actor`, which
+/// names the actor when the planner runs without authentication.
+pub fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-redrive-actor", actor.parse().expect("an ASCII actor"));
+    request
+}
+
 /// A fanout exchange with a work queue (dead-lettering to a DLQ) and a healthy
 /// subscriber queue.
 pub struct Incident {

@@ -469,10 +469,7 @@ fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()
         ("approved", when_by(&plan.approved_at, &plan.approved_by)),
         ("completed", when_by(&plan.completed_at, "")),
     ];
-    let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
-    for (name, value) in &fields {
-        writeln!(out, "{:<width$}  {value}", format!("{name}:"))?;
-    }
+    output::write_fields(out, "", &fields)?;
     Ok(())
 }
 

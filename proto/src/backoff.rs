@@ -1,4 +1,5 @@
-//! The one retry delay of the executor: exponential with full jitter
+//! The one retry delay of the services (the executor's retries, the
+//! planner's capture sessions and writes): exponential with jitter
 //! (`backon`'s exponential backoff), from a floor to a ceiling, never giving
 //! up by itself (the caller's stop signal or deadline ends a retry loop).
 
@@ -7,7 +8,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
 /// Successive retry delays: `min`, then doubling up to `max`, each with
-/// random jitter so that executors retrying together spread out.
+/// random jitter so that processes retrying together spread out.
 pub struct Backoff {
     min: Duration,
     max: Duration,
