@@ -48,13 +48,9 @@ where
 }
 
 async fn redis_bucket(prefix: &str) -> RedisBucket {
-    RedisBucket::connect(
-        &redis_url(REDIS_ADDR.parse().unwrap()),
-        prefix,
-        Duration::from_secs(2),
-    )
-    .await
-    .expect("redis bucket")
+    RedisBucket::connect(&redis_url(REDIS_ADDR), prefix, Duration::from_secs(2))
+        .await
+        .expect("redis bucket")
 }
 
 /// Takes `tokens` at a time from `key` until `window` has passed; returns the
@@ -247,7 +243,7 @@ async fn bad_requests_are_errors_that_name_the_field() {
 #[tokio::test]
 async fn unreachable_redis_fails_closed_then_recovers() {
     with_prefix(|prefix| async move {
-        let proxy = TcpProxy::start(REDIS_ADDR).await;
+        let proxy = TcpProxy::start(REDIS_ADDR).await.unwrap();
         let call_timeout = Duration::from_millis(500);
         let bucket = Bucket::Redis(
             RedisBucket::connect(&redis_url(proxy.addr()), &prefix, call_timeout)
@@ -300,7 +296,7 @@ async fn unreachable_redis_fails_closed_then_recovers() {
 
 #[tokio::test]
 async fn connecting_to_an_unreachable_redis_is_unavailable() {
-    let proxy = TcpProxy::start(REDIS_ADDR).await;
+    let proxy = TcpProxy::start(REDIS_ADDR).await.unwrap();
     proxy.cut();
     let error = RedisBucket::connect(
         &redis_url(proxy.addr()),

@@ -8,7 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use lapin::{BasicProperties, types::ShortString};
+use lapin::{
+    BasicProperties, ExchangeKind,
+    types::{FieldTable, ShortString},
+};
 use redrive_executor::publisher::{Outgoing, Pending, PublishError, PublishOutcome, Publisher};
 use support::{AMQP_ADDR, AMQP_URL, Broker, TcpProxy, amqp_url, unique};
 
@@ -31,10 +34,10 @@ fn to_queue(queue: &str, index: usize) -> Outgoing {
 /// The queue's message count, once it stops changing (confirms of a
 /// persistent message come after the enqueue, so this is a formality).
 async fn settled_count(broker: &Broker, queue: &str) -> u32 {
-    let mut last = broker.message_count(queue).await;
+    let mut last = broker.ready_count(queue).await.unwrap();
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = broker.message_count(queue).await;
+        let now = broker.ready_count(queue).await.unwrap();
         if now == last {
             return now;
         }
@@ -43,11 +46,25 @@ async fn settled_count(broker: &Broker, queue: &str) -> u32 {
     last
 }
 
+/// A direct exchange and a queue bound to it with `routing_key`, both deleted
+/// by [`Broker::cleanup`].
+async fn bound_queue(broker: &Broker, routing_key: &str) -> (String, String) {
+    let exchange = unique("redrive-test-exchange");
+    let queue = unique("redrive-test-publish");
+    broker
+        .exchange(&exchange, ExchangeKind::Direct)
+        .await
+        .unwrap();
+    broker.queue(&queue, FieldTable::default()).await.unwrap();
+    broker.bind(&queue, &exchange, routing_key).await.unwrap();
+    (exchange, queue)
+}
+
 #[tokio::test]
 async fn a_window_of_confirms_sends_every_message_once_in_order() {
-    let broker = Broker::connect().await;
+    let broker = Broker::connect().await.unwrap();
     let queue = unique("redrive-test-publish");
-    broker.queue(&queue).await;
+    broker.queue(&queue, FieldTable::default()).await.unwrap();
     let publisher = Publisher::connect(AMQP_URL, 256).await.unwrap();
 
     let mut pendings = Vec::new();
@@ -72,7 +89,7 @@ async fn a_window_of_confirms_sends_every_message_once_in_order() {
     );
     assert!(most_in_flight <= 256, "{most_in_flight} in flight");
     assert_eq!(settled_count(&broker, &queue).await, 2000);
-    let bodies = broker.drain(&queue).await;
+    let bodies = broker.drain(&queue).await.unwrap();
     let expected: Vec<Vec<u8>> = (0..2000)
         .map(|index| format!("{{\"order\":{index}}}").into_bytes())
         .collect();
@@ -83,12 +100,8 @@ async fn a_window_of_confirms_sends_every_message_once_in_order() {
 
 #[tokio::test]
 async fn a_publish_nobody_is_bound_for_is_unroutable() {
-    let broker = Broker::connect().await;
-    let exchange = unique("redrive-test-exchange");
-    let queue = unique("redrive-test-publish");
-    broker.direct_exchange(&exchange).await;
-    broker.queue(&queue).await;
-    broker.bind(&queue, &exchange, "bound").await;
+    let broker = Broker::connect().await.unwrap();
+    let (exchange, queue) = bound_queue(&broker, "bound").await;
     let publisher = Publisher::connect(AMQP_URL, 16).await.unwrap();
 
     let outcome = publisher
@@ -125,12 +138,8 @@ async fn a_publish_nobody_is_bound_for_is_unroutable() {
 /// get its own outcome.
 #[tokio::test]
 async fn returns_are_matched_to_their_own_messages_when_acks_are_batched() {
-    let broker = Broker::connect().await;
-    let exchange = unique("redrive-test-exchange");
-    let queue = unique("redrive-test-publish");
-    broker.direct_exchange(&exchange).await;
-    broker.queue(&queue).await;
-    broker.bind(&queue, &exchange, "routed").await;
+    let broker = Broker::connect().await.unwrap();
+    let (exchange, queue) = bound_queue(&broker, "routed").await;
     let publisher = Publisher::connect(AMQP_URL, 256).await.unwrap();
 
     // A fixed pseudo-random pattern, about one message in five unroutable.
@@ -178,7 +187,7 @@ async fn returns_are_matched_to_their_own_messages_when_acks_are_batched() {
         .filter(|(_, is_routed)| **is_routed)
         .map(|(index, _)| format!("message {index}").into_bytes())
         .collect();
-    let bodies = broker.drain(&queue).await;
+    let bodies = broker.drain(&queue).await.unwrap();
     assert_eq!(bodies.len(), expected.len());
     assert!(
         bodies == expected,
@@ -190,9 +199,9 @@ async fn returns_are_matched_to_their_own_messages_when_acks_are_batched() {
 
 #[tokio::test]
 async fn a_missing_exchange_closes_the_channel_and_nothing_is_reported_sent() {
-    let broker = Broker::connect().await;
+    let broker = Broker::connect().await.unwrap();
     let queue = unique("redrive-test-publish");
-    broker.queue(&queue).await;
+    broker.queue(&queue, FieldTable::default()).await.unwrap();
     let publisher = Publisher::connect(AMQP_URL, 64).await.unwrap();
 
     let mut pendings = Vec::new();
@@ -263,10 +272,10 @@ async fn a_missing_exchange_closes_the_channel_and_nothing_is_reported_sent() {
 
 #[tokio::test]
 async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
-    let broker = Broker::connect().await;
+    let broker = Broker::connect().await.unwrap();
     let queue = unique("redrive-test-publish");
-    broker.queue(&queue).await;
-    let proxy = TcpProxy::start(AMQP_ADDR).await;
+    broker.queue(&queue, FieldTable::default()).await.unwrap();
+    let proxy = TcpProxy::start(AMQP_ADDR).await.unwrap();
     let publisher = Publisher::connect(&amqp_url(proxy.addr()), 256)
         .await
         .unwrap();
@@ -305,6 +314,7 @@ async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
     let delivered: std::collections::BTreeSet<usize> = broker
         .drain(&queue)
         .await
+        .unwrap()
         .iter()
         .map(|body| {
             let text = String::from_utf8_lossy(body);
@@ -347,7 +357,7 @@ async fn a_zero_window_and_an_unreachable_broker_are_refused() {
         Publisher::connect(AMQP_URL, 0).await.err(),
         Some(PublishError::InvalidWindow(0))
     ));
-    let proxy = TcpProxy::start(AMQP_ADDR).await;
+    let proxy = TcpProxy::start(AMQP_ADDR).await.unwrap();
     proxy.cut();
     let error = Publisher::connect(&amqp_url(proxy.addr()), 8)
         .await

@@ -130,7 +130,7 @@ async fn a_batch_of_a_thousand_in_one_call_each_way() {
 #[tokio::test]
 async fn unreachable_redis_is_a_retryable_error() {
     let prefix = unique("redrive-test-keys:");
-    let proxy = TcpProxy::start(REDIS_ADDR).await;
+    let proxy = TcpProxy::start(REDIS_ADDR).await.unwrap();
     let connection = connect_redis(&redis_url(proxy.addr()), Duration::from_millis(500))
         .await
         .unwrap();

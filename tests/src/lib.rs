@@ -4,18 +4,23 @@
 //! without touching the shared servers.
 //!
 //! # Layout
-//! `lib.rs` holds the items below down to [`raw`]; the rest are files of their
+//! `lib.rs` holds the items below down to [`raw`], except those re-exported
+//! from `redrive-test-support` (`test-support/`, shared with the executor's
+//! own tests, which cannot depend on this crate); the rest are files of their
 //! own.
 //! - [`TestDb`]: a database of its own, dropped by [`TestDb::drop_database`]
 //!   or when the guard drops (a failed test).
-//! - [`Broker`]: a RabbitMQ connection and helpers to declare, publish, count
-//!   and delete what a test uses (also on drop).
+//! - [`Broker`] (re-exported): a RabbitMQ connection and helpers to declare,
+//!   publish, count, drain and delete what a test uses (also on drop).
+//! - [`unique`] (re-exported): names no other test run uses; [`AMQP_URL`]
+//!   and [`REDIS_URL`] (re-exported) with [`POSTGRES_URL`]: the local
+//!   services.
 //! - [`RedisKeys`]: a Redis key prefix of its own, deleted on drop.
 //! - [`TestBed`]: a database, a broker (or none), a Redis prefix, a planner
 //!   and its client for one test, cleaned up on drop or by
 //!   [`TestBed::finish`]; the planner can be stopped and restarted with
 //!   other settings over the same database.
-//! - [`TcpProxy`]: forwards to a server until cut or stalled.
+//! - [`TcpProxy`] (re-exported): forwards to a server until cut or stalled.
 //! - [`ExecutorProcess`]: the `redrive-executor` binary as a child process.
 //! - [`PlannerHandle`]: a running planner and its gRPC client.
 //! - [`pki`]: a CA, certificates, tokens and JWTs made for one test;
@@ -38,21 +43,10 @@ pub mod otlp;
 pub mod pki;
 pub mod scenario;
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use lapin::{
-    BasicProperties, Channel, Connection, ConnectionProperties,
-    options::{
-        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
-        QueueDeleteOptions,
-    },
-    types::FieldTable,
-};
+use lapin::{BasicProperties, types::FieldTable};
 use redrive_planner::Config;
 use redrive_proto::{tls::ClientTlsFiles, v1::planner_client::PlannerClient};
 use sqlx::{Postgres, migrate::MigrateDatabase};
@@ -60,18 +54,12 @@ use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel as GrpcChannel;
 
-/// The local services (SERVICES.md).
-pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432";
-/// See [`POSTGRES_URL`].
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+use redrive_test_support::block_on_aside;
+pub use redrive_test_support::{AMQP_URL, Broker, REDIS_URL, TcpProxy, unique};
 
-/// A short unique suffix for names of this test run.
-pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
+/// The local PostgreSQL (SERVICES.md); RabbitMQ's and Redis's URLs are
+/// [`AMQP_URL`] and [`REDIS_URL`].
+pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432";
 
 /// Logs to the test output when `REDRIVE_LOG` is set.
 pub fn init_logging() {
@@ -92,23 +80,6 @@ pub struct TestDb {
     /// Its name.
     pub name: String,
     dropped: std::sync::atomic::AtomicBool,
-}
-
-/// Runs `work` to completion on a runtime of its own, on a thread of its own:
-/// `Drop` cannot await, and may run inside a runtime.
-fn block_on_aside<F>(work: impl FnOnce() -> F + Send + 'static)
-where
-    F: std::future::Future<Output = ()>,
-{
-    let _ = std::thread::spawn(move || {
-        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            runtime.block_on(work());
-        }
-    })
-    .join();
 }
 
 impl Drop for TestDb {
@@ -167,320 +138,6 @@ impl TestDb {
 impl Default for TestDb {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// A RabbitMQ connection with a confirming channel.
-///
-/// Dropped without [`Broker::cleanup`] (a test that failed early), it deletes
-/// what it declared over a connection of its own.
-pub struct Broker {
-    /// The connection.
-    pub connection: Connection,
-    /// A channel in confirm mode.
-    pub channel: Channel,
-    queues: Mutex<Vec<String>>,
-    exchanges: Mutex<Vec<String>>,
-}
-
-impl Broker {
-    /// Connects to the local RabbitMQ.
-    ///
-    /// # Errors
-    /// When RabbitMQ is unreachable.
-    pub async fn connect() -> anyhow::Result<Self> {
-        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
-            .await
-            .context("connecting to RabbitMQ")?;
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok(Self {
-            connection,
-            channel,
-            queues: Mutex::new(Vec::new()),
-            exchanges: Mutex::new(Vec::new()),
-        })
-    }
-
-    /// Declares a durable queue with `arguments`, deleted by [`Broker::cleanup`].
-    ///
-    /// # Errors
-    /// Broker errors.
-    pub async fn queue(&self, name: &str, arguments: FieldTable) -> anyhow::Result<()> {
-        self.channel
-            .queue_declare(
-                name.into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                arguments,
-            )
-            .await?;
-        self.queues.lock().unwrap().push(name.to_owned());
-        Ok(())
-    }
-
-    /// Declares a durable exchange of `kind`, deleted by [`Broker::cleanup`].
-    ///
-    /// # Errors
-    /// Broker errors.
-    pub async fn exchange(&self, name: &str, kind: lapin::ExchangeKind) -> anyhow::Result<()> {
-        self.channel
-            .exchange_declare(
-                name.into(),
-                kind,
-                lapin::options::ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        self.exchanges.lock().unwrap().push(name.to_owned());
-        Ok(())
-    }
-
-    /// Binds `queue` to `exchange` with `routing_key`.
-    ///
-    /// # Errors
-    /// Broker errors.
-    pub async fn bind(&self, queue: &str, exchange: &str, routing_key: &str) -> anyhow::Result<()> {
-        self.channel
-            .queue_bind(
-                queue.into(),
-                exchange.into(),
-                routing_key.into(),
-                Default::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Publishes and waits for the publisher confirm.
-    ///
-    /// # Errors
-    /// Broker errors, or a nack.
-    pub async fn publish(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        properties: BasicProperties,
-    ) -> anyhow::Result<()> {
-        let confirm = self
-            .channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions::default(),
-                body,
-                properties,
-            )
-            .await?
-            .await?;
-        anyhow::ensure!(
-            confirm.is_ack(),
-            "publish to {exchange}/{routing_key} was nacked"
-        );
-        Ok(())
-    }
-
-    /// Deletes `queue` in [`Broker::cleanup`] (a queue something else declared).
-    pub fn track_queue(&self, queue: &str) {
-        self.queues.lock().unwrap().push(queue.to_owned());
-    }
-
-    /// Deletes `exchange` in [`Broker::cleanup`] (one something else declared).
-    pub fn track_exchange(&self, exchange: &str) {
-        self.exchanges.lock().unwrap().push(exchange.to_owned());
-    }
-
-    /// Ready messages in `queue` (not counting unacked ones).
-    ///
-    /// # Errors
-    /// Broker errors.
-    pub async fn ready_count(&self, queue: &str) -> anyhow::Result<u32> {
-        let declared = self
-            .channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        Ok(declared.message_count())
-    }
-
-    /// Deletes every queue and exchange this broker declared.
-    pub async fn cleanup(&self) {
-        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
-        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
-        delete_topology(&self.channel, queues, exchanges).await;
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
-        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
-        if queues.is_empty() && exchanges.is_empty() {
-            return;
-        }
-        block_on_aside(move || async move {
-            let Ok(connection) =
-                Connection::connect(AMQP_URL, ConnectionProperties::default()).await
-            else {
-                return;
-            };
-            if let Ok(channel) = connection.create_channel().await {
-                delete_topology(&channel, queues, exchanges).await;
-            }
-            let _ = connection.close(200, "test cleanup".into()).await;
-        });
-    }
-}
-
-/// Deletes `queues` and `exchanges`, ignoring errors (already gone).
-async fn delete_topology(channel: &Channel, queues: Vec<String>, exchanges: Vec<String>) {
-    for queue in queues {
-        let _ = channel
-            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for exchange in exchanges {
-        let _ = channel
-            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
-    }
-}
-
-/// A TCP proxy on `127.0.0.1:0` forwarding to `target`, which a test can cut
-/// (close every connection and refuse new ones) and restore, or stall (keep
-/// every connection open but forward nothing, in either direction: a
-/// half-open network path) and heal.
-pub struct TcpProxy {
-    addr: SocketAddr,
-    cut: Arc<std::sync::atomic::AtomicBool>,
-    generation: tokio::sync::watch::Sender<u64>,
-    stalled: tokio::sync::watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
-/// Copies `from` → `to`, holding what it read while `stalled` is true.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut stalled: tokio::sync::watch::Receiver<bool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buffer = vec![0_u8; 16 * 1024];
-    loop {
-        if stalled.wait_for(|stalled| !*stalled).await.is_err() {
-            return;
-        }
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => {
-                let _ = to.shutdown().await;
-                return;
-            }
-            Ok(read) => read,
-        };
-        if stalled.wait_for(|stalled| !*stalled).await.is_err() {
-            return;
-        }
-        if to.write_all(&buffer[..read]).await.is_err() {
-            return;
-        }
-    }
-}
-
-impl TcpProxy {
-    /// Starts forwarding to `target`.
-    ///
-    /// # Errors
-    /// When binding fails.
-    pub async fn start(target: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (generation, _) = tokio::sync::watch::channel(0_u64);
-        let (stalled, _) = tokio::sync::watch::channel(false);
-        let accept_cut = Arc::clone(&cut);
-        let accept_generation = generation.clone();
-        let accept_stalled = stalled.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
-                if accept_cut.load(std::sync::atomic::Ordering::SeqCst) {
-                    drop(inbound);
-                    continue;
-                }
-                let mut killed = accept_generation.subscribe();
-                let stalled = accept_stalled.subscribe();
-                tokio::spawn(async move {
-                    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let _ = inbound.set_nodelay(true);
-                    let _ = outbound.set_nodelay(true);
-                    let (inbound_read, inbound_write) = inbound.into_split();
-                    let (outbound_read, outbound_write) = outbound.into_split();
-                    let upstream = pump(inbound_read, outbound_write, stalled.clone());
-                    let downstream = pump(outbound_read, inbound_write, stalled);
-                    tokio::select! {
-                        () = async { tokio::join!(upstream, downstream); } => {}
-                        _ = killed.changed() => {}
-                    }
-                });
-            }
-        });
-        Ok(Self {
-            addr,
-            cut,
-            generation,
-            stalled,
-            task,
-        })
-    }
-
-    /// Where clients connect.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Closes every open connection and refuses new ones until [`TcpProxy::restore`].
-    pub fn cut(&self) {
-        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.generation.send_modify(|generation| *generation += 1);
-    }
-
-    /// Accepts connections again.
-    pub fn restore(&self) {
-        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Forwards nothing, in either direction, until [`TcpProxy::heal`];
-    /// connections stay open and new ones are accepted (and hang).
-    pub fn stall(&self) {
-        self.stalled.send_replace(true);
-    }
-
-    /// Forwards again, what was held first.
-    pub fn heal(&self) {
-        self.stalled.send_replace(false);
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-        self.generation.send_modify(|generation| *generation += 1);
     }
 }
 
@@ -853,9 +510,6 @@ impl ExecutorHandle {
         self.task.abort();
     }
 }
-
-/// The local Redis.
-pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 
 /// Deletes every Redis key under `prefix`.
 ///
