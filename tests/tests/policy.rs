@@ -38,6 +38,17 @@ fn hours(n: i64) -> prost_types::Duration {
     }
 }
 
+/// Asserts that `error` refuses a request as invalid, its message starting
+/// with `field_and_reason` (the field's path first).
+fn assert_invalid(error: &tonic::Status, field_and_reason: &str) {
+    assert_eq!(error.code(), Code::InvalidArgument, "{}", error.message());
+    assert!(
+        error.message().starts_with(field_and_reason),
+        "{}",
+        error.message()
+    );
+}
+
 /// A test's start: logging, a broker connection and a dead-letter topology
 /// of the test's own on it.
 async fn broker_with_topology() -> anyhow::Result<(Broker, DlqTopology)> {
@@ -212,13 +223,9 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     let error = replay_one(&mut bed.client, &ids["p-old"], Some(looser.clone()))
         .await
         .unwrap_err();
-    assert_eq!(error.code(), Code::InvalidArgument);
-    assert!(
-        error
-            .message()
-            .starts_with("options.stale_after[\"payment.*\"]: 5h for event type payment.* is longer than the planner's policy there (2h)"),
-        "{}",
-        error.message()
+    assert_invalid(
+        &error,
+        "options.stale_after[\"payment.*\"]: 5h for event type payment.* is longer than the planner's policy there (2h)",
     );
     assert!(
         error.message().contains("options.override_policy"),
@@ -398,14 +405,7 @@ async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> an
         })
         .await
         .unwrap_err();
-    assert_eq!(error.code(), Code::InvalidArgument);
-    assert!(
-        error
-            .message()
-            .starts_with(&format!("options.stale_after_source[\"{dlq}\"]")),
-        "{}",
-        error.message()
-    );
+    assert_invalid(&error, &format!("options.stale_after_source[\"{dlq}\"]"));
 
     // With the override: applied (the order event is replayable now), said in
     // the report, and in the actions of a plan made from it.
