@@ -25,7 +25,7 @@ use opentelemetry::{
     metrics::{Counter, Gauge, Histogram, Meter},
 };
 use redrive_proto::{
-    telemetry::{EnumAttributes, Metrics, SECONDS_BOUNDARIES},
+    telemetry::{EnumAttributes, SECONDS_BOUNDARIES},
     v1::{AuditAction, PlanState, ReasonClass, Verdict, VerdictCounts},
 };
 
@@ -116,7 +116,10 @@ pub struct PlannerMetrics {
 impl Default for PlannerMetrics {
     /// Instruments that record nothing.
     fn default() -> Self {
-        Self::new(&Metrics::disabled().meter("redrive-planner"))
+        use opentelemetry::metrics::MeterProvider as _;
+        // The API's no-op provider: a built SDK provider would be dropped
+        // here, and its shutdown logged at every start.
+        Self::new(&opentelemetry::metrics::NoopMeterProvider::new().meter("redrive-planner"))
     }
 }
 

@@ -206,15 +206,6 @@ impl Metrics {
         })
     }
 
-    /// A pipeline that records nothing (tests of parts that need a meter).
-    pub fn disabled() -> Self {
-        Self {
-            provider: SdkMeterProvider::builder().build(),
-            scrape_address: None,
-            serving: None,
-        }
-    }
-
     /// The meter of the instrumentation scope `scope` (the crate name).
     pub fn meter(&self, scope: &'static str) -> Meter {
         self.provider.meter(scope)
