@@ -57,6 +57,22 @@ pub use crate::{
     time::{rfc3339, timestamp_text},
 };
 
+/// Writes one item of a list for people (a header, a capture note, an
+/// archive record, a message key) after `indent`; its further lines, when a
+/// producer's or an operator's text holds line breaks, hang two columns
+/// deeper, so that none of them reads as an item or a heading of its own.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_item(out: &mut dyn Write, indent: &str, text: &str) -> io::Result<()> {
+    let mut lines = text.split('\n');
+    writeln!(out, "{indent}{}", lines.next().unwrap_or_default())?;
+    for line in lines {
+        writeln!(out, "{indent}  {line}")?;
+    }
+    Ok(())
+}
+
 /// Writes a block of `name: value` lines after `indent`, the values aligned
 /// in one column. A value's further lines (a multi-line reason, rationale or
 /// error text) are indented to that column, so that none of them reads as a
@@ -568,6 +584,16 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "  archived:  by bob: duplicate\n             status: open\n  status:    archived\n"
+        );
+    }
+
+    #[test]
+    fn a_multi_line_item_hangs_below_its_first_line() {
+        let mut out = Vec::new();
+        super::write_item(&mut out, "  ", "- note\nstatus: open").unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "  - note\n    status: open\n"
         );
     }
 

@@ -255,6 +255,29 @@ async fn times_have_milliseconds_and_z_everywhere() {
     }
 }
 
+/// A line break in an archive reason, a capture note or a header printed
+/// raw: the line after it, `status: open`, read like the dead letter's own
+/// status. Every further line of such a text is indented.
+#[tokio::test]
+async fn line_breaks_in_texts_cannot_pass_for_fields() {
+    let address = serve(Fake::default()).await;
+    let output = redrivectl(address, &["dead-letters", "show", "spoof"], "").await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let statuses: Vec<&str> = text
+        .lines()
+        .filter(|line| line.trim_start().starts_with("status:"))
+        .collect();
+    // The real field, then the spoofs (archived, the header's name and
+    // value, the capture note, the archive record), each indented deeper
+    // than the field, record or header it belongs to.
+    assert!(statuses.len() >= 5, "{text}");
+    assert!(statuses[0].starts_with("status:"), "{text}");
+    for spoof in &statuses[1..] {
+        assert!(spoof.starts_with("    "), "{spoof:?} in {text}");
+    }
+}
+
 #[tokio::test]
 async fn show_escapes_binary_bodies_and_keeps_json_key_order() {
     let address = serve(Fake::default()).await;

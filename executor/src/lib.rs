@@ -220,10 +220,8 @@ impl ServiceSettings for Config {
             // Read and parsed now: a bad file is a bad setting, not a failed start.
             problem("planner", text);
         }
-        for checked in [self.telemetry.check(), self.amqp.check()] {
-            if let Err(error) = checked {
-                problem(error.setting, error.problem);
-            }
+        if let Err(error) = self.amqp.check() {
+            problem(error.setting, error.problem);
         }
         if let Some(redis) = &self.redis_url {
             let shown = redact_url(redis);
@@ -301,6 +299,8 @@ impl ServiceSettings for Config {
                 );
             }
         }
+        // The telemetry flags come last.
+        problems.extend(self.telemetry.check().err());
         SettingErrors::check(problems)
     }
 

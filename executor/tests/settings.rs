@@ -111,3 +111,56 @@ fn secrets_stay_hidden_and_tls_files_are_checked() {
     assert_eq!(code, Some(64), "{stderr}");
     assert_eq!(named(&stderr), ["planner"], "{stderr}");
 }
+
+/// The settings both services share (`proto/src/settings.rs`): an OTLP
+/// endpoint that is no `http://HOST` URL is refused at start (it used to
+/// pass, and fail only when the exporter started, or never), a bad URL read
+/// from `--amqp-url-file` is named by that flag, and an unreadable secret
+/// file does not hide the other problems.
+#[test]
+fn shared_settings_are_checked_at_start_with_the_others() {
+    for endpoint in [
+        "notaurl",
+        "ftp://collector:4317",
+        "https://collector:4317",
+        "http://",
+    ] {
+        let (code, stderr) = executor(&["--otlp-endpoint", endpoint]);
+        assert_eq!(code, Some(64), "{endpoint}: {stderr}");
+        assert_eq!(named(&stderr), ["otlp-endpoint"], "{endpoint}: {stderr}");
+    }
+    let (code, stderr) = executor(&["--otlp-endpoint", "http://127.0.0.1:4317", "--window", "0"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(
+        named(&stderr),
+        ["window"],
+        "a good endpoint passes: {stderr}"
+    );
+
+    let directory = std::env::temp_dir().join(format!("redrive-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).expect("temp dir");
+    let file = directory.join("amqp-url");
+    std::fs::write(&file, "amqp://u:hunter2@rabbit:port/%2f\n").expect("write");
+    let file_flag = file.to_str().expect("UTF-8 path").to_owned();
+    let (code, stderr) = executor(&["--amqp-url-file", &file_flag]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["amqp-url-file"], "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+
+    let missing = directory.join("missing");
+    let (code, stderr) = executor(&[
+        "--amqp-url-file",
+        missing.to_str().expect("UTF-8 path"),
+        "--window",
+        "0",
+        "--otlp-endpoint",
+        "notaurl",
+    ]);
+    let _ = std::fs::remove_dir_all(&directory);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(
+        named(&stderr),
+        ["amqp-url-file", "window", "otlp-endpoint"],
+        "{stderr}"
+    );
+}

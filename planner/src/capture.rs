@@ -163,10 +163,10 @@ fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
 }
 
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
-/// its own with backoff (0.2 s doubling to 10 s, jittered; from 0.2 s again
-/// after a session that had run for [`HEALTHY_SESSION`]); after a session
-/// that failed while consuming, the messages it held are first taken one at
-/// a time (`isolate`).
+/// its own with backoff (0.2 s doubling to 10 s, plus up to as much again of
+/// jitter; from 0.2 s again after a session that had run for
+/// [`HEALTHY_SESSION`]); after a session that failed while consuming, the
+/// messages it held are first taken one at a time (`isolate`).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -187,8 +187,9 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                         match isolate(&config, &queue, &store, &shutdown, &mut held).await {
                             Ok(taken) => {
                                 info!(taken, "messages held by the failed session taken one at a time; consuming again");
+                                // The backoff goes on: only a session that
+                                // ran for a while starts it over.
                                 isolating = false;
-                                backoff.reset();
                                 continue;
                             }
                             Err(raw::RawError::Unsupported(why)) => {

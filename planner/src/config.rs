@@ -431,9 +431,6 @@ impl Config {
         let mut problems = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         let shown_database_url = redact_url(&self.database_url);
-        if let Err(error) = self.telemetry.check() {
-            problem(error.setting, error.problem);
-        }
         if !self.database_url.starts_with("postgres://")
             && !self.database_url.starts_with("postgresql://")
         {
@@ -548,6 +545,8 @@ impl Config {
                 format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
             ));
         }
+        // The telemetry flags come last.
+        problems.extend(self.telemetry.check().err());
         problems
     }
 

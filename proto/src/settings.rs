@@ -175,7 +175,15 @@ pub fn parse_service<C: ServiceSettings>(
     args: impl IntoIterator<Item = OsString>,
 ) -> Result<C, ExitCode> {
     let config = parse_or_exit::<C>(program, args, |config| {
-        config.clone().with_secret_files()?.validate()
+        // Every problem at once: an unreadable secret file does not hide
+        // the others (its setting keeps the value it had without the file).
+        let mut config = config.clone();
+        let mut problems = Vec::new();
+        config.read_secret_files(&mut problems);
+        if let Err(SettingErrors(more)) = config.validate() {
+            problems.extend(more);
+        }
+        SettingErrors::check(problems)
     })?;
     // Checked above: the files were readable a moment ago.
     config.with_secret_files().map_err(|problems| {
@@ -257,6 +265,7 @@ fn first_line(error: &clap::Error) -> String {
 /// settings (`#[command(flatten)]`): how it logs, where it serves its metrics
 /// and where it exports spans and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[group(skip)]
 pub struct TelemetrySettings {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "REDRIVE_LOG_JSON", default_value_t = false)]
@@ -280,18 +289,29 @@ impl TelemetrySettings {
     /// Checks what clap cannot.
     ///
     /// # Errors
-    /// An `--otlp-endpoint` that is not a URL.
+    /// An `--otlp-endpoint` that is not an `http://HOST[:PORT]` URL. TLS to
+    /// the collector is not built in: `https://` is refused here, where it
+    /// would otherwise fail only at start; send to a collector or agent next
+    /// to the service.
     pub fn check(&self) -> Result<(), SettingError> {
-        match &self.otlp_endpoint {
-            Some(endpoint)
-                if tonic::transport::Endpoint::from_shared(endpoint.clone()).is_err() =>
-            {
-                Err(SettingError::new(
-                    "otlp-endpoint",
-                    format!("{endpoint:?} is not a URL"),
-                ))
-            }
-            _ => Ok(()),
+        let Some(endpoint) = &self.otlp_endpoint else {
+            return Ok(());
+        };
+        let problem = |text: String| Err(SettingError::new("otlp-endpoint", text));
+        if endpoint.starts_with("https://") {
+            return problem(format!(
+                "{endpoint:?}: TLS to the collector is not supported; use an http:// collector or agent next to the service"
+            ));
+        }
+        let has_host = endpoint.starts_with("http://")
+            && tonic::transport::Endpoint::from_shared(endpoint.clone())
+                .is_ok_and(|parsed| parsed.uri().host().is_some_and(|host| !host.is_empty()));
+        if has_host {
+            Ok(())
+        } else {
+            problem(format!(
+                "{endpoint:?} is not an http://HOST[:PORT] URL (e.g. http://127.0.0.1:4317)"
+            ))
         }
     }
 }
@@ -300,6 +320,7 @@ impl TelemetrySettings {
 /// The broker setting every service takes, flattened into its settings: the
 /// AMQP URL, given directly or (since it carries a password) by file.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[group(skip)]
 pub struct AmqpSettings {
     /// AMQP URL of the RabbitMQ broker (`amqps://` for TLS).
     #[arg(
@@ -307,6 +328,7 @@ pub struct AmqpSettings {
         long = "amqp-url",
         env = "REDRIVE_AMQP_URL",
         hide_env_values = true,
+        value_name = "URL",
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub url: String,
@@ -334,12 +356,19 @@ impl AmqpSettings {
         );
     }
 
-    /// Checks `--amqp-url` as lapin reads it ([`check_amqp_url`]).
+    /// Checks the AMQP URL as lapin reads it ([`check_amqp_url`]).
     ///
     /// # Errors
-    /// What is wrong with it, the password hidden.
+    /// What is wrong with it, the password hidden, named as
+    /// `--amqp-url-file` when the URL came from that file.
     pub fn check(&self) -> Result<(), SettingError> {
-        check_amqp_url(&self.url).map_err(|text| SettingError::new("amqp-url", text))
+        // A URL read from a file is named by the file's setting.
+        let setting = if self.url_file.is_some() {
+            "amqp-url-file"
+        } else {
+            "amqp-url"
+        };
+        check_amqp_url(&self.url).map_err(|text| SettingError::new(setting, text))
     }
 }
 

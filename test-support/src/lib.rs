@@ -2,7 +2,7 @@
 //! and `redrive-tests`, which re-exports them: neither can depend on the
 //! other (`redrive-tests` depends on the executor), so the one
 //! implementation lives here, on third-party crates only. Every helper works
-//! against the local services (SERVICES.md) without touching what other
+//! against the local services (`scripts/services.sh` starts them) without touching what other
 //! tests use: names are unique, and what a test declares is deleted also
 //! when it fails.
 //!

@@ -57,7 +57,7 @@ use tonic::transport::Channel as GrpcChannel;
 use redrive_test_support::block_on_aside;
 pub use redrive_test_support::{AMQP_URL, Broker, REDIS_URL, TcpProxy, unique};
 
-/// The local PostgreSQL (SERVICES.md); RabbitMQ's and Redis's URLs are
+/// The local PostgreSQL (`scripts/services.sh`); RabbitMQ's and Redis's URLs are
 /// [`AMQP_URL`] and [`REDIS_URL`].
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432";
 

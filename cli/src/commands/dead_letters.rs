@@ -82,8 +82,8 @@ use crate::{
     error::{CliError, EX_DATAERR, EX_OK},
     headers,
     output::{
-        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_fields, write_json,
-        write_table,
+        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_fields, write_item,
+        write_json, write_table,
     },
     selector::SelectorArgs,
 };
@@ -560,12 +560,12 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     {
         Some(table) => {
             for (name, value) in &table.fields {
-                writeln!(
-                    out,
-                    "  {name} ({}): {}",
+                let text = format!(
+                    "{name} ({}): {}",
                     headers::type_name(value),
                     headers::value_to_text(value)
-                )?;
+                );
+                write_item(out, "  ", &text)?;
             }
         }
         None => writeln!(out, "  (none)")?,
@@ -574,28 +574,32 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     if !view.capture_notes.is_empty() {
         writeln!(out, "\ncapture notes:")?;
         for note in &view.capture_notes {
-            writeln!(out, "  - {note}")?;
+            write_item(out, "  ", &format!("- {note}"))?;
         }
     }
     if !view.revisions.is_empty() {
         writeln!(out, "\nrevisions:")?;
         for revision in &view.revisions {
-            writeln!(
-                out,
-                "  {}: sha256 {} by {} at {}: {}",
+            let text = format!(
+                "{}: sha256 {} by {} at {}: {}",
                 revision.revision,
                 revision.body_sha256,
                 revision.actor,
                 revision.created_at.as_deref().unwrap_or("-"),
                 revision.reason
-            )?;
+            );
+            write_item(out, "  ", &text)?;
         }
     }
 
     if !view.archive_history.is_empty() {
         writeln!(out, "\narchive history:")?;
         for record in &view.archive_history {
-            writeln!(out, "  {} {}", record.action, archive_text(record))?;
+            write_item(
+                out,
+                "  ",
+                &format!("{} {}", record.action, archive_text(record)),
+            )?;
         }
     }
 

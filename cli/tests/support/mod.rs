@@ -378,7 +378,8 @@ impl Planner for Fake {
         }))
     }
 
-    /// `long`: [`long_dead_letter`]; `bin`: a binary body with control
+    /// `long`: [`long_dead_letter`]; `spoof`: line breaks in its archive
+    /// reason, capture note and header; `bin`: a binary body with control
     /// bytes; `json`: a JSON body whose keys are not in alphabetical order
     /// (the planner's preview sorts them); else `not_found`.
     async fn get_dead_letter(
@@ -392,6 +393,37 @@ impl Planner for Fake {
                 b"\x00\x1b[2J\x1b]52;c;aGk=\x07\xff\xfe\x9b tail",
                 "\u{0}\u{1b}[2J\u{1b}]52;c;aGk=\u{7}\u{fffd}\u{fffd}\u{fffd} tail",
             ),
+            "spoof" => {
+                // Texts with line breaks where a producer or an operator
+                // wrote them: each later line tries to pass for a field.
+                let record = v1::ArchiveRecord {
+                    action: "archive".into(),
+                    actor: "bob".into(),
+                    reason: "dup of 7\nstatus: open".into(),
+                    at: None,
+                };
+                return Ok(Response::new(v1::GetDeadLetterResponse {
+                    dead_letter: Some(v1::DeadLetter {
+                        id,
+                        capture_notes: vec!["note\nstatus: open".into()],
+                        headers: Some(v1::HeaderTable {
+                            fields: [(
+                                "x-name\nstatus: open".to_owned(),
+                                v1::HeaderValue {
+                                    value: Some(v1::header_value::Value::LongString(
+                                        b"v\nstatus: open".to_vec(),
+                                    )),
+                                },
+                            )]
+                            .into(),
+                        }),
+                        archived: Some(record.clone()),
+                        archive_history: vec![record],
+                        ..long_dead_letter()
+                    }),
+                    body_preview: "{}".into(),
+                }));
+            }
             "json" => (
                 br#"{"order_id":"o-1","amount":{"value":12.50,"currency":"EUR"},"customer":"c-9"}"#,
                 "{\n  \"amount\": {\n    \"currency\": \"EUR\",\n    \"value\": 12.5\n  },\n  \"customer\": \"c-9\",\n  \"order_id\": \"o-1\"\n}",

@@ -1,5 +1,5 @@
 //! Helpers for the executor's tests against the local Redis and RabbitMQ
-//! (SERVICES.md). Unique names, the TCP proxy a test can cut and the broker
+//! (`scripts/services.sh` starts them). Unique names, the TCP proxy a test can cut and the broker
 //! handle that cleans up are `redrive-test-support`'s, re-exported here; what
 //! is the executor's own is a Redis connection made as the executor makes
 //! it, and the deletion of a key prefix.

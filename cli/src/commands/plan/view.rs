@@ -580,7 +580,7 @@ fn write_keys(
 ) -> std::io::Result<()> {
     writeln!(out, "\n{heading}: {}", keys.len())?;
     for key in keys.iter().take(SENT_KEYS_SHOWN) {
-        writeln!(out, "  {key}")?;
+        output::write_item(out, "  ", key)?;
     }
     if keys.len() > SENT_KEYS_SHOWN {
         writeln!(
