@@ -80,17 +80,18 @@ impl SettingErrors {
 }
 
 /// Parses a service's settings from `args` (the first is the program name) and
-/// the environment, then runs `validate`. Prints help, the version or every
-/// problem (prefixed with `program: `) and answers the exit code when the
-/// service should not start: 0 after `--help`/`--version`, [`EX_USAGE`] for a
-/// bad setting.
+/// the environment, then runs `prepare` (the checks clap cannot make, and
+/// whatever completes the settings, such as reading secret files). Prints
+/// help, the version or every problem (prefixed with `program: `) and
+/// answers the exit code when the service should not start: 0 after
+/// `--help`/`--version`, [`EX_USAGE`] for a bad setting.
 ///
 /// # Errors
 /// The exit code, after printing.
 pub fn parse_or_exit<C: Parser>(
     program: &str,
     args: impl IntoIterator<Item = OsString>,
-    validate: impl FnOnce(&C) -> Result<(), SettingErrors>,
+    prepare: impl FnOnce(C) -> Result<C, SettingErrors>,
 ) -> Result<C, ExitCode> {
     let args: Vec<OsString> = args.into_iter().collect();
     let command = C::command();
@@ -99,8 +100,8 @@ pub fn parse_or_exit<C: Parser>(
         .try_get_matches_from(&args)
         .and_then(|matches| C::from_arg_matches(&matches));
     match parsed {
-        Ok(config) => match validate(&config) {
-            Ok(()) => Ok(config),
+        Ok(config) => match prepare(config) {
+            Ok(config) => Ok(config),
             Err(problems) => {
                 for problem in problems.0 {
                     eprintln!("{program}: {problem}");
@@ -165,8 +166,8 @@ pub trait ServiceSettings: Parser + Clone {
     fn telemetry(&self) -> &TelemetrySettings;
 }
 
-/// [`parse_or_exit`] for a service: the settings are checked with their
-/// secret files read, then answered with them read.
+/// [`parse_or_exit`] for a service: the secret files are read (once) and
+/// the settings checked with them.
 ///
 /// # Errors
 /// The exit code, after printing.
@@ -174,21 +175,16 @@ pub fn parse_service<C: ServiceSettings>(
     program: &str,
     args: impl IntoIterator<Item = OsString>,
 ) -> Result<C, ExitCode> {
-    let config = parse_or_exit::<C>(program, args, |config| {
+    parse_or_exit::<C>(program, args, |mut config| {
         // Every problem at once: an unreadable secret file does not hide
         // the others (its setting keeps the value it had without the file).
-        let mut config = config.clone();
         let mut problems = Vec::new();
         config.read_secret_files(&mut problems);
         if let Err(SettingErrors(more)) = config.validate() {
             problems.extend(more);
         }
-        SettingErrors::check(problems)
-    })?;
-    // Checked above: the files were readable a moment ago.
-    config.with_secret_files().map_err(|problems| {
-        eprintln!("{program}: {problems}");
-        ExitCode::from(EX_USAGE)
+        SettingErrors::check(problems)?;
+        Ok(config)
     })
 }
 
@@ -536,10 +532,10 @@ mod tests {
 
     #[test]
     fn a_good_configuration_parses() {
-        let parsed = parse_or_exit::<Settings>("test", args(&["--count", "2"]), |_| Ok(()));
+        let parsed = parse_or_exit::<Settings>("test", args(&["--count", "2"]), Ok);
         assert_eq!(parsed.map(|s| s.count).ok(), Some(2));
         let refused = parse_or_exit::<Settings>("test", args(&["--count", "2"]), |_| {
-            SettingErrors::check(vec![SettingError::new("count", "too many")])
+            Err(SettingErrors(vec![SettingError::new("count", "too many")]))
         });
         assert_eq!(refused.err(), Some(ExitCode::from(EX_USAGE)));
     }

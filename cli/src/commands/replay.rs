@@ -131,10 +131,14 @@ pub async fn run(
 }
 
 fn write_text(out: &mut dyn Write, view: &ReplayJson) -> std::io::Result<()> {
-    writeln!(
+    // The reason may quote a state-check hook's text, line breaks included.
+    crate::output::write_item(
         out,
-        "{}: dead letter {}: {}",
-        view.outcome, view.dead_letter_id, view.reason
+        "",
+        &format!(
+            "{}: dead letter {}: {}",
+            view.outcome, view.dead_letter_id, view.reason
+        ),
     )?;
     if let Some(verdict) = view.verdict {
         writeln!(
