@@ -76,6 +76,7 @@ pub mod precheck;
 pub mod roles;
 pub mod selector;
 pub mod single;
+pub mod staleness;
 pub mod state_check;
 pub mod store;
 

@@ -10,13 +10,13 @@
 //! The digest is SHA-256 over the encoded selector and options and then, per
 //! item in id order, the dead letter id and verdict name.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use prost::Message;
 use redrive_proto::{
-    time::timestamp,
+    time::{age_text, timestamp},
     v1::{self, Verdict},
 };
 use sha2::{Digest, Sha256};
@@ -29,6 +29,7 @@ use crate::{
     options::{Deadline, DeadlineRule, PrecheckOptions},
     policy::Policy,
     selector::{Selector, Status},
+    staleness::{Aged, Coverage},
     state_check::{StateCheckError, StateChecker, StateDecision},
     store::{
         Store, StoreError,
@@ -58,6 +59,19 @@ fn deadline<'a>(candidate: &Candidate, options: &'a PrecheckOptions) -> Option<D
         candidate.occurred_at,
         candidate.first_died_at,
     )
+}
+
+/// What the staleness coverage needs of a candidate.
+fn aged(candidate: &Candidate) -> Aged<'_> {
+    Aged {
+        event_type: candidate.event_type.as_deref(),
+        body: candidate
+            .payload
+            .as_ref()
+            .map(|(body, _, _)| body.as_slice()),
+        occurred_at: candidate.occurred_at,
+        first_died_at: candidate.first_died_at,
+    }
 }
 
 /// The verdict of a candidate before the state check, or `None` when it goes
@@ -153,24 +167,13 @@ fn classify_with(
                 Verdict::Stale,
                 format!(
                     "{} old (from its {basis}), past the {} deadline of {of}",
-                    humanize(age),
-                    humanize(max_age)
+                    age_text(age),
+                    age_text(max_age)
                 ),
             ));
         }
     }
     None
-}
-
-fn humanize(duration: Duration) -> String {
-    let seconds = duration.as_secs();
-    if seconds >= 3600 {
-        format!("{}h{}m", seconds / 3600, (seconds % 3600) / 60)
-    } else if seconds >= 60 {
-        format!("{}m{}s", seconds / 60, seconds % 60)
-    } else {
-        format!("{seconds}s")
-    }
 }
 
 /// Running totals of a report, kept per verdict.
@@ -458,6 +461,7 @@ async fn classify_all(
     report.digest.update(request.options_proto.encode_to_vec());
     let mut buffer = Vec::with_capacity(CHUNK * 64);
     let mut body_hash_keys = 0_u64;
+    let mut coverage = Coverage::default();
 
     let outcome: Result<(), Error> = async {
         let mut index = 0_u64;
@@ -492,6 +496,13 @@ async fn classify_all(
                         body_hash_keys += 1;
                     }
                     report.add(candidate, verdict, &reason);
+                    coverage.add(
+                        options,
+                        aged(candidate),
+                        deadline.as_ref(),
+                        verdict == Verdict::Stale,
+                        now,
+                    );
                     let stale_at = deadline.as_ref().and_then(Deadline::at);
                     copy_line(
                         &mut buffer,
@@ -528,6 +539,7 @@ async fn classify_all(
             report.overall.total
         ));
     }
+    warnings.extend(coverage.warning());
     let exchange_only = store.exchange_only_items(precheck_id).await?;
     if exchange_only.count > 0 {
         warnings.push(format!(
@@ -608,6 +620,7 @@ async fn classify_all(
         warnings,
         digest,
         sample_blocked: report.sample_blocked,
+        staleness: coverage.rows(),
     })
 }
 
@@ -772,6 +785,7 @@ fn state_check_message(candidate: &Candidate) -> v1::StateCheckMessage {
 mod tests {
     use super::*;
     use crate::options::event_time_from_body;
+    use std::time::Duration;
 
     fn candidate() -> Candidate {
         let now = Utc::now();

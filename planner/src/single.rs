@@ -150,6 +150,7 @@ impl Single<'_> {
         let answered = |mut response: v1::ReplayDeadLetterResponse| {
             response.precheck_id = report.precheck_id.clone();
             response.verdict = verdict.into();
+            response.warnings.clone_from(&report.warnings);
             response
         };
         if verdict != v1::Verdict::Replayable {

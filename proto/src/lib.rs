@@ -86,6 +86,22 @@ pub mod time {
         at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
     }
 
+    /// An age or a deadline as people say it, two units at most, cut (not
+    /// rounded): `3d2h`, `5h10m`, `4m30s`, `12s`. The planner's reasons
+    /// (a `stale` verdict) and `redrivectl`'s tables write ages this way.
+    pub fn age_text(age: std::time::Duration) -> String {
+        let seconds = age.as_secs();
+        if seconds >= 86_400 {
+            format!("{}d{}h", seconds / 86_400, (seconds % 86_400) / 3600)
+        } else if seconds >= 3600 {
+            format!("{}h{}m", seconds / 3600, (seconds % 3600) / 60)
+        } else if seconds >= 60 {
+            format!("{}m{}s", seconds / 60, seconds % 60)
+        } else {
+            format!("{seconds}s")
+        }
+    }
+
     /// The protobuf form of `duration`.
     pub fn duration(duration: std::time::Duration) -> prost_types::Duration {
         prost_types::Duration {
@@ -99,6 +115,22 @@ pub mod time {
         let seconds = u64::try_from(duration.seconds).ok()?;
         let nanos = u32::try_from(duration.nanos).ok()?;
         Some(std::time::Duration::new(seconds, nanos))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::time::Duration;
+
+        #[test]
+        fn ages_read_as_people_say_them() {
+            assert_eq!(super::age_text(Duration::from_secs(72 * 3600)), "3d0h");
+            assert_eq!(
+                super::age_text(Duration::from_secs(2 * 3600 + 600)),
+                "2h10m"
+            );
+            assert_eq!(super::age_text(Duration::from_secs(90)), "1m30s");
+            assert_eq!(super::age_text(Duration::from_millis(9_900)), "9s");
+        }
     }
 }
 

@@ -308,6 +308,143 @@ async fn a_stale_payment_is_refused_by_a_single_replay_without_any_flag() -> any
     bed.finish().await
 }
 
+/// The report's staleness row for `event_type`.
+fn coverage<'a>(report: &'a v1::PrecheckReport, event_type: &str) -> &'a v1::StalenessCoverage {
+    report
+        .staleness
+        .iter()
+        .find(|row| row.event_type == event_type)
+        .unwrap_or_else(|| panic!("no staleness row for {event_type}: {:?}", report.staleness))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_report_names_each_event_types_deadline_and_warns_of_uncovered_ages()
+-> anyhow::Result<()> {
+    let (broker, topology) = broker_with_topology().await?;
+    for (order, event_type, age) in [
+        ("o-old", "order.created", 72),
+        ("o-new", "order.created", 1),
+        ("p-old", "payment.captured", 3),
+        ("x-old", "", 30),
+    ] {
+        let (body, mut properties) = event(order, event_type, chrono::Duration::hours(age));
+        if event_type.is_empty() {
+            properties = properties.with_type("".into());
+        }
+        topology.reject(&broker, &body, properties).await?;
+    }
+    // No policy at all: what a new user starts with.
+    let mut bed = bed(broker, &topology, |_| {}).await?;
+    let ids = captured(&mut bed.client, &topology.dlq, 4).await?;
+    let selector = v1::Selector {
+        sources: vec![topology.dlq.clone()],
+        ..Default::default()
+    };
+    let report = bed
+        .client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(selector.clone()),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let counts = report.counts.clone().unwrap_or_default();
+    assert_eq!(
+        (counts.replayable, counts.stale),
+        (4, 0),
+        "without a rule nothing is stale"
+    );
+    let orders = coverage(&report, "order.created");
+    assert_eq!((orders.rule.as_str(), orders.count), ("", 2));
+    assert_eq!(orders.max_age, None);
+    assert_eq!(orders.oldest_age.unwrap().seconds / 3600, 72);
+    let untyped = coverage(&report, "");
+    assert_eq!((untyped.rule.as_str(), untyped.count), ("", 1));
+    let warning = report
+        .warnings
+        .iter()
+        .find(|warning| warning.starts_with("no staleness rule covers"))
+        .unwrap_or_else(|| panic!("no staleness warning in {:?}", report.warnings));
+    for expected in [
+        "covers 4 dead letters",
+        "order.created (2, oldest 3d0h)",
+        "payment.captured (1, oldest 3h0m)",
+        "no event type (1, oldest 1d6h)",
+        "the oldest is 3d0h old (order.created)",
+        "--stale-after TYPE=AGE",
+    ] {
+        assert!(warning.contains(expected), "{expected:?} in {warning}");
+    }
+
+    // A rule for payments only: payments name it, the rest is still warned of.
+    let report = bed
+        .client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(selector.clone()),
+            options: Some(v1::PrecheckOptions {
+                stale_after: [("payment.*".to_owned(), hours(2))].into(),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    let payments = coverage(&report, "payment.captured");
+    assert_eq!(payments.rule, "stale_after payment.*=2h0m");
+    assert_eq!((payments.count, payments.stale), (1, 1));
+    assert_eq!(payments.max_age, Some(hours(2)));
+    let warning = report
+        .warnings
+        .iter()
+        .find(|warning| warning.starts_with("no staleness rule covers 3 dead letters"))
+        .unwrap_or_else(|| panic!("no staleness warning in {:?}", report.warnings));
+    assert!(!warning.contains("payment"), "{warning}");
+
+    // A single replay runs the same precheck and answers its warning too; no
+    // executor runs, so nothing is published and the plan of one is cancelled.
+    let mut request = replay(&ids["o-old"], None);
+    request.wait = Some(prost_types::Duration {
+        seconds: 1,
+        nanos: 0,
+    });
+    let answer = bed.client.replay_dead_letter(request).await?.into_inner();
+    assert_eq!(answer.outcome(), Outcome::NotReplayed, "{}", answer.reason);
+    assert!(
+        answer
+            .warnings
+            .iter()
+            .any(|warning| warning.contains("order.created (1, oldest 3d0h)")),
+        "{:?}",
+        answer.warnings
+    );
+    assert_eq!(bed.broker().ready_count(&topology.work).await?, 0);
+
+    // A default deadline in the planner's policy covers everything: no warning.
+    bed.restart_planner(|config| {
+        config.default_stale_after = Some(Duration::from_secs(48 * 3600));
+    })
+    .await?;
+    let report = bed
+        .client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(selector),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    assert!(
+        report
+            .warnings
+            .iter()
+            .all(|warning| !warning.starts_with("no staleness rule")),
+        "{:?}",
+        report.warnings
+    );
+    let orders = coverage(&report, "order.created");
+    assert_eq!(orders.rule, "default_stale_after 2d0h");
+    assert_eq!((orders.count, orders.stale), (2, 1));
+    bed.finish().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prechecks_run_under_the_policy_and_an_override_is_on_the_record() -> anyhow::Result<()> {
     let (broker, topology) = broker_with_topology().await?;

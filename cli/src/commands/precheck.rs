@@ -45,7 +45,9 @@
 //! line with its reason; one table per breakdown (reason class, destination,
 //! event type, schema version, producer) with value, total, replayable and a
 //! column for each other verdict that is not zero in it; the planner's
-//! warnings as `WARNING: ...` lines; the first non-replayable items; and a
+//! staleness coverage (per event type, the deadline rule that applied, how many
+//! are stale and the age of the oldest; `none: never stale` where no rule
+//! covers them); the warnings as `WARNING: ...` lines; the first non-replayable items; and a
 //! `next: redrivectl precheck items ID --verdict V` hint.
 //!
 //! `--json` prints one [`ReportJson`]; the field names are stable:
@@ -61,6 +63,7 @@
 //! | `died_from`, `died_to` | earliest and latest death time covered, RFC 3339 or null (empty selection) |
 //! | `warnings` | array of strings |
 //! | `sample_blocked` | array of items (below): the first non-replayable ones |
+//! | `staleness` | which deadline applied: array of `{event_type, rule (string or null: no rule covers them), max_age_seconds (n or null), count, stale, oldest_age_seconds}`, in event type order |
 //!
 //! # Items (`precheck items ID`)
 //! A table of dead letter id, verdict, message key, destination, event type and
@@ -76,6 +79,7 @@ use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use chrono::Utc;
 use clap::{Args, Subcommand};
+use redrive_proto::time::age_text;
 use redrive_proto::v1::{
     self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckReport, RunPrecheckRequest, Verdict,
 };
@@ -463,6 +467,39 @@ pub struct ReportJson {
     pub warnings: Vec<String>,
     /// The first non-replayable items.
     pub sample_blocked: Vec<ItemJson>,
+    /// Which staleness rule applied, per event type.
+    pub staleness: Vec<StalenessJson>,
+}
+
+/// One row of the report's staleness coverage: the dead letters of one event
+/// type that one rule applied to (`rule` null: no rule covers them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StalenessJson {
+    /// The event type (`""` when none).
+    pub event_type: String,
+    /// The rule as written (`stale_after payment.*=2h0m`), or null.
+    pub rule: Option<String>,
+    /// The rule's maximum age in seconds, or null.
+    pub max_age_seconds: Option<u64>,
+    /// Dead letters of this event type under this rule.
+    pub count: u64,
+    /// How many of them are stale.
+    pub stale: u64,
+    /// The age of the oldest, in seconds, at the precheck.
+    pub oldest_age_seconds: u64,
+}
+
+impl From<&v1::StalenessCoverage> for StalenessJson {
+    fn from(row: &v1::StalenessCoverage) -> Self {
+        Self {
+            event_type: row.event_type.clone(),
+            rule: Some(row.rule.clone()).filter(|rule| !rule.is_empty()),
+            max_age_seconds: row.max_age.as_ref().map(seconds),
+            count: row.count,
+            stale: row.stale,
+            oldest_age_seconds: row.oldest_age.as_ref().map(seconds).unwrap_or_default(),
+        }
+    }
 }
 
 impl From<&PrecheckReport> for ReportJson {
@@ -487,6 +524,7 @@ impl From<&PrecheckReport> for ReportJson {
             died_to: timestamp_text(report.died_to.as_ref()),
             warnings: report.warnings.clone(),
             sample_blocked: report.sample_blocked.iter().map(ItemJson::from).collect(),
+            staleness: report.staleness.iter().map(StalenessJson::from).collect(),
         }
     }
 }
@@ -596,6 +634,11 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
         write_table(out, &breakdown_table(rows))?;
     }
 
+    if !report.staleness.is_empty() {
+        writeln!(out, "\nstaleness (which deadline applied):")?;
+        write_table(out, &staleness_table(&report.staleness))?;
+    }
+
     if !report.warnings.is_empty() {
         writeln!(out)?;
         for warning in &report.warnings {
@@ -631,6 +674,35 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
         writeln!(out, "\nnext: {}", next_hint(report))?;
     }
     Ok(())
+}
+
+/// The staleness coverage: event type, rule (`none: never stale`), dead
+/// letters, stale, age of the oldest.
+fn staleness_table(rows: &[StalenessJson]) -> output::Table {
+    let mut table = output::table(&[
+        Column::shorten("event_type"),
+        Column::shorten("rule"),
+        Column::keep("count"),
+        Column::keep("stale"),
+        Column::keep("oldest"),
+    ]);
+    for row in rows {
+        table.add_row([
+            if row.event_type.is_empty() {
+                "(none)".to_owned()
+            } else {
+                cell(&row.event_type).to_owned()
+            },
+            row.rule.as_deref().map_or_else(
+                || "none: never stale".to_owned(),
+                |rule| cell(rule).to_owned(),
+            ),
+            row.count.to_string(),
+            row.stale.to_string(),
+            age_text(Duration::from_secs(row.oldest_age_seconds)),
+        ]);
+    }
+    table
 }
 
 /// A breakdown table: value, total, replayable, then one column per other
@@ -949,6 +1021,24 @@ mod tests {
                 event_type: Some("payment.captured".into()),
                 at_send: false,
             }],
+            staleness: vec![
+                v1::StalenessCoverage {
+                    event_type: String::new(),
+                    rule: String::new(),
+                    max_age: None,
+                    count: 6,
+                    stale: 0,
+                    oldest_age: Some(duration(Duration::from_secs(3 * 86_400 + 7200))),
+                },
+                v1::StalenessCoverage {
+                    event_type: "payment.captured".into(),
+                    rule: "stale_after payment.*=2h0m".into(),
+                    max_age: Some(duration(Duration::from_secs(7200))),
+                    count: 4,
+                    stale: 3,
+                    oldest_age: Some(duration(Duration::from_secs(5 * 3600 + 60))),
+                },
+            ],
             options: Some(v1::PrecheckOptions {
                 stale_after: [("payment.*".to_owned(), duration(Duration::from_secs(7200)))].into(),
                 stale_after_source: [(
@@ -1032,6 +1122,12 @@ mod tests {
                     "event_type": "payment.captured",
                     "at_send": false,
                 }],
+                "staleness": [
+                    {"event_type": "", "rule": null, "max_age_seconds": null, "count": 6,
+                     "stale": 0, "oldest_age_seconds": 266_400},
+                    {"event_type": "payment.captured", "rule": "stale_after payment.*=2h0m",
+                     "max_age_seconds": 7200, "count": 4, "stale": 3, "oldest_age_seconds": 18_060},
+                ],
             })
         );
         // An empty report still has all eight counts, as integers, and nulls.
@@ -1066,6 +1162,9 @@ mod tests {
             "rejected  10     6           3      1",
             "by event type:",
             "payment.captured  4      1           3",
+            "staleness (which deadline applied):",
+            "(none)            none: never stale           6      0      3d2h",
+            "payment.captured  stale_after payment.*=2h0m  4      3      5h1m",
             "WARNING: heterogeneous selection: 2 schema versions (1, 2)",
             "first non-replayable items (1 of 4):",
             "7               order-1:pay  stale    older than 2h",

@@ -7,7 +7,9 @@
 //! precheck and its verdict, and the audit event when an executor reported one.
 //! `--json`: `{"outcome": "REPLAYED" | "NOT_REPLAYED", "reason": "...",
 //! "dead_letter_id": "...", "plan_id": "..." | null, "precheck_id": "..." |
-//! null, "verdict": "replayable" | ... | null, "event": {audit event} | null}`,
+//! null, "verdict": "replayable" | ... | null, "event": {audit event} | null,
+//! "warnings": ["..."]}` (what the precheck of this dead letter warned of, for
+//! example that no staleness rule covers it),
 //! the event in the shape of `plan watch --events --json`.
 //!
 //! Exit codes: 0 `REPLAYED`; 1 `NOT_REPLAYED` (the reason is printed; the
@@ -71,6 +73,8 @@ pub struct ReplayJson {
     pub verdict: Option<&'static str>,
     /// The executor's audit event, when it reported.
     pub event: Option<EventJson>,
+    /// What the precheck of this dead letter warned of.
+    pub warnings: Vec<String>,
 }
 
 impl ReplayJson {
@@ -89,6 +93,7 @@ impl ReplayJson {
             verdict: (response.verdict() != Verdict::Unspecified)
                 .then(|| response.verdict().name()),
             event: response.event.as_ref().map(EventJson::from),
+            warnings: response.warnings.clone(),
         }
     }
 }
@@ -160,6 +165,9 @@ fn write_text(out: &mut dyn Write, view: &ReplayJson) -> std::io::Result<()> {
             event.attempt,
             event.confirm_latency_us as f64 / 1000.0
         )?;
+    }
+    for warning in &view.warnings {
+        crate::output::write_item(out, "", &format!("WARNING: {warning}"))?;
     }
     Ok(())
 }
