@@ -43,6 +43,7 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
             "0.05",
             "--observe",
             "30m",
+            "--ordered",
             "--json",
             "--actor",
             "alice",
@@ -72,6 +73,7 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
                 seconds: 1800,
                 nanos: 0,
             }),
+            ordered: true,
         })]
     );
     let plan = stdout_json(&output);

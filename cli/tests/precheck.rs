@@ -134,6 +134,7 @@ async fn precheck_sends_the_flags_and_the_actor_and_prints_stable_json() {
                 "event_type": "payment.captured",
                 "at_send": false,
             }],
+            "staleness": [],
         })
     );
 }

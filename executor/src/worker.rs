@@ -439,7 +439,13 @@ impl Worker {
             feedback: feedback_sender,
             context: context.clone(),
             replay_keys: self.replay_keys.clone(),
-            max_attempts: self.settings.max_attempts,
+            // An ordered plan's item is never published again after later
+            // ones: its first outcome is final (docs/replay.md, "Order").
+            max_attempts: if slice.ordered {
+                1
+            } else {
+                self.settings.max_attempts
+            },
             debt: debt.clone(),
         };
         let collecting = AbortOnDropHandle::new(tokio::spawn(collector.run(in_flight_received)));

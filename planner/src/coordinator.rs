@@ -277,6 +277,7 @@ impl Coordinator {
                     fencing_token: u64::try_from(slice.fencing_token).unwrap_or_default(),
                     lease_ttl: Some(duration(self.lease_ttl)),
                     rate: Some(slice.rate.clone()),
+                    ordered: slice.ordered,
                     items: items
                         .into_iter()
                         .map(|item| slice_item(item, &self.checker))

@@ -114,6 +114,7 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
         canary_fraction,
         observe_for_ms: i64::try_from(observe_for.as_millis()).unwrap_or(i64::MAX),
         actor,
+        ordered: request.ordered,
     })
 }
 

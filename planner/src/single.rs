@@ -186,6 +186,7 @@ impl Single<'_> {
             canary_fraction: 0.0,
             observe_for_ms: 0,
             actor: actor.to_owned(),
+            ordered: false,
         };
         // Subscribe before the plan exists so that no report is missed.
         let mut changes = self.notifier.subscribe();

@@ -551,6 +551,7 @@ async fn run_case(
                     slice_size: number,
                     canary_fraction: Some(float),
                     observe_for: case.duration,
+                    ordered: number % 2 == 0,
                 }),
             )
             .await?;

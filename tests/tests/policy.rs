@@ -348,7 +348,7 @@ async fn the_report_names_each_event_types_deadline_and_warns_of_uncovered_ages(
         })
         .await?
         .into_inner();
-    let counts = report.counts.clone().unwrap_or_default();
+    let counts = report.counts.unwrap_or_default();
     assert_eq!(
         (counts.replayable, counts.stale),
         (4, 0),

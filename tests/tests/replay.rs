@@ -173,6 +173,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
                     seconds: 0,
                     nanos: 0,
                 }),
+                ordered: false,
             })
             .await?
             .into_inner();
@@ -2080,5 +2081,55 @@ async fn plans_are_listed_by_kind() -> anyhow::Result<()> {
         "{}",
         refused.message()
     );
+    bed.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordered_plan_delivers_in_dead_letter_order_with_two_executors() -> anyhow::Result<()> {
+    init_logging();
+    // Twelve messages dead-lettered in order: four orders × created, paid,
+    // shipped as a producer would have sent them.
+    let (incident, mut bed) = incident_bed(12).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    // Slices of one item, so that two executors would interleave slices if
+    // nothing held them to the order.
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 1;
+        request.ordered = true;
+        request.rate = Some(Rate {
+            per_second: 500.0,
+            burst: 50,
+            rationale: "test downstream takes this easily".into(),
+        });
+    })
+    .await?;
+    assert!(plan.ordered, "the plan says it is ordered");
+    let executor = |id: &str| {
+        let mut config = bed.executor_config();
+        config.executor_id = Some(id.to_owned());
+        ExecutorHandle::start(config)
+    };
+    let (first, second) = (executor("a"), executor("b"));
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
+    first.stop().await?;
+    second.stop().await?;
+    let received = drain(&received, consuming, Duration::from_millis(200)).await?;
+    let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    let expected: Vec<String> = (0..12).map(|index| format!("m-{index}")).collect();
+    assert_eq!(ids, expected, "delivered in dead-letter order, each once");
+    assert_eq!(done.counts.unwrap().sent, 12);
+    // Both executors took part: the order comes from the planner, not from
+    // one executor doing all the work.
+    let pool = bed.pool().await?;
+    // Executor ids are `NAME/SLOT` (each runs several slices at once).
+    let executors: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT split_part(executor_id, '/', 1) FROM audit_events WHERE plan_id = $1 ORDER BY 1",
+    )
+    .bind(plan.plan_id.parse::<uuid::Uuid>()?)
+    .fetch_all(&pool)
+    .await?;
+    pool.close().await;
+    assert_eq!(executors, ["a", "b"], "both executors published");
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     bed.finish().await
 }

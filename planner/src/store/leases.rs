@@ -36,6 +36,8 @@ pub struct LeasedSlice {
     pub destination: DestinationMode,
     /// The precheck the plan was made from (its options decide staleness).
     pub precheck_id: PrecheckId,
+    /// The plan is ordered (no retry after later items).
+    pub ordered: bool,
 }
 
 /// A slice item to publish, with its dead letter.
@@ -145,6 +147,8 @@ impl Store {
                 WHERE (p.state = $3 OR (p.state = $4 AND s.wave = 'canary')) \
                   AND s.state = 'pending' \
                   AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
+                  AND (NOT p.ordered OR NOT EXISTS (SELECT 1 FROM plan_slices e \
+                       WHERE e.plan_id = s.plan_id AND e.seq < s.seq AND e.state <> 'completed')) \
                 ORDER BY p.approved_at, p.id, s.seq \
                 LIMIT 1 FOR UPDATE OF s SKIP LOCKED), \
              leased AS (UPDATE plan_slices s SET state = 'leased', lease_owner = $1, lease_principal = $6, \
@@ -153,7 +157,8 @@ impl Store {
                 published_through = CASE WHEN $5 THEN -1 END \
              FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
              RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
-                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id), \
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id, \
+                p.ordered), \
              recorded AS (INSERT INTO slice_leases (slice_id, fencing_token, principal, executor_id) \
                 SELECT id, fencing_token, $6, $1 FROM leased) \
              SELECT * FROM leased",
@@ -715,6 +720,7 @@ struct LeasedSliceRow {
     #[sqlx(flatten)]
     destination: DestinationRow,
     precheck_id: PrecheckId,
+    ordered: bool,
 }
 
 impl From<LeasedSliceRow> for LeasedSlice {
@@ -727,6 +733,7 @@ impl From<LeasedSliceRow> for LeasedSlice {
             rate: row.rate.into(),
             destination: row.destination.into(),
             precheck_id: row.precheck_id,
+            ordered: row.ordered,
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct NewPlan {
     pub observe_for_ms: i64,
     /// Who creates it.
     pub actor: String,
+    /// Published in dead-letter order (one slice at a time).
+    pub ordered: bool,
 }
 
 /// What creating a plan found.
@@ -354,8 +356,8 @@ pub(crate) async fn insert_plan(
     sqlx::query(
             "INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
              rate_rationale, destination_mode, redirect_exchange, redirect_routing_key, slice_size, \
-             canary_fraction, observe_for_ms, total_items, canary_items, created_by) \
-             VALUES ($1, $2, $3, 'awaiting_approval', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+             canary_fraction, observe_for_ms, total_items, canary_items, created_by, ordered) \
+             VALUES ($1, $2, $3, 'awaiting_approval', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
         )
         .bind(plan.id)
         .bind(plan.precheck_id)
@@ -372,6 +374,7 @@ pub(crate) async fn insert_plan(
         .bind(total)
         .bind(canary)
         .bind(&plan.actor)
+        .bind(plan.ordered)
         .execute(&mut **transaction)
         .await?;
     sqlx::query(
@@ -685,7 +688,7 @@ const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.s
     p.rate_burst, p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
     p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
-    p.observing_until, (p.claim_by IS NOT NULL) AS single, \
+    p.observing_until, (p.claim_by IS NOT NULL) AS single, p.ordered, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
     (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
@@ -822,6 +825,7 @@ struct PlanRow {
     warnings: Vec<String>,
     observing_until: Option<DateTime<Utc>>,
     single: bool,
+    ordered: bool,
     slices_total: i64,
     slices_completed: i64,
     item_states: serde_json::Value,
@@ -868,6 +872,7 @@ impl From<PlanRow> for v1::Plan {
                 v1::PlanKind::Bulk
             }
             .into(),
+            ordered: row.ordered,
             // The end of the observation window, while observing.
             observing_until: row
                 .observing_until

@@ -28,6 +28,7 @@
 //! | `--slice-size N` | `slice_size`, ≥ 1 (planner default 100) |
 //! | `--canary-fraction F` | `canary_fraction`, 0 < F ≤ 1 (planner default 0.01, at least one item) |
 //! | `--observe DUR` | `observe_for`, positive humantime (planner default 15 min) |
+//! | `--ordered` | `ordered`: publish in dead-letter order across all executors, one slice at a time; a failed item is not retried after later ones |
 //!
 //! A bad value is a usage error naming the flag (exit 64), before any call.
 //! It prints the plan and `next: redrivectl plan approve ID --digest D`.
@@ -193,6 +194,12 @@ pub struct CreateArgs {
     /// (planner default 15m).
     #[arg(long = "observe", value_name = "DURATION", value_parser = parse_positive_duration)]
     pub observe_for: Option<Duration>,
+
+    /// Publish in dead-letter order across all executors: one slice at a
+    /// time, and an item that fails is not retried after later ones (slower).
+    /// Without it, order is kept only within a slice.
+    #[arg(long)]
+    pub ordered: bool,
 }
 
 /// `plan approve` arguments.
@@ -440,6 +447,7 @@ impl CreateArgs {
             slice_size: self.slice_size.unwrap_or(0),
             canary_fraction: self.canary_fraction,
             observe_for: self.observe_for.map(duration),
+            ordered: self.ordered,
         }
     }
 }
@@ -763,6 +771,7 @@ mod tests {
                 slice_size: 50,
                 canary_fraction: Some(0.05),
                 observe_for: Some(duration(Duration::from_secs(1800))),
+                ordered: false,
             }
         );
         // Defaults: queue; the rest left to the planner.

@@ -14,6 +14,7 @@
 //! | `slice_size` | integer |
 //! | `canary_fraction` | number (0.01 is 1 %) |
 //! | `observe_for_seconds` | number or null |
+//! | `ordered` | boolean: published in dead-letter order (`plan create --ordered`) |
 //! | `total_items`, `canary_items`, `items_done`, `slices_total`, `slices_completed` | integer |
 //! | `counts` | `{sent, skipped_duplicate, skipped_stale, skipped_state, needs_compensation, failed, unroutable, uncertain}`, all eight always present, integers |
 //! | `created_by`, `approved_by` | string (`approved_by` is `""` until approved) |
@@ -228,6 +229,8 @@ pub struct PlanJson {
     pub slice_size: u32,
     pub canary_fraction: f64,
     pub observe_for_seconds: Option<serde_json::Number>,
+    /// Published in dead-letter order (`plan create --ordered`).
+    pub ordered: bool,
     pub total_items: u64,
     pub canary_items: u64,
     pub items_done: u64,
@@ -279,6 +282,7 @@ impl From<&Plan> for PlanJson {
                 .as_ref()
                 .and_then(from_duration)
                 .and_then(seconds_number),
+            ordered: plan.ordered,
             total_items: plan.total_items,
             canary_items: plan.canary_items,
             items_done: plan.items_done,
@@ -460,8 +464,15 @@ fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()
         (
             "slices",
             format!(
-                "{} of {} completed, {} items each",
-                plan.slices_completed, plan.slices_total, plan.slice_size
+                "{} of {} completed, {} items each{}",
+                plan.slices_completed,
+                plan.slices_total,
+                plan.slice_size,
+                if plan.ordered {
+                    ", in dead-letter order (one at a time)"
+                } else {
+                    ""
+                }
             ),
         ),
         ("observe for", observe),
@@ -669,6 +680,7 @@ mod tests {
             slice_size: 100,
             canary_fraction: 0.01,
             observe_for: Some(duration(std::time::Duration::from_secs(900))),
+            ordered: false,
             total_items: 1000,
             canary_items: 10,
             counts: Some(v1::ActionCounts {
@@ -726,6 +738,7 @@ mod tests {
                 "slice_size": 100,
                 "canary_fraction": 0.01,
                 "observe_for_seconds": 900,
+                "ordered": false,
                 "total_items": 1000,
                 "canary_items": 10,
                 "items_done": 450,
@@ -768,7 +781,8 @@ mod tests {
         assert_eq!(json["observing_until"], serde_json::Value::Null);
         assert_eq!(json["actions_omitted"], 0);
         assert_eq!(json["kind"], "unknown");
-        assert_eq!(json.as_object().unwrap().len(), 26);
+        assert_eq!(json["ordered"], false);
+        assert_eq!(json.as_object().unwrap().len(), 27);
     }
 
     #[test]
