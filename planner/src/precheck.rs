@@ -324,9 +324,9 @@ impl BodyHashKeys {
         (self.count > 0).then(|| {
             format!(
                 "{} of {total} dead letters are keyed by their body hash (for example {}): \
-                 no message_id property or key rule gave them a key, so only byte-identical \
-                 bodies are duplicates and a retry with a changed body is replayed again; \
-                 each one's capture notes say why",
+                 only byte-identical bodies are duplicates, so a retry with a changed body is \
+                 replayed again; each one's capture notes say why (no message_id property, no \
+                 value for the --message-key rules) unless a `body` rule chose it",
                 self.count,
                 dead_letter_list(&self.examples, self.count)
             )
@@ -1085,7 +1085,7 @@ mod tests {
         let warning = keys.warning(5).unwrap();
         assert!(
             warning.starts_with(
-                "4 of 5 dead letters are keyed by their body hash (for example dead letters 4, 9, 10, ...): no message_id property"
+                "4 of 5 dead letters are keyed by their body hash (for example dead letters 4, 9, 10, ...): only byte-identical bodies are duplicates"
             ),
             "{warning}"
         );

@@ -365,7 +365,10 @@ impl Store {
         kind: NearDuplicateKind,
     ) -> Result<NearDuplicates, StoreError> {
         let (shared, other) = match kind {
-            NearDuplicateKind::SameIdOtherBodies => ("d.message_id", "d.body_sha256"),
+            // Text on both sides: PostgreSQL has no min/max over bytea.
+            NearDuplicateKind::SameIdOtherBodies => {
+                ("d.message_id", "encode(d.body_sha256, 'hex')")
+            }
             NearDuplicateKind::SameBodyOtherIds => ("encode(d.body_sha256, 'hex')", "d.message_id"),
         };
         let query = NEAR_DUPLICATES_SQL
