@@ -328,11 +328,13 @@ struct NearDuplicateRow {
 
 /// [`Store::near_duplicates`]' query; `{shared}` and `{other}` are the
 /// column expressions of what a group shares and what differs in it.
-/// Groups are found with `min <> max` (a hash aggregate, one pass over the
-/// selection); only the listed groups are read again for their details.
+/// Groups are found with `min <> max` (a hash aggregate, one pass over a
+/// narrow projection of the selection, compared byte-wise with `COLLATE "C"`);
+/// only the listed groups' dead letters are read again for their details.
+/// Measured on a million dead letters: about 3 s each kind.
 const NEAR_DUPLICATES_SQL: &str = "\
-    WITH sel AS (SELECT d.id, {shared} AS shared, {other} AS other, d.destination, d.message_id, \
-                        d.message_key \
+    WITH sel AS (SELECT d.id, {shared} COLLATE \"C\" AS shared, {other} COLLATE \"C\" AS other, \
+                        d.destination \
                  FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
                  WHERE i.precheck_id = $1 AND d.message_id <> ''), \
     grouped AS (SELECT shared, destination, count(*) AS dead_letters, min(id) AS first FROM sel \
@@ -343,9 +345,10 @@ const NEAR_DUPLICATES_SQL: &str = "\
     SELECT t.shared, t.destination, t.dead_letters, t.groups, t.flagged, \
            (array_agg(s.id ORDER BY s.id))[1:{ids}] AS ids, \
            count(DISTINCT s.other) AS variants, \
-           (array_agg(DISTINCT s.message_id))[1:3] AS message_ids, \
-           count(DISTINCT s.message_key) AS keys \
+           (array_agg(DISTINCT d.message_id))[1:3] AS message_ids, \
+           count(DISTINCT d.message_key) AS keys \
     FROM top t JOIN sel s ON s.shared = t.shared AND s.destination = t.destination \
+    JOIN dead_letters d ON d.id = s.id \
     GROUP BY t.shared, t.destination, t.dead_letters, t.first, t.groups, t.flagged \
     ORDER BY t.dead_letters DESC, t.first";
 
