@@ -212,8 +212,12 @@ pub struct Config {
     pub max_body_bytes: usize,
 
     /// Where message keys come from, first match wins (repeatable):
-    /// `property:message_id`, `header:NAME` or `json:/pointer` (RFC 6901). The
-    /// event type is appended when known. Without one: the body's SHA-256.
+    /// `property:NAME`, `header:NAME` (any scalar header type), `json:/pointer`
+    /// (RFC 6901) or `body` (the body's SHA-256). The event type is appended
+    /// when known (`order-123:order.paid`). The rules replace the default:
+    /// without any, the key is the `message_id` property as it is (`m-50`),
+    /// else the body's SHA-256 (the precheck warns). See docs/replay.md,
+    /// "Identity".
     #[arg(
         long = "message-key",
         env = "REDRIVE_MESSAGE_KEYS",

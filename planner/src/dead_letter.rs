@@ -32,7 +32,9 @@ pub struct ExtractionRules {
     pub schema_version_header: String,
     /// The application's error-class header, which refines `rejected`.
     pub error_class_header: String,
-    /// Where message keys come from, first match wins; empty: body SHA-256.
+    /// Where message keys come from, first match wins (the `--message-key`
+    /// rules); empty: the default, the `message_id` property. Either way the
+    /// body's SHA-256 when nothing gives a key ([`message_key::message_key`]).
     pub key_sources: Vec<KeySource>,
     /// Bodies larger than this are kept but marked oversized (not replayable);
     /// also the cap on a decompressed body ([`body::decode`]).
@@ -240,6 +242,40 @@ pub struct NewDeadLetter {
 pub const REDRIVE_PLAN_ID_HEADER: &str = "redrive-plan-id";
 
 impl ExtractionRules {
+    /// The capture note of a dead letter keyed by its body hash because no
+    /// rule gave a key: which rules were tried and why none gave one.
+    fn body_hash_note(
+        &self,
+        key: &message_key::MessageKey,
+        unreadable: Option<&str>,
+        json_error: Option<&str>,
+    ) -> String {
+        if self.key_sources.is_empty() {
+            return "message key is the body hash: the message has no message_id property \
+                    (the default key); without one, only byte-identical bodies are duplicates \
+                    (--message-key can key by a header or a body field)"
+                .to_owned();
+        }
+        let sources = self
+            .key_sources
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let why = if let Some(error) = unreadable {
+            format!("the body could not be decoded ({error})")
+        } else if let Some(error) =
+            json_error.filter(|_| self.key_sources.iter().any(KeySource::needs_json))
+        {
+            format!("the body is not JSON ({error})")
+        } else if !key.unusable.is_empty() {
+            key.unusable.join("; ")
+        } else {
+            "none of them has a value in this message".to_owned()
+        };
+        format!("message key is the body hash: no key from {sources}: {why}")
+    }
+
     /// Derives a storable dead letter from `raw`. Never fails: anything odd is
     /// kept and noted. Costs a SHA-256 of the body and, when a key source or a
     /// JSON content type asks for it, a JSON parse; call it from
@@ -379,27 +415,14 @@ impl ExtractionRules {
         if !info.frameworks.is_empty() {
             notes.push(format!("read as {}", info.frameworks.join(", ")));
         }
-        if message_key.starts_with("sha256:") && !self.key_sources.is_empty() {
-            let sources = self
-                .key_sources
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            let why = if let Some(error) = &unreadable {
-                format!("the body could not be decoded ({error})")
-            } else if let Some(error) = json_error
-                .as_ref()
-                .filter(|_| self.key_sources.iter().any(KeySource::needs_json))
-            {
-                format!("the body is not JSON ({error})")
-            } else {
-                "none of them has a value in this message".to_owned()
-            };
-            notes.push(format!(
-                "message key is the body hash: no key from {sources}: {why}"
+        if message_key.is_fallback() {
+            notes.push(self.body_hash_note(
+                &message_key,
+                unreadable.as_deref(),
+                json_error.as_deref(),
             ));
         }
+        let message_key = message_key.key;
         let occurred_at = raw.occurred_at.or_else(|| {
             raw.properties
                 .timestamp
@@ -641,6 +664,67 @@ mod tests {
             "{:?}",
             fallback.capture_notes
         );
+    }
+
+    #[test]
+    fn by_default_the_message_id_is_the_key_else_the_body_hash_with_a_note() {
+        let defaults = ExtractionRules::default();
+        let with_id = MessageProperties {
+            message_id: Some("m-50".into()),
+            r#type: Some("order.paid".into()),
+            ..Default::default()
+        };
+        let keyed = defaults.extract(raw(br#"{"order_id":"o-1"}"#.to_vec(), with_id, &[]));
+        assert_eq!(
+            keyed.message_key, "m-50",
+            "as the producer wrote it, no suffix"
+        );
+        assert!(
+            !keyed.capture_notes.iter().any(|n| n.contains("body hash")),
+            "{:?}",
+            keyed.capture_notes
+        );
+        let body = br#"{"order_id":"o-1"}"#;
+        let hashed = defaults.extract(raw(body.to_vec(), MessageProperties::default(), &[]));
+        assert_eq!(
+            hashed.message_key,
+            format!("sha256:{}", hex::encode(Sha256::digest(body)))
+        );
+        assert!(
+            hashed.capture_notes.iter().any(|n| n.starts_with(
+                "message key is the body hash: the message has no message_id property"
+            )),
+            "{:?}",
+            hashed.capture_notes
+        );
+        // A rule whose value cannot be a key says so in the note.
+        let by_header = ExtractionRules {
+            key_sources: vec!["header:order-id".parse().unwrap()],
+            ..ExtractionRules::default()
+        };
+        let mut flagged = raw(body.to_vec(), MessageProperties::default(), &[]);
+        flagged.headers.fields.insert(
+            "order-id".into(),
+            HeaderValue {
+                value: Some(Value::Boolean(true)),
+            },
+        );
+        let flagged = by_header.extract(flagged);
+        assert!(flagged.message_key.starts_with("sha256:"));
+        assert!(
+            flagged.capture_notes.iter().any(|n| n
+                == "message key is the body hash: no key from header:order-id: header:order-id is a boolean (true or false cannot tell messages apart)"),
+            "{:?}",
+            flagged.capture_notes
+        );
+        let mut numbered = raw(body.to_vec(), MessageProperties::default(), &[]);
+        numbered.headers.fields.insert(
+            "order-id".into(),
+            HeaderValue {
+                value: Some(Value::LongLongInt(42)),
+            },
+        );
+        assert_eq!(by_header.extract(numbered).message_key, "42");
     }
 
     #[test]

@@ -33,7 +33,9 @@ use crate::{
     state_check::{StateCheckError, StateChecker, StateDecision},
     store::{
         Store, StoreError,
-        prechecks::{Candidate, PrecheckRecord, copy_line, send_copy},
+        prechecks::{
+            Candidate, NearDuplicateKind, NearDuplicates, PrecheckRecord, copy_line, send_copy,
+        },
     },
 };
 
@@ -299,6 +301,144 @@ fn breakdown(map: BTreeMap<String, Tally>) -> Vec<v1::Breakdown> {
     rows
 }
 
+/// Dead letters examples are listed for in a warning.
+const WARNING_EXAMPLES: usize = 3;
+
+/// The dead letters of a selection keyed by their body hash because no
+/// message id or key rule gave a key (their keys start `sha256:`).
+#[derive(Debug, Default)]
+struct BodyHashKeys {
+    count: u64,
+    examples: Vec<DeadLetterId>,
+}
+
+impl BodyHashKeys {
+    fn add(&mut self, candidate: &Candidate) {
+        if candidate.message_key.starts_with("sha256:") {
+            self.count += 1;
+            if self.examples.len() < WARNING_EXAMPLES {
+                self.examples.push(candidate.id);
+            }
+        }
+    }
+
+    /// The report's warning, when any dead letter is keyed by its body hash.
+    fn warning(&self, total: u64) -> Option<String> {
+        (self.count > 0).then(|| {
+            format!(
+                "{} of {total} dead letters are keyed by their body hash (for example {}): \
+                 only byte-identical bodies are duplicates, so a retry with a changed body is \
+                 replayed again; each one's capture notes say why (no message_id property, no \
+                 value for the --message-key rules) unless a `body` rule chose it",
+                self.count,
+                dead_letter_list(&self.examples, self.count)
+            )
+        })
+    }
+}
+
+/// `dead letter 7`, `dead letters 7, 8, 9`, `dead letters 7, 8, 9, ...`
+/// (`ids` of `of` in all).
+fn dead_letter_list(ids: &[DeadLetterId], of: u64) -> String {
+    let listed = ids
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = if of > ids.len() as u64 { ", ..." } else { "" };
+    if of == 1 {
+        format!("dead letter {listed}")
+    } else {
+        format!("dead letters {listed}{more}")
+    }
+}
+
+/// A message id as a warning quotes it: escaped (no producer text passes
+/// for a field) and at most 64 characters.
+fn quoted(text: &str) -> String {
+    const MOST: usize = 64;
+    if text.chars().count() > MOST {
+        format!("{:?}...", text.chars().take(MOST).collect::<String>())
+    } else {
+        format!("{text:?}")
+    }
+}
+
+/// The report's warning for near-duplicates of `kind`, if there are any
+/// (docs/replay.md, "Identity"): how many groups and dead letters, the
+/// largest groups with their ids, and what Redrive does with them. Facts for
+/// the operator: verdicts do not change.
+fn near_duplicate_warning(kind: NearDuplicateKind, found: &NearDuplicates) -> Option<String> {
+    if found.groups == 0 {
+        return None;
+    }
+    let keys = |keys: i64| {
+        if keys == 1 {
+            "one message key".to_owned()
+        } else {
+            format!("{keys} message keys")
+        }
+    };
+    let examples = found
+        .examples
+        .iter()
+        .map(|group| {
+            let ids = dead_letter_list(&group.ids, group.dead_letters.unsigned_abs());
+            match kind {
+                NearDuplicateKind::SameIdOtherBodies => format!(
+                    "message id {} to {}: {ids} ({} bodies, {})",
+                    quoted(&group.shared),
+                    quoted(&group.destination),
+                    group.variants,
+                    keys(group.keys)
+                ),
+                NearDuplicateKind::SameBodyOtherIds => {
+                    let mut ids_shown: Vec<String> =
+                        group.message_ids.iter().map(|id| quoted(id)).collect();
+                    if group.variants > ids_shown.len() as i64 {
+                        ids_shown.push("...".to_owned());
+                    }
+                    format!(
+                        "body sha256:{}... to {}: {ids} under message ids {} ({} ids, {})",
+                        group.shared.get(..12).unwrap_or(&group.shared),
+                        quoted(&group.destination),
+                        ids_shown.join(", "),
+                        group.variants,
+                        keys(group.keys)
+                    )
+                }
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let more = if found.groups > found.examples.len() as i64 {
+        "; ..."
+    } else {
+        ""
+    };
+    Some(match kind {
+        NearDuplicateKind::SameIdOtherBodies => format!(
+            "near-duplicates, same message id with different bodies: {} message id{} on {} dead \
+             letters, for example {examples}{more}. Under one message key all but the earliest \
+             are duplicate: right for retries of one message; if they are different messages \
+             that reuse an id, key them by a body field (--message-key)",
+            found.groups,
+            if found.groups == 1 { "" } else { "s" },
+            found.dead_letters
+        ),
+        NearDuplicateKind::SameBodyOtherIds => format!(
+            "near-duplicates, same body under different message ids: {} bod{} on {} dead \
+             letters, for example {examples}{more}. Under different message keys each is \
+             replayed: right for different messages with the same content; if they are one \
+             message sent again under fresh ids, key them by a body field or the body \
+             (--message-key)",
+            found.groups,
+            if found.groups == 1 { "y" } else { "ies" },
+            found.dead_letters
+        ),
+    })
+}
+
 /// Everything a precheck run needs.
 #[derive(Debug)]
 pub struct PrecheckRequest {
@@ -460,7 +600,7 @@ async fn classify_all(
     report.digest.update(request.selector_proto.encode_to_vec());
     report.digest.update(request.options_proto.encode_to_vec());
     let mut buffer = Vec::with_capacity(CHUNK * 64);
-    let mut body_hash_keys = 0_u64;
+    let mut body_hash_keys = BodyHashKeys::default();
     let mut coverage = Coverage::default();
 
     let outcome: Result<(), Error> = async {
@@ -492,9 +632,7 @@ async fn classify_all(
                 state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
                 for ((candidate, verdict), deadline) in chunk.iter().zip(verdicts).zip(&deadlines) {
                     let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
-                    if candidate.message_key.starts_with("sha256:") {
-                        body_hash_keys += 1;
-                    }
+                    body_hash_keys.add(candidate);
                     report.add(candidate, verdict, &reason);
                     coverage.add(
                         options,
@@ -533,11 +671,13 @@ async fn classify_all(
     if report.overall.total == 0 {
         warnings.push("the selection is empty: nothing to replay".to_owned());
     }
-    if body_hash_keys > 0 {
-        warnings.push(format!(
-            "{body_hash_keys} of {} dead letters are keyed by their body hash (no message key source gave a value; each one's capture notes say why: a key missing, a body that is not JSON or does not decode): duplicates among them are found only when the bytes are identical",
-            report.overall.total
-        ));
+    warnings.extend(body_hash_keys.warning(report.overall.total));
+    for kind in [
+        NearDuplicateKind::SameIdOtherBodies,
+        NearDuplicateKind::SameBodyOtherIds,
+    ] {
+        let found = store.near_duplicates(precheck_id, kind).await?;
+        warnings.extend(near_duplicate_warning(kind, &found));
     }
     warnings.extend(coverage.warning());
     let exchange_only = store.exchange_only_items(precheck_id).await?;
@@ -935,5 +1075,121 @@ mod tests {
             "{error}"
         );
         assert!(event_time_from_body(br#"{"at":1700000000000}"#, "/at").is_some());
+    }
+
+    #[test]
+    fn the_body_hash_warning_counts_and_names_examples() {
+        let mut keys = BodyHashKeys::default();
+        assert_eq!(keys.warning(3), None, "no warning without body-hash keys");
+        for (id, key) in [
+            (3, "m-1"),
+            (4, "sha256:ab"),
+            (9, "sha256:cd"),
+            (10, "sha256:ef"),
+        ] {
+            let mut item = candidate();
+            item.id = DeadLetterId::new(id);
+            item.message_key = key.into();
+            keys.add(&item);
+        }
+        let mut fifth = candidate();
+        fifth.id = DeadLetterId::new(11);
+        fifth.message_key = "sha256:01".into();
+        keys.add(&fifth);
+        let warning = keys.warning(5).unwrap();
+        assert!(
+            warning.starts_with(
+                "4 of 5 dead letters are keyed by their body hash (for example dead letters 4, 9, 10, ...): only byte-identical bodies are duplicates"
+            ),
+            "{warning}"
+        );
+        let mut one = BodyHashKeys::default();
+        one.add(&fifth);
+        assert!(
+            one.warning(1)
+                .unwrap()
+                .contains("(for example dead letter 11)"),
+            "{:?}",
+            one.warning(1)
+        );
+    }
+
+    fn group(
+        shared: &str,
+        ids: &[i64],
+        dead_letters: i64,
+        variants: i64,
+        message_ids: &[&str],
+        keys: i64,
+    ) -> crate::store::prechecks::NearDuplicateGroup {
+        crate::store::prechecks::NearDuplicateGroup {
+            shared: shared.into(),
+            destination: "orders".into(),
+            dead_letters,
+            ids: ids.iter().copied().map(DeadLetterId::new).collect(),
+            variants,
+            message_ids: message_ids.iter().map(|id| (*id).to_owned()).collect(),
+            keys,
+        }
+    }
+
+    #[test]
+    fn near_duplicate_warnings_name_groups_ids_and_what_redrive_does() {
+        let none = NearDuplicates::default();
+        assert_eq!(
+            near_duplicate_warning(NearDuplicateKind::SameIdOtherBodies, &none),
+            None
+        );
+        assert_eq!(
+            near_duplicate_warning(NearDuplicateKind::SameBodyOtherIds, &none),
+            None
+        );
+
+        let retries = NearDuplicates {
+            groups: 2,
+            dead_letters: 6,
+            examples: vec![
+                group("m-50", &[12, 13, 14, 15], 4, 4, &["m-50"], 1),
+                group("m-7\nverdict: replayable", &[20, 21], 2, 2, &["m-7"], 2),
+            ],
+        };
+        let warning =
+            near_duplicate_warning(NearDuplicateKind::SameIdOtherBodies, &retries).unwrap();
+        assert!(
+            warning.starts_with(
+                "near-duplicates, same message id with different bodies: 2 message ids on 6 dead letters, \
+                 for example message id \"m-50\" to \"orders\": dead letters 12, 13, 14, 15 (4 bodies, one message key); \
+                 message id \"m-7\\nverdict: replayable\" to \"orders\": dead letters 20, 21 (2 bodies, 2 message keys). "
+            ),
+            "a producer's id is quoted and escaped: {warning}"
+        );
+        assert!(
+            warning.contains("all but the earliest are duplicate"),
+            "{warning}"
+        );
+
+        let commands = NearDuplicates {
+            groups: 4,
+            dead_letters: 9,
+            examples: vec![group(
+                "0a1b2c3d4e5f66778899",
+                &[30, 31, 32, 33],
+                5,
+                5,
+                &["c-1", "c-2", "c-3"],
+                5,
+            )],
+        };
+        let warning =
+            near_duplicate_warning(NearDuplicateKind::SameBodyOtherIds, &commands).unwrap();
+        assert!(
+            warning.starts_with(
+                "near-duplicates, same body under different message ids: 4 bodies on 9 dead letters, \
+                 for example body sha256:0a1b2c3d4e5f... to \"orders\": dead letters 30, 31, 32, 33, ... \
+                 under message ids \"c-1\", \"c-2\", \"c-3\", ... (5 ids, 5 message keys); ...."
+            ),
+            "{warning}"
+        );
+        assert!(warning.contains("each is replayed"), "{warning}");
     }
 }

@@ -62,7 +62,7 @@ fn settings_the_planner_checks_are_all_named() {
         "--stale-after",
         "payment.*",
         "--message-key",
-        "body",
+        "order_id",
         "--max-body-bytes",
         "0",
         "--shutdown-grace-seconds",

@@ -556,7 +556,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
 }
 
 /// Retention's rows: which dead letters remain after a sweep. (Distinct
-/// bodies: without `--message-key` the key is the body's SHA-256, and equal
+/// message ids: without `--message-key` the key is the `message_id`, and equal
 /// keys would make all but one a `duplicate`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()> {

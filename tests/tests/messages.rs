@@ -1,8 +1,10 @@
 //! Real-world messages against the real broker: a replay reaches only its
 //! destination and keeps every other property byte-identical (CC/BCC dropped),
 //! frameworks' error queues give the destination (MassTransit) or say that
-//! only an exchange is known (Spring AMQP), and compressed bodies are keyed by
-//! their decoded content while the consumer gets the exact captured bytes.
+//! only an exchange is known (Spring AMQP), compressed bodies are keyed by
+//! their decoded content while the consumer gets the exact captured bytes,
+//! and the default identity (the message id) replays retries of one message
+//! once and different messages with one body each.
 
 use std::{io::Write, time::Duration};
 
@@ -422,5 +424,80 @@ async fn exchange_mode_is_refused_for_a_precheck_mixing_routes_and_queues() -> a
         assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     }
     assert_eq!(bed.broker().ready_count(&audit).await?, audit_before);
+    bed.finish().await
+}
+
+/// Issue 27 end to end with the default identity (no `--message-key`): four
+/// retries of one order under one message id with changed bodies reach the
+/// consumer once (the earliest), and four different commands with the same
+/// body under four message ids all reach it: none is lost as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_identity_replays_one_order_once_and_every_command() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    let json = |message_id: &str| {
+        BasicProperties::default()
+            .with_message_id(message_id.into())
+            .with_content_type("application/json".into())
+    };
+    for attempt in 1..=4 {
+        let body = format!(r#"{{"order_id":"o-50","attempt":{attempt}}}"#);
+        topology
+            .reject(&broker, body.as_bytes(), json("m-50"))
+            .await?;
+    }
+    let command = br#"{"command":"recalculate-prices"}"#;
+    for n in 1..=4 {
+        topology
+            .reject(&broker, command, json(&format!("c-{n}")))
+            .await?;
+    }
+    let dlq = topology.dlq.clone();
+    let mut bed = redrive_tests::TestBed::start(broker, |config| {
+        capturing(config, &[&dlq]);
+        config.message_keys = Vec::new();
+    })
+    .await?;
+    captured(&mut bed.client, &dlq, 8).await?;
+    let (received, consuming) = consume(bed.broker(), &topology.work).await?;
+    let plan = approved_plan(&mut bed.client, &dlq, 100.0, 10, None).await?;
+    assert_eq!(plan.total_items, 5, "one order and four commands");
+    let executor = ExecutorHandle::start(bed.executor_config());
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(30)).await?;
+    executor.stop().await?;
+    wait_until("the replay consumed", Duration::from_secs(10), || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= 5) }
+    })
+    .await?;
+    stop_consuming(consuming)?;
+    let received = received.lock().unwrap().clone();
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
+    let mut got: Vec<(String, String)> = received
+        .iter()
+        .map(|r| {
+            (
+                r.message_id.clone(),
+                String::from_utf8_lossy(&r.body).into_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    let command = String::from_utf8_lossy(command).into_owned();
+    assert_eq!(
+        got,
+        [
+            ("c-1".to_owned(), command.clone()),
+            ("c-2".to_owned(), command.clone()),
+            ("c-3".to_owned(), command.clone()),
+            ("c-4".to_owned(), command),
+            (
+                "m-50".to_owned(),
+                r#"{"order_id":"o-50","attempt":1}"#.to_owned()
+            ),
+        ],
+        "each command once, the order once with its earliest body"
+    );
     bed.finish().await
 }

@@ -15,6 +15,7 @@ use redrive_tests::{
     orders_hook::{self, OrdersHook},
     plan_request, precheck, precheck_items, wait_until,
 };
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, transport::Channel};
 
@@ -533,5 +534,312 @@ async fn re_dead_letters_in_one_queue_do_not_make_another_queues_copy_loop() -> 
         .map(|item| item.destination.as_str())
         .collect();
     assert_eq!(destinations, ["orders.b"]);
+    bed.finish().await
+}
+
+/// Every dead letter of precheck `precheck_id`: (dead letter id, message key,
+/// verdict), in id order.
+async fn all_items(
+    client: &mut PlannerClient<Channel>,
+    precheck_id: &str,
+) -> anyhow::Result<Vec<(String, String, Verdict)>> {
+    let page = precheck_items(client, precheck_id, 0, 1000).await?;
+    anyhow::ensure!(page.next_page_token.is_empty(), "one page holds them");
+    Ok(page
+        .items
+        .into_iter()
+        .map(|item| {
+            let verdict = item.verdict();
+            (item.dead_letter_id, item.message_key, verdict)
+        })
+        .collect())
+}
+
+/// The planner's settings for these tests: capture `dlq`, no key rule unless
+/// `keys` names some.
+fn capture_only(config: &mut Config, dlq: &str, keys: &[&str]) {
+    config.capture_queues = vec![dlq.to_owned()];
+    config.capture_batch_size = 20;
+    config.capture_prefetch = 100;
+    config.message_keys = keys.iter().map(|key| (*key).to_owned()).collect();
+}
+
+/// Issue 27's two cases with the default identity (no `--message-key`): four
+/// retries of one order under one message id with slightly different bodies
+/// are one message (duplicates of the earliest) and the near-duplicate
+/// warning names them; four different commands with one body under four
+/// message ids are all replayable and the same-body warning names them; a
+/// message without a message id is keyed by its body hash, with a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_the_message_id_is_the_identity_and_near_duplicates_are_reported()
+-> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    let json = |message_id: Option<&str>| {
+        let properties = BasicProperties::default()
+            .with_type("order.paid".into())
+            .with_content_type("application/json".into());
+        match message_id {
+            Some(id) => properties.with_message_id(id.into()),
+            None => properties,
+        }
+    };
+    // Four retries of order o-50: one message id, a body that changed a little.
+    for attempt in 1..=4 {
+        let body = format!(r#"{{"order_id":"o-50","attempt":{attempt}}}"#);
+        topology
+            .reject(&broker, body.as_bytes(), json(Some("m-50")))
+            .await?;
+    }
+    // Four different commands with the same body.
+    for command in 1..=4 {
+        topology
+            .reject(
+                &broker,
+                br#"{"command":"recalculate-prices"}"#,
+                json(Some(&format!("c-{command}"))),
+            )
+            .await?;
+    }
+    // No message id at all.
+    let anonymous = br#"{"order_id":"o-77"}"#;
+    topology.reject(&broker, anonymous, json(None)).await?;
+
+    let dlq = topology.dlq.clone();
+    let mut bed = TestBed::start(broker, |config| capture_only(config, &dlq, &[])).await?;
+    wait_until("9 dead letters captured", Duration::from_secs(20), || {
+        let mut client = bed.client.clone();
+        let dlq = dlq.clone();
+        async move { Ok(redrive_tests::stored_total(&mut client, &dlq).await? == 9) }
+    })
+    .await?;
+
+    // The keys as people know them, in the listing.
+    let listed = redrive_tests::dead_letters_of(&mut bed.client, &dlq, 100).await?;
+    let mut keys: Vec<(Option<String>, String)> = listed
+        .dead_letters
+        .iter()
+        .map(|d| (d.message_id.clone(), d.message_key.clone()))
+        .collect();
+    keys.sort();
+    let body_hash = format!("sha256:{}", hex::encode(Sha256::digest(anonymous)));
+    let mut expected: Vec<(Option<String>, String)> = vec![(None, body_hash.clone())];
+    expected.extend((1..=4).map(|_| (Some("m-50".to_owned()), "m-50".to_owned())));
+    expected.extend((1..=4).map(|n| (Some(format!("c-{n}")), format!("c-{n}"))));
+    expected.sort();
+    assert_eq!(keys, expected);
+
+    let report = precheck(&mut bed.client, &dlq).await?;
+    let items = all_items(&mut bed.client, &report.precheck_id).await?;
+    let verdicts = |key: &str| -> Vec<Verdict> {
+        items
+            .iter()
+            .filter(|(_, k, _)| k == key)
+            .map(|(_, _, verdict)| *verdict)
+            .collect()
+    };
+    assert_eq!(
+        verdicts("m-50"),
+        [
+            Verdict::Replayable,
+            Verdict::Duplicate,
+            Verdict::Duplicate,
+            Verdict::Duplicate
+        ],
+        "four retries of one message: the earliest is replayed, once"
+    );
+    for command in 1..=4 {
+        assert_eq!(
+            verdicts(&format!("c-{command}")),
+            [Verdict::Replayable],
+            "a different command with the same body is not lost as a duplicate"
+        );
+    }
+    assert_eq!(verdicts(&body_hash), [Verdict::Replayable]);
+    let counts = report.counts.unwrap_or_default();
+    assert_eq!(
+        (report.total, counts.replayable, counts.duplicate),
+        (9, 6, 3)
+    );
+
+    let ids_of = |key: &str| -> Vec<String> {
+        items
+            .iter()
+            .filter(|(_, k, _)| k == key)
+            .map(|(id, _, _)| id.clone())
+            .collect()
+    };
+    let anonymous_id = &ids_of(&body_hash)[0];
+    let warning = |start: &str| {
+        report
+            .warnings
+            .iter()
+            .find(|w| w.starts_with(start))
+            .cloned()
+            .unwrap_or_else(|| panic!("a warning starting {start:?}: {:#?}", report.warnings))
+    };
+    assert!(
+        warning("1 of 9 dead letters are keyed by their body hash")
+            .contains(&format!("(for example dead letter {anonymous_id})")),
+        "{:#?}",
+        report.warnings
+    );
+    let same_id = warning("near-duplicates, same message id with different bodies");
+    assert!(
+        same_id.contains(&format!(
+            "1 message id on 4 dead letters, for example message id \"m-50\" to {:?}: dead letters {} (4 bodies, one message key)",
+            topology.work,
+            ids_of("m-50").join(", ")
+        )),
+        "{same_id}"
+    );
+    let command_ids: Vec<String> = (1..=4).flat_map(|n| ids_of(&format!("c-{n}"))).collect();
+    let same_body = warning("near-duplicates, same body under different message ids");
+    assert!(
+        same_body.contains(&format!(
+            "1 body on 4 dead letters, for example body sha256:{}... to {:?}: dead letters {} under message ids \"c-1\", \"c-2\", \"c-3\", ... (4 ids, 4 message keys)",
+            &hex::encode(Sha256::digest(br#"{"command":"recalculate-prices"}"#))[..12],
+            topology.work,
+            command_ids.join(", ")
+        )),
+        "{same_body}"
+    );
+    // Facts for the operator: no other warning came from these.
+    assert_eq!(report.warnings.len(), 3, "{:#?}", report.warnings);
+    bed.finish().await
+}
+
+/// A key rule reads a header of whatever AMQP type the producer wrote it in,
+/// through RabbitMQ's dead-lettering and capture: an order id set as the
+/// integer 42 is key `42`, not the body hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_keys_of_every_amqp_type_survive_capture() -> anyhow::Result<()> {
+    use lapin::types::{AMQPValue, ByteArray, DecimalValue, LongString};
+    init_logging();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    let cases: Vec<(&str, AMQPValue, &str)> = vec![
+        (
+            "string",
+            AMQPValue::LongString(LongString::from("o-1")),
+            "o-1",
+        ),
+        ("i8", AMQPValue::ShortShortInt(-8), "-8"),
+        ("u8", AMQPValue::ShortShortUInt(200), "200"),
+        ("i16", AMQPValue::ShortInt(-300), "-300"),
+        ("u16", AMQPValue::ShortUInt(60_000), "60000"),
+        ("i32", AMQPValue::LongInt(42), "42"),
+        ("u32", AMQPValue::LongUInt(4_000_000_000), "4000000000"),
+        (
+            "i64",
+            AMQPValue::LongLongInt(9_007_199_254_740_993),
+            "9007199254740993",
+        ),
+        (
+            "timestamp",
+            AMQPValue::Timestamp(1_764_000_000),
+            "1764000000",
+        ),
+        (
+            "bytes",
+            AMQPValue::ByteArray(ByteArray::from(b"o-bytes".to_vec())),
+            "o-bytes",
+        ),
+        (
+            "decimal",
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 2,
+                value: 12_345,
+            }),
+            "123.45",
+        ),
+        ("double", AMQPValue::Double(1.5), "1.5"),
+    ];
+    for (name, value, _) in &cases {
+        topology
+            .reject(
+                &broker,
+                format!(r#"{{"case":"{name}"}}"#).as_bytes(),
+                BasicProperties::default()
+                    .with_message_id(format!("t-{name}").into())
+                    .with_headers(amqp_table(vec![("order-id", value.clone())])),
+            )
+            .await?;
+    }
+    // A boolean cannot tell messages apart: the body hash, and the note says why.
+    topology
+        .reject(
+            &broker,
+            br#"{"case":"boolean"}"#,
+            BasicProperties::default()
+                .with_message_id("t-boolean".into())
+                .with_headers(amqp_table(vec![("order-id", AMQPValue::Boolean(true))])),
+        )
+        .await?;
+    let total = cases.len() as u64 + 1;
+
+    let dlq = topology.dlq.clone();
+    let mut bed = TestBed::start(broker, |config| {
+        capture_only(config, &dlq, &["header:order-id"])
+    })
+    .await?;
+    wait_until("every case captured", Duration::from_secs(20), || {
+        let mut client = bed.client.clone();
+        let dlq = dlq.clone();
+        async move { Ok(redrive_tests::stored_total(&mut client, &dlq).await? == total) }
+    })
+    .await?;
+    let listed = redrive_tests::dead_letters_of(&mut bed.client, &dlq, 100).await?;
+    let key_of = |message_id: &str| {
+        listed
+            .dead_letters
+            .iter()
+            .find(|d| d.message_id.as_deref() == Some(message_id))
+            .map(|d| (d.id.clone(), d.message_key.clone()))
+            .unwrap_or_else(|| panic!("{message_id} is listed"))
+    };
+    for (name, _, expected) in &cases {
+        assert_eq!(key_of(&format!("t-{name}")).1, *expected, "a {name} header");
+    }
+    let (boolean_id, boolean_key) = key_of("t-boolean");
+    assert!(boolean_key.starts_with("sha256:"), "{boolean_key}");
+    let shown = bed
+        .client
+        .get_dead_letter(v1::GetDeadLetterRequest {
+            id: boolean_id.clone(),
+        })
+        .await?
+        .into_inner()
+        .dead_letter
+        .expect("a dead letter");
+    assert!(
+        shown.capture_notes.iter().any(|note| note
+            == "message key is the body hash: no key from header:order-id: header:order-id is a boolean (true or false cannot tell messages apart)"),
+        "{:?}",
+        shown.capture_notes
+    );
+
+    let report = precheck(&mut bed.client, &dlq).await?;
+    let items = all_items(&mut bed.client, &report.precheck_id).await?;
+    let mut precheck_keys: Vec<&str> = items.iter().map(|(_, key, _)| key.as_str()).collect();
+    precheck_keys.sort_unstable();
+    let mut expected: Vec<&str> = cases.iter().map(|(_, _, key)| *key).collect();
+    expected.push(&boolean_key);
+    expected.sort_unstable();
+    assert_eq!(precheck_keys, expected);
+    assert!(
+        items
+            .iter()
+            .all(|(_, _, verdict)| *verdict == Verdict::Replayable),
+        "{items:?}"
+    );
+    assert!(
+        report.warnings.iter().any(|w| w.starts_with(&format!(
+            "1 of {total} dead letters are keyed by their body hash (for example dead letter {boolean_id})"
+        ))),
+        "{:#?}",
+        report.warnings
+    );
     bed.finish().await
 }
