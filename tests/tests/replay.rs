@@ -191,7 +191,10 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
     // A precheck of the first incident now warns: its queue is a running plan's.
     let again = precheck(&mut bed.client, &first.dlq).await?;
     assert!(
-        again.warnings.is_empty(),
+        again
+            .warnings
+            .iter()
+            .all(|warning| !warning.contains("is running to destination")),
         "the running plans redirect elsewhere: {:?}",
         again.warnings
     );
