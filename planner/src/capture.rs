@@ -368,9 +368,7 @@ async fn session(
         )
         .await
     {
-        Ok(_) => {
-            let _ = probe.close(200, "OK".into()).await;
-        }
+        Ok(_) => {}
         Err(error) => {
             let missing = matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404);
             let _ = connection.close(200, "capture queue missing".into()).await;
@@ -381,27 +379,23 @@ async fn session(
             });
         }
     }
+    if is_stream(&probe, queue).await? {
+        let _ = connection
+            .close(200, "stream queues are not captured".into())
+            .await;
+        return Err(CaptureError::StreamQueue(queue.to_owned()));
+    }
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(config.prefetch, BasicQosOptions::default())
         .await?;
     let consumer_tag = format!("redrive-planner-{}", uuid::Uuid::new_v4());
-    // Classic and quorum queues ignore `x-stream-offset`; a stream delivers
-    // from its first message, so that a stream DLQ is recognized (by the
-    // header on its deliveries, [`STREAM_OFFSET_HEADER`]) and refused at
-    // once, also when its messages were there before the planner started
-    // (a stream consumer starts at `next` by default and would see none).
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        STREAM_OFFSET_HEADER.into(),
-        lapin::types::AMQPValue::LongString("first".into()),
-    );
     let mut consumer = channel
         .basic_consume(
             queue.into(),
             consumer_tag.as_str().into(),
             BasicConsumeOptions::default(),
-            arguments,
+            FieldTable::default(),
         )
         .await?;
     *consumed = true;
@@ -508,6 +502,50 @@ async fn gather(
         if batches.send(batch).await.is_err() {
             // The writer gave up (shutdown while PostgreSQL was down).
             return Ok(());
+        }
+    }
+}
+
+/// Whether `queue` is a stream, asked on `probe` (a channel of its own,
+/// which this closes or the broker does). A consumer argument only streams
+/// accept, [`STREAM_OFFSET_HEADER`] `next`: RabbitMQ refuses it on a
+/// classic or quorum queue before any consumer exists (`406
+/// PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue … of queue
+/// type rabbit_classic_queue`, seen on RabbitMQ 3.10), so nothing is
+/// delivered there; a stream accepts it, and a stream consumer at `next`
+/// takes nothing away (a stream keeps its messages).
+async fn is_stream(probe: &lapin::Channel, queue: &str) -> Result<bool, CaptureError> {
+    probe.basic_qos(1, BasicQosOptions::default()).await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        STREAM_OFFSET_HEADER.into(),
+        lapin::types::AMQPValue::LongString("next".into()),
+    );
+    let tag = format!("redrive-planner-probe-{}", uuid::Uuid::new_v4());
+    match probe
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await
+    {
+        Ok(_) => {
+            let _ = probe.close(200, "OK".into()).await;
+            Ok(true)
+        }
+        Err(error) => {
+            let refused_argument = matches!(
+                error.kind(),
+                lapin::ErrorKind::ProtocolError(amqp)
+                    if amqp.get_id() == 406 && amqp.get_message().as_str().contains(STREAM_OFFSET_HEADER)
+            );
+            if refused_argument {
+                Ok(false)
+            } else {
+                Err(error.into())
+            }
         }
     }
 }
