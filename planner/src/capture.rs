@@ -999,6 +999,33 @@ mod tests {
     /// A queue whose connection dropped every few hours reconnected up to
     /// 10 s late ever after: the delay never went back down.
     #[test]
+    fn capture_status_says_which_queue_has_no_consumer_and_why() {
+        let status = CaptureStatus::new(&["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+        status.set("a", true);
+        status.set_problem(
+            "b",
+            Some("does not exist (404 NOT_FOUND on passive declare)".to_owned()),
+        );
+        assert_eq!(
+            status.problems(),
+            [
+                "b: does not exist (404 NOT_FOUND on passive declare)",
+                "c: no consumer connected"
+            ]
+        );
+        assert_eq!(status.not_consuming(), ["b", "c"]);
+        assert_eq!(status.is_consuming("a"), Some(true));
+        assert_eq!(status.is_consuming("z"), None);
+        status.set("b", true);
+        assert_eq!(
+            status.problems(),
+            ["c: no consumer connected"],
+            "a consumer clears the reason"
+        );
+        assert_eq!(status.queues().collect::<Vec<_>>(), ["a", "b", "c"]);
+    }
+
+    #[test]
     fn a_healthy_session_starts_the_backoff_over() {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         let failing: Vec<Duration> = (0..8)

@@ -386,5 +386,37 @@ async fn a_kombu_zlib_body_is_keyed_by_its_content_and_replayed_byte_for_byte() 
             Some("utf-8")
         );
     }
+
+    // A repair is checked as capture reads: the zlib body decoded by the
+    // dead letter's kombu header.
+    let id = stored["m-k-1"].id.clone();
+    let zlib = |text: &str| -> anyhow::Result<Vec<u8>> {
+        let mut encoder =
+            flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(text.as_bytes())?;
+        Ok(encoder.finish()?)
+    };
+    let refused = bed
+        .client
+        .repair_dead_letter(v1::RepairDeadLetterRequest {
+            dead_letter_id: id.clone(),
+            new_body: zlib("not json")?,
+            reason: "test".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("does not parse as JSON"),
+        "{}",
+        refused.message()
+    );
+    bed.client
+        .repair_dead_letter(v1::RepairDeadLetterRequest {
+            dead_letter_id: id,
+            new_body: zlib(r#"{"order_id":"k-1","task":"charge","fixed":true}"#)?,
+            reason: "test".into(),
+        })
+        .await?;
     bed.finish().await
 }
