@@ -307,24 +307,30 @@ async fn a_stream_dlq_is_refused_and_a_missing_capture_queue_is_named_by_readine
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_kombu_zlib_body_is_keyed_by_its_content_and_replayed_byte_for_byte() -> anyhow::Result<()>
-{
+async fn kombu_zlib_and_bzip2_bodies_are_keyed_by_their_content_and_replayed_byte_for_byte()
+-> anyhow::Result<()> {
     init_logging();
     let broker = Broker::connect().await?;
     let topology = DlqTopology::declare(&broker).await?;
     let mut bodies = Vec::new();
     // kombu: charset in content_encoding, the codec in its `compression`
-    // header (`application/x-gzip` is kombu's name for zlib).
-    for (index, (compression, level)) in [
-        ("application/x-gzip", flate2::Compression::default()),
-        ("zlib", flate2::Compression::best()),
-    ]
-    .into_iter()
-    .enumerate()
+    // header (`application/x-gzip` is kombu's name for zlib); a bzip2
+    // sibling under kombu's `application/x-bz2`.
+    for (index, compression) in ["application/x-gzip", "zlib", "application/x-bz2"]
+        .into_iter()
+        .enumerate()
     {
-        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), level);
-        zlib.write_all(format!(r#"{{"order_id":"k-{index}","task":"charge"}}"#).as_bytes())?;
-        let body = zlib.finish()?;
+        let json = format!(r#"{{"order_id":"k-{index}","task":"charge"}}"#);
+        let body = if compression.contains("bz2") {
+            let mut bzip2 = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::default());
+            bzip2.write_all(json.as_bytes())?;
+            bzip2.finish()?
+        } else {
+            let mut zlib =
+                flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            zlib.write_all(json.as_bytes())?;
+            zlib.finish()?
+        };
         topology
             .reject(
                 &broker,
@@ -345,9 +351,9 @@ async fn a_kombu_zlib_body_is_keyed_by_its_content_and_replayed_byte_for_byte() 
         config.lease_ttl_seconds = 3;
     })
     .await?;
-    captured(&mut bed.client, &topology.dlq, 2).await?;
+    captured(&mut bed.client, &topology.dlq, 3).await?;
     let stored = by_message_id(&mut bed, &topology.dlq).await?;
-    for index in 0..2 {
+    for index in 0..3 {
         let dead_letter = &stored[&format!("m-k-{index}")];
         assert_eq!(dead_letter.message_key, format!("k-{index}"));
         assert_eq!(
@@ -357,7 +363,7 @@ async fn a_kombu_zlib_body_is_keyed_by_its_content_and_replayed_byte_for_byte() 
     }
     let report = precheck(&mut bed.client, &topology.dlq).await?;
     let counts = report.counts.unwrap();
-    assert_eq!((counts.replayable, counts.invalid), (2, 0), "{report:?}");
+    assert_eq!((counts.replayable, counts.invalid), (3, 0), "{report:?}");
 
     let (received, consuming) = consume(bed.broker(), &topology.work).await?;
     let plan = approved_plan(&mut bed.client, &topology.dlq, 100.0, 10, None).await?;
@@ -366,14 +372,14 @@ async fn a_kombu_zlib_body_is_keyed_by_its_content_and_replayed_byte_for_byte() 
     executor.stop().await?;
     wait_until("the replay consumed", Duration::from_secs(10), || {
         let received = received.clone();
-        async move { Ok(received.lock().unwrap().len() >= 2) }
+        async move { Ok(received.lock().unwrap().len() >= 3) }
     })
     .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop_consuming(consuming)?;
     let received = received.lock().unwrap().clone();
     assert_bed_audit(&bed, &plan.plan_id, &received).await?;
-    assert_eq!(received.len(), 2);
+    assert_eq!(received.len(), 3);
     for delivery in &received {
         let index: usize = delivery.message_id["m-k-".len()..].parse()?;
         assert_eq!(delivery.body, bodies[index], "the exact compressed bytes");
