@@ -531,10 +531,8 @@ async fn is_stream(probe: &lapin::Channel, queue: &str) -> Result<bool, CaptureE
         )
         .await
     {
-        Ok(_) => {
-            let _ = probe.close(200, "OK".into()).await;
-            Ok(true)
-        }
+        // The caller closes the connection, and the probe with it.
+        Ok(_) => Ok(true),
         Err(error) => {
             let refused_argument = matches!(
                 error.kind(),
