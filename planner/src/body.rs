@@ -16,6 +16,12 @@ const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 /// Zstandard frame magic number 0xFD2FB528, little-endian (RFC 8878 §3.1.1).
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 
+/// Bzip2 stream header: `BZh` and the block size `1`..`9` (the format of
+/// bzip2 1.0, sourceware.org/bzip2).
+fn has_bzip2_magic(body: &[u8]) -> bool {
+    matches!(body, [b'B', b'Z', b'h', b'1'..=b'9', ..])
+}
+
 /// The compression `body` is in, judged by its first bytes.
 pub fn sniff(body: &[u8]) -> BodyCompression {
     if body.starts_with(GZIP_MAGIC) {
@@ -41,6 +47,8 @@ pub enum Codec {
     Deflate,
     /// Zstandard (RFC 8878), magic `28 b5 2f fd`.
     Zstd,
+    /// Bzip2, magic `BZh1`..`BZh9`.
+    Bzip2,
 }
 
 impl Codec {
@@ -51,14 +59,18 @@ impl Codec {
             Self::Zlib => "zlib",
             Self::Deflate => "deflate",
             Self::Zstd => "zstd",
+            Self::Bzip2 => "bzip2",
         }
     }
 }
 
 /// Headers that frameworks declare a body's compression in, besides the
-/// `content_encoding` property: Celery/kombu's `compression` (values such as
-/// `application/x-gzip`, `application/zstd`, `zlib`) and a `Content-Encoding`
-/// header copied from HTTP.
+/// `content_encoding` property: Celery/kombu's `compression` (kombu's
+/// `compression.py` names: `application/x-gzip` for zlib, aliases `gzip`,
+/// `zlib`; `application/x-bz2`, aliases `bzip2`, `bzip`; `application/zstd`,
+/// aliases `zstd`, `zstandard`; `application/x-lzma` and
+/// `application/x-brotli` are not read, see docs/known-limits.md) and a
+/// `Content-Encoding` header copied from HTTP.
 pub const ENCODING_HEADERS: &[&str] = &["compression", "content-encoding", "Content-Encoding"];
 
 /// Why a body could not be decoded.
@@ -101,6 +113,9 @@ pub fn codec_of(body: &[u8], declared: Option<&str>) -> Option<Codec> {
         Some(Codec::Gzip)
     } else if body.starts_with(ZSTD_MAGIC) {
         Some(Codec::Zstd)
+    } else if has_bzip2_magic(body) || says("bz2") || says("bzip") {
+        // Undeclared: only a body that really decompresses counts ([`decode`]).
+        Some(Codec::Bzip2)
     } else if has_zlib_header(body) && (says("zlib") || says("deflate") || says("gzip")) {
         // kombu registers zlib under `application/x-gzip`.
         Some(Codec::Zlib)
@@ -112,6 +127,13 @@ pub fn codec_of(body: &[u8], declared: Option<&str>) -> Option<Codec> {
     } else {
         None
     }
+}
+
+/// A zlib or bzip2 guess from the first bytes alone, with nothing
+/// declared: such a body that does not decompress is read as it is (plain
+/// text may start like them), where gzip and zstd magic cannot mislead.
+fn sniffed_only(codec: Codec, declared: Option<&str>) -> bool {
+    matches!(codec, Codec::Zlib | Codec::Bzip2) && declared.is_none_or(str::is_empty)
 }
 
 /// Up to `limit` bytes of `body` decompressed with `codec`, and whether there
@@ -129,6 +151,10 @@ fn inflate(codec: Codec, body: &[u8], limit: usize) -> Result<(Vec<u8>, bool), S
             .read_to_end(&mut out)
             .map_err(|error| error.to_string()),
         Codec::Deflate => flate2::read::DeflateDecoder::new(body)
+            .take(cap)
+            .read_to_end(&mut out)
+            .map_err(|error| error.to_string()),
+        Codec::Bzip2 => bzip2::read::MultiBzDecoder::new(body)
             .take(cap)
             .read_to_end(&mut out)
             .map_err(|error| error.to_string()),
@@ -173,9 +199,7 @@ pub fn decode<'a>(
             limit,
         }),
         Ok((bytes, false)) => Ok((std::borrow::Cow::Owned(bytes), Some(codec))),
-        Err(_) if codec == Codec::Zlib && declared.is_none_or(str::is_empty) => {
-            Ok((std::borrow::Cow::Borrowed(body), None))
-        }
+        Err(_) if sniffed_only(codec, declared) => Ok((std::borrow::Cow::Borrowed(body), None)),
         Err(error) => Err(DecodeError::Corrupt {
             codec: codec.name(),
             error,
@@ -183,25 +207,51 @@ pub fn decode<'a>(
     }
 }
 
-/// The compression a message declares: its `content_encoding` property, else
-/// the first of [`ENCODING_HEADERS`] present.
+/// Whether a declared encoding names a codec [`codec_of`] reads.
+fn names_a_codec(declared: &str) -> bool {
+    let declared = declared.to_ascii_lowercase();
+    [
+        "gzip",
+        "zlib",
+        "deflate",
+        "zstd",
+        "zstandard",
+        "bz2",
+        "bzip",
+    ]
+    .iter()
+    .any(|word| declared.contains(word))
+}
+
+/// The compression a message declares: the first of its `content_encoding`
+/// property and [`ENCODING_HEADERS`] that names a codec, else the first
+/// present. kombu writes its charset (`utf-8`) into `content_encoding` and
+/// the compression into its `compression` header, so a property that names
+/// no codec must not hide the header.
 pub fn declared_encoding(
     properties: &redrive_proto::v1::MessageProperties,
     headers: &redrive_proto::v1::HeaderTable,
 ) -> Option<String> {
-    properties
+    let declared: Vec<String> = properties
         .content_encoding
-        .clone()
-        .filter(|encoding| !encoding.is_empty())
-        .or_else(|| {
+        .iter()
+        .cloned()
+        .chain(
             ENCODING_HEADERS
                 .iter()
-                .find_map(|name| crate::death::text_of(headers, name))
-        })
+                .filter_map(|name| crate::death::text_of(headers, name)),
+        )
+        .filter(|encoding| !encoding.is_empty())
+        .collect();
+    declared
+        .iter()
+        .find(|encoding| names_a_codec(encoding))
+        .or_else(|| declared.first())
+        .cloned()
 }
 
 /// A readable rendition of `body` (`declared`: its declared encoding, see
-/// [`declared_encoding`]): decompressed when gzip, zlib, deflate or zstd (at
+/// [`declared_encoding`]): decompressed when gzip, zlib, deflate, zstd or bzip2 (at
 /// most [`PREVIEW_LIMIT_BYTES`] of output), pretty-printed when JSON, with
 /// invalid UTF-8 replaced; cut at [`PREVIEW_LIMIT_BYTES`] with a note. A body
 /// that claims to be compressed but does not decompress is shown as it is,
@@ -218,7 +268,7 @@ pub fn preview(body: &[u8], declared: Option<&str>) -> String {
                 }
                 Some(out)
             }
-            Err(_) if codec == Codec::Zlib && declared.is_none_or(str::is_empty) => None,
+            Err(_) if sniffed_only(codec, declared) => None,
             Err(error) => {
                 notes.push(format!(
                     "[looks like {} but does not decompress: {error}]",
@@ -322,6 +372,110 @@ mod tests {
             Codec::Zstd => {
                 ruzstd::encoding::compress_to_vec(data, ruzstd::encoding::CompressionLevel::Fastest)
             }
+            Codec::Bzip2 => {
+                let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::fast());
+                e.write_all(data).unwrap();
+                e.finish().unwrap()
+            }
+        }
+    }
+
+    #[test]
+    fn every_codec_is_read_sniffed_declared_or_by_a_framework_header() {
+        use redrive_proto::v1::{HeaderTable, HeaderValue, MessageProperties, header_value::Value};
+        let json = br#"{"order_id":"o-7"}"#;
+        // (codec, content_encoding, kombu `compression` header)
+        for (codec, encoding, kombu) in [
+            (Codec::Gzip, "gzip", "gzip"),
+            (Codec::Zlib, "deflate", "application/x-gzip"),
+            (Codec::Zlib, "zlib", "zlib"),
+            (Codec::Deflate, "deflate", "deflate"),
+            (Codec::Zstd, "zstd", "application/zstd"),
+            (Codec::Bzip2, "bzip2", "application/x-bz2"),
+        ] {
+            let body = compressed(codec, json);
+            // Sniffed (raw deflate has no magic: only declared).
+            if codec != Codec::Deflate {
+                let (decoded, used) = decode(&body, None, 1024).unwrap();
+                assert_eq!(
+                    (&*decoded, used),
+                    (&json[..], Some(codec)),
+                    "sniffed {codec:?}"
+                );
+            }
+            // Declared by content_encoding, then by kombu's header.
+            let by_property = MessageProperties {
+                content_encoding: Some(encoding.into()),
+                ..Default::default()
+            };
+            let mut headers = HeaderTable::default();
+            headers.fields.insert(
+                "compression".into(),
+                HeaderValue {
+                    value: Some(Value::LongString(kombu.as_bytes().to_vec())),
+                },
+            );
+            for declared in [
+                declared_encoding(&by_property, &HeaderTable::default()),
+                declared_encoding(&MessageProperties::default(), &headers),
+            ] {
+                let (decoded, used) = decode(&body, declared.as_deref(), 1024).unwrap();
+                assert_eq!(
+                    (&*decoded, used),
+                    (&json[..], Some(codec)),
+                    "{codec:?} {declared:?}"
+                );
+                assert!(preview(&body, declared.as_deref()).contains("\"order_id\": \"o-7\""));
+            }
+        }
+        // kombu: its charset in content_encoding, the codec in its header.
+        let kombu = MessageProperties {
+            content_encoding: Some("utf-8".into()),
+            ..Default::default()
+        };
+        let mut headers = HeaderTable::default();
+        headers.fields.insert(
+            "compression".into(),
+            HeaderValue {
+                value: Some(Value::LongString(b"application/x-gzip".to_vec())),
+            },
+        );
+        let declared = declared_encoding(&kombu, &headers);
+        assert_eq!(declared.as_deref(), Some("application/x-gzip"));
+        let zlib = compressed(Codec::Zlib, json);
+        let (decoded, used) = decode(&zlib, declared.as_deref(), 1024).unwrap();
+        assert_eq!((&*decoded, used), (&json[..], Some(Codec::Zlib)));
+        assert_eq!(
+            declared_encoding(&kombu, &HeaderTable::default()).as_deref(),
+            Some("utf-8")
+        );
+        // Plain text that starts like bzip2 is read as it is when undeclared.
+        let (plain, used) = decode(b"BZh9 is a line of text", None, 1024).unwrap();
+        assert_eq!((&*plain, used), (&b"BZh9 is a line of text"[..], None));
+        // Declared but broken: refused with a note, never read as something else.
+        let error = decode(b"not bzip2", Some("application/x-bz2"), 1024).unwrap_err();
+        assert!(
+            matches!(error, DecodeError::Corrupt { codec: "bzip2", .. }),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_bomb_of_every_codec_stops_at_the_cap() {
+        let zeros = vec![0_u8; 4 * 1024 * 1024];
+        for (codec, declared) in [
+            (Codec::Gzip, None),
+            (Codec::Zlib, None),
+            (Codec::Deflate, Some("deflate")),
+            (Codec::Zstd, None),
+            (Codec::Bzip2, None),
+        ] {
+            let bomb = compressed(codec, &zeros);
+            let error = decode(&bomb, declared, 64 * 1024).unwrap_err();
+            assert!(
+                matches!(error, DecodeError::TooLarge { limit: 65_536, .. }),
+                "{codec:?}: {error}"
+            );
         }
     }
 

@@ -41,7 +41,7 @@ pub mod raw;
 
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -52,7 +52,7 @@ use futures::StreamExt;
 use lapin::{
     Connection, ConnectionProperties,
     message::Delivery,
-    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions},
+    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions},
     types::FieldTable,
 };
 use redrive_proto::{amqp, backoff::Backoff, v1::ReasonClass};
@@ -94,10 +94,14 @@ pub struct CaptureConfig {
     pub status: CaptureStatus,
 }
 
-/// Whether each capture queue has a consumer now: what the planner's
-/// readiness requires (cheap to clone; shared by capture and health).
+/// Whether each capture queue has a consumer now, and why not: what the
+/// planner's readiness requires and reports (cheap to clone; shared by
+/// capture and health).
 #[derive(Debug, Clone, Default)]
-pub struct CaptureStatus(Arc<Vec<(String, AtomicBool)>>);
+pub struct CaptureStatus(Arc<Vec<QueueStatus>>);
+
+/// One capture queue's name, whether it has a consumer, and why not.
+type QueueStatus = (String, AtomicBool, Mutex<Option<String>>);
 
 impl CaptureStatus {
     /// Every queue of `queues` without a consumer yet.
@@ -105,15 +109,30 @@ impl CaptureStatus {
         Self(Arc::new(
             queues
                 .iter()
-                .map(|queue| (queue.clone(), AtomicBool::new(false)))
+                .map(|queue| (queue.clone(), AtomicBool::new(false), Mutex::new(None)))
                 .collect(),
         ))
     }
 
     fn set(&self, queue: &str, consuming: bool) {
-        for (name, flag) in self.0.iter() {
+        for (name, flag, problem) in self.0.iter() {
             if name == queue {
                 flag.store(consuming, Ordering::SeqCst);
+                if consuming && let Ok(mut problem) = problem.lock() {
+                    *problem = None;
+                }
+            }
+        }
+    }
+
+    /// Records why `queue` has no consumer (`None`: no known reason, e.g.
+    /// not connected yet).
+    fn set_problem(&self, queue: &str, why: Option<String>) {
+        for (name, _, problem) in self.0.iter() {
+            if name == queue
+                && let Ok(mut problem) = problem.lock()
+            {
+                *problem = why.clone();
             }
         }
     }
@@ -122,11 +141,50 @@ impl CaptureStatus {
     pub fn not_consuming(&self) -> Vec<String> {
         self.0
             .iter()
-            .filter(|(_, flag)| !flag.load(Ordering::SeqCst))
-            .map(|(name, _)| name.clone())
+            .filter(|(_, flag, _)| !flag.load(Ordering::SeqCst))
+            .map(|(name, _, _)| name.clone())
             .collect()
     }
+
+    /// Each queue without a consumer now, with why: `queue: does not exist
+    /// (404 NOT_FOUND on passive declare)`, `queue: is a stream queue …`,
+    /// or `queue: no consumer connected`. What readiness logs.
+    pub fn problems(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(_, flag, _)| !flag.load(Ordering::SeqCst))
+            .map(|(name, _, problem)| {
+                let why = problem
+                    .lock()
+                    .ok()
+                    .and_then(|problem| problem.clone())
+                    .unwrap_or_else(|| "no consumer connected".to_owned());
+                format!("{name}: {why}")
+            })
+            .collect()
+    }
+
+    /// Whether `queue` has a consumer now (`None`: not a capture queue).
+    pub fn is_consuming(&self, queue: &str) -> Option<bool> {
+        self.0
+            .iter()
+            .find(|(name, _, _)| name == queue)
+            .map(|(_, flag, _)| flag.load(Ordering::SeqCst))
+    }
+
+    /// The capture queues, in configuration order.
+    pub fn queues(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(name, _, _)| name.as_str())
+    }
 }
+
+/// The header RabbitMQ adds to every message a stream queue delivers over
+/// AMQP 0-9-1 (its offset in the stream; RabbitMQ docs, "Streams",
+/// "Consuming"): how capture recognizes a stream.
+pub const STREAM_OFFSET_HEADER: &str = "x-stream-offset";
+
+/// Why capture refuses stream queues (docs/capture.md, "Stream queues").
+pub const STREAM_REFUSAL: &str = "is a stream queue (x-queue-type: stream): a stream keeps every message after its ack, so capture cannot take dead letters from it and would read them all again after every restart; capture of this queue is refused (dead-letter into a classic or quorum queue, or remove it from --capture-queue)";
 
 /// Why a capture session ended.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +198,14 @@ pub enum CaptureError {
     /// The consumer was cancelled by the broker (queue deleted).
     #[error("consumer of queue {0:?} ended (queue deleted or consumer cancelled)")]
     ConsumerEnded(String),
+    /// The capture queue does not exist (a typo in `--capture-queue`, or not
+    /// declared yet): the broker answered a passive `queue.declare` with
+    /// 404 NOT_FOUND (AMQP 0-9-1 §1.7.2.1).
+    #[error("capture queue {0} does not exist (404 NOT_FOUND on passive declare)")]
+    MissingQueue(String),
+    /// The capture queue is a stream ([`STREAM_REFUSAL`]).
+    #[error("capture queue {0} {STREAM_REFUSAL}")]
+    StreamQueue(String),
 }
 
 /// The queue an unreadable message of `queue` is moved to.
@@ -209,7 +275,27 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                         config.status.set(&queue, false);
                         match ended {
                             Ok(()) => break,
+                            Err(CaptureError::StreamQueue(_)) => {
+                                // Refused for good: a stream stays a stream.
+                                config.status.set_problem(&queue, Some(STREAM_REFUSAL.to_owned()));
+                                tracing::error!(queue = %queue, "capture queue {queue} {STREAM_REFUSAL}");
+                                break;
+                            }
+                            Err(CaptureError::MissingQueue(_)) => {
+                                store.metrics().capture_failed(&queue, CaptureFailure::Session);
+                                config.status.set_problem(
+                                    &queue,
+                                    Some("does not exist (404 NOT_FOUND on passive declare)".to_owned()),
+                                );
+                                delay = delay_after_session(&mut backoff, started.elapsed());
+                                warn!(
+                                    retry_in_ms = delay.as_millis() as u64,
+                                    "capture queue {queue} does not exist (404 NOT_FOUND on passive declare); retrying in {:.1} s",
+                                    delay.as_secs_f64()
+                                );
+                            }
                             Err(error) => {
+                                config.status.set_problem(&queue, Some(format!("capture session ended: {error}")));
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
                                 delay = delay_after_session(&mut backoff, started.elapsed());
@@ -267,6 +353,38 @@ async fn session(
         (None, uri)
     };
     let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
+    // Does the queue exist? A passive declare on a channel of its own: a
+    // 404 closes only that channel, and says plainly what is wrong (a
+    // consume would fail the same way, less clearly).
+    let probe = connection.create_channel().await?;
+    match probe
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(error) => {
+            let missing = matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404);
+            let _ = connection.close(200, "capture queue missing".into()).await;
+            return Err(if missing {
+                CaptureError::MissingQueue(queue.to_owned())
+            } else {
+                error.into()
+            });
+        }
+    }
+    if is_stream(&probe, queue).await? {
+        let _ = connection
+            .close(200, "stream queues are not captured".into())
+            .await;
+        return Err(CaptureError::StreamQueue(queue.to_owned()));
+    }
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(config.prefetch, BasicQosOptions::default())
@@ -319,6 +437,15 @@ async fn session(
 
     let outcome = gather(config, queue, &mut consumer, &batches, shutdown).await;
     drop(batches);
+    if matches!(outcome, Err(CaptureError::StreamQueue(_))) {
+        // Nothing of the stream was stored or acked; a stream keeps it.
+        session_over.cancel();
+        let _ = writer.await;
+        let _ = connection
+            .close(200, "stream queues are not captured".into())
+            .await;
+        return outcome;
+    }
     if outcome.is_err() {
         // The channel is gone: its unacked deliveries come back redelivered to
         // the next session. Let a write in progress finish (commit or fail)
@@ -350,7 +477,11 @@ async fn gather(
         let Some(first) = first else {
             return Err(CaptureError::ConsumerEnded(queue.to_owned()));
         };
-        let mut deliveries = vec![first?];
+        let first = first?;
+        if is_stream_delivery(&first) {
+            return Err(CaptureError::StreamQueue(queue.to_owned()));
+        }
+        let mut deliveries = vec![first];
         let mut batch_bytes = deliveries[0].data.len();
         let deadline = tokio::time::Instant::now() + config.batch_wait;
         // Cut by count and by bytes: PostgreSQL takes at most 1 GB in one value.
@@ -373,6 +504,63 @@ async fn gather(
             return Ok(());
         }
     }
+}
+
+/// Whether `queue` is a stream, asked on `probe` (a channel of its own,
+/// which this closes or the broker does). A consumer argument only streams
+/// accept, [`STREAM_OFFSET_HEADER`] `next`: RabbitMQ refuses it on a
+/// classic or quorum queue before any consumer exists (`406
+/// PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue … of queue
+/// type rabbit_classic_queue`, seen on RabbitMQ 3.10), so nothing is
+/// delivered there; a stream accepts it, and a stream consumer at `next`
+/// takes nothing away (a stream keeps its messages).
+async fn is_stream(probe: &lapin::Channel, queue: &str) -> Result<bool, CaptureError> {
+    probe.basic_qos(1, BasicQosOptions::default()).await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        STREAM_OFFSET_HEADER.into(),
+        lapin::types::AMQPValue::LongString("next".into()),
+    );
+    let tag = format!("redrive-planner-probe-{}", uuid::Uuid::new_v4());
+    match probe
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await
+    {
+        // The caller closes the connection, and the probe with it.
+        Ok(_) => Ok(true),
+        Err(error) => {
+            let refused_argument = matches!(
+                error.kind(),
+                lapin::ErrorKind::ProtocolError(amqp)
+                    if amqp.get_id() == 406 && amqp.get_message().as_str().contains(STREAM_OFFSET_HEADER)
+            );
+            if refused_argument {
+                Ok(false)
+            } else {
+                Err(error.into())
+            }
+        }
+    }
+}
+
+/// Whether `delivery` came from a stream queue: it carries the
+/// [`STREAM_OFFSET_HEADER`] as the 64-bit integer RabbitMQ writes.
+fn is_stream_delivery(delivery: &Delivery) -> bool {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .is_some_and(|headers| {
+            headers.inner().iter().any(|(name, value)| {
+                name.as_str() == STREAM_OFFSET_HEADER
+                    && matches!(value, lapin::types::AMQPValue::LongLongInt(_))
+            })
+        })
 }
 
 async fn extract_batch(
@@ -808,6 +996,33 @@ mod tests {
 
     /// A queue whose connection dropped every few hours reconnected up to
     /// 10 s late ever after: the delay never went back down.
+    #[test]
+    fn capture_status_says_which_queue_has_no_consumer_and_why() {
+        let status = CaptureStatus::new(&["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+        status.set("a", true);
+        status.set_problem(
+            "b",
+            Some("does not exist (404 NOT_FOUND on passive declare)".to_owned()),
+        );
+        assert_eq!(
+            status.problems(),
+            [
+                "b: does not exist (404 NOT_FOUND on passive declare)",
+                "c: no consumer connected"
+            ]
+        );
+        assert_eq!(status.not_consuming(), ["b", "c"]);
+        assert_eq!(status.is_consuming("a"), Some(true));
+        assert_eq!(status.is_consuming("z"), None);
+        status.set("b", true);
+        assert_eq!(
+            status.problems(),
+            ["c: no consumer connected"],
+            "a consumer clears the reason"
+        );
+        assert_eq!(status.queues().collect::<Vec<_>>(), ["a", "b", "c"]);
+    }
+
     #[test]
     fn a_healthy_session_starts_the_backoff_over() {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));

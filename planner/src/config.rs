@@ -229,6 +229,13 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_EVENT_TYPE_HEADER", default_value = "event-type")]
     pub event_type_header: String,
 
+    /// Header holding the original event time, preferred to the `timestamp`
+    /// property: a timestamp, an integer, a decimal or text (RFC 3339 / ISO
+    /// 8601, or a number); numbers in seconds, milliseconds, microseconds or
+    /// nanoseconds since 1970, by their range (docs/capture.md, "Event time").
+    #[arg(long, env = "REDRIVE_EVENT_TIME_HEADER", value_name = "HEADER")]
+    pub event_time_header: Option<String>,
+
     /// Header naming the schema version.
     #[arg(
         long,
@@ -516,6 +523,14 @@ impl Config {
                 problem(setting, "a header name is 1 to 255 bytes".to_owned());
             }
         }
+        if let Some(header) = &self.event_time_header
+            && (header.is_empty() || header.len() > 255)
+        {
+            problem(
+                "event-time-header",
+                "a header name is 1 to 255 bytes".to_owned(),
+            );
+        }
         for spec in &self.message_keys {
             if let Err(text) = spec.parse::<KeySource>() {
                 problem("message-key", text);
@@ -753,6 +768,7 @@ impl Config {
             event_type_header: self.event_type_header.clone(),
             schema_version_header: self.schema_version_header.clone(),
             error_class_header: self.error_class_header.clone(),
+            event_time_header: self.event_time_header.clone(),
             key_sources: self
                 .message_keys
                 .iter()

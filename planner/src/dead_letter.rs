@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     body,
     death::{self, Death},
+    event_time,
     message_key::{self, KeySource},
 };
 
@@ -32,6 +33,10 @@ pub struct ExtractionRules {
     pub schema_version_header: String,
     /// The application's error-class header, which refines `rejected`.
     pub error_class_header: String,
+    /// Header holding the original event time (any AMQP type that can hold
+    /// a time, read by [`crate::event_time::from_header`]); preferred to the
+    /// `timestamp` property. `None`: only the property is read.
+    pub event_time_header: Option<String>,
     /// Where message keys come from, first match wins (the `--message-key`
     /// rules); empty: the default, the `message_id` property. Either way the
     /// body's SHA-256 when nothing gives a key ([`message_key::message_key`]).
@@ -52,6 +57,7 @@ impl Default for ExtractionRules {
             event_type_header: "event-type".to_owned(),
             schema_version_header: "schema-version".to_owned(),
             error_class_header: "error-class".to_owned(),
+            event_time_header: None,
             key_sources: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             publish_user: None,
@@ -423,12 +429,9 @@ impl ExtractionRules {
             ));
         }
         let message_key = message_key.key;
-        let occurred_at = raw.occurred_at.or_else(|| {
-            raw.properties
-                .timestamp
-                .and_then(|seconds| i64::try_from(seconds).ok())
-                .and_then(death::epoch_seconds)
-        });
+        let occurred_at = raw
+            .occurred_at
+            .or_else(|| self.event_time(&raw.properties, &raw.headers, &mut notes));
         let died_at = death
             .as_ref()
             .and_then(|death| death.time)
@@ -509,6 +512,51 @@ impl ExtractionRules {
             original_routing_key: info.original_routing_key,
             capture_notes: notes,
             body: raw.body,
+        }
+    }
+}
+
+impl ExtractionRules {
+    /// The original event time a message carries: the
+    /// [`ExtractionRules::event_time_header`] when present, else the
+    /// `timestamp` property, each read by [`event_time`]'s one rule
+    /// (seconds, milliseconds, microseconds or nanoseconds by range; text
+    /// as RFC 3339 / ISO 8601). A value that is not a plausible time, or a
+    /// number read in a unit other than the seconds AMQP 0-9-1 specifies
+    /// (§4.2.5.4), is noted in `notes`.
+    pub fn event_time(
+        &self,
+        properties: &MessageProperties,
+        headers: &HeaderTable,
+        notes: &mut Vec<String>,
+    ) -> Option<DateTime<Utc>> {
+        if let Some(name) = self.event_time_header.as_deref()
+            && let Some(value) = headers.fields.get(name)
+        {
+            match event_time::from_header(value) {
+                Ok(read) => return Some(read.at),
+                Err(why) => notes.push(format!(
+                    "event time header {name:?} not read: {why}; the timestamp property or the first death counts instead"
+                )),
+            }
+        }
+        let timestamp = properties.timestamp?;
+        match event_time::from_epoch(i128::from(timestamp)) {
+            Ok(read) => {
+                if read.unit != event_time::Unit::Seconds {
+                    notes.push(format!(
+                        "timestamp property {timestamp} read as {} since 1970 (AMQP 0-9-1 specifies seconds)",
+                        read.unit.name()
+                    ));
+                }
+                Some(read.at)
+            }
+            Err(why) => {
+                notes.push(format!(
+                    "timestamp property not read: {why}; the first death counts as its event time"
+                ));
+                None
+            }
         }
     }
 }
@@ -725,6 +773,71 @@ mod tests {
             },
         );
         assert_eq!(by_header.extract(numbered).message_key, "42");
+    }
+
+    #[test]
+    fn the_timestamp_property_and_the_event_time_header_read_every_unit() {
+        let at = DateTime::from_timestamp(1_764_670_000, 0).unwrap();
+        let stamped = |timestamp: u64| MessageProperties {
+            timestamp: Some(timestamp),
+            ..Default::default()
+        };
+        for (timestamp, unit) in [
+            (1_764_670_000, None),
+            (1_764_670_000_000, Some("milliseconds")),
+            (1_764_670_000_000_000, Some("microseconds")),
+        ] {
+            let extracted = rules().extract(raw(b"{}".to_vec(), stamped(timestamp), &[]));
+            assert_eq!(extracted.occurred_at, Some(at), "{timestamp}");
+            let noted = extracted
+                .capture_notes
+                .iter()
+                .any(|note| note.contains("timestamp property") && note.contains("read as"));
+            assert_eq!(
+                noted,
+                unit.is_some(),
+                "{timestamp}: {:?}",
+                extracted.capture_notes
+            );
+        }
+        for implausible in [7_u64, 100_000_000_000, u64::MAX] {
+            let extracted = rules().extract(raw(b"{}".to_vec(), stamped(implausible), &[]));
+            assert_eq!(extracted.occurred_at, None);
+            assert!(
+                extracted
+                    .capture_notes
+                    .iter()
+                    .any(|note| note.contains(&format!(
+                        "timestamp property not read: {implausible} is not a plausible time"
+                    ))),
+                "{:?}",
+                extracted.capture_notes
+            );
+        }
+        let with_header = ExtractionRules {
+            event_time_header: Some("occurred-at".into()),
+            ..rules()
+        };
+        let extracted = with_header.extract(raw(
+            b"{}".to_vec(),
+            stamped(1_000_000_000),
+            &[("occurred-at", "2025-12-02T10:06:40Z")],
+        ));
+        assert_eq!(extracted.occurred_at, Some(at), "the header comes first");
+        let extracted = with_header.extract(raw(
+            b"{}".to_vec(),
+            stamped(1_764_670_000_000),
+            &[("occurred-at", "soon")],
+        ));
+        assert_eq!(extracted.occurred_at, Some(at), "then the property");
+        assert!(
+            extracted
+                .capture_notes
+                .iter()
+                .any(|note| note.contains("event time header \"occurred-at\" not read")),
+            "{:?}",
+            extracted.capture_notes
+        );
     }
 
     #[test]

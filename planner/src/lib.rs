@@ -59,6 +59,7 @@ pub mod coordinator;
 pub mod dead_letter;
 pub mod death;
 pub mod error;
+pub mod event_time;
 pub mod gates;
 pub mod grpc;
 pub mod housekeeping;
@@ -350,6 +351,13 @@ pub async fn run(
     Ok(())
 }
 
+/// The gRPC health service name of one capture queue's consumer:
+/// `capture/<queue>`, `SERVING` while it consumes. Readiness (`""`) needs
+/// all of them; this one tells which queue is missing.
+pub fn capture_health_service(queue: &str) -> String {
+    format!("capture/{queue}")
+}
+
 /// How often health follows PostgreSQL and capture after start-up.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -366,6 +374,8 @@ async fn report_health(
 ) {
     let mut serving = true;
     let mut ready = None;
+    let mut last_problems = Vec::new();
+    let mut queues_consuming = std::collections::HashMap::new();
     loop {
         let up = store.ping().await.is_ok();
         if up != serving {
@@ -386,14 +396,35 @@ async fn report_health(
                     .await;
             }
         }
-        let not_consuming = capture.not_consuming();
-        let now_ready = up && not_consuming.is_empty();
-        if ready != Some(now_ready) {
+        let problems = capture.problems();
+        let now_ready = up && problems.is_empty();
+        for queue in capture.queues() {
+            let consuming = capture.is_consuming(queue) == Some(true);
+            if queues_consuming.insert(queue.to_owned(), consuming) != Some(consuming) {
+                let status = if consuming {
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tonic_health::ServingStatus::NotServing
+                };
+                reporter
+                    .set_service_status(capture_health_service(queue), status)
+                    .await;
+            }
+        }
+        if ready != Some(now_ready) || (!now_ready && problems != last_problems) {
             if now_ready {
                 info!("ready: PostgreSQL answers and every capture queue has a consumer");
+            } else if problems.is_empty() {
+                warn!(postgres = up, "not ready: PostgreSQL does not answer");
             } else {
-                warn!(postgres = up, capture_queues_without_consumer = ?not_consuming, "not ready");
+                warn!(
+                    postgres = up,
+                    capture_queues_without_consumer = ?problems,
+                    "not ready: {}",
+                    problems.join("; ")
+                );
             }
+            last_problems = problems;
             let status = if now_ready {
                 tonic_health::ServingStatus::Serving
             } else {

@@ -322,8 +322,10 @@ impl PrecheckOptions {
 
 /// The time a dead letter's age counts from, and what it is: the event
 /// time in the body at the options' `event_time_pointer`, else the
-/// `timestamp` property (`occurred_at`), else its first death. The one rule
-/// for staleness, at precheck and at send time.
+/// `timestamp` property or event-time header as capture read it
+/// (`occurred_at`), else its first death. The one rule for staleness, at
+/// precheck and at send time. A pointer whose value is not a plausible time
+/// ([`crate::event_time`]) falls back, and the basis says so.
 pub fn event_time(
     options: &PrecheckOptions,
     body: Option<&[u8]>,
@@ -334,34 +336,39 @@ pub fn event_time(
         .event_time_pointer
         .as_deref()
         .zip(body)
-        .and_then(|(pointer, body)| event_time_from_body(body, pointer));
+        .and_then(|(pointer, body)| read_event_time_from_body(body, pointer));
     match (from_body, occurred_at) {
-        (Some(at), _) => (at, "event time in the body"),
+        (Some(Ok(at)), _) => (at, "event time in the body"),
+        (Some(Err(_)), Some(at)) => (
+            at,
+            "timestamp property; the event time in the body is not a plausible time",
+        ),
+        (Some(Err(_)), None) => (
+            first_died_at,
+            "first death; the event time in the body is not a plausible time",
+        ),
         (None, Some(at)) => (at, "timestamp property"),
         (None, None) => (first_died_at, "first death"),
     }
 }
 
-/// The original event time named by `pointer` in a JSON body: RFC 3339 text, or
-/// epoch seconds (or milliseconds, when above 10^11). A gzip, zstd or zlib
-/// body (by its magic bytes) is read decoded, capped at
+/// The original event time named by `pointer` in a JSON body, read by
+/// [`crate::event_time::from_json`] (RFC 3339 / ISO 8601 text, or epoch
+/// seconds, milliseconds, microseconds or nanoseconds by range). A gzip,
+/// zstd, zlib or bzip2 body (by its magic bytes) is read decoded, capped at
 /// [`crate::dead_letter::DEFAULT_MAX_BODY_BYTES`].
 pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
+    read_event_time_from_body(body, pointer)?.ok()
+}
+
+/// [`event_time_from_body`]: `None` when the body has no value there (or is
+/// not JSON), `Err` when the value is not a plausible time.
+fn read_event_time_from_body(
+    body: &[u8],
+    pointer: &str,
+) -> Option<Result<DateTime<Utc>, crate::event_time::Implausible>> {
     let (decoded, _) =
         crate::body::decode(body, None, crate::dead_letter::DEFAULT_MAX_BODY_BYTES).ok()?;
     let json: serde_json::Value = serde_json::from_slice(&decoded).ok()?;
-    match json.pointer(pointer)? {
-        serde_json::Value::String(text) => DateTime::parse_from_rfc3339(text)
-            .ok()
-            .map(|at| at.with_timezone(&Utc)),
-        serde_json::Value::Number(number) => {
-            let value = number.as_i64()?;
-            if value > 100_000_000_000 {
-                DateTime::from_timestamp_millis(value)
-            } else {
-                DateTime::from_timestamp(value, 0)
-            }
-        }
-        _ => None,
-    }
+    Some(crate::event_time::from_json(json.pointer(pointer)?).map(|read| read.at))
 }

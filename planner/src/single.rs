@@ -398,14 +398,24 @@ impl Single<'_> {
             .as_ref()
             .and_then(|properties| properties.content_type.clone())
             .unwrap_or_default();
-        if content_type.to_ascii_lowercase().contains("json")
-            && crate::body::sniff(&body) == v1::BodyCompression::None
-            && let Err(error) = serde_json::from_slice::<serde_json::Value>(&body)
-        {
-            return Err(Error::invalid(
-                "new_body",
-                format!("content type {content_type} but the body does not parse as JSON: {error}"),
-            ));
+        if content_type.to_ascii_lowercase().contains("json") {
+            // Read as capture reads it: decoded by the codec its magic
+            // bytes or the dead letter's declared encoding name.
+            let declared = crate::body::declared_encoding(
+                &dead_letter.properties.clone().unwrap_or_default(),
+                &dead_letter.headers.clone().unwrap_or_default(),
+            );
+            let decoded =
+                crate::body::decode(&body, declared.as_deref(), self.rules.max_body_bytes)
+                    .map_err(|error| Error::invalid("new_body", error.to_string()))?;
+            if let Err(error) = serde_json::from_slice::<serde_json::Value>(&decoded.0) {
+                return Err(Error::invalid(
+                    "new_body",
+                    format!(
+                        "content type {content_type} but the body does not parse as JSON: {error}"
+                    ),
+                ));
+            }
         }
         let sha256: [u8; 32] = Sha256::digest(&body).into();
         match self

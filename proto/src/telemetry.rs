@@ -591,9 +591,18 @@ where
     }
 }
 
+/// The log filter when `REDRIVE_LOG` is not set: `info`, without lapin's
+/// own `lapin::channel` lines. lapin logs every channel or connection the
+/// broker closes at ERROR (`Channel closed`, `Connection closed`), also
+/// those the service expects and reports itself with its context (a
+/// capture queue that does not exist: one WARN per retry naming it); every
+/// such close also reaches the service as an error. `REDRIVE_LOG=info`
+/// shows them again.
+pub const DEFAULT_LOG_FILTER: &str = "info,lapin::channel=off";
+
 /// A service binary's logging and span export, from start to exit: the
 /// subscriber of [`init_subscriber`] filtered by `REDRIVE_LOG` (default
-/// `info`), and the tracer provider to flush at exit.
+/// [`DEFAULT_LOG_FILTER`]), and the tracer provider to flush at exit.
 #[derive(Debug)]
 pub struct Logging {
     tracer: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
@@ -614,7 +623,7 @@ impl Logging {
         otlp_endpoint: Option<&str>,
     ) -> Result<Self, std::process::ExitCode> {
         let filter = tracing_subscriber::EnvFilter::try_from_env("REDRIVE_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
         match init_subscriber(program, filter, json, otlp_endpoint) {
             Ok(tracer) => Ok(Self { tracer }),
             Err(error) => {
