@@ -276,6 +276,57 @@ pub async fn connect(
         .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
 }
 
+/// `error` told in words that say what to change when it comes from a TLS
+/// mismatch between this client and the planner at `url`:
+///
+/// - plain `http://` to a port that speaks TLS (the answer is a TLS record,
+///   which HTTP/2 reads as `h2 protocol error`, or a closed connection):
+///   `the planner at HOST:PORT speaks TLS: use https://HOST:PORT and --ca FILE`;
+/// - a server certificate not signed by a CA this client trusts
+///   (`UnknownIssuer`): say so and name `--ca FILE`.
+///
+/// Anything else is returned as it is.
+pub fn explain_tls(error: CliError, url: &str) -> CliError {
+    let text = match &error {
+        CliError::Unreachable { cause, .. } => cause.clone(),
+        CliError::Grpc(status) => status.message().to_owned(),
+        _ => return error,
+    };
+    if let Some(address) = url.strip_prefix("http://") {
+        let address = address.trim_end_matches('/');
+        let tls_answer = text.contains("h2 protocol error")
+            || text.contains("frame with invalid size")
+            || text.contains("invalid HTTP/2 frame")
+            || text.contains("connection reset");
+        if tls_answer {
+            return CliError::Tls {
+                message: format!(
+                    "the planner at {address} speaks TLS: use https://{address} and --ca FILE \
+                     (the CA that signed its certificate; see docs/security.md) ({text})"
+                ),
+            };
+        }
+        return error;
+    }
+    let untrusted = [
+        "UnknownIssuer",
+        "unknown issuer",
+        "invalid peer certificate",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle));
+    if untrusted && url.starts_with("https://") {
+        return CliError::Tls {
+            message: format!(
+                "the planner at {url} presented a certificate that is not signed by a CA this \
+                 client trusts: pass the CA that signed it with --ca FILE (or REDRIVE_CA, or \
+                 `ca` in the profile) ({text})"
+            ),
+        };
+    }
+    error
+}
+
 /// A bearer token travels in clear over `http://`: allowed only to a
 /// loopback address (local development), where nobody else can read it.
 ///

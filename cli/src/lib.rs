@@ -161,6 +161,7 @@ pub mod error;
 pub mod escape;
 pub mod export;
 pub mod headers;
+pub mod hint;
 pub mod output;
 pub mod preview;
 pub mod selector;

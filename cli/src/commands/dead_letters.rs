@@ -238,8 +238,13 @@ pub struct SummaryArgs {
 
     /// Group by these, in this order, comma separated: reason, destination,
     /// producer, schema_version, event_type, hour, source, error (the error
-    /// text with digits and ids folded), status.
-    #[arg(long, value_name = "NAMES", default_value = "reason")]
+    /// text with digits and ids folded), status. The default says what
+    /// died, why and where: event_type, reason, destination.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        default_value = "event_type,reason,destination"
+    )]
     pub group_by: GroupBy,
 }
 
@@ -898,7 +903,10 @@ mod tests {
         let parsed = Harness::try_parse_from(["test", "--group-by", "hour,source"]).unwrap();
         assert_eq!(parsed.summary.group_by.names(), ["hour", "source"]);
         let default = Harness::try_parse_from(["test"]).unwrap();
-        assert_eq!(default.summary.group_by.names(), ["reason"]);
+        assert_eq!(
+            default.summary.group_by.names(),
+            ["event_type", "reason", "destination"]
+        );
         let error = Harness::try_parse_from(["test", "--group-by", "colour"]).unwrap_err();
         assert!(error.use_stderr());
         assert!(error.to_string().contains("valid names"), "{error}");

@@ -220,7 +220,7 @@ pub struct PlanJson {
     pub precheck_id: String,
     pub precheck_digest: String,
     pub state: &'static str,
-    /// `bulk` (made from a precheck) or `single` (`dead-letters replay`).
+    /// `bulk` (made from a precheck) or `single` (`redrivectl replay`).
     pub kind: &'static str,
     pub state_reason: String,
     pub rate: RateJson,
@@ -486,19 +486,20 @@ pub fn write_counts(out: &mut dyn Write, counts: &ActionCountsJson) -> std::io::
 pub fn next_hint(plan: &PlanJson) -> Option<String> {
     let id = &plan.plan_id;
     let state = PlanState::from_name(plan.state)?;
+    let redrivectl = crate::hint::redrivectl();
     Some(match state {
         PlanState::AwaitingApproval => format!(
-            "redrivectl plan approve {id} --digest {}",
+            "{redrivectl} plan approve {id} --digest {}",
             cell(&plan.precheck_digest)
         ),
-        PlanState::Canary | PlanState::Main => format!("redrivectl plan watch {id}"),
+        PlanState::Canary | PlanState::Main => format!("{redrivectl} plan watch {id}"),
         PlanState::Observing => format!(
-            "redrivectl plan watch {id} (or end the observation early: redrivectl plan promote \
-             {id} --reason TEXT)"
+            "{redrivectl} plan watch {id} (or end the observation early: {redrivectl} plan \
+             promote {id} --reason TEXT)"
         ),
-        PlanState::Paused => format!("redrivectl plan resume {id} --reason TEXT"),
+        PlanState::Paused => format!("{redrivectl} plan resume {id} --reason TEXT"),
         PlanState::Completed | PlanState::Cancelled | PlanState::Aborted => {
-            format!("redrivectl plan report {id}")
+            format!("{redrivectl} plan report {id}")
         }
         PlanState::Unspecified => return None,
     })
@@ -558,14 +559,16 @@ pub fn write_audit_report(
         if not_sent > NOT_SENT_SHOWN {
             writeln!(
                 out,
-                "... and {} more (every event: redrivectl plan report {plan_id} --format csv)",
-                not_sent - NOT_SENT_SHOWN
+                "... and {} more (every event: {} plan report {plan_id} --format csv)",
+                not_sent - NOT_SENT_SHOWN,
+                crate::hint::redrivectl()
             )?;
         }
     }
     writeln!(
         out,
-        "\nexport for reconciliation: redrivectl plan report {plan_id} --format csv (or jsonl)"
+        "\nexport for reconciliation: {} plan report {plan_id} --format csv (or jsonl)",
+        crate::hint::redrivectl()
     )
 }
 
@@ -585,9 +588,10 @@ fn write_keys(
     if keys.len() > SENT_KEYS_SHOWN {
         writeln!(
             out,
-            "  ... and {} more (all of them: redrivectl plan report {plan_id} --json | jq -r \
+            "  ... and {} more (all of them: {} plan report {plan_id} --json | jq -r \
              '.{field}[]')",
-            keys.len() - SENT_KEYS_SHOWN
+            keys.len() - SENT_KEYS_SHOWN,
+            crate::hint::redrivectl()
         )?;
     }
     Ok(())
