@@ -1,8 +1,9 @@
 //! The start of every command `redrivectl` suggests (`next:` hints, the
 //! watch line's promote hint, "see `redrivectl plan report ID`"): the
-//! `--profile` and `--planner` the user gave come along, so a hint copied
+//! `--profile` and `--planner` the user typed come along, so a hint copied
 //! from a run against `--profile prod` goes to prod, not to the default
-//! planner.
+//! planner (values from `REDRIVE_PROFILE` and `REDRIVE_PLANNER` are left
+//! out: the environment still has them).
 
 tokio::task_local! {
     /// What suggested commands start with in this run ([`scope`]).

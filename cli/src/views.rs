@@ -107,7 +107,7 @@ pub fn item_row(item: &PrecheckItem) -> Vec<String> {
         } else {
             item.verdict().name().to_owned()
         },
-        cell(&item.message_key).to_owned(),
+        crate::output::key_cell(&item.message_key),
         cell(&item.destination).to_owned(),
         cell(item.event_type.as_deref().unwrap_or_default()).to_owned(),
         cell(&item.reason).to_owned(),

@@ -654,3 +654,124 @@ async fn an_unknown_source_is_refused_wherever_a_source_is_given() -> anyhow::Re
     assert!(output.ends_with("total: 1\n"), "{output}");
     bed.finish().await
 }
+
+/// `redrivectl` with exactly `args` (no planner or actor added): exit code,
+/// stdout and the error line.
+async fn redrivectl_bare(args: &[&str]) -> (u8, String, String) {
+    let cli = Cli::try_parse_from(std::iter::once("redrivectl").chain(args.iter().copied()))
+        .expect("the command line parses");
+    let mut out = Vec::new();
+    let (code, error) = match redrivectl::run(cli, &mut out).await {
+        Ok(code) => (code, String::new()),
+        Err(error) => (error.exit_code(), error.to_string()),
+    };
+    (code, String::from_utf8_lossy(&out).into_owned(), error)
+}
+
+/// docs/security.md's development PKI, run as written: a planner serves the
+/// certificate it makes (SAN 127.0.0.1 and localhost) and trusts its client
+/// certificates; `redrivectl` reaches it with `--ca`, the executor's
+/// certificate authenticates as `executor-1`; and the two TLS mistakes a
+/// new user makes say what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_security_docs_pki_recipe_works() -> anyhow::Result<()> {
+    init_logging();
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/security.md"),
+    )?;
+    let recipe = docs
+        .split("<!-- dev-pki -->\n```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("docs/security.md has the dev-pki block");
+    let dir = tempfile::tempdir()?;
+    let run = std::process::Command::new("sh")
+        .arg("-e")
+        .arg("-c")
+        .arg(recipe)
+        .current_dir(dir.path())
+        .output()?;
+    assert!(
+        run.status.success(),
+        "the recipe fails: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let pki = dir.path().join("pki");
+    let file = |name: &str| pki.join(name);
+    let text = |name: &str| file(name).to_string_lossy().into_owned();
+
+    let db = redrive_tests::TestDb::new();
+    let mut config = redrive_planner::Config::for_database(db.url());
+    config.tls_cert = Some(file("planner.pem"));
+    config.tls_key = Some(file("planner.key"));
+    config.tls_client_ca = Some(file("ca.pem"));
+    config.cert_roles = vec!["executor-*=executor".to_owned()];
+    let mut planner = PlannerHandle::start_with(
+        config,
+        redrive_proto::tls::ClientTlsFiles {
+            ca: Some(file("ca.pem")),
+            client_cert: Some(file("executor-1.pem")),
+            client_key: Some(file("executor-1.key")),
+        },
+    )
+    .await?;
+    let port = planner.addr.port();
+    let https = format!("https://127.0.0.1:{port}");
+    let ca = text("ca.pem");
+
+    // Through TLS with the executor's certificate, by IP and by name: the
+    // planner knows it as executor-1, whose role may not list plans.
+    for url in [https.clone(), format!("https://localhost:{port}")] {
+        let (code, _, error) = redrivectl_bare(&[
+            "--planner",
+            &url,
+            "--ca",
+            &ca,
+            "--tls-client-cert",
+            &text("executor-1.pem"),
+            "--tls-client-key",
+            &text("executor-1.key"),
+            "plan",
+            "list",
+        ])
+        .await;
+        assert_eq!(code, 1, "{error}");
+        assert!(
+            error.starts_with("permission_denied: ") && error.contains("executor-1"),
+            "{url}: {error}"
+        );
+    }
+
+    // http:// to the TLS port.
+    let (code, out, error) = redrivectl_bare(&[
+        "--planner",
+        &format!("http://127.0.0.1:{port}"),
+        "plan",
+        "list",
+    ])
+    .await;
+    assert_eq!((code, out.as_str()), (69, ""), "{error}");
+    assert!(
+        error.starts_with(&format!(
+            "the planner at 127.0.0.1:{port} speaks TLS: use https://127.0.0.1:{port} and --ca FILE"
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("is redrive-planner running"), "{error}");
+
+    // https:// without --ca: the dev CA is not among the platform's roots.
+    let (code, out, error) = redrivectl_bare(&["--planner", &https, "plan", "list"]).await;
+    assert_eq!((code, out.as_str()), (69, ""), "{error}");
+    assert!(
+        error.starts_with(&format!(
+            "the planner at {https} presented a certificate that is not signed by a CA this \
+             client trusts: pass the CA that signed it with --ca FILE"
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("is redrive-planner running"), "{error}");
+
+    planner.halt().await?;
+    db.drop_database().await;
+    Ok(())
+}

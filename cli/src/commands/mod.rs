@@ -282,7 +282,24 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 ..
             }))
         );
-    let prefix = crate::hint::prefix(cli.profile.as_deref(), cli.planner.as_deref());
+    // Flags typed on the command line come along in suggested commands; a
+    // value from the environment is still there for the next command.
+    let typed = |value: &Option<String>, variable: &str, normalize: fn(&str) -> Option<String>| {
+        let from_env = std::env::var(variable).ok().and_then(|env| normalize(&env));
+        value
+            .clone()
+            .filter(|value| from_env.as_ref() != Some(value))
+    };
+    let prefix = crate::hint::prefix(
+        typed(&cli.profile, "REDRIVE_PROFILE", |text| {
+            Some(text.to_owned())
+        })
+        .as_deref(),
+        typed(&cli.planner, "REDRIVE_PLANNER", |text| {
+            parse_planner_url(text).ok()
+        })
+        .as_deref(),
+    );
     let url = planner_url.clone();
     crate::hint::scope(
         prefix,

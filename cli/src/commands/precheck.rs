@@ -599,7 +599,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
     if !report.warnings.is_empty() {
         writeln!(out)?;
         for warning in &report.warnings {
-            writeln!(out, "WARNING: {warning}")?;
+            output::write_warning(out, warning)?;
         }
     }
 
@@ -619,7 +619,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
         for item in &report.sample_blocked {
             table.add_row([
                 item.dead_letter_id.clone(),
-                cell(&item.message_key).to_owned(),
+                output::key_cell(&item.message_key),
                 item.verdict.to_owned(),
                 cell(&item.reason).to_owned(),
             ]);

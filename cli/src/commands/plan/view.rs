@@ -401,7 +401,7 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
     if !plan.warnings.is_empty() {
         writeln!(out)?;
         for warning in &plan.warnings {
-            writeln!(out, "WARNING: {warning}")?;
+            output::write_warning(out, warning)?;
         }
     }
     if let Some(hint) = next_hint(plan) {
@@ -548,7 +548,7 @@ pub fn write_audit_report(
         for event in report.not_sent.iter().take(NOT_SENT_SHOWN) {
             table.add_row([
                 cell(&event.dead_letter_id).to_owned(),
-                cell(&event.message_key).to_owned(),
+                output::key_cell(&event.message_key),
                 event.action.to_owned(),
                 event.wave.to_owned(),
                 event.at.clone().unwrap_or_else(|| "-".to_owned()),
