@@ -599,6 +599,8 @@ async fn plan_report_json_and_text() {
         report.as_object().unwrap().keys().collect::<Vec<_>>(),
         [
             "counts",
+            "never_attempted",
+            "never_attempted_items",
             "not_sent",
             "plan",
             "possibly_duplicated_keys",

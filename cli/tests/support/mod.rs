@@ -729,6 +729,7 @@ impl Planner for Fake {
                 v1::Wave::Main,
             )],
             possibly_duplicated_keys: vec![],
+            ..Default::default()
         }))
     }
     async fn replay_dead_letter(

@@ -663,6 +663,14 @@ pub fn audit_action(name: &str) -> v1::AuditAction {
     .unwrap_or(A::Unspecified)
 }
 
+/// An audit event row with its dead letter's message id.
+#[derive(sqlx::FromRow)]
+struct ExportedEventRow {
+    #[sqlx(flatten)]
+    event: AuditEventRow,
+    message_id: Option<String>,
+}
+
 /// An audit event row (columns of [`Store::audit_events`]).
 #[derive(sqlx::FromRow)]
 struct AuditEventRow {
@@ -792,6 +800,102 @@ struct ReplayedDeadLetterRow {
 }
 
 impl Store {
+    /// How many items of the plan no executor attempted (still `pending`:
+    /// no outcome, nothing published).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn never_attempted_count(&self, plan_id: PlanId) -> Result<u64, StoreError> {
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM plan_items WHERE plan_id = $1 AND state = 'pending'",
+        )
+        .bind(plan_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    /// Up to `limit` items of the plan no executor attempted, after plan
+    /// position `after` (-1: from the start), in plan order, each with its
+    /// position, its dead letter's message id and its wave.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn never_attempted_items(
+        &self,
+        plan_id: PlanId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::UnattemptedItem)>, StoreError> {
+        let rows: Vec<(i64, DeadLetterId, String, Option<String>, String)> = sqlx::query_as(
+            "SELECT i.position, i.dead_letter_id, i.message_key, d.message_id, s.wave \
+             FROM plan_items i JOIN plan_slices s ON s.id = i.slice_id \
+             LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
+             WHERE i.plan_id = $1 AND i.state = 'pending' AND i.position > $2 \
+             ORDER BY i.position LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(position, dead_letter_id, message_key, message_id, wave)| {
+                    (
+                        position,
+                        v1::UnattemptedItem {
+                            dead_letter_id: dead_letter_id.to_string(),
+                            message_key,
+                            message_id: message_id.unwrap_or_default(),
+                            wave: if wave == "canary" {
+                                v1::Wave::Canary
+                            } else {
+                                v1::Wave::Main
+                            }
+                            .into(),
+                        },
+                    )
+                },
+            )
+            .collect())
+    }
+
+    /// [`Store::audit_events`] with each event's dead letter's message id
+    /// (`""` when none), for the export.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_events_with_message_ids(
+        &self,
+        plan_id: PlanId,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
+        let rows = sqlx::query_as::<_, ExportedEventRow>(
+            "SELECT e.id, e.slice_id, e.dead_letter_id, e.message_key, e.action, e.reason, e.wave, \
+                e.executor_id, e.attempt, e.confirm_latency_us, e.at, d.message_id \
+             FROM (SELECT * FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3) e \
+             LEFT JOIN dead_letters d ON d.id = e.dead_letter_id ORDER BY e.id",
+        )
+        .bind(plan_id)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row.event.id,
+                    row.event.into_event(plan_id),
+                    row.message_id.unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
     /// Message keys the plan sent, in plan order: the reconciliation list.
     ///
     /// # Errors

@@ -321,6 +321,35 @@ pub struct AuditReportJson {
     /// Keys of sent items published again after a lost lease or confirm
     /// (same message id): possibly delivered twice.
     pub possibly_duplicated_keys: Vec<String>,
+    /// How many items no executor attempted (a cancelled or aborted plan's
+    /// rest; what a running plan has still to do).
+    pub never_attempted: u64,
+    /// The first of them (at most 1000), in plan order.
+    pub never_attempted_items: Vec<UnattemptedJson>,
+}
+
+/// An item no executor attempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnattemptedJson {
+    /// Its dead letter.
+    pub dead_letter_id: String,
+    /// Its message key.
+    pub message_key: String,
+    /// Its dead letter's AMQP message id (`""` when none).
+    pub message_id: String,
+    /// `canary` or `main`.
+    pub wave: &'static str,
+}
+
+impl From<&v1::UnattemptedItem> for UnattemptedJson {
+    fn from(item: &v1::UnattemptedItem) -> Self {
+        Self {
+            dead_letter_id: item.dead_letter_id.clone(),
+            message_key: item.message_key.clone(),
+            message_id: item.message_id.clone(),
+            wave: crate::views::wave_name(item.wave()),
+        }
+    }
 }
 
 impl From<&v1::AuditReport> for AuditReportJson {
@@ -331,6 +360,12 @@ impl From<&v1::AuditReport> for AuditReportJson {
             sent_keys: report.sent_keys.clone(),
             not_sent: report.not_sent.iter().map(EventJson::from).collect(),
             possibly_duplicated_keys: report.possibly_duplicated_keys.clone(),
+            never_attempted: report.never_attempted,
+            never_attempted_items: report
+                .never_attempted_items
+                .iter()
+                .map(UnattemptedJson::from)
+                .collect(),
         }
     }
 }
@@ -565,11 +600,71 @@ pub fn write_audit_report(
             )?;
         }
     }
+    write_never_attempted(out, plan_id, report)?;
     writeln!(
         out,
         "\nexport for reconciliation: {} plan report {plan_id} --format csv (or jsonl)",
         crate::hint::redrivectl()
     )
+}
+
+/// `never attempted: N` (a final plan) or `not attempted yet: N`, and the
+/// first [`NOT_SENT_SHOWN`] of them.
+fn write_never_attempted(
+    out: &mut dyn Write,
+    plan_id: &str,
+    report: &AuditReportJson,
+) -> std::io::Result<()> {
+    let count = report.never_attempted;
+    let ended = report
+        .plan
+        .as_ref()
+        .and_then(|plan| PlanState::from_name(plan.state))
+        .is_some_and(PlanState::is_final);
+    if ended {
+        writeln!(
+            out,
+            "\nnever attempted: {count}{}",
+            if count > 0 {
+                " (the plan ended before an executor took them: nothing was published; they \
+                 stay open for a new precheck and plan)"
+            } else {
+                ""
+            }
+        )?;
+    } else {
+        writeln!(out, "\nnot attempted yet: {count}")?;
+    }
+    if report.never_attempted_items.is_empty() {
+        return Ok(());
+    }
+    let mut table = output::table(&[
+        Column::keep("dead_letter_id"),
+        Column::shorten("message_id"),
+        Column::shorten("message_key"),
+        Column::keep("wave"),
+    ]);
+    for item in report.never_attempted_items.iter().take(NOT_SENT_SHOWN) {
+        table.add_row([
+            item.dead_letter_id.clone(),
+            cell(&item.message_id).to_owned(),
+            output::key_cell(&item.message_key),
+            item.wave.to_owned(),
+        ]);
+    }
+    write_table(out, &table)?;
+    let listed = report.never_attempted_items.len().min(NOT_SENT_SHOWN);
+    let more = usize::try_from(count)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(listed);
+    if more > 0 {
+        writeln!(
+            out,
+            "... and {more} more (every one: {} plan report {plan_id} --format csv)",
+            crate::hint::redrivectl()
+        )?;
+    }
+    Ok(())
 }
 
 /// `heading: N`, then the first [`SENT_KEYS_SHOWN`] keys and how to get the
@@ -862,8 +957,20 @@ mod tests {
             sent_keys: vec!["a".into()],
             not_sent: vec![AuditEvent::default()],
             possibly_duplicated_keys: vec!["a".into()],
+            never_attempted: 65,
+            never_attempted_items: vec![v1::UnattemptedItem {
+                dead_letter_id: "7".into(),
+                message_key: "order-7:pay".into(),
+                message_id: "m-7".into(),
+                wave: Wave::Main.into(),
+            }],
         };
         let json = serde_json::to_value(AuditReportJson::from(&report)).unwrap();
+        assert_eq!(json["never_attempted"], 65);
+        assert_eq!(
+            json["never_attempted_items"],
+            json!([{"dead_letter_id": "7", "message_key": "order-7:pay", "message_id": "m-7", "wave": "main"}])
+        );
         assert_eq!(json["possibly_duplicated_keys"], json!(["a"]));
         assert_eq!(json["plan"], serde_json::Value::Null);
         assert_eq!(json["counts"], zero_counts());
@@ -945,6 +1052,8 @@ mod tests {
                 ..Default::default()
             })],
             possibly_duplicated_keys: vec!["order-3:pay".into()],
+            never_attempted: 0,
+            never_attempted_items: vec![],
         };
         let mut out = Vec::new();
         write_audit_report(&mut out, "P", &report).unwrap();
