@@ -199,11 +199,11 @@ impl Store {
                 RETURNING i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, r.wave, r.owner), \
              events AS ( \
                 INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
-                    reason, wave, executor_id, attempt) \
+                    reason, wave, executor_id, attempt, message_id) \
                 SELECT t.plan_id, t.slice_id, t.dead_letter_id, t.message_key, d.destination, 'uncertain', \
                     'the lease of ' || t.owner || ' expired after it may have published this item and before \
 it reported it; the next lease publishes it again with the same message id', t.wave, t.owner, \
-                    greatest(t.attempts, 1) \
+                    greatest(t.attempts, 1), d.message_id \
                 FROM taken t LEFT JOIN dead_letters d ON d.id = t.dead_letter_id) \
              SELECT plan_id FROM released",
         )
@@ -463,12 +463,12 @@ it reported it; the next lease publishes it again with the same message id', t.w
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
         sqlx::query(
             "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
-                wave, executor_id, attempt, confirm_latency_us, at) \
+                wave, executor_id, attempt, confirm_latency_us, at, message_id) \
              SELECT $1, $2, u.id, u.key, d.destination, u.action, \
                 CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
                     format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
                 ELSE u.reason END, \
-                $3, u.executor, u.attempt, u.latency, u.at \
+                $3, u.executor, u.attempt, u.latency, u.at, d.message_id \
              FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
                          $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
              JOIN dead_letters d ON d.id = u.id \
@@ -863,7 +863,8 @@ impl Store {
     }
 
     /// [`Store::audit_events`] with each event's dead letter's message id
-    /// (`""` when none), for the export.
+    /// (`""` when none; written with the event, so the same after retention
+    /// deleted the dead letter), for the export.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -874,10 +875,9 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
         let rows = sqlx::query_as::<_, ExportedEventRow>(
-            "SELECT e.id, e.slice_id, e.dead_letter_id, e.message_key, e.action, e.reason, e.wave, \
-                e.executor_id, e.attempt, e.confirm_latency_us, e.at, d.message_id \
-             FROM (SELECT * FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3) e \
-             LEFT JOIN dead_letters d ON d.id = e.dead_letter_id ORDER BY e.id",
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at, message_id FROM audit_events \
+             WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
         )
         .bind(plan_id)
         .bind(after_id)
