@@ -251,6 +251,10 @@ pub struct Watcher<'a> {
     started: Option<Instant>,
     rate: RateWindow,
     stall: StallWatch,
+    /// Bar: the state of the last snapshot (a plan entering `observing` gets
+    /// a line above the bar saying until when and how to promote it, which
+    /// the bar's line, cut to the terminal's width, may not have room for).
+    last_state: Option<PlanState>,
 }
 
 impl<'a> Watcher<'a> {
@@ -296,6 +300,7 @@ impl<'a> Watcher<'a> {
             started: None,
             rate: RateWindow::default(),
             stall: StallWatch::new(stall_after),
+            last_state: None,
         }
     }
 
@@ -322,6 +327,12 @@ impl<'a> Watcher<'a> {
         self.last_plan = Some(plan.clone());
         if let Some(change) = self.stall.observe(now.at, plan.state(), plan.items_done) {
             self.stall_line(plan, change)?;
+        }
+        let before = self.last_state.replace(plan.state());
+        let entered_observing =
+            plan.state() == PlanState::Observing && before != Some(PlanState::Observing);
+        if entered_observing && matches!(self.mode, WatchMode::Bar { .. }) {
+            self.above_bar(&observing_notice(plan, now));
         }
         let view = PlanJson::from(plan);
         match self.mode {
@@ -499,6 +510,32 @@ impl<'a> Watcher<'a> {
             }
         }
     }
+}
+
+/// The line printed above the bar when a plan starts observing: `plan ID is
+/// observing until T (12m50s left): the planner then starts the main wave
+/// if the canary's gates are green; to send the rest now: redrivectl plan
+/// promote ID --reason TEXT`.
+fn observing_notice(plan: &Plan, now: Now) -> String {
+    let until = plan
+        .observing_until
+        .as_ref()
+        .and_then(from_timestamp)
+        .map(|until| {
+            format!(
+                " until {} ({} left)",
+                crate::time::rfc3339(until),
+                pace::short_duration(pace::wall_span(now.wall, until))
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "plan {} is observing{until}: the planner then starts the main wave if the canary's \
+         gates are green; to send the rest now: {} plan promote {} --reason TEXT",
+        plan.plan_id,
+        crate::hint::redrivectl(),
+        plan.plan_id
+    )
 }
 
 /// `line`, then two spaces and the pace's text when it has one; while the
@@ -1017,6 +1054,26 @@ mod tests {
         );
         // People's output gets the final state only.
         assert_eq!(out, "plan p-1 completed\n");
+
+        // Entering the observation window is said above the bar in full:
+        // the bar's line may be cut before the promote hint.
+        let (_, observing) = render_bar(80, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Canary, 1), clock.at(0.0))
+                .unwrap();
+            let mut observing = plan(PlanState::Observing, 1);
+            // 12:05:00 + 15 minutes.
+            observing.observing_until = Some(prost_types::Timestamp {
+                seconds: 1_714_564_800 + 300 + 900,
+                nanos: 0,
+            });
+            watcher.progress(&observing, clock.at(0.0)).unwrap();
+            watcher.tick(clock.at(1.0)).unwrap();
+        });
+        let notice = "plan p-1 is observing until 2024-05-01T12:20:00.000Z (15m00s left): the \
+                      planner then starts the main wave if the canary's gates are green; to send \
+                      the rest now: redrivectl plan promote p-1 --reason TEXT";
+        assert_eq!(observing.matches(notice).count(), 1, "once: {observing:?}");
 
         // A narrow terminal gets the text cut, the bar whole.
         let (_, narrow) = render_bar(40, |watcher, clock| {
