@@ -301,7 +301,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         .as_deref(),
     );
     let url = planner_url.clone();
-    crate::hint::scope(
+    let result = crate::hint::scope(
         prefix,
         run_command(
             cli,
@@ -314,8 +314,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             credentials,
         ),
     )
-    .await
-    .map_err(|error| client::explain_tls(error, &url))
+    .await;
+    match result {
+        Ok(code) => Ok(code),
+        Err(error) => Err(client::explain_tls(error, &url).await),
+    }
 }
 
 /// [`run`] once the settings are known: the command itself.
