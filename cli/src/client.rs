@@ -276,6 +276,92 @@ pub async fn connect(
         .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
 }
 
+/// `error` told in words that say what to change when it comes from a TLS
+/// mismatch between this client and the planner at `url`:
+///
+/// - plain `http://` to a port that speaks TLS: the HTTP/2 client reads the
+///   server's TLS records as garbage (`h2 protocol error`, a bare
+///   `transport error`, a reset connection: it varies), so when a call over
+///   `http://` fails at the transport, the port is asked once for a TLS
+///   handshake ([`speaks_tls`]): `the planner at HOST:PORT speaks TLS: use
+///   https://HOST:PORT and --ca FILE`;
+/// - a server certificate not signed by a CA this client trusts
+///   (`UnknownIssuer`): say so and name `--ca FILE`.
+///
+/// Anything else is returned as it is.
+pub async fn explain_tls(error: CliError, url: &str) -> CliError {
+    let text = match &error {
+        CliError::Unreachable { cause, .. } => cause.clone(),
+        CliError::Grpc(status)
+            if matches!(
+                status.code(),
+                tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::Unavailable
+                    | tonic::Code::Cancelled
+            ) =>
+        {
+            status.message().to_owned()
+        }
+        _ => return error,
+    };
+    if let Some(address) = url.strip_prefix("http://") {
+        let address = address.trim_end_matches('/');
+        if speaks_tls(address).await {
+            return CliError::Tls {
+                message: format!(
+                    "the planner at {address} speaks TLS: use https://{address} and --ca FILE \
+                     (the CA that signed its certificate; see docs/security.md) ({text})"
+                ),
+            };
+        }
+        return error;
+    }
+    let untrusted = [
+        "UnknownIssuer",
+        "unknown issuer",
+        "invalid peer certificate",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle));
+    if untrusted && url.starts_with("https://") {
+        return CliError::Tls {
+            message: format!(
+                "the planner at {url} presented a certificate that is not signed by a CA this \
+                 client trusts: pass the CA that signed it with --ca FILE (or REDRIVE_CA, or \
+                 `ca` in the profile) ({text})"
+            ),
+        };
+    }
+    error
+}
+
+/// Whether `address` (`HOST:PORT`) answers a TLS handshake: it completes,
+/// or fails over the certificate or with a TLS alert (a server that speaks
+/// TLS), rather than over a peer that does not speak TLS at all. At most
+/// [`CONNECT_TIMEOUT`].
+async fn speaks_tls(address: &str) -> bool {
+    let Ok(endpoint) = Endpoint::from_shared(format!("https://{address}")) else {
+        return false;
+    };
+    let Ok(endpoint) = endpoint
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tls_config(tonic::transport::ClientTlsConfig::new().with_enabled_roots())
+    else {
+        return false;
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(error)) => {
+            let chain = error_chain(&error);
+            ["certificate", "Certificate", "alert", "peer"]
+                .iter()
+                .any(|needle| chain.contains(needle))
+        }
+        Err(_) => false,
+    }
+}
+
 /// A bearer token travels in clear over `http://`: allowed only to a
 /// loopback address (local development), where nobody else can read it.
 ///

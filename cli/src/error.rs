@@ -56,6 +56,15 @@ pub enum CliError {
         cause: String,
     },
 
+    /// The planner's TLS and this client's settings do not match (plain
+    /// `http://` to a TLS port, a certificate from a CA not trusted): the
+    /// message says what to change.
+    #[error("{message}")]
+    Tls {
+        /// What is wrong and what to do, whole.
+        message: String,
+    },
+
     /// The planner answered with an error status.
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Grpc(Status),
@@ -104,7 +113,7 @@ impl CliError {
     /// The process exit code (module docs).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Unreachable { .. } => EX_UNAVAILABLE,
+            Self::Unreachable { .. } | Self::Tls { .. } => EX_UNAVAILABLE,
             Self::Grpc(status) => match status.code() {
                 Code::InvalidArgument | Code::NotFound => EX_DATAERR,
                 Code::Unavailable => EX_UNAVAILABLE,
@@ -125,7 +134,7 @@ impl CliError {
     /// `no_input`, `io`, `rejected`, `not_completed`, `timeout`, `config`.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::Unreachable { .. } => "unreachable",
+            Self::Unreachable { .. } | Self::Tls { .. } => "unreachable",
             Self::Grpc(status) => code_name(status.code()),
             Self::Usage(_) => "usage",
             Self::NoInput { .. } => "no_input",

@@ -110,8 +110,15 @@
 //!   "dead_letter_id", "message_key", "action", "reason", "wave",
 //!   "executor_id", "attempt", "confirm_latency_us", "at"}`.
 //! - `plan report` (`--format json`, the default with `--json`): `{"plan",
-//!   "counts", "sent_keys": [string], "not_sent": [audit event]}`;
-//!   `--format jsonl|csv` writes the planner's export as is.
+//!   "counts", "sent_keys": [string], "not_sent": [audit event],
+//!   "possibly_duplicated_keys": [string], "never_attempted": N,
+//!   "never_attempted_items": [{"dead_letter_id", "message_key",
+//!   "message_id", "wave"}]}`; `--format jsonl|csv` writes the planner's
+//!   export (each row with the dead letter's `message_id`; a final plan's
+//!   items never attempted as `never_attempted` rows).
+//!
+//! Suggested commands (`next:` hints, the watch line's `plan promote`) keep
+//! the `--profile` and `--planner` typed ([`hint`]).
 //! - `plan compensations`: `{"items": [precheck item], "next_page_token":
 //!   "..."}`.
 //!
@@ -161,6 +168,7 @@ pub mod error;
 pub mod escape;
 pub mod export;
 pub mod headers;
+pub mod hint;
 pub mod output;
 pub mod preview;
 pub mod selector;

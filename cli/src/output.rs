@@ -119,6 +119,66 @@ pub fn cell(text: &str) -> &str {
     if text.is_empty() { "-" } else { text }
 }
 
+/// Writes `WARNING: text`, wrapped at the tables' width ([`crate::table`]:
+/// 80 columns when not a terminal) between words, the lines after the
+/// first indented under the text (a hanging indent); one line with
+/// `--wide`. A word longer than a line is kept whole on a line of its own.
+///
+/// # Errors
+/// When writing fails.
+pub fn write_warning(out: &mut dyn Write, text: &str) -> std::io::Result<()> {
+    for line in wrap_hanging("WARNING: ", text, crate::table::width().map(usize::from)) {
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+/// `first` then `text`, wrapped at `width` columns between words (none: one
+/// line), the following lines indented by `first`'s width.
+pub fn wrap_hanging(first: &str, text: &str, width: Option<usize>) -> Vec<String> {
+    use unicode_width::UnicodeWidthStr;
+    let Some(width) = width else {
+        return vec![format!("{first}{text}")];
+    };
+    let indent = " ".repeat(first.width());
+    let mut lines = Vec::new();
+    let mut line = first.to_owned();
+    let mut empty = true;
+    for word in text.split(' ').filter(|word| !word.is_empty()) {
+        if !empty && line.width() + 1 + word.width() > width {
+            lines.push(std::mem::replace(&mut line, indent.clone()));
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    lines.push(line);
+    lines
+}
+
+/// Hex digits of a body-hash key a fitted table shows.
+pub const KEY_HASH_SHOWN: usize = 12;
+
+/// A message key for a table cell: [`cell`], and a body-hash key
+/// (`sha256:` and 64 hex digits) cut to its first [`KEY_HASH_SHOWN`] digits
+/// and `…` unless the tables are `--wide` (the hash names the bytes, people
+/// do not read it; the room goes to the reason and the message id).
+pub fn key_cell(key: &str) -> String {
+    match key.strip_prefix("sha256:") {
+        Some(hex) if crate::table::width().is_some() && hex.len() > KEY_HASH_SHOWN => {
+            format!(
+                "sha256:{}{}",
+                &hex[..KEY_HASH_SHOWN],
+                crate::table::ELLIPSIS
+            )
+        }
+        _ => cell(key).to_owned(),
+    }
+}
+
 /// The stable name of a body compression.
 pub fn compression_name(compression: BodyCompression) -> &'static str {
     match compression {
@@ -571,6 +631,37 @@ pub async fn list_pages<T>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn warnings_wrap_at_the_width_with_a_hanging_indent() {
+        let text = "2 of 9 items are not replayable and stay out of the plan: 1 stale \
+                    (72h0m old, from its timestamp), 1 duplicate; see redrivectl precheck items \
+                    0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --verdict stale";
+        let lines = super::wrap_hanging("WARNING: ", text, Some(80));
+        assert_eq!(
+            lines,
+            [
+                "WARNING: 2 of 9 items are not replayable and stay out of the plan: 1 stale",
+                "         (72h0m old, from its timestamp), 1 duplicate; see redrivectl precheck",
+                "         items 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --verdict stale",
+            ]
+        );
+        assert!(lines.iter().all(|line| line.chars().count() <= 80));
+        // --wide: one line; a word longer than the line stays whole.
+        assert_eq!(
+            super::wrap_hanging("WARNING: ", text, None),
+            [format!("WARNING: {text}")]
+        );
+        let long = "x".repeat(90);
+        assert_eq!(
+            super::wrap_hanging("WARNING: ", &format!("a {long} b"), Some(80)),
+            [
+                "WARNING: a".to_owned(),
+                format!("         {long}"),
+                "         b".to_owned()
+            ]
+        );
+    }
+
     /// An archive reason (or rationale, or error text) with line breaks
     /// printed them raw: its second line could read as a field of its own.
     #[test]

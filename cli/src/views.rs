@@ -107,7 +107,7 @@ pub fn item_row(item: &PrecheckItem) -> Vec<String> {
         } else {
             item.verdict().name().to_owned()
         },
-        cell(&item.message_key).to_owned(),
+        crate::output::key_cell(&item.message_key),
         cell(&item.destination).to_owned(),
         cell(item.event_type.as_deref().unwrap_or_default()).to_owned(),
         cell(&item.reason).to_owned(),
@@ -155,5 +155,42 @@ impl From<&AuditEvent> for EventJson {
             confirm_latency_us: event.confirm_latency_us,
             at: timestamp_text(event.at.as_ref()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redrive_proto::v1::Verdict;
+
+    use super::*;
+
+    /// The 80-column item table: a body-hash key took the room and
+    /// the reason read `72h0m old (from its…`. The hash is cut to 12 digits
+    /// and the reason is whole.
+    #[test]
+    fn in_80_columns_a_reason_has_the_room_a_body_hash_had() {
+        let item = PrecheckItem {
+            dead_letter_id: "1042".into(),
+            message_key: format!("sha256:{}", "9f86d081".repeat(8)),
+            verdict: Verdict::Stale.into(),
+            reason: "72h0m old (from its timestamp)".into(),
+            destination: "orders".into(),
+            event_type: Some("order.paid".into()),
+            at_send: false,
+        };
+        crate::table::set_width(Some(80));
+        let mut table = crate::output::table(ITEM_COLUMNS);
+        table.add_row(item_row(&item));
+        let lines = table.lines_for(Some(80));
+        crate::table::set_width(Some(crate::table::DEFAULT_WIDTH));
+        assert!(
+            lines.iter().all(|line| line.chars().count() <= 80),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[1].contains("sha256:9f86d0819f86…")
+                && lines[1].contains("72h0m old (from its timestamp)"),
+            "{lines:#?}"
+        );
     }
 }

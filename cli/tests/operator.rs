@@ -14,6 +14,7 @@ const HEADER_WORDS: &[&str] = &[
     "DESTINATION",
     "EVENT_TYPE",
     "MESSAGE_KEY",
+    "MESSAGE_ID",
     "BODY_SIZE",
     "DIED_AT",
     "DEAD_LETTER_ID",
@@ -108,32 +109,33 @@ async fn dead_letters_list_fits_80_columns_and_wide_shows_everything() {
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
             "ID",
+            "MESSAGE_ID",
             "SOURCE",
             "REASON_CLASS",
             "EVENT_TYPE",
-            "MESSAGE_KEY",
             "DIED_AT"
         ],
         "{text}"
     );
-    // Ids and times whole, long names and keys shortened with an ellipsis.
+    // Ids and times whole, long names and ids shortened with an ellipsis;
+    // the message key gives way to the message id people know.
     for whole in ["1234567", "exhausted", "2025-12-01T08:00:00.123Z"] {
         assert!(lines[1].contains(whole), "{whole}: {text}");
     }
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
     assert!(
-        cells[1].starts_with("paym") && cells[1].ends_with('…'),
+        cells[1].starts_with("m-9f") && cells[1].ends_with('…'),
         "{text}"
     );
     assert!(
-        cells[3].starts_with("payment.") && cells[3].ends_with('…'),
+        cells[2].starts_with("paym") && cells[2].ends_with('…'),
         "{text}"
     );
     assert!(
-        cells[4].starts_with("order-9f") && cells[4].ends_with('…'),
+        cells[4].starts_with("payment.") && cells[4].ends_with('…'),
         "{text}"
     );
-    assert!(!text.contains("order-9f86d081884c7d659a2feaa0c55ad015:capture"));
+    assert!(!text.contains("MESSAGE_KEY"), "{text}");
 
     let wide = run_80(
         address,
@@ -146,6 +148,7 @@ async fn dead_letters_list_fits_80_columns_and_wide_shows_everything() {
         "BODY_SIZE",
         "payments.settlement.dead-letter-queue",
         "order-9f86d081884c7d659a2feaa0c55ad015:capture",
+        "m-9f86d081884c7d659a2feaa0c55ad015",
         "payment.settlement.captured",
         "delivery_limit",
         "16777216",

@@ -120,6 +120,48 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
         )),
         "{stdout}"
     );
+    // The hint keeps the --planner and --profile typed, so it goes where
+    // this command went (not to the default planner).
+    let config_home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(config_home.path().join("redrive")).unwrap();
+    std::fs::write(
+        config_home.path().join("redrive/config.toml"),
+        format!("[profiles.prod]\nplanner = \"http://{address}\"\n"),
+    )
+    .unwrap();
+    let home = config_home.path().to_str().unwrap();
+    let planner = format!("http://{address}");
+    for (flags, prefix) in [
+        (
+            vec!["--planner", planner.as_str()],
+            format!("redrivectl --planner {planner}"),
+        ),
+        (
+            vec!["--profile", "prod"],
+            "redrivectl --profile prod".to_owned(),
+        ),
+    ] {
+        let mut args = flags.clone();
+        args.extend(CREATE_AT_50);
+        let output = redrivectl_with_env(
+            address,
+            &args,
+            "",
+            &[
+                ("REDRIVE_PLANNER", None),
+                ("XDG_CONFIG_HOME", Some(home)),
+                ("USER", Some("tester")),
+            ],
+        )
+        .await;
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert!(
+            stdout.ends_with(&format!(
+                "\nnext: {prefix} plan approve plan-new --digest {DIGEST}\n"
+            )),
+            "{flags:?}: {stdout}"
+        );
+    }
     let PlanCall::Create(request) = &fake.plan_calls()[1] else {
         panic!("not create");
     };
@@ -484,9 +526,25 @@ async fn plan_watch_counts_down_the_observation_window() {
         first.starts_with("observing  1/7 14.3%  sent 1  rate —  watched 0s  eta —"),
         "{stdout}"
     );
-    // 10 minutes from when the fake answered, a moment ago.
-    let left = figure(first, "observation ends in");
-    assert!(left.starts_with("9m5") || left == "10m00s", "{stdout}");
+    // 10 minutes from when the fake answered, a moment ago: until when, the
+    // time left, and how to end the window now.
+    let until = figure(first, "observing until");
+    assert!(
+        until.ends_with(
+            "left); to send the rest now: redrivectl plan promote plan-observing --reason TEXT"
+        ),
+        "{stdout}"
+    );
+    let left = until.split(" (").nth(1).unwrap();
+    assert!(
+        left.starts_with("9m5") || left.starts_with("10m00s"),
+        "{stdout}"
+    );
+    let until = until.split(' ').next().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(until).is_ok() && until.ends_with('Z'),
+        "{stdout}"
+    );
     let output = redrivectl(address, &["plan", "watch", "plan-observing", "--json"], "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     let first: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
@@ -543,6 +601,8 @@ async fn plan_report_json_and_text() {
         report.as_object().unwrap().keys().collect::<Vec<_>>(),
         [
             "counts",
+            "never_attempted",
+            "never_attempted_items",
             "not_sent",
             "plan",
             "possibly_duplicated_keys",

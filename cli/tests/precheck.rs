@@ -156,7 +156,7 @@ async fn precheck_prints_a_report_people_can_read() {
         "by destination:",
         "VALUE     TOTAL  REPLAYABLE  DUPLICATE  BLOCKED_BY_STATE",
         "WARNING: state check hooks blocked 2 of the 3 messages they checked",
-        "first non-replayable items (1 of 3):",
+        "first non-replayable items (1 shown of 3 not replayable):",
         "41              order-9:capture  blocked_by_state  order 9 is cancelled",
     ] {
         assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");

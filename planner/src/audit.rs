@@ -29,17 +29,34 @@ pub async fn report(store: &Store, plan_id: PlanId) -> Result<v1::AuditReport, E
         sent_keys: store.sent_keys(plan_id).await?,
         not_sent: store.not_sent_events(plan_id).await?,
         possibly_duplicated_keys: store.possibly_duplicated_keys(plan_id).await?,
+        never_attempted: store.never_attempted_count(plan_id).await?,
+        never_attempted_items: store
+            .never_attempted_items(plan_id, -1, NEVER_ATTEMPTED_LISTED)
+            .await?
+            .into_iter()
+            .map(|(_, item)| item)
+            .collect(),
         plan: Some(plan),
     })
 }
 
-/// CSV columns of the export, in order.
-pub const CSV_COLUMNS: [&str; 11] = [
+/// Items never attempted that the report lists (the count has them all;
+/// the export of a final plan has a row for each).
+pub const NEVER_ATTEMPTED_LISTED: i64 = 1000;
+
+/// The `action` of an export row for an item of a final plan that no
+/// executor attempted (no audit event has it).
+pub const NEVER_ATTEMPTED: &str = "never_attempted";
+
+/// CSV columns of the export, in order. `message_id` is the dead letter's
+/// AMQP message id (for reconciliation with the producer's records).
+pub const CSV_COLUMNS: [&str; 12] = [
     "at",
     "plan_id",
     "slice_id",
     "dead_letter_id",
     "message_key",
+    "message_id",
     "action",
     "reason",
     "wave",
@@ -74,11 +91,70 @@ pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
     })
 }
 
-/// Writes audit events as CSV records, in [`CSV_COLUMNS`] order.
-fn events_csv<'a>(events: impl IntoIterator<Item = &'a v1::AuditEvent>) -> Vec<u8> {
+/// One exported audit event as a JSON object: [`event_json`] with the dead
+/// letter's `message_id`.
+fn export_json(event: &v1::AuditEvent, message_id: &str) -> serde_json::Value {
+    let mut json = event_json(event);
+    json["message_id"] = serde_json::Value::from(message_id);
+    json
+}
+
+/// An export row for an item no executor attempted, as JSON (the shape of
+/// [`export_json`]: no time, executor or attempt).
+fn unattempted_json(plan_id: PlanId, item: &v1::UnattemptedItem) -> serde_json::Value {
+    serde_json::json!({
+        "at": null,
+        "plan_id": plan_id.to_string(),
+        "slice_id": "",
+        "dead_letter_id": item.dead_letter_id,
+        "message_key": item.message_key,
+        "message_id": item.message_id,
+        "action": NEVER_ATTEMPTED,
+        "reason": "no executor attempted it before the plan ended",
+        "wave": if item.wave() == v1::Wave::Canary { "canary" } else { "main" },
+        "executor_id": "",
+        "attempt": 0,
+        "confirm_latency_us": 0,
+    })
+}
+
+/// Export rows for items no executor attempted, as CSV records.
+fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec<u8> {
     let mut data = Vec::new();
     let mut writer = csv_writer(&mut data);
-    for event in events {
+    let plan_id = plan_id.to_string();
+    for (_, item) in items {
+        let wave = if item.wave() == v1::Wave::Canary {
+            "canary"
+        } else {
+            "main"
+        };
+        let _ = writer.write_record([
+            "",
+            &plan_id,
+            "",
+            &item.dead_letter_id,
+            &item.message_key,
+            &item.message_id,
+            NEVER_ATTEMPTED,
+            "no executor attempted it before the plan ended",
+            wave,
+            "",
+            "0",
+            "0",
+        ]);
+    }
+    let _ = writer.flush();
+    drop(writer);
+    data
+}
+
+/// Writes audit events (each with its dead letter's message id) as CSV
+/// records, in [`CSV_COLUMNS`] order.
+fn events_csv<'a>(events: impl IntoIterator<Item = (&'a v1::AuditEvent, &'a str)>) -> Vec<u8> {
+    let mut data = Vec::new();
+    let mut writer = csv_writer(&mut data);
+    for (event, message_id) in events {
         let at = event
             .at
             .as_ref()
@@ -98,6 +174,7 @@ fn events_csv<'a>(events: impl IntoIterator<Item = &'a v1::AuditEvent>) -> Vec<u
             &event.slice_id,
             &event.dead_letter_id,
             &event.message_key,
+            message_id,
             event.action().name(),
             &event.reason,
             wave,
@@ -137,40 +214,75 @@ pub async fn export(
             "EXPORT_FORMAT_JSONL or EXPORT_FORMAT_CSV",
         ));
     }
-    plan::get(store, plan_id).await?;
+    let ended = plan::get(store, plan_id).await?.state().is_final();
     let (sender, receiver) = mpsc::channel(4);
     let store = store.clone();
     tokio::spawn(async move {
-        if format == v1::ExportFormat::Csv
-            && sender
-                .send(Ok(v1::ExportAuditChunk { data: csv_header() }))
-                .await
-                .is_err()
-        {
+        let csv = format == v1::ExportFormat::Csv;
+        let send =
+            async |data: Vec<u8>| sender.send(Ok(v1::ExportAuditChunk { data })).await.is_ok();
+        if csv && !send(csv_header()).await {
             return;
         }
         let mut after = 0;
         loop {
-            let Some(page) = events_page(&store, plan_id, after, &sender).await else {
-                return;
+            let page = match store
+                .audit_events_with_message_ids(plan_id, after, PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(error) => {
+                    let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                    return;
+                }
             };
-            let Some((last, _)) = page.last() else { return };
+            let Some((last, _, _)) = page.last() else {
+                break;
+            };
             after = *last;
-            let data = if format == v1::ExportFormat::Csv {
-                events_csv(page.iter().map(|(_, event)| event))
+            let data = if csv {
+                events_csv(page.iter().map(|(_, event, id)| (event, id.as_str())))
             } else {
                 let mut data = String::new();
-                for (_, event) in &page {
-                    data.push_str(&event_json(event).to_string());
+                for (_, event, message_id) in &page {
+                    data.push_str(&export_json(event, message_id).to_string());
                     data.push('\n');
                 }
                 data.into_bytes()
             };
-            if sender
-                .send(Ok(v1::ExportAuditChunk { data }))
-                .await
-                .is_err()
-            {
+            if !send(data).await {
+                return;
+            }
+        }
+        // A final plan's items that no executor attempted have no event:
+        // a row each, so that the export accounts for every item.
+        if !ended {
+            return;
+        }
+        let mut after = -1;
+        loop {
+            let items = match store.never_attempted_items(plan_id, after, PAGE).await {
+                Ok(items) => items,
+                Err(error) => {
+                    let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                    return;
+                }
+            };
+            let Some((last, _)) = items.last() else {
+                return;
+            };
+            after = *last;
+            let data = if csv {
+                unattempted_csv(plan_id, &items)
+            } else {
+                let mut data = String::new();
+                for (_, item) in &items {
+                    data.push_str(&unattempted_json(plan_id, item).to_string());
+                    data.push('\n');
+                }
+                data.into_bytes()
+            };
+            if !send(data).await {
                 return;
             }
         }
@@ -293,7 +405,7 @@ mod tests {
     fn csv_fields_are_quoted_per_rfc_4180() {
         assert_eq!(
             String::from_utf8(csv_header()).unwrap(),
-            "at,plan_id,slice_id,dead_letter_id,message_key,action,reason,wave,executor_id,attempt,confirm_latency_us\n"
+            "at,plan_id,slice_id,dead_letter_id,message_key,message_id,action,reason,wave,executor_id,attempt,confirm_latency_us\n"
         );
         let event = |message_key: &str, reason: &str, executor_id: &str| v1::AuditEvent {
             plan_id: "p-1".into(),
@@ -316,14 +428,15 @@ mod tests {
             event("a,b", "say \"hi\"", "line\nbreak"),
             event("cr\rlf\r\n", "\"", ","),
         ];
-        let data = String::from_utf8(events_csv(&events)).unwrap();
+        let data =
+            String::from_utf8(events_csv(events.iter().map(|event| (event, "m-1")))).unwrap();
         let sent = v1::AuditAction::Sent.name();
         assert_eq!(
             data,
             format!(
-                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,{sent},,canary,exec-1,2,1500\n\
-                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500\n\
-                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",{sent},\"\"\"\",canary,\",\",2,1500\n"
+                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,m-1,{sent},,canary,exec-1,2,1500\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",m-1,{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",m-1,{sent},\"\"\"\",canary,\",\",2,1500\n"
             )
         );
         // A CSV reader gets every field back as it was.
@@ -335,8 +448,9 @@ mod tests {
         for (record, event) in records.iter().zip(&events) {
             assert_eq!(record.len(), CSV_COLUMNS.len());
             assert_eq!(&record[4], event.message_key);
-            assert_eq!(&record[6], event.reason);
-            assert_eq!(&record[8], event.executor_id);
+            assert_eq!(&record[5], "m-1");
+            assert_eq!(&record[7], event.reason);
+            assert_eq!(&record[9], event.executor_id);
         }
     }
 }

@@ -427,6 +427,13 @@ impl ExtractionRules {
                 unreadable.as_deref(),
                 json_error.as_deref(),
             ));
+        } else if message_key.starts_with("sha256:") {
+            // The precheck's body-hash warning sends people to these notes.
+            notes.push(
+                "message key is the body hash: no key source is configured (the planner's \
+                 --message-key)"
+                    .to_owned(),
+            );
         }
         let message_key = message_key.key;
         let occurred_at = raw
@@ -701,6 +708,20 @@ mod tests {
             assert_eq!(extracted.body_problem, None);
             assert_eq!(extracted.body, body, "the captured bytes are kept");
         }
+        let unkeyed = ExtractionRules::default().extract(raw(
+            br#"{"order_id":"o-42"}"#.to_vec(),
+            json_type.clone(),
+            &[],
+        ));
+        assert!(unkeyed.message_key.starts_with("sha256:"));
+        assert!(
+            unkeyed
+                .capture_notes
+                .iter()
+                .any(|n| n == "message key is the body hash: no key source is configured (the planner's --message-key)"),
+            "the precheck's warning points at this note: {:?}",
+            unkeyed.capture_notes
+        );
         let fallback =
             rules().extract(raw(b"not json".to_vec(), MessageProperties::default(), &[]));
         assert!(fallback.message_key.starts_with("sha256:"));

@@ -183,6 +183,7 @@ impl Planner for PlannerGrpc {
         let request = request.into_inner();
         let selector = selector(request.selector)?;
         let token = PageToken::parse(&request.page_token)?;
+        crate::precheck::check_sources(&self.state.store, &selector.sources).await?;
         let (dead_letters, next_page_token) =
             inspect::list(&self.state.store, &selector, request.page_size, token).await?;
         Ok(Response::new(v1::ListDeadLettersResponse {
@@ -215,6 +216,7 @@ impl Planner for PlannerGrpc {
             .enumerate()
             .map(|(index, value)| inspect::dimension(index, *value))
             .collect::<Result<Vec<_>, _>>()?;
+        crate::precheck::check_sources(&self.state.store, &selector.sources).await?;
         Ok(Response::new(
             inspect::summarize(&self.state.store, &selector, dimensions).await?,
         ))

@@ -52,6 +52,7 @@ pub async fn set_archived(
             ),
         ));
     }
+    crate::precheck::check_sources(store, &selector.sources).await?;
     if selector.status == Status::NotArchived {
         selector.status = Status::All;
     }

@@ -127,6 +127,116 @@ async fn stop_within_a_second(
     bed.finish().await
 }
 
+/// A plan cancelled a tenth of the way: its report counts and lists the
+/// items no executor attempted (not `not sent: 0`), `redrivectl plan
+/// report` says so, and the CSV export has a row for each (action
+/// `never_attempted`) and every row the dead letter's AMQP message id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_plans_report_counts_and_lists_the_items_never_attempted() -> anyhow::Result<()>
+{
+    use clap::Parser;
+    init_logging();
+    let items = 100;
+    let (incident, mut bed) = incident_bed(items).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 20.0, 5, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    wait_received(&received, 10, Duration::from_secs(30)).await?;
+    bed.client
+        .cancel_plan(control(&plan.plan_id, "downstream is struggling again"))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    executor.stop().await?;
+    stop_consuming(consuming)?;
+    let received = received.lock().unwrap().clone();
+
+    let report = bed
+        .client
+        .get_audit_report(v1::GetAuditReportRequest {
+            plan_id: plan.plan_id.clone(),
+        })
+        .await?
+        .into_inner();
+    let with_outcome = report.sent_keys.len() + report.not_sent.len();
+    let never = usize::try_from(report.never_attempted)?;
+    assert!(
+        never > 0 && never < items as usize,
+        "{never} never attempted"
+    );
+    assert_eq!(
+        with_outcome + never,
+        items as usize,
+        "every item is accounted for"
+    );
+    assert_eq!(report.never_attempted_items.len(), never);
+    let delivered: std::collections::HashSet<&str> =
+        received.iter().map(|r| r.message_id.as_str()).collect();
+    for item in &report.never_attempted_items {
+        assert!(!item.message_id.is_empty(), "{item:?}");
+        assert!(
+            !delivered.contains(item.message_id.as_str()),
+            "never attempted, yet delivered: {item:?}"
+        );
+    }
+
+    // What a person reads.
+    let cli = redrivectl::Cli::try_parse_from([
+        "redrivectl",
+        "--planner",
+        &bed.planner.url(),
+        "plan",
+        "report",
+        &plan.plan_id,
+    ])?;
+    let mut out = Vec::new();
+    assert_eq!(redrivectl::run(cli, &mut out).await.ok(), Some(0));
+    let text = String::from_utf8(out)?;
+    assert!(
+        text.contains(&format!(
+            "\nnever attempted: {never} (the plan ended before an executor took them"
+        )),
+        "{text}"
+    );
+    let first = &report.never_attempted_items[0];
+    assert!(
+        text.lines().any(|line| line.starts_with(&first.dead_letter_id)
+            && line.contains(&first.message_id)),
+        "{text}"
+    );
+
+    // The reconciliation file: a message id on every row, a row per item
+    // never attempted.
+    let mut export = bed
+        .client
+        .export_audit(v1::ExportAuditRequest {
+            plan_id: plan.plan_id.clone(),
+            format: v1::ExportFormat::Csv.into(),
+        })
+        .await?
+        .into_inner();
+    let mut csv = Vec::new();
+    while let Some(chunk) = export.message().await? {
+        csv.extend_from_slice(&chunk.data);
+    }
+    let mut reader = csv::Reader::from_reader(csv.as_slice());
+    let header = reader.headers()?.clone();
+    assert_eq!(&header[5], "message_id", "{header:?}");
+    let rows: Vec<csv::StringRecord> = reader.records().collect::<Result<_, _>>()?;
+    let never_rows: Vec<&csv::StringRecord> = rows
+        .iter()
+        .filter(|row| &row[6] == "never_attempted")
+        .collect();
+    assert_eq!(never_rows.len(), never);
+    assert!(
+        rows.iter().all(|row| !row[5].is_empty()),
+        "a message id on every row"
+    );
+    for row in rows.iter().filter(|row| &row[6] == "sent") {
+        assert!(delivered.contains(&row[5]), "sent {row:?} was not received");
+    }
+    bed.finish().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_at_20_per_second_stops_within_a_second_and_the_audit_has_every_delivery()
 -> anyhow::Result<()> {

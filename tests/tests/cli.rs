@@ -31,6 +31,34 @@ async fn redrivectl(planner: &PlannerHandle, args: &[&str]) -> (u8, String) {
     (code, String::from_utf8(out).expect("output is UTF-8"))
 }
 
+/// [`redrivectl`] with the error line a person reads on stderr (after
+/// `redrivectl: `), empty when the command succeeded.
+async fn redrivectl_full(planner: &PlannerHandle, args: &[&str]) -> (u8, String, String) {
+    let cli = Cli::try_parse_from(
+        [
+            "redrivectl",
+            "--planner",
+            &planner.url(),
+            "--actor",
+            "tester",
+        ]
+        .iter()
+        .copied()
+        .chain(args.iter().copied()),
+    )
+    .expect("the command line parses");
+    let mut out = Vec::new();
+    let (code, error) = match redrivectl::run(cli, &mut out).await {
+        Ok(code) => (code, String::new()),
+        Err(error) => (error.exit_code(), error.to_string()),
+    };
+    (
+        code,
+        String::from_utf8(out).expect("output is UTF-8"),
+        error,
+    )
+}
+
 fn gzip(text: &str) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     encoder.write_all(text.as_bytes()).unwrap();
@@ -414,13 +442,23 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     let first: serde_json::Value = serde_json::from_str(&output)?;
     assert_eq!(first["outcome"], "REPLAYED", "{output}");
     assert_eq!(first["event"]["action"], "sent");
-    let (code, output) = redrivectl(
+    let (code, output, error) = redrivectl_full(
         &bed.planner,
         &["--json", "replay", &id, "--reason", "ticket 4711"],
     )
     .await;
+    // Said once, on stdout: stderr gets no second copy of the answer.
+    let (text_code, text, text_error) =
+        redrivectl_full(&bed.planner, &["replay", &id, "--reason", "ticket 4711"]).await;
     executor.stop().await?;
     assert_eq!(code, 1, "NOT_REPLAYED exits 1: {output}");
+    assert_eq!(error, "", "no error line after the answer");
+    assert_eq!((text_code, text_error.as_str()), (1, ""), "{text}");
+    assert_eq!(text.matches("NOT_REPLAYED").count(), 1, "{text}");
+    assert!(
+        text.starts_with(&format!("NOT_REPLAYED: dead letter {id}: already_replayed")),
+        "{text}"
+    );
     let second: serde_json::Value = serde_json::from_str(&output)?;
     assert_eq!(second["outcome"], "NOT_REPLAYED");
     assert!(
@@ -447,4 +485,293 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     );
     channel.close(200, "done".into()).await?;
     bed.finish().await
+}
+
+/// A typo in a source is an error wherever a source is given, the same one
+/// `precheck` gives: `NotFound` naming the source, the closest known name
+/// and the known ones, from the planner (so any client gets it) and from
+/// `redrivectl` (exit 65).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_source_is_refused_wherever_a_source_is_given() -> anyhow::Result<()> {
+    use redrive_proto::v1;
+    init_logging();
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let source = unique("nt3_orders.dlq");
+    let file_dir = tempfile::tempdir()?;
+    let file = file_dir.path().join("one.jsonl");
+    std::fs::write(
+        &file,
+        r#"{"message_id":"m-1","body":"{}","headers":{"event-type":"order.paid"},"reason":"rejected","original_destination":"orders"}"#.to_owned() + "\n",
+    )?;
+    let path = file.to_str().unwrap();
+    let (code, output) = redrivectl(&bed.planner, &["import", path, "--source", &source]).await;
+    assert_eq!(code, 0, "{output}");
+    // Two letters swapped, as fingers do.
+    let typo = source.replacen("nt3", "n3t", 1);
+    let expected = format!(
+        "selector.sources[0] {typo:?} (did you mean {source:?}?): no dead letter from this \
+         source has ever been stored (a typo?); known sources: {source}"
+    );
+    let selector = || {
+        Some(v1::Selector {
+            sources: vec![typo.clone()],
+            ..Default::default()
+        })
+    };
+    let mut client = bed.client.clone();
+    let refusals = [
+        (
+            "ListDeadLetters",
+            client
+                .list_dead_letters(v1::ListDeadLettersRequest {
+                    selector: selector(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "SummarizeDeadLetters",
+            client
+                .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
+                    selector: selector(),
+                    group_by: vec![],
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "ArchiveDeadLetters",
+            client
+                .archive_dead_letters(v1::ArchiveDeadLettersRequest {
+                    selector: selector(),
+                    reason: "done by hand".into(),
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "UnarchiveDeadLetters",
+            client
+                .unarchive_dead_letters(v1::ArchiveDeadLettersRequest {
+                    selector: selector(),
+                    reason: "needed after all".into(),
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "RunPrecheck",
+            client
+                .run_precheck(v1::RunPrecheckRequest {
+                    selector: selector(),
+                    options: None,
+                })
+                .await
+                .map(drop),
+        ),
+    ];
+    for (rpc, answer) in refusals {
+        let status = answer.expect_err(rpc);
+        assert_eq!(status.code(), tonic::Code::NotFound, "{rpc}: {status:?}");
+        assert_eq!(status.message(), expected, "{rpc}");
+    }
+
+    // What a person types, and what they read: exit 65, the planner's words.
+    for command in [
+        vec!["dead-letters", "summary", "--source", &typo],
+        vec!["dead-letters", "list", "--source", &typo],
+        vec![
+            "dead-letters",
+            "archive",
+            "--source",
+            &typo,
+            "--reason",
+            "x",
+        ],
+        vec![
+            "dead-letters",
+            "unarchive",
+            "--source",
+            &typo,
+            "--reason",
+            "x",
+        ],
+        vec!["precheck", "--source", &typo],
+    ] {
+        let (code, output, error) = redrivectl_full(&bed.planner, &command).await;
+        assert_eq!(code, 65, "{command:?}: {output}");
+        assert_eq!(output, "", "{command:?}: nothing reads like an answer");
+        assert_eq!(error, format!("not_found: {expected}"), "{command:?}");
+    }
+    // A second source that is right does not hide the wrong one; the right
+    // one alone is answered.
+    let (code, _, error) = redrivectl_full(
+        &bed.planner,
+        &[
+            "dead-letters",
+            "list",
+            "--source",
+            &source,
+            "--source",
+            &typo,
+        ],
+    )
+    .await;
+    assert_eq!(code, 65);
+    assert!(
+        error.contains(&format!("selector.sources[1] {typo:?}")),
+        "{error}"
+    );
+    let (code, output, error) = redrivectl_full(
+        &bed.planner,
+        &["dead-letters", "summary", "--source", &source],
+    )
+    .await;
+    assert_eq!(code, 0, "{error}");
+    // The default summary says what died, why and where.
+    let mut lines = output.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header[..4],
+        ["EVENT_TYPE", "REASON", "DESTINATION", "COUNT"],
+        "{output}"
+    );
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..4],
+        ["order.paid", "rejected", "orders", "1"],
+        "{output}"
+    );
+    assert!(output.ends_with("total: 1\n"), "{output}");
+    bed.finish().await
+}
+
+/// `redrivectl` with exactly `args` (no planner or actor added): exit code,
+/// stdout and the error line.
+async fn redrivectl_bare(args: &[&str]) -> (u8, String, String) {
+    let cli = Cli::try_parse_from(std::iter::once("redrivectl").chain(args.iter().copied()))
+        .expect("the command line parses");
+    let mut out = Vec::new();
+    let (code, error) = match redrivectl::run(cli, &mut out).await {
+        Ok(code) => (code, String::new()),
+        Err(error) => (error.exit_code(), error.to_string()),
+    };
+    (code, String::from_utf8_lossy(&out).into_owned(), error)
+}
+
+/// docs/security.md's development PKI, run as written: a planner serves the
+/// certificate it makes (SAN 127.0.0.1 and localhost) and trusts its client
+/// certificates; `redrivectl` reaches it with `--ca`, the executor's
+/// certificate authenticates as `executor-1`; and the two TLS mistakes a
+/// new user makes say what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_security_docs_pki_recipe_works() -> anyhow::Result<()> {
+    init_logging();
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/security.md"),
+    )?;
+    let recipe = docs
+        .split("<!-- dev-pki -->\n```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("docs/security.md has the dev-pki block");
+    let dir = tempfile::tempdir()?;
+    let run = std::process::Command::new("sh")
+        .arg("-e")
+        .arg("-c")
+        .arg(recipe)
+        .current_dir(dir.path())
+        .output()?;
+    assert!(
+        run.status.success(),
+        "the recipe fails: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let pki = dir.path().join("pki");
+    let file = |name: &str| pki.join(name);
+    let text = |name: &str| file(name).to_string_lossy().into_owned();
+
+    let db = redrive_tests::TestDb::new();
+    let mut config = redrive_planner::Config::for_database(db.url());
+    config.tls_cert = Some(file("planner.pem"));
+    config.tls_key = Some(file("planner.key"));
+    config.tls_client_ca = Some(file("ca.pem"));
+    config.cert_roles = vec!["executor-*=executor".to_owned()];
+    let mut planner = PlannerHandle::start_with(
+        config,
+        redrive_proto::tls::ClientTlsFiles {
+            ca: Some(file("ca.pem")),
+            client_cert: Some(file("executor-1.pem")),
+            client_key: Some(file("executor-1.key")),
+        },
+    )
+    .await?;
+    let port = planner.addr.port();
+    let https = format!("https://127.0.0.1:{port}");
+    let ca = text("ca.pem");
+
+    // Through TLS with the executor's certificate, by IP and by name: the
+    // planner knows it as executor-1, whose role may not list plans.
+    for url in [https.clone(), format!("https://localhost:{port}")] {
+        let (code, _, error) = redrivectl_bare(&[
+            "--planner",
+            &url,
+            "--ca",
+            &ca,
+            "--tls-client-cert",
+            &text("executor-1.pem"),
+            "--tls-client-key",
+            &text("executor-1.key"),
+            "plan",
+            "list",
+        ])
+        .await;
+        assert_eq!(code, 1, "{error}");
+        assert!(
+            error.starts_with("permission_denied: ") && error.contains("executor-1"),
+            "{url}: {error}"
+        );
+    }
+
+    // http:// to the TLS port.
+    let (code, out, error) = redrivectl_bare(&[
+        "--planner",
+        &format!("http://127.0.0.1:{port}"),
+        "plan",
+        "list",
+    ])
+    .await;
+    assert_eq!((code, out.as_str()), (69, ""), "{error}");
+    assert!(
+        error.starts_with(&format!(
+            "the planner at 127.0.0.1:{port} speaks TLS: use https://127.0.0.1:{port} and --ca FILE"
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("is redrive-planner running"), "{error}");
+
+    // https:// without --ca: the dev CA is not among the platform's roots.
+    let (code, out, error) = redrivectl_bare(&["--planner", &https, "plan", "list"]).await;
+    assert_eq!((code, out.as_str()), (69, ""), "{error}");
+    assert!(
+        error.starts_with(&format!(
+            "the planner at {https} presented a certificate that is not signed by a CA this \
+             client trusts: pass the CA that signed it with --ca FILE"
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("is redrive-planner running"), "{error}");
+
+    planner.halt().await?;
+    db.drop_database().await;
+    Ok(())
 }

@@ -238,8 +238,13 @@ pub struct SummaryArgs {
 
     /// Group by these, in this order, comma separated: reason, destination,
     /// producer, schema_version, event_type, hour, source, error (the error
-    /// text with digits and ids folded), status.
-    #[arg(long, value_name = "NAMES", default_value = "reason")]
+    /// text with digits and ids folded), status. The default says what
+    /// died, why and where: event_type, reason, destination.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        default_value = "event_type,reason,destination"
+    )]
     pub group_by: GroupBy,
 }
 
@@ -270,12 +275,13 @@ pub async fn run(
 /// The columns of `dead-letters list`, least needed marked optional.
 pub(crate) const LIST_COLUMNS: &[Column] = &[
     Column::keep("id"),
+    Column::shorten("message_id"),
     Column::shorten("source"),
     Column::keep("reason_class"),
     Column::keep("death_reason").optional(),
     Column::shorten("destination").optional(),
     Column::shorten("event_type"),
-    Column::shorten("message_key"),
+    Column::shorten("message_key").optional(),
     Column::keep("body_size").optional(),
     Column::keep("died_at"),
 ];
@@ -327,12 +333,13 @@ fn list_row(dead_letter: &DeadLetter) -> Vec<String> {
         .unwrap_or_default();
     vec![
         dead_letter.id.clone(),
+        cell(dead_letter.message_id.as_deref().unwrap_or_default()).to_owned(),
         dead_letter.source.clone(),
         dead_letter.reason_class().name().to_owned(),
         cell(death_reason).to_owned(),
         cell(&dead_letter.destination).to_owned(),
         cell(dead_letter.event_type.as_deref().unwrap_or_default()).to_owned(),
-        cell(&dead_letter.message_key).to_owned(),
+        output::key_cell(&dead_letter.message_key),
         dead_letter.body_size.to_string(),
         timestamp_text(dead_letter.died_at.as_ref()).unwrap_or_else(|| "-".to_owned()),
     ]
@@ -898,7 +905,10 @@ mod tests {
         let parsed = Harness::try_parse_from(["test", "--group-by", "hour,source"]).unwrap();
         assert_eq!(parsed.summary.group_by.names(), ["hour", "source"]);
         let default = Harness::try_parse_from(["test"]).unwrap();
-        assert_eq!(default.summary.group_by.names(), ["reason"]);
+        assert_eq!(
+            default.summary.group_by.names(),
+            ["event_type", "reason", "destination"]
+        );
         let error = Harness::try_parse_from(["test", "--group-by", "colour"]).unwrap_err();
         assert!(error.use_stderr());
         assert!(error.to_string().contains("valid names"), "{error}");
@@ -936,6 +946,45 @@ mod tests {
         ] {
             assert!(lines[1].contains(expected), "{expected}: {text}");
         }
+    }
+
+    #[test]
+    fn list_shows_the_message_id_and_gives_a_body_hash_little_room() {
+        let hash = format!("sha256:{}", "ab12".repeat(16));
+        let dead_letter = DeadLetter {
+            id: "12".into(),
+            source: "orders.dlq".into(),
+            reason_class: ReasonClass::Rejected.into(),
+            destination: "orders".into(),
+            event_type: Some("order.paid".into()),
+            message_key: hash.clone(),
+            properties: Some(redrive_proto::v1::MessageProperties {
+                message_id: Some("m-50".into()),
+                ..Default::default()
+            }),
+            message_id: Some("m-50".into()),
+            died_at: Some(prost_types::Timestamp {
+                seconds: 1_714_564_800,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        let mut table = output::table(LIST_COLUMNS);
+        table.add_row(list_row(&dead_letter));
+        let text = table.lines_for(Some(80)).join("\n");
+        let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(header[..3], ["ID", "MESSAGE_ID", "SOURCE"], "{text}");
+        assert!(text.lines().nth(1).unwrap().contains("m-50"), "{text}");
+        assert!(
+            text.lines().all(|line| line.chars().count() <= 80),
+            "{text}"
+        );
+        // Fitted: the hash is cut to 12 digits; --wide has it whole.
+        crate::table::set_width(Some(80));
+        assert_eq!(list_row(&dead_letter)[7], "sha256:ab12ab12ab12…");
+        crate::table::set_width(None);
+        assert_eq!(list_row(&dead_letter)[7], hash);
+        crate::table::set_width(Some(crate::table::DEFAULT_WIDTH));
     }
 
     #[test]

@@ -282,6 +282,57 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                 ..
             }))
         );
+    // Flags typed on the command line come along in suggested commands; a
+    // value from the environment is still there for the next command.
+    let typed = |value: &Option<String>, variable: &str, normalize: fn(&str) -> Option<String>| {
+        let from_env = std::env::var(variable).ok().and_then(|env| normalize(&env));
+        value
+            .clone()
+            .filter(|value| from_env.as_ref() != Some(value))
+    };
+    let prefix = crate::hint::prefix(
+        typed(&cli.profile, "REDRIVE_PROFILE", |text| {
+            Some(text.to_owned())
+        })
+        .as_deref(),
+        typed(&cli.planner, "REDRIVE_PLANNER", |text| {
+            parse_planner_url(text).ok()
+        })
+        .as_deref(),
+    );
+    let url = planner_url.clone();
+    let result = crate::hint::scope(
+        prefix,
+        run_command(
+            cli,
+            out,
+            tty,
+            live_bar,
+            export,
+            planner_url,
+            actor,
+            credentials,
+        ),
+    )
+    .await;
+    match result {
+        Ok(code) => Ok(code),
+        Err(error) => Err(client::explain_tls(error, &url).await),
+    }
+}
+
+/// [`run`] once the settings are known: the command itself.
+#[allow(clippy::too_many_arguments)]
+async fn run_command(
+    cli: Cli,
+    out: &mut dyn Write,
+    tty: bool,
+    live_bar: bool,
+    export: bool,
+    planner_url: String,
+    actor: Option<&str>,
+    credentials: client::Credentials,
+) -> Result<u8, CliError> {
     let mut escaping;
     let out: &mut dyn Write = if cli.json || live_bar || export {
         out
@@ -334,6 +385,146 @@ mod tests {
         assert_eq!(
             hash_token("s3cret"),
             "1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0"
+        );
+    }
+
+    /// The `redrivectl` command lines in the code spans and blocks of
+    /// `text` (markdown): from each `redrivectl` on, up to the end of its
+    /// line.
+    fn command_lines(text: &str) -> Vec<String> {
+        let mut code = Vec::new();
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                continue;
+            }
+            if fenced {
+                code.push(line.to_owned());
+            } else {
+                // Inline spans: every other piece between backticks.
+                code.extend(line.split('`').skip(1).step_by(2).map(str::to_owned));
+            }
+        }
+        code.iter()
+            .flat_map(|span| {
+                span.match_indices("redrivectl ")
+                    .map(|(at, _)| span[at..].to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// The subcommand path a command line names (`["plan", "promote"]`),
+    /// each `a|b` alternative spelled out, or what in it is not a command.
+    fn command_paths(line: &str) -> Result<Vec<Vec<String>>, String> {
+        use clap::CommandFactory;
+        let root = Cli::command();
+        let mut words = line.split_whitespace().skip(1).peekable();
+        let mut paths: Vec<(Vec<String>, clap::Command)> = vec![(Vec::new(), root.clone())];
+        while let Some(word) = words.next() {
+            if word.starts_with('[') {
+                // `[global flags]`: skip to its end.
+                let mut word = word;
+                while !word.ends_with(']') {
+                    match words.next() {
+                        Some(next) => word = next,
+                        None => break,
+                    }
+                }
+                continue;
+            }
+            if let Some(flag) = word.strip_prefix("--") {
+                let takes_value = root
+                    .get_arguments()
+                    .find(|arg| arg.get_long() == Some(flag))
+                    .is_some_and(|arg| arg.get_action().takes_values());
+                if takes_value {
+                    words.next();
+                }
+                continue;
+            }
+            let is_word = |part: &str| {
+                !part.is_empty() && part.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+            };
+            if !word.split('|').all(is_word) {
+                break;
+            }
+            let mut next = Vec::new();
+            for (path, command) in &paths {
+                if !command.has_subcommands() {
+                    // A positional value (`completion bash`, `import FILE`).
+                    next.push((path.clone(), command.clone()));
+                    continue;
+                }
+                for part in word.split('|') {
+                    let sub = command
+                        .get_subcommands()
+                        .find(|sub| {
+                            sub.get_name() == part || sub.get_all_aliases().any(|a| a == part)
+                        })
+                        .ok_or_else(|| format!("`{} {part}` is not a command", path.join(" ")))?;
+                    let mut path = path.clone();
+                    path.push(part.to_owned());
+                    next.push((path, sub.clone()));
+                }
+            }
+            paths = next;
+        }
+        Ok(paths.into_iter().map(|(path, _)| path).collect())
+    }
+
+    /// Every command the docs name exists: a reader copying one gets its
+    /// help, not "unrecognized subcommand".
+    #[test]
+    fn every_command_the_docs_name_exists() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut pages = vec![root.join("README.md"), root.join("cli/USAGE.md")];
+        pages.extend(
+            std::fs::read_dir(root.join("docs"))
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "md")),
+        );
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for page in &pages {
+            let text = std::fs::read_to_string(page).unwrap();
+            for line in command_lines(&text) {
+                match command_paths(&line) {
+                    Ok(paths) => {
+                        for path in paths.into_iter().filter(|path| !path.is_empty()) {
+                            let mut args = vec!["redrivectl".to_owned()];
+                            args.extend(path.iter().cloned());
+                            args.push("--help".to_owned());
+                            let error = Cli::try_parse_from(&args).unwrap_err();
+                            assert_eq!(
+                                error.kind(),
+                                clap::error::ErrorKind::DisplayHelp,
+                                "{}: {args:?}",
+                                page.display()
+                            );
+                            checked += 1;
+                        }
+                    }
+                    Err(error) => wrong.push(format!("{}: {line}: {error}", page.display())),
+                }
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "commands the docs name that do not exist:\n{}",
+            wrong.join("\n")
+        );
+        assert!(checked > 100, "only {checked} command lines found");
+        // The check itself catches a command that does not exist.
+        assert_eq!(
+            command_paths("redrivectl dead-letters replay 42"),
+            Err("`dead-letters replay` is not a command".to_owned())
+        );
+        assert_eq!(
+            command_paths("redrivectl --profile prod plan promote|cancel PLAN").unwrap(),
+            [vec!["plan", "promote"], vec!["plan", "cancel"]]
         );
     }
 

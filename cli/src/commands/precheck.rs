@@ -642,7 +642,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
     if !report.warnings.is_empty() {
         writeln!(out)?;
         for warning in &report.warnings {
-            writeln!(out, "WARNING: {warning}")?;
+            output::write_warning(out, warning)?;
         }
     }
 
@@ -650,7 +650,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
     if !report.sample_blocked.is_empty() {
         writeln!(
             out,
-            "\nfirst non-replayable items ({} of {blocked}):",
+            "\nfirst non-replayable items ({} shown of {blocked} not replayable):",
             report.sample_blocked.len()
         )?;
         let mut table = output::table(&[
@@ -662,7 +662,7 @@ pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result
         for item in &report.sample_blocked {
             table.add_row([
                 item.dead_letter_id.clone(),
-                cell(&item.message_key).to_owned(),
+                output::key_cell(&item.message_key),
                 item.verdict.to_owned(),
                 cell(&item.reason).to_owned(),
             ]);
@@ -740,7 +740,11 @@ fn breakdown_table(rows: &[BreakdownJson]) -> output::Table {
 /// verdict (the earlier in precedence on a tie), or all items when every one
 /// is replayable.
 pub fn next_hint(report: &ReportJson) -> String {
-    let mut hint = format!("redrivectl precheck items {}", report.precheck_id);
+    let mut hint = format!(
+        "{} precheck items {}",
+        crate::hint::redrivectl(),
+        report.precheck_id
+    );
     let worst = VERDICTS[1..]
         .iter()
         .copied()
@@ -1166,7 +1170,7 @@ mod tests {
             "(none)            none: never stale           6      0      3d2h",
             "payment.captured  stale_after payment.*=2h0m  4      3      5h1m",
             "WARNING: heterogeneous selection: 2 schema versions (1, 2)",
-            "first non-replayable items (1 of 4):",
+            "first non-replayable items (1 shown of 4 not replayable):",
             "7               order-1:pay  stale    older than 2h",
             "next: redrivectl precheck items 0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e --verdict stale",
         ]) {

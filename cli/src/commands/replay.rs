@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::{
     args::{OptionsArgs, parse_positive_duration},
     client::Planner,
-    error::{CliError, EX_OK},
+    error::{CliError, EX_FAILURE, EX_OK},
     output::write_json,
     views::EventJson,
 };
@@ -102,7 +102,8 @@ impl ReplayJson {
 ///
 /// # Errors
 /// [`CliError::Usage`] for a `--stale-after` pattern given twice; gRPC errors;
-/// [`CliError::NotCompleted`] (exit 1) after printing a `NOT_REPLAYED` answer.
+/// Exit 1 (not an error: nothing more on stderr) after printing a
+/// `NOT_REPLAYED` answer.
 pub async fn run(
     planner: &mut Planner,
     args: ReplayArgs,
@@ -125,14 +126,13 @@ pub async fn run(
     } else {
         write_text(out, &view).map_err(|error| CliError::io("writing the answer", error))?;
     }
-    if view.outcome == "REPLAYED" {
-        Ok(EX_OK)
+    // NOT_REPLAYED and its reason are printed once, on stdout, above: the
+    // exit code says it to scripts, nothing is repeated on stderr.
+    Ok(if view.outcome == "REPLAYED" {
+        EX_OK
     } else {
-        Err(CliError::NotCompleted(format!(
-            "dead letter {} not replayed: {}",
-            view.dead_letter_id, view.reason
-        )))
-    }
+        EX_FAILURE
+    })
 }
 
 fn write_text(out: &mut dyn Write, view: &ReplayJson) -> std::io::Result<()> {

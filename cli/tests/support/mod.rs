@@ -202,6 +202,7 @@ pub fn long_dead_letter() -> v1::DeadLetter {
         destination: "payments.settlement".into(),
         event_type: Some("payment.settlement.captured".into()),
         message_key: "order-9f86d081884c7d659a2feaa0c55ad015:capture".into(),
+        message_id: Some("m-9f86d081884c7d659a2feaa0c55ad015".into()),
         body_size: 16_777_216,
         died_at: Some(prost_types::Timestamp {
             seconds: 1_764_576_000,
@@ -728,6 +729,7 @@ impl Planner for Fake {
                 v1::Wave::Main,
             )],
             possibly_duplicated_keys: vec![],
+            ..Default::default()
         }))
     }
     async fn replay_dead_letter(

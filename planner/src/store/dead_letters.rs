@@ -844,8 +844,9 @@ impl TryFrom<DeadLetterRow> for v1::DeadLetter {
 }
 
 impl Store {
-    /// The sources among `sources` that no stored dead letter has, as
-    /// `(index in sources, source)` in their order (one index probe each on
+    /// The sources among `sources` that no stored dead letter has and that
+    /// retention never deleted one of (`retired_sources`), as `(index in
+    /// sources, source)` in their order (one index probe each on
     /// `dead_letters_source_id`).
     ///
     /// # Errors
@@ -856,7 +857,8 @@ impl Store {
     ) -> Result<Vec<(usize, String)>, StoreError> {
         let rows: Vec<(i64, String)> = sqlx::query_as(
             "SELECT u.n, u.source FROM unnest($1::text[]) WITH ORDINALITY AS u(source, n) \
-             WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.source = u.source) ORDER BY u.n",
+             WHERE NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.source = u.source) \
+               AND NOT EXISTS (SELECT 1 FROM retired_sources r WHERE r.source = u.source) ORDER BY u.n",
         )
         .bind(sources)
         .fetch_all(self.pool())

@@ -211,7 +211,7 @@ impl Store {
         // Checked again under the locks, with a fresh snapshot: resolved
         // before the cutoff, and in no plan that has not ended.
         let deleted: Vec<DeadLetterId> = sqlx::query_scalar(
-            "WITH doomed AS (SELECT d.id FROM dead_letters d WHERE d.id = ANY($1) \
+            "WITH doomed AS (SELECT d.id, d.source FROM dead_letters d WHERE d.id = ANY($1) \
                  AND (d.archived_at < $2 OR EXISTS (SELECT 1 FROM audit_events e \
                       JOIN plans p ON p.id = e.plan_id \
                       WHERE e.dead_letter_id = d.id AND e.action = 'sent' AND e.at < $2 \
@@ -221,7 +221,9 @@ impl Store {
              revisions AS (DELETE FROM dead_letter_revisions v USING doomed WHERE v.dead_letter_id = doomed.id), \
              history AS (INSERT INTO dead_letter_archive_history (dead_letter_id, action, actor, reason) \
                  SELECT id, 'delete', $5, 'retention: resolved before ' || \
-                     to_char($2 AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM doomed) \
+                     to_char($2 AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM doomed), \
+             retired AS (INSERT INTO retired_sources (source) SELECT DISTINCT source FROM doomed \
+                 ON CONFLICT (source) DO NOTHING) \
              DELETE FROM dead_letters d USING doomed WHERE d.id = doomed.id RETURNING d.id",
         )
         .bind(&locked)

@@ -204,11 +204,11 @@ impl Store {
                 RETURNING i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, r.wave, r.owner), \
              events AS ( \
                 INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
-                    reason, wave, executor_id, attempt) \
+                    reason, wave, executor_id, attempt, message_id) \
                 SELECT t.plan_id, t.slice_id, t.dead_letter_id, t.message_key, d.destination, 'uncertain', \
                     'the lease of ' || t.owner || ' expired after it may have published this item and before \
 it reported it; the next lease publishes it again with the same message id', t.wave, t.owner, \
-                    greatest(t.attempts, 1) \
+                    greatest(t.attempts, 1), d.message_id \
                 FROM taken t LEFT JOIN dead_letters d ON d.id = t.dead_letter_id) \
              SELECT plan_id FROM released",
         )
@@ -468,12 +468,12 @@ it reported it; the next lease publishes it again with the same message id', t.w
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
         sqlx::query(
             "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
-                wave, executor_id, attempt, confirm_latency_us, at) \
+                wave, executor_id, attempt, confirm_latency_us, at, message_id) \
              SELECT $1, $2, u.id, u.key, d.destination, u.action, \
                 CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
                     format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
                 ELSE u.reason END, \
-                $3, u.executor, u.attempt, u.latency, u.at \
+                $3, u.executor, u.attempt, u.latency, u.at, d.message_id \
              FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
                          $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
              JOIN dead_letters d ON d.id = u.id \
@@ -668,6 +668,14 @@ pub fn audit_action(name: &str) -> v1::AuditAction {
     .unwrap_or(A::Unspecified)
 }
 
+/// An audit event row with its dead letter's message id.
+#[derive(sqlx::FromRow)]
+struct ExportedEventRow {
+    #[sqlx(flatten)]
+    event: AuditEventRow,
+    message_id: Option<String>,
+}
+
 /// An audit event row (columns of [`Store::audit_events`]).
 #[derive(sqlx::FromRow)]
 struct AuditEventRow {
@@ -799,6 +807,102 @@ struct ReplayedDeadLetterRow {
 }
 
 impl Store {
+    /// How many items of the plan no executor attempted (still `pending`:
+    /// no outcome, nothing published).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn never_attempted_count(&self, plan_id: PlanId) -> Result<u64, StoreError> {
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM plan_items WHERE plan_id = $1 AND state = 'pending'",
+        )
+        .bind(plan_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    /// Up to `limit` items of the plan no executor attempted, after plan
+    /// position `after` (-1: from the start), in plan order, each with its
+    /// position, its dead letter's message id and its wave.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn never_attempted_items(
+        &self,
+        plan_id: PlanId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::UnattemptedItem)>, StoreError> {
+        let rows: Vec<(i64, DeadLetterId, String, Option<String>, String)> = sqlx::query_as(
+            "SELECT i.position, i.dead_letter_id, i.message_key, d.message_id, s.wave \
+             FROM plan_items i JOIN plan_slices s ON s.id = i.slice_id \
+             LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
+             WHERE i.plan_id = $1 AND i.state = 'pending' AND i.position > $2 \
+             ORDER BY i.position LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(position, dead_letter_id, message_key, message_id, wave)| {
+                    (
+                        position,
+                        v1::UnattemptedItem {
+                            dead_letter_id: dead_letter_id.to_string(),
+                            message_key,
+                            message_id: message_id.unwrap_or_default(),
+                            wave: if wave == "canary" {
+                                v1::Wave::Canary
+                            } else {
+                                v1::Wave::Main
+                            }
+                            .into(),
+                        },
+                    )
+                },
+            )
+            .collect())
+    }
+
+    /// [`Store::audit_events`] with each event's dead letter's message id
+    /// (`""` when none; written with the event, so the same after retention
+    /// deleted the dead letter), for the export.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_events_with_message_ids(
+        &self,
+        plan_id: PlanId,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
+        let rows = sqlx::query_as::<_, ExportedEventRow>(
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at, message_id FROM audit_events \
+             WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row.event.id,
+                    row.event.into_event(plan_id),
+                    row.message_id.unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
     /// Message keys the plan sent, in plan order: the reconciliation list.
     ///
     /// # Errors

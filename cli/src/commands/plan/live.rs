@@ -119,11 +119,12 @@ impl StallJson {
 pub fn stalled_text(plan: &PlanJson, span: Duration) -> String {
     format!(
         "no progress for {} (plan {}, {}/{} done); check the executors: are any running, what \
-         do their logs say? (to stop the plan: redrivectl plan pause {} --reason TEXT)",
+         do their logs say? (to stop the plan: {} plan pause {} --reason TEXT)",
         pace::short_duration(span),
         plan.state,
         plan.items_done,
         plan.total_items,
+        crate::hint::redrivectl(),
         plan.plan_id
     )
 }
@@ -250,6 +251,10 @@ pub struct Watcher<'a> {
     started: Option<Instant>,
     rate: RateWindow,
     stall: StallWatch,
+    /// Bar: the state of the last snapshot (a plan entering `observing` gets
+    /// a line above the bar saying until when and how to promote it, which
+    /// the bar's line, cut to the terminal's width, may not have room for).
+    last_state: Option<PlanState>,
 }
 
 impl<'a> Watcher<'a> {
@@ -295,6 +300,7 @@ impl<'a> Watcher<'a> {
             started: None,
             rate: RateWindow::default(),
             stall: StallWatch::new(stall_after),
+            last_state: None,
         }
     }
 
@@ -316,10 +322,17 @@ impl<'a> Watcher<'a> {
     /// When writing fails.
     pub fn progress(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
         self.started.get_or_insert(now.at);
-        self.rate.record(now.at, plan.items_done);
+        self.rate
+            .record(now.at, plan.items_done, plan.state().is_publishing());
         self.last_plan = Some(plan.clone());
         if let Some(change) = self.stall.observe(now.at, plan.state(), plan.items_done) {
             self.stall_line(plan, change)?;
+        }
+        let before = self.last_state.replace(plan.state());
+        let entered_observing =
+            plan.state() == PlanState::Observing && before != Some(PlanState::Observing);
+        if entered_observing && matches!(self.mode, WatchMode::Bar { .. }) {
+            self.above_bar(&observing_notice(plan, now));
         }
         let view = PlanJson::from(plan);
         match self.mode {
@@ -421,8 +434,13 @@ impl<'a> Watcher<'a> {
                     .saturating_duration_since(self.started.unwrap_or(now.at)),
             ),
         };
-        let observing_left = if state == PlanState::Observing {
-            wall(plan.observing_until.as_ref()).map(|until| pace::wall_span(now.wall, until))
+        let observing = if state == PlanState::Observing {
+            wall(plan.observing_until.as_ref()).map(|until| {
+                (
+                    crate::time::rfc3339(until),
+                    pace::wall_span(now.wall, until),
+                )
+            })
         } else {
             None
         };
@@ -430,7 +448,7 @@ impl<'a> Watcher<'a> {
             rate,
             elapsed,
             eta: pace::eta(plan.total_items.saturating_sub(plan.items_done), rate),
-            observing_left,
+            observing,
         }
     }
 
@@ -438,7 +456,7 @@ impl<'a> Watcher<'a> {
     fn print_line(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
         let view = PlanJson::from(plan);
         let progress = progress_text(&view);
-        let line = with_pace(progress.clone(), &self.pace(plan, now));
+        let line = with_pace(progress.clone(), &self.pace(plan, now), plan);
         writeln!(self.out, "{line}")?;
         self.last_progress = Some(progress);
         self.last_printed = Some(now.at);
@@ -451,7 +469,7 @@ impl<'a> Watcher<'a> {
             return;
         };
         let view = PlanJson::from(plan);
-        bar.set_message(with_pace(progress_text(&view), &self.pace(plan, now)));
+        bar.set_message(with_pace(progress_text(&view), &self.pace(plan, now), plan));
         bar.update(|state| {
             state.set_len(view.total_items);
             state.set_pos(view.items_done.min(view.total_items));
@@ -494,12 +512,47 @@ impl<'a> Watcher<'a> {
     }
 }
 
-/// `line`, then two spaces and the pace's text when it has one.
-fn with_pace(mut line: String, pace: &Pace) -> String {
+/// The line printed above the bar when a plan starts observing: `plan ID is
+/// observing until T (12m50s left): the planner then starts the main wave
+/// if the canary's gates are green; to send the rest now: redrivectl plan
+/// promote ID --reason TEXT`.
+fn observing_notice(plan: &Plan, now: Now) -> String {
+    let until = plan
+        .observing_until
+        .as_ref()
+        .and_then(from_timestamp)
+        .map(|until| {
+            format!(
+                " until {} ({} left)",
+                crate::time::rfc3339(until),
+                pace::short_duration(pace::wall_span(now.wall, until))
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "plan {} is observing{until}: the planner then starts the main wave if the canary's \
+         gates are green; to send the rest now: {} plan promote {} --reason TEXT",
+        plan.plan_id,
+        crate::hint::redrivectl(),
+        plan.plan_id
+    )
+}
+
+/// `line`, then two spaces and the pace's text when it has one; while the
+/// plan is observing, how to end the window now (`to send the rest now:
+/// redrivectl plan promote ID --reason TEXT`).
+fn with_pace(mut line: String, pace: &Pace, plan: &Plan) -> String {
     let text = pace.text();
     if !text.is_empty() {
         line.push_str("  ");
         line.push_str(&text);
+    }
+    if plan.state() == PlanState::Observing {
+        line.push_str(&format!(
+            "; to send the rest now: {} plan promote {} --reason TEXT",
+            crate::hint::redrivectl(),
+            plan.plan_id
+        ));
     }
     line
 }
@@ -602,9 +655,10 @@ pub async fn watch(
     };
     if !plan.state().is_final() {
         return Err(tonic::Status::unavailable(format!(
-            "the watch stream ended while plan {plan_id} is still {}; run `redrivectl plan \
-             watch {plan_id}` again",
-            plan.state().name()
+            "the watch stream ended while plan {plan_id} is still {}; run `{} plan watch \
+             {plan_id}` again",
+            plan.state().name(),
+            crate::hint::redrivectl()
         ))
         .into());
     }
@@ -699,8 +753,12 @@ pub fn not_completed(plan: &Plan) -> Option<CliError> {
             return None;
         }
         return Some(CliError::NotCompleted(format!(
-            "plan {} completed, but {} item(s) failed and {} were unroutable: see `redrivectl plan report {}`",
-            view.plan_id, counts.failed, counts.unroutable, view.plan_id
+            "plan {} completed, but {} item(s) failed and {} were unroutable: see `{} plan report {}`",
+            view.plan_id,
+            counts.failed,
+            counts.unroutable,
+            crate::hint::redrivectl(),
+            view.plan_id
         )));
     }
     Some(CliError::NotCompleted(format!(
@@ -870,19 +928,30 @@ mod tests {
     fn observing_counts_down_to_the_end_of_the_window() {
         let text = render(WatchMode::Lines, |watcher, clock| {
             let mut observing = approved(PlanState::Observing, 10);
-            // 12:05:00 + 12m50s.
+            // 12:05:02 + 12m50s.
             observing.observing_until = Some(prost_types::Timestamp {
-                seconds: 1_714_564_800 + 300 + 770,
+                seconds: 1_714_564_800 + 302 + 770,
                 nanos: 0,
             });
-            watcher.progress(&observing, clock.at(0.0)).unwrap();
-            // Observing sends nothing: no stall warning, however long.
-            watcher.tick(clock.at(700.0)).unwrap();
+            let mut canary = approved(PlanState::Canary, 0);
+            canary.observing_until = None;
+            // The canary sends 10 items in 2 s; the window opens.
+            watcher.progress(&canary, clock.at(0.0)).unwrap();
+            watcher.progress(&observing, clock.at(2.0)).unwrap();
+            // Observing sends nothing: no stall warning, however long, and
+            // the rate stays the canary's (sending time only).
+            watcher.tick(clock.at(702.0)).unwrap();
         });
+        let hint = "; to send the rest now: redrivectl plan promote p-1 --reason TEXT";
         assert_eq!(
             text,
-            "observing  10/1000 1.0%  sent 10  rate —  elapsed 5m00s  eta —  observation ends in 12m50s\n\
-             observing  10/1000 1.0%  sent 10  rate 0.0/s  elapsed 16m40s  eta —  observation ends in 1m10s\n"
+            format!(
+                "canary  0/1000 0.0%  rate —  elapsed 5m00s  eta —\n\
+                 observing  10/1000 1.0%  sent 10  rate 5.0/s  elapsed 5m02s  eta 3m18s  \
+                 observing until 2024-05-01T12:17:52.000Z (12m50s left){hint}\n\
+                 observing  10/1000 1.0%  sent 10  rate 5.0/s  elapsed 16m42s  eta 3m18s  \
+                 observing until 2024-05-01T12:17:52.000Z (1m10s left){hint}\n"
+            )
         );
     }
 
@@ -985,6 +1054,26 @@ mod tests {
         );
         // People's output gets the final state only.
         assert_eq!(out, "plan p-1 completed\n");
+
+        // Entering the observation window is said above the bar in full:
+        // the bar's line may be cut before the promote hint.
+        let (_, observing) = render_bar(80, |watcher, clock| {
+            watcher
+                .progress(&plan(PlanState::Canary, 1), clock.at(0.0))
+                .unwrap();
+            let mut observing = plan(PlanState::Observing, 1);
+            // 12:05:00 + 15 minutes.
+            observing.observing_until = Some(prost_types::Timestamp {
+                seconds: 1_714_564_800 + 300 + 900,
+                nanos: 0,
+            });
+            watcher.progress(&observing, clock.at(0.0)).unwrap();
+            watcher.tick(clock.at(1.0)).unwrap();
+        });
+        let notice = "plan p-1 is observing until 2024-05-01T12:20:00.000Z (15m00s left): the \
+                      planner then starts the main wave if the canary's gates are green; to send \
+                      the rest now: redrivectl plan promote p-1 --reason TEXT";
+        assert_eq!(observing.matches(notice).count(), 1, "once: {observing:?}");
 
         // A narrow terminal gets the text cut, the bar whole.
         let (_, narrow) = render_bar(40, |watcher, clock| {

@@ -230,7 +230,7 @@ pub struct ListArgs {
     pub states: Vec<PlanState>,
 
     /// Only plans of this kind; repeatable: bulk (made from a precheck and
-    /// approved) or single (`dead-letters replay`).
+    /// approved) or single (`redrivectl replay`).
     #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind)]
     pub kinds: Vec<PlanKind>,
 

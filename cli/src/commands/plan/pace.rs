@@ -1,8 +1,10 @@
 //! The pace of a plan as `plan watch` sees it, computed on the client from
 //! the `items_done` of the progress snapshots it receives: the current rate
-//! over a sliding window, the time since approval, the time left at that
-//! rate, the time left in the observation window, and whether the plan has
-//! stopped making progress (a stall).
+//! over a sliding window of sending time (time spent observing or paused is
+//! left out, so a plan sending 50/s reads 50/s right after its observation
+//! window), the time since approval, the time left at that rate, the end of
+//! the observation window, and whether the plan has stopped making progress
+//! (a stall).
 //!
 //! Everything here is arithmetic over instants handed in by the caller, so
 //! it is tested without clocks or sleeps.
@@ -23,12 +25,18 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(10);
 /// milliseconds apart would give a meaningless figure.
 pub const MIN_RATE_SPAN: Duration = Duration::from_secs(1);
 
-/// The `items_done` samples of the last [`RATE_WINDOW`] (plus the one before
-/// it, the baseline), oldest first.
+/// The `items_done` samples of the last [`RATE_WINDOW`] of sending time
+/// (plus the one before it, the baseline), oldest first. Samples are placed
+/// on a sending clock that stands still while the plan is not sending
+/// (observing, paused), so that time never dilutes the rate.
 #[derive(Debug, Clone)]
 pub struct RateWindow {
     window: Duration,
     samples: VecDeque<(Instant, u64)>,
+    /// Time not sending before the current stretch, in all.
+    idle: Duration,
+    /// Since when the plan has not been sending, while it is not.
+    idle_since: Option<Instant>,
 }
 
 impl Default for RateWindow {
@@ -43,12 +51,35 @@ impl RateWindow {
         Self {
             window,
             samples: VecDeque::new(),
+            idle: Duration::ZERO,
+            idle_since: None,
         }
     }
 
-    /// Records that `done` items were done at `at` (calls come in time
-    /// order). A count that went down (it should not) starts over from it.
-    pub fn record(&mut self, at: Instant, done: u64) {
+    /// `at` on the sending clock: wall time less the time spent not sending
+    /// (standing still from the moment sending stopped).
+    fn sending_clock(&self, at: Instant) -> Instant {
+        let at = match self.idle_since {
+            Some(since) if since <= at => since,
+            _ => at,
+        };
+        at.checked_sub(self.idle).unwrap_or(at)
+    }
+
+    /// Records that `done` items were done at `at`, the plan `sending`
+    /// (`canary` or `main`) or not (observing, paused: that time is left out
+    /// of the rate). Calls come in time order. A count that went down (it
+    /// should not) starts over from it.
+    pub fn record(&mut self, at: Instant, done: u64, sending: bool) {
+        match (sending, self.idle_since) {
+            (false, None) => self.idle_since = Some(at),
+            (true, Some(since)) => {
+                self.idle += at.saturating_duration_since(since);
+                self.idle_since = None;
+            }
+            _ => {}
+        }
+        let at = self.sending_clock(at);
         if self.samples.back().is_some_and(|&(_, last)| done < last) {
             self.samples.clear();
         }
@@ -62,12 +93,15 @@ impl RateWindow {
         }
     }
 
-    /// Items per second over the window ending `now`: the items done since
-    /// the window's start (the last sample at or before it; the first
-    /// sample when the watch is younger than the window) divided by the
-    /// window's span. `None` before two snapshots span [`MIN_RATE_SPAN`]
-    /// (too early to tell); `Some(0.0)` when nothing moved in the window.
+    /// Items per second over the window of sending time ending `now`: the
+    /// items done since the window's start (the last sample at or before
+    /// it; the first sample when the watch is younger than the window)
+    /// divided by the window's span. `None` before two snapshots span
+    /// [`MIN_RATE_SPAN`] of sending (too early to tell); `Some(0.0)` when
+    /// nothing moved in the window. While the plan is not sending, the rate
+    /// of its last sending stretch.
     pub fn rate(&self, now: Instant) -> Option<f64> {
+        let now = self.sending_clock(now);
         let &(_, latest) = self.samples.back()?;
         let start = now.checked_sub(self.window);
         let (from, baseline) = match start {
@@ -136,7 +170,7 @@ pub enum Elapsed {
 }
 
 /// The pace of a plan at one moment, for the status line.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Pace {
     /// Nothing to say (awaiting approval, or an unknown state).
     None,
@@ -148,9 +182,9 @@ pub enum Pace {
         elapsed: Elapsed,
         /// Time left for the remaining items at `rate` (`None`: no rate).
         eta: Option<Duration>,
-        /// Time left in the observation window, when observing and the
-        /// planner says when it ends.
-        observing_left: Option<Duration>,
+        /// When the observation window ends (as every time is written) and
+        /// the time left, when observing and the planner says when it ends.
+        observing: Option<(String, Duration)>,
     },
     /// Final; how long it took from approval to completion, when both are
     /// known.
@@ -162,8 +196,9 @@ pub enum Pace {
 
 impl Pace {
     /// The status-line text: `rate 12.5/s  elapsed 4m05s  eta 44s`, with
-    /// `  observation ends in 12m50s` while observing; `took 5m03s` for a
-    /// completed plan; `""` when there is nothing to say.
+    /// `  observing until 2024-05-01T12:20:00.000Z (12m50s left)` while
+    /// observing; `took 5m03s` for a completed plan; `""` when there is
+    /// nothing to say.
     pub fn text(&self) -> String {
         match self {
             Self::None | Self::Final { took: None } => String::new(),
@@ -172,7 +207,7 @@ impl Pace {
                 rate,
                 elapsed,
                 eta,
-                observing_left,
+                observing,
             } => {
                 let elapsed = match elapsed {
                     Elapsed::SinceApproval(span) => format!("elapsed {}", short_duration(*span)),
@@ -180,9 +215,11 @@ impl Pace {
                 };
                 let eta = eta.map_or_else(|| "—".to_owned(), short_duration);
                 let mut text = format!("rate {}  {elapsed}  eta {eta}", rate_text(*rate));
-                if let Some(left) = observing_left {
-                    text.push_str("  observation ends in ");
-                    text.push_str(&short_duration(*left));
+                if let Some((until, left)) = observing {
+                    text.push_str(&format!(
+                        "  observing until {until} ({} left)",
+                        short_duration(*left)
+                    ));
                 }
                 text
             }
@@ -284,12 +321,12 @@ mod tests {
         let t0 = Instant::now();
         let mut window = RateWindow::new(secs(10.0));
         assert_eq!(window.rate(t0), None, "no snapshot yet");
-        window.record(t0, 100);
+        window.record(t0, 100, true);
         assert_eq!(window.rate(t0), None, "one snapshot: too early");
-        window.record(t0 + secs(0.25), 110);
+        window.record(t0 + secs(0.25), 110, true);
         assert_eq!(window.rate(t0 + secs(0.25)), None, "under a second");
         // Younger than the window: since the first snapshot.
-        window.record(t0 + secs(2.0), 140);
+        window.record(t0 + secs(2.0), 140, true);
         assert_eq!(window.rate(t0 + secs(2.0)), Some(20.0));
         // A snapshot every second at 10/s; the rate settles at 10/s over
         // the last 10 s even though it started at 20/s.
@@ -297,6 +334,7 @@ mod tests {
             window.record(
                 t0 + secs(f64::from(second)),
                 140 + u64::from(second - 2) * 10,
+                true,
             );
         }
         assert_eq!(window.rate(t0 + secs(20.0)), Some(10.0));
@@ -312,10 +350,57 @@ mod tests {
     fn a_count_that_goes_down_starts_the_window_over() {
         let t0 = Instant::now();
         let mut window = RateWindow::new(secs(10.0));
-        window.record(t0, 50);
-        window.record(t0 + secs(2.0), 10);
-        window.record(t0 + secs(4.0), 30);
+        window.record(t0, 50, true);
+        window.record(t0 + secs(2.0), 10, true);
+        window.record(t0 + secs(4.0), 30, true);
         assert_eq!(window.rate(t0 + secs(4.0)), Some(10.0));
+    }
+
+    #[test]
+    fn time_not_sending_is_left_out_of_the_rate() {
+        // The case: a canary at 50/s, a 15-minute observation
+        // window, then the main wave at 50/s.
+        let t0 = Instant::now();
+        let mut window = RateWindow::new(secs(10.0));
+        for tenth in 0..=20_u32 {
+            window.record(
+                t0 + secs(f64::from(tenth) / 10.0),
+                u64::from(tenth) * 5,
+                true,
+            );
+        }
+        assert_eq!(window.rate(t0 + secs(2.0)), Some(50.0));
+        window.record(t0 + secs(2.0), 100, false);
+        // Observing: the canary's rate stands, it does not fall towards 0.
+        assert_eq!(window.rate(t0 + secs(600.0)), Some(50.0));
+        window.record(t0 + secs(800.0), 100, false);
+        // Promoted (the planner sends the new state at once): 5 s of main at
+        // 50/s read 50/s, not 350 items over 15 minutes.
+        let main = t0 + secs(902.0);
+        window.record(main, 100, true);
+        for tenth in 1..=50_u32 {
+            window.record(
+                main + secs(f64::from(tenth) / 10.0),
+                100 + u64::from(tenth) * 5,
+                true,
+            );
+        }
+        assert_eq!(window.rate(main + secs(5.0)), Some(50.0));
+        // Paused for a minute, resumed at 20/s: 10 s later, 20/s.
+        window.record(main + secs(5.0), 350, false);
+        window.record(main + secs(65.0), 350, true);
+        for second in 1..=10_u32 {
+            window.record(
+                main + secs(65.0 + f64::from(second)),
+                350 + u64::from(second) * 20,
+                true,
+            );
+        }
+        assert_eq!(window.rate(main + secs(75.0)), Some(20.0));
+        // A watch begun while observing has no rate until it sees sending.
+        let mut late = RateWindow::new(secs(10.0));
+        late.record(t0, 100, false);
+        assert_eq!(late.rate(t0 + secs(300.0)), None);
     }
 
     #[test]
@@ -359,18 +444,18 @@ mod tests {
             rate: Some(12.5),
             elapsed: Elapsed::SinceApproval(secs(245.0)),
             eta: eta(550, Some(12.5)),
-            observing_left: None,
+            observing: None,
         };
         assert_eq!(running.text(), "rate 12.5/s  elapsed 4m05s  eta 44s");
         let observing = Pace::Running {
             rate: Some(0.0),
             elapsed: Elapsed::SinceWatching(secs(12.0)),
             eta: eta(990, Some(0.0)),
-            observing_left: Some(secs(770.0)),
+            observing: Some(("2024-05-01T12:20:00.000Z".to_owned(), secs(770.0))),
         };
         assert_eq!(
             observing.text(),
-            "rate 0.0/s  watched 12s  eta —  observation ends in 12m50s"
+            "rate 0.0/s  watched 12s  eta —  observing until 2024-05-01T12:20:00.000Z (12m50s left)"
         );
         assert_eq!(
             Pace::Final {

@@ -221,7 +221,7 @@ pub struct PlanJson {
     pub precheck_id: String,
     pub precheck_digest: String,
     pub state: &'static str,
-    /// `bulk` (made from a precheck) or `single` (`dead-letters replay`).
+    /// `bulk` (made from a precheck) or `single` (`redrivectl replay`).
     pub kind: &'static str,
     pub state_reason: String,
     pub rate: RateJson,
@@ -325,6 +325,35 @@ pub struct AuditReportJson {
     /// Keys of sent items published again after a lost lease or confirm
     /// (same message id): possibly delivered twice.
     pub possibly_duplicated_keys: Vec<String>,
+    /// How many items no executor attempted (a cancelled or aborted plan's
+    /// rest; what a running plan has still to do).
+    pub never_attempted: u64,
+    /// The first of them (at most 1000), in plan order.
+    pub never_attempted_items: Vec<UnattemptedJson>,
+}
+
+/// An item no executor attempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnattemptedJson {
+    /// Its dead letter.
+    pub dead_letter_id: String,
+    /// Its message key.
+    pub message_key: String,
+    /// Its dead letter's AMQP message id (`""` when none).
+    pub message_id: String,
+    /// `canary` or `main`.
+    pub wave: &'static str,
+}
+
+impl From<&v1::UnattemptedItem> for UnattemptedJson {
+    fn from(item: &v1::UnattemptedItem) -> Self {
+        Self {
+            dead_letter_id: item.dead_letter_id.clone(),
+            message_key: item.message_key.clone(),
+            message_id: item.message_id.clone(),
+            wave: crate::views::wave_name(item.wave()),
+        }
+    }
 }
 
 impl From<&v1::AuditReport> for AuditReportJson {
@@ -335,6 +364,12 @@ impl From<&v1::AuditReport> for AuditReportJson {
             sent_keys: report.sent_keys.clone(),
             not_sent: report.not_sent.iter().map(EventJson::from).collect(),
             possibly_duplicated_keys: report.possibly_duplicated_keys.clone(),
+            never_attempted: report.never_attempted,
+            never_attempted_items: report
+                .never_attempted_items
+                .iter()
+                .map(UnattemptedJson::from)
+                .collect(),
         }
     }
 }
@@ -405,7 +440,7 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
     if !plan.warnings.is_empty() {
         writeln!(out)?;
         for warning in &plan.warnings {
-            writeln!(out, "WARNING: {warning}")?;
+            output::write_warning(out, warning)?;
         }
     }
     if let Some(hint) = next_hint(plan) {
@@ -497,19 +532,20 @@ pub fn write_counts(out: &mut dyn Write, counts: &ActionCountsJson) -> std::io::
 pub fn next_hint(plan: &PlanJson) -> Option<String> {
     let id = &plan.plan_id;
     let state = PlanState::from_name(plan.state)?;
+    let redrivectl = crate::hint::redrivectl();
     Some(match state {
         PlanState::AwaitingApproval => format!(
-            "redrivectl plan approve {id} --digest {}",
+            "{redrivectl} plan approve {id} --digest {}",
             cell(&plan.precheck_digest)
         ),
-        PlanState::Canary | PlanState::Main => format!("redrivectl plan watch {id}"),
+        PlanState::Canary | PlanState::Main => format!("{redrivectl} plan watch {id}"),
         PlanState::Observing => format!(
-            "redrivectl plan watch {id} (or end the observation early: redrivectl plan promote \
-             {id} --reason TEXT)"
+            "{redrivectl} plan watch {id} (or end the observation early: {redrivectl} plan \
+             promote {id} --reason TEXT)"
         ),
-        PlanState::Paused => format!("redrivectl plan resume {id} --reason TEXT"),
+        PlanState::Paused => format!("{redrivectl} plan resume {id} --reason TEXT"),
         PlanState::Completed | PlanState::Cancelled | PlanState::Aborted => {
-            format!("redrivectl plan report {id}")
+            format!("{redrivectl} plan report {id}")
         }
         PlanState::Unspecified => return None,
     })
@@ -558,7 +594,7 @@ pub fn write_audit_report(
         for event in report.not_sent.iter().take(NOT_SENT_SHOWN) {
             table.add_row([
                 cell(&event.dead_letter_id).to_owned(),
-                cell(&event.message_key).to_owned(),
+                output::key_cell(&event.message_key),
                 event.action.to_owned(),
                 event.wave.to_owned(),
                 event.at.clone().unwrap_or_else(|| "-".to_owned()),
@@ -569,15 +605,77 @@ pub fn write_audit_report(
         if not_sent > NOT_SENT_SHOWN {
             writeln!(
                 out,
-                "... and {} more (every event: redrivectl plan report {plan_id} --format csv)",
-                not_sent - NOT_SENT_SHOWN
+                "... and {} more (every event: {} plan report {plan_id} --format csv)",
+                not_sent - NOT_SENT_SHOWN,
+                crate::hint::redrivectl()
             )?;
         }
     }
+    write_never_attempted(out, plan_id, report)?;
     writeln!(
         out,
-        "\nexport for reconciliation: redrivectl plan report {plan_id} --format csv (or jsonl)"
+        "\nexport for reconciliation: {} plan report {plan_id} --format csv (or jsonl)",
+        crate::hint::redrivectl()
     )
+}
+
+/// `never attempted: N` (a final plan) or `not attempted yet: N`, and the
+/// first [`NOT_SENT_SHOWN`] of them.
+fn write_never_attempted(
+    out: &mut dyn Write,
+    plan_id: &str,
+    report: &AuditReportJson,
+) -> std::io::Result<()> {
+    let count = report.never_attempted;
+    let ended = report
+        .plan
+        .as_ref()
+        .and_then(|plan| PlanState::from_name(plan.state))
+        .is_some_and(PlanState::is_final);
+    if ended {
+        writeln!(
+            out,
+            "\nnever attempted: {count}{}",
+            if count > 0 {
+                " (the plan ended before an executor took them: nothing was published; they \
+                 stay open for a new precheck and plan)"
+            } else {
+                ""
+            }
+        )?;
+    } else {
+        writeln!(out, "\nnot attempted yet: {count}")?;
+    }
+    if report.never_attempted_items.is_empty() {
+        return Ok(());
+    }
+    let mut table = output::table(&[
+        Column::keep("dead_letter_id"),
+        Column::shorten("message_id"),
+        Column::shorten("message_key"),
+        Column::keep("wave"),
+    ]);
+    for item in report.never_attempted_items.iter().take(NOT_SENT_SHOWN) {
+        table.add_row([
+            item.dead_letter_id.clone(),
+            cell(&item.message_id).to_owned(),
+            output::key_cell(&item.message_key),
+            item.wave.to_owned(),
+        ]);
+    }
+    write_table(out, &table)?;
+    let listed = report.never_attempted_items.len().min(NOT_SENT_SHOWN);
+    let more = usize::try_from(count)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(listed);
+    if more > 0 {
+        writeln!(
+            out,
+            "... and {more} more (every one: {} plan report {plan_id} --format csv)",
+            crate::hint::redrivectl()
+        )?;
+    }
+    Ok(())
 }
 
 /// `heading: N`, then the first [`SENT_KEYS_SHOWN`] keys and how to get the
@@ -596,9 +694,10 @@ fn write_keys(
     if keys.len() > SENT_KEYS_SHOWN {
         writeln!(
             out,
-            "  ... and {} more (all of them: redrivectl plan report {plan_id} --json | jq -r \
+            "  ... and {} more (all of them: {} plan report {plan_id} --json | jq -r \
              '.{field}[]')",
-            keys.len() - SENT_KEYS_SHOWN
+            keys.len() - SENT_KEYS_SHOWN,
+            crate::hint::redrivectl()
         )?;
     }
     Ok(())
@@ -872,8 +971,20 @@ mod tests {
             sent_keys: vec!["a".into()],
             not_sent: vec![AuditEvent::default()],
             possibly_duplicated_keys: vec!["a".into()],
+            never_attempted: 65,
+            never_attempted_items: vec![v1::UnattemptedItem {
+                dead_letter_id: "7".into(),
+                message_key: "order-7:pay".into(),
+                message_id: "m-7".into(),
+                wave: Wave::Main.into(),
+            }],
         };
         let json = serde_json::to_value(AuditReportJson::from(&report)).unwrap();
+        assert_eq!(json["never_attempted"], 65);
+        assert_eq!(
+            json["never_attempted_items"],
+            json!([{"dead_letter_id": "7", "message_key": "order-7:pay", "message_id": "m-7", "wave": "main"}])
+        );
         assert_eq!(json["possibly_duplicated_keys"], json!(["a"]));
         assert_eq!(json["plan"], serde_json::Value::Null);
         assert_eq!(json["counts"], zero_counts());
@@ -955,6 +1066,8 @@ mod tests {
                 ..Default::default()
             })],
             possibly_duplicated_keys: vec!["order-3:pay".into()],
+            never_attempted: 0,
+            never_attempted_items: vec![],
         };
         let mut out = Vec::new();
         write_audit_report(&mut out, "P", &report).unwrap();
