@@ -427,13 +427,6 @@ impl ExtractionRules {
                 unreadable.as_deref(),
                 json_error.as_deref(),
             ));
-        } else if message_key.starts_with("sha256:") {
-            // The precheck's body-hash warning sends people to these notes.
-            notes.push(
-                "message key is the body hash: no key source is configured (the planner's \
-                 --message-key)"
-                    .to_owned(),
-            );
         }
         let message_key = message_key.key;
         let occurred_at = raw
