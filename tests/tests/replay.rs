@@ -2136,3 +2136,84 @@ async fn an_ordered_plan_delivers_in_dead_letter_order_with_two_executors() -> a
     assert_bed_audit(&bed, &plan.plan_id, &received).await?;
     bed.finish().await
 }
+
+/// The ledger is final (docs/design.md, "identity"): a re-dead-letter
+/// reopens a delivery only when every copy its plan may have delivered came
+/// back. With a second copy out (an attempt whose confirm was lost, then its
+/// republish), the one copy that came back says nothing of the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_copy_coming_back_does_not_reopen_a_delivery_of_which_another_may_have_arrived()
+-> anyhow::Result<()> {
+    use v1::replay_dead_letter_response::Outcome;
+
+    init_logging();
+    let (incident, mut bed) = incident_bed(2).await?;
+    let one = dead_letter_id(&mut bed.client, &incident.dlq, "o-1").await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let first = bed
+        .client
+        .replay_dead_letter(replay_request(&one, 30_000))
+        .await?
+        .into_inner();
+    assert_eq!(first.outcome(), Outcome::Replayed, "{}", first.reason);
+    // What the audit records when the first attempt's confirm was lost with
+    // its connection and the republish was confirmed: an `uncertain` event
+    // beside the `sent` one (written here as the executor's report would).
+    let pool = bed.pool().await?;
+    let inserted = sqlx::query(
+        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, \
+             action, reason, wave, executor_id, attempt, message_id) \
+         SELECT plan_id, slice_id, dead_letter_id, message_key, destination, 'uncertain', \
+             'no publisher confirm: connection lost', wave, executor_id, attempt, message_id \
+         FROM audit_events WHERE plan_id = $1 AND action = 'sent'",
+    )
+    .bind(first.plan_id.parse::<uuid::Uuid>()?)
+    .execute(&pool)
+    .await?;
+    assert_eq!(inserted.rows_affected(), 1);
+
+    // One copy dead-letters again and is captured as a re-dead-letter.
+    let channel = bed.broker().connection.create_channel().await?;
+    reject_next(&channel, &incident.work, "the replayed message").await?;
+    channel.close(200, "done".into()).await?;
+    captured(&mut bed.client, &incident.dlq, 3).await?;
+    let page = dead_letters_of(&mut bed.client, &incident.dlq, 100).await?;
+    let back = page
+        .dead_letters
+        .iter()
+        .find(|d| d.redrive_plan_id.as_deref() == Some(first.plan_id.as_str()))
+        .expect("the re-dead-letter names its plan")
+        .id
+        .clone();
+
+    // The other copy may have reached the consumer's books: not replayable.
+    let again = bed
+        .client
+        .replay_dead_letter(replay_request(&back, 5_000))
+        .await?
+        .into_inner();
+    assert_eq!(again.outcome(), Outcome::NotReplayed, "{}", again.reason);
+    assert_eq!(
+        again.verdict(),
+        v1::Verdict::AlreadyReplayed,
+        "{}",
+        again.reason
+    );
+    assert!(
+        again.reason.contains(&first.plan_id),
+        "names the plan: {}",
+        again.reason
+    );
+    let report = precheck(&mut bed.client, &incident.dlq).await?;
+    let counts = report.counts.unwrap_or_default();
+    // o-0 was never replayed; o-1 is already replayed, and its re-dead-letter
+    // (the same identity, later) is its duplicate: nothing of o-1 replays.
+    assert_eq!(
+        (counts.replayable, counts.already_replayed, counts.duplicate),
+        (1, 1, 1),
+        "{counts:?}"
+    );
+    executor.stop().await?;
+    pool.close().await;
+    bed.finish().await
+}

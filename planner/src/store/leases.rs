@@ -310,16 +310,17 @@ it reported it; the next lease publishes it again with the same message id', t.w
              LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
                 FROM dead_letters x WHERE x.message_key = i.message_key AND x.destination = d.destination \
                 AND x.redrive_plan_id IS NOT NULL) cb ON true \
-             LEFT JOIN LATERAL (SELECT count(DISTINCT r.plan_id) FILTER (WHERE r.action = 'sent') AS redrive_count, \
-                coalesce(bool_or(r.at > now() - $2 * interval '1 second' \
-                                 AND NOT r.plan_id::text = ANY(cb.came_back_from) \
-                                 AND (r.action = 'sent' OR r.plan_id <> i.plan_id)), false) AS key_replayed \
-                FROM audit_events r WHERE r.message_key = i.message_key AND r.destination = d.destination \
-                AND r.action IN ('sent', 'uncertain')) rk ON true \
+             LEFT JOIN LATERAL (SELECT count(DISTINCT e.plan_id) FILTER (WHERE e.action = 'sent') AS redrive_count, \
+                coalesce(bool_or(e.at > now() - $2 * interval '1 second' \
+                                 AND NOT (e.plan_id::text = ANY(cb.came_back_from) AND {came_back}) \
+                                 AND (e.action = 'sent' OR e.plan_id <> i.plan_id)), false) AS key_replayed \
+                FROM audit_events e WHERE e.message_key = i.message_key AND e.destination = d.destination \
+                AND e.action IN ('sent', 'uncertain')) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
-            columns(true)
+            columns(true),
+            came_back = super::prechecks::CAME_BACK_SQL,
         );
         let rows = sqlx::query_as::<_, LeasedItemRow>(AssertSqlSafe(query))
             .bind(slice_id)

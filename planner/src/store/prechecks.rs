@@ -66,6 +66,20 @@ pub struct Candidate {
     pub payload: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
 }
 
+/// The replay ledger's one exception, for an audit event aliased `e` (a
+/// `sent` or `uncertain` row): its delivery does not count when every copy
+/// its plan may have delivered of that key to that destination came back as
+/// a re-dead-letter of that plan, that is when the plan's re-dead-letters of
+/// the key are at least as many as its `sent` and `uncertain` events for it
+/// (docs/design.md, "identity": the ledger is final). One copy that came back
+/// of two that may have arrived reopens nothing. Used by the precheck's
+/// already-replayed lookup and by the claim's replay-key check.
+pub const CAME_BACK_SQL: &str = "((SELECT count(*) FROM dead_letters x \
+    WHERE x.message_key = e.message_key AND x.destination = e.destination \
+    AND x.redrive_plan_id = e.plan_id::text) >= (SELECT count(*) FROM audit_events c \
+    WHERE c.message_key = e.message_key AND c.destination = e.destination \
+    AND c.plan_id = e.plan_id AND c.action IN ('sent', 'uncertain')))";
+
 /// Candidates read ahead of classification.
 const CANDIDATE_BUFFER: usize = 2048;
 
@@ -125,9 +139,15 @@ impl Store {
             .push(
                 // A replay that came back as a re-dead-letter (its consumer did not
                 // take it) does not make the key already replayed; looping caps it.
-                " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
-                 WHERE x.message_key = e.message_key AND x.destination = e.destination \
-                 AND x.redrive_plan_id = e.plan_id::text) \
+                // Only when every copy that plan may have delivered came back,
+                // though: with a second copy out (an uncertain attempt and its
+                // republish), one copy dead-lettered again says nothing of the
+                // other, and the ledger's delivery stands (`CAME_BACK_SQL`).
+                " * interval '1 second' AND NOT ",
+            )
+            .push(CAME_BACK_SQL)
+            .push(
+                " \
                  ORDER BY e.action = 'sent' DESC, e.at DESC LIMIT 1) r ON true \
                  LEFT JOIN (SELECT message_key, destination, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
                  WHERE redrive_plan_id IS NOT NULL GROUP BY message_key, destination) l \
