@@ -15,6 +15,9 @@ use crate::{error::Error, ids::PlanId, notifier::Notifier, plan, store::Store};
 
 /// Audit events read per page while exporting or watching.
 const PAGE: i64 = 1000;
+
+/// Most bytes of one `ExportAuditChunk` (docs/api.md, "Limits").
+pub const CHUNK_BYTES: usize = 1024 * 1024;
 /// Progress snapshots are sent at most this often while a plan moves.
 const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -166,12 +169,19 @@ pub async fn export(
                 }
                 data.into_bytes()
             };
-            if sender
-                .send(Ok(v1::ExportAuditChunk { data }))
-                .await
-                .is_err()
-            {
-                return;
+            // A page is cut into chunks of at most `CHUNK_BYTES`: events
+            // whose reasons are long must not make a message above the
+            // gRPC limit (clients join chunks; records may span them).
+            for piece in data.chunks(CHUNK_BYTES) {
+                if sender
+                    .send(Ok(v1::ExportAuditChunk {
+                        data: piece.to_vec(),
+                    }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
         }
     });
