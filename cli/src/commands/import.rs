@@ -47,8 +47,8 @@
 //! # Streaming
 //! The file is never loaded whole: a blocking reader thread parses lines and
 //! feeds a bounded channel that is the request stream. Every `--batch` items
-//! (default 1000), or sooner once the call's encoded items reach
-//! `--batch-bytes` (default 64 MiB), the stream ends and a new
+//! (default 1000), or sooner when one more item would take the call's
+//! encoded items past `--batch-bytes` (default 64 MiB), the stream ends and a new
 //! `IngestDeadLetters` call starts, so a long import of large bodies is
 //! committed in parts too. A line whose item alone is larger than a gRPC
 //! message may be ([`MAX_GRPC_MESSAGE_BYTES`]) is rejected with its size: it
@@ -102,9 +102,9 @@ pub struct ImportArgs {
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
 
-    /// Bytes of encoded items per IngestDeadLetters call: a call ends once
-    /// its items reach this many bytes, whatever their count (at least one
-    /// item per call).
+    /// Bytes of encoded items per IngestDeadLetters call: a call ends before
+    /// an item that would take it past this many bytes, whatever its count
+    /// (at least one item per call).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_BATCH_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_bytes: u64,
 }
@@ -429,6 +429,16 @@ fn read_lines(
                 continue;
             }
         };
+        // A call never goes past `--batch-bytes` with a second item: the
+        // one that would is the first of the next call.
+        let size = item.encoded_len() as u64;
+        if current
+            .as_ref()
+            .is_some_and(|batch| batch.count > 0 && batch.bytes + size > limit.bytes)
+            && let Some(full) = current.take()
+        {
+            close(full);
+        }
         if current.is_none() {
             let (items, items_rx) = mpsc::channel(ITEM_QUEUE);
             let (lines_tx, lines_rx) = oneshot::channel();
@@ -452,7 +462,7 @@ fn read_lines(
         };
         batch.lines.record(batch.count, line_number);
         batch.count += 1;
-        batch.bytes += item.encoded_len() as u64;
+        batch.bytes += size;
         if batch.items.blocking_send(item).is_err() {
             return Ok(bad_lines);
         }
@@ -1165,7 +1175,7 @@ mod tests {
             format!(r#"{{"body":"{body}","original_destination":"q","message_id":"m-{id}"}}"#)
         };
         let text = (0..7).map(line).collect::<Vec<_>>().join("\n");
-        // Each item is a little over 1000 bytes: a call ends at its third.
+        // Each item is a little over 1000 bytes: a third would pass 2500.
         let (batches, bad) = read_within(
             text.as_bytes(),
             BatchLimit {
@@ -1175,8 +1185,8 @@ mod tests {
         );
         assert!(bad.is_empty());
         let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
-        assert_eq!(sizes, [3, 3, 1]);
-        assert_eq!(batches[2], [(7, "m-6".to_owned())]);
+        assert_eq!(sizes, [2, 2, 2, 1]);
+        assert_eq!(batches[3], [(7, "m-6".to_owned())]);
         // A budget below one item still sends every item, one per call.
         let (batches, _) = read_within(
             text.as_bytes(),
