@@ -794,7 +794,11 @@ async fn an_expired_partial_lease_makes_only_what_it_received_uncertain() -> any
                     ..Default::default()
                 }],
             }]))
-            .await?;
+            .await?
+            .into_inner()
+            .message()
+            .await?
+            .context("a report answer")?;
         coordinator
             .complete_slice(v1::CompleteSliceRequest {
                 slice_id: lease.slice_id.clone(),
@@ -812,6 +816,112 @@ async fn an_expired_partial_lease_makes_only_what_it_received_uncertain() -> any
     }
     assert!(positions.is_sorted(), "{positions:?}");
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(10)).await?;
+    pool.close().await;
+    bed.finish().await
+}
+
+/// An item larger than any claim answer can carry (here a 64 MiB repaired
+/// body, put straight into the database: the API refuses one) fails at the
+/// claim with its size, and the claim hands out the others instead of a
+/// slice no executor can receive. An audit export of events with long
+/// reasons comes in chunks of at most 1 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_item_too_large_for_a_claim_fails_and_exports_come_in_bounded_chunks()
+-> anyhow::Result<()> {
+    init_logging();
+    let (incident, mut bed) = incident_bed(3).await?;
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 10;
+        request.canary_fraction = Some(1.0);
+        request.rate = Some(Rate {
+            per_second: 1000.0,
+            burst: 10,
+            rationale: "test".into(),
+        });
+    })
+    .await?;
+    let plan_id = plan.plan_id.parse::<uuid::Uuid>()?;
+    let pool = bed.pool().await?;
+    let (big, big_position): (i64, i64) = sqlx::query_as(
+        "SELECT dead_letter_id, position FROM plan_items WHERE plan_id = $1 ORDER BY position OFFSET 1 LIMIT 1",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO dead_letter_revisions (dead_letter_id, revision, body, body_sha256, actor, reason) \
+         VALUES ($1, 1, convert_to(repeat('x', 64 * 1024 * 1024), 'UTF8'), '\\x00', 'test', 'too large')",
+    )
+    .bind(big)
+    .execute(&pool)
+    .await?;
+    let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
+    let slice = claimed(&mut coordinator, "executor", true).await?;
+    let positions: Vec<i64> = slice
+        .items
+        .iter()
+        .map(|item| item.item_id.parse())
+        .collect::<Result<_, _>>()?;
+    assert_eq!(positions.len(), 2, "the others are handed out");
+    assert!(!positions.contains(&big_position));
+    let (state, reason): (String, String) = sqlx::query_as(
+        "SELECT i.state, e.reason FROM plan_items i JOIN audit_events e \
+            ON e.plan_id = i.plan_id AND e.dead_letter_id = i.dead_letter_id \
+         WHERE i.plan_id = $1 AND i.dead_letter_id = $2",
+    )
+    .bind(plan_id)
+    .bind(big)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(state, "failed");
+    assert!(reason.contains("one claim answer"), "{reason}");
+
+    // Outcomes with a 3 MiB reason each, then the export.
+    let long = "r".repeat(3 * 1024 * 1024);
+    let mut report = coordinator
+        .report_outcomes(futures::stream::iter([v1::ReportOutcomesRequest {
+            slice_id: slice.slice_id.clone(),
+            fencing_token: slice.fencing_token,
+            events: slice
+                .items
+                .iter()
+                .map(|item| v1::AuditEvent {
+                    dead_letter_id: item.dead_letter.as_ref().unwrap().id.clone(),
+                    message_key: item.dead_letter.as_ref().unwrap().message_key.clone(),
+                    action: v1::AuditAction::Sent.into(),
+                    reason: long.clone(),
+                    executor_id: "executor".into(),
+                    attempt: 1,
+                    at: Some(std::time::SystemTime::now().into()),
+                    ..Default::default()
+                })
+                .collect(),
+        }]))
+        .await?
+        .into_inner();
+    let answer = report.message().await?.context("a report answer")?;
+    assert_eq!((answer.accepted, answer.lease_lost), (2, false));
+    let mut export = bed
+        .client
+        .export_audit(v1::ExportAuditRequest {
+            plan_id: plan.plan_id.clone(),
+            format: v1::ExportFormat::Jsonl.into(),
+        })
+        .await?
+        .into_inner();
+    let (mut chunks, mut data) = (0, Vec::new());
+    while let Some(chunk) = export.message().await? {
+        assert!(chunk.data.len() <= 1024 * 1024, "{}", chunk.data.len());
+        chunks += 1;
+        data.extend(chunk.data);
+    }
+    let lines: Vec<serde_json::Value> = data
+        .split(|byte| *byte == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(serde_json::from_slice)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 3, "the failure and two sends");
+    assert!(chunks >= 6, "{chunks} chunks");
     pool.close().await;
     bed.finish().await
 }
