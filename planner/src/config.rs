@@ -1128,4 +1128,22 @@ mod tests {
         assert!(config(&["--default-stale-after", "100years"]).is_err());
         assert!(config(&["--default-stale-after", "36500days"]).is_ok());
     }
+
+    #[test]
+    fn byte_budgets_are_checked() {
+        for (args, setting) in [
+            (&["--claim-max-bytes", "0"][..], "claim-max-bytes"),
+            (&["--claim-max-bytes", "33554433"][..], "claim-max-bytes"),
+            (&["--capture-batch-bytes", "0"][..], "capture-batch-bytes"),
+            (
+                &["--capture-batch-bytes", "268435457"][..],
+                "capture-batch-bytes",
+            ),
+        ] {
+            let error = config(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+        assert!(config(&["--claim-max-bytes", "33554432"]).is_ok());
+        assert!(config(&["--capture-batch-bytes", "1"]).is_ok());
+    }
 }
