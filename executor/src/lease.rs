@@ -42,6 +42,7 @@ use tokio_util::{
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
+use prost::Message as _;
 use redrive_proto::backoff::Backoff;
 
 /// Why a lease counts as lost when its own deadline passed.
@@ -49,6 +50,10 @@ const PAST_DEADLINE: &str =
     "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)";
 /// Outcome events buffered before a report is sent.
 const REPORT_BATCH: usize = 256;
+/// Most encoded bytes of outcome events per report (no bodies travel in a
+/// report, but a state-check hook's reasons may be long): far below the
+/// planner's gRPC message limit.
+const REPORT_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Longest a buffered outcome waits before it is reported.
 const REPORT_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a report is retried while the planner cannot be reached; then
@@ -578,6 +583,7 @@ async fn report(
     mut receiver: mpsc::Receiver<v1::AuditEvent>,
 ) {
     let mut buffer = Vec::with_capacity(REPORT_BATCH);
+    let mut buffered_bytes = 0;
     let mut open = true;
     while open || !buffer.is_empty() {
         if open {
@@ -588,8 +594,9 @@ async fn report(
                     () = &mut deadline => break,
                     event = receiver.recv() => match event {
                         Some(event) => {
+                            buffered_bytes += event.encoded_len();
                             buffer.push(event);
-                            if buffer.len() >= REPORT_BATCH { break; }
+                            if buffer.len() >= REPORT_BATCH || buffered_bytes >= REPORT_MAX_BYTES { break; }
                         }
                         None => { open = false; break; }
                     },
@@ -604,6 +611,7 @@ async fn report(
             fencing_token: shared.token,
             events: std::mem::take(&mut buffer),
         };
+        buffered_bytes = 0;
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         loop {

@@ -15,6 +15,9 @@ use crate::{error::Error, ids::PlanId, notifier::Notifier, plan, store::Store};
 
 /// Audit events read per page while exporting or watching.
 const PAGE: i64 = 1000;
+
+/// Most bytes of one `ExportAuditChunk` (docs/api.md, "Limits").
+pub const CHUNK_BYTES: usize = 1024 * 1024;
 /// Progress snapshots are sent at most this often while a plan moves.
 const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -219,8 +222,20 @@ pub async fn export(
     let store = store.clone();
     tokio::spawn(async move {
         let csv = format == v1::ExportFormat::Csv;
-        let send =
-            async |data: Vec<u8>| sender.send(Ok(v1::ExportAuditChunk { data })).await.is_ok();
+        // Data is sent in chunks of at most `CHUNK_BYTES`: events whose
+        // reasons are long must not make a message above the gRPC limit
+        // (clients join chunks; records may span them).
+        let send = async |data: Vec<u8>| {
+            for piece in data.chunks(CHUNK_BYTES) {
+                let chunk = v1::ExportAuditChunk {
+                    data: piece.to_vec(),
+                };
+                if sender.send(Ok(chunk)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
         if csv && !send(csv_header()).await {
             return;
         }

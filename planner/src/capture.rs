@@ -67,9 +67,13 @@ use crate::{
     store::{Store, StoreError, dead_letters::InsertOutcome},
 };
 
-/// A batch is written once its bodies reach this many bytes, whatever its
-/// count.
-pub const MAX_BATCH_BYTES: usize = 64 * 1024 * 1024;
+/// Default of `--capture-batch-bytes`: a batch is written once its bodies
+/// reach this many bytes, whatever its count.
+pub const DEFAULT_BATCH_BYTES: usize = 64 * 1024 * 1024;
+
+/// Largest `--capture-batch-bytes`: a batch's bodies go to PostgreSQL in one
+/// array value, and PostgreSQL takes at most 1 GB in one value.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 
 /// How capture runs.
 #[derive(Debug, Clone)]
@@ -83,6 +87,9 @@ pub struct CaptureConfig {
     pub prefetch: u16,
     /// Dead letters per insert.
     pub batch_size: usize,
+    /// Bytes of bodies per insert: a batch is written once its bodies reach
+    /// this, whatever its count (at least one dead letter per batch).
+    pub batch_bytes: usize,
     /// How long a partial batch waits for more before it is written.
     pub batch_wait: Duration,
     /// How dead letters are read.
@@ -484,8 +491,9 @@ async fn gather(
         let mut deliveries = vec![first];
         let mut batch_bytes = deliveries[0].data.len();
         let deadline = tokio::time::Instant::now() + config.batch_wait;
-        // Cut by count and by bytes: PostgreSQL takes at most 1 GB in one value.
-        while deliveries.len() < config.batch_size && batch_bytes < MAX_BATCH_BYTES {
+        // Cut by count and by bytes: a backlog of large bodies is written
+        // every few bodies, and PostgreSQL takes at most 1 GB in one value.
+        while deliveries.len() < config.batch_size && batch_bytes < config.batch_bytes {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
                 next = consumer.next() => match next {

@@ -196,6 +196,12 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_CAPTURE_BATCH_SIZE", default_value_t = 1000)]
     pub capture_batch_size: usize,
 
+    /// Bytes of bodies stored per insert: a capture batch is written once its
+    /// bodies reach this many bytes, whatever its count (at least one dead
+    /// letter per batch).
+    #[arg(long, env = "REDRIVE_CAPTURE_BATCH_BYTES", default_value_t = crate::capture::DEFAULT_BATCH_BYTES)]
+    pub capture_batch_bytes: usize,
+
     /// Capture's lapin connection goes through the guard
     /// ([`crate::capture::guard`]). Not a flag: always on in service; the
     /// capture benchmark turns it off to measure what it costs.
@@ -338,6 +344,12 @@ pub struct Config {
     /// Four-eyes approval: the approver of a plan must not be its creator.
     #[arg(long, env = "REDRIVE_FOUR_EYES", default_value_t = false)]
     pub four_eyes: bool,
+
+    /// Byte budget of one `ClaimSlice` answer: a slice's items are handed out
+    /// while their bodies and metadata fit in it (always at least one); the
+    /// rest stay pending for the next claim of the same slice.
+    #[arg(long, env = "REDRIVE_CLAIM_MAX_BYTES", default_value_t = redrive_proto::limits::DEFAULT_CLAIM_MAX_BYTES)]
+    pub claim_max_bytes: usize,
 
     /// Seconds a slice lease lasts without a heartbeat (executors renew it at a
     /// third of this).
@@ -508,6 +520,12 @@ impl Config {
         if self.capture_batch_size == 0 {
             problem("capture-batch-size", "must be at least 1".to_owned());
         }
+        if !(1..=crate::capture::MAX_BATCH_BYTES).contains(&self.capture_batch_bytes) {
+            problem(
+                "capture-batch-bytes",
+                format!("must be from 1 to {}", crate::capture::MAX_BATCH_BYTES),
+            );
+        }
         if self.capture_batch_wait_ms > MAX_CAPTURE_BATCH_WAIT_MS {
             problem(
                 "capture-batch-wait-ms",
@@ -550,6 +568,13 @@ impl Config {
             problems.push(SettingError::new(
                 "max-body-bytes",
                 format!("must be from 1 to {most_body}"),
+            ));
+        }
+        let most_claim = redrive_proto::limits::MAX_CLAIM_MAX_BYTES;
+        if !(1..=most_claim).contains(&self.claim_max_bytes) {
+            problems.push(SettingError::new(
+                "claim-max-bytes",
+                format!("must be from 1 to {most_claim}"),
             ));
         }
         if self.shutdown_grace_seconds > 600 {
@@ -1118,5 +1143,23 @@ mod tests {
         assert!(error.contains("default-stale-after"), "{error}");
         assert!(config(&["--default-stale-after", "100years"]).is_err());
         assert!(config(&["--default-stale-after", "36500days"]).is_ok());
+    }
+
+    #[test]
+    fn byte_budgets_are_checked() {
+        for (args, setting) in [
+            (&["--claim-max-bytes", "0"][..], "claim-max-bytes"),
+            (&["--claim-max-bytes", "33554433"][..], "claim-max-bytes"),
+            (&["--capture-batch-bytes", "0"][..], "capture-batch-bytes"),
+            (
+                &["--capture-batch-bytes", "268435457"][..],
+                "capture-batch-bytes",
+            ),
+        ] {
+            let error = config(args).unwrap_err();
+            assert!(error.contains(setting), "{args:?}: {error}");
+        }
+        assert!(config(&["--claim-max-bytes", "33554432"]).is_ok());
+        assert!(config(&["--capture-batch-bytes", "1"]).is_ok());
     }
 }

@@ -76,6 +76,8 @@ pub struct Coordinator {
     notifier: Notifier,
     lease_ttl: Duration,
     checker: Arc<StateChecker>,
+    /// Byte budget of one claim answer (`--claim-max-bytes`).
+    claim_max_bytes: usize,
 }
 
 impl From<StaleToken> for Error {
@@ -131,7 +133,16 @@ impl Coordinator {
             notifier,
             lease_ttl,
             checker,
+            claim_max_bytes: redrive_proto::limits::DEFAULT_CLAIM_MAX_BYTES,
         }
+    }
+
+    /// This coordinator with a claim answer's byte budget of `max_bytes`
+    /// (`--claim-max-bytes`; at least one item is always handed out).
+    #[must_use]
+    pub fn with_claim_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.claim_max_bytes = max_bytes;
+        self
     }
 
     /// The owning services' verdicts on `dead_letter_ids` now, right before
@@ -240,7 +251,46 @@ impl Coordinator {
                 .claim_slice(executor_id, caller, self.lease_ttl, marks_publishing)
                 .await?
             {
-                let loaded = self.store.slice_items(slice.slice_id).await;
+                // An item no claim answer can carry fails at once (it would
+                // hold its slice forever); the rest are handed out as far as
+                // the byte budget goes, the remainder staying pending for the
+                // next lease of this slice.
+                let loaded = match self
+                    .store
+                    .fail_unsendable(
+                        slice.slice_id,
+                        slice.fencing_token,
+                        redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
+                    )
+                    .await
+                {
+                    Ok(failed) => {
+                        if failed > 0 {
+                            tracing::warn!(
+                                slice.id = slice.slice_id,
+                                failed,
+                                limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
+                                "items larger than a claim answer can carry failed"
+                            );
+                        }
+                        self.store
+                            .slice_items(slice.slice_id, self.claim_max_bytes)
+                            .await
+                    }
+                    Err(error) => Err(error),
+                };
+                // A lease without write-ahead marks is judged, should it
+                // expire, only by the items it received.
+                let loaded = match loaded {
+                    Ok(items) if !marks_publishing && !items.is_empty() => {
+                        let last = items.last().map_or(0, |item| item.position);
+                        self.store
+                            .bound_unmarked(slice.slice_id, slice.fencing_token, last)
+                            .await
+                            .map(|()| items)
+                    }
+                    other => other,
+                };
                 let items = match loaded {
                     Ok(loaded) => loaded,
                     Err(error) => {

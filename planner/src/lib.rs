@@ -183,7 +183,8 @@ pub async fn run(
         notifier.clone(),
         config.lease_ttl(),
         Arc::clone(&checker),
-    );
+    )
+    .with_claim_max_bytes(config.claim_max_bytes);
 
     // Serve at once, so that callers get a clear UNAVAILABLE (and health
     // NOT_SERVING) while PostgreSQL is being waited for, instead of a hang.
@@ -299,6 +300,7 @@ pub async fn run(
                     queues: config.capture_queues.clone(),
                     prefetch: config.capture_prefetch,
                     batch_size: config.capture_batch_size,
+                    batch_bytes: config.capture_batch_bytes,
                     batch_wait: config.capture_batch_wait(),
                     rules,
                     guard: config.capture_guard,

@@ -288,9 +288,9 @@ impl StateChecker {
         for decision in answer.decisions {
             let verdict = match StateCheckVerdict::try_from(decision.verdict).unwrap_or_default() {
                 StateCheckVerdict::Replay => StateDecision::Replay,
-                StateCheckVerdict::Block => StateDecision::Block(decision.reason),
+                StateCheckVerdict::Block => StateDecision::Block(bounded_reason(decision.reason)),
                 StateCheckVerdict::NeedsCompensation => {
-                    StateDecision::NeedsCompensation(decision.reason)
+                    StateDecision::NeedsCompensation(bounded_reason(decision.reason))
                 }
                 StateCheckVerdict::Unspecified => {
                     return Err(StateCheckError::BadAnswer {
@@ -311,9 +311,34 @@ impl StateChecker {
     }
 }
 
+/// A hook's reason as the audit keeps it: at most
+/// [`redrive_proto::limits::MAX_REASON_BYTES`] (cut at a character boundary,
+/// with `…`), so that the reports and exports carrying it stay bounded
+/// whatever a hook answers.
+fn bounded_reason(mut reason: String) -> String {
+    let limit = redrive_proto::limits::MAX_REASON_BYTES;
+    if reason.len() > limit {
+        let mut end = limit - '…'.len_utf8();
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+        reason.push('…');
+    }
+    reason
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hook_reasons_are_bounded() {
+        assert_eq!(bounded_reason("short".to_owned()), "short");
+        let long = bounded_reason("é".repeat(10_000));
+        assert!(long.len() <= redrive_proto::limits::MAX_REASON_BYTES);
+        assert!(long.ends_with('…'));
+    }
 
     #[test]
     fn routes_parse_and_match_first_wins() {

@@ -121,6 +121,24 @@ pub const MAX_TIMESTAMP_SECONDS: i64 = 253_402_300_799;
 /// ones are read only then (HTTP/2 flow control holds the client back).
 pub const MAX_INGEST_BATCH_BYTES: usize = 32 * 1024 * 1024;
 
+/// Default byte budget of one `ClaimSlice` answer (`--claim-max-bytes`):
+/// a slice's items are handed out while the sum of their sizes (body to
+/// publish, properties, headers, error text, 1 KiB for the rest) stays
+/// within it, and always at least one; the rest stay pending for the next
+/// claim of the same slice.
+pub const DEFAULT_CLAIM_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// Largest `--claim-max-bytes`: half of [`MAX_GRPC_MESSAGE_BYTES`], as for
+/// a body, so that a claim answer is far below the message limit.
+pub const MAX_CLAIM_MAX_BYTES: usize = MAX_GRPC_MESSAGE_BYTES / 2;
+
+/// Largest single slice item a claim answer carries (its body and
+/// metadata): [`MAX_GRPC_MESSAGE_BYTES`] less 1 MiB for the answer's other
+/// fields. A larger item could never reach an executor; the claim fails it
+/// (`failed`, with the sizes in its audit reason) instead of handing out a
+/// slice that no executor can receive.
+pub const MAX_CLAIM_ITEM_BYTES: usize = MAX_GRPC_MESSAGE_BYTES - 1024 * 1024;
+
 /// Text fields with their own limit: (message, field, bytes). `*` stands for
 /// every string field of the message. The rest have [`MAX_TEXT_BYTES`].
 const TEXT_LIMITS: &[(&str, &str, usize)] = &[

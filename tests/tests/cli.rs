@@ -76,6 +76,61 @@ async fn bed_with_queue(prefix: &str) -> anyhow::Result<(TestBed, String)> {
     Ok((TestBed::start(broker, |_| {}).await?, queue))
 }
 
+/// Imports are bounded in bytes as well as in count: lines of large bodies
+/// go through, each `IngestDeadLetters` call ending at `--batch-bytes`
+/// (three calls of two 5 MiB bodies under 12 MiB, each committed on its
+/// own), and
+/// every body is stored whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_of_large_lines_goes_through_in_calls_bounded_by_bytes() -> anyhow::Result<()> {
+    init_logging();
+    const MIB: usize = 1024 * 1024;
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let source = unique("large");
+    let file_dir = tempfile::tempdir()?;
+    let file = file_dir.path().join(format!("{source}.jsonl"));
+    {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&file)?);
+        for n in 0..6 {
+            writeln!(
+                out,
+                r#"{{"message_id":"m-{n}","body":"{}","original_destination":"orders"}}"#,
+                "x".repeat(5 * MIB)
+            )?;
+        }
+    }
+    let batch_bytes = (12 * MIB).to_string();
+    let (code, output) = redrivectl(
+        &bed.planner,
+        &[
+            "--json",
+            "import",
+            file.to_str().unwrap(),
+            "--source",
+            &source,
+            "--batch-bytes",
+            &batch_bytes,
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{output}");
+    let summary: serde_json::Value = serde_json::from_str(&output)?;
+    assert_eq!(summary["imported"], 6, "{output}");
+    let pool = bed.pool().await?;
+    let (stored, whole, calls): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE octet_length(body) = $2), count(DISTINCT xmin::text) \
+         FROM dead_letters WHERE source = $1",
+    )
+    .bind(&source)
+    .bind(i32::try_from(5 * MIB)?)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!((stored, whole), (6, 6), "every body stored whole");
+    assert_eq!(calls, 3, "one commit per call of two bodies");
+    pool.close().await;
+    bed.finish().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     init_logging();

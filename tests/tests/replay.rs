@@ -655,6 +655,280 @@ async fn backdate_lease(pool: &sqlx::PgPool, slice_id: &str) -> anyhow::Result<(
     Ok(())
 }
 
+/// Claims are bounded in bytes (docs/api.md, "Limits"): a slice whose
+/// bodies total far more than one claim answer may carry is handed out a
+/// few items at a time, the rest staying pending for the next claim of the
+/// same slice; it completes, every message arrives once and in order, and
+/// nothing is uncertain. Capture of the same large bodies commits in several
+/// batches (`--capture-batch-bytes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slice_of_large_bodies_is_claimed_in_parts_and_arrives_once_in_order()
+-> anyhow::Result<()> {
+    init_logging();
+    const MIB: usize = 1024 * 1024;
+    let broker = Broker::connect().await?;
+    // 8 × 6 MiB: 48 MiB in one slice, against a 13 MiB claim budget (two
+    // items per claim) and a 13 MiB capture batch (three per batch).
+    let incident = incident_padded(&broker, 8, "big-", 6 * MIB).await?;
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &[&incident.dlq]);
+        config.claim_max_bytes = 13 * MIB;
+        config.capture_batch_bytes = 13 * MIB;
+        config.lease_ttl_seconds = 30;
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 8).await?;
+    let pool = bed.pool().await?;
+    // One transaction per capture batch: each has its own xmin.
+    let batches: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM dead_letters WHERE source = $1")
+            .bind(&incident.dlq)
+            .fetch_one(&pool)
+            .await?;
+    assert!(batches >= 3, "captured in {batches} batches");
+
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 50;
+        request.canary_fraction = Some(1.0);
+        request.rate = Some(Rate {
+            per_second: 1000.0,
+            burst: 100,
+            rationale: "test".into(),
+        });
+    })
+    .await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(120)).await?;
+    executor.stop().await?;
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    assert_eq!(done.counts.unwrap().sent, 8);
+    let ids: Vec<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    let expected: Vec<String> = (0..8).map(|n| format!("big-m-{n}")).collect();
+    assert_eq!(ids, expected, "each once, in dead-letter order");
+    assert!(
+        received.iter().all(|r| r.body.len() > 6 * MIB),
+        "whole bodies"
+    );
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
+    let plan_id = plan.plan_id.parse::<uuid::Uuid>()?;
+    let (slices, leases): (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT s.id), count(*) FROM slice_leases l JOIN plan_slices s ON s.id = l.slice_id \
+         WHERE s.plan_id = $1",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(slices, 1, "one slice");
+    assert_eq!(leases, 4, "claimed two items at a time");
+    let uncertain: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE plan_id = $1 AND action <> 'sent'",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(uncertain, 0, "nothing uncertain, skipped or failed");
+    pool.close().await;
+    bed.finish().await
+}
+
+/// A claim that leaves part of a slice out (its byte budget) by a holder
+/// that does not mark: should its lease expire, only the items it received
+/// become `uncertain`; the others stay pending, without an event, and the
+/// next claims hand them out in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_partial_lease_makes_only_what_it_received_uncertain() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 4).await?;
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &[&incident.dlq]);
+        // One item per claim.
+        config.claim_max_bytes = 1;
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 4).await?;
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 10;
+        request.canary_fraction = Some(1.0);
+        request.rate = Some(Rate {
+            per_second: 1000.0,
+            burst: 10,
+            rationale: "test".into(),
+        });
+    })
+    .await?;
+    let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
+    let pool = bed.pool().await?;
+    let first = claimed(&mut coordinator, "old", false).await?;
+    assert_eq!(first.items.len(), 1, "one item fits the budget");
+    backdate_lease(&pool, &first.slice_id).await?;
+    let second = claimed(&mut coordinator, "new", true).await?;
+    assert_eq!(second.slice_id, first.slice_id);
+    assert_eq!(second.items.len(), 1);
+    assert_eq!(second.items[0].item_id, first.items[0].item_id, "in order");
+    assert!(
+        second.items[0].uncertain,
+        "what it received may be published"
+    );
+    let uncertain: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE plan_id = $1 AND action = 'uncertain'",
+    )
+    .bind(plan.plan_id.parse::<uuid::Uuid>()?)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(uncertain, 1, "only the item it received");
+    // The rest follow, one claim each, in order, then the plan completes.
+    let mut positions = vec![second.items[0].item_id.parse::<i64>()?];
+    let mut lease = second;
+    loop {
+        let item = &lease.items[0];
+        coordinator
+            .report_outcomes(futures::stream::iter([v1::ReportOutcomesRequest {
+                slice_id: lease.slice_id.clone(),
+                fencing_token: lease.fencing_token,
+                events: vec![v1::AuditEvent {
+                    dead_letter_id: item.dead_letter.as_ref().unwrap().id.clone(),
+                    message_key: item.dead_letter.as_ref().unwrap().message_key.clone(),
+                    action: v1::AuditAction::Sent.into(),
+                    executor_id: "new".into(),
+                    attempt: 1,
+                    at: Some(std::time::SystemTime::now().into()),
+                    ..Default::default()
+                }],
+            }]))
+            .await?
+            .into_inner()
+            .message()
+            .await?
+            .context("a report answer")?;
+        coordinator
+            .complete_slice(v1::CompleteSliceRequest {
+                slice_id: lease.slice_id.clone(),
+                fencing_token: lease.fencing_token,
+                release: false,
+            })
+            .await?;
+        if positions.len() == 4 {
+            break;
+        }
+        lease = claimed(&mut coordinator, "new", true).await?;
+        assert_eq!(lease.items.len(), 1);
+        assert!(!lease.items[0].uncertain);
+        positions.push(lease.items[0].item_id.parse()?);
+    }
+    assert!(positions.is_sorted(), "{positions:?}");
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(10)).await?;
+    pool.close().await;
+    bed.finish().await
+}
+
+/// An item larger than any claim answer can carry (here a 64 MiB repaired
+/// body, put straight into the database: the API refuses one) fails at the
+/// claim with its size, and the claim hands out the others instead of a
+/// slice no executor can receive. An audit export of events with long
+/// reasons comes in chunks of at most 1 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_item_too_large_for_a_claim_fails_and_exports_come_in_bounded_chunks()
+-> anyhow::Result<()> {
+    init_logging();
+    let (incident, mut bed) = incident_bed(3).await?;
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.slice_size = 10;
+        request.canary_fraction = Some(1.0);
+        request.rate = Some(Rate {
+            per_second: 1000.0,
+            burst: 10,
+            rationale: "test".into(),
+        });
+    })
+    .await?;
+    let plan_id = plan.plan_id.parse::<uuid::Uuid>()?;
+    let pool = bed.pool().await?;
+    let (big, big_position): (i64, i64) = sqlx::query_as(
+        "SELECT dead_letter_id, position FROM plan_items WHERE plan_id = $1 ORDER BY position OFFSET 1 LIMIT 1",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO dead_letter_revisions (dead_letter_id, revision, body, body_sha256, actor, reason) \
+         VALUES ($1, 1, convert_to(repeat('x', 64 * 1024 * 1024), 'UTF8'), '\\x00', 'test', 'too large')",
+    )
+    .bind(big)
+    .execute(&pool)
+    .await?;
+    let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
+    let slice = claimed(&mut coordinator, "executor", true).await?;
+    let positions: Vec<i64> = slice
+        .items
+        .iter()
+        .map(|item| item.item_id.parse())
+        .collect::<Result<_, _>>()?;
+    assert_eq!(positions.len(), 2, "the others are handed out");
+    assert!(!positions.contains(&big_position));
+    let (state, reason): (String, String) = sqlx::query_as(
+        "SELECT i.state, e.reason FROM plan_items i JOIN audit_events e \
+            ON e.plan_id = i.plan_id AND e.dead_letter_id = i.dead_letter_id \
+         WHERE i.plan_id = $1 AND i.dead_letter_id = $2",
+    )
+    .bind(plan_id)
+    .bind(big)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(state, "failed");
+    assert!(reason.contains("one claim answer"), "{reason}");
+
+    // Outcomes with a 3 MiB reason each, then the export.
+    let long = "r".repeat(3 * 1024 * 1024);
+    let mut report = coordinator
+        .report_outcomes(futures::stream::iter([v1::ReportOutcomesRequest {
+            slice_id: slice.slice_id.clone(),
+            fencing_token: slice.fencing_token,
+            events: slice
+                .items
+                .iter()
+                .map(|item| v1::AuditEvent {
+                    dead_letter_id: item.dead_letter.as_ref().unwrap().id.clone(),
+                    message_key: item.dead_letter.as_ref().unwrap().message_key.clone(),
+                    action: v1::AuditAction::Sent.into(),
+                    reason: long.clone(),
+                    executor_id: "executor".into(),
+                    attempt: 1,
+                    at: Some(std::time::SystemTime::now().into()),
+                    ..Default::default()
+                })
+                .collect(),
+        }]))
+        .await?
+        .into_inner();
+    let answer = report.message().await?.context("a report answer")?;
+    assert_eq!((answer.accepted, answer.lease_lost), (2, false));
+    let mut export = bed
+        .client
+        .export_audit(v1::ExportAuditRequest {
+            plan_id: plan.plan_id.clone(),
+            format: v1::ExportFormat::Jsonl.into(),
+        })
+        .await?
+        .into_inner();
+    let (mut chunks, mut data) = (0, Vec::new());
+    while let Some(chunk) = export.message().await? {
+        assert!(chunk.data.len() <= 1024 * 1024, "{}", chunk.data.len());
+        chunks += 1;
+        data.extend(chunk.data);
+    }
+    let lines: Vec<serde_json::Value> = data
+        .split(|byte| *byte == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(serde_json::from_slice)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 3, "the failure and two sends");
+    assert!(chunks >= 6, "{chunks} chunks");
+    pool.close().await;
+    bed.finish().await
+}
+
 /// Precise uncertain items (docs/design.md): a lease that expires makes
 /// `uncertain` only the unreported items up to its write-ahead mark; the
 /// items past it were never published and stay pending, without an event.

@@ -47,8 +47,12 @@
 //! # Streaming
 //! The file is never loaded whole: a blocking reader thread parses lines and
 //! feeds a bounded channel that is the request stream. Every `--batch` items
-//! (default 1000) the stream ends and a new `IngestDeadLetters` call starts, so
-//! a long import is committed in parts. Importing a file again is safe: the
+//! (default 1000), or sooner when one more item would take the call's
+//! encoded items past `--batch-bytes` (default 64 MiB), the stream ends and a new
+//! `IngestDeadLetters` call starts, so a long import of large bodies is
+//! committed in parts too. A line whose item alone is larger than a gRPC
+//! message may be ([`MAX_GRPC_MESSAGE_BYTES`]) is rejected with its size: it
+//! would end the whole call. Importing a file again is safe: the
 //! planner stores each (source, message id) once and counts the rest as already
 //! present.
 
@@ -61,7 +65,9 @@ use std::{
 
 use base64::{Engine, engine::general_purpose::STANDARD};
 use clap::Args;
+use prost::Message as _;
 use redrive_proto::{
+    limits::MAX_GRPC_MESSAGE_BYTES,
     time::timestamp,
     v1::{IngestDeadLettersRequest, MessageProperties},
 };
@@ -95,6 +101,26 @@ pub struct ImportArgs {
     /// Items per IngestDeadLetters call; each call is committed on its own.
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
+
+    /// Bytes of encoded items per IngestDeadLetters call: a call ends before
+    /// an item that would take it past this many bytes, whatever its count
+    /// (at least one item per call).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_BATCH_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_bytes: u64,
+}
+
+/// Default `--batch-bytes`.
+pub const DEFAULT_BATCH_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Largest item one line may make: a request message the planner accepts,
+/// less room for the message's framing.
+const MAX_ITEM_BYTES: usize = MAX_GRPC_MESSAGE_BYTES - 1024;
+
+/// How much one `IngestDeadLetters` call carries at most.
+#[derive(Debug, Clone, Copy)]
+struct BatchLimit {
+    items: u64,
+    bytes: u64,
 }
 
 fn non_empty(text: &str) -> Result<String, String> {
@@ -178,9 +204,12 @@ pub async fn run(
 ) -> Result<u8, CliError> {
     let (batches_tx, mut batches) = mpsc::channel::<Batch>(1);
     let source = args.source.clone();
-    let batch_size = u64::from(args.batch);
+    let limit = BatchLimit {
+        items: u64::from(args.batch),
+        bytes: args.batch_bytes,
+    };
     let reader = tokio::task::spawn_blocking(move || {
-        read_lines(input, &source, batch_size, &batches_tx, |rejection| {
+        read_lines(input, &source, limit, &batches_tx, |rejection| {
             report_rejection(json, rejection.line, &rejection.reason);
         })
     });
@@ -331,13 +360,13 @@ struct ReadError {
 }
 
 /// Reads `input` line by line, sending each good line's item into a batch
-/// of at most `batch_size` and reporting each bad line to `on_bad_line`.
+/// within `limit` and reporting each bad line to `on_bad_line`.
 /// Stops early, without error, when the receiving side is gone. Blocking: run
 /// it on a blocking thread.
 fn read_lines(
     mut input: impl BufRead,
     default_source: &str,
-    batch_size: u64,
+    limit: BatchLimit,
     batches: &mpsc::Sender<Batch>,
     mut on_bad_line: impl FnMut(&Rejection),
 ) -> Result<Vec<Rejection>, ReadError> {
@@ -346,6 +375,7 @@ fn read_lines(
         lines_tx: oneshot::Sender<LineMap>,
         lines: LineMap,
         count: u64,
+        bytes: u64,
     }
     fn close(batch: Open) {
         // The line map goes first: the call's answer needs it once the
@@ -375,7 +405,17 @@ fn read_lines(
         let item = match std::str::from_utf8(&buffer) {
             Err(error) => Err(format!("not UTF-8 text: {error}")),
             Ok(text) if text.trim().is_empty() => continue,
-            Ok(text) => parse_line(text, default_source),
+            Ok(text) => parse_line(text, default_source).and_then(|item| {
+                let size = item.encoded_len();
+                if size > MAX_ITEM_BYTES {
+                    Err(format!(
+                        "the dead letter is {size} bytes encoded, above the {MAX_ITEM_BYTES} bytes one \
+                         request message may carry"
+                    ))
+                } else {
+                    Ok(item)
+                }
+            }),
         };
         let item = match item {
             Ok(item) => item,
@@ -389,6 +429,16 @@ fn read_lines(
                 continue;
             }
         };
+        // A call never goes past `--batch-bytes` with a second item: the
+        // one that would is the first of the next call.
+        let size = item.encoded_len() as u64;
+        if current
+            .as_ref()
+            .is_some_and(|batch| batch.count > 0 && batch.bytes + size > limit.bytes)
+            && let Some(full) = current.take()
+        {
+            close(full);
+        }
         if current.is_none() {
             let (items, items_rx) = mpsc::channel(ITEM_QUEUE);
             let (lines_tx, lines_rx) = oneshot::channel();
@@ -404,6 +454,7 @@ fn read_lines(
                 lines_tx,
                 lines: LineMap::default(),
                 count: 0,
+                bytes: 0,
             });
         }
         let Some(batch) = current.as_mut() else {
@@ -411,10 +462,11 @@ fn read_lines(
         };
         batch.lines.record(batch.count, line_number);
         batch.count += 1;
+        batch.bytes += size;
         if batch.items.blocking_send(item).is_err() {
             return Ok(bad_lines);
         }
-        if batch.count >= batch_size
+        if (batch.count >= limit.items || batch.bytes >= limit.bytes)
             && let Some(full) = current.take()
         {
             close(full);
@@ -1081,10 +1133,21 @@ mod tests {
     /// Runs the reader on `text` and collects (items with their line, bad lines)
     /// per batch, like the import loop does.
     fn read_all(text: &[u8], batch_size: u64) -> (Vec<Vec<(u64, String)>>, Vec<Rejection>) {
+        read_within(
+            text,
+            BatchLimit {
+                items: batch_size,
+                bytes: u64::MAX,
+            },
+        )
+    }
+
+    /// [`read_all`] with batches cut by `limit`.
+    fn read_within(text: &[u8], limit: BatchLimit) -> (Vec<Vec<(u64, String)>>, Vec<Rejection>) {
         let (batches_tx, mut batches_rx) = mpsc::channel(1);
         let input = Cursor::new(text.to_vec());
         let reader = thread::spawn(move || {
-            read_lines(input, "s", batch_size, &batches_tx, |_| {})
+            read_lines(input, "s", limit, &batches_tx, |_| {})
                 .unwrap_or_else(|_| panic!("read error"))
         });
         let mut batches = Vec::new();
@@ -1103,6 +1166,54 @@ mod tests {
             );
         }
         (batches, reader.join().unwrap())
+    }
+
+    #[test]
+    fn batches_are_cut_by_bytes_as_well_as_by_count() {
+        let body = "x".repeat(1000);
+        let line = |id: usize| {
+            format!(r#"{{"body":"{body}","original_destination":"q","message_id":"m-{id}"}}"#)
+        };
+        let text = (0..7).map(line).collect::<Vec<_>>().join("\n");
+        // Each item is a little over 1000 bytes: a third would pass 2500.
+        let (batches, bad) = read_within(
+            text.as_bytes(),
+            BatchLimit {
+                items: 1000,
+                bytes: 2500,
+            },
+        );
+        assert!(bad.is_empty());
+        let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [2, 2, 2, 1]);
+        assert_eq!(batches[3], [(7, "m-6".to_owned())]);
+        // A budget below one item still sends every item, one per call.
+        let (batches, _) = read_within(
+            text.as_bytes(),
+            BatchLimit {
+                items: 1000,
+                bytes: 1,
+            },
+        );
+        assert_eq!(batches.len(), 7);
+    }
+
+    #[test]
+    fn a_line_larger_than_a_request_message_is_rejected_with_its_size() {
+        let body = "x".repeat(MAX_ITEM_BYTES + 1);
+        let text = format!(
+            "{{\"body\":\"{body}\",\"original_destination\":\"q\",\"message_id\":\"big\"}}\n\
+             {{\"body\":\"b\",\"original_destination\":\"q\",\"message_id\":\"small\"}}\n"
+        );
+        let (batches, bad) = read_all(text.as_bytes(), 10);
+        assert_eq!(batches, [vec![(2, "small".to_owned())]]);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].line, 1);
+        assert!(
+            bad[0].reason.contains("bytes encoded, above the"),
+            "{}",
+            bad[0].reason
+        );
     }
 
     #[test]

@@ -122,6 +122,16 @@ pub const FINAL_ITEM_STATES: &[&str] = &[
     "unroutable",
 ];
 
+/// What one slice item weighs in a claim answer, in bytes (SQL over
+/// `plan_items i` joined with its dead letter `x`): the body it publishes
+/// (the latest repair, else the captured body; `octet_length` reads the
+/// stored length without reading the body), its properties, headers, error
+/// text and raw content header, and 1 KiB for the rest (ids, keys, names).
+pub const ITEM_SIZE_SQL: &str = "(coalesce((SELECT octet_length(v.body) FROM dead_letter_revisions v \
+    WHERE v.dead_letter_id = i.dead_letter_id ORDER BY v.revision DESC LIMIT 1), octet_length(x.body)) \
+    + octet_length(x.properties) + octet_length(x.headers) + coalesce(octet_length(x.error_text), 0) \
+    + coalesce(octet_length(x.raw_content_header), 0) + 1024)::bigint";
+
 /// How long a sent key counts as replayed (docs/design.md: replay keys, 7 days).
 pub const REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -294,16 +304,31 @@ it reported it; the next lease publishes it again with the same message id', t.w
         })
     }
 
-    /// The items of `slice_id` still to publish (pending or uncertain), in order.
+    /// The items of `slice_id` still to publish (pending or uncertain), in
+    /// order, as many as fit in `max_bytes` (docs/design.md, "Every input is
+    /// bounded at the edge"): the first one always, then each next one while
+    /// the running sum of their sizes ([`ITEM_SIZE_SQL`]) stays within the
+    /// budget. Only the chosen rows' bodies are read; the rest stay pending
+    /// for the next lease of the slice.
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn slice_items(&self, slice_id: i64) -> Result<Vec<LeasedItem>, StoreError> {
+    pub async fn slice_items(
+        &self,
+        slice_id: i64,
+        max_bytes: usize,
+    ) -> Result<Vec<LeasedItem>, StoreError> {
         let query = format!(
-            "SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
+            "WITH due AS (SELECT i.position, {ITEM_SIZE_SQL} AS size \
+                FROM plan_items i JOIN dead_letters x ON x.id = i.dead_letter_id \
+                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain')), \
+             running AS (SELECT position, sum(size) OVER (ORDER BY position) AS total, \
+                row_number() OVER (ORDER BY position) AS n FROM due), \
+             handed AS (SELECT position FROM running WHERE n = 1 OR total <= $3) \
+             SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
                 i.routing_key AS item_routing_key, i.stale_at AS item_stale_at, \
                 (SELECT first_died_at FROM dead_letters WHERE id = i.dead_letter_id) AS first_died_at, i.attempts AS item_attempts, \
-                coalesce(rev.body, d.body) AS replay_body, \
+                coalesce(rev.body, (SELECT body FROM dead_letters WHERE id = i.dead_letter_id)) AS replay_body, \
                 rk.redrive_count, rk.key_replayed, cb.came_back_from \
              FROM plan_items i \
              JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
@@ -318,16 +343,86 @@ it reported it; the next lease publishes it again with the same message id', t.w
                 AND e.action IN ('sent', 'uncertain')) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \
-             WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') ORDER BY i.position",
-            columns(true),
+             WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') \
+               AND i.position IN (SELECT position FROM handed) ORDER BY i.position",
+            // The body is read once, as `replay_body`.
+            columns(false),
             came_back = super::prechecks::CAME_BACK_SQL,
         );
         let rows = sqlx::query_as::<_, LeasedItemRow>(AssertSqlSafe(query))
             .bind(slice_id)
             .bind(i64::try_from(REPLAY_KEY_WINDOW.as_secs()).unwrap_or(i64::MAX))
+            .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
             .fetch_all(self.pool())
             .await?;
         rows.into_iter().map(LeasedItem::try_from).collect()
+    }
+
+    /// Bounds what the expiry of a lease without write-ahead marks (an
+    /// executor that does not mark) judges `uncertain`: its holder received
+    /// the items only up to `position` (the claim's byte budget may have
+    /// left later ones out), so later items stay pending, without an event,
+    /// when the lease expires. A lease that marks is left as it is: its
+    /// marks never pass what it received.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn bound_unmarked(
+        &self,
+        slice_id: i64,
+        token: i64,
+        position: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE plan_slices SET published_through = $3 \
+             WHERE id = $1 AND fencing_token = $2 AND state = 'leased' AND published_through IS NULL",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .bind(position)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Fails the items of `slice_id` still to publish that are larger
+    /// ([`ITEM_SIZE_SQL`]) than `max_bytes`, the most one claim answer can
+    /// carry: no executor could ever receive them, so they end `failed` with
+    /// an audit event saying why instead of holding the slice forever. Only
+    /// while `token` is the slice's current lease. Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn fail_unsendable(
+        &self,
+        slice_id: i64,
+        token: i64,
+        max_bytes: usize,
+    ) -> Result<u64, StoreError> {
+        let query = format!(
+            "WITH lease AS (SELECT id, wave, coalesce(lease_owner, '') AS owner FROM plan_slices \
+                WHERE id = $1 AND fencing_token = $2 AND state = 'leased'), \
+             big AS (SELECT i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, \
+                    {ITEM_SIZE_SQL} AS size, l.wave, l.owner, x.destination \
+                FROM plan_items i JOIN dead_letters x ON x.id = i.dead_letter_id JOIN lease l ON l.id = i.slice_id \
+                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') AND {ITEM_SIZE_SQL} > $3), \
+             failed AS (UPDATE plan_items i SET state = 'failed' FROM big b \
+                WHERE i.slice_id = b.slice_id AND i.dead_letter_id = b.dead_letter_id RETURNING i.dead_letter_id), \
+             events AS (INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
+                    reason, wave, executor_id, attempt) \
+                SELECT b.plan_id, b.slice_id, b.dead_letter_id, b.message_key, b.destination, 'failed', \
+                    format('this item is %s bytes with its body and metadata, above the %s bytes one claim answer \
+can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, greatest(b.attempts, 1) \
+                FROM big b) \
+             SELECT count(*) FROM failed"
+        );
+        let failed: i64 = sqlx::query_scalar(AssertSqlSafe(query))
+            .bind(slice_id)
+            .bind(token)
+            .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
+            .fetch_one(self.pool())
+            .await?;
+        Ok(u64::try_from(failed).unwrap_or_default())
     }
 
     /// Renews the lease while it has not expired (the same test as

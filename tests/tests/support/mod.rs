@@ -56,6 +56,17 @@ pub async fn incident(broker: &Broker, messages: u32) -> anyhow::Result<Incident
 
 /// [`incident`] with order and message ids prefixed by `tag` (distinct keys).
 pub async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow::Result<Incident> {
+    incident_padded(broker, messages, tag, 0).await
+}
+
+/// [`incident_named`] whose bodies carry a `pad` field of `pad` bytes (none
+/// when 0): large bodies.
+pub async fn incident_padded(
+    broker: &Broker,
+    messages: u32,
+    tag: &str,
+    pad: usize,
+) -> anyhow::Result<Incident> {
     let incident = Incident {
         exchange: unique("orders"),
         work: unique("work"),
@@ -83,7 +94,14 @@ pub async fn incident_named(broker: &Broker, messages: u32, tag: &str) -> anyhow
         .bind(&incident.healthy, &incident.exchange, "")
         .await?;
     for index in 0..messages {
-        let body = format!(r#"{{"order_id":"{tag}o-{index}","n":{index}}}"#);
+        let body = if pad == 0 {
+            format!(r#"{{"order_id":"{tag}o-{index}","n":{index}}}"#)
+        } else {
+            format!(
+                r#"{{"order_id":"{tag}o-{index}","n":{index},"pad":"{}"}}"#,
+                "x".repeat(pad)
+            )
+        };
         let properties = BasicProperties::default()
             .with_message_id(format!("{tag}m-{index}").into())
             .with_type("order.paid".into())
