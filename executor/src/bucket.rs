@@ -80,6 +80,16 @@ use redis::{
 /// destination `d` is `redrive:bucket:d`.
 pub const DEFAULT_KEY_PREFIX: &str = "redrive:bucket:";
 
+/// The key prefix of one broker's buckets under a deployment's Redis prefix:
+/// `{redis_prefix}bucket:{broker_id length}:{broker_id}:` (the length keeps a
+/// `:` in the broker id from making two prefixes equal). Executors that
+/// publish to different brokers or virtual hosts (see
+/// `redrive_proto::settings::broker_id_of`) never share a bucket, whatever
+/// Redis and prefix they share; every executor of one broker does.
+pub fn key_prefix_for(redis_prefix: &str, broker_id: &str) -> String {
+    format!("{redis_prefix}bucket:{}:{broker_id}:", broker_id.len())
+}
+
 /// How long one Redis call may take before the bucket reports
 /// [`BucketError::Unavailable`].
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);

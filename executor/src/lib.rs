@@ -104,6 +104,17 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
     pub redis_prefix: String,
 
+    /// The name of the broker and virtual host this executor publishes to:
+    /// its replay keys and token buckets in Redis are qualified by it, so
+    /// executors of two brokers or vhosts that share a Redis (and a prefix)
+    /// never skip each other's replays or share a rate. Default: the AMQP
+    /// URL's `host:port/vhost` (`127.0.0.1:5672/%2f`, never the
+    /// credentials). Every executor of one broker must use the same name:
+    /// set it when they reach a cluster through different node addresses or
+    /// host names (e.g. `--broker-id orders-cluster/%2f`).
+    #[arg(long, env = "REDRIVE_BROKER_ID")]
+    pub broker_id: Option<String>,
+
     /// This executor's id in leases and audit events (default: a random one).
     #[arg(long, env = "REDRIVE_EXECUTOR_ID")]
     pub executor_id: Option<String>,
@@ -167,6 +178,18 @@ pub struct Config {
 }
 
 impl Config {
+    /// The broker identity that qualifies this executor's Redis keys:
+    /// `--broker-id`, else the AMQP URL's `host:port/vhost`
+    /// ([`redrive_proto::settings::broker_id_of`]); the URL itself when it
+    /// does not parse (refused by [`ServiceSettings::validate`] anyway).
+    pub fn broker_id(&self) -> String {
+        match &self.broker_id {
+            Some(id) => id.clone(),
+            None => redrive_proto::settings::broker_id_of(&self.amqp.url)
+                .unwrap_or_else(|_| redrive_proto::settings::redact_url(&self.amqp.url)),
+        }
+    }
+
     /// The defaults pointed at `planner` (tests build configs this way).
     /// Reads no `REDRIVE_*` variable: what the environment of a test run
     /// happens to hold never changes a test's executor.
@@ -238,6 +261,14 @@ impl ServiceSettings for Config {
                     ),
                 );
             }
+        }
+        if let Some(id) = &self.broker_id
+            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
+        {
+            problem(
+                "broker-id",
+                format!("{id:?}: 1 to 255 bytes of printable text"),
+            );
         }
         if let Some(id) = &self.executor_id
             && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
@@ -410,14 +441,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                     }
                 }
             };
+            // Both qualified by the broker (docs/replay.md, "Identity").
+            let broker_id = config.broker_id();
+            info!(broker.id = %broker_id, "replay keys and buckets are this broker's");
             let bucket = RedisBucket::new(
                 connection.clone(),
-                format!("{}bucket:", config.redis_prefix),
+                bucket::key_prefix_for(&config.redis_prefix, &broker_id),
                 DEFAULT_CALL_TIMEOUT,
             );
             let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
             let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
-                .map_err(anyhow::Error::msg)?;
+                .map_err(anyhow::Error::msg)?
+                .on_broker(broker_id);
             if let Some(ready) = &redis_for_health {
                 let _ = ready.set(connection);
             }

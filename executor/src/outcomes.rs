@@ -90,16 +90,21 @@ impl Work {
             .map_or("", |dead_letter| dead_letter.id.as_str())
     }
 
-    /// The token-bucket key: the destination, so that all executors and
-    /// plans publishing there share one budget.
+    /// The token-bucket key: where the message lands, so that all executors
+    /// and plans publishing there share one budget, whatever route they take
+    /// (docs/replay.md, "Rate"). See [`landing`]. (Qualified by the broker in
+    /// Redis: [`crate::bucket::key_prefix_for`].)
     pub fn bucket_key(&self) -> String {
-        format!("{}/{}", self.item.exchange, self.item.routing_key)
+        landing(&self.item)
     }
 
-    /// Whether `other` goes to the same exchange and routing key (the same
-    /// [`bucket_key`](Self::bucket_key), without building it).
+    /// Whether `other` is published along the same route (exchange and
+    /// routing key) and lands in the same place (the same
+    /// [`bucket_key`](Self::bucket_key)): one run of the publishing loop.
     pub fn same_destination(&self, other: &Self) -> bool {
-        self.item.exchange == other.item.exchange && self.item.routing_key == other.item.routing_key
+        self.item.exchange == other.item.exchange
+            && self.item.routing_key == other.item.routing_key
+            && (self.item.exchange.is_empty() || landing(&self.item) == landing(&other.item))
     }
 
     /// This work again, attempt + 1, after a backoff that doubles from
@@ -112,6 +117,50 @@ impl Work {
             not_before: Some(tokio::time::Instant::now() + backoff),
         }
     }
+}
+
+/// Where a slice item lands, as the token bucket keys it:
+///
+/// - `q:{queue}` when the queue is known: a publish through the default
+///   exchange (queue mode, or a redirect with an empty exchange) lands in the
+///   queue its routing key names; a publish to the exchange and first routing
+///   key of the death the broker recorded (exchange mode) lands in the queue
+///   that death happened in, the dead letter's destination;
+/// - `x:{exchange length}:{exchange}/{routing key}` otherwise (a redirect
+///   through a named exchange, a dead letter whose queue is unknown): the
+///   bindings decide, so the route is the best name there is.
+///
+/// So queue mode via `/orders` and exchange mode via `orders-x/order.paid`
+/// for dead letters that died in `orders` share one budget.
+pub fn landing(item: &v1::SliceItem) -> String {
+    if item.exchange.is_empty() {
+        return format!("q:{}", item.routing_key);
+    }
+    match death_queue(item) {
+        Some(queue) => format!("q:{queue}"),
+        None => format!(
+            "x:{}:{}/{}",
+            item.exchange.len(),
+            item.exchange,
+            item.routing_key
+        ),
+    }
+}
+
+/// The queue `item` lands in when it is published along the route its dead
+/// letter took to the queue it died in: a RabbitMQ-captured dead letter
+/// (its queue known, not `exchange_only`) whose death names the item's
+/// exchange and routing key.
+fn death_queue(item: &v1::SliceItem) -> Option<&str> {
+    let dead_letter = item.dead_letter.as_ref()?;
+    let death = dead_letter.death.as_ref()?;
+    let along_the_death = dead_letter.origin() == v1::Origin::Rabbitmq
+        && !dead_letter.exchange_only
+        && !dead_letter.destination.is_empty()
+        && death.queue == dead_letter.destination
+        && death.exchange == item.exchange
+        && death.routing_keys.first().map_or("", String::as_str) == item.routing_key;
+    along_the_death.then_some(dead_letter.destination.as_str())
 }
 
 /// A published item awaiting its confirm.

@@ -10,12 +10,20 @@
 //! destination (docs/design.md, "Words": one message delivered to queues `a` and
 //! `b` and dead-lettered by both is two pieces of work), built by
 //! [`identity`] as `{destination length}:{destination}:{message key}`. Each
-//! identity `i` is stored as `{prefix}replayed-to:{i}` holding the id of the
-//! plan that sent it, with a TTL. Both calls are one round trip per batch.
-//! Entries of the former format (`{prefix}replayed:{message key}`, without
-//! the destination) are ignored and expire by their TTL; the planner's
-//! record (PostgreSQL `replayed_keys`, migrated with the destination) still
-//! covers those replays.
+//! identity `i` is stored as `{prefix}replayed-on:{b}:{broker}:{i}` (`b`
+//! the broker id's length in bytes) holding the id of the plan that sent it,
+//! with a TTL. The broker id ([`ReplayKeys::on_broker`]: the executor's
+//! `--broker-id`, by default its AMQP URL's `host:port/vhost`) keeps two
+//! brokers or virtual hosts sharing one Redis and prefix from taking each
+//! other's replays for their own: a queue `orders` on broker A is not the
+//! queue `orders` on broker B. Both calls are one round trip per batch.
+//!
+//! Entries of the former formats (`{prefix}replayed:{message key}`, without
+//! the destination, and `{prefix}replayed-to:{i}`, without the broker) are
+//! not read; they expire by their TTL. The planner's record of replays (the
+//! audit's `sent` and `uncertain` events per message key and destination)
+//! still covers those replays: every lease hands out `key_replayed` from it,
+//! so an upgraded executor still skips them (docs/replay.md, "Identity").
 //!
 //! Fail closed like the token bucket: when Redis cannot be reached the calls
 //! return [`ReplayKeysError::Unavailable`] and the caller stops publishing.
@@ -28,7 +36,7 @@ use redis::aio::ConnectionManager;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// Key prefix unless configured otherwise (keys are
-/// `redrive:replayed-to:{identity}`).
+/// `redrive:replayed-on:{broker length}:{broker}:{identity}`).
 pub const DEFAULT_PREFIX: &str = "redrive:";
 
 /// The replay identity of a message key published for a dead letter that died
@@ -68,12 +76,13 @@ impl ReplayKeysError {
 pub struct ReplayKeys {
     connection: ConnectionManager,
     prefix: String,
+    broker: String,
     ttl: Duration,
     call_timeout: Duration,
 }
 
 impl ReplayKeys {
-    /// A record storing identities under `{prefix}replayed-to:` (normally
+    /// A record storing identities under `{prefix}replayed-on:` (normally
     /// [`DEFAULT_PREFIX`]) for `ttl` (normally [`DEFAULT_TTL`]). Calls time
     /// out after [`crate::bucket::DEFAULT_CALL_TIMEOUT`]; see
     /// [`ReplayKeys::with_call_timeout`].
@@ -91,9 +100,24 @@ impl ReplayKeys {
         Ok(Self {
             connection,
             prefix: prefix.into(),
+            broker: String::new(),
             ttl,
             call_timeout: crate::bucket::DEFAULT_CALL_TIMEOUT,
         })
+    }
+
+    /// The same record for the broker (and virtual host) named `broker_id`:
+    /// its keys are not another broker's (see the module docs). Without it
+    /// the broker id is empty.
+    #[must_use]
+    pub fn on_broker(mut self, broker_id: impl Into<String>) -> Self {
+        self.broker = broker_id.into();
+        self
+    }
+
+    /// The broker id the keys are qualified by ([`ReplayKeys::on_broker`]).
+    pub fn broker(&self) -> &str {
+        &self.broker
     }
 
     /// The same record with another per-call timeout.
@@ -104,9 +128,14 @@ impl ReplayKeys {
     }
 
     /// The Redis key recording `identity` (see [`identity`]):
-    /// `{prefix}replayed-to:{identity}`.
+    /// `{prefix}replayed-on:{broker length}:{broker}:{identity}`.
     pub fn redis_key(&self, identity: &str) -> String {
-        format!("{}replayed-to:{identity}", self.prefix)
+        format!(
+            "{}replayed-on:{}:{}:{identity}",
+            self.prefix,
+            self.broker.len(),
+            self.broker
+        )
     }
 
     /// How long a mark lasts.
@@ -172,7 +201,7 @@ impl ReplayKeys {
     }
 
     /// Records each `(replay identity, plan id)` as sent (see [`identity`]),
-    /// in one pipeline of `SET {prefix}replayed-to:{identity} {plan id} PX
+    /// in one pipeline of `SET {prefix}replayed-on:…:{identity} {plan id} PX
     /// {ttl}`. An existing mark is
     /// overwritten (new plan id, fresh TTL): the key means "sent at least
     /// once", and the newest sender is the useful one to name. Call it only

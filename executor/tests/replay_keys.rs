@@ -16,11 +16,17 @@ async fn record(prefix: &str, ttl: Duration) -> ReplayKeys {
     ReplayKeys::new(redis().await, prefix, ttl).expect("valid ttl")
 }
 
+/// The record of the local broker's default vhost, as an executor with the
+/// default `--amqp-url` keeps it.
+async fn local_record(prefix: &str, ttl: Duration) -> ReplayKeys {
+    record(prefix, ttl).await.on_broker("127.0.0.1:5672/%2f")
+}
+
 #[tokio::test]
 async fn marked_keys_are_found_with_their_plan_and_ttl() {
     let prefix = unique("redrive-test-keys:");
     let ttl = Duration::from_secs(3600);
-    let keys = record(&prefix, ttl).await;
+    let keys = local_record(&prefix, ttl).await;
     let message_keys = vec![
         "order-1:pay".to_owned(),
         "order-2:pay".to_owned(),
@@ -47,7 +53,7 @@ async fn marked_keys_are_found_with_their_plan_and_ttl() {
     );
 
     let mut connection = redis().await;
-    let redis_key = format!("{prefix}replayed-to:order-1:pay");
+    let redis_key = format!("{prefix}replayed-on:18:127.0.0.1:5672/%2f:order-1:pay");
     assert_eq!(keys.redis_key("order-1:pay"), redis_key);
     let plan: String = redis::cmd("GET")
         .arg(&redis_key)
@@ -115,7 +121,7 @@ async fn a_batch_of_a_thousand_in_one_call_each_way() {
     assert!(sent[1000..].iter().all(|found| !*found));
     let mut connection = redis().await;
     let stored: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}replayed-to:*"))
+        .arg(format!("{prefix}replayed-on:*"))
         .query_async(&mut connection)
         .await
         .unwrap();
@@ -195,4 +201,172 @@ async fn one_message_key_sent_to_one_queue_is_not_sent_to_another() {
     );
     let mut connection = redis().await;
     delete_prefix(&mut connection, &prefix).await;
+}
+
+/// Two executors that share one Redis and one prefix but publish to two
+/// brokers (or two virtual hosts of one broker) keep separate records: a
+/// message id replayed to broker A's `orders` queue is still to replay on
+/// broker B's `orders` queue.
+#[tokio::test]
+async fn one_prefix_two_brokers_keep_separate_records() {
+    let prefix = unique("redrive-test-keys:");
+    let ttl = Duration::from_secs(60);
+    let on_a = record(&prefix, ttl).await.on_broker("127.0.0.1:5672/%2f");
+    let on_b = record(&prefix, ttl)
+        .await
+        .on_broker("127.0.0.1:5672/tenant-b");
+    let again_on_a = record(&prefix, ttl).await.on_broker("127.0.0.1:5672/%2f");
+    let to_orders = identity("orders", "m-1");
+    on_a.mark_sent(&[(to_orders.clone(), "plan-a".to_owned())])
+        .await
+        .unwrap();
+    assert_eq!(
+        on_b.sent_by(std::slice::from_ref(&to_orders))
+            .await
+            .unwrap(),
+        vec![None],
+        "broker B's orders queue is not broker A's"
+    );
+    assert_eq!(
+        again_on_a
+            .sent_by(std::slice::from_ref(&to_orders))
+            .await
+            .unwrap(),
+        vec![Some("plan-a".to_owned())],
+        "every executor of broker A sees A's replays"
+    );
+    // The broker id is length-prefixed: a ':' in it cannot make two keys equal.
+    assert_ne!(
+        record(&prefix, ttl).await.on_broker("a:1").redis_key("2:b"),
+        record(&prefix, ttl).await.on_broker("a").redis_key("1:2:b")
+    );
+    assert!(
+        !on_a.redis_key(&to_orders).contains("guest"),
+        "never the credentials"
+    );
+    let mut connection = redis().await;
+    delete_prefix(&mut connection, &prefix).await;
+}
+
+/// Keys written before the broker qualified them (`{prefix}replayed-to:…`)
+/// are not read: the planner's ledger (`key_replayed` in each lease) covers
+/// those replays.
+#[tokio::test]
+async fn keys_of_the_former_format_are_not_read() {
+    let prefix = unique("redrive-test-keys:");
+    let keys = record(&prefix, Duration::from_secs(60))
+        .await
+        .on_broker("127.0.0.1:5672/%2f");
+    let to_orders = identity("orders", "m-1");
+    let mut connection = redis().await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}replayed-to:{to_orders}"))
+        .arg("plan-old")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.sent_by(std::slice::from_ref(&to_orders))
+            .await
+            .unwrap(),
+        vec![None]
+    );
+    delete_prefix(&mut connection, &prefix).await;
+}
+
+#[test]
+fn broker_ids_name_host_port_and_vhost_never_credentials() {
+    use redrive_proto::settings::broker_id_of;
+    assert_eq!(
+        broker_id_of("amqp://guest:secret@127.0.0.1:5672/%2f").unwrap(),
+        "127.0.0.1:5672/%2f"
+    );
+    assert_eq!(
+        broker_id_of("amqp://guest:secret@RabbitMQ.Example:5672/tenant-b").unwrap(),
+        "rabbitmq.example:5672/tenant-b"
+    );
+    assert_eq!(
+        broker_id_of("amqp://localhost").unwrap(),
+        "localhost:5672/%2f",
+        "RabbitMQ's default port and vhost"
+    );
+    assert_eq!(
+        broker_id_of("amqps://u:p@mq:5671/a%2fb").unwrap(),
+        "mq:5671/a%2fb"
+    );
+    assert_ne!(
+        broker_id_of("amqp://mq/a").unwrap(),
+        broker_id_of("amqp://mq/b").unwrap()
+    );
+    assert!(broker_id_of("http://mq").is_err());
+    // Buckets too: one prefix, two brokers, two keys.
+    assert_ne!(
+        redrive_executor::bucket::key_prefix_for("redrive:", "mq:5672/a"),
+        redrive_executor::bucket::key_prefix_for("redrive:", "mq:5672/b")
+    );
+}
+
+fn item(
+    exchange: &str,
+    routing_key: &str,
+    died_in: &str,
+    death_exchange: &str,
+    death_key: &str,
+) -> redrive_proto::v1::SliceItem {
+    use redrive_proto::v1;
+    v1::SliceItem {
+        exchange: exchange.to_owned(),
+        routing_key: routing_key.to_owned(),
+        dead_letter: Some(v1::DeadLetter {
+            origin: v1::Origin::Rabbitmq.into(),
+            destination: died_in.to_owned(),
+            death: Some(v1::Death {
+                queue: died_in.to_owned(),
+                exchange: death_exchange.to_owned(),
+                routing_keys: vec![death_key.to_owned()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The bucket is keyed by the queue a message lands in, whatever route it
+/// takes there: queue mode (`/orders`), exchange mode along the death
+/// (`orders-x/order.paid` for a dead letter that died in `orders`) and a
+/// redirect through the default exchange to `orders` share one budget; a
+/// redirect through a named exchange is keyed by its route.
+#[test]
+fn the_bucket_is_keyed_by_the_landing_queue() {
+    use redrive_executor::outcomes::landing;
+    let queue_mode = item("", "orders", "orders", "orders-x", "order.paid");
+    let exchange_mode = item("orders-x", "order.paid", "orders", "orders-x", "order.paid");
+    let redirect_default = item("", "orders", "payments", "pay-x", "p");
+    assert_eq!(landing(&queue_mode), "q:orders");
+    assert_eq!(landing(&exchange_mode), "q:orders");
+    assert_eq!(landing(&redirect_default), "q:orders");
+    // A redirect through a named exchange: the bindings decide.
+    let redirect = item("quarantine-x", "q", "orders", "orders-x", "order.paid");
+    assert_eq!(landing(&redirect), "x:12:quarantine-x/q");
+    // Exchange mode for a fan-out's copies that died in a and b: two queues.
+    let to_a = item("fan", "", "a", "fan", "");
+    let to_b = item("fan", "", "b", "fan", "");
+    assert_eq!(landing(&to_a), "q:a");
+    assert_eq!(landing(&to_b), "q:b");
+    // A dead letter whose queue is unknown (a framework named only the
+    // exchange and key): the route.
+    let mut exchange_only = item("orders-x", "order.paid", "orders-x/order.paid", "", "");
+    if let Some(dead_letter) = exchange_only.dead_letter.as_mut() {
+        dead_letter.exchange_only = true;
+        dead_letter.death = None;
+    }
+    assert_eq!(landing(&exchange_only), "x:8:orders-x/order.paid");
+    // A queue name cannot pass for a route, nor the reverse.
+    assert_ne!(
+        landing(&item("", "x:1:a/b", "z", "", "")),
+        landing(&item("a", "b", "z", "", ""))
+    );
 }

@@ -164,3 +164,21 @@ fn shared_settings_are_checked_at_start_with_the_others() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_blank_broker_id_is_refused_and_the_default_is_host_port_vhost() {
+    let (code, stderr) = executor(&["--broker-id", " "]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["broker-id"], "{stderr}");
+
+    let mut config = redrive_executor::Config::for_planner("http://127.0.0.1:50051");
+    assert_eq!(config.broker_id(), "127.0.0.1:5672/%2f");
+    config.amqp.url = "amqp://redrive:secret@Rabbit:5673/tenant-b".to_owned();
+    assert_eq!(
+        config.broker_id(),
+        "rabbit:5673/tenant-b",
+        "never the credentials"
+    );
+    config.broker_id = Some("orders-cluster/%2f".to_owned());
+    assert_eq!(config.broker_id(), "orders-cluster/%2f");
+}

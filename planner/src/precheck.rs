@@ -790,13 +790,13 @@ async fn classify_all(
         .by_destination
         .keys()
         .filter(|d| !d.is_empty())
-        // `exchange/routing-key` (ingested) or a queue via the default exchange.
-        .map(|d| {
-            if d.contains('/') {
-                d.clone()
-            } else {
-                format!("/{d}")
+        // `exchange/routing-key` (ingested) or a queue via the default
+        // exchange, named as the bucket keys it (where it lands).
+        .map(|d| match d.split_once('/') {
+            Some((exchange, routing_key)) => {
+                crate::store::plans::landing_name(exchange, routing_key)
             }
+            None => crate::store::plans::landing_name("", d),
         })
         .collect();
     for (plan_id, destination) in store.running_plans_to(&queues).await? {

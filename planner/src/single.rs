@@ -173,7 +173,7 @@ impl Single<'_> {
             .await?
             .ok_or_else(|| Error::NotFound(format!("dead letter {id} not found")))?;
         let (per_second, burst) = self
-            .destination_rate(&format!("{exchange}/{routing_key}"))
+            .destination_rate(&crate::store::plans::landing_name(&exchange, &routing_key))
             .await?;
         let plan = NewPlan {
             id: PlanId::generate(),

@@ -385,6 +385,29 @@ pub fn check_amqp_url(url: &str) -> Result<(), String> {
         .map_err(|error| format!("{shown:?}: {}", redact_text(&error.to_string(), url)))
 }
 
+#[cfg(feature = "amqp")]
+/// The broker identity an AMQP URL names, without its credentials:
+/// `host:port/vhost`, the host lowercased, the port RabbitMQ's default for the
+/// scheme when the URL names none, the virtual host with `%` and `/`
+/// percent-encoded (the default vhost `/` reads `%2f`, as in the URL):
+/// `127.0.0.1:5672/%2f`. Replay keys and token buckets are qualified by it
+/// (docs/replay.md, "Identity"), so two brokers or vhosts never share them.
+///
+/// # Errors
+/// When `url` does not parse as lapin reads it ([`check_amqp_url`]).
+pub fn broker_id_of(url: &str) -> Result<String, String> {
+    check_amqp_url(url)?;
+    let uri = url
+        .parse::<lapin::uri::AMQPUri>()
+        .map_err(|error| redact_text(&error.to_string(), url))?;
+    let vhost = uri.vhost.replace('%', "%25").replace('/', "%2f");
+    Ok(format!(
+        "{}:{}/{vhost}",
+        uri.authority.host.to_lowercase(),
+        uri.authority.port
+    ))
+}
+
 /// `url` with the password of its user info (`scheme://user:PASSWORD@host`,
 /// RFC 3986 section 3.2.1) replaced by `***`, for logs and error messages;
 /// unchanged when it has none.

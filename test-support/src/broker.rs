@@ -27,6 +27,7 @@ pub struct Broker {
     pub channel: Channel,
     queues: Mutex<Vec<String>>,
     exchanges: Mutex<Vec<String>>,
+    url: String,
 }
 
 impl Broker {
@@ -35,7 +36,16 @@ impl Broker {
     /// # Errors
     /// When RabbitMQ is unreachable.
     pub async fn connect() -> anyhow::Result<Self> {
-        let connection = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        Self::connect_to(AMQP_URL).await
+    }
+
+    /// Connects to the RabbitMQ at `url` (e.g. another virtual host of the
+    /// local broker).
+    ///
+    /// # Errors
+    /// When RabbitMQ is unreachable.
+    pub async fn connect_to(url: &str) -> anyhow::Result<Self> {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .context("connecting to RabbitMQ")?;
         let channel = connection.create_channel().await?;
@@ -47,6 +57,7 @@ impl Broker {
             channel,
             queues: Mutex::new(Vec::new()),
             exchanges: Mutex::new(Vec::new()),
+            url: url.to_owned(),
         })
     }
 
@@ -204,9 +215,9 @@ impl Drop for Broker {
         if queues.is_empty() && exchanges.is_empty() {
             return;
         }
+        let url = self.url.clone();
         block_on_aside(move || async move {
-            let Ok(connection) =
-                Connection::connect(AMQP_URL, ConnectionProperties::default()).await
+            let Ok(connection) = Connection::connect(&url, ConnectionProperties::default()).await
             else {
                 return;
             };

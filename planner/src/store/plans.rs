@@ -982,9 +982,30 @@ const ITEM_ROUTING_KEY_SQL: &str = "CASE p.destination_mode \
               THEN substr(d.destination, strpos(d.destination, '/') + 1) \
               ELSE d.destination END END";
 
-/// A plan item's destination as the token bucket keys it
-/// (`exchange/routing-key`), from the stored route of plan item `i`.
-const ITEM_DESTINATION_SQL: &str = "(i.exchange || '/' || i.routing_key)";
+/// Where plan item `i` (of dead letter `d`) lands, as the executors' token
+/// bucket keys it (`redrive_executor::outcomes::landing`, branch by branch;
+/// docs/replay.md, "Rate"), named as [`landing_name`] names it: `queue q`
+/// through the default exchange (the routing key is the queue) or along the
+/// death the broker recorded (exchange mode: the queue it died in), else
+/// `exchange x routing key k`.
+const ITEM_DESTINATION_SQL: &str = "(CASE WHEN i.exchange = '' THEN 'queue ' || i.routing_key \
+    WHEN d.origin = 'rabbitmq' AND NOT d.exchange_only AND d.destination <> '' \
+        AND coalesce(d.death_queue, '') = d.destination \
+        AND coalesce(d.death_exchange, '') = i.exchange \
+        AND coalesce(d.death_routing_keys[1], '') = i.routing_key \
+        THEN 'queue ' || d.destination \
+    ELSE 'exchange ' || i.exchange || ' routing key ' || i.routing_key END)";
+
+/// The name [`ITEM_DESTINATION_SQL`] gives a publish to `exchange` with
+/// `routing_key` whose landing queue is not otherwise known: `queue {key}`
+/// through the default exchange, else `exchange {x} routing key {key}`.
+pub fn landing_name(exchange: &str, routing_key: &str) -> String {
+    if exchange.is_empty() {
+        format!("queue {routing_key}")
+    } else {
+        format!("exchange {exchange} routing key {routing_key}")
+    }
+}
 
 impl Store {
     /// Where dead letter `dead_letter_id` would be published under `mode`:
@@ -1096,8 +1117,9 @@ impl Store {
 }
 
 impl Store {
-    /// Destinations (`exchange/routing-key`) of running plans (canary,
-    /// observing, main, paused) among `destinations`: `(plan id, destination)`.
+    /// Landing places ([`landing_name`]: `queue q`, or `exchange x routing
+    /// key k`) of running plans (canary, observing, main, paused) among
+    /// `destinations`: `(plan id, destination)`.
     ///
     /// # Errors
     /// [`StoreError`].

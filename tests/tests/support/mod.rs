@@ -43,6 +43,7 @@ pub fn as_actor<T>(actor: &str, message: T) -> tonic::Request<T> {
 
 /// A fanout exchange with a work queue (dead-lettering to a DLQ) and a healthy
 /// subscriber queue.
+#[derive(Clone)]
 pub struct Incident {
     pub exchange: String,
     pub work: String,
@@ -73,7 +74,18 @@ pub async fn incident_padded(
         healthy: unique("healthy"),
         dlq: unique("dlq"),
     };
-    let dlx = unique("dlx");
+    declare_incident(broker, incident, messages, tag).await
+}
+
+/// [`incident_named`] with the names of `incident` (the same names on two
+/// brokers or vhosts); its dead letter exchange is `{dlq}.dlx`.
+pub async fn declare_incident(
+    broker: &Broker,
+    incident: Incident,
+    messages: u32,
+    tag: &str,
+) -> anyhow::Result<Incident> {
+    let dlx = format!("{}.dlx", incident.dlq);
     broker
         .exchange(&incident.exchange, ExchangeKind::Fanout)
         .await?;
