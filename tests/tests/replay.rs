@@ -191,8 +191,8 @@ async fn two_vhosts_sharing_one_redis_prefix_both_deliver() -> anyhow::Result<()
         healthy: unique("healthy"),
         dlq: unique("dlq"),
     };
-    let incident = declare_incident(&broker_a, names.clone(), 30, "").await?;
-    declare_incident(&broker_b, names, 30, "").await?;
+    let incident = declare_incident(&broker_a, names.clone(), 30, "", 0).await?;
+    declare_incident(&broker_b, names, 30, "", 0).await?;
     let mut bed_a = bed(broker_a, &[&incident.dlq], 30).await?;
     let mut bed_b = TestBed::start(broker_b, |config| {
         capturing(config, &[&incident.dlq]);

@@ -74,16 +74,17 @@ pub async fn incident_padded(
         healthy: unique("healthy"),
         dlq: unique("dlq"),
     };
-    declare_incident(broker, incident, messages, tag).await
+    declare_incident(broker, incident, messages, tag, pad).await
 }
 
-/// [`incident_named`] with the names of `incident` (the same names on two
+/// [`incident_padded`] with the names of `incident` (the same names on two
 /// brokers or vhosts); its dead letter exchange is `{dlq}.dlx`.
 pub async fn declare_incident(
     broker: &Broker,
     incident: Incident,
     messages: u32,
     tag: &str,
+    pad: usize,
 ) -> anyhow::Result<Incident> {
     let dlx = format!("{}.dlx", incident.dlq);
     broker
