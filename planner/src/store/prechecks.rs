@@ -104,7 +104,7 @@ impl Store {
             // the AMQP client could not read (its exact form is in the parking
             // queue) and a `user_id` the broker would refuse
             // (dead_letter.rs starts that text with `user_id `).
-            "id, message_key, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
+            "id, message_key, previous_message_keys, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
              CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
                   THEN body_problem END AS body_problem, event_type, schema_version, \
              producer, reason_class, occurred_at, first_died_at, died_at, \
@@ -118,7 +118,8 @@ impl Store {
                 // first, looked up per candidate in `audit_events_replayed`:
                 // the cost follows the selection, not the audit's history.
                 " s) d LEFT JOIN LATERAL (SELECT e.plan_id, e.at AS replayed_at, e.action = 'sent' AS certain \
-                 FROM audit_events e WHERE e.message_key = d.message_key AND e.destination = d.destination \
+                 FROM audit_events e WHERE e.message_key = ANY(d.previous_message_keys || d.message_key) \
+                 AND e.destination = d.destination \
                  AND e.action IN ('sent', 'uncertain') AND e.at > now() - ",
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
@@ -127,6 +128,9 @@ impl Store {
                 // take it) does not make the key already replayed; looping caps it.
                 " * interval '1 second' AND NOT EXISTS (SELECT 1 FROM dead_letters x \
                  WHERE x.message_key = e.message_key AND x.destination = e.destination \
+                 AND x.redrive_plan_id = e.plan_id::text) \
+                 AND NOT EXISTS (SELECT 1 FROM dead_letters x \
+                 WHERE x.previous_message_keys @> ARRAY[e.message_key] AND x.destination = e.destination \
                  AND x.redrive_plan_id = e.plan_id::text) \
                  ORDER BY e.action = 'sent' DESC, e.at DESC LIMIT 1) r ON true \
                  LEFT JOIN (SELECT message_key, destination, count(DISTINCT redrive_plan_id) AS redrives FROM dead_letters \
