@@ -228,6 +228,43 @@ async fn rekey_by_a_body_field_finds_the_retries_of_one_order() -> anyhow::Resul
         .dead_letter
         .unwrap_or_default();
     assert_eq!(shown.previous_message_keys, ["o-1"]);
+
+    // A dead letter a plan that has not ended holds is not re-keyed: the
+    // plan's items keep the keys they were frozen with. Nothing changes.
+    let report = bed
+        .client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(of(&source)),
+            options: None,
+        })
+        .await?
+        .into_inner();
+    let plan = bed
+        .client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id,
+            rate: Some(v1::Rate {
+                per_second: 10.0,
+                burst: 1,
+                rationale: "the test consumer takes ten a second".into(),
+            }),
+            slice_size: 10,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let error = bed
+        .client
+        .rekey_dead_letters(rekey(&source, &["json:/order_id"], "during a plan"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
+    assert!(
+        error.message().contains(&plan.plan_id) && error.message().contains("awaiting_approval"),
+        "{}",
+        error.message()
+    );
+    assert_eq!(keys(&mut bed.client, &source).await?, before);
     bed.finish().await
 }
 
@@ -295,6 +332,69 @@ async fn a_replayed_dead_letter_stays_already_replayed_after_a_rekey() -> anyhow
     let mut hashes: Vec<String> = hashed.into_iter().map(|(_, key)| key).collect();
     hashes.sort();
     assert_eq!(sent, hashes);
+
+    // The claim asks too. A precheck that looks back only one second (an
+    // audited override) calls them replayable and plans them; the
+    // executors' Redis record is under the old keys, so only the planner's
+    // claim check, which matches the former keys, stops the second delivery.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = bed
+        .client
+        .run_precheck(RunPrecheckRequest {
+            selector: Some(of(&incident.dlq)),
+            options: Some(v1::PrecheckOptions {
+                replay_key_window: Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                override_policy: true,
+                override_reason: "test: look back one second only".into(),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    let looked_back = report.counts.unwrap_or_default();
+    assert_eq!(
+        (looked_back.replayable, looked_back.already_replayed),
+        (3, 0)
+    );
+    let second = bed
+        .client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id.clone(),
+            slice_size: 50,
+            rate: Some(v1::Rate {
+                per_second: 100.0,
+                burst: 10,
+                rationale: "test downstream takes this easily".into(),
+            }),
+            observe_for: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    bed.client
+        .approve_plan(v1::ApprovePlanRequest {
+            plan_id: second.plan_id.clone(),
+            digest: report.digest,
+        })
+        .await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    wait_completed(&mut bed.client, &second.plan_id, Duration::from_secs(60)).await?;
+    executor.stop().await?;
+    let claimed = audit_report(&mut bed.client, &second.plan_id)
+        .await?
+        .counts
+        .unwrap_or_default();
+    assert_eq!(
+        (claimed.sent, claimed.skipped_duplicate),
+        (0, 3),
+        "the claim found the replays under the former keys"
+    );
     bed.finish().await
 }
 
