@@ -416,3 +416,48 @@ async fn a_viewer_cannot_rekey() -> anyhow::Result<()> {
     );
     bed.finish().await
 }
+
+/// A backlog larger than a batch is re-keyed page by page (batches of 500,
+/// one transaction each), and a selector's limit is honoured across pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_larger_than_a_batch_is_rekeyed_in_pages() -> anyhow::Result<()> {
+    init_logging();
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let source = unique("rekey-pages");
+    let items: Vec<IngestDeadLettersRequest> = (0..1201)
+        .map(|index| IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: format!("m-{index}"),
+            body: format!(r#"{{"order_id":"o-{}"}}"#, index % 600).into_bytes(),
+            reason: "rejected".to_owned(),
+            original_destination: "orders".to_owned(),
+            ..Default::default()
+        })
+        .collect();
+    bed.client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?;
+    let limited = bed
+        .client
+        .rekey_dead_letters(RekeyDeadLettersRequest {
+            selector: Some(Selector {
+                limit: 700,
+                ..of(&source)
+            }),
+            key_rules: vec!["json:/order_id".into()],
+            reason: "first 700".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!((limited.rekeyed, limited.changed), (700, 700));
+    assert_eq!(limited.examples.len(), 5);
+    let all = bed
+        .client
+        .rekey_dead_letters(rekey(&source, &["json:/order_id"], "the rest"))
+        .await?
+        .into_inner();
+    assert_eq!((all.rekeyed, all.changed), (1201, 501));
+    let counts = counts(&mut bed.client, &source).await?;
+    assert_eq!((counts.replayable, counts.duplicate), (600, 601));
+    bed.finish().await
+}
