@@ -253,9 +253,12 @@ pub struct DeadLetterJson {
     /// Who archived it, when and why, while archived.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub archived: Option<ArchiveJson>,
-    /// Every archive and unarchive of it, oldest first; `show` only.
+    /// Every archive, unarchive and re-key of it, oldest first; `show` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub archive_history: Vec<ArchiveJson>,
+    /// Its keys before a re-key, oldest first (replays under them count).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub previous_message_keys: Vec<String>,
     /// A readable rendition of the latest body; `show` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_preview: Option<String>,
@@ -485,6 +488,7 @@ impl DeadLetterJson {
                 .iter()
                 .map(ArchiveJson::from)
                 .collect(),
+            previous_message_keys: dead_letter.previous_message_keys.clone(),
             body_preview: None,
         }
     }

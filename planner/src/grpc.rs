@@ -21,6 +21,7 @@ use crate::{
     plan,
     policy::Policy,
     precheck::{self, PrecheckRequest},
+    rekey,
     selector::Selector,
     single::Single,
     state_check::StateChecker,
@@ -234,6 +235,22 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ArchiveDeadLettersRequest>,
     ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
         self.set_archived(request, false).await
+    }
+
+    async fn rekey_dead_letters(
+        &self,
+        request: Request<v1::RekeyDeadLettersRequest>,
+    ) -> Result<Response<v1::RekeyDeadLettersResponse>, Status> {
+        let actor = actor(&request);
+        Ok(Response::new(
+            rekey::rekey(
+                &self.state.store,
+                &self.state.rules,
+                &actor,
+                request.into_inner(),
+            )
+            .await?,
+        ))
     }
 
     async fn run_precheck(

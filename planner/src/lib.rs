@@ -74,6 +74,7 @@ pub mod plan;
 pub mod plan_state;
 pub mod policy;
 pub mod precheck;
+pub mod rekey;
 pub mod roles;
 pub mod selector;
 pub mod single;

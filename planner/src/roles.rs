@@ -6,7 +6,7 @@
 //! | role | may call |
 //! | --- | --- |
 //! | `viewer` | listings, lookups, summaries, prechecks' reports and items, plans, compensations, the audit, `WatchPlan` |
-//! | `operator` | `IngestDeadLetters`, `ArchiveDeadLetters`, `UnarchiveDeadLetters`, `RunPrecheck`, `CreatePlan`, `PausePlan`, `ResumePlan`, `CancelPlan`, `ReplayDeadLetter`, `RepairDeadLetter` |
+//! | `operator` | `IngestDeadLetters`, `ArchiveDeadLetters`, `UnarchiveDeadLetters`, `RekeyDeadLetters`, `RunPrecheck`, `CreatePlan`, `PausePlan`, `ResumePlan`, `CancelPlan`, `ReplayDeadLetter`, `RepairDeadLetter` |
 //! | `approver` | `ApprovePlan`, `PromotePlan` |
 //! | `executor` | the `redrive.v1.Coordinator` service, and nothing else |
 //! | `admin` | every `redrive.v1.Planner` RPC (not the `Coordinator`: an admin credential cannot forge executors' reports) |
@@ -143,6 +143,7 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/redrive.v1.Planner/SummarizeDeadLetters", Role::Viewer),
     ("/redrive.v1.Planner/ArchiveDeadLetters", Role::Operator),
     ("/redrive.v1.Planner/UnarchiveDeadLetters", Role::Operator),
+    ("/redrive.v1.Planner/RekeyDeadLetters", Role::Operator),
     ("/redrive.v1.Planner/RunPrecheck", Role::Operator),
     ("/redrive.v1.Planner/GetPrecheck", Role::Viewer),
     ("/redrive.v1.Planner/ListPrecheckItems", Role::Viewer),

@@ -165,6 +165,11 @@ const TEXT_LIMITS: &[(&str, &str, usize)] = &[
         MAX_REASON_BYTES,
     ),
     (
+        "redrive.v1.RekeyDeadLettersRequest",
+        "reason",
+        MAX_REASON_BYTES,
+    ),
+    (
         "redrive.v1.IngestDeadLettersRequest",
         "error_text",
         MAX_ERROR_TEXT_BYTES,
@@ -227,6 +232,7 @@ const REPEATED_LIMITS: &[(&str, &str, usize)] = &[
     ),
     ("redrive.v1.Selector", "producers", MAX_SELECTOR_VALUES),
     ("redrive.v1.Selector", "body_matches", 16),
+    ("redrive.v1.RekeyDeadLettersRequest", "key_rules", 16),
     (
         "redrive.v1.PrecheckOptions",
         "stale_after",

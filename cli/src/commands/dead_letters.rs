@@ -61,6 +61,19 @@
 //! "not_found_ids": [...]}`.
 //! Refused (exit 1) when a selected dead letter is an item of a plan that has
 //! not ended, naming the plan.
+//!
+//! # `rekey`
+//! `redrivectl dead-letters rekey [selector flags] [--message-key RULE]... --reason TEXT`
+//!
+//! Recomputes the message key of the selected dead letters (at least one
+//! selector flag) from their stored message with the `--message-key` rules,
+//! first match wins (`property:NAME`, `header:NAME`, `json:/pointer`, `body`;
+//! none: the default rule, the `message_id` property). The former keys are
+//! kept: a dead letter replayed under one stays `already_replayed`. Prints
+//! `re-keyed N dead letter(s): M key(s) changed (rekey ID)` and up to five
+//! `  dead letter ID: OLD -> NEW`; `--json`: `{"rekeyed": N, "changed": M,
+//! "rekey_id": "ID", "examples": [{"dead_letter_id": ..., "old_key": ...,
+//! "new_key": ...}], "not_found_ids": [...]}`.
 
 use crate::{
     args::Paging,
@@ -72,8 +85,8 @@ use chrono::Utc;
 use clap::{Args, Subcommand};
 use redrive_proto::v1::{
     ArchiveDeadLettersRequest, DeadLetter, GetDeadLetterRequest, GetDeadLetterResponse,
-    ListDeadLettersRequest, RepairDeadLetterRequest, SummarizeDeadLettersRequest, SummaryDimension,
-    SummaryGroup,
+    ListDeadLettersRequest, RekeyDeadLettersRequest, RepairDeadLetterRequest,
+    SummarizeDeadLettersRequest, SummaryDimension, SummaryGroup,
 };
 use serde::Serialize;
 
@@ -105,6 +118,23 @@ pub enum DeadLettersCommand {
     Archive(ArchiveArgs),
     /// Make archived dead letters open again.
     Unarchive(ArchiveArgs),
+    /// Recompute the message keys of stored dead letters with other
+    /// --message-key rules (audited; replays under the former keys still
+    /// count).
+    Rekey(RekeyArgs),
+}
+
+/// `dead-letters rekey` flags: those of `archive`, and the key rules.
+#[derive(Debug, Clone, Args)]
+pub struct RekeyArgs {
+    /// Which dead letters, and why.
+    #[command(flatten)]
+    pub target: ArchiveArgs,
+    /// A key rule, first match wins: property:NAME, header:NAME,
+    /// json:/pointer or body (repeatable; none: the default rule, the
+    /// message_id property, else the body hash).
+    #[arg(long = "message-key", value_name = "RULE")]
+    pub message_keys: Vec<String>,
 }
 
 /// `dead-letters archive` and `unarchive` flags: the selector flags, with
@@ -265,6 +295,7 @@ pub async fn run(
         DeadLettersCommand::Repair(args) => repair(planner, args, json, out).await,
         DeadLettersCommand::Archive(args) => set_archived(planner, args, true, json, out).await,
         DeadLettersCommand::Unarchive(args) => set_archived(planner, args, false, json, out).await,
+        DeadLettersCommand::Rekey(args) => rekey(planner, args, json, out).await,
     }
 }
 
@@ -456,6 +487,86 @@ async fn set_archived(
     Ok(code)
 }
 
+/// `rekey --json`.
+#[derive(Debug, Serialize)]
+struct RekeyResultJson {
+    rekeyed: u64,
+    changed: u64,
+    rekey_id: String,
+    examples: Vec<RekeyExampleJson>,
+    not_found_ids: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct RekeyExampleJson {
+    dead_letter_id: String,
+    old_key: String,
+    new_key: String,
+}
+
+async fn rekey(
+    planner: &mut Planner,
+    args: RekeyArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let request = RekeyDeadLettersRequest {
+        selector: Some(args.target.selector.to_selector(Utc::now())),
+        key_rules: args.message_keys,
+        reason: args.target.reason,
+    };
+    let response = planner.rekey_dead_letters(request).await?.into_inner();
+    let code = if response.not_found_ids.is_empty() {
+        EX_OK
+    } else {
+        EX_DATAERR
+    };
+    if json {
+        write_json(
+            out,
+            &RekeyResultJson {
+                rekeyed: response.rekeyed,
+                changed: response.changed,
+                rekey_id: response.rekey_id,
+                examples: response
+                    .examples
+                    .into_iter()
+                    .map(|example| RekeyExampleJson {
+                        dead_letter_id: example.dead_letter_id,
+                        old_key: example.old_key,
+                        new_key: example.new_key,
+                    })
+                    .collect(),
+                not_found_ids: response.not_found_ids,
+            },
+        )?;
+        return Ok(code);
+    }
+    writeln!(
+        out,
+        "re-keyed {} dead letter(s): {} key(s) changed (rekey {})",
+        response.rekeyed, response.changed, response.rekey_id
+    )?;
+    for example in &response.examples {
+        write_item(
+            out,
+            "  ",
+            &format!(
+                "dead letter {}: {} -> {}",
+                example.dead_letter_id, example.old_key, example.new_key
+            ),
+        )?;
+    }
+    if !response.not_found_ids.is_empty() {
+        writeln!(
+            out,
+            "not found (never captured here, or deleted by retention): {}",
+            response.not_found_ids.join(", ")
+        )?;
+    }
+    Ok(code)
+}
+
 /// The bytes of `path` (`-`: stdin).
 ///
 /// # Errors
@@ -502,6 +613,11 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
         ("origin", view.origin.to_owned()),
         ("message id", optional(&view.message_id)),
         ("message key", view.message_key.clone()),
+    ];
+    if !view.previous_message_keys.is_empty() {
+        fields.push(("previous keys", view.previous_message_keys.join(", ")));
+    }
+    fields.extend([
         ("reason class", view.reason_class.to_owned()),
         ("status", view.status.to_owned()),
         ("destination", cell(&view.destination).to_owned()),
@@ -511,7 +627,7 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
         ("died at", optional(&view.died_at)),
         ("captured at", optional(&view.captured_at)),
         ("occurred at", optional(&view.occurred_at)),
-    ];
+    ]);
     if let Some(attempts) = view.attempts {
         fields.push(("attempts", attempts.to_string()));
     }
@@ -600,7 +716,7 @@ fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> s
     }
 
     if !view.archive_history.is_empty() {
-        writeln!(out, "\narchive history:")?;
+        writeln!(out, "\nhistory (archive, unarchive, re-key):")?;
         for record in &view.archive_history {
             write_item(
                 out,

@@ -41,6 +41,8 @@ pub struct Fake {
     /// Every ArchiveDeadLetters (`archive`) and UnarchiveDeadLetters
     /// (`unarchive`) request.
     pub archives: Arc<Mutex<Vec<(&'static str, v1::ArchiveDeadLettersRequest)>>>,
+    /// Every RekeyDeadLetters request.
+    pub rekeys: Arc<Mutex<Vec<v1::RekeyDeadLettersRequest>>>,
 }
 
 /// A plan RPC the fake planner received (GetPlan is counted in `polls`).
@@ -302,6 +304,39 @@ impl Fake {
 
 #[tonic::async_trait]
 impl Planner for Fake {
+    /// Re-keys 3 dead letters, 2 changed; a rule `bad` is refused.
+    async fn rekey_dead_letters(
+        &self,
+        request: Request<v1::RekeyDeadLettersRequest>,
+    ) -> Result<Response<v1::RekeyDeadLettersResponse>, Status> {
+        self.record("rekey", &request);
+        let request = request.into_inner();
+        self.rekeys.lock().unwrap().push(request.clone());
+        if let Some(index) = request.key_rules.iter().position(|rule| rule == "bad") {
+            return Err(Status::invalid_argument(format!(
+                "key_rules[{index}]: \"bad\": expected property:NAME, header:NAME, json:/pointer or body"
+            )));
+        }
+        Ok(Response::new(v1::RekeyDeadLettersResponse {
+            rekeyed: 3,
+            changed: 2,
+            examples: vec![
+                v1::RekeyExample {
+                    dead_letter_id: "1".into(),
+                    old_key: "sha256:ab12".into(),
+                    new_key: "o-1".into(),
+                },
+                v1::RekeyExample {
+                    dead_letter_id: "2".into(),
+                    old_key: "sha256:cd34".into(),
+                    new_key: "o-1".into(),
+                },
+            ],
+            rekey_id: "7".into(),
+            not_found_ids: Vec::new(),
+        }))
+    }
+
     async fn archive_dead_letters(
         &self,
         request: Request<v1::ArchiveDeadLettersRequest>,

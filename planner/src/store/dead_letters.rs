@@ -101,7 +101,7 @@ fn status_sql() -> String {
 fn archive_columns() -> String {
     format!(
         "{} AS status, dead_letters.archived_at, dead_letters.archived_by, \
-         dead_letters.archive_reason",
+         dead_letters.archive_reason, dead_letters.previous_message_keys",
         status_sql()
     )
 }
@@ -180,7 +180,7 @@ pub(crate) fn columns(with_body: bool) -> String {
 }
 
 /// Pushes ` WHERE …` for `selector` (without its limit).
-fn push_conditions(builder: &mut QueryBuilder<Postgres>, selector: &Selector) {
+pub(crate) fn push_conditions(builder: &mut QueryBuilder<Postgres>, selector: &Selector) {
     builder.push(" WHERE TRUE");
     let lists: [(&str, &Vec<String>); 5] = [
         ("source", &selector.sources),
@@ -773,6 +773,9 @@ pub(super) struct DeadLetterRow {
     archived_by: Option<String>,
     #[sqlx(default)]
     archive_reason: Option<String>,
+    /// Keys before a re-key (migration 0025).
+    #[sqlx(default)]
+    previous_message_keys: Vec<String>,
 }
 
 impl TryFrom<DeadLetterRow> for v1::DeadLetter {
@@ -839,6 +842,7 @@ impl TryFrom<DeadLetterRow> for v1::DeadLetter {
                 at: Some(timestamp(at)),
             }),
             archive_history: Vec::new(),
+            previous_message_keys: row.previous_message_keys,
         })
     }
 }

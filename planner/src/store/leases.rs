@@ -331,7 +331,7 @@ it reported it; the next lease publishes it again with the same message id', t.w
                 coalesce(rev.body, (SELECT body FROM dead_letters WHERE id = i.dead_letter_id)) AS replay_body, \
                 rk.redrive_count, rk.key_replayed, cb.came_back_from \
              FROM plan_items i \
-             JOIN LATERAL (SELECT {} FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             JOIN LATERAL (SELECT {}, previous_message_keys FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
              LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
                 FROM dead_letters x WHERE x.message_key = i.message_key AND x.destination = d.destination \
                 AND x.redrive_plan_id IS NOT NULL) cb ON true \
@@ -339,7 +339,8 @@ it reported it; the next lease publishes it again with the same message id', t.w
                 coalesce(bool_or(e.at > now() - $2 * interval '1 second' \
                                  AND NOT (e.plan_id::text = ANY(cb.came_back_from) AND {came_back}) \
                                  AND (e.action = 'sent' OR e.plan_id <> i.plan_id)), false) AS key_replayed \
-                FROM audit_events e WHERE e.message_key = i.message_key AND e.destination = d.destination \
+                FROM audit_events e WHERE e.message_key = ANY(d.previous_message_keys || i.message_key) \
+                AND e.destination = d.destination \
                 AND e.action IN ('sent', 'uncertain')) rk ON true \
              LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
                                 ORDER BY revision DESC LIMIT 1) rev ON true \

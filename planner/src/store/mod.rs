@@ -11,12 +11,14 @@
 //! - [`leases`]: slice leases with fencing tokens, outcome reports, audit events.
 //! - [`single`]: plans of one (single replay) and body repairs.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
+//! - [`rekey`]: re-keying stored dead letters in batches, with its audit.
 
 pub mod dead_letters;
 pub mod housekeeping;
 pub mod leases;
 pub mod plans;
 pub mod prechecks;
+pub mod rekey;
 pub mod single;
 
 use std::time::Duration;

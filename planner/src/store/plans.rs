@@ -490,7 +490,8 @@ const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
                to_char(r.at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS what, r.at AS at \
         FROM (SELECT DISTINCT ON (i.dead_letter_id, e.plan_id) i.dead_letter_id, e.message_key, e.plan_id, e.at \
               FROM plan_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
-              JOIN audit_events e ON e.message_key = d.message_key AND e.destination = d.destination \
+              JOIN audit_events e ON e.message_key = ANY(d.previous_message_keys || d.message_key) \
+                AND e.destination = d.destination \
               WHERE i.plan_id = p.id AND e.action IN ('sent', 'uncertain') AND e.at >= c.created_at \
                 AND e.plan_id <> p.id \
               ORDER BY i.dead_letter_id, e.plan_id, e.action = 'sent' DESC, e.at DESC) r \

@@ -71,11 +71,13 @@ pub struct Candidate {
 /// its plan may have delivered of that key to that destination came back as
 /// a re-dead-letter of that plan, that is when the plan's re-dead-letters of
 /// the key are at least as many as its `sent` and `uncertain` events for it
-/// (docs/design.md, "identity": the ledger is final). One copy that came back
+/// (docs/design.md, "identity": the ledger is final); a re-dead-letter
+/// re-keyed since counts under its former keys too. One copy that came back
 /// of two that may have arrived reopens nothing. Used by the precheck's
 /// already-replayed lookup and by the claim's replay-key check.
 pub const CAME_BACK_SQL: &str = "((SELECT count(*) FROM dead_letters x \
-    WHERE x.message_key = e.message_key AND x.destination = e.destination \
+    WHERE (x.message_key = e.message_key OR x.previous_message_keys @> ARRAY[e.message_key]) \
+    AND x.destination = e.destination \
     AND x.redrive_plan_id = e.plan_id::text) >= (SELECT count(*) FROM audit_events c \
     WHERE c.message_key = e.message_key AND c.destination = e.destination \
     AND c.plan_id = e.plan_id AND c.action IN ('sent', 'uncertain')))";
@@ -118,7 +120,7 @@ impl Store {
             // the AMQP client could not read (its exact form is in the parking
             // queue) and a `user_id` the broker would refuse
             // (dead_letter.rs starts that text with `user_id `).
-            "id, message_key, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
+            "id, message_key, previous_message_keys, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
              CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
                   THEN body_problem END AS body_problem, event_type, schema_version, \
              producer, reason_class, occurred_at, first_died_at, died_at, \
@@ -132,7 +134,8 @@ impl Store {
                 // first, looked up per candidate in `audit_events_replayed`:
                 // the cost follows the selection, not the audit's history.
                 " s) d LEFT JOIN LATERAL (SELECT e.plan_id, e.at AS replayed_at, e.action = 'sent' AS certain \
-                 FROM audit_events e WHERE e.message_key = d.message_key AND e.destination = d.destination \
+                 FROM audit_events e WHERE e.message_key = ANY(d.previous_message_keys || d.message_key) \
+                 AND e.destination = d.destination \
                  AND e.action IN ('sent', 'uncertain') AND e.at > now() - ",
             )
             .push_bind(i64::try_from(replay_key_window.as_secs()).unwrap_or(i64::MAX))
