@@ -197,6 +197,18 @@ impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
     }
 }
 
+/// A stored body as the event time pointer reads it: the captured bytes and
+/// the compression the message declares ([`crate::body::declared_encoding`]),
+/// so that a raw deflate body labelled `deflate`, which has no magic bytes,
+/// is read decoded as capture read it.
+#[derive(Debug, Clone, Copy)]
+pub struct EventBody<'a> {
+    /// The captured bytes (or the latest repair).
+    pub bytes: &'a [u8],
+    /// The declared encoding, if any.
+    pub declared_encoding: Option<&'a str>,
+}
+
 /// A dead letter's deadline ([`PrecheckOptions::deadline_of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline<'a> {
@@ -276,7 +288,7 @@ impl PrecheckOptions {
         &self,
         event_type: Option<&str>,
         source: &str,
-        body: Option<&[u8]>,
+        body: Option<EventBody<'_>>,
         occurred_at: Option<DateTime<Utc>>,
         first_died_at: DateTime<Utc>,
     ) -> Option<Deadline<'_>> {
@@ -320,6 +332,21 @@ impl PrecheckOptions {
     }
 }
 
+/// [`event_time`]'s basis when the body's event time is not a plausible time
+/// and capture read one.
+const AT_CAPTURE_BODY_IMPLAUSIBLE: &str =
+    "event time at capture; the event time in the body is not a plausible time";
+/// [`event_time`]'s basis when the body's event time is not a plausible time
+/// and capture read none.
+const FIRST_DEATH_BODY_IMPLAUSIBLE: &str =
+    "first death; the event time in the body is not a plausible time";
+
+/// Whether an [`event_time`] basis says the body's event time was there but
+/// not a plausible time (so the age counts from something else).
+pub fn body_time_implausible(basis: &str) -> bool {
+    basis == AT_CAPTURE_BODY_IMPLAUSIBLE || basis == FIRST_DEATH_BODY_IMPLAUSIBLE
+}
+
 /// The time a dead letter's age counts from, and what it is: the event
 /// time in the body at the options' `event_time_pointer`, else the
 /// `timestamp` property or event-time header as capture read it
@@ -328,7 +355,7 @@ impl PrecheckOptions {
 /// ([`crate::event_time`]) falls back, and the basis says so.
 pub fn event_time(
     options: &PrecheckOptions,
-    body: Option<&[u8]>,
+    body: Option<EventBody<'_>>,
     occurred_at: Option<DateTime<Utc>>,
     first_died_at: DateTime<Utc>,
 ) -> (DateTime<Utc>, &'static str) {
@@ -339,15 +366,11 @@ pub fn event_time(
         .and_then(|(pointer, body)| read_event_time_from_body(body, pointer));
     match (from_body, occurred_at) {
         (Some(Ok(at)), _) => (at, "event time in the body"),
-        (Some(Err(_)), Some(at)) => (
-            at,
-            "timestamp property; the event time in the body is not a plausible time",
-        ),
-        (Some(Err(_)), None) => (
-            first_died_at,
-            "first death; the event time in the body is not a plausible time",
-        ),
-        (None, Some(at)) => (at, "timestamp property"),
+        (Some(Err(_)), Some(at)) => (at, AT_CAPTURE_BODY_IMPLAUSIBLE),
+        (Some(Err(_)), None) => (first_died_at, FIRST_DEATH_BODY_IMPLAUSIBLE),
+        // The `--event-time-header` when it was read, else the `timestamp`
+        // property: capture stored whichever it read as `occurred_at`.
+        (None, Some(at)) => (at, "event time at capture"),
         (None, None) => (first_died_at, "first death"),
     }
 }
@@ -358,17 +381,25 @@ pub fn event_time(
 /// zstd, zlib or bzip2 body (by its magic bytes) is read decoded, capped at
 /// [`crate::dead_letter::DEFAULT_MAX_BODY_BYTES`].
 pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
+    let body = EventBody {
+        bytes: body,
+        declared_encoding: None,
+    };
     read_event_time_from_body(body, pointer)?.ok()
 }
 
 /// [`event_time_from_body`]: `None` when the body has no value there (or is
 /// not JSON), `Err` when the value is not a plausible time.
-fn read_event_time_from_body(
-    body: &[u8],
+pub fn read_event_time_from_body(
+    body: EventBody<'_>,
     pointer: &str,
 ) -> Option<Result<DateTime<Utc>, crate::event_time::Implausible>> {
-    let (decoded, _) =
-        crate::body::decode(body, None, crate::dead_letter::DEFAULT_MAX_BODY_BYTES).ok()?;
+    let (decoded, _) = crate::body::decode(
+        body.bytes,
+        body.declared_encoding,
+        crate::dead_letter::DEFAULT_MAX_BODY_BYTES,
+    )
+    .ok()?;
     let json: serde_json::Value = serde_json::from_slice(&decoded).ok()?;
     Some(crate::event_time::from_json(json.pointer(pointer)?).map(|read| read.at))
 }

@@ -26,7 +26,7 @@ use crate::{
     error::Error,
     ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
     inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
-    options::{Deadline, DeadlineRule, PrecheckOptions},
+    options::{Deadline, DeadlineRule, EventBody, PrecheckOptions},
     policy::Policy,
     selector::{Selector, Status},
     staleness::{Aged, Coverage},
@@ -49,28 +49,45 @@ const SAMPLE_BLOCKED: usize = 20;
 /// See [`SAMPLE_BLOCKED`].
 const SAMPLE_PER_VERDICT: usize = 5;
 
-/// A candidate's deadline under `options` ([`PrecheckOptions::deadline_of`]).
-fn deadline<'a>(candidate: &Candidate, options: &'a PrecheckOptions) -> Option<Deadline<'a>> {
+/// The compression a candidate's message declares (its stored properties
+/// and headers, loaded with its body), for reading its body as capture did.
+fn declared_encoding(candidate: &Candidate) -> Option<String> {
+    let (_, properties, headers) = candidate.payload.as_ref()?;
+    let properties = v1::MessageProperties::decode(properties.as_slice()).unwrap_or_default();
+    let headers = v1::HeaderTable::decode(headers.as_slice()).unwrap_or_default();
+    crate::body::declared_encoding(&properties, &headers)
+}
+
+/// A candidate's body for the event time pointer, when loaded.
+fn event_body<'a>(candidate: &'a Candidate, declared: Option<&'a str>) -> Option<EventBody<'a>> {
+    candidate.payload.as_ref().map(|(body, _, _)| EventBody {
+        bytes: body.as_slice(),
+        declared_encoding: declared,
+    })
+}
+
+/// A candidate's deadline under `options` ([`PrecheckOptions::deadline_of`]);
+/// `declared`: its declared encoding ([`declared_encoding`]).
+fn deadline<'a>(
+    candidate: &Candidate,
+    declared: Option<&str>,
+    options: &'a PrecheckOptions,
+) -> Option<Deadline<'a>> {
     options.deadline_of(
         candidate.event_type.as_deref(),
         &candidate.source,
-        candidate
-            .payload
-            .as_ref()
-            .map(|(body, _, _)| body.as_slice()),
+        event_body(candidate, declared),
         candidate.occurred_at,
         candidate.first_died_at,
     )
 }
 
 /// What the staleness coverage needs of a candidate.
-fn aged(candidate: &Candidate) -> Aged<'_> {
+fn aged<'a>(candidate: &'a Candidate, declared: Option<&'a str>) -> Aged<'a> {
     Aged {
+        id: candidate.id,
         event_type: candidate.event_type.as_deref(),
-        body: candidate
-            .payload
-            .as_ref()
-            .map(|(body, _, _)| body.as_slice()),
+        body: event_body(candidate, declared),
         occurred_at: candidate.occurred_at,
         first_died_at: candidate.first_died_at,
     }
@@ -86,7 +103,7 @@ pub fn classify(
     classify_with(
         candidate,
         options,
-        deadline(candidate, options).as_ref(),
+        deadline(candidate, declared_encoding(candidate).as_deref(), options).as_ref(),
         now,
     )
 }
@@ -681,9 +698,11 @@ async fn classify_all(
             );
             index += 1;
             async {
+                let declared: Vec<Option<String>> = chunk.iter().map(declared_encoding).collect();
                 let deadlines: Vec<Option<Deadline<'_>>> = chunk
                     .iter()
-                    .map(|candidate| deadline(candidate, options))
+                    .zip(&declared)
+                    .map(|(candidate, declared)| deadline(candidate, declared.as_deref(), options))
                     .collect();
                 let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
                     .iter()
@@ -693,13 +712,15 @@ async fn classify_all(
                     })
                     .collect();
                 state_check_chunk(checker, options, &chunk, &mut verdicts, &mut report).await?;
-                for ((candidate, verdict), deadline) in chunk.iter().zip(verdicts).zip(&deadlines) {
+                for (((candidate, verdict), deadline), declared) in
+                    chunk.iter().zip(verdicts).zip(&deadlines).zip(&declared)
+                {
                     let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
                     body_hash_keys.add(candidate);
                     report.add(candidate, verdict, &reason);
                     coverage.add(
                         options,
-                        aged(candidate),
+                        aged(candidate, declared.as_deref()),
                         deadline.as_ref(),
                         verdict == Verdict::Stale,
                         now,
@@ -743,6 +764,7 @@ async fn classify_all(
         warnings.extend(near_duplicate_warning(kind, &found));
     }
     warnings.extend(coverage.warning());
+    warnings.extend(coverage.implausible_warning(options.event_time_pointer.as_deref()));
     let exchange_only = store.exchange_only_items(precheck_id).await?;
     if exchange_only.count > 0 {
         warnings.push(format!(

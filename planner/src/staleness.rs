@@ -15,7 +15,12 @@ use redrive_proto::{
     v1,
 };
 
-use crate::options::{Deadline, DeadlineRule, PrecheckOptions, event_time};
+use crate::{
+    ids::DeadLetterId,
+    options::{
+        Deadline, DeadlineRule, EventBody, PrecheckOptions, body_time_implausible, event_time,
+    },
+};
 
 /// Event types named in the warning before it says "and N more".
 const TYPES_NAMED: usize = 5;
@@ -29,10 +34,17 @@ struct Row {
     oldest_age: Duration,
 }
 
+/// Dead letters named as examples in a warning.
+const EXAMPLES: usize = 5;
+
 /// The staleness coverage of a precheck, added to per dead letter.
 #[derive(Debug, Default)]
 pub struct Coverage {
     rows: BTreeMap<(String, String), Row>,
+    /// Dead letters whose body holds a value at the event time pointer that
+    /// is not a plausible time: how many, and the first few.
+    implausible: u64,
+    implausible_examples: Vec<DeadLetterId>,
 }
 
 /// The rule as the operator wrote it (`stale_after payment.*=2h`).
@@ -50,10 +62,12 @@ fn rule_text(rule: DeadlineRule<'_>, max_age: Duration) -> String {
 /// What [`Coverage::add`] needs to know of one dead letter.
 #[derive(Debug, Clone, Copy)]
 pub struct Aged<'a> {
+    /// Its id.
+    pub id: DeadLetterId,
     /// Its event type.
     pub event_type: Option<&'a str>,
     /// Its body, when the precheck loaded it (for the event time pointer).
-    pub body: Option<&'a [u8]>,
+    pub body: Option<EventBody<'a>>,
     /// Its `timestamp` property (or ingest field).
     pub occurred_at: Option<DateTime<Utc>>,
     /// When it first died.
@@ -72,22 +86,29 @@ impl Coverage {
         stale: bool,
         now: DateTime<Utc>,
     ) {
-        let (rule, max_age, at) = match deadline {
+        let (rule, max_age, at, basis) = match deadline {
             Some(deadline) => (
                 rule_text(deadline.rule, deadline.max_age),
                 Some(deadline.max_age),
                 deadline.event_time,
+                deadline.basis,
             ),
             None => {
-                let (at, _) = event_time(
+                let (at, basis) = event_time(
                     options,
                     dead_letter.body,
                     dead_letter.occurred_at,
                     dead_letter.first_died_at,
                 );
-                (String::new(), None, at)
+                (String::new(), None, at, basis)
             }
         };
+        if body_time_implausible(basis) {
+            self.implausible += 1;
+            if self.implausible_examples.len() < EXAMPLES {
+                self.implausible_examples.push(dead_letter.id);
+            }
+        }
         let age = (now - at).to_std().unwrap_or_default();
         let row = self
             .rows
@@ -112,6 +133,27 @@ impl Coverage {
                 oldest_age: Some(duration(row.oldest_age)),
             })
             .collect()
+    }
+
+    /// The warning for the dead letters whose body has a value at the event
+    /// time pointer that is not a plausible time (`"last week"`, `99`): their
+    /// age counts from the event time at capture or their first death
+    /// instead. `None` when there are none.
+    pub fn implausible_warning(&self, pointer: Option<&str>) -> Option<String> {
+        if self.implausible == 0 {
+            return None;
+        }
+        let examples: Vec<String> = self
+            .implausible_examples
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        Some(format!(
+            "{} dead letters have a value at the event time pointer {} that is not a plausible time (for example dead letters {}): their age counts from the event time at capture, else their first death, instead (see each one's body with redrivectl dead-letters show ID)",
+            self.implausible,
+            pointer.unwrap_or("-"),
+            examples.join(", ")
+        ))
     }
 
     /// The warning for the dead letters no rule covers, with their event types
@@ -180,6 +222,7 @@ mod tests {
 
     fn aged(event_type: Option<&str>, hours_ago: i64, now: DateTime<Utc>) -> Aged<'_> {
         Aged {
+            id: DeadLetterId::new(1),
             event_type,
             body: None,
             occurred_at: Some(now - chrono::Duration::hours(hours_ago)),
@@ -255,6 +298,49 @@ mod tests {
             "{warning}"
         );
         assert!(!warning.contains("payment"), "{warning}");
+    }
+
+    #[test]
+    fn a_body_time_that_is_not_a_time_is_warned_of_with_the_dead_letters() {
+        let now = Utc::now();
+        let mut request = v1::PrecheckOptions {
+            event_time_pointer: "/at".into(),
+            ..Default::default()
+        };
+        request.default_stale_after = Some(duration(Duration::from_secs(86_400)));
+        let options = PrecheckOptions::try_from(request).unwrap();
+        let mut coverage = Coverage::default();
+        for (id, body) in [
+            (7, br#"{"at":"last week"}"#.as_slice()),
+            (8, br#"{"at":99}"#.as_slice()),
+            (9, br#"{"at":"2026-12-01T00:00:00Z"}"#.as_slice()),
+            (10, br#"{"other":1}"#.as_slice()),
+        ] {
+            let dead_letter = Aged {
+                id: DeadLetterId::new(id),
+                body: Some(EventBody {
+                    bytes: body,
+                    declared_encoding: None,
+                }),
+                ..aged(Some("order.created"), 1, now)
+            };
+            let deadline = options.deadline_of(
+                dead_letter.event_type,
+                "orders.dlq",
+                dead_letter.body,
+                dead_letter.occurred_at,
+                dead_letter.first_died_at,
+            );
+            coverage.add(&options, dead_letter, deadline.as_ref(), false, now);
+        }
+        let warning = coverage.implausible_warning(Some("/at")).unwrap();
+        assert!(
+            warning.starts_with(
+                "2 dead letters have a value at the event time pointer /at that is not a plausible time (for example dead letters 7, 8)"
+            ),
+            "{warning}"
+        );
+        assert_eq!(Coverage::default().implausible_warning(Some("/at")), None);
     }
 
     #[test]

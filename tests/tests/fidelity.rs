@@ -426,3 +426,119 @@ async fn kombu_zlib_and_bzip2_bodies_are_keyed_by_their_content_and_replayed_byt
         .await?;
     bed.finish().await
 }
+
+/// The event time in the body is read as capture reads the body: a raw
+/// deflate body (no magic bytes) labelled `content_encoding: deflate`, and a
+/// kombu zlib body, are stale by the time in them; a value at the pointer
+/// that is not a time is warned of with the dead letters, never silently
+/// replaced by another time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn body_event_times_are_read_from_declared_compression_and_bad_ones_are_warned_of()
+-> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let topology = DlqTopology::declare(&broker).await?;
+    let old = (chrono::Utc::now() - chrono::Duration::days(3)).to_rfc3339();
+    let fresh = chrono::Utc::now().to_rfc3339();
+    // (message id, JSON `at`, codec, header `compression`, stale)
+    let cases: [(&str, String, &str, Option<&str>, bool); 5] = [
+        ("deflate-old", format!("{old:?}"), "deflate", None, true),
+        (
+            "kombu-old",
+            format!("{old:?}"),
+            "zlib",
+            Some("application/x-gzip"),
+            true,
+        ),
+        (
+            "deflate-fresh",
+            format!("{fresh:?}"),
+            "deflate",
+            None,
+            false,
+        ),
+        ("words", r#""last week""#.to_owned(), "none", None, false),
+        ("tiny", "99".to_owned(), "none", None, false),
+    ];
+    for (id, at, codec, compression, _) in &cases {
+        let json = format!(r#"{{"order_id":"{id}","at":{at}}}"#);
+        let (body, content_encoding) = match *codec {
+            "deflate" => {
+                let mut raw =
+                    flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+                raw.write_all(json.as_bytes())?;
+                (raw.finish()?, "deflate")
+            }
+            "zlib" => {
+                let mut zlib =
+                    flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+                zlib.write_all(json.as_bytes())?;
+                (zlib.finish()?, "utf-8")
+            }
+            _ => (json.into_bytes(), ""),
+        };
+        let mut properties = BasicProperties::default()
+            .with_message_id((*id).into())
+            .with_type("order.created".into())
+            .with_content_type("application/json".into());
+        if !content_encoding.is_empty() {
+            properties = properties.with_content_encoding(content_encoding.into());
+        }
+        if let Some(compression) = compression {
+            properties =
+                properties.with_headers(amqp_table(vec![("compression", amqp_text(compression))]));
+        }
+        topology.reject(&broker, &body, properties).await?;
+    }
+    let dlq = topology.dlq.clone();
+    let mut bed = TestBed::start(broker, |config| {
+        config.capture_queues = vec![dlq.clone()];
+        config.event_time_pointer = Some("/at".to_owned());
+        config.default_stale_after = Some(Duration::from_secs(86_400));
+    })
+    .await?;
+    captured(&mut bed.client, &topology.dlq, cases.len() as u64).await?;
+    let stored = by_message_id(&mut bed, &topology.dlq).await?;
+    let report = precheck(&mut bed.client, &topology.dlq).await?;
+    let counts = report.counts.unwrap();
+    assert_eq!(
+        (counts.stale, counts.replayable),
+        (2, 3),
+        "the two old ones are stale by the time in their bodies: {report:?}"
+    );
+    let items = bed
+        .client
+        .list_precheck_items(v1::ListPrecheckItemsRequest {
+            precheck_id: report.precheck_id.clone(),
+            verdict: v1::Verdict::Stale.into(),
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .items;
+    for id in ["deflate-old", "kombu-old"] {
+        let item = items
+            .iter()
+            .find(|item| item.dead_letter_id == stored[id].id)
+            .unwrap_or_else(|| panic!("{id} is not stale: {items:?}"));
+        assert!(
+            item.reason.contains("from its event time in the body"),
+            "{id}: {}",
+            item.reason
+        );
+    }
+    let warning = report
+        .warnings
+        .iter()
+        .find(|warning| warning.contains("not a plausible time"))
+        .unwrap_or_else(|| panic!("no warning of the bad event times: {:?}", report.warnings));
+    for id in ["words", "tiny"] {
+        assert!(warning.contains(&stored[id].id), "{id}: {warning}");
+    }
+    assert!(
+        warning.starts_with("2 dead letters have a value at the event time pointer /at"),
+        "{warning}"
+    );
+    bed.finish().await
+}
