@@ -529,6 +529,16 @@ fn observing_notice(plan: &Plan, now: Now) -> String {
             )
         })
         .unwrap_or_default();
+    if nothing_left(plan) {
+        return format!(
+            "plan {} is observing{until}: the canary was every item, so nothing is left to \
+             send; the planner completes it when the window ends if the gates are green; to \
+             end it now: {} plan promote {} --reason TEXT",
+            plan.plan_id,
+            crate::hint::redrivectl(),
+            plan.plan_id
+        );
+    }
     format!(
         "plan {} is observing{until}: the planner then starts the main wave if the canary's \
          gates are green; to send the rest now: {} plan promote {} --reason TEXT",
@@ -536,6 +546,12 @@ fn observing_notice(plan: &Plan, now: Now) -> String {
         crate::hint::redrivectl(),
         plan.plan_id
     )
+}
+
+/// Whether the canary wave held every item (a plan of few items), so that
+/// promoting it sends nothing more.
+fn nothing_left(plan: &Plan) -> bool {
+    plan.total_items > 0 && plan.canary_items >= plan.total_items
 }
 
 /// `line`, then two spaces and the pace's text when it has one; while the
@@ -548,8 +564,13 @@ fn with_pace(mut line: String, pace: &Pace, plan: &Plan) -> String {
         line.push_str(&text);
     }
     if plan.state() == PlanState::Observing {
+        let what = if nothing_left(plan) {
+            "nothing is left to send; to end the window now"
+        } else {
+            "to send the rest now"
+        };
         line.push_str(&format!(
-            "; to send the rest now: {} plan promote {} --reason TEXT",
+            "; {what}: {} plan promote {} --reason TEXT",
             crate::hint::redrivectl(),
             plan.plan_id
         ));
@@ -953,6 +974,26 @@ mod tests {
                  observing until 2024-05-01T12:17:52.000Z (1m10s left){hint}\n"
             )
         );
+    }
+
+    #[test]
+    fn a_plan_whose_canary_was_every_item_says_nothing_is_left_to_send() {
+        let mut observing = approved(PlanState::Observing, 1);
+        observing.total_items = 1;
+        observing.canary_items = 1;
+        let notice = observing_notice(&observing, Clock::new().at(0.0));
+        assert!(
+            notice.contains("nothing is left to send") && !notice.contains("send the rest"),
+            "{notice}"
+        );
+        let line = with_pace(String::new(), &Pace::None, &observing);
+        assert!(
+            line.contains("; nothing is left to send; to end the window now: "),
+            "{line}"
+        );
+        observing.total_items = 100;
+        let line = with_pace(String::new(), &Pace::None, &observing);
+        assert!(line.contains("; to send the rest now: "), "{line}");
     }
 
     #[test]
