@@ -57,6 +57,17 @@ pub struct Config {
     #[command(flatten)]
     pub amqp: AmqpSettings,
 
+    /// The name of the broker and virtual host this deployment captures from
+    /// and replays to. The database is recorded as that broker's at the first
+    /// start, and a planner of another broker is refused on it: the
+    /// database's record of what was delivered names queues, not brokers, so
+    /// two brokers sharing one database would suppress each other's replays.
+    /// Default: the AMQP URL's `host:port/vhost` (`127.0.0.1:5672/%2f`,
+    /// never the credentials), as for the executors. Set it when the planner
+    /// reaches the same broker another way (another node address, a proxy).
+    #[arg(long, env = "REDRIVE_BROKER_ID")]
+    pub broker_id: Option<String>,
+
     /// PEM certificate chain the planner serves gRPC over TLS with (needs
     /// --tls-key).
     #[arg(long, env = "REDRIVE_TLS_CERT", value_name = "FILE")]
@@ -367,6 +378,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// The broker this planner's database belongs to: `--broker-id`, else
+    /// the AMQP URL's `host:port/vhost`
+    /// ([`redrive_proto::settings::broker_id_of`]).
+    pub fn broker_id(&self) -> String {
+        match &self.broker_id {
+            Some(id) => id.clone(),
+            None => redrive_proto::settings::broker_id_of(&self.amqp.url)
+                .unwrap_or_else(|_| redrive_proto::settings::redact_url(&self.amqp.url)),
+        }
+    }
+
     /// The defaults, with `database_url` set (tests build configs this way).
     /// Reads no `REDRIVE_*` variable: what the environment of a test run
     /// happens to hold never changes a test's planner.
@@ -553,6 +575,14 @@ impl Config {
             if let Err(text) = spec.parse::<KeySource>() {
                 problem("message-key", text);
             }
+        }
+        if let Some(id) = &self.broker_id
+            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
+        {
+            problem(
+                "broker-id",
+                format!("{id:?}: 1 to 255 bytes of printable text"),
+            );
         }
         for spec in &self.state_checks {
             if let Err(text) = spec.parse::<HookRoute>() {

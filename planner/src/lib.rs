@@ -497,6 +497,16 @@ async fn prepare_database(
                 Postgres::create_database(&config.database_url).await?;
             }
             store.migrate().await?;
+            let broker_id = config.broker_id();
+            let recorded = store.claim_deployment(&broker_id).await?;
+            anyhow::ensure!(
+                recorded == broker_id,
+                "this database belongs to the deployment of broker {recorded:?}, and this planner's \
+                 is {broker_id:?} (--broker-id, else the AMQP URL's host:port/vhost): one database \
+                 holds one broker's record of what was delivered, so give each broker a database \
+                 of its own, or pass --broker-id {recorded:?} if this is the same broker reached \
+                 another way"
+            );
             anyhow::Ok(())
         };
         match attempt.await {

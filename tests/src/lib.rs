@@ -684,6 +684,9 @@ impl TestBed {
     fn config(db: &TestDb, pki: Option<&pki::Pki>, configure: impl FnOnce(&mut Config)) -> Config {
         let mut config = Config::for_database(db.url());
         config.amqp.url = AMQP_URL.to_owned();
+        // One name for the local broker however a test reaches it (a proxy
+        // in front of it, a restart): tests of the refusal set their own.
+        config.broker_id = Some("redrive-tests".to_owned());
         if let Some(pki) = pki {
             pki.secure(&mut config);
         }

@@ -610,3 +610,58 @@ async fn a_repair_does_not_make_a_message_with_a_foreign_user_id_replayable() ->
     assert!(after[0].reason.contains("user_id"), "{}", after[0].reason);
     bed.finish().await
 }
+
+/// One database is one broker's deployment: the record of what was delivered
+/// names queues, not brokers, so a planner of another broker (or vhost) is
+/// refused on a database that already belongs to one, naming both and never
+/// a credential; the same broker starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_planner_of_another_broker_is_refused_on_a_database_that_belongs_to_one()
+-> anyhow::Result<()> {
+    init_logging();
+    let db = TestDb::new();
+    let config = |amqp_url: &str| {
+        let mut config = redrive_planner::Config::for_database(db.url());
+        config.amqp.url = amqp_url.to_owned();
+        config
+    };
+    let first = config("amqp://guest:guest@127.0.0.1:5672/%2f");
+    let mut planner = redrive_tests::PlannerHandle::start(first.clone()).await?;
+    planner.halt().await?;
+
+    // Another vhost on the same host: another broker's record.
+    let other = config("amqp://guest:secret-pw@127.0.0.1:5672/orders-eu");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        redrive_planner::run(other.clone(), listener, shutdown),
+    )
+    .await?
+    .expect_err("a planner of another broker is refused");
+    let text = format!("{refused:#}");
+    assert!(
+        text.contains(
+            "this database belongs to the deployment of broker \"127.0.0.1:5672/%2f\", and this planner's is \"127.0.0.1:5672/orders-eu\""
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("--broker-id \"127.0.0.1:5672/%2f\""),
+        "{text}"
+    );
+    assert!(
+        !text.contains("secret-pw") && !text.contains("guest"),
+        "{text}"
+    );
+
+    // The same broker reached another way, named so: it starts.
+    let mut renamed = other;
+    renamed.broker_id = Some("127.0.0.1:5672/%2f".to_owned());
+    let mut planner = redrive_tests::PlannerHandle::start(renamed).await?;
+    planner.halt().await?;
+    let mut planner = redrive_tests::PlannerHandle::start(first).await?;
+    planner.halt().await?;
+    db.drop_database().await;
+    Ok(())
+}

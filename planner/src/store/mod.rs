@@ -148,6 +148,22 @@ impl Store {
         Ok(())
     }
 
+    /// Records `broker_id` as the broker this database belongs to, unless one
+    /// is recorded already, and answers the recorded one (the first planner
+    /// to start decides; docs/operating.md, "One database per broker").
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn claim_deployment(&self, broker_id: &str) -> Result<String, StoreError> {
+        sqlx::query("INSERT INTO deployment (broker_id) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(broker_id)
+            .execute(self.pool())
+            .await?;
+        Ok(sqlx::query_scalar("SELECT broker_id FROM deployment")
+            .fetch_one(self.pool())
+            .await?)
+    }
+
     /// Whether PostgreSQL answers a trivial query.
     ///
     /// # Errors
