@@ -22,6 +22,11 @@
 //! - [`selector`]: which dead letters a call covers, validated at the edge.
 //! - [`ids`]: ids and page tokens, parsed once.
 //! - [`precheck`]: the dry run that gives every dead letter one verdict.
+//! - [`staleness`]: which deadline a precheck applied per event type, and the
+//!   warnings for dead letters no rule covers or whose body time is no time.
+//! - [`event_time`]: the one reading of an event time (s, ms, µs, ns, text)
+//!   from every place it comes from.
+//! - [`rekey`]: re-keying a stored backlog, audited, former keys kept.
 //! - [`options`]: a precheck's options and the one age rule
 //!   ([`options::event_time`]).
 //! - [`policy`]: the planner's floor under precheck options.
