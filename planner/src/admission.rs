@@ -2,15 +2,22 @@
 //! unreachable for the others (docs/design.md, "Every input is bounded at
 //! the edge"):
 //!
-//! - **connections**, per peer address and in total ([`ConnectionLimits`],
-//!   [`admit`]): one over either cap is closed at once and logged. A
-//!   connection must make a request that passes authentication (health
-//!   checks do not count) within the first-request timeout, or it is closed:
-//!   without that, idle clients that never authenticate could hold every
-//!   place, since HTTP/2 clients answer keepalive pings by themselves. After
-//!   that, a connection that sends nothing for the idle timeout (no request,
-//!   no answer to the server's keepalive pings, RFC 9113 §6.7) is dead and
-//!   closed;
+//! - **connections**, in two pools ([`ConnectionLimits`], [`admit`]). A new
+//!   connection is *unauthenticated*: a smaller pool, capped per peer
+//!   address and in total, with a short deadline. It must make a request
+//!   that passes authentication (health checks do not count) by then, or it
+//!   is closed: without that, idle clients that never authenticate could
+//!   hold every place, since HTTP/2 clients answer keepalive pings by
+//!   themselves. When that pool is full, a newcomer takes the place of the
+//!   oldest connection of the peer holding the most (if it holds at least
+//!   two more than the newcomer's peer), so clients spread over a few
+//!   addresses cannot keep a client of another address out. Its first
+//!   authenticated request moves a connection to the *authenticated* pool,
+//!   capped per peer and in total (past it the request is answered
+//!   `RESOURCE_EXHAUSTED`). After that, a connection that sends nothing for
+//!   the idle timeout (no request, no answer to the server's keepalive pings,
+//!   RFC 9113 §6.7) is dead and closed. One over a cap is closed at once,
+//!   and refusals are logged at most every 10 s;
 //! - **requests**, per principal ([`RateLimitLayer`], GCRA from `governor`):
 //!   over the rate a call is answered `RESOURCE_EXHAUSTED` before any work;
 //! - **open `WatchPlan` streams**, per principal and in total
@@ -20,7 +27,7 @@
 //! when the planner runs without authentication ([`caller_key`]).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     future::Future,
     io,
     net::{IpAddr, SocketAddr},
@@ -28,7 +35,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -41,6 +48,7 @@ use tokio::{
     net::TcpStream,
     time::{Instant, Sleep},
 };
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{
     Status,
     codegen::http,
@@ -55,9 +63,13 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;
 /// Default cap on connections in total (below the usual 1,024 open files,
 /// with room for the database pool and the broker).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default cap on connections not yet authenticated from one peer address.
+pub const DEFAULT_MAX_UNAUTHENTICATED_PER_PEER: usize = 16;
+/// Default cap on connections not yet authenticated in total.
+pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 256;
 /// Default time a new connection has to make its first request that passes
-/// authentication.
-pub const DEFAULT_FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// authentication (its TLS handshake included).
+pub const DEFAULT_FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default idle timeout: longer than the keepalive interval plus its
 /// timeout ([`KEEPALIVE_INTERVAL`], [`KEEPALIVE_TIMEOUT`]), so a live
 /// client always answers a ping before it.
@@ -78,13 +90,24 @@ pub const DEFAULT_WATCHES: usize = 512;
 /// Refusals of one kind are logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Caps on connections ([`admit`]).
+/// Caps on connections ([`admit`]). A connection is first
+/// *unauthenticated*, in a pool of its own with a short deadline; its first
+/// request that passes authentication moves it to the pool of authenticated
+/// connections, so that clients without credentials, however many, cannot
+/// take the places of those with them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
-    /// Open connections from one peer address.
+    /// Authenticated connections from one peer address.
     pub per_peer: usize,
-    /// Open connections in total.
+    /// Authenticated connections in total.
     pub total: usize,
+    /// Connections not yet authenticated from one peer address.
+    pub unauthenticated_per_peer: usize,
+    /// Connections not yet authenticated in total. When full, a new one
+    /// takes the place of the oldest of the peer holding the most, if that
+    /// peer holds at least two more than the newcomer's: so a client from a
+    /// peer of its own always gets a place while others hold several.
+    pub unauthenticated_total: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
     /// A connection that made no request passing authentication (health
@@ -97,48 +120,117 @@ impl Default for ConnectionLimits {
         Self {
             per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             total: DEFAULT_MAX_CONNECTIONS,
+            unauthenticated_per_peer: DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+            unauthenticated_total: DEFAULT_MAX_UNAUTHENTICATED,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             first_request_timeout: DEFAULT_FIRST_REQUEST_TIMEOUT,
         }
     }
 }
 
-/// Which open connections made a request that passed authentication, by
-/// peer socket address (a connection's own): shared by [`admit`], which
-/// registers each admitted connection, and [`RateLimitLayer`], which sees
-/// every authenticated request and marks its connection used.
-#[derive(Debug, Clone, Default)]
-pub struct Activity {
-    used: Arc<Mutex<HashMap<SocketAddr, Arc<std::sync::atomic::AtomicBool>>>>,
+/// One open connection, as the pools know it.
+#[derive(Debug)]
+struct Conn {
+    id: u64,
+    /// Set at its first request that passed authentication.
+    authenticated: AtomicBool,
+    /// Cancelled when a newcomer takes its unauthenticated place.
+    evicted: CancellationToken,
 }
 
-impl Activity {
-    fn register(&self, peer: SocketAddr) -> Arc<std::sync::atomic::AtomicBool> {
-        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        self.used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(peer, Arc::clone(&flag));
-        flag
-    }
+/// The places taken, by pool.
+#[derive(Debug, Default)]
+struct Pools {
+    authenticated: Open<IpAddr>,
+    /// Unauthenticated connections by peer address, oldest first.
+    unauthenticated: HashMap<IpAddr, VecDeque<Arc<Conn>>>,
+    unauthenticated_total: usize,
+    /// Every open connection by its socket address (a request names it).
+    by_socket: HashMap<SocketAddr, Arc<Conn>>,
+}
 
-    fn forget(&self, peer: SocketAddr) {
-        self.used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&peer);
-    }
-
-    /// Marks the connection from `peer` used.
-    fn mark(&self, peer: SocketAddr) {
-        if let Some(flag) = self
-            .used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&peer)
-        {
-            flag.store(true, Ordering::Relaxed);
+impl Pools {
+    /// Removes `conn` from the unauthenticated pool; whether it was there.
+    fn leave_unauthenticated(&mut self, peer: IpAddr, conn: &Conn) -> bool {
+        let Some(queue) = self.unauthenticated.get_mut(&peer) else {
+            return false;
+        };
+        let before = queue.len();
+        queue.retain(|other| other.id != conn.id);
+        let left = queue.len() < before;
+        if queue.is_empty() {
+            self.unauthenticated.remove(&peer);
         }
+        if left {
+            self.unauthenticated_total = self.unauthenticated_total.saturating_sub(1);
+        }
+        left
+    }
+}
+
+/// The planner's open connections ([`admit`]), shared with
+/// [`RateLimitLayer`], which sees every authenticated request and moves its
+/// connection to the authenticated pool.
+#[derive(Debug, Clone)]
+pub struct Connections {
+    registry: Arc<Registry>,
+}
+
+impl Connections {
+    /// No connection yet, within `limits`.
+    pub fn new(limits: ConnectionLimits) -> Self {
+        Self {
+            registry: Arc::new(Registry {
+                limits,
+                pools: Mutex::default(),
+                refused: Throttled::default(),
+                evicted: Throttled::default(),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Moves the connection from `peer` (its socket address) to the
+    /// authenticated pool at its first authenticated request.
+    ///
+    /// # Errors
+    /// `RESOURCE_EXHAUSTED` when the authenticated pool is full for its
+    /// peer or in total: the connection stays unauthenticated (and is
+    /// closed at its deadline).
+    fn authenticate(&self, peer: SocketAddr) -> Result<(), Status> {
+        let limits = &self.registry.limits;
+        let mut pools = self
+            .registry
+            .pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(conn) = pools.by_socket.get(&peer).cloned() else {
+            return Ok(());
+        };
+        if conn.authenticated.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if let Err(cap) = pools
+            .authenticated
+            .enter(peer.ip(), limits.per_peer, limits.total)
+        {
+            let most = if cap == "total" {
+                limits.total
+            } else {
+                limits.per_peer
+            };
+            drop(pools);
+            if let Some(refused) = self.registry.refused.count() {
+                warn!(peer = %peer, cap, most, refused, "authenticated connections refused");
+            }
+            return Err(Status::resource_exhausted(format!(
+                "the planner holds its most authenticated connections ({cap}: at most {most}); \
+                 retry later"
+            )));
+        }
+        pools.leave_unauthenticated(peer.ip(), &conn);
+        conn.authenticated.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -168,24 +260,80 @@ impl Throttled {
 #[derive(Debug)]
 struct Registry {
     limits: ConnectionLimits,
-    open: Mutex<Open<IpAddr>>,
+    pools: Mutex<Pools>,
     refused: Throttled,
+    evicted: Throttled,
+    next_id: AtomicU64,
 }
 
 impl Registry {
-    /// Counts a new connection from `peer`, or says which cap it is over.
-    fn enter(self: &Arc<Self>, peer: IpAddr) -> Result<Admission, &'static str> {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .enter(peer, self.limits.per_peer, self.limits.total)
-            .map_err(|cap| match cap {
-                "total" => "the planner's connection cap",
-                _ => "the per-peer connection cap",
-            })?;
+    /// Counts a new connection from `peer` in the unauthenticated pool,
+    /// taking the place of another when it is full ([`ConnectionLimits`]),
+    /// or says which cap it is over.
+    fn enter(self: &Arc<Self>, peer: SocketAddr) -> Result<Admission, &'static str> {
+        let limits = &self.limits;
+        let ip = peer.ip();
+        let conn = Arc::new(Conn {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            authenticated: AtomicBool::new(false),
+            evicted: CancellationToken::new(),
+        });
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = pools.unauthenticated.get(&ip).map_or(0, VecDeque::len);
+        if mine >= limits.unauthenticated_per_peer {
+            return Err("the per-peer cap on connections not yet authenticated");
+        }
+        let mut evicted = None;
+        if pools.unauthenticated_total >= limits.unauthenticated_total {
+            let heaviest = pools
+                .unauthenticated
+                .iter()
+                .max_by_key(|(_, queue)| queue.len())
+                .map(|(ip, queue)| (*ip, queue.len()));
+            match heaviest {
+                Some((victim, most)) if most > mine + 1 => {
+                    if let Some(oldest) = pools
+                        .unauthenticated
+                        .get_mut(&victim)
+                        .and_then(VecDeque::pop_front)
+                    {
+                        oldest.evicted.cancel();
+                        pools.unauthenticated_total -= 1;
+                        evicted = Some(victim);
+                    }
+                    if pools
+                        .unauthenticated
+                        .get(&victim)
+                        .is_some_and(VecDeque::is_empty)
+                    {
+                        pools.unauthenticated.remove(&victim);
+                    }
+                }
+                _ => return Err("the cap on connections not yet authenticated"),
+            }
+        }
+        pools
+            .unauthenticated
+            .entry(ip)
+            .or_default()
+            .push_back(Arc::clone(&conn));
+        pools.unauthenticated_total += 1;
+        pools.by_socket.insert(peer, Arc::clone(&conn));
+        drop(pools);
+        if let Some(victim) = evicted
+            && let Some(count) = self.evicted.count()
+        {
+            warn!(
+                peer = %peer,
+                from = %victim,
+                evicted = count,
+                "unauthenticated connections closed to make room for a peer holding fewer"
+            );
+        }
         Ok(Admission {
             registry: Arc::clone(self),
             peer,
+            conn,
         })
     }
 }
@@ -194,38 +342,45 @@ impl Registry {
 #[derive(Debug)]
 struct Admission {
     registry: Arc<Registry>,
-    peer: IpAddr,
+    peer: SocketAddr,
+    conn: Arc<Conn>,
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.registry
-            .open
+        let mut pools = self
+            .registry
+            .pools
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .leave(&self.peer);
+            .unwrap_or_else(PoisonError::into_inner);
+        if pools
+            .by_socket
+            .get(&self.peer)
+            .is_some_and(|conn| conn.id == self.conn.id)
+        {
+            pools.by_socket.remove(&self.peer);
+        }
+        if self.conn.authenticated.load(Ordering::Relaxed) {
+            pools.authenticated.leave(&self.peer.ip());
+        } else {
+            pools.leave_unauthenticated(self.peer.ip(), &self.conn);
+        }
     }
 }
 
-/// The accepted connections of `incoming` within `limits`: one over a cap
-/// is closed at once (the client sees the connection reset) and logged, at
-/// most every 10 s, with the peer and the cap. Accept errors pass through.
+/// The accepted connections of `incoming` within the limits of
+/// `connections`: one over a cap is closed at once (the client sees the
+/// connection reset) and logged, at most every 10 s, with the peer and the
+/// cap. Accept errors pass through.
 pub fn admit<S>(
     incoming: S,
-    limits: ConnectionLimits,
-    activity: Activity,
+    connections: Connections,
 ) -> impl Stream<Item = io::Result<AdmittedConnection>> + Send + 'static
 where
     S: Stream<Item = io::Result<TcpStream>> + Send + 'static,
 {
-    let registry = Arc::new(Registry {
-        limits,
-        open: Mutex::default(),
-        refused: Throttled::default(),
-    });
     incoming.filter_map(move |accepted| {
-        let registry = Arc::clone(&registry);
-        let activity = activity.clone();
+        let registry = Arc::clone(&connections.registry);
         async move {
             let stream = match accepted {
                 Ok(stream) => stream,
@@ -235,13 +390,11 @@ where
                 // Gone before we looked.
                 return None;
             };
-            match registry.enter(peer.ip()) {
-                Ok(admission) => Some(Ok(AdmittedConnection::new(
-                    stream, admission, &limits, peer, activity,
-                ))),
+            match registry.enter(peer) {
+                Ok(admission) => Some(Ok(AdmittedConnection::new(stream, admission))),
                 Err(cap) => {
                     if let Some(refused) = registry.refused.count() {
-                        warn!(peer = %peer, cap, refused, limits = ?limits, "connections refused");
+                        warn!(peer = %peer, cap, refused, limits = ?registry.limits, "connections refused");
                     }
                     None
                 }
@@ -251,61 +404,56 @@ where
 }
 
 /// A connection within the caps: a TCP stream that fails with `TimedOut`
-/// once nothing was read from it for the idle timeout.
+/// once nothing was read from it for the idle timeout, or when it made no
+/// authenticated request by its deadline, and with `ConnectionReset` when
+/// a newcomer took its unauthenticated place.
 #[derive(Debug)]
 pub struct AdmittedConnection {
     stream: TcpStream,
-    _admission: Admission,
+    admission: Admission,
     idle_timeout: Duration,
     last_read: Instant,
     /// Until when the first authenticated request may come.
     first_request_by: Instant,
-    /// Set by [`RateLimitLayer`] at the first authenticated request.
-    used: Arc<std::sync::atomic::AtomicBool>,
-    peer: SocketAddr,
-    activity: Activity,
     idle: Pin<Box<Sleep>>,
-}
-
-impl Drop for AdmittedConnection {
-    fn drop(&mut self) {
-        self.activity.forget(self.peer);
-    }
+    evicted: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl AdmittedConnection {
-    fn new(
-        stream: TcpStream,
-        admission: Admission,
-        limits: &ConnectionLimits,
-        peer: SocketAddr,
-        activity: Activity,
-    ) -> Self {
+    fn new(stream: TcpStream, admission: Admission) -> Self {
+        let limits = admission.registry.limits;
         let now = Instant::now();
         let first_request_by = now + limits.first_request_timeout;
+        let evicted = Box::pin(admission.conn.evicted.clone().cancelled_owned());
         Self {
             stream,
-            _admission: admission,
+            admission,
             idle_timeout: limits.idle_timeout,
             last_read: now,
             first_request_by,
-            used: activity.register(peer),
-            peer,
-            activity,
             idle: Box::pin(tokio::time::sleep_until(
                 first_request_by.min(now + limits.idle_timeout),
             )),
+            evicted,
         }
     }
 
     /// `Err(TimedOut)` when the idle timer ran out since the last read, or
     /// the first-request time passed without an authenticated request;
-    /// re-arms the timer otherwise.
+    /// `Err(ConnectionReset)` when its place was taken; re-arms the timer
+    /// otherwise.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let authenticated = self.admission.conn.authenticated.load(Ordering::Relaxed);
+        if !authenticated && self.evicted.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "closed without an authenticated request to make room for another peer",
+            ));
+        }
         while self.idle.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
             let mut deadline = self.last_read + self.idle_timeout;
-            if !self.used.load(Ordering::Relaxed) {
+            if !self.admission.conn.authenticated.load(Ordering::Relaxed) {
                 if self.first_request_by <= now {
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -447,7 +595,7 @@ pub struct RateLimitLayer {
     limiter: Arc<DefaultKeyedRateLimiter<String>>,
     refused: Arc<Throttled>,
     rate: RequestRate,
-    activity: Activity,
+    connections: Connections,
 }
 
 impl std::fmt::Debug for RateLimitLayer {
@@ -459,15 +607,15 @@ impl std::fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// A limiter of `rate` per caller, marking the connections of the
-    /// requests it sees used in `activity`.
-    pub fn new(rate: RequestRate, activity: Activity) -> Self {
+    /// A limiter of `rate` per caller, moving the connections of the
+    /// requests it sees to the authenticated pool of `connections`.
+    pub fn new(rate: RequestRate, connections: Connections) -> Self {
         let quota = Quota::per_second(rate.per_second).allow_burst(rate.burst);
         Self {
             limiter: Arc::new(RateLimiter::keyed(quota)),
             refused: Arc::new(Throttled::default()),
             rate,
-            activity,
+            connections,
         }
     }
 
@@ -528,9 +676,12 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let health = request.uri().path().starts_with("/grpc.health.v1.");
         // Inside authentication: this request passed it. Health checks
-        // pass without credentials, so they do not make a connection used.
-        if !health && let Some(peer) = http_peer(request.extensions()) {
-            self.layer.activity.mark(peer);
+        // pass without credentials, so they do not authenticate a connection.
+        if !health
+            && let Some(peer) = http_peer(request.extensions())
+            && let Err(status) = self.layer.connections.authenticate(peer)
+        {
+            return Box::pin(async move { Ok(status.into_http()) });
         }
         if !health && let Err(status) = self.layer.check(&http_caller_key(request.extensions())) {
             return Box::pin(async move { Ok(status.into_http()) });
@@ -674,8 +825,7 @@ mod tests {
         tokio::spawn(async move {
             let mut admitted = Box::pin(admit(
                 TcpListenerStream::new(listener),
-                limits,
-                Activity::default(),
+                Connections::new(limits),
             ));
             while let Some(Ok(mut connection)) = admitted.next().await {
                 let ended = ended.clone();
@@ -718,10 +868,11 @@ mod tests {
     #[tokio::test]
     async fn connections_over_the_per_peer_cap_are_closed_and_a_closed_one_frees_its_place() {
         let limits = ConnectionLimits {
-            per_peer: 2,
-            total: 10,
+            unauthenticated_per_peer: 2,
+            unauthenticated_total: 10,
             idle_timeout: Duration::from_secs(60),
             first_request_timeout: Duration::from_secs(60),
+            ..ConnectionLimits::default()
         };
         let (address, _ends) = echo_server(limits).await;
         let mut first = TcpStream::connect(address).await.unwrap();
@@ -762,13 +913,48 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_full_unauthenticated_pool_makes_room_for_a_peer_holding_fewer() {
+        let connections = Connections::new(ConnectionLimits {
+            unauthenticated_per_peer: 3,
+            unauthenticated_total: 4,
+            ..ConnectionLimits::default()
+        });
+        let registry = &connections.registry;
+        let at = |last: u8, port: u16| SocketAddr::from(([10, 0, 0, last], port));
+        let first = registry.enter(at(1, 1)).unwrap();
+        let second = registry.enter(at(1, 2)).unwrap();
+        let _third = registry.enter(at(1, 3)).unwrap();
+        let _other = registry.enter(at(2, 1)).unwrap();
+        assert!(registry.enter(at(1, 4)).is_err(), "over the per-peer cap");
+        // Full: a peer holding none takes the oldest place of the peer
+        // holding the most.
+        let _newcomer = registry.enter(at(3, 1)).unwrap();
+        assert!(first.conn.evicted.is_cancelled());
+        assert!(!second.conn.evicted.is_cancelled());
+        let _next = registry.enter(at(4, 1)).unwrap();
+        assert!(second.conn.evicted.is_cancelled());
+        // Now every peer holds one or two: a fifth is not worth a place.
+        assert!(registry.enter(at(5, 1)).is_err());
+        // An evicted connection that closes frees nothing twice.
+        drop(first);
+        assert!(registry.enter(at(5, 1)).is_err());
+        // An authenticated connection leaves the pool and makes room.
+        connections.authenticate(at(2, 1)).unwrap();
+        let _fifth = registry.enter(at(5, 1)).unwrap();
+        let pools = registry.pools.lock().unwrap();
+        assert_eq!(pools.unauthenticated_total, 4);
+        assert_eq!(pools.authenticated.total, 1);
+    }
+
     #[tokio::test]
     async fn a_connection_that_sends_nothing_is_closed_after_the_idle_timeout() {
         let limits = ConnectionLimits {
-            per_peer: 4,
-            total: 4,
+            unauthenticated_per_peer: 4,
+            unauthenticated_total: 4,
             idle_timeout: Duration::from_millis(300),
             first_request_timeout: Duration::from_secs(60),
+            ..ConnectionLimits::default()
         };
         let (address, mut ends) = echo_server(limits).await;
         let mut busy = TcpStream::connect(address).await.unwrap();
@@ -793,7 +979,7 @@ mod tests {
                 per_second: NonZeroU32::MIN,
                 burst: NonZeroU32::new(2).unwrap(),
             },
-            Activity::default(),
+            Connections::new(ConnectionLimits::default()),
         );
         assert!(layer.check("principal:a").is_ok());
         assert!(layer.check("principal:a").is_ok());

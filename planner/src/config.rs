@@ -145,15 +145,28 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_INSECURE", default_value_t = false)]
     pub insecure: bool,
 
-    /// Open connections allowed from one peer address; more are closed at
-    /// once (and logged).
+    /// Authenticated connections allowed from one peer address; past it a
+    /// connection's first request is answered RESOURCE_EXHAUSTED.
     #[arg(long, env = "REDRIVE_MAX_CONNECTIONS_PER_PEER", default_value_t = crate::admission::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: usize,
 
-    /// Open connections allowed in total (keep it below the process's open
+    /// Authenticated connections allowed in total (keep it and
+    /// --max-unauthenticated-connections together below the process's open
     /// file limit, less the database pool).
     #[arg(long, env = "REDRIVE_MAX_CONNECTIONS", default_value_t = crate::admission::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+
+    /// Open connections not yet authenticated allowed from one peer
+    /// address; more are closed at once (and logged).
+    #[arg(long, env = "REDRIVE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_PEER", default_value_t = crate::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_PEER)]
+    pub max_unauthenticated_connections_per_peer: usize,
+
+    /// Open connections not yet authenticated allowed in total, in a pool
+    /// apart from the authenticated ones (--max-connections). When it is
+    /// full, a new connection takes the place of the oldest one of the peer
+    /// address holding the most, if that peer holds at least two more.
+    #[arg(long, env = "REDRIVE_MAX_UNAUTHENTICATED_CONNECTIONS", default_value_t = crate::admission::DEFAULT_MAX_UNAUTHENTICATED)]
+    pub max_unauthenticated_connections: usize,
 
     /// Seconds a connection may send nothing (no request, no answer to the
     /// server's HTTP/2 keepalive ping every 20 s) before it is closed;
@@ -162,12 +175,13 @@ pub struct Config {
     pub idle_timeout_seconds: u64,
 
     /// Seconds a new connection has to make a request that passes
-    /// authentication (health checks do not count) before it is closed, so
-    /// that clients without credentials cannot hold connections.
+    /// authentication (its TLS handshake included; health checks do not
+    /// count) before it is closed, so that clients without credentials
+    /// cannot hold connections.
     #[arg(
         long,
         env = "REDRIVE_FIRST_REQUEST_TIMEOUT_SECONDS",
-        default_value_t = 10
+        default_value_t = crate::admission::DEFAULT_FIRST_REQUEST_TIMEOUT.as_secs()
     )]
     pub first_request_timeout_seconds: u64,
 
@@ -356,6 +370,19 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_FOUR_EYES", default_value_t = false)]
     pub four_eyes: bool,
 
+    /// Bytes all `IngestDeadLetters` streams together may hold at once
+    /// (each item counts twice its size until it is stored); past it a
+    /// stream waits, and is refused with RESOURCE_EXHAUSTED after
+    /// --ingest-wait-seconds. At least 1 MiB.
+    #[arg(long, env = "REDRIVE_INGEST_MEMORY_BYTES", default_value_t = crate::ingest_budget::DEFAULT_INGEST_MEMORY_BYTES)]
+    pub ingest_memory_bytes: usize,
+
+    /// Seconds an ingest stream waits for its share of --ingest-memory-bytes
+    /// before it is refused with RESOURCE_EXHAUSTED (what it sent before is
+    /// stored).
+    #[arg(long, env = "REDRIVE_INGEST_WAIT_SECONDS", default_value_t = crate::ingest_budget::DEFAULT_INGEST_WAIT.as_secs())]
+    pub ingest_wait_seconds: u64,
+
     /// Byte budget of one `ClaimSlice` answer: a slice's items are handed out
     /// while their bodies and metadata fit in it (always at least one); the
     /// rest stay pending for the next claim of the same slice.
@@ -407,6 +434,8 @@ impl Config {
         crate::admission::ConnectionLimits {
             per_peer: self.max_connections_per_peer,
             total: self.max_connections,
+            unauthenticated_per_peer: self.max_unauthenticated_connections_per_peer,
+            unauthenticated_total: self.max_unauthenticated_connections,
             idle_timeout: Duration::from_secs(self.idle_timeout_seconds),
             first_request_timeout: Duration::from_secs(self.first_request_timeout_seconds),
         }
@@ -420,6 +449,16 @@ impl Config {
             per_second: at_least_one(self.requests_per_second),
             burst: at_least_one(self.request_burst),
         }
+    }
+
+    /// The planner's memory for ingest streams
+    /// ([`crate::ingest_budget::IngestBudget`]).
+    pub fn ingest_budget(&self) -> crate::ingest_budget::IngestBudget {
+        crate::ingest_budget::IngestBudget::new(
+            self.ingest_memory_bytes,
+            Duration::from_secs(self.ingest_wait_seconds),
+            redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES,
+        )
     }
 
     /// The caps on open `WatchPlan` streams.
@@ -436,6 +475,18 @@ impl Config {
         for (setting, value) in [
             ("max-connections-per-peer", self.max_connections_per_peer),
             ("max-connections", self.max_connections),
+            (
+                "max-unauthenticated-connections-per-peer",
+                self.max_unauthenticated_connections_per_peer,
+            ),
+            (
+                "max-unauthenticated-connections",
+                self.max_unauthenticated_connections,
+            ),
+            (
+                "ingest-wait-seconds",
+                usize::try_from(self.ingest_wait_seconds).unwrap_or(usize::MAX),
+            ),
             ("max-watches-per-principal", self.max_watches_per_principal),
             ("max-watches", self.max_watches),
             (
@@ -598,6 +649,15 @@ impl Config {
             problems.push(SettingError::new(
                 "max-body-bytes",
                 format!("must be from 1 to {most_body}"),
+            ));
+        }
+        if self.ingest_memory_bytes < 1024 * 1024 {
+            problems.push(SettingError::new(
+                "ingest-memory-bytes",
+                format!(
+                    "{} is below the least of 1048576 (1 MiB)",
+                    self.ingest_memory_bytes
+                ),
             ));
         }
         let most_claim = redrive_proto::limits::MAX_CLAIM_MAX_BYTES;

@@ -37,6 +37,10 @@ pub enum Error {
     /// finish (the message names what to follow).
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// A bound on what callers may take of the planner is reached (the
+    /// message names it and what was done before); retry later.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// A capability later work delivers.
     #[error("{0} is not implemented yet")]
     Unimplemented(&'static str),
@@ -102,6 +106,7 @@ impl Error {
             Self::Unavailable(_) => ErrorKind::Unavailable,
             Self::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Self::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
+            Self::ResourceExhausted(_) => ErrorKind::ResourceExhausted,
             Self::Store(store) if store.is_retryable() => ErrorKind::Unavailable,
             Self::Store(_) | Self::Defect(_) => ErrorKind::Internal,
         }

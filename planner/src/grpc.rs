@@ -168,8 +168,17 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<Streaming<v1::IngestDeadLettersRequest>>,
     ) -> Result<Response<v1::IngestDeadLettersResponse>, Status> {
-        let summary =
-            ingest::ingest(&self.state.store, &self.state.rules, request.into_inner()).await?;
+        let reservations = request
+            .extensions()
+            .get::<crate::ingest_budget::Reservations>()
+            .cloned();
+        let summary = ingest::ingest(
+            &self.state.store,
+            &self.state.rules,
+            request.into_inner(),
+            reservations,
+        )
+        .await?;
         Ok(Response::new(v1::IngestDeadLettersResponse {
             accepted: summary.accepted,
             duplicates: summary.duplicates,

@@ -20,11 +20,17 @@ use redrive_proto::{
 use crate::{
     dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
     error::Error,
+    ingest_budget::{Reservation, Reservations},
     store::{Store, dead_letters::InsertOutcome},
 };
 
 /// Items stored per statement.
 const INGEST_BATCH: usize = 500;
+/// How long a batch waits for the stream's next item before it is stored
+/// as it is: a stream that pauses holds none of the ingest memory others
+/// may wait for (and, waiting for its own next item's share, frees what
+/// its batch holds).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What an ingest stream did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -100,17 +106,23 @@ fn validate(mut request: IngestDeadLettersRequest) -> Result<RawDeadLetter, Stri
 /// [`INGEST_BATCH`] items and about [`MAX_INGEST_BATCH_BYTES`] of bodies: the
 /// next item is read from the stream only after a full batch is stored, so a
 /// stream of large bodies is held back (HTTP/2 flow control) instead of
-/// buffered whole.
+/// buffered whole. Each item holds its share of the planner's ingest memory
+/// (`reservations`, from [`crate::ingest_budget::IngestBudgetLayer`]) until
+/// it is stored; a batch is stored when the next item is [`LINGER`] late,
+/// so that a slow or paused stream holds no memory that others wait for.
 ///
 /// # Errors
 /// [`Error::Store`] when PostgreSQL fails in a way a retry can help with
 /// (unreachable); batches stored before stay stored, and a retry of the whole
 /// stream is safe (idempotent). An item PostgreSQL refuses for its content is
 /// a rejection with its index, and the stream goes on.
+/// [`Error::ResourceExhausted`] when the stream waited too long for its share
+/// of the ingest memory, with what was stored before.
 pub async fn ingest<S>(
     store: &Store,
     rules: &Arc<ExtractionRules>,
     items: S,
+    reservations: Option<Reservations>,
 ) -> Result<IngestSummary, Error>
 where
     S: Stream<Item = Result<IngestDeadLettersRequest, tonic::Status>> + Unpin,
@@ -118,23 +130,36 @@ where
     let mut summary = IngestSummary::default();
     let mut batch = Batch::default();
     let mut items = items.enumerate();
-    while let Some((index, item)) = items.next().await {
+    loop {
+        let next = match tokio::time::timeout(LINGER, items.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                flush(store, &mut batch, &mut summary).await?;
+                items.next().await
+            }
+        };
+        let Some((index, item)) = next else {
+            break;
+        };
+        let reservation = reservations.as_ref().and_then(Reservations::take);
         let item = match item {
             Ok(item) => item,
             Err(status) => {
                 // The stream cannot go on after a message it could not read:
                 // what came before is stored, and the answer says how much.
                 flush(store, &mut batch, &mut summary).await?;
-                return Err(Error::invalid(
-                    format!("stream item {index}"),
-                    format!(
-                        "{}; the items before it were handled ({} stored, {} already stored, {} rejected) and the rest were not read",
-                        status.message(),
-                        summary.accepted,
-                        summary.duplicates,
-                        summary.rejected.len()
-                    ),
-                ));
+                let message = format!(
+                    "{}; the items before it were handled ({} stored, {} already stored, {} rejected) and the rest were not read",
+                    status.message(),
+                    summary.accepted,
+                    summary.duplicates,
+                    summary.rejected.len()
+                );
+                return Err(if status.code() == tonic::Code::ResourceExhausted {
+                    Error::ResourceExhausted(format!("stream item {index}: {message}"))
+                } else {
+                    Error::invalid(format!("stream item {index}"), message)
+                });
             }
         };
         match validate(item) {
@@ -143,6 +168,7 @@ where
                 batch.bytes += dead_letter.body.len();
                 batch.indices.push(index as u64);
                 batch.items.push(dead_letter);
+                batch.reservations.extend(reservation);
             }
             Err(reason) => summary.rejected.push(IngestRejection {
                 index: index as u64,
@@ -166,6 +192,9 @@ struct Batch {
     items: Vec<NewDeadLetter>,
     /// Body bytes of `items`.
     bytes: usize,
+    /// The items' shares of the ingest memory, returned once they are
+    /// stored.
+    reservations: Vec<Reservation>,
 }
 
 /// Stores `batch`; when PostgreSQL refuses it for its content, item by item,
@@ -211,5 +240,6 @@ async fn flush(store: &Store, batch: &mut Batch, summary: &mut IngestSummary) ->
     batch.indices.clear();
     batch.items.clear();
     batch.bytes = 0;
+    batch.reservations.clear();
     Ok(())
 }

@@ -70,6 +70,7 @@ pub mod grpc;
 pub mod housekeeping;
 pub mod ids;
 pub mod ingest;
+pub mod ingest_budget;
 pub mod inspect;
 pub mod message_key;
 pub mod metrics;
@@ -243,7 +244,7 @@ pub async fn run(
     let server_shutdown = shutdown.clone();
     // HTTP/2 keepalive pings find dead clients; the admitted connections
     // close idle ones and cap how many one peer may hold.
-    let activity = admission::Activity::default();
+    let connections = admission::Connections::new(config.connection_limits());
     let mut builder = tonic::transport::Server::builder()
         // One server span per call, continuing the caller's traceparent.
         .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
@@ -260,7 +261,10 @@ pub async fn run(
             .layer(auth::AuthLayer::new(authenticator))
             .layer(admission::RateLimitLayer::new(
                 config.request_rate(),
-                activity.clone(),
+                connections.clone(),
+            ))
+            .layer(ingest_budget::IngestBudgetLayer::new(
+                config.ingest_budget(),
             ))
             .add_service(health_service)
             .add_service(reflection)
@@ -268,7 +272,7 @@ pub async fn run(
             .add_service(InterceptedService::new(planner, gate.clone()))
             .add_service(InterceptedService::new(coordinator, gate))
             .serve_with_incoming_shutdown(
-                admission::admit(incoming(listener), config.connection_limits(), activity),
+                admission::admit(incoming(listener), connections),
                 server_shutdown.cancelled_owned(),
             ),
     );
@@ -527,6 +531,30 @@ async fn prepare_database(
             Err(error) => return Err(error.context("preparing the database")),
         }
     }
+}
+
+/// Connections the kernel completes and queues for the planner to accept
+/// (`listen(2)` backlog; Linux caps it at `net.core.somaxconn`, 4,096 by
+/// default). Large, so that a flood of connections the planner closes at
+/// once cannot fill the queue: a full queue drops new connections'
+/// handshakes, and a legitimate client then waits a second for its
+/// retransmission.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` for [`run`] with a [`LISTEN_BACKLOG`]-deep queue
+/// (`SO_REUSEADDR` set, as `std` and Tokio's own `bind` do).
+///
+/// # Errors
+/// When the address cannot be bound (in use, not local, no permission).
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Accepted connections with `TCP_NODELAY` set: without it, Nagle's algorithm

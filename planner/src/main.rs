@@ -17,7 +17,7 @@ async fn main() -> ExitCode {
             Ok(started) => started,
             Err(code) => return code,
         };
-    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+    let listener = match redrive_planner::bind(config.listen) {
         Ok(listener) => listener,
         Err(error) => {
             eprintln!(

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     /// The operation did not finish in the time the call allows; the message
     /// says what to follow instead. It may still finish.
     DeadlineExceeded,
+    /// A bound on what callers may take of the service (connections,
+    /// streams, memory, a rate) is reached; retry later, the message names
+    /// the bound.
+    ResourceExhausted,
     /// A bug or an unexpected answer; the message says what.
     Internal,
 }
@@ -43,6 +47,7 @@ impl ErrorKind {
             Self::Unavailable => Code::Unavailable,
             Self::Unimplemented => Code::Unimplemented,
             Self::DeadlineExceeded => Code::DeadlineExceeded,
+            Self::ResourceExhausted => Code::ResourceExhausted,
             Self::Internal => Code::Internal,
         }
     }

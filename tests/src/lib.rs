@@ -50,7 +50,7 @@ use lapin::{BasicProperties, types::FieldTable};
 use redrive_planner::Config;
 use redrive_proto::{tls::ClientTlsFiles, v1::planner_client::PlannerClient};
 use sqlx::{Postgres, migrate::MigrateDatabase};
-use tokio::{net::TcpListener, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel as GrpcChannel;
 
@@ -243,7 +243,7 @@ impl PlannerHandle {
     /// # Errors
     /// When it does not answer within 30 s.
     pub async fn start_with(config: Config, tls: ClientTlsFiles) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = redrive_planner::bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(redrive_planner::run(config, listener, shutdown.clone()));

@@ -29,7 +29,7 @@ async fn connect_from(
 async fn idle_connections_from_one_peer_do_not_lock_out_another() -> anyhow::Result<()> {
     init_logging();
     let bed = TestBed::without_broker(|config| {
-        config.max_connections_per_peer = 16;
+        config.max_unauthenticated_connections_per_peer = 16;
     })
     .await?;
     // 300 connections that never speak, from 127.0.0.2.
@@ -150,11 +150,13 @@ async fn watch_streams_are_capped_per_caller_and_a_closed_one_frees_its_place() 
 async fn silent_http2_clients_are_closed_after_the_first_request_timeout() -> anyhow::Result<()> {
     init_logging();
     let bed = TestBed::without_broker(|config| {
-        config.max_connections = 8;
+        config.max_unauthenticated_connections = 8;
         config.first_request_timeout_seconds = 2;
     })
     .await?;
-    // The bed's own client holds one place; fill the other seven.
+    // The bed's own client holds one place; fill the other seven, one per
+    // address (so that no peer holds more than a newcomer's and none gives
+    // its place up).
     let mut silent = Vec::new();
     for last in 2..9 {
         let endpoint = tonic::transport::Endpoint::from_shared(bed.planner.url())?
@@ -186,5 +188,158 @@ async fn silent_http2_clients_are_closed_after_the_first_request_timeout() -> an
     let served = fresh().await?;
     assert!(matches!(served, Ok(Ok(_))), "{served:?}");
     drop(silent);
+    bed.finish().await
+}
+
+/// Connections that never speak, from `addresses` addresses of 127/8
+/// (127.0.0.2 on), `per_address` at a time from each, each opened again
+/// `reconnect_after` after the planner closes it; on a runtime of their own
+/// (as another process would be). Dropping it stops them.
+struct SilentCrowd {
+    stop: tokio_util::sync::CancellationToken,
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SilentCrowd {
+    fn start(
+        planner: std::net::SocketAddr,
+        addresses: u8,
+        per_address: usize,
+        reconnect_after: Duration,
+    ) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let thread = {
+            let stop = stop.clone();
+            let open = std::sync::Arc::clone(&open);
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(async move {
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for address in 0..addresses {
+                        let local = format!("127.0.0.{}", 2 + address);
+                        for _ in 0..per_address {
+                            let (stop, open, local) =
+                                (stop.clone(), std::sync::Arc::clone(&open), local.clone());
+                            tasks.spawn(async move {
+                                while !stop.is_cancelled() {
+                                    if let Ok(mut stream) = connect_from(&local, planner).await {
+                                        open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        let mut byte = [0_u8; 1];
+                                        tokio::select! {
+                                            _ = stream.read(&mut byte) => {}
+                                            () = stop.cancelled() => {}
+                                        }
+                                        open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                                    } else {
+                                        tokio::time::sleep(Duration::from_millis(10)).await;
+                                    }
+                                    tokio::select! {
+                                        () = tokio::time::sleep(reconnect_after) => {}
+                                        () = stop.cancelled() => {}
+                                    }
+                                }
+                            });
+                        }
+                    }
+                    while tasks.join_next().await.is_some() {}
+                });
+            })
+        };
+        Self {
+            stop,
+            open,
+            thread: Some(thread),
+        }
+    }
+
+    /// How many of its connections are open now.
+    fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for SilentCrowd {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The probe's attack on connection places (issue 28), against a planner
+/// set up as docs/security.md recommends (TLS, client certificates,
+/// defaults for every cap): 1,000 connections from 20 addresses that never
+/// speak (not even a TLS hello), each opened again as soon as the planner
+/// closes it; then again with each opened 1 s after. A legitimate client,
+/// connecting afresh each time with its certificate, gets its answer
+/// within 1 s at least 39 times out of 40 (before, 3 and 7 times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_from_twenty_addresses_leave_room_for_a_legitimate_client()
+-> anyhow::Result<()> {
+    init_logging();
+    let bed = TestBed::start_secure(None, redrive_tests::pki::Pki::new()?, |_| {}).await?;
+    for reconnect_after in [Duration::ZERO, Duration::from_secs(1)] {
+        let crowd = SilentCrowd::start(bed.planner.addr, 20, 50, reconnect_after);
+        // The crowd takes every place it can: the unauthenticated pool
+        // (256 by default, 16 per address) fills within a moment.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while crowd.open() < 250 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the crowd never held the pool: {} open",
+                crowd.open()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut served = 0;
+        let mut held = Vec::new();
+        let mut failures = Vec::new();
+        let mut took = Vec::new();
+        for _ in 0..40 {
+            held.push(crowd.open());
+            let started = std::time::Instant::now();
+            let attempt = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut client = redrive_proto::v1::planner_client::PlannerClient::new(
+                    bed.planner.channel().await?,
+                );
+                client.list_plans(v1::ListPlansRequest::default()).await?;
+                anyhow::Ok(())
+            })
+            .await;
+            took.push(started.elapsed());
+            match attempt {
+                Ok(Ok(())) => served += 1,
+                Ok(Err(error)) => failures.push(format!("{error:#}")),
+                Err(_) => failures.push("no answer within 1 s".to_owned()),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        held.sort_unstable();
+        let median = held[held.len() / 2];
+        drop(crowd);
+        took.sort_unstable();
+        eprintln!(
+            "reconnecting after {reconnect_after:?}: served {served}/40 while the crowd held \
+             {median} (median); answer time median {:?}, slowest {:?}",
+            took[took.len() / 2],
+            took[took.len() - 1]
+        );
+        assert!(
+            median >= 200,
+            "the attack was real: the crowd held {median} connections (median) while the client tried"
+        );
+        assert!(
+            served >= 39,
+            "reconnecting after {reconnect_after:?}: the legitimate client was served {served} times \
+             of 40 while the crowd held {median} connections; failures: {failures:?}"
+        );
+    }
     bed.finish().await
 }

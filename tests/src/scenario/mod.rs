@@ -119,6 +119,14 @@ pub struct ScenarioConfig {
     /// executor), `redrivectl` a token (`demo-operator`), the run's own
     /// client the `scenario-admin` certificate.
     pub pki: Option<std::sync::Arc<crate::pki::Pki>>,
+    /// `REDRIVE_LOG` of every child process (`warn`).
+    pub log_filter: String,
+    /// The broker URL the planner and the executors are given (`None`: their
+    /// default, the local RabbitMQ as guest). The run itself declares and
+    /// reads queues as guest.
+    pub amqp_url: Option<String>,
+    /// The executors' Redis ([`crate::REDIS_URL`]).
+    pub redis_url: String,
 }
 
 impl ScenarioConfig {
@@ -145,6 +153,9 @@ impl ScenarioConfig {
             terminal: std::io::stdout().is_terminal(),
             replay_timeout: Duration::from_secs(180),
             pki: None,
+            log_filter: "warn".to_owned(),
+            amqp_url: None,
+            redis_url: crate::REDIS_URL.to_owned(),
         }
     }
 
@@ -177,6 +188,9 @@ impl ScenarioConfig {
             replay_timeout: Duration::from_secs(90),
             names,
             pki: Some(std::sync::Arc::new(crate::pki::Pki::new()?)),
+            log_filter: "warn".to_owned(),
+            amqp_url: None,
+            redis_url: crate::REDIS_URL.to_owned(),
         })
     }
 
@@ -229,7 +243,12 @@ pub async fn run(config: &ScenarioConfig) -> anyhow::Result<Outcome> {
     let result = replay_incident(config, &broker, &mut processes, &mut outcome).await;
     let stopped = processes.stop_all().await;
     broker.cleanup().await;
-    let redis = redis_cleanup(&config.redis_prefix).await;
+    let redis = if config.redis_url == crate::REDIS_URL {
+        redis_cleanup(&config.redis_prefix).await
+    } else {
+        // A private Redis of the caller's, gone with it.
+        Ok(())
+    };
     if config.drop_database_at_end {
         let _ = Postgres::force_drop_database(&config.database_url).await;
     }
@@ -309,6 +328,9 @@ async fn replay_incident(
     .iter()
     .map(|arg| (*arg).to_owned())
     .collect();
+    if let Some(amqp_url) = &config.amqp_url {
+        planner_args.extend(["--amqp-url".to_owned(), amqp_url.clone()]);
+    }
     let mut admin_tls = redrive_proto::tls::ClientTlsFiles::default();
     if let Some(pki) = &config.pki {
         let path = |name: &str| pki.path(name).to_string_lossy().into_owned();

@@ -18,7 +18,6 @@ use tokio::{
 use tonic::transport::Channel;
 
 use super::{Logs, ScenarioConfig};
-use crate::REDIS_URL;
 
 /// The directory of the running binary's Cargo profile (`target/debug` for
 /// a binary or a test of this workspace).
@@ -115,6 +114,8 @@ pub(super) struct Process {
 
 /// The scenario's child processes.
 pub(super) struct Processes {
+    /// `REDRIVE_LOG` of every child.
+    log_filter: String,
     pub(super) bin_dir: PathBuf,
     pub(super) logs: Logs,
     pub(super) running: Vec<Process>,
@@ -125,6 +126,7 @@ pub(super) struct Processes {
 impl Processes {
     pub(super) fn new(config: &ScenarioConfig) -> Self {
         Self {
+            log_filter: config.log_filter.clone(),
             bin_dir: config.bin_dir.clone(),
             logs: config.logs.clone(),
             running: Vec::new(),
@@ -151,7 +153,7 @@ impl Processes {
         let mut command = Command::new(self.binary(program)?);
         command
             .args(args)
-            .env("REDRIVE_LOG", "warn")
+            .env("REDRIVE_LOG", &self.log_filter)
             .stdin(Stdio::null())
             .kill_on_drop(true);
         let log = match &self.logs {
@@ -302,7 +304,7 @@ pub(super) fn spawn_executor(
         "--planner",
         &config.planner_url(),
         "--redis-url",
-        REDIS_URL,
+        &config.redis_url,
         "--redis-prefix",
         &config.redis_prefix,
         "--executor-id",
@@ -323,6 +325,9 @@ pub(super) fn spawn_executor(
                 args.extend([flag.to_owned(), path.to_string_lossy().into_owned()]);
             }
         }
+    }
+    if let Some(amqp_url) = &config.amqp_url {
+        args.extend(["--amqp-url".to_owned(), amqp_url.clone()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     processes.spawn(executor_id, "redrive-executor", &args)
