@@ -19,7 +19,10 @@ use std::{
     collections::VecDeque,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -27,7 +30,7 @@ use std::{
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use tokio::{
-    sync::{AcquireError, OwnedSemaphorePermit, Semaphore},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, futures::OwnedNotified},
     time::Sleep,
 };
 use tonic::{Status, codegen::http};
@@ -44,15 +47,39 @@ pub const DEFAULT_INGEST_WAIT: Duration = Duration::from_secs(30);
 /// Bytes charged per item on top of twice its size: the decoded item's
 /// own fields and vectors.
 const ITEM_OVERHEAD: usize = 1024;
+/// Ingest streams that may wait for their share at once, across every
+/// connection. A waiting stream is not read, so what its client sent
+/// before it had to wait (at most [`STREAM_WINDOW_BYTES`]) stays in the
+/// planner's HTTP/2 buffers, outside the budget; and it holds that much of
+/// its connection's window ([`CONNECTION_WINDOW_BYTES`]). A stream that
+/// would wait beyond this many is refused at once.
+pub const MAX_WAITING_STREAMS: usize = 64;
+/// The HTTP/2 flow-control window the planner gives each stream, in bytes
+/// (RFC 9113, section 6.9.2, `SETTINGS_INITIAL_WINDOW_SIZE`): what a client
+/// may send on a stream that the planner has not read yet.
+pub const STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
+/// The HTTP/2 flow-control window the planner gives each connection, in
+/// bytes (RFC 9113, section 6.9): room for the windows of every stream that
+/// may wait ([`MAX_WAITING_STREAMS`]) and two more. The data a waiting
+/// stream holds unread counts against its connection's window; were the
+/// connection's window smaller, streams waiting on one connection would
+/// leave none for the stream of that connection that holds the budget,
+/// which then could not finish and return it: every stream would wait.
+#[allow(clippy::cast_possible_truncation)]
+pub const CONNECTION_WINDOW_BYTES: u32 = (MAX_WAITING_STREAMS as u32 + 2) * STREAM_WINDOW_BYTES;
 
 /// One budget of bytes shared by every ingest stream of the planner.
 #[derive(Debug, Clone)]
 pub struct IngestBudget {
     permits: Arc<Semaphore>,
+    /// Woken whenever a share is returned ([`Share`]).
+    released: Arc<Notify>,
     total: usize,
     wait: Duration,
     largest_message: usize,
     refused: Arc<Throttled>,
+    /// Streams waiting for their share now ([`MAX_WAITING_STREAMS`]).
+    waiting: Arc<AtomicUsize>,
 }
 
 impl IngestBudget {
@@ -64,10 +91,12 @@ impl IngestBudget {
         let total = total.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             permits: Arc::new(Semaphore::new(total)),
+            released: Arc::new(Notify::new()),
             total,
             wait,
             largest_message,
             refused: Arc::new(Throttled::default()),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -104,6 +133,35 @@ impl IngestBudget {
         self.total
     }
 
+    /// A place among the streams that wait ([`MAX_WAITING_STREAMS`]),
+    /// `None` when they are all taken.
+    fn wait_place(&self) -> Option<WaitPlace> {
+        self.waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |waiting| {
+                (waiting < MAX_WAITING_STREAMS).then_some(waiting + 1)
+            })
+            .ok()
+            .map(|_| WaitPlace(Arc::clone(&self.waiting)))
+    }
+
+    fn too_many_waiting(&self) -> Status {
+        if let Some(refused) = self.refused.count() {
+            warn!(
+                refused,
+                budget_bytes = self.total,
+                waiting = MAX_WAITING_STREAMS,
+                "ingest streams refused: too many streams already wait for the planner's ingest memory"
+            );
+        }
+        Status::resource_exhausted(format!(
+            "the planner's memory for ingest ({} MiB, --ingest-memory-bytes) is in use and {} other \
+             streams already wait for it; the items before were stored; send the stream again later \
+             (repeats are recognized)",
+            self.total / (1024 * 1024),
+            MAX_WAITING_STREAMS
+        ))
+    }
+
     fn exhausted(&self) -> Status {
         if let Some(refused) = self.refused.count() {
             warn!(
@@ -132,10 +190,57 @@ struct Cost {
     growth: usize,
 }
 
+/// Bytes of the budget held; dropping it returns them and wakes the
+/// streams waiting for room.
+#[derive(Debug)]
+struct Share {
+    permit: Option<OwnedSemaphorePermit>,
+    released: Arc<Notify>,
+}
+
+impl Share {
+    /// Moves `bytes` of this share into a share of their own.
+    fn split(&mut self, bytes: usize) -> Option<Share> {
+        let permit = self.permit.as_mut()?.split(bytes)?;
+        Some(Share {
+            permit: Some(permit),
+            released: Arc::clone(&self.released),
+        })
+    }
+
+    /// Adds `other`'s bytes to this share.
+    fn merge(&mut self, mut other: Share) {
+        if let (Some(mine), Some(theirs)) = (self.permit.as_mut(), other.permit.take()) {
+            mine.merge(theirs);
+        }
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        // Return the bytes first, then wake the waiters, so that a woken
+        // stream finds them.
+        if self.permit.take().is_some() {
+            self.released.notify_waiters();
+        }
+    }
+}
+
+/// A stream's place among those waiting ([`IngestBudget::wait_place`]);
+/// dropping it gives the place up.
+#[derive(Debug)]
+struct WaitPlace(Arc<AtomicUsize>);
+
+impl Drop for WaitPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// One item's share of the budget; dropping it returns the share.
 #[derive(Debug)]
 pub struct Reservation {
-    _permit: OwnedSemaphorePermit,
+    _share: Share,
 }
 
 /// The reservations of one ingest stream's messages, in stream order:
@@ -143,14 +248,14 @@ pub struct Reservation {
 /// handler takes one per item it receives ([`Reservations::take`]). Found in
 /// the request's extensions.
 #[derive(Debug, Clone, Default)]
-pub struct Reservations(Arc<Mutex<VecDeque<OwnedSemaphorePermit>>>);
+pub struct Reservations(Arc<Mutex<VecDeque<Share>>>);
 
 impl Reservations {
-    fn push(&self, permit: OwnedSemaphorePermit) {
+    fn push(&self, share: Share) {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push_back(permit);
+            .push_back(share);
     }
 
     /// The reservation of the next item of the stream (`None` when the
@@ -160,7 +265,7 @@ impl Reservations {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop_front()
-            .map(|permit| Reservation { _permit: permit })
+            .map(|share| Reservation { _share: share })
     }
 }
 
@@ -223,8 +328,9 @@ where
             held: None,
             scanned: 0,
             blocked: None,
-            acquiring: None,
+            woken: None,
             deadline: None,
+            waiting: None,
             buffer: None,
             buffer_bytes: 0,
         });
@@ -282,9 +388,6 @@ impl Framing {
     }
 }
 
-type Acquiring =
-    Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + 'static>>;
-
 /// A request body whose bytes are let through message by message: the
 /// bytes of a message from its prefix on go on once the message is
 /// charged, and those before it (earlier messages of the same frame) at
@@ -302,22 +405,24 @@ struct ChargedBody {
     /// A message of `held` whose prefix is read and whose charge is not
     /// reserved yet: its prefix's start in `held`, and its length.
     blocked: Option<Prefix>,
-    /// The reservation being waited for, and what it is for.
-    acquiring: Option<(Acquiring, Cost)>,
+    /// Wakes this stream when a share is returned while it waits for room.
+    woken: Option<Pin<Box<OwnedNotified>>>,
     /// When the wait of the current reservation ends.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// Its place among the streams waiting, while it waits.
+    waiting: Option<WaitPlace>,
     /// The share of the stream's decoding buffer, held until the stream
     /// ends (with the body).
-    buffer: Option<OwnedSemaphorePermit>,
+    buffer: Option<Share>,
     /// The largest message charged so far (what `buffer` covers).
     buffer_bytes: usize,
 }
 
 impl ChargedBody {
-    /// Splits `permit` into the item's reservation and the buffer's growth.
-    fn charged(&mut self, mut permit: OwnedSemaphorePermit, cost: Cost, length: usize) {
+    /// Splits `share` into the item's reservation and the buffer's growth.
+    fn charged(&mut self, mut share: Share, cost: Cost, length: usize) {
         if cost.growth > 0
-            && let Some(growth) = permit.split(cost.growth)
+            && let Some(growth) = share.split(cost.growth)
         {
             match self.buffer.as_mut() {
                 Some(buffer) => buffer.merge(growth),
@@ -325,47 +430,70 @@ impl ChargedBody {
             }
         }
         self.buffer_bytes = self.buffer_bytes.max(length);
-        self.reservations.push(permit);
+        self.reservations.push(share);
         self.deadline = None;
+        self.woken = None;
+        self.waiting = None;
     }
 
     /// Reserves the charge of a message of `length` bytes; `Ready(Err)`
     /// when the wait ran out.
+    ///
+    /// A stream takes its charge only when the budget has room for it
+    /// whole, and never queues for it: a queue (first come, first served)
+    /// would let a stream that holds its decoding buffer wait behind one
+    /// that needs that very buffer returned, and neither would move. A
+    /// stream without room waits until some share is returned, tries
+    /// again, and is refused once its wait runs out.
     fn poll_reserve(&mut self, cx: &mut Context<'_>, length: usize) -> Poll<Result<(), Status>> {
-        if self.acquiring.is_none() {
-            let cost = self.budget.cost(length, self.buffer_bytes);
-            let permits = u32::try_from(cost.item + cost.growth).unwrap_or(u32::MAX);
-            if let Ok(permit) = Arc::clone(&self.budget.permits).try_acquire_many_owned(permits) {
-                self.charged(permit, cost, length);
-                return Poll::Ready(Ok(()));
-            }
-            let acquiring = Box::pin(Arc::clone(&self.budget.permits).acquire_many_owned(permits));
-            self.acquiring = Some((acquiring, cost));
-        }
-        let Some((acquiring, cost)) = self.acquiring.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        let cost = *cost;
-        match acquiring.as_mut().poll(cx) {
-            Poll::Ready(Ok(permit)) => {
-                self.acquiring = None;
-                self.charged(permit, cost, length);
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(_closed)) => {
-                Poll::Ready(Err(Status::unavailable("the planner is stopping")))
-            }
-            Poll::Pending => {
-                let wait = self.budget.wait;
-                let deadline = self
-                    .deadline
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
-                if deadline.as_mut().poll(cx).is_ready() {
-                    self.acquiring = None;
-                    return Poll::Ready(Err(self.budget.exhausted()));
+        let cost = self.budget.cost(length, self.buffer_bytes);
+        let permits = u32::try_from(cost.item + cost.growth).unwrap_or(u32::MAX);
+        loop {
+            // Listen before trying: a share returned between the try and
+            // the wait still wakes this stream.
+            let woken = self.woken.get_or_insert_with(|| {
+                let mut woken = Box::pin(Arc::clone(&self.budget.released).notified_owned());
+                woken.as_mut().enable();
+                woken
+            });
+            match Arc::clone(&self.budget.permits).try_acquire_many_owned(permits) {
+                Ok(permit) => {
+                    let share = Share {
+                        permit: Some(permit),
+                        released: Arc::clone(&self.budget.released),
+                    };
+                    self.charged(share, cost, length);
+                    return Poll::Ready(Ok(()));
                 }
-                Poll::Pending
+                Err(tokio::sync::TryAcquireError::Closed) => {
+                    return Poll::Ready(Err(Status::unavailable("the planner is stopping")));
+                }
+                Err(tokio::sync::TryAcquireError::NoPermits) => {}
             }
+            if woken.as_mut().poll(cx).is_ready() {
+                self.woken = None;
+                continue;
+            }
+            if self.waiting.is_none() {
+                match self.budget.wait_place() {
+                    Some(place) => self.waiting = Some(place),
+                    None => {
+                        self.woken = None;
+                        return Poll::Ready(Err(self.budget.too_many_waiting()));
+                    }
+                }
+            }
+            let wait = self.budget.wait;
+            let deadline = self
+                .deadline
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+            if deadline.as_mut().poll(cx).is_ready() {
+                self.woken = None;
+                self.deadline = None;
+                self.waiting = None;
+                return Poll::Ready(Err(self.budget.exhausted()));
+            }
+            return Poll::Pending;
         }
     }
 }

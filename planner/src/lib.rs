@@ -249,7 +249,11 @@ pub async fn run(
         // One server span per call, continuing the caller's traceparent.
         .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
         .http2_keepalive_interval(Some(admission::KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(admission::KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(admission::KEEPALIVE_TIMEOUT))
+        // Room on every connection for the ingest streams that wait for
+        // the ingest budget, whose data stays unread meanwhile.
+        .initial_stream_window_size(ingest_budget::STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(ingest_budget::CONNECTION_WINDOW_BYTES);
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }

@@ -435,8 +435,31 @@ pub fn parse_traceparent(value: &str) -> Option<opentelemetry::trace::SpanContex
     span_context.is_valid().then_some(span_context)
 }
 
+/// Libraries whose most verbose levels print what they send and receive,
+/// credentials included, with the most verbose level of theirs that does
+/// not: lapin and amq-protocol (every `amq_protocol*` crate) print AMQP
+/// frames at TRACE, among them `Connection.StartOk`, whose SASL PLAIN
+/// `response` carries the broker user and password as bytes
+/// (<https://www.rabbitmq.com/docs/access-control>, "SASL mechanisms").
+pub const SECRET_CAPPED_TARGETS: &[(&str, tracing::Level)] = &[
+    ("lapin", tracing::Level::DEBUG),
+    ("amq_protocol", tracing::Level::DEBUG),
+];
+
+/// The filter every log line passes whatever `REDRIVE_LOG` says, so that no
+/// level prints a secret: [`SECRET_CAPPED_TARGETS`] capped (a target names
+/// a module and everything under it, and prefixes of crate names match:
+/// `amq_protocol` covers `amq_protocol_tcp`), everything else as
+/// `REDRIVE_LOG` decides.
+pub fn secret_cap() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::TRACE)
+        .with_targets(SECRET_CAPPED_TARGETS.iter().copied())
+}
+
 /// Installs the process's `tracing` subscriber: log lines to stderr (JSON
-/// lines with `json`, else text; filtered by `filter`, e.g. `REDRIVE_LOG`)
+/// lines with `json`, else text; filtered by `filter`, e.g. `REDRIVE_LOG`,
+/// and by [`secret_cap`] whatever `filter` says)
 /// and, with an OTLP `endpoint`, spans at INFO and above exported through
 /// [`tracer_provider`] whatever the log filter says. Returns the provider
 /// to shut down (flush) at exit. Must run inside the Tokio runtime.
@@ -457,7 +480,9 @@ pub fn init_subscriber(
         tracing_layer(provider, service_name)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
-    let logs = log_layer(json, std::io::stderr).with_filter(filter);
+    let logs = log_layer(json, std::io::stderr).with_filter(
+        tracing_subscriber::filter::FilterExt::and(filter, secret_cap()),
+    );
     tracing_subscriber::registry().with(spans).with(logs).init();
     Ok(provider)
 }

@@ -34,6 +34,9 @@ fn peak_resident_bytes() -> anyhow::Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_large_bodies_is_stored_as_it_comes() -> anyhow::Result<()> {
     init_logging();
+    // This test reads this process's own peak: nothing else may build
+    // large bodies here meanwhile.
+    let _alone = ONE_AT_A_TIME.lock().await;
     let mut bed = TestBed::without_broker(|_| {}).await?;
     let source = unique("large");
     // Resets the peak to the current resident size (Linux, `clear_refs`).
@@ -92,6 +95,10 @@ fn memory_of(pid: u32) -> anyhow::Result<(u64, u64)> {
 
 const MIB: u64 = 1024 * 1024;
 
+/// Held by the tests that build hundreds of MiB of bodies in this process,
+/// since one of them measures this process's peak.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Issue 28: 12 concurrent streams of 50 MiB items from one operator took
 /// the planner to 1,255 MiB, and 477 MiB stayed allocated after. Now every
 /// ingest stream shares one budget (`--ingest-memory-bytes`, here 160 MiB):
@@ -105,6 +112,7 @@ async fn concurrent_streams_share_one_bounded_budget_and_memory_is_returned() ->
     use redrive_tests::{TestDb, scenario};
 
     init_logging();
+    let _alone = ONE_AT_A_TIME.lock().await;
     const STREAMS: usize = 12;
     const PER_STREAM: usize = 2;
     const BUDGET: u64 = 160 * MIB;

@@ -274,6 +274,22 @@ pub(crate) fn push_selected(
     builder.push(")");
 }
 
+/// Bodies in one statement above which its connection gives its buffers
+/// back afterwards: 1 MiB.
+const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
+
+/// Gives `connection`'s buffers back to the allocator after it stored
+/// `batch`, when the batch's bodies were large: sqlx keeps a connection's
+/// buffers as large as its largest statement (`Connection::shrink_buffers`),
+/// so every connection of the pool that once stored a 50 MiB body would
+/// keep 50 MiB and more, outside the ingest budget, for its whole life.
+fn shrink_after(connection: &mut sqlx::PgConnection, batch: &[NewDeadLetter]) {
+    let bytes: usize = batch.iter().map(|item| item.body.len()).sum();
+    if bytes > SHRINK_AFTER_BYTES {
+        sqlx::Connection::shrink_buffers(connection);
+    }
+}
+
 impl Store {
     /// Stores `batch` (ingest and import: idempotent per source and dedup key)
     /// in one statement.
@@ -284,9 +300,11 @@ impl Store {
         &self,
         batch: &[NewDeadLetter],
     ) -> Result<InsertOutcome, StoreError> {
-        let mut transaction = self.pool().begin().await?;
+        let mut connection = self.pool().acquire().await?;
+        let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
         let inserted = insert_rows(&mut transaction, batch, None).await?;
         transaction.commit().await?;
+        shrink_after(&mut connection, batch);
         Ok(InsertOutcome {
             inserted,
             already_stored: batch.len() as u64 - inserted,
@@ -308,7 +326,8 @@ impl Store {
         source: &str,
         batch: &[NewDeadLetter],
     ) -> Result<(i64, InsertOutcome), StoreError> {
-        let mut transaction = self.pool().begin().await?;
+        let mut connection = self.pool().acquire().await?;
+        let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
         let batch_id: i64 = sqlx::query_scalar(
             "INSERT INTO capture_batches (session, source) VALUES ($1, $2) RETURNING id",
         )
@@ -342,6 +361,7 @@ impl Store {
         }
         let inserted = insert_rows(&mut transaction, &fresh, Some(batch_id)).await?;
         transaction.commit().await?;
+        shrink_after(&mut connection, batch);
         Ok((
             batch_id,
             InsertOutcome {
