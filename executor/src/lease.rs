@@ -632,6 +632,30 @@ async fn report(
             };
             match answer {
                 Ok(Some(answer)) => {
+                    if answer.refused > 0 && !answer.lease_lost {
+                        // Under a lease this executor still holds, a refusal
+                        // means it reported what it never marked (a bug
+                        // here): publish nothing more, and neither complete
+                        // nor release the slice, so that its expiry judges
+                        // the unreported items by the mark.
+                        tracing::error!(
+                            refused = answer.refused,
+                            accepted = answer.accepted,
+                            "the planner refused outcomes of a live lease; stopping the slice and letting its lease expire"
+                        );
+                        shared
+                            .unreported
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                        shared.stop(StopReason::Lost(
+                            "the planner refused outcomes of this lease".to_owned(),
+                        ));
+                    } else if answer.refused > 0 {
+                        info!(
+                            refused = answer.refused,
+                            accepted = answer.accepted,
+                            "late outcomes of an expired lease refused; the planner recorded its marked items as uncertain"
+                        );
+                    }
                     if answer.lease_lost {
                         shared.stop(StopReason::Lost(
                             "the planner says another lease holds the slice now".to_owned(),
