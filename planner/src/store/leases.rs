@@ -868,8 +868,7 @@ async fn record_accepted(
     outcomes: &[&Outcome],
     keys: &[String],
 ) -> Result<(), StoreError> {
-    let column =
-        |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
+    let column = |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
     let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
     let actions = column(&|o| o.action.clone());
     let reasons = column(&|o| o.reason.replace('\0', ""));
@@ -1284,5 +1283,66 @@ impl Store {
                 Ok(dead_letter)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseStanding, Refusal, judge};
+
+    const HELD: LeaseStanding = LeaseStanding {
+        current_token: true,
+        held: true,
+        unexpired: true,
+        mark: Some(5),
+    };
+
+    #[test]
+    fn publish_outcomes_need_a_mark_and_skips_an_unexpired_lease() {
+        for action in ["sent", "uncertain", "failed", "unroutable"] {
+            assert_eq!(judge(HELD, action, Some(5)), None, "{action}");
+            assert_eq!(judge(HELD, action, Some(6)), Some(Refusal::Unmarked));
+            let unmarked = LeaseStanding { mark: None, ..HELD };
+            assert_eq!(judge(unmarked, action, Some(0)), Some(Refusal::Unmarked));
+            // Expired but not swept: the mark still stands.
+            let expired = LeaseStanding {
+                unexpired: false,
+                ..HELD
+            };
+            assert_eq!(judge(expired, action, Some(5)), None);
+        }
+        for action in [
+            "skipped_duplicate",
+            "skipped_stale",
+            "skipped_state",
+            "needs_compensation",
+        ] {
+            assert_eq!(judge(HELD, action, Some(9)), None, "no mark needed");
+            let expired = LeaseStanding {
+                unexpired: false,
+                ..HELD
+            };
+            assert_eq!(judge(expired, action, Some(0)), Some(Refusal::LeaseExpired));
+        }
+    }
+
+    #[test]
+    fn an_ended_or_replaced_lease_and_a_stranger_are_refused() {
+        let ended = LeaseStanding {
+            held: false,
+            unexpired: false,
+            mark: None,
+            ..HELD
+        };
+        assert_eq!(judge(ended, "sent", Some(0)), Some(Refusal::LeaseEnded));
+        let replaced = LeaseStanding {
+            current_token: false,
+            ..ended
+        };
+        assert_eq!(judge(replaced, "sent", Some(0)), Some(Refusal::StaleToken));
+        assert_eq!(judge(HELD, "sent", None), Some(Refusal::NotInSlice));
+        let names: std::collections::HashSet<_> =
+            Refusal::ALL.iter().map(|refusal| refusal.name()).collect();
+        assert_eq!(names.len(), Refusal::ALL.len(), "distinct names");
     }
 }
