@@ -94,9 +94,10 @@ struct Shared {
     reason: Mutex<Option<StopReason>>,
     /// No publish at or after this instant.
     deadline: Mutex<Instant>,
-    /// The reporter gave up on some outcomes: never release the slice then
-    /// (its expiry makes every unreported item uncertain; a release would
-    /// let them be published again with no `uncertain` on the record).
+    /// The reporter gave up on some outcomes, or the planner refused some
+    /// of a live lease's: never release the slice then (its expiry makes
+    /// the marked, unreported items uncertain; a release would let them be
+    /// published again with no `uncertain` on the record).
     unreported: std::sync::atomic::AtomicBool,
     /// The write-ahead mark the planner recorded: items up to this position
     /// may be published (`None`: nothing yet).
@@ -658,7 +659,8 @@ async fn report(
                     }
                     if answer.lease_lost {
                         shared.stop(StopReason::Lost(
-                            "the planner says another lease holds the slice now".to_owned(),
+                            "the planner says this lease expired or another holds the slice now"
+                                .to_owned(),
                         ));
                     }
                     break;

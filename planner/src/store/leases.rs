@@ -200,8 +200,10 @@ pub fn judge(lease: LeaseStanding, action: &str, position: Option<i64>) -> Optio
     }
 }
 
-/// Actions that say what happened to a publish, recorded even from a lost
-/// lease: the audit must never miss a message the broker took.
+/// Actions that say what happened to a publish: recorded only for items the
+/// reporting lease marked, and also from a lease that expired but was not
+/// swept yet ([`judge`]), so the audit never misses a message the broker
+/// took.
 pub const PUBLISH_OUTCOMES: &[&str] = &["sent", "uncertain", "failed", "unroutable"];
 
 /// Item states that end an item.
@@ -234,6 +236,10 @@ impl Store {
     /// fencing token. A lease that expired is not taken over here: the
     /// planner's sweep ([`Store::expire_leases`]) first records what its
     /// holder may have published, then makes the slice pending again.
+    /// With `marks_publishing` the lease starts with an empty write-ahead
+    /// mark; without it (what a planner from before marks did; the
+    /// coordinator refuses such claims) its expiry judges every unreported
+    /// item.
     ///
     /// # Errors
     /// [`StoreError`].
