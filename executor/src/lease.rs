@@ -94,9 +94,10 @@ struct Shared {
     reason: Mutex<Option<StopReason>>,
     /// No publish at or after this instant.
     deadline: Mutex<Instant>,
-    /// The reporter gave up on some outcomes: never release the slice then
-    /// (its expiry makes every unreported item uncertain; a release would
-    /// let them be published again with no `uncertain` on the record).
+    /// The reporter gave up on some outcomes, or the planner refused some
+    /// of a live lease's: never release the slice then (its expiry makes
+    /// the marked, unreported items uncertain; a release would let them be
+    /// published again with no `uncertain` on the record).
     unreported: std::sync::atomic::AtomicBool,
     /// The write-ahead mark the planner recorded: items up to this position
     /// may be published (`None`: nothing yet).
@@ -632,9 +633,34 @@ async fn report(
             };
             match answer {
                 Ok(Some(answer)) => {
+                    if answer.refused > 0 && !answer.lease_lost {
+                        // Under a lease this executor still holds, a refusal
+                        // means it reported what it never marked (a bug
+                        // here): publish nothing more, and neither complete
+                        // nor release the slice, so that its expiry judges
+                        // the unreported items by the mark.
+                        tracing::error!(
+                            refused = answer.refused,
+                            accepted = answer.accepted,
+                            "the planner refused outcomes of a live lease; stopping the slice and letting its lease expire"
+                        );
+                        shared
+                            .unreported
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                        shared.stop(StopReason::Lost(
+                            "the planner refused outcomes of this lease".to_owned(),
+                        ));
+                    } else if answer.refused > 0 {
+                        info!(
+                            refused = answer.refused,
+                            accepted = answer.accepted,
+                            "late outcomes of an expired lease refused; the planner recorded its marked items as uncertain"
+                        );
+                    }
                     if answer.lease_lost {
                         shared.stop(StopReason::Lost(
-                            "the planner says another lease holds the slice now".to_owned(),
+                            "the planner says this lease expired or another holds the slice now"
+                                .to_owned(),
                         ));
                     }
                     break;

@@ -947,6 +947,8 @@ impl Worker {
             let request = v1::RecheckStateRequest {
                 plan_id: run.context.plan_id.clone(),
                 dead_letter_ids: to_check.clone(),
+                slice_id: lease.slice_id().to_owned(),
+                fencing_token: lease.token(),
             };
             let answer = tokio::select! {
                 () = lease.stopped() => {

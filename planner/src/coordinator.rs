@@ -147,15 +147,27 @@ impl Coordinator {
 
     /// The owning services' verdicts on `dead_letter_ids` now, right before
     /// they are published (docs/design.md, "Executor loop": state re-check).
-    /// Messages no hook covers are `replay`.
+    /// Only for items of the caller's lease: `token` must be the current,
+    /// unexpired lease of `slice_id`, held by `caller`, and each id an item
+    /// of that slice (and `plan_id`, when not empty, its plan). Messages no
+    /// hook covers are `replay`.
     ///
     /// # Errors
-    /// `InvalidArgument` for a bad id; `Unavailable` when a hook fails (the
-    /// executor must not publish then); store errors.
+    /// `InvalidArgument` for a bad id, a dead letter that is not an item of
+    /// the slice (naming `dead_letter_ids[i]`) or another plan's id;
+    /// `FailedPrecondition` (STALE_FENCING_TOKEN) when the token is not the
+    /// caller's current lease; `Unavailable` when a hook fails (the executor
+    /// must not publish then); store errors.
     pub async fn recheck(
         &self,
+        plan_id: &str,
+        slice_id: &str,
+        token: u64,
+        caller: &str,
         dead_letter_ids: &[String],
     ) -> Result<Vec<v1::StateDecision>, Error> {
+        let slice_id = parse_slice_id(slice_id)?;
+        let token = parse_token(token)?;
         let ids = dead_letter_ids
             .iter()
             .enumerate()
@@ -165,6 +177,27 @@ impl Coordinator {
                     .map_err(|_| Error::invalid(format!("dead_letter_ids[{index}]"), "not an id"))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let (slice_plan, members) = self
+            .store
+            .lease_items(slice_id, token, caller, &ids)
+            .await??;
+        if !plan_id.is_empty() && plan_id != slice_plan.to_string() {
+            return Err(Error::invalid(
+                "plan_id",
+                format!("{plan_id:?} is not the plan of slice {slice_id} ({slice_plan})"),
+            ));
+        }
+        let members: std::collections::HashSet<DeadLetterId> = members.into_iter().collect();
+        if let Some(index) = ids.iter().position(|id| !members.contains(id)) {
+            return Err(Error::invalid(
+                format!("dead_letter_ids[{index}]"),
+                format!(
+                    "dead letter {} is not an item of slice {slice_id}; a state re-check \
+                     answers only for items of the caller's lease",
+                    ids[index]
+                ),
+            ));
+        }
         let dead_letters = self.store.dead_letters_by_id(&ids).await?;
         let mut by_route: std::collections::BTreeMap<usize, Vec<v1::StateCheckMessage>> =
             std::collections::BTreeMap::new();
@@ -222,11 +255,13 @@ impl Coordinator {
 
     /// Leases a slice to `executor_id`, waiting up to `wait` (at most
     /// [`MAX_CLAIM_WAIT`]) for one to become claimable. `Ok(None)`: none came.
-    /// With `marks_publishing` the executor promises to call
-    /// [`Coordinator::mark_publishing`] before it publishes.
+    /// `marks_publishing` must be true: the executor promises to call
+    /// [`Coordinator::mark_publishing`] before it publishes, and its reports
+    /// are accepted only for the items it marked.
     ///
     /// # Errors
-    /// `InvalidArgument` for an empty executor id; store errors.
+    /// `InvalidArgument` for an empty executor id; `FailedPrecondition`
+    /// without `marks_publishing`; store errors.
     pub async fn claim(
         &self,
         executor_id: &str,
@@ -236,6 +271,14 @@ impl Coordinator {
     ) -> Result<Option<v1::Slice>, Error> {
         if executor_id.trim().is_empty() {
             return Err(Error::invalid("executor_id", "must not be empty"));
+        }
+        if !marks_publishing {
+            return Err(Error::FailedPrecondition(
+                "marks_publishing is false: the planner accepts outcomes only for items a lease \
+                 marked with MarkPublishing, so an executor must mark before it publishes; \
+                 upgrade the executor"
+                    .to_owned(),
+            ));
         }
         // The executor id the lease and the audit record: with
         // authentication, it names the principal too when the id the
@@ -248,7 +291,7 @@ impl Coordinator {
         loop {
             if let Some(slice) = self
                 .store
-                .claim_slice(executor_id, caller, self.lease_ttl, marks_publishing)
+                .claim_slice(executor_id, caller, self.lease_ttl, true)
                 .await?
             {
                 // An item no claim answer can carry fails at once (it would
@@ -278,18 +321,6 @@ impl Coordinator {
                             .await
                     }
                     Err(error) => Err(error),
-                };
-                // A lease without write-ahead marks is judged, should it
-                // expire, only by the items it received.
-                let loaded = match loaded {
-                    Ok(items) if !marks_publishing && !items.is_empty() => {
-                        let last = items.last().map_or(0, |item| item.position);
-                        self.store
-                            .bound_unmarked(slice.slice_id, slice.fencing_token, last)
-                            .await
-                            .map(|()| items)
-                    }
-                    other => other,
                 };
                 let items = match loaded {
                     Ok(loaded) => loaded,
@@ -377,13 +408,17 @@ impl Coordinator {
         })
     }
 
-    /// Records a batch of outcomes for a slice: all of them under the
-    /// current lease; under a lost one only what happened to publishes
-    /// (`Store::report_outcomes`), and the answer says `lease_lost`.
+    /// Records a batch of outcomes for a slice, each judged by
+    /// `store::leases::judge`: publish outcomes only for items the lease
+    /// marked, under the slice's current token; skip decisions only under
+    /// the current, unexpired lease. The rest is refused and recorded with
+    /// `caller` (`Store::report_outcomes`); the answer counts them in
+    /// `refused` and says `lease_lost` once the lease expired.
     ///
     /// # Errors
     /// `InvalidArgument` for a malformed event (naming `events[i].field`);
-    /// `FailedPrecondition` for a token the slice never had; store errors.
+    /// `FailedPrecondition` for a token the slice never had for `caller`;
+    /// store errors.
     pub async fn report(
         &self,
         request: v1::ReportOutcomesRequest,
@@ -451,14 +486,15 @@ impl Coordinator {
                 slice.id = slice_id,
                 fencing_token = token,
                 accepted = reported.accepted,
-                dropped = reported.dropped,
-                "outcomes of a lost lease recorded"
+                refused = reported.refused,
+                "outcomes of an expired lease judged"
             );
         }
         Ok(v1::ReportOutcomesResponse {
             accepted: reported.accepted,
             lease_lost: reported.lease_lost,
             dropped: reported.dropped,
+            refused: reported.refused,
         })
     }
 

@@ -677,8 +677,18 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::RecheckStateRequest>,
     ) -> Result<Response<v1::RecheckStateResponse>, Status> {
+        let caller = caller(&request);
         let request = request.into_inner();
-        let decisions = self.coordinator.recheck(&request.dead_letter_ids).await?;
+        let decisions = self
+            .coordinator
+            .recheck(
+                &request.plan_id,
+                &request.slice_id,
+                request.fencing_token,
+                &caller,
+                &request.dead_letter_ids,
+            )
+            .await?;
         Ok(Response::new(v1::RecheckStateResponse { decisions }))
     }
 }

@@ -17,6 +17,7 @@
 //! | `redrive.planner.plans` | gauge | `{plan}` | `redrive.plan.state`: plans in each state, counted in PostgreSQL every [`PLANS_COUNT_INTERVAL`] (so the figure is shared by every planner of the database) |
 //! | `redrive.planner.gate.trips` | counter | `{trip}` | `redrive.gate.action` (`pause`, `abort`) |
 //! | `redrive.planner.leases.expired` | counter | `{lease}` | none |
+//! | `redrive.planner.outcomes.refused` | counter | `{outcome}` | `redrive.refusal.reason` (`unmarked`, `stale_token`, `lease_ended`, `lease_expired`, `not_in_slice`, `unknown_lease`): reported outcomes refused as late or forged |
 
 use std::{collections::HashMap, time::Duration};
 
@@ -53,6 +54,8 @@ pub const PLANS_COUNT_INTERVAL: Duration = Duration::from_secs(10);
 pub const GATE_TRIPS: &str = "redrive.planner.gate.trips";
 /// Leases that expired unreported.
 pub const LEASES_EXPIRED: &str = "redrive.planner.leases.expired";
+/// Reported outcomes refused as late or forged, by reason.
+pub const OUTCOMES_REFUSED: &str = "redrive.planner.outcomes.refused";
 
 /// Why capture failed: the `error.type` of [`CAPTURE_ERRORS`].
 #[derive(Debug, Clone, Copy)]
@@ -107,6 +110,7 @@ pub struct PlannerMetrics {
     plans: Gauge<u64>,
     gate_trips: Counter<u64>,
     leases_expired: Counter<u64>,
+    outcomes_refused: Counter<u64>,
     /// By `AuditAction`.
     actions: EnumAttributes<9>,
     /// By `PlanState`.
@@ -191,6 +195,11 @@ impl PlannerMetrics {
                 LEASES_EXPIRED,
                 "{lease}",
                 "Slice leases that expired before their executor ended them",
+            ),
+            outcomes_refused: counter(
+                OUTCOMES_REFUSED,
+                "{outcome}",
+                "Reported outcomes refused as late or forged, by reason",
             ),
             actions,
             states,
@@ -322,6 +331,15 @@ impl PlannerMetrics {
     pub fn leases_expired(&self, count: u64) {
         if count > 0 {
             self.leases_expired.add(count, &[]);
+        }
+    }
+
+    /// `count` reported outcomes were refused for `reason` (a
+    /// `store::leases::Refusal` name, a fixed set).
+    pub fn outcomes_refused(&self, reason: &'static str, count: u64) {
+        if count > 0 {
+            self.outcomes_refused
+                .add(count, &[KeyValue::new("redrive.refusal.reason", reason)]);
         }
     }
 }

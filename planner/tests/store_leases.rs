@@ -295,8 +295,9 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
             "guessed token {guess}"
         );
     }
-    // The live lease's report records the plan item's key, whatever the
-    // report names.
+    // The live lease's report of a marked item records the plan item's
+    // key, whatever the report names.
+    db.mark(slice, first.fencing_token, 1).await;
     let reported = db
         .store
         .report_outcomes(slice, first.fencing_token, "", &[sent(0, "forged-key")])
@@ -304,7 +305,9 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
         .unwrap()
         .unwrap();
     assert_eq!((reported.accepted, reported.lease_lost), (1, false));
-    // An earlier lease's late `sent` is still the truth and recorded.
+    // An earlier lease's late `sent` is refused once the sweep ended the
+    // lease: the sweep made the marked, unreported item `uncertain`, and
+    // the next lease publishes it again with the same message id.
     db.backdate(slice).await;
     db.store.expire_leases().await.unwrap();
     let second = db.claim("new", true).await;
@@ -319,17 +322,20 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((late.accepted, late.lease_lost), (1, true));
+    assert_eq!((late.accepted, late.refused, late.lease_lost), (0, 1, true));
     assert!(second.fencing_token > first.fencing_token);
-    let recorded: Vec<String> = sqlx::query_scalar(
-        "SELECT message_key FROM audit_events WHERE action = 'sent' ORDER BY id",
+    let recorded: Vec<(String, String)> = sqlx::query_as(
+        "SELECT message_key, action FROM audit_events WHERE action IN ('sent', 'uncertain') ORDER BY id",
     )
     .fetch_all(&db.pool)
     .await
     .unwrap();
     assert_eq!(
         recorded,
-        [dead_letters[0].1.clone(), dead_letters[1].1.clone()]
+        [
+            (dead_letters[0].1.clone(), "sent".to_owned()),
+            (dead_letters[1].1.clone(), "uncertain".to_owned())
+        ]
     );
     // The replay record of a key is its `sent` or `uncertain` event: keyed by
     // the plan's key and the dead letter's destination, never the report's.
@@ -346,6 +352,140 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
         assert_ne!(key, "forged-key", "the ledger takes keys from the plan");
         assert_eq!(destination.as_ref(), Some(dead_letter_destination));
     }
+}
+
+/// Issue 28: a report is judged by its lease's write-ahead mark. A publish
+/// outcome needs the item marked and the slice's current token with the
+/// slice still leased under it (expired but not yet swept still counts); a
+/// skip decision needs the current, unexpired lease; an item outside the
+/// slice is refused. Every refusal is one `refused_outcomes` row with the
+/// principal and the reason.
+#[tokio::test]
+async fn a_report_is_judged_by_its_leases_mark() {
+    let db = Db::new().await;
+    let lease = db
+        .store
+        .claim_slice("exec-1", "executor-a", TTL, true)
+        .await
+        .unwrap()
+        .expect("the pending slice");
+    let (slice, token) = (lease.slice_id, lease.fencing_token);
+    let items: Vec<DeadLetterId> =
+        sqlx::query_scalar("SELECT dead_letter_id FROM plan_items ORDER BY position")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let outcome = |index: usize, action: &str| Outcome {
+        dead_letter_id: items[index],
+        message_key: String::new(),
+        action: action.to_owned(),
+        reason: String::new(),
+        executor_id: "x".to_owned(),
+        attempt: 1,
+        confirm_latency_us: 0,
+        at: chrono::Utc::now(),
+    };
+    let report = |token: i64, outcomes: Vec<Outcome>| {
+        let store = db.store.clone();
+        async move {
+            store
+                .report_outcomes(slice, token, "executor-a", &outcomes)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let reasons = || async {
+        sqlx::query_as::<_, (i64, String, String, String)>(
+            "SELECT dead_letter_id, principal, action, reason FROM refused_outcomes ORDER BY id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, principal, action, reason)| {
+            assert_eq!(principal, "executor-a");
+            let index = items.iter().position(|item| item.get() == id);
+            (index, action, reason)
+        })
+        .collect::<Vec<_>>()
+    };
+    // Nothing marked: every publish outcome is refused; a skip decision
+    // needs no mark.
+    let answer = report(
+        token,
+        vec![
+            outcome(0, "sent"),
+            outcome(1, "uncertain"),
+            outcome(2, "failed"),
+            outcome(3, "skipped_stale"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (
+            answer.accepted,
+            answer.refused,
+            answer.dropped,
+            answer.lease_lost
+        ),
+        (1, 3, 3, false)
+    );
+    // Marked through position 1: those two are accepted, position 2 not.
+    db.store
+        .mark_publishing(slice, token, "executor-a", 1)
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = report(token, vec![outcome(0, "sent"), outcome(2, "unroutable")]).await;
+    assert_eq!((answer.accepted, answer.refused), (1, 1));
+    // Expired, not swept yet: a marked item's publish outcome still counts,
+    // a skip decision does not.
+    db.backdate(slice).await;
+    let answer = report(token, vec![outcome(1, "sent"), outcome(2, "skipped_stale")]).await;
+    assert_eq!(
+        (answer.accepted, answer.refused, answer.lease_lost),
+        (1, 1, true)
+    );
+    assert_eq!(
+        db.states().await,
+        ["sent", "sent", "pending", "skipped_stale"]
+    );
+    // Swept: the lease ended, its mark with it.
+    db.store.expire_leases().await.unwrap();
+    let answer = report(token, vec![outcome(1, "sent")]).await;
+    assert_eq!((answer.accepted, answer.refused), (0, 1));
+    // Leased again: the old token is stale.
+    db.store
+        .claim_slice("exec-2", "executor-b", TTL, true)
+        .await
+        .unwrap()
+        .expect("the slice again");
+    let answer = report(token, vec![outcome(2, "sent")]).await;
+    assert_eq!((answer.accepted, answer.refused), (0, 1));
+    // A dead letter of no slice item (an id that exists nowhere).
+    let mut stranger = outcome(0, "sent");
+    stranger.dead_letter_id = DeadLetterId::new(i64::MAX);
+    let answer = report(token, vec![stranger]).await;
+    assert_eq!((answer.accepted, answer.refused), (0, 1));
+    let refused = reasons().await;
+    let expected: Vec<(Option<usize>, &str, &str)> = vec![
+        (Some(0), "sent", "unmarked"),
+        (Some(1), "uncertain", "unmarked"),
+        (Some(2), "failed", "unmarked"),
+        (Some(2), "unroutable", "unmarked"),
+        (Some(2), "skipped_stale", "lease_expired"),
+        (Some(1), "sent", "lease_ended"),
+        (Some(2), "sent", "stale_token"),
+        (None, "sent", "not_in_slice"),
+    ];
+    assert_eq!(
+        refused
+            .iter()
+            .map(|(index, action, reason)| (*index, action.as_str(), reason.as_str()))
+            .collect::<Vec<_>>(),
+        expected
+    );
 }
 
 /// Issue 15: a lease is bound to the principal that claimed it. Another
@@ -412,6 +552,19 @@ async fn a_lease_refuses_every_write_from_another_principal() {
             Err(stale)
         );
     }
+    // The intruder's reports are recorded as refused, with its principal.
+    let refused: Vec<(String, String)> =
+        sqlx::query_as("SELECT principal, reason FROM refused_outcomes ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        refused,
+        [
+            ("executor-b".to_owned(), "unknown_lease".to_owned()),
+            (String::new(), "unknown_lease".to_owned())
+        ]
+    );
     // The holder is untouched by all that.
     assert!(
         db.store
@@ -420,6 +573,11 @@ async fn a_lease_refuses_every_write_from_another_principal() {
             .unwrap()
             .is_ok()
     );
+    db.store
+        .mark_publishing(slice, token, "executor-a", 0)
+        .await
+        .unwrap()
+        .unwrap();
     let reported = db
         .store
         .report_outcomes(slice, token, "executor-a", &sent)

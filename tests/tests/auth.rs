@@ -259,6 +259,7 @@ async fn only_executors_may_call_the_coordinator() -> anyhow::Result<()> {
     let pki = bed.pki.clone().expect("a secure bed");
     let claim = || v1::ClaimSliceRequest {
         executor_id: "forger".to_owned(),
+        marks_publishing: true,
         ..Default::default()
     };
     // Not an admin (the bed's certificate), not an operator token.
@@ -621,5 +622,403 @@ async fn an_executor_cannot_act_on_another_executors_lease() -> anyhow::Result<(
             release: true,
         })
         .await?;
+    bed.finish().await
+}
+
+/// A secure bed capturing `dlqs` (the first with `messages` stored) with
+/// 30 s leases (expiry is made by backdating), four-eyes on and the
+/// planner's metrics on `metrics`; and a plan of alice over the first DLQ,
+/// approved by bob: slices of `slice_size`, all in the canary wave.
+async fn secure_plan(
+    broker: Broker,
+    dlqs: &[&str],
+    messages: u64,
+    slice_size: u32,
+    metrics: Option<std::net::SocketAddr>,
+) -> anyhow::Result<(TestBed, v1::Plan)> {
+    let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
+        capturing(config, dlqs);
+        config.lease_ttl_seconds = 30;
+        config.four_eyes = true;
+        config.telemetry.metrics_listen = metrics;
+    })
+    .await?;
+    captured(&mut bed.client, dlqs[0], messages).await?;
+    let report = bed
+        .client
+        .run_precheck(as_principal("alice", precheck_request(dlqs[0])))
+        .await?
+        .into_inner();
+    let plan = bed
+        .client
+        .create_plan(as_principal(
+            "alice",
+            CreatePlanRequest {
+                precheck_id: report.precheck_id.clone(),
+                rate: Some(Rate {
+                    per_second: 1000.0,
+                    burst: 10,
+                    rationale: "test downstream takes this easily".into(),
+                }),
+                slice_size,
+                canary_fraction: Some(1.0),
+                ..Default::default()
+            },
+        ))
+        .await?
+        .into_inner();
+    bed.client
+        .approve_plan(as_principal(
+            "bob",
+            ApprovePlanRequest {
+                plan_id: plan.plan_id.clone(),
+                digest: report.digest,
+            },
+        ))
+        .await?;
+    Ok((bed, plan))
+}
+
+/// A slice claimed by `coordinator` (with write-ahead marks), waiting up to
+/// 10 s.
+async fn claim_marking(
+    coordinator: &mut CoordinatorClient<Channel>,
+    executor: &str,
+) -> anyhow::Result<v1::Slice> {
+    use anyhow::Context as _;
+    coordinator
+        .claim_slice(v1::ClaimSliceRequest {
+            executor_id: executor.to_owned(),
+            wait: Some(prost_types::Duration {
+                seconds: 10,
+                nanos: 0,
+            }),
+            marks_publishing: true,
+        })
+        .await?
+        .into_inner()
+        .slice
+        .with_context(|| format!("no slice for {executor}"))
+}
+
+/// `action` outcomes for `items` of `slice`, as its lease's report.
+fn outcomes(
+    slice: &v1::Slice,
+    items: &[v1::SliceItem],
+    action: v1::AuditAction,
+) -> v1::ReportOutcomesRequest {
+    v1::ReportOutcomesRequest {
+        slice_id: slice.slice_id.clone(),
+        fencing_token: slice.fencing_token,
+        events: items
+            .iter()
+            .map(|item| v1::AuditEvent {
+                dead_letter_id: item
+                    .dead_letter
+                    .as_ref()
+                    .map(|d| d.id.clone())
+                    .unwrap_or_default(),
+                message_key: item
+                    .dead_letter
+                    .as_ref()
+                    .map(|d| d.message_key.clone())
+                    .unwrap_or_default(),
+                action: action.into(),
+                executor_id: "executor".to_owned(),
+                attempt: 1,
+                at: Some(std::time::SystemTime::now().into()),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+/// The answer to one report.
+async fn report(
+    coordinator: &mut CoordinatorClient<Channel>,
+    request: v1::ReportOutcomesRequest,
+) -> Result<v1::ReportOutcomesResponse, tonic::Status> {
+    let mut answers = coordinator
+        .report_outcomes(futures::stream::iter(vec![request]))
+        .await?
+        .into_inner();
+    answers
+        .message()
+        .await?
+        .ok_or_else(|| tonic::Status::internal("no answer"))
+}
+
+/// Issue 28, item 5: an authenticated executor that reports `sent` for
+/// items its lease never marked as publishing is refused, the refusal is
+/// recorded with its principal and counted; and an executor whose lease
+/// expired and was leased again to another cannot flip the other's items
+/// with its old token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executor_cannot_report_outcomes_it_never_marked() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 5).await?;
+    let metrics = free_address().await?;
+    let (mut bed, plan) = secure_plan(broker, &[&incident.dlq], 5, 10, Some(metrics)).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let mut first =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
+    let mut other =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-2")?).await?);
+    // A claim without write-ahead marks is refused, naming why.
+    let unmarked_claim = first
+        .claim_slice(v1::ClaimSliceRequest {
+            executor_id: "executor-1".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        unmarked_claim.code(),
+        Code::FailedPrecondition,
+        "{unmarked_claim:?}"
+    );
+    assert!(
+        unmarked_claim.message().contains("marks_publishing"),
+        "{unmarked_claim:?}"
+    );
+
+    let slice = claim_marking(&mut first, "executor-1").await?;
+    assert_eq!(slice.items.len(), 5);
+    // `sent` for all five, none marked: refused, nothing counted as sent.
+    let answer = report(
+        &mut first,
+        outcomes(&slice, &slice.items, v1::AuditAction::Sent),
+    )
+    .await?;
+    assert_eq!(
+        (answer.accepted, answer.refused, answer.lease_lost),
+        (0, 5, false)
+    );
+    let pool = bed.pool().await?;
+    let refusals = |reason: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM refused_outcomes WHERE principal = 'executor-1' \
+                 AND action = 'sent' AND reason = $1",
+            )
+            .bind(reason)
+            .fetch_one(&pool)
+            .await
+        }
+    };
+    assert_eq!(
+        refusals("unmarked").await?,
+        5,
+        "recorded with the principal"
+    );
+    let sent: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action IN ('sent', 'uncertain')",
+    )
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(sent, 0, "nothing of it reached the audit");
+    assert_eq!(
+        get_plan(&mut bed.client, &plan.plan_id)
+            .await?
+            .counts
+            .unwrap_or_default()
+            .sent,
+        0
+    );
+
+    // Marked through the second item: the two are accepted, the rest not.
+    first
+        .mark_publishing(v1::MarkPublishingRequest {
+            slice_id: slice.slice_id.clone(),
+            fencing_token: slice.fencing_token,
+            through_item_id: slice.items[1].item_id.clone(),
+        })
+        .await?;
+    let answer = report(
+        &mut first,
+        outcomes(&slice, &slice.items, v1::AuditAction::Sent),
+    )
+    .await?;
+    assert_eq!((answer.accepted, answer.refused), (2, 3));
+
+    // The lease expires and executor-2 takes the slice over; executor-1's
+    // late `sent` under its old token flips none of executor-2's items.
+    sqlx::query(
+        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(slice.slice_id.parse::<i64>()?)
+    .execute(&pool)
+    .await?;
+    let taken = claim_marking(&mut other, "executor-2").await?;
+    assert_eq!(taken.slice_id, slice.slice_id);
+    assert_eq!(taken.items.len(), 3, "the three unsent items");
+    assert!(
+        taken.items.iter().all(|item| !item.uncertain),
+        "never marked: not uncertain"
+    );
+    let late = report(
+        &mut first,
+        outcomes(&slice, &slice.items[2..], v1::AuditAction::Sent),
+    )
+    .await?;
+    assert_eq!((late.accepted, late.refused, late.lease_lost), (0, 3, true));
+    assert_eq!(refusals("stale_token").await?, 3);
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM plan_items WHERE slice_id = $1 ORDER BY position")
+            .bind(slice.slice_id.parse::<i64>()?)
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(states, ["sent", "sent", "pending", "pending", "pending"]);
+    assert_eq!(
+        get_plan(&mut bed.client, &plan.plan_id)
+            .await?
+            .counts
+            .unwrap_or_default()
+            .sent,
+        2
+    );
+    // executor-2's lease is untouched and its own marked reports count.
+    other
+        .mark_publishing(v1::MarkPublishingRequest {
+            slice_id: taken.slice_id.clone(),
+            fencing_token: taken.fencing_token,
+            through_item_id: taken.items[2].item_id.clone(),
+        })
+        .await?;
+    let answer = report(
+        &mut other,
+        outcomes(&taken, &taken.items, v1::AuditAction::Sent),
+    )
+    .await?;
+    assert_eq!(
+        (answer.accepted, answer.refused, answer.lease_lost),
+        (3, 0, false)
+    );
+
+    let text = scrape_metrics(metrics).await?;
+    let refused = |reason: &str| {
+        metric_total(
+            &text,
+            "redrive_planner_outcomes_refused_total",
+            &[("redrive_refusal_reason", reason)],
+            &[],
+        )
+    };
+    assert_eq!(refused("unmarked"), 8.0, "{text}");
+    assert_eq!(refused("stale_token"), 3.0, "{text}");
+    pool.close().await;
+    bed.finish().await
+}
+
+/// Issue 28, item 6: a state re-check answers only for items of the
+/// caller's current lease: not for a dead letter in no plan, an item of
+/// another slice, under a stale token, or for another principal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recheck_state_answers_only_for_items_of_the_callers_lease() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let planned = incident(&broker, 4).await?;
+    let elsewhere = incident(&broker, 1).await?;
+    let (mut bed, plan) = secure_plan(broker, &[&planned.dlq, &elsewhere.dlq], 4, 2, None).await?;
+    captured(&mut bed.client, &elsewhere.dlq, 1).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let mut holder =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-1")?).await?);
+    let mut intruder =
+        CoordinatorClient::new(bed.planner.channel_as(&pki.client("executor-2")?).await?);
+    let slice = claim_marking(&mut holder, "executor-1").await?;
+    let next = claim_marking(&mut holder, "executor-1").await?;
+    assert_ne!(slice.slice_id, next.slice_id);
+    let id_of = |item: &v1::SliceItem| {
+        item.dead_letter
+            .as_ref()
+            .map(|d| d.id.clone())
+            .unwrap_or_default()
+    };
+    let pool = bed.pool().await?;
+    let in_no_plan: i64 = sqlx::query_scalar("SELECT id FROM dead_letters WHERE source = $1")
+        .bind(&elsewhere.dlq)
+        .fetch_one(&pool)
+        .await?;
+    let recheck = |plan_id: &str, token: u64, ids: Vec<String>| v1::RecheckStateRequest {
+        plan_id: plan_id.to_owned(),
+        dead_letter_ids: ids,
+        slice_id: slice.slice_id.clone(),
+        fencing_token: token,
+    };
+    // Its own items: answered.
+    let own: Vec<String> = slice.items.iter().map(id_of).collect();
+    let answer = holder
+        .recheck_state(recheck(&plan.plan_id, slice.fencing_token, own.clone()))
+        .await?
+        .into_inner();
+    assert_eq!(answer.decisions.len(), own.len());
+    // A dead letter in no plan, and an item of another slice of the plan.
+    for (stranger, what) in [
+        (in_no_plan.to_string(), "in no plan"),
+        (id_of(&next.items[0]), "of another slice"),
+    ] {
+        let refused = holder
+            .recheck_state(recheck(
+                &plan.plan_id,
+                slice.fencing_token,
+                vec![own[0].clone(), stranger],
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{what}: {refused:?}");
+        assert!(
+            refused.message().contains("dead_letter_ids[1]"),
+            "{what}: {refused:?}"
+        );
+        assert!(
+            refused.message().contains("not an item of slice"),
+            "{what}: {refused:?}"
+        );
+    }
+    // Another plan's id.
+    let refused = holder
+        .recheck_state(recheck(
+            &uuid::Uuid::now_v7().to_string(),
+            slice.fencing_token,
+            own.clone(),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("plan_id"), "{refused:?}");
+    // A stale token, and the holder's token from another principal.
+    let stale = |status: tonic::Status| {
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(redrive_proto::error::is_stale_token(&status), "{status:?}");
+    };
+    stale(
+        holder
+            .recheck_state(recheck(&plan.plan_id, slice.fencing_token + 1, own.clone()))
+            .await
+            .unwrap_err(),
+    );
+    stale(
+        intruder
+            .recheck_state(recheck(&plan.plan_id, slice.fencing_token, own.clone()))
+            .await
+            .unwrap_err(),
+    );
+    // An expired lease answers nothing either.
+    sqlx::query(
+        "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(slice.slice_id.parse::<i64>()?)
+    .execute(&pool)
+    .await?;
+    stale(
+        holder
+            .recheck_state(recheck(&plan.plan_id, slice.fencing_token, own))
+            .await
+            .unwrap_err(),
+    );
+    pool.close().await;
     bed.finish().await
 }

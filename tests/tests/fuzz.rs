@@ -762,6 +762,8 @@ async fn run_case(
                 coordinator.recheck_state(v1::RecheckStateRequest {
                     plan_id,
                     dead_letter_ids: vec![dead_letter, d.clone()],
+                    slice_id,
+                    fencing_token: token,
                 }),
             )
             .await

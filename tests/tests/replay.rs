@@ -729,12 +729,24 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     // Fencing: a lease that expired is ended by the planner's sweep (its
     // unreported items become uncertain) and leased again with a new token.
     let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
-    // An executor that does not mark what it publishes: every unreported
-    // item may have been published.
-    let first = claimed(&mut coordinator, "old", false).await?;
+    // A claim without write-ahead marks is refused, naming why: reports are
+    // accepted only for marked items.
+    let unmarked = claimed(&mut coordinator, "old", false).await.unwrap_err();
+    let unmarked = unmarked
+        .downcast_ref::<tonic::Status>()
+        .expect("a gRPC status");
+    assert_eq!(unmarked.code(), Code::FailedPrecondition, "{unmarked:?}");
+    assert!(
+        unmarked.message().contains("marks_publishing"),
+        "{unmarked:?}"
+    );
+    // A holder that marked its whole slice: every unreported item may have
+    // been published.
+    let first = claimed(&mut coordinator, "old", true).await?;
+    mark_through(&mut coordinator, &first, first.items.len() - 1).await?;
     let pool = bed.pool().await?;
     backdate_lease(&pool, &first.slice_id).await?;
-    let second = claimed(&mut coordinator, "new", false).await?;
+    let second = claimed(&mut coordinator, "new", true).await?;
     assert_eq!(second.slice_id, first.slice_id);
     assert!(
         second.fencing_token > first.fencing_token,
@@ -760,8 +772,10 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await
         .unwrap_err();
     assert_eq!(watch_stale.code(), Code::FailedPrecondition);
-    // Under the lost lease the truth about a publish is still recorded; a
-    // skip decision is not (the new holder decides those).
+    // Once the sweep ended the lease and the slice was leased again, the
+    // old token's reports are refused, even a `sent`: the sweep recorded its
+    // marked items `uncertain`, and the new holder publishes them again
+    // with the same message id.
     let event = |index: usize, action: v1::AuditAction| v1::AuditEvent {
         dead_letter_id: first.items[index].dead_letter.as_ref().unwrap().id.clone(),
         message_key: first.items[index]
@@ -805,7 +819,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
     .await?
     .expect("an answer");
     assert!(skip.lease_lost, "the answer says the lease is lost");
-    assert_eq!((skip.accepted, skip.dropped), (0, 1));
+    assert_eq!((skip.accepted, skip.dropped, skip.refused), (0, 1, 1));
     assert_eq!(
         item_state().await?,
         "uncertain",
@@ -815,12 +829,18 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .await?
         .expect("an answer");
     assert!(late.lease_lost);
-    assert_eq!((late.accepted, late.dropped), (1, 0));
+    assert_eq!((late.accepted, late.refused), (0, 1));
     assert_eq!(
         item_state().await?,
-        "sent",
-        "a confirmed publish is sent, whoever reports it"
+        "uncertain",
+        "a late sent of a re-leased slice changes nothing: it is republished"
     );
+    let refusals: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM refused_outcomes WHERE slice_id = $1 ORDER BY id")
+            .bind(slice_id)
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(refusals, ["stale_token", "stale_token"]);
     let forged = report(
         second.fencing_token + 7,
         vec![event(0, v1::AuditAction::Sent)],
@@ -865,6 +885,23 @@ async fn claimed(
         .into_inner()
         .slice
         .with_context(|| format!("no slice for {executor}"))
+}
+
+/// Records the write-ahead mark of `slice`'s lease through its item at
+/// `index` (as an executor does before it publishes).
+async fn mark_through(
+    coordinator: &mut CoordinatorClient<Channel>,
+    slice: &v1::Slice,
+    index: usize,
+) -> anyhow::Result<()> {
+    coordinator
+        .mark_publishing(v1::MarkPublishingRequest {
+            slice_id: slice.slice_id.clone(),
+            fencing_token: slice.fencing_token,
+            through_item_id: slice.items[index].item_id.clone(),
+        })
+        .await?;
+    Ok(())
 }
 
 /// Makes the lease of `slice_id` expired a second ago, for the sweep.
@@ -955,10 +992,10 @@ async fn a_slice_of_large_bodies_is_claimed_in_parts_and_arrives_once_in_order()
     bed.finish().await
 }
 
-/// A claim that leaves part of a slice out (its byte budget) by a holder
-/// that does not mark: should its lease expire, only the items it received
-/// become `uncertain`; the others stay pending, without an event, and the
-/// next claims hand them out in order.
+/// A claim that leaves part of a slice out (its byte budget): its holder
+/// marks only what it received, so should its lease expire, only those
+/// items become `uncertain`; the others stay pending, without an event, and
+/// the next claims hand them out in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_partial_lease_makes_only_what_it_received_uncertain() -> anyhow::Result<()> {
     init_logging();
@@ -983,8 +1020,9 @@ async fn an_expired_partial_lease_makes_only_what_it_received_uncertain() -> any
     .await?;
     let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
     let pool = bed.pool().await?;
-    let first = claimed(&mut coordinator, "old", false).await?;
+    let first = claimed(&mut coordinator, "old", true).await?;
     assert_eq!(first.items.len(), 1, "one item fits the budget");
+    mark_through(&mut coordinator, &first, 0).await?;
     backdate_lease(&pool, &first.slice_id).await?;
     let second = claimed(&mut coordinator, "new", true).await?;
     assert_eq!(second.slice_id, first.slice_id);
@@ -1006,6 +1044,7 @@ async fn an_expired_partial_lease_makes_only_what_it_received_uncertain() -> any
     let mut lease = second;
     loop {
         let item = &lease.items[0];
+        mark_through(&mut coordinator, &lease, 0).await?;
         coordinator
             .report_outcomes(futures::stream::iter([v1::ReportOutcomesRequest {
                 slice_id: lease.slice_id.clone(),
@@ -1103,6 +1142,7 @@ async fn an_item_too_large_for_a_claim_fails_and_exports_come_in_bounded_chunks(
     assert!(reason.contains("one claim answer"), "{reason}");
 
     // Outcomes with a 3 MiB reason each, then the export.
+    mark_through(&mut coordinator, &slice, slice.items.len() - 1).await?;
     let long = "r".repeat(3 * 1024 * 1024);
     let mut report = coordinator
         .report_outcomes(futures::stream::iter([v1::ReportOutcomesRequest {

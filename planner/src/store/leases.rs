@@ -6,7 +6,7 @@ use std::{collections::HashMap, time::Duration};
 
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
 use super::{
     StaleToken, Store, StoreError,
@@ -100,15 +100,110 @@ pub struct Outcome {
 pub struct Reported {
     /// Events recorded.
     pub accepted: u64,
-    /// Events not recorded: items outside the slice, or skip decisions
-    /// under a lost lease.
+    /// Events not recorded (the same as [`Reported::refused`]: every
+    /// event not recorded is refused, with its reason).
     pub dropped: u64,
-    /// The token was not the slice's current lease.
+    /// Events refused as late or forged ([`Refusal`]), each recorded in
+    /// `refused_outcomes` with the reporting principal.
+    pub refused: u64,
+    /// The token was not the slice's current, unexpired lease.
     pub lease_lost: bool,
 }
 
-/// Actions that say what happened to a publish, recorded even from a lost
-/// lease: the audit must never miss a message the broker took.
+/// Why a reported outcome was refused (docs/design.md, "Reports need
+/// marks"): the `reason` of a `refused_outcomes` row and the
+/// `redrive.refusal.reason` of the `redrive.planner.outcomes.refused`
+/// metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// A publish outcome ([`PUBLISH_OUTCOMES`]) for an item past the
+    /// lease's write-ahead mark: the lease never said it might publish it.
+    Unmarked,
+    /// The token was a lease of the slice, but not its current one: the
+    /// slice was leased again since.
+    StaleToken,
+    /// The token is the slice's last lease, but that lease ended (the sweep
+    /// expired it, or it was released or completed): its mark is gone, and
+    /// the sweep already recorded its marked, unreported items `uncertain`.
+    LeaseEnded,
+    /// A skip decision under a lease that expired but was not swept yet:
+    /// skip decisions need the current, unexpired lease.
+    LeaseExpired,
+    /// The dead letter is not an item of the slice.
+    NotInSlice,
+    /// The slice never had this token for this principal (a guess, another
+    /// principal's lease, or no such slice): the whole report is refused.
+    UnknownLease,
+}
+
+impl Refusal {
+    /// Every reason, in a fixed order.
+    pub const ALL: [Self; 6] = [
+        Self::Unmarked,
+        Self::StaleToken,
+        Self::LeaseEnded,
+        Self::LeaseExpired,
+        Self::NotInSlice,
+        Self::UnknownLease,
+    ];
+
+    /// The stored and measured name (`unmarked`, `stale_token`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unmarked => "unmarked",
+            Self::StaleToken => "stale_token",
+            Self::LeaseEnded => "lease_ended",
+            Self::LeaseExpired => "lease_expired",
+            Self::NotInSlice => "not_in_slice",
+            Self::UnknownLease => "unknown_lease",
+        }
+    }
+}
+
+/// What a report's lease is, as [`Store::report_outcomes`] judges each
+/// outcome by it ([`judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseStanding {
+    /// The token is the slice's fencing token now.
+    pub current_token: bool,
+    /// ... and the slice is still leased under it (not swept, released or
+    /// completed).
+    pub held: bool,
+    /// ... and the lease has not expired.
+    pub unexpired: bool,
+    /// The lease's write-ahead mark while it is held (`None`: it marked
+    /// nothing it may publish, or it was leased without marks).
+    pub mark: Option<i64>,
+}
+
+/// Whether an outcome `action` for the slice item at `position` (`None`:
+/// not an item of the slice) is accepted under a lease standing as
+/// `lease`, or why it is refused. A publish outcome ([`PUBLISH_OUTCOMES`])
+/// needs the slice's current token, the lease still held (expired but not
+/// swept is fine: its mark still stands) and the item marked; a skip
+/// decision needs the current, unexpired lease.
+pub fn judge(lease: LeaseStanding, action: &str, position: Option<i64>) -> Option<Refusal> {
+    let Some(position) = position else {
+        return Some(Refusal::NotInSlice);
+    };
+    if !lease.current_token {
+        return Some(Refusal::StaleToken);
+    }
+    if !lease.held {
+        return Some(Refusal::LeaseEnded);
+    }
+    if PUBLISH_OUTCOMES.contains(&action) {
+        let marked = lease.mark.is_some_and(|mark| position <= mark);
+        (!marked).then_some(Refusal::Unmarked)
+    } else {
+        (!lease.unexpired).then_some(Refusal::LeaseExpired)
+    }
+}
+
+/// Actions that say what happened to a publish: recorded only for items the
+/// reporting lease marked, and also from a lease that expired but was not
+/// swept yet ([`judge`]), so the audit never misses a message the broker
+/// took.
 pub const PUBLISH_OUTCOMES: &[&str] = &["sent", "uncertain", "failed", "unroutable"];
 
 /// Item states that end an item.
@@ -141,6 +236,10 @@ impl Store {
     /// fencing token. A lease that expired is not taken over here: the
     /// planner's sweep ([`Store::expire_leases`]) first records what its
     /// holder may have published, then makes the slice pending again.
+    /// With `marks_publishing` the lease starts with an empty write-ahead
+    /// mark; without it (what a planner from before marks did; the
+    /// coordinator refuses such claims) its expiry judges every unreported
+    /// item.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -359,31 +458,40 @@ it reported it; the next lease publishes it again with the same message id', t.w
         rows.into_iter().map(LeasedItem::try_from).collect()
     }
 
-    /// Bounds what the expiry of a lease without write-ahead marks (an
-    /// executor that does not mark) judges `uncertain`: its holder received
-    /// the items only up to `position` (the claim's byte budget may have
-    /// left later ones out), so later items stay pending, without an event,
-    /// when the lease expires. A lease that marks is left as it is: its
-    /// marks never pass what it received.
+    /// Which of `ids` are items of `slice_id`, and the slice's plan, while
+    /// `token` is the slice's current, unexpired lease held by `principal`
+    /// (the test of [`Store::lease_state`]): what a state re-check may ask
+    /// about.
     ///
     /// # Errors
-    /// [`StoreError`].
-    pub async fn bound_unmarked(
+    /// `Ok(Err(StaleToken))` when the token is not that lease; [`StoreError`].
+    pub async fn lease_items(
         &self,
         slice_id: i64,
         token: i64,
-        position: i64,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE plan_slices SET published_through = $3 \
-             WHERE id = $1 AND fencing_token = $2 AND state = 'leased' AND published_through IS NULL",
+        principal: &str,
+        ids: &[DeadLetterId],
+    ) -> Result<Result<(PlanId, Vec<DeadLetterId>), StaleToken>, StoreError> {
+        let plan_id: Option<PlanId> = sqlx::query_scalar(
+            "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND lease_principal = $3 \
+               AND state = 'leased' AND lease_expires_at > now()",
         )
         .bind(slice_id)
         .bind(token)
-        .bind(position)
-        .execute(self.pool())
+        .bind(principal)
+        .fetch_optional(self.pool())
         .await?;
-        Ok(())
+        let Some(plan_id) = plan_id else {
+            return Ok(Err(StaleToken { slice_id, token }));
+        };
+        let members: Vec<DeadLetterId> = sqlx::query_scalar(
+            "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
+        )
+        .bind(slice_id)
+        .bind(ids)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(Ok((plan_id, members)))
     }
 
     /// Fails the items of `slice_id` still to publish that are larger
@@ -459,18 +567,23 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
     /// event is also the replay record of its key, docs/design.md, "What a
     /// report writes"), item states and attempts updated.
     ///
-    /// With `token` the slice's current lease, every outcome is recorded.
-    /// With an older token of the slice (the lease expired, was released or
-    /// taken over) only the truth about publishes that happened is recorded
-    /// ([`PUBLISH_OUTCOMES`]; a `sent` is final whatever the plan's state, an
-    /// `uncertain` marks a still pending item), skip decisions are dropped
-    /// (the current holder decides those), and the answer says the lease is
-    /// lost. The slice row is locked while checking, so a re-lease cannot
-    /// interleave.
+    /// Each outcome is judged by [`judge`] (docs/design.md, "Reports need
+    /// marks"): a publish outcome ([`PUBLISH_OUTCOMES`]) is recorded only
+    /// for an item the reporting lease marked as publishing, and only while
+    /// `token` is the slice's current token and the slice still leased
+    /// under it (an expired lease the sweep has not ended yet still counts);
+    /// a skip decision only under the current, unexpired lease. Under an
+    /// expired lease the answer says the lease is lost, and failures do not
+    /// end their items (the next holder retries them). Every other outcome
+    /// is refused: one `refused_outcomes` row each, with `principal` and the
+    /// [`Refusal`], counted in the `redrive.planner.outcomes.refused`
+    /// metric. The slice row is locked while checking, so neither a re-lease
+    /// nor the sweep can interleave.
     ///
     /// # Errors
     /// `Ok(Err(StaleToken))` for a slice that does not exist or a token it
-    /// never had; [`StoreError`].
+    /// never had for `principal` (its outcomes are recorded as refused,
+    /// [`Refusal::UnknownLease`]); [`StoreError`].
     pub async fn report_outcomes(
         &self,
         slice_id: i64,
@@ -485,8 +598,10 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         // `UPDATE`s of non-key columns, do not wait behind the report's
         // inserts (they would hold publishing back for as long).
         let lease = sqlx::query_as::<_, LeaseRow>(
-            "SELECT s.plan_id, s.wave, l.executor_id, \
-                (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS current \
+            "SELECT s.plan_id, s.wave, l.executor_id, s.fencing_token = $2 AS current_token, \
+                (s.fencing_token = $2 AND s.state = 'leased') AS held, \
+                (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS unexpired, \
+                CASE WHEN s.fencing_token = $2 AND s.state = 'leased' THEN s.published_through END AS mark \
              FROM plan_slices s JOIN slice_leases l \
                 ON l.slice_id = s.id AND l.fencing_token = $2 AND l.principal = $3 \
              WHERE s.id = $1 FOR KEY SHARE OF s",
@@ -496,37 +611,60 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         .bind(principal)
         .fetch_optional(&mut *transaction)
         .await?;
-        let Some(LeaseRow {
-            plan_id,
-            wave,
-            executor_id,
-            current,
-        }) = lease
-        else {
+        let Some(lease) = lease else {
+            let refused: Vec<(&Outcome, Refusal)> = outcomes
+                .iter()
+                .map(|outcome| (outcome, Refusal::UnknownLease))
+                .collect();
+            record_refusals(&mut transaction, slice_id, token, principal, &refused).await?;
+            transaction.commit().await?;
+            self.count_refusals(&refused);
+            if !refused.is_empty() {
+                tracing::warn!(
+                    slice.id = slice_id,
+                    fencing_token = token,
+                    principal,
+                    refused = refused.len(),
+                    "outcomes refused: a token the slice never had for this principal"
+                );
+            }
             return Ok(Err(StaleToken { slice_id, token }));
         };
-        // Only items of this slice: an id from elsewhere is ignored (and logged).
+        let standing = LeaseStanding {
+            current_token: lease.current_token,
+            held: lease.held,
+            unexpired: lease.unexpired,
+            mark: lease.mark,
+        };
         // What is recorded about an item (its message key; its destination,
         // below) comes from the plan's own rows, never from the report: a
         // report says only which item had which outcome.
         let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let members: HashMap<DeadLetterId, String> = sqlx::query_as::<_, (DeadLetterId, String)>(
-            "SELECT dead_letter_id, message_key FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
-        )
-        .bind(slice_id)
-        .bind(&ids)
-        .fetch_all(&mut *transaction)
-        .await?
-        .into_iter()
-        .collect();
-        let outcomes: Vec<&Outcome> = outcomes
-            .iter()
-            .filter(|o| members.contains_key(&o.dead_letter_id))
-            .filter(|o| current || PUBLISH_OUTCOMES.contains(&o.action.as_str()))
+        let members: HashMap<DeadLetterId, (String, i64)> =
+            sqlx::query_as::<_, (DeadLetterId, String, i64)>(
+                "SELECT dead_letter_id, message_key, position FROM plan_items \
+                 WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
+            )
+            .bind(slice_id)
+            .bind(&ids)
+            .fetch_all(&mut *transaction)
+            .await?
+            .into_iter()
+            .map(|(id, key, position)| (id, (key, position)))
             .collect();
-        let misnamed = outcomes
+        let mut accepted: Vec<&Outcome> = Vec::with_capacity(outcomes.len());
+        let mut refused: Vec<(&Outcome, Refusal)> = Vec::new();
+        for outcome in outcomes {
+            let position = members.get(&outcome.dead_letter_id).map(|(_, p)| *p);
+            match judge(standing, &outcome.action, position) {
+                None => accepted.push(outcome),
+                Some(refusal) => refused.push((outcome, refusal)),
+            }
+        }
+        record_refusals(&mut transaction, slice_id, token, principal, &refused).await?;
+        let misnamed = accepted
             .iter()
-            .filter(|o| members.get(&o.dead_letter_id) != Some(&o.message_key))
+            .filter(|o| members.get(&o.dead_letter_id).map(|(key, _)| key) != Some(&o.message_key))
             .count();
         if misnamed > 0 {
             tracing::warn!(
@@ -535,96 +673,44 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
                 "outcomes named another message key than their plan item's; the plan item's is recorded"
             );
         }
-        let dropped = (ids.len() - outcomes.len()) as u64;
-        if dropped > 0 {
+        if !refused.is_empty() {
+            let first = refused.first().map_or("", |(_, refusal)| refusal.name());
             tracing::warn!(
                 slice.id = slice_id,
-                dropped,
-                current_lease = current,
-                "outcomes dropped: items outside the slice, or skip decisions under a lost lease"
+                fencing_token = token,
+                principal,
+                refused = refused.len(),
+                first_reason = first,
+                current_lease = lease.unexpired,
+                "outcomes refused: late, unmarked or outside the slice"
             );
         }
-        if outcomes.is_empty() {
-            return Ok(Ok(Reported {
-                accepted: 0,
-                dropped,
-                lease_lost: !current,
-            }));
+        let reported = Reported {
+            accepted: accepted.len() as u64,
+            dropped: refused.len() as u64,
+            refused: refused.len() as u64,
+            lease_lost: !lease.unexpired,
+        };
+        if !accepted.is_empty() {
+            let keys: Vec<String> = accepted
+                .iter()
+                .map(|o| members[&o.dead_letter_id].0.clone())
+                .collect();
+            record_accepted(&mut transaction, slice_id, &lease, &accepted, &keys).await?;
+            notify(&mut transaction, lease.plan_id).await?;
         }
-        let column =
-            |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
-        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let keys = column(&|o| members[&o.dead_letter_id].clone());
-        let actions = column(&|o| o.action.clone());
-        let reasons = column(&|o| o.reason.replace('\0', ""));
-        // The executor is the one that claimed the lease, whatever the
-        // report says.
-        let executors = column(&|_| executor_id.clone());
-        let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
-        let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
-        let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
-        sqlx::query(
-            "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
-                wave, executor_id, attempt, confirm_latency_us, at, message_id) \
-             SELECT $1, $2, u.id, u.key, d.destination, u.action, \
-                CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
-                    format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
-                ELSE u.reason END, \
-                $3, u.executor, u.attempt, u.latency, u.at, d.message_id \
-             FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
-                         $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
-             JOIN dead_letters d ON d.id = u.id \
-             LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision \
-             ORDER BY u.n",
-        )
-        .bind(plan_id)
-        .bind(slice_id)
-        .bind(&wave)
-        .bind(&ids)
-        .bind(&keys)
-        .bind(&actions)
-        .bind(&reasons)
-        .bind(&executors)
-        .bind(&attempts)
-        .bind(&latencies)
-        .bind(&at)
-        .execute(&mut *transaction)
-        .await?;
-        // The last outcome of an item wins, except that `sent` is never undone
-        // (a confirmed publish was delivered, whatever came after) and a final
-        // state never goes back to uncertain (a late report of an earlier
-        // attempt). Under a lost lease only `sent`, and `uncertain` of a
-        // pending item, change the state.
-        sqlx::query(
-            "UPDATE plan_items i SET state = CASE \
-                WHEN i.state = 'sent' THEN i.state \
-                WHEN u.action = 'sent' THEN 'sent' \
-                WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
-                WHEN $7 THEN u.action \
-                WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
-                ELSE i.state END, \
-                attempts = greatest(i.attempts, u.attempt) \
-             FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
-                   UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
-                   ORDER BY id, (action = 'sent') DESC, n DESC) u \
-             WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
-        )
-        .bind(plan_id)
-        .bind(&ids)
-        .bind(&actions)
-        .bind(&attempts)
-        .bind(FINAL_ITEM_STATES)
-        .bind(slice_id)
-        .bind(current)
-        .execute(&mut *transaction)
-        .await?;
-        notify(&mut transaction, plan_id).await?;
         transaction.commit().await?;
-        Ok(Ok(Reported {
-            accepted: outcomes.len() as u64,
-            dropped,
-            lease_lost: !current,
-        }))
+        self.count_refusals(&refused);
+        Ok(Ok(reported))
+    }
+
+    /// Counts `refused` in the `redrive.planner.outcomes.refused` metric,
+    /// one measurement per reason present.
+    fn count_refusals(&self, refused: &[(&Outcome, Refusal)]) {
+        for reason in Refusal::ALL {
+            let count = refused.iter().filter(|(_, r)| *r == reason).count();
+            self.metrics.outcomes_refused(reason.name(), count as u64);
+        }
     }
 
     /// Ends a lease. With `release`, or when items are left unfinished, the
@@ -747,6 +833,115 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
     }
 }
 
+/// Appends one `refused_outcomes` row per refused outcome of a report
+/// ([`Store::report_outcomes`]), with the reporting principal.
+async fn record_refusals(
+    transaction: &mut Transaction<'_, Postgres>,
+    slice_id: i64,
+    token: i64,
+    principal: &str,
+    refused: &[(&Outcome, Refusal)],
+) -> Result<(), StoreError> {
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<DeadLetterId> = refused.iter().map(|(o, _)| o.dead_letter_id).collect();
+    let actions: Vec<&str> = refused.iter().map(|(o, _)| o.action.as_str()).collect();
+    let reasons: Vec<&str> = refused.iter().map(|(_, r)| r.name()).collect();
+    sqlx::query(
+        "INSERT INTO refused_outcomes (slice_id, fencing_token, principal, dead_letter_id, action, reason) \
+         SELECT $1, $2, $3, u.id, u.action, u.reason \
+         FROM UNNEST($4::bigint[], $5::text[], $6::text[]) AS u(id, action, reason)",
+    )
+    .bind(slice_id)
+    .bind(token)
+    .bind(principal)
+    .bind(&ids)
+    .bind(&actions)
+    .bind(&reasons)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// Records the accepted outcomes of a report under `lease`: their audit
+/// events (with `keys`, the plan items' message keys, one per outcome) and
+/// their items' states ([`Store::report_outcomes`]).
+async fn record_accepted(
+    transaction: &mut Transaction<'_, Postgres>,
+    slice_id: i64,
+    lease: &LeaseRow,
+    outcomes: &[&Outcome],
+    keys: &[String],
+) -> Result<(), StoreError> {
+    let column = |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
+    let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+    let actions = column(&|o| o.action.clone());
+    let reasons = column(&|o| o.reason.replace('\0', ""));
+    // The executor is the one that claimed the lease, whatever the
+    // report says.
+    let executors = column(&|_| lease.executor_id.clone());
+    let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
+    let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
+    let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
+    sqlx::query(
+        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
+            wave, executor_id, attempt, confirm_latency_us, at, message_id) \
+         SELECT $1, $2, u.id, u.key, d.destination, u.action, \
+            CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
+                format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
+            ELSE u.reason END, \
+            $3, u.executor, u.attempt, u.latency, u.at, d.message_id \
+         FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
+                     $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
+         JOIN dead_letters d ON d.id = u.id \
+         LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision \
+         ORDER BY u.n",
+    )
+    .bind(lease.plan_id)
+    .bind(slice_id)
+    .bind(&lease.wave)
+    .bind(&ids)
+    .bind(keys)
+    .bind(&actions)
+    .bind(&reasons)
+    .bind(&executors)
+    .bind(&attempts)
+    .bind(&latencies)
+    .bind(&at)
+    .execute(&mut **transaction)
+    .await?;
+    // The last outcome of an item wins, except that `sent` is never undone
+    // (a confirmed publish was delivered, whatever came after) and a final
+    // state never goes back to uncertain (a late report of an earlier
+    // attempt). Under an expired lease only `sent`, and `uncertain` of a
+    // pending item, change the state.
+    sqlx::query(
+        "UPDATE plan_items i SET state = CASE \
+            WHEN i.state = 'sent' THEN i.state \
+            WHEN u.action = 'sent' THEN 'sent' \
+            WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
+            WHEN $7 THEN u.action \
+            WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
+            ELSE i.state END, \
+            attempts = greatest(i.attempts, u.attempt) \
+         FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
+               UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
+               ORDER BY id, (action = 'sent') DESC, n DESC) u \
+         WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
+    )
+    .bind(lease.plan_id)
+    .bind(&ids)
+    .bind(&actions)
+    .bind(&attempts)
+    .bind(FINAL_ITEM_STATES)
+    .bind(slice_id)
+    .bind(lease.unexpired)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
 /// The audit action named `name`.
 pub fn audit_action(name: &str) -> v1::AuditAction {
     use v1::AuditAction as A;
@@ -850,8 +1045,14 @@ struct LeaseRow {
     wave: String,
     /// The executor id the lease was claimed with.
     executor_id: String,
-    /// Whether the token is the slice's current, unexpired lease.
-    current: bool,
+    /// See [`LeaseStanding`].
+    current_token: bool,
+    /// See [`LeaseStanding`].
+    held: bool,
+    /// See [`LeaseStanding`].
+    unexpired: bool,
+    /// See [`LeaseStanding`].
+    mark: Option<i64>,
 }
 
 /// A row of [`Store::slice_items`]: the dead letter's columns and its item's.
@@ -1088,5 +1289,66 @@ impl Store {
                 Ok(dead_letter)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseStanding, Refusal, judge};
+
+    const HELD: LeaseStanding = LeaseStanding {
+        current_token: true,
+        held: true,
+        unexpired: true,
+        mark: Some(5),
+    };
+
+    #[test]
+    fn publish_outcomes_need_a_mark_and_skips_an_unexpired_lease() {
+        for action in ["sent", "uncertain", "failed", "unroutable"] {
+            assert_eq!(judge(HELD, action, Some(5)), None, "{action}");
+            assert_eq!(judge(HELD, action, Some(6)), Some(Refusal::Unmarked));
+            let unmarked = LeaseStanding { mark: None, ..HELD };
+            assert_eq!(judge(unmarked, action, Some(0)), Some(Refusal::Unmarked));
+            // Expired but not swept: the mark still stands.
+            let expired = LeaseStanding {
+                unexpired: false,
+                ..HELD
+            };
+            assert_eq!(judge(expired, action, Some(5)), None);
+        }
+        for action in [
+            "skipped_duplicate",
+            "skipped_stale",
+            "skipped_state",
+            "needs_compensation",
+        ] {
+            assert_eq!(judge(HELD, action, Some(9)), None, "no mark needed");
+            let expired = LeaseStanding {
+                unexpired: false,
+                ..HELD
+            };
+            assert_eq!(judge(expired, action, Some(0)), Some(Refusal::LeaseExpired));
+        }
+    }
+
+    #[test]
+    fn an_ended_or_replaced_lease_and_a_stranger_are_refused() {
+        let ended = LeaseStanding {
+            held: false,
+            unexpired: false,
+            mark: None,
+            ..HELD
+        };
+        assert_eq!(judge(ended, "sent", Some(0)), Some(Refusal::LeaseEnded));
+        let replaced = LeaseStanding {
+            current_token: false,
+            ..ended
+        };
+        assert_eq!(judge(replaced, "sent", Some(0)), Some(Refusal::StaleToken));
+        assert_eq!(judge(HELD, "sent", None), Some(Refusal::NotInSlice));
+        let names: std::collections::HashSet<_> =
+            Refusal::ALL.iter().map(|refusal| refusal.name()).collect();
+        assert_eq!(names.len(), Refusal::ALL.len(), "distinct names");
     }
 }
