@@ -1,25 +1,20 @@
 //! The audit record of a plan (docs/design.md, "Flow" step 7): the report with the
-//! reconciliation list of sent keys, the export as JSON Lines or CSV, and the
-//! live watch stream.
+//! reconciliation list of sent keys and the export as JSON Lines or CSV (the
+//! live watch stream is [`crate::watch_hub`]'s).
 
-use std::time::Duration;
-
-use futures::{Stream, stream::BoxStream};
+use futures::stream::BoxStream;
 use redrive_proto::{time::from_timestamp, v1};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::{error::Error, ids::PlanId, notifier::Notifier, plan, store::Store};
+use crate::{error::Error, ids::PlanId, plan, store::Store};
 
 /// Audit events read per page while exporting or watching.
 const PAGE: i64 = 1000;
 
 /// Most bytes of one `ExportAuditChunk` (docs/api.md, "Limits").
 pub const CHUNK_BYTES: usize = 1024 * 1024;
-/// Progress snapshots are sent at most this often while a plan moves.
-const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The audit report of a plan.
 ///
@@ -303,113 +298,6 @@ pub async fn export(
         }
     });
     Ok(Box::pin(ReceiverStream::new(receiver)))
-}
-
-/// The next page of `plan_id`'s audit events after the event `after`, or
-/// `None` once reading failed and the error was sent on `sender` (the
-/// stream then ends).
-async fn events_page<T>(
-    store: &Store,
-    plan_id: PlanId,
-    after: i64,
-    sender: &mpsc::Sender<Result<T, Status>>,
-) -> Option<Vec<(i64, v1::AuditEvent)>> {
-    match store.audit_events(plan_id, after, PAGE).await {
-        Ok(page) => Some(page),
-        Err(error) => {
-            let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-            None
-        }
-    }
-}
-
-/// Progress snapshots (and audit events, with `include_events`) of a plan,
-/// live, from whichever replica the client reached: a snapshot at once, then
-/// whenever the plan changes (at most every 250 ms), ending after the snapshot
-/// of a final state, or with `UNAVAILABLE` when the planner shuts down.
-///
-/// # Errors
-/// `NotFound` for an unknown plan.
-pub async fn watch(
-    store: &Store,
-    notifier: &Notifier,
-    plan_id: PlanId,
-    include_events: bool,
-    shutdown: CancellationToken,
-) -> Result<impl Stream<Item = Result<v1::WatchPlanResponse, Status>> + Send + 'static, Error> {
-    let first = plan::get(store, plan_id).await?;
-    let (sender, receiver) = mpsc::channel(64);
-    let store = store.clone();
-    let mut changes = notifier.subscribe();
-    tokio::spawn(async move {
-        let mut snapshot = first;
-        let mut after = 0;
-        loop {
-            if include_events {
-                loop {
-                    let Some(page) = events_page(&store, plan_id, after, &sender).await else {
-                        return;
-                    };
-                    let full = page.len() as i64 == PAGE;
-                    for (id, event) in page {
-                        after = id;
-                        let update = v1::WatchPlanResponse {
-                            update: Some(v1::watch_plan_response::Update::Event(event)),
-                        };
-                        if sender.send(Ok(update)).await.is_err() {
-                            return;
-                        }
-                    }
-                    if !full {
-                        break;
-                    }
-                }
-            }
-            let done = snapshot.state().is_final();
-            let update = v1::WatchPlanResponse {
-                update: Some(v1::watch_plan_response::Update::Progress(snapshot)),
-            };
-            if sender.send(Ok(update)).await.is_err() || done {
-                return;
-            }
-            // Wait for a change of this plan (or a periodic look, in case a
-            // notification was missed), then coalesce for a moment.
-            let wait = async {
-                loop {
-                    match changes.recv().await {
-                        Ok(changed) if changed == plan_id => return,
-                        Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                }
-            };
-            tokio::select! {
-                () = wait => {}
-                () = tokio::time::sleep(Duration::from_secs(5)) => {}
-                () = sender.closed() => return,
-                () = shutdown.cancelled() => {
-                    let _ = sender
-                        .send(Err(Status::unavailable(
-                            "the planner is shutting down: watch again on another replica or after its restart",
-                        )))
-                        .await;
-                    return;
-                }
-            }
-            tokio::time::sleep(WATCH_INTERVAL).await;
-            snapshot = match plan::get(&store, plan_id).await {
-                Ok(plan) => plan,
-                Err(error) => {
-                    let _ = sender.send(Err(Status::from(error))).await;
-                    return;
-                }
-            };
-        }
-    });
-    Ok(ReceiverStream::new(receiver))
 }
 
 #[cfg(test)]

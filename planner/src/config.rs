@@ -204,6 +204,26 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_MAX_WATCHES", default_value_t = crate::admission::DEFAULT_WATCHES)]
     pub max_watches: usize,
 
+    /// Places among --max-watches kept for a principal's first WatchPlan
+    /// stream: one caller's first watch is not refused because others
+    /// hold the rest. Less than --max-watches.
+    #[arg(long, env = "REDRIVE_RESERVED_WATCHES", default_value_t = crate::admission::DEFAULT_RESERVED_WATCHES)]
+    pub reserved_watches: usize,
+
+    /// Open WatchLease streams allowed per principal (an executor watches
+    /// each lease it holds once).
+    #[arg(long, env = "REDRIVE_MAX_LEASE_WATCHES_PER_PRINCIPAL", default_value_t = crate::admission::DEFAULT_LEASE_WATCHES_PER_PRINCIPAL)]
+    pub max_lease_watches_per_principal: usize,
+
+    /// Open WatchLease streams allowed in total.
+    #[arg(long, env = "REDRIVE_MAX_LEASE_WATCHES", default_value_t = crate::admission::DEFAULT_LEASE_WATCHES)]
+    pub max_lease_watches: usize,
+
+    /// Places among --max-lease-watches kept for a principal's first
+    /// WatchLease stream. Less than --max-lease-watches.
+    #[arg(long, env = "REDRIVE_RESERVED_LEASE_WATCHES", default_value_t = crate::admission::DEFAULT_RESERVED_LEASE_WATCHES)]
+    pub reserved_lease_watches: usize,
+
     /// A dead-letter queue to capture (repeatable; the environment variable
     /// takes a comma-separated list). The queue must exist.
     #[arg(
@@ -467,6 +487,19 @@ impl Config {
             "WatchPlan",
             self.max_watches_per_principal,
             self.max_watches,
+            self.reserved_watches,
+            ["max-watches-per-principal", "max-watches"],
+        )
+    }
+
+    /// The caps on open `WatchLease` streams.
+    pub fn lease_watch_limits(&self) -> crate::admission::StreamLimits {
+        crate::admission::StreamLimits::new(
+            "WatchLease",
+            self.max_lease_watches_per_principal,
+            self.max_lease_watches,
+            self.reserved_lease_watches,
+            ["max-lease-watches-per-principal", "max-lease-watches"],
         )
     }
 
@@ -490,12 +523,38 @@ impl Config {
             ("max-watches-per-principal", self.max_watches_per_principal),
             ("max-watches", self.max_watches),
             (
+                "max-lease-watches-per-principal",
+                self.max_lease_watches_per_principal,
+            ),
+            ("max-lease-watches", self.max_lease_watches),
+            (
                 "first-request-timeout-seconds",
                 usize::try_from(self.first_request_timeout_seconds).unwrap_or(usize::MAX),
             ),
         ] {
             if value == 0 {
                 problems.push(SettingError::new(setting, "must be at least 1".to_owned()));
+            }
+        }
+        for (setting, reserved, total, total_setting) in [
+            (
+                "reserved-watches",
+                self.reserved_watches,
+                self.max_watches,
+                "max-watches",
+            ),
+            (
+                "reserved-lease-watches",
+                self.reserved_lease_watches,
+                self.max_lease_watches,
+                "max-lease-watches",
+            ),
+        ] {
+            if reserved >= total {
+                problems.push(SettingError::new(
+                    setting,
+                    format!("{reserved} must be less than --{total_setting} ({total})"),
+                ));
             }
         }
         for (setting, value) in [

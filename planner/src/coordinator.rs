@@ -49,7 +49,7 @@ fn storable(text: String) -> String {
 
 /// The signal for a lease in `state` (a plan state, or lost): executors keep
 /// publishing while the plan [`v1::PlanState::is_publishing`].
-fn lease_signal(state: Result<State, StaleToken>) -> v1::LeaseSignal {
+pub(crate) fn lease_signal(state: Result<State, StaleToken>) -> v1::LeaseSignal {
     match state {
         Ok(state) if state.get().is_publishing() => v1::LeaseSignal {
             keep_publishing: true,
@@ -111,12 +111,12 @@ fn slice_item(mut item: LeasedItem, checker: &StateChecker) -> v1::SliceItem {
     }
 }
 
-fn parse_slice_id(id: &str) -> Result<i64, Error> {
+pub(crate) fn parse_slice_id(id: &str) -> Result<i64, Error> {
     id.parse()
         .map_err(|_| Error::invalid("slice_id", format!("{id:?} is not a slice id")))
 }
 
-fn parse_token(token: u64) -> Result<i64, Error> {
+pub(crate) fn parse_token(token: u64) -> Result<i64, Error> {
     i64::try_from(token).map_err(|_| Error::invalid("fencing_token", "out of range"))
 }
 
@@ -496,68 +496,6 @@ impl Coordinator {
             dropped: reported.dropped,
             refused: reported.refused,
         })
-    }
-
-    /// The stop signal of a lease: the current directive at once, then one
-    /// signal per change, ending with `lease_lost` (see `WatchLease` in
-    /// `coordinator.proto`). Changes are heard through the plan-change
-    /// notifications (`LISTEN/NOTIFY`, so a cancel on any replica reaches
-    /// every executor at once) and, in case one is missed, looked for every
-    /// [`LEASE_RECHECK`].
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a bad slice id or token; `FailedPrecondition`
-    /// when the token is already stale; store errors.
-    pub async fn watch_lease(
-        &self,
-        slice_id: &str,
-        token: u64,
-        caller: &str,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) -> Result<tokio::sync::mpsc::Receiver<v1::LeaseSignal>, Error> {
-        let slice_id = parse_slice_id(slice_id)?;
-        let token = parse_token(token)?;
-        let mut changes = self.notifier.subscribe();
-        let first = self.store.lease_state(slice_id, token, caller).await??;
-        let caller = caller.to_owned();
-        let (sender, receiver) = tokio::sync::mpsc::channel(4);
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            let mut last = lease_signal(Ok(first));
-            if sender.send(last.clone()).await.is_err() {
-                return;
-            }
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = sender.closed() => return,
-                    () = tokio::time::sleep(LEASE_RECHECK) => {}
-                    changed = changes.recv() => {
-                        if matches!(changed, Err(RecvError::Closed)) {
-                            tokio::time::sleep(LEASE_RECHECK).await;
-                        }
-                        // Coalesce a burst of notifications (one per report).
-                        while changes.try_recv().is_ok() {}
-                    }
-                }
-                let signal = match store.lease_state(slice_id, token, &caller).await {
-                    Ok(state) => lease_signal(state),
-                    Err(error) => {
-                        tracing::warn!(%error, slice.id = slice_id, "cannot read a lease's state");
-                        continue;
-                    }
-                };
-                if signal == last {
-                    continue;
-                }
-                let lost = signal.lease_lost;
-                if sender.send(signal.clone()).await.is_err() || lost {
-                    return;
-                }
-                last = signal;
-            }
-        });
-        Ok(receiver)
     }
 
     /// Ends a lease (completed, or released for another executor).

@@ -50,6 +50,8 @@ pub struct PlannerState {
     pub shutdown: CancellationToken,
     /// Caps on open `WatchPlan` streams, per caller and in total.
     pub watches: crate::admission::StreamLimits,
+    /// The live watches, one reader per plan and per lease.
+    pub hub: crate::watch_hub::WatchHub,
 }
 
 impl PlannerState {
@@ -457,14 +459,11 @@ impl Planner for PlannerGrpc {
             .open(crate::admission::request_caller_key(&request))?;
         let request = request.into_inner();
         let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
-        let stream = audit::watch(
-            &self.state.store,
-            &self.state.notifier,
-            plan_id,
-            request.include_events,
-            self.state.shutdown.clone(),
-        )
-        .await?;
+        let stream = self
+            .state
+            .hub
+            .watch_plan(plan_id, request.include_events)
+            .await?;
         // The permit lives as long as the stream: dropping the stream (the
         // client went away, or the watch ended) frees its place.
         let stream = stream.map(move |item| {
@@ -531,16 +530,24 @@ impl Planner for PlannerGrpc {
 #[derive(Debug, Clone)]
 pub struct CoordinatorGrpc {
     coordinator: CoordinatorService,
-    /// Ends lease watches when the planner stops.
-    shutdown: CancellationToken,
+    /// The live lease watches (they end when the planner stops).
+    hub: crate::watch_hub::WatchHub,
+    /// Caps on open `WatchLease` streams, per caller and in total.
+    lease_watches: crate::admission::StreamLimits,
 }
 
 impl CoordinatorGrpc {
-    /// The adapter over `coordinator`; open streams end at `shutdown`.
-    pub fn new(coordinator: CoordinatorService, shutdown: CancellationToken) -> Self {
+    /// The adapter over `coordinator`, its lease watches served by `hub`
+    /// within `lease_watches`.
+    pub fn new(
+        coordinator: CoordinatorService,
+        hub: crate::watch_hub::WatchHub,
+        lease_watches: crate::admission::StreamLimits,
+    ) -> Self {
         Self {
             coordinator,
-            shutdown,
+            hub,
+            lease_watches,
         }
     }
 }
@@ -623,19 +630,23 @@ impl Coordinator for CoordinatorGrpc {
         &self,
         request: Request<v1::WatchLeaseRequest>,
     ) -> Result<Response<Self::WatchLeaseStream>, Status> {
+        let permit = self
+            .lease_watches
+            .open(crate::admission::request_caller_key(&request))?;
         let caller = caller(&request);
         let request = request.into_inner();
+        let slice_id = crate::coordinator::parse_slice_id(&request.slice_id)?;
+        crate::coordinator::parse_token(request.fencing_token)?;
         let signals = self
-            .coordinator
-            .watch_lease(
-                &request.slice_id,
-                request.fencing_token,
-                &caller,
-                self.shutdown.clone(),
-            )
+            .hub
+            .watch_lease(slice_id, request.fencing_token, &caller)
             .await?;
+        // The permit lives as long as the stream.
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(signals).map(Ok),
+            tokio_stream::wrappers::ReceiverStream::new(signals).map(move |signal| {
+                let _held = &permit;
+                Ok(signal)
+            }),
         )))
     }
 

@@ -40,6 +40,8 @@
 //! - [`single`]: replays and repairs of one dead letter.
 //! - [`audit`]: a plan's report, audit export and live watch.
 //! - [`notifier`]: plan-change notifications across replicas.
+//! - [`watch_hub`]: `WatchPlan` and `WatchLease` streams sharing one reader
+//!   per plan and per lease.
 //! - [`housekeeping`]: archive and unarchive; retention's background deletes.
 //! - [`store`]: the PostgreSQL queries (its own `# Layout`); `migrations/`:
 //!   the schema, one numbered SQL file per change.
@@ -87,6 +89,7 @@ pub mod single;
 pub mod staleness;
 pub mod state_check;
 pub mod store;
+pub mod watch_hub;
 
 use std::{
     sync::{
@@ -183,6 +186,7 @@ pub async fn run(
     let capture_status = CaptureStatus::new(&config.capture_queues);
     let rules = Arc::new(config.extraction_rules());
     let notifier = Notifier::new();
+    let hub = watch_hub::WatchHub::new(store.clone(), notifier.clone(), shutdown.clone());
     let checker =
         Arc::new(StateChecker::new(config.state_check_routes()).with_tls(config.state_check_tls()));
     let coordinator_service = coordinator::Coordinator::new(
@@ -225,14 +229,20 @@ pub async fn run(
         policy: Arc::new(config.policy()),
         max_precheck_age: config.max_precheck_age,
         shutdown: shutdown.clone(),
-        watches: config.watch_limits(),
+        watches: config.watch_limits().with_metrics(store.metrics().clone()),
+        hub: hub.clone(),
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-    let coordinator =
-        CoordinatorServer::new(CoordinatorGrpc::new(coordinator_service, shutdown.clone()))
-            .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    let coordinator = CoordinatorServer::new(CoordinatorGrpc::new(
+        coordinator_service,
+        hub,
+        config
+            .lease_watch_limits()
+            .with_metrics(store.metrics().clone()),
+    ))
+    .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
     let gate = ReadyGate(Arc::clone(&ready));
     info!(
         listen = %listener.local_addr()?,

@@ -56,6 +56,16 @@ pub const GATE_TRIPS: &str = "redrive.planner.gate.trips";
 pub const LEASES_EXPIRED: &str = "redrive.planner.leases.expired";
 /// Reported outcomes refused as late or forged, by reason.
 pub const OUTCOMES_REFUSED: &str = "redrive.planner.outcomes.refused";
+/// Counter: database reads made for open watches, by `redrive.watch.read`:
+/// `plan` (a plan's progress and new audit events, one per change of the
+/// plan however many watch it), `lease` (a lease's state, one per change
+/// however many watch it), `history` (the past audit events one new
+/// `WatchPlan` with `include_events` catches up on, its own).
+pub const WATCH_READS: &str = "redrive.planner.watch.reads";
+/// Counter: server streams refused at their cap, by `redrive.stream.kind`
+/// (`WatchPlan`, `WatchLease`) and `redrive.stream.cap` (`per_principal`,
+/// `total`).
+pub const STREAMS_REFUSED: &str = "redrive.planner.streams.refused";
 
 /// Why capture failed: the `error.type` of [`CAPTURE_ERRORS`].
 #[derive(Debug, Clone, Copy)]
@@ -111,6 +121,8 @@ pub struct PlannerMetrics {
     gate_trips: Counter<u64>,
     leases_expired: Counter<u64>,
     outcomes_refused: Counter<u64>,
+    watch_reads: Counter<u64>,
+    streams_refused: Counter<u64>,
     /// By `AuditAction`.
     actions: EnumAttributes<9>,
     /// By `PlanState`.
@@ -200,6 +212,16 @@ impl PlannerMetrics {
                 OUTCOMES_REFUSED,
                 "{outcome}",
                 "Reported outcomes refused as late or forged, by reason",
+            ),
+            watch_reads: counter(
+                WATCH_READS,
+                "{read}",
+                "Database reads made for open watches, by what was read",
+            ),
+            streams_refused: counter(
+                STREAMS_REFUSED,
+                "{stream}",
+                "Server streams refused at their cap, by kind and cap",
             ),
             actions,
             states,
@@ -332,6 +354,24 @@ impl PlannerMetrics {
         if count > 0 {
             self.leases_expired.add(count, &[]);
         }
+    }
+
+    /// One database read for open watches: `what` is `plan`, `lease` or
+    /// `history` ([`WATCH_READS`]).
+    pub fn watch_read(&self, what: &'static str) {
+        self.watch_reads
+            .add(1, &[KeyValue::new("redrive.watch.read", what)]);
+    }
+
+    /// One `kind` stream refused at `cap` ([`STREAMS_REFUSED`]).
+    pub fn stream_refused(&self, kind: &'static str, cap: &'static str) {
+        self.streams_refused.add(
+            1,
+            &[
+                KeyValue::new("redrive.stream.kind", kind),
+                KeyValue::new("redrive.stream.cap", cap),
+            ],
+        );
     }
 
     /// `count` reported outcomes were refused for `reason` (a

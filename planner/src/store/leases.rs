@@ -807,6 +807,20 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         Ok(Ok(()))
     }
 
+    /// The id of a plan's latest audit event (0 when it has none): where a
+    /// live feed of its new events starts.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn last_audit_event_id(&self, plan_id: PlanId) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(max(id), 0)::bigint FROM audit_events WHERE plan_id = $1",
+        )
+        .bind(plan_id)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
     /// The audit events of a plan after `after_id`, at most `limit`.
     ///
     /// # Errors
