@@ -1107,7 +1107,10 @@ mod tests {
         assert!(limits.open("principal:me".into()).is_err());
         drop(crowd);
         assert_eq!(limits.open_count(), 2);
-        assert!(limits.open("principal:me".into()).is_ok());
+        // A caller with streams open may join only while fewer than
+        // total − reserved = 2 are open; a first stream while fewer than 4.
+        assert!(limits.open("principal:me".into()).is_err());
+        assert!(limits.open("principal:them".into()).is_ok());
     }
 
     #[test]
