@@ -3,7 +3,7 @@
 //! window of 256.
 //!
 //! 100,000 persistent 1 KiB messages, each with a message id and 3 headers,
-//! to one durable queue on the local RabbitMQ (the setup of BASELINES.md).
+//! to one durable queue on the local RabbitMQ (docs/benchmarks.md).
 //! Prints msg/s for each and the process's peak RSS (`VmHWM`); deletes the
 //! queue afterwards.
 //!

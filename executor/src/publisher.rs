@@ -6,7 +6,8 @@
 //! at once with a [`Pending`] that resolves to the message's
 //! [`PublishOutcome`] when the broker confirms it; up to `window` messages are
 //! in flight at a time, so replay speed is not one round trip per message
-//! (BASELINES.md: ~1,000 msg/s one at a time, ~6,500 with 256 in flight).
+//! (docs/benchmarks.md: ~1,000 msg/s one at a time, 5,600–8,200 with 256 in
+//! flight on the local broker).
 //!
 //! # What counts as sent
 //! Only a broker `basic.ack` for a message that was not returned with

@@ -1,4 +1,5 @@
-//! The small set of gRPC status codes Redrive answers with (STYLE.md, "Errors").
+//! The small set of gRPC status codes Redrive answers with (docs/api.md, the
+//! error codes).
 //!
 //! Each service maps its domain error to one [`ErrorKind`] in a single
 //! `From<DomainError> for tonic::Status`; clients can match on the code.

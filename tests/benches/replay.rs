@@ -9,7 +9,7 @@
 //! naive loop's, default 10,000: at ~1,000 msg/s it would take minutes more).
 //! The dead letters are generated in SQL with the shape capture stores, bound
 //! for two queues alternately (one queue's ceiling on this machine is ~7,000
-//! msg/s, BASELINES.md). Reports the process's peak RSS, which holds the
+//! msg/s, docs/benchmarks.md). Reports the process's peak RSS, which holds the
 //! planner and the executors together: an upper bound for one executor.
 
 use std::time::{Duration, Instant};

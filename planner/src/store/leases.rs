@@ -1,6 +1,6 @@
-//! Slice leases with fencing tokens (STYLE.md, "PostgreSQL": claim in one
-//! statement with `FOR UPDATE SKIP LOCKED`; every later write is conditioned on
-//! the token), and outcome reports.
+//! Slice leases with fencing tokens (docs/design.md, "Executor loop and
+//! guarantees": claim in one statement with `FOR UPDATE SKIP LOCKED`; every
+//! later write is conditioned on the token), and outcome reports.
 
 use std::{collections::HashMap, time::Duration};
 
