@@ -254,17 +254,23 @@ pub(crate) struct Throttled {
 }
 
 impl Throttled {
-    /// Counts one refusal; `Some(count)` when it is time to log.
+    /// Counts one refusal; `Some(count)` when it is time to log: the
+    /// refusals since the last line, this one included.
     pub(crate) fn count(&self) -> Option<u64> {
-        let refused = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        self.count_at(Instant::now())
+    }
+
+    /// [`Throttled::count`] at `now`.
+    fn count_at(&self, now: Instant) -> Option<u64> {
+        self.since.fetch_add(1, Ordering::Relaxed);
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        if last.is_some_and(|last| now.duration_since(last) < WARN_EVERY) {
+        if last.is_some_and(|last| now.saturating_duration_since(last) < WARN_EVERY) {
             return None;
         }
         *last = Some(now);
-        self.since.store(0, Ordering::Relaxed);
-        Some(refused)
+        // Taken under the lock: a refusal counted meanwhile goes into
+        // this line or the next, never neither.
+        Some(self.since.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -1088,6 +1094,25 @@ mod tests {
             limits.open("principal:a".into()).is_ok(),
             "a closed stream frees its place"
         );
+    }
+
+    #[test]
+    fn refusals_are_logged_at_most_every_ten_seconds_with_their_count() {
+        let throttled = Throttled::default();
+        let start = Instant::now();
+        assert_eq!(throttled.count_at(start), Some(1), "the first at once");
+        for second in 1..10 {
+            assert_eq!(
+                throttled.count_at(start + Duration::from_secs(second)),
+                None
+            );
+        }
+        assert_eq!(
+            throttled.count_at(start + WARN_EVERY),
+            Some(10),
+            "then one line for the ten since"
+        );
+        assert_eq!(throttled.count_at(start + WARN_EVERY), None);
     }
 
     #[test]

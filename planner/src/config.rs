@@ -22,6 +22,10 @@ use crate::{
     state_check::{HookRoute, Pattern},
 };
 
+/// Most seconds a deadline setting (`--idle-timeout-seconds`,
+/// `--first-request-timeout-seconds`, `--ingest-wait-seconds`) may say: a day.
+pub const MAX_DEADLINE_SECONDS: u64 = 24 * 3600;
+
 /// `redrive-planner` settings.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -563,6 +567,23 @@ impl Config {
         ] {
             if value == 0 {
                 problems.push(SettingError::new(setting, "must be at least 1".to_owned()));
+            }
+        }
+        // Deadlines are added to the clock: a day is far beyond any use,
+        // and far from overflowing it.
+        for (setting, seconds) in [
+            ("idle-timeout-seconds", self.idle_timeout_seconds),
+            (
+                "first-request-timeout-seconds",
+                self.first_request_timeout_seconds,
+            ),
+            ("ingest-wait-seconds", self.ingest_wait_seconds),
+        ] {
+            if seconds > MAX_DEADLINE_SECONDS {
+                problems.push(SettingError::new(
+                    setting,
+                    format!("{seconds} is too long: at most {MAX_DEADLINE_SECONDS} (a day)"),
+                ));
             }
         }
         let least = crate::admission::KEEPALIVE_INTERVAL + crate::admission::KEEPALIVE_TIMEOUT;
@@ -1275,11 +1296,24 @@ mod tests {
                 &["--capture-batch-wait-ms", "18446744073709551615"][..],
                 "capture-batch-wait-ms",
             ),
+            // Issue 28: these crashed the planner at its first connection.
+            (
+                &["--first-request-timeout-seconds", "18446744073709551615"][..],
+                "first-request-timeout-seconds",
+            ),
+            (
+                &["--idle-timeout-seconds", "18446744073709551615"][..],
+                "idle-timeout-seconds",
+            ),
+            (
+                &["--ingest-wait-seconds", "86401"][..],
+                "ingest-wait-seconds",
+            ),
         ] {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
             assert!(
-                ["36500 days", "1000", "3600", "60000"]
+                ["36500 days", "1000", "3600", "60000", "86400"]
                     .iter()
                     .any(|limit| error.contains(limit)),
                 "{args:?}: {error}"

@@ -162,6 +162,25 @@ impl IngestBudget {
         ))
     }
 
+    /// How long the bytes of a message of `length` bytes may take to
+    /// arrive once it is charged: the budget's wait and one more second per
+    /// MiB. A client that sends a length prefix and then stalls holds its
+    /// charge no longer (it answers keepalive pings, so the idle timer never
+    /// closes it).
+    fn payload_time(&self, length: usize) -> Duration {
+        self.wait
+            .saturating_add(Duration::from_secs((length / (1024 * 1024)) as u64))
+    }
+
+    fn stalled(&self, length: usize) -> Status {
+        Status::resource_exhausted(format!(
+            "the rest of an item of {length} bytes did not arrive within {}s of its length prefix \
+             (--ingest-wait-seconds and 1 s per MiB); the planner's memory for ingest it held is \
+             returned; the items before were stored; send the stream again (repeats are recognized)",
+            self.payload_time(length).as_secs()
+        ))
+    }
+
     fn exhausted(&self) -> Status {
         if let Some(refused) = self.refused.count() {
             warn!(
@@ -331,6 +350,7 @@ where
             woken: None,
             deadline: None,
             waiting: None,
+            payload_deadline: None,
             buffer: None,
             buffer_bytes: 0,
         });
@@ -411,6 +431,9 @@ struct ChargedBody {
     deadline: Option<Pin<Box<Sleep>>>,
     /// Its place among the streams waiting, while it waits.
     waiting: Option<WaitPlace>,
+    /// When the rest of the message charged last must have arrived
+    /// ([`IngestBudget::payload_time`]); `None` once it has.
+    payload_deadline: Option<(usize, Pin<Box<Sleep>>)>,
     /// The share of the stream's decoding buffer, held until the stream
     /// ends (with the body).
     buffer: Option<Share>,
@@ -434,6 +457,10 @@ impl ChargedBody {
         self.deadline = None;
         self.woken = None;
         self.waiting = None;
+        self.payload_deadline = Some((
+            length,
+            Box::pin(tokio::time::sleep(self.budget.payload_time(length))),
+        ));
     }
 
     /// Reserves the charge of a message of `length` bytes; `Ready(Err)`
@@ -534,6 +561,9 @@ impl Body for ChargedBody {
                 let (read, prefix) = this.framing.advance(&held[this.scanned..]);
                 let from = this.scanned;
                 this.scanned += read;
+                if this.framing.payload_left == 0 {
+                    this.payload_deadline = None;
+                }
                 if let Some(prefix) = prefix {
                     this.blocked = Some(Prefix {
                         start: from + prefix.start,
@@ -554,6 +584,18 @@ impl Body for ChargedBody {
                     }
                     Err(frame) => return Poll::Ready(Some(Ok(frame))),
                 },
+                Poll::Pending => {
+                    if let Some((length, deadline)) = this.payload_deadline.as_mut()
+                        && deadline.as_mut().poll(cx).is_ready()
+                    {
+                        let length = *length;
+                        this.payload_deadline = None;
+                        // The charge goes back with the body, dropped
+                        // after this error.
+                        return Poll::Ready(Some(Err(this.budget.stalled(length))));
+                    }
+                    return Poll::Pending;
+                }
                 other => return other,
             }
         }

@@ -1,7 +1,8 @@
 //! The Redrive planner: captures dead letters from RabbitMQ DLQs, services and
-//! files into PostgreSQL, lets operators inspect and summarize them, and (in
-//! later work) prechecks, plans and coordinates replays. It is stateless: every
-//! piece of state lives in PostgreSQL, so replicas are interchangeable.
+//! files into PostgreSQL, lets operators inspect and summarize them, prechecks
+//! them, makes plans that a person approves, leases their slices to executors
+//! and keeps the audit. It is stateless: every piece of state lives in
+//! PostgreSQL, so replicas are interchangeable.
 //!
 //! # Layout
 //! - `lib.rs`: [`run`], the wiring of the services; `main.rs`: the binary's

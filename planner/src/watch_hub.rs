@@ -85,6 +85,8 @@ pub struct WatchHub {
     shutdown: CancellationToken,
     plans: Arc<Mutex<HashMap<PlanId, Arc<PlanFeed>>>>,
     leases: Arc<Mutex<HashMap<LeaseKey, Arc<watch::Sender<v1::LeaseSignal>>>>>,
+    /// Failed reads of lease feeds, logged at most every 10 s.
+    unreadable_leases: Arc<crate::admission::Throttled>,
 }
 
 impl WatchHub {
@@ -96,6 +98,7 @@ impl WatchHub {
             shutdown,
             plans: Arc::default(),
             leases: Arc::default(),
+            unreadable_leases: Arc::default(),
         }
     }
 
@@ -144,17 +147,19 @@ impl WatchHub {
             if sender.send(Ok(progress(&latest))).await.is_err() || is_final(&latest) {
                 return;
             }
+            let stopping = || {
+                Status::unavailable(
+                    "the planner is shutting down: watch again on another replica or after its restart",
+                )
+            };
             loop {
                 let update = tokio::select! {
-                    () = sender.closed() => return,
+                    biased;
                     () = shutdown.cancelled() => {
-                        let _ = sender
-                            .send(Err(Status::unavailable(
-                                "the planner is shutting down: watch again on another replica or after its restart",
-                            )))
-                            .await;
+                        let _ = sender.send(Err(stopping())).await;
                         return;
                     }
+                    () = sender.closed() => return,
                     update = updates.recv() => update,
                 };
                 match update {
@@ -191,7 +196,13 @@ impl WatchHub {
                             return;
                         }
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    // The feed ended before a final state: the planner is
+                    // stopping (a final state or a failure came first
+                    // otherwise, and ended this stream).
+                    Err(broadcast::error::RecvError::Closed) => {
+                        let _ = sender.send(Err(stopping())).await;
+                        return;
+                    }
                 }
             }
         });
@@ -469,7 +480,9 @@ impl WatchHub {
             let state = match self.store.lease_state(*slice_id, token, principal).await {
                 Ok(state) => state,
                 Err(error) => {
-                    tracing::warn!(%error, slice.id = slice_id, "cannot read a lease's state");
+                    if let Some(count) = self.unreadable_leases.count() {
+                        tracing::warn!(%error, slice.id = slice_id, failed = count, "cannot read a lease's state (logged at most every 10 s)");
+                    }
                     continue;
                 }
             };

@@ -5,6 +5,9 @@
 //! then. Its own test binary: the peak memory measured is this process's
 //! (client and in-process planner), with no other test running beside it.
 
+use std::time::Duration;
+
+use anyhow::Context as _;
 use futures::StreamExt;
 use redrive_proto::v1::IngestDeadLettersRequest;
 use redrive_tests::{TestBed, dead_letters_of, init_logging, unique};
@@ -313,4 +316,119 @@ async fn a_stream_that_waits_too_long_is_refused_by_name_and_loses_nothing() -> 
     let listed = dead_letters_of(&mut listing, &source, 100).await?;
     assert_eq!(listed.dead_letters.len(), 4);
     bed.finish().await
+}
+
+/// A client that sends an item's length prefix and then nothing (answering
+/// keepalive pings, so no idle timer closes it) held its share of the
+/// budget for as long as it liked: here 3 MiB of a 4 MiB budget claimed
+/// with 5 bytes. Now the item's bytes must come within
+/// `--ingest-wait-seconds` and 1 s per MiB of its prefix; then the stream
+/// ends with `RESOURCE_EXHAUSTED` saying so, the share goes back, and
+/// another stream's item is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_that_stalls_inside_an_item_gives_its_share_back() -> anyhow::Result<()> {
+    use http_body_util::BodyExt as _;
+
+    init_logging();
+    let bed = TestBed::without_broker(|config| {
+        config.ingest_memory_bytes = 4 * 1024 * 1024;
+        config.ingest_wait_seconds = 2;
+    })
+    .await?;
+    // Raw HTTP/2: a gRPC message prefix claiming 3 MiB, then silence.
+    let tcp = tokio::net::TcpStream::connect(bed.planner.addr).await?;
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await?;
+    tokio::spawn(connection);
+    let (frames, body) = futures::channel::mpsc::channel::<
+        Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>,
+    >(1);
+    let request = hyper::Request::post(format!(
+        "{}{}",
+        bed.planner.url(),
+        "/redrive.v1.Planner/IngestDeadLetters"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(http_body_util::StreamBody::new(body))?;
+    let mut frames = frames;
+    let claimed: u32 = 3 * 1024 * 1024;
+    let mut prefix = vec![0_u8];
+    prefix.extend_from_slice(&claimed.to_be_bytes());
+    futures::SinkExt::send(
+        &mut frames,
+        Ok(hyper::body::Frame::data(bytes::Bytes::from(prefix))),
+    )
+    .await?;
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(30), sender.send_request(request))
+        .await
+        .context("the stalled stream was never answered")??;
+    let (parts, body) = answer.into_parts();
+    // A trailers-only answer carries the status in its headers; else in
+    // the trailers after the body.
+    let mut status = parts.headers.clone();
+    if !status.contains_key("grpc-status") {
+        let collected = tokio::time::timeout(Duration::from_secs(30), body.collect())
+            .await
+            .context("no trailers")??;
+        status = collected.trailers().cloned().unwrap_or_default();
+    }
+    let code = status
+        .get("grpc-status")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let message = status
+        .get("grpc-message")
+        .and_then(|value| value.to_str().ok())
+        .map(percent_decode)
+        .unwrap_or_default();
+    let took = started.elapsed();
+    assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {message}");
+    assert!(message.contains("did not arrive within 5s"), "{message}");
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(20),
+        "cut after {took:?}"
+    );
+    // The share is back: another stream's 1 MiB item is stored.
+    let source = unique("after-stall");
+    let mut client = bed.client.clone();
+    let summary = client
+        .ingest_dead_letters(futures::stream::iter([IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "m-1".into(),
+            body: vec![b'x'; 1024 * 1024],
+            original_destination: "orders".into(),
+            reason: "rejected".into(),
+            ..Default::default()
+        }]))
+        .await?
+        .into_inner();
+    assert_eq!(summary.accepted, 1, "{summary:?}");
+    drop(frames);
+    bed.finish().await
+}
+
+/// `grpc-message` is percent-encoded (gRPC over HTTP/2, "Responses").
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%'
+            && let Some(hex) = value.get(index + 1..index + 3)
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+        {
+            out.push(byte);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
