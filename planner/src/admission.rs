@@ -576,7 +576,7 @@ fn http_peer(extensions: &http::Extensions) -> Option<SocketAddr> {
 }
 
 /// [`caller_key`] of an HTTP request (in a tower layer).
-fn http_caller_key(extensions: &http::Extensions) -> String {
+pub(crate) fn http_caller_key(extensions: &http::Extensions) -> String {
     caller_key(extensions.get::<Principal>(), http_peer(extensions))
 }
 

@@ -401,6 +401,13 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_INGEST_MEMORY_BYTES", default_value_t = crate::ingest_budget::DEFAULT_INGEST_MEMORY_BYTES)]
     pub ingest_memory_bytes: usize,
 
+    /// Bytes of --ingest-memory-bytes the streams of one principal (one
+    /// peer address without authentication) may hold together, so that
+    /// one caller cannot hold it all. Default: half of it. At least 1 MiB,
+    /// at most --ingest-memory-bytes.
+    #[arg(long, env = "REDRIVE_INGEST_MEMORY_PER_PRINCIPAL_BYTES")]
+    pub ingest_memory_per_principal_bytes: Option<usize>,
+
     /// Seconds an ingest stream waits for its share of --ingest-memory-bytes
     /// before it is refused with RESOURCE_EXHAUSTED (what it sent before is
     /// stored).
@@ -482,6 +489,10 @@ impl Config {
             self.ingest_memory_bytes,
             Duration::from_secs(self.ingest_wait_seconds),
             redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES,
+        )
+        .with_per_caller(
+            self.ingest_memory_per_principal_bytes
+                .unwrap_or(self.ingest_memory_bytes / 2),
         )
     }
 
@@ -729,6 +740,17 @@ impl Config {
             problems.push(SettingError::new(
                 "max-body-bytes",
                 format!("must be from 1 to {most_body}"),
+            ));
+        }
+        if let Some(bytes) = self.ingest_memory_per_principal_bytes
+            && !(1024 * 1024..=self.ingest_memory_bytes.max(1024 * 1024)).contains(&bytes)
+        {
+            problems.push(SettingError::new(
+                "ingest-memory-per-principal-bytes",
+                format!(
+                    "{bytes} must be from 1048576 (1 MiB) to --ingest-memory-bytes ({})",
+                    self.ingest_memory_bytes
+                ),
             ));
         }
         if self.ingest_memory_bytes < 1024 * 1024 {
@@ -1338,11 +1360,25 @@ mod tests {
                 &["--capture-batch-bytes", "268435457"][..],
                 "capture-batch-bytes",
             ),
+            (
+                &["--ingest-memory-per-principal-bytes", "1000"][..],
+                "ingest-memory-per-principal-bytes",
+            ),
+            (
+                &[
+                    "--ingest-memory-bytes",
+                    "2097152",
+                    "--ingest-memory-per-principal-bytes",
+                    "2097153",
+                ][..],
+                "ingest-memory-per-principal-bytes",
+            ),
         ] {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
         }
         assert!(config(&["--claim-max-bytes", "33554432"]).is_ok());
         assert!(config(&["--capture-batch-bytes", "1"]).is_ok());
+        assert!(config(&["--ingest-memory-per-principal-bytes", "1048576"]).is_ok());
     }
 }

@@ -16,6 +16,7 @@
 //! stored (an ingest is idempotent: sending the whole stream again is safe).
 
 use std::{
+    collections::HashMap,
     collections::VecDeque,
     future::Future,
     pin::Pin,
@@ -80,7 +81,14 @@ pub struct IngestBudget {
     refused: Arc<Throttled>,
     /// Streams waiting for their share now ([`MAX_WAITING_STREAMS`]).
     waiting: Arc<AtomicUsize>,
+    /// Most bytes the streams of one caller may hold together.
+    per_caller: usize,
+    /// Bytes held now, per caller ([`crate::admission::caller_key`]).
+    held: Held,
 }
+
+/// Bytes of the budget held now, per caller.
+type Held = Arc<Mutex<HashMap<Arc<str>, usize>>>;
 
 impl IngestBudget {
     /// A budget of `total` bytes (at least 1 MiB, say
@@ -97,7 +105,28 @@ impl IngestBudget {
             largest_message,
             refused: Arc::new(Throttled::default()),
             waiting: Arc::new(AtomicUsize::new(0)),
+            per_caller: total,
+            held: Arc::default(),
         }
+    }
+
+    /// The streams of one caller (a principal; a peer address without
+    /// authentication) hold at most `bytes` together (at least 1, at most
+    /// the budget), so that one caller cannot hold the whole budget.
+    #[must_use]
+    pub fn with_per_caller(mut self, bytes: usize) -> Self {
+        self.per_caller = bytes.clamp(1, self.total);
+        self
+    }
+
+    /// Bytes the streams of `caller` hold now.
+    pub fn held_by(&self, caller: &str) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(caller)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// What a message of `length` bytes on the wire is charged, on a stream
@@ -114,7 +143,7 @@ impl IngestBudget {
         if length > self.largest_message {
             return Cost::default();
         }
-        let room = self.total.saturating_sub(buffer);
+        let room = self.per_caller.min(self.total).saturating_sub(buffer);
         let growth = length.saturating_sub(buffer).min(room);
         let item = length
             .saturating_mul(2)
@@ -181,6 +210,24 @@ impl IngestBudget {
         ))
     }
 
+    fn caller_exhausted(&self) -> Status {
+        if let Some(refused) = self.refused.count() {
+            warn!(
+                refused,
+                per_caller_bytes = self.per_caller,
+                wait = ?self.wait,
+                "ingest streams refused: their caller's streams held their most of the ingest memory"
+            );
+        }
+        Status::resource_exhausted(format!(
+            "your streams held their most of the planner's memory for ingest ({} MiB, \
+             --ingest-memory-per-principal-bytes) for {}s; the items before were stored; send fewer \
+             streams at once, or this one again later (repeats are recognized)",
+            self.per_caller / (1024 * 1024),
+            self.wait.as_secs()
+        ))
+    }
+
     fn exhausted(&self) -> Status {
         if let Some(refused) = self.refused.count() {
             warn!(
@@ -215,6 +262,9 @@ struct Cost {
 struct Share {
     permit: Option<OwnedSemaphorePermit>,
     released: Arc<Notify>,
+    /// Whose bytes these are, counted in [`IngestBudget::held`] as long as
+    /// the permit is held.
+    caller: Option<(Held, Arc<str>)>,
 }
 
 impl Share {
@@ -224,6 +274,7 @@ impl Share {
         Some(Share {
             permit: Some(permit),
             released: Arc::clone(&self.released),
+            caller: self.caller.clone(),
         })
     }
 
@@ -239,7 +290,17 @@ impl Drop for Share {
     fn drop(&mut self) {
         // Return the bytes first, then wake the waiters, so that a woken
         // stream finds them.
-        if self.permit.take().is_some() {
+        if let Some(permit) = self.permit.take() {
+            if let Some((held, caller)) = &self.caller {
+                let mut held = held.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(bytes) = held.get_mut(caller) {
+                    *bytes = bytes.saturating_sub(permit.num_permits());
+                    if *bytes == 0 {
+                        held.remove(caller);
+                    }
+                }
+            }
+            drop(permit);
             self.released.notify_waiters();
         }
     }
@@ -337,6 +398,7 @@ where
             return self.inner.call(request);
         }
         let reservations = Reservations::default();
+        let caller: Arc<str> = crate::admission::http_caller_key(request.extensions()).into();
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(reservations.clone());
         let body = tonic::body::Body::new(ChargedBody {
@@ -351,6 +413,8 @@ where
             deadline: None,
             waiting: None,
             payload_deadline: None,
+            caller,
+            over_caller: false,
             buffer: None,
             buffer_bytes: 0,
         });
@@ -434,6 +498,11 @@ struct ChargedBody {
     /// When the rest of the message charged last must have arrived
     /// ([`IngestBudget::payload_time`]); `None` once it has.
     payload_deadline: Option<(usize, Pin<Box<Sleep>>)>,
+    /// Who sends it ([`crate::admission::caller_key`]).
+    caller: Arc<str>,
+    /// It waits because its caller's streams hold their most, not because
+    /// the budget is in use by others.
+    over_caller: bool,
     /// The share of the stream's decoding buffer, held until the stream
     /// ends (with the body).
     buffer: Option<Share>,
@@ -483,20 +552,38 @@ impl ChargedBody {
                 woken.as_mut().enable();
                 woken
             });
-            match Arc::clone(&self.budget.permits).try_acquire_many_owned(permits) {
-                Ok(permit) => {
-                    let share = Share {
-                        permit: Some(permit),
-                        released: Arc::clone(&self.budget.released),
-                    };
-                    self.charged(share, cost, length);
-                    return Poll::Ready(Ok(()));
+            // The caller's room is checked and taken under its lock, so
+            // that two streams of one caller cannot both pass it.
+            let mut held = self
+                .budget
+                .held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mine = held.get(&self.caller).copied().unwrap_or(0);
+            let over_caller = mine + permits as usize > self.budget.per_caller;
+            // Named in a refusal only when the caller's share is the
+            // smaller bound.
+            self.over_caller = over_caller && self.budget.per_caller < self.budget.total;
+            if !over_caller {
+                match Arc::clone(&self.budget.permits).try_acquire_many_owned(permits) {
+                    Ok(permit) => {
+                        *held.entry(Arc::clone(&self.caller)).or_default() += permits as usize;
+                        drop(held);
+                        let share = Share {
+                            permit: Some(permit),
+                            released: Arc::clone(&self.budget.released),
+                            caller: Some((Arc::clone(&self.budget.held), Arc::clone(&self.caller))),
+                        };
+                        self.charged(share, cost, length);
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(tokio::sync::TryAcquireError::Closed) => {
+                        return Poll::Ready(Err(Status::unavailable("the planner is stopping")));
+                    }
+                    Err(tokio::sync::TryAcquireError::NoPermits) => {}
                 }
-                Err(tokio::sync::TryAcquireError::Closed) => {
-                    return Poll::Ready(Err(Status::unavailable("the planner is stopping")));
-                }
-                Err(tokio::sync::TryAcquireError::NoPermits) => {}
             }
+            drop(held);
             if woken.as_mut().poll(cx).is_ready() {
                 self.woken = None;
                 continue;
@@ -518,7 +605,11 @@ impl ChargedBody {
                 self.woken = None;
                 self.deadline = None;
                 self.waiting = None;
-                return Poll::Ready(Err(self.budget.exhausted()));
+                return Poll::Ready(Err(if self.over_caller {
+                    self.budget.caller_exhausted()
+                } else {
+                    self.budget.exhausted()
+                }));
             }
             return Poll::Pending;
         }

@@ -242,6 +242,9 @@ async fn a_stream_that_waits_too_long_is_refused_by_name_and_loses_nothing() -> 
     init_logging();
     let bed = TestBed::without_broker(|config| {
         config.ingest_memory_bytes = 64 * 1024 * 1024;
+        // Both streams are this test's client's: the whole budget is its
+        // own to share (the per-caller share is the stall test's).
+        config.ingest_memory_per_principal_bytes = Some(64 * 1024 * 1024);
         config.ingest_wait_seconds = 1;
     })
     .await?;
@@ -320,11 +323,12 @@ async fn a_stream_that_waits_too_long_is_refused_by_name_and_loses_nothing() -> 
 
 /// A client that sends an item's length prefix and then nothing (answering
 /// keepalive pings, so no idle timer closes it) held its share of the
-/// budget for as long as it liked: here 3 MiB of a 4 MiB budget claimed
-/// with 5 bytes. Now the item's bytes must come within
-/// `--ingest-wait-seconds` and 1 s per MiB of its prefix; then the stream
-/// ends with `RESOURCE_EXHAUSTED` saying so, the share goes back, and
-/// another stream's item is stored.
+/// budget for as long as it liked, and as much of it as the item claimed:
+/// here a 3 MiB item of a 4 MiB budget, with 5 bytes. Now one caller's
+/// streams hold at most half the budget, so another caller's item is
+/// stored at once meanwhile; and the item's bytes must come within
+/// `--ingest-wait-seconds` and 1 s per MiB of its prefix, else the stream
+/// ends with `RESOURCE_EXHAUSTED` saying so and the share goes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_that_stalls_inside_an_item_gives_its_share_back() -> anyhow::Result<()> {
     use http_body_util::BodyExt as _;
@@ -335,8 +339,11 @@ async fn a_stream_that_stalls_inside_an_item_gives_its_share_back() -> anyhow::R
         config.ingest_wait_seconds = 2;
     })
     .await?;
-    // Raw HTTP/2: a gRPC message prefix claiming 3 MiB, then silence.
-    let tcp = tokio::net::TcpStream::connect(bed.planner.addr).await?;
+    // Raw HTTP/2 from 127.0.0.2 (another caller for the planner): a gRPC
+    // message prefix claiming 3 MiB, then silence.
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.2:0".parse()?)?;
+    let tcp = socket.connect(bed.planner.addr).await?;
     let (mut sender, connection) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(tcp),
@@ -364,9 +371,36 @@ async fn a_stream_that_stalls_inside_an_item_gives_its_share_back() -> anyhow::R
     )
     .await?;
     let started = std::time::Instant::now();
-    let answer = tokio::time::timeout(Duration::from_secs(30), sender.send_request(request))
+    let stalled = tokio::spawn(sender.send_request(request));
+    // The stalled item is charged; another caller (this test's own client,
+    // from 127.0.0.1) still has room for a 1 MiB item at once.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ingest = |source: String| {
+        let mut client = bed.client.clone();
+        async move {
+            client
+                .ingest_dead_letters(futures::stream::iter([IngestDeadLettersRequest {
+                    source,
+                    message_id: "m-1".into(),
+                    body: vec![b'x'; 1024 * 1024],
+                    original_destination: "orders".into(),
+                    reason: "rejected".into(),
+                    ..Default::default()
+                }]))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    let summary = ingest(unique("beside-stall")).await?;
+    assert_eq!(summary.accepted, 1, "{summary:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "stored beside the stalled stream, not after it: {:?}",
+        started.elapsed()
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(30), stalled)
         .await
-        .context("the stalled stream was never answered")??;
+        .context("the stalled stream was never answered")???;
     let (parts, body) = answer.into_parts();
     // A trailers-only answer carries the status in its headers; else in
     // the trailers after the body.
@@ -394,21 +428,12 @@ async fn a_stream_that_stalls_inside_an_item_gives_its_share_back() -> anyhow::R
         took >= Duration::from_secs(4) && took < Duration::from_secs(20),
         "cut after {took:?}"
     );
-    // The share is back: another stream's 1 MiB item is stored.
-    let source = unique("after-stall");
-    let mut client = bed.client.clone();
-    let summary = client
-        .ingest_dead_letters(futures::stream::iter([IngestDeadLettersRequest {
-            source: source.clone(),
-            message_id: "m-1".into(),
-            body: vec![b'x'; 1024 * 1024],
-            original_destination: "orders".into(),
-            reason: "rejected".into(),
-            ..Default::default()
-        }]))
-        .await?
-        .into_inner();
-    assert_eq!(summary.accepted, 1, "{summary:?}");
+    // The share is back.
+    assert_eq!(
+        ingest(unique("after-stall")).await?.accepted,
+        1,
+        "stored after the stall"
+    );
     drop(frames);
     bed.finish().await
 }
@@ -431,4 +456,80 @@ fn percent_decode(value: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One caller's streams share half the budget by default: with 8 MiB in
+/// all, a caller whose open stream holds its 1 MiB decoding buffer waits
+/// for a 2 MiB item of another stream (it would need 5 of its 4 MiB) while
+/// the budget has 7 MiB free, and is refused naming
+/// `--ingest-memory-per-principal-bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_callers_streams_share_half_the_budget() -> anyhow::Result<()> {
+    init_logging();
+    let bed = TestBed::without_broker(|config| {
+        config.ingest_memory_bytes = 8 * 1024 * 1024;
+        config.ingest_wait_seconds = 1;
+    })
+    .await?;
+    let source = unique("per-caller");
+    let item = |index: usize, size: usize| IngestDeadLettersRequest {
+        source: source.clone(),
+        message_id: format!("m-{index}"),
+        body: vec![b'a'; size],
+        original_destination: "orders".into(),
+        reason: "rejected".into(),
+        ..Default::default()
+    };
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let open = {
+        let mut client = bed.client.clone();
+        let first = item(0, 1024 * 1024);
+        tokio::spawn(async move {
+            let items = futures::stream::iter([first]).chain(futures::stream::once(async move {
+                let _ = done_rx.await;
+                item_after()
+            }));
+            client.ingest_dead_letters(items).await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut client = bed.client.clone();
+    let refused = client
+        .ingest_dead_letters(futures::stream::iter([item(1, 2 * 1024 * 1024)]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .message()
+            .contains("--ingest-memory-per-principal-bytes"),
+        "{}",
+        refused.message()
+    );
+    let _ = done_tx.send(());
+    let open = open.await??.into_inner();
+    assert_eq!(open.accepted, 2, "{open:?}");
+    // Alone, the same item is stored.
+    let stored = client
+        .ingest_dead_letters(futures::stream::iter([item(1, 2 * 1024 * 1024)]))
+        .await?
+        .into_inner();
+    assert_eq!(stored.accepted, 1, "{stored:?}");
+    bed.finish().await
+}
+
+/// The open stream's last item in [`one_callers_streams_share_half_the_budget`].
+fn item_after() -> IngestDeadLettersRequest {
+    IngestDeadLettersRequest {
+        source: "per-caller-tail".into(),
+        message_id: "tail".into(),
+        body: b"tail".to_vec(),
+        original_destination: "orders".into(),
+        reason: "rejected".into(),
+        ..Default::default()
+    }
 }
