@@ -813,3 +813,55 @@ async fn the_ledger_folded_into_the_audit_keeps_every_replayed_key() {
         "{indexes:?}"
     );
 }
+
+/// A report of thousands of forged events (a lease that never existed)
+/// writes at most `MAX_REFUSAL_ROWS_PER_REPORT` rows of evidence; the
+/// answer is the same refusal.
+#[tokio::test]
+async fn a_report_of_thousands_of_forged_events_writes_a_bounded_record() {
+    let db = Db::new().await;
+    let lease = db.claim("exec-1", true).await;
+    let item: DeadLetterId =
+        sqlx::query_scalar("SELECT dead_letter_id FROM plan_items ORDER BY position LIMIT 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let forged: Vec<Outcome> = (0..5_000)
+        .map(|_| Outcome {
+            dead_letter_id: item,
+            message_key: String::new(),
+            action: "sent".to_owned(),
+            reason: String::new(),
+            executor_id: "x".to_owned(),
+            attempt: 1,
+            confirm_latency_us: 0,
+            at: chrono::Utc::now(),
+        })
+        .collect();
+    let wrong_token = lease.fencing_token + 1;
+    assert!(
+        db.store
+            .report_outcomes(lease.slice_id, wrong_token, "executor-b", &forged)
+            .await
+            .unwrap()
+            .is_err(),
+        "refused"
+    );
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM refused_outcomes WHERE principal = 'executor-b' AND reason = 'unknown_lease'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        i64::try_from(redrive_planner::store::leases::MAX_REFUSAL_ROWS_PER_REPORT).unwrap()
+    );
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM plan_items WHERE dead_letter_id = $1")
+            .bind(item)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "pending", "nothing of the forged report was taken");
+}

@@ -847,8 +847,14 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
     }
 }
 
+/// Most `refused_outcomes` rows one report writes: a report may carry
+/// thousands of forged events, and the rows are evidence of who sent
+/// them, not a copy of each (the metric and the WARN line count them all).
+pub const MAX_REFUSAL_ROWS_PER_REPORT: usize = 64;
+
 /// Appends one `refused_outcomes` row per refused outcome of a report
-/// ([`Store::report_outcomes`]), with the reporting principal.
+/// ([`Store::report_outcomes`]), with the reporting principal: the first
+/// [`MAX_REFUSAL_ROWS_PER_REPORT`].
 async fn record_refusals(
     transaction: &mut Transaction<'_, Postgres>,
     slice_id: i64,
@@ -856,6 +862,7 @@ async fn record_refusals(
     principal: &str,
     refused: &[(&Outcome, Refusal)],
 ) -> Result<(), StoreError> {
+    let refused = &refused[..refused.len().min(MAX_REFUSAL_ROWS_PER_REPORT)];
     if refused.is_empty() {
         return Ok(());
     }
