@@ -11,7 +11,7 @@ use tonic::Status;
 use crate::{error::Error, ids::PlanId, plan, store::Store};
 
 /// Audit events read per page while exporting or watching.
-const PAGE: i64 = 1000;
+pub(crate) const PAGE: i64 = 1000;
 
 /// Most bytes of one `ExportAuditChunk` (docs/api.md, "Limits").
 pub const CHUNK_BYTES: usize = 1024 * 1024;

@@ -493,7 +493,9 @@ impl Coordinator {
         Ok(v1::ReportOutcomesResponse {
             accepted: reported.accepted,
             lease_lost: reported.lease_lost,
-            dropped: reported.dropped,
+            // Every event not recorded is refused: the older field says the
+            // same for clients that do not know `refused`.
+            dropped: reported.refused,
             refused: reported.refused,
         })
     }

@@ -119,16 +119,6 @@ impl IngestBudget {
         self
     }
 
-    /// Bytes the streams of `caller` hold now.
-    pub fn held_by(&self, caller: &str) -> usize {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(caller)
-            .copied()
-            .unwrap_or(0)
-    }
-
     /// What a message of `length` bytes on the wire is charged, on a stream
     /// whose decoding buffer is `buffer` bytes so far: the item, twice its
     /// length and [`ITEM_OVERHEAD`] (the decoded item, then its copy in the
@@ -150,16 +140,6 @@ impl IngestBudget {
             .saturating_add(ITEM_OVERHEAD)
             .min(room - growth);
         Cost { item, growth }
-    }
-
-    /// Bytes reserved right now.
-    pub fn in_use(&self) -> usize {
-        self.total.saturating_sub(self.permits.available_permits())
-    }
-
-    /// The budget in bytes.
-    pub fn total(&self) -> usize {
-        self.total
     }
 
     /// A place among the streams that wait ([`MAX_WAITING_STREAMS`]),

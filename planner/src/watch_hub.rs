@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::{
+    audit::PAGE,
     coordinator::{LEASE_RECHECK, lease_signal},
     error::Error,
     ids::PlanId,
@@ -40,8 +41,6 @@ use crate::{
     store::Store,
 };
 
-/// Audit events read per page.
-const PAGE: i64 = 1000;
 /// Progress is read at most this often while a plan moves.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 /// A plan feed looks at its plan at least this often, in case a
@@ -100,22 +99,6 @@ impl WatchHub {
             leases: Arc::default(),
             unreadable_leases: Arc::default(),
         }
-    }
-
-    /// Plan feeds running now.
-    pub fn plan_feeds(&self) -> usize {
-        self.plans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    /// Lease feeds running now.
-    pub fn lease_feeds(&self) -> usize {
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
     }
 
     /// `WatchPlan`: progress snapshots (and audit events, with
@@ -254,15 +237,12 @@ impl WatchHub {
         Some((updates, latest))
     }
 
-    /// Removes `feed` from the hub when it is still the feed of `plan_id`.
     fn remove_plan(&self, plan_id: PlanId, feed: &Arc<PlanFeed>) {
-        let mut plans = self.plans.lock().unwrap_or_else(PoisonError::into_inner);
-        if plans
-            .get(&plan_id)
-            .is_some_and(|held| Arc::ptr_eq(held, feed))
-        {
-            plans.remove(&plan_id);
-        }
+        remove_feed(
+            &mut self.plans.lock().unwrap_or_else(PoisonError::into_inner),
+            &plan_id,
+            feed,
+        );
     }
 
     /// The one reader of a plan's changes for all its streams.
@@ -274,20 +254,8 @@ impl WatchHub {
         mut after: i64,
     ) {
         loop {
-            let changed = async {
-                loop {
-                    match changes.recv().await {
-                        Ok(changed) if changed == plan_id => return,
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => return,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                }
-            };
             tokio::select! {
-                () = changed => {}
+                () = plan_changed(&mut changes, plan_id) => {}
                 () = tokio::time::sleep(PLAN_RECHECK) => {}
                 () = self.shutdown.cancelled() => {
                     self.remove_plan(plan_id, &feed);
@@ -299,12 +267,7 @@ impl WatchHub {
             {
                 let mut plans = self.plans.lock().unwrap_or_else(PoisonError::into_inner);
                 if feed.updates.receiver_count() == 0 {
-                    if plans
-                        .get(&plan_id)
-                        .is_some_and(|held| Arc::ptr_eq(held, &feed))
-                    {
-                        plans.remove(&plan_id);
-                    }
+                    remove_feed(&mut plans, &plan_id, &feed);
                     return;
                 }
             }
@@ -417,7 +380,7 @@ impl WatchHub {
         }
         let changes = self.notifier.subscribe();
         let db_token = i64::try_from(token).map_err(|_| stale())?;
-        let first = self
+        let (plan_id, first) = self
             .store
             .lease_state(slice_id, db_token, principal)
             .await??;
@@ -430,22 +393,28 @@ impl WatchHub {
         let feed = Arc::new(feed);
         leases.insert(key.clone(), Arc::clone(&feed));
         drop(leases);
-        tokio::spawn(self.clone().run_lease_feed(key, db_token, feed, changes));
+        tokio::spawn(
+            self.clone()
+                .run_lease_feed(key, db_token, plan_id, feed, changes),
+        );
         Ok(signals)
     }
 
     fn remove_lease(&self, key: &LeaseKey, feed: &Arc<watch::Sender<v1::LeaseSignal>>) {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        if leases.get(key).is_some_and(|held| Arc::ptr_eq(held, feed)) {
-            leases.remove(key);
-        }
+        remove_feed(
+            &mut self.leases.lock().unwrap_or_else(PoisonError::into_inner),
+            key,
+            feed,
+        );
     }
 
-    /// The one reader of a lease's state for all its streams.
+    /// The one reader of a lease's state for all its streams: read again
+    /// when the lease's plan changes, and every [`LEASE_RECHECK`].
     async fn run_lease_feed(
         self,
         key: LeaseKey,
         token: i64,
+        plan_id: PlanId,
         feed: Arc<watch::Sender<v1::LeaseSignal>>,
         mut changes: broadcast::Receiver<PlanId>,
     ) {
@@ -457,10 +426,7 @@ impl WatchHub {
                     return;
                 }
                 () = tokio::time::sleep(LEASE_RECHECK) => {}
-                changed = changes.recv() => {
-                    if matches!(changed, Err(broadcast::error::RecvError::Closed)) {
-                        tokio::time::sleep(LEASE_RECHECK).await;
-                    }
+                () = plan_changed(&mut changes, plan_id) => {
                     // Coalesce a burst of notifications (one per report).
                     while changes.try_recv().is_ok() {}
                 }
@@ -468,12 +434,7 @@ impl WatchHub {
             {
                 let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
                 if feed.receiver_count() == 0 {
-                    if leases
-                        .get(&key)
-                        .is_some_and(|held| Arc::ptr_eq(held, &feed))
-                    {
-                        leases.remove(&key);
-                    }
+                    remove_feed(&mut leases, &key, &feed);
                     return;
                 }
             }
@@ -487,7 +448,7 @@ impl WatchHub {
                 }
             };
             self.store.metrics().watch_read("lease");
-            let signal = lease_signal(state);
+            let signal = lease_signal(state.map(|(_, state)| state));
             let lost = signal.lease_lost;
             feed.send_if_modified(|current| {
                 if *current == signal {
@@ -502,6 +463,28 @@ impl WatchHub {
                 return;
             }
         }
+    }
+}
+
+/// Waits for a notification that `plan_id` changed; a lag counts as one
+/// (it may have been missed). Once the notifier is gone it never returns:
+/// the feeds' periodic looks go on.
+async fn plan_changed(changes: &mut broadcast::Receiver<PlanId>, plan_id: PlanId) {
+    loop {
+        match changes.recv().await {
+            Ok(changed) if changed == plan_id => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// Removes `feed` from `feeds` when it is still the feed of `key` (a feed
+/// that ended may have been replaced by a new one meanwhile).
+fn remove_feed<K: std::hash::Hash + Eq, V>(feeds: &mut HashMap<K, Arc<V>>, key: &K, feed: &Arc<V>) {
+    if feeds.get(key).is_some_and(|held| Arc::ptr_eq(held, feed)) {
+        feeds.remove(key);
     }
 }
 

@@ -423,13 +423,8 @@ async fn a_report_is_judged_by_its_leases_mark() {
     )
     .await;
     assert_eq!(
-        (
-            answer.accepted,
-            answer.refused,
-            answer.dropped,
-            answer.lease_lost
-        ),
-        (1, 3, 3, false)
+        (answer.accepted, answer.refused, answer.lease_lost),
+        (1, 3, false)
     );
     // Marked through position 1: those two are accepted, position 2 not.
     db.store

@@ -100,9 +100,6 @@ pub struct Outcome {
 pub struct Reported {
     /// Events recorded.
     pub accepted: u64,
-    /// Events not recorded (the same as [`Reported::refused`]: every
-    /// event not recorded is refused, with its reason).
-    pub dropped: u64,
     /// Events refused as late or forged ([`Refusal`]), each recorded in
     /// `refused_outcomes` with the reporting principal.
     pub refused: u64,
@@ -340,7 +337,7 @@ it reported it; the next lease publishes it again with the same message id', t.w
         Ok(plans)
     }
 
-    /// The state of the plan a lease publishes for, while `token` is the
+    /// The plan a lease publishes for and its state, while `token` is the
     /// slice's current, unexpired lease; [`StaleToken`] otherwise.
     ///
     /// # Errors
@@ -350,9 +347,9 @@ it reported it; the next lease publishes it again with the same message id', t.w
         slice_id: i64,
         token: i64,
         principal: &str,
-    ) -> Result<Result<State, StaleToken>, StoreError> {
-        let state: Option<State> = sqlx::query_scalar(
-            "SELECT p.state FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
+    ) -> Result<Result<(PlanId, State), StaleToken>, StoreError> {
+        let state: Option<(PlanId, State)> = sqlx::query_as(
+            "SELECT p.id, p.state FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
              WHERE s.id = $1 AND s.fencing_token = $2 AND s.lease_principal = $3 AND s.state = 'leased' \
                AND s.lease_expires_at > now()",
         )
@@ -687,7 +684,6 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         }
         let reported = Reported {
             accepted: accepted.len() as u64,
-            dropped: refused.len() as u64,
             refused: refused.len() as u64,
             lease_lost: !lease.unexpired,
         };
