@@ -1,6 +1,9 @@
 //! The audit record of a plan (docs/design.md, "Flow" step 7): the report with the
 //! reconciliation list of sent keys and the export as JSON Lines or CSV (the
-//! live watch stream is [`crate::watch_hub`]'s).
+//! live watch stream is [`crate::audit::watch_hub`]'s).
+
+pub mod notifier;
+pub mod watch_hub;
 
 use futures::stream::BoxStream;
 use redrive_proto::{time::from_timestamp, v1};

@@ -37,6 +37,8 @@
 //!   prefetch (docs/design.md, "Messages the client cannot read").
 
 pub mod guard;
+pub mod ingest;
+pub mod ingest_budget;
 pub mod raw;
 
 use std::{
@@ -62,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
-    dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
+    dead_letters::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
     metrics::{CaptureFailure, Quarantine},
     store::{Store, StoreError, dead_letters::InsertOutcome},
 };

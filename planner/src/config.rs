@@ -15,11 +15,11 @@ use redrive_proto::settings::{
 };
 
 use crate::{
-    auth::{AuthSettings, Authenticator, JwtSettings},
-    dead_letter::ExtractionRules,
-    message_key::KeySource,
-    policy::Policy,
-    state_check::{HookRoute, Pattern},
+    dead_letters::ExtractionRules,
+    dead_letters::message_key::KeySource,
+    edge::auth::{AuthSettings, Authenticator, JwtSettings},
+    precheck::policy::Policy,
+    precheck::state_check::{HookRoute, Pattern},
 };
 
 /// Most seconds a deadline setting (`--idle-timeout-seconds`,
@@ -151,25 +151,25 @@ pub struct Config {
 
     /// Authenticated connections allowed from one peer address; past it a
     /// connection's first request is answered RESOURCE_EXHAUSTED.
-    #[arg(long, env = "REDRIVE_MAX_CONNECTIONS_PER_PEER", default_value_t = crate::admission::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    #[arg(long, env = "REDRIVE_MAX_CONNECTIONS_PER_PEER", default_value_t = crate::edge::admission::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: usize,
 
     /// Authenticated connections allowed in total (keep it and
     /// --max-unauthenticated-connections together below the process's open
     /// file limit, less the database pool).
-    #[arg(long, env = "REDRIVE_MAX_CONNECTIONS", default_value_t = crate::admission::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "REDRIVE_MAX_CONNECTIONS", default_value_t = crate::edge::admission::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
 
     /// Open connections not yet authenticated allowed from one peer
     /// address; more are closed at once (and logged).
-    #[arg(long, env = "REDRIVE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_PEER", default_value_t = crate::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_PEER)]
+    #[arg(long, env = "REDRIVE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_PEER", default_value_t = crate::edge::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_PEER)]
     pub max_unauthenticated_connections_per_peer: usize,
 
     /// Open connections not yet authenticated allowed in total, in a pool
     /// apart from the authenticated ones (--max-connections). When it is
     /// full, a new connection takes the place of the oldest one of the peer
     /// address holding the most, if that peer holds at least two more.
-    #[arg(long, env = "REDRIVE_MAX_UNAUTHENTICATED_CONNECTIONS", default_value_t = crate::admission::DEFAULT_MAX_UNAUTHENTICATED)]
+    #[arg(long, env = "REDRIVE_MAX_UNAUTHENTICATED_CONNECTIONS", default_value_t = crate::edge::admission::DEFAULT_MAX_UNAUTHENTICATED)]
     pub max_unauthenticated_connections: usize,
 
     /// Seconds a connection may send nothing (no request, no answer to the
@@ -185,47 +185,47 @@ pub struct Config {
     #[arg(
         long,
         env = "REDRIVE_FIRST_REQUEST_TIMEOUT_SECONDS",
-        default_value_t = crate::admission::DEFAULT_FIRST_REQUEST_TIMEOUT.as_secs()
+        default_value_t = crate::edge::admission::DEFAULT_FIRST_REQUEST_TIMEOUT.as_secs()
     )]
     pub first_request_timeout_seconds: u64,
 
     /// Requests per second allowed per principal (per peer address without
     /// authentication); over it a call gets RESOURCE_EXHAUSTED. A stream
     /// counts once.
-    #[arg(long, env = "REDRIVE_REQUESTS_PER_SECOND", default_value_t = crate::admission::DEFAULT_REQUESTS_PER_SECOND)]
+    #[arg(long, env = "REDRIVE_REQUESTS_PER_SECOND", default_value_t = crate::edge::admission::DEFAULT_REQUESTS_PER_SECOND)]
     pub requests_per_second: u32,
 
     /// Requests per principal allowed at once above that rate.
-    #[arg(long, env = "REDRIVE_REQUEST_BURST", default_value_t = crate::admission::DEFAULT_REQUEST_BURST)]
+    #[arg(long, env = "REDRIVE_REQUEST_BURST", default_value_t = crate::edge::admission::DEFAULT_REQUEST_BURST)]
     pub request_burst: u32,
 
     /// Open WatchPlan streams allowed per principal (per peer address
     /// without authentication).
-    #[arg(long, env = "REDRIVE_MAX_WATCHES_PER_PRINCIPAL", default_value_t = crate::admission::DEFAULT_WATCHES_PER_PRINCIPAL)]
+    #[arg(long, env = "REDRIVE_MAX_WATCHES_PER_PRINCIPAL", default_value_t = crate::edge::admission::DEFAULT_WATCHES_PER_PRINCIPAL)]
     pub max_watches_per_principal: usize,
 
     /// Open WatchPlan streams allowed in total.
-    #[arg(long, env = "REDRIVE_MAX_WATCHES", default_value_t = crate::admission::DEFAULT_WATCHES)]
+    #[arg(long, env = "REDRIVE_MAX_WATCHES", default_value_t = crate::edge::admission::DEFAULT_WATCHES)]
     pub max_watches: usize,
 
     /// Places among --max-watches kept for a principal's first WatchPlan
     /// stream: one caller's first watch is not refused because others
     /// hold the rest. Less than --max-watches.
-    #[arg(long, env = "REDRIVE_RESERVED_WATCHES", default_value_t = crate::admission::DEFAULT_RESERVED_WATCHES)]
+    #[arg(long, env = "REDRIVE_RESERVED_WATCHES", default_value_t = crate::edge::admission::DEFAULT_RESERVED_WATCHES)]
     pub reserved_watches: usize,
 
     /// Open WatchLease streams allowed per principal (an executor watches
     /// each lease it holds once).
-    #[arg(long, env = "REDRIVE_MAX_LEASE_WATCHES_PER_PRINCIPAL", default_value_t = crate::admission::DEFAULT_LEASE_WATCHES_PER_PRINCIPAL)]
+    #[arg(long, env = "REDRIVE_MAX_LEASE_WATCHES_PER_PRINCIPAL", default_value_t = crate::edge::admission::DEFAULT_LEASE_WATCHES_PER_PRINCIPAL)]
     pub max_lease_watches_per_principal: usize,
 
     /// Open WatchLease streams allowed in total.
-    #[arg(long, env = "REDRIVE_MAX_LEASE_WATCHES", default_value_t = crate::admission::DEFAULT_LEASE_WATCHES)]
+    #[arg(long, env = "REDRIVE_MAX_LEASE_WATCHES", default_value_t = crate::edge::admission::DEFAULT_LEASE_WATCHES)]
     pub max_lease_watches: usize,
 
     /// Places among --max-lease-watches kept for a principal's first
     /// WatchLease stream. Less than --max-lease-watches.
-    #[arg(long, env = "REDRIVE_RESERVED_LEASE_WATCHES", default_value_t = crate::admission::DEFAULT_RESERVED_LEASE_WATCHES)]
+    #[arg(long, env = "REDRIVE_RESERVED_LEASE_WATCHES", default_value_t = crate::edge::admission::DEFAULT_RESERVED_LEASE_WATCHES)]
     pub reserved_lease_watches: usize,
 
     /// A dead-letter queue to capture (repeatable; the environment variable
@@ -369,7 +369,7 @@ pub struct Config {
 
     /// Precheck policy: re-dead-letters after which a message key is looping,
     /// at least 1 (a request may lower it).
-    #[arg(long, env = "REDRIVE_MAX_REDRIVES", default_value_t = crate::options::DEFAULT_MAX_REDRIVES)]
+    #[arg(long, env = "REDRIVE_MAX_REDRIVES", default_value_t = crate::precheck::options::DEFAULT_MAX_REDRIVES)]
     pub max_redrives: u32,
 
     /// Precheck policy: JSON pointer (RFC 6901) to the original event time in
@@ -398,7 +398,7 @@ pub struct Config {
     /// (each item counts twice its size until it is stored); past it a
     /// stream waits, and is refused with RESOURCE_EXHAUSTED after
     /// --ingest-wait-seconds. At least 1 MiB.
-    #[arg(long, env = "REDRIVE_INGEST_MEMORY_BYTES", default_value_t = crate::ingest_budget::DEFAULT_INGEST_MEMORY_BYTES)]
+    #[arg(long, env = "REDRIVE_INGEST_MEMORY_BYTES", default_value_t = crate::capture::ingest_budget::DEFAULT_INGEST_MEMORY_BYTES)]
     pub ingest_memory_bytes: usize,
 
     /// Bytes of --ingest-memory-bytes the streams of one principal (one
@@ -411,7 +411,7 @@ pub struct Config {
     /// Seconds an ingest stream waits for its share of --ingest-memory-bytes
     /// before it is refused with RESOURCE_EXHAUSTED (what it sent before is
     /// stored).
-    #[arg(long, env = "REDRIVE_INGEST_WAIT_SECONDS", default_value_t = crate::ingest_budget::DEFAULT_INGEST_WAIT.as_secs())]
+    #[arg(long, env = "REDRIVE_INGEST_WAIT_SECONDS", default_value_t = crate::capture::ingest_budget::DEFAULT_INGEST_WAIT.as_secs())]
     pub ingest_wait_seconds: u64,
 
     /// Byte budget of one `ClaimSlice` answer: a slice's items are handed out
@@ -460,9 +460,9 @@ impl Config {
         config
     }
 
-    /// The caps on connections ([`crate::admission::admit`]).
-    pub fn connection_limits(&self) -> crate::admission::ConnectionLimits {
-        crate::admission::ConnectionLimits {
+    /// The caps on connections ([`crate::edge::admission::admit`]).
+    pub fn connection_limits(&self) -> crate::edge::admission::ConnectionLimits {
+        crate::edge::admission::ConnectionLimits {
             per_peer: self.max_connections_per_peer,
             total: self.max_connections,
             unauthenticated_per_peer: self.max_unauthenticated_connections_per_peer,
@@ -472,20 +472,20 @@ impl Config {
         }
     }
 
-    /// The request rate per principal ([`crate::admission::RateLimitLayer`]);
+    /// The request rate per principal ([`crate::edge::admission::RateLimitLayer`]);
     /// zeros are refused by [`Config::validate`].
-    pub fn request_rate(&self) -> crate::admission::RequestRate {
+    pub fn request_rate(&self) -> crate::edge::admission::RequestRate {
         let at_least_one = |value: u32| NonZeroU32::new(value).unwrap_or(NonZeroU32::MIN);
-        crate::admission::RequestRate {
+        crate::edge::admission::RequestRate {
             per_second: at_least_one(self.requests_per_second),
             burst: at_least_one(self.request_burst),
         }
     }
 
     /// The planner's memory for ingest streams
-    /// ([`crate::ingest_budget::IngestBudget`]).
-    pub fn ingest_budget(&self) -> crate::ingest_budget::IngestBudget {
-        crate::ingest_budget::IngestBudget::new(
+    /// ([`crate::capture::ingest_budget::IngestBudget`]).
+    pub fn ingest_budget(&self) -> crate::capture::ingest_budget::IngestBudget {
+        crate::capture::ingest_budget::IngestBudget::new(
             self.ingest_memory_bytes,
             Duration::from_secs(self.ingest_wait_seconds),
             redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES,
@@ -497,8 +497,8 @@ impl Config {
     }
 
     /// The caps on open `WatchPlan` streams.
-    pub fn watch_limits(&self) -> crate::admission::StreamLimits {
-        crate::admission::StreamLimits::new(
+    pub fn watch_limits(&self) -> crate::edge::admission::StreamLimits {
+        crate::edge::admission::StreamLimits::new(
             "WatchPlan",
             self.max_watches_per_principal,
             self.max_watches,
@@ -508,8 +508,8 @@ impl Config {
     }
 
     /// The caps on open `WatchLease` streams.
-    pub fn lease_watch_limits(&self) -> crate::admission::StreamLimits {
-        crate::admission::StreamLimits::new(
+    pub fn lease_watch_limits(&self) -> crate::edge::admission::StreamLimits {
+        crate::edge::admission::StreamLimits::new(
             "WatchLease",
             self.max_lease_watches_per_principal,
             self.max_lease_watches,
@@ -597,7 +597,8 @@ impl Config {
                 ));
             }
         }
-        let least = crate::admission::KEEPALIVE_INTERVAL + crate::admission::KEEPALIVE_TIMEOUT;
+        let least =
+            crate::edge::admission::KEEPALIVE_INTERVAL + crate::edge::admission::KEEPALIVE_TIMEOUT;
         if self.idle_timeout_seconds < least.as_secs() + 5 {
             problems.push(SettingError::new(
                 "idle-timeout-seconds",
@@ -605,8 +606,8 @@ impl Config {
                     "{} is too short: at least {} (a live client answers the keepalive ping every {} s within {} s)",
                     self.idle_timeout_seconds,
                     least.as_secs() + 5,
-                    crate::admission::KEEPALIVE_INTERVAL.as_secs(),
-                    crate::admission::KEEPALIVE_TIMEOUT.as_secs()
+                    crate::edge::admission::KEEPALIVE_INTERVAL.as_secs(),
+                    crate::edge::admission::KEEPALIVE_TIMEOUT.as_secs()
                 ),
             ));
         }

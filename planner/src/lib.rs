@@ -5,92 +5,37 @@
 //! PostgreSQL, so replicas are interchangeable.
 //!
 //! # Layout
-//! - `lib.rs`: [`run`], the wiring of the services; `main.rs`: the binary's
-//!   start-up (settings, logging, signals, `--listen`).
-//! - [`config`]: flags with `REDRIVE_…` fallbacks, validated at start-up.
-//! - [`capture`]: consuming DLQs into PostgreSQL, ack after commit;
-//!   `capture/guard.rs` ([`capture::guard`]): the relay that reads content
-//!   headers before lapin; `capture/raw.rs` ([`capture::raw`]): the small AMQP
-//!   client for deliveries lapin cannot decode.
-//! - [`ingest`]: `IngestDeadLetters` (services and `redrivectl import`).
-//! - [`dead_letter`]: a dead letter about to be stored, and the rules that
-//!   derive what is kept beside it.
-//! - [`death`]: the death that counts, its reason class, other frameworks'
-//!   dead-letter headers.
-//! - [`message_key`]: the idempotency key and event type of a dead letter.
-//! - [`body`]: compression sniffing and readable previews.
-//! - [`inspect`]: listing, lookups and summaries of dead letters.
-//! - [`selector`]: which dead letters a call covers, validated at the edge.
-//! - [`ids`]: ids and page tokens, parsed once.
-//! - [`precheck`]: the dry run that gives every dead letter one verdict.
-//! - [`staleness`]: which deadline a precheck applied per event type, and the
-//!   warnings for dead letters no rule covers or whose body time is no time.
-//! - [`event_time`]: the one reading of an event time (s, ms, µs, ns, text)
-//!   from every place it comes from.
-//! - [`rekey`]: re-keying a stored backlog, audited, former keys kept.
-//! - [`options`]: a precheck's options and the one age rule
-//!   ([`options::event_time`]).
-//! - [`policy`]: the planner's floor under precheck options.
-//! - [`state_check`]: the owning services' state-check hooks.
-//! - [`plan`]: plans created from a precheck and approved by digest.
-//! - [`plan_state`]: the plan state machine, the one transition table (event
-//!   → allowed states → target) that [`plan`], [`gates`] and the store ask;
-//!   the states and their kinds (`is_final`, ...) are `v1::PlanState`'s.
-//! - [`coordinator`]: executors' slice claims, leases, fencing and reports.
-//! - [`gates`]: the canary gates.
-//! - [`single`]: replays and repairs of one dead letter.
-//! - [`audit`]: a plan's report, audit export and live watch.
-//! - [`notifier`]: plan-change notifications across replicas.
-//! - [`watch_hub`]: `WatchPlan` and `WatchLease` streams sharing one reader
-//!   per plan and per lease.
-//! - [`housekeeping`]: archive and unarchive; retention's background deletes.
-//! - [`store`]: the PostgreSQL queries (its own `# Layout`); `migrations/`:
-//!   the schema, one numbered SQL file per change.
-//! - [`grpc`]: the gRPC adapters.
-//! - [`error`]: the domain error and its one mapping to a status.
-//! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus
-//!   `/metrics`), counted through the [`store::Store`] every part holds.
-//! - [`auth`]: who is calling (client certificates, bearer JWTs, static
-//!   tokens) and the actor a call is recorded under.
-//! - [`roles`]: the authenticated caller ([`roles::Principal`]) and the one
-//!   table of which role each RPC needs.
-//! - [`admission`]: what one caller may take of the planner (rate, streams,
-//!   connections).
+//! This is the one map of the planner; `docs/layout.md` points here. Each
+//! folder is a domain. [`edge`] converts a call and asks the domains; the
+//! domains decide and ask [`store`] to read and write; the store decides
+//! nothing and calls no domain.
+//!
+//! | folder | what it owns |
+//! | --- | --- |
+//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`) |
+//! | [`config`] | the settings: flags with `REDRIVE_…` fallbacks, parsed once at start-up into typed values |
+//! | [`edge`] | the API edge: [`edge::grpc`] (the gRPC adapters), [`edge::auth`] (who is calling, the actor a call is recorded under), [`edge::roles`] (the one table of which role each RPC needs), [`edge::admission`] (what one caller may take: rate, streams, connections) |
+//! | [`capture`] | dead letters in: consuming DLQs into PostgreSQL, ack after commit; [`capture::guard`] (the relay that reads content headers before lapin), [`capture::raw`] (the small AMQP client for deliveries lapin cannot decode), [`capture::ingest`] (`IngestDeadLetters`, from services and `redrivectl import`), [`capture::ingest_budget`] (the memory all ingest streams share) |
+//! | [`dead_letters`] | a dead letter about to be stored and the rules that derive what is kept beside it; [`dead_letters::death`] (the death that counts, its reason class, other frameworks' dead-letter headers), [`dead_letters::message_key`] (idempotency key and event type), [`dead_letters::event_time`] (the one reading of an event time), [`dead_letters::body`] (compression sniffing, previews), [`dead_letters::selector`] (which dead letters a call covers), [`dead_letters::inspect`] (listing, lookups, summaries), [`dead_letters::rekey`] (re-keying a stored backlog), [`dead_letters::housekeeping`] (archive, unarchive, retention) |
+//! | [`precheck`] | the dry run that gives every dead letter one verdict; [`precheck::options`] (a precheck's options and the one age rule), [`precheck::policy`] (the planner's floor under them), [`precheck::staleness`] (which deadline applied, and warnings), [`precheck::state_check`] (the owning services' state-check hooks) |
+//! | [`plan`] | plans made from a precheck and approved by digest; [`plan::state`] (the state machine: the one transition table that every part asks), [`plan::gates`] (the canary gates), [`plan::single`] (replays and repairs of one dead letter) |
+//! | [`leases`] | the coordinator: executors' slice claims, leases, fencing and reports |
+//! | [`audit`] | a plan's report, audit export and the audit's writes; [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas) |
+//! | [`store`] | the PostgreSQL queries, and nothing else (its own `# Layout`); `migrations/`: the schema, one numbered SQL file per change |
+//! | [`ids`], [`error`], [`metrics`] | ids and page tokens parsed once; the domain error and its one mapping to a status; the metric instruments, counted through the [`store::Store`] every part holds |
 
-pub mod admission;
 pub mod audit;
-pub mod auth;
-pub mod body;
 pub mod capture;
 pub mod config;
-pub mod coordinator;
-pub mod dead_letter;
-pub mod death;
+pub mod dead_letters;
+pub mod edge;
 pub mod error;
-pub mod event_time;
-pub mod gates;
-pub mod grpc;
-pub mod housekeeping;
 pub mod ids;
-pub mod ingest;
-pub mod ingest_budget;
-pub mod inspect;
-pub mod message_key;
+pub mod leases;
 pub mod metrics;
-pub mod notifier;
-pub mod options;
 pub mod plan;
-pub mod plan_state;
-pub mod policy;
 pub mod precheck;
-pub mod rekey;
-pub mod roles;
-pub mod selector;
-pub mod single;
-pub mod staleness;
-pub mod state_check;
 pub mod store;
-pub mod watch_hub;
 
 use std::{
     sync::{
@@ -114,10 +59,10 @@ use tracing::{debug, info, warn};
 
 pub use crate::config::Config;
 use crate::{
+    audit::notifier::Notifier,
     capture::{CaptureConfig, CaptureStatus},
-    grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
-    notifier::Notifier,
-    state_check::StateChecker,
+    edge::grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
+    precheck::state_check::StateChecker,
     store::Store,
 };
 
@@ -187,10 +132,10 @@ pub async fn run(
     let capture_status = CaptureStatus::new(&config.capture_queues);
     let rules = Arc::new(config.extraction_rules());
     let notifier = Notifier::new();
-    let hub = watch_hub::WatchHub::new(store.clone(), notifier.clone(), shutdown.clone());
+    let hub = audit::watch_hub::WatchHub::new(store.clone(), notifier.clone(), shutdown.clone());
     let checker =
         Arc::new(StateChecker::new(config.state_check_routes()).with_tls(config.state_check_tls()));
-    let coordinator_service = coordinator::Coordinator::new(
+    let coordinator_service = leases::Coordinator::new(
         store.clone(),
         notifier.clone(),
         config.lease_ttl(),
@@ -255,16 +200,16 @@ pub async fn run(
     let server_shutdown = shutdown.clone();
     // HTTP/2 keepalive pings find dead clients; the admitted connections
     // close idle ones and cap how many one peer may hold.
-    let connections = admission::Connections::new(config.connection_limits());
+    let connections = edge::admission::Connections::new(config.connection_limits());
     let mut builder = tonic::transport::Server::builder()
         // One server span per call, continuing the caller's traceparent.
         .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
-        .http2_keepalive_interval(Some(admission::KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(admission::KEEPALIVE_TIMEOUT))
+        .http2_keepalive_interval(Some(edge::admission::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(edge::admission::KEEPALIVE_TIMEOUT))
         // Room on every connection for the ingest streams that wait for
         // the ingest budget, whose data stays unread meanwhile.
-        .initial_stream_window_size(ingest_budget::STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(ingest_budget::CONNECTION_WINDOW_BYTES);
+        .initial_stream_window_size(capture::ingest_budget::STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(capture::ingest_budget::CONNECTION_WINDOW_BYTES);
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
@@ -273,12 +218,12 @@ pub async fn run(
             .layer(tower::util::MapResponseLayer::new(
                 oversized_is_resource_exhausted::<tonic::body::Body>,
             ))
-            .layer(auth::AuthLayer::new(authenticator))
-            .layer(admission::RateLimitLayer::new(
+            .layer(edge::auth::AuthLayer::new(authenticator))
+            .layer(edge::admission::RateLimitLayer::new(
                 config.request_rate(),
                 connections.clone(),
             ))
-            .layer(ingest_budget::IngestBudgetLayer::new(
+            .layer(capture::ingest_budget::IngestBudgetLayer::new(
                 config.ingest_budget(),
             ))
             .add_service(health_service)
@@ -287,7 +232,7 @@ pub async fn run(
             .add_service(InterceptedService::new(planner, gate.clone()))
             .add_service(InterceptedService::new(coordinator, gate))
             .serve_with_incoming_shutdown(
-                admission::admit(incoming(listener), connections),
+                edge::admission::admit(incoming(listener), connections),
                 server_shutdown.cancelled_owned(),
             ),
     );
@@ -311,9 +256,9 @@ pub async fn run(
             ));
             tokio::spawn(count_plans(store.clone(), shutdown.clone()));
             let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
-            tokio::spawn(gates::run(store.clone(), shutdown.clone()));
+            tokio::spawn(plan::gates::run(store.clone(), shutdown.clone()));
             if let Some(retention) = config.retention {
-                tokio::spawn(housekeeping::run_retention(
+                tokio::spawn(dead_letters::housekeeping::run_retention(
                     store.clone(),
                     retention,
                     shutdown.clone(),

@@ -375,7 +375,7 @@ impl PlannerMetrics {
     }
 
     /// `count` reported outcomes were refused for `reason` (a
-    /// `store::leases::Refusal` name, a fixed set).
+    /// `leases::outcomes::Refusal` name, a fixed set).
     pub fn outcomes_refused(&self, reason: &'static str, count: u64) {
         if count > 0 {
             self.outcomes_refused

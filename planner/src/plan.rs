@@ -2,6 +2,10 @@
 //! rate and its rationale, approved with the digest of the precheck the
 //! approver read.
 
+pub mod gates;
+pub mod single;
+pub mod state;
+
 use std::time::Duration;
 
 use redrive_proto::{time::from_duration, v1};
@@ -9,10 +13,10 @@ use redrive_proto::{time::from_duration, v1};
 use crate::{
     error::Error,
     ids::{DeadLetterId, PlanId, PrecheckId},
-    plan_state::{self, Event},
+    plan::state::Event,
     store::{
         Store,
-        plans::{ApproveOutcome, CHANGES_LISTED, CreateOutcome, DestinationMode, Moved, NewPlan},
+        plans::{CHANGES_LISTED, CreateOutcome, DestinationMode, Moved, NewPlan},
     },
 };
 
@@ -225,7 +229,7 @@ pub async fn get(store: &Store, plan_id: PlanId) -> Result<v1::Plan, Error> {
 /// of the plan replayed by another plan or repaired since its precheck (each
 /// message says to run the precheck again); `PermissionDenied` when
 /// `four_eyes` is on and the approver created the plan (the users compared,
-/// [`crate::auth::recorded_user`]: a delegated `portal-x for alice` is
+/// [`crate::edge::auth::recorded_user`]: a delegated `portal-x for alice` is
 /// alice); store errors.
 pub async fn approve(
     store: &Store,
@@ -237,8 +241,8 @@ pub async fn approve(
 ) -> Result<v1::Plan, Error> {
     let plan = get(store, plan_id).await?;
     // The people, not the principals: `portal-x for alice` is alice.
-    let approver = crate::auth::recorded_user(actor);
-    if four_eyes && approver == crate::auth::recorded_user(&plan.created_by) {
+    let approver = crate::edge::auth::recorded_user(actor);
+    if four_eyes && approver == crate::edge::auth::recorded_user(&plan.created_by) {
         return Err(Error::PermissionDenied(format!(
             "four-eyes approval is on: {approver} created plan {plan_id} (as {}), so someone else \
              must approve it",
@@ -253,34 +257,47 @@ pub async fn approve(
     }
     let again = "run the precheck again (redrivectl precheck ...), create a plan from the new \
                  precheck and approve that one";
-    match store.approve_plan(plan_id, actor, max_precheck_age).await? {
-        ApproveOutcome::Approved => get(store, plan_id).await,
-        ApproveOutcome::NotFound => Err(Error::NotFound(format!("plan {plan_id} not found"))),
-        ApproveOutcome::NotAwaiting(state) => Err(Error::FailedPrecondition(format!(
+    // The checks and the approval in one transaction, with the plan row
+    // locked: nothing can be replayed or repaired between them.
+    let mut tx = store.begin().await?;
+    let not_awaiting = |state| {
+        Error::FailedPrecondition(format!(
             "plan {plan_id} is {state}, not awaiting_approval: it can be approved once"
-        ))),
-        ApproveOutcome::PrecheckTooOld { precheck_id, age } => {
-            Err(Error::FailedPrecondition(format!(
-                "precheck {precheck_id} of plan {plan_id} is {} old, older than the planner's \
-                 --max-precheck-age of {}: what it found may no longer hold; {again}",
-                humantime::format_duration(Duration::from_secs(age.as_secs())),
-                humantime::format_duration(max_precheck_age)
-            )))
-        }
-        ApproveOutcome::ChangedSincePrecheck {
-            precheck_id,
-            mut changes,
-        } => {
-            if changes.len() > CHANGES_LISTED {
-                changes.truncate(CHANGES_LISTED);
-                changes.push("...".to_owned());
-            }
-            Err(Error::FailedPrecondition(format!(
-                "dead letters of plan {plan_id} changed since its precheck {precheck_id}: {}; {again}",
-                changes.join("; ")
-            )))
-        }
+        ))
+    };
+    let Some(check) = tx.approval_check(plan_id).await? else {
+        return Err(Error::NotFound(format!("plan {plan_id} not found")));
+    };
+    let precheck_id = check.precheck_id;
+    if !Event::Approve.allows(check.state.get()) {
+        return Err(not_awaiting(check.state));
     }
+    if check.age > max_precheck_age {
+        return Err(Error::FailedPrecondition(format!(
+            "precheck {precheck_id} of plan {plan_id} is {} old, older than the planner's \
+             --max-precheck-age of {}: what it found may no longer hold; {again}",
+            humantime::format_duration(Duration::from_secs(check.age.as_secs())),
+            humantime::format_duration(max_precheck_age)
+        )));
+    }
+    if !check.changes.is_empty() {
+        let mut changes = check.changes;
+        if changes.len() > CHANGES_LISTED {
+            changes.truncate(CHANGES_LISTED);
+            changes.push("...".to_owned());
+        }
+        return Err(Error::FailedPrecondition(format!(
+            "dead letters of plan {plan_id} changed since its precheck {precheck_id}: {}; {again}",
+            changes.join("; ")
+        )));
+    }
+    match tx.transition(plan_id, Event::Approve, actor, "").await? {
+        Moved::To(_) => {}
+        Moved::Refused(state) => return Err(not_awaiting(state)),
+        Moved::NotFound => return Err(Error::NotFound(format!("plan {plan_id} not found"))),
+    }
+    tx.commit().await?;
+    get(store, plan_id).await
 }
 
 /// A page of plans, newest first, optionally in some states. The page token is
@@ -312,10 +329,10 @@ pub async fn list(
                 Error::invalid("page_token", "not a token from a previous answer")
             })?)
         };
-    if page_size > crate::inspect::MAX_PAGE_SIZE {
+    if page_size > crate::dead_letters::inspect::MAX_PAGE_SIZE {
         return Err(Error::invalid(
             "page_size",
-            format!("at most {}", crate::inspect::MAX_PAGE_SIZE),
+            format!("at most {}", crate::dead_letters::inspect::MAX_PAGE_SIZE),
         ));
     }
     let page_size = if page_size == 0 { 100 } else { page_size };
@@ -353,7 +370,7 @@ pub enum Control {
 }
 
 impl Control {
-    /// Its event in the plan state machine ([`crate::plan_state`]).
+    /// Its event in the plan state machine ([`crate::plan::state`]).
     pub fn event(self) -> Event {
         match self {
             Self::Pause => Event::Pause,
@@ -383,7 +400,7 @@ pub async fn control(
         Moved::Refused(state) => Err(Error::FailedPrecondition(format!(
             "plan {plan_id} is {state}: it cannot {} from there (allowed from {})",
             event.action().unwrap_or_default(),
-            plan_state::names(event.allowed()).join(", ")
+            state::names(event.allowed()).join(", ")
         ))),
     }
 }

@@ -10,6 +10,11 @@
 //! The digest is SHA-256 over the encoded selector and options and then, per
 //! item in id order, the dead letter id and verdict name.
 
+pub mod options;
+pub mod policy;
+pub mod staleness;
+pub mod state_check;
+
 use std::{collections::BTreeMap, sync::Arc};
 
 use chrono::{DateTime, Utc};
@@ -23,14 +28,14 @@ use sha2::{Digest, Sha256};
 use tracing::{Instrument as _, info};
 
 use crate::{
+    dead_letters::inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
+    dead_letters::selector::{Selector, Status},
     error::Error,
     ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
-    inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
-    options::{Deadline, DeadlineRule, EventBody, PrecheckOptions},
-    policy::Policy,
-    selector::{Selector, Status},
-    staleness::{Aged, Coverage},
-    state_check::{StateCheckError, StateChecker, StateDecision},
+    precheck::options::{Deadline, DeadlineRule, EventBody, PrecheckOptions},
+    precheck::policy::Policy,
+    precheck::staleness::{Aged, Coverage},
+    precheck::state_check::{StateCheckError, StateChecker, StateDecision},
     store::{
         Store, StoreError,
         prechecks::{
@@ -55,7 +60,7 @@ fn declared_encoding(candidate: &Candidate) -> Option<String> {
     let (_, properties, headers) = candidate.payload.as_ref()?;
     let properties = v1::MessageProperties::decode(properties.as_slice()).unwrap_or_default();
     let headers = v1::HeaderTable::decode(headers.as_slice()).unwrap_or_default();
-    crate::body::declared_encoding(&properties, &headers)
+    crate::dead_letters::body::declared_encoding(&properties, &headers)
 }
 
 /// A candidate's body for the event time pointer, when loaded.
@@ -471,13 +476,13 @@ pub struct PrecheckRequest {
     /// The effective options, validated.
     pub options: PrecheckOptions,
     /// With an override of the policy: what it loosened
-    /// ([`crate::policy::Effective::loosened`]).
+    /// ([`crate::precheck::policy::Effective::loosened`]).
     pub loosened: Vec<String>,
 }
 
 impl PrecheckRequest {
     /// A precheck of `selector` by `actor` with `options` merged with `policy`
-    /// (see [`crate::policy`]).
+    /// (see [`crate::precheck::policy`]).
     ///
     /// # Errors
     /// `InvalidArgument` naming the field of the selector or options (a value
@@ -1009,7 +1014,7 @@ fn state_check_message(candidate: &Candidate) -> v1::StateCheckMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::options::event_time_from_body;
+    use crate::precheck::options::event_time_from_body;
     use std::time::Duration;
 
     #[test]

@@ -15,7 +15,8 @@ use std::{path::Path, time::Duration};
 
 use redrive_planner::{
     ids::{DeadLetterId, PlanId},
-    plan_state::Event,
+    leases::outcomes,
+    plan::state::Event,
     store::{
         StaleToken, Store,
         leases::{LeasedSlice, Outcome},
@@ -183,7 +184,9 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     // A token the slice does not hold now is refused by every write.
     assert_eq!(db.beat_and_mark(slice, 0).await, [Err(stale); 2]);
     assert_eq!(
-        db.store.complete_slice(slice, 0, "", true).await.unwrap(),
+        outcomes::end_lease(&db.store, slice, 0, "", true)
+            .await
+            .unwrap(),
         Err(stale)
     );
     let beat = db.store.heartbeat(slice, token, "", TTL).await.unwrap();
@@ -206,8 +209,7 @@ async fn a_stale_fencing_token_is_refused_everywhere() {
     assert_eq!(second.slice_id, slice);
     assert!(second.fencing_token > token, "tokens grow with each lease");
     assert_eq!(
-        db.store
-            .complete_slice(slice, token, "", false)
+        outcomes::end_lease(&db.store, slice, token, "", false)
             .await
             .unwrap(),
         Err(expired)
@@ -283,8 +285,7 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     };
     for guess in [1, first.fencing_token + 1, first.fencing_token - 1] {
         assert_eq!(
-            db.store
-                .report_outcomes(slice, guess, "", &[sent(0, &dead_letters[0].1)])
+            outcomes::report_outcomes(&db.store, slice, guess, "", &[sent(0, &dead_letters[0].1)])
                 .await
                 .unwrap()
                 .unwrap_err(),
@@ -298,12 +299,16 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     // The live lease's report of a marked item records the plan item's
     // key, whatever the report names.
     db.mark(slice, first.fencing_token, 1).await;
-    let reported = db
-        .store
-        .report_outcomes(slice, first.fencing_token, "", &[sent(0, "forged-key")])
-        .await
-        .unwrap()
-        .unwrap();
+    let reported = outcomes::report_outcomes(
+        &db.store,
+        slice,
+        first.fencing_token,
+        "",
+        &[sent(0, "forged-key")],
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!((reported.accepted, reported.lease_lost), (1, false));
     // An earlier lease's late `sent` is refused once the sweep ended the
     // lease: the sweep made the marked, unreported item `uncertain`, and
@@ -311,17 +316,16 @@ async fn a_report_under_a_token_the_slice_never_had_is_refused() {
     db.backdate(slice).await;
     db.store.expire_leases().await.unwrap();
     let second = db.claim("new", true).await;
-    let late = db
-        .store
-        .report_outcomes(
-            slice,
-            first.fencing_token,
-            "",
-            &[sent(1, &dead_letters[1].1)],
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let late = outcomes::report_outcomes(
+        &db.store,
+        slice,
+        first.fencing_token,
+        "",
+        &[sent(1, &dead_letters[1].1)],
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!((late.accepted, late.refused, late.lease_lost), (0, 1, true));
     assert!(second.fencing_token > first.fencing_token);
     let recorded: Vec<(String, String)> = sqlx::query_as(
@@ -388,8 +392,7 @@ async fn a_report_is_judged_by_its_leases_mark() {
     let report = |token: i64, outcomes: Vec<Outcome>| {
         let store = db.store.clone();
         async move {
-            store
-                .report_outcomes(slice, token, "executor-a", &outcomes)
+            outcomes::report_outcomes(&store, slice, token, "executor-a", &outcomes)
                 .await
                 .unwrap()
                 .unwrap()
@@ -533,15 +536,13 @@ async fn a_lease_refuses_every_write_from_another_principal() {
             Err(stale)
         );
         assert_eq!(
-            store
-                .report_outcomes(slice, token, intruder, &sent)
+            outcomes::report_outcomes(store, slice, token, intruder, &sent)
                 .await
                 .unwrap(),
             Err(stale)
         );
         assert_eq!(
-            store
-                .complete_slice(slice, token, intruder, true)
+            outcomes::end_lease(store, slice, token, intruder, true)
                 .await
                 .unwrap(),
             Err(stale)
@@ -573,9 +574,7 @@ async fn a_lease_refuses_every_write_from_another_principal() {
         .await
         .unwrap()
         .unwrap();
-    let reported = db
-        .store
-        .report_outcomes(slice, token, "executor-a", &sent)
+    let reported = outcomes::report_outcomes(&db.store, slice, token, "executor-a", &sent)
         .await
         .unwrap()
         .unwrap();
@@ -667,8 +666,7 @@ async fn a_release_clears_the_mark() {
     let db = Db::new().await;
     let first = db.claim("new", true).await;
     db.mark(first.slice_id, first.fencing_token, 1).await;
-    db.store
-        .complete_slice(first.slice_id, first.fencing_token, "", true)
+    outcomes::end_lease(&db.store, first.slice_id, first.fencing_token, "", true)
         .await
         .unwrap()
         .unwrap();
@@ -835,11 +833,16 @@ async fn a_report_of_thousands_of_forged_events_writes_a_bounded_record() {
         .collect();
     let wrong_token = lease.fencing_token + 1;
     assert!(
-        db.store
-            .report_outcomes(lease.slice_id, wrong_token, "executor-b", &forged)
-            .await
-            .unwrap()
-            .is_err(),
+        outcomes::report_outcomes(
+            &db.store,
+            lease.slice_id,
+            wrong_token,
+            "executor-b",
+            &forged
+        )
+        .await
+        .unwrap()
+        .is_err(),
         "refused"
     );
     let rows: i64 = sqlx::query_scalar(
@@ -850,7 +853,7 @@ async fn a_report_of_thousands_of_forged_events_writes_a_bounded_record() {
     .unwrap();
     assert_eq!(
         rows,
-        i64::try_from(redrive_planner::store::leases::MAX_REFUSAL_ROWS_PER_REPORT).unwrap()
+        i64::try_from(redrive_planner::leases::outcomes::MAX_REFUSAL_ROWS_PER_REPORT).unwrap()
     );
     let state: String =
         sqlx::query_scalar("SELECT state FROM plan_items WHERE dead_letter_id = $1")

@@ -75,7 +75,7 @@ impl Verdict {
 }
 
 /// The plan states' one list and their kinds. Which event moves a plan from
-/// which state to which lives in the planner (`planner/src/plan_state.rs`).
+/// which state to which lives in the planner (`planner/src/plan/state.rs`).
 impl PlanState {
     /// Every plan state, in lifecycle order (`Unspecified` is none).
     pub const ALL: [Self; 8] = [

@@ -11,7 +11,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-use redrive_planner::{Config, auth::hash_token};
+use redrive_planner::{Config, edge::auth::hash_token};
 use redrive_proto::tls::ClientTlsFiles;
 
 /// The JWT issuer and audience [`Pki::secure`] configures.

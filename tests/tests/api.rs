@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use redrive_planner::{
-    dead_letter::{ExtractionRules, RawDeadLetter},
+    dead_letters::{ExtractionRules, RawDeadLetter},
     store::Store,
 };
 use redrive_proto::v1::{

@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use futures::StreamExt;
-use redrive_planner::{housekeeping, store::Store};
+use redrive_planner::{dead_letters::housekeeping, store::Store};
 use redrive_proto::v1::{
     self, ArchiveDeadLettersRequest, BodyMatch, CreatePlanRequest, DeadLetterStatus,
     GetDeadLetterRequest, IngestDeadLettersRequest, ListDeadLettersRequest, RunPrecheckRequest,

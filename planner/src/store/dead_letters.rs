@@ -11,9 +11,9 @@ use uuid::Uuid;
 
 use super::{Store, StoreError};
 use crate::{
-    dead_letter::{Dedup, NewDeadLetter},
+    dead_letters::selector::{Selector, Status},
+    dead_letters::{Dedup, NewDeadLetter},
     ids::DeadLetterId,
-    selector::{Selector, Status},
 };
 
 /// What a batch insert did.

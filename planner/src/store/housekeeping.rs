@@ -7,9 +7,9 @@ use sqlx::{Postgres, QueryBuilder};
 
 use super::{Store, StoreError, dead_letters::push_selected};
 use crate::{
+    dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId},
-    plan_state,
-    selector::Selector,
+    plan::state,
 };
 
 /// The actor retention's deletes are recorded under.
@@ -113,7 +113,7 @@ impl Store {
                  ORDER BY i.dead_letter_id, p.created_at LIMIT 1",
             )
             .bind(&selected)
-            .bind(plan_state::names_where(|state| !state.is_final()))
+            .bind(state::names_where(|state| !state.is_final()))
             .fetch_optional(&mut *transaction)
             .await?;
             if let Some((dead_letter_id, plan_id, state)) = live {
@@ -178,8 +178,8 @@ impl Store {
         cutoff: DateTime<Utc>,
         batch: i64,
     ) -> Result<u64, StoreError> {
-        let ended = plan_state::names_where(v1::PlanState::is_final);
-        let live = plan_state::names_where(|state| !state.is_final());
+        let ended = state::names_where(v1::PlanState::is_final);
+        let live = state::names_where(|state| !state.is_final());
         let mut transaction = self.pool().begin().await?;
         // Candidates, locked (a concurrent unarchive, archive or plan
         // creation holding one is skipped and met on a later pass).
@@ -250,7 +250,7 @@ impl Store {
                AND NOT EXISTS (SELECT 1 FROM audit_events e JOIN dead_letters d ON d.id = e.dead_letter_id \
                                WHERE e.plan_id = p.id AND e.action = 'sent')",
         )
-        .bind(plan_state::names_where(v1::PlanState::is_final))
+        .bind(state::names_where(v1::PlanState::is_final))
         .execute(self.pool())
         .await?;
         Ok(result.rows_affected())

@@ -1,22 +1,26 @@
 //! Slice leases with fencing tokens (docs/design.md, "Executor loop and
 //! guarantees": claim in one statement with `FOR UPDATE SKIP LOCKED`; every
-//! later write is conditioned on the token), and outcome reports.
+//! later write is conditioned on the token), and what a report and a
+//! lease's end read and write ([`Tx`]); the rules that judge them are
+//! [`crate::leases::outcomes`]'s.
 
 use std::{collections::HashMap, time::Duration};
 
 use chrono::{DateTime, Utc};
-use redrive_proto::{time::timestamp, v1};
-use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use redrive_proto::v1;
+use sqlx::AssertSqlSafe;
 
 use super::{
-    StaleToken, Store, StoreError,
+    StaleToken, Store, StoreError, Tx,
     dead_letters::{DeadLetterRow, columns},
-    plans::{DestinationMode, DestinationRow, RateRow, gate_reading_in, notify, transition_in},
+    plans::{
+        DestinationMode, DestinationRow, GateReading, Moved, RateRow, gate_reading_in, notify,
+        transition_in,
+    },
 };
 use crate::{
-    gates,
     ids::{DeadLetterId, PlanId, PrecheckId},
-    plan_state::{Event, State},
+    plan::state::{Event, State},
 };
 
 /// A slice just leased.
@@ -94,114 +98,6 @@ pub struct Outcome {
     /// When.
     pub at: DateTime<Utc>,
 }
-
-/// What [`Store::report_outcomes`] did with a report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reported {
-    /// Events recorded.
-    pub accepted: u64,
-    /// Events refused as late or forged ([`Refusal`]), each recorded in
-    /// `refused_outcomes` with the reporting principal.
-    pub refused: u64,
-    /// The token was not the slice's current, unexpired lease.
-    pub lease_lost: bool,
-}
-
-/// Why a reported outcome was refused (docs/design.md, "Reports need
-/// marks"): the `reason` of a `refused_outcomes` row and the
-/// `redrive.refusal.reason` of the `redrive.planner.outcomes.refused`
-/// metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Refusal {
-    /// A publish outcome ([`PUBLISH_OUTCOMES`]) for an item past the
-    /// lease's write-ahead mark: the lease never said it might publish it.
-    Unmarked,
-    /// The token was a lease of the slice, but not its current one: the
-    /// slice was leased again since.
-    StaleToken,
-    /// The token is the slice's last lease, but that lease ended (the sweep
-    /// expired it, or it was released or completed): its mark is gone, and
-    /// the sweep already recorded its marked, unreported items `uncertain`.
-    LeaseEnded,
-    /// A skip decision under a lease that expired but was not swept yet:
-    /// skip decisions need the current, unexpired lease.
-    LeaseExpired,
-    /// The dead letter is not an item of the slice.
-    NotInSlice,
-    /// The slice never had this token for this principal (a guess, another
-    /// principal's lease, or no such slice): the whole report is refused.
-    UnknownLease,
-}
-
-impl Refusal {
-    /// Every reason, in a fixed order.
-    pub const ALL: [Self; 6] = [
-        Self::Unmarked,
-        Self::StaleToken,
-        Self::LeaseEnded,
-        Self::LeaseExpired,
-        Self::NotInSlice,
-        Self::UnknownLease,
-    ];
-
-    /// The stored and measured name (`unmarked`, `stale_token`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Unmarked => "unmarked",
-            Self::StaleToken => "stale_token",
-            Self::LeaseEnded => "lease_ended",
-            Self::LeaseExpired => "lease_expired",
-            Self::NotInSlice => "not_in_slice",
-            Self::UnknownLease => "unknown_lease",
-        }
-    }
-}
-
-/// What a report's lease is, as [`Store::report_outcomes`] judges each
-/// outcome by it ([`judge`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseStanding {
-    /// The token is the slice's fencing token now.
-    pub current_token: bool,
-    /// ... and the slice is still leased under it (not swept, released or
-    /// completed).
-    pub held: bool,
-    /// ... and the lease has not expired.
-    pub unexpired: bool,
-    /// The lease's write-ahead mark while it is held (`None`: it marked
-    /// nothing it may publish, or it was leased without marks).
-    pub mark: Option<i64>,
-}
-
-/// Whether an outcome `action` for the slice item at `position` (`None`:
-/// not an item of the slice) is accepted under a lease standing as
-/// `lease`, or why it is refused. A publish outcome ([`PUBLISH_OUTCOMES`])
-/// needs the slice's current token, the lease still held (expired but not
-/// swept is fine: its mark still stands) and the item marked; a skip
-/// decision needs the current, unexpired lease.
-pub fn judge(lease: LeaseStanding, action: &str, position: Option<i64>) -> Option<Refusal> {
-    let Some(position) = position else {
-        return Some(Refusal::NotInSlice);
-    };
-    if !lease.current_token {
-        return Some(Refusal::StaleToken);
-    }
-    if !lease.held {
-        return Some(Refusal::LeaseEnded);
-    }
-    if PUBLISH_OUTCOMES.contains(&action) {
-        let marked = lease.mark.is_some_and(|mark| position <= mark);
-        (!marked).then_some(Refusal::Unmarked)
-    } else {
-        (!lease.unexpired).then_some(Refusal::LeaseExpired)
-    }
-}
-
-/// Actions that say what happened to a publish: recorded only for items the
-/// reporting lease marked, and also from a lease that expired but was not
-/// swept yet ([`judge`]), so the audit never misses a message the broker
-/// took.
-pub const PUBLISH_OUTCOMES: &[&str] = &["sent", "uncertain", "failed", "unroutable"];
 
 /// Item states that end an item.
 pub const FINAL_ITEM_STATES: &[&str] = &[
@@ -558,43 +454,60 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         .await?;
         Ok(state.ok_or(StaleToken { slice_id, token }))
     }
+}
 
-    /// Records outcomes of a slice in one transaction: audit events appended
-    /// (each with its dead letter's destination: a `sent` or `uncertain`
-    /// event is also the replay record of its key, docs/design.md, "What a
-    /// report writes"), item states and attempts updated.
+/// A report's lease as the store finds it ([`Tx::report_lease`]).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReportLease {
+    /// The slice's plan.
+    pub plan_id: PlanId,
+    /// The slice's wave (`canary` or `main`).
+    pub wave: String,
+    /// The executor id the lease was claimed with: the audit records it,
+    /// whatever a report says.
+    pub executor_id: String,
+    /// The token is the slice's fencing token now.
+    pub current_token: bool,
+    /// ... and the slice is still leased under it (not swept, released or
+    /// completed).
+    pub held: bool,
+    /// ... and the lease has not expired.
+    pub unexpired: bool,
+    /// The lease's write-ahead mark while it is held (`None`: it marked
+    /// nothing it may publish, or it was leased without marks).
+    pub mark: Option<i64>,
+}
+
+/// How a lease ended ([`Tx::end_lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseEnd {
+    /// The slice's plan.
+    pub plan_id: PlanId,
+    /// The slice is completed (every item final and not released); else it
+    /// is pending again, for another lease.
+    pub completed: bool,
+}
+
+impl Tx {
+    /// The lease a report under `token` from `principal` speaks for, read
+    /// with the slice row locked `FOR KEY SHARE` (`None`: the slice never
+    /// had this token for this principal, or does not exist).
     ///
-    /// Each outcome is judged by [`judge`] (docs/design.md, "Reports need
-    /// marks"): a publish outcome ([`PUBLISH_OUTCOMES`]) is recorded only
-    /// for an item the reporting lease marked as publishing, and only while
-    /// `token` is the slice's current token and the slice still leased
-    /// under it (an expired lease the sweep has not ended yet still counts);
-    /// a skip decision only under the current, unexpired lease. Under an
-    /// expired lease the answer says the lease is lost, and failures do not
-    /// end their items (the next holder retries them). Every other outcome
-    /// is refused: one `refused_outcomes` row each, with `principal` and the
-    /// [`Refusal`], counted in the `redrive.planner.outcomes.refused`
-    /// metric. The slice row is locked while checking, so neither a re-lease
-    /// nor the sweep can interleave.
+    /// The lock: the sweep's and a completion's `FOR UPDATE` wait for (or
+    /// skip) a report in progress, so neither ends the lease under it; but
+    /// the holder's renewals and write-ahead marks, plain `UPDATE`s of
+    /// non-key columns, do not wait behind the report's inserts (they would
+    /// hold publishing back for as long).
     ///
     /// # Errors
-    /// `Ok(Err(StaleToken))` for a slice that does not exist or a token it
-    /// never had for `principal` (its outcomes are recorded as refused,
-    /// [`Refusal::UnknownLease`]); [`StoreError`].
-    pub async fn report_outcomes(
-        &self,
+    /// [`StoreError`].
+    pub async fn report_lease(
+        &mut self,
         slice_id: i64,
         token: i64,
         principal: &str,
-        outcomes: &[Outcome],
-    ) -> Result<Result<Reported, StaleToken>, StoreError> {
-        let mut transaction = self.pool().begin().await?;
-        // `FOR KEY SHARE`: the sweep's and a completion's `FOR UPDATE` wait
-        // for (or skip) a report in progress, so neither ends the lease
-        // under it; but the holder's renewals and write-ahead marks, plain
-        // `UPDATE`s of non-key columns, do not wait behind the report's
-        // inserts (they would hold publishing back for as long).
-        let lease = sqlx::query_as::<_, LeaseRow>(
+    ) -> Result<Option<ReportLease>, StoreError> {
+        Ok(sqlx::query_as::<_, ReportLease>(
             "SELECT s.plan_id, s.wave, l.executor_id, s.fencing_token = $2 AS current_token, \
                 (s.fencing_token = $2 AND s.state = 'leased') AS held, \
                 (s.fencing_token = $2 AND s.state = 'leased' AND s.lease_expires_at > now()) AS unexpired, \
@@ -606,131 +519,55 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         .bind(slice_id)
         .bind(token)
         .bind(principal)
-        .fetch_optional(&mut *transaction)
-        .await?;
-        let Some(lease) = lease else {
-            let refused: Vec<(&Outcome, Refusal)> = outcomes
-                .iter()
-                .map(|outcome| (outcome, Refusal::UnknownLease))
-                .collect();
-            record_refusals(&mut transaction, slice_id, token, principal, &refused).await?;
-            transaction.commit().await?;
-            self.count_refusals(&refused);
-            if !refused.is_empty() {
-                tracing::warn!(
-                    slice.id = slice_id,
-                    fencing_token = token,
-                    principal,
-                    refused = refused.len(),
-                    "outcomes refused: a token the slice never had for this principal"
-                );
-            }
-            return Ok(Err(StaleToken { slice_id, token }));
-        };
-        let standing = LeaseStanding {
-            current_token: lease.current_token,
-            held: lease.held,
-            unexpired: lease.unexpired,
-            mark: lease.mark,
-        };
-        // What is recorded about an item (its message key; its destination,
-        // below) comes from the plan's own rows, never from the report: a
-        // report says only which item had which outcome.
-        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-        let members: HashMap<DeadLetterId, (String, i64)> =
-            sqlx::query_as::<_, (DeadLetterId, String, i64)>(
-                "SELECT dead_letter_id, message_key, position FROM plan_items \
-                 WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
-            )
-            .bind(slice_id)
-            .bind(&ids)
-            .fetch_all(&mut *transaction)
-            .await?
-            .into_iter()
-            .map(|(id, key, position)| (id, (key, position)))
-            .collect();
-        let mut accepted: Vec<&Outcome> = Vec::with_capacity(outcomes.len());
-        let mut refused: Vec<(&Outcome, Refusal)> = Vec::new();
-        for outcome in outcomes {
-            let position = members.get(&outcome.dead_letter_id).map(|(_, p)| *p);
-            match judge(standing, &outcome.action, position) {
-                None => accepted.push(outcome),
-                Some(refusal) => refused.push((outcome, refusal)),
-            }
-        }
-        record_refusals(&mut transaction, slice_id, token, principal, &refused).await?;
-        let misnamed = accepted
-            .iter()
-            .filter(|o| members.get(&o.dead_letter_id).map(|(key, _)| key) != Some(&o.message_key))
-            .count();
-        if misnamed > 0 {
-            tracing::warn!(
-                slice.id = slice_id,
-                misnamed,
-                "outcomes named another message key than their plan item's; the plan item's is recorded"
-            );
-        }
-        if !refused.is_empty() {
-            let first = refused.first().map_or("", |(_, refusal)| refusal.name());
-            tracing::warn!(
-                slice.id = slice_id,
-                fencing_token = token,
-                principal,
-                refused = refused.len(),
-                first_reason = first,
-                current_lease = lease.unexpired,
-                "outcomes refused: late, unmarked or outside the slice"
-            );
-        }
-        let reported = Reported {
-            accepted: accepted.len() as u64,
-            refused: refused.len() as u64,
-            lease_lost: !lease.unexpired,
-        };
-        if !accepted.is_empty() {
-            let keys: Vec<String> = accepted
-                .iter()
-                .map(|o| members[&o.dead_letter_id].0.clone())
-                .collect();
-            record_accepted(&mut transaction, slice_id, &lease, &accepted, &keys).await?;
-            notify(&mut transaction, lease.plan_id).await?;
-        }
-        transaction.commit().await?;
-        self.count_refusals(&refused);
-        Ok(Ok(reported))
+        .fetch_optional(&mut *self.transaction)
+        .await?)
     }
 
-    /// Counts `refused` in the `redrive.planner.outcomes.refused` metric,
-    /// one measurement per reason present.
-    fn count_refusals(&self, refused: &[(&Outcome, Refusal)]) {
-        for reason in Refusal::ALL {
-            let count = refused.iter().filter(|(_, r)| *r == reason).count();
-            self.metrics.outcomes_refused(reason.name(), count as u64);
-        }
-    }
-
-    /// Ends a lease. With `release`, or when items are left unfinished, the
-    /// slice goes back to pending for another lease; otherwise it is completed,
-    /// and then the gates are judged at once ([`gates::decide`]): past their
-    /// threshold a plan in `main` is paused and one in `canary` aborted;
-    /// otherwise the canary wave's last slice starts the observation and the
-    /// plan's last slice completes the plan.
+    /// The items of slice `slice_id` among `ids`: per dead letter, its plan
+    /// item's message key and position. What is recorded about an item
+    /// comes from these rows, never from a report.
     ///
     /// # Errors
-    /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
-    pub async fn complete_slice(
-        &self,
+    /// [`StoreError`].
+    pub async fn slice_members(
+        &mut self,
+        slice_id: i64,
+        ids: &[DeadLetterId],
+    ) -> Result<HashMap<DeadLetterId, (String, i64)>, StoreError> {
+        Ok(sqlx::query_as::<_, (DeadLetterId, String, i64)>(
+            "SELECT dead_letter_id, message_key, position FROM plan_items \
+             WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
+        )
+        .bind(slice_id)
+        .bind(ids)
+        .fetch_all(&mut *self.transaction)
+        .await?
+        .into_iter()
+        .map(|(id, key, position)| (id, (key, position)))
+        .collect())
+    }
+
+    /// Ends the lease `token` of `principal` on slice `slice_id`: with
+    /// `release`, or when items are left unfinished, the slice goes back to
+    /// pending for another lease; otherwise it is completed. Completions of
+    /// one plan serialize on the plan row, so the last one sees every other
+    /// slice completed. The lease's write-ahead mark goes with it: a later
+    /// holder that does not mark is judged by the old rule, not by this
+    /// lease's mark.
+    ///
+    /// # Errors
+    /// `Ok(None)` for a token that is not the live lease of `principal`;
+    /// [`StoreError`].
+    pub async fn end_lease(
+        &mut self,
         slice_id: i64,
         token: i64,
         principal: &str,
         release: bool,
-    ) -> Result<Result<(), StaleToken>, StoreError> {
-        let mut transaction = self.pool().begin().await?;
-        // Completions of one plan serialize on the plan row, so the last one
-        // sees every other slice completed and completes the plan.
+    ) -> Result<Option<LeaseEnd>, StoreError> {
         sqlx::query("SELECT 1 FROM plans WHERE id = (SELECT plan_id FROM plan_slices WHERE id = $1) FOR NO KEY UPDATE")
             .bind(slice_id)
-            .execute(&mut *transaction)
+            .execute(&mut *self.transaction)
             .await?;
         let plan_id: Option<PlanId> = sqlx::query_scalar(
             "SELECT plan_id FROM plan_slices WHERE id = $1 AND fencing_token = $2 AND lease_principal = $3 \
@@ -739,289 +576,73 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         .bind(slice_id)
         .bind(token)
         .bind(principal)
-        .fetch_optional(&mut *transaction)
+        .fetch_optional(&mut *self.transaction)
         .await?;
         let Some(plan_id) = plan_id else {
-            return Ok(Err(StaleToken { slice_id, token }));
+            return Ok(None);
         };
         let unfinished: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM plan_items WHERE slice_id = $1 AND NOT (state = ANY($2))",
         )
         .bind(slice_id)
         .bind(FINAL_ITEM_STATES)
-        .fetch_one(&mut *transaction)
+        .fetch_one(&mut *self.transaction)
         .await?;
-        let next = if release || unfinished > 0 {
-            "pending"
-        } else {
-            "completed"
-        };
-        // The mark belongs to this lease: a later holder that does not mark
-        // (an older executor, leased by an older planner replica) must be
-        // judged by the old rule, not by this lease's mark.
+        let completed = !release && unfinished == 0;
         sqlx::query(
             "UPDATE plan_slices SET state = $2, lease_owner = NULL, lease_expires_at = NULL, \
                 published_through = NULL WHERE id = $1",
         )
         .bind(slice_id)
-        .bind(next)
-        .execute(&mut *transaction)
+        .bind(if completed { "completed" } else { "pending" })
+        .execute(&mut *self.transaction)
         .await?;
-        // Failures that became final in this slice are judged here, before
-        // the plan advances: the gates' decision (pause in main, abort in the
-        // canary wave) replaces the completion, so a plan never completes, nor
-        // a canary wave ends, past its gates.
-        let trip = if next == "completed" {
-            gate_reading_in(&mut transaction, plan_id)
-                .await?
-                .filter(|reading| reading.state.get().is_publishing())
-                .and_then(|reading| gates::decide(&reading))
-        } else {
-            None
-        };
-        if let Some(trip) = trip {
-            transition_in(
-                &self.metrics,
-                &mut transaction,
-                plan_id,
-                trip.event,
-                gates::GATE_ACTOR,
-                &trip.reason,
-            )
-            .await?;
-            self.metrics.gate_tripped(trip.action());
-            tracing::warn!(plan.id = %plan_id, reason = %trip.reason, action = trip.action(), "plan gate tripped at the end of a slice");
-        } else if next == "completed" {
-            // The canary wave done: observe for the plan's window; the plan's
-            // last slice done: the plan is complete.
-            for event in [Event::CanaryDone, Event::Complete] {
-                transition_in(&self.metrics, &mut transaction, plan_id, event, "", "").await?;
-            }
-        }
-        notify(&mut transaction, plan_id).await?;
-        transaction.commit().await?;
-        Ok(Ok(()))
+        Ok(Some(LeaseEnd { plan_id, completed }))
     }
 
-    /// The id of a plan's latest audit event (0 when it has none): where a
-    /// live feed of its new events starts.
+    /// What the gates count for plan `plan_id` now, in this transaction
+    /// (`None`: no such plan).
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn last_audit_event_id(&self, plan_id: PlanId) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT coalesce(max(id), 0)::bigint FROM audit_events WHERE plan_id = $1",
-        )
-        .bind(plan_id)
-        .fetch_one(self.pool())
-        .await?)
-    }
-
-    /// The audit events of a plan after `after_id`, at most `limit`.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn audit_events(
-        &self,
+    pub async fn gate_reading(
+        &mut self,
         plan_id: PlanId,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
-        let rows = sqlx::query_as::<_, AuditEventRow>(
-            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
-                confirm_latency_us, at FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+    ) -> Result<Option<GateReading>, StoreError> {
+        gate_reading_in(&mut self.transaction, plan_id).await
+    }
+
+    /// Applies `event` to plan `plan_id` by the transition table
+    /// ([`crate::plan::state`]), with its follow-ups; counted in the
+    /// metrics. See [`Store::transition_plan`].
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn transition(
+        &mut self,
+        plan_id: PlanId,
+        event: Event,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Moved, StoreError> {
+        transition_in(
+            &self.metrics,
+            &mut self.transaction,
+            plan_id,
+            event,
+            actor,
+            reason,
         )
-        .bind(plan_id)
-        .bind(after_id)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| (row.id, row.into_event(plan_id)))
-            .collect())
+        .await
     }
-}
 
-/// Most `refused_outcomes` rows one report writes: a report may carry
-/// thousands of forged events, and the rows are evidence of who sent
-/// them, not a copy of each (the metric and the WARN line count them all).
-pub const MAX_REFUSAL_ROWS_PER_REPORT: usize = 64;
-
-/// Appends one `refused_outcomes` row per refused outcome of a report
-/// ([`Store::report_outcomes`]), with the reporting principal: the first
-/// [`MAX_REFUSAL_ROWS_PER_REPORT`].
-async fn record_refusals(
-    transaction: &mut Transaction<'_, Postgres>,
-    slice_id: i64,
-    token: i64,
-    principal: &str,
-    refused: &[(&Outcome, Refusal)],
-) -> Result<(), StoreError> {
-    let refused = &refused[..refused.len().min(MAX_REFUSAL_ROWS_PER_REPORT)];
-    if refused.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<DeadLetterId> = refused.iter().map(|(o, _)| o.dead_letter_id).collect();
-    let actions: Vec<&str> = refused.iter().map(|(o, _)| o.action.as_str()).collect();
-    let reasons: Vec<&str> = refused.iter().map(|(_, r)| r.name()).collect();
-    sqlx::query(
-        "INSERT INTO refused_outcomes (slice_id, fencing_token, principal, dead_letter_id, action, reason) \
-         SELECT $1, $2, $3, u.id, u.action, u.reason \
-         FROM UNNEST($4::bigint[], $5::text[], $6::text[]) AS u(id, action, reason)",
-    )
-    .bind(slice_id)
-    .bind(token)
-    .bind(principal)
-    .bind(&ids)
-    .bind(&actions)
-    .bind(&reasons)
-    .execute(&mut **transaction)
-    .await?;
-    Ok(())
-}
-
-/// Records the accepted outcomes of a report under `lease`: their audit
-/// events (with `keys`, the plan items' message keys, one per outcome) and
-/// their items' states ([`Store::report_outcomes`]).
-async fn record_accepted(
-    transaction: &mut Transaction<'_, Postgres>,
-    slice_id: i64,
-    lease: &LeaseRow,
-    outcomes: &[&Outcome],
-    keys: &[String],
-) -> Result<(), StoreError> {
-    let column = |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
-    let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
-    let actions = column(&|o| o.action.clone());
-    let reasons = column(&|o| o.reason.replace('\0', ""));
-    // The executor is the one that claimed the lease, whatever the
-    // report says.
-    let executors = column(&|_| lease.executor_id.clone());
-    let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
-    let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
-    let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
-    sqlx::query(
-        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
-            wave, executor_id, attempt, confirm_latency_us, at, message_id) \
-         SELECT $1, $2, u.id, u.key, d.destination, u.action, \
-            CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
-                format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
-            ELSE u.reason END, \
-            $3, u.executor, u.attempt, u.latency, u.at, d.message_id \
-         FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
-                     $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
-         JOIN dead_letters d ON d.id = u.id \
-         LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision \
-         ORDER BY u.n",
-    )
-    .bind(lease.plan_id)
-    .bind(slice_id)
-    .bind(&lease.wave)
-    .bind(&ids)
-    .bind(keys)
-    .bind(&actions)
-    .bind(&reasons)
-    .bind(&executors)
-    .bind(&attempts)
-    .bind(&latencies)
-    .bind(&at)
-    .execute(&mut **transaction)
-    .await?;
-    // The last outcome of an item wins, except that `sent` is never undone
-    // (a confirmed publish was delivered, whatever came after) and a final
-    // state never goes back to uncertain (a late report of an earlier
-    // attempt). Under an expired lease only `sent`, and `uncertain` of a
-    // pending item, change the state.
-    sqlx::query(
-        "UPDATE plan_items i SET state = CASE \
-            WHEN i.state = 'sent' THEN i.state \
-            WHEN u.action = 'sent' THEN 'sent' \
-            WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
-            WHEN $7 THEN u.action \
-            WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
-            ELSE i.state END, \
-            attempts = greatest(i.attempts, u.attempt) \
-         FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
-               UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
-               ORDER BY id, (action = 'sent') DESC, n DESC) u \
-         WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
-    )
-    .bind(lease.plan_id)
-    .bind(&ids)
-    .bind(&actions)
-    .bind(&attempts)
-    .bind(FINAL_ITEM_STATES)
-    .bind(slice_id)
-    .bind(lease.unexpired)
-    .execute(&mut **transaction)
-    .await?;
-    Ok(())
-}
-
-/// The audit action named `name`.
-pub fn audit_action(name: &str) -> v1::AuditAction {
-    use v1::AuditAction as A;
-    [
-        A::Sent,
-        A::SkippedDuplicate,
-        A::SkippedStale,
-        A::SkippedState,
-        A::NeedsCompensation,
-        A::Failed,
-        A::Unroutable,
-        A::Uncertain,
-    ]
-    .into_iter()
-    .find(|action| action.name() == name)
-    .unwrap_or(A::Unspecified)
-}
-
-/// An audit event row with its dead letter's message id.
-#[derive(sqlx::FromRow)]
-struct ExportedEventRow {
-    #[sqlx(flatten)]
-    event: AuditEventRow,
-    message_id: Option<String>,
-}
-
-/// An audit event row (columns of [`Store::audit_events`]).
-#[derive(sqlx::FromRow)]
-struct AuditEventRow {
-    id: i64,
-    slice_id: Option<i64>,
-    dead_letter_id: DeadLetterId,
-    message_key: String,
-    action: String,
-    reason: String,
-    wave: String,
-    executor_id: String,
-    attempt: i32,
-    confirm_latency_us: i64,
-    at: DateTime<Utc>,
-}
-
-impl AuditEventRow {
-    /// The event of plan `plan_id` in the API shape.
-    fn into_event(self, plan_id: PlanId) -> v1::AuditEvent {
-        v1::AuditEvent {
-            plan_id: plan_id.to_string(),
-            slice_id: self.slice_id.map(|id| id.to_string()).unwrap_or_default(),
-            dead_letter_id: self.dead_letter_id.to_string(),
-            message_key: self.message_key,
-            action: audit_action(&self.action).into(),
-            reason: self.reason,
-            wave: if self.wave == "canary" {
-                v1::Wave::Canary
-            } else {
-                v1::Wave::Main
-            }
-            .into(),
-            executor_id: self.executor_id,
-            attempt: u32::try_from(self.attempt).unwrap_or_default(),
-            confirm_latency_us: u64::try_from(self.confirm_latency_us).unwrap_or_default(),
-            at: Some(timestamp(self.at)),
-        }
+    /// Tells every planner replica that plan `plan_id` changed, when this
+    /// transaction commits.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn notify(&mut self, plan_id: PlanId) -> Result<(), StoreError> {
+        notify(&mut self.transaction, plan_id).await
     }
 }
 
@@ -1053,23 +674,6 @@ impl From<LeasedSliceRow> for LeasedSlice {
             ordered: row.ordered,
         }
     }
-}
-
-/// The lease a report is checked against ([`Store::report_outcomes`]).
-#[derive(sqlx::FromRow)]
-struct LeaseRow {
-    plan_id: PlanId,
-    wave: String,
-    /// The executor id the lease was claimed with.
-    executor_id: String,
-    /// See [`LeaseStanding`].
-    current_token: bool,
-    /// See [`LeaseStanding`].
-    held: bool,
-    /// See [`LeaseStanding`].
-    unexpired: bool,
-    /// See [`LeaseStanding`].
-    mark: Option<i64>,
 }
 
 /// A row of [`Store::slice_items`]: the dead letter's columns and its item's.
@@ -1122,165 +726,6 @@ struct ReplayedDeadLetterRow {
 }
 
 impl Store {
-    /// How many items of the plan no executor attempted (still `pending`:
-    /// no outcome, nothing published).
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn never_attempted_count(&self, plan_id: PlanId) -> Result<u64, StoreError> {
-        // From the per-slice counts the triggers of migration 0017 keep (as
-        // the plan's progress is), not a scan of the plan's items.
-        let count: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(items), 0)::bigint FROM plan_item_counts \
-             WHERE plan_id = $1 AND state = 'pending'",
-        )
-        .bind(plan_id)
-        .fetch_one(self.pool())
-        .await?;
-        Ok(u64::try_from(count).unwrap_or_default())
-    }
-
-    /// Up to `limit` items of the plan no executor attempted, after plan
-    /// position `after` (-1: from the start), in plan order, each with its
-    /// position, its dead letter's message id and its wave.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn never_attempted_items(
-        &self,
-        plan_id: PlanId,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<(i64, v1::UnattemptedItem)>, StoreError> {
-        let rows: Vec<(i64, DeadLetterId, String, Option<String>, String)> = sqlx::query_as(
-            "SELECT i.position, i.dead_letter_id, i.message_key, d.message_id, s.wave \
-             FROM plan_items i JOIN plan_slices s ON s.id = i.slice_id \
-             LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
-             WHERE i.plan_id = $1 AND i.state = 'pending' AND i.position > $2 \
-             ORDER BY i.position LIMIT $3",
-        )
-        .bind(plan_id)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(position, dead_letter_id, message_key, message_id, wave)| {
-                    (
-                        position,
-                        v1::UnattemptedItem {
-                            dead_letter_id: dead_letter_id.to_string(),
-                            message_key,
-                            message_id: message_id.unwrap_or_default(),
-                            wave: if wave == "canary" {
-                                v1::Wave::Canary
-                            } else {
-                                v1::Wave::Main
-                            }
-                            .into(),
-                        },
-                    )
-                },
-            )
-            .collect())
-    }
-
-    /// [`Store::audit_events`] with each event's dead letter's message id
-    /// (`""` when none; written with the event, so the same after retention
-    /// deleted the dead letter), for the export.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn audit_events_with_message_ids(
-        &self,
-        plan_id: PlanId,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
-        let rows = sqlx::query_as::<_, ExportedEventRow>(
-            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
-                confirm_latency_us, at, message_id FROM audit_events \
-             WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-        )
-        .bind(plan_id)
-        .bind(after_id)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| {
-                (
-                    row.event.id,
-                    row.event.into_event(plan_id),
-                    row.message_id.unwrap_or_default(),
-                )
-            })
-            .collect())
-    }
-
-    /// Message keys the plan sent, in plan order: the reconciliation list.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn sent_keys(&self, plan_id: PlanId) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position")
-            .bind(plan_id)
-            .fetch_all(self.pool())
-            .await?)
-    }
-
-    /// Message keys of sent items with an `uncertain` event: published again
-    /// after a lost lease or confirm, so possibly delivered twice. Plan order.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn possibly_duplicated_keys(
-        &self,
-        plan_id: PlanId,
-    ) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            // One pass over the plan's uncertain events, not one per item.
-            "SELECT i.message_key FROM plan_items i \
-             JOIN (SELECT DISTINCT dead_letter_id FROM audit_events WHERE plan_id = $1 AND action = 'uncertain') u \
-               ON u.dead_letter_id = i.dead_letter_id \
-             WHERE i.plan_id = $1 AND i.state = 'sent' ORDER BY i.position",
-        )
-        .bind(plan_id)
-        .fetch_all(self.pool())
-        .await?)
-    }
-
-    /// The latest audit event of every item that was not sent (skipped, failed,
-    /// unroutable, or still uncertain) that agrees with its state (a `failed`
-    /// after its last `uncertain` attempt is the one shown), in plan order.
-    ///
-    /// # Errors
-    /// [`StoreError`].
-    pub async fn not_sent_events(
-        &self,
-        plan_id: PlanId,
-    ) -> Result<Vec<v1::AuditEvent>, StoreError> {
-        let rows = sqlx::query_as::<_, AuditEventRow>(
-            "SELECT * FROM (SELECT DISTINCT ON (e.dead_letter_id) e.id, e.slice_id, e.dead_letter_id, e.message_key, \
-                e.action, e.reason, e.wave, e.executor_id, e.attempt, e.confirm_latency_us, e.at, i.position \
-             FROM audit_events e JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
-             WHERE e.plan_id = $1 AND i.state <> 'sent' \
-             ORDER BY e.dead_letter_id, (e.action = i.state) DESC, e.id DESC) last ORDER BY position",
-        )
-        .bind(plan_id)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| row.into_event(plan_id))
-            .collect())
-    }
-}
-
-impl Store {
     /// The dead letters `ids` with their latest body (repairs) in `body`.
     ///
     /// # Errors
@@ -1306,66 +751,5 @@ impl Store {
                 Ok(dead_letter)
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{LeaseStanding, Refusal, judge};
-
-    const HELD: LeaseStanding = LeaseStanding {
-        current_token: true,
-        held: true,
-        unexpired: true,
-        mark: Some(5),
-    };
-
-    #[test]
-    fn publish_outcomes_need_a_mark_and_skips_an_unexpired_lease() {
-        for action in ["sent", "uncertain", "failed", "unroutable"] {
-            assert_eq!(judge(HELD, action, Some(5)), None, "{action}");
-            assert_eq!(judge(HELD, action, Some(6)), Some(Refusal::Unmarked));
-            let unmarked = LeaseStanding { mark: None, ..HELD };
-            assert_eq!(judge(unmarked, action, Some(0)), Some(Refusal::Unmarked));
-            // Expired but not swept: the mark still stands.
-            let expired = LeaseStanding {
-                unexpired: false,
-                ..HELD
-            };
-            assert_eq!(judge(expired, action, Some(5)), None);
-        }
-        for action in [
-            "skipped_duplicate",
-            "skipped_stale",
-            "skipped_state",
-            "needs_compensation",
-        ] {
-            assert_eq!(judge(HELD, action, Some(9)), None, "no mark needed");
-            let expired = LeaseStanding {
-                unexpired: false,
-                ..HELD
-            };
-            assert_eq!(judge(expired, action, Some(0)), Some(Refusal::LeaseExpired));
-        }
-    }
-
-    #[test]
-    fn an_ended_or_replaced_lease_and_a_stranger_are_refused() {
-        let ended = LeaseStanding {
-            held: false,
-            unexpired: false,
-            mark: None,
-            ..HELD
-        };
-        assert_eq!(judge(ended, "sent", Some(0)), Some(Refusal::LeaseEnded));
-        let replaced = LeaseStanding {
-            current_token: false,
-            ..ended
-        };
-        assert_eq!(judge(replaced, "sent", Some(0)), Some(Refusal::StaleToken));
-        assert_eq!(judge(HELD, "sent", None), Some(Refusal::NotInSlice));
-        let names: std::collections::HashSet<_> =
-            Refusal::ALL.iter().map(|refusal| refusal.name()).collect();
-        assert_eq!(names.len(), Refusal::ALL.len(), "distinct names");
     }
 }

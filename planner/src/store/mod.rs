@@ -8,11 +8,14 @@
 //!   summarize.
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
 //! - [`plans`]: plan creation, transitions, reads with progress.
-//! - [`leases`]: slice leases with fencing tokens, outcome reports, audit events.
+//! - [`leases`]: slice leases with fencing tokens, the reads and writes of a
+//!   report and of a lease's end.
+//! - [`audit`]: the audit's events and refusals, written and read.
 //! - [`single`]: plans of one (single replay) and body repairs.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
 //! - [`rekey`]: re-keying stored dead letters in batches, with its audit.
 
+pub mod audit;
 pub mod dead_letters;
 pub mod housekeeping;
 pub mod leases;
@@ -23,7 +26,7 @@ pub mod single;
 
 use std::time::Duration;
 
-use sqlx::{PgPool, postgres::PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction, postgres::PgPoolOptions};
 
 use crate::metrics::PlannerMetrics;
 
@@ -176,5 +179,39 @@ impl Store {
     /// The pool, for modules of the store.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Opens a transaction for a domain decision that must see and change
+    /// the database at one moment (a report judged against its lease, a
+    /// lease's end judged by the gates): the domain reads through the
+    /// [`Tx`], decides, writes through it and [`Tx::commit`]s. Dropped
+    /// without a commit, everything it wrote is rolled back.
+    ///
+    /// # Errors
+    /// [`StoreError`] when no connection can be had.
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
+        Ok(Tx {
+            transaction: self.pool.begin().await?,
+            metrics: self.metrics.clone(),
+        })
+    }
+}
+
+/// One open transaction of the store ([`Store::begin`]). Its methods are
+/// the store's reads and writes in that transaction; it decides nothing.
+#[derive(Debug)]
+pub struct Tx {
+    transaction: Transaction<'static, Postgres>,
+    metrics: PlannerMetrics,
+}
+
+impl Tx {
+    /// Commits every write made through this transaction.
+    ///
+    /// # Errors
+    /// [`StoreError`]; the transaction is then rolled back.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        self.transaction.commit().await?;
+        Ok(())
     }
 }

@@ -6,11 +6,11 @@ use prost::Message;
 use redrive_proto::{limits::MAX_PLAN_ACTIONS_SHOWN, time::timestamp, v1};
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, Tx};
 use crate::{
     ids::{DeadLetterId, PlanId, PrecheckId},
     metrics::PlannerMetrics,
-    plan_state::{self, Event, State, Target},
+    plan::state::{self, Event, State, Target},
 };
 
 /// The NOTIFY channel for plan changes; the payload is the plan id.
@@ -176,13 +176,14 @@ fn event_sql(event: Event) -> (String, &'static str) {
 }
 
 /// Executes `event` on plan `plan_id` inside `transaction` (which the caller
-/// commits), as [`crate::plan_state`]'s table says, in one guarded
+/// commits), as [`crate::plan::state`]'s table says, in one guarded
 /// `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
 /// plus the event's extra condition. A resume's target is the stored
 /// `paused_from` (else the rule's fallback); a pause stores the state it
 /// paused from. When the plan moved, records the event's operator action (by
-/// `actor` with `reason`) and notifies; a plan that lands in `main` with every
-/// slice completed is then completed too ([`Event::Complete`]).
+/// `actor` with `reason`) and notifies; then the follow-up the table names
+/// ([`state::follow_up`]), e.g. a plan landing in `main` with every slice
+/// completed is completed too ([`Event::Complete`]).
 ///
 /// # Errors
 /// [`StoreError`].
@@ -195,18 +196,10 @@ pub(crate) async fn transition_in(
     reason: &str,
 ) -> Result<Moved, StoreError> {
     let moved = execute(metrics, transaction, plan_id, event, actor, reason).await?;
-    // A plan resumed or promoted after its last slice completed is complete;
-    // one resumed into its canary after the last canary slice completed (it
-    // was paused meanwhile) goes on to the observation. Each follow-up's own
-    // condition (no slice left) decides; a refusal is no error.
-    match moved {
-        Moved::To(state) if state == v1::PlanState::Main => {
-            execute(metrics, transaction, plan_id, Event::Complete, actor, "").await?;
-        }
-        Moved::To(state) if state == v1::PlanState::Canary && event != Event::Approve => {
-            execute(metrics, transaction, plan_id, Event::CanaryDone, actor, "").await?;
-        }
-        _ => {}
+    if let Moved::To(to) = moved
+        && let Some(next) = state::follow_up(event, to.get())
+    {
+        execute(metrics, transaction, plan_id, next, actor, "").await?;
     }
     Ok(moved)
 }
@@ -238,7 +231,7 @@ async fn execute(
     );
     // The state's reason is kept for the states that need one; every
     // action's reason stays in the operator actions.
-    let state_reason = if plan_state::target_keeps_reason(rule.to) {
+    let state_reason = if state::target_keeps_reason(rule.to) {
         reason
     } else {
         ""
@@ -247,7 +240,7 @@ async fn execute(
         .bind(plan_id)
         .bind(fallback.name())
         .bind(state_reason)
-        .bind(plan_state::names(rule.from));
+        .bind(state::names(rule.from));
     if event.approves() {
         query = query.bind(actor);
     }
@@ -445,33 +438,6 @@ struct FrozenPrecheckRow {
     report: Option<Vec<u8>>,
 }
 
-/// What approving a plan found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ApproveOutcome {
-    /// Approved: the plan is in `canary`.
-    Approved,
-    /// No such plan.
-    NotFound,
-    /// The plan is in this state, not `awaiting_approval`.
-    NotAwaiting(State),
-    /// Its precheck started longer ago than the allowed age.
-    PrecheckTooOld {
-        /// The precheck.
-        precheck_id: PrecheckId,
-        /// How long ago it started.
-        age: std::time::Duration,
-    },
-    /// Since its precheck started, some of its dead letters were replayed (by
-    /// another plan, or their message key was) or repaired.
-    ChangedSincePrecheck {
-        /// The precheck.
-        precheck_id: PrecheckId,
-        /// What changed, oldest first: at most [`CHANGES_LISTED`] + 1 lines
-        /// (one more tells that there are more).
-        changes: Vec<String>,
-    },
-}
-
 /// Changes since a precheck listed when an approval is refused for them.
 pub const CHANGES_LISTED: usize = 10;
 
@@ -513,68 +479,49 @@ struct ApproveCheckRow {
     changes: Vec<String>,
 }
 
-impl Store {
-    /// Approves a plan awaiting approval, in one transaction: unless its
-    /// precheck started more than `max_precheck_age` ago, or any of its dead
-    /// letters was replayed or repaired since then (one query, with the plan
-    /// locked); records the `approve` action by `actor`.
+/// What an approval is judged by ([`Tx::approval_check`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalCheck {
+    /// The plan's state.
+    pub state: State,
+    /// Its precheck.
+    pub precheck_id: PrecheckId,
+    /// How long ago its precheck started.
+    pub age: std::time::Duration,
+    /// Since its precheck started, what happened to its dead letters (a
+    /// replay by another plan, or of their message key; a repair), oldest
+    /// first: at most [`CHANGES_LISTED`] + 1 lines (one more tells that
+    /// there are more).
+    pub changes: Vec<String>,
+}
+
+impl Tx {
+    /// What approving plan `plan_id` is judged by, read with the plan row
+    /// locked (one query; `None`: no such plan).
     ///
     /// # Errors
-    /// [`StoreError`]; nothing changes then.
-    pub async fn approve_plan(
-        &self,
+    /// [`StoreError`].
+    pub async fn approval_check(
+        &mut self,
         plan_id: PlanId,
-        actor: &str,
-        max_precheck_age: std::time::Duration,
-    ) -> Result<ApproveOutcome, StoreError> {
-        let mut transaction = self.pool().begin().await?;
+    ) -> Result<Option<ApprovalCheck>, StoreError> {
         let check = sqlx::query_as::<_, ApproveCheckRow>(APPROVE_CHECK_SQL)
             .bind(plan_id)
             .bind(i64::try_from(CHANGES_LISTED + 1).unwrap_or(i64::MAX))
-            .fetch_optional(&mut *transaction)
+            .fetch_optional(&mut *self.transaction)
             .await?;
-        let Some(ApproveCheckRow {
-            state,
-            precheck_id,
-            age_seconds,
-            changes,
-        }) = check
-        else {
-            return Ok(ApproveOutcome::NotFound);
-        };
-        if !Event::Approve.allows(state.get()) {
-            return Ok(ApproveOutcome::NotAwaiting(state));
-        }
-        let age = std::time::Duration::from_secs_f64(age_seconds.max(0.0));
-        if age > max_precheck_age {
-            return Ok(ApproveOutcome::PrecheckTooOld { precheck_id, age });
-        }
-        if !changes.is_empty() {
-            return Ok(ApproveOutcome::ChangedSincePrecheck {
-                precheck_id,
-                changes,
-            });
-        }
-        let outcome = match transition_in(
-            &self.metrics,
-            &mut transaction,
-            plan_id,
-            Event::Approve,
-            actor,
-            "",
-        )
-        .await?
-        {
-            Moved::To(_) => ApproveOutcome::Approved,
-            Moved::Refused(state) => return Ok(ApproveOutcome::NotAwaiting(state)),
-            Moved::NotFound => return Ok(ApproveOutcome::NotFound),
-        };
-        transaction.commit().await?;
-        Ok(outcome)
+        Ok(check.map(|row| ApprovalCheck {
+            state: row.state,
+            precheck_id: row.precheck_id,
+            age: std::time::Duration::from_secs_f64(row.age_seconds.max(0.0)),
+            changes: row.changes,
+        }))
     }
+}
 
+impl Store {
     /// Executes `event` on a plan in one transaction, as
-    /// [`crate::plan_state`]'s table says, in one guarded
+    /// [`crate::plan::state`]'s table says, in one guarded
     /// `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
     /// plus the event's extra condition; records its operator action by
     /// `actor` with `reason` and notifies when the plan moved; a plan that
@@ -888,7 +835,7 @@ impl From<PlanRow> for v1::Plan {
 pub struct GateReading {
     /// The plan.
     pub id: PlanId,
-    /// `canary`, `observing` or `main` ([`plan_state::gated`]), or any state
+    /// `canary`, `observing` or `main` ([`state::gated`]), or any state
     /// when read for one plan.
     pub state: State,
     /// End of the observation window, when observing.
@@ -910,7 +857,7 @@ impl Store {
         Ok(sqlx::query_as(AssertSqlSafe(format!(
             "{GATE_READING_SQL} WHERE p.state = ANY($1)"
         )))
-        .bind(plan_state::names(&plan_state::gated()))
+        .bind(state::names(&state::gated()))
         .fetch_all(self.pool())
         .await?)
     }
@@ -1094,7 +1041,7 @@ impl Store {
         );
         Ok(sqlx::query_as(AssertSqlSafe(query))
             .bind(plan_id)
-            .bind(plan_state::names_where(v1::PlanState::is_running))
+            .bind(state::names_where(v1::PlanState::is_running))
             .fetch_all(self.pool())
             .await?)
     }
@@ -1136,7 +1083,7 @@ impl Store {
         );
         Ok(sqlx::query_as(AssertSqlSafe(query))
             .bind(destinations)
-            .bind(plan_state::names_where(v1::PlanState::is_running))
+            .bind(state::names_where(v1::PlanState::is_running))
             .fetch_all(self.pool())
             .await?)
     }

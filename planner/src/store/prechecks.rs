@@ -17,8 +17,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Store, StoreError, dead_letters::push_selected};
 use crate::{
+    dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId, PrecheckId},
-    selector::Selector,
 };
 
 /// A selected dead letter with what PostgreSQL knows about it.

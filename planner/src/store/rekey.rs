@@ -8,9 +8,9 @@ use sqlx::{Postgres, QueryBuilder};
 
 use super::{Store, StoreError, dead_letters::push_conditions};
 use crate::{
+    dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId},
-    plan_state,
-    selector::Selector,
+    plan::state,
 };
 
 /// Most bytes of bodies one batch reads (at least one dead letter is read
@@ -127,7 +127,7 @@ impl Store {
              JOIN plans p ON p.id = i.plan_id WHERE p.state = ANY(",
         );
         builder
-            .push_bind(plan_state::names_where(|state| !state.is_final()))
+            .push_bind(state::names_where(|state| !state.is_final()))
             .push(") AND i.dead_letter_id IN (SELECT id FROM dead_letters");
         push_conditions(&mut builder, selector);
         builder.push(") ORDER BY i.dead_letter_id LIMIT 1");
@@ -195,7 +195,7 @@ impl Store {
              ORDER BY i.dead_letter_id LIMIT 1",
         )
         .bind(&ids)
-        .bind(plan_state::names_where(|state| !state.is_final()))
+        .bind(state::names_where(|state| !state.is_final()))
         .fetch_optional(&mut *transaction)
         .await?;
         if let Some((dead_letter_id, plan_id, state)) = live {

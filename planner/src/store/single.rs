@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     ids::{DeadLetterId, PlanId},
-    plan_state::{self, Event, State},
+    plan::state::{self, Event, State},
 };
 
 /// A plan that may still publish a dead letter: its id and state.
@@ -93,7 +93,7 @@ async fn active_plan_of(
          ORDER BY p.created_at LIMIT 1",
     )
     .bind(dead_letter_id)
-    .bind(plan_state::names_where(|state| !state.is_final()))
+    .bind(state::names_where(|state| !state.is_final()))
     .fetch_optional(&mut **transaction)
     .await?)
 }
@@ -217,7 +217,7 @@ impl Store {
             "SELECT p.id FROM plans p WHERE p.claim_by < now() AND p.state = ANY($1) \
              AND NOT EXISTS (SELECT 1 FROM plan_slices s WHERE s.plan_id = p.id AND s.fencing_token > 0)",
         )
-        .bind(plan_state::names(Event::CancelUnclaimed.allowed()))
+        .bind(state::names(Event::CancelUnclaimed.allowed()))
         .fetch_all(self.pool())
         .await?)
     }

@@ -37,7 +37,7 @@ use tokio::{
 use tonic::{Status, codegen::http};
 use tracing::warn;
 
-use crate::admission::Throttled;
+use crate::edge::admission::Throttled;
 
 /// The path of the one call whose messages are charged.
 pub const INGEST_PATH: &str = "/redrive.v1.Planner/IngestDeadLetters";
@@ -83,7 +83,7 @@ pub struct IngestBudget {
     waiting: Arc<AtomicUsize>,
     /// Most bytes the streams of one caller may hold together.
     per_caller: usize,
-    /// Bytes held now, per caller ([`crate::admission::caller_key`]).
+    /// Bytes held now, per caller ([`crate::edge::admission::caller_key`]).
     held: Held,
 }
 
@@ -378,7 +378,7 @@ where
             return self.inner.call(request);
         }
         let reservations = Reservations::default();
-        let caller: Arc<str> = crate::admission::http_caller_key(request.extensions()).into();
+        let caller: Arc<str> = crate::edge::admission::http_caller_key(request.extensions()).into();
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(reservations.clone());
         let body = tonic::body::Body::new(ChargedBody {
@@ -478,7 +478,7 @@ struct ChargedBody {
     /// When the rest of the message charged last must have arrived
     /// ([`IngestBudget::payload_time`]); `None` once it has.
     payload_deadline: Option<(usize, Pin<Box<Sleep>>)>,
-    /// Who sends it ([`crate::admission::caller_key`]).
+    /// Who sends it ([`crate::edge::admission::caller_key`]).
     caller: Arc<str>,
     /// It waits because its caller's streams hold their most, not because
     /// the budget is in use by others.

@@ -4,10 +4,10 @@
 use redrive_proto::{time::timestamp, v1};
 
 use crate::{
-    body,
+    dead_letters::body,
+    dead_letters::selector::Selector,
     error::Error,
     ids::{DeadLetterId, PageToken, page_of},
-    selector::Selector,
     store::{Store, dead_letters::Dimension},
 };
 

@@ -33,10 +33,10 @@ use tonic::Status;
 
 use crate::{
     audit::PAGE,
-    coordinator::{LEASE_RECHECK, lease_signal},
+    audit::notifier::Notifier,
     error::Error,
     ids::PlanId,
-    notifier::Notifier,
+    leases::{LEASE_RECHECK, lease_signal},
     plan,
     store::Store,
 };
@@ -85,7 +85,7 @@ pub struct WatchHub {
     plans: Arc<Mutex<HashMap<PlanId, Arc<PlanFeed>>>>,
     leases: Arc<Mutex<HashMap<LeaseKey, Arc<watch::Sender<v1::LeaseSignal>>>>>,
     /// Failed reads of lease feeds, logged at most every 10 s.
-    unreadable_leases: Arc<crate::admission::Throttled>,
+    unreadable_leases: Arc<crate::edge::admission::Throttled>,
 }
 
 impl WatchHub {

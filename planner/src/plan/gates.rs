@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    plan_state::{self, Event},
+    plan::state::{self, Event},
     store::{
         Store, StoreError,
         plans::{GateReading, Moved},
@@ -30,7 +30,7 @@ pub const FAILURE_THRESHOLD: i64 = 0;
 pub const REDEAD_THRESHOLD: i64 = 0;
 
 /// A tripped gate's decision: the event to execute ([`Event::GatePause`] or
-/// [`Event::Abort`], by [`plan_state::gate_trip`]), recorded by [`GATE_ACTOR`]
+/// [`Event::Abort`], by [`state::gate_trip`]), recorded by [`GATE_ACTOR`]
 /// with `reason`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateTrip {
@@ -65,7 +65,7 @@ pub fn decide(plan: &GateReading) -> Option<GateTrip> {
         reason.push_str(&format!("; came back: {}", plan.evidence.join(", ")));
     }
     Some(GateTrip {
-        event: plan_state::gate_trip(plan.state.get()),
+        event: state::gate_trip(plan.state.get()),
         reason,
     })
 }

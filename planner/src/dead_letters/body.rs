@@ -239,7 +239,7 @@ pub fn declared_encoding(
         .chain(
             ENCODING_HEADERS
                 .iter()
-                .filter_map(|name| crate::death::text_of(headers, name)),
+                .filter_map(|name| crate::dead_letters::death::text_of(headers, name)),
         )
         .filter(|encoding| !encoding.is_empty())
         .collect();

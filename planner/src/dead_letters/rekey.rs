@@ -12,13 +12,13 @@ use redrive_proto::v1::{self, HeaderTable, MessageProperties};
 use tracing::info;
 
 use crate::{
-    body,
-    dead_letter::ExtractionRules,
+    dead_letters::ExtractionRules,
+    dead_letters::body,
+    dead_letters::message_key::{self, KeySource},
+    dead_letters::selector::{Selector, Status},
     error::Error,
     ids::DeadLetterId,
-    message_key::{self, KeySource},
-    selector::{Selector, Status},
-    single::required_reason,
+    plan::single::required_reason,
     store::{
         Store,
         rekey::{BatchOutcome, KeyChange, RekeyInput},

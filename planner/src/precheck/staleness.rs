@@ -17,7 +17,7 @@ use redrive_proto::{
 
 use crate::{
     ids::DeadLetterId,
-    options::{
+    precheck::options::{
         Deadline, DeadlineRule, EventBody, PrecheckOptions, body_time_implausible, event_time,
     },
 };

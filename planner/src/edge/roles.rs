@@ -1,7 +1,7 @@
 //! Who may call what: the authenticated caller ([`Principal`]), the one
 //! table from RPC to the role it needs
 //! ([`RPC_ROLES`]), and the check the authentication layer
-//! ([`crate::auth`]) runs on every request once the caller is known.
+//! ([`crate::edge::auth`]) runs on every request once the caller is known.
 //!
 //! | role | may call |
 //! | --- | --- |
@@ -13,7 +13,7 @@
 //!
 //! Roles do not imply each other (give an operator `viewer` too), except
 //! `admin`. `delegate` is a permission, not a role: its holder may name
-//! the user it acts for in `x-redrive-actor` ([`crate::auth`]).
+//! the user it acts for in `x-redrive-actor` ([`crate::edge::auth`]).
 
 use std::{collections::BTreeSet, fmt, str::FromStr};
 
@@ -38,7 +38,7 @@ pub struct Principal {
     /// The caller's name: a certificate's common name (or first DNS SAN), a
     /// JWT's name claim (default `sub`), a static token's `name`.
     pub name: String,
-    /// The roles it holds ([`crate::roles`]).
+    /// The roles it holds ([`crate::edge::roles`]).
     pub roles: BTreeSet<Role>,
     /// Whether it may name the user it acts for in `x-redrive-actor`.
     pub can_delegate: bool,

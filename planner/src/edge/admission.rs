@@ -56,7 +56,7 @@ use tonic::{
 };
 use tracing::warn;
 
-use crate::{metrics::PlannerMetrics, roles::Principal};
+use crate::{edge::roles::Principal, metrics::PlannerMetrics};
 
 /// Default cap on connections from one peer address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;

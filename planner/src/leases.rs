@@ -3,6 +3,8 @@
 //! renew a lease and say whether to keep publishing, fenced outcome reports and
 //! slice completion.
 
+pub mod outcomes;
+
 use std::time::Duration;
 
 use chrono::Utc;
@@ -15,11 +17,11 @@ use tokio::sync::broadcast::error::RecvError;
 use std::sync::Arc;
 
 use crate::{
+    audit::notifier::Notifier,
     error::Error,
     ids::DeadLetterId,
-    notifier::Notifier,
-    plan_state::State,
-    state_check::{StateChecker, StateDecision},
+    plan::state::State,
+    precheck::state_check::{StateChecker, StateDecision},
     store::{
         StaleToken, Store,
         leases::{LeasedItem, Outcome},
@@ -228,7 +230,11 @@ impl Coordinator {
         for (route, messages) in by_route {
             let answers = self
                 .checker
-                .check(route, messages, crate::options::DEFAULT_STATE_CHECK_TIMEOUT)
+                .check(
+                    route,
+                    messages,
+                    crate::precheck::options::DEFAULT_STATE_CHECK_TIMEOUT,
+                )
                 .await
                 .map_err(|error| {
                     Error::Unavailable(format!(
@@ -328,10 +334,14 @@ impl Coordinator {
                         // Nobody will hold this lease: give it back now, so
                         // that its expiry does not mark items uncertain that
                         // were never handed to an executor.
-                        if let Err(release) = self
-                            .store
-                            .complete_slice(slice.slice_id, slice.fencing_token, caller, true)
-                            .await
+                        if let Err(release) = outcomes::end_lease(
+                            &self.store,
+                            slice.slice_id,
+                            slice.fencing_token,
+                            caller,
+                            true,
+                        )
+                        .await
                         {
                             tracing::warn!(%release, slice.id = slice.slice_id, "cannot release a slice whose claim failed");
                         }
@@ -409,10 +419,10 @@ impl Coordinator {
     }
 
     /// Records a batch of outcomes for a slice, each judged by
-    /// `store::leases::judge`: publish outcomes only for items the lease
+    /// [`outcomes::judge`]: publish outcomes only for items the lease
     /// marked, under the slice's current token; skip decisions only under
     /// the current, unexpired lease. The rest is refused and recorded with
-    /// `caller` (`Store::report_outcomes`); the answer counts them in
+    /// `caller` ([`outcomes::report_outcomes`]); the answer counts them in
     /// `refused` and says `lease_lost` once the lease expired.
     ///
     /// # Errors
@@ -468,10 +478,8 @@ impl Coordinator {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let reported = self
-            .store
-            .report_outcomes(slice_id, token, caller, &outcomes)
-            .await??;
+        let reported =
+            outcomes::report_outcomes(&self.store, slice_id, token, caller, &outcomes).await??;
         for (number, count) in actions.into_iter().enumerate() {
             if count > 0
                 && let Some(action) = i32::try_from(number)
@@ -511,15 +519,14 @@ impl Coordinator {
         caller: &str,
         release: bool,
     ) -> Result<(), Error> {
-        Ok(self
-            .store
-            .complete_slice(
-                parse_slice_id(slice_id)?,
-                parse_token(token)?,
-                caller,
-                release,
-            )
-            .await??)
+        Ok(outcomes::end_lease(
+            &self.store,
+            parse_slice_id(slice_id)?,
+            parse_token(token)?,
+            caller,
+            release,
+        )
+        .await??)
     }
 
     /// Records a lease's write-ahead mark: its holder may publish items up

@@ -4,7 +4,7 @@
 //! are [`v1::PlanState`](S)'s (`proto/src/names.rs`).
 //!
 //! Every other file asks this module: the operator controls
-//! ([`crate::plan::control`]), the gates ([`crate::gates`]), the store, which
+//! ([`crate::plan::control`]), the gates ([`crate::plan::gates`]), the store, which
 //! only executes a transition in one guarded
 //! `UPDATE plans SET state = $target ... WHERE id = $1 AND state = ANY($allowed)`
 //! ([`crate::store::Store::transition_plan`]), and the SQL state lists
@@ -272,6 +272,19 @@ impl Event {
             self,
             Self::StartSingle | Self::ObservationPassed | Self::Promote | Self::Resume
         )
+    }
+}
+
+/// The event that follows `event` once it moved a plan to `to`, if any: a
+/// plan resumed or promoted into `main` completes when no slice is left;
+/// one resumed into its canary (it was paused after its last canary slice
+/// completed) goes on to the observation. The follow-up's own condition (no
+/// slice left) decides whether it moves; its refusal is no error.
+pub fn follow_up(event: Event, to: S) -> Option<Event> {
+    match to {
+        S::Main => Some(Event::Complete),
+        S::Canary if event != Event::Approve => Some(Event::CanaryDone),
+        _ => None,
     }
 }
 

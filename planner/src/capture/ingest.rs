@@ -1,6 +1,6 @@
 //! `IngestDeadLetters`: dead letters pushed by services that keep their own, and
 //! files imported by `redrivectl import`. Idempotent per source and
-//! [`crate::dead_letter::dedup_key`] (destination, message id,
+//! [`crate::dead_letters::dedup_key`] (destination, message id,
 //! `redrive-plan-id` and body: a re-sent line is a repeat, another message
 //! sharing an id is stored); a bad item is rejected with its index and the
 //! stream goes on.
@@ -18,9 +18,9 @@ use redrive_proto::{
 };
 
 use crate::{
-    dead_letter::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
+    capture::ingest_budget::{Reservation, Reservations},
+    dead_letters::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
     error::Error,
-    ingest_budget::{Reservation, Reservations},
     store::{Store, dead_letters::InsertOutcome},
 };
 
@@ -107,7 +107,7 @@ fn validate(mut request: IngestDeadLettersRequest) -> Result<RawDeadLetter, Stri
 /// next item is read from the stream only after a full batch is stored, so a
 /// stream of large bodies is held back (HTTP/2 flow control) instead of
 /// buffered whole. Each item holds its share of the planner's ingest memory
-/// (`reservations`, from [`crate::ingest_budget::IngestBudgetLayer`]) until
+/// (`reservations`, from [`crate::capture::ingest_budget::IngestBudgetLayer`]) until
 /// it is stored; a batch is stored when the next item is [`LINGER`] late,
 /// so that a slow or paused stream holds no memory that others wait for.
 ///

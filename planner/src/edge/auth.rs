@@ -1,7 +1,7 @@
 //! Who is calling: the authentication layer in front of every service. It
 //! turns a request's credentials into a [`Principal`] (put into the request's
 //! extensions, where handlers read it with [`Principal::of`]), checks the
-//! principal's roles against the RPC ([`crate::roles`]), and settles the
+//! principal's roles against the RPC ([`crate::edge::roles`]), and settles the
 //! [`Actor`] recorded for the call (the principal, or a user it names with
 //! the `delegate` permission).
 //!
@@ -40,7 +40,7 @@ use tonic::{
 use tower::{Layer, Service};
 use tracing::warn;
 
-use crate::roles::{self, DELEGATE, Principal, Role, Source};
+use crate::edge::roles::{self, DELEGATE, Principal, Role, Source};
 
 /// Request metadata naming the person or system a call is made for: the
 /// actor itself without authentication; with it, the user a principal with
@@ -438,7 +438,7 @@ pub struct Authenticator {
     protect_open_services: bool,
     /// Refusals are logged at most every 10 s with their count, so that a
     /// flood of bad credentials cannot flood the log.
-    refused: Arc<crate::admission::Throttled>,
+    refused: Arc<crate::edge::admission::Throttled>,
 }
 
 impl Authenticator {

@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
+    dead_letters::selector::{Selector, Status},
     error::Error,
-    selector::{Selector, Status},
-    single::required_reason,
+    plan::single::required_reason,
     store::{
         Store, StoreError,
         housekeeping::{ArchiveOutcome, IDS_LISTED},

@@ -32,8 +32,8 @@ use redrive_proto::v1;
 
 use crate::{
     error::Error,
-    options::{PrecheckOptions, sort_rules},
-    state_check::Pattern,
+    precheck::options::{PrecheckOptions, sort_rules},
+    precheck::state_check::Pattern,
 };
 
 /// The planner's policy: the floor of every precheck's options.

@@ -20,14 +20,14 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{
-    dead_letter::ExtractionRules,
+    audit::notifier::Notifier,
+    dead_letters::ExtractionRules,
+    dead_letters::inspect,
     error::Error,
     ids::{DeadLetterId, PlanId, PrecheckId},
-    inspect,
-    notifier::Notifier,
-    policy::Policy,
+    precheck::policy::Policy,
+    precheck::state_check::StateChecker,
     precheck::{self, PrecheckRequest},
-    state_check::StateChecker,
     store::{
         Store,
         leases::FINAL_ITEM_STATES,
@@ -401,13 +401,16 @@ impl Single<'_> {
         if content_type.to_ascii_lowercase().contains("json") {
             // Read as capture reads it: decoded by the codec its magic
             // bytes or the dead letter's declared encoding name.
-            let declared = crate::body::declared_encoding(
+            let declared = crate::dead_letters::body::declared_encoding(
                 &dead_letter.properties.clone().unwrap_or_default(),
                 &dead_letter.headers.clone().unwrap_or_default(),
             );
-            let decoded =
-                crate::body::decode(&body, declared.as_deref(), self.rules.max_body_bytes)
-                    .map_err(|error| Error::invalid("new_body", error.to_string()))?;
+            let decoded = crate::dead_letters::body::decode(
+                &body,
+                declared.as_deref(),
+                self.rules.max_body_bytes,
+            )
+            .map_err(|error| Error::invalid("new_body", error.to_string()))?;
             if let Err(error) = serde_json::from_slice::<serde_json::Value>(&decoded.0) {
                 return Err(Error::invalid(
                     "new_body",

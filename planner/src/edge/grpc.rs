@@ -11,20 +11,21 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     audit,
-    coordinator::Coordinator as CoordinatorService,
-    dead_letter::ExtractionRules,
+    audit::notifier::Notifier,
+    capture::ingest,
+    dead_letters::ExtractionRules,
+    dead_letters::housekeeping,
+    dead_letters::inspect,
+    dead_letters::rekey,
+    dead_letters::selector::Selector,
     error::Error,
-    housekeeping,
     ids::{DeadLetterId, PageToken, PlanId, PrecheckId},
-    ingest, inspect,
-    notifier::Notifier,
+    leases::Coordinator as CoordinatorService,
     plan,
-    policy::Policy,
+    plan::single::Single,
+    precheck::policy::Policy,
+    precheck::state_check::StateChecker,
     precheck::{self, PrecheckRequest},
-    rekey,
-    selector::Selector,
-    single::Single,
-    state_check::StateChecker,
     store::Store,
 };
 
@@ -49,9 +50,9 @@ pub struct PlannerState {
     /// early instead of being cut.
     pub shutdown: CancellationToken,
     /// Caps on open `WatchPlan` streams, per caller and in total.
-    pub watches: crate::admission::StreamLimits,
+    pub watches: crate::edge::admission::StreamLimits,
     /// The live watches, one reader per plan and per lease.
-    pub hub: crate::watch_hub::WatchHub,
+    pub hub: crate::audit::watch_hub::WatchHub,
 }
 
 impl PlannerState {
@@ -68,14 +69,14 @@ impl PlannerState {
     }
 }
 
-pub use crate::auth::ACTOR_METADATA;
+pub use crate::edge::auth::ACTOR_METADATA;
 
 /// The actor `request` is recorded under: the one authentication settled
-/// ([`crate::auth::Actor`]: the principal, or `portal-x for alice`), else
+/// ([`crate::edge::auth::Actor`]: the principal, or `portal-x for alice`), else
 /// (authentication off) the `x-redrive-actor` header, `"anonymous"` when
 /// not given.
 fn actor<T>(request: &Request<T>) -> String {
-    if let Some(actor) = request.extensions().get::<crate::auth::Actor>() {
+    if let Some(actor) = request.extensions().get::<crate::edge::auth::Actor>() {
         return actor.to_string();
     }
     request
@@ -93,7 +94,7 @@ fn actor<T>(request: &Request<T>) -> String {
 /// the same principal). Every write under a lease must come from the
 /// principal that claimed it (docs/design.md, "Leases").
 fn caller<T>(request: &Request<T>) -> String {
-    crate::roles::Principal::of(request)
+    crate::edge::roles::Principal::of(request)
         .map(|principal| principal.name.clone())
         .unwrap_or_default()
 }
@@ -172,7 +173,7 @@ impl Planner for PlannerGrpc {
     ) -> Result<Response<v1::IngestDeadLettersResponse>, Status> {
         let reservations = request
             .extensions()
-            .get::<crate::ingest_budget::Reservations>()
+            .get::<crate::capture::ingest_budget::Reservations>()
             .cloned();
         let summary = ingest::ingest(
             &self.state.store,
@@ -456,7 +457,7 @@ impl Planner for PlannerGrpc {
         let permit = self
             .state
             .watches
-            .open(crate::admission::request_caller_key(&request))?;
+            .open(crate::edge::admission::request_caller_key(&request))?;
         let request = request.into_inner();
         let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         let stream = self
@@ -531,9 +532,9 @@ impl Planner for PlannerGrpc {
 pub struct CoordinatorGrpc {
     coordinator: CoordinatorService,
     /// The live lease watches (they end when the planner stops).
-    hub: crate::watch_hub::WatchHub,
+    hub: crate::audit::watch_hub::WatchHub,
     /// Caps on open `WatchLease` streams, per caller and in total.
-    lease_watches: crate::admission::StreamLimits,
+    lease_watches: crate::edge::admission::StreamLimits,
 }
 
 impl CoordinatorGrpc {
@@ -541,8 +542,8 @@ impl CoordinatorGrpc {
     /// within `lease_watches`.
     pub fn new(
         coordinator: CoordinatorService,
-        hub: crate::watch_hub::WatchHub,
-        lease_watches: crate::admission::StreamLimits,
+        hub: crate::audit::watch_hub::WatchHub,
+        lease_watches: crate::edge::admission::StreamLimits,
     ) -> Self {
         Self {
             coordinator,
@@ -632,11 +633,11 @@ impl Coordinator for CoordinatorGrpc {
     ) -> Result<Response<Self::WatchLeaseStream>, Status> {
         let permit = self
             .lease_watches
-            .open(crate::admission::request_caller_key(&request))?;
+            .open(crate::edge::admission::request_caller_key(&request))?;
         let caller = caller(&request);
         let request = request.into_inner();
-        let slice_id = crate::coordinator::parse_slice_id(&request.slice_id)?;
-        crate::coordinator::parse_token(request.fencing_token)?;
+        let slice_id = crate::leases::parse_slice_id(&request.slice_id)?;
+        crate::leases::parse_token(request.fencing_token)?;
         let signals = self
             .hub
             .watch_lease(slice_id, request.fencing_token, &caller)

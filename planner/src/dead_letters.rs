@@ -4,17 +4,21 @@
 //! exact body and headers: the death that counts, the reason class, destination,
 //! event type, schema version, producer, message key, body hash and oddities.
 
+pub mod body;
+pub mod death;
+pub mod event_time;
+pub mod housekeeping;
+pub mod inspect;
+pub mod message_key;
+pub mod rekey;
+pub mod selector;
+
 use chrono::{DateTime, Utc};
 use prost::Message;
 use redrive_proto::v1::{BodyCompression, HeaderTable, MessageProperties, Origin, ReasonClass};
 use sha2::{Digest, Sha256};
 
-use crate::{
-    body,
-    death::{self, Death},
-    event_time,
-    message_key::{self, KeySource},
-};
+use self::{death::Death, message_key::KeySource};
 
 /// Bodies above this size are hashed off the async runtime (a task blocks
 /// its worker thread for at most ~500 µs: SHA-256 of 256 KiB takes about that).
@@ -34,7 +38,7 @@ pub struct ExtractionRules {
     /// The application's error-class header, which refines `rejected`.
     pub error_class_header: String,
     /// Header holding the original event time (any AMQP type that can hold
-    /// a time, read by [`crate::event_time::from_header`]); preferred to the
+    /// a time, read by [`crate::dead_letters::event_time::from_header`]); preferred to the
     /// `timestamp` property. `None`: only the property is read.
     pub event_time_header: Option<String>,
     /// Where message keys come from, first match wins (the `--message-key`

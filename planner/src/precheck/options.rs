@@ -11,7 +11,7 @@ use redrive_proto::{
     v1,
 };
 
-use crate::{error::Error, state_check::Pattern};
+use crate::{error::Error, precheck::state_check::Pattern};
 
 /// Default replay-key window: 7 days.
 pub const DEFAULT_REPLAY_KEY_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -25,7 +25,7 @@ use redrive_proto::limits::{MAX_AGE, MAX_REDRIVES, MAX_STATE_CHECK_TIMEOUT, at_m
 pub const DEFAULT_STATE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Validated precheck options. Once merged with the planner's policy
-/// ([`crate::policy::Policy::apply`]) these are the effective options a
+/// ([`crate::precheck::policy::Policy::apply`]) these are the effective options a
 /// precheck runs with and its report shows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrecheckOptions {
@@ -198,7 +198,7 @@ impl TryFrom<v1::PrecheckOptions> for PrecheckOptions {
 }
 
 /// A stored body as the event time pointer reads it: the captured bytes and
-/// the compression the message declares ([`crate::body::declared_encoding`]),
+/// the compression the message declares ([`crate::dead_letters::body::declared_encoding`]),
 /// so that a raw deflate body labelled `deflate`, which has no magic bytes,
 /// is read decoded as capture read it.
 #[derive(Debug, Clone, Copy)]
@@ -352,7 +352,7 @@ pub fn body_time_implausible(basis: &str) -> bool {
 /// `timestamp` property or event-time header as capture read it
 /// (`occurred_at`), else its first death. The one rule for staleness, at
 /// precheck and at send time. A pointer whose value is not a plausible time
-/// ([`crate::event_time`]) falls back, and the basis says so.
+/// ([`crate::dead_letters::event_time`]) falls back, and the basis says so.
 pub fn event_time(
     options: &PrecheckOptions,
     body: Option<EventBody<'_>>,
@@ -376,10 +376,10 @@ pub fn event_time(
 }
 
 /// The original event time named by `pointer` in a JSON body, read by
-/// [`crate::event_time::from_json`] (RFC 3339 / ISO 8601 text, or epoch
+/// [`crate::dead_letters::event_time::from_json`] (RFC 3339 / ISO 8601 text, or epoch
 /// seconds, milliseconds, microseconds or nanoseconds by range). A gzip,
 /// zstd, zlib or bzip2 body (by its magic bytes) is read decoded, capped at
-/// [`crate::dead_letter::DEFAULT_MAX_BODY_BYTES`].
+/// [`crate::dead_letters::DEFAULT_MAX_BODY_BYTES`].
 pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>> {
     let body = EventBody {
         bytes: body,
@@ -393,13 +393,13 @@ pub fn event_time_from_body(body: &[u8], pointer: &str) -> Option<DateTime<Utc>>
 pub fn read_event_time_from_body(
     body: EventBody<'_>,
     pointer: &str,
-) -> Option<Result<DateTime<Utc>, crate::event_time::Implausible>> {
-    let (decoded, _) = crate::body::decode(
+) -> Option<Result<DateTime<Utc>, crate::dead_letters::event_time::Implausible>> {
+    let (decoded, _) = crate::dead_letters::body::decode(
         body.bytes,
         body.declared_encoding,
-        crate::dead_letter::DEFAULT_MAX_BODY_BYTES,
+        crate::dead_letters::DEFAULT_MAX_BODY_BYTES,
     )
     .ok()?;
     let json: serde_json::Value = serde_json::from_slice(&decoded).ok()?;
-    Some(crate::event_time::from_json(json.pointer(pointer)?).map(|read| read.at))
+    Some(crate::dead_letters::event_time::from_json(json.pointer(pointer)?).map(|read| read.at))
 }

@@ -1,0 +1,400 @@
+//! The audit's SQL: the events a report writes (`audit_events`), the
+//! refusals it records (`refused_outcomes`), and every read of them (a
+//! plan's report, export and live feed).
+
+use super::{
+    Store, StoreError, Tx,
+    leases::{FINAL_ITEM_STATES, Outcome, ReportLease},
+};
+use crate::ids::{DeadLetterId, PlanId};
+use chrono::{DateTime, Utc};
+use redrive_proto::{time::timestamp, v1};
+
+impl Store {
+    /// The id of a plan's latest audit event (0 when it has none): where a
+    /// live feed of its new events starts.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn last_audit_event_id(&self, plan_id: PlanId) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(max(id), 0)::bigint FROM audit_events WHERE plan_id = $1",
+        )
+        .bind(plan_id)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// The audit events of a plan after `after_id`, at most `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_events(
+        &self,
+        plan_id: PlanId,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
+        let rows = sqlx::query_as::<_, AuditEventRow>(
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.id, row.into_event(plan_id)))
+            .collect())
+    }
+}
+
+impl Tx {
+    /// Appends one `refused_outcomes` row per refused outcome of a report:
+    /// `(dead letter, action, reason)` each, with the slice, the token and
+    /// the reporting principal. The caller bounds how many
+    /// ([`crate::leases::outcomes::MAX_REFUSAL_ROWS_PER_REPORT`]).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn record_refusals(
+        &mut self,
+        slice_id: i64,
+        token: i64,
+        principal: &str,
+        refused: &[(DeadLetterId, &str, &str)],
+    ) -> Result<(), StoreError> {
+        if refused.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<DeadLetterId> = refused.iter().map(|(id, _, _)| *id).collect();
+        let actions: Vec<&str> = refused.iter().map(|(_, action, _)| *action).collect();
+        let reasons: Vec<&str> = refused.iter().map(|(_, _, reason)| *reason).collect();
+        sqlx::query(
+            "INSERT INTO refused_outcomes (slice_id, fencing_token, principal, dead_letter_id, action, reason) \
+             SELECT $1, $2, $3, u.id, u.action, u.reason \
+             FROM UNNEST($4::bigint[], $5::text[], $6::text[]) AS u(id, action, reason)",
+        )
+        .bind(slice_id)
+        .bind(token)
+        .bind(principal)
+        .bind(&ids)
+        .bind(&actions)
+        .bind(&reasons)
+        .execute(&mut *self.transaction)
+        .await?;
+        Ok(())
+    }
+
+    /// Records the accepted outcomes of a report under `lease`: their audit
+    /// events (with `keys`, the plan items' message keys, one per outcome;
+    /// each with its dead letter's destination: a `sent` or `uncertain`
+    /// event is also the replay record of its key, docs/design.md, "What a
+    /// report writes") and their items' states and attempts.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn record_outcomes(
+        &mut self,
+        slice_id: i64,
+        lease: &ReportLease,
+        outcomes: &[&Outcome],
+        keys: &[String],
+    ) -> Result<(), StoreError> {
+        let transaction = &mut self.transaction;
+        let column =
+            |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
+        let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let actions = column(&|o| o.action.clone());
+        let reasons = column(&|o| o.reason.replace('\0', ""));
+        // The executor is the one that claimed the lease, whatever the
+        // report says.
+        let executors = column(&|_| lease.executor_id.clone());
+        let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
+        let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
+        let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
+        sqlx::query(
+        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
+            wave, executor_id, attempt, confirm_latency_us, at, message_id) \
+         SELECT $1, $2, u.id, u.key, d.destination, u.action, \
+            CASE WHEN u.action = 'sent' AND v.revision IS NOT NULL THEN concat_ws('; ', nullif(u.reason, ''), \
+                format('published the repaired body, revision %s by %s: %s', v.revision, v.actor, v.reason)) \
+            ELSE u.reason END, \
+            $3, u.executor, u.attempt, u.latency, u.at, d.message_id \
+         FROM UNNEST($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int[], $10::bigint[], \
+                     $11::timestamptz[]) WITH ORDINALITY AS u(id, key, action, reason, executor, attempt, latency, at, n) \
+         JOIN dead_letters d ON d.id = u.id \
+         LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision \
+         ORDER BY u.n",
+    )
+    .bind(lease.plan_id)
+    .bind(slice_id)
+    .bind(&lease.wave)
+    .bind(&ids)
+    .bind(keys)
+    .bind(&actions)
+    .bind(&reasons)
+    .bind(&executors)
+    .bind(&attempts)
+    .bind(&latencies)
+    .bind(&at)
+    .execute(&mut **transaction)
+    .await?;
+        // The last outcome of an item wins, except that `sent` is never undone
+        // (a confirmed publish was delivered, whatever came after) and a final
+        // state never goes back to uncertain (a late report of an earlier
+        // attempt). Under an expired lease only `sent`, and `uncertain` of a
+        // pending item, change the state.
+        sqlx::query(
+        "UPDATE plan_items i SET state = CASE \
+            WHEN i.state = 'sent' THEN i.state \
+            WHEN u.action = 'sent' THEN 'sent' \
+            WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
+            WHEN $7 THEN u.action \
+            WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
+            ELSE i.state END, \
+            attempts = greatest(i.attempts, u.attempt) \
+         FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
+               UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
+               ORDER BY id, (action = 'sent') DESC, n DESC) u \
+         WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
+    )
+    .bind(lease.plan_id)
+    .bind(&ids)
+    .bind(&actions)
+    .bind(&attempts)
+    .bind(FINAL_ITEM_STATES)
+    .bind(slice_id)
+    .bind(lease.unexpired)
+    .execute(&mut **transaction)
+    .await?;
+        Ok(())
+    }
+}
+
+/// The audit action named `name`.
+pub fn audit_action(name: &str) -> v1::AuditAction {
+    use v1::AuditAction as A;
+    [
+        A::Sent,
+        A::SkippedDuplicate,
+        A::SkippedStale,
+        A::SkippedState,
+        A::NeedsCompensation,
+        A::Failed,
+        A::Unroutable,
+        A::Uncertain,
+    ]
+    .into_iter()
+    .find(|action| action.name() == name)
+    .unwrap_or(A::Unspecified)
+}
+
+/// An audit event row with its dead letter's message id.
+#[derive(sqlx::FromRow)]
+struct ExportedEventRow {
+    #[sqlx(flatten)]
+    event: AuditEventRow,
+    message_id: Option<String>,
+}
+
+/// An audit event row (columns of [`Store::audit_events`]).
+#[derive(sqlx::FromRow)]
+struct AuditEventRow {
+    id: i64,
+    slice_id: Option<i64>,
+    dead_letter_id: DeadLetterId,
+    message_key: String,
+    action: String,
+    reason: String,
+    wave: String,
+    executor_id: String,
+    attempt: i32,
+    confirm_latency_us: i64,
+    at: DateTime<Utc>,
+}
+
+impl AuditEventRow {
+    /// The event of plan `plan_id` in the API shape.
+    fn into_event(self, plan_id: PlanId) -> v1::AuditEvent {
+        v1::AuditEvent {
+            plan_id: plan_id.to_string(),
+            slice_id: self.slice_id.map(|id| id.to_string()).unwrap_or_default(),
+            dead_letter_id: self.dead_letter_id.to_string(),
+            message_key: self.message_key,
+            action: audit_action(&self.action).into(),
+            reason: self.reason,
+            wave: if self.wave == "canary" {
+                v1::Wave::Canary
+            } else {
+                v1::Wave::Main
+            }
+            .into(),
+            executor_id: self.executor_id,
+            attempt: u32::try_from(self.attempt).unwrap_or_default(),
+            confirm_latency_us: u64::try_from(self.confirm_latency_us).unwrap_or_default(),
+            at: Some(timestamp(self.at)),
+        }
+    }
+}
+
+impl Store {
+    /// How many items of the plan no executor attempted (still `pending`:
+    /// no outcome, nothing published).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn never_attempted_count(&self, plan_id: PlanId) -> Result<u64, StoreError> {
+        // From the per-slice counts the triggers of migration 0017 keep (as
+        // the plan's progress is), not a scan of the plan's items.
+        let count: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(items), 0)::bigint FROM plan_item_counts \
+             WHERE plan_id = $1 AND state = 'pending'",
+        )
+        .bind(plan_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    /// Up to `limit` items of the plan no executor attempted, after plan
+    /// position `after` (-1: from the start), in plan order, each with its
+    /// position, its dead letter's message id and its wave.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn never_attempted_items(
+        &self,
+        plan_id: PlanId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::UnattemptedItem)>, StoreError> {
+        let rows: Vec<(i64, DeadLetterId, String, Option<String>, String)> = sqlx::query_as(
+            "SELECT i.position, i.dead_letter_id, i.message_key, d.message_id, s.wave \
+             FROM plan_items i JOIN plan_slices s ON s.id = i.slice_id \
+             LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
+             WHERE i.plan_id = $1 AND i.state = 'pending' AND i.position > $2 \
+             ORDER BY i.position LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(position, dead_letter_id, message_key, message_id, wave)| {
+                    (
+                        position,
+                        v1::UnattemptedItem {
+                            dead_letter_id: dead_letter_id.to_string(),
+                            message_key,
+                            message_id: message_id.unwrap_or_default(),
+                            wave: if wave == "canary" {
+                                v1::Wave::Canary
+                            } else {
+                                v1::Wave::Main
+                            }
+                            .into(),
+                        },
+                    )
+                },
+            )
+            .collect())
+    }
+
+    /// [`Store::audit_events`] with each event's dead letter's message id
+    /// (`""` when none; written with the event, so the same after retention
+    /// deleted the dead letter), for the export.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_events_with_message_ids(
+        &self,
+        plan_id: PlanId,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
+        let rows = sqlx::query_as::<_, ExportedEventRow>(
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at, message_id FROM audit_events \
+             WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row.event.id,
+                    row.event.into_event(plan_id),
+                    row.message_id.unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
+    /// Message keys the plan sent, in plan order: the reconciliation list.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn sent_keys(&self, plan_id: PlanId) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position")
+            .bind(plan_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// Message keys of sent items with an `uncertain` event: published again
+    /// after a lost lease or confirm, so possibly delivered twice. Plan order.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn possibly_duplicated_keys(
+        &self,
+        plan_id: PlanId,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            // One pass over the plan's uncertain events, not one per item.
+            "SELECT i.message_key FROM plan_items i \
+             JOIN (SELECT DISTINCT dead_letter_id FROM audit_events WHERE plan_id = $1 AND action = 'uncertain') u \
+               ON u.dead_letter_id = i.dead_letter_id \
+             WHERE i.plan_id = $1 AND i.state = 'sent' ORDER BY i.position",
+        )
+        .bind(plan_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The latest audit event of every item that was not sent (skipped, failed,
+    /// unroutable, or still uncertain) that agrees with its state (a `failed`
+    /// after its last `uncertain` attempt is the one shown), in plan order.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn not_sent_events(
+        &self,
+        plan_id: PlanId,
+    ) -> Result<Vec<v1::AuditEvent>, StoreError> {
+        let rows = sqlx::query_as::<_, AuditEventRow>(
+            "SELECT * FROM (SELECT DISTINCT ON (e.dead_letter_id) e.id, e.slice_id, e.dead_letter_id, e.message_key, \
+                e.action, e.reason, e.wave, e.executor_id, e.attempt, e.confirm_latency_us, e.at, i.position \
+             FROM audit_events e JOIN plan_items i ON i.plan_id = e.plan_id AND i.dead_letter_id = e.dead_letter_id \
+             WHERE e.plan_id = $1 AND i.state <> 'sent' \
+             ORDER BY e.dead_letter_id, (e.action = i.state) DESC, e.id DESC) last ORDER BY position",
+        )
+        .bind(plan_id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| row.into_event(plan_id))
+            .collect())
+    }
+}
