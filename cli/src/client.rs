@@ -23,7 +23,7 @@ use tonic::{
 use crate::error::CliError;
 
 /// The gRPC metadata key the planner reads the caller from.
-pub const ACTOR_METADATA: &str = "x-redrive-actor";
+pub use redrive_proto::headers::ACTOR_METADATA;
 
 /// The actor when neither `--actor`, `REDRIVE_ACTOR` nor `USER` names one.
 pub const ANONYMOUS: &str = "anonymous";

@@ -11,21 +11,11 @@ use lapin::{
 };
 use redrive_proto::{amqp, v1};
 
-/// Headers a replay adds (without the `x-` prefix: since RabbitMQ 3.13 `x-`
-/// headers belong to the broker).
-pub const PLAN_ID_HEADER: &str = "redrive-plan-id";
-/// The attempt number of this publish (1-based).
-pub const ATTEMPT_HEADER: &str = "redrive-attempt";
-/// How many times this message key has been redriven, this replay included.
-pub const COUNT_HEADER: &str = "redrive-count";
-/// The death reason of the dead letter being replayed.
-pub const REASON_HEADER: &str = "redrive-dead-letter-reason";
-/// W3C Trace Context header (<https://www.w3.org/TR/trace-context/>).
-pub const TRACEPARENT_HEADER: &str = "traceparent";
-/// Header naming the executor that published this copy (its
-/// `--executor-id`, as in the audit): two copies of one message id from two
-/// executors are a lease takeover, and the audit's `uncertain` says why.
-pub const EXECUTOR_ID_HEADER: &str = "redrive-executor-id";
+/// Headers a replay adds: their one home is [`redrive_proto::headers`].
+pub use redrive_proto::headers::{
+    ATTEMPT_HEADER, COUNT_HEADER, EXECUTOR_ID_HEADER, PLAN_ID_HEADER, REASON_HEADER,
+    TRACEPARENT_HEADER,
+};
 
 /// What a replay does with one broker-interpreted field of the captured message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,19 +93,19 @@ pub const BROKER_FIELDS: &[BrokerField] = &[
               precheck's stale rule decides instead",
     },
     BrokerField {
-        name: FieldName::Header("x-death"),
+        name: FieldName::Header(redrive_proto::headers::X_DEATH),
         treatment: Treatment::Dropped,
         why: "the broker's dead-lettering history; it restarts with the replay and \
               RabbitMQ 3.13+ ignores or refuses it from publishers \
               (rabbitmq.com/docs/dlx, \"Dead-Lettered Messages\")",
     },
     BrokerField {
-        name: FieldName::HeaderPrefix("x-first-death-"),
+        name: FieldName::HeaderPrefix(redrive_proto::headers::FIRST_DEATH_PREFIX),
         treatment: Treatment::Dropped,
         why: "the broker's dead-lettering history (rabbitmq.com/docs/dlx)",
     },
     BrokerField {
-        name: FieldName::HeaderPrefix("x-last-death-"),
+        name: FieldName::HeaderPrefix(redrive_proto::headers::LAST_DEATH_PREFIX),
         treatment: Treatment::Dropped,
         why: "the broker's dead-lettering history (rabbitmq.com/docs/dlx)",
     },

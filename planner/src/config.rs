@@ -1,7 +1,7 @@
 //! The planner's configuration: flags with `REDRIVE_…` environment fallbacks,
 //! defaults pointing at the local services, validated at start-up.
 
-use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, sync::Arc, time::Duration};
 
 use redrive_proto::limits::{
     MAX_AGE, MAX_CAPTURE_BATCH_WAIT_MS, MAX_LEASE_TTL_SECONDS, MAX_REDRIVES, at_most,
@@ -614,9 +614,13 @@ impl Config {
         problems
     }
 
-    /// Every problem of these settings, in flag order.
-    fn problems(&self) -> Vec<SettingError> {
+    /// These settings parsed into the values the planner's parts take, or
+    /// every problem of them, in flag order: the one parse of the settings
+    /// ([`Settings::parse`], [`ServiceSettings::validate`]).
+    fn parse_all(&self) -> Result<Parsed, Vec<SettingError>> {
         let mut problems = Vec::new();
+        let mut key_sources = Vec::new();
+        let mut state_checks = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         let shown_database_url = redact_url(&self.database_url);
         if !self.database_url.starts_with("postgres://")
@@ -715,8 +719,9 @@ impl Config {
             );
         }
         for spec in &self.message_keys {
-            if let Err(text) = spec.parse::<KeySource>() {
-                problem("message-key", text);
+            match spec.parse::<KeySource>() {
+                Ok(source) => key_sources.push(source),
+                Err(text) => problem("message-key", text),
             }
         }
         if let Some(id) = &self.broker_id
@@ -728,12 +733,13 @@ impl Config {
             );
         }
         for spec in &self.state_checks {
-            if let Err(text) = spec.parse::<HookRoute>() {
-                problem("state-check", text);
+            match spec.parse::<HookRoute>() {
+                Ok(route) => state_checks.push(route),
+                Err(text) => problem("state-check", text),
             }
         }
-        problems.extend(self.try_policy().err().unwrap_or_default());
-        problems.extend(self.transport_problems());
+        let policy = self.try_policy().map_err(|more| problems.extend(more)).ok();
+        let transport = self.parse_transport(&mut problems);
         problems.extend(self.admission_problems());
         // A body is stored whole and sent in one gRPC message.
         let most_body = redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES / 2;
@@ -784,7 +790,16 @@ impl Config {
         }
         // The telemetry flags come last.
         problems.extend(self.telemetry.check().err());
-        problems
+        match (policy, transport) {
+            (Some(policy), Some((authenticator, tls))) if problems.is_empty() => Ok(Parsed {
+                policy,
+                state_checks,
+                extraction: self.extraction_rules(key_sources),
+                authenticator,
+                tls,
+            }),
+            _ => Err(problems),
+        }
     }
 
     /// The TLS files for `https://` state-check hooks.
@@ -814,15 +829,6 @@ impl Config {
         }
     }
 
-    /// The authenticator (reads the token, key and JWKS files); `None` when
-    /// authentication is off.
-    ///
-    /// # Errors
-    /// Every problem of the auth settings.
-    pub fn authenticator(&self) -> Result<Option<Authenticator>, SettingErrors> {
-        Authenticator::load(&self.auth_settings()).map_err(SettingErrors)
-    }
-
     /// The server's TLS configuration (reads the files); `None` without
     /// `--tls-cert`. With `--tls-client-ca`, client certificates are
     /// verified against it, and required unless bearer tokens are accepted
@@ -830,7 +836,7 @@ impl Config {
     ///
     /// # Errors
     /// A file that cannot be read, named.
-    pub fn server_tls(
+    fn server_tls(
         &self,
         client_certificates_optional: bool,
     ) -> Result<Option<tonic::transport::ServerTlsConfig>, SettingErrors> {
@@ -865,9 +871,11 @@ impl Config {
             && (self.tls_cert.is_none() || !self.auth_settings().enabled())
     }
 
-    /// Problems of the TLS and authentication settings.
-    fn transport_problems(&self) -> Vec<SettingError> {
-        let mut problems = Vec::new();
+    /// The TLS and authentication settings parsed (the files read): the
+    /// authenticator (`None`: authentication is off) and the server's TLS
+    /// (`None`: plaintext); their problems go to `problems`.
+    fn parse_transport(&self, problems: &mut Vec<SettingError>) -> Option<Transport> {
+        let before = problems.len();
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), None) => problems.push(SettingError::new("tls-cert", "needs --tls-key")),
             (None, Some(_)) => problems.push(SettingError::new("tls-key", "needs --tls-cert")),
@@ -889,23 +897,33 @@ impl Config {
                     .replace("--tls-client", "--state-check-client"),
             ));
         }
-        if let Err(more) = self.authenticator() {
-            problems.extend(more.0);
-        }
+        let authenticator = Authenticator::load(&self.auth_settings())
+            .map_err(|more| problems.extend(more))
+            .ok()
+            .flatten()
+            .map(Arc::new);
+        // Client certificates are optional where bearer tokens are accepted.
+        let bearer = authenticator
+            .as_ref()
+            .is_some_and(|authenticator| authenticator.accepts_bearer_tokens());
         // The files are read and parsed now, so that a missing or malformed
         // certificate or key is a bad setting (exit 64), not a failed start.
-        match self.server_tls(false) {
-            Err(more) => problems.extend(more.0),
+        let tls = match self.server_tls(bearer) {
+            Err(more) => {
+                problems.extend(more.0);
+                None
+            }
             Ok(Some(tls)) => {
-                if let Err(error) = tonic::transport::Server::builder().tls_config(tls) {
+                if let Err(error) = tonic::transport::Server::builder().tls_config(tls.clone()) {
                     problems.push(SettingError::new(
                         "tls-cert",
                         format!("the certificate, key or client CA is not usable PEM: {error}"),
                     ));
                 }
+                Some(tls)
             }
-            Ok(None) => {}
-        }
+            Ok(None) => None,
+        };
         if self.exposed_without_protection() && !self.insecure {
             problems.push(SettingError::new(
                 "listen",
@@ -917,12 +935,7 @@ impl Config {
                 ),
             ));
         }
-        problems
-    }
-
-    /// The precheck policy these settings describe (call after `validate`).
-    pub fn policy(&self) -> Policy {
-        self.try_policy().unwrap_or_default()
+        (problems.len() == before).then_some((authenticator, tls))
     }
 
     /// The policy, or every problem of its settings.
@@ -972,26 +985,15 @@ impl Config {
         .sorted())
     }
 
-    /// The state-check routes (call after `validate`).
-    pub fn state_check_routes(&self) -> Vec<HookRoute> {
-        self.state_checks
-            .iter()
-            .filter_map(|spec| spec.parse().ok())
-            .collect()
-    }
-
-    /// The extraction rules these settings describe (call after `validate`).
-    pub fn extraction_rules(&self) -> ExtractionRules {
+    /// The extraction rules these settings describe, with the message-key
+    /// sources parsed from `--message-key`.
+    fn extraction_rules(&self, key_sources: Vec<KeySource>) -> ExtractionRules {
         ExtractionRules {
             event_type_header: self.event_type_header.clone(),
             schema_version_header: self.schema_version_header.clone(),
             error_class_header: self.error_class_header.clone(),
             event_time_header: self.event_time_header.clone(),
-            key_sources: self
-                .message_keys
-                .iter()
-                .filter_map(|spec| spec.parse().ok())
-                .collect(),
+            key_sources,
             max_body_bytes: self.max_body_bytes,
             // The AMQP URI's user (default `guest`, as AMQP URIs define it).
             publish_user: self
@@ -1014,13 +1016,73 @@ impl Config {
     }
 }
 
+/// The authenticator (`None`: authentication is off) and the server's TLS
+/// (`None`: plaintext).
+type Transport = (
+    Option<Arc<Authenticator>>,
+    Option<tonic::transport::ServerTlsConfig>,
+);
+
+/// What parsing gives beside the flags themselves.
+struct Parsed {
+    policy: Policy,
+    state_checks: Vec<HookRoute>,
+    extraction: ExtractionRules,
+    authenticator: Option<Arc<Authenticator>>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+/// The planner's settings parsed into the values its parts take: the only
+/// way to them is [`Settings::parse`], which reports every problem at once,
+/// so no part re-reads a flag's text or falls back to a default for a bad
+/// one.
+pub struct Settings {
+    /// The flags as given (clap has typed the plain ones: numbers,
+    /// durations, paths, addresses).
+    pub config: Config,
+    /// The precheck policy (`--stale-after`, `--stale-after-source`,
+    /// `--default-stale-after`, `--replay-key-window`, `--max-redrives`,
+    /// `--event-time-pointer`).
+    pub policy: Policy,
+    /// The state-check hook routes (`--state-check`).
+    pub state_checks: Vec<HookRoute>,
+    /// What capture and ingest derive from a dead letter (`--message-key`,
+    /// the `--*-header` flags, `--max-body-bytes`, the AMQP user).
+    pub extraction: ExtractionRules,
+    /// Who may call (the token, key and JWKS files read); `None` when
+    /// authentication is off.
+    pub authenticator: Option<Arc<Authenticator>>,
+    /// The server's TLS (the certificate files read); `None` without
+    /// `--tls-cert`. With `--tls-client-ca`, client certificates are
+    /// verified, and required unless bearer tokens are accepted too.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+impl Settings {
+    /// Parses `config`.
+    ///
+    /// # Errors
+    /// [`SettingErrors`] naming every wrong setting, in flag order.
+    pub fn parse(config: Config) -> Result<Self, SettingErrors> {
+        let parsed = config.parse_all().map_err(SettingErrors)?;
+        Ok(Self {
+            config,
+            policy: parsed.policy,
+            state_checks: parsed.state_checks,
+            extraction: parsed.extraction,
+            authenticator: parsed.authenticator,
+            tls: parsed.tls,
+        })
+    }
+}
+
 impl ServiceSettings for Config {
     /// Checks the settings that clap cannot, all of them.
     ///
     /// # Errors
     /// [`SettingErrors`] naming every wrong setting.
     fn validate(&self) -> Result<(), SettingErrors> {
-        SettingErrors::check(self.problems())
+        self.parse_all().map(drop).map_err(SettingErrors)
     }
 
     /// Reads `--database-url-file` and `--amqp-url-file`
@@ -1109,7 +1171,8 @@ mod tests {
             "2",
         ])
         .unwrap();
-        let policy = config.policy();
+        let max_precheck_age = config.max_precheck_age;
+        let policy = Settings::parse(config).unwrap().policy;
         assert_eq!(policy.stale_after[0].0.as_str(), "payment.captured");
         assert_eq!(policy.stale_after[1].1, Duration::from_secs(7200));
         assert_eq!(policy.stale_after_source[0].1, Duration::from_secs(3600));
@@ -1118,9 +1181,11 @@ mod tests {
             Some(Duration::from_secs(86_400))
         );
         assert_eq!(policy.max_redrives, 2);
-        assert_eq!(config.max_precheck_age, Duration::from_secs(15 * 60));
+        assert_eq!(max_precheck_age, Duration::from_secs(15 * 60));
         assert_eq!(
-            Config::for_database("postgres://x/y").policy(),
+            Settings::parse(Config::for_database("postgres://x/y"))
+                .unwrap()
+                .policy,
             Policy::default()
         );
     }

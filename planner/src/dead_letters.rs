@@ -249,7 +249,7 @@ pub struct NewDeadLetter {
 }
 
 /// The header a replay adds to name its plan (docs/design.md, "The replayed message").
-pub const REDRIVE_PLAN_ID_HEADER: &str = "redrive-plan-id";
+pub use redrive_proto::headers::PLAN_ID_HEADER as REDRIVE_PLAN_ID_HEADER;
 
 impl ExtractionRules {
     /// The capture note of a dead letter keyed by its body hash because no

@@ -49,7 +49,6 @@ use tonic::service::interceptor::InterceptedService;
 
 use redrive_proto::{
     FILE_DESCRIPTOR_SET,
-    settings::ServiceSettings,
     v1::{coordinator_server::CoordinatorServer, planner_server::PlannerServer},
 };
 use sqlx::{Postgres, migrate::MigrateDatabase};
@@ -57,7 +56,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-pub use crate::config::Config;
+pub use crate::config::{Config, Settings};
 use crate::{
     audit::notifier::Notifier,
     capture::{CaptureConfig, CaptureStatus},
@@ -93,6 +92,7 @@ fn oversized_is_resource_exhausted<B>(
 /// unreachable), starts capture, serves `redrive.v1.Planner`,
 /// `redrive.v1.Coordinator`, `grpc.health.v1.Health` and server reflection, and
 /// on shutdown lets capture store and ack what it holds within the grace period.
+/// `config` is parsed here into [`Settings`], once, before anything starts.
 ///
 /// # Errors
 /// An invalid configuration, a migration that fails for a reason other than
@@ -102,13 +102,14 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    config.validate()?;
-    let authenticator = config.authenticator()?.map(Arc::new);
-    let tls = config.server_tls(
-        authenticator
-            .as_ref()
-            .is_some_and(|authenticator| authenticator.accepts_bearer_tokens()),
-    )?;
+    let Settings {
+        config,
+        policy,
+        state_checks,
+        extraction,
+        authenticator,
+        tls,
+    } = Settings::parse(config)?;
     if config.exposed_without_protection() {
         warn!(
             listen = %config.listen,
@@ -130,11 +131,10 @@ pub async fn run(
             &metrics_pipeline.meter("redrive-planner"),
         ));
     let capture_status = CaptureStatus::new(&config.capture_queues);
-    let rules = Arc::new(config.extraction_rules());
+    let rules = Arc::new(extraction);
     let notifier = Notifier::new();
     let hub = audit::watch_hub::WatchHub::new(store.clone(), notifier.clone(), shutdown.clone());
-    let checker =
-        Arc::new(StateChecker::new(config.state_check_routes()).with_tls(config.state_check_tls()));
+    let checker = Arc::new(StateChecker::new(state_checks).with_tls(config.state_check_tls()));
     let coordinator_service = leases::Coordinator::new(
         store.clone(),
         notifier.clone(),
@@ -172,7 +172,7 @@ pub async fn run(
         checker,
         notifier: notifier.clone(),
         four_eyes: config.four_eyes,
-        policy: Arc::new(config.policy()),
+        policy: Arc::new(policy),
         max_precheck_age: config.max_precheck_age,
         shutdown: shutdown.clone(),
         watches: config.watch_limits().with_metrics(store.metrics().clone()),

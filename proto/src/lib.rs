@@ -38,6 +38,7 @@ pub mod amqp;
 pub mod backoff;
 pub mod codec;
 pub mod error;
+pub mod headers;
 pub mod limits;
 pub mod names;
 #[cfg(feature = "settings")]

@@ -255,7 +255,7 @@ pub struct EasyNetQError {
 /// `error-class`); it is read before the frameworks' ones.
 pub fn analyze(headers: &HeaderTable, error_class_header: &str) -> DeathInfo {
     let mut info = DeathInfo::default();
-    info.death = match headers.fields.get("x-death") {
+    info.death = match headers.fields.get(redrive_proto::headers::X_DEATH) {
         None => None,
         Some(value) => match parse_x_death(value) {
             Ok(death) => Some(death),
@@ -385,18 +385,21 @@ pub fn parse_x_death(value: &HeaderValue) -> Result<Death, String> {
 }
 
 fn fallback_death(headers: &HeaderTable) -> Option<Death> {
-    ["x-last-death", "x-first-death"].iter().find_map(|prefix| {
-        let reason = text_of(headers, &format!("{prefix}-reason"))?;
-        Some(Death {
-            reason,
-            queue: text_of(headers, &format!("{prefix}-queue")).unwrap_or_default(),
-            exchange: text_of(headers, &format!("{prefix}-exchange")).unwrap_or_default(),
-            routing_keys: Vec::new(),
-            count: 1,
-            time: None,
-            first_time: None,
+    use redrive_proto::headers::{FIRST_DEATH_PREFIX, LAST_DEATH_PREFIX};
+    [LAST_DEATH_PREFIX, FIRST_DEATH_PREFIX]
+        .iter()
+        .find_map(|prefix| {
+            let reason = text_of(headers, &format!("{prefix}reason"))?;
+            Some(Death {
+                reason,
+                queue: text_of(headers, &format!("{prefix}queue")).unwrap_or_default(),
+                exchange: text_of(headers, &format!("{prefix}exchange")).unwrap_or_default(),
+                routing_keys: Vec::new(),
+                count: 1,
+                time: None,
+                first_time: None,
+            })
         })
-    })
 }
 
 /// The reason class of a death reason, refined by the application's error class.

@@ -42,10 +42,8 @@ use tracing::warn;
 
 use crate::edge::roles::{self, DELEGATE, Principal, Role, Source};
 
-/// Request metadata naming the person or system a call is made for: the
-/// actor itself without authentication; with it, the user a principal with
-/// the `delegate` permission acts for.
-pub const ACTOR_METADATA: &str = "x-redrive-actor";
+/// Request metadata naming the person or system a call is made for.
+pub use redrive_proto::headers::ACTOR_METADATA;
 
 /// How an [`Actor`] acting for a user is recorded: `portal-x for alice`.
 pub const DELEGATION_SEPARATOR: &str = " for ";
