@@ -51,17 +51,9 @@
 //! Diagnostics always go to stderr. Answers up to 64 MiB are accepted.
 //!
 //! # Exit codes
-//! | code | when |
-//! | --- | --- |
-//! | 0 | success; also `--help` and `--version`; `plan wait`: the plan completed |
-//! | 1 | the planner answered another gRPC error (`failed_precondition`, `internal`, ...); `plan wait`: the plan ended `cancelled` or `aborted` |
-//! | 64 | bad command line (`EX_USAGE`): unknown flag or value, unknown `--group-by` name, `--verdict` or `--state`, bad `--stale-after`, a `--stale-after` pattern given twice, a bad `plan create` value (`--rate`, `--burst`, `--rationale`, `--destination`, `--canary-fraction`, `--observe`, `--slice-size`), bad `--planner` URL, an actor that is not visible ASCII |
-//! | 65 | refused data (`EX_DATAERR`): the planner said `invalid_argument` or `not_found`; `import` rejected some lines |
-//! | 66 | `import` cannot open its file (`EX_NOINPUT`) |
-//! | 69 | the planner is unreachable or answered `unavailable` (`EX_UNAVAILABLE`), e.g. a precheck whose state-check hook is down (without `--block-on-state-check-error`); `plan watch`: the stream ended before the plan was final |
-//! | 74 | reading the import file or writing the output failed (`EX_IOERR`) |
-//! | 75 | `plan wait --timeout` ran out before the plan was final (`EX_TEMPFAIL`) |
-//! | 78 | the config file is wrong or lacks the `--profile` asked for (`EX_CONFIG`) |
+//! One table, [`error::EXIT_CODES`], says every exit code and when: the code
+//! returns them, `redrivectl --help` prints them and `cli/USAGE.md`'s table
+//! is checked against it.
 //!
 //! An unreachable planner reads `redrivectl: cannot reach the planner at URL:
 //! <cause> (is redrive-planner running? set --planner or REDRIVE_PLANNER)`; a

@@ -28,10 +28,10 @@ use crate::{
     name = "redrivectl",
     version,
     about = "Redrive's operator CLI: capture, inspect, precheck and replay dead letters",
-    after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled, \
-                  aborted or completed with failed items; `replay`: NOT_REPLAYED), 64 bad usage, 65 refused input (invalid argument, not found, \
-                  rejected import lines), 66 input file missing, 69 planner unreachable or \
-                  unavailable, 74 I/O error, 75 `plan wait --timeout` ran out, 78 bad config file."
+    // The exit codes, from the one table (`crate::error::EXIT_CODES`): a
+    // line with `-h`, when each with `--help` and in the manual page.
+    after_help = crate::error::exit_codes_help(),
+    after_long_help = crate::error::exit_codes_long_help()
 )]
 pub struct Cli {
     /// Planner gRPC endpoint: HOST:PORT (plain http) or an http:// or
