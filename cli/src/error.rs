@@ -392,16 +392,28 @@ mod tests {
         let mut distinct = codes.clone();
         distinct.dedup();
         assert_eq!(distinct, codes);
-        assert!(EXIT_CODES.iter().all(|(_, _, label, when)| !when.contains('|') && !label.contains('|')));
+        assert!(
+            EXIT_CODES
+                .iter()
+                .all(|(_, _, label, when)| !when.contains('|') && !label.contains('|'))
+        );
         let io = || std::io::Error::other("x");
         for error in [
-            CliError::Unreachable { url: String::new(), cause: String::new() },
-            CliError::Tls { message: String::new() },
+            CliError::Unreachable {
+                url: String::new(),
+                cause: String::new(),
+            },
+            CliError::Tls {
+                message: String::new(),
+            },
             CliError::Grpc(Status::internal("x")),
             CliError::Grpc(Status::not_found("x")),
             CliError::Grpc(Status::unavailable("x")),
             CliError::Usage(String::new()),
-            CliError::NoInput { path: String::new(), source: io() },
+            CliError::NoInput {
+                path: String::new(),
+                source: io(),
+            },
             CliError::io("x", io()),
             CliError::Rejected(String::new()),
             CliError::NotCompleted(String::new()),
@@ -413,7 +425,9 @@ mod tests {
         let help = exit_codes_help();
         assert!(help.starts_with("Exit codes: 0 ok, 1 "), "{help}");
         assert!(help.contains("78 bad config file"), "{help}");
-        assert!(exit_codes_long_help().contains("  75 (EX_TEMPFAIL): `plan wait --timeout` ran out"));
+        assert!(
+            exit_codes_long_help().contains("  75 (EX_TEMPFAIL): `plan wait --timeout` ran out")
+        );
     }
 
     #[test]
