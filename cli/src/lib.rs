@@ -147,8 +147,6 @@
 //! - [`escape`]: producers' control characters kept off the terminal.
 //! - [`preview`]: the body preview of `dead-letters show` (key order kept,
 //!   binary escaped).
-//! - [`export`]: `plan report --format jsonl|csv`, times rewritten and cells
-//!   neutralized for spreadsheets.
 //! - [`time`]: how times are written (RFC 3339, UTC).
 //! - [`error`]: [`error::CliError`] and the exit codes.
 
@@ -158,7 +156,6 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod escape;
-pub mod export;
 pub mod headers;
 pub mod hint;
 pub mod output;

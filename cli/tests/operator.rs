@@ -435,6 +435,9 @@ async fn usage_errors_name_only_what_is_missing_and_host_port_is_a_planner() {
     assert!(output.status.success(), "{}", stderr(&output));
 }
 
+/// The planner's export is made safe for spreadsheets by the planner
+/// (`planner/src/audit.rs`, `export_rows_are_safe_in_a_spreadsheet`); the
+/// CLI writes it as it streams in, byte for byte, so the file stays safe.
 #[tokio::test]
 async fn csv_and_jsonl_exports_are_safe_in_a_spreadsheet() {
     let address = serve(Fake::default()).await;
@@ -445,6 +448,7 @@ async fn csv_and_jsonl_exports_are_safe_in_a_spreadsheet() {
     )
     .await;
     assert!(csv.status.success(), "{}", stderr(&csv));
+    assert_eq!(csv.stdout, support::FORMULA_CSV);
     let mut reader = ::csv::ReaderBuilder::new().from_reader(csv.stdout.as_slice());
     let rows: Vec<Vec<String>> = reader
         .records()
@@ -486,7 +490,7 @@ async fn csv_and_jsonl_exports_are_safe_in_a_spreadsheet() {
     let text = stdout(&jsonl);
     assert_eq!(
         text,
-        "{\"at\":\"2024-05-01T12:10:00.000Z\",\"message_key\":\"'=HYPERLINK(1)\",\"attempt\":-1}\n"
+        "{\"at\":\"2024-05-01T12:10:00.000Z\",\"attempt\":-1,\"message_key\":\"'=HYPERLINK(1)\"}\n"
     );
 }
 

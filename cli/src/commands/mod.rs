@@ -271,9 +271,9 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     ));
     let live_bar =
         tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
-    // `plan report --format jsonl|csv` into a file or pipe is written by its
-    // own rules (times rewritten, cells neutralized for spreadsheets, see
-    // [`plan`]), whatever `--json` says; on a terminal it is escaped too.
+    // `plan report --format jsonl|csv` into a file or pipe is the planner's
+    // export byte for byte, whatever `--json` says; on a terminal it is
+    // escaped too.
     let export = !tty
         && matches!(
             &cli.command,

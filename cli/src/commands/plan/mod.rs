@@ -75,8 +75,9 @@
 //! and the first 20, the items not sent with their reasons) or as JSON
 //! `{"plan", "counts", "sent_keys", "not_sent", "possibly_duplicated_keys"}`. `--format jsonl|csv`:
 //! `ExportAudit`, the planner's export (the reconciliation file), whatever
-//! `--json` says, with times in `redrivectl`'s one format and cells that a
-//! spreadsheet would run as formulas neutralized ([`crate::export`]).
+//! `--json` says: each chunk written as it arrives, nothing re-parsed (the
+//! planner writes times in the one format and makes cells that a
+//! spreadsheet would run as formulas text).
 
 pub mod live;
 pub mod pace;
@@ -606,7 +607,7 @@ async fn report(
     } else {
         ReportFormat::Text
     });
-    let (export, rewrite) = match format {
+    let export = match format {
         ReportFormat::Text | ReportFormat::Json => {
             let report = planner
                 .get_audit_report(GetAuditReportRequest {
@@ -622,8 +623,8 @@ async fn report(
             }
             return Ok(EX_OK);
         }
-        ReportFormat::Jsonl => (ExportFormat::Jsonl, crate::export::Format::Jsonl),
-        ReportFormat::Csv => (ExportFormat::Csv, crate::export::Format::Csv),
+        ReportFormat::Jsonl => ExportFormat::Jsonl,
+        ReportFormat::Csv => ExportFormat::Csv,
     };
     let mut stream = planner
         .export_audit(ExportAuditRequest {
@@ -632,11 +633,12 @@ async fn report(
         })
         .await?
         .into_inner();
-    let mut writer = crate::export::Export::new(out, rewrite);
+    // Streamed: each chunk goes out as it arrives (records may span
+    // chunks; the file is their concatenation).
     while let Some(chunk) = stream.message().await? {
-        writer.push(&chunk.data)?;
+        out.write_all(&chunk.data)?;
     }
-    writer.finish()?;
+    out.flush()?;
     Ok(EX_OK)
 }
 
