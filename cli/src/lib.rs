@@ -59,55 +59,26 @@
 //! <cause> (is redrive-planner running? set --planner or REDRIVE_PLANNER)`; a
 //! gRPC error reads `redrivectl: <code>: <message>`, the code in snake case.
 //!
-//! # JSON shapes
-//! - `dead-letters show`: one dead letter ([`output`] lists every field; header
-//!   values are typed, see [`headers`]).
-//! - `dead-letters list`: `{"dead_letters": [...], "next_page_token": "..."}`
-//!   ([`commands::dead_letters`]).
-//! - `dead-letters summary`: `{"total": N, "groups": [{"key": {...}, "count": N,
-//!   "first_seen": ..., "last_seen": ...}]}` ([`commands::dead_letters`]).
-//! - `import`: `{"imported": N, "duplicates": M, "rejected": [{"line": N,
-//!   "reason": "..."}]}` ([`commands::import`], which also describes the file
-//!   format).
-//! - `precheck` and `precheck show`: one report ([`commands::precheck`]),
-//!   `{"precheck_id", "actor", "created_at", "digest", "total", "counts":
-//!   {"replayable", "duplicate", "already_replayed", "looping", "stale",
-//!   "blocked_by_state", "needs_compensation", "invalid"}, "breakdowns":
-//!   {"reason_class", "destination", "event_type", "schema_version",
-//!   "producer"}, "died_from", "died_to", "warnings", "sample_blocked"}`. All
-//!   eight counts are always present, as integers (also in each breakdown row
-//!   `{"value", "total", "counts"}`); `created_at`, `died_from`, `died_to` are
-//!   RFC 3339 or null.
-//! - `precheck items`: `{"items": [{"dead_letter_id", "message_key",
-//!   "verdict", "reason", "destination", "event_type"}], "next_page_token":
-//!   "..."}`; `sample_blocked` items have the same shape. `event_type` is a
-//!   string or null.
-//! - `plan create | approve | status | wait | promote | pause | resume |
-//!   cancel`: one plan ([`commands::plan::view`]), `{"plan_id",
-//!   "precheck_id", "precheck_digest", "state", "state_reason", "rate":
-//!   {"per_second", "burst", "rationale"}, "destination", "slice_size",
-//!   "canary_fraction", "observe_for_seconds", "total_items", "canary_items",
-//!   "items_done", "slices_total", "slices_completed", "counts": {"sent",
-//!   "skipped_duplicate", "skipped_stale", "skipped_state",
-//!   "needs_compensation", "failed", "unroutable", "uncertain"}, "created_by",
-//!   "created_at", "approved_by", "approved_at", "completed_at", "actions":
-//!   [{"action", "actor", "reason", "at"}], "warnings"}`. `state` is
-//!   `awaiting_approval`, `canary`, `observing`, `main`, `completed`,
-//!   `paused`, `cancelled` or `aborted`; `destination` is `"queue"`,
-//!   `"exchange"` or `{"redirect": {"exchange", "routing_key"}}`; all eight
-//!   counts are always present.
-//! - `plan list`: `{"plans": [plan, ...], "next_page_token": "..."}`.
-//! - `plan watch`: one JSON object per line, `{"progress": plan}` or
-//!   `{"event": audit event}`; an audit event is `{"plan_id", "slice_id",
-//!   "dead_letter_id", "message_key", "action", "reason", "wave",
-//!   "executor_id", "attempt", "confirm_latency_us", "at"}`.
-//! - `plan report` (`--format json`, the default with `--json`): `{"plan",
-//!   "counts", "sent_keys": [string], "not_sent": [audit event],
-//!   "possibly_duplicated_keys": [string], "never_attempted": N,
-//!   "never_attempted_items": [{"dead_letter_id", "message_key",
-//!   "message_id", "wave"}]}`; `--format jsonl|csv` writes the planner's
-//!   export (each row with the dead letter's `message_id`; a final plan's
-//!   items never attempted as `never_attempted` rows).
+//! # JSON output
+//! `--json` prints the planner's answer in the API's canonical proto3 JSON
+//! (as grpcurl shows it: lowerCamelCase names, enums by name, 64-bit
+//! integers as strings, RFC 3339 times, base64 bytes, default values left
+//! out), through [`output::write_message`]: `dead-letters list` a
+//! `ListDeadLettersResponse` (every page walked in one), `show` and
+//! `repair` a `GetDeadLetterResponse`, `summary` a
+//! `SummarizeDeadLettersResponse`, `archive | unarchive` an
+//! `ArchiveDeadLettersResponse`, `rekey` a `RekeyDeadLettersResponse`,
+//! `precheck` and `precheck show` a `PrecheckReport`, `precheck items` and
+//! `plan compensations` a `ListPrecheckItemsResponse` /
+//! `ListCompensationsResponse`, `plan create | approve | status | wait |
+//! promote | pause | resume | cancel` a `Plan`, `plan list` a
+//! `ListPlansResponse`, `plan watch` one `WatchPlanResponse` per line (plus
+//! the CLI's own `{"stalled": ...}` / `{"resumed": ...}` lines,
+//! [`commands::plan::live::StallJson`]), `plan report` an `AuditReport`,
+//! `replay` a `ReplayDeadLetterResponse`. Only `import`, which sums many
+//! `IngestDeadLetters` calls, prints a shape of its own
+//! ([`commands::import`]). `cli/USAGE.md`, "JSON output", has the table and
+//! a before/after.
 //!
 //! Suggested commands (`next:` hints, the watch line's `plan promote`) keep
 //! the `--profile` and `--planner` typed ([`hint`]).
@@ -126,21 +97,21 @@
 //!   - [`commands::replay`]: `replay`, one dead letter now;
 //!   - [`commands::plan`] (`commands/plan/mod.rs`): `plan create | approve |
 //!     list | report | ...`;
-//!   - [`commands::plan::view`]: the plan JSON shapes and their renderings;
+//!   - [`commands::plan::view`]: the plan views and their renderings for people;
 //!   - [`commands::plan::live`]: `plan watch` and `plan wait`;
 //!   - [`commands::plan::pace`]: a watched plan's pace and stalls.
 //! - [`selector`]: the selector flags shared by `list`, `summary` and
 //!   `precheck`, and their conversion to the proto `Selector`.
 //! - [`args`]: flag values and groups taken by more than one command
 //!   (paging, reasons, durations, the precheck options).
-//! - [`views`]: JSON shapes, table rows and listings printed by more than one
+//! - [`views`]: views, table rows and listings printed by more than one
 //!   command (precheck items, audit events); commands import views and
 //!   arguments from here, never from each other.
 //! - [`client`]: connecting to the planner; the actor interceptor.
 //! - [`config`]: the config file's defaults and profiles (planner, actor,
 //!   credentials), weighed against the flags.
-//! - [`output`]: JSON writing, paged listings, the stable dead letter JSON
-//!   shape; it imports nothing from [`commands`].
+//! - [`output`]: JSON writing (the API's canonical JSON), paged listings,
+//!   the dead letter view for people; it imports nothing from [`commands`].
 //! - [`table`]: tables for people, fitted to the terminal (`--wide`: full
 //!   values).
 //! - [`headers`]: typed AMQP header values as JSON, both ways.
