@@ -113,14 +113,14 @@ pub const EXIT_CODES: &[(u8, &str, &str, &str)] = &[
     ),
 ];
 
-/// The exit codes in one paragraph for `-h`: `Exit codes: 0 ok, 1 ..., 78
+/// The exit codes in one paragraph for `-h`: `Exit codes: 0 ok; 1 ...; 78
 /// bad config file (--help: when each).`, from [`EXIT_CODES`].
 pub fn exit_codes_help() -> String {
     let codes: Vec<String> = EXIT_CODES
         .iter()
         .map(|(code, _, label, _)| format!("{code} {label}"))
         .collect();
-    format!("Exit codes: {} (--help: when each).", codes.join(", "))
+    format!("Exit codes: {} (--help: when each).", codes.join("; "))
 }
 
 /// The exit codes for `--help` and the manual page: one line per code, its
@@ -423,7 +423,7 @@ mod tests {
             assert!(codes.contains(&error.exit_code()), "{error:?}");
         }
         let help = exit_codes_help();
-        assert!(help.starts_with("Exit codes: 0 ok, 1 "), "{help}");
+        assert!(help.starts_with("Exit codes: 0 ok; 1 "), "{help}");
         assert!(help.contains("78 bad config file"), "{help}");
         assert!(
             exit_codes_long_help().contains("  75 (EX_TEMPFAIL): `plan wait --timeout` ran out")
