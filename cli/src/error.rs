@@ -1,16 +1,8 @@
 //! What can go wrong in `redrivectl`, and the exit code of each (sysexits.h).
 //!
-//! | code | name | when |
-//! | --- | --- | --- |
-//! | 0 | | success (also `--help`, `--version`); `plan wait`: the plan completed |
-//! | 1 | | the planner answered with another gRPC error (`FAILED_PRECONDITION`, `INTERNAL`, ...); `plan wait`: the plan ended `cancelled` or `aborted`, or completed with `failed` or `unroutable` items; `replay`: `NOT_REPLAYED` (the answer is printed first) |
-//! | 64 | `EX_USAGE` | bad command line: unknown flag, bad value, unknown `--group-by` name or `--verdict`, bad or repeated `--stale-after`, an actor that cannot be sent as metadata |
-//! | 65 | `EX_DATAERR` | the planner refused the request as wrong (`INVALID_ARGUMENT`) or found nothing (`NOT_FOUND`); `import` rejected some lines |
-//! | 66 | `EX_NOINPUT` | `import` cannot open its file, `dead-letters repair` cannot read its `--body-file` |
-//! | 69 | `EX_UNAVAILABLE` | the planner cannot be reached, or answered `UNAVAILABLE` (also a precheck whose state-check hook is down) |
-//! | 74 | `EX_IOERR` | reading the import file or writing the output failed |
-//! | 75 | `EX_TEMPFAIL` | `plan wait --timeout` ran out before the plan was final |
-//! | 78 | `EX_CONFIG` | the config file cannot be read or parsed, has a bad value, or lacks the `--profile` asked for |
+//! The exit codes are [`EXIT_CODES`], the one table that the code
+//! ([`CliError::exit_code`]), `--help` ([`exit_codes_help`]) and
+//! `cli/USAGE.md` (checked by a test) take them from.
 //!
 //! Errors go to stderr as one line, `redrivectl: <what>`; a gRPC error reads
 //! `redrivectl: <code>: <message>` with the code in snake case (`not_found`).
@@ -41,6 +33,125 @@ pub const EX_IOERR: u8 = 74;
 pub const EX_TEMPFAIL: u8 = 75;
 /// The config file is wrong.
 pub const EX_CONFIG: u8 = 78;
+
+/// Every exit code of `redrivectl`: `(code, sysexits.h name or "", short
+/// label, when)`, in order. The one table: [`CliError::exit_code`] and the
+/// commands return only these codes, `--help` prints them
+/// ([`exit_codes_help`], [`exit_codes_long_help`]) and `cli/USAGE.md`'s
+/// "Exit codes" table is [`exit_codes_markdown`] (a test checks it). The
+/// `when` texts are markdown (code in backticks) without `|`.
+pub const EXIT_CODES: &[(u8, &str, &str, &str)] = &[
+    (
+        EX_OK,
+        "",
+        "ok",
+        "success; also `--help`, `--version`, and stdout closed early by its reader \
+         (`head`); `plan wait`: the plan completed with no `failed` or `unroutable` item; \
+         `replay`: `REPLAYED`",
+    ),
+    (
+        EX_FAILURE,
+        "",
+        "other gRPC error, plan not completed, not replayed",
+        "the planner answered another gRPC error (`failed_precondition`, \
+         `deadline_exceeded`, `permission_denied`, `internal`, ...); `plan wait`: the plan \
+         ended `cancelled` or `aborted`, or completed with `failed` or `unroutable` items; \
+         `replay`: `NOT_REPLAYED` (the answer is printed first); the async runtime cannot \
+         start",
+    ),
+    (
+        EX_USAGE,
+        "EX_USAGE",
+        "bad usage",
+        "bad command line: unknown flag or value, unknown `--group-by` name, `--verdict` \
+         or `--state`, bad or repeated `--stale-after` or `--stale-after-source`, a blank \
+         `--override-policy`, `precheck` without `--source`, a bad `plan create` value, \
+         bad `--planner` URL, an actor or bearer token that cannot be sent as metadata, a \
+         token file that cannot be read or is empty, a token to an `http://` planner that \
+         is not on loopback, `hash-token` with nothing on stdin",
+    ),
+    (
+        EX_DATAERR,
+        "EX_DATAERR",
+        "refused input",
+        "the planner refused the request as wrong (`invalid_argument`) or found nothing \
+         (`not_found`); `import` rejected some lines; `dead-letters archive`, `unarchive` \
+         or `rekey`: some ids named nothing (`not_found_ids`, the answer is printed first)",
+    ),
+    (
+        EX_NOINPUT,
+        "EX_NOINPUT",
+        "input file missing",
+        "`import` cannot open its file; `dead-letters repair` cannot read its `--body-file`",
+    ),
+    (
+        EX_UNAVAILABLE,
+        "EX_UNAVAILABLE",
+        "planner unreachable or unavailable",
+        "the planner cannot be reached, its TLS does not match this client's settings, or \
+         it answered `unavailable` (e.g. a precheck whose state-check hook is down); `plan \
+         watch`: the stream ended before the plan was final",
+    ),
+    (
+        EX_IOERR,
+        "EX_IOERR",
+        "I/O error",
+        "reading the import file or writing the output failed",
+    ),
+    (
+        EX_TEMPFAIL,
+        "EX_TEMPFAIL",
+        "`plan wait --timeout` ran out",
+        "`plan wait --timeout` ran out before the plan was final",
+    ),
+    (
+        EX_CONFIG,
+        "EX_CONFIG",
+        "bad config file",
+        "the config file cannot be read or parsed, has an unknown key or a bad value, or \
+         lacks the `--profile` asked for",
+    ),
+];
+
+/// The exit codes in one paragraph for `-h`: `Exit codes: 0 ok; 1 ...; 78
+/// bad config file (--help: when each).`, from [`EXIT_CODES`].
+pub fn exit_codes_help() -> String {
+    let codes: Vec<String> = EXIT_CODES
+        .iter()
+        .map(|(code, _, label, _)| format!("{code} {label}"))
+        .collect();
+    format!("Exit codes: {} (--help: when each).", codes.join("; "))
+}
+
+/// The exit codes for `--help` and the manual page: one line per code, its
+/// name and when, from [`EXIT_CODES`].
+pub fn exit_codes_long_help() -> String {
+    let mut text = String::from("Exit codes:\n");
+    for (code, name, _, when) in EXIT_CODES {
+        let name = if name.is_empty() {
+            String::new()
+        } else {
+            format!(" ({name})")
+        };
+        text.push_str(&format!("  {code:>2}{name}: {when}\n"));
+    }
+    text
+}
+
+/// [`EXIT_CODES`] as the markdown table of `cli/USAGE.md`: a header row
+/// `| code | name | when |`, then a row per code.
+pub fn exit_codes_markdown() -> String {
+    let mut text = String::from("| code | name | when |\n| --- | --- | --- |\n");
+    for (code, name, _, when) in EXIT_CODES {
+        let name = if name.is_empty() {
+            String::new()
+        } else {
+            format!("`{name}`")
+        };
+        text.push_str(&format!("| {code} | {name} | {when} |\n"));
+    }
+    text
+}
 
 /// A failure that ends the command.
 #[derive(Debug, thiserror::Error)]
@@ -249,6 +360,74 @@ mod tests {
         );
         assert_eq!(CliError::Usage("x".into()).code(), "usage");
         assert_eq!(CliError::Timeout("x".into()).code(), "timeout");
+    }
+
+    /// `cli/USAGE.md`'s "Exit codes" table is [`EXIT_CODES`], row for row.
+    #[test]
+    fn usage_md_has_the_exit_code_table() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("USAGE.md");
+        let usage = std::fs::read_to_string(path).unwrap();
+        let section = usage
+            .split_once("\n## Exit codes\n")
+            .expect("USAGE.md has an \"Exit codes\" section")
+            .1;
+        let table: String = section
+            .lines()
+            .skip_while(|line| !line.starts_with('|'))
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert_eq!(
+            table,
+            exit_codes_markdown(),
+            "USAGE.md's exit code table differs from error::EXIT_CODES"
+        );
+    }
+
+    /// Every code an error exits with is in the table, and the table's codes
+    /// are distinct and without `|` (it would split a markdown cell).
+    #[test]
+    fn every_exit_code_is_in_the_table() {
+        let codes: Vec<u8> = EXIT_CODES.iter().map(|(code, ..)| *code).collect();
+        let mut distinct = codes.clone();
+        distinct.dedup();
+        assert_eq!(distinct, codes);
+        assert!(
+            EXIT_CODES
+                .iter()
+                .all(|(_, _, label, when)| !when.contains('|') && !label.contains('|'))
+        );
+        let io = || std::io::Error::other("x");
+        for error in [
+            CliError::Unreachable {
+                url: String::new(),
+                cause: String::new(),
+            },
+            CliError::Tls {
+                message: String::new(),
+            },
+            CliError::Grpc(Status::internal("x")),
+            CliError::Grpc(Status::not_found("x")),
+            CliError::Grpc(Status::unavailable("x")),
+            CliError::Usage(String::new()),
+            CliError::NoInput {
+                path: String::new(),
+                source: io(),
+            },
+            CliError::io("x", io()),
+            CliError::Rejected(String::new()),
+            CliError::NotCompleted(String::new()),
+            CliError::Timeout(String::new()),
+            CliError::Config(String::new()),
+        ] {
+            assert!(codes.contains(&error.exit_code()), "{error:?}");
+        }
+        let help = exit_codes_help();
+        assert!(help.starts_with("Exit codes: 0 ok; 1 "), "{help}");
+        assert!(help.contains("78 bad config file"), "{help}");
+        assert!(
+            exit_codes_long_help().contains("  75 (EX_TEMPFAIL): `plan wait --timeout` ran out")
+        );
     }
 
     #[test]

@@ -51,71 +51,34 @@
 //! Diagnostics always go to stderr. Answers up to 64 MiB are accepted.
 //!
 //! # Exit codes
-//! | code | when |
-//! | --- | --- |
-//! | 0 | success; also `--help` and `--version`; `plan wait`: the plan completed |
-//! | 1 | the planner answered another gRPC error (`failed_precondition`, `internal`, ...); `plan wait`: the plan ended `cancelled` or `aborted` |
-//! | 64 | bad command line (`EX_USAGE`): unknown flag or value, unknown `--group-by` name, `--verdict` or `--state`, bad `--stale-after`, a `--stale-after` pattern given twice, a bad `plan create` value (`--rate`, `--burst`, `--rationale`, `--destination`, `--canary-fraction`, `--observe`, `--slice-size`), bad `--planner` URL, an actor that is not visible ASCII |
-//! | 65 | refused data (`EX_DATAERR`): the planner said `invalid_argument` or `not_found`; `import` rejected some lines |
-//! | 66 | `import` cannot open its file (`EX_NOINPUT`) |
-//! | 69 | the planner is unreachable or answered `unavailable` (`EX_UNAVAILABLE`), e.g. a precheck whose state-check hook is down (without `--block-on-state-check-error`); `plan watch`: the stream ended before the plan was final |
-//! | 74 | reading the import file or writing the output failed (`EX_IOERR`) |
-//! | 75 | `plan wait --timeout` ran out before the plan was final (`EX_TEMPFAIL`) |
-//! | 78 | the config file is wrong or lacks the `--profile` asked for (`EX_CONFIG`) |
+//! One table, [`error::EXIT_CODES`], says every exit code and when: the code
+//! returns them, `redrivectl --help` prints them and `cli/USAGE.md`'s table
+//! is checked against it.
 //!
 //! An unreachable planner reads `redrivectl: cannot reach the planner at URL:
 //! <cause> (is redrive-planner running? set --planner or REDRIVE_PLANNER)`; a
 //! gRPC error reads `redrivectl: <code>: <message>`, the code in snake case.
 //!
-//! # JSON shapes
-//! - `dead-letters show`: one dead letter ([`output`] lists every field; header
-//!   values are typed, see [`headers`]).
-//! - `dead-letters list`: `{"dead_letters": [...], "next_page_token": "..."}`
-//!   ([`commands::dead_letters`]).
-//! - `dead-letters summary`: `{"total": N, "groups": [{"key": {...}, "count": N,
-//!   "first_seen": ..., "last_seen": ...}]}` ([`commands::dead_letters`]).
-//! - `import`: `{"imported": N, "duplicates": M, "rejected": [{"line": N,
-//!   "reason": "..."}]}` ([`commands::import`], which also describes the file
-//!   format).
-//! - `precheck` and `precheck show`: one report ([`commands::precheck`]),
-//!   `{"precheck_id", "actor", "created_at", "digest", "total", "counts":
-//!   {"replayable", "duplicate", "already_replayed", "looping", "stale",
-//!   "blocked_by_state", "needs_compensation", "invalid"}, "breakdowns":
-//!   {"reason_class", "destination", "event_type", "schema_version",
-//!   "producer"}, "died_from", "died_to", "warnings", "sample_blocked"}`. All
-//!   eight counts are always present, as integers (also in each breakdown row
-//!   `{"value", "total", "counts"}`); `created_at`, `died_from`, `died_to` are
-//!   RFC 3339 or null.
-//! - `precheck items`: `{"items": [{"dead_letter_id", "message_key",
-//!   "verdict", "reason", "destination", "event_type"}], "next_page_token":
-//!   "..."}`; `sample_blocked` items have the same shape. `event_type` is a
-//!   string or null.
-//! - `plan create | approve | status | wait | promote | pause | resume |
-//!   cancel`: one plan ([`commands::plan::view`]), `{"plan_id",
-//!   "precheck_id", "precheck_digest", "state", "state_reason", "rate":
-//!   {"per_second", "burst", "rationale"}, "destination", "slice_size",
-//!   "canary_fraction", "observe_for_seconds", "total_items", "canary_items",
-//!   "items_done", "slices_total", "slices_completed", "counts": {"sent",
-//!   "skipped_duplicate", "skipped_stale", "skipped_state",
-//!   "needs_compensation", "failed", "unroutable", "uncertain"}, "created_by",
-//!   "created_at", "approved_by", "approved_at", "completed_at", "actions":
-//!   [{"action", "actor", "reason", "at"}], "warnings"}`. `state` is
-//!   `awaiting_approval`, `canary`, `observing`, `main`, `completed`,
-//!   `paused`, `cancelled` or `aborted`; `destination` is `"queue"`,
-//!   `"exchange"` or `{"redirect": {"exchange", "routing_key"}}`; all eight
-//!   counts are always present.
-//! - `plan list`: `{"plans": [plan, ...], "next_page_token": "..."}`.
-//! - `plan watch`: one JSON object per line, `{"progress": plan}` or
-//!   `{"event": audit event}`; an audit event is `{"plan_id", "slice_id",
-//!   "dead_letter_id", "message_key", "action", "reason", "wave",
-//!   "executor_id", "attempt", "confirm_latency_us", "at"}`.
-//! - `plan report` (`--format json`, the default with `--json`): `{"plan",
-//!   "counts", "sent_keys": [string], "not_sent": [audit event],
-//!   "possibly_duplicated_keys": [string], "never_attempted": N,
-//!   "never_attempted_items": [{"dead_letter_id", "message_key",
-//!   "message_id", "wave"}]}`; `--format jsonl|csv` writes the planner's
-//!   export (each row with the dead letter's `message_id`; a final plan's
-//!   items never attempted as `never_attempted` rows).
+//! # JSON output
+//! `--json` prints the planner's answer in the API's canonical proto3 JSON
+//! (as grpcurl shows it: lowerCamelCase names, enums by name, 64-bit
+//! integers as strings, RFC 3339 times, base64 bytes, default values left
+//! out), through [`output::write_message`]: `dead-letters list` a
+//! `ListDeadLettersResponse` (every page walked in one), `show` and
+//! `repair` a `GetDeadLetterResponse`, `summary` a
+//! `SummarizeDeadLettersResponse`, `archive | unarchive` an
+//! `ArchiveDeadLettersResponse`, `rekey` a `RekeyDeadLettersResponse`,
+//! `precheck` and `precheck show` a `PrecheckReport`, `precheck items` and
+//! `plan compensations` a `ListPrecheckItemsResponse` /
+//! `ListCompensationsResponse`, `plan create | approve | status | wait |
+//! promote | pause | resume | cancel` a `Plan`, `plan list` a
+//! `ListPlansResponse`, `plan watch` one `WatchPlanResponse` per line (plus
+//! the CLI's own `{"stalled": ...}` / `{"resumed": ...}` lines,
+//! [`commands::plan::live::StallJson`]), `plan report` an `AuditReport`,
+//! `replay` a `ReplayDeadLetterResponse`. Only `import`, which sums many
+//! `IngestDeadLetters` calls, prints a shape of its own
+//! ([`commands::import`]). `cli/USAGE.md`, "JSON output", has the table and
+//! a before/after.
 //!
 //! Suggested commands (`next:` hints, the watch line's `plan promote`) keep
 //! the `--profile` and `--planner` typed ([`hint`]).
@@ -134,29 +97,27 @@
 //!   - [`commands::replay`]: `replay`, one dead letter now;
 //!   - [`commands::plan`] (`commands/plan/mod.rs`): `plan create | approve |
 //!     list | report | ...`;
-//!   - [`commands::plan::view`]: the plan JSON shapes and their renderings;
+//!   - [`commands::plan::view`]: the plan views and their renderings for people;
 //!   - [`commands::plan::live`]: `plan watch` and `plan wait`;
 //!   - [`commands::plan::pace`]: a watched plan's pace and stalls.
 //! - [`selector`]: the selector flags shared by `list`, `summary` and
 //!   `precheck`, and their conversion to the proto `Selector`.
 //! - [`args`]: flag values and groups taken by more than one command
 //!   (paging, reasons, durations, the precheck options).
-//! - [`views`]: JSON shapes, table rows and listings printed by more than one
+//! - [`views`]: views, table rows and listings printed by more than one
 //!   command (precheck items, audit events); commands import views and
 //!   arguments from here, never from each other.
 //! - [`client`]: connecting to the planner; the actor interceptor.
 //! - [`config`]: the config file's defaults and profiles (planner, actor,
 //!   credentials), weighed against the flags.
-//! - [`output`]: JSON writing, paged listings, the stable dead letter JSON
-//!   shape; it imports nothing from [`commands`].
+//! - [`output`]: JSON writing (the API's canonical JSON), paged listings,
+//!   the dead letter view for people; it imports nothing from [`commands`].
 //! - [`table`]: tables for people, fitted to the terminal (`--wide`: full
 //!   values).
 //! - [`headers`]: typed AMQP header values as JSON, both ways.
 //! - [`escape`]: producers' control characters kept off the terminal.
 //! - [`preview`]: the body preview of `dead-letters show` (key order kept,
 //!   binary escaped).
-//! - [`export`]: `plan report --format jsonl|csv`, times rewritten and cells
-//!   neutralized for spreadsheets.
 //! - [`time`]: how times are written (RFC 3339, UTC).
 //! - [`error`]: [`error::CliError`] and the exit codes.
 
@@ -166,7 +127,6 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod escape;
-pub mod export;
 pub mod headers;
 pub mod hint;
 pub mod output;

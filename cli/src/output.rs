@@ -3,38 +3,14 @@
 //! `--json` output is one compact JSON document on stdout followed by a
 //! newline (`plan watch --json`: one per line, per update; `plan report
 //! --format jsonl|csv` writes the planner's export, see
-//! [`crate::commands::plan`]). Times are RFC 3339 in UTC with milliseconds
-//! (`2024-05-01T12:00:00.000Z`, [`crate::time`]); absent optional fields are `null`, never left
-//! out, so scripts can rely on every key being present.
+//! [`crate::commands::plan`]): the planner's answer in the API's canonical
+//! proto3 JSON ([`write_message`], [`Listing`]), as grpcurl prints it. Times
+//! for people are RFC 3339 in UTC with milliseconds
+//! (`2024-05-01T12:00:00.000Z`, [`crate::time`]).
 //!
-//! # The dead letter shape
-//!
-//! `dead-letters show --json` prints one [`DeadLetterJson`] object; `list --json`
-//! prints the same shape for each dead letter, without `body_base64` and
-//! `body_preview`. The field names are stable (scripts depend on them):
-//!
-//! | field | JSON |
-//! | --- | --- |
-//! | `id` | string (decimal id) |
-//! | `source`, `message_key`, `destination`, `body_sha256` | string |
-//! | `origin` | `rabbitmq`, `ingest`, `import` |
-//! | `message_id` | string or null |
-//! | `body_base64` | standard base64 of the exact captured body (`show` only) |
-//! | `body_size` | integer, bytes |
-//! | `body_oversized` | bool |
-//! | `body_compression` | `none`, `gzip`, `zstd` |
-//! | `properties` | object of the set AMQP properties, by proto field name (`content_type`, `content_encoding`, `delivery_mode`, `priority`, `correlation_id`, `reply_to`, `expiration`, `message_id`, `timestamp` (epoch seconds), `type`, `user_id`, `app_id`, `cluster_id`); unset ones are left out |
-//! | `headers` | object of header name → typed value ([`crate::headers`]) |
-//! | `death` | `{reason, queue, exchange, routing_keys, count, time}` or null |
-//! | `reason_class` | `rejected`, `expired`, `overflow`, `exhausted`, `poison`, `permanent`, `unknown` |
-//! | `event_type`, `schema_version`, `producer`, `error_text` | string or null |
-//! | `died_at`, `captured_at` | RFC 3339 |
-//! | `occurred_at` | RFC 3339 or null |
-//! | `redrive_plan_id`, `original_exchange`, `original_routing_key` | string or null |
-//! | `attempts` | integer or null |
-//! | `capture_notes` | array of strings |
-//! | `revisions` | array of `{revision, body_base64, body_sha256, actor, reason, created_at}` |
-//! | `body_preview` | string (`show` only): decompressed, pretty-printed when JSON, escaped when binary, cut at 64 KiB |
+//! [`DeadLetterJson`] is the dead letter as `dead-letters show` prints it for
+//! people (times as text, absent values as `None`); it is not printed as
+//! JSON any more.
 
 use std::io::{self, Write};
 
@@ -106,6 +82,41 @@ pub fn write_fields(
 pub fn write_json<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::Result<()> {
     serde_json::to_writer(&mut *out, value)?;
     out.write_all(b"\n")
+}
+
+/// An API message in the API's canonical proto3 JSON, as grpcurl prints it
+/// ([`redrive_proto::json::to_canonical_json`]: lowerCamelCase names, enums
+/// by name, 64-bit integers as strings, RFC 3339 times, base64 bytes,
+/// default values left out).
+///
+/// # Errors
+/// An I/O error of kind `Other` when the message has no descriptor (never
+/// for a `redrive.v1` message).
+pub fn message_json<M: prost::Message + prost::Name>(message: &M) -> io::Result<Value> {
+    redrive_proto::json::to_canonical_json(message).map_err(io::Error::other)
+}
+
+/// Writes an API message as its canonical proto3 JSON ([`message_json`]) on
+/// one line: what `--json` prints for a command that answers with one API
+/// message.
+///
+/// # Errors
+/// When writing to `out` fails ([`message_json`]'s, too).
+pub fn write_message<M: prost::Message + prost::Name>(
+    out: &mut dyn Write,
+    message: &M,
+) -> io::Result<()> {
+    out.write_all(message_text(message)?.as_bytes())?;
+    out.write_all(b"\n")
+}
+
+/// [`message_json`] as compact text, the fields in the order of their
+/// numbers, as grpcurl prints them.
+///
+/// # Errors
+/// As [`message_json`].
+pub fn message_text<M: prost::Message + prost::Name>(message: &M) -> io::Result<String> {
+    redrive_proto::json::to_canonical_json_string(message).map_err(io::Error::other)
 }
 
 /// The width of the terminal stdout goes to, if it is one and says (a
@@ -503,31 +514,32 @@ impl DeadLetterJson {
     }
 }
 
-/// A paged listing on its way out: with `--json`, one object
-/// `{"<key>": [...], "next_page_token": "..."}` whose array is written item by
-/// item as pages arrive (from the first item on: a request refused before any
-/// item leaves nothing on stdout, only the error); otherwise one aligned
-/// table after the last page (or
-/// `empty` when nothing matched), then `next page token: T` when more pages are
-/// left.
+/// A paged listing on its way out: with `--json`, the API's list response in
+/// its canonical proto3 JSON, `{"<key>": [...], "nextPageToken": "..."}`
+/// (the items of every page walked; `<key>` the response's repeated field
+/// in lowerCamelCase, left out when nothing matched, as is `nextPageToken`
+/// on the last page: `{}` is an empty last page), its array written item by
+/// item as pages arrive (a request refused before any item leaves nothing
+/// on stdout, only the error); otherwise one aligned table after the last
+/// page (or `empty` when nothing matched), then `next page token: T` when
+/// more pages are left.
 pub struct Listing<'o> {
     out: &'o mut dyn Write,
     json: bool,
-    /// The JSON opening, `{"<key>":[`, until it is written.
-    opening: Option<String>,
+    /// The JSON opening, `{"<key>":[`, until the first item is written.
+    opening: String,
     listed: usize,
     rows: Vec<Vec<String>>,
 }
 
 impl<'o> Listing<'o> {
-    /// Starts a listing whose JSON array is named `key`.
+    /// Starts a listing whose JSON array is named `key` (the response's
+    /// field in lowerCamelCase: `deadLetters`).
     ///
     /// # Errors
-    /// Writing to `out`.
+    /// Never; kept fallible for the writers to come.
     pub fn open(out: &'o mut dyn Write, json: bool, key: &str) -> io::Result<Self> {
-        let opening = json
-            .then(|| serde_json::to_string(key).map(|key| format!("{{{key}:[")))
-            .transpose()?;
+        let opening = format!("{{{}:[", serde_json::to_string(key)?);
         Ok(Self {
             out,
             json,
@@ -537,29 +549,24 @@ impl<'o> Listing<'o> {
         })
     }
 
-    /// Writes the JSON opening if it is not out yet.
-    fn opened(&mut self) -> io::Result<()> {
-        match self.opening.take() {
-            Some(opening) => self.out.write_all(opening.as_bytes()),
-            None => Ok(()),
-        }
-    }
-
-    /// Adds one item: its JSON shape, or its table row (built only for tables).
+    /// Adds one item, an API message: its canonical JSON ([`message_json`]),
+    /// or its table row (built only for tables).
     ///
     /// # Errors
     /// Writing to the output.
-    pub fn push<T: Serialize>(
+    pub fn push<M: prost::Message + prost::Name>(
         &mut self,
-        json: &T,
+        item: &M,
         row: impl FnOnce() -> Vec<String>,
     ) -> io::Result<()> {
         if self.json {
-            self.opened()?;
-            if self.listed > 0 {
+            let json = message_text(item)?;
+            if self.listed == 0 {
+                self.out.write_all(self.opening.as_bytes())?;
+            } else {
                 self.out.write_all(b",")?;
             }
-            serde_json::to_writer(&mut *self.out, json)?;
+            self.out.write_all(json.as_bytes())?;
         } else {
             self.rows.push(row());
         }
@@ -571,11 +578,20 @@ impl<'o> Listing<'o> {
     ///
     /// # Errors
     /// Writing to the output.
-    pub fn finish(mut self, page_token: &str, columns: &[Column], empty: &str) -> io::Result<()> {
+    pub fn finish(self, page_token: &str, columns: &[Column], empty: &str) -> io::Result<()> {
         if self.json {
-            self.opened()?;
-            self.out.write_all(b"],\"next_page_token\":")?;
-            serde_json::to_writer(&mut *self.out, page_token)?;
+            if self.listed == 0 {
+                self.out.write_all(b"{")?;
+            } else {
+                self.out.write_all(b"]")?;
+            }
+            if !page_token.is_empty() {
+                if self.listed > 0 {
+                    self.out.write_all(b",")?;
+                }
+                self.out.write_all(b"\"nextPageToken\":")?;
+                serde_json::to_writer(&mut *self.out, page_token)?;
+            }
             return self.out.write_all(b"}\n");
         }
         if self.listed == 0 {
@@ -596,7 +612,8 @@ impl<'o> Listing<'o> {
 /// table columns, and the line printed when nothing matched.
 #[derive(Debug, Clone, Copy)]
 pub struct ListingKind {
-    /// The JSON array's key (`items`).
+    /// The JSON array's key, the list response's repeated field in
+    /// lowerCamelCase (`items`, `deadLetters`).
     pub key: &'static str,
     /// The table's columns.
     pub columns: &'static [Column],
@@ -697,16 +714,42 @@ mod tests {
     #[test]
     fn a_json_listing_writes_nothing_before_its_first_item() {
         let mut out = Vec::new();
-        drop(super::Listing::open(&mut out, true, "dead_letters").unwrap());
+        drop(super::Listing::open(&mut out, true, "deadLetters").unwrap());
         assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
-        let mut out = Vec::new();
-        super::Listing::open(&mut out, true, "dead_letters")
-            .unwrap()
-            .finish("", &[], "none")
-            .unwrap();
+        // The list response in canonical proto3 JSON: an empty last page is
+        // `{}` (an empty list and an empty token are default values).
+        let listing = |items: &[v1::DeadLetter], token: &str| {
+            let mut out = Vec::new();
+            let mut listing = super::Listing::open(&mut out, true, "deadLetters").unwrap();
+            for item in items {
+                listing.push(item, Vec::new).unwrap();
+            }
+            listing.finish(token, &[], "none").unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(listing(&[], ""), "{}\n");
+        assert_eq!(listing(&[], "p2"), "{\"nextPageToken\":\"p2\"}\n");
+        let item = |id: &str| v1::DeadLetter {
+            id: id.into(),
+            body_size: 3,
+            ..Default::default()
+        };
         assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "{\"dead_letters\":[],\"next_page_token\":\"\"}\n"
+            listing(&[item("1"), item("2")], ""),
+            "{\"deadLetters\":[{\"id\":\"1\",\"bodySize\":\"3\"},{\"id\":\"2\",\"bodySize\":\"3\"}]}\n"
+        );
+        assert_eq!(
+            listing(&[item("1")], "p2"),
+            "{\"deadLetters\":[{\"id\":\"1\",\"bodySize\":\"3\"}],\"nextPageToken\":\"p2\"}\n"
+        );
+        // Each page's JSON is the response's own.
+        let response = v1::ListDeadLettersResponse {
+            dead_letters: vec![item("1")],
+            next_page_token: "p2".into(),
+        };
+        assert_eq!(
+            serde_json::from_str::<Value>(&listing(&[item("1")], "p2")).unwrap(),
+            super::message_json(&response).unwrap()
         );
     }
 

@@ -1,24 +1,18 @@
-//! The stable JSON shapes and table rows that more than one command prints,
-//! so that commands do not import each other's views.
+//! Views and table rows that more than one command prints, so that
+//! commands do not import each other's views.
 //!
 //! # Precheck item ([`ItemJson`]: `precheck items`, `plan compensations`,
 //! a report's `sample_blocked`)
 //!
-//! `{"dead_letter_id", "message_key", "verdict", "reason", "destination",
-//! "event_type", "at_send"}`: `verdict` a name of
-//! [`VERDICTS`](crate::commands::precheck::VERDICTS), `event_type` a string or
-//! null, `at_send` a bool, the rest strings. As a table: [`ITEM_COLUMNS`],
-//! [`item_row`].
+//! As a table: [`ITEM_COLUMNS`], [`item_row`]; `--json` prints the API's
+//! `PrecheckItem`s ([`list_items`]).
 //!
-//! # Audit event ([`EventJson`]: `plan watch --json --events`, a report's
+//! # Audit event ([`EventJson`]: `plan watch --events`, a report's
 //! `not_sent`, `replay`)
 //!
-//! `{"plan_id", "slice_id", "dead_letter_id", "message_key", "action",
-//! "reason", "wave", "executor_id", "attempt", "confirm_latency_us", "at"}`:
-//! `action` is a name of [`ACTIONS`](crate::commands::plan::view::ACTIONS),
-//! `wave` `canary` or `main` (`unspecified` for events outside a wave),
-//! `attempt` and `confirm_latency_us` integers, `at` RFC 3339 or null, the
-//! rest strings.
+//! The event as its text lines read it: `action` a name of
+//! [`ACTIONS`](crate::commands::plan::view::ACTIONS), `wave` `canary` or
+//! `main`, `at` RFC 3339; `--json` prints the API's `AuditEvent`.
 
 use redrive_proto::v1::{AuditEvent, PrecheckItem, Wave};
 use serde::Serialize;
@@ -93,7 +87,7 @@ pub async fn list_items(
         empty,
     };
     list_pages(out, json, kind, paging, fetch, |listing, item| {
-        listing.push(&ItemJson::from(item), || item_row(item))
+        listing.push(item, || item_row(item))
     })
     .await
 }

@@ -76,28 +76,25 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
             ordered: true,
         })]
     );
+    // The API's Plan in canonical proto3 JSON.
     let plan = stdout_json(&output);
-    assert_eq!(plan["plan_id"], "plan-new");
-    assert_eq!(plan["state"], "awaiting_approval");
-    assert_eq!(plan["precheck_digest"], DIGEST);
+    assert_eq!(plan["planId"], "plan-new");
+    assert_eq!(plan["state"], "PLAN_STATE_AWAITING_APPROVAL");
+    assert_eq!(plan["precheckDigest"], DIGEST);
     assert_eq!(
         plan["rate"],
-        serde_json::json!({"per_second": 12.5, "burst": 5,
+        serde_json::json!({"perSecond": 12.5, "burst": 5,
                            "rationale": "payments-api sustains 300/s, peak 200/s"})
     );
+    // An empty routing key is a default value: left out.
     assert_eq!(
         plan["destination"],
-        serde_json::json!({"redirect": {"exchange": "quarantine", "routing_key": ""}})
+        serde_json::json!({"redirect": {"exchange": "quarantine"}})
     );
-    assert_eq!(plan["observe_for_seconds"], 1800);
-    assert_eq!(plan["created_by"], "alice");
-    assert_eq!(
-        plan["counts"],
-        serde_json::json!({
-            "sent": 0, "skipped_duplicate": 0, "skipped_stale": 0, "skipped_state": 0,
-            "needs_compensation": 0, "failed": 0, "unroutable": 0, "uncertain": 0,
-        })
-    );
+    assert_eq!(plan["observeFor"], "1800s");
+    assert_eq!(plan["createdBy"], "alice");
+    // Every count zero: each left out as a default value.
+    assert_eq!(plan["counts"], serde_json::json!({}));
 
     // People get the plan and the command to approve it; defaults left unset.
     let output = redrivectl(address, &CREATE_AT_50, "").await;
@@ -237,7 +234,7 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
     // Completed: exit 0, the final plan on stdout.
     let output = redrivectl(address, &wait("plan-done", &[]), "").await;
     assert_eq!(output.status.code(), Some(0));
-    assert_eq!(stdout_json(&output)["state"], "completed");
+    assert_eq!(stdout_json(&output)["state"], "PLAN_STATE_COMPLETED");
     assert!(output.stderr.is_empty());
     assert_eq!(fake.polls("plan-done"), 3);
 
@@ -249,7 +246,7 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
     // Cancelled or aborted: exit 1, the plan on stdout, why on stderr.
     let output = redrivectl(address, &wait("plan-cancelled", &[]), "").await;
     assert_eq!(output.status.code(), Some(1));
-    assert_eq!(stdout_json(&output)["state"], "cancelled");
+    assert_eq!(stdout_json(&output)["state"], "PLAN_STATE_CANCELLED");
     // With --json, why is JSON on stderr too.
     assert_eq!(
         serde_json::from_slice::<serde_json::Value>(&output.stderr).unwrap(),
@@ -273,7 +270,7 @@ async fn plan_wait_exits_0_when_completed_1_when_cancelled_75_on_timeout() {
     // Timeout: exit 75 with the last plan seen.
     let output = redrivectl(address, &wait("plan-slow", &["--timeout", "2s"]), "").await;
     assert_eq!(output.status.code(), Some(75));
-    assert_eq!(stdout_json(&output)["state"], "main");
+    assert_eq!(stdout_json(&output)["state"], "PLAN_STATE_MAIN");
     assert_eq!(
         String::from_utf8(output.stderr).unwrap(),
         "{\"error\":{\"code\":\"timeout\",\"message\":\"timed out after 2s: plan plan-slow is still main \
@@ -333,22 +330,23 @@ async fn plan_watch_prints_one_line_per_update() {
     assert_eq!(
         kinds,
         [
-            ("progress", "canary"),
-            ("event", "sent"),
-            ("progress", "main"),
-            ("event", "skipped_stale"),
-            ("progress", "completed"),
+            ("progress", "PLAN_STATE_CANARY"),
+            ("event", "AUDIT_ACTION_SENT"),
+            ("progress", "PLAN_STATE_MAIN"),
+            ("event", "AUDIT_ACTION_SKIPPED_STALE"),
+            ("progress", "PLAN_STATE_COMPLETED"),
         ]
     );
-    assert_eq!(lines[4]["progress"]["items_done"], 7);
-    assert_eq!(lines[4]["progress"]["counts"]["sent"], 7);
+    // uint64 values are strings in proto3 JSON.
+    assert_eq!(lines[4]["progress"]["itemsDone"], "7");
+    assert_eq!(lines[4]["progress"]["counts"]["sent"], "7");
     assert_eq!(
         lines[3]["event"],
         serde_json::json!({
-            "plan_id": "plan-done", "slice_id": "slice-1", "dead_letter_id": "41",
-            "message_key": "order-7:pay", "action": "skipped_stale", "reason": "older than 2h",
-            "wave": "main", "executor_id": "executor-1", "attempt": 1,
-            "confirm_latency_us": 900, "at": "2024-05-01T12:03:20.000Z",
+            "planId": "plan-done", "sliceId": "slice-1", "deadLetterId": "41",
+            "messageKey": "order-7:pay", "action": "AUDIT_ACTION_SKIPPED_STALE",
+            "reason": "older than 2h", "wave": "WAVE_MAIN", "executorId": "executor-1",
+            "attempt": 1, "confirmLatencyUs": "900", "at": "2024-05-01T12:03:20Z",
         })
     );
     assert_eq!(
@@ -512,7 +510,7 @@ async fn plan_watch_warns_once_of_a_stall_and_says_when_it_ends() {
         "{stalled}"
     );
     assert_eq!(objects[2]["resumed"]["items_done"], 4);
-    assert_eq!(objects[4]["progress"]["state"], "completed");
+    assert_eq!(objects[4]["progress"]["state"], "PLAN_STATE_COMPLETED");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,7 +546,7 @@ async fn plan_watch_counts_down_the_observation_window() {
     let output = redrivectl(address, &["plan", "watch", "plan-observing", "--json"], "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     let first: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
-    assert!(first["progress"]["observing_until"].is_string(), "{stdout}");
+    assert!(first["progress"]["observingUntil"].is_string(), "{stdout}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,22 +597,17 @@ async fn plan_report_json_and_text() {
     let report = stdout_json(&output);
     assert_eq!(
         report.as_object().unwrap().keys().collect::<Vec<_>>(),
-        [
-            "counts",
-            "never_attempted",
-            "never_attempted_items",
-            "not_sent",
-            "plan",
-            "possibly_duplicated_keys",
-            "sent_keys"
-        ]
+        // The API's AuditReport; fields at their default value left out:
+        // nothing never attempted, no key possibly duplicated.
+        ["counts", "notSent", "plan", "sentKeys"]
     );
-    assert_eq!(report["plan"]["state"], "completed");
-    assert_eq!(report["counts"]["sent"], 6);
-    assert_eq!(report["counts"]["uncertain"], 0);
-    assert_eq!(report["sent_keys"].as_array().unwrap().len(), 6);
-    assert_eq!(report["sent_keys"][0], "order-1:pay");
-    assert_eq!(report["not_sent"][0]["reason"], "older than 2h");
+    assert_eq!(report["plan"]["state"], "PLAN_STATE_COMPLETED");
+    assert_eq!(report["counts"]["sent"], "6");
+    // Zero: a default value, left out.
+    assert_eq!(report["counts"].get("uncertain"), None);
+    assert_eq!(report["sentKeys"].as_array().unwrap().len(), 6);
+    assert_eq!(report["sentKeys"][0], "order-1:pay");
+    assert_eq!(report["notSent"][0]["reason"], "older than 2h");
     // --format json without --json is the same document.
     let output = redrivectl(
         address,
@@ -659,8 +652,8 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
     assert_eq!(output.status.code(), Some(0));
     let plan = stdout_json(&output);
     assert_eq!(
-        (plan["state"].clone(), plan["approved_by"].clone()),
-        ("canary".into(), "bob".into())
+        (plan["state"].clone(), plan["approvedBy"].clone()),
+        ("PLAN_STATE_CANARY".into(), "bob".into())
     );
 
     // A digest that does not match is refused by the planner (exit 1).
@@ -677,10 +670,10 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
     );
 
     for (command, state) in [
-        ("promote", "main"),
-        ("pause", "paused"),
-        ("resume", "main"),
-        ("cancel", "cancelled"),
+        ("promote", "PLAN_STATE_MAIN"),
+        ("pause", "PLAN_STATE_PAUSED"),
+        ("resume", "PLAN_STATE_MAIN"),
+        ("cancel", "PLAN_STATE_CANCELLED"),
     ] {
         let output = redrivectl(
             address,
@@ -701,7 +694,7 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
         assert_eq!(
             plan["actions"],
             serde_json::json!([{"action": command, "actor": "tester",
-                               "reason": "downstream alarm", "at": "2024-05-01T12:10:00.000Z"}])
+                               "reason": "downstream alarm", "at": "2024-05-01T12:10:00Z"}])
         );
     }
     let output = redrivectl(address, &["plan", "pause", "plan-done"], "").await;
@@ -745,7 +738,7 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
 
     // status (alias show) is GetPlan.
     let output = redrivectl(address, &["plan", "show", "plan-done", "--json"], "").await;
-    assert_eq!(stdout_json(&output)["state"], "main");
+    assert_eq!(stdout_json(&output)["state"], "PLAN_STATE_MAIN");
     let output = redrivectl(address, &["plan", "status", "plan-nope"], "").await;
     assert_eq!(output.status.code(), Some(65));
 }
@@ -782,16 +775,20 @@ async fn plan_list_and_compensations_follow_pages() {
         .iter()
         .map(|plan| {
             (
-                plan["plan_id"].as_str().unwrap(),
+                plan["planId"].as_str().unwrap(),
                 plan["state"].as_str().unwrap(),
             )
         })
         .collect();
     assert_eq!(
         states,
-        [("plan-done", "main"), ("plan-cancelled", "cancelled")]
+        [
+            ("plan-done", "PLAN_STATE_MAIN"),
+            ("plan-cancelled", "PLAN_STATE_CANCELLED")
+        ]
     );
-    assert_eq!(listed["next_page_token"], "");
+    // The last page: no next page token (a default value, left out).
+    assert_eq!(listed.get("nextPageToken"), None);
     let list = |token: &str| {
         PlanCall::List(v1::ListPlansRequest {
             states: vec![v1::PlanState::Main.into(), v1::PlanState::Cancelled.into()],
@@ -827,13 +824,14 @@ async fn plan_list_and_compensations_follow_pages() {
     assert_eq!(items["items"].as_array().unwrap().len(), 3);
     assert_eq!(
         items["items"][2],
+        // at_send false: a default value, left out.
         serde_json::json!({
-            "dead_letter_id": "53", "message_key": "order-53:refund",
-            "verdict": "needs_compensation", "reason": "refund 53 already issued by hand",
-            "destination": "payments", "event_type": "payment.refunded", "at_send": false,
+            "deadLetterId": "53", "messageKey": "order-53:refund",
+            "verdict": "VERDICT_NEEDS_COMPENSATION", "reason": "refund 53 already issued by hand",
+            "destination": "payments", "eventType": "payment.refunded",
         })
     );
-    assert_eq!(items["next_page_token"], "");
+    assert_eq!(items.get("nextPageToken"), None);
     let output = redrivectl(address, &["plan", "compensations", "plan-done"], "").await;
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(

@@ -75,6 +75,45 @@ fn csv_writer(data: &mut Vec<u8>) -> csv::Writer<&mut Vec<u8>> {
         .from_writer(data)
 }
 
+/// Whether a spreadsheet would run text starting so as a formula: `=`,
+/// `+`, `-`, `@`, a tab or a carriage return first (OWASP, "CSV
+/// injection").
+fn starts_formula(text: &str) -> bool {
+    matches!(
+        text.as_bytes().first(),
+        Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r')
+    )
+}
+
+/// An export cell (CSV) or string value (JSON Lines) made safe to open in a
+/// spreadsheet: text that starts like a formula ([`starts_formula`]) gets a
+/// single quote `'` in front (`=HYPERLINK(...)` becomes `'=HYPERLINK(...)`),
+/// so that a spreadsheet shows it as text. To get the original back, drop
+/// one leading `'` from a value that starts with `'` and then one of those
+/// characters.
+pub fn spreadsheet_safe(text: &str) -> String {
+    if starts_formula(text) {
+        format!("'{text}")
+    } else {
+        text.to_owned()
+    }
+}
+
+/// An export row as JSON with its string values made
+/// [`spreadsheet_safe`]; numbers stay numbers.
+fn safe_json(mut row: serde_json::Value) -> serde_json::Value {
+    if let Some(fields) = row.as_object_mut() {
+        for value in fields.values_mut() {
+            if let serde_json::Value::String(text) = value
+                && starts_formula(text)
+            {
+                *text = spreadsheet_safe(text);
+            }
+        }
+    }
+    row
+}
+
 /// One audit event as a JSON object (the export's and the CLI's shape).
 pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
     serde_json::json!({
@@ -93,17 +132,18 @@ pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
 }
 
 /// One exported audit event as a JSON object: [`event_json`] with the dead
-/// letter's `message_id`.
+/// letter's `message_id`, its strings [`spreadsheet_safe`].
 fn export_json(event: &v1::AuditEvent, message_id: &str) -> serde_json::Value {
     let mut json = event_json(event);
     json["message_id"] = serde_json::Value::from(message_id);
-    json
+    safe_json(json)
 }
 
 /// An export row for an item no executor attempted, as JSON (the shape of
-/// [`export_json`]: no time, executor or attempt).
+/// [`export_json`]: no time, executor or attempt), its strings
+/// [`spreadsheet_safe`].
 fn unattempted_json(plan_id: PlanId, item: &v1::UnattemptedItem) -> serde_json::Value {
-    serde_json::json!({
+    safe_json(serde_json::json!({
         "at": null,
         "plan_id": plan_id.to_string(),
         "slice_id": "",
@@ -116,10 +156,11 @@ fn unattempted_json(plan_id: PlanId, item: &v1::UnattemptedItem) -> serde_json::
         "executor_id": "",
         "attempt": 0,
         "confirm_latency_us": 0,
-    })
+    }))
 }
 
-/// Export rows for items no executor attempted, as CSV records.
+/// Export rows for items no executor attempted, as CSV records, every cell
+/// [`spreadsheet_safe`].
 fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec<u8> {
     let mut data = Vec::new();
     let mut writer = csv_writer(&mut data);
@@ -130,20 +171,23 @@ fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec
         } else {
             "main"
         };
-        let _ = writer.write_record([
-            "",
-            &plan_id,
-            "",
-            &item.dead_letter_id,
-            &item.message_key,
-            &item.message_id,
-            NEVER_ATTEMPTED,
-            "no executor attempted it before the plan ended",
-            wave,
-            "",
-            "0",
-            "0",
-        ]);
+        let _ = writer.write_record(
+            [
+                "",
+                plan_id.as_str(),
+                "",
+                &item.dead_letter_id,
+                &item.message_key,
+                &item.message_id,
+                NEVER_ATTEMPTED,
+                "no executor attempted it before the plan ended",
+                wave,
+                "",
+                "0",
+                "0",
+            ]
+            .map(spreadsheet_safe),
+        );
     }
     let _ = writer.flush();
     drop(writer);
@@ -151,7 +195,7 @@ fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec
 }
 
 /// Writes audit events (each with its dead letter's message id) as CSV
-/// records, in [`CSV_COLUMNS`] order.
+/// records, in [`CSV_COLUMNS`] order, every cell [`spreadsheet_safe`].
 fn events_csv<'a>(events: impl IntoIterator<Item = (&'a v1::AuditEvent, &'a str)>) -> Vec<u8> {
     let mut data = Vec::new();
     let mut writer = csv_writer(&mut data);
@@ -169,20 +213,23 @@ fn events_csv<'a>(events: impl IntoIterator<Item = (&'a v1::AuditEvent, &'a str)
         };
         let attempt = event.attempt.to_string();
         let confirm_latency_us = event.confirm_latency_us.to_string();
-        let _ = writer.write_record([
-            at.as_str(),
-            &event.plan_id,
-            &event.slice_id,
-            &event.dead_letter_id,
-            &event.message_key,
-            message_id,
-            event.action().name(),
-            &event.reason,
-            wave,
-            &event.executor_id,
-            &attempt,
-            &confirm_latency_us,
-        ]);
+        let _ = writer.write_record(
+            [
+                at.as_str(),
+                &event.plan_id,
+                &event.slice_id,
+                &event.dead_letter_id,
+                &event.message_key,
+                message_id,
+                event.action().name(),
+                &event.reason,
+                wave,
+                &event.executor_id,
+                &attempt,
+                &confirm_latency_us,
+            ]
+            .map(spreadsheet_safe),
+        );
     }
     let _ = writer.flush();
     drop(writer);
@@ -358,5 +405,88 @@ mod tests {
             assert_eq!(&record[7], event.reason);
             assert_eq!(&record[9], event.executor_id);
         }
+    }
+
+    /// Cells and string values that a spreadsheet would run as formulas
+    /// get a `'` in front (as the CLI's export did before it passed the
+    /// planner's export through as it comes).
+    #[test]
+    fn export_rows_are_safe_in_a_spreadsheet() {
+        let event = |message_key: &str, reason: &str, executor_id: &str| v1::AuditEvent {
+            plan_id: "plan-formula".into(),
+            slice_id: "s-1".into(),
+            dead_letter_id: "d-1".into(),
+            message_key: message_key.into(),
+            action: v1::AuditAction::Failed.into(),
+            reason: reason.into(),
+            wave: v1::Wave::Main.into(),
+            executor_id: executor_id.into(),
+            attempt: 1,
+            confirm_latency_us: 0,
+            at: Some(prost_types::Timestamp {
+                seconds: 1_714_565_400,
+                nanos: 500_123_000,
+            }),
+        };
+        let events = [
+            event("=HYPERLINK(\"http://x\",\"y\")", "+1 nack", "ok"),
+            event("@SUM(A1)", "-2", "e"),
+            event("\tkey", "\rcr", "plain"),
+        ];
+        let data = events_csv(events.iter().map(|event| (event, "-m")));
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(data.as_slice());
+        let rows: Vec<Vec<String>> = reader
+            .records()
+            .map(|record| {
+                let record = record.unwrap();
+                [0, 4, 5, 7, 9]
+                    .iter()
+                    .map(|&at| record[at].to_owned())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                [
+                    "2024-05-01T12:10:00.500Z",
+                    "'=HYPERLINK(\"http://x\",\"y\")",
+                    "'-m",
+                    "'+1 nack",
+                    "ok"
+                ],
+                ["2024-05-01T12:10:00.500Z", "'@SUM(A1)", "'-m", "'-2", "e"],
+                [
+                    "2024-05-01T12:10:00.500Z",
+                    "'\tkey",
+                    "'-m",
+                    "'\rcr",
+                    "plain"
+                ],
+            ]
+        );
+        let json = export_json(&event("=cmd|' /C calc'!A0", "@x", "e"), "m-1");
+        assert_eq!(json["message_key"], "'=cmd|' /C calc'!A0");
+        assert_eq!(json["reason"], "'@x");
+        assert_eq!(json["message_id"], "m-1");
+        assert_eq!(json["at"], "2024-05-01T12:10:00.500Z");
+        // Numbers stay numbers.
+        assert_eq!(json["attempt"], 1);
+        let item = v1::UnattemptedItem {
+            dead_letter_id: "d-2".into(),
+            message_key: "-k".into(),
+            message_id: "+m".into(),
+            ..Default::default()
+        };
+        let plan_id = PlanId::parse("plan_id", "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e").unwrap();
+        let json = unattempted_json(plan_id, &item);
+        assert_eq!(
+            (&json["message_key"], &json["message_id"]),
+            (&"'-k".into(), &"'+m".into())
+        );
+        let csv = String::from_utf8(unattempted_csv(plan_id, &[(1, item)])).unwrap();
+        assert!(csv.contains(",d-2,'-k,'+m,never_attempted,"), "{csv}");
     }
 }

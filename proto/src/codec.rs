@@ -39,6 +39,12 @@ const HEADER_VALUE: &str = "redrive.v1.HeaderValue";
 static POOL: LazyLock<Option<DescriptorPool>> =
     LazyLock::new(|| DescriptorPool::decode(crate::FILE_DESCRIPTOR_SET).ok());
 
+/// The descriptors of [`crate::FILE_DESCRIPTOR_SET`], decoded once; `None`
+/// when the set does not decode (never for the built crate).
+pub(crate) fn descriptor_pool() -> Option<&'static DescriptorPool> {
+    POOL.as_ref()
+}
+
 /// prost's codec with the wire check in front of decoding requests.
 #[derive(Debug, Clone)]
 pub struct CheckedCodec<T, U> {

@@ -136,8 +136,91 @@ pub mod time {
 }
 
 /// JSON text as Redrive shows it (body previews in the planner's answers and
-/// in `redrivectl`).
+/// in `redrivectl`) and, with feature `json`, the API's canonical proto3 JSON
+/// of any `redrive.v1` message ([`json::to_canonical_json`]).
 pub mod json {
+    /// Why a message has no canonical JSON: never for a message of this
+    /// crate (their descriptors are in [`crate::FILE_DESCRIPTOR_SET`]).
+    #[cfg(feature = "json")]
+    #[derive(Debug, thiserror::Error)]
+    pub enum CanonicalJsonError {
+        /// The descriptor set does not decode, or has no message of this
+        /// full name (`redrive.v1.Plan`).
+        #[error("no descriptor for message {0}")]
+        UnknownMessage(String),
+        /// The message's own encoding did not decode as its descriptor says.
+        #[error("message {name} does not decode by its descriptor: {source}")]
+        Decode {
+            /// The message's full name.
+            name: String,
+            /// prost's complaint.
+            source: prost::DecodeError,
+        },
+        /// serde_json refused the value (not expected for protobuf data).
+        #[error("message {name} cannot be written as JSON: {source}")]
+        Serialize {
+            /// The message's full name.
+            name: String,
+            /// serde_json's complaint.
+            source: serde_json::Error,
+        },
+    }
+
+    /// `message` in the protobuf JSON mapping of proto3, exactly as grpcurl
+    /// and the other gRPC tools print it: field names in lowerCamelCase,
+    /// enums by their names (`PLAN_STATE_COMPLETED`), 64-bit integers as
+    /// strings, `Timestamp`s as RFC 3339 in UTC (`2024-05-01T12:00:00Z`, with
+    /// 3, 6 or 9 fractional digits when there are any), `Duration`s as
+    /// `"1.5s"`, bytes as standard base64, and fields at their default
+    /// value (0, `""`, `false`, empty lists and maps, the zero enum) left
+    /// out. Made from the message's encoding and its descriptor in
+    /// [`crate::FILE_DESCRIPTOR_SET`] (prost-reflect's serializer).
+    ///
+    /// # Errors
+    /// [`CanonicalJsonError`] when `M` is not a message of the descriptor
+    /// set (never for `redrive.v1` and the well-known types it uses).
+    #[cfg(feature = "json")]
+    pub fn to_canonical_json<M: prost::Message + prost::Name>(
+        message: &M,
+    ) -> Result<serde_json::Value, CanonicalJsonError> {
+        let (name, dynamic) = dynamic(message)?;
+        serde_json::to_value(&dynamic)
+            .map_err(|source| CanonicalJsonError::Serialize { name, source })
+    }
+
+    /// [`to_canonical_json`] as compact text, the fields in the order of
+    /// their numbers (as grpcurl prints them; a `serde_json::Value` sorts
+    /// them by name).
+    ///
+    /// # Errors
+    /// As [`to_canonical_json`].
+    #[cfg(feature = "json")]
+    pub fn to_canonical_json_string<M: prost::Message + prost::Name>(
+        message: &M,
+    ) -> Result<String, CanonicalJsonError> {
+        let (name, dynamic) = dynamic(message)?;
+        serde_json::to_string(&dynamic)
+            .map_err(|source| CanonicalJsonError::Serialize { name, source })
+    }
+
+    /// `message` as a `DynamicMessage` of its descriptor, with its full name.
+    #[cfg(feature = "json")]
+    fn dynamic<M: prost::Message + prost::Name>(
+        message: &M,
+    ) -> Result<(String, prost_reflect::DynamicMessage), CanonicalJsonError> {
+        let name = M::full_name();
+        let descriptor = crate::codec::descriptor_pool()
+            .and_then(|pool| pool.get_message_by_name(&name))
+            .ok_or_else(|| CanonicalJsonError::UnknownMessage(name.clone()))?;
+        let dynamic =
+            prost_reflect::DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
+                .map_err(|source| CanonicalJsonError::Decode {
+                name: name.clone(),
+                source,
+            })?;
+        Ok((name, dynamic))
+    }
+
     /// Valid JSON `text` re-indented as `serde_json`'s pretty printer would
     /// (two spaces, `"key": value`), from its own tokens: nothing is parsed into
     /// a map, so keys keep their order and numbers and escapes their spelling.
@@ -205,6 +288,65 @@ pub mod json {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// The proto3 JSON mapping, as grpcurl prints it.
+        #[cfg(feature = "json")]
+        #[test]
+        fn messages_are_written_in_the_proto3_json_mapping() {
+            use crate::v1;
+            let plan = v1::Plan {
+                plan_id: "p-1".into(),
+                state: v1::PlanState::Completed.into(),
+                total_items: 12,
+                canary_fraction: 0.5,
+                counts: Some(v1::ActionCounts {
+                    sent: 3,
+                    ..Default::default()
+                }),
+                created_at: Some(prost_types::Timestamp {
+                    seconds: 1_714_564_800,
+                    nanos: 0,
+                }),
+                approved_at: Some(prost_types::Timestamp {
+                    seconds: 1_714_564_800,
+                    nanos: 123_000_000,
+                }),
+                observe_for: Some(prost_types::Duration {
+                    seconds: 90,
+                    nanos: 500_000_000,
+                }),
+                ..Default::default()
+            };
+            assert_eq!(
+                to_canonical_json(&plan).unwrap(),
+                serde_json::json!({
+                    "planId": "p-1",
+                    "state": "PLAN_STATE_COMPLETED",
+                    "totalItems": "12",
+                    "canaryFraction": 0.5,
+                    "counts": {"sent": "3"},
+                    "createdAt": "2024-05-01T12:00:00Z",
+                    "approvedAt": "2024-05-01T12:00:00.123Z",
+                    "observeFor": "90.500s",
+                })
+            );
+            let chunk = v1::ExportAuditChunk {
+                data: b"\xff\x00a".to_vec(),
+            };
+            assert_eq!(
+                to_canonical_json(&chunk).unwrap(),
+                serde_json::json!({"data": "/wBh"})
+            );
+            assert_eq!(
+                to_canonical_json(&v1::Plan::default()).unwrap(),
+                serde_json::json!({})
+            );
+            // As text: fields in the order of their numbers.
+            assert_eq!(
+                to_canonical_json_string(&plan).unwrap(),
+                r#"{"planId":"p-1","state":"PLAN_STATE_COMPLETED","canaryFraction":0.5,"observeFor":"90.500s","totalItems":"12","counts":{"sent":"3"},"createdAt":"2024-05-01T12:00:00Z","approvedAt":"2024-05-01T12:00:00.123Z"}"#
+            );
+        }
 
         #[test]
         fn json_keeps_its_key_order_and_spelling() {

@@ -184,40 +184,42 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     .await;
     assert_eq!(code, 0);
     let list: serde_json::Value = serde_json::from_str(&output)?;
-    let dead_letters = list["dead_letters"].as_array().unwrap();
+    // The API's canonical proto3 JSON (ListDeadLettersResponse).
+    let dead_letters = list["deadLetters"].as_array().unwrap();
     assert_eq!(dead_letters.len(), 2);
-    assert_eq!(list["next_page_token"], "");
+    assert_eq!(list.get("nextPageToken"), None, "the last page: no token");
     let m2 = dead_letters
         .iter()
-        .find(|d| d["message_id"] == "m-2")
+        .find(|d| d["messageId"] == "m-2")
         .unwrap();
     let id = m2["id"].as_str().unwrap().to_owned();
 
     let (code, output) = redrivectl(&bed.planner, &["--json", "dead-letters", "show", &id]).await;
     assert_eq!(code, 0);
-    let shown: serde_json::Value = serde_json::from_str(&output)?;
-    let body =
-        base64::engine::general_purpose::STANDARD.decode(shown["body_base64"].as_str().unwrap())?;
+    // GetDeadLetterResponse: the dead letter and the planner's preview.
+    let response: serde_json::Value = serde_json::from_str(&output)?;
+    let shown = &response["deadLetter"];
+    let body = base64::engine::general_purpose::STANDARD.decode(shown["body"].as_str().unwrap())?;
     assert_eq!(body, compressed, "the gzip body comes back byte-exact");
-    assert_eq!(shown["body_compression"], "gzip");
-    assert_eq!(shown["origin"], "import");
-    assert_eq!(shown["reason_class"], "exhausted");
+    assert_eq!(shown["bodyCompression"], "BODY_COMPRESSION_GZIP");
+    assert_eq!(shown["origin"], "ORIGIN_IMPORT");
+    assert_eq!(shown["reasonClass"], "REASON_CLASS_EXHAUSTED");
     assert_eq!(shown["destination"], "orders");
     assert_eq!(shown["death"]["reason"], "delivery_limit");
     assert!(
-        shown["body_preview"]
+        response["bodyPreview"]
             .as_str()
             .unwrap()
             .contains("\"order_id\": \"o-2\"")
     );
     for field in [
         "source",
-        "message_key",
-        "body_sha256",
+        "messageKey",
+        "bodySha256",
         "properties",
         "headers",
-        "died_at",
-        "captured_at",
+        "diedAt",
+        "capturedAt",
     ] {
         assert!(shown.get(field).is_some(), "show --json has {field}");
     }
@@ -236,7 +238,7 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     )
     .await;
     let summary: serde_json::Value = serde_json::from_str(&output)?;
-    assert_eq!(summary["total"], 2);
+    assert_eq!(summary["total"], "2");
     assert_eq!(summary["groups"].as_array().unwrap().len(), 2);
 
     let (code, output) =
@@ -244,8 +246,8 @@ async fn import_then_inspect_with_stable_json() -> anyhow::Result<()> {
     assert_eq!(code, 0);
     let report: serde_json::Value = serde_json::from_str(&output)?;
     assert_eq!(report["actor"], "tester", "the actor travels as metadata");
-    assert_eq!(report["total"], 2);
-    assert_eq!(report["counts"]["replayable"], 2);
+    assert_eq!(report["total"], "2");
+    assert_eq!(report["counts"]["replayable"], "2");
 
     let (code, _) = redrivectl(&bed.planner, &["dead-letters", "show", "999999"]).await;
     assert_eq!(code, 65, "an unknown id is refused input");
@@ -331,7 +333,7 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     assert_eq!(code, 0);
     let (_, output) = redrivectl(&bed.planner, &["--json", "precheck", "--source", &source]).await;
     let report: serde_json::Value = serde_json::from_str(&output)?;
-    let precheck_id = report["precheck_id"].as_str().unwrap().to_owned();
+    let precheck_id = report["precheckId"].as_str().unwrap().to_owned();
     let digest = report["digest"].as_str().unwrap().to_owned();
 
     let (code, output) = redrivectl(
@@ -355,8 +357,8 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     .await;
     assert_eq!(code, 0, "{output}");
     let plan: serde_json::Value = serde_json::from_str(&output)?;
-    assert_eq!(plan["state"], "awaiting_approval");
-    let plan_id = plan["plan_id"].as_str().unwrap().to_owned();
+    assert_eq!(plan["state"], "PLAN_STATE_AWAITING_APPROVAL");
+    let plan_id = plan["planId"].as_str().unwrap().to_owned();
     let (code, _) = redrivectl(
         &bed.planner,
         &["plan", "approve", &plan_id, "--digest", "wrong"],
@@ -382,8 +384,8 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     executor.stop().await?;
     assert_eq!(code, 0, "{output}");
     let done: serde_json::Value = serde_json::from_str(output.lines().last().unwrap())?;
-    assert_eq!(done["state"], "completed");
-    assert_eq!(done["counts"]["sent"], 5);
+    assert_eq!(done["state"], "PLAN_STATE_COMPLETED");
+    assert_eq!(done["counts"]["sent"], "5");
     assert_eq!(
         bed.broker().ready_count(&queue).await?,
         5,
@@ -393,7 +395,7 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     let (code, output) = redrivectl(&bed.planner, &["--json", "plan", "report", &plan_id]).await;
     assert_eq!(code, 0);
     let report: serde_json::Value = serde_json::from_str(&output)?;
-    let mut keys: Vec<String> = report["sent_keys"]
+    let mut keys: Vec<String> = report["sentKeys"]
         .as_array()
         .unwrap()
         .iter()
@@ -445,7 +447,7 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     )
     .await;
     let listed: serde_json::Value = serde_json::from_str(&output)?;
-    let id = listed["dead_letters"][0]["id"].as_str().unwrap().to_owned();
+    let id = listed["deadLetters"][0]["id"].as_str().unwrap().to_owned();
 
     let body_file_dir = tempfile::tempdir()?; // removed on drop, also on failure
 
@@ -481,6 +483,8 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     .await;
     assert_eq!(code, 0, "{output}");
     let repaired: serde_json::Value = serde_json::from_str(&output)?;
+    // GetDeadLetterResponse, as for show.
+    let repaired = &repaired["deadLetter"];
     assert_eq!(repaired["revisions"][0]["revision"], 1);
     assert_eq!(repaired["revisions"][0]["actor"], "tester");
 
@@ -495,8 +499,9 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
     .await;
     assert_eq!(code, 0, "{output}");
     let first: serde_json::Value = serde_json::from_str(&output)?;
-    assert_eq!(first["outcome"], "REPLAYED", "{output}");
-    assert_eq!(first["event"]["action"], "sent");
+    // ReplayDeadLetterResponse.
+    assert_eq!(first["outcome"], "OUTCOME_REPLAYED", "{output}");
+    assert_eq!(first["event"]["action"], "AUDIT_ACTION_SENT");
     let (code, output, error) = redrivectl_full(
         &bed.planner,
         &["--json", "replay", &id, "--reason", "ticket 4711"],
@@ -515,7 +520,7 @@ async fn repair_then_replay_one_dead_letter_through_redrivectl() -> anyhow::Resu
         "{text}"
     );
     let second: serde_json::Value = serde_json::from_str(&output)?;
-    assert_eq!(second["outcome"], "NOT_REPLAYED");
+    assert_eq!(second["outcome"], "OUTCOME_NOT_REPLAYED");
     assert!(
         second["reason"]
             .as_str()

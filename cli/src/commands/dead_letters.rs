@@ -11,17 +11,19 @@
 //! [`crate::table`]: body size, destination and death reason are left out
 //! first, then source, event type and key are shortened; `--wide` shows them
 //! all), then `next page token: T` when there are more; `--all` follows the tokens to the end (the table is printed once
-//! all pages are in; `--json` writes each page as it arrives). `--json`:
-//! `{"dead_letters": [...], "next_page_token": "..."}`, each dead letter in the
-//! shape of [`crate::output`] without `body_base64` and `body_preview`;
-//! `next_page_token` is `""` on the last page.
+//! all pages are in; `--json` writes each page as it arrives). `--json`: the
+//! API's `ListDeadLettersResponse` in canonical proto3 JSON
+//! ([`crate::output::Listing`]), `{"deadLetters": [...], "nextPageToken":
+//! "..."}` (the dead letters without their bodies; the token left out on
+//! the last page).
 //!
 //! # `show`
 //! `redrivectl dead-letters show ID`
 //!
 //! Key fields, the death, properties, headers (with their AMQP types), capture
-//! notes, revisions, then the body preview. `--json`: one dead letter in the
-//! full shape of [`crate::output`], with `body_base64` and `body_preview`.
+//! notes, revisions, then the body preview. `--json`: the API's
+//! `GetDeadLetterResponse` (`{"deadLetter": {...}, "bodyPreview": "..."}`,
+//! canonical proto3 JSON: the body in base64, the planner's preview).
 //!
 //! # `repair`
 //! `redrivectl dead-letters repair ID --body-file FILE --reason TEXT`
@@ -30,7 +32,7 @@
 //! (`RepairDeadLetter`); the captured body stays as it was. Prechecks and
 //! replays use the latest revision from then on, and the audit of its replay
 //! names the revision and who repaired it. Prints the dead letter as `show`
-//! does (`--json`: the same shape). Refused (exit 1) while a plan that is not
+//! does (`--json`: the `GetDeadLetterResponse` it answers). Refused (exit 1) while a plan that is not
 //! final still has the dead letter to publish, or when the body is the one in
 //! use already; a body over the planner's limit, or not JSON when the content
 //! type says JSON, exits 65.
@@ -43,10 +45,11 @@
 //! with digits, hex numbers and UUIDs folded), `status`, comma separated, each
 //! at most once. A table with one column per name, then count, first seen and
 //! last seen, largest group first, then `open: N, archived: N, replayed: N`
-//! (the selection by status, whatever `--status` says) and `total: N`. `--json`: `{"total": N, "open": N, "archived": N,
-//! "replayed": N, "groups": [{"key": {"reason": "rejected", ...}, "count": N,
-//! "first_seen": "RFC 3339", "last_seen": "RFC 3339"}]}`; an absent value in a
-//! key is `""`; an `hour` reads as every time does ([`crate::time`]).
+//! (the selection by status, whatever `--status` says) and `total: N`; an
+//! absent value in a key is `""`; an `hour` reads as every time does
+//! ([`crate::time`]). `--json`: the API's `SummarizeDeadLettersResponse`
+//! (canonical proto3 JSON: counts as strings, the keys as the planner wrote
+//! them).
 //!
 //! # `archive`, `unarchive`
 //! `redrivectl dead-letters archive [selector flags] --reason TEXT`
@@ -57,8 +60,7 @@
 //! and the planner's retention may delete them later. `unarchive` reverses
 //! it. Prints `archived N dead letter(s) (M unchanged)`, the ids changed and
 //! the `--id`s that name no dead letter (then exit 65);
-//! `--json`: `{"changed": N, "unchanged": M, "dead_letter_ids": [...],
-//! "not_found_ids": [...]}`.
+//! `--json`: the API's `ArchiveDeadLettersResponse` (canonical proto3 JSON).
 //! Refused (exit 1) when a selected dead letter is an item of a plan that has
 //! not ended, naming the plan.
 //!
@@ -71,9 +73,8 @@
 //! none: the default rule, the `message_id` property). The former keys are
 //! kept: a dead letter replayed under one stays `already_replayed`. Prints
 //! `re-keyed N dead letter(s): M key(s) changed (rekey ID)` and up to five
-//! `  dead letter ID: OLD -> NEW`; `--json`: `{"rekeyed": N, "changed": M,
-//! "rekey_id": "ID", "examples": [{"dead_letter_id": ..., "old_key": ...,
-//! "new_key": ...}], "not_found_ids": [...]}`.
+//! `  dead letter ID: OLD -> NEW`; `--json`: the API's
+//! `RekeyDeadLettersResponse` (canonical proto3 JSON).
 
 use crate::{
     args::Paging,
@@ -88,7 +89,6 @@ use redrive_proto::v1::{
     ListDeadLettersRequest, RekeyDeadLettersRequest, RepairDeadLetterRequest,
     SummarizeDeadLettersRequest, SummaryDimension, SummaryGroup,
 };
-use serde::Serialize;
 
 use crate::{
     client::Planner,
@@ -96,7 +96,7 @@ use crate::{
     headers,
     output::{
         self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_fields, write_item,
-        write_json, write_table,
+        write_message, write_table,
     },
     selector::SelectorArgs,
 };
@@ -327,7 +327,7 @@ async fn list(
     // People get one aligned table (use --json to stream a long --all);
     // scripts get each page written as it comes.
     let kind = ListingKind {
-        key: "dead_letters",
+        key: "deadLetters",
         columns: LIST_COLUMNS,
         empty: "no dead letters match",
     };
@@ -346,11 +346,7 @@ async fn list(
         kind,
         &args.page,
         fetch,
-        |listing, dead_letter| {
-            listing.push(&DeadLetterJson::summary(dead_letter), || {
-                list_row(dead_letter)
-            })
-        },
+        |listing, dead_letter| listing.push(dead_letter, || list_row(dead_letter)),
     )
     .await
 }
@@ -416,15 +412,6 @@ async fn repair(
     write_dead_letter(out, response, json)
 }
 
-/// `archive --json` and `unarchive --json`.
-#[derive(Debug, Serialize)]
-struct ArchiveResultJson {
-    changed: u64,
-    unchanged: u64,
-    dead_letter_ids: Vec<String>,
-    not_found_ids: Vec<String>,
-}
-
 async fn set_archived(
     planner: &mut Planner,
     args: ArchiveArgs,
@@ -449,15 +436,7 @@ async fn set_archived(
         EX_DATAERR
     };
     if json {
-        write_json(
-            out,
-            &ArchiveResultJson {
-                changed: response.changed,
-                unchanged: response.unchanged,
-                dead_letter_ids: response.dead_letter_ids,
-                not_found_ids: response.not_found_ids,
-            },
-        )?;
+        write_message(out, &response)?;
         return Ok(code);
     }
     writeln!(
@@ -487,23 +466,6 @@ async fn set_archived(
     Ok(code)
 }
 
-/// `rekey --json`.
-#[derive(Debug, Serialize)]
-struct RekeyResultJson {
-    rekeyed: u64,
-    changed: u64,
-    rekey_id: String,
-    examples: Vec<RekeyExampleJson>,
-    not_found_ids: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct RekeyExampleJson {
-    dead_letter_id: String,
-    old_key: String,
-    new_key: String,
-}
-
 async fn rekey(
     planner: &mut Planner,
     args: RekeyArgs,
@@ -522,24 +484,7 @@ async fn rekey(
         EX_DATAERR
     };
     if json {
-        write_json(
-            out,
-            &RekeyResultJson {
-                rekeyed: response.rekeyed,
-                changed: response.changed,
-                rekey_id: response.rekey_id,
-                examples: response
-                    .examples
-                    .into_iter()
-                    .map(|example| RekeyExampleJson {
-                        dead_letter_id: example.dead_letter_id,
-                        old_key: example.old_key,
-                        new_key: example.new_key,
-                    })
-                    .collect(),
-                not_found_ids: response.not_found_ids,
-            },
-        )?;
+        write_message(out, &response)?;
         return Ok(code);
     }
     writeln!(
@@ -589,16 +534,16 @@ fn write_dead_letter(
     response: GetDeadLetterResponse,
     json: bool,
 ) -> Result<u8, CliError> {
-    let Some(dead_letter) = response.dead_letter else {
+    let Some(dead_letter) = response.dead_letter.as_ref() else {
         return Err(CliError::Grpc(tonic::Status::internal(
             "the planner answered without a dead letter",
         )));
     };
-    let preview = crate::preview::body_preview(&dead_letter, &response.body_preview);
     if json {
-        write_json(out, &DeadLetterJson::full(&dead_letter, &preview))?;
+        write_message(out, &response)?;
     } else {
-        write_show(out, &dead_letter, &preview)?;
+        let preview = crate::preview::body_preview(dead_letter, &response.body_preview);
+        write_show(out, dead_letter, &preview)?;
     }
     Ok(EX_OK)
 }
@@ -851,39 +796,6 @@ pub fn dimension_name(dimension: SummaryDimension) -> &'static str {
         .map_or("unspecified", |(name, _)| name)
 }
 
-/// `summary --json`.
-#[derive(Debug, Serialize)]
-struct SummaryJson {
-    total: u64,
-    open: u64,
-    archived: u64,
-    replayed: u64,
-    groups: Vec<GroupJson>,
-}
-
-#[derive(Debug, Serialize)]
-struct GroupJson {
-    key: std::collections::BTreeMap<String, String>,
-    count: u64,
-    first_seen: Option<String>,
-    last_seen: Option<String>,
-}
-
-impl From<&SummaryGroup> for GroupJson {
-    fn from(group: &SummaryGroup) -> Self {
-        Self {
-            key: group
-                .key
-                .keys()
-                .map(|name| (name.clone(), key_value(group, name)))
-                .collect(),
-            count: group.count,
-            first_seen: timestamp_text(group.first_seen.as_ref()),
-            last_seen: timestamp_text(group.last_seen.as_ref()),
-        }
-    }
-}
-
 /// The value of `name` in a group's key (`""` when absent); an `hour` as
 /// every time is written ([`crate::time`]), not as the planner's
 /// `2026-11-29T14:00Z`.
@@ -915,16 +827,7 @@ async fn summary(
         .await?
         .into_inner();
     if json {
-        write_json(
-            out,
-            &SummaryJson {
-                total: response.total,
-                open: response.open,
-                archived: response.archived,
-                replayed: response.replayed,
-                groups: response.groups.iter().map(GroupJson::from).collect(),
-            },
-        )?;
+        write_message(out, &response)?;
         return Ok(EX_OK);
     }
     let names = args.group_by.names();

@@ -11,7 +11,7 @@
 //! | `body_base64` | the exact body bytes, standard base64; exactly one of the two. Gzip and zstd bodies are sent byte-exact; the planner recognizes them by their magic bytes |
 //! | `original_destination` | required: the queue it was going to, or `exchange/routing-key` |
 //! | `message_id` | with the source, makes the line idempotent; without one the body SHA-256 stands in |
-//! | `headers` | object of name → value: plain JSON (string → `long_string`, integer → `i64`, other number → `f64`, bool → `bool`, array → `array`, object → `table`, null → `void`) or the typed shape `{"type": ..., "value": ...}` of `dead-letters show --json` ([`crate::headers`]) |
+//! | `headers` | object of name → value: plain JSON (string → `long_string`, integer → `i64`, other number → `f64`, bool → `bool`, array → `array`, object → `table`, null → `void`) or the typed shape `{"type": ..., "value": ...}` ([`crate::headers`]) |
 //! | `properties` | object with any of `content_type`, `content_encoding`, `delivery_mode`, `priority`, `correlation_id`, `reply_to`, `expiration`, `message_id`, `timestamp` (epoch seconds or RFC 3339), `type`, `user_id`, `app_id`, `cluster_id` |
 //! | `reason` | why it died: `rejected`, `expired`, `maxlen`, `delivery_limit`, or free text |
 //! | `attempts` | delivery attempts made, a non-negative integer |

@@ -28,10 +28,10 @@ use crate::{
     name = "redrivectl",
     version,
     about = "Redrive's operator CLI: capture, inspect, precheck and replay dead letters",
-    after_help = "Exit codes: 0 ok, 1 other gRPC error (and `plan wait`: the plan was cancelled, \
-                  aborted or completed with failed items; `replay`: NOT_REPLAYED), 64 bad usage, 65 refused input (invalid argument, not found, \
-                  rejected import lines), 66 input file missing, 69 planner unreachable or \
-                  unavailable, 74 I/O error, 75 `plan wait --timeout` ran out, 78 bad config file."
+    // The exit codes, from the one table (`crate::error::EXIT_CODES`): a
+    // line with `-h`, when each with `--help` and in the manual page.
+    after_help = crate::error::exit_codes_help(),
+    after_long_help = crate::error::exit_codes_long_help()
 )]
 pub struct Cli {
     /// Planner gRPC endpoint: HOST:PORT (plain http) or an http:// or
@@ -271,9 +271,9 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     ));
     let live_bar =
         tty && !cli.json && matches!(&cli.command, Command::Plan(plan::PlanCommand::Watch(_)));
-    // `plan report --format jsonl|csv` into a file or pipe is written by its
-    // own rules (times rewritten, cells neutralized for spreadsheets, see
-    // [`plan`]), whatever `--json` says; on a terminal it is escaped too.
+    // `plan report --format jsonl|csv` into a file or pipe is the planner's
+    // export byte for byte, whatever `--json` says; on a terminal it is
+    // escaped too.
     let export = !tty
         && matches!(
             &cli.command,

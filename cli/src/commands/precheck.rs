@@ -50,29 +50,20 @@
 //! covers them); the warnings as `WARNING: ...` lines; the first non-replayable items; and a
 //! `next: redrivectl precheck items ID --verdict V` hint.
 //!
-//! `--json` prints one [`ReportJson`]; the field names are stable:
-//!
-//! | field | JSON |
-//! | --- | --- |
-//! | `precheck_id`, `actor`, `digest` | string |
-//! | `created_at` | RFC 3339 or null |
-//! | `total` | integer |
-//! | `options` | the effective options: `{stale_after_seconds: {PATTERN: n}, stale_after_source_seconds: {PATTERN: n}, default_stale_after_seconds, replay_key_window_seconds (n or null), max_redrives, event_time_pointer (string or null), override_policy (bool), override_reason (string or null)}` |
-//! | `counts` | `{replayable, duplicate, already_replayed, looping, stale, blocked_by_state, needs_compensation, invalid}`, all eight always present, integers |
-//! | `breakdowns` | `{reason_class, destination, event_type, schema_version, producer}`, each an array of `{value, total, counts}` (`counts` as above; an absent value is `""`) |
-//! | `died_from`, `died_to` | earliest and latest death time covered, RFC 3339 or null (empty selection) |
-//! | `warnings` | array of strings |
-//! | `sample_blocked` | array of items (below): the first non-replayable ones |
-//! | `staleness` | which deadline applied: array of `{event_type, rule (string or null: no rule covers them), max_age_seconds (n or null), count, stale, oldest_age_seconds}`, in event type order |
+//! `--json` prints the API's `PrecheckReport` in canonical proto3 JSON
+//! ([`crate::output::write_message`]: `precheckId`, `actor`, `createdAt`,
+//! `digest`, `total`, `options`, `counts`, `byReasonClass`, ...,
+//! `sampleBlocked`, `staleness`; default values left out). [`ReportJson`]
+//! is the report as the text rendering reads it.
 //!
 //! # Items (`precheck items ID`)
 //! A table of dead letter id, verdict, message key, destination, event type and
 //! reason, then `next page token: T` when there are more; `--all` follows the
 //! tokens. `--verdict V` keeps one verdict (a name of [`VERDICTS`]; another
-//! word is a usage error listing them). `--json`: `{"items": [item, ...],
-//! "next_page_token": "..."}` (`""` on the last page), each item
-//! `{dead_letter_id, message_key, verdict, reason, destination, event_type}`,
-//! `event_type` a string or null.
+//! word is a usage error listing them). `--json`: the API's
+//! `ListPrecheckItemsResponse` in canonical proto3 JSON, `{"items": [item,
+//! ...], "nextPageToken": "..."}` (every page walked in one; the token left
+//! out on the last page).
 
 use crate::args::Paging;
 use std::{collections::BTreeMap, io::Write, time::Duration};
@@ -89,7 +80,7 @@ use crate::{
     args::OptionsArgs,
     client::Planner,
     error::{CliError, EX_OK},
-    output::{self, Column, cell, timestamp_text, write_json, write_table},
+    output::{self, Column, cell, timestamp_text, write_message, write_table},
     selector::SelectorArgs,
     views::{ItemJson, list_items},
 };
@@ -565,11 +556,10 @@ pub async fn run(
         }
     }
     .into_inner();
-    let view = ReportJson::from(&report);
     if json {
-        write_json(out, &view)?;
+        write_message(out, &report)?;
     } else {
-        write_report(out, &view)?;
+        write_report(out, &ReportJson::from(&report))?;
     }
     Ok(EX_OK)
 }

@@ -5,12 +5,11 @@
 //!
 //! Prints `REPLAYED` or `NOT_REPLAYED` with the reason, then the plan, the
 //! precheck and its verdict, and the audit event when an executor reported one.
-//! `--json`: `{"outcome": "REPLAYED" | "NOT_REPLAYED", "reason": "...",
-//! "dead_letter_id": "...", "plan_id": "..." | null, "precheck_id": "..." |
-//! null, "verdict": "replayable" | ... | null, "event": {audit event} | null,
-//! "warnings": ["..."]}` (what the precheck of this dead letter warned of, for
-//! example that no staleness rule covers it),
-//! the event in the shape of `plan watch --events --json`.
+//! `--json`: the API's `ReplayDeadLetterResponse` in canonical proto3 JSON
+//! (`{"outcome": "OUTCOME_REPLAYED" | "OUTCOME_NOT_REPLAYED", "reason",
+//! "event", "planId", "precheckId", "verdict", "warnings"}`, defaults left
+//! out; `warnings` what the precheck of this dead letter warned of, for
+//! example that no staleness rule covers it).
 //!
 //! Exit codes: 0 `REPLAYED`; 1 `NOT_REPLAYED` (the reason is printed; the
 //! answer is still on stdout), or an executor that claimed it and has not
@@ -31,7 +30,7 @@ use crate::{
     args::{OptionsArgs, parse_positive_duration},
     client::Planner,
     error::{CliError, EX_FAILURE, EX_OK},
-    output::write_json,
+    output::write_message,
     views::EventJson,
 };
 
@@ -56,7 +55,8 @@ pub struct ReplayArgs {
     pub options: OptionsArgs,
 }
 
-/// The answer in its stable JSON shape (module docs).
+/// The answer as the text rendering reads it (`--json` prints the API's
+/// response itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReplayJson {
     /// `REPLAYED` or `NOT_REPLAYED`.
@@ -122,7 +122,7 @@ pub async fn run(
         .into_inner();
     let view = ReplayJson::new(args.dead_letter_id.trim(), &response);
     if json {
-        write_json(out, &view)?;
+        write_message(out, &response)?;
     } else {
         write_text(out, &view).map_err(|error| CliError::io("writing the answer", error))?;
     }

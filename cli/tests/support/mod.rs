@@ -218,16 +218,17 @@ pub fn long_dead_letter() -> v1::DeadLetter {
     }
 }
 
-/// The CSV export of `plan-formula`: cells a spreadsheet would run, times
-/// as the planner writes them.
+/// The CSV export of `plan-formula` as the planner sends it: cells a
+/// spreadsheet would run already quoted with `'` (the planner's
+/// `audit::spreadsheet_safe`), times in the one format.
 pub const FORMULA_CSV: &[u8] = b"at,plan_id,message_key,action,reason\n\
-2024-05-01T12:10:00+00:00,plan-formula,\"=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\",failed,+1 nack\n\
-2024-05-01T12:10:00.500123+00:00,plan-formula,@SUM(A1),sent,-2\n\
-2024-05-01T12:10:01Z,plan-formula,\tkey,sent,\"\rcr\"\n";
+2024-05-01T12:10:00.000Z,plan-formula,\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\",failed,'+1 nack\n\
+2024-05-01T12:10:00.500Z,plan-formula,'@SUM(A1),sent,'-2\n\
+2024-05-01T12:10:01.000Z,plan-formula,'\tkey,sent,\"'\rcr\"\n";
 
-/// The JSONL export of `plan-formula`.
+/// The JSONL export of `plan-formula` as the planner sends it.
 pub const FORMULA_JSONL: &[u8] =
-    b"{\"at\":\"2024-05-01T12:10:00+00:00\",\"message_key\":\"=HYPERLINK(1)\",\"attempt\":-1}\n";
+    b"{\"at\":\"2024-05-01T12:10:00.000Z\",\"attempt\":-1,\"message_key\":\"'=HYPERLINK(1)\"}\n";
 
 pub const PRECHECK_ID: &str = "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e";
 

@@ -15,7 +15,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use redrive_proto::{
     time::from_timestamp,
     v1::{
-        AuditEvent, GetPlanRequest, Plan, PlanState, WatchPlanRequest, watch_plan_response::Update,
+        AuditEvent, GetPlanRequest, Plan, PlanState, WatchPlanRequest, WatchPlanResponse,
+        watch_plan_response::{self, Update},
     },
 };
 use serde::Serialize;
@@ -29,7 +30,7 @@ use super::{
 use crate::{
     client::Planner,
     error::{CliError, EX_OK},
-    output::write_json,
+    output::{write_json, write_message},
     views::EventJson,
 };
 
@@ -66,12 +67,13 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// for this long, and no more often, so a pipe is not flooded.
 pub const LINES_HEARTBEAT: Duration = Duration::from_secs(10);
 
-/// A JSON line of `plan watch --json`.
+/// A JSON line of `plan watch --json` that the CLI makes itself (no API
+/// message says it): `{"stalled": stall}` or `{"resumed": stall}`. The
+/// planner's updates are printed as the API's `WatchPlanResponse`s
+/// (`{"progress": plan}`, `{"event": audit event}`, canonical JSON).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "snake_case")]
 enum WatchLine<'a> {
-    Progress(&'a PlanJson),
-    Event(&'a EventJson),
     Stalled(&'a StallJson),
     Resumed(&'a StallJson),
 }
@@ -336,7 +338,12 @@ impl<'a> Watcher<'a> {
         }
         let view = PlanJson::from(plan);
         match self.mode {
-            WatchMode::Json => write_json(self.out, &WatchLine::Progress(&view))?,
+            WatchMode::Json => write_message(
+                self.out,
+                &WatchPlanResponse {
+                    update: Some(watch_plan_response::Update::Progress(plan.clone())),
+                },
+            )?,
             WatchMode::Lines => {
                 if self.last_progress.as_deref() != Some(progress_text(&view).as_str()) {
                     self.print_line(plan, now)?;
@@ -354,7 +361,12 @@ impl<'a> Watcher<'a> {
     pub fn event(&mut self, event: &AuditEvent) -> std::io::Result<()> {
         let view = EventJson::from(event);
         match self.mode {
-            WatchMode::Json => write_json(self.out, &WatchLine::Event(&view))?,
+            WatchMode::Json => write_message(
+                self.out,
+                &WatchPlanResponse {
+                    update: Some(watch_plan_response::Update::Event(event.clone())),
+                },
+            )?,
             WatchMode::Lines => writeln!(self.out, "{}", event_text(&view))?,
             WatchMode::Bar { .. } => self.above_bar(&event_text(&view)),
         }
@@ -806,11 +818,10 @@ pub fn timed_out(plan_id: &str, last: Option<&Plan>, timeout: Duration) -> CliEr
 /// # Errors
 /// When writing fails.
 pub fn print_plan(out: &mut dyn Write, plan: &Plan, json: bool) -> std::io::Result<()> {
-    let view = PlanJson::from(plan);
     if json {
-        write_json(out, &view)
+        write_message(out, plan)
     } else {
-        view::write_plan(out, &view)
+        view::write_plan(out, &PlanJson::from(plan))
     }
 }
 
@@ -1176,9 +1187,11 @@ mod tests {
             .map(|line| serde_json::from_str(line).unwrap())
             .collect();
         assert_eq!(lines.len(), 6, "{text}");
-        assert_eq!(lines[0]["progress"]["state"], "main");
-        assert_eq!(lines[0]["progress"]["counts"]["uncertain"], 0);
-        assert_eq!(lines[1]["event"]["action"], "failed");
+        // The planner's updates as the API's WatchPlanResponse, canonical
+        // proto3 JSON (a zero count left out); stalls in the CLI's shape.
+        assert_eq!(lines[0]["progress"]["state"], "PLAN_STATE_MAIN");
+        assert_eq!(lines[0]["progress"]["counts"].get("uncertain"), None);
+        assert_eq!(lines[1]["event"]["action"], "AUDIT_ACTION_FAILED");
         assert_eq!(
             lines[2],
             serde_json::json!({"stalled": {
@@ -1197,9 +1210,9 @@ mod tests {
                 "message": "progress resumed after 40s stalled (plan main, 11/100 done)",
             }})
         );
-        assert_eq!(lines[4]["progress"]["items_done"], 11);
+        assert_eq!(lines[4]["progress"]["itemsDone"], "11");
         // The final state came from GetPlan, not the stream: it is added.
-        assert_eq!(lines[5]["progress"]["state"], "aborted");
+        assert_eq!(lines[5]["progress"]["state"], "PLAN_STATE_ABORTED");
     }
 
     #[test]

@@ -36,14 +36,14 @@
 //! # Output
 //! `create`, `approve`, `status`, `promote`, `pause`, `resume`, `cancel` and
 //! `wait` print the plan: key fields, counts per action (all eight), operator
-//! actions, warnings, and a `next:` hint for its state; `--json` prints one
-//! plan ([`view`] has the stable shapes). `list` prints a table (`--json`:
-//! `{"plans": [plan, ...], "next_page_token": "..."}`), `compensations` the
-//! precheck item table of the items that need compensation, both those the
-//! precheck found and those the state re-check right before publishing found
-//! (verdict `needs_compensation (at send)`) (`--json`: `{"items":
-//! [{"dead_letter_id", "message_key", "verdict", "reason", "destination",
-//! "event_type", "at_send"}], "next_page_token": "..."}`).
+//! actions, warnings, and a `next:` hint for its state; `--json` prints the
+//! API's `Plan` in canonical proto3 JSON. `list` prints a table (`--json`:
+//! the `ListPlansResponse`, `{"plans": [plan, ...], "nextPageToken":
+//! "..."}`), `compensations` the precheck item table of the items that need
+//! compensation, both those the precheck found and those the state re-check
+//! right before publishing found (verdict `needs_compensation (at send)`)
+//! (`--json`: the `ListCompensationsResponse`, `{"items": [...],
+//! "nextPageToken": "..."}`).
 //!
 //! # `watch`
 //! Follows `WatchPlan` until the planner ends the stream (the plan is final),
@@ -56,8 +56,10 @@
 //! REASON`). A plan in `canary` or `main` whose `items_done` stands still for
 //! `--stall-after` (default 30 s) gets one `warning: no progress for ...`
 //! line, and a `progress resumed after ...` line when it moves again.
-//! `--json`: one object per line, `{"progress": plan}`, `{"event": audit
-//! event}`, `{"stalled": stall}` or `{"resumed": stall}` ([`live::StallJson`]).
+//! `--json`: one object per line, the API's `WatchPlanResponse`s
+//! (`{"progress": plan}`, `{"event": audit event}`, canonical proto3 JSON),
+//! and the CLI's own `{"stalled": stall}` or `{"resumed": stall}`
+//! ([`live::StallJson`]: no API message says them).
 //! A stream that ends while the plan is not final is `unavailable` (exit 69):
 //! watch again.
 //!
@@ -72,11 +74,12 @@
 //! # `report`
 //! `--format text` (the default; `json` with `--json`): `GetAuditReport`,
 //! printed for people (plan fields, counts per action, the number of sent keys
-//! and the first 20, the items not sent with their reasons) or as JSON
-//! `{"plan", "counts", "sent_keys", "not_sent", "possibly_duplicated_keys"}`. `--format jsonl|csv`:
+//! and the first 20, the items not sent with their reasons) or as the API's
+//! `AuditReport` in canonical proto3 JSON. `--format jsonl|csv`:
 //! `ExportAudit`, the planner's export (the reconciliation file), whatever
-//! `--json` says, with times in `redrivectl`'s one format and cells that a
-//! spreadsheet would run as formulas neutralized ([`crate::export`]).
+//! `--json` says: each chunk written as it arrives, nothing re-parsed (the
+//! planner writes times in the one format and makes cells that a
+//! spreadsheet would run as formulas text).
 
 pub mod live;
 pub mod pace;
@@ -106,7 +109,7 @@ use crate::{
     args::parse_positive_duration,
     client::Planner,
     error::{CliError, EX_OK},
-    output::{terminal_width, write_json},
+    output::{terminal_width, write_message},
     views::list_items,
 };
 
@@ -571,8 +574,7 @@ async fn list(
         Ok((response.plans, response.next_page_token))
     };
     list_pages(out, json, kind, &args.page, fetch, |listing, plan| {
-        let view = PlanJson::from(plan);
-        listing.push(&view, || view::list_row(&view))
+        listing.push(plan, || view::list_row(&PlanJson::from(plan)))
     })
     .await
 }
@@ -606,7 +608,7 @@ async fn report(
     } else {
         ReportFormat::Text
     });
-    let (export, rewrite) = match format {
+    let export = match format {
         ReportFormat::Text | ReportFormat::Json => {
             let report = planner
                 .get_audit_report(GetAuditReportRequest {
@@ -614,16 +616,15 @@ async fn report(
                 })
                 .await?
                 .into_inner();
-            let view = AuditReportJson::from(&report);
             if format == ReportFormat::Json {
-                write_json(out, &view)?;
+                write_message(out, &report)?;
             } else {
-                view::write_audit_report(out, &args.id, &view)?;
+                view::write_audit_report(out, &args.id, &AuditReportJson::from(&report))?;
             }
             return Ok(EX_OK);
         }
-        ReportFormat::Jsonl => (ExportFormat::Jsonl, crate::export::Format::Jsonl),
-        ReportFormat::Csv => (ExportFormat::Csv, crate::export::Format::Csv),
+        ReportFormat::Jsonl => ExportFormat::Jsonl,
+        ReportFormat::Csv => ExportFormat::Csv,
     };
     let mut stream = planner
         .export_audit(ExportAuditRequest {
@@ -632,11 +633,12 @@ async fn report(
         })
         .await?
         .into_inner();
-    let mut writer = crate::export::Export::new(out, rewrite);
+    // Streamed: each chunk goes out as it arrives (records may span
+    // chunks; the file is their concatenation).
     while let Some(chunk) = stream.message().await? {
-        writer.push(&chunk.data)?;
+        out.write_all(&chunk.data)?;
     }
-    writer.finish()?;
+    out.flush()?;
     Ok(EX_OK)
 }
 

@@ -1,35 +1,8 @@
-//! The stable JSON shapes of plans and audit reports, and their renderings for
-//! people; the audit event shape is [`crate::views::EventJson`].
-//!
-//! # Plan (`--json` of `create`, `approve`, `status`, `wait`, `promote`,
-//! `pause`, `resume`, `cancel`; each element of `list`)
-//!
-//! | field | JSON |
-//! | --- | --- |
-//! | `plan_id`, `precheck_id`, `precheck_digest` | string |
-//! | `state` | `awaiting_approval`, `canary`, `observing`, `main`, `completed`, `paused`, `cancelled`, `aborted` |
-//! | `state_reason` | string, `""` unless paused, cancelled or aborted |
-//! | `rate` | `{"per_second": number, "burst": integer, "rationale": string}` |
-//! | `destination` | `"queue"`, `"exchange"`, or `{"redirect": {"exchange": string, "routing_key": string}}` |
-//! | `slice_size` | integer |
-//! | `canary_fraction` | number (0.01 is 1 %) |
-//! | `observe_for_seconds` | number or null |
-//! | `ordered` | boolean: published in dead-letter order (`plan create --ordered`) |
-//! | `total_items`, `canary_items`, `items_done`, `slices_total`, `slices_completed` | integer |
-//! | `counts` | `{sent, skipped_duplicate, skipped_stale, skipped_state, needs_compensation, failed, unroutable, uncertain}`, all eight always present, integers |
-//! | `created_by`, `approved_by` | string (`approved_by` is `""` until approved) |
-//! | `created_at`, `approved_at`, `completed_at` | RFC 3339 or null |
-//! | `observing_until` | RFC 3339 while `observing` (when the observation window ends), else null |
-//! | `actions` | array of `{"action", "actor", "reason", "at"}` (operator actions, oldest first; `at` RFC 3339 or null) |
-//! | `warnings` | array of strings |
-//!
-//! Plain proto strings stay strings (`""` when unset); timestamps and
-//! durations that are not set are null.
-//!
-//! # Audit report (`report --format json`)
-//!
-//! `{"plan": plan or null, "counts": counts, "sent_keys": [string], "not_sent":
-//! [audit event]}`.
+//! Plans and audit reports as their renderings for people read them
+//! ([`PlanJson`], [`AuditReportJson`]), and those renderings; `--json`
+//! prints the API's `Plan` and `AuditReport` themselves (canonical proto3
+//! JSON, [`crate::output::write_message`]). The audit event view is
+//! [`crate::views::EventJson`].
 
 use std::{fmt, io::Write};
 
