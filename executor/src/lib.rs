@@ -30,7 +30,12 @@ pub mod publisher;
 pub mod replay_keys;
 pub mod worker;
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -43,7 +48,8 @@ use redrive_proto::{
     tls::ClientTlsFiles,
     v1::coordinator_client::CoordinatorClient,
 };
-use tokio_util::sync::CancellationToken;
+use tokio::{task::JoinSet, time::Instant};
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{info, warn};
 
 use crate::{
@@ -203,6 +209,64 @@ impl Config {
         config
     }
 
+    /// The numeric settings outside their ranges.
+    fn range_problems(&self) -> Vec<SettingError> {
+        let mut problems = Vec::new();
+        for (setting, value, range) in [
+            (
+                "window",
+                u64::try_from(self.window).unwrap_or(u64::MAX),
+                1..=u64::MAX,
+            ),
+            (
+                "concurrent-slices",
+                u64::try_from(self.concurrent_slices).unwrap_or(u64::MAX),
+                1..=64,
+            ),
+            ("max-attempts", u64::from(self.max_attempts), 1..=u64::MAX),
+            (
+                "replay-key-ttl-days",
+                self.replay_key_ttl_days,
+                1..=u64::MAX,
+            ),
+            ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
+            (
+                "liveness-timeout-seconds",
+                self.liveness_timeout_seconds,
+                self.claim_wait_seconds
+                    .max(self.confirm_timeout_seconds)
+                    .saturating_add(10)..=86_400,
+            ),
+            (
+                "confirm-timeout-seconds",
+                self.confirm_timeout_seconds,
+                1..=300,
+            ),
+            (
+                "amqp-heartbeat-seconds",
+                self.amqp_heartbeat_seconds,
+                1..=600,
+            ),
+            (
+                "shutdown-grace-seconds",
+                self.shutdown_grace_seconds,
+                0..=600,
+            ),
+        ] {
+            if !range.contains(&value) {
+                problems.push(SettingError::new(
+                    setting,
+                    if *range.end() == u64::MAX {
+                        format!("must be at least {}", range.start())
+                    } else {
+                        format!("{} to {}", range.start(), range.end())
+                    },
+                ));
+            }
+        }
+        problems
+    }
+
     /// The TLS files for the planner connection.
     pub fn planner_tls(&self) -> ClientTlsFiles {
         ClientTlsFiles {
@@ -278,58 +342,7 @@ impl ServiceSettings for Config {
                 format!("{id:?}: 1 to 255 bytes of printable text"),
             );
         }
-        for (setting, value, range) in [
-            (
-                "window",
-                u64::try_from(self.window).unwrap_or(u64::MAX),
-                1..=u64::MAX,
-            ),
-            (
-                "concurrent-slices",
-                u64::try_from(self.concurrent_slices).unwrap_or(u64::MAX),
-                1..=64,
-            ),
-            ("max-attempts", u64::from(self.max_attempts), 1..=u64::MAX),
-            (
-                "replay-key-ttl-days",
-                self.replay_key_ttl_days,
-                1..=u64::MAX,
-            ),
-            ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
-            (
-                "liveness-timeout-seconds",
-                self.liveness_timeout_seconds,
-                self.claim_wait_seconds
-                    .max(self.confirm_timeout_seconds)
-                    .saturating_add(10)..=86_400,
-            ),
-            (
-                "confirm-timeout-seconds",
-                self.confirm_timeout_seconds,
-                1..=300,
-            ),
-            (
-                "amqp-heartbeat-seconds",
-                self.amqp_heartbeat_seconds,
-                1..=600,
-            ),
-            (
-                "shutdown-grace-seconds",
-                self.shutdown_grace_seconds,
-                0..=600,
-            ),
-        ] {
-            if !range.contains(&value) {
-                problem(
-                    setting,
-                    if *range.end() == u64::MAX {
-                        format!("must be at least {}", range.start())
-                    } else {
-                        format!("{} to {}", range.start(), range.end())
-                    },
-                );
-            }
-        }
+        problems.extend(self.range_problems());
         // The telemetry flags come last.
         problems.extend(self.telemetry.check().err());
         SettingErrors::check(problems)
@@ -342,7 +355,9 @@ impl ServiceSettings for Config {
 
 /// Runs the executor until `shutdown`: connects to Redis (waiting while it is
 /// unreachable: without the bucket nothing is published), then claims and
-/// replays slices.
+/// replays slices. Every task it starts (the slice loops, the health
+/// server) ends before it returns: after `shutdown`, within
+/// `--shutdown-grace-seconds`, or aborted then.
 ///
 /// # Errors
 /// An invalid configuration or planner URL.
@@ -352,22 +367,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .executor_id
         .clone()
         .unwrap_or_else(|| format!("executor-{}", uuid::Uuid::new_v4()));
-    let endpoint = tonic::transport::Endpoint::from_shared(config.planner.clone())
-        .with_context(|| format!("invalid setting --planner: {}", config.planner))?;
-    let channel = config
-        .planner_tls()
-        .apply(&config.planner, endpoint)
-        .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?
-        .tcp_nodelay(true)
-        // A half-open link to the planner is noticed (HTTP/2 PING), so
-        // claims, renewals and reports fail instead of hanging.
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true)
-        .connect_lazy();
-
-    let planner_channel = channel.clone();
-    let coordinator = CoordinatorClient::new(channel)
+    let planner_channel = planner_channel(&config)?;
+    let coordinator = CoordinatorClient::new(planner_channel.clone())
         .max_decoding_message_size(256 * 1024 * 1024)
         .max_encoding_message_size(64 * 1024 * 1024);
     let metrics_pipeline = Metrics::start(
@@ -378,86 +379,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .await
     .map_err(|error| anyhow::anyhow!("invalid setting {}: {error}", error.setting()))?;
     let metrics = ExecutorMetrics::new(&metrics_pipeline.meter("redrive-executor"));
-    // Health is served from here on, also while Redis is waited for (not
-    // ready then, but live); a bad address ends the start before any claim.
     let publisher_options = PublisherOptions {
         window: config.window,
         confirm_timeout: Duration::from_secs(config.confirm_timeout_seconds),
         heartbeat: Duration::from_secs(config.amqp_heartbeat_seconds),
     };
-    let redis_for_health = config
-        .redis_url
-        .as_ref()
-        .map(|_| Arc::new(std::sync::OnceLock::new()));
-    let heartbeats_for_health = Arc::new(std::sync::OnceLock::new());
-    let health = match config.health_listen {
-        None => None,
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| {
-                    format!("invalid setting --health-listen: cannot bind {address}")
-                })?;
-            Some(tokio::spawn(health::serve(
-                listener,
-                HealthChecks {
-                    amqp_url: config.amqp.url.clone(),
-                    publisher: publisher_options,
-                    redis: redis_for_health.clone(),
-                    planner: planner_channel,
-                    heartbeats: Arc::clone(&heartbeats_for_health),
-                    liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
-                },
-                shutdown.clone(),
-            )))
-        }
-    };
-    let (bucket, replay_keys) = match &config.redis_url {
-        None => {
-            info!(
-                "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
-            );
-            (Bucket::Local(LocalBucket::new()), None)
-        }
-        Some(redis_url) => {
-            let mut backoff = redrive_proto::backoff::Backoff::new(
-                Duration::from_millis(200),
-                Duration::from_secs(5),
-            );
-            let connection = loop {
-                match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
-                    Ok(connection) => break connection,
-                    Err(error) => {
-                        warn!(%error, "Redis unreachable: not publishing until it is back");
-                        tokio::select! {
-                            () = shutdown.cancelled() => {
-                                if let Some(health) = health {
-                                    health.abort();
-                                }
-                                return Ok(());
-                            }
-                            () = tokio::time::sleep(backoff.next_delay()) => {}
-                        }
-                    }
-                }
-            };
-            // Both qualified by the broker (docs/replay.md, "Identity").
-            let broker_id = config.broker_id();
-            info!(broker.id = %broker_id, "replay keys and buckets are this broker's");
-            let bucket = RedisBucket::new(
-                connection.clone(),
-                bucket::key_prefix_for(&config.redis_prefix, &broker_id),
-                DEFAULT_CALL_TIMEOUT,
-            );
-            let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
-            let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
-                .map_err(anyhow::Error::msg)?
-                .on_broker(broker_id);
-            if let Some(ready) = &redis_for_health {
-                let _ = ready.set(connection);
-            }
-            (Bucket::Redis(bucket), Some(replay_keys))
-        }
+    // Health is served from here on, also while Redis is waited for (not
+    // ready then, but live); a bad address ends the start before any claim.
+    let health = HealthTask::start(&config, publisher_options, planner_channel, &shutdown).await?;
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let Some((bucket, replay_keys)) = shared_state(&config, &health, &shutdown).await? else {
+        // Shut down while Redis was waited for.
+        health.drain_until(Instant::now() + grace).await;
+        metrics_pipeline.shutdown().await;
+        return Ok(());
     };
     info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
     let settings = WorkerSettings {
@@ -467,49 +402,238 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
     };
-    // Several slice loops, each with its own broker channel, so that one
-    // slice's tail (last confirms, report, completion, next claim) overlaps
-    // another's publishing. They share the bucket and the replay keys.
-    let bucket = Arc::new(bucket);
+    let parts = LoopParts {
+        settings,
+        coordinator,
+        bucket: Arc::new(bucket),
+        replay_keys,
+        metrics,
+    };
+    let (loops, heartbeats) = start_loops(parts, config.concurrent_slices, &shutdown);
+    health.watch_loops(heartbeats);
+    let grace_over = drain_loops(loops, &shutdown, grace).await;
+    health.drain_until(grace_over).await;
+    metrics_pipeline.shutdown().await;
+    Ok(())
+}
+
+/// The lazily connected channel to the planner, with `--planner`'s TLS.
+///
+/// # Errors
+/// An invalid `--planner` URL or TLS file.
+fn planner_channel(config: &Config) -> anyhow::Result<tonic::transport::Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(config.planner.clone())
+        .with_context(|| format!("invalid setting --planner: {}", config.planner))?;
+    Ok(config
+        .planner_tls()
+        .apply(&config.planner, endpoint)
+        .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?
+        .tcp_nodelay(true)
+        // A half-open link to the planner is noticed (HTTP/2 PING), so
+        // claims, renewals and reports fail instead of hanging.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+/// The health server of `--health-listen` (none when not set), owned by
+/// [`run`] and drained at shutdown, and what its checks learn later: Redis
+/// once connected, the slice loops' heartbeats once started.
+struct HealthTask {
+    serving: Option<AbortOnDropHandle<Result<(), tonic::transport::Error>>>,
+    redis: Option<Arc<OnceLock<redis::aio::ConnectionManager>>>,
+    heartbeats: Arc<OnceLock<Vec<Heartbeat>>>,
+}
+
+impl HealthTask {
+    /// Binds `--health-listen` and serves health until `shutdown`.
+    ///
+    /// # Errors
+    /// The address cannot be bound.
+    async fn start(
+        config: &Config,
+        publisher: PublisherOptions,
+        planner: tonic::transport::Channel,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let mut task = Self {
+            serving: None,
+            redis: config.redis_url.as_ref().map(|_| Arc::new(OnceLock::new())),
+            heartbeats: Arc::new(OnceLock::new()),
+        };
+        let Some(address) = config.health_listen else {
+            return Ok(task);
+        };
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("invalid setting --health-listen: cannot bind {address}"))?;
+        let checks = HealthChecks {
+            amqp_url: config.amqp.url.clone(),
+            publisher,
+            redis: task.redis.clone(),
+            planner,
+            heartbeats: Arc::clone(&task.heartbeats),
+            liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
+        };
+        task.serving = Some(AbortOnDropHandle::new(tokio::spawn(health::serve(
+            listener,
+            checks,
+            shutdown.clone(),
+        ))));
+        Ok(task)
+    }
+
+    /// Readiness checks Redis from now on.
+    fn redis_connected(&self, connection: &redis::aio::ConnectionManager) {
+        if let Some(ready) = &self.redis {
+            let _ = ready.set(connection.clone());
+        }
+    }
+
+    /// Liveness watches these slice loops from now on.
+    fn watch_loops(&self, heartbeats: Vec<Heartbeat>) {
+        let _ = self.heartbeats.set(heartbeats);
+    }
+
+    /// Waits for the server to end (it ends at shutdown, once its open
+    /// calls have), until `deadline`; then aborts it.
+    async fn drain_until(self, deadline: Instant) {
+        let Some(mut serving) = self.serving else {
+            return;
+        };
+        match tokio::time::timeout_at(deadline, &mut serving).await {
+            Ok(Ok(Err(error))) => warn!(%error, "the health server failed"),
+            Ok(_) => {}
+            Err(_) => {
+                tracing::debug!("the health server outlived the grace period: aborted");
+                serving.abort();
+            }
+        }
+    }
+}
+
+/// The token bucket and the replay keys: in Redis with `--redis-url` (waits
+/// until it is reachable), in-process without. `None` when `shutdown` came
+/// first.
+///
+/// # Errors
+/// An invalid Redis prefix for the replay keys.
+async fn shared_state(
+    config: &Config,
+    health: &HealthTask,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<(Bucket, Option<ReplayKeys>)>> {
+    let Some(redis_url) = &config.redis_url else {
+        info!(
+            "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
+        );
+        return Ok(Some((Bucket::Local(LocalBucket::new()), None)));
+    };
+    let mut backoff =
+        redrive_proto::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let connection = loop {
+        match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
+            Ok(connection) => break connection,
+            Err(error) => {
+                warn!(%error, "Redis unreachable: not publishing until it is back");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
+    };
+    // Both qualified by the broker (docs/replay.md, "Identity").
+    let broker_id = config.broker_id();
+    info!(broker.id = %broker_id, "replay keys and buckets are this broker's");
+    let bucket = RedisBucket::new(
+        connection.clone(),
+        bucket::key_prefix_for(&config.redis_prefix, &broker_id),
+        DEFAULT_CALL_TIMEOUT,
+    );
+    let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
+    let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
+        .map_err(anyhow::Error::msg)?
+        .on_broker(broker_id);
+    health.redis_connected(&connection);
+    Ok(Some((Bucket::Redis(bucket), Some(replay_keys))))
+}
+
+/// What every slice loop of the executor shares.
+struct LoopParts {
+    settings: WorkerSettings,
+    coordinator: CoordinatorClient<tonic::transport::Channel>,
+    bucket: Arc<Bucket>,
+    replay_keys: Option<ReplayKeys>,
+    metrics: ExecutorMetrics,
+}
+
+/// Starts `count` slice loops, each with its own broker channel, so that
+/// one slice's tail (last confirms, report, completion, next claim)
+/// overlaps another's publishing. They share the bucket, the replay keys
+/// and the token debt. The loops, and their heartbeats (loop `i`'s id is
+/// the executor id with `/i`).
+fn start_loops(
+    parts: LoopParts,
+    count: usize,
+    shutdown: &CancellationToken,
+) -> (JoinSet<()>, Vec<Heartbeat>) {
     let debt = outcomes::TokenDebt::default();
-    let mut loops = tokio::task::JoinSet::new();
-    let started = tokio::time::Instant::now();
-    let mut heartbeats = Vec::with_capacity(config.concurrent_slices);
-    for index in 0..config.concurrent_slices {
-        let mut settings = settings.clone();
+    let mut loops = JoinSet::new();
+    let started = Instant::now();
+    let mut heartbeats = Vec::with_capacity(count);
+    for index in 0..count {
+        let mut settings = parts.settings.clone();
         settings.executor_id = format!("{}/{index}", settings.executor_id);
         let heartbeat = Heartbeat::new(started);
         heartbeats.push(heartbeat.clone());
         let worker = Worker::new(
             settings,
-            coordinator.clone(),
-            Arc::clone(&bucket),
-            replay_keys.clone(),
+            parts.coordinator.clone(),
+            Arc::clone(&parts.bucket),
+            parts.replay_keys.clone(),
             debt.clone(),
-            metrics.clone(),
+            parts.metrics.clone(),
             heartbeat,
         );
         loops.spawn(worker.run(shutdown.clone()));
     }
-    let _ = heartbeats_for_health.set(heartbeats);
-    // After shutdown each loop stops publishing at once, drains its confirms
-    // and reports; the grace period bounds that.
-    let grace = Duration::from_secs(config.shutdown_grace_seconds);
-    let drained = async { while loops.join_next().await.is_some() {} };
-    let bounded = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
+    (loops, heartbeats)
+}
+
+/// Waits for the slice loops: until `shutdown`, then for at most `grace`
+/// while each stops publishing at once, drains its confirms and reports;
+/// loops still running then are aborted. Returns when the grace period
+/// ends (now when the loops all ended before `shutdown`).
+async fn drain_loops(
+    mut loops: JoinSet<()>,
+    shutdown: &CancellationToken,
+    grace: Duration,
+) -> Instant {
+    async fn all_ended(loops: &mut JoinSet<()>) {
+        // `join_next` is cancel-safe: nothing is lost when this is dropped.
+        while loops.join_next().await.is_some() {}
+    }
     tokio::select! {
-        () = drained => {}
-        () = bounded => {
-            warn!(grace_seconds = config.shutdown_grace_seconds, "shutdown grace period over: exiting with work unreported (its leases expire and the planner marks it uncertain)");
-            loops.abort_all();
-        }
+        () = shutdown.cancelled() => {}
+        () = all_ended(&mut loops) => {}
     }
-    if let Some(health) = health {
-        health.abort();
+    if !shutdown.is_cancelled() {
+        // Every loop ended by itself: nothing to wait for.
+        return Instant::now();
     }
-    metrics_pipeline.shutdown().await;
-    Ok(())
+    let grace_over = Instant::now() + grace;
+    if tokio::time::timeout_at(grace_over, all_ended(&mut loops))
+        .await
+        .is_err()
+    {
+        warn!(
+            grace_seconds = grace.as_secs(),
+            "shutdown grace period over: exiting with work unreported (its leases expire and the planner marks it uncertain)"
+        );
+        loops.abort_all();
+        all_ended(&mut loops).await;
+    }
+    grace_over
 }
