@@ -270,42 +270,7 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
             }
             in_flight.iter().map(|entry| entry.fingerprint).collect()
         };
-        let resolved_at = Instant::now();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for (_, result) in &mut batch {
-            if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result
-                && let Some(returned) = returned.take()
-            {
-                returns.push(Returned {
-                    fingerprint: returned_fingerprint(&returned),
-                    reply_code: returned.reply_code,
-                    reply_text: returned.reply_text.to_string(),
-                });
-            }
-        }
-        for (entry, result) in &batch {
-            let own_return = returns
-                .iter()
-                .position(|returned| returned.fingerprint == entry.fingerprint)
-                .map(|index| returns.swap_remove(index));
-            let outcome = match (result, own_return) {
-                (Ok(Confirmation::Ack(_)), None) => PublishOutcome::Sent {
-                    latency: resolved_at.duration_since(entry.published_at),
-                },
-                (Ok(Confirmation::Ack(_)), Some(returned)) => PublishOutcome::Unroutable {
-                    reply_code: returned.reply_code,
-                    reply_text: returned.reply_text,
-                },
-                (Ok(Confirmation::Nack(_)), _) => PublishOutcome::Nacked,
-                (Ok(Confirmation::NotRequested), _) => PublishOutcome::Uncertain {
-                    reason: "the channel is not in confirm mode".to_owned(),
-                },
-                (Err(error), _) => PublishOutcome::Uncertain {
-                    reason: shared.record_error(error),
-                },
-            };
-            outcomes.push(outcome);
-        }
+        let mut outcomes = batch_outcomes(&shared, &mut batch, &mut returns);
         // A return whose message is neither in this batch nor still in
         // flight cannot be placed: one of the messages already resolved may
         // not have been delivered. Never report Sent on that doubt.
@@ -331,4 +296,51 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
             let _ = entry.outcome.send(outcome);
         }
     }
+}
+
+/// The outcomes of a `batch` of resolved confirms, in order: the returns
+/// its confirms carry join the pool `returns`, and each message takes its
+/// own return from the pool (by fingerprint).
+fn batch_outcomes(
+    shared: &Shared,
+    batch: &mut [(InFlight, lapin::Result<Confirmation>)],
+    returns: &mut Vec<Returned>,
+) -> Vec<PublishOutcome> {
+    let resolved_at = Instant::now();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (_, result) in batch.iter_mut() {
+        if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result
+            && let Some(returned) = returned.take()
+        {
+            returns.push(Returned {
+                fingerprint: returned_fingerprint(&returned),
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text.to_string(),
+            });
+        }
+    }
+    for (entry, result) in batch.iter() {
+        let own_return = returns
+            .iter()
+            .position(|returned| returned.fingerprint == entry.fingerprint)
+            .map(|index| returns.swap_remove(index));
+        let outcome = match (result, own_return) {
+            (Ok(Confirmation::Ack(_)), None) => PublishOutcome::Sent {
+                latency: resolved_at.duration_since(entry.published_at),
+            },
+            (Ok(Confirmation::Ack(_)), Some(returned)) => PublishOutcome::Unroutable {
+                reply_code: returned.reply_code,
+                reply_text: returned.reply_text,
+            },
+            (Ok(Confirmation::Nack(_)), _) => PublishOutcome::Nacked,
+            (Ok(Confirmation::NotRequested), _) => PublishOutcome::Uncertain {
+                reason: "the channel is not in confirm mode".to_owned(),
+            },
+            (Err(error), _) => PublishOutcome::Uncertain {
+                reason: shared.record_error(error),
+            },
+        };
+        outcomes.push(outcome);
+    }
+    outcomes
 }
