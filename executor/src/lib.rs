@@ -23,6 +23,8 @@
 
 pub mod bucket;
 mod config;
+#[cfg(test)]
+mod fakes;
 pub mod health;
 pub mod lease;
 pub mod message;

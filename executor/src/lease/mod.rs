@@ -424,3 +424,105 @@ impl Lease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Lease timing on a paused clock, against the in-memory fake planner.
+
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Lease, PAST_DEADLINE, StopReason};
+    use crate::fakes::{Answers, FakePlanner};
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    async fn hold(planner: &FakePlanner, shutdown: &CancellationToken) -> Lease {
+        Lease::start(
+            planner.client.clone(),
+            "slice-1".to_owned(),
+            7,
+            TTL,
+            shutdown,
+        )
+        .await
+        .expect("the lease is held")
+    }
+
+    /// Renewed once at the start, then every third of the TTL; each renewal
+    /// moves the executor's own deadline to two thirds of the TTL after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_renewed_every_third_of_its_ttl() {
+        let planner = FakePlanner::start(Answers::default());
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        let lease = hold(&planner, &shutdown).await;
+
+        tokio::time::sleep(Duration::from_secs(35)).await;
+
+        let beats: Vec<u64> = planner
+            .calls()
+            .heartbeats
+            .iter()
+            .map(|at| at.duration_since(started).as_secs())
+            .collect();
+        assert_eq!(beats, [0, 10, 20, 30]);
+        assert!(lease.may_publish());
+        assert_eq!(
+            lease.deadline().duration_since(started).as_secs(),
+            30 + 20,
+            "two thirds of the TTL after the last renewal"
+        );
+    }
+
+    /// A planner that stops answering renewals: the lease stops publishing
+    /// by itself at two thirds of the TTL after the last renewal that was
+    /// answered, before the planner could lease the slice again.
+    #[tokio::test(start_paused = true)]
+    async fn an_unrenewed_lease_stops_at_two_thirds_of_its_ttl() {
+        let planner = FakePlanner::start(Answers {
+            heartbeats_fail_from: Some(2),
+            ..Answers::default()
+        });
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        let lease = hold(&planner, &shutdown).await;
+
+        tokio::time::sleep_until(started + Duration::from_millis(19_900)).await;
+        assert!(lease.may_publish(), "still within the deadline");
+        lease.stopped().await;
+        assert_eq!(started.elapsed().as_secs(), 20);
+        assert!(!lease.may_publish());
+        assert_eq!(
+            lease.stop_reason(),
+            Some(StopReason::Lost(PAST_DEADLINE.to_owned()))
+        );
+        assert!(planner.calls().heartbeats.len() >= 2, "renewals were tried");
+    }
+
+    /// Shutdown stops publishing at once; the lease is then ended (completed).
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_publishing_and_the_lease_ends() {
+        let planner = FakePlanner::start(Answers::default());
+        let shutdown = CancellationToken::new();
+        let lease = hold(&planner, &shutdown).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), lease.stopped())
+            .await
+            .expect("stopped at once");
+        assert!(!lease.may_publish());
+        // The reason is given by the lease's own task, right after.
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while lease.stop_reason().is_none() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a stop reason");
+        assert_eq!(lease.stop_reason(), Some(StopReason::Shutdown));
+        lease.end(false).await;
+        assert_eq!(planner.calls().completed, [false]);
+    }
+}

@@ -109,7 +109,7 @@ async fn send_report(
         };
         match answer {
             Ok(Some(answer)) => {
-                take_answer(&shared, &answer);
+                take_answer(shared, &answer);
                 break;
             }
             Ok(None) => {

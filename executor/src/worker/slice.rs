@@ -56,6 +56,19 @@ impl Progress {
 
     /// Logs a warning each time nothing moved for [`STALL_WARNING`].
     pub(super) async fn watch(self) {
+        self.watch_with(|stalled, waiting_for| {
+            warn!(
+                stalled_seconds = stalled.as_secs(),
+                waiting_for, "slice made no progress"
+            );
+        })
+        .await;
+    }
+
+    /// Calls `stalled` with how long nothing moved and what the loop waits
+    /// for, each time nothing moved for [`STALL_WARNING`] (looking every
+    /// third of it); runs until dropped.
+    pub(super) async fn watch_with(self, mut stalled: impl FnMut(Duration, &'static str)) {
         let mut seen = self.counter.load(Ordering::Relaxed);
         let mut still_since = Instant::now();
         loop {
@@ -69,10 +82,7 @@ impl Progress {
                     .waiting_for
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                warn!(
-                    stalled_seconds = still_since.elapsed().as_secs(),
-                    waiting_for, "slice made no progress"
-                );
+                stalled(still_since.elapsed(), waiting_for);
                 still_since = Instant::now();
             }
         }
