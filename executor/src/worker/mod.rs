@@ -31,7 +31,7 @@ use redrive_proto::{
     backoff::Backoff,
     v1::{self, coordinator_client::CoordinatorClient},
 };
-use tokio::time::Instant;
+use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::{info, warn};
@@ -71,6 +71,10 @@ pub struct Worker<C: Connect = AmqpConnect> {
     replay_keys: Option<ReplayKeys>,
     connect: C,
     publisher: Option<C::Publisher>,
+    /// Publishers given up on (connection lost or taken for dead), closing:
+    /// their outstanding confirms still resolve into outcomes. Owned by the
+    /// loop and awaited when it ends ([`Worker::retire_publisher`]).
+    retired: JoinSet<()>,
     /// Late and lost confirms not yet charged, shared by every slice loop of
     /// the executor: a slice that ends does not take its debt with it.
     debt: TokenDebt,
@@ -99,6 +103,7 @@ impl Worker<AmqpConnect> {
         heartbeat: Heartbeat,
     ) -> Self {
         Self {
+            retired: JoinSet::new(),
             connect: AmqpConnect {
                 amqp_url: settings.amqp_url.clone(),
                 options: settings.publisher,
@@ -152,14 +157,30 @@ impl<C: Connect> Worker<C> {
                 }
             }
         }
-        if let Some(publisher) = self.publisher.take()
-            && tokio::time::timeout(Duration::from_secs(2), publisher.close())
-                .await
-                .is_err()
+        self.retire_publisher();
+        let retired = &mut self.retired;
+        let closed = async { while retired.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(2), closed)
+            .await
+            .is_err()
         {
             warn!("closing the broker connection timed out");
+            self.retired.abort_all();
         }
         info!("executor stopped");
+    }
+
+    /// Gives the publisher up (its connection is lost, or the loop ends):
+    /// it is closed in the background, where its outstanding confirms
+    /// still resolve (the collector awaits them), owned by the loop.
+    pub(super) fn retire_publisher(&mut self) {
+        if let Some(publisher) = self.publisher.take() {
+            self.retired.spawn(async move {
+                let _ = publisher.close().await;
+            });
+        }
+        // Those already closed.
+        while self.retired.try_join_next().is_some() {}
     }
 
     /// A connected publisher, reconnecting with backoff until `stop` or, with
@@ -175,7 +196,7 @@ impl<C: Connect> Worker<C> {
             .as_ref()
             .is_some_and(|publisher| !publisher.is_connected())
         {
-            self.publisher = None;
+            self.retire_publisher();
         }
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         while self.publisher.is_none() {

@@ -148,7 +148,7 @@ impl<C: Connect> Worker<C> {
             slots = publisher.reserve(count) => slots,
         };
         let Ok(slots) = slots else {
-            self.publisher = None;
+            self.retire_publisher();
             return Err(Leave::Next);
         };
         let overdue = |publisher: &C::Publisher| {
@@ -176,7 +176,7 @@ impl<C: Connect> Worker<C> {
             // The confirm timeout ended it: reconnect first. The debt of its
             // lost confirms is paid on the new connection, when whatever the
             // dead one held may reach the broker too.
-            self.publisher = None;
+            self.retire_publisher();
             return Err(Leave::Next);
         }
         Ok(slots)
@@ -263,7 +263,7 @@ impl<C: Connect> Worker<C> {
                     // Not published: publish it again on a new connection,
                     // with new tokens.
                     warn!(%error, "publish failed; reconnecting");
-                    self.publisher = None;
+                    self.retire_publisher();
                     items.push_front(work);
                     return run.give_back(items, Leave::Next);
                 }

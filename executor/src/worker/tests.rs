@@ -102,6 +102,7 @@ mod pipeline {
             },
             connect: FakeConnect(Arc::clone(broker)),
             publisher: None,
+            retired: tokio::task::JoinSet::new(),
             coordinator: planner.client.clone(),
             bucket: Arc::new(Bucket::Local(LocalBucket::new())),
             replay_keys: None,
@@ -223,6 +224,22 @@ mod pipeline {
             calls.marks
         );
         assert_eq!(calls.completed, [false], "completed, not released");
+    }
+
+    /// The claim loop ends at shutdown, its publisher closed.
+    #[tokio::test]
+    async fn the_claim_loop_ends_at_shutdown() {
+        let planner = FakePlanner::start(Answers::default());
+        let broker = FakeBroker::new(8);
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(worker(&planner, &broker).run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(3), running)
+            .await
+            .expect("it ends within the close bound")
+            .expect("the loop did not panic");
+        assert!(broker.published().is_empty(), "nothing was claimed");
     }
 
     /// The planner refuses outcomes of a live lease (it never saw them
