@@ -23,7 +23,7 @@ use std::{
 
 use redis::aio::ConnectionManager;
 use tokio::{net::TcpListener, time::Instant};
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tonic::transport::Channel;
 use tonic_health::{
     ServingStatus,
@@ -95,7 +95,8 @@ pub struct HealthChecks {
 }
 
 /// Serves `grpc.health.v1.Health` on `listener` and keeps its statuses
-/// current until `shutdown`.
+/// current until `shutdown`; returns once the server and the status checks
+/// have both ended.
 ///
 /// # Errors
 /// The server failing.
@@ -113,14 +114,25 @@ pub async fn serve(
     if let Ok(address) = listener.local_addr() {
         info!(%address, "health serving grpc.health.v1");
     }
-    tokio::spawn(keep_current(reporter, checks, shutdown.clone()));
-    tonic::transport::Server::builder()
+    // Owned here: it ends with the server, also when the server fails.
+    let checks_done = shutdown.child_token();
+    let keeping = AbortOnDropHandle::new(tokio::spawn(keep_current(
+        reporter,
+        checks,
+        checks_done.clone(),
+    )));
+    let served = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),
             shutdown.cancelled_owned(),
         )
-        .await
+        .await;
+    checks_done.cancel();
+    // It returns at its next await of the token (a check in progress is
+    // dropped there).
+    let _ = keeping.await;
+    served
 }
 
 async fn keep_current(reporter: HealthReporter, checks: HealthChecks, shutdown: CancellationToken) {

@@ -5,7 +5,8 @@
 //! item states; Redis holds the shared bucket and the replay keys.
 //!
 //! # Layout
-//! - `lib.rs`: [`Config`] and [`run`]: flags, validation, start-up;
+//! - `lib.rs`: [`run`], start-up and shutdown in named steps; `config.rs`:
+//!   [`Config`], flags and validation;
 //!   `main.rs`: the binary (settings, logging, signals, then [`run`]).
 //! - [`worker`]: the claim loop and the per-run publishing pipeline.
 //! - [`lease`]: one slice lease: renewal, the planner's stop signal, the
@@ -21,6 +22,9 @@
 //!   against the [`publisher::Publisher`] with a confirm window.
 
 pub mod bucket;
+mod config;
+#[cfg(test)]
+mod fakes;
 pub mod health;
 pub mod lease;
 pub mod message;
@@ -30,20 +34,21 @@ pub mod publisher;
 pub mod replay_keys;
 pub mod worker;
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+pub use config::Config;
+
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use anyhow::Context;
-use clap::{CommandFactory, FromArgMatches, Parser};
 use redrive_proto::{
-    settings::{
-        AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
-        read_secret_into, redact_url,
-    },
+    settings::ServiceSettings,
     telemetry::{Metrics, MetricsSettings},
-    tls::ClientTlsFiles,
     v1::coordinator_client::CoordinatorClient,
 };
-use tokio_util::sync::CancellationToken;
+use tokio::{task::JoinSet, time::Instant};
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{info, warn};
 
 use crate::{
@@ -55,294 +60,11 @@ use crate::{
     worker::{Worker, WorkerSettings},
 };
 
-/// `redrive-executor` settings.
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "redrive-executor",
-    version,
-    about = "Redrive executor: replays plan slices with publisher confirms"
-)]
-pub struct Config {
-    /// The planner's gRPC URL (`https://` for TLS).
-    #[arg(
-        long,
-        env = "REDRIVE_PLANNER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub planner: String,
-
-    /// PEM bundle of the CAs the planner's certificate must chain to
-    /// (default with `https://`: the platform's roots).
-    #[arg(long, env = "REDRIVE_CA", value_name = "FILE")]
-    pub ca: Option<PathBuf>,
-
-    /// PEM client certificate presented to the planner: its CN (or first
-    /// DNS name) is this executor's principal, which needs the executor
-    /// role (needs --tls-client-key).
-    #[arg(long, env = "REDRIVE_TLS_CLIENT_CERT", value_name = "FILE")]
-    pub tls_client_cert: Option<PathBuf>,
-
-    /// PEM private key of --tls-client-cert.
-    #[arg(long, env = "REDRIVE_TLS_CLIENT_KEY", value_name = "FILE")]
-    pub tls_client_key: Option<PathBuf>,
-
-    /// The broker replays are published to: `--amqp-url`, `--amqp-url-file`.
-    #[command(flatten)]
-    pub amqp: AmqpSettings,
-
-    /// Redis URL of the shared token bucket and replay keys (`rediss://` for
-    /// TLS). Without it the executor runs in single-executor mode (in-process
-    /// limiter, the planner's record of sent keys): run only one such executor.
-    #[arg(long, env = "REDRIVE_REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<String>,
-
-    /// A file holding the Redis URL (read at start; overrides --redis-url).
-    #[arg(long, env = "REDRIVE_REDIS_URL_FILE", value_name = "FILE")]
-    pub redis_url_file: Option<PathBuf>,
-
-    /// Prefix of this deployment's Redis keys (bucket and replay keys).
-    #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
-    pub redis_prefix: String,
-
-    /// The name of the broker and virtual host this executor publishes to:
-    /// its replay keys and token buckets in Redis are qualified by it, so
-    /// executors of two brokers or vhosts that share a Redis (and a prefix)
-    /// never skip each other's replays or share a rate. Default: the AMQP
-    /// URL's `host:port/vhost` (`127.0.0.1:5672/%2f`, never the
-    /// credentials). Every executor of one broker must use the same name:
-    /// set it when they reach a cluster through different node addresses or
-    /// host names (e.g. `--broker-id orders-cluster/%2f`).
-    #[arg(long, env = "REDRIVE_BROKER_ID")]
-    pub broker_id: Option<String>,
-
-    /// This executor's id in leases and audit events (default: a random one).
-    #[arg(long, env = "REDRIVE_EXECUTOR_ID")]
-    pub executor_id: Option<String>,
-
-    /// Publishes in flight at once (the confirm window).
-    #[arg(long, env = "REDRIVE_WINDOW", default_value_t = 256)]
-    pub window: usize,
-
-    /// Attempts per message: a nacked or unconfirmed one (its channel closed,
-    /// e.g. by a destination exchange that does not exist) is then reported
-    /// `failed`, a returned one `unroutable`. Retries back off from 0.2 s,
-    /// doubling to 6.4 s.
-    #[arg(long, env = "REDRIVE_MAX_ATTEMPTS", default_value_t = 5)]
-    pub max_attempts: u32,
-
-    /// Slices replayed at once by this executor (each with its own channel).
-    #[arg(long, env = "REDRIVE_CONCURRENT_SLICES", default_value_t = 4)]
-    pub concurrent_slices: usize,
-
-    /// Days a sent message key stays in Redis's replay keys.
-    #[arg(long, env = "REDRIVE_REPLAY_KEY_TTL_DAYS", default_value_t = 7)]
-    pub replay_key_ttl_days: u64,
-
-    /// Seconds a slice claim waits for work (long poll).
-    #[arg(long, env = "REDRIVE_CLAIM_WAIT_SECONDS", default_value_t = 20)]
-    pub claim_wait_seconds: u64,
-
-    /// Seconds the oldest publish may wait for its publisher confirm before
-    /// the broker connection is taken for dead (a half-open connection): its
-    /// publishes become uncertain and are published again on a new one.
-    #[arg(long, env = "REDRIVE_CONFIRM_TIMEOUT_SECONDS", default_value_t = 5)]
-    pub confirm_timeout_seconds: u64,
-
-    /// AMQP heartbeat in seconds asked of the broker unless the AMQP URL names
-    /// one (`?heartbeat=N`); a connection silent for two heartbeats is closed.
-    #[arg(long, env = "REDRIVE_AMQP_HEARTBEAT_SECONDS", default_value_t = 5)]
-    pub amqp_heartbeat_seconds: u64,
-
-    /// Seconds after SIGTERM or SIGINT for outstanding confirms to finish and
-    /// outcomes to be reported; then the executor exits anyway (leases it
-    /// still holds expire, and their unreported items become uncertain).
-    #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
-    pub shutdown_grace_seconds: u64,
-
-    /// Serve `grpc.health.v1.Health` here, plaintext: `""`/`readiness`
-    /// (broker, Redis and planner reachable) and `liveness` (no slice loop
-    /// wedged). Off when not set.
-    #[arg(long, env = "REDRIVE_HEALTH_LISTEN", value_name = "ADDR")]
-    pub health_listen: Option<SocketAddr>,
-
-    /// Seconds a slice loop may go without a heartbeat before `liveness`
-    /// reports `NOT_SERVING` (at least 10 more than --claim-wait-seconds
-    /// and --confirm-timeout-seconds, the longest waits without a beat).
-    #[arg(long, env = "REDRIVE_LIVENESS_TIMEOUT_SECONDS", default_value_t = 90)]
-    pub liveness_timeout_seconds: u64,
-
-    /// Logging and telemetry: `--log-json`, `--metrics-listen`,
-    /// `--otlp-endpoint`.
-    #[command(flatten)]
-    pub telemetry: TelemetrySettings,
-}
-
-impl Config {
-    /// The broker identity that qualifies this executor's Redis keys:
-    /// `--broker-id`, else the AMQP URL's `host:port/vhost`
-    /// ([`redrive_proto::settings::broker_id_of`]); the URL itself when it
-    /// does not parse (refused by [`ServiceSettings::validate`] anyway).
-    pub fn broker_id(&self) -> String {
-        match &self.broker_id {
-            Some(id) => id.clone(),
-            None => redrive_proto::settings::broker_id_of(&self.amqp.url)
-                .unwrap_or_else(|_| redrive_proto::settings::redact_url(&self.amqp.url)),
-        }
-    }
-
-    /// The defaults pointed at `planner` (tests build configs this way).
-    /// Reads no `REDRIVE_*` variable: what the environment of a test run
-    /// happens to hold never changes a test's executor.
-    pub fn for_planner(planner: impl Into<String>) -> Self {
-        let command = Self::command().mut_args(|arg| arg.env(None));
-        let mut config = command
-            .try_get_matches_from(["redrive-executor"])
-            .and_then(|matches| Self::from_arg_matches(&matches))
-            .expect("the defaults parse");
-        config.planner = planner.into();
-        config
-    }
-
-    /// The TLS files for the planner connection.
-    pub fn planner_tls(&self) -> ClientTlsFiles {
-        ClientTlsFiles {
-            ca: self.ca.clone(),
-            client_cert: self.tls_client_cert.clone(),
-            client_key: self.tls_client_key.clone(),
-        }
-    }
-}
-
-impl ServiceSettings for Config {
-    /// Reads `--amqp-url-file` and `--redis-url-file` into
-    /// `amqp.url` and `redis_url`.
-    fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
-        self.amqp.read_secret_file(problems);
-        let file = self.redis_url_file.as_deref();
-        read_secret_into("redis-url-file", file, &mut self.redis_url, problems);
-    }
-
-    /// Checks what clap cannot, every setting.
-    ///
-    /// # Errors
-    /// [`SettingErrors`] naming every wrong setting.
-    fn validate(&self) -> Result<(), SettingErrors> {
-        let mut problems = Vec::new();
-        let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
-        if !self.planner.starts_with("http://") && !self.planner.starts_with("https://") {
-            problem(
-                "planner",
-                format!("{:?} is not an http(s):// URL", self.planner),
-            );
-        } else if let Err(error) = tonic::transport::Endpoint::from_shared(self.planner.clone()) {
-            problem("planner", format!("{:?}: {error}", self.planner));
-        } else if let Err(text) = tonic::transport::Endpoint::from_shared(self.planner.clone())
-            .map_err(|error| error.to_string())
-            .and_then(|endpoint| self.planner_tls().apply(&self.planner, endpoint))
-        {
-            // Read and parsed now: a bad file is a bad setting, not a failed start.
-            problem("planner", text);
-        }
-        if let Err(error) = self.amqp.check() {
-            problem(error.setting, error.problem);
-        }
-        if let Some(redis) = &self.redis_url {
-            let shown = redact_url(redis);
-            if !redis.starts_with("redis://") && !redis.starts_with("rediss://") {
-                problem("redis-url", format!("{shown:?} is not a redis:// URL"));
-            } else if let Err(error) =
-                redis::IntoConnectionInfo::into_connection_info(redis.as_str())
-            {
-                problem(
-                    "redis-url",
-                    format!(
-                        "{shown:?}: {}",
-                        redrive_proto::settings::redact_text(&error.to_string(), redis)
-                    ),
-                );
-            }
-        }
-        if let Some(id) = &self.broker_id
-            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
-        {
-            problem(
-                "broker-id",
-                format!("{id:?}: 1 to 255 bytes of printable text"),
-            );
-        }
-        if let Some(id) = &self.executor_id
-            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
-        {
-            problem(
-                "executor-id",
-                format!("{id:?}: 1 to 255 bytes of printable text"),
-            );
-        }
-        for (setting, value, range) in [
-            (
-                "window",
-                u64::try_from(self.window).unwrap_or(u64::MAX),
-                1..=u64::MAX,
-            ),
-            (
-                "concurrent-slices",
-                u64::try_from(self.concurrent_slices).unwrap_or(u64::MAX),
-                1..=64,
-            ),
-            ("max-attempts", u64::from(self.max_attempts), 1..=u64::MAX),
-            (
-                "replay-key-ttl-days",
-                self.replay_key_ttl_days,
-                1..=u64::MAX,
-            ),
-            ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
-            (
-                "liveness-timeout-seconds",
-                self.liveness_timeout_seconds,
-                self.claim_wait_seconds
-                    .max(self.confirm_timeout_seconds)
-                    .saturating_add(10)..=86_400,
-            ),
-            (
-                "confirm-timeout-seconds",
-                self.confirm_timeout_seconds,
-                1..=300,
-            ),
-            (
-                "amqp-heartbeat-seconds",
-                self.amqp_heartbeat_seconds,
-                1..=600,
-            ),
-            (
-                "shutdown-grace-seconds",
-                self.shutdown_grace_seconds,
-                0..=600,
-            ),
-        ] {
-            if !range.contains(&value) {
-                problem(
-                    setting,
-                    if *range.end() == u64::MAX {
-                        format!("must be at least {}", range.start())
-                    } else {
-                        format!("{} to {}", range.start(), range.end())
-                    },
-                );
-            }
-        }
-        // The telemetry flags come last.
-        problems.extend(self.telemetry.check().err());
-        SettingErrors::check(problems)
-    }
-
-    fn telemetry(&self) -> &TelemetrySettings {
-        &self.telemetry
-    }
-}
-
 /// Runs the executor until `shutdown`: connects to Redis (waiting while it is
 /// unreachable: without the bucket nothing is published), then claims and
-/// replays slices.
+/// replays slices. Every task it starts (the slice loops, the health
+/// server) ends before it returns: after `shutdown`, within
+/// `--shutdown-grace-seconds`, or aborted then.
 ///
 /// # Errors
 /// An invalid configuration or planner URL.
@@ -352,22 +74,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .executor_id
         .clone()
         .unwrap_or_else(|| format!("executor-{}", uuid::Uuid::new_v4()));
-    let endpoint = tonic::transport::Endpoint::from_shared(config.planner.clone())
-        .with_context(|| format!("invalid setting --planner: {}", config.planner))?;
-    let channel = config
-        .planner_tls()
-        .apply(&config.planner, endpoint)
-        .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?
-        .tcp_nodelay(true)
-        // A half-open link to the planner is noticed (HTTP/2 PING), so
-        // claims, renewals and reports fail instead of hanging.
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true)
-        .connect_lazy();
-
-    let planner_channel = channel.clone();
-    let coordinator = CoordinatorClient::new(channel)
+    let planner_channel = planner_channel(&config)?;
+    let coordinator = CoordinatorClient::new(planner_channel.clone())
         .max_decoding_message_size(256 * 1024 * 1024)
         .max_encoding_message_size(64 * 1024 * 1024);
     let metrics_pipeline = Metrics::start(
@@ -378,86 +86,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .await
     .map_err(|error| anyhow::anyhow!("invalid setting {}: {error}", error.setting()))?;
     let metrics = ExecutorMetrics::new(&metrics_pipeline.meter("redrive-executor"));
-    // Health is served from here on, also while Redis is waited for (not
-    // ready then, but live); a bad address ends the start before any claim.
     let publisher_options = PublisherOptions {
         window: config.window,
         confirm_timeout: Duration::from_secs(config.confirm_timeout_seconds),
         heartbeat: Duration::from_secs(config.amqp_heartbeat_seconds),
     };
-    let redis_for_health = config
-        .redis_url
-        .as_ref()
-        .map(|_| Arc::new(std::sync::OnceLock::new()));
-    let heartbeats_for_health = Arc::new(std::sync::OnceLock::new());
-    let health = match config.health_listen {
-        None => None,
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| {
-                    format!("invalid setting --health-listen: cannot bind {address}")
-                })?;
-            Some(tokio::spawn(health::serve(
-                listener,
-                HealthChecks {
-                    amqp_url: config.amqp.url.clone(),
-                    publisher: publisher_options,
-                    redis: redis_for_health.clone(),
-                    planner: planner_channel,
-                    heartbeats: Arc::clone(&heartbeats_for_health),
-                    liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
-                },
-                shutdown.clone(),
-            )))
-        }
-    };
-    let (bucket, replay_keys) = match &config.redis_url {
-        None => {
-            info!(
-                "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
-            );
-            (Bucket::Local(LocalBucket::new()), None)
-        }
-        Some(redis_url) => {
-            let mut backoff = redrive_proto::backoff::Backoff::new(
-                Duration::from_millis(200),
-                Duration::from_secs(5),
-            );
-            let connection = loop {
-                match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
-                    Ok(connection) => break connection,
-                    Err(error) => {
-                        warn!(%error, "Redis unreachable: not publishing until it is back");
-                        tokio::select! {
-                            () = shutdown.cancelled() => {
-                                if let Some(health) = health {
-                                    health.abort();
-                                }
-                                return Ok(());
-                            }
-                            () = tokio::time::sleep(backoff.next_delay()) => {}
-                        }
-                    }
-                }
-            };
-            // Both qualified by the broker (docs/replay.md, "Identity").
-            let broker_id = config.broker_id();
-            info!(broker.id = %broker_id, "replay keys and buckets are this broker's");
-            let bucket = RedisBucket::new(
-                connection.clone(),
-                bucket::key_prefix_for(&config.redis_prefix, &broker_id),
-                DEFAULT_CALL_TIMEOUT,
-            );
-            let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
-            let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
-                .map_err(anyhow::Error::msg)?
-                .on_broker(broker_id);
-            if let Some(ready) = &redis_for_health {
-                let _ = ready.set(connection);
-            }
-            (Bucket::Redis(bucket), Some(replay_keys))
-        }
+    // Health is served from here on, also while Redis is waited for (not
+    // ready then, but live); a bad address ends the start before any claim.
+    let health = HealthTask::start(&config, publisher_options, planner_channel, &shutdown).await?;
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let Some((bucket, replay_keys)) = shared_state(&config, &health, &shutdown).await? else {
+        // Shut down while Redis was waited for.
+        health.drain_until(Instant::now() + grace).await;
+        metrics_pipeline.shutdown().await;
+        return Ok(());
     };
     info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
     let settings = WorkerSettings {
@@ -467,49 +109,238 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
     };
-    // Several slice loops, each with its own broker channel, so that one
-    // slice's tail (last confirms, report, completion, next claim) overlaps
-    // another's publishing. They share the bucket and the replay keys.
-    let bucket = Arc::new(bucket);
+    let parts = LoopParts {
+        settings,
+        coordinator,
+        bucket: Arc::new(bucket),
+        replay_keys,
+        metrics,
+    };
+    let (loops, heartbeats) = start_loops(parts, config.concurrent_slices, &shutdown);
+    health.watch_loops(heartbeats);
+    let grace_over = drain_loops(loops, &shutdown, grace).await;
+    health.drain_until(grace_over).await;
+    metrics_pipeline.shutdown().await;
+    Ok(())
+}
+
+/// The lazily connected channel to the planner, with `--planner`'s TLS.
+///
+/// # Errors
+/// An invalid `--planner` URL or TLS file.
+fn planner_channel(config: &Config) -> anyhow::Result<tonic::transport::Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(config.planner.clone())
+        .with_context(|| format!("invalid setting --planner: {}", config.planner))?;
+    Ok(config
+        .planner_tls()
+        .apply(&config.planner, endpoint)
+        .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?
+        .tcp_nodelay(true)
+        // A half-open link to the planner is noticed (HTTP/2 PING), so
+        // claims, renewals and reports fail instead of hanging.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+/// The health server of `--health-listen` (none when not set), owned by
+/// [`run`] and drained at shutdown, and what its checks learn later: Redis
+/// once connected, the slice loops' heartbeats once started.
+struct HealthTask {
+    serving: Option<AbortOnDropHandle<Result<(), tonic::transport::Error>>>,
+    redis: Option<Arc<OnceLock<redis::aio::ConnectionManager>>>,
+    heartbeats: Arc<OnceLock<Vec<Heartbeat>>>,
+}
+
+impl HealthTask {
+    /// Binds `--health-listen` and serves health until `shutdown`.
+    ///
+    /// # Errors
+    /// The address cannot be bound.
+    async fn start(
+        config: &Config,
+        publisher: PublisherOptions,
+        planner: tonic::transport::Channel,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let mut task = Self {
+            serving: None,
+            redis: config.redis_url.as_ref().map(|_| Arc::new(OnceLock::new())),
+            heartbeats: Arc::new(OnceLock::new()),
+        };
+        let Some(address) = config.health_listen else {
+            return Ok(task);
+        };
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("invalid setting --health-listen: cannot bind {address}"))?;
+        let checks = HealthChecks {
+            amqp_url: config.amqp.url.clone(),
+            publisher,
+            redis: task.redis.clone(),
+            planner,
+            heartbeats: Arc::clone(&task.heartbeats),
+            liveness_timeout: Duration::from_secs(config.liveness_timeout_seconds),
+        };
+        task.serving = Some(AbortOnDropHandle::new(tokio::spawn(health::serve(
+            listener,
+            checks,
+            shutdown.clone(),
+        ))));
+        Ok(task)
+    }
+
+    /// Readiness checks Redis from now on.
+    fn redis_connected(&self, connection: &redis::aio::ConnectionManager) {
+        if let Some(ready) = &self.redis {
+            let _ = ready.set(connection.clone());
+        }
+    }
+
+    /// Liveness watches these slice loops from now on.
+    fn watch_loops(&self, heartbeats: Vec<Heartbeat>) {
+        let _ = self.heartbeats.set(heartbeats);
+    }
+
+    /// Waits for the server to end (it ends at shutdown, once its open
+    /// calls have), until `deadline`; then aborts it.
+    async fn drain_until(self, deadline: Instant) {
+        let Some(mut serving) = self.serving else {
+            return;
+        };
+        match tokio::time::timeout_at(deadline, &mut serving).await {
+            Ok(Ok(Err(error))) => warn!(%error, "the health server failed"),
+            Ok(_) => {}
+            Err(_) => {
+                tracing::debug!("the health server outlived the grace period: aborted");
+                serving.abort();
+            }
+        }
+    }
+}
+
+/// The token bucket and the replay keys: in Redis with `--redis-url` (waits
+/// until it is reachable), in-process without. `None` when `shutdown` came
+/// first.
+///
+/// # Errors
+/// An invalid Redis prefix for the replay keys.
+async fn shared_state(
+    config: &Config,
+    health: &HealthTask,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<(Bucket, Option<ReplayKeys>)>> {
+    let Some(redis_url) = &config.redis_url else {
+        info!(
+            "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
+        );
+        return Ok(Some((Bucket::Local(LocalBucket::new()), None)));
+    };
+    let mut backoff =
+        redrive_proto::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let connection = loop {
+        match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
+            Ok(connection) => break connection,
+            Err(error) => {
+                warn!(%error, "Redis unreachable: not publishing until it is back");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
+    };
+    // Both qualified by the broker (docs/replay.md, "Identity").
+    let broker_id = config.broker_id();
+    info!(broker.id = %broker_id, "replay keys and buckets are this broker's");
+    let bucket = RedisBucket::new(
+        connection.clone(),
+        bucket::key_prefix_for(&config.redis_prefix, &broker_id),
+        DEFAULT_CALL_TIMEOUT,
+    );
+    let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
+    let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
+        .map_err(anyhow::Error::msg)?
+        .on_broker(broker_id);
+    health.redis_connected(&connection);
+    Ok(Some((Bucket::Redis(bucket), Some(replay_keys))))
+}
+
+/// What every slice loop of the executor shares.
+struct LoopParts {
+    settings: WorkerSettings,
+    coordinator: CoordinatorClient<tonic::transport::Channel>,
+    bucket: Arc<Bucket>,
+    replay_keys: Option<ReplayKeys>,
+    metrics: ExecutorMetrics,
+}
+
+/// Starts `count` slice loops, each with its own broker channel, so that
+/// one slice's tail (last confirms, report, completion, next claim)
+/// overlaps another's publishing. They share the bucket, the replay keys
+/// and the token debt. The loops, and their heartbeats (loop `i`'s id is
+/// the executor id with `/i`).
+fn start_loops(
+    parts: LoopParts,
+    count: usize,
+    shutdown: &CancellationToken,
+) -> (JoinSet<()>, Vec<Heartbeat>) {
     let debt = outcomes::TokenDebt::default();
-    let mut loops = tokio::task::JoinSet::new();
-    let started = tokio::time::Instant::now();
-    let mut heartbeats = Vec::with_capacity(config.concurrent_slices);
-    for index in 0..config.concurrent_slices {
-        let mut settings = settings.clone();
+    let mut loops = JoinSet::new();
+    let started = Instant::now();
+    let mut heartbeats = Vec::with_capacity(count);
+    for index in 0..count {
+        let mut settings = parts.settings.clone();
         settings.executor_id = format!("{}/{index}", settings.executor_id);
         let heartbeat = Heartbeat::new(started);
         heartbeats.push(heartbeat.clone());
         let worker = Worker::new(
             settings,
-            coordinator.clone(),
-            Arc::clone(&bucket),
-            replay_keys.clone(),
+            parts.coordinator.clone(),
+            Arc::clone(&parts.bucket),
+            parts.replay_keys.clone(),
             debt.clone(),
-            metrics.clone(),
+            parts.metrics.clone(),
             heartbeat,
         );
         loops.spawn(worker.run(shutdown.clone()));
     }
-    let _ = heartbeats_for_health.set(heartbeats);
-    // After shutdown each loop stops publishing at once, drains its confirms
-    // and reports; the grace period bounds that.
-    let grace = Duration::from_secs(config.shutdown_grace_seconds);
-    let drained = async { while loops.join_next().await.is_some() {} };
-    let bounded = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
+    (loops, heartbeats)
+}
+
+/// Waits for the slice loops: until `shutdown`, then for at most `grace`
+/// while each stops publishing at once, drains its confirms and reports;
+/// loops still running then are aborted. Returns when the grace period
+/// ends (now when the loops all ended before `shutdown`).
+async fn drain_loops(
+    mut loops: JoinSet<()>,
+    shutdown: &CancellationToken,
+    grace: Duration,
+) -> Instant {
+    async fn all_ended(loops: &mut JoinSet<()>) {
+        // `join_next` is cancel-safe: nothing is lost when this is dropped.
+        while loops.join_next().await.is_some() {}
+    }
     tokio::select! {
-        () = drained => {}
-        () = bounded => {
-            warn!(grace_seconds = config.shutdown_grace_seconds, "shutdown grace period over: exiting with work unreported (its leases expire and the planner marks it uncertain)");
-            loops.abort_all();
-        }
+        () = shutdown.cancelled() => {}
+        () = all_ended(&mut loops) => {}
     }
-    if let Some(health) = health {
-        health.abort();
+    if !shutdown.is_cancelled() {
+        // Every loop ended by itself: nothing to wait for.
+        return Instant::now();
     }
-    metrics_pipeline.shutdown().await;
-    Ok(())
+    let grace_over = Instant::now() + grace;
+    if tokio::time::timeout_at(grace_over, all_ended(&mut loops))
+        .await
+        .is_err()
+    {
+        warn!(
+            grace_seconds = grace.as_secs(),
+            "shutdown grace period over: exiting with work unreported (its leases expire and the planner marks it uncertain)"
+        );
+        loops.abort_all();
+        all_ended(&mut loops).await;
+    }
+    grace_over
 }

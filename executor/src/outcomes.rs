@@ -182,6 +182,27 @@ pub enum Feedback {
     Done,
 }
 
+/// The feedback channel of a slice of `items` items (room for
+/// `items.max(1)` messages).
+///
+/// # Why it cannot deadlock
+/// The collector sends, the publishing loop receives; and the loop does
+/// wait on the collector: for room in the in-flight channel (bounded by the
+/// confirm window) while it publishes, and for the collector's end when the
+/// slice stops, before it reads the last feedback. A bound the collector
+/// could reach would deadlock both (a window's worth of feedback and a
+/// full in-flight channel, or a stopped slice with more feedback than
+/// room). So the bound is the slice's item count, which the collector
+/// cannot reach: every [`Feedback`] is about one item, an item gets one only
+/// when its publish resolves, and a [`Feedback::Retry`]'s item is published
+/// again only after the loop received it. So each item has at most one
+/// unreceived feedback, and the collector's send never waits. The memory is
+/// bounded by the slice, which the loop holds anyway (tokio allocates a
+/// channel's buffer as it fills, not up front).
+pub fn feedback_channel(items: usize) -> (mpsc::Sender<Feedback>, mpsc::Receiver<Feedback>) {
+    mpsc::channel(items.max(1))
+}
+
 /// Tokens owed to the bucket, per bucket key (see the module docs).
 #[derive(Clone, Default)]
 pub struct TokenDebt(Arc<Mutex<HashMap<String, u32>>>);
@@ -255,8 +276,10 @@ impl EventContext {
 pub struct Collector {
     /// Where outcomes go (the lease's reporter).
     pub events: mpsc::Sender<v1::AuditEvent>,
-    /// What to publish again, and what is done.
-    pub feedback: mpsc::UnboundedSender<Feedback>,
+    /// What to publish again, and what is done: at most one message per
+    /// item of the slice is ever unreceived, so a channel with room for
+    /// every item never makes the collector wait ([`feedback_channel`]).
+    pub feedback: mpsc::Sender<Feedback>,
     /// The slice's event fields.
     pub context: EventContext,
     /// Redis replay keys, marked before a `sent` is reported.
@@ -419,6 +442,118 @@ impl Collector {
         if let Some(event) = event {
             let _ = self.events.send(event).await;
         }
-        let _ = self.feedback.send(feedback);
+        let _ = self.feedback.send(feedback).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publisher::Pending;
+
+    fn context() -> EventContext {
+        EventContext {
+            plan_id: "plan".to_owned(),
+            slice_id: "slice".to_owned(),
+            wave: 0,
+            executor_id: "executor".to_owned(),
+            metrics: ExecutorMetrics::new(&opentelemetry::global::meter("test")),
+        }
+    }
+
+    fn work(id: usize) -> Work {
+        Work {
+            item: v1::SliceItem {
+                item_id: id.to_string(),
+                routing_key: "q".to_owned(),
+                ..Default::default()
+            },
+            attempt: 1,
+            not_before: None,
+        }
+    }
+
+    /// Runs a collector over `items` resolved publishes (every other one
+    /// nacked, so a retry) with a feedback channel of `room`, sent through
+    /// an in-flight channel smaller than the slice while nobody reads the
+    /// feedback: what the publishing loop does at the end of a slice
+    /// (it awaits the collector, then reads the feedback). Whether the
+    /// collector ended, and the feedback it left.
+    async fn collect_unread(items: usize, room: usize) -> (bool, Vec<Feedback>) {
+        let (events, mut events_received) = mpsc::channel(items * 2);
+        let (feedback, mut feedback_received) = if room == items {
+            feedback_channel(items)
+        } else {
+            mpsc::channel(room)
+        };
+        let collector = Collector {
+            events,
+            feedback,
+            context: context(),
+            replay_keys: None,
+            max_attempts: 5,
+            debt: TokenDebt::default(),
+        };
+        let (in_flight, in_flight_received) = mpsc::channel(8);
+        let collecting = tokio::spawn(collector.run(in_flight_received));
+        let sending = async {
+            for id in 0..items {
+                let outcome = if id % 2 == 0 {
+                    PublishOutcome::Sent {
+                        latency: Duration::ZERO,
+                    }
+                } else {
+                    PublishOutcome::Nacked
+                };
+                let pending = Pending::resolved(outcome);
+                let flight = InFlight {
+                    work: work(id),
+                    pending,
+                    span: None,
+                };
+                if in_flight.send(flight).await.is_err() {
+                    return;
+                }
+            }
+            drop(in_flight);
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(30), async {
+            sending.await;
+            collecting.await.is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        let mut unread = Vec::new();
+        while let Ok(message) = feedback_received.try_recv() {
+            unread.push(message);
+        }
+        while events_received.try_recv().is_ok() {}
+        (ended, unread)
+    }
+
+    /// The bound of [`feedback_channel`]: with room for every item, the
+    /// collector handles a whole slice (more than a window and a mark
+    /// batch) while nobody reads its feedback.
+    #[tokio::test(start_paused = true)]
+    async fn the_collector_never_waits_for_feedback_to_be_read() {
+        let items = 2 * MARK_BATCH + 3;
+        let (ended, unread) = collect_unread(items, items).await;
+        assert!(ended, "the collector ended with its feedback unread");
+        assert_eq!(unread.len(), items, "one feedback per item");
+        let retries = unread
+            .iter()
+            .filter(|message| matches!(message, Feedback::Retry(_)))
+            .count();
+        assert_eq!(retries, items / 2, "every nacked item is retried");
+    }
+
+    /// Why the bound is not the confirm window: a feedback channel smaller
+    /// than the slice fills while the loop waits for the collector, and
+    /// both wait for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_feedback_channel_smaller_than_the_slice_would_deadlock() {
+        let (ended, unread) = collect_unread(64, 8).await;
+        assert!(!ended, "the collector waits for feedback to be read");
+        assert_eq!(unread.len(), 8);
     }
 }

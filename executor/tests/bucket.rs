@@ -21,6 +21,7 @@ use std::{
 
 use futures::FutureExt;
 use proptest::prelude::*;
+use redis::aio::ConnectionManager;
 use redrive_executor::bucket::{
     Bucket, BucketError, Grant, LocalBucket, MAX_BURST, MAX_PER_SECOND, MIN_PER_SECOND, Rate,
     RateError, RedisBucket, gcra_step,
@@ -675,35 +676,45 @@ async fn extreme_rates_grant_and_wait_exactly() {
         assert!(waited.is_err(), "a token at 0.001/s within 300 ms");
         assert_eq!(bucket.calls() - calls, 1, "asked again while told to wait");
 
-        // An earlier version stored the TAT as a plain µs count.
-        let old_key = bucket.redis_key("old-format");
-        let () = redis::cmd("SET")
-            .arg(&old_key)
-            .arg("9999999999999999")
-            .arg("PX")
-            .arg(60_000)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        assert_eq!(
-            bucket.try_acquire("old-format", slowest, 1).await.unwrap(),
-            Grant::Granted
-        );
-        let stored: String = redis::cmd("GET")
-            .arg(&old_key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        let limbs: Vec<u64> = stored
-            .split(' ')
-            .map(|limb| limb.parse().expect("integer limbs"))
-            .collect();
-        assert!(
-            limbs.len() == 2 && limbs[1] < 1_000_000_000,
-            "stored TAT {stored:?}, not \"SEC NSEC\""
-        );
+        an_old_format_key_counts_as_fresh(&bucket, &mut connection, slowest).await;
     })
     .await;
+}
+
+/// An earlier version's key (the TAT as a plain µs count) is read as a
+/// fresh bucket: granted, and stored again as `"SEC NSEC"`.
+async fn an_old_format_key_counts_as_fresh(
+    bucket: &RedisBucket,
+    connection: &mut ConnectionManager,
+    slowest: Rate,
+) {
+    // An earlier version stored the TAT as a plain µs count.
+    let old_key = bucket.redis_key("old-format");
+    let () = redis::cmd("SET")
+        .arg(&old_key)
+        .arg("9999999999999999")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(connection)
+        .await
+        .unwrap();
+    assert_eq!(
+        bucket.try_acquire("old-format", slowest, 1).await.unwrap(),
+        Grant::Granted
+    );
+    let stored: String = redis::cmd("GET")
+        .arg(&old_key)
+        .query_async(connection)
+        .await
+        .unwrap();
+    let limbs: Vec<u64> = stored
+        .split(' ')
+        .map(|limb| limb.parse().expect("integer limbs"))
+        .collect();
+    assert!(
+        limbs.len() == 2 && limbs[1] < 1_000_000_000,
+        "stored TAT {stored:?}, not \"SEC NSEC\""
+    );
 }
 
 /// The in-process bucket (governor) at the reported rates: no stall with

@@ -42,24 +42,17 @@ use tokio_util::{
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
-use prost::Message as _;
 use redrive_proto::backoff::Backoff;
 
 /// Why a lease counts as lost when its own deadline passed.
 const PAST_DEADLINE: &str =
     "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)";
-/// Outcome events buffered before a report is sent.
-const REPORT_BATCH: usize = 256;
-/// Most encoded bytes of outcome events per report (no bodies travel in a
-/// report, but a state-check hook's reasons may be long): far below the
-/// planner's gRPC message limit.
-const REPORT_MAX_BYTES: usize = 4 * 1024 * 1024;
-/// Longest a buffered outcome waits before it is reported.
-const REPORT_INTERVAL: Duration = Duration::from_millis(100);
-/// How long a report is retried while the planner cannot be reached; then
-/// its events are dropped (the lease expires, and the planner marks every
-/// unreported item `uncertain`).
-const REPORT_GIVE_UP: Duration = Duration::from_secs(60);
+
+mod report;
+mod tasks;
+
+use report::{REPORT_BATCH, report};
+use tasks::{MarkFailed, heartbeat, mark, renew, stop_on_shutdown, watch, watch_deadline};
 
 /// Why a lease could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -432,265 +425,104 @@ impl Lease {
     }
 }
 
-/// Why one `MarkPublishing` call did not record the mark.
-enum MarkFailed {
-    /// The planner refused the token: the lease is lost (and stopped).
-    Lost,
-    /// No answer, or an error other than a stale token.
-    Unanswered(String),
-}
+#[cfg(test)]
+mod tests {
+    //! Lease timing on a paused clock, against the in-memory fake planner.
 
-/// One `MarkPublishing` call through `through`, bounded by a third of the
-/// TTL; records the mark in `shared`, or stops the lease as lost.
-async fn mark(
-    mut coordinator: CoordinatorClient<Channel>,
-    shared: &Shared,
-    through: u64,
-) -> Result<(), MarkFailed> {
-    let request = v1::MarkPublishingRequest {
-        slice_id: shared.slice_id.clone(),
-        fencing_token: shared.token,
-        through_item_id: through.to_string(),
-    };
-    match tokio::time::timeout(shared.ttl / 3, coordinator.mark_publishing(request)).await {
-        Ok(Ok(_)) => {
-            shared.record_mark(through);
-            Ok(())
-        }
-        Ok(Err(status)) if is_stale_token(&status) => {
-            shared.stop(StopReason::Lost(status.message().to_owned()));
-            Err(MarkFailed::Lost)
-        }
-        Ok(Err(status)) => Err(MarkFailed::Unanswered(format!(
-            "{:?}: {}",
-            status.code(),
-            status.message()
-        ))),
-        Err(_) => Err(MarkFailed::Unanswered(
-            "no answer within a third of the lease TTL".to_owned(),
-        )),
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{Lease, PAST_DEADLINE, StopReason};
+    use crate::fakes::{Answers, FakePlanner};
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    async fn hold(planner: &FakePlanner, shutdown: &CancellationToken) -> Lease {
+        Lease::start(
+            planner.client.clone(),
+            "slice-1".to_owned(),
+            7,
+            TTL,
+            shutdown,
+        )
+        .await
+        .expect("the lease is held")
     }
-}
 
-async fn renew(
-    coordinator: &mut CoordinatorClient<Channel>,
-    shared: &Shared,
-) -> Result<v1::HeartbeatResponse, tonic::Status> {
-    let request = coordinator.heartbeat(v1::HeartbeatRequest {
-        slice_id: shared.slice_id.clone(),
-        fencing_token: shared.token,
-    });
-    match tokio::time::timeout(shared.ttl / 3, request).await {
-        Ok(answer) => answer.map(tonic::Response::into_inner),
-        Err(_) => Err(tonic::Status::deadline_exceeded(
-            "the lease renewal took longer than a third of the TTL",
-        )),
-    }
-}
-
-/// Renews the lease at a third of its TTL until stopped and beyond (a
-/// stopped lease is still renewed while its confirms drain and its outcomes
-/// are reported).
-async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>) {
-    let mut ticker = tokio::time::interval((shared.ttl / 3).max(Duration::from_millis(100)));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        ticker.tick().await;
-        let sent_at = Instant::now();
-        match renew(&mut coordinator, &shared).await {
-            Ok(answer) => {
-                shared.renewed(sent_at);
-                if !answer.keep_publishing {
-                    shared.stop(StopReason::Plan(answer.reason));
-                }
-            }
-            Err(status) if is_stale_token(&status) => {
-                shared.stop(StopReason::Lost(status.message().to_owned()));
-                return;
-            }
-            Err(status) => {
-                warn!(code = ?status.code(), grpc_message = status.message(), "lease renewal failed");
-            }
-        }
-    }
-}
-
-/// Follows the planner's stop signal (`WatchLease`), reconnecting with
-/// backoff while the planner is unreachable (the deadline covers that time).
-async fn watch(mut coordinator: CoordinatorClient<Channel>, shared: Arc<Shared>) {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-    loop {
-        let request = v1::WatchLeaseRequest {
-            slice_id: shared.slice_id.clone(),
-            fencing_token: shared.token,
-        };
-        match coordinator.watch_lease(request).await {
-            Ok(stream) => {
-                let mut stream = stream.into_inner();
-                loop {
-                    match stream.message().await {
-                        Ok(Some(signal)) => {
-                            backoff.reset();
-                            if signal.lease_lost {
-                                shared.stop(StopReason::Lost(signal.reason));
-                                return;
-                            }
-                            if !signal.keep_publishing {
-                                shared.stop(StopReason::Plan(signal.reason));
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(status) => {
-                            tracing::debug!(code = ?status.code(), grpc_message = status.message(), "lease watch ended");
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(status) if is_stale_token(&status) => {
-                shared.stop(StopReason::Lost(status.message().to_owned()));
-                return;
-            }
-            Err(status) => {
-                tracing::debug!(code = ?status.code(), grpc_message = status.message(), "cannot watch the lease");
-            }
-        }
-        tokio::time::sleep(backoff.next_delay()).await;
-    }
-}
-
-/// Stops publishing when the deadline passes without a renewal.
-async fn watch_deadline(shared: Arc<Shared>) {
-    loop {
-        let deadline = shared.deadline();
-        tokio::time::sleep_until(deadline).await;
-        if Instant::now() >= shared.deadline() {
-            shared.stop(StopReason::Lost(PAST_DEADLINE.to_owned()));
-            return;
-        }
-    }
-}
-
-async fn stop_on_shutdown(shutdown: CancellationToken, shared: Arc<Shared>) {
-    shutdown.cancelled().await;
-    shared.stop(StopReason::Shutdown);
-}
-
-/// The reporter task of [`Lease::reporter`].
-async fn report(
-    mut coordinator: CoordinatorClient<Channel>,
-    shared: Arc<Shared>,
-    mut receiver: mpsc::Receiver<v1::AuditEvent>,
-) {
-    let mut buffer = Vec::with_capacity(REPORT_BATCH);
-    let mut buffered_bytes = 0;
-    let mut open = true;
-    while open || !buffer.is_empty() {
-        if open {
-            let deadline = tokio::time::sleep(REPORT_INTERVAL);
-            tokio::pin!(deadline);
-            loop {
-                tokio::select! {
-                    () = &mut deadline => break,
-                    event = receiver.recv() => match event {
-                        Some(event) => {
-                            buffered_bytes += event.encoded_len();
-                            buffer.push(event);
-                            if buffer.len() >= REPORT_BATCH || buffered_bytes >= REPORT_MAX_BYTES { break; }
-                        }
-                        None => { open = false; break; }
-                    },
-                }
-            }
-        }
-        if buffer.is_empty() {
-            continue;
-        }
-        let request = v1::ReportOutcomesRequest {
-            slice_id: shared.slice_id.clone(),
-            fencing_token: shared.token,
-            events: std::mem::take(&mut buffer),
-        };
-        buffered_bytes = 0;
+    /// Renewed once at the start, then every third of the TTL; each renewal
+    /// moves the executor's own deadline to two thirds of the TTL after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_renewed_every_third_of_its_ttl() {
+        let planner = FakePlanner::start(Answers::default());
+        let shutdown = CancellationToken::new();
         let started = Instant::now();
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        loop {
-            // Bounded: a half-open link to the planner must not hold the
-            // report (and the slice loop behind it) for ever.
-            let call = async {
-                let mut responses = coordinator
-                    .report_outcomes(tokio_stream::iter(vec![request.clone()]))
-                    .await?
-                    .into_inner();
-                responses.message().await
-            };
-            let answer = match tokio::time::timeout(shared.ttl / 3, call).await {
-                Ok(answer) => answer,
-                Err(_) => Err(tonic::Status::deadline_exceeded(
-                    "the outcome report took longer than a third of the lease TTL",
-                )),
-            };
-            match answer {
-                Ok(Some(answer)) => {
-                    if answer.refused > 0 && !answer.lease_lost {
-                        // Under a lease this executor still holds, a refusal
-                        // means it reported what it never marked (a bug
-                        // here): publish nothing more, and neither complete
-                        // nor release the slice, so that its expiry judges
-                        // the unreported items by the mark.
-                        tracing::error!(
-                            refused = answer.refused,
-                            accepted = answer.accepted,
-                            "the planner refused outcomes of a live lease; stopping the slice and letting its lease expire"
-                        );
-                        shared
-                            .unreported
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
-                        shared.stop(StopReason::Lost(
-                            "the planner refused outcomes of this lease".to_owned(),
-                        ));
-                    } else if answer.refused > 0 {
-                        info!(
-                            refused = answer.refused,
-                            accepted = answer.accepted,
-                            "late outcomes of an expired lease refused; the planner recorded its marked items as uncertain"
-                        );
-                    }
-                    if answer.lease_lost {
-                        shared.stop(StopReason::Lost(
-                            "the planner says this lease expired or another holds the slice now"
-                                .to_owned(),
-                        ));
-                    }
-                    break;
-                }
-                Ok(None) => {
-                    warn!("outcome report answered nothing; retrying");
-                }
-                Err(status) if is_stale_token(&status) => {
-                    // A token the slice never had: nothing of it can be recorded.
-                    warn!(grpc_message = status.message(), "outcome report refused");
-                    shared
-                        .unreported
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
-                    shared.stop(StopReason::Lost(status.message().to_owned()));
-                    break;
-                }
-                Err(status) if started.elapsed() < REPORT_GIVE_UP => {
-                    warn!(code = ?status.code(), grpc_message = status.message(), "outcome report failed; retrying");
-                }
-                Err(status) => {
-                    warn!(code = ?status.code(), grpc_message = status.message(), events = request.events.len(),
-                        "giving up on an outcome report; when the lease expires the planner marks its unreported items uncertain");
-                    shared
-                        .unreported
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
-                    shared.stop(StopReason::Lost("outcomes cannot be reported".to_owned()));
-                    break;
-                }
+        let lease = hold(&planner, &shutdown).await;
+
+        tokio::time::sleep(Duration::from_secs(35)).await;
+
+        let beats: Vec<u64> = planner
+            .calls()
+            .heartbeats
+            .iter()
+            .map(|at| at.duration_since(started).as_secs())
+            .collect();
+        assert_eq!(beats, [0, 10, 20, 30]);
+        assert!(lease.may_publish());
+        assert_eq!(
+            lease.deadline().duration_since(started).as_secs(),
+            30 + 20,
+            "two thirds of the TTL after the last renewal"
+        );
+    }
+
+    /// A planner that stops answering renewals: the lease stops publishing
+    /// by itself at two thirds of the TTL after the last renewal that was
+    /// answered, before the planner could lease the slice again.
+    #[tokio::test(start_paused = true)]
+    async fn an_unrenewed_lease_stops_at_two_thirds_of_its_ttl() {
+        let planner = FakePlanner::start(Answers {
+            heartbeats_fail_from: Some(2),
+            ..Answers::default()
+        });
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        let lease = hold(&planner, &shutdown).await;
+
+        tokio::time::sleep_until(started + Duration::from_millis(19_900)).await;
+        assert!(lease.may_publish(), "still within the deadline");
+        lease.stopped().await;
+        assert_eq!(started.elapsed().as_secs(), 20);
+        assert!(!lease.may_publish());
+        assert_eq!(
+            lease.stop_reason(),
+            Some(StopReason::Lost(PAST_DEADLINE.to_owned()))
+        );
+        assert!(planner.calls().heartbeats.len() >= 2, "renewals were tried");
+    }
+
+    /// Shutdown stops publishing at once; the lease is then ended (completed).
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_publishing_and_the_lease_ends() {
+        let planner = FakePlanner::start(Answers::default());
+        let shutdown = CancellationToken::new();
+        let lease = hold(&planner, &shutdown).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), lease.stopped())
+            .await
+            .expect("stopped at once");
+        assert!(!lease.may_publish());
+        // The reason is given by the lease's own task, right after.
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while lease.stop_reason().is_none() {
+                tokio::task::yield_now().await;
             }
-            tokio::time::sleep(backoff.next_delay()).await;
-        }
+        })
+        .await
+        .expect("a stop reason");
+        assert_eq!(lease.stop_reason(), Some(StopReason::Shutdown));
+        lease.end(false).await;
+        assert_eq!(planner.calls().completed, [false]);
     }
 }

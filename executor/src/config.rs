@@ -1,0 +1,305 @@
+//! The executor's settings: flags and environment variables ([`Config`])
+//! and their validation.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{CommandFactory, FromArgMatches, Parser};
+use redrive_proto::{
+    settings::{
+        AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
+        read_secret_into, redact_url,
+    },
+    tls::ClientTlsFiles,
+};
+
+/// `redrive-executor` settings.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "redrive-executor",
+    version,
+    about = "Redrive executor: replays plan slices with publisher confirms"
+)]
+pub struct Config {
+    /// The planner's gRPC URL (`https://` for TLS).
+    #[arg(
+        long,
+        env = "REDRIVE_PLANNER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub planner: String,
+
+    /// PEM bundle of the CAs the planner's certificate must chain to
+    /// (default with `https://`: the platform's roots).
+    #[arg(long, env = "REDRIVE_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
+    /// PEM client certificate presented to the planner: its CN (or first
+    /// DNS name) is this executor's principal, which needs the executor
+    /// role (needs --tls-client-key).
+    #[arg(long, env = "REDRIVE_TLS_CLIENT_CERT", value_name = "FILE")]
+    pub tls_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-client-cert.
+    #[arg(long, env = "REDRIVE_TLS_CLIENT_KEY", value_name = "FILE")]
+    pub tls_client_key: Option<PathBuf>,
+
+    /// The broker replays are published to: `--amqp-url`, `--amqp-url-file`.
+    #[command(flatten)]
+    pub amqp: AmqpSettings,
+
+    /// Redis URL of the shared token bucket and replay keys (`rediss://` for
+    /// TLS). Without it the executor runs in single-executor mode (in-process
+    /// limiter, the planner's record of sent keys): run only one such executor.
+    #[arg(long, env = "REDRIVE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// A file holding the Redis URL (read at start; overrides --redis-url).
+    #[arg(long, env = "REDRIVE_REDIS_URL_FILE", value_name = "FILE")]
+    pub redis_url_file: Option<PathBuf>,
+
+    /// Prefix of this deployment's Redis keys (bucket and replay keys).
+    #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
+    pub redis_prefix: String,
+
+    /// The name of the broker and virtual host this executor publishes to:
+    /// its replay keys and token buckets in Redis are qualified by it, so
+    /// executors of two brokers or vhosts that share a Redis (and a prefix)
+    /// never skip each other's replays or share a rate. Default: the AMQP
+    /// URL's `host:port/vhost` (`127.0.0.1:5672/%2f`, never the
+    /// credentials). Every executor of one broker must use the same name:
+    /// set it when they reach a cluster through different node addresses or
+    /// host names (e.g. `--broker-id orders-cluster/%2f`).
+    #[arg(long, env = "REDRIVE_BROKER_ID")]
+    pub broker_id: Option<String>,
+
+    /// This executor's id in leases and audit events (default: a random one).
+    #[arg(long, env = "REDRIVE_EXECUTOR_ID")]
+    pub executor_id: Option<String>,
+
+    /// Publishes in flight at once (the confirm window).
+    #[arg(long, env = "REDRIVE_WINDOW", default_value_t = 256)]
+    pub window: usize,
+
+    /// Attempts per message: a nacked or unconfirmed one (its channel closed,
+    /// e.g. by a destination exchange that does not exist) is then reported
+    /// `failed`, a returned one `unroutable`. Retries back off from 0.2 s,
+    /// doubling to 6.4 s.
+    #[arg(long, env = "REDRIVE_MAX_ATTEMPTS", default_value_t = 5)]
+    pub max_attempts: u32,
+
+    /// Slices replayed at once by this executor (each with its own channel).
+    #[arg(long, env = "REDRIVE_CONCURRENT_SLICES", default_value_t = 4)]
+    pub concurrent_slices: usize,
+
+    /// Days a sent message key stays in Redis's replay keys.
+    #[arg(long, env = "REDRIVE_REPLAY_KEY_TTL_DAYS", default_value_t = 7)]
+    pub replay_key_ttl_days: u64,
+
+    /// Seconds a slice claim waits for work (long poll).
+    #[arg(long, env = "REDRIVE_CLAIM_WAIT_SECONDS", default_value_t = 20)]
+    pub claim_wait_seconds: u64,
+
+    /// Seconds the oldest publish may wait for its publisher confirm before
+    /// the broker connection is taken for dead (a half-open connection): its
+    /// publishes become uncertain and are published again on a new one.
+    #[arg(long, env = "REDRIVE_CONFIRM_TIMEOUT_SECONDS", default_value_t = 5)]
+    pub confirm_timeout_seconds: u64,
+
+    /// AMQP heartbeat in seconds asked of the broker unless the AMQP URL names
+    /// one (`?heartbeat=N`); a connection silent for two heartbeats is closed.
+    #[arg(long, env = "REDRIVE_AMQP_HEARTBEAT_SECONDS", default_value_t = 5)]
+    pub amqp_heartbeat_seconds: u64,
+
+    /// Seconds after SIGTERM or SIGINT for outstanding confirms to finish and
+    /// outcomes to be reported; then the executor exits anyway (leases it
+    /// still holds expire, and their unreported items become uncertain).
+    #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
+
+    /// Serve `grpc.health.v1.Health` here, plaintext: `""`/`readiness`
+    /// (broker, Redis and planner reachable) and `liveness` (no slice loop
+    /// wedged). Off when not set.
+    #[arg(long, env = "REDRIVE_HEALTH_LISTEN", value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
+
+    /// Seconds a slice loop may go without a heartbeat before `liveness`
+    /// reports `NOT_SERVING` (at least 10 more than --claim-wait-seconds
+    /// and --confirm-timeout-seconds, the longest waits without a beat).
+    #[arg(long, env = "REDRIVE_LIVENESS_TIMEOUT_SECONDS", default_value_t = 90)]
+    pub liveness_timeout_seconds: u64,
+
+    /// Logging and telemetry: `--log-json`, `--metrics-listen`,
+    /// `--otlp-endpoint`.
+    #[command(flatten)]
+    pub telemetry: TelemetrySettings,
+}
+
+impl Config {
+    /// The broker identity that qualifies this executor's Redis keys:
+    /// `--broker-id`, else the AMQP URL's `host:port/vhost`
+    /// ([`redrive_proto::settings::broker_id_of`]); the URL itself when it
+    /// does not parse (refused by [`ServiceSettings::validate`] anyway).
+    pub fn broker_id(&self) -> String {
+        match &self.broker_id {
+            Some(id) => id.clone(),
+            None => redrive_proto::settings::broker_id_of(&self.amqp.url)
+                .unwrap_or_else(|_| redrive_proto::settings::redact_url(&self.amqp.url)),
+        }
+    }
+
+    /// The defaults pointed at `planner` (tests build configs this way).
+    /// Reads no `REDRIVE_*` variable: what the environment of a test run
+    /// happens to hold never changes a test's executor.
+    pub fn for_planner(planner: impl Into<String>) -> Self {
+        let command = Self::command().mut_args(|arg| arg.env(None));
+        let mut config = command
+            .try_get_matches_from(["redrive-executor"])
+            .and_then(|matches| Self::from_arg_matches(&matches))
+            .expect("the defaults parse");
+        config.planner = planner.into();
+        config
+    }
+
+    /// The numeric settings outside their ranges.
+    fn range_problems(&self) -> Vec<SettingError> {
+        let mut problems = Vec::new();
+        for (setting, value, range) in [
+            (
+                "window",
+                u64::try_from(self.window).unwrap_or(u64::MAX),
+                1..=u64::MAX,
+            ),
+            (
+                "concurrent-slices",
+                u64::try_from(self.concurrent_slices).unwrap_or(u64::MAX),
+                1..=64,
+            ),
+            ("max-attempts", u64::from(self.max_attempts), 1..=u64::MAX),
+            (
+                "replay-key-ttl-days",
+                self.replay_key_ttl_days,
+                1..=u64::MAX,
+            ),
+            ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
+            (
+                "liveness-timeout-seconds",
+                self.liveness_timeout_seconds,
+                self.claim_wait_seconds
+                    .max(self.confirm_timeout_seconds)
+                    .saturating_add(10)..=86_400,
+            ),
+            (
+                "confirm-timeout-seconds",
+                self.confirm_timeout_seconds,
+                1..=300,
+            ),
+            (
+                "amqp-heartbeat-seconds",
+                self.amqp_heartbeat_seconds,
+                1..=600,
+            ),
+            (
+                "shutdown-grace-seconds",
+                self.shutdown_grace_seconds,
+                0..=600,
+            ),
+        ] {
+            if !range.contains(&value) {
+                problems.push(SettingError::new(
+                    setting,
+                    if *range.end() == u64::MAX {
+                        format!("must be at least {}", range.start())
+                    } else {
+                        format!("{} to {}", range.start(), range.end())
+                    },
+                ));
+            }
+        }
+        problems
+    }
+
+    /// The TLS files for the planner connection.
+    pub fn planner_tls(&self) -> ClientTlsFiles {
+        ClientTlsFiles {
+            ca: self.ca.clone(),
+            client_cert: self.tls_client_cert.clone(),
+            client_key: self.tls_client_key.clone(),
+        }
+    }
+}
+
+impl ServiceSettings for Config {
+    /// Reads `--amqp-url-file` and `--redis-url-file` into
+    /// `amqp.url` and `redis_url`.
+    fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
+        self.amqp.read_secret_file(problems);
+        let file = self.redis_url_file.as_deref();
+        read_secret_into("redis-url-file", file, &mut self.redis_url, problems);
+    }
+
+    /// Checks what clap cannot, every setting.
+    ///
+    /// # Errors
+    /// [`SettingErrors`] naming every wrong setting.
+    fn validate(&self) -> Result<(), SettingErrors> {
+        let mut problems = Vec::new();
+        let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
+        if !self.planner.starts_with("http://") && !self.planner.starts_with("https://") {
+            problem(
+                "planner",
+                format!("{:?} is not an http(s):// URL", self.planner),
+            );
+        } else if let Err(error) = tonic::transport::Endpoint::from_shared(self.planner.clone()) {
+            problem("planner", format!("{:?}: {error}", self.planner));
+        } else if let Err(text) = tonic::transport::Endpoint::from_shared(self.planner.clone())
+            .map_err(|error| error.to_string())
+            .and_then(|endpoint| self.planner_tls().apply(&self.planner, endpoint))
+        {
+            // Read and parsed now: a bad file is a bad setting, not a failed start.
+            problem("planner", text);
+        }
+        if let Err(error) = self.amqp.check() {
+            problem(error.setting, error.problem);
+        }
+        if let Some(redis) = &self.redis_url {
+            let shown = redact_url(redis);
+            if !redis.starts_with("redis://") && !redis.starts_with("rediss://") {
+                problem("redis-url", format!("{shown:?} is not a redis:// URL"));
+            } else if let Err(error) =
+                redis::IntoConnectionInfo::into_connection_info(redis.as_str())
+            {
+                problem(
+                    "redis-url",
+                    format!(
+                        "{shown:?}: {}",
+                        redrive_proto::settings::redact_text(&error.to_string(), redis)
+                    ),
+                );
+            }
+        }
+        if let Some(id) = &self.broker_id
+            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
+        {
+            problem(
+                "broker-id",
+                format!("{id:?}: 1 to 255 bytes of printable text"),
+            );
+        }
+        if let Some(id) = &self.executor_id
+            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
+        {
+            problem(
+                "executor-id",
+                format!("{id:?}: 1 to 255 bytes of printable text"),
+            );
+        }
+        problems.extend(self.range_problems());
+        // The telemetry flags come last.
+        problems.extend(self.telemetry.check().err());
+        SettingErrors::check(problems)
+    }
+
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}

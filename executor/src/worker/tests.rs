@@ -1,0 +1,334 @@
+//! The slice loop's unit tests.
+
+use std::collections::VecDeque;
+
+use redrive_proto::v1;
+
+use super::{run_size, slice::take_run};
+use crate::{bucket::Rate, outcomes::Work};
+
+#[test]
+fn runs_take_about_a_twentieth_of_a_second_of_the_rate() {
+    let rate = |per_second, burst| Rate::new(per_second, burst).unwrap();
+    assert_eq!(run_size(rate(15.0, 5), 256), 1);
+    assert_eq!(run_size(rate(0.5, 1), 256), 1);
+    assert_eq!(run_size(rate(400.0, 40), 256), 20);
+    assert_eq!(run_size(rate(200.0, 5), 256), 5);
+    assert_eq!(run_size(rate(1e6, 1000), 256), 64);
+    assert_eq!(run_size(rate(1e6, 1000), 8), 8);
+}
+
+fn work(id: u64, routing_key: &str, retry: bool) -> Work {
+    Work {
+        item: v1::SliceItem {
+            item_id: id.to_string(),
+            routing_key: routing_key.to_owned(),
+            ..Default::default()
+        },
+        attempt: 1,
+        not_before: retry.then(tokio::time::Instant::now),
+    }
+}
+
+fn ids(works: &[Work]) -> Vec<&str> {
+    works
+        .iter()
+        .map(|work| work.item.item_id.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_takes_one_destination_across_interleaved_items_and_keeps_the_rest_in_order() {
+    // A fan-out's dead letters: destinations alternate, one is a retry.
+    let mut queue: VecDeque<Work> = [
+        work(2, "b", false),
+        work(3, "a", false),
+        work(4, "b", false),
+        work(5, "a", true),
+        work(6, "a", false),
+        work(7, "a", false),
+        work(8, "b", false),
+    ]
+    .into();
+    let run = take_run(&mut queue, work(1, "a", false), 3);
+    assert_eq!(
+        ids(&run),
+        ["1", "3", "6"],
+        "at most the chunk, in order, no retry"
+    );
+    assert_eq!(ids(queue.make_contiguous()), ["2", "4", "5", "7", "8"]);
+    let run = take_run(&mut queue.split_off(0), work(9, "c", false), 64);
+    assert_eq!(ids(&run), ["9"], "nothing else for c");
+}
+
+#[tokio::test]
+async fn a_run_of_one_destination_is_taken_from_the_front() {
+    let mut queue: VecDeque<Work> = (2..=6).map(|id| work(id, "a", false)).collect();
+    let run = take_run(&mut queue, work(1, "a", false), 4);
+    assert_eq!(ids(&run), ["1", "2", "3", "4"]);
+    assert_eq!(ids(queue.make_contiguous()), ["5", "6"]);
+    let run = take_run(&mut queue, work(0, "a", false), 1);
+    assert_eq!(ids(&run), ["0"], "a chunk of one takes only the first");
+    assert_eq!(ids(queue.make_contiguous()), ["5", "6"]);
+}
+
+/// The pipeline, claim to report, against a fake planner and broker.
+mod pipeline {
+    use std::{collections::HashMap, sync::Arc, time::Duration};
+
+    use redrive_proto::v1;
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::{
+        bucket::{Bucket, LocalBucket},
+        fakes::{Answer, Answers, FakeBroker, FakeConnect, FakePlanner},
+        health::Heartbeat,
+        metrics::ExecutorMetrics,
+        outcomes::TokenDebt,
+        publisher::PublisherOptions,
+        worker::{Worker, WorkerSettings},
+    };
+
+    /// A slice loop publishing to `broker` and reporting to `planner`.
+    fn worker(planner: &FakePlanner, broker: &Arc<FakeBroker>) -> Worker<FakeConnect> {
+        Worker {
+            settings: WorkerSettings {
+                executor_id: "executor-test/0".to_owned(),
+                amqp_url: "amqp://fake".to_owned(),
+                publisher: PublisherOptions::with_window(8),
+                max_attempts: 2,
+                claim_wait: Duration::from_secs(1),
+            },
+            connect: FakeConnect(Arc::clone(broker)),
+            publisher: None,
+            retired: tokio::task::JoinSet::new(),
+            coordinator: planner.client.clone(),
+            bucket: Arc::new(Bucket::Local(LocalBucket::new())),
+            replay_keys: None,
+            debt: TokenDebt::default(),
+            metrics: ExecutorMetrics::new(&opentelemetry::global::meter("test")),
+            heartbeat: Heartbeat::new(Instant::now()),
+        }
+    }
+
+    /// Item `position` of the plan: its body is its position.
+    fn item(position: u64) -> v1::SliceItem {
+        v1::SliceItem {
+            item_id: position.to_string(),
+            dead_letter: Some(v1::DeadLetter {
+                id: format!("dl-{position}"),
+                message_key: format!("key-{position}"),
+                destination: "orders".to_owned(),
+                ..Default::default()
+            }),
+            routing_key: "orders".to_owned(),
+            body: position.to_string().into_bytes(),
+            ..Default::default()
+        }
+    }
+
+    fn slice(items: Vec<v1::SliceItem>, per_second: f64, burst: u32) -> v1::Slice {
+        v1::Slice {
+            slice_id: "slice-1".to_owned(),
+            plan_id: "plan-1".to_owned(),
+            fencing_token: 7,
+            lease_ttl: Some(redrive_proto::time::duration(Duration::from_secs(30))),
+            rate: Some(v1::Rate {
+                per_second,
+                burst,
+                ..Default::default()
+            }),
+            items,
+            ..Default::default()
+        }
+    }
+
+    /// Each item's reported actions, in report order.
+    fn actions(planner: &FakePlanner) -> HashMap<String, Vec<v1::AuditAction>> {
+        let mut actions: HashMap<String, Vec<v1::AuditAction>> = HashMap::new();
+        for event in &planner.calls().reported {
+            actions
+                .entry(event.dead_letter_id.clone())
+                .or_default()
+                .push(event.action());
+        }
+        actions
+    }
+
+    /// Items go out in order; what the filters decide (the planner's record
+    /// of a replayed key, a deadline passed, the owning service's block) is
+    /// reported without a publish; a nack is retried, then `failed`; a
+    /// publish never confirmed is `uncertain` and published again; every
+    /// item ends up in the report, and the slice is completed.
+    #[tokio::test]
+    async fn a_slice_is_published_in_order_and_every_item_reported() {
+        let mut blocked = HashMap::new();
+        blocked.insert("dl-4".to_owned(), "order shipped".to_owned());
+        let planner = FakePlanner::start(Answers {
+            blocked,
+            ..Answers::default()
+        });
+        let broker = FakeBroker::new(8);
+        broker.answer("5", &[Answer::Nack, Answer::Nack]);
+        broker.answer("6", &[Answer::Never, Answer::Ack]);
+        let mut items: Vec<_> = (1..=8).map(item).collect();
+        items[1].key_replayed = true;
+        items[2].stale_at = Some(redrive_proto::time::timestamp(
+            chrono::Utc::now() - chrono::Duration::hours(1),
+        ));
+        items[3].state_check = true;
+        let shutdown = CancellationToken::new();
+        let mut worker = worker(&planner, &broker);
+
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            worker.replay_slice(slice(items, 1000.0, 100), &shutdown),
+        )
+        .await
+        .expect("the slice ends");
+
+        let published = broker.published();
+        let first: Vec<&str> = published.iter().map(String::as_str).take(5).collect();
+        assert_eq!(
+            first,
+            ["1", "5", "6", "7", "8"],
+            "in order, filtered ones not"
+        );
+        let mut retried: Vec<&str> = published.iter().map(String::as_str).skip(5).collect();
+        retried.sort_unstable();
+        assert_eq!(retried, ["5", "6"], "the nacked and the unconfirmed again");
+        use v1::AuditAction::{
+            Failed, Sent, SkippedDuplicate, SkippedStale, SkippedState, Uncertain,
+        };
+        let actions = actions(&planner);
+        let expected: HashMap<String, Vec<v1::AuditAction>> = [
+            ("dl-1", vec![Sent]),
+            ("dl-2", vec![SkippedDuplicate]),
+            ("dl-3", vec![SkippedStale]),
+            ("dl-4", vec![SkippedState]),
+            ("dl-5", vec![Failed]),
+            ("dl-6", vec![Uncertain, Sent]),
+            ("dl-7", vec![Sent]),
+            ("dl-8", vec![Sent]),
+        ]
+        .into_iter()
+        .map(|(id, actions)| (id.to_owned(), actions))
+        .collect();
+        assert_eq!(actions, expected, "every item reported, once finally");
+        let calls = planner.calls();
+        assert_eq!(calls.rechecks, [vec!["dl-4".to_owned()]]);
+        assert!(
+            calls.marks.iter().any(|&mark| mark >= 8),
+            "marked before publishing: {:?}",
+            calls.marks
+        );
+        assert_eq!(calls.completed, [false], "completed, not released");
+    }
+
+    /// The claim loop ends at shutdown, its publisher closed.
+    #[tokio::test]
+    async fn the_claim_loop_ends_at_shutdown() {
+        let planner = FakePlanner::start(Answers::default());
+        let broker = FakeBroker::new(8);
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(worker(&planner, &broker).run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(3), running)
+            .await
+            .expect("it ends within the close bound")
+            .expect("the loop did not panic");
+        assert!(broker.published().is_empty(), "nothing was claimed");
+    }
+
+    /// The planner refuses outcomes of a live lease (it never saw them
+    /// marked): the slice stops publishing at once and is neither completed
+    /// nor released, so that its lease expires and the planner judges the
+    /// unreported items by the mark.
+    #[tokio::test]
+    async fn refused_outcomes_stop_the_slice_and_leave_its_lease_to_expire() {
+        let planner = FakePlanner::start(Answers {
+            refuse_reports: true,
+            ..Answers::default()
+        });
+        let broker = FakeBroker::new(8);
+        let items = (1..=40).map(item).collect();
+        let shutdown = CancellationToken::new();
+        let mut worker = worker(&planner, &broker);
+
+        // 20 a second: two seconds of publishing, were it not stopped.
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            worker.replay_slice(slice(items, 20.0, 1), &shutdown),
+        )
+        .await
+        .expect("the slice ends");
+
+        let published = broker.published().len();
+        assert!(
+            (1..40).contains(&published),
+            "{published} of 40 published: stopped after the first refused report"
+        );
+        let calls = planner.calls();
+        assert!(!calls.reported.is_empty(), "a report was sent");
+        assert!(
+            calls.completed.is_empty(),
+            "neither completed nor released: {:?}",
+            calls.completed
+        );
+    }
+}
+
+/// The stall warning, on a paused clock.
+mod stall {
+    use std::{
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use tokio::time::Instant;
+
+    use crate::worker::slice::Progress;
+
+    /// A slice loop that moves nothing for 30 s is warned about, with what
+    /// it waits for, then again 30 s later; progress puts the warning off.
+    #[tokio::test(start_paused = true)]
+    async fn a_slice_still_for_thirty_seconds_is_warned_about() {
+        let progress = Progress::default();
+        let warnings = Arc::new(Mutex::new(Vec::new()));
+        let started = Instant::now();
+        let watching = {
+            let warnings = Arc::clone(&warnings);
+            tokio::spawn(progress.clone().watch_with(move |stalled, waiting_for| {
+                warnings
+                    .lock()
+                    .unwrap()
+                    .push((started.elapsed(), stalled, waiting_for));
+            }))
+        };
+        progress.waiting_for("publisher confirms");
+        // Progress at 15 s: still from then on.
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        progress.bump();
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert!(warnings.lock().unwrap().is_empty(), "warned at 44 s");
+        tokio::time::sleep(Duration::from_secs(37)).await;
+        watching.abort();
+        let warnings = warnings.lock().unwrap().clone();
+        let secs = |duration: Duration| duration.as_secs();
+        let seen: Vec<(u64, u64, &str)> = warnings
+            .iter()
+            .map(|&(at, stalled, waiting_for)| (secs(at), secs(stalled), waiting_for))
+            .collect();
+        // Looked at every 10 s: the bump is seen at 20 s, still for 30 s at
+        // 50 s, and again at 80 s.
+        assert_eq!(
+            seen,
+            [
+                (50, 30, "publisher confirms"),
+                (80, 30, "publisher confirms")
+            ]
+        );
+    }
+}
