@@ -77,7 +77,7 @@ pub(super) async fn check_precheck(
 ) -> anyhow::Result<()> {
     outcome.check_count(
         "dead letters captured",
-        report["total"].as_u64().unwrap_or_default(),
+        uint64(&report["total"])?,
         shape.dead_letters(),
     );
     outcome.check_count(
@@ -86,7 +86,7 @@ pub(super) async fn check_precheck(
         0,
     );
     let counts = &report["counts"];
-    let verdict = |name: &str| counts[name].as_u64().unwrap_or_default();
+    let verdict = |name: &str| uint64(&counts[camel_case(name).as_str()]).unwrap_or(u64::MAX);
     outcome.check_count(
         "duplicate (producer retries)",
         verdict("duplicate"),
@@ -124,15 +124,12 @@ pub(super) struct Audit {
 
 impl Audit {
     pub(super) fn parse(report: &serde_json::Value, export: &str) -> anyhow::Result<Self> {
-        let sent_keys = report["sent_keys"]
-            .as_array()
-            .context("the report has sent_keys")?
+        // proto3 JSON leaves an empty list out.
+        let sent_keys = list(&report["sentKeys"], "sentKeys")?
             .iter()
             .filter_map(|key| key.as_str().map(str::to_owned))
             .collect();
-        let not_sent_actions = report["not_sent"]
-            .as_array()
-            .context("the report has not_sent")?
+        let not_sent_actions = list(&report["notSent"], "notSent")?
             .iter()
             .filter_map(|event| event["action"].as_str().map(str::to_owned))
             .collect();
@@ -156,9 +153,51 @@ impl Audit {
         })
     }
 
+    /// The report's count of `action` (`sent`, `skipped_duplicate`, ...).
     pub(super) fn count(&self, action: &str) -> u64 {
-        self.counts[action].as_u64().unwrap_or_default()
+        uint64(&self.counts[camel_case(action).as_str()]).unwrap_or(u64::MAX)
     }
+}
+
+/// A `uint64` of the API's proto3 JSON: a decimal string, left out when 0.
+///
+/// # Errors
+/// When it is neither.
+fn uint64(value: &serde_json::Value) -> anyhow::Result<u64> {
+    match value {
+        serde_json::Value::Null => Ok(0),
+        serde_json::Value::String(text) => text
+            .parse()
+            .with_context(|| format!("{text:?} is not a uint64")),
+        other => anyhow::bail!("{other} is not a proto3 JSON uint64 (a decimal string)"),
+    }
+}
+
+/// A repeated field of the API's proto3 JSON: an array, left out when empty.
+///
+/// # Errors
+/// When it is something else.
+fn list<'a>(value: &'a serde_json::Value, name: &str) -> anyhow::Result<&'a [serde_json::Value]> {
+    match value {
+        serde_json::Value::Null => Ok(&[]),
+        serde_json::Value::Array(items) => Ok(items),
+        other => anyhow::bail!("the report's {name} is not a list: {other}"),
+    }
+}
+
+/// A proto field name as proto3 JSON spells it: `blocked_by_state` →
+/// `blockedByState`.
+fn camel_case(name: &str) -> String {
+    let mut parts = name.split('_');
+    let mut out = parts.next().unwrap_or_default().to_owned();
+    for part in parts {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            out.extend(first.to_uppercase());
+            out.push_str(chars.as_str());
+        }
+    }
+    out
 }
 
 /// `o-17:order.paid` → `msg-17` (the message id the producer gave order 17).
