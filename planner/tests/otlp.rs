@@ -10,9 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{Postgres, migrate::MigrateDatabase as _};
-
-const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+use redrive_test_support::TestDb;
 
 /// A local port nothing listens on (bound, then released).
 fn closed_port() -> u16 {
@@ -24,28 +22,21 @@ fn closed_port() -> u16 {
 /// the test fails).
 struct Planner {
     child: Child,
-    database_url: String,
+    /// Dropped after the process is killed in [`Planner::drop`].
+    _db: TestDb,
 }
 
 impl Drop for Planner {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let url = self.database_url.clone();
-        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            runtime.block_on(async {
-                let _ = Postgres::force_drop_database(&url).await;
-            });
-        }
     }
 }
 
 #[test]
 fn an_unreachable_collector_is_logged() {
-    let database_url = format!("{SERVER}/redrive_otlp_{}", uuid::Uuid::new_v4().simple());
+    let db = TestDb::new();
+    let database_url = db.url();
     let collector = format!("http://127.0.0.1:{}", closed_port());
     let child = Command::new(env!("CARGO_BIN_EXE_redrive-planner"))
         .args([
@@ -65,7 +56,7 @@ fn an_unreachable_collector_is_logged() {
         .expect("running redrive-planner");
     let mut planner = Planner {
         child,
-        database_url,
+        _db: db,
     };
     let (lines, received) = mpsc::channel();
     let stdout = planner.child.stdout.take().expect("stdout");

@@ -23,34 +23,36 @@ use redrive_planner::{
         plans::Moved,
     },
 };
-use sqlx::{AssertSqlSafe, Executor, PgPool, Postgres, migrate::MigrateDatabase};
+use redrive_test_support::TestDb;
+use sqlx::{AssertSqlSafe, Executor, PgPool};
 use uuid::Uuid;
 
-const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
 const PLAN: PlanId = PlanId::new(Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0002));
 const TTL: Duration = Duration::from_secs(30);
 
-/// A migrated database with the fixture; dropped on `Drop`.
+/// A migrated database with the fixture, on a [`TestDb`] (dropped with it).
 struct Db {
-    url: String,
     pool: PgPool,
     store: Store,
+    _db: TestDb,
 }
 
 impl Db {
     /// An empty database, not migrated.
     async fn empty() -> Self {
-        let url = format!("{SERVER}/redrive_store_{}", Uuid::new_v4().simple());
-        Postgres::create_database(&url)
-            .await
-            .expect("create the test database");
+        let db = TestDb::new();
+        db.create().await.expect("create the test database");
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
-            .connect(&url)
+            .connect(&db.url())
             .await
             .expect("connect");
         let store = Store::from_pool(pool.clone());
-        Self { url, pool, store }
+        Self {
+            pool,
+            store,
+            _db: db,
+        }
     }
 
     async fn new() -> Self {
@@ -141,24 +143,6 @@ impl Db {
         .fetch_all(&self.pool)
         .await
         .expect("events")
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        // `Drop` cannot await and runs inside the test's runtime.
-        let _ = std::thread::spawn(move || {
-            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                runtime.block_on(async {
-                    let _ = Postgres::force_drop_database(&url).await;
-                });
-            }
-        })
-        .join();
     }
 }
 

@@ -14,15 +14,19 @@
 //! - `broker.rs`: [`Broker`], a RabbitMQ connection with a confirming
 //!   channel to declare, bind, publish, count and drain with; it deletes
 //!   what it declared on [`Broker::cleanup`] or when dropped.
+//! - `database.rs`: [`TestDb`], a PostgreSQL database of the test's own,
+//!   dropped also when the test fails; [`POSTGRES_URL`].
 //! - `proxy.rs`: [`TcpProxy`], forwarding to a server until cut (connections
 //!   closed, new ones refused) or stalled (nothing forwarded).
 
 mod broker;
+mod database;
 mod proxy;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 pub use broker::Broker;
+pub use database::{POSTGRES_URL, TestDb};
 pub use proxy::TcpProxy;
 
 /// The local RabbitMQ.
