@@ -49,7 +49,6 @@ use anyhow::Context;
 use lapin::{BasicProperties, types::FieldTable};
 use redrive_planner::Config;
 use redrive_proto::{tls::ClientTlsFiles, v1::planner_client::PlannerClient};
-use sqlx::{Postgres, migrate::MigrateDatabase};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel as GrpcChannel;
