@@ -238,8 +238,9 @@ fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
 /// its own with backoff (0.2 s doubling to 10 s, plus up to as much again of
 /// jitter; from 0.2 s again after a session that had run for
-/// [`HEALTHY_SESSION`]); after a session that failed while consuming, the
-/// messages it held are first taken one at a time (`isolate`).
+/// [`HEALTHY_SESSION`]); after a session that failed while consuming, and
+/// whenever the connection holding unparkable messages has ended, the
+/// messages back in the queue are first taken one at a time (`isolate`).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -254,8 +255,19 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                 let mut isolating = false;
                 // The connection holding unreadable messages that could not
                 // be moved aside, unacked.
-                let mut held = None;
+                let mut held: Option<raw::RawConnection> = None;
                 while !shutdown.is_cancelled() {
+                    // The connection holding unparkable messages ended (a
+                    // connection blip, the broker's `consumer_timeout`):
+                    // the broker returned them to the queue, ahead of the
+                    // rest. Hold them again one at a time before consuming,
+                    // whatever ended the session before: lapin would meet
+                    // them first, the guard would end that session too, and
+                    // the hold would wait for one more backoff delay.
+                    if !isolating && held.as_mut().is_some_and(|held| !held.is_alive()) {
+                        info!("the connection holding unreadable messages ended; taking messages one at a time again before consuming");
+                        isolating = true;
+                    }
                     if isolating {
                         match isolate(&config, &queue, &store, &shutdown, &mut held).await {
                             Ok(taken) => {
@@ -666,8 +678,10 @@ fn unparkable(
 /// stored copy absorbs the redelivery.
 ///
 /// # Errors
-/// [`raw::RawError`] from the broker; [`raw::RawError::Unsupported`] when the
-/// fallback reader cannot be used (`amqps://`).
+/// [`raw::RawError`] from the broker, also when the connection ended as the
+/// round did while it held messages (they are back in the queue);
+/// [`raw::RawError::Unsupported`] when the fallback reader cannot be used
+/// (`amqps://`).
 async fn isolate(
     config: &CaptureConfig,
     queue: &str,
@@ -797,12 +811,23 @@ async fn isolate(
     }
     // After a failure everything goes back to the queue (the next round
     // holds again what must be held); otherwise the held messages stay held.
-    if outcome.is_ok() && connection.unacked() > 0 && connection.is_alive() {
+    let holding = connection.unacked() > 0;
+    if outcome.is_ok() && holding && connection.is_alive() {
         *held = Some(connection);
-    } else {
-        connection.close().await;
+        return Ok(taken);
     }
-    outcome.map(|()| taken)
+    connection.close().await;
+    outcome?;
+    if holding {
+        // The connection ended as the round did: what it held is back in the
+        // queue, and a session would meet it first. A failure, so that the
+        // next round takes messages one at a time again.
+        return Err(raw::RawError::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the connection holding unparkable messages ended; they are back in the queue",
+        )));
+    }
+    Ok(taken)
 }
 
 /// Moves `message` byte for byte to the parking exchange and queue `parking`
