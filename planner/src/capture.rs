@@ -213,6 +213,10 @@ pub enum CaptureError {
     /// The capture queue is a stream ([`STREAM_REFUSAL`]).
     #[error("capture queue {0} {STREAM_REFUSAL}")]
     StreamQueue(String),
+    /// The connection to the broker ended (the capture guard's relay
+    /// closed) while lapin was still waiting on it.
+    #[error("the connection to the broker ended (the capture guard's relay closed)")]
+    ConnectionLost,
 }
 
 /// The queue an unreadable message of `queue` is moved to.
@@ -360,7 +364,7 @@ async fn session(
         .amqp_url
         .parse()
         .map_err(|error: String| CaptureError::Uri(error))?;
-    let (_guard, uri) = if config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP {
+    let (guard, uri) = if config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP {
         let guard = guard::Guard::start(uri.authority.host.clone(), uri.authority.port)
             .await
             .map_err(|error| CaptureError::Uri(format!("capture guard: {error}")))?;
@@ -371,52 +375,68 @@ async fn session(
     } else {
         (None, uri)
     };
-    let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
-    // Does the queue exist? A passive declare on a channel of its own: a
-    // 404 closes only that channel, and says plainly what is wrong (a
-    // consume would fail the same way, less clearly).
-    let probe = connection.create_channel().await?;
-    match probe
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(error) => {
-            let missing = matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404);
-            let _ = connection.close(200, "capture queue missing".into()).await;
-            return Err(if missing {
-                CaptureError::MissingQueue(queue.to_owned())
-            } else {
-                error.into()
-            });
+    // Cancelled once the guard's relay ended: lapin was seen waiting on a
+    // connection closed while it was being set up, so every wait of the
+    // session also ends with the relay (never, unguarded).
+    let lost = guard.as_ref().map(guard::Guard::ended).unwrap_or_default();
+    let setup = async {
+        let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
+        // Does the queue exist? A passive declare on a channel of its own: a
+        // 404 closes only that channel, and says plainly what is wrong (a
+        // consume would fail the same way, less clearly).
+        let probe = connection.create_channel().await?;
+        match probe
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(error) => {
+                let missing = matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404);
+                let _ = connection.close(200, "capture queue missing".into()).await;
+                return Err(if missing {
+                    CaptureError::MissingQueue(queue.to_owned())
+                } else {
+                    error.into()
+                });
+            }
         }
-    }
-    if is_stream(&probe, queue).await? {
-        let _ = connection
-            .close(200, "stream queues are not captured".into())
-            .await;
-        return Err(CaptureError::StreamQueue(queue.to_owned()));
-    }
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(config.prefetch, BasicQosOptions::default())
-        .await?;
-    let consumer_tag = format!("redrive-planner-{}", uuid::Uuid::new_v4());
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            consumer_tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+        if is_stream(&probe, queue).await? {
+            let _ = connection
+                .close(200, "stream queues are not captured".into())
+                .await;
+            return Err(CaptureError::StreamQueue(queue.to_owned()));
+        }
+        let channel = connection.create_channel().await?;
+        channel
+            .basic_qos(config.prefetch, BasicQosOptions::default())
+            .await?;
+        let consumer_tag = format!("redrive-planner-{}", uuid::Uuid::new_v4());
+        // From here deliveries may come (and the guard may end the
+        // connection at one before lapin's reply reaches this task).
+        *consumed = true;
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                consumer_tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok::<_, CaptureError>((connection, channel, consumer))
+    };
+    let (connection, channel, mut consumer) = tokio::select! {
+        // A setup that ended (a missing queue, a stream) says why first.
+        biased;
+        setup = setup => setup?,
+        () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
+    };
     *consumed = true;
     config.status.set(queue, true);
     let session_id = uuid::Uuid::new_v4();
@@ -454,7 +474,7 @@ async fn session(
         .in_current_span(),
     );
 
-    let outcome = gather(config, queue, &mut consumer, &batches, shutdown).await;
+    let outcome = gather(config, queue, &mut consumer, &batches, shutdown, &lost).await;
     drop(batches);
     if matches!(outcome, Err(CaptureError::StreamQueue(_))) {
         // Nothing of the stream was stored or acked; a stream keeps it.
@@ -480,17 +500,20 @@ async fn session(
     outcome
 }
 
-/// Cuts batches from the consumer until shutdown (`Ok`) or a broker failure.
+/// Cuts batches from the consumer until shutdown (`Ok`), a broker failure
+/// or the end of the guard's relay (`lost`).
 async fn gather(
     config: &CaptureConfig,
     queue: &str,
     consumer: &mut lapin::Consumer,
     batches: &mpsc::Sender<Batch>,
     shutdown: &CancellationToken,
+    lost: &CancellationToken,
 ) -> Result<(), CaptureError> {
     loop {
         let first = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
+            () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
             next = consumer.next() => next,
         };
         let Some(first) = first else {
@@ -508,6 +531,7 @@ async fn gather(
         while deliveries.len() < config.batch_size && batch_bytes < config.batch_bytes {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
+                () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
                 next = consumer.next() => match next {
                     Some(delivery) => {
                         let delivery = delivery?;
