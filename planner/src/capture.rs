@@ -215,6 +215,10 @@ pub enum CaptureError {
     /// The capture queue is a stream ([`STREAM_REFUSAL`]).
     #[error("capture queue {0} {STREAM_REFUSAL}")]
     StreamQueue(String),
+    /// The connection to the broker ended (the capture guard's relay
+    /// closed) while lapin was still waiting on it.
+    #[error("the connection to the broker ended (the capture guard's relay closed)")]
+    ConnectionLost,
 }
 
 /// The queue an unreadable message of `queue` is moved to.
@@ -240,8 +244,9 @@ fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
 /// its own with backoff (0.2 s doubling to 10 s, plus up to as much again of
 /// jitter; from 0.2 s again after a session that had run for
-/// [`HEALTHY_SESSION`]); after a session that failed while consuming, the
-/// messages it held are first taken one at a time (`isolate`).
+/// [`HEALTHY_SESSION`]); after a session that failed while consuming, and
+/// whenever the connection holding unparkable messages has ended, the
+/// messages back in the queue are first taken one at a time (`isolate`).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -256,8 +261,19 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                 let mut isolating = false;
                 // The connection holding unreadable messages that could not
                 // be moved aside, unacked.
-                let mut held = None;
+                let mut held: Option<raw::RawConnection> = None;
                 while !shutdown.is_cancelled() {
+                    // The connection holding unparkable messages ended (a
+                    // connection blip, the broker's `consumer_timeout`):
+                    // the broker returned them to the queue, ahead of the
+                    // rest. Hold them again one at a time before consuming,
+                    // whatever ended the session before: lapin would meet
+                    // them first, the guard would end that session too, and
+                    // the hold would wait for one more backoff delay.
+                    if !isolating && held.as_mut().is_some_and(|held| !held.is_alive()) {
+                        info!("the connection holding unreadable messages ended; taking messages one at a time again before consuming");
+                        isolating = true;
+                    }
                     if isolating {
                         match isolate(&config, &queue, &store, &shutdown, &mut held).await {
                             Ok(taken) => {
@@ -350,7 +366,7 @@ async fn session(
         .amqp_url
         .parse()
         .map_err(|error: String| CaptureError::Uri(error))?;
-    let (_guard, uri) = if config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP {
+    let (guard, uri) = if config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP {
         let guard = guard::Guard::start(uri.authority.host.clone(), uri.authority.port)
             .await
             .map_err(|error| CaptureError::Uri(format!("capture guard: {error}")))?;
@@ -361,52 +377,68 @@ async fn session(
     } else {
         (None, uri)
     };
-    let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
-    // Does the queue exist? A passive declare on a channel of its own: a
-    // 404 closes only that channel, and says plainly what is wrong (a
-    // consume would fail the same way, less clearly).
-    let probe = connection.create_channel().await?;
-    match probe
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(error) => {
-            let missing = matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404);
-            let _ = connection.close(200, "capture queue missing".into()).await;
-            return Err(if missing {
-                CaptureError::MissingQueue(queue.to_owned())
-            } else {
-                error.into()
-            });
+    // Cancelled once the guard's relay ended: lapin was seen waiting on a
+    // connection closed while it was being set up, so every wait of the
+    // session also ends with the relay (never, unguarded).
+    let lost = guard.as_ref().map(guard::Guard::ended).unwrap_or_default();
+    let setup = async {
+        let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
+        // Does the queue exist? A passive declare on a channel of its own: a
+        // 404 closes only that channel, and says plainly what is wrong (a
+        // consume would fail the same way, less clearly).
+        let probe = connection.create_channel().await?;
+        match probe
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(error) => {
+                let missing = matches!(error.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404);
+                let _ = connection.close(200, "capture queue missing".into()).await;
+                return Err(if missing {
+                    CaptureError::MissingQueue(queue.to_owned())
+                } else {
+                    error.into()
+                });
+            }
         }
-    }
-    if is_stream(&probe, queue).await? {
-        let _ = connection
-            .close(200, "stream queues are not captured".into())
-            .await;
-        return Err(CaptureError::StreamQueue(queue.to_owned()));
-    }
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(config.prefetch, BasicQosOptions::default())
-        .await?;
-    let consumer_tag = format!("redrive-planner-{}", uuid::Uuid::new_v4());
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            consumer_tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+        if is_stream(&probe, queue).await? {
+            let _ = connection
+                .close(200, "stream queues are not captured".into())
+                .await;
+            return Err(CaptureError::StreamQueue(queue.to_owned()));
+        }
+        let channel = connection.create_channel().await?;
+        channel
+            .basic_qos(config.prefetch, BasicQosOptions::default())
+            .await?;
+        let consumer_tag = format!("redrive-planner-{}", uuid::Uuid::new_v4());
+        // From here deliveries may come (and the guard may end the
+        // connection at one before lapin's reply reaches this task).
+        *consumed = true;
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                consumer_tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok::<_, CaptureError>((connection, channel, consumer))
+    };
+    let (connection, channel, mut consumer) = tokio::select! {
+        // A setup that ended (a missing queue, a stream) says why first.
+        biased;
+        setup = setup => setup?,
+        () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
+    };
     *consumed = true;
     config.status.set(queue, true);
     let session_id = uuid::Uuid::new_v4();
@@ -444,7 +476,7 @@ async fn session(
         .in_current_span(),
     );
 
-    let outcome = gather(config, queue, &mut consumer, &batches, shutdown).await;
+    let outcome = gather(config, queue, &mut consumer, &batches, shutdown, &lost).await;
     drop(batches);
     if matches!(outcome, Err(CaptureError::StreamQueue(_))) {
         // Nothing of the stream was stored or acked; a stream keeps it.
@@ -470,17 +502,20 @@ async fn session(
     outcome
 }
 
-/// Cuts batches from the consumer until shutdown (`Ok`) or a broker failure.
+/// Cuts batches from the consumer until shutdown (`Ok`), a broker failure
+/// or the end of the guard's relay (`lost`).
 async fn gather(
     config: &CaptureConfig,
     queue: &str,
     consumer: &mut lapin::Consumer,
     batches: &mpsc::Sender<Batch>,
     shutdown: &CancellationToken,
+    lost: &CancellationToken,
 ) -> Result<(), CaptureError> {
     loop {
         let first = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
+            () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
             next = consumer.next() => next,
         };
         let Some(first) = first else {
@@ -498,6 +533,7 @@ async fn gather(
         while deliveries.len() < config.batch_size && batch_bytes < config.batch_bytes {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => break,
+                () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
                 next = consumer.next() => match next {
                     Some(delivery) => {
                         let delivery = delivery?;
@@ -668,8 +704,10 @@ fn unparkable(
 /// stored copy absorbs the redelivery.
 ///
 /// # Errors
-/// [`raw::RawError`] from the broker; [`raw::RawError::Unsupported`] when the
-/// fallback reader cannot be used (`amqps://`).
+/// [`raw::RawError`] from the broker, also when the connection ended as the
+/// round did while it held messages (they are back in the queue);
+/// [`raw::RawError::Unsupported`] when the fallback reader cannot be used
+/// (`amqps://`).
 async fn isolate(
     config: &CaptureConfig,
     queue: &str,
@@ -799,12 +837,23 @@ async fn isolate(
     }
     // After a failure everything goes back to the queue (the next round
     // holds again what must be held); otherwise the held messages stay held.
-    if outcome.is_ok() && connection.unacked() > 0 && connection.is_alive() {
+    let holding = connection.unacked() > 0;
+    if outcome.is_ok() && holding && connection.is_alive() {
         *held = Some(connection);
-    } else {
-        connection.close().await;
+        return Ok(taken);
     }
-    outcome.map(|()| taken)
+    connection.close().await;
+    outcome?;
+    if holding {
+        // The connection ended as the round did: what it held is back in the
+        // queue, and a session would meet it first. A failure, so that the
+        // next round takes messages one at a time again.
+        return Err(raw::RawError::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the connection holding unparkable messages ended; they are back in the queue",
+        )));
+    }
+    Ok(taken)
 }
 
 /// Moves `message` byte for byte to the parking exchange and queue `parking`

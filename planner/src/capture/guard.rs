@@ -25,6 +25,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::raw;
@@ -33,6 +34,9 @@ use super::raw;
 pub struct Guard {
     /// Where lapin connects instead of the broker.
     pub local: SocketAddr,
+    /// Cancelled once the relay has ended (either side closed, the broker
+    /// could not be reached, or a header had a problem).
+    ended: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -50,7 +54,11 @@ impl Guard {
     pub async fn start(host: String, port: u16) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let local = listener.local_addr()?;
+        let ended = CancellationToken::new();
+        let relay_ended = ended.clone();
         let task = tokio::spawn(async move {
+            // However the relay ends, lapin's connection is over.
+            let _ended = relay_ended.drop_guard();
             let Ok((client, _)) = listener.accept().await else {
                 return;
             };
@@ -66,7 +74,14 @@ impl Guard {
             let _ = broker.set_nodelay(true);
             relay(client, broker).await;
         });
-        Ok(Self { local, task })
+        Ok(Self { local, ended, task })
+    }
+
+    /// Cancelled once the relay has ended: lapin's connection is over,
+    /// whether or not lapin has noticed (a lapin call on a connection closed
+    /// while it was being set up was seen to wait over 30 s).
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
     }
 }
 
