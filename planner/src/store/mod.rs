@@ -7,7 +7,11 @@
 //! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
 //!   summarize.
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
-//! - [`plans`]: plan creation, transitions, reads with progress.
+//! - [`plans`]: plan creation, reads with progress; `plans/transitions.rs`
+//!   (the guarded state changes, operator actions, notifications),
+//!   `plans/approval.rs` (the approval check), `plans/rows.rs` (plan rows
+//!   mapped to the API's messages), `plans/gates.rs` (gate readings),
+//!   `plans/routing.rs` (where items are published, destination comparisons).
 //! - [`leases`]: slice leases with fencing tokens, the reads and writes of a
 //!   report and of a lease's end.
 //! - [`audit`]: the audit's events and refusals, written and read.
