@@ -4,8 +4,9 @@
 //! # Layout
 //! - `mod.rs`: the [`Store`] (the pool and the metrics every part counts
 //!   through) and [`StoreError`], `sqlx::Error` translated by SQLSTATE.
-//! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
-//!   summarize.
+//! - [`dead_letters`]: list, get, summarize, the selector's SQL;
+//!   `dead_letters/insert.rs` (insert batches: capture, ingest, import),
+//!   `dead_letters/rows.rs` (the rows read, mapped to the API's messages).
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
 //! - [`plans`]: plan creation, reads with progress; `plans/transitions.rs`
 //!   (the guarded state changes, operator actions, notifications),
