@@ -1,26 +1,27 @@
 //! The planner's configuration: flags with `REDRIVE_…` environment fallbacks,
 //! defaults pointing at the local services, validated at start-up.
+//!
+//! [`Config`] is the flags; its checks and parsing live beside it:
+//! `checks` (the one parse of the settings, step by step in flag order),
+//! `rules` (the precheck policy and the extraction rules), `transport` (TLS
+//! and authentication, the files read) and `settings` ([`Settings`], the
+//! parsed values, and the [`ServiceSettings`](redrive_proto::settings::ServiceSettings) hooks).
 
-use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, sync::Arc, time::Duration};
+mod checks;
+mod rules;
+mod settings;
+mod transport;
 
-use redrive_proto::limits::{
-    MAX_AGE, MAX_CAPTURE_BATCH_WAIT_MS, MAX_LEASE_TTL_SECONDS, MAX_REDRIVES, at_most,
-};
+use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, time::Duration};
+
+use redrive_proto::limits::{MAX_AGE, at_most};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use redrive_proto::settings::{
-    AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
-    read_secret_into, redact_text, redact_url,
-};
+use redrive_proto::settings::{AmqpSettings, TelemetrySettings};
 
-use crate::{
-    dead_letters::ExtractionRules,
-    dead_letters::message_key::KeySource,
-    edge::auth::{AuthSettings, Authenticator, JwtSettings},
-    precheck::policy::Policy,
-    precheck::state_check::{HookRoute, Pattern},
-};
+pub use self::settings::Settings;
+use crate::edge::auth::{AuthSettings, JwtSettings};
 
 /// Most seconds a deadline setting (`--idle-timeout-seconds`,
 /// `--first-request-timeout-seconds`, `--ingest-wait-seconds`) may say: a day.
@@ -518,290 +519,6 @@ impl Config {
         )
     }
 
-    fn admission_problems(&self) -> Vec<SettingError> {
-        let mut problems = Vec::new();
-        for (setting, value) in [
-            ("max-connections-per-peer", self.max_connections_per_peer),
-            ("max-connections", self.max_connections),
-            (
-                "max-unauthenticated-connections-per-peer",
-                self.max_unauthenticated_connections_per_peer,
-            ),
-            (
-                "max-unauthenticated-connections",
-                self.max_unauthenticated_connections,
-            ),
-            (
-                "ingest-wait-seconds",
-                usize::try_from(self.ingest_wait_seconds).unwrap_or(usize::MAX),
-            ),
-            ("max-watches-per-principal", self.max_watches_per_principal),
-            ("max-watches", self.max_watches),
-            (
-                "max-lease-watches-per-principal",
-                self.max_lease_watches_per_principal,
-            ),
-            ("max-lease-watches", self.max_lease_watches),
-            (
-                "first-request-timeout-seconds",
-                usize::try_from(self.first_request_timeout_seconds).unwrap_or(usize::MAX),
-            ),
-        ] {
-            if value == 0 {
-                problems.push(SettingError::new(setting, "must be at least 1".to_owned()));
-            }
-        }
-        for (setting, reserved, total, total_setting) in [
-            (
-                "reserved-watches",
-                self.reserved_watches,
-                self.max_watches,
-                "max-watches",
-            ),
-            (
-                "reserved-lease-watches",
-                self.reserved_lease_watches,
-                self.max_lease_watches,
-                "max-lease-watches",
-            ),
-        ] {
-            if reserved >= total {
-                problems.push(SettingError::new(
-                    setting,
-                    format!("{reserved} must be less than --{total_setting} ({total})"),
-                ));
-            }
-        }
-        for (setting, value) in [
-            ("requests-per-second", self.requests_per_second),
-            ("request-burst", self.request_burst),
-        ] {
-            if value == 0 {
-                problems.push(SettingError::new(setting, "must be at least 1".to_owned()));
-            }
-        }
-        // Deadlines are added to the clock: a day is far beyond any use,
-        // and far from overflowing it.
-        for (setting, seconds) in [
-            ("idle-timeout-seconds", self.idle_timeout_seconds),
-            (
-                "first-request-timeout-seconds",
-                self.first_request_timeout_seconds,
-            ),
-            ("ingest-wait-seconds", self.ingest_wait_seconds),
-        ] {
-            if seconds > MAX_DEADLINE_SECONDS {
-                problems.push(SettingError::new(
-                    setting,
-                    format!("{seconds} is too long: at most {MAX_DEADLINE_SECONDS} (a day)"),
-                ));
-            }
-        }
-        let least =
-            crate::edge::admission::KEEPALIVE_INTERVAL + crate::edge::admission::KEEPALIVE_TIMEOUT;
-        if self.idle_timeout_seconds < least.as_secs() + 5 {
-            problems.push(SettingError::new(
-                "idle-timeout-seconds",
-                format!(
-                    "{} is too short: at least {} (a live client answers the keepalive ping every {} s within {} s)",
-                    self.idle_timeout_seconds,
-                    least.as_secs() + 5,
-                    crate::edge::admission::KEEPALIVE_INTERVAL.as_secs(),
-                    crate::edge::admission::KEEPALIVE_TIMEOUT.as_secs()
-                ),
-            ));
-        }
-        problems
-    }
-
-    /// These settings parsed into the values the planner's parts take, or
-    /// every problem of them, in flag order: the one parse of the settings
-    /// ([`Settings::parse`], [`ServiceSettings::validate`]).
-    fn parse_all(&self) -> Result<Parsed, Vec<SettingError>> {
-        let mut problems = Vec::new();
-        let mut key_sources = Vec::new();
-        let mut state_checks = Vec::new();
-        let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
-        let shown_database_url = redact_url(&self.database_url);
-        if !self.database_url.starts_with("postgres://")
-            && !self.database_url.starts_with("postgresql://")
-        {
-            problem(
-                "database-url",
-                format!("{shown_database_url:?} is not a postgres:// URL"),
-            );
-        } else {
-            match self
-                .database_url
-                .parse::<sqlx::postgres::PgConnectOptions>()
-            {
-                Err(error) => problem(
-                    "database-url",
-                    redact_text(&error.to_string(), &self.database_url),
-                ),
-                // Without a name the server's default database would do,
-                // often `postgres`: the planner would migrate into it.
-                Ok(options) if options.get_database().is_none_or(str::is_empty) => problem(
-                    "database-url",
-                    format!(
-                        "{shown_database_url:?} names no database (e.g. postgres://host/redrive)"
-                    ),
-                ),
-                Ok(_) => {}
-            }
-        }
-        if self.database_max_connections < 2 {
-            problem(
-                "database-max-connections",
-                "must be at least 2 (a precheck reads with one connection and writes with another)"
-                    .to_owned(),
-            );
-        }
-        if let Err(error) = self.amqp.check() {
-            problem(error.setting, error.problem);
-        }
-        for (index, queue) in self.capture_queues.iter().enumerate() {
-            if queue.trim().is_empty() || queue.len() > 255 {
-                problem(
-                    "capture-queue",
-                    format!("{queue:?}: a queue name is 1 to 255 bytes"),
-                );
-            } else if queue.trim() != queue {
-                problem(
-                    "capture-queue",
-                    format!(
-                        "{queue:?}: begins or ends with a space (a list is comma-separated without spaces)"
-                    ),
-                );
-            } else if self.capture_queues[..index].contains(queue) {
-                problem("capture-queue", format!("{queue:?} is given twice"));
-            }
-        }
-        if usize::from(self.capture_prefetch) < self.capture_batch_size {
-            problem(
-                "capture-prefetch",
-                format!(
-                    "{} is below --capture-batch-size {}: a batch could never fill",
-                    self.capture_prefetch, self.capture_batch_size
-                ),
-            );
-        }
-        if self.capture_batch_size == 0 {
-            problem("capture-batch-size", "must be at least 1".to_owned());
-        }
-        if !(1..=crate::capture::MAX_BATCH_BYTES).contains(&self.capture_batch_bytes) {
-            problem(
-                "capture-batch-bytes",
-                format!("must be from 1 to {}", crate::capture::MAX_BATCH_BYTES),
-            );
-        }
-        if self.capture_batch_wait_ms > MAX_CAPTURE_BATCH_WAIT_MS {
-            problem(
-                "capture-batch-wait-ms",
-                format!("at most {MAX_CAPTURE_BATCH_WAIT_MS}"),
-            );
-        }
-        for (setting, header) in [
-            ("event-type-header", &self.event_type_header),
-            ("schema-version-header", &self.schema_version_header),
-            ("error-class-header", &self.error_class_header),
-        ] {
-            if header.is_empty() || header.len() > 255 {
-                problem(setting, "a header name is 1 to 255 bytes".to_owned());
-            }
-        }
-        if let Some(header) = &self.event_time_header
-            && (header.is_empty() || header.len() > 255)
-        {
-            problem(
-                "event-time-header",
-                "a header name is 1 to 255 bytes".to_owned(),
-            );
-        }
-        for spec in &self.message_keys {
-            match spec.parse::<KeySource>() {
-                Ok(source) => key_sources.push(source),
-                Err(text) => problem("message-key", text),
-            }
-        }
-        if let Some(id) = &self.broker_id
-            && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))
-        {
-            problem(
-                "broker-id",
-                format!("{id:?}: 1 to 255 bytes of printable text"),
-            );
-        }
-        for spec in &self.state_checks {
-            match spec.parse::<HookRoute>() {
-                Ok(route) => state_checks.push(route),
-                Err(text) => problem("state-check", text),
-            }
-        }
-        let policy = self.try_policy().map_err(|more| problems.extend(more)).ok();
-        let transport = self.parse_transport(&mut problems);
-        problems.extend(self.admission_problems());
-        // A body is stored whole and sent in one gRPC message.
-        let most_body = redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES / 2;
-        if !(1..=most_body).contains(&self.max_body_bytes) {
-            problems.push(SettingError::new(
-                "max-body-bytes",
-                format!("must be from 1 to {most_body}"),
-            ));
-        }
-        if let Some(bytes) = self.ingest_memory_per_principal_bytes
-            && !(1024 * 1024..=self.ingest_memory_bytes.max(1024 * 1024)).contains(&bytes)
-        {
-            problems.push(SettingError::new(
-                "ingest-memory-per-principal-bytes",
-                format!(
-                    "{bytes} must be from 1048576 (1 MiB) to --ingest-memory-bytes ({})",
-                    self.ingest_memory_bytes
-                ),
-            ));
-        }
-        if self.ingest_memory_bytes < 1024 * 1024 {
-            problems.push(SettingError::new(
-                "ingest-memory-bytes",
-                format!(
-                    "{} is below the least of 1048576 (1 MiB)",
-                    self.ingest_memory_bytes
-                ),
-            ));
-        }
-        let most_claim = redrive_proto::limits::MAX_CLAIM_MAX_BYTES;
-        if !(1..=most_claim).contains(&self.claim_max_bytes) {
-            problems.push(SettingError::new(
-                "claim-max-bytes",
-                format!("must be from 1 to {most_claim}"),
-            ));
-        }
-        if self.shutdown_grace_seconds > 600 {
-            problems.push(SettingError::new(
-                "shutdown-grace-seconds",
-                "0 to 600".to_owned(),
-            ));
-        }
-        if !(3..=MAX_LEASE_TTL_SECONDS).contains(&self.lease_ttl_seconds) {
-            problems.push(SettingError::new(
-                "lease-ttl-seconds",
-                format!("must be from 3 to {MAX_LEASE_TTL_SECONDS}"),
-            ));
-        }
-        // The telemetry flags come last.
-        problems.extend(self.telemetry.check().err());
-        match (policy, transport) {
-            (Some(policy), Some((authenticator, tls))) if problems.is_empty() => Ok(Parsed {
-                policy,
-                state_checks,
-                extraction: self.extraction_rules(key_sources),
-                authenticator,
-                tls,
-            }),
-            _ => Err(problems),
-        }
-    }
-
     /// The TLS files for `https://` state-check hooks.
     pub fn state_check_tls(&self) -> redrive_proto::tls::ClientTlsFiles {
         redrive_proto::tls::ClientTlsFiles {
@@ -829,180 +546,11 @@ impl Config {
         }
     }
 
-    /// The server's TLS configuration (reads the files); `None` without
-    /// `--tls-cert`. With `--tls-client-ca`, client certificates are
-    /// verified against it, and required unless bearer tokens are accepted
-    /// too (`client_certificates_optional`).
-    ///
-    /// # Errors
-    /// A file that cannot be read, named.
-    fn server_tls(
-        &self,
-        client_certificates_optional: bool,
-    ) -> Result<Option<tonic::transport::ServerTlsConfig>, SettingErrors> {
-        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
-            return Ok(None);
-        };
-        let read = |setting: &'static str, path: &PathBuf| {
-            std::fs::read(path).map_err(|error| {
-                SettingErrors(vec![SettingError::new(
-                    setting,
-                    format!("cannot read {}: {error}", path.display()),
-                )])
-            })
-        };
-        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
-            read("tls-cert", cert)?,
-            read("tls-key", key)?,
-        ));
-        if let Some(ca) = &self.tls_client_ca {
-            config = config
-                .client_ca_root(Certificate::from_pem(read("tls-client-ca", ca)?))
-                .client_auth_optional(client_certificates_optional);
-        }
-        Ok(Some(config))
-    }
-
     /// Whether the planner may serve without TLS or authentication here:
     /// on a loopback address, or with `--insecure`.
     pub fn exposed_without_protection(&self) -> bool {
         !self.listen.ip().is_loopback()
             && (self.tls_cert.is_none() || !self.auth_settings().enabled())
-    }
-
-    /// The TLS and authentication settings parsed (the files read): the
-    /// authenticator (`None`: authentication is off) and the server's TLS
-    /// (`None`: plaintext); their problems go to `problems`.
-    fn parse_transport(&self, problems: &mut Vec<SettingError>) -> Option<Transport> {
-        let before = problems.len();
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(_), None) => problems.push(SettingError::new("tls-cert", "needs --tls-key")),
-            (None, Some(_)) => problems.push(SettingError::new("tls-key", "needs --tls-cert")),
-            _ => {}
-        }
-        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
-            problems.push(SettingError::new(
-                "tls-client-ca",
-                "needs --tls-cert and --tls-key (client certificates come with TLS)",
-            ));
-        }
-        let hook_tls = self.state_check_tls();
-        if hook_tls.any()
-            && let Err(text) = hook_tls.config_for("https://hook")
-        {
-            problems.push(SettingError::new(
-                "state-check-ca",
-                text.replace("--ca", "--state-check-ca")
-                    .replace("--tls-client", "--state-check-client"),
-            ));
-        }
-        let authenticator = Authenticator::load(&self.auth_settings())
-            .map_err(|more| problems.extend(more))
-            .ok()
-            .flatten()
-            .map(Arc::new);
-        // Client certificates are optional where bearer tokens are accepted.
-        let bearer = authenticator
-            .as_ref()
-            .is_some_and(|authenticator| authenticator.accepts_bearer_tokens());
-        // The files are read and parsed now, so that a missing or malformed
-        // certificate or key is a bad setting (exit 64), not a failed start.
-        let tls = match self.server_tls(bearer) {
-            Err(more) => {
-                problems.extend(more.0);
-                None
-            }
-            Ok(Some(tls)) => {
-                if let Err(error) = tonic::transport::Server::builder().tls_config(tls.clone()) {
-                    problems.push(SettingError::new(
-                        "tls-cert",
-                        format!("the certificate, key or client CA is not usable PEM: {error}"),
-                    ));
-                }
-                Some(tls)
-            }
-            Ok(None) => None,
-        };
-        if self.exposed_without_protection() && !self.insecure {
-            problems.push(SettingError::new(
-                "listen",
-                format!(
-                    "{} is not a loopback address: serving it needs TLS (--tls-cert, --tls-key) and \
-                     authentication (--tls-client-ca, --token-file or --jwt-public-key/--jwt-jwks), \
-                     or --insecure to serve it unprotected anyway",
-                    self.listen
-                ),
-            ));
-        }
-        (problems.len() == before).then_some((authenticator, tls))
-    }
-
-    /// The policy, or every problem of its settings.
-    fn try_policy(&self) -> Result<Policy, Vec<SettingError>> {
-        let mut problems = Vec::new();
-        let stale_after = policy_rules("stale-after", "TYPE", &self.stale_after, &mut problems);
-        let stale_after_source = policy_rules(
-            "stale-after-source",
-            "SOURCE",
-            &self.stale_after_source,
-            &mut problems,
-        );
-        for (setting, duration) in [
-            ("default-stale-after", self.default_stale_after),
-            ("replay-key-window", Some(self.replay_key_window)),
-            ("max-precheck-age", Some(self.max_precheck_age)),
-        ] {
-            if let Some(Err(text)) = duration.map(|duration| at_most(duration, MAX_AGE)) {
-                problems.push(SettingError::new(setting, text));
-            }
-        }
-        if !(1..=MAX_REDRIVES).contains(&self.max_redrives) {
-            problems.push(SettingError::new(
-                "max-redrives",
-                format!("{} is not from 1 to {MAX_REDRIVES}", self.max_redrives),
-            ));
-        }
-        if let Some(pointer) = &self.event_time_pointer
-            && !pointer.starts_with('/')
-        {
-            problems.push(SettingError::new(
-                "event-time-pointer",
-                format!("{pointer:?}: a JSON pointer starts with '/' (RFC 6901)"),
-            ));
-        }
-        if !problems.is_empty() {
-            return Err(problems);
-        }
-        Ok(Policy {
-            stale_after,
-            stale_after_source,
-            default_stale_after: self.default_stale_after,
-            replay_key_window: self.replay_key_window,
-            max_redrives: self.max_redrives,
-            event_time_pointer: self.event_time_pointer.clone(),
-        }
-        .sorted())
-    }
-
-    /// The extraction rules these settings describe, with the message-key
-    /// sources parsed from `--message-key`.
-    fn extraction_rules(&self, key_sources: Vec<KeySource>) -> ExtractionRules {
-        ExtractionRules {
-            event_type_header: self.event_type_header.clone(),
-            schema_version_header: self.schema_version_header.clone(),
-            error_class_header: self.error_class_header.clone(),
-            event_time_header: self.event_time_header.clone(),
-            key_sources,
-            max_body_bytes: self.max_body_bytes,
-            // The AMQP URI's user (default `guest`, as AMQP URIs define it).
-            publish_user: self
-                .amqp
-                .url
-                .parse::<lapin::uri::AMQPUri>()
-                .ok()
-                .map(|uri| uri.authority.userinfo.username),
-        }
     }
 
     /// How long a slice lease lasts.
@@ -1013,88 +561,6 @@ impl Config {
     /// How long a partial capture batch waits.
     pub fn capture_batch_wait(&self) -> Duration {
         Duration::from_millis(self.capture_batch_wait_ms)
-    }
-}
-
-/// The authenticator (`None`: authentication is off) and the server's TLS
-/// (`None`: plaintext).
-type Transport = (
-    Option<Arc<Authenticator>>,
-    Option<tonic::transport::ServerTlsConfig>,
-);
-
-/// What parsing gives beside the flags themselves.
-struct Parsed {
-    policy: Policy,
-    state_checks: Vec<HookRoute>,
-    extraction: ExtractionRules,
-    authenticator: Option<Arc<Authenticator>>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
-}
-
-/// The planner's settings parsed into the values its parts take: the only
-/// way to them is [`Settings::parse`], which reports every problem at once,
-/// so no part re-reads a flag's text or falls back to a default for a bad
-/// one.
-pub struct Settings {
-    /// The flags as given (clap has typed the plain ones: numbers,
-    /// durations, paths, addresses).
-    pub config: Config,
-    /// The precheck policy (`--stale-after`, `--stale-after-source`,
-    /// `--default-stale-after`, `--replay-key-window`, `--max-redrives`,
-    /// `--event-time-pointer`).
-    pub policy: Policy,
-    /// The state-check hook routes (`--state-check`).
-    pub state_checks: Vec<HookRoute>,
-    /// What capture and ingest derive from a dead letter (`--message-key`,
-    /// the `--*-header` flags, `--max-body-bytes`, the AMQP user).
-    pub extraction: ExtractionRules,
-    /// Who may call (the token, key and JWKS files read); `None` when
-    /// authentication is off.
-    pub authenticator: Option<Arc<Authenticator>>,
-    /// The server's TLS (the certificate files read); `None` without
-    /// `--tls-cert`. With `--tls-client-ca`, client certificates are
-    /// verified, and required unless bearer tokens are accepted too.
-    pub tls: Option<tonic::transport::ServerTlsConfig>,
-}
-
-impl Settings {
-    /// Parses `config`.
-    ///
-    /// # Errors
-    /// [`SettingErrors`] naming every wrong setting, in flag order.
-    pub fn parse(config: Config) -> Result<Self, SettingErrors> {
-        let parsed = config.parse_all().map_err(SettingErrors)?;
-        Ok(Self {
-            config,
-            policy: parsed.policy,
-            state_checks: parsed.state_checks,
-            extraction: parsed.extraction,
-            authenticator: parsed.authenticator,
-            tls: parsed.tls,
-        })
-    }
-}
-
-impl ServiceSettings for Config {
-    /// Checks the settings that clap cannot, all of them.
-    ///
-    /// # Errors
-    /// [`SettingErrors`] naming every wrong setting.
-    fn validate(&self) -> Result<(), SettingErrors> {
-        self.parse_all().map(drop).map_err(SettingErrors)
-    }
-
-    /// Reads `--database-url-file` and `--amqp-url-file`
-    /// into `database_url` and `amqp.url`.
-    fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
-        let file = self.database_url_file.as_deref();
-        read_secret_into("database-url-file", file, &mut self.database_url, problems);
-        self.amqp.read_secret_file(problems);
-    }
-
-    fn telemetry(&self) -> &TelemetrySettings {
-        &self.telemetry
     }
 }
 
@@ -1112,41 +578,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     at_most(parsed, MAX_AGE)
 }
-
-/// Parses `PATTERN=DURATION` specs, each pattern at most once; a bad spec
-/// is added to `problems` and left out.
-fn policy_rules(
-    setting: &'static str,
-    what: &str,
-    specs: &[String],
-    problems: &mut Vec<SettingError>,
-) -> Vec<(Pattern, Duration)> {
-    let mut rules: Vec<(Pattern, Duration)> = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let rule = spec
-            .split_once('=')
-            .ok_or_else(|| "no '='".to_owned())
-            .and_then(|(pattern, age)| {
-                let pattern = Pattern::parse(pattern.trim())?;
-                if rules.iter().any(|(existing, _)| *existing == pattern) {
-                    return Err(format!("{} is given twice", pattern.as_str()));
-                }
-                Ok((pattern, parse_duration(age)?))
-            });
-        match rule {
-            Ok(rule) => rules.push(rule),
-            Err(text) => problems.push(SettingError::new(
-                setting,
-                format!("{spec:?}: {text}; expected {what}=DURATION, e.g. payment.*=2h"),
-            )),
-        }
-    }
-    rules
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::precheck::policy::Policy;
+    use redrive_proto::settings::ServiceSettings;
 
     fn config(args: &[&str]) -> Result<Config, String> {
         let config =

@@ -12,12 +12,12 @@
 //!
 //! | folder | what it owns |
 //! | --- | --- |
-//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`) |
-//! | [`config`] | the settings: flags with `REDRIVE_…` fallbacks, parsed once at start-up into typed values |
+//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`); `health.rs` (the health service and the readiness gate) |
+//! | [`config`] | the settings: flags with `REDRIVE_…` fallbacks, parsed once at start-up into typed values; `config/checks.rs` (the one parse, step by step in flag order), `config/rules.rs` (the precheck policy and extraction rules), `config/transport.rs` (TLS and authentication), `config/settings.rs` ([`Settings`]) |
 //! | [`edge`] | the API edge: [`edge::grpc`] (the gRPC adapters), [`edge::auth`] (who is calling, the actor a call is recorded under), [`edge::roles`] (the one table of which role each RPC needs), [`edge::admission`] (what one caller may take: rate, streams, connections) |
 //! | [`capture`] | dead letters in: consuming DLQs into PostgreSQL, ack after commit; [`capture::guard`] (the relay that reads content headers before lapin), [`capture::raw`] (the small AMQP client for deliveries lapin cannot decode), [`capture::ingest`] (`IngestDeadLetters`, from services and `redrivectl import`), [`capture::ingest_budget`] (the memory all ingest streams share) |
-//! | [`dead_letters`] | a dead letter about to be stored and the rules that derive what is kept beside it; [`dead_letters::death`] (the death that counts, its reason class, other frameworks' dead-letter headers), [`dead_letters::message_key`] (idempotency key and event type), [`dead_letters::event_time`] (the one reading of an event time), [`dead_letters::body`] (compression sniffing, previews), [`dead_letters::selector`] (which dead letters a call covers), [`dead_letters::inspect`] (listing, lookups, summaries), [`dead_letters::rekey`] (re-keying a stored backlog), [`dead_letters::housekeeping`] (archive, unarchive, retention) |
-//! | [`precheck`] | the dry run that gives every dead letter one verdict; [`precheck::options`] (a precheck's options and the one age rule), [`precheck::policy`] (the planner's floor under them), [`precheck::staleness`] (which deadline applied, and warnings), [`precheck::state_check`] (the owning services' state-check hooks) |
+//! | [`dead_letters`] | a dead letter about to be stored and the rules that derive what is kept beside it; `dead_letters/extract.rs` (the steps of extraction), [`dead_letters::death`] (the death that counts, its reason class, other frameworks' dead-letter headers), [`dead_letters::message_key`] (idempotency key and event type), [`dead_letters::event_time`] (the one reading of an event time), [`dead_letters::body`] (compression sniffing, previews), [`dead_letters::selector`] (which dead letters a call covers), [`dead_letters::inspect`] (listing, lookups, summaries), [`dead_letters::rekey`] (re-keying a stored backlog), [`dead_letters::housekeeping`] (archive, unarchive, retention) |
+//! | [`precheck`] | the dry run that gives every dead letter one verdict; `precheck/classify.rs` (the rules before the state check, then the hooks, a chunk at a time), `precheck/report.rs` (the report under construction and its warnings), `precheck/sources.rs` (a selector's sources checked against those stored), [`precheck::options`] (a precheck's options and the one age rule), [`precheck::policy`] (the planner's floor under them), [`precheck::staleness`] (which deadline applied, and warnings), [`precheck::state_check`] (the owning services' state-check hooks) |
 //! | [`plan`] | plans made from a precheck and approved by digest; [`plan::state`] (the state machine: the one transition table that every part asks), [`plan::gates`] (the canary gates), [`plan::single`] (replays and repairs of one dead letter) |
 //! | [`leases`] | the coordinator: executors' slice claims, leases, fencing and reports |
 //! | [`audit`] | a plan's report, audit export and the audit's writes; [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas) |
@@ -30,6 +30,7 @@ pub mod config;
 pub mod dead_letters;
 pub mod edge;
 pub mod error;
+mod health;
 pub mod ids;
 pub mod leases;
 pub mod metrics;
@@ -57,6 +58,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use crate::config::{Config, Settings};
+pub use crate::health::capture_health_service;
+use crate::health::{ReadyGate, health_not_serving, report_health};
 use crate::{
     audit::notifier::Notifier,
     capture::{CaptureConfig, CaptureStatus},
@@ -133,8 +136,76 @@ pub async fn run(
     let capture_status = CaptureStatus::new(&config.capture_queues);
     let rules = Arc::new(extraction);
     let notifier = Notifier::new();
-    let hub = audit::watch_hub::WatchHub::new(store.clone(), notifier.clone(), shutdown.clone());
     let checker = Arc::new(StateChecker::new(state_checks).with_tls(config.state_check_tls()));
+
+    // Serve at once, so that callers get a clear UNAVAILABLE (and health
+    // NOT_SERVING) while PostgreSQL is being waited for, instead of a hang.
+    let ready = Arc::new(AtomicBool::new(false));
+    let (health_reporter, health_service) = health_not_serving().await;
+    let (planner, coordinator) = grpc_services(
+        &config, policy, &store, &rules, checker, &notifier, &shutdown,
+    );
+    info!(
+        listen = %listener.local_addr()?,
+        capture_queues = ?config.capture_queues,
+        tls = tls.is_some(),
+        authentication = authenticator.is_some(),
+        "planner serving"
+    );
+    let server = Server {
+        health: health_service,
+        planner,
+        coordinator,
+        gate: ReadyGate(Arc::clone(&ready)),
+        tls,
+        authenticator,
+    }
+    .spawn(&config, listener, shutdown.clone())?;
+
+    let prepared = prepare_database(&config, &store, &shutdown).await;
+    let (capture, listening) = match prepared {
+        Ok(true) => {
+            ready.store(true, Ordering::SeqCst);
+            start_background(
+                &config,
+                store,
+                health_reporter,
+                capture_status,
+                rules,
+                notifier,
+                &shutdown,
+            )
+            .await
+        }
+        Ok(false) => (None, None),
+        Err(error) => {
+            shutdown.cancel();
+            let _ = server.await;
+            return Err(error);
+        }
+    };
+    stop_within_grace(&config, server, listening, capture, &shutdown).await?;
+    metrics_pipeline.shutdown().await;
+    info!("planner stopped");
+    Ok(())
+}
+
+/// The two gRPC services, `redrive.v1.Planner` and `redrive.v1.Coordinator`,
+/// wired to the store, the notifier and one shared watch hub, each taking
+/// messages up to [`MAX_GRPC_MESSAGE_BYTES`].
+fn grpc_services(
+    config: &Config,
+    policy: precheck::policy::Policy,
+    store: &Store,
+    rules: &Arc<dead_letters::ExtractionRules>,
+    checker: Arc<StateChecker>,
+    notifier: &Notifier,
+    shutdown: &CancellationToken,
+) -> (
+    PlannerServer<PlannerGrpc>,
+    CoordinatorServer<CoordinatorGrpc>,
+) {
+    let hub = audit::watch_hub::WatchHub::new(store.clone(), notifier.clone(), shutdown.clone());
     let coordinator_service = leases::Coordinator::new(
         store.clone(),
         notifier.clone(),
@@ -142,33 +213,9 @@ pub async fn run(
         Arc::clone(&checker),
     )
     .with_claim_max_bytes(config.claim_max_bytes);
-
-    // Serve at once, so that callers get a clear UNAVAILABLE (and health
-    // NOT_SERVING) while PostgreSQL is being waited for, instead of a hang.
-    let ready = Arc::new(AtomicBool::new(false));
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_not_serving::<PlannerServer<PlannerGrpc>>()
-        .await;
-    health_reporter
-        .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
-        .await;
-    // `""` is readiness: PostgreSQL and every capture consumer (report_health).
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
-    // Both reflection versions: grpcurl before 1.8.8, grpcui and older Postman
-    // speak only v1alpha.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1alpha = reflection().build_v1alpha()?;
-    let reflection = reflection().build_v1()?;
     let planner = PlannerServer::new(PlannerGrpc::new(PlannerState {
         store: store.clone(),
-        rules: Arc::clone(&rules),
+        rules: Arc::clone(rules),
         checker,
         notifier: notifier.clone(),
         four_eyes: config.four_eyes,
@@ -189,110 +236,157 @@ pub async fn run(
     ))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
-    let gate = ReadyGate(Arc::clone(&ready));
-    info!(
-        listen = %listener.local_addr()?,
-        capture_queues = ?config.capture_queues,
-        tls = tls.is_some(),
-        authentication = authenticator.is_some(),
-        "planner serving"
-    );
-    let server_shutdown = shutdown.clone();
-    // HTTP/2 keepalive pings find dead clients; the admitted connections
-    // close idle ones and cap how many one peer may hold.
-    let connections = edge::admission::Connections::new(config.connection_limits());
-    let mut builder = tonic::transport::Server::builder()
-        // One server span per call, continuing the caller's traceparent.
-        .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
-        .http2_keepalive_interval(Some(edge::admission::KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(edge::admission::KEEPALIVE_TIMEOUT))
-        // Room on every connection for the ingest streams that wait for
-        // the ingest budget, whose data stays unread meanwhile.
-        .initial_stream_window_size(capture::ingest_budget::STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(capture::ingest_budget::CONNECTION_WINDOW_BYTES);
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    let server = tokio::spawn(
-        builder
-            .layer(tower::util::MapResponseLayer::new(
-                oversized_is_resource_exhausted::<tonic::body::Body>,
-            ))
-            .layer(edge::auth::AuthLayer::new(authenticator))
-            .layer(edge::admission::RateLimitLayer::new(
-                config.request_rate(),
-                connections.clone(),
-            ))
-            .layer(capture::ingest_budget::IngestBudgetLayer::new(
-                config.ingest_budget(),
-            ))
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(reflection_v1alpha)
-            .add_service(InterceptedService::new(planner, gate.clone()))
-            .add_service(InterceptedService::new(coordinator, gate))
-            .serve_with_incoming_shutdown(
-                edge::admission::admit(incoming(listener), connections),
-                server_shutdown.cancelled_owned(),
-            ),
-    );
+    (planner, coordinator)
+}
 
-    let prepared = prepare_database(&config, &store, &shutdown).await;
-    let (capture, listening) = match prepared {
-        Ok(true) => {
-            ready.store(true, Ordering::SeqCst);
-            health_reporter
-                .set_serving::<PlannerServer<PlannerGrpc>>()
-                .await;
-            health_reporter
-                .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
-                .await;
-            info!("planner ready");
-            tokio::spawn(report_health(
-                store.clone(),
-                capture_status.clone(),
-                health_reporter.clone(),
-                shutdown.clone(),
-            ));
-            tokio::spawn(count_plans(store.clone(), shutdown.clone()));
-            let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
-            tokio::spawn(plan::gates::run(store.clone(), shutdown.clone()));
-            if let Some(retention) = config.retention {
-                tokio::spawn(dead_letters::housekeeping::run_retention(
-                    store.clone(),
-                    retention,
-                    shutdown.clone(),
-                ));
-            }
-            let capture = tokio::spawn(capture::run(
-                CaptureConfig {
-                    amqp_url: config.amqp.url.clone(),
-                    queues: config.capture_queues.clone(),
-                    prefetch: config.capture_prefetch,
-                    batch_size: config.capture_batch_size,
-                    batch_bytes: config.capture_batch_bytes,
-                    batch_wait: config.capture_batch_wait(),
-                    rules,
-                    guard: config.capture_guard,
-                    status: capture_status,
-                },
-                store,
-                shutdown.clone(),
-            ));
-            (Some(capture), Some(listening))
+/// What the gRPC server serves: health, the two services behind the
+/// readiness gate, and how callers are let in (TLS, authentication).
+struct Server<H> {
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    planner: PlannerServer<PlannerGrpc>,
+    coordinator: CoordinatorServer<CoordinatorGrpc>,
+    gate: ReadyGate,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    authenticator: Option<Arc<edge::auth::Authenticator>>,
+}
+
+impl<H: tonic_health::pb::health_server::Health> Server<H> {
+    /// Spawns the server on `listener` until `shutdown`: health, server
+    /// reflection (v1 and v1alpha), the planner and the coordinator, behind
+    /// the layers (oversize mapping, authentication, rate limit, ingest
+    /// budget) and the admitted connections with HTTP/2 keepalive.
+    ///
+    /// # Errors
+    /// Reflection that cannot be built or a TLS configuration tonic refuses.
+    fn spawn(
+        self,
+        config: &Config,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
+        // Both reflection versions: grpcurl before 1.8.8, grpcui and older Postman
+        // speak only v1alpha.
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection_v1alpha = reflection().build_v1alpha()?;
+        let reflection = reflection().build_v1()?;
+        // HTTP/2 keepalive pings find dead clients; the admitted connections
+        // close idle ones and cap how many one peer may hold.
+        let connections = edge::admission::Connections::new(config.connection_limits());
+        let mut builder = tonic::transport::Server::builder()
+            // One server span per call, continuing the caller's traceparent.
+            .trace_fn(redrive_proto::telemetry::grpc_server_span::<()>)
+            .http2_keepalive_interval(Some(edge::admission::KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(edge::admission::KEEPALIVE_TIMEOUT))
+            // Room on every connection for the ingest streams that wait for
+            // the ingest budget, whose data stays unread meanwhile.
+            .initial_stream_window_size(capture::ingest_budget::STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(capture::ingest_budget::CONNECTION_WINDOW_BYTES);
+        if let Some(tls) = self.tls {
+            builder = builder.tls_config(tls)?;
         }
-        Ok(false) => (None, None),
-        Err(error) => {
-            shutdown.cancel();
-            let _ = server.await;
-            return Err(error);
-        }
-    };
-    // After shutdown, open calls (WatchPlan streams, claim long polls,
-    // ReplayDeadLetter waits) get the grace period to end, then are cut: a
-    // client that keeps a stream open must not keep the planner alive.
+        Ok(tokio::spawn(
+            builder
+                .layer(tower::util::MapResponseLayer::new(
+                    oversized_is_resource_exhausted::<tonic::body::Body>,
+                ))
+                .layer(edge::auth::AuthLayer::new(self.authenticator))
+                .layer(edge::admission::RateLimitLayer::new(
+                    config.request_rate(),
+                    connections.clone(),
+                ))
+                .layer(capture::ingest_budget::IngestBudgetLayer::new(
+                    config.ingest_budget(),
+                ))
+                .add_service(self.health)
+                .add_service(reflection)
+                .add_service(reflection_v1alpha)
+                .add_service(InterceptedService::new(self.planner, self.gate.clone()))
+                .add_service(InterceptedService::new(self.coordinator, self.gate))
+                .serve_with_incoming_shutdown(
+                    edge::admission::admit(incoming(listener), connections),
+                    shutdown.cancelled_owned(),
+                ),
+        ))
+    }
+}
+
+/// Once the database is ready: marks the services `SERVING` and starts the
+/// background work (health reports, plan counts, the notifier's listener,
+/// the canary gates, retention when set, capture). Gives the capture task
+/// and the listener task, both ending with `shutdown`.
+async fn start_background(
+    config: &Config,
+    store: Store,
+    health_reporter: tonic_health::server::HealthReporter,
+    capture_status: CaptureStatus,
+    rules: Arc<dead_letters::ExtractionRules>,
+    notifier: Notifier,
+    shutdown: &CancellationToken,
+) -> (
+    Option<tokio::task::JoinHandle<()>>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    health_reporter
+        .set_serving::<PlannerServer<PlannerGrpc>>()
+        .await;
+    health_reporter
+        .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+        .await;
+    info!("planner ready");
+    tokio::spawn(report_health(
+        store.clone(),
+        capture_status.clone(),
+        health_reporter,
+        shutdown.clone(),
+    ));
+    tokio::spawn(count_plans(store.clone(), shutdown.clone()));
+    let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
+    tokio::spawn(plan::gates::run(store.clone(), shutdown.clone()));
+    if let Some(retention) = config.retention {
+        tokio::spawn(dead_letters::housekeeping::run_retention(
+            store.clone(),
+            retention,
+            shutdown.clone(),
+        ));
+    }
+    let capture = tokio::spawn(capture::run(
+        CaptureConfig {
+            amqp_url: config.amqp.url.clone(),
+            queues: config.capture_queues.clone(),
+            prefetch: config.capture_prefetch,
+            batch_size: config.capture_batch_size,
+            batch_bytes: config.capture_batch_bytes,
+            batch_wait: config.capture_batch_wait(),
+            rules,
+            guard: config.capture_guard,
+            status: capture_status,
+        },
+        store,
+        shutdown.clone(),
+    ));
+    (Some(capture), Some(listening))
+}
+
+/// Waits for `shutdown`, then gives open calls (WatchPlan streams, claim long
+/// polls, ReplayDeadLetter waits) the grace period to end before cutting
+/// them: a client that keeps a stream open must not keep the planner alive.
+/// Then stops the listener and lets capture store and ack what it holds
+/// within the grace period.
+///
+/// # Errors
+/// The server failing, or its task panicking.
+async fn stop_within_grace(
+    config: &Config,
+    mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    listening: Option<tokio::task::JoinHandle<()>>,
+    capture: Option<tokio::task::JoinHandle<()>>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
-    let mut server = server;
     let grace_after_shutdown = async {
         shutdown.cancelled().await;
         tokio::time::sleep(grace).await;
@@ -318,98 +412,7 @@ pub async fn run(
             "capture did not stop within the grace period"
         );
     }
-    metrics_pipeline.shutdown().await;
-    info!("planner stopped");
     Ok(())
-}
-
-/// The gRPC health service name of one capture queue's consumer:
-/// `capture/<queue>`, `SERVING` while it consumes. Readiness (`""`) needs
-/// all of them; this one tells which queue is missing.
-pub fn capture_health_service(queue: &str) -> String {
-    format!("capture/{queue}")
-}
-
-/// How often health follows PostgreSQL and capture after start-up.
-const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
-
-/// Keeps health current (every [`HEALTH_INTERVAL`], gRPC health checking
-/// protocol): `redrive.v1.Planner` and `redrive.v1.Coordinator` follow
-/// PostgreSQL (`NOT_SERVING` while it does not answer, since every call
-/// needs it); `""`, the server's readiness, also requires every capture
-/// queue's consumer to be connected.
-async fn report_health(
-    store: Store,
-    capture: CaptureStatus,
-    reporter: tonic_health::server::HealthReporter,
-    shutdown: CancellationToken,
-) {
-    let mut serving = true;
-    let mut ready = None;
-    let mut last_problems = Vec::new();
-    let mut queues_consuming = std::collections::HashMap::new();
-    loop {
-        let up = store.ping().await.is_ok();
-        if up != serving {
-            serving = up;
-            if up {
-                info!("PostgreSQL answers again: health SERVING");
-                reporter.set_serving::<PlannerServer<PlannerGrpc>>().await;
-                reporter
-                    .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
-                    .await;
-            } else {
-                warn!("PostgreSQL does not answer: health NOT_SERVING");
-                reporter
-                    .set_not_serving::<PlannerServer<PlannerGrpc>>()
-                    .await;
-                reporter
-                    .set_not_serving::<CoordinatorServer<CoordinatorGrpc>>()
-                    .await;
-            }
-        }
-        let problems = capture.problems();
-        let now_ready = up && problems.is_empty();
-        for queue in capture.queues() {
-            let consuming = capture.is_consuming(queue) == Some(true);
-            if queues_consuming.insert(queue.to_owned(), consuming) != Some(consuming) {
-                let status = if consuming {
-                    tonic_health::ServingStatus::Serving
-                } else {
-                    tonic_health::ServingStatus::NotServing
-                };
-                reporter
-                    .set_service_status(capture_health_service(queue), status)
-                    .await;
-            }
-        }
-        if ready != Some(now_ready) || (!now_ready && problems != last_problems) {
-            if now_ready {
-                info!("ready: PostgreSQL answers and every capture queue has a consumer");
-            } else if problems.is_empty() {
-                warn!(postgres = up, "not ready: PostgreSQL does not answer");
-            } else {
-                warn!(
-                    postgres = up,
-                    capture_queues_without_consumer = ?problems,
-                    "not ready: {}",
-                    problems.join("; ")
-                );
-            }
-            last_problems = problems;
-            let status = if now_ready {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter.set_service_status("", status).await;
-            ready = Some(now_ready);
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(HEALTH_INTERVAL) => {}
-        }
-    }
 }
 
 /// Keeps the `redrive.planner.plans` gauge current: counts the plans in
@@ -430,22 +433,6 @@ async fn count_plans(store: Store, shutdown: CancellationToken) {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(metrics::PLANS_COUNT_INTERVAL) => {}
-        }
-    }
-}
-
-/// Answers UNAVAILABLE until the database is ready.
-#[derive(Debug, Clone)]
-struct ReadyGate(Arc<AtomicBool>);
-
-impl tonic::service::Interceptor for ReadyGate {
-    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if self.0.load(Ordering::SeqCst) {
-            Ok(request)
-        } else {
-            Err(tonic::Status::unavailable(
-                "the planner is starting: waiting for PostgreSQL and its migrations (see the planner's log)",
-            ))
         }
     }
 }

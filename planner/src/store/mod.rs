@@ -4,10 +4,15 @@
 //! # Layout
 //! - `mod.rs`: the [`Store`] (the pool and the metrics every part counts
 //!   through) and [`StoreError`], `sqlx::Error` translated by SQLSTATE.
-//! - [`dead_letters`]: insert batches (capture, ingest, import), list, get,
-//!   summarize.
+//! - [`dead_letters`]: list, get, summarize, the selector's SQL;
+//!   `dead_letters/insert.rs` (insert batches: capture, ingest, import),
+//!   `dead_letters/rows.rs` (the rows read, mapped to the API's messages).
 //! - [`prechecks`]: candidate stream, item `COPY`, reports, item pages.
-//! - [`plans`]: plan creation, transitions, reads with progress.
+//! - [`plans`]: plan creation, reads with progress; `plans/transitions.rs`
+//!   (the guarded state changes, operator actions, notifications),
+//!   `plans/approval.rs` (the approval check), `plans/rows.rs` (plan rows
+//!   mapped to the API's messages), `plans/gates.rs` (gate readings),
+//!   `plans/routing.rs` (where items are published, destination comparisons).
 //! - [`leases`]: slice leases with fencing tokens, the reads and writes of a
 //!   report and of a lease's end.
 //! - [`audit`]: the audit's events and refusals, written and read.

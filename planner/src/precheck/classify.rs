@@ -1,0 +1,323 @@
+//! The verdict of each candidate: the rules before the state check
+//! ([`classify`]), then the owning services' hooks for the rest, a chunk at
+//! a time.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use prost::Message;
+use redrive_proto::{
+    time::age_text,
+    v1::{self, Verdict},
+};
+
+use super::report::{Classified, ReportBuilder};
+use crate::{
+    error::Error,
+    ids::PrecheckId,
+    precheck::options::{Deadline, DeadlineRule, EventBody, PrecheckOptions},
+    precheck::staleness::Aged,
+    precheck::state_check::{StateCheckError, StateChecker, StateDecision},
+    store::prechecks::{Candidate, copy_line},
+};
+
+/// Hook batches in flight at once.
+const HOOK_CONCURRENCY: usize = 4;
+
+/// The compression a candidate's message declares (its stored properties
+/// and headers, loaded with its body), for reading its body as capture did.
+fn declared_encoding(candidate: &Candidate) -> Option<String> {
+    let (_, properties, headers) = candidate.payload.as_ref()?;
+    let properties = v1::MessageProperties::decode(properties.as_slice()).unwrap_or_default();
+    let headers = v1::HeaderTable::decode(headers.as_slice()).unwrap_or_default();
+    crate::dead_letters::body::declared_encoding(&properties, &headers)
+}
+
+/// A candidate's body for the event time pointer, when loaded.
+fn event_body<'a>(candidate: &'a Candidate, declared: Option<&'a str>) -> Option<EventBody<'a>> {
+    candidate.payload.as_ref().map(|(body, _, _)| EventBody {
+        bytes: body.as_slice(),
+        declared_encoding: declared,
+    })
+}
+
+/// A candidate's deadline under `options` ([`PrecheckOptions::deadline_of`]);
+/// `declared`: its declared encoding ([`declared_encoding`]).
+fn deadline<'a>(
+    candidate: &Candidate,
+    declared: Option<&str>,
+    options: &'a PrecheckOptions,
+) -> Option<Deadline<'a>> {
+    options.deadline_of(
+        candidate.event_type.as_deref(),
+        &candidate.source,
+        event_body(candidate, declared),
+        candidate.occurred_at,
+        candidate.first_died_at,
+    )
+}
+
+/// What the staleness coverage needs of a candidate.
+fn aged<'a>(candidate: &'a Candidate, declared: Option<&'a str>) -> Aged<'a> {
+    Aged {
+        id: candidate.id,
+        event_type: candidate.event_type.as_deref(),
+        body: event_body(candidate, declared),
+        occurred_at: candidate.occurred_at,
+        first_died_at: candidate.first_died_at,
+    }
+}
+
+/// The verdict of a candidate before the state check, or `None` when it goes
+/// on to the state check.
+pub fn classify(
+    candidate: &Candidate,
+    options: &PrecheckOptions,
+    now: DateTime<Utc>,
+) -> Option<(Verdict, String)> {
+    classify_with(
+        candidate,
+        options,
+        deadline(candidate, declared_encoding(candidate).as_deref(), options).as_ref(),
+        now,
+    )
+}
+
+/// [`classify`] with the candidate's deadline already read.
+fn classify_with(
+    candidate: &Candidate,
+    options: &PrecheckOptions,
+    deadline: Option<&Deadline<'_>>,
+    now: DateTime<Utc>,
+) -> Option<(Verdict, String)> {
+    if candidate.destination.is_empty() {
+        // Extraction says why when it knows (only an exchange and a routing
+        // key, which queue mode never publishes as a queue name).
+        let reason = candidate.body_problem.as_ref().map_or_else(
+            || "no resolvable destination".to_owned(),
+            |problem| format!("no resolvable destination: {problem}"),
+        );
+        return Some((Verdict::Invalid, reason));
+    }
+    if candidate.body_oversized {
+        return Some((
+            Verdict::Invalid,
+            "body is over the planner's body limit".to_owned(),
+        ));
+    }
+    if let Some(problem) = &candidate.body_problem {
+        return Some((Verdict::Invalid, problem.clone()));
+    }
+    if let Some(first) = candidate.duplicate_of {
+        return Some((
+            Verdict::Duplicate,
+            format!(
+                "message key {} bound for {} already appears in dead letter {first}",
+                candidate.message_key, candidate.destination
+            ),
+        ));
+    }
+    if let Some((plan, at)) = &candidate.replayed {
+        let reason = if candidate.replayed_certain {
+            format!(
+                "replayed by plan {plan} at {}",
+                redrive_proto::time::rfc3339(*at)
+            )
+        } else {
+            // Never replayable: it may have reached the consumer.
+            format!(
+                "possibly delivered by plan {plan} at {}: its publish outcome is uncertain (a confirm lost with the connection, or a lease that expired)",
+                redrive_proto::time::rfc3339(*at)
+            )
+        };
+        return Some((Verdict::AlreadyReplayed, reason));
+    }
+    if candidate.redrives >= i64::from(options.max_redrives) {
+        return Some((
+            Verdict::Looping,
+            format!(
+                "came back after {} replays (max_redrives {})",
+                candidate.redrives, options.max_redrives
+            ),
+        ));
+    }
+    if let Some(&Deadline {
+        max_age,
+        rule,
+        event_time,
+        basis,
+    }) = deadline
+    {
+        let age = (now - event_time).to_std().unwrap_or_default();
+        if age > max_age {
+            let of = match rule {
+                DeadlineRule::EventType(_) | DeadlineRule::Default => format!(
+                    "event type {}",
+                    candidate.event_type.as_deref().unwrap_or("(none)")
+                ),
+                DeadlineRule::Source(_) => format!("source {}", candidate.source),
+            };
+            return Some((
+                Verdict::Stale,
+                format!(
+                    "{} old (from its {basis}), past the {} deadline of {of}",
+                    age_text(age),
+                    age_text(max_age)
+                ),
+            ));
+        }
+    }
+    None
+}
+
+impl Classified {
+    /// Classifies one chunk: the rules first ([`classify`], each candidate's
+    /// deadline read once), then the state-check hooks for the candidates
+    /// that reached them; counts each verdict into the report, the body-hash
+    /// keys and the staleness coverage, and writes its `COPY` line into the
+    /// buffer.
+    ///
+    /// # Errors
+    /// A hook that fails while the options do not say to block instead.
+    pub(super) async fn add_chunk(
+        &mut self,
+        checker: &Arc<StateChecker>,
+        options: &PrecheckOptions,
+        precheck_id: PrecheckId,
+        chunk: &[Candidate],
+        now: DateTime<Utc>,
+    ) -> Result<(), Error> {
+        let declared: Vec<Option<String>> = chunk.iter().map(declared_encoding).collect();
+        let deadlines: Vec<Option<Deadline<'_>>> = chunk
+            .iter()
+            .zip(&declared)
+            .map(|(candidate, declared)| deadline(candidate, declared.as_deref(), options))
+            .collect();
+        let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
+            .iter()
+            .zip(&deadlines)
+            .map(|(candidate, deadline)| classify_with(candidate, options, deadline.as_ref(), now))
+            .collect();
+        state_check_chunk(checker, options, chunk, &mut verdicts, &mut self.report).await?;
+        for (((candidate, verdict), deadline), declared) in
+            chunk.iter().zip(verdicts).zip(&deadlines).zip(&declared)
+        {
+            let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
+            self.body_hash_keys.add(candidate);
+            self.report.add(candidate, verdict, &reason);
+            self.coverage.add(
+                options,
+                aged(candidate, declared.as_deref()),
+                deadline.as_ref(),
+                verdict == Verdict::Stale,
+                now,
+            );
+            let stale_at = deadline.as_ref().and_then(Deadline::at);
+            copy_line(
+                &mut self.buffer,
+                precheck_id,
+                candidate.id,
+                verdict.name(),
+                stale_at,
+                &reason,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Calls the hooks for the chunk's candidates that reached the state check and
+/// fills in their verdicts.
+async fn state_check_chunk(
+    checker: &Arc<StateChecker>,
+    options: &PrecheckOptions,
+    chunk: &[Candidate],
+    verdicts: &mut [Option<(Verdict, String)>],
+    report: &mut ReportBuilder,
+) -> Result<(), Error> {
+    if checker.is_empty() {
+        return Ok(());
+    }
+    // (route, positions in the chunk), cut into batches.
+    let mut by_route: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (position, candidate) in chunk.iter().enumerate() {
+        if verdicts[position].is_none()
+            && let Some(route) =
+                checker.route(candidate.event_type.as_deref(), &candidate.destination)
+        {
+            by_route.entry(route).or_default().push(position);
+        }
+    }
+    let batches: Vec<(usize, Vec<usize>)> = by_route
+        .into_iter()
+        .flat_map(|(route, positions)| {
+            positions
+                .chunks(options.state_check_batch_size)
+                .map(|batch| (route, batch.to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let answers = futures::stream::iter(batches)
+        .map(|(route, positions)| {
+            let messages = positions
+                .iter()
+                .map(|&position| state_check_message(&chunk[position]))
+                .collect::<Vec<_>>();
+            let checker = Arc::clone(checker);
+            let timeout = options.state_check_timeout;
+            async move { (positions, checker.check(route, messages, timeout).await) }
+        })
+        .buffered(HOOK_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+    for (positions, answer) in answers {
+        match answer {
+            Ok(decisions) => {
+                for position in positions {
+                    report.hook_checked += 1;
+                    let decision = &decisions[&chunk[position].id.to_string()];
+                    verdicts[position] = match decision {
+                        StateDecision::Replay => None,
+                        StateDecision::Block(reason) => {
+                            report.hook_blocked += 1;
+                            Some((Verdict::BlockedByState, reason.clone()))
+                        }
+                        StateDecision::NeedsCompensation(reason) => {
+                            Some((Verdict::NeedsCompensation, reason.clone()))
+                        }
+                    };
+                }
+            }
+            Err(error) if options.block_on_state_check_error => {
+                for position in positions {
+                    verdicts[position] = Some((Verdict::BlockedByState, error.to_string()));
+                }
+            }
+            Err(error) => return Err(hook_failed(error)),
+        }
+    }
+    Ok(())
+}
+
+/// The error of a precheck whose state-check hook failed: what to do about it.
+fn hook_failed(error: StateCheckError) -> Error {
+    Error::Unavailable(format!(
+        "{error}; the precheck is not complete. Fix the hook, or run the precheck with \
+         block_on_state_check_error to mark its messages blocked_by_state"
+    ))
+}
+
+/// What a state-check hook is sent of one candidate: its id, key, event
+/// type, body, properties and headers.
+fn state_check_message(candidate: &Candidate) -> v1::StateCheckMessage {
+    let (body, properties, headers) = candidate.payload.clone().unwrap_or_default();
+    v1::StateCheckMessage {
+        dead_letter_id: candidate.id.to_string(),
+        message_key: candidate.message_key.clone(),
+        event_type: candidate.event_type.clone(),
+        body,
+        properties: v1::MessageProperties::decode(properties.as_slice()).ok(),
+        headers: v1::HeaderTable::decode(headers.as_slice()).ok(),
+    }
+}

@@ -1,0 +1,378 @@
+//! Batch inserts of dead letters: ingest and import (idempotent per source
+//! and dedup key) and capture batches (a redelivery absorbed by its stored
+//! copy), in one statement over column arrays.
+
+use chrono::{DateTime, Utc};
+use sqlx::Postgres;
+use uuid::Uuid;
+
+use super::{InsertOutcome, compression_name, json_text_array, text};
+use crate::{
+    dead_letters::{Dedup, NewDeadLetter},
+    store::{Store, StoreError},
+};
+
+/// Bodies in one statement above which its connection gives its buffers
+/// back afterwards: 1 MiB.
+const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
+
+/// Gives `connection`'s buffers back to the allocator after it stored
+/// `batch`, when the batch's bodies were large: sqlx keeps a connection's
+/// buffers as large as its largest statement (`Connection::shrink_buffers`),
+/// so every connection of the pool that once stored a 50 MiB body would
+/// keep 50 MiB and more, outside the ingest budget, for its whole life.
+fn shrink_after(connection: &mut sqlx::PgConnection, batch: &[NewDeadLetter]) {
+    let bytes: usize = batch.iter().map(|item| item.body.len()).sum();
+    if bytes > SHRINK_AFTER_BYTES {
+        sqlx::Connection::shrink_buffers(connection);
+    }
+}
+
+impl Store {
+    /// Stores `batch` (ingest and import: idempotent per source and dedup key)
+    /// in one statement.
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing of the batch is stored then.
+    pub async fn insert_dead_letters(
+        &self,
+        batch: &[NewDeadLetter],
+    ) -> Result<InsertOutcome, StoreError> {
+        let mut connection = self.pool().acquire().await?;
+        let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
+        let inserted = insert_rows(&mut transaction, batch, None).await?;
+        transaction.commit().await?;
+        shrink_after(&mut connection, batch);
+        Ok(InsertOutcome {
+            inserted,
+            already_stored: batch.len() as u64 - inserted,
+        })
+    }
+
+    /// Stores a batch captured from RabbitMQ as capture batch of `session`, in
+    /// one transaction, and returns the batch id to mark acked after the
+    /// broker ack. A redelivered dead letter first looks for a stored copy (same
+    /// source and fingerprint) in a batch an earlier session committed but never
+    /// acked; a match is moved into this batch instead of stored again (each
+    /// stored row absorbs at most one redelivery).
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing of the batch is stored then.
+    pub async fn insert_captured(
+        &self,
+        session: Uuid,
+        source: &str,
+        batch: &[NewDeadLetter],
+    ) -> Result<(i64, InsertOutcome), StoreError> {
+        let mut connection = self.pool().acquire().await?;
+        let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
+        let batch_id: i64 = sqlx::query_scalar(
+            "INSERT INTO capture_batches (session, source) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(session)
+        .bind(source)
+        .fetch_one(&mut *transaction)
+        .await?;
+        let mut fresh = Vec::with_capacity(batch.len());
+        let mut absorbed = 0;
+        for dead_letter in batch {
+            if dead_letter.dedup == Dedup::Fingerprint {
+                let matched: Option<i64> = sqlx::query_scalar(
+                    "UPDATE dead_letters d SET capture_batch = $4 WHERE d.id = ( \
+                        SELECT s.id FROM dead_letters s JOIN capture_batches b ON b.id = s.capture_batch \
+                        WHERE s.source = $1 AND s.capture_fingerprint = $2 AND NOT b.acked AND b.session <> $3 \
+                        ORDER BY s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
+                     RETURNING d.id",
+                )
+                .bind(&dead_letter.source)
+                .bind(dead_letter.fingerprint.as_slice())
+                .bind(session)
+                .bind(batch_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+                if matched.is_some() {
+                    absorbed += 1;
+                    continue;
+                }
+            }
+            fresh.push(dead_letter.clone());
+        }
+        let inserted = insert_rows(&mut transaction, &fresh, Some(batch_id)).await?;
+        transaction.commit().await?;
+        shrink_after(&mut connection, batch);
+        Ok((
+            batch_id,
+            InsertOutcome {
+                inserted,
+                already_stored: absorbed,
+            },
+        ))
+    }
+
+    /// Records that the broker acked capture batch `batch_id`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn mark_capture_acked(&self, batch_id: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE capture_batches SET acked = true WHERE id = $1")
+            .bind(batch_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}
+
+/// The statement of [`insert_rows`]: one row per element of the `UNNEST`ed
+/// column arrays `$1` to `$40` (`$38`: the capture batch, one for all),
+/// ingest repeats skipped by `ON CONFLICT`; returns the new ids.
+const INSERT_ROWS_SQL: &str = r#"
+    INSERT INTO dead_letters (
+        source, origin, dedup_key, capture_fingerprint, captured_at, message_id,
+        message_key, body, body_size, body_sha256, body_oversized, body_problem,
+        body_compression, properties, headers, content_type, death_reason, death_queue,
+        death_exchange, death_routing_keys, death_count, death_time, reason_class,
+        destination, event_type, schema_version, producer, error_text, attempts,
+        died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
+        capture_notes, first_died_at, capture_batch, exchange_only, raw_content_header)
+    SELECT
+        u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
+        u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
+        u.compression, u.properties, u.headers, u.content_type, u.death_reason,
+        u.death_queue, u.death_exchange,
+        CASE WHEN u.routing_keys IS NULL THEN NULL
+             ELSE ARRAY(SELECT jsonb_array_elements_text(u.routing_keys::jsonb)) END,
+        u.death_count, u.death_time, u.reason_class, u.destination, u.event_type,
+        u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
+        u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
+        ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38,
+        u.exchange_only, u.raw_content_header
+    FROM UNNEST(
+        $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
+        $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
+        $13::text[], $14::bytea[], $15::bytea[], $16::text[], $17::text[], $18::text[],
+        $19::text[], $20::text[], $21::bigint[], $22::timestamptz[], $23::text[],
+        $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
+        $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
+        $35::text[], $36::bool[], $37::timestamptz[], $39::bool[], $40::bytea[]
+    ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
+           message_key, body, body_size, body_sha256, oversized, body_problem,
+           compression, properties, headers, content_type, death_reason, death_queue,
+           death_exchange, routing_keys, death_count, death_time, reason_class,
+           destination, event_type, schema_version, producer, error_text, attempts,
+           died_at, occurred_at, plan_id, original_exchange, original_routing_key,
+           notes, redelivered, first_died_at, exchange_only, raw_content_header)
+    ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id
+    "#;
+
+/// [`INSERT_ROWS_SQL`] while its columns are bound, in parameter order.
+type InsertRows<'q> =
+    sqlx::query::QueryScalar<'q, Postgres, i64, <Postgres as sqlx::Database>::Arguments>;
+
+/// Inserts `batch` in `transaction` (capture rows with `capture_batch`);
+/// returns how many rows were inserted (ingest repeats are skipped).
+async fn insert_rows(
+    transaction: &mut sqlx::Transaction<'_, Postgres>,
+    batch: &[NewDeadLetter],
+    capture_batch: Option<i64>,
+) -> Result<u64, StoreError> {
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    let query = sqlx::query_scalar(INSERT_ROWS_SQL);
+    let query = bind_identity(query, batch);
+    let query = bind_body(query, batch);
+    let query = bind_death(query, batch);
+    let query = bind_event(query, batch);
+    let query = bind_origin(query, batch, capture_batch);
+    let inserted: Vec<i64> = query.fetch_all(&mut **transaction).await?;
+    Ok(inserted.len() as u64)
+}
+
+/// A text column of `batch`: `f` of each dead letter, passed through
+/// [`text`] (PostgreSQL text cannot hold NUL: every derived string does).
+fn text_column(
+    batch: &[NewDeadLetter],
+    f: impl Fn(&NewDeadLetter) -> Option<String>,
+) -> Vec<Option<String>> {
+    batch.iter().map(|d| f(d).map(text)).collect()
+}
+
+/// Binds `$1` to `$7`, what identifies a dead letter: source, origin, dedup
+/// key, capture fingerprint, capture time, message id, message key.
+fn bind_identity<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRows<'q> {
+    query
+        .bind(text_column(batch, |d| Some(d.source.clone())))
+        .bind(text_column(batch, |d| Some(d.origin.name().to_owned())))
+        .bind(text_column(batch, |d| match &d.dedup {
+            Dedup::Key(key) => Some(key.clone()),
+            Dedup::None | Dedup::Fingerprint => None,
+        }))
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.fingerprint.to_vec())
+                .collect::<Vec<Vec<u8>>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.captured_at)
+                .collect::<Vec<DateTime<Utc>>>(),
+        )
+        .bind(text_column(batch, |d| d.message_id.clone()))
+        .bind(text_column(batch, |d| Some(d.message_key.clone())))
+}
+
+/// Binds `$8` to `$16`, the message: body, its size, hash, oversize,
+/// problem and compression, the encoded properties and headers, the
+/// content type.
+fn bind_body<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRows<'q> {
+    query
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.body.as_slice())
+                .collect::<Vec<&[u8]>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.body.len() as i64)
+                .collect::<Vec<i64>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.body_sha256.to_vec())
+                .collect::<Vec<Vec<u8>>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.body_oversized)
+                .collect::<Vec<bool>>(),
+        )
+        .bind(text_column(batch, |d| d.body_problem.clone()))
+        .bind(text_column(batch, |d| {
+            Some(compression_name(d.body_compression).to_owned())
+        }))
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.properties.as_slice())
+                .collect::<Vec<&[u8]>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.headers.as_slice())
+                .collect::<Vec<&[u8]>>(),
+        )
+        .bind(text_column(batch, |d| d.content_type.clone()))
+}
+
+/// Binds `$17` to `$23`, the death that counts: reason, queue, exchange,
+/// routing keys (a JSON text array), count, time, and the reason class.
+fn bind_death<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRows<'q> {
+    query
+        .bind(text_column(batch, |d| {
+            d.death.as_ref().map(|x| x.reason.clone())
+        }))
+        .bind(text_column(batch, |d| {
+            d.death.as_ref().map(|x| x.queue.clone())
+        }))
+        .bind(text_column(batch, |d| {
+            d.death.as_ref().map(|x| x.exchange.clone())
+        }))
+        .bind(text_column(batch, |d| {
+            d.death.as_ref().map(|x| json_text_array(&x.routing_keys))
+        }))
+        .bind(
+            batch
+                .iter()
+                .map(|d| {
+                    d.death
+                        .as_ref()
+                        .map(|x| i64::try_from(x.count).unwrap_or(i64::MAX))
+                })
+                .collect::<Vec<Option<i64>>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.death.as_ref().and_then(|x| x.time))
+                .collect::<Vec<Option<DateTime<Utc>>>>(),
+        )
+        .bind(text_column(batch, |d| {
+            Some(d.reason_class.name().to_owned())
+        }))
+}
+
+/// Binds `$24` to `$31`, what was derived of the event: destination, event
+/// type, schema version, producer, error text, attempts, when it died and
+/// when it occurred.
+fn bind_event<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRows<'q> {
+    query
+        .bind(text_column(batch, |d| Some(d.destination.clone())))
+        .bind(text_column(batch, |d| d.event_type.clone()))
+        .bind(text_column(batch, |d| d.schema_version.clone()))
+        .bind(text_column(batch, |d| d.producer.clone()))
+        .bind(text_column(batch, |d| d.error_text.clone()))
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.attempts.and_then(|a| i32::try_from(a).ok()))
+                .collect::<Vec<Option<i32>>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.died_at)
+                .collect::<Vec<DateTime<Utc>>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.occurred_at)
+                .collect::<Vec<Option<DateTime<Utc>>>>(),
+        )
+}
+
+/// Binds `$32` to `$40`, where it came from and how it was read: the
+/// replaying plan's id, the framework's original exchange and routing key,
+/// the capture notes, whether it was redelivered, the first death,
+/// `capture_batch`, exchange-only, and the raw content header.
+fn bind_origin<'q>(
+    query: InsertRows<'q>,
+    batch: &'q [NewDeadLetter],
+    capture_batch: Option<i64>,
+) -> InsertRows<'q> {
+    query
+        .bind(text_column(batch, |d| d.redrive_plan_id.clone()))
+        .bind(text_column(batch, |d| d.original_exchange.clone()))
+        .bind(text_column(batch, |d| d.original_routing_key.clone()))
+        .bind(text_column(batch, |d| {
+            Some(json_text_array(&d.capture_notes))
+        }))
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.dedup == Dedup::Fingerprint)
+                .collect::<Vec<bool>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.first_died_at)
+                .collect::<Vec<DateTime<Utc>>>(),
+        )
+        .bind(capture_batch)
+        .bind(batch.iter().map(|d| d.exchange_only).collect::<Vec<bool>>())
+        .bind(
+            batch
+                .iter()
+                .map(|d| d.raw_content_header.clone())
+                .collect::<Vec<Option<Vec<u8>>>>(),
+        )
+}
