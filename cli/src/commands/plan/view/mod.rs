@@ -12,9 +12,12 @@ use redrive_proto::{
 };
 use serde::Serialize;
 
-use crate::{
-    output::{self, Column, cell, timestamp_text, write_table},
-    views::EventJson,
+use crate::output::{self, Column, cell, timestamp_text, write_table};
+
+mod audit;
+
+pub use audit::{
+    AuditReportJson, NOT_SENT_SHOWN, SENT_KEYS_SHOWN, UnattemptedJson, write_audit_report,
 };
 
 /// The audit actions, in the order of every count table and JSON `counts`
@@ -284,69 +287,6 @@ impl From<&Plan> for PlanJson {
     }
 }
 
-/// An audit report in its stable JSON shape (module docs).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AuditReportJson {
-    /// The plan, as it is now.
-    pub plan: Option<PlanJson>,
-    /// Count per action.
-    pub counts: ActionCountsJson,
-    /// Message keys that were sent: the reconciliation list.
-    pub sent_keys: Vec<String>,
-    /// Items not sent, with why.
-    pub not_sent: Vec<EventJson>,
-    /// Keys of sent items published again after a lost lease or confirm
-    /// (same message id): possibly delivered twice.
-    pub possibly_duplicated_keys: Vec<String>,
-    /// How many items no executor attempted (a cancelled or aborted plan's
-    /// rest; what a running plan has still to do).
-    pub never_attempted: u64,
-    /// The first of them (at most 1000), in plan order.
-    pub never_attempted_items: Vec<UnattemptedJson>,
-}
-
-/// An item no executor attempted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UnattemptedJson {
-    /// Its dead letter.
-    pub dead_letter_id: String,
-    /// Its message key.
-    pub message_key: String,
-    /// Its dead letter's AMQP message id (`""` when none).
-    pub message_id: String,
-    /// `canary` or `main`.
-    pub wave: &'static str,
-}
-
-impl From<&v1::UnattemptedItem> for UnattemptedJson {
-    fn from(item: &v1::UnattemptedItem) -> Self {
-        Self {
-            dead_letter_id: item.dead_letter_id.clone(),
-            message_key: item.message_key.clone(),
-            message_id: item.message_id.clone(),
-            wave: crate::views::wave_name(item.wave()),
-        }
-    }
-}
-
-impl From<&v1::AuditReport> for AuditReportJson {
-    fn from(report: &v1::AuditReport) -> Self {
-        Self {
-            plan: report.plan.as_ref().map(PlanJson::from),
-            counts: ActionCountsJson::from(report.counts.as_ref()),
-            sent_keys: report.sent_keys.clone(),
-            not_sent: report.not_sent.iter().map(EventJson::from).collect(),
-            possibly_duplicated_keys: report.possibly_duplicated_keys.clone(),
-            never_attempted: report.never_attempted,
-            never_attempted_items: report
-                .never_attempted_items
-                .iter()
-                .map(UnattemptedJson::from)
-                .collect(),
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // For people
 // ---------------------------------------------------------------------------
@@ -423,7 +363,7 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
 }
 
 /// The key/value block at the top of a plan.
-fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
+pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
     let when_by = |at: &Option<String>, by: &str| match (at, by.is_empty()) {
         (None, true) => "-".to_owned(),
         (None, false) => format!("by {by}"),
@@ -524,158 +464,6 @@ pub fn next_hint(plan: &PlanJson) -> Option<String> {
     })
 }
 
-/// How many sent keys the readable report lists.
-pub const SENT_KEYS_SHOWN: usize = 20;
-/// How many not-sent items the readable report lists.
-pub const NOT_SENT_SHOWN: usize = 100;
-
-/// The readable audit report: the plan's key fields, counts per action, the
-/// first sent keys, the items not sent with why.
-pub fn write_audit_report(
-    out: &mut dyn Write,
-    plan_id: &str,
-    report: &AuditReportJson,
-) -> std::io::Result<()> {
-    if let Some(plan) = &report.plan {
-        write_plan_fields(out, plan)?;
-        writeln!(out)?;
-    }
-    write_counts(out, &report.counts)?;
-
-    write_keys(out, "sent keys", &report.sent_keys, plan_id, "sent_keys")?;
-    if !report.possibly_duplicated_keys.is_empty() {
-        write_keys(
-            out,
-            "possibly delivered twice (published again with the same message id after a lost lease or confirm)",
-            &report.possibly_duplicated_keys,
-            plan_id,
-            "possibly_duplicated_keys",
-        )?;
-    }
-
-    let not_sent = report.not_sent.len();
-    writeln!(out, "\nnot sent: {not_sent}")?;
-    if not_sent > 0 {
-        let mut table = output::table(&[
-            Column::keep("dead_letter_id"),
-            Column::shorten("message_key"),
-            Column::keep("action"),
-            Column::keep("wave"),
-            Column::keep("at").optional(),
-            Column::shorten("reason"),
-        ]);
-        for event in report.not_sent.iter().take(NOT_SENT_SHOWN) {
-            table.add_row([
-                cell(&event.dead_letter_id).to_owned(),
-                output::key_cell(&event.message_key),
-                event.action.to_owned(),
-                event.wave.to_owned(),
-                event.at.clone().unwrap_or_else(|| "-".to_owned()),
-                cell(&event.reason).to_owned(),
-            ]);
-        }
-        write_table(out, &table)?;
-        if not_sent > NOT_SENT_SHOWN {
-            writeln!(
-                out,
-                "... and {} more (every event: {} plan report {plan_id} --format csv)",
-                not_sent - NOT_SENT_SHOWN,
-                crate::hint::redrivectl()
-            )?;
-        }
-    }
-    write_never_attempted(out, plan_id, report)?;
-    writeln!(
-        out,
-        "\nexport for reconciliation: {} plan report {plan_id} --format csv (or jsonl)",
-        crate::hint::redrivectl()
-    )
-}
-
-/// `never attempted: N` (a final plan) or `not attempted yet: N`, and the
-/// first [`NOT_SENT_SHOWN`] of them.
-fn write_never_attempted(
-    out: &mut dyn Write,
-    plan_id: &str,
-    report: &AuditReportJson,
-) -> std::io::Result<()> {
-    let count = report.never_attempted;
-    let ended = report
-        .plan
-        .as_ref()
-        .and_then(|plan| PlanState::from_name(plan.state))
-        .is_some_and(PlanState::is_final);
-    if ended {
-        writeln!(
-            out,
-            "\nnever attempted: {count}{}",
-            if count > 0 {
-                " (the plan ended before an executor took them: nothing was published; they \
-                 stay open for a new precheck and plan)"
-            } else {
-                ""
-            }
-        )?;
-    } else {
-        writeln!(out, "\nnot attempted yet: {count}")?;
-    }
-    if report.never_attempted_items.is_empty() {
-        return Ok(());
-    }
-    let mut table = output::table(&[
-        Column::keep("dead_letter_id"),
-        Column::shorten("message_id"),
-        Column::shorten("message_key"),
-        Column::keep("wave"),
-    ]);
-    for item in report.never_attempted_items.iter().take(NOT_SENT_SHOWN) {
-        table.add_row([
-            item.dead_letter_id.clone(),
-            cell(&item.message_id).to_owned(),
-            output::key_cell(&item.message_key),
-            item.wave.to_owned(),
-        ]);
-    }
-    write_table(out, &table)?;
-    let listed = report.never_attempted_items.len().min(NOT_SENT_SHOWN);
-    let more = usize::try_from(count)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(listed);
-    if more > 0 {
-        writeln!(
-            out,
-            "... and {more} more (every one: {} plan report {plan_id} --format csv)",
-            crate::hint::redrivectl()
-        )?;
-    }
-    Ok(())
-}
-
-/// `heading: N`, then the first [`SENT_KEYS_SHOWN`] keys and how to get the
-/// rest (`field` of the report's JSON).
-fn write_keys(
-    out: &mut dyn Write,
-    heading: &str,
-    keys: &[String],
-    plan_id: &str,
-    field: &str,
-) -> std::io::Result<()> {
-    writeln!(out, "\n{heading}: {}", keys.len())?;
-    for key in keys.iter().take(SENT_KEYS_SHOWN) {
-        output::write_item(out, "  ", key)?;
-    }
-    if keys.len() > SENT_KEYS_SHOWN {
-        writeln!(
-            out,
-            "  ... and {} more (all of them: {} plan report {plan_id} --json | jq -r \
-             '.{field}[]')",
-            keys.len() - SENT_KEYS_SHOWN,
-            crate::hint::redrivectl()
-        )?;
-    }
-    Ok(())
-}
-
 /// The `plan list` columns.
 pub const LIST_COLUMNS: &[Column] = &[
     Column::keep("plan_id"),
@@ -727,6 +515,7 @@ mod tests {
 
     use super::*;
     use crate::selector::parse_rfc3339;
+    use crate::views::EventJson;
 
     fn at(text: &str) -> Option<prost_types::Timestamp> {
         Some(timestamp(parse_rfc3339(text).unwrap()))
