@@ -1,11 +1,12 @@
 //! Views and table rows that more than one command prints, so that
 //! commands do not import each other's views.
 //!
-//! # Precheck item ([`ItemJson`]: `precheck items`, `plan compensations`,
-//! a report's `sample_blocked`)
+//! # Precheck item (`precheck items`, `plan compensations`, a report's
+//! `sample_blocked`)
 //!
-//! As a table: [`ITEM_COLUMNS`], [`item_row`]; `--json` prints the API's
-//! `PrecheckItem`s ([`list_items`]).
+//! As a table: [`ITEM_COLUMNS`], [`item_row`] (a verdict a name of
+//! [`VERDICTS`](crate::commands::precheck::VERDICTS)); `--json` prints the
+//! API's `PrecheckItem`s ([`list_items`]).
 //!
 //! # Audit event ([`EventJson`]: `plan watch --events`, a report's
 //! `not_sent`, `replay`)
@@ -22,40 +23,6 @@ use crate::{
     error::CliError,
     output::{Column, ListingKind, cell, list_pages, timestamp_text},
 };
-
-/// One precheck item.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ItemJson {
-    /// Decimal dead letter id.
-    pub dead_letter_id: String,
-    /// Idempotency key.
-    pub message_key: String,
-    /// A name of [`VERDICTS`](crate::commands::precheck::VERDICTS).
-    pub verdict: &'static str,
-    /// Why this verdict.
-    pub reason: String,
-    /// Where it would be replayed.
-    pub destination: String,
-    /// Event type, if known.
-    pub event_type: Option<String>,
-    /// `plan compensations` only: found by the state re-check right before
-    /// publishing, not by the precheck.
-    pub at_send: bool,
-}
-
-impl From<&PrecheckItem> for ItemJson {
-    fn from(item: &PrecheckItem) -> Self {
-        Self {
-            dead_letter_id: item.dead_letter_id.clone(),
-            message_key: item.message_key.clone(),
-            verdict: item.verdict().name(),
-            reason: item.reason.clone(),
-            destination: item.destination.clone(),
-            event_type: item.event_type.clone(),
-            at_send: item.at_send,
-        }
-    }
-}
 
 /// The `items` table columns (also `plan compensations`).
 pub const ITEM_COLUMNS: &[Column] = &[

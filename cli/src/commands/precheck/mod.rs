@@ -53,8 +53,8 @@
 //! `--json` prints the API's `PrecheckReport` in canonical proto3 JSON
 //! ([`crate::output::write_message`]: `precheckId`, `actor`, `createdAt`,
 //! `digest`, `total`, `options`, `counts`, `byReasonClass`, ...,
-//! `sampleBlocked`, `staleness`; default values left out). [`ReportJson`]
-//! is the report as the text rendering reads it.
+//! `sampleBlocked`, `staleness`; default values left out); the text is
+//! rendered straight from it ([`write_report`]).
 //!
 //! # Items (`precheck items ID`)
 //! A table of dead letter id, verdict, message key, destination, event type and
@@ -85,10 +85,7 @@ use crate::{
 
 mod report;
 
-pub use report::{
-    BreakdownJson, BreakdownsJson, CountsJson, OptionsJson, ReportJson, StalenessJson, next_hint,
-    write_report,
-};
+pub use report::{next_hint, options_summary, verdict_count, write_report};
 
 /// The verdicts in precedence order (first match wins in the planner), which
 /// is also the order of every count table and JSON `counts` object.
@@ -291,7 +288,7 @@ pub async fn run(
     if json {
         write_message(out, &report)?;
     } else {
-        write_report(out, &ReportJson::from(&report))?;
+        write_report(out, &report)?;
     }
     Ok(EX_OK)
 }
@@ -348,7 +345,6 @@ mod tests {
         time::{duration, timestamp},
         v1::PrecheckItem,
     };
-    use serde_json::json;
 
     use std::time::Duration;
 
@@ -357,7 +353,6 @@ mod tests {
     use super::*;
     use crate::args::{StaleAfter, parse_stale_after};
     use crate::selector::parse_rfc3339;
-    use crate::views::ItemJson;
     use crate::views::item_row;
 
     /// The verdicts' names in precedence order, as the reports print them.
@@ -617,92 +612,92 @@ mod tests {
         }
     }
 
-    #[test]
-    fn report_json_has_the_stable_fields_and_every_count() {
-        let json = serde_json::to_value(ReportJson::from(&report())).unwrap();
-        let zero = json!({
-            "replayable": 0, "duplicate": 0, "already_replayed": 0, "looping": 0,
-            "stale": 0, "blocked_by_state": 0, "needs_compensation": 0, "invalid": 0,
-        });
-        assert_eq!(
-            json,
-            json!({
-                "precheck_id": "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
-                "actor": "alice",
-                "created_at": "2024-05-01T12:00:00.000Z",
-                "digest": "ab12",
-                "total": 10,
-                "options": {
-                    "stale_after_seconds": {"payment.*": 7200},
-                    "stale_after_source_seconds": {"orders.dlq": 1800},
-                    "default_stale_after_seconds": null,
-                    "replay_key_window_seconds": 604_800,
-                    "max_redrives": 3,
-                    "event_time_pointer": null,
-                    "override_policy": true,
-                    "override_reason": "INC-7: late captures are fine",
-                },
-                "counts": {
-                    "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
-                    "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
-                },
-                "breakdowns": {
-                    "reason_class": [{
-                        "value": "rejected",
-                        "total": 10,
-                        "counts": {
-                            "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
-                            "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
-                        },
-                    }],
-                    "destination": [],
-                    "event_type": [
-                        {
-                            "value": "payment.captured",
-                            "total": 4,
-                            "counts": {
-                                "replayable": 1, "duplicate": 0, "already_replayed": 0,
-                                "looping": 0, "stale": 3, "blocked_by_state": 0,
-                                "needs_compensation": 0, "invalid": 0,
-                            },
-                        },
-                        {"value": "", "total": 6, "counts": zero.clone()},
-                    ],
-                    "schema_version": [],
-                    "producer": [],
-                },
-                "died_from": "2024-05-01T10:00:00.000Z",
-                "died_to": "2024-05-01T11:30:00.000Z",
-                "warnings": ["heterogeneous selection: 2 schema versions (1, 2)"],
-                "sample_blocked": [{
-                    "dead_letter_id": "7",
-                    "message_key": "order-1:pay",
-                    "verdict": "stale",
-                    "reason": "older than 2h",
-                    "destination": "payments",
-                    "event_type": "payment.captured",
-                    "at_send": false,
-                }],
-                "staleness": [
-                    {"event_type": "", "rule": null, "max_age_seconds": null, "count": 6,
-                     "stale": 0, "oldest_age_seconds": 266_400},
-                    {"event_type": "payment.captured", "rule": "stale_after payment.*=2h0m",
-                     "max_age_seconds": 7200, "count": 4, "stale": 3, "oldest_age_seconds": 18_060},
-                ],
+    /// The (name, count) rows of the verdict table in `text`.
+    fn verdict_rows(text: &str) -> Vec<(String, String)> {
+        text.lines()
+            .skip_while(|line| !line.starts_with("VERDICT"))
+            .skip(1)
+            .take(VERDICTS.len())
+            .map(|line| {
+                let mut cells = line.split_whitespace().map(str::to_owned);
+                (
+                    cells.next().unwrap_or_default(),
+                    cells.next().unwrap_or_default(),
+                )
             })
+            .collect()
+    }
+
+    /// The rows, as their cells, of the table under `heading` in `text`.
+    fn section_rows(text: &str, heading: &str) -> Vec<Vec<String>> {
+        text.lines()
+            .skip_while(|line| *line != heading)
+            .skip(2)
+            .take_while(|line| !line.is_empty())
+            .map(|line| line.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    }
+
+    /// Was `report_json_has_the_stable_fields_and_every_count` (the old
+    /// JSON view, gone: `--json` prints the API's message): the counts and
+    /// breakdowns it checked, as the text shows them.
+    #[test]
+    fn report_text_has_every_count() {
+        let mut out = Vec::new();
+        write_report(&mut out, &report()).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let counts = [6, 0, 0, 0, 3, 1, 0, 0];
+        assert_eq!(
+            verdict_rows(&text),
+            VERDICT_NAMES
+                .iter()
+                .zip(counts)
+                .map(|(name, count)| ((*name).to_owned(), count.to_string()))
+                .collect::<Vec<_>>(),
+            "{text}"
         );
-        // An empty report still has all eight counts, as integers, and nulls.
-        let empty = serde_json::to_value(ReportJson::from(&PrecheckReport::default())).unwrap();
-        assert_eq!(empty["counts"], zero);
-        assert_eq!(empty["died_from"], serde_json::Value::Null);
-        assert_eq!(empty["created_at"], serde_json::Value::Null);
-        assert_eq!(empty["breakdowns"]["producer"], json!([]));
+        assert_eq!(
+            section_rows(&text, "by reason class:"),
+            [["rejected", "10", "6", "3", "1"]],
+            "{text}"
+        );
+        // The row without a value (`-`): its total and zero counts.
+        assert_eq!(
+            section_rows(&text, "by event type:"),
+            [["payment.captured", "4", "1", "3"], ["-", "6", "0", "0"]],
+            "{text}"
+        );
+        for empty in ["by destination:", "by schema version:", "by producer:"] {
+            assert!(!text.contains(empty), "{empty}: {text}");
+        }
+
+        // An empty report still has all eight counts, and says what it lacks.
+        let mut out = Vec::new();
+        write_report(&mut out, &PrecheckReport::default()).unwrap();
+        let empty = String::from_utf8(out).unwrap();
+        assert_eq!(
+            verdict_rows(&empty),
+            VERDICT_NAMES
+                .iter()
+                .map(|name| ((*name).to_owned(), "0".to_owned()))
+                .collect::<Vec<_>>(),
+            "{empty}"
+        );
+        let field = |name: &str| {
+            empty
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(str::trim)
+        };
+        assert_eq!(field("died:"), Some("- (nothing selected)"), "{empty}");
+        assert_eq!(field("created at:"), Some("-"), "{empty}");
+        assert!(!empty.contains("by "), "{empty}");
     }
 
     #[test]
     fn report_text_reads_top_to_bottom() {
         let mut out = Vec::new();
-        write_report(&mut out, &ReportJson::from(&report())).unwrap();
+        write_report(&mut out, &report()).unwrap();
         let text = String::from_utf8(out).unwrap();
         let mut at = 0;
         for expected in [
@@ -743,18 +738,18 @@ mod tests {
 
     #[test]
     fn the_hint_names_the_most_common_blocking_verdict() {
-        let mut view = ReportJson::from(&report());
-        assert!(next_hint(&view).ends_with("--verdict stale"));
-        view.counts.invalid = 3;
+        let mut report = report();
+        assert!(next_hint(&report).ends_with("--verdict stale"));
+        report.counts.get_or_insert_default().invalid = 3;
         // A tie goes to the verdict earlier in precedence.
-        assert!(next_hint(&view).ends_with("--verdict stale"));
-        view.counts.invalid = 4;
-        assert!(next_hint(&view).ends_with("--verdict invalid"));
-        view.counts = CountsJson {
+        assert!(next_hint(&report).ends_with("--verdict stale"));
+        report.counts.get_or_insert_default().invalid = 4;
+        assert!(next_hint(&report).ends_with("--verdict invalid"));
+        report.counts = Some(v1::VerdictCounts {
             replayable: 10,
-            ..CountsJson::default()
-        };
-        assert!(next_hint(&view).ends_with(&view.precheck_id));
+            ..Default::default()
+        });
+        assert!(next_hint(&report).ends_with(&report.precheck_id));
     }
 
     #[test]
@@ -793,13 +788,11 @@ mod tests {
                 "older than 2h"
             ]
         );
-        let json = serde_json::to_value(ItemJson::from(&PrecheckItem::default())).unwrap();
+        // Was a check of the old JSON view of a default item: its verdict
+        // `unspecified`, no event type, not at send.
         assert_eq!(
-            json,
-            json!({
-                "dead_letter_id": "", "message_key": "", "verdict": "unspecified",
-                "reason": "", "destination": "", "event_type": null, "at_send": false,
-            })
+            item_row(&PrecheckItem::default()),
+            ["", "unspecified", "-", "-", "-", "-"]
         );
     }
 }
