@@ -107,11 +107,7 @@ use redrive_proto::{
     },
 };
 
-use self::{
-    live::WatchMode,
-    view::{AuditReportJson, Destination, PlanJson},
-    wait::WaitOutcome,
-};
+use self::{live::WatchMode, view::Destination, wait::WaitOutcome};
 use crate::{
     args::parse_positive_duration,
     client::Planner,
@@ -467,7 +463,7 @@ async fn list(
         Ok((response.plans, response.next_page_token))
     };
     list_pages(out, json, kind, &args.page, fetch, |listing, plan| {
-        listing.push(plan, || view::list_row(&PlanJson::from(plan)))
+        listing.push(plan, || view::list_row(plan))
     })
     .await
 }
@@ -512,7 +508,7 @@ async fn report(
             if format == ReportFormat::Json {
                 write_message(out, &report)?;
             } else {
-                view::write_audit_report(out, &args.id, &AuditReportJson::from(&report))?;
+                view::write_audit_report(out, &args.id, &report)?;
             }
             return Ok(EX_OK);
         }

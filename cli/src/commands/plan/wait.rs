@@ -6,7 +6,7 @@ use std::{io::Write, time::Duration};
 use redrive_proto::v1::{GetPlanRequest, Plan, PlanState};
 use tonic::Code;
 
-use super::view::{self, PlanJson, state_text};
+use super::view::{self, state_text};
 use crate::{client::Planner, error::CliError, output::write_message};
 
 /// How a wait ended.
@@ -85,7 +85,6 @@ pub async fn wait(
 /// completed, or completed with `failed` or `unroutable` items (exit 1), or
 /// `None` when it completed with none.
 pub fn not_completed(plan: &Plan) -> Option<CliError> {
-    let view = PlanJson::from(plan);
     if plan.state() == PlanState::Completed {
         let counts = plan.counts.unwrap_or_default();
         if counts.failed + counts.unroutable == 0 {
@@ -93,17 +92,17 @@ pub fn not_completed(plan: &Plan) -> Option<CliError> {
         }
         return Some(CliError::NotCompleted(format!(
             "plan {} completed, but {} item(s) failed and {} were unroutable: see `{} plan report {}`",
-            view.plan_id,
+            plan.plan_id,
             counts.failed,
             counts.unroutable,
             crate::hint::redrivectl(),
-            view.plan_id
+            plan.plan_id
         )));
     }
     Some(CliError::NotCompleted(format!(
         "plan {} ended {}, not completed",
-        view.plan_id,
-        state_text(&view)
+        plan.plan_id,
+        state_text(plan)
     )))
 }
 
@@ -113,7 +112,7 @@ pub fn timed_out(plan_id: &str, last: Option<&Plan>, timeout: Duration) -> CliEr
     CliError::Timeout(match last {
         Some(plan) => format!(
             "timed out after {timeout}: plan {plan_id} is still {} (--timeout)",
-            state_text(&PlanJson::from(plan))
+            state_text(plan)
         ),
         None => format!("timed out after {timeout} without an answer about plan {plan_id}"),
     })
@@ -127,6 +126,6 @@ pub fn print_plan(out: &mut dyn Write, plan: &Plan, json: bool) -> std::io::Resu
     if json {
         write_message(out, plan)
     } else {
-        view::write_plan(out, &PlanJson::from(plan))
+        view::write_plan(out, plan)
     }
 }

@@ -22,13 +22,12 @@ use tokio_stream::StreamExt;
 
 use super::{
     pace::{self, Elapsed, Pace, RateWindow, StallChange, StallWatch},
-    view::{PlanJson, state_text},
+    view::state_text,
 };
 use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     output::{write_json, write_message},
-    views::EventJson,
 };
 
 mod bar;
@@ -104,16 +103,15 @@ pub struct StallJson {
 
 impl StallJson {
     fn new(plan: &Plan, change: StallChange) -> Self {
-        let view = PlanJson::from(plan);
         let (span, message) = match change {
-            StallChange::Stalled(span) => (span, stalled_text(&view, span)),
-            StallChange::Resumed(span) => (span, resumed_text(&view, span)),
+            StallChange::Stalled(span) => (span, stalled_text(plan, span)),
+            StallChange::Resumed(span) => (span, resumed_text(plan, span)),
         };
         Self {
-            plan_id: view.plan_id,
-            state: view.state,
-            items_done: view.items_done,
-            total_items: view.total_items,
+            plan_id: plan.plan_id.clone(),
+            state: plan.state().name(),
+            items_done: plan.items_done,
+            total_items: plan.total_items,
             no_progress_seconds: span.as_secs(),
             message,
         }
@@ -242,7 +240,6 @@ impl<'a> Watcher<'a> {
         if entered_observing && matches!(self.mode, WatchMode::Bar { .. }) {
             self.above_bar(&observing_notice(plan, now));
         }
-        let view = PlanJson::from(plan);
         match self.mode {
             WatchMode::Json => write_message(
                 self.out,
@@ -251,7 +248,7 @@ impl<'a> Watcher<'a> {
                 },
             )?,
             WatchMode::Lines => {
-                if self.last_progress.as_deref() != Some(progress_text(&view).as_str()) {
+                if self.last_progress.as_deref() != Some(progress_text(plan).as_str()) {
                     self.print_line(plan, now)?;
                 }
             }
@@ -265,7 +262,6 @@ impl<'a> Watcher<'a> {
     /// # Errors
     /// When writing fails.
     pub fn event(&mut self, event: &AuditEvent) -> std::io::Result<()> {
-        let view = EventJson::from(event);
         match self.mode {
             WatchMode::Json => write_message(
                 self.out,
@@ -273,8 +269,8 @@ impl<'a> Watcher<'a> {
                     update: Some(watch_plan_response::Update::Event(event.clone())),
                 },
             )?,
-            WatchMode::Lines => writeln!(self.out, "{}", event_text(&view))?,
-            WatchMode::Bar { .. } => self.above_bar(&event_text(&view)),
+            WatchMode::Lines => writeln!(self.out, "{}", event_text(event))?,
+            WatchMode::Bar { .. } => self.above_bar(&event_text(event)),
         }
         self.out.flush()
     }
@@ -326,8 +322,7 @@ impl<'a> Watcher<'a> {
             // on the next line.
             bar.finish();
         }
-        let view = PlanJson::from(plan);
-        writeln!(self.out, "plan {} {}", view.plan_id, state_text(&view))?;
+        writeln!(self.out, "plan {} {}", plan.plan_id, state_text(plan))?;
         self.out.flush()
     }
 
@@ -372,8 +367,7 @@ impl<'a> Watcher<'a> {
 
     /// Lines: prints the status line of `plan` at `now`.
     fn print_line(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
-        let view = PlanJson::from(plan);
-        let progress = progress_text(&view);
+        let progress = progress_text(plan);
         let line = with_pace(progress.clone(), &self.pace(plan, now), plan);
         writeln!(self.out, "{line}")?;
         self.last_progress = Some(progress);
@@ -386,11 +380,10 @@ impl<'a> Watcher<'a> {
         let Some(bar) = &self.bar else {
             return;
         };
-        let view = PlanJson::from(plan);
-        bar.set_message(with_pace(progress_text(&view), &self.pace(plan, now), plan));
+        bar.set_message(with_pace(progress_text(plan), &self.pace(plan, now), plan));
         bar.update(|state| {
-            state.set_len(view.total_items);
-            state.set_pos(view.items_done.min(view.total_items));
+            state.set_len(plan.total_items);
+            state.set_pos(plan.items_done.min(plan.total_items));
         });
         // indicatif skips draws coming faster than its refresh rate; the
         // latest state is drawn now.

@@ -5,26 +5,26 @@ use std::time::Duration;
 
 use redrive_proto::{
     time::from_timestamp,
-    v1::{Plan, PlanState},
+    v1::{AuditEvent, Plan, PlanState},
 };
 
 use super::Now;
 use crate::{
     commands::plan::{
         pace::{self, Pace},
-        view::{PlanJson, percent_done},
+        view::{nonzero_text, percent_done},
     },
-    views::EventJson,
+    output::timestamp_text,
 };
 
 /// `no progress for 30s (plan main, 120/1000 done); check ...`: the stall
 /// warning, without its `warning: ` prefix.
-pub fn stalled_text(plan: &PlanJson, span: Duration) -> String {
+pub fn stalled_text(plan: &Plan, span: Duration) -> String {
     format!(
         "no progress for {} (plan {}, {}/{} done); check the executors: are any running, what \
          do their logs say? (to stop the plan: {} plan pause {} --reason TEXT)",
         pace::short_duration(span),
-        plan.state,
+        plan.state().name(),
         plan.items_done,
         plan.total_items,
         crate::hint::redrivectl(),
@@ -33,11 +33,11 @@ pub fn stalled_text(plan: &PlanJson, span: Duration) -> String {
 }
 
 /// `progress resumed after 45s stalled (plan main, 121/1000 done)`.
-pub fn resumed_text(plan: &PlanJson, span: Duration) -> String {
+pub fn resumed_text(plan: &Plan, span: Duration) -> String {
     format!(
         "progress resumed after {} stalled (plan {}, {}/{} done)",
         pace::short_duration(span),
-        plan.state,
+        plan.state().name(),
         plan.items_done,
         plan.total_items
     )
@@ -110,15 +110,15 @@ pub(super) fn with_pace(mut line: String, pace: &Pace, plan: &Plan) -> String {
 }
 
 /// `main  450/1000 45.0%  sent 440  skipped_stale 10`.
-pub fn progress_text(plan: &PlanJson) -> String {
+pub fn progress_text(plan: &Plan) -> String {
     let mut line = format!(
         "{}  {}/{} {}",
-        plan.state,
+        plan.state().name(),
         plan.items_done,
         plan.total_items,
         percent_done(plan.items_done, plan.total_items)
     );
-    let counts = plan.counts.nonzero_text();
+    let counts = nonzero_text(&plan.counts.unwrap_or_default());
     if !counts.is_empty() {
         line.push_str("  ");
         line.push_str(&counts);
@@ -127,11 +127,11 @@ pub fn progress_text(plan: &PlanJson) -> String {
 }
 
 /// `2024-05-01T12:00:01.000Z sent order-1:pay` and the reason, if any.
-pub fn event_text(event: &EventJson) -> String {
+pub fn event_text(event: &AuditEvent) -> String {
     let mut line = format!(
         "{} {} {}",
-        event.at.as_deref().unwrap_or("-"),
-        event.action,
+        timestamp_text(event.at.as_ref()).as_deref().unwrap_or("-"),
+        event.action().name(),
         if event.message_key.is_empty() {
             "-"
         } else {

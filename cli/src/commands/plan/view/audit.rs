@@ -1,79 +1,15 @@
-//! An audit report for people: [`AuditReportJson`], the shape the text is
-//! written from, and [`write_audit_report`].
+//! An audit report for people, rendered straight from the API's
+//! `AuditReport` ([`write_audit_report`]).
 
 use std::io::Write;
 
-use redrive_proto::v1::{self, PlanState};
-use serde::Serialize;
+use redrive_proto::v1::AuditReport;
 
-use super::{ActionCountsJson, PlanJson, write_counts, write_plan_fields};
+use super::{write_counts, write_plan_fields};
 use crate::{
-    output::{self, Column, cell, write_table},
-    views::EventJson,
+    output::{self, Column, cell, timestamp_text, write_table},
+    views::wave_name,
 };
-
-/// An audit report in its stable JSON shape (module docs).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AuditReportJson {
-    /// The plan, as it is now.
-    pub plan: Option<PlanJson>,
-    /// Count per action.
-    pub counts: ActionCountsJson,
-    /// Message keys that were sent: the reconciliation list.
-    pub sent_keys: Vec<String>,
-    /// Items not sent, with why.
-    pub not_sent: Vec<EventJson>,
-    /// Keys of sent items published again after a lost lease or confirm
-    /// (same message id): possibly delivered twice.
-    pub possibly_duplicated_keys: Vec<String>,
-    /// How many items no executor attempted (a cancelled or aborted plan's
-    /// rest; what a running plan has still to do).
-    pub never_attempted: u64,
-    /// The first of them (at most 1000), in plan order.
-    pub never_attempted_items: Vec<UnattemptedJson>,
-}
-
-/// An item no executor attempted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UnattemptedJson {
-    /// Its dead letter.
-    pub dead_letter_id: String,
-    /// Its message key.
-    pub message_key: String,
-    /// Its dead letter's AMQP message id (`""` when none).
-    pub message_id: String,
-    /// `canary` or `main`.
-    pub wave: &'static str,
-}
-
-impl From<&v1::UnattemptedItem> for UnattemptedJson {
-    fn from(item: &v1::UnattemptedItem) -> Self {
-        Self {
-            dead_letter_id: item.dead_letter_id.clone(),
-            message_key: item.message_key.clone(),
-            message_id: item.message_id.clone(),
-            wave: crate::views::wave_name(item.wave()),
-        }
-    }
-}
-
-impl From<&v1::AuditReport> for AuditReportJson {
-    fn from(report: &v1::AuditReport) -> Self {
-        Self {
-            plan: report.plan.as_ref().map(PlanJson::from),
-            counts: ActionCountsJson::from(report.counts.as_ref()),
-            sent_keys: report.sent_keys.clone(),
-            not_sent: report.not_sent.iter().map(EventJson::from).collect(),
-            possibly_duplicated_keys: report.possibly_duplicated_keys.clone(),
-            never_attempted: report.never_attempted,
-            never_attempted_items: report
-                .never_attempted_items
-                .iter()
-                .map(UnattemptedJson::from)
-                .collect(),
-        }
-    }
-}
 
 /// How many sent keys the readable report lists.
 pub const SENT_KEYS_SHOWN: usize = 20;
@@ -85,13 +21,13 @@ pub const NOT_SENT_SHOWN: usize = 100;
 pub fn write_audit_report(
     out: &mut dyn Write,
     plan_id: &str,
-    report: &AuditReportJson,
+    report: &AuditReport,
 ) -> std::io::Result<()> {
     if let Some(plan) = &report.plan {
         write_plan_fields(out, plan)?;
         writeln!(out)?;
     }
-    write_counts(out, &report.counts)?;
+    write_counts(out, &report.counts.unwrap_or_default())?;
 
     write_keys(out, "sent keys", &report.sent_keys, plan_id, "sent_keys")?;
     if !report.possibly_duplicated_keys.is_empty() {
@@ -119,9 +55,9 @@ pub fn write_audit_report(
             table.add_row([
                 cell(&event.dead_letter_id).to_owned(),
                 output::key_cell(&event.message_key),
-                event.action.to_owned(),
-                event.wave.to_owned(),
-                event.at.clone().unwrap_or_else(|| "-".to_owned()),
+                event.action().name().to_owned(),
+                wave_name(event.wave()).to_owned(),
+                timestamp_text(event.at.as_ref()).unwrap_or_else(|| "-".to_owned()),
                 cell(&event.reason).to_owned(),
             ]);
         }
@@ -148,14 +84,13 @@ pub fn write_audit_report(
 fn write_never_attempted(
     out: &mut dyn Write,
     plan_id: &str,
-    report: &AuditReportJson,
+    report: &AuditReport,
 ) -> std::io::Result<()> {
     let count = report.never_attempted;
     let ended = report
         .plan
         .as_ref()
-        .and_then(|plan| PlanState::from_name(plan.state))
-        .is_some_and(PlanState::is_final);
+        .is_some_and(|plan| plan.state().is_final());
     if ended {
         writeln!(
             out,
@@ -184,7 +119,7 @@ fn write_never_attempted(
             item.dead_letter_id.clone(),
             cell(&item.message_id).to_owned(),
             output::key_cell(&item.message_key),
-            item.wave.to_owned(),
+            wave_name(item.wave()).to_owned(),
         ]);
     }
     write_table(out, &table)?;

@@ -1,8 +1,6 @@
-//! Plans and audit reports as their renderings for people read them
-//! ([`PlanJson`], [`AuditReportJson`]), and those renderings; `--json`
-//! prints the API's `Plan` and `AuditReport` themselves (canonical proto3
-//! JSON, [`crate::output::write_message`]). The audit event view is
-//! [`crate::views::EventJson`].
+//! Plans and audit reports for people, rendered straight from the API's
+//! `Plan` and `AuditReport`; `--json` prints those messages themselves
+//! (canonical proto3 JSON, [`crate::output::write_message`]).
 
 use std::{fmt, io::Write};
 
@@ -10,15 +8,12 @@ use redrive_proto::{
     time::from_duration,
     v1::{self, AuditAction, Plan, PlanKind, PlanState},
 };
-use serde::Serialize;
 
 use crate::output::{self, Column, cell, timestamp_text, write_table};
 
 mod audit;
 
-pub use audit::{
-    AuditReportJson, NOT_SENT_SHOWN, SENT_KEYS_SHOWN, UnattemptedJson, write_audit_report,
-};
+pub use audit::{NOT_SENT_SHOWN, SENT_KEYS_SHOWN, write_audit_report};
 
 /// The audit actions, in the order of every count table and JSON `counts`
 /// object: sent first, then why the others were not.
@@ -37,11 +32,10 @@ pub const ACTIONS: [AuditAction; 8] = [
 // Destination
 // ---------------------------------------------------------------------------
 
-/// Where a plan publishes (docs/design.md, "destination"). Serializes as
-/// `"queue"`, `"exchange"` or `{"redirect": {"exchange", "routing_key"}}`;
-/// displays as the `--destination` syntax (`redirect:EXCHANGE/ROUTING_KEY`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Where a plan publishes (docs/design.md, "destination"); displays as the
+/// `--destination` syntax (`queue`, `exchange`,
+/// `redirect:EXCHANGE/ROUTING_KEY`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Destination {
     /// The queue each message died in, through the default exchange.
     #[default]
@@ -103,188 +97,33 @@ impl fmt::Display for Destination {
 }
 
 // ---------------------------------------------------------------------------
-// JSON shapes
+// Counts
 // ---------------------------------------------------------------------------
 
-/// Count per audit action; all eight fields always present, in [`ACTIONS`]
-/// order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[allow(missing_docs)] // One field per action, named as AuditAction::name.
-pub struct ActionCountsJson {
-    pub sent: u64,
-    pub skipped_duplicate: u64,
-    pub skipped_stale: u64,
-    pub skipped_state: u64,
-    pub needs_compensation: u64,
-    pub failed: u64,
-    pub unroutable: u64,
-    pub uncertain: u64,
-}
-
-impl From<Option<&v1::ActionCounts>> for ActionCountsJson {
-    fn from(counts: Option<&v1::ActionCounts>) -> Self {
-        let counts = counts.copied().unwrap_or_default();
-        Self {
-            sent: counts.sent,
-            skipped_duplicate: counts.skipped_duplicate,
-            skipped_stale: counts.skipped_stale,
-            skipped_state: counts.skipped_state,
-            needs_compensation: counts.needs_compensation,
-            failed: counts.failed,
-            unroutable: counts.unroutable,
-            uncertain: counts.uncertain,
-        }
+/// The count of `action` in `counts` (0 for `Unspecified`).
+pub fn action_count(counts: &v1::ActionCounts, action: AuditAction) -> u64 {
+    match action {
+        AuditAction::Unspecified => 0,
+        AuditAction::Sent => counts.sent,
+        AuditAction::SkippedDuplicate => counts.skipped_duplicate,
+        AuditAction::SkippedStale => counts.skipped_stale,
+        AuditAction::SkippedState => counts.skipped_state,
+        AuditAction::NeedsCompensation => counts.needs_compensation,
+        AuditAction::Failed => counts.failed,
+        AuditAction::Unroutable => counts.unroutable,
+        AuditAction::Uncertain => counts.uncertain,
     }
 }
 
-impl ActionCountsJson {
-    /// The count of `action` (0 for `Unspecified`).
-    pub fn get(&self, action: AuditAction) -> u64 {
-        match action {
-            AuditAction::Unspecified => 0,
-            AuditAction::Sent => self.sent,
-            AuditAction::SkippedDuplicate => self.skipped_duplicate,
-            AuditAction::SkippedStale => self.skipped_stale,
-            AuditAction::SkippedState => self.skipped_state,
-            AuditAction::NeedsCompensation => self.needs_compensation,
-            AuditAction::Failed => self.failed,
-            AuditAction::Unroutable => self.unroutable,
-            AuditAction::Uncertain => self.uncertain,
-        }
-    }
-
-    /// `sent 40  skipped_stale 5`: the counts that are not zero, in
-    /// [`ACTIONS`] order; `""` when all are.
-    pub fn nonzero_text(&self) -> String {
-        ACTIONS
-            .iter()
-            .filter(|action| self.get(**action) > 0)
-            .map(|action| format!("{} {}", action.name(), self.get(*action)))
-            .collect::<Vec<_>>()
-            .join("  ")
-    }
-}
-
-/// The replay rate.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct RateJson {
-    /// Sustained messages per second.
-    pub per_second: f64,
-    /// Messages that may go at once.
-    pub burst: u32,
-    /// How the figure follows from the downstream's capacity.
-    pub rationale: String,
-}
-
-/// One operator action on a plan (approve, promote, pause, ...).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ActionJson {
-    /// What was done.
-    pub action: String,
-    /// Who did it.
-    pub actor: String,
-    /// Why.
-    pub reason: String,
-    /// When, RFC 3339.
-    pub at: Option<String>,
-}
-
-/// A plan in its stable JSON shape (module docs).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[allow(missing_docs)] // Named as the proto fields; the module docs describe them.
-pub struct PlanJson {
-    pub plan_id: String,
-    pub precheck_id: String,
-    pub precheck_digest: String,
-    pub state: &'static str,
-    /// `bulk` (made from a precheck) or `single` (`redrivectl replay`).
-    pub kind: &'static str,
-    pub state_reason: String,
-    pub rate: RateJson,
-    pub destination: Destination,
-    pub slice_size: u32,
-    pub canary_fraction: f64,
-    pub observe_for_seconds: Option<serde_json::Number>,
-    /// Published in dead-letter order (`plan create --ordered`).
-    pub ordered: bool,
-    pub total_items: u64,
-    pub canary_items: u64,
-    pub items_done: u64,
-    pub slices_total: u64,
-    pub slices_completed: u64,
-    pub counts: ActionCountsJson,
-    pub created_by: String,
-    pub created_at: Option<String>,
-    pub approved_by: String,
-    pub approved_at: Option<String>,
-    pub completed_at: Option<String>,
-    pub observing_until: Option<String>,
-    pub actions: Vec<ActionJson>,
-    /// Older operator actions the planner did not send (it sends the newest
-    /// 200).
-    pub actions_omitted: u64,
-    pub warnings: Vec<String>,
-}
-
-/// Seconds as a JSON number: an integer when whole, else fractional.
-fn seconds_number(duration: std::time::Duration) -> Option<serde_json::Number> {
-    if duration.subsec_nanos() == 0 {
-        Some(duration.as_secs().into())
-    } else {
-        serde_json::Number::from_f64(duration.as_secs_f64())
-    }
-}
-
-impl From<&Plan> for PlanJson {
-    fn from(plan: &Plan) -> Self {
-        let rate = plan.rate.clone().unwrap_or_default();
-        Self {
-            plan_id: plan.plan_id.clone(),
-            precheck_id: plan.precheck_id.clone(),
-            precheck_digest: plan.precheck_digest.clone(),
-            state: plan.state().name(),
-            kind: kind_name(plan.kind()),
-            state_reason: plan.state_reason.clone(),
-            rate: RateJson {
-                per_second: rate.per_second,
-                burst: rate.burst,
-                rationale: rate.rationale,
-            },
-            destination: Destination::from_proto(plan.destination.as_ref()),
-            slice_size: plan.slice_size,
-            canary_fraction: plan.canary_fraction,
-            observe_for_seconds: plan
-                .observe_for
-                .as_ref()
-                .and_then(from_duration)
-                .and_then(seconds_number),
-            ordered: plan.ordered,
-            total_items: plan.total_items,
-            canary_items: plan.canary_items,
-            items_done: plan.items_done,
-            slices_total: plan.slices_total,
-            slices_completed: plan.slices_completed,
-            counts: ActionCountsJson::from(plan.counts.as_ref()),
-            created_by: plan.created_by.clone(),
-            created_at: timestamp_text(plan.created_at.as_ref()),
-            approved_by: plan.approved_by.clone(),
-            approved_at: timestamp_text(plan.approved_at.as_ref()),
-            completed_at: timestamp_text(plan.completed_at.as_ref()),
-            observing_until: timestamp_text(plan.observing_until.as_ref()),
-            actions: plan
-                .actions
-                .iter()
-                .map(|action| ActionJson {
-                    action: action.action.clone(),
-                    actor: action.actor.clone(),
-                    reason: action.reason.clone(),
-                    at: timestamp_text(action.at.as_ref()),
-                })
-                .collect(),
-            actions_omitted: plan.actions_omitted,
-            warnings: plan.warnings.clone(),
-        }
-    }
+/// `sent 40  skipped_stale 5`: the counts that are not zero, in [`ACTIONS`]
+/// order; `""` when all are.
+pub fn nonzero_text(counts: &v1::ActionCounts) -> String {
+    ACTIONS
+        .iter()
+        .filter(|action| action_count(counts, **action) > 0)
+        .map(|action| format!("{} {}", action.name(), action_count(counts, *action)))
+        .collect::<Vec<_>>()
+        .join("  ")
 }
 
 // ---------------------------------------------------------------------------
@@ -308,25 +147,26 @@ fn fraction_percent(fraction: f64) -> String {
 }
 
 /// `canary (reason)` or just the state.
-pub fn state_text(plan: &PlanJson) -> String {
+pub fn state_text(plan: &Plan) -> String {
+    let state = plan.state().name();
     if plan.state_reason.is_empty() {
-        plan.state.to_owned()
+        state.to_owned()
     } else {
-        format!("{} ({})", plan.state, plan.state_reason)
+        format!("{state} ({})", plan.state_reason)
     }
 }
 
 /// `50/s, burst 10`.
-pub fn rate_text(rate: &RateJson) -> String {
+pub fn rate_text(rate: &v1::Rate) -> String {
     format!("{}/s, burst {}", rate.per_second, rate.burst)
 }
 
 /// The human rendering of a plan: key fields, counts per action, operator
 /// actions, warnings, and a `next:` hint.
-pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
+pub fn write_plan(out: &mut dyn Write, plan: &Plan) -> std::io::Result<()> {
     write_plan_fields(out, plan)?;
     writeln!(out)?;
-    write_counts(out, &plan.counts)?;
+    write_counts(out, &plan.counts.unwrap_or_default())?;
     if !plan.actions.is_empty() {
         writeln!(out, "\noperator actions:")?;
         if plan.actions_omitted > 0 {
@@ -342,7 +182,7 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
         ]);
         for action in &plan.actions {
             table.add_row([
-                action.at.clone().unwrap_or_else(|| "-".to_owned()),
+                timestamp_text(action.at.as_ref()).unwrap_or_else(|| "-".to_owned()),
                 cell(&action.action).to_owned(),
                 cell(&action.actor).to_owned(),
                 cell(&action.reason).to_owned(),
@@ -363,34 +203,38 @@ pub fn write_plan(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
 }
 
 /// The key/value block at the top of a plan.
-pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io::Result<()> {
-    let when_by = |at: &Option<String>, by: &str| match (at, by.is_empty()) {
-        (None, true) => "-".to_owned(),
-        (None, false) => format!("by {by}"),
-        (Some(at), true) => at.clone(),
-        (Some(at), false) => format!("{at} by {by}"),
-    };
+pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Result<()> {
+    let when_by =
+        |at: Option<&prost_types::Timestamp>, by: &str| match (timestamp_text(at), by.is_empty()) {
+            (None, true) => "-".to_owned(),
+            (None, false) => format!("by {by}"),
+            (Some(at), true) => at,
+            (Some(at), false) => format!("{at} by {by}"),
+        };
     let observe = plan
-        .observe_for_seconds
+        .observe_for
         .as_ref()
-        .and_then(serde_json::Number::as_f64)
-        .and_then(|seconds| std::time::Duration::try_from_secs_f64(seconds).ok())
+        .and_then(from_duration)
         .map_or_else(
             || "-".to_owned(),
             |duration| humantime::format_duration(duration).to_string(),
         );
-    let observe = match &plan.observing_until {
+    let observe = match timestamp_text(plan.observing_until.as_ref()) {
         Some(until) => format!("{observe} (observing until {until})"),
         None => observe,
     };
+    let rate = plan.rate.clone().unwrap_or_default();
     let fields = [
         ("plan id", plan.plan_id.clone()),
         ("state", state_text(plan)),
         ("precheck", cell(&plan.precheck_id).to_owned()),
         ("digest", cell(&plan.precheck_digest).to_owned()),
-        ("rate", rate_text(&plan.rate)),
-        ("rationale", cell(&plan.rate.rationale).to_owned()),
-        ("destination", plan.destination.to_string()),
+        ("rate", rate_text(&rate)),
+        ("rationale", cell(&rate.rationale).to_owned()),
+        (
+            "destination",
+            Destination::from_proto(plan.destination.as_ref()).to_string(),
+        ),
         (
             "items",
             format!(
@@ -424,27 +268,36 @@ pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &PlanJson) -> std::io
             ),
         ),
         ("observe for", observe),
-        ("created", when_by(&plan.created_at, &plan.created_by)),
-        ("approved", when_by(&plan.approved_at, &plan.approved_by)),
-        ("completed", when_by(&plan.completed_at, "")),
+        (
+            "created",
+            when_by(plan.created_at.as_ref(), &plan.created_by),
+        ),
+        (
+            "approved",
+            when_by(plan.approved_at.as_ref(), &plan.approved_by),
+        ),
+        ("completed", when_by(plan.completed_at.as_ref(), "")),
     ];
     output::write_fields(out, "", &fields)?;
     Ok(())
 }
 
 /// The table of all eight counts, in [`ACTIONS`] order.
-pub fn write_counts(out: &mut dyn Write, counts: &ActionCountsJson) -> std::io::Result<()> {
+pub fn write_counts(out: &mut dyn Write, counts: &v1::ActionCounts) -> std::io::Result<()> {
     let mut table = output::table(&[Column::keep("action"), Column::keep("count")]);
     for action in ACTIONS {
-        table.add_row([action.name().to_owned(), counts.get(action).to_string()]);
+        table.add_row([
+            action.name().to_owned(),
+            action_count(counts, action).to_string(),
+        ]);
     }
     write_table(out, &table)
 }
 
 /// The command to go on with, by state.
-pub fn next_hint(plan: &PlanJson) -> Option<String> {
+pub fn next_hint(plan: &Plan) -> Option<String> {
     let id = &plan.plan_id;
-    let state = PlanState::from_name(plan.state)?;
+    let state = plan.state();
     let redrivectl = crate::hint::redrivectl();
     Some(match state {
         PlanState::AwaitingApproval => format!(
@@ -487,21 +340,24 @@ pub fn kind_name(kind: PlanKind) -> &'static str {
 }
 
 /// One `plan list` row, in [`LIST_COLUMNS`] order.
-pub fn list_row(plan: &PlanJson) -> Vec<String> {
+pub fn list_row(plan: &Plan) -> Vec<String> {
     vec![
         plan.plan_id.clone(),
-        plan.state.to_owned(),
-        plan.kind.to_owned(),
+        plan.state().name().to_owned(),
+        kind_name(plan.kind()).to_owned(),
         format!(
             "{}/{} ({})",
             plan.items_done,
             plan.total_items,
             percent_done(plan.items_done, plan.total_items)
         ),
-        format!("{}/s", plan.rate.per_second),
-        plan.destination.to_string(),
+        format!(
+            "{}/s",
+            plan.rate.as_ref().map_or(0.0, |rate| rate.per_second)
+        ),
+        Destination::from_proto(plan.destination.as_ref()).to_string(),
         cell(&plan.created_by).to_owned(),
-        plan.created_at.clone().unwrap_or_else(|| "-".to_owned()),
+        timestamp_text(plan.created_at.as_ref()).unwrap_or_else(|| "-".to_owned()),
     ]
 }
 
@@ -511,11 +367,9 @@ mod tests {
         time::{duration, timestamp},
         v1::{AuditEvent, Wave},
     };
-    use serde_json::json;
 
     use super::*;
     use crate::selector::parse_rfc3339;
-    use crate::views::EventJson;
 
     fn at(text: &str) -> Option<prost_types::Timestamp> {
         Some(timestamp(parse_rfc3339(text).unwrap()))
@@ -572,87 +426,94 @@ mod tests {
         }
     }
 
-    fn zero_counts() -> serde_json::Value {
-        json!({
-            "sent": 0, "skipped_duplicate": 0, "skipped_stale": 0, "skipped_state": 0,
-            "needs_compensation": 0, "failed": 0, "unroutable": 0, "uncertain": 0,
-        })
+    fn text(plan: &Plan) -> String {
+        let mut out = Vec::new();
+        write_plan(&mut out, plan).unwrap();
+        String::from_utf8(out).unwrap()
     }
 
-    #[test]
-    fn plan_json_has_exactly_the_stable_fields() {
-        let json = serde_json::to_value(PlanJson::from(&plan())).unwrap();
-        assert_eq!(
-            json,
-            json!({
-                "plan_id": "0190f3b0-0000-7000-8000-000000000001",
-                "precheck_id": "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
-                "precheck_digest": "9f86d081",
-                "state": "paused",
-                "state_reason": "main gate: 3 re-dead-letters",
-                "rate": {
-                    "per_second": 50.0,
-                    "burst": 10,
-                    "rationale": "payments-api sustains 300/s, peak traffic 200/s",
-                },
-                "destination": {"redirect": {"exchange": "quarantine", "routing_key": ""}},
-                "slice_size": 100,
-                "canary_fraction": 0.01,
-                "observe_for_seconds": 900,
-                "ordered": false,
-                "total_items": 1000,
-                "canary_items": 10,
-                "items_done": 450,
-                "kind": "bulk",
-                "slices_total": 10,
-                "slices_completed": 4,
-                "counts": {
-                    "sent": 440, "skipped_duplicate": 0, "skipped_stale": 10,
-                    "skipped_state": 0, "needs_compensation": 0, "failed": 0,
-                    "unroutable": 0, "uncertain": 0,
-                },
-                "created_by": "alice",
-                "created_at": "2024-05-01T12:00:00.000Z",
-                "approved_by": "bob",
-                "approved_at": "2024-05-01T12:05:00.000Z",
-                "completed_at": null,
-                "observing_until": null,
-                "actions": [{
-                    "action": "approve", "actor": "bob", "reason": "",
-                    "at": "2024-05-01T12:05:00.000Z",
-                }],
-                "actions_omitted": 3,
-                "warnings": ["2 destinations"],
+    /// The value of field `name` in `text` (`name:` then aligned blanks).
+    fn field<'t>(text: &'t str, name: &str) -> Option<&'t str> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}:")))
+            .map(str::trim)
+    }
+
+    /// The (action, count) rows of the count table in `text`.
+    fn count_rows(text: &str) -> Vec<(String, String)> {
+        text.lines()
+            .skip_while(|line| !line.starts_with("ACTION"))
+            .skip(1)
+            .take(ACTIONS.len())
+            .map(|line| {
+                let mut cells = line.split_whitespace().map(str::to_owned);
+                (
+                    cells.next().unwrap_or_default(),
+                    cells.next().unwrap_or_default(),
+                )
             })
+            .collect()
+    }
+
+    fn counts_of(counts: [u64; 8]) -> Vec<(String, String)> {
+        ACTIONS
+            .iter()
+            .zip(counts)
+            .map(|(action, count)| (action.name().to_owned(), count.to_string()))
+            .collect()
+    }
+
+    /// Was `plan_json_has_exactly_the_stable_fields` (the old JSON view,
+    /// gone: `--json` prints the API's message): what it checked that
+    /// `plan_text_reads_top_to_bottom` does not, as the text and the list
+    /// row show it.
+    #[test]
+    fn plan_text_has_every_count_and_the_list_row_the_rest() {
+        let text = text(&plan());
+        assert_eq!(count_rows(&text), counts_of([440, 0, 10, 0, 0, 0, 0, 0]));
+        // Not ordered, no observation window running.
+        assert_eq!(
+            field(&text, "slices"),
+            Some("4 of 10 completed, 100 items each")
+        );
+        assert_eq!(field(&text, "observe for"), Some("15m"));
+        assert_eq!(
+            list_row(&plan()),
+            [
+                "0190f3b0-0000-7000-8000-000000000001",
+                "paused",
+                "bulk",
+                "450/1000 (45.0%)",
+                "50/s",
+                "redirect:quarantine/",
+                "alice",
+                "2024-05-01T12:00:00.000Z",
+            ]
         );
     }
 
     #[test]
     fn an_empty_plan_still_has_every_count_and_key() {
-        let json = serde_json::to_value(PlanJson::from(&Plan::default())).unwrap();
-        assert_eq!(json["counts"], zero_counts());
-        assert_eq!(json["destination"], "queue");
-        assert_eq!(json["state"], "unspecified");
-        assert_eq!(json["observe_for_seconds"], serde_json::Value::Null);
-        assert_eq!(json["created_at"], serde_json::Value::Null);
+        let text = text(&Plan::default());
+        assert_eq!(count_rows(&text), counts_of([0; 8]));
+        assert_eq!(field(&text, "destination"), Some("queue"));
+        assert_eq!(field(&text, "state"), Some("unspecified"));
+        assert_eq!(field(&text, "observe for"), Some("-"));
+        assert_eq!(field(&text, "created"), Some("-"));
+        assert_eq!(field(&text, "rate"), Some("0/s, burst 0"));
+        assert_eq!(field(&text, "rationale"), Some("-"));
+        assert!(!text.contains("operator actions:"), "{text}");
         assert_eq!(
-            json["rate"],
-            json!({"per_second": 0.0, "burst": 0, "rationale": ""})
+            field(&text, "slices"),
+            Some("0 of 0 completed, 0 items each")
         );
-        assert_eq!(json["observing_until"], serde_json::Value::Null);
-        assert_eq!(json["actions_omitted"], 0);
-        assert_eq!(json["kind"], "unknown");
-        assert_eq!(json["ordered"], false);
-        assert_eq!(json.as_object().unwrap().len(), 27);
+        assert_eq!(list_row(&Plan::default())[2], "unknown");
     }
 
     #[test]
-    fn destinations_serialize_as_documented() {
-        assert_eq!(serde_json::to_value(Destination::Queue).unwrap(), "queue");
-        assert_eq!(
-            serde_json::to_value(Destination::Exchange).unwrap(),
-            "exchange"
-        );
+    fn destinations_display_as_documented() {
+        assert_eq!(Destination::Queue.to_string(), "queue");
+        assert_eq!(Destination::Exchange.to_string(), "exchange");
         let redirect = Destination::Redirect {
             exchange: "ops".into(),
             routing_key: "orders/retry".into(),
@@ -676,8 +537,7 @@ mod tests {
             seconds: 1,
             nanos: 500_000_000,
         });
-        let json = serde_json::to_value(PlanJson::from(&plan)).unwrap();
-        assert_eq!(json["observe_for_seconds"], 1.5);
+        assert_eq!(field(&text(&plan), "observe for"), Some("1s 500ms"));
     }
 
     #[test]
@@ -685,22 +545,17 @@ mod tests {
         let mut plan = plan();
         plan.state = PlanState::Observing.into();
         plan.observing_until = at("2024-05-01T12:20:00Z");
-        let view = PlanJson::from(&plan);
-        assert_eq!(
-            serde_json::to_value(&view).unwrap()["observing_until"],
-            "2024-05-01T12:20:00.000Z"
-        );
-        let mut out = Vec::new();
-        write_plan(&mut out, &view).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = text(&plan);
         assert!(
             text.contains("observe for:  15m (observing until 2024-05-01T12:20:00.000Z)\n"),
             "{text}"
         );
     }
 
+    /// Was `event_json_has_the_stable_fields`: the event as `plan watch
+    /// --events` prints it (time, action, key, reason).
     #[test]
-    fn event_json_has_the_stable_fields() {
+    fn event_text_has_the_time_action_key_and_reason() {
         let event = AuditEvent {
             plan_id: "p".into(),
             slice_id: "s-3".into(),
@@ -715,18 +570,15 @@ mod tests {
             at: at("2024-05-01T12:10:00.5Z"),
         };
         assert_eq!(
-            serde_json::to_value(EventJson::from(&event)).unwrap(),
-            json!({
-                "plan_id": "p", "slice_id": "s-3", "dead_letter_id": "41",
-                "message_key": "order-9:capture", "action": "unroutable", "reason": "NO_ROUTE",
-                "wave": "canary", "executor_id": "executor-1", "attempt": 2,
-                "confirm_latency_us": 1200, "at": "2024-05-01T12:10:00.500Z",
-            })
+            crate::commands::plan::live::event_text(&event),
+            "2024-05-01T12:10:00.500Z unroutable order-9:capture NO_ROUTE"
         );
     }
 
+    /// Was `report_json_nests_plan_counts_keys_and_events`: the same report
+    /// as its text says it.
     #[test]
-    fn report_json_nests_plan_counts_keys_and_events() {
+    fn report_text_has_counts_keys_events_and_unattempted_items() {
         let report = v1::AuditReport {
             plan: None,
             counts: None,
@@ -741,24 +593,41 @@ mod tests {
                 wave: Wave::Main.into(),
             }],
         };
-        let json = serde_json::to_value(AuditReportJson::from(&report)).unwrap();
-        assert_eq!(json["never_attempted"], 65);
+        let mut out = Vec::new();
+        write_audit_report(&mut out, "P", &report).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        // No plan: no plan fields; every count, zero.
+        assert!(text.starts_with("ACTION"), "{text}");
+        assert_eq!(count_rows(&text), counts_of([0; 8]));
+        assert!(text.contains("\nsent keys: 1\n  a\n"), "{text}");
+        assert!(text.contains("lost lease or confirm): 1\n  a\n"), "{text}");
+        let not_sent: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|line| !line.starts_with("not sent: 1"))
+            .skip(2)
+            .take(1)
+            .map(|line| line.split_whitespace().collect())
+            .collect();
         assert_eq!(
-            json["never_attempted_items"],
-            json!([{"dead_letter_id": "7", "message_key": "order-7:pay", "message_id": "m-7", "wave": "main"}])
+            not_sent,
+            [["-", "-", "unspecified", "unspecified", "-", "-"]]
         );
-        assert_eq!(json["possibly_duplicated_keys"], json!(["a"]));
-        assert_eq!(json["plan"], serde_json::Value::Null);
-        assert_eq!(json["counts"], zero_counts());
-        assert_eq!(json["sent_keys"], json!(["a"]));
-        assert_eq!(json["not_sent"][0]["action"], "unspecified");
-        assert_eq!(json["not_sent"][0]["wave"], "unspecified");
+        assert!(text.contains("\nnot attempted yet: 65\n"), "{text}");
+        let unattempted: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|line| !line.starts_with("not attempted yet"))
+            .skip(2)
+            .take(1)
+            .map(|line| line.split_whitespace().collect())
+            .collect();
+        assert_eq!(unattempted, [["7", "m-7", "order-7:pay", "main"]]);
+        assert!(text.contains("... and 64 more"), "{text}");
     }
 
     #[test]
     fn plan_text_reads_top_to_bottom() {
         let mut out = Vec::new();
-        write_plan(&mut out, &PlanJson::from(&plan())).unwrap();
+        write_plan(&mut out, &plan()).unwrap();
         let text = String::from_utf8(out).unwrap();
         let mut from = 0;
         for expected in [
@@ -794,10 +663,10 @@ mod tests {
 
     #[test]
     fn hints_follow_the_state() {
-        let mut view = PlanJson::from(&plan());
+        let mut plan = plan();
         let mut hint = |state: PlanState| {
-            view.state = state.name();
-            next_hint(&view)
+            plan.state = state.into();
+            next_hint(&plan)
         };
         assert_eq!(
             hint(PlanState::AwaitingApproval).unwrap(),
@@ -811,22 +680,22 @@ mod tests {
 
     #[test]
     fn the_readable_report_lists_keys_and_reasons() {
-        let report = AuditReportJson {
-            plan: Some(PlanJson::from(&plan())),
-            counts: ActionCountsJson {
+        let report = v1::AuditReport {
+            plan: Some(plan()),
+            counts: Some(v1::ActionCounts {
                 sent: 25,
                 skipped_stale: 1,
                 ..Default::default()
-            },
+            }),
             sent_keys: (0..25).map(|n| format!("order-{n}:pay")).collect(),
-            not_sent: vec![EventJson::from(&AuditEvent {
+            not_sent: vec![AuditEvent {
                 dead_letter_id: "41".into(),
                 message_key: "order-9:capture".into(),
                 action: AuditAction::SkippedStale.into(),
                 reason: "older than 2h".into(),
                 wave: Wave::Main.into(),
                 ..Default::default()
-            })],
+            }],
             possibly_duplicated_keys: vec!["order-3:pay".into()],
             never_attempted: 0,
             never_attempted_items: vec![],
@@ -852,17 +721,17 @@ mod tests {
 
     #[test]
     fn nonzero_counts_read_in_action_order() {
-        let counts = ActionCountsJson {
+        let counts = v1::ActionCounts {
             uncertain: 1,
             sent: 40,
             skipped_stale: 5,
             ..Default::default()
         };
         assert_eq!(
-            counts.nonzero_text(),
+            nonzero_text(&counts),
             "sent 40  skipped_stale 5  uncertain 1"
         );
-        assert_eq!(ActionCountsJson::default().nonzero_text(), "");
+        assert_eq!(nonzero_text(&v1::ActionCounts::default()), "");
         assert_eq!(percent_done(1, 3), "33.3%");
         assert_eq!(percent_done(0, 0), "-");
         assert_eq!(fraction_percent(0.015), "1.5%");
