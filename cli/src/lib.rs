@@ -98,7 +98,8 @@
 //!   - [`commands::plan`] (`commands/plan/mod.rs`): `plan create | approve |
 //!     list | report | ...`;
 //!   - [`commands::plan::view`]: the plan views and their renderings for people;
-//!   - [`commands::plan::live`]: `plan watch` and `plan wait`;
+//!   - [`commands::plan::live`]: `plan watch`;
+//!   - [`commands::plan::wait`]: `plan wait`;
 //!   - [`commands::plan::pace`]: a watched plan's pace and stalls.
 //! - [`selector`]: the selector flags shared by `list`, `summary` and
 //!   `precheck`, and their conversion to the proto `Selector`.

@@ -270,7 +270,23 @@ impl Table {
 
     /// Which columns are shown and how wide, for `width` (module docs).
     fn layout(&self, width: usize) -> Layout {
-        let content: Vec<usize> = (0..self.columns.len())
+        let content = self.content_widths();
+        let optional: Vec<bool> = self.columns.iter().map(|column| column.optional).collect();
+        let (shown, stacked) = self.choose_shown(&content, &optional, width);
+        let bound = self.bounds(&content, stacked);
+        let widths = share_out(&bound, &shown, &optional, width);
+        let shown_widths: Vec<usize> = widths.iter().flatten().copied().collect();
+        let total = shown_widths.iter().sum::<usize>() + GAP * shown_widths.len().saturating_sub(1);
+        Layout {
+            widths,
+            stacked,
+            total,
+        }
+    }
+
+    /// The widest cell of each column, in terminal columns.
+    fn content_widths(&self) -> Vec<usize> {
+        (0..self.columns.len())
             .map(|index| {
                 self.rows
                     .iter()
@@ -279,59 +295,46 @@ impl Table {
                     .max()
                     .unwrap_or(0)
             })
-            .collect();
-        // (full width, least width) of each column, headers on one line or
-        // stacked at underscores.
-        let bounds = |stacked: bool| -> Vec<(usize, usize)> {
-            self.columns
-                .iter()
-                .zip(&content)
-                .map(|(column, content)| {
-                    let header = if stacked {
-                        column.name.split('_').map(str::len).max().unwrap_or(0)
-                    } else {
-                        column.name.len()
-                    };
-                    let full = header.max(*content);
-                    (full, if column.shorten { header } else { full })
-                })
-                .collect()
-        };
-        let needed = |bounds: &[(usize, usize)], shown: &[bool]| -> usize {
-            let (sum, count) = bounds
-                .iter()
-                .zip(shown)
-                .filter(|(_, shown)| **shown)
-                .fold((0usize, 0usize), |(sum, count), ((_, least), _)| {
-                    (sum + least, count + 1)
-                });
-            sum + GAP * count.saturating_sub(1)
-        };
+            .collect()
+    }
+
+    /// (full width, least width) of each column, its header on one line or
+    /// `stacked` at underscores; `content`: the widest cell of each.
+    fn bounds(&self, content: &[usize], stacked: bool) -> Vec<(usize, usize)> {
+        self.columns
+            .iter()
+            .zip(content)
+            .map(|(column, content)| {
+                let header = if stacked {
+                    column.name.split('_').map(str::len).max().unwrap_or(0)
+                } else {
+                    column.name.len()
+                };
+                let full = header.max(*content);
+                (full, if column.shorten { header } else { full })
+            })
+            .collect()
+    }
+
+    /// Which columns are shown within `width`, and whether headers stack:
+    /// every column when all fit in full; else the required columns (their
+    /// headers stacked when even their least widths do not fit), then each
+    /// optional one, left-most first, only while the required ones keep
+    /// their full width.
+    fn choose_shown(
+        &self,
+        content: &[usize],
+        optional: &[bool],
+        width: usize,
+    ) -> (Vec<bool>, bool) {
         let mut stacked = false;
-        let mut bound = bounds(false);
-        let optional: Vec<bool> = self.columns.iter().map(|column| column.optional).collect();
-        // Each shown column at its least width, or, with `full_of`, those
-        // columns at their full width.
-        let width_of =
-            |bound: &[(usize, usize)], shown: &[bool], full_of: &dyn Fn(usize) -> bool| {
-                let (sum, count) = (0..shown.len()).filter(|index| shown[*index]).fold(
-                    (0usize, 0usize),
-                    |(sum, count), index| {
-                        let (full, least) = bound[index];
-                        (sum + if full_of(index) { full } else { least }, count + 1)
-                    },
-                );
-                sum + GAP * count.saturating_sub(1)
-            };
+        let mut bound = self.bounds(content, false);
         let mut shown = vec![true; self.columns.len()];
         if width_of(&bound, &shown, &|_| true) > width {
-            // Too wide in full: the required columns first, then each
-            // optional one, left-most first, only while the required ones
-            // keep their full width.
             shown = optional.iter().map(|optional| !optional).collect();
             if needed(&bound, &shown) > width {
                 stacked = true;
-                bound = bounds(true);
+                bound = self.bounds(content, true);
             }
             for index in 0..self.columns.len() {
                 if optional[index] {
@@ -342,41 +345,71 @@ impl Table {
                 }
             }
         }
-        // What is left goes to the required columns first, shared out evenly
-        // up to their full width, then to the optional ones.
-        let mut widths: Vec<Option<usize>> = bound
-            .iter()
-            .zip(&shown)
-            .map(|((_, least), shown)| shown.then_some(*least))
-            .collect();
-        let mut spare = width.saturating_sub(needed(&bound, &shown));
-        for pass_optional in [false, true] {
-            while spare > 0 {
-                let mut grew = false;
-                for (index, slot) in widths.iter_mut().enumerate() {
-                    if optional[index] == pass_optional
-                        && let Some(current) = slot
-                        && spare > 0
-                        && *current < bound[index].0
-                    {
-                        *current += 1;
-                        spare -= 1;
-                        grew = true;
-                    }
-                }
-                if !grew {
-                    break;
+        (shown, stacked)
+    }
+}
+
+/// The width the `shown` columns take at their least widths (`bound`:
+/// full and least width of each), gaps included.
+fn needed(bound: &[(usize, usize)], shown: &[bool]) -> usize {
+    let (sum, count) = bound
+        .iter()
+        .zip(shown)
+        .filter(|(_, shown)| **shown)
+        .fold((0usize, 0usize), |(sum, count), ((_, least), _)| {
+            (sum + least, count + 1)
+        });
+    sum + GAP * count.saturating_sub(1)
+}
+
+/// The width the `shown` columns take, each at its least width or, where
+/// `full_of` says, at its full width, gaps included.
+fn width_of(bound: &[(usize, usize)], shown: &[bool], full_of: &dyn Fn(usize) -> bool) -> usize {
+    let (sum, count) = (0..shown.len()).filter(|index| shown[*index]).fold(
+        (0usize, 0usize),
+        |(sum, count), index| {
+            let (full, least) = bound[index];
+            (sum + if full_of(index) { full } else { least }, count + 1)
+        },
+    );
+    sum + GAP * count.saturating_sub(1)
+}
+
+/// Each column's width (`None`: not shown): its least, then what is left of
+/// `width` goes to the required columns first, shared out evenly up to their
+/// full width, then to the optional ones.
+fn share_out(
+    bound: &[(usize, usize)],
+    shown: &[bool],
+    optional: &[bool],
+    width: usize,
+) -> Vec<Option<usize>> {
+    let mut widths: Vec<Option<usize>> = bound
+        .iter()
+        .zip(shown)
+        .map(|((_, least), shown)| shown.then_some(*least))
+        .collect();
+    let mut spare = width.saturating_sub(needed(bound, shown));
+    for pass_optional in [false, true] {
+        while spare > 0 {
+            let mut grew = false;
+            for (index, slot) in widths.iter_mut().enumerate() {
+                if optional[index] == pass_optional
+                    && let Some(current) = slot
+                    && spare > 0
+                    && *current < bound[index].0
+                {
+                    *current += 1;
+                    spare -= 1;
+                    grew = true;
                 }
             }
-        }
-        let shown_widths: Vec<usize> = widths.iter().flatten().copied().collect();
-        let total = shown_widths.iter().sum::<usize>() + GAP * shown_widths.len().saturating_sub(1);
-        Layout {
-            widths,
-            stacked,
-            total,
+            if !grew {
+                break;
+            }
         }
     }
+    widths
 }
 
 /// The widths of one layout.

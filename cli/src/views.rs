@@ -1,61 +1,26 @@
 //! Views and table rows that more than one command prints, so that
 //! commands do not import each other's views.
 //!
-//! # Precheck item ([`ItemJson`]: `precheck items`, `plan compensations`,
-//! a report's `sample_blocked`)
+//! # Precheck item (`precheck items`, `plan compensations`, a report's
+//! `sample_blocked`)
 //!
-//! As a table: [`ITEM_COLUMNS`], [`item_row`]; `--json` prints the API's
-//! `PrecheckItem`s ([`list_items`]).
+//! As a table: [`ITEM_COLUMNS`], [`item_row`] (a verdict a name of
+//! [`VERDICTS`](crate::commands::precheck::VERDICTS)); `--json` prints the
+//! API's `PrecheckItem`s ([`list_items`]).
 //!
-//! # Audit event ([`EventJson`]: `plan watch --events`, a report's
-//! `not_sent`, `replay`)
+//! # Audit event (`plan watch --events`, a report's `not_sent`, `replay`)
 //!
-//! The event as its text lines read it: `action` a name of
-//! [`ACTIONS`](crate::commands::plan::view::ACTIONS), `wave` `canary` or
-//! `main`, `at` RFC 3339; `--json` prints the API's `AuditEvent`.
+//! Its text reads `action` as a name of
+//! [`ACTIONS`](crate::commands::plan::view::ACTIONS), `wave` as
+//! [`wave_name`], `at` as RFC 3339; `--json` prints the API's `AuditEvent`.
 
-use redrive_proto::v1::{AuditEvent, PrecheckItem, Wave};
-use serde::Serialize;
+use redrive_proto::v1::{PrecheckItem, Wave};
 
 use crate::{
     args::Paging,
     error::CliError,
-    output::{Column, ListingKind, cell, list_pages, timestamp_text},
+    output::{Column, ListingKind, cell, list_pages},
 };
-
-/// One precheck item.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ItemJson {
-    /// Decimal dead letter id.
-    pub dead_letter_id: String,
-    /// Idempotency key.
-    pub message_key: String,
-    /// A name of [`VERDICTS`](crate::commands::precheck::VERDICTS).
-    pub verdict: &'static str,
-    /// Why this verdict.
-    pub reason: String,
-    /// Where it would be replayed.
-    pub destination: String,
-    /// Event type, if known.
-    pub event_type: Option<String>,
-    /// `plan compensations` only: found by the state re-check right before
-    /// publishing, not by the precheck.
-    pub at_send: bool,
-}
-
-impl From<&PrecheckItem> for ItemJson {
-    fn from(item: &PrecheckItem) -> Self {
-        Self {
-            dead_letter_id: item.dead_letter_id.clone(),
-            message_key: item.message_key.clone(),
-            verdict: item.verdict().name(),
-            reason: item.reason.clone(),
-            destination: item.destination.clone(),
-            event_type: item.event_type.clone(),
-            at_send: item.at_send,
-        }
-    }
-}
 
 /// The `items` table columns (also `plan compensations`).
 pub const ITEM_COLUMNS: &[Column] = &[
@@ -114,41 +79,6 @@ pub fn wave_name(wave: Wave) -> &'static str {
         Wave::Unspecified => "unspecified",
         Wave::Canary => "canary",
         Wave::Main => "main",
-    }
-}
-
-/// One audit event in its stable JSON shape (module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[allow(missing_docs)] // Named as the proto fields; the module docs describe them.
-pub struct EventJson {
-    pub plan_id: String,
-    pub slice_id: String,
-    pub dead_letter_id: String,
-    pub message_key: String,
-    pub action: &'static str,
-    pub reason: String,
-    pub wave: &'static str,
-    pub executor_id: String,
-    pub attempt: u32,
-    pub confirm_latency_us: u64,
-    pub at: Option<String>,
-}
-
-impl From<&AuditEvent> for EventJson {
-    fn from(event: &AuditEvent) -> Self {
-        Self {
-            plan_id: event.plan_id.clone(),
-            slice_id: event.slice_id.clone(),
-            dead_letter_id: event.dead_letter_id.clone(),
-            message_key: event.message_key.clone(),
-            action: event.action().name(),
-            reason: event.reason.clone(),
-            wave: wave_name(event.wave()),
-            executor_id: event.executor_id.clone(),
-            attempt: event.attempt,
-            confirm_latency_us: event.confirm_latency_us,
-            at: timestamp_text(event.at.as_ref()),
-        }
     }
 }
 

@@ -20,7 +20,7 @@
 use std::{marker::PhantomData, sync::LazyLock};
 
 use prost::{Message, Name, bytes::Buf};
-use prost_reflect::{DescriptorPool, Kind, MessageDescriptor};
+use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
 use tonic::{
     Status,
     codec::{Codec, DecodeBuf, Decoder},
@@ -156,29 +156,94 @@ pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), Strin
     let Some(root) = pool.get_message_by_name(name) else {
         return Ok(());
     };
-    let stored_data = scope == Scope::Nesting;
-    let mut stack = vec![Frame {
-        descriptor: root,
-        end: bytes.len(),
-        path: String::new(),
-        counts: Vec::new(),
-    }];
-    let mut headers: Option<Headers> = None;
-    let mut position = 0;
-    while let Some(frame) = stack.last_mut() {
-        if position >= frame.end {
-            if position > frame.end {
-                return Err(format!("{}: truncated message", display(&frame.path)));
-            }
-            stack.pop();
-            if headers
-                .as_ref()
-                .is_some_and(|header| stack.len() < header.frame_depth)
-            {
-                headers = None;
-            }
+    let mut walk = Walk {
+        bytes,
+        stack: vec![Frame {
+            descriptor: root,
+            end: bytes.len(),
+            path: String::new(),
+            counts: Vec::new(),
+        }],
+        headers: None,
+        position: 0,
+        stored_data: scope == Scope::Nesting,
+    };
+    while !walk.stack.is_empty() {
+        if walk.leave_finished_frame()? {
             continue;
         }
+        if let Some(field) = walk.next_field()? {
+            walk.check_field(field)?;
+        }
+    }
+    Ok(())
+}
+
+/// The state of one [`check_request`]: the request, the stack of messages
+/// being walked (the root first) and where the next field starts.
+struct Walk<'b> {
+    bytes: &'b [u8],
+    /// Never empty while walking.
+    stack: Vec<Frame>,
+    /// The header table being walked, if any.
+    headers: Option<Headers>,
+    position: usize,
+    /// [`Scope::Nesting`]: only message nesting is limited.
+    stored_data: bool,
+}
+
+/// A length-delimited field of a known number, read by [`Walk::next_field`].
+struct FieldAt {
+    field: FieldDescriptor,
+    /// Where its content starts in the request.
+    start: usize,
+    /// Its content's length in bytes.
+    length: usize,
+}
+
+impl Walk<'_> {
+    /// The innermost message being walked.
+    fn frame(&mut self) -> Result<&mut Frame, String> {
+        self.stack
+            .last_mut()
+            .ok_or_else(|| "undecodable message: walked past the request".to_owned())
+    }
+
+    /// Step 1: leaves the innermost message when its bytes are all read
+    /// (and its header table with it); `true` when it did.
+    ///
+    /// # Errors
+    /// A message whose last field ran past its end.
+    fn leave_finished_frame(&mut self) -> Result<bool, String> {
+        let position = self.position;
+        let frame = self.frame()?;
+        if position < frame.end {
+            return Ok(false);
+        }
+        if position > frame.end {
+            return Err(format!("{}: truncated message", display(&frame.path)));
+        }
+        self.stack.pop();
+        let depth = self.stack.len();
+        if self
+            .headers
+            .as_ref()
+            .is_some_and(|header| depth < header.frame_depth)
+        {
+            self.headers = None;
+        }
+        Ok(true)
+    }
+
+    /// Step 2: reads the next field's key and length, moving past it;
+    /// `Some` for a length-delimited field the message declares (the only
+    /// ones with limits), `None` for any other.
+    ///
+    /// # Errors
+    /// Bytes that are not protobuf, or a field running past its message.
+    fn next_field(&mut self) -> Result<Option<FieldAt>, String> {
+        let bytes = self.bytes;
+        let mut position = self.position;
         let key = varint(bytes, &mut position).ok_or("undecodable message: bad field key")?;
         let number =
             u32::try_from(key >> 3).map_err(|_| "undecodable message: bad field number")?;
@@ -186,7 +251,8 @@ pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), Strin
         let length = match wire_type {
             0 => {
                 varint(bytes, &mut position).ok_or("undecodable message: bad varint")?;
-                continue;
+                self.position = position;
+                return Ok(None);
             }
             1 => 8,
             5 => 4,
@@ -197,16 +263,39 @@ pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), Strin
             other => return Err(format!("undecodable message: wire type {other}")),
         };
         let start = position;
-        position = start
+        let frame_end = self.frame()?.end;
+        self.position = start
             .checked_add(length)
-            .filter(|end| *end <= frame.end)
+            .filter(|end| *end <= frame_end)
             .ok_or("undecodable message: a field runs past its message")?;
         if wire_type != 2 {
-            continue;
+            return Ok(None);
         }
-        let Some(field) = frame.descriptor.get_field(number) else {
-            continue;
-        };
+        Ok(self
+            .frame()?
+            .descriptor
+            .get_field(number)
+            .map(|field| FieldAt {
+                field,
+                start,
+                length,
+            }))
+    }
+
+    /// Step 3: checks one length-delimited field: its element count when
+    /// repeated, then a message it opens or the text it holds.
+    ///
+    /// # Errors
+    /// The first limit it breaks, naming its path.
+    fn check_field(&mut self, at: FieldAt) -> Result<(), String> {
+        let FieldAt {
+            field,
+            start,
+            length,
+        } = at;
+        let headers_open = self.headers.is_some();
+        let stored_data = self.stored_data;
+        let frame = self.frame()?;
         let message_name = frame.descriptor.full_name().to_owned();
         let mut path = if frame.path.is_empty() {
             field.name().to_owned()
@@ -214,97 +303,131 @@ pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), Strin
             format!("{}.{}", frame.path, field.name())
         };
         if field.is_list() || field.is_map() {
-            let count = match frame.counts.iter_mut().find(|(n, _)| *n == number) {
-                Some((_, count)) => {
-                    *count += 1;
-                    *count
-                }
-                None => {
-                    frame.counts.push((number, 1));
-                    1
-                }
-            };
+            let count = frame.count_element(field.number());
             // Inside headers, MAX_HEADER_VALUES counts the values instead.
             let limit = limits::repeated_limit(&message_name, field.name());
-            if count > limit && !stored_data && headers.is_none() {
+            if count > limit && !stored_data && !headers_open {
                 return Err(format!("{}: more than {limit} elements", short(&path)));
             }
             path = format!("{path}[{}]", count - 1);
         }
         match field.kind() {
-            Kind::Message(descriptor) => {
-                if stack.len() >= MAX_MESSAGE_NESTING {
-                    return Err(format!(
-                        "{}: nested deeper than {MAX_MESSAGE_NESTING} messages",
-                        short(&path)
-                    ));
-                }
-                let child = descriptor.full_name();
-                if child == HEADER_TABLE && headers.is_none() {
-                    if length > MAX_HEADERS_BYTES && !stored_data {
-                        return Err(format!(
-                            "{}: {length} bytes of headers, at most {MAX_HEADERS_BYTES}",
-                            short(&path)
-                        ));
-                    }
-                    headers = Some(Headers {
-                        frame_depth: stack.len() + 1,
-                        values: 0,
-                    });
-                }
-                if let Some(header) = headers.as_mut()
-                    && !stored_data
-                {
-                    if child == HEADER_VALUE {
-                        header.values += 1;
-                        if header.values > MAX_HEADER_VALUES {
-                            return Err(format!(
-                                "{}: more than {MAX_HEADER_VALUES} header values",
-                                short(&path)
-                            ));
-                        }
-                    }
-                    if child == HEADER_TABLE || child == HEADER_ARRAY {
-                        let nesting = stack[header.frame_depth - 1..]
-                            .iter()
-                            .filter(|frame| {
-                                let name = frame.descriptor.full_name();
-                                name == HEADER_TABLE || name == HEADER_ARRAY
-                            })
-                            .count()
-                            + 1;
-                        if nesting > MAX_HEADER_NESTING {
-                            return Err(format!(
-                                "{}: header tables and arrays nested deeper than {MAX_HEADER_NESTING} levels",
-                                short(&path)
-                            ));
-                        }
-                    }
-                }
-                stack.push(Frame {
-                    descriptor,
-                    end: position,
-                    path,
-                    counts: Vec::new(),
-                });
-                position = start;
-            }
+            Kind::Message(descriptor) => self.enter_message(descriptor, path, start, length),
             Kind::String if !stored_data => {
                 let limit = limits::text_limit(&message_name, field.name());
                 if length > limit {
                     return Err(format!("{}: {length} bytes, at most {limit}", short(&path)));
                 }
-                if headers.is_none() && bytes[start..position].contains(&0) {
+                if !headers_open && self.bytes[start..self.position].contains(&0) {
                     return Err(format!(
                         "{}: contains a NUL character, which text cannot hold",
                         short(&path)
                     ));
                 }
+                Ok(())
             }
-            _ => {}
+            _ => Ok(()),
         }
     }
-    Ok(())
+
+    /// Step 3a: opens the message field at `path` (its content `length`
+    /// bytes from `start`) after the nesting and header limits, so the walk
+    /// goes on inside it.
+    ///
+    /// # Errors
+    /// Messages nested too deep, or header limits broken.
+    fn enter_message(
+        &mut self,
+        descriptor: MessageDescriptor,
+        path: String,
+        start: usize,
+        length: usize,
+    ) -> Result<(), String> {
+        if self.stack.len() >= MAX_MESSAGE_NESTING {
+            return Err(format!(
+                "{}: nested deeper than {MAX_MESSAGE_NESTING} messages",
+                short(&path)
+            ));
+        }
+        let child = descriptor.full_name();
+        if child == HEADER_TABLE && self.headers.is_none() {
+            if length > MAX_HEADERS_BYTES && !self.stored_data {
+                return Err(format!(
+                    "{}: {length} bytes of headers, at most {MAX_HEADERS_BYTES}",
+                    short(&path)
+                ));
+            }
+            self.headers = Some(Headers {
+                frame_depth: self.stack.len() + 1,
+                values: 0,
+            });
+        }
+        if !self.stored_data {
+            self.check_header_limits(child, &path)?;
+        }
+        self.stack.push(Frame {
+            descriptor,
+            end: self.position,
+            path,
+            counts: Vec::new(),
+        });
+        self.position = start;
+        Ok(())
+    }
+
+    /// Step 3b: inside a header table, counts a header value (`child`, the
+    /// message opened at `path`) and the nesting of tables and arrays.
+    ///
+    /// # Errors
+    /// More than [`MAX_HEADER_VALUES`] values, or tables and arrays nested
+    /// deeper than [`MAX_HEADER_NESTING`].
+    fn check_header_limits(&mut self, child: &str, path: &str) -> Result<(), String> {
+        let Some(header) = self.headers.as_mut() else {
+            return Ok(());
+        };
+        if child == HEADER_VALUE {
+            header.values += 1;
+            if header.values > MAX_HEADER_VALUES {
+                return Err(format!(
+                    "{}: more than {MAX_HEADER_VALUES} header values",
+                    short(path)
+                ));
+            }
+        }
+        if child == HEADER_TABLE || child == HEADER_ARRAY {
+            let nesting = self.stack[header.frame_depth - 1..]
+                .iter()
+                .filter(|frame| {
+                    let name = frame.descriptor.full_name();
+                    name == HEADER_TABLE || name == HEADER_ARRAY
+                })
+                .count()
+                + 1;
+            if nesting > MAX_HEADER_NESTING {
+                return Err(format!(
+                    "{}: header tables and arrays nested deeper than {MAX_HEADER_NESTING} levels",
+                    short(path)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Frame {
+    /// Counts one more element of repeated field `number`; its count.
+    fn count_element(&mut self, number: u32) -> usize {
+        match self.counts.iter_mut().find(|(n, _)| *n == number) {
+            Some((_, count)) => {
+                *count += 1;
+                *count
+            }
+            None => {
+                self.counts.push((number, 1));
+                1
+            }
+        }
+    }
 }
 
 /// `path` cut in the middle when long (a path nested 64 levels deep): its

@@ -20,8 +20,9 @@
 //!   CA bundle, an optional client certificate).
 //! - `src/settings.rs` (`settings`, feature `settings`): the services' start-up
 //!   settings, every bad one reported at once, secret files read.
-//! - `src/telemetry.rs` (`telemetry`, feature `telemetry`): metrics, logging,
-//!   trace propagation and the services' shared start-up (`start_service`).
+//! - `src/telemetry/` (`telemetry`, feature `telemetry`): metrics and the
+//!   services' shared start-up (`start_service`) in `mod.rs`, span export and
+//!   trace propagation in `traces.rs`, logging in `logs.rs`.
 //! - `src/amqp.rs` (`amqp`, feature `amqp`): lossless conversions between the
 //!   API's header and property shapes and lapin's AMQP types.
 //! - `src/backoff.rs` (`backoff`, feature `backoff`): the services' one

@@ -24,14 +24,12 @@ use redrive_proto::{
     time::duration,
     v1::{ReplayDeadLetterRequest, ReplayDeadLetterResponse, Verdict, replay_dead_letter_response},
 };
-use serde::Serialize;
 
 use crate::{
     args::{OptionsArgs, parse_positive_duration},
     client::Planner,
     error::{CliError, EX_FAILURE, EX_OK},
-    output::write_message,
-    views::EventJson,
+    output::{timestamp_text, write_message},
 };
 
 /// `replay` arguments.
@@ -55,46 +53,11 @@ pub struct ReplayArgs {
     pub options: OptionsArgs,
 }
 
-/// The answer as the text rendering reads it (`--json` prints the API's
-/// response itself).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ReplayJson {
-    /// `REPLAYED` or `NOT_REPLAYED`.
-    pub outcome: &'static str,
-    /// Why (or how it went).
-    pub reason: String,
-    /// The dead letter.
-    pub dead_letter_id: String,
-    /// The plan of one, when one was made.
-    pub plan_id: Option<String>,
-    /// The precheck, when one ran.
-    pub precheck_id: Option<String>,
-    /// The precheck's verdict, when one ran.
-    pub verdict: Option<&'static str>,
-    /// The executor's audit event, when it reported.
-    pub event: Option<EventJson>,
-    /// What the precheck of this dead letter warned of.
-    pub warnings: Vec<String>,
-}
-
-impl ReplayJson {
-    /// The JSON view of `response` for `dead_letter_id`.
-    pub fn new(dead_letter_id: &str, response: &ReplayDeadLetterResponse) -> Self {
-        let some = |text: &str| Some(text.to_owned()).filter(|text| !text.is_empty());
-        Self {
-            outcome: match response.outcome() {
-                replay_dead_letter_response::Outcome::Replayed => "REPLAYED",
-                _ => "NOT_REPLAYED",
-            },
-            reason: response.reason.clone(),
-            dead_letter_id: dead_letter_id.to_owned(),
-            plan_id: some(&response.plan_id),
-            precheck_id: some(&response.precheck_id),
-            verdict: (response.verdict() != Verdict::Unspecified)
-                .then(|| response.verdict().name()),
-            event: response.event.as_ref().map(EventJson::from),
-            warnings: response.warnings.clone(),
-        }
+/// `REPLAYED` or `NOT_REPLAYED`: the answer's outcome as the text names it.
+fn outcome_name(response: &ReplayDeadLetterResponse) -> &'static str {
+    match response.outcome() {
+        replay_dead_letter_response::Outcome::Replayed => "REPLAYED",
+        _ => "NOT_REPLAYED",
     }
 }
 
@@ -120,53 +83,65 @@ pub async fn run(
         })
         .await?
         .into_inner();
-    let view = ReplayJson::new(args.dead_letter_id.trim(), &response);
     if json {
         write_message(out, &response)?;
     } else {
-        write_text(out, &view).map_err(|error| CliError::io("writing the answer", error))?;
+        write_text(out, args.dead_letter_id.trim(), &response)
+            .map_err(|error| CliError::io("writing the answer", error))?;
     }
     // NOT_REPLAYED and its reason are printed once, on stdout, above: the
     // exit code says it to scripts, nothing is repeated on stderr.
-    Ok(if view.outcome == "REPLAYED" {
+    Ok(if outcome_name(&response) == "REPLAYED" {
         EX_OK
     } else {
         EX_FAILURE
     })
 }
 
-fn write_text(out: &mut dyn Write, view: &ReplayJson) -> std::io::Result<()> {
+/// The answer for people: the outcome line, then the precheck, the plan of
+/// one and the executor's audit event when there are, then the warnings.
+fn write_text(
+    out: &mut dyn Write,
+    dead_letter_id: &str,
+    response: &ReplayDeadLetterResponse,
+) -> std::io::Result<()> {
     // The reason may quote a state-check hook's text, line breaks included.
     crate::output::write_item(
         out,
         "",
         &format!(
-            "{}: dead letter {}: {}",
-            view.outcome, view.dead_letter_id, view.reason
+            "{}: dead letter {dead_letter_id}: {}",
+            outcome_name(response),
+            response.reason
         ),
     )?;
-    if let Some(verdict) = view.verdict {
+    if response.verdict() != Verdict::Unspecified {
         writeln!(
             out,
-            "  precheck {}: {verdict}",
-            view.precheck_id.as_deref().unwrap_or("-")
+            "  precheck {}: {}",
+            if response.precheck_id.is_empty() {
+                "-"
+            } else {
+                &response.precheck_id
+            },
+            response.verdict().name()
         )?;
     }
-    if let Some(plan_id) = &view.plan_id {
-        writeln!(out, "  plan of one {plan_id}")?;
+    if !response.plan_id.is_empty() {
+        writeln!(out, "  plan of one {}", response.plan_id)?;
     }
-    if let Some(event) = &view.event {
+    if let Some(event) = &response.event {
         writeln!(
             out,
             "  audit: {} at {} by executor {} (attempt {}, confirm {:.1} ms)",
-            event.action,
-            event.at.as_deref().unwrap_or("-"),
+            event.action().name(),
+            timestamp_text(event.at.as_ref()).as_deref().unwrap_or("-"),
             event.executor_id,
             event.attempt,
             event.confirm_latency_us as f64 / 1000.0
         )?;
     }
-    for warning in &view.warnings {
+    for warning in &response.warnings {
         crate::output::write_item(out, "", &format!("WARNING: {warning}"))?;
     }
     Ok(())
@@ -177,8 +152,16 @@ mod tests {
     use super::*;
     use redrive_proto::v1::{AuditAction, AuditEvent};
 
+    fn render(response: &ReplayDeadLetterResponse) -> String {
+        let mut out = Vec::new();
+        write_text(&mut out, "42", response).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// Was a check of the old JSON view: the outcome, reason, verdict and
+    /// the absent plan and event, as the text says them.
     #[test]
-    fn json_shape_names_the_outcome_and_reason() {
+    fn text_names_the_outcome_and_reason() {
         let response = ReplayDeadLetterResponse {
             outcome: replay_dead_letter_response::Outcome::NotReplayed.into(),
             reason: "already_replayed: replayed by plan p at t".into(),
@@ -186,12 +169,15 @@ mod tests {
             verdict: Verdict::AlreadyReplayed.into(),
             ..Default::default()
         };
-        let view = serde_json::to_value(ReplayJson::new("42", &response)).unwrap();
-        assert_eq!(view["outcome"], "NOT_REPLAYED");
-        assert_eq!(view["reason"], "already_replayed: replayed by plan p at t");
-        assert_eq!(view["verdict"], "already_replayed");
-        assert_eq!(view["plan_id"], serde_json::Value::Null);
-        assert_eq!(view["event"], serde_json::Value::Null);
+        let text = render(&response);
+        assert_eq!(
+            text,
+            "NOT_REPLAYED: dead letter 42: already_replayed: replayed by plan p at t\n  \
+             precheck c: already_replayed\n"
+        );
+        // No plan of one, no audit event: no line for either.
+        assert!(!text.contains("plan of one"), "{text}");
+        assert!(!text.contains("audit:"), "{text}");
 
         let response = ReplayDeadLetterResponse {
             outcome: replay_dead_letter_response::Outcome::Replayed.into(),
@@ -204,11 +190,8 @@ mod tests {
             }),
             ..Default::default()
         };
-        let view = ReplayJson::new("42", &response);
-        assert_eq!(view.outcome, "REPLAYED");
-        let mut text = Vec::new();
-        write_text(&mut text, &view).unwrap();
-        let text = String::from_utf8(text).unwrap();
+        assert_eq!(outcome_name(&response), "REPLAYED");
+        let text = render(&response);
         assert!(text.starts_with("REPLAYED: dead letter 42"), "{text}");
         assert!(text.contains("audit: sent"), "{text}");
     }

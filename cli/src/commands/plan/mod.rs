@@ -83,7 +83,13 @@
 
 pub mod live;
 pub mod pace;
+mod parse;
 pub mod view;
+pub mod wait;
+
+pub use parse::{
+    parse_canary_fraction, parse_destination, parse_kind, parse_rate, parse_rationale, parse_state,
+};
 
 use crate::{
     args::Paging,
@@ -101,10 +107,7 @@ use redrive_proto::{
     },
 };
 
-use self::{
-    live::{WaitOutcome, WatchMode},
-    view::{AuditReportJson, Destination, PlanJson},
-};
+use self::{live::WatchMode, view::Destination, wait::WaitOutcome};
 use crate::{
     args::parse_positive_duration,
     client::Planner,
@@ -322,120 +325,6 @@ pub struct ControlArgs {
     pub reason: Option<String>,
 }
 
-// ---------------------------------------------------------------------------
-// Parsers
-// ---------------------------------------------------------------------------
-
-/// Parses `--rate`: messages per second, finite and above zero.
-///
-/// # Errors
-/// What is wrong, for clap (which names the flag).
-pub fn parse_rate(text: &str) -> Result<f64, String> {
-    let rate: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number; messages per second, e.g. 50 or 0.5"))?;
-    if !rate.is_finite() || rate <= 0.0 {
-        return Err("must be a number of messages per second above zero, e.g. 50 or 0.5".into());
-    }
-    Ok(rate)
-}
-
-/// Parses `--rationale`: not blank (surrounding blanks dropped).
-///
-/// # Errors
-/// What to write, for clap.
-pub fn parse_rationale(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(
-            "must say how the rate follows from the downstream's capacity, e.g. \
-                    'payments-api sustains 300/s, peak traffic is 200/s, so 50/s leaves headroom'"
-                .into(),
-        );
-    }
-    Ok(text.to_owned())
-}
-
-const DESTINATION_FORMS: &str = "expected queue, exchange or redirect:EXCHANGE/ROUTING_KEY (e.g. redirect:quarantine/ \
-     with an empty routing key)";
-
-/// Parses `--destination`: `queue`, `exchange` or
-/// `redirect:EXCHANGE/ROUTING_KEY`, split at the first `/` (a routing key may
-/// hold more). The routing key may be empty; the exchange may be empty (the
-/// default exchange) only with a routing key (the queue name).
-///
-/// # Errors
-/// What is wrong and the accepted forms, for clap.
-pub fn parse_destination(text: &str) -> Result<Destination, String> {
-    match text {
-        "queue" => return Ok(Destination::Queue),
-        "exchange" => return Ok(Destination::Exchange),
-        _ => {}
-    }
-    let Some(target) = text.strip_prefix("redirect:") else {
-        return Err(format!("unknown destination {text:?}; {DESTINATION_FORMS}"));
-    };
-    let Some((exchange, routing_key)) = target.split_once('/') else {
-        return Err(format!(
-            "no '/' between exchange and routing key in {text:?}; {DESTINATION_FORMS}"
-        ));
-    };
-    if exchange.is_empty() && routing_key.is_empty() {
-        return Err(format!(
-            "{text:?} names neither an exchange nor a routing key (the default exchange needs \
-             the queue name as routing key: redirect:/QUEUE); {DESTINATION_FORMS}"
-        ));
-    }
-    Ok(Destination::Redirect {
-        exchange: exchange.to_owned(),
-        routing_key: routing_key.to_owned(),
-    })
-}
-
-/// Parses `--canary-fraction`: 0 < F ≤ 1.
-///
-/// # Errors
-/// What is wrong, for clap.
-pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
-    let fraction: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number; a fraction, e.g. 0.05 for 5%"))?;
-    if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err("must be above 0 and at most 1, e.g. 0.05 for 5% of the items".into());
-    }
-    Ok(fraction)
-}
-
-/// A plan kind by its name (`bulk`, `single`; any case).
-///
-/// # Errors
-/// An unknown name, listing the valid ones.
-pub fn parse_kind(name: &str) -> Result<PlanKind, String> {
-    match name.trim().to_ascii_lowercase().as_str() {
-        "bulk" => Ok(PlanKind::Bulk),
-        "single" => Ok(PlanKind::Single),
-        _ => Err(format!(
-            "unknown plan kind {name:?}; valid names: bulk, single"
-        )),
-    }
-}
-
-/// The plan state named `name` (`awaiting_approval`; `awaiting-approval` too).
-///
-/// # Errors
-/// A message listing the valid names.
-pub fn parse_state(name: &str) -> Result<PlanState, String> {
-    let normalized = name.trim().to_ascii_lowercase().replace('-', "_");
-    PlanState::from_name(&normalized).ok_or_else(|| {
-        format!(
-            "unknown plan state {name:?}; valid names: {}",
-            PlanState::ALL.map(PlanState::name).join(", ")
-        )
-    })
-}
-
 impl CreateArgs {
     /// The request; unset flags leave the planner's defaults.
     pub fn to_request(&self) -> CreatePlanRequest {
@@ -507,16 +396,16 @@ pub async fn run(
             return live::watch(planner, args.id, args.events, mode, args.stall_after, out).await;
         }
         PlanCommand::Wait(args) => {
-            return match live::wait(planner, &args.id, args.timeout, args.interval, json).await? {
+            return match wait::wait(planner, &args.id, args.timeout, args.interval, json).await? {
                 WaitOutcome::Final(plan) => {
-                    live::print_plan(out, &plan, json)?;
-                    live::not_completed(&plan).map_or(Ok(EX_OK), Err)
+                    wait::print_plan(out, &plan, json)?;
+                    wait::not_completed(&plan).map_or(Ok(EX_OK), Err)
                 }
                 WaitOutcome::TimedOut(last) => {
                     if let Some(plan) = &last {
-                        live::print_plan(out, plan, json)?;
+                        wait::print_plan(out, plan, json)?;
                     }
-                    Err(live::timed_out(
+                    Err(wait::timed_out(
                         &args.id,
                         last.as_ref(),
                         args.timeout.unwrap_or_default(),
@@ -526,7 +415,7 @@ pub async fn run(
         }
     }
     .into_inner();
-    live::print_plan(out, &plan, json)?;
+    wait::print_plan(out, &plan, json)?;
     Ok(EX_OK)
 }
 
@@ -574,7 +463,7 @@ async fn list(
         Ok((response.plans, response.next_page_token))
     };
     list_pages(out, json, kind, &args.page, fetch, |listing, plan| {
-        listing.push(plan, || view::list_row(&PlanJson::from(plan)))
+        listing.push(plan, || view::list_row(plan))
     })
     .await
 }
@@ -619,7 +508,7 @@ async fn report(
             if format == ReportFormat::Json {
                 write_message(out, &report)?;
             } else {
-                view::write_audit_report(out, &args.id, &AuditReportJson::from(&report))?;
+                view::write_audit_report(out, &args.id, &report)?;
             }
             return Ok(EX_OK);
         }

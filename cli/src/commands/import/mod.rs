@@ -57,32 +57,26 @@
 //! present.
 
 use std::{
-    fmt,
     fs::File,
     io::{self, BufRead, BufReader, Write},
-    marker::PhantomData,
 };
 
-use base64::{Engine, engine::general_purpose::STANDARD};
 use clap::Args;
 use prost::Message as _;
-use redrive_proto::{
-    limits::MAX_GRPC_MESSAGE_BYTES,
-    time::timestamp,
-    v1::{IngestDeadLettersRequest, MessageProperties},
-};
-use serde::{Deserialize, Deserializer, Serialize, de};
-use serde_json::Value;
+use redrive_proto::{limits::MAX_GRPC_MESSAGE_BYTES, v1::IngestDeadLettersRequest};
+use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{
     client::Planner,
     error::{CliError, EX_DATAERR, EX_OK},
-    headers::{self, kind},
     output::write_json,
-    selector::parse_rfc3339,
 };
+
+mod line;
+
+pub use line::parse_line;
 
 /// Parsed items waiting to be streamed, per batch.
 const ITEM_QUEUE: usize = 64;
@@ -370,22 +364,12 @@ fn read_lines(
     batches: &mpsc::Sender<Batch>,
     mut on_bad_line: impl FnMut(&Rejection),
 ) -> Result<Vec<Rejection>, ReadError> {
-    struct Open {
-        items: mpsc::Sender<IngestDeadLettersRequest>,
-        lines_tx: oneshot::Sender<LineMap>,
-        lines: LineMap,
-        count: u64,
-        bytes: u64,
-    }
-    fn close(batch: Open) {
-        // The line map goes first: the call's answer needs it once the
-        // stream has ended.
-        let _ = batch.lines_tx.send(batch.lines);
-        drop(batch.items);
-    }
-
     let mut bad_lines = Vec::new();
-    let mut current: Option<Open> = None;
+    let mut batcher = Batcher {
+        batches,
+        limit,
+        current: None,
+    };
     let mut buffer = Vec::new();
     let mut line_number = 0_u64;
     loop {
@@ -395,31 +379,15 @@ fn read_lines(
             Ok(_) => {}
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(error) => {
-                if let Some(batch) = current.take() {
-                    close(batch);
-                }
+                batcher.finish();
                 return Err(ReadError { bad_lines, error });
             }
         }
         line_number += 1;
-        let item = match std::str::from_utf8(&buffer) {
-            Err(error) => Err(format!("not UTF-8 text: {error}")),
-            Ok(text) if text.trim().is_empty() => continue,
-            Ok(text) => parse_line(text, default_source).and_then(|item| {
-                let size = item.encoded_len();
-                if size > MAX_ITEM_BYTES {
-                    Err(format!(
-                        "the dead letter is {size} bytes encoded, above the {MAX_ITEM_BYTES} bytes one \
-                         request message may carry"
-                    ))
-                } else {
-                    Ok(item)
-                }
-            }),
-        };
-        let item = match item {
-            Ok(item) => item,
-            Err(reason) => {
+        let item = match item_of_line(&buffer, default_source) {
+            None => continue,
+            Some(Ok(item)) => item,
+            Some(Err(reason)) => {
                 let rejection = Rejection {
                     line: line_number,
                     reason,
@@ -429,328 +397,145 @@ fn read_lines(
                 continue;
             }
         };
+        if !batcher.send(item, line_number) {
+            return Ok(bad_lines);
+        }
+    }
+    batcher.finish();
+    Ok(bad_lines)
+}
+
+/// The ingest item of one line's bytes (`None`: a blank line, skipped).
+///
+/// # Errors
+/// Not UTF-8, what [`parse_line`] finds, or an item larger than one request
+/// message may carry ([`MAX_ITEM_BYTES`]).
+fn item_of_line(
+    bytes: &[u8],
+    default_source: &str,
+) -> Option<Result<IngestDeadLettersRequest, String>> {
+    match std::str::from_utf8(bytes) {
+        Err(error) => Some(Err(format!("not UTF-8 text: {error}"))),
+        Ok(text) if text.trim().is_empty() => None,
+        Ok(text) => Some(parse_line(text, default_source).and_then(|item| {
+            let size = item.encoded_len();
+            if size > MAX_ITEM_BYTES {
+                Err(format!(
+                    "the dead letter is {size} bytes encoded, above the {MAX_ITEM_BYTES} bytes one \
+                     request message may carry"
+                ))
+            } else {
+                Ok(item)
+            }
+        })),
+    }
+}
+
+/// Cuts the items [`read_lines`] reads into batches within a limit, each
+/// sent to `batches` when it opens and streamed item by item.
+struct Batcher<'a> {
+    batches: &'a mpsc::Sender<Batch>,
+    limit: BatchLimit,
+    /// The batch being streamed, if any.
+    current: Option<OpenBatch>,
+}
+
+/// The sending side of a [`Batch`] being streamed.
+struct OpenBatch {
+    items: mpsc::Sender<IngestDeadLettersRequest>,
+    lines_tx: oneshot::Sender<LineMap>,
+    lines: LineMap,
+    /// Items sent so far.
+    count: u64,
+    /// Their encoded bytes.
+    bytes: u64,
+}
+
+impl OpenBatch {
+    /// Ends the batch: its line map, then the end of its stream.
+    fn close(self) {
+        // The line map goes first: the call's answer needs it once the
+        // stream has ended.
+        let _ = self.lines_tx.send(self.lines);
+        drop(self.items);
+    }
+}
+
+impl Batcher<'_> {
+    /// Streams `item` (read from line `line_number`) in the open batch, or
+    /// a new one when it would take the open one past `--batch-bytes`;
+    /// closes the batch when it is full. `false` when the receiving side is
+    /// gone.
+    fn send(&mut self, item: IngestDeadLettersRequest, line_number: u64) -> bool {
         // A call never goes past `--batch-bytes` with a second item: the
         // one that would is the first of the next call.
         let size = item.encoded_len() as u64;
-        if current
+        let limit = self.limit;
+        if self
+            .current
             .as_ref()
             .is_some_and(|batch| batch.count > 0 && batch.bytes + size > limit.bytes)
-            && let Some(full) = current.take()
         {
-            close(full);
+            self.finish();
         }
-        if current.is_none() {
-            let (items, items_rx) = mpsc::channel(ITEM_QUEUE);
-            let (lines_tx, lines_rx) = oneshot::channel();
-            let batch = Batch {
-                items: items_rx,
-                lines: lines_rx,
-            };
-            if batches.blocking_send(batch).is_err() {
-                return Ok(bad_lines);
-            }
-            current = Some(Open {
-                items,
-                lines_tx,
-                lines: LineMap::default(),
-                count: 0,
-                bytes: 0,
-            });
+        if self.current.is_none() && !self.open() {
+            return false;
         }
-        let Some(batch) = current.as_mut() else {
-            continue;
+        let Some(batch) = self.current.as_mut() else {
+            return true;
         };
         batch.lines.record(batch.count, line_number);
         batch.count += 1;
         batch.bytes += size;
         if batch.items.blocking_send(item).is_err() {
-            return Ok(bad_lines);
+            return false;
         }
-        if (batch.count >= limit.items || batch.bytes >= limit.bytes)
-            && let Some(full) = current.take()
-        {
-            close(full);
+        if batch.count >= limit.items || batch.bytes >= limit.bytes {
+            self.finish();
         }
+        true
     }
-    if let Some(batch) = current.take() {
-        close(batch);
-    }
-    Ok(bad_lines)
-}
 
-// ---------------------------------------------------------------------------
-// One line
-// ---------------------------------------------------------------------------
-
-/// One line of an import file (module docs), as read by serde: a `null`
-/// field is `None` like an absent one, and any other field name is refused
-/// (`unknown field ...`) so that a typo does not silently drop data.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Line {
-    body: Option<String>,
-    body_base64: Option<String>,
-    message_id: Option<String>,
-    /// Plain or typed values, read by [`headers::table_from_json`]: the typed
-    /// shape depends on the `type` inside each value.
-    headers: Option<Value>,
-    properties: Option<Object<LineProperties>>,
-    reason: Option<String>,
-    attempts: Option<u32>,
-    error_text: Option<String>,
-    original_destination: Option<String>,
-    occurred_at: Option<String>,
-    source: Option<String>,
-}
-
-/// A line's `properties` object: AMQP basic properties by name.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LineProperties {
-    content_type: Option<String>,
-    content_encoding: Option<String>,
-    delivery_mode: Option<u8>,
-    priority: Option<u8>,
-    correlation_id: Option<String>,
-    reply_to: Option<String>,
-    expiration: Option<Expiration>,
-    message_id: Option<String>,
-    timestamp: Option<EpochSeconds>,
-    #[serde(rename = "type")]
-    message_type: Option<String>,
-    user_id: Option<String>,
-    app_id: Option<String>,
-    cluster_id: Option<String>,
-}
-
-/// A struct read from a JSON object only: a derived `Deserialize` also takes an
-/// array, fields by position, which no import line means.
-#[derive(Debug)]
-struct Object<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> de::Visitor<'de> for Visitor<T> {
-            type Value = Object<T>;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a JSON object")
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
-                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Object)
-            }
-        }
-        deserializer.deserialize_map(Visitor(PhantomData))
-    }
-}
-
-/// `properties.expiration`: AMQP keeps the TTL as a string of milliseconds; a
-/// non-negative integer is accepted too.
-#[derive(Debug)]
-struct Expiration(String);
-
-impl<'de> Deserialize<'de> for Expiration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl de::Visitor<'_> for Visitor {
-            type Value = Expiration;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a string or a non-negative integer of milliseconds")
-            }
-            fn visit_u64<E: de::Error>(self, millis: u64) -> Result<Expiration, E> {
-                Ok(Expiration(millis.to_string()))
-            }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Expiration, E> {
-                Ok(Expiration(text.to_owned()))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
-/// `properties.timestamp`: epoch seconds, or an RFC 3339 time (not before 1970).
-#[derive(Debug)]
-struct EpochSeconds(u64);
-
-impl<'de> Deserialize<'de> for EpochSeconds {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl de::Visitor<'_> for Visitor {
-            type Value = EpochSeconds;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("non-negative epoch seconds or an RFC 3339 time")
-            }
-            fn visit_u64<E: de::Error>(self, seconds: u64) -> Result<EpochSeconds, E> {
-                Ok(EpochSeconds(seconds))
-            }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<EpochSeconds, E> {
-                let at = parse_rfc3339(text).map_err(E::custom)?;
-                u64::try_from(at.timestamp())
-                    .map(EpochSeconds)
-                    .map_err(|_| E::custom("before 1970"))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
-impl TryFrom<LineProperties> for MessageProperties {
-    type Error = String;
-
-    /// # Errors
-    /// A short string over 255 bytes, the AMQP short-string limit.
-    fn try_from(properties: LineProperties) -> Result<Self, String> {
-        let short = |name: &str, value: Option<String>| -> Result<Option<String>, String> {
-            match value {
-                Some(text) if text.len() > 255 => Err(format!(
-                    "properties.{name}: longer than 255 bytes, the AMQP short-string limit"
-                )),
-                other => Ok(other),
-            }
+    /// Opens a new batch and sends it; `false` when the receiving side is
+    /// gone.
+    fn open(&mut self) -> bool {
+        let (items, items_rx) = mpsc::channel(ITEM_QUEUE);
+        let (lines_tx, lines_rx) = oneshot::channel();
+        let batch = Batch {
+            items: items_rx,
+            lines: lines_rx,
         };
-        Ok(MessageProperties {
-            content_type: short("content_type", properties.content_type)?,
-            content_encoding: short("content_encoding", properties.content_encoding)?,
-            delivery_mode: properties.delivery_mode.map(u32::from),
-            priority: properties.priority.map(u32::from),
-            correlation_id: short("correlation_id", properties.correlation_id)?,
-            reply_to: short("reply_to", properties.reply_to)?,
-            expiration: short(
-                "expiration",
-                properties.expiration.map(|expiration| expiration.0),
-            )?,
-            message_id: short("message_id", properties.message_id)?,
-            timestamp: properties.timestamp.map(|timestamp| timestamp.0),
-            r#type: short("type", properties.message_type)?,
-            user_id: short("user_id", properties.user_id)?,
-            app_id: short("app_id", properties.app_id)?,
-            cluster_id: short("cluster_id", properties.cluster_id)?,
-        })
+        if self.batches.blocking_send(batch).is_err() {
+            return false;
+        }
+        self.current = Some(OpenBatch {
+            items,
+            lines_tx,
+            lines: LineMap::default(),
+            count: 0,
+            bytes: 0,
+        });
+        true
     }
-}
 
-/// Reads one line of an import file (module docs) into an ingest item with
-/// `imported` set; `default_source` unless the line has its own `source`.
-///
-/// # Errors
-/// What is wrong with the line, naming the field: `not valid JSON: ...`,
-/// `expected a JSON object, got ...`, `unknown field `name`, expected one of
-/// ...` (also `properties: unknown field ...`), `FIELD: invalid type: ...`,
-/// and the rules of the module docs (one body, a destination, ...).
-pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersRequest, String> {
-    let line = read_line(text)?;
-    let body = match (line.body, line.body_base64) {
-        (Some(_), Some(_)) => return Err("both body and body_base64 given; use one".to_owned()),
-        (None, None) => return Err("no body: give body (text) or body_base64".to_owned()),
-        (Some(body), None) => body.into_bytes(),
-        (None, Some(encoded)) => STANDARD
-            .decode(encoded)
-            .map_err(|error| format!("body_base64: not valid base64: {error}"))?,
-    };
-    let original_destination = line
-        .original_destination
-        .filter(|destination| !destination.trim().is_empty())
-        .ok_or_else(|| {
-            "original_destination: required (a queue name, or exchange/routing-key)".to_owned()
-        })?;
-    let source = match line.source {
-        Some(source) if source.trim().is_empty() => {
-            return Err("source: must not be empty".to_owned());
+    /// Closes the open batch, if any.
+    fn finish(&mut self) {
+        if let Some(batch) = self.current.take() {
+            batch.close();
         }
-        Some(source) => source,
-        None => default_source.to_owned(),
-    };
-    let properties = line
-        .properties
-        .map(|Object(properties)| MessageProperties::try_from(properties))
-        .transpose()?;
-    if let (Some(top), Some(property)) = (
-        &line.message_id,
-        properties.as_ref().and_then(|p| p.message_id.as_ref()),
-    ) && top != property
-    {
-        return Err(format!(
-            "message_id {top:?} and properties.message_id {property:?} differ"
-        ));
     }
-    let headers = line
-        .headers
-        .map(|headers| headers::table_from_json("headers", &headers))
-        .transpose()?;
-    let occurred_at = line
-        .occurred_at
-        .map(|at| parse_rfc3339(&at).map_err(|error| format!("occurred_at: {error}")))
-        .transpose()?;
-    let mut item = IngestDeadLettersRequest {
-        source,
-        message_id: line.message_id.unwrap_or_default(),
-        body: Vec::new(),
-        properties,
-        headers,
-        reason: line.reason.unwrap_or_default(),
-        attempts: line.attempts.unwrap_or(0),
-        error_text: line.error_text.unwrap_or_default(),
-        original_destination,
-        occurred_at: occurred_at.map(timestamp),
-        imported: true,
-    };
-    // The planner's limits (text lengths, header nesting and size), here so
-    // that a line over them is this line's rejection: a message the planner's
-    // wire check refuses would end the whole stream.
-    redrive_proto::codec::check_request(
-        &<IngestDeadLettersRequest as prost::Name>::full_name(),
-        &prost::Message::encode_to_vec(&item),
-        redrive_proto::codec::Scope::All,
-    )?;
-    item.body = body;
-    Ok(item)
-}
-
-/// Deserializes a [`Line`]; errors name the field's path (`properties.priority:
-/// ...`) and leave out serde_json's position inside the line.
-fn read_line(text: &str) -> Result<Line, String> {
-    // A derived struct also accepts a JSON array (fields by position): only an
-    // object is a line.
-    if !text.trim_start().starts_with('{') {
-        let value: Value =
-            serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
-        return Err(format!("expected a JSON object, got {}", kind(&value)));
-    }
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    let line = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let mut path: Vec<String> = error.path().iter().map(ToString::to_string).collect();
-        let error = error.into_inner();
-        if error.is_syntax() || error.is_eof() {
-            return format!("not valid JSON: {error}");
-        }
-        let message = error.to_string();
-        let position = format!(" at line {} column {}", error.line(), error.column());
-        let message = message.strip_suffix(&position).unwrap_or(&message);
-        // The path of an unknown field ends in its name, which the message
-        // gives already: name the object it is in.
-        if message.starts_with("unknown field") {
-            path.pop();
-        }
-        if path.is_empty() {
-            message.to_owned()
-        } else {
-            format!("{}: {message}", path.join("."))
-        }
-    })?;
-    deserializer
-        .end()
-        .map_err(|error| format!("not valid JSON: {error}"))?;
-    Ok(line)
 }
 
 #[cfg(test)]
 mod tests {
     use std::{io::Cursor, thread};
 
-    use redrive_proto::v1::{HeaderValue, header_value::Value as V};
-    use serde_json::json;
+    use base64::{Engine, engine::general_purpose::STANDARD};
+    use redrive_proto::v1::{HeaderValue, MessageProperties, header_value::Value as V};
+    use serde_json::{Value, json};
 
     use super::*;
+    use crate::headers;
 
     fn line(value: &Value) -> String {
         value.to_string()

@@ -80,26 +80,30 @@ use crate::{
     args::Paging,
     output::{ListingKind, list_pages},
 };
-use std::{fmt, io::Write, str::FromStr};
+use std::io::Write;
 
 use chrono::Utc;
 use clap::{Args, Subcommand};
 use redrive_proto::v1::{
-    ArchiveDeadLettersRequest, DeadLetter, GetDeadLetterRequest, GetDeadLetterResponse,
-    ListDeadLettersRequest, RekeyDeadLettersRequest, RepairDeadLetterRequest,
-    SummarizeDeadLettersRequest, SummaryDimension, SummaryGroup,
+    ArchiveDeadLettersRequest, DeadLetter, GetDeadLetterRequest, ListDeadLettersRequest,
+    RekeyDeadLettersRequest, RepairDeadLetterRequest,
 };
 
 use crate::{
     client::Planner,
     error::{CliError, EX_DATAERR, EX_OK},
-    headers,
-    output::{
-        self, ArchiveJson, Column, DeadLetterJson, cell, timestamp_text, write_fields, write_item,
-        write_message, write_table,
-    },
+    output::{self, Column, cell, timestamp_text, write_item, write_message},
     selector::SelectorArgs,
 };
+
+mod show;
+mod summary;
+
+use show::write_dead_letter;
+#[cfg(test)]
+use show::write_show;
+use summary::summary;
+pub use summary::{DIMENSIONS, GroupBy, GroupByError, dimension_name};
 
 /// `dead-letters` subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -529,349 +533,9 @@ pub fn read_body(path: &str) -> Result<Vec<u8>, CliError> {
     })
 }
 
-fn write_dead_letter(
-    out: &mut dyn Write,
-    response: GetDeadLetterResponse,
-    json: bool,
-) -> Result<u8, CliError> {
-    let Some(dead_letter) = response.dead_letter.as_ref() else {
-        return Err(CliError::Grpc(tonic::Status::internal(
-            "the planner answered without a dead letter",
-        )));
-    };
-    if json {
-        write_message(out, &response)?;
-    } else {
-        let preview = crate::preview::body_preview(dead_letter, &response.body_preview);
-        write_show(out, dead_letter, &preview)?;
-    }
-    Ok(EX_OK)
-}
-
-/// The human rendering of one dead letter.
-fn write_show(out: &mut dyn Write, dead_letter: &DeadLetter, preview: &str) -> std::io::Result<()> {
-    let view = DeadLetterJson::summary(dead_letter);
-    let optional = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".to_owned());
-    let mut fields: Vec<(&str, String)> = vec![
-        ("id", view.id.clone()),
-        ("source", view.source.clone()),
-        ("origin", view.origin.to_owned()),
-        ("message id", optional(&view.message_id)),
-        ("message key", view.message_key.clone()),
-    ];
-    if !view.previous_message_keys.is_empty() {
-        fields.push(("previous keys", view.previous_message_keys.join(", ")));
-    }
-    fields.extend([
-        ("reason class", view.reason_class.to_owned()),
-        ("status", view.status.to_owned()),
-        ("destination", cell(&view.destination).to_owned()),
-        ("event type", optional(&view.event_type)),
-        ("schema version", optional(&view.schema_version)),
-        ("producer", optional(&view.producer)),
-        ("died at", optional(&view.died_at)),
-        ("captured at", optional(&view.captured_at)),
-        ("occurred at", optional(&view.occurred_at)),
-    ]);
-    if let Some(attempts) = view.attempts {
-        fields.push(("attempts", attempts.to_string()));
-    }
-    if let Some(text) = &view.error_text {
-        fields.push(("error text", text.clone()));
-    }
-    if let Some(archived) = &view.archived {
-        fields.push(("archived", archive_text(archived)));
-    }
-    if let Some(plan) = &view.redrive_plan_id {
-        fields.push(("redrive plan", format!("{plan} (a re-dead-letter)")));
-    }
-    if let Some(exchange) = &view.original_exchange {
-        fields.push(("original exchange", exchange.clone()));
-    }
-    if let Some(routing_key) = &view.original_routing_key {
-        fields.push(("original routing key", routing_key.clone()));
-    }
-    write_fields(out, "", &fields)?;
-
-    writeln!(out, "\ndeath:")?;
-    match &view.death {
-        Some(death) => write_fields(
-            out,
-            "  ",
-            &[
-                ("reason", cell(&death.reason).to_owned()),
-                ("queue", cell(&death.queue).to_owned()),
-                ("exchange", cell(&death.exchange).to_owned()),
-                (
-                    "routing keys",
-                    cell(&death.routing_keys.join(", ")).to_owned(),
-                ),
-                ("count", death.count.to_string()),
-                ("time", optional(&death.time)),
-            ],
-        )?,
-        None => writeln!(out, "  (unknown)")?,
-    }
-
-    writeln!(out, "\nproperties:")?;
-    let properties = view.properties.set_fields();
-    if properties.is_empty() {
-        writeln!(out, "  (none)")?;
-    }
-    write_fields(out, "  ", &properties)?;
-
-    writeln!(out, "\nheaders:")?;
-    match dead_letter
-        .headers
-        .as_ref()
-        .filter(|table| !table.fields.is_empty())
-    {
-        Some(table) => {
-            for (name, value) in &table.fields {
-                let text = format!(
-                    "{name} ({}): {}",
-                    headers::type_name(value),
-                    headers::value_to_text(value)
-                );
-                write_item(out, "  ", &text)?;
-            }
-        }
-        None => writeln!(out, "  (none)")?,
-    }
-
-    if !view.capture_notes.is_empty() {
-        writeln!(out, "\ncapture notes:")?;
-        for note in &view.capture_notes {
-            write_item(out, "  ", &format!("- {note}"))?;
-        }
-    }
-    if !view.revisions.is_empty() {
-        writeln!(out, "\nrevisions:")?;
-        for revision in &view.revisions {
-            let text = format!(
-                "{}: sha256 {} by {} at {}: {}",
-                revision.revision,
-                revision.body_sha256,
-                revision.actor,
-                revision.created_at.as_deref().unwrap_or("-"),
-                revision.reason
-            );
-            write_item(out, "  ", &text)?;
-        }
-    }
-
-    if !view.archive_history.is_empty() {
-        writeln!(out, "\nhistory (archive, unarchive, re-key):")?;
-        for record in &view.archive_history {
-            write_item(
-                out,
-                "  ",
-                &format!("{} {}", record.action, archive_text(record)),
-            )?;
-        }
-    }
-
-    let mut body = format!(
-        "\nbody ({} bytes, {}, sha256 {}",
-        view.body_size, view.body_compression, view.body_sha256
-    );
-    match (dead_letter.revisions.last(), view.revisions.last()) {
-        (Some(latest), Some(latest_view)) => {
-            // Replays use the latest revision: show that one, name the capture.
-            body = format!(
-                "\nbody: revision {} ({} bytes, sha256 {}), used by prechecks and replays; captured: {} bytes, {}, sha256 {}",
-                latest_view.revision,
-                latest.body.len(),
-                latest_view.body_sha256,
-                view.body_size,
-                view.body_compression,
-                view.body_sha256
-            );
-        }
-        _ if view.body_oversized => body.push_str(", oversized (not replayable)"),
-        _ => {}
-    }
-    writeln!(out, "{body}):")?;
-    writeln!(out, "{preview}")?;
-    Ok(())
-}
-
-/// `by ACTOR at TIME: REASON` of an archive record.
-fn archive_text(record: &ArchiveJson) -> String {
-    format!(
-        "by {} at {}: {}",
-        record.actor,
-        record.at.as_deref().unwrap_or("-"),
-        record.reason
-    )
-}
-
-// ---------------------------------------------------------------------------
-// summary
-// ---------------------------------------------------------------------------
-
-/// Group-by names and their dimensions, in the order the help lists them.
-pub const DIMENSIONS: &[(&str, SummaryDimension)] = &[
-    ("reason", SummaryDimension::Reason),
-    ("destination", SummaryDimension::Destination),
-    ("producer", SummaryDimension::Producer),
-    ("schema_version", SummaryDimension::SchemaVersion),
-    ("event_type", SummaryDimension::EventType),
-    ("hour", SummaryDimension::Hour),
-    ("source", SummaryDimension::Source),
-    ("error", SummaryDimension::Error),
-    ("status", SummaryDimension::Status),
-];
-
-/// A `--group-by` value: dimensions in order, each at most once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupBy(pub Vec<SummaryDimension>);
-
-/// A `--group-by` value that names no dimension, or one twice.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GroupByError {
-    /// Not a dimension name.
-    #[error(
-        "unknown group-by name {0:?}; valid names: reason, destination, producer, schema_version, event_type, hour, source, error, status"
-    )]
-    Unknown(String),
-    /// Named twice.
-    #[error("group-by name {0:?} given twice")]
-    Repeated(String),
-    /// Nothing given.
-    #[error("no group-by name given")]
-    Empty,
-}
-
-impl FromStr for GroupBy {
-    type Err = GroupByError;
-
-    fn from_str(text: &str) -> Result<Self, GroupByError> {
-        let mut dimensions = Vec::new();
-        for name in text
-            .split(',')
-            .map(str::trim)
-            .filter(|name| !name.is_empty())
-        {
-            // `schema-version` and `event-type` read like the flags; accept both.
-            let normalized = name.to_ascii_lowercase().replace('-', "_");
-            let dimension = DIMENSIONS
-                .iter()
-                .find(|(known, _)| *known == normalized)
-                .map(|(_, dimension)| *dimension)
-                .ok_or_else(|| GroupByError::Unknown(name.to_owned()))?;
-            if dimensions.contains(&dimension) {
-                return Err(GroupByError::Repeated(name.to_owned()));
-            }
-            dimensions.push(dimension);
-        }
-        if dimensions.is_empty() {
-            return Err(GroupByError::Empty);
-        }
-        Ok(Self(dimensions))
-    }
-}
-
-impl GroupBy {
-    /// The names, in order (also the keys of each group).
-    pub fn names(&self) -> Vec<&'static str> {
-        self.0
-            .iter()
-            .map(|dimension| dimension_name(*dimension))
-            .collect()
-    }
-}
-
-impl fmt::Display for GroupBy {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter.write_str(&self.names().join(","))
-    }
-}
-
-/// The name of a summary dimension (`schema_version`).
-pub fn dimension_name(dimension: SummaryDimension) -> &'static str {
-    DIMENSIONS
-        .iter()
-        .find(|(_, known)| *known == dimension)
-        .map_or("unspecified", |(name, _)| name)
-}
-
-/// The value of `name` in a group's key (`""` when absent); an `hour` as
-/// every time is written ([`crate::time`]), not as the planner's
-/// `2026-11-29T14:00Z`.
-fn key_value(group: &SummaryGroup, name: &str) -> String {
-    let value = group.key.get(name).cloned().unwrap_or_default();
-    if name == "hour" {
-        crate::time::normalize(&value).unwrap_or(value)
-    } else {
-        value
-    }
-}
-
-async fn summary(
-    planner: &mut Planner,
-    args: SummaryArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<u8, CliError> {
-    let response = planner
-        .summarize_dead_letters(SummarizeDeadLettersRequest {
-            selector: Some(args.selector.to_selector(Utc::now())),
-            group_by: args
-                .group_by
-                .0
-                .iter()
-                .map(|dimension| *dimension as i32)
-                .collect(),
-        })
-        .await?
-        .into_inner();
-    if json {
-        write_message(out, &response)?;
-        return Ok(EX_OK);
-    }
-    let names = args.group_by.names();
-    let mut columns: Vec<Column> = names
-        .iter()
-        .map(|name| {
-            if *name == "hour" {
-                Column::keep(name)
-            } else {
-                Column::shorten(name)
-            }
-        })
-        .collect();
-    columns.extend([
-        Column::keep("count"),
-        Column::keep("first_seen").optional(),
-        Column::keep("last_seen").optional(),
-    ]);
-    let mut table = output::table(&columns);
-    for group in &response.groups {
-        let mut row: Vec<String> = names
-            .iter()
-            .map(|name| cell(&key_value(group, name)).to_owned())
-            .collect();
-        row.push(group.count.to_string());
-        row.push(timestamp_text(group.first_seen.as_ref()).unwrap_or_else(|| "-".to_owned()));
-        row.push(timestamp_text(group.last_seen.as_ref()).unwrap_or_else(|| "-".to_owned()));
-        table.add_row(row);
-    }
-    if !response.groups.is_empty() {
-        write_table(out, &table)?;
-    }
-    writeln!(
-        out,
-        "open: {}, archived: {}, replayed: {}",
-        response.open, response.archived, response.replayed
-    )?;
-    writeln!(out, "total: {}", response.total)?;
-    Ok(EX_OK)
-}
-
 #[cfg(test)]
 mod tests {
-    use redrive_proto::v1::{Death, ReasonClass};
+    use redrive_proto::v1::{Death, ReasonClass, SummaryDimension};
 
     use super::*;
 

@@ -1,17 +1,15 @@
 //! Following a running plan: `plan watch` (the `WatchPlan` stream, drawn as a
 //! progress bar, as lines, or as JSON lines, with the pace and stall
-//! warnings of [`super::pace`]) and `plan wait` (polling `GetPlan` until the
-//! plan is final, with an exit code).
+//! warnings of [`super::pace`]); `plan wait` is [`super::wait`].
 
 use std::{
-    fmt,
     io::{self, Write},
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use chrono::{DateTime, Utc};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redrive_proto::{
     time::from_timestamp,
     v1::{
@@ -21,18 +19,23 @@ use redrive_proto::{
 };
 use serde::Serialize;
 use tokio_stream::StreamExt;
-use tonic::Code;
 
 use super::{
     pace::{self, Elapsed, Pace, RateWindow, StallChange, StallWatch},
-    view::{self, PlanJson, percent_done, state_text},
+    view::state_text,
 };
 use crate::{
     client::Planner,
     error::{CliError, EX_OK},
     output::{write_json, write_message},
-    views::EventJson,
 };
+
+mod bar;
+mod text;
+
+use bar::{BAR_TEMPLATE, BarTerm};
+pub use text::{event_text, progress_text, resumed_text, stalled_text};
+use text::{observing_notice, with_pace};
 
 // ---------------------------------------------------------------------------
 // watch
@@ -100,46 +103,19 @@ pub struct StallJson {
 
 impl StallJson {
     fn new(plan: &Plan, change: StallChange) -> Self {
-        let view = PlanJson::from(plan);
         let (span, message) = match change {
-            StallChange::Stalled(span) => (span, stalled_text(&view, span)),
-            StallChange::Resumed(span) => (span, resumed_text(&view, span)),
+            StallChange::Stalled(span) => (span, stalled_text(plan, span)),
+            StallChange::Resumed(span) => (span, resumed_text(plan, span)),
         };
         Self {
-            plan_id: view.plan_id,
-            state: view.state,
-            items_done: view.items_done,
-            total_items: view.total_items,
+            plan_id: plan.plan_id.clone(),
+            state: plan.state().name(),
+            items_done: plan.items_done,
+            total_items: plan.total_items,
             no_progress_seconds: span.as_secs(),
             message,
         }
     }
-}
-
-/// `no progress for 30s (plan main, 120/1000 done); check ...`: the stall
-/// warning, without its `warning: ` prefix.
-pub fn stalled_text(plan: &PlanJson, span: Duration) -> String {
-    format!(
-        "no progress for {} (plan {}, {}/{} done); check the executors: are any running, what \
-         do their logs say? (to stop the plan: {} plan pause {} --reason TEXT)",
-        pace::short_duration(span),
-        plan.state,
-        plan.items_done,
-        plan.total_items,
-        crate::hint::redrivectl(),
-        plan.plan_id
-    )
-}
-
-/// `progress resumed after 45s stalled (plan main, 121/1000 done)`.
-pub fn resumed_text(plan: &PlanJson, span: Duration) -> String {
-    format!(
-        "progress resumed after {} stalled (plan {}, {}/{} done)",
-        pace::short_duration(span),
-        plan.state,
-        plan.items_done,
-        plan.total_items
-    )
 }
 
 /// A moment on both clocks: the monotonic one for the rate, the heartbeat
@@ -160,78 +136,6 @@ impl Now {
             at: Instant::now(),
             wall: Utc::now(),
         }
-    }
-}
-
-/// The bar line: `[#########---------------] ` then [`progress_text`] and
-/// the pace, cut to the terminal width.
-const BAR_TEMPLATE: &str = "[{bar:24}] {wide_msg}";
-
-/// The bar's terminal for `indicatif`: `width` columns behind a writer
-/// (stdout; a buffer in tests), moved about with ANSI escape sequences.
-struct BarTerm {
-    width: u16,
-    out: Mutex<Box<dyn Write + Send>>,
-}
-
-impl BarTerm {
-    fn write(&self, text: &str) -> io::Result<()> {
-        let mut out = self
-            .out
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        out.write_all(text.as_bytes())
-    }
-
-    fn move_cursor(&self, count: usize, direction: char) -> io::Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        self.write(&format!("\x1b[{count}{direction}"))
-    }
-}
-
-impl fmt::Debug for BarTerm {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter
-            .debug_struct("BarTerm")
-            .field("width", &self.width)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TermLike for BarTerm {
-    fn width(&self) -> u16 {
-        self.width
-    }
-    fn move_cursor_up(&self, count: usize) -> io::Result<()> {
-        self.move_cursor(count, 'A')
-    }
-    fn move_cursor_down(&self, count: usize) -> io::Result<()> {
-        self.move_cursor(count, 'B')
-    }
-    fn move_cursor_right(&self, count: usize) -> io::Result<()> {
-        self.move_cursor(count, 'C')
-    }
-    fn move_cursor_left(&self, count: usize) -> io::Result<()> {
-        self.move_cursor(count, 'D')
-    }
-    fn write_line(&self, line: &str) -> io::Result<()> {
-        self.write(line)?;
-        self.write("\n")
-    }
-    fn write_str(&self, text: &str) -> io::Result<()> {
-        self.write(text)
-    }
-    fn clear_line(&self) -> io::Result<()> {
-        self.write("\r\x1b[2K")
-    }
-    fn flush(&self) -> io::Result<()> {
-        let mut out = self
-            .out
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        out.flush()
     }
 }
 
@@ -336,7 +240,6 @@ impl<'a> Watcher<'a> {
         if entered_observing && matches!(self.mode, WatchMode::Bar { .. }) {
             self.above_bar(&observing_notice(plan, now));
         }
-        let view = PlanJson::from(plan);
         match self.mode {
             WatchMode::Json => write_message(
                 self.out,
@@ -345,7 +248,7 @@ impl<'a> Watcher<'a> {
                 },
             )?,
             WatchMode::Lines => {
-                if self.last_progress.as_deref() != Some(progress_text(&view).as_str()) {
+                if self.last_progress.as_deref() != Some(progress_text(plan).as_str()) {
                     self.print_line(plan, now)?;
                 }
             }
@@ -359,7 +262,6 @@ impl<'a> Watcher<'a> {
     /// # Errors
     /// When writing fails.
     pub fn event(&mut self, event: &AuditEvent) -> std::io::Result<()> {
-        let view = EventJson::from(event);
         match self.mode {
             WatchMode::Json => write_message(
                 self.out,
@@ -367,8 +269,8 @@ impl<'a> Watcher<'a> {
                     update: Some(watch_plan_response::Update::Event(event.clone())),
                 },
             )?,
-            WatchMode::Lines => writeln!(self.out, "{}", event_text(&view))?,
-            WatchMode::Bar { .. } => self.above_bar(&event_text(&view)),
+            WatchMode::Lines => writeln!(self.out, "{}", event_text(event))?,
+            WatchMode::Bar { .. } => self.above_bar(&event_text(event)),
         }
         self.out.flush()
     }
@@ -420,8 +322,7 @@ impl<'a> Watcher<'a> {
             // on the next line.
             bar.finish();
         }
-        let view = PlanJson::from(plan);
-        writeln!(self.out, "plan {} {}", view.plan_id, state_text(&view))?;
+        writeln!(self.out, "plan {} {}", plan.plan_id, state_text(plan))?;
         self.out.flush()
     }
 
@@ -466,8 +367,7 @@ impl<'a> Watcher<'a> {
 
     /// Lines: prints the status line of `plan` at `now`.
     fn print_line(&mut self, plan: &Plan, now: Now) -> std::io::Result<()> {
-        let view = PlanJson::from(plan);
-        let progress = progress_text(&view);
+        let progress = progress_text(plan);
         let line = with_pace(progress.clone(), &self.pace(plan, now), plan);
         writeln!(self.out, "{line}")?;
         self.last_progress = Some(progress);
@@ -480,11 +380,10 @@ impl<'a> Watcher<'a> {
         let Some(bar) = &self.bar else {
             return;
         };
-        let view = PlanJson::from(plan);
-        bar.set_message(with_pace(progress_text(&view), &self.pace(plan, now), plan));
+        bar.set_message(with_pace(progress_text(plan), &self.pace(plan, now), plan));
         bar.update(|state| {
-            state.set_len(view.total_items);
-            state.set_pos(view.items_done.min(view.total_items));
+            state.set_len(plan.total_items);
+            state.set_pos(plan.items_done.min(plan.total_items));
         });
         // indicatif skips draws coming faster than its refresh rate; the
         // latest state is drawn now.
@@ -522,108 +421,6 @@ impl<'a> Watcher<'a> {
             }
         }
     }
-}
-
-/// The line printed above the bar when a plan starts observing: `plan ID is
-/// observing until T (12m50s left): the planner then starts the main wave
-/// if the canary's gates are green; to send the rest now: redrivectl plan
-/// promote ID --reason TEXT`.
-fn observing_notice(plan: &Plan, now: Now) -> String {
-    let until = plan
-        .observing_until
-        .as_ref()
-        .and_then(from_timestamp)
-        .map(|until| {
-            format!(
-                " until {} ({} left)",
-                crate::time::rfc3339(until),
-                pace::short_duration(pace::wall_span(now.wall, until))
-            )
-        })
-        .unwrap_or_default();
-    if nothing_left(plan) {
-        return format!(
-            "plan {} is observing{until}: the canary was every item, so nothing is left to \
-             send; the planner completes it when the window ends if the gates are green; to \
-             end it now: {} plan promote {} --reason TEXT",
-            plan.plan_id,
-            crate::hint::redrivectl(),
-            plan.plan_id
-        );
-    }
-    format!(
-        "plan {} is observing{until}: the planner then starts the main wave if the canary's \
-         gates are green; to send the rest now: {} plan promote {} --reason TEXT",
-        plan.plan_id,
-        crate::hint::redrivectl(),
-        plan.plan_id
-    )
-}
-
-/// Whether the canary wave held every item (a plan of few items), so that
-/// promoting it sends nothing more.
-fn nothing_left(plan: &Plan) -> bool {
-    plan.total_items > 0 && plan.canary_items >= plan.total_items
-}
-
-/// `line`, then two spaces and the pace's text when it has one; while the
-/// plan is observing, how to end the window now (`to send the rest now:
-/// redrivectl plan promote ID --reason TEXT`).
-fn with_pace(mut line: String, pace: &Pace, plan: &Plan) -> String {
-    let text = pace.text();
-    if !text.is_empty() {
-        line.push_str("  ");
-        line.push_str(&text);
-    }
-    if plan.state() == PlanState::Observing {
-        let what = if nothing_left(plan) {
-            "nothing is left to send; to end the window now"
-        } else {
-            "to send the rest now"
-        };
-        line.push_str(&format!(
-            "; {what}: {} plan promote {} --reason TEXT",
-            crate::hint::redrivectl(),
-            plan.plan_id
-        ));
-    }
-    line
-}
-
-/// `main  450/1000 45.0%  sent 440  skipped_stale 10`.
-pub fn progress_text(plan: &PlanJson) -> String {
-    let mut line = format!(
-        "{}  {}/{} {}",
-        plan.state,
-        plan.items_done,
-        plan.total_items,
-        percent_done(plan.items_done, plan.total_items)
-    );
-    let counts = plan.counts.nonzero_text();
-    if !counts.is_empty() {
-        line.push_str("  ");
-        line.push_str(&counts);
-    }
-    line
-}
-
-/// `2024-05-01T12:00:01.000Z sent order-1:pay` and the reason, if any.
-pub fn event_text(event: &EventJson) -> String {
-    let mut line = format!(
-        "{} {} {}",
-        event.at.as_deref().unwrap_or("-"),
-        event.action,
-        if event.message_key.is_empty() {
-            "-"
-        } else {
-            &event.message_key
-        }
-    );
-    if !event.reason.is_empty() {
-        line.push(' ');
-        line.push_str(&event.reason);
-    }
-    line
 }
 
 /// Sleeps until `deadline`, or for ever without one.
@@ -699,132 +496,6 @@ pub async fn watch(
     Ok(EX_OK)
 }
 
-// ---------------------------------------------------------------------------
-// wait
-// ---------------------------------------------------------------------------
-
-/// How a wait ended.
-#[derive(Debug)]
-pub enum WaitOutcome {
-    /// The plan reached a final state.
-    Final(Plan),
-    /// The timeout ran out; the last plan seen, if any.
-    TimedOut(Option<Plan>),
-}
-
-/// Polls `GetPlan` every `interval` until the plan is final (`completed`,
-/// `cancelled`, `aborted`; `paused` is not) or `timeout` runs out. An
-/// `unavailable` answer (a planner restarting) is retried, with a note on
-/// stderr (a JSON warning line with `json`), until the timeout.
-///
-/// # Errors
-/// Other gRPC errors (an unknown plan is `not_found`).
-pub async fn wait(
-    planner: &mut Planner,
-    plan_id: &str,
-    timeout: Option<Duration>,
-    interval: Duration,
-    json: bool,
-) -> Result<WaitOutcome, CliError> {
-    let mut last = None;
-    let polling = async {
-        let mut outage = false;
-        loop {
-            match planner
-                .get_plan(GetPlanRequest {
-                    plan_id: plan_id.to_owned(),
-                })
-                .await
-            {
-                Ok(response) => {
-                    outage = false;
-                    let plan = response.into_inner();
-                    let done = plan.state().is_final();
-                    last = Some(plan);
-                    if done {
-                        return Ok(());
-                    }
-                }
-                Err(status) if status.code() == Code::Unavailable => {
-                    if !outage {
-                        let note = format!(
-                            "the planner is unavailable ({}); still waiting",
-                            status.message()
-                        );
-                        if json {
-                            eprintln!("{}", crate::error::warning_json("unavailable", &note));
-                        } else {
-                            eprintln!("redrivectl: {note}");
-                        }
-                        outage = true;
-                    }
-                }
-                Err(status) => return Err(CliError::from(status)),
-            }
-            tokio::time::sleep(interval).await;
-        }
-    };
-    let finished = match timeout {
-        Some(timeout) => tokio::time::timeout(timeout, polling).await.ok(),
-        None => Some(polling.await),
-    };
-    match finished {
-        Some(Ok(())) => Ok(WaitOutcome::Final(last.unwrap_or_default())),
-        Some(Err(error)) => Err(error),
-        None => Ok(WaitOutcome::TimedOut(last)),
-    }
-}
-
-/// The error that ends `plan wait` for a plan that is final but not
-/// completed, or completed with `failed` or `unroutable` items (exit 1), or
-/// `None` when it completed with none.
-pub fn not_completed(plan: &Plan) -> Option<CliError> {
-    let view = PlanJson::from(plan);
-    if plan.state() == PlanState::Completed {
-        let counts = plan.counts.unwrap_or_default();
-        if counts.failed + counts.unroutable == 0 {
-            return None;
-        }
-        return Some(CliError::NotCompleted(format!(
-            "plan {} completed, but {} item(s) failed and {} were unroutable: see `{} plan report {}`",
-            view.plan_id,
-            counts.failed,
-            counts.unroutable,
-            crate::hint::redrivectl(),
-            view.plan_id
-        )));
-    }
-    Some(CliError::NotCompleted(format!(
-        "plan {} ended {}, not completed",
-        view.plan_id,
-        state_text(&view)
-    )))
-}
-
-/// The error that ends `plan wait` when `timeout` ran out.
-pub fn timed_out(plan_id: &str, last: Option<&Plan>, timeout: Duration) -> CliError {
-    let timeout = humantime::format_duration(timeout);
-    CliError::Timeout(match last {
-        Some(plan) => format!(
-            "timed out after {timeout}: plan {plan_id} is still {} (--timeout)",
-            state_text(&PlanJson::from(plan))
-        ),
-        None => format!("timed out after {timeout} without an answer about plan {plan_id}"),
-    })
-}
-
-/// Prints a plan as `plan wait` does: JSON, or the plan for people.
-///
-/// # Errors
-/// When writing fails.
-pub fn print_plan(out: &mut dyn Write, plan: &Plan, json: bool) -> std::io::Result<()> {
-    if json {
-        write_message(out, plan)
-    } else {
-        view::write_plan(out, &PlanJson::from(plan))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use redrive_proto::v1::{self, AuditAction, Wave};
@@ -832,6 +503,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::commands::plan::wait::{not_completed, timed_out};
 
     fn plan(state: PlanState, done: u64) -> Plan {
         Plan {

@@ -53,8 +53,8 @@
 //! `--json` prints the API's `PrecheckReport` in canonical proto3 JSON
 //! ([`crate::output::write_message`]: `precheckId`, `actor`, `createdAt`,
 //! `digest`, `total`, `options`, `counts`, `byReasonClass`, ...,
-//! `sampleBlocked`, `staleness`; default values left out). [`ReportJson`]
-//! is the report as the text rendering reads it.
+//! `sampleBlocked`, `staleness`; default values left out); the text is
+//! rendered straight from it ([`write_report`]).
 //!
 //! # Items (`precheck items ID`)
 //! A table of dead letter id, verdict, message key, destination, event type and
@@ -66,24 +66,26 @@
 //! out on the last page).
 
 use crate::args::Paging;
-use std::{collections::BTreeMap, io::Write, time::Duration};
+use std::io::Write;
 
 use chrono::Utc;
 use clap::{Args, Subcommand};
-use redrive_proto::time::age_text;
 use redrive_proto::v1::{
-    self, GetPrecheckRequest, ListPrecheckItemsRequest, PrecheckReport, RunPrecheckRequest, Verdict,
+    self, GetPrecheckRequest, ListPrecheckItemsRequest, RunPrecheckRequest, Verdict,
 };
-use serde::Serialize;
 
 use crate::{
     args::OptionsArgs,
     client::Planner,
     error::{CliError, EX_OK},
-    output::{self, Column, cell, timestamp_text, write_message, write_table},
+    output::write_message,
     selector::SelectorArgs,
-    views::{ItemJson, list_items},
+    views::list_items,
 };
+
+mod report;
+
+pub use report::{next_hint, options_summary, verdict_count, write_report};
 
 /// The verdicts in precedence order (first match wins in the planner), which
 /// is also the order of every count table and JSON `counts` object.
@@ -248,279 +250,6 @@ pub fn parse_verdict(name: &str) -> Result<Verdict, String> {
 }
 
 // ---------------------------------------------------------------------------
-// JSON shapes
-// ---------------------------------------------------------------------------
-
-/// Count per verdict; all eight fields always present, in [`VERDICTS`] order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[allow(missing_docs)] // One field per verdict, named as Verdict::name.
-pub struct CountsJson {
-    pub replayable: u64,
-    pub duplicate: u64,
-    pub already_replayed: u64,
-    pub looping: u64,
-    pub stale: u64,
-    pub blocked_by_state: u64,
-    pub needs_compensation: u64,
-    pub invalid: u64,
-}
-
-impl From<Option<&v1::VerdictCounts>> for CountsJson {
-    fn from(counts: Option<&v1::VerdictCounts>) -> Self {
-        let counts = counts.cloned().unwrap_or_default();
-        Self {
-            replayable: counts.replayable,
-            duplicate: counts.duplicate,
-            already_replayed: counts.already_replayed,
-            looping: counts.looping,
-            stale: counts.stale,
-            blocked_by_state: counts.blocked_by_state,
-            needs_compensation: counts.needs_compensation,
-            invalid: counts.invalid,
-        }
-    }
-}
-
-impl CountsJson {
-    /// The count of `verdict` (0 for `Unspecified`).
-    pub fn get(&self, verdict: Verdict) -> u64 {
-        match verdict {
-            Verdict::Unspecified => 0,
-            Verdict::Replayable => self.replayable,
-            Verdict::Duplicate => self.duplicate,
-            Verdict::AlreadyReplayed => self.already_replayed,
-            Verdict::Looping => self.looping,
-            Verdict::Stale => self.stale,
-            Verdict::BlockedByState => self.blocked_by_state,
-            Verdict::NeedsCompensation => self.needs_compensation,
-            Verdict::Invalid => self.invalid,
-        }
-    }
-}
-
-/// One row of a breakdown.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BreakdownJson {
-    /// The grouping value; `""` when absent.
-    pub value: String,
-    /// Items with this value.
-    pub total: u64,
-    /// Their verdicts.
-    pub counts: CountsJson,
-}
-
-impl From<&v1::Breakdown> for BreakdownJson {
-    fn from(breakdown: &v1::Breakdown) -> Self {
-        Self {
-            value: breakdown.value.clone(),
-            total: breakdown.total,
-            counts: CountsJson::from(breakdown.counts.as_ref()),
-        }
-    }
-}
-
-/// The five breakdowns, in the order people read them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[allow(missing_docs)] // Named as the dimension.
-pub struct BreakdownsJson {
-    pub reason_class: Vec<BreakdownJson>,
-    pub destination: Vec<BreakdownJson>,
-    pub event_type: Vec<BreakdownJson>,
-    pub schema_version: Vec<BreakdownJson>,
-    pub producer: Vec<BreakdownJson>,
-}
-
-impl BreakdownsJson {
-    /// (title, rows) of each breakdown.
-    fn tables(&self) -> [(&'static str, &[BreakdownJson]); 5] {
-        [
-            ("reason class", &self.reason_class),
-            ("destination", &self.destination),
-            ("event type", &self.event_type),
-            ("schema version", &self.schema_version),
-            ("producer", &self.producer),
-        ]
-    }
-}
-
-/// The options a precheck ran with: the request's merged with the planner's
-/// policy (module docs). Durations are whole seconds.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct OptionsJson {
-    /// Event type pattern → maximum age.
-    pub stale_after_seconds: BTreeMap<String, u64>,
-    /// Source pattern → maximum age.
-    pub stale_after_source_seconds: BTreeMap<String, u64>,
-    /// Maximum age of event types no pattern matches.
-    pub default_stale_after_seconds: Option<u64>,
-    /// Window of earlier replays that make a key already_replayed.
-    pub replay_key_window_seconds: Option<u64>,
-    /// Re-dead-letters after which a key is looping (0: the planner's default).
-    pub max_redrives: u32,
-    /// JSON pointer to the event time in the body.
-    pub event_time_pointer: Option<String>,
-    /// Whether the request overrode the planner's policy.
-    pub override_policy: bool,
-    /// Why, with `override_policy`.
-    pub override_reason: Option<String>,
-}
-
-fn seconds(duration: &prost_types::Duration) -> u64 {
-    u64::try_from(duration.seconds).unwrap_or_default()
-}
-
-impl From<Option<&v1::PrecheckOptions>> for OptionsJson {
-    fn from(options: Option<&v1::PrecheckOptions>) -> Self {
-        let Some(options) = options else {
-            return Self::default();
-        };
-        let map = |rules: &BTreeMap<String, prost_types::Duration>| {
-            rules
-                .iter()
-                .map(|(pattern, age)| (pattern.clone(), seconds(age)))
-                .collect()
-        };
-        let text = |text: &str| Some(text.to_owned()).filter(|text| !text.is_empty());
-        Self {
-            stale_after_seconds: map(&options.stale_after),
-            stale_after_source_seconds: map(&options.stale_after_source),
-            default_stale_after_seconds: options.default_stale_after.as_ref().map(seconds),
-            replay_key_window_seconds: options.replay_key_window.as_ref().map(seconds),
-            max_redrives: options.max_redrives,
-            event_time_pointer: text(&options.event_time_pointer),
-            override_policy: options.override_policy,
-            override_reason: text(&options.override_reason),
-        }
-    }
-}
-
-impl OptionsJson {
-    /// One line for people: `stale after payment.*=2h, source orders.dlq=30m,
-    /// default 1day; replay-key window 7days; max redrives 3`.
-    pub fn summary(&self) -> String {
-        let human =
-            |seconds: u64| humantime::format_duration(Duration::from_secs(seconds)).to_string();
-        let mut deadlines: Vec<String> = self
-            .stale_after_seconds
-            .iter()
-            .map(|(pattern, age)| format!("{pattern}={}", human(*age)))
-            .collect();
-        deadlines.extend(
-            self.stale_after_source_seconds
-                .iter()
-                .map(|(pattern, age)| format!("source {pattern}={}", human(*age))),
-        );
-        if let Some(age) = self.default_stale_after_seconds {
-            deadlines.push(format!("default {}", human(age)));
-        }
-        let mut parts = vec![if deadlines.is_empty() {
-            "no staleness deadline".to_owned()
-        } else {
-            format!("stale after {}", deadlines.join(", "))
-        }];
-        if let Some(pointer) = &self.event_time_pointer {
-            parts.push(format!("event time at {pointer}"));
-        }
-        if let Some(window) = self.replay_key_window_seconds {
-            parts.push(format!("replay-key window {}", human(window)));
-        }
-        if self.max_redrives > 0 {
-            parts.push(format!("max redrives {}", self.max_redrives));
-        }
-        parts.join("; ")
-    }
-}
-
-/// A precheck report in its stable JSON shape (module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ReportJson {
-    /// The precheck id (a UUID).
-    pub precheck_id: String,
-    /// Who ran it.
-    pub actor: String,
-    /// When, RFC 3339.
-    pub created_at: Option<String>,
-    /// Lowercase hex SHA-256 an approval must quote.
-    pub digest: String,
-    /// Items covered.
-    pub total: u64,
-    /// The options it ran with (the planner's policy merged).
-    pub options: OptionsJson,
-    /// Count per verdict.
-    pub counts: CountsJson,
-    /// Counts per reason class, destination, event type, schema version, producer.
-    pub breakdowns: BreakdownsJson,
-    /// Earliest death time covered, RFC 3339.
-    pub died_from: Option<String>,
-    /// Latest death time covered, RFC 3339.
-    pub died_to: Option<String>,
-    /// What the planner thinks an operator should know.
-    pub warnings: Vec<String>,
-    /// The first non-replayable items.
-    pub sample_blocked: Vec<ItemJson>,
-    /// Which staleness rule applied, per event type.
-    pub staleness: Vec<StalenessJson>,
-}
-
-/// One row of the report's staleness coverage: the dead letters of one event
-/// type that one rule applied to (`rule` null: no rule covers them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StalenessJson {
-    /// The event type (`""` when none).
-    pub event_type: String,
-    /// The rule as written (`stale_after payment.*=2h0m`), or null.
-    pub rule: Option<String>,
-    /// The rule's maximum age in seconds, or null.
-    pub max_age_seconds: Option<u64>,
-    /// Dead letters of this event type under this rule.
-    pub count: u64,
-    /// How many of them are stale.
-    pub stale: u64,
-    /// The age of the oldest, in seconds, at the precheck.
-    pub oldest_age_seconds: u64,
-}
-
-impl From<&v1::StalenessCoverage> for StalenessJson {
-    fn from(row: &v1::StalenessCoverage) -> Self {
-        Self {
-            event_type: row.event_type.clone(),
-            rule: Some(row.rule.clone()).filter(|rule| !rule.is_empty()),
-            max_age_seconds: row.max_age.as_ref().map(seconds),
-            count: row.count,
-            stale: row.stale,
-            oldest_age_seconds: row.oldest_age.as_ref().map(seconds).unwrap_or_default(),
-        }
-    }
-}
-
-impl From<&PrecheckReport> for ReportJson {
-    fn from(report: &PrecheckReport) -> Self {
-        let rows = |rows: &[v1::Breakdown]| rows.iter().map(BreakdownJson::from).collect();
-        Self {
-            precheck_id: report.precheck_id.clone(),
-            actor: report.actor.clone(),
-            created_at: timestamp_text(report.created_at.as_ref()),
-            digest: report.digest.clone(),
-            total: report.total,
-            options: OptionsJson::from(report.options.as_ref()),
-            counts: CountsJson::from(report.counts.as_ref()),
-            breakdowns: BreakdownsJson {
-                reason_class: rows(&report.by_reason_class),
-                destination: rows(&report.by_destination),
-                event_type: rows(&report.by_event_type),
-                schema_version: rows(&report.by_schema_version),
-                producer: rows(&report.by_producer),
-            },
-            died_from: timestamp_text(report.died_from.as_ref()),
-            died_to: timestamp_text(report.died_to.as_ref()),
-            warnings: report.warnings.clone(),
-            sample_blocked: report.sample_blocked.iter().map(ItemJson::from).collect(),
-            staleness: report.staleness.iter().map(StalenessJson::from).collect(),
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Running
 // ---------------------------------------------------------------------------
 
@@ -559,7 +288,7 @@ pub async fn run(
     if json {
         write_message(out, &report)?;
     } else {
-        write_report(out, &ReportJson::from(&report))?;
+        write_report(out, &report)?;
     }
     Ok(EX_OK)
 }
@@ -578,176 +307,6 @@ fn name_the_flag(status: tonic::Status, blocking: bool) -> tonic::Status {
         ));
     }
     status
-}
-
-/// The human rendering of a report (module docs).
-pub fn write_report(out: &mut dyn Write, report: &ReportJson) -> std::io::Result<()> {
-    let covered = match (&report.died_from, &report.died_to) {
-        (Some(from), Some(to)) => format!("{from} .. {to}"),
-        (Some(from), None) => format!("{from} .. -"),
-        (None, Some(to)) => format!("- .. {to}"),
-        (None, None) => "- (nothing selected)".to_owned(),
-    };
-    let fields = [
-        ("precheck id", report.precheck_id.clone()),
-        ("actor", cell(&report.actor).to_owned()),
-        (
-            "created at",
-            report.created_at.clone().unwrap_or_else(|| "-".to_owned()),
-        ),
-        ("digest", cell(&report.digest).to_owned()),
-        ("total", report.total.to_string()),
-        ("died", covered),
-        ("options", report.options.summary()),
-    ];
-    let mut fields = fields.to_vec();
-    if let Some(reason) = &report.options.override_reason {
-        fields.push(("policy override", reason.clone()));
-    }
-    output::write_fields(out, "", &fields)?;
-
-    writeln!(out)?;
-    let mut counts = output::table(&[Column::keep("verdict"), Column::keep("count")]);
-    for verdict in VERDICTS {
-        counts.add_row([
-            verdict.name().to_owned(),
-            report.counts.get(verdict).to_string(),
-        ]);
-    }
-    write_table(out, &counts)?;
-
-    for (title, rows) in report.breakdowns.tables() {
-        if rows.is_empty() {
-            continue;
-        }
-        writeln!(out, "\nby {title}:")?;
-        write_table(out, &breakdown_table(rows))?;
-    }
-
-    if !report.staleness.is_empty() {
-        writeln!(out, "\nstaleness (which deadline applied):")?;
-        write_table(out, &staleness_table(&report.staleness))?;
-    }
-
-    if !report.warnings.is_empty() {
-        writeln!(out)?;
-        for warning in &report.warnings {
-            output::write_warning(out, warning)?;
-        }
-    }
-
-    let blocked = report.total.saturating_sub(report.counts.replayable);
-    if !report.sample_blocked.is_empty() {
-        writeln!(
-            out,
-            "\nfirst non-replayable items ({} shown of {blocked} not replayable):",
-            report.sample_blocked.len()
-        )?;
-        let mut table = output::table(&[
-            Column::keep("dead_letter_id"),
-            Column::shorten("message_key"),
-            Column::keep("verdict"),
-            Column::shorten("reason"),
-        ]);
-        for item in &report.sample_blocked {
-            table.add_row([
-                item.dead_letter_id.clone(),
-                output::key_cell(&item.message_key),
-                item.verdict.to_owned(),
-                cell(&item.reason).to_owned(),
-            ]);
-        }
-        write_table(out, &table)?;
-    }
-
-    if report.total > 0 {
-        writeln!(out, "\nnext: {}", next_hint(report))?;
-    }
-    Ok(())
-}
-
-/// The staleness coverage: event type, rule (`none: never stale`), dead
-/// letters, stale, age of the oldest.
-fn staleness_table(rows: &[StalenessJson]) -> output::Table {
-    let mut table = output::table(&[
-        Column::shorten("event_type"),
-        Column::shorten("rule"),
-        Column::keep("count"),
-        Column::keep("stale"),
-        Column::keep("oldest"),
-    ]);
-    for row in rows {
-        table.add_row([
-            if row.event_type.is_empty() {
-                "(none)".to_owned()
-            } else {
-                cell(&row.event_type).to_owned()
-            },
-            row.rule.as_deref().map_or_else(
-                || "none: never stale".to_owned(),
-                |rule| cell(rule).to_owned(),
-            ),
-            row.count.to_string(),
-            row.stale.to_string(),
-            age_text(Duration::from_secs(row.oldest_age_seconds)),
-        ]);
-    }
-    table
-}
-
-/// A breakdown table: value, total, replayable, then one column per other
-/// verdict that is not zero in some row.
-fn breakdown_table(rows: &[BreakdownJson]) -> output::Table {
-    let others: Vec<Verdict> = VERDICTS[1..]
-        .iter()
-        .copied()
-        .filter(|verdict| rows.iter().any(|row| row.counts.get(*verdict) > 0))
-        .collect();
-    let mut columns = vec![
-        Column::shorten("value"),
-        Column::keep("total"),
-        Column::keep("replayable"),
-    ];
-    columns.extend(others.iter().map(|verdict| Column::keep(verdict.name())));
-    let mut table = output::table(&columns);
-    for row in rows {
-        let mut cells = vec![
-            cell(&row.value).to_owned(),
-            row.total.to_string(),
-            row.counts.replayable.to_string(),
-        ];
-        cells.extend(
-            others
-                .iter()
-                .map(|verdict| row.counts.get(*verdict).to_string()),
-        );
-        table.add_row(cells);
-    }
-    table
-}
-
-/// The command to read on with: the items of the most common non-replayable
-/// verdict (the earlier in precedence on a tie), or all items when every one
-/// is replayable.
-pub fn next_hint(report: &ReportJson) -> String {
-    let mut hint = format!(
-        "{} precheck items {}",
-        crate::hint::redrivectl(),
-        report.precheck_id
-    );
-    let worst = VERDICTS[1..]
-        .iter()
-        .copied()
-        .filter(|verdict| report.counts.get(*verdict) > 0)
-        .fold(None::<Verdict>, |best, verdict| match best {
-            Some(best) if report.counts.get(best) >= report.counts.get(verdict) => Some(best),
-            _ => Some(verdict),
-        });
-    if let Some(verdict) = worst {
-        hint.push_str(" --verdict ");
-        hint.push_str(verdict.name());
-    }
-    hint
 }
 
 // ---------------------------------------------------------------------------
@@ -786,7 +345,10 @@ mod tests {
         time::{duration, timestamp},
         v1::PrecheckItem,
     };
-    use serde_json::json;
+
+    use std::time::Duration;
+
+    use redrive_proto::v1::PrecheckReport;
 
     use super::*;
     use crate::args::{StaleAfter, parse_stale_after};
@@ -1050,92 +612,92 @@ mod tests {
         }
     }
 
-    #[test]
-    fn report_json_has_the_stable_fields_and_every_count() {
-        let json = serde_json::to_value(ReportJson::from(&report())).unwrap();
-        let zero = json!({
-            "replayable": 0, "duplicate": 0, "already_replayed": 0, "looping": 0,
-            "stale": 0, "blocked_by_state": 0, "needs_compensation": 0, "invalid": 0,
-        });
-        assert_eq!(
-            json,
-            json!({
-                "precheck_id": "0190f3a2-7c1e-7b3a-9d4e-2f6a8b1c0d5e",
-                "actor": "alice",
-                "created_at": "2024-05-01T12:00:00.000Z",
-                "digest": "ab12",
-                "total": 10,
-                "options": {
-                    "stale_after_seconds": {"payment.*": 7200},
-                    "stale_after_source_seconds": {"orders.dlq": 1800},
-                    "default_stale_after_seconds": null,
-                    "replay_key_window_seconds": 604_800,
-                    "max_redrives": 3,
-                    "event_time_pointer": null,
-                    "override_policy": true,
-                    "override_reason": "INC-7: late captures are fine",
-                },
-                "counts": {
-                    "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
-                    "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
-                },
-                "breakdowns": {
-                    "reason_class": [{
-                        "value": "rejected",
-                        "total": 10,
-                        "counts": {
-                            "replayable": 6, "duplicate": 0, "already_replayed": 0, "looping": 0,
-                            "stale": 3, "blocked_by_state": 1, "needs_compensation": 0, "invalid": 0,
-                        },
-                    }],
-                    "destination": [],
-                    "event_type": [
-                        {
-                            "value": "payment.captured",
-                            "total": 4,
-                            "counts": {
-                                "replayable": 1, "duplicate": 0, "already_replayed": 0,
-                                "looping": 0, "stale": 3, "blocked_by_state": 0,
-                                "needs_compensation": 0, "invalid": 0,
-                            },
-                        },
-                        {"value": "", "total": 6, "counts": zero.clone()},
-                    ],
-                    "schema_version": [],
-                    "producer": [],
-                },
-                "died_from": "2024-05-01T10:00:00.000Z",
-                "died_to": "2024-05-01T11:30:00.000Z",
-                "warnings": ["heterogeneous selection: 2 schema versions (1, 2)"],
-                "sample_blocked": [{
-                    "dead_letter_id": "7",
-                    "message_key": "order-1:pay",
-                    "verdict": "stale",
-                    "reason": "older than 2h",
-                    "destination": "payments",
-                    "event_type": "payment.captured",
-                    "at_send": false,
-                }],
-                "staleness": [
-                    {"event_type": "", "rule": null, "max_age_seconds": null, "count": 6,
-                     "stale": 0, "oldest_age_seconds": 266_400},
-                    {"event_type": "payment.captured", "rule": "stale_after payment.*=2h0m",
-                     "max_age_seconds": 7200, "count": 4, "stale": 3, "oldest_age_seconds": 18_060},
-                ],
+    /// The (name, count) rows of the verdict table in `text`.
+    fn verdict_rows(text: &str) -> Vec<(String, String)> {
+        text.lines()
+            .skip_while(|line| !line.starts_with("VERDICT"))
+            .skip(1)
+            .take(VERDICTS.len())
+            .map(|line| {
+                let mut cells = line.split_whitespace().map(str::to_owned);
+                (
+                    cells.next().unwrap_or_default(),
+                    cells.next().unwrap_or_default(),
+                )
             })
+            .collect()
+    }
+
+    /// The rows, as their cells, of the table under `heading` in `text`.
+    fn section_rows(text: &str, heading: &str) -> Vec<Vec<String>> {
+        text.lines()
+            .skip_while(|line| *line != heading)
+            .skip(2)
+            .take_while(|line| !line.is_empty())
+            .map(|line| line.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    }
+
+    /// Was `report_json_has_the_stable_fields_and_every_count` (the old
+    /// JSON view, gone: `--json` prints the API's message): the counts and
+    /// breakdowns it checked, as the text shows them.
+    #[test]
+    fn report_text_has_every_count() {
+        let mut out = Vec::new();
+        write_report(&mut out, &report()).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let counts = [6, 0, 0, 0, 3, 1, 0, 0];
+        assert_eq!(
+            verdict_rows(&text),
+            VERDICT_NAMES
+                .iter()
+                .zip(counts)
+                .map(|(name, count)| ((*name).to_owned(), count.to_string()))
+                .collect::<Vec<_>>(),
+            "{text}"
         );
-        // An empty report still has all eight counts, as integers, and nulls.
-        let empty = serde_json::to_value(ReportJson::from(&PrecheckReport::default())).unwrap();
-        assert_eq!(empty["counts"], zero);
-        assert_eq!(empty["died_from"], serde_json::Value::Null);
-        assert_eq!(empty["created_at"], serde_json::Value::Null);
-        assert_eq!(empty["breakdowns"]["producer"], json!([]));
+        assert_eq!(
+            section_rows(&text, "by reason class:"),
+            [["rejected", "10", "6", "3", "1"]],
+            "{text}"
+        );
+        // The row without a value (`-`): its total and zero counts.
+        assert_eq!(
+            section_rows(&text, "by event type:"),
+            [["payment.captured", "4", "1", "3"], ["-", "6", "0", "0"]],
+            "{text}"
+        );
+        for empty in ["by destination:", "by schema version:", "by producer:"] {
+            assert!(!text.contains(empty), "{empty}: {text}");
+        }
+
+        // An empty report still has all eight counts, and says what it lacks.
+        let mut out = Vec::new();
+        write_report(&mut out, &PrecheckReport::default()).unwrap();
+        let empty = String::from_utf8(out).unwrap();
+        assert_eq!(
+            verdict_rows(&empty),
+            VERDICT_NAMES
+                .iter()
+                .map(|name| ((*name).to_owned(), "0".to_owned()))
+                .collect::<Vec<_>>(),
+            "{empty}"
+        );
+        let field = |name: &str| {
+            empty
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(str::trim)
+        };
+        assert_eq!(field("died:"), Some("- (nothing selected)"), "{empty}");
+        assert_eq!(field("created at:"), Some("-"), "{empty}");
+        assert!(!empty.contains("by "), "{empty}");
     }
 
     #[test]
     fn report_text_reads_top_to_bottom() {
         let mut out = Vec::new();
-        write_report(&mut out, &ReportJson::from(&report())).unwrap();
+        write_report(&mut out, &report()).unwrap();
         let text = String::from_utf8(out).unwrap();
         let mut at = 0;
         for expected in [
@@ -1176,18 +738,18 @@ mod tests {
 
     #[test]
     fn the_hint_names_the_most_common_blocking_verdict() {
-        let mut view = ReportJson::from(&report());
-        assert!(next_hint(&view).ends_with("--verdict stale"));
-        view.counts.invalid = 3;
+        let mut report = report();
+        assert!(next_hint(&report).ends_with("--verdict stale"));
+        report.counts.get_or_insert_default().invalid = 3;
         // A tie goes to the verdict earlier in precedence.
-        assert!(next_hint(&view).ends_with("--verdict stale"));
-        view.counts.invalid = 4;
-        assert!(next_hint(&view).ends_with("--verdict invalid"));
-        view.counts = CountsJson {
+        assert!(next_hint(&report).ends_with("--verdict stale"));
+        report.counts.get_or_insert_default().invalid = 4;
+        assert!(next_hint(&report).ends_with("--verdict invalid"));
+        report.counts = Some(v1::VerdictCounts {
             replayable: 10,
-            ..CountsJson::default()
-        };
-        assert!(next_hint(&view).ends_with(&view.precheck_id));
+            ..Default::default()
+        });
+        assert!(next_hint(&report).ends_with(&report.precheck_id));
     }
 
     #[test]
@@ -1226,13 +788,11 @@ mod tests {
                 "older than 2h"
             ]
         );
-        let json = serde_json::to_value(ItemJson::from(&PrecheckItem::default())).unwrap();
+        // Was a check of the old JSON view of a default item: its verdict
+        // `unspecified`, no event type, not at send.
         assert_eq!(
-            json,
-            json!({
-                "dead_letter_id": "", "message_key": "", "verdict": "unspecified",
-                "reason": "", "destination": "", "event_type": null, "at_send": false,
-            })
+            item_row(&PrecheckItem::default()),
+            ["", "unspecified", "-", "-", "-", "-"]
         );
     }
 }

@@ -7,6 +7,11 @@
 //! Each `run` of a service builds its own pipeline (never the global
 //! provider), so several planners and executors in one test process keep
 //! separate counts.
+//!
+//! Also the rest of a service's telemetry, from start ([`start_service`]) to
+//! exit: span export and W3C Trace Context (`traces.rs`: [`tracer_provider`],
+//! [`grpc_server_span`], [`traceparent_of`], ...) and log lines (`logs.rs`:
+//! [`init_subscriber`], [`secret_cap`], [`WithTraceIds`]).
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -20,6 +25,15 @@ use prometheus::{Encoder as _, TextEncoder};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+mod logs;
+mod traces;
+
+pub use logs::{SECRET_CAPPED_TARGETS, WithTraceIds, init_subscriber, log_layer, secret_cap};
+pub use traces::{
+    grpc_server_span, inject_traceparent, parse_traceparent, traceparent_of,
+    traceparent_of_context, tracer_provider, tracing_enabled, tracing_layer,
+};
 
 /// Histogram bucket boundaries in seconds for latencies from half a
 /// millisecond to ten seconds (the SDK's default boundaries, 0 to 10,000,
@@ -303,319 +317,6 @@ fn answer<B>(request: &Request<B>, registry: &prometheus::Registry) -> Response<
     response
 }
 
-/// Whether this process exports spans (set once by [`tracer_provider`]):
-/// without it, the executor makes no span per message and replays carry a
-/// random `traceparent`.
-static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether spans are exported by this process ([`tracer_provider`] ran).
-pub fn tracing_enabled() -> bool {
-    TRACING.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// The tracer provider exporting `service_name`'s spans over OTLP/gRPC to
-/// `endpoint`, in batches. The sampler is the SDK's, from
-/// `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` (default
-/// `parentbased_always_on`); the resource from `OTEL_SERVICE_NAME` and
-/// `OTEL_RESOURCE_ATTRIBUTES`. Installs the W3C Trace Context propagator as
-/// the global one (what RPCs and replayed messages carry) and the provider
-/// as the global one. Must run inside the Tokio runtime.
-///
-/// # Errors
-/// [`TelemetryError::Exporter`] for an endpoint the exporter refuses.
-pub fn tracer_provider(
-    service_name: &'static str,
-    endpoint: &str,
-) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, TelemetryError> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint.to_owned())
-        .build()
-        .map_err(|error| TelemetryError::Exporter {
-            what: "OTLP span exporter",
-            text: error.to_string(),
-        })?;
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_resource(resource(service_name))
-        .with_batch_exporter(exporter)
-        .build();
-    opentelemetry::global::set_text_map_propagator(
-        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
-    );
-    opentelemetry::global::set_tracer_provider(provider.clone());
-    TRACING.store(true, std::sync::atomic::Ordering::Relaxed);
-    Ok(provider)
-}
-
-/// The `tracing` layer that turns spans into OpenTelemetry spans of
-/// `provider` (instrumentation scope `scope`); `otel.name`, `otel.kind` and
-/// `otel.status_code` fields set the span's name, kind and status.
-pub fn tracing_layer<S>(
-    provider: &opentelemetry_sdk::trace::SdkTracerProvider,
-    scope: &'static str,
-) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
-where
-    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-{
-    use opentelemetry::trace::TracerProvider as _;
-    tracing_opentelemetry::layer().with_tracer(provider.tracer(scope))
-}
-
-/// Reads W3C Trace Context from HTTP/2 headers (gRPC metadata).
-struct HeaderExtractor<'a>(&'a hyper::HeaderMap);
-
-impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0
-            .keys()
-            .map(hyper::header::HeaderName::as_str)
-            .collect()
-    }
-}
-
-/// The server span of one gRPC call (`rpc.system = grpc`, named by its
-/// path as the RPC semantic conventions ask: `package.Service/Method`),
-/// continuing the caller's W3C `traceparent` when it sent one. For tonic's
-/// `Server::trace_fn`.
-pub fn grpc_server_span<B>(request: &hyper::Request<B>) -> tracing::Span {
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    let path = request.uri().path();
-    let name = path.trim_start_matches('/');
-    let (service, method) = name.split_once('/').unwrap_or((name, ""));
-    let span = tracing::info_span!(
-        "grpc.server",
-        otel.name = %name,
-        otel.kind = "server",
-        rpc.system = "grpc",
-        rpc.service = %service,
-        rpc.method = %method,
-    );
-    if tracing_enabled() {
-        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.extract(&HeaderExtractor(request.headers()))
-        });
-        let _ = span.set_parent(parent);
-    }
-    span
-}
-
-/// The W3C `traceparent` naming `span` when it is an exported span's (the
-/// OpenTelemetry layer is installed and the span is enabled); `None`
-/// otherwise.
-pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
-    use opentelemetry::trace::TraceContextExt as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    let context = span.context();
-    traceparent_of_context(context.span().span_context())
-}
-
-/// The W3C `traceparent` (version `00`) naming `span_context`, when it is
-/// valid.
-pub fn traceparent_of_context(span_context: &opentelemetry::trace::SpanContext) -> Option<String> {
-    span_context.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            span_context.trace_id(),
-            span_context.span_id(),
-            span_context.trace_flags().to_u8()
-        )
-    })
-}
-
-/// The span context a W3C `traceparent` value names, when it is valid.
-pub fn parse_traceparent(value: &str) -> Option<opentelemetry::trace::SpanContext> {
-    use opentelemetry::{propagation::TextMapPropagator as _, trace::TraceContextExt as _};
-    let carrier = std::collections::HashMap::from([("traceparent".to_owned(), value.to_owned())]);
-    let context = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
-    let span_context = context.span().span_context().clone();
-    span_context.is_valid().then_some(span_context)
-}
-
-/// Libraries whose most verbose levels print what they send and receive,
-/// credentials included, with the most verbose level of theirs that does
-/// not: lapin and amq-protocol (every `amq_protocol*` crate) print AMQP
-/// frames at TRACE, among them `Connection.StartOk`, whose SASL PLAIN
-/// `response` carries the broker user and password as bytes
-/// (<https://www.rabbitmq.com/docs/access-control>, "SASL mechanisms").
-pub const SECRET_CAPPED_TARGETS: &[(&str, tracing::Level)] = &[
-    ("lapin", tracing::Level::DEBUG),
-    ("amq_protocol", tracing::Level::DEBUG),
-];
-
-/// The filter every log line passes whatever `REDRIVE_LOG` says, so that no
-/// level prints a secret: [`SECRET_CAPPED_TARGETS`] capped (a target names
-/// a module and everything under it, and prefixes of crate names match:
-/// `amq_protocol` covers `amq_protocol_tcp`), everything else as
-/// `REDRIVE_LOG` decides.
-pub fn secret_cap() -> tracing_subscriber::filter::Targets {
-    tracing_subscriber::filter::Targets::new()
-        .with_default(tracing::Level::TRACE)
-        .with_targets(SECRET_CAPPED_TARGETS.iter().copied())
-}
-
-/// Installs the process's `tracing` subscriber: log lines to stderr (JSON
-/// lines with `json`, else text; filtered by `filter`, e.g. `REDRIVE_LOG`,
-/// and by [`secret_cap`] whatever `filter` says)
-/// and, with an OTLP `endpoint`, spans at INFO and above exported through
-/// [`tracer_provider`] whatever the log filter says. Returns the provider
-/// to shut down (flush) at exit. Must run inside the Tokio runtime.
-///
-/// # Errors
-/// [`TelemetryError::Exporter`] for an endpoint the exporter refuses.
-pub fn init_subscriber(
-    service_name: &'static str,
-    filter: tracing_subscriber::EnvFilter,
-    json: bool,
-    endpoint: Option<&str>,
-) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, TelemetryError> {
-    use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
-    let provider = endpoint
-        .map(|endpoint| tracer_provider(service_name, endpoint))
-        .transpose()?;
-    let spans = provider.as_ref().map(|provider| {
-        tracing_layer(provider, service_name)
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
-    });
-    let logs = log_layer(json, std::io::stderr).with_filter(
-        tracing_subscriber::filter::FilterExt::and(filter, secret_cap()),
-    );
-    tracing_subscriber::registry().with(spans).with(logs).init();
-    Ok(provider)
-}
-
-/// The log-line layer writing to `writer`: JSON lines with `json`, else
-/// text (coloured on a terminal). Either way a line logged inside an
-/// exported span carries that span's `trace_id` (32 hex digits) and
-/// `span_id` (16), the W3C Trace Context identifiers, so that a log search
-/// and a trace viewer meet ([`WithTraceIds`]).
-pub fn log_layer<S, W>(json: bool, writer: W) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
-where
-    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-    W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
-{
-    use tracing_subscriber::Layer as _;
-    let dispatch = Arc::new(std::sync::OnceLock::new());
-    let catcher = DispatchCatcher(Arc::clone(&dispatch));
-    if json {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .map_event_format(|format| WithTraceIds {
-                inner: format,
-                json: true,
-                dispatch,
-            })
-            .with_writer(writer)
-            .and_then(catcher)
-            .boxed()
-    } else {
-        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        tracing_subscriber::fmt::layer()
-            .with_ansi(terminal)
-            .map_event_format(|format| WithTraceIds {
-                inner: format,
-                json: false,
-                dispatch,
-            })
-            .with_writer(writer)
-            .and_then(catcher)
-            .boxed()
-    }
-}
-
-/// The dispatcher a subscriber was registered as, kept (weakly) for the
-/// log format: an event is formatted while that dispatcher is busy, when
-/// `tracing`'s own lookups of the current dispatcher answer "none" for a
-/// scoped one.
-type RegisteredDispatch = Arc<std::sync::OnceLock<tracing::dispatcher::WeakDispatch>>;
-
-/// A layer that does nothing but remember its dispatcher.
-struct DispatchCatcher(RegisteredDispatch);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DispatchCatcher {
-    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
-        let _ = self.0.set(subscriber.downgrade());
-    }
-}
-
-/// An event format adding the current span's OpenTelemetry `trace_id` and
-/// `span_id` to the line `inner` writes: as two more members of the JSON
-/// object, or as `trace_id=… span_id=…` at the end of a text line. Lines
-/// outside any exported span are written unchanged. (A text line with ids
-/// loses its ANSI colours: the line is formatted into a buffer first.)
-#[derive(Debug, Clone)]
-pub struct WithTraceIds<F> {
-    inner: F,
-    json: bool,
-    dispatch: RegisteredDispatch,
-}
-
-impl<F> WithTraceIds<F> {
-    /// The trace and span id (lower-case hex) of the event's span, when it
-    /// is an OpenTelemetry span with a valid context.
-    fn trace_ids<S, N>(
-        &self,
-        context: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
-    ) -> Option<(String, String)>
-    where
-        S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-        N: for<'fields> tracing_subscriber::fmt::FormatFields<'fields> + 'static,
-    {
-        use opentelemetry::trace::TraceContextExt as _;
-        let span = context.parent_span()?.id();
-        let dispatch = self.dispatch.get()?.upgrade()?;
-        let otel = tracing_opentelemetry::get_otel_context(&span, &dispatch)?;
-        let span_context = otel.span().span_context().clone();
-        span_context.is_valid().then(|| {
-            (
-                span_context.trace_id().to_string(),
-                span_context.span_id().to_string(),
-            )
-        })
-    }
-}
-
-impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for WithTraceIds<F>
-where
-    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-    N: for<'fields> tracing_subscriber::fmt::FormatFields<'fields> + 'static,
-    F: tracing_subscriber::fmt::FormatEvent<S, N>,
-{
-    fn format_event(
-        &self,
-        context: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
-        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
-        event: &tracing::Event<'_>,
-    ) -> std::fmt::Result {
-        let Some((trace_id, span_id)) = self.trace_ids(context) else {
-            return self.inner.format_event(context, writer, event);
-        };
-        let mut line = String::new();
-        self.inner.format_event(
-            context,
-            tracing_subscriber::fmt::format::Writer::new(&mut line),
-            event,
-        )?;
-        let body = line.trim_end_matches('\n');
-        if self.json {
-            // The inner format wrote one JSON object: add two members
-            // before its closing brace.
-            let Some(open) = body.strip_suffix('}') else {
-                return writeln!(writer, "{body}");
-            };
-            writeln!(
-                writer,
-                "{open},\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
-            )
-        } else {
-            writeln!(writer, "{body} trace_id={trace_id} span_id={span_id}")
-        }
-    }
-}
-
 /// The log filter when `REDRIVE_LOG` is not set: `info`, without lapin's
 /// own `lapin::channel` lines. lapin logs every channel or connection the
 /// broker closes at ERROR (`Channel closed`, `Connection closed`), also
@@ -704,18 +405,6 @@ pub async fn cancel_on_signal(shutdown: CancellationToken) {
     }
     info!("shutdown requested");
     shutdown.cancel();
-}
-
-/// Puts `span`'s W3C `traceparent` into the metadata of an outgoing gRPC
-/// call, so that the callee continues the trace (nothing when spans are not
-/// exported).
-pub fn inject_traceparent(span: &tracing::Span, metadata: &mut tonic::metadata::MetadataMap) {
-    if !tracing_enabled() {
-        return;
-    }
-    if let Some(value) = traceparent_of(span).and_then(|text| text.parse().ok()) {
-        metadata.insert("traceparent", value);
-    }
 }
 
 #[cfg(test)]

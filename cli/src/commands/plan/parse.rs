@@ -1,0 +1,117 @@
+//! The value parsers of the `plan` flags (`--rate`, `--rationale`,
+//! `--destination`, `--canary-fraction`, `--kind`, `--state`): each error
+//! says what is wrong and what is accepted, for clap to name the flag.
+
+use redrive_proto::v1::{PlanKind, PlanState};
+
+use super::view::Destination;
+
+/// Parses `--rate`: messages per second, finite and above zero.
+///
+/// # Errors
+/// What is wrong, for clap (which names the flag).
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number; messages per second, e.g. 50 or 0.5"))?;
+    if !rate.is_finite() || rate <= 0.0 {
+        return Err("must be a number of messages per second above zero, e.g. 50 or 0.5".into());
+    }
+    Ok(rate)
+}
+
+/// Parses `--rationale`: not blank (surrounding blanks dropped).
+///
+/// # Errors
+/// What to write, for clap.
+pub fn parse_rationale(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(
+            "must say how the rate follows from the downstream's capacity, e.g. \
+                    'payments-api sustains 300/s, peak traffic is 200/s, so 50/s leaves headroom'"
+                .into(),
+        );
+    }
+    Ok(text.to_owned())
+}
+
+const DESTINATION_FORMS: &str = "expected queue, exchange or redirect:EXCHANGE/ROUTING_KEY (e.g. redirect:quarantine/ \
+     with an empty routing key)";
+
+/// Parses `--destination`: `queue`, `exchange` or
+/// `redirect:EXCHANGE/ROUTING_KEY`, split at the first `/` (a routing key may
+/// hold more). The routing key may be empty; the exchange may be empty (the
+/// default exchange) only with a routing key (the queue name).
+///
+/// # Errors
+/// What is wrong and the accepted forms, for clap.
+pub fn parse_destination(text: &str) -> Result<Destination, String> {
+    match text {
+        "queue" => return Ok(Destination::Queue),
+        "exchange" => return Ok(Destination::Exchange),
+        _ => {}
+    }
+    let Some(target) = text.strip_prefix("redirect:") else {
+        return Err(format!("unknown destination {text:?}; {DESTINATION_FORMS}"));
+    };
+    let Some((exchange, routing_key)) = target.split_once('/') else {
+        return Err(format!(
+            "no '/' between exchange and routing key in {text:?}; {DESTINATION_FORMS}"
+        ));
+    };
+    if exchange.is_empty() && routing_key.is_empty() {
+        return Err(format!(
+            "{text:?} names neither an exchange nor a routing key (the default exchange needs \
+             the queue name as routing key: redirect:/QUEUE); {DESTINATION_FORMS}"
+        ));
+    }
+    Ok(Destination::Redirect {
+        exchange: exchange.to_owned(),
+        routing_key: routing_key.to_owned(),
+    })
+}
+
+/// Parses `--canary-fraction`: 0 < F ≤ 1.
+///
+/// # Errors
+/// What is wrong, for clap.
+pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
+    let fraction: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number; a fraction, e.g. 0.05 for 5%"))?;
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err("must be above 0 and at most 1, e.g. 0.05 for 5% of the items".into());
+    }
+    Ok(fraction)
+}
+
+/// A plan kind by its name (`bulk`, `single`; any case).
+///
+/// # Errors
+/// An unknown name, listing the valid ones.
+pub fn parse_kind(name: &str) -> Result<PlanKind, String> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "bulk" => Ok(PlanKind::Bulk),
+        "single" => Ok(PlanKind::Single),
+        _ => Err(format!(
+            "unknown plan kind {name:?}; valid names: bulk, single"
+        )),
+    }
+}
+
+/// The plan state named `name` (`awaiting_approval`; `awaiting-approval` too).
+///
+/// # Errors
+/// A message listing the valid names.
+pub fn parse_state(name: &str) -> Result<PlanState, String> {
+    let normalized = name.trim().to_ascii_lowercase().replace('-', "_");
+    PlanState::from_name(&normalized).ok_or_else(|| {
+        format!(
+            "unknown plan state {name:?}; valid names: {}",
+            PlanState::ALL.map(PlanState::name).join(", ")
+        )
+    })
+}
