@@ -54,10 +54,7 @@ fn an_unreachable_collector_is_logged() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("running redrive-planner");
-    let mut planner = Planner {
-        child,
-        _db: db,
-    };
+    let mut planner = Planner { child, _db: db };
     let (lines, received) = mpsc::channel();
     let stdout = planner.child.stdout.take().expect("stdout");
     let stderr = planner.child.stderr.take().expect("stderr");

@@ -54,7 +54,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel as GrpcChannel;
 
 use redrive_test_support::block_on_aside;
-pub use redrive_test_support::{AMQP_URL, Broker, POSTGRES_URL, REDIS_URL, TcpProxy, TestDb, unique};
+pub use redrive_test_support::{
+    AMQP_URL, Broker, POSTGRES_URL, REDIS_URL, TcpProxy, TestDb, unique,
+};
 
 /// Logs to the test output when `REDRIVE_LOG` is set.
 pub fn init_logging() {
@@ -65,8 +67,6 @@ pub fn init_logging() {
             .try_init();
     }
 }
-
-
 
 /// A `redrive-executor` child process, killed (SIGKILL) when dropped.
 pub struct ExecutorProcess {
