@@ -7,8 +7,10 @@
 //! # Layout
 //! This is the one map of the planner; `docs/layout.md` points here. Each
 //! folder is a domain. [`edge`] converts a call and asks the domains; the
-//! domains decide and ask [`store`] to read and write; the store decides
-//! nothing and calls no domain.
+//! domains decide and ask [`store`] to read and write, in one transaction
+//! where a decision must see and change the database at one moment
+//! ([`store::Tx`]); the store decides nothing: it stores the domains' value
+//! types and applies the plan state table ([`plan::state`]) in SQL.
 //!
 //! | folder | what it owns |
 //! | --- | --- |
@@ -19,8 +21,8 @@
 //! | [`dead_letters`] | a dead letter about to be stored and the rules that derive what is kept beside it; `dead_letters/extract.rs` (the steps of extraction), [`dead_letters::death`] (the death that counts, its reason class, other frameworks' dead-letter headers), [`dead_letters::message_key`] (idempotency key and event type), [`dead_letters::event_time`] (the one reading of an event time), [`dead_letters::body`] (compression sniffing, previews), [`dead_letters::selector`] (which dead letters a call covers), [`dead_letters::inspect`] (listing, lookups, summaries), [`dead_letters::rekey`] (re-keying a stored backlog), [`dead_letters::housekeeping`] (archive, unarchive, retention) |
 //! | [`precheck`] | the dry run that gives every dead letter one verdict; `precheck/classify.rs` (the rules before the state check, then the hooks, a chunk at a time), `precheck/report.rs` (the report under construction and its warnings), `precheck/sources.rs` (a selector's sources checked against those stored), [`precheck::options`] (a precheck's options and the one age rule), [`precheck::policy`] (the planner's floor under them), [`precheck::staleness`] (which deadline applied, and warnings), [`precheck::state_check`] (the owning services' state-check hooks) |
 //! | [`plan`] | plans made from a precheck and approved by digest; [`plan::state`] (the state machine: the one transition table that every part asks), [`plan::gates`] (the canary gates), [`plan::single`] (replays and repairs of one dead letter) |
-//! | [`leases`] | the coordinator: executors' slice claims, leases, fencing and reports |
-//! | [`audit`] | a plan's report, audit export and the audit's writes; [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas) |
+//! | [`leases`] | the coordinator: executors' slice claims, leases, fencing and reports; [`leases::outcomes`] (which reported outcomes are recorded and which refused, and the gates at a slice's end) |
+//! | [`audit`] | a plan's report and audit export (the audit's SQL, writes and reads, is `store/audit.rs`); [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas) |
 //! | [`store`] | the PostgreSQL queries, and nothing else (its own `# Layout`); `migrations/`: the schema, one numbered SQL file per change |
 //! | [`ids`], [`error`], [`metrics`] | ids and page tokens parsed once; the domain error and its one mapping to a status; the metric instruments, counted through the [`store::Store`] every part holds |
 
