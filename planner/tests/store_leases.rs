@@ -847,3 +847,104 @@ async fn a_report_of_thousands_of_forged_events_writes_a_bounded_record() {
             .unwrap();
     assert_eq!(state, "pending", "nothing of the forged report was taken");
 }
+
+/// A reader of a plan's audit that moves a cursor (`id > after`, the live
+/// feed and the export) misses no event when two reports of one plan
+/// overlap: the second report's events get their ids only after the first
+/// commits. Report A records its outcome and holds its transaction open;
+/// report B records another and commits; a reader reads, A commits, the
+/// reader reads on from its cursor. Without the audit lock B's event took
+/// the higher id, committed first, moved the cursor past A's, and A's event
+/// was never read. The reports are of two slices (two executors): reports of
+/// one slice already wait on each other, on the slice's item counts.
+#[tokio::test]
+async fn a_reader_following_the_audit_misses_no_event_of_overlapping_reports() {
+    let db = Db::new().await;
+    // Positions 2 and 3 become a second slice.
+    db.pool
+        .execute(
+            "WITH second AS (INSERT INTO plan_slices (plan_id, seq, wave) \
+                SELECT plan_id, 1, 'main' FROM plan_slices RETURNING id) \
+             UPDATE plan_items SET slice_id = (SELECT id FROM second) WHERE position >= 2",
+        )
+        .await
+        .expect("split the slice");
+    let leases = [
+        db.claim("exec-1", true).await,
+        db.claim("exec-2", true).await,
+    ];
+    let items: Vec<(DeadLetterId, i64)> =
+        sqlx::query_as("SELECT dead_letter_id, slice_id FROM plan_items ORDER BY position")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let outcome = |index: usize| Outcome {
+        dead_letter_id: items[index].0,
+        message_key: format!("key-{index}"),
+        action: "sent".to_owned(),
+        reason: String::new(),
+        executor_id: "exec-1".to_owned(),
+        attempt: 1,
+        confirm_latency_us: 0,
+        at: chrono::Utc::now(),
+    };
+    let record = |index: usize| {
+        let store = db.store.clone();
+        let outcome = outcome(index);
+        let slice = items[index].1;
+        let lease = leases
+            .iter()
+            .find(|lease| lease.slice_id == slice)
+            .expect("the item's slice is leased");
+        let (slice, token) = (lease.slice_id, lease.fencing_token);
+        async move {
+            let mut tx = store.begin().await.unwrap();
+            let lease = tx
+                .report_lease(slice, token, "")
+                .await
+                .unwrap()
+                .expect("the lease");
+            tx.record_outcomes(
+                slice,
+                &lease,
+                &[&outcome],
+                std::slice::from_ref(&outcome.message_key),
+            )
+            .await
+            .unwrap();
+            tx
+        }
+    };
+    let first = record(0).await;
+    let second = tokio::spawn({
+        let record = record(3);
+        async move { record.await.commit().await.unwrap() }
+    });
+    // Until the second report has committed or waits on a lock.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE a.datname = current_database() AND NOT l.granted",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 || second.is_finished() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second report neither committed nor waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut seen = db.store.audit_events(PLAN, 0, 100).await.unwrap();
+    let after = seen.last().map_or(0, |(id, _)| *id);
+    first.commit().await.unwrap();
+    second.await.unwrap();
+    seen.extend(db.store.audit_events(PLAN, after, 100).await.unwrap());
+    let mut keys: Vec<String> = seen.into_iter().map(|(_, e)| e.message_key).collect();
+    keys.sort();
+    assert_eq!(keys, ["key-0", "key-3"], "every event read exactly once");
+}

@@ -9,6 +9,31 @@ use super::{
 use crate::ids::{DeadLetterId, PlanId};
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
+use sqlx::PgConnection;
+
+/// Takes the transaction-scoped advisory lock on `plan_id`'s audit, held
+/// until the transaction ends. Every transaction that appends to a plan's
+/// `audit_events` takes it before its `INSERT`, so the `bigserial` ids of one
+/// plan's events are drawn in the order their transactions commit. The live
+/// feed and the exports read a plan's events by `id > after` (a cursor): were
+/// two writers to draw ids 7 and 8 and commit 8 first, a reader between the
+/// commits would move its cursor to 8 and never see 7. (A sequence hands out
+/// numbers at `INSERT`, not at commit: PostgreSQL docs, "Sequence
+/// Manipulation Functions".) Writers of several plans lock them in sorted
+/// order, so two of them never wait on each other.
+///
+/// # Errors
+/// [`StoreError`].
+pub(crate) async fn lock_plan_audit(
+    connection: &mut PgConnection,
+    plan_id: PlanId,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('redrive-audit:' || $1::text, 0))")
+        .bind(plan_id)
+        .execute(connection)
+        .await?;
+    Ok(())
+}
 
 impl Store {
     /// The id of a plan's latest audit event (0 when it has none): where a
@@ -115,6 +140,7 @@ impl Tx {
         let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
         let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
+        lock_plan_audit(transaction, lease.plan_id).await?;
         sqlx::query(
         "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, reason, \
             wave, executor_id, attempt, confirm_latency_us, at, message_id) \

@@ -12,6 +12,7 @@ use sqlx::AssertSqlSafe;
 
 use super::{
     StaleToken, Store, StoreError, Tx,
+    audit::lock_plan_audit,
     dead_letters::{DeadLetterRow, columns},
     plans::{
         DestinationMode, DestinationRow, GateReading, Moved, RateRow, gate_reading_in, notify,
@@ -191,10 +192,26 @@ impl Store {
     /// [`StoreError`].
     pub async fn expire_leases(&self) -> Result<Vec<PlanId>, StoreError> {
         let mut transaction = self.pool().begin().await?;
+        // The plans' audit locks first, in order (see `lock_plan_audit`);
+        // only those plans' leases are ended: one that expires meanwhile
+        // waits for the next sweep.
+        let mut expiring: Vec<PlanId> = sqlx::query_scalar(
+            "SELECT DISTINCT plan_id FROM plan_slices WHERE state = 'leased' AND lease_expires_at < now()",
+        )
+        .fetch_all(&mut *transaction)
+        .await?;
+        if expiring.is_empty() {
+            return Ok(Vec::new());
+        }
+        expiring.sort_unstable();
+        for plan_id in &expiring {
+            lock_plan_audit(&mut transaction, *plan_id).await?;
+        }
         let plans: Vec<PlanId> = sqlx::query_scalar(
             "WITH expired AS ( \
                 SELECT id, plan_id, wave, coalesce(lease_owner, '') AS owner, published_through FROM plan_slices \
-                WHERE state = 'leased' AND lease_expires_at < now() FOR UPDATE SKIP LOCKED), \
+                WHERE state = 'leased' AND lease_expires_at < now() AND plan_id = ANY($1) \
+                FOR UPDATE SKIP LOCKED), \
              released AS ( \
                 UPDATE plan_slices s SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, \
                     published_through = NULL \
@@ -214,6 +231,7 @@ it reported it; the next lease publishes it again with the same message id', t.w
                 FROM taken t LEFT JOIN dead_letters d ON d.id = t.dead_letter_id) \
              SELECT plan_id FROM released",
         )
+        .bind(&expiring)
         .fetch_all(&mut *transaction)
         .await?;
         // One row per expired lease: counted, then one per plan.
@@ -418,12 +436,23 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
                 FROM big b) \
              SELECT count(*) FROM failed"
         );
+        let mut transaction = self.pool().begin().await?;
+        let plan_id: Option<PlanId> =
+            sqlx::query_scalar("SELECT plan_id FROM plan_slices WHERE id = $1")
+                .bind(slice_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+        let Some(plan_id) = plan_id else {
+            return Ok(0);
+        };
+        lock_plan_audit(&mut transaction, plan_id).await?;
         let failed: i64 = sqlx::query_scalar(AssertSqlSafe(query))
             .bind(slice_id)
             .bind(token)
             .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
-            .fetch_one(self.pool())
+            .fetch_one(&mut *transaction)
             .await?;
+        transaction.commit().await?;
         Ok(u64::try_from(failed).unwrap_or_default())
     }
 
