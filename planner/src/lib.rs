@@ -165,7 +165,7 @@ pub async fn run(
     .spawn(&config, listener, shutdown.clone())?;
 
     let prepared = prepare_database(&config, &store, &shutdown).await;
-    let (capture, listening) = match prepared {
+    let background = match prepared {
         Ok(true) => {
             ready.store(true, Ordering::SeqCst);
             start_background(
@@ -179,14 +179,14 @@ pub async fn run(
             )
             .await
         }
-        Ok(false) => (None, None),
+        Ok(false) => Background::default(),
         Err(error) => {
             shutdown.cancel();
             let _ = server.await;
             return Err(error);
         }
     };
-    stop_within_grace(&config, server, listening, capture, &shutdown).await?;
+    stop_within_grace(&config, server, background, &shutdown).await?;
     metrics_pipeline.shutdown().await;
     info!("planner stopped");
     Ok(())
@@ -316,10 +316,24 @@ impl<H: tonic_health::pb::health_server::Health> Server<H> {
     }
 }
 
+/// The planner's background tasks, owned so that shutdown drains them:
+/// capture, the notifier's listener and the rest (health reports, plan
+/// counts, the canary gates, retention). Each ends with `shutdown`.
+#[derive(Default)]
+struct Background {
+    /// Capture: stores and acks what it holds when shutdown comes.
+    capture: Option<tokio::task::JoinHandle<()>>,
+    /// The notifier's `LISTEN` connection: watches need it until the
+    /// server has stopped.
+    listening: Option<tokio::task::JoinHandle<()>>,
+    /// Health reports, plan counts, the canary gates and retention.
+    others: tokio::task::JoinSet<()>,
+}
+
 /// Once the database is ready: marks the services `SERVING` and starts the
 /// background work (health reports, plan counts, the notifier's listener,
-/// the canary gates, retention when set, capture). Gives the capture task
-/// and the listener task, both ending with `shutdown`.
+/// the canary gates, retention when set, capture), every task ending with
+/// `shutdown`.
 async fn start_background(
     config: &Config,
     store: Store,
@@ -328,10 +342,7 @@ async fn start_background(
     rules: Arc<dead_letters::ExtractionRules>,
     notifier: Notifier,
     shutdown: &CancellationToken,
-) -> (
-    Option<tokio::task::JoinHandle<()>>,
-    Option<tokio::task::JoinHandle<()>>,
-) {
+) -> Background {
     health_reporter
         .set_serving::<PlannerServer<PlannerGrpc>>()
         .await;
@@ -339,17 +350,18 @@ async fn start_background(
         .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
         .await;
     info!("planner ready");
-    tokio::spawn(report_health(
+    let mut others = tokio::task::JoinSet::new();
+    others.spawn(report_health(
         store.clone(),
         capture_status.clone(),
         health_reporter,
         shutdown.clone(),
     ));
-    tokio::spawn(count_plans(store.clone(), shutdown.clone()));
+    others.spawn(count_plans(store.clone(), shutdown.clone()));
     let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
-    tokio::spawn(plan::gates::run(store.clone(), shutdown.clone()));
+    others.spawn(plan::gates::run(store.clone(), shutdown.clone()));
     if let Some(retention) = config.retention {
-        tokio::spawn(dead_letters::housekeeping::run_retention(
+        others.spawn(dead_letters::housekeeping::run_retention(
             store.clone(),
             retention,
             shutdown.clone(),
@@ -370,22 +382,26 @@ async fn start_background(
         store,
         shutdown.clone(),
     ));
-    (Some(capture), Some(listening))
+    Background {
+        capture: Some(capture),
+        listening: Some(listening),
+        others,
+    }
 }
 
 /// Waits for `shutdown`, then gives open calls (WatchPlan streams, claim long
 /// polls, ReplayDeadLetter waits) the grace period to end before cutting
 /// them: a client that keeps a stream open must not keep the planner alive.
-/// Then stops the listener and lets capture store and ack what it holds
-/// within the grace period.
+/// Then stops the listener and gives capture (which stores and acks what it
+/// holds) and the other background tasks one more grace period to end;
+/// what is still running then is aborted, with a warning.
 ///
 /// # Errors
 /// The server failing, or its task panicking.
 async fn stop_within_grace(
     config: &Config,
     mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    listening: Option<tokio::task::JoinHandle<()>>,
-    capture: Option<tokio::task::JoinHandle<()>>,
+    background: Background,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
@@ -403,16 +419,26 @@ async fn stop_within_grace(
             server.abort();
         }
     }
+    let Background {
+        capture,
+        listening,
+        mut others,
+    } = background;
     if let Some(listening) = listening {
         listening.abort();
     }
-    if let Some(capture) = capture
-        && tokio::time::timeout(grace, capture).await.is_err()
-    {
+    let drained = async {
+        if let Some(capture) = capture {
+            let _ = capture.await;
+        }
+        while others.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
         warn!(
             grace_seconds = config.shutdown_grace_seconds,
-            "capture did not stop within the grace period"
+            "capture or a background task did not stop within the grace period: aborted"
         );
+        others.abort_all();
     }
     Ok(())
 }
