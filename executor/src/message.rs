@@ -5,159 +5,15 @@
 //! `expiration`, the death and delay headers); with `redrive-*` headers and a
 //! W3C `traceparent`.
 
-use lapin::{
-    BasicProperties,
-    types::{AMQPValue, FieldTable, LongString, ShortString},
-};
+use lapin::BasicProperties;
 use redrive_proto::{amqp, v1};
 
-/// Headers a replay adds: their one home is [`redrive_proto::headers`].
+/// Headers a replay adds and the replayed message's table: their one home
+/// is [`redrive_proto::headers`].
 pub use redrive_proto::headers::{
-    ATTEMPT_HEADER, COUNT_HEADER, EXECUTOR_ID_HEADER, PLAN_ID_HEADER, REASON_HEADER,
-    TRACEPARENT_HEADER,
+    ATTEMPT_HEADER, BROKER_FIELDS, BrokerField, COUNT_HEADER, EXECUTOR_ID_HEADER, FieldName,
+    PLAN_ID_HEADER, REASON_HEADER, TRACEPARENT_HEADER, Treatment, drops_header, drops_property,
 };
-
-/// What a replay does with one broker-interpreted field of the captured message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Treatment {
-    /// Republished byte-identical.
-    Kept,
-    /// Not republished.
-    Dropped,
-}
-
-/// How a field is named in [`BROKER_FIELDS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FieldName {
-    /// An AMQP basic property, by its AMQP 0-9-1 name.
-    Property(&'static str),
-    /// A header, matched exactly (RabbitMQ compares header names byte-wise).
-    Header(&'static str),
-    /// Every header whose name starts with this prefix.
-    HeaderPrefix(&'static str),
-}
-
-/// One row of the replayed-message table: a field RabbitMQ interprets when a
-/// message is published, what a replay does with it and why.
-#[derive(Debug, Clone, Copy)]
-pub struct BrokerField {
-    /// The property or header.
-    pub name: FieldName,
-    /// Kept or dropped.
-    pub treatment: Treatment,
-    /// Why, with the RabbitMQ documentation section the rule comes from.
-    pub why: &'static str,
-}
-
-/// THE table of the replayed message (docs/design.md, "The replayed message"):
-/// every property and header the broker acts on at publish time. A replay must
-/// reach only the queue the message failed in and be accepted by the broker;
-/// everything not listed here (message id, correlation id, content type and
-/// encoding, type, app id, timestamp, priority, reply-to, cluster id, the
-/// application's headers) is republished byte-identical. `delivery_mode` is
-/// always 2 (persistent). Redrive adds its own `redrive-*` headers and a
-/// `traceparent` (see the constants above).
-///
-/// The planner's precheck reads the same rules from the captured message:
-/// a `user_id` other than the user Redrive publishes as is `invalid` there,
-/// since the broker would refuse every attempt.
-pub const BROKER_FIELDS: &[BrokerField] = &[
-    BrokerField {
-        name: FieldName::Header("CC"),
-        treatment: Treatment::Dropped,
-        why: "sender-selected distribution: the broker routes a copy to every queue the CC \
-              routing keys reach, so a replay would hand healthy queues a second copy \
-              (rabbitmq.com/docs/sender-selected, \"Sender-selected Distribution\")",
-    },
-    BrokerField {
-        name: FieldName::Header("BCC"),
-        treatment: Treatment::Dropped,
-        why: "sender-selected distribution, like CC, and removed by the broker before \
-              delivery (rabbitmq.com/docs/sender-selected)",
-    },
-    BrokerField {
-        name: FieldName::Property("user_id"),
-        treatment: Treatment::Kept,
-        why: "validated user-id: the broker refuses a publish whose user_id is not the \
-              connection's user (rabbitmq.com/docs/validated-user-id); kept because \
-              consumers trust it, and the precheck marks it invalid when it differs \
-              from the user Redrive publishes as",
-    },
-    BrokerField {
-        name: FieldName::Property("expiration"),
-        treatment: Treatment::Dropped,
-        why: "per-message TTL: the broker discards or dead-letters the message when it \
-              runs out; RabbitMQ itself removes it when it dead-letters a message so that \
-              it does not expire again (rabbitmq.com/docs/ttl, \"Per-Message TTL in \
-              Publishers\"; rabbitmq.com/docs/dlx, \"Dead-Lettered Messages\"); the \
-              precheck's stale rule decides instead",
-    },
-    BrokerField {
-        name: FieldName::Header(redrive_proto::headers::X_DEATH),
-        treatment: Treatment::Dropped,
-        why: "the broker's dead-lettering history; it restarts with the replay and \
-              RabbitMQ 3.13+ ignores or refuses it from publishers \
-              (rabbitmq.com/docs/dlx, \"Dead-Lettered Messages\")",
-    },
-    BrokerField {
-        name: FieldName::HeaderPrefix(redrive_proto::headers::FIRST_DEATH_PREFIX),
-        treatment: Treatment::Dropped,
-        why: "the broker's dead-lettering history (rabbitmq.com/docs/dlx)",
-    },
-    BrokerField {
-        name: FieldName::HeaderPrefix(redrive_proto::headers::LAST_DEATH_PREFIX),
-        treatment: Treatment::Dropped,
-        why: "the broker's dead-lettering history (rabbitmq.com/docs/dlx)",
-    },
-    BrokerField {
-        name: FieldName::Header("x-delivery-count"),
-        treatment: Treatment::Dropped,
-        why: "quorum queues count deliveries in it; a replay is a new message whose count \
-              starts again (rabbitmq.com/docs/quorum-queues, \"Poison Message Handling\")",
-    },
-    BrokerField {
-        name: FieldName::Header("x-delay"),
-        treatment: Treatment::Dropped,
-        why: "the delayed-message exchange plugin holds a message that long before \
-              routing it; the delay was served on the first publish \
-              (github.com/rabbitmq/rabbitmq-delayed-message-exchange, README \"Usage\")",
-    },
-    BrokerField {
-        name: FieldName::Header("x-received-from"),
-        treatment: Treatment::Dropped,
-        why: "federation's loop detection: a replay carrying it may be refused by a \
-              federated exchange as already seen (rabbitmq.com/docs/federated-exchanges, \
-              \"Loop Detection\")",
-    },
-    BrokerField {
-        name: FieldName::Header("x-match"),
-        treatment: Treatment::Kept,
-        why: "a headers exchange reads x-match from the binding's arguments, never from \
-              the message, and ignores x- headers when matching \
-              (rabbitmq.com/tutorials/amqp-concepts, \"Headers Exchange\"); kept as an \
-              application header",
-    },
-];
-
-/// Whether the replay drops header `name` ([`BROKER_FIELDS`]).
-pub fn drops_header(name: &str) -> bool {
-    BROKER_FIELDS.iter().any(|field| {
-        field.treatment == Treatment::Dropped
-            && match field.name {
-                FieldName::Header(header) => header == name,
-                FieldName::HeaderPrefix(prefix) => name.starts_with(prefix),
-                FieldName::Property(_) => false,
-            }
-    })
-}
-
-/// Whether the replay drops property `name` ([`BROKER_FIELDS`]).
-pub fn drops_property(name: &str) -> bool {
-    BROKER_FIELDS.iter().any(|field| {
-        field.treatment == Treatment::Dropped
-            && matches!(field.name, FieldName::Property(property) if property == name)
-    })
-}
 
 /// A W3C `traceparent` naming no span: version 00, random trace and span
 /// ids, sampled. Replays carry it when this executor exports no spans
@@ -255,10 +111,6 @@ pub fn end_publish_span(mut span: opentelemetry::global::BoxedSpan, error: Optio
     span.end();
 }
 
-fn text(value: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()))
-}
-
 /// The AMQP properties of the replay of `item`, attempt `attempt` of plan
 /// `plan_id`, published by `executor_id`, carrying `traceparent`.
 ///
@@ -276,30 +128,21 @@ pub fn properties(
         .dead_letter
         .as_ref()
         .ok_or("the slice item has no dead letter")?;
-    let stored = dead_letter.headers.clone().unwrap_or_default();
-    let mut headers = FieldTable::default();
-    for (name, value) in amqp::table_to_amqp(&stored)
-        .map_err(|error| error.to_string())?
-        .inner()
-    {
-        if !drops_header(name.as_str()) {
-            headers.insert(name.clone(), value.clone());
-        }
-    }
-    headers.insert(ShortString::from(PLAN_ID_HEADER), text(plan_id));
-    headers.insert(ShortString::from(EXECUTOR_ID_HEADER), text(executor_id));
-    headers.insert(
-        ShortString::from(ATTEMPT_HEADER),
-        AMQPValue::LongInt(i32::try_from(attempt).unwrap_or(i32::MAX)),
+    let headers = redrive_proto::headers::replay_headers(
+        &dead_letter.headers.clone().unwrap_or_default(),
+        &redrive_proto::headers::ReplayStamp {
+            plan_id,
+            executor_id,
+            attempt,
+            count: item.redrive_count.saturating_add(1),
+            reason: dead_letter
+                .death
+                .as_ref()
+                .map(|death| death.reason.as_str()),
+            traceparent,
+        },
     );
-    headers.insert(
-        ShortString::from(COUNT_HEADER),
-        AMQPValue::LongInt(i32::try_from(item.redrive_count.saturating_add(1)).unwrap_or(i32::MAX)),
-    );
-    if let Some(death) = &dead_letter.death {
-        headers.insert(ShortString::from(REASON_HEADER), text(&death.reason));
-    }
-    headers.insert(ShortString::from(TRACEPARENT_HEADER), text(traceparent));
+    let headers = amqp::table_to_amqp(&headers).map_err(|error| error.to_string())?;
     let mut stored_properties = dead_letter.properties.clone().unwrap_or_default();
     if drops_property("expiration") {
         stored_properties.expiration = None;
@@ -312,9 +155,14 @@ pub fn properties(
 
 #[cfg(test)]
 mod tests {
+    use lapin::types::{AMQPValue, LongString};
     use redrive_proto::v1::{HeaderTable, HeaderValue, MessageProperties, header_value::Value};
 
     use super::*;
+
+    fn text(value: &str) -> AMQPValue {
+        AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()))
+    }
 
     #[test]
     fn death_headers_go_and_redrive_headers_come() {
