@@ -26,6 +26,7 @@ mod config;
 #[cfg(test)]
 mod fakes;
 pub mod health;
+pub mod item;
 pub mod lease;
 pub mod message;
 pub mod metrics;

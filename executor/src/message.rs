@@ -8,6 +8,8 @@
 use lapin::BasicProperties;
 use redrive_proto::{amqp, v1};
 
+use crate::item::LeasedItem;
+
 /// Headers a replay adds and the replayed message's table: their one home
 /// is [`redrive_proto::headers`].
 pub use redrive_proto::headers::{
@@ -27,8 +29,8 @@ pub fn traceparent() -> String {
 
 /// The `traceparent` the dead letter carried from its original producer,
 /// if any (a text header).
-pub fn original_traceparent(item: &v1::SliceItem) -> Option<String> {
-    let headers = item.dead_letter.as_ref()?.headers.as_ref()?;
+pub fn original_traceparent(item: &LeasedItem) -> Option<String> {
+    let headers = item.dead_letter.headers.as_ref()?;
     match headers.fields.get(TRACEPARENT_HEADER)?.value.as_ref()? {
         v1::header_value::Value::LongString(bytes) => String::from_utf8(bytes.clone()).ok(),
         v1::header_value::Value::ShortString(text) => Some(text.clone()),
@@ -57,7 +59,7 @@ pub fn publish_span(
     parent: &opentelemetry::Context,
     plan_id: &str,
     slice_id: &str,
-    item: &v1::SliceItem,
+    item: &LeasedItem,
 ) -> opentelemetry::global::BoxedSpan {
     use opentelemetry::{
         KeyValue,
@@ -70,8 +72,8 @@ pub fn publish_span(
     };
     let message_id = item
         .dead_letter
+        .properties
         .as_ref()
-        .and_then(|dead_letter| dead_letter.properties.as_ref())
         .and_then(|properties| properties.message_id.as_deref())
         .unwrap_or_default();
     let mut builder = tracer
@@ -120,14 +122,11 @@ pub fn end_publish_span(mut span: opentelemetry::global::BoxedSpan, error: Optio
 pub fn properties(
     plan_id: &str,
     executor_id: &str,
-    item: &v1::SliceItem,
+    item: &LeasedItem,
     attempt: u32,
     traceparent: &str,
 ) -> Result<BasicProperties, String> {
-    let dead_letter = item
-        .dead_letter
-        .as_ref()
-        .ok_or("the slice item has no dead letter")?;
+    let dead_letter = &item.dead_letter;
     let headers = redrive_proto::headers::replay_headers(
         &dead_letter.headers.clone().unwrap_or_default(),
         &redrive_proto::headers::ReplayStamp {
@@ -181,9 +180,9 @@ mod tests {
             ("x-delivery-count", Value::LongInt(3)),
             ("x-match", Value::LongString(b"all".to_vec())),
         ];
-        let item = v1::SliceItem {
+        let item = LeasedItem {
             redrive_count: 1,
-            dead_letter: Some(v1::DeadLetter {
+            dead_letter: v1::DeadLetter {
                 headers: Some(HeaderTable {
                     fields: fields
                         .into_iter()
@@ -202,7 +201,7 @@ mod tests {
                     ..Default::default()
                 }),
                 ..Default::default()
-            }),
+            },
             ..Default::default()
         };
         let properties = properties("plan-1", "executor-1", &item, 2, &traceparent()).unwrap();

@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::{
+    item::LeasedItem,
     metrics::{ExecutorMetrics, PublishFailure},
     publisher::{Pending, PublishOutcome},
     replay_keys::ReplayKeys,
@@ -49,7 +50,7 @@ const MARK_BATCH: usize = 256;
 #[derive(Debug, Clone)]
 pub struct Work {
     /// The item as the planner leased it.
-    pub item: v1::SliceItem,
+    pub item: LeasedItem,
     /// 1-based attempt number of the next publish.
     pub attempt: u32,
     /// Not before this instant (retry backoff).
@@ -57,37 +58,26 @@ pub struct Work {
 }
 
 impl Work {
-    /// The item's position in its plan (its `item_id`, which the planner
-    /// gives in slice order); `None` for an id that is not one.
-    pub fn position(&self) -> Option<u64> {
-        self.item.item_id.parse().ok()
+    /// The item's position in its plan (the planner gives positions in
+    /// slice order).
+    pub fn position(&self) -> u64 {
+        self.item.position
     }
 
     /// The item's message key.
     pub fn message_key(&self) -> &str {
-        self.item
-            .dead_letter
-            .as_ref()
-            .map_or("", |dead_letter| dead_letter.message_key.as_str())
+        &self.item.dead_letter.message_key
     }
 
     /// The item's replay identity in Redis: its message key qualified by its
     /// dead letter's destination ([`crate::replay_keys::identity`]).
     pub fn replay_identity(&self) -> String {
-        let destination = self
-            .item
-            .dead_letter
-            .as_ref()
-            .map_or("", |dead_letter| dead_letter.destination.as_str());
-        crate::replay_keys::identity(destination, self.message_key())
+        crate::replay_keys::identity(&self.item.dead_letter.destination, self.message_key())
     }
 
     /// The item's dead letter id.
     pub fn dead_letter_id(&self) -> &str {
-        self.item
-            .dead_letter
-            .as_ref()
-            .map_or("", |dead_letter| dead_letter.id.as_str())
+        &self.item.dead_letter.id
     }
 
     /// The token-bucket key: where the message lands, so that all executors
@@ -132,7 +122,7 @@ impl Work {
 ///
 /// So queue mode via `/orders` and exchange mode via `orders-x/order.paid`
 /// for dead letters that died in `orders` share one budget.
-pub fn landing(item: &v1::SliceItem) -> String {
+pub fn landing(item: &LeasedItem) -> String {
     if item.exchange.is_empty() {
         return format!("q:{}", item.routing_key);
     }
@@ -151,8 +141,8 @@ pub fn landing(item: &v1::SliceItem) -> String {
 /// letter took to the queue it died in: a RabbitMQ-captured dead letter
 /// (its queue known, not `exchange_only`) whose death names the item's
 /// exchange and routing key.
-fn death_queue(item: &v1::SliceItem) -> Option<&str> {
-    let dead_letter = item.dead_letter.as_ref()?;
+fn death_queue(item: &LeasedItem) -> Option<&str> {
+    let dead_letter = &item.dead_letter;
     let death = dead_letter.death.as_ref()?;
     let along_the_death = dead_letter.origin() == v1::Origin::Rabbitmq
         && !dead_letter.exchange_only
@@ -463,8 +453,8 @@ mod tests {
 
     fn work(id: usize) -> Work {
         Work {
-            item: v1::SliceItem {
-                item_id: id.to_string(),
+            item: LeasedItem {
+                position: id as u64,
                 routing_key: "q".to_owned(),
                 ..Default::default()
             },

@@ -314,12 +314,12 @@ fn item(
     died_in: &str,
     death_exchange: &str,
     death_key: &str,
-) -> redrive_proto::v1::SliceItem {
+) -> redrive_executor::item::LeasedItem {
     use redrive_proto::v1;
-    v1::SliceItem {
+    redrive_executor::item::LeasedItem {
         exchange: exchange.to_owned(),
         routing_key: routing_key.to_owned(),
-        dead_letter: Some(v1::DeadLetter {
+        dead_letter: v1::DeadLetter {
             origin: v1::Origin::Rabbitmq.into(),
             destination: died_in.to_owned(),
             death: Some(v1::Death {
@@ -329,7 +329,7 @@ fn item(
                 ..Default::default()
             }),
             ..Default::default()
-        }),
+        },
         ..Default::default()
     }
 }
@@ -359,10 +359,8 @@ fn the_bucket_is_keyed_by_the_landing_queue() {
     // A dead letter whose queue is unknown (a framework named only the
     // exchange and key): the route.
     let mut exchange_only = item("orders-x", "order.paid", "orders-x/order.paid", "", "");
-    if let Some(dead_letter) = exchange_only.dead_letter.as_mut() {
-        dead_letter.exchange_only = true;
-        dead_letter.death = None;
-    }
+    exchange_only.dead_letter.exchange_only = true;
+    exchange_only.dead_letter.death = None;
     assert_eq!(landing(&exchange_only), "x:8:orders-x/order.paid");
     // A queue name cannot pass for a route, nor the reverse.
     assert_ne!(

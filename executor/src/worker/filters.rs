@@ -149,12 +149,7 @@ pub(super) async fn drop_stale(run: &mut SliceRun, items: Vec<Work>) -> Vec<Work
     let now = chrono::Utc::now();
     let mut fresh = Vec::with_capacity(items.len());
     for work in items {
-        let stale = work
-            .item
-            .stale_at
-            .as_ref()
-            .and_then(redrive_proto::time::from_timestamp)
-            .is_some_and(|at| at <= now);
+        let stale = work.item.stale_at.is_some_and(|at| at <= now);
         if stale {
             let reason = "past its event type's deadline at send time";
             run.finish(&work, v1::AuditAction::SkippedStale, reason)

@@ -79,17 +79,7 @@ impl<C: Connect> Worker<C> {
         if items.is_empty() {
             return Leave::Next;
         }
-        let Some(through) = items
-            .iter()
-            .map(Work::position)
-            .try_fold(0, |most, position| {
-                position.map(|position| most.max(position))
-            })
-        else {
-            warn!("the slice has an item id that is not a position; giving the slice back");
-            lease.stop(StopReason::Plan("item ids are not positions".to_owned()));
-            return run.give_back(items, Leave::Stop);
-        };
+        let through = items.iter().map(Work::position).max().unwrap_or(0);
         let key = items[0].bucket_key();
         // 2. Room in the window, the debt, then the tokens and the mark.
         let slots = match self.room(lease, run, items.len()).await {

@@ -19,6 +19,7 @@ use super::{Leave, Worker};
 use crate::{
     bucket::Rate,
     health::Heartbeat,
+    item::{InvalidItem, LeasedItem},
     lease::{Lease, StopReason},
     outcomes::{self, Collector, EventContext, Feedback, InFlight, TokenDebt, Work},
     publisher::Connect,
@@ -151,7 +152,7 @@ impl SliceRun {
 
     /// Queues a claimed slice's items in order; an item whose key the
     /// planner's record says was replayed is reported `skipped_duplicate`.
-    pub(super) async fn enqueue(&mut self, items: Vec<v1::SliceItem>) {
+    pub(super) async fn enqueue(&mut self, items: Vec<LeasedItem>) {
         for item in items {
             let work = Work {
                 attempt: item.attempts + 1,
@@ -224,7 +225,7 @@ impl<C: Connect> Worker<C> {
     /// held or the slice's rate is invalid (then released).
     async fn start_slice(
         &mut self,
-        slice: v1::Slice,
+        mut slice: v1::Slice,
         shutdown: &CancellationToken,
     ) -> Option<(Lease, SliceRun, SliceTasks)> {
         let lease_ttl = slice
@@ -254,8 +255,20 @@ impl<C: Connect> Worker<C> {
             lease.end(true).await;
             return None;
         };
+        let items: Result<Vec<LeasedItem>, InvalidItem> = std::mem::take(&mut slice.items)
+            .into_iter()
+            .map(LeasedItem::try_from)
+            .collect();
+        let items = match items {
+            Ok(items) => items,
+            Err(error) => {
+                warn!(%error, "slice carries an item this executor cannot replay; releasing it");
+                lease.end(true).await;
+                return None;
+            }
+        };
         info!(
-            items = slice.items.len(),
+            items = items.len(),
             fencing_token = slice.fencing_token,
             "replaying slice"
         );
@@ -263,7 +276,7 @@ impl<C: Connect> Worker<C> {
         let (in_flight, in_flight_received) =
             mpsc::channel::<InFlight>(self.settings.publisher.window.max(1));
         // Room for every item: the collector never waits (see there why).
-        let (feedback_sender, feedback) = outcomes::feedback_channel(slice.items.len());
+        let (feedback_sender, feedback) = outcomes::feedback_channel(items.len());
         let context = EventContext {
             plan_id: slice.plan_id.clone(),
             slice_id: slice.slice_id.clone(),
@@ -295,21 +308,16 @@ impl<C: Connect> Worker<C> {
             rate,
             context,
             queue: VecDeque::new(),
-            outstanding: slice.items.len(),
+            outstanding: items.len(),
             events,
             feedback,
             in_flight,
             debt: self.debt.clone(),
             progress,
             tokens_waited: Duration::ZERO,
-            last_position: slice
-                .items
-                .iter()
-                .filter_map(|item| item.item_id.parse().ok())
-                .max()
-                .unwrap_or(0),
+            last_position: items.iter().map(|item| item.position).max().unwrap_or(0),
         };
-        run.enqueue(slice.items).await;
+        run.enqueue(items).await;
         let tasks = SliceTasks {
             reporting,
             collecting,

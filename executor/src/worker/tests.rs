@@ -2,10 +2,8 @@
 
 use std::collections::VecDeque;
 
-use redrive_proto::v1;
-
 use super::{run_size, slice::take_run};
-use crate::{bucket::Rate, outcomes::Work};
+use crate::{bucket::Rate, item::LeasedItem, outcomes::Work};
 
 #[test]
 fn runs_take_about_a_twentieth_of_a_second_of_the_rate() {
@@ -20,8 +18,8 @@ fn runs_take_about_a_twentieth_of_a_second_of_the_rate() {
 
 fn work(id: u64, routing_key: &str, retry: bool) -> Work {
     Work {
-        item: v1::SliceItem {
-            item_id: id.to_string(),
+        item: LeasedItem {
+            position: id,
             routing_key: routing_key.to_owned(),
             ..Default::default()
         },
@@ -30,11 +28,8 @@ fn work(id: u64, routing_key: &str, retry: bool) -> Work {
     }
 }
 
-fn ids(works: &[Work]) -> Vec<&str> {
-    works
-        .iter()
-        .map(|work| work.item.item_id.as_str())
-        .collect()
+fn ids(works: &[Work]) -> Vec<u64> {
+    works.iter().map(Work::position).collect()
 }
 
 #[tokio::test]
@@ -53,23 +48,23 @@ async fn a_run_takes_one_destination_across_interleaved_items_and_keeps_the_rest
     let run = take_run(&mut queue, work(1, "a", false), 3);
     assert_eq!(
         ids(&run),
-        ["1", "3", "6"],
+        [1, 3, 6],
         "at most the chunk, in order, no retry"
     );
-    assert_eq!(ids(queue.make_contiguous()), ["2", "4", "5", "7", "8"]);
+    assert_eq!(ids(queue.make_contiguous()), [2, 4, 5, 7, 8]);
     let run = take_run(&mut queue.split_off(0), work(9, "c", false), 64);
-    assert_eq!(ids(&run), ["9"], "nothing else for c");
+    assert_eq!(ids(&run), [9], "nothing else for c");
 }
 
 #[tokio::test]
 async fn a_run_of_one_destination_is_taken_from_the_front() {
     let mut queue: VecDeque<Work> = (2..=6).map(|id| work(id, "a", false)).collect();
     let run = take_run(&mut queue, work(1, "a", false), 4);
-    assert_eq!(ids(&run), ["1", "2", "3", "4"]);
-    assert_eq!(ids(queue.make_contiguous()), ["5", "6"]);
+    assert_eq!(ids(&run), [1, 2, 3, 4]);
+    assert_eq!(ids(queue.make_contiguous()), [5, 6]);
     let run = take_run(&mut queue, work(0, "a", false), 1);
-    assert_eq!(ids(&run), ["0"], "a chunk of one takes only the first");
-    assert_eq!(ids(queue.make_contiguous()), ["5", "6"]);
+    assert_eq!(ids(&run), [0], "a chunk of one takes only the first");
+    assert_eq!(ids(queue.make_contiguous()), [5, 6]);
 }
 
 /// The pipeline, claim to report, against a fake planner and broker.
@@ -224,6 +219,33 @@ mod pipeline {
             calls.marks
         );
         assert_eq!(calls.completed, [false], "completed, not released");
+    }
+
+    /// A slice with an item this executor cannot replay (an id that is no
+    /// position, an item without its dead letter) is given back whole,
+    /// before anything is published or reported.
+    #[tokio::test]
+    async fn a_slice_with_an_item_that_cannot_be_replayed_is_released_unpublished() {
+        for spoil in [
+            (|item: &mut v1::SliceItem| item.item_id = "three".to_owned()) as fn(&mut _),
+            |item: &mut v1::SliceItem| item.dead_letter = None,
+        ] {
+            let planner = FakePlanner::start(Answers::default());
+            let broker = FakeBroker::new(8);
+            let mut items: Vec<_> = (1..=4).map(item).collect();
+            spoil(&mut items[2]);
+            let shutdown = CancellationToken::new();
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                worker(&planner, &broker).replay_slice(slice(items, 1000.0, 100), &shutdown),
+            )
+            .await
+            .expect("the slice ends");
+            assert!(broker.published().is_empty(), "nothing was published");
+            let calls = planner.calls();
+            assert!(calls.reported.is_empty(), "nothing was reported");
+            assert_eq!(calls.completed, [true], "released, not completed");
+        }
     }
 
     /// The claim loop ends at shutdown, its publisher closed.
