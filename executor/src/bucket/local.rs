@@ -3,21 +3,60 @@
 use std::{
     collections::HashMap,
     num::NonZeroU32,
+    ops::Add,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use governor::{
     Quota, RateLimiter,
-    clock::{Clock, MonotonicClock},
+    clock::{Clock, Reference},
     middleware::NoOpMiddleware,
+    nanos::Nanos,
     state::{InMemoryState, NotKeyed},
 };
 
 use super::{BucketError, MIN_WAIT, Rate, RateError, costs};
 
-type DirectLimiter =
-    RateLimiter<NotKeyed, InMemoryState, MonotonicClock, NoOpMiddleware<std::time::Instant>>;
+type DirectLimiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
+
+/// governor's clock on tokio's: the process's monotonic clock, which the
+/// waits between grants also sleep on, and which a test pauses and advances
+/// (`tokio::time::pause`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioClock;
+
+/// An instant of [`TokioClock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TokioInstant(tokio::time::Instant);
+
+impl Add<Nanos> for TokioInstant {
+    type Output = Self;
+
+    fn add(self, nanos: Nanos) -> Self {
+        Self(self.0 + Duration::from(nanos))
+    }
+}
+
+impl Reference for TokioInstant {
+    fn duration_since(&self, earlier: Self) -> Nanos {
+        self.0.saturating_duration_since(earlier.0).into()
+    }
+
+    fn saturating_sub(&self, duration: Nanos) -> Self {
+        self.0
+            .checked_sub(duration.into())
+            .map_or(*self, TokioInstant)
+    }
+}
+
+impl Clock for TokioClock {
+    type Instant = TokioInstant;
+
+    fn now(&self) -> TokioInstant {
+        TokioInstant(tokio::time::Instant::now())
+    }
+}
 
 /// The `governor` quota of `rate`: period `T` ns and burst `burst`.
 /// governor's GCRA works in integer ns with `t = T` and `τ = T * (burst - 1)`
@@ -33,8 +72,8 @@ pub(super) fn quota(rate: Rate) -> Result<Quota, RateError> {
 
 /// An in-process bucket (`governor`, also GCRA in integer ns) for
 /// single-executor mode without Redis: the same decisions as [`gcra_step`] on
-/// the process's monotonic clock and the same [`MIN_WAIT`], but nothing is
-/// shared with other processes.
+/// the process's monotonic clock (tokio's, [`TokioClock`]) and the same
+/// [`MIN_WAIT`], but nothing is shared with other processes.
 #[derive(Default)]
 pub struct LocalBucket {
     /// One limiter per destination, with the rate it was built for.
@@ -58,7 +97,7 @@ impl LocalBucket {
             return Ok(Arc::clone(limiter));
         }
         // A new rate for a destination starts a fresh bucket (with a full burst).
-        let limiter = Arc::new(RateLimiter::direct_with_clock(quota(rate)?, MonotonicClock));
+        let limiter = Arc::new(RateLimiter::direct_with_clock(quota(rate)?, TokioClock));
         limiters.insert(key.to_owned(), (rate, Arc::clone(&limiter)));
         Ok(limiter)
     }
@@ -82,7 +121,7 @@ impl LocalBucket {
             match limiter.check_n(tokens_nonzero) {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(not_until)) => {
-                    let wait = not_until.wait_time_from(MonotonicClock.now());
+                    let wait = not_until.wait_time_from(TokioClock.now());
                     tokio::time::sleep(wait.max(MIN_WAIT)).await;
                 }
                 Err(_) => return Err(invalid()),

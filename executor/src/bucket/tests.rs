@@ -297,3 +297,36 @@ fn governor_and_gcra_step_agree() {
         }
     }
 }
+
+/// The in-process bucket paces on tokio's clock: at 10 a second with a
+/// burst of 4, on a paused clock, the burst goes at once and each further
+/// token 100 ms after the one before, so 24 single tokens take 2 s of
+/// (virtual) time, to within the waits' 1 ms floor; a new rate for the key
+/// starts with a full burst.
+#[tokio::test(start_paused = true)]
+async fn the_local_bucket_paces_on_tokios_clock() {
+    let bucket = LocalBucket::new();
+    let rate = Rate::new(10.0, 4).unwrap();
+    let started = tokio::time::Instant::now();
+    let mut granted_at = Vec::new();
+    for _ in 0..24 {
+        bucket.acquire("q:orders", rate, 1).await.unwrap();
+        granted_at.push(started.elapsed().as_millis());
+    }
+    assert_eq!(granted_at[..4], [0, 0, 0, 0], "the burst at once");
+    for (index, at) in granted_at.iter().enumerate().skip(4) {
+        let due = (index as u128 - 3) * 100;
+        assert!(
+            (due..=due + 1).contains(at),
+            "token {index} at {at} ms, due at {due} ms: {granted_at:?}"
+        );
+    }
+    // Another destination has a bucket of its own, full.
+    let before = started.elapsed();
+    bucket.acquire("q:invoices", rate, 4).await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        before,
+        "another destination waits for nothing"
+    );
+}

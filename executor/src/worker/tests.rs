@@ -248,6 +248,38 @@ mod pipeline {
         }
     }
 
+    /// A slice is paced by its rate, on a paused clock: at 20 a second with
+    /// a burst of 1, 41 items take 2 s of (virtual) time (the first goes at
+    /// once), however fast the broker confirms, and every item is sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_slice_is_paced_by_its_rate() {
+        let planner = FakePlanner::start(Answers::default());
+        let broker = FakeBroker::new(8);
+        let items = (1..=41).map(item).collect();
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            worker(&planner, &broker).replay_slice(slice(items, 20.0, 1), &shutdown),
+        )
+        .await
+        .expect("the slice ends");
+        let took = started.elapsed();
+        assert_eq!(broker.published().len(), 41, "each published once");
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_millis(2200),
+            "41 items at 20/s took {took:?}"
+        );
+        let actions = actions(&planner);
+        assert_eq!(actions.len(), 41);
+        assert!(
+            actions
+                .values()
+                .all(|actions| actions == &[v1::AuditAction::Sent]),
+            "{actions:?}"
+        );
+    }
+
     /// The claim loop ends at shutdown, its publisher closed.
     #[tokio::test]
     async fn the_claim_loop_ends_at_shutdown() {
