@@ -41,9 +41,6 @@ pub enum Error {
     /// message names it and what was done before); retry later.
     #[error("{0}")]
     ResourceExhausted(String),
-    /// A capability later work delivers.
-    #[error("{0} is not implemented yet")]
-    Unimplemented(&'static str),
     /// PostgreSQL failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -102,7 +99,6 @@ impl Error {
             Self::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             Self::NotFound(_) => ErrorKind::NotFound,
             Self::FailedPrecondition(_) | Self::StaleToken(_) => ErrorKind::FailedPrecondition,
-            Self::Unimplemented(_) => ErrorKind::Unimplemented,
             Self::Unavailable(_) => ErrorKind::Unavailable,
             Self::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Self::DeadlineExceeded(_) => ErrorKind::DeadlineExceeded,
