@@ -86,8 +86,9 @@
 //!   "..."}`.
 //!
 //! # Layout
-//! - `lib.rs`: this page; `main.rs`: the binary (parse, run on a
-//!   single-threaded runtime, exit codes).
+//! - `lib.rs`: this page; `entry.rs`: the binary's body
+//!   ([`main_with_args`]: parse, run on a single-threaded runtime, exit
+//!   codes), which `main.rs` calls.
 //! - [`commands`] (`commands/mod.rs`): the clap command line ([`Cli`]) and
 //!   dispatch ([`run`]); one module per command group:
 //!   - [`commands::dead_letters`]: `dead-letters list | show | summary |
@@ -126,6 +127,7 @@ pub mod args;
 pub mod client;
 pub mod commands;
 pub mod config;
+mod entry;
 pub mod error;
 pub mod escape;
 pub mod headers;
@@ -138,3 +140,4 @@ pub mod time;
 pub mod views;
 
 pub use commands::{Cli, Command, run};
+pub use entry::main_with_args;

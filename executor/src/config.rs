@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::Parser;
 use redrive_proto::{
     settings::{
         AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
@@ -140,22 +140,14 @@ impl Config {
     /// ([`redrive_proto::settings::broker_id_of`]); the URL itself when it
     /// does not parse (refused by [`ServiceSettings::validate`] anyway).
     pub fn broker_id(&self) -> String {
-        match &self.broker_id {
-            Some(id) => id.clone(),
-            None => redrive_proto::settings::broker_id_of(&self.amqp.url)
-                .unwrap_or_else(|_| redrive_proto::settings::redact_url(&self.amqp.url)),
-        }
+        self.amqp.broker_id(self.broker_id.as_deref())
     }
 
     /// The defaults pointed at `planner` (tests build configs this way).
     /// Reads no `REDRIVE_*` variable: what the environment of a test run
     /// happens to hold never changes a test's executor.
     pub fn for_planner(planner: impl Into<String>) -> Self {
-        let command = Self::command().mut_args(|arg| arg.env(None));
-        let mut config = command
-            .try_get_matches_from(["redrive-executor"])
-            .and_then(|matches| Self::from_arg_matches(&matches))
-            .expect("the defaults parse");
+        let mut config: Self = redrive_proto::settings::defaults_without_env("redrive-executor");
         config.planner = planner.into();
         config
     }

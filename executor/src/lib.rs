@@ -345,3 +345,44 @@ async fn drain_loops(
     }
     grace_over
 }
+
+/// The `redrive-executor` binary: parses the settings from `args` (as
+/// [`std::env::args_os`] gives them, the program's name first), starts
+/// logging, wires SIGINT and SIGTERM to a cancellation token
+/// ([`start_service`](redrive_proto::telemetry::start_service)) and runs
+/// [`run`] on a multi-threaded Tokio runtime. Messages read
+/// `redrive-executor: ...` whatever the program's name.
+///
+/// Exit codes: success, `EX_USAGE` (64) for a setting refused at parsing,
+/// otherwise [`run_failure_code`](redrive_proto::settings::run_failure_code).
+///
+/// # Panics
+/// When the Tokio runtime cannot be built (as `#[tokio::main]`).
+pub fn main_with_args(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> std::process::ExitCode {
+    use redrive_proto::{settings::run_failure_code, telemetry::start_service};
+    use std::process::ExitCode;
+
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let main = async {
+        let (config, logging, shutdown) = match start_service::<Config>("redrive-executor", args) {
+            Ok(started) => started,
+            Err(code) => return code,
+        };
+        let code = match run(config, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("redrive-executor: {error:#}");
+                run_failure_code(&error)
+            }
+        };
+        logging.finish().await;
+        code
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("Failed building the Runtime")
+        .block_on(main)
+}

@@ -354,27 +354,45 @@ pub async fn export(
 mod tests {
     use super::*;
 
+    /// An event of slice `s-1`, dead letter `d-1`: `plan_id`, `(action,
+    /// wave)`, `(attempt, confirm_latency_us)`, `at` as `(seconds, nanos)`
+    /// and `[message_key, reason, executor_id]`.
+    fn audit_event(
+        plan_id: &str,
+        (action, wave): (v1::AuditAction, v1::Wave),
+        (attempt, confirm_latency_us): (u32, u64),
+        (seconds, nanos): (i64, i32),
+        [message_key, reason, executor_id]: [&str; 3],
+    ) -> v1::AuditEvent {
+        v1::AuditEvent {
+            plan_id: plan_id.into(),
+            slice_id: "s-1".into(),
+            dead_letter_id: "d-1".into(),
+            message_key: message_key.into(),
+            action: action.into(),
+            reason: reason.into(),
+            wave: wave.into(),
+            executor_id: executor_id.into(),
+            attempt,
+            confirm_latency_us,
+            at: Some(prost_types::Timestamp { seconds, nanos }),
+        }
+    }
+
     #[test]
     fn csv_fields_are_quoted_per_rfc_4180() {
         assert_eq!(
             String::from_utf8(csv_header()).unwrap(),
             "at,plan_id,slice_id,dead_letter_id,message_key,message_id,action,reason,wave,executor_id,attempt,confirm_latency_us\n"
         );
-        let event = |message_key: &str, reason: &str, executor_id: &str| v1::AuditEvent {
-            plan_id: "p-1".into(),
-            slice_id: "s-1".into(),
-            dead_letter_id: "d-1".into(),
-            message_key: message_key.into(),
-            action: v1::AuditAction::Sent.into(),
-            reason: reason.into(),
-            wave: v1::Wave::Canary.into(),
-            executor_id: executor_id.into(),
-            attempt: 2,
-            confirm_latency_us: 1500,
-            at: Some(prost_types::Timestamp {
-                seconds: 1_714_564_800,
-                nanos: 0,
-            }),
+        let event = |message_key: &str, reason: &str, executor_id: &str| {
+            audit_event(
+                "p-1",
+                (v1::AuditAction::Sent, v1::Wave::Canary),
+                (2, 1500),
+                (1_714_564_800, 0),
+                [message_key, reason, executor_id],
+            )
         };
         let events = [
             event("plain", "", "exec-1"),
@@ -412,21 +430,14 @@ mod tests {
     /// planner's export through as it comes).
     #[test]
     fn export_rows_are_safe_in_a_spreadsheet() {
-        let event = |message_key: &str, reason: &str, executor_id: &str| v1::AuditEvent {
-            plan_id: "plan-formula".into(),
-            slice_id: "s-1".into(),
-            dead_letter_id: "d-1".into(),
-            message_key: message_key.into(),
-            action: v1::AuditAction::Failed.into(),
-            reason: reason.into(),
-            wave: v1::Wave::Main.into(),
-            executor_id: executor_id.into(),
-            attempt: 1,
-            confirm_latency_us: 0,
-            at: Some(prost_types::Timestamp {
-                seconds: 1_714_565_400,
-                nanos: 500_123_000,
-            }),
+        let event = |message_key: &str, reason: &str, executor_id: &str| {
+            audit_event(
+                "plan-formula",
+                (v1::AuditAction::Failed, v1::Wave::Main),
+                (1, 0),
+                (1_714_565_400, 500_123_000),
+                [message_key, reason, executor_id],
+            )
         };
         let events = [
             event("=HYPERLINK(\"http://x\",\"y\")", "+1 nack", "ok"),

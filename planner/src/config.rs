@@ -16,7 +16,7 @@ use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, time::Duration};
 
 use redrive_proto::limits::{MAX_AGE, at_most};
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::Parser;
 
 use redrive_proto::settings::{AmqpSettings, TelemetrySettings};
 
@@ -441,22 +441,14 @@ impl Config {
     /// the AMQP URL's `host:port/vhost`
     /// ([`redrive_proto::settings::broker_id_of`]).
     pub fn broker_id(&self) -> String {
-        match &self.broker_id {
-            Some(id) => id.clone(),
-            None => redrive_proto::settings::broker_id_of(&self.amqp.url)
-                .unwrap_or_else(|_| redrive_proto::settings::redact_url(&self.amqp.url)),
-        }
+        self.amqp.broker_id(self.broker_id.as_deref())
     }
 
     /// The defaults, with `database_url` set (tests build configs this way).
     /// Reads no `REDRIVE_*` variable: what the environment of a test run
     /// happens to hold never changes a test's planner.
     pub fn for_database(database_url: impl Into<String>) -> Self {
-        let command = Self::command().mut_args(|arg| arg.env(None));
-        let mut config = command
-            .try_get_matches_from(["redrive-planner"])
-            .and_then(|matches| Self::from_arg_matches(&matches))
-            .expect("the defaults parse");
+        let mut config: Self = redrive_proto::settings::defaults_without_env("redrive-planner");
         config.database_url = database_url.into();
         config
     }
@@ -582,6 +574,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use crate::precheck::policy::Policy;
+    use clap::CommandFactory;
     use redrive_proto::settings::ServiceSettings;
 
     fn config(args: &[&str]) -> Result<Config, String> {

@@ -14,7 +14,7 @@
 //!
 //! | folder | what it owns |
 //! | --- | --- |
-//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`); `health.rs` (the health service and the readiness gate) |
+//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`: [`main_with_args`], which `main.rs` calls); `health.rs` (the health service and the readiness gate) |
 //! | [`config`] | the settings: flags with `REDRIVE_…` fallbacks, parsed once at start-up into typed values; `config/checks.rs` (the one parse, step by step in flag order), `config/rules.rs` (the precheck policy and extraction rules), `config/transport.rs` (TLS and authentication), `config/settings.rs` ([`Settings`]) |
 //! | [`edge`] | the API edge: [`edge::grpc`] (the gRPC adapters), [`edge::auth`] (who is calling, the actor a call is recorded under), [`edge::roles`] (the one table of which role each RPC needs), [`edge::admission`] (what one caller may take: rate, streams, connections) |
 //! | [`capture`] | dead letters in: consuming DLQs into PostgreSQL, ack after commit; [`capture::guard`] (the relay that reads content headers before lapin), [`capture::raw`] (the small AMQP client for deliveries lapin cannot decode), [`capture::ingest`] (`IngestDeadLetters`, from services and `redrivectl import`), [`capture::ingest_budget`] (the memory all ingest streams share) |
@@ -536,6 +536,68 @@ pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 /// and delayed ACKs stall small gRPC frames for tens of milliseconds.
 pub fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// The `redrive-planner` binary: parses the settings from `args` (as
+/// [`std::env::args_os`] gives them, the program's name first), starts
+/// logging, wires SIGINT and SIGTERM to a cancellation token
+/// ([`start_service`](redrive_proto::telemetry::start_service)), binds
+/// `--listen` and runs [`run`] on a multi-threaded Tokio runtime. Messages
+/// read `redrive-planner: ...` whatever the program's name.
+///
+/// Exit codes: success, `EX_USAGE` (64) for a setting refused (at parsing,
+/// binding `--listen` or start-up), otherwise
+/// [`run_failure_code`](redrive_proto::settings::run_failure_code).
+///
+/// # Panics
+/// When the Tokio runtime cannot be built (as `#[tokio::main]`).
+pub fn main_with_args(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> std::process::ExitCode {
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("Failed building the Runtime")
+        .block_on(serve_main(args))
+}
+
+/// [`main_with_args`] on its runtime.
+async fn serve_main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
+    use redrive_proto::{
+        settings::{EX_USAGE, run_failure_code},
+        telemetry::start_service,
+    };
+    use std::process::ExitCode;
+
+    let (config, logging, shutdown) = match start_service::<Config>("redrive-planner", args) {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
+    let listener = match bind(config.listen) {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "redrive-planner: invalid setting --listen: cannot bind {}: {error}",
+                config.listen
+            );
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let code = match run(config, listener, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "planner failed");
+            let code = run_failure_code(&error);
+            if code == ExitCode::from(EX_USAGE) {
+                // A usage error goes where the parsing ones go, too.
+                eprintln!("redrive-planner: {error:#}");
+            }
+            code
+        }
+    };
+    logging.finish().await;
+    code
 }
 
 fn is_unreachable(error: &anyhow::Error) -> bool {

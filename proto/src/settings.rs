@@ -138,6 +138,20 @@ pub fn parse_or_exit<C: Parser>(
     }
 }
 
+/// The defaults of `C`, parsed as if `program` ran with no argument, reading
+/// no environment variable (what the environment of a test run happens to
+/// hold never changes a test's service): tests build settings this way.
+///
+/// # Panics
+/// When a default does not parse.
+pub fn defaults_without_env<C: Parser>(program: &str) -> C {
+    let command = C::command().mut_args(|arg| arg.env(None));
+    command
+        .try_get_matches_from([program])
+        .and_then(|matches| C::from_arg_matches(&matches))
+        .expect("the defaults parse")
+}
+
 /// A service's settings: parsed by clap, with secrets that may be named by
 /// file (`--…-file`) and checks that clap cannot make.
 pub trait ServiceSettings: Parser + Clone {
@@ -365,6 +379,17 @@ impl AmqpSettings {
             "amqp-url"
         };
         check_amqp_url(&self.url).map_err(|text| SettingError::new(setting, text))
+    }
+
+    /// The broker a service's database or Redis keys belong to: `explicit`
+    /// (its `--broker-id`), else this URL's `host:port/vhost`
+    /// ([`broker_id_of`]); the URL itself, password hidden, when it does not
+    /// parse (refused by [`AmqpSettings::check`] anyway).
+    pub fn broker_id(&self, explicit: Option<&str>) -> String {
+        match explicit {
+            Some(id) => id.to_owned(),
+            None => broker_id_of(&self.url).unwrap_or_else(|_| redact_url(&self.url)),
+        }
     }
 }
 

@@ -57,8 +57,9 @@ async fn main() -> anyhow::Result<()> {
         generate_dead_letters(&pool, source, messages, &queues).await?;
     }
     sqlx::query("ANALYZE").execute(&pool).await?;
-    // The executors' release binary, built before anything is timed.
-    redrive_tests::scenario::build_binaries().await?;
+    // The executors' release binary (cargo builds this package's binaries
+    // before its benchmarks), found before anything is timed.
+    redrive_tests::scenario::Binaries::of_tests()?;
 
     let raw = |queues: Vec<String>| async move {
         let rate = raw_publish_rate(&queues, count as usize, IN_FLIGHT).await?;

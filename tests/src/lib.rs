@@ -35,7 +35,10 @@
 //! - [`scenario`]: the order-fulfilment incident and its replay with the real
 //!   binaries, run by `redrive-demo` and `tests/e2e.rs`.
 //! - `bin/demo.rs`: `redrive-demo`, the scenario on the local services;
-//!   `bin/orders_hook.rs`: the [`orders_hook`] as a service of its own.
+//!   `bin/orders_hook.rs`: the [`orders_hook`] as a service of its own;
+//!   `bin/planner.rs`, `bin/executor.rs`, `bin/redrivectl.rs`: the real
+//!   binaries' entry functions as binaries of this package, which cargo
+//!   builds before its tests and benchmarks ([`scenario::Binaries`]).
 
 pub mod bench;
 pub mod orders_hook;
@@ -74,12 +77,13 @@ pub struct ExecutorProcess {
 }
 
 impl ExecutorProcess {
-    /// Starts the `redrive-executor` binary (built by
-    /// [`scenario::build_binaries`]) with `args`; its log goes to
-    /// this test's stderr.
+    /// Starts `redrive-executor` (this package's binary of it, which cargo
+    /// builds before the tests and benchmarks:
+    /// [`scenario::Binaries::of_tests`]) with `args`; its log goes to this
+    /// test's stderr.
     ///
     /// # Errors
-    /// When the binary cannot be built or started.
+    /// When the binary is missing or cannot be started.
     pub async fn start(args: &[String]) -> anyhow::Result<Self> {
         Self::start_logging(args, "info").await
     }
@@ -88,14 +92,14 @@ impl ExecutorProcess {
     /// (benchmarks).
     ///
     /// # Errors
-    /// When the binary cannot be built or started.
+    /// When the binary is missing or cannot be started.
     pub async fn start_quiet(args: &[String]) -> anyhow::Result<Self> {
         Self::start_logging(args, "warn").await
     }
 
     async fn start_logging(args: &[String], level: &str) -> anyhow::Result<Self> {
-        let bin_dir = scenario::build_binaries().await?;
-        let child = tokio::process::Command::new(bin_dir.join("redrive-executor"))
+        let binaries = scenario::Binaries::of_tests()?;
+        let child = tokio::process::Command::new(&binaries.executor)
             .args(args)
             .env("REDRIVE_LOG", level)
             .stdin(std::process::Stdio::null())

@@ -8,10 +8,9 @@ use redrive_tests::scenario::{self, ScenarioConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_demo_incident_replays_exactly_once_through_a_killed_executor() -> anyhow::Result<()> {
-    // `cargo test` builds neither the planner's binary nor, with `-p`, the
-    // executor's: build them (a no-op within `cargo test --workspace`).
-    let bin_dir = scenario::build_binaries().await?;
-    let config = ScenarioConfig::small(bin_dir)?;
+    // This package's binaries of the planner, executor and redrivectl,
+    // which cargo builds before its tests.
+    let config = ScenarioConfig::small(scenario::Binaries::of_tests()?)?;
     let outcome = scenario::run(&config).await?;
     let failures: Vec<String> = outcome
         .failures()

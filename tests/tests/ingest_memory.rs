@@ -119,10 +119,10 @@ async fn concurrent_streams_share_one_bounded_budget_and_memory_is_returned() ->
     const STREAMS: usize = 12;
     const PER_STREAM: usize = 2;
     const BUDGET: u64 = 160 * MIB;
-    let bin_dir = scenario::build_binaries().await?;
+    let binaries = scenario::Binaries::of_tests()?;
     let db = TestDb::new();
     let addr = scenario::free_local_addr()?;
-    let mut planner = tokio::process::Command::new(bin_dir.join("redrive-planner"))
+    let mut planner = tokio::process::Command::new(&binaries.planner)
         .args([
             "--listen",
             &addr.to_string(),

@@ -128,8 +128,7 @@ fn logs(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_secret_reaches_any_log_even_at_trace() -> anyhow::Result<()> {
-    let bin_dir = scenario::build_binaries().await?;
-    let mut config = ScenarioConfig::small(bin_dir)?;
+    let mut config = ScenarioConfig::small(scenario::Binaries::of_tests()?)?;
     // Secrets of this run only, so that a hit is a leak, not a coincidence.
     let tag = unique("s").replace(['-', '.', ':'], "");
     let broker_password = format!("amqp-pw-{tag}");

@@ -258,6 +258,11 @@ impl Selector {
 mod tests {
     use super::*;
 
+    /// `seconds` after the epoch.
+    fn at_second(seconds: i64) -> prost_types::Timestamp {
+        prost_types::Timestamp { seconds, nanos: 0 }
+    }
+
     #[test]
     fn bad_fields_are_named() {
         let error = Selector::try_from(v1::Selector {
@@ -267,14 +272,8 @@ mod tests {
         .unwrap_err();
         assert!(error.to_string().contains("selector.reasons"), "{error}");
         let error = Selector::try_from(v1::Selector {
-            died_from: Some(prost_types::Timestamp {
-                seconds: 10,
-                nanos: 0,
-            }),
-            died_to: Some(prost_types::Timestamp {
-                seconds: 5,
-                nanos: 0,
-            }),
+            died_from: Some(at_second(10)),
+            died_to: Some(at_second(5)),
             ..Default::default()
         })
         .unwrap_err();

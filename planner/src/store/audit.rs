@@ -35,6 +35,17 @@ pub(crate) async fn lock_plan_audit(
     Ok(())
 }
 
+/// The message keys `sql` selects for plan `plan_id` (its `$1`), in the
+/// order it gives.
+async fn plan_keys(
+    pool: &sqlx::PgPool,
+    sql: &'static str,
+    plan_id: PlanId,
+) -> Result<Vec<String>, StoreError> {
+    let keys = sqlx::query_scalar(sql).bind(plan_id).fetch_all(pool);
+    keys.await.map_err(StoreError::from)
+}
+
 impl Store {
     /// The id of a plan's latest audit event (0 when it has none): where a
     /// live feed of its new events starts.
@@ -371,10 +382,12 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn sent_keys(&self, plan_id: PlanId) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position")
-            .bind(plan_id)
-            .fetch_all(self.pool())
-            .await?)
+        plan_keys(
+            self.pool(),
+            "SELECT message_key FROM plan_items WHERE plan_id = $1 AND state = 'sent' ORDER BY position",
+            plan_id,
+        )
+        .await
     }
 
     /// Message keys of sent items with an `uncertain` event: published again
@@ -386,16 +399,16 @@ impl Store {
         &self,
         plan_id: PlanId,
     ) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
+        plan_keys(
+            self.pool(),
             // One pass over the plan's uncertain events, not one per item.
             "SELECT i.message_key FROM plan_items i \
              JOIN (SELECT DISTINCT dead_letter_id FROM audit_events WHERE plan_id = $1 AND action = 'uncertain') u \
                ON u.dead_letter_id = i.dead_letter_id \
              WHERE i.plan_id = $1 AND i.state = 'sent' ORDER BY i.position",
+            plan_id,
         )
-        .bind(plan_id)
-        .fetch_all(self.pool())
-        .await?)
+        .await
     }
 
     /// The latest audit event of every item that was not sent (skipped, failed,

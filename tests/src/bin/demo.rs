@@ -43,7 +43,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut config = ScenarioConfig::demo(bin_dir);
+    let mut config = ScenarioConfig::demo(scenario::Binaries::in_dir(&bin_dir));
     // TLS and authentication on, as in production: a CA, certificates and
     // tokens made for this run.
     match redrive_tests::pki::Pki::new() {

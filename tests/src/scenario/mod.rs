@@ -1,7 +1,9 @@
 //! The order-fulfilment incident and its replay, end to end, with the real
 //! binaries as separate processes: `redrive-demo` runs it full size
 //! ([`ScenarioConfig::demo`]) and `tests/tests/e2e.rs` small
-//! ([`ScenarioConfig::small`]), with an executor killed mid-main-wave.
+//! ([`ScenarioConfig::small`]), with an executor killed mid-main-wave, on
+//! this package's binaries of the planner, executor and `redrivectl`
+//! ([`Binaries::of_tests`]).
 //!
 //! 1. Topology and business state: exchange `NAMES.orders`, queue
 //!    `NAMES.fulfilment` dead-lettering (through `NAMES.dlx`) to
@@ -60,7 +62,7 @@ use recorder::Recorder;
 
 pub use checks::{Check, Outcome};
 pub use incident::Shape;
-pub use processes::{build_binaries, profile_dir};
+pub use processes::{Binaries, args_as, profile_dir};
 
 /// Where the children's stderr goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,9 +93,8 @@ pub struct ScenarioConfig {
     pub planner_addr: SocketAddr,
     /// Where `redrive-example-orders-hook` listens.
     pub hook_addr: SocketAddr,
-    /// The directory holding `redrive-planner`, `redrive-executor`,
-    /// `redrivectl` and `redrive-example-orders-hook`.
-    pub bin_dir: PathBuf,
+    /// The planner, executor, `redrivectl` and hook programs it starts.
+    pub binaries: Binaries,
     /// The plan's rate, messages per second.
     pub rate_per_second: u32,
     /// The plan's burst.
@@ -133,7 +134,7 @@ impl ScenarioConfig {
     /// The demo: full size, fixed names (`redrive-demo.*`, database
     /// `redrive_demo`, Redis prefix `redrive-demo:`) and ports (50151, 50161),
     /// 200 messages/s with a burst of 20, a 5 s observation window.
-    pub fn demo(bin_dir: PathBuf) -> Self {
+    pub fn demo(binaries: Binaries) -> Self {
         Self {
             shape: Shape::FULL,
             names: "redrive-demo".to_owned(),
@@ -142,7 +143,7 @@ impl ScenarioConfig {
             redis_prefix: "redrive-demo:".to_owned(),
             planner_addr: SocketAddr::from(([127, 0, 0, 1], 50151)),
             hook_addr: SocketAddr::from(([127, 0, 0, 1], 50161)),
-            bin_dir,
+            binaries,
             rate_per_second: 200,
             burst: 20,
             slice_size: 100,
@@ -167,7 +168,7 @@ impl ScenarioConfig {
     ///
     /// # Errors
     /// When no free port can be found.
-    pub fn small(bin_dir: PathBuf) -> anyhow::Result<Self> {
+    pub fn small(binaries: Binaries) -> anyhow::Result<Self> {
         let names = unique("redrive-e2e");
         Ok(Self {
             shape: Shape::SMALL,
@@ -176,7 +177,7 @@ impl ScenarioConfig {
             redis_prefix: format!("{names}:"),
             planner_addr: free_local_addr()?,
             hook_addr: free_local_addr()?,
-            bin_dir,
+            binaries,
             rate_per_second: 100,
             burst: 10,
             slice_size: 25,
@@ -306,7 +307,7 @@ async fn replay_incident(
     let hook_args: Vec<&str> = hook_args.iter().map(String::as_str).collect();
     processes.spawn(
         "redrive-example-orders-hook",
-        "redrive-example-orders-hook",
+        &config.binaries.orders_hook,
         &hook_args,
     )?;
     wait_for_port(processes, config.hook_addr).await?;
@@ -353,7 +354,7 @@ async fn replay_incident(
         admin_tls = pki.client("scenario-admin")?;
     }
     let planner_args: Vec<&str> = planner_args.iter().map(String::as_str).collect();
-    processes.spawn("redrive-planner", "redrive-planner", &planner_args)?;
+    processes.spawn("redrive-planner", &config.binaries.planner, &planner_args)?;
     let mut planner = wait_for_planner(processes, &config.planner_url(), &admin_tls).await?;
     for executor in ["executor-1", "executor-2"] {
         spawn_executor(config, processes, executor)?;

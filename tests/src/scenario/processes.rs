@@ -35,74 +35,73 @@ pub fn profile_dir() -> anyhow::Result<PathBuf> {
     })
 }
 
-/// Variables cargo sets for a crate's build and test run (beside
-/// `CARGO_PKG_*` and `CARGO_BIN_EXE_*`), which a nested cargo must not see.
-pub(super) const CRATE_VARIABLES: &[&str] = &[
-    "CARGO_MANIFEST_DIR",
-    "CARGO_MANIFEST_PATH",
-    "CARGO_CRATE_NAME",
-    "CARGO_BIN_NAME",
-    "CARGO_PRIMARY_PACKAGE",
-    "CARGO_TARGET_TMPDIR",
-    "CARGO_RUSTC_CURRENT_DIR",
-    "OUT_DIR",
-];
+/// The programs a scenario starts, by path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binaries {
+    /// `redrive-planner`.
+    pub planner: PathBuf,
+    /// `redrive-executor`.
+    pub executor: PathBuf,
+    /// `redrivectl`.
+    pub redrivectl: PathBuf,
+    /// `redrive-example-orders-hook`.
+    pub orders_hook: PathBuf,
+}
 
-/// Builds the workspace's binaries with the running cargo (`cargo build
-/// --workspace --bins --tests`: the features of `cargo test --workspace`, so
-/// within it this is a no-op, except that the planner's binary, which `cargo
-/// test` does not build, is linked once) and returns their directory. From
-/// a release build (a benchmark), `cargo build --release --workspace
-/// --bins`.
-///
-/// # Errors
-/// When cargo fails.
-pub async fn build_binaries() -> anyhow::Result<PathBuf> {
-    let profile_dir = profile_dir()?;
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    command
-        .arg("build")
-        .arg("--quiet")
-        .arg("--manifest-path")
-        .arg(&manifest)
-        .args(["--workspace", "--bins"]);
-    if let Some(target_dir) = profile_dir.parent() {
-        command.arg("--target-dir").arg(target_dir);
-    }
-    if profile_dir
-        .file_name()
-        .is_some_and(|name| name == "release")
-    {
-        // A benchmark: the release binaries only, not every test.
-        command.arg("--release");
-    } else {
-        command.arg("--tests");
-    }
-    // Cargo gives a test the variables it sets for a crate (CARGO_PKG_NAME,
-    // CARGO_MANIFEST_DIR, ...); build scripts that watch them (ring watches
-    // CARGO_MANIFEST_DIR) would be rerun, and every crate above them rebuilt.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if CRATE_VARIABLES.contains(&name.as_ref())
-            || name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_BIN_EXE_")
-        {
-            command.env_remove(name.as_ref());
+impl Binaries {
+    /// The workspace's binaries by their own names in `dir` (`cargo build
+    /// --bins` makes them): what `redrive-demo` runs.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            planner: dir.join("redrive-planner"),
+            executor: dir.join("redrive-executor"),
+            redrivectl: dir.join("redrivectl"),
+            orders_hook: dir.join("redrive-example-orders-hook"),
         }
     }
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .context("running cargo build")?;
-    ensure!(
-        output.status.success(),
-        "cargo build --workspace --bins --tests failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(profile_dir)
+
+    /// This package's own binaries for the tests and benchmarks:
+    /// `redrive-tests-planner`, `redrive-tests-executor` and
+    /// `redrive-tests-redrivectl` (`src/bin/`: each the real binary's entry
+    /// function, run under the real binary's name) and
+    /// `redrive-example-orders-hook`, in the running test's profile directory
+    /// ([`profile_dir`]). Cargo builds a package's binaries before its
+    /// integration tests and benchmarks, so they are there, in the same
+    /// profile, with or without `--workspace`.
+    ///
+    /// # Errors
+    /// When the running binary's path is unknown, or one of them is missing
+    /// (a test binary run by hand: `cargo build -p redrive-tests --bins`
+    /// makes them).
+    pub fn of_tests() -> anyhow::Result<Self> {
+        let dir = profile_dir()?;
+        let binaries = Self {
+            planner: dir.join("redrive-tests-planner"),
+            executor: dir.join("redrive-tests-executor"),
+            redrivectl: dir.join("redrive-tests-redrivectl"),
+            orders_hook: dir.join("redrive-example-orders-hook"),
+        };
+        for path in [
+            &binaries.planner,
+            &binaries.executor,
+            &binaries.redrivectl,
+            &binaries.orders_hook,
+        ] {
+            ensure!(
+                path.exists(),
+                "{} is missing: cargo builds it before the tests and benchmarks of redrive-tests (`cargo build -p redrive-tests --bins`)",
+                path.display()
+            );
+        }
+        Ok(binaries)
+    }
+}
+
+/// This process's arguments with `program` as the program's name (what
+/// clap's usage lines show): how `src/bin/` runs a real binary's entry
+/// function under the real binary's name.
+pub fn args_as(program: &str) -> impl Iterator<Item = std::ffi::OsString> {
+    std::iter::once(program.into()).chain(std::env::args_os().skip(1))
 }
 
 /// A child process, killed (SIGKILL) when dropped.
@@ -116,7 +115,6 @@ pub(super) struct Process {
 pub(super) struct Processes {
     /// `REDRIVE_LOG` of every child.
     log_filter: String,
-    pub(super) bin_dir: PathBuf,
     pub(super) logs: Logs,
     pub(super) running: Vec<Process>,
     /// Processes that are gone: name, how they ended, log file.
@@ -127,30 +125,24 @@ impl Processes {
     pub(super) fn new(config: &ScenarioConfig) -> Self {
         Self {
             log_filter: config.log_filter.clone(),
-            bin_dir: config.bin_dir.clone(),
             logs: config.logs.clone(),
             running: Vec::new(),
             ended: Vec::new(),
         }
     }
 
-    pub(super) fn binary(&self, program: &str) -> anyhow::Result<PathBuf> {
-        let path = self.bin_dir.join(program);
-        ensure!(
-            path.exists(),
-            "{} is missing: run `cargo build --bins` first (scripts/demo.sh does)",
-            path.display()
-        );
-        Ok(path)
-    }
-
     pub(super) fn spawn(
         &mut self,
         name: &str,
-        program: &str,
+        program: &Path,
         args: &[&str],
     ) -> anyhow::Result<u32> {
-        let mut command = Command::new(self.binary(program)?);
+        ensure!(
+            program.exists(),
+            "{} is missing: run `cargo build --bins` first (scripts/demo.sh does)",
+            program.display()
+        );
+        let mut command = Command::new(program);
         command
             .args(args)
             .env("REDRIVE_LOG", &self.log_filter)
@@ -170,7 +162,7 @@ impl Processes {
         };
         let child = command
             .spawn()
-            .with_context(|| format!("starting {program}"))?;
+            .with_context(|| format!("starting {}", program.display()))?;
         let pid = child.id().unwrap_or_default();
         self.running.push(Process {
             name: name.to_owned(),
@@ -330,7 +322,7 @@ pub(super) fn spawn_executor(
         args.extend(["--amqp-url".to_owned(), amqp_url.clone()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    processes.spawn(executor_id, "redrive-executor", &args)
+    processes.spawn(executor_id, &config.binaries.executor, &args)
 }
 
 pub(super) async fn wait_for_port(
@@ -402,7 +394,7 @@ impl Redrivectl {
             None => None,
         };
         Ok(Self {
-            program: config.bin_dir.join("redrivectl"),
+            program: config.binaries.redrivectl.clone(),
             planner_url: config.planner_url(),
             credentials,
         })

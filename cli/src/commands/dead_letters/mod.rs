@@ -433,38 +433,54 @@ async fn set_archived(
         planner.unarchive_dead_letters(request).await?
     }
     .into_inner();
-    // Ids that name nothing: what was asked could not all be done.
-    let code = if response.not_found_ids.is_empty() {
+    write_id_answer(out, &response, &response.not_found_ids, json, |out| {
+        writeln!(
+            out,
+            "{} {} dead letter(s) ({} unchanged)",
+            if archive { "archived" } else { "unarchived" },
+            response.changed,
+            response.unchanged
+        )?;
+        if !response.dead_letter_ids.is_empty() {
+            let more = response
+                .changed
+                .saturating_sub(response.dead_letter_ids.len() as u64);
+            let mut ids = response.dead_letter_ids.join(", ");
+            if more > 0 {
+                ids.push_str(&format!(" and {more} more"));
+            }
+            writeln!(out, "ids: {ids}")?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes the answer of a call that names dead letters by id (archive,
+/// unarchive, rekey): with --json as it is, else `for_people` and then the
+/// ids that named nothing. The exit code: `EX_DATAERR` when an id named
+/// nothing (what was asked could not all be done), else `EX_OK`.
+fn write_id_answer<M: prost::Message + prost::Name>(
+    out: &mut dyn Write,
+    response: &M,
+    not_found_ids: &[String],
+    json: bool,
+    for_people: impl FnOnce(&mut dyn Write) -> Result<(), CliError>,
+) -> Result<u8, CliError> {
+    let code = if not_found_ids.is_empty() {
         EX_OK
     } else {
         EX_DATAERR
     };
     if json {
-        write_message(out, &response)?;
+        write_message(out, response)?;
         return Ok(code);
     }
-    writeln!(
-        out,
-        "{} {} dead letter(s) ({} unchanged)",
-        if archive { "archived" } else { "unarchived" },
-        response.changed,
-        response.unchanged
-    )?;
-    if !response.dead_letter_ids.is_empty() {
-        let more = response
-            .changed
-            .saturating_sub(response.dead_letter_ids.len() as u64);
-        let mut ids = response.dead_letter_ids.join(", ");
-        if more > 0 {
-            ids.push_str(&format!(" and {more} more"));
-        }
-        writeln!(out, "ids: {ids}")?;
-    }
-    if !response.not_found_ids.is_empty() {
+    for_people(out)?;
+    if !not_found_ids.is_empty() {
         writeln!(
             out,
             "not found (never captured here, or deleted by retention): {}",
-            response.not_found_ids.join(", ")
+            not_found_ids.join(", ")
         )?;
     }
     Ok(code)
@@ -482,38 +498,24 @@ async fn rekey(
         reason: args.target.reason,
     };
     let response = planner.rekey_dead_letters(request).await?.into_inner();
-    let code = if response.not_found_ids.is_empty() {
-        EX_OK
-    } else {
-        EX_DATAERR
-    };
-    if json {
-        write_message(out, &response)?;
-        return Ok(code);
-    }
-    writeln!(
-        out,
-        "re-keyed {} dead letter(s): {} key(s) changed (rekey {})",
-        response.rekeyed, response.changed, response.rekey_id
-    )?;
-    for example in &response.examples {
-        write_item(
-            out,
-            "  ",
-            &format!(
-                "dead letter {}: {} -> {}",
-                example.dead_letter_id, example.old_key, example.new_key
-            ),
-        )?;
-    }
-    if !response.not_found_ids.is_empty() {
+    write_id_answer(out, &response, &response.not_found_ids, json, |out| {
         writeln!(
             out,
-            "not found (never captured here, or deleted by retention): {}",
-            response.not_found_ids.join(", ")
+            "re-keyed {} dead letter(s): {} key(s) changed (rekey {})",
+            response.rekeyed, response.changed, response.rekey_id
         )?;
-    }
-    Ok(code)
+        for example in &response.examples {
+            write_item(
+                out,
+                "  ",
+                &format!(
+                    "dead letter {}: {} -> {}",
+                    example.dead_letter_id, example.old_key, example.new_key
+                ),
+            )?;
+        }
+        Ok(())
+    })
 }
 
 /// The bytes of `path` (`-`: stdin).
