@@ -31,7 +31,8 @@
 //!   reader ([`raw`], `basic.get`, no prefetch), so they are not returned
 //!   again and again with every restart; readable ones are stored and
 //!   acked as usual, an unreadable one is stored as a placeholder
-//!   ([`ReasonClass::Unreadable`], `invalid` at precheck) and moved aside,
+//!   ([`ReasonClass::Unreadable`](redrive_proto::v1::ReasonClass::Unreadable),
+//!   `invalid` at precheck) and moved aside,
 //!   byte for byte, to `<queue>.unreadable`, then acked, or held unacked in
 //!   the DLQ when it cannot be moved. Then the session resumes with its
 //!   prefetch (docs/design.md, "Messages the client cannot read").
