@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::{
     audit::notifier::Notifier,
     error::Error,
-    ids::DeadLetterId,
+    ids::{DeadLetterId, SliceId},
     plan::state::State,
     precheck::state_check::{StateChecker, StateDecision},
     store::{
@@ -113,11 +113,6 @@ fn slice_item(mut item: LeasedItem, checker: &StateChecker) -> v1::SliceItem {
     }
 }
 
-pub(crate) fn parse_slice_id(id: &str) -> Result<i64, Error> {
-    id.parse()
-        .map_err(|_| Error::invalid("slice_id", format!("{id:?} is not a slice id")))
-}
-
 pub(crate) fn parse_token(token: u64) -> Result<i64, Error> {
     i64::try_from(token).map_err(|_| Error::invalid("fencing_token", "out of range"))
 }
@@ -163,12 +158,11 @@ impl Coordinator {
     pub async fn recheck(
         &self,
         plan_id: &str,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
         dead_letter_ids: &[String],
     ) -> Result<Vec<v1::StateDecision>, Error> {
-        let slice_id = parse_slice_id(slice_id)?;
         let token = parse_token(token)?;
         let ids = dead_letter_ids
             .iter()
@@ -316,7 +310,7 @@ impl Coordinator {
                     Ok(failed) => {
                         if failed > 0 {
                             tracing::warn!(
-                                slice.id = slice.slice_id,
+                                slice.id = slice.slice_id.get(),
                                 failed,
                                 limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
                                 "items larger than a claim answer can carry failed"
@@ -343,13 +337,13 @@ impl Coordinator {
                         )
                         .await
                         {
-                            tracing::warn!(%release, slice.id = slice.slice_id, "cannot release a slice whose claim failed");
+                            tracing::warn!(%release, slice.id = slice.slice_id.get(), "cannot release a slice whose claim failed");
                         }
                         return Err(error.into());
                     }
                 };
                 tracing::info!(
-                    slice.id = slice.slice_id,
+                    slice.id = slice.slice_id.get(),
                     plan.id = %slice.plan_id,
                     executor.id = executor_id,
                     items = items.len(),
@@ -397,18 +391,13 @@ impl Coordinator {
     /// `FailedPrecondition` for a stale fencing token; store errors.
     pub async fn heartbeat(
         &self,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
     ) -> Result<v1::HeartbeatResponse, Error> {
         let state = self
             .store
-            .heartbeat(
-                parse_slice_id(slice_id)?,
-                parse_token(token)?,
-                caller,
-                self.lease_ttl,
-            )
+            .heartbeat(slice_id, parse_token(token)?, caller, self.lease_ttl)
             .await??;
         // The same directive as the lease watch gives.
         let signal = lease_signal(Ok(state));
@@ -434,7 +423,7 @@ impl Coordinator {
         request: v1::ReportOutcomesRequest,
         caller: &str,
     ) -> Result<v1::ReportOutcomesResponse, Error> {
-        let slice_id = parse_slice_id(&request.slice_id)?;
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         let token = parse_token(request.fencing_token)?;
         // Reported events by action (wire number), for the metrics.
         let mut actions = [0_u64; 9];
@@ -491,7 +480,7 @@ impl Coordinator {
         }
         if reported.lease_lost {
             tracing::info!(
-                slice.id = slice_id,
+                slice.id = slice_id.get(),
                 fencing_token = token,
                 accepted = reported.accepted,
                 refused = reported.refused,
@@ -514,19 +503,15 @@ impl Coordinator {
     /// `FailedPrecondition` for a stale fencing token; store errors.
     pub async fn complete(
         &self,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
         release: bool,
     ) -> Result<(), Error> {
-        Ok(outcomes::end_lease(
-            &self.store,
-            parse_slice_id(slice_id)?,
-            parse_token(token)?,
-            caller,
-            release,
+        Ok(
+            outcomes::end_lease(&self.store, slice_id, parse_token(token)?, caller, release)
+                .await??,
         )
-        .await??)
     }
 
     /// Records a lease's write-ahead mark: its holder may publish items up
@@ -539,7 +524,7 @@ impl Coordinator {
     /// errors.
     pub async fn mark_publishing(
         &self,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
         through_item_id: &str,
@@ -556,12 +541,7 @@ impl Coordinator {
             })?;
         Ok(self
             .store
-            .mark_publishing(
-                parse_slice_id(slice_id)?,
-                parse_token(token)?,
-                caller,
-                position,
-            )
+            .mark_publishing(slice_id, parse_token(token)?, caller, position)
             .await??)
     }
 }

@@ -24,13 +24,13 @@ use redrive_proto::v1;
 
 pub use self::report::{LeaseEnd, ReportLease};
 use super::plans::DestinationMode;
-use crate::ids::{DeadLetterId, PlanId, PrecheckId};
+use crate::ids::{DeadLetterId, PlanId, PrecheckId, SliceId};
 
 /// A slice just leased.
 #[derive(Debug, Clone)]
 pub struct LeasedSlice {
     /// Slice id.
-    pub slice_id: i64,
+    pub slice_id: SliceId,
     /// Its plan.
     pub plan_id: PlanId,
     /// `canary` or `main`.

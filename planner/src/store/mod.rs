@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Postgres, Transaction, postgres::PgPoolOptions};
 
-use crate::metrics::PlannerMetrics;
+use crate::{ids::SliceId, metrics::PlannerMetrics};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +99,7 @@ impl From<sqlx::Error> for StoreError {
 )]
 pub struct StaleToken {
     /// The slice.
-    pub slice_id: i64,
+    pub slice_id: SliceId,
     /// The token presented.
     pub token: i64,
 }

@@ -5,7 +5,7 @@ use futures::{StreamExt, stream::BoxStream};
 use redrive_proto::v1::{self, coordinator_server::Coordinator};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::{error::Error, leases::Coordinator as CoordinatorService};
+use crate::{error::Error, ids::SliceId, leases::Coordinator as CoordinatorService};
 
 /// The principal a lease is bound to: the caller's authenticated identity,
 /// `""` when the planner runs without authentication (every caller is then
@@ -78,9 +78,10 @@ impl Coordinator for CoordinatorGrpc {
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         Ok(Response::new(
             self.coordinator
-                .heartbeat(&request.slice_id, request.fencing_token, &caller)
+                .heartbeat(slice_id, request.fencing_token, &caller)
                 .await?,
         ))
     }
@@ -126,7 +127,7 @@ impl Coordinator for CoordinatorGrpc {
             .open(crate::edge::admission::request_caller_key(&request))?;
         let caller = caller(&request);
         let request = request.into_inner();
-        let slice_id = crate::leases::parse_slice_id(&request.slice_id)?;
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         crate::leases::parse_token(request.fencing_token)?;
         let signals = self
             .hub
@@ -147,13 +148,9 @@ impl Coordinator for CoordinatorGrpc {
     ) -> Result<Response<v1::CompleteSliceResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         self.coordinator
-            .complete(
-                &request.slice_id,
-                request.fencing_token,
-                &caller,
-                request.release,
-            )
+            .complete(slice_id, request.fencing_token, &caller, request.release)
             .await?;
         Ok(Response::new(v1::CompleteSliceResponse {}))
     }
@@ -164,9 +161,10 @@ impl Coordinator for CoordinatorGrpc {
     ) -> Result<Response<v1::MarkPublishingResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         self.coordinator
             .mark_publishing(
-                &request.slice_id,
+                slice_id,
                 request.fencing_token,
                 &caller,
                 &request.through_item_id,
@@ -181,11 +179,12 @@ impl Coordinator for CoordinatorGrpc {
     ) -> Result<Response<v1::RecheckStateResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         let decisions = self
             .coordinator
             .recheck(
                 &request.plan_id,
-                &request.slice_id,
+                slice_id,
                 request.fencing_token,
                 &caller,
                 &request.dead_letter_ids,

@@ -10,7 +10,7 @@ use sqlx::AssertSqlSafe;
 
 use super::{ITEM_SIZE_SQL, LeasedItem, LeasedSlice, REPLAY_KEY_WINDOW};
 use crate::{
-    ids::{PlanId, PrecheckId},
+    ids::{PlanId, PrecheckId, SliceId},
     store::{
         Store, StoreError,
         audit::lock_plan_audit,
@@ -83,7 +83,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn slice_items(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         max_bytes: usize,
     ) -> Result<Vec<LeasedItem>, StoreError> {
         let query = format!(
@@ -136,7 +136,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn fail_unsendable(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         max_bytes: usize,
     ) -> Result<u64, StoreError> {
@@ -181,7 +181,7 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
 /// A slice as [`Store::claim_slice`] leases it, with its plan's columns.
 #[derive(sqlx::FromRow)]
 struct LeasedSliceRow {
-    id: i64,
+    id: SliceId,
     plan_id: PlanId,
     wave: String,
     fencing_token: i64,

@@ -8,7 +8,7 @@ use redrive_proto::v1;
 use sqlx::AssertSqlSafe;
 
 use crate::{
-    ids::{DeadLetterId, PlanId},
+    ids::{DeadLetterId, PlanId, SliceId},
     plan::state::State,
     store::{
         StaleToken, Store, StoreError,
@@ -24,7 +24,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn lease_state(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
     ) -> Result<Result<(PlanId, State), StaleToken>, StoreError> {
@@ -52,7 +52,7 @@ impl Store {
     /// [`StoreError`].
     pub async fn mark_publishing(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
         position: i64,
@@ -86,7 +86,7 @@ impl Store {
     /// `Ok(Err(StaleToken))` when the token is not the slice's current lease.
     pub async fn heartbeat(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
         ttl: Duration,
@@ -114,7 +114,7 @@ impl Store {
     /// `Ok(Err(StaleToken))` when the token is not that lease; [`StoreError`].
     pub async fn lease_items(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
         ids: &[DeadLetterId],

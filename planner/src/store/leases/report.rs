@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::FINAL_ITEM_STATES;
 use crate::{
-    ids::{DeadLetterId, PlanId},
+    ids::{DeadLetterId, PlanId, SliceId},
     plan::state::Event,
     store::{
         StoreError, Tx,
@@ -61,7 +61,7 @@ impl Tx {
     /// [`StoreError`].
     pub async fn report_lease(
         &mut self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
     ) -> Result<Option<ReportLease>, StoreError> {
@@ -89,7 +89,7 @@ impl Tx {
     /// [`StoreError`].
     pub async fn slice_members(
         &mut self,
-        slice_id: i64,
+        slice_id: SliceId,
         ids: &[DeadLetterId],
     ) -> Result<HashMap<DeadLetterId, (String, i64)>, StoreError> {
         Ok(sqlx::query_as::<_, (DeadLetterId, String, i64)>(
@@ -118,7 +118,7 @@ impl Tx {
     /// [`StoreError`].
     pub async fn end_lease(
         &mut self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
         release: bool,
