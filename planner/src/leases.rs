@@ -24,7 +24,7 @@ use crate::{
     precheck::state_check::{StateChecker, StateDecision},
     store::{
         StaleToken, Store,
-        leases::{LeasedItem, Outcome},
+        leases::{LeasedItem, LeasedSlice, Outcome},
     },
 };
 
@@ -294,54 +294,7 @@ impl Coordinator {
                 .claim_slice(executor_id, caller, self.lease_ttl, true)
                 .await?
             {
-                // An item no claim answer can carry fails at once (it would
-                // hold its slice forever); the rest are handed out as far as
-                // the byte budget goes, the remainder staying pending for the
-                // next lease of this slice.
-                let loaded = match self
-                    .store
-                    .fail_unsendable(
-                        slice.slice_id,
-                        slice.fencing_token,
-                        redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
-                    )
-                    .await
-                {
-                    Ok(failed) => {
-                        if failed > 0 {
-                            tracing::warn!(
-                                slice.id = slice.slice_id.get(),
-                                failed,
-                                limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
-                                "items larger than a claim answer can carry failed"
-                            );
-                        }
-                        self.store
-                            .slice_items(slice.slice_id, self.claim_max_bytes)
-                            .await
-                    }
-                    Err(error) => Err(error),
-                };
-                let items = match loaded {
-                    Ok(loaded) => loaded,
-                    Err(error) => {
-                        // Nobody will hold this lease: give it back now, so
-                        // that its expiry does not mark items uncertain that
-                        // were never handed to an executor.
-                        if let Err(release) = outcomes::end_lease(
-                            &self.store,
-                            slice.slice_id,
-                            slice.fencing_token,
-                            caller,
-                            true,
-                        )
-                        .await
-                        {
-                            tracing::warn!(%release, slice.id = slice.slice_id.get(), "cannot release a slice whose claim failed");
-                        }
-                        return Err(error.into());
-                    }
-                };
+                let items = self.hand_out_items(&slice, caller).await?;
                 tracing::info!(
                     slice.id = slice.slice_id.get(),
                     plan.id = %slice.plan_id,
@@ -350,24 +303,7 @@ impl Coordinator {
                     fencing_token = slice.fencing_token,
                     "slice leased"
                 );
-                return Ok(Some(v1::Slice {
-                    slice_id: slice.slice_id.to_string(),
-                    plan_id: slice.plan_id.to_string(),
-                    wave: if slice.wave == "canary" {
-                        v1::Wave::Canary
-                    } else {
-                        v1::Wave::Main
-                    }
-                    .into(),
-                    fencing_token: u64::try_from(slice.fencing_token).unwrap_or_default(),
-                    lease_ttl: Some(duration(self.lease_ttl)),
-                    rate: Some(slice.rate.clone()),
-                    ordered: slice.ordered,
-                    items: items
-                        .into_iter()
-                        .map(|item| slice_item(item, &self.checker))
-                        .collect(),
-                }));
+                return Ok(Some(self.slice_message(&slice, items)));
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -382,6 +318,86 @@ impl Coordinator {
                     }
                 }
             }
+        }
+    }
+
+    /// The items slice `slice`, just leased by `caller`, hands out: an item
+    /// no claim answer can carry fails at once (it would hold its slice
+    /// forever); the rest are handed out as far as the byte budget goes,
+    /// the remainder staying pending for the next lease of this slice.
+    ///
+    /// # Errors
+    /// Store errors; the lease is released first (nobody will hold it).
+    async fn hand_out_items(
+        &self,
+        slice: &LeasedSlice,
+        caller: &str,
+    ) -> Result<Vec<LeasedItem>, Error> {
+        let loaded = match self
+            .store
+            .fail_unsendable(
+                slice.slice_id,
+                slice.fencing_token,
+                redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
+            )
+            .await
+        {
+            Ok(failed) => {
+                if failed > 0 {
+                    tracing::warn!(
+                        slice.id = slice.slice_id.get(),
+                        failed,
+                        limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
+                        "items larger than a claim answer can carry failed"
+                    );
+                }
+                self.store
+                    .slice_items(slice.slice_id, self.claim_max_bytes)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        match loaded {
+            Ok(loaded) => Ok(loaded),
+            Err(error) => {
+                // Nobody will hold this lease: give it back now, so
+                // that its expiry does not mark items uncertain that
+                // were never handed to an executor.
+                if let Err(release) = outcomes::end_lease(
+                    &self.store,
+                    slice.slice_id,
+                    slice.fencing_token,
+                    caller,
+                    true,
+                )
+                .await
+                {
+                    tracing::warn!(%release, slice.id = slice.slice_id.get(), "cannot release a slice whose claim failed");
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    /// The claim answer for leased `slice` and its `items`.
+    fn slice_message(&self, slice: &LeasedSlice, items: Vec<LeasedItem>) -> v1::Slice {
+        v1::Slice {
+            slice_id: slice.slice_id.to_string(),
+            plan_id: slice.plan_id.to_string(),
+            wave: if slice.wave == "canary" {
+                v1::Wave::Canary
+            } else {
+                v1::Wave::Main
+            }
+            .into(),
+            fencing_token: u64::try_from(slice.fencing_token).unwrap_or_default(),
+            lease_ttl: Some(duration(self.lease_ttl)),
+            rate: Some(slice.rate.clone()),
+            ordered: slice.ordered,
+            items: items
+                .into_iter()
+                .map(|item| slice_item(item, &self.checker))
+                .collect(),
         }
     }
 
