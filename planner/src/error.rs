@@ -114,7 +114,7 @@ impl From<Error> for Status {
         if let Error::StaleToken(stale) = &error {
             return redrive_proto::error::stale_token_status(
                 error.to_string(),
-                stale.slice_id,
+                stale.slice_id.get(),
                 stale.token,
             );
         }

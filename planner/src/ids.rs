@@ -1,9 +1,9 @@
 //! Identifiers and page tokens as the API writes them, parsed once at the
 //! edge: each parser answers `InvalidArgument` naming the field. Each kind of
-//! id is a type of its own ([`DeadLetterId`], [`PlanId`], [`PrecheckId`]),
-//! bound and decoded by sqlx as the column it is, so that an id of one kind
-//! cannot be passed for another. A leaf module: the adapters, the selector
-//! and the stores all read ids here.
+//! id is a type of its own ([`DeadLetterId`], [`SliceId`], [`PlanId`],
+//! [`PrecheckId`]), bound and decoded by sqlx as the column it is, so that
+//! an id of one kind cannot be passed for another. A leaf module: the
+//! adapters, the selector and the stores all read ids here.
 
 use std::fmt;
 
@@ -55,48 +55,65 @@ impl PageToken {
     }
 }
 
-/// A dead letter id (`dead_letters.id`): a positive integer, written in
-/// decimal. Binds and decodes as the `bigint` it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
-#[sqlx(transparent)]
-pub struct DeadLetterId(i64);
+/// An integer id of one kind: a positive integer, written in decimal;
+/// parsed once at the edge, bound and decoded as the `bigint` column it is.
+macro_rules! integer_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
+        #[sqlx(transparent)]
+        pub struct $name(i64);
 
-impl DeadLetterId {
-    /// Parses the id in request field `field` (decimal digits only).
-    ///
-    /// # Errors
-    /// `InvalidArgument` naming `field`.
-    pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
-        // Digits only: `+1` and ` 1` are not how ids are written.
-        Some(id)
-            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|id| id.parse::<i64>().ok())
-            .filter(|id| *id > 0)
-            .map(Self)
-            .ok_or_else(|| {
-                Error::invalid(
-                    field,
-                    format!("{id:?} is not a dead letter id (a positive integer)"),
-                )
-            })
-    }
+        impl $name {
+            #[doc = concat!("Parses the ", $what, " in request field `field` (decimal digits only).")]
+            ///
+            /// # Errors
+            /// `InvalidArgument` naming `field`.
+            pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+                // Digits only: `+1` and ` 1` are not how ids are written.
+                Some(id)
+                    .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|id| id.parse::<i64>().ok())
+                    .filter(|id| *id > 0)
+                    .map(Self)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            field,
+                            format!("{id:?} is not a {} (a positive integer)", $what),
+                        )
+                    })
+            }
 
-    /// The id `id` as stored (already known to be a dead letter's).
-    pub const fn new(id: i64) -> Self {
-        Self(id)
-    }
+            #[doc = concat!("The id `id` as stored (already known to be a ", $what, ").")]
+            pub const fn new(id: i64) -> Self {
+                Self(id)
+            }
 
-    /// The stored integer.
-    pub const fn get(self) -> i64 {
-        self.0
-    }
+            /// The stored integer.
+            pub const fn get(self) -> i64 {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(formatter)
+            }
+        }
+    };
 }
 
-impl fmt::Display for DeadLetterId {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(formatter)
-    }
-}
+integer_id!(
+    /// A dead letter id (`dead_letters.id`).
+    DeadLetterId,
+    "dead letter id"
+);
+
+integer_id!(
+    /// A slice id (`plan_slices.id`).
+    SliceId,
+    "slice id"
+);
 
 /// A UUID id of one kind: parsed once at the edge, bound and decoded as the
 /// `uuid` column it is, shown hyphenated.
@@ -180,6 +197,28 @@ mod tests {
             let error = DeadLetterId::parse("selector.ids[3]", text).unwrap_err();
             assert_eq!(field_of(error), "selector.ids[3]", "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_slice_id_is_positive_decimal_digits_only() {
+        assert_eq!(SliceId::parse("slice_id", "7").unwrap().get(), 7);
+        for text in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            " 1",
+            "1.0",
+            "s-3",
+            "99999999999999999999",
+        ] {
+            let error = SliceId::parse("slice_id", text).unwrap_err();
+            assert_eq!(field_of(error), "slice_id", "{text:?}");
+        }
+        assert_eq!(
+            SliceId::parse("slice_id", "x").unwrap_err().to_string(),
+            "slice_id: \"x\" is not a slice id (a positive integer)"
+        );
     }
 
     #[test]

@@ -19,12 +19,12 @@ use std::sync::Arc;
 use crate::{
     audit::notifier::Notifier,
     error::Error,
-    ids::DeadLetterId,
+    ids::{DeadLetterId, SliceId},
     plan::state::State,
     precheck::state_check::{StateChecker, StateDecision},
     store::{
         StaleToken, Store,
-        leases::{LeasedItem, Outcome},
+        leases::{LeasedItem, LeasedSlice, Outcome},
     },
 };
 
@@ -113,11 +113,6 @@ fn slice_item(mut item: LeasedItem, checker: &StateChecker) -> v1::SliceItem {
     }
 }
 
-pub(crate) fn parse_slice_id(id: &str) -> Result<i64, Error> {
-    id.parse()
-        .map_err(|_| Error::invalid("slice_id", format!("{id:?} is not a slice id")))
-}
-
 pub(crate) fn parse_token(token: u64) -> Result<i64, Error> {
     i64::try_from(token).map_err(|_| Error::invalid("fencing_token", "out of range"))
 }
@@ -163,12 +158,11 @@ impl Coordinator {
     pub async fn recheck(
         &self,
         plan_id: &str,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
         dead_letter_ids: &[String],
     ) -> Result<Vec<v1::StateDecision>, Error> {
-        let slice_id = parse_slice_id(slice_id)?;
         let token = parse_token(token)?;
         let ids = dead_letter_ids
             .iter()
@@ -300,80 +294,16 @@ impl Coordinator {
                 .claim_slice(executor_id, caller, self.lease_ttl, true)
                 .await?
             {
-                // An item no claim answer can carry fails at once (it would
-                // hold its slice forever); the rest are handed out as far as
-                // the byte budget goes, the remainder staying pending for the
-                // next lease of this slice.
-                let loaded = match self
-                    .store
-                    .fail_unsendable(
-                        slice.slice_id,
-                        slice.fencing_token,
-                        redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
-                    )
-                    .await
-                {
-                    Ok(failed) => {
-                        if failed > 0 {
-                            tracing::warn!(
-                                slice.id = slice.slice_id,
-                                failed,
-                                limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
-                                "items larger than a claim answer can carry failed"
-                            );
-                        }
-                        self.store
-                            .slice_items(slice.slice_id, self.claim_max_bytes)
-                            .await
-                    }
-                    Err(error) => Err(error),
-                };
-                let items = match loaded {
-                    Ok(loaded) => loaded,
-                    Err(error) => {
-                        // Nobody will hold this lease: give it back now, so
-                        // that its expiry does not mark items uncertain that
-                        // were never handed to an executor.
-                        if let Err(release) = outcomes::end_lease(
-                            &self.store,
-                            slice.slice_id,
-                            slice.fencing_token,
-                            caller,
-                            true,
-                        )
-                        .await
-                        {
-                            tracing::warn!(%release, slice.id = slice.slice_id, "cannot release a slice whose claim failed");
-                        }
-                        return Err(error.into());
-                    }
-                };
+                let items = self.hand_out_items(&slice, caller).await?;
                 tracing::info!(
-                    slice.id = slice.slice_id,
+                    slice.id = slice.slice_id.get(),
                     plan.id = %slice.plan_id,
                     executor.id = executor_id,
                     items = items.len(),
                     fencing_token = slice.fencing_token,
                     "slice leased"
                 );
-                return Ok(Some(v1::Slice {
-                    slice_id: slice.slice_id.to_string(),
-                    plan_id: slice.plan_id.to_string(),
-                    wave: if slice.wave == "canary" {
-                        v1::Wave::Canary
-                    } else {
-                        v1::Wave::Main
-                    }
-                    .into(),
-                    fencing_token: u64::try_from(slice.fencing_token).unwrap_or_default(),
-                    lease_ttl: Some(duration(self.lease_ttl)),
-                    rate: Some(slice.rate.clone()),
-                    ordered: slice.ordered,
-                    items: items
-                        .into_iter()
-                        .map(|item| slice_item(item, &self.checker))
-                        .collect(),
-                }));
+                return Ok(Some(self.slice_message(&slice, items)));
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -391,24 +321,99 @@ impl Coordinator {
         }
     }
 
+    /// The items slice `slice`, just leased by `caller`, hands out: an item
+    /// no claim answer can carry fails at once (it would hold its slice
+    /// forever); the rest are handed out as far as the byte budget goes,
+    /// the remainder staying pending for the next lease of this slice.
+    ///
+    /// # Errors
+    /// Store errors; the lease is released first (nobody will hold it).
+    async fn hand_out_items(
+        &self,
+        slice: &LeasedSlice,
+        caller: &str,
+    ) -> Result<Vec<LeasedItem>, Error> {
+        let loaded = match self
+            .store
+            .fail_unsendable(
+                slice.slice_id,
+                slice.fencing_token,
+                redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
+            )
+            .await
+        {
+            Ok(failed) => {
+                if failed > 0 {
+                    tracing::warn!(
+                        slice.id = slice.slice_id.get(),
+                        failed,
+                        limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
+                        "items larger than a claim answer can carry failed"
+                    );
+                }
+                self.store
+                    .slice_items(slice.slice_id, self.claim_max_bytes)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        match loaded {
+            Ok(loaded) => Ok(loaded),
+            Err(error) => {
+                // Nobody will hold this lease: give it back now, so
+                // that its expiry does not mark items uncertain that
+                // were never handed to an executor.
+                if let Err(release) = outcomes::end_lease(
+                    &self.store,
+                    slice.slice_id,
+                    slice.fencing_token,
+                    caller,
+                    true,
+                )
+                .await
+                {
+                    tracing::warn!(%release, slice.id = slice.slice_id.get(), "cannot release a slice whose claim failed");
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    /// The claim answer for leased `slice` and its `items`.
+    fn slice_message(&self, slice: &LeasedSlice, items: Vec<LeasedItem>) -> v1::Slice {
+        v1::Slice {
+            slice_id: slice.slice_id.to_string(),
+            plan_id: slice.plan_id.to_string(),
+            wave: if slice.wave == "canary" {
+                v1::Wave::Canary
+            } else {
+                v1::Wave::Main
+            }
+            .into(),
+            fencing_token: u64::try_from(slice.fencing_token).unwrap_or_default(),
+            lease_ttl: Some(duration(self.lease_ttl)),
+            rate: Some(slice.rate.clone()),
+            ordered: slice.ordered,
+            items: items
+                .into_iter()
+                .map(|item| slice_item(item, &self.checker))
+                .collect(),
+        }
+    }
+
     /// Renews a lease; says whether to keep publishing.
     ///
     /// # Errors
     /// `FailedPrecondition` for a stale fencing token; store errors.
     pub async fn heartbeat(
         &self,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
     ) -> Result<v1::HeartbeatResponse, Error> {
         let state = self
             .store
-            .heartbeat(
-                parse_slice_id(slice_id)?,
-                parse_token(token)?,
-                caller,
-                self.lease_ttl,
-            )
+            .heartbeat(slice_id, parse_token(token)?, caller, self.lease_ttl)
             .await??;
         // The same directive as the lease watch gives.
         let signal = lease_signal(Ok(state));
@@ -434,7 +439,7 @@ impl Coordinator {
         request: v1::ReportOutcomesRequest,
         caller: &str,
     ) -> Result<v1::ReportOutcomesResponse, Error> {
-        let slice_id = parse_slice_id(&request.slice_id)?;
+        let slice_id = SliceId::parse("slice_id", &request.slice_id)?;
         let token = parse_token(request.fencing_token)?;
         // Reported events by action (wire number), for the metrics.
         let mut actions = [0_u64; 9];
@@ -491,7 +496,7 @@ impl Coordinator {
         }
         if reported.lease_lost {
             tracing::info!(
-                slice.id = slice_id,
+                slice.id = slice_id.get(),
                 fencing_token = token,
                 accepted = reported.accepted,
                 refused = reported.refused,
@@ -514,19 +519,15 @@ impl Coordinator {
     /// `FailedPrecondition` for a stale fencing token; store errors.
     pub async fn complete(
         &self,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
         release: bool,
     ) -> Result<(), Error> {
-        Ok(outcomes::end_lease(
-            &self.store,
-            parse_slice_id(slice_id)?,
-            parse_token(token)?,
-            caller,
-            release,
+        Ok(
+            outcomes::end_lease(&self.store, slice_id, parse_token(token)?, caller, release)
+                .await??,
         )
-        .await??)
     }
 
     /// Records a lease's write-ahead mark: its holder may publish items up
@@ -539,7 +540,7 @@ impl Coordinator {
     /// errors.
     pub async fn mark_publishing(
         &self,
-        slice_id: &str,
+        slice_id: SliceId,
         token: u64,
         caller: &str,
         through_item_id: &str,
@@ -556,12 +557,7 @@ impl Coordinator {
             })?;
         Ok(self
             .store
-            .mark_publishing(
-                parse_slice_id(slice_id)?,
-                parse_token(token)?,
-                caller,
-                position,
-            )
+            .mark_publishing(slice_id, parse_token(token)?, caller, position)
             .await??)
     }
 }

@@ -14,7 +14,7 @@
 use std::{path::Path, time::Duration};
 
 use redrive_planner::{
-    ids::{DeadLetterId, PlanId},
+    ids::{DeadLetterId, PlanId, SliceId},
     leases::outcomes,
     plan::state::Event,
     store::{
@@ -93,7 +93,7 @@ impl Db {
     }
 
     /// Records the mark through `position` under `token` (it must be current).
-    async fn mark(&self, slice_id: i64, token: i64, position: i64) {
+    async fn mark(&self, slice_id: SliceId, token: i64, position: i64) {
         self.store
             .mark_publishing(slice_id, token, "", position)
             .await
@@ -104,7 +104,7 @@ impl Db {
     /// What the two fenced writes that leave the lease held, the heartbeat
     /// and the write-ahead mark (through position 3), answer `token` on
     /// `slice`.
-    async fn beat_and_mark(&self, slice_id: i64, token: i64) -> [Result<(), StaleToken>; 2] {
+    async fn beat_and_mark(&self, slice_id: SliceId, token: i64) -> [Result<(), StaleToken>; 2] {
         let beat = self
             .store
             .heartbeat(slice_id, token, "", TTL)
@@ -115,7 +115,7 @@ impl Db {
     }
 
     /// Makes the slice's lease expired a second ago.
-    async fn backdate(&self, slice_id: i64) {
+    async fn backdate(&self, slice_id: SliceId) {
         sqlx::query(
             "UPDATE plan_slices SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
         )
@@ -873,7 +873,7 @@ async fn a_reader_following_the_audit_misses_no_event_of_overlapping_reports() {
         db.claim("exec-1", true).await,
         db.claim("exec-2", true).await,
     ];
-    let items: Vec<(DeadLetterId, i64)> =
+    let items: Vec<(DeadLetterId, SliceId)> =
         sqlx::query_as("SELECT dead_letter_id, slice_id FROM plan_items ORDER BY position")
             .fetch_all(&db.pool)
             .await

@@ -7,6 +7,9 @@
 //! when it fails.
 //!
 //! # Layout
+//! - `amqp.rs`: [`amqp::content_header`] and [`amqp::encode`], content
+//!   headers with any bytes (which lapin cannot publish), for the planner's
+//!   fallback reader's tests.
 //! - `lib.rs`: the local services' addresses and URLs ([`AMQP_ADDR`],
 //!   [`AMQP_URL`], [`REDIS_ADDR`], [`REDIS_URL`], [`amqp_url`],
 //!   [`redis_url`]), [`unique`] names, and [`block_on_aside`], the async
@@ -19,6 +22,7 @@
 //! - `proxy.rs`: [`TcpProxy`], forwarding to a server until cut (connections
 //!   closed, new ones refused) or stalled (nothing forwarded).
 
+pub mod amqp;
 mod broker;
 mod database;
 mod proxy;

@@ -11,14 +11,12 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use lapin::{BasicProperties, types::FieldTable};
-use redrive_planner::capture::{
-    raw::{
-        RawConnection, content_header,
-        encode::{long_string, short_string as short, table as headers},
-    },
-    unreadable_queue,
-};
+use redrive_planner::capture::{raw::RawConnection, unreadable_queue};
 use redrive_proto::v1::{self, Verdict};
+use redrive_test_support::amqp::{
+    content_header,
+    encode::{long_string, short_string as short, table as headers},
+};
 use redrive_tests::{
     AMQP_URL, Broker, DlqTopology, TcpProxy, TestBed, amqp_table, init_logging, precheck_items,
     stored_total, unique, wait_until,

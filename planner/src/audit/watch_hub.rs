@@ -35,7 +35,7 @@ use crate::{
     audit::PAGE,
     audit::notifier::Notifier,
     error::Error,
-    ids::PlanId,
+    ids::{PlanId, SliceId},
     leases::{LEASE_RECHECK, lease_signal},
     plan,
     store::Store,
@@ -74,7 +74,7 @@ struct PlanFeed {
 }
 
 /// Who watches one lease: the slice, the fencing token and the principal.
-type LeaseKey = (i64, u64, String);
+type LeaseKey = (SliceId, u64, String);
 
 /// The live watches of one planner; cheap to clone.
 #[derive(Debug, Clone)]
@@ -325,7 +325,7 @@ impl WatchHub {
     /// slice's current lease of `principal`; store errors.
     pub async fn watch_lease(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: u64,
         principal: &str,
     ) -> Result<mpsc::Receiver<v1::LeaseSignal>, Error> {
@@ -355,7 +355,7 @@ impl WatchHub {
 
     async fn join_lease(
         &self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: u64,
         principal: &str,
     ) -> Result<watch::Receiver<v1::LeaseSignal>, Error> {
@@ -442,7 +442,7 @@ impl WatchHub {
                 Ok(state) => state,
                 Err(error) => {
                     if let Some(count) = self.unreadable_leases.count() {
-                        tracing::warn!(%error, slice.id = slice_id, failed = count, "cannot read a lease's state (logged at most every 10 s)");
+                        tracing::warn!(%error, slice.id = slice_id.get(), failed = count, "cannot read a lease's state (logged at most every 10 s)");
                     }
                     continue;
                 }

@@ -18,77 +18,44 @@
 //! Authentication is on when any of `--token-file`, `--jwt-public-key`,
 //! `--jwt-jwks` or `--tls-client-ca` is set. Off (local development), every
 //! call goes through and `x-redrive-actor` names the actor as before.
+//!
+//! - `actor.rs`: [`Actor`], the one a call is recorded under, and
+//!   [`Authenticator::actor`] (delegation).
+//! - `tokens.rs`: the static token file, [`hash_token`].
+//! - `jwt.rs`: bearer JWTs verified against public keys ([`JwtSettings`]).
+//! - `certificates.rs`: client certificates' names and their roles
+//!   ([`CertRole`]).
+//! - `layer.rs`: [`AuthLayer`], the tower layer every request passes.
+//! - here: the [`Authenticator`] built from [`AuthSettings`], trying the
+//!   credentials in order and admitting a call.
+
+mod actor;
+mod certificates;
+mod jwt;
+mod layer;
+mod tokens;
 
 use std::{
     collections::{BTreeSet, HashMap},
-    fmt,
-    path::Path,
     sync::Arc,
-    task::{Context, Poll},
 };
 
-use futures::future::{Either, Ready, ready};
-use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
 use redrive_proto::settings::SettingError;
-use serde::Deserialize;
-use sha2::{Digest, Sha256};
-use tonic::{
-    Status,
-    codegen::http,
-    transport::server::{TcpConnectInfo, TlsConnectInfo},
-};
-use tower::{Layer, Service};
+use tonic::{Status, codegen::http};
 use tracing::warn;
 
+pub use self::{
+    actor::{Actor, DELEGATION_SEPARATOR, MAX_USER_BYTES, recorded_user},
+    certificates::CertRole,
+    jwt::JwtSettings,
+    layer::{AuthLayer, AuthService},
+    tokens::hash_token,
+};
+use self::{certificates::client_certificate_name, jwt::JwtVerifier, tokens::load_tokens};
 use crate::edge::roles::{self, DELEGATE, Principal, Role, Source};
 
 /// Request metadata naming the person or system a call is made for.
 pub use redrive_proto::headers::ACTOR_METADATA;
-
-/// How an [`Actor`] acting for a user is recorded: `portal-x for alice`.
-pub const DELEGATION_SEPARATOR: &str = " for ";
-
-/// Longest delegated user name, in bytes.
-pub const MAX_USER_BYTES: usize = 255;
-
-/// Who a call is recorded under (plans' `created_by`/`approved_by`,
-/// operator actions, prechecks' `actor`, repairs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor {
-    /// The authenticated principal's name (or, without authentication, the
-    /// `x-redrive-actor` header).
-    pub principal: String,
-    /// The user a delegating principal acts for.
-    pub on_behalf_of: Option<String>,
-}
-
-impl Actor {
-    /// The person four-eyes compares: the user acted for, else the principal.
-    pub fn user(&self) -> &str {
-        self.on_behalf_of.as_deref().unwrap_or(&self.principal)
-    }
-}
-
-impl fmt::Display for Actor {
-    /// `alice`, or `portal-x for alice` when delegated.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.on_behalf_of {
-            Some(user) => write!(f, "{}{DELEGATION_SEPARATOR}{user}", self.principal),
-            None => f.write_str(&self.principal),
-        }
-    }
-}
-
-/// The user of a recorded actor string (`portal-x for alice` → `alice`,
-/// `alice` → `alice`): what four-eyes compares. Parsing from the right, a
-/// principal whose own name contains ` for ` can only be taken for someone
-/// else's user, never two people for one; a delegated user name cannot
-/// contain it ([`Authenticator::actor`]).
-pub fn recorded_user(recorded: &str) -> &str {
-    recorded
-        .rsplit_once(DELEGATION_SEPARATOR)
-        .map_or(recorded, |(_, user)| user)
-}
 
 /// Roles and the delegate permission, as settings give them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -133,271 +100,6 @@ impl Grant {
             can_delegate: self.can_delegate,
             source,
         }
-    }
-}
-
-/// A `--cert-role NAME=ROLE,ROLE` rule: certificates named NAME (or with
-/// the prefix before a final `*`) get those roles.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertRole {
-    pattern: String,
-    grant: Grant,
-}
-
-impl CertRole {
-    fn matches(&self, name: &str) -> bool {
-        match self.pattern.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => name == self.pattern,
-        }
-    }
-}
-
-impl std::str::FromStr for CertRole {
-    type Err = String;
-
-    /// `NAME=ROLE[,ROLE...]`, e.g. `executor-*=executor` or
-    /// `portal-x=operator,approver,delegate`.
-    fn from_str(spec: &str) -> Result<Self, Self::Err> {
-        let (pattern, roles) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("{spec:?}: expected NAME=ROLE[,ROLE...]"))?;
-        let pattern = pattern.trim();
-        if pattern.is_empty() || pattern[..pattern.len() - 1].contains('*') {
-            return Err(format!(
-                "{spec:?}: NAME is a certificate name, or a prefix ending in *"
-            ));
-        }
-        Ok(CertRole {
-            pattern: pattern.to_owned(),
-            grant: Grant::parse(roles.split(',')).map_err(|error| format!("{spec:?}: {error}"))?,
-        })
-    }
-}
-
-/// One entry of the static token file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenEntry {
-    name: String,
-    sha256: String,
-    roles: Vec<String>,
-}
-
-/// The static token file: TOML, one `[[token]]` table a token.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenFile {
-    #[serde(default)]
-    token: Vec<TokenEntry>,
-}
-
-/// The SHA-256 of a static token, lowercase hex: what the token file holds
-/// (`printf %s "$TOKEN" | sha256sum` gives the same).
-pub fn hash_token(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-/// How bearer JWTs are verified.
-#[derive(Debug, Clone)]
-pub struct JwtSettings {
-    /// PEM public keys (RSA, EC P-256/P-384 or Ed25519).
-    pub public_keys: Vec<std::path::PathBuf>,
-    /// A JWKS file (RFC 7517 `{"keys": [...]}`).
-    pub jwks: Option<std::path::PathBuf>,
-    /// Accepted `iss`.
-    pub issuer: Option<String>,
-    /// Accepted `aud`.
-    pub audience: Option<String>,
-    /// The claim holding the roles: an array of strings or one
-    /// space-separated string.
-    pub roles_claim: String,
-    /// The claim naming the principal.
-    pub name_claim: String,
-}
-
-/// A verification key of a JWT.
-#[derive(Clone)]
-struct JwtKey {
-    key_id: Option<String>,
-    key: DecodingKey,
-}
-
-/// Verifies bearer JWTs.
-#[derive(Clone)]
-struct JwtVerifier {
-    keys: Vec<JwtKey>,
-    issuer: String,
-    audience: String,
-    roles_claim: String,
-    name_claim: String,
-}
-
-impl fmt::Debug for JwtVerifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JwtVerifier")
-            .field("keys", &self.keys.len())
-            .field("issuer", &self.issuer)
-            .field("audience", &self.audience)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The asymmetric algorithms accepted (never HMAC: the keys are public).
-const JWT_ALGORITHMS: [Algorithm; 9] = [
-    Algorithm::RS256,
-    Algorithm::RS384,
-    Algorithm::RS512,
-    Algorithm::PS256,
-    Algorithm::PS384,
-    Algorithm::PS512,
-    Algorithm::ES256,
-    Algorithm::ES384,
-    Algorithm::EdDSA,
-];
-
-impl JwtVerifier {
-    fn load(settings: &JwtSettings) -> Result<Self, Vec<SettingError>> {
-        let mut problems = Vec::new();
-        let mut keys = Vec::new();
-        for path in &settings.public_keys {
-            match std::fs::read(path) {
-                Err(error) => problems.push(SettingError::new(
-                    "jwt-public-key",
-                    format!("cannot read {}: {error}", path.display()),
-                )),
-                Ok(pem) => match DecodingKey::from_rsa_pem(&pem)
-                    .or_else(|_| DecodingKey::from_ec_pem(&pem))
-                    .or_else(|_| DecodingKey::from_ed_pem(&pem))
-                {
-                    Ok(key) => keys.push(JwtKey { key_id: None, key }),
-                    Err(error) => problems.push(SettingError::new(
-                        "jwt-public-key",
-                        format!(
-                            "{}: not a PEM RSA, EC or Ed25519 public key ({error})",
-                            path.display()
-                        ),
-                    )),
-                },
-            }
-        }
-        if let Some(path) = &settings.jwks {
-            let set = std::fs::read(path)
-                .map_err(|error| format!("cannot read {}: {error}", path.display()))
-                .and_then(|bytes| {
-                    serde_json::from_slice::<JwkSet>(&bytes).map_err(|error| {
-                        format!("{}: not a JWKS (RFC 7517): {error}", path.display())
-                    })
-                });
-            match set {
-                Err(text) => problems.push(SettingError::new("jwt-jwks", text)),
-                Ok(set) => {
-                    for jwk in &set.keys {
-                        match DecodingKey::from_jwk(jwk) {
-                            Ok(key) => keys.push(JwtKey {
-                                key_id: jwk.common.key_id.clone(),
-                                key,
-                            }),
-                            Err(error) => problems.push(SettingError::new(
-                                "jwt-jwks",
-                                format!("{}: key {:?}: {error}", path.display(), jwk.common.key_id),
-                            )),
-                        }
-                    }
-                }
-            }
-        }
-        let issuer = settings.issuer.clone().unwrap_or_default();
-        let audience = settings.audience.clone().unwrap_or_default();
-        if issuer.is_empty() {
-            problems.push(SettingError::new(
-                "jwt-issuer",
-                "required with --jwt-public-key or --jwt-jwks (the iss every token must carry)",
-            ));
-        }
-        if audience.is_empty() {
-            problems.push(SettingError::new(
-                "jwt-audience",
-                "required with --jwt-public-key or --jwt-jwks (the aud every token must carry)",
-            ));
-        }
-        if keys
-            .iter()
-            .any(|key| key.key.family() == jsonwebtoken::AlgorithmFamily::Hmac)
-        {
-            problems.push(SettingError::new(
-                "jwt-jwks",
-                "symmetric (oct) keys are not accepted: only public keys",
-            ));
-        }
-        if !problems.is_empty() {
-            return Err(problems);
-        }
-        Ok(Self {
-            keys,
-            issuer,
-            audience,
-            roles_claim: settings.roles_claim.clone(),
-            name_claim: settings.name_claim.clone(),
-        })
-    }
-
-    /// The principal of a valid token.
-    fn verify(&self, token: &str) -> Result<Principal, String> {
-        let header = jsonwebtoken::decode_header(token).map_err(|error| error.to_string())?;
-        if !JWT_ALGORITHMS.contains(&header.alg) {
-            return Err(format!("algorithm {:?} is not accepted", header.alg));
-        }
-        let mut validation = Validation::new(header.alg);
-        validation.set_issuer(&[&self.issuer]);
-        validation.set_audience(&[&self.audience]);
-        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-        // A token not yet valid (`nbf`, RFC 7519 section 4.1.5) is refused too.
-        validation.validate_nbf = true;
-        let candidates = self.keys.iter().filter(|key| {
-            key.key.family() == header.alg.family()
-                && (header.kid.is_none() || key.key_id.is_none() || key.key_id == header.kid)
-        });
-        let mut last = "no configured key fits the token's algorithm and kid".to_owned();
-        for candidate in candidates {
-            match jsonwebtoken::decode::<serde_json::Value>(token, &candidate.key, &validation) {
-                Ok(data) => return self.principal(&data.claims),
-                Err(error) => {
-                    let expired = matches!(
-                        error.kind(),
-                        jsonwebtoken::errors::ErrorKind::ExpiredSignature
-                            | jsonwebtoken::errors::ErrorKind::InvalidIssuer
-                            | jsonwebtoken::errors::ErrorKind::InvalidAudience
-                            | jsonwebtoken::errors::ErrorKind::ImmatureSignature
-                            | jsonwebtoken::errors::ErrorKind::MissingRequiredClaim(_)
-                    );
-                    last = error.to_string();
-                    // The signature matched this key: another key will not
-                    // make the claims valid.
-                    if expired {
-                        break;
-                    }
-                }
-            }
-        }
-        Err(last)
-    }
-
-    fn principal(&self, claims: &serde_json::Value) -> Result<Principal, String> {
-        let name = claims
-            .get(&self.name_claim)
-            .and_then(serde_json::Value::as_str)
-            .map(str::trim)
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| format!("no {:?} claim naming the caller", self.name_claim))?;
-        let grant = match claims.get(&self.roles_claim) {
-            Some(serde_json::Value::Array(values)) => {
-                Grant::lenient(values.iter().filter_map(serde_json::Value::as_str))
-            }
-            Some(serde_json::Value::String(text)) => Grant::lenient(text.split_whitespace()),
-            _ => Grant::default(),
-        };
-        Ok(grant.principal(name.to_owned(), Source::Jwt))
     }
 }
 
@@ -563,40 +265,6 @@ impl Authenticator {
             .cloned()
             .ok_or_else(|| Status::unauthenticated("unknown bearer token"))
     }
-
-    /// The actor of a call by `principal` carrying `header` (the
-    /// `x-redrive-actor` value, if any).
-    ///
-    /// # Errors
-    /// `PERMISSION_DENIED` when the header names someone else and the
-    /// principal lacks the `delegate` permission; `INVALID_ARGUMENT` for a
-    /// delegated name that is empty, too long, or contains ` for `.
-    pub fn actor(principal: &Principal, header: Option<&str>) -> Result<Actor, Status> {
-        let named = header.map(str::trim).filter(|name| !name.is_empty());
-        let Some(user) = named.filter(|name| *name != principal.name) else {
-            return Ok(Actor {
-                principal: principal.name.clone(),
-                on_behalf_of: None,
-            });
-        };
-        if !principal.can_delegate {
-            return Err(Status::permission_denied(format!(
-                "{} may not act for {user:?} ({ACTOR_METADATA}): it needs the delegate permission",
-                principal.name
-            )));
-        }
-        if user.len() > MAX_USER_BYTES || user.contains(DELEGATION_SEPARATOR) {
-            return Err(Status::invalid_argument(format!(
-                "{ACTOR_METADATA}: a user name is at most {MAX_USER_BYTES} bytes and does not \
-                 contain {DELEGATION_SEPARATOR:?}"
-            )));
-        }
-        Ok(Actor {
-            principal: principal.name.clone(),
-            on_behalf_of: Some(user.to_owned()),
-        })
-    }
-
     /// Authenticates and authorizes a request to `path`, putting its
     /// [`Principal`] and [`Actor`] into `extensions`. Health and reflection
     /// pass without credentials unless protected.
@@ -654,239 +322,11 @@ impl Authenticator {
     }
 }
 
-/// Reads the token file.
-fn load_tokens(path: &Path) -> Result<HashMap<String, Principal>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    let file: TokenFile = toml::from_str(&text)
-        .map_err(|error| format!("{}: {}", path.display(), error.to_string().trim_end()))?;
-    let mut tokens = HashMap::new();
-    for (index, entry) in file.token.into_iter().enumerate() {
-        let at = format!("{}: token {} ({:?})", path.display(), index + 1, entry.name);
-        let hash = entry.sha256.trim().to_ascii_lowercase();
-        if hash.len() != 64 || !hash.bytes().all(|byte| byte.is_ascii_hexdigit()) {
-            return Err(format!(
-                "{at}: sha256 must be 64 hex digits (redrivectl hash-token, or sha256sum)"
-            ));
-        }
-        if entry.name.trim().is_empty() {
-            return Err(format!("{at}: name is empty"));
-        }
-        let grant = Grant::parse(entry.roles.iter().map(String::as_str))
-            .map_err(|error| format!("{at}: {error}"))?;
-        if tokens
-            .insert(
-                hash,
-                grant.principal(entry.name.trim().to_owned(), Source::StaticToken),
-            )
-            .is_some()
-        {
-            return Err(format!("{at}: the same token hash is given twice"));
-        }
-    }
-    Ok(tokens)
-}
-
-/// The name in the verified client certificate of the connection: its
-/// subject's common name, else its first DNS SAN; `None` without one.
-///
-/// # Errors
-/// `UNAUTHENTICATED` for a certificate that names nobody.
-fn client_certificate_name(extensions: &http::Extensions) -> Result<Option<String>, Status> {
-    let Some(certificates) = extensions
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .and_then(TlsConnectInfo::peer_certs)
-    else {
-        return Ok(None);
-    };
-    let Some(leaf) = certificates.first() else {
-        return Ok(None);
-    };
-    let (_, certificate) = x509_parser::parse_x509_certificate(leaf.as_ref()).map_err(|error| {
-        Status::unauthenticated(format!("unreadable client certificate: {error}"))
-    })?;
-    let common_name = certificate
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|name| name.as_str().ok())
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-        .map(str::to_owned);
-    let dns_name = || {
-        certificate
-            .subject_alternative_name()
-            .ok()
-            .flatten()
-            .and_then(|extension| {
-                extension
-                    .value
-                    .general_names
-                    .iter()
-                    .find_map(|name| match name {
-                        x509_parser::extensions::GeneralName::DNSName(dns) => {
-                            Some((*dns).to_owned())
-                        }
-                        _ => None,
-                    })
-            })
-    };
-    common_name
-        .or_else(dns_name)
-        .map(Some)
-        .ok_or_else(|| Status::unauthenticated("the client certificate has no CN and no DNS name"))
-}
-
-/// The tower layer: every request passes [`Authenticator::admit`] first.
-/// With `None` (authentication off) it lets everything through.
-#[derive(Debug, Clone)]
-pub struct AuthLayer {
-    authenticator: Option<Arc<Authenticator>>,
-}
-
-impl AuthLayer {
-    /// A layer checking with `authenticator`, or a pass-through.
-    pub fn new(authenticator: Option<Arc<Authenticator>>) -> Self {
-        Self { authenticator }
-    }
-}
-
-impl<S> Layer<S> for AuthLayer {
-    type Service = AuthService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        AuthService {
-            inner,
-            authenticator: self.authenticator.clone(),
-        }
-    }
-}
-
-/// [`AuthLayer`]'s service.
-#[derive(Debug, Clone)]
-pub struct AuthService<S> {
-    inner: S,
-    authenticator: Option<Arc<Authenticator>>,
-}
-
-impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for AuthService<S>
-where
-    S: Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
-    ResponseBody: Default,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Either<S::Future, Ready<Result<S::Response, S::Error>>>;
-
-    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(context)
-    }
-
-    fn call(&mut self, mut request: http::Request<RequestBody>) -> Self::Future {
-        if let Some(authenticator) = &self.authenticator {
-            let path = request.uri().path().to_owned();
-            let (parts, body) = request.into_parts();
-            let mut parts = parts;
-            if let Err(status) = authenticator.admit(&path, &parts.headers, &mut parts.extensions) {
-                return Either::Right(ready(Ok(status.into_http())));
-            }
-            request = http::Request::from_parts(parts, body);
-        }
-        Either::Left(self.inner.call(request))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
-
-    fn principal(name: &str, can_delegate: bool) -> Principal {
-        Principal {
-            name: name.to_owned(),
-            roles: BTreeSet::from([Role::Approver]),
-            can_delegate,
-            source: Source::StaticToken,
-        }
-    }
-
-    #[test]
-    fn the_header_names_a_user_only_with_delegate() {
-        let plain = principal("alice", false);
-        assert_eq!(
-            Authenticator::actor(&plain, None).unwrap().to_string(),
-            "alice"
-        );
-        assert_eq!(
-            Authenticator::actor(&plain, Some("alice"))
-                .unwrap()
-                .to_string(),
-            "alice"
-        );
-        let refused = Authenticator::actor(&plain, Some("bob")).unwrap_err();
-        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
-        let portal = principal("portal-x", true);
-        let actor = Authenticator::actor(&portal, Some("alice")).unwrap();
-        assert_eq!(actor.to_string(), "portal-x for alice");
-        assert_eq!(actor.user(), "alice");
-        assert_eq!(recorded_user("portal-x for alice"), "alice");
-        assert_eq!(recorded_user("alice"), "alice");
-        assert!(Authenticator::actor(&portal, Some("bob for alice")).is_err());
-    }
-
-    /// A JWKS (RFC 7517) with two keys: the token's `kid` picks its key;
-    /// roles come from the configured claim; HMAC is refused.
-    #[test]
-    fn jwts_verify_against_a_jwks() {
-        let dir = std::env::temp_dir().join(format!("redrive-jwks-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut keys = Vec::new();
-        let mut signing = Vec::new();
-        for kid in ["old", "new"] {
-            let pair = rcgen::KeyPair::generate().unwrap();
-            let encoding =
-                jsonwebtoken::EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
-            let mut jwk =
-                jsonwebtoken::jwk::Jwk::from_encoding_key(&encoding, Algorithm::ES256).unwrap();
-            jwk.common.key_id = Some(kid.to_owned());
-            keys.push(jwk);
-            signing.push(encoding);
-        }
-        let path = dir.join("jwks.json");
-        std::fs::write(&path, serde_json::to_vec(&JwkSet { keys }).unwrap()).unwrap();
-        let verifier = JwtVerifier::load(&JwtSettings {
-            public_keys: Vec::new(),
-            jwks: Some(path),
-            issuer: Some("idp".to_owned()),
-            audience: Some("redrive".to_owned()),
-            roles_claim: "groups".to_owned(),
-            name_claim: "email".to_owned(),
-        })
-        .unwrap();
-        let claims = serde_json::json!({
-            "email": "dave@example.com", "iss": "idp", "aud": "redrive",
-            "exp": jsonwebtoken::get_current_timestamp() + 600,
-            "groups": "approver delegate sales",
-        });
-        let mut header = jsonwebtoken::Header::new(Algorithm::ES256);
-        header.kid = Some("new".to_owned());
-        let token = jsonwebtoken::encode(&header, &claims, &signing[1]).unwrap();
-        let principal = verifier.verify(&token).unwrap();
-        assert_eq!(principal.name, "dave@example.com");
-        assert_eq!(principal.roles, BTreeSet::from([Role::Approver]));
-        assert!(principal.can_delegate);
-        // Signed by "old" but claiming to be "new": refused.
-        let forged = jsonwebtoken::encode(&header, &claims, &signing[0]).unwrap();
-        assert!(verifier.verify(&forged).is_err());
-        // HS256 with any key: refused before any key is tried.
-        let hmac = jsonwebtoken::encode(
-            &jsonwebtoken::Header::new(Algorithm::HS256),
-            &claims,
-            &jsonwebtoken::EncodingKey::from_secret(b"public key bytes").unwrap(),
-        )
-        .unwrap();
-        assert!(verifier.verify(&hmac).unwrap_err().contains("not accepted"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     fn token_settings(path: &Path, protect_open_services: bool) -> AuthSettings {
         AuthSettings {
@@ -980,19 +420,6 @@ mod tests {
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
         assert!(refused.message().contains("operator"), "{refused:?}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn cert_roles_parse_and_match() {
-        let rule: CertRole = "executor-*=executor".parse().unwrap();
-        assert!(rule.matches("executor-7"));
-        assert!(!rule.matches("portal"));
-        let rule: CertRole = "portal-x=operator,approver,delegate".parse().unwrap();
-        assert!(rule.grant.can_delegate);
-        assert_eq!(rule.grant.roles.len(), 2);
-        assert!("x=root".parse::<CertRole>().is_err());
-        assert!("a*b=viewer".parse::<CertRole>().is_err());
-        assert!("viewer".parse::<CertRole>().is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use crate::{
-    ids::DeadLetterId,
+    ids::{DeadLetterId, SliceId},
     plan::{gates, state::Event},
     store::{
         StaleToken, Store, StoreError, Tx,
@@ -163,7 +163,7 @@ impl From<&ReportLease> for LeaseStanding {
 /// [`Refusal::UnknownLease`]); [`StoreError`].
 pub async fn report_outcomes(
     store: &Store,
-    slice_id: i64,
+    slice_id: SliceId,
     token: i64,
     principal: &str,
     outcomes: &[Outcome],
@@ -179,7 +179,7 @@ pub async fn report_outcomes(
         count_refusals(store, &refused);
         if !refused.is_empty() {
             tracing::warn!(
-                slice.id = slice_id,
+                slice.id = slice_id.get(),
                 fencing_token = token,
                 principal,
                 refused = refused.len(),
@@ -210,7 +210,7 @@ pub async fn report_outcomes(
         .count();
     if misnamed > 0 {
         tracing::warn!(
-            slice.id = slice_id,
+            slice.id = slice_id.get(),
             misnamed,
             "outcomes named another message key than their plan item's; the plan item's is recorded"
         );
@@ -218,7 +218,7 @@ pub async fn report_outcomes(
     if !refused.is_empty() {
         let first = refused.first().map_or("", |(_, refusal)| refusal.name());
         tracing::warn!(
-            slice.id = slice_id,
+            slice.id = slice_id.get(),
             fencing_token = token,
             principal,
             refused = refused.len(),
@@ -249,7 +249,7 @@ pub async fn report_outcomes(
 /// Records the first [`MAX_REFUSAL_ROWS_PER_REPORT`] of `refused` in `tx`.
 async fn record_refusals(
     tx: &mut Tx,
-    slice_id: i64,
+    slice_id: SliceId,
     token: i64,
     principal: &str,
     refused: &[(&Outcome, Refusal)],
@@ -290,7 +290,7 @@ fn count_refusals(store: &Store, refused: &[(&Outcome, Refusal)]) {
 /// `Ok(Err(StaleToken))` for a stale token; [`StoreError`].
 pub async fn end_lease(
     store: &Store,
-    slice_id: i64,
+    slice_id: SliceId,
     token: i64,
     principal: &str,
     release: bool,

@@ -32,7 +32,7 @@ use crate::{
         Store,
         leases::FINAL_ITEM_STATES,
         plans::{CreateOutcome, DestinationMode, NewPlan},
-        single::{RepairOutcome, SingleOutcome},
+        single::{RepairOutcome, SingleOutcome, SingleProgress},
     },
 };
 
@@ -75,6 +75,19 @@ fn not_replayed(reason: impl Into<String>) -> v1::ReplayDeadLetterResponse {
     }
 }
 
+/// The wait a replay asks for: [`DEFAULT_WAIT`] when not given.
+///
+/// # Errors
+/// `InvalidArgument` naming `wait` outside (0, [`MAX_WAIT`]].
+fn replay_wait(wait: Option<&prost_types::Duration>) -> Result<Duration, Error> {
+    match wait {
+        None => Ok(DEFAULT_WAIT),
+        Some(wait) => from_duration(wait)
+            .filter(|wait| !wait.is_zero() && *wait <= MAX_WAIT)
+            .ok_or_else(|| Error::invalid("wait", "must be above 0 and at most 10 min")),
+    }
+}
+
 /// `reason` trimmed; `InvalidArgument` naming `reason` when empty, asking to
 /// say why `what` (`this dead letter is replayed`).
 pub(crate) fn required_reason(reason: &str, what: &str) -> Result<String, Error> {
@@ -113,12 +126,7 @@ impl Single<'_> {
     ) -> Result<v1::ReplayDeadLetterResponse, Error> {
         let id = DeadLetterId::parse("dead_letter_id", request.dead_letter_id.trim())?;
         let reason = required_reason(&request.reason, "this dead letter is replayed")?;
-        let wait = match &request.wait {
-            None => DEFAULT_WAIT,
-            Some(wait) => from_duration(wait)
-                .filter(|wait| !wait.is_zero() && *wait <= MAX_WAIT)
-                .ok_or_else(|| Error::invalid("wait", "must be above 0 and at most 10 min"))?,
-        };
+        let wait = replay_wait(request.wait.as_ref())?;
         let precheck = PrecheckRequest::new(
             actor.to_owned(),
             v1::Selector {
@@ -135,17 +143,7 @@ impl Single<'_> {
                 archived.actor, archived.reason
             )));
         }
-        let report = precheck::run(self.store, self.checker, precheck).await?;
-        let precheck_id = Uuid::parse_str(&report.precheck_id)
-            .map(PrecheckId::new)
-            .map_err(|error| Error::FailedPrecondition(error.to_string()))?;
-        let item = self
-            .store
-            .list_precheck_items(precheck_id, None, 0, 1, None)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NotFound(format!("dead letter {id} not found")))?;
+        let (report, precheck_id, item) = self.precheck_one(id, precheck).await?;
         let verdict = item.verdict();
         let answered = |mut response: v1::ReplayDeadLetterResponse| {
             response.precheck_id = report.precheck_id.clone();
@@ -167,6 +165,54 @@ impl Single<'_> {
                 dead_letter.destination
             ))));
         }
+        let plan = self.plan_of_one(actor, id, precheck_id, &reason).await?;
+        // Subscribe before the plan exists so that no report is missed.
+        let mut changes = self.notifier.subscribe();
+        if let Some(refused) = self.create(&plan, id, wait).await? {
+            return Ok(answered(refused));
+        }
+        let mut response = self.await_outcome(plan.id, id, wait, &mut changes).await?;
+        response.plan_id = plan.id.to_string();
+        Ok(answered(response))
+    }
+
+    /// Runs `precheck` of dead letter `id` alone: its report, its id, and the
+    /// dead letter's item (verdict and reason).
+    ///
+    /// # Errors
+    /// `NotFound` when the report has no item for it; the precheck's errors.
+    async fn precheck_one(
+        &self,
+        id: DeadLetterId,
+        precheck: PrecheckRequest,
+    ) -> Result<(v1::PrecheckReport, PrecheckId, v1::PrecheckItem), Error> {
+        let report = precheck::run(self.store, self.checker, precheck).await?;
+        let precheck_id = Uuid::parse_str(&report.precheck_id)
+            .map(PrecheckId::new)
+            .map_err(|error| Error::FailedPrecondition(error.to_string()))?;
+        let item = self
+            .store
+            .list_precheck_items(precheck_id, None, 0, 1, None)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NotFound(format!("dead letter {id} not found")))?;
+        Ok((report, precheck_id, item))
+    }
+
+    /// The plan of one that replays dead letter `id` to the queue it failed
+    /// in, from `precheck_id`, at its destination's rate
+    /// ([`Self::destination_rate`]).
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown dead letter; store errors.
+    async fn plan_of_one(
+        &self,
+        actor: &str,
+        id: DeadLetterId,
+        precheck_id: PrecheckId,
+        reason: &str,
+    ) -> Result<NewPlan, Error> {
         let (exchange, routing_key) = self
             .store
             .route_of(id, &DestinationMode::Queue)
@@ -175,7 +221,7 @@ impl Single<'_> {
         let (per_second, burst) = self
             .destination_rate(&crate::store::plans::landing_name(&exchange, &routing_key))
             .await?;
-        let plan = NewPlan {
+        Ok(NewPlan {
             id: PlanId::generate(),
             precheck_id,
             per_second,
@@ -187,40 +233,45 @@ impl Single<'_> {
             observe_for_ms: 0,
             actor: actor.to_owned(),
             ordered: false,
-        };
-        // Subscribe before the plan exists so that no report is missed.
-        let mut changes = self.notifier.subscribe();
+        })
+    }
+
+    /// Stores `plan` of dead letter `id` (its slice to be claimed within
+    /// `wait`). `Some(answer)`: not created, with why (another running plan
+    /// holds it, or nothing was replayable).
+    ///
+    /// # Errors
+    /// `FailedPrecondition` when its precheck cannot make a plan for another
+    /// reason; store errors.
+    async fn create(
+        &self,
+        plan: &NewPlan,
+        id: DeadLetterId,
+        wait: Duration,
+    ) -> Result<Option<v1::ReplayDeadLetterResponse>, Error> {
         match self
             .store
             .create_single_plan(
-                &plan,
+                plan,
                 id,
                 "single dead letter: no canary or approval step",
                 wait,
             )
             .await?
         {
-            SingleOutcome::Created => {}
-            SingleOutcome::InPlan(active) => {
-                return Ok(answered(not_replayed(format!(
-                    "in another running plan: plan {} ({}) is still to publish it",
-                    active.plan_id, active.state
-                ))));
-            }
+            SingleOutcome::Created => Ok(None),
+            SingleOutcome::InPlan(active) => Ok(Some(not_replayed(format!(
+                "in another running plan: plan {} ({}) is still to publish it",
+                active.plan_id, active.state
+            )))),
             SingleOutcome::NotCreated(CreateOutcome::NothingReplayable) => {
-                return Ok(answered(not_replayed(
-                    "the precheck left nothing replayable",
-                )));
+                Ok(Some(not_replayed("the precheck left nothing replayable")))
             }
-            SingleOutcome::NotCreated(other) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "precheck {precheck_id} cannot make a plan: {other:?}"
-                )));
-            }
+            SingleOutcome::NotCreated(other) => Err(Error::FailedPrecondition(format!(
+                "precheck {} cannot make a plan: {other:?}",
+                plan.precheck_id
+            ))),
         }
-        let mut response = self.await_outcome(plan.id, id, wait, &mut changes).await?;
-        response.plan_id = plan.id.to_string();
-        Ok(answered(response))
     }
 
     /// The rate of a plan of one: that of the slowest plan publishing to the
@@ -262,34 +313,9 @@ impl Single<'_> {
                 .await?
                 .ok_or_else(|| Error::NotFound(format!("plan {plan_id} not found")))?;
             if FINAL_ITEM_STATES.contains(&progress.item_state.as_str()) {
-                let event = self
-                    .store
-                    .audit_events(plan_id, 0, 1000)
-                    .await?
-                    .into_iter()
-                    .map(|(_, event)| event)
-                    .rfind(|event| {
-                        event.dead_letter_id == dead_letter_id.to_string()
-                            && event.action().name() == progress.item_state
-                    });
-                let detail = event.as_ref().map(|e| e.reason.clone()).unwrap_or_default();
-                let sent = progress.item_state == "sent";
-                return Ok(v1::ReplayDeadLetterResponse {
-                    outcome: if sent {
-                        v1::replay_dead_letter_response::Outcome::Replayed
-                    } else {
-                        v1::replay_dead_letter_response::Outcome::NotReplayed
-                    }
-                    .into(),
-                    reason: match (sent, detail.is_empty()) {
-                        (true, true) => "published and confirmed by the broker".to_owned(),
-                        (true, false) => format!("published and confirmed by the broker; {detail}"),
-                        (false, true) => progress.item_state.clone(),
-                        (false, false) => format!("{}: {detail}", progress.item_state),
-                    },
-                    event,
-                    ..Default::default()
-                });
+                return self
+                    .final_outcome(plan_id, dead_letter_id, &progress.item_state)
+                    .await;
             }
             if matches!(
                 progress.plan_state.get(),
@@ -303,41 +329,9 @@ impl Single<'_> {
             let now = Instant::now();
             let shutting_down = self.shutdown.is_cancelled();
             if now >= deadline || shutting_down {
-                let why = if shutting_down {
-                    "the planner is shutting down and no executor had claimed it".to_owned()
-                } else {
-                    format!(
-                        "no executor claimed it within {}s: is a redrive-executor running and connected to this planner?",
-                        wait.as_secs_f64()
-                    )
-                };
-                if self
-                    .store
-                    .cancel_unclaimed(plan_id, PLANNER_ACTOR, &why)
-                    .await?
-                {
-                    return Ok(not_replayed(format!(
-                        "{why} (plan of one {plan_id} cancelled, so it will not be published later)"
-                    )));
-                }
-                let follow = format!("follow it with `redrivectl plan watch {plan_id}`");
-                if shutting_down {
-                    return Err(Error::Unavailable(format!(
-                        "the planner is shutting down while an executor publishes dead letter {dead_letter_id} (plan {plan_id}); {follow}"
-                    )));
-                }
-                return Err(Error::DeadlineExceeded(if progress.claimed {
-                    format!(
-                        "an executor is publishing dead letter {dead_letter_id} (plan {plan_id}) but has not reported within {}s; {follow}",
-                        wait.as_secs_f64()
-                    )
-                } else {
-                    format!(
-                        "plan {plan_id} ({}) has not published dead letter {dead_letter_id} within {}s; {follow}",
-                        progress.plan_state,
-                        wait.as_secs_f64()
-                    )
-                }));
+                return self
+                    .unfinished(plan_id, dead_letter_id, wait, &progress, shutting_down)
+                    .await;
             }
             // Reports notify the plan's channel; the poll covers a lost notification.
             let poll = (deadline - now).min(Duration::from_millis(500));
@@ -347,6 +341,99 @@ impl Single<'_> {
                 () = self.shutdown.cancelled() => {}
             }
         }
+    }
+
+    /// The answer for the final `item_state` of plan `plan_id`'s item, with
+    /// its audit event.
+    ///
+    /// # Errors
+    /// Store errors.
+    async fn final_outcome(
+        &self,
+        plan_id: PlanId,
+        dead_letter_id: DeadLetterId,
+        item_state: &str,
+    ) -> Result<v1::ReplayDeadLetterResponse, Error> {
+        let event = self
+            .store
+            .audit_events(plan_id, 0, 1000)
+            .await?
+            .into_iter()
+            .map(|(_, event)| event)
+            .rfind(|event| {
+                event.dead_letter_id == dead_letter_id.to_string()
+                    && event.action().name() == item_state
+            });
+        let detail = event.as_ref().map(|e| e.reason.clone()).unwrap_or_default();
+        let sent = item_state == "sent";
+        Ok(v1::ReplayDeadLetterResponse {
+            outcome: if sent {
+                v1::replay_dead_letter_response::Outcome::Replayed
+            } else {
+                v1::replay_dead_letter_response::Outcome::NotReplayed
+            }
+            .into(),
+            reason: match (sent, detail.is_empty()) {
+                (true, true) => "published and confirmed by the broker".to_owned(),
+                (true, false) => format!("published and confirmed by the broker; {detail}"),
+                (false, true) => item_state.to_owned(),
+                (false, false) => format!("{item_state}: {detail}"),
+            },
+            event,
+            ..Default::default()
+        })
+    }
+
+    /// The answer when the wait ended (or the planner is `shutting_down`)
+    /// before the item was final: the plan of one is cancelled when no
+    /// executor claimed it, so it is not published later.
+    ///
+    /// # Errors
+    /// `Unavailable` (shutting down) or `DeadlineExceeded` when an executor
+    /// may be publishing it, naming the plan to follow; store errors.
+    async fn unfinished(
+        &self,
+        plan_id: PlanId,
+        dead_letter_id: DeadLetterId,
+        wait: Duration,
+        progress: &SingleProgress,
+        shutting_down: bool,
+    ) -> Result<v1::ReplayDeadLetterResponse, Error> {
+        let why = if shutting_down {
+            "the planner is shutting down and no executor had claimed it".to_owned()
+        } else {
+            format!(
+                "no executor claimed it within {}s: is a redrive-executor running and connected to this planner?",
+                wait.as_secs_f64()
+            )
+        };
+        if self
+            .store
+            .cancel_unclaimed(plan_id, PLANNER_ACTOR, &why)
+            .await?
+        {
+            return Ok(not_replayed(format!(
+                "{why} (plan of one {plan_id} cancelled, so it will not be published later)"
+            )));
+        }
+        let follow = format!("follow it with `redrivectl plan watch {plan_id}`");
+        if shutting_down {
+            return Err(Error::Unavailable(format!(
+                "the planner is shutting down while an executor publishes dead letter {dead_letter_id} (plan {plan_id}); {follow}"
+            )));
+        }
+        Err(Error::DeadlineExceeded(if progress.claimed {
+            format!(
+                "an executor is publishing dead letter {dead_letter_id} (plan {plan_id}) but has not reported within {}s; {follow}",
+                wait.as_secs_f64()
+            )
+        } else {
+            format!(
+                "plan {plan_id} ({}) has not published dead letter {dead_letter_id} within {}s; {follow}",
+                progress.plan_state,
+                wait.as_secs_f64()
+            )
+        }))
     }
 
     /// Stores `request.new_body` as the next revision of the dead letter and

@@ -215,20 +215,7 @@ impl Policy {
             &mut loose,
         );
         let (default, loose_default) =
-            match (requested.default_stale_after, self.default_stale_after) {
-                (Some(asked), Some(limit)) if asked > limit => {
-                    loose.push(Loose {
-                        field: "options.default_stale_after".to_owned(),
-                        what: format!(
-                            "{} is longer than the planner's default ({})",
-                            text(asked),
-                            text(limit)
-                        ),
-                    });
-                    (None, Some(asked))
-                }
-                (asked, _) => (asked, None),
-            };
+            self.default_deadline(requested.default_stale_after, &mut loose);
         let (sources, loose_sources) = split_rules(
             "options.stale_after_source",
             "source",
@@ -237,65 +224,23 @@ impl Policy {
             None,
             &mut loose,
         );
-        let mut replay_key_window = self.replay_key_window;
-        if window_given {
-            if requested.replay_key_window < self.replay_key_window {
-                loose.push(Loose {
-                    field: "options.replay_key_window".to_owned(),
-                    what: format!(
-                        "{} is shorter than the planner's window ({})",
-                        text(requested.replay_key_window),
-                        text(self.replay_key_window)
-                    ),
-                });
-            }
-            replay_key_window = requested.replay_key_window;
-        }
-        let mut max_redrives = self.max_redrives;
-        if redrives_given {
-            if requested.max_redrives > self.max_redrives {
-                loose.push(Loose {
-                    field: "options.max_redrives".to_owned(),
-                    what: format!(
-                        "{} is more than the planner's {}",
-                        requested.max_redrives, self.max_redrives
-                    ),
-                });
-            }
-            max_redrives = requested.max_redrives;
-        }
-        let event_time_pointer = match (&requested.event_time_pointer, &self.event_time_pointer) {
-            (Some(asked), Some(policy)) if asked != policy && self.has_deadlines() => {
-                loose.push(Loose {
-                    field: "options.event_time_pointer".to_owned(),
-                    what: format!(
-                        "{asked} is not the planner's {policy}: the policy's deadlines count from it"
-                    ),
-                });
-                Some(asked.clone())
-            }
-            (asked, policy) => asked.clone().or_else(|| policy.clone()),
+        let replay_key_window = if window_given {
+            self.check_window(requested.replay_key_window, &mut loose)
+        } else {
+            self.replay_key_window
         };
+        let max_redrives = if redrives_given {
+            self.check_redrives(requested.max_redrives, &mut loose)
+        } else {
+            self.max_redrives
+        };
+        let event_time_pointer =
+            self.event_time_pointer(requested.event_time_pointer.as_ref(), &mut loose);
 
         if requested.policy_override.is_none()
-            && let Some(first) = loose.first()
+            && let Some(refusal) = refusal(&loose)
         {
-            let others = loose[1..]
-                .iter()
-                .map(|other| other.field.as_str())
-                .collect::<Vec<_>>();
-            let also = if others.is_empty() {
-                String::new()
-            } else {
-                format!(" (also looser: {})", others.join(", "))
-            };
-            return Err(Error::invalid(
-                &first.field,
-                format!(
-                    "{}{also}; loosening the planner's policy needs options.override_policy with options.override_reason",
-                    first.what
-                ),
-            ));
+            return Err(refusal);
         }
 
         let mut stale_after =
@@ -322,6 +267,98 @@ impl Policy {
                 .collect(),
         })
     }
+
+    /// The request's default deadline `asked` against the policy's:
+    /// `(within, looser)`, the looser one named in `loose`.
+    fn default_deadline(
+        &self,
+        asked: Option<Duration>,
+        loose: &mut Vec<Loose>,
+    ) -> (Option<Duration>, Option<Duration>) {
+        match (asked, self.default_stale_after) {
+            (Some(asked), Some(limit)) if asked > limit => {
+                loose.push(Loose {
+                    field: "options.default_stale_after".to_owned(),
+                    what: format!(
+                        "{} is longer than the planner's default ({})",
+                        text(asked),
+                        text(limit)
+                    ),
+                });
+                (None, Some(asked))
+            }
+            (asked, _) => (asked, None),
+        }
+    }
+
+    /// The requested replay-key window `asked`; one shorter than the
+    /// policy's is named in `loose`.
+    fn check_window(&self, asked: Duration, loose: &mut Vec<Loose>) -> Duration {
+        if asked < self.replay_key_window {
+            loose.push(Loose {
+                field: "options.replay_key_window".to_owned(),
+                what: format!(
+                    "{} is shorter than the planner's window ({})",
+                    text(asked),
+                    text(self.replay_key_window)
+                ),
+            });
+        }
+        asked
+    }
+
+    /// The requested most redrives `asked`; more than the policy's is named
+    /// in `loose`.
+    fn check_redrives(&self, asked: u32, loose: &mut Vec<Loose>) -> u32 {
+        if asked > self.max_redrives {
+            loose.push(Loose {
+                field: "options.max_redrives".to_owned(),
+                what: format!("{} is more than the planner's {}", asked, self.max_redrives),
+            });
+        }
+        asked
+    }
+
+    /// The event-time pointer: the requested one, else the policy's; one
+    /// other than the policy's while the policy has deadlines (they count
+    /// from it) is named in `loose`.
+    fn event_time_pointer(&self, asked: Option<&String>, loose: &mut Vec<Loose>) -> Option<String> {
+        match (asked, &self.event_time_pointer) {
+            (Some(asked), Some(policy)) if asked != policy && self.has_deadlines() => {
+                loose.push(Loose {
+                    field: "options.event_time_pointer".to_owned(),
+                    what: format!(
+                        "{asked} is not the planner's {policy}: the policy's deadlines count from it"
+                    ),
+                });
+                Some(asked.clone())
+            }
+            (asked, policy) => asked.cloned().or_else(|| policy.clone()),
+        }
+    }
+}
+
+/// The refusal of options looser than the policy without an override:
+/// `InvalidArgument` naming the first looser field, the others listed
+/// (`None`: nothing is looser).
+fn refusal(loose: &[Loose]) -> Option<Error> {
+    let (first, others) = loose.split_first()?;
+    let others = others
+        .iter()
+        .map(|other| other.field.as_str())
+        .collect::<Vec<_>>();
+    let also = if others.is_empty() {
+        String::new()
+    } else {
+        format!(" (also looser: {})", others.join(", "))
+    };
+    Some(Error::invalid(
+        &first.field,
+        format!(
+            "{}{also}; loosening the planner's policy needs options.override_policy with options.override_reason",
+            first.what
+        ),
+    ))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use super::{
     Store, StoreError, Tx,
     leases::{FINAL_ITEM_STATES, Outcome, ReportLease},
 };
-use crate::ids::{DeadLetterId, PlanId};
+use crate::ids::{DeadLetterId, PlanId, SliceId};
 use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
 use sqlx::PgConnection;
@@ -97,7 +97,7 @@ impl Tx {
     /// [`StoreError`].
     pub async fn record_refusals(
         &mut self,
-        slice_id: i64,
+        slice_id: SliceId,
         token: i64,
         principal: &str,
         refused: &[(DeadLetterId, &str, &str)],
@@ -134,7 +134,7 @@ impl Tx {
     /// [`StoreError`].
     pub async fn record_outcomes(
         &mut self,
-        slice_id: i64,
+        slice_id: SliceId,
         lease: &ReportLease,
         outcomes: &[&Outcome],
         keys: &[String],

@@ -13,8 +13,12 @@
 //!   `plans/approval.rs` (the approval check), `plans/rows.rs` (plan rows
 //!   mapped to the API's messages), `plans/gates.rs` (gate readings),
 //!   `plans/routing.rs` (where items are published, destination comparisons).
-//! - [`leases`]: slice leases with fencing tokens, the reads and writes of a
-//!   report and of a lease's end.
+//! - [`leases`]: slice leases with fencing tokens (the leased slice and
+//!   item types); `leases/claim.rs` (the claim and the items its answer
+//!   carries), `leases/holder.rs` (a holder's state checks, write-ahead
+//!   marks, renewals), `leases/expiry.rs` (the sweep of expired leases),
+//!   `leases/report.rs` (the reads and writes of a report and of a lease's
+//!   end).
 //! - [`audit`]: the audit's events and refusals, written and read.
 //! - [`single`]: plans of one (single replay) and body repairs.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
@@ -33,7 +37,7 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Postgres, Transaction, postgres::PgPoolOptions};
 
-use crate::metrics::PlannerMetrics;
+use crate::{ids::SliceId, metrics::PlannerMetrics};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +99,7 @@ impl From<sqlx::Error> for StoreError {
 )]
 pub struct StaleToken {
     /// The slice.
-    pub slice_id: i64,
+    pub slice_id: SliceId,
     /// The token presented.
     pub token: i64,
 }

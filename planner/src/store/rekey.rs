@@ -4,7 +4,7 @@
 //! audit of the run (`dead_letter_rekeys`) and of each changed dead letter
 //! (a `rekey` line of `dead_letter_archive_history`). Migration 0025.
 
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::{PgConnection, Postgres, QueryBuilder};
 
 use super::{Store, StoreError, dead_letters::push_conditions};
 use crate::{
@@ -158,21 +158,7 @@ impl Store {
         note: &(dyn Fn(&KeyChange) -> String + Sync),
         compute: &(dyn Fn(&RekeyInput) -> String + Sync),
     ) -> Result<BatchOutcome, StoreError> {
-        // The batch's ids, cut at the byte bound (the first always in).
-        let mut builder = QueryBuilder::<Postgres>::new(
-            "SELECT id FROM (SELECT id, body_size, sum(body_size) OVER (ORDER BY id) AS running \
-             FROM (SELECT id, body_size FROM dead_letters",
-        );
-        push_conditions(&mut builder, selector);
-        builder
-            .push(" AND id > ")
-            .push_bind(after_id)
-            .push(" ORDER BY id LIMIT ")
-            .push_bind(limit)
-            .push(") s) t WHERE running - body_size < ")
-            .push_bind(REKEY_BATCH_BYTES)
-            .push(" ORDER BY id");
-        let ids: Vec<DeadLetterId> = builder.build_query_scalar().fetch_all(self.pool()).await?;
+        let ids = self.batch_ids(selector, after_id, limit).await?;
         let Some(&last_id) = ids.last() else {
             return Ok(BatchOutcome::Done {
                 rekeyed: 0,
@@ -188,17 +174,7 @@ impl Store {
         .bind(&ids)
         .fetch_all(&mut *transaction)
         .await?;
-        let live: Option<(DeadLetterId, PlanId, String)> = sqlx::query_as(
-            "SELECT i.dead_letter_id, p.id, p.state FROM plan_items i \
-             JOIN plans p ON p.id = i.plan_id \
-             WHERE i.dead_letter_id = ANY($1) AND p.state = ANY($2) \
-             ORDER BY i.dead_letter_id LIMIT 1",
-        )
-        .bind(&ids)
-        .bind(state::names_where(|state| !state.is_final()))
-        .fetch_optional(&mut *transaction)
-        .await?;
-        if let Some((dead_letter_id, plan_id, state)) = live {
+        if let Some((dead_letter_id, plan_id, state)) = live_item(&mut transaction, &ids).await? {
             return Ok(BatchOutcome::InLivePlan {
                 dead_letter_id,
                 plan_id,
@@ -216,31 +192,7 @@ impl Store {
                 })
             })
             .collect();
-        if !changes.is_empty() {
-            let changed_ids: Vec<DeadLetterId> = changes.iter().map(|c| c.id).collect();
-            let new_keys: Vec<String> = changes.iter().map(|c| c.new_key.clone()).collect();
-            let notes: Vec<String> = changes.iter().map(note).collect();
-            sqlx::query(
-                "UPDATE dead_letters d SET message_key = u.new_key, \
-                     previous_message_keys = array_remove(CASE WHEN d.message_key = ANY(d.previous_message_keys) \
-                         THEN d.previous_message_keys \
-                         ELSE d.previous_message_keys || d.message_key END, u.new_key) \
-                 FROM unnest($1::bigint[], $2::text[]) AS u(id, new_key) WHERE d.id = u.id",
-            )
-            .bind(&changed_ids)
-            .bind(&new_keys)
-            .execute(&mut *transaction)
-            .await?;
-            sqlx::query(
-                "INSERT INTO dead_letter_archive_history (dead_letter_id, action, actor, reason) \
-                 SELECT u.id, 'rekey', $3, u.note FROM unnest($1::bigint[], $2::text[]) AS u(id, note)",
-            )
-            .bind(&changed_ids)
-            .bind(&notes)
-            .bind(actor)
-            .execute(&mut *transaction)
-            .await?;
-        }
+        write_changes(&mut transaction, &changes, actor, note).await?;
         sqlx::query(
             "UPDATE dead_letter_rekeys SET rekeyed = rekeyed + $2, changed = changed + $3 WHERE id = $1",
         )
@@ -255,6 +207,34 @@ impl Store {
             changes,
             last_id,
         })
+    }
+
+    /// The ids of the next batch of the selection after `after_id`: at most
+    /// `limit`, cut where their bodies pass [`REKEY_BATCH_BYTES`] (the
+    /// first always in), in id order.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    async fn batch_ids(
+        &self,
+        selector: &Selector,
+        after_id: DeadLetterId,
+        limit: i64,
+    ) -> Result<Vec<DeadLetterId>, StoreError> {
+        let mut builder = QueryBuilder::<Postgres>::new(
+            "SELECT id FROM (SELECT id, body_size, sum(body_size) OVER (ORDER BY id) AS running \
+             FROM (SELECT id, body_size FROM dead_letters",
+        );
+        push_conditions(&mut builder, selector);
+        builder
+            .push(" AND id > ")
+            .push_bind(after_id)
+            .push(" ORDER BY id LIMIT ")
+            .push_bind(limit)
+            .push(") s) t WHERE running - body_size < ")
+            .push_bind(REKEY_BATCH_BYTES)
+            .push(" ORDER BY id");
+        Ok(builder.build_query_scalar().fetch_all(self.pool()).await?)
     }
 
     /// Ids among `ids` that name no stored dead letter, in order.
@@ -276,4 +256,66 @@ impl Store {
         .fetch_all(self.pool())
         .await?)
     }
+}
+
+/// The first of `ids` that is an item of a plan that has not ended: the
+/// dead letter, the plan and its state name.
+///
+/// # Errors
+/// [`StoreError`].
+async fn live_item(
+    connection: &mut PgConnection,
+    ids: &[DeadLetterId],
+) -> Result<Option<(DeadLetterId, PlanId, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT i.dead_letter_id, p.id, p.state FROM plan_items i \
+         JOIN plans p ON p.id = i.plan_id \
+         WHERE i.dead_letter_id = ANY($1) AND p.state = ANY($2) \
+         ORDER BY i.dead_letter_id LIMIT 1",
+    )
+    .bind(ids)
+    .bind(state::names_where(|state| !state.is_final()))
+    .fetch_optional(connection)
+    .await?)
+}
+
+/// Writes `changes`: each dead letter's new key, its former one appended to
+/// `previous_message_keys`, and a `rekey` history line by `actor` with the
+/// `note` of its change.
+///
+/// # Errors
+/// [`StoreError`].
+async fn write_changes(
+    connection: &mut PgConnection,
+    changes: &[KeyChange],
+    actor: &str,
+    note: &(dyn Fn(&KeyChange) -> String + Sync),
+) -> Result<(), StoreError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let changed_ids: Vec<DeadLetterId> = changes.iter().map(|c| c.id).collect();
+    let new_keys: Vec<String> = changes.iter().map(|c| c.new_key.clone()).collect();
+    let notes: Vec<String> = changes.iter().map(note).collect();
+    sqlx::query(
+        "UPDATE dead_letters d SET message_key = u.new_key, \
+             previous_message_keys = array_remove(CASE WHEN d.message_key = ANY(d.previous_message_keys) \
+                 THEN d.previous_message_keys \
+                 ELSE d.previous_message_keys || d.message_key END, u.new_key) \
+         FROM unnest($1::bigint[], $2::text[]) AS u(id, new_key) WHERE d.id = u.id",
+    )
+    .bind(&changed_ids)
+    .bind(&new_keys)
+    .execute(&mut *connection)
+    .await?;
+    sqlx::query(
+        "INSERT INTO dead_letter_archive_history (dead_letter_id, action, actor, reason) \
+         SELECT u.id, 'rekey', $3, u.note FROM unnest($1::bigint[], $2::text[]) AS u(id, note)",
+    )
+    .bind(&changed_ids)
+    .bind(&notes)
+    .bind(actor)
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
 }

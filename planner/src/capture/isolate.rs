@@ -1,0 +1,336 @@
+//! Taking messages one at a time with the fallback reader ([`super::raw`])
+//! after a session lapin could not finish: [`isolate`] stores each one,
+//! moves an unreadable one aside to its parking queue ([`park`]) or holds it
+//! unacked when it cannot be moved ([`unparkable`]).
+
+use std::time::Duration;
+
+use chrono::Utc;
+use redrive_proto::v1::ReasonClass;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::{CaptureConfig, raw, unreadable_queue, write::store_batch};
+use crate::{
+    dead_letters::{NewDeadLetter, RawDeadLetter, extract},
+    metrics::Quarantine,
+    store::Store,
+};
+
+/// Why an unreadable message cannot be moved aside, byte for byte, to the
+/// parking queue, if so.
+fn unparkable(
+    message: &raw::RawMessage,
+    decoded: &raw::DecodedHeader,
+    connection: &raw::RawConnection,
+    parking: &str,
+) -> Option<String> {
+    if parking.len() > 255 {
+        return Some(format!(
+            "the parking queue name {parking:?} is over 255 bytes"
+        ));
+    }
+    if message.header.len() + 8 > connection.frame_max() as usize {
+        return Some(format!(
+            "its header ({} bytes) is over the broker's frame_max ({}), which the broker enforces on publishers",
+            message.header.len(),
+            connection.frame_max()
+        ));
+    }
+    if let Some(user) = decoded.properties.user_id.as_deref()
+        && user != connection.username()
+    {
+        return Some(format!(
+            "its user_id {user:?} is not the planner's broker user: RabbitMQ refuses such a publish (rabbitmq.com/docs/validated-user-id)"
+        ));
+    }
+    if decoded.properties.expiration.is_some() {
+        return Some("it carries an expiration: it would expire in the parking queue".to_owned());
+    }
+    None
+}
+
+/// Takes up to `prefetch` messages of `queue` one at a time with the fallback
+/// reader: the messages a failed session held come back first, so the one
+/// lapin could not read is among them. Returns how many were taken.
+///
+/// Each message is stored before it is acked, as in a session. A readable one
+/// becomes an ordinary dead letter. One with problems ([`raw::DecodedHeader`])
+/// is first moved to [`unreadable_queue`] byte for byte, over a connection
+/// of its own (a fanout exchange and queue of that name; `mandatory`,
+/// confirmed), then stored as a placeholder (reason class `unreadable`, a
+/// capture note and a republish problem naming each problem and where the
+/// message is, its exact content header in `raw_content_header`, body and
+/// every readable field kept; its fingerprint also covers the problems,
+/// which name the bytes the lossy fields do not tell apart), and then acked. One
+/// that cannot be moved ([`unparkable`], or the move failed: no permission,
+/// a parking queue declared otherwise) stays in the DLQ: it is left unacked
+/// on this round's connection, which is kept in `held` (one per queue, reused
+/// while it lives) so that the messages behind it are captured; it returns
+/// to the queue when the planner stops or the broker ends the hold. A
+/// failure leaves the message unacked: it returns to the queue, and its
+/// stored copy absorbs the redelivery.
+///
+/// # Errors
+/// [`raw::RawError`] from the broker, also when the connection ended as the
+/// round did while it held messages (they are back in the queue);
+/// [`raw::RawError::Unsupported`] when the fallback reader cannot be used
+/// (`amqps://`).
+pub(super) async fn isolate(
+    config: &CaptureConfig,
+    queue: &str,
+    store: &Store,
+    shutdown: &CancellationToken,
+    held: &mut Option<raw::RawConnection>,
+) -> Result<usize, raw::RawError> {
+    // Reuse the holding connection while it lives: what it holds stays held.
+    let mut connection = match held.take() {
+        Some(mut holding) => {
+            if holding.is_alive() {
+                holding
+            } else {
+                // The broker ended the hold: what it held is back in the queue.
+                raw::RawConnection::connect(&config.amqp_url).await?
+            }
+        }
+        None => raw::RawConnection::connect(&config.amqp_url).await?,
+    };
+    let mut round = Round {
+        config,
+        queue,
+        store,
+        shutdown,
+        session: uuid::Uuid::new_v4(),
+        parking: unreadable_queue(queue),
+        parker: None,
+    };
+    let mut taken = 0;
+    let outcome = round.take_messages(&mut connection, &mut taken).await;
+    if let Some(parker) = round.parker {
+        parker.close().await;
+    }
+    // After a failure everything goes back to the queue (the next round
+    // holds again what must be held); otherwise the held messages stay held.
+    let holding = connection.unacked() > 0;
+    if outcome.is_ok() && holding && connection.is_alive() {
+        *held = Some(connection);
+        return Ok(taken);
+    }
+    connection.close().await;
+    outcome?;
+    if holding {
+        // The connection ended as the round did: what it held is back in the
+        // queue, and a session would meet it first. A failure, so that the
+        // next round takes messages one at a time again.
+        return Err(raw::RawError::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the connection holding unparkable messages ended; they are back in the queue",
+        )));
+    }
+    Ok(taken)
+}
+
+/// One round of [`isolate`] on `queue`.
+struct Round<'a> {
+    config: &'a CaptureConfig,
+    queue: &'a str,
+    store: &'a Store,
+    shutdown: &'a CancellationToken,
+    /// The capture session the round's dead letters are recorded with.
+    session: uuid::Uuid,
+    /// Where unreadable messages are moved ([`unreadable_queue`]).
+    parking: String,
+    /// The connection that moves them ([`park`]), opened on first use.
+    parker: Option<raw::RawConnection>,
+}
+
+impl Round<'_> {
+    /// Takes messages on `connection` until `prefetch` of them (at least
+    /// one), an empty queue or shutdown, counting them in `taken`.
+    async fn take_messages(
+        &mut self,
+        connection: &mut raw::RawConnection,
+        taken: &mut usize,
+    ) -> Result<(), raw::RawError> {
+        while *taken < usize::from(self.config.prefetch.max(1)) && !self.shutdown.is_cancelled() {
+            let Some(message) = connection.get(self.queue).await? else {
+                break;
+            };
+            *taken += 1;
+            if !self.take(connection, &message).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `message`, parks it first when it is unreadable, and acks it,
+    /// or leaves it held unacked on `connection` when it cannot be moved.
+    /// `Ok(false)`: shutdown came before it was stored (it stays unacked).
+    async fn take(
+        &mut self,
+        connection: &mut raw::RawConnection,
+        message: &raw::RawMessage,
+    ) -> Result<bool, raw::RawError> {
+        let decoded = raw::decode_content_header(&message.header).unwrap_or_else(|error| {
+            raw::DecodedHeader {
+                problems: vec![format!("content header unreadable: {error}")],
+                ..raw::DecodedHeader::default()
+            }
+        });
+        let unreadable = !decoded.problems.is_empty();
+        // Where an unreadable message ends up: `Ok` parked, `Err(why)` held.
+        let parked = if unreadable {
+            match unparkable(message, &decoded, connection, &self.parking) {
+                Some(why) => Err(why),
+                None => park(
+                    &self.config.amqp_url,
+                    &mut self.parker,
+                    &self.parking,
+                    message,
+                )
+                .await
+                .map_err(|error| format!("moving it aside failed: {error}")),
+            }
+        } else {
+            Ok(())
+        };
+        let raw_dead_letter = RawDeadLetter::from_queue(
+            self.queue,
+            message.body.clone(),
+            decoded.properties.clone(),
+            decoded.headers.clone(),
+            message.redelivered,
+            Utc::now(),
+        );
+        let mut dead_letter = extract(&self.config.rules, raw_dead_letter).await;
+        if unreadable {
+            self.placeholder(&mut dead_letter, message, &decoded.problems, &parked);
+        }
+        let Some(batch_ids) = self.store(&dead_letter).await else {
+            return Ok(false);
+        };
+        if unreadable {
+            let how = if parked.is_ok() {
+                Quarantine::Parked
+            } else {
+                Quarantine::Held
+            };
+            self.store.metrics().quarantined(self.queue, how);
+        }
+        if parked.is_err() {
+            // Held: left unacked on this connection.
+            return Ok(true);
+        }
+        connection.ack(message.delivery_tag).await?;
+        // As in a session: the ack is recorded once a reply behind it
+        // proves the broker processed it.
+        connection.sync().await?;
+        for batch_id in batch_ids {
+            if let Err(error) = self.store.mark_capture_acked(batch_id).await {
+                warn!(%error, batch_id, "could not record the ack of a capture batch");
+            }
+        }
+        Ok(true)
+    }
+
+    /// Makes `dead_letter` the placeholder of unreadable `message`: reason
+    /// class `unreadable`, a republish problem and a capture note naming its
+    /// `problems` and where it is (`parked`: moved aside, or why it is held),
+    /// its exact content header, and a fingerprint that covers the problems.
+    fn placeholder(
+        &self,
+        dead_letter: &mut NewDeadLetter,
+        message: &raw::RawMessage,
+        problems: &[String],
+        parked: &Result<(), String>,
+    ) {
+        let problems = problems.join("; ");
+        let parking = &self.parking;
+        let whereabouts = match parked {
+            Ok(()) => format!("it was moved, byte for byte, to queue {parking}"),
+            Err(why) => format!(
+                "it cannot be moved aside ({why}), so it stays in this DLQ, held unacked by the planner while it runs; its exact bytes are kept here too"
+            ),
+        };
+        warn!(
+            source = self.queue,
+            %problems,
+            %whereabouts,
+            "a dead letter the AMQP client cannot read: captured as a placeholder"
+        );
+        dead_letter.reason_class = ReasonClass::Unreadable;
+        dead_letter.body_problem = Some(format!(
+            "the AMQP client cannot read it ({problems}); {whereabouts}"
+        ));
+        dead_letter.capture_notes.push(format!(
+            "unreadable by the AMQP client: {problems}; shown lossily; {whereabouts}"
+        ));
+        dead_letter.raw_content_header = Some(message.header.clone());
+        // Lossy fields do not tell two unreadable messages apart; the
+        // problems name the exact bytes (the raw header itself would
+        // change with a quorum queue's x-delivery-count).
+        let mut hasher = Sha256::new();
+        hasher.update(dead_letter.fingerprint);
+        hasher.update(problems.as_bytes());
+        dead_letter.fingerprint = hasher.finalize().into();
+    }
+
+    /// Stores `dead_letter`, retrying every second while it fails, and
+    /// returns its capture batches; `None` on shutdown (nothing stored).
+    async fn store(&self, dead_letter: &NewDeadLetter) -> Option<Vec<i64>> {
+        loop {
+            match store_batch(
+                self.store,
+                self.session,
+                self.queue,
+                std::slice::from_ref(dead_letter),
+            )
+            .await
+            {
+                Ok((ids, _)) => return Some(ids),
+                Err(error) => {
+                    warn!(%error, "storing a dead letter failed; nothing acked");
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => return None,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Moves `message` byte for byte to the parking exchange and queue `parking`
+/// over `parker` (connected and declared on first use; dropped on any
+/// failure, so a channel the broker closed is not reused).
+///
+/// # Errors
+/// Why it was not moved: connection, declaration (permissions, a queue of
+/// that name declared with other arguments), a nack, or unroutable.
+async fn park(
+    url: &str,
+    parker: &mut Option<raw::RawConnection>,
+    parking: &str,
+    message: &raw::RawMessage,
+) -> Result<(), raw::RawError> {
+    let mut connection = match parker.take() {
+        Some(connection) => connection,
+        None => {
+            let mut connection = raw::RawConnection::connect(url).await?;
+            connection.declare_parking(parking).await?;
+            connection
+        }
+    };
+    if !connection
+        .publish(parking, b"", &message.header, &message.body)
+        .await?
+    {
+        return Err(raw::RawError::Protocol(format!(
+            "the broker did not take it into {parking} (nacked, or unroutable: is the queue bound?)"
+        )));
+    }
+    *parker = Some(connection);
+    Ok(())
+}

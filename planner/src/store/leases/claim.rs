@@ -1,0 +1,250 @@
+//! Leasing a slice ([`Store::claim_slice`]) and the items its claim answer
+//! carries ([`Store::slice_items`]), within the answer's byte budget
+//! ([`Store::fail_unsendable`] fails the items no answer could carry).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redrive_proto::v1;
+use sqlx::AssertSqlSafe;
+
+use super::{ITEM_SIZE_SQL, LeasedItem, LeasedSlice, REPLAY_KEY_WINDOW};
+use crate::{
+    ids::{PlanId, PrecheckId, SliceId},
+    store::{
+        Store, StoreError,
+        audit::lock_plan_audit,
+        dead_letters::{DeadLetterRow, columns},
+        plans::{DestinationRow, RateRow},
+        prechecks::CAME_BACK_SQL,
+    },
+};
+
+impl Store {
+    /// Leases the first claimable slice: a pending slice of a plan in `main`
+    /// (or a canary slice of a plan in `canary`), oldest plan first. Bumps the
+    /// fencing token. A lease that expired is not taken over here: the
+    /// planner's sweep ([`Store::expire_leases`]) first records what its
+    /// holder may have published, then makes the slice pending again.
+    /// With `marks_publishing` the lease starts with an empty write-ahead
+    /// mark; without it (what a planner from before marks did; the
+    /// coordinator refuses such claims) its expiry judges every unreported
+    /// item.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn claim_slice(
+        &self,
+        executor_id: &str,
+        principal: &str,
+        ttl: Duration,
+        marks_publishing: bool,
+    ) -> Result<Option<LeasedSlice>, StoreError> {
+        let row = sqlx::query_as::<_, LeasedSliceRow>(
+            "WITH candidate AS ( \
+                SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
+                WHERE (p.state = $3 OR (p.state = $4 AND s.wave = 'canary')) \
+                  AND s.state = 'pending' \
+                  AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
+                  AND (NOT p.ordered OR NOT EXISTS (SELECT 1 FROM plan_slices e \
+                       WHERE e.plan_id = s.plan_id AND e.seq < s.seq AND e.state <> 'completed')) \
+                ORDER BY p.approved_at, p.id, s.seq \
+                LIMIT 1 FOR UPDATE OF s SKIP LOCKED), \
+             leased AS (UPDATE plan_slices s SET state = 'leased', lease_owner = $1, lease_principal = $6, \
+                lease_expires_at = now() + $2 * interval '1 millisecond', \
+                fencing_token = redrive_next_fencing_token(s.fencing_token), \
+                published_through = CASE WHEN $5 THEN -1 END \
+             FROM candidate, plans p WHERE s.id = candidate.id AND p.id = s.plan_id \
+             RETURNING s.id, s.plan_id, s.wave, s.fencing_token, p.rate_per_second, p.rate_burst, \
+                p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, p.precheck_id, \
+                p.ordered), \
+             recorded AS (INSERT INTO slice_leases (slice_id, fencing_token, principal, executor_id) \
+                SELECT id, fencing_token, $6, $1 FROM leased) \
+             SELECT * FROM leased",
+        )
+        .bind(executor_id)
+        .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+        .bind(v1::PlanState::Main.name())
+        .bind(v1::PlanState::Canary.name())
+        .bind(marks_publishing)
+        .bind(principal)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(LeasedSlice::from))
+    }
+    /// The items of `slice_id` still to publish (pending or uncertain), in
+    /// order, as many as fit in `max_bytes` (docs/design.md, "Every input is
+    /// bounded at the edge"): the first one always, then each next one while
+    /// the running sum of their sizes ([`ITEM_SIZE_SQL`]) stays within the
+    /// budget. Only the chosen rows' bodies are read; the rest stay pending
+    /// for the next lease of the slice.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn slice_items(
+        &self,
+        slice_id: SliceId,
+        max_bytes: usize,
+    ) -> Result<Vec<LeasedItem>, StoreError> {
+        let query = format!(
+            "WITH due AS (SELECT i.position, {ITEM_SIZE_SQL} AS size \
+                FROM plan_items i JOIN dead_letters x ON x.id = i.dead_letter_id \
+                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain')), \
+             running AS (SELECT position, sum(size) OVER (ORDER BY position) AS total, \
+                row_number() OVER (ORDER BY position) AS n FROM due), \
+             handed AS (SELECT position FROM running WHERE n = 1 OR total <= $3) \
+             SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
+                i.routing_key AS item_routing_key, i.stale_at AS item_stale_at, \
+                (SELECT first_died_at FROM dead_letters WHERE id = i.dead_letter_id) AS first_died_at, i.attempts AS item_attempts, \
+                coalesce(rev.body, (SELECT body FROM dead_letters WHERE id = i.dead_letter_id)) AS replay_body, \
+                rk.redrive_count, rk.key_replayed, cb.came_back_from \
+             FROM plan_items i \
+             JOIN LATERAL (SELECT {}, previous_message_keys FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
+                FROM dead_letters x WHERE x.message_key = i.message_key AND x.destination = d.destination \
+                AND x.redrive_plan_id IS NOT NULL) cb ON true \
+             LEFT JOIN LATERAL (SELECT count(DISTINCT e.plan_id) FILTER (WHERE e.action = 'sent') AS redrive_count, \
+                coalesce(bool_or(e.at > now() - $2 * interval '1 second' \
+                                 AND NOT (e.plan_id::text = ANY(cb.came_back_from) AND {came_back}) \
+                                 AND (e.action = 'sent' OR e.plan_id <> i.plan_id)), false) AS key_replayed \
+                FROM audit_events e WHERE e.message_key = ANY(d.previous_message_keys || i.message_key) \
+                AND e.destination = d.destination \
+                AND e.action IN ('sent', 'uncertain')) rk ON true \
+             LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
+                                ORDER BY revision DESC LIMIT 1) rev ON true \
+             WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') \
+               AND i.position IN (SELECT position FROM handed) ORDER BY i.position",
+            // The body is read once, as `replay_body`.
+            columns(false),
+            came_back = CAME_BACK_SQL,
+        );
+        let rows = sqlx::query_as::<_, LeasedItemRow>(AssertSqlSafe(query))
+            .bind(slice_id)
+            .bind(i64::try_from(REPLAY_KEY_WINDOW.as_secs()).unwrap_or(i64::MAX))
+            .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await?;
+        rows.into_iter().map(LeasedItem::try_from).collect()
+    }
+    /// Fails the items of `slice_id` still to publish that are larger
+    /// ([`ITEM_SIZE_SQL`]) than `max_bytes`, the most one claim answer can
+    /// carry: no executor could ever receive them, so they end `failed` with
+    /// an audit event saying why instead of holding the slice forever. Only
+    /// while `token` is the slice's current lease. Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn fail_unsendable(
+        &self,
+        slice_id: SliceId,
+        token: i64,
+        max_bytes: usize,
+    ) -> Result<u64, StoreError> {
+        let query = format!(
+            "WITH lease AS (SELECT id, wave, coalesce(lease_owner, '') AS owner FROM plan_slices \
+                WHERE id = $1 AND fencing_token = $2 AND state = 'leased'), \
+             big AS (SELECT i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, \
+                    {ITEM_SIZE_SQL} AS size, l.wave, l.owner, x.destination \
+                FROM plan_items i JOIN dead_letters x ON x.id = i.dead_letter_id JOIN lease l ON l.id = i.slice_id \
+                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') AND {ITEM_SIZE_SQL} > $3), \
+             failed AS (UPDATE plan_items i SET state = 'failed' FROM big b \
+                WHERE i.slice_id = b.slice_id AND i.dead_letter_id = b.dead_letter_id RETURNING i.dead_letter_id), \
+             events AS (INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
+                    reason, wave, executor_id, attempt) \
+                SELECT b.plan_id, b.slice_id, b.dead_letter_id, b.message_key, b.destination, 'failed', \
+                    format('this item is %s bytes with its body and metadata, above the %s bytes one claim answer \
+can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, greatest(b.attempts, 1) \
+                FROM big b) \
+             SELECT count(*) FROM failed"
+        );
+        let mut transaction = self.pool().begin().await?;
+        let plan_id: Option<PlanId> =
+            sqlx::query_scalar("SELECT plan_id FROM plan_slices WHERE id = $1")
+                .bind(slice_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+        let Some(plan_id) = plan_id else {
+            return Ok(0);
+        };
+        lock_plan_audit(&mut transaction, plan_id).await?;
+        let failed: i64 = sqlx::query_scalar(AssertSqlSafe(query))
+            .bind(slice_id)
+            .bind(token)
+            .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
+            .fetch_one(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(u64::try_from(failed).unwrap_or_default())
+    }
+}
+
+/// A slice as [`Store::claim_slice`] leases it, with its plan's columns.
+#[derive(sqlx::FromRow)]
+struct LeasedSliceRow {
+    id: SliceId,
+    plan_id: PlanId,
+    wave: String,
+    fencing_token: i64,
+    #[sqlx(flatten)]
+    rate: RateRow,
+    #[sqlx(flatten)]
+    destination: DestinationRow,
+    precheck_id: PrecheckId,
+    ordered: bool,
+}
+
+impl From<LeasedSliceRow> for LeasedSlice {
+    fn from(row: LeasedSliceRow) -> Self {
+        Self {
+            slice_id: row.id,
+            plan_id: row.plan_id,
+            wave: row.wave,
+            fencing_token: row.fencing_token,
+            rate: row.rate.into(),
+            destination: row.destination.into(),
+            precheck_id: row.precheck_id,
+            ordered: row.ordered,
+        }
+    }
+}
+
+/// A row of [`Store::slice_items`]: the dead letter's columns and its item's.
+#[derive(sqlx::FromRow)]
+struct LeasedItemRow {
+    #[sqlx(flatten)]
+    dead_letter: DeadLetterRow,
+    position: i64,
+    replay_body: Vec<u8>,
+    item_state: String,
+    item_attempts: i32,
+    key_replayed: bool,
+    redrive_count: i64,
+    came_back_from: Vec<String>,
+    first_died_at: DateTime<Utc>,
+    item_exchange: Option<String>,
+    item_routing_key: Option<String>,
+    item_stale_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<LeasedItemRow> for LeasedItem {
+    type Error = StoreError;
+
+    /// # Errors
+    /// [`StoreError::Corrupt`] when the dead letter does not decode.
+    fn try_from(row: LeasedItemRow) -> Result<Self, StoreError> {
+        Ok(Self {
+            position: row.position,
+            dead_letter: row.dead_letter.try_into()?,
+            replay_body: row.replay_body,
+            state: row.item_state,
+            attempts: row.item_attempts,
+            key_replayed: row.key_replayed,
+            redrive_count: row.redrive_count,
+            came_back_from: row.came_back_from,
+            first_died_at: row.first_died_at,
+            exchange: row.item_exchange.unwrap_or_default(),
+            routing_key: row.item_routing_key.unwrap_or_default(),
+            stale_at: row.item_stale_at,
+        })
+    }
+}
