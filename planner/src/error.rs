@@ -76,6 +76,21 @@ pub async fn caught<T>(
         })
 }
 
+impl From<crate::ids::InvalidId> for Error {
+    fn from(error: crate::ids::InvalidId) -> Self {
+        Self::InvalidArgument {
+            field: error.field,
+            problem: error.problem,
+        }
+    }
+}
+
+impl From<crate::ids::InvalidId> for tonic::Status {
+    fn from(error: crate::ids::InvalidId) -> Self {
+        Error::from(error).into()
+    }
+}
+
 impl Error {
     /// An `InvalidArgument` naming `field`.
     pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {

@@ -3,13 +3,34 @@
 //! id is a type of its own ([`DeadLetterId`], [`SliceId`], [`PlanId`],
 //! [`PrecheckId`]), bound and decoded by sqlx as the column it is, so that
 //! an id of one kind cannot be passed for another. A leaf module: the
-//! adapters, the selector and the stores all read ids here.
+//! adapters, the selector and the stores all read ids here, and a parse
+//! error ([`InvalidId`]) becomes the domain's `InvalidArgument` where it
+//! meets [`crate::error::Error`].
 
 use std::fmt;
 
 use uuid::Uuid;
 
-use crate::error::Error;
+/// An id or page token that is not one: the request field and what is
+/// wrong with it. Becomes `InvalidArgument` naming the field
+/// (`From<InvalidId> for crate::error::Error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InvalidId {
+    /// The field path, e.g. `selector.ids[3]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl InvalidId {
+    fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
 
 /// One page of `rows`, which were fetched as `page_size + 1`: the first
 /// `page_size` rows and whether another page follows (the extra row says
@@ -37,7 +58,7 @@ impl PageToken {
     ///
     /// # Errors
     /// `InvalidArgument` naming `page_token`.
-    pub fn parse(token: &str) -> Result<Self, Error> {
+    pub fn parse(token: &str) -> Result<Self, InvalidId> {
         if token.is_empty() {
             return Ok(Self::default());
         }
@@ -45,7 +66,7 @@ impl PageToken {
             .split_once('.')
             .and_then(|(after, returned)| Some((after.parse().ok()?, returned.parse().ok()?)));
         let (after_id, returned) = parsed
-            .ok_or_else(|| Error::invalid("page_token", "not a token from a previous answer"))?;
+            .ok_or_else(|| InvalidId::new("page_token", "not a token from a previous answer"))?;
         Ok(Self { after_id, returned })
     }
 
@@ -69,7 +90,7 @@ macro_rules! integer_id {
             ///
             /// # Errors
             /// `InvalidArgument` naming `field`.
-            pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+            pub fn parse(field: &str, id: &str) -> Result<Self, InvalidId> {
                 // Digits only: `+1` and ` 1` are not how ids are written.
                 Some(id)
                     .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
@@ -77,7 +98,7 @@ macro_rules! integer_id {
                     .filter(|id| *id > 0)
                     .map(Self)
                     .ok_or_else(|| {
-                        Error::invalid(
+                        InvalidId::new(
                             field,
                             format!("{id:?} is not a {} (a positive integer)", $what),
                         )
@@ -129,9 +150,9 @@ macro_rules! uuid_id {
             ///
             /// # Errors
             /// `InvalidArgument` naming `field`.
-            pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+            pub fn parse(field: &str, id: &str) -> Result<Self, InvalidId> {
                 Uuid::parse_str(id).map(Self).map_err(|_| {
-                    Error::invalid(field, format!("{id:?} is not a {} (a UUID)", $what))
+                    InvalidId::new(field, format!("{id:?} is not a {} (a UUID)", $what))
                 })
             }
 
@@ -183,11 +204,8 @@ mod tests {
 
     use super::*;
 
-    fn field_of(error: Error) -> String {
-        match error {
-            Error::InvalidArgument { field, .. } => field,
-            other => panic!("not InvalidArgument: {other}"),
-        }
+    fn field_of(error: InvalidId) -> String {
+        error.field
     }
 
     #[test]

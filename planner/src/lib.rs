@@ -14,7 +14,7 @@
 //!
 //! | folder | what it owns |
 //! | --- | --- |
-//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`: [`main_with_args`], which `main.rs` calls); `health.rs` (the health service and the readiness gate) |
+//! | `lib.rs`, `main.rs` | [`run`], the wiring of the services; the binary's start-up (settings, logging, signals, `--listen`: [`main_with_args`], which `main.rs` calls); `health.rs` (the health service and the readiness gate), `background.rs` (the background tasks, owned and drained within the shutdown grace) |
 //! | [`config`] | the settings: flags with `REDRIVE_…` fallbacks, parsed once at start-up into typed values; `config/checks.rs` (the one parse, step by step in flag order), `config/rules.rs` (the precheck policy and extraction rules), `config/transport.rs` (TLS and authentication), `config/settings.rs` ([`Settings`]) |
 //! | [`edge`] | the API edge: [`edge::grpc`] (the gRPC adapters: `grpc/planner.rs` `redrive.v1.Planner`, `grpc/coordinator.rs` `redrive.v1.Coordinator`), [`edge::auth`] (who is calling, the actor a call is recorded under: `auth/actor.rs` the actor and delegation, `auth/tokens.rs` the static token file, `auth/jwt.rs` bearer JWTs, `auth/certificates.rs` client certificates and `--cert-role`, `auth/layer.rs` the tower layer), [`edge::roles`] (the one table of which role each RPC needs), [`edge::admission`] (what one caller may take: `admission/connections.rs` the connection pools and deadlines, `admission/rate.rs` the request rate, `admission/streams.rs` open streams) |
 //! | [`capture`] | dead letters in: consuming DLQs into PostgreSQL, ack after commit; `capture/session.rs` (one connection's consuming: guard, queue checks, batches), `capture/write.rs` (storing a batch, the ack after commit), `capture/isolate.rs` (messages one at a time after a failed session, unreadable ones parked or held), `capture/status.rs` (which queues have a consumer); [`capture::guard`] (the relay that reads content headers before lapin), [`capture::raw`] (the small AMQP client for deliveries lapin cannot decode: `raw/connection.rs` the client, `raw/header.rs` the lenient content-header reader, `raw/reader.rs` the byte cursor), [`capture::ingest`] (`IngestDeadLetters`, from services and `redrivectl import`), [`capture::ingest_budget`] (the memory all ingest streams share: `ingest_budget/layer.rs` the tower layer, `ingest_budget/body.rs` the charged request body) |
@@ -27,6 +27,7 @@
 //! | [`ids`], [`error`], [`metrics`] | ids (dead letter, slice, plan, precheck) and page tokens parsed once; the domain error and its one mapping to a status; the metric instruments, counted through the [`store::Store`] every part holds |
 
 pub mod audit;
+mod background;
 pub mod capture;
 pub mod config;
 pub mod dead_letters;
@@ -57,14 +58,15 @@ use redrive_proto::{
 use sqlx::{Postgres, migrate::MigrateDatabase};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 pub use crate::config::{Config, Settings};
 pub use crate::health::capture_health_service;
-use crate::health::{ReadyGate, health_not_serving, report_health};
+use crate::health::{ReadyGate, health_not_serving};
 use crate::{
     audit::notifier::Notifier,
-    capture::{CaptureConfig, CaptureStatus},
+    background::{Background, start_background, stop_within_grace},
+    capture::CaptureStatus,
     edge::grpc::{CoordinatorGrpc, PlannerGrpc, PlannerState},
     precheck::state_check::StateChecker,
     store::Store,
@@ -313,155 +315,6 @@ impl<H: tonic_health::pb::health_server::Health> Server<H> {
                     shutdown.cancelled_owned(),
                 ),
         ))
-    }
-}
-
-/// The planner's background tasks, owned so that shutdown drains them:
-/// capture, the notifier's listener and the rest (health reports, plan
-/// counts, the canary gates, retention). Each ends with `shutdown`.
-#[derive(Default)]
-struct Background {
-    /// Capture: stores and acks what it holds when shutdown comes.
-    capture: Option<tokio::task::JoinHandle<()>>,
-    /// The notifier's `LISTEN` connection: watches need it until the
-    /// server has stopped.
-    listening: Option<tokio::task::JoinHandle<()>>,
-    /// Health reports, plan counts, the canary gates and retention.
-    others: tokio::task::JoinSet<()>,
-}
-
-/// Once the database is ready: marks the services `SERVING` and starts the
-/// background work (health reports, plan counts, the notifier's listener,
-/// the canary gates, retention when set, capture), every task ending with
-/// `shutdown`.
-async fn start_background(
-    config: &Config,
-    store: Store,
-    health_reporter: tonic_health::server::HealthReporter,
-    capture_status: CaptureStatus,
-    rules: Arc<dead_letters::ExtractionRules>,
-    notifier: Notifier,
-    shutdown: &CancellationToken,
-) -> Background {
-    health_reporter
-        .set_serving::<PlannerServer<PlannerGrpc>>()
-        .await;
-    health_reporter
-        .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
-        .await;
-    info!("planner ready");
-    let mut others = tokio::task::JoinSet::new();
-    others.spawn(report_health(
-        store.clone(),
-        capture_status.clone(),
-        health_reporter,
-        shutdown.clone(),
-    ));
-    others.spawn(count_plans(store.clone(), shutdown.clone()));
-    let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
-    others.spawn(plan::gates::run(store.clone(), shutdown.clone()));
-    if let Some(retention) = config.retention {
-        others.spawn(dead_letters::housekeeping::run_retention(
-            store.clone(),
-            retention,
-            shutdown.clone(),
-        ));
-    }
-    let capture = tokio::spawn(capture::run(
-        CaptureConfig {
-            amqp_url: config.amqp.url.clone(),
-            queues: config.capture_queues.clone(),
-            prefetch: config.capture_prefetch,
-            batch_size: config.capture_batch_size,
-            batch_bytes: config.capture_batch_bytes,
-            batch_wait: config.capture_batch_wait(),
-            rules,
-            guard: config.capture_guard,
-            status: capture_status,
-        },
-        store,
-        shutdown.clone(),
-    ));
-    Background {
-        capture: Some(capture),
-        listening: Some(listening),
-        others,
-    }
-}
-
-/// Waits for `shutdown`, then gives open calls (WatchPlan streams, claim long
-/// polls, ReplayDeadLetter waits) the grace period to end before cutting
-/// them: a client that keeps a stream open must not keep the planner alive.
-/// Then stops the listener and gives capture (which stores and acks what it
-/// holds) and the other background tasks one more grace period to end;
-/// what is still running then is aborted, with a warning.
-///
-/// # Errors
-/// The server failing, or its task panicking.
-async fn stop_within_grace(
-    config: &Config,
-    mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    background: Background,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let grace = Duration::from_secs(config.shutdown_grace_seconds);
-    let grace_after_shutdown = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        served = &mut server => served??,
-        () = grace_after_shutdown => {
-            warn!(
-                grace_seconds = config.shutdown_grace_seconds,
-                "open calls did not end within the grace period: cut"
-            );
-            server.abort();
-        }
-    }
-    let Background {
-        capture,
-        listening,
-        mut others,
-    } = background;
-    if let Some(listening) = listening {
-        listening.abort();
-    }
-    let drained = async {
-        if let Some(capture) = capture {
-            let _ = capture.await;
-        }
-        while others.join_next().await.is_some() {}
-    };
-    if tokio::time::timeout(grace, drained).await.is_err() {
-        warn!(
-            grace_seconds = config.shutdown_grace_seconds,
-            "capture or a background task did not stop within the grace period: aborted"
-        );
-        others.abort_all();
-    }
-    Ok(())
-}
-
-/// Keeps the `redrive.planner.plans` gauge current: counts the plans in
-/// each state every [`metrics::PLANS_COUNT_INTERVAL`]. A count that fails
-/// (PostgreSQL away) leaves the last figures; health reports the outage.
-async fn count_plans(store: Store, shutdown: CancellationToken) {
-    loop {
-        match store.count_plans_by_state().await {
-            Ok(counts) => {
-                let counts: Vec<_> = counts
-                    .into_iter()
-                    .map(|(state, count)| (state.get(), count))
-                    .collect();
-                store.metrics().plans_counted(&counts);
-            }
-            Err(error) => debug!(%error, "counting plans by state failed"),
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(metrics::PLANS_COUNT_INTERVAL) => {}
-        }
     }
 }
 

@@ -222,7 +222,7 @@ impl<C: Connect> Worker<C> {
     /// Starts the lease, the reporter, the confirm collector and the stall
     /// warning of `slice`, and queues its items (reporting those the
     /// planner already knows replayed). `None` when the lease cannot be
-    /// held or the slice's rate is invalid (then released).
+    /// held or the slice cannot be replayed ([`replayable`]; then released).
     async fn start_slice(
         &mut self,
         mut slice: v1::Slice,
@@ -249,20 +249,10 @@ impl<C: Connect> Worker<C> {
             }
         };
         self.metrics.lease_claimed();
-        let rate = slice.rate.clone().unwrap_or_default();
-        let Ok(rate) = Rate::new(rate.per_second, rate.burst) else {
-            warn!("slice carries an invalid rate; releasing it");
-            lease.end(true).await;
-            return None;
-        };
-        let items: Result<Vec<LeasedItem>, InvalidItem> = std::mem::take(&mut slice.items)
-            .into_iter()
-            .map(LeasedItem::try_from)
-            .collect();
-        let items = match items {
-            Ok(items) => items,
-            Err(error) => {
-                warn!(%error, "slice carries an item this executor cannot replay; releasing it");
+        let (rate, items) = match replayable(&mut slice) {
+            Ok(checked) => checked,
+            Err(reason) => {
+                warn!(%reason, "slice cannot be replayed; releasing it");
                 lease.end(true).await;
                 return None;
             }
@@ -386,4 +376,18 @@ pub(super) struct SliceTasks {
     collecting: AbortOnDropHandle<()>,
     /// The stall warning: runs until aborted.
     stall_warning: AbortOnDropHandle<()>,
+}
+
+/// The rate and the items of a claimed slice, each checked once: the rate
+/// within the bucket's bounds, every item a [`LeasedItem`]. Otherwise what
+/// is wrong (a planner this executor cannot follow).
+fn replayable(slice: &mut v1::Slice) -> Result<(Rate, Vec<LeasedItem>), String> {
+    let rate = slice.rate.clone().unwrap_or_default();
+    let rate = Rate::new(rate.per_second, rate.burst).map_err(|error| error.to_string())?;
+    let items = std::mem::take(&mut slice.items)
+        .into_iter()
+        .map(LeasedItem::try_from)
+        .collect::<Result<Vec<_>, InvalidItem>>()
+        .map_err(|error| error.to_string())?;
+    Ok((rate, items))
 }

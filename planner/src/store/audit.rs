@@ -46,6 +46,26 @@ async fn plan_keys(
     keys.await.map_err(StoreError::from)
 }
 
+/// One page of a plan's rows that `sql` selects: `$1` the plan, `$2` the
+/// cursor (the last id or position of the page before), `$3` the most rows.
+async fn plan_page<R>(
+    pool: &sqlx::PgPool,
+    sql: &'static str,
+    plan_id: PlanId,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<R>, StoreError>
+where
+    R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    let rows = sqlx::query_as::<_, R>(sql)
+        .bind(plan_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool);
+    rows.await.map_err(StoreError::from)
+}
+
 impl Store {
     /// The id of a plan's latest audit event (0 when it has none): where a
     /// live feed of its new events starts.
@@ -71,18 +91,12 @@ impl Store {
         after_id: i64,
         limit: i64,
     ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
-        let rows = sqlx::query_as::<_, AuditEventRow>(
-            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
-                confirm_latency_us, at FROM audit_events WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-        )
-        .bind(plan_id)
-        .bind(after_id)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows
+        let page = self
+            .audit_events_with_message_ids(plan_id, after_id, limit)
+            .await?;
+        Ok(page
             .into_iter()
-            .map(|row| (row.id, row.into_event(plan_id)))
+            .map(|(id, event, _message_id)| (id, event))
             .collect())
     }
 }
@@ -308,17 +322,17 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<(i64, v1::UnattemptedItem)>, StoreError> {
-        let rows: Vec<(i64, DeadLetterId, String, Option<String>, String)> = sqlx::query_as(
+        let rows: Vec<(i64, DeadLetterId, String, Option<String>, String)> = plan_page(
+            self.pool(),
             "SELECT i.position, i.dead_letter_id, i.message_key, d.message_id, s.wave \
              FROM plan_items i JOIN plan_slices s ON s.id = i.slice_id \
              LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
              WHERE i.plan_id = $1 AND i.state = 'pending' AND i.position > $2 \
              ORDER BY i.position LIMIT $3",
+            plan_id,
+            after,
+            limit,
         )
-        .bind(plan_id)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(self.pool())
         .await?;
         Ok(rows
             .into_iter()
@@ -355,15 +369,15 @@ impl Store {
         after_id: i64,
         limit: i64,
     ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
-        let rows = sqlx::query_as::<_, ExportedEventRow>(
+        let rows: Vec<ExportedEventRow> = plan_page(
+            self.pool(),
             "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
                 confirm_latency_us, at, message_id FROM audit_events \
              WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            plan_id,
+            after_id,
+            limit,
         )
-        .bind(plan_id)
-        .bind(after_id)
-        .bind(limit)
-        .fetch_all(self.pool())
         .await?;
         Ok(rows
             .into_iter()

@@ -1,0 +1,170 @@
+//! The planner's background work: started once the database is ready
+//! (health reports, plan counts, the notifier's listener, the canary gates,
+//! retention, capture), owned in [`Background`], and drained within the
+//! shutdown grace ([`stop_within_grace`]).
+
+use std::{sync::Arc, time::Duration};
+
+use redrive_proto::v1::{coordinator_server::CoordinatorServer, planner_server::PlannerServer};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    Config,
+    audit::notifier::Notifier,
+    capture::{self, CaptureConfig, CaptureStatus},
+    dead_letters,
+    edge::grpc::{CoordinatorGrpc, PlannerGrpc},
+    health::report_health,
+    metrics, plan,
+    store::Store,
+};
+
+/// The planner's background tasks, owned so that shutdown drains them:
+/// capture, the notifier's listener and the rest (health reports, plan
+/// counts, the canary gates, retention). Each ends with `shutdown`.
+#[derive(Default)]
+pub(crate) struct Background {
+    /// Capture: stores and acks what it holds when shutdown comes.
+    capture: Option<tokio::task::JoinHandle<()>>,
+    /// The notifier's `LISTEN` connection: watches need it until the
+    /// server has stopped.
+    listening: Option<tokio::task::JoinHandle<()>>,
+    /// Health reports, plan counts, the canary gates and retention.
+    others: tokio::task::JoinSet<()>,
+}
+
+/// Once the database is ready: marks the services `SERVING` and starts the
+/// background work (health reports, plan counts, the notifier's listener,
+/// the canary gates, retention when set, capture), every task ending with
+/// `shutdown`.
+pub(crate) async fn start_background(
+    config: &Config,
+    store: Store,
+    health_reporter: tonic_health::server::HealthReporter,
+    capture_status: CaptureStatus,
+    rules: Arc<dead_letters::ExtractionRules>,
+    notifier: Notifier,
+    shutdown: &CancellationToken,
+) -> Background {
+    health_reporter
+        .set_serving::<PlannerServer<PlannerGrpc>>()
+        .await;
+    health_reporter
+        .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
+        .await;
+    info!("planner ready");
+    let mut others = tokio::task::JoinSet::new();
+    others.spawn(report_health(
+        store.clone(),
+        capture_status.clone(),
+        health_reporter,
+        shutdown.clone(),
+    ));
+    others.spawn(count_plans(store.clone(), shutdown.clone()));
+    let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
+    others.spawn(plan::gates::run(store.clone(), shutdown.clone()));
+    if let Some(retention) = config.retention {
+        others.spawn(dead_letters::housekeeping::run_retention(
+            store.clone(),
+            retention,
+            shutdown.clone(),
+        ));
+    }
+    let capture = tokio::spawn(capture::run(
+        CaptureConfig {
+            amqp_url: config.amqp.url.clone(),
+            queues: config.capture_queues.clone(),
+            prefetch: config.capture_prefetch,
+            batch_size: config.capture_batch_size,
+            batch_bytes: config.capture_batch_bytes,
+            batch_wait: config.capture_batch_wait(),
+            rules,
+            guard: config.capture_guard,
+            status: capture_status,
+        },
+        store,
+        shutdown.clone(),
+    ));
+    Background {
+        capture: Some(capture),
+        listening: Some(listening),
+        others,
+    }
+}
+
+/// Waits for `shutdown`, then gives open calls (WatchPlan streams, claim long
+/// polls, ReplayDeadLetter waits) the grace period to end before cutting
+/// them: a client that keeps a stream open must not keep the planner alive.
+/// Then stops the listener and gives capture (which stores and acks what it
+/// holds) and the other background tasks one more grace period to end;
+/// what is still running then is aborted, with a warning.
+///
+/// # Errors
+/// The server failing, or its task panicking.
+pub(crate) async fn stop_within_grace(
+    config: &Config,
+    mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    background: Background,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let grace_after_shutdown = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = &mut server => served??,
+        () = grace_after_shutdown => {
+            warn!(
+                grace_seconds = config.shutdown_grace_seconds,
+                "open calls did not end within the grace period: cut"
+            );
+            server.abort();
+        }
+    }
+    let Background {
+        capture,
+        listening,
+        mut others,
+    } = background;
+    if let Some(listening) = listening {
+        listening.abort();
+    }
+    let drained = async {
+        if let Some(capture) = capture {
+            let _ = capture.await;
+        }
+        while others.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
+        warn!(
+            grace_seconds = config.shutdown_grace_seconds,
+            "capture or a background task did not stop within the grace period: aborted"
+        );
+        others.abort_all();
+    }
+    Ok(())
+}
+
+/// Keeps the `redrive.planner.plans` gauge current: counts the plans in
+/// each state every [`metrics::PLANS_COUNT_INTERVAL`]. A count that fails
+/// (PostgreSQL away) leaves the last figures; health reports the outage.
+async fn count_plans(store: Store, shutdown: CancellationToken) {
+    loop {
+        match store.count_plans_by_state().await {
+            Ok(counts) => {
+                let counts: Vec<_> = counts
+                    .into_iter()
+                    .map(|(state, count)| (state.get(), count))
+                    .collect();
+                store.metrics().plans_counted(&counts);
+            }
+            Err(error) => debug!(%error, "counting plans by state failed"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(metrics::PLANS_COUNT_INTERVAL) => {}
+        }
+    }
+}
