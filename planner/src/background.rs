@@ -79,6 +79,7 @@ pub(crate) async fn start_background(
             batch_size: config.capture_batch_size,
             batch_bytes: config.capture_batch_bytes,
             batch_wait: config.capture_batch_wait(),
+            reconnect_max: config.capture_reconnect_max(),
             rules,
             guard: config.capture_guard,
             status: capture_status,

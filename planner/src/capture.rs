@@ -88,6 +88,9 @@ pub struct CaptureConfig {
     pub batch_bytes: usize,
     /// How long a partial batch waits for more before it is written.
     pub batch_wait: Duration,
+    /// The longest reconnect delay after a failed session
+    /// (`--capture-reconnect-max-ms`).
+    pub reconnect_max: Duration,
     /// How dead letters are read.
     pub rules: Arc<ExtractionRules>,
     /// lapin connects through [`guard`] (plain `amqp://` only). Always on in
@@ -152,7 +155,7 @@ fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
 }
 
 /// Consumes every configured queue until `shutdown`. Each queue reconnects on
-/// its own with backoff (0.2 s doubling to 10 s, plus up to as much again of
+/// its own with backoff (0.2 s doubling to `reconnect_max`, 10 s by default, plus up to as much again of
 /// jitter; from 0.2 s again after a session that had run for
 /// [`HEALTHY_SESSION`]); after a session that failed while consuming, and
 /// whenever the connection holding unparkable messages has ended, the
@@ -166,7 +169,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
         let span = info_span!("planner.capture", queue = %queue);
         sessions.spawn(
             async move {
-                let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+                let mut backoff = Backoff::new(Duration::from_millis(200), config.reconnect_max);
                 let mut delay;
                 let mut isolating = false;
                 // The connection holding unreadable messages that could not

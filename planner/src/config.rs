@@ -262,6 +262,17 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_CAPTURE_BATCH_WAIT_MS", default_value_t = 20)]
     pub capture_batch_wait_ms: u64,
 
+    /// The longest wait before capture reconnects to a DLQ after its session
+    /// failed, in milliseconds: waits start at 200 ms and double (with
+    /// jitter) up to this, and start over after a session that consumed for
+    /// 30 s. From 200 to 600000.
+    #[arg(
+        long,
+        env = "REDRIVE_CAPTURE_RECONNECT_MAX_MS",
+        default_value_t = 10_000
+    )]
+    pub capture_reconnect_max_ms: u64,
+
     /// Bodies larger than this many bytes are captured but marked oversized
     /// (not replayable).
     #[arg(long, env = "REDRIVE_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
@@ -550,7 +561,12 @@ impl Config {
         Duration::from_secs(self.lease_ttl_seconds)
     }
 
-    /// How long a partial capture batch waits.
+    /// `--capture-reconnect-max-ms` as a duration.
+    pub fn capture_reconnect_max(&self) -> Duration {
+        Duration::from_millis(self.capture_reconnect_max_ms)
+    }
+
+    /// `--capture-batch-wait-ms` as a duration.
     pub fn capture_batch_wait(&self) -> Duration {
         Duration::from_millis(self.capture_batch_wait_ms)
     }
@@ -812,6 +828,14 @@ mod tests {
             (
                 &["--capture-batch-wait-ms", "18446744073709551615"][..],
                 "capture-batch-wait-ms",
+            ),
+            (
+                &["--capture-reconnect-max-ms", "100"][..],
+                "capture-reconnect-max-ms",
+            ),
+            (
+                &["--capture-reconnect-max-ms", "18446744073709551615"][..],
+                "capture-reconnect-max-ms",
             ),
             // Issue 28: these crashed the planner at its first connection.
             (

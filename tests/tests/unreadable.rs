@@ -837,6 +837,10 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &dlq);
         config.amqp.url = amqp_via_proxy;
+        // Blips 3 s apart never let a session count as healthy: reconnect
+        // within a second, not the service's 10 s, so 20 blips take
+        // a minute, not five. (The hold-again rule is the same.)
+        config.capture_reconnect_max_ms = 1000;
     })
     .await?;
     captured(&mut bed.client, &dlq, 7).await?;
@@ -873,6 +877,10 @@ async fn each_blip_returns_a_held_message_once() -> anyhow::Result<()> {
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &dlq);
         config.amqp.url = amqp_via_proxy;
+        // Blips 3 s apart never let a session count as healthy: reconnect
+        // within a second, not the service's 10 s, so 20 blips take
+        // a minute, not five. (The hold-again rule is the same.)
+        config.capture_reconnect_max_ms = 1000;
     })
     .await?;
     captured(&mut bed.client, &dlq, 7).await?;

@@ -136,6 +136,12 @@ impl Config {
                 format!("must be from 1 to {}", crate::capture::MAX_BATCH_BYTES),
             );
         }
+        if !(200..=600_000).contains(&self.capture_reconnect_max_ms) {
+            problem(
+                "capture-reconnect-max-ms",
+                "must be from 200 to 600000".to_owned(),
+            );
+        }
         if self.capture_batch_wait_ms > MAX_CAPTURE_BATCH_WAIT_MS {
             problem(
                 "capture-batch-wait-ms",
