@@ -812,6 +812,28 @@ async fn held_once_and_back_after_halt(
     .await
 }
 
+/// A planner capturing `dlq` through a TCP proxy the test cuts, once it has
+/// stored the 7 readable messages around the poison one. Blips a few
+/// seconds apart never let a capture session count as healthy, so capture
+/// reconnects within a second (`--capture-reconnect-max-ms`), not the
+/// service's 10 s: 20 blips take a minute, not five, under the same
+/// hold-again rule.
+async fn capturing_through_a_proxy(
+    broker: Broker,
+    dlq: &str,
+) -> anyhow::Result<(TestBed, TcpProxy)> {
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, dlq);
+        config.amqp.url = amqp_via_proxy;
+        config.capture_reconnect_max_ms = 1000;
+    })
+    .await?;
+    captured(&mut bed.client, dlq, 7).await?;
+    Ok((bed, proxy))
+}
+
 /// Every time the planner's broker connection blips, the connection holding
 /// an unparkable message dies and the broker returns the message to the
 /// DLQ; the next round must hold it again (docs/capture.md, "Messages the
@@ -832,18 +854,7 @@ async fn one_unparkable_message_survives_many_connection_blips() -> anyhow::Resu
     let header = unparkable_header(body.len() as u64, 0);
     good_around_raw(&broker, &dlq, 3, &[&header], body, 3).await?;
 
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
-    let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
-    let mut bed = TestBed::start(broker, |config| {
-        capturing(config, &dlq);
-        config.amqp.url = amqp_via_proxy;
-        // Blips 3 s apart never let a session count as healthy: reconnect
-        // within a second, not the service's 10 s, so 20 blips take
-        // a minute, not five. (The hold-again rule is the same.)
-        config.capture_reconnect_max_ms = 1000;
-    })
-    .await?;
-    captured(&mut bed.client, &dlq, 7).await?;
+    let (mut bed, proxy) = capturing_through_a_proxy(broker, &dlq).await?;
 
     blips_hold_it_again(&bed, &proxy, &dlq, 20).await?;
     // A message published now is captured.
@@ -872,18 +883,7 @@ async fn each_blip_returns_a_held_message_once() -> anyhow::Result<()> {
     let header = unparkable_header(body.len() as u64, 0);
     good_around_raw(&broker, &dlq, 3, &[&header], body, 3).await?;
 
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
-    let amqp_via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
-    let mut bed = TestBed::start(broker, |config| {
-        capturing(config, &dlq);
-        config.amqp.url = amqp_via_proxy;
-        // Blips 3 s apart never let a session count as healthy: reconnect
-        // within a second, not the service's 10 s, so 20 blips take
-        // a minute, not five. (The hold-again rule is the same.)
-        config.capture_reconnect_max_ms = 1000;
-    })
-    .await?;
-    captured(&mut bed.client, &dlq, 7).await?;
+    let (mut bed, proxy) = capturing_through_a_proxy(broker, &dlq).await?;
     let blips = 8;
     blips_hold_it_again(&bed, &proxy, &dlq, blips).await?;
     held_once_and_back_after_halt(&mut bed, &dlq, &parking, 6).await?;
