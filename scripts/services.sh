@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the local PostgreSQL 15, Redis 7 and RabbitMQ that Redrive's tests,
-# benchmarks and demo use are up on their standard ports, starting any that is
+# benchmarks and demo use are up on their standard ports (and that Chromium and
+# ChromeDriver, which the console's tests drive, are installed), starting any that is
 # down with the commands of this machine kind (see docs/operating.md, "Local services").
 # Installs the ones that are missing when run as root on Debian or Ubuntu, and
 # prints the commands otherwise. Never stops or reconfigures a running server.
@@ -22,6 +23,9 @@ missing=()
 command -v pg_isready >/dev/null 2>&1 || missing+=(postgresql postgresql-client)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server redis-tools)
 command -v rabbitmq-server >/dev/null 2>&1 || missing+=(rabbitmq-server)
+# The console's end-to-end tests drive Debian's headless Chromium over WebDriver.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if ((${#missing[@]})); then
   install="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
   if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
@@ -69,4 +73,4 @@ if ! rabbitmqctl -q status >/dev/null 2>&1; then
 fi
 # The AMQP listener can lag behind the node being up.
 wait_for "RabbitMQ AMQP port" 60 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672'
-echo "services: PostgreSQL, Redis and RabbitMQ are up"
+echo "services: PostgreSQL, Redis and RabbitMQ are up; Chromium $(chromium --version 2>/dev/null | awk '{print $2}') for the console's tests"

@@ -6,10 +6,12 @@
 //!   tokens) and the actor a call is recorded under.
 //! - [`roles`]: the authenticated caller ([`roles::Principal`]) and the one
 //!   table of which role each RPC needs.
+//! - [`console`]: the operator console's page, served beside the API.
 //! - [`admission`]: what one caller may take of the planner (rate, streams,
 //!   connections).
 
 pub mod admission;
 pub mod auth;
+pub mod console;
 pub mod grpc;
 pub mod roles;

@@ -147,7 +147,14 @@ pub async fn run(
     let ready = Arc::new(AtomicBool::new(false));
     let (health_reporter, health_service) = health_not_serving().await;
     let (planner, coordinator) = grpc_services(
-        &config, policy, &store, &rules, checker, &notifier, &shutdown,
+        &config,
+        policy,
+        &store,
+        &rules,
+        checker,
+        &notifier,
+        &shutdown,
+        (&capture_status, authenticator.is_some()),
     );
     info!(
         listen = %listener.local_addr()?,
@@ -205,6 +212,7 @@ fn grpc_services(
     checker: Arc<StateChecker>,
     notifier: &Notifier,
     shutdown: &CancellationToken,
+    (capture, authenticated): (&CaptureStatus, bool),
 ) -> (
     PlannerServer<PlannerGrpc>,
     CoordinatorServer<CoordinatorGrpc>,
@@ -228,6 +236,8 @@ fn grpc_services(
         shutdown: shutdown.clone(),
         watches: config.watch_limits().with_metrics(store.metrics().clone()),
         hub: hub.clone(),
+        capture: capture.clone(),
+        authenticated,
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
@@ -288,12 +298,19 @@ impl<H: tonic_health::pb::health_server::Health> Server<H> {
             // Room on every connection for the ingest streams that wait for
             // the ingest budget, whose data stays unread meanwhile.
             .initial_stream_window_size(capture::ingest_budget::STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(capture::ingest_budget::CONNECTION_WINDOW_BYTES);
+            .initial_connection_window_size(capture::ingest_budget::CONNECTION_WINDOW_BYTES)
+            // The console's browsers speak HTTP/1.1 without TLS (grpc-web).
+            .accept_http1(true);
         if let Some(tls) = self.tls {
             builder = builder.tls_config(tls)?;
         }
         Ok(tokio::spawn(
             builder
+                // The console's page (GET), then grpc-web translated to gRPC
+                // before authentication, so that its refusals reach the
+                // browser as grpc-web too.
+                .layer(edge::console::ConsoleLayer)
+                .layer(tonic_web::GrpcWebLayer::new())
                 .layer(tower::util::MapResponseLayer::new(
                     oversized_is_resource_exhausted::<tonic::body::Body>,
                 ))

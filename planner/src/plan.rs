@@ -3,6 +3,7 @@
 //! approver read.
 
 pub mod gates;
+pub mod preview;
 pub mod single;
 pub mod state;
 

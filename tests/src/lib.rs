@@ -41,6 +41,7 @@
 //!   builds before its tests and benchmarks ([`scenario::Binaries`]).
 
 pub mod bench;
+pub mod browser;
 pub mod orders_hook;
 pub mod otlp;
 pub mod pki;

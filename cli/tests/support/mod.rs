@@ -505,6 +505,7 @@ impl Planner for Fake {
             groups: vec![v1::SummaryGroup {
                 key,
                 count: 12,
+                still_arriving: false,
                 first_seen: Some(prost_types::Timestamp {
                     seconds: 1_764_424_800,
                     nanos: 987_654_321,
@@ -780,6 +781,27 @@ impl Planner for Fake {
         _: Request<v1::RepairDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
         Err(Status::unimplemented("repair_dead_letter"))
+    }
+
+    async fn get_caller(
+        &self,
+        _: Request<v1::GetCallerRequest>,
+    ) -> Result<Response<v1::Caller>, Status> {
+        Err(Status::unimplemented("get_caller"))
+    }
+
+    async fn list_sources(
+        &self,
+        _: Request<v1::ListSourcesRequest>,
+    ) -> Result<Response<v1::ListSourcesResponse>, Status> {
+        Err(Status::unimplemented("list_sources"))
+    }
+
+    async fn preview_plan(
+        &self,
+        _: Request<v1::PreviewPlanRequest>,
+    ) -> Result<Response<v1::PreviewPlanResponse>, Status> {
+        Err(Status::unimplemented("preview_plan"))
     }
 
     /// plan-done: canary, main and completed snapshots (with an event after

@@ -67,7 +67,17 @@ pub(super) async fn session(
     };
     let writer = tokio::spawn(writer.run(to_write).in_current_span());
 
+    let depth = tokio::spawn(
+        read_depth(
+            connection.create_channel().await?,
+            queue.to_owned(),
+            config.status.clone(),
+            session_over.clone(),
+        )
+        .in_current_span(),
+    );
     let outcome = gather(config, queue, &mut consumer, &batches, shutdown, &lost).await;
+    depth.abort();
     drop(batches);
     if matches!(outcome, Err(CaptureError::StreamQueue(_))) {
         // Nothing of the stream was stored or acked; a stream keeps it.
@@ -234,6 +244,41 @@ async fn gather(
         if batches.send(batch).await.is_err() {
             // The writer gave up (shutdown while PostgreSQL was down).
             return Ok(());
+        }
+    }
+}
+
+/// How often capture reads its queue's depth for the overview (`ListSources`).
+const DEPTH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads `queue`'s depth with a passive declare on `probe` (a channel of its
+/// own) every [`DEPTH_EVERY`] into `status`, until `over` or the channel
+/// fails (the session's end then says why).
+async fn read_depth(
+    probe: lapin::Channel,
+    queue: String,
+    status: super::CaptureStatus,
+    over: CancellationToken,
+) {
+    let mut every = tokio::time::interval(DEPTH_EVERY);
+    loop {
+        tokio::select! {
+            () = over.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let declared = probe
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match declared {
+            Ok(declared) => status.set_depth(&queue, u64::from(declared.message_count())),
+            Err(_) => return,
         }
     }
 }

@@ -12,8 +12,16 @@ use std::sync::{
 #[derive(Debug, Clone, Default)]
 pub struct CaptureStatus(Arc<Vec<QueueStatus>>);
 
-/// One capture queue's name, whether it has a consumer, and why not.
-type QueueStatus = (String, AtomicBool, Mutex<Option<String>>);
+/// One capture queue: its name, whether it has a consumer, why not, and its
+/// depth as last read.
+#[derive(Debug)]
+struct QueueStatus {
+    name: String,
+    consuming: AtomicBool,
+    problem: Mutex<Option<String>>,
+    /// Messages ready in the queue at the last passive declare.
+    depth: Mutex<Option<u64>>,
+}
 
 impl CaptureStatus {
     /// Every queue of `queues` without a consumer yet.
@@ -21,16 +29,21 @@ impl CaptureStatus {
         Self(Arc::new(
             queues
                 .iter()
-                .map(|queue| (queue.clone(), AtomicBool::new(false), Mutex::new(None)))
+                .map(|queue| QueueStatus {
+                    name: queue.clone(),
+                    consuming: AtomicBool::new(false),
+                    problem: Mutex::new(None),
+                    depth: Mutex::new(None),
+                })
                 .collect(),
         ))
     }
 
     pub(super) fn set(&self, queue: &str, consuming: bool) {
-        for (name, flag, problem) in self.0.iter() {
-            if name == queue {
-                flag.store(consuming, Ordering::SeqCst);
-                if consuming && let Ok(mut problem) = problem.lock() {
+        for status in self.0.iter() {
+            if status.name == queue {
+                status.consuming.store(consuming, Ordering::SeqCst);
+                if consuming && let Ok(mut problem) = status.problem.lock() {
                     *problem = None;
                 }
             }
@@ -40,9 +53,9 @@ impl CaptureStatus {
     /// Records why `queue` has no consumer (`None`: no known reason, e.g.
     /// not connected yet).
     pub(super) fn set_problem(&self, queue: &str, why: Option<String>) {
-        for (name, _, problem) in self.0.iter() {
-            if name == queue
-                && let Ok(mut problem) = problem.lock()
+        for status in self.0.iter() {
+            if status.name == queue
+                && let Ok(mut problem) = status.problem.lock()
             {
                 *problem = why.clone();
             }
@@ -53,8 +66,8 @@ impl CaptureStatus {
     pub fn not_consuming(&self) -> Vec<String> {
         self.0
             .iter()
-            .filter(|(_, flag, _)| !flag.load(Ordering::SeqCst))
-            .map(|(name, _, _)| name.clone())
+            .filter(|status| !status.consuming.load(Ordering::SeqCst))
+            .map(|status| status.name.clone())
             .collect()
     }
 
@@ -64,9 +77,11 @@ impl CaptureStatus {
     pub fn problems(&self) -> Vec<String> {
         self.0
             .iter()
-            .filter(|(_, flag, _)| !flag.load(Ordering::SeqCst))
-            .map(|(name, _, problem)| {
-                let why = problem
+            .filter(|status| !status.consuming.load(Ordering::SeqCst))
+            .map(|status| {
+                let name = &status.name;
+                let why = status
+                    .problem
                     .lock()
                     .ok()
                     .and_then(|problem| problem.clone())
@@ -80,13 +95,34 @@ impl CaptureStatus {
     pub fn is_consuming(&self, queue: &str) -> Option<bool> {
         self.0
             .iter()
-            .find(|(name, _, _)| name == queue)
-            .map(|(_, flag, _)| flag.load(Ordering::SeqCst))
+            .find(|status| status.name == queue)
+            .map(|status| status.consuming.load(Ordering::SeqCst))
+    }
+
+    /// Records `queue`'s depth: messages ready, as a passive declare
+    /// answered (AMQP 0-9-1 `queue.declare-ok` `message-count`).
+    pub(super) fn set_depth(&self, queue: &str, depth: u64) {
+        for status in self.0.iter() {
+            if status.name == queue
+                && let Ok(mut known) = status.depth.lock()
+            {
+                *known = Some(depth);
+            }
+        }
+    }
+
+    /// `queue`'s depth as last read (`None`: not a capture queue, or not
+    /// read yet).
+    pub fn depth(&self, queue: &str) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|status| status.name == queue)
+            .and_then(|status| status.depth.lock().ok().and_then(|depth| *depth))
     }
 
     /// The capture queues, in configuration order.
     pub fn queues(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(name, _, _)| name.as_str())
+        self.0.iter().map(|status| status.name.as_str())
     }
 }
 
@@ -119,5 +155,9 @@ mod tests {
             "a consumer clears the reason"
         );
         assert_eq!(status.queues().collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert_eq!(status.depth("a"), None, "not read yet");
+        status.set_depth("a", 42);
+        assert_eq!(status.depth("a"), Some(42));
+        assert_eq!(status.depth("z"), None);
     }
 }

@@ -132,6 +132,7 @@ pub async fn summarize(
             ));
         }
     }
+    let now = chrono::Utc::now();
     let groups = store.summarize_dead_letters(selector, &dimensions).await?;
     let counts = store.status_counts(selector).await?;
     let count = |value: i64| u64::try_from(value).unwrap_or_default();
@@ -150,8 +151,39 @@ pub async fn summarize(
                     .collect(),
                 count: group.count,
                 first_seen: Some(timestamp(group.first_seen)),
+                still_arriving: group.last_seen > now - STILL_ARRIVING_WITHIN,
                 last_seen: Some(timestamp(group.last_seen)),
             })
             .collect(),
     })
+}
+
+/// A group is still arriving when one of its dead letters died this
+/// recently (`SummaryGroup.still_arriving`).
+pub const STILL_ARRIVING_WITHIN: chrono::TimeDelta = chrono::TimeDelta::minutes(15);
+
+/// Every source dead letters were stored from (`ListSources`), with its
+/// capture queue's depth from `capture` where it is one.
+///
+/// # Errors
+/// Store errors.
+pub async fn sources(
+    store: &Store,
+    capture: &crate::capture::CaptureStatus,
+) -> Result<v1::ListSourcesResponse, Error> {
+    let count = |value: i64| u64::try_from(value).unwrap_or_default();
+    let sources = store
+        .source_overviews()
+        .await?
+        .into_iter()
+        .map(|source| v1::SourceOverview {
+            queue_depth: capture.depth(&source.source),
+            stored: count(source.stored),
+            open: count(source.open),
+            arrivals_per_minute: source.arrivals_per_minute.to_vec(),
+            last_arrival: source.last_arrival.map(timestamp),
+            source: source.source,
+        })
+        .collect();
+    Ok(v1::ListSourcesResponse { sources })
 }

@@ -46,6 +46,10 @@ pub struct PlannerState {
     pub watches: crate::edge::admission::StreamLimits,
     /// The live watches, one reader per plan and per lease.
     pub hub: crate::audit::watch_hub::WatchHub,
+    /// Each capture queue's consumer and depth (`ListSources`).
+    pub capture: crate::capture::CaptureStatus,
+    /// Whether callers are authenticated (`GetCaller`).
+    pub authenticated: bool,
 }
 
 impl PlannerState {

@@ -5,7 +5,8 @@
 //!
 //! | role | may call |
 //! | --- | --- |
-//! | `viewer` | listings, lookups, summaries, prechecks' reports and items, plans, compensations, the audit, `WatchPlan` |
+//! | any principal | `GetCaller` (who it is, its roles) |
+//! | `viewer` | listings, lookups, summaries, sources, prechecks' reports and items, plans and their previews, compensations, the audit, `WatchPlan` |
 //! | `operator` | `IngestDeadLetters`, `ArchiveDeadLetters`, `UnarchiveDeadLetters`, `RekeyDeadLetters`, `RunPrecheck`, `CreatePlan`, `PausePlan`, `ResumePlan`, `CancelPlan`, `ReplayDeadLetter`, `RepairDeadLetter` |
 //! | `approver` | `ApprovePlan`, `PromotePlan` |
 //! | `executor` | the `redrive.v1.Coordinator` service, and nothing else |
@@ -161,6 +162,8 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/redrive.v1.Planner/ExportAudit", Role::Viewer),
     ("/redrive.v1.Planner/ReplayDeadLetter", Role::Operator),
     ("/redrive.v1.Planner/RepairDeadLetter", Role::Operator),
+    ("/redrive.v1.Planner/ListSources", Role::Viewer),
+    ("/redrive.v1.Planner/PreviewPlan", Role::Viewer),
     ("/redrive.v1.Coordinator/ClaimSlice", Role::Executor),
     ("/redrive.v1.Coordinator/Heartbeat", Role::Executor),
     ("/redrive.v1.Coordinator/WatchLease", Role::Executor),
@@ -169,6 +172,9 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/redrive.v1.Coordinator/RecheckState", Role::Executor),
     ("/redrive.v1.Coordinator/MarkPublishing", Role::Executor),
 ];
+
+/// RPCs any authenticated principal may call, whatever its roles: who it is.
+pub const ANY_PRINCIPAL: &[&str] = &["/redrive.v1.Planner/GetCaller"];
 
 /// Whether `path` is a health or reflection call.
 pub fn is_open(path: &str) -> bool {
@@ -191,6 +197,9 @@ pub fn required_role(path: &str) -> Option<Role> {
 /// `PERMISSION_DENIED` naming the principal, the RPC and the missing role.
 pub fn authorize(principal: &Principal, path: &str) -> Result<(), Status> {
     let method = path.rsplit('/').next().unwrap_or(path);
+    if ANY_PRINCIPAL.contains(&path) {
+        return Ok(());
+    }
     let Some(role) = required_role(path) else {
         if principal.has(Role::Admin) && !path.starts_with(COORDINATOR) {
             return Ok(());
@@ -256,7 +265,7 @@ mod tests {
         assert!(served.len() > 20, "{served:?}");
         for path in &served {
             assert!(
-                required_role(path).is_some(),
+                required_role(path).is_some() || ANY_PRINCIPAL.contains(&path.as_str()),
                 "{path} has no role in RPC_ROLES"
             );
         }
@@ -287,6 +296,10 @@ mod tests {
         );
         let executor = principal(&[Role::Executor]);
         assert!(authorize(&executor, "/redrive.v1.Coordinator/ReportOutcomes").is_ok());
+        assert!(
+            authorize(&executor, "/redrive.v1.Planner/GetCaller").is_ok(),
+            "anyone may ask who it is"
+        );
         assert!(authorize(&executor, "/redrive.v1.Planner/GetPlan").is_err());
         assert!(authorize(&viewer, "/redrive.v1.Planner/NotYetThere").is_err());
         assert!(is_open("/grpc.health.v1.Health/Check"));

@@ -32,6 +32,7 @@ pub mod plans;
 pub mod prechecks;
 pub mod rekey;
 pub mod single;
+pub mod sources;
 
 use std::time::Duration;
 

@@ -20,7 +20,7 @@ pub(in crate::store) use self::rows::{DestinationRow, RateRow};
 pub use self::{
     approval::{ApprovalCheck, CHANGES_LISTED},
     gates::GateReading,
-    routing::{ExchangeOnlyItems, landing_name},
+    routing::{ExchangeOnlyItems, PreviewRoute, landing_name},
     rows::action_counts,
     transitions::Moved,
 };

@@ -30,6 +30,10 @@ struct Args {
     /// audit then marks what it held `uncertain`).
     #[arg(long)]
     kill_executor: bool,
+    /// After the run, keep the planner up and print the operator console's
+    /// address and two sign-in tokens (an operator, an approver); Ctrl-C stops
+    #[arg(long)]
+    console: bool,
 }
 
 #[tokio::main]
@@ -57,15 +61,17 @@ async fn main() -> ExitCode {
         config.shape = Shape::SMALL;
     }
     config.kill_executor = args.kill_executor;
+    config.console = args.console;
     if args.kill_executor {
         // A short lease, so the killed executor's slices are taken over soon.
         config.lease_ttl_seconds = 3;
     }
     // An interrupt drops the run, and with it every child process (killed
     // when its handle drops): none is left behind.
+    // With --console the run itself waits for Ctrl-C and then stops cleanly.
     let outcome = tokio::select! {
         outcome = scenario::run(&config) => outcome,
-        () = interrupted() => {
+        () = interrupted(), if !config.console => {
             eprintln!("redrive-demo: interrupted; its processes are killed");
             return ExitCode::from(130);
         }

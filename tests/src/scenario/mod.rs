@@ -128,6 +128,10 @@ pub struct ScenarioConfig {
     pub amqp_url: Option<String>,
     /// The executors' Redis ([`crate::REDIS_URL`]).
     pub redis_url: String,
+    /// After the run, keep the planner up for the operator console: print
+    /// its address and two principals' sign-in tokens, and wait for Ctrl-C
+    /// (or SIGTERM) before stopping.
+    pub console: bool,
 }
 
 impl ScenarioConfig {
@@ -157,6 +161,7 @@ impl ScenarioConfig {
             log_filter: "warn".to_owned(),
             amqp_url: None,
             redis_url: crate::REDIS_URL.to_owned(),
+            console: false,
         }
     }
 
@@ -192,6 +197,7 @@ impl ScenarioConfig {
             log_filter: "warn".to_owned(),
             amqp_url: None,
             redis_url: crate::REDIS_URL.to_owned(),
+            console: false,
         })
     }
 
@@ -222,7 +228,8 @@ pub fn free_local_addr() -> anyhow::Result<SocketAddr> {
 }
 
 /// Runs the scenario: topology, incident, processes, capture, precheck, plan,
-/// canary, observation, main wave, audit, self-checks; then stops every
+/// canary, observation, main wave, audit, self-checks (then, with
+/// [`ScenarioConfig::console`], holds for the console); then stops every
 /// process with SIGTERM and deletes the queues and Redis keys (and the
 /// database when [`ScenarioConfig::drop_database_at_end`]).
 ///
@@ -242,6 +249,9 @@ pub async fn run(config: &ScenarioConfig) -> anyhow::Result<Outcome> {
     let mut processes = Processes::new(config);
     let mut outcome = Outcome::default();
     let result = replay_incident(config, &broker, &mut processes, &mut outcome).await;
+    if result.is_ok() && config.console {
+        hold_for_console(config).await;
+    }
     let stopped = processes.stop_all().await;
     broker.cleanup().await;
     let redis = if config.redis_url == crate::REDIS_URL {
@@ -649,5 +659,37 @@ async fn print_throttled(stdout: tokio::process::ChildStdout) {
     }
     if let Some(line) = pending {
         println!("   {line}");
+    }
+}
+
+/// Prints how to open the operator console of the run's planner and sign in
+/// as an operator and as an approver, then waits for Ctrl-C or SIGTERM.
+async fn hold_for_console(config: &ScenarioConfig) {
+    let url = config.planner_url();
+    println!("== the console: {url}/");
+    if let Some(pki) = &config.pki {
+        println!(
+            "   its certificate is signed by this run's CA, {}: the browser warns once (accept it, or import the CA)",
+            pki.ca_pem.display()
+        );
+        println!(
+            "   sign in as the operator with the token {}",
+            crate::pki::token_of("demo-operator")
+        );
+        println!(
+            "   and as a second approver (four-eyes) with the token {}",
+            crate::pki::token_of("bob")
+        );
+    }
+    println!("   press Ctrl-C to stop the planner and the executors");
+    let Ok(mut terminate) =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
     }
 }

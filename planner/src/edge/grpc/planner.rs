@@ -465,4 +465,46 @@ impl Planner for PlannerGrpc {
                 .await?,
         ))
     }
+
+    async fn get_caller(
+        &self,
+        request: Request<v1::GetCallerRequest>,
+    ) -> Result<Response<v1::Caller>, Status> {
+        use crate::edge::roles::{Principal, Role};
+        let (name, roles) = match Principal::of(&request) {
+            Some(principal) => (
+                principal.name.clone(),
+                principal.roles.iter().map(ToString::to_string).collect(),
+            ),
+            None => (String::new(), Role::ALL.iter().map(ToString::to_string).collect()),
+        };
+        Ok(Response::new(v1::Caller {
+            name,
+            roles,
+            authenticated: self.state.authenticated,
+            four_eyes: self.state.four_eyes,
+            max_precheck_age: Some(redrive_proto::time::duration(self.state.max_precheck_age)),
+        }))
+    }
+
+    async fn list_sources(
+        &self,
+        _request: Request<v1::ListSourcesRequest>,
+    ) -> Result<Response<v1::ListSourcesResponse>, Status> {
+        Ok(Response::new(
+            inspect::sources(&self.state.store, &self.state.capture).await?,
+        ))
+    }
+
+    async fn preview_plan(
+        &self,
+        request: Request<v1::PreviewPlanRequest>,
+    ) -> Result<Response<v1::PreviewPlanResponse>, Status> {
+        let actor = actor(&request);
+        let request = request.into_inner();
+        let plan = plan::validate_create(request.plan.unwrap_or_default(), actor)?;
+        Ok(Response::new(
+            plan::preview::preview(&self.state.store, &plan, request.limit).await?,
+        ))
+    }
 }

@@ -209,3 +209,68 @@ impl Store {
             .await?)
     }
 }
+
+/// One item a plan would have, routed as [`ITEM_EXCHANGE_SQL`] routes it
+/// ([`Store::preview_routes`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct PreviewRoute {
+    /// The item's dead letter.
+    pub dead_letter_id: DeadLetterId,
+    /// Where it would be published ("" is the default exchange).
+    pub exchange: String,
+    /// Its routing key.
+    pub routing_key: String,
+    /// Plans that sent its message key before (the replay's
+    /// `x-redrive-count` is this plus one), as a claim counts them.
+    pub redrive_count: i64,
+    /// The body it would be published with (the latest revision, else the
+    /// captured body), in bytes.
+    pub body_bytes: i64,
+}
+
+impl Store {
+    /// The first `limit` replayable items of precheck `precheck_id` in plan
+    /// order (by dead letter id, as [`Store::create_plan`] numbers them),
+    /// routed under `mode`, and how many replayable items it has. Reads
+    /// only: the plan's preview.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn preview_routes(
+        &self,
+        precheck_id: PrecheckId,
+        mode: &DestinationMode,
+        limit: u32,
+    ) -> Result<(Vec<PreviewRoute>, i64), StoreError> {
+        let (destination_mode, redirect_exchange, redirect_routing_key) = destination_columns(mode);
+        let routes = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT d.id AS dead_letter_id, {ITEM_EXCHANGE_SQL} AS exchange, \
+                    {ITEM_ROUTING_KEY_SQL} AS routing_key, \
+                    (SELECT count(DISTINCT e.plan_id) FROM audit_events e \
+                      WHERE e.message_key = ANY(d.previous_message_keys || d.message_key) \
+                        AND e.destination = d.destination AND e.action = 'sent') AS redrive_count, \
+                    coalesce((SELECT octet_length(v.body) FROM dead_letter_revisions v \
+                               WHERE v.dead_letter_id = d.id ORDER BY v.revision DESC LIMIT 1), \
+                             octet_length(d.body))::bigint AS body_bytes \
+             FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id, \
+                  (SELECT $2::text AS destination_mode, $3::text AS redirect_exchange, \
+                          $4::text AS redirect_routing_key) p \
+             WHERE i.precheck_id = $1 AND i.verdict = 'replayable' \
+             ORDER BY i.dead_letter_id LIMIT $5"
+        )))
+        .bind(precheck_id)
+        .bind(destination_mode)
+        .bind(redirect_exchange)
+        .bind(redirect_routing_key)
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await?;
+        let (items,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM precheck_items WHERE precheck_id = $1 AND verdict = 'replayable'",
+        )
+        .bind(precheck_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok((routes, items))
+    }
+}

@@ -1,0 +1,378 @@
+//! The operator console (issue 30) in a real headless Chromium, over the
+//! planner's real TLS listener with bearer tokens: a RabbitMQ incident
+//! from the overview to the audit's export, the safety gestures (four-eyes,
+//! typed count, one submit per click, no action without the role), a forged
+//! call from the page's own origin, and a dead letter holding HTML shown as
+//! text. Screenshots land in `target/console-screenshots/`
+//! (`REDRIVE_SCREENSHOTS=docs` writes docs/console/, which docs/console.md
+//! shows).
+
+use std::time::Duration;
+
+use redrive_proto::v1;
+use redrive_tests::{
+    Broker, ExecutorHandle, TestBed,
+    browser::Browser,
+    init_logging,
+    pki::{Pki, token_of},
+};
+use serde_json::json;
+
+mod support;
+use support::*;
+
+/// Signs in with `token` and waits for the caller's name.
+async fn sign_in(browser: &Browser, url: &str, token: &str, name: &str) -> anyhow::Result<()> {
+    browser.open(url).await?;
+    if browser.has("signout").await? {
+        browser.click("signout").await?;
+    }
+    browser.fill("signin-token", token).await?;
+    browser.click("signin-submit").await?;
+    browser
+        .text_until("caller", &format!("names {name}"), |text| text.contains(name))
+        .await?;
+    Ok(())
+}
+
+/// Fills the reason of the open dialog, checks that it repeats `count`, and
+/// confirms.
+async fn confirm(browser: &Browser, count: &str, reason: Option<&str>) -> anyhow::Result<()> {
+    let repeated = browser.text("dialog-count").await?;
+    assert!(repeated.contains(count), "the dialog repeats {count}: {repeated:?}");
+    if let Some(reason) = reason {
+        browser.fill("dialog-reason", reason).await?;
+    }
+    browser.click("dialog-confirm").await?;
+    Ok(())
+}
+
+/// The `data-sent-total` of the live chart.
+async fn charted(browser: &Browser) -> anyhow::Result<u64> {
+    let chart = browser.find("rate-chart").await?;
+    Ok(chart
+        .attr("data-sent-total")
+        .await?
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or(0))
+}
+
+/// What the page's own origin gets when it calls `path` itself with a
+/// grpc-web frame of an empty message and `token` (none when empty),
+/// cookies included: `{status, grpc, message}`.
+async fn forged_call(browser: &Browser, path: &str, token: &str) -> anyhow::Result<serde_json::Value> {
+    browser
+        .run(
+            "const [path, token, done] = arguments;
+             const headers = {'content-type': 'application/grpc-web+proto', 'x-grpc-web': '1'};
+             if (token) headers['authorization'] = 'Bearer ' + token;
+             fetch(path, {method: 'POST', headers, credentials: 'include', body: new Uint8Array([0, 0, 0, 0, 0])})
+               .then(r => done({status: r.status, grpc: r.headers.get('grpc-status'), message: r.headers.get('grpc-message')}))
+               .catch(e => done({error: String(e)}));",
+            vec![json!(path), json!(token)],
+        )
+        .await
+}
+
+/// The whole incident in the browser: overview, dead letters, precheck,
+/// plan with preview, approval by a second principal after the creator's
+/// disabled button, the live chart, pause, resume and cancel, then the
+/// audit's never-attempted items and the export. At the end, every message
+/// the consumer received is `sent` or `uncertain` in the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::Result<()> {
+    init_logging();
+    const MESSAGES: u32 = 150;
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, MESSAGES).await?;
+    let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
+        capturing(config, &[&incident.dlq]);
+        config.four_eyes = true;
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, u64::from(MESSAGES)).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let url = bed.planner.url();
+    let browser = Browser::start().await?;
+    sign_in(&browser, &url, token_of("alice"), "alice").await?;
+
+    // 1. The overview: the source, its counts and its group.
+    let row = browser
+        .text_until("source-row", "shows the DLQ", |text| text.contains(&incident.dlq))
+        .await?;
+    assert!(row.contains("150"), "{row}");
+    let group = browser.text("group-row").await?;
+    assert!(group.contains("150") && group.contains("rejected"), "{group}");
+    browser.screenshot("overview").await?;
+
+    // 2. Dead letters, paged on the server; one of them; the precheck.
+    browser.click("nav-dead-letters").await?;
+    browser.fill("filter-source", &incident.dlq).await?;
+    browser.click("filter-apply").await?;
+    let rows = browser.at_least("dl-row", 50).await?;
+    assert_eq!(rows.len(), 50, "one page of 50, not the backlog");
+    assert!(browser.has("next-page").await?);
+    browser.screenshot("dead-letters").await?;
+    rows[0].click().await?;
+    browser
+        .text_until("dl-body", "shows the order", |text| text.contains("order"))
+        .await?;
+    assert!(browser.text("dl-headers").await?.contains("x-death"));
+    browser.screenshot("dead-letter").await?;
+    browser.client.back().await?;
+    browser.click("precheck-run").await?;
+    if browser.has("dialog").await? {
+        confirm(&browser, "150", None).await?;
+    }
+    browser.find("verdict-bar").await?;
+    let replay = browser
+        .client
+        .wait()
+        .at_most(redrive_tests::browser::WAIT)
+        .for_element(fantoccini::Locator::Css(
+            "[data-testid=\"verdict-segment\"][data-verdict=\"replay\"]",
+        ))
+        .await?;
+    assert!(replay.text().await?.contains("150"));
+    replay.click().await?;
+    browser.at_least("verdict-item", 1).await?;
+    assert!(!browser.text("precheck-digest").await?.is_empty());
+    assert!(browser.text("precheck-age").await?.contains("too old"));
+    browser.screenshot("precheck").await?;
+
+    // 3. The plan builder and its preview's header diff.
+    browser.click("plan-build").await?;
+    browser.fill("rate-per-second", "5").await?;
+    browser.fill("rate-burst", "1").await?;
+    browser
+        .fill("rate-rationale", "the order service takes 50/s; a tenth of it")
+        .await?;
+    browser.fill("canary-fraction", "0.02").await?;
+    browser.fill("observe-for", "2").await?;
+    browser.click("preview-run").await?;
+    browser.at_least("preview-message", 1).await?;
+    let routing = browser.text("preview-routing-key").await?;
+    assert!(routing.contains(&incident.work), "{routing}");
+    let removed = browser.text("preview-removed").await?;
+    assert!(removed.contains("x-death"), "{removed}");
+    let added = browser.text("preview-added").await?;
+    assert!(added.contains("redrive-plan-id"), "{added}");
+    browser.screenshot("plan-builder").await?;
+    browser.click("plan-create").await?;
+    let create = browser.find("dialog-confirm").await?;
+    // A double click creates one plan.
+    create.click().await?;
+    let _ = create.click().await;
+    browser.find("plan-state").await?;
+    let plans = bed
+        .client
+        .list_plans(v1::ListPlansRequest::default())
+        .await?
+        .into_inner()
+        .plans;
+    assert_eq!(plans.len(), 1, "a double click made {} plans", plans.len());
+    let plan_id = plans[0].plan_id.clone();
+
+    // 4. Four-eyes: the creator's approve is disabled, with the reason.
+    let approve = browser.find("approve-button").await?;
+    assert!(!approve.is_enabled().await?, "the creator may not approve");
+    let reason = browser.text("approve-disabled-reason").await?;
+    assert!(reason.to_lowercase().contains("four-eyes"), "{reason}");
+    assert!(browser.text("approve-digest").await?.len() >= 16);
+    browser.screenshot("approval").await?;
+    let plan_url = format!("{url}/#/plans/{plan_id}");
+    sign_in(&browser, &plan_url, token_of("bob"), "bob").await?;
+    browser.open(&plan_url).await?;
+    browser.click("approve-button").await?;
+    let confirm_button = browser.find("dialog-confirm").await?;
+    assert!(
+        !confirm_button.is_enabled().await?,
+        "above 100 items the count must be typed first"
+    );
+    browser.fill("approve-count-input", "150").await?;
+    confirm(&browser, "150", None).await?;
+
+    // 5. The live chart moves; pause, resume, cancel.
+    let executor = ExecutorHandle::start(bed.secure_executor_config("executor-console-1")?);
+    browser
+        .text_until("plan-state", "reaches the main wave", |text| {
+            text.to_lowercase().contains("main")
+        })
+        .await?;
+    let first = charted(&browser).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while charted(&browser).await? <= first.max(5) {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the chart never moved past {first}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    browser.screenshot("live-plan").await?;
+    browser.click("plan-pause").await?;
+    confirm(&browser, "", Some("downstream latency rising")).await?;
+    browser
+        .text_until("plan-state", "says paused", |text| text.to_lowercase().contains("paused"))
+        .await?;
+    browser.click("plan-resume").await?;
+    confirm(&browser, "", Some("latency back to normal")).await?;
+    browser
+        .text_until("plan-state", "runs again", |text| !text.to_lowercase().contains("paused"))
+        .await?;
+    browser.click("plan-cancel").await?;
+    confirm(&browser, "", Some("enough for today")).await?;
+    browser
+        .text_until("plan-state", "says cancelled", |text| {
+            text.to_lowercase().contains("cancel")
+        })
+        .await?;
+
+    // 6. The audit: items never attempted, the operator timeline, the export.
+    browser.click("plan-audit").await?;
+    let never = browser.at_least("never-attempted-row", 1).await?;
+    assert!(!never.is_empty());
+    let timeline = browser.text("audit-timeline").await?;
+    assert!(
+        timeline.contains("downstream latency rising") && timeline.contains("bob"),
+        "{timeline}"
+    );
+    browser.screenshot("audit").await?;
+    browser.click("export-csv").await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let export = loop {
+        let done: Vec<_> = std::fs::read_dir(browser.downloads.path())?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "csv"))
+            .collect();
+        if let Some(path) = done.first() {
+            break std::fs::read_to_string(path)?;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no CSV downloaded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(export.lines().count() > 1 && export.contains("sent"), "{export}");
+
+    executor.stop().await?;
+    stop_consuming(consuming)?;
+    let received = received.lock().unwrap().clone();
+    assert!(!received.is_empty(), "the consumer received the replay");
+    let (sent, _) = assert_bed_audit(&bed, &plan_id, &received).await?;
+    assert!(sent.len() < MESSAGES as usize, "cancelled before the end");
+    browser.close().await?;
+    bed.finish().await
+}
+
+/// A viewer sees no action; the server refuses the calls the page would
+/// make for one all the same, with a forged grpc-web call from the page's
+/// own origin (with the viewer's token, and with no token but cookies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_sees_no_action_and_a_forged_call_is_refused() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 3).await?;
+    let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
+        capturing(config, &[&incident.dlq]);
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 3).await?;
+    let url = bed.planner.url();
+    let browser = Browser::start().await?;
+    sign_in(&browser, &url, token_of("vera"), "vera").await?;
+    browser.click("nav-dead-letters").await?;
+    browser.fill("filter-source", &incident.dlq).await?;
+    browser.click("filter-apply").await?;
+    let rows = browser.at_least("dl-row", 3).await?;
+    assert!(!browser.has("precheck-run").await?, "a viewer gets no precheck button");
+    rows[0].click().await?;
+    browser.find("dl-body").await?;
+    assert!(!browser.has("repair-open").await?, "a viewer gets no repair button");
+    for (path, token, code) in [
+        ("/redrive.v1.Planner/RunPrecheck", token_of("vera"), "7"),
+        ("/redrive.v1.Planner/CreatePlan", token_of("vera"), "7"),
+        ("/redrive.v1.Planner/ApprovePlan", "", "16"),
+        ("/redrive.v1.Planner/ListDeadLetters", "", "16"),
+    ] {
+        let answer = forged_call(&browser, path, token).await?;
+        assert_eq!(answer["grpc"], json!(code), "{path}: {answer}");
+    }
+    // The page itself answers with a strict policy and no framing.
+    let headers = browser
+        .run(
+            "const done = arguments[0];
+             fetch('/').then(r => done({csp: r.headers.get('content-security-policy'), frame: r.headers.get('x-frame-options')}));",
+            vec![],
+        )
+        .await?;
+    let csp = headers["csp"].as_str().unwrap_or_default();
+    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{headers}");
+    assert_eq!(headers["frame"], json!("DENY"));
+    browser.screenshot("viewer").await?;
+    browser.close().await?;
+    bed.finish().await
+}
+
+/// A dead letter whose body and headers hold `<script>` and an `<img
+/// onerror>` is shown as text: the markup is on the page as characters, no
+/// handler ran and no dialog opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
+    init_logging();
+    let mut bed = TestBed::start_secure(None, Pki::new()?, |_| {}).await?;
+    let source = format!("console-xss-{}", uuid::Uuid::new_v4().simple());
+    let script = "<script>window.__pwned = 'script'; alert('script')</script>";
+    let image = "<img src=x onerror=\"window.__pwned = 'img'; alert('img')\">";
+    let mut headers = v1::HeaderTable::default();
+    headers.fields.insert(
+        "x-note".to_owned(),
+        v1::HeaderValue {
+            value: Some(v1::header_value::Value::LongString(image.as_bytes().to_vec())),
+        },
+    );
+    let answer = bed
+        .client
+        .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "html-1".to_owned(),
+            body: format!("{script}{image}").into_bytes(),
+            properties: Some(v1::MessageProperties {
+                content_type: Some("text/html".to_owned()),
+                ..Default::default()
+            }),
+            headers: Some(headers),
+            reason: "rejected".to_owned(),
+            error_text: image.to_owned(),
+            original_destination: "orders".to_owned(),
+            ..Default::default()
+        }]))
+        .await?
+        .into_inner();
+    assert_eq!(answer.accepted, 1, "{answer:?}");
+    let url = bed.planner.url();
+    let browser = Browser::start().await?;
+    sign_in(&browser, &url, token_of("alice"), "alice").await?;
+    browser.click("nav-dead-letters").await?;
+    browser.fill("filter-source", &source).await?;
+    browser.click("filter-apply").await?;
+    let rows = browser.at_least("dl-row", 1).await?;
+    let listed = rows[0].text().await?;
+    assert!(listed.contains("<img src=x onerror="), "the error text as text: {listed}");
+    rows[0].click().await?;
+    let body = browser
+        .text_until("dl-body", "shows the markup", |text| text.contains("<script>"))
+        .await?;
+    assert!(body.contains(image), "{body}");
+    let headers = browser.text("dl-headers").await?;
+    assert!(headers.contains("<img src=x onerror="), "{headers}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    browser.no_dialog().await?;
+    let pwned = browser
+        .run("arguments[0](window.__pwned === undefined ? null : window.__pwned);", vec![])
+        .await?;
+    assert_eq!(pwned, json!(null), "a handler of the dead letter ran");
+    let images = browser
+        .run("arguments[0](document.querySelectorAll('img').length);", vec![])
+        .await?;
+    assert_eq!(images, json!(0), "no element was made from the dead letter");
+    browser.screenshot("markup-as-text").await?;
+    browser.close().await?;
+    bed.finish().await
+}
