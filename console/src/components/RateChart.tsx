@@ -27,10 +27,9 @@ export function RateChart({ perSecond, nowSecond, rate, sentTotal }: Props) {
       class="rate-chart"
       data-testid="rate-chart"
       data-sent-total={sentTotal}
-      width="100%"
+      width={W}
       height={H}
       viewBox={`0 0 ${W} ${H}`}
-      preserveAspectRatio="none"
       role="img"
       aria-label={label}
     >
