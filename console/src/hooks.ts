@@ -32,7 +32,6 @@ export function useLoad<T>(what: string, fn: () => Promise<T>, deps: unknown[]):
         showError(what, err);
       },
     );
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [...deps, tick]);
   const reload = useCallback(() => setTick((t) => t + 1), []);
   return { data, loading, reload };

@@ -2,7 +2,7 @@
 // window.confirm), repeating the count acted on, with a reason when the call
 // records one, and, for large approvals, the count typed back.
 import type { ComponentChildren } from "preact";
-import { useRef, useState } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 
 export interface DialogSpec {
   title: string;
@@ -28,6 +28,11 @@ export function Dialog(p: Props) {
   const [clicked, setClicked] = useState(false);
   // Guards a double click that lands before the disabled attribute renders.
   const once = useRef(false);
+  const box = useRef<HTMLDivElement>(null);
+  useEffect(() => {
+    // Focus the first field (or Cancel): the keyboard starts in the dialog.
+    box.current?.querySelector<HTMLElement>("textarea, input, [data-testid=dialog-cancel]")?.focus();
+  }, []);
   const valid =
     (!p.needsReason || reason.trim() !== "") && (p.typedCount === undefined || typed.trim() === p.typedCount);
   const confirm = () => {
@@ -38,7 +43,15 @@ export function Dialog(p: Props) {
   };
   return (
     <div class="backdrop">
-      <div class="dialog" role="dialog" aria-modal="true" aria-labelledby="dialog-title" data-testid="dialog">
+      <div
+        class="dialog"
+        role="dialog"
+        aria-modal="true"
+        aria-labelledby="dialog-title"
+        data-testid="dialog"
+        ref={box}
+        onKeyDown={(e) => e.key === "Escape" && p.onCancel()}
+      >
         <h2 id="dialog-title">{p.title}</h2>
         <p class="dialog-count" data-testid="dialog-count">
           {p.count}
