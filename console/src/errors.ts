@@ -27,6 +27,11 @@ export function clearError(): void {
   publish();
 }
 
+/** Clears the error box if it shows a failure of `what` (it recovered). */
+export function clearErrorOf(what: string): void {
+  if (current?.what === what) clearError();
+}
+
 export function useShownError(): ShownError | null {
   const [e, setE] = useState(current);
   useEffect(() => {

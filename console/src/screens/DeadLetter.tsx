@@ -17,6 +17,11 @@ function enumWord(e: Record<number, string>, v: number, prefix = ""): string {
   return (e[v] ?? String(v)).replace(prefix, "").toLowerCase();
 }
 
+/** "(poison)" beside a value; nothing for an unspecified enum. */
+function Aside({ word }: { word: string }) {
+  return word === "unspecified" ? null : <span class="muted">({word})</span>;
+}
+
 export function DeadLetter({ caller, id }: { caller: Caller; id: string }) {
   const res = useLoad("GetDeadLetter", () => planner.getDeadLetter({ id }), [id]);
   const d = res.data?.deadLetter;
@@ -46,7 +51,7 @@ export function DeadLetter({ caller, id }: { caller: Caller; id: string }) {
         <dd data-testid="dl-status">{enumWord(DeadLetterStatus, d.status)}</dd>
         <dt>Reason</dt>
         <dd>
-          {d.death?.reason || "—"} <span class="muted">({enumWord(ReasonClass, d.reasonClass)})</span>
+          {d.death?.reason || "—"} <Aside word={enumWord(ReasonClass, d.reasonClass)} />
         </dd>
         <dt>Error</dt>
         <dd class="error-text">{d.errorText ?? "—"}</dd>
@@ -56,7 +61,7 @@ export function DeadLetter({ caller, id }: { caller: Caller; id: string }) {
         <dd>{fmtTime(d.diedAt)}</dd>
         <dt>Captured at</dt>
         <dd>
-          {fmtTime(d.capturedAt)} <span class="muted">({enumWord(Origin, d.origin)})</span>
+          {fmtTime(d.capturedAt)} <Aside word={enumWord(Origin, d.origin)} />
         </dd>
         <dt>Event type / schema / producer</dt>
         <dd class="mono">

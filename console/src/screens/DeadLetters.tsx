@@ -50,7 +50,15 @@ export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearc
   const apply = (e: Event) => {
     e.preventDefault();
     if (bodyInvalid) return;
-    navigate(hashWith("/dead-letters", form));
+    const target = hashWith("/dead-letters", form);
+    if (target === window.location.hash) {
+      // The same filters again: look again.
+      setTokens([""]);
+      page.reload();
+      summary.reload();
+    } else {
+      navigate(target);
+    }
   };
 
   return (

@@ -6,7 +6,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import { can, planner } from "../api";
 import { ActionButton } from "../components/ActionButton";
 import { RateChart } from "../components/RateChart";
-import { showError } from "../errors";
+import { clearErrorOf, showError } from "../errors";
 import { AuditAction, PlanState, type AuditEvent, type Plan as PlanMsg } from "../gen/redrive/v1/messages_pb";
 import type { Caller } from "../gen/redrive/v1/planner_pb";
 import { durationMs, fmtSpan, fmtTime, isFinal, num, stateName, tsDate } from "../format";
@@ -80,6 +80,7 @@ function useLivePlan(id: string) {
       while (!signal.aborted && !isFinal(p.state)) {
         try {
           for await (const m of planner.watchPlan({ planId: id, includeEvents: true }, { signal })) {
+            if (delay > 1000) clearErrorOf("WatchPlan");
             delay = 1000;
             if (m.update.case === "progress") {
               p = m.update.value;
