@@ -2,6 +2,7 @@
 // history and lineage (revisions, re-dead-letters, archive history, keys).
 import { useState } from "preact/hooks";
 import { can, planner } from "../api";
+import { ActionButton } from "../components/ActionButton";
 import { showError } from "../errors";
 import type { DeadLetter as DL } from "../gen/redrive/v1/messages_pb";
 import { DeadLetterStatus, Origin, ReasonClass } from "../gen/redrive/v1/messages_pb";
@@ -38,6 +39,24 @@ export function DeadLetter({ caller, id }: { caller: Caller; id: string }) {
           <a class="button" data-testid="repair-open" href={`#/dead-letters/${encodeURIComponent(d.id)}/repair`}>
             Repair body (1 dead letter)
           </a>
+        )}
+        {can(caller, "ArchiveDeadLetters") && d.status !== DeadLetterStatus.ARCHIVED && (
+          <ActionButton
+            testid="archive-run"
+            what="ArchiveDeadLetters"
+            label="Archive 1 dead letter"
+            dialog={{
+              title: `Archive dead letter ${d.id}`,
+              count: "1 dead letter",
+              body: <p>Archived dead letters are resolved without a replay and left out of listings and prechecks.</p>,
+              needsReason: true,
+              confirmLabel: "Archive 1 dead letter",
+            }}
+            run={async (reason) => {
+              await planner.archiveDeadLetters({ selector: { ids: [d.id] }, reason });
+              res.reload();
+            }}
+          />
         )}
       </div>
       <dl class="facts">
