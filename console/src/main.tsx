@@ -35,7 +35,7 @@ function Screen({ route, caller }: { route: Route; caller: Caller }) {
     case undefined:
       return <Overview caller={caller} />;
     case "dead-letters":
-      if (b === undefined) return <DeadLetters caller={caller} query={route.query} />;
+      if (b === undefined) return <DeadLetters caller={caller} query={route.query} key={route.query.toString()} />;
       if (c === "repair") return <Repair caller={caller} id={b} />;
       return <DeadLetter caller={caller} id={b} />;
     case "prechecks":

@@ -23,18 +23,12 @@ const INPUTS: { key: FilterKey; label: string; testid: string; type?: string; pl
 ];
 
 export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearchParams }) {
+  // The screen is keyed by its query (main.tsx): new filters start it over.
   const applied = filtersFromQuery(query);
   const appliedKey = JSON.stringify(applied);
   const [form, setForm] = useState<Filters>(applied);
   // tokens[i] is the token of page i; the last one is the page shown.
   const [tokens, setTokens] = useState<string[]>([""]);
-  const [lastKey, setLastKey] = useState(appliedKey);
-  if (lastKey !== appliedKey) {
-    // The hash changed (apply, or a link): start over at page one.
-    setLastKey(appliedKey);
-    setForm(applied);
-    setTokens([""]);
-  }
   const token = tokens[tokens.length - 1];
   const selector = selectorFrom(applied);
 
