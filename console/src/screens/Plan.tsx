@@ -1,0 +1,344 @@
+// One plan (#/plans/<id>): approval, live progress (WatchPlan, restarted
+// while the plan is not final), the sent-per-second chart, gates, and the
+// operator's controls.
+import type { ComponentChildren } from "preact";
+import { useEffect, useRef, useState } from "preact/hooks";
+import { can, planner } from "../api";
+import { ActionButton } from "../components/ActionButton";
+import { RateChart } from "../components/RateChart";
+import { clearErrorOf, showError } from "../errors";
+import { AuditAction, PlanState, type AuditEvent, type Plan as PlanMsg } from "../gen/redrive/v1/messages_pb";
+import type { Caller } from "../gen/redrive/v1/planner_pb";
+import { durationMs, fmtSpan, fmtTime, isFinal, num, stateName, tsDate } from "../format";
+import { useLoad, useNow } from "../hooks";
+import { PrecheckAge } from "./Precheck";
+
+/** ActionCounts' fields with their proto names (count-<name>). */
+const COUNT_FIELDS = [
+  ["sent", "sent"],
+  ["skipped_duplicate", "skippedDuplicate"],
+  ["skipped_stale", "skippedStale"],
+  ["skipped_state", "skippedState"],
+  ["needs_compensation", "needsCompensation"],
+  ["failed", "failed"],
+  ["unroutable", "unroutable"],
+  ["uncertain", "uncertain"],
+] as const;
+
+const RUNNING = [PlanState.CANARY, PlanState.OBSERVING, PlanState.MAIN];
+
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(t);
+      resolve();
+    });
+  });
+
+interface SentStats {
+  seen: Set<string>;
+  perSecond: Map<number, number>;
+  total: number;
+  lastSecond: number;
+}
+
+/** The plan, kept current by WatchPlan, and the SENT events seen so far. */
+function useLivePlan(id: string) {
+  const [plan, setPlan] = useState<PlanMsg | null>(null);
+  const stats = useRef<SentStats>({ seen: new Set(), perSecond: new Map(), total: 0, lastSecond: 0 });
+  const [, setSentVersion] = useState(0);
+
+  const onEvent = (e: AuditEvent) => {
+    if (e.action !== AuditAction.SENT) return;
+    const s = stats.current;
+    // A restarted stream may repeat events: count each attempt once.
+    const key = `${e.sliceId}/${e.deadLetterId}/${e.attempt}`;
+    if (s.seen.has(key)) return;
+    s.seen.add(key);
+    s.total++;
+    const at = tsDate(e.at);
+    const sec = Math.floor((at ? at.getTime() : Date.now()) / 1000);
+    s.perSecond.set(sec, (s.perSecond.get(sec) ?? 0) + 1);
+    s.lastSecond = Math.max(s.lastSecond, sec);
+    setSentVersion((v) => v + 1);
+  };
+
+  useEffect(() => {
+    const ac = new AbortController();
+    const signal = ac.signal;
+    (async () => {
+      let p: PlanMsg;
+      try {
+        p = await planner.getPlan({ planId: id }, { signal });
+      } catch (err) {
+        if (!signal.aborted) showError("GetPlan", err);
+        return;
+      }
+      setPlan(p);
+      let delay = 1000;
+      while (!signal.aborted && !isFinal(p.state)) {
+        try {
+          for await (const m of planner.watchPlan({ planId: id, includeEvents: true }, { signal })) {
+            if (delay > 1000) clearErrorOf("WatchPlan");
+            delay = 1000;
+            if (m.update.case === "progress") {
+              p = m.update.value;
+              setPlan(p);
+            } else if (m.update.case === "event") {
+              onEvent(m.update.value);
+            }
+          }
+        } catch (err) {
+          if (signal.aborted) return;
+          showError("WatchPlan", err);
+        }
+        // The stream ended: if the plan is not final, look again and rewatch.
+        await sleep(delay, signal);
+        delay = Math.min(delay * 2, 15000);
+        if (signal.aborted) return;
+        try {
+          p = await planner.getPlan({ planId: id }, { signal });
+          setPlan(p);
+        } catch (err) {
+          if (!signal.aborted) showError("GetPlan", err);
+        }
+      }
+    })();
+    return () => ac.abort();
+  }, [id]);
+
+  return { plan, setPlan, stats: stats.current };
+}
+
+export function Plan({ caller, id }: { caller: Caller; id: string }) {
+  const { plan, setPlan, stats } = useLivePlan(id);
+  const now = useNow(1000);
+  if (!plan) return <section><p class="muted">Loading…</p></section>;
+
+  const total = plan.totalItems;
+  const notSent = total > plan.itemsDone ? total - plan.itemsDone : 0n;
+  const mainItems = total > plan.canaryItems ? total - plan.canaryItems : 0n;
+  const control = (testid: string, label: string, verb: string, count: string, rpc: "PausePlan" | "ResumePlan" | "PromotePlan" | "CancelPlan", danger = false) => (
+    <ActionButton
+      testid={testid}
+      what={rpc}
+      label={label}
+      danger={danger}
+      dialog={{ title: `${verb} plan ${plan.planId}`, count, needsReason: true, confirmLabel: `${verb} plan` }}
+      run={async (reason) => {
+        const req = { planId: plan.planId, reason };
+        const fn =
+          rpc === "PausePlan"
+            ? planner.pausePlan
+            : rpc === "ResumePlan"
+              ? planner.resumePlan
+              : rpc === "PromotePlan"
+                ? planner.promotePlan
+                : planner.cancelPlan;
+        setPlan(await fn(req));
+      }}
+    />
+  );
+
+  const warningsText = [...plan.warnings, plan.stateReason];
+  const redead = warningsText.some((w) => /dead[- ]?letter/i.test(w));
+  const lastPause = [...plan.actions].reverse().find((a) => a.action === "pause");
+  const gateTripped =
+    plan.state === PlanState.ABORTED ||
+    (plan.state === PlanState.PAUSED && plan.stateReason !== "" && lastPause?.reason !== plan.stateReason);
+  const observingLeft = plan.state === PlanState.OBSERVING ? (tsDate(plan.observingUntil)?.getTime() ?? now) - now : 0;
+  const nowSecond = Math.max(Math.floor(now / 1000), stats.lastSecond);
+
+  return (
+    <section>
+      <h1>
+        Plan <span class="mono">{plan.planId}</span>
+      </h1>
+      <div class="plan-head">
+        <span class={`state s-${stateName(plan.state).replace(/ /g, "-")}`} data-testid="plan-state" data-state={stateName(plan.state)}>
+          {stateName(plan.state)}
+        </span>
+        {plan.state === PlanState.OBSERVING && (
+          <span data-testid="plan-countdown" role="timer">
+            observing: the main wave starts in {fmtSpan(observingLeft)} if the gates stay green
+          </span>
+        )}
+        <a href={`#/plans/${encodeURIComponent(plan.planId)}/audit`} data-testid="plan-audit">
+          Audit report
+        </a>
+      </div>
+
+      {redead && (
+        <div class="banner danger" data-testid="redead-banner" role="alert">
+          Replayed messages came back dead-lettered. Look at the new dead letters before going on.
+        </div>
+      )}
+      {gateTripped && (
+        <div class="banner warn" data-testid="gate-trips">
+          <strong>{plan.state === PlanState.ABORTED ? "Aborted" : "Paused"} by a gate:</strong> {plan.stateReason || "—"}
+          {plan.warnings.length > 0 && (
+            <ul>
+              {plan.warnings.map((w, i) => (
+                <li key={i}>{w}</li>
+              ))}
+            </ul>
+          )}
+        </div>
+      )}
+
+      <dl class="facts">
+        <dt>Items</dt>
+        <dd data-testid="plan-total">{num(total)}</dd>
+        <dt>Done</dt>
+        <dd>
+          {num(plan.itemsDone)} of {num(total)}; slices {num(plan.slicesCompleted)} of {num(plan.slicesTotal)}
+        </dd>
+        <dt>Canary</dt>
+        <dd>
+          {num(plan.canaryItems)} items ({(plan.canaryFraction * 100).toFixed(2)}%), then observe{" "}
+          {fmtSpan(durationMs(plan.observeFor))}
+        </dd>
+        <dt>Rate</dt>
+        <dd>
+          {plan.rate?.perSecond ?? 0}/s, burst {plan.rate?.burst ?? 0}: <span class="muted">{plan.rate?.rationale}</span>
+        </dd>
+        <dt>Destination</dt>
+        <dd>{destinationText(plan)}</dd>
+        <dt>Precheck</dt>
+        <dd class="mono">
+          <a href={`#/prechecks/${encodeURIComponent(plan.precheckId)}`}>{plan.precheckId}</a>
+        </dd>
+        <dt>Precheck digest</dt>
+        <dd>
+          <code class="digest" data-testid="plan-digest">
+            {plan.precheckDigest}
+          </code>
+        </dd>
+        <dt>Created</dt>
+        <dd>
+          by {plan.createdBy || "—"} at {fmtTime(plan.createdAt)}
+        </dd>
+        {plan.approvedBy && (
+          <>
+            <dt>Approved</dt>
+            <dd>
+              by {plan.approvedBy} at {fmtTime(plan.approvedAt)}
+            </dd>
+          </>
+        )}
+        {plan.stateReason && !gateTripped && (
+          <>
+            <dt>State reason</dt>
+            <dd data-testid="plan-state-reason">{plan.stateReason}</dd>
+          </>
+        )}
+      </dl>
+
+      {plan.state === PlanState.AWAITING_APPROVAL && <Approval caller={caller} plan={plan} onPlan={setPlan} />}
+
+      <div class="toolbar" aria-label="Controls">
+        {can(caller, "PausePlan") && RUNNING.includes(plan.state) &&
+          control("plan-pause", `Pause plan (${num(notSent)} items not yet sent)`, "Pause", `${num(notSent)} items not yet sent`, "PausePlan")}
+        {can(caller, "ResumePlan") && plan.state === PlanState.PAUSED &&
+          control("plan-resume", `Resume plan (${num(notSent)} items not yet sent)`, "Resume", `${num(notSent)} items not yet sent`, "ResumePlan")}
+        {can(caller, "PromotePlan") && plan.state === PlanState.OBSERVING &&
+          control("plan-promote", `Promote to the main wave (${num(mainItems)} items)`, "Promote", `${num(mainItems)} main-wave items`, "PromotePlan")}
+        {can(caller, "CancelPlan") && !isFinal(plan.state) &&
+          control("plan-cancel", `Cancel plan (${num(notSent)} items not yet sent)`, "Cancel", `${num(notSent)} items not yet sent`, "CancelPlan", true)}
+      </div>
+
+      <h2>Outcomes</h2>
+      <table class="table counts" data-testid="plan-counts">
+        <tbody>
+          {COUNT_FIELDS.map(([name, field]) => (
+            <tr key={name}>
+              <th scope="row">{name.replace(/_/g, " ")}</th>
+              <td class="num" data-testid={`count-${name}`}>
+                {num(plan.counts?.[field] ?? 0n)}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+
+      <h2>Sent per second</h2>
+      <RateChart perSecond={stats.perSecond} nowSecond={nowSecond} rate={plan.rate?.perSecond ?? 0} sentTotal={stats.total} />
+      <p class="muted">{stats.total} sent events seen while this page was open (bars: the last 60 s; line: the plan's rate).</p>
+
+      {plan.warnings.length > 0 && !gateTripped && (
+        <>
+          <h2>Warnings</h2>
+          <ul class="warnings" data-testid="plan-warnings">
+            {plan.warnings.map((w, i) => (
+              <li key={i}>{w}</li>
+            ))}
+          </ul>
+        </>
+      )}
+    </section>
+  );
+}
+
+function destinationText(plan: PlanMsg): ComponentChildren {
+  const m = plan.destination?.mode;
+  if (!m || m.case === undefined || m.case === "queue") return "queue: the queue each message died in";
+  if (m.case === "exchange") return "exchange: the death's exchange and routing keys";
+  return (
+    <>
+      redirect to exchange <span class="mono">{m.value.exchange || "(default)"}</span>, routing key{" "}
+      <span class="mono">{m.value.routingKey}</span>
+    </>
+  );
+}
+
+function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onPlan: (p: PlanMsg) => void }) {
+  const pre = useLoad("GetPrecheck", () => planner.getPrecheck({ precheckId: plan.precheckId }), [plan.precheckId]);
+  const ownPlan = caller.fourEyes && caller.name !== "" && plan.createdBy === caller.name;
+  const total = num(plan.totalItems);
+  return (
+    <div class="approval" data-testid="approval">
+      <h2>Approval</h2>
+      <p>
+        Approving lets executors replay <strong data-testid="approve-counts">
+          {total} items ({num(plan.canaryItems)} canary items first)
+        </strong>{" "}
+        from the precheck with this digest:
+      </p>
+      <p>
+        <code class="digest" data-testid="approve-digest">
+          {plan.precheckDigest}
+        </code>
+      </p>
+      {pre.data && <PrecheckAge createdAt={pre.data.createdAt} maxAge={caller.maxPrecheckAge} />}
+      {can(caller, "ApprovePlan") && (
+        <div class="toolbar">
+          <ActionButton
+            testid="approve-button"
+            what="ApprovePlan"
+            primary
+            disabled={ownPlan}
+            label={`Approve plan for ${total} items`}
+            dialog={{
+              title: `Approve plan ${plan.planId}`,
+              count: `${total} items (${num(plan.canaryItems)} canary items)`,
+              body: (
+                <p>
+                  You approve the precheck with digest <code class="digest">{plan.precheckDigest}</code>.
+                </p>
+              ),
+              confirmLabel: `Approve ${total} items`,
+              typedCount: plan.totalItems > 100n ? total : undefined,
+            }}
+            run={async () => onPlan(await planner.approvePlan({ planId: plan.planId, digest: plan.precheckDigest }))}
+          />
+          {ownPlan && (
+            <span class="invalid" data-testid="approve-disabled-reason">
+              Four-eyes: you created this plan; another approver must approve it
+            </span>
+          )}
+        </div>
+      )}
+    </div>
+  );
+}

@@ -1,0 +1,57 @@
+// The dead-letter filters as they travel in the hash query, and the Selector
+// they make.
+import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { BodyMatchSchema, SelectorSchema, type Selector } from "./gen/redrive/v1/messages_pb";
+
+export const FILTER_KEYS = ["source", "reason", "producer", "schema", "error", "from", "to", "body"] as const;
+export type FilterKey = (typeof FILTER_KEYS)[number];
+export type Filters = Record<FilterKey, string>;
+
+export function filtersFromQuery(q: URLSearchParams): Filters {
+  const f = {} as Filters;
+  for (const k of FILTER_KEYS) f[k] = q.get(k) ?? "";
+  return f;
+}
+
+/** `/order/id=42` → pointer `/order/id`, value `42`; `order.id=42` → `/order/id`. */
+export function parseBodyMatch(s: string): { pointer: string; value: string } | null {
+  const eq = s.indexOf("=");
+  if (eq < 0) return null;
+  let path = s.slice(0, eq).trim();
+  const value = s.slice(eq + 1).trim();
+  if (path !== "" && !path.startsWith("/")) path = "/" + path.split(".").join("/");
+  return { pointer: path, value };
+}
+
+/** A datetime-local value ("2026-12-03T16:00") in the browser's zone. */
+function localTime(s: string) {
+  const d = new Date(s);
+  return isNaN(d.getTime()) ? undefined : timestampFromDate(d);
+}
+
+export function selectorFrom(f: Filters): Selector {
+  const sel = create(SelectorSchema, {});
+  if (f.source) sel.sources = [f.source];
+  if (f.reason) sel.reasons = [f.reason];
+  if (f.producer) sel.producers = [f.producer];
+  if (f.schema) sel.schemaVersions = [f.schema];
+  if (f.error) sel.errorContains = f.error;
+  if (f.from) sel.diedFrom = localTime(f.from);
+  if (f.to) sel.diedTo = localTime(f.to);
+  if (f.body) {
+    const m = parseBodyMatch(f.body);
+    if (m) sel.bodyMatches = [create(BodyMatchSchema, m)];
+  }
+  return sel;
+}
+
+/**
+ * The longest literal piece of a folded error group (`timeout after <n> ms`
+ * → `timeout after`), to filter by error_contains: the folded text itself
+ * is in no dead letter.
+ */
+export function errorNeedle(folded: string): string {
+  const pieces = folded.split(/<n>|<hex>|<uuid>/).map((p) => p.trim());
+  return pieces.reduce((a, b) => (b.length > a.length ? b : a), "");
+}

@@ -1,0 +1,77 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { create } from "@bufbuild/protobuf";
+import { lineDiff } from "../src/diff";
+import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
+import { fmtSpan, headerPlain, renderBody, tablePlain } from "../src/format";
+import { errorNeedle, parseBodyMatch, selectorFrom, filtersFromQuery } from "../src/selector";
+
+const enc = new TextEncoder();
+
+test("lineDiff pairs a changed line and keeps the rest", () => {
+  const rows = lineDiff("a\nb\nc", "a\nB\nc\nd");
+  assert.deepEqual(
+    rows.map((r) => r.kind),
+    ["same", "changed", "same", "added"],
+  );
+  assert.equal(rows[1].left, "b");
+  assert.equal(rows[1].right, "B");
+});
+
+test("lineDiff of equal texts is all same", () => {
+  assert.ok(lineDiff("x\ny", "x\ny").every((r) => r.kind === "same"));
+});
+
+test("body match: pointer or dotted path, value after the first =", () => {
+  assert.deepEqual(parseBodyMatch("/order/status=paid"), { pointer: "/order/status", value: "paid" });
+  assert.deepEqual(parseBodyMatch("order.id=a=b"), { pointer: "/order/id", value: "a=b" });
+  assert.deepEqual(parseBodyMatch("=42"), { pointer: "", value: "42" });
+  assert.equal(parseBodyMatch("no equals"), null);
+});
+
+test("a folded error group filters by its longest literal piece", () => {
+  assert.equal(errorNeedle("timeout after <n> ms"), "timeout after");
+  assert.equal(errorNeedle("order <uuid> not found in shard <n>"), "not found in shard");
+});
+
+test("filters from the hash query make the selector", () => {
+  const q = new URLSearchParams("source=orders.dlq&reason=rejected&error=timeout&body=%2Fa%3D1");
+  const sel = selectorFrom(filtersFromQuery(q));
+  assert.deepEqual(sel.sources, ["orders.dlq"]);
+  assert.deepEqual(sel.reasons, ["rejected"]);
+  assert.equal(sel.errorContains, "timeout");
+  assert.equal(sel.bodyMatches[0].pointer, "/a");
+  assert.equal(sel.bodyMatches[0].value, "1");
+  assert.deepEqual(sel.producers, []);
+});
+
+test("header values become plain data, bytes as text", () => {
+  const t = create(HeaderTableSchema, {
+    fields: {
+      n: { value: { case: "longLongInt", value: 2n } },
+      s: { value: { case: "longString", value: enc.encode("<img onerror=x>") } },
+      a: { value: { case: "array", value: { values: [{ value: { case: "boolean", value: true } }] } } },
+      d: { value: { case: "decimal", value: { scale: 2, value: 1234 } } },
+    },
+  });
+  assert.deepEqual(tablePlain(t), { a: [true], d: "12.34", n: 2, s: "<img onerror=x>" });
+  assert.equal(headerPlain(undefined), null);
+});
+
+test("bodies render by content type", () => {
+  const json = renderBody(enc.encode('{"a":1}'), "application/json", BodyCompression.NONE, "");
+  assert.equal(json.kind, "json");
+  assert.equal(json.text, '{\n  "a": 1\n}');
+  const bin = renderBody(new Uint8Array([0xff, 0x00]), "application/octet-stream", BodyCompression.NONE, "");
+  assert.equal(bin.kind, "hex");
+  assert.match(bin.text, /ff 00/);
+  const gz = renderBody(new Uint8Array([0x1f, 0x8b]), "application/json", BodyCompression.GZIP, "{}");
+  assert.equal(gz.text, "{}");
+  assert.equal(gz.note, "gzip body shown decompressed");
+});
+
+test("spans read as people say them", () => {
+  assert.equal(fmtSpan(252_000), "4m 12s");
+  assert.equal(fmtSpan(3_725_000), "1h 2m 5s");
+  assert.equal(fmtSpan(-5), "0s");
+});
