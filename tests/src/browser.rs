@@ -26,7 +26,9 @@ pub struct Browser {
 
 /// The CSS selector of `data-testid` `id`.
 pub fn testid(id: &str) -> Locator<'static> {
-    Locator::Css(Box::leak(format!("[data-testid=\"{id}\"]").into_boxed_str()))
+    Locator::Css(Box::leak(
+        format!("[data-testid=\"{id}\"]").into_boxed_str(),
+    ))
 }
 
 impl Browser {
@@ -45,7 +47,9 @@ impl Browser {
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .context("chromedriver not found: run scripts/services.sh (it installs chromium-driver)")?;
+            .context(
+                "chromedriver not found: run scripts/services.sh (it installs chromium-driver)",
+            )?;
         let profile = tempfile::tempdir()?;
         let downloads = tempfile::tempdir()?;
         let mut capabilities = serde_json::Map::new();

@@ -30,7 +30,9 @@ async fn sign_in(browser: &Browser, url: &str, token: &str, name: &str) -> anyho
     browser.fill("signin-token", token).await?;
     browser.click("signin-submit").await?;
     browser
-        .text_until("caller", &format!("names {name}"), |text| text.contains(name))
+        .text_until("caller", &format!("names {name}"), |text| {
+            text.contains(name)
+        })
         .await?;
     Ok(())
 }
@@ -39,7 +41,10 @@ async fn sign_in(browser: &Browser, url: &str, token: &str, name: &str) -> anyho
 /// confirms.
 async fn confirm(browser: &Browser, count: &str, reason: Option<&str>) -> anyhow::Result<()> {
     let repeated = browser.text("dialog-count").await?;
-    assert!(repeated.contains(count), "the dialog repeats {count}: {repeated:?}");
+    assert!(
+        repeated.contains(count),
+        "the dialog repeats {count}: {repeated:?}"
+    );
     if let Some(reason) = reason {
         browser.fill("dialog-reason", reason).await?;
     }
@@ -61,7 +66,11 @@ async fn charted(browser: &Browser) -> anyhow::Result<u64> {
 /// What the page's own origin gets when it calls `path` itself with a
 /// grpc-web frame of an empty message and `token` (none when empty),
 /// cookies included: `{status, grpc, message}`.
-async fn forged_call(browser: &Browser, path: &str, token: &str) -> anyhow::Result<serde_json::Value> {
+async fn forged_call(
+    browser: &Browser,
+    path: &str,
+    token: &str,
+) -> anyhow::Result<serde_json::Value> {
     browser
         .run(
             "const [path, token, done] = arguments;
@@ -99,11 +108,16 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
 
     // 1. The overview: the source, its counts and its group.
     let row = browser
-        .text_until("source-row", "shows the DLQ", |text| text.contains(&incident.dlq))
+        .text_until("source-row", "shows the DLQ", |text| {
+            text.contains(&incident.dlq)
+        })
         .await?;
     assert!(row.contains("150"), "{row}");
     let group = browser.text("group-row").await?;
-    assert!(group.contains("150") && group.contains("rejected"), "{group}");
+    assert!(
+        group.contains("150") && group.contains("rejected"),
+        "{group}"
+    );
     browser.screenshot("overview").await?;
 
     // 2. Dead letters, paged on the server; one of them; the precheck.
@@ -131,7 +145,7 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         .wait()
         .at_most(redrive_tests::browser::WAIT)
         .for_element(fantoccini::Locator::Css(
-            "[data-testid=\"verdict-segment\"][data-verdict=\"replay\"]",
+            "[data-testid=\"verdict-segment\"][data-verdict=\"replayable\"]",
         ))
         .await?;
     assert!(replay.text().await?.contains("150"));
@@ -146,7 +160,10 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     browser.fill("rate-per-second", "5").await?;
     browser.fill("rate-burst", "1").await?;
     browser
-        .fill("rate-rationale", "the order service takes 50/s; a tenth of it")
+        .fill(
+            "rate-rationale",
+            "the order service takes 50/s; a tenth of it",
+        )
         .await?;
     browser.fill("canary-fraction", "0.02").await?;
     browser.fill("observe-for", "2").await?;
@@ -203,19 +220,26 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     let first = charted(&browser).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while charted(&browser).await? <= first.max(5) {
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the chart never moved past {first}");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the chart never moved past {first}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     browser.screenshot("live-plan").await?;
     browser.click("plan-pause").await?;
     confirm(&browser, "", Some("downstream latency rising")).await?;
     browser
-        .text_until("plan-state", "says paused", |text| text.to_lowercase().contains("paused"))
+        .text_until("plan-state", "says paused", |text| {
+            text.to_lowercase().contains("paused")
+        })
         .await?;
     browser.click("plan-resume").await?;
     confirm(&browser, "", Some("latency back to normal")).await?;
     browser
-        .text_until("plan-state", "runs again", |text| !text.to_lowercase().contains("paused"))
+        .text_until("plan-state", "runs again", |text| {
+            !text.to_lowercase().contains("paused")
+        })
         .await?;
     browser.click("plan-cancel").await?;
     confirm(&browser, "", Some("enough for today")).await?;
@@ -249,7 +273,10 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "no CSV downloaded");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert!(export.lines().count() > 1 && export.contains("sent"), "{export}");
+    assert!(
+        export.lines().count() > 1 && export.contains("sent"),
+        "{export}"
+    );
 
     executor.stop().await?;
     stop_consuming(consuming)?;
@@ -281,10 +308,16 @@ async fn a_viewer_sees_no_action_and_a_forged_call_is_refused() -> anyhow::Resul
     browser.fill("filter-source", &incident.dlq).await?;
     browser.click("filter-apply").await?;
     let rows = browser.at_least("dl-row", 3).await?;
-    assert!(!browser.has("precheck-run").await?, "a viewer gets no precheck button");
+    assert!(
+        !browser.has("precheck-run").await?,
+        "a viewer gets no precheck button"
+    );
     rows[0].click().await?;
     browser.find("dl-body").await?;
-    assert!(!browser.has("repair-open").await?, "a viewer gets no repair button");
+    assert!(
+        !browser.has("repair-open").await?,
+        "a viewer gets no repair button"
+    );
     for (path, token, code) in [
         ("/redrive.v1.Planner/RunPrecheck", token_of("vera"), "7"),
         ("/redrive.v1.Planner/CreatePlan", token_of("vera"), "7"),
@@ -303,7 +336,10 @@ async fn a_viewer_sees_no_action_and_a_forged_call_is_refused() -> anyhow::Resul
         )
         .await?;
     let csp = headers["csp"].as_str().unwrap_or_default();
-    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{headers}");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{headers}"
+    );
     assert_eq!(headers["frame"], json!("DENY"));
     browser.screenshot("viewer").await?;
     browser.close().await?;
@@ -324,7 +360,9 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     headers.fields.insert(
         "x-note".to_owned(),
         v1::HeaderValue {
-            value: Some(v1::header_value::Value::LongString(image.as_bytes().to_vec())),
+            value: Some(v1::header_value::Value::LongString(
+                image.as_bytes().to_vec(),
+            )),
         },
     );
     let answer = bed
@@ -354,10 +392,15 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     browser.click("filter-apply").await?;
     let rows = browser.at_least("dl-row", 1).await?;
     let listed = rows[0].text().await?;
-    assert!(listed.contains("<img src=x onerror="), "the error text as text: {listed}");
+    assert!(
+        listed.contains("<img src=x onerror="),
+        "the error text as text: {listed}"
+    );
     rows[0].click().await?;
     let body = browser
-        .text_until("dl-body", "shows the markup", |text| text.contains("<script>"))
+        .text_until("dl-body", "shows the markup", |text| {
+            text.contains("<script>")
+        })
         .await?;
     assert!(body.contains(image), "{body}");
     let headers = browser.text("dl-headers").await?;
@@ -365,11 +408,17 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     browser.no_dialog().await?;
     let pwned = browser
-        .run("arguments[0](window.__pwned === undefined ? null : window.__pwned);", vec![])
+        .run(
+            "arguments[0](window.__pwned === undefined ? null : window.__pwned);",
+            vec![],
+        )
         .await?;
     assert_eq!(pwned, json!(null), "a handler of the dead letter ran");
     let images = browser
-        .run("arguments[0](document.querySelectorAll('img').length);", vec![])
+        .run(
+            "arguments[0](document.querySelectorAll('img').length);",
+            vec![],
+        )
         .await?;
     assert_eq!(images, json!(0), "no element was made from the dead letter");
     browser.screenshot("markup-as-text").await?;

@@ -88,7 +88,10 @@ fn answer<B: Default + From<&'static [u8]>>(method: &Method, path: &str) -> http
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     headers.insert(
         "cross-origin-opener-policy",
         HeaderValue::from_static("same-origin"),
@@ -132,7 +135,9 @@ where
         let method = request.method();
         if *method == Method::GET || *method == Method::HEAD {
             let response = answer::<AssetBody>(method, request.uri().path());
-            return Either::Right(ready(Ok(response.map(|body| tonic::body::Body::new(body.0)))));
+            return Either::Right(ready(Ok(
+                response.map(|body| tonic::body::Body::new(body.0))
+            )));
         }
         Either::Left(self.inner.call(request))
     }
@@ -164,7 +169,10 @@ mod tests {
             assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
             assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
         }
-        assert_eq!(answer::<AssetBody>(&Method::GET, "/").status(), StatusCode::OK);
+        assert_eq!(
+            answer::<AssetBody>(&Method::GET, "/").status(),
+            StatusCode::OK
+        );
         assert_eq!(
             answer::<AssetBody>(&Method::GET, "/app.js").headers()[header::CONTENT_TYPE],
             "text/javascript; charset=utf-8"

@@ -73,7 +73,10 @@ pub async fn preview(
 
 /// One message as it would be published, with its header diff against the
 /// stored dead letter.
-fn outgoing(route: crate::store::plans::PreviewRoute, dead_letter: &v1::DeadLetter) -> v1::OutgoingMessage {
+fn outgoing(
+    route: crate::store::plans::PreviewRoute,
+    dead_letter: &v1::DeadLetter,
+) -> v1::OutgoingMessage {
     let stored = dead_letter.headers.clone().unwrap_or_default();
     let count = u32::try_from(route.redrive_count.saturating_add(1)).unwrap_or(u32::MAX);
     let published = replay_headers(
@@ -83,7 +86,10 @@ fn outgoing(route: crate::store::plans::PreviewRoute, dead_letter: &v1::DeadLett
             executor_id: PREVIEW_EXECUTOR_ID,
             attempt: 1,
             count,
-            reason: dead_letter.death.as_ref().map(|death| death.reason.as_str()),
+            reason: dead_letter
+                .death
+                .as_ref()
+                .map(|death| death.reason.as_str()),
             traceparent: PREVIEW_TRACEPARENT,
         },
     );

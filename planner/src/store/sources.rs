@@ -52,7 +52,9 @@ impl Store {
         .await?;
         let mut arrivals: BTreeMap<String, [u32; ARRIVAL_MINUTES]> = BTreeMap::new();
         for (source, ago, count) in recent {
-            let Ok(ago) = usize::try_from(ago) else { continue };
+            let Ok(ago) = usize::try_from(ago) else {
+                continue;
+            };
             if ago < ARRIVAL_MINUTES {
                 arrivals.entry(source).or_insert([0; ARRIVAL_MINUTES])[ARRIVAL_MINUTES - 1 - ago] =
                     u32::try_from(count).unwrap_or(u32::MAX);

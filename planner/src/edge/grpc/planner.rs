@@ -476,7 +476,10 @@ impl Planner for PlannerGrpc {
                 principal.name.clone(),
                 principal.roles.iter().map(ToString::to_string).collect(),
             ),
-            None => (String::new(), Role::ALL.iter().map(ToString::to_string).collect()),
+            None => (
+                String::new(),
+                Role::ALL.iter().map(ToString::to_string).collect(),
+            ),
         };
         Ok(Response::new(v1::Caller {
             name,
