@@ -101,6 +101,7 @@ mod tests {
             destination: "orders".into(),
             event_type: Some("order.paid".into()),
             at_send: false,
+            message_id: String::new(),
         };
         crate::table::set_width(Some(80));
         let mut table = crate::output::table(ITEM_COLUMNS);

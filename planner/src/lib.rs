@@ -150,11 +150,14 @@ pub async fn run(
         &config,
         policy,
         &store,
-        &rules,
         checker,
-        &notifier,
-        &shutdown,
-        (&capture_status, authenticator.is_some()),
+        Wiring {
+            rules: &rules,
+            notifier: &notifier,
+            shutdown: &shutdown,
+            capture: &capture_status,
+            authenticated: authenticator.is_some(),
+        },
     );
     info!(
         listen = %listener.local_addr()?,
@@ -201,6 +204,20 @@ pub async fn run(
     Ok(())
 }
 
+/// What the gRPC services share with the rest of the planner.
+struct Wiring<'a> {
+    /// How ingested dead letters are read.
+    rules: &'a Arc<dead_letters::ExtractionRules>,
+    /// Plan-change notifications.
+    notifier: &'a Notifier,
+    /// The planner's shutdown.
+    shutdown: &'a CancellationToken,
+    /// Each capture queue's consumer and depth.
+    capture: &'a CaptureStatus,
+    /// Whether callers are authenticated.
+    authenticated: bool,
+}
+
 /// The two gRPC services, `redrive.v1.Planner` and `redrive.v1.Coordinator`,
 /// wired to the store, the notifier and one shared watch hub, each taking
 /// messages up to [`MAX_GRPC_MESSAGE_BYTES`].
@@ -208,11 +225,14 @@ fn grpc_services(
     config: &Config,
     policy: precheck::policy::Policy,
     store: &Store,
-    rules: &Arc<dead_letters::ExtractionRules>,
     checker: Arc<StateChecker>,
-    notifier: &Notifier,
-    shutdown: &CancellationToken,
-    (capture, authenticated): (&CaptureStatus, bool),
+    Wiring {
+        rules,
+        notifier,
+        shutdown,
+        capture,
+        authenticated,
+    }: Wiring<'_>,
 ) -> (
     PlannerServer<PlannerGrpc>,
     CoordinatorServer<CoordinatorGrpc>,

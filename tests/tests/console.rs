@@ -151,6 +151,11 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     assert!(replay.text().await?.contains("150"));
     replay.click().await?;
     browser.at_least("verdict-item", 1).await?;
+    let message_id = browser.text("verdict-item-message-id").await?;
+    assert!(
+        message_id.starts_with("m-"),
+        "the item names its message id: {message_id}"
+    );
     assert!(!browser.text("precheck-digest").await?.is_empty());
     assert!(browser.text("precheck-age").await?.contains("too old"));
     browser.screenshot("precheck").await?;

@@ -264,6 +264,7 @@ pub fn report(actor: &str) -> v1::PrecheckReport {
             destination: "payments".into(),
             event_type: Some("payment.captured".into()),
             at_send: false,
+            message_id: String::new(),
         }],
         ..Default::default()
     }
@@ -583,6 +584,7 @@ impl Planner for Fake {
             destination: "payments".into(),
             event_type: event_type.map(Into::into),
             at_send: false,
+            message_id: String::new(),
         };
         let (items, next) = if request.page_token.is_empty() {
             (
@@ -729,6 +731,7 @@ impl Planner for Fake {
             destination: "payments".into(),
             event_type: Some("payment.refunded".into()),
             at_send: false,
+            message_id: String::new(),
         };
         let (items, next) = if request.page_token.is_empty() {
             (vec![item("51"), item("52")], "c2")

@@ -139,6 +139,7 @@ function VerdictItems({ precheckId, verdict }: { precheckId: string; verdict: st
         <thead>
           <tr>
             <th scope="col">Dead letter</th>
+            <th scope="col">Message id</th>
             <th scope="col">Message key</th>
             <th scope="col">Verdict</th>
             <th scope="col">Reason</th>
@@ -150,6 +151,7 @@ function VerdictItems({ precheckId, verdict }: { precheckId: string; verdict: st
               <td class="mono">
                 <a href={`#/dead-letters/${encodeURIComponent(it.deadLetterId)}`}>{it.deadLetterId}</a>
               </td>
+              <td class="mono" data-testid="verdict-item-message-id">{it.messageId || "—"}</td>
               <td class="mono">{it.messageKey}</td>
               <td>{verdictName(it.verdict).replace(/^verdict_/, "")}</td>
               <td class="wrap">{it.reason}</td>

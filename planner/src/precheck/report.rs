@@ -124,6 +124,7 @@ impl ReportBuilder {
                 destination: candidate.destination.clone(),
                 event_type: candidate.event_type.clone(),
                 at_send: false,
+                message_id: String::new(),
             });
         }
     }

@@ -267,7 +267,8 @@ impl Store {
     ) -> Result<Vec<v1::PrecheckItem>, StoreError> {
         let rows = sqlx::query_as::<_, PrecheckItemRow>(
             "SELECT c.dead_letter_id, c.verdict, c.reason, c.at_send, coalesce(d.message_key, '') AS message_key, \
-                    coalesce(d.destination, '') AS destination, d.event_type \
+                    coalesce(d.destination, '') AS destination, d.event_type, \
+                    coalesce(d.message_id, '') AS message_id \
              FROM (SELECT dead_letter_id, verdict, reason, false AS at_send FROM precheck_items \
                    WHERE precheck_id = $1 AND ($2::text IS NULL OR verdict = $2) AND dead_letter_id > $3 \
                    UNION ALL \
@@ -424,6 +425,7 @@ struct PrecheckItemRow {
     destination: String,
     event_type: Option<String>,
     at_send: bool,
+    message_id: String,
 }
 
 impl From<PrecheckItemRow> for v1::PrecheckItem {
@@ -436,6 +438,7 @@ impl From<PrecheckItemRow> for v1::PrecheckItem {
             destination: row.destination,
             event_type: row.event_type,
             at_send: row.at_send,
+            message_id: row.message_id,
         }
     }
 }

@@ -576,6 +576,7 @@ mod tests {
                 destination: "payments".into(),
                 event_type: Some("payment.captured".into()),
                 at_send: false,
+                message_id: String::new(),
             }],
             staleness: vec![
                 v1::StalenessCoverage {
