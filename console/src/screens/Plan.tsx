@@ -13,6 +13,9 @@ import { durationMs, fmtSpan, fmtTime, isFinal, num, stateName, tsDate } from ".
 import { useLoad, useNow } from "../hooks";
 import { PrecheckAge } from "./Precheck";
 
+/** The actor the planner records gate decisions under (planner/src/plan/gates.rs, GATE_ACTOR). */
+const GATE_ACTOR = "redrive-gate";
+
 /** ActionCounts' fields with their proto names (count-<name>). */
 const COUNT_FIELDS = [
   ["sent", "sent"],
@@ -141,12 +144,11 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
     />
   );
 
-  const warningsText = [...plan.warnings, plan.stateReason];
-  const redead = warningsText.some((w) => /dead[- ]?letter/i.test(w));
-  const lastPause = [...plan.actions].reverse().find((a) => a.action === "pause");
-  const gateTripped =
-    plan.state === PlanState.ABORTED ||
-    (plan.state === PlanState.PAUSED && plan.stateReason !== "" && lastPause?.reason !== plan.stateReason);
+  // Both come from the server: the plan's re-dead-letter count, and the
+  // operator actions the gates recorded (actor GATE_ACTOR).
+  const redead = plan.reDeadLetters > 0n;
+  const gateTrips = plan.actions.filter((a) => a.actor === GATE_ACTOR);
+  const gateTripped = gateTrips.length > 0;
   const observingLeft = plan.state === PlanState.OBSERVING ? (tsDate(plan.observingUntil)?.getTime() ?? now) - now : 0;
   const nowSecond = Math.max(Math.floor(now / 1000), stats.lastSecond);
 
@@ -171,19 +173,20 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
 
       {redead && (
         <div class="banner danger" data-testid="redead-banner" role="alert">
-          Replayed messages came back dead-lettered. Look at the new dead letters before going on.
+          {num(plan.reDeadLetters)} replayed message(s) came back dead-lettered. Look at the new dead letters
+          before going on.
         </div>
       )}
       {gateTripped && (
         <div class="banner warn" data-testid="gate-trips">
-          <strong>{plan.state === PlanState.ABORTED ? "Aborted" : "Paused"} by a gate:</strong> {plan.stateReason || "—"}
-          {plan.warnings.length > 0 && (
-            <ul>
-              {plan.warnings.map((w, i) => (
-                <li key={i}>{w}</li>
-              ))}
-            </ul>
-          )}
+          <strong>Gate trips:</strong>
+          <ul>
+            {gateTrips.map((a, i) => (
+              <li key={i}>
+                {a.action} at {fmtTime(a.at)}: {a.reason}
+              </li>
+            ))}
+          </ul>
         </div>
       )}
 

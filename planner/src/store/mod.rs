@@ -21,6 +21,7 @@
 //!   end).
 //! - [`audit`]: the audit's events and refusals, written and read.
 //! - [`single`]: plans of one (single replay) and body repairs.
+//! - [`sources`]: each source's counts and arrivals for the overview.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
 //! - [`rekey`]: re-keying stored dead letters in batches, with its audit.
 

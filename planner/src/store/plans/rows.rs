@@ -21,6 +21,7 @@ pub(super) const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
     p.observing_until, (p.claim_by IS NOT NULL) AS single, p.ordered, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
+    (SELECT count(*) FROM dead_letters d WHERE d.redrive_plan_id = p.id::text) AS re_dead_letters, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
     (SELECT coalesce(jsonb_object_agg(c.state, c.n), '{}'::jsonb) FROM \
         (SELECT state, sum(items)::bigint AS n FROM plan_item_counts k WHERE k.plan_id = p.id \
@@ -159,6 +160,7 @@ pub(super) struct PlanRow {
     ordered: bool,
     slices_total: i64,
     slices_completed: i64,
+    re_dead_letters: i64,
     item_states: serde_json::Value,
 }
 
@@ -204,6 +206,7 @@ impl From<PlanRow> for v1::Plan {
             }
             .into(),
             ordered: row.ordered,
+            re_dead_letters: u64::try_from(row.re_dead_letters).unwrap_or_default(),
             // The end of the observation window, while observing.
             observing_until: row
                 .observing_until

@@ -396,6 +396,7 @@ mod tests {
             canary_fraction: 0.01,
             observe_for: Some(duration(std::time::Duration::from_secs(900))),
             ordered: false,
+            re_dead_letters: 0,
             total_items: 1000,
             canary_items: 10,
             counts: Some(v1::ActionCounts {
