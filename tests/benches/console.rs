@@ -46,7 +46,17 @@ async fn render(
     let started = Instant::now();
     browser.open(&format!("{url}/#{route}")).await?;
     browser.at_least(id, count).await?;
-    Ok(started.elapsed().as_secs_f64() * 1000.0)
+    let took = started.elapsed().as_secs_f64() * 1000.0;
+    if std::env::var("REDRIVE_BENCH_TRACE").is_ok() {
+        let calls = browser
+            .run(
+                "arguments[0](performance.getEntriesByType('resource').slice(-6).map(e => [e.name.split('/').pop(), Math.round(e.startTime), Math.round(e.duration)]));",
+                vec![],
+            )
+            .await?;
+        println!("  {route}: {took:.0} ms; last calls [name, start, duration] {calls}");
+    }
+    Ok(took)
 }
 
 #[tokio::main]
@@ -70,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
 
     let (mut overview, mut overview_rpc, mut first_page, mut first_page_rpc) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut list_sources = Vec::new();
     for _ in 0..runs {
         overview.push(render(&browser, &url, "/", "group-row", 2).await?);
         let started = Instant::now();
@@ -78,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
             .list_sources(v1::ListSourcesRequest {})
             .await?
             .into_inner();
+        list_sources.push(started.elapsed().as_secs_f64() * 1000.0);
         for source in &sources.sources {
             bed.client
                 .summarize_dead_letters(v1::SummarizeDeadLettersRequest {
@@ -174,12 +186,13 @@ async fn main() -> anyhow::Result<()> {
 
     let (overview_p50, overview_max) = summary(&mut overview);
     let (overview_rpc_p50, _) = summary(&mut overview_rpc);
+    let (list_sources_p50, _) = summary(&mut list_sources);
     let (page_p50, page_max) = summary(&mut first_page);
     let (page_rpc_p50, _) = summary(&mut first_page_rpc);
     let (delay_p50, delay_max) = summary(&mut delays);
     println!("console with {dead_letters} dead letters stored, {runs} runs:");
     println!(
-        "  overview rendered: p50 {overview_p50:.0} ms, max {overview_max:.0} ms (its RPCs from Rust: p50 {overview_rpc_p50:.0} ms; ratio {:.1}x)",
+        "  overview rendered: p50 {overview_p50:.0} ms, max {overview_max:.0} ms (its RPCs from Rust: p50 {overview_rpc_p50:.0} ms, ListSources {list_sources_p50:.0} ms of it; ratio {:.1}x)",
         overview_p50 / overview_rpc_p50
     );
     println!(

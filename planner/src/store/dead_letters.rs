@@ -78,7 +78,7 @@ impl Dimension {
                 "to_char(date_trunc('hour', died_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24\":00Z\"')"
             }
             Self::Source => "source",
-            Self::Error => "redrive_error_group(error_text)",
+            Self::Error => "error_group",
             Self::Status => "status",
         }
     }
@@ -267,10 +267,14 @@ pub(crate) fn push_selected(
 ) {
     builder.push(format!("(SELECT {columns} FROM dead_letters"));
     push_conditions(builder, selector);
-    builder.push(" ORDER BY id");
+    // The order decides which dead letters a limit keeps; without a limit
+    // the sub-select has none, so that PostgreSQL can pull it up into the
+    // query around it (a sorted sub-select is planned on its own, every
+    // row sorted first: a summary of 100,000 dead letters took twice as
+    // long).
     if let Some(limit) = selector.limit {
         builder
-            .push(" LIMIT ")
+            .push(" ORDER BY id LIMIT ")
             .push_bind(i64::try_from(limit).unwrap_or(i64::MAX));
     }
     builder.push(")");
@@ -362,7 +366,7 @@ impl Store {
             selector,
             &format!(
                 "reason_class, destination, producer, schema_version, event_type, died_at, source, \
-                 error_text, {} AS status",
+                 error_group, {} AS status",
                 status_sql()
             ),
         );
@@ -407,13 +411,18 @@ impl Store {
             status: Status::All,
             ..selector.clone()
         };
+        // The statuses of status_sql(), with the replayed ones found by one
+        // join (hashed) instead of a probe per dead letter.
         let mut builder = QueryBuilder::new(
-            "SELECT count(*) FILTER (WHERE status = 'open') AS open, \
-             count(*) FILTER (WHERE status = 'archived') AS archived, \
-             count(*) FILTER (WHERE status = 'replayed') AS replayed FROM ",
+            "SELECT count(*) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NULL) AS open, \
+             count(*) FILTER (WHERE d.archived_at IS NOT NULL) AS archived, \
+             count(*) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NOT NULL) AS replayed FROM ",
         );
-        push_selected(&mut builder, &every, &format!("{} AS status", status_sql()));
-        builder.push(" d");
+        push_selected(&mut builder, &every, "id, archived_at");
+        builder.push(
+            " d LEFT JOIN (SELECT DISTINCT dead_letter_id FROM plan_items WHERE state = 'sent') s \
+             ON s.dead_letter_id = d.id",
+        );
         Ok(builder
             .build_query_as::<StatusCounts>()
             .fetch_one(self.pool())
