@@ -482,18 +482,24 @@ async fn a_repair_creates_a_revision_and_keeps_the_original() -> anyhow::Result<
         })
         .await?;
     browser.click("repair-open").await?;
-    browser.fill("repair-editor", r#"{"order_id":"o-1","amount":12.5"#).await?;
+    browser
+        .fill("repair-editor", r#"{"order_id":"o-1","amount":12.5"#)
+        .await?;
     browser
         .text_until("repair-json-status", "names the JSON error", |text| {
             text.to_lowercase().starts_with("invalid json")
         })
         .await?;
-    browser.fill("repair-reason", "amount as a number (INC-42)").await?;
+    browser
+        .fill("repair-reason", "amount as a number (INC-42)")
+        .await?;
     assert!(
         !browser.find("repair-submit").await?.is_enabled().await?,
         "invalid JSON is not submitted"
     );
-    browser.fill("repair-editor", r#"{"order_id":"o-1","amount":12.5}"#).await?;
+    browser
+        .fill("repair-editor", r#"{"order_id":"o-1","amount":12.5}"#)
+        .await?;
     browser
         .text_until("repair-json-status", "accepts the JSON", |text| {
             text.to_lowercase().starts_with("valid json")
@@ -502,7 +508,9 @@ async fn a_repair_creates_a_revision_and_keeps_the_original() -> anyhow::Result<
     browser.screenshot("repair").await?;
     browser.click("repair-submit").await?;
     let revision = browser
-        .text_until("revision-row", "lists the revision", |text| text.contains("INC-42"))
+        .text_until("revision-row", "lists the revision", |text| {
+            text.contains("INC-42")
+        })
         .await?;
     assert!(revision.contains("alice"), "{revision}");
     let stored = bed
@@ -512,9 +520,15 @@ async fn a_repair_creates_a_revision_and_keeps_the_original() -> anyhow::Result<
         .into_inner()
         .dead_letter
         .expect("the dead letter");
-    assert_eq!(stored.body, original, "the captured body is never overwritten");
+    assert_eq!(
+        stored.body, original,
+        "the captured body is never overwritten"
+    );
     assert_eq!(stored.revisions.len(), 1);
-    assert_eq!(stored.revisions[0].body, br#"{"order_id":"o-1","amount":12.5}"#);
+    assert_eq!(
+        stored.revisions[0].body,
+        br#"{"order_id":"o-1","amount":12.5}"#
+    );
     browser.close().await?;
     bed.finish().await
 }
