@@ -258,6 +258,7 @@ impl EventContext {
             attempt: work.attempt,
             confirm_latency_us: latency_us,
             at: Some(timestamp(Utc::now())),
+            message_id: String::new(),
         }
     }
 }

@@ -177,6 +177,7 @@ pub fn event(action: v1::AuditAction, key: &str, reason: &str, wave: v1::Wave) -
             seconds: 1_714_565_000,
             nanos: 0,
         }),
+        message_id: String::new(),
     }
 }
 
@@ -805,6 +806,13 @@ impl Planner for Fake {
         _: Request<v1::PreviewPlanRequest>,
     ) -> Result<Response<v1::PreviewPlanResponse>, Status> {
         Err(Status::unimplemented("preview_plan"))
+    }
+
+    async fn list_audit_events(
+        &self,
+        _: Request<v1::ListAuditEventsRequest>,
+    ) -> Result<Response<v1::ListAuditEventsResponse>, Status> {
+        Err(Status::unimplemented("list_audit_events"))
     }
 
     /// plan-done: canary, main and completed snapshots (with an event after

@@ -164,6 +164,7 @@ pub const RPC_ROLES: &[(&str, Role)] = &[
     ("/redrive.v1.Planner/RepairDeadLetter", Role::Operator),
     ("/redrive.v1.Planner/ListSources", Role::Viewer),
     ("/redrive.v1.Planner/PreviewPlan", Role::Viewer),
+    ("/redrive.v1.Planner/ListAuditEvents", Role::Viewer),
     ("/redrive.v1.Coordinator/ClaimSlice", Role::Executor),
     ("/redrive.v1.Coordinator/Heartbeat", Role::Executor),
     ("/redrive.v1.Coordinator/WatchLease", Role::Executor),

@@ -287,6 +287,7 @@ impl AuditEventRow {
             attempt: u32::try_from(self.attempt).unwrap_or_default(),
             confirm_latency_us: u64::try_from(self.confirm_latency_us).unwrap_or_default(),
             at: Some(timestamp(self.at)),
+            message_id: String::new(),
         }
     }
 }
@@ -387,6 +388,42 @@ impl Store {
                     row.event.into_event(plan_id),
                     row.message_id.unwrap_or_default(),
                 )
+            })
+            .collect())
+    }
+
+    /// Up to `limit` events of plan `plan_id` after event `after_id`, in id
+    /// (commit) order, only `actions` (their names) unless empty, each with
+    /// its `message_id` set.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_events_page(
+        &self,
+        plan_id: PlanId,
+        actions: &[String],
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, v1::AuditEvent)>, StoreError> {
+        let rows: Vec<ExportedEventRow> = sqlx::query_as(
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at, message_id FROM audit_events \
+             WHERE plan_id = $1 AND id > $2 AND (cardinality($4::text[]) = 0 OR action = ANY($4)) \
+             ORDER BY id LIMIT $3",
+        )
+        .bind(plan_id)
+        .bind(after_id)
+        .bind(limit)
+        .bind(actions)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let id = row.event.id;
+                let mut event = row.event.into_event(plan_id);
+                event.message_id = row.message_id.unwrap_or_default();
+                (id, event)
             })
             .collect())
     }

@@ -569,6 +569,7 @@ mod tests {
             attempt: 2,
             confirm_latency_us: 1200,
             at: at("2024-05-01T12:10:00.5Z"),
+            message_id: String::new(),
         };
         assert_eq!(
             crate::commands::plan::live::event_text(&event),
