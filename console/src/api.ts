@@ -7,9 +7,23 @@ import { Planner, type Caller } from "./gen/redrive/v1/planner_pb";
 
 const TOKEN_KEY = "redrive.token";
 
-/** The stored token: null when nobody signed in, "" for a planner without authentication. */
+/**
+ * Why `token` cannot be sent as a bearer token, or null: an HTTP header
+ * value carries visible ASCII only (RFC 6750's b64token, RFC 7519's JWT).
+ */
+export function tokenProblem(token: string): string | null {
+  return /^[\x21-\x7e]*$/.test(token)
+    ? null
+    : "a bearer token holds visible ASCII characters only: check what was pasted";
+}
+
+/**
+ * The stored token: null when nobody signed in (or what is stored could
+ * never be sent), "" for a planner without authentication.
+ */
 export function getToken(): string | null {
-  return sessionStorage.getItem(TOKEN_KEY);
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token !== null && tokenProblem(token) === null ? token : null;
 }
 
 export function setToken(token: string): void {

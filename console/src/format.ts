@@ -185,3 +185,11 @@ export function renderBody(
 export function isJsonType(contentType: string | undefined): boolean {
   return !!contentType && /json/i.test(contentType);
 }
+
+/**
+ * `text` cut to `max` characters with an ellipsis: a listing shows the
+ * start of a long value (the dead letter's own screen shows all of it).
+ */
+export function clip(text: string, max = 300): string {
+  return text.length > max ? `${text.slice(0, max)}…` : text;
+}

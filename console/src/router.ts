@@ -11,11 +11,16 @@ export function parseHash(hash: string): Route {
   const q = h.indexOf("?");
   const path = q < 0 ? h : h.slice(0, q);
   const query = new URLSearchParams(q < 0 ? "" : h.slice(q + 1));
-  const parts = path
-    .split("/")
-    .filter((p) => p !== "")
-    .map((p) => decodeURIComponent(p));
-  return { parts, query };
+  try {
+    const parts = path
+      .split("/")
+      .filter((p) => p !== "")
+      .map((p) => decodeURIComponent(p));
+    return { parts, query };
+  } catch {
+    // A malformed escape (`%E0%A4%A`) names no screen: the "Not found" one.
+    return { parts: ["\u0000malformed"], query };
+  }
 }
 
 export function useRoute(): Route {

@@ -30,6 +30,19 @@ function localTime(s: string) {
   return isNaN(d.getTime()) ? undefined : timestampFromDate(d);
 }
 
+/**
+ * What in `f` cannot be read (a time that is no time, a body match without
+ * `=`): a link with such a filter must not quietly select more.
+ */
+export function filterProblems(f: Filters): string[] {
+  const problems: string[] = [];
+  if (f.from && !localTime(f.from)) problems.push(`from: ${JSON.stringify(f.from)} is not a date and time`);
+  if (f.to && !localTime(f.to)) problems.push(`to: ${JSON.stringify(f.to)} is not a date and time`);
+  if (f.body && !parseBodyMatch(f.body)) problems.push(`body: ${JSON.stringify(f.body)} needs path=value`);
+  return problems;
+}
+
+/** The selector of `f`; read `filterProblems(f)` first. */
 export function selectorFrom(f: Filters): Selector {
   const sel = create(SelectorSchema, {});
   if (f.source) sel.sources = [f.source];

@@ -350,6 +350,52 @@ pub async fn export(
     Ok(Box::pin(ReceiverStream::new(receiver)))
 }
 
+/// One page of plan `plan_id`'s audit events (`ListAuditEvents`), only
+/// `actions` unless empty, and the next page's token (empty on the last).
+///
+/// # Errors
+/// `InvalidArgument` for a page size over the maximum or a bad token;
+/// `NotFound` for an unknown plan; store errors.
+pub async fn events(
+    store: &Store,
+    plan_id: PlanId,
+    actions: &[String],
+    page_size: u32,
+    token: &str,
+) -> Result<v1::ListAuditEventsResponse, Error> {
+    use crate::dead_letters::inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
+    if page_size > MAX_PAGE_SIZE {
+        return Err(Error::invalid(
+            "page_size",
+            format!("at most {MAX_PAGE_SIZE}"),
+        ));
+    }
+    let page_size = if page_size == 0 {
+        DEFAULT_PAGE_SIZE
+    } else {
+        page_size
+    };
+    let token = crate::ids::PageToken::parse(token)?;
+    // NotFound for a plan that does not exist, rather than an empty page.
+    crate::plan::get(store, plan_id).await?;
+    let rows = store
+        .audit_events_page(plan_id, actions, token.after_id, i64::from(page_size) + 1)
+        .await?;
+    let (rows, more) = crate::ids::page_of(rows, page_size);
+    let next_page_token = match rows.last() {
+        Some((last, _)) if more => crate::ids::PageToken {
+            after_id: *last,
+            returned: token.returned + rows.len() as u64,
+        }
+        .encode(),
+        _ => String::new(),
+    };
+    Ok(v1::ListAuditEventsResponse {
+        events: rows.into_iter().map(|(_, event)| event).collect(),
+        next_page_token,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,50 +548,3 @@ mod tests {
         assert!(csv.contains(",d-2,'-k,'+m,never_attempted,"), "{csv}");
     }
 }
-
-/// One page of plan `plan_id`'s audit events (`ListAuditEvents`), only
-/// `actions` unless empty, and the next page's token (empty on the last).
-///
-/// # Errors
-/// `InvalidArgument` for a page size over the maximum or a bad token;
-/// `NotFound` for an unknown plan; store errors.
-pub async fn events(
-    store: &Store,
-    plan_id: PlanId,
-    actions: &[String],
-    page_size: u32,
-    token: &str,
-) -> Result<v1::ListAuditEventsResponse, Error> {
-    use crate::dead_letters::inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
-    if page_size > MAX_PAGE_SIZE {
-        return Err(Error::invalid(
-            "page_size",
-            format!("at most {MAX_PAGE_SIZE}"),
-        ));
-    }
-    let page_size = if page_size == 0 {
-        DEFAULT_PAGE_SIZE
-    } else {
-        page_size
-    };
-    let token = crate::ids::PageToken::parse(token)?;
-    // NotFound for a plan that does not exist, rather than an empty page.
-    crate::plan::get(store, plan_id).await?;
-    let rows = store
-        .audit_events_page(plan_id, actions, token.after_id, i64::from(page_size) + 1)
-        .await?;
-    let (rows, more) = crate::ids::page_of(rows, page_size);
-    let next_page_token = match rows.last() {
-        Some((last, _)) if more => crate::ids::PageToken {
-            after_id: *last,
-            returned: token.returned + rows.len() as u64,
-        }
-        .encode(),
-        _ => String::new(),
-    };
-    Ok(v1::ListAuditEventsResponse {
-        events: rows.into_iter().map(|(_, event)| event).collect(),
-        next_page_token,
-    })
-}
-

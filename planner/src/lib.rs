@@ -329,7 +329,9 @@ impl<H: tonic_health::pb::health_server::Health> Server<H> {
                 // The console's page (GET), then grpc-web translated to gRPC
                 // before authentication, so that its refusals reach the
                 // browser as grpc-web too.
-                .layer(edge::console::ConsoleLayer)
+                .layer(edge::console::ConsoleLayer::new(
+                    self.authenticator.is_some(),
+                ))
                 .layer(tonic_web::GrpcWebLayer::new())
                 .layer(tower::util::MapResponseLayer::new(
                     oversized_is_resource_exhausted::<tonic::body::Body>,

@@ -263,6 +263,25 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         timeline.contains("downstream latency rising") && timeline.contains("bob"),
         "{timeline}"
     );
+    // Events by message id, filtered by action on the server.
+    browser
+        .find("audit-filter-action")
+        .await?
+        .select_by_value("sent")
+        .await?;
+    browser
+        .text_until("audit-row", "shows sent events", |text| {
+            text.contains("sent")
+        })
+        .await?;
+    let mut shown_sent = Vec::new();
+    for cell in browser.all("audit-message-id").await? {
+        shown_sent.push(cell.text().await?);
+    }
+    assert!(!shown_sent.is_empty());
+    for row in browser.all("audit-row").await? {
+        assert_eq!(row.attr("data-action").await?.as_deref(), Some("sent"));
+    }
     browser.screenshot("audit").await?;
     browser.click("export-csv").await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -288,6 +307,12 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     let received = received.lock().unwrap().clone();
     assert!(!received.is_empty(), "the consumer received the replay");
     let (sent, _) = assert_bed_audit(&bed, &plan_id, &received).await?;
+    for id in &shown_sent {
+        assert!(
+            received.iter().any(|message| &message.message_id == id),
+            "the audit page says {id} was sent; the consumer never got it"
+        );
+    }
     assert!(sent.len() < MESSAGES as usize, "cancelled before the end");
     browser.close().await?;
     bed.finish().await
@@ -427,6 +452,29 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
         .await?;
     assert_eq!(images, json!(0), "no element was made from the dead letter");
     browser.screenshot("markup-as-text").await?;
+    // A link whose filter cannot be read lists and prechecks nothing,
+    // rather than everything of the source.
+    for bad in ["body=order_id", "from=2099-99-99T99:99"] {
+        browser
+            .open(&format!("{url}/#/dead-letters?source={source}&{bad}"))
+            .await?;
+        let problems = browser.text("filter-problems").await?;
+        assert!(
+            problems.contains(bad.split('=').next().unwrap_or_default()),
+            "{problems}"
+        );
+        assert!(
+            !browser.has("precheck-run").await?,
+            "{bad}: no precheck of more"
+        );
+        assert!(!browser.has("dl-row").await?, "{bad}: nothing listed");
+    }
+    // A malformed escape in the address is a page not found, not a blank page.
+    browser
+        .open(&format!("{url}/#/dead-letters/%E0%A4%A"))
+        .await?;
+    browser.find("nav-overview").await?;
+    browser.no_dialog().await?;
     browser.close().await?;
     bed.finish().await
 }
@@ -530,5 +578,50 @@ async fn a_repair_creates_a_revision_and_keeps_the_original() -> anyhow::Result<
         br#"{"order_id":"o-1","amount":12.5}"#
     );
     browser.close().await?;
+    bed.finish().await
+}
+
+/// `request` sent as is over a new connection to `address`; the status
+/// line of the answer.
+async fn raw_http(address: &str, request: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = vec![0; 4096];
+    let read = stream.read(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer[..read])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Without authentication, a browser's request to a name that is not an
+/// address (a site whose DNS was rebound to this machine) is refused: the
+/// page and grpc-web alike; at 127.0.0.1 or localhost it is answered, and
+/// gRPC clients, which send no browser headers, are not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_authentication_a_rebound_name_is_refused() -> anyhow::Result<()> {
+    init_logging();
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let address = bed.planner.url().trim_start_matches("http://").to_owned();
+    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
+    let page = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    assert!(raw_http(&address, &page(&address)).await?.contains(" 200 "));
+    assert!(
+        raw_http(&address, &page(&format!("localhost:{port}")))
+            .await?
+            .contains(" 200 ")
+    );
+    let rebound = format!("rebind.evil.example:{port}");
+    assert!(raw_http(&address, &page(&rebound)).await?.contains(" 403 "));
+    let grpc_web = format!(
+        "POST /redrive.v1.Planner/ArchiveDeadLetters HTTP/1.1\r\nHost: {rebound}\r\nOrigin: http://{rebound}\r\n\
+         Content-Type: application/grpc-web+proto\r\nX-Grpc-Web: 1\r\nContent-Length: 5\r\nConnection: close\r\n\r\n\0\0\0\0\0"
+    );
+    let answer = raw_http(&address, &grpc_web).await?;
+    assert!(answer.contains(" 403 "), "{answer}");
+    // A gRPC client is still served.
+    bed.client.get_caller(v1::GetCallerRequest {}).await?;
     bed.finish().await
 }

@@ -4,6 +4,7 @@
 import { useState } from "preact/hooks";
 import { planner } from "../api";
 import { showError } from "../errors";
+import { AuditAction, Wave } from "../gen/redrive/v1/messages_pb";
 import { ExportFormat } from "../gen/redrive/v1/planner_pb";
 import { actionName, fmtTime, num, stateName } from "../format";
 import { useLoad } from "../hooks";
@@ -30,31 +31,11 @@ const COUNT_FIELD: Record<(typeof ACTIONS)[number], string> = {
   uncertain: "uncertain",
 };
 
-interface Row {
-  action: string;
-  key: string;
-  deadLetterId: string;
-  reason: string;
-  at: string;
-}
-
 export function Audit({ id }: { id: string }) {
   const res = useLoad("GetAuditReport", () => planner.getAuditReport({ planId: id }), [id]);
-  const [filter, setFilter] = useState("");
   const r = res.data;
   if (!r) return <section>{res.loading ? <p class="muted">Loading…</p> : <h1>Audit of plan {id}</h1>}</section>;
 
-  const rows: Row[] = [
-    ...r.sentKeys.map((k) => ({ action: "sent", key: k, deadLetterId: "", reason: "", at: "" })),
-    ...r.notSent.map((e) => ({
-      action: actionName(e.action),
-      key: e.messageKey,
-      deadLetterId: e.deadLetterId,
-      reason: e.reason,
-      at: fmtTime(e.at),
-    })),
-  ];
-  const shown = filter === "" ? rows : rows.filter((x) => x.action === filter);
   const counts = r.counts as unknown as Record<string, bigint> | undefined;
 
   return (
@@ -96,42 +77,7 @@ export function Audit({ id }: { id: string }) {
         </div>
       )}
 
-      <h2>Items</h2>
-      <label class="field inline">
-        <span>Show</span>
-        <select data-testid="audit-filter-action" value={filter} onChange={(e) => setFilter(e.currentTarget.value)}>
-          <option value="">every action ({rows.length})</option>
-          {ACTIONS.map((a) => (
-            <option value={a} key={a}>
-              {a.replace(/_/g, " ")} ({rows.filter((x) => x.action === a).length})
-            </option>
-          ))}
-        </select>
-      </label>
-      <table class="table">
-        <thead>
-          <tr>
-            <th scope="col">Action</th>
-            <th scope="col">Message key</th>
-            <th scope="col">Dead letter</th>
-            <th scope="col">Reason</th>
-            <th scope="col">At</th>
-          </tr>
-        </thead>
-        <tbody>
-          {shown.map((x, i) => (
-            <tr key={i} data-testid="audit-row" data-action={x.action}>
-              <td>{x.action.replace(/_/g, " ")}</td>
-              <td class="mono">{x.key}</td>
-              <td class="mono">
-                {x.deadLetterId && <a href={`#/dead-letters/${encodeURIComponent(x.deadLetterId)}`}>{x.deadLetterId}</a>}
-              </td>
-              <td class="wrap">{x.reason}</td>
-              <td class="nowrap">{x.at}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+      <AuditEvents planId={id} />
 
       <h2>Never attempted: {num(r.neverAttempted)}</h2>
       <table class="table" data-testid="audit-never-attempted">
@@ -206,3 +152,108 @@ function ExportButton({ planId, format }: { planId: string; format: "csv" | "jso
     </button>
   );
 }
+
+/** Events per page of the events table. */
+const EVENTS_PAGE = 100;
+
+/**
+ * Every audit event of the plan by message id, in commit order, paged and
+ * filtered by action on the server (ListAuditEvents): reconciliation by
+ * message id.
+ */
+function AuditEvents({ planId }: { planId: string }) {
+  const [filter, setFilter] = useState("");
+  // tokens[i] is the token of page i; the last one is the page shown.
+  const [tokens, setTokens] = useState<string[]>([""]);
+  const token = tokens[tokens.length - 1];
+  const page = useLoad(
+    "ListAuditEvents",
+    () =>
+      planner.listAuditEvents({
+        planId,
+        actions: filter === "" ? [] : [actionByName(filter)],
+        pageSize: EVENTS_PAGE,
+        pageToken: token,
+      }),
+    [planId, filter, token],
+  );
+  return (
+    <>
+      <h2>Events by message</h2>
+      <label class="field inline">
+        <span>Show</span>
+        <select
+          data-testid="audit-filter-action"
+          value={filter}
+          onChange={(e) => {
+            setFilter(e.currentTarget.value);
+            setTokens([""]);
+          }}
+        >
+          <option value="">every action</option>
+          {ACTIONS.map((a) => (
+            <option value={a} key={a}>
+              {a.replace(/_/g, " ")}
+            </option>
+          ))}
+        </select>
+      </label>
+      <table class="table">
+        <thead>
+          <tr>
+            <th scope="col">Message id</th>
+            <th scope="col">Action</th>
+            <th scope="col">Message key</th>
+            <th scope="col">Dead letter</th>
+            <th scope="col">Wave</th>
+            <th scope="col">Reason</th>
+            <th scope="col">At</th>
+          </tr>
+        </thead>
+        <tbody>
+          {page.data?.events.map((e, i) => (
+            <tr key={i} data-testid="audit-row" data-action={actionName(e.action)}>
+              <td class="mono" data-testid="audit-message-id">
+                {e.messageId || "—"}
+              </td>
+              <td>{actionName(e.action).replace(/_/g, " ")}</td>
+              <td class="mono">{e.messageKey}</td>
+              <td class="mono">
+                <a href={`#/dead-letters/${encodeURIComponent(e.deadLetterId)}`}>{e.deadLetterId}</a>
+              </td>
+              <td>{e.wave === Wave.CANARY ? "canary" : "main"}</td>
+              <td class="wrap">{e.reason}</td>
+              <td class="nowrap">{fmtTime(e.at)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      {page.data && page.data.events.length === 0 && <p class="muted">No event.</p>}
+      <div class="pager">
+        <button
+          type="button"
+          data-testid="audit-prev-page"
+          disabled={tokens.length < 2 || page.loading}
+          onClick={() => setTokens(tokens.slice(0, -1))}
+        >
+          Previous page
+        </button>
+        <button
+          type="button"
+          data-testid="audit-next-page"
+          disabled={!page.data?.nextPageToken || page.loading}
+          onClick={() => page.data && setTokens([...tokens, page.data.nextPageToken])}
+        >
+          Next page
+        </button>
+      </div>
+    </>
+  );
+}
+
+/** The AuditAction whose name is `name` (`sent`, `skipped_stale`, ...). */
+function actionByName(name: string): AuditAction {
+  const key = name.toUpperCase() as keyof typeof AuditAction;
+  return AuditAction[key] ?? AuditAction.UNSPECIFIED;
+}
+

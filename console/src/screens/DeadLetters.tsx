@@ -4,10 +4,17 @@ import { useState } from "preact/hooks";
 import { can, planner } from "../api";
 import { ActionButton } from "../components/ActionButton";
 import type { Caller } from "../gen/redrive/v1/planner_pb";
-import { fmtTime, num } from "../format";
+import { clip, fmtTime, num } from "../format";
 import { useLoad } from "../hooks";
 import { hashWith, navigate } from "../router";
-import { filtersFromQuery, parseBodyMatch, selectorFrom, type FilterKey, type Filters } from "../selector";
+import {
+  filterProblems,
+  filtersFromQuery,
+  parseBodyMatch,
+  selectorFrom,
+  type FilterKey,
+  type Filters,
+} from "../selector";
 
 const PAGE_SIZE = 50;
 
@@ -31,14 +38,25 @@ export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearc
   const [tokens, setTokens] = useState<string[]>([""]);
   const token = tokens[tokens.length - 1];
   const selector = selectorFrom(applied);
+  // A filter of the link that cannot be read stops the screen: dropping it
+  // would list, count and precheck more than was asked for.
+  const problems = filterProblems(applied);
+  const refused = () => Promise.reject(new Error(`the filters cannot be read: ${problems.join("; ")}`));
 
   const page = useLoad(
     "ListDeadLetters",
-    () => planner.listDeadLetters({ selector, pageSize: PAGE_SIZE, pageToken: token }),
+    () =>
+      problems.length > 0
+        ? refused()
+        : planner.listDeadLetters({ selector, pageSize: PAGE_SIZE, pageToken: token }),
     [appliedKey, token],
   );
-  const summary = useLoad("SummarizeDeadLetters", () => planner.summarizeDeadLetters({ selector }), [appliedKey]);
-  const total = summary.data?.total;
+  const summary = useLoad(
+    "SummarizeDeadLetters",
+    () => (problems.length > 0 ? refused() : planner.summarizeDeadLetters({ selector })),
+    [appliedKey],
+  );
+  const total = problems.length > 0 ? undefined : summary.data?.total;
 
   const bodyInvalid = form.body.trim() !== "" && parseBodyMatch(form.body) === null;
   const apply = (e: Event) => {
@@ -81,6 +99,11 @@ export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearc
       </form>
 
       <div class="toolbar">
+        {problems.length > 0 && (
+          <span class="invalid" data-testid="filter-problems">
+            Not listed: {problems.join("; ")}
+          </span>
+        )}
         <span data-testid="dl-total">{total === undefined ? "…" : `${num(total)} matching dead letters`}</span>
         {can(caller, "RunPrecheck") && total !== undefined && (
           <ActionButton
@@ -135,7 +158,7 @@ export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearc
                 <td class="mono">{d.messageId ?? "—"}</td>
                 <td class="mono">{d.source}</td>
                 <td>{d.death?.reason || "—"}</td>
-                <td class="error-text">{d.errorText ?? ""}</td>
+                <td class="error-text">{clip(d.errorText ?? "")}</td>
                 <td class="nowrap">{fmtTime(d.diedAt)}</td>
               </tr>
             );

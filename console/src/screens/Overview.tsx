@@ -4,7 +4,7 @@ import { planner } from "../api";
 import { Sparkline } from "../components/Sparkline";
 import { SummaryDimension } from "../gen/redrive/v1/planner_pb";
 import type { Caller, SourceOverview, SummaryGroup } from "../gen/redrive/v1/planner_pb";
-import { fmtTime, num } from "../format";
+import { clip, fmtTime, num } from "../format";
 import { useLoad } from "../hooks";
 import { hashWith, navigate } from "../router";
 import { errorNeedle } from "../selector";
@@ -125,7 +125,7 @@ function SourceBlock({ s, groups }: { s: SourceOverview; groups: SummaryGroup[] 
 function KeyPart({ label, value }: { label: string; value: string | undefined }) {
   return (
     <span class="key-part">
-      <span class="muted">{label}</span> <span class="mono">{value || "—"}</span>
+      <span class="muted">{label}</span> <span class="mono">{clip(value || "—", 200)}</span>
     </span>
   );
 }

@@ -1,14 +1,16 @@
 // Sign-in: a bearer token (a JWT or a static token), kept in sessionStorage.
 import { useState } from "preact/hooks";
+import { tokenProblem } from "../api";
 
 export function SignIn({ onSubmit }: { onSubmit: (token: string) => void }) {
   const [token, setToken] = useState("");
+  const problem = tokenProblem(token.trim());
   return (
     <form
       class="signin"
       onSubmit={(e) => {
         e.preventDefault();
-        onSubmit(token.trim());
+        if (problem === null) onSubmit(token.trim());
       }}
     >
       <h1>Redrive console</h1>
@@ -23,7 +25,12 @@ export function SignIn({ onSubmit }: { onSubmit: (token: string) => void }) {
           onInput={(e) => setToken(e.currentTarget.value)}
         />
       </label>
-      <button type="submit" class="primary" data-testid="signin-submit">
+      {problem && (
+        <p class="invalid" data-testid="signin-problem" role="alert">
+          {problem}
+        </p>
+      )}
+      <button type="submit" class="primary" data-testid="signin-submit" disabled={problem !== null}>
         Sign in
       </button>
       <p class="muted">The token stays in this tab (sessionStorage) and is sent as an authorization header.</p>

@@ -11,6 +11,13 @@
 //! that forbid framing and content sniffing (OWASP Secure Headers). No cookie
 //! is set or read: a call is authorized by its `authorization` header only,
 //! which a cross-site request cannot add (no CSRF).
+//!
+//! Without authentication, a page of any site whose name resolves to this
+//! machine (DNS rebinding) would be the console's own origin, and every call
+//! would be allowed. So then a browser's request (one with `Origin` or
+//! `Sec-Fetch-*` headers, or a `GET`) is answered only when its `Host` is an
+//! IP address or `localhost`: `403 Forbidden` otherwise. gRPC clients send
+//! neither header and are not affected.
 
 use std::task::{Context, Poll};
 
@@ -101,15 +108,72 @@ fn answer<B: Default + From<&'static [u8]>>(method: &Method, path: &str) -> http
     response
 }
 
+/// Whether `host` (a `Host` header or an authority, `name[:port]`) names
+/// the machine by address: an IP literal (`127.0.0.1`, `[::1]`) or
+/// `localhost`, which no other site's DNS can rebind.
+pub fn is_address_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// Whether `request` comes from a browser: a `GET` or `HEAD`, or a request
+/// with the `Origin` or `Sec-Fetch-Site` header browsers add (WHATWG Fetch).
+fn from_browser<B>(request: &http::Request<B>) -> bool {
+    let method = request.method();
+    *method == Method::GET
+        || *method == Method::HEAD
+        || request.headers().contains_key(header::ORIGIN)
+        || request.headers().contains_key("sec-fetch-site")
+}
+
+/// The host `request` was sent to: `:authority` (HTTP/2), else `Host`.
+fn host_of<B>(request: &http::Request<B>) -> String {
+    request
+        .uri()
+        .authority()
+        .map(|authority| authority.as_str().to_owned())
+        .or_else(|| {
+            request
+                .headers()
+                .get(header::HOST)
+                .and_then(|host| host.to_str().ok())
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
 /// The tower layer serving the console to `GET` and `HEAD`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ConsoleLayer;
+pub struct ConsoleLayer {
+    /// Refuse browsers' requests to a host that is not an address (the
+    /// planner runs without authentication).
+    address_hosts_only: bool,
+}
+
+impl ConsoleLayer {
+    /// The layer; `authenticated`: whether callers must authenticate (when
+    /// not, browsers are answered at an address or `localhost` only).
+    pub fn new(authenticated: bool) -> Self {
+        Self {
+            address_hosts_only: !authenticated,
+        }
+    }
+}
 
 impl<S> Layer<S> for ConsoleLayer {
     type Service = ConsoleService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConsoleService { inner }
+        ConsoleService {
+            inner,
+            address_hosts_only: self.address_hosts_only,
+        }
     }
 }
 
@@ -117,6 +181,24 @@ impl<S> Layer<S> for ConsoleLayer {
 #[derive(Debug, Clone)]
 pub struct ConsoleService<S> {
     inner: S,
+    address_hosts_only: bool,
+}
+
+/// `403 Forbidden` for a browser's request to `host` of a planner without
+/// authentication.
+fn rebinding_refused(host: &str) -> http::Response<tonic::body::Body> {
+    let text = format!(
+        "this planner runs without authentication: browsers are answered at an IP address or localhost only, not at {host:?} (DNS rebinding; docs/console.md)\n"
+    );
+    let mut response = http::Response::new(tonic::body::Body::new(http_body_util::Full::new(
+        bytes::Bytes::from(text),
+    )));
+    *response.status_mut() = StatusCode::FORBIDDEN;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
 }
 
 impl<S, RequestBody> Service<http::Request<RequestBody>> for ConsoleService<S>
@@ -132,6 +214,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
+        if self.address_hosts_only && from_browser(&request) {
+            let host = host_of(&request);
+            if !is_address_host(&host) {
+                return Either::Right(ready(Ok(rebinding_refused(&host))));
+            }
+        }
         let method = request.method();
         if *method == Method::GET || *method == Method::HEAD {
             let response = answer::<AssetBody>(method, request.uri().path());
@@ -156,6 +244,31 @@ impl From<&'static [u8]> for AssetBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_addresses_and_localhost_are_address_hosts() {
+        for host in [
+            "127.0.0.1",
+            "127.0.0.1:50151",
+            "[::1]:50151",
+            "[::1]",
+            "localhost",
+            "LOCALHOST:8080",
+            "10.1.2.3:443",
+        ] {
+            assert!(is_address_host(host), "{host}");
+        }
+        for host in [
+            "rebind.evil.example:50472",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:50151",
+            "",
+            "[evil]:1",
+        ] {
+            assert!(!is_address_host(host), "{host}");
+        }
+    }
 
     #[test]
     fn every_answer_forbids_inline_code_and_framing() {

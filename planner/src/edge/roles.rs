@@ -6,7 +6,7 @@
 //! | role | may call |
 //! | --- | --- |
 //! | any principal | `GetCaller` (who it is, its roles) |
-//! | `viewer` | listings, lookups, summaries, sources, prechecks' reports and items, plans and their previews, compensations, the audit, `WatchPlan` |
+//! | `viewer` | listings, lookups, summaries, sources, prechecks' reports and items, plans and their previews, compensations, the audit and its events, `WatchPlan` |
 //! | `operator` | `IngestDeadLetters`, `ArchiveDeadLetters`, `UnarchiveDeadLetters`, `RekeyDeadLetters`, `RunPrecheck`, `CreatePlan`, `PausePlan`, `ResumePlan`, `CancelPlan`, `ReplayDeadLetter`, `RepairDeadLetter` |
 //! | `approver` | `ApprovePlan`, `PromotePlan` |
 //! | `executor` | the `redrive.v1.Coordinator` service, and nothing else |

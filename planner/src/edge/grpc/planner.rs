@@ -517,12 +517,17 @@ impl Planner for PlannerGrpc {
     ) -> Result<Response<v1::ListAuditEventsResponse>, Status> {
         let request = request.into_inner();
         let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
-        let actions = enum_names(&request.actions, "actions", "not an audit action", |value| {
-            v1::AuditAction::try_from(value)
-                .ok()
-                .filter(|action| *action != v1::AuditAction::Unspecified)
-                .map(v1::AuditAction::name)
-        })?;
+        let actions = enum_names(
+            &request.actions,
+            "actions",
+            "not an audit action",
+            |value| {
+                v1::AuditAction::try_from(value)
+                    .ok()
+                    .filter(|action| *action != v1::AuditAction::Unspecified)
+                    .map(v1::AuditAction::name)
+            },
+        )?;
         Ok(Response::new(
             audit::events(
                 &self.state.store,
