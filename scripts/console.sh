@@ -2,8 +2,9 @@
 # Builds the operator console's page (console/dist/, which the planner compiles
 # in): npm ci (pinned by console/package-lock.json), the API's code generation
 # from proto/, and the esbuild bundle. With --check (CI), builds into a
-# scratch copy and fails when the result differs from the committed
-# console/dist/ or console/src/gen/ (docs/console.md).
+# scratch copy, type-checks it and runs its unit tests, and fails when the
+# result differs from the committed console/dist/ or console/src/gen/
+# (docs/console.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check=false
@@ -31,7 +32,8 @@ if $check; then
   cp -a proto "$scratch/repo/proto"
   rsync -a --exclude node_modules console/ "$scratch/repo/console/" 2>/dev/null ||
     (mkdir -p "$scratch/repo/console" && tar -C console --exclude node_modules -cf - . | tar -C "$scratch/repo/console" -xf -)
-  (cd "$scratch/repo/console" && npm ci --no-audit --no-fund --loglevel=error && npm run --silent gen && npm run --silent build)
+  (cd "$scratch/repo/console" && npm ci --no-audit --no-fund --loglevel=error && npm run --silent gen &&
+    npm run --silent build && npm run --silent check && npm test --silent >/dev/null)
   if ! diff -r console/dist "$scratch/repo/console/dist" >/dev/null ||
     ! diff -r console/src/gen "$scratch/repo/console/src/gen" >/dev/null; then
     diff -r console/dist "$scratch/repo/console/dist" | head -20 >&2 || true
