@@ -363,18 +363,7 @@ pub async fn events(
     page_size: u32,
     token: &str,
 ) -> Result<v1::ListAuditEventsResponse, Error> {
-    use crate::dead_letters::inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
-    if page_size > MAX_PAGE_SIZE {
-        return Err(Error::invalid(
-            "page_size",
-            format!("at most {MAX_PAGE_SIZE}"),
-        ));
-    }
-    let page_size = if page_size == 0 {
-        DEFAULT_PAGE_SIZE
-    } else {
-        page_size
-    };
+    let page_size = crate::ids::page_size(page_size)?;
     let token = crate::ids::PageToken::parse(token)?;
     // NotFound for a plan that does not exist, rather than an empty page.
     crate::plan::get(store, plan_id).await?;

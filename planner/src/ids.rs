@@ -33,6 +33,26 @@ impl InvalidId {
 }
 
 /// One page of `rows`, which were fetched as `page_size + 1`: the first
+/// Rows a listing RPC answers per page when the request says 0.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// A listing request's `page_size`: 0 means [`DEFAULT_PAGE_SIZE`]; more than
+/// [`redrive_proto::limits::MAX_PAGE_SIZE`] is refused.
+///
+/// # Errors
+/// [`InvalidId`] naming `page_size`.
+pub fn page_size(requested: u32) -> Result<u32, InvalidId> {
+    use redrive_proto::limits::MAX_PAGE_SIZE;
+    match requested {
+        0 => Ok(DEFAULT_PAGE_SIZE),
+        size if size > MAX_PAGE_SIZE => Err(InvalidId::new(
+            "page_size",
+            format!("at most {MAX_PAGE_SIZE}"),
+        )),
+        size => Ok(size),
+    }
+}
+
 /// `page_size` rows and whether another page follows (the extra row says
 /// so). A full last page thus gets no next page token, so following a token
 /// never yields an empty page.

@@ -330,13 +330,7 @@ pub async fn list(
                 Error::invalid("page_token", "not a token from a previous answer")
             })?)
         };
-    if page_size > crate::dead_letters::inspect::MAX_PAGE_SIZE {
-        return Err(Error::invalid(
-            "page_size",
-            format!("at most {}", crate::dead_letters::inspect::MAX_PAGE_SIZE),
-        ));
-    }
-    let page_size = if page_size == 0 { 100 } else { page_size };
+    let page_size = crate::ids::page_size(page_size)?;
     let rows = store
         .list_plans(states, kinds, before, page_size + 1)
         .await?;

@@ -32,7 +32,6 @@ use tracing::{Instrument as _, info};
 
 use self::report::Classified;
 use crate::{
-    dead_letters::inspect::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE},
     dead_letters::selector::{Selector, Status},
     error::Error,
     ids::{PageToken, PlanId, PrecheckId},
@@ -248,17 +247,7 @@ pub async fn list_items(
     plan_id: Option<PlanId>,
 ) -> Result<(Vec<v1::PrecheckItem>, String), Error> {
     get(store, id).await?;
-    if page_size > MAX_PAGE_SIZE {
-        return Err(Error::invalid(
-            "page_size",
-            format!("at most {MAX_PAGE_SIZE}"),
-        ));
-    }
-    let page_size = if page_size == 0 {
-        DEFAULT_PAGE_SIZE
-    } else {
-        page_size
-    };
+    let page_size = crate::ids::page_size(page_size)?;
     let rows = store
         .list_precheck_items(
             id,

@@ -25,10 +25,8 @@ pub struct Browser {
 }
 
 /// The CSS selector of `data-testid` `id`.
-pub fn testid(id: &str) -> Locator<'static> {
-    Locator::Css(Box::leak(
-        format!("[data-testid=\"{id}\"]").into_boxed_str(),
-    ))
+pub fn testid(id: &str) -> String {
+    format!("[data-testid=\"{id}\"]")
 }
 
 impl Browser {
@@ -112,7 +110,7 @@ impl Browser {
         self.client
             .wait()
             .at_most(WAIT)
-            .for_element(testid(id))
+            .for_element(Locator::Css(&testid(id)))
             .await
             .with_context(|| format!("no [data-testid={id}] within {WAIT:?}"))
     }
@@ -122,7 +120,7 @@ impl Browser {
     /// # Errors
     /// WebDriver failed.
     pub async fn all(&self, id: &str) -> anyhow::Result<Vec<Element>> {
-        Ok(self.client.find_all(testid(id)).await?)
+        Ok(self.client.find_all(Locator::Css(&testid(id))).await?)
     }
 
     /// Whether an element `id` is there now.

@@ -40,7 +40,7 @@ pub(super) async fn session(
     // connection closed while it was being set up, so every wait of the
     // session also ends with the relay (never, unguarded).
     let lost = guard.as_ref().map(guard::Guard::ended).unwrap_or_default();
-    let (connection, channel, mut consumer) = tokio::select! {
+    let (connection, channel, mut consumer, depth_probe) = tokio::select! {
         // A setup that ended (a missing queue, a stream) says why first.
         biased;
         setup = consume(config, queue, uri, consumed) => setup?,
@@ -69,7 +69,7 @@ pub(super) async fn session(
 
     let depth = tokio::spawn(
         read_depth(
-            connection.create_channel().await?,
+            depth_probe,
             queue.to_owned(),
             config.status.clone(),
             session_over.clone(),
@@ -128,15 +128,18 @@ async fn through_guard(
 
 /// Connects to `uri`, checks that `queue` can be captured ([`check_queue`])
 /// and consumes it with the configured prefetch. `consumed` is set once
-/// deliveries may come.
+/// deliveries may come. Also returns a channel of its own for
+/// [`read_depth`], opened here so that the session's setup is the only
+/// wait the guard's end must cut.
 async fn consume(
     config: &CaptureConfig,
     queue: &str,
     uri: AMQPUri,
     consumed: &mut bool,
-) -> Result<(Connection, lapin::Channel, lapin::Consumer), CaptureError> {
+) -> Result<(Connection, lapin::Channel, lapin::Consumer, lapin::Channel), CaptureError> {
     let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
     check_queue(&connection, queue).await?;
+    let depth_probe = connection.create_channel().await?;
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(config.prefetch, BasicQosOptions::default())
@@ -153,7 +156,7 @@ async fn consume(
             FieldTable::default(),
         )
         .await?;
-    Ok((connection, channel, consumer))
+    Ok((connection, channel, consumer, depth_probe))
 }
 
 /// Whether `queue` can be captured: it exists and is not a stream. Asked on

@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// Default and maximum page sizes of `ListDeadLetters`.
-pub const DEFAULT_PAGE_SIZE: u32 = 100;
+pub use crate::ids::DEFAULT_PAGE_SIZE;
 pub use redrive_proto::limits::MAX_PAGE_SIZE;
 
 /// One page of dead letters without bodies, and the token of the next page
@@ -26,17 +26,7 @@ pub async fn list(
     page_size: u32,
     token: PageToken,
 ) -> Result<(Vec<v1::DeadLetter>, String), Error> {
-    if page_size > MAX_PAGE_SIZE {
-        return Err(Error::invalid(
-            "page_size",
-            format!("at most {MAX_PAGE_SIZE}"),
-        ));
-    }
-    let mut page_size = if page_size == 0 {
-        DEFAULT_PAGE_SIZE
-    } else {
-        page_size
-    };
+    let mut page_size = crate::ids::page_size(page_size)?;
     if let Some(limit) = selector.limit {
         let remaining = limit.saturating_sub(token.returned);
         page_size = page_size.min(u32::try_from(remaining).unwrap_or(u32::MAX));
