@@ -16,6 +16,7 @@
 //! | `--id ID` (repeatable) | `ids`: only these dead letters |
 //! | `--status S` | `status`: `open`, `archived`, `replayed` or `all` (default: everything not archived) |
 //! | `--error-contains TEXT` | `error_contains`: the error text contains TEXT, case-insensitively |
+//! | `--error-group FINGERPRINT` (repeatable) | `error_groups`: exactly this error fingerprint, as the `error` summary column and `dead-letters show` print it |
 //! | `--body /POINTER=VALUE` (repeatable) | `body_matches`: the JSON body has VALUE at the RFC 6901 pointer (split at the first `=`) |
 //!
 //! Repeated values of one flag match any of them; different flags all narrow.
@@ -100,6 +101,12 @@ pub struct SelectorArgs {
     /// Only dead letters whose error text contains TEXT (case-insensitive).
     #[arg(long, value_name = "TEXT", value_parser = parse_error_contains)]
     pub error_contains: Option<String>,
+
+    /// Only dead letters with this error fingerprint, exactly as `dead-letters
+    /// summary --by error` prints it (e.g. `rejected: Timeout after <n> ms`);
+    /// repeatable.
+    #[arg(long = "error-group", value_name = "FINGERPRINT")]
+    pub error_groups: Vec<String>,
 
     /// Only dead letters whose JSON body has VALUE at the JSON pointer
     /// (RFC 6901, e.g. `/order/status=paid`); repeatable, all must match. A
@@ -189,6 +196,7 @@ impl SelectorArgs {
             ids: self.ids.clone(),
             status: self.status.as_deref().map_or(0, |name| status(name).into()),
             error_contains: self.error_contains.clone().unwrap_or_default(),
+            error_groups: self.error_groups.clone(),
             body_matches: self
                 .body_matches
                 .iter()
@@ -259,6 +267,8 @@ mod tests {
             "archived",
             "--error-contains",
             "Timeout",
+            "--error-group",
+            "rejected: Timeout after <n> ms",
             "--body",
             "/order/status=paid=yes",
         ])
@@ -279,6 +289,7 @@ mod tests {
                 ids: vec![],
                 status: v1::DeadLetterStatus::Archived.into(),
                 error_contains: "Timeout".into(),
+                error_groups: vec!["rejected: Timeout after <n> ms".into()],
                 body_matches: vec![v1::BodyMatch {
                     pointer: "/order/status".into(),
                     value: "paid=yes".into(),

@@ -711,6 +711,7 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
             v1::PlanControlRequest {
                 plan_id: "plan-done".into(),
                 reason: reason.into(),
+                ..Default::default()
             },
         )
     };
@@ -718,6 +719,7 @@ async fn plan_approve_and_controls_send_the_id_reason_and_actor() {
         PlanCall::Approve(v1::ApprovePlanRequest {
             plan_id: "plan-new".into(),
             digest: digest.into(),
+            ..Default::default()
         })
     };
     assert_eq!(

@@ -4,7 +4,7 @@ import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { BodyMatchSchema, SelectorSchema, type Selector } from "./gen/redrive/v1/messages_pb";
 
-export const FILTER_KEYS = ["source", "reason", "producer", "schema", "error", "from", "to", "body"] as const;
+export const FILTER_KEYS = ["source", "reason", "producer", "schema", "group", "error", "from", "to", "body"] as const;
 export type FilterKey = (typeof FILTER_KEYS)[number];
 export type Filters = Record<FilterKey, string>;
 
@@ -49,6 +49,7 @@ export function selectorFrom(f: Filters): Selector {
   if (f.reason) sel.reasons = [f.reason];
   if (f.producer) sel.producers = [f.producer];
   if (f.schema) sel.schemaVersions = [f.schema];
+  if (f.group) sel.errorGroups = [f.group];
   if (f.error) sel.errorContains = f.error;
   if (f.from) sel.diedFrom = localTime(f.from);
   if (f.to) sel.diedTo = localTime(f.to);
@@ -57,14 +58,4 @@ export function selectorFrom(f: Filters): Selector {
     if (m) sel.bodyMatches = [create(BodyMatchSchema, m)];
   }
   return sel;
-}
-
-/**
- * The longest literal piece of a folded error group (`timeout after <n> ms`
- * → `timeout after`), to filter by error_contains: the folded text itself
- * is in no dead letter.
- */
-export function errorNeedle(folded: string): string {
-  const pieces = folded.split(/<n>|<hex>|<uuid>/).map((p) => p.trim());
-  return pieces.reduce((a, b) => (b.length > a.length ? b : a), "");
 }

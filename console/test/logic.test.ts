@@ -4,7 +4,7 @@ import { create } from "@bufbuild/protobuf";
 import { lineDiff } from "../src/diff";
 import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
 import { fmtSpan, headerPlain, renderBody, tablePlain } from "../src/format";
-import { errorNeedle, parseBodyMatch, selectorFrom, filtersFromQuery } from "../src/selector";
+import { parseBodyMatch, selectorFrom, filtersFromQuery } from "../src/selector";
 
 const enc = new TextEncoder();
 
@@ -29,9 +29,11 @@ test("body match: pointer or dotted path, value after the first =", () => {
   assert.equal(parseBodyMatch("no equals"), null);
 });
 
-test("a folded error group filters by its longest literal piece", () => {
-  assert.equal(errorNeedle("timeout after <n> ms"), "timeout after");
-  assert.equal(errorNeedle("order <uuid> not found in shard <n>"), "not found in shard");
+test("an error fingerprint selects its group exactly", () => {
+  const q = new URLSearchParams({ source: "orders.dlq", group: "rejected: Timeout after <n> ms" });
+  const sel = selectorFrom(filtersFromQuery(q));
+  assert.deepEqual(sel.errorGroups, ["rejected: Timeout after <n> ms"]);
+  assert.equal(sel.errorContains, "");
 });
 
 test("filters from the hash query make the selector", () => {

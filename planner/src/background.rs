@@ -62,6 +62,11 @@ pub(crate) async fn start_background(
         shutdown.clone(),
     ));
     others.spawn(count_plans(store.clone(), shutdown.clone()));
+    others.spawn(count_sources(
+        store.clone(),
+        capture_status.clone(),
+        shutdown.clone(),
+    ));
     let listening = tokio::spawn(notifier.listen(store.clone(), shutdown.clone()));
     others.spawn(plan::gates::run(store.clone(), shutdown.clone()));
     if let Some(retention) = config.retention {
@@ -166,6 +171,41 @@ async fn count_plans(store: Store, shutdown: CancellationToken) {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(metrics::PLANS_COUNT_INTERVAL) => {}
+        }
+    }
+}
+
+/// Keeps the source gauges and `redrive.planner.plans.stalled` current
+/// (docs/operating.md, "Alerts"): every
+/// [`metrics::SOURCES_COUNT_INTERVAL`], records each capture queue's depth
+/// as capture last read it, and counts the dead letters per source and
+/// reason class and the stalled plans in PostgreSQL. A count that fails
+/// (PostgreSQL away) leaves the last figures of the counts (health reports
+/// the outage); the depths are recorded all the same.
+async fn count_sources(store: Store, capture_status: CaptureStatus, shutdown: CancellationToken) {
+    let queues: Vec<String> = capture_status.queues().map(str::to_owned).collect();
+    store.metrics().capture_queues_known(&queues);
+    loop {
+        let depths: Vec<(String, Option<u64>)> = queues
+            .iter()
+            .map(|queue| (queue.clone(), capture_status.depth(queue)))
+            .collect();
+        store.metrics().depths_read(&depths);
+        let readings = store.source_readings().await;
+        let stalled = store.stalled_plans(metrics::STALL_AFTER).await;
+        match (readings, stalled) {
+            (Ok(readings), Ok(stalled)) => {
+                store
+                    .metrics()
+                    .sources_counted(&readings, stalled, chrono::Utc::now());
+            }
+            (Err(error), _) | (_, Err(error)) => {
+                debug!(%error, "counting dead letters per source failed");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(metrics::SOURCES_COUNT_INTERVAL) => {}
         }
     }
 }

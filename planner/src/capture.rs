@@ -63,6 +63,11 @@ pub use self::status::CaptureStatus;
 use self::{isolate::isolate, session::session};
 use crate::{dead_letters::ExtractionRules, metrics::CaptureFailure, store::Store};
 
+/// How often capture reads its queue's depth (a passive `queue.declare` on a
+/// channel of its own): for the overview (`ListSources`) and the
+/// `redrive.planner.source.depth` gauge.
+pub const DEPTH_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Default of `--capture-batch-bytes`: a batch is written once its bodies
 /// reach this many bytes, whatever its count.
 pub const DEFAULT_BATCH_BYTES: usize = 64 * 1024 * 1024;

@@ -229,6 +229,10 @@ pub struct NewDeadLetter {
     pub producer: Option<String>,
     /// Error text (ingest field or framework header).
     pub error_text: Option<String>,
+    /// Exception or error class a framework header (or the configured
+    /// error-class header) names; with the reason class and the error text
+    /// it makes the error fingerprint (`error_group`).
+    pub error_class: Option<String>,
     /// Delivery attempts reported.
     pub attempts: Option<u32>,
     /// When it died.
@@ -288,6 +292,7 @@ impl NewDeadLetter {
         degraded.schema_version = None;
         degraded.producer = None;
         degraded.error_text = None;
+        degraded.error_class = None;
         degraded.attempts = None;
         degraded.occurred_at = None;
         degraded.died_at = self.captured_at;

@@ -17,6 +17,19 @@
 //! | `redrive.planner.plans` | gauge | `{plan}` | `redrive.plan.state`: plans in each state, counted in PostgreSQL every [`PLANS_COUNT_INTERVAL`] (so the figure is shared by every planner of the database) |
 //! | `redrive.planner.gate.trips` | counter | `{trip}` | `redrive.gate.action` (`pause`, `abort`) |
 //! | `redrive.planner.leases.expired` | counter | `{lease}` | none |
+//! | `redrive.planner.source.depth` | gauge | `{message}` | `redrive.source`: messages ready in the capture queue, read by a passive `queue.declare` every [`crate::capture::DEPTH_INTERVAL`] |
+//! | `redrive.planner.source.stored` | gauge | `{dead_letter}` | `redrive.source` |
+//! | `redrive.planner.source.open` | gauge | `{dead_letter}` | `redrive.source`, `redrive.reason_class`: neither archived nor replayed |
+//! | `redrive.planner.source.arrivals` | gauge | `{dead_letter}/s` | `redrive.source`: stored over the last minute, per second |
+//! | `redrive.planner.source.oldest_open_age` | gauge | `s` | `redrive.source`: since the oldest open dead letter died (0: none open) |
+//! | `redrive.planner.plans.stalled` | gauge | `{plan}` | none: plans publishing without an audit event or operator action for [`STALL_AFTER`] |
+//!
+//! The `source` gauges and `plans.stalled` are counted in PostgreSQL every
+//! [`SOURCES_COUNT_INTERVAL`] (the same figures on every replica); a source
+//! or class that empties drops to 0 rather than keeping its last figure.
+//!
+//! | instrument | kind | unit | attributes |
+//! | --- | --- | --- | --- |
 //! | `redrive.planner.outcomes.refused` | counter | `{outcome}` | `redrive.refusal.reason` (`unmarked`, `stale_token`, `lease_ended`, `lease_expired`, `not_in_slice`, `unknown_lease`): reported outcomes refused as late or forged |
 
 use std::{collections::HashMap, time::Duration};
@@ -50,6 +63,23 @@ pub const PLAN_TRANSITIONS: &str = "redrive.planner.plan.transitions";
 pub const PLANS: &str = "redrive.planner.plans";
 /// How often [`PLANS`] is counted in PostgreSQL.
 pub const PLANS_COUNT_INTERVAL: Duration = Duration::from_secs(10);
+/// Gauge: DLQ depth per capture source.
+pub const SOURCE_DEPTH: &str = "redrive.planner.source.depth";
+/// Gauge: dead letters stored per source.
+pub const SOURCE_STORED: &str = "redrive.planner.source.stored";
+/// Gauge: open dead letters per source and reason class.
+pub const SOURCE_OPEN: &str = "redrive.planner.source.open";
+/// Gauge: dead letters stored per second over the last minute, per source.
+pub const SOURCE_ARRIVALS: &str = "redrive.planner.source.arrivals";
+/// Gauge: seconds since the oldest open dead letter of a source died.
+pub const SOURCE_OLDEST_OPEN_AGE: &str = "redrive.planner.source.oldest_open_age";
+/// Gauge: plans publishing that made no progress for [`STALL_AFTER`].
+pub const PLANS_STALLED: &str = "redrive.planner.plans.stalled";
+/// How often the source gauges and [`PLANS_STALLED`] are counted.
+pub const SOURCES_COUNT_INTERVAL: Duration = Duration::from_secs(10);
+/// A plan publishing without an audit event or operator action for this
+/// long is stalled.
+pub const STALL_AFTER: Duration = Duration::from_secs(300);
 /// Gates that paused or aborted a plan.
 pub const GATE_TRIPS: &str = "redrive.planner.gate.trips";
 /// Leases that expired unreported.
@@ -118,6 +148,7 @@ pub struct PlannerMetrics {
     items: Counter<u64>,
     plan_transitions: Counter<u64>,
     plans: Gauge<u64>,
+    sources: SourceGauges,
     gate_trips: Counter<u64>,
     leases_expired: Counter<u64>,
     outcomes_refused: Counter<u64>,
@@ -202,6 +233,39 @@ impl PlannerMetrics {
                 .with_unit("{plan}")
                 .with_description("Plans in each state")
                 .build(),
+            sources: SourceGauges {
+                depth: meter
+                    .u64_gauge(SOURCE_DEPTH)
+                    .with_unit("{message}")
+                    .with_description("Messages ready in the capture queue (passive queue.declare)")
+                    .build(),
+                stored: meter
+                    .u64_gauge(SOURCE_STORED)
+                    .with_unit("{dead_letter}")
+                    .with_description("Dead letters stored from the source")
+                    .build(),
+                open: meter
+                    .u64_gauge(SOURCE_OPEN)
+                    .with_unit("{dead_letter}")
+                    .with_description("Dead letters neither archived nor replayed, by reason class")
+                    .build(),
+                arrivals: meter
+                    .f64_gauge(SOURCE_ARRIVALS)
+                    .with_unit("{dead_letter}/s")
+                    .with_description("Dead letters stored per second over the last minute")
+                    .build(),
+                oldest_open_age: meter
+                    .f64_gauge(SOURCE_OLDEST_OPEN_AGE)
+                    .with_unit("s")
+                    .with_description("Time since the oldest open dead letter died")
+                    .build(),
+                stalled: meter
+                    .u64_gauge(PLANS_STALLED)
+                    .with_unit("{plan}")
+                    .with_description("Plans publishing that made no progress for 5 minutes")
+                    .build(),
+                seen: std::sync::Arc::default(),
+            },
             gate_trips: counter(GATE_TRIPS, "{trip}", "Gates that paused or aborted a plan"),
             leases_expired: counter(
                 LEASES_EXPIRED,
@@ -382,4 +446,127 @@ impl PlannerMetrics {
                 .add(count, &[KeyValue::new("redrive.refusal.reason", reason)]);
         }
     }
+}
+
+/// The source gauges and [`PLANS_STALLED`]; remembers which series it
+/// recorded, so that a series whose source or class is gone drops to 0.
+#[derive(Debug, Clone)]
+struct SourceGauges {
+    depth: Gauge<u64>,
+    stored: Gauge<u64>,
+    open: Gauge<u64>,
+    arrivals: Gauge<f64>,
+    oldest_open_age: Gauge<f64>,
+    stalled: Gauge<u64>,
+    /// (source, reason class) series of `open`, and sources, recorded last.
+    seen: std::sync::Arc<std::sync::Mutex<SeenSeries>>,
+}
+
+/// The series [`SourceGauges`] recorded at its last count.
+#[derive(Debug, Default)]
+struct SeenSeries {
+    classes: std::collections::BTreeSet<(String, String)>,
+    sources: std::collections::BTreeSet<String>,
+}
+
+impl PlannerMetrics {
+    /// The capture queues, at start: their `captured` and `redead`
+    /// counters and `leases.expired` start at 0, so that the first increase
+    /// after a start is an increase to Prometheus (`increase()` of a series
+    /// that appears at 1 is 0).
+    pub fn capture_queues_known(&self, queues: &[String]) {
+        for queue in queues {
+            let source = [KeyValue::new("redrive.source", queue.clone())];
+            self.captured.add(0, &source);
+            self.redead.add(0, &source);
+        }
+        self.leases_expired.add(0, &[]);
+    }
+
+    /// Each capture queue's `depths` as capture last read them (`None`: not
+    /// read yet, left out).
+    pub fn depths_read(&self, depths: &[(String, Option<u64>)]) {
+        for (queue, depth) in depths {
+            if let Some(depth) = depth {
+                self.sources
+                    .depth
+                    .record(*depth, &[KeyValue::new("redrive.source", queue.clone())]);
+            }
+        }
+    }
+
+    /// One count of the sources: `readings` per source and reason class
+    /// (`crate::store::sources::SourceReading`) and the `stalled` plans.
+    /// Series absent from this count but recorded before are set to 0.
+    pub fn sources_counted(
+        &self,
+        readings: &[crate::store::sources::SourceReading],
+        stalled: u64,
+        now: chrono::DateTime<chrono::Utc>,
+    ) {
+        let gauges = &self.sources;
+        gauges.stalled.record(stalled, &[]);
+        let mut per_source: std::collections::BTreeMap<
+            &str,
+            (u64, u64, Option<chrono::DateTime<chrono::Utc>>),
+        > = std::collections::BTreeMap::new();
+        let mut classes = std::collections::BTreeSet::new();
+        for reading in readings {
+            let entry = per_source.entry(reading.source.as_str()).or_default();
+            entry.0 += reading.stored;
+            entry.1 += reading.recent;
+            entry.2 = match (entry.2, reading.oldest_open) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            gauges.open.record(
+                reading.open,
+                &[
+                    KeyValue::new("redrive.source", reading.source.clone()),
+                    KeyValue::new("redrive.reason_class", reading.reason_class.clone()),
+                ],
+            );
+            classes.insert((reading.source.clone(), reading.reason_class.clone()));
+        }
+        for (source, (stored, recent, oldest_open)) in &per_source {
+            let attributes = [KeyValue::new("redrive.source", (*source).to_owned())];
+            gauges.stored.record(*stored, &attributes);
+            gauges
+                .arrivals
+                .record(recent_per_second(*recent), &attributes);
+            let age = oldest_open.map_or(0.0, |oldest| {
+                (now - oldest).to_std().unwrap_or_default().as_secs_f64()
+            });
+            gauges.oldest_open_age.record(age, &attributes);
+        }
+        let sources: std::collections::BTreeSet<String> = per_source
+            .keys()
+            .map(|source| (*source).to_owned())
+            .collect();
+        let Ok(mut seen) = gauges.seen.lock() else {
+            return;
+        };
+        for (source, class) in seen.classes.difference(&classes) {
+            gauges.open.record(
+                0,
+                &[
+                    KeyValue::new("redrive.source", source.clone()),
+                    KeyValue::new("redrive.reason_class", class.clone()),
+                ],
+            );
+        }
+        for source in seen.sources.difference(&sources) {
+            let attributes = [KeyValue::new("redrive.source", source.clone())];
+            gauges.stored.record(0, &attributes);
+            gauges.arrivals.record(0.0, &attributes);
+            gauges.oldest_open_age.record(0.0, &attributes);
+        }
+        *seen = SeenSeries { classes, sources };
+    }
+}
+
+/// Arrivals per second of `recent` dead letters stored in the last
+/// [`crate::store::sources::ARRIVALS_WINDOW_SECONDS`].
+fn recent_per_second(recent: u64) -> f64 {
+    recent as f64 / f64::from(crate::store::sources::ARRIVALS_WINDOW_SECONDS)
 }

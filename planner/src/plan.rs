@@ -226,9 +226,12 @@ pub async fn get(store: &Store, plan_id: PlanId) -> Result<v1::Plan, Error> {
 /// # Errors
 /// `NotFound`; `FailedPrecondition` for a wrong digest, a plan not awaiting
 /// approval (approving twice), a precheck that started more than
-/// `max_precheck_age` ago (the planner's `--max-precheck-age`), or dead letters
+/// `max_precheck_age` ago (the planner's `--max-precheck-age`), dead letters
 /// of the plan replayed by another plan or repaired since its precheck (each
-/// message says to run the precheck again); `PermissionDenied` when
+/// message says to run the precheck again), or, without `override_arrivals`
+/// (its reason), dead letters failing like the plan's own that died since its
+/// precheck (docs/replay.md, "Still arriving": the message gives how many,
+/// since when and the newest one's error); `PermissionDenied` when
 /// `four_eyes` is on and the approver created the plan (the users compared,
 /// [`crate::edge::auth::recorded_user`]: a delegated `portal-x for alice` is
 /// alice); store errors.
@@ -239,6 +242,7 @@ pub async fn approve(
     actor: &str,
     four_eyes: bool,
     max_precheck_age: Duration,
+    override_arrivals: Option<&str>,
 ) -> Result<v1::Plan, Error> {
     let plan = get(store, plan_id).await?;
     // The people, not the principals: `portal-x for alice` is alice.
@@ -291,6 +295,24 @@ pub async fn approve(
             "dead letters of plan {plan_id} changed since its precheck {precheck_id}: {}; {again}",
             changes.join("; ")
         )));
+    }
+    match (&check.arrivals, override_arrivals) {
+        (Some((_, evidence)), None) => {
+            return Err(Error::FailedPrecondition(format!(
+                "still arriving: {evidence}; the cause of these failures may not be fixed: fix \
+                 it, then {again} (the new precheck takes the new dead letters in); or approve \
+                 with override_arrivals and a reason (redrivectl plan approve --override-arrivals \
+                 --reason ...) to replay regardless"
+            )));
+        }
+        (arrivals, Some(reason)) => {
+            let figures = arrivals
+                .as_ref()
+                .map_or_else(|| "none yet".to_owned(), |(_, evidence)| evidence.clone());
+            tx.override_arrivals(plan_id, actor, &format!("{reason} (arrivals: {figures})"))
+                .await?;
+        }
+        (None, None) => {}
     }
     match tx.transition(plan_id, Event::Approve, actor, "").await? {
         Moved::To(_) => {}
@@ -376,20 +398,44 @@ impl Control {
     }
 }
 
-/// Applies `control` to a plan, recording the actor and reason.
+/// Applies `control` to a plan, recording the actor and reason; a resume
+/// with `override_arrivals` also turns the plan's arrivals gate off
+/// (operator action `override_arrivals`).
 ///
 /// # Errors
 /// `NotFound`; `FailedPrecondition` when the plan's state does not allow it
-/// (naming the state); store errors.
+/// (naming the state); `InvalidArgument` for `override_arrivals` on another
+/// control or without a reason; store errors.
 pub async fn control(
     store: &Store,
     plan_id: PlanId,
     control: Control,
     actor: &str,
     reason: &str,
+    override_arrivals: bool,
 ) -> Result<v1::Plan, Error> {
     let event = control.event();
-    match store.transition_plan(plan_id, event, actor, reason).await? {
+    if override_arrivals {
+        if control != Control::Resume {
+            return Err(Error::invalid(
+                "override_arrivals",
+                "only a resume can override the arrivals",
+            ));
+        }
+        if reason.trim().is_empty() {
+            return Err(Error::invalid(
+                "reason",
+                "required with override_arrivals: why the plan may go on while such dead letters keep arriving",
+            ));
+        }
+    }
+    let mut tx = store.begin().await?;
+    let moved = tx.transition(plan_id, event, actor, reason).await?;
+    if override_arrivals && matches!(moved, Moved::To(_)) {
+        tx.override_arrivals(plan_id, actor, reason).await?;
+    }
+    tx.commit().await?;
+    match moved {
         Moved::NotFound => Err(Error::NotFound(format!("plan {plan_id} not found"))),
         Moved::To(_) => get(store, plan_id).await,
         Moved::Refused(state) => Err(Error::FailedPrecondition(format!(

@@ -311,6 +311,7 @@ mod tests {
             schema_version: None,
             producer: None,
             reason_class: "rejected".into(),
+            error_group: "rejected".into(),
             occurred_at: None,
             first_died_at: now - chrono::Duration::hours(3),
             died_at: now,

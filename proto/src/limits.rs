@@ -142,6 +142,9 @@ pub const MAX_CLAIM_ITEM_BYTES: usize = MAX_GRPC_MESSAGE_BYTES - 1024 * 1024;
 /// Text fields with their own limit: (message, field, bytes). `*` stands for
 /// every string field of the message. The rest have [`MAX_TEXT_BYTES`].
 const TEXT_LIMITS: &[(&str, &str, usize)] = &[
+    // A fingerprint: a reason class, 200 characters of class and 300 of
+    // folded text, up to 4 bytes each.
+    ("redrive.v1.Selector", "error_groups", 2048),
     ("redrive.v1.Rate", "rationale", MAX_REASON_BYTES),
     ("redrive.v1.PlanControlRequest", "reason", MAX_REASON_BYTES),
     (
@@ -231,6 +234,7 @@ const REPEATED_LIMITS: &[(&str, &str, usize)] = &[
         MAX_SELECTOR_VALUES,
     ),
     ("redrive.v1.Selector", "producers", MAX_SELECTOR_VALUES),
+    ("redrive.v1.Selector", "error_groups", MAX_SELECTOR_VALUES),
     ("redrive.v1.Selector", "body_matches", 16),
     ("redrive.v1.RekeyDeadLettersRequest", "key_rules", 16),
     (

@@ -37,6 +37,7 @@ async fn round(per_second: f64, burst: u32, items: u32, cancel: bool) -> anyhow:
     let request = v1::PlanControlRequest {
         plan_id: plan.plan_id.clone(),
         reason: "stop latency benchmark".into(),
+        ..Default::default()
     };
     let called_at = Instant::now();
     let state = if cancel {

@@ -513,6 +513,7 @@ pub async fn approve(
         .approve_plan(v1::ApprovePlanRequest {
             plan_id: plan_id.to_owned(),
             digest,
+            ..Default::default()
         })
         .await?;
     Ok(())

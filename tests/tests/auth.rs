@@ -109,6 +109,7 @@ async fn plan_by(
     let approval = ApprovePlanRequest {
         plan_id: plan.plan_id.clone(),
         digest: report.digest,
+        ..Default::default()
     };
     Ok((plan, approval))
 }
@@ -681,6 +682,7 @@ async fn secure_plan(
             ApprovePlanRequest {
                 plan_id: plan.plan_id.clone(),
                 digest: report.digest,
+                ..Default::default()
             },
         ))
         .await?;

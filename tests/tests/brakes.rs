@@ -23,6 +23,7 @@ fn control(plan_id: &str, reason: &str) -> v1::PlanControlRequest {
     v1::PlanControlRequest {
         plan_id: plan_id.to_owned(),
         reason: reason.to_owned(),
+        ..Default::default()
     }
 }
 
@@ -550,6 +551,7 @@ async fn a_plan_resumed_after_its_canary_finished_goes_on_to_the_observation() -
     let control = |reason: &str| v1::PlanControlRequest {
         plan_id: plan.plan_id.clone(),
         reason: reason.to_owned(),
+        ..Default::default()
     };
     bed.client
         .pause_plan(control("looking at the canary"))

@@ -119,6 +119,12 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         "{group}"
     );
     browser.screenshot("overview").await?;
+    // The group's fingerprint selects exactly its dead letters.
+    browser.click("group-row").await?;
+    let rows = browser.at_least("dl-row", 50).await?;
+    assert_eq!(rows.len(), 50, "the group's first page");
+    let fingerprint = browser.find("filter-group").await?.prop("value").await?;
+    assert_eq!(fingerprint.as_deref(), Some("rejected"));
 
     // 2. Dead letters, paged on the server; one of them; the precheck.
     browser.click("nav-dead-letters").await?;
@@ -133,6 +139,7 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         .text_until("dl-body", "shows the order", |text| text.contains("order"))
         .await?;
     assert!(browser.text("dl-headers").await?.contains("x-death"));
+    assert_eq!(browser.text("dl-fingerprint").await?, "rejected");
     browser.screenshot("dead-letter").await?;
     browser.client.back().await?;
     browser.click("precheck-run").await?;

@@ -162,8 +162,11 @@ fn selector() -> impl Strategy<Value = Option<v1::Selector>> {
                         sources,
                         reasons,
                         destinations,
-                        event_types,
+                        event_types: event_types.clone(),
                         schema_versions: Vec::new(),
+                        // The tuple is at proptest's 12: fingerprints get
+                        // the event types' arbitrary text.
+                        error_groups: event_types,
                         producers,
                         died_from: from,
                         died_to: to,
@@ -575,7 +578,11 @@ async fn run_case(
             };
             checked(
                 name,
-                planner.approve_plan(v1::ApprovePlanRequest { plan_id, digest }),
+                planner.approve_plan(v1::ApprovePlanRequest {
+                    plan_id,
+                    digest,
+                    ..Default::default()
+                }),
             )
             .await
         }
@@ -599,6 +606,7 @@ async fn run_case(
             let request = v1::PlanControlRequest {
                 plan_id,
                 reason: d.clone(),
+                ..Default::default()
             };
             let answer = match name {
                 "PausePlan" => bounded(name, planner.pause_plan(request)).await?,

@@ -18,7 +18,8 @@ use tonic::Code;
 
 mod support;
 use support::{
-    approved_plan, as_actor, audit_report, cancel, get_plan, incident_bed, wait_completed,
+    approved_plan, as_actor, audit_report, cancel, get_plan, incident_bed, ingest, list_selected,
+    listed, precheck_selected, wait_completed,
 };
 
 type Client = v1::planner_client::PlannerClient<tonic::transport::Channel>;
@@ -41,16 +42,6 @@ fn gzip(text: &str) -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
-async fn ingest(client: &mut Client, items: Vec<IngestDeadLettersRequest>) -> anyhow::Result<()> {
-    let count = items.len() as u64;
-    let answer = client
-        .ingest_dead_letters(tokio_stream::iter(items))
-        .await?
-        .into_inner();
-    anyhow::ensure!(answer.accepted == count, "{answer:?}");
-    Ok(())
-}
-
 /// Every dead letter of `source`, whatever its status.
 fn all_of(source: &str) -> Selector {
     Selector {
@@ -63,44 +54,11 @@ fn all_of(source: &str) -> Selector {
 /// Message id → dead letter id of every dead letter of `source` (archived
 /// ones too).
 async fn ids(client: &mut Client, source: &str) -> anyhow::Result<BTreeMap<String, String>> {
-    let listed = list(client, all_of(source)).await?;
+    let listed = list_selected(client, all_of(source)).await?;
     Ok(listed
         .into_iter()
         .map(|dead_letter| (dead_letter.message_id.unwrap_or_default(), dead_letter.id))
         .collect())
-}
-
-async fn list(client: &mut Client, selector: Selector) -> anyhow::Result<Vec<v1::DeadLetter>> {
-    Ok(client
-        .list_dead_letters(ListDeadLettersRequest {
-            selector: Some(selector),
-            page_size: 1000,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner()
-        .dead_letters)
-}
-
-/// The message ids `selector` lists, sorted.
-async fn listed(client: &mut Client, selector: Selector) -> anyhow::Result<Vec<String>> {
-    let mut ids: Vec<String> = list(client, selector)
-        .await?
-        .into_iter()
-        .map(|dead_letter| dead_letter.message_id.unwrap_or_default())
-        .collect();
-    ids.sort();
-    Ok(ids)
-}
-
-async fn precheck(client: &mut Client, selector: Selector) -> anyhow::Result<v1::PrecheckReport> {
-    Ok(client
-        .run_precheck(RunPrecheckRequest {
-            selector: Some(selector),
-            options: None,
-        })
-        .await?
-        .into_inner())
 }
 
 /// The dead letter ids a precheck covered, sorted.
@@ -184,7 +142,8 @@ async fn error_groups_fold_ids_and_filters_select_exactly() -> anyhow::Result<()
         ..Default::default()
     };
 
-    // Error groups: digits, hex numbers and UUIDs folded, spaces collapsed.
+    // Error groups: the reason class, then the text with digits, hex
+    // numbers and UUIDs folded, spaces collapsed.
     let summary = bed
         .client
         .summarize_dead_letters(SummarizeDeadLettersRequest {
@@ -201,10 +160,16 @@ async fn error_groups_fold_ids_and_filters_select_exactly() -> anyhow::Result<()
     assert_eq!(
         groups,
         BTreeMap::from([
-            (String::new(), 1),
-            ("Order <n> not found".to_owned(), 2),
-            ("payment <hex>: TIMEOUT after <n> ms".to_owned(), 1),
-            ("row <uuid> locked by <hex> after <n> tries".to_owned(), 2),
+            ("rejected".to_owned(), 1),
+            ("rejected: Order <n> not found".to_owned(), 2),
+            (
+                "rejected: payment <hex>: TIMEOUT after <n> ms".to_owned(),
+                1
+            ),
+            (
+                "rejected: row <uuid> locked by <hex> after <n> tries".to_owned(),
+                2
+            ),
         ])
     );
     assert_eq!(
@@ -427,7 +392,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
         (summary.open, summary.archived, summary.replayed),
         (3, 1, 0)
     );
-    let report = precheck(&mut bed.client, everything.clone()).await?;
+    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
     assert_eq!(report.total, 3);
     let mut expected = vec![two.clone(), three.clone(), four.clone()];
     expected.sort();
@@ -475,7 +440,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
         .await?
         .into_inner();
     assert_eq!((answer.changed, answer.unchanged), (1, 1));
-    let report = precheck(&mut bed.client, everything.clone()).await?;
+    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
     assert_eq!(report.total, 4);
     assert!(precheck_ids(&mut bed.client, &report).await?.contains(one));
     let seen = shown(&mut bed.client, one).await?;
@@ -535,7 +500,7 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
     cancel(&mut bed.client, &plan.plan_id, "archive instead").await?;
     // Once the plan ended, it can; and a plan from a precheck made before
     // the archive is refused.
-    let report = precheck(&mut bed.client, everything.clone()).await?;
+    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
     bed.client
         .archive_dead_letters(archive(&[four], "not needed"))
         .await?;
@@ -592,7 +557,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
 
     // Plan A over three of them, cancelled; two of its items were sent 40
     // days ago (as an executor's report writes them).
-    let report = precheck(
+    let report = precheck_selected(
         &mut bed.client,
         Selector {
             ids: vec![
@@ -628,7 +593,7 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
     cancel(&mut bed.client, &plan_a.plan_id, "sent two by hand").await?;
 
     // Plan B, awaiting approval, holds replayed-live.
-    let report_b = precheck(
+    let report_b = precheck_selected(
         &mut bed.client,
         Selector {
             ids: vec![id("replayed-live")],
@@ -655,11 +620,12 @@ async fn retention_deletes_only_old_resolved_dead_letters() -> anyhow::Result<()
         .execute(&pool)
         .await?;
 
-    let statuses: BTreeMap<String, DeadLetterStatus> = list(&mut bed.client, all_of(&source))
-        .await?
-        .into_iter()
-        .map(|d| (d.message_id.clone().unwrap_or_default(), d.status()))
-        .collect();
+    let statuses: BTreeMap<String, DeadLetterStatus> =
+        list_selected(&mut bed.client, all_of(&source))
+            .await?
+            .into_iter()
+            .map(|d| (d.message_id.clone().unwrap_or_default(), d.status()))
+            .collect();
     assert_eq!(statuses["open"], DeadLetterStatus::Open);
     assert_eq!(statuses["replayed-old"], DeadLetterStatus::Replayed);
     assert_eq!(statuses["replayed-live"], DeadLetterStatus::Replayed);
@@ -795,7 +761,7 @@ async fn retention_after_a_real_replay_keeps_the_audit() -> anyhow::Result<()> {
         5
     );
     assert!(
-        list(&mut bed.client, all_of(&incident.dlq))
+        list_selected(&mut bed.client, all_of(&incident.dlq))
             .await?
             .is_empty()
     );

@@ -579,6 +579,7 @@ async fn reasons_are_bounded_and_plans_stay_readable() -> anyhow::Result<()> {
             .cancel_plan(PlanControlRequest {
                 plan_id: plan.plan_id.clone(),
                 reason,
+                ..Default::default()
             })
             .await
             .unwrap_err();
@@ -590,6 +591,7 @@ async fn reasons_are_bounded_and_plans_stay_readable() -> anyhow::Result<()> {
         .cancel_plan(PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: longest.clone(),
+            ..Default::default()
         })
         .await?;
     let read = client

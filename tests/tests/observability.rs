@@ -372,3 +372,109 @@ async fn planner_readiness_requires_every_capture_consumer() -> anyhow::Result<(
 
     bed.finish().await
 }
+
+/// The gauges of one source, as scraped: (depth, stored, open as rejected,
+/// arrivals per second, oldest open age in seconds).
+fn source_gauges(text: &str, source: &str) -> (f64, f64, f64, f64, f64) {
+    let of = |name: &str, with: &[(&str, &str)]| {
+        let mut labels = vec![("redrive_source", source)];
+        labels.extend_from_slice(with);
+        metric_total(text, name, &labels, &[])
+    };
+    (
+        of("redrive_planner_source_depth", &[]),
+        of("redrive_planner_source_stored", &[]),
+        of(
+            "redrive_planner_source_open",
+            &[("redrive_reason_class", "rejected")],
+        ),
+        of("redrive_planner_source_arrivals_per_second", &[]),
+        of("redrive_planner_source_oldest_open_age_seconds", &[]),
+    )
+}
+
+/// The alerting gauges (deploy/prometheus): a DLQ that grows while capture
+/// cannot store (PostgreSQL cut off) shows in the broker's depth, recorded
+/// even while the counts in PostgreSQL fail; once PostgreSQL is back it
+/// moves into stored and open dead letters, with arrivals and the oldest
+/// one's age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_depth_gauge_follows_a_dlq_that_grows_and_is_captured() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 0).await?;
+    let metrics = free_address().await?;
+    let dlq = incident.dlq.clone();
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
+    let db = redrive_tests::TestDb::new();
+    let database_url = db.url_via(&proxy);
+    let mut bed = TestBed::start_on(db, Some(broker), |config| {
+        capturing(config, &[&dlq]);
+        config.database_url = database_url;
+        // Capture holds at most 10 unacked: the rest waits in the DLQ, ready,
+        // where the passive declare counts it.
+        config.capture_prefetch = 10;
+        config.capture_batch_size = 10;
+        config.telemetry.metrics_listen = Some(metrics);
+    })
+    .await?;
+    let gauges =
+        || async { Ok::<_, anyhow::Error>(source_gauges(&scrape_metrics(metrics).await?, &dlq)) };
+    let depth_line = format!("redrive_planner_source_depth{{redrive_source=\"{dlq}\"");
+    wait_until("the empty DLQ's depth", Duration::from_secs(20), || async {
+        Ok(scrape_metrics(metrics).await?.contains(&depth_line))
+    })
+    .await?;
+    assert_eq!(gauges().await?.0, 0.0, "an empty DLQ");
+
+    // PostgreSQL away, 40 messages die: the DLQ grows.
+    proxy.cut();
+    let channel = bed.broker().connection.create_channel().await?;
+    for index in 0..40 {
+        channel
+            .basic_publish(
+                incident.exchange.as_str().into(),
+                "".into(),
+                Default::default(),
+                format!(r#"{{"order_id":"late-{index}"}}"#).as_bytes(),
+                lapin::BasicProperties::default().with_message_id(format!("late-{index}").into()),
+            )
+            .await?
+            .await?;
+        reject_next(&channel, &incident.work, "the message just published").await?;
+    }
+    wait_until(
+        "the depth to show the grown DLQ",
+        Duration::from_secs(30),
+        || async { Ok(gauges().await?.0 >= 30.0) },
+    )
+    .await?;
+
+    // PostgreSQL back: capture stores them, the depth falls to 0.
+    proxy.restore();
+    wait_until(
+        "capture to store all 40",
+        Duration::from_secs(60),
+        || async {
+            let (depth, stored, ..) = gauges().await?;
+            Ok(stored == 40.0 && depth == 0.0)
+        },
+    )
+    .await?;
+    let (depth, stored, open, arrivals, oldest) = gauges().await?;
+    assert_eq!((depth, stored, open), (0.0, 40.0, 40.0));
+    assert!(
+        (40.0 / 60.0 - arrivals).abs() < 1e-9,
+        "40 stored within the last minute: {arrivals}/s"
+    );
+    assert!(
+        oldest > 0.0 && oldest < 120.0,
+        "the oldest died just now: {oldest} s"
+    );
+    assert_eq!(
+        redrive_tests::stored_total(&mut bed.client, &dlq).await?,
+        40
+    );
+    channel.close(200, "done".into()).await?;
+    bed.finish().await
+}

@@ -161,6 +161,7 @@ async fn approval_refused(client: &mut PlannerClient<Channel>, plan: &v1::Plan) 
     let request = ApprovePlanRequest {
         plan_id: plan.plan_id.clone(),
         digest: plan.precheck_digest.clone(),
+        ..Default::default()
     };
     let error = client.approve_plan(request).await.unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition);
@@ -653,6 +654,7 @@ async fn an_old_or_outdated_precheck_cannot_be_approved() -> anyhow::Result<()> 
             .approve_plan(ApprovePlanRequest {
                 plan_id: plan.plan_id.clone(),
                 digest: plan.precheck_digest.clone(),
+                ..Default::default()
             })
             .await
     };

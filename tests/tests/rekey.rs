@@ -381,6 +381,7 @@ async fn a_replayed_dead_letter_stays_already_replayed_after_a_rekey() -> anyhow
         .approve_plan(v1::ApprovePlanRequest {
             plan_id: second.plan_id.clone(),
             digest: report.digest,
+            ..Default::default()
         })
         .await?;
     let executor = ExecutorHandle::start(bed.executor_config());

@@ -314,6 +314,7 @@ async fn two_routes_into_one_queue_share_one_rate() -> anyhow::Result<()> {
                 .approve_plan(ApprovePlanRequest {
                     plan_id: plan.plan_id,
                     digest: report.digest,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner(),
@@ -408,6 +409,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
                 .approve_plan(ApprovePlanRequest {
                     plan_id: plan.plan_id,
                     digest: report.digest,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner(),
@@ -698,6 +700,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: "0".repeat(64),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -706,6 +709,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest.clone(),
+            ..Default::default()
         })
         .await?;
     let twice = bed
@@ -713,6 +717,7 @@ async fn bad_requests_and_stale_fencing_tokens_are_refused() -> anyhow::Result<(
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest.clone(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -1705,6 +1710,7 @@ async fn pause_stops_publishing_within_a_heartbeat_and_resume_finishes_exactly_o
     let control = |reason: &str| v1::PlanControlRequest {
         plan_id: plan.plan_id.clone(),
         reason: reason.into(),
+        ..Default::default()
     };
     let paused = bed
         .client
@@ -1805,6 +1811,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest,
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -1848,6 +1855,7 @@ async fn the_canary_goes_first_and_the_main_wave_waits_for_promotion() -> anyhow
         .promote_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "canary looks healthy".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -1958,6 +1966,7 @@ async fn four_eyes_refuses_the_creator_as_approver() -> anyhow::Result<()> {
     let approve = || ApprovePlanRequest {
         plan_id: plan.plan_id.clone(),
         digest: report.digest.clone(),
+        ..Default::default()
     };
     let refused = bed
         .client
@@ -2031,6 +2040,7 @@ async fn an_order_cancelled_after_the_precheck_is_skipped_at_send_time() -> anyh
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest,
+            ..Default::default()
         })
         .await?;
     let executor = ExecutorHandle::start(ExecutorHandle::config(&bed.planner, None));

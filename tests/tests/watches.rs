@@ -101,6 +101,7 @@ async fn four_hundred_watches_of_one_plan_share_one_reader_and_all_see_each_chan
         .pause_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "watch test".into(),
+            ..Default::default()
         })
         .await?;
     for stream in &mut streams {
@@ -110,6 +111,7 @@ async fn four_hundred_watches_of_one_plan_share_one_reader_and_all_see_each_chan
         .cancel_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "watch test".into(),
+            ..Default::default()
         })
         .await?;
     for stream in &mut streams {
@@ -205,6 +207,7 @@ async fn three_hundred_watches_of_one_lease_share_one_reader_and_are_capped() ->
         .cancel_plan(v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: "watch test".into(),
+            ..Default::default()
         })
         .await?;
     for stream in &mut streams {

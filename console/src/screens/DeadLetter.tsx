@@ -74,6 +74,16 @@ export function DeadLetter({ caller, id }: { caller: Caller; id: string }) {
         </dd>
         <dt>Error</dt>
         <dd class="error-text">{d.errorText ?? "—"}</dd>
+        {d.errorClass && (
+          <>
+            <dt>Error class</dt>
+            <dd class="mono">{d.errorClass}</dd>
+          </>
+        )}
+        <dt>Fingerprint</dt>
+        <dd class="mono" data-testid="dl-fingerprint">
+          <a href={`#/dead-letters?source=${encodeURIComponent(d.source)}&group=${encodeURIComponent(d.errorGroup)}`}>{d.errorGroup}</a>
+        </dd>
         <dt>Destination</dt>
         <dd class="mono">{d.destination}</dd>
         <dt>Died at</dt>

@@ -23,6 +23,7 @@ const INPUTS: { key: FilterKey; label: string; testid: string; type?: string; pl
   { key: "reason", label: "Reason", testid: "filter-reason", placeholder: "rejected, expired, maxlen…" },
   { key: "producer", label: "Producer", testid: "filter-producer" },
   { key: "schema", label: "Schema version", testid: "filter-schema-version" },
+  { key: "group", label: "Error fingerprint", testid: "filter-group", placeholder: "rejected: Timeout after <n> ms" },
   { key: "error", label: "Error contains", testid: "filter-error" },
   { key: "from", label: "Died from", testid: "filter-from", type: "datetime-local" },
   { key: "to", label: "Died before", testid: "filter-to", type: "datetime-local" },

@@ -7,7 +7,6 @@ import type { Caller, SourceOverview, SummaryGroup } from "../gen/redrive/v1/pla
 import { clip, fmtTime, num } from "../format";
 import { useLoad } from "../hooks";
 import { hashWith, navigate } from "../router";
-import { errorNeedle } from "../selector";
 
 // One summary of every source, grouped by source first, asked for at the
 // same time as ListSources: the overview waits for the slower of the two,
@@ -82,7 +81,8 @@ function SourceBlock({ s, groups }: { s: SourceOverview; groups: SummaryGroup[] 
           reason: k.reason,
           producer: k.producer,
           schema: k.schema_version,
-          error: k.error ? errorNeedle(k.error) : undefined,
+          // The fingerprint selects exactly the group's dead letters.
+          group: k.error || undefined,
         });
         return (
           <tr
@@ -99,7 +99,7 @@ function SourceBlock({ s, groups }: { s: SourceOverview; groups: SummaryGroup[] 
                 <KeyPart label="reason" value={k.reason} />
                 <KeyPart label="producer" value={k.producer} />
                 <KeyPart label="schema" value={k.schema_version} />
-                <KeyPart label="error" value={k.error} />
+                <KeyPart label="fingerprint" value={k.error} />
               </a>
               {g.stillArriving && (
                 <span class="badge warn" data-testid="group-arriving">

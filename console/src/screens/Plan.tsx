@@ -15,6 +15,8 @@ import { PrecheckAge } from "./Precheck";
 
 /** The actor the planner records gate decisions under (planner/src/plan/gates.rs, GATE_ACTOR). */
 const GATE_ACTOR = "redrive-gate";
+/** How the arrivals gate's pause reason starts (planner/src/plan/gates.rs). */
+const STILL_ARRIVING = "still arriving:";
 
 /** ActionCounts' fields with their proto names (count-<name>). */
 const COUNT_FIELDS = [
@@ -245,6 +247,22 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
           control("plan-pause", `Pause plan (${num(notSent)} items not yet sent)`, "Pause", `${num(notSent)} items not yet sent`, "PausePlan")}
         {can(caller, "ResumePlan") && plan.state === PlanState.PAUSED &&
           control("plan-resume", `Resume plan (${num(notSent)} items not yet sent)`, "Resume", `${num(notSent)} items not yet sent`, "ResumePlan")}
+        {can(caller, "ResumePlan") && plan.state === PlanState.PAUSED && plan.stateReason.startsWith(STILL_ARRIVING) && (
+          <ActionButton
+            testid="plan-resume-override"
+            what="ResumePlan"
+            label="Resume despite the arrivals"
+            danger
+            dialog={{
+              title: `Resume plan ${plan.planId} despite the arrivals`,
+              count: `${num(notSent)} items not yet sent`,
+              body: <p>Dead letters failing like this plan's keep arriving; the plan will no longer pause for them. The override is recorded with your reason.</p>,
+              needsReason: true,
+              confirmLabel: "Resume despite the arrivals",
+            }}
+            run={async (reason) => setPlan(await planner.resumePlan({ planId: plan.planId, reason, overrideArrivals: true }))}
+          />
+        )}
         {can(caller, "PromotePlan") && plan.state === PlanState.OBSERVING &&
           control("plan-promote", `Promote to the main wave (${num(mainItems)} items)`, "Promote", `${num(mainItems)} main-wave items`, "PromotePlan")}
         {can(caller, "CancelPlan") && !isFinal(plan.state) &&
@@ -334,6 +352,36 @@ function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onP
               typedCount: plan.totalItems > 100n ? total : undefined,
             }}
             run={async () => onPlan(await planner.approvePlan({ planId: plan.planId, digest: plan.precheckDigest }))}
+          />
+          <ActionButton
+            testid="approve-override-button"
+            what="ApprovePlan"
+            danger
+            disabled={ownPlan}
+            label="Approve despite arrivals"
+            dialog={{
+              title: `Approve plan ${plan.planId} despite arrivals`,
+              count: `${total} items (${num(plan.canaryItems)} canary items)`,
+              body: (
+                <p>
+                  Only when the approval was refused as "still arriving" and you know why: the plan will run while dead letters
+                  failing like its own keep arriving. The override is recorded with your reason.
+                </p>
+              ),
+              needsReason: true,
+              confirmLabel: `Approve ${total} items despite arrivals`,
+              typedCount: plan.totalItems > 100n ? total : undefined,
+            }}
+            run={async (reason) =>
+              onPlan(
+                await planner.approvePlan({
+                  planId: plan.planId,
+                  digest: plan.precheckDigest,
+                  overrideArrivals: true,
+                  overrideReason: reason,
+                }),
+              )
+            }
           />
           {ownPlan && (
             <span class="invalid" data-testid="approve-disabled-reason">

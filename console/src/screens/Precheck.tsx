@@ -56,6 +56,8 @@ export function Precheck({ caller, id }: { caller: Caller; id: string }) {
         )}
       </div>
 
+      <h2>By error fingerprint</h2>
+      <BreakdownTable rows={r.byErrorGroup} />
       <h2>By reason class</h2>
       <BreakdownTable rows={r.byReasonClass} />
       <h2>By destination</h2>

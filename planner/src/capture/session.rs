@@ -251,11 +251,8 @@ async fn gather(
     }
 }
 
-/// How often capture reads its queue's depth for the overview (`ListSources`).
-const DEPTH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Reads `queue`'s depth with a passive declare on `probe` (a channel of its
-/// own) every [`DEPTH_EVERY`] into `status`, until `over` or the channel
+/// own) every [`super::DEPTH_INTERVAL`] into `status`, until `over` or the channel
 /// fails (the session's end then says why).
 async fn read_depth(
     probe: lapin::Channel,
@@ -263,7 +260,7 @@ async fn read_depth(
     status: super::CaptureStatus,
     over: CancellationToken,
 ) {
-    let mut every = tokio::time::interval(DEPTH_EVERY);
+    let mut every = tokio::time::interval(super::DEPTH_INTERVAL);
     loop {
         tokio::select! {
             () = over.cancelled() => return,

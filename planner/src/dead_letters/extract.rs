@@ -134,6 +134,7 @@ impl ExtractionRules {
             schema_version,
             producer,
             error_text: raw.error_text.or(info.error_text),
+            error_class: info.error_class,
             attempts: raw.attempts,
             first_died_at: times.first_died_at,
             died_at: times.died_at,

@@ -36,6 +36,8 @@ pub struct Selector {
     pub status: Status,
     /// Only error texts containing this, case-insensitively.
     pub error_contains: Option<String>,
+    /// Only these error fingerprints (`error_group`), exactly.
+    pub error_groups: Vec<String>,
     /// Only bodies with all these values.
     pub body_matches: Vec<BodyMatch>,
 }
@@ -181,6 +183,7 @@ impl TryFrom<v1::Selector> for Selector {
             event_types: non_empty("selector.event_types", selector.event_types)?,
             schema_versions: non_empty("selector.schema_versions", selector.schema_versions)?,
             producers: non_empty("selector.producers", selector.producers)?,
+            error_groups: non_empty("selector.error_groups", selector.error_groups)?,
             died_from,
             died_to,
             limit: match selector.limit {
@@ -250,6 +253,7 @@ impl Selector {
             && self.died_to.is_none()
             && self.ids.is_empty()
             && self.error_contains.is_none()
+            && self.error_groups.is_empty()
             && self.body_matches.is_empty()
     }
 }

@@ -281,7 +281,7 @@ fn count_refusals(store: &Store, refused: &[(&Outcome, Refusal)]) {
 
 /// Ends a lease. With `release`, or when items are left unfinished, the
 /// slice goes back to pending for another lease; otherwise it is completed,
-/// and then the gates are judged at once ([`gates::decide`]): past their
+/// and then the gates are judged at once ([`gates::decide_outcomes`]): past their
 /// threshold a plan in `main` is paused and one in `canary` aborted;
 /// otherwise the canary wave's last slice starts the observation and the
 /// plan's last slice completes the plan. All in one transaction.
@@ -308,7 +308,7 @@ pub async fn end_lease(
             .gate_reading(end.plan_id)
             .await?
             .filter(|reading| reading.state.get().is_publishing())
-            .and_then(|reading| gates::decide(&reading));
+            .and_then(|reading| gates::decide_outcomes(&reading));
         if let Some(trip) = trip {
             tx.transition(end.plan_id, trip.event, gates::GATE_ACTOR, &trip.reason)
                 .await?;

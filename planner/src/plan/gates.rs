@@ -28,6 +28,8 @@ pub const GATE_ACTOR: &str = "redrive-gate";
 pub const FAILURE_THRESHOLD: i64 = 0;
 /// Re-dead-letters tolerated.
 pub const REDEAD_THRESHOLD: i64 = 0;
+/// Dead letters failing like a plan's own, dying while it runs, tolerated.
+pub const ARRIVALS_THRESHOLD: i64 = 0;
 
 /// A tripped gate's decision: the event to execute ([`Event::GatePause`] or
 /// [`Event::Abort`], by [`state::gate_trip`]), recorded by [`GATE_ACTOR`]
@@ -49,11 +51,19 @@ impl GateTrip {
     }
 }
 
-/// The gates' one rule, used by this loop and by the completion of a slice
-/// (so that failures that become final when a slice ends are judged before
-/// the plan advances): `None` when the gates are green, else the move. A
-/// reading in `main` pauses; in any other state it aborts.
+/// The gates' one rule, used by this loop: `None` when the gates are green,
+/// else the move. Past the outcome gates ([`decide_outcomes`]), a reading
+/// in `main` pauses and in any other state aborts; arrivals pause in any
+/// wave ([`still_arriving`]).
 pub fn decide(plan: &GateReading) -> Option<GateTrip> {
+    decide_outcomes(plan).or_else(|| still_arriving(plan))
+}
+
+/// The outcome gates alone (failed or unroutable outcomes, re-dead-letters),
+/// as the end of a slice judges them: arrivals pause a running plan from
+/// the gates' loop, never the completion of its last slice (everything is
+/// sent then, nothing is left to hold back).
+pub fn decide_outcomes(plan: &GateReading) -> Option<GateTrip> {
     if plan.failures <= FAILURE_THRESHOLD && plan.redeads <= REDEAD_THRESHOLD {
         return None;
     }
@@ -67,6 +77,23 @@ pub fn decide(plan: &GateReading) -> Option<GateTrip> {
     Some(GateTrip {
         event: state::gate_trip(plan.state.get()),
         reason,
+    })
+}
+
+/// The arrivals gate (docs/replay.md, "Still arriving"): dead letters failing
+/// like the plan's own keep dying while it runs, so its cause is not fixed:
+/// the plan pauses, in any wave, with the figures.
+fn still_arriving(plan: &GateReading) -> Option<GateTrip> {
+    if plan.arrivals <= ARRIVALS_THRESHOLD {
+        return None;
+    }
+    let evidence = plan.arrival_evidence.as_deref().unwrap_or_default();
+    Some(GateTrip {
+        event: Event::Pause,
+        reason: format!(
+            "still arriving: {evidence}; the cause may not be fixed: resume once it is (resume with \
+             --override-arrivals and a reason to go on regardless)"
+        ),
     })
 }
 

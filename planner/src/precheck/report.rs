@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::PrecheckRequest;
 use crate::{
+    dead_letters::inspect::STILL_ARRIVING_WITHIN as ARRIVALS_WINDOW,
     error::Error,
     ids::{DeadLetterId, PrecheckId},
     precheck::staleness::Coverage,
@@ -64,6 +65,11 @@ pub(super) struct ReportBuilder {
     by_event_type: BTreeMap<String, Tally>,
     by_schema_version: BTreeMap<String, Tally>,
     by_producer: BTreeMap<String, Tally>,
+    by_error_group: BTreeMap<String, Tally>,
+    /// Candidates that died after this ([`Self::recent_arrivals`]).
+    recent_since: Option<DateTime<Utc>>,
+    /// Candidates that died within the arrivals window before the precheck.
+    recent_arrivals: u64,
     died_from: Option<DateTime<Utc>>,
     died_to: Option<DateTime<Utc>>,
     pub(super) hook_checked: u64,
@@ -96,6 +102,16 @@ impl ReportBuilder {
             .entry(text(&candidate.producer))
             .or_default()
             .add(verdict);
+        self.by_error_group
+            .entry(candidate.error_group.clone())
+            .or_default()
+            .add(verdict);
+        if self
+            .recent_since
+            .is_some_and(|since| candidate.died_at > since)
+        {
+            self.recent_arrivals += 1;
+        }
         self.died_from = Some(
             self.died_from
                 .map_or(candidate.died_at, |at| at.min(candidate.died_at)),
@@ -309,7 +325,10 @@ impl Classified {
     /// Nothing classified yet; the digest starts with the encoded selector
     /// and options; the buffer holds `buffer_bytes`.
     pub(super) fn new(request: &PrecheckRequest, buffer_bytes: usize) -> Self {
-        let mut report = ReportBuilder::default();
+        let mut report = ReportBuilder {
+            recent_since: Some(Utc::now() - ARRIVALS_WINDOW),
+            ..ReportBuilder::default()
+        };
         report.digest.update(request.selector_proto.encode_to_vec());
         report.digest.update(request.options_proto.encode_to_vec());
         Self {
@@ -403,6 +422,11 @@ impl Classified {
             by_event_type: breakdown(report.by_event_type),
             by_schema_version: breakdown(report.by_schema_version),
             by_producer: breakdown(report.by_producer),
+            by_error_group: breakdown(report.by_error_group),
+            recent_arrivals: report.recent_arrivals,
+            arrivals_window: Some(redrive_proto::time::duration(
+                ARRIVALS_WINDOW.to_std().unwrap_or_default(),
+            )),
             died_from: report.died_from.map(timestamp),
             died_to: report.died_to.map(timestamp),
             warnings,

@@ -172,7 +172,7 @@ pub(crate) fn columns(with_body: bool) -> String {
          death_exchange, death_routing_keys, death_count, death_time, reason_class, destination, \
          event_type, schema_version, producer, error_text, attempts, died_at, occurred_at, \
          redrive_plan_id, original_exchange, original_routing_key, capture_notes, body_problem, \
-         exchange_only, raw_content_header",
+         exchange_only, raw_content_header, error_class, error_group",
         if with_body {
             "body"
         } else {
@@ -184,12 +184,13 @@ pub(crate) fn columns(with_body: bool) -> String {
 /// Pushes ` WHERE …` for `selector` (without its limit).
 pub(crate) fn push_conditions(builder: &mut QueryBuilder<Postgres>, selector: &Selector) {
     builder.push(" WHERE TRUE");
-    let lists: [(&str, &Vec<String>); 5] = [
+    let lists: [(&str, &Vec<String>); 6] = [
         ("source", &selector.sources),
         ("destination", &selector.destinations),
         ("event_type", &selector.event_types),
         ("schema_version", &selector.schema_versions),
         ("producer", &selector.producers),
+        ("error_group", &selector.error_groups),
     ];
     for (column, values) in lists {
         if !values.is_empty() {

@@ -168,6 +168,16 @@ pub(crate) async fn insert_plan(
     )
     .await?;
     insert_slices_and_items(transaction, plan, &waves).await?;
+    // What its dead letters failed with: dead letters failing the same way
+    // later stop its approval and pause it (docs/replay.md, "Still arriving").
+    sqlx::query(
+        "INSERT INTO plan_groups (plan_id, source, error_group) \
+         SELECT DISTINCT $1::uuid, d.source, d.error_group \
+         FROM plan_items i JOIN dead_letters d ON d.id = i.dead_letter_id WHERE i.plan_id = $1",
+    )
+    .bind(plan.id)
+    .execute(&mut **transaction)
+    .await?;
     record_action(transaction, plan.id, "create", &plan.actor, &plan.rationale).await?;
     record_policy_override(transaction, plan, &precheck).await?;
     Ok(CreateOutcome::Created)

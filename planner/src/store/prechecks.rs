@@ -44,6 +44,8 @@ pub struct Candidate {
     pub producer: Option<String>,
     /// Reason class name.
     pub reason_class: String,
+    /// The error fingerprint (`error_group`).
+    pub error_group: String,
     /// Original event time (`timestamp` property or ingest field).
     pub occurred_at: Option<DateTime<Utc>>,
     /// When it first died.
@@ -101,7 +103,7 @@ impl Store {
     ) -> ReceiverStream<Result<Candidate, StoreError>> {
         let mut builder = QueryBuilder::<Postgres>::new(format!(
             "SELECT d.id, d.message_key, d.source, d.destination, d.body_oversized, d.body_problem, d.event_type, \
-             d.schema_version, d.producer, d.reason_class, d.occurred_at, d.first_died_at, d.died_at, \
+             d.schema_version, d.producer, d.reason_class, d.error_group, d.occurred_at, d.first_died_at, d.died_at, \
              CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key, d.destination ORDER BY d.id) END AS first_id, \
              r.plan_id AS replayed_plan, r.replayed_at, coalesce(r.certain, true) AS replayed_certain, coalesce(l.redrives, 0) AS redrives, {} \
              FROM (SELECT s.*, {INVALID_SQL} AS invalid FROM ",
@@ -123,7 +125,7 @@ impl Store {
             "id, message_key, previous_message_keys, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
              CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
                   THEN body_problem END AS body_problem, event_type, schema_version, \
-             producer, reason_class, occurred_at, first_died_at, died_at, \
+             producer, reason_class, error_group, occurred_at, first_died_at, died_at, \
              CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
                  WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END AS body, \
              properties, headers",
@@ -556,6 +558,7 @@ struct CandidateRow {
     schema_version: Option<String>,
     producer: Option<String>,
     reason_class: String,
+    error_group: String,
     occurred_at: Option<DateTime<Utc>>,
     first_died_at: DateTime<Utc>,
     died_at: DateTime<Utc>,
@@ -583,6 +586,7 @@ impl From<CandidateRow> for Candidate {
             schema_version: row.schema_version,
             producer: row.producer,
             reason_class: row.reason_class,
+            error_group: row.error_group,
             occurred_at: row.occurred_at,
             first_died_at: row.first_died_at,
             died_at: row.died_at,

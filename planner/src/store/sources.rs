@@ -77,3 +77,85 @@ impl Store {
             .collect())
     }
 }
+
+/// What the source gauges of [`crate::metrics`] read, per source and reason
+/// class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceReading {
+    /// The source.
+    pub source: String,
+    /// The reason class (`rejected`, `expired`, ...).
+    pub reason_class: String,
+    /// Dead letters stored.
+    pub stored: u64,
+    /// Of them, neither archived nor replayed.
+    pub open: u64,
+    /// When the oldest open one died.
+    pub oldest_open: Option<DateTime<Utc>>,
+    /// Stored in the last [`ARRIVALS_WINDOW_SECONDS`].
+    pub recent: u64,
+}
+
+/// A row of [`Store::source_readings`]: source, reason class, stored, open,
+/// oldest open death, recent.
+type ReadingRow = (String, String, i64, i64, Option<DateTime<Utc>>, i64);
+
+/// The window of [`SourceReading::recent`]: arrivals per second are
+/// `recent / ARRIVALS_WINDOW_SECONDS`.
+pub const ARRIVALS_WINDOW_SECONDS: u32 = 60;
+
+impl Store {
+    /// [`SourceReading`]s of every source and reason class: one grouped scan
+    /// of the dead letters (open as `ListSources` counts it).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn source_readings(&self) -> Result<Vec<SourceReading>, StoreError> {
+        let rows: Vec<ReadingRow> = sqlx::query_as(
+            "SELECT d.source, d.reason_class, count(*), \
+                    count(*) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NULL), \
+                    min(d.died_at) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NULL), \
+                    count(*) FILTER (WHERE d.captured_at > now() - make_interval(secs => $1)) \
+             FROM dead_letters d \
+             LEFT JOIN (SELECT DISTINCT dead_letter_id FROM plan_items WHERE state = 'sent') s \
+                    ON s.dead_letter_id = d.id \
+             GROUP BY 1, 2",
+        )
+        .bind(f64::from(ARRIVALS_WINDOW_SECONDS))
+        .fetch_all(self.pool())
+        .await?;
+        let count = |value: i64| u64::try_from(value).unwrap_or_default();
+        Ok(rows
+            .into_iter()
+            .map(
+                |(source, reason_class, stored, open, oldest_open, recent)| SourceReading {
+                    source,
+                    reason_class,
+                    stored: count(stored),
+                    open: count(open),
+                    oldest_open,
+                    recent: count(recent),
+                },
+            )
+            .collect())
+    }
+
+    /// Plans publishing (in their canary or main wave) whose newest audit
+    /// event and newest operator action are both older than `after`: a
+    /// stall (no executor claims, or every publish waits).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn stalled_plans(&self, after: std::time::Duration) -> Result<u64, StoreError> {
+        let stalled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM plans p WHERE p.state IN ('canary', 'main') AND greatest( \
+                 (SELECT a.at FROM audit_events a WHERE a.plan_id = p.id ORDER BY a.id DESC LIMIT 1), \
+                 (SELECT o.at FROM operator_actions o WHERE o.plan_id = p.id ORDER BY o.id DESC LIMIT 1) \
+             ) < now() - make_interval(secs => $1)",
+        )
+        .bind(after.as_secs_f64())
+        .fetch_one(self.pool())
+        .await?;
+        Ok(u64::try_from(stalled).unwrap_or_default())
+    }
+}

@@ -251,6 +251,7 @@ pub async fn approved_plan_with(
         .approve_plan(ApprovePlanRequest {
             plan_id: plan.plan_id.clone(),
             digest: report.digest,
+            ..Default::default()
         })
         .await?
         .into_inner())
@@ -331,6 +332,7 @@ pub async fn cancel(
         .cancel_plan(v1::PlanControlRequest {
             plan_id: plan_id.to_owned(),
             reason: reason.to_owned(),
+            ..Default::default()
         })
         .await?;
     Ok(())
@@ -619,4 +621,65 @@ pub fn metric_total(text: &str, name: &str, with: &[(&str, &str)], without: &[&s
         })
         .map(|(_, value)| value)
         .sum()
+}
+
+/// Ingests `items`, failing unless the planner accepted every one.
+pub async fn ingest(
+    client: &mut PlannerClient<Channel>,
+    items: Vec<v1::IngestDeadLettersRequest>,
+) -> anyhow::Result<()> {
+    let count = items.len() as u64;
+    let answer = client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?
+        .into_inner();
+    anyhow::ensure!(
+        answer.accepted == count && answer.rejected.is_empty(),
+        "{answer:?}"
+    );
+    Ok(())
+}
+
+/// The first 1,000 dead letters `selector` lists.
+pub async fn list_selected(
+    client: &mut PlannerClient<Channel>,
+    selector: v1::Selector,
+) -> anyhow::Result<Vec<v1::DeadLetter>> {
+    Ok(client
+        .list_dead_letters(v1::ListDeadLettersRequest {
+            selector: Some(selector),
+            page_size: 1000,
+            page_token: String::new(),
+        })
+        .await?
+        .into_inner()
+        .dead_letters)
+}
+
+/// The message ids `selector` lists ([`list_selected`]), sorted.
+pub async fn listed(
+    client: &mut PlannerClient<Channel>,
+    selector: v1::Selector,
+) -> anyhow::Result<Vec<String>> {
+    let mut ids: Vec<String> = list_selected(client, selector)
+        .await?
+        .into_iter()
+        .map(|dead_letter| dead_letter.message_id.unwrap_or_default())
+        .collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// A precheck of `selector` under the planner's policy.
+pub async fn precheck_selected(
+    client: &mut PlannerClient<Channel>,
+    selector: v1::Selector,
+) -> anyhow::Result<v1::PrecheckReport> {
+    Ok(client
+        .run_precheck(v1::RunPrecheckRequest {
+            selector: Some(selector),
+            options: None,
+        })
+        .await?
+        .into_inner())
 }

@@ -101,6 +101,10 @@ fn key_fields(dead_letter: &DeadLetter) -> Vec<(&'static str, String)> {
     if let Some(text) = &dead_letter.error_text {
         fields.push(("error text", text.clone()));
     }
+    if let Some(class) = &dead_letter.error_class {
+        fields.push(("error class", class.clone()));
+    }
+    fields.push(("error group", dead_letter.error_group.clone()));
     if let Some(archived) = &dead_letter.archived {
         fields.push(("archived", archive_text(archived)));
     }

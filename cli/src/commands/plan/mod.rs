@@ -7,13 +7,14 @@
 //! redrivectl plan create --precheck ID --rate N --burst N --rationale TEXT
 //!            [--destination queue|exchange|redirect:EXCHANGE/ROUTING_KEY] [--slice-size N]
 //!            [--canary-fraction F] [--observe DUR]
-//! redrivectl plan approve ID --digest D
+//! redrivectl plan approve ID --digest D [--override-arrivals --reason TEXT]
 //! redrivectl plan status ID                      (alias: show)
 //! redrivectl plan list [--state S]... [--page-size N] [--page-token T] [--all]
 //! redrivectl plan watch ID [--events] [--stall-after DUR]
 //! redrivectl plan wait ID [--timeout DUR] [--interval DUR]
 //! redrivectl plan report ID [--format text|json|jsonl|csv]
 //! redrivectl plan promote|pause|resume|cancel ID [--reason TEXT]
+//! redrivectl plan resume ID --override-arrivals --reason TEXT
 //! redrivectl plan compensations ID [--page-size N] [--page-token T] [--all]
 //! ```
 //!
@@ -218,6 +219,17 @@ pub struct ApproveArgs {
     /// show` print it); the planner refuses a different one.
     #[arg(long, value_name = "DIGEST")]
     pub digest: String,
+
+    /// Approve although dead letters failing like the plan's own died after
+    /// its precheck (the planner refuses otherwise, with the figures), and
+    /// let the plan run through more of them; needs --reason, recorded as
+    /// the operator action `override_arrivals`.
+    #[arg(long, requires = "reason")]
+    pub override_arrivals: bool,
+
+    /// Why the arrivals are overridden.
+    #[arg(long, value_name = "TEXT", requires = "override_arrivals")]
+    pub reason: Option<String>,
 }
 
 /// A plan id.
@@ -323,6 +335,12 @@ pub struct ControlArgs {
     /// Why; recorded with the operator action.
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+
+    /// `resume` only: go on although dead letters failing like the plan's
+    /// own keep arriving (the planner no longer pauses it for them); needs
+    /// --reason, recorded as the operator action `override_arrivals`.
+    #[arg(long, requires = "reason")]
+    pub override_arrivals: bool,
 }
 
 impl CreateArgs {
@@ -368,6 +386,8 @@ pub async fn run(
                 .approve_plan(ApprovePlanRequest {
                     plan_id: args.id,
                     digest: args.digest,
+                    override_arrivals: args.override_arrivals,
+                    override_reason: args.reason.unwrap_or_default(),
                 })
                 .await?
         }
@@ -435,6 +455,7 @@ fn control(args: ControlArgs) -> PlanControlRequest {
     PlanControlRequest {
         plan_id: args.id,
         reason: args.reason.unwrap_or_default(),
+        override_arrivals: args.override_arrivals,
     }
 }
 
@@ -718,8 +739,13 @@ mod tests {
         );
         assert!(matches!(
             parse(&["approve", "p-1", "--digest", "ab12"]).unwrap(),
-            PlanCommand::Approve(args) if args == ApproveArgs { id: "p-1".into(), digest: "ab12".into() }
+            PlanCommand::Approve(args) if args == ApproveArgs { id: "p-1".into(), digest: "ab12".into(), override_arrivals: false, reason: None }
         ));
+        assert!(matches!(
+            parse(&["approve", "p-1", "--digest", "ab12", "--override-arrivals", "--reason", "a known trickle"]).unwrap(),
+            PlanCommand::Approve(args) if args.override_arrivals && args.reason.as_deref() == Some("a known trickle")
+        ));
+        assert!(parse(&["approve", "p-1", "--digest", "ab12", "--override-arrivals"]).is_err());
         let PlanCommand::Wait(wait) = parse(&["wait", "p-1"]).unwrap() else {
             panic!("not wait");
         };
@@ -750,7 +776,8 @@ mod tests {
             control(cancel),
             PlanControlRequest {
                 plan_id: "p-1".into(),
-                reason: "wrong selection".into()
+                reason: "wrong selection".into(),
+                override_arrivals: false,
             }
         );
         let PlanCommand::Pause(pause) = parse(&["pause", "p-1"]).unwrap() else {

@@ -71,8 +71,9 @@ pub fn options_summary(options: Option<&v1::PrecheckOptions>) -> String {
 }
 
 /// (title, rows) of each breakdown, in the order people read them.
-fn breakdowns(report: &PrecheckReport) -> [(&'static str, &[v1::Breakdown]); 5] {
+fn breakdowns(report: &PrecheckReport) -> [(&'static str, &[v1::Breakdown]); 6] {
     [
+        ("error fingerprint", &report.by_error_group),
         ("reason class", &report.by_reason_class),
         ("destination", &report.by_destination),
         ("event type", &report.by_event_type),
@@ -105,6 +106,20 @@ fn key_fields(report: &PrecheckReport) -> Vec<(&'static str, String)> {
         ("died", covered),
         ("options", options_summary(report.options.as_ref())),
     ];
+    if let Some(window) = &report.arrivals_window {
+        // Dead letters still arriving: ApprovePlan refuses while more do.
+        fields.insert(
+            6,
+            (
+                "arrivals",
+                format!(
+                    "{} died in the {} before it",
+                    report.recent_arrivals,
+                    humantime::format_duration(Duration::from_secs(seconds(window)))
+                ),
+            ),
+        );
+    }
     if let Some(options) = &report.options
         && !options.override_reason.is_empty()
     {

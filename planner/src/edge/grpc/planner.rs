@@ -81,7 +81,15 @@ impl PlannerGrpc {
         let request = request.into_inner();
         let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
         Ok(Response::new(
-            plan::control(&self.state.store, plan_id, control, &actor, &request.reason).await?,
+            plan::control(
+                &self.state.store,
+                plan_id,
+                control,
+                &actor,
+                &request.reason,
+                request.override_arrivals,
+            )
+            .await?,
         ))
     }
 }
@@ -297,6 +305,7 @@ impl Planner for PlannerGrpc {
                 &actor,
                 self.state.four_eyes,
                 self.state.max_precheck_age,
+                arrivals_override(&request)?,
             )
             .await?,
         ))
@@ -538,5 +547,28 @@ impl Planner for PlannerGrpc {
             )
             .await?,
         ))
+    }
+}
+
+/// The reason of an approval's `override_arrivals` (`None` without one).
+///
+/// # Errors
+/// `InvalidArgument` for `override_arrivals` without `override_reason`, or a
+/// reason without the flag.
+fn arrivals_override(request: &v1::ApprovePlanRequest) -> Result<Option<&str>, Status> {
+    let reason = request.override_reason.trim();
+    match (request.override_arrivals, reason.is_empty()) {
+        (true, true) => Err(crate::error::Error::invalid(
+            "override_reason",
+            "required with override_arrivals: why the plan may run while such dead letters keep arriving",
+        )
+        .into()),
+        (false, false) => Err(crate::error::Error::invalid(
+            "override_reason",
+            "given without override_arrivals: set both, or neither",
+        )
+        .into()),
+        (true, false) => Ok(Some(reason)),
+        (false, true) => Ok(None),
     }
 }

@@ -123,7 +123,7 @@ impl Store {
 }
 
 /// The statement of [`insert_rows`]: one row per element of the `UNNEST`ed
-/// column arrays `$1` to `$40` (`$38`: the capture batch, one for all),
+/// column arrays `$1` to `$41` (`$38`: the capture batch, one for all),
 /// ingest repeats skipped by `ON CONFLICT`; returns the new ids.
 const INSERT_ROWS_SQL: &str = r#"
     INSERT INTO dead_letters (
@@ -133,7 +133,8 @@ const INSERT_ROWS_SQL: &str = r#"
         death_exchange, death_routing_keys, death_count, death_time, reason_class,
         destination, event_type, schema_version, producer, error_text, attempts,
         died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
-        capture_notes, first_died_at, capture_batch, exchange_only, raw_content_header)
+        capture_notes, first_died_at, capture_batch, exchange_only, raw_content_header,
+        error_class)
     SELECT
         u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
         u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
@@ -145,7 +146,7 @@ const INSERT_ROWS_SQL: &str = r#"
         u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
         u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
         ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38,
-        u.exchange_only, u.raw_content_header
+        u.exchange_only, u.raw_content_header, u.error_class
     FROM UNNEST(
         $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
         $7::text[], $8::bytea[], $9::bigint[], $10::bytea[], $11::bool[], $12::text[],
@@ -153,14 +154,16 @@ const INSERT_ROWS_SQL: &str = r#"
         $19::text[], $20::text[], $21::bigint[], $22::timestamptz[], $23::text[],
         $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
         $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
-        $35::text[], $36::bool[], $37::timestamptz[], $39::bool[], $40::bytea[]
+        $35::text[], $36::bool[], $37::timestamptz[], $39::bool[], $40::bytea[],
+        $41::text[]
     ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
            message_key, body, body_size, body_sha256, oversized, body_problem,
            compression, properties, headers, content_type, death_reason, death_queue,
            death_exchange, routing_keys, death_count, death_time, reason_class,
            destination, event_type, schema_version, producer, error_text, attempts,
            died_at, occurred_at, plan_id, original_exchange, original_routing_key,
-           notes, redelivered, first_died_at, exchange_only, raw_content_header)
+           notes, redelivered, first_died_at, exchange_only, raw_content_header,
+           error_class)
     ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id
     "#;
@@ -339,10 +342,11 @@ fn bind_event<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRo
         )
 }
 
-/// Binds `$32` to `$40`, where it came from and how it was read: the
+/// Binds `$32` to `$41`, where it came from and how it was read: the
 /// replaying plan's id, the framework's original exchange and routing key,
 /// the capture notes, whether it was redelivered, the first death,
-/// `capture_batch`, exchange-only, and the raw content header.
+/// `capture_batch`, exchange-only, the raw content header and the error
+/// class.
 fn bind_origin<'q>(
     query: InsertRows<'q>,
     batch: &'q [NewDeadLetter],
@@ -375,4 +379,5 @@ fn bind_origin<'q>(
                 .map(|d| d.raw_content_header.clone())
                 .collect::<Vec<Option<Vec<u8>>>>(),
         )
+        .bind(text_column(batch, |d| d.error_class.clone()))
 }

@@ -104,6 +104,10 @@ pub(in crate::store) struct DeadLetterRow {
     body_problem: Option<String>,
     exchange_only: bool,
     raw_content_header: Option<Vec<u8>>,
+    #[sqlx(default)]
+    error_class: Option<String>,
+    #[sqlx(default)]
+    error_group: Option<String>,
     /// Housekeeping columns ([`archive_columns`]); absent from executors'
     /// reads.
     #[sqlx(default)]
@@ -157,6 +161,8 @@ impl TryFrom<DeadLetterRow> for v1::DeadLetter {
             schema_version: row.schema_version,
             producer: row.producer,
             error_text: row.error_text,
+            error_class: row.error_class,
+            error_group: row.error_group.unwrap_or_default(),
             died_at: Some(timestamp(row.died_at)),
             occurred_at: row.occurred_at.map(timestamp),
             redrive_plan_id: row.redrive_plan_id,

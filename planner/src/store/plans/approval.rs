@@ -1,6 +1,8 @@
 //! The approval check: the precheck's age and what happened to the plan's
 //! dead letters since it started, read with the plan row locked.
 
+use sqlx::AssertSqlSafe;
+
 use super::super::{StoreError, Tx};
 use crate::{
     ids::{PlanId, PrecheckId},
@@ -17,7 +19,16 @@ pub const CHANGES_LISTED: usize = 10;
 /// covering another dead letter with the same key and destination, found by
 /// the `audit_events_replayed` index); repairs through
 /// `dead_letter_revisions`.
-const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
+static APPROVE_CHECK_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{APPROVE_CHANGES_SQL}, arr.arrivals, arr.arrival_evidence \
+         FROM plans p JOIN prechecks c ON c.id = p.precheck_id{} WHERE p.id = $1 FOR UPDATE OF p",
+        super::gates::arrivals_join("c.created_at")
+    )
+});
+
+/// The state, age and changes columns of [`APPROVE_CHECK_SQL`].
+const APPROVE_CHANGES_SQL: &str = "SELECT p.state, p.precheck_id, \
     extract(epoch FROM now() - c.created_at)::float8 AS age_seconds, \
     ARRAY(SELECT z.what FROM ( \
         SELECT 'dead letter ' || r.dead_letter_id || ': its message key ' || r.message_key || \
@@ -36,8 +47,7 @@ const APPROVE_CHECK_SQL: &str = "SELECT p.state, p.precheck_id, \
                v.created_at \
         FROM dead_letter_revisions v JOIN plan_items i ON i.dead_letter_id = v.dead_letter_id AND i.plan_id = p.id \
         WHERE v.created_at >= c.created_at \
-        ORDER BY 2 LIMIT $2) z ORDER BY z.at) AS changes \
-    FROM plans p JOIN prechecks c ON c.id = p.precheck_id WHERE p.id = $1 FOR UPDATE OF p";
+        ORDER BY 2 LIMIT $2) z ORDER BY z.at) AS changes";
 
 /// A row of [`APPROVE_CHECK_SQL`].
 #[derive(sqlx::FromRow)]
@@ -46,6 +56,8 @@ struct ApproveCheckRow {
     precheck_id: PrecheckId,
     age_seconds: f64,
     changes: Vec<String>,
+    arrivals: i64,
+    arrival_evidence: Option<String>,
 }
 
 /// What an approval is judged by ([`Tx::approval_check`]).
@@ -62,6 +74,10 @@ pub struct ApprovalCheck {
     /// first: at most [`CHANGES_LISTED`] + 1 lines (one more tells that
     /// there are more).
     pub changes: Vec<String>,
+    /// Dead letters failing like the plan's own that died since its
+    /// precheck started ([`super::gates::arrivals_join`]), and the figures
+    /// (`None` without any).
+    pub arrivals: Option<(i64, String)>,
 }
 
 impl Tx {
@@ -74,7 +90,7 @@ impl Tx {
         &mut self,
         plan_id: PlanId,
     ) -> Result<Option<ApprovalCheck>, StoreError> {
-        let check = sqlx::query_as::<_, ApproveCheckRow>(APPROVE_CHECK_SQL)
+        let check = sqlx::query_as::<_, ApproveCheckRow>(AssertSqlSafe(APPROVE_CHECK_SQL.as_str()))
             .bind(plan_id)
             .bind(i64::try_from(CHANGES_LISTED + 1).unwrap_or(i64::MAX))
             .fetch_optional(&mut *self.transaction)
@@ -84,6 +100,42 @@ impl Tx {
             precheck_id: row.precheck_id,
             age: std::time::Duration::from_secs_f64(row.age_seconds.max(0.0)),
             changes: row.changes,
+            arrivals: row
+                .arrival_evidence
+                .filter(|_| row.arrivals > 0)
+                .map(|evidence| (row.arrivals, evidence)),
         }))
     }
 }
+
+impl Tx {
+    /// Records that `actor` lets plan `plan_id` run although dead letters
+    /// failing like its own keep arriving (docs/replay.md, "Still
+    /// arriving"): the operator action `override_arrivals` with `reason`, and
+    /// the arrivals gate off for the plan.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn override_arrivals(
+        &mut self,
+        plan_id: PlanId,
+        actor: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE plans SET arrivals_overridden = true WHERE id = $1")
+            .bind(plan_id)
+            .execute(&mut *self.transaction)
+            .await?;
+        super::transitions::record_action(
+            &mut self.transaction,
+            plan_id,
+            OVERRIDE_ARRIVALS,
+            actor,
+            reason,
+        )
+        .await
+    }
+}
+
+/// The operator action of [`Tx::override_arrivals`].
+pub const OVERRIDE_ARRIVALS: &str = "override_arrivals";
