@@ -306,6 +306,7 @@ async fn two_routes_into_one_queue_share_one_rate() -> anyhow::Result<()> {
                     nanos: 0,
                 }),
                 ordered: false,
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -400,6 +401,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
                     nanos: 0,
                 }),
                 ordered: false,
+                ..Default::default()
             })
             .await?
             .into_inner();
