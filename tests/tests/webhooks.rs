@@ -214,6 +214,15 @@ async fn export_digest(client: &mut PlannerClient<Channel>, plan_id: &str) -> an
     Ok(hex::encode(hasher.finalize()))
 }
 
+/// A rate the test broker takes easily.
+fn rate() -> v1::Rate {
+    v1::Rate {
+        per_second: 500.0,
+        burst: 50,
+        rationale: "test downstream takes this easily".into(),
+    }
+}
+
 /// Sets the planner's webhook to `receiver` with [`SECRET`], retries fast.
 fn webhook_to(config: &mut redrive_planner::Config, receiver: &Receiver) {
     config.webhooks.url = Some(receiver.url());
@@ -241,6 +250,7 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     // A bad secret is refused by name, never quoted.
     let refused = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.rate = Some(rate());
         request.webhook_url = plan_receiver.url();
         request.webhook_secret = "whsec_hunter2".into();
     })
@@ -249,11 +259,7 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     .to_string();
     assert!(refused.contains("webhook_secret") && !refused.contains("hunter2"), "{refused}");
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
-        request.rate = Some(v1::Rate {
-            per_second: 500.0,
-            burst: 50,
-            rationale: "test downstream takes this easily".into(),
-        });
+        request.rate = Some(rate());
         request.webhook_url = plan_receiver.url();
         request.webhook_secret = PLAN_SECRET.into();
     })
@@ -344,6 +350,7 @@ async fn a_gate_abort_is_told_as_a_trip_and_an_end() -> anyhow::Result<()> {
         }
     });
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
+        request.rate = Some(rate());
         request.observe_for = Some(prost_types::Duration {
             seconds: 10,
             nanos: 0,
@@ -415,11 +422,17 @@ fn spawn_planner(
         .spawn()?)
 }
 
-/// A client of the planner at `address`, once it answers (30 s at most).
+/// A client of the planner at `address`, once it serves (its database
+/// ready; 30 s at most).
 async fn client_of(address: SocketAddr) -> anyhow::Result<PlannerClient<Channel>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(client) = PlannerClient::connect(format!("http://{address}")).await {
+        if let Ok(mut client) = PlannerClient::connect(format!("http://{address}")).await
+            && client
+                .list_plans(v1::ListPlansRequest::default())
+                .await
+                .is_ok()
+        {
             return Ok(client);
         }
         anyhow::ensure!(
