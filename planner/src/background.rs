@@ -105,11 +105,8 @@ impl Background {
         delivery: webhooks::deliver::Delivery,
         shutdown: &CancellationToken,
     ) {
-        self.others.spawn(webhooks::deliver::run(
-            store,
-            delivery,
-            shutdown.clone(),
-        ));
+        self.others
+            .spawn(webhooks::deliver::run(store, delivery, shutdown.clone()));
     }
 }
 

@@ -15,11 +15,11 @@ use crate::{
     error::Error,
     ids::{DeadLetterId, PlanId, PrecheckId},
     plan::state::Event,
-    webhooks,
     store::{
         Store,
         plans::{CHANGES_LISTED, CreateOutcome, DestinationMode, Moved, NewPlan},
     },
+    webhooks,
 };
 
 pub use redrive_proto::limits::{

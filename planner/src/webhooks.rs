@@ -84,7 +84,7 @@ pub fn events_of_move(to: State, actor: &str) -> Vec<EventType> {
 /// counts per audit action (as `GetPlan` gives them, every action present),
 /// and the actor and reason of the change ("" when there is none).
 pub fn plan_data(plan: &v1::Plan, actor: &str, reason: &str) -> Value {
-    let counts = plan.counts.clone().unwrap_or_default();
+    let counts = plan.counts.unwrap_or_default();
     json!({
         "plan_id": plan.plan_id,
         "precheck_id": plan.precheck_id,
@@ -117,7 +117,7 @@ pub fn precheck_data(
 ) -> Value {
     match report {
         Ok(report) => {
-            let counts = report.counts.clone().unwrap_or_default();
+            let counts = report.counts.unwrap_or_default();
             json!({
                 "precheck_id": precheck_id,
                 "state": "done",
@@ -281,7 +281,10 @@ mod tests {
             assert!(!problem.contains(text), "{problem}");
         }
         assert_eq!(
-            format!("{:?}", Secret::parse("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD")),
+            format!(
+                "{:?}",
+                Secret::parse("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD")
+            ),
             "Ok(Secret(***))"
         );
     }

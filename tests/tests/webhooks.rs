@@ -92,43 +92,44 @@ impl Receiver {
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let (answer, record) = (answer.clone(), record.clone());
-                let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                    let (answer, record) = (answer.clone(), record.clone());
-                    async move {
-                        let header = |name: &str| {
-                            request
-                                .headers()
-                                .get(name)
-                                .and_then(|value: &hyper::header::HeaderValue| value.to_str().ok())
-                                .unwrap_or_default()
-                                .to_owned()
-                        };
-                        let (id, timestamp, signature) = (
-                            header("webhook-id"),
-                            header("webhook-timestamp"),
-                            header("webhook-signature"),
-                        );
-                        let body = request.into_body().collect().await?.to_bytes();
-                        record.lock().unwrap().push(Delivery {
-                            id,
-                            timestamp,
-                            signature,
-                            body: String::from_utf8_lossy(&body).into_owned(),
-                        });
-                        let mut response = hyper::Response::new(http_body_util::Empty::<
-                            bytes::Bytes,
-                        >::new());
-                        *response.status_mut() =
-                            hyper::StatusCode::from_u16(answer.load(Ordering::SeqCst))
-                                .unwrap_or(hyper::StatusCode::OK);
-                        Ok::<_, hyper::Error>(response)
-                    }
-                });
+                let service = hyper::service::service_fn(
+                    move |request: hyper::Request<hyper::body::Incoming>| {
+                        let (answer, record) = (answer.clone(), record.clone());
+                        async move {
+                            let header = |name: &str| {
+                                request
+                                    .headers()
+                                    .get(name)
+                                    .and_then(|value: &hyper::header::HeaderValue| {
+                                        value.to_str().ok()
+                                    })
+                                    .unwrap_or_default()
+                                    .to_owned()
+                            };
+                            let (id, timestamp, signature) = (
+                                header("webhook-id"),
+                                header("webhook-timestamp"),
+                                header("webhook-signature"),
+                            );
+                            let body = request.into_body().collect().await?.to_bytes();
+                            record.lock().unwrap().push(Delivery {
+                                id,
+                                timestamp,
+                                signature,
+                                body: String::from_utf8_lossy(&body).into_owned(),
+                            });
+                            let mut response =
+                                hyper::Response::new(http_body_util::Empty::<bytes::Bytes>::new());
+                            *response.status_mut() =
+                                hyper::StatusCode::from_u16(answer.load(Ordering::SeqCst))
+                                    .unwrap_or(hyper::StatusCode::OK);
+                            Ok::<_, hyper::Error>(response)
+                        }
+                    },
+                );
                 tokio::spawn(
-                    hyper::server::conn::http1::Builder::new().serve_connection(
-                        hyper_util::rt::TokioIo::new(stream),
-                        service,
-                    ),
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
                 );
             }
         });
@@ -187,7 +188,10 @@ fn assert_signed_and_stable(deliveries: &[Delivery], secret: &str) {
     let mut bodies: HashMap<&str, &str> = HashMap::new();
     for delivery in deliveries {
         assert!(delivery.id.starts_with("msg_"), "{delivery:?}");
-        assert!(delivery.verifies_with(secret), "bad signature: {delivery:?}");
+        assert!(
+            delivery.verifies_with(secret),
+            "bad signature: {delivery:?}"
+        );
         assert!(
             !delivery.verifies_with(PLAN_SECRET) || secret == PLAN_SECRET,
             "a wrong secret must not verify"
@@ -199,7 +203,10 @@ fn assert_signed_and_stable(deliveries: &[Delivery], secret: &str) {
 
 /// The hex SHA-256 of plan `plan_id`'s JSON Lines export, as `ExportAudit`
 /// streams it: what a receiver recomputes `report_digest` from.
-async fn export_digest(client: &mut PlannerClient<Channel>, plan_id: &str) -> anyhow::Result<String> {
+async fn export_digest(
+    client: &mut PlannerClient<Channel>,
+    plan_id: &str,
+) -> anyhow::Result<String> {
     let mut chunks = client
         .export_audit(v1::ExportAuditRequest {
             plan_id: plan_id.to_owned(),
@@ -231,8 +238,7 @@ fn webhook_to(config: &mut redrive_planner::Config, receiver: &Receiver) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> anyhow::Result<()>
-{
+async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> anyhow::Result<()> {
     init_logging();
     let receiver = Receiver::start().await?;
     let plan_receiver = Receiver::start().await?;
@@ -257,7 +263,10 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     .await
     .unwrap_err()
     .to_string();
-    assert!(refused.contains("webhook_secret") && !refused.contains("hunter2"), "{refused}");
+    assert!(
+        refused.contains("webhook_secret") && !refused.contains("hunter2"),
+        "{refused}"
+    );
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
         request.rate = Some(rate());
         request.webhook_url = plan_receiver.url();
@@ -267,13 +276,18 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     assert_eq!(plan.webhook_url, plan_receiver.url());
     assert!(plan.webhook_secret_set, "GetPlan says a secret is set");
     receiver
-        .wait_for(&["precheck.finished", "plan.created"], Duration::from_secs(30))
+        .wait_for(
+            &["precheck.finished", "plan.created"],
+            Duration::from_secs(30),
+        )
         .await?;
     receiver.answer(200);
 
     let executor = ExecutorHandle::start(bed.executor_config());
     let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await?;
-    let deliveries = receiver.wait_for(&["plan.ended"], Duration::from_secs(30)).await?;
+    let deliveries = receiver
+        .wait_for(&["plan.ended"], Duration::from_secs(30))
+        .await?;
     executor.stop().await?;
     let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert_eq!(received.len(), 40);
@@ -286,7 +300,10 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     let precheck = prechecks[1].json();
     assert_eq!(precheck["data"]["state"], "done");
     assert_eq!(precheck["data"]["counts"]["replayable"], 40);
-    assert_eq!(precheck["data"]["digest"].as_str(), Some(done.precheck_digest.as_str()));
+    assert_eq!(
+        precheck["data"]["digest"].as_str(),
+        Some(done.precheck_digest.as_str())
+    );
     let created = of_type(&deliveries, "plan.created");
     assert_eq!(created.len(), 1, "one plan created: {deliveries:#?}");
     assert_eq!(created[0].json()["data"]["state"], "awaiting_approval");
@@ -296,11 +313,19 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     assert_eq!(ended["data"]["plan_id"], plan.plan_id.as_str());
     assert_eq!(ended["data"]["state"], "completed");
     assert_eq!(ended["data"]["counts"]["sent"], 40);
-    assert!(ended["timestamp"].as_str().is_some_and(|at| at.ends_with('Z')));
+    assert!(
+        ended["timestamp"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z'))
+    );
     // The digest, recomputed from the API as a receiver would.
     assert_eq!(
         ended["data"]["report_digest"].as_str(),
-        Some(export_digest(&mut bed.client, &plan.plan_id).await?.as_str())
+        Some(
+            export_digest(&mut bed.client, &plan.plan_id)
+                .await?
+                .as_str()
+        )
     );
     // Every first attempt was refused: each id arrived at least twice.
     let mut copies: HashMap<String, usize> = HashMap::new();
@@ -312,7 +337,9 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     }
     // The plan's own target got the plan's events after its creation,
     // signed with its own secret, not the planner's.
-    let own = plan_receiver.wait_for(&["plan.ended"], Duration::from_secs(30)).await?;
+    let own = plan_receiver
+        .wait_for(&["plan.ended"], Duration::from_secs(30))
+        .await?;
     assert_signed_and_stable(&own, PLAN_SECRET);
     assert!(own.iter().all(|delivery| !delivery.verifies_with(SECRET)));
     bed.finish().await
@@ -360,7 +387,10 @@ async fn a_gate_abort_is_told_as_a_trip_and_an_end() -> anyhow::Result<()> {
     let executor = ExecutorHandle::start(bed.executor_config());
     let aborted = wait_aborted(&mut bed.client, &plan.plan_id).await?;
     let deliveries = receiver
-        .wait_for(&["plan.gate_tripped", "plan.ended"], Duration::from_secs(30))
+        .wait_for(
+            &["plan.gate_tripped", "plan.ended"],
+            Duration::from_secs(30),
+        )
         .await?;
     executor.stop().await?;
     rejecting.abort();
@@ -370,12 +400,19 @@ async fn a_gate_abort_is_told_as_a_trip_and_an_end() -> anyhow::Result<()> {
     let tripped = tripped[0].json();
     assert_eq!(tripped["data"]["actor"], "redrive-gate");
     assert_eq!(tripped["data"]["state"], "aborted");
-    assert_eq!(tripped["data"]["reason"].as_str(), Some(aborted.state_reason.as_str()));
+    assert_eq!(
+        tripped["data"]["reason"].as_str(),
+        Some(aborted.state_reason.as_str())
+    );
     let ended = of_type(&deliveries, "plan.ended")[0].json();
     assert_eq!(ended["data"]["state"], "aborted");
     assert_eq!(
         ended["data"]["report_digest"].as_str(),
-        Some(export_digest(&mut bed.client, &plan.plan_id).await?.as_str()),
+        Some(
+            export_digest(&mut bed.client, &plan.plan_id)
+                .await?
+                .as_str()
+        ),
         "the audit was closed (no lease) when the digest was taken"
     );
     assert!(of_type(&deliveries, "plan.paused").is_empty());
@@ -458,7 +495,10 @@ async fn events_in_the_outbox_survive_a_killed_planner() -> anyhow::Result<()> {
     let mut client = client_of(listen).await?;
     captured(&mut client, &incident.dlq, 5).await?;
     let plan = approved_plan(&mut client, &incident.dlq, 10.0, 1, None).await?;
-    for (state, control) in [("pause", PlanState::Paused), ("cancel", PlanState::Cancelled)] {
+    for (state, control) in [
+        ("pause", PlanState::Paused),
+        ("cancel", PlanState::Cancelled),
+    ] {
         let request = v1::PlanControlRequest {
             plan_id: plan.plan_id.clone(),
             reason: format!("{state} for the crash test"),
@@ -476,20 +516,31 @@ async fn events_in_the_outbox_survive_a_killed_planner() -> anyhow::Result<()> {
     let refused = receiver.deliveries().len();
     receiver.answer(200);
     let mut planner = spawn_planner(&db, &incident.dlq, listen, &receiver, secret_file.path())?;
-    let expected = ["precheck.finished", "plan.created", "plan.paused", "plan.ended"];
-    let deliveries = receiver.wait_for(&expected, Duration::from_secs(60)).await?;
+    let expected = [
+        "precheck.finished",
+        "plan.created",
+        "plan.paused",
+        "plan.ended",
+    ];
+    let deliveries = receiver
+        .wait_for(&expected, Duration::from_secs(60))
+        .await?;
     let pool = db.pool().await?;
-    wait_until("every outbox row delivered", Duration::from_secs(30), || {
-        let pool = pool.clone();
-        async move {
-            let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM webhook_deliveries WHERE state <> 'delivered'",
-            )
-            .fetch_one(&pool)
-            .await?;
-            Ok(pending == 0)
-        }
-    })
+    wait_until(
+        "every outbox row delivered",
+        Duration::from_secs(30),
+        || {
+            let pool = pool.clone();
+            async move {
+                let pending: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM webhook_deliveries WHERE state <> 'delivered'",
+                )
+                .fetch_one(&pool)
+                .await?;
+                Ok(pending == 0)
+            }
+        },
+    )
     .await?;
     let stored: Vec<String> = sqlx::query_scalar("SELECT webhook_id FROM webhook_deliveries")
         .fetch_all(&pool)
@@ -498,7 +549,11 @@ async fn events_in_the_outbox_survive_a_killed_planner() -> anyhow::Result<()> {
     let deliveries = [deliveries, receiver.deliveries()].concat();
     assert_signed_and_stable(&deliveries, SECRET);
     let arrived: HashSet<&str> = deliveries.iter().map(|d| d.id.as_str()).collect();
-    assert_eq!(stored.len(), expected.len(), "one row per event: {stored:?}");
+    assert_eq!(
+        stored.len(),
+        expected.len(),
+        "one row per event: {stored:?}"
+    );
     assert!(
         stored.iter().all(|id| arrived.contains(id.as_str())),
         "none lost: {stored:?} vs {arrived:?}"

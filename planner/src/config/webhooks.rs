@@ -150,7 +150,10 @@ mod tests {
         assert!(delivery.target.is_none());
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(text.len(), 3, "{text:?}");
-        assert!(text.iter().all(|line| !line.contains("hunter2")), "{text:?}");
+        assert!(
+            text.iter().all(|line| !line.contains("hunter2")),
+            "{text:?}"
+        );
         assert!(text[0].contains("webhook-attempts"), "{text:?}");
         assert!(text[1].contains("webhook-url"), "{text:?}");
         assert!(text[2].contains("webhook-secret-file"), "{text:?}");

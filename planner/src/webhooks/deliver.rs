@@ -88,7 +88,11 @@ pub(crate) async fn run(store: Store, delivery: Delivery, shutdown: Cancellation
             async move {
                 let id = row.webhook_id.clone();
                 if let Err(error) = attempt(store, client, delivery, row).await {
-                    debug!(webhook.id = id, error = format!("{error:#}"), "webhook attempt not recorded");
+                    debug!(
+                        webhook.id = id,
+                        error = format!("{error:#}"),
+                        "webhook attempt not recorded"
+                    );
                 }
             }
         }))
@@ -134,17 +138,14 @@ async fn attempt(
             target.secret.sign(&row.webhook_id, timestamp, &body),
         ),
     ];
-    let failure = match tokio::time::timeout(
-        ATTEMPT_TIMEOUT,
-        client.post(&target.url, &headers, body),
-    )
-    .await
-    {
-        Ok(Ok(status)) if status.is_success() => None,
-        Ok(Ok(status)) => Some(format!("answered {status}")),
-        Ok(Err(error)) => Some(error),
-        Err(_) => Some(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
-    };
+    let failure =
+        match tokio::time::timeout(ATTEMPT_TIMEOUT, client.post(&target.url, &headers, body)).await
+        {
+            Ok(Ok(status)) if status.is_success() => None,
+            Ok(Ok(status)) => Some(format!("answered {status}")),
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
+        };
     let attempts = u32::try_from(row.attempts).unwrap_or(0) + 1;
     let (outcome, name) = match failure {
         None => (AttemptOutcome::Delivered, "delivered"),
@@ -161,7 +162,13 @@ async fn attempt(
         }
         Some(error) => {
             let after = Backoff::nth_delay(delivery.retry_min, RETRY_MAX, attempts);
-            debug!(webhook.id = row.webhook_id, attempts, error, retry_in_ms = after.as_millis() as u64, "webhook attempt failed");
+            debug!(
+                webhook.id = row.webhook_id,
+                attempts,
+                error,
+                retry_in_ms = after.as_millis() as u64,
+                "webhook attempt failed"
+            );
             (AttemptOutcome::Retry(after, error), "retried")
         }
     };
