@@ -17,11 +17,9 @@ use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 use futures::StreamExt as _;
 use hmac::{Hmac, Mac};
 use http_body_util::BodyExt as _;
-use lapin::{options::BasicConsumeOptions, types::FieldTable};
 use redrive_proto::v1::{self, PlanState, planner_client::PlannerClient};
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorHandle, TestBed, TestDb, init_logging, scenario::Binaries, unique,
-    wait_until,
+    AMQP_URL, Broker, ExecutorHandle, TestBed, TestDb, init_logging, scenario::Binaries, wait_until,
 };
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -201,12 +199,14 @@ fn assert_signed_and_stable(deliveries: &[Delivery], secret: &str) {
     }
 }
 
-/// The hex SHA-256 of plan `plan_id`'s JSON Lines export, as `ExportAudit`
-/// streams it: what a receiver recomputes `report_digest` from.
-async fn export_digest(
+/// Asserts that `ended`'s `report_digest` is the hex SHA-256 of plan
+/// `plan_id`'s JSON Lines export as `ExportAudit` streams it (the chunks
+/// joined): what a receiver recomputes it from.
+async fn assert_digest_recomputes(
     client: &mut PlannerClient<Channel>,
+    ended: &Value,
     plan_id: &str,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<()> {
     let mut chunks = client
         .export_audit(v1::ExportAuditRequest {
             plan_id: plan_id.to_owned(),
@@ -218,7 +218,13 @@ async fn export_digest(
     while let Some(chunk) = chunks.next().await {
         hasher.update(chunk?.data);
     }
-    Ok(hex::encode(hasher.finalize()))
+    let recomputed = hex::encode(hasher.finalize());
+    assert_eq!(
+        ended["data"]["report_digest"].as_str(),
+        Some(recomputed.as_str()),
+        "the digest is the export's SHA-256"
+    );
+    Ok(())
 }
 
 /// A rate the test broker takes easily.
@@ -237,6 +243,20 @@ fn webhook_to(config: &mut redrive_planner::Config, receiver: &Receiver) {
     config.webhooks.retry_min = Duration::from_millis(200);
 }
 
+/// An [`incident`] of `messages` and a bed capturing its DLQ (all of them
+/// stored), the planner's webhook to `receiver` ([`webhook_to`]).
+async fn webhook_bed(receiver: &Receiver, messages: u32) -> anyhow::Result<(Incident, TestBed)> {
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, messages).await?;
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &[&incident.dlq]);
+        webhook_to(config, receiver);
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, u64::from(messages)).await?;
+    Ok((incident, bed))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> anyhow::Result<()> {
     init_logging();
@@ -245,14 +265,7 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
     // The first attempt of every event is refused: each is delivered again,
     // with the same id and body.
     receiver.answer(503);
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 40).await?;
-    let mut bed = TestBed::start(broker, |config| {
-        capturing(config, &[&incident.dlq]);
-        webhook_to(config, &receiver);
-    })
-    .await?;
-    captured(&mut bed.client, &incident.dlq, 40).await?;
+    let (incident, mut bed) = webhook_bed(&receiver, 40).await?;
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;
     // A bad secret is refused by name, never quoted.
     let refused = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
@@ -319,14 +332,7 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
             .is_some_and(|at| at.ends_with('Z'))
     );
     // The digest, recomputed from the API as a receiver would.
-    assert_eq!(
-        ended["data"]["report_digest"].as_str(),
-        Some(
-            export_digest(&mut bed.client, &plan.plan_id)
-                .await?
-                .as_str()
-        )
-    );
+    assert_digest_recomputes(&mut bed.client, &ended, &plan.plan_id).await?;
     // Every first attempt was refused: each id arrived at least twice.
     let mut copies: HashMap<String, usize> = HashMap::new();
     for delivery in &deliveries {
@@ -349,33 +355,10 @@ async fn a_precheck_a_plan_and_its_completion_are_told_signed_once_per_id() -> a
 async fn a_gate_abort_is_told_as_a_trip_and_an_end() -> anyhow::Result<()> {
     init_logging();
     let receiver = Receiver::start().await?;
-    let broker = Broker::connect().await?;
-    let incident = incident(&broker, 100).await?;
-    let mut bed = TestBed::start(broker, |config| {
-        capturing(config, &[&incident.dlq]);
-        webhook_to(config, &receiver);
-    })
-    .await?;
-    captured(&mut bed.client, &incident.dlq, 100).await?;
+    let (incident, mut bed) = webhook_bed(&receiver, 100).await?;
     // The consumer is still broken: what is replayed dead-letters again
     // into the captured DLQ, and the canary gate aborts the plan.
-    let channel = bed.broker().connection.create_channel().await?;
-    let mut consumer = channel
-        .basic_consume(
-            incident.work.as_str().into(),
-            unique("broken").as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let rejecting = tokio::spawn(async move {
-        while let Some(Ok(delivery)) = consumer.next().await {
-            let _ = delivery
-                .acker
-                .reject(lapin::options::BasicRejectOptions { requeue: false })
-                .await;
-        }
-    });
+    let (_, rejecting) = reject_all(bed.broker(), &incident.work).await?;
     let plan = approved_plan_with(&mut bed.client, &incident.dlq, |request| {
         request.rate = Some(rate());
         request.observe_for = Some(prost_types::Duration {
@@ -406,15 +389,8 @@ async fn a_gate_abort_is_told_as_a_trip_and_an_end() -> anyhow::Result<()> {
     );
     let ended = of_type(&deliveries, "plan.ended")[0].json();
     assert_eq!(ended["data"]["state"], "aborted");
-    assert_eq!(
-        ended["data"]["report_digest"].as_str(),
-        Some(
-            export_digest(&mut bed.client, &plan.plan_id)
-                .await?
-                .as_str()
-        ),
-        "the audit was closed (no lease) when the digest was taken"
-    );
+    // The audit was closed (no lease) when the digest was taken.
+    assert_digest_recomputes(&mut bed.client, &ended, &plan.plan_id).await?;
     assert!(of_type(&deliveries, "plan.paused").is_empty());
     bed.finish().await
 }
@@ -565,10 +541,7 @@ async fn events_in_the_outbox_survive_a_killed_planner() -> anyhow::Result<()> {
     assert_eq!(ended["data"]["state"], "cancelled");
     assert_eq!(ended["data"]["reason"], "cancel for the crash test");
     let mut client = client_of(listen).await?;
-    assert_eq!(
-        ended["data"]["report_digest"].as_str(),
-        Some(export_digest(&mut client, &plan.plan_id).await?.as_str())
-    );
+    assert_digest_recomputes(&mut client, &ended, &plan.plan_id).await?;
     eprintln!(
         "{refused} attempts refused before the kill; {} requests in all",
         deliveries.len()

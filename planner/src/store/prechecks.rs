@@ -19,6 +19,7 @@ use super::{Store, StoreError, dead_letters::push_selected, webhooks::enqueue_pr
 use crate::{
     dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId, PrecheckId},
+    webhooks::precheck_data,
 };
 
 /// A selected dead letter with what PostgreSQL knows about it.
@@ -199,8 +200,7 @@ impl Store {
             .await?)
     }
 
-    /// Records the finished report, and its `precheck.finished` webhook
-    /// event in the same transaction.
+    /// Records the finished report and its `precheck.finished` event.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -215,14 +215,14 @@ impl Store {
             .bind(report.encode_to_vec())
             .execute(&mut *transaction)
             .await?;
-        let data = crate::webhooks::precheck_data(&report.precheck_id, &report.actor, Ok(report));
+        let data = precheck_data(&report.precheck_id, &report.actor, Ok(report));
         enqueue_precheck_event(&mut transaction, self.effects().planner_webhook, &data).await?;
         transaction.commit().await?;
         Ok(())
     }
 
-    /// Marks a precheck failed with `error` and removes its items; its
-    /// `precheck.finished` webhook event is written in the same transaction.
+    /// Marks a precheck failed with `error`, removes its items and writes
+    /// its `precheck.finished` event, in one transaction.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -239,8 +239,7 @@ impl Store {
         .bind(error)
         .fetch_optional(&mut *transaction)
         .await?;
-        let data =
-            crate::webhooks::precheck_data(&id.to_string(), &actor.unwrap_or_default(), Err(error));
+        let data = precheck_data(&id.to_string(), &actor.unwrap_or_default(), Err(error));
         enqueue_precheck_event(&mut transaction, self.effects().planner_webhook, &data).await?;
         transaction.commit().await?;
         Ok(())
