@@ -16,7 +16,7 @@ use crate::webhooks::{
 pub const MAX_WEBHOOK_ATTEMPTS: u32 = 100;
 
 /// Where the planner posts every event, and how deliveries are retried.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 #[group(skip)]
 pub struct WebhookSettings {
     /// Where every event (prechecks finished, plans created, paused, ended,
@@ -52,6 +52,19 @@ pub struct WebhookSettings {
     #[arg(long = "webhook-retry-min", env = "REDRIVE_WEBHOOK_RETRY_MIN", value_name = "DURATION",
           default_value = "5s", value_parser = parse_duration)]
     pub retry_min: Duration,
+}
+
+impl std::fmt::Debug for WebhookSettings {
+    /// The settings without the secret's text (`Config` is `Debug`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSettings")
+            .field("url", &self.url)
+            .field("secret_file", &self.secret_file)
+            .field("secret", &self.secret.as_ref().map(|_| "***"))
+            .field("attempts", &self.attempts)
+            .field("retry_min", &self.retry_min)
+            .finish()
+    }
 }
 
 impl Default for WebhookSettings {
@@ -163,5 +176,9 @@ mod tests {
         let mut problems = Vec::new();
         assert!(settings.parse(&mut problems).target.is_some());
         assert!(problems.is_empty());
+        assert!(
+            !format!("{settings:?}").contains("C2FV"),
+            "Debug hides the secret"
+        );
     }
 }
