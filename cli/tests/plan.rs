@@ -22,6 +22,13 @@ const CREATE_AT_50: [&str; 10] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_create_sends_the_flags_and_prints_the_plan() {
     let (fake, address) = served().await;
+    let secret_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        secret_file.path(),
+        "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\n",
+    )
+    .unwrap();
+    let secret_path = secret_file.path().to_str().unwrap().to_owned();
     let output = redrivectl(
         address,
         &[
@@ -44,6 +51,10 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
             "--observe",
             "30m",
             "--ordered",
+            "--webhook-url",
+            "https://hooks.example.com/redrive",
+            "--webhook-secret-file",
+            &secret_path,
             "--json",
             "--actor",
             "alice",
@@ -74,6 +85,9 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
                 nanos: 0,
             }),
             ordered: true,
+            webhook_url: "https://hooks.example.com/redrive".into(),
+            // The file's text, its newline dropped.
+            webhook_secret: "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD".into(),
         })]
     );
     // The API's Plan in canonical proto3 JSON.

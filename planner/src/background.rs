@@ -1,6 +1,6 @@
 //! The planner's background work: started once the database is ready
 //! (health reports, plan counts, the notifier's listener, the canary gates,
-//! retention, capture), owned in [`Background`], and drained within the
+//! webhook deliveries, retention, capture), owned in [`Background`], and drained within the
 //! shutdown grace ([`stop_within_grace`]).
 
 use std::{sync::Arc, time::Duration};
@@ -18,6 +18,7 @@ use crate::{
     health::report_health,
     metrics, plan,
     store::Store,
+    webhooks,
 };
 
 /// The planner's background tasks, owned so that shutdown drains them:
@@ -36,7 +37,7 @@ pub(crate) struct Background {
 
 /// Once the database is ready: marks the services `SERVING` and starts the
 /// background work (health reports, plan counts, the notifier's listener,
-/// the canary gates, retention when set, capture), every task ending with
+/// the canary gates, the webhook deliverer, retention when set, capture), every task ending with
 /// `shutdown`.
 pub(crate) async fn start_background(
     config: &Config,
@@ -96,6 +97,21 @@ pub(crate) async fn start_background(
         capture: Some(capture),
         listening: Some(listening),
         others,
+    }
+}
+
+impl Background {
+    /// Starts the webhook deliverer ([`webhooks::deliver::run`]) over
+    /// `store` with `delivery`, ending with `shutdown` (its attempts under
+    /// way end within their timeout, inside the grace period).
+    pub(crate) fn deliver_webhooks(
+        &mut self,
+        store: Store,
+        delivery: webhooks::deliver::Delivery,
+        shutdown: &CancellationToken,
+    ) {
+        self.others
+            .spawn(webhooks::deliver::run(store, delivery, shutdown.clone()));
     }
 }
 

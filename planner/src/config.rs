@@ -11,6 +11,7 @@ mod checks;
 mod rules;
 mod settings;
 mod transport;
+mod webhooks;
 
 use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, time::Duration};
 
@@ -21,6 +22,7 @@ use clap::Parser;
 use redrive_proto::settings::{AmqpSettings, TelemetrySettings};
 
 pub use self::settings::Settings;
+pub use self::webhooks::{MAX_WEBHOOK_ATTEMPTS, WebhookSettings};
 use crate::edge::auth::{AuthSettings, JwtSettings};
 
 /// Most seconds a deadline setting (`--idle-timeout-seconds`,
@@ -440,6 +442,11 @@ pub struct Config {
     /// Seconds in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "REDRIVE_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
+
+    /// Webhooks: `--webhook-url`, `--webhook-secret-file`,
+    /// `--webhook-attempts`, `--webhook-retry-min`.
+    #[command(flatten)]
+    pub webhooks: WebhookSettings,
 
     /// Logging and telemetry: `--log-json`, `--metrics-listen`,
     /// `--otlp-endpoint`.

@@ -24,6 +24,7 @@
 //! | [`leases`] | the coordinator: executors' slice claims, leases, fencing and reports; [`leases::outcomes`] (which reported outcomes are recorded and which refused, and the gates at a slice's end) |
 //! | [`audit`] | a plan's report and audit export (the audit's SQL, writes and reads, is `store/audit.rs`); [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas) |
 //! | [`store`] | the PostgreSQL queries, and nothing else (its own `# Layout`, naming `store/leases/`: `claim.rs` the claim, `holder.rs` a holder's checks and marks, `expiry.rs` the sweep, `report.rs` a report's reads and writes); `migrations/`: the schema, one numbered SQL file per change |
+//! | [`webhooks`] | telling callers what happened (Standard Webhooks): the events each state change reports and their data, secrets, target URLs and signatures; [`webhooks::deliver`] (the deliverer every replica runs over the outbox, `store/webhooks.rs`: at least once, retried with backoff), `webhooks/http.rs` (the HTTP client) |
 //! | [`ids`], [`error`], [`metrics`] | ids (dead letter, slice, plan, precheck) and page tokens parsed once; the domain error and its one mapping to a status; the metric instruments, counted through the [`store::Store`] every part holds |
 
 pub mod audit;
@@ -40,6 +41,7 @@ pub mod metrics;
 pub mod plan;
 pub mod precheck;
 pub mod store;
+pub mod webhooks;
 
 use std::{
     sync::{
@@ -116,6 +118,7 @@ pub async fn run(
         extraction,
         authenticator,
         tls,
+        webhooks,
     } = Settings::parse(config)?;
     if config.exposed_without_protection() {
         warn!(
@@ -136,7 +139,8 @@ pub async fn run(
     let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?
         .with_metrics(metrics::PlannerMetrics::new(
             &metrics_pipeline.meter("redrive-planner"),
-        ));
+        ))
+        .with_planner_webhook(webhooks.target.is_some());
     let capture_status = CaptureStatus::new(&config.capture_queues);
     let rules = Arc::new(extraction);
     let notifier = Notifier::new();
@@ -180,16 +184,18 @@ pub async fn run(
     let background = match prepared {
         Ok(true) => {
             ready.store(true, Ordering::SeqCst);
-            start_background(
+            let mut background = start_background(
                 &config,
-                store,
+                store.clone(),
                 health_reporter,
                 capture_status,
                 rules,
                 notifier,
                 &shutdown,
             )
-            .await
+            .await;
+            background.deliver_webhooks(store, webhooks, &shutdown);
+            background
         }
         Ok(false) => Background::default(),
         Err(error) => {

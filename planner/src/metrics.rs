@@ -30,6 +30,7 @@
 //!
 //! | instrument | kind | unit | attributes |
 //! | --- | --- | --- | --- |
+//! | `redrive.planner.webhooks.deliveries` | counter | `{attempt}` | `redrive.outcome` (`delivered`: a 2xx answer; `retried`: failed, tried again later; `failed`: failed with no attempt left, the row kept as `failed` and logged at WARN) |
 //! | `redrive.planner.outcomes.refused` | counter | `{outcome}` | `redrive.refusal.reason` (`unmarked`, `stale_token`, `lease_ended`, `lease_expired`, `not_in_slice`, `unknown_lease`): reported outcomes refused as late or forged |
 
 use std::{collections::HashMap, time::Duration};
@@ -84,6 +85,9 @@ pub const STALL_AFTER: Duration = Duration::from_secs(300);
 pub const GATE_TRIPS: &str = "redrive.planner.gate.trips";
 /// Leases that expired unreported.
 pub const LEASES_EXPIRED: &str = "redrive.planner.leases.expired";
+/// Webhook delivery attempts, by `redrive.outcome` (`delivered`,
+/// `retried`, `failed`).
+pub const WEBHOOK_DELIVERIES: &str = "redrive.planner.webhooks.deliveries";
 /// Reported outcomes refused as late or forged, by reason.
 pub const OUTCOMES_REFUSED: &str = "redrive.planner.outcomes.refused";
 /// Counter: database reads made for open watches, by `redrive.watch.read`:
@@ -154,6 +158,7 @@ pub struct PlannerMetrics {
     outcomes_refused: Counter<u64>,
     watch_reads: Counter<u64>,
     streams_refused: Counter<u64>,
+    webhook_deliveries: Counter<u64>,
     /// By `AuditAction`.
     actions: EnumAttributes<9>,
     /// By `PlanState`.
@@ -286,6 +291,11 @@ impl PlannerMetrics {
                 STREAMS_REFUSED,
                 "{stream}",
                 "Server streams refused at their cap, by kind and cap",
+            ),
+            webhook_deliveries: counter(
+                WEBHOOK_DELIVERIES,
+                "{attempt}",
+                "Webhook delivery attempts, by outcome",
             ),
             actions,
             states,
@@ -445,6 +455,13 @@ impl PlannerMetrics {
             self.outcomes_refused
                 .add(count, &[KeyValue::new("redrive.refusal.reason", reason)]);
         }
+    }
+
+    /// One webhook delivery attempt ended with `outcome` (`delivered`,
+    /// `retried` or `failed`: [`WEBHOOK_DELIVERIES`]).
+    pub fn webhook_attempted(&self, outcome: &'static str) {
+        self.webhook_deliveries
+            .add(1, &[KeyValue::new("redrive.outcome", outcome)]);
     }
 }
 

@@ -19,6 +19,7 @@ use crate::{
         Store,
         plans::{CHANGES_LISTED, CreateOutcome, DestinationMode, Moved, NewPlan},
     },
+    webhooks,
 };
 
 pub use redrive_proto::limits::{
@@ -120,7 +121,33 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
         observe_for_ms: i64::try_from(observe_for.as_millis()).unwrap_or(i64::MAX),
         actor,
         ordered: request.ordered,
+        webhook: plan_webhook(request.webhook_url, request.webhook_secret)?,
     })
+}
+
+/// A plan's own webhook target (`webhook_url` with `webhook_secret`), both
+/// or neither, checked ([`webhooks::check_url`], [`webhooks::Secret::parse`]).
+///
+/// # Errors
+/// `InvalidArgument` naming the field; the secret is never quoted.
+fn plan_webhook(url: String, secret: String) -> Result<Option<(String, String)>, Error> {
+    match (url.is_empty(), secret.is_empty()) {
+        (true, true) => Ok(None),
+        (false, true) => Err(Error::invalid(
+            "webhook_secret",
+            "required with webhook_url: the secret its events are signed with (whsec_<base64>)",
+        )),
+        (true, false) => Err(Error::invalid(
+            "webhook_url",
+            "required with webhook_secret: where the events are posted",
+        )),
+        (false, false) => {
+            webhooks::check_url(&url).map_err(|problem| Error::invalid("webhook_url", problem))?;
+            webhooks::Secret::parse(&secret)
+                .map_err(|problem| Error::invalid("webhook_secret", problem))?;
+            Ok(Some((url, secret)))
+        }
+    }
 }
 
 /// Creates a plan awaiting approval.

@@ -40,6 +40,21 @@ impl Backoff {
         self.delays.next().unwrap_or(self.max).max(self.min)
     }
 
+    /// The delay before retry number `failures` (1: after the first
+    /// failure) of delays from `min` doubling to `max`: what
+    /// [`Backoff::next_delay`] gives at that call, jitter included, for
+    /// retries whose count is stored rather than held in a `Backoff`
+    /// (webhook deliveries).
+    pub fn nth_delay(min: Duration, max: Duration, failures: u32) -> Duration {
+        let mut backoff = Self::new(min, max);
+        let mut delay = min;
+        // Past 64 doublings every delay is `max` (with jitter).
+        for _ in 0..failures.clamp(1, 64) {
+            delay = backoff.next_delay();
+        }
+        delay
+    }
+
     /// Starts again from `min` (after a success).
     pub fn reset(&mut self) {
         self.delays = Self::build(self.min, self.max);
@@ -68,5 +83,11 @@ mod tests {
         );
         backoff.reset();
         assert!(backoff.next_delay() < Duration::from_millis(250));
+        let (min, max) = (Duration::from_secs(5), Duration::from_secs(3600));
+        assert!(Backoff::nth_delay(min, max, 1) < Duration::from_secs(10));
+        let fourth = Backoff::nth_delay(min, max, 4);
+        assert!(fourth >= Duration::from_secs(40) && fourth <= Duration::from_secs(80));
+        let late = Backoff::nth_delay(min, max, 1000);
+        assert!(late >= max && late <= 2 * max, "{late:?}");
     }
 }

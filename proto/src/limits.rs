@@ -107,6 +107,15 @@ pub const MAX_CAPTURE_BATCH_WAIT_MS: u64 = 60_000;
 /// under 1 MiB). `Plan.actions_omitted` counts the older ones.
 pub const MAX_PLAN_ACTIONS_SHOWN: i64 = 200;
 
+/// Longest webhook URL (`CreatePlanRequest.webhook_url`, `--webhook-url`),
+/// in bytes: far above a real endpoint's, below what HTTP servers take in
+/// a request line (8 KiB is common).
+pub const MAX_WEBHOOK_URL_BYTES: usize = 2048;
+/// Longest webhook secret as written (`CreatePlanRequest.webhook_secret`,
+/// `--webhook-secret-file`): `whsec_` and the base64 of 64 bytes (the
+/// Standard Webhooks maximum) is 94 bytes.
+pub const MAX_WEBHOOK_SECRET_BYTES: usize = 128;
+
 /// Most attempts an ingested dead letter may say it had.
 pub const MAX_ATTEMPTS: u32 = 1_000_000;
 
@@ -147,6 +156,16 @@ const TEXT_LIMITS: &[(&str, &str, usize)] = &[
     ("redrive.v1.Selector", "error_groups", 2048),
     ("redrive.v1.Rate", "rationale", MAX_REASON_BYTES),
     ("redrive.v1.PlanControlRequest", "reason", MAX_REASON_BYTES),
+    (
+        "redrive.v1.CreatePlanRequest",
+        "webhook_url",
+        MAX_WEBHOOK_URL_BYTES,
+    ),
+    (
+        "redrive.v1.CreatePlanRequest",
+        "webhook_secret",
+        MAX_WEBHOOK_SECRET_BYTES,
+    ),
     (
         "redrive.v1.PrecheckOptions",
         "override_reason",

@@ -555,6 +555,18 @@ async fn run_case(
                     canary_fraction: Some(float),
                     observe_for: case.duration,
                     ordered: number % 2 == 0,
+                    // Arbitrary text a third of the time: the webhook
+                    // target's checks must refuse it by name.
+                    webhook_url: if number % 3 == 0 {
+                        a.clone()
+                    } else {
+                        String::new()
+                    },
+                    webhook_secret: if number % 3 == 0 {
+                        b.clone()
+                    } else {
+                        String::new()
+                    },
                 }),
             )
             .await?;

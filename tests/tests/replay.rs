@@ -6,11 +6,7 @@ use std::{collections::HashMap, time::Duration};
 
 use anyhow::Context;
 
-use futures::StreamExt;
-use lapin::{
-    options::BasicConsumeOptions,
-    types::{AMQPValue, FieldTable},
-};
+use lapin::types::{AMQPValue, FieldTable};
 use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetPlanRequest, PlanState, Rate,
     RunPrecheckRequest, coordinator_client::CoordinatorClient, planner_client::PlannerClient,
@@ -306,6 +302,7 @@ async fn two_routes_into_one_queue_share_one_rate() -> anyhow::Result<()> {
                     nanos: 0,
                 }),
                 ordered: false,
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -401,6 +398,7 @@ async fn two_executors_and_two_plans_share_one_rate() -> anyhow::Result<()> {
                     nanos: 0,
                 }),
                 ordered: false,
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -1880,26 +1878,7 @@ async fn re_dead_letters_during_the_canary_abort_the_plan_with_evidence() -> any
     let (incident, mut bed) = incident_bed(200).await?;
     // The consumer is still broken: it rejects what is replayed, which dead-letters
     // it again into the captured DLQ with the plan's redrive-plan-id header.
-    let channel = bed.broker().connection.create_channel().await?;
-    let mut consumer = channel
-        .basic_consume(
-            incident.work.as_str().into(),
-            unique("broken").as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let rejected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = rejected.clone();
-    let rejecting = tokio::spawn(async move {
-        while let Some(Ok(delivery)) = consumer.next().await {
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = delivery
-                .acker
-                .reject(lapin::options::BasicRejectOptions { requeue: false })
-                .await;
-        }
-    });
+    let (rejected, rejecting) = reject_all(bed.broker(), &incident.work).await?;
     // The observation window is what gives the re-dead-letters time to come
     // back and be captured before the main wave: with none, the plan is
     // promoted at the next gate pass (0.5 s), which a loaded machine's capture

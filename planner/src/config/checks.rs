@@ -38,6 +38,7 @@ impl Config {
         let transport = self.parse_transport(&mut problems);
         problems.extend(self.admission_problems());
         self.size_and_time_problems(&mut problems);
+        let webhooks = self.webhooks.parse(&mut problems);
         // The telemetry flags come last.
         problems.extend(self.telemetry.check().err());
         match (policy, transport) {
@@ -47,6 +48,7 @@ impl Config {
                 extraction: self.extraction_rules(key_sources),
                 authenticator,
                 tls,
+                webhooks,
             }),
             _ => Err(problems),
         }

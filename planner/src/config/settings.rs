@@ -12,6 +12,7 @@ use crate::{
     dead_letters::ExtractionRules,
     edge::auth::Authenticator,
     precheck::{policy::Policy, state_check::HookRoute},
+    webhooks::deliver::Delivery,
 };
 
 /// What parsing gives beside the flags themselves.
@@ -21,6 +22,7 @@ pub(super) struct Parsed {
     pub(super) extraction: ExtractionRules,
     pub(super) authenticator: Option<Arc<Authenticator>>,
     pub(super) tls: Option<tonic::transport::ServerTlsConfig>,
+    pub(super) webhooks: Delivery,
 }
 
 /// The planner's settings parsed into the values its parts take: the only
@@ -47,6 +49,9 @@ pub struct Settings {
     /// `--tls-cert`. With `--tls-client-ca`, client certificates are
     /// verified, and required unless bearer tokens are accepted too.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// How webhooks are delivered, with the planner's own target
+    /// (`--webhook-url`, the secret file read) when set.
+    pub webhooks: Delivery,
 }
 
 impl Settings {
@@ -63,6 +68,7 @@ impl Settings {
             extraction: parsed.extraction,
             authenticator: parsed.authenticator,
             tls: parsed.tls,
+            webhooks: parsed.webhooks,
         })
     }
 }
@@ -76,12 +82,14 @@ impl ServiceSettings for Config {
         self.parse_all().map(drop).map_err(SettingErrors)
     }
 
-    /// Reads `--database-url-file` and `--amqp-url-file`
-    /// into `database_url` and `amqp.url`.
+    /// Reads `--database-url-file`, `--amqp-url-file` and
+    /// `--webhook-secret-file` into `database_url`, `amqp.url` and
+    /// `webhooks.secret`.
     fn read_secret_files(&mut self, problems: &mut Vec<SettingError>) {
         let file = self.database_url_file.as_deref();
         read_secret_into("database-url-file", file, &mut self.database_url, problems);
         self.amqp.read_secret_file(problems);
+        self.webhooks.read_secret_file(problems);
     }
 
     fn telemetry(&self) -> &TelemetrySettings {

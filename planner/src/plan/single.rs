@@ -233,6 +233,7 @@ impl Single<'_> {
             observe_for_ms: 0,
             actor: actor.to_owned(),
             ordered: false,
+            webhook: None,
         })
     }
 

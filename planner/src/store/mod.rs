@@ -24,6 +24,8 @@
 //! - [`sources`]: each source's counts and arrivals for the overview.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
 //! - [`rekey`]: re-keying stored dead letters in batches, with its audit.
+//! - [`webhooks`]: the webhook outbox: events written with their state
+//!   change, due deliveries taken by one replica at a time, their outcomes.
 
 pub mod audit;
 pub mod dead_letters;
@@ -34,6 +36,7 @@ pub mod prechecks;
 pub mod rekey;
 pub mod single;
 pub mod sources;
+pub mod webhooks;
 
 use std::time::Duration;
 
@@ -113,6 +116,20 @@ pub struct Store {
     /// The instruments the store's own events (plan moves, expired leases)
     /// are counted with, and that every part holding the store reaches.
     metrics: PlannerMetrics,
+    /// Whether this planner has a webhook (`--webhook-url`): its events are
+    /// then written to the outbox for it.
+    planner_webhook: bool,
+}
+
+/// What a state change does beside itself: counted in the metrics, and
+/// written to the webhook outbox for the planner's webhook when it has one
+/// (and for the plan's own).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Effects<'a> {
+    /// The planner's instruments.
+    pub(crate) metrics: &'a PlannerMetrics,
+    /// Whether the planner has a webhook (`--webhook-url`).
+    pub(crate) planner_webhook: bool,
 }
 
 impl Store {
@@ -130,7 +147,23 @@ impl Store {
         Ok(Self {
             pool,
             metrics: PlannerMetrics::default(),
+            planner_webhook: false,
         })
+    }
+
+    /// This store writing every event to the outbox for the planner's own
+    /// webhook too (`--webhook-url` set).
+    pub fn with_planner_webhook(mut self, enabled: bool) -> Self {
+        self.planner_webhook = enabled;
+        self
+    }
+
+    /// What a state change made through this store does beside itself.
+    pub(crate) fn effects(&self) -> Effects<'_> {
+        Effects {
+            metrics: &self.metrics,
+            planner_webhook: self.planner_webhook,
+        }
     }
 
     /// This store counting into `metrics`.
@@ -149,6 +182,7 @@ impl Store {
         Self {
             pool,
             metrics: PlannerMetrics::default(),
+            planner_webhook: false,
         }
     }
 
@@ -204,6 +238,7 @@ impl Store {
         Ok(Tx {
             transaction: self.pool.begin().await?,
             metrics: self.metrics.clone(),
+            planner_webhook: self.planner_webhook,
         })
     }
 }
@@ -214,6 +249,8 @@ impl Store {
 pub struct Tx {
     transaction: Transaction<'static, Postgres>,
     metrics: PlannerMetrics,
+    /// As the store's ([`Store::with_planner_webhook`]).
+    planner_webhook: bool,
 }
 
 impl Tx {

@@ -36,6 +36,7 @@ use super::{Store, StoreError};
 use crate::{
     ids::{DeadLetterId, PlanId, PrecheckId},
     plan::state::State,
+    webhooks::EventType,
 };
 
 /// The NOTIFY channel for plan changes; the payload is the plan id.
@@ -82,6 +83,8 @@ pub struct NewPlan {
     pub actor: String,
     /// Published in dead-letter order (one slice at a time).
     pub ordered: bool,
+    /// The plan's own webhook target: URL and secret (`whsec_…`), checked.
+    pub webhook: Option<(String, String)>,
 }
 
 /// What creating a plan found.
@@ -133,7 +136,8 @@ pub(super) fn destination_columns(
 
 impl Store {
     /// Freezes the precheck's replayable items, in dead-letter order, into a
-    /// plan awaiting approval: canary slices first, then main slices.
+    /// plan awaiting approval: canary slices first, then main slices; its
+    /// `plan.created` webhook event is written in the same transaction.
     ///
     /// # Errors
     /// [`StoreError`]; nothing is created then.
@@ -141,6 +145,15 @@ impl Store {
         let mut transaction = self.pool().begin().await?;
         let outcome = insert_plan(&mut transaction, plan).await?;
         if matches!(outcome, CreateOutcome::Created) {
+            super::webhooks::enqueue_plan_events(
+                &mut transaction,
+                self.effects().planner_webhook,
+                plan.id,
+                &[EventType::PlanCreated],
+                &plan.actor,
+                &plan.rationale,
+            )
+            .await?;
             transaction.commit().await?;
         }
         Ok(outcome)
@@ -278,8 +291,10 @@ async fn insert_plan_row(
     sqlx::query(
             "INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
              rate_rationale, destination_mode, redirect_exchange, redirect_routing_key, slice_size, \
-             canary_fraction, observe_for_ms, total_items, canary_items, created_by, ordered) \
-             VALUES ($1, $2, $3, 'awaiting_approval', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+             canary_fraction, observe_for_ms, total_items, canary_items, created_by, ordered, \
+             webhook_url, webhook_secret) \
+             VALUES ($1, $2, $3, 'awaiting_approval', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+             $17, $18)",
         )
         .bind(plan.id)
         .bind(plan.precheck_id)
@@ -297,6 +312,8 @@ async fn insert_plan_row(
         .bind(canary)
         .bind(&plan.actor)
         .bind(plan.ordered)
+        .bind(plan.webhook.as_ref().map(|(url, _)| url))
+        .bind(plan.webhook.as_ref().map(|(_, secret)| secret))
         .execute(&mut **transaction)
         .await?;
     Ok(())
@@ -382,6 +399,24 @@ async fn record_policy_override(
     Ok(())
 }
 
+/// The plan with its progress and counts, without its actions, read
+/// through `executor` (the pool, or a transaction that changed it).
+///
+/// # Errors
+/// [`StoreError`].
+pub(crate) async fn plan_in(
+    executor: impl sqlx::PgExecutor<'_>,
+    plan_id: PlanId,
+) -> Result<Option<v1::Plan>, StoreError> {
+    let row = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
+        "SELECT {PLAN_COLUMNS} FROM plans p WHERE p.id = $1"
+    )))
+    .bind(plan_id)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(v1::Plan::from))
+}
+
 /// The precheck a plan freezes, as [`insert_plan`] reads it.
 #[derive(sqlx::FromRow)]
 struct FrozenPrecheckRow {
@@ -397,14 +432,9 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn get_plan(&self, plan_id: PlanId) -> Result<Option<v1::Plan>, StoreError> {
-        let row = sqlx::query_as::<_, PlanRow>(AssertSqlSafe(format!(
-            "SELECT {PLAN_COLUMNS} FROM plans p WHERE p.id = $1"
-        )))
-        .bind(plan_id)
-        .fetch_optional(self.pool())
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let mut plan = v1::Plan::from(row);
+        let Some(mut plan) = plan_in(self.pool(), plan_id).await? else {
+            return Ok(None);
+        };
         // The newest actions, and how many the plan has in all.
         let mut actions = sqlx::query_as::<_, OperatorActionRow>(
             "SELECT action, actor, reason, at, count(*) OVER () AS total \

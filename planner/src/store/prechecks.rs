@@ -15,10 +15,11 @@ use sqlx::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Store, StoreError, dead_letters::push_selected};
+use super::{Store, StoreError, dead_letters::push_selected, webhooks::enqueue_precheck_event};
 use crate::{
     dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId, PrecheckId},
+    webhooks::precheck_data,
 };
 
 /// A selected dead letter with what PostgreSQL knows about it.
@@ -201,7 +202,7 @@ impl Store {
             .await?)
     }
 
-    /// Records the finished report.
+    /// Records the finished report and its `precheck.finished` event.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -209,16 +210,21 @@ impl Store {
         let id = uuid::Uuid::parse_str(&report.precheck_id)
             .map(PrecheckId::new)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut transaction = self.pool().begin().await?;
         sqlx::query("UPDATE prechecks SET state = 'done', digest = $2, report = $3 WHERE id = $1")
             .bind(id)
             .bind(&report.digest)
             .bind(report.encode_to_vec())
-            .execute(self.pool())
+            .execute(&mut *transaction)
             .await?;
+        let data = precheck_data(&report.precheck_id, &report.actor, Ok(report));
+        enqueue_precheck_event(&mut transaction, self.effects().planner_webhook, &data).await?;
+        transaction.commit().await?;
         Ok(())
     }
 
-    /// Marks a precheck failed with `error` and removes its items.
+    /// Marks a precheck failed with `error`, removes its items and writes
+    /// its `precheck.finished` event, in one transaction.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -228,11 +234,15 @@ impl Store {
             .bind(id)
             .execute(&mut *transaction)
             .await?;
-        sqlx::query("UPDATE prechecks SET state = 'failed', error = $2 WHERE id = $1")
-            .bind(id)
-            .bind(error)
-            .execute(&mut *transaction)
-            .await?;
+        let actor: Option<String> = sqlx::query_scalar(
+            "UPDATE prechecks SET state = 'failed', error = $2 WHERE id = $1 RETURNING actor",
+        )
+        .bind(id)
+        .bind(error)
+        .fetch_optional(&mut *transaction)
+        .await?;
+        let data = precheck_data(&id.to_string(), &actor.unwrap_or_default(), Err(error));
+        enqueue_precheck_event(&mut transaction, self.effects().planner_webhook, &data).await?;
         transaction.commit().await?;
         Ok(())
     }

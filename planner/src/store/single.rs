@@ -131,7 +131,7 @@ impl Store {
         .execute(&mut *transaction)
         .await?;
         match transition_in(
-            &self.metrics,
+            self.effects(),
             &mut transaction,
             plan.id,
             Event::StartSingle,
@@ -191,7 +191,7 @@ impl Store {
             .await?;
         let cancelled = matches!(
             transition_in(
-                &self.metrics,
+                self.effects(),
                 &mut transaction,
                 plan_id,
                 Event::CancelUnclaimed,

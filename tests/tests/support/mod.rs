@@ -361,6 +361,29 @@ pub struct Received {
     pub properties: BasicProperties,
 }
 
+/// A consumer of `queue` on a channel of its own, its tag `name` made
+/// unique; acking itself unless `no_ack`.
+async fn consumer_of(
+    broker: &Broker,
+    queue: &str,
+    name: &str,
+    no_ack: bool,
+) -> anyhow::Result<(lapin::Channel, lapin::Consumer)> {
+    let channel = broker.connection.create_channel().await?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            unique(name).as_str().into(),
+            BasicConsumeOptions {
+                no_ack,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((channel, consumer))
+}
+
 /// Consumes `queue` (auto-ack) into a shared list until the returned token is
 /// cancelled.
 pub async fn consume(
@@ -370,18 +393,7 @@ pub async fn consume(
     std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
     tokio::task::JoinHandle<()>,
 )> {
-    let channel = broker.connection.create_channel().await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            unique("test-consumer").as_str().into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let (channel, mut consumer) = consumer_of(broker, queue, "test-consumer", true).await?;
     let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = received.clone();
     let task = tokio::spawn(async move {
@@ -489,6 +501,31 @@ pub async fn assert_received_within_audit(
         );
     }
     Ok((sent, uncertain))
+}
+
+/// A broken consumer of `queue`: rejects (without requeue) everything it
+/// gets, so that it dead-letters again; how many it rejected, and its task.
+pub async fn reject_all(
+    broker: &Broker,
+    queue: &str,
+) -> anyhow::Result<(
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let (channel, mut consumer) = consumer_of(broker, queue, "broken", false).await?;
+    let rejected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = rejected.clone();
+    let task = tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = delivery
+                .acker
+                .reject(lapin::options::BasicRejectOptions { requeue: false })
+                .await;
+        }
+    });
+    Ok((rejected, task))
 }
 
 /// Fails unless the consumer task is still running (a consumer that died

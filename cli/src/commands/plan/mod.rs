@@ -6,7 +6,8 @@
 //! ```text
 //! redrivectl plan create --precheck ID --rate N --burst N --rationale TEXT
 //!            [--destination queue|exchange|redirect:EXCHANGE/ROUTING_KEY] [--slice-size N]
-//!            [--canary-fraction F] [--observe DUR]
+//!            [--canary-fraction F] [--observe DUR] [--ordered]
+//!            [--webhook-url URL --webhook-secret-file FILE]
 //! redrivectl plan approve ID --digest D [--override-arrivals --reason TEXT]
 //! redrivectl plan status ID                      (alias: show)
 //! redrivectl plan list [--state S]... [--page-size N] [--page-token T] [--all]
@@ -30,6 +31,8 @@
 //! | `--canary-fraction F` | `canary_fraction`, 0 < F ≤ 1 (planner default 0.01, at least one item) |
 //! | `--observe DUR` | `observe_for`, positive humantime (planner default 15 min) |
 //! | `--ordered` | `ordered`: publish in dead-letter order across all executors, one slice at a time; a failed item is not retried after later ones |
+//! | `--webhook-url URL` | `webhook_url`: where this plan's events are also posted (docs/webhooks.md); needs `--webhook-secret-file` |
+//! | `--webhook-secret-file FILE` | `webhook_secret`: the file's text without surrounding whitespace, `whsec_<base64>`; read just before the call, never printed |
 //!
 //! A bad value is a usage error naming the flag (exit 64), before any call.
 //! It prints the plan and `next: redrivectl plan approve ID --digest D`.
@@ -207,6 +210,17 @@ pub struct CreateArgs {
     /// Without it, order is kept only within a slice.
     #[arg(long)]
     pub ordered: bool,
+
+    /// Where this plan's events (paused, ended, gate trips) are also posted,
+    /// signed (docs/webhooks.md): https://, or http:// to a loopback
+    /// address. Needs --webhook-secret-file.
+    #[arg(long, value_name = "URL", requires = "webhook_secret_file")]
+    pub webhook_url: Option<String>,
+
+    /// A file holding the secret --webhook-url's events are signed with
+    /// (`whsec_` and base64 of 24 to 64 random bytes).
+    #[arg(long, value_name = "FILE", requires = "webhook_url")]
+    pub webhook_secret_file: Option<std::path::PathBuf>,
 }
 
 /// `plan approve` arguments.
@@ -358,7 +372,29 @@ impl CreateArgs {
             canary_fraction: self.canary_fraction,
             observe_for: self.observe_for.map(duration),
             ordered: self.ordered,
+            webhook_url: self.webhook_url.clone().unwrap_or_default(),
+            // Read by `webhook_secret`, just before the call.
+            webhook_secret: String::new(),
         }
+    }
+
+    /// The text of `--webhook-secret-file` without surrounding whitespace
+    /// ("" without the flag).
+    ///
+    /// # Errors
+    /// A usage error naming the flag and the file, never its content.
+    pub fn webhook_secret(&self) -> Result<String, CliError> {
+        let Some(path) = &self.webhook_secret_file else {
+            return Ok(String::new());
+        };
+        std::fs::read_to_string(path)
+            .map(|text| text.trim().to_owned())
+            .map_err(|error| {
+                CliError::Usage(format!(
+                    "--webhook-secret-file: cannot read {}: {error}",
+                    path.display()
+                ))
+            })
     }
 }
 
@@ -380,7 +416,11 @@ pub async fn run(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let plan = match command {
-        PlanCommand::Create(args) => planner.create_plan(args.to_request()).await?,
+        PlanCommand::Create(args) => {
+            let mut request = args.to_request();
+            request.webhook_secret = args.webhook_secret()?;
+            planner.create_plan(request).await?
+        }
         PlanCommand::Approve(args) => {
             planner
                 .approve_plan(ApprovePlanRequest {
@@ -684,6 +724,8 @@ mod tests {
                 canary_fraction: Some(0.05),
                 observe_for: Some(duration(Duration::from_secs(1800))),
                 ordered: false,
+                webhook_url: String::new(),
+                webhook_secret: String::new(),
             }
         );
         // Defaults: queue; the rest left to the planner.

@@ -185,7 +185,10 @@ impl Tx {
         reason: &str,
     ) -> Result<Moved, StoreError> {
         transition_in(
-            &self.metrics,
+            crate::store::Effects {
+                metrics: &self.metrics,
+                planner_webhook: self.planner_webhook,
+            },
             &mut self.transaction,
             plan_id,
             event,

@@ -20,6 +20,7 @@ pub(super) const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p
     p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
     p.observing_until, (p.claim_by IS NOT NULL) AS single, p.ordered, \
+    p.webhook_url, (p.webhook_secret IS NOT NULL) AS webhook_secret_set, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id) AS slices_total, \
     (SELECT count(*) FROM dead_letters d WHERE d.redrive_plan_id = p.id::text) AS re_dead_letters, \
     (SELECT count(*) FROM plan_slices s WHERE s.plan_id = p.id AND s.state = 'completed') AS slices_completed, \
@@ -162,6 +163,8 @@ pub(super) struct PlanRow {
     slices_completed: i64,
     re_dead_letters: i64,
     item_states: serde_json::Value,
+    webhook_url: Option<String>,
+    webhook_secret_set: bool,
 }
 
 impl From<PlanRow> for v1::Plan {
@@ -207,6 +210,8 @@ impl From<PlanRow> for v1::Plan {
             .into(),
             ordered: row.ordered,
             re_dead_letters: u64::try_from(row.re_dead_letters).unwrap_or_default(),
+            webhook_url: row.webhook_url.unwrap_or_default(),
+            webhook_secret_set: row.webhook_secret_set,
             // The end of the observation window, while observing.
             observing_until: row
                 .observing_until

@@ -5,12 +5,12 @@
 use redrive_proto::v1;
 use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
-use super::super::{Store, StoreError};
+use super::super::{Effects, Store, StoreError, webhooks::enqueue_plan_events};
 use super::PLAN_CHANNEL;
 use crate::{
     ids::PlanId,
-    metrics::PlannerMetrics,
     plan::state::{self, Event, State, Target},
+    webhooks::events_of_move,
 };
 
 /// Records an operator action in `transaction`.
@@ -90,31 +90,32 @@ fn event_sql(event: Event) -> (String, &'static str) {
 /// paused from. When the plan moved, records the event's operator action (by
 /// `actor` with `reason`) and notifies; then the follow-up the table names
 /// ([`state::follow_up`]), e.g. a plan landing in `main` with every slice
-/// completed is completed too ([`Event::Complete`]).
+/// completed is completed too ([`Event::Complete`]). Each move's webhook
+/// events ([`events_of_move`]) are written to the outbox in `transaction`.
 ///
 /// # Errors
 /// [`StoreError`].
 pub(crate) async fn transition_in(
-    metrics: &PlannerMetrics,
+    effects: Effects<'_>,
     transaction: &mut Transaction<'_, Postgres>,
     plan_id: PlanId,
     event: Event,
     actor: &str,
     reason: &str,
 ) -> Result<Moved, StoreError> {
-    let moved = execute(metrics, transaction, plan_id, event, actor, reason).await?;
+    let moved = execute(effects, transaction, plan_id, event, actor, reason).await?;
     if let Moved::To(to) = moved
         && let Some(next) = state::follow_up(event, to.get())
     {
-        execute(metrics, transaction, plan_id, next, actor, "").await?;
+        execute(effects, transaction, plan_id, next, actor, "").await?;
     }
     Ok(moved)
 }
 
 /// [`transition_in`] without the completion that may follow; counts the
-/// move in `metrics`.
+/// move in `effects`' metrics and writes its webhook events.
 async fn execute(
-    metrics: &PlannerMetrics,
+    effects: Effects<'_>,
     transaction: &mut Transaction<'_, Postgres>,
     plan_id: PlanId,
     event: Event,
@@ -162,9 +163,21 @@ async fn execute(
         record_action(transaction, plan_id, action, actor, reason).await?;
     }
     notify(transaction, plan_id).await?;
+    let events = events_of_move(to, actor);
+    if !events.is_empty() {
+        enqueue_plan_events(
+            transaction,
+            effects.planner_webhook,
+            plan_id,
+            &events,
+            actor,
+            reason,
+        )
+        .await?;
+    }
     // Counted when executed: a transaction that then fails to commit is
     // counted too (PostgreSQL unreachable at that instant).
-    metrics.plan_moved(to.get());
+    effects.metrics.plan_moved(to.get());
     // An event on the current span (the RPC's, the gates' or a report's).
     tracing::info!(plan.id = %plan_id, plan.state = to.name(), "plan state changed");
     Ok(Moved::To(to))
@@ -202,7 +215,7 @@ impl Store {
     ) -> Result<Moved, StoreError> {
         let mut transaction = self.pool().begin().await?;
         let moved = transition_in(
-            &self.metrics,
+            self.effects(),
             &mut transaction,
             plan_id,
             event,

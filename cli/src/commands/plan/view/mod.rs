@@ -224,7 +224,7 @@ pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Re
         None => observe,
     };
     let rate = plan.rate.clone().unwrap_or_default();
-    let fields = [
+    let mut fields = vec![
         ("plan id", plan.plan_id.clone()),
         ("state", state_text(plan)),
         ("precheck", cell(&plan.precheck_id).to_owned()),
@@ -278,6 +278,15 @@ pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Re
         ),
         ("completed", when_by(plan.completed_at.as_ref(), "")),
     ];
+    if !plan.webhook_url.is_empty() {
+        // The secret is never shown by the planner: only whether it is set.
+        let signed = if plan.webhook_secret_set {
+            "signed"
+        } else {
+            "no secret"
+        };
+        fields.push(("webhook", format!("{} ({signed})", plan.webhook_url)));
+    }
     output::write_fields(out, "", &fields)?;
     Ok(())
 }
@@ -397,6 +406,8 @@ mod tests {
             observe_for: Some(duration(std::time::Duration::from_secs(900))),
             ordered: false,
             re_dead_letters: 0,
+            webhook_url: String::new(),
+            webhook_secret_set: false,
             total_items: 1000,
             canary_items: 10,
             counts: Some(v1::ActionCounts {
