@@ -2,7 +2,8 @@
 """A minimal Redrive client from Python's standard gRPC tooling.
 
 Calls redrive.v1.Planner/SummarizeDeadLetters and redrive.v1.Planner/ListPlans
-with stubs generated from proto/redrive/v1/*.proto (run ./generate.sh first),
+with stubs generated from proto/redrive/v1/*.proto (run ./generate.sh first;
+the connection setup is redrive_client.py's, shared with orchestrate.py),
 naming the caller in the `x-redrive-actor` metadata the planner records on
 prechecks, plans and operator actions.
 
@@ -18,64 +19,28 @@ the delegate permission may only name itself).
 """
 
 import argparse
-import getpass
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gen"))
-
-try:
-    import grpc
-    from redrive.v1 import messages_pb2, planner_pb2, planner_pb2_grpc
-except ImportError as error:
-    sys.exit(f"{error}: install requirements.txt and run ./generate.sh first")
-
-# The request metadata key the planner reads the caller's name from.
-ACTOR_METADATA = "x-redrive-actor"
+from redrive_client import (
+    EX_UNAVAILABLE,
+    add_connection_arguments,
+    grpc,
+    messages_pb2,
+    metadata_for,
+    open_channel,
+    planner_pb2,
+    planner_pb2_grpc,
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--planner",
-        default=os.environ.get("REDRIVE_PLANNER", "127.0.0.1:50051"),
-        help="planner address, host:port or http://host:port (env REDRIVE_PLANNER)",
-    )
-    parser.add_argument(
-        "--actor",
-        default=os.environ.get("REDRIVE_ACTOR"),
-        help="who is calling (env REDRIVE_ACTOR, default the login name without a token)",
-    )
-    parser.add_argument("--ca", default=os.environ.get("REDRIVE_CA"), help="PEM CA bundle for https:// (env REDRIVE_CA)")
-    parser.add_argument("--tls-client-cert", default=os.environ.get("REDRIVE_TLS_CLIENT_CERT"), help="PEM client certificate")
-    parser.add_argument("--tls-client-key", default=os.environ.get("REDRIVE_TLS_CLIENT_KEY"), help="PEM client key")
+    add_connection_arguments(parser)
     parser.add_argument("--source", action="append", default=[], help="a DLQ to summarize (repeatable; default all)")
     args = parser.parse_args()
+    metadata = metadata_for(args)
 
-    token = os.environ.get("REDRIVE_TOKEN", "").strip()
-    metadata = []
-    if token:
-        metadata.append(("authorization", f"Bearer {token}"))
-    actor = args.actor or (None if token else getpass.getuser())
-    if actor:
-        metadata.append((ACTOR_METADATA, actor))
-
-    def read(path):
-        if not path:
-            return None
-        with open(path, "rb") as file:
-            return file.read()
-
-    if args.planner.startswith("https://"):
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=read(args.ca),
-            private_key=read(args.tls_client_key),
-            certificate_chain=read(args.tls_client_cert),
-        )
-        channel = grpc.secure_channel(args.planner.removeprefix("https://"), credentials)
-    else:
-        channel = grpc.insecure_channel(args.planner.removeprefix("http://"))
-    with channel:
+    with open_channel(args) as channel:
         planner = planner_pb2_grpc.PlannerStub(channel)
         try:
             summary = planner.SummarizeDeadLetters(
@@ -98,7 +63,7 @@ def main() -> int:
             # UNAVAILABLE: planner down, or still waiting for PostgreSQL;
             # INVALID_ARGUMENT names the bad field.
             print(f"{error.code().name}: {error.details()}", file=sys.stderr)
-            return 69 if error.code() == grpc.StatusCode.UNAVAILABLE else 1
+            return EX_UNAVAILABLE if error.code() == grpc.StatusCode.UNAVAILABLE else 1
 
     print(f"{summary.total} dead letters")
     for group in summary.groups:

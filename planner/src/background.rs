@@ -63,6 +63,7 @@ pub(crate) async fn start_background(
         shutdown.clone(),
     ));
     others.spawn(count_plans(store.clone(), shutdown.clone()));
+    others.spawn(expire_idempotency_keys(store.clone(), shutdown.clone()));
     others.spawn(count_sources(
         store.clone(),
         capture_status.clone(),
@@ -222,6 +223,24 @@ async fn count_sources(store: Store, capture_status: CaptureStatus, shutdown: Ca
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(metrics::SOURCES_COUNT_INTERVAL) => {}
+        }
+    }
+}
+
+/// Deletes the idempotency keys past their retention
+/// ([`crate::edge::idempotency::RETENTION`]) every 10 minutes, so that the
+/// table holds about one day of mutating calls.
+async fn expire_idempotency_keys(store: Store, shutdown: CancellationToken) {
+    loop {
+        if let Err(error) = store
+            .expire_idempotency_keys(crate::edge::idempotency::RETENTION)
+            .await
+        {
+            debug!(%error, "expiring idempotency keys failed");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(600)) => {}
         }
     }
 }

@@ -14,4 +14,5 @@ pub mod admission;
 pub mod auth;
 pub mod console;
 pub mod grpc;
+pub mod idempotency;
 pub mod roles;

@@ -414,6 +414,16 @@ pub enum Control {
 }
 
 impl Control {
+    /// Its RPC: `PromotePlan`, `PausePlan`, `ResumePlan`, `CancelPlan`.
+    pub fn method(self) -> &'static str {
+        match self {
+            Self::Pause => "PausePlan",
+            Self::Resume => "ResumePlan",
+            Self::Cancel => "CancelPlan",
+            Self::Promote => "PromotePlan",
+        }
+    }
+
     /// Its event in the plan state machine ([`crate::plan::state`]).
     pub fn event(self) -> Event {
         match self {

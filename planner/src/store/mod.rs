@@ -30,6 +30,7 @@
 pub mod audit;
 pub mod dead_letters;
 pub mod housekeeping;
+pub mod idempotency;
 pub mod leases;
 pub mod plans;
 pub mod prechecks;

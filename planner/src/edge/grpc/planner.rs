@@ -77,20 +77,30 @@ impl PlannerGrpc {
         request: Request<v1::PlanControlRequest>,
         control: plan::Control,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
-        Ok(Response::new(
-            plan::control(
-                &self.state.store,
-                plan_id,
-                control,
-                &actor,
-                &request.reason,
-                request.override_arrivals,
-            )
-            .await?,
-        ))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            control.method(),
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                let request = request.into_inner();
+                let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
+                Ok(Response::new(
+                    plan::control(
+                        &self.state.store,
+                        plan_id,
+                        control,
+                        &actor,
+                        &request.reason,
+                        request.override_arrivals,
+                    )
+                    .await?,
+                ))
+            },
+        )
+        .await
     }
 }
 
@@ -101,11 +111,30 @@ impl PlannerGrpc {
         request: Request<v1::ArchiveDeadLettersRequest>,
         archive: bool,
     ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
-        let actor = actor(&request);
-        Ok(Response::new(
-            housekeeping::set_archived(&self.state.store, &actor, request.into_inner(), archive)
-                .await?,
-        ))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            if archive {
+                "ArchiveDeadLetters"
+            } else {
+                "UnarchiveDeadLetters"
+            },
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                Ok(Response::new(
+                    housekeeping::set_archived(
+                        &self.state.store,
+                        &actor,
+                        request.into_inner(),
+                        archive,
+                    )
+                    .await?,
+                ))
+            },
+        )
+        .await
     }
 }
 
@@ -201,41 +230,61 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::RekeyDeadLettersRequest>,
     ) -> Result<Response<v1::RekeyDeadLettersResponse>, Status> {
-        let actor = actor(&request);
-        Ok(Response::new(
-            rekey::rekey(
-                &self.state.store,
-                &self.state.rules,
-                &actor,
-                request.into_inner(),
-            )
-            .await?,
-        ))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            "RekeyDeadLetters",
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                Ok(Response::new(
+                    rekey::rekey(
+                        &self.state.store,
+                        &self.state.rules,
+                        &actor,
+                        request.into_inner(),
+                    )
+                    .await?,
+                ))
+            },
+        )
+        .await
     }
 
     async fn run_precheck(
         &self,
         request: Request<v1::RunPrecheckRequest>,
     ) -> Result<Response<v1::PrecheckReport>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let precheck = PrecheckRequest::new(
-            actor,
-            request.selector.unwrap_or_default(),
-            request.options.unwrap_or_default(),
-            &self.state.policy,
-        )?;
-        // Run detached: a caller that goes away does not leave the precheck
-        // half done (it finishes and is stored, for GetPrecheck).
-        let store = self.state.store.clone();
-        let checker = Arc::clone(&self.state.checker);
-        // The detached task keeps the call's span as its parent (traces).
-        let report = tokio::spawn(tracing::Instrument::in_current_span(async move {
-            precheck::run(&store, &checker, precheck).await
-        }))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            "RunPrecheck",
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                let request = request.into_inner();
+                let precheck = PrecheckRequest::new(
+                    actor,
+                    request.selector.unwrap_or_default(),
+                    request.options.unwrap_or_default(),
+                    &self.state.policy,
+                )?;
+                // Run detached: a caller that goes away does not leave the precheck
+                // half done (it finishes and is stored, for GetPrecheck).
+                let store = self.state.store.clone();
+                let checker = Arc::clone(&self.state.checker);
+                // The detached task keeps the call's span as its parent (traces).
+                let report = tokio::spawn(tracing::Instrument::in_current_span(async move {
+                    precheck::run(&store, &checker, precheck).await
+                }))
+                .await
+                .map_err(|error| Status::internal(format!("precheck task failed: {error}")))??;
+                Ok(Response::new(report))
+            },
+        )
         .await
-        .map_err(|error| Status::internal(format!("precheck task failed: {error}")))??;
-        Ok(Response::new(report))
     }
 
     async fn get_precheck(
@@ -283,32 +332,52 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::CreatePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let new_plan = plan::validate_create(request.into_inner(), actor)?;
-        Ok(Response::new(
-            plan::create(&self.state.store, new_plan).await?,
-        ))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            "CreatePlan",
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                let new_plan = plan::validate_create(request.into_inner(), actor)?;
+                Ok(Response::new(
+                    plan::create(&self.state.store, new_plan).await?,
+                ))
+            },
+        )
+        .await
     }
 
     async fn approve_plan(
         &self,
         request: Request<v1::ApprovePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
-        Ok(Response::new(
-            plan::approve(
-                &self.state.store,
-                plan_id,
-                &request.digest,
-                &actor,
-                self.state.four_eyes,
-                self.state.max_precheck_age,
-                arrivals_override(&request)?,
-            )
-            .await?,
-        ))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            "ApprovePlan",
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                let request = request.into_inner();
+                let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
+                Ok(Response::new(
+                    plan::approve(
+                        &self.state.store,
+                        plan_id,
+                        &request.digest,
+                        &actor,
+                        self.state.four_eyes,
+                        self.state.max_precheck_age,
+                        arrivals_override(&request)?,
+                    )
+                    .await?,
+                ))
+            },
+        )
+        .await
     }
 
     async fn get_plan(
@@ -451,28 +520,51 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::ReplayDeadLetterRequest>,
     ) -> Result<Response<v1::ReplayDeadLetterResponse>, Status> {
-        let actor = actor(&request);
-        let request = request.into_inner();
-        // Run detached: a caller that goes away does not leave the plan of one
-        // half made (the wait then ends as it would have).
-        let state = self.state.clone();
-        let response = tokio::spawn(async move { state.single().replay(&actor, request).await })
-            .await
-            .map_err(|error| Status::internal(format!("single replay task failed: {error}")))??;
-        Ok(Response::new(response))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            "ReplayDeadLetter",
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                let request = request.into_inner();
+                // Run detached: a caller that goes away does not leave the plan of one
+                // half made (the wait then ends as it would have).
+                let state = self.state.clone();
+                let response =
+                    tokio::spawn(async move { state.single().replay(&actor, request).await })
+                        .await
+                        .map_err(|error| {
+                            Status::internal(format!("single replay task failed: {error}"))
+                        })??;
+                Ok(Response::new(response))
+            },
+        )
+        .await
     }
 
     async fn repair_dead_letter(
         &self,
         request: Request<v1::RepairDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
-        let actor = actor(&request);
-        Ok(Response::new(
-            self.state
-                .single()
-                .repair(&actor, request.into_inner())
-                .await?,
-        ))
+        let principal = actor(&request);
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &principal,
+            "RepairDeadLetter",
+            request,
+            |request| async move {
+                let actor = actor(&request);
+                Ok(Response::new(
+                    self.state
+                        .single()
+                        .repair(&actor, request.into_inner())
+                        .await?,
+                ))
+            },
+        )
+        .await
     }
 
     async fn get_caller(

@@ -1,0 +1,134 @@
+//! Idempotency keys on the calls that create or change something
+//! (docs/api.md, "Idempotency keys"), after the IETF draft
+//! "The Idempotency-Key HTTP Header Field" (draft-ietf-httpapi-idempotency-key-header):
+//! a caller sends request metadata `idempotency-key`; the first call with a
+//! key runs and its answer is kept for [`RETENTION`] under the caller (the
+//! recorded actor) and the key. A retry with the same key and the same
+//! request gets that answer, not a second plan; while the first call still
+//! runs it gets `UNAVAILABLE` (retry); the same key with another request is
+//! `FAILED_PRECONDITION`. An error is not kept: a retry after one runs the
+//! request again.
+
+use std::time::Duration;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    error::Error,
+    store::{Store, idempotency::Reservation},
+};
+
+/// The request metadata carrying the key.
+pub const METADATA_KEY: &str = "idempotency-key";
+/// How long an answer is kept (a key older than this is new again).
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// A first call without an answer after this long is taken over by a retry
+/// with the same request: its planner died before it could answer (the
+/// longest call, a precheck of a large selection, runs well within it).
+pub const TAKEOVER_AFTER: Duration = Duration::from_secs(600);
+/// Longest key, in bytes.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// The key `request` carries, if any.
+///
+/// # Errors
+/// `InvalidArgument` naming `idempotency-key` for an empty or too long key,
+/// or one outside visible ASCII.
+pub fn key_of<T>(request: &Request<T>) -> Result<Option<String>, Error> {
+    let Some(value) = request.metadata().get(METADATA_KEY) else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|key| key.bytes().all(|byte| byte.is_ascii_graphic()))
+        .ok_or_else(|| Error::invalid(METADATA_KEY, "must be visible ASCII (33-126)"))?;
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(Error::invalid(
+            METADATA_KEY,
+            format!("must be 1 to {MAX_KEY_BYTES} bytes, not {}", key.len()),
+        ));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// Runs `call` on `request` once per idempotency key of `principal`: without
+/// a key it just runs; with one, see the module docs. `method` names the
+/// call (`CreatePlan`); the request is identified by the SHA-256 of the
+/// method and its protobuf encoding (deterministic: maps are B-trees).
+///
+/// # Errors
+/// `call`'s; `InvalidArgument` for a bad key; `FailedPrecondition` for a key
+/// used with another request; `Unavailable` while the first call runs;
+/// store errors.
+pub async fn once<Req, Resp, F, Fut>(
+    store: &Store,
+    principal: &str,
+    method: &'static str,
+    request: Request<Req>,
+    call: F,
+) -> Result<Response<Resp>, Status>
+where
+    Req: Message,
+    Resp: Message + Default,
+    F: FnOnce(Request<Req>) -> Fut,
+    Fut: Future<Output = Result<Response<Resp>, Status>>,
+{
+    let Some(key) = key_of(&request)? else {
+        return call(request).await;
+    };
+    let mut hash = Sha256::new();
+    hash.update(method.as_bytes());
+    hash.update([0]);
+    hash.update(request.get_ref().encode_to_vec());
+    let sha256 = hash.finalize();
+    match store
+        .reserve_idempotency_key(principal, &key, method, &sha256, TAKEOVER_AFTER, RETENTION)
+        .await
+        .map_err(Error::from)?
+    {
+        Reservation::Run => {}
+        Reservation::Answered(bytes) => {
+            let answer = Resp::decode(bytes.as_slice()).map_err(|error| {
+                Status::internal(format!(
+                    "the kept answer of {key:?} does not decode: {error}"
+                ))
+            })?;
+            return Ok(Response::new(answer));
+        }
+        Reservation::Running => {
+            return Err(Error::Unavailable(format!(
+                "a {method} call with idempotency key {key:?} is still running: retry, and the \
+                 retry gets its answer"
+            ))
+            .into());
+        }
+        Reservation::OtherRequest { method, at } => {
+            return Err(Error::FailedPrecondition(format!(
+                "idempotency key {key:?} was used for another request ({method} at {}): a new \
+                 request needs a new key",
+                redrive_proto::time::rfc3339(at)
+            ))
+            .into());
+        }
+    }
+    match call(request).await {
+        Ok(response) => {
+            let bytes = response.get_ref().encode_to_vec();
+            if let Err(error) = store.answer_idempotency_key(principal, &key, &bytes).await {
+                // The call did its work: answer it; a retry runs it again
+                // after TAKEOVER_AFTER (the key stays reserved until then).
+                tracing::warn!(%error, method, "keeping the answer of an idempotency key failed");
+            }
+            Ok(response)
+        }
+        Err(status) => {
+            if let Err(error) = store.release_idempotency_key(principal, &key).await {
+                tracing::warn!(%error, method, "freeing an idempotency key after an error failed");
+            }
+            Err(status)
+        }
+    }
+}
