@@ -48,6 +48,8 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
             "50",
             "--canary-fraction",
             "0.05",
+            "--ramp",
+            "20%,0.6",
             "--observe",
             "30m",
             "--ordered",
@@ -62,7 +64,12 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
         "",
     )
     .await;
-    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert_eq!(
         fake.plan_calls(),
         [PlanCall::Create(v1::CreatePlanRequest {
@@ -80,6 +87,7 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
             }),
             slice_size: 50,
             canary_fraction: Some(0.05),
+            ramp: vec![0.2, 0.6],
             observe_for: Some(prost_types::Duration {
                 seconds: 1800,
                 nanos: 0,

@@ -100,6 +100,7 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
             "must be above 0 and at most 1",
         ));
     }
+    let ramp = ramp_of(&request.ramp, canary_fraction)?;
     let observe_for = match request.observe_for {
         None => DEFAULT_OBSERVE_FOR,
         Some(duration) => from_duration(&duration)
@@ -118,11 +119,44 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
         destination,
         slice_size,
         canary_fraction,
+        ramp,
         observe_for_ms: i64::try_from(observe_for.as_millis()).unwrap_or(i64::MAX),
         actor,
         ordered: request.ordered,
         webhook: plan_webhook(request.webhook_url, request.webhook_secret)?,
     })
+}
+
+/// Most waves a ramp may add between the canary and the main wave.
+pub const MAX_RAMP_WAVES: usize = 8;
+
+/// The waves a ramp adds after the canary (docs/replay.md, "Ramps"):
+/// cumulative fractions of the items, each above the one before (the first
+/// above `canary_fraction`) and below 1 (the main wave takes the rest).
+///
+/// # Errors
+/// `InvalidArgument` naming `ramp[i]`.
+fn ramp_of(ramp: &[f64], canary_fraction: f64) -> Result<Vec<f64>, Error> {
+    if ramp.len() > MAX_RAMP_WAVES {
+        return Err(Error::invalid(
+            "ramp",
+            format!("at most {MAX_RAMP_WAVES} waves between the canary and the main wave"),
+        ));
+    }
+    let mut before = canary_fraction;
+    for (index, &fraction) in ramp.iter().enumerate() {
+        if !(fraction.is_finite() && fraction > before && fraction < 1.0) {
+            return Err(Error::invalid(
+                format!("ramp[{index}]"),
+                format!(
+                    "{fraction} must be a cumulative fraction of the items above {before} (the \
+                     wave before it) and below 1 (the main wave takes the rest)"
+                ),
+            ));
+        }
+        before = fraction;
+    }
+    Ok(ramp.to_vec())
 }
 
 /// A plan's own webhook target (`webhook_url` with `webhook_secret`), both

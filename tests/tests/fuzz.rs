@@ -553,6 +553,8 @@ async fn run_case(
                     destination: destination.map(|mode| v1::Destination { mode: Some(mode) }),
                     slice_size: number,
                     canary_fraction: Some(float),
+                    // Arbitrary shares, increasing or not, in range or not.
+                    ramp: vec![float * 2.0, float.abs().sqrt(), f64::from(number % 7) / 5.0],
                     observe_for: case.duration,
                     ordered: number % 2 == 0,
                     // Arbitrary text a third of the time: the webhook

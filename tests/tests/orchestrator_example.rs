@@ -298,6 +298,19 @@ async fn approve_as_bob(client: &mut PlannerClient<Channel>, plan_id: &str) -> a
 }
 
 /// The report `orchestrate.py` wrote.
+/// Waits for `script` to fail the job (exit 5, `what`) and reads the report
+/// it still wrote.
+async fn failed_job(
+    script: &mut Script,
+    report_path: &Path,
+    what: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let status = script.exit(Duration::from_secs(60)).await?;
+    let output = script.output();
+    assert_eq!(status.code(), Some(5), "{what}\n{output}");
+    read_report(report_path)
+}
+
 fn read_report(path: &Path) -> anyhow::Result<serde_json::Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("orchestrate.py wrote no report at {}", path.display()))?;
@@ -354,7 +367,6 @@ async fn a_job_replays_an_incident_after_a_second_person_approves() -> anyhow::R
 
     let status = script.exit(Duration::from_secs(120)).await?;
     let output = script.output();
-    eprintln!("SAMPLE\n{output}\nREPORT\n{}", std::fs::read_to_string(&report_path).unwrap_or_default());
     assert_eq!(status.code(), Some(0), "the job succeeds\n{output}");
     assert!(
         output.contains(&format!("replayable {MESSAGES}")),
@@ -438,24 +450,10 @@ async fn a_cancelled_plan_fails_the_job_with_the_report_written() -> anyhow::Res
     })
     .await?;
     bed.client
-        .cancel_plan(as_actor(
-            "bob",
-            v1::PlanControlRequest {
-                plan_id: plan_id.clone(),
-                reason: "downstream struggling".to_owned(),
-                ..Default::default()
-            },
-        ))
+        .cancel_plan(control_by_bob(&plan_id, "downstream struggling"))
         .await?;
 
-    let status = script.exit(Duration::from_secs(60)).await?;
-    let output = script.output();
-    assert_eq!(
-        status.code(),
-        Some(5),
-        "a cancelled plan fails the job\n{output}"
-    );
-    let report = read_report(&report_path)?;
+    let report = failed_job(&mut script, &report_path, "a cancelled plan fails the job").await?;
     assert_eq!(report["plan_id"], plan_id.as_str());
     assert_eq!(report["state"], "cancelled");
     assert_eq!(report["exit_code"], 5);
@@ -566,4 +564,58 @@ async fn a_retried_job_gets_the_same_plan() -> anyhow::Result<()> {
     assert_bed_audit(&bed, &first_plan, &received).await?;
     executor.stop().await?;
     bed.finish().await
+}
+
+/// A plan paused for longer than `--pause-timeout` fails the job: exit 5,
+/// the report saying it is paused, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_paused_too_long_fails_the_job() -> anyhow::Result<()> {
+    init_logging();
+    const MESSAGES: u32 = 10;
+    let python = python().await;
+    let stubs = stubs(&python).await?;
+    let (incident, mut bed) = four_eyes_incident(MESSAGES).await?;
+    let scratch = tempfile::tempdir()?;
+    let report_path = scratch.path().join("report.json");
+
+    let mut script = Script::start(
+        &python,
+        stubs.path(),
+        &bed.planner.url(),
+        &incident.dlq,
+        &unique("manual__paused"),
+        &report_path,
+        &["--rate", "200", "--burst", "20", "--pause-timeout", "2s"],
+    )?;
+    let plan_id = script.plan_id().await?;
+    approve_as_bob(&mut bed.client, &plan_id).await?;
+    // No executor yet: the plan waits in its canary, and is paused there.
+    bed.client
+        .pause_plan(control_by_bob(&plan_id, "consumer deploy in progress"))
+        .await?;
+
+    let report = failed_job(&mut script, &report_path, "paused too long fails the job").await?;
+    assert_eq!(report["outcome"], "paused_too_long");
+    assert_eq!(report["state"], "paused");
+    assert!(
+        report["state_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("consumer deploy in progress")),
+        "the report says why: {}",
+        report["state_reason"]
+    );
+    assert_eq!(report["sent"], 0);
+    bed.finish().await
+}
+
+/// A pause or cancel of `plan_id` by bob, the second principal, with `reason`.
+fn control_by_bob(plan_id: &str, reason: &str) -> tonic::Request<v1::PlanControlRequest> {
+    as_actor(
+        "bob",
+        v1::PlanControlRequest {
+            plan_id: plan_id.to_owned(),
+            reason: reason.to_owned(),
+            ..Default::default()
+        },
+    )
 }

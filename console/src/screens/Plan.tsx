@@ -151,6 +151,9 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
   const redead = plan.reDeadLetters > 0n;
   const gateTrips = plan.actions.filter((a) => a.actor === GATE_ACTOR);
   const gateTripped = gateTrips.length > 0;
+  // The ramp: every wave before the main one, then the main wave.
+  const waves = plan.rampItems.length + 1;
+  const lastRampWave = plan.rampStep + 1 >= plan.rampItems.length;
   const observingLeft = plan.state === PlanState.OBSERVING ? (tsDate(plan.observingUntil)?.getTime() ?? now) - now : 0;
   const nowSecond = Math.max(Math.floor(now / 1000), stats.lastSecond);
 
@@ -163,9 +166,15 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
         <span class={`state s-${stateName(plan.state).replace(/ /g, "-")}`} data-testid="plan-state" data-state={stateName(plan.state)}>
           {stateName(plan.state)}
         </span>
+        {waves > 2 && (plan.state === PlanState.CANARY || plan.state === PlanState.OBSERVING || plan.state === PlanState.MAIN) && (
+          <span data-testid="plan-wave">
+            wave {plan.state === PlanState.MAIN ? waves : plan.rampStep + 1} of {waves} (
+            {plan.state === PlanState.MAIN ? "the rest" : `up to ${num(plan.rampItems[plan.rampStep] ?? 0n)} items`})
+          </span>
+        )}
         {plan.state === PlanState.OBSERVING && (
           <span data-testid="plan-countdown" role="timer">
-            observing: the main wave starts in {fmtSpan(observingLeft)} if the gates stay green
+            observing: the {lastRampWave ? "main wave" : "next wave"} starts in {fmtSpan(observingLeft)} if the gates stay green
           </span>
         )}
         <a href={`#/plans/${encodeURIComponent(plan.planId)}/audit`} data-testid="plan-audit">

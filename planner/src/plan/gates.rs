@@ -152,12 +152,20 @@ pub async fn check(store: &Store) -> Result<(), StoreError> {
                 .observing_until
                 .is_some_and(|until| until <= Utc::now())
         {
+            // The ramp's next wave if it has one, else the main wave: the
+            // two events' conditions exclude each other.
             let reason = "observation window passed with the gates green";
-            if let Moved::To(_) = store
-                .transition_plan(plan.id, Event::ObservationPassed, GATE_ACTOR, reason)
-                .await?
-            {
-                info!(plan.id = %plan.id, "plan promoted to its main wave");
+            for (event, what) in [
+                (Event::NextWave, "plan promoted to its ramp's next wave"),
+                (Event::ObservationPassed, "plan promoted to its main wave"),
+            ] {
+                if let Moved::To(_) = store
+                    .transition_plan(plan.id, event, GATE_ACTOR, reason)
+                    .await?
+                {
+                    info!(plan.id = %plan.id, what);
+                    break;
+                }
             }
         }
     }

@@ -230,6 +230,7 @@ impl Single<'_> {
             destination: DestinationMode::Queue,
             slice_size: 1,
             canary_fraction: 0.0,
+            ramp: Vec::new(),
             observe_for_ms: 0,
             actor: actor.to_owned(),
             ordered: false,

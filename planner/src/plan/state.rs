@@ -125,11 +125,16 @@ pub enum Event {
     /// A plan of one (`ReplayDeadLetter`) is approved by its creator, right
     /// after it is created, straight into its main wave (it has no canary).
     StartSingle,
-    /// The canary wave's last slice completed (extra condition: no canary
-    /// slice left): the observation window starts.
+    /// The current wave's last slice completed (extra condition: no slice
+    /// of the plan's current ramp wave left): the observation window starts.
     CanaryDone,
-    /// The observation window passed with the gates green (the gates'
-    /// promote).
+    /// The observation window of a ramp wave passed with the gates green and
+    /// the ramp has another wave before the main one (extra condition): that
+    /// wave starts (`ramp_step` + 1), back in `canary`.
+    NextWave,
+    /// The observation window of the last wave before the main one passed
+    /// with the gates green (extra condition: no ramp wave left): the gates'
+    /// promote.
     ObservationPassed,
     /// An operator ends the canary or its observation now (`plan promote`).
     Promote,
@@ -186,10 +191,11 @@ const CANCELLABLE: &[S] = &[
 
 impl Event {
     /// Every event.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::Approve,
         Self::StartSingle,
         Self::CanaryDone,
+        Self::NextWave,
         Self::ObservationPassed,
         Self::Promote,
         Self::Complete,
@@ -209,6 +215,7 @@ impl Event {
             Self::Approve => (&[S::AwaitingApproval], To(S::Canary)),
             Self::StartSingle => (&[S::AwaitingApproval], To(S::Main)),
             Self::CanaryDone => (&[S::Canary], To(S::Observing)),
+            Self::NextWave => (&[S::Observing], To(S::Canary)),
             Self::ObservationPassed => (&[S::Observing], To(S::Main)),
             Self::Promote => (&[S::Canary, S::Observing], To(S::Main)),
             Self::Complete => (&[S::Main], To(S::Completed)),
@@ -252,6 +259,7 @@ impl Event {
         Some(match self {
             Self::Approve | Self::StartSingle => "approve",
             Self::ObservationPassed | Self::Promote => "promote",
+            Self::NextWave => "next_wave",
             Self::Pause | Self::GatePause => "pause",
             Self::Resume => "resume",
             Self::Cancel | Self::CancelUnclaimed => "cancel",
@@ -270,7 +278,11 @@ impl Event {
     pub fn resets_gates(self) -> bool {
         matches!(
             self,
-            Self::StartSingle | Self::ObservationPassed | Self::Promote | Self::Resume
+            Self::StartSingle
+                | Self::NextWave
+                | Self::ObservationPassed
+                | Self::Promote
+                | Self::Resume
         )
     }
 }
@@ -307,7 +319,12 @@ pub fn target_keeps_reason(target: Target) -> bool {
 }
 
 /// The events the gates cause.
-pub const GATE_EVENTS: [Event; 3] = [Event::GatePause, Event::Abort, Event::ObservationPassed];
+pub const GATE_EVENTS: [Event; 4] = [
+    Event::GatePause,
+    Event::Abort,
+    Event::NextWave,
+    Event::ObservationPassed,
+];
 
 /// The states whose gates are watched: those some gate event is allowed from
 /// (`canary`, `observing`, `main`), in [`v1::PlanState::ALL`](S::ALL) order.
@@ -369,6 +386,7 @@ mod tests {
             ],
         ),
         (Event::GatePause, &[(S::Main, S::Paused)]),
+        (Event::NextWave, &[(S::Observing, S::Canary)]),
         (Event::Resume, &[(S::Paused, S::Main)]),
         (
             Event::Cancel,
@@ -446,6 +464,7 @@ mod tests {
         assert_eq!(action(Event::StartSingle), Some("approve"));
         assert_eq!(action(Event::CanaryDone), None);
         assert_eq!(action(Event::ObservationPassed), Some("promote"));
+        assert_eq!(action(Event::NextWave), Some("next_wave"));
         assert_eq!(action(Event::Promote), Some("promote"));
         assert_eq!(action(Event::Complete), None);
         assert_eq!(action(Event::Pause), Some("pause"));
@@ -464,6 +483,7 @@ mod tests {
             resetting,
             [
                 Event::StartSingle,
+                Event::NextWave,
                 Event::ObservationPassed,
                 Event::Promote,
                 Event::Resume

@@ -77,6 +77,10 @@ pub struct NewPlan {
     pub slice_size: u32,
     /// Canary share of the items.
     pub canary_fraction: f64,
+    /// Waves after the canary and before the main wave, as cumulative
+    /// fractions of the items, increasing, each above `canary_fraction` and
+    /// below 1 (docs/replay.md, "Ramps"); empty: canary, then main.
+    pub ramp: Vec<f64>,
     /// Observation window after the canary, in milliseconds.
     pub observe_for_ms: i64,
     /// Who creates it.
@@ -172,14 +176,7 @@ pub(crate) async fn insert_plan(
         Err(refused) => return Ok(refused),
     };
     let waves = Waves::of(plan, total);
-    insert_plan_row(
-        transaction,
-        plan,
-        precheck.digest.as_deref(),
-        total,
-        waves.canary,
-    )
-    .await?;
+    insert_plan_row(transaction, plan, precheck.digest.as_deref(), total, &waves).await?;
     insert_slices_and_items(transaction, plan, &waves).await?;
     // What its dead letters failed with: dead letters failing the same way
     // later stop its approval and pause it (docs/replay.md, "Still arriving").
@@ -251,27 +248,56 @@ async fn frozen_precheck(
 /// canary fraction of the total, rounded up, at least one unless the
 /// fraction is 0) in canary slices, the rest in main slices.
 struct Waves {
+    /// Items of the canary wave (`plans.canary_items`).
     canary: i64,
     slice_size: i64,
-    canary_slices: i64,
-    main_slices: i64,
+    /// Cumulative item count at the end of each wave, the main wave last
+    /// (the total).
+    bounds: Vec<i64>,
 }
 
 impl Waves {
-    /// The waves of `plan` over `total` items.
+    /// The waves of `plan` over `total` items: the canary (`canary_fraction`,
+    /// at least one item; none for a plan of one), each wave of the ramp that
+    /// adds items, then the main wave.
     fn of(plan: &NewPlan, total: i64) -> Self {
         let canary = if plan.canary_fraction > 0.0 {
             ((total as f64 * plan.canary_fraction).ceil() as i64).clamp(1, total)
         } else {
             0
         };
-        let slice_size = i64::from(plan.slice_size);
+        let mut bounds = vec![canary];
+        for fraction in &plan.ramp {
+            let end = ((total as f64 * fraction).ceil() as i64).clamp(canary, total);
+            if end > *bounds.last().unwrap_or(&0) {
+                bounds.push(end);
+            }
+        }
+        bounds.push(total);
         Self {
             canary,
-            slice_size,
-            canary_slices: (canary + slice_size - 1) / slice_size,
-            main_slices: (total - canary + slice_size - 1) / slice_size,
+            slice_size: i64::from(plan.slice_size),
+            bounds,
         }
+    }
+
+    /// Per wave: its first item position minus one, its last item position,
+    /// its first slice's `seq` and its slice count.
+    fn layout(&self) -> Vec<(i64, i64, i64, i64)> {
+        let mut layout = Vec::with_capacity(self.bounds.len());
+        let (mut low, mut seq) = (0, 0);
+        for &high in &self.bounds {
+            let slices = (high - low + self.slice_size - 1) / self.slice_size;
+            layout.push((low, high, seq, slices));
+            (low, seq) = (high, seq + slices);
+        }
+        layout
+    }
+
+    /// The cumulative item counts of the waves before the main one
+    /// (`plans.ramp_items`).
+    fn ramp_items(&self) -> &[i64] {
+        &self.bounds[..self.bounds.len() - 1]
     }
 }
 
@@ -285,16 +311,17 @@ async fn insert_plan_row(
     plan: &NewPlan,
     digest: Option<&str>,
     total: i64,
-    canary: i64,
+    waves: &Waves,
 ) -> Result<(), StoreError> {
+    let (canary, ramp_items) = (waves.canary, waves.ramp_items());
     let (mode, redirect_exchange, redirect_routing_key) = destination_columns(&plan.destination);
     sqlx::query(
             "INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
              rate_rationale, destination_mode, redirect_exchange, redirect_routing_key, slice_size, \
              canary_fraction, observe_for_ms, total_items, canary_items, created_by, ordered, \
-             webhook_url, webhook_secret) \
+             webhook_url, webhook_secret, ramp_items) \
              VALUES ($1, $2, $3, 'awaiting_approval', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18)",
+             $17, $18, $19)",
         )
         .bind(plan.id)
         .bind(plan.precheck_id)
@@ -314,6 +341,7 @@ async fn insert_plan_row(
         .bind(plan.ordered)
         .bind(plan.webhook.as_ref().map(|(url, _)| url))
         .bind(plan.webhook.as_ref().map(|(_, secret)| secret))
+        .bind(ramp_items)
         .execute(&mut **transaction)
         .await?;
     Ok(())
@@ -330,15 +358,30 @@ async fn insert_slices_and_items(
     plan: &NewPlan,
     waves: &Waves,
 ) -> Result<(), StoreError> {
+    let layout = waves.layout();
+    let main = layout.len() - 1;
+    let (mut seqs, mut kinds, mut steps) = (Vec::new(), Vec::new(), Vec::new());
+    for (step, &(_, _, first, slices)) in layout.iter().enumerate() {
+        for seq in first..first + slices {
+            seqs.push(i32::try_from(seq).unwrap_or(i32::MAX));
+            kinds.push(if step == main { "main" } else { "canary" });
+            steps.push(i32::try_from(step).unwrap_or(i32::MAX));
+        }
+    }
     sqlx::query(
-            "INSERT INTO plan_slices (plan_id, seq, wave) \
-             SELECT $1, g, CASE WHEN g < $2 THEN 'canary' ELSE 'main' END FROM generate_series(0, $3 - 1) g",
-        )
-        .bind(plan.id)
-        .bind(waves.canary_slices)
-        .bind(waves.canary_slices + waves.main_slices)
-        .execute(&mut **transaction)
-        .await?;
+        "INSERT INTO plan_slices (plan_id, seq, wave, ramp_step) \
+         SELECT $1, s.seq, s.wave, s.step FROM UNNEST($2::int[], $3::text[], $4::int[]) AS s(seq, wave, step)",
+    )
+    .bind(plan.id)
+    .bind(seqs)
+    .bind(kinds)
+    .bind(steps)
+    .execute(&mut **transaction)
+    .await?;
+    let column =
+        |pick: fn(&(i64, i64, i64, i64)) -> i64| layout.iter().map(pick).collect::<Vec<i64>>();
+    // An item at position p (1-based, dead-letter order) is in the wave
+    // whose (low, high] holds p, in slice first + (p - low - 1) / size.
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key, \
                                  exchange, routing_key, stale_at) \
@@ -350,15 +393,17 @@ async fn insert_slices_and_items(
                    FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
                    JOIN plans p ON p.id = $1 \
                    WHERE i.precheck_id = $2 AND i.verdict = 'replayable') r \
-             JOIN plan_slices s ON s.plan_id = $1 AND s.seq = CASE \
-                 WHEN r.position <= $3 THEN (r.position - 1) / $4 \
-                 ELSE $5 + (r.position - $3 - 1) / $4 END"
+             JOIN plan_slices s ON s.plan_id = $1 AND s.seq = ( \
+                 SELECT w.first + (r.position - w.low - 1) / $6 \
+                 FROM UNNEST($3::bigint[], $4::bigint[], $5::bigint[]) AS w(low, high, first) \
+                 WHERE r.position > w.low AND r.position <= w.high)"
     )))
     .bind(plan.id)
     .bind(plan.precheck_id)
-    .bind(waves.canary)
+    .bind(column(|wave| wave.0))
+    .bind(column(|wave| wave.1))
+    .bind(column(|wave| wave.2))
     .bind(waves.slice_size)
-    .bind(waves.canary_slices)
     .execute(&mut **transaction)
     .await?;
     Ok(())

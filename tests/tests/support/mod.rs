@@ -720,3 +720,42 @@ pub async fn precheck_selected(
         .await?
         .into_inner())
 }
+
+/// A consumer of `queue` that works for its first `healthy` deliveries (acks
+/// them) and then breaks (rejects the rest without requeue, so that they
+/// dead-letter again): every delivery's message id with whether it was
+/// acked, and its task.
+pub async fn breaks_after(
+    broker: &Broker,
+    queue: &str,
+    healthy: usize,
+) -> anyhow::Result<(
+    std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let (channel, mut consumer) = consumer_of(broker, queue, "breaking", false).await?;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let id = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+                .unwrap_or_default();
+            let acked = sink.lock().unwrap().len() < healthy;
+            sink.lock().unwrap().push((id, acked));
+            let _ = if acked {
+                delivery.acker.ack(Default::default()).await
+            } else {
+                delivery
+                    .acker
+                    .reject(lapin::options::BasicRejectOptions { requeue: false })
+                    .await
+            };
+        }
+    });
+    Ok((seen, task))
+}

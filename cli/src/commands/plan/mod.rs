@@ -6,7 +6,7 @@
 //! ```text
 //! redrivectl plan create --precheck ID --rate N --burst N --rationale TEXT
 //!            [--destination queue|exchange|redirect:EXCHANGE/ROUTING_KEY] [--slice-size N]
-//!            [--canary-fraction F] [--observe DUR] [--ordered]
+//!            [--canary-fraction F] [--ramp SHARES] [--observe DUR] [--ordered]
 //!            [--webhook-url URL --webhook-secret-file FILE]
 //! redrivectl plan approve ID --digest D [--override-arrivals --reason TEXT]
 //! redrivectl plan status ID                      (alias: show)
@@ -29,6 +29,7 @@
 //! | `--destination D` | `destination`: `queue` (default: the queue each message died in), `exchange` (the exchange and routing keys of its death) or `redirect:EXCHANGE/ROUTING_KEY` (split at the first `/`; the routing key may be empty, `redirect:quarantine/`; an empty exchange is the default exchange, `redirect:/parking` routes to queue `parking`) |
 //! | `--slice-size N` | `slice_size`, ≥ 1 (planner default 100) |
 //! | `--canary-fraction F` | `canary_fraction`, 0 < F ≤ 1 (planner default 0.01, at least one item) |
+//! | `--ramp 10%,50%` | `ramp`: waves between the canary and the main wave, as cumulative shares of the items |
 //! | `--observe DUR` | `observe_for`, positive humantime (planner default 15 min) |
 //! | `--ordered` | `ordered`: publish in dead-letter order across all executors, one slice at a time; a failed item is not retried after later ones |
 //! | `--webhook-url URL` | `webhook_url`: where this plan's events are also posted (docs/webhooks.md); needs `--webhook-secret-file` |
@@ -92,7 +93,8 @@ pub mod view;
 pub mod wait;
 
 pub use parse::{
-    parse_canary_fraction, parse_destination, parse_kind, parse_rate, parse_rationale, parse_state,
+    parse_canary_fraction, parse_destination, parse_kind, parse_ramp_share, parse_rate,
+    parse_rationale, parse_state,
 };
 
 use crate::{
@@ -199,6 +201,12 @@ pub struct CreateArgs {
     /// 0.01, at least one item).
     #[arg(long, value_name = "F", value_parser = parse_canary_fraction)]
     pub canary_fraction: Option<f64>,
+
+    /// Waves between the canary and the main wave, each observed and
+    /// promoted by itself: the cumulative share of the items at each wave's
+    /// end, e.g. `10%,50%` (with the 1% canary: 1% → 10% → 50% → the rest).
+    #[arg(long, value_name = "SHARES", value_delimiter = ',', value_parser = parse_ramp_share)]
+    pub ramp: Vec<f64>,
 
     /// How long to observe after the canary wave before the main wave
     /// (planner default 15m).
@@ -370,6 +378,7 @@ impl CreateArgs {
             destination: Some(self.destination.to_proto()),
             slice_size: self.slice_size.unwrap_or(0),
             canary_fraction: self.canary_fraction,
+            ramp: self.ramp.clone(),
             observe_for: self.observe_for.map(duration),
             ordered: self.ordered,
             webhook_url: self.webhook_url.clone().unwrap_or_default(),
@@ -722,6 +731,7 @@ mod tests {
                 ),
                 slice_size: 50,
                 canary_fraction: Some(0.05),
+                ramp: Vec::new(),
                 observe_for: Some(duration(Duration::from_secs(1800))),
                 ordered: false,
                 webhook_url: String::new(),

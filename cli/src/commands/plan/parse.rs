@@ -88,6 +88,28 @@ pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
     Ok(fraction)
 }
 
+/// One share of a ramp (`--ramp 10%,50%` or `--ramp 0.1,0.5`, split at the
+/// commas): the cumulative share of the items at the end of a wave between
+/// the canary and the main wave, as a percentage or a fraction, above 0 and
+/// below all (the planner checks that they increase, above the canary).
+///
+/// # Errors
+/// A value that is no share, or one out of range.
+pub fn parse_ramp_share(text: &str) -> Result<f64, String> {
+    let part = text.trim();
+    let fraction = match part.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|value| value / 100.0),
+        None => part.parse::<f64>(),
+    }
+    .map_err(|_| format!("{part:?} is not a share of the items, e.g. 10% or 0.1"))?;
+    if !(fraction.is_finite() && fraction > 0.0 && fraction < 1.0) {
+        return Err(format!(
+            "{part:?} must be above 0 and below all of the items (the main wave takes the rest)"
+        ));
+    }
+    Ok(fraction)
+}
+
 /// A plan kind by its name (`bulk`, `single`; any case).
 ///
 /// # Errors

@@ -22,7 +22,8 @@ use crate::{
 
 impl Store {
     /// Leases the first claimable slice: a pending slice of a plan in `main`
-    /// (or a canary slice of a plan in `canary`), oldest plan first. Bumps the
+    /// (or a slice of the current ramp wave of a plan in `canary`), oldest
+    /// plan first. Bumps the
     /// fencing token. A lease that expired is not taken over here: the
     /// planner's sweep ([`Store::expire_leases`]) first records what its
     /// holder may have published, then makes the slice pending again.
@@ -43,7 +44,7 @@ impl Store {
         let row = sqlx::query_as::<_, LeasedSliceRow>(
             "WITH candidate AS ( \
                 SELECT s.id FROM plan_slices s JOIN plans p ON p.id = s.plan_id \
-                WHERE (p.state = $3 OR (p.state = $4 AND s.wave = 'canary')) \
+                WHERE (p.state = $3 OR (p.state = $4 AND s.wave = 'canary' AND s.ramp_step = p.ramp_step)) \
                   AND s.state = 'pending' \
                   AND (p.claim_by IS NULL OR p.claim_by > now() OR s.fencing_token > 0) \
                   AND (NOT p.ordered OR NOT EXISTS (SELECT 1 FROM plan_slices e \

@@ -17,7 +17,7 @@ pub(super) const PLAN_KIND: &str = "(CASE WHEN p.claim_by IS NULL THEN 'bulk' EL
 /// Plan columns with progress aggregated from its items and slices.
 pub(super) const PLAN_COLUMNS: &str = "p.id, p.precheck_id, p.precheck_digest, p.state, p.state_reason, p.rate_per_second, \
     p.rate_burst, p.rate_rationale, p.destination_mode, p.redirect_exchange, p.redirect_routing_key, \
-    p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.created_by, \
+    p.slice_size, p.canary_fraction, p.observe_for_ms, p.total_items, p.canary_items, p.ramp_items, p.ramp_step, p.created_by, \
     p.created_at, p.approved_by, p.approved_at, p.completed_at, p.warnings, \
     p.observing_until, (p.claim_by IS NOT NULL) AS single, p.ordered, \
     p.webhook_url, (p.webhook_secret IS NOT NULL) AS webhook_secret_set, \
@@ -150,6 +150,8 @@ pub(super) struct PlanRow {
     observe_for_ms: i64,
     total_items: i64,
     canary_items: i64,
+    ramp_items: Vec<i64>,
+    ramp_step: i32,
     created_by: String,
     created_at: DateTime<Utc>,
     approved_by: Option<String>,
@@ -188,6 +190,12 @@ impl From<PlanRow> for v1::Plan {
             )),
             total_items: u64::try_from(row.total_items).unwrap_or_default(),
             canary_items: u64::try_from(row.canary_items).unwrap_or_default(),
+            ramp_items: row
+                .ramp_items
+                .iter()
+                .map(|items| u64::try_from(*items).unwrap_or_default())
+                .collect(),
+            ramp_step: u32::try_from(row.ramp_step).unwrap_or_default(),
             counts: Some(counts),
             created_by: row.created_by,
             created_at: Some(timestamp(row.created_at)),

@@ -59,9 +59,14 @@ fn event_sql(event: Event) -> (String, &'static str) {
     let condition = match event {
         Event::CanaryDone => {
             set.push_str(", observing_until = now() + observe_for_ms * interval '1 millisecond'");
-            " AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND wave = 'canary' \
-             AND state <> 'completed')"
+            " AND NOT EXISTS (SELECT 1 FROM plan_slices s WHERE s.plan_id = $1 AND s.wave = 'canary' \
+             AND s.ramp_step = plans.ramp_step AND s.state <> 'completed')"
         }
+        Event::NextWave => {
+            set.push_str(", ramp_step = ramp_step + 1");
+            " AND ramp_step + 1 < cardinality(ramp_items)"
+        }
+        Event::ObservationPassed => " AND ramp_step + 1 >= cardinality(ramp_items)",
         Event::Complete => {
             set.push_str(", completed_at = now()");
             " AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')"
@@ -71,7 +76,6 @@ fn event_sql(event: Event) -> (String, &'static str) {
         }
         Event::Approve
         | Event::StartSingle
-        | Event::ObservationPassed
         | Event::Promote
         | Event::Pause
         | Event::GatePause

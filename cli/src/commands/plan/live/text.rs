@@ -109,10 +109,22 @@ pub(super) fn with_pace(mut line: String, pace: &Pace, plan: &Plan) -> String {
     line
 }
 
-/// `main  450/1000 45.0%  sent 440  skipped_stale 10`.
+/// `main  450/1000 45.0%  sent 440  skipped_stale 10`; a plan with a ramp
+/// names its wave while before the main one: `canary (wave 2 of 4)  ...`.
 pub fn progress_text(plan: &Plan) -> String {
+    let wave = if plan.ramp_items.len() > 1
+        && matches!(plan.state(), PlanState::Canary | PlanState::Observing)
+    {
+        format!(
+            " (wave {} of {})",
+            plan.ramp_step + 1,
+            plan.ramp_items.len() + 1
+        )
+    } else {
+        String::new()
+    };
     let mut line = format!(
-        "{}  {}/{} {}",
+        "{}{wave}  {}/{} {}",
         plan.state().name(),
         plan.items_done,
         plan.total_items,

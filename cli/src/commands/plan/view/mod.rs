@@ -202,6 +202,33 @@ pub fn write_plan(out: &mut dyn Write, plan: &Plan) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The plan's waves and the current one: `canary to 4, then to 16, then the
+/// rest (main); now wave 2 of 3` (cumulative item counts, `CreatePlanRequest.ramp`).
+fn waves_text(plan: &Plan) -> String {
+    let mut waves: Vec<String> = plan
+        .ramp_items
+        .iter()
+        .enumerate()
+        .map(|(step, items)| {
+            if step == 0 {
+                format!("canary to {items}")
+            } else {
+                format!("to {items}")
+            }
+        })
+        .collect();
+    waves.push("the rest (main)".to_owned());
+    let count = waves.len();
+    let now = match PlanState::try_from(plan.state) {
+        Ok(PlanState::Canary | PlanState::Observing) => {
+            format!("; now wave {} of {count}", plan.ramp_step + 1)
+        }
+        Ok(PlanState::Main) => format!("; now wave {count} of {count}"),
+        _ => String::new(),
+    };
+    format!("{}{now}", waves.join(", then "))
+}
+
 /// The key/value block at the top of a plan.
 pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Result<()> {
     let when_by =
@@ -244,6 +271,7 @@ pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Re
                 fraction_percent(plan.canary_fraction)
             ),
         ),
+        ("waves", waves_text(plan)),
         (
             "done",
             format!(
@@ -410,6 +438,8 @@ mod tests {
             webhook_secret_set: false,
             total_items: 1000,
             canary_items: 10,
+            ramp_items: vec![10],
+            ramp_step: 0,
             counts: Some(v1::ActionCounts {
                 sent: 440,
                 skipped_stale: 10,
