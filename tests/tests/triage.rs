@@ -10,19 +10,19 @@ mod support;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use lapin::{BasicProperties, options::BasicPublishOptions};
+use lapin::BasicProperties;
 use redrive_proto::v1::{
     self, ApprovePlanRequest, CreatePlanRequest, GetDeadLetterRequest, HeaderTable, HeaderValue,
     IngestDeadLettersRequest, ListDeadLettersRequest, PlanState, Selector,
     SummarizeDeadLettersRequest, SummaryDimension, header_value::Value,
     planner_client::PlannerClient,
 };
-use redrive_tests::{Broker, ExecutorHandle, TestBed, amqp_table, amqp_text, init_logging, unique};
+use redrive_tests::{Broker, ExecutorHandle, TestBed, init_logging, unique};
 use tonic::{Code, transport::Channel};
 
 use support::{
-    assert_bed_audit, bed, consume, get_plan, incident, ingest, listed, precheck_selected,
-    stop_consuming, wait_completed, wait_state,
+    assert_bed_audit, bed, consume_rejecting, get_plan, incident, ingest, listed,
+    precheck_selected, stop_consuming, wait_completed, wait_state,
 };
 
 type Client = PlannerClient<Channel>;
@@ -292,10 +292,13 @@ async fn approval_is_refused_while_the_failure_keeps_arriving() -> anyhow::Resul
     assert_eq!(report.total, 5);
     let plan = plan_of(&mut bed.client, &report).await?;
 
-    // Another group arriving is no reason to wait.
+    // Another group arriving is no reason to wait, nor is the same failure
+    // in another queue (another consumer).
+    let mut elsewhere = failed(&source, "c1", "Timeout after 800 ms for order 88", &[]);
+    elsewhere.original_destination = "payments.capture".to_owned();
     ingest(
         &mut bed.client,
-        vec![failed(&source, "b1", NULL_POINTER, &[])],
+        vec![failed(&source, "b1", NULL_POINTER, &[]), elsewhere],
     )
     .await?;
     // The same failure arriving after the precheck is.
@@ -338,7 +341,10 @@ async fn approval_is_refused_while_the_failure_keeps_arriving() -> anyhow::Resul
     // Once it stops, a fresh precheck takes the new ones in, and its plan is
     // approved.
     let fresh = precheck_selected(&mut bed.client, timeouts.clone()).await?;
-    assert_eq!(fresh.total, 7);
+    assert_eq!(
+        fresh.total, 8,
+        "the new ones, and the same failure in the other queue"
+    );
     let fresh_plan = plan_of(&mut bed.client, &fresh).await?;
     let approved = bed
         .client
@@ -382,7 +388,9 @@ async fn a_running_plan_pauses_when_its_failure_starts_arriving_again() -> anyho
     // 60 at four a second: 15 s of main wave to notice the fresh failure in.
     let incident = incident(&broker, 60).await?;
     let mut bed = bed(broker, &[&incident.dlq], 60).await?;
-    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    // The consumer is fixed for the replays, still broken for one new message.
+    let (received, consuming) =
+        consume_rejecting(bed.broker(), &incident.work, "fresh-poison").await?;
     let report = precheck_selected(
         &mut bed.client,
         Selector {
@@ -406,31 +414,17 @@ async fn a_running_plan_pauses_when_its_failure_starts_arriving_again() -> anyho
     )
     .await?;
 
-    // The same failure again, from a consumer that is still broken: a new
-    // message rejected into the same DLQ (no `redrive-plan-id`: not a replay
-    // coming back, but the cause still there).
-    let broken = unique("still-broken");
+    // The same failure again, in the same queue: a new message the consumer
+    // still rejects (no `redrive-plan-id`: not a replay coming back, but the
+    // cause still there).
     bed.broker()
-        .queue(
-            &broken,
-            amqp_table(vec![(
-                "x-dead-letter-exchange",
-                amqp_text(&format!("{}.dlx", incident.dlq)),
-            )]),
-        )
-        .await?;
-    let channel = bed.broker().connection.create_channel().await?;
-    channel
-        .basic_publish(
-            "".into(),
-            broken.as_str().into(),
-            BasicPublishOptions::default(),
+        .publish(
+            "",
+            &incident.work,
             br#"{"order_id":"fresh-poison"}"#,
             BasicProperties::default().with_message_id("fresh-poison".into()),
         )
-        .await?
         .await?;
-    support::reject_next(&channel, &broken, "the fresh message").await?;
 
     let paused = wait_state(
         &mut bed.client,
@@ -488,6 +482,5 @@ async fn a_running_plan_pauses_when_its_failure_starts_arriving_again() -> anyho
         "the new dead letter is not the plan's"
     );
     assert_bed_audit(&bed, &plan.plan_id, &received).await?;
-    let _ = channel.close(200, "done".into()).await;
     bed.finish().await
 }

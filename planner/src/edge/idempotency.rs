@@ -6,8 +6,11 @@
 //! recorded actor) and the key. A retry with the same key and the same
 //! request gets that answer, not a second plan; while the first call still
 //! runs it gets `UNAVAILABLE` (retry); the same key with another request is
-//! `FAILED_PRECONDITION`. An error is not kept: a retry after one runs the
-//! request again.
+//! `FAILED_PRECONDITION`. A refusal (a bad request, an unknown id, a state
+//! that forbids it) is not kept: a retry after one runs the request again;
+//! any other error (`UNAVAILABLE`, `INTERNAL`, ...), which may come after the
+//! call's commit, is kept, and a retry is told to look before using a new
+//! key. The call runs detached: a caller that times out does not cut it.
 
 use std::time::Duration;
 
@@ -17,7 +20,10 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     error::Error,
-    store::{Store, idempotency::Reservation},
+    store::{
+        Store,
+        idempotency::{KeyEnd, Reservation},
+    },
 };
 
 /// The request metadata carrying the key.
@@ -71,14 +77,40 @@ pub async fn once<Req, Resp, F, Fut>(
     call: F,
 ) -> Result<Response<Resp>, Status>
 where
+    Req: Message + 'static,
+    Resp: Message + Default + 'static,
+    F: FnOnce(Request<Req>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Response<Resp>, Status>> + Send + 'static,
+{
+    let Some(key) = key_of(&request)? else {
+        return call(request).await;
+    };
+    // Detached: a caller that times out or goes away does not cut the call
+    // between its commit and keeping its answer, so its retry gets the answer.
+    let (store, principal) = (store.clone(), principal.to_owned());
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
+        keyed(&store, &principal, &key, method, request, call).await
+    }))
+    .await
+    .map_err(|error| Status::internal(format!("{method} task failed: {error}")))?
+}
+
+/// [`once`] with `key`, in its detached task.
+async fn keyed<Req, Resp, F, Fut>(
+    store: &Store,
+    principal: &str,
+    key: &str,
+    method: &'static str,
+    request: Request<Req>,
+    call: F,
+) -> Result<Response<Resp>, Status>
+where
     Req: Message,
     Resp: Message + Default,
     F: FnOnce(Request<Req>) -> Fut,
     Fut: Future<Output = Result<Response<Resp>, Status>>,
 {
-    let Some(key) = key_of(&request)? else {
-        return call(request).await;
-    };
+    let key = key.to_owned();
     let mut hash = Sha256::new();
     hash.update(method.as_bytes());
     hash.update([0]);
@@ -105,6 +137,14 @@ where
             ))
             .into());
         }
+        Reservation::Failed(failure) => {
+            return Err(Error::FailedPrecondition(format!(
+                "the first {method} call with idempotency key {key:?} failed after it may have \
+                 taken effect ({failure}): look at what it would have made or changed (redrivectl \
+                 plan list, plan status) before trying again with a new key"
+            ))
+            .into());
+        }
         Reservation::OtherRequest { method, at } => {
             return Err(Error::FailedPrecondition(format!(
                 "idempotency key {key:?} was used for another request ({method} at {}): a new \
@@ -117,7 +157,10 @@ where
     match call(request).await {
         Ok(response) => {
             let bytes = response.get_ref().encode_to_vec();
-            if let Err(error) = store.answer_idempotency_key(principal, &key, &bytes).await {
+            if let Err(error) = store
+                .finish_idempotency_key(principal, &key, KeyEnd::Answer(&bytes))
+                .await
+            {
                 // The call did its work: answer it; a retry runs it again
                 // after TAKEOVER_AFTER (the key stays reserved until then).
                 tracing::warn!(%error, method, "keeping the answer of an idempotency key failed");
@@ -125,10 +168,39 @@ where
             Ok(response)
         }
         Err(status) => {
-            if let Err(error) = store.release_idempotency_key(principal, &key).await {
-                tracing::warn!(%error, method, "freeing an idempotency key after an error failed");
+            // A refusal changed nothing: the key is free again. Any other
+            // error may come after the call's commit (a read after it
+            // failing): kept, so that a retry cannot do the work twice.
+            let kept = if refused_before_any_effect(status.code()) {
+                store.release_idempotency_key(principal, &key).await
+            } else {
+                let failure = format!("{:?}: {}", status.code(), status.message());
+                store
+                    .finish_idempotency_key(principal, &key, KeyEnd::Failure(&failure))
+                    .await
+            };
+            if let Err(error) = kept {
+                tracing::warn!(%error, method, "recording an idempotency key's error failed");
             }
             Err(status)
         }
     }
+}
+
+/// Whether an answer with `code` is a refusal the planner gives before the
+/// call changes anything (a bad request, an unknown id, a state or role that
+/// forbids it, a cap): its key may be used again.
+fn refused_before_any_effect(code: tonic::Code) -> bool {
+    use tonic::Code;
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::FailedPrecondition
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::ResourceExhausted
+            | Code::AlreadyExists
+            | Code::OutOfRange
+    )
 }

@@ -170,6 +170,10 @@ fn breakdown(map: BTreeMap<String, Tally>) -> Vec<v1::Breakdown> {
     rows
 }
 
+/// Rows of `PrecheckReport.by_error_group`: the largest groups (a report
+/// stays small however badly free error texts fold).
+pub const MAX_ERROR_GROUP_ROWS: usize = 100;
+
 /// Dead letters examples are listed for in a warning.
 const WARNING_EXAMPLES: usize = 3;
 
@@ -422,7 +426,12 @@ impl Classified {
             by_event_type: breakdown(report.by_event_type),
             by_schema_version: breakdown(report.by_schema_version),
             by_producer: breakdown(report.by_producer),
-            by_error_group: breakdown(report.by_error_group),
+            by_error_group: {
+                // Free text that folds badly makes many groups: the largest.
+                let mut rows = breakdown(report.by_error_group);
+                rows.truncate(MAX_ERROR_GROUP_ROWS);
+                rows
+            },
             recent_arrivals: report.recent_arrivals,
             arrivals_window: Some(redrive_proto::time::duration(
                 ARRIVALS_WINDOW.to_std().unwrap_or_default(),

@@ -15,6 +15,9 @@ pub enum Reservation {
     Answered(Vec<u8>),
     /// The first call with this key and request is still running.
     Running,
+    /// The first call with this key and request failed in a way that may
+    /// come after its effect: this error.
+    Failed(String),
     /// The key was used for another request: this method, at this time.
     OtherRequest {
         /// The first request's method.
@@ -22,6 +25,24 @@ pub enum Reservation {
         /// When it was made.
         at: chrono::DateTime<chrono::Utc>,
     },
+}
+
+/// A stored key: method, request hash, answer, failure, time.
+type KeyRow = (
+    String,
+    Vec<u8>,
+    Option<Vec<u8>>,
+    Option<String>,
+    chrono::DateTime<chrono::Utc>,
+);
+
+/// How a keyed call ended ([`Store::finish_idempotency_key`]).
+#[derive(Debug, Clone, Copy)]
+pub enum KeyEnd<'a> {
+    /// Its answer (protobuf).
+    Answer(&'a [u8]),
+    /// An error that may come after its effect.
+    Failure(&'a str),
 }
 
 impl Store {
@@ -48,7 +69,7 @@ impl Store {
                  request_sha256 = EXCLUDED.request_sha256, response = NULL, created_at = now(), \
                  completed_at = NULL \
              WHERE idempotency_keys.created_at < now() - make_interval(secs => $6) \
-                OR (idempotency_keys.response IS NULL \
+                OR (idempotency_keys.response IS NULL AND idempotency_keys.failure IS NULL \
                     AND idempotency_keys.request_sha256 = EXCLUDED.request_sha256 \
                     AND idempotency_keys.created_at < now() - make_interval(secs => $5)) \
              RETURNING true",
@@ -64,13 +85,8 @@ impl Store {
         if reserved.is_some() {
             return Ok(Reservation::Run);
         }
-        let (first_method, first_sha256, response, at): (
-            String,
-            Vec<u8>,
-            Option<Vec<u8>>,
-            chrono::DateTime<chrono::Utc>,
-        ) = sqlx::query_as(
-            "SELECT method, request_sha256, response, created_at FROM idempotency_keys \
+        let (first_method, first_sha256, response, failure, at): KeyRow = sqlx::query_as(
+            "SELECT method, request_sha256, response, failure, created_at FROM idempotency_keys \
              WHERE principal = $1 AND key = $2",
         )
         .bind(principal)
@@ -84,28 +100,36 @@ impl Store {
             }
         } else if let Some(response) = response {
             Reservation::Answered(response)
+        } else if let Some(failure) = failure {
+            Reservation::Failed(failure)
         } else {
             Reservation::Running
         })
     }
 
-    /// Stores the answer of the call that reserved `key` of `principal`.
+    /// Keeps how the call that reserved `key` of `principal` ended: its
+    /// answer, or an error that may come after its effect.
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn answer_idempotency_key(
+    pub async fn finish_idempotency_key(
         &self,
         principal: &str,
         key: &str,
-        response: &[u8],
+        end: KeyEnd<'_>,
     ) -> Result<(), StoreError> {
+        let (response, failure) = match end {
+            KeyEnd::Answer(response) => (Some(response), None),
+            KeyEnd::Failure(failure) => (None, Some(failure)),
+        };
         sqlx::query(
-            "UPDATE idempotency_keys SET response = $3, completed_at = now() \
+            "UPDATE idempotency_keys SET response = $3, failure = $4, completed_at = now() \
              WHERE principal = $1 AND key = $2",
         )
         .bind(principal)
         .bind(key)
         .bind(response)
+        .bind(failure)
         .execute(self.pool())
         .await?;
         Ok(())

@@ -181,8 +181,8 @@ pub(crate) async fn insert_plan(
     // What its dead letters failed with: dead letters failing the same way
     // later stop its approval and pause it (docs/replay.md, "Still arriving").
     sqlx::query(
-        "INSERT INTO plan_groups (plan_id, source, error_group) \
-         SELECT DISTINCT $1::uuid, d.source, d.error_group \
+        "INSERT INTO plan_groups (plan_id, source, error_group, destination) \
+         SELECT DISTINCT $1::uuid, d.source, d.error_group, d.destination \
          FROM plan_items i JOIN dead_letters d ON d.id = i.dead_letter_id WHERE i.plan_id = $1",
     )
     .bind(plan.id)

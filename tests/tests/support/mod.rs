@@ -759,3 +759,48 @@ pub async fn breaks_after(
     });
     Ok((seen, task))
 }
+
+/// A consumer of `queue` that records and acks every delivery except the
+/// one with message id `poison`, which it rejects without requeue (a
+/// consumer still broken for that message: it dead-letters again from
+/// `queue`); the deliveries it took, and its task.
+pub async fn consume_rejecting(
+    broker: &Broker,
+    queue: &str,
+    poison: &str,
+) -> anyhow::Result<(
+    std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let (channel, mut consumer) = consumer_of(broker, queue, "rejecting", false).await?;
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = received.clone();
+    let poison = poison.to_owned();
+    let task = tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let message_id = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+                .unwrap_or_default();
+            if message_id == poison {
+                let _ = delivery
+                    .acker
+                    .reject(lapin::options::BasicRejectOptions { requeue: false })
+                    .await;
+                continue;
+            }
+            sink.lock().unwrap().push(Received {
+                at: Instant::now(),
+                message_id,
+                body: delivery.data.clone(),
+                headers: delivery.properties.headers().clone().unwrap_or_default(),
+                properties: delivery.properties.clone(),
+            });
+            let _ = delivery.acker.ack(Default::default()).await;
+        }
+    });
+    Ok((received, task))
+}

@@ -78,18 +78,19 @@ impl PlannerGrpc {
         control: plan::Control,
     ) -> Result<Response<v1::Plan>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             control.method(),
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 let request = request.into_inner();
                 let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
                 Ok(Response::new(
                     plan::control(
-                        &self.state.store,
+                        &this.state.store,
                         plan_id,
                         control,
                         &actor,
@@ -112,6 +113,7 @@ impl PlannerGrpc {
         archive: bool,
     ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
@@ -121,11 +123,11 @@ impl PlannerGrpc {
                 "UnarchiveDeadLetters"
             },
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 Ok(Response::new(
                     housekeeping::set_archived(
-                        &self.state.store,
+                        &this.state.store,
                         &actor,
                         request.into_inner(),
                         archive,
@@ -231,17 +233,18 @@ impl Planner for PlannerGrpc {
         request: Request<v1::RekeyDeadLettersRequest>,
     ) -> Result<Response<v1::RekeyDeadLettersResponse>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             "RekeyDeadLetters",
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 Ok(Response::new(
                     rekey::rekey(
-                        &self.state.store,
-                        &self.state.rules,
+                        &this.state.store,
+                        &this.state.rules,
                         &actor,
                         request.into_inner(),
                     )
@@ -257,24 +260,25 @@ impl Planner for PlannerGrpc {
         request: Request<v1::RunPrecheckRequest>,
     ) -> Result<Response<v1::PrecheckReport>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             "RunPrecheck",
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 let request = request.into_inner();
                 let precheck = PrecheckRequest::new(
                     actor,
                     request.selector.unwrap_or_default(),
                     request.options.unwrap_or_default(),
-                    &self.state.policy,
+                    &this.state.policy,
                 )?;
                 // Run detached: a caller that goes away does not leave the precheck
                 // half done (it finishes and is stored, for GetPrecheck).
-                let store = self.state.store.clone();
-                let checker = Arc::clone(&self.state.checker);
+                let store = this.state.store.clone();
+                let checker = Arc::clone(&this.state.checker);
                 // The detached task keeps the call's span as its parent (traces).
                 let report = tokio::spawn(tracing::Instrument::in_current_span(async move {
                     precheck::run(&store, &checker, precheck).await
@@ -333,16 +337,17 @@ impl Planner for PlannerGrpc {
         request: Request<v1::CreatePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             "CreatePlan",
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 let new_plan = plan::validate_create(request.into_inner(), actor)?;
                 Ok(Response::new(
-                    plan::create(&self.state.store, new_plan).await?,
+                    plan::create(&this.state.store, new_plan).await?,
                 ))
             },
         )
@@ -354,23 +359,24 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ApprovePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             "ApprovePlan",
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 let request = request.into_inner();
                 let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
                 Ok(Response::new(
                     plan::approve(
-                        &self.state.store,
+                        &this.state.store,
                         plan_id,
                         &request.digest,
                         &actor,
-                        self.state.four_eyes,
-                        self.state.max_precheck_age,
+                        this.state.four_eyes,
+                        this.state.max_precheck_age,
                         arrivals_override(&request)?,
                     )
                     .await?,
@@ -521,17 +527,18 @@ impl Planner for PlannerGrpc {
         request: Request<v1::ReplayDeadLetterRequest>,
     ) -> Result<Response<v1::ReplayDeadLetterResponse>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             "ReplayDeadLetter",
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 let request = request.into_inner();
                 // Run detached: a caller that goes away does not leave the plan of one
                 // half made (the wait then ends as it would have).
-                let state = self.state.clone();
+                let state = this.state.clone();
                 let response =
                     tokio::spawn(async move { state.single().replay(&actor, request).await })
                         .await
@@ -549,15 +556,16 @@ impl Planner for PlannerGrpc {
         request: Request<v1::RepairDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
         let principal = actor(&request);
+        let this = self.clone();
         crate::edge::idempotency::once(
             &self.state.store,
             &principal,
             "RepairDeadLetter",
             request,
-            |request| async move {
+            move |request| async move {
                 let actor = actor(&request);
                 Ok(Response::new(
-                    self.state
+                    this.state
                         .single()
                         .repair(&actor, request.into_inner())
                         .await?,

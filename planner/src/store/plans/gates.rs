@@ -74,10 +74,11 @@ pub(crate) async fn gate_reading_in(
 const SQL_TIME_FORMAT: &str = r#"'YYYY-MM-DD"T"HH24:MI:SS"Z"'"#;
 
 /// `LEFT JOIN LATERAL (...) arr ON true` over plan `p`: the dead letters
-/// that died the way its own did (one of its `plan_groups`: same source and
-/// error fingerprint) after `since` (an SQL expression: stored after it, and
-/// died in its second or later, as `x-death` times are whole seconds),
-/// neither its items
+/// that failed the way its own did (one of its `plan_groups`: same source,
+/// error fingerprint and destination, the queue they failed in) stored after
+/// `since` (an SQL expression; the storing time, since a DLX retry loop keeps
+/// a message's first `x-death` time), none for a plan of one or one whose
+/// operator overrode the arrivals, neither its items
 /// nor its own re-dead-letters (those are the re-dead-letter gate's), as
 /// `arr.arrivals` (a count) and `arr.arrival_evidence` (`N dead letter(s)
 /// failing like this plan's died since T (first at T1, newest at T2):
@@ -95,9 +96,9 @@ pub(crate) fn arrivals_join(since: &str) -> String {
                 ORDER BY a.died_at DESC, a.id DESC))[1] END AS arrival_evidence \
           FROM (SELECT d.id, d.source, d.died_at, d.error_text, d.error_group \
                 FROM plan_groups g JOIN dead_letters d ON d.source = g.source \
-                 AND d.error_group = g.error_group AND d.captured_at > {since} \
-                 AND d.died_at >= date_trunc('second', {since}) \
-                WHERE g.plan_id = p.id \
+                 AND d.error_group = g.error_group AND d.destination = g.destination \
+                 AND d.captured_at > {since} \
+                WHERE g.plan_id = p.id AND NOT p.arrivals_overridden AND p.claim_by IS NULL \
                   AND d.redrive_plan_id IS DISTINCT FROM p.id::text \
                   AND NOT EXISTS (SELECT 1 FROM plan_items i WHERE i.plan_id = p.id AND i.dead_letter_id = d.id)) a \
          ) arr ON true",
@@ -114,9 +115,7 @@ pub(crate) fn arrivals_join(since: &str) -> String {
 static GATE_READING_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "{GATE_COUNTS_SQL}, \
-         CASE WHEN p.arrivals_overridden OR p.claim_by IS NOT NULL THEN 0 ELSE arr.arrivals END AS arrivals, \
-         CASE WHEN p.arrivals_overridden OR p.claim_by IS NOT NULL THEN NULL ELSE arr.arrival_evidence END \
-             AS arrival_evidence \
+         arr.arrivals, arr.arrival_evidence \
          FROM plans p JOIN prechecks c ON c.id = p.precheck_id{}",
         arrivals_join("coalesce(p.gates_since, c.created_at)")
     )

@@ -64,9 +64,20 @@ fn event_sql(event: Event) -> (String, &'static str) {
         }
         Event::NextWave => {
             set.push_str(", ramp_step = ramp_step + 1");
-            " AND ramp_step + 1 < cardinality(ramp_items)"
+            " AND ramp_step + 1 < cardinality(ramp_items) AND observing_until <= now()"
         }
-        Event::ObservationPassed => " AND ramp_step + 1 >= cardinality(ramp_items)",
+        Event::ObservationPassed => {
+            " AND ramp_step + 1 >= cardinality(ramp_items) AND observing_until <= now()"
+        }
+        Event::Resume => {
+            // Back into an observation: a whole window again, since what
+            // happened while paused was not watched by the gates.
+            set.push_str(
+                ", observing_until = CASE WHEN paused_from = 'observing' \
+                 THEN now() + observe_for_ms * interval '1 millisecond' ELSE observing_until END",
+            );
+            ""
+        }
         Event::Complete => {
             set.push_str(", completed_at = now()");
             " AND NOT EXISTS (SELECT 1 FROM plan_slices WHERE plan_id = $1 AND state <> 'completed')"
@@ -79,7 +90,6 @@ fn event_sql(event: Event) -> (String, &'static str) {
         | Event::Promote
         | Event::Pause
         | Event::GatePause
-        | Event::Resume
         | Event::Cancel
         | Event::Abort => "",
     };

@@ -1176,7 +1176,7 @@ export type PrecheckReport = Message<"redrive.v1.PrecheckReport"> & {
   staleness: StalenessCoverage[];
 
   /**
-   * By error fingerprint (`DeadLetter.error_group`).
+   * By error fingerprint (`DeadLetter.error_group`): the 100 largest groups.
    *
    * @generated from field: repeated redrive.v1.Breakdown by_error_group = 19;
    */
