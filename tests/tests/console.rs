@@ -147,6 +147,9 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         confirm(&browser, "150", None).await?;
     }
     browser.find("verdict-bar").await?;
+    // They all died just now: the page says the cause may still be active.
+    let arrivals = browser.text("precheck-arrivals").await?;
+    assert!(arrivals.starts_with("150 of them died in the 15m"), "{arrivals}");
     let replay = browser
         .client
         .wait()
@@ -208,6 +211,10 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     assert!(!approve.is_enabled().await?, "the creator may not approve");
     let reason = browser.text("approve-disabled-reason").await?;
     assert!(reason.to_lowercase().contains("four-eyes"), "{reason}");
+    assert!(
+        !browser.has("approve-override-button").await?,
+        "the arrivals override is offered only after a refusal"
+    );
     assert!(browser.text("approve-digest").await?.len() >= 16);
     browser.screenshot("approval").await?;
     let plan_url = format!("{url}/#/plans/{plan_id}");

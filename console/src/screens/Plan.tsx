@@ -3,7 +3,7 @@
 // operator's controls.
 import type { ComponentChildren } from "preact";
 import { useEffect, useRef, useState } from "preact/hooks";
-import { can, planner } from "../api";
+import { can, formatError, planner } from "../api";
 import { ActionButton } from "../components/ActionButton";
 import { RateChart } from "../components/RateChart";
 import { clearErrorOf, showError } from "../errors";
@@ -325,6 +325,8 @@ function destinationText(plan: PlanMsg): ComponentChildren {
 function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onPlan: (p: PlanMsg) => void }) {
   const pre = useLoad("GetPrecheck", () => planner.getPrecheck({ precheckId: plan.precheckId }), [plan.precheckId]);
   const ownPlan = caller.fourEyes && caller.name !== "" && plan.createdBy === caller.name;
+  // The override is offered only once the planner refused as "still arriving".
+  const [arriving, setArriving] = useState(false);
   const total = num(plan.totalItems);
   return (
     <div class="approval" data-testid="approval">
@@ -360,8 +362,16 @@ function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onP
               confirmLabel: `Approve ${total} items`,
               typedCount: plan.totalItems > 100n ? total : undefined,
             }}
-            run={async () => onPlan(await planner.approvePlan({ planId: plan.planId, digest: plan.precheckDigest }))}
+            run={async () => {
+              try {
+                onPlan(await planner.approvePlan({ planId: plan.planId, digest: plan.precheckDigest }));
+              } catch (err) {
+                if (formatError(err).includes(STILL_ARRIVING)) setArriving(true);
+                throw err;
+              }
+            }}
           />
+          {arriving && (
           <ActionButton
             testid="approve-override-button"
             what="ApprovePlan"
@@ -373,7 +383,7 @@ function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onP
               count: `${total} items (${num(plan.canaryItems)} canary items)`,
               body: (
                 <p>
-                  Only when the approval was refused as "still arriving" and you know why: the plan will run while dead letters
+                  The approval was refused as "still arriving". Only when you know why: the plan will run while dead letters
                   failing like its own keep arriving. The override is recorded with your reason.
                 </p>
               ),
@@ -392,6 +402,7 @@ function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onP
               )
             }
           />
+          )}
           {ownPlan && (
             <span class="invalid" data-testid="approve-disabled-reason">
               Four-eyes: you created this plan; another approver must approve it

@@ -26,6 +26,12 @@ export function Precheck({ caller, id }: { caller: Caller; id: string }) {
         By {r.actor || "—"} at {fmtTime(r.createdAt)}: {num(r.total)} dead letters, {num(replayable)} replayable.
       </p>
       <PrecheckAge createdAt={r.createdAt} maxAge={caller.maxPrecheckAge} />
+      {r.recentArrivals > 0n && (
+        <p class="banner warn" data-testid="precheck-arrivals">
+          {num(r.recentArrivals)} of them died in the {fmtSpan(durationMs(r.arrivalsWindow))} before this precheck: if
+          more fail the same way after it, approval is refused until a new precheck takes them in.
+        </p>
+      )}
       <VerdictBar counts={r.counts} selected={verdict} onSelect={setVerdict} />
       {verdict && <VerdictItems precheckId={r.precheckId} verdict={verdict} key={verdict} />}
 
