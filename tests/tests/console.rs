@@ -149,7 +149,10 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     browser.find("verdict-bar").await?;
     // They all died just now: the page says the cause may still be active.
     let arrivals = browser.text("precheck-arrivals").await?;
-    assert!(arrivals.starts_with("150 of them died in the 15m"), "{arrivals}");
+    assert!(
+        arrivals.starts_with("150 of them died in the 15m"),
+        "{arrivals}"
+    );
     let replay = browser
         .client
         .wait()
