@@ -77,16 +77,10 @@ impl PlannerGrpc {
         request: Request<v1::PlanControlRequest>,
         control: plan::Control,
     ) -> Result<Response<v1::Plan>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             control.method(),
             request,
-            move |request| async move {
-                let actor = actor(&request);
-                let request = request.into_inner();
+            move |this, actor, request| async move {
                 let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
                 Ok(Response::new(
                     plan::control(
@@ -106,33 +100,49 @@ impl PlannerGrpc {
 }
 
 impl PlannerGrpc {
+    /// A call that creates or changes something, run once per idempotency
+    /// key of its caller ([`crate::edge::idempotency::once`]): `call` gets a
+    /// clone of this adapter, the caller's actor ([`actor`]) and the request.
+    async fn keyed<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        request: Request<Req>,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: prost::Message + 'static,
+        Resp: prost::Message + Default + 'static,
+        F: FnOnce(Self, String, Req) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Response<Resp>, Status>> + Send + 'static,
+    {
+        let actor = actor(&request);
+        let this = self.clone();
+        crate::edge::idempotency::once(
+            &self.state.store,
+            &actor.clone(),
+            method,
+            request,
+            move |request| call(this, actor, request.into_inner()),
+        )
+        .await
+    }
+
     /// Archive (`archive`) or unarchive, as the caller in the metadata.
     async fn set_archived(
         &self,
         request: Request<v1::ArchiveDeadLettersRequest>,
         archive: bool,
     ) -> Result<Response<v1::ArchiveDeadLettersResponse>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             if archive {
                 "ArchiveDeadLetters"
             } else {
                 "UnarchiveDeadLetters"
             },
             request,
-            move |request| async move {
-                let actor = actor(&request);
+            move |this, actor, request| async move {
                 Ok(Response::new(
-                    housekeeping::set_archived(
-                        &this.state.store,
-                        &actor,
-                        request.into_inner(),
-                        archive,
-                    )
-                    .await?,
+                    housekeeping::set_archived(&this.state.store, &actor, request, archive).await?,
                 ))
             },
         )
@@ -232,23 +242,12 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::RekeyDeadLettersRequest>,
     ) -> Result<Response<v1::RekeyDeadLettersResponse>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             "RekeyDeadLetters",
             request,
-            move |request| async move {
-                let actor = actor(&request);
+            move |this, actor, request| async move {
                 Ok(Response::new(
-                    rekey::rekey(
-                        &this.state.store,
-                        &this.state.rules,
-                        &actor,
-                        request.into_inner(),
-                    )
-                    .await?,
+                    rekey::rekey(&this.state.store, &this.state.rules, &actor, request).await?,
                 ))
             },
         )
@@ -259,16 +258,10 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::RunPrecheckRequest>,
     ) -> Result<Response<v1::PrecheckReport>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             "RunPrecheck",
             request,
-            move |request| async move {
-                let actor = actor(&request);
-                let request = request.into_inner();
+            move |this, actor, request| async move {
                 let precheck = PrecheckRequest::new(
                     actor,
                     request.selector.unwrap_or_default(),
@@ -336,16 +329,11 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::CreatePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             "CreatePlan",
             request,
-            move |request| async move {
-                let actor = actor(&request);
-                let new_plan = plan::validate_create(request.into_inner(), actor)?;
+            move |this, actor, request| async move {
+                let new_plan = plan::validate_create(request, actor)?;
                 Ok(Response::new(
                     plan::create(&this.state.store, new_plan).await?,
                 ))
@@ -358,16 +346,10 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::ApprovePlanRequest>,
     ) -> Result<Response<v1::Plan>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             "ApprovePlan",
             request,
-            move |request| async move {
-                let actor = actor(&request);
-                let request = request.into_inner();
+            move |this, actor, request| async move {
                 let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
                 Ok(Response::new(
                     plan::approve(
@@ -526,16 +508,10 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::ReplayDeadLetterRequest>,
     ) -> Result<Response<v1::ReplayDeadLetterResponse>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             "ReplayDeadLetter",
             request,
-            move |request| async move {
-                let actor = actor(&request);
-                let request = request.into_inner();
+            move |this, actor, request| async move {
                 // Run detached: a caller that goes away does not leave the plan of one
                 // half made (the wait then ends as it would have).
                 let state = this.state.clone();
@@ -555,20 +531,12 @@ impl Planner for PlannerGrpc {
         &self,
         request: Request<v1::RepairDeadLetterRequest>,
     ) -> Result<Response<v1::GetDeadLetterResponse>, Status> {
-        let principal = actor(&request);
-        let this = self.clone();
-        crate::edge::idempotency::once(
-            &self.state.store,
-            &principal,
+        self.keyed(
             "RepairDeadLetter",
             request,
-            move |request| async move {
-                let actor = actor(&request);
+            move |this, actor, request| async move {
                 Ok(Response::new(
-                    this.state
-                        .single()
-                        .repair(&actor, request.into_inner())
-                        .await?,
+                    this.state.single().repair(&actor, request).await?,
                 ))
             },
         )
