@@ -27,27 +27,21 @@ pub struct SourceOverview {
 }
 
 impl Store {
-    /// [`SourceOverview`] of every source, by name: one grouped scan of the
-    /// dead letters, and one of the last hour's (index
+    /// [`SourceOverview`] of every source, by name: the grouped scan of
+    /// [`Store::source_readings`], and one of the last hour's (index
     /// `dead_letters_captured_at`).
     ///
     /// # Errors
     /// [`StoreError`].
     pub async fn source_overviews(&self) -> Result<Vec<SourceOverview>, StoreError> {
-        let totals: Vec<(String, i64, i64, Option<DateTime<Utc>>)> =
-            // Open: neither archived nor replayed (as status_sql() says), the
-            // replayed ones found by one hashed join, not a probe per row.
-            sqlx::query_as(
-                "SELECT d.source, count(*), \
-                        count(*) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NULL), \
-                        max(d.captured_at) \
-                 FROM dead_letters d \
-                 LEFT JOIN (SELECT DISTINCT dead_letter_id FROM plan_items WHERE state = 'sent') s \
-                        ON s.dead_letter_id = d.id \
-                 GROUP BY d.source ORDER BY d.source",
-            )
-            .fetch_all(self.pool())
-            .await?;
+        // Totals per source: the gauges' reading, summed over reason classes.
+        let mut totals: BTreeMap<String, (i64, i64, Option<DateTime<Utc>>)> = BTreeMap::new();
+        for reading in self.source_readings().await? {
+            let total = totals.entry(reading.source).or_default();
+            total.0 += i64::try_from(reading.stored).unwrap_or(i64::MAX);
+            total.1 += i64::try_from(reading.open).unwrap_or(i64::MAX);
+            total.2 = total.2.max(reading.last_arrival);
+        }
         let recent: Vec<(String, i32, i64)> = sqlx::query_as(
             "SELECT source, floor(extract(epoch FROM now() - captured_at) / 60)::int AS ago, count(*) \
              FROM dead_letters WHERE captured_at > now() - interval '60 minutes' \
@@ -67,7 +61,7 @@ impl Store {
         }
         Ok(totals
             .into_iter()
-            .map(|(source, stored, open, last_arrival)| SourceOverview {
+            .map(|(source, (stored, open, last_arrival))| SourceOverview {
                 arrivals_per_minute: arrivals.remove(&source).unwrap_or([0; ARRIVAL_MINUTES]),
                 source,
                 stored,
@@ -94,11 +88,21 @@ pub struct SourceReading {
     pub oldest_open: Option<DateTime<Utc>>,
     /// Stored in the last [`ARRIVALS_WINDOW_SECONDS`].
     pub recent: u64,
+    /// When the newest one was stored.
+    pub last_arrival: Option<DateTime<Utc>>,
 }
 
 /// A row of [`Store::source_readings`]: source, reason class, stored, open,
-/// oldest open death, recent.
-type ReadingRow = (String, String, i64, i64, Option<DateTime<Utc>>, i64);
+/// oldest open death, recent, newest stored.
+type ReadingRow = (
+    String,
+    String,
+    i64,
+    i64,
+    Option<DateTime<Utc>>,
+    i64,
+    Option<DateTime<Utc>>,
+);
 
 /// The window of [`SourceReading::recent`]: arrivals per second are
 /// `recent / ARRIVALS_WINDOW_SECONDS`.
@@ -115,7 +119,8 @@ impl Store {
             "SELECT d.source, d.reason_class, count(*), \
                     count(*) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NULL), \
                     min(d.died_at) FILTER (WHERE d.archived_at IS NULL AND s.dead_letter_id IS NULL), \
-                    count(*) FILTER (WHERE d.captured_at > now() - make_interval(secs => $1)) \
+                    count(*) FILTER (WHERE d.captured_at > now() - make_interval(secs => $1)), \
+                    max(d.captured_at) \
              FROM dead_letters d \
              LEFT JOIN (SELECT DISTINCT dead_letter_id FROM plan_items WHERE state = 'sent') s \
                     ON s.dead_letter_id = d.id \
@@ -128,13 +133,16 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(
-                |(source, reason_class, stored, open, oldest_open, recent)| SourceReading {
-                    source,
-                    reason_class,
-                    stored: count(stored),
-                    open: count(open),
-                    oldest_open,
-                    recent: count(recent),
+                |(source, reason_class, stored, open, oldest_open, recent, last_arrival)| {
+                    SourceReading {
+                        source,
+                        reason_class,
+                        stored: count(stored),
+                        open: count(open),
+                        oldest_open,
+                        recent: count(recent),
+                        last_arrival,
+                    }
                 },
             )
             .collect())
