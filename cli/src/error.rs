@@ -76,13 +76,16 @@ pub const EXIT_CODES: &[(u8, &str, &str, &str)] = &[
         "refused input",
         "the planner refused the request as wrong (`invalid_argument`) or found nothing \
          (`not_found`); `import` rejected some lines; `dead-letters archive`, `unarchive` \
-         or `rekey`: some ids named nothing (`not_found_ids`, the answer is printed first)",
+         or `rekey`: some ids named nothing (`not_found_ids`, the answer is printed first); \
+         `audit prove`, `consistency` or `verify`: a proof, signature or export that does not \
+         verify (what is wrong is printed)",
     ),
     (
         EX_NOINPUT,
         "EX_NOINPUT",
         "input file missing",
-        "`import` cannot open its file; `dead-letters repair` cannot read its `--body-file`",
+        "`import` cannot open its file; `dead-letters repair` cannot read its `--body-file`; \
+         `audit verify`, `prove` or `consistency` cannot read an export, key or checkpoint file",
     ),
     (
         EX_UNAVAILABLE,
@@ -218,6 +221,11 @@ pub enum CliError {
     /// The config file cannot be used ([`crate::config`]).
     #[error("config file {0}")]
     Config(String),
+
+    /// An audit log proof, signature or export does not verify (`audit
+    /// ...`); what is wrong was printed or is the message.
+    #[error("{0}")]
+    Unverified(String),
 }
 
 impl CliError {
@@ -237,6 +245,7 @@ impl CliError {
             Self::NotCompleted(_) => EX_FAILURE,
             Self::Timeout(_) => EX_TEMPFAIL,
             Self::Config(_) => EX_CONFIG,
+            Self::Unverified(_) => EX_DATAERR,
         }
     }
 
@@ -254,6 +263,7 @@ impl CliError {
             Self::NotCompleted(_) => "not_completed",
             Self::Timeout(_) => "timeout",
             Self::Config(_) => "config",
+            Self::Unverified(_) => "unverified",
         }
     }
 

@@ -2,6 +2,7 @@
 //! reconciliation list of sent keys and the export as JSON Lines or CSV (the
 //! live watch stream is [`crate::audit::watch_hub`]'s).
 
+pub mod log;
 pub mod notifier;
 pub mod watch_hub;
 
@@ -51,7 +52,7 @@ pub const NEVER_ATTEMPTED: &str = "never_attempted";
 
 /// CSV columns of the export, in order. `message_id` is the dead letter's
 /// AMQP message id (for reconciliation with the producer's records).
-pub const CSV_COLUMNS: [&str; 12] = [
+pub const CSV_COLUMNS: [&str; 14] = [
     "at",
     "plan_id",
     "slice_id",
@@ -64,6 +65,8 @@ pub const CSV_COLUMNS: [&str; 12] = [
     "executor_id",
     "attempt",
     "confirm_latency_us",
+    "event_id",
+    "leaf_index",
 ];
 
 /// A CSV writer into memory (RFC 4180 through the `csv` crate: a field holding a
@@ -75,28 +78,14 @@ fn csv_writer(data: &mut Vec<u8>) -> csv::Writer<&mut Vec<u8>> {
         .from_writer(data)
 }
 
-/// Whether a spreadsheet would run text starting so as a formula: `=`,
-/// `+`, `-`, `@`, a tab or a carriage return first (OWASP, "CSV
-/// injection").
-fn starts_formula(text: &str) -> bool {
-    matches!(
-        text.as_bytes().first(),
-        Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r')
-    )
-}
-
 /// An export cell (CSV) or string value (JSON Lines) made safe to open in a
-/// spreadsheet: text that starts like a formula ([`starts_formula`]) gets a
-/// single quote `'` in front (`=HYPERLINK(...)` becomes `'=HYPERLINK(...)`),
-/// so that a spreadsheet shows it as text. To get the original back, drop
-/// one leading `'` from a value that starts with `'` and then one of those
-/// characters.
+/// spreadsheet ([`redrive_tlog::export::spreadsheet_safe`]): text that
+/// starts like a formula (`=`, `+`, `-`, `@`, a tab or a carriage return,
+/// OWASP "CSV injection") or with a `'` gets a `'` in front. To get the
+/// original back, drop one leading `'`
+/// ([`redrive_tlog::export::spreadsheet_original`]).
 pub fn spreadsheet_safe(text: &str) -> String {
-    if starts_formula(text) {
-        format!("'{text}")
-    } else {
-        text.to_owned()
-    }
+    redrive_tlog::export::spreadsheet_safe(text)
 }
 
 /// An export row as JSON with its string values made
@@ -104,9 +93,7 @@ pub fn spreadsheet_safe(text: &str) -> String {
 fn safe_json(mut row: serde_json::Value) -> serde_json::Value {
     if let Some(fields) = row.as_object_mut() {
         for value in fields.values_mut() {
-            if let serde_json::Value::String(text) = value
-                && starts_formula(text)
-            {
+            if let serde_json::Value::String(text) = value {
                 *text = spreadsheet_safe(text);
             }
         }
@@ -132,10 +119,18 @@ pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
 }
 
 /// One exported audit event as a JSON object: [`event_json`] with the dead
-/// letter's `message_id`, its strings [`spreadsheet_safe`].
-fn export_json(event: &v1::AuditEvent, message_id: &str) -> serde_json::Value {
+/// letter's `message_id`, the event's id and its leaf in the audit log
+/// (`null` until sealed), its strings [`spreadsheet_safe`].
+fn export_json(
+    event_id: i64,
+    event: &v1::AuditEvent,
+    message_id: &str,
+    leaf_index: Option<i64>,
+) -> serde_json::Value {
     let mut json = event_json(event);
     json["message_id"] = serde_json::Value::from(message_id);
+    json["event_id"] = serde_json::Value::from(event_id);
+    json["leaf_index"] = leaf_index.map_or(serde_json::Value::Null, serde_json::Value::from);
     safe_json(json)
 }
 
@@ -156,6 +151,8 @@ fn unattempted_json(plan_id: PlanId, item: &v1::UnattemptedItem) -> serde_json::
         "executor_id": "",
         "attempt": 0,
         "confirm_latency_us": 0,
+        "event_id": null,
+        "leaf_index": null,
     }))
 }
 
@@ -185,6 +182,8 @@ fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec
                 "",
                 "0",
                 "0",
+                "",
+                "",
             ]
             .map(spreadsheet_safe),
         );
@@ -194,12 +193,16 @@ fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec
     data
 }
 
-/// Writes audit events (each with its dead letter's message id) as CSV
-/// records, in [`CSV_COLUMNS`] order, every cell [`spreadsheet_safe`].
-fn events_csv<'a>(events: impl IntoIterator<Item = (&'a v1::AuditEvent, &'a str)>) -> Vec<u8> {
+/// One exported event: its id, the event, its dead letter's message id and
+/// its leaf in the audit log (`None` until sealed).
+type ExportedEvent<'a> = (i64, &'a v1::AuditEvent, &'a str, Option<i64>);
+
+/// Writes audit events as CSV records, in [`CSV_COLUMNS`] order, every cell
+/// [`spreadsheet_safe`].
+fn events_csv<'a>(events: impl IntoIterator<Item = ExportedEvent<'a>>) -> Vec<u8> {
     let mut data = Vec::new();
     let mut writer = csv_writer(&mut data);
-    for (event, message_id) in events {
+    for (event_id, event, message_id, leaf_index) in events {
         let at = event
             .at
             .as_ref()
@@ -213,6 +216,10 @@ fn events_csv<'a>(events: impl IntoIterator<Item = (&'a v1::AuditEvent, &'a str)
         };
         let attempt = event.attempt.to_string();
         let confirm_latency_us = event.confirm_latency_us.to_string();
+        let event_id = event_id.to_string();
+        let leaf_index = leaf_index
+            .map(|index| index.to_string())
+            .unwrap_or_default();
         let _ = writer.write_record(
             [
                 at.as_str(),
@@ -227,6 +234,8 @@ fn events_csv<'a>(events: impl IntoIterator<Item = (&'a v1::AuditEvent, &'a str)
                 &event.executor_id,
                 &attempt,
                 &confirm_latency_us,
+                &event_id,
+                &leaf_index,
             ]
             .map(spreadsheet_safe),
         );
@@ -263,10 +272,26 @@ pub async fn export(
         ));
     }
     let ended = plan::get(store, plan_id).await?.state().is_final();
+    // The latest signed checkpoint of the audit log goes first (its own
+    // chunk, no data), so that each row's `leaf_index` can be proven.
+    let checkpoint = store
+        .audit_checkpoint(None)
+        .await?
+        .map(|row| row.note)
+        .unwrap_or_default();
     let (sender, receiver) = mpsc::channel(4);
     let store = store.clone();
     tokio::spawn(async move {
         let csv = format == v1::ExportFormat::Csv;
+        if !checkpoint.is_empty() {
+            let chunk = v1::ExportAuditChunk {
+                data: Vec::new(),
+                checkpoint,
+            };
+            if sender.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+        }
         // Data is sent in chunks of at most `CHUNK_BYTES`: events whose
         // reasons are long must not make a message above the gRPC limit
         // (clients join chunks; records may span them).
@@ -274,6 +299,7 @@ pub async fn export(
             for piece in data.chunks(CHUNK_BYTES) {
                 let chunk = v1::ExportAuditChunk {
                     data: piece.to_vec(),
+                    checkpoint: String::new(),
                 };
                 if sender.send(Ok(chunk)).await.is_err() {
                     return false;
@@ -296,20 +322,23 @@ pub async fn export(
                     return;
                 }
             };
-            let Some((last, _, _)) = page.last() else {
+            let Some((last, ..)) = page.last() else {
                 break;
             };
             after = *last;
-            let data = if csv {
-                events_csv(page.iter().map(|(_, event, id)| (event, id.as_str())))
-            } else {
-                let mut data = String::new();
-                for (_, event, message_id) in &page {
-                    data.push_str(&export_json(event, message_id).to_string());
-                    data.push('\n');
-                }
-                data.into_bytes()
-            };
+            let data =
+                if csv {
+                    events_csv(page.iter().map(|(id, event, message_id, leaf)| {
+                        (*id, event, message_id.as_str(), *leaf)
+                    }))
+                } else {
+                    let mut data = String::new();
+                    for (id, event, message_id, leaf) in &page {
+                        data.push_str(&export_json(*id, event, message_id, *leaf).to_string());
+                        data.push('\n');
+                    }
+                    data.into_bytes()
+                };
             if !send(data).await {
                 return;
             }
@@ -419,7 +448,7 @@ mod tests {
     fn csv_fields_are_quoted_per_rfc_4180() {
         assert_eq!(
             String::from_utf8(csv_header()).unwrap(),
-            "at,plan_id,slice_id,dead_letter_id,message_key,message_id,action,reason,wave,executor_id,attempt,confirm_latency_us\n"
+            "at,plan_id,slice_id,dead_letter_id,message_key,message_id,action,reason,wave,executor_id,attempt,confirm_latency_us,event_id,leaf_index\n"
         );
         let event = |message_key: &str, reason: &str, executor_id: &str| {
             audit_event(
@@ -435,15 +464,24 @@ mod tests {
             event("a,b", "say \"hi\"", "line\nbreak"),
             event("cr\rlf\r\n", "\"", ","),
         ];
-        let data =
-            String::from_utf8(events_csv(events.iter().map(|event| (event, "m-1")))).unwrap();
+        let data = String::from_utf8(events_csv(events.iter().enumerate().map(
+            |(index, event)| {
+                (
+                    7 + index as i64,
+                    event,
+                    "m-1",
+                    (index > 0).then_some(40 + index as i64),
+                )
+            },
+        )))
+        .unwrap();
         let sent = v1::AuditAction::Sent.name();
         assert_eq!(
             data,
             format!(
-                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,m-1,{sent},,canary,exec-1,2,1500\n\
-                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",m-1,{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500\n\
-                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",m-1,{sent},\"\"\"\",canary,\",\",2,1500\n"
+                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,m-1,{sent},,canary,exec-1,2,1500,7,\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",m-1,{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500,8,41\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",m-1,{sent},\"\"\"\",canary,\",\",2,1500,9,42\n"
             )
         );
         // A CSV reader gets every field back as it was.
@@ -480,7 +518,7 @@ mod tests {
             event("@SUM(A1)", "-2", "e"),
             event("\tkey", "\rcr", "plain"),
         ];
-        let data = events_csv(events.iter().map(|event| (event, "-m")));
+        let data = events_csv(events.iter().map(|event| (1, event, "-m", None)));
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(false)
             .from_reader(data.as_slice());
@@ -514,8 +552,16 @@ mod tests {
                 ],
             ]
         );
-        let json = export_json(&event("=cmd|' /C calc'!A0", "@x", "e"), "m-1");
+        let json = export_json(5, &event("=cmd|' /C calc'!A0", "@x", "e"), "m-1", Some(12));
         assert_eq!(json["message_key"], "'=cmd|' /C calc'!A0");
+        assert_eq!(
+            (&json["event_id"], &json["leaf_index"]),
+            (&5.into(), &12.into())
+        );
+        // A leading quote is doubled, so that dropping one gives it back.
+        let quoted = export_json(5, &event("'quoted", "plain", "e"), "m-1", None);
+        assert_eq!(quoted["message_key"], "''quoted");
+        assert_eq!(quoted["leaf_index"], serde_json::Value::Null);
         assert_eq!(json["reason"], "'@x");
         assert_eq!(json["message_id"], "m-1");
         assert_eq!(json["at"], "2024-05-01T12:10:00.500Z");

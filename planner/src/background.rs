@@ -105,6 +105,18 @@ impl Background {
     /// Starts the webhook deliverer ([`webhooks::deliver::run`]) over
     /// `store` with `delivery`, ending with `shutdown` (its attempts under
     /// way end within their timeout, inside the grace period).
+    /// Starts the audit log's sequencer (sealing rounds, checkpoints, the
+    /// witness).
+    pub(crate) fn seal_audit_log(
+        &mut self,
+        store: Store,
+        log: crate::audit::log::AuditLog,
+        shutdown: &CancellationToken,
+    ) {
+        self.others
+            .spawn(crate::audit::log::run(store, log, shutdown.clone()));
+    }
+
     pub(crate) fn deliver_webhooks(
         &mut self,
         store: Store,

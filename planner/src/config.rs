@@ -7,6 +7,7 @@
 //! and authentication, the files read) and `settings` ([`Settings`], the
 //! parsed values, and the [`ServiceSettings`](redrive_proto::settings::ServiceSettings) hooks).
 
+mod audit_log;
 mod checks;
 mod rules;
 mod settings;
@@ -21,6 +22,7 @@ use clap::Parser;
 
 use redrive_proto::settings::{AmqpSettings, TelemetrySettings};
 
+pub use self::audit_log::AuditLogSettings;
 pub use self::settings::Settings;
 pub use self::webhooks::{MAX_WEBHOOK_ATTEMPTS, WebhookSettings};
 use crate::edge::auth::{AuthSettings, JwtSettings};
@@ -447,6 +449,13 @@ pub struct Config {
     /// `--webhook-attempts`, `--webhook-retry-min`.
     #[command(flatten)]
     pub webhooks: WebhookSettings,
+
+    /// The audit log: `--audit-signing-key`, `--audit-previous-key`,
+    /// `--audit-origin`, `--audit-checkpoint-every`,
+    /// `--audit-checkpoint-interval`, `--audit-witness-dir`,
+    /// `--audit-witness-url`, `--audit-log`.
+    #[command(flatten)]
+    pub audit_log: AuditLogSettings,
 
     /// Logging and telemetry: `--log-json`, `--metrics-listen`,
     /// `--otlp-endpoint`.

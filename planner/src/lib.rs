@@ -22,7 +22,7 @@
 //! | [`precheck`] | the dry run that gives every dead letter one verdict; `precheck/classify.rs` (the rules before the state check, then the hooks, a chunk at a time), `precheck/report.rs` (the report under construction and its warnings), `precheck/sources.rs` (a selector's sources checked against those stored), [`precheck::options`] (a precheck's options and the one age rule), [`precheck::policy`] (the planner's floor under them), [`precheck::staleness`] (which deadline applied, and warnings), [`precheck::state_check`] (the owning services' state-check hooks) |
 //! | [`plan`] | plans made from a precheck and approved by digest; [`plan::state`] (the state machine: the one transition table that every part asks), [`plan::gates`] (the canary gates), [`plan::single`] (replays and repairs of one dead letter), [`plan::preview`] (a plan's first messages as they would be published) |
 //! | [`leases`] | the coordinator: executors' slice claims, leases, fencing and reports; [`leases::outcomes`] (which reported outcomes are recorded and which refused, and the gates at a slice's end) |
-//! | [`audit`] | a plan's report and audit export (the audit's SQL, writes and reads, is `store/audit.rs`); [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas) |
+//! | [`audit`] | a plan's report and audit export (the audit's SQL, writes and reads, is `store/audit.rs`); [`audit::watch_hub`] (`WatchPlan` and `WatchLease` streams sharing one reader per plan and per lease), [`audit::notifier`] (plan-change notifications across replicas), [`audit::log`] (the audit log: sealing rounds, signed checkpoints, the witness, proofs and the log export; its SQL is `store/audit_log.rs`, its pure part the `redrive-tlog` crate) |
 //! | [`store`] | the PostgreSQL queries, and nothing else (its own `# Layout`, naming `store/leases/`: `claim.rs` the claim, `holder.rs` a holder's checks and marks, `expiry.rs` the sweep, `report.rs` a report's reads and writes); `migrations/`: the schema, one numbered SQL file per change |
 //! | [`webhooks`] | telling callers what happened (Standard Webhooks): the events each state change reports and their data, secrets, target URLs and signatures; [`webhooks::deliver`] (the deliverer every replica runs over the outbox, `store/webhooks.rs`: at least once, retried with backoff), `webhooks/http.rs` (the HTTP client) |
 //! | [`ids`], [`error`], [`metrics`] | ids (dead letter, slice, plan, precheck) and page tokens parsed once; the domain error and its one mapping to a status; the metric instruments, counted through the [`store::Store`] every part holds |
@@ -119,6 +119,7 @@ pub async fn run(
         authenticator,
         tls,
         webhooks,
+        audit_log,
     } = Settings::parse(config)?;
     if config.exposed_without_protection() {
         warn!(
@@ -136,11 +137,15 @@ pub async fn run(
     )
     .await
     .map_err(|error| anyhow::anyhow!("invalid setting {}: {error}", error.setting()))?;
-    let store = Store::connect_lazy(&config.database_url, config.database_max_connections)?
-        .with_metrics(metrics::PlannerMetrics::new(
-            &metrics_pipeline.meter("redrive-planner"),
-        ))
-        .with_planner_webhook(webhooks.target.is_some());
+    let store = Store::connect_lazy_with(
+        &config.database_url,
+        config.database_max_connections,
+        &audit_log.session_options(),
+    )?
+    .with_metrics(metrics::PlannerMetrics::new(
+        &metrics_pipeline.meter("redrive-planner"),
+    ))
+    .with_planner_webhook(webhooks.target.is_some());
     let capture_status = CaptureStatus::new(&config.capture_queues);
     let rules = Arc::new(extraction);
     let notifier = Notifier::new();
@@ -161,6 +166,7 @@ pub async fn run(
             shutdown: &shutdown,
             capture: &capture_status,
             authenticated: authenticator.is_some(),
+            audit_log: &audit_log,
         },
     );
     info!(
@@ -194,6 +200,7 @@ pub async fn run(
                 &shutdown,
             )
             .await;
+            background.seal_audit_log(store.clone(), audit_log, &shutdown);
             background.deliver_webhooks(store, webhooks, &shutdown);
             background
         }
@@ -222,6 +229,8 @@ struct Wiring<'a> {
     capture: &'a CaptureStatus,
     /// Whether callers are authenticated.
     authenticated: bool,
+    /// The audit log.
+    audit_log: &'a audit::log::AuditLog,
 }
 
 /// The two gRPC services, `redrive.v1.Planner` and `redrive.v1.Coordinator`,
@@ -238,6 +247,7 @@ fn grpc_services(
         shutdown,
         capture,
         authenticated,
+        audit_log,
     }: Wiring<'_>,
 ) -> (
     PlannerServer<PlannerGrpc>,
@@ -264,6 +274,7 @@ fn grpc_services(
         hub: hub.clone(),
         capture: capture.clone(),
         authenticated,
+        audit_log: audit_log.clone(),
     }))
     .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);

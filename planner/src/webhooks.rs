@@ -7,7 +7,7 @@
 //! `webhooks/http.rs` the HTTP client it posts with.
 
 pub mod deliver;
-mod http;
+pub(crate) mod http;
 
 use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 use hmac::{Hmac, Mac};

@@ -333,6 +333,7 @@ pub mod json {
             );
             let chunk = v1::ExportAuditChunk {
                 data: b"\xff\x00a".to_vec(),
+                ..Default::default()
             };
             assert_eq!(
                 to_canonical_json(&chunk).unwrap(),

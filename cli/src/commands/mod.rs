@@ -5,6 +5,7 @@
 //! [`crate::output`]. A new command is a new module and a new [`Command`]
 //! variant; selector flags come from [`crate::selector::SelectorArgs`].
 
+pub mod audit;
 pub mod dead_letters;
 pub mod import;
 pub mod plan;
@@ -152,6 +153,10 @@ pub enum Command {
     /// Replay one dead letter now (a plan of one: precheck, no canary, no
     /// approval step) and wait for the outcome: REPLAYED or NOT_REPLAYED.
     Replay(replay::ReplayArgs),
+    /// The audit log: signed checkpoints, proofs of what was replayed and
+    /// who approved it, export and offline verification.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
     /// Print a shell completion script: bash, zsh, fish, elvish or
     /// powershell.
     Completion(CompletionArgs),
@@ -366,6 +371,11 @@ async fn run_command(
         Command::Replay(args) => {
             let mut planner = client::connect(&planner_url, actor, &credentials).await?;
             replay::run(&mut planner, args, cli.json, out).await
+        }
+        Command::Audit(command) if command.offline() => audit::run_offline(command, cli.json, out),
+        Command::Audit(command) => {
+            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            audit::run(&mut planner, command, cli.json, out).await
         }
         Command::Completion(_) | Command::Man | Command::HashToken => Ok(crate::error::EX_OK),
     }

@@ -815,6 +815,36 @@ impl Planner for Fake {
         Err(Status::unimplemented("list_audit_events"))
     }
 
+    async fn get_audit_checkpoint(
+        &self,
+        _: Request<v1::GetAuditCheckpointRequest>,
+    ) -> Result<Response<v1::AuditCheckpoint>, Status> {
+        Err(Status::unimplemented("get_audit_checkpoint"))
+    }
+
+    async fn prove_audit_inclusion(
+        &self,
+        _: Request<v1::ProveAuditInclusionRequest>,
+    ) -> Result<Response<v1::ProveAuditInclusionResponse>, Status> {
+        Err(Status::unimplemented("prove_audit_inclusion"))
+    }
+
+    async fn prove_audit_consistency(
+        &self,
+        _: Request<v1::ProveAuditConsistencyRequest>,
+    ) -> Result<Response<v1::AuditConsistencyProof>, Status> {
+        Err(Status::unimplemented("prove_audit_consistency"))
+    }
+
+    type ExportAuditLogStream = BoxStream<v1::ExportAuditChunk>;
+
+    async fn export_audit_log(
+        &self,
+        _: Request<v1::ExportAuditLogRequest>,
+    ) -> Result<Response<Self::ExportAuditLogStream>, Status> {
+        Err(Status::unimplemented("export_audit_log"))
+    }
+
     /// plan-done: canary, main and completed snapshots (with an event after
     /// each of the first two when asked); plan-cut: one `main` snapshot, then
     /// the stream ends though the plan is not final; plan-stalled: `main`
@@ -892,11 +922,12 @@ impl Planner for Fake {
                 return Err(Status::invalid_argument("export format unspecified"));
             }
         };
-        let stream = tokio_stream::iter(
-            chunks
-                .into_iter()
-                .map(|data| Ok(v1::ExportAuditChunk { data })),
-        );
+        let stream = tokio_stream::iter(chunks.into_iter().map(|data| {
+            Ok(v1::ExportAuditChunk {
+                data,
+                ..Default::default()
+            })
+        }));
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -39,6 +39,7 @@ impl Config {
         problems.extend(self.admission_problems());
         self.size_and_time_problems(&mut problems);
         let webhooks = self.webhooks.parse(&mut problems);
+        let audit_log = self.audit_log.parse(&mut problems);
         // The telemetry flags come last.
         problems.extend(self.telemetry.check().err());
         match (policy, transport) {
@@ -49,6 +50,7 @@ impl Config {
                 authenticator,
                 tls,
                 webhooks,
+                audit_log,
             }),
             _ => Err(problems),
         }

@@ -23,6 +23,7 @@ pub(super) struct Parsed {
     pub(super) authenticator: Option<Arc<Authenticator>>,
     pub(super) tls: Option<tonic::transport::ServerTlsConfig>,
     pub(super) webhooks: Delivery,
+    pub(super) audit_log: crate::audit::log::AuditLog,
 }
 
 /// The planner's settings parsed into the values its parts take: the only
@@ -52,6 +53,8 @@ pub struct Settings {
     /// How webhooks are delivered, with the planner's own target
     /// (`--webhook-url`, the secret file read) when set.
     pub webhooks: Delivery,
+    /// The audit log: its keys (the files read), cadence and witness.
+    pub audit_log: crate::audit::log::AuditLog,
 }
 
 impl Settings {
@@ -69,6 +72,7 @@ impl Settings {
             authenticator: parsed.authenticator,
             tls: parsed.tls,
             webhooks: parsed.webhooks,
+            audit_log: parsed.audit_log,
         })
     }
 }

@@ -50,6 +50,8 @@ pub struct PlannerState {
     pub capture: crate::capture::CaptureStatus,
     /// Whether callers are authenticated (`GetCaller`).
     pub authenticated: bool,
+    /// The audit log (its proofs, checkpoints and export).
+    pub audit_log: crate::audit::log::AuditLog,
 }
 
 impl PlannerState {

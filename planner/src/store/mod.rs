@@ -20,6 +20,9 @@
 //!   `leases/report.rs` (the reads and writes of a report and of a lease's
 //!   end).
 //! - [`audit`]: the audit's events and refusals, written and read.
+//! - [`audit_log`]: the audit log (RFC 6962 leaves, interior nodes, signed
+//!   checkpoints): a sealing round's reads and writes, proofs' hashes, log
+//!   export pages.
 //! - [`single`]: plans of one (single replay) and body repairs.
 //! - [`sources`]: each source's counts and arrivals for the overview.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
@@ -28,6 +31,7 @@
 //!   change, due deliveries taken by one replica at a time, their outcomes.
 
 pub mod audit;
+pub mod audit_log;
 pub mod dead_letters;
 pub mod housekeeping;
 pub mod idempotency;
@@ -140,11 +144,29 @@ impl Store {
     /// # Errors
     /// [`StoreError::Database`] when the URL does not parse.
     pub fn connect_lazy(database_url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_lazy_with(database_url, max_connections, &[])
+    }
+
+    /// [`Store::connect_lazy`] with run-time parameters every connection
+    /// sets at startup (`options` of the startup message, as `-c name=value`
+    /// would: `redrive.audit_mac`, `redrive.audit_log` for the audit log's
+    /// triggers, migration 0035). They are not in `pg_stat_activity`.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the URL does not parse.
+    pub fn connect_lazy_with(
+        database_url: &str,
+        max_connections: u32,
+        session: &[(&str, String)],
+    ) -> Result<Self, StoreError> {
+        let options = database_url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(StoreError::Database)?
+            .options(session.iter().map(|(name, value)| (*name, value.as_str())));
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy(database_url)
-            .map_err(StoreError::Database)?;
+            .connect_lazy_with(options);
         Ok(Self {
             pool,
             metrics: PlannerMetrics::default(),

@@ -138,14 +138,17 @@ async fn attempt(
             target.secret.sign(&row.webhook_id, timestamp, &body),
         ),
     ];
-    let failure =
-        match tokio::time::timeout(ATTEMPT_TIMEOUT, client.post(&target.url, &headers, body)).await
-        {
-            Ok(Ok(status)) if status.is_success() => None,
-            Ok(Ok(status)) => Some(format!("answered {status}")),
-            Ok(Err(error)) => Some(error),
-            Err(_) => Some(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
-        };
+    let failure = match tokio::time::timeout(
+        ATTEMPT_TIMEOUT,
+        client.post(&target.url, "application/json", &headers, body),
+    )
+    .await
+    {
+        Ok(Ok(status)) if status.is_success() => None,
+        Ok(Ok(status)) => Some(format!("answered {status}")),
+        Ok(Err(error)) => Some(error),
+        Err(_) => Some(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
+    };
     let attempts = u32::try_from(row.attempts).unwrap_or(0) + 1;
     let (outcome, name) = match failure {
         None => (AttemptOutcome::Delivered, "delivered"),

@@ -21,14 +21,14 @@ use tokio_rustls::{
 
 /// Posts webhook bodies.
 #[derive(Clone)]
-pub(super) struct Client {
+pub(crate) struct Client {
     tls: TlsConnector,
 }
 
 impl Client {
     /// A client trusting the platform's root certificates (read once
     /// here; unreadable ones are skipped, as tonic does).
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut roots = RootCertStore::empty();
         roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
         let config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
@@ -41,14 +41,16 @@ impl Client {
         }
     }
 
-    /// Posts `body` (JSON) to `uri` with `headers`; the answer's status.
+    /// Posts `body` (of `content_type`) to `uri` with `headers`; the
+    /// answer's status.
     ///
     /// # Errors
     /// The connection, TLS handshake or exchange failing, as text (the
     /// caller bounds the time).
-    pub(super) async fn post(
+    pub(crate) async fn post(
         &self,
         uri: &Uri,
+        content_type: &str,
         headers: &[(&str, String)],
         body: String,
     ) -> Result<StatusCode, String> {
@@ -65,7 +67,7 @@ impl Client {
                 hyper::header::HOST,
                 uri.authority().map_or("", |a| a.as_str()),
             )
-            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::CONTENT_TYPE, content_type)
             .header(hyper::header::USER_AGENT, "redrive-planner");
         for (name, value) in headers {
             request = request.header(*name, value.as_str());

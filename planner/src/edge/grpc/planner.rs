@@ -588,6 +588,55 @@ impl Planner for PlannerGrpc {
         ))
     }
 
+    async fn get_audit_checkpoint(
+        &self,
+        request: Request<v1::GetAuditCheckpointRequest>,
+    ) -> Result<Response<v1::AuditCheckpoint>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(
+            audit::log::checkpoint(&self.state.store, request.tree_size).await?,
+        ))
+    }
+
+    async fn prove_audit_inclusion(
+        &self,
+        request: Request<v1::ProveAuditInclusionRequest>,
+    ) -> Result<Response<v1::ProveAuditInclusionResponse>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(
+            audit::log::prove_inclusion(&self.state.store, &request).await?,
+        ))
+    }
+
+    async fn prove_audit_consistency(
+        &self,
+        request: Request<v1::ProveAuditConsistencyRequest>,
+    ) -> Result<Response<v1::AuditConsistencyProof>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(
+            audit::log::prove_consistency(&self.state.store, &request).await?,
+        ))
+    }
+
+    type ExportAuditLogStream = BoxStream<'static, Result<v1::ExportAuditChunk, Status>>;
+
+    async fn export_audit_log(
+        &self,
+        request: Request<v1::ExportAuditLogRequest>,
+    ) -> Result<Response<Self::ExportAuditLogStream>, Status> {
+        let request = request.into_inner();
+        let format = v1::ExportFormat::try_from(request.format).unwrap_or_default();
+        Ok(Response::new(
+            audit::log::export(
+                &self.state.store,
+                &self.state.audit_log,
+                format,
+                request.tree_size,
+            )
+            .await?,
+        ))
+    }
+
     async fn list_audit_events(
         &self,
         request: Request<v1::ListAuditEventsRequest>,

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file redrive/v1/planner.proto.
  */
 export const file_redrive_v1_planner: GenFile = /*@__PURE__*/
-  fileDesc("ChhyZWRyaXZlL3YxL3BsYW5uZXIucHJvdG8SCnJlZHJpdmUudjEiwAIKGEluZ2VzdERlYWRMZXR0ZXJzUmVxdWVzdBIOCgZzb3VyY2UYASABKAkSEgoKbWVzc2FnZV9pZBgCIAEoCRIMCgRib2R5GAMgASgMEjEKCnByb3BlcnRpZXMYBCABKAsyHS5yZWRyaXZlLnYxLk1lc3NhZ2VQcm9wZXJ0aWVzEigKB2hlYWRlcnMYBSABKAsyFy5yZWRyaXZlLnYxLkhlYWRlclRhYmxlEg4KBnJlYXNvbhgGIAEoCRIQCghhdHRlbXB0cxgHIAEoDRISCgplcnJvcl90ZXh0GAggASgJEhwKFG9yaWdpbmFsX2Rlc3RpbmF0aW9uGAkgASgJEi8KC29jY3VycmVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghpbXBvcnRlZBgLIAEoCCJwChlJbmdlc3REZWFkTGV0dGVyc1Jlc3BvbnNlEhAKCGFjY2VwdGVkGAEgASgEEhIKCmR1cGxpY2F0ZXMYAiABKAQSLQoIcmVqZWN0ZWQYAyADKAsyGy5yZWRyaXZlLnYxLkluZ2VzdFJlamVjdGlvbiIwCg9Jbmdlc3RSZWplY3Rpb24SDQoFaW5kZXgYASABKAQSDgoGcmVhc29uGAIgASgJImcKFkxpc3REZWFkTGV0dGVyc1JlcXVlc3QSJgoIc2VsZWN0b3IYASABKAsyFC5yZWRyaXZlLnYxLlNlbGVjdG9yEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJImAKF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEiwKDGRlYWRfbGV0dGVycxgBIAMoCzIWLnJlZHJpdmUudjEuRGVhZExldHRlchIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIgoUR2V0RGVhZExldHRlclJlcXVlc3QSCgoCaWQYASABKAkiWgoVR2V0RGVhZExldHRlclJlc3BvbnNlEisKC2RlYWRfbGV0dGVyGAEgASgLMhYucmVkcml2ZS52MS5EZWFkTGV0dGVyEhQKDGJvZHlfcHJldmlldxgCIAEoCSJ1ChtTdW1tYXJpemVEZWFkTGV0dGVyc1JlcXVlc3QSJgoIc2VsZWN0b3IYASABKAsyFC5yZWRyaXZlLnYxLlNlbGVjdG9yEi4KCGdyb3VwX2J5GAIgAygOMhwucmVkcml2ZS52MS5TdW1tYXJ5RGltZW5zaW9uIvABCgxTdW1tYXJ5R3JvdXASLgoDa2V5GAEgAygLMiEucmVkcml2ZS52MS5TdW1tYXJ5R3JvdXAuS2V5RW50cnkSDQoFY291bnQYAiABKAQSLgoKZmlyc3Rfc2VlbhgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJbGFzdF9zZWVuGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5zdGlsbF9hcnJpdmluZxgFIAEoCBoqCghLZXlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIokBChxTdW1tYXJpemVEZWFkTGV0dGVyc1Jlc3BvbnNlEg0KBXRvdGFsGAEgASgEEigKBmdyb3VwcxgCIAMoCzIYLnJlZHJpdmUudjEuU3VtbWFyeUdyb3VwEgwKBG9wZW4YAyABKAQSEAoIYXJjaGl2ZWQYBCABKAQSEAoIcmVwbGF5ZWQYBSABKAQiUwoZQXJjaGl2ZURlYWRMZXR0ZXJzUmVxdWVzdBImCghzZWxlY3RvchgBIAEoCzIULnJlZHJpdmUudjEuU2VsZWN0b3ISDgoGcmVhc29uGAIgASgJImQKF1Jla2V5RGVhZExldHRlcnNSZXF1ZXN0EiYKCHNlbGVjdG9yGAEgASgLMhQucmVkcml2ZS52MS5TZWxlY3RvchIRCglrZXlfcnVsZXMYAiADKAkSDgoGcmVhc29uGAMgASgJIkgKDFJla2V5RXhhbXBsZRIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRIPCgdvbGRfa2V5GAIgASgJEg8KB25ld19rZXkYAyABKAkikQEKGFJla2V5RGVhZExldHRlcnNSZXNwb25zZRIPCgdyZWtleWVkGAEgASgEEg8KB2NoYW5nZWQYAiABKAQSKgoIZXhhbXBsZXMYAyADKAsyGC5yZWRyaXZlLnYxLlJla2V5RXhhbXBsZRIQCghyZWtleV9pZBgEIAEoCRIVCg1ub3RfZm91bmRfaWRzGAUgAygJInAKGkFyY2hpdmVEZWFkTGV0dGVyc1Jlc3BvbnNlEg8KB2NoYW5nZWQYASABKAQSEQoJdW5jaGFuZ2VkGAIgASgEEhcKD2RlYWRfbGV0dGVyX2lkcxgDIAMoCRIVCg1ub3RfZm91bmRfaWRzGAQgAygJImoKElJ1blByZWNoZWNrUmVxdWVzdBImCghzZWxlY3RvchgBIAEoCzIULnJlZHJpdmUudjEuU2VsZWN0b3ISLAoHb3B0aW9ucxgCIAEoCzIbLnJlZHJpdmUudjEuUHJlY2hlY2tPcHRpb25zIikKEkdldFByZWNoZWNrUmVxdWVzdBITCgtwcmVjaGVja19pZBgBIAEoCSJ8ChhMaXN0UHJlY2hlY2tJdGVtc1JlcXVlc3QSEwoLcHJlY2hlY2tfaWQYASABKAkSJAoHdmVyZGljdBgCIAEoDjITLnJlZHJpdmUudjEuVmVyZGljdBIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJdChlMaXN0UHJlY2hlY2tJdGVtc1Jlc3BvbnNlEicKBWl0ZW1zGAEgAygLMhgucmVkcml2ZS52MS5QcmVjaGVja0l0ZW0SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIrgCChFDcmVhdGVQbGFuUmVxdWVzdBITCgtwcmVjaGVja19pZBgBIAEoCRIeCgRyYXRlGAIgASgLMhAucmVkcml2ZS52MS5SYXRlEiwKC2Rlc3RpbmF0aW9uGAMgASgLMhcucmVkcml2ZS52MS5EZXN0aW5hdGlvbhISCgpzbGljZV9zaXplGAQgASgNEhwKD2NhbmFyeV9mcmFjdGlvbhgFIAEoAUgAiAEBEi4KC29ic2VydmVfZm9yGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB29yZGVyZWQYByABKAgSEwoLd2ViaG9va191cmwYCCABKAkSFgoOd2ViaG9va19zZWNyZXQYCSABKAkSDAoEcmFtcBgKIAMoAUISChBfY2FuYXJ5X2ZyYWN0aW9uImkKEkFwcHJvdmVQbGFuUmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJEg4KBmRpZ2VzdBgCIAEoCRIZChFvdmVycmlkZV9hcnJpdmFscxgDIAEoCBIXCg9vdmVycmlkZV9yZWFzb24YBCABKAkiIQoOR2V0UGxhblJlcXVlc3QSDwoHcGxhbl9pZBgBIAEoCSKFAQoQTGlzdFBsYW5zUmVxdWVzdBIlCgZzdGF0ZXMYASADKA4yFS5yZWRyaXZlLnYxLlBsYW5TdGF0ZRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCRIjCgVraW5kcxgEIAMoDjIULnJlZHJpdmUudjEuUGxhbktpbmQiTQoRTGlzdFBsYW5zUmVzcG9uc2USHwoFcGxhbnMYASADKAsyEC5yZWRyaXZlLnYxLlBsYW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIlAKElBsYW5Db250cm9sUmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIZChFvdmVycmlkZV9hcnJpdmFscxgDIAEoCCJSChhMaXN0Q29tcGVuc2F0aW9uc1JlcXVlc3QSDwoHcGxhbl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJdChlMaXN0Q29tcGVuc2F0aW9uc1Jlc3BvbnNlEicKBWl0ZW1zGAEgAygLMhgucmVkcml2ZS52MS5QcmVjaGVja0l0ZW0SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjsKEFdhdGNoUGxhblJlcXVlc3QSDwoHcGxhbl9pZBgBIAEoCRIWCg5pbmNsdWRlX2V2ZW50cxgCIAEoCCJsChFXYXRjaFBsYW5SZXNwb25zZRIkCghwcm9ncmVzcxgBIAEoCzIQLnJlZHJpdmUudjEuUGxhbkgAEicKBWV2ZW50GAIgASgLMhYucmVkcml2ZS52MS5BdWRpdEV2ZW50SABCCAoGdXBkYXRlIigKFUdldEF1ZGl0UmVwb3J0UmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJIosCCgtBdWRpdFJlcG9ydBIeCgRwbGFuGAEgASgLMhAucmVkcml2ZS52MS5QbGFuEigKBmNvdW50cxgCIAEoCzIYLnJlZHJpdmUudjEuQWN0aW9uQ291bnRzEhEKCXNlbnRfa2V5cxgDIAMoCRIoCghub3Rfc2VudBgEIAMoCzIWLnJlZHJpdmUudjEuQXVkaXRFdmVudBIgChhwb3NzaWJseV9kdXBsaWNhdGVkX2tleXMYBSADKAkSFwoPbmV2ZXJfYXR0ZW1wdGVkGAYgASgEEjoKFW5ldmVyX2F0dGVtcHRlZF9pdGVtcxgHIAMoCzIbLnJlZHJpdmUudjEuVW5hdHRlbXB0ZWRJdGVtInIKD1VuYXR0ZW1wdGVkSXRlbRIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRITCgttZXNzYWdlX2tleRgCIAEoCRISCgptZXNzYWdlX2lkGAMgASgJEh4KBHdhdmUYBCABKA4yEC5yZWRyaXZlLnYxLldhdmUiTwoSRXhwb3J0QXVkaXRSZXF1ZXN0Eg8KB3BsYW5faWQYASABKAkSKAoGZm9ybWF0GAIgASgOMhgucmVkcml2ZS52MS5FeHBvcnRGb3JtYXQiIAoQRXhwb3J0QXVkaXRDaHVuaxIMCgRkYXRhGAEgASgMIpgBChdSZXBsYXlEZWFkTGV0dGVyUmVxdWVzdBIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSLAoHb3B0aW9ucxgDIAEoCzIbLnJlZHJpdmUudjEuUHJlY2hlY2tPcHRpb25zEicKBHdhaXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iwgIKGFJlcGxheURlYWRMZXR0ZXJSZXNwb25zZRI9CgdvdXRjb21lGAEgASgOMiwucmVkcml2ZS52MS5SZXBsYXlEZWFkTGV0dGVyUmVzcG9uc2UuT3V0Y29tZRIOCgZyZWFzb24YAiABKAkSJQoFZXZlbnQYAyABKAsyFi5yZWRyaXZlLnYxLkF1ZGl0RXZlbnQSDwoHcGxhbl9pZBgEIAEoCRITCgtwcmVjaGVja19pZBgFIAEoCRIkCgd2ZXJkaWN0GAYgASgOMhMucmVkcml2ZS52MS5WZXJkaWN0EhAKCHdhcm5pbmdzGAcgAygJIlIKB091dGNvbWUSFwoTT1VUQ09NRV9VTlNQRUNJRklFRBAAEhQKEE9VVENPTUVfUkVQTEFZRUQQARIYChRPVVRDT01FX05PVF9SRVBMQVlFRBACIlMKF1JlcGFpckRlYWRMZXR0ZXJSZXF1ZXN0EhYKDmRlYWRfbGV0dGVyX2lkGAEgASgJEhAKCG5ld19ib2R5GAIgASgMEg4KBnJlYXNvbhgDIAEoCSISChBHZXRDYWxsZXJSZXF1ZXN0IoQBCgZDYWxsZXISDAoEbmFtZRgBIAEoCRINCgVyb2xlcxgCIAMoCRIVCg1hdXRoZW50aWNhdGVkGAMgASgIEhEKCWZvdXJfZXllcxgEIAEoCBIzChBtYXhfcHJlY2hlY2tfYWdlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIhQKEkxpc3RTb3VyY2VzUmVxdWVzdCK3AQoOU291cmNlT3ZlcnZpZXcSDgoGc291cmNlGAEgASgJEhgKC3F1ZXVlX2RlcHRoGAIgASgESACIAQESDgoGc3RvcmVkGAMgASgEEgwKBG9wZW4YBCABKAQSGwoTYXJyaXZhbHNfcGVyX21pbnV0ZRgFIAMoDRIwCgxsYXN0X2Fycml2YWwYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQg4KDF9xdWV1ZV9kZXB0aCJCChNMaXN0U291cmNlc1Jlc3BvbnNlEisKB3NvdXJjZXMYASADKAsyGi5yZWRyaXZlLnYxLlNvdXJjZU92ZXJ2aWV3IlAKElByZXZpZXdQbGFuUmVxdWVzdBIrCgRwbGFuGAEgASgLMh0ucmVkcml2ZS52MS5DcmVhdGVQbGFuUmVxdWVzdBINCgVsaW1pdBgCIAEoDSIsCg1TdGFtcGVkSGVhZGVyEgwKBG5hbWUYASABKAkSDQoFdmFsdWUYAiABKAki2QEKD091dGdvaW5nTWVzc2FnZRIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRISCgptZXNzYWdlX2lkGAIgASgJEhAKCGV4Y2hhbmdlGAMgASgJEhMKC3JvdXRpbmdfa2V5GAQgASgJEhcKD3JlbW92ZWRfaGVhZGVycxgFIAMoCRIwCg1hZGRlZF9oZWFkZXJzGAYgAygLMhkucmVkcml2ZS52MS5TdGFtcGVkSGVhZGVyEhQKDGtlcHRfaGVhZGVycxgHIAMoCRISCgpib2R5X2J5dGVzGAggASgEIlMKE1ByZXZpZXdQbGFuUmVzcG9uc2USLQoIbWVzc2FnZXMYASADKAsyGy5yZWRyaXZlLnYxLk91dGdvaW5nTWVzc2FnZRINCgVpdGVtcxgCIAEoBCJ6ChZMaXN0QXVkaXRFdmVudHNSZXF1ZXN0Eg8KB3BsYW5faWQYASABKAkSKAoHYWN0aW9ucxgCIAMoDjIXLnJlZHJpdmUudjEuQXVkaXRBY3Rpb24SEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkiWgoXTGlzdEF1ZGl0RXZlbnRzUmVzcG9uc2USJgoGZXZlbnRzGAEgAygLMhYucmVkcml2ZS52MS5BdWRpdEV2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSrTAgoQU3VtbWFyeURpbWVuc2lvbhIhCh1TVU1NQVJZX0RJTUVOU0lPTl9VTlNQRUNJRklFRBAAEhwKGFNVTU1BUllfRElNRU5TSU9OX1JFQVNPThABEiEKHVNVTU1BUllfRElNRU5TSU9OX0RFU1RJTkFUSU9OEAISHgoaU1VNTUFSWV9ESU1FTlNJT05fUFJPRFVDRVIQAxIkCiBTVU1NQVJZX0RJTUVOU0lPTl9TQ0hFTUFfVkVSU0lPThAEEiAKHFNVTU1BUllfRElNRU5TSU9OX0VWRU5UX1RZUEUQBRIaChZTVU1NQVJZX0RJTUVOU0lPTl9IT1VSEAYSHAoYU1VNTUFSWV9ESU1FTlNJT05fU09VUkNFEAcSGwoXU1VNTUFSWV9ESU1FTlNJT05fRVJST1IQCBIcChhTVU1NQVJZX0RJTUVOU0lPTl9TVEFUVVMQCSpdCgxFeHBvcnRGb3JtYXQSHQoZRVhQT1JUX0ZPUk1BVF9VTlNQRUNJRklFRBAAEhcKE0VYUE9SVF9GT1JNQVRfSlNPTkwQARIVChFFWFBPUlRfRk9STUFUX0NTVhACMvERCgdQbGFubmVyEmIKEUluZ2VzdERlYWRMZXR0ZXJzEiQucmVkcml2ZS52MS5Jbmdlc3REZWFkTGV0dGVyc1JlcXVlc3QaJS5yZWRyaXZlLnYxLkluZ2VzdERlYWRMZXR0ZXJzUmVzcG9uc2UoARJaCg9MaXN0RGVhZExldHRlcnMSIi5yZWRyaXZlLnYxLkxpc3REZWFkTGV0dGVyc1JlcXVlc3QaIy5yZWRyaXZlLnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlElQKDUdldERlYWRMZXR0ZXISIC5yZWRyaXZlLnYxLkdldERlYWRMZXR0ZXJSZXF1ZXN0GiEucmVkcml2ZS52MS5HZXREZWFkTGV0dGVyUmVzcG9uc2USaQoUU3VtbWFyaXplRGVhZExldHRlcnMSJy5yZWRyaXZlLnYxLlN1bW1hcml6ZURlYWRMZXR0ZXJzUmVxdWVzdBooLnJlZHJpdmUudjEuU3VtbWFyaXplRGVhZExldHRlcnNSZXNwb25zZRJjChJBcmNoaXZlRGVhZExldHRlcnMSJS5yZWRyaXZlLnYxLkFyY2hpdmVEZWFkTGV0dGVyc1JlcXVlc3QaJi5yZWRyaXZlLnYxLkFyY2hpdmVEZWFkTGV0dGVyc1Jlc3BvbnNlEmUKFFVuYXJjaGl2ZURlYWRMZXR0ZXJzEiUucmVkcml2ZS52MS5BcmNoaXZlRGVhZExldHRlcnNSZXF1ZXN0GiYucmVkcml2ZS52MS5BcmNoaXZlRGVhZExldHRlcnNSZXNwb25zZRJdChBSZWtleURlYWRMZXR0ZXJzEiMucmVkcml2ZS52MS5SZWtleURlYWRMZXR0ZXJzUmVxdWVzdBokLnJlZHJpdmUudjEuUmVrZXlEZWFkTGV0dGVyc1Jlc3BvbnNlEkkKC1J1blByZWNoZWNrEh4ucmVkcml2ZS52MS5SdW5QcmVjaGVja1JlcXVlc3QaGi5yZWRyaXZlLnYxLlByZWNoZWNrUmVwb3J0EkkKC0dldFByZWNoZWNrEh4ucmVkcml2ZS52MS5HZXRQcmVjaGVja1JlcXVlc3QaGi5yZWRyaXZlLnYxLlByZWNoZWNrUmVwb3J0EmAKEUxpc3RQcmVjaGVja0l0ZW1zEiQucmVkcml2ZS52MS5MaXN0UHJlY2hlY2tJdGVtc1JlcXVlc3QaJS5yZWRyaXZlLnYxLkxpc3RQcmVjaGVja0l0ZW1zUmVzcG9uc2USPQoKQ3JlYXRlUGxhbhIdLnJlZHJpdmUudjEuQ3JlYXRlUGxhblJlcXVlc3QaEC5yZWRyaXZlLnYxLlBsYW4SPwoLQXBwcm92ZVBsYW4SHi5yZWRyaXZlLnYxLkFwcHJvdmVQbGFuUmVxdWVzdBoQLnJlZHJpdmUudjEuUGxhbhI3CgdHZXRQbGFuEhoucmVkcml2ZS52MS5HZXRQbGFuUmVxdWVzdBoQLnJlZHJpdmUudjEuUGxhbhJICglMaXN0UGxhbnMSHC5yZWRyaXZlLnYxLkxpc3RQbGFuc1JlcXVlc3QaHS5yZWRyaXZlLnYxLkxpc3RQbGFuc1Jlc3BvbnNlEj8KC1Byb21vdGVQbGFuEh4ucmVkcml2ZS52MS5QbGFuQ29udHJvbFJlcXVlc3QaEC5yZWRyaXZlLnYxLlBsYW4SPQoJUGF1c2VQbGFuEh4ucmVkcml2ZS52MS5QbGFuQ29udHJvbFJlcXVlc3QaEC5yZWRyaXZlLnYxLlBsYW4SPgoKUmVzdW1lUGxhbhIeLnJlZHJpdmUudjEuUGxhbkNvbnRyb2xSZXF1ZXN0GhAucmVkcml2ZS52MS5QbGFuEj4KCkNhbmNlbFBsYW4SHi5yZWRyaXZlLnYxLlBsYW5Db250cm9sUmVxdWVzdBoQLnJlZHJpdmUudjEuUGxhbhJgChFMaXN0Q29tcGVuc2F0aW9ucxIkLnJlZHJpdmUudjEuTGlzdENvbXBlbnNhdGlvbnNSZXF1ZXN0GiUucmVkcml2ZS52MS5MaXN0Q29tcGVuc2F0aW9uc1Jlc3BvbnNlEkoKCVdhdGNoUGxhbhIcLnJlZHJpdmUudjEuV2F0Y2hQbGFuUmVxdWVzdBodLnJlZHJpdmUudjEuV2F0Y2hQbGFuUmVzcG9uc2UwARJMCg5HZXRBdWRpdFJlcG9ydBIhLnJlZHJpdmUudjEuR2V0QXVkaXRSZXBvcnRSZXF1ZXN0GhcucmVkcml2ZS52MS5BdWRpdFJlcG9ydBJNCgtFeHBvcnRBdWRpdBIeLnJlZHJpdmUudjEuRXhwb3J0QXVkaXRSZXF1ZXN0GhwucmVkcml2ZS52MS5FeHBvcnRBdWRpdENodW5rMAESXQoQUmVwbGF5RGVhZExldHRlchIjLnJlZHJpdmUudjEuUmVwbGF5RGVhZExldHRlclJlcXVlc3QaJC5yZWRyaXZlLnYxLlJlcGxheURlYWRMZXR0ZXJSZXNwb25zZRJaChBSZXBhaXJEZWFkTGV0dGVyEiMucmVkcml2ZS52MS5SZXBhaXJEZWFkTGV0dGVyUmVxdWVzdBohLnJlZHJpdmUudjEuR2V0RGVhZExldHRlclJlc3BvbnNlEj0KCUdldENhbGxlchIcLnJlZHJpdmUudjEuR2V0Q2FsbGVyUmVxdWVzdBoSLnJlZHJpdmUudjEuQ2FsbGVyEk4KC0xpc3RTb3VyY2VzEh4ucmVkcml2ZS52MS5MaXN0U291cmNlc1JlcXVlc3QaHy5yZWRyaXZlLnYxLkxpc3RTb3VyY2VzUmVzcG9uc2USTgoLUHJldmlld1BsYW4SHi5yZWRyaXZlLnYxLlByZXZpZXdQbGFuUmVxdWVzdBofLnJlZHJpdmUudjEuUHJldmlld1BsYW5SZXNwb25zZRJaCg9MaXN0QXVkaXRFdmVudHMSIi5yZWRyaXZlLnYxLkxpc3RBdWRpdEV2ZW50c1JlcXVlc3QaIy5yZWRyaXZlLnYxLkxpc3RBdWRpdEV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_redrive_v1_messages]);
+  fileDesc("ChhyZWRyaXZlL3YxL3BsYW5uZXIucHJvdG8SCnJlZHJpdmUudjEiwAIKGEluZ2VzdERlYWRMZXR0ZXJzUmVxdWVzdBIOCgZzb3VyY2UYASABKAkSEgoKbWVzc2FnZV9pZBgCIAEoCRIMCgRib2R5GAMgASgMEjEKCnByb3BlcnRpZXMYBCABKAsyHS5yZWRyaXZlLnYxLk1lc3NhZ2VQcm9wZXJ0aWVzEigKB2hlYWRlcnMYBSABKAsyFy5yZWRyaXZlLnYxLkhlYWRlclRhYmxlEg4KBnJlYXNvbhgGIAEoCRIQCghhdHRlbXB0cxgHIAEoDRISCgplcnJvcl90ZXh0GAggASgJEhwKFG9yaWdpbmFsX2Rlc3RpbmF0aW9uGAkgASgJEi8KC29jY3VycmVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghpbXBvcnRlZBgLIAEoCCJwChlJbmdlc3REZWFkTGV0dGVyc1Jlc3BvbnNlEhAKCGFjY2VwdGVkGAEgASgEEhIKCmR1cGxpY2F0ZXMYAiABKAQSLQoIcmVqZWN0ZWQYAyADKAsyGy5yZWRyaXZlLnYxLkluZ2VzdFJlamVjdGlvbiIwCg9Jbmdlc3RSZWplY3Rpb24SDQoFaW5kZXgYASABKAQSDgoGcmVhc29uGAIgASgJImcKFkxpc3REZWFkTGV0dGVyc1JlcXVlc3QSJgoIc2VsZWN0b3IYASABKAsyFC5yZWRyaXZlLnYxLlNlbGVjdG9yEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJImAKF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEiwKDGRlYWRfbGV0dGVycxgBIAMoCzIWLnJlZHJpdmUudjEuRGVhZExldHRlchIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIgoUR2V0RGVhZExldHRlclJlcXVlc3QSCgoCaWQYASABKAkiWgoVR2V0RGVhZExldHRlclJlc3BvbnNlEisKC2RlYWRfbGV0dGVyGAEgASgLMhYucmVkcml2ZS52MS5EZWFkTGV0dGVyEhQKDGJvZHlfcHJldmlldxgCIAEoCSJ1ChtTdW1tYXJpemVEZWFkTGV0dGVyc1JlcXVlc3QSJgoIc2VsZWN0b3IYASABKAsyFC5yZWRyaXZlLnYxLlNlbGVjdG9yEi4KCGdyb3VwX2J5GAIgAygOMhwucmVkcml2ZS52MS5TdW1tYXJ5RGltZW5zaW9uIvABCgxTdW1tYXJ5R3JvdXASLgoDa2V5GAEgAygLMiEucmVkcml2ZS52MS5TdW1tYXJ5R3JvdXAuS2V5RW50cnkSDQoFY291bnQYAiABKAQSLgoKZmlyc3Rfc2VlbhgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJbGFzdF9zZWVuGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5zdGlsbF9hcnJpdmluZxgFIAEoCBoqCghLZXlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIokBChxTdW1tYXJpemVEZWFkTGV0dGVyc1Jlc3BvbnNlEg0KBXRvdGFsGAEgASgEEigKBmdyb3VwcxgCIAMoCzIYLnJlZHJpdmUudjEuU3VtbWFyeUdyb3VwEgwKBG9wZW4YAyABKAQSEAoIYXJjaGl2ZWQYBCABKAQSEAoIcmVwbGF5ZWQYBSABKAQiUwoZQXJjaGl2ZURlYWRMZXR0ZXJzUmVxdWVzdBImCghzZWxlY3RvchgBIAEoCzIULnJlZHJpdmUudjEuU2VsZWN0b3ISDgoGcmVhc29uGAIgASgJImQKF1Jla2V5RGVhZExldHRlcnNSZXF1ZXN0EiYKCHNlbGVjdG9yGAEgASgLMhQucmVkcml2ZS52MS5TZWxlY3RvchIRCglrZXlfcnVsZXMYAiADKAkSDgoGcmVhc29uGAMgASgJIkgKDFJla2V5RXhhbXBsZRIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRIPCgdvbGRfa2V5GAIgASgJEg8KB25ld19rZXkYAyABKAkikQEKGFJla2V5RGVhZExldHRlcnNSZXNwb25zZRIPCgdyZWtleWVkGAEgASgEEg8KB2NoYW5nZWQYAiABKAQSKgoIZXhhbXBsZXMYAyADKAsyGC5yZWRyaXZlLnYxLlJla2V5RXhhbXBsZRIQCghyZWtleV9pZBgEIAEoCRIVCg1ub3RfZm91bmRfaWRzGAUgAygJInAKGkFyY2hpdmVEZWFkTGV0dGVyc1Jlc3BvbnNlEg8KB2NoYW5nZWQYASABKAQSEQoJdW5jaGFuZ2VkGAIgASgEEhcKD2RlYWRfbGV0dGVyX2lkcxgDIAMoCRIVCg1ub3RfZm91bmRfaWRzGAQgAygJImoKElJ1blByZWNoZWNrUmVxdWVzdBImCghzZWxlY3RvchgBIAEoCzIULnJlZHJpdmUudjEuU2VsZWN0b3ISLAoHb3B0aW9ucxgCIAEoCzIbLnJlZHJpdmUudjEuUHJlY2hlY2tPcHRpb25zIikKEkdldFByZWNoZWNrUmVxdWVzdBITCgtwcmVjaGVja19pZBgBIAEoCSJ8ChhMaXN0UHJlY2hlY2tJdGVtc1JlcXVlc3QSEwoLcHJlY2hlY2tfaWQYASABKAkSJAoHdmVyZGljdBgCIAEoDjITLnJlZHJpdmUudjEuVmVyZGljdBIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJdChlMaXN0UHJlY2hlY2tJdGVtc1Jlc3BvbnNlEicKBWl0ZW1zGAEgAygLMhgucmVkcml2ZS52MS5QcmVjaGVja0l0ZW0SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIrgCChFDcmVhdGVQbGFuUmVxdWVzdBITCgtwcmVjaGVja19pZBgBIAEoCRIeCgRyYXRlGAIgASgLMhAucmVkcml2ZS52MS5SYXRlEiwKC2Rlc3RpbmF0aW9uGAMgASgLMhcucmVkcml2ZS52MS5EZXN0aW5hdGlvbhISCgpzbGljZV9zaXplGAQgASgNEhwKD2NhbmFyeV9mcmFjdGlvbhgFIAEoAUgAiAEBEi4KC29ic2VydmVfZm9yGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB29yZGVyZWQYByABKAgSEwoLd2ViaG9va191cmwYCCABKAkSFgoOd2ViaG9va19zZWNyZXQYCSABKAkSDAoEcmFtcBgKIAMoAUISChBfY2FuYXJ5X2ZyYWN0aW9uImkKEkFwcHJvdmVQbGFuUmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJEg4KBmRpZ2VzdBgCIAEoCRIZChFvdmVycmlkZV9hcnJpdmFscxgDIAEoCBIXCg9vdmVycmlkZV9yZWFzb24YBCABKAkiIQoOR2V0UGxhblJlcXVlc3QSDwoHcGxhbl9pZBgBIAEoCSKFAQoQTGlzdFBsYW5zUmVxdWVzdBIlCgZzdGF0ZXMYASADKA4yFS5yZWRyaXZlLnYxLlBsYW5TdGF0ZRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCRIjCgVraW5kcxgEIAMoDjIULnJlZHJpdmUudjEuUGxhbktpbmQiTQoRTGlzdFBsYW5zUmVzcG9uc2USHwoFcGxhbnMYASADKAsyEC5yZWRyaXZlLnYxLlBsYW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIlAKElBsYW5Db250cm9sUmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCRIZChFvdmVycmlkZV9hcnJpdmFscxgDIAEoCCJSChhMaXN0Q29tcGVuc2F0aW9uc1JlcXVlc3QSDwoHcGxhbl9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJdChlMaXN0Q29tcGVuc2F0aW9uc1Jlc3BvbnNlEicKBWl0ZW1zGAEgAygLMhgucmVkcml2ZS52MS5QcmVjaGVja0l0ZW0SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjsKEFdhdGNoUGxhblJlcXVlc3QSDwoHcGxhbl9pZBgBIAEoCRIWCg5pbmNsdWRlX2V2ZW50cxgCIAEoCCJsChFXYXRjaFBsYW5SZXNwb25zZRIkCghwcm9ncmVzcxgBIAEoCzIQLnJlZHJpdmUudjEuUGxhbkgAEicKBWV2ZW50GAIgASgLMhYucmVkcml2ZS52MS5BdWRpdEV2ZW50SABCCAoGdXBkYXRlIigKFUdldEF1ZGl0UmVwb3J0UmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJIosCCgtBdWRpdFJlcG9ydBIeCgRwbGFuGAEgASgLMhAucmVkcml2ZS52MS5QbGFuEigKBmNvdW50cxgCIAEoCzIYLnJlZHJpdmUudjEuQWN0aW9uQ291bnRzEhEKCXNlbnRfa2V5cxgDIAMoCRIoCghub3Rfc2VudBgEIAMoCzIWLnJlZHJpdmUudjEuQXVkaXRFdmVudBIgChhwb3NzaWJseV9kdXBsaWNhdGVkX2tleXMYBSADKAkSFwoPbmV2ZXJfYXR0ZW1wdGVkGAYgASgEEjoKFW5ldmVyX2F0dGVtcHRlZF9pdGVtcxgHIAMoCzIbLnJlZHJpdmUudjEuVW5hdHRlbXB0ZWRJdGVtInIKD1VuYXR0ZW1wdGVkSXRlbRIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRITCgttZXNzYWdlX2tleRgCIAEoCRISCgptZXNzYWdlX2lkGAMgASgJEh4KBHdhdmUYBCABKA4yEC5yZWRyaXZlLnYxLldhdmUiTwoSRXhwb3J0QXVkaXRSZXF1ZXN0Eg8KB3BsYW5faWQYASABKAkSKAoGZm9ybWF0GAIgASgOMhgucmVkcml2ZS52MS5FeHBvcnRGb3JtYXQiNAoQRXhwb3J0QXVkaXRDaHVuaxIMCgRkYXRhGAEgASgMEhIKCmNoZWNrcG9pbnQYAiABKAkiLgoZR2V0QXVkaXRDaGVja3BvaW50UmVxdWVzdBIRCgl0cmVlX3NpemUYASABKAQidAoPQXVkaXRDaGVja3BvaW50EgwKBG5vdGUYASABKAkSEQoJdHJlZV9zaXplGAIgASgEEhEKCXJvb3RfaGFzaBgDIAEoDBItCglzaWduZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIoABChpQcm92ZUF1ZGl0SW5jbHVzaW9uUmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJEhYKDmRlYWRfbGV0dGVyX2lkGAIgASgJEhcKCmxlYWZfaW5kZXgYAyABKARIAIgBARIRCgl0cmVlX3NpemUYBCABKARCDQoLX2xlYWZfaW5kZXgihQEKE0F1ZGl0SW5jbHVzaW9uUHJvb2YSEgoKbGVhZl9pbmRleBgBIAEoBBIRCgl0cmVlX3NpemUYAiABKAQSDAoEbGVhZhgDIAEoCRIOCgZoYXNoZXMYBCADKAwSDAoEa2luZBgFIAEoCRIPCgdwbGFuX2lkGAYgASgJEgoKAmlkGAcgASgDIn8KG1Byb3ZlQXVkaXRJbmNsdXNpb25SZXNwb25zZRIvCgpjaGVja3BvaW50GAEgASgLMhsucmVkcml2ZS52MS5BdWRpdENoZWNrcG9pbnQSLwoGcHJvb2ZzGAIgAygLMh8ucmVkcml2ZS52MS5BdWRpdEluY2x1c2lvblByb29mIkIKHFByb3ZlQXVkaXRDb25zaXN0ZW5jeVJlcXVlc3QSEAoIb2xkX3NpemUYASABKAQSEAoIbmV3X3NpemUYAiABKAQinwEKFUF1ZGl0Q29uc2lzdGVuY3lQcm9vZhIoCgNvbGQYASABKAsyGy5yZWRyaXZlLnYxLkF1ZGl0Q2hlY2twb2ludBIoCgNuZXcYAiABKAsyGy5yZWRyaXZlLnYxLkF1ZGl0Q2hlY2twb2ludBIQCghvbGRfc2l6ZRgDIAEoBBIQCghuZXdfc2l6ZRgEIAEoBBIOCgZoYXNoZXMYBSADKAwiVAoVRXhwb3J0QXVkaXRMb2dSZXF1ZXN0EigKBmZvcm1hdBgBIAEoDjIYLnJlZHJpdmUudjEuRXhwb3J0Rm9ybWF0EhEKCXRyZWVfc2l6ZRgCIAEoBCKYAQoXUmVwbGF5RGVhZExldHRlclJlcXVlc3QSFgoOZGVhZF9sZXR0ZXJfaWQYASABKAkSDgoGcmVhc29uGAIgASgJEiwKB29wdGlvbnMYAyABKAsyGy5yZWRyaXZlLnYxLlByZWNoZWNrT3B0aW9ucxInCgR3YWl0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIsICChhSZXBsYXlEZWFkTGV0dGVyUmVzcG9uc2USPQoHb3V0Y29tZRgBIAEoDjIsLnJlZHJpdmUudjEuUmVwbGF5RGVhZExldHRlclJlc3BvbnNlLk91dGNvbWUSDgoGcmVhc29uGAIgASgJEiUKBWV2ZW50GAMgASgLMhYucmVkcml2ZS52MS5BdWRpdEV2ZW50Eg8KB3BsYW5faWQYBCABKAkSEwoLcHJlY2hlY2tfaWQYBSABKAkSJAoHdmVyZGljdBgGIAEoDjITLnJlZHJpdmUudjEuVmVyZGljdBIQCgh3YXJuaW5ncxgHIAMoCSJSCgdPdXRjb21lEhcKE09VVENPTUVfVU5TUEVDSUZJRUQQABIUChBPVVRDT01FX1JFUExBWUVEEAESGAoUT1VUQ09NRV9OT1RfUkVQTEFZRUQQAiJTChdSZXBhaXJEZWFkTGV0dGVyUmVxdWVzdBIWCg5kZWFkX2xldHRlcl9pZBgBIAEoCRIQCghuZXdfYm9keRgCIAEoDBIOCgZyZWFzb24YAyABKAkiEgoQR2V0Q2FsbGVyUmVxdWVzdCKEAQoGQ2FsbGVyEgwKBG5hbWUYASABKAkSDQoFcm9sZXMYAiADKAkSFQoNYXV0aGVudGljYXRlZBgDIAEoCBIRCglmb3VyX2V5ZXMYBCABKAgSMwoQbWF4X3ByZWNoZWNrX2FnZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIUChJMaXN0U291cmNlc1JlcXVlc3QitwEKDlNvdXJjZU92ZXJ2aWV3Eg4KBnNvdXJjZRgBIAEoCRIYCgtxdWV1ZV9kZXB0aBgCIAEoBEgAiAEBEg4KBnN0b3JlZBgDIAEoBBIMCgRvcGVuGAQgASgEEhsKE2Fycml2YWxzX3Blcl9taW51dGUYBSADKA0SMAoMbGFzdF9hcnJpdmFsGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIOCgxfcXVldWVfZGVwdGgiQgoTTGlzdFNvdXJjZXNSZXNwb25zZRIrCgdzb3VyY2VzGAEgAygLMhoucmVkcml2ZS52MS5Tb3VyY2VPdmVydmlldyJQChJQcmV2aWV3UGxhblJlcXVlc3QSKwoEcGxhbhgBIAEoCzIdLnJlZHJpdmUudjEuQ3JlYXRlUGxhblJlcXVlc3QSDQoFbGltaXQYAiABKA0iLAoNU3RhbXBlZEhlYWRlchIMCgRuYW1lGAEgASgJEg0KBXZhbHVlGAIgASgJItkBCg9PdXRnb2luZ01lc3NhZ2USFgoOZGVhZF9sZXR0ZXJfaWQYASABKAkSEgoKbWVzc2FnZV9pZBgCIAEoCRIQCghleGNoYW5nZRgDIAEoCRITCgtyb3V0aW5nX2tleRgEIAEoCRIXCg9yZW1vdmVkX2hlYWRlcnMYBSADKAkSMAoNYWRkZWRfaGVhZGVycxgGIAMoCzIZLnJlZHJpdmUudjEuU3RhbXBlZEhlYWRlchIUCgxrZXB0X2hlYWRlcnMYByADKAkSEgoKYm9keV9ieXRlcxgIIAEoBCJTChNQcmV2aWV3UGxhblJlc3BvbnNlEi0KCG1lc3NhZ2VzGAEgAygLMhsucmVkcml2ZS52MS5PdXRnb2luZ01lc3NhZ2USDQoFaXRlbXMYAiABKAQiegoWTGlzdEF1ZGl0RXZlbnRzUmVxdWVzdBIPCgdwbGFuX2lkGAEgASgJEigKB2FjdGlvbnMYAiADKA4yFy5yZWRyaXZlLnYxLkF1ZGl0QWN0aW9uEhEKCXBhZ2Vfc2l6ZRgDIAEoDRISCgpwYWdlX3Rva2VuGAQgASgJIloKF0xpc3RBdWRpdEV2ZW50c1Jlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLnJlZHJpdmUudjEuQXVkaXRFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkq0wIKEFN1bW1hcnlEaW1lbnNpb24SIQodU1VNTUFSWV9ESU1FTlNJT05fVU5TUEVDSUZJRUQQABIcChhTVU1NQVJZX0RJTUVOU0lPTl9SRUFTT04QARIhCh1TVU1NQVJZX0RJTUVOU0lPTl9ERVNUSU5BVElPThACEh4KGlNVTU1BUllfRElNRU5TSU9OX1BST0RVQ0VSEAMSJAogU1VNTUFSWV9ESU1FTlNJT05fU0NIRU1BX1ZFUlNJT04QBBIgChxTVU1NQVJZX0RJTUVOU0lPTl9FVkVOVF9UWVBFEAUSGgoWU1VNTUFSWV9ESU1FTlNJT05fSE9VUhAGEhwKGFNVTU1BUllfRElNRU5TSU9OX1NPVVJDRRAHEhsKF1NVTU1BUllfRElNRU5TSU9OX0VSUk9SEAgSHAoYU1VNTUFSWV9ESU1FTlNJT05fU1RBVFVTEAkqXQoMRXhwb3J0Rm9ybWF0Eh0KGUVYUE9SVF9GT1JNQVRfVU5TUEVDSUZJRUQQABIXChNFWFBPUlRfRk9STUFUX0pTT05MEAESFQoRRVhQT1JUX0ZPUk1BVF9DU1YQAjLuFAoHUGxhbm5lchJiChFJbmdlc3REZWFkTGV0dGVycxIkLnJlZHJpdmUudjEuSW5nZXN0RGVhZExldHRlcnNSZXF1ZXN0GiUucmVkcml2ZS52MS5Jbmdlc3REZWFkTGV0dGVyc1Jlc3BvbnNlKAESWgoPTGlzdERlYWRMZXR0ZXJzEiIucmVkcml2ZS52MS5MaXN0RGVhZExldHRlcnNSZXF1ZXN0GiMucmVkcml2ZS52MS5MaXN0RGVhZExldHRlcnNSZXNwb25zZRJUCg1HZXREZWFkTGV0dGVyEiAucmVkcml2ZS52MS5HZXREZWFkTGV0dGVyUmVxdWVzdBohLnJlZHJpdmUudjEuR2V0RGVhZExldHRlclJlc3BvbnNlEmkKFFN1bW1hcml6ZURlYWRMZXR0ZXJzEicucmVkcml2ZS52MS5TdW1tYXJpemVEZWFkTGV0dGVyc1JlcXVlc3QaKC5yZWRyaXZlLnYxLlN1bW1hcml6ZURlYWRMZXR0ZXJzUmVzcG9uc2USYwoSQXJjaGl2ZURlYWRMZXR0ZXJzEiUucmVkcml2ZS52MS5BcmNoaXZlRGVhZExldHRlcnNSZXF1ZXN0GiYucmVkcml2ZS52MS5BcmNoaXZlRGVhZExldHRlcnNSZXNwb25zZRJlChRVbmFyY2hpdmVEZWFkTGV0dGVycxIlLnJlZHJpdmUudjEuQXJjaGl2ZURlYWRMZXR0ZXJzUmVxdWVzdBomLnJlZHJpdmUudjEuQXJjaGl2ZURlYWRMZXR0ZXJzUmVzcG9uc2USXQoQUmVrZXlEZWFkTGV0dGVycxIjLnJlZHJpdmUudjEuUmVrZXlEZWFkTGV0dGVyc1JlcXVlc3QaJC5yZWRyaXZlLnYxLlJla2V5RGVhZExldHRlcnNSZXNwb25zZRJJCgtSdW5QcmVjaGVjaxIeLnJlZHJpdmUudjEuUnVuUHJlY2hlY2tSZXF1ZXN0GhoucmVkcml2ZS52MS5QcmVjaGVja1JlcG9ydBJJCgtHZXRQcmVjaGVjaxIeLnJlZHJpdmUudjEuR2V0UHJlY2hlY2tSZXF1ZXN0GhoucmVkcml2ZS52MS5QcmVjaGVja1JlcG9ydBJgChFMaXN0UHJlY2hlY2tJdGVtcxIkLnJlZHJpdmUudjEuTGlzdFByZWNoZWNrSXRlbXNSZXF1ZXN0GiUucmVkcml2ZS52MS5MaXN0UHJlY2hlY2tJdGVtc1Jlc3BvbnNlEj0KCkNyZWF0ZVBsYW4SHS5yZWRyaXZlLnYxLkNyZWF0ZVBsYW5SZXF1ZXN0GhAucmVkcml2ZS52MS5QbGFuEj8KC0FwcHJvdmVQbGFuEh4ucmVkcml2ZS52MS5BcHByb3ZlUGxhblJlcXVlc3QaEC5yZWRyaXZlLnYxLlBsYW4SNwoHR2V0UGxhbhIaLnJlZHJpdmUudjEuR2V0UGxhblJlcXVlc3QaEC5yZWRyaXZlLnYxLlBsYW4SSAoJTGlzdFBsYW5zEhwucmVkcml2ZS52MS5MaXN0UGxhbnNSZXF1ZXN0Gh0ucmVkcml2ZS52MS5MaXN0UGxhbnNSZXNwb25zZRI/CgtQcm9tb3RlUGxhbhIeLnJlZHJpdmUudjEuUGxhbkNvbnRyb2xSZXF1ZXN0GhAucmVkcml2ZS52MS5QbGFuEj0KCVBhdXNlUGxhbhIeLnJlZHJpdmUudjEuUGxhbkNvbnRyb2xSZXF1ZXN0GhAucmVkcml2ZS52MS5QbGFuEj4KClJlc3VtZVBsYW4SHi5yZWRyaXZlLnYxLlBsYW5Db250cm9sUmVxdWVzdBoQLnJlZHJpdmUudjEuUGxhbhI+CgpDYW5jZWxQbGFuEh4ucmVkcml2ZS52MS5QbGFuQ29udHJvbFJlcXVlc3QaEC5yZWRyaXZlLnYxLlBsYW4SYAoRTGlzdENvbXBlbnNhdGlvbnMSJC5yZWRyaXZlLnYxLkxpc3RDb21wZW5zYXRpb25zUmVxdWVzdBolLnJlZHJpdmUudjEuTGlzdENvbXBlbnNhdGlvbnNSZXNwb25zZRJKCglXYXRjaFBsYW4SHC5yZWRyaXZlLnYxLldhdGNoUGxhblJlcXVlc3QaHS5yZWRyaXZlLnYxLldhdGNoUGxhblJlc3BvbnNlMAESTAoOR2V0QXVkaXRSZXBvcnQSIS5yZWRyaXZlLnYxLkdldEF1ZGl0UmVwb3J0UmVxdWVzdBoXLnJlZHJpdmUudjEuQXVkaXRSZXBvcnQSTQoLRXhwb3J0QXVkaXQSHi5yZWRyaXZlLnYxLkV4cG9ydEF1ZGl0UmVxdWVzdBocLnJlZHJpdmUudjEuRXhwb3J0QXVkaXRDaHVuazABEl0KEFJlcGxheURlYWRMZXR0ZXISIy5yZWRyaXZlLnYxLlJlcGxheURlYWRMZXR0ZXJSZXF1ZXN0GiQucmVkcml2ZS52MS5SZXBsYXlEZWFkTGV0dGVyUmVzcG9uc2USWgoQUmVwYWlyRGVhZExldHRlchIjLnJlZHJpdmUudjEuUmVwYWlyRGVhZExldHRlclJlcXVlc3QaIS5yZWRyaXZlLnYxLkdldERlYWRMZXR0ZXJSZXNwb25zZRI9CglHZXRDYWxsZXISHC5yZWRyaXZlLnYxLkdldENhbGxlclJlcXVlc3QaEi5yZWRyaXZlLnYxLkNhbGxlchJOCgtMaXN0U291cmNlcxIeLnJlZHJpdmUudjEuTGlzdFNvdXJjZXNSZXF1ZXN0Gh8ucmVkcml2ZS52MS5MaXN0U291cmNlc1Jlc3BvbnNlEk4KC1ByZXZpZXdQbGFuEh4ucmVkcml2ZS52MS5QcmV2aWV3UGxhblJlcXVlc3QaHy5yZWRyaXZlLnYxLlByZXZpZXdQbGFuUmVzcG9uc2USWgoPTGlzdEF1ZGl0RXZlbnRzEiIucmVkcml2ZS52MS5MaXN0QXVkaXRFdmVudHNSZXF1ZXN0GiMucmVkcml2ZS52MS5MaXN0QXVkaXRFdmVudHNSZXNwb25zZRJYChJHZXRBdWRpdENoZWNrcG9pbnQSJS5yZWRyaXZlLnYxLkdldEF1ZGl0Q2hlY2twb2ludFJlcXVlc3QaGy5yZWRyaXZlLnYxLkF1ZGl0Q2hlY2twb2ludBJmChNQcm92ZUF1ZGl0SW5jbHVzaW9uEiYucmVkcml2ZS52MS5Qcm92ZUF1ZGl0SW5jbHVzaW9uUmVxdWVzdBonLnJlZHJpdmUudjEuUHJvdmVBdWRpdEluY2x1c2lvblJlc3BvbnNlEmQKFVByb3ZlQXVkaXRDb25zaXN0ZW5jeRIoLnJlZHJpdmUudjEuUHJvdmVBdWRpdENvbnNpc3RlbmN5UmVxdWVzdBohLnJlZHJpdmUudjEuQXVkaXRDb25zaXN0ZW5jeVByb29mElMKDkV4cG9ydEF1ZGl0TG9nEiEucmVkcml2ZS52MS5FeHBvcnRBdWRpdExvZ1JlcXVlc3QaHC5yZWRyaXZlLnYxLkV4cG9ydEF1ZGl0Q2h1bmswAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_redrive_v1_messages]);
 
 /**
  * @generated from message redrive.v1.IngestDeadLettersRequest
@@ -1119,6 +1119,9 @@ export const ExportAuditRequestSchema: GenMessage<ExportAuditRequest> = /*@__PUR
  * return gets a `'` in front, so that a spreadsheet shows it as text (OWASP,
  * CSV injection); the CSV header is left as it is.
  *
+ * Each audit event row also has `event_id` and `leaf_index`, its leaf in the
+ * audit log (empty until it is sealed, within a second of being written).
+ *
  * @generated from message redrive.v1.ExportAuditChunk
  */
 export type ExportAuditChunk = Message<"redrive.v1.ExportAuditChunk"> & {
@@ -1126,6 +1129,15 @@ export type ExportAuditChunk = Message<"redrive.v1.ExportAuditChunk"> & {
    * @generated from field: bytes data = 1;
    */
   data: Uint8Array;
+
+  /**
+   * In the first chunk only: the signed checkpoint (C2SP signed note) the
+   * export is bounded by: the latest one for `ExportAudit`, the one
+   * exported up to for `ExportAuditLog`. Empty when none is signed.
+   *
+   * @generated from field: string checkpoint = 2;
+   */
+  checkpoint: string;
 };
 
 /**
@@ -1134,6 +1146,267 @@ export type ExportAuditChunk = Message<"redrive.v1.ExportAuditChunk"> & {
  */
 export const ExportAuditChunkSchema: GenMessage<ExportAuditChunk> = /*@__PURE__*/
   messageDesc(file_redrive_v1_planner, 33);
+
+/**
+ * @generated from message redrive.v1.GetAuditCheckpointRequest
+ */
+export type GetAuditCheckpointRequest = Message<"redrive.v1.GetAuditCheckpointRequest"> & {
+  /**
+   * 0: the latest.
+   *
+   * @generated from field: uint64 tree_size = 1;
+   */
+  treeSize: bigint;
+};
+
+/**
+ * Describes the message redrive.v1.GetAuditCheckpointRequest.
+ * Use `create(GetAuditCheckpointRequestSchema)` to create a new message.
+ */
+export const GetAuditCheckpointRequestSchema: GenMessage<GetAuditCheckpointRequest> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 34);
+
+/**
+ * @generated from message redrive.v1.AuditCheckpoint
+ */
+export type AuditCheckpoint = Message<"redrive.v1.AuditCheckpoint"> & {
+  /**
+   * The C2SP signed note: origin, tree size and base64 root hash lines, a
+   * `time` line, a blank line, the Ed25519 signature line.
+   *
+   * @generated from field: string note = 1;
+   */
+  note: string;
+
+  /**
+   * @generated from field: uint64 tree_size = 2;
+   */
+  treeSize: bigint;
+
+  /**
+   * SHA-256, 32 bytes: the RFC 6962 Merkle tree hash of the first
+   * `tree_size` leaves.
+   *
+   * @generated from field: bytes root_hash = 3;
+   */
+  rootHash: Uint8Array;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp signed_at = 4;
+   */
+  signedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message redrive.v1.AuditCheckpoint.
+ * Use `create(AuditCheckpointSchema)` to create a new message.
+ */
+export const AuditCheckpointSchema: GenMessage<AuditCheckpoint> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 35);
+
+/**
+ * @generated from message redrive.v1.ProveAuditInclusionRequest
+ */
+export type ProveAuditInclusionRequest = Message<"redrive.v1.ProveAuditInclusionRequest"> & {
+  /**
+   * The plan whose operator actions (and events of `dead_letter_id`) to
+   * prove; or set `leaf_index` instead.
+   *
+   * @generated from field: string plan_id = 1;
+   */
+  planId: string;
+
+  /**
+   * @generated from field: string dead_letter_id = 2;
+   */
+  deadLetterId: string;
+
+  /**
+   * @generated from field: optional uint64 leaf_index = 3;
+   */
+  leafIndex?: bigint | undefined;
+
+  /**
+   * The checkpoint to prove against; 0: the latest.
+   *
+   * @generated from field: uint64 tree_size = 4;
+   */
+  treeSize: bigint;
+};
+
+/**
+ * Describes the message redrive.v1.ProveAuditInclusionRequest.
+ * Use `create(ProveAuditInclusionRequestSchema)` to create a new message.
+ */
+export const ProveAuditInclusionRequestSchema: GenMessage<ProveAuditInclusionRequest> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 36);
+
+/**
+ * @generated from message redrive.v1.AuditInclusionProof
+ */
+export type AuditInclusionProof = Message<"redrive.v1.AuditInclusionProof"> & {
+  /**
+   * @generated from field: uint64 leaf_index = 1;
+   */
+  leafIndex: bigint;
+
+  /**
+   * @generated from field: uint64 tree_size = 2;
+   */
+  treeSize: bigint;
+
+  /**
+   * The leaf's canonical bytes (JSON, keys sorted, RFC 8785): what was
+   * sealed, recomputed from the record as stored now; empty when the
+   * record is gone.
+   *
+   * @generated from field: string leaf = 3;
+   */
+  leaf: string;
+
+  /**
+   * The RFC 6962 audit path, leaf side first, 32 bytes each.
+   *
+   * @generated from field: repeated bytes hashes = 4;
+   */
+  hashes: Uint8Array[];
+
+  /**
+   * `event` or `action`, its plan and id.
+   *
+   * @generated from field: string kind = 5;
+   */
+  kind: string;
+
+  /**
+   * @generated from field: string plan_id = 6;
+   */
+  planId: string;
+
+  /**
+   * @generated from field: int64 id = 7;
+   */
+  id: bigint;
+};
+
+/**
+ * Describes the message redrive.v1.AuditInclusionProof.
+ * Use `create(AuditInclusionProofSchema)` to create a new message.
+ */
+export const AuditInclusionProofSchema: GenMessage<AuditInclusionProof> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 37);
+
+/**
+ * @generated from message redrive.v1.ProveAuditInclusionResponse
+ */
+export type ProveAuditInclusionResponse = Message<"redrive.v1.ProveAuditInclusionResponse"> & {
+  /**
+   * @generated from field: redrive.v1.AuditCheckpoint checkpoint = 1;
+   */
+  checkpoint?: AuditCheckpoint | undefined;
+
+  /**
+   * @generated from field: repeated redrive.v1.AuditInclusionProof proofs = 2;
+   */
+  proofs: AuditInclusionProof[];
+};
+
+/**
+ * Describes the message redrive.v1.ProveAuditInclusionResponse.
+ * Use `create(ProveAuditInclusionResponseSchema)` to create a new message.
+ */
+export const ProveAuditInclusionResponseSchema: GenMessage<ProveAuditInclusionResponse> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 38);
+
+/**
+ * @generated from message redrive.v1.ProveAuditConsistencyRequest
+ */
+export type ProveAuditConsistencyRequest = Message<"redrive.v1.ProveAuditConsistencyRequest"> & {
+  /**
+   * @generated from field: uint64 old_size = 1;
+   */
+  oldSize: bigint;
+
+  /**
+   * 0: the latest checkpoint.
+   *
+   * @generated from field: uint64 new_size = 2;
+   */
+  newSize: bigint;
+};
+
+/**
+ * Describes the message redrive.v1.ProveAuditConsistencyRequest.
+ * Use `create(ProveAuditConsistencyRequestSchema)` to create a new message.
+ */
+export const ProveAuditConsistencyRequestSchema: GenMessage<ProveAuditConsistencyRequest> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 39);
+
+/**
+ * @generated from message redrive.v1.AuditConsistencyProof
+ */
+export type AuditConsistencyProof = Message<"redrive.v1.AuditConsistencyProof"> & {
+  /**
+   * The checkpoint of `old_size`, when the planner signed one at that size.
+   *
+   * @generated from field: redrive.v1.AuditCheckpoint old = 1;
+   */
+  old?: AuditCheckpoint | undefined;
+
+  /**
+   * @generated from field: redrive.v1.AuditCheckpoint new = 2;
+   */
+  new?: AuditCheckpoint | undefined;
+
+  /**
+   * @generated from field: uint64 old_size = 3;
+   */
+  oldSize: bigint;
+
+  /**
+   * @generated from field: uint64 new_size = 4;
+   */
+  newSize: bigint;
+
+  /**
+   * RFC 6962 §2.1.2, 32 bytes each.
+   *
+   * @generated from field: repeated bytes hashes = 5;
+   */
+  hashes: Uint8Array[];
+};
+
+/**
+ * Describes the message redrive.v1.AuditConsistencyProof.
+ * Use `create(AuditConsistencyProofSchema)` to create a new message.
+ */
+export const AuditConsistencyProofSchema: GenMessage<AuditConsistencyProof> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 40);
+
+/**
+ * @generated from message redrive.v1.ExportAuditLogRequest
+ */
+export type ExportAuditLogRequest = Message<"redrive.v1.ExportAuditLogRequest"> & {
+  /**
+   * @generated from field: redrive.v1.ExportFormat format = 1;
+   */
+  format: ExportFormat;
+
+  /**
+   * The checkpoint to export up to; 0: the latest (after sealing what is
+   * queued).
+   *
+   * @generated from field: uint64 tree_size = 2;
+   */
+  treeSize: bigint;
+};
+
+/**
+ * Describes the message redrive.v1.ExportAuditLogRequest.
+ * Use `create(ExportAuditLogRequestSchema)` to create a new message.
+ */
+export const ExportAuditLogRequestSchema: GenMessage<ExportAuditLogRequest> = /*@__PURE__*/
+  messageDesc(file_redrive_v1_planner, 41);
 
 /**
  * Replays one dead letter through the same path as a plan (a plan of one, no
@@ -1181,7 +1454,7 @@ export type ReplayDeadLetterRequest = Message<"redrive.v1.ReplayDeadLetterReques
  * Use `create(ReplayDeadLetterRequestSchema)` to create a new message.
  */
 export const ReplayDeadLetterRequestSchema: GenMessage<ReplayDeadLetterRequest> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 34);
+  messageDesc(file_redrive_v1_planner, 42);
 
 /**
  * @generated from message redrive.v1.ReplayDeadLetterResponse
@@ -1239,7 +1512,7 @@ export type ReplayDeadLetterResponse = Message<"redrive.v1.ReplayDeadLetterRespo
  * Use `create(ReplayDeadLetterResponseSchema)` to create a new message.
  */
 export const ReplayDeadLetterResponseSchema: GenMessage<ReplayDeadLetterResponse> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 35);
+  messageDesc(file_redrive_v1_planner, 43);
 
 /**
  * @generated from enum redrive.v1.ReplayDeadLetterResponse.Outcome
@@ -1270,7 +1543,7 @@ export enum ReplayDeadLetterResponse_Outcome {
  * Describes the enum redrive.v1.ReplayDeadLetterResponse.Outcome.
  */
 export const ReplayDeadLetterResponse_OutcomeSchema: GenEnum<ReplayDeadLetterResponse_Outcome> = /*@__PURE__*/
-  enumDesc(file_redrive_v1_planner, 35, 0);
+  enumDesc(file_redrive_v1_planner, 43, 0);
 
 /**
  * Stores a repaired body as a new revision (the captured body stays as it
@@ -1305,7 +1578,7 @@ export type RepairDeadLetterRequest = Message<"redrive.v1.RepairDeadLetterReques
  * Use `create(RepairDeadLetterRequestSchema)` to create a new message.
  */
 export const RepairDeadLetterRequestSchema: GenMessage<RepairDeadLetterRequest> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 36);
+  messageDesc(file_redrive_v1_planner, 44);
 
 /**
  * @generated from message redrive.v1.GetCallerRequest
@@ -1318,7 +1591,7 @@ export type GetCallerRequest = Message<"redrive.v1.GetCallerRequest"> & {
  * Use `create(GetCallerRequestSchema)` to create a new message.
  */
 export const GetCallerRequestSchema: GenMessage<GetCallerRequest> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 37);
+  messageDesc(file_redrive_v1_planner, 45);
 
 /**
  * @generated from message redrive.v1.Caller
@@ -1366,7 +1639,7 @@ export type Caller = Message<"redrive.v1.Caller"> & {
  * Use `create(CallerSchema)` to create a new message.
  */
 export const CallerSchema: GenMessage<Caller> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 38);
+  messageDesc(file_redrive_v1_planner, 46);
 
 /**
  * @generated from message redrive.v1.ListSourcesRequest
@@ -1379,7 +1652,7 @@ export type ListSourcesRequest = Message<"redrive.v1.ListSourcesRequest"> & {
  * Use `create(ListSourcesRequestSchema)` to create a new message.
  */
 export const ListSourcesRequestSchema: GenMessage<ListSourcesRequest> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 39);
+  messageDesc(file_redrive_v1_planner, 47);
 
 /**
  * @generated from message redrive.v1.SourceOverview
@@ -1432,7 +1705,7 @@ export type SourceOverview = Message<"redrive.v1.SourceOverview"> & {
  * Use `create(SourceOverviewSchema)` to create a new message.
  */
 export const SourceOverviewSchema: GenMessage<SourceOverview> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 40);
+  messageDesc(file_redrive_v1_planner, 48);
 
 /**
  * @generated from message redrive.v1.ListSourcesResponse
@@ -1451,7 +1724,7 @@ export type ListSourcesResponse = Message<"redrive.v1.ListSourcesResponse"> & {
  * Use `create(ListSourcesResponseSchema)` to create a new message.
  */
 export const ListSourcesResponseSchema: GenMessage<ListSourcesResponse> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 41);
+  messageDesc(file_redrive_v1_planner, 49);
 
 /**
  * @generated from message redrive.v1.PreviewPlanRequest
@@ -1477,7 +1750,7 @@ export type PreviewPlanRequest = Message<"redrive.v1.PreviewPlanRequest"> & {
  * Use `create(PreviewPlanRequestSchema)` to create a new message.
  */
 export const PreviewPlanRequestSchema: GenMessage<PreviewPlanRequest> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 42);
+  messageDesc(file_redrive_v1_planner, 50);
 
 /**
  * A header a replay sets, with its value as text.
@@ -1501,7 +1774,7 @@ export type StampedHeader = Message<"redrive.v1.StampedHeader"> & {
  * Use `create(StampedHeaderSchema)` to create a new message.
  */
 export const StampedHeaderSchema: GenMessage<StampedHeader> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 43);
+  messageDesc(file_redrive_v1_planner, 51);
 
 /**
  * @generated from message redrive.v1.OutgoingMessage
@@ -1564,7 +1837,7 @@ export type OutgoingMessage = Message<"redrive.v1.OutgoingMessage"> & {
  * Use `create(OutgoingMessageSchema)` to create a new message.
  */
 export const OutgoingMessageSchema: GenMessage<OutgoingMessage> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 44);
+  messageDesc(file_redrive_v1_planner, 52);
 
 /**
  * @generated from message redrive.v1.PreviewPlanResponse
@@ -1588,7 +1861,7 @@ export type PreviewPlanResponse = Message<"redrive.v1.PreviewPlanResponse"> & {
  * Use `create(PreviewPlanResponseSchema)` to create a new message.
  */
 export const PreviewPlanResponseSchema: GenMessage<PreviewPlanResponse> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 45);
+  messageDesc(file_redrive_v1_planner, 53);
 
 /**
  * @generated from message redrive.v1.ListAuditEventsRequest
@@ -1626,7 +1899,7 @@ export type ListAuditEventsRequest = Message<"redrive.v1.ListAuditEventsRequest"
  * Use `create(ListAuditEventsRequestSchema)` to create a new message.
  */
 export const ListAuditEventsRequestSchema: GenMessage<ListAuditEventsRequest> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 46);
+  messageDesc(file_redrive_v1_planner, 54);
 
 /**
  * @generated from message redrive.v1.ListAuditEventsResponse
@@ -1652,7 +1925,7 @@ export type ListAuditEventsResponse = Message<"redrive.v1.ListAuditEventsRespons
  * Use `create(ListAuditEventsResponseSchema)` to create a new message.
  */
 export const ListAuditEventsResponseSchema: GenMessage<ListAuditEventsResponse> = /*@__PURE__*/
-  messageDesc(file_redrive_v1_planner, 47);
+  messageDesc(file_redrive_v1_planner, 55);
 
 /**
  * @generated from enum redrive.v1.SummaryDimension
@@ -2034,6 +2307,51 @@ export const Planner: GenService<{
     methodKind: "unary";
     input: typeof ListAuditEventsRequestSchema;
     output: typeof ListAuditEventsResponseSchema;
+  },
+  /**
+   * A signed checkpoint of the audit log (a C2SP tlog-checkpoint in a
+   * signed note): the latest, or the one of `tree_size`.
+   *
+   * @generated from rpc redrive.v1.Planner.GetAuditCheckpoint
+   */
+  getAuditCheckpoint: {
+    methodKind: "unary";
+    input: typeof GetAuditCheckpointRequestSchema;
+    output: typeof AuditCheckpointSchema;
+  },
+  /**
+   * RFC 6962 inclusion proofs of audit log leaves against a signed
+   * checkpoint: one leaf, or a plan's operator actions and its events for
+   * one dead letter.
+   *
+   * @generated from rpc redrive.v1.Planner.ProveAuditInclusion
+   */
+  proveAuditInclusion: {
+    methodKind: "unary";
+    input: typeof ProveAuditInclusionRequestSchema;
+    output: typeof ProveAuditInclusionResponseSchema;
+  },
+  /**
+   * An RFC 6962 consistency proof between two tree sizes of the audit log.
+   *
+   * @generated from rpc redrive.v1.Planner.ProveAuditConsistency
+   */
+  proveAuditConsistency: {
+    methodKind: "unary";
+    input: typeof ProveAuditConsistencyRequestSchema;
+    output: typeof AuditConsistencyProofSchema;
+  },
+  /**
+   * The whole audit log up to a signed checkpoint, leaf by leaf with each
+   * record as stored now, then the events and actions the log does not
+   * hold; `redrivectl audit verify` checks it offline.
+   *
+   * @generated from rpc redrive.v1.Planner.ExportAuditLog
+   */
+  exportAuditLog: {
+    methodKind: "server_streaming";
+    input: typeof ExportAuditLogRequestSchema;
+    output: typeof ExportAuditChunkSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_redrive_v1_planner, 0);

@@ -1,0 +1,848 @@
+//! The audit log (docs/audit-log.md): every audit event and operator action
+//! sealed, in one total order, as a leaf of an RFC 6962 Merkle tree, whose
+//! roots the planner signs as C2SP tlog-checkpoints.
+//!
+//! # Who does what
+//! - A writer (a report, the lease sweep, an operator action) only inserts
+//!   its rows: migration 0035's statement triggers queue each one in
+//!   `audit_log_pending`, in the writer's transaction, with an HMAC-SHA256
+//!   (RFC 2104) of the row under the planner's audit key, which the
+//!   planner's connections carry as `redrive.audit_mac`. Nothing is hashed
+//!   into the tree on the reporting path.
+//! - The sequencer ([`run`]), one task per planner, seals in rounds: a round
+//!   locks the log's one state row (`FOR UPDATE SKIP LOCKED`: one round at
+//!   a time across every replica), takes up to [`BATCH`] queued rows, checks
+//!   each one's MAC against the row as stored now, appends the leaves and
+//!   the interior nodes they complete, refuses the rest
+//!   (`audit_log_refused`), and signs a checkpoint when due, all in one
+//!   transaction. A planner killed at any line of a round leaves the log as
+//!   it was before the round: no gap, no fork, nothing sealed twice (the
+//!   leaf index and `(kind, ref_id, plan_id)` are unique).
+//! - After a round, a new checkpoint is pushed to the witness (a directory,
+//!   a URL) outside the database.
+
+use std::{
+    collections::HashSet,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use redrive_proto::{time::timestamp, v1};
+use redrive_tlog::{
+    Hash,
+    checkpoint::{Checkpoint, sign_checkpoint},
+    export::{self, LogRow},
+    merkle::{self, Frontier, Subtree},
+    note::Signer,
+};
+use sha2::{Digest, Sha256};
+use tokio::sync::{Mutex, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    error::Error,
+    ids::PlanId,
+    store::{
+        Store, StoreError,
+        audit_log::{CheckpointRow, NewLeaf, Record},
+    },
+};
+
+/// Most queued rows one sealing round takes.
+pub const BATCH: i64 = 10_000;
+
+/// How often the sequencer looks for queued rows when the last round took
+/// fewer than [`BATCH`].
+pub const SEAL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Levels of the tree whose complete subtrees are stored (multiples of 4):
+/// any subtree's hash is then read from at most 8 stored hashes.
+const STORED_LEVELS: u8 = 4;
+
+/// Leaves one page of a log export reads.
+const EXPORT_PAGE: i64 = 5000;
+
+/// Most leaves one inclusion request proves.
+pub const MAX_PROOFS: usize = 1000;
+
+/// What the parsed flags give the log ([`crate::config::AuditLogSettings`]).
+pub struct LogOptions {
+    /// `--audit-origin`.
+    pub origin: Option<String>,
+    /// `--audit-signing-key`, read: the signer and the file's text.
+    pub signing: Option<(Signer, String)>,
+    /// `--audit-previous-key`'s text.
+    pub previous_key_text: Option<String>,
+    /// `--audit-checkpoint-every`.
+    pub checkpoint_every: u64,
+    /// `--audit-checkpoint-interval`.
+    pub checkpoint_interval: Duration,
+    /// `--audit-witness-dir`.
+    pub witness_dir: Option<PathBuf>,
+    /// `--audit-witness-url`, checked.
+    pub witness_url: Option<hyper::Uri>,
+    /// `--audit-log` is not `off`.
+    pub enabled: bool,
+}
+
+/// The planner's audit log: its keys, its cadence and its witness. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct AuditLog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    signer: Option<Signer>,
+    origin: String,
+    current_pads: Option<[u8; 128]>,
+    previous_pads: Option<[u8; 128]>,
+    checkpoint_every: u64,
+    checkpoint_interval: Duration,
+    witness_dir: Option<PathBuf>,
+    witness_url: Option<hyper::Uri>,
+    enabled: bool,
+    /// One round at a time in this process (the state row's lock orders
+    /// rounds across processes).
+    sealing: Mutex<()>,
+    /// The largest checkpoint pushed to every witness.
+    pushed: AtomicU64,
+}
+
+impl Default for AuditLog {
+    /// A log sealed without a key: nothing signed, no MAC checked.
+    fn default() -> Self {
+        Self::new(LogOptions {
+            origin: None,
+            signing: None,
+            previous_key_text: None,
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(10),
+            witness_dir: None,
+            witness_url: None,
+            enabled: true,
+        })
+    }
+}
+
+/// The HMAC-SHA256 key's two padded blocks, `(K xor ipad) || (K xor opad)`
+/// (RFC 2104, B = 64), for the MAC key derived from an audit key file's
+/// text: K = SHA-256("redrive audit mac v1\n" || text). Migration 0035's
+/// `redrive_hmac` takes them.
+pub fn mac_pads(key_text: &str) -> [u8; 128] {
+    let key = Sha256::new()
+        .chain_update(b"redrive audit mac v1\n")
+        .chain_update(key_text.trim().as_bytes())
+        .finalize();
+    let mut pads = [0u8; 128];
+    for (index, pad) in pads.iter_mut().enumerate() {
+        let byte = key.get(index % 64).copied().unwrap_or(0);
+        *pad = byte ^ if index < 64 { 0x36 } else { 0x5c };
+    }
+    pads
+}
+
+/// What one sealing round did.
+#[derive(Debug, Default)]
+pub struct Round {
+    /// Queued rows taken.
+    pub taken: usize,
+    /// Leaves appended.
+    pub sealed: usize,
+    /// Rows refused.
+    pub refused: usize,
+    /// The checkpoint signed, if one was due.
+    pub checkpoint: Option<CheckpointRow>,
+}
+
+impl AuditLog {
+    /// The log as the flags set it.
+    pub fn new(options: LogOptions) -> Self {
+        let origin = options
+            .origin
+            .or_else(|| {
+                options
+                    .signing
+                    .as_ref()
+                    .map(|(signer, _)| signer.name().to_owned())
+            })
+            .unwrap_or_else(|| "redrive-audit".to_owned());
+        let current_pads = options.signing.as_ref().map(|(_, text)| mac_pads(text));
+        Self {
+            inner: Arc::new(Inner {
+                signer: options.signing.map(|(signer, _)| signer),
+                origin,
+                current_pads,
+                previous_pads: options.previous_key_text.as_deref().map(mac_pads),
+                checkpoint_every: options.checkpoint_every,
+                checkpoint_interval: options.checkpoint_interval,
+                witness_dir: options.witness_dir,
+                witness_url: options.witness_url,
+                enabled: options.enabled,
+                sealing: Mutex::new(()),
+                pushed: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The run-time parameters every planner connection sets at startup
+    /// for migration 0035's triggers: the MAC key's pads (hex) when there is
+    /// a signing key, `redrive.audit_log = off` when sealing is off.
+    pub fn session_options(&self) -> Vec<(&'static str, String)> {
+        let mut options = Vec::new();
+        if let Some(pads) = &self.inner.current_pads {
+            options.push(("redrive.audit_mac", hex::encode(pads)));
+        }
+        if !self.inner.enabled {
+            options.push(("redrive.audit_log", "off".to_owned()));
+        }
+        options
+    }
+
+    /// Whether rounds run (`--audit-log` is not `off`).
+    pub fn enabled(&self) -> bool {
+        self.inner.enabled
+    }
+
+    /// The checkpoints' origin line.
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
+    }
+
+    /// One sealing round (see the module's documentation). A round that
+    /// finds another planner's round holding the log does nothing.
+    ///
+    /// # Errors
+    /// Store errors (the round is rolled back whole).
+    pub async fn seal_round(&self, store: &Store) -> Result<Round, Error> {
+        let _one = self.inner.sealing.lock().await;
+        let Some(mut sealing) = store.begin_sealing().await? else {
+            return Ok(Round::default());
+        };
+        let pending = sealing
+            .take_pending(
+                BATCH,
+                self.inner.current_pads.as_ref().map(<[u8; 128]>::as_slice),
+                self.inner.previous_pads.as_ref().map(<[u8; 128]>::as_slice),
+            )
+            .await?;
+        let mut frontier =
+            Frontier::from_parts(sealing.state.tree_size, sealing.state.frontier.clone())
+                .map_err(|error| Error::Defect(format!("the log's stored frontier: {error}")))?;
+        let keyed = self.inner.current_pads.is_some();
+        let mut seen = HashSet::new();
+        let mut leaves = Vec::new();
+        let mut nodes = Vec::new();
+        let mut refused = Vec::new();
+        for row in &pending {
+            let record = &row.record;
+            let key = (record.kind.clone(), record.ref_id, record.plan_id);
+            if row.sealed || !seen.insert(key) {
+                continue;
+            }
+            let refusal = match record.entry() {
+                None => Some("the row was gone before it was sealed"),
+                Some(_) if row.history || !keyed => None,
+                Some(_) if !row.has_mac => {
+                    Some("no MAC: it was not written by a planner holding the audit key")
+                }
+                Some(_) if row.mac_ok != Some(true) => Some(
+                    "its MAC does not match: the row was changed before it was sealed, or written under another key",
+                ),
+                Some(_) => None,
+            };
+            if let Some(reason) = refusal {
+                warn!(kind = %record.kind, plan_id = %record.plan_id, id = record.ref_id, reason,
+                      "audit log: refused to seal a row");
+                refused.push((
+                    record.kind.clone(),
+                    record.plan_id,
+                    record.ref_id,
+                    reason.to_owned(),
+                ));
+                continue;
+            }
+            let Some(entry) = record.entry() else {
+                continue;
+            };
+            let leaf_hash = entry.leaf_hash();
+            let leaf_index = frontier.size();
+            for (subtree, hash) in frontier.append(leaf_hash) {
+                if subtree.level % STORED_LEVELS == 0 {
+                    nodes.push((subtree.level, subtree.index, hash));
+                }
+            }
+            leaves.push(NewLeaf {
+                leaf_index,
+                kind: record.kind.clone(),
+                plan_id: record.plan_id,
+                ref_id: record.ref_id,
+                leaf_hash,
+            });
+        }
+        let root = frontier.root();
+        if !pending.is_empty() {
+            sealing
+                .append(&leaves, &nodes, &refused, frontier.hashes(), &root)
+                .await?;
+        }
+        let checkpoint = match &self.inner.signer {
+            Some(signer) => self.checkpoint_if_due(&mut sealing, signer, &root).await?,
+            None => None,
+        };
+        sealing.commit().await?;
+        Ok(Round {
+            taken: pending.len(),
+            sealed: leaves.len(),
+            refused: refused.len(),
+            checkpoint,
+        })
+    }
+
+    /// Signs and stores a checkpoint of the tree the round holds when
+    /// [`LogOptions::checkpoint_every`] leaves were sealed since the last
+    /// one, or the log grew and [`LogOptions::checkpoint_interval`] passed.
+    async fn checkpoint_if_due(
+        &self,
+        sealing: &mut crate::store::audit_log::Sealing,
+        signer: &Signer,
+        root: &Hash,
+    ) -> Result<Option<CheckpointRow>, Error> {
+        let size = sealing.state.tree_size;
+        let now = sealing.now().await?;
+        let due = match sealing.latest_checkpoint().await? {
+            None => size > 0,
+            Some((last, at)) => {
+                size > last
+                    && (size - last >= self.inner.checkpoint_every
+                        || (now - at).to_std().unwrap_or_default()
+                            >= self.inner.checkpoint_interval)
+            }
+        };
+        if !due {
+            return Ok(None);
+        }
+        let checkpoint = Checkpoint {
+            origin: self.inner.origin.clone(),
+            size,
+            root: *root,
+            extensions: vec![format!(
+                "time {}",
+                now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )],
+        };
+        let note = sign_checkpoint(signer, &checkpoint)
+            .map_err(|error| Error::Defect(format!("signing a checkpoint: {error}")))?;
+        let row = sealing.record_checkpoint(root, &note, now).await?;
+        debug!(tree_size = size, "audit log: checkpoint signed");
+        Ok(Some(row))
+    }
+
+    /// Pushes the latest checkpoint to the witness directory and URL when
+    /// it is newer than the last one pushed.
+    async fn push_latest(&self, store: &Store, client: &crate::webhooks::http::Client) {
+        if self.inner.witness_dir.is_none() && self.inner.witness_url.is_none() {
+            return;
+        }
+        let latest = match store.audit_checkpoint(None).await {
+            Ok(Some(latest)) => latest,
+            Ok(None) => return,
+            Err(error) => {
+                debug!(%error, "audit log: reading the latest checkpoint to push");
+                return;
+            }
+        };
+        let size = u64::try_from(latest.tree_size).unwrap_or_default();
+        if size <= self.inner.pushed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut pushed = true;
+        if let Some(dir) = &self.inner.witness_dir {
+            match write_witness(dir, &latest.note, size) {
+                Ok(()) => {}
+                Err(problem) => {
+                    error!(dir = %dir.display(), tree_size = size, "audit log: witness directory: {problem}");
+                    pushed = false;
+                }
+            }
+        }
+        if let Some(url) = &self.inner.witness_url {
+            let answer = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.post(url, "text/plain; charset=utf-8", &[], latest.note.clone()),
+            )
+            .await;
+            match answer {
+                Ok(Ok(status)) if status.is_success() => {}
+                Ok(Ok(status)) => {
+                    warn!(%url, %status, "audit log: the witness URL refused the checkpoint");
+                    pushed = false;
+                }
+                Ok(Err(problem)) => {
+                    warn!(%url, problem, "audit log: pushing the checkpoint");
+                    pushed = false;
+                }
+                Err(_) => {
+                    warn!(%url, "audit log: pushing the checkpoint took over 10 s");
+                    pushed = false;
+                }
+            }
+        }
+        if pushed {
+            self.inner.pushed.store(size, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writes `note` as `dir/checkpoint` (through a temporary file and a
+/// rename), unless the checkpoint there is of a larger tree: a witness never
+/// goes back.
+fn write_witness(dir: &std::path::Path, note: &str, size: u64) -> Result<(), String> {
+    let path = dir.join("checkpoint");
+    if let Ok(held) = std::fs::read_to_string(&path) {
+        let held_size = held
+            .lines()
+            .nth(1)
+            .and_then(|line| line.parse::<u64>().ok())
+            .unwrap_or_default();
+        if held_size > size {
+            return Err(format!(
+                "it holds a checkpoint of {held_size} leaves and the database's latest has {size}: \
+                 the log in the database was cut short, or another log writes there"
+            ));
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|error| error.to_string())?;
+    let temporary = dir.join(".checkpoint.tmp");
+    std::fs::write(&temporary, note).map_err(|error| error.to_string())?;
+    std::fs::rename(&temporary, &path).map_err(|error| error.to_string())
+}
+
+/// The sequencer: a sealing round every [`SEAL_INTERVAL`] (at once again
+/// after a full one), a push of each new checkpoint, and a last round at
+/// shutdown.
+pub(crate) async fn run(store: Store, log: AuditLog, shutdown: CancellationToken) {
+    if !log.enabled() {
+        info!("audit log: sealing is off (--audit-log off)");
+        return;
+    }
+    if log.inner.signer.is_none() {
+        warn!(
+            "audit log: no --audit-signing-key: the log is sealed but no checkpoint is signed, \
+             and rows written outside the planner are sealed as if it wrote them"
+        );
+    }
+    let client = crate::webhooks::http::Client::new();
+    loop {
+        let full = match log.seal_round(&store).await {
+            Ok(round) => {
+                if round.sealed > 0 || round.refused > 0 {
+                    debug!(
+                        sealed = round.sealed,
+                        refused = round.refused,
+                        "audit log: round"
+                    );
+                }
+                usize::try_from(BATCH).is_ok_and(|batch| round.taken >= batch)
+            }
+            Err(error) => {
+                debug!(%error, "audit log: a sealing round failed; the next one retries");
+                false
+            }
+        };
+        log.push_latest(&store, &client).await;
+        if full {
+            continue;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(SEAL_INTERVAL) => {}
+        }
+    }
+    // What was written before shutdown is sealed now, not at the next start.
+    if let Err(error) = log.seal_round(&store).await {
+        debug!(%error, "audit log: the last round at shutdown failed");
+    }
+    log.push_latest(&store, &client).await;
+}
+
+/// The hash of a perfect subtree, from at most 8 stored hashes of the
+/// nearest stored level at or below it.
+async fn subtree_hash(store: &Store, subtree: Subtree) -> Result<Hash, Error> {
+    let stored = subtree.level - subtree.level % STORED_LEVELS;
+    let shift = subtree.level - stored;
+    let start = subtree.index << shift;
+    let span = 1u64 << shift;
+    let hashes = store.audit_log_hashes(stored, start, start + span).await?;
+    if hashes.len() as u64 != span {
+        return Err(Error::Defect(format!(
+            "the log's stored hashes at level {stored} from {start} are incomplete ({} of {span})",
+            hashes.len()
+        )));
+    }
+    Ok(merkle::root(&hashes))
+}
+
+/// The hash of the tree node covering `range` (RFC 6962 MTH(D[range])).
+async fn range_hash(store: &Store, range: std::ops::Range<u64>) -> Result<Hash, Error> {
+    let mut hashes = Vec::new();
+    for subtree in merkle::perfect_subtrees(range) {
+        hashes.push(subtree_hash(store, subtree).await?);
+    }
+    Ok(merkle::fold_subtrees(&hashes))
+}
+
+/// A checkpoint as the API shows it.
+fn checkpoint_message(row: &CheckpointRow) -> v1::AuditCheckpoint {
+    v1::AuditCheckpoint {
+        note: row.note.clone(),
+        tree_size: u64::try_from(row.tree_size).unwrap_or_default(),
+        root_hash: row.root_hash.clone(),
+        signed_at: Some(timestamp(row.signed_at)),
+    }
+}
+
+/// The signed checkpoint of `tree_size` (0: the latest).
+///
+/// # Errors
+/// `NotFound` when there is none; store errors.
+pub async fn checkpoint(store: &Store, tree_size: u64) -> Result<v1::AuditCheckpoint, Error> {
+    let row = store
+        .audit_checkpoint((tree_size > 0).then_some(tree_size))
+        .await?;
+    match row {
+        Some(row) => Ok(checkpoint_message(&row)),
+        None if tree_size == 0 => Err(Error::NotFound(
+            "no audit checkpoint is signed yet: the planner signs them with --audit-signing-key, \
+             every --audit-checkpoint-every leaves or --audit-checkpoint-interval"
+                .into(),
+        )),
+        None => Err(Error::NotFound(format!(
+            "no audit checkpoint of tree size {tree_size}: checkpoints are signed at the sizes \
+             `redrivectl audit checkpoint` shows"
+        ))),
+    }
+}
+
+async fn checkpoint_row(store: &Store, tree_size: u64) -> Result<CheckpointRow, Error> {
+    let message = checkpoint(store, tree_size).await?;
+    let size = message.tree_size;
+    store
+        .audit_checkpoint(Some(size))
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no audit checkpoint of tree size {size}")))
+}
+
+/// The entry of a leaf, as canonical JSON text, and the proof of it.
+async fn inclusion_of(
+    store: &Store,
+    leaf_index: u64,
+    record: &Record,
+    tree_size: u64,
+) -> Result<v1::AuditInclusionProof, Error> {
+    let mut hashes = Vec::new();
+    for range in merkle::inclusion_path(leaf_index, tree_size) {
+        hashes.push(range_hash(store, range).await?.to_vec());
+    }
+    let leaf = record
+        .entry()
+        .map(|entry| String::from_utf8_lossy(&entry.canonical_bytes()).into_owned())
+        .unwrap_or_default();
+    Ok(v1::AuditInclusionProof {
+        leaf_index,
+        tree_size,
+        leaf,
+        hashes,
+        kind: record.kind.clone(),
+        plan_id: record.plan_id.to_string(),
+        id: record.ref_id,
+    })
+}
+
+/// Inclusion proofs against a signed checkpoint (`tree_size`, 0: the
+/// latest): of leaf `leaf_index` when given, else of plan `plan_id`'s
+/// operator actions and of its events for dead letter `dead_letter_id`.
+///
+/// # Errors
+/// `InvalidArgument` for neither a leaf nor a plan, or a leaf beyond the
+/// checkpoint; `NotFound` for no checkpoint or nothing sealed to prove;
+/// `ResourceExhausted`-free: at most [`MAX_PROOFS`] leaves are proven.
+pub async fn prove_inclusion(
+    store: &Store,
+    request: &v1::ProveAuditInclusionRequest,
+) -> Result<v1::ProveAuditInclusionResponse, Error> {
+    let checkpoint = checkpoint_row(store, request.tree_size).await?;
+    let size = u64::try_from(checkpoint.tree_size).unwrap_or_default();
+    let leaves =
+        if let Some(leaf_index) = request.leaf_index {
+            if leaf_index >= size {
+                return Err(Error::invalid(
+                    "leaf_index",
+                    format!("{leaf_index} is not below the checkpoint's tree size {size}"),
+                ));
+            }
+            store
+                .audit_log_leaf(leaf_index)
+                .await?
+                .into_iter()
+                .collect()
+        } else if !request.plan_id.is_empty() {
+            let plan_id = PlanId::parse("plan_id", &request.plan_id)?;
+            let dead_letter_id =
+                if request.dead_letter_id.is_empty() {
+                    None
+                } else {
+                    Some(request.dead_letter_id.parse::<i64>().map_err(|_| {
+                        Error::invalid("dead_letter_id", "a dead letter id (digits)")
+                    })?)
+                };
+            store
+                .audit_log_leaves_of(plan_id, dead_letter_id, size)
+                .await?
+        } else {
+            return Err(Error::invalid(
+                "plan_id",
+                "a plan id, or a leaf_index, to prove",
+            ));
+        };
+    if leaves.is_empty() {
+        return Err(Error::NotFound(format!(
+            "nothing to prove in the checkpoint of {size} leaves: the events asked for are not \
+             sealed into it (a newer checkpoint may hold them)"
+        )));
+    }
+    let mut proofs = Vec::new();
+    for (leaf_index, _, record) in leaves.iter().take(MAX_PROOFS) {
+        proofs.push(inclusion_of(store, *leaf_index, record, size).await?);
+    }
+    Ok(v1::ProveAuditInclusionResponse {
+        checkpoint: Some(checkpoint_message(&checkpoint)),
+        proofs,
+    })
+}
+
+/// A consistency proof from the tree of `old_size` leaves to the signed
+/// checkpoint of `new_size` (0: the latest), with both checkpoints when
+/// stored.
+///
+/// # Errors
+/// `InvalidArgument` for an old size above the new; `NotFound` for no such
+/// checkpoint; store errors.
+pub async fn prove_consistency(
+    store: &Store,
+    request: &v1::ProveAuditConsistencyRequest,
+) -> Result<v1::AuditConsistencyProof, Error> {
+    let new = checkpoint_row(store, request.new_size).await?;
+    let new_size = u64::try_from(new.tree_size).unwrap_or_default();
+    if request.old_size > new_size {
+        return Err(Error::invalid(
+            "old_size",
+            format!(
+                "{} is above the new checkpoint's tree size {new_size}",
+                request.old_size
+            ),
+        ));
+    }
+    let mut hashes = Vec::new();
+    for range in merkle::consistency_path(request.old_size, new_size) {
+        hashes.push(range_hash(store, range).await?.to_vec());
+    }
+    let old = store.audit_checkpoint(Some(request.old_size)).await?;
+    Ok(v1::AuditConsistencyProof {
+        old: old.as_ref().map(checkpoint_message),
+        new: Some(checkpoint_message(&new)),
+        old_size: request.old_size,
+        new_size,
+        hashes,
+    })
+}
+
+/// A log export row for a leaf and its record as stored now.
+fn sealed_row(leaf_index: u64, leaf_hash: Hash, record: &Record) -> LogRow {
+    LogRow {
+        leaf_index: Some(leaf_index),
+        kind: record.kind.clone(),
+        plan_id: record.plan_id.to_string(),
+        id: record.ref_id,
+        entry: record.entry(),
+        leaf_hash: Some(leaf_hash),
+        note: String::new(),
+    }
+}
+
+/// The whole log up to a signed checkpoint (`tree_size`, 0: the latest),
+/// leaf by leaf with each record as stored now, then every event and
+/// action in the database the log does not hold: JSON Lines (the signed
+/// checkpoint first) or CSV (the checkpoint in the first chunk's
+/// `checkpoint`), streamed.
+///
+/// # Errors
+/// `InvalidArgument` for an unspecified format; `NotFound` for no
+/// checkpoint.
+pub async fn export(
+    store: &Store,
+    log: &AuditLog,
+    format: v1::ExportFormat,
+    tree_size: u64,
+) -> Result<BoxStream<'static, Result<v1::ExportAuditChunk, Status>>, Error> {
+    if format == v1::ExportFormat::Unspecified {
+        return Err(Error::invalid(
+            "format",
+            "EXPORT_FORMAT_JSONL or EXPORT_FORMAT_CSV",
+        ));
+    }
+    // What is queued is sealed first, so that the export does not list the
+    // newest events as not in the log.
+    if tree_size == 0 && log.enabled() {
+        log.seal_round(store).await?;
+    }
+    let checkpoint = checkpoint_row(store, tree_size).await?;
+    let size = u64::try_from(checkpoint.tree_size).unwrap_or_default();
+    let (sender, receiver) = mpsc::channel(4);
+    let store = store.clone();
+    tokio::spawn(async move {
+        let csv = format == v1::ExportFormat::Csv;
+        let mut first = Some(checkpoint.note.clone());
+        let send = async |data: Vec<u8>, first: &mut Option<String>| {
+            for piece in data.chunks(super::CHUNK_BYTES) {
+                let chunk = v1::ExportAuditChunk {
+                    data: piece.to_vec(),
+                    checkpoint: first.take().unwrap_or_default(),
+                };
+                if sender.send(Ok(chunk)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
+        let head = if csv {
+            export::csv_header()
+        } else {
+            export::jsonl_checkpoint_line(&checkpoint.note)
+        };
+        if !send(head, &mut first).await {
+            return;
+        }
+        let write = |rows: &[LogRow]| {
+            if csv {
+                export::csv_rows(rows)
+            } else {
+                export::jsonl_rows(rows)
+            }
+        };
+        let mut after = 0;
+        while after < size {
+            let page = match store.audit_log_page(after, size, EXPORT_PAGE).await {
+                Ok(page) => page,
+                Err(error) => {
+                    let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                    return;
+                }
+            };
+            let Some((last, ..)) = page.last() else {
+                break;
+            };
+            after = last + 1;
+            let rows: Vec<LogRow> = page
+                .iter()
+                .map(|(index, hash, record)| sealed_row(*index, *hash, record))
+                .collect();
+            if !send(write(&rows), &mut first).await {
+                return;
+            }
+        }
+        let unsealed = match store.audit_log_unsealed().await {
+            Ok(unsealed) => unsealed,
+            Err(error) => {
+                let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                return;
+            }
+        };
+        let rows: Vec<LogRow> = unsealed
+            .iter()
+            .map(|(record, refused)| LogRow {
+                leaf_index: None,
+                kind: record.kind.clone(),
+                plan_id: record.plan_id.to_string(),
+                id: record.ref_id,
+                entry: record.entry(),
+                leaf_hash: None,
+                note: refused
+                    .as_ref()
+                    .map(|reason| format!("the planner refused to seal it: {reason}"))
+                    .unwrap_or_else(|| "not in the log".to_owned()),
+            })
+            .collect();
+        if !rows.is_empty() {
+            let _ = send(write(&rows), &mut first).await;
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(receiver)))
+}
+
+/// When the latest checkpoint was signed, if one was (for status views).
+///
+/// # Errors
+/// Store errors.
+pub async fn latest_signed_at(store: &Store) -> Result<Option<DateTime<Utc>>, StoreError> {
+    Ok(store.audit_checkpoint(None).await?.map(|row| row.signed_at))
+}
+
+impl std::fmt::Debug for AuditLog {
+    /// The settings, never a key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditLog")
+            .field("origin", &self.inner.origin)
+            .field("signed", &self.inner.signer.is_some())
+            .field("enabled", &self.inner.enabled)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmac::{Hmac, Mac};
+
+    #[test]
+    fn the_pads_make_rfc_2104_hmac_sha256() {
+        let text = "PRIVATE+KEY+example+00000000+AQ";
+        let pads = mac_pads(text);
+        let message = b"[\"event\",\"0190\",17]";
+        let inner = Sha256::new()
+            .chain_update(&pads[..64])
+            .chain_update(message)
+            .finalize();
+        let ours = Sha256::new()
+            .chain_update(&pads[64..])
+            .chain_update(inner)
+            .finalize();
+        let key = Sha256::new()
+            .chain_update(b"redrive audit mac v1\n")
+            .chain_update(text.as_bytes())
+            .finalize();
+        let mut reference = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+        reference.update(message);
+        assert_eq!(ours[..], reference.finalize().into_bytes()[..]);
+    }
+
+    #[test]
+    fn a_witness_directory_never_goes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        write_witness(dir.path(), "origin\n10\nroot\n\nsig\n", 10).unwrap();
+        let problem = write_witness(dir.path(), "origin\n4\nroot\n\nsig\n", 4).unwrap_err();
+        assert!(problem.contains("10 leaves"), "{problem}");
+        write_witness(dir.path(), "origin\n12\nroot\n\nsig\n", 12).unwrap();
+        let held = std::fs::read_to_string(dir.path().join("checkpoint")).unwrap();
+        assert!(held.starts_with("origin\n12\n"), "{held}");
+    }
+}

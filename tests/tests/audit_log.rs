@@ -1,0 +1,739 @@
+//! The verifiable audit (issue "A verifiable audit"): every audit event and
+//! operator action sealed into an RFC 6962 log whose checkpoints the planner
+//! signs. Against the real PostgreSQL, RabbitMQ and Redis: a replay's log
+//! verifies offline; each way of tampering with the rows in SQL (an action
+//! changed, an operator action deleted, a forged `sent` inserted, the newest
+//! events cut off, a checkpoint re-signed with another key) is named by
+//! verification; inclusion and consistency proofs verify; and planners
+//! killed with SIGKILL while they seal leave one log with no gap, no fork and
+//! nothing sealed twice.
+
+mod support;
+
+use std::{path::PathBuf, str::FromStr, time::Duration};
+
+use redrive_planner::config::AuditLogSettings;
+use redrive_proto::v1::{
+    self, ExportAuditLogRequest, ExportFormat, GetAuditCheckpointRequest,
+    ProveAuditConsistencyRequest, ProveAuditInclusionRequest, planner_client::PlannerClient,
+};
+use redrive_tests::{ExecutorHandle, TestBed, init_logging, scenario, unique, wait_until};
+use redrive_tlog::{
+    Hash,
+    checkpoint::{Checkpoint, open_checkpoint},
+    export::read_log_export,
+    leaf::Entry,
+    merkle,
+    note::{Signer, Verifier},
+    verify::{Report, verify},
+};
+use tonic::{Code, transport::Channel};
+
+use support::{
+    approved_plan, assert_bed_audit, captured, capturing, consume, incident, stop_consuming,
+    wait_completed,
+};
+
+/// A signing key in a file, its verifier, and a witness directory.
+struct Keys {
+    dir: tempfile::TempDir,
+    key_file: PathBuf,
+    key_text: String,
+    verifier: Verifier,
+}
+
+impl Keys {
+    fn new(name: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let signer = Signer::generate(name)?;
+        let key_file = dir.path().join("audit.key");
+        std::fs::write(&key_file, format!("{}\n", signer.key_text()))?;
+        Ok(Self {
+            key_text: signer.key_text(),
+            verifier: signer.verifier(),
+            key_file,
+            dir,
+        })
+    }
+
+    fn witness(&self) -> PathBuf {
+        self.dir.path().join("witness")
+    }
+
+    /// The planner's audit log flags: this key, a checkpoint every 5
+    /// leaves or second, the witness directory.
+    fn settings(&self) -> AuditLogSettings {
+        AuditLogSettings {
+            signing_key: Some(self.key_file.clone()),
+            checkpoint_every: 5,
+            checkpoint_interval: Duration::from_secs(1),
+            witness_dir: Some(self.witness()),
+            ..Default::default()
+        }
+    }
+}
+
+/// The whole log as `ExportAuditLog` streams it, and its checkpoint.
+async fn export_log(
+    client: &mut PlannerClient<Channel>,
+    format: ExportFormat,
+    tree_size: u64,
+) -> anyhow::Result<(Vec<u8>, String)> {
+    let mut stream = client
+        .export_audit_log(ExportAuditLogRequest {
+            format: format.into(),
+            tree_size,
+        })
+        .await?
+        .into_inner();
+    let mut data = Vec::new();
+    let mut checkpoint = String::new();
+    while let Some(chunk) = stream.message().await? {
+        if !chunk.checkpoint.is_empty() {
+            checkpoint = chunk.checkpoint;
+        }
+        data.extend_from_slice(&chunk.data);
+    }
+    Ok((data, checkpoint))
+}
+
+/// The latest export (JSON Lines) verified with `keys`' verifier against
+/// `witnessed` checkpoints kept outside.
+async fn verified(
+    client: &mut PlannerClient<Channel>,
+    keys: &Keys,
+    witnessed: &[String],
+) -> anyhow::Result<Report> {
+    let (data, note) = export_log(client, ExportFormat::Jsonl, 0).await?;
+    let export = read_log_export(&data)?;
+    assert_eq!(export.checkpoint.as_deref(), Some(note.as_str()));
+    Ok(verify(&export, &note, &keys.verifier, witnessed)?)
+}
+
+/// Waits until nothing is queued and a checkpoint covers every leaf.
+async fn sealed(pool: &sqlx::PgPool) -> anyhow::Result<u64> {
+    let mut size = 0;
+    wait_until(
+        "the log sealed and checkpointed",
+        Duration::from_secs(60),
+        || {
+            let pool = pool.clone();
+            async move {
+                let (pending, tree, checkpoint): (i64, i64, Option<i64>) = sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM audit_log_pending), \
+                        (SELECT tree_size FROM audit_log_state), \
+                        (SELECT max(tree_size) FROM audit_checkpoints)",
+                )
+                .fetch_one(&pool)
+                .await?;
+                Ok(pending == 0 && tree > 0 && checkpoint == Some(tree))
+            }
+        },
+    )
+    .await?;
+    size += u64::try_from(
+        sqlx::query_scalar::<_, i64>("SELECT tree_size FROM audit_log_state")
+            .fetch_one(pool)
+            .await?,
+    )?;
+    Ok(size)
+}
+
+fn problems(report: &Report) -> Vec<String> {
+    report.problems.iter().map(ToString::to_string).collect()
+}
+
+fn to_hash(bytes: &[u8]) -> Hash {
+    bytes.try_into().expect("32 bytes")
+}
+
+fn redrivectl(args: &[&str], planner: &str) -> anyhow::Result<(i32, String)> {
+    let binaries = scenario::Binaries::of_tests()?;
+    let output = std::process::Command::new(&binaries.redrivectl)
+        .args(args)
+        .env("REDRIVE_PLANNER", planner)
+        .env("REDRIVE_ACTOR", "auditor")
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.code().unwrap_or(-1), text))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> anyhow::Result<()> {
+    init_logging();
+    let keys = Keys::new("redrive.test/audit")?;
+    let broker = redrive_tests::Broker::connect().await?;
+    let incident = incident(&broker, 12).await?;
+    let dlq = incident.dlq.clone();
+    let settings = keys.settings();
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &[&dlq]);
+        config.audit_log = settings;
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 12).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 500.0, 10, None).await?;
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(60)).await;
+    executor.stop().await?;
+    done?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_consuming(consuming)?;
+    let received = received.lock().unwrap().clone();
+    assert_eq!(received.len(), 12);
+    assert_bed_audit(&bed, &plan.plan_id, &received).await?;
+    let plan_id: uuid::Uuid = plan.plan_id.parse()?;
+
+    // Everything the replay wrote is sealed; the export verifies, in both
+    // formats, every event and action a leaf.
+    let pool = bed.pool().await?;
+    let size = sealed(&pool).await?;
+    let (events, actions): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM audit_events), (SELECT count(*) FROM operator_actions)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(
+        size,
+        u64::try_from(events + actions)?,
+        "every row is a leaf"
+    );
+    let report = verified(&mut bed.client, &keys, &[]).await?;
+    assert!(report.is_valid(), "{:?}", problems(&report));
+    assert_eq!(report.leaves_checked, size);
+    let (csv, note) = export_log(&mut bed.client, ExportFormat::Csv, 0).await?;
+    let csv_export = read_log_export(&csv)?;
+    assert!(verify(&csv_export, &note, &keys.verifier, &[])?.is_valid());
+
+    // The witness outside the database holds the latest checkpoint: kept
+    // for later, as an auditor would.
+    let witnessed = std::fs::read_to_string(keys.witness().join("checkpoint"))?;
+    let witnessed_size = open_checkpoint(&witnessed, &keys.verifier)?.size;
+    assert_eq!(witnessed_size, size);
+
+    // The same through redrivectl: export, verify offline, prove.
+    let out = tempfile::tempdir()?;
+    let csv_path = out.path().join("log.csv");
+    let vkey_path = out.path().join("audit.pub");
+    std::fs::write(&vkey_path, keys.verifier.key_text())?;
+    let planner = bed.planner.url();
+    let csv_arg = csv_path.to_string_lossy().to_string();
+    let vkey_arg = vkey_path.to_string_lossy().to_string();
+    let (code, text) = redrivectl(
+        &["audit", "export", "--format", "csv", "--out", &csv_arg],
+        &planner,
+    )?;
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = redrivectl(
+        &["audit", "verify", "--export", &csv_arg, "--key", &vkey_arg],
+        "http://127.0.0.1:9",
+    )?;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("VERIFIED"), "{text}");
+    let dead_letter: i64 = sqlx::query_scalar(
+        "SELECT dead_letter_id FROM audit_events WHERE plan_id = $1 AND action = 'sent' LIMIT 1",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    let (code, text) = redrivectl(
+        &[
+            "audit",
+            "prove",
+            "--plan",
+            &plan.plan_id,
+            "--dead-letter",
+            &dead_letter.to_string(),
+            "--key",
+            &vkey_arg,
+        ],
+        &planner,
+    )?;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(&format!(
+            "dead letter {dead_letter}: sent by plan {}",
+            plan.plan_id
+        )),
+        "{text}"
+    );
+    assert!(text.contains("approve by "), "the approval, proven: {text}");
+    assert!(text.contains("its signature checked"), "{text}");
+
+    // Inclusion over gRPC: each proof verifies against the signed root.
+    let proven = bed
+        .client
+        .prove_audit_inclusion(ProveAuditInclusionRequest {
+            plan_id: plan.plan_id.clone(),
+            dead_letter_id: dead_letter.to_string(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let checkpoint = open_checkpoint(&proven.checkpoint.unwrap_or_default().note, &keys.verifier)?;
+    assert!(
+        proven.proofs.len() >= 3,
+        "create, approve and the sent event"
+    );
+    for proof in &proven.proofs {
+        let entry = Entry::from_canonical(proof.leaf.as_bytes())?;
+        let hashes: Vec<Hash> = proof.hashes.iter().map(|hash| to_hash(hash)).collect();
+        merkle::verify_inclusion(
+            &entry.leaf_hash(),
+            proof.leaf_index,
+            checkpoint.size,
+            &hashes,
+            &checkpoint.root,
+        )?;
+        // A proof of another leaf's index does not verify.
+        assert!(
+            merkle::verify_inclusion(
+                &entry.leaf_hash(),
+                (proof.leaf_index + 1) % checkpoint.size,
+                checkpoint.size,
+                &hashes,
+                &checkpoint.root,
+            )
+            .is_err()
+        );
+    }
+    // Consistency between the first checkpoint and the latest.
+    let first: i64 = sqlx::query_scalar("SELECT min(tree_size) FROM audit_checkpoints")
+        .fetch_one(&pool)
+        .await?;
+    let first = bed
+        .client
+        .get_audit_checkpoint(GetAuditCheckpointRequest {
+            tree_size: u64::try_from(first)?,
+        })
+        .await?
+        .into_inner();
+    let old = open_checkpoint(&first.note, &keys.verifier)?;
+    let consistency = bed
+        .client
+        .prove_audit_consistency(ProveAuditConsistencyRequest {
+            old_size: old.size,
+            new_size: 0,
+        })
+        .await?
+        .into_inner();
+    let new = open_checkpoint(&consistency.new.unwrap_or_default().note, &keys.verifier)?;
+    let hashes: Vec<Hash> = consistency
+        .hashes
+        .iter()
+        .map(|hash| to_hash(hash))
+        .collect();
+    merkle::verify_consistency(old.size, new.size, &old.root, &new.root, &hashes)?;
+    // Bad requests are named.
+    let missing = bed
+        .client
+        .get_audit_checkpoint(GetAuditCheckpointRequest { tree_size: 987_654 })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+    let bad = bed
+        .client
+        .prove_audit_inclusion(ProveAuditInclusionRequest {
+            plan_id: "not-a-plan".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("plan_id"), "{}", bad.message());
+
+    // 1. One event's action changed in SQL: named.
+    let changed: i64 = sqlx::query_scalar(
+        "UPDATE audit_events SET action = 'skipped_duplicate' \
+         WHERE (plan_id, id) = (SELECT plan_id, id FROM audit_events \
+                                WHERE plan_id = $1 AND action = 'sent' ORDER BY id DESC LIMIT 1) \
+         RETURNING id",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    let report = verified(&mut bed.client, &keys, &[]).await?;
+    let found = problems(&report);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains(&format!("event {changed} ")), "{found:?}");
+    assert!(found[0].contains("changed"), "{found:?}");
+    // The proof of that event no longer holds either.
+    let (code, text) = redrivectl(
+        &[
+            "audit",
+            "prove",
+            "--plan",
+            &plan.plan_id,
+            "--dead-letter",
+            &dead_letter_of(&pool, changed).await?.to_string(),
+            "--key",
+            &vkey_arg,
+        ],
+        &planner,
+    )?;
+    assert_eq!(code, 65, "{text}");
+    assert!(text.contains("NOT PROVEN"), "{text}");
+
+    // 2. The approval deleted: named too.
+    let approval: i64 = sqlx::query_scalar(
+        "DELETE FROM operator_actions WHERE plan_id = $1 AND action = 'approve' RETURNING id",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    let report = verified(&mut bed.client, &keys, &[]).await?;
+    let found = problems(&report);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|problem| problem.contains(&format!("action {approval} "))
+                && problem.contains("gone from the database")),
+        "{found:?}"
+    );
+
+    // 3. A forged `sent`, inserted by a session without the planner's key:
+    // the sequencer refuses to seal it, and verification names it.
+    let forged: i64 = sqlx::query_scalar(
+        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
+             reason, wave, executor_id, attempt) \
+         SELECT plan_id, slice_id, dead_letter_id, message_key, destination, 'sent', '', wave, executor_id, 1 \
+         FROM audit_events WHERE plan_id = $1 ORDER BY id LIMIT 1 RETURNING id",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    wait_until("the forged row refused", Duration::from_secs(20), || {
+        let pool = pool.clone();
+        async move {
+            Ok(sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM audit_log_refused WHERE kind = 'event' AND ref_id = $1",
+            )
+            .bind(forged)
+            .fetch_one(&pool)
+            .await?
+                == 1)
+        }
+    })
+    .await?;
+    let report = verified(&mut bed.client, &keys, &[]).await?;
+    let found = problems(&report);
+    assert_eq!(found.len(), 3, "{found:?}");
+    let added = found
+        .iter()
+        .find(|problem| problem.contains(&format!("event {forged} ")))
+        .unwrap_or_else(|| panic!("the forged event is named: {found:?}"));
+    assert!(
+        added.contains("never sealed") || added.contains("not in"),
+        "{added}"
+    );
+    assert!(added.contains("MAC"), "why it was refused: {added}");
+
+    // 4. A checkpoint re-signed with another key is refused, naming who
+    // signed it.
+    let (data, note) = export_log(&mut bed.client, ExportFormat::Jsonl, 0).await?;
+    let export = read_log_export(&data)?;
+    let text = note
+        .split_once("\n\n")
+        .map(|(text, _)| format!("{text}\n"))
+        .unwrap_or_default();
+    let impostor = Signer::generate("impostor.example/audit")?;
+    let resigned = impostor.sign(&text)?;
+    let refused = verify(&export, &resigned, &keys.verifier, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("impostor.example/audit"), "{refused}");
+    // A forged root signed by the impostor is refused the same way.
+    let mut forged_head = Checkpoint::parse(&text)?;
+    forged_head.root = [7; 32];
+    let forged_note = redrive_tlog::checkpoint::sign_checkpoint(&impostor, &forged_head)?;
+    assert!(verify(&export, &forged_note, &keys.verifier, &[]).is_err());
+
+    // 5. The newest leaves cut off (rows, leaves and checkpoints, as a
+    // database writer covering tracks would): caught against the witnessed
+    // checkpoint kept outside.
+    let cut: i64 =
+        sqlx::query_scalar("SELECT max(tree_size) FROM audit_checkpoints WHERE tree_size < $1")
+            .bind(i64::try_from(witnessed_size)?)
+            .fetch_one(&pool)
+            .await?;
+    bed.planner.halt().await?;
+    sqlx::query(
+        "DELETE FROM audit_events e USING audit_log l \
+         WHERE l.kind = 'event' AND l.ref_id = e.id AND l.plan_id = e.plan_id AND l.leaf_index >= $1",
+    )
+    .bind(cut)
+    .execute(&pool)
+    .await?;
+    sqlx::query(
+        "DELETE FROM operator_actions a USING audit_log l \
+         WHERE l.kind = 'action' AND l.ref_id = a.id AND l.leaf_index >= $1",
+    )
+    .bind(cut)
+    .execute(&pool)
+    .await?;
+    sqlx::query("DELETE FROM audit_log WHERE leaf_index >= $1")
+        .bind(cut)
+        .execute(&pool)
+        .await?;
+    sqlx::query("DELETE FROM audit_checkpoints WHERE tree_size > $1")
+        .bind(cut)
+        .execute(&pool)
+        .await?;
+    sqlx::query("DELETE FROM audit_log_refused")
+        .execute(&pool)
+        .await?;
+    sqlx::query("DELETE FROM audit_events WHERE id = $1")
+        .bind(forged)
+        .execute(&pool)
+        .await?;
+    sqlx::query("UPDATE audit_log_state SET tree_size = $1")
+        .bind(cut)
+        .execute(&pool)
+        .await?;
+    let settings = keys.settings();
+    bed.restart_planner(|config| {
+        capturing(config, &[&incident.dlq]);
+        config.audit_log = settings;
+        config.audit_log.mode = "off".into();
+    })
+    .await?;
+    let (data, note) = export_log(&mut bed.client, ExportFormat::Jsonl, 0).await?;
+    let export = read_log_export(&data)?;
+    let alone = verify(&export, &note, &keys.verifier, &[])?;
+    assert_eq!(alone.tree_size, u64::try_from(cut)?);
+    let report = verify(&export, &note, &keys.verifier, std::slice::from_ref(&witnessed))?;
+    let found = problems(&report);
+    assert!(
+        found.iter().any(|problem| problem.contains("cut short")
+            && problem.contains(&witnessed_size.to_string())),
+        "{found:?}"
+    );
+    // And the consistency check from the witnessed checkpoint fails.
+    let witness_file = out.path().join("witnessed.checkpoint");
+    std::fs::write(&witness_file, &witnessed)?;
+    let (code, text) = redrivectl(
+        &[
+            "audit",
+            "consistency",
+            "--from",
+            &witness_file.to_string_lossy(),
+            "--key",
+            &vkey_arg,
+        ],
+        &bed.planner.url(),
+    )?;
+    assert_ne!(code, 0, "{text}");
+    pool.close().await;
+    bed.finish().await
+}
+
+/// The dead letter of event `event_id`.
+async fn dead_letter_of(pool: &sqlx::PgPool, event_id: i64) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT dead_letter_id FROM audit_events WHERE id = $1")
+            .bind(event_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// A planner process of the workspace's binary on `db` with `keys`.
+fn planner_process(db_url: &str, keys: &Keys) -> anyhow::Result<tokio::process::Child> {
+    let binaries = scenario::Binaries::of_tests()?;
+    let addr = scenario::free_local_addr()?;
+    Ok(tokio::process::Command::new(&binaries.planner)
+        .args([
+            "--listen",
+            &addr.to_string(),
+            "--database-url",
+            db_url,
+            "--broker-id",
+            "redrive-tests",
+            "--audit-signing-key",
+            &keys.key_file.to_string_lossy(),
+            "--audit-checkpoint-every",
+            "7000",
+            "--audit-checkpoint-interval",
+            "1s",
+        ])
+        .env("REDRIVE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+async fn kill_9(child: &mut tokio::process::Child) -> anyhow::Result<()> {
+    if let Some(pid) = child.id() {
+        std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()?;
+    }
+    child.wait().await?;
+    Ok(())
+}
+
+async fn log_state(pool: &sqlx::PgPool) -> anyhow::Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT (SELECT tree_size FROM audit_log_state), (SELECT count(*) FROM audit_log_pending)",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_seal()
+-> anyhow::Result<()> {
+    init_logging();
+    let keys = Keys::new("redrive.test/crash")?;
+    // The schema and one plan, through an in-process planner.
+    let settings = keys.settings();
+    let mut bed = TestBed::without_broker(|config| config.audit_log = settings).await?;
+    let db_url = bed.db.url();
+    let source = unique("crash");
+    support::ingest(
+        &mut bed.client,
+        vec![v1::IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "m-1".into(),
+            body: br#"{"order_id":"o-1"}"#.to_vec(),
+            reason: "rejected".into(),
+            original_destination: "orders".into(),
+            ..Default::default()
+        }],
+    )
+    .await?;
+    let report = support::precheck_selected(
+        &mut bed.client,
+        v1::Selector {
+            sources: vec![source],
+            ..Default::default()
+        },
+    )
+    .await?;
+    let plan = bed
+        .client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id,
+            rate: Some(v1::Rate {
+                per_second: 1.0,
+                burst: 1,
+                rationale: "never run".into(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    bed.planner.halt().await?;
+    // 60,000 operator actions written as a planner writes them (its
+    // connections carry the MAC key): six rounds of sealing queued.
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db_url)?.options([(
+        "redrive.audit_mac",
+        hex::encode(redrive_planner::audit::log::mac_pads(&keys.key_text)),
+    )]);
+    let writer = sqlx::PgPool::connect_with(options).await?;
+    sqlx::query(
+        "INSERT INTO operator_actions (plan_id, action, actor, reason) \
+         SELECT $1, 'note', 'crash-test', 'row ' || g FROM generate_series(1, 60000) g",
+    )
+    .bind(plan.plan_id.parse::<uuid::Uuid>()?)
+    .execute(&writer)
+    .await?;
+    writer.close().await;
+    let pool = bed.pool().await?;
+    let (_, queued) = log_state(&pool).await?;
+    assert!(queued >= 60_000, "{queued} queued");
+
+    // Two planners seal the one log; one is killed with SIGKILL in the
+    // middle of sealing, three times, and restarted.
+    let mut steady = planner_process(&db_url, &keys)?;
+    let mut kills = 0;
+    let mut last = 0;
+    while kills < 3 {
+        let mut victim = planner_process(&db_url, &keys)?;
+        wait_until("sealing under way", Duration::from_secs(60), || {
+            let pool = pool.clone();
+            async move {
+                let (size, pending) = log_state(&pool).await?;
+                Ok(size > last && pending > 0)
+            }
+        })
+        .await?;
+        kill_9(&mut victim).await?;
+        kills += 1;
+        (last, _) = log_state(&pool).await?;
+        if last >= 55_000 {
+            break;
+        }
+    }
+    anyhow::ensure!(kills >= 1, "no planner was killed while sealing");
+    eprintln!(
+        "killed a planner {kills} times while sealing; {last} leaves sealed at the last kill"
+    );
+    let mut victim = planner_process(&db_url, &keys)?;
+    let size = sealed(&pool).await?;
+    kill_9(&mut victim).await?;
+    kill_9(&mut steady).await?;
+
+    // No gap, nothing sealed twice, every row sealed, none refused.
+    let (leaves, distinct, min, max): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT (kind, ref_id, plan_id)), min(leaf_index), max(leaf_index) FROM audit_log",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM operator_actions) + (SELECT count(*) FROM audit_events)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!((leaves, distinct, min, max), (rows, rows, 0, rows - 1));
+    assert_eq!(size, u64::try_from(rows)?);
+    let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log_refused")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(refused, 0);
+    // No fork: every checkpoint's root is the root of that many leaves as
+    // they stand, and the state's root is the whole tree's.
+    let hashes: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT leaf_hash FROM audit_log ORDER BY leaf_index")
+            .fetch_all(&pool)
+            .await?;
+    let hashes: Vec<Hash> = hashes.iter().map(|hash| to_hash(hash)).collect();
+    let checkpoints: Vec<(i64, Vec<u8>, String)> = sqlx::query_as(
+        "SELECT tree_size, root_hash, note FROM audit_checkpoints ORDER BY tree_size",
+    )
+    .fetch_all(&pool)
+    .await?;
+    assert!(checkpoints.len() >= 2, "{} checkpoints", checkpoints.len());
+    for (tree_size, root, note) in &checkpoints {
+        let tree_size = usize::try_from(*tree_size)?;
+        assert_eq!(
+            merkle::root(&hashes[..tree_size]),
+            to_hash(root),
+            "checkpoint {tree_size}"
+        );
+        let signed = open_checkpoint(note, &keys.verifier)?;
+        assert_eq!(signed.root, to_hash(root));
+    }
+    let state_root: Vec<u8> = sqlx::query_scalar("SELECT root_hash FROM audit_log_state")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(merkle::root(&hashes), to_hash(&state_root));
+    // Every leaf is the row as written.
+    let settings = keys.settings();
+    bed.restart_planner(|config| {
+        config.audit_log = settings;
+        config.audit_log.witness_dir = None;
+    })
+    .await?;
+    let report = verified(&mut bed.client, &keys, &[]).await?;
+    assert!(report.is_valid(), "{:?}", problems(&report));
+    assert_eq!(report.leaves_checked, size);
+    pool.close().await;
+    bed.finish().await
+}
