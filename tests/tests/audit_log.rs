@@ -507,7 +507,12 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     let export = read_log_export(&data)?;
     let alone = verify(&export, &note, &keys.verifier, &[])?;
     assert_eq!(alone.tree_size, u64::try_from(cut)?);
-    let report = verify(&export, &note, &keys.verifier, std::slice::from_ref(&witnessed))?;
+    let report = verify(
+        &export,
+        &note,
+        &keys.verifier,
+        std::slice::from_ref(&witnessed),
+    )?;
     let found = problems(&report);
     assert!(
         found.iter().any(|problem| problem.contains("cut short")
