@@ -186,7 +186,10 @@ fn verifier(key: &str) -> Result<Verifier, CliError> {
     if let Ok(verifier) = Verifier::from_key_text(key) {
         return Ok(verifier);
     }
-    let text = read_file(std::path::Path::new(key))?;
+    let text = std::fs::read_to_string(key).map_err(|source| CliError::NoInput {
+        path: format!("--key {key} (neither a verifier key nor a file holding one)"),
+        source,
+    })?;
     Verifier::from_key_text(&text).map_err(|error| {
         CliError::Usage(format!(
             "--key {key}: not a verifier key ({error}); `redrivectl audit keygen` prints one"
@@ -243,9 +246,19 @@ fn keygen(args: &KeygenArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options
-        .open(&args.out)
-        .map_err(io(format!("creating {}", args.out.display())))?;
+    let mut file = options.open(&args.out).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AlreadyExists {
+            CliError::Usage(format!(
+                "{} exists: a key is never overwritten (choose another --out)",
+                args.out.display()
+            ))
+        } else {
+            CliError::Io {
+                context: format!("creating {}", args.out.display()),
+                source,
+            }
+        }
+    })?;
     writeln!(file, "{}", signer.key_text())
         .map_err(io(format!("writing {}", args.out.display())))?;
     let public = args.out.with_extension(match args.out.extension() {
