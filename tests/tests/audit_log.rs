@@ -742,3 +742,159 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
     pool.close().await;
     bed.finish().await
 }
+
+/// A witness over HTTP: each request's body, answered 200 (or 503 while
+/// `refusing` holds).
+async fn witness_server(
+    refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<(
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let sender = sender.clone();
+            let refusing = refusing.clone();
+            tokio::spawn(async move {
+                let mut data = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let Ok(read) = stream.read(&mut buffer).await else {
+                        return;
+                    };
+                    if read == 0 {
+                        return;
+                    }
+                    data.extend_from_slice(&buffer[..read]);
+                    let text = String::from_utf8_lossy(&data).to_string();
+                    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = head
+                        .lines()
+                        .find_map(|line| {
+                            let (name, value) = line.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() < length {
+                        continue;
+                    }
+                    let refused = refusing.load(std::sync::atomic::Ordering::SeqCst);
+                    let status = if refused {
+                        "503 Service Unavailable"
+                    } else {
+                        "200 OK"
+                    };
+                    let _ = stream
+                        .write_all(
+                            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n").as_bytes(),
+                        )
+                        .await;
+                    if !refused {
+                        let _ = sender.send((head.to_owned(), body.to_owned()));
+                    }
+                    return;
+                }
+            });
+        }
+    });
+    Ok((addr, receiver))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_new_checkpoint_reaches_a_witness_url_also_after_it_refused_one() -> anyhow::Result<()>
+{
+    init_logging();
+    let keys = Keys::new("redrive.test/witness")?;
+    let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (addr, mut received) = witness_server(refusing.clone()).await?;
+    let mut settings = keys.settings();
+    settings.witness_url = Some(format!("http://{addr}/checkpoint"));
+    let mut bed = TestBed::without_broker(|config| config.audit_log = settings).await?;
+    let source = unique("witness");
+    support::ingest(
+        &mut bed.client,
+        vec![v1::IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "m-1".into(),
+            body: br#"{"order_id":"o-1"}"#.to_vec(),
+            reason: "rejected".into(),
+            original_destination: "orders".into(),
+            ..Default::default()
+        }],
+    )
+    .await?;
+    let report = support::precheck_selected(
+        &mut bed.client,
+        v1::Selector {
+            sources: vec![source],
+            ..Default::default()
+        },
+    )
+    .await?;
+    let plan = bed
+        .client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id,
+            rate: Some(v1::Rate {
+                per_second: 1.0,
+                burst: 1,
+                rationale: "never run".into(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    // The witness refuses for a while: nothing is lost, the planner pushes
+    // the latest checkpoint again once it answers.
+    let pool = bed.pool().await?;
+    sealed(&pool).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (head, body) = tokio::time::timeout(Duration::from_secs(20), received.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the witness server stopped"))?;
+    assert!(head.starts_with("POST /checkpoint HTTP/1.1"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "{head}"
+    );
+    let pushed = open_checkpoint(&body, &keys.verifier)?;
+    let latest = bed
+        .client
+        .get_audit_checkpoint(GetAuditCheckpointRequest::default())
+        .await?
+        .into_inner();
+    assert_eq!(body, latest.note);
+    assert_eq!(pushed.size, latest.tree_size);
+    // A later action makes a later checkpoint, pushed too.
+    bed.client
+        .cancel_plan(v1::PlanControlRequest {
+            plan_id: plan.plan_id.clone(),
+            reason: "not needed".into(),
+            ..Default::default()
+        })
+        .await?;
+    let (_, body) = tokio::time::timeout(Duration::from_secs(20), received.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the witness server stopped"))?;
+    let later = open_checkpoint(&body, &keys.verifier)?;
+    assert!(
+        later.size > pushed.size,
+        "{} after {}",
+        later.size,
+        pushed.size
+    );
+    // The witness directory holds it too.
+    let held = std::fs::read_to_string(keys.witness().join("checkpoint"))?;
+    assert!(open_checkpoint(&held, &keys.verifier)?.size >= later.size);
+    pool.close().await;
+    bed.finish().await
+}

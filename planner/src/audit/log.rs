@@ -116,6 +116,9 @@ struct Inner {
     sealing: Mutex<()>,
     /// The largest checkpoint pushed to every witness.
     pushed: AtomicU64,
+    /// After a failed push: how many failed in a row, and when to try
+    /// again (2 s, doubling to a minute).
+    push_retry: std::sync::Mutex<Option<(u32, std::time::Instant)>>,
 }
 
 impl Default for AuditLog {
@@ -190,6 +193,7 @@ impl AuditLog {
                 enabled: options.enabled,
                 sealing: Mutex::new(()),
                 pushed: AtomicU64::new(0),
+                push_retry: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -365,6 +369,16 @@ impl AuditLog {
         if size <= self.inner.pushed.load(Ordering::Relaxed) {
             return;
         }
+        let waiting = self
+            .inner
+            .push_retry
+            .lock()
+            .ok()
+            .and_then(|retry| *retry)
+            .is_some_and(|(_, next)| std::time::Instant::now() < next);
+        if waiting {
+            return;
+        }
         let mut pushed = true;
         if let Some(dir) = &self.inner.witness_dir {
             match write_witness(dir, &latest.note, size) {
@@ -396,6 +410,16 @@ impl AuditLog {
                     pushed = false;
                 }
             }
+        }
+        if let Ok(mut retry) = self.inner.push_retry.lock() {
+            *retry = if pushed {
+                None
+            } else {
+                let failures = retry.map_or(0, |(failures, _)| failures).saturating_add(1);
+                let delay =
+                    Duration::from_secs(1u64 << failures.min(6)).min(Duration::from_secs(60));
+                Some((failures, std::time::Instant::now() + delay))
+            };
         }
         if pushed {
             self.inner.pushed.store(size, Ordering::Relaxed);
