@@ -52,7 +52,7 @@ pub const NEVER_ATTEMPTED: &str = "never_attempted";
 
 /// CSV columns of the export, in order. `message_id` is the dead letter's
 /// AMQP message id (for reconciliation with the producer's records).
-pub const CSV_COLUMNS: [&str; 14] = [
+pub const CSV_COLUMNS: [&str; 13] = [
     "at",
     "plan_id",
     "slice_id",
@@ -66,7 +66,6 @@ pub const CSV_COLUMNS: [&str; 14] = [
     "attempt",
     "confirm_latency_us",
     "event_id",
-    "leaf_index",
 ];
 
 /// A CSV writer into memory (RFC 4180 through the `csv` crate: a field holding a
@@ -119,18 +118,13 @@ pub fn event_json(event: &v1::AuditEvent) -> serde_json::Value {
 }
 
 /// One exported audit event as a JSON object: [`event_json`] with the dead
-/// letter's `message_id`, the event's id and its leaf in the audit log
-/// (`null` until sealed), its strings [`spreadsheet_safe`].
-fn export_json(
-    event_id: i64,
-    event: &v1::AuditEvent,
-    message_id: &str,
-    leaf_index: Option<i64>,
-) -> serde_json::Value {
+/// letter's `message_id` and the event's id (the `id` of its row in the
+/// audit log's export, `kind` `event`), its strings [`spreadsheet_safe`].
+/// Nothing in it changes once written, so that an export's digest stays.
+fn export_json(event_id: i64, event: &v1::AuditEvent, message_id: &str) -> serde_json::Value {
     let mut json = event_json(event);
     json["message_id"] = serde_json::Value::from(message_id);
     json["event_id"] = serde_json::Value::from(event_id);
-    json["leaf_index"] = leaf_index.map_or(serde_json::Value::Null, serde_json::Value::from);
     safe_json(json)
 }
 
@@ -152,7 +146,6 @@ fn unattempted_json(plan_id: PlanId, item: &v1::UnattemptedItem) -> serde_json::
         "attempt": 0,
         "confirm_latency_us": 0,
         "event_id": null,
-        "leaf_index": null,
     }))
 }
 
@@ -183,7 +176,6 @@ fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec
                 "0",
                 "0",
                 "",
-                "",
             ]
             .map(spreadsheet_safe),
         );
@@ -193,16 +185,15 @@ fn unattempted_csv(plan_id: PlanId, items: &[(i64, v1::UnattemptedItem)]) -> Vec
     data
 }
 
-/// One exported event: its id, the event, its dead letter's message id and
-/// its leaf in the audit log (`None` until sealed).
-type ExportedEvent<'a> = (i64, &'a v1::AuditEvent, &'a str, Option<i64>);
+/// One exported event: its id, the event and its dead letter's message id.
+type ExportedEvent<'a> = (i64, &'a v1::AuditEvent, &'a str);
 
 /// Writes audit events as CSV records, in [`CSV_COLUMNS`] order, every cell
 /// [`spreadsheet_safe`].
 fn events_csv<'a>(events: impl IntoIterator<Item = ExportedEvent<'a>>) -> Vec<u8> {
     let mut data = Vec::new();
     let mut writer = csv_writer(&mut data);
-    for (event_id, event, message_id, leaf_index) in events {
+    for (event_id, event, message_id) in events {
         let at = event
             .at
             .as_ref()
@@ -217,9 +208,6 @@ fn events_csv<'a>(events: impl IntoIterator<Item = ExportedEvent<'a>>) -> Vec<u8
         let attempt = event.attempt.to_string();
         let confirm_latency_us = event.confirm_latency_us.to_string();
         let event_id = event_id.to_string();
-        let leaf_index = leaf_index
-            .map(|index| index.to_string())
-            .unwrap_or_default();
         let _ = writer.write_record(
             [
                 at.as_str(),
@@ -235,7 +223,6 @@ fn events_csv<'a>(events: impl IntoIterator<Item = ExportedEvent<'a>>) -> Vec<u8
                 &attempt,
                 &confirm_latency_us,
                 &event_id,
-                &leaf_index,
             ]
             .map(spreadsheet_safe),
         );
@@ -273,7 +260,8 @@ pub async fn export(
     }
     let ended = plan::get(store, plan_id).await?.state().is_final();
     // The latest signed checkpoint of the audit log goes first (its own
-    // chunk, no data), so that each row's `leaf_index` can be proven.
+    // chunk, no data): each row's `event_id` is the `id` of its leaf in the
+    // log export, which proves it.
     let checkpoint = store
         .audit_checkpoint(None)
         .await?
@@ -326,19 +314,19 @@ pub async fn export(
                 break;
             };
             after = *last;
-            let data =
-                if csv {
-                    events_csv(page.iter().map(|(id, event, message_id, leaf)| {
-                        (*id, event, message_id.as_str(), *leaf)
-                    }))
-                } else {
-                    let mut data = String::new();
-                    for (id, event, message_id, leaf) in &page {
-                        data.push_str(&export_json(*id, event, message_id, *leaf).to_string());
-                        data.push('\n');
-                    }
-                    data.into_bytes()
-                };
+            let data = if csv {
+                events_csv(
+                    page.iter()
+                        .map(|(id, event, message_id)| (*id, event, message_id.as_str())),
+                )
+            } else {
+                let mut data = String::new();
+                for (id, event, message_id) in &page {
+                    data.push_str(&export_json(*id, event, message_id).to_string());
+                    data.push('\n');
+                }
+                data.into_bytes()
+            };
             if !send(data).await {
                 return;
             }
@@ -448,7 +436,7 @@ mod tests {
     fn csv_fields_are_quoted_per_rfc_4180() {
         assert_eq!(
             String::from_utf8(csv_header()).unwrap(),
-            "at,plan_id,slice_id,dead_letter_id,message_key,message_id,action,reason,wave,executor_id,attempt,confirm_latency_us,event_id,leaf_index\n"
+            "at,plan_id,slice_id,dead_letter_id,message_key,message_id,action,reason,wave,executor_id,attempt,confirm_latency_us,event_id\n"
         );
         let event = |message_key: &str, reason: &str, executor_id: &str| {
             audit_event(
@@ -464,24 +452,20 @@ mod tests {
             event("a,b", "say \"hi\"", "line\nbreak"),
             event("cr\rlf\r\n", "\"", ","),
         ];
-        let data = String::from_utf8(events_csv(events.iter().enumerate().map(
-            |(index, event)| {
-                (
-                    7 + index as i64,
-                    event,
-                    "m-1",
-                    (index > 0).then_some(40 + index as i64),
-                )
-            },
-        )))
+        let data = String::from_utf8(events_csv(
+            events
+                .iter()
+                .enumerate()
+                .map(|(index, event)| (7 + index as i64, event, "m-1")),
+        ))
         .unwrap();
         let sent = v1::AuditAction::Sent.name();
         assert_eq!(
             data,
             format!(
-                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,m-1,{sent},,canary,exec-1,2,1500,7,\n\
-                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",m-1,{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500,8,41\n\
-                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",m-1,{sent},\"\"\"\",canary,\",\",2,1500,9,42\n"
+                "2024-05-01T12:00:00.000Z,p-1,s-1,d-1,plain,m-1,{sent},,canary,exec-1,2,1500,7\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"a,b\",m-1,{sent},\"say \"\"hi\"\"\",canary,\"line\nbreak\",2,1500,8\n\
+                 2024-05-01T12:00:00.000Z,p-1,s-1,d-1,\"cr\rlf\r\n\",m-1,{sent},\"\"\"\",canary,\",\",2,1500,9\n"
             )
         );
         // A CSV reader gets every field back as it was.
@@ -518,7 +502,7 @@ mod tests {
             event("@SUM(A1)", "-2", "e"),
             event("\tkey", "\rcr", "plain"),
         ];
-        let data = events_csv(events.iter().map(|event| (1, event, "-m", None)));
+        let data = events_csv(events.iter().map(|event| (1, event, "-m")));
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(false)
             .from_reader(data.as_slice());
@@ -552,16 +536,12 @@ mod tests {
                 ],
             ]
         );
-        let json = export_json(5, &event("=cmd|' /C calc'!A0", "@x", "e"), "m-1", Some(12));
+        let json = export_json(5, &event("=cmd|' /C calc'!A0", "@x", "e"), "m-1");
         assert_eq!(json["message_key"], "'=cmd|' /C calc'!A0");
-        assert_eq!(
-            (&json["event_id"], &json["leaf_index"]),
-            (&5.into(), &12.into())
-        );
+        assert_eq!(json["event_id"], 5);
         // A leading quote is doubled, so that dropping one gives it back.
-        let quoted = export_json(5, &event("'quoted", "plain", "e"), "m-1", None);
+        let quoted = export_json(5, &event("'quoted", "plain", "e"), "m-1");
         assert_eq!(quoted["message_key"], "''quoted");
-        assert_eq!(quoted["leaf_index"], serde_json::Value::Null);
         assert_eq!(json["reason"], "'@x");
         assert_eq!(json["message_id"], "m-1");
         assert_eq!(json["at"], "2024-05-01T12:10:00.500Z");

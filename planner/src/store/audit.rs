@@ -96,7 +96,7 @@ impl Store {
             .await?;
         Ok(page
             .into_iter()
-            .map(|(id, event, _message_id, _leaf)| (id, event))
+            .map(|(id, event, _message_id)| (id, event))
             .collect())
     }
 }
@@ -251,14 +251,6 @@ struct ExportedEventRow {
     message_id: Option<String>,
 }
 
-/// An exported audit event row with its leaf in the audit log, if sealed.
-#[derive(sqlx::FromRow)]
-struct ExportedLeafRow {
-    #[sqlx(flatten)]
-    exported: ExportedEventRow,
-    leaf_index: Option<i64>,
-}
-
 /// An audit event row (columns of [`Store::audit_events`]).
 #[derive(sqlx::FromRow)]
 struct AuditEventRow {
@@ -377,14 +369,12 @@ impl Store {
         plan_id: PlanId,
         after_id: i64,
         limit: i64,
-    ) -> Result<Vec<(i64, v1::AuditEvent, String, Option<i64>)>, StoreError> {
-        let rows: Vec<ExportedLeafRow> = plan_page(
+    ) -> Result<Vec<(i64, v1::AuditEvent, String)>, StoreError> {
+        let rows: Vec<ExportedEventRow> = plan_page(
             self.pool(),
-            "SELECT e.id, e.slice_id, e.dead_letter_id, e.message_key, e.action, e.reason, e.wave, \
-                e.executor_id, e.attempt, e.confirm_latency_us, e.at, e.message_id, l.leaf_index \
-             FROM audit_events e \
-             LEFT JOIN audit_log l ON l.kind = 'event' AND l.ref_id = e.id AND l.plan_id = e.plan_id \
-             WHERE e.plan_id = $1 AND e.id > $2 ORDER BY e.id LIMIT $3",
+            "SELECT id, slice_id, dead_letter_id, message_key, action, reason, wave, executor_id, attempt, \
+                confirm_latency_us, at, message_id FROM audit_events \
+             WHERE plan_id = $1 AND id > $2 ORDER BY id LIMIT $3",
             plan_id,
             after_id,
             limit,
@@ -394,10 +384,9 @@ impl Store {
             .into_iter()
             .map(|row| {
                 (
-                    row.exported.event.id,
-                    row.exported.event.into_event(plan_id),
-                    row.exported.message_id.unwrap_or_default(),
-                    row.leaf_index,
+                    row.event.id,
+                    row.event.into_event(plan_id),
+                    row.message_id.unwrap_or_default(),
                 )
             })
             .collect())

@@ -1119,8 +1119,10 @@ export const ExportAuditRequestSchema: GenMessage<ExportAuditRequest> = /*@__PUR
  * return gets a `'` in front, so that a spreadsheet shows it as text (OWASP,
  * CSV injection); the CSV header is left as it is.
  *
- * Each audit event row also has `event_id` and `leaf_index`, its leaf in the
- * audit log (empty until it is sealed, within a second of being written).
+ * `ExportAudit`'s audit event rows also have `event_id`: the `id` of the
+ * event's row (kind `event`) in the audit log's export, which proves it. A
+ * leaf index is not in them: it is assigned after the row is written, and a
+ * plan's export must not change once the plan ended (its digest).
  *
  * @generated from message redrive.v1.ExportAuditChunk
  */
