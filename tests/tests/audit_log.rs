@@ -548,6 +548,44 @@ async fn dead_letter_of(pool: &sqlx::PgPool, event_id: i64) -> anyhow::Result<i6
     )
 }
 
+/// A plan of one ingested dead letter, created (its `create` action
+/// written) and never approved.
+async fn one_plan(client: &mut PlannerClient<Channel>, tag: &str) -> anyhow::Result<v1::Plan> {
+    let source = unique(tag);
+    support::ingest(
+        client,
+        vec![v1::IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "m-1".into(),
+            body: br#"{"order_id":"o-1"}"#.to_vec(),
+            reason: "rejected".into(),
+            original_destination: "orders".into(),
+            ..Default::default()
+        }],
+    )
+    .await?;
+    let report = support::precheck_selected(
+        client,
+        v1::Selector {
+            sources: vec![source],
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(client
+        .create_plan(v1::CreatePlanRequest {
+            precheck_id: report.precheck_id,
+            rate: Some(v1::Rate {
+                per_second: 1.0,
+                burst: 1,
+                rationale: "never run".into(),
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner())
+}
+
 /// A planner process of the workspace's binary on `db` with `keys`.
 fn planner_process(db_url: &str, keys: &Keys) -> anyhow::Result<tokio::process::Child> {
     let binaries = scenario::Binaries::of_tests()?;
@@ -600,40 +638,7 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
     let settings = keys.settings();
     let mut bed = TestBed::without_broker(|config| config.audit_log = settings).await?;
     let db_url = bed.db.url();
-    let source = unique("crash");
-    support::ingest(
-        &mut bed.client,
-        vec![v1::IngestDeadLettersRequest {
-            source: source.clone(),
-            message_id: "m-1".into(),
-            body: br#"{"order_id":"o-1"}"#.to_vec(),
-            reason: "rejected".into(),
-            original_destination: "orders".into(),
-            ..Default::default()
-        }],
-    )
-    .await?;
-    let report = support::precheck_selected(
-        &mut bed.client,
-        v1::Selector {
-            sources: vec![source],
-            ..Default::default()
-        },
-    )
-    .await?;
-    let plan = bed
-        .client
-        .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id,
-            rate: Some(v1::Rate {
-                per_second: 1.0,
-                burst: 1,
-                rationale: "never run".into(),
-            }),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let plan = one_plan(&mut bed.client, "crash").await?;
     bed.planner.halt().await?;
     // 60,000 operator actions written as a planner writes them (its
     // connections carry the MAC key): six rounds of sealing queued.
@@ -817,40 +822,7 @@ async fn each_new_checkpoint_reaches_a_witness_url_also_after_it_refused_one() -
     let mut settings = keys.settings();
     settings.witness_url = Some(format!("http://{addr}/checkpoint"));
     let mut bed = TestBed::without_broker(|config| config.audit_log = settings).await?;
-    let source = unique("witness");
-    support::ingest(
-        &mut bed.client,
-        vec![v1::IngestDeadLettersRequest {
-            source: source.clone(),
-            message_id: "m-1".into(),
-            body: br#"{"order_id":"o-1"}"#.to_vec(),
-            reason: "rejected".into(),
-            original_destination: "orders".into(),
-            ..Default::default()
-        }],
-    )
-    .await?;
-    let report = support::precheck_selected(
-        &mut bed.client,
-        v1::Selector {
-            sources: vec![source],
-            ..Default::default()
-        },
-    )
-    .await?;
-    let plan = bed
-        .client
-        .create_plan(v1::CreatePlanRequest {
-            precheck_id: report.precheck_id,
-            rate: Some(v1::Rate {
-                per_second: 1.0,
-                burst: 1,
-                rationale: "never run".into(),
-            }),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let plan = one_plan(&mut bed.client, "witness").await?;
     // The witness refuses for a while: nothing is lost, the planner pushes
     // the latest checkpoint again once it answers.
     let pool = bed.pool().await?;

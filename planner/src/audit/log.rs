@@ -253,7 +253,8 @@ impl AuditLog {
             if row.sealed || !seen.insert(key) {
                 continue;
             }
-            let refusal = match record.entry() {
+            let entry = record.entry();
+            let refusal = match &entry {
                 None => Some("the row was gone before it was sealed"),
                 Some(_) if row.history || !keyed => None,
                 Some(_) if !row.has_mac => {
@@ -275,7 +276,7 @@ impl AuditLog {
                 ));
                 continue;
             }
-            let Some(entry) = record.entry() else {
+            let Some(entry) = entry else {
                 continue;
             };
             let leaf_hash = entry.leaf_hash();
