@@ -21,11 +21,23 @@
 //! PostgreSQL rows and WAL written per message, and the executors' peak RSS.
 //! Every replay checks that the plan sent every item and that the queues hold
 //! exactly as many messages.
+//!
+//! **Pinned** (issue "Scale"): `scripts/bench-pinned.sh throughput` runs it
+//! with RabbitMQ on CPU 0 and PostgreSQL, Redis, this process and the
+//! executors on CPU 1, as production gives the broker hosts of its own, and
+//! restores the affinities afterwards. The run prints the CPUs each group
+//! was allowed at its start and end, and checks the Scale targets: main
+//! wave ≥ 0.9× raw and approve → completed ≥ 0.8× (one queue, 1 and 2
+//! executors), planner + PostgreSQL ≤ 60 µs and executors ≤ 40 µs of CPU
+//! per message, and a second executor never slower than one.
 
 use lapin::types::FieldTable;
 use redrive_tests::{
     TestBed,
-    bench::{IN_FLIGHT, generate_dead_letters, measure_replay, purge_queues, raw_publish_rate},
+    bench::{
+        IN_FLIGHT, affinities, generate_dead_letters, measure_replay, purge_queues,
+        raw_publish_rate,
+    },
     env_count, unique,
 };
 
@@ -33,6 +45,14 @@ use redrive_tests::{
 async fn main() -> anyhow::Result<()> {
     let messages = env_count("REDRIVE_BENCH_MESSAGES", 50_000);
     let count = u64::try_from(messages)?;
+    println!(
+        "CPU affinity at the start ({}): {}",
+        std::env::var("REDRIVE_BENCH_PINNED").map_or_else(
+            |_| "not pinned".to_owned(),
+            |pins| format!("pinned, {pins}")
+        ),
+        affinities()
+    );
     let bed = TestBed::start(redrive_tests::Broker::connect().await?, |config| {
         config.lease_ttl_seconds = 30;
     })
@@ -93,18 +113,60 @@ async fn main() -> anyhow::Result<()> {
             (raw_two_before + raw_two_after) / 2.0
         }
     };
-    println!("\n| run | main wave msg/s | × raw | approve → completed msg/s | × raw |");
-    println!("|---|---|---|---|---|");
-    println!("| raw, one queue | {:.0} | 1.00 | | |", reference(1));
-    println!("| raw, two queues | {:.0} | 1.00 | | |", reference(2));
+    println!("CPU affinity at the end: {}", affinities());
+    println!(
+        "\n| run | main wave msg/s | × raw | approve → completed msg/s | × raw | CPU µs/msg: PostgreSQL / planner / executors / Redis / RabbitMQ | executor peak RSS MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!("| raw, one queue | {:.0} | 1.00 | | | | |", reference(1));
+    println!("| raw, two queues | {:.0} | 1.00 | | | | |", reference(2));
+    let micros = |figures: &redrive_tests::bench::ReplayFigures, group: &str| {
+        figures.cpu.get(group).copied().unwrap_or_default()
+    };
     for (queues, executors, figures) in &results {
         let raw = reference(*queues);
         println!(
-            "| Redrive, {executors} executor(s), {queues} queue(s) | {:.0} | {:.2} | {:.0} | {:.2} |",
+            "| Redrive, {executors} executor(s), {queues} queue(s) | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} / {:.0} / {:.0} / {:.0} / {:.0} | {:.0} |",
             figures.main_rate,
             figures.main_rate / raw,
             figures.end_to_end_rate,
-            figures.end_to_end_rate / raw
+            figures.end_to_end_rate / raw,
+            micros(figures, "postgresql"),
+            micros(figures, "planner"),
+            micros(figures, "executor"),
+            micros(figures, "redis"),
+            micros(figures, "rabbitmq"),
+            figures.executor_rss,
+        );
+    }
+    // The Scale issue's targets, judged on this run's figures.
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    println!("\ntargets (issue \"Scale\"), this run:");
+    for (queues, executors, figures) in &results {
+        let raw = reference(*queues);
+        let central = micros(figures, "planner") + micros(figures, "postgresql");
+        let executor = micros(figures, "executor");
+        println!(
+            "  {executors} executor(s), {queues} queue(s): main wave {:.2}× raw (≥ 0.90: {}); approve → completed {:.2}× (≥ 0.80: {}); planner + PostgreSQL {central:.0} µs/msg (≤ 60: {}); executors {executor:.0} µs/msg (≤ 40: {})",
+            figures.main_rate / raw,
+            verdict(figures.main_rate / raw >= 0.9),
+            figures.end_to_end_rate / raw,
+            verdict(figures.end_to_end_rate / raw >= 0.8),
+            verdict(central <= 60.0),
+            verdict(executor <= 40.0),
+        );
+    }
+    for queues in [1, 2] {
+        let rate = |executors: usize| {
+            results
+                .iter()
+                .find(|(q, e, _)| *q == queues && *e == executors)
+                .map_or(0.0, |(_, _, figures)| figures.main_rate)
+        };
+        println!(
+            "  {queues} queue(s): 2 executors ÷ 1 executor {:.2} (never slower, ≥ 1.00 within noise: {})",
+            rate(2) / rate(1),
+            verdict(rate(2) >= rate(1) * 0.95)
         );
     }
     pool.close().await;

@@ -275,6 +275,54 @@ impl CpuSample {
     }
 }
 
+/// The CPUs each group of processes may run on, from `Cpus_allowed_list`
+/// in `/proc/<pid>/status` (the groups of [`CpuSample::now`], with this
+/// process as `planner`), as `rabbitmq 0, postgresql 1, ...`; a group whose
+/// processes differ lists each set.
+pub fn affinities() -> String {
+    let allowed = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+            .map(|list| list.trim().to_owned())
+    };
+    let mut groups: BTreeMap<&str, std::collections::BTreeSet<String>> = BTreeMap::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let group = match process_ticks(pid).map(|(comm, _)| comm).as_deref() {
+                Some("postgres") => "postgresql",
+                Some("beam.smp") => "rabbitmq",
+                Some("redis-server") => "redis",
+                _ => continue,
+            };
+            if let Some(list) = allowed(pid) {
+                groups.entry(group).or_default().insert(list);
+            }
+        }
+    }
+    if let Some(list) = allowed(std::process::id()) {
+        groups.entry("planner").or_default().insert(list);
+    }
+    groups
+        .iter()
+        .map(|(group, lists)| {
+            format!(
+                "{group} {}",
+                lists.iter().cloned().collect::<Vec<_>>().join(" and ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Rows written to each table of the current database (inserted, updated,
 /// of which HOT, deleted), commits, and the WAL the whole server wrote.
 #[derive(Debug, Clone, Default)]
@@ -367,7 +415,7 @@ pub fn peak_rss_of(pid: u32) -> f64 {
 }
 
 /// What one replay measured ([`measure_replay`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReplayFigures {
     /// Messages per second of the main wave: its `sent` audit events over
     /// the time from their first to their last publish.
@@ -375,6 +423,12 @@ pub struct ReplayFigures {
     /// Messages per second from approval to completion (canary and
     /// observation included).
     pub end_to_end_rate: f64,
+    /// CPU microseconds per message by process group (`postgresql`,
+    /// `rabbitmq`, `redis`, `planner`, `executor`: every executor summed),
+    /// from approval to completion ([`CpuSample`]).
+    pub cpu: BTreeMap<String, f64>,
+    /// The largest peak resident memory of the executors, MiB.
+    pub executor_rss: f64,
 }
 
 /// Empties `queues`; how many messages they held.
@@ -481,6 +535,8 @@ pub async fn measure_replay(
     let figures = ReplayFigures {
         main_rate: main_items as f64 / main_seconds.max(1e-3),
         end_to_end_rate: total as f64 / seconds,
+        cpu: cpu.clone(),
+        executor_rss: rss,
     };
     println!(
         "  {executors} executor(s), {} queue(s): main wave {:.0} msg/s; approve → completed {total} in {seconds:.2} s, {:.0} msg/s",
