@@ -2,7 +2,8 @@
 //! with the broker's own publish-confirm limit, measured in the same run.
 //!
 //! Run: `cargo bench -p redrive-tests --bench throughput`
-//! (`REDRIVE_BENCH_MESSAGES` sets the messages per run, default 50,000).
+//! (`REDRIVE_BENCH_MESSAGES` sets the messages per run, default 50,000;
+//! `REDRIVE_BENCH_AUDIT_LOG=off` runs the planner without sealing).
 //!
 //! In one run, with persistent 1 KiB messages to durable classic queues:
 //! 1. **raw**: publish with confirms, 256 unconfirmed at most, one channel
@@ -55,6 +56,11 @@ async fn main() -> anyhow::Result<()> {
     );
     let bed = TestBed::start(redrive_tests::Broker::connect().await?, |config| {
         config.lease_ttl_seconds = 30;
+        // `REDRIVE_BENCH_AUDIT_LOG=off`: the planner with `--audit-log off`
+        // (no sealing), to tell the log's cost from the rest.
+        if let Ok(mode) = std::env::var("REDRIVE_BENCH_AUDIT_LOG") {
+            config.audit_log.mode = mode;
+        }
     })
     .await?;
     let one: Vec<String> = vec![unique("bench_tp_one")];
