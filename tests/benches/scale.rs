@@ -56,23 +56,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream::FuturesUnordered};
+use futures::StreamExt;
 use lapin::{
-    BasicProperties,
-    options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions},
-    types::{AMQPValue, FieldTable, LongString, ShortString},
+    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions},
+    types::FieldTable,
 };
 use redrive_proto::v1;
 use redrive_tests::{
-    AMQP_URL, Broker, ExecutorProcess, REDIS_URL, TestBed,
-    bench::{approve, peak_rss_of},
+    Broker, ExecutorProcess, TestBed,
+    bench::{
+        CAPTURE_PREFETCH, approve, dead_letter_backlog, executor_args_for, peak_rss_of, raw_consume,
+    },
     orders_hook::{self, OrdersHook},
     peak_rss_mib, unique, wait_until,
 };
 use tokio_util::sync::CancellationToken;
-
-/// Capture's default prefetch (`--capture-prefetch`); the raw consumer's too.
-const PREFETCH: u16 = 4000;
 
 /// A stage's time per dead letter may grow this much from the smallest scale
 /// to the largest and still count as linear (the machine's run-to-run noise
@@ -218,8 +216,8 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
 
     // Backlogs (setup): one for the raw reference, one for capture.
     let started = Instant::now();
-    let raw_dlq = backlog(bed.broker(), messages).await?;
-    let dlq = backlog(bed.broker(), messages).await?;
+    let raw_dlq = dead_letter_backlog(bed.broker(), messages).await?;
+    let dlq = dead_letter_backlog(bed.broker(), messages).await?;
     result.backlog_seconds = started.elapsed().as_secs_f64();
     println!(
         "backlog: 2 × {} dead letters in {:.1} s (setup, not a stage)",
@@ -439,23 +437,7 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
     );
 
     // Replay with one executor process.
-    let args: Vec<String> = [
-        "--planner",
-        &bed.planner.url(),
-        "--amqp-url",
-        AMQP_URL,
-        "--redis-url",
-        REDIS_URL,
-        "--redis-prefix",
-        &bed.redis.prefix,
-        "--executor-id",
-        "bench-scale",
-        "--claim-wait-seconds",
-        "1",
-    ]
-    .iter()
-    .map(|arg| (*arg).to_owned())
-    .collect();
+    let args = executor_args_for(bed, "bench-scale");
     let mut executor = ExecutorProcess::start_quiet(&args).await?;
     let pid = executor
         .id()
@@ -604,7 +586,7 @@ async fn verify_delivery(
     let held = broker.ready_count(destination).await?;
     let channel = broker.connection.create_channel().await?;
     channel
-        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .basic_qos(CAPTURE_PREFETCH, BasicQosOptions::default())
         .await?;
     let mut consumer = channel
         .basic_consume(
@@ -939,109 +921,4 @@ fn thousands(value: u64) -> String {
         out.push(digit);
     }
     out
-}
-
-/// A DLQ holding `messages` dead letters the broker made (TTL 0 on a work
-/// queue with a dead-letter exchange), as in the capture benchmark.
-async fn backlog(broker: &Broker, messages: u32) -> anyhow::Result<String> {
-    let (work, dlq) = (unique("bench_work"), unique("bench_dlq"));
-    broker.queue(&dlq, FieldTable::default()).await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert(ShortString::from("x-message-ttl"), AMQPValue::LongInt(0));
-    arguments.insert(
-        ShortString::from("x-dead-letter-exchange"),
-        AMQPValue::LongString(LongString::from("")),
-    );
-    arguments.insert(
-        ShortString::from("x-dead-letter-routing-key"),
-        AMQPValue::LongString(LongString::from(dlq.as_str())),
-    );
-    broker.queue(&work, arguments).await?;
-
-    println!("making a backlog of {messages} dead letters (1 KiB bodies) in {dlq}");
-    let started = Instant::now();
-    let body_padding = "x".repeat(1000);
-    let mut confirms = FuturesUnordered::new();
-    for index in 0..messages {
-        let body = format!(
-            r#"{{"order_id":"o-{index}","pad":"{}"}}"#,
-            &body_padding[..1000 - 30]
-        );
-        let mut headers = FieldTable::default();
-        headers.insert(
-            ShortString::from("tenant"),
-            AMQPValue::LongString(LongString::from("acme")),
-        );
-        headers.insert(
-            ShortString::from("schema-version"),
-            AMQPValue::LongString(LongString::from("3")),
-        );
-        headers.insert(ShortString::from("attempt"), AMQPValue::LongInt(1));
-        let properties = BasicProperties::default()
-            .with_message_id(format!("m-{index}").into())
-            .with_type("order.created".into())
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_headers(headers);
-        let confirm = broker
-            .channel
-            .basic_publish(
-                "".into(),
-                work.as_str().into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                properties,
-            )
-            .await?;
-        confirms.push(confirm);
-        while confirms.len() >= 1024 {
-            confirms.next().await.transpose()?;
-        }
-    }
-    while confirms.next().await.transpose()?.is_some() {}
-    wait_until(
-        "the DLQ holds the backlog",
-        Duration::from_secs(300 + u64::from(messages) / 1000),
-        || async { Ok(broker.ready_count(&dlq).await? >= messages) },
-    )
-    .await?;
-    println!("backlog ready in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(dlq)
-}
-
-/// The broker's raw limit on this machine now: `messages` consumed by a bare
-/// lapin consumer with capture's default prefetch, one `basic.ack(multiple)`
-/// per 1000, nothing stored. Seconds and dead letters per second.
-async fn raw_consume(broker: &Broker, dlq: &str, messages: u32) -> anyhow::Result<(f64, f64)> {
-    let channel = broker.connection.create_channel().await?;
-    channel
-        .basic_qos(PREFETCH, BasicQosOptions::default())
-        .await?;
-    let started = Instant::now();
-    let mut consumer = channel
-        .basic_consume(
-            dlq.into(),
-            "raw-bench".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let mut seen = 0u32;
-    while seen < messages {
-        let delivery = consumer
-            .next()
-            .await
-            .ok_or_else(|| anyhow::anyhow!("the raw consumer ended"))??;
-        seen += 1;
-        if seen.is_multiple_of(1000) || seen == messages {
-            delivery
-                .acker
-                .ack(BasicAckOptions { multiple: true })
-                .await?;
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let rate = f64::from(messages) / seconds;
-    channel.close(200, "done".into()).await?;
-    Ok((seconds, rate))
 }

@@ -7,18 +7,139 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::{StreamExt, stream::FuturesUnordered};
 use lapin::{
     BasicProperties, Connection, ConnectionProperties,
-    options::{BasicPublishOptions, ConfirmSelectOptions, QueuePurgeOptions},
+    options::{
+        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+        ConfirmSelectOptions, QueuePurgeOptions,
+    },
+    types::{AMQPValue, FieldTable, LongString, ShortString},
 };
 use prost::Message as _;
 use redrive_proto::v1::{self, HeaderTable, HeaderValue, MessageProperties, header_value::Value};
 
-use crate::{AMQP_URL, ExecutorProcess, REDIS_URL, TestBed, precheck};
+use crate::{AMQP_URL, Broker, ExecutorProcess, REDIS_URL, TestBed, precheck, unique, wait_until};
 
 /// Unconfirmed publishes at most, raw and per executor slice (the
 /// executor's default `--window`).
 pub const IN_FLIGHT: usize = 256;
+
+/// Capture's default prefetch (`--capture-prefetch`).
+pub const CAPTURE_PREFETCH: u16 = 4000;
+
+/// A DLQ holding `messages` dead letters the broker made (TTL 0 on a work
+/// queue with a dead-letter exchange), with the capture
+/// benchmark's shape: `{"order_id":"o-<n>",...}` 1 KiB JSON bodies, message ids
+/// `m-<n>`, three headers; the DLQ's name.
+///
+/// # Errors
+/// Broker errors, or the DLQ not full within 300 s + 1 s per 1,000.
+pub async fn dead_letter_backlog(broker: &Broker, messages: u32) -> anyhow::Result<String> {
+    let (work, dlq) = (unique("bench_work"), unique("bench_dlq"));
+    broker.queue(&dlq, FieldTable::default()).await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(ShortString::from("x-message-ttl"), AMQPValue::LongInt(0));
+    arguments.insert(
+        ShortString::from("x-dead-letter-exchange"),
+        AMQPValue::LongString(LongString::from("")),
+    );
+    arguments.insert(
+        ShortString::from("x-dead-letter-routing-key"),
+        AMQPValue::LongString(LongString::from(dlq.as_str())),
+    );
+    broker.queue(&work, arguments).await?;
+
+    println!("making a backlog of {messages} dead letters (1 KiB bodies) in {dlq}");
+    let started = Instant::now();
+    let body_padding = "x".repeat(1000);
+    let mut confirms = FuturesUnordered::new();
+    for index in 0..messages {
+        let body = format!(
+            r#"{{"order_id":"o-{index}","pad":"{}"}}"#,
+            &body_padding[..1000 - 30]
+        );
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from("tenant"),
+            AMQPValue::LongString(LongString::from("acme")),
+        );
+        headers.insert(
+            ShortString::from("schema-version"),
+            AMQPValue::LongString(LongString::from("3")),
+        );
+        headers.insert(ShortString::from("attempt"), AMQPValue::LongInt(1));
+        let properties = BasicProperties::default()
+            .with_message_id(format!("m-{index}").into())
+            .with_type("order.created".into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        let confirm = broker
+            .channel
+            .basic_publish(
+                "".into(),
+                work.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await?;
+        confirms.push(confirm);
+        while confirms.len() >= 1024 {
+            confirms.next().await.transpose()?;
+        }
+    }
+    while confirms.next().await.transpose()?.is_some() {}
+    wait_until(
+        "the DLQ holds the backlog",
+        Duration::from_secs(300 + u64::from(messages) / 1000),
+        || async { Ok(broker.ready_count(&dlq).await? >= messages) },
+    )
+    .await?;
+    println!("backlog ready in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(dlq)
+}
+
+/// The broker's raw limit on this machine now: `messages` consumed by a bare
+/// lapin consumer with capture's default prefetch, one `basic.ack(multiple)`
+/// per 1000, nothing stored. Seconds and dead letters per second.
+///
+/// # Errors
+/// Broker errors, or the consumer ending early.
+pub async fn raw_consume(broker: &Broker, dlq: &str, messages: u32) -> anyhow::Result<(f64, f64)> {
+    let channel = broker.connection.create_channel().await?;
+    channel
+        .basic_qos(CAPTURE_PREFETCH, BasicQosOptions::default())
+        .await?;
+    let started = Instant::now();
+    let mut consumer = channel
+        .basic_consume(
+            dlq.into(),
+            "raw-bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut seen = 0u32;
+    while seen < messages {
+        let delivery = consumer
+            .next()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("the raw consumer ended"))??;
+        seen += 1;
+        if seen.is_multiple_of(1000) || seen == messages {
+            delivery
+                .acker
+                .ack(BasicAckOptions { multiple: true })
+                .await?;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let rate = f64::from(messages) / seconds;
+    channel.close(200, "done".into()).await?;
+    Ok((seconds, rate))
+}
 
 /// Inserts `count` dead letters of source `source` with the shape capture
 /// stores: a 1 KiB JSON body (`order_id` `<source>-o-<n>`, also the message
@@ -222,6 +343,28 @@ fn process_ticks(pid: u32) -> Option<(String, u64)> {
     Some((comm, user + system))
 }
 
+/// Every running process of the local services, with its group:
+/// `postgresql` (`postgres`), `rabbitmq` (`beam.smp`), `redis`
+/// (`redis-server`), by the command name in `/proc/<pid>/stat`.
+fn service_processes() -> Vec<(u32, &'static str)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let group = match process_ticks(pid)?.0.as_str() {
+                "postgres" => "postgresql",
+                "beam.smp" => "rabbitmq",
+                "redis-server" => "redis",
+                _ => return None,
+            };
+            Some((pid, group))
+        })
+        .collect()
+}
+
 impl CpuSample {
     /// Samples now: PostgreSQL (every `postgres` process), RabbitMQ
     /// (`beam.smp`), Redis (`redis-server`), this process (`planner`: the
@@ -231,23 +374,9 @@ impl CpuSample {
         let mut ticks = BTreeMap::new();
         let mut add =
             |group: &str, value: u64| *ticks.entry(group.to_owned()).or_insert(0) += value;
-        if let Ok(entries) = std::fs::read_dir("/proc") {
-            for entry in entries.flatten() {
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if let Some((comm, value)) = process_ticks(pid) {
-                    match comm.as_str() {
-                        "postgres" => add("postgresql", value),
-                        "beam.smp" => add("rabbitmq", value),
-                        "redis-server" => add("redis", value),
-                        _ => {}
-                    }
-                }
+        for (pid, group) in service_processes() {
+            if let Some((_, value)) = process_ticks(pid) {
+                add(group, value);
             }
         }
         if let Some((_, value)) = process_ticks(std::process::id()) {
@@ -288,24 +417,9 @@ pub fn affinities() -> String {
             .map(|list| list.trim().to_owned())
     };
     let mut groups: BTreeMap<&str, std::collections::BTreeSet<String>> = BTreeMap::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let group = match process_ticks(pid).map(|(comm, _)| comm).as_deref() {
-                Some("postgres") => "postgresql",
-                Some("beam.smp") => "rabbitmq",
-                Some("redis-server") => "redis",
-                _ => continue,
-            };
-            if let Some(list) = allowed(pid) {
-                groups.entry(group).or_default().insert(list);
-            }
+    for (pid, group) in service_processes() {
+        if let Some(list) = allowed(pid) {
+            groups.entry(group).or_default().insert(list);
         }
     }
     if let Some(list) = allowed(std::process::id()) {
@@ -471,24 +585,10 @@ pub async fn measure_replay(
     let (plan, digest) = unthrottled_plan(&mut client, source, 1).await?;
     let mut processes = Vec::new();
     for index in 0..executors {
-        let args: Vec<String> = [
-            "--planner",
-            &bed.planner.url(),
-            "--amqp-url",
-            AMQP_URL,
-            "--redis-url",
-            REDIS_URL,
-            "--redis-prefix",
-            &bed.redis.prefix,
-            "--executor-id",
-            &format!("bench-{index}"),
-            "--claim-wait-seconds",
-            "1",
-        ]
-        .iter()
-        .map(|arg| (*arg).to_owned())
-        .chain(executor_args.iter().cloned())
-        .collect();
+        let args: Vec<String> = executor_args_for(bed, &format!("bench-{index}"))
+            .into_iter()
+            .chain(executor_args.iter().cloned())
+            .collect();
         processes.push(ExecutorProcess::start_quiet(&args).await?);
     }
     let pids: Vec<u32> = processes.iter().filter_map(ExecutorProcess::id).collect();
@@ -554,6 +654,29 @@ pub async fn measure_replay(
     println!("{writes}");
     println!("    executor peak RSS {rss:.0} MiB");
     Ok(figures)
+}
+
+/// The arguments of a benchmark's executor process `executor_id` for `bed`:
+/// its planner, the local broker and Redis under the bed's prefix, claims
+/// polled every second.
+pub fn executor_args_for(bed: &TestBed, executor_id: &str) -> Vec<String> {
+    [
+        "--planner",
+        &bed.planner.url(),
+        "--amqp-url",
+        AMQP_URL,
+        "--redis-url",
+        REDIS_URL,
+        "--redis-prefix",
+        &bed.redis.prefix,
+        "--executor-id",
+        executor_id,
+        "--claim-wait-seconds",
+        "1",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect()
 }
 
 /// Approves plan `plan_id` with the `digest` of its precheck.
