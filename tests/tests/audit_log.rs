@@ -748,6 +748,85 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
     bed.finish().await
 }
 
+/// A backlog of audit events meets the sealing query planned while the
+/// queue was small: statistics taken then, no autovacuum to refresh them (a
+/// burst outruns it), and a plan made once and reused (a prepared
+/// statement's generic plan). Each round still takes its batch by the
+/// queue's index; the round that re-ran its `LIMIT` subquery per queued row
+/// took minutes for this backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_events_seals_under_a_plan_made_while_the_queue_was_small()
+-> anyhow::Result<()> {
+    init_logging();
+    let keys = Keys::new("redrive.test/backlog")?;
+    let settings = keys.settings();
+    let mut bed = TestBed::without_broker(|config| config.audit_log = settings).await?;
+    let db_url = bed.db.url();
+    let plan = one_plan(&mut bed.client, "backlog").await?;
+    let pool = bed.pool().await?;
+    let before = sealed(&pool).await?;
+    bed.planner.halt().await?;
+    // This test's own database: statistics of the small log, kept.
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await?;
+    for table in ["audit_log_pending", "audit_events", "audit_log"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        )))
+        .execute(&pool)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
+            .execute(&pool)
+            .await?;
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{database}\" SET plan_cache_mode = force_generic_plan"
+    )))
+    .execute(&pool)
+    .await?;
+    // 60,000 `sent` events written as a planner writes them (its
+    // connections carry the MAC key): six full rounds queued.
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db_url)?.options([(
+        "redrive.audit_mac",
+        hex::encode(redrive_planner::audit::log::mac_pads(&keys.key_text)),
+    )]);
+    let writer = sqlx::PgPool::connect_with(options).await?;
+    sqlx::query(
+        "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
+                                   action, wave, executor_id, attempt) \
+         SELECT $1, g, 'backlog-' || g, 'm-' || g, 'orders', 'sent', 'main', 'backlog-test', 1 \
+         FROM generate_series(1, 60000) g",
+    )
+    .bind(plan.plan_id.parse::<uuid::Uuid>()?)
+    .execute(&writer)
+    .await?;
+    writer.close().await;
+    let (_, queued) = log_state(&pool).await?;
+    assert_eq!(queued, 60_000);
+
+    // A planner process started now plans every statement generically.
+    let mut planner = planner_process(&db_url, &keys)?;
+    let size = sealed(&pool).await?;
+    kill_9(&mut planner).await?;
+    assert_eq!(size, before + 60_000);
+    let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log_refused")
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(refused, 0);
+    let settings = keys.settings();
+    bed.restart_planner(|config| {
+        config.audit_log = settings;
+        config.audit_log.witness_dir = None;
+    })
+    .await?;
+    let report = verified(&mut bed.client, &keys, &[]).await?;
+    assert!(report.is_valid(), "{:?}", problems(&report));
+    assert_eq!(report.leaves_checked, size);
+    pool.close().await;
+    bed.finish().await
+}
+
 /// A witness over HTTP: each request's body, answered 200 (or 503 while
 /// `refusing` holds).
 async fn witness_server(

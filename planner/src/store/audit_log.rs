@@ -427,10 +427,17 @@ struct UnsealedRow {
 /// history (`seq <= $2`), the MAC against the record as stored now under
 /// the current (`$3`) and previous (`$4`) audit keys' pads, and whether the
 /// record is a leaf already.
+///
+/// The seqs to take are read once into an array (`= ANY (ARRAY(...))`, an
+/// init plan), never as `IN (SELECT ... LIMIT $1)`: that form let a plan
+/// made while the queue was small (a cached generic plan, or statistics
+/// from before a replay) re-run the `LIMIT` subquery for every queued row,
+/// queue × batch row visits: a backlog of 80,000 took 287 s a round
+/// instead of 0.2 s (docs/benchmarks.md, "A million dead letters").
 const TAKE_PENDING: &str = "\
 WITH taken AS (
     DELETE FROM audit_log_pending
-    WHERE seq IN (SELECT seq FROM audit_log_pending ORDER BY seq LIMIT $1)
+    WHERE seq = ANY (ARRAY(SELECT seq FROM audit_log_pending ORDER BY seq LIMIT $1))
     RETURNING seq, kind, plan_id, ref_id, mac)
 SELECT t.seq, t.kind, t.plan_id, t.ref_id,
        t.seq <= $2 AS history,
@@ -459,7 +466,12 @@ impl Sealing {
     ) -> Result<Vec<Pending>, StoreError> {
         let sql =
             format!("{TAKE_PENDING}{RECORD_COLUMNS} FROM taken t {RECORD_JOINS} ORDER BY t.seq");
+        // Planned at each round (an unnamed statement), never from a plan
+        // cached while the log was small: such a plan checked `sealed` by
+        // scanning the whole log per taken row, a round growing with the
+        // log (12.6 s, then 25.6 s, for a backlog of 60,000).
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .persistent(false)
             .bind(limit)
             .bind(self.state.history_seq)
             .bind(current_pads)
