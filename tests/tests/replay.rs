@@ -2743,3 +2743,57 @@ async fn one_copy_coming_back_does_not_reopen_a_delivery_of_which_another_may_ha
     pool.close().await;
     bed.finish().await
 }
+
+/// A plan of large slices replays in time when PostgreSQL's statistics
+/// know only an earlier plan's slices (`plan_items` analyzed after it, no
+/// autovacuum since: a large plan outruns it). Every existing slice is then
+/// a most-common value, so a new slice is estimated at one row, and a claim
+/// that joined its items to the chosen positions as a semi join re-ran the
+/// running byte sum once per item: a slice of 1,000 took 6.5 s a claim, and
+/// these two main slices of 2,000 would take about 26 s each. A claim finds
+/// its items once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_slices_are_claimed_in_time_when_statistics_know_only_an_earlier_plan()
+-> anyhow::Result<()> {
+    init_logging();
+    let (incident, mut bed) = incident_bed(4000).await?;
+    let shape = |request: &mut CreatePlanRequest| {
+        request.slice_size = 2000;
+        request.rate = Some(Rate {
+            per_second: 100_000.0,
+            burst: 1000,
+            rationale: "test".into(),
+        });
+    };
+    // This test's own database: an earlier plan of the same dead letters,
+    // cancelled before it ran, is all the statistics know.
+    let pool = bed.pool().await?;
+    for table in ["plan_items", "plan_slices"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        )))
+        .execute(&pool)
+        .await?;
+    }
+    let earlier = approved_plan_with(&mut bed.client, &incident.dlq, shape).await?;
+    cancel(&mut bed.client, &earlier.plan_id, "superseded").await?;
+    for table in ["plan_items", "plan_slices"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan_with(&mut bed.client, &incident.dlq, shape).await?;
+    assert_eq!(plan.total_items, 4000);
+    let executor = ExecutorHandle::start(bed.executor_config());
+    let done = wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(45)).await;
+    executor.stop().await?;
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    let (sent, _) = assert_bed_audit(&bed, &plan.plan_id, &received).await?;
+    done?;
+    assert_eq!(sent.len(), 4000, "every item sent");
+    assert_eq!(received.len(), 4000, "every message arrived once");
+    bed.finish().await
+}
