@@ -443,24 +443,38 @@ impl ExecutorHandle {
     }
 }
 
-/// Deletes every Redis key under `prefix`.
+/// Deletes every Redis key under `prefix`: `SCAN` in pages of 1,000 and
+/// `UNLINK` of each page, so that a million replay keys (the scale
+/// benchmark's) neither block the shared Redis nor outrun one reply's
+/// timeout, as one `KEYS` and one `DEL` of them all did.
 ///
 /// # Errors
 /// Redis errors.
 pub async fn redis_cleanup(prefix: &str) -> anyhow::Result<()> {
     let client = redis::Client::open(REDIS_URL)?;
     let mut connection = client.get_multiplexed_async_connection().await?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut connection)
-        .await?;
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL")
-            .arg(keys)
+    let pattern = format!("{prefix}*");
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
             .query_async(&mut connection)
             .await?;
+        if !keys.is_empty() {
+            let _: () = redis::cmd("UNLINK")
+                .arg(keys)
+                .query_async(&mut connection)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
-    Ok(())
 }
 
 /// A Redis key prefix of the test's own (`redrive-test-<random>:`).
