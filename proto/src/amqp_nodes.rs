@@ -119,7 +119,9 @@ impl AmqpNodes {
     /// where a connection beside the current one goes.
     pub fn current(&self) -> AmqpNode {
         let count = self.urls.len();
-        let index = (self.next.load(Ordering::Relaxed) + count - 1) % count;
+        // The node of the latest `next`; the first before any attempt.
+        let taken = self.next.load(Ordering::Relaxed);
+        let index = taken.checked_sub(1).map_or(0, |last| last % count);
         AmqpNode {
             index,
             count,

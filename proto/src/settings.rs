@@ -792,18 +792,20 @@ mod amqp_tests {
     #[test]
     fn a_bad_url_among_several_is_named_and_its_password_hidden() {
         let found = problems(
-            "amqp://u:p@rabbit-1/%2f,amqp://u:hunter2@rabbit-2:notaport/%2f,http://rabbit-3",
+            // A URL starts at the text's start or at a comma followed by
+            // `amqp://` or `amqps://`: the first one may be anything.
+            "http://rabbit-0,amqp://u:p@rabbit-1/%2f,amqp://u:hunter2@rabbit-2:notaport/%2f",
             Some("orders-cluster/%2f"),
         );
         assert_eq!(found.len(), 2, "{found:#?}");
         assert!(
-            found[0].starts_with("invalid setting --amqp-url: URL 2 of 3: ")
-                && found[0].contains("rabbit-2"),
+            found[0].starts_with("invalid setting --amqp-url: URL 1 of 3: ")
+                && found[0].contains("is not an amqp:// URL"),
             "{found:#?}"
         );
         assert!(
             found[1].starts_with("invalid setting --amqp-url: URL 3 of 3: ")
-                && found[1].contains("is not an amqp:// URL"),
+                && found[1].contains("rabbit-2"),
             "{found:#?}"
         );
         assert!(!found.concat().contains("hunter2"), "{found:#?}");
