@@ -250,8 +250,10 @@ impl ServiceSettings for Config {
             // Read and parsed now: a bad file is a bad setting, not a failed start.
             problem("planner", text);
         }
-        if let Err(error) = self.amqp.check() {
-            problem(error.setting, error.problem);
+        if let Err(errors) = self.amqp.check(self.broker_id.as_deref()) {
+            for error in errors {
+                problem(error.setting, error.problem);
+            }
         }
         if let Some(redis) = &self.redis_url {
             let shown = redact_url(redis);

@@ -22,6 +22,7 @@ use std::{
 };
 
 use redis::aio::ConnectionManager;
+use redrive_proto::amqp_nodes::AmqpNodes;
 use tokio::{net::TcpListener, time::Instant};
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tonic::transport::Channel;
@@ -79,8 +80,9 @@ impl Heartbeat {
 
 /// What readiness checks and liveness watches.
 pub struct HealthChecks {
-    /// The AMQP URL and options of the publishers.
-    pub amqp_url: String,
+    /// The broker's node URLs: ready when one of them accepts a
+    /// connection (tried in turn, round robin).
+    pub amqp: AmqpNodes,
     /// Publisher options (TLS, heartbeat) for the broker check.
     pub publisher: PublisherOptions,
     /// Redis, when configured: set once connected (not ready before).
@@ -192,18 +194,20 @@ fn serving(up: bool) -> ServingStatus {
 /// at once.
 async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
     let broker = async {
-        let connected = tokio::time::timeout(
-            CHECK_TIMEOUT,
-            Publisher::connect_with(&checks.amqp_url, checks.publisher),
-        )
-        .await;
-        match connected {
-            Ok(Ok(publisher)) => {
+        // Any node will do: each in turn, each within the check's timeout.
+        for _ in 0..checks.amqp.len() {
+            let node = checks.amqp.next();
+            let connected = tokio::time::timeout(
+                CHECK_TIMEOUT,
+                Publisher::connect_with(&node.url, checks.publisher),
+            )
+            .await;
+            if let Ok(Ok(publisher)) = connected {
                 let _ = tokio::time::timeout(CHECK_TIMEOUT, publisher.close()).await;
-                true
+                return true;
             }
-            _ => false,
         }
+        false
     };
     let redis = async {
         let Some(connection) = &checks.redis else {
@@ -280,7 +284,7 @@ mod tests {
         let silent = Heartbeat::new(Instant::now());
         let checks = HealthChecks {
             // Nothing listens on port 1: readiness stays NOT_SERVING.
-            amqp_url: "amqp://127.0.0.1:1/%2f".to_owned(),
+            amqp: AmqpNodes::single("amqp://127.0.0.1:1/%2f"),
             publisher: PublisherOptions::with_window(1),
             redis: None,
             planner: Endpoint::from_static("http://127.0.0.1:1").connect_lazy(),

@@ -105,7 +105,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     info!(executor.id = %executor_id, planner = %config.planner, window = config.window, "executor claiming");
     let settings = WorkerSettings {
         executor_id,
-        amqp_url: config.amqp.url.clone(),
+        amqp: config.amqp.nodes(),
         publisher: publisher_options,
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
@@ -177,7 +177,7 @@ impl HealthTask {
             .await
             .with_context(|| format!("invalid setting --health-listen: cannot bind {address}"))?;
         let checks = HealthChecks {
-            amqp_url: config.amqp.url.clone(),
+            amqp: config.amqp.nodes(),
             publisher,
             redis: task.redis.clone(),
             planner,

@@ -182,3 +182,31 @@ fn a_blank_broker_id_is_refused_and_the_default_is_host_port_vhost() {
     config.broker_id = Some("orders-cluster/%2f".to_owned());
     assert_eq!(config.broker_id(), "orders-cluster/%2f");
 }
+
+#[test]
+fn several_broker_addresses_need_a_broker_id_and_one_vhost() {
+    let two = "amqp://redrive:secret@rabbit-1:5672/%2f,amqp://redrive:secret@rabbit-2:5672/%2f";
+    let (code, stderr) = executor(&["--amqp-url", two, "--window", "0"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    let mut settings = named(&stderr);
+    settings.sort_unstable();
+    assert_eq!(settings, ["amqp-url", "window"], "{stderr}");
+    assert!(
+        stderr.contains("--broker-id orders-cluster/%2f") && !stderr.contains("secret"),
+        "{stderr}"
+    );
+    let mixed = "amqp://redrive:secret@rabbit-1/%2f,amqp://redrive:secret@rabbit-2/eu";
+    let (code, stderr) = executor(&["--amqp-url", mixed, "--broker-id", "orders/%2f"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("URL 2 of 2")
+            && stderr.contains("virtual host")
+            && !stderr.contains("secret"),
+        "{stderr}"
+    );
+    let mut config = redrive_executor::Config::for_planner("http://127.0.0.1:50051");
+    config.amqp.url = two.to_owned();
+    config.broker_id = Some("orders-cluster/%2f".to_owned());
+    assert_eq!(config.broker_id(), "orders-cluster/%2f");
+    assert_eq!(config.amqp.nodes().len(), 2);
+}

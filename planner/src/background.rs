@@ -80,7 +80,7 @@ pub(crate) async fn start_background(
     }
     let capture = tokio::spawn(capture::run(
         CaptureConfig {
-            amqp_url: config.amqp.url.clone(),
+            amqp: config.amqp.nodes(),
             queues: config.capture_queues.clone(),
             prefetch: config.capture_prefetch,
             batch_size: config.capture_batch_size,

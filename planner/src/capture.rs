@@ -55,7 +55,7 @@ mod write;
 
 use std::{sync::Arc, time::Duration};
 
-use redrive_proto::backoff::Backoff;
+use redrive_proto::{amqp_nodes::AmqpNodes, backoff::Backoff};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
@@ -79,8 +79,11 @@ pub const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 /// How capture runs.
 #[derive(Debug, Clone)]
 pub struct CaptureConfig {
-    /// AMQP URI of the broker.
-    pub amqp_url: String,
+    /// The broker's node URLs. Each session and each one-at-a-time round
+    /// connects to the next node ([`AmqpNodes::next`]): after a session
+    /// that could not connect or was lost, the next one goes to another
+    /// node. Each queue goes round them on its own ([`run`] clones it).
+    pub amqp: AmqpNodes,
     /// Dead-letter queues to consume (they must exist).
     pub queues: Vec<String>,
     /// Unacked deliveries the broker may push per queue (`basic.qos`); at least

@@ -25,6 +25,8 @@
 //!   trace propagation in `traces.rs`, logging in `logs.rs`.
 //! - `src/amqp.rs` (`amqp`, feature `amqp`): lossless conversions between the
 //!   API's header and property shapes and lapin's AMQP types.
+//! - `src/amqp_nodes.rs` (`amqp_nodes`, feature `amqp`): the nodes of one
+//!   broker a service connects to, round robin.
 //! - `src/backoff.rs` (`backoff`, feature `backoff`): the services' one
 //!   jittered retry delay.
 
@@ -35,6 +37,8 @@ pub mod v1 {
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "amqp")]
+pub mod amqp_nodes;
 #[cfg(feature = "backoff")]
 pub mod backoff;
 pub mod codec;

@@ -328,23 +328,31 @@ impl TelemetrySettings {
 
 #[cfg(feature = "amqp")]
 /// The broker setting every service takes, flattened into its settings: the
-/// AMQP URL, given directly or (since it carries a password) by file.
+/// AMQP URL of each node of one RabbitMQ broker (a single node or the nodes
+/// of one cluster, one virtual host), given directly or (since it carries a
+/// password) by file.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 #[group(skip)]
 pub struct AmqpSettings {
-    /// AMQP URL of the RabbitMQ broker (`amqps://` for TLS).
+    /// AMQP URL of the RabbitMQ broker (`amqps://` for TLS). For a cluster,
+    /// the URLs of several of its nodes, comma-separated, all of one virtual
+    /// host: a connection goes to the first that answers, and after a lost
+    /// or refused one to the next (round robin). With several URLs,
+    /// --broker-id is required. A comma in a password needs no escaping: a
+    /// URL starts only at a comma followed by `amqp://` or `amqps://`.
     #[arg(
         id = "amqp_url",
         long = "amqp-url",
         env = "REDRIVE_AMQP_URL",
         hide_env_values = true,
-        value_name = "URL",
+        value_name = "URL[,URL...]",
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub url: String,
 
-    /// A file holding the AMQP URL: read at start, surrounding whitespace
-    /// dropped; overrides --amqp-url.
+    /// A file holding the AMQP URL (or several node URLs, comma-separated,
+    /// as for --amqp-url): read at start, surrounding whitespace dropped;
+    /// overrides --amqp-url.
     #[arg(
         id = "amqp_url_file",
         long = "amqp-url-file",
@@ -366,31 +374,164 @@ impl AmqpSettings {
         );
     }
 
-    /// Checks the AMQP URL as lapin reads it ([`check_amqp_url`]).
+    /// The node URLs of the setting, in the order given
+    /// ([`split_amqp_urls`]); never empty for a value that
+    /// [`AmqpSettings::check`] accepts.
+    pub fn urls(&self) -> Vec<&str> {
+        split_amqp_urls(&self.url)
+    }
+
+    /// The node URLs as the connections use them: tried in order, round
+    /// robin ([`crate::amqp_nodes::AmqpNodes`]).
+    pub fn nodes(&self) -> crate::amqp_nodes::AmqpNodes {
+        crate::amqp_nodes::AmqpNodes::new(self.urls().into_iter().map(str::to_owned).collect())
+    }
+
+    /// Checks every node URL as lapin reads it ([`check_amqp_url`]), that
+    /// they all name one virtual host, and that several come with
+    /// `broker_id` (the service's `--broker-id`; see
+    /// [`AmqpSettings::broker_id`] for why).
     ///
     /// # Errors
-    /// What is wrong with it, the password hidden, named as
-    /// `--amqp-url-file` when the URL came from that file.
-    pub fn check(&self) -> Result<(), SettingError> {
-        // A URL read from a file is named by the file's setting.
+    /// Every problem found, the password hidden, named as `--amqp-url-file`
+    /// when the URLs came from that file; with several URLs each problem
+    /// says which one (`URL 2 of 3`).
+    pub fn check(&self, broker_id: Option<&str>) -> Result<(), Vec<SettingError>> {
+        // URLs read from a file are named by the file's setting.
         let setting = if self.url_file.is_some() {
             "amqp-url-file"
         } else {
             "amqp-url"
         };
-        check_amqp_url(&self.url).map_err(|text| SettingError::new(setting, text))
+        let urls = self.urls();
+        let count = urls.len();
+        let which = |index: usize| {
+            if count > 1 {
+                format!("URL {} of {count}: ", index + 1)
+            } else {
+                String::new()
+            }
+        };
+        let mut problems = Vec::new();
+        if urls.is_empty() {
+            problems.push(SettingError::new(
+                setting,
+                "no URL given (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)",
+            ));
+        }
+        // The first good URL's virtual host, which every other must name.
+        let mut first_vhost: Option<(usize, String)> = None;
+        for (index, url) in urls.iter().enumerate() {
+            let vhost = check_amqp_url(url).and_then(|()| {
+                let uri = url
+                    .parse::<lapin::uri::AMQPUri>()
+                    .map_err(|error| redact_text(&error, url))?;
+                if uri.authority.host.contains(',') {
+                    return Err(format!(
+                        "{:?}: a comma in the host; give each node a URL of its own \
+                         (amqp://user:password@node-1/%2f,amqp://user:password@node-2/%2f)",
+                        redact_url(url)
+                    ));
+                }
+                Ok(uri.vhost)
+            });
+            match vhost {
+                Err(text) => {
+                    problems.push(SettingError::new(
+                        setting,
+                        format!("{}{text}", which(index)),
+                    ));
+                }
+                Ok(vhost) => match &first_vhost {
+                    None => first_vhost = Some((index, vhost)),
+                    Some((first, expected)) if *expected != vhost => {
+                        problems.push(SettingError::new(
+                            setting,
+                            format!(
+                                "{}{:?} names virtual host {vhost:?} and URL {} names \
+                                 {expected:?}: the URLs of one setting are nodes of one broker \
+                                 and one virtual host (run a service per virtual host)",
+                                which(index),
+                                redact_url(url),
+                                first + 1
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                },
+            }
+        }
+        if count > 1 && broker_id.is_none() {
+            let vhost = first_vhost
+                .map(|(_, vhost)| vhost.replace('%', "%25").replace('/', "%2f"))
+                .unwrap_or_else(|| "%2f".to_owned());
+            problems.push(SettingError::new(
+                setting,
+                format!(
+                    "{count} node URLs need --broker-id (REDRIVE_BROKER_ID), one name of the \
+                     cluster and virtual host that every service of it uses, e.g. --broker-id \
+                     orders-cluster/{vhost}: a default would depend on which nodes are listed"
+                ),
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
     }
 
     /// The broker a service's database or Redis keys belong to: `explicit`
-    /// (its `--broker-id`), else this URL's `host:port/vhost`
+    /// (its `--broker-id`), else the URL's `host:port/vhost`
     /// ([`broker_id_of`]); the URL itself, password hidden, when it does not
     /// parse (refused by [`AmqpSettings::check`] anyway).
+    ///
+    /// With several node URLs `explicit` is required ([`AmqpSettings::check`]
+    /// refuses the settings without it; here the first URL's id stands in).
+    /// No default drawn from the URLs is the same for every service of one
+    /// cluster: the node listed or reached first differs between services
+    /// configured with other addresses, and an id made of the whole list
+    /// (sorted) changes as soon as one service lists a node more or less (a
+    /// rolling change of the list). Two ids for one broker would split its
+    /// token bucket (the rate bound would hold per id, not for the broker)
+    /// and its replay keys (docs/replay.md, "Identity"). The cluster name
+    /// the broker announces (`cluster_name` of `connection.start`) is not
+    /// used either: it is known only once connected, and can be renamed at
+    /// run time (`rabbitmqctl set_cluster_name`).
     pub fn broker_id(&self, explicit: Option<&str>) -> String {
         match explicit {
             Some(id) => id.to_owned(),
-            None => broker_id_of(&self.url).unwrap_or_else(|_| redact_url(&self.url)),
+            None => {
+                let url = self.urls().first().copied().unwrap_or_default();
+                broker_id_of(url).unwrap_or_else(|_| redact_url(url))
+            }
         }
     }
+}
+
+#[cfg(feature = "amqp")]
+/// The node URLs of an `--amqp-url` value, in the order given: the value is
+/// cut at each comma followed (after optional whitespace) by `amqp://` or
+/// `amqps://`, or by nothing but whitespace, so a comma elsewhere (a
+/// password may hold one: RFC 3986 section 3.2.1 allows `,` in user info)
+/// stays part of its URL. Each URL is trimmed; empty ones (a trailing
+/// comma) are dropped.
+pub fn split_amqp_urls(list: &str) -> Vec<&str> {
+    let starts_url = |rest: &str| {
+        let rest = rest.trim_start().to_ascii_lowercase();
+        rest.is_empty() || rest.starts_with("amqp://") || rest.starts_with("amqps://")
+    };
+    let mut urls = Vec::new();
+    let mut start = 0;
+    for (at, _) in list.match_indices(',') {
+        if starts_url(&list[at + 1..]) {
+            urls.push(list[start..at].trim());
+            start = at + 1;
+        }
+    }
+    urls.push(list[start..].trim());
+    urls.retain(|url| !url.is_empty());
+    urls
 }
 
 #[cfg(feature = "amqp")]
@@ -586,5 +727,127 @@ mod tests {
             Err(SettingErrors(vec![SettingError::new("count", "too many")]))
         });
         assert_eq!(refused.err(), Some(ExitCode::from(EX_USAGE)));
+    }
+}
+
+#[cfg(all(test, feature = "amqp"))]
+mod amqp_tests {
+    use super::*;
+
+    fn settings(url: &str) -> AmqpSettings {
+        AmqpSettings {
+            url: url.to_owned(),
+            url_file: None,
+        }
+    }
+
+    fn problems(url: &str, broker_id: Option<&str>) -> Vec<String> {
+        settings(url)
+            .check(broker_id)
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|error| error.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn several_node_urls_are_split_at_commas_that_start_a_url() {
+        let list = "amqp://u:p@rabbit-1/%2f, amqps://u:p@rabbit-2:5671/%2f,";
+        assert_eq!(
+            split_amqp_urls(list),
+            ["amqp://u:p@rabbit-1/%2f", "amqps://u:p@rabbit-2:5671/%2f"]
+        );
+        // A comma in a password stays in its URL.
+        assert_eq!(
+            split_amqp_urls("amqp://u:p,w@a/%2f,AMQP://u:x@b/%2f"),
+            ["amqp://u:p,w@a/%2f", "AMQP://u:x@b/%2f"]
+        );
+        assert_eq!(split_amqp_urls("amqp://h/%2f"), ["amqp://h/%2f"]);
+        assert!(split_amqp_urls(" , ").is_empty());
+        let nodes = settings(list).nodes();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes.next().address(), "rabbit-1:5672");
+    }
+
+    #[test]
+    fn several_node_urls_of_one_vhost_with_a_broker_id_are_accepted() {
+        let list = "amqp://u:p@rabbit-1:5672/orders,amqp://u:p@rabbit-2:5672/orders";
+        assert_eq!(
+            problems(list, Some("orders-cluster/orders")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            settings(list).broker_id(Some("orders-cluster/orders")),
+            "orders-cluster/orders"
+        );
+        // One URL needs no broker id, as before.
+        assert!(problems("amqp://u:p@rabbit-1:5672/orders", None).is_empty());
+        assert_eq!(
+            settings("amqp://u:p@Rabbit-1:5672/orders").broker_id(None),
+            "rabbit-1:5672/orders"
+        );
+    }
+
+    #[test]
+    fn a_bad_url_among_several_is_named_and_its_password_hidden() {
+        let found = problems(
+            // A URL starts at the text's start or at a comma followed by
+            // `amqp://` or `amqps://`: the first one may be anything.
+            "http://rabbit-0,amqp://u:p@rabbit-1/%2f,amqp://u:hunter2@rabbit-2:notaport/%2f",
+            Some("orders-cluster/%2f"),
+        );
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(
+            found[0].starts_with("invalid setting --amqp-url: URL 1 of 3: ")
+                && found[0].contains("is not an amqp:// URL"),
+            "{found:#?}"
+        );
+        assert!(
+            found[1].starts_with("invalid setting --amqp-url: URL 3 of 3: ")
+                && found[1].contains("rabbit-2"),
+            "{found:#?}"
+        );
+        assert!(!found.concat().contains("hunter2"), "{found:#?}");
+        // From a file, the file's setting is named.
+        let mut from_file = settings("amqp://u:p@a/%2f,amqp://u:p@b:x/%2f");
+        from_file.url_file = Some("/run/secrets/amqp".into());
+        let errors = from_file.check(Some("c/%2f")).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].setting, "amqp-url-file");
+        // A host list inside one URL is not how nodes are given.
+        let found = problems("amqp://u:hunter2@rabbit-1,rabbit-2/%2f", None);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("a URL of its own") && !found[0].contains("hunter2"));
+    }
+
+    #[test]
+    fn urls_of_different_virtual_hosts_are_refused() {
+        let found = problems(
+            "amqp://u:p@rabbit-1/orders,amqp://u:secret@rabbit-2/billing",
+            Some("orders-cluster/orders"),
+        );
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("URL 2 of 2")
+                && found[0].contains("\"billing\"")
+                && found[0].contains("\"orders\"")
+                && !found[0].contains("secret"),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn several_urls_without_a_broker_id_are_refused_with_an_example() {
+        let found = problems("amqp://u:p@rabbit-1/%2f,amqp://u:p@rabbit-2/%2f", None);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("2 node URLs need --broker-id")
+                && found[0].contains("--broker-id orders-cluster/%2f"),
+            "{found:#?}"
+        );
+        let found = problems("amqp://u:p@a/orders,amqp://u:p@b/orders", None);
+        assert!(found[0].contains("orders-cluster/orders"), "{found:#?}");
+        assert_eq!(problems(" ", None).len(), 1, "no URL at all");
     }
 }

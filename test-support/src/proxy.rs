@@ -5,7 +5,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
@@ -18,6 +18,7 @@ use tokio::{net::TcpListener, task::JoinHandle};
 pub struct TcpProxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    forwarded: Arc<AtomicUsize>,
     generation: tokio::sync::watch::Sender<u64>,
     stalled: tokio::sync::watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -62,6 +63,8 @@ impl TcpProxy {
         let cut = Arc::new(AtomicBool::new(false));
         let (generation, _) = tokio::sync::watch::channel(0_u64);
         let (stalled, _) = tokio::sync::watch::channel(false);
+        let forwarded = Arc::new(AtomicUsize::new(0));
+        let accept_forwarded = Arc::clone(&forwarded);
         let accept_cut = Arc::clone(&cut);
         let accept_generation = generation.clone();
         let accept_stalled = stalled.clone();
@@ -71,6 +74,7 @@ impl TcpProxy {
                     drop(inbound);
                     continue;
                 }
+                accept_forwarded.fetch_add(1, Ordering::SeqCst);
                 let mut killed = accept_generation.subscribe();
                 let stalled = accept_stalled.subscribe();
                 tokio::spawn(async move {
@@ -93,6 +97,7 @@ impl TcpProxy {
         Ok(Self {
             addr,
             cut,
+            forwarded,
             generation,
             stalled,
             task,
@@ -102,6 +107,12 @@ impl TcpProxy {
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// How many connections it has accepted and forwarded so far (not
+    /// those refused while cut).
+    pub fn forwarded(&self) -> usize {
+        self.forwarded.load(Ordering::SeqCst)
     }
 
     /// Closes every open connection and refuses new ones until [`TcpProxy::restore`].

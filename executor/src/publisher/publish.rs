@@ -5,6 +5,7 @@
 
 use std::{future::Future, time::Duration};
 
+use redrive_proto::amqp_nodes::{AmqpNode, AmqpNodes};
 use tokio::time::Instant;
 
 use super::{Outgoing, Pending, PublishError, Publisher, PublisherOptions, Slot};
@@ -64,20 +65,56 @@ pub trait Connect: Send + Sync + 'static {
     fn connect(&self) -> impl Future<Output = Result<Self::Publisher, PublishError>> + Send;
 }
 
-/// Connects [`Publisher`]s to the broker at `amqp_url` with `options`.
+/// Connects [`Publisher`]s to the broker's nodes `amqp` with `options`.
+///
+/// Each [`Connect::connect`] tries the nodes in turn, starting after the
+/// node of the previous attempt ([`AmqpNodes::next`]: after a failed
+/// attempt, and after a connection that was lost, since a slice loop only
+/// connects again once its publisher is gone), until one accepts; so a
+/// dead node is skipped within one call, and a reconnect goes to another
+/// node. The node reached is logged (`host:port`, no credentials).
 #[derive(Debug, Clone)]
 pub struct AmqpConnect {
-    /// The broker's AMQP URL.
-    pub amqp_url: String,
+    /// The broker's node URLs, and which one is next.
+    pub amqp: AmqpNodes,
     /// Window, confirm timeout and heartbeat of every publisher.
     pub options: PublisherOptions,
+}
+
+impl AmqpConnect {
+    /// A publisher connected to the first of the nodes that accepts, in
+    /// the round-robin order, and the node.
+    ///
+    /// # Errors
+    /// When no node accepts: the last node's [`PublishError::Connect`],
+    /// naming every node tried (`host:port` and why);
+    /// [`PublishError::InvalidWindow`].
+    pub async fn connect_to_a_node(&self) -> Result<(Publisher, AmqpNode), PublishError> {
+        let mut failures = Vec::new();
+        for _ in 0..self.amqp.len() {
+            let node = self.amqp.next();
+            match Publisher::connect_with(&node.url, self.options).await {
+                Ok(publisher) => return Ok((publisher, node)),
+                Err(PublishError::Connect { reason }) => {
+                    tracing::debug!(broker.node = %node, %reason, "broker node refused or unreachable");
+                    failures.push(format!("{}: {reason}", node.address()));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Err(PublishError::Connect {
+            reason: failures.join("; "),
+        })
+    }
 }
 
 impl Connect for AmqpConnect {
     type Publisher = Publisher;
 
-    fn connect(&self) -> impl Future<Output = Result<Publisher, PublishError>> + Send {
-        Publisher::connect_with(&self.amqp_url, self.options)
+    async fn connect(&self) -> Result<Publisher, PublishError> {
+        let (publisher, node) = self.connect_to_a_node().await?;
+        tracing::info!(broker.node = %node, "connected to the broker");
+        Ok(publisher)
     }
 }
 

@@ -28,6 +28,7 @@ mod tests;
 use std::{sync::Arc, time::Duration};
 
 use redrive_proto::{
+    amqp_nodes::AmqpNodes,
     backoff::Backoff,
     v1::{self, coordinator_client::CoordinatorClient},
 };
@@ -52,8 +53,9 @@ pub use pace::{TOKEN_SPEND_LIMIT, mark_lookahead, run_size};
 pub struct WorkerSettings {
     /// This executor's id in leases and audit events.
     pub executor_id: String,
-    /// AMQP URL of the broker.
-    pub amqp_url: String,
+    /// The broker's node URLs (round robin, [`AmqpConnect`]); each slice
+    /// loop goes round them on its own.
+    pub amqp: AmqpNodes,
     /// The publisher's window, confirm timeout and heartbeat.
     pub publisher: PublisherOptions,
     /// Attempts before a nacked item is `failed`.
@@ -105,7 +107,7 @@ impl Worker<AmqpConnect> {
         Self {
             retired: JoinSet::new(),
             connect: AmqpConnect {
-                amqp_url: settings.amqp_url.clone(),
+                amqp: settings.amqp.clone(),
                 options: settings.publisher,
             },
             settings,

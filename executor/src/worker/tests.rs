@@ -90,7 +90,7 @@ mod pipeline {
         Worker {
             settings: WorkerSettings {
                 executor_id: "executor-test/0".to_owned(),
-                amqp_url: "amqp://fake".to_owned(),
+                amqp: redrive_proto::amqp_nodes::AmqpNodes::single("amqp://fake"),
                 publisher: PublisherOptions::with_window(8),
                 max_attempts: 2,
                 claim_wait: Duration::from_secs(1),

@@ -91,10 +91,10 @@ pub(super) async fn isolate(
                 holding
             } else {
                 // The broker ended the hold: what it held is back in the queue.
-                raw::RawConnection::connect(&config.amqp_url).await?
+                connect_raw(config).await?
             }
         }
-        None => raw::RawConnection::connect(&config.amqp_url).await?,
+        None => connect_raw(config).await?,
     };
     let mut round = Round {
         config,
@@ -185,7 +185,8 @@ impl Round<'_> {
             match unparkable(message, &decoded, connection, &self.parking) {
                 Some(why) => Err(why),
                 None => park(
-                    &self.config.amqp_url,
+                    // Beside the round's connection, on its node.
+                    &self.config.amqp.current().url,
                     &mut self.parker,
                     &self.parking,
                     message,
@@ -333,4 +334,16 @@ async fn park(
     }
     *parker = Some(connection);
     Ok(())
+}
+
+/// A raw connection to the next of the broker's nodes
+/// ([`CaptureConfig::amqp`]), the node reached logged.
+///
+/// # Errors
+/// The node refused or could not be reached.
+async fn connect_raw(config: &CaptureConfig) -> Result<raw::RawConnection, raw::RawError> {
+    let node = config.amqp.next();
+    let connection = raw::RawConnection::connect(&node.url).await?;
+    tracing::info!(broker.node = %node, "connected to the broker to take messages one at a time");
+    Ok(connection)
 }

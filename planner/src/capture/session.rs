@@ -13,7 +13,7 @@ use lapin::{
     types::FieldTable,
     uri::AMQPUri,
 };
-use redrive_proto::amqp;
+use redrive_proto::{amqp, amqp_nodes::AmqpNode};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
@@ -35,7 +35,7 @@ pub(super) async fn session(
     shutdown: &CancellationToken,
     consumed: &mut bool,
 ) -> Result<(), CaptureError> {
-    let (guard, uri) = through_guard(config).await?;
+    let (guard, uri, node) = through_guard(config).await?;
     // Cancelled once the guard's relay ended: lapin was seen waiting on a
     // connection closed while it was being set up, so every wait of the
     // session also ends with the relay (never, unguarded).
@@ -49,7 +49,7 @@ pub(super) async fn session(
     *consumed = true;
     config.status.set(queue, true);
     let session_id = uuid::Uuid::new_v4();
-    info!(prefetch = config.prefetch, batch_size = config.batch_size, capture.session = %session_id, "capturing");
+    info!(prefetch = config.prefetch, batch_size = config.batch_size, capture.session = %session_id, broker.node = %node, "capturing");
 
     // One batch queued while another is written: gathering overlaps the insert.
     let (batches, to_write) = mpsc::channel::<Batch>(1);
@@ -103,19 +103,21 @@ pub(super) async fn session(
     outcome
 }
 
-/// The broker's URI for lapin, and the guard it goes through: lapin connects
-/// through the guard (plain amqp://), which stops a delivery lapin cannot
-/// read safely before lapin parses it. No guard when it is off or the URI is
-/// `amqps://`.
+/// The URI for lapin of the broker's next node ([`CaptureConfig::amqp`]:
+/// after a session that failed or was lost, another node), the guard it goes
+/// through, and the node: lapin connects through the guard (plain amqp://),
+/// which stops a delivery lapin cannot read safely before lapin parses it.
+/// No guard when it is off or the URI is `amqps://`.
 async fn through_guard(
     config: &CaptureConfig,
-) -> Result<(Option<guard::Guard>, AMQPUri), CaptureError> {
-    let uri: AMQPUri = config
-        .amqp_url
+) -> Result<(Option<guard::Guard>, AMQPUri, AmqpNode), CaptureError> {
+    let node = config.amqp.next();
+    let uri: AMQPUri = node
+        .url
         .parse()
         .map_err(|error: String| CaptureError::Uri(error))?;
     if !(config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP) {
-        return Ok((None, uri));
+        return Ok((None, uri, node));
     }
     let guard = guard::Guard::start(uri.authority.host.clone(), uri.authority.port)
         .await
@@ -123,7 +125,7 @@ async fn through_guard(
     let mut local = uri.clone();
     local.authority.host = guard.local.ip().to_string();
     local.authority.port = guard.local.port();
-    Ok((Some(guard), local))
+    Ok((Some(guard), local, node))
 }
 
 /// Connects to `uri`, checks that `queue` can be captured ([`check_queue`])

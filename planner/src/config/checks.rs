@@ -102,8 +102,10 @@ impl Config {
     /// `--capture-batch-wait-ms`); problems go to `problems`.
     fn capture_problems(&self, problems: &mut Vec<SettingError>) {
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
-        if let Err(error) = self.amqp.check() {
-            problem(error.setting, error.problem);
+        if let Err(errors) = self.amqp.check(self.broker_id.as_deref()) {
+            for error in errors {
+                problem(error.setting, error.problem);
+            }
         }
         for (index, queue) in self.capture_queues.iter().enumerate() {
             if queue.trim().is_empty() || queue.len() > 255 {

@@ -73,12 +73,13 @@ impl Config {
             event_time_header: self.event_time_header.clone(),
             key_sources,
             max_body_bytes: self.max_body_bytes,
-            // The AMQP URI's user (default `guest`, as AMQP URIs define it).
+            // The AMQP URI's user (default `guest`, as AMQP URIs define it);
+            // with several node URLs, the first one's.
             publish_user: self
                 .amqp
-                .url
-                .parse::<lapin::uri::AMQPUri>()
-                .ok()
+                .urls()
+                .first()
+                .and_then(|url| url.parse::<lapin::uri::AMQPUri>().ok())
                 .map(|uri| uri.authority.userinfo.username),
         }
     }
