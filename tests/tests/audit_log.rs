@@ -586,6 +586,16 @@ async fn one_plan(client: &mut PlannerClient<Channel>, tag: &str) -> anyhow::Res
         .into_inner())
 }
 
+/// A pool on `db_url` whose connections write as a planner holding `keys`
+/// does: each carries the audit MAC key (`redrive.audit_mac`).
+async fn mac_writer(db_url: &str, keys: &Keys) -> anyhow::Result<sqlx::PgPool> {
+    let options = sqlx::postgres::PgConnectOptions::from_str(db_url)?.options([(
+        "redrive.audit_mac",
+        hex::encode(redrive_planner::audit::log::mac_pads(&keys.key_text)),
+    )]);
+    Ok(sqlx::PgPool::connect_with(options).await?)
+}
+
 /// A planner process of the workspace's binary on `db` with `keys`.
 fn planner_process(db_url: &str, keys: &Keys) -> anyhow::Result<tokio::process::Child> {
     let binaries = scenario::Binaries::of_tests()?;
@@ -642,11 +652,7 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
     bed.planner.halt().await?;
     // 60,000 operator actions written as a planner writes them (its
     // connections carry the MAC key): six rounds of sealing queued.
-    let options = sqlx::postgres::PgConnectOptions::from_str(&db_url)?.options([(
-        "redrive.audit_mac",
-        hex::encode(redrive_planner::audit::log::mac_pads(&keys.key_text)),
-    )]);
-    let writer = sqlx::PgPool::connect_with(options).await?;
+    let writer = mac_writer(&db_url, &keys).await?;
     sqlx::query(
         "INSERT INTO operator_actions (plan_id, action, actor, reason) \
          SELECT $1, 'note', 'crash-test', 'row ' || g FROM generate_series(1, 60000) g",
@@ -770,16 +776,8 @@ async fn a_backlog_of_events_seals_under_a_plan_made_while_the_queue_was_small()
     let database: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&pool)
         .await?;
-    for table in ["audit_log_pending", "audit_events", "audit_log"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
-        )))
-        .execute(&pool)
+    support::keep_statistics_of_now(&pool, &["audit_log_pending", "audit_events", "audit_log"])
         .await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
-            .execute(&pool)
-            .await?;
-    }
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER DATABASE \"{database}\" SET plan_cache_mode = force_generic_plan"
     )))
@@ -787,11 +785,7 @@ async fn a_backlog_of_events_seals_under_a_plan_made_while_the_queue_was_small()
     .await?;
     // 60,000 `sent` events written as a planner writes them (its
     // connections carry the MAC key): six full rounds queued.
-    let options = sqlx::postgres::PgConnectOptions::from_str(&db_url)?.options([(
-        "redrive.audit_mac",
-        hex::encode(redrive_planner::audit::log::mac_pads(&keys.key_text)),
-    )]);
-    let writer = sqlx::PgPool::connect_with(options).await?;
+    let writer = mac_writer(&db_url, &keys).await?;
     sqlx::query(
         "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
                                    action, wave, executor_id, attempt) \

@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use redrive_proto::v1::{self, PlanState};
-use redrive_tests::{
-    Broker, ExecutorHandle, ExecutorProcess, TcpProxy, TestBed, init_logging, wait_until,
-};
+use redrive_tests::{Broker, ExecutorHandle, ExecutorProcess, TcpProxy, TestBed, init_logging};
 use tokio::time::Instant;
 
 mod support;
@@ -25,18 +23,6 @@ fn control(plan_id: &str, reason: &str) -> v1::PlanControlRequest {
         reason: reason.to_owned(),
         ..Default::default()
     }
-}
-
-async fn wait_received(
-    received: &std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
-    count: usize,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    wait_until("deliveries", timeout, || {
-        let received = received.clone();
-        async move { Ok(received.lock().unwrap().len() >= count) }
-    })
-    .await
 }
 
 /// Message ids the consumer got that a new precheck over `dlq` calls

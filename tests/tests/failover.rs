@@ -5,24 +5,11 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use redrive_tests::{Broker, ExecutorHandle, TcpProxy, init_logging, wait_until};
+use redrive_tests::{Broker, ExecutorHandle, TcpProxy, init_logging};
 use tokio::time::Instant;
 
 mod support;
 use support::*;
-
-/// Waits until the consumer has received `count` messages.
-async fn wait_received(
-    received: &std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
-    count: usize,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    wait_until("deliveries", timeout, || {
-        let received = received.clone();
-        async move { Ok(received.lock().unwrap().len() >= count) }
-    })
-    .await
-}
 
 /// Two proxies to the local broker as two node URLs; the one the executor
 /// connected to (the first: nothing has failed yet) is cut for good after

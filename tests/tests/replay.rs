@@ -2767,21 +2767,10 @@ async fn large_slices_are_claimed_in_time_when_statistics_know_only_an_earlier_p
     };
     // This test's own database: an earlier plan of the same dead letters,
     // cancelled before it ran, is all the statistics know.
-    let pool = bed.pool().await?;
-    for table in ["plan_items", "plan_slices"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
-        )))
-        .execute(&pool)
-        .await?;
-    }
     let earlier = approved_plan_with(&mut bed.client, &incident.dlq, shape).await?;
     cancel(&mut bed.client, &earlier.plan_id, "superseded").await?;
-    for table in ["plan_items", "plan_slices"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
-            .execute(&pool)
-            .await?;
-    }
+    let pool = bed.pool().await?;
+    keep_statistics_of_now(&pool, &["plan_items", "plan_slices"]).await?;
     pool.close().await;
 
     let (received, consuming) = consume(bed.broker(), &incident.work).await?;

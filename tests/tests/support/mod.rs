@@ -464,6 +464,20 @@ pub async fn assert_bed_audit(
     ids
 }
 
+/// Waits at most `timeout` until the consumer has received `count`
+/// messages.
+pub async fn wait_received(
+    received: &std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    count: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait_until("deliveries", timeout, || {
+        let received = received.clone();
+        async move { Ok(received.lock().unwrap().len() >= count) }
+    })
+    .await
+}
+
 /// The audit invariant after a replay (DESIGN "Executor loop and
 /// guarantees"): every message id the consumer received is `sent` or
 /// `uncertain` in the audit of `plan_id`, and an id received twice has an
@@ -803,4 +817,21 @@ pub async fn consume_rejecting(
         }
     });
     Ok((received, task))
+}
+
+/// Makes this test's own database plan as a busy one may: `tables`
+/// analyzed now and never again (no autovacuum), so their statistics stay
+/// those of this moment while the test fills them.
+pub async fn keep_statistics_of_now(pool: &sqlx::PgPool, tables: &[&str]) -> anyhow::Result<()> {
+    for table in tables {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        )))
+        .execute(pool)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
 }
