@@ -68,7 +68,8 @@ pub struct Config {
     /// URL's `host:port/vhost` (`127.0.0.1:5672/%2f`, never the
     /// credentials). Every executor of one broker must use the same name:
     /// set it when they reach a cluster through different node addresses or
-    /// host names (e.g. `--broker-id orders-cluster/%2f`).
+    /// host names (e.g. `--broker-id orders-cluster/%2f`). Required when
+    /// `--amqp-url` lists several node URLs.
     #[arg(long, env = "REDRIVE_BROKER_ID")]
     pub broker_id: Option<String>,
 

@@ -74,6 +74,7 @@ pub struct Config {
     /// Default: the AMQP URL's `host:port/vhost` (`127.0.0.1:5672/%2f`,
     /// never the credentials), as for the executors. Set it when the planner
     /// reaches the same broker another way (another node address, a proxy).
+    /// Required when `--amqp-url` lists several node URLs.
     #[arg(long, env = "REDRIVE_BROKER_ID")]
     pub broker_id: Option<String>,
 

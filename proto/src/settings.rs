@@ -377,14 +377,14 @@ impl AmqpSettings {
     /// The node URLs of the setting, in the order given
     /// ([`split_amqp_urls`]); never empty for a value that
     /// [`AmqpSettings::check`] accepts.
-    pub fn urls(&self) -> Vec<&str> {
+    pub fn urls(&self) -> Vec<String> {
         split_amqp_urls(&self.url)
     }
 
     /// The node URLs as the connections use them: tried in order, round
     /// robin ([`crate::amqp_nodes::AmqpNodes`]).
     pub fn nodes(&self) -> crate::amqp_nodes::AmqpNodes {
-        crate::amqp_nodes::AmqpNodes::new(self.urls().into_iter().map(str::to_owned).collect())
+        crate::amqp_nodes::AmqpNodes::new(self.urls())
     }
 
     /// Checks every node URL as lapin reads it ([`check_amqp_url`]), that
@@ -461,6 +461,19 @@ impl AmqpSettings {
                 },
             }
         }
+        if let Some(plain) = urls.iter().position(|url| url.starts_with("amqp://"))
+            && let Some(tls) = urls.iter().position(|url| url.starts_with("amqps://"))
+        {
+            problems.push(SettingError::new(
+                setting,
+                format!(
+                    "URL {} uses amqp:// and URL {} amqps://: the nodes of one broker are \
+                     reached one way, or a failover would send the password in clear text",
+                    plain + 1,
+                    tls + 1
+                ),
+            ));
+        }
         if count > 1 && broker_id.is_none() {
             let vhost = first_vhost
                 .map(|(_, vhost)| vhost.replace('%', "%25").replace('/', "%2f"))
@@ -502,8 +515,8 @@ impl AmqpSettings {
         match explicit {
             Some(id) => id.to_owned(),
             None => {
-                let url = self.urls().first().copied().unwrap_or_default();
-                broker_id_of(url).unwrap_or_else(|_| redact_url(url))
+                let url = self.urls().first().cloned().unwrap_or_default();
+                broker_id_of(&url).unwrap_or_else(|_| redact_url(&url))
             }
         }
     }
@@ -511,27 +524,46 @@ impl AmqpSettings {
 
 #[cfg(feature = "amqp")]
 /// The node URLs of an `--amqp-url` value, in the order given: the value is
-/// cut at each comma followed (after optional whitespace) by `amqp://` or
-/// `amqps://`, or by nothing but whitespace, so a comma elsewhere (a
-/// password may hold one: RFC 3986 section 3.2.1 allows `,` in user info)
-/// stays part of its URL. Each URL is trimmed; empty ones (a trailing
-/// comma) are dropped.
-pub fn split_amqp_urls(list: &str) -> Vec<&str> {
+/// cut at each comma or whitespace followed (after more commas or
+/// whitespace) by `amqp://` or `amqps://` (any case) or by the end, so
+/// that one URL a line in a file, or a space between URLs, separates them
+/// too, while a comma elsewhere (a password may hold one: RFC 3986 section
+/// 3.2.1 allows `,` in user info) stays part of its URL. Each URL is
+/// trimmed and its scheme lowercased (schemes are case-insensitive, RFC
+/// 3986 section 3.1); empty ones (a trailing comma) are dropped.
+pub fn split_amqp_urls(list: &str) -> Vec<String> {
+    let separator = |c: char| c == ',' || c.is_whitespace();
     let starts_url = |rest: &str| {
-        let rest = rest.trim_start().to_ascii_lowercase();
-        rest.is_empty() || rest.starts_with("amqp://") || rest.starts_with("amqps://")
+        let rest = rest.trim_start_matches(separator);
+        rest.is_empty() || scheme_length(rest).is_some()
     };
     let mut urls = Vec::new();
     let mut start = 0;
-    for (at, _) in list.match_indices(',') {
-        if starts_url(&list[at + 1..]) {
-            urls.push(list[start..at].trim());
-            start = at + 1;
+    for (at, c) in list.char_indices() {
+        if at >= start && separator(c) && starts_url(&list[at + c.len_utf8()..]) {
+            urls.push(&list[start..at]);
+            start = at + c.len_utf8();
         }
     }
-    urls.push(list[start..].trim());
-    urls.retain(|url| !url.is_empty());
-    urls
+    urls.push(&list[start..]);
+    urls.into_iter()
+        .map(|url| url.trim_matches(separator))
+        .filter(|url| !url.is_empty())
+        .map(|url| match scheme_length(url) {
+            Some(length) => format!("{}{}", url[..length].to_ascii_lowercase(), &url[length..]),
+            None => url.to_owned(),
+        })
+        .collect()
+}
+
+#[cfg(feature = "amqp")]
+/// The length of `text`'s leading `amqp://` or `amqps://`, in any case.
+fn scheme_length(text: &str) -> Option<usize> {
+    ["amqp://", "amqps://"].into_iter().find_map(|scheme| {
+        text.get(..scheme.len())
+            .filter(|start| start.eq_ignore_ascii_case(scheme))
+            .map(|_| scheme.len())
+    })
 }
 
 #[cfg(feature = "amqp")]
@@ -545,6 +577,14 @@ pub fn check_amqp_url(url: &str) -> Result<(), String> {
     let shown = redact_url(url);
     if !url.starts_with("amqp://") && !url.starts_with("amqps://") {
         return Err(format!("{shown:?} is not an amqp:// URL"));
+    }
+    let after_scheme = url.split_once("://").map_or("", |(_, rest)| rest);
+    if after_scheme.contains("//") {
+        return Err(format!(
+            "{shown:?}: a second \"//\" in one URL, as when two URLs run together; \
+             separate node URLs with commas, each starting amqp:// or amqps://, \
+             and write a \"/\" in a password or virtual host as %2F"
+        ));
     }
     url.parse::<lapin::uri::AMQPUri>()
         .map(|_| ())
@@ -576,36 +616,50 @@ pub fn broker_id_of(url: &str) -> Result<String, String> {
 
 /// `url` with the password of its user info (`scheme://user:PASSWORD@host`,
 /// RFC 3986 section 3.2.1) replaced by `***`, for logs and error messages;
-/// unchanged when it has none.
+/// unchanged when it has none. Read as text, not parsed, so that a URL that
+/// does not parse (a `/` or `#` in the password, a mistyped scheme, two
+/// URLs run together) is redacted too: each `@` ends a user info that
+/// starts after the last `//` before it (else after the previous `@`, or
+/// at the start), and its text after the first `:` is the password.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let Some((user_info, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match user_info.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-        None => url.to_owned(),
+    let mut shown = String::with_capacity(url.len());
+    let mut copied = 0;
+    for (from, to) in password_spans(url) {
+        shown.push_str(&url[copied..from]);
+        shown.push_str("***");
+        copied = to;
     }
+    shown.push_str(&url[copied..]);
+    shown
 }
 
-/// `text` with every occurrence of `url`'s password replaced by `***` (a
+/// The byte ranges of the passwords in `url` ([`redact_url`]'s reading).
+fn password_spans(url: &str) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut floor = 0;
+    for (at, _) in url.match_indices('@') {
+        let start = url[floor..at]
+            .rfind("//")
+            .map_or(floor, |slashes| floor + slashes + 2);
+        if let Some(colon) = url[start..at].find(':') {
+            let from = start + colon + 1;
+            if from < at {
+                spans.push((from, at));
+            }
+        }
+        floor = at + 1;
+    }
+    spans
+}
+
+/// `text` with every occurrence of `url`'s passwords replaced by `***` (a
 /// parser's error that quotes part of the URL).
 pub fn redact_text(text: &str, url: &str) -> String {
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
-        .and_then(|authority| authority.rsplit_once('@'))
-        .and_then(|(user_info, _)| user_info.split_once(':'))
-        .map(|(_, password)| password)
-        .filter(|password| !password.is_empty());
-    match password {
-        Some(password) => text.replace(password, "***"),
-        None => text.to_owned(),
+    let mut shown = text.to_owned();
+    for (from, to) in password_spans(url) {
+        shown = shown.replace(&url[from..to], "***");
     }
+    shown
 }
 
 /// Puts the secret of the `--…-file` setting `setting` into `setting_value`
@@ -761,8 +815,21 @@ mod amqp_tests {
         // A comma in a password stays in its URL.
         assert_eq!(
             split_amqp_urls("amqp://u:p,w@a/%2f,AMQP://u:x@b/%2f"),
-            ["amqp://u:p,w@a/%2f", "AMQP://u:x@b/%2f"]
+            ["amqp://u:p,w@a/%2f", "amqp://u:x@b/%2f"]
         );
+        // One URL a line (a file), spaces, doubled commas: separators too.
+        for list in [
+            "amqp://u:p@a/%2f\namqp://u:p@b/%2f\n",
+            "amqp://u:p@a/%2f amqp://u:p@b/%2f",
+            "amqp://u:p@a/%2f\r\n,,amqp://u:p@b/%2f",
+            " amqp://u:p@a/%2f , , Amqp://u:p@b/%2f ",
+        ] {
+            assert_eq!(
+                split_amqp_urls(list),
+                ["amqp://u:p@a/%2f", "amqp://u:p@b/%2f"],
+                "{list:?}"
+            );
+        }
         assert_eq!(split_amqp_urls("amqp://h/%2f"), ["amqp://h/%2f"]);
         assert!(split_amqp_urls(" , ").is_empty());
         let nodes = settings(list).nodes();
@@ -786,6 +853,61 @@ mod amqp_tests {
         assert_eq!(
             settings("amqp://u:p@Rabbit-1:5672/orders").broker_id(None),
             "rabbit-1:5672/orders"
+        );
+    }
+
+    #[test]
+    fn urls_run_together_are_refused_without_their_passwords() {
+        for list in [
+            "amqp://guest:guest@127.0.0.1:5672/%2f,amqp//guest:S3cret@127.0.0.1/%2f",
+            "amqp://guest:guest@127.0.0.1:5672/%2f,http://guest:S3cret@127.0.0.1/%2f",
+            "amqp://guest:guest@127.0.0.1:5672/%2f, amqps ://guest:S3cret@127.0.0.1/%2f",
+            "amqp//guest:S3cret@127.0.0.1/%2f",
+        ] {
+            let found = problems(list, Some("c/%2f"));
+            assert_eq!(found.len(), 1, "{list:?}: {found:#?}");
+            assert!(!found[0].contains("S3cret"), "{found:#?}");
+            assert!(
+                found[0].contains("run together") || found[0].contains("is not an amqp:// URL"),
+                "{found:#?}"
+            );
+        }
+        // Nor does the broker id a service would fall back to show one.
+        let glued = settings("amqp//guest:S3cret@127.0.0.1/%2f");
+        assert!(!glued.broker_id(None).contains("S3cret"));
+    }
+
+    #[test]
+    fn a_password_that_stops_the_parser_is_still_hidden() {
+        for url in [
+            "amqp://guest:S3c/ret@127.0.0.1:5672/%2f",
+            "amqp://guest:S3c?ret@127.0.0.1:5672/%2f",
+            "amqp://guest:S3c#ret@127.0.0.1:5672/%2f",
+            "amqp://guest:S3cret@h:notaport/%2f",
+        ] {
+            let found = problems(url, None);
+            assert_eq!(found.len(), 1, "{url:?}: {found:#?}");
+            assert!(!found[0].contains("S3c"), "{found:#?}");
+            assert!(found[0].contains("guest:***@"), "{found:#?}");
+        }
+        assert_eq!(
+            redact_url("amqp://u:p,w@a/%2f,amqp://v:x@b/%2f"),
+            "amqp://u:***@a/%2f,amqp://v:***@b/%2f"
+        );
+        assert_eq!(redact_url("amqp://h/v@x"), "amqp://h/v@x");
+    }
+
+    #[test]
+    fn an_upper_case_scheme_is_read_and_mixed_schemes_are_refused() {
+        assert!(problems("AMQP://guest:guest@127.0.0.1:5672/%2f", None).is_empty());
+        let found = problems(
+            "amqps://u:p@rabbit-1/%2f,amqp://u:p@rabbit-2/%2f",
+            Some("c/%2f"),
+        );
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].contains("URL 2 uses amqp:// and URL 1 amqps://"),
+            "{found:#?}"
         );
     }
 

@@ -96,7 +96,7 @@ impl AmqpConnect {
             match Publisher::connect_with(&node.url, self.options).await {
                 Ok(publisher) => return Ok((publisher, node)),
                 Err(PublishError::Connect { reason }) => {
-                    tracing::debug!(broker.node = %node, %reason, "broker node refused or unreachable");
+                    tracing::warn!(broker.node = %node, %reason, "broker node refused or unreachable; trying the next");
                     failures.push(format!("{}: {reason}", node.address()));
                 }
                 Err(other) => return Err(other),
