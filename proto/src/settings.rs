@@ -540,7 +540,7 @@ pub fn split_amqp_urls(list: &str) -> Vec<String> {
     let mut urls = Vec::new();
     let mut start = 0;
     for (at, c) in list.char_indices() {
-        if at >= start && separator(c) && starts_url(&list[at + c.len_utf8()..]) {
+        if separator(c) && starts_url(&list[at + c.len_utf8()..]) {
             urls.push(&list[start..at]);
             start = at + c.len_utf8();
         }
