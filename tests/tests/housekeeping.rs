@@ -520,6 +520,139 @@ async fn archived_dead_letters_leave_prechecks_until_unarchived() -> anyhow::Res
     bed.finish().await
 }
 
+/// Plan creation and the changes that would make its frozen items wrong
+/// (archive, retention deletes) wait for each other: a plan created while
+/// an archive or a delete is under way sees it when it commits and is
+/// refused, and an archive started while a plan is being created waits for
+/// it and is then refused for the plan's item. The test holds the freeze
+/// lock in its own transaction, as each side does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_creation_and_archive_or_retention_wait_for_each_other() -> anyhow::Result<()> {
+    use redrive_planner::store::freeze::{self, Freeze};
+    use sqlx::Connection;
+
+    init_logging();
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let source = unique("freeze");
+    ingest(
+        &mut bed.client,
+        ["m-1", "m-2", "m-3"]
+            .iter()
+            .map(|id| {
+                item(
+                    &source,
+                    id,
+                    format!(r#"{{"id":"{id}"}}"#).as_bytes(),
+                    "boom",
+                )
+            })
+            .collect(),
+    )
+    .await?;
+    let ids = ids(&mut bed.client, &source).await?;
+    let (one, two, three) = (&ids["m-1"], &ids["m-2"], &ids["m-3"]);
+    let everything = Selector {
+        sources: vec![source.clone()],
+        ..Default::default()
+    };
+    let mut connection = sqlx::PgConnection::connect(&bed.db.url()).await?;
+    let pending = Duration::from_millis(500);
+
+    // An archive under way (committed after the plan creation started): the
+    // plan waits for it, then is refused.
+    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
+    let mut archiving = connection.begin().await?;
+    freeze::lock(&mut archiving, Freeze::Exclusive).await?;
+    sqlx::query("UPDATE dead_letters SET archived_at = now(), archived_by = 'test' WHERE id = $1")
+        .bind(three.parse::<i64>()?)
+        .execute(&mut *archiving)
+        .await?;
+    let mut client = bed.client.clone();
+    let request = create_plan(&report.precheck_id);
+    let creating = tokio::spawn(async move { client.create_plan(request).await });
+    tokio::time::sleep(pending).await;
+    assert!(
+        !creating.is_finished(),
+        "the plan did not wait for the archive"
+    );
+    archiving.commit().await?;
+    let error = creating.await?.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error.message().contains(&format!(
+            "1 of its replayable dead letters (dead letter {three} first) were archived since"
+        )),
+        "{}",
+        error.message()
+    );
+
+    // A retention delete under way: the same, with its own reason.
+    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
+    let mut deleting = connection.begin().await?;
+    freeze::lock(&mut deleting, Freeze::Exclusive).await?;
+    sqlx::query("DELETE FROM dead_letters WHERE id = $1")
+        .bind(two.parse::<i64>()?)
+        .execute(&mut *deleting)
+        .await?;
+    let mut client = bed.client.clone();
+    let request = create_plan(&report.precheck_id);
+    let creating = tokio::spawn(async move { client.create_plan(request).await });
+    tokio::time::sleep(pending).await;
+    assert!(
+        !creating.is_finished(),
+        "the plan did not wait for the delete"
+    );
+    deleting.commit().await?;
+    let error = creating.await?.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error
+            .message()
+            .contains("1 of its replayable dead letters were deleted by retention since"),
+        "{}",
+        error.message()
+    );
+    assert!(
+        bed.client
+            .list_plans(v1::ListPlansRequest::default())
+            .await?
+            .into_inner()
+            .plans
+            .is_empty(),
+        "a refused plan left rows"
+    );
+
+    // A plan being created (its transaction not yet committed): an archive
+    // of its dead letter waits, then is refused for the plan's item.
+    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
+    let mut creating = connection.begin().await?;
+    freeze::lock(&mut creating, Freeze::Shared).await?;
+    // Plans are created side by side: a real one, beside the test's.
+    let plan = bed
+        .client
+        .create_plan(create_plan(&report.precheck_id))
+        .await?
+        .into_inner();
+    assert_eq!(plan.total_items, 1);
+    let mut client = bed.client.clone();
+    let request = archive(&[one], "while a plan is made");
+    let archiving = tokio::spawn(async move { client.archive_dead_letters(request).await });
+    tokio::time::sleep(pending).await;
+    assert!(
+        !archiving.is_finished(),
+        "the archive did not wait for the plan"
+    );
+    creating.commit().await?;
+    let error = archiving.await?.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition);
+    assert!(
+        error.message().contains(&plan.plan_id),
+        "{}",
+        error.message()
+    );
+    bed.finish().await
+}
+
 /// Retention's rows: which dead letters remain after a sweep. (Distinct
 /// message ids: without `--message-key` the key is the `message_id`, and equal
 /// keys would make all but one a `duplicate`.)

@@ -5,7 +5,11 @@ use chrono::{DateTime, Utc};
 use redrive_proto::{time::timestamp, v1};
 use sqlx::{Postgres, QueryBuilder};
 
-use super::{Store, StoreError, dead_letters::push_selected};
+use super::{
+    Store, StoreError,
+    dead_letters::push_selected,
+    freeze::{self, Freeze},
+};
 use crate::{
     dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId},
@@ -82,10 +86,11 @@ impl Store {
 
     /// Archives (`archive`) or unarchives the dead letters `selector` covers,
     /// in one transaction, recording `actor` and `reason` per dead letter
-    /// changed. The selection is locked first (`FOR UPDATE`), so that a plan
-    /// created meanwhile (which locks the dead letters it freezes) and a
-    /// retention delete wait for it; an archive is then refused when a
-    /// selected dead letter is an item of a plan that has not ended.
+    /// changed. The freeze lock is taken exclusive first
+    /// ([`super::freeze`]), so that a plan being created and this archive
+    /// wait for each other, then the selection is locked (`FOR UPDATE`); an
+    /// archive is then refused when a selected dead letter is an item of a
+    /// plan that has not ended.
     ///
     /// # Errors
     /// [`StoreError`]; nothing changes then.
@@ -97,6 +102,7 @@ impl Store {
         reason: &str,
     ) -> Result<ArchiveOutcome, StoreError> {
         let mut transaction = self.pool().begin().await?;
+        freeze::lock(&mut transaction, Freeze::Exclusive).await?;
         let mut builder =
             QueryBuilder::<Postgres>::new("SELECT d.id FROM dead_letters d WHERE d.id IN ");
         push_selected(&mut builder, selector, "id");
@@ -181,8 +187,10 @@ impl Store {
         let ended = state::names_where(v1::PlanState::is_final);
         let live = state::names_where(|state| !state.is_final());
         let mut transaction = self.pool().begin().await?;
-        // Candidates, locked (a concurrent unarchive, archive or plan
-        // creation holding one is skipped and met on a later pass). The
+        // No plan is created while this batch deletes ([`super::freeze`]).
+        freeze::lock(&mut transaction, Freeze::Exclusive).await?;
+        // Candidates, locked (a concurrent unarchive or archive holding one
+        // is skipped and met on a later pass). The
         // candidate ids are read once into an array, not as `IN (... LIMIT)`,
         // which a plan made on stale statistics may re-run per dead letter
         // (the audit log's `TAKE_PENDING` met that: 287 s instead of 0.2 s),

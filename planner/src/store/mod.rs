@@ -26,6 +26,8 @@
 //! - [`single`]: plans of one (single replay) and body repairs.
 //! - [`sources`]: each source's counts and arrivals for the overview.
 //! - [`housekeeping`]: archive, unarchive and their history; retention.
+//! - [`freeze`]: the lock that keeps plan creation and changes to the
+//!   dead letters it freezes (archive, retention, re-keying, repairs) apart.
 //! - [`rekey`]: re-keying stored dead letters in batches, with its audit.
 //! - [`webhooks`]: the webhook outbox: events written with their state
 //!   change, due deliveries taken by one replica at a time, their outcomes.
@@ -33,6 +35,7 @@
 pub mod audit;
 pub mod audit_log;
 pub mod dead_letters;
+pub mod freeze;
 pub mod housekeeping;
 pub mod idempotency;
 pub mod leases;

@@ -32,7 +32,10 @@ use self::{
     routing::{ITEM_EXCHANGE_SQL, ITEM_ROUTING_KEY_SQL},
     rows::{OperatorActionRow, PLAN_COLUMNS, PLAN_KIND, PlanRow},
 };
-use super::{Store, StoreError};
+use super::{
+    Store, StoreError,
+    freeze::{self, Freeze},
+};
 use crate::{
     ids::{DeadLetterId, PlanId, PrecheckId},
     plan::state::State,
@@ -107,19 +110,19 @@ pub enum CreateOutcome {
     ChangedSincePrecheck(String),
 }
 
-/// The replayable dead letters of precheck `$1` locked `FOR SHARE` (archive
-/// and retention lock them `FOR UPDATE`, so neither crosses a plan being
-/// created): how many are still stored, how many are archived, and the
-/// lowest archived id.
-const FROZEN_DEAD_LETTERS_SQL: &str = "WITH held AS (SELECT d.id, d.archived_at FROM dead_letters d \
-    JOIN precheck_items i ON i.dead_letter_id = d.id \
-    WHERE i.precheck_id = $1 AND i.verdict = 'replayable' FOR SHARE OF d) \
-    SELECT count(*) AS stored, count(*) FILTER (WHERE archived_at IS NOT NULL) AS archived, \
-    min(id) FILTER (WHERE archived_at IS NOT NULL) AS first_archived FROM held";
+/// Why some of precheck `$1`'s replayable dead letters cannot be frozen:
+/// how many it has, how many are still stored, how many of those are archived, and the lowest
+/// archived id. Read only when plan creation froze fewer items than the
+/// precheck has replayable ones.
+const UNFROZEN_SQL: &str = "SELECT count(*) AS total, count(d.id) AS stored, count(d.archived_at) AS archived, \
+    min(d.id) FILTER (WHERE d.archived_at IS NOT NULL) AS first_archived \
+    FROM precheck_items i LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
+    WHERE i.precheck_id = $1 AND i.verdict = 'replayable'";
 
-/// A row of [`FROZEN_DEAD_LETTERS_SQL`].
+/// A row of [`UNFROZEN_SQL`].
 #[derive(sqlx::FromRow)]
-struct FrozenDeadLettersRow {
+struct UnfrozenRow {
+    total: i64,
     stored: i64,
     archived: i64,
     first_archived: Option<DeadLetterId>,
@@ -177,26 +180,22 @@ pub(crate) async fn insert_plan(
     };
     let waves = Waves::of(plan, total);
     insert_plan_row(transaction, plan, precheck.digest.as_deref(), total, &waves).await?;
-    insert_slices_and_items(transaction, plan, &waves).await?;
-    // What its dead letters failed with: dead letters failing the same way
-    // later stop its approval and pause it (docs/replay.md, "Still arriving").
-    sqlx::query(
-        "INSERT INTO plan_groups (plan_id, source, error_group, destination) \
-         SELECT DISTINCT $1::uuid, d.source, d.error_group, d.destination \
-         FROM plan_items i JOIN dead_letters d ON d.id = i.dead_letter_id WHERE i.plan_id = $1",
-    )
-    .bind(plan.id)
-    .execute(&mut **transaction)
-    .await?;
+    let frozen = insert_slices_and_items(transaction, plan, &waves).await?;
+    if frozen < total {
+        // Some were archived or deleted since the precheck; the caller
+        // drops the transaction, so nothing of the plan stays.
+        return unfrozen(transaction, plan).await;
+    }
     record_action(transaction, plan.id, "create", &plan.actor, &plan.rationale).await?;
     record_policy_override(transaction, plan, &precheck).await?;
     Ok(CreateOutcome::Created)
 }
 
 /// The precheck `plan` freezes, locked `FOR SHARE`, and its count of
-/// replayable items; or why no plan can be made of it (`Err`): not found,
-/// not done, nothing replayable, or some of its replayable dead letters
-/// archived or deleted since.
+/// replayable items, under the freeze lock held shared (see
+/// [`super::freeze`]: archive, retention, re-keying and repairs wait for this
+/// transaction, and it for theirs); or why no plan can be made of it
+/// (`Err`): not found, not done, nothing replayable.
 ///
 /// # Errors
 /// [`StoreError`].
@@ -204,6 +203,7 @@ async fn frozen_precheck(
     transaction: &mut Transaction<'_, Postgres>,
     plan: &NewPlan,
 ) -> Result<Result<(FrozenPrecheckRow, i64), CreateOutcome>, StoreError> {
+    freeze::lock(transaction, Freeze::Shared).await?;
     let precheck = sqlx::query_as::<_, FrozenPrecheckRow>(
         "SELECT state, digest, actor, report FROM prechecks WHERE id = $1 FOR SHARE",
     )
@@ -225,23 +225,35 @@ async fn frozen_precheck(
     if total == 0 {
         return Ok(Err(CreateOutcome::NothingReplayable));
     }
-    let frozen = sqlx::query_as::<_, FrozenDeadLettersRow>(FROZEN_DEAD_LETTERS_SQL)
+    Ok(Ok((precheck, total)))
+}
+
+/// Why plan creation froze fewer items than precheck `plan.precheck_id` has
+/// replayable ones: some of its dead letters were archived, or deleted by
+/// retention, since the precheck.
+///
+/// # Errors
+/// [`StoreError`].
+async fn unfrozen(
+    transaction: &mut Transaction<'_, Postgres>,
+    plan: &NewPlan,
+) -> Result<CreateOutcome, StoreError> {
+    let found = sqlx::query_as::<_, UnfrozenRow>(UNFROZEN_SQL)
         .bind(plan.precheck_id)
         .fetch_one(&mut **transaction)
         .await?;
-    if let Some(first) = frozen.first_archived {
-        return Ok(Err(CreateOutcome::ChangedSincePrecheck(format!(
-            "{} of its replayable dead letters (dead letter {first} first) were archived since",
-            frozen.archived
-        ))));
-    }
-    if frozen.stored < total {
-        return Ok(Err(CreateOutcome::ChangedSincePrecheck(format!(
-            "{} of its replayable dead letters were deleted by retention since",
-            total - frozen.stored
-        ))));
-    }
-    Ok(Ok((precheck, total)))
+    Ok(CreateOutcome::ChangedSincePrecheck(
+        match found.first_archived {
+            Some(first) => format!(
+                "{} of its replayable dead letters (dead letter {first} first) were archived since",
+                found.archived
+            ),
+            None => format!(
+                "{} of its replayable dead letters were deleted by retention since",
+                found.total - found.stored
+            ),
+        },
+    ))
 }
 
 /// How a plan's items fall into slices: the first `canary` items (the
@@ -347,9 +359,12 @@ async fn insert_plan_row(
     Ok(())
 }
 
-/// Inserts the plan's slices (canary first, then main) and its items, in
-/// dead-letter order; each item's route and send-time deadline are decided
-/// here, once.
+/// Inserts the plan's slices (canary first, then main), its items in
+/// dead-letter order, and its error groups; returns how many items it froze.
+/// Each item's route and send-time deadline are decided here, once. A dead
+/// letter archived or deleted since the precheck is left out, so fewer items
+/// than the precheck's replayable count means the plan must not be made
+/// (the caller holds the freeze lock, [`super::freeze`]).
 ///
 /// # Errors
 /// [`StoreError`].
@@ -357,7 +372,7 @@ async fn insert_slices_and_items(
     transaction: &mut Transaction<'_, Postgres>,
     plan: &NewPlan,
     waves: &Waves,
-) -> Result<(), StoreError> {
+) -> Result<i64, StoreError> {
     let layout = waves.layout();
     let main = layout.len() - 1;
     let (mut seqs, mut kinds, mut steps) = (Vec::new(), Vec::new(), Vec::new());
@@ -380,26 +395,36 @@ async fn insert_slices_and_items(
     .await?;
     let column =
         |pick: fn(&(i64, i64, i64, i64)) -> i64| layout.iter().map(pick).collect::<Vec<i64>>();
-    // An item at position p (1-based, dead-letter order) is in the wave
-    // whose (low, high] holds p, in slice first + (p - low - 1) / size. The
-    // slice number is computed per item first and then joined: a join
-    // condition with the subquery in it was evaluated per item and slice,
-    // so plan creation grew with items × slices (100,000 items: 26 s).
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key, \
-                                 exchange, routing_key, stale_at) \
+    // One pass over the dead letters (`frozen`, materialized) feeds both the
+    // items and the error groups: what its dead letters failed with, so that
+    // dead letters failing the same way later stop its approval and pause it
+    // (docs/replay.md, "Still arriving"). An item at position p (1-based,
+    // dead-letter order) is in the wave whose (low, high] holds p, in slice
+    // first + (p - low - 1) / size. The slice number is computed per item
+    // first and then joined: a join condition with the subquery in it was
+    // evaluated per item and slice, so plan creation grew with items ×
+    // slices (100,000 items: 26 s).
+    let frozen: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "WITH frozen AS MATERIALIZED ( \
+             SELECT i.dead_letter_id, d.message_key, i.stale_at, \
+                    {ITEM_EXCHANGE_SQL} AS exchange, {ITEM_ROUTING_KEY_SQL} AS routing_key, \
+                    d.source, d.error_group, d.destination, \
+                    row_number() OVER (ORDER BY i.dead_letter_id) AS position \
+             FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
+             JOIN plans p ON p.id = $1 \
+             WHERE i.precheck_id = $2 AND i.verdict = 'replayable' AND d.archived_at IS NULL), \
+         items AS (INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key, \
+                                           exchange, routing_key, stale_at) \
              SELECT $1, r.position, s.id, r.dead_letter_id, r.message_key, \
                     r.exchange, r.routing_key, r.stale_at \
-             FROM (SELECT i.dead_letter_id, d.message_key, i.stale_at, \
-                          {ITEM_EXCHANGE_SQL} AS exchange, {ITEM_ROUTING_KEY_SQL} AS routing_key, \
-                          row_number() OVER (ORDER BY i.dead_letter_id) AS position \
-                   FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
-                   JOIN plans p ON p.id = $1 \
-                   WHERE i.precheck_id = $2 AND i.verdict = 'replayable') r \
+             FROM frozen r \
              CROSS JOIN LATERAL (SELECT w.first + (r.position - w.low - 1) / $6 AS seq \
                  FROM UNNEST($3::bigint[], $4::bigint[], $5::bigint[]) AS w(low, high, first) \
                  WHERE r.position > w.low AND r.position <= w.high) q \
-             JOIN plan_slices s ON s.plan_id = $1 AND s.seq = q.seq"
+             JOIN plan_slices s ON s.plan_id = $1 AND s.seq = q.seq), \
+         groups AS (INSERT INTO plan_groups (plan_id, source, error_group, destination) \
+             SELECT DISTINCT $1::uuid, source, error_group, destination FROM frozen) \
+         SELECT count(*) FROM frozen"
     )))
     .bind(plan.id)
     .bind(plan.precheck_id)
@@ -407,9 +432,9 @@ async fn insert_slices_and_items(
     .bind(column(|wave| wave.1))
     .bind(column(|wave| wave.2))
     .bind(waves.slice_size)
-    .execute(&mut **transaction)
+    .fetch_one(&mut **transaction)
     .await?;
-    Ok(())
+    Ok(frozen)
 }
 
 /// A precheck that overrode the planner's policy says so in the plan's

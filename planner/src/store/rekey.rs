@@ -6,7 +6,11 @@
 
 use sqlx::{PgConnection, Postgres, QueryBuilder};
 
-use super::{Store, StoreError, dead_letters::push_conditions};
+use super::{
+    Store, StoreError,
+    dead_letters::push_conditions,
+    freeze::{self, Freeze},
+};
 use crate::{
     dead_letters::selector::Selector,
     ids::{DeadLetterId, PlanId},
@@ -139,8 +143,9 @@ impl Store {
 
     /// Re-keys the next batch of the selection after `after_id` (at most
     /// `limit` dead letters and [`REKEY_BATCH_BYTES`] of bodies), in one
-    /// transaction: the batch is locked (`FOR UPDATE`, so a plan created
-    /// meanwhile waits), `compute` gives each its key, and every changed dead
+    /// transaction: the freeze lock is taken exclusive ([`super::freeze`], so
+    /// a plan created meanwhile waits, and this batch for it) and the batch
+    /// is locked (`FOR UPDATE`), `compute` gives each its key, and every changed dead
     /// letter gets the new key, its former one appended to
     /// `previous_message_keys`, and a `rekey` history line; the run's counts
     /// grow. Audit events are never touched.
@@ -167,6 +172,7 @@ impl Store {
             });
         };
         let mut transaction = self.pool().begin().await?;
+        freeze::lock(&mut transaction, Freeze::Exclusive).await?;
         let rows: Vec<RekeyInput> = sqlx::query_as(
             "SELECT id, message_key, body, body_sha256, body_oversized, properties, headers, \
              event_type FROM dead_letters WHERE id = ANY($1) ORDER BY id FOR UPDATE",

@@ -12,6 +12,7 @@ use sqlx::{Postgres, Transaction};
 
 use super::{
     Store, StoreError,
+    freeze::{self, Freeze},
     plans::{CreateOutcome, Moved, NewPlan, insert_plan, transition_in},
 };
 use crate::{
@@ -238,6 +239,9 @@ impl Store {
     ) -> Result<RepairOutcome, StoreError> {
         let mut transaction = self.pool().begin().await?;
         lock_dead_letter(&mut transaction, dead_letter_id).await?;
+        // A plan being created (of this dead letter or not) ends first, so
+        // the check below sees it ([`super::freeze`]).
+        freeze::lock(&mut transaction, Freeze::Exclusive).await?;
         let current: Option<(Option<i32>, Vec<u8>)> = sqlx::query_as(
             "SELECT d.body_revision, coalesce(v.body_sha256, d.body_sha256) FROM dead_letters d \
              LEFT JOIN dead_letter_revisions v ON v.dead_letter_id = d.id AND v.revision = d.body_revision \
