@@ -5,8 +5,9 @@
 //!
 //! Candidates stream from PostgreSQL in id order (which computes key ranks,
 //! earlier replays and re-dead-letters), are classified in chunks, the state
-//! check hooks are called in batches with bounded concurrency, and items go back
-//! through one `COPY`. Memory is bounded by the chunk, never by the selection.
+//! check hooks are called in batches with bounded concurrency, a few chunks
+//! ahead of the one being recorded, and items go back through one `COPY`.
+//! Memory is bounded by those few chunks, never by the selection.
 //! The digest is SHA-256 over the encoded selector and options and then, per
 //! item in id order, the dead letter id and verdict name.
 
@@ -46,6 +47,11 @@ use crate::{
 
 /// Candidates classified per chunk.
 const CHUNK: usize = 2000;
+
+/// Chunks judged at once: the one being recorded and the next ones, whose
+/// hook calls run meanwhile (each chunk's calls are themselves
+/// `classify::HOOK_CONCURRENCY` batches at a time).
+const CHUNKS_AHEAD: usize = 3;
 
 /// Everything a precheck run needs.
 #[derive(Debug)]
@@ -171,35 +177,27 @@ async fn classify_all(
     let options = &request.options;
     let now = Utc::now();
     let with_payload = !checker.is_empty() || options.event_time_pointer.is_some();
-    let mut candidates = store
-        .stream_candidates(&request.selector, options.replay_key_window, with_payload)
-        .ready_chunks(CHUNK);
     let mut copy = store.copy_precheck_items().await?;
     let mut classified = Classified::new(request, CHUNK * 64);
+    // Chunks are judged (rules and hooks) up to `CHUNKS_AHEAD` ahead of the
+    // one being recorded, in order: a chunk's hook calls overlap PostgreSQL
+    // streaming the next candidates and taking the previous `COPY` lines.
+    // One span per chunk (under the precheck's): its judging, its
+    // state-check hook calls and its `COPY`.
+    let mut judged = store
+        .stream_candidates(&request.selector, options.replay_key_window, with_payload)
+        .ready_chunks(CHUNK)
+        .enumerate()
+        .map(|(index, chunk)| judge_chunk(checker, options, chunk, index, now))
+        .buffered(CHUNKS_AHEAD);
 
     let outcome: Result<(), Error> = async {
-        let mut index = 0_u64;
-        while let Some(chunk) = candidates.next().await {
-            let chunk = chunk
-                .into_iter()
-                .collect::<Result<Vec<Candidate>, StoreError>>()?;
-            // One span per chunk (under the precheck's): classification, the
-            // state-check hook calls and the chunk's COPY.
-            let span = tracing::info_span!(
-                "planner.precheck.chunk",
-                precheck.chunk.index = index,
-                precheck.chunk.size = chunk.len(),
-            );
-            index += 1;
-            async {
-                classified
-                    .add_chunk(checker, options, precheck_id, &chunk, now)
-                    .await?;
-                send_copy(&mut copy, &mut classified.buffer).await?;
-                Ok::<(), Error>(())
-            }
-            .instrument(span)
-            .await?;
+        while let Some(next) = judged.next().await {
+            let (judged, span) = next?;
+            classified.add_judged(options, precheck_id, judged, now);
+            send_copy(&mut copy, &mut classified.buffer)
+                .instrument(span)
+                .await?;
         }
         Ok(())
     }
@@ -212,6 +210,31 @@ async fn classify_all(
 
     let warnings = classified.warnings(store, precheck_id, request).await?;
     Ok(classified.into_report(precheck_id, request, now, warnings))
+}
+
+/// Judges chunk `index` ([`classify::judge`]) in its span, which it returns
+/// for the chunk's `COPY`.
+async fn judge_chunk<'a>(
+    checker: &StateChecker,
+    options: &'a PrecheckOptions,
+    chunk: Vec<Result<Candidate, StoreError>>,
+    index: usize,
+    now: chrono::DateTime<Utc>,
+) -> Result<(classify::Judged<'a>, tracing::Span), Error> {
+    let span = tracing::info_span!(
+        "planner.precheck.chunk",
+        precheck.chunk.index = index,
+        precheck.chunk.size = chunk.len(),
+    );
+    let judged = async {
+        let chunk = chunk
+            .into_iter()
+            .collect::<Result<Vec<Candidate>, StoreError>>()?;
+        classify::judge(checker, options, chunk, now).await
+    }
+    .instrument(span.clone())
+    .await?;
+    Ok((judged, span))
 }
 
 /// The report of a finished precheck.

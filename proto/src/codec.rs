@@ -121,11 +121,19 @@ struct Frame {
     descriptor: MessageDescriptor,
     /// Where its bytes end in the request.
     end: usize,
-    /// Field path from the request (`rate.rationale`, `selector.ids[3]`).
-    path: String,
+    /// The field of the enclosing message that holds it, and its element
+    /// index when that field is repeated; `None` for the request. Paths
+    /// (`rate.rationale`, `selector.ids[3]`) are spelled from these only for
+    /// an error ([`Walk::path`]): a request of thousands of fields is checked
+    /// without an allocation per field.
+    entered_by: Option<Step>,
     /// Elements seen per repeated field number.
     counts: Vec<(u32, usize)>,
 }
+
+/// A field taken from a message to the next: the field, and the element's
+/// index when it is repeated.
+type Step = (FieldDescriptor, Option<usize>);
 
 /// Header rules of the header table being walked.
 struct Headers {
@@ -161,7 +169,7 @@ pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), Strin
         stack: vec![Frame {
             descriptor: root,
             end: bytes.len(),
-            path: String::new(),
+            entered_by: None,
             counts: Vec::new(),
         }],
         headers: None,
@@ -209,6 +217,28 @@ impl Walk<'_> {
             .ok_or_else(|| "undecodable message: walked past the request".to_owned())
     }
 
+    /// The field path from the request to the innermost message, then to
+    /// `last` if given (`messages[3].headers`); empty for the request itself.
+    fn path(&self, last: Option<(&FieldDescriptor, Option<usize>)>) -> String {
+        let mut path = String::new();
+        let steps = self
+            .stack
+            .iter()
+            .filter_map(|frame| frame.entered_by.as_ref())
+            .map(|(field, element)| (field, *element))
+            .chain(last);
+        for (field, element) in steps {
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(field.name());
+            if let Some(element) = element {
+                path.push_str(&format!("[{element}]"));
+            }
+        }
+        path
+    }
+
     /// Step 1: leaves the innermost message when its bytes are all read
     /// (and its header table with it); `true` when it did.
     ///
@@ -216,12 +246,12 @@ impl Walk<'_> {
     /// A message whose last field ran past its end.
     fn leave_finished_frame(&mut self) -> Result<bool, String> {
         let position = self.position;
-        let frame = self.frame()?;
-        if position < frame.end {
+        let end = self.frame()?.end;
+        if position < end {
             return Ok(false);
         }
-        if position > frame.end {
-            return Err(format!("{}: truncated message", display(&frame.path)));
+        if position > end {
+            return Err(format!("{}: truncated message", display(&self.path(None))));
         }
         self.stack.pop();
         let depth = self.stack.len();
@@ -296,32 +326,35 @@ impl Walk<'_> {
         let headers_open = self.headers.is_some();
         let stored_data = self.stored_data;
         let frame = self.frame()?;
-        let message_name = frame.descriptor.full_name().to_owned();
-        let mut path = if frame.path.is_empty() {
-            field.name().to_owned()
-        } else {
-            format!("{}.{}", frame.path, field.name())
-        };
+        let mut element = None;
         if field.is_list() || field.is_map() {
             let count = frame.count_element(field.number());
             // Inside headers, MAX_HEADER_VALUES counts the values instead.
-            let limit = limits::repeated_limit(&message_name, field.name());
+            let limit = limits::repeated_limit(frame.descriptor.full_name(), field.name());
             if count > limit && !stored_data && !headers_open {
-                return Err(format!("{}: more than {limit} elements", short(&path)));
+                return Err(format!(
+                    "{}: more than {limit} elements",
+                    short(&self.path(Some((&field, None))))
+                ));
             }
-            path = format!("{path}[{}]", count - 1);
+            element = Some(count - 1);
         }
         match field.kind() {
-            Kind::Message(descriptor) => self.enter_message(descriptor, path, start, length),
+            Kind::Message(descriptor) => {
+                self.enter_message(descriptor, (field, element), start, length)
+            }
             Kind::String if !stored_data => {
-                let limit = limits::text_limit(&message_name, field.name());
+                let limit = limits::text_limit(frame.descriptor.full_name(), field.name());
                 if length > limit {
-                    return Err(format!("{}: {length} bytes, at most {limit}", short(&path)));
+                    return Err(format!(
+                        "{}: {length} bytes, at most {limit}",
+                        short(&self.path(Some((&field, element))))
+                    ));
                 }
                 if !headers_open && self.bytes[start..self.position].contains(&0) {
                     return Err(format!(
                         "{}: contains a NUL character, which text cannot hold",
-                        short(&path)
+                        short(&self.path(Some((&field, element))))
                     ));
                 }
                 Ok(())
@@ -330,23 +363,24 @@ impl Walk<'_> {
         }
     }
 
-    /// Step 3a: opens the message field at `path` (its content `length`
-    /// bytes from `start`) after the nesting and header limits, so the walk
-    /// goes on inside it.
+    /// Step 3a: opens the message field reached by `step` (its content
+    /// `length` bytes from `start`) after the nesting and header limits, so
+    /// the walk goes on inside it.
     ///
     /// # Errors
     /// Messages nested too deep, or header limits broken.
     fn enter_message(
         &mut self,
         descriptor: MessageDescriptor,
-        path: String,
+        step: Step,
         start: usize,
         length: usize,
     ) -> Result<(), String> {
+        let at = |walk: &Self| short(&walk.path(Some((&step.0, step.1))));
         if self.stack.len() >= MAX_MESSAGE_NESTING {
             return Err(format!(
                 "{}: nested deeper than {MAX_MESSAGE_NESTING} messages",
-                short(&path)
+                at(self)
             ));
         }
         let child = descriptor.full_name();
@@ -354,7 +388,7 @@ impl Walk<'_> {
             if length > MAX_HEADERS_BYTES && !self.stored_data {
                 return Err(format!(
                     "{}: {length} bytes of headers, at most {MAX_HEADERS_BYTES}",
-                    short(&path)
+                    at(self)
                 ));
             }
             self.headers = Some(Headers {
@@ -362,13 +396,15 @@ impl Walk<'_> {
                 values: 0,
             });
         }
-        if !self.stored_data {
-            self.check_header_limits(child, &path)?;
+        if !self.stored_data
+            && let Err(problem) = self.check_header_limits(child)
+        {
+            return Err(format!("{}: {problem}", at(self)));
         }
         self.stack.push(Frame {
             descriptor,
             end: self.position,
-            path,
+            entered_by: Some(step),
             counts: Vec::new(),
         });
         self.position = start;
@@ -376,22 +412,19 @@ impl Walk<'_> {
     }
 
     /// Step 3b: inside a header table, counts a header value (`child`, the
-    /// message opened at `path`) and the nesting of tables and arrays.
+    /// message being opened) and the nesting of tables and arrays.
     ///
     /// # Errors
     /// More than [`MAX_HEADER_VALUES`] values, or tables and arrays nested
-    /// deeper than [`MAX_HEADER_NESTING`].
-    fn check_header_limits(&mut self, child: &str, path: &str) -> Result<(), String> {
+    /// deeper than [`MAX_HEADER_NESTING`]: the problem, without its path.
+    fn check_header_limits(&mut self, child: &str) -> Result<(), String> {
         let Some(header) = self.headers.as_mut() else {
             return Ok(());
         };
         if child == HEADER_VALUE {
             header.values += 1;
             if header.values > MAX_HEADER_VALUES {
-                return Err(format!(
-                    "{}: more than {MAX_HEADER_VALUES} header values",
-                    short(path)
-                ));
+                return Err(format!("more than {MAX_HEADER_VALUES} header values"));
             }
         }
         if child == HEADER_TABLE || child == HEADER_ARRAY {
@@ -405,8 +438,7 @@ impl Walk<'_> {
                 + 1;
             if nesting > MAX_HEADER_NESTING {
                 return Err(format!(
-                    "{}: header tables and arrays nested deeper than {MAX_HEADER_NESTING} levels",
-                    short(path)
+                    "header tables and arrays nested deeper than {MAX_HEADER_NESTING} levels"
                 ));
             }
         }
@@ -560,6 +592,50 @@ mod tests {
         assert!(
             error.starts_with("selector.sources[1]: contains a NUL"),
             "{error}"
+        );
+    }
+
+    /// Paths are spelled only for an error, from the fields walked: an
+    /// element of a repeated message, then a field inside it; a repeated
+    /// field over its limit is named without an index.
+    #[test]
+    fn paths_name_elements_of_repeated_messages() {
+        let matches = |count: usize, nul_at: usize| v1::ListDeadLettersRequest {
+            selector: Some(v1::Selector {
+                body_matches: (0..count)
+                    .map(|index| v1::BodyMatch {
+                        pointer: "/id".into(),
+                        value: if index == nul_at {
+                            "a\0b".into()
+                        } else {
+                            "ok".into()
+                        },
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let list = "redrive.v1.ListDeadLettersRequest";
+        assert_eq!(
+            check_request(list, &matches(3, 9).encode_to_vec(), Scope::All),
+            Ok(())
+        );
+        let error = check_request(list, &matches(3, 2).encode_to_vec(), Scope::All).unwrap_err();
+        assert!(
+            error.starts_with("selector.body_matches[2].value: contains a NUL"),
+            "{error}"
+        );
+        let limit = limits::repeated_limit("redrive.v1.Selector", "body_matches");
+        let error = check_request(
+            list,
+            &matches(limit + 1, usize::MAX).encode_to_vec(),
+            Scope::All,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            format!("selector.body_matches: more than {limit} elements")
         );
     }
 }

@@ -2,7 +2,7 @@
 //! ([`classify`]), then the owning services' hooks for the rest, a chunk at
 //! a time.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
@@ -12,7 +12,7 @@ use redrive_proto::{
     v1::{self, Verdict},
 };
 
-use super::report::{Classified, ReportBuilder};
+use super::report::Classified;
 use crate::{
     error::Error,
     ids::PrecheckId,
@@ -171,37 +171,78 @@ fn classify_with(
     None
 }
 
+/// A chunk of candidates with what the rules and the state-check hooks
+/// decided of each ([`judge`]); [`Classified::add_judged`] records it.
+pub(super) struct Judged<'a> {
+    /// The candidates, in id order.
+    chunk: Vec<Candidate>,
+    /// Each one's declared body encoding ([`declared_encoding`]).
+    declared: Vec<Option<String>>,
+    /// Each one's deadline under the options.
+    deadlines: Vec<Option<Deadline<'a>>>,
+    /// Each one's verdict and reason; `None`: replayable.
+    verdicts: Vec<Option<(Verdict, String)>>,
+    /// How many the hooks checked, and how many of those they blocked.
+    hook_checked: u64,
+    hook_blocked: u64,
+}
+
+/// Judges one chunk: the rules first ([`classify`], each candidate's
+/// deadline read once), then the state-check hooks for the candidates that
+/// reached them. Chunks are judged ahead of the one being recorded
+/// (`precheck::classify_all`), so the hooks of one overlap the reading and
+/// the `COPY` of the others.
+///
+/// # Errors
+/// A hook that fails while the options do not say to block instead.
+pub(super) async fn judge<'a>(
+    checker: &StateChecker,
+    options: &'a PrecheckOptions,
+    chunk: Vec<Candidate>,
+    now: DateTime<Utc>,
+) -> Result<Judged<'a>, Error> {
+    let declared: Vec<Option<String>> = chunk.iter().map(declared_encoding).collect();
+    let deadlines: Vec<Option<Deadline<'a>>> = chunk
+        .iter()
+        .zip(&declared)
+        .map(|(candidate, declared)| deadline(candidate, declared.as_deref(), options))
+        .collect();
+    let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
+        .iter()
+        .zip(&deadlines)
+        .map(|(candidate, deadline)| classify_with(candidate, options, deadline.as_ref(), now))
+        .collect();
+    let (hook_checked, hook_blocked) =
+        state_check_chunk(checker, options, &chunk, &mut verdicts).await?;
+    Ok(Judged {
+        chunk,
+        declared,
+        deadlines,
+        verdicts,
+        hook_checked,
+        hook_blocked,
+    })
+}
+
 impl Classified {
-    /// Classifies one chunk: the rules first ([`classify`], each candidate's
-    /// deadline read once), then the state-check hooks for the candidates
-    /// that reached them; counts each verdict into the report, the body-hash
-    /// keys and the staleness coverage, and writes its `COPY` line into the
-    /// buffer.
-    ///
-    /// # Errors
-    /// A hook that fails while the options do not say to block instead.
-    pub(super) async fn add_chunk(
+    /// Records one judged chunk, in id order: counts each verdict into the
+    /// report, the body-hash keys and the staleness coverage, and writes its
+    /// `COPY` line into the buffer.
+    pub(super) fn add_judged(
         &mut self,
-        checker: &Arc<StateChecker>,
         options: &PrecheckOptions,
         precheck_id: PrecheckId,
-        chunk: &[Candidate],
+        judged: Judged<'_>,
         now: DateTime<Utc>,
-    ) -> Result<(), Error> {
-        let declared: Vec<Option<String>> = chunk.iter().map(declared_encoding).collect();
-        let deadlines: Vec<Option<Deadline<'_>>> = chunk
+    ) {
+        self.report.hook_checked += judged.hook_checked;
+        self.report.hook_blocked += judged.hook_blocked;
+        for (((candidate, verdict), deadline), declared) in judged
+            .chunk
             .iter()
-            .zip(&declared)
-            .map(|(candidate, declared)| deadline(candidate, declared.as_deref(), options))
-            .collect();
-        let mut verdicts: Vec<Option<(Verdict, String)>> = chunk
-            .iter()
-            .zip(&deadlines)
-            .map(|(candidate, deadline)| classify_with(candidate, options, deadline.as_ref(), now))
-            .collect();
-        state_check_chunk(checker, options, chunk, &mut verdicts, &mut self.report).await?;
-        for (((candidate, verdict), deadline), declared) in
-            chunk.iter().zip(verdicts).zip(&deadlines).zip(&declared)
+            .zip(judged.verdicts)
+            .zip(&judged.deadlines)
+            .zip(&judged.declared)
         {
             let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
             self.body_hash_keys.add(candidate);
@@ -223,21 +264,21 @@ impl Classified {
                 &reason,
             );
         }
-        Ok(())
     }
 }
 
 /// Calls the hooks for the chunk's candidates that reached the state check and
-/// fills in their verdicts.
+/// fills in their verdicts; returns how many the hooks checked and how many
+/// of those they blocked.
 async fn state_check_chunk(
-    checker: &Arc<StateChecker>,
+    checker: &StateChecker,
     options: &PrecheckOptions,
     chunk: &[Candidate],
     verdicts: &mut [Option<(Verdict, String)>],
-    report: &mut ReportBuilder,
-) -> Result<(), Error> {
+) -> Result<(u64, u64), Error> {
+    let (mut checked, mut blocked) = (0, 0);
     if checker.is_empty() {
-        return Ok(());
+        return Ok((checked, blocked));
     }
     // (route, positions in the chunk), cut into batches.
     let mut by_route: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -264,7 +305,6 @@ async fn state_check_chunk(
                 .iter()
                 .map(|&position| state_check_message(&chunk[position]))
                 .collect::<Vec<_>>();
-            let checker = Arc::clone(checker);
             let timeout = options.state_check_timeout;
             async move { (positions, checker.check(route, messages, timeout).await) }
         })
@@ -275,12 +315,12 @@ async fn state_check_chunk(
         match answer {
             Ok(decisions) => {
                 for position in positions {
-                    report.hook_checked += 1;
+                    checked += 1;
                     let decision = &decisions[&chunk[position].id.to_string()];
                     verdicts[position] = match decision {
                         StateDecision::Replay => None,
                         StateDecision::Block(reason) => {
-                            report.hook_blocked += 1;
+                            blocked += 1;
                             Some((Verdict::BlockedByState, reason.clone()))
                         }
                         StateDecision::NeedsCompensation(reason) => {
@@ -297,7 +337,7 @@ async fn state_check_chunk(
             Err(error) => return Err(hook_failed(error)),
         }
     }
-    Ok(())
+    Ok((checked, blocked))
 }
 
 /// The error of a precheck whose state-check hook failed: what to do about it.

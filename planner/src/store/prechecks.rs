@@ -92,6 +92,18 @@ const CANDIDATE_BUFFER: usize = 2048;
 /// duplicates are ranked among valid dead letters only).
 const INVALID_SQL: &str = "(destination = '' OR body_oversized OR body_problem IS NOT NULL)";
 
+/// The columns of a candidate that decide whether it is invalid
+/// ([`INVALID_SQL`]) and its duplicate key. A repaired dead letter is
+/// prechecked with its latest revision, which `RepairDeadLetter` validated
+/// against the body limit and content type. A problem of the message rather
+/// than its body stays: a message the AMQP client could not read (its exact
+/// form is in the parking queue) and a `user_id` the broker would refuse
+/// (dead_letter.rs starts that text with `user_id `).
+const CANDIDATE_CHECKED_COLUMNS: &str = "id, message_key, destination, \
+    body_oversized AND body_revision IS NULL AS body_oversized, \
+    CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
+         THEN body_problem END AS body_problem";
+
 impl Store {
     /// The selected dead letters in id order, streamed through a bounded channel
     /// (PostgreSQL ranks keys and joins replays and re-dead-letters; the planner
@@ -105,9 +117,9 @@ impl Store {
         let mut builder = QueryBuilder::<Postgres>::new(format!(
             "SELECT d.id, d.message_key, d.source, d.destination, d.body_oversized, d.body_problem, d.event_type, \
              d.schema_version, d.producer, d.reason_class, d.error_group, d.occurred_at, d.first_died_at, d.died_at, \
-             CASE WHEN d.invalid THEN NULL ELSE first_value(d.id) OVER (PARTITION BY d.invalid, d.message_key, d.destination ORDER BY d.id) END AS first_id, \
+             f.first_id, \
              r.plan_id AS replayed_plan, r.replayed_at, coalesce(r.certain, true) AS replayed_certain, coalesce(l.redrives, 0) AS redrives, {} \
-             FROM (SELECT s.*, {INVALID_SQL} AS invalid FROM ",
+             FROM ",
             if with_payload {
                 "d.body, d.properties, d.headers"
             } else {
@@ -117,26 +129,31 @@ impl Store {
         push_selected(
             &mut builder,
             selector,
-            // A repaired dead letter is prechecked with its latest revision, which
-            // RepairDeadLetter validated against the body limit and content type.
-            // A problem of the message rather than its body stays: a message
-            // the AMQP client could not read (its exact form is in the parking
-            // queue) and a `user_id` the broker would refuse
-            // (dead_letter.rs starts that text with `user_id `).
-            "id, message_key, previous_message_keys, source, destination, body_oversized AND body_revision IS NULL AS body_oversized, \
-             CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
-                  THEN body_problem END AS body_problem, event_type, schema_version, \
-             producer, reason_class, error_group, occurred_at, first_died_at, died_at, \
-             CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
-                 WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END AS body, \
-             properties, headers",
+            &format!(
+                "{CANDIDATE_CHECKED_COLUMNS}, previous_message_keys, source, event_type, schema_version, \
+                 producer, reason_class, error_group, occurred_at, first_died_at, died_at, \
+                 CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
+                     WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END AS body, \
+                 properties, headers"
+            ),
         );
+        // The first dead letter of each key and destination (the duplicate
+        // check) is ranked over narrow rows, the same selection without its
+        // bodies, and joined back by id: ranking the wide rows sorted every
+        // body (at 1,000,000 dead letters, 1.3 GB of sort files and the first
+        // candidate after 6.3 s, against 50 MB and 3.3 s).
+        builder.push(format!(
+            " d JOIN (SELECT k.id, CASE WHEN {INVALID_SQL} THEN NULL ELSE first_value(k.id) OVER \
+             (PARTITION BY {INVALID_SQL}, k.message_key, k.destination ORDER BY k.id) END AS first_id FROM "
+        ));
+        push_selected(&mut builder, selector, CANDIDATE_CHECKED_COLUMNS);
         builder
+            .push(" k) f ON f.id = d.id")
             .push(
                 // The key's latest delivery within the window, a confirmed one
                 // first, looked up per candidate in `audit_events_replayed`:
                 // the cost follows the selection, not the audit's history.
-                " s) d LEFT JOIN LATERAL (SELECT e.plan_id, e.at AS replayed_at, e.action = 'sent' AS certain \
+                " LEFT JOIN LATERAL (SELECT e.plan_id, e.at AS replayed_at, e.action = 'sent' AS certain \
                  FROM audit_events e WHERE e.message_key = ANY(d.previous_message_keys || d.message_key) \
                  AND e.destination = d.destination \
                  AND e.action IN ('sent', 'uncertain') AND e.at > now() - ",
