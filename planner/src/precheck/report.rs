@@ -364,19 +364,27 @@ impl Classified {
             warnings.push("the selection is empty: nothing to replay".to_owned());
         }
         warnings.extend(self.body_hash_keys.warning(report.overall.total));
-        for kind in [
+        // Three reads of the whole selection, each on its own connection at
+        // once: run one after the other they were a quarter of a precheck
+        // of 100,000 dead letters.
+        let (same_id, same_body, exchange_only) = tokio::try_join!(
+            store.near_duplicates(precheck_id, NearDuplicateKind::SameIdOtherBodies),
+            store.near_duplicates(precheck_id, NearDuplicateKind::SameBodyOtherIds),
+            store.exchange_only_items(precheck_id),
+        )?;
+        warnings.extend(near_duplicate_warning(
             NearDuplicateKind::SameIdOtherBodies,
+            &same_id,
+        ));
+        warnings.extend(near_duplicate_warning(
             NearDuplicateKind::SameBodyOtherIds,
-        ] {
-            let found = store.near_duplicates(precheck_id, kind).await?;
-            warnings.extend(near_duplicate_warning(kind, &found));
-        }
+            &same_body,
+        ));
         warnings.extend(self.coverage.warning());
         warnings.extend(
             self.coverage
                 .implausible_warning(request.options.event_time_pointer.as_deref()),
         );
-        let exchange_only = store.exchange_only_items(precheck_id).await?;
         warnings.extend(exchange_only_warning(&exchange_only));
         if report.by_destination.len() > 1 {
             let destinations = report.by_destination.keys().map(String::as_str);
