@@ -1123,6 +1123,12 @@ async fn an_item_too_large_for_a_claim_fails_and_exports_come_in_bounded_chunks(
     .bind(big)
     .execute(&pool)
     .await?;
+    // As RepairDeadLetter does: the dead letter's current revision is the
+    // one just added.
+    sqlx::query("UPDATE dead_letters SET body_revision = 1 WHERE id = $1")
+        .bind(big)
+        .execute(&pool)
+        .await?;
     let mut coordinator = CoordinatorClient::connect(bed.planner.url()).await?;
     let slice = claimed(&mut coordinator, "executor", true).await?;
     let positions: Vec<i64> = slice

@@ -119,7 +119,7 @@ pub const FINAL_ITEM_STATES: &[&str] = &[
 /// stored length without reading the body), its properties, headers, error
 /// text and raw content header, and 1 KiB for the rest (ids, keys, names).
 pub const ITEM_SIZE_SQL: &str = "(coalesce((SELECT octet_length(v.body) FROM dead_letter_revisions v \
-    WHERE v.dead_letter_id = i.dead_letter_id ORDER BY v.revision DESC LIMIT 1), octet_length(x.body)) \
+    WHERE v.dead_letter_id = i.dead_letter_id AND v.revision = x.body_revision), octet_length(x.body)) \
     + octet_length(x.properties) + octet_length(x.headers) + coalesce(octet_length(x.error_text), 0) \
     + coalesce(octet_length(x.raw_content_header), 0) + 1024)::bigint";
 

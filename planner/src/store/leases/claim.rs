@@ -87,9 +87,14 @@ impl Store {
     /// `IN (SELECT position FROM handed)`: planned on statistics that put one
     /// row in a slice, that semi join re-ran the running sum for every item,
     /// slice² rows (a slice of 1,000: 6.5 s and 1.4 million buffer reads per
-    /// claim instead of 80 ms; docs/benchmarks.md, "Pinned"). Nor as
-    /// `position = ANY (array)`: one index descent per element, 18 of a
-    /// claim's 75 ms.
+    /// claim instead of 80 ms; docs/benchmarks.md, "Pinned"). The body of a
+    /// repaired dead letter is its current revision (`body_revision`, the
+    /// latest: `RepairDeadLetter` sets it to each revision it adds), read by
+    /// its key. An item's replay keys (its key and those a re-key replaced)
+    /// are built once per item (`replay_keys`, kept from being inlined by
+    /// `OFFSET 0`), not once per audit row a scan of `audit_events` visits: while the audit is a few pages,
+    /// PostgreSQL scans it per item (the first main-wave claims after the
+    /// canary, 0.5-0.8 s each at 100,000 dead letters).
     ///
     /// # Errors
     /// [`StoreError`].
@@ -106,12 +111,13 @@ impl Store {
                 row_number() OVER (ORDER BY position) AS n FROM due), \
              handed AS (SELECT position FROM running WHERE n = 1 OR total <= $3) \
              SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
-                i.routing_key AS item_routing_key, i.stale_at AS item_stale_at, \
-                (SELECT first_died_at FROM dead_letters WHERE id = i.dead_letter_id) AS first_died_at, i.attempts AS item_attempts, \
+                i.routing_key AS item_routing_key, i.stale_at AS item_stale_at, i.attempts AS item_attempts, \
                 coalesce(rev.body, (SELECT body FROM dead_letters WHERE id = i.dead_letter_id)) AS replay_body, \
                 rk.redrive_count, rk.key_replayed, cb.came_back_from \
              FROM plan_items i \
-             JOIN LATERAL (SELECT {}, previous_message_keys FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             JOIN LATERAL (SELECT {}, previous_message_keys, first_died_at, body_revision \
+                           FROM dead_letters WHERE id = i.dead_letter_id) d ON true \
+             CROSS JOIN LATERAL (SELECT d.previous_message_keys || i.message_key AS replay_keys OFFSET 0) k \
              LEFT JOIN LATERAL (SELECT coalesce(array_agg(DISTINCT x.redrive_plan_id), '{{}}'::text[]) AS came_back_from \
                 FROM dead_letters x WHERE x.message_key = i.message_key AND x.destination = d.destination \
                 AND x.redrive_plan_id IS NOT NULL) cb ON true \
@@ -119,23 +125,30 @@ impl Store {
                 coalesce(bool_or(e.at > now() - $2 * interval '1 second' \
                                  AND NOT (e.plan_id::text = ANY(cb.came_back_from) AND {came_back}) \
                                  AND (e.action = 'sent' OR e.plan_id <> i.plan_id)), false) AS key_replayed \
-                FROM audit_events e WHERE e.message_key = ANY(d.previous_message_keys || i.message_key) \
+                FROM audit_events e WHERE e.message_key = ANY(k.replay_keys) \
                 AND e.destination = d.destination \
                 AND e.action IN ('sent', 'uncertain')) rk ON true \
-             LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = i.dead_letter_id \
-                                ORDER BY revision DESC LIMIT 1) rev ON true \
+             LEFT JOIN dead_letter_revisions rev ON rev.dead_letter_id = i.dead_letter_id \
+                AND rev.revision = d.body_revision \
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') \
-               AND i.position <= (SELECT max(position) FROM handed) ORDER BY i.position",
+               AND i.position <= (SELECT max(position) FROM handed)",
             // The body is read once, as `replay_body`.
             columns(false),
             came_back = CAME_BACK_SQL,
         );
-        let rows = sqlx::query_as::<_, LeasedItemRow>(AssertSqlSafe(query))
+        // Planned at each claim with its own slice, never from a cached
+        // generic plan made while the tables were small (the shape that
+        // cost d1119e8 its slice² claims).
+        let mut rows = sqlx::query_as::<_, LeasedItemRow>(AssertSqlSafe(query))
+            .persistent(false)
             .bind(slice_id)
             .bind(i64::try_from(REPLAY_KEY_WINDOW.as_secs()).unwrap_or(i64::MAX))
             .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
             .fetch_all(self.pool())
             .await?;
+        // In position order; sorted here, not by PostgreSQL, which sorted
+        // the wide rows, bodies and all (13 of a claim's 46 ms).
+        rows.sort_unstable_by_key(|row| row.position);
         rows.into_iter().map(LeasedItem::try_from).collect()
     }
     /// Fails the items of `slice_id` still to publish that are larger

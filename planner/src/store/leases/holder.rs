@@ -149,9 +149,9 @@ impl Store {
         ids: &[DeadLetterId],
     ) -> Result<Vec<v1::DeadLetter>, StoreError> {
         let query = format!(
-            "SELECT d.*, coalesce(rev.body, d.body) AS replay_body FROM (SELECT {} FROM dead_letters WHERE id = ANY($1)) d \
-             LEFT JOIN LATERAL (SELECT body FROM dead_letter_revisions v WHERE v.dead_letter_id = d.id \
-                                ORDER BY revision DESC LIMIT 1) rev ON true",
+            "SELECT d.*, coalesce(rev.body, d.body) AS replay_body \
+             FROM (SELECT {}, body_revision FROM dead_letters WHERE id = ANY($1)) d \
+             LEFT JOIN dead_letter_revisions rev ON rev.dead_letter_id = d.id AND rev.revision = d.body_revision",
             columns(true)
         );
         let rows = sqlx::query_as::<_, ReplayedDeadLetterRow>(AssertSqlSafe(query))
