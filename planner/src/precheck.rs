@@ -49,7 +49,7 @@ use crate::{
 const CHUNK: usize = 2000;
 
 /// Chunks judged at once: the one being recorded and the next ones, whose
-/// hook calls run meanwhile (each chunk's calls are themselves
+/// hook calls run meanwhile (all chunks' calls together at most
 /// `classify::HOOK_CONCURRENCY` batches at a time).
 const CHUNKS_AHEAD: usize = 3;
 
@@ -179,6 +179,7 @@ async fn classify_all(
     let with_payload = !checker.is_empty() || options.event_time_pointer.is_some();
     let mut copy = store.copy_precheck_items().await?;
     let mut classified = Classified::new(request, CHUNK * 64);
+    let hook_slots = classify::hook_slots();
     // Chunks are judged (rules and hooks) up to `CHUNKS_AHEAD` ahead of the
     // one being recorded, in order: a chunk's hook calls overlap PostgreSQL
     // streaming the next candidates and taking the previous `COPY` lines.
@@ -188,7 +189,7 @@ async fn classify_all(
         .stream_candidates(&request.selector, options.replay_key_window, with_payload)
         .ready_chunks(CHUNK)
         .enumerate()
-        .map(|(index, chunk)| judge_chunk(checker, options, chunk, index, now))
+        .map(|(index, chunk)| judge_chunk(checker, &hook_slots, options, chunk, index, now))
         .buffered(CHUNKS_AHEAD);
 
     let outcome: Result<(), Error> = async {
@@ -216,6 +217,7 @@ async fn classify_all(
 /// for the chunk's `COPY`.
 async fn judge_chunk<'a>(
     checker: &StateChecker,
+    hook_slots: &tokio::sync::Semaphore,
     options: &'a PrecheckOptions,
     chunk: Vec<Result<Candidate, StoreError>>,
     index: usize,
@@ -230,7 +232,7 @@ async fn judge_chunk<'a>(
         let chunk = chunk
             .into_iter()
             .collect::<Result<Vec<Candidate>, StoreError>>()?;
-        classify::judge(checker, options, chunk, now).await
+        classify::judge(checker, hook_slots, options, chunk, now).await
     }
     .instrument(span.clone())
     .await?;

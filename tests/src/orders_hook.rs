@@ -13,7 +13,15 @@
 //! - anything else → replay;
 //! - a body without an order id → block: it cannot be checked.
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use redrive_proto::v1::{
     StateCheckRequest, StateCheckResponse, StateCheckVerdict, StateDecision,
@@ -31,6 +39,19 @@ pub struct OrdersHook {
     order_id_pointer: String,
     /// Extra latency per call, to test hook timeouts.
     delay: Duration,
+    /// Calls being answered now, and the most at once so far (shared by
+    /// the clones the server makes).
+    in_flight: Arc<AtomicUsize>,
+    peak_in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a call in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The `orders` table the hook reads.
@@ -49,7 +70,14 @@ impl OrdersHook {
             pool,
             order_id_pointer: "/order_id".to_owned(),
             delay: Duration::ZERO,
+            in_flight: Arc::default(),
+            peak_in_flight: Arc::default(),
         }
+    }
+
+    /// The most calls this hook (and its clones) answered at once.
+    pub fn peak_in_flight(&self) -> usize {
+        self.peak_in_flight.load(Ordering::SeqCst)
     }
 
     /// The same hook answering `delay` late.
@@ -109,6 +137,9 @@ impl StateCheck for OrdersHook {
         &self,
         request: Request<StateCheckRequest>,
     ) -> Result<Response<StateCheckResponse>, Status> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        let _in_flight = InFlight(Arc::clone(&self.in_flight));
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }

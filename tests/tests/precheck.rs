@@ -389,6 +389,61 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     bed.finish().await
 }
 
+/// Chunks are judged ahead of the one being recorded, but the owning
+/// service never gets more than four hook batches at once over the whole
+/// precheck (docs/replay.md, "four batches in flight").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_calls_stay_four_in_flight_across_chunks() -> anyhow::Result<()> {
+    init_logging();
+    let hook_shutdown = CancellationToken::new();
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let pool = bed.pool().await?;
+    OrdersHook::create_schema(&pool).await?;
+    let hook = OrdersHook::new(pool.clone()).with_delay(Duration::from_millis(20));
+    let hook_url = orders_hook::spawn(hook.clone(), hook_shutdown.clone()).await?;
+    bed.restart_planner(|config| {
+        config.state_checks = vec![format!("destination:orders.fulfil={hook_url}")];
+        config.message_keys = vec!["json:/order_id".to_owned()];
+    })
+    .await?;
+    // Three chunks of 2,000 and more, batches of 50: 40 batches a chunk.
+    let items: Vec<v1::IngestDeadLettersRequest> = (0..6500)
+        .map(|index| v1::IngestDeadLettersRequest {
+            source: "svc".into(),
+            message_id: format!("m-{index}"),
+            body: format!(r#"{{"order_id":"o-{index}"}}"#).into_bytes(),
+            original_destination: "orders.fulfil".into(),
+            reason: "rejected".into(),
+            ..Default::default()
+        })
+        .collect();
+    bed.client
+        .ingest_dead_letters(tokio_stream::iter(items))
+        .await?;
+    let report = bed
+        .client
+        .run_precheck(RunPrecheckRequest {
+            selector: None,
+            options: Some(PrecheckOptions {
+                state_check_batch_size: 50,
+                ..Default::default()
+            }),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(report.counts.unwrap().replayable, 6500, "no order is known");
+    let peak = hook.peak_in_flight();
+    assert!(
+        (2..=4).contains(&peak),
+        "the hook answered {peak} calls at once"
+    );
+
+    bed.planner.halt().await?;
+    hook_shutdown.cancel();
+    pool.close().await;
+    bed.finish().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyhow::Result<()> {
     init_logging();

@@ -22,8 +22,17 @@ use crate::{
     store::prechecks::{Candidate, copy_line},
 };
 
-/// Hook batches in flight at once.
+/// Hook batches in flight at once, over all the chunks being judged
+/// (docs/replay.md: "four batches in flight"): the permits of one
+/// semaphore per precheck ([`hook_slots`]).
 const HOOK_CONCURRENCY: usize = 4;
+
+/// The permits a precheck's hook calls share ([`HOOK_CONCURRENCY`]): chunks
+/// judged ahead overlap their hook calls with reading and `COPY`, never
+/// with more calls to the owning service.
+pub(super) fn hook_slots() -> tokio::sync::Semaphore {
+    tokio::sync::Semaphore::new(HOOK_CONCURRENCY)
+}
 
 /// The compression a candidate's message declares (its stored properties
 /// and headers, loaded with its body), for reading its body as capture did.
@@ -197,6 +206,7 @@ pub(super) struct Judged<'a> {
 /// A hook that fails while the options do not say to block instead.
 pub(super) async fn judge<'a>(
     checker: &StateChecker,
+    hook_slots: &tokio::sync::Semaphore,
     options: &'a PrecheckOptions,
     chunk: Vec<Candidate>,
     now: DateTime<Utc>,
@@ -213,7 +223,7 @@ pub(super) async fn judge<'a>(
         .map(|(candidate, deadline)| classify_with(candidate, options, deadline.as_ref(), now))
         .collect();
     let (hook_checked, hook_blocked) =
-        state_check_chunk(checker, options, &chunk, &mut verdicts).await?;
+        state_check_chunk(checker, hook_slots, options, &chunk, &mut verdicts).await?;
     Ok(Judged {
         chunk,
         declared,
@@ -272,6 +282,7 @@ impl Classified {
 /// of those they blocked.
 async fn state_check_chunk(
     checker: &StateChecker,
+    hook_slots: &tokio::sync::Semaphore,
     options: &PrecheckOptions,
     chunk: &[Candidate],
     verdicts: &mut [Option<(Verdict, String)>],
@@ -306,7 +317,11 @@ async fn state_check_chunk(
                 .map(|&position| state_check_message(&chunk[position]))
                 .collect::<Vec<_>>();
             let timeout = options.state_check_timeout;
-            async move { (positions, checker.check(route, messages, timeout).await) }
+            async move {
+                // Never closed; a closed one would only lift the bound.
+                let _slot = hook_slots.acquire().await.ok();
+                (positions, checker.check(route, messages, timeout).await)
+            }
         })
         .buffered(HOOK_CONCURRENCY)
         .collect::<Vec<_>>()

@@ -111,9 +111,9 @@ pub enum CreateOutcome {
 }
 
 /// Why some of precheck `$1`'s replayable dead letters cannot be frozen:
-/// how many it has, how many are still stored, how many of those are archived, and the lowest
-/// archived id. Read only when plan creation froze fewer items than the
-/// precheck has replayable ones.
+/// how many it has, how many are still stored, how many of those are
+/// archived, and the lowest archived id. Read only when plan creation froze
+/// fewer items than the precheck has replayable ones.
 const UNFROZEN_SQL: &str = "SELECT count(*) AS total, count(d.id) AS stored, count(d.archived_at) AS archived, \
     min(d.id) FILTER (WHERE d.archived_at IS NOT NULL) AS first_archived \
     FROM precheck_items i LEFT JOIN dead_letters d ON d.id = i.dead_letter_id \
