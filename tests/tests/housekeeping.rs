@@ -559,59 +559,42 @@ async fn plan_creation_and_archive_or_retention_wait_for_each_other() -> anyhow:
     let pending = Duration::from_millis(500);
 
     // An archive under way (committed after the plan creation started): the
-    // plan waits for it, then is refused.
-    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
-    let mut archiving = connection.begin().await?;
-    freeze::lock(&mut archiving, Freeze::Exclusive).await?;
-    sqlx::query("UPDATE dead_letters SET archived_at = now(), archived_by = 'test' WHERE id = $1")
-        .bind(three.parse::<i64>()?)
-        .execute(&mut *archiving)
-        .await?;
-    let mut client = bed.client.clone();
-    let request = create_plan(&report.precheck_id);
-    let creating = tokio::spawn(async move { client.create_plan(request).await });
-    tokio::time::sleep(pending).await;
-    assert!(
-        !creating.is_finished(),
-        "the plan did not wait for the archive"
-    );
-    archiving.commit().await?;
-    let error = creating.await?.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition);
-    assert!(
-        error.message().contains(&format!(
-            "1 of its replayable dead letters (dead letter {three} first) were archived since"
-        )),
-        "{}",
-        error.message()
-    );
-
-    // A retention delete under way: the same, with its own reason.
-    let report = precheck_selected(&mut bed.client, everything.clone()).await?;
-    let mut deleting = connection.begin().await?;
-    freeze::lock(&mut deleting, Freeze::Exclusive).await?;
-    sqlx::query("DELETE FROM dead_letters WHERE id = $1")
-        .bind(two.parse::<i64>()?)
-        .execute(&mut *deleting)
-        .await?;
-    let mut client = bed.client.clone();
-    let request = create_plan(&report.precheck_id);
-    let creating = tokio::spawn(async move { client.create_plan(request).await });
-    tokio::time::sleep(pending).await;
-    assert!(
-        !creating.is_finished(),
-        "the plan did not wait for the delete"
-    );
-    deleting.commit().await?;
-    let error = creating.await?.unwrap_err();
-    assert_eq!(error.code(), Code::FailedPrecondition);
-    assert!(
-        error
-            .message()
-            .contains("1 of its replayable dead letters were deleted by retention since"),
-        "{}",
-        error.message()
-    );
+    // plan waits for it, then is refused. A retention delete: the same, with
+    // its own reason.
+    for (change, id, refusal) in [
+        (
+            "UPDATE dead_letters SET archived_at = now(), archived_by = 'test' WHERE id = $1",
+            three,
+            format!(
+                "1 of its replayable dead letters (dead letter {three} first) were archived since"
+            ),
+        ),
+        (
+            "DELETE FROM dead_letters WHERE id = $1",
+            two,
+            "1 of its replayable dead letters were deleted by retention since".to_owned(),
+        ),
+    ] {
+        let report = precheck_selected(&mut bed.client, everything.clone()).await?;
+        let mut changing = connection.begin().await?;
+        freeze::lock(&mut changing, Freeze::Exclusive).await?;
+        sqlx::query(change)
+            .bind(id.parse::<i64>()?)
+            .execute(&mut *changing)
+            .await?;
+        let mut client = bed.client.clone();
+        let request = create_plan(&report.precheck_id);
+        let creating = tokio::spawn(async move { client.create_plan(request).await });
+        tokio::time::sleep(pending).await;
+        assert!(
+            !creating.is_finished(),
+            "the plan did not wait for: {change}"
+        );
+        changing.commit().await?;
+        let error = creating.await?.unwrap_err();
+        assert_eq!(error.code(), Code::FailedPrecondition);
+        assert!(error.message().contains(&refusal), "{}", error.message());
+    }
     assert!(
         bed.client
             .list_plans(v1::ListPlansRequest::default())

@@ -389,25 +389,26 @@ async fn every_verdict_comes_from_its_real_cause() -> anyhow::Result<()> {
     bed.finish().await
 }
 
-/// Chunks are judged ahead of the one being recorded, but the owning
-/// service never gets more than four hook batches at once over the whole
-/// precheck (docs/replay.md, "four batches in flight").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hook_calls_stay_four_in_flight_across_chunks() -> anyhow::Result<()> {
-    init_logging();
+/// A test bed without a broker whose planner checks `orders.fulfil` with
+/// the example orders hook answering `delay` late, and `count` dead letters
+/// ingested for it (orders `o-0`…, none in the `orders` table): the bed, its
+/// pool, the hook (its calls counted) and the hook's shutdown.
+async fn orders_hook_bed(
+    delay: Duration,
+    count: usize,
+) -> anyhow::Result<(TestBed, sqlx::PgPool, OrdersHook, CancellationToken)> {
     let hook_shutdown = CancellationToken::new();
     let mut bed = TestBed::without_broker(|_| {}).await?;
     let pool = bed.pool().await?;
     OrdersHook::create_schema(&pool).await?;
-    let hook = OrdersHook::new(pool.clone()).with_delay(Duration::from_millis(20));
+    let hook = OrdersHook::new(pool.clone()).with_delay(delay);
     let hook_url = orders_hook::spawn(hook.clone(), hook_shutdown.clone()).await?;
     bed.restart_planner(|config| {
         config.state_checks = vec![format!("destination:orders.fulfil={hook_url}")];
         config.message_keys = vec!["json:/order_id".to_owned()];
     })
     .await?;
-    // Three chunks of 2,000 and more, batches of 50: 40 batches a chunk.
-    let items: Vec<v1::IngestDeadLettersRequest> = (0..6500)
+    let items: Vec<v1::IngestDeadLettersRequest> = (0..count)
         .map(|index| v1::IngestDeadLettersRequest {
             source: "svc".into(),
             message_id: format!("m-{index}"),
@@ -420,6 +421,18 @@ async fn hook_calls_stay_four_in_flight_across_chunks() -> anyhow::Result<()> {
     bed.client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?;
+    Ok((bed, pool, hook, hook_shutdown))
+}
+
+/// Chunks are judged ahead of the one being recorded, but the owning
+/// service never gets more than four hook batches at once over the whole
+/// precheck (docs/replay.md, "four batches in flight").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_calls_stay_four_in_flight_across_chunks() -> anyhow::Result<()> {
+    init_logging();
+    // Three chunks of 2,000 and more, batches of 50: 40 batches a chunk.
+    let (mut bed, pool, hook, hook_shutdown) =
+        orders_hook_bed(Duration::from_millis(20), 6500).await?;
     let report = bed
         .client
         .run_precheck(RunPrecheckRequest {
@@ -447,30 +460,7 @@ async fn hook_calls_stay_four_in_flight_across_chunks() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_times_out_fails_the_precheck_unless_told_to_block() -> anyhow::Result<()> {
     init_logging();
-    let hook_shutdown = CancellationToken::new();
-    let mut bed = TestBed::without_broker(|_| {}).await?;
-    let pool = bed.pool().await?;
-    OrdersHook::create_schema(&pool).await?;
-    let slow = OrdersHook::new(pool.clone()).with_delay(Duration::from_secs(3));
-    let hook_url = orders_hook::spawn(slow, hook_shutdown.clone()).await?;
-    bed.restart_planner(|config| {
-        config.state_checks = vec![format!("destination:orders.fulfil={hook_url}")];
-        config.message_keys = vec!["json:/order_id".to_owned()];
-    })
-    .await?;
-    let items: Vec<v1::IngestDeadLettersRequest> = (0..3)
-        .map(|index| v1::IngestDeadLettersRequest {
-            source: "svc".into(),
-            message_id: format!("m-{index}"),
-            body: format!(r#"{{"order_id":"o-{index}"}}"#).into_bytes(),
-            original_destination: "orders.fulfil".into(),
-            reason: "rejected".into(),
-            ..Default::default()
-        })
-        .collect();
-    bed.client
-        .ingest_dead_letters(tokio_stream::iter(items))
-        .await?;
+    let (mut bed, pool, _hook, hook_shutdown) = orders_hook_bed(Duration::from_secs(3), 3).await?;
     let options = PrecheckOptions {
         state_check_timeout: Some(prost_types::Duration {
             seconds: 0,

@@ -92,9 +92,10 @@ impl Store {
     /// latest: `RepairDeadLetter` sets it to each revision it adds), read by
     /// its key. An item's replay keys (its key and those a re-key replaced)
     /// are built once per item (`replay_keys`, kept from being inlined by
-    /// `OFFSET 0`), not once per audit row a scan of `audit_events` visits: while the audit is a few pages,
-    /// PostgreSQL scans it per item (the first main-wave claims after the
-    /// canary, 0.5-0.8 s each at 100,000 dead letters).
+    /// `OFFSET 0`), not once per audit row a scan of `audit_events` visits:
+    /// while the audit is a few pages, PostgreSQL scans it per item (the
+    /// first main-wave claims after the canary, 0.5-0.8 s each at 100,000
+    /// dead letters).
     ///
     /// # Errors
     /// [`StoreError`].

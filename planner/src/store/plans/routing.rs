@@ -250,7 +250,7 @@ impl Store {
                       WHERE e.message_key = ANY(d.previous_message_keys || d.message_key) \
                         AND e.destination = d.destination AND e.action = 'sent') AS redrive_count, \
                     coalesce((SELECT octet_length(v.body) FROM dead_letter_revisions v \
-                               WHERE v.dead_letter_id = d.id ORDER BY v.revision DESC LIMIT 1), \
+                               WHERE v.dead_letter_id = d.id AND v.revision = d.body_revision), \
                              octet_length(d.body))::bigint AS body_bytes \
              FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id, \
                   (SELECT $2::text AS destination_mode, $3::text AS redirect_exchange, \
