@@ -7,10 +7,12 @@ use clap::Parser;
 use redrive_proto::{
     settings::{
         AmqpSettings, ServiceSettings, SettingError, SettingErrors, TelemetrySettings,
-        read_secret_into, redact_url,
+        read_secret_into,
     },
     tls::ClientTlsFiles,
 };
+
+use crate::redis_topology::RedisTopology;
 
 /// `redrive-executor` settings.
 #[derive(Debug, Clone, Parser)]
@@ -48,7 +50,9 @@ pub struct Config {
     pub amqp: AmqpSettings,
 
     /// Redis URL of the shared token bucket and replay keys (`rediss://` for
-    /// TLS). Without it the executor runs in single-executor mode (in-process
+    /// TLS). With --redis-cluster: seed nodes of a Redis Cluster,
+    /// comma-separated; with --redis-sentinel-master: the Sentinels' URLs.
+    /// Without it the executor runs in single-executor mode (in-process
     /// limiter, the planner's record of sent keys): run only one such executor.
     #[arg(long, env = "REDRIVE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
@@ -56,6 +60,17 @@ pub struct Config {
     /// A file holding the Redis URL (read at start; overrides --redis-url).
     #[arg(long, env = "REDRIVE_REDIS_URL_FILE", value_name = "FILE")]
     pub redis_url_file: Option<PathBuf>,
+
+    /// --redis-url names seed nodes of a Redis Cluster (the client learns
+    /// the other nodes and follows the slot map).
+    #[arg(long, env = "REDRIVE_REDIS_CLUSTER")]
+    pub redis_cluster: bool,
+
+    /// --redis-url names Redis Sentinels; the bucket and replay keys live on
+    /// the master they monitor under this name, found again after a
+    /// failover.
+    #[arg(long, env = "REDRIVE_REDIS_SENTINEL_MASTER", value_name = "NAME")]
+    pub redis_sentinel_master: Option<String>,
 
     /// Prefix of this deployment's Redis keys (bucket and replay keys).
     #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
@@ -142,6 +157,22 @@ impl Config {
     /// does not parse (refused by [`ServiceSettings::validate`] anyway).
     pub fn broker_id(&self) -> String {
         self.amqp.broker_id(self.broker_id.as_deref())
+    }
+
+    /// Where the bucket and the replay keys live: `--redis-url` read with
+    /// `--redis-cluster` and `--redis-sentinel-master`
+    /// ([`RedisTopology::from_settings`]); `None` without `--redis-url`
+    /// (single-executor mode).
+    ///
+    /// # Errors
+    /// The sentence of [`RedisTopology::from_settings`].
+    pub fn redis_topology(&self) -> Option<Result<RedisTopology, String>> {
+        let urls = self.redis_url.as_deref()?;
+        Some(RedisTopology::from_settings(
+            urls,
+            self.redis_cluster,
+            self.redis_sentinel_master.as_deref(),
+        ))
     }
 
     /// The defaults pointed at `planner` (tests build configs this way).
@@ -256,21 +287,17 @@ impl ServiceSettings for Config {
                 problem(error.setting, error.problem);
             }
         }
-        if let Some(redis) = &self.redis_url {
-            let shown = redact_url(redis);
-            if !redis.starts_with("redis://") && !redis.starts_with("rediss://") {
-                problem("redis-url", format!("{shown:?} is not a redis:// URL"));
-            } else if let Err(error) =
-                redis::IntoConnectionInfo::into_connection_info(redis.as_str())
-            {
-                problem(
-                    "redis-url",
-                    format!(
-                        "{shown:?}: {}",
-                        redrive_proto::settings::redact_text(&error.to_string(), redis)
-                    ),
-                );
-            }
+        match self.redis_topology() {
+            Some(Err(text)) => problem("redis-url", text),
+            None if self.redis_cluster => problem(
+                "redis-cluster",
+                "needs --redis-url with the cluster's seed nodes".to_owned(),
+            ),
+            None if self.redis_sentinel_master.is_some() => problem(
+                "redis-sentinel-master",
+                "needs --redis-url with the Sentinels' URLs".to_owned(),
+            ),
+            _ => {}
         }
         if let Some(id) = &self.broker_id
             && (id.trim().is_empty() || id.len() > 255 || id.chars().any(char::is_control))

@@ -21,7 +21,6 @@ use std::{
     time::Duration,
 };
 
-use redis::aio::ConnectionManager;
 use redrive_proto::amqp_nodes::AmqpNodes;
 use tokio::{net::TcpListener, time::Instant};
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
@@ -86,7 +85,7 @@ pub struct HealthChecks {
     /// Publisher options (TLS, heartbeat) for the broker check.
     pub publisher: PublisherOptions,
     /// Redis, when configured: set once connected (not ready before).
-    pub redis: Option<Arc<OnceLock<ConnectionManager>>>,
+    pub redis: Option<Arc<OnceLock<crate::redis_topology::RedisConnection>>>,
     /// The planner channel the executor uses.
     pub planner: Channel,
     /// One per slice loop, set when the loops start (live before: starting
@@ -219,8 +218,9 @@ async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
         };
         let mut connection = connection.clone();
         let command = redis::cmd("PING");
-        let ping = command.query_async::<String>(&mut connection);
-        matches!(tokio::time::timeout(CHECK_TIMEOUT, ping).await, Ok(Ok(_)))
+        // On a cluster, every master is asked and all must answer.
+        let ping = command.query_async::<redis::Value>(&mut connection);
+        matches!(tokio::time::timeout(CHECK_TIMEOUT, ping).await, Ok(Ok(answer)) if !matches!(answer, redis::Value::ServerError(_)))
     };
     let planner = async {
         let mut client = HealthClient::new(checks.planner.clone());

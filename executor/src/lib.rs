@@ -15,6 +15,7 @@
 //! - [`publisher`]: publishing with publisher confirms and a confirm window.
 //! - [`bucket`]: the GCRA token bucket in Redis (or in-process without Redis).
 //! - [`replay_keys`]: the record of sent message keys in Redis.
+//! - [`redis_topology`]: one Redis server, a Redis Cluster or Sentinel.
 //! - [`message`]: the replayed message's properties and headers.
 //! - [`metrics`]: the metric instruments (OpenTelemetry, Prometheus `/metrics`).
 //! - [`health`]: `grpc.health.v1` readiness and liveness on `--health-listen`.
@@ -32,6 +33,7 @@ pub mod message;
 pub mod metrics;
 pub mod outcomes;
 pub mod publisher;
+pub mod redis_topology;
 pub mod replay_keys;
 pub mod worker;
 
@@ -53,7 +55,7 @@ use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{info, warn};
 
 use crate::{
-    bucket::{Bucket, DEFAULT_CALL_TIMEOUT, LocalBucket, RedisBucket, connect_redis},
+    bucket::{Bucket, DEFAULT_CALL_TIMEOUT, LocalBucket, RedisBucket},
     health::{HealthChecks, Heartbeat},
     metrics::ExecutorMetrics,
     publisher::PublisherOptions,
@@ -150,7 +152,7 @@ fn planner_channel(config: &Config) -> anyhow::Result<tonic::transport::Channel>
 /// once connected, the slice loops' heartbeats once started.
 struct HealthTask {
     serving: Option<AbortOnDropHandle<Result<(), tonic::transport::Error>>>,
-    redis: Option<Arc<OnceLock<redis::aio::ConnectionManager>>>,
+    redis: Option<Arc<OnceLock<redis_topology::RedisConnection>>>,
     heartbeats: Arc<OnceLock<Vec<Heartbeat>>>,
 }
 
@@ -193,7 +195,7 @@ impl HealthTask {
     }
 
     /// Readiness checks Redis from now on.
-    fn redis_connected(&self, connection: &redis::aio::ConnectionManager) {
+    fn redis_connected(&self, connection: &redis_topology::RedisConnection) {
         if let Some(ready) = &self.redis {
             let _ = ready.set(connection.clone());
         }
@@ -226,22 +228,24 @@ impl HealthTask {
 /// first.
 ///
 /// # Errors
-/// An invalid Redis prefix for the replay keys.
+/// Invalid Redis settings (normally refused at start-up) or replay key TTL.
 async fn shared_state(
     config: &Config,
     health: &HealthTask,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<(Bucket, Option<ReplayKeys>)>> {
-    let Some(redis_url) = &config.redis_url else {
+    let Some(topology) = config.redis_topology() else {
         info!(
             "single-executor mode: no --redis-url, so an in-process limiter and the planner's record of sent keys; run only one executor like this"
         );
         return Ok(Some((Bucket::Local(LocalBucket::new()), None)));
     };
+    let topology =
+        topology.map_err(|text| anyhow::anyhow!("invalid setting --redis-url: {text}"))?;
     let mut backoff =
         redrive_proto::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let connection = loop {
-        match connect_redis(redis_url, DEFAULT_CALL_TIMEOUT).await {
+        match redis_topology::connect(&topology, DEFAULT_CALL_TIMEOUT).await {
             Ok(connection) => break connection,
             Err(error) => {
                 warn!(%error, "Redis unreachable: not publishing until it is back");

@@ -16,7 +16,9 @@
 //! `--broker-id`, by default its AMQP URL's `host:port/vhost`) keeps two
 //! brokers or virtual hosts sharing one Redis and prefix from taking each
 //! other's replays for their own: a queue `orders` on broker A is not the
-//! queue `orders` on broker B. Both calls are one round trip per batch.
+//! queue `orders` on broker B. Both calls are one round trip per batch (on
+//! a Redis Cluster, one per node the batch's keys live on: see
+//! [`crate::redis_topology`]).
 //!
 //! Entries of the former formats (`{prefix}replayed:{message key}`, without
 //! the destination, and `{prefix}replayed-to:{i}`, without the broker) are
@@ -30,7 +32,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::redis_topology::RedisConnection;
 
 /// How long a replayed key is remembered unless configured otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -71,10 +73,10 @@ impl ReplayKeysError {
 }
 
 /// The replayed-key record over a reconnecting Redis connection (see
-/// [`crate::bucket::connect_redis`]).
+/// [`crate::redis_topology::connect`]).
 #[derive(Clone)]
 pub struct ReplayKeys {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     prefix: String,
     broker: String,
     ttl: Duration,
@@ -90,7 +92,7 @@ impl ReplayKeys {
     /// # Errors
     /// [`ReplayKeysError::InvalidTtl`] when `ttl` is under 1 ms.
     pub fn new(
-        connection: ConnectionManager,
+        connection: RedisConnection,
         prefix: impl Into<String>,
         ttl: Duration,
     ) -> Result<Self, ReplayKeysError> {
@@ -201,8 +203,10 @@ impl ReplayKeys {
     }
 
     /// Records each `(replay identity, plan id)` as sent (see [`identity`]),
-    /// in one pipeline of `SET {prefix}replayed-on:…:{identity} {plan id} PX
-    /// {ttl}`. An existing mark is
+    /// by `SET {prefix}replayed-on:…:{identity} {plan id} PX {ttl}`: one
+    /// pipeline on one server or under Sentinel; on a Redis Cluster one
+    /// command per key, all sent at once (a pipeline there may only hold
+    /// keys of one hash slot), each to its slot's node. An existing mark is
     /// overwritten (new plan id, fresh TTL): the key means "sent at least
     /// once", and the newest sender is the useful one to name. Call it only
     /// after a publisher confirm ack without a return. An empty slice makes
@@ -216,15 +220,31 @@ impl ReplayKeys {
             return Ok(());
         }
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut pipeline = redis::pipe();
-        for (message_key, plan_id) in entries {
-            pipeline
-                .cmd("SET")
+        let set = |message_key: &str, plan_id: &str| {
+            let mut command = redis::cmd("SET");
+            command
                 .arg(self.redis_key(message_key))
                 .arg(plan_id)
                 .arg("PX")
-                .arg(ttl_ms)
-                .ignore();
+                .arg(ttl_ms);
+            command
+        };
+        if self.connection.is_cluster() {
+            let writes = entries.iter().map(|(message_key, plan_id)| {
+                let command = set(message_key, plan_id);
+                let mut connection = self.connection.clone();
+                async move { command.query_async::<()>(&mut connection).await }
+            });
+            return self
+                .timed(
+                    async { futures::future::try_join_all(writes).await.map(drop) },
+                    "SET per key",
+                )
+                .await;
+        }
+        let mut pipeline = redis::pipe();
+        for (message_key, plan_id) in entries {
+            pipeline.add_command(set(message_key, plan_id)).ignore();
         }
         let mut connection = self.connection.clone();
         self.timed(pipeline.query_async::<()>(&mut connection), "SET pipeline")

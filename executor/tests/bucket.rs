@@ -21,11 +21,11 @@ use std::{
 
 use futures::FutureExt;
 use proptest::prelude::*;
-use redis::aio::ConnectionManager;
 use redrive_executor::bucket::{
     Bucket, BucketError, Grant, LocalBucket, MAX_BURST, MAX_PER_SECOND, MIN_PER_SECOND, Rate,
     RateError, RedisBucket, gcra_step,
 };
+use redrive_executor::redis_topology::RedisConnection;
 use support::{REDIS_ADDR, TcpProxy, delete_prefix, redis, redis_url, unique};
 use tokio::time::Instant;
 
@@ -685,7 +685,7 @@ async fn extreme_rates_grant_and_wait_exactly() {
 /// fresh bucket: granted, and stored again as `"SEC NSEC"`.
 async fn an_old_format_key_counts_as_fresh(
     bucket: &RedisBucket,
-    connection: &mut ConnectionManager,
+    connection: &mut RedisConnection,
     slowest: Rate,
 ) {
     // An earlier version stored the TAT as a plain µs count.

@@ -67,6 +67,69 @@ fn every_bad_setting_is_named() {
     );
 }
 
+/// Redis Cluster and Sentinel settings: several URLs need one of the two,
+/// the two exclude each other, each needs `--redis-url`, a cluster has only
+/// database 0; every wrong one is named, no password shown.
+#[test]
+fn redis_cluster_and_sentinel_settings_are_checked() {
+    for (args, setting, says) in [
+        (
+            &[
+                "--redis-url",
+                "redis://:hunter2@a:6379,redis://:hunter2@b:6379",
+            ][..],
+            "redis-url",
+            "add --redis-cluster",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://a:6379",
+                "--redis-cluster",
+                "--redis-sentinel-master",
+                "m",
+            ][..],
+            "redis-url",
+            "exclude each other",
+        ),
+        (
+            &["--redis-cluster"][..],
+            "redis-cluster",
+            "needs --redis-url",
+        ),
+        (
+            &["--redis-sentinel-master", "m"][..],
+            "redis-sentinel-master",
+            "needs --redis-url",
+        ),
+        (
+            &[
+                "--redis-cluster",
+                "--redis-url",
+                "redis://:hunter2@a:7000/1",
+            ][..],
+            "redis-url",
+            "only database 0",
+        ),
+        (
+            &[
+                "--redis-sentinel-master",
+                "",
+                "--redis-url",
+                "redis://s:26379",
+            ][..],
+            "redis-url",
+            "is empty",
+        ),
+    ] {
+        let (code, stderr) = executor(args);
+        assert_eq!(code, Some(64), "{args:?}: {stderr}");
+        assert_eq!(named(&stderr), [setting], "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}
+
 /// Issue 15: no password in `--help` or in a bad setting's error; TLS files
 /// need an `https://` planner and go in pairs.
 #[test]

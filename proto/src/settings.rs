@@ -523,16 +523,30 @@ impl AmqpSettings {
 }
 
 #[cfg(feature = "amqp")]
-/// The node URLs of an `--amqp-url` value, in the order given: the value is
-/// cut at each comma or whitespace followed (after more commas or
-/// whitespace) by `amqp://` or `amqps://` (any case) or by the end, so
-/// that one URL a line in a file, or a space between URLs, separates them
-/// too, while a comma elsewhere (a password may hold one: RFC 3986 section
-/// 3.2.1 allows `,` in user info) stays part of its URL. Each URL is
-/// trimmed and its scheme lowercased (schemes are case-insensitive, RFC
-/// 3986 section 3.1); empty ones (a trailing comma) are dropped.
+/// The node URLs of an `--amqp-url` value, in the order given:
+/// [`split_urls`] at `amqp://` and `amqps://`.
 pub fn split_amqp_urls(list: &str) -> Vec<String> {
+    split_urls(list, &["amqp://", "amqps://"])
+}
+
+/// The URLs of a list of `schemes` URLs (`["amqp://", "amqps://"]`,
+/// `["redis://", "rediss://"]`), in the order given: the value is cut at
+/// each comma or whitespace followed (after more commas or whitespace) by
+/// one of `schemes` (any case) or by the end, so that one URL a line in a
+/// file, or a space between URLs, separates them too, while a comma
+/// elsewhere (a password may hold one: RFC 3986 section 3.2.1 allows `,` in
+/// user info) stays part of its URL. Each URL is trimmed and its scheme
+/// lowercased (schemes are case-insensitive, RFC 3986 section 3.1); empty
+/// ones (a trailing comma) are dropped.
+pub fn split_urls(list: &str, schemes: &[&str]) -> Vec<String> {
     let separator = |c: char| c == ',' || c.is_whitespace();
+    let scheme_length = |text: &str| {
+        schemes.iter().find_map(|scheme| {
+            text.get(..scheme.len())
+                .filter(|start| start.eq_ignore_ascii_case(scheme))
+                .map(|_| scheme.len())
+        })
+    };
     let starts_url = |rest: &str| {
         let rest = rest.trim_start_matches(separator);
         rest.is_empty() || scheme_length(rest).is_some()
@@ -554,16 +568,6 @@ pub fn split_amqp_urls(list: &str) -> Vec<String> {
             None => url.to_owned(),
         })
         .collect()
-}
-
-#[cfg(feature = "amqp")]
-/// The length of `text`'s leading `amqp://` or `amqps://`, in any case.
-fn scheme_length(text: &str) -> Option<usize> {
-    ["amqp://", "amqps://"].into_iter().find_map(|scheme| {
-        text.get(..scheme.len())
-            .filter(|start| start.eq_ignore_ascii_case(scheme))
-            .map(|_| scheme.len())
-    })
 }
 
 #[cfg(feature = "amqp")]

@@ -21,17 +21,21 @@
 //!   dropped also when the test fails; [`POSTGRES_URL`].
 //! - `proxy.rs`: [`TcpProxy`], forwarding to a server until cut (connections
 //!   closed, new ones refused) or stalled (nothing forwarded).
+//! - `redis_servers.rs`: [`RedisCluster`] and [`RedisSentinelGroup`],
+//!   private `redis-server` processes on ports of their own.
 
 pub mod amqp;
 mod broker;
 mod database;
 mod proxy;
+mod redis_servers;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 pub use broker::Broker;
 pub use database::{POSTGRES_URL, TestDb};
 pub use proxy::TcpProxy;
+pub use redis_servers::{RedisCluster, RedisProcess, RedisSentinelGroup};
 
 /// The local RabbitMQ.
 pub const AMQP_ADDR: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 5672));

@@ -59,7 +59,8 @@ use tonic::transport::Channel as GrpcChannel;
 
 use redrive_test_support::block_on_aside;
 pub use redrive_test_support::{
-    AMQP_URL, Broker, POSTGRES_URL, REDIS_URL, TcpProxy, TestDb, unique,
+    AMQP_URL, Broker, POSTGRES_URL, REDIS_URL, RedisCluster, RedisProcess, RedisSentinelGroup,
+    TcpProxy, TestDb, unique,
 };
 
 /// Logs to the test output when `REDRIVE_LOG` is set.

@@ -9,10 +9,9 @@ use std::{
     time::Duration,
 };
 
-use redis::{
-    Client, Script,
-    aio::{ConnectionManager, ConnectionManagerConfig},
-};
+use redis::Script;
+
+use crate::redis_topology::{RedisConnection, RedisTopology, connect};
 
 use super::{
     BucketError, CHARGE_TOLERANCE_S, Grant, MIN_WAIT, NANOS_PER_SECOND, Rate, costs, split_ns,
@@ -92,43 +91,30 @@ pub(super) const GCRA_SCRIPT_AT: &str = concat!(
     gcra_script_body!()
 );
 
-/// Opens a reconnecting Redis connection for the bucket and the replay keys
-/// ([`crate::replay_keys::ReplayKeys`]). Connection attempts and responses
-/// time out after `call_timeout`; after a failure the manager reconnects in
-/// the background, and calls fail until it has.
+/// Opens a reconnecting connection to one Redis server for the bucket and
+/// the replay keys ([`crate::replay_keys::ReplayKeys`]): [`connect`] with
+/// [`RedisTopology::Standalone`]. Connection attempts and responses time out
+/// after `call_timeout`; after a failure the connection reconnects in the
+/// background, and calls fail until it has.
 ///
 /// # Errors
 /// The URL is invalid or Redis does not answer within `call_timeout`.
-#[tracing::instrument(name = "executor.redis.connect", skip_all, err)]
 pub async fn connect_redis(
     redis_url: &str,
     call_timeout: Duration,
-) -> redis::RedisResult<ConnectionManager> {
-    let client = Client::open(redis_url)?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(call_timeout))
-        .set_response_timeout(Some(call_timeout))
-        .set_number_of_retries(3)
-        .set_max_delay(Duration::from_secs(1));
-    match tokio::time::timeout(
+) -> redis::RedisResult<RedisConnection> {
+    connect(
+        &RedisTopology::Standalone(redis_url.to_owned()),
         call_timeout,
-        ConnectionManager::new_with_config(client, config),
     )
     .await
-    {
-        Ok(result) => result,
-        Err(_) => Err(redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("redis did not answer within {call_timeout:?}"),
-        ))),
-    }
 }
 
 /// The GCRA bucket in Redis, shared by every executor that uses the same
 /// Redis and key prefix.
 #[derive(Clone)]
 pub struct RedisBucket {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     key_prefix: String,
     call_timeout: Duration,
     script: Arc<Script>,
@@ -141,7 +127,7 @@ impl RedisBucket {
     /// that takes longer than `call_timeout` (normally
     /// [`DEFAULT_CALL_TIMEOUT`]) fails as [`BucketError::Unavailable`].
     pub fn new(
-        connection: ConnectionManager,
+        connection: RedisConnection,
         key_prefix: impl Into<String>,
         call_timeout: Duration,
     ) -> Self {

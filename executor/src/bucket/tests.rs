@@ -8,7 +8,9 @@ use futures::FutureExt;
 use governor::clock::{Clock, FakeRelativeClock};
 
 use governor::RateLimiter;
-use redis::{Script, aio::ConnectionManager};
+use redis::Script;
+
+use crate::redis_topology::RedisConnection;
 
 use super::{in_redis::GCRA_SCRIPT_AT, local::quota, *};
 
@@ -107,7 +109,7 @@ fn rates_outside_the_bounds_are_refused_by_field() {
 }
 
 /// Sets the bucket key `key` to `stored` (deletes it for `None`).
-async fn store(connection: &mut ConnectionManager, key: &str, stored: Option<&str>) {
+async fn store(connection: &mut RedisConnection, key: &str, stored: Option<&str>) {
     match stored {
         Some(value) => {
             let () = redis::cmd("SET")
@@ -133,7 +135,7 @@ async fn store(connection: &mut ConnectionManager, key: &str, stored: Option<&st
 /// `now` ns.
 async fn script_at(
     script: &Script,
-    connection: &mut ConnectionManager,
+    connection: &mut RedisConnection,
     key: &str,
     rate: Rate,
     tokens: u32,

@@ -8,21 +8,21 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redrive_executor::redis_topology::RedisConnection;
 pub use redrive_test_support::{
     AMQP_ADDR, AMQP_URL, Broker, REDIS_ADDR, TcpProxy, amqp_url, redis_url, unique,
 };
 
 /// A connection to the local Redis (for setup and assertions), made by
 /// [`redrive_executor::bucket::connect_redis`].
-pub async fn redis() -> ConnectionManager {
+pub async fn redis() -> RedisConnection {
     redrive_executor::bucket::connect_redis(&redis_url(REDIS_ADDR), Duration::from_secs(5))
         .await
         .expect("the local redis answers")
 }
 
 /// Deletes every key starting with `prefix`.
-pub async fn delete_prefix(connection: &mut ConnectionManager, prefix: &str) {
+pub async fn delete_prefix(connection: &mut RedisConnection, prefix: &str) {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
         .query_async(connection)

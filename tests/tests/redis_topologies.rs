@@ -1,0 +1,281 @@
+//! The bucket and the replay keys in a Redis Cluster and behind Redis
+//! Sentinel (docs/operating.md, "Redis Cluster and Sentinel"), each on
+//! private `redis-server` processes this test starts on ports of its own:
+//! a node or the master is killed mid-replay. The executors fail closed
+//! while it is down and resume when it is back; the rate bound holds across
+//! the outage; no message is delivered twice; the marks written before the
+//! outage are still there after it.
+
+use std::{collections::HashSet, time::Duration};
+
+use redrive_tests::{
+    Broker, ExecutorHandle, RedisCluster, RedisProcess, RedisSentinelGroup, TestBed, init_logging,
+};
+use tokio::time::Instant;
+
+mod support;
+use support::*;
+
+/// The replay keys (`{prefix}replayed-on:…`) stored on `node`.
+fn marks_on(node: &RedisProcess, prefix: &str) -> anyhow::Result<usize> {
+    let pattern = format!("{prefix}replayed-on:*");
+    Ok(node
+        .cli(&["--scan", "--pattern", &pattern])?
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .count())
+}
+
+/// The node holding a token bucket key of `prefix` (the key lives while
+/// grants go on), if any.
+fn bucket_node(cluster: &RedisCluster, prefix: &str) -> anyhow::Result<Option<usize>> {
+    let pattern = format!("{prefix}bucket:*");
+    for (index, node) in cluster.nodes.iter().enumerate() {
+        if !node
+            .cli(&["--scan", "--pattern", &pattern])?
+            .trim()
+            .is_empty()
+        {
+            return Ok(Some(index));
+        }
+    }
+    Ok(None)
+}
+
+/// What the consumer received between two instants, as offsets from `from`.
+fn received_between(
+    received: &std::sync::Mutex<Vec<Received>>,
+    from: Instant,
+    to: Instant,
+) -> Vec<Duration> {
+    received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.at > from && r.at < to)
+        .map(|r| r.at - from)
+        .collect()
+}
+
+/// Messages in each test's plan.
+const ITEMS: u32 = 600;
+/// Each test's rate: per second, burst.
+const RATE: (f64, u32) = (100.0, 10);
+
+/// A replay with its Redis outage to come.
+struct Outage {
+    bed: TestBed,
+    prefix: String,
+    received: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+    consuming: tokio::task::JoinHandle<()>,
+    plan: redrive_proto::v1::Plan,
+    executor: ExecutorHandle,
+}
+
+/// An incident of [`ITEMS`] messages, an approved plan at [`RATE`] and an
+/// executor configured by `redis` (the Redis settings), returned once 150
+/// messages have arrived.
+async fn replay_until_mid_plan(
+    redis: impl FnOnce(&mut redrive_executor::Config),
+) -> anyhow::Result<Outage> {
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, ITEMS).await?;
+    let mut bed = bed(broker, &[&incident.dlq], u64::from(ITEMS)).await?;
+    let prefix = bed.redis.prefix.clone();
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, RATE.0, RATE.1, None).await?;
+    let mut config = bed.executor_config();
+    redis(&mut config);
+    let executor = ExecutorHandle::start(config);
+    wait_received(&received, 150, Duration::from_secs(30)).await?;
+    Ok(Outage {
+        bed,
+        prefix,
+        received,
+        consuming,
+        plan,
+        executor,
+    })
+}
+
+/// The checks after the replay: every message arrived exactly once, no
+/// second held more than rate + burst (plus 5% for the jitter between a
+/// grant and the consumer's receive time, as the other rate tests), and
+/// every delivery is `sent` or `uncertain` in the audit.
+async fn assert_exactly_once_within_rate(
+    bed: &TestBed,
+    plan_id: &str,
+    received: &[Received],
+) -> anyhow::Result<()> {
+    let (items, (per_second, burst)) = (ITEMS as usize, RATE);
+    let ids: HashSet<&str> = received.iter().map(|r| r.message_id.as_str()).collect();
+    assert_eq!(
+        (received.len(), ids.len()),
+        (items, items),
+        "every message arrived exactly once"
+    );
+    let bound = (per_second * 1.05 + f64::from(burst)) as usize;
+    let most = most_in_any(received, Duration::from_secs(1));
+    assert!(
+        most <= bound,
+        "{most} deliveries in one second across the outage, bound {bound}"
+    );
+    let (sent, _uncertain) = assert_bed_audit(bed, plan_id, received).await?;
+    assert_eq!(sent.len(), items, "every item sent in the end");
+    Ok(())
+}
+
+/// A 3-master Redis Cluster; the node holding the destination's bucket is
+/// killed (`SIGKILL`) after 150 of 600 deliveries at 100/s, burst 10, and
+/// started again 4 s later with its append-only file. Nothing is published
+/// from a second after the kill until it is back; the plan completes; each
+/// message arrives once; no second exceeds the bound; the marks the killed
+/// node held are all there after its restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_node_killed_mid_replay_pauses_publishing_and_loses_no_mark() -> anyhow::Result<()>
+{
+    init_logging();
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3)).await??;
+    let Outage {
+        mut bed,
+        prefix,
+        received,
+        consuming,
+        plan,
+        executor,
+    } = replay_until_mid_plan(|config| {
+        config.redis_url = Some(cluster.urls());
+        config.redis_cluster = true;
+    })
+    .await?;
+
+    let victim = bucket_node(&cluster, &prefix)?.unwrap_or(0);
+    let marks_before = marks_on(&cluster.nodes[victim], &prefix)?;
+    let spread: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|node| marks_on(node, &prefix))
+        .collect::<anyhow::Result<_>>()?;
+    assert!(
+        spread.iter().all(|marks| *marks > 0),
+        "the replay keys spread over every node: {spread:?}"
+    );
+    let cut_at = Instant::now();
+    cluster.nodes[victim].kill();
+    let delivered_at_cut = received.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let restored_at = Instant::now();
+    let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<RedisCluster> {
+        cluster.nodes[victim].restart()?;
+        cluster.wait_ok(Duration::from_secs(20))?;
+        Ok(cluster)
+    })
+    .await??;
+    let during = received_between(&received, cut_at, restored_at);
+    assert!(
+        during.iter().all(|after| *after < Duration::from_secs(1)),
+        "nothing is published while the bucket's node is down (fail closed): deliveries \
+         {during:?} after the kill"
+    );
+    assert!(
+        delivered_at_cut < ITEMS as usize,
+        "the kill came mid-plan ({delivered_at_cut} delivered)"
+    );
+    let marks_after = marks_on(&cluster.nodes[victim], &prefix)?;
+    assert!(
+        marks_after >= marks_before,
+        "the killed node came back with its marks: {marks_before} before, {marks_after} after"
+    );
+
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
+    executor.stop().await?;
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    assert!(
+        received.iter().any(|r| r.at > restored_at),
+        "publishing resumed once the node was back"
+    );
+    assert_exactly_once_within_rate(&bed, &plan.plan_id, &received).await?;
+    let marks: usize = cluster
+        .nodes
+        .iter()
+        .map(|node| marks_on(node, &prefix))
+        .sum::<anyhow::Result<_>>()?;
+    let early = received
+        .iter()
+        .filter(|r| r.at + Duration::from_secs(1) < cut_at)
+        .count();
+    assert!(
+        marks >= early,
+        "every message delivered a second before the kill is marked: {marks} marks, {early} early"
+    );
+    bed.finish().await
+}
+
+/// A master, its replica and a Sentinel; the master is killed after 150 of
+/// 600 deliveries at 100/s, burst 10. Nothing is published until the
+/// Sentinel has promoted the replica; then the executor finds the new
+/// master through the Sentinel by itself and the plan completes, each
+/// message once, within the bound, with the marks written before the kill
+/// on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_master()
+-> anyhow::Result<()> {
+    init_logging();
+    let mut group = tokio::task::spawn_blocking(RedisSentinelGroup::start).await??;
+    let Outage {
+        mut bed,
+        prefix,
+        received,
+        consuming,
+        plan,
+        executor,
+    } = replay_until_mid_plan(|config| {
+        config.redis_url = Some(group.sentinel.url());
+        config.redis_sentinel_master = Some(RedisSentinelGroup::MASTER.to_owned());
+    })
+    .await?;
+
+    let cut_at = Instant::now();
+    group.master.kill();
+    let replica_port = group.replica.port();
+    let group = tokio::task::spawn_blocking(move || -> anyhow::Result<RedisSentinelGroup> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while group.master_port()? != replica_port {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the Sentinel did not promote the replica within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(group)
+    })
+    .await??;
+    let promoted_at = Instant::now();
+    eprintln!("replica promoted {:?} after the kill", promoted_at - cut_at);
+    let during = received_between(&received, cut_at, promoted_at);
+    assert!(
+        during.iter().all(|after| *after < Duration::from_secs(1)),
+        "nothing is published while there is no master (fail closed): deliveries {during:?} \
+         after the kill"
+    );
+
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
+    executor.stop().await?;
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    assert!(
+        received.iter().any(|r| r.at > promoted_at),
+        "publishing resumed on the promoted replica"
+    );
+    assert_exactly_once_within_rate(&bed, &plan.plan_id, &received).await?;
+    let marks = marks_on(&group.replica, &prefix)?;
+    let early = received
+        .iter()
+        .filter(|r| r.at + Duration::from_secs(1) < cut_at)
+        .count();
+    assert!(
+        marks >= early,
+        "the new master holds a mark for every message delivered a second before the kill: \
+         {marks} marks, {early} early"
+    );
+    bed.finish().await
+}
