@@ -57,7 +57,8 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
 
-    /// A file holding the Redis URL (read at start; overrides --redis-url).
+    /// A file holding --redis-url (read at start; overrides it): one URL, or
+    /// several, comma-separated or one a line.
     #[arg(long, env = "REDRIVE_REDIS_URL_FILE", value_name = "FILE")]
     pub redis_url_file: Option<PathBuf>,
 
@@ -71,6 +72,15 @@ pub struct Config {
     /// failover.
     #[arg(long, env = "REDRIVE_REDIS_SENTINEL_MASTER", value_name = "NAME")]
     pub redis_sentinel_master: Option<String>,
+
+    /// With --redis-sentinel-master: the master's password when it is not
+    /// the Sentinels' (the --redis-url credentials are the Sentinels').
+    #[arg(long, env = "REDRIVE_REDIS_MASTER_PASSWORD", hide_env_values = true)]
+    pub redis_master_password: Option<String>,
+
+    /// A file holding --redis-master-password (read at start; overrides it).
+    #[arg(long, env = "REDRIVE_REDIS_MASTER_PASSWORD_FILE", value_name = "FILE")]
+    pub redis_master_password_file: Option<PathBuf>,
 
     /// Prefix of this deployment's Redis keys (bucket and replay keys).
     #[arg(long, env = "REDRIVE_REDIS_PREFIX", default_value = "redrive:")]
@@ -168,11 +178,14 @@ impl Config {
     /// The sentence of [`RedisTopology::from_settings`].
     pub fn redis_topology(&self) -> Option<Result<RedisTopology, String>> {
         let urls = self.redis_url.as_deref()?;
-        Some(RedisTopology::from_settings(
-            urls,
-            self.redis_cluster,
-            self.redis_sentinel_master.as_deref(),
-        ))
+        Some(
+            RedisTopology::from_settings(
+                urls,
+                self.redis_cluster,
+                self.redis_sentinel_master.as_deref(),
+            )
+            .and_then(|topology| topology.with_master_password(self.redis_master_password.clone())),
+        )
     }
 
     /// The defaults pointed at `planner` (tests build configs this way).
@@ -259,6 +272,13 @@ impl ServiceSettings for Config {
         self.amqp.read_secret_file(problems);
         let file = self.redis_url_file.as_deref();
         read_secret_into("redis-url-file", file, &mut self.redis_url, problems);
+        let file = self.redis_master_password_file.as_deref();
+        read_secret_into(
+            "redis-master-password-file",
+            file,
+            &mut self.redis_master_password,
+            problems,
+        );
     }
 
     /// Checks what clap cannot, every setting.
@@ -296,6 +316,10 @@ impl ServiceSettings for Config {
             None if self.redis_sentinel_master.is_some() => problem(
                 "redis-sentinel-master",
                 "needs --redis-url with the Sentinels' URLs".to_owned(),
+            ),
+            None if self.redis_master_password.is_some() => problem(
+                "redis-master-password",
+                "needs --redis-sentinel-master and --redis-url with the Sentinels' URLs".to_owned(),
             ),
             _ => {}
         }

@@ -16,13 +16,19 @@
 //!   the client, and the marks are written one `SET` per key
 //!   ([`RedisConnection::is_cluster`]): no command spans two slots, so no
 //!   hash tags are needed and the replay keys spread over the whole cluster.
-//! - **Sentinel**: the master's address is asked of the Sentinels
-//!   (`SENTINEL get-master-addr-by-name`, then `ROLE` on the answer, as the
-//!   Sentinel client guidelines require:
-//!   <https://redis.io/docs/latest/develop/reference/sentinel-clients/>).
+//! - **Sentinel**: the master's address is asked of the Sentinels, then
+//!   its `ROLE` checked, as the Sentinel client guidelines require
+//!   (<https://redis.io/docs/latest/develop/reference/sentinel-clients/>).
 //!   After a call fails because the master is gone (connection refused,
 //!   dropped, timed out) or was demoted (`READONLY`), the next call asks the
-//!   Sentinels again. The failed call itself is not retried.
+//!   Sentinels again, in a search of its own that outlives the call that
+//!   started it (Sentinels that do not answer cost it time, never the
+//!   outcome). The failed call itself is not retried. Every second the
+//!   Sentinels are also asked which master they name, and a connection to
+//!   another one is dropped: a replaced master may accept writes for a
+//!   while (after `SENTINEL FAILOVER`, or on the wrong side of a
+//!   partition), and what is written there is lost when it becomes a
+//!   replica.
 //!
 //! In each case a call that cannot be served fails, and the callers fail
 //! closed: while a node, a master or a whole cluster is failing over, the
@@ -41,7 +47,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
-    sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
+    sentinel::{SentinelClient, SentinelServerType},
 };
 
 /// Where the shared Redis state lives, as configured.
@@ -53,13 +59,17 @@ pub enum RedisTopology {
     /// client learns the other nodes from them (`CLUSTER SLOTS`).
     Cluster(Vec<String>),
     /// The master that these Sentinels monitor under `master` (the name in
-    /// the Sentinels' `sentinel monitor <name> ...`). The URLs' credentials,
-    /// database and TLS are used for the Sentinels and for the master.
+    /// the Sentinels' `sentinel monitor <name> ...`).
     Sentinel {
-        /// The Sentinels' URLs (`redis://host:26379`).
+        /// The Sentinels' URLs (`redis://host:26379`): the first one's
+        /// credentials authenticate to every Sentinel (none: no `AUTH`), its
+        /// database and TLS are the master's.
         sentinels: Vec<String>,
         /// The master's name in the Sentinels' configuration.
         master: String,
+        /// The master's password when it is not the Sentinels'
+        /// (`--redis-master-password`); `None`: the first URL's credentials.
+        master_password: Option<String>,
     },
 }
 
@@ -116,7 +126,8 @@ impl RedisTopology {
             ),
             (false, Some(master)) => Ok(Self::Sentinel {
                 sentinels: urls,
-                master: master.to_owned(),
+                master: master.trim().to_owned(),
+                master_password: None,
             }),
             (false, None) if urls.len() > 1 => Err(format!(
                 "{} URLs for one Redis server: add --redis-cluster (they are seed nodes of a \
@@ -126,6 +137,33 @@ impl RedisTopology {
             (false, None) => Ok(Self::Standalone(
                 urls.into_iter().next().unwrap_or_default(),
             )),
+        }
+    }
+
+    /// The same topology with the Sentinel-watched master's own password
+    /// (`--redis-master-password`).
+    ///
+    /// # Errors
+    /// A password for another topology than Sentinel.
+    pub fn with_master_password(self, password: Option<String>) -> Result<Self, String> {
+        match (self, password) {
+            (topology, None) => Ok(topology),
+            (
+                Self::Sentinel {
+                    sentinels, master, ..
+                },
+                Some(password),
+            ) => Ok(Self::Sentinel {
+                sentinels,
+                master,
+                master_password: Some(password),
+            }),
+            (_, Some(_)) => Err(
+                "--redis-master-password is the password of a master found through Sentinel: \
+                 it needs --redis-sentinel-master (put a server's or a cluster's password in \
+                 --redis-url)"
+                    .to_owned(),
+            ),
         }
     }
 
@@ -233,9 +271,15 @@ pub async fn connect(
                 let connection = client.get_async_connection().await?;
                 Ok(RedisConnection(Link::Cluster(connection)))
             }
-            RedisTopology::Sentinel { sentinels, master } => {
-                let link = SentinelLink::new(sentinels, master, call_timeout)?;
+            RedisTopology::Sentinel {
+                sentinels,
+                master,
+                master_password,
+            } => {
+                let link =
+                    SentinelLink::new(sentinels, master, master_password.as_deref(), call_timeout)?;
                 link.connection().await?;
+                link.watch();
                 Ok(RedisConnection(Link::Sentinel(link)))
             }
         }
@@ -249,45 +293,105 @@ pub async fn connect(
     }
 }
 
+/// How long one search for the master may take: the Sentinels asked in
+/// turn (each with the `redis` crate's own connect and reply timeouts), then
+/// the master's `ROLE`. The search runs as a task of its own, so a caller
+/// that gives up (its call timeout) does not cancel it: the next caller
+/// waits for the same search.
+const MASTER_SEARCH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How often the Sentinels are asked which master they name, so that a
+/// connection to a master they replaced is dropped even while that master
+/// still accepts writes (after `SENTINEL FAILOVER`, until the Sentinel
+/// turns it into a replica; during a partition): the Sentinel client
+/// guidelines' advice to notice a switch without waiting for an error.
+const MASTER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A master connection: its generation, the connection, the master's
+/// address (`host:port`).
+type Held = (u64, MultiplexedConnection, String);
+
+/// The outcome of one search for the master, shared by its waiters.
+type Search = futures::future::Shared<
+    futures::future::BoxFuture<'static, Result<(u64, MultiplexedConnection), String>>,
+>;
+
 /// The master of a Sentinel-watched group: the connection to the master the
 /// Sentinels named last, and how to ask them again.
 #[derive(Clone)]
 struct SentinelLink {
     sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
-    /// The current master connection and its generation; `None` after a
-    /// failure that means the master is gone or demoted.
-    current: Arc<Mutex<Option<(u64, MultiplexedConnection)>>>,
+    /// The current master connection, its generation and the master's
+    /// address; `None` after a failure that means the master is gone or
+    /// demoted, or once the Sentinels name another master.
+    current: Arc<Mutex<Option<Held>>>,
+    /// The search under way, if any.
+    searching: Arc<Mutex<Option<Search>>>,
     generations: Arc<AtomicU64>,
     config: redis::AsyncConnectionConfig,
     db: i64,
 }
 
 impl SentinelLink {
-    fn new(sentinels: &[String], master: &str, call_timeout: Duration) -> RedisResult<Self> {
-        let first = sentinels
-            .first()
-            .map(String::as_str)
-            .unwrap_or_default()
-            .into_connection_info()?;
-        let settings = first.redis_settings().clone();
+    /// The Sentinels of `sentinels` (authenticated with the first URL's
+    /// credentials, never with a database: Sentinels have none) watching
+    /// `master`, whose connections use the first URL's database and
+    /// `master_password` (else the first URL's credentials).
+    fn new(
+        sentinels: &[String],
+        master: &str,
+        master_password: Option<&str>,
+        call_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let mut addresses = Vec::new();
+        let mut first = None;
+        for url in sentinels {
+            let info = url.as_str().into_connection_info()?;
+            addresses.push(info.addr().clone());
+            first.get_or_insert(info);
+        }
+        let first = first.ok_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel URL"))
+        })?;
+        let settings = first.redis_settings();
         let db = settings.db();
-        let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+        let mut builder = redis::sentinel::SentinelClientBuilder::new(
+            addresses,
+            master,
+            SentinelServerType::Master,
+        )?
+        .set_client_to_redis_db(db);
         if let redis::ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
-            node = node.set_tls_mode(if *insecure {
+            let mode = if *insecure {
                 redis::TlsMode::Insecure
             } else {
                 redis::TlsMode::Secure
-            });
+            };
+            builder = builder
+                .set_client_to_redis_tls_mode(mode)
+                .set_client_to_sentinel_tls_mode(mode);
         }
-        let sentinel = SentinelClient::build(
-            sentinels.iter().map(String::as_str).collect(),
-            master,
-            Some(node),
-            SentinelServerType::Master,
-        )?;
+        if let Some(username) = settings.username() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = settings.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        match master_password {
+            Some(password) => builder = builder.set_client_to_redis_password(password),
+            None => {
+                if let Some(username) = settings.username() {
+                    builder = builder.set_client_to_redis_username(username);
+                }
+                if let Some(password) = settings.password() {
+                    builder = builder.set_client_to_redis_password(password);
+                }
+            }
+        }
         Ok(Self {
-            sentinel: Arc::new(tokio::sync::Mutex::new(sentinel)),
+            sentinel: Arc::new(tokio::sync::Mutex::new(builder.build()?)),
             current: Arc::new(Mutex::new(None)),
+            searching: Arc::new(Mutex::new(None)),
             generations: Arc::new(AtomicU64::new(0)),
             config: redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(call_timeout))
@@ -300,48 +404,118 @@ impl SentinelLink {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .map(|(generation, connection, _)| (*generation, connection.clone()))
     }
 
-    /// The master connection, asking the Sentinels for the master when there
-    /// is none (one caller asks; the others wait for its answer).
+    /// Asks the Sentinels every [`MASTER_CHECK_INTERVAL`] which master
+    /// they name, and forgets the connection to another one. Ends when
+    /// every clone of the link is dropped.
+    fn watch(&self) {
+        let current = Arc::downgrade(&self.current);
+        let sentinel = Arc::clone(&self.sentinel);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(MASTER_CHECK_INTERVAL).await;
+                let Some(current) = current.upgrade() else {
+                    return;
+                };
+                let held = current
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .as_ref()
+                    .map(|(generation, _, address)| (*generation, address.clone()));
+                let Some((generation, address)) = held else {
+                    continue;
+                };
+                let named = tokio::time::timeout(MASTER_SEARCH_TIMEOUT, async {
+                    let client = sentinel.lock().await.async_get_client().await?;
+                    RedisResult::Ok(client.get_connection_info().addr().to_string())
+                })
+                .await;
+                if let Ok(Ok(named)) = named
+                    && named != address
+                {
+                    forget(
+                        &current,
+                        generation,
+                        &format!("the Sentinels name {named} now"),
+                    );
+                }
+            }
+        });
+    }
+
+    /// The master connection; when there is none, waits for a search of
+    /// the Sentinels (starting one unless one is under way).
     async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
         if let Some(current) = self.cached() {
             return Ok(current);
         }
-        let mut sentinel = self.sentinel.lock().await;
-        if let Some(current) = self.cached() {
-            return Ok(current);
+        let search = {
+            let mut searching = self
+                .searching
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            searching.get_or_insert_with(|| self.search()).clone()
+        };
+        search.await.map_err(|reason| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                reason,
+            ))
+        })
+    }
+
+    /// One search for the master, as a task of its own (see
+    /// [`MASTER_SEARCH_TIMEOUT`]); it records its outcome and ends the
+    /// search, so the next caller after a failure starts a new one.
+    fn search(&self) -> Search {
+        use futures::FutureExt as _;
+        let link = self.clone();
+        let task = tokio::spawn(async move {
+            let found = tokio::time::timeout(MASTER_SEARCH_TIMEOUT, async {
+                let client = link.sentinel.lock().await.async_get_client().await?;
+                let address = client.get_connection_info().addr().to_string();
+                let connection = client
+                    .get_multiplexed_async_connection_with_config(&link.config)
+                    .await?;
+                RedisResult::Ok((connection, address))
+            })
+            .await;
+            let outcome = match found {
+                Ok(Ok((connection, address))) => {
+                    let generation = link.generations.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::info!(generation, master = %address, "connected to the master the Sentinels name");
+                    *link
+                        .current
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        Some((generation, connection.clone(), address));
+                    Ok((generation, connection))
+                }
+                Ok(Err(error)) => Err(format!("no master from the Sentinels: {error}")),
+                Err(_) => Err(format!(
+                    "no master from the Sentinels within {MASTER_SEARCH_TIMEOUT:?}"
+                )),
+            };
+            *link
+                .searching
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            outcome
+        });
+        async move {
+            task.await
+                .unwrap_or_else(|error| Err(format!("the search for the master failed: {error}")))
         }
-        let connection = sentinel
-            .get_async_connection_with_config(&self.config)
-            .await?;
-        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        *self
-            .current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((generation, connection.clone()));
-        tracing::info!(generation, "connected to the master the Sentinels name");
-        Ok((generation, connection))
+        .boxed()
+        .shared()
     }
 
     /// Forgets connection `generation` (not a newer one another call opened).
     fn forget(&self, generation: u64, reason: &str) {
-        let mut current = self
-            .current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if current
-            .as_ref()
-            .is_some_and(|(held, _)| *held == generation)
-        {
-            tracing::warn!(
-                reason,
-                "the Redis master is lost: asking the Sentinels again"
-            );
-            *current = None;
-        }
+        forget(&self.current, generation, reason);
     }
 
     async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
@@ -379,6 +553,23 @@ impl SentinelLink {
             _ => {}
         }
         answers
+    }
+}
+
+/// Forgets the connection of `current` if it is still `generation`.
+fn forget(current: &Mutex<Option<Held>>, generation: u64, reason: &str) {
+    let mut current = current
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if current
+        .as_ref()
+        .is_some_and(|(held, _, _)| *held == generation)
+    {
+        tracing::warn!(
+            reason,
+            "the Redis master is lost: asking the Sentinels again"
+        );
+        *current = None;
     }
 }
 
@@ -424,7 +615,8 @@ mod tests {
             sentinel,
             RedisTopology::Sentinel {
                 sentinels: vec!["redis://s1:26379".to_owned(), "redis://s2:26379".to_owned()],
-                master: "orders".to_owned()
+                master: "orders".to_owned(),
+                master_password: None,
             }
         );
         for (urls, cluster, master, expected) in [

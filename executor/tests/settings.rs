@@ -121,6 +121,21 @@ fn redis_cluster_and_sentinel_settings_are_checked() {
             "redis-url",
             "is empty",
         ),
+        (
+            &[
+                "--redis-url",
+                "redis://a:1",
+                "--redis-master-password",
+                "hunter2",
+            ][..],
+            "redis-url",
+            "needs --redis-sentinel-master",
+        ),
+        (
+            &["--redis-master-password", "hunter2"][..],
+            "redis-master-password",
+            "needs --redis-sentinel-master",
+        ),
     ] {
         let (code, stderr) = executor(args);
         assert_eq!(code, Some(64), "{args:?}: {stderr}");

@@ -22,14 +22,17 @@ use anyhow::{Context, bail};
 pub struct RedisProcess {
     port: u16,
     args: Vec<String>,
+    /// What `redis-cli` authenticates with (the server's `requirepass`).
+    password: Option<String>,
     child: Option<Child>,
 }
 
 impl RedisProcess {
-    fn start(port: u16, args: Vec<String>) -> anyhow::Result<Self> {
+    fn start(port: u16, args: Vec<String>, password: Option<&str>) -> anyhow::Result<Self> {
         let mut process = Self {
             port,
             args,
+            password: password.map(str::to_owned),
             child: None,
         };
         process.restart()?;
@@ -77,12 +80,20 @@ impl RedisProcess {
         )
     }
 
-    /// Runs `redis-cli -p {port} {args}` and returns what it printed.
+    /// Runs `redis-cli -p {port} {args}` (with the server's password) and
+    /// returns what it printed.
     ///
     /// # Errors
     /// `redis-cli` cannot be run.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
-        cli(self.port, args)
+        match &self.password {
+            Some(password) => {
+                let mut with_password = vec!["--no-auth-warning", "-a", password];
+                with_password.extend(args);
+                cli(self.port, &with_password)
+            }
+            None => cli(self.port, args),
+        }
     }
 }
 
@@ -216,7 +227,7 @@ impl RedisCluster {
                 ]
                 .map(str::to_owned),
             );
-            nodes.push(RedisProcess::start(port, args)?);
+            nodes.push(RedisProcess::start(port, args, None)?);
         }
         let addresses: Vec<String> = nodes
             .iter()
@@ -314,7 +325,7 @@ pub struct RedisSentinelGroup {
     pub master: RedisProcess,
     /// Its replica at the start.
     pub replica: RedisProcess,
-    /// The Sentinel.
+    /// The Sentinel (no password).
     pub sentinel: RedisProcess,
     _dir: ScratchDir,
 }
@@ -323,28 +334,45 @@ impl RedisSentinelGroup {
     /// The master's name in the Sentinel's configuration.
     pub const MASTER: &'static str = "redrive-test";
 
-    /// Starts the three and waits until the Sentinel knows the replica.
+    /// Starts the three, the master and the replica requiring `password`
+    /// when given (the Sentinel knows it, `sentinel auth-pass`), and waits
+    /// until the replica is in sync and the Sentinel knows it.
     ///
     /// # Errors
     /// A process does not start or the Sentinel does not see the replica
     /// within 20 s.
-    pub fn start() -> anyhow::Result<Self> {
+    pub fn start(password: Option<&str>) -> anyhow::Result<Self> {
         let dir = ScratchDir::new("redis_sentinel")?;
+        let secured = |mut args: Vec<String>| {
+            if let Some(password) = password {
+                args.extend(
+                    ["--requirepass", password, "--masterauth", password].map(str::to_owned),
+                );
+            }
+            args
+        };
         let master_port = free_port()?;
-        let master = RedisProcess::start(master_port, base_args(master_port, dir.path()))?;
+        let mut master_args = secured(base_args(master_port, dir.path()));
+        // The replica's first sync at once, not after Redis's 5 s wait for
+        // more replicas.
+        master_args.extend(["--repl-diskless-sync-delay", "0"].map(str::to_owned));
+        let master = RedisProcess::start(master_port, master_args, password)?;
         let replica_port = free_port()?;
-        let mut replica_args = base_args(replica_port, dir.path());
+        let mut replica_args = secured(base_args(replica_port, dir.path()));
         replica_args
             .extend(["--replicaof", "127.0.0.1", &master_port.to_string()].map(str::to_owned));
-        let replica = RedisProcess::start(replica_port, replica_args)?;
+        let replica = RedisProcess::start(replica_port, replica_args, password)?;
         let sentinel_port = free_port()?;
         let config = dir.path().join("sentinel.conf");
         let name = Self::MASTER;
+        let auth = password
+            .map(|password| format!("sentinel auth-pass {name} {password}\n"))
+            .unwrap_or_default();
         std::fs::write(
             &config,
             format!(
                 "port {sentinel_port}\nbind 127.0.0.1\ndir {dir}\nlogfile sentinel.log\n\
-                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n{auth}\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 5000\n\
                  sentinel parallel-syncs {name} 1\n",
@@ -354,6 +382,7 @@ impl RedisSentinelGroup {
         let sentinel = RedisProcess::start(
             sentinel_port,
             vec![config.display().to_string(), "--sentinel".to_owned()],
+            None,
         )?;
         let group = Self {
             master,
@@ -362,13 +391,17 @@ impl RedisSentinelGroup {
             _dir: dir,
         };
         wait_for(
-            "the Sentinel to see the replica",
+            "the replica in sync and the Sentinel seeing it",
             Duration::from_secs(20),
             || {
+                let synced = group
+                    .replica
+                    .cli(&["INFO", "replication"])?
+                    .contains("master_link_status:up");
                 let replicas = group
                     .sentinel
                     .cli(&["SENTINEL", "REPLICAS", Self::MASTER])?;
-                Ok(replicas.contains(&replica_port.to_string()))
+                Ok(synced && replicas.contains(&replica_port.to_string()))
             },
         )?;
         Ok(group)

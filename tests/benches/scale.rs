@@ -47,6 +47,14 @@
 //! letter. `ANALYZE` runs once after capture (not timed), as autovacuum would
 //! soon after a backlog that size.
 //!
+//! Planner replicas (`REDRIVE_BENCH_PLANNER_REPLICAS=2`, default 1): a
+//! second planner on the same database runs beside the first from capture
+//! on. Both capture the DLQ (competing consumers); the benchmark's own calls
+//! (summary, precheck, plan, approve, the wait) go to the first and the
+//! executor's claims and reports to the second, as a TCP load balancer in
+//! front of both would spread two long-lived HTTP/2 connections. Both run
+//! in this process, so the memory figures hold both.
+//!
 //! At the end a table gives each stage's time at each scale and the growth of
 //! its time per dead letter from the smallest scale to the largest (1.0 =
 //! linear), and each target met or not.
@@ -154,9 +162,24 @@ async fn main() -> anyhow::Result<()> {
         !scales.is_empty() && scales.iter().all(|&n| n >= 100),
         "REDRIVE_BENCH_SCALES: dead letters per scale, at least 100 each"
     );
+    let replicas: u32 = std::env::var("REDRIVE_BENCH_PLANNER_REPLICAS")
+        .unwrap_or_else(|_| "1".to_owned())
+        .trim()
+        .parse()
+        .ok()
+        .filter(|replicas| (1..=2).contains(replicas))
+        .ok_or_else(|| anyhow::anyhow!("REDRIVE_BENCH_PLANNER_REPLICAS: 1 or 2"))?;
     // The executor's release binary (cargo builds this package's binaries
     // before its benchmarks), found before anything is timed.
     redrive_tests::scenario::Binaries::of_tests()?;
+    println!(
+        "planner replicas: {replicas}{}",
+        if replicas == 2 {
+            " (both capture; the benchmark's calls go to the first, the executor's to the second)"
+        } else {
+            ""
+        }
+    );
     println!(
         "scales: {}; memory figures are this process's peak RSS (VmHWM, reset before each stage): the planner, the hook and the benchmark's clients",
         scales
@@ -177,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
             // Each stage's failure still drops the database, deletes the
             // queues and the Redis keys (`finish`, or the bed's guards when
             // even that fails), and kills the executor (its own guard).
-            let measured = run_scale(&mut bed, messages).await;
+            let measured = run_scale(&mut bed, messages, replicas).await;
             let finished = bed.finish().await;
             let result = measured?;
             finished?;
@@ -199,8 +222,9 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every stage at `messages` dead letters on `bed` (fresh database).
-async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResult> {
+/// Every stage at `messages` dead letters on `bed` (fresh database), with
+/// `replicas` planners (1 or 2, see the module docs).
+async fn run_scale(bed: &mut TestBed, messages: u32, replicas: u32) -> anyhow::Result<ScaleResult> {
     let n = u64::from(messages);
     let count = i64::from(messages);
     let pool = bed.pool().await?;
@@ -235,12 +259,16 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
     // dead letter is stored.
     let mark = reset_peak();
     let started = Instant::now();
-    bed.restart_planner(|config| {
+    let capturing = |config: &mut redrive_planner::Config| {
         config.capture_queues = vec![dlq.clone()];
         config.message_keys = vec!["json:/order_id".to_owned()];
         config.lease_ttl_seconds = 30;
-    })
-    .await?;
+    };
+    bed.restart_planner(capturing).await?;
+    let mut capturing_replica = match replicas {
+        2 => Some(bed.start_replica(capturing).await?),
+        _ => None,
+    };
     let timeout = Duration::from_secs(600 + n / 500);
     // The DLQ drained (cheap to ask), then the count (a scan): at most a
     // prefetch of dead letters is still being stored by then.
@@ -257,6 +285,9 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
     .await?;
     let capture_seconds = started.elapsed().as_secs_f64();
     bed.planner.halt().await?;
+    if let Some(replica) = &mut capturing_replica {
+        replica.halt().await?;
+    }
     let capture = stage("capture", capture_seconds, mark, n);
     let left = bed.broker().ready_count(&dlq).await?;
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
@@ -302,12 +333,16 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
     let hook_url = orders_hook::spawn(OrdersHook::new(hook_pool.clone()), hook_shutdown).await?;
     // Capture stopped; the hook routed for the orders' events; leases as in
     // the throughput benchmark.
-    bed.restart_planner(|config| {
+    let serving = |config: &mut redrive_planner::Config| {
         config.message_keys = vec!["json:/order_id".to_owned()];
         config.state_checks = vec![format!("order.*={hook_url}")];
         config.lease_ttl_seconds = 30;
-    })
-    .await?;
+    };
+    bed.restart_planner(serving).await?;
+    let mut replica = match replicas {
+        2 => Some(bed.start_replica(serving).await?),
+        _ => None,
+    };
     let source_selector = || v1::Selector {
         sources: vec![dlq.clone()],
         ..Default::default()
@@ -437,7 +472,12 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
     );
 
     // Replay with one executor process.
-    let args = executor_args_for(bed, "bench-scale");
+    let mut args = executor_args_for(bed, "bench-scale");
+    if let Some(replica) = &replica
+        && let Some(at) = args.iter().position(|arg| arg == "--planner")
+    {
+        args[at + 1] = replica.url();
+    }
     let mut executor = ExecutorProcess::start_quiet(&args).await?;
     let pid = executor
         .id()
@@ -537,6 +577,9 @@ async fn run_scale(bed: &mut TestBed, messages: u32) -> anyhow::Result<ScaleResu
         plan_creation,
         replay,
     ];
+    if let Some(replica) = &mut replica {
+        replica.halt().await?;
+    }
     hook_pool.close().await;
     pool.close().await;
     Ok(result)

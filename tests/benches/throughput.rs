@@ -3,7 +3,11 @@
 //!
 //! Run: `cargo bench -p redrive-tests --bench throughput`
 //! (`REDRIVE_BENCH_MESSAGES` sets the messages per run, default 50,000;
-//! `REDRIVE_BENCH_AUDIT_LOG=off` runs the planner without sealing).
+//! `REDRIVE_BENCH_AUDIT_LOG=off` runs the planner without sealing;
+//! `REDRIVE_BENCH_PASSES=2` runs the four replays twice, the second pass in
+//! the reverse order, and reports each figure as the mean of its passes, so
+//! that what grows during a run (the database, the broker's files) weighs
+//! on every replay alike).
 //!
 //! In one run, with persistent 1 KiB messages to durable classic queues:
 //! 1. **raw**: publish with confirms, 256 unconfirmed at most, one channel
@@ -36,11 +40,34 @@ use lapin::types::FieldTable;
 use redrive_tests::{
     TestBed,
     bench::{
-        IN_FLIGHT, affinities, generate_dead_letters, measure_replay, purge_queues,
+        IN_FLIGHT, ReplayFigures, affinities, generate_dead_letters, measure_replay, purge_queues,
         raw_publish_rate,
     },
     env_count, unique,
 };
+
+/// The mean of several passes' figures (the largest executor RSS).
+fn mean_figures(passes: &[&ReplayFigures]) -> ReplayFigures {
+    let n = passes.len().max(1) as f64;
+    let mean = |value: &dyn Fn(&ReplayFigures) -> f64| {
+        passes.iter().map(|figures| value(figures)).sum::<f64>() / n
+    };
+    let mut cpu = std::collections::BTreeMap::new();
+    for figures in passes {
+        for (group, micros) in &figures.cpu {
+            *cpu.entry(group.clone()).or_insert(0.0) += micros / n;
+        }
+    }
+    ReplayFigures {
+        main_rate: mean(&|figures| figures.main_rate),
+        end_to_end_rate: mean(&|figures| figures.end_to_end_rate),
+        cpu,
+        executor_rss: passes
+            .iter()
+            .map(|figures| figures.executor_rss)
+            .fold(0.0, f64::max),
+    }
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -72,12 +99,32 @@ async fn main() -> anyhow::Result<()> {
     }
     let pool = bed.pool().await?;
     let names = |queues: &[String]| queues.to_vec();
-    let runs: Vec<(String, Vec<String>, usize)> = vec![
-        ("tp-one-1".into(), names(&one), 1),
-        ("tp-one-2".into(), names(&one), 2),
-        ("tp-two-1".into(), names(&two), 1),
-        ("tp-two-2".into(), names(&two), 2),
+    let passes = env_count("REDRIVE_BENCH_PASSES", 1).clamp(1, 4);
+    let configurations: Vec<(&str, Vec<String>, usize)> = vec![
+        ("tp-one-1", names(&one), 1),
+        ("tp-one-2", names(&one), 2),
+        ("tp-two-1", names(&two), 1),
+        ("tp-two-2", names(&two), 2),
     ];
+    // Each pass its own dead letters (a replayed key would be skipped the
+    // second time); every other pass in the reverse order.
+    let mut runs: Vec<(String, Vec<String>, usize)> = Vec::new();
+    for pass in 0..passes {
+        let mut order: Vec<_> = configurations.iter().collect();
+        if pass % 2 == 1 {
+            order.reverse();
+        }
+        runs.extend(order.into_iter().map(|(name, queues, executors)| {
+            (format!("{name}-p{pass}"), queues.clone(), *executors)
+        }));
+    }
+    println!(
+        "{passes} pass(es) of the four replays: {}",
+        runs.iter()
+            .map(|(source, _, _)| source.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     for (source, queues, _) in &runs {
         let queues: Vec<&str> = queues.iter().map(String::as_str).collect();
         generate_dead_letters(&pool, source, messages, &queues).await?;
@@ -99,10 +146,35 @@ async fn main() -> anyhow::Result<()> {
         "raw publish + confirm, {IN_FLIGHT} in flight, {messages} × 1 KiB: one queue {raw_one_before:.0} msg/s, two queues {raw_two_before:.0} msg/s"
     );
 
-    let mut results = Vec::new();
+    let mut measured = Vec::new();
     for (source, queues, executors) in &runs {
         let figures = measure_replay(&bed, &pool, source, queues, *executors, &[]).await?;
-        results.push((queues.len(), *executors, figures));
+        measured.push((queues.len(), *executors, figures));
+    }
+    // One row per configuration: the mean of its passes.
+    let results: Vec<(usize, usize, ReplayFigures)> = configurations
+        .iter()
+        .map(|(_, queues, executors)| {
+            let of: Vec<&ReplayFigures> = measured
+                .iter()
+                .filter(|(q, e, _)| *q == queues.len() && e == executors)
+                .map(|(_, _, figures)| figures)
+                .collect();
+            (queues.len(), *executors, mean_figures(&of))
+        })
+        .collect();
+    if passes > 1 {
+        for (queues, executors, _) in &results {
+            let rates: Vec<String> = measured
+                .iter()
+                .filter(|(q, e, _)| q == queues && e == executors)
+                .map(|(_, _, figures)| format!("{:.0}", figures.main_rate))
+                .collect();
+            println!(
+                "  {executors} executor(s), {queues} queue(s): main wave by pass {} msg/s",
+                rates.join(", ")
+            );
+        }
     }
 
     let (raw_one_after, _) = raw(raw_one.clone()).await?;

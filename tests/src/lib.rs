@@ -668,6 +668,20 @@ impl TestBed {
         Ok(())
     }
 
+    /// Another planner on the bed's database (a replica: the bed's planner
+    /// keeps running), configured by `configure` as
+    /// [`TestBed::restart_planner`] does; the caller halts it.
+    ///
+    /// # Errors
+    /// When it does not start.
+    pub async fn start_replica(
+        &self,
+        configure: impl FnOnce(&mut Config),
+    ) -> anyhow::Result<PlannerHandle> {
+        let config = Self::config(&self.db, self.pki.as_deref(), configure);
+        PlannerHandle::start_with(config, self.planner.tls.clone()).await
+    }
+
     /// A pool on the test's database, for assertions.
     ///
     /// # Errors

@@ -10,6 +10,7 @@ use std::{collections::HashSet, time::Duration};
 
 use redrive_tests::{
     Broker, ExecutorHandle, RedisCluster, RedisProcess, RedisSentinelGroup, TestBed, init_logging,
+    unique,
 };
 use tokio::time::Instant;
 
@@ -149,7 +150,8 @@ async fn a_cluster_node_killed_mid_replay_pauses_publishing_and_loses_no_mark() 
     })
     .await?;
 
-    let victim = bucket_node(&cluster, &prefix)?.unwrap_or(0);
+    let victim = bucket_node(&cluster, &prefix)?
+        .ok_or_else(|| anyhow::anyhow!("no node holds the bucket mid-replay"))?;
     let marks_before = marks_on(&cluster.nodes[victim], &prefix)?;
     let spread: Vec<usize> = cluster
         .nodes
@@ -211,17 +213,33 @@ async fn a_cluster_node_killed_mid_replay_pauses_publishing_and_loses_no_mark() 
     bed.finish().await
 }
 
-/// A master, its replica and a Sentinel; the master is killed after 150 of
-/// 600 deliveries at 100/s, burst 10. Nothing is published until the
-/// Sentinel has promoted the replica; then the executor finds the new
-/// master through the Sentinel by itself and the plan completes, each
-/// message once, within the bound, with the marks written before the kill
-/// on the new master.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_master()
--> anyhow::Result<()> {
+/// How the Sentinel test loses its master.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MasterLoss {
+    /// `SIGKILL`: the Sentinel promotes the replica after its down-after.
+    Killed,
+    /// `SENTINEL FAILOVER`: the replica is promoted and the old master,
+    /// still up, becomes its replica, answering writes with `READONLY`.
+    Demoted,
+}
+
+/// A master requiring a password, its replica and a Sentinel without one
+/// (the master's password given as `--redis-master-password`), listed after
+/// a Sentinel address where nothing listens. The master is lost (`loss`)
+/// after 150 of 600 deliveries at 100/s, burst 10. The executor finds the
+/// new master through the Sentinel by itself; the plan completes, each
+/// message once, within the bound, with the marks written before the loss
+/// on the new master. When the master was killed, nothing is published
+/// until the replica is promoted.
+async fn replay_across_a_sentinel_failover(loss: MasterLoss) -> anyhow::Result<()> {
     init_logging();
-    let mut group = tokio::task::spawn_blocking(RedisSentinelGroup::start).await??;
+    let password = unique("redis_pw");
+    let group = {
+        let password = password.clone();
+        tokio::task::spawn_blocking(move || RedisSentinelGroup::start(Some(&password))).await??
+    };
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let sentinels = format!("redis://{nobody},{}", group.sentinel.url());
     let Outage {
         mut bed,
         prefix,
@@ -230,13 +248,24 @@ async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_mas
         plan,
         executor,
     } = replay_until_mid_plan(|config| {
-        config.redis_url = Some(group.sentinel.url());
+        config.redis_url = Some(sentinels);
         config.redis_sentinel_master = Some(RedisSentinelGroup::MASTER.to_owned());
+        config.redis_master_password = Some(password);
     })
     .await?;
 
     let cut_at = Instant::now();
-    group.master.kill();
+    let mut group = group;
+    match loss {
+        MasterLoss::Killed => group.master.kill(),
+        MasterLoss::Demoted => {
+            let answer =
+                group
+                    .sentinel
+                    .cli(&["SENTINEL", "FAILOVER", RedisSentinelGroup::MASTER])?;
+            anyhow::ensure!(answer.trim() == "OK", "SENTINEL FAILOVER: {answer}");
+        }
+    }
     let replica_port = group.replica.port();
     let group = tokio::task::spawn_blocking(move || -> anyhow::Result<RedisSentinelGroup> {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -251,20 +280,25 @@ async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_mas
     })
     .await??;
     let promoted_at = Instant::now();
-    eprintln!("replica promoted {:?} after the kill", promoted_at - cut_at);
-    let during = received_between(&received, cut_at, promoted_at);
-    assert!(
-        during.iter().all(|after| *after < Duration::from_secs(1)),
-        "nothing is published while there is no master (fail closed): deliveries {during:?} \
-         after the kill"
+    eprintln!(
+        "{loss:?}: replica promoted {:?} after",
+        promoted_at - cut_at
     );
+    if loss == MasterLoss::Killed {
+        let during = received_between(&received, cut_at, promoted_at);
+        assert!(
+            during.iter().all(|after| *after < Duration::from_secs(1)),
+            "nothing is published while there is no master (fail closed): deliveries \
+             {during:?} after the kill"
+        );
+    }
 
     wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
     executor.stop().await?;
     let received = drain(&received, consuming, Duration::from_millis(300)).await?;
     assert!(
         received.iter().any(|r| r.at > promoted_at),
-        "publishing resumed on the promoted replica"
+        "publishing went on after the replica was promoted"
     );
     assert_exactly_once_within_rate(&bed, &plan.plan_id, &received).await?;
     let marks = marks_on(&group.replica, &prefix)?;
@@ -274,8 +308,24 @@ async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_mas
         .count();
     assert!(
         marks >= early,
-        "the new master holds a mark for every message delivered a second before the kill: \
-         {marks} marks, {early} early"
+        "the new master holds a mark for every message delivered a second before the \
+         failover: {marks} marks, {early} early"
     );
     bed.finish().await
+}
+
+/// [`replay_across_a_sentinel_failover`], the master killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_master()
+-> anyhow::Result<()> {
+    replay_across_a_sentinel_failover(MasterLoss::Killed).await
+}
+
+/// [`replay_across_a_sentinel_failover`], the master demoted and still up
+/// (`SENTINEL FAILOVER`): the executor leaves it for the new master (the
+/// Sentinels name another master, or the old one answers `READONLY`), so
+/// no mark is left behind on a master that is about to become a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_replaced_while_still_up_is_left_for_the_new_one() -> anyhow::Result<()> {
+    replay_across_a_sentinel_failover(MasterLoss::Demoted).await
 }

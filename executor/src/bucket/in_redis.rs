@@ -183,15 +183,7 @@ impl RedisBucket {
         let (increment, tolerance) = costs(rate, tokens)?;
         let (increment_s, increment_ns) = split_ns(increment);
         let (tolerance_s, tolerance_ns) = split_ns(tolerance);
-        let mut connection = self.connection.clone();
-        let mut invocation = self.script.key(self.redis_key(key));
-        invocation
-            .arg(increment_s)
-            .arg(increment_ns)
-            .arg(tolerance_s)
-            .arg(tolerance_ns);
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let call = invocation.invoke_async::<(i64, i64, i64)>(&mut connection);
+        let call = self.step(key, [increment_s, increment_ns, tolerance_s, tolerance_ns]);
         let answer = match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) => {
@@ -222,15 +214,7 @@ impl RedisBucket {
             .emission_interval_ns()
             .saturating_mul(u64::from(tokens));
         let (increment_s, increment_ns) = split_ns(increment);
-        let mut connection = self.connection.clone();
-        let mut invocation = self.script.key(self.redis_key(key));
-        invocation
-            .arg(increment_s)
-            .arg(increment_ns)
-            .arg(CHARGE_TOLERANCE_S)
-            .arg(0);
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let call = invocation.invoke_async::<(i64, i64, i64)>(&mut connection);
+        let call = self.step(key, [increment_s, increment_ns, CHARGE_TOLERANCE_S, 0]);
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok((1, _, _))) => Ok(()),
             Ok(Ok(answer)) => Err(BucketError::Unavailable {
@@ -243,6 +227,31 @@ impl RedisBucket {
                 reason: format!("redis did not answer within {:?}", self.call_timeout),
             }),
         }
+    }
+
+    /// One run of the GCRA script on destination `key`'s bucket with
+    /// `arguments` (`ARGV[1..4]`, see the script). On one server and under
+    /// Sentinel: `EVALSHA`, loading the script on `NOSCRIPT`. On a Redis
+    /// Cluster: `EVAL` with the script's text (Redis caches it too), because
+    /// the load after a `NOSCRIPT` goes to every node, replicas included,
+    /// and fails while any of them is unreachable.
+    async fn step(&self, key: &str, arguments: [u64; 4]) -> redis::RedisResult<(i64, i64, i64)> {
+        let mut connection = self.connection.clone();
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.connection.is_cluster() {
+            let mut command = redis::cmd("EVAL");
+            command
+                .arg(GCRA_SCRIPT)
+                .arg(1)
+                .arg(self.redis_key(key))
+                .arg(&arguments[..]);
+            return command.query_async(&mut connection).await;
+        }
+        let mut invocation = self.script.key(self.redis_key(key));
+        for argument in arguments {
+            invocation.arg(argument);
+        }
+        invocation.invoke_async(&mut connection).await
     }
 
     /// [`Bucket::acquire`] on Redis: calls [`RedisBucket::try_acquire`] until
