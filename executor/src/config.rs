@@ -75,7 +75,12 @@ pub struct Config {
 
     /// With --redis-sentinel-master: the master's password when it is not
     /// the Sentinels' (the --redis-url credentials are the Sentinels').
-    #[arg(long, env = "REDRIVE_REDIS_MASTER_PASSWORD", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "REDRIVE_REDIS_MASTER_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
     pub redis_master_password: Option<String>,
 
     /// A file holding --redis-master-password (read at start; overrides it).
