@@ -50,8 +50,9 @@ use redis::{
     sentinel::{SentinelClient, SentinelServerType},
 };
 
-/// Where the shared Redis state lives, as configured.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where the shared Redis state lives, as configured. Its `Debug` hides
+/// every password.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTopology {
     /// One Redis server (`redis://host:port/db`, `rediss://` for TLS).
     Standalone(String),
@@ -71,6 +72,30 @@ pub enum RedisTopology {
         /// (`--redis-master-password`); `None`: the first URL's credentials.
         master_password: Option<String>,
     },
+}
+
+impl std::fmt::Debug for RedisTopology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use redrive_proto::settings::redact_url;
+        let redacted = |urls: &[String]| urls.iter().map(|url| redact_url(url)).collect::<Vec<_>>();
+        match self {
+            Self::Standalone(url) => f.debug_tuple("Standalone").field(&redact_url(url)).finish(),
+            Self::Cluster(urls) => f.debug_tuple("Cluster").field(&redacted(urls)).finish(),
+            Self::Sentinel {
+                sentinels,
+                master,
+                master_password,
+            } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", &redacted(sentinels))
+                .field("master", master)
+                .field(
+                    "master_password",
+                    &master_password.as_ref().map(|_| "<hidden>"),
+                )
+                .finish(),
+        }
+    }
 }
 
 impl RedisTopology {
@@ -638,5 +663,13 @@ mod tests {
             assert!(error.contains(expected), "{urls}: {error}");
             assert!(!error.contains("hunter2"), "{error}");
         }
+        let secret = RedisTopology::from_settings("redis://:hunter2@s:26379", false, Some("m"))
+            .and_then(|topology| topology.with_master_password(Some("hunter3".to_owned())))
+            .unwrap();
+        let shown = format!("{secret:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("hunter3"),
+            "{shown}"
+        );
     }
 }
