@@ -23,12 +23,14 @@
 //!   dropped, timed out) or was demoted (`READONLY`), the next call asks the
 //!   Sentinels again, in a search of its own that outlives the call that
 //!   started it (Sentinels that do not answer cost it time, never the
-//!   outcome). The failed call itself is not retried. Every second the
-//!   Sentinels are also asked which master they name, and a connection to
+//!   outcome). The failed call itself is not retried. Every second a
+//!   Sentinel is also asked which master it names, and a connection to
 //!   another one is dropped: a replaced master may accept writes for a
-//!   while (after `SENTINEL FAILOVER`, or on the wrong side of a
-//!   partition), and what is written there is lost when it becomes a
-//!   replica.
+//!   while (after `SENTINEL FAILOVER`, until it is reconfigured), and what
+//!   is written there is lost when it becomes a replica. The answer is the
+//!   first Sentinel's that answers, not a majority's: on the wrong side of
+//!   a partition an old master can still be named (Redis's own remedy is
+//!   `min-replicas-to-write` on the master).
 //!
 //! In each case a call that cannot be served fails, and the callers fail
 //! closed: while a node, a master or a whole cluster is failing over, the
@@ -309,11 +311,17 @@ pub async fn connect(
             }
         }
     };
-    match tokio::time::timeout(call_timeout, connecting).await {
+    // Finding a master may take longer than one call: the Sentinels are asked
+    // in turn.
+    let limit = match topology {
+        RedisTopology::Sentinel { .. } => MASTER_SEARCH_TIMEOUT.max(call_timeout),
+        _ => call_timeout,
+    };
+    match tokio::time::timeout(limit, connecting).await {
         Ok(result) => result,
         Err(_) => Err(redis::RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("{} did not answer within {call_timeout:?}", topology.kind()),
+            format!("{} did not answer within {limit:?}", topology.kind()),
         ))),
     }
 }
@@ -352,6 +360,11 @@ struct SentinelLink {
     current: Arc<Mutex<Option<Held>>>,
     /// The search under way, if any.
     searching: Arc<Mutex<Option<Search>>>,
+    /// How to reach each Sentinel (its credentials, no database), for the
+    /// once-a-second question of [`SentinelLink::watch`].
+    sentinels: Arc<Vec<redis::ConnectionInfo>>,
+    /// The master's name in the Sentinels' configuration.
+    master: Arc<str>,
     generations: Arc<AtomicU64>,
     config: redis::AsyncConnectionConfig,
     db: i64,
@@ -379,6 +392,22 @@ impl SentinelLink {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel URL"))
         })?;
         let settings = first.redis_settings();
+        let mut sentinel_settings = redis::RedisConnectionInfo::default();
+        if let Some(username) = settings.username() {
+            sentinel_settings = sentinel_settings.set_username(username);
+        }
+        if let Some(password) = settings.password() {
+            sentinel_settings = sentinel_settings.set_password(password);
+        }
+        let sentinel_infos = addresses
+            .iter()
+            .map(|address| {
+                address
+                    .clone()
+                    .into_connection_info()
+                    .map(|info| info.set_redis_settings(sentinel_settings.clone()))
+            })
+            .collect::<RedisResult<Vec<_>>>()?;
         let db = settings.db();
         let mut builder = redis::sentinel::SentinelClientBuilder::new(
             addresses,
@@ -417,6 +446,8 @@ impl SentinelLink {
             sentinel: Arc::new(tokio::sync::Mutex::new(builder.build()?)),
             current: Arc::new(Mutex::new(None)),
             searching: Arc::new(Mutex::new(None)),
+            sentinels: Arc::new(sentinel_infos),
+            master: Arc::from(master),
             generations: Arc::new(AtomicU64::new(0)),
             config: redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(call_timeout))
@@ -433,13 +464,19 @@ impl SentinelLink {
             .map(|(generation, connection, _)| (*generation, connection.clone()))
     }
 
-    /// Asks the Sentinels every [`MASTER_CHECK_INTERVAL`] which master
-    /// they name, and forgets the connection to another one. Ends when
-    /// every clone of the link is dropped.
+    /// Asks a Sentinel every [`MASTER_CHECK_INTERVAL`] which master it
+    /// names (`SENTINEL GET-MASTER-ADDR-BY-NAME`, over one connection kept
+    /// open, the next Sentinel after a failure), and forgets the connection
+    /// to another one. No connection to the master is opened for it. Ends
+    /// when every clone of the link is dropped.
     fn watch(&self) {
         let current = Arc::downgrade(&self.current);
-        let sentinel = Arc::clone(&self.sentinel);
+        let sentinels = Arc::clone(&self.sentinels);
+        let master = Arc::clone(&self.master);
+        let config = self.config.clone();
         tokio::spawn(async move {
+            let mut asking: Option<MultiplexedConnection> = None;
+            let mut next = 0;
             loop {
                 tokio::time::sleep(MASTER_CHECK_INTERVAL).await;
                 let Some(current) = current.upgrade() else {
@@ -453,19 +490,32 @@ impl SentinelLink {
                 let Some((generation, address)) = held else {
                     continue;
                 };
-                let named = tokio::time::timeout(MASTER_SEARCH_TIMEOUT, async {
-                    let client = sentinel.lock().await.async_get_client().await?;
-                    RedisResult::Ok(client.get_connection_info().addr().to_string())
-                })
-                .await;
-                if let Ok(Ok(named)) = named
-                    && named != address
+                if asking.is_none() && !sentinels.is_empty() {
+                    let info = sentinels[next % sentinels.len()].clone();
+                    next += 1;
+                    if let Ok(client) = Client::open(info) {
+                        asking = client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await
+                            .ok();
+                    }
+                }
+                let Some(connection) = &mut asking else {
+                    continue;
+                };
+                let mut question = redis::cmd("SENTINEL");
+                question.arg("GET-MASTER-ADDR-BY-NAME").arg(&*master);
+                match question
+                    .query_async::<Option<(String, u16)>>(connection)
+                    .await
                 {
-                    forget(
+                    Ok(Some((host, port))) if format!("{host}:{port}") != address => forget(
                         &current,
                         generation,
-                        &format!("the Sentinels name {named} now"),
-                    );
+                        &format!("the Sentinels name {host}:{port} now"),
+                    ),
+                    Ok(_) => {}
+                    Err(_) => asking = None,
                 }
             }
         });
@@ -482,6 +532,10 @@ impl SentinelLink {
                 .searching
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // A search that ended since the first look left its connection.
+            if let Some(current) = self.cached() {
+                return Ok(current);
+            }
             searching.get_or_insert_with(|| self.search()).clone()
         };
         search.await.map_err(|reason| {
@@ -530,9 +584,16 @@ impl SentinelLink {
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
             outcome
         });
+        let searching = Arc::clone(&self.searching);
         async move {
-            task.await
-                .unwrap_or_else(|error| Err(format!("the search for the master failed: {error}")))
+            task.await.unwrap_or_else(|error| {
+                // The task ended without clearing the slot (a panic, or its
+                // runtime shut down): clear it, so the next call searches.
+                *searching
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                Err(format!("the search for the master failed: {error}"))
+            })
         }
         .boxed()
         .shared()

@@ -72,11 +72,14 @@ impl RedisProcess {
             .stderr(Stdio::null())
             .spawn()
             .context("cannot start redis-server")?;
+        // Its own answer, not another server's on the same port: the
+        // process id it reports is the child's.
+        let pid = format!("process_id:{}", child.id());
         self.child = Some(child);
         wait_for(
-            "redis-server to answer PING",
+            "redis-server to answer as itself",
             Duration::from_secs(10),
-            || Ok(self.cli(&["PING"])?.trim() == "PONG"),
+            || Ok(self.cli(&["INFO", "server"])?.contains(&pid)),
         )
     }
 
@@ -156,11 +159,23 @@ impl Drop for ScratchDir {
 }
 
 /// A free port `p` on 127.0.0.1 whose cluster bus port `p + 10000` is free
-/// too (the bus port is fixed by Redis Cluster).
+/// too (the bus port is fixed by Redis Cluster). Both lie below Linux's
+/// ephemeral range (32768 and up), so no client socket of the test can hold
+/// them; they are handed out from one counter per test process, starting
+/// at a random point of 10000-19999, so tests starting servers at the same
+/// moment never get the same one.
 fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..100 {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: std::sync::OnceLock<AtomicU16> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let offset = u16::try_from(uuid::Uuid::new_v4().as_u128() % 10_000).unwrap_or(0);
+        AtomicU16::new(offset)
+    });
+    for _ in 0..1_000 {
+        let port = 10_000 + next.fetch_add(1, Ordering::Relaxed) % 10_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return Ok(port);
         }
     }
@@ -336,12 +351,15 @@ impl RedisSentinelGroup {
 
     /// Starts the three, the master and the replica requiring `password`
     /// when given (the Sentinel knows it, `sentinel auth-pass`), and waits
-    /// until the replica is in sync and the Sentinel knows it.
+    /// until the replica is in sync and the Sentinel knows it. A `stubborn`
+    /// master has `REPLICAOF` and `SLAVEOF` renamed away: after a failover
+    /// the Sentinel cannot make it a replica, so it stays a writable master
+    /// (a master on the wrong side of a partition, as clients see it).
     ///
     /// # Errors
     /// A process does not start or the Sentinel does not see the replica
     /// within 20 s.
-    pub fn start(password: Option<&str>) -> anyhow::Result<Self> {
+    pub fn start(password: Option<&str>, stubborn: bool) -> anyhow::Result<Self> {
         let dir = ScratchDir::new("redis_sentinel")?;
         let secured = |mut args: Vec<String>| {
             if let Some(password) = password {
@@ -356,6 +374,19 @@ impl RedisSentinelGroup {
         // The replica's first sync at once, not after Redis's 5 s wait for
         // more replicas.
         master_args.extend(["--repl-diskless-sync-delay", "0"].map(str::to_owned));
+        if stubborn {
+            master_args.extend(
+                [
+                    "--rename-command",
+                    "REPLICAOF",
+                    "",
+                    "--rename-command",
+                    "SLAVEOF",
+                    "",
+                ]
+                .map(str::to_owned),
+            );
+        }
         let master = RedisProcess::start(master_port, master_args, password)?;
         let replica_port = free_port()?;
         let mut replica_args = secured(base_args(replica_port, dir.path()));

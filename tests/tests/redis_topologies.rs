@@ -218,9 +218,11 @@ async fn a_cluster_node_killed_mid_replay_pauses_publishing_and_loses_no_mark() 
 enum MasterLoss {
     /// `SIGKILL`: the Sentinel promotes the replica after its down-after.
     Killed,
-    /// `SENTINEL FAILOVER`: the replica is promoted and the old master,
-    /// still up, becomes its replica, answering writes with `READONLY`.
-    Demoted,
+    /// `SENTINEL FAILOVER` with a master that cannot be made a replica
+    /// (`REPLICAOF` renamed away): the replica is promoted and the old
+    /// master stays up and writable, so nothing but the Sentinel's answer
+    /// tells the executor to leave it.
+    Replaced,
 }
 
 /// A master requiring a password, its replica and a Sentinel without one
@@ -236,7 +238,9 @@ async fn replay_across_a_sentinel_failover(loss: MasterLoss) -> anyhow::Result<(
     let password = unique("redis_pw");
     let group = {
         let password = password.clone();
-        tokio::task::spawn_blocking(move || RedisSentinelGroup::start(Some(&password))).await??
+        let stubborn = loss == MasterLoss::Replaced;
+        tokio::task::spawn_blocking(move || RedisSentinelGroup::start(Some(&password), stubborn))
+            .await??
     };
     let nobody = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let sentinels = format!("redis://{nobody},{}", group.sentinel.url());
@@ -258,7 +262,7 @@ async fn replay_across_a_sentinel_failover(loss: MasterLoss) -> anyhow::Result<(
     let mut group = group;
     match loss {
         MasterLoss::Killed => group.master.kill(),
-        MasterLoss::Demoted => {
+        MasterLoss::Replaced => {
             let answer =
                 group
                     .sentinel
@@ -284,6 +288,13 @@ async fn replay_across_a_sentinel_failover(loss: MasterLoss) -> anyhow::Result<(
         "{loss:?}: replica promoted {:?} after",
         promoted_at - cut_at
     );
+    // The old master, still writable, gets no more marks once the
+    // executor has noticed the switch (the Sentinel is asked every second).
+    let mut old_master_marks = None;
+    if loss == MasterLoss::Replaced {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        old_master_marks = Some(marks_on(&group.master, &prefix)?);
+    }
     if loss == MasterLoss::Killed {
         let during = received_between(&received, cut_at, promoted_at);
         assert!(
@@ -301,6 +312,13 @@ async fn replay_across_a_sentinel_failover(loss: MasterLoss) -> anyhow::Result<(
         "publishing went on after the replica was promoted"
     );
     assert_exactly_once_within_rate(&bed, &plan.plan_id, &received).await?;
+    if let Some(before) = old_master_marks {
+        let after = marks_on(&group.master, &prefix)?;
+        assert_eq!(
+            after, before,
+            "the replaced master, still writable, got marks after the switch"
+        );
+    }
     let marks = marks_on(&group.replica, &prefix)?;
     let early = received
         .iter()
@@ -321,11 +339,11 @@ async fn a_sentinel_failover_mid_replay_pauses_publishing_then_finds_the_new_mas
     replay_across_a_sentinel_failover(MasterLoss::Killed).await
 }
 
-/// [`replay_across_a_sentinel_failover`], the master demoted and still up
-/// (`SENTINEL FAILOVER`): the executor leaves it for the new master (the
-/// Sentinels name another master, or the old one answers `READONLY`), so
-/// no mark is left behind on a master that is about to become a replica.
+/// [`replay_across_a_sentinel_failover`], the master replaced and still up
+/// and writable (`SENTINEL FAILOVER`, the old master unable to become a
+/// replica): the executor leaves it for the new master because the
+/// Sentinel names another one, though the old one never refuses a write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_replaced_while_still_up_is_left_for_the_new_one() -> anyhow::Result<()> {
-    replay_across_a_sentinel_failover(MasterLoss::Demoted).await
+    replay_across_a_sentinel_failover(MasterLoss::Replaced).await
 }
