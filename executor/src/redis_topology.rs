@@ -268,8 +268,9 @@ impl ConnectionLike for RedisConnection {
 /// the Sentinels again on the next call), and calls fail until then.
 ///
 /// # Errors
-/// A URL is invalid, or no server (seed node, Sentinel and its master)
-/// answers within `call_timeout`.
+/// A URL is invalid, or no server answers in time: a server or a seed node
+/// within `call_timeout`; the Sentinels and the master they name within
+/// [`MASTER_SEARCH_TIMEOUT`] (15 s: the Sentinels are asked in turn).
 #[tracing::instrument(name = "executor.redis.connect", skip_all, fields(redis.topology = topology.kind()), err)]
 pub async fn connect(
     topology: &RedisTopology,
