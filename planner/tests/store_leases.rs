@@ -873,14 +873,15 @@ async fn a_reader_following_the_audit_misses_no_event_of_overlapping_reports() {
         db.claim("exec-1", true).await,
         db.claim("exec-2", true).await,
     ];
-    let items: Vec<(DeadLetterId, SliceId)> =
-        sqlx::query_as("SELECT dead_letter_id, slice_id FROM plan_items ORDER BY position")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let items: Vec<(DeadLetterId, SliceId, String)> = sqlx::query_as(
+        "SELECT dead_letter_id, slice_id, message_key FROM plan_items ORDER BY position",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     let outcome = |index: usize| Outcome {
         dead_letter_id: items[index].0,
-        message_key: format!("key-{index}"),
+        message_key: items[index].2.clone(),
         action: "sent".to_owned(),
         reason: String::new(),
         executor_id: "exec-1".to_owned(),
@@ -904,14 +905,14 @@ async fn a_reader_following_the_audit_misses_no_event_of_overlapping_reports() {
                 .await
                 .unwrap()
                 .expect("the lease");
-            tx.record_outcomes(
-                slice,
-                &lease,
-                &[&outcome],
-                std::slice::from_ref(&outcome.message_key),
-            )
-            .await
-            .unwrap();
+            let members = tx
+                .slice_members(slice, &[outcome.dead_letter_id])
+                .await
+                .unwrap();
+            let item = members[&outcome.dead_letter_id].clone();
+            tx.record_outcomes(slice, &lease, &[&outcome], std::slice::from_ref(&item))
+                .await
+                .unwrap();
             tx
         }
     };
@@ -946,5 +947,132 @@ async fn a_reader_following_the_audit_misses_no_event_of_overlapping_reports() {
     seen.extend(db.store.audit_events(PLAN, after, 100).await.unwrap());
     let mut keys: Vec<String> = seen.into_iter().map(|(_, e)| e.message_key).collect();
     keys.sort();
-    assert_eq!(keys, ["key-0", "key-3"], "every event read exactly once");
+    let mut expected = [items[0].2.clone(), items[3].2.clone()];
+    expected.sort();
+    assert_eq!(keys, expected, "every event read exactly once");
+}
+
+/// A report's item update reads the reported items, not the whole slice,
+/// when the statistics know only an earlier plan (docs/benchmarks.md, "The
+/// report's item update"). `plan_items` is analyzed while it holds the
+/// fixture's four items, then a plan of one 10,000-item slice is added:
+/// PostgreSQL estimates that slice at one row. Joined to the reported
+/// outcomes, the update then re-read every outcome for every item of the
+/// slice: 10,000 × 1,000 rows a report, seconds each; by primary key and
+/// array place it reads the 1,000 items. Every item ends `sent`, once.
+#[tokio::test]
+async fn reports_of_a_large_slice_stay_fast_when_statistics_know_only_an_earlier_plan() {
+    const ITEMS: i64 = 10_000;
+    const PER_REPORT: usize = 1_000;
+    const REPORTS: usize = 5;
+    let db = Db::new().await;
+    for statement in [
+        "ALTER TABLE plan_items SET (autovacuum_enabled = false)",
+        "ALTER TABLE plan_slices SET (autovacuum_enabled = false)",
+        "ANALYZE plan_items",
+        "ANALYZE plan_slices",
+        "UPDATE plan_slices SET state = 'completed'",
+    ] {
+        db.pool.execute(statement).await.expect(statement);
+    }
+    let large = "00000000-0000-7000-8000-000000000003";
+    db.pool
+        .execute(AssertSqlSafe(format!(
+            "INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, message_key, \
+                body, body_size, body_sha256, body_oversized, body_compression, properties, headers, \
+                reason_class, destination, died_at, first_died_at) \
+             SELECT 'dlq', 'import', now(), sha256(('l-' || n)::bytea), 'l-' || n, 'l-' || n || ':order.paid', \
+                '{{}}'::bytea, 2, '\\x00'::bytea, false, 'none', ''::bytea, ''::bytea, \
+                'rejected', 'work', now(), now() \
+             FROM generate_series(1, {ITEMS}) AS n; \
+             INSERT INTO plans (id, precheck_id, precheck_digest, state, rate_per_second, rate_burst, \
+                rate_rationale, destination_mode, slice_size, canary_fraction, observe_for_ms, total_items, \
+                canary_items, created_by, approved_by, approved_at) \
+             VALUES ('{large}', '00000000-0000-7000-8000-000000000001', 'digest', 'main', 100, 10, 'test', \
+                'queue', {ITEMS}, 0.01, 0, {ITEMS}, 0, 'alice', 'bob', now()); \
+             INSERT INTO plan_slices (plan_id, seq, wave) VALUES ('{large}', 0, 'main'); \
+             INSERT INTO plan_items (plan_id, position, slice_id, dead_letter_id, message_key, exchange, routing_key) \
+             SELECT '{large}', row_number() OVER (ORDER BY d.id) - 1, s.id, d.id, d.message_key, '', 'work' \
+             FROM dead_letters d, plan_slices s WHERE s.plan_id = '{large}' AND d.message_id LIKE 'l-%'"
+        )))
+        .await
+        .expect("the large plan");
+    // Generic plans, as a connection's prepared statements get after five
+    // runs: the statistics alone decide.
+    db.pool
+        .execute(AssertSqlSafe(format!(
+            "ALTER DATABASE \"{}\" SET plan_cache_mode = force_generic_plan",
+            db._db.name
+        )))
+        .await
+        .expect("generic plans");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db._db.url())
+        .await
+        .expect("connect");
+    let store = Store::from_pool(pool.clone());
+    let lease = db.claim("exec-1", true).await;
+    db.mark(lease.slice_id, lease.fencing_token, ITEMS - 1)
+        .await;
+    let items: Vec<(DeadLetterId, String)> = sqlx::query_as(
+        "SELECT dead_letter_id, message_key FROM plan_items WHERE slice_id = $1 ORDER BY position",
+    )
+    .bind(lease.slice_id)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(items.len() as i64, ITEMS);
+    let started = std::time::Instant::now();
+    for chunk in items.chunks(PER_REPORT).take(REPORTS) {
+        let outcomes: Vec<Outcome> = chunk
+            .iter()
+            .map(|(id, key)| Outcome {
+                dead_letter_id: *id,
+                message_key: key.clone(),
+                action: "sent".to_owned(),
+                reason: String::new(),
+                executor_id: "exec-1".to_owned(),
+                attempt: 1,
+                confirm_latency_us: 0,
+                at: chrono::Utc::now(),
+            })
+            .collect();
+        let reported =
+            outcomes::report_outcomes(&store, lease.slice_id, lease.fencing_token, "", &outcomes)
+                .await
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            (reported.accepted, reported.refused),
+            (PER_REPORT as u64, 0)
+        );
+    }
+    let took = started.elapsed();
+    let states: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM plan_items WHERE slice_id = $1 GROUP BY state ORDER BY state",
+    )
+    .bind(lease.slice_id)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let reported = (REPORTS * PER_REPORT) as i64;
+    assert_eq!(
+        states,
+        [
+            ("pending".to_owned(), ITEMS - reported),
+            ("sent".to_owned(), reported)
+        ]
+    );
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT dead_letter_id) FROM audit_events WHERE slice_id = $1 AND action = 'sent'")
+            .bind(lease.slice_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(events, reported, "one sent event per reported item");
+    assert!(
+        took < Duration::from_secs(6),
+        "{REPORTS} reports of {PER_REPORT} items took {took:?}"
+    );
 }

@@ -233,11 +233,11 @@ pub async fn report_outcomes(
         lease_lost: !lease.unexpired,
     };
     if !accepted.is_empty() {
-        let keys: Vec<String> = accepted
+        let items: Vec<(String, i64)> = accepted
             .iter()
-            .map(|o| members[&o.dead_letter_id].0.clone())
+            .map(|o| members[&o.dead_letter_id].clone())
             .collect();
-        tx.record_outcomes(slice_id, &lease, &accepted, &keys)
+        tx.record_outcomes(slice_id, &lease, &accepted, &items)
             .await?;
         tx.notify(lease.plan_id).await?;
     }

@@ -139,10 +139,11 @@ impl Tx {
     }
 
     /// Records the accepted outcomes of a report under `lease`: their audit
-    /// events (with `keys`, the plan items' message keys, one per outcome;
-    /// each with its dead letter's destination: a `sent` or `uncertain`
-    /// event is also the replay record of its key, docs/design.md, "What a
-    /// report writes") and their items' states and attempts.
+    /// events (with `items`, each outcome's plan item as the store knows it:
+    /// its message key and position; each event with its dead letter's
+    /// destination: a `sent` or `uncertain` event is also the replay record
+    /// of its key, docs/design.md, "What a report writes") and their items'
+    /// states and attempts.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -151,12 +152,13 @@ impl Tx {
         slice_id: SliceId,
         lease: &ReportLease,
         outcomes: &[&Outcome],
-        keys: &[String],
+        items: &[(String, i64)],
     ) -> Result<(), StoreError> {
         let transaction = &mut self.transaction;
         let column =
             |f: &dyn Fn(&Outcome) -> String| outcomes.iter().map(|o| f(o)).collect::<Vec<_>>();
         let ids: Vec<DeadLetterId> = outcomes.iter().map(|o| o.dead_letter_id).collect();
+        let keys: Vec<&str> = items.iter().map(|(key, _)| key.as_str()).collect();
         let actions = column(&|o| o.action.clone());
         let reasons = column(&|o| o.reason.replace('\0', ""));
         // The executor is the one that claimed the lease, whatever the
@@ -165,34 +167,46 @@ impl Tx {
         let attempts: Vec<i32> = outcomes.iter().map(|o| o.attempt).collect();
         let latencies: Vec<i64> = outcomes.iter().map(|o| o.confirm_latency_us).collect();
         let at: Vec<DateTime<Utc>> = outcomes.iter().map(|o| o.at).collect();
+        let decided = item_outcomes(outcomes, items);
         // The last outcome of an item wins, except that `sent` is never undone
         // (a confirmed publish was delivered, whatever came after) and a final
         // state never goes back to uncertain (a late report of an earlier
         // attempt). Under an expired lease only `sent`, and `uncertain` of a
         // pending item, change the state.
+        //
+        // The items are found by primary key (plan, position: the caller
+        // took the positions from this slice's items), within the range of
+        // the report's positions (a report is mostly a run of neighbours),
+        // and each one's outcome by its place in the arrays, with no join:
+        // whatever the statistics say of a new plan's items, the statement
+        // reads about the reported items and nothing else. (Joined to the outcomes, a new
+        // plan's slice was estimated at one row and PostgreSQL re-read the
+        // sorted outcomes for every item of the slice: docs/benchmarks.md,
+        // "The report's item update".)
         sqlx::query(
-        "UPDATE plan_items i SET state = CASE \
-            WHEN i.state = 'sent' THEN i.state \
-            WHEN u.action = 'sent' THEN 'sent' \
-            WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
-            WHEN $7 THEN u.action \
-            WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
-            ELSE i.state END, \
-            attempts = greatest(i.attempts, u.attempt) \
-         FROM (SELECT DISTINCT ON (id) id, action, attempt FROM \
-               UNNEST($2::bigint[], $3::text[], $4::int[]) WITH ORDINALITY AS x(id, action, attempt, n) \
-               ORDER BY id, (action = 'sent') DESC, n DESC) u \
-         WHERE i.plan_id = $1 AND i.slice_id = $6 AND i.dead_letter_id = u.id",
-    )
-    .bind(lease.plan_id)
-    .bind(&ids)
-    .bind(&actions)
-    .bind(&attempts)
-    .bind(FINAL_ITEM_STATES)
-    .bind(slice_id)
-    .bind(lease.unexpired)
-    .execute(&mut **transaction)
-    .await?;
+            "UPDATE plan_items i SET (state, attempts) = ( \
+                SELECT CASE \
+                    WHEN i.state = 'sent' THEN i.state \
+                    WHEN u.action = 'sent' THEN 'sent' \
+                    WHEN u.action = 'uncertain' AND i.state = ANY($5) THEN i.state \
+                    WHEN $6 THEN u.action \
+                    WHEN u.action = 'uncertain' AND i.state = 'pending' THEN 'uncertain' \
+                    ELSE i.state END, \
+                    greatest(i.attempts, u.attempt) \
+                FROM (SELECT ($3::text[])[k] AS action, ($4::int[])[k] AS attempt \
+                      FROM array_position($2::bigint[], i.position) AS k) u) \
+             WHERE i.plan_id = $1 AND i.position BETWEEN $7 AND $8 AND i.position = ANY($2)",
+        )
+        .bind(lease.plan_id)
+        .bind(&decided.positions)
+        .bind(&decided.actions)
+        .bind(&decided.attempts)
+        .bind(FINAL_ITEM_STATES)
+        .bind(lease.unexpired)
+        .bind(decided.positions.first())
+        .bind(decided.positions.last())
+        .execute(&mut **transaction)
+        .await?;
         // The audit lock last, right before the events' ids are drawn: it
         // is held until the commit, and the items' update (the longer
         // statement) runs before it, so reports of other slices of the plan
@@ -216,7 +230,7 @@ impl Tx {
     .bind(slice_id)
     .bind(&lease.wave)
     .bind(&ids)
-    .bind(keys)
+    .bind(&keys)
     .bind(&actions)
     .bind(&reasons)
     .bind(&executors)
@@ -227,6 +241,43 @@ impl Tx {
     .await?;
         Ok(())
     }
+}
+
+/// What a report decides for its items ([`item_outcomes`]): one entry per
+/// item, in position order, as three parallel arrays.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ItemOutcomes {
+    /// Each item's position in its plan.
+    positions: Vec<i64>,
+    /// The outcome that decides its state.
+    actions: Vec<String>,
+    /// That outcome's attempt.
+    attempts: Vec<i32>,
+}
+
+/// The one outcome per item that decides its state, of `outcomes` (each
+/// with its item's key and position in `items`, the same length): an
+/// item's last `sent` outcome if it has one (a confirmed publish is never
+/// undone by a later line of the same report), else its last outcome.
+fn item_outcomes(outcomes: &[&Outcome], items: &[(String, i64)]) -> ItemOutcomes {
+    let mut decided: std::collections::BTreeMap<i64, &Outcome> = std::collections::BTreeMap::new();
+    for (outcome, (_, position)) in outcomes.iter().zip(items) {
+        decided
+            .entry(*position)
+            .and_modify(|kept| {
+                if outcome.action == "sent" || kept.action != "sent" {
+                    *kept = outcome;
+                }
+            })
+            .or_insert(outcome);
+    }
+    let mut result = ItemOutcomes::default();
+    for (position, outcome) in decided {
+        result.positions.push(position);
+        result.actions.push(outcome.action.clone());
+        result.attempts.push(outcome.attempt);
+    }
+    result
 }
 
 /// The audit action named `name`.
@@ -490,5 +541,51 @@ impl Store {
             .into_iter()
             .map(|row| row.into_event(plan_id))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ItemOutcomes, item_outcomes};
+    use crate::{ids::DeadLetterId, store::leases::Outcome};
+
+    fn outcome(id: i64, action: &str, attempt: i32) -> Outcome {
+        Outcome {
+            dead_letter_id: DeadLetterId::new(id),
+            message_key: format!("k{id}"),
+            action: action.to_owned(),
+            reason: String::new(),
+            executor_id: "x".to_owned(),
+            attempt,
+            confirm_latency_us: 0,
+            at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn one_outcome_per_item_in_position_order_sent_never_undone() {
+        let outcomes = [
+            outcome(7, "uncertain", 1),
+            outcome(3, "failed", 1),
+            outcome(7, "sent", 2),
+            outcome(7, "failed", 3),
+            outcome(3, "uncertain", 2),
+            outcome(9, "sent", 1),
+            outcome(9, "sent", 4),
+        ];
+        let refs: Vec<&Outcome> = outcomes.iter().collect();
+        let items: Vec<(String, i64)> = outcomes
+            .iter()
+            .map(|o| (o.message_key.clone(), o.dead_letter_id.get() * 10))
+            .collect();
+        assert_eq!(
+            item_outcomes(&refs, &items),
+            ItemOutcomes {
+                positions: vec![30, 70, 90],
+                actions: vec!["uncertain".into(), "sent".into(), "sent".into()],
+                attempts: vec![2, 2, 4],
+            }
+        );
+        assert_eq!(item_outcomes(&[], &[]), ItemOutcomes::default());
     }
 }
