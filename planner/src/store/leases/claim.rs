@@ -162,7 +162,9 @@ impl Store {
     /// ([`ITEM_SIZE_SQL`]) than `max_bytes`, the most one claim answer can
     /// carry: no executor could ever receive them, so they end `failed` with
     /// an audit event saying why instead of holding the slice forever. Only
-    /// while `token` is the slice's current lease. Returns how many.
+    /// while `token` is the slice's current lease. Returns how many. The
+    /// dead letters are read by key, one lookup per item, as in
+    /// [`Self::slice_items`].
     ///
     /// # Errors
     /// [`StoreError`].
@@ -177,7 +179,9 @@ impl Store {
                 WHERE id = $1 AND fencing_token = $2 AND state = 'leased'), \
              big AS (SELECT i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, \
                     {ITEM_SIZE_SQL} AS size, l.wave, l.owner, x.destination \
-                FROM plan_items i JOIN dead_letters x ON x.id = i.dead_letter_id JOIN lease l ON l.id = i.slice_id \
+                FROM plan_items i JOIN lease l ON l.id = i.slice_id \
+                CROSS JOIN LATERAL (SELECT body, properties, headers, error_text, raw_content_header, \
+                    body_revision, destination FROM dead_letters WHERE id = i.dead_letter_id OFFSET 0) x \
                 WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') AND {ITEM_SIZE_SQL} > $3), \
              failed AS (UPDATE plan_items i SET state = 'failed' FROM big b \
                 WHERE i.slice_id = b.slice_id AND i.dead_letter_id = b.dead_letter_id RETURNING i.dead_letter_id), \
