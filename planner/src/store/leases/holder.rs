@@ -131,14 +131,16 @@ impl Store {
         let Some(plan_id) = plan_id else {
             return Ok(Err(StaleToken { slice_id, token }));
         };
-        let members: Vec<DeadLetterId> = sqlx::query_scalar(
-            "SELECT dead_letter_id FROM plan_items WHERE slice_id = $1 AND dead_letter_id = ANY($2)",
-        )
-        .bind(slice_id)
-        .bind(ids)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(Ok((plan_id, members)))
+        let members: Vec<(DeadLetterId, String, i64)> =
+            sqlx::query_as(super::report::SLICE_MEMBERS_SQL)
+                .bind(slice_id)
+                .bind(ids)
+                .fetch_all(self.pool())
+                .await?;
+        Ok(Ok((
+            plan_id,
+            members.into_iter().map(|(id, _, _)| id).collect(),
+        )))
     }
     /// The dead letters `ids` with their latest body (repairs) in `body`.
     ///
