@@ -179,10 +179,10 @@ impl Tx {
         // the report's positions (a report is mostly a run of neighbours),
         // and each one's outcome by its place in the arrays, with no join:
         // whatever the statistics say of a new plan's items, the statement
-        // reads about the reported items and nothing else. (Joined to the outcomes, a new
-        // plan's slice was estimated at one row and PostgreSQL re-read the
-        // sorted outcomes for every item of the slice: docs/benchmarks.md,
-        // "The report's item update".)
+        // reads about the reported items and nothing else. (Joined to the
+        // outcomes, a new plan's slice was estimated at one row and
+        // PostgreSQL re-read the sorted outcomes for every item of the
+        // slice: docs/benchmarks.md, "The report's item update".)
         sqlx::query(
             "UPDATE plan_items i SET (state, attempts) = ( \
                 SELECT CASE \

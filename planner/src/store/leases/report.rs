@@ -94,7 +94,7 @@ impl Tx {
     /// The items of slice `slice_id` among `ids`: per dead letter, its plan
     /// item's message key and position. What is recorded about an item
     /// comes from these rows, never from a report. Read by dead letter, one
-    /// index lookup per id ([`SLICE_MEMBERS_SQL`]).
+    /// index lookup per id (`SLICE_MEMBERS_SQL`).
     ///
     /// # Errors
     /// [`StoreError`].
