@@ -113,6 +113,16 @@ pub const FINAL_ITEM_STATES: &[&str] = &[
     "unroutable",
 ];
 
+/// The items of slice `$1` among the dead letters `$2`: their dead-letter
+/// id, message key and position. `slice_id + 0` keeps the slice's index out
+/// of the choice, so the items are found by `plan_items_dead_letter`, one
+/// lookup per id. On the slice's index, with the ids a filter, a generic
+/// plan compares every item of the slice with every id (no hashing for a
+/// parameter's array): 10,000 items × 1,000 ids, about 90 ms a report
+/// (docs/benchmarks.md, "The report's item update").
+const SLICE_MEMBERS_SQL: &str = "SELECT dead_letter_id, message_key, position FROM plan_items \
+     WHERE dead_letter_id = ANY($2) AND slice_id + 0 = $1";
+
 /// What one slice item weighs in a claim answer, in bytes (SQL over
 /// `plan_items i` joined with its dead letter `x`): the body it publishes
 /// (the latest repair, else the captured body; `octet_length` reads the

@@ -131,12 +131,11 @@ impl Store {
         let Some(plan_id) = plan_id else {
             return Ok(Err(StaleToken { slice_id, token }));
         };
-        let members: Vec<(DeadLetterId, String, i64)> =
-            sqlx::query_as(super::report::SLICE_MEMBERS_SQL)
-                .bind(slice_id)
-                .bind(ids)
-                .fetch_all(self.pool())
-                .await?;
+        let members: Vec<(DeadLetterId, String, i64)> = sqlx::query_as(super::SLICE_MEMBERS_SQL)
+            .bind(slice_id)
+            .bind(ids)
+            .fetch_all(self.pool())
+            .await?;
         Ok(Ok((
             plan_id,
             members.into_iter().map(|(id, _, _)| id).collect(),

@@ -14,16 +14,6 @@ use crate::{
     },
 };
 
-/// The items of slice `$1` among the dead letters `$2`: their dead-letter
-/// id, message key and position. `slice_id + 0` keeps the slice's index out
-/// of the choice, so the items are found by `plan_items_dead_letter`, one
-/// lookup per id. On the slice's index, with the ids a filter, a generic
-/// plan compares every item of the slice with every id (no hashing for a
-/// parameter's array): 10,000 items × 1,000 ids, about 90 ms a report
-/// (docs/benchmarks.md, "The report's item update").
-pub(crate) const SLICE_MEMBERS_SQL: &str = "SELECT dead_letter_id, message_key, position FROM plan_items \
-     WHERE dead_letter_id = ANY($2) AND slice_id + 0 = $1";
-
 /// A report's lease as the store finds it ([`Tx::report_lease`]).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ReportLease {
@@ -104,7 +94,7 @@ impl Tx {
         ids: &[DeadLetterId],
     ) -> Result<HashMap<DeadLetterId, (String, i64)>, StoreError> {
         Ok(
-            sqlx::query_as::<_, (DeadLetterId, String, i64)>(SLICE_MEMBERS_SQL)
+            sqlx::query_as::<_, (DeadLetterId, String, i64)>(super::SLICE_MEMBERS_SQL)
                 .bind(slice_id)
                 .bind(ids)
                 .fetch_all(&mut *self.transaction)
