@@ -107,6 +107,11 @@ impl Drop for RedisProcess {
 }
 
 /// Runs `redis-cli -h 127.0.0.1 -p {port} {args}`.
+///
+/// # Errors
+/// `redis-cli` cannot be run, exits with a failure, or prints nothing but
+/// an error (it cannot connect, say): an empty answer is never mistaken
+/// for "no keys". The error names the command without a password.
 fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
@@ -114,7 +119,27 @@ fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
         .stdin(Stdio::null())
         .output()
         .context("cannot run redis-cli")?;
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() || (stdout.trim().is_empty() && !stderr.trim().is_empty()) {
+        let shown: Vec<&str> = args
+            .iter()
+            .enumerate()
+            .map(
+                |(at, arg)| match at.checked_sub(1).map(|before| args[before]) {
+                    Some("-a") => "***",
+                    _ => arg,
+                },
+            )
+            .collect();
+        bail!(
+            "redis-cli -p {port} {} failed ({}): {}",
+            shown.join(" "),
+            output.status,
+            stderr.trim()
+        );
+    }
+    Ok(stdout)
 }
 
 /// Polls `ready` every 50 ms until it holds, for at most `limit`.
