@@ -428,16 +428,23 @@ struct UnsealedRow {
 /// the current (`$3`) and previous (`$4`) audit keys' pads, and whether the
 /// record is a leaf already.
 ///
-/// The seqs to take are read once into an array (`= ANY (ARRAY(...))`, an
-/// init plan), never as `IN (SELECT ... LIMIT $1)`: that form let a plan
-/// made while the queue was small (a cached generic plan, or statistics
-/// from before a replay) re-run the `LIMIT` subquery for every queued row,
-/// queue × batch row visits: a backlog of 80,000 took 287 s a round
-/// instead of 0.2 s (docs/benchmarks.md, "A million dead letters").
+/// The rows taken are the `$1` oldest the statement sees, found as every
+/// row up to the last of them: that seq is read once (an init plan), and
+/// the rows by a range of the primary key. The same rows in the same
+/// snapshot, since a row the statement cannot see is skipped by both.
+/// Never `IN (SELECT ... LIMIT $1)`: that form let a plan made while the
+/// queue was small (a cached generic plan, or statistics from before a
+/// replay) re-run the `LIMIT` subquery for every queued row, queue × batch
+/// row visits: a backlog of 80,000 took 287 s a round instead of 0.2 s
+/// (docs/benchmarks.md, "A million dead letters"). Nor `= ANY (ARRAY(...))`
+/// of the seqs: PostgreSQL hashes an `= ANY` array only when it is a
+/// constant, so each queued row was compared with every taken seq, batch²
+/// comparisons (2.3 of a round's 10 ms at 1,146 rows, a quarter of a
+/// second at 10,000).
 const TAKE_PENDING: &str = "\
 WITH taken AS (
     DELETE FROM audit_log_pending
-    WHERE seq = ANY (ARRAY(SELECT seq FROM audit_log_pending ORDER BY seq LIMIT $1))
+    WHERE seq <= (SELECT max(seq) FROM (SELECT seq FROM audit_log_pending ORDER BY seq LIMIT $1) oldest)
     RETURNING seq, kind, plan_id, ref_id, mac)
 SELECT t.seq, t.kind, t.plan_id, t.ref_id,
        t.seq <= $2 AS history,

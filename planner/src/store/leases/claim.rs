@@ -100,7 +100,10 @@ impl Store {
     /// merge join, PostgreSQL read the dead-letter table in key order from
     /// its first row up to the slice's last, every dead letter of every
     /// earlier slice again at each claim (slice 6 of a plan: 6,101 rows for
-    /// 1,000).
+    /// 1,000). Each size is computed inside that lookup, so the running
+    /// sum sorts `(position, size)` pairs: with the size computed after
+    /// it, the sort carried every dead letter's columns, bodies included
+    /// (7 of a 1,000-item claim's 14 ms).
     ///
     /// # Errors
     /// [`StoreError`].
@@ -110,9 +113,9 @@ impl Store {
         max_bytes: usize,
     ) -> Result<Vec<LeasedItem>, StoreError> {
         let query = format!(
-            "WITH due AS (SELECT i.position, {ITEM_SIZE_SQL} AS size \
-                FROM plan_items i CROSS JOIN LATERAL (SELECT body, properties, headers, error_text, \
-                    raw_content_header, body_revision FROM dead_letters WHERE id = i.dead_letter_id OFFSET 0) x \
+            "WITH due AS (SELECT i.position, s.size \
+                FROM plan_items i CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size \
+                    FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s \
                 WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain')), \
              running AS (SELECT position, sum(size) OVER (ORDER BY position) AS total, \
                 row_number() OVER (ORDER BY position) AS n FROM due), \
@@ -178,11 +181,11 @@ impl Store {
             "WITH lease AS (SELECT id, wave, coalesce(lease_owner, '') AS owner FROM plan_slices \
                 WHERE id = $1 AND fencing_token = $2 AND state = 'leased'), \
              big AS (SELECT i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, \
-                    {ITEM_SIZE_SQL} AS size, l.wave, l.owner, x.destination \
+                    s.size, l.wave, l.owner, s.destination \
                 FROM plan_items i JOIN lease l ON l.id = i.slice_id \
-                CROSS JOIN LATERAL (SELECT body, properties, headers, error_text, raw_content_header, \
-                    body_revision, destination FROM dead_letters WHERE id = i.dead_letter_id OFFSET 0) x \
-                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') AND {ITEM_SIZE_SQL} > $3), \
+                CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size, x.destination \
+                    FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s \
+                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') AND s.size > $3), \
              failed AS (UPDATE plan_items i SET state = 'failed' FROM big b \
                 WHERE i.slice_id = b.slice_id AND i.dead_letter_id = b.dead_letter_id RETURNING i.dead_letter_id), \
              events AS (INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
