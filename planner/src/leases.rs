@@ -23,7 +23,7 @@ use crate::{
     plan::state::State,
     precheck::state_check::{StateChecker, StateDecision},
     store::{
-        StaleToken, Store,
+        StaleToken, Store, StoreError,
         leases::{LeasedItem, LeasedSlice, Outcome},
     },
 };
@@ -333,31 +333,7 @@ impl Coordinator {
         slice: &LeasedSlice,
         caller: &str,
     ) -> Result<Vec<LeasedItem>, Error> {
-        let loaded = match self
-            .store
-            .fail_unsendable(
-                slice.slice_id,
-                slice.fencing_token,
-                redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
-            )
-            .await
-        {
-            Ok(failed) => {
-                if failed > 0 {
-                    tracing::warn!(
-                        slice.id = slice.slice_id.get(),
-                        failed,
-                        limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES,
-                        "items larger than a claim answer can carry failed"
-                    );
-                }
-                self.store
-                    .slice_items(slice.slice_id, self.claim_max_bytes)
-                    .await
-            }
-            Err(error) => Err(error),
-        };
-        match loaded {
+        match self.load_items(slice).await {
             Ok(loaded) => Ok(loaded),
             Err(error) => {
                 // Nobody will hold this lease: give it back now, so
@@ -376,6 +352,39 @@ impl Coordinator {
                 }
                 Err(error.into())
             }
+        }
+    }
+
+    /// [`Self::hand_out_items`] before its error handling: the window of
+    /// items to hand out, the unsendable items failed first when there are
+    /// any (then the window again), and the items of the window.
+    async fn load_items(&self, slice: &LeasedSlice) -> Result<Vec<LeasedItem>, StoreError> {
+        let limit = redrive_proto::limits::MAX_CLAIM_ITEM_BYTES;
+        let mut window = self
+            .store
+            .claim_window(slice.slice_id, self.claim_max_bytes, limit)
+            .await?;
+        if window.unsendable {
+            let failed = self
+                .store
+                .fail_unsendable(slice.slice_id, slice.fencing_token, limit)
+                .await?;
+            if failed > 0 {
+                tracing::warn!(
+                    slice.id = slice.slice_id.get(),
+                    failed,
+                    limit,
+                    "items larger than a claim answer can carry failed"
+                );
+            }
+            window = self
+                .store
+                .claim_window(slice.slice_id, self.claim_max_bytes, limit)
+                .await?;
+        }
+        match window.through {
+            Some(through) => self.store.slice_items(slice.slice_id, through).await,
+            None => Ok(Vec::new()),
         }
     }
 

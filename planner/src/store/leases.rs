@@ -22,6 +22,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redrive_proto::v1;
 
+pub use self::claim::ClaimWindow;
 pub use self::report::{LeaseEnd, ReportLease};
 use super::plans::DestinationMode;
 use crate::ids::{DeadLetterId, PlanId, PrecheckId, SliceId};

@@ -1,6 +1,7 @@
 //! Leasing a slice ([`Store::claim_slice`]) and the items its claim answer
 //! carries ([`Store::slice_items`]), within the answer's byte budget
-//! ([`Store::fail_unsendable`] fails the items no answer could carry).
+//! ([`Store::claim_window`]; [`Store::fail_unsendable`] fails the items no
+//! answer could carry).
 
 use std::time::Duration;
 
@@ -73,54 +74,95 @@ impl Store {
         .await?;
         Ok(row.map(LeasedSlice::from))
     }
-    /// The items of `slice_id` still to publish (pending or uncertain), in
-    /// order, as many as fit in `max_bytes` (docs/design.md, "Every input is
-    /// bounded at the edge"): the first one always, then each next one while
-    /// the running sum of their sizes ([`ITEM_SIZE_SQL`]) stays within the
-    /// budget. Only the chosen rows' bodies are read; the rest stay pending
-    /// for the next lease of the slice.
+    /// Which items of `slice_id` still to publish (pending or uncertain) a
+    /// claim hands out, and whether any of them can never be handed out:
+    /// the first always, then each next one in position order while the
+    /// running sum of their sizes ([`ITEM_SIZE_SQL`]) stays within
+    /// `max_bytes` (docs/design.md, "Every input is bounded at the edge");
+    /// [`ClaimWindow::unsendable`] when one is larger than
+    /// `max_item_bytes`, the most one claim answer can carry
+    /// ([`Self::fail_unsendable`] then fails it). Reads sizes only, never
+    /// a body: the chosen items are read by [`Self::slice_items`].
     ///
     /// The chosen items are a prefix of the due ones in position order
-    /// (every size is positive, so the running sum only grows): the last
-    /// chosen position is read once (an init plan) and the items are read
-    /// as one range of the `(slice_id, position)` index. Never joined as
-    /// `IN (SELECT position FROM handed)`: planned on statistics that put one
-    /// row in a slice, that semi join re-ran the running sum for every item,
-    /// slice² rows (a slice of 1,000: 6.5 s and 1.4 million buffer reads per
-    /// claim instead of 80 ms; docs/benchmarks.md, "Pinned"). The body of a
-    /// repaired dead letter is its current revision (`body_revision`, the
-    /// latest: `RepairDeadLetter` sets it to each revision it adds), read by
-    /// its key. An item's replay keys (its key and those a re-key replaced)
-    /// are built once per item (`replay_keys`, kept from being inlined by
+    /// (every size is positive, so the running sum only grows), so the last
+    /// chosen position is all [`Self::slice_items`] needs. Each size is
+    /// computed inside its dead letter's lookup (`LATERAL ... OFFSET 0`, one
+    /// lookup by key per item, never flattened into a join: as a merge join,
+    /// PostgreSQL read the dead-letter table in key order from its first
+    /// row up to the slice's last, every dead letter of every earlier slice
+    /// again at each claim, slice 6 of a plan: 6,101 rows for 1,000), so the
+    /// running sum sorts `(position, size)` pairs, not whole rows with their
+    /// bodies (7 of a 1,000-item claim's 14 ms).
+    ///
+    /// One statement for both answers: the unsendable check used to be a
+    /// statement of its own at every claim, computing every size again
+    /// under the plan's audit lock (5-12 ms a claim of 1,000, most of it
+    /// waiting behind reports) for items that are almost never there.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn claim_window(
+        &self,
+        slice_id: SliceId,
+        max_bytes: usize,
+        max_item_bytes: usize,
+    ) -> Result<ClaimWindow, StoreError> {
+        let query = format!(
+            "WITH due AS (SELECT i.position, s.size \
+                FROM plan_items i CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size \
+                    FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s \
+                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain')), \
+             running AS (SELECT position, size, sum(size) OVER (ORDER BY position) AS total, \
+                row_number() OVER (ORDER BY position) AS n FROM due) \
+             SELECT max(position) FILTER (WHERE n = 1 OR total <= $2) AS through, \
+                coalesce(bool_or(size > $3), false) AS unsendable \
+             FROM running"
+        );
+        // Planned at each claim with its own slice, never from a cached
+        // generic plan made while the tables were small.
+        let (through, unsendable): (Option<i64>, bool) = sqlx::query_as(AssertSqlSafe(query))
+            .persistent(false)
+            .bind(slice_id)
+            .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
+            .bind(i64::try_from(max_item_bytes).unwrap_or(i64::MAX))
+            .fetch_one(self.pool())
+            .await?;
+        Ok(ClaimWindow {
+            through,
+            unsendable,
+        })
+    }
+
+    /// The items of `slice_id` still to publish (pending or uncertain) up
+    /// to position `through` ([`ClaimWindow::through`]), in order, with
+    /// their dead letters and what the executor's checks need.
+    ///
+    /// The items are read as one range of the `(slice_id, position)` index,
+    /// never joined as `IN (SELECT position FROM handed)`: planned on
+    /// statistics that put one row in a slice, that semi join re-ran the
+    /// running sum for every item, slice² rows (a slice of 1,000: 6.5 s and
+    /// 1.4 million buffer reads per claim instead of 80 ms;
+    /// docs/benchmarks.md, "Pinned"). The body of a repaired dead letter is
+    /// its current revision (`body_revision`, the latest:
+    /// `RepairDeadLetter` sets it to each revision it adds), read by its
+    /// key. An item's replay keys (its key and those a re-key replaced) are
+    /// built once per item (`replay_keys`, kept from being inlined by
     /// `OFFSET 0`), not once per audit row a scan of `audit_events` visits:
     /// while the audit is a few pages, PostgreSQL scans it per item (the
     /// first main-wave claims after the canary, 0.5-0.8 s each at 100,000
     /// dead letters). A slice's dead letters are read by key, one lookup
-    /// per item (`LATERAL ... OFFSET 0`, never flattened into a join): as a
-    /// merge join, PostgreSQL read the dead-letter table in key order from
-    /// its first row up to the slice's last, every dead letter of every
-    /// earlier slice again at each claim (slice 6 of a plan: 6,101 rows for
-    /// 1,000). Each size is computed inside that lookup, so the running
-    /// sum sorts `(position, size)` pairs: with the size computed after
-    /// it, the sort carried every dead letter's columns, bodies included
-    /// (7 of a 1,000-item claim's 14 ms).
+    /// per item (`LATERAL ... OFFSET 0`), as in [`Self::claim_window`].
     ///
     /// # Errors
     /// [`StoreError`].
     pub async fn slice_items(
         &self,
         slice_id: SliceId,
-        max_bytes: usize,
+        through: i64,
     ) -> Result<Vec<LeasedItem>, StoreError> {
         let query = format!(
-            "WITH due AS (SELECT i.position, s.size \
-                FROM plan_items i CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size \
-                    FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s \
-                WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain')), \
-             running AS (SELECT position, sum(size) OVER (ORDER BY position) AS total, \
-                row_number() OVER (ORDER BY position) AS n FROM due), \
-             handed AS (SELECT position FROM running WHERE n = 1 OR total <= $3) \
-             SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
+            "SELECT d.*, i.position, i.state AS item_state, i.exchange AS item_exchange, \
                 i.routing_key AS item_routing_key, i.stale_at AS item_stale_at, i.attempts AS item_attempts, \
                 coalesce(rev.body, (SELECT body FROM dead_letters WHERE id = i.dead_letter_id)) AS replay_body, \
                 rk.redrive_count, rk.key_replayed, cb.came_back_from \
@@ -141,7 +183,7 @@ impl Store {
              LEFT JOIN dead_letter_revisions rev ON rev.dead_letter_id = i.dead_letter_id \
                 AND rev.revision = d.body_revision \
              WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') \
-               AND i.position <= (SELECT max(position) FROM handed)",
+               AND i.position <= $3",
             // The body is read once, as `replay_body`.
             columns(false),
             came_back = CAME_BACK_SQL,
@@ -153,7 +195,7 @@ impl Store {
             .persistent(false)
             .bind(slice_id)
             .bind(i64::try_from(REPLAY_KEY_WINDOW.as_secs()).unwrap_or(i64::MAX))
-            .bind(i64::try_from(max_bytes).unwrap_or(i64::MAX))
+            .bind(through)
             .fetch_all(self.pool())
             .await?;
         // In position order; sorted here, not by PostgreSQL, which sorted
@@ -161,13 +203,14 @@ impl Store {
         rows.sort_unstable_by_key(|row| row.position);
         rows.into_iter().map(LeasedItem::try_from).collect()
     }
+
     /// Fails the items of `slice_id` still to publish that are larger
     /// ([`ITEM_SIZE_SQL`]) than `max_bytes`, the most one claim answer can
     /// carry: no executor could ever receive them, so they end `failed` with
     /// an audit event saying why instead of holding the slice forever. Only
     /// while `token` is the slice's current lease. Returns how many. The
     /// dead letters are read by key, one lookup per item, as in
-    /// [`Self::slice_items`].
+    /// [`Self::claim_window`], which tells when this is needed.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -245,6 +288,16 @@ impl From<LeasedSliceRow> for LeasedSlice {
             ordered: row.ordered,
         }
     }
+}
+
+/// What a claim of one slice hands out ([`Store::claim_window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimWindow {
+    /// The position of the last item to hand out (all due items up to it);
+    /// `None` when no item of the slice is due.
+    pub through: Option<i64>,
+    /// Some due item is larger than one claim answer can carry.
+    pub unsendable: bool,
 }
 
 /// A row of [`Store::slice_items`]: the dead letter's columns and its item's.
