@@ -111,7 +111,9 @@ impl Drop for RedisProcess {
 /// # Errors
 /// `redis-cli` cannot be run, exits with a failure, or prints nothing but
 /// an error (it cannot connect, say): an empty answer is never mistaken
-/// for "no keys". The error names the command without a password.
+/// for "no keys". The error names the command without a password, and
+/// gives what it printed (`--cluster create` prints its errors to standard
+/// output).
 fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
@@ -133,10 +135,11 @@ fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
             )
             .collect();
         bail!(
-            "redis-cli -p {port} {} failed ({}): {}",
+            "redis-cli -p {port} {} failed ({}): {} {}",
             shown.join(" "),
             output.status,
-            stderr.trim()
+            stderr.trim(),
+            stdout.trim()
         );
     }
     Ok(stdout)

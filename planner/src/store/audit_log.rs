@@ -438,9 +438,12 @@ struct UnsealedRow {
 /// row visits: a backlog of 80,000 took 287 s a round instead of 0.2 s
 /// (docs/benchmarks.md, "A million dead letters"). Nor `= ANY (ARRAY(...))`
 /// of the seqs: PostgreSQL hashes an `= ANY` array only when it is a
-/// constant, so each queued row was compared with every taken seq, batch²
-/// comparisons (2.3 of a round's 10 ms at 1,146 rows, a quarter of a
-/// second at 10,000).
+/// constant, so where it scanned the queue (as it did in a replay's
+/// profile, the queue's statistics taken while it was small) each queued
+/// row was compared with every taken seq, queue × batch comparisons: 2.3
+/// of a round's 10 ms at 1,146 rows; 10,000 of a queue of 20,010 in 323 ms
+/// against 6 ms for the range (docs/benchmarks.md, "The claim's window and
+/// the sequencer's round").
 ///
 /// Each taken row's record, MACs and leaf are read by key, one lookup each
 /// ([`TAKE_PENDING_JOINS`]).
