@@ -302,6 +302,39 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
             .is_err()
         );
     }
+    // The same leaf asked for by its index: the same record, and a proof
+    // that verifies.
+    let sent = proven
+        .proofs
+        .last()
+        .ok_or_else(|| anyhow::anyhow!("no proof"))?;
+    let by_index = bed
+        .client
+        .prove_audit_inclusion(ProveAuditInclusionRequest {
+            leaf_index: Some(sent.leaf_index),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(by_index.proofs.len(), 1, "one leaf by its index");
+    let alone = &by_index.proofs[0];
+    assert_eq!(alone.leaf_index, sent.leaf_index);
+    assert_eq!(alone.leaf, sent.leaf, "the record as stored, by index");
+    let checkpoint = open_checkpoint(
+        &by_index.checkpoint.unwrap_or_default().note,
+        &keys.verifier,
+    )?;
+    merkle::verify_inclusion(
+        &Entry::from_canonical(alone.leaf.as_bytes())?.leaf_hash(),
+        alone.leaf_index,
+        checkpoint.size,
+        &alone
+            .hashes
+            .iter()
+            .map(|hash| to_hash(hash))
+            .collect::<Vec<_>>(),
+        &checkpoint.root,
+    )?;
     // Consistency between the first checkpoint and the latest.
     let first: i64 = sqlx::query_scalar("SELECT min(tree_size) FROM audit_checkpoints")
         .fetch_one(&pool)

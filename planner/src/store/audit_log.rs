@@ -24,11 +24,28 @@ const RECORD_COLUMNS: &str = "coalesce(e.at, a.at) AS at, \
      e.wave, e.executor_id, e.attempt, e.confirm_latency_us, a.actor";
 
 /// The joins [`RECORD_COLUMNS`] read through, from a row `t` with `kind`,
-/// `plan_id` and `ref_id`.
+/// `plan_id` and `ref_id`, for statements that read a whole plan's leaves
+/// (or every unsealed row), where hashing the records is the right plan: a
+/// plan's leaves of one dead letter among 400,000 took 0.18-0.22 s so,
+/// 0.62-0.65 s as [`RECORD_LOOKUPS`].
 const RECORD_JOINS: &str = "LEFT JOIN audit_events e \
        ON t.kind = 'event' AND e.plan_id = t.plan_id AND e.id = t.ref_id \
      LEFT JOIN operator_actions a \
        ON t.kind = 'action' AND a.plan_id = t.plan_id AND a.id = t.ref_id";
+
+/// [`RECORD_JOINS`] as lookups by key, one per row `t` (`LATERAL ...
+/// OFFSET 0`, never flattened into a join), for statements that read a
+/// bounded run of rows (a page of the log, a leaf, a sealing round): as
+/// joins PostgreSQL hashed the whole audit table for each run, a cost
+/// growing with the table and not the run. An export page of 5,000 leaves
+/// among 400,000 events: 62-77 ms as joins, 7-12 ms as lookups; a sealing
+/// round of 5,177 rows spent 90 of its 177 ms hashing 38,000 events. `e`
+/// and `a` also carry the row as a whole (`whole`, of the table's type,
+/// for the MAC functions).
+const RECORD_LOOKUPS: &str = "LEFT JOIN LATERAL (SELECT x.*, x AS whole FROM audit_events x \
+       WHERE t.kind = 'event' AND x.plan_id = t.plan_id AND x.id = t.ref_id OFFSET 0) e ON true \
+     LEFT JOIN LATERAL (SELECT x.*, x AS whole FROM operator_actions x \
+       WHERE t.kind = 'action' AND x.plan_id = t.plan_id AND x.id = t.ref_id OFFSET 0) a ON true";
 
 /// An audit event's or operator action's record as stored now.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -330,7 +347,7 @@ impl Store {
     ) -> Result<Option<(u64, Hash, Record)>, StoreError> {
         let sql = format!(
             "SELECT t.leaf_index, t.leaf_hash, t.kind, t.plan_id, t.ref_id, {RECORD_COLUMNS} \
-             FROM audit_log t {RECORD_JOINS} WHERE t.leaf_index = $1"
+             FROM audit_log t {RECORD_LOOKUPS} WHERE t.leaf_index = $1"
         );
         let rows = self
             .leaf_rows(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(as_i64(leaf_index)))
@@ -353,7 +370,7 @@ impl Store {
         let sql = format!(
             "SELECT t.leaf_index, t.leaf_hash, t.kind, t.plan_id, t.ref_id, {RECORD_COLUMNS} \
              FROM (SELECT * FROM audit_log WHERE leaf_index >= $1 AND leaf_index < $2 \
-                   ORDER BY leaf_index LIMIT $3) t {RECORD_JOINS} \
+                   ORDER BY leaf_index LIMIT $3) t {RECORD_LOOKUPS} \
              ORDER BY t.leaf_index"
         );
         self.leaf_rows(
@@ -445,8 +462,8 @@ struct UnsealedRow {
 /// against 6 ms for the range (docs/benchmarks.md, "The claim's window and
 /// the sequencer's round").
 ///
-/// Each taken row's record, MACs and leaf are read by key, one lookup each
-/// ([`TAKE_PENDING_JOINS`]).
+/// Each taken row's record and leaf are read by key, one lookup each
+/// ([`RECORD_LOOKUPS`], [`TAKE_PENDING_SEALED`]).
 const TAKE_PENDING: &str = "\
 WITH taken AS (
     DELETE FROM audit_log_pending
@@ -455,30 +472,19 @@ WITH taken AS (
 SELECT t.seq, t.kind, t.plan_id, t.ref_id,
        t.seq <= $2 AS history,
        t.mac IS NOT NULL AS has_mac,
-       CASE WHEN t.kind = 'event' THEN t.mac IN (e.mac_current, e.mac_previous)
-            ELSE t.mac IN (a.mac_current, a.mac_previous) END AS mac_ok,
+       CASE WHEN t.kind = 'event'
+            THEN t.mac IN (redrive_hmac($3, redrive_audit_event_mac_input(e.whole)),
+                           redrive_hmac($4, redrive_audit_event_mac_input(e.whole)))
+            ELSE t.mac IN (redrive_hmac($3, redrive_audit_action_mac_input(a.whole)),
+                           redrive_hmac($4, redrive_audit_action_mac_input(a.whole))) END AS mac_ok,
        s.leaf_index IS NOT NULL AS sealed,
        ";
 
-/// [`TAKE_PENDING`]'s joins: the record (`e` or `a`, with the MACs of its
-/// columns as stored now under the current and previous keys' pads) and
-/// the leaf already holding it (`s`), each read by its key for each taken
-/// row (`LATERAL ... OFFSET 0`, never flattened into a join). As joins,
-/// PostgreSQL estimated a round's rows well enough to hash the whole
-/// audit table for them: 38,000 events read and hashed for 5,177 rows (90
-/// of the round's 177 ms), and the whole log scanned for `sealed`, both
-/// growing with the tables and not with the round.
-const TAKE_PENDING_JOINS: &str = "\
-LEFT JOIN LATERAL (SELECT x.*, redrive_hmac($3, redrive_audit_event_mac_input(x)) AS mac_current,
-                          redrive_hmac($4, redrive_audit_event_mac_input(x)) AS mac_previous
-                   FROM audit_events x
-                   WHERE t.kind = 'event' AND x.plan_id = t.plan_id AND x.id = t.ref_id OFFSET 0) e ON true
-LEFT JOIN LATERAL (SELECT x.*, redrive_hmac($3, redrive_audit_action_mac_input(x)) AS mac_current,
-                          redrive_hmac($4, redrive_audit_action_mac_input(x)) AS mac_previous
-                   FROM operator_actions x
-                   WHERE t.kind = 'action' AND x.plan_id = t.plan_id AND x.id = t.ref_id OFFSET 0) a ON true
-LEFT JOIN LATERAL (SELECT l.leaf_index FROM audit_log l
-                   WHERE l.kind = t.kind AND l.ref_id = t.ref_id AND l.plan_id = t.plan_id OFFSET 0) s ON true";
+/// The leaf already holding a taken row, if any, read by its key as
+/// [`RECORD_LOOKUPS`] reads the record: as a join, PostgreSQL scanned the
+/// whole log for it.
+const TAKE_PENDING_SEALED: &str = "LEFT JOIN LATERAL (SELECT l.leaf_index FROM audit_log l \
+       WHERE l.kind = t.kind AND l.ref_id = t.ref_id AND l.plan_id = t.plan_id OFFSET 0) s ON true";
 
 impl Sealing {
     /// Takes at most `limit` queued rows, oldest first, judged against the
@@ -494,7 +500,8 @@ impl Sealing {
         previous_pads: Option<&[u8]>,
     ) -> Result<Vec<Pending>, StoreError> {
         let sql = format!(
-            "{TAKE_PENDING}{RECORD_COLUMNS} FROM taken t {TAKE_PENDING_JOINS} ORDER BY t.seq"
+            "{TAKE_PENDING}{RECORD_COLUMNS} FROM taken t {RECORD_LOOKUPS} {TAKE_PENDING_SEALED} \
+             ORDER BY t.seq"
         );
         // Planned at each round (an unnamed statement), never from a plan
         // cached while the log was small: such a plan checked `sealed` by
