@@ -110,14 +110,14 @@ impl Store {
     ) -> Result<ClaimWindow, StoreError> {
         let query = format!(
             "WITH due AS (SELECT i.position, s.size \
-                FROM plan_items i CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size \
-                    FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s \
+                FROM plan_items i {sized} \
                 WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain')), \
              running AS (SELECT position, size, sum(size) OVER (ORDER BY position) AS total, \
                 row_number() OVER (ORDER BY position) AS n FROM due) \
              SELECT max(position) FILTER (WHERE n = 1 OR total <= $2) AS through, \
                 coalesce(bool_or(size > $3), false) AS unsendable \
-             FROM running"
+             FROM running",
+            sized = item_size_lateral(),
         );
         // Planned at each claim with its own slice, never from a cached
         // generic plan made while the tables were small.
@@ -225,9 +225,7 @@ impl Store {
                 WHERE id = $1 AND fencing_token = $2 AND state = 'leased'), \
              big AS (SELECT i.plan_id, i.slice_id, i.dead_letter_id, i.message_key, i.attempts, \
                     s.size, l.wave, l.owner, s.destination \
-                FROM plan_items i JOIN lease l ON l.id = i.slice_id \
-                CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size, x.destination \
-                    FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s \
+                FROM plan_items i JOIN lease l ON l.id = i.slice_id {sized} \
                 WHERE i.slice_id = $1 AND i.state IN ('pending', 'uncertain') AND s.size > $3), \
              failed AS (UPDATE plan_items i SET state = 'failed' FROM big b \
                 WHERE i.slice_id = b.slice_id AND i.dead_letter_id = b.dead_letter_id RETURNING i.dead_letter_id), \
@@ -237,7 +235,8 @@ impl Store {
                     format('this item is %s bytes with its body and metadata, above the %s bytes one claim answer \
 can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, greatest(b.attempts, 1) \
                 FROM big b) \
-             SELECT count(*) FROM failed"
+             SELECT count(*) FROM failed",
+            sized = item_size_lateral(),
         );
         let mut transaction = self.pool().begin().await?;
         let plan_id: Option<PlanId> =
@@ -258,6 +257,19 @@ can carry to an executor; it cannot be replayed', b.size, $3), b.wave, b.owner, 
         transaction.commit().await?;
         Ok(u64::try_from(failed).unwrap_or_default())
     }
+}
+
+/// Each item's size ([`ITEM_SIZE_SQL`]) and destination, as a lateral `s`
+/// beside `plan_items i`: its dead letter read by key, one lookup per item
+/// (`OFFSET 0` keeps it from being flattened into a join, which PostgreSQL
+/// made a merge join reading the dead-letter table from its first row up
+/// to the slice's last). Shared by [`Store::claim_window`] and
+/// [`Store::fail_unsendable`], which must agree on every size.
+fn item_size_lateral() -> String {
+    format!(
+        "CROSS JOIN LATERAL (SELECT {ITEM_SIZE_SQL} AS size, x.destination \
+            FROM dead_letters x WHERE x.id = i.dead_letter_id OFFSET 0) s"
+    )
 }
 
 /// A slice as [`Store::claim_slice`] leases it, with its plan's columns.
