@@ -1,8 +1,9 @@
 //! The store's lease rules against the real PostgreSQL, without a planner
 //! around them: the fencing token, a backdated (expired) lease, the
 //! write-ahead mark and what an expiry makes `uncertain`, and plan state
-//! transitions executed by the one guarded `UPDATE`; and the upgrade that
-//! folded the replay ledger into the audit (migration 0021).
+//! transitions executed by the one guarded `UPDATE`; the upgrade that
+//! folded the replay ledger into the audit (migration 0021), and the one
+//! that made the audit log's writer MAC cheaper (migration 0037).
 //!
 //! Each test has a database of its own (`redrive_store_<random>`), migrated,
 //! with `tests/fixtures/one_slice.sql` loaded, and dropped when the test
@@ -1075,4 +1076,133 @@ async fn reports_of_a_large_slice_stay_fast_when_statistics_know_only_an_earlier
         took < Duration::from_secs(6),
         "{REPORTS} reports of {PER_REPORT} items took {took:?}"
     );
+}
+
+const MAC_INLINE: &str = "0037_audit_mac_inline.sql";
+
+/// Writes one audit event for item `position` of the fixture's plan on a
+/// connection carrying the audit MAC key's pads, as the planner's are.
+async fn write_keyed_event(pool: &PgPool, pads: &[u8; 128], position: i64) {
+    let mut transaction = pool.begin().await.unwrap();
+    transaction
+        .execute(AssertSqlSafe(format!(
+            "SET LOCAL redrive.audit_mac = '{}'",
+            hex::encode(pads)
+        )))
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, wave, \
+             executor_id, attempt, destination, message_id, reason, confirm_latency_us) \
+         SELECT plan_id, slice_id, dead_letter_id, message_key, 'sent', 'main', 'e-\"1\"', 1, \
+             'work', 'm-é\\n', 'quoted \"reason\"', 1234 \
+         FROM plan_items WHERE position = $1",
+    )
+    .bind(position)
+    .execute(&mut *transaction)
+    .await
+    .unwrap();
+    transaction.commit().await.unwrap();
+}
+
+/// Migration 0037 computes the writer's MAC with the audit functions
+/// inlined and the pads read once per statement: a row queued by 0035's
+/// trigger before the upgrade and one queued after are both judged by the
+/// sequencer as matching (an upgrade mid-replay refuses nothing), a row
+/// changed after it was queued still does not match, and neither MAC
+/// function stays a per-row function call.
+#[tokio::test]
+async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
+    let db = Db::empty().await;
+    db.migrate_before(MAC_INLINE).await;
+    db.pool
+        .execute(include_str!("fixtures/one_slice.sql"))
+        .await
+        .unwrap();
+    let pads = redrive_planner::audit::log::mac_pads("a test audit key");
+    write_keyed_event(&db.pool, &pads, 0).await;
+
+    let upgrade = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(MAC_INLINE),
+    )
+    .unwrap();
+    sqlx::raw_sql(AssertSqlSafe(upgrade))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    write_keyed_event(&db.pool, &pads, 1).await;
+    write_keyed_event(&db.pool, &pads, 2).await;
+    // Changed after it was queued: its MAC no longer matches.
+    db.pool
+        .execute("UPDATE audit_events SET action = 'failed' WHERE dead_letter_id = (SELECT dead_letter_id FROM plan_items WHERE position = 2)")
+        .await
+        .unwrap();
+    // A session without the key queues no MAC.
+    db.pool
+        .execute(
+            "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, wave, executor_id, attempt) \
+             SELECT plan_id, slice_id, dead_letter_id, message_key, 'sent', 'main', 'e', 1 FROM plan_items WHERE position = 3",
+        )
+        .await
+        .unwrap();
+
+    let mut sealing = db
+        .store
+        .begin_sealing()
+        .await
+        .unwrap()
+        .expect("the log's state row");
+    let taken = sealing.take_pending(100, Some(&pads), None).await.unwrap();
+    // `mac_ok` is `Some(true)` only for a match (`None` when no pads
+    // matched and one was absent, as SQL's `IN` with a NULL says).
+    let judged: Vec<(bool, bool)> = taken
+        .iter()
+        .map(|row| (row.has_mac, row.mac_ok == Some(true)))
+        .collect();
+    assert_eq!(
+        judged,
+        [(true, true), (true, true), (true, false), (false, false)],
+        "before the upgrade, after it, changed after it was queued, written without the key"
+    );
+    // Under a key rotation the previous key's pads are tried too.
+    let other = redrive_planner::audit::log::mac_pads("another key");
+    drop(sealing);
+    let mut sealing = db
+        .store
+        .begin_sealing()
+        .await
+        .unwrap()
+        .expect("the log's state row");
+    let taken = sealing
+        .take_pending(100, Some(&other), Some(&pads))
+        .await
+        .unwrap();
+    assert_eq!(
+        taken
+            .iter()
+            .map(|row| row.mac_ok == Some(true))
+            .collect::<Vec<_>>(),
+        [true, true, false, false]
+    );
+    drop(sealing);
+
+    for (function, argument) in [
+        ("redrive_audit_event_mac_input", "audit_events"),
+        ("redrive_audit_action_mac_input", "operator_actions"),
+    ] {
+        let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "EXPLAIN (VERBOSE, COSTS OFF) \
+             SELECT redrive_hmac(decode(repeat('ab', 128), 'hex'), {function}(x)) FROM {argument} x"
+        )))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let plan = plan.join("\n");
+        assert!(
+            !plan.contains(function) && !plan.contains("redrive_hmac"),
+            "{function} and redrive_hmac are inlined: {plan}"
+        );
+    }
 }
