@@ -321,6 +321,14 @@ pub async fn raw_publish_rate(
 
 /// CPU time (user + system) used by the processes of each group, in clock
 /// ticks, read from `/proc/<pid>/stat`.
+///
+/// A service's figure also counts its processes' reaped children
+/// (`cutime` + `cstime`): PostgreSQL's backends and autovacuum workers that
+/// exit between two samples are children of the postmaster, so their CPU
+/// shows there once they are gone. Summing only the processes alive at
+/// each sample lost it, and worse, subtracted what they had used before
+/// the first sample: a run whose setup connections closed during the
+/// replay read low.
 #[derive(Debug, Clone, Default)]
 pub struct CpuSample {
     ticks: BTreeMap<String, u64>,
@@ -329,18 +337,32 @@ pub struct CpuSample {
 /// Clock ticks per second of `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
 const TICKS_PER_SECOND: f64 = 100.0;
 
+/// One process's CPU so far, in clock ticks.
+struct ProcessTicks {
+    /// Its command name.
+    comm: String,
+    /// Its own user + system time.
+    own: u64,
+    /// Its reaped children's user + system time.
+    children: u64,
+}
+
 /// The CPU ticks one process has used so far, `None` when it is gone.
-fn process_ticks(pid: u32) -> Option<(String, u64)> {
+fn process_ticks(pid: u32) -> Option<ProcessTicks> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let comm = stat[open + 1..close].to_owned();
     let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    // Fields 14 and 15 of proc(5) (utime, stime) are 11 and 12 after comm.
-    let user: u64 = fields.get(11)?.parse().ok()?;
-    let system: u64 = fields.get(12)?.parse().ok()?;
-    Some((comm, user + system))
+    // Fields 14-17 of proc(5) (utime, stime, cutime, cstime) are 11-14
+    // after comm.
+    let field = |index: usize| fields.get(index)?.parse::<u64>().ok();
+    Some(ProcessTicks {
+        comm,
+        own: field(11)? + field(12)?,
+        children: field(13)? + field(14)?,
+    })
 }
 
 /// Every running process of the local services, with its group:
@@ -354,7 +376,7 @@ fn service_processes() -> Vec<(u32, &'static str)> {
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            let group = match process_ticks(pid)?.0.as_str() {
+            let group = match process_ticks(pid)?.comm.as_str() {
                 "postgres" => "postgresql",
                 "beam.smp" => "rabbitmq",
                 "redis-server" => "redis",
@@ -375,16 +397,17 @@ impl CpuSample {
         let mut add =
             |group: &str, value: u64| *ticks.entry(group.to_owned()).or_insert(0) += value;
         for (pid, group) in service_processes() {
-            if let Some((_, value)) = process_ticks(pid) {
-                add(group, value);
+            if let Some(process) = process_ticks(pid) {
+                add(group, process.own + process.children);
             }
         }
-        if let Some((_, value)) = process_ticks(std::process::id()) {
-            add("planner", value);
+        // The planner's own time only: its children are the executors.
+        if let Some(process) = process_ticks(std::process::id()) {
+            add("planner", process.own);
         }
         for pid in executors {
-            if let Some((_, value)) = process_ticks(*pid) {
-                add("executor", value);
+            if let Some(process) = process_ticks(*pid) {
+                add("executor", process.own);
             }
         }
         Self { ticks }
