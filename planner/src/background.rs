@@ -3,7 +3,10 @@
 //! webhook deliveries, retention, capture), owned in [`Background`], and drained within the
 //! shutdown grace ([`stop_within_grace`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use redrive_proto::v1::{coordinator_server::CoordinatorServer, planner_server::PlannerServer};
 use tokio_util::sync::CancellationToken;
@@ -17,7 +20,7 @@ use crate::{
     edge::grpc::{CoordinatorGrpc, PlannerGrpc},
     health::report_health,
     metrics, plan,
-    store::Store,
+    store::{Store, sources::ReadingsFor},
     webhooks,
 };
 
@@ -207,30 +210,40 @@ async fn count_plans(store: Store, shutdown: CancellationToken) {
 /// Keeps the source gauges and `redrive.planner.plans.stalled` current
 /// (docs/operating.md, "Alerts"): every
 /// [`metrics::SOURCES_COUNT_INTERVAL`], records each capture queue's depth
-/// as capture last read it, and counts the dead letters per source and
-/// reason class and the stalled plans in PostgreSQL. A count that fails
+/// as capture last read it and counts the stalled plans in PostgreSQL; the
+/// dead letters per source and reason class are counted then too, or
+/// later when the last count was long ([`metrics::next_sources_count`]:
+/// the count scans every dead letter stored). A count that fails
 /// (PostgreSQL away) leaves the last figures of the counts (health reports
 /// the outage); the depths are recorded all the same.
 async fn count_sources(store: Store, capture_status: CaptureStatus, shutdown: CancellationToken) {
     let queues: Vec<String> = capture_status.queues().map(str::to_owned).collect();
     store.metrics().capture_queues_known(&queues);
+    let mut readings = None;
+    let mut readings_due = Instant::now();
     loop {
         let depths: Vec<(String, Option<u64>)> = queues
             .iter()
             .map(|queue| (queue.clone(), capture_status.depth(queue)))
             .collect();
         store.metrics().depths_read(&depths);
-        let readings = store.source_readings().await;
-        let stalled = store.stalled_plans(metrics::STALL_AFTER).await;
-        match (readings, stalled) {
-            (Ok(readings), Ok(stalled)) => {
-                store
-                    .metrics()
-                    .sources_counted(&readings, stalled, chrono::Utc::now());
+        if Instant::now() >= readings_due {
+            let started = Instant::now();
+            match store.source_readings(ReadingsFor::Gauges).await {
+                Ok(read) => readings = Some(read),
+                Err(error) => debug!(%error, "counting dead letters per source failed"),
             }
-            (Err(error), _) | (_, Err(error)) => {
-                debug!(%error, "counting dead letters per source failed");
+            readings_due = metrics::next_sources_count(started, started.elapsed());
+        }
+        match store.stalled_plans(metrics::STALL_AFTER).await {
+            Ok(stalled) => {
+                if let Some(readings) = &readings {
+                    store
+                        .metrics()
+                        .sources_counted(readings, stalled, chrono::Utc::now());
+                }
             }
+            Err(error) => debug!(%error, "counting stalled plans failed"),
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

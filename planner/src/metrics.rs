@@ -27,6 +27,10 @@
 //! The `source` gauges and `plans.stalled` are counted in PostgreSQL every
 //! [`SOURCES_COUNT_INTERVAL`] (the same figures on every replica); a source
 //! or class that empties drops to 0 rather than keeping its last figure.
+//! The `source` counts scan every dead letter stored: when one takes longer
+//! than a twentieth of that interval the next waits longer
+//! ([`next_sources_count`]), and the gauges keep their last figures (the
+//! oldest open age still grows with the clock) until then.
 //!
 //! | instrument | kind | unit | attributes |
 //! | --- | --- | --- | --- |
@@ -76,8 +80,25 @@ pub const SOURCE_ARRIVALS: &str = "redrive.planner.source.arrivals";
 pub const SOURCE_OLDEST_OPEN_AGE: &str = "redrive.planner.source.oldest_open_age";
 /// Gauge: plans publishing that made no progress for [`STALL_AFTER`].
 pub const PLANS_STALLED: &str = "redrive.planner.plans.stalled";
-/// How often the source gauges and [`PLANS_STALLED`] are counted.
+/// How often the source gauges and [`PLANS_STALLED`] are counted, at most:
+/// the source gauges' count (a scan of every dead letter stored) waits
+/// [`SOURCES_COUNT_SPACING`] times its own duration when that is longer.
 pub const SOURCES_COUNT_INTERVAL: Duration = Duration::from_secs(10);
+/// The source gauges' count is spaced by this many times its duration, so
+/// that it keeps one PostgreSQL backend busy at most 1/20 of the time on
+/// each planner, however many dead letters are stored: at 1,000,000 (a
+/// scan of 1.1 s) the gauges are counted every 22 s instead of every 10 s.
+/// A count every 10 s took, in a replay benchmark's profile, a growing
+/// share of PostgreSQL's CPU as the table grew (docs/benchmarks.md, "The
+/// source gauges' count").
+pub const SOURCES_COUNT_SPACING: u32 = 20;
+
+/// When the source gauges are counted next, from when the last count
+/// started and how long it took: [`SOURCES_COUNT_INTERVAL`] after, or
+/// [`SOURCES_COUNT_SPACING`] times its duration when that is longer.
+pub fn next_sources_count(started: std::time::Instant, took: Duration) -> std::time::Instant {
+    started + SOURCES_COUNT_INTERVAL.max(took.saturating_mul(SOURCES_COUNT_SPACING))
+}
 /// A plan publishing without an audit event or operator action for this
 /// long is stalled.
 pub const STALL_AFTER: Duration = Duration::from_secs(300);
@@ -586,4 +607,30 @@ impl PlannerMetrics {
 /// [`crate::store::sources::ARRIVALS_WINDOW_SECONDS`].
 fn recent_per_second(recent: u64) -> f64 {
     recent as f64 / f64::from(crate::store::sources::ARRIVALS_WINDOW_SECONDS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{SOURCES_COUNT_INTERVAL, next_sources_count};
+
+    #[test]
+    fn a_long_source_count_spaces_the_next_by_twenty_times_its_duration() {
+        let started = Instant::now();
+        for (took, after) in [
+            (Duration::ZERO, SOURCES_COUNT_INTERVAL),
+            (Duration::from_millis(200), SOURCES_COUNT_INTERVAL),
+            (Duration::from_millis(500), SOURCES_COUNT_INTERVAL),
+            (Duration::from_millis(501), Duration::from_millis(10_020)),
+            (Duration::from_millis(1100), Duration::from_secs(22)),
+            (Duration::from_secs(30), Duration::from_secs(600)),
+        ] {
+            assert_eq!(
+                next_sources_count(started, took) - started,
+                after,
+                "a count of {took:?}"
+            );
+        }
+    }
 }
