@@ -18,14 +18,14 @@ ALTER FUNCTION redrive_audit_action_mac_input(operator_actions) STABLE;
 CREATE OR REPLACE FUNCTION redrive_audit_events_pending() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    pads BYTEA;
+    writer_pads BYTEA;
 BEGIN
     IF coalesce(current_setting('redrive.audit_log', true), '') = 'off' THEN
         RETURN NULL;
     END IF;
-    pads := redrive_audit_writer_pads();
+    writer_pads := redrive_audit_writer_pads();
     INSERT INTO audit_log_pending (kind, plan_id, ref_id, mac)
-    SELECT 'event', n.plan_id, n.id, redrive_hmac(pads, redrive_audit_event_mac_input(n))
+    SELECT 'event', n.plan_id, n.id, redrive_hmac(writer_pads, redrive_audit_event_mac_input(n))
     FROM new_rows n ORDER BY n.id;
     RETURN NULL;
 END
@@ -34,14 +34,14 @@ $$;
 CREATE OR REPLACE FUNCTION redrive_operator_actions_pending() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    pads BYTEA;
+    writer_pads BYTEA;
 BEGIN
     IF coalesce(current_setting('redrive.audit_log', true), '') = 'off' THEN
         RETURN NULL;
     END IF;
-    pads := redrive_audit_writer_pads();
+    writer_pads := redrive_audit_writer_pads();
     INSERT INTO audit_log_pending (kind, plan_id, ref_id, mac)
-    SELECT 'action', n.plan_id, n.id, redrive_hmac(pads, redrive_audit_action_mac_input(n))
+    SELECT 'action', n.plan_id, n.id, redrive_hmac(writer_pads, redrive_audit_action_mac_input(n))
     FROM new_rows n ORDER BY n.id;
     RETURN NULL;
 END

@@ -212,10 +212,10 @@ async fn count_plans(store: Store, shutdown: CancellationToken) {
 /// [`metrics::SOURCES_COUNT_INTERVAL`], records each capture queue's depth
 /// as capture last read it and counts the stalled plans in PostgreSQL; the
 /// dead letters per source and reason class are counted then too, or
-/// later when the last count was long ([`metrics::next_sources_count`]:
-/// the count scans every dead letter stored). A count that fails
-/// (PostgreSQL away) leaves the last figures of the counts (health reports
-/// the outage); the depths are recorded all the same.
+/// later after a long count ([`metrics::next_sources_count`]: the count
+/// scans every dead letter stored). A count that fails (PostgreSQL away)
+/// leaves the last figures of that count (health reports the outage) and is
+/// tried again at the next tick; the depths are recorded all the same.
 async fn count_sources(store: Store, capture_status: CaptureStatus, shutdown: CancellationToken) {
     let queues: Vec<String> = capture_status.queues().map(str::to_owned).collect();
     store.metrics().capture_queues_known(&queues);
@@ -230,19 +230,22 @@ async fn count_sources(store: Store, capture_status: CaptureStatus, shutdown: Ca
         if Instant::now() >= readings_due {
             let started = Instant::now();
             match store.source_readings(ReadingsFor::Gauges).await {
-                Ok(read) => readings = Some(read),
+                Ok((read, took)) => {
+                    readings = Some(read);
+                    readings_due = metrics::next_sources_count(started, took);
+                }
                 Err(error) => debug!(%error, "counting dead letters per source failed"),
             }
-            readings_due = metrics::next_sources_count(started, started.elapsed());
+        }
+        // Recorded at every tick, so that the oldest open age grows with
+        // the clock between two counts.
+        if let Some(readings) = &readings {
+            store
+                .metrics()
+                .sources_counted(readings, chrono::Utc::now());
         }
         match store.stalled_plans(metrics::STALL_AFTER).await {
-            Ok(stalled) => {
-                if let Some(readings) = &readings {
-                    store
-                        .metrics()
-                        .sources_counted(readings, stalled, chrono::Utc::now());
-                }
-            }
+            Ok(stalled) => store.metrics().stalled_counted(stalled),
             Err(error) => debug!(%error, "counting stalled plans failed"),
         }
         tokio::select! {

@@ -28,7 +28,7 @@
 //! [`SOURCES_COUNT_INTERVAL`] (the same figures on every replica); a source
 //! or class that empties drops to 0 rather than keeping its last figure.
 //! The `source` counts scan every dead letter stored: when one takes longer
-//! than a fiftieth of that interval the next waits longer
+//! than a fiftieth of that interval the next waits longer, up to 2 minutes
 //! ([`next_sources_count`]), and the gauges keep their last figures (the
 //! oldest open age still grows with the clock) until then.
 //!
@@ -86,18 +86,28 @@ pub const PLANS_STALLED: &str = "redrive.planner.plans.stalled";
 pub const SOURCES_COUNT_INTERVAL: Duration = Duration::from_secs(10);
 /// The source gauges' count is spaced by this many times its duration, so
 /// that it keeps one PostgreSQL backend busy at most 1/50 of the time on
-/// each planner, however many dead letters are stored: at 1,000,000 (a
-/// scan of 1.1 s) the gauges are counted every 55 s instead of every 10 s.
-/// A count every 10 s took, in a replay benchmark's profile, a growing
-/// share of PostgreSQL's CPU as the table grew (docs/benchmarks.md, "The
-/// source gauges' count").
+/// each planner up to [`SOURCES_COUNT_MAX_SPACING`]: at 1,000,000 dead
+/// letters (a scan of 1.1 s) the gauges are counted about once a minute
+/// instead of every 10 s. A count every 10 s took, in a replay benchmark's
+/// profile, a growing share of PostgreSQL's CPU as the table grew
+/// (docs/benchmarks.md, "The source gauges' count").
 pub const SOURCES_COUNT_SPACING: u32 = 50;
+/// The longest wait between two source counts, however long one takes:
+/// well inside the 10-minute windows of the shipped alerts (`deploy/`,
+/// `RedriveDLQGrowing`), which need several figures a window. A scan
+/// longer than 2.4 s (about 2,000,000 dead letters) then keeps a backend
+/// busy more than 1/50 of the time.
+pub const SOURCES_COUNT_MAX_SPACING: Duration = Duration::from_secs(120);
 
-/// When the source gauges are counted next, from when the last count
-/// started and how long it took: [`SOURCES_COUNT_INTERVAL`] after, or
-/// [`SOURCES_COUNT_SPACING`] times its duration when that is longer.
+/// When the source gauges are counted next, from when the last successful
+/// count started and how long its query took: [`SOURCES_COUNT_INTERVAL`]
+/// after, or [`SOURCES_COUNT_SPACING`] times its duration when that is
+/// longer, at most [`SOURCES_COUNT_MAX_SPACING`].
 pub fn next_sources_count(started: std::time::Instant, took: Duration) -> std::time::Instant {
-    started + SOURCES_COUNT_INTERVAL.max(took.saturating_mul(SOURCES_COUNT_SPACING))
+    started
+        + took
+            .saturating_mul(SOURCES_COUNT_SPACING)
+            .clamp(SOURCES_COUNT_INTERVAL, SOURCES_COUNT_MAX_SPACING)
 }
 /// A plan publishing without an audit event or operator action for this
 /// long is stalled.
@@ -533,17 +543,22 @@ impl PlannerMetrics {
         }
     }
 
+    /// One count of the plans publishing without progress
+    /// ([`PLANS_STALLED`]).
+    pub fn stalled_counted(&self, stalled: u64) {
+        self.sources.stalled.record(stalled, &[]);
+    }
+
     /// One count of the sources: `readings` per source and reason class
-    /// (`crate::store::sources::SourceReading`) and the `stalled` plans.
-    /// Series absent from this count but recorded before are set to 0.
+    /// (`crate::store::sources::SourceReading`), with `now` for the oldest
+    /// open age. Series absent from this count but recorded before are set
+    /// to 0.
     pub fn sources_counted(
         &self,
         readings: &[crate::store::sources::SourceReading],
-        stalled: u64,
         now: chrono::DateTime<chrono::Utc>,
     ) {
         let gauges = &self.sources;
-        gauges.stalled.record(stalled, &[]);
         let mut per_source: std::collections::BTreeMap<
             &str,
             (u64, u64, Option<chrono::DateTime<chrono::Utc>>),
@@ -613,7 +628,7 @@ fn recent_per_second(recent: u64) -> f64 {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{SOURCES_COUNT_INTERVAL, next_sources_count};
+    use super::{SOURCES_COUNT_INTERVAL, SOURCES_COUNT_MAX_SPACING, next_sources_count};
 
     #[test]
     fn a_long_source_count_spaces_the_next_by_fifty_times_its_duration() {
@@ -624,7 +639,8 @@ mod tests {
             (Duration::from_millis(200), SOURCES_COUNT_INTERVAL),
             (Duration::from_millis(201), Duration::from_millis(10_050)),
             (Duration::from_millis(1100), Duration::from_secs(55)),
-            (Duration::from_secs(30), Duration::from_secs(1500)),
+            (Duration::from_millis(2400), SOURCES_COUNT_MAX_SPACING),
+            (Duration::from_secs(30), SOURCES_COUNT_MAX_SPACING),
         ] {
             assert_eq!(
                 next_sources_count(started, took) - started,

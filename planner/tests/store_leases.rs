@@ -1080,8 +1080,9 @@ async fn reports_of_a_large_slice_stay_fast_when_statistics_know_only_an_earlier
 
 const MAC_INLINE: &str = "0037_audit_mac_inline.sql";
 
-/// Writes one audit event for item `position` of the fixture's plan on a
-/// connection carrying the audit MAC key's pads, as the planner's are.
+/// Writes one audit event for item `position` of the fixture's plan, and
+/// one operator action, on a connection carrying the audit MAC key's pads,
+/// as the planner's are.
 async fn write_keyed_event(pool: &PgPool, pads: &[u8; 128], position: i64) {
     let mut transaction = pool.begin().await.unwrap();
     transaction
@@ -1097,6 +1098,14 @@ async fn write_keyed_event(pool: &PgPool, pads: &[u8; 128], position: i64) {
          SELECT plan_id, slice_id, dead_letter_id, message_key, 'sent', 'main', 'e-\"1\"', 1, \
              'work', 'm-é\\n', 'quoted \"reason\"', 1234 \
          FROM plan_items WHERE position = $1",
+    )
+    .bind(position)
+    .execute(&mut *transaction)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO operator_actions (plan_id, action, actor, reason) \
+         SELECT plan_id, 'pause', 'ops \"on call\"', 'item ' || position FROM plan_items WHERE position = $1",
     )
     .bind(position)
     .execute(&mut *transaction)
@@ -1163,8 +1172,17 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
         .collect();
     assert_eq!(
         judged,
-        [(true, true), (true, true), (true, false), (false, false)],
-        "before the upgrade, after it, changed after it was queued, written without the key"
+        [
+            (true, true),
+            (true, true),
+            (true, true),
+            (true, true),
+            (true, false),
+            (true, true),
+            (false, false)
+        ],
+        "an event and an action before the upgrade, two after it, an event changed after it \
+         was queued and its action, an event written without the key"
     );
     // Under a key rotation the previous key's pads are tried too.
     let other = redrive_planner::audit::log::mac_pads("another key");
@@ -1184,7 +1202,7 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
             .iter()
             .map(|row| row.mac_ok == Some(true))
             .collect::<Vec<_>>(),
-        [true, true, false, false]
+        [true, true, true, true, false, true, false]
     );
     drop(sealing);
 
