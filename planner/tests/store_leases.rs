@@ -1186,7 +1186,7 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
     );
     // Under a key rotation the previous key's pads are tried too.
     let other = redrive_planner::audit::log::mac_pads("another key");
-    drop(sealing);
+    sealing.rollback().await.unwrap();
     let mut sealing = db
         .store
         .begin_sealing()
@@ -1204,7 +1204,7 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
             .collect::<Vec<_>>(),
         [true, true, true, true, false, true, false]
     );
-    drop(sealing);
+    sealing.rollback().await.unwrap();
 
     for (function, argument) in [
         ("redrive_audit_event_mac_input", "audit_events"),

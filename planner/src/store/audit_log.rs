@@ -666,4 +666,16 @@ impl Sealing {
         self.transaction.commit().await?;
         Ok(())
     }
+
+    /// Rolls the round back and waits for it: the rows it took stay queued
+    /// and the log's state row is free for the next round when this
+    /// returns (a round merely dropped is rolled back later, when its
+    /// connection is next used).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        self.transaction.rollback().await?;
+        Ok(())
+    }
 }
