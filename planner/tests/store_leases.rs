@@ -76,12 +76,20 @@ impl Db {
             .collect();
         files.sort();
         for file in files {
-            let sql = std::fs::read_to_string(dir.join(&file)).unwrap();
-            sqlx::raw_sql(AssertSqlSafe(sql))
-                .execute(&self.pool)
-                .await
-                .unwrap_or_else(|error| panic!("{file}: {error}"));
+            self.migrate_only(&file).await;
         }
+    }
+
+    /// Runs the migration file `file` alone.
+    async fn migrate_only(&self, file: &str) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(file);
+        let sql = std::fs::read_to_string(path).unwrap();
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|error| panic!("{file}: {error}"));
     }
 
     /// Leases the pending slice to `executor` (it must be there).
@@ -742,16 +750,7 @@ async fn the_ledger_folded_into_the_audit_keeps_every_replayed_key() {
         .await
         .unwrap();
 
-    let fold = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("migrations")
-            .join(FOLD),
-    )
-    .unwrap();
-    sqlx::raw_sql(AssertSqlSafe(fold))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    db.migrate_only(FOLD).await;
 
     let events: Vec<(String, Option<String>, String)> = sqlx::query_as(
         "SELECT message_key, destination, action FROM audit_events ORDER BY message_key, action",
@@ -1131,16 +1130,7 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
     let pads = redrive_planner::audit::log::mac_pads("a test audit key");
     write_keyed_event(&db.pool, &pads, 0).await;
 
-    let upgrade = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("migrations")
-            .join(MAC_INLINE),
-    )
-    .unwrap();
-    sqlx::raw_sql(AssertSqlSafe(upgrade))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    db.migrate_only(MAC_INLINE).await;
     write_keyed_event(&db.pool, &pads, 1).await;
     write_keyed_event(&db.pool, &pads, 2).await;
     // Changed after it was queued: its MAC no longer matches.

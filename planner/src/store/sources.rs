@@ -149,29 +149,19 @@ impl Store {
         &self,
         runs_for: ReadingsFor,
     ) -> Result<(Vec<SourceReading>, std::time::Duration), StoreError> {
-        let rows: Vec<ReadingRow>;
-        let took;
+        let mut transaction = self.pool().begin().await?;
         if runs_for == ReadingsFor::Gauges {
-            let mut transaction = self.pool().begin().await?;
             sqlx::query("SET LOCAL max_parallel_workers_per_gather = 0")
                 .execute(&mut *transaction)
                 .await?;
-            let started = std::time::Instant::now();
-            rows = sqlx::query_as(SOURCE_READINGS)
-                .bind(f64::from(ARRIVALS_WINDOW_SECONDS))
-                .fetch_all(&mut *transaction)
-                .await?;
-            took = started.elapsed();
-            transaction.commit().await?;
-        } else {
-            let mut connection = self.pool().acquire().await?;
-            let started = std::time::Instant::now();
-            rows = sqlx::query_as(SOURCE_READINGS)
-                .bind(f64::from(ARRIVALS_WINDOW_SECONDS))
-                .fetch_all(&mut *connection)
-                .await?;
-            took = started.elapsed();
         }
+        let started = std::time::Instant::now();
+        let rows: Vec<ReadingRow> = sqlx::query_as(SOURCE_READINGS)
+            .bind(f64::from(ARRIVALS_WINDOW_SECONDS))
+            .fetch_all(&mut *transaction)
+            .await?;
+        let took = started.elapsed();
+        transaction.commit().await?;
         let count = |value: i64| u64::try_from(value).unwrap_or_default();
         let readings = rows
             .into_iter()
