@@ -59,11 +59,26 @@ impl Db {
     async fn new() -> Self {
         let db = Self::empty().await;
         db.store.migrate().await.expect("migrate");
-        db.pool
+        db.load_fixture().await;
+        db
+    }
+
+    /// A database migrated by hand up to the migration file `upgrade`
+    /// (every file sorting before it, in order), with the fixture: what
+    /// an upgrade test starts from.
+    async fn before(upgrade: &str) -> Self {
+        let db = Self::empty().await;
+        db.migrate_before(upgrade).await;
+        db.load_fixture().await;
+        db
+    }
+
+    /// Loads `fixtures/one_slice.sql`.
+    async fn load_fixture(&self) {
+        self.pool
             .execute(include_str!("fixtures/one_slice.sql"))
             .await
             .expect("load the fixture");
-        db
     }
 
     /// Runs every migration file whose name sorts before `until`, in order.
@@ -724,13 +739,8 @@ const FOLD: &str = "0021_replay_ledger_in_audit.sql";
 /// (each file's SQL in order), given ledger rows, then migrated with 0021.
 #[tokio::test]
 async fn the_ledger_folded_into_the_audit_keeps_every_replayed_key() {
-    let db = Db::empty().await;
-    db.migrate_before(FOLD).await;
     // One plan over four dead letters o-0 … o-3, all dead in `work`.
-    db.pool
-        .execute(include_str!("fixtures/one_slice.sql"))
-        .await
-        .unwrap();
+    let db = Db::before(FOLD).await;
     db.pool
         .execute(
             "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, action, wave, \
@@ -1113,6 +1123,31 @@ async fn write_keyed_event(pool: &PgPool, pads: &[u8; 128], position: i64) {
     transaction.commit().await.unwrap();
 }
 
+/// What a sealing round under the `current` (and `previous`) key's pads
+/// makes of every queued row, in order: (it has a MAC, the MAC matches;
+/// `mac_ok` is `Some(true)` only for a match). The round is rolled back,
+/// and waited for, so the rows stay queued for the next.
+async fn judged_by_sealing(
+    store: &Store,
+    current: &[u8; 128],
+    previous: Option<&[u8; 128]>,
+) -> Vec<(bool, bool)> {
+    let mut sealing = store
+        .begin_sealing()
+        .await
+        .unwrap()
+        .expect("the log's state row");
+    let taken = sealing
+        .take_pending(100, Some(current), previous.map(<[u8; 128]>::as_slice))
+        .await
+        .unwrap();
+    sealing.rollback().await.unwrap();
+    taken
+        .iter()
+        .map(|row| (row.has_mac, row.mac_ok == Some(true)))
+        .collect()
+}
+
 /// Migration 0037 computes the writer's MAC with the audit functions
 /// inlined and the pads read once per statement: a row queued by 0035's
 /// trigger before the upgrade and one queued after are both judged by the
@@ -1121,12 +1156,7 @@ async fn write_keyed_event(pool: &PgPool, pads: &[u8; 128], position: i64) {
 /// function stays a per-row function call.
 #[tokio::test]
 async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
-    let db = Db::empty().await;
-    db.migrate_before(MAC_INLINE).await;
-    db.pool
-        .execute(include_str!("fixtures/one_slice.sql"))
-        .await
-        .unwrap();
+    let db = Db::before(MAC_INLINE).await;
     let pads = redrive_planner::audit::log::mac_pads("a test audit key");
     write_keyed_event(&db.pool, &pads, 0).await;
 
@@ -1147,54 +1177,25 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
         .await
         .unwrap();
 
-    let mut sealing = db
-        .store
-        .begin_sealing()
-        .await
-        .unwrap()
-        .expect("the log's state row");
-    let taken = sealing.take_pending(100, Some(&pads), None).await.unwrap();
-    // `mac_ok` is `Some(true)` only for a match (`None` when no pads
-    // matched and one was absent, as SQL's `IN` with a NULL says).
-    let judged: Vec<(bool, bool)> = taken
-        .iter()
-        .map(|row| (row.has_mac, row.mac_ok == Some(true)))
-        .collect();
-    assert_eq!(
-        judged,
-        [
-            (true, true),
-            (true, true),
-            (true, true),
-            (true, true),
-            (true, false),
-            (true, true),
-            (false, false)
-        ],
-        "an event and an action before the upgrade, two after it, an event changed after it \
-         was queued and its action, an event written without the key"
-    );
+    // An event and an action before the upgrade, two after it, an event
+    // changed after it was queued and its action, an event written without
+    // the key.
+    let expected = [
+        (true, true),
+        (true, true),
+        (true, true),
+        (true, true),
+        (true, false),
+        (true, true),
+        (false, false),
+    ];
+    assert_eq!(judged_by_sealing(&db.store, &pads, None).await, expected);
     // Under a key rotation the previous key's pads are tried too.
     let other = redrive_planner::audit::log::mac_pads("another key");
-    sealing.rollback().await.unwrap();
-    let mut sealing = db
-        .store
-        .begin_sealing()
-        .await
-        .unwrap()
-        .expect("the log's state row");
-    let taken = sealing
-        .take_pending(100, Some(&other), Some(&pads))
-        .await
-        .unwrap();
     assert_eq!(
-        taken
-            .iter()
-            .map(|row| row.mac_ok == Some(true))
-            .collect::<Vec<_>>(),
-        [true, true, true, true, false, true, false]
+        judged_by_sealing(&db.store, &other, Some(&pads)).await,
+        expected
     );
-    sealing.rollback().await.unwrap();
 
     for (function, argument) in [
         ("redrive_audit_event_mac_input", "audit_events"),
