@@ -27,7 +27,7 @@ pub use self::{
 use std::sync::Arc;
 
 use chrono::Utc;
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use redrive_proto::v1::{self, Verdict};
 use tracing::{Instrument as _, info};
 
@@ -185,8 +185,28 @@ async fn classify_all(
     // streaming the next candidates and taking the previous `COPY` lines.
     // One span per chunk (under the precheck's): its judging, its
     // state-check hook calls and its `COPY`.
-    let mut judged = store
-        .stream_candidates(&request.selector, options.replay_key_window, with_payload)
+    let candidates =
+        store.stream_candidates(&request.selector, options.replay_key_window, with_payload);
+    // The near-duplicates are read beside the stream, in its snapshot, on
+    // their own connection (a task: it runs on the other core; dropped with
+    // this function, it is cancelled).
+    let (near_duplicates, near_duplicates_read) = {
+        let store = store.clone();
+        let selector = request.selector.clone();
+        let snapshot = candidates.snapshot;
+        async move {
+            match snapshot.await {
+                Ok(snapshot) => store.near_duplicates(snapshot, &selector).await,
+                // The stream failed before its snapshot; its rows say why.
+                Err(_) => Ok(Default::default()),
+            }
+        }
+        .in_current_span()
+        .remote_handle()
+    };
+    tokio::spawn(near_duplicates);
+    let mut judged = candidates
+        .rows
         .ready_chunks(CHUNK)
         .enumerate()
         .map(|(index, chunk)| judge_chunk(checker, &hook_slots, options, chunk, index, now))
@@ -209,7 +229,10 @@ async fn classify_all(
     }
     copy.finish().await.map_err(StoreError::from)?;
 
-    let warnings = classified.warnings(store, precheck_id, request).await?;
+    let near_duplicates = near_duplicates_read.await?;
+    let warnings = classified
+        .warnings(store, request, &near_duplicates)
+        .await?;
     Ok(classified.into_report(precheck_id, request, now, warnings))
 }
 
@@ -345,6 +368,8 @@ mod tests {
             replayed_certain: true,
             redrives: 0,
             payload: None,
+            exchange_only: false,
+            without_exchange: false,
         }
     }
 

@@ -256,6 +256,9 @@ impl Classified {
         {
             let (verdict, reason) = verdict.unwrap_or((Verdict::Replayable, String::new()));
             self.body_hash_keys.add(candidate);
+            if verdict == Verdict::Replayable {
+                self.exchange_only.add(candidate);
+            }
             self.report.add(candidate, verdict, &reason);
             self.coverage.add(
                 options,

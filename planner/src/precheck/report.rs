@@ -21,7 +21,7 @@ use crate::{
     store::{
         Store,
         plans::ExchangeOnlyItems,
-        prechecks::{Candidate, NearDuplicateKind, NearDuplicates},
+        prechecks::{Candidate, NearDuplicateKind, NearDuplicates, NearDuplicatesOfBoth},
     },
 };
 
@@ -321,6 +321,9 @@ pub(super) struct Classified {
     pub(super) report: ReportBuilder,
     pub(super) body_hash_keys: BodyHashKeys,
     pub(super) coverage: Coverage,
+    /// The replayable dead letters that know only an exchange, counted as
+    /// they are classified.
+    pub(super) exchange_only: ExchangeOnlyItems,
     /// The chunk's `COPY` lines, sent and emptied after each chunk.
     pub(super) buffer: Vec<u8>,
 }
@@ -339,6 +342,7 @@ impl Classified {
             report,
             body_hash_keys: BodyHashKeys::default(),
             coverage: Coverage::default(),
+            exchange_only: ExchangeOnlyItems::default(),
             buffer: Vec::with_capacity(buffer_bytes),
         }
     }
@@ -354,8 +358,8 @@ impl Classified {
     pub(super) async fn warnings(
         &self,
         store: &Store,
-        precheck_id: PrecheckId,
         request: &PrecheckRequest,
+        near_duplicates: &NearDuplicatesOfBoth,
     ) -> Result<Vec<String>, Error> {
         let report = &self.report;
         let mut warnings = Vec::new();
@@ -364,28 +368,20 @@ impl Classified {
             warnings.push("the selection is empty: nothing to replay".to_owned());
         }
         warnings.extend(self.body_hash_keys.warning(report.overall.total));
-        // Three reads of the whole selection, each on its own connection at
-        // once: run one after the other they were a quarter of a precheck
-        // of 100,000 dead letters.
-        let (same_id, same_body, exchange_only) = tokio::try_join!(
-            store.near_duplicates(precheck_id, NearDuplicateKind::SameIdOtherBodies),
-            store.near_duplicates(precheck_id, NearDuplicateKind::SameBodyOtherIds),
-            store.exchange_only_items(precheck_id),
-        )?;
         warnings.extend(near_duplicate_warning(
             NearDuplicateKind::SameIdOtherBodies,
-            &same_id,
+            &near_duplicates.same_id,
         ));
         warnings.extend(near_duplicate_warning(
             NearDuplicateKind::SameBodyOtherIds,
-            &same_body,
+            &near_duplicates.same_body,
         ));
         warnings.extend(self.coverage.warning());
         warnings.extend(
             self.coverage
                 .implausible_warning(request.options.event_time_pointer.as_deref()),
         );
-        warnings.extend(exchange_only_warning(&exchange_only));
+        warnings.extend(exchange_only_warning(&self.exchange_only));
         if report.by_destination.len() > 1 {
             let destinations = report.by_destination.keys().map(String::as_str);
             warnings.push(format!(

@@ -12,7 +12,7 @@ use sqlx::{
     pool::PoolConnection,
     postgres::{PgCopyIn, PgPoolCopyExt},
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Store, StoreError, dead_letters::push_selected, webhooks::enqueue_precheck_event};
@@ -67,6 +67,12 @@ pub struct Candidate {
     pub redrives: i64,
     /// Body, properties and headers (prost-encoded), when asked for.
     pub payload: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+    /// It knows only the exchange and routing key it was published with,
+    /// not its queue (`exchange_only`).
+    pub exchange_only: bool,
+    /// It is `exchange_only` and knows no exchange either (only a routing
+    /// key).
+    pub without_exchange: bool,
 }
 
 /// The replay ledger's one exception, for an audit event aliased `e` (a
@@ -104,19 +110,57 @@ const CANDIDATE_CHECKED_COLUMNS: &str = "id, message_key, destination, \
     CASE WHEN body_revision IS NULL OR reason_class = 'unreadable' OR body_problem LIKE 'user_id %' \
          THEN body_problem END AS body_problem";
 
+/// The candidate stream of a precheck ([`Store::stream_candidates`]).
+pub struct Candidates {
+    /// The selected dead letters in id order; an error ends it.
+    pub rows: ReceiverStream<Result<Candidate, StoreError>>,
+    /// The snapshot the rows are read in, once the stream's transaction has
+    /// exported it; dropped without a value when the stream failed first.
+    pub snapshot: oneshot::Receiver<SelectionSnapshot>,
+}
+
+/// The snapshot a precheck's candidates are read in, exported by the
+/// stream's transaction (`pg_export_snapshot()`, PostgreSQL docs,
+/// "Snapshot Synchronization Functions"). A transaction that imports it
+/// (`SET TRANSACTION SNAPSHOT`) sees exactly the dead letters the stream
+/// sees, so a second read of the selection beside the stream, on another
+/// connection and core, reads the same selection. A snapshot can be
+/// imported only while its exporting transaction is open: the stream's
+/// transaction stays open after its last row until this is dropped.
+#[derive(Debug)]
+pub struct SelectionSnapshot {
+    /// The id `pg_export_snapshot()` returned (hex digits and dashes).
+    id: String,
+    /// Dropped once imported (or not wanted): the stream's transaction may end.
+    _exporter: oneshot::Sender<()>,
+}
+
+/// Whether `id` has the form of a snapshot id (`0000000A-0000001B-1`): it
+/// is written into `SET TRANSACTION SNAPSHOT`, which takes no parameters.
+fn is_snapshot_id(id: &str) -> bool {
+    !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
 impl Store {
     /// The selected dead letters in id order, streamed through a bounded channel
     /// (PostgreSQL ranks keys and joins replays and re-dead-letters; the planner
-    /// holds at most the channel's capacity).
+    /// holds at most the channel's capacity), read in one `REPEATABLE READ`
+    /// transaction whose snapshot is exported ([`SelectionSnapshot`]).
+    ///
+    /// JIT compilation is off for it: PostgreSQL estimates the per-candidate
+    /// lookups of the audit high enough to compile the whole plan, which took
+    /// 1.2 s at 100,000 dead letters and 2.6 s at 1,000,000 before the first
+    /// candidate, and the rows do not need it (docs/benchmarks.md, "Precheck").
     pub fn stream_candidates(
         &self,
         selector: &Selector,
         replay_key_window: Duration,
         with_payload: bool,
-    ) -> ReceiverStream<Result<Candidate, StoreError>> {
+    ) -> Candidates {
         let mut builder = QueryBuilder::<Postgres>::new(format!(
             "SELECT d.id, d.message_key, d.source, d.destination, d.body_oversized, d.body_problem, d.event_type, \
              d.schema_version, d.producer, d.reason_class, d.error_group, d.occurred_at, d.first_died_at, d.died_at, \
+             d.exchange_only, d.exchange_only AND d.original_exchange IS NULL AS without_exchange, \
              f.first_id, \
              r.plan_id AS replayed_plan, r.replayed_at, coalesce(r.certain, true) AS replayed_certain, coalesce(l.redrives, 0) AS redrives, {} \
              FROM ",
@@ -132,6 +176,7 @@ impl Store {
             &format!(
                 "{CANDIDATE_CHECKED_COLUMNS}, previous_message_keys, source, event_type, schema_version, \
                  producer, reason_class, error_group, occurred_at, first_died_at, died_at, \
+                 exchange_only, original_exchange, \
                  CASE WHEN body_revision IS NULL THEN body ELSE (SELECT v.body FROM dead_letter_revisions v \
                      WHERE v.dead_letter_id = dead_letters.id AND v.revision = dead_letters.body_revision) END AS body, \
                  properties, headers"
@@ -178,17 +223,55 @@ impl Store {
                  ORDER BY d.id",
             );
         let (sender, receiver) = mpsc::channel(CANDIDATE_BUFFER);
+        let (snapshot_sender, snapshot) = oneshot::channel();
         let pool = self.pool().clone();
         tokio::spawn(async move {
-            let mut rows = builder.build_query_as::<CandidateRow>().fetch(&pool);
-            while let Some(row) = rows.next().await {
-                let candidate = row.map(Candidate::from).map_err(StoreError::from);
-                if sender.send(candidate).await.is_err() {
-                    break;
+            let exported = async {
+                let mut transaction = pool
+                    .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    .await?;
+                sqlx::query("SET LOCAL jit = off")
+                    .execute(&mut *transaction)
+                    .await?;
+                let id: String = sqlx::query_scalar("SELECT pg_export_snapshot()")
+                    .fetch_one(&mut *transaction)
+                    .await?;
+                Ok::<_, StoreError>((transaction, id))
+            };
+            let (mut transaction, id) = match exported.await {
+                Ok(exported) => exported,
+                Err(error) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+            };
+            let (exporter, imported) = oneshot::channel::<()>();
+            // Not wanted: the snapshot comes back and is dropped here.
+            let _ = snapshot_sender.send(SelectionSnapshot {
+                id,
+                _exporter: exporter,
+            });
+            {
+                let mut rows = builder
+                    .build_query_as::<CandidateRow>()
+                    .fetch(&mut *transaction);
+                while let Some(row) = rows.next().await {
+                    let candidate = row.map(Candidate::from).map_err(StoreError::from);
+                    if sender.send(candidate).await.is_err() {
+                        break;
+                    }
                 }
             }
+            // The stream ends with its last row; its transaction once the
+            // snapshot was imported or dropped.
+            drop(sender);
+            let _ = imported.await;
+            let _ = transaction.rollback().await;
         });
-        ReceiverStream::new(receiver)
+        Candidates {
+            rows: ReceiverStream::new(receiver),
+            snapshot,
+        }
     }
 
     /// Starts a precheck record.
@@ -379,17 +462,20 @@ struct NearDuplicateRow {
     flagged: i64,
 }
 
-/// [`Store::near_duplicates`]' query; `{shared}` and `{other}` are the
-/// column expressions of what a group shares and what differs in it.
-/// Groups are found with `min <> max` (a hash aggregate, one pass over a
-/// narrow projection of the selection, compared byte-wise with `COLLATE "C"`);
-/// only the listed groups' dead letters are read again for their details.
-/// Measured on a million dead letters: about 3 s each kind.
-const NEAR_DUPLICATES_SQL: &str = "\
+/// The part of [`Store::near_duplicates`]' query before the selection;
+/// `{shared}` and `{other}` are the column expressions of what a group
+/// shares and what differs in it. Groups are found with `min <> max` (a
+/// hash aggregate, one pass over a narrow projection of the selection,
+/// compared byte-wise with `COLLATE "C"`); only the listed groups' dead
+/// letters are read again for their details ([`NEAR_DUPLICATES_AFTER_SQL`]).
+const NEAR_DUPLICATES_BEFORE_SQL: &str = "\
     WITH sel AS (SELECT d.id, {shared} COLLATE \"C\" AS shared, {other} COLLATE \"C\" AS other, \
                         d.destination \
-                 FROM precheck_items i JOIN dead_letters d ON d.id = i.dead_letter_id \
-                 WHERE i.precheck_id = $1 AND d.message_id <> ''), \
+                 FROM ";
+
+/// The rest of [`Store::near_duplicates`]' query, after the selection
+/// (aliased `d`).
+const NEAR_DUPLICATES_AFTER_SQL: &str = " d WHERE d.message_id <> ''), \
     grouped AS (SELECT shared, destination, count(*) AS dead_letters, min(id) AS first FROM sel \
                 GROUP BY shared, destination HAVING min(other) <> max(other)), \
     top AS (SELECT shared, destination, dead_letters, first, count(*) OVER () AS groups, \
@@ -405,43 +491,112 @@ const NEAR_DUPLICATES_SQL: &str = "\
     GROUP BY t.shared, t.destination, t.dead_letters, t.first, t.groups, t.flagged \
     ORDER BY t.dead_letters DESC, t.first";
 
+/// The near-duplicates of both kinds in one selection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NearDuplicatesOfBoth {
+    /// [`NearDuplicateKind::SameIdOtherBodies`].
+    pub same_id: NearDuplicates,
+    /// [`NearDuplicateKind::SameBodyOtherIds`].
+    pub same_body: NearDuplicates,
+}
+
 impl Store {
-    /// The near-duplicates of `kind` among precheck `precheck_id`'s items
-    /// (every verdict): dead letters bound for one destination that share a
-    /// message id but not a body, or a body (as captured) but not a message
-    /// id. Dead letters without a message id are left out (their key is
-    /// their body hash or a key rule's). Bounded: one aggregate over the
-    /// selection, then [`NEAR_DUPLICATE_GROUPS`] groups read for their ids.
+    /// The near-duplicates of both kinds among the dead letters `selector`
+    /// selects in `snapshot` (a precheck's candidates, every verdict): dead
+    /// letters bound for one destination that share a message id but not a
+    /// body, or a body (as captured) but not a message id. Dead letters
+    /// without a message id are left out (their key is their body hash or a
+    /// key rule's). Read beside the candidate stream, in its snapshot, on a
+    /// connection of their own: at 1,000,000 dead letters, read after the
+    /// stream from the precheck's items, they took 7 s at the end of the
+    /// precheck. Bounded: one aggregate over the selection per kind, then
+    /// [`NEAR_DUPLICATE_GROUPS`] groups read for their ids.
     ///
     /// # Errors
-    /// [`StoreError`].
+    /// [`StoreError`]; `Corrupt` when the snapshot's id is not one.
     pub async fn near_duplicates(
         &self,
-        precheck_id: PrecheckId,
-        kind: NearDuplicateKind,
-    ) -> Result<NearDuplicates, StoreError> {
-        let (shared, other) = match kind {
-            // Text on both sides: PostgreSQL has no min/max over bytea.
-            NearDuplicateKind::SameIdOtherBodies => {
-                ("d.message_id", "encode(d.body_sha256, 'hex')")
-            }
-            NearDuplicateKind::SameBodyOtherIds => ("encode(d.body_sha256, 'hex')", "d.message_id"),
-        };
-        let query = NEAR_DUPLICATES_SQL
-            .replace("{shared}", shared)
-            .replace("{other}", other)
-            .replace("{groups}", &NEAR_DUPLICATE_GROUPS.to_string())
-            .replace("{ids}", &NEAR_DUPLICATE_IDS.to_string());
-        let rows = sqlx::query_as::<_, NearDuplicateRow>(AssertSqlSafe(query))
-            .bind(precheck_id)
-            .fetch_all(self.pool())
+        snapshot: SelectionSnapshot,
+        selector: &Selector,
+    ) -> Result<NearDuplicatesOfBoth, StoreError> {
+        if !is_snapshot_id(&snapshot.id) {
+            return Err(StoreError::Corrupt(format!(
+                "pg_export_snapshot() returned {:?}",
+                snapshot.id
+            )));
+        }
+        let mut transaction = self
+            .pool()
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .await?;
-        Ok(NearDuplicates {
-            groups: rows.first().map_or(0, |row| row.groups),
-            dead_letters: rows.first().map_or(0, |row| row.flagged),
-            examples: rows.into_iter().map(|row| row.group).collect(),
-        })
+        sqlx::query(AssertSqlSafe(format!(
+            "SET TRANSACTION SNAPSHOT '{}'",
+            snapshot.id
+        )))
+        .execute(&mut *transaction)
+        .await?;
+        // Imported: the stream's transaction may end.
+        drop(snapshot);
+        // As for the stream: the estimate of a million-row aggregate is above
+        // the JIT's threshold, and compiling took longer than it saved.
+        sqlx::query("SET LOCAL jit = off")
+            .execute(&mut *transaction)
+            .await?;
+        let both = NearDuplicatesOfBoth {
+            same_id: near_duplicates_of(
+                &mut transaction,
+                selector,
+                NearDuplicateKind::SameIdOtherBodies,
+            )
+            .await?,
+            same_body: near_duplicates_of(
+                &mut transaction,
+                selector,
+                NearDuplicateKind::SameBodyOtherIds,
+            )
+            .await?,
+        };
+        transaction.rollback().await?;
+        Ok(both)
     }
+}
+
+/// The near-duplicates of `kind` among the dead letters `selector` selects,
+/// read on `connection` (in the stream's snapshot).
+async fn near_duplicates_of(
+    connection: &mut sqlx::PgConnection,
+    selector: &Selector,
+    kind: NearDuplicateKind,
+) -> Result<NearDuplicates, StoreError> {
+    let (shared, other) = match kind {
+        // Text on both sides: PostgreSQL has no min/max over bytea.
+        NearDuplicateKind::SameIdOtherBodies => ("d.message_id", "encode(d.body_sha256, 'hex')"),
+        NearDuplicateKind::SameBodyOtherIds => ("encode(d.body_sha256, 'hex')", "d.message_id"),
+    };
+    let mut builder = QueryBuilder::<Postgres>::new(
+        NEAR_DUPLICATES_BEFORE_SQL
+            .replace("{shared}", shared)
+            .replace("{other}", other),
+    );
+    push_selected(
+        &mut builder,
+        selector,
+        "id, message_id, body_sha256, destination",
+    );
+    builder.push(
+        NEAR_DUPLICATES_AFTER_SQL
+            .replace("{groups}", &NEAR_DUPLICATE_GROUPS.to_string())
+            .replace("{ids}", &NEAR_DUPLICATE_IDS.to_string()),
+    );
+    let rows = builder
+        .build_query_as::<NearDuplicateRow>()
+        .fetch_all(connection)
+        .await?;
+    Ok(NearDuplicates {
+        groups: rows.first().map_or(0, |row| row.groups),
+        dead_letters: rows.first().map_or(0, |row| row.flagged),
+        examples: rows.into_iter().map(|row| row.group).collect(),
+    })
 }
 
 /// A precheck item as [`Store::list_precheck_items`] reads it.
@@ -589,6 +744,8 @@ struct CandidateRow {
     occurred_at: Option<DateTime<Utc>>,
     first_died_at: DateTime<Utc>,
     died_at: DateTime<Utc>,
+    exchange_only: bool,
+    without_exchange: bool,
     first_id: Option<DeadLetterId>,
     replayed_plan: Option<PlanId>,
     replayed_at: Option<DateTime<Utc>>,
@@ -625,6 +782,8 @@ impl From<CandidateRow> for Candidate {
                 (Some(body), Some(properties), Some(headers)) => Some((body, properties, headers)),
                 _ => None,
             },
+            exchange_only: row.exchange_only,
+            without_exchange: row.without_exchange,
         }
     }
 }

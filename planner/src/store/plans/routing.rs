@@ -119,8 +119,25 @@ pub struct ExchangeOnlyItems {
     pub replayable: i64,
 }
 
+impl ExchangeOnlyItems {
+    /// Counts `candidate`, a replayable one; candidates come in id order,
+    /// but the example is the lowest id whatever the order.
+    pub fn add(&mut self, candidate: &crate::store::prechecks::Candidate) {
+        self.replayable += 1;
+        if candidate.exchange_only {
+            self.count += 1;
+            self.without_exchange += i64::from(candidate.without_exchange);
+            self.example = Some(
+                self.example
+                    .map_or(candidate.id, |example| example.min(candidate.id)),
+            );
+        }
+    }
+}
+
 impl Store {
-    /// [`ExchangeOnlyItems`] of precheck `precheck_id`.
+    /// [`ExchangeOnlyItems`] of precheck `precheck_id`, read from its items
+    /// (a precheck counts them as it classifies: [`ExchangeOnlyItems::add`]).
     ///
     /// # Errors
     /// [`StoreError`].
