@@ -190,3 +190,24 @@ fn a_public_address_without_tls_and_authentication_is_refused() {
     assert_eq!(named(&stderr), ["listen"], "{stderr}");
     assert!(stderr.contains("--insecure"), "{stderr}");
 }
+
+/// A pool too small for a precheck (the `LISTEN` connection and a
+/// precheck's three at once) is refused at start-up, saying why; the
+/// smallest that runs one is accepted by the check.
+#[test]
+fn a_pool_too_small_for_a_precheck_is_refused() {
+    let (code, stderr) = planner(&["--database-max-connections", "3"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["database-max-connections"], "{stderr}");
+    assert!(
+        stderr.contains("must be at least 4") && stderr.contains("near-duplicates"),
+        "{stderr}"
+    );
+    let (_, stderr) = planner(&[
+        "--database-max-connections",
+        "4",
+        "--lease-ttl-seconds",
+        "1",
+    ]);
+    assert_eq!(named(&stderr), ["lease-ttl-seconds"], "{stderr}");
+}

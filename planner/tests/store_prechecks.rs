@@ -27,17 +27,23 @@ async fn migrated() -> (TestDb, PgPool, Store) {
 /// Stores a dead letter of source `dlq` bound for `work` with message id
 /// `message_id` and body `body`; its id.
 async fn dead_letter(pool: &PgPool, message_id: &str, body: &str) -> i64 {
+    dead_letter_of(pool, "dlq", message_id, body).await
+}
+
+/// [`dead_letter`] of source `source`.
+async fn dead_letter_of(pool: &PgPool, source: &str, message_id: &str, body: &str) -> i64 {
     sqlx::query_scalar(
         "INSERT INTO dead_letters (source, origin, captured_at, capture_fingerprint, message_id, \
              message_key, body, body_size, body_sha256, body_oversized, body_compression, \
              properties, headers, reason_class, destination, died_at, first_died_at) \
-         VALUES ('dlq', 'import', now(), uuid_send(gen_random_uuid()), $1, $1 || ':' || $2, \
+         VALUES ($3, 'import', now(), uuid_send(gen_random_uuid()), $1, $1 || ':' || $2, \
              convert_to($2, 'UTF8'), length($2), sha256(convert_to($2, 'UTF8')), false, 'none', \
              ''::bytea, ''::bytea, 'rejected', 'work', now(), now()) \
          RETURNING id",
     )
     .bind(message_id)
     .bind(body)
+    .bind(source)
     .fetch_one(pool)
     .await
     .expect("insert a dead letter")
@@ -58,6 +64,15 @@ async fn the_near_duplicates_read_the_selection_the_stream_read() {
     let a = dead_letter(&pool, "m-1", "{\"order\":1}").await;
     let b = dead_letter(&pool, "m-2", "{\"order\":1}").await;
     let c = dead_letter(&pool, "m-3", "{\"order\":3}").await;
+    // Outside the selection, each of which would make m-1 a near-duplicate
+    // (another body under its id): another source, and an archived one.
+    dead_letter_of(&pool, "other", "m-1", "{\"order\":2}").await;
+    let archived = dead_letter(&pool, "m-1", "{\"order\":4}").await;
+    sqlx::query("UPDATE dead_letters SET archived_at = now() WHERE id = $1")
+        .bind(archived)
+        .execute(&pool)
+        .await
+        .expect("archive");
 
     let candidates =
         store.stream_candidates(&selection(), std::time::Duration::from_secs(3600), false);
@@ -114,6 +129,20 @@ async fn the_near_duplicates_read_the_selection_the_stream_read() {
             .iter()
             .any(|id| id.get() == late[1])
     );
+    // A limit keeps the first dead letters: both reads stop at the same one.
+    let first_one = Selector {
+        limit: Some(1),
+        ..selection()
+    };
+    let candidates =
+        store.stream_candidates(&first_one, std::time::Duration::from_secs(3600), false);
+    let snapshot = candidates.snapshot.await.expect("the snapshot");
+    let found = store
+        .near_duplicates(snapshot, &first_one)
+        .await
+        .expect("near-duplicates");
+    assert_eq!(candidates.rows.count().await, 1);
+    assert_eq!(found.same_body.groups, 0, "{:?}", found.same_body);
 }
 
 #[tokio::test]

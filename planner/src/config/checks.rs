@@ -9,6 +9,11 @@ use redrive_proto::{
 use super::{Config, MAX_DEADLINE_SECONDS, settings::Parsed};
 use crate::{dead_letters::message_key::KeySource, precheck::state_check::HookRoute};
 
+/// The smallest pool the planner runs with: the `LISTEN` connection, and a
+/// precheck's three at once (its candidate stream, its near-duplicates
+/// read in the stream's snapshot, its items' `COPY`).
+pub const MIN_DATABASE_CONNECTIONS: u32 = 4;
+
 impl Config {
     /// These settings parsed into the values the planner's parts take, or
     /// every problem of them, in flag order: the one parse of the settings
@@ -57,7 +62,7 @@ impl Config {
     }
 
     /// Checks `--database-url` (a `postgres://` URL naming a database) and
-    /// `--database-max-connections` (at least 2); problems go to `problems`.
+    /// `--database-max-connections` (at least 4); problems go to `problems`.
     fn database_problems(&self, problems: &mut Vec<SettingError>) {
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         let shown_database_url = redact_url(&self.database_url);
@@ -88,11 +93,14 @@ impl Config {
                 Ok(_) => {}
             }
         }
-        if self.database_max_connections < 2 {
+        if self.database_max_connections < MIN_DATABASE_CONNECTIONS {
             problem(
                 "database-max-connections",
-                "must be at least 2 (a precheck reads with one connection and writes with another)"
-                    .to_owned(),
+                format!(
+                    "must be at least {MIN_DATABASE_CONNECTIONS} (one is held for LISTEN; a precheck \
+                     streams its candidates on one, reads its near-duplicates on a second and writes \
+                     its items on a third)"
+                ),
             );
         }
     }

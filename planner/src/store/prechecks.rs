@@ -91,6 +91,10 @@ pub const CAME_BACK_SQL: &str = "((SELECT count(*) FROM dead_letters x \
     WHERE c.message_key = e.message_key AND c.destination = e.destination \
     AND c.plan_id = e.plan_id AND c.action IN ('sent', 'uncertain')))";
 
+/// How long the candidate stream's transaction stays open after its last
+/// row for its snapshot to be imported ([`SelectionSnapshot`]).
+const SNAPSHOT_IMPORT_WAIT: Duration = Duration::from_secs(60);
+
 /// Candidates read ahead of classification.
 const CANDIDATE_BUFFER: usize = 2048;
 
@@ -263,9 +267,11 @@ impl Store {
                 }
             }
             // The stream ends with its last row; its transaction once the
-            // snapshot was imported or dropped.
+            // snapshot was imported or dropped, or after a minute in any
+            // case: an open transaction holds a connection and PostgreSQL's
+            // vacuum horizon.
             drop(sender);
-            let _ = imported.await;
+            let _ = tokio::time::timeout(SNAPSHOT_IMPORT_WAIT, imported).await;
             let _ = transaction.rollback().await;
         });
         Candidates {
@@ -529,10 +535,12 @@ impl Store {
             .pool()
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .await?;
+        // A new text per snapshot: not kept as a prepared statement.
         sqlx::query(AssertSqlSafe(format!(
             "SET TRANSACTION SNAPSHOT '{}'",
             snapshot.id
         )))
+        .persistent(false)
         .execute(&mut *transaction)
         .await?;
         // Imported: the stream's transaction may end.
@@ -556,7 +564,8 @@ impl Store {
             )
             .await?,
         };
-        transaction.rollback().await?;
+        // Read only: whatever ends it, nothing is lost.
+        let _ = transaction.rollback().await;
         Ok(both)
     }
 }
