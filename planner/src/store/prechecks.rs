@@ -154,7 +154,8 @@ impl Store {
     /// JIT compilation is off for it: PostgreSQL estimates the per-candidate
     /// lookups of the audit high enough to compile the whole plan, which took
     /// 1.2 s at 100,000 dead letters and 2.6 s at 1,000,000 before the first
-    /// candidate, and the rows do not need it (docs/benchmarks.md, "Precheck").
+    /// candidate, and the rows do not need it (docs/benchmarks.md, "The
+    /// precheck's snapshot, its JIT and its closing reads").
     pub fn stream_candidates(
         &self,
         selector: &Selector,
