@@ -43,11 +43,7 @@ impl Db {
     async fn empty() -> Self {
         let db = TestDb::new();
         db.create().await.expect("create the test database");
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&db.url())
-            .await
-            .expect("connect");
+        let pool = db.pool_with(4).await.expect("connect");
         let store = Store::from_pool(pool.clone());
         Self {
             pool,
@@ -1016,11 +1012,7 @@ async fn reports_of_a_large_slice_stay_fast_when_statistics_know_only_an_earlier
         )))
         .await
         .expect("generic plans");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&db._db.url())
-        .await
-        .expect("connect");
+    let pool = db._db.pool().await.expect("connect");
     let store = Store::from_pool(pool.clone());
     let lease = db.claim("exec-1", true).await;
     db.mark(lease.slice_id, lease.fencing_token, ITEMS - 1)

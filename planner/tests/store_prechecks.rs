@@ -14,11 +14,8 @@ use sqlx::PgPool;
 async fn migrated() -> (TestDb, PgPool, Store) {
     let db = TestDb::new();
     db.create().await.expect("create the test database");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&db.url())
-        .await
-        .expect("connect");
+    // The stream's connection, the importer's, and one for the test.
+    let pool = db.pool_with(4).await.expect("connect");
     let store = Store::from_pool(pool.clone());
     store.migrate().await.expect("migrate");
     (db, pool, store)

@@ -54,13 +54,22 @@ impl TestDb {
         format!("postgres://postgres@{}/{}", proxy.addr(), self.name)
     }
 
-    /// A pool on the real server (for assertions).
+    /// A pool of two connections on the real server (for assertions).
     ///
     /// # Errors
     /// When PostgreSQL is unreachable.
     pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        self.pool_with(2).await
+    }
+
+    /// A pool of at most `max_connections` on the real server: for a test
+    /// that drives the store directly and needs several connections at once.
+    ///
+    /// # Errors
+    /// When PostgreSQL is unreachable.
+    pub async fn pool_with(&self, max_connections: u32) -> anyhow::Result<sqlx::PgPool> {
         Ok(sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
+            .max_connections(max_connections)
             .connect(&self.url())
             .await?)
     }
