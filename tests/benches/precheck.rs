@@ -6,13 +6,17 @@
 //! Run: `cargo bench -p redrive-tests --bench precheck`
 //! (`REDRIVE_BENCH_HOOKED` and `REDRIVE_BENCH_UNHOOKED` change the sizes).
 //! The dead letters are generated in SQL with the shape capture stores (JSON
-//! bodies, 5% duplicate keys), since capture has its own benchmark.
+//! bodies, 5% duplicate keys, the properties and headers of a message the
+//! broker dead-lettered, `x-death` among them), since capture has its own
+//! benchmark.
 
 use std::time::Instant;
 
 use redrive_proto::v1::{self, PrecheckOptions, RunPrecheckRequest};
 use redrive_tests::{
-    TestBed, env_count,
+    TestBed,
+    bench::dead_lettered_properties_and_headers,
+    env_count,
     orders_hook::{self, OrdersHook},
     peak_rss_mib,
 };
@@ -25,11 +29,13 @@ async fn generate(
     body_padding: i32,
 ) -> anyhow::Result<()> {
     let distinct_keys = count - count / 20;
+    let (properties, headers) =
+        dead_lettered_properties_and_headers("orders.fulfil", "orders", "order.paid", "rejected");
     sqlx::query(redrive_tests::insert_dead_letters!(
         r#"
         SELECT $1, 'rabbitmq', now(), sha256(convert_to($1 || g, 'UTF8')), 'm-' || g,
             'o-' || (g % $3) || ':order.paid', b.body, length(b.body), sha256(b.body), false, 'none',
-            '\x'::bytea, '\x'::bytea, 'application/json', 'rejected', 'orders.fulfil', 'orders',
+            $5, $6, 'application/json', 'rejected', 'orders.fulfil', 'orders',
             ARRAY['order.paid'], 1, now() - interval '10 minutes', 'rejected', 'orders.fulfil',
             'order.paid', '1', 'checkout', now() - interval '10 minutes', now() - interval '10 minutes', '{}'
         FROM generate_series(1, $2) g,
@@ -41,6 +47,8 @@ async fn generate(
     .bind(count)
     .bind(distinct_keys)
     .bind(body_padding)
+    .bind(properties)
+    .bind(headers)
     .execute(pool)
     .await?;
     sqlx::query("ANALYZE dead_letters").execute(pool).await?;

@@ -141,6 +141,82 @@ pub async fn raw_consume(broker: &Broker, dlq: &str, messages: u32) -> anyhow::R
     Ok((seconds, rate))
 }
 
+/// The properties and headers (protobuf-encoded, as capture stores them) of
+/// a persistent JSON message the broker dead-lettered once from `queue`
+/// after it came through `exchange` with `routing_key`: `x-death` with one
+/// entry, and the `x-first-death-*` and `x-last-death-*` headers
+/// (https://www.rabbitmq.com/docs/dlx#effects).
+pub fn dead_lettered_properties_and_headers(
+    queue: &str,
+    exchange: &str,
+    routing_key: &str,
+    reason: &str,
+) -> (Vec<u8>, Vec<u8>) {
+    let properties = MessageProperties {
+        content_type: Some("application/json".into()),
+        delivery_mode: Some(2),
+        r#type: Some("order.paid".into()),
+        app_id: Some("checkout".into()),
+        timestamp: Some(1_764_892_800),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let text = |value: &str| HeaderValue {
+        value: Some(Value::LongString(value.as_bytes().to_vec())),
+    };
+    let table = |fields: Vec<(&str, HeaderValue)>| HeaderTable {
+        fields: fields
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect(),
+    };
+    let death = HeaderValue {
+        value: Some(Value::Table(table(vec![
+            (
+                "count",
+                HeaderValue {
+                    value: Some(Value::LongLongInt(1)),
+                },
+            ),
+            ("exchange", text(exchange)),
+            ("queue", text(queue)),
+            ("reason", text(reason)),
+            (
+                "routing-keys",
+                HeaderValue {
+                    value: Some(Value::Array(v1::HeaderArray {
+                        values: vec![text(routing_key)],
+                    })),
+                },
+            ),
+            (
+                "time",
+                HeaderValue {
+                    value: Some(Value::Timestamp(1_764_892_800)),
+                },
+            ),
+        ]))),
+    };
+    let headers = table(vec![
+        (
+            "x-death",
+            HeaderValue {
+                value: Some(Value::Array(v1::HeaderArray {
+                    values: vec![death],
+                })),
+            },
+        ),
+        ("x-first-death-exchange", text(exchange)),
+        ("x-first-death-queue", text(queue)),
+        ("x-first-death-reason", text(reason)),
+        ("x-last-death-exchange", text(exchange)),
+        ("x-last-death-queue", text(queue)),
+        ("x-last-death-reason", text(reason)),
+    ])
+    .encode_to_vec();
+    (properties, headers)
+}
+
 /// Inserts `count` dead letters of source `source` with the shape capture
 /// stores: a 1 KiB JSON body (`order_id` `<source>-o-<n>`, also the message
 /// key), persistent, three headers, died in the queue `queues[n % len]`.
