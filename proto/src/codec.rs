@@ -17,10 +17,10 @@
 //! nest deeper than its fixed 100 messages allow), so a request nested
 //! thousands deep never reaches a recursive function.
 
-use std::{marker::PhantomData, sync::LazyLock};
+use std::{collections::HashMap, marker::PhantomData, sync::LazyLock};
 
 use prost::{Message, Name, bytes::Buf};
-use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
+use prost_reflect::{DescriptorPool, Kind, MessageDescriptor};
 use tonic::{
     Status,
     codec::{Codec, DecodeBuf, Decoder},
@@ -116,24 +116,136 @@ fn undecodable(error: prost::DecodeError) -> Status {
     Status::invalid_argument(format!("undecodable message: {error}"))
 }
 
-/// One message being walked.
-struct Frame {
-    descriptor: MessageDescriptor,
-    /// Where its bytes end in the request.
-    end: usize,
-    /// The field of the enclosing message that holds it, and its element
-    /// index when that field is repeated; `None` for the request. Paths
-    /// (`rate.rationale`, `selector.ids[3]`) are spelled from these only for
-    /// an error ([`Walk::path`]): a request of thousands of fields is checked
-    /// without an allocation per field.
-    entered_by: Option<Step>,
-    /// Elements seen per repeated field number.
-    counts: Vec<(u32, usize)>,
+/// The wire check's rules, compiled once from the descriptors ([`Schema::compile`]):
+/// the walk looks fields up by index, never by name, so a request of
+/// thousands of header values is checked without a descriptor lookup, a
+/// reference count or a string comparison per field.
+struct Schema {
+    /// Every message type of the pool.
+    messages: Vec<MessageRules>,
+    /// Index into `messages` by full name (`redrive.v1.Rate`).
+    by_name: HashMap<String, usize>,
 }
 
-/// A field taken from a message to the next: the field, and the element's
-/// index when it is repeated.
-type Step = (FieldDescriptor, Option<usize>);
+/// What the wire check knows of one message type.
+struct MessageRules {
+    /// Which header rules opening it counts under.
+    role: HeaderRole,
+    /// Its fields, sorted by number.
+    fields: Vec<FieldRules>,
+}
+
+/// The header message types: a header table starts the header rules, and
+/// values, tables and arrays inside one are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeaderRole {
+    Table,
+    Array,
+    Value,
+    Other,
+}
+
+/// What the wire check knows of one field.
+struct FieldRules {
+    number: u32,
+    /// Its name, for an error's path.
+    name: String,
+    kind: FieldKind,
+    /// Its element limit ([`limits::repeated_limit`]) when it is repeated
+    /// or a map.
+    repeated: Option<usize>,
+}
+
+/// The kinds of field the wire check limits.
+#[derive(Debug, Clone, Copy)]
+enum FieldKind {
+    /// A message: its index in [`Schema::messages`].
+    Message(usize),
+    /// Text of at most this many bytes ([`limits::text_limit`]).
+    Text(usize),
+    /// Anything else (bytes, scalars): no limit of its own.
+    Other,
+}
+
+static SCHEMA: LazyLock<Option<Schema>> = LazyLock::new(|| POOL.as_ref().map(Schema::compile));
+
+impl Schema {
+    /// The rules of every message in `pool`, with the limits of
+    /// [`crate::limits`] looked up once per field.
+    fn compile(pool: &DescriptorPool) -> Self {
+        let descriptors: Vec<MessageDescriptor> = pool.all_messages().collect();
+        let by_name: HashMap<String, usize> = descriptors
+            .iter()
+            .enumerate()
+            .map(|(index, descriptor)| (descriptor.full_name().to_owned(), index))
+            .collect();
+        let messages = descriptors
+            .iter()
+            .map(|descriptor| {
+                let message = descriptor.full_name();
+                let mut fields: Vec<FieldRules> = descriptor
+                    .fields()
+                    .map(|field| FieldRules {
+                        number: field.number(),
+                        name: field.name().to_owned(),
+                        kind: match field.kind() {
+                            // Every message a field names is in the pool
+                            // (it would not decode otherwise).
+                            Kind::Message(child) => by_name
+                                .get(child.full_name())
+                                .map_or(FieldKind::Other, |&index| FieldKind::Message(index)),
+                            Kind::String => {
+                                FieldKind::Text(limits::text_limit(message, field.name()))
+                            }
+                            _ => FieldKind::Other,
+                        },
+                        repeated: (field.is_list() || field.is_map())
+                            .then(|| limits::repeated_limit(message, field.name())),
+                    })
+                    .collect();
+                fields.sort_by_key(|field| field.number);
+                MessageRules {
+                    role: match message {
+                        HEADER_TABLE => HeaderRole::Table,
+                        HEADER_ARRAY => HeaderRole::Array,
+                        HEADER_VALUE => HeaderRole::Value,
+                        _ => HeaderRole::Other,
+                    },
+                    fields,
+                }
+            })
+            .collect();
+        Self { messages, by_name }
+    }
+
+    /// Field `number` of message `message`: its position in the message's
+    /// fields, if the message declares it.
+    fn field(&self, message: usize, number: u32) -> Option<usize> {
+        self.messages[message]
+            .fields
+            .binary_search_by_key(&number, |field| field.number)
+            .ok()
+    }
+}
+
+/// One message being walked.
+struct Frame {
+    /// Its index in [`Schema::messages`].
+    message: usize,
+    /// Where its bytes end in the request.
+    end: usize,
+    /// The field of the enclosing message that holds it (its position in
+    /// that message's fields), and its element index when that field is
+    /// repeated; `None` for the request. Paths (`rate.rationale`,
+    /// `selector.ids[3]`) are spelled from these only for an error
+    /// ([`Walk::path`]): a request of thousands of fields is checked without
+    /// an allocation per field.
+    entered_by: Option<Step>,
+}
+
+/// A field taken from a message to the next: its position in the message's
+/// fields, and the element's index when it is repeated.
+type Step = (usize, Option<usize>);
 
 /// Header rules of the header table being walked.
 struct Headers {
@@ -158,20 +270,23 @@ pub enum Scope {
 /// # Errors
 /// The first problem, naming the field path and the limit.
 pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), String> {
-    let Some(pool) = POOL.as_ref() else {
+    let Some(schema) = SCHEMA.as_ref() else {
         return Ok(());
     };
-    let Some(root) = pool.get_message_by_name(name) else {
+    let Some(&root) = schema.by_name.get(name) else {
         return Ok(());
     };
+    let mut stack = Vec::with_capacity(16);
+    stack.push(Frame {
+        message: root,
+        end: bytes.len(),
+        entered_by: None,
+    });
     let mut walk = Walk {
+        schema,
         bytes,
-        stack: vec![Frame {
-            descriptor: root,
-            end: bytes.len(),
-            entered_by: None,
-            counts: Vec::new(),
-        }],
+        stack,
+        counts: Vec::new(),
         headers: None,
         position: 0,
         stored_data: scope == Scope::Nesting,
@@ -190,9 +305,14 @@ pub fn check_request(name: &str, bytes: &[u8], scope: Scope) -> Result<(), Strin
 /// The state of one [`check_request`]: the request, the stack of messages
 /// being walked (the root first) and where the next field starts.
 struct Walk<'b> {
+    schema: &'b Schema,
     bytes: &'b [u8],
     /// Never empty while walking.
     stack: Vec<Frame>,
+    /// Elements seen per repeated field of the messages on the stack:
+    /// (stack depth, field number, count), deeper frames last (a frame's
+    /// entries go when it is left).
+    counts: Vec<(usize, u32, usize)>,
     /// The header table being walked, if any.
     headers: Option<Headers>,
     position: usize,
@@ -202,7 +322,8 @@ struct Walk<'b> {
 
 /// A length-delimited field of a known number, read by [`Walk::next_field`].
 struct FieldAt {
-    field: FieldDescriptor,
+    /// Its position in the innermost message's fields.
+    field: usize,
     /// Where its content starts in the request.
     start: usize,
     /// Its content's length in bytes.
@@ -211,27 +332,37 @@ struct FieldAt {
 
 impl Walk<'_> {
     /// The innermost message being walked.
-    fn frame(&mut self) -> Result<&mut Frame, String> {
+    fn frame(&self) -> Result<&Frame, String> {
         self.stack
-            .last_mut()
+            .last()
             .ok_or_else(|| "undecodable message: walked past the request".to_owned())
     }
 
+    /// The rules of field `field` (a position) of message `message`.
+    fn field_rules(&self, message: usize, field: usize) -> &FieldRules {
+        &self.schema.messages[message].fields[field]
+    }
+
     /// The field path from the request to the innermost message, then to
-    /// `last` if given (`messages[3].headers`); empty for the request itself.
-    fn path(&self, last: Option<(&FieldDescriptor, Option<usize>)>) -> String {
+    /// `last` (a field of the innermost message) if given
+    /// (`messages[3].headers`); empty for the request itself.
+    fn path(&self, last: Option<Step>) -> String {
         let mut path = String::new();
-        let steps = self
+        let enclosing = self.stack.iter().map(|frame| frame.message);
+        let taken = self
             .stack
             .iter()
-            .filter_map(|frame| frame.entered_by.as_ref())
-            .map(|(field, element)| (field, *element))
-            .chain(last);
-        for (field, element) in steps {
+            .skip(1)
+            .map(|frame| frame.entered_by)
+            .chain(std::iter::once(last));
+        for (message, step) in enclosing.zip(taken) {
+            let Some((field, element)) = step else {
+                continue;
+            };
             if !path.is_empty() {
                 path.push('.');
             }
-            path.push_str(field.name());
+            path.push_str(&self.field_rules(message, field).name);
             if let Some(element) = element {
                 path.push_str(&format!("[{element}]"));
             }
@@ -255,6 +386,9 @@ impl Walk<'_> {
         }
         self.stack.pop();
         let depth = self.stack.len();
+        while self.counts.last().is_some_and(|(at, _, _)| *at >= depth) {
+            self.counts.pop();
+        }
         if self
             .headers
             .as_ref()
@@ -293,7 +427,8 @@ impl Walk<'_> {
             other => return Err(format!("undecodable message: wire type {other}")),
         };
         let start = position;
-        let frame_end = self.frame()?.end;
+        let frame = self.frame()?;
+        let (frame_end, message) = (frame.end, frame.message);
         self.position = start
             .checked_add(length)
             .filter(|end| *end <= frame_end)
@@ -301,15 +436,11 @@ impl Walk<'_> {
         if wire_type != 2 {
             return Ok(None);
         }
-        Ok(self
-            .frame()?
-            .descriptor
-            .get_field(number)
-            .map(|field| FieldAt {
-                field,
-                start,
-                length,
-            }))
+        Ok(self.schema.field(message, number).map(|field| FieldAt {
+            field,
+            start,
+            length,
+        }))
     }
 
     /// Step 3: checks one length-delimited field: its element count when
@@ -325,36 +456,34 @@ impl Walk<'_> {
         } = at;
         let headers_open = self.headers.is_some();
         let stored_data = self.stored_data;
-        let frame = self.frame()?;
+        let message = self.frame()?.message;
+        let schema = self.schema;
+        let rules = &schema.messages[message].fields[field];
         let mut element = None;
-        if field.is_list() || field.is_map() {
-            let count = frame.count_element(field.number());
+        if let Some(limit) = rules.repeated {
+            let count = self.count_element(rules.number);
             // Inside headers, MAX_HEADER_VALUES counts the values instead.
-            let limit = limits::repeated_limit(frame.descriptor.full_name(), field.name());
             if count > limit && !stored_data && !headers_open {
                 return Err(format!(
                     "{}: more than {limit} elements",
-                    short(&self.path(Some((&field, None))))
+                    short(&self.path(Some((field, None))))
                 ));
             }
             element = Some(count - 1);
         }
-        match field.kind() {
-            Kind::Message(descriptor) => {
-                self.enter_message(descriptor, (field, element), start, length)
-            }
-            Kind::String if !stored_data => {
-                let limit = limits::text_limit(frame.descriptor.full_name(), field.name());
+        match rules.kind {
+            FieldKind::Message(child) => self.enter_message(child, (field, element), start, length),
+            FieldKind::Text(limit) if !stored_data => {
                 if length > limit {
                     return Err(format!(
                         "{}: {length} bytes, at most {limit}",
-                        short(&self.path(Some((&field, element))))
+                        short(&self.path(Some((field, element))))
                     ));
                 }
                 if !headers_open && self.bytes[start..self.position].contains(&0) {
                     return Err(format!(
                         "{}: contains a NUL character, which text cannot hold",
-                        short(&self.path(Some((&field, element))))
+                        short(&self.path(Some((field, element))))
                     ));
                 }
                 Ok(())
@@ -363,28 +492,28 @@ impl Walk<'_> {
         }
     }
 
-    /// Step 3a: opens the message field reached by `step` (its content
-    /// `length` bytes from `start`) after the nesting and header limits, so
-    /// the walk goes on inside it.
+    /// Step 3a: opens message `child` (its index in [`Schema::messages`]),
+    /// reached by `step`, its content `length` bytes from `start`, after
+    /// the nesting and header limits, so the walk goes on inside it.
     ///
     /// # Errors
     /// Messages nested too deep, or header limits broken.
     fn enter_message(
         &mut self,
-        descriptor: MessageDescriptor,
+        child: usize,
         step: Step,
         start: usize,
         length: usize,
     ) -> Result<(), String> {
-        let at = |walk: &Self| short(&walk.path(Some((&step.0, step.1))));
+        let at = |walk: &Self| short(&walk.path(Some(step)));
         if self.stack.len() >= MAX_MESSAGE_NESTING {
             return Err(format!(
                 "{}: nested deeper than {MAX_MESSAGE_NESTING} messages",
                 at(self)
             ));
         }
-        let child = descriptor.full_name();
-        if child == HEADER_TABLE && self.headers.is_none() {
+        let role = self.schema.messages[child].role;
+        if role == HeaderRole::Table && self.headers.is_none() {
             if length > MAX_HEADERS_BYTES && !self.stored_data {
                 return Err(format!(
                     "{}: {length} bytes of headers, at most {MAX_HEADERS_BYTES}",
@@ -397,65 +526,76 @@ impl Walk<'_> {
             });
         }
         if !self.stored_data
-            && let Err(problem) = self.check_header_limits(child)
+            && let Err(problem) = self.check_header_limits(role)
         {
             return Err(format!("{}: {problem}", at(self)));
         }
         self.stack.push(Frame {
-            descriptor,
+            message: child,
             end: self.position,
             entered_by: Some(step),
-            counts: Vec::new(),
         });
         self.position = start;
         Ok(())
     }
 
-    /// Step 3b: inside a header table, counts a header value (`child`, the
-    /// message being opened) and the nesting of tables and arrays.
+    /// Step 3b: inside a header table, counts a header value (`role`: that
+    /// of the message being opened) and the nesting of tables and arrays.
     ///
     /// # Errors
     /// More than [`MAX_HEADER_VALUES`] values, or tables and arrays nested
     /// deeper than [`MAX_HEADER_NESTING`]: the problem, without its path.
-    fn check_header_limits(&mut self, child: &str) -> Result<(), String> {
+    fn check_header_limits(&mut self, role: HeaderRole) -> Result<(), String> {
         let Some(header) = self.headers.as_mut() else {
             return Ok(());
         };
-        if child == HEADER_VALUE {
-            header.values += 1;
-            if header.values > MAX_HEADER_VALUES {
-                return Err(format!("more than {MAX_HEADER_VALUES} header values"));
+        match role {
+            HeaderRole::Value => {
+                header.values += 1;
+                if header.values > MAX_HEADER_VALUES {
+                    return Err(format!("more than {MAX_HEADER_VALUES} header values"));
+                }
             }
-        }
-        if child == HEADER_TABLE || child == HEADER_ARRAY {
-            let nesting = self.stack[header.frame_depth - 1..]
-                .iter()
-                .filter(|frame| {
-                    let name = frame.descriptor.full_name();
-                    name == HEADER_TABLE || name == HEADER_ARRAY
-                })
-                .count()
-                + 1;
-            if nesting > MAX_HEADER_NESTING {
-                return Err(format!(
-                    "header tables and arrays nested deeper than {MAX_HEADER_NESTING} levels"
-                ));
+            HeaderRole::Table | HeaderRole::Array => {
+                let messages = &self.schema.messages;
+                let nesting = self.stack[header.frame_depth - 1..]
+                    .iter()
+                    .filter(|frame| {
+                        matches!(
+                            messages[frame.message].role,
+                            HeaderRole::Table | HeaderRole::Array
+                        )
+                    })
+                    .count()
+                    + 1;
+                if nesting > MAX_HEADER_NESTING {
+                    return Err(format!(
+                        "header tables and arrays nested deeper than {MAX_HEADER_NESTING} levels"
+                    ));
+                }
             }
+            HeaderRole::Other => {}
         }
         Ok(())
     }
-}
 
-impl Frame {
-    /// Counts one more element of repeated field `number`; its count.
+    /// Counts one more element of repeated field `number` of the innermost
+    /// message; its count.
     fn count_element(&mut self, number: u32) -> usize {
-        match self.counts.iter_mut().find(|(n, _)| *n == number) {
-            Some((_, count)) => {
+        let depth = self.stack.len() - 1;
+        let found = self
+            .counts
+            .iter_mut()
+            .rev()
+            .take_while(|(at, _, _)| *at == depth)
+            .find(|(_, n, _)| *n == number);
+        match found {
+            Some((_, _, count)) => {
                 *count += 1;
                 *count
             }
             None => {
-                self.counts.push((number, 1));
+                self.counts.push((depth, number, 1));
                 1
             }
         }
@@ -543,6 +683,40 @@ mod tests {
         ] {
             assert!(pool.get_message_by_name(name).is_some(), "{name}");
         }
+    }
+
+    /// Every message field of every message resolves to that message's
+    /// rules in the compiled schema: no nesting escapes the walk.
+    #[test]
+    fn the_schema_resolves_every_message_field() {
+        let pool = POOL.as_ref().expect("descriptor pool decodes");
+        let schema = SCHEMA.as_ref().expect("schema compiles");
+        let mut message_fields = 0;
+        for descriptor in pool.all_messages() {
+            let index = schema.by_name[descriptor.full_name()];
+            for field in descriptor.fields() {
+                let at = schema
+                    .field(index, field.number())
+                    .unwrap_or_else(|| panic!("{}", field.full_name()));
+                let rules = &schema.messages[index].fields[at];
+                assert_eq!(rules.name, field.name());
+                assert_eq!(rules.repeated.is_some(), field.is_list() || field.is_map());
+                if let Kind::Message(child) = field.kind() {
+                    message_fields += 1;
+                    assert!(
+                        matches!(rules.kind, FieldKind::Message(found)
+                            if found == schema.by_name[child.full_name()]),
+                        "{}",
+                        field.full_name()
+                    );
+                }
+            }
+        }
+        assert!(message_fields > 20, "{message_fields}");
+        assert_eq!(
+            schema.messages[schema.by_name[HEADER_TABLE]].role,
+            HeaderRole::Table
+        );
     }
 
     #[test]
