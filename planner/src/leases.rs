@@ -21,7 +21,7 @@ use crate::{
     error::Error,
     ids::{DeadLetterId, SliceId},
     plan::state::State,
-    precheck::state_check::{StateChecker, StateDecision},
+    precheck::state_check::{StateChecker, StateDecision, StoredStateCheckMessage},
     store::{
         StaleToken, Store, StoreError,
         leases::{LeasedItem, LeasedSlice, Outcome},
@@ -195,7 +195,7 @@ impl Coordinator {
             ));
         }
         let dead_letters = self.store.dead_letters_by_id(&ids).await?;
-        let mut by_route: std::collections::BTreeMap<usize, Vec<v1::StateCheckMessage>> =
+        let mut by_route: std::collections::BTreeMap<usize, Vec<StoredStateCheckMessage>> =
             std::collections::BTreeMap::new();
         let mut decisions = Vec::with_capacity(dead_letters.len());
         for dead_letter in dead_letters {
@@ -211,13 +211,17 @@ impl Coordinator {
                 Some(route) => by_route
                     .entry(route)
                     .or_default()
-                    .push(v1::StateCheckMessage {
+                    .push(StoredStateCheckMessage {
                         dead_letter_id: dead_letter.id.clone(),
                         message_key: dead_letter.message_key.clone(),
                         event_type: dead_letter.event_type.clone(),
                         body: dead_letter.body,
-                        properties: dead_letter.properties,
-                        headers: dead_letter.headers,
+                        properties: dead_letter
+                            .properties
+                            .map(|properties| prost::Message::encode_to_vec(&properties)),
+                        headers: dead_letter
+                            .headers
+                            .map(|headers| prost::Message::encode_to_vec(&headers)),
                     }),
             }
         }

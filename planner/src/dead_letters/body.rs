@@ -250,6 +250,51 @@ pub fn declared_encoding(
         .cloned()
 }
 
+/// Only the `content_encoding` of a stored `redrive.v1.MessageProperties`
+/// (prost skips the other fields unread).
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredContentEncoding {
+    #[prost(string, optional, tag = "2")]
+    content_encoding: Option<String>,
+}
+
+/// A stored `redrive.v1.HeaderTable` with its values left encoded: a map
+/// entry's message value and `bytes` are the same on the wire, so only the
+/// values [`declared_encoding_of_stored`] reads are decoded.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredHeaderFields {
+    #[prost(btree_map = "string, bytes", tag = "1")]
+    fields: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+/// [`declared_encoding`] of stored properties and headers (their protobuf
+/// encodings, as capture stores them), decoding only the content encoding
+/// property and the [`ENCODING_HEADERS`] values, not the rest of the header
+/// table (`x-death` and its tables): the precheck reads it per candidate.
+/// Bytes that do not decode declare nothing.
+pub fn declared_encoding_of_stored(properties: &[u8], headers: &[u8]) -> Option<String> {
+    use prost::Message as _;
+    let properties = redrive_proto::v1::MessageProperties {
+        content_encoding: StoredContentEncoding::decode(properties)
+            .unwrap_or_default()
+            .content_encoding,
+        ..Default::default()
+    };
+    let stored = StoredHeaderFields::decode(headers).unwrap_or_default();
+    let headers = redrive_proto::v1::HeaderTable {
+        fields: ENCODING_HEADERS
+            .iter()
+            .filter_map(|name| {
+                let value =
+                    redrive_proto::v1::HeaderValue::decode(stored.fields.get(*name)?.as_slice())
+                        .ok()?;
+                Some(((*name).to_owned(), value))
+            })
+            .collect(),
+    };
+    declared_encoding(&properties, &headers)
+}
+
 /// A readable rendition of `body` (`declared`: its declared encoding, see
 /// [`declared_encoding`]): decompressed when gzip, zlib, deflate, zstd or bzip2 (at
 /// most [`PREVIEW_LIMIT_BYTES`] of output), pretty-printed when JSON, with
@@ -313,6 +358,8 @@ pub fn preview(body: &[u8], declared: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
+
+    use prost::Message as _;
 
     use super::*;
 
@@ -449,6 +496,31 @@ mod tests {
             declared_encoding(&kombu, &HeaderTable::default()).as_deref(),
             Some("utf-8")
         );
+        // Read from the stored encodings, among other headers: the same.
+        headers.fields.insert(
+            "x-death".into(),
+            HeaderValue {
+                value: Some(Value::Array(redrive_proto::v1::HeaderArray {
+                    values: vec![HeaderValue {
+                        value: Some(Value::LongString(b"gzip".to_vec())),
+                    }],
+                })),
+            },
+        );
+        let plain = MessageProperties::default();
+        let bare = HeaderTable::default();
+        for (properties, headers) in [
+            (&kombu, &headers),
+            (&kombu, &bare),
+            (&plain, &headers),
+            (&plain, &bare),
+        ] {
+            assert_eq!(
+                declared_encoding_of_stored(&properties.encode_to_vec(), &headers.encode_to_vec()),
+                declared_encoding(properties, headers),
+            );
+        }
+        assert_eq!(declared_encoding_of_stored(b"\xff\xff", b"\xff"), None);
         // Plain text that starts like bzip2 is read as it is when undeclared.
         let (plain, used) = decode(b"BZh9 is a line of text", None, 1024).unwrap();
         assert_eq!((&*plain, used), (&b"BZh9 is a line of text"[..], None));

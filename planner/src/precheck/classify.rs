@@ -6,11 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use prost::Message;
-use redrive_proto::{
-    time::age_text,
-    v1::{self, Verdict},
-};
+use redrive_proto::{time::age_text, v1::Verdict};
 
 use super::report::Classified;
 use crate::{
@@ -18,7 +14,9 @@ use crate::{
     ids::PrecheckId,
     precheck::options::{Deadline, DeadlineRule, EventBody, PrecheckOptions},
     precheck::staleness::Aged,
-    precheck::state_check::{StateCheckError, StateChecker, StateDecision},
+    precheck::state_check::{
+        StateCheckError, StateChecker, StateDecision, StoredStateCheckMessage,
+    },
     store::prechecks::{Candidate, copy_line},
 };
 
@@ -38,9 +36,7 @@ pub(super) fn hook_slots() -> tokio::sync::Semaphore {
 /// and headers, loaded with its body), for reading its body as capture did.
 fn declared_encoding(candidate: &Candidate) -> Option<String> {
     let (_, properties, headers) = candidate.payload.as_ref()?;
-    let properties = v1::MessageProperties::decode(properties.as_slice()).unwrap_or_default();
-    let headers = v1::HeaderTable::decode(headers.as_slice()).unwrap_or_default();
-    crate::dead_letters::body::declared_encoding(&properties, &headers)
+    crate::dead_letters::body::declared_encoding_of_stored(properties, headers)
 }
 
 /// A candidate's body for the event time pointer, when loaded.
@@ -367,15 +363,15 @@ fn hook_failed(error: StateCheckError) -> Error {
 }
 
 /// What a state-check hook is sent of one candidate: its id, key, event
-/// type, body, properties and headers.
-fn state_check_message(candidate: &Candidate) -> v1::StateCheckMessage {
+/// type, body, and its properties and headers as stored.
+fn state_check_message(candidate: &Candidate) -> StoredStateCheckMessage {
     let (body, properties, headers) = candidate.payload.clone().unwrap_or_default();
-    v1::StateCheckMessage {
+    StoredStateCheckMessage {
         dead_letter_id: candidate.id.to_string(),
         message_key: candidate.message_key.clone(),
         event_type: candidate.event_type.clone(),
         body,
-        properties: v1::MessageProperties::decode(properties.as_slice()).ok(),
-        headers: v1::HeaderTable::decode(headers.as_slice()).ok(),
+        properties: Some(properties),
+        headers: Some(headers),
     }
 }

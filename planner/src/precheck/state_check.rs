@@ -5,10 +5,55 @@
 
 use std::{collections::HashMap, fmt, str::FromStr, sync::Mutex, time::Duration};
 
-use redrive_proto::v1::{
-    StateCheckMessage, StateCheckRequest, StateCheckVerdict, state_check_client::StateCheckClient,
+use redrive_proto::{
+    codec::CheckedCodec,
+    v1::{StateCheckResponse, StateCheckVerdict},
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::{
+    client::Grpc,
+    codegen::http::uri::PathAndQuery,
+    transport::{Channel, Endpoint},
+};
+
+/// The hook's method: `redrive.v1.StateCheck/Check`.
+const CHECK_PATH: &str = "/redrive.v1.StateCheck/Check";
+
+/// `redrive.v1.StateCheckMessage` as the planner sends it: the properties
+/// and headers are the protobuf encodings capture stored, sent as they are.
+/// An embedded message and `bytes` are the same on the wire, a
+/// length-delimited field
+/// (<https://protobuf.dev/programming-guides/encoding/#embedded>), so the
+/// hook decodes a `StateCheckMessage` while the planner never decodes and
+/// re-encodes a header table (`x-death` and its tables) per message.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StoredStateCheckMessage {
+    /// The dead letter's id, in decimal.
+    #[prost(string, tag = "1")]
+    pub dead_letter_id: String,
+    /// Its message key.
+    #[prost(string, tag = "2")]
+    pub message_key: String,
+    /// Its event type, when known.
+    #[prost(string, optional, tag = "3")]
+    pub event_type: Option<String>,
+    /// Its body, as captured.
+    #[prost(bytes = "vec", tag = "4")]
+    pub body: Vec<u8>,
+    /// Its stored `redrive.v1.MessageProperties`, encoded.
+    #[prost(bytes = "vec", optional, tag = "5")]
+    pub properties: Option<Vec<u8>>,
+    /// Its stored `redrive.v1.HeaderTable`, encoded.
+    #[prost(bytes = "vec", optional, tag = "6")]
+    pub headers: Option<Vec<u8>>,
+}
+
+/// `redrive.v1.StateCheckRequest` of [`StoredStateCheckMessage`]s.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StoredStateCheckRequest {
+    /// The messages to decide, at most a batch.
+    #[prost(message, repeated, tag = "1")]
+    pub messages: Vec<StoredStateCheckMessage>,
+}
 
 /// An event type pattern: exact (`order.paid`) or a prefix ending in `*`
 /// (`order.*`, `*`).
@@ -175,7 +220,7 @@ pub enum StateCheckError {
 #[derive(Debug, Default)]
 pub struct StateChecker {
     routes: Vec<HookRoute>,
-    clients: Mutex<HashMap<String, StateCheckClient<Channel>>>,
+    clients: Mutex<HashMap<String, Grpc<Channel>>>,
     /// CA bundle and client certificate for `https://` hooks.
     tls: redrive_proto::tls::ClientTlsFiles,
 }
@@ -217,7 +262,7 @@ impl StateChecker {
         &self.routes[index].url
     }
 
-    fn client(&self, url: &str) -> Result<StateCheckClient<Channel>, StateCheckError> {
+    fn client(&self, url: &str) -> Result<Grpc<Channel>, StateCheckError> {
         let mut clients = self
             .clients
             .lock()
@@ -234,7 +279,7 @@ impl StateChecker {
         if url.starts_with("https://") {
             endpoint = self.tls.apply(url, endpoint).map_err(failed)?;
         }
-        let client = StateCheckClient::new(
+        let client = Grpc::new(
             endpoint
                 .connect_timeout(Duration::from_secs(5))
                 .connect_lazy(),
@@ -254,7 +299,7 @@ impl StateChecker {
     pub async fn check(
         &self,
         index: usize,
-        messages: Vec<StateCheckMessage>,
+        messages: Vec<StoredStateCheckMessage>,
         timeout: Duration,
     ) -> Result<HashMap<String, StateDecision>, StateCheckError> {
         let url = self.url(index).to_owned();
@@ -271,9 +316,25 @@ impl StateChecker {
             rpc.method = "Check",
             redrive.messages = wanted.len(),
         );
-        let mut request = tonic::Request::new(StateCheckRequest { messages });
+        let mut request = tonic::Request::new(StoredStateCheckRequest { messages });
         redrive_proto::telemetry::inject_traceparent(&span, request.metadata_mut());
-        let call = tracing::Instrument::instrument(client.check(request), span);
+        request
+            .extensions_mut()
+            .insert(tonic::GrpcMethod::new("redrive.v1.StateCheck", "Check"));
+        let call = async move {
+            client
+                .ready()
+                .await
+                .map_err(|error| tonic::Status::unknown(format!("hook not ready: {error}")))?;
+            client
+                .unary(
+                    request,
+                    PathAndQuery::from_static(CHECK_PATH),
+                    CheckedCodec::<StoredStateCheckRequest, StateCheckResponse>::default(),
+                )
+                .await
+        };
+        let call = tracing::Instrument::instrument(call, span);
         let answer = match tokio::time::timeout(timeout, call).await {
             Err(_) => return Err(StateCheckError::Timeout { url, timeout }),
             Ok(Err(status)) => {
@@ -331,6 +392,71 @@ fn bounded_reason(mut reason: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stored encodings sent as bytes are, on the wire, the
+    /// `StateCheckMessage` the hook decodes: byte for byte what encoding the
+    /// decoded properties and headers would send.
+    #[test]
+    fn stored_messages_are_state_check_messages_on_the_wire() {
+        use prost::Message as _;
+        use redrive_proto::v1::{self, HeaderValue, header_value::Value};
+        let value = |value| HeaderValue { value: Some(value) };
+        let properties = v1::MessageProperties {
+            content_type: Some("application/json".into()),
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        let death = v1::HeaderTable {
+            fields: [
+                ("count".to_owned(), value(Value::LongLongInt(3))),
+                (
+                    "queue".to_owned(),
+                    value(Value::LongString(b"work".to_vec())),
+                ),
+            ]
+            .into(),
+        };
+        let headers = v1::HeaderTable {
+            fields: [(
+                "x-death".to_owned(),
+                value(Value::Array(v1::HeaderArray {
+                    values: vec![value(Value::Table(death))],
+                })),
+            )]
+            .into(),
+        };
+        for (properties, headers) in [
+            (properties, headers),
+            (Default::default(), Default::default()),
+        ] {
+            let stored = StoredStateCheckRequest {
+                messages: vec![StoredStateCheckMessage {
+                    dead_letter_id: "7".into(),
+                    message_key: "o-1".into(),
+                    event_type: Some("order.paid".into()),
+                    body: b"{}".to_vec(),
+                    properties: Some(properties.encode_to_vec()),
+                    headers: Some(headers.encode_to_vec()),
+                }],
+            }
+            .encode_to_vec();
+            let sent = v1::StateCheckRequest {
+                messages: vec![v1::StateCheckMessage {
+                    dead_letter_id: "7".into(),
+                    message_key: "o-1".into(),
+                    event_type: Some("order.paid".into()),
+                    body: b"{}".to_vec(),
+                    properties: Some(properties),
+                    headers: Some(headers),
+                }],
+            };
+            assert_eq!(
+                v1::StateCheckRequest::decode(stored.as_slice()).unwrap(),
+                sent
+            );
+            assert_eq!(stored, sent.encode_to_vec());
+        }
+    }
 
     #[test]
     fn hook_reasons_are_bounded() {
