@@ -73,7 +73,8 @@ use redrive_proto::v1;
 use redrive_tests::{
     Broker, ExecutorProcess, TestBed,
     bench::{
-        CAPTURE_PREFETCH, approve, dead_letter_backlog, executor_args_for, peak_rss_of, raw_consume,
+        CAPTURE_PREFETCH, approve, dead_letter_backlog, executor_args_for, peak_rss_of,
+        raw_consume, wait_captured,
     },
     orders_hook::{self, OrdersHook},
     peak_rss_mib, unique, wait_until,
@@ -270,19 +271,7 @@ async fn run_scale(bed: &mut TestBed, messages: u32, replicas: u32) -> anyhow::R
         _ => None,
     };
     let timeout = Duration::from_secs(600 + n / 500);
-    // The DLQ drained (cheap to ask), then the count (a scan): at most a
-    // prefetch of dead letters is still being stored by then.
-    wait_until("capture to drain the DLQ", timeout, || async {
-        Ok(bed.broker().ready_count(&dlq).await? == 0)
-    })
-    .await?;
-    wait_until("every dead letter stored", timeout, || async {
-        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
-            .fetch_one(&pool)
-            .await?;
-        Ok(stored >= count)
-    })
-    .await?;
+    wait_captured(bed.broker(), &pool, &dlq, count, timeout).await?;
     let capture_seconds = started.elapsed().as_secs_f64();
     bed.planner.halt().await?;
     if let Some(replica) = &mut capturing_replica {

@@ -217,6 +217,34 @@ pub fn dead_lettered_properties_and_headers(
     (properties, headers)
 }
 
+/// Waits until capture has stored `count` dead letters of `dlq` into the
+/// database of `pool`: first until the DLQ has none ready (cheap to ask the
+/// broker), then until `dead_letters` holds `count` rows (a scan, so asked
+/// only for the last prefetch being stored): the waiting itself must not
+/// load the PostgreSQL it measures.
+///
+/// # Errors
+/// Broker or PostgreSQL errors, or not done within `timeout`.
+pub async fn wait_captured(
+    broker: &Broker,
+    pool: &sqlx::PgPool,
+    dlq: &str,
+    count: i64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait_until("capture to drain the DLQ", timeout, || async {
+        Ok(broker.ready_count(dlq).await? == 0)
+    })
+    .await?;
+    wait_until("every dead letter stored", timeout, || async {
+        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+            .fetch_one(pool)
+            .await?;
+        Ok(stored >= count)
+    })
+    .await
+}
+
 /// Inserts `count` dead letters of source `source` with the shape capture
 /// stores: a 1 KiB JSON body (`order_id` `<source>-o-<n>`, also the message
 /// key), persistent, three headers, died in the queue `queues[n % len]`.
