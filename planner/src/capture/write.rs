@@ -1,7 +1,8 @@
 //! The writer of a capture session: [`BatchWriter`] stores each batch the
-//! session cuts, acks it after the commit, and records the ack once the
-//! broker has processed it; [`store_batch`] degrades a batch PostgreSQL
-//! refuses for its content to one dead letter at a time.
+//! session cuts and acks it after the commit; its [`AckRecorder`] records
+//! the acks once the broker has processed them, while the writer stores the
+//! next batch; [`store_batch`] degrades a batch PostgreSQL refuses for its
+//! content to one dead letter at a time.
 
 use std::time::Duration;
 
@@ -48,19 +49,30 @@ pub(super) struct BatchWriter {
 
 impl BatchWriter {
     /// Writes each batch of `to_write` ([`Self::write`]) until the session
-    /// drops its sender or a batch is given up.
+    /// drops its sender or a batch is given up, then waits for the
+    /// [`AckRecorder`] to record the acks already sent.
     pub(super) async fn run(self, mut to_write: mpsc::Receiver<Batch>) {
+        let (acked, to_record) = mpsc::unbounded_channel();
+        let recorder = AckRecorder {
+            store: self.store.clone(),
+            channel: self.channel.channel.clone(),
+            prefetch: self.channel.prefetch,
+        };
+        let recorder = tokio::spawn(recorder.run(to_record).in_current_span());
         while let Some(batch) = to_write.recv().await {
-            if !self.write(batch).await {
+            if !self.write(batch, &acked).await {
                 break;
             }
         }
+        drop(acked);
+        let _ = recorder.await;
     }
 
-    /// Stores `batch` (retrying while PostgreSQL is unavailable), acks it, then
-    /// records the ack. Returns false when it gave up because of shutdown or the
-    /// end of the session (the batch stays unacked and returns to the queue).
-    async fn write(&self, batch: Batch) -> bool {
+    /// Stores `batch` (retrying while PostgreSQL is unavailable), acks it, and
+    /// hands its capture batch ids to the recorder (`acked`). Returns false
+    /// when it gave up because of shutdown or the end of the session (the
+    /// batch stays unacked and returns to the queue).
+    async fn write(&self, batch: Batch, acked: &mpsc::UnboundedSender<Vec<i64>>) -> bool {
         let Self {
             store,
             source,
@@ -83,7 +95,10 @@ impl BatchWriter {
             {
                 Ok((batch_ids, outcome)) => {
                     self.count(&batch.dead_letters, &outcome);
-                    self.ack(&batch.last, batch_ids).await;
+                    if self.ack(&batch.last).await {
+                        // Never closed before this writer is done.
+                        let _ = acked.send(batch_ids);
+                    }
                     return true;
                 }
                 Err(error) => {
@@ -142,36 +157,64 @@ impl BatchWriter {
         }
     }
 
-    /// Acks a stored batch on its `last` delivery (`multiple`), then, once the
-    /// broker has processed the ack, records the ack of `batch_ids`. A failed
-    /// or unconfirmed ack leaves the batch open for redeliveries.
-    async fn ack(&self, last: &Delivery, batch_ids: Vec<i64>) {
+    /// Acks a stored batch on its `last` delivery (`multiple`); `true` when
+    /// the ack was sent. A failed ack leaves the batch open for
+    /// redeliveries.
+    async fn ack(&self, last: &Delivery) -> bool {
         if let Err(error) = last.acker.ack(BasicAckOptions { multiple: true }).await {
             // Stored but not acked: the broker redelivers them to the next
             // session, which matches them against this unacked batch.
             warn!(%error, "ack after commit failed");
-            return;
+            return false;
         }
-        // basic.ack has no reply, and a connection that dies right
-        // after it (lapin drops frames it had not written) leaves the
-        // broker to redeliver. A synchronous method behind it on the
-        // same channel proves the broker processed the ack (frames of
-        // a channel are handled in order, AMQP 0-9-1 §2.3.6); only
-        // then is the batch recorded as acked.
-        // (basic.qos with the session's own prefetch: a local reply.)
+        true
+    }
+}
+
+/// Records the acks a [`BatchWriter`] sent, off its path: the writer goes on
+/// to store the next batch while the recorder proves the acks processed and
+/// marks their batches acked, all the batches acked meanwhile at once.
+struct AckRecorder {
+    store: Store,
+    /// The session's channel, the acks' own.
+    channel: lapin::Channel,
+    /// The session's prefetch, set again as the proof ([`Self::record`]).
+    prefetch: u16,
+}
+
+impl AckRecorder {
+    /// Records each group of acked batch ids from `to_record` until the
+    /// writer is done.
+    async fn run(self, mut to_record: mpsc::UnboundedReceiver<Vec<i64>>) {
+        while let Some(mut batch_ids) = to_record.recv().await {
+            while let Ok(more) = to_record.try_recv() {
+                batch_ids.extend(more);
+            }
+            self.record(&batch_ids).await;
+        }
+    }
+
+    /// Once the broker has processed the acks sent before this call, marks
+    /// `batch_ids` acked. An unproven ack leaves them open for redeliveries.
+    async fn record(&self, batch_ids: &[i64]) {
+        // basic.ack has no reply, and a connection that dies right after it
+        // (lapin drops frames it had not written) leaves the broker to
+        // redeliver. A synchronous method behind the acks on the same
+        // channel proves the broker processed them (frames of a channel are
+        // handled in order, AMQP 0-9-1 §2.3.6); only then are the batches
+        // recorded as acked. The writer sent every ack of `batch_ids`
+        // before handing them over, so this basic.qos (the session's own
+        // prefetch: a local reply) follows them all.
         let sync = self
             .channel
-            .channel
-            .basic_qos(self.channel.prefetch, BasicQosOptions::default())
+            .basic_qos(self.prefetch, BasicQosOptions::default())
             .await;
         if let Err(error) = sync {
-            warn!(%error, "the ack after commit is unconfirmed; the batch stays open for redeliveries");
+            warn!(%error, batches = batch_ids.len(), "acks after commit are unconfirmed; their batches stay open for redeliveries");
             return;
         }
-        for batch_id in batch_ids {
-            if let Err(error) = self.store.mark_capture_acked(batch_id).await {
-                warn!(%error, batch_id, "could not record the ack of a capture batch");
-            }
+        if let Err(error) = self.store.mark_captures_acked(batch_ids).await {
+            warn!(%error, ?batch_ids, "could not record the acks of capture batches");
         }
     }
 }

@@ -114,8 +114,17 @@ impl Store {
     /// # Errors
     /// [`StoreError`].
     pub async fn mark_capture_acked(&self, batch_id: i64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE capture_batches SET acked = true WHERE id = $1")
-            .bind(batch_id)
+        self.mark_captures_acked(&[batch_id]).await
+    }
+
+    /// Records that the broker acked capture batches `batch_ids`, in one
+    /// statement.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn mark_captures_acked(&self, batch_ids: &[i64]) -> Result<(), StoreError> {
+        sqlx::query("UPDATE capture_batches SET acked = true WHERE id = ANY($1)")
+            .bind(batch_ids)
             .execute(self.pool())
             .await?;
         Ok(())
