@@ -470,3 +470,81 @@ async fn an_odd_message_never_stalls_its_queue() -> anyhow::Result<()> {
     );
     bed.finish().await
 }
+
+/// A backlog captured in full batches, two stored side by side: the dead
+/// letters are stored in the order the queue held them (docs/capture.md,
+/// "Identity and order"), each once, every message acked, and every capture
+/// batch recorded as acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_stored_in_queue_order_while_batches_are_stored_side_by_side()
+-> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let dlq = unique("dlq");
+    broker.queue(&dlq, FieldTable::default()).await?;
+    const MESSAGES: usize = 1500;
+    for index in 0..MESSAGES {
+        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
+        broker
+            .publish(
+                "",
+                &dlq,
+                body.as_bytes(),
+                BasicProperties::default().with_message_id(format!("m-{index:05}").into()),
+            )
+            .await?;
+    }
+    let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
+    wait_until("the backlog stored", Duration::from_secs(60), || async {
+        Ok(stored_count(&bed.db).await? >= MESSAGES as i64)
+    })
+    .await?;
+    let pool = bed.db.pool().await?;
+    wait_until(
+        "every capture batch recorded as acked",
+        Duration::from_secs(20),
+        || async {
+            let open: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM capture_batches WHERE NOT acked")
+                    .fetch_one(&pool)
+                    .await?;
+            Ok(open == 0)
+        },
+    )
+    .await?;
+    bed.planner.halt().await?;
+    let stored: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT message_id FROM dead_letters WHERE source = $1 ORDER BY id")
+            .bind(&dlq)
+            .fetch_all(&pool)
+            .await?;
+    let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM capture_batches")
+        .fetch_one(&pool)
+        .await?;
+    pool.close().await;
+    let expected: Vec<Option<String>> = (0..MESSAGES)
+        .map(|index| Some(format!("m-{index:05}")))
+        .collect();
+    assert_eq!(stored.len(), MESSAGES, "each message stored once");
+    if let Some(first) = stored
+        .iter()
+        .zip(&expected)
+        .position(|(got, want)| got != want)
+    {
+        panic!(
+            "stored out of queue order from position {first}: {:?} where {:?} was expected",
+            &stored[first..(first + 5).min(MESSAGES)],
+            &expected[first..(first + 5).min(MESSAGES)]
+        );
+    }
+    assert!(
+        batches >= (MESSAGES / 50) as i64,
+        "{batches} capture batches for {MESSAGES} messages in batches of at most 50"
+    );
+    assert_eq!(
+        bed.broker().ready_count(&dlq).await?,
+        0,
+        "every message acked after its commit"
+    );
+    bed.finish().await
+}

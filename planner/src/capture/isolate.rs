@@ -287,6 +287,7 @@ impl Round<'_> {
                 self.session,
                 self.queue,
                 std::slice::from_ref(dead_letter),
+                None,
             )
             .await
             {

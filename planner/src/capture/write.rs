@@ -1,10 +1,12 @@
-//! The writer of a capture session: [`BatchWriter`] stores each batch the
-//! session cuts and acks it after the commit; its [`AckRecorder`] records
-//! the acks once the broker has processed them, while the writer stores the
-//! next batch; [`store_batch`] degrades a batch PostgreSQL refuses for its
-//! content to one dead letter at a time.
+//! The writer of a capture session: [`BatchWriter`] stores the batches the
+//! session cuts, two side by side under ids taken in queue order, and acks
+//! each after its commit and the one before it; its [`AckRecorder`] records
+//! the acks once the broker has processed them; [`store_batch`] degrades a
+//! batch PostgreSQL refuses for its content to one dead letter at a time.
 
-use std::time::Duration;
+use std::{collections::VecDeque, time::Duration};
+
+use futures::{FutureExt, future::RemoteHandle};
 
 use lapin::{
     message::Delivery,
@@ -47,10 +49,115 @@ pub(super) struct BatchWriter {
     pub(super) session_over: CancellationToken,
 }
 
+/// Batches one session stores at once: the next is written beside the one
+/// before it, under ids taken in queue order when the writer takes it, and
+/// acked only after it. One insert at a time left PostgreSQL's second core
+/// idle (docs/benchmarks.md, "The state check's traffic and the wire
+/// check").
+const BATCHES_IN_FLIGHT: usize = 2;
+
+/// What storing a batch needs, cloned into the batch's task.
+#[derive(Clone)]
+struct Storer {
+    store: Store,
+    source: String,
+    session: uuid::Uuid,
+    shutdown: CancellationToken,
+    session_over: CancellationToken,
+}
+
+/// A batch stored: its capture batch ids, what the insert found, and its
+/// dead letters, for the metrics.
+struct Stored {
+    batch_ids: Vec<i64>,
+    outcome: InsertOutcome,
+    dead_letters: Vec<NewDeadLetter>,
+}
+
+/// What the writer waited for.
+enum Step {
+    /// The next batch, or `None` when the session sends no more (boxed: a
+    /// batch's delivery is large beside the other variant).
+    Received(Option<Box<Batch>>),
+    /// The oldest batch in flight stored, or `None` when it was given up.
+    Stored(Option<Stored>),
+}
+
+impl Storer {
+    /// Runs `attempt` until it succeeds, backing off while PostgreSQL fails.
+    /// `None` when it gave up: a failure after shutdown, or the end of the
+    /// session.
+    async fn retry<T, F, Fut>(&self, mut attempt: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match attempt().await {
+                Ok(value) => return Some(value),
+                Err(error) => {
+                    self.store
+                        .metrics()
+                        .capture_failed(&self.source, CaptureFailure::Store);
+                    let delay = backoff.next_delay();
+                    warn!(%error, retry_in_ms = delay.as_millis() as u64, "storing dead letters failed; nothing acked");
+                    if self.shutdown.is_cancelled() || self.session_over.is_cancelled() {
+                        return None;
+                    }
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => {}
+                        () = self.session_over.cancelled() => return None,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores `dead_letters` under `ids` ([`store_batch`]), retrying while
+    /// PostgreSQL is unavailable; `None` when it gave up (the batch stays
+    /// unacked and returns to the queue).
+    async fn store(self, dead_letters: Vec<NewDeadLetter>, ids: Vec<i64>) -> Option<Stored> {
+        let (batch_ids, outcome) = self
+            .retry(|| {
+                let span = info_span!(
+                    "planner.capture.batch",
+                    messaging.system = "rabbitmq",
+                    messaging.operation.type = "process",
+                    messaging.destination.name = %self.source,
+                    messaging.batch.message_count = dead_letters.len(),
+                );
+                store_batch(
+                    &self.store,
+                    self.session,
+                    &self.source,
+                    &dead_letters,
+                    Some(&ids),
+                )
+                .instrument(span)
+            })
+            .await?;
+        Some(Stored {
+            batch_ids,
+            outcome,
+            dead_letters,
+        })
+    }
+}
+
 impl BatchWriter {
-    /// Writes each batch of `to_write` ([`Self::write`]) until the session
-    /// drops its sender or a batch is given up, then waits for the
-    /// [`AckRecorder`] to record the acks already sent.
+    /// Writes the batches of `to_write` until the session drops its sender
+    /// or a batch is given up, then waits for the [`AckRecorder`] to record
+    /// the acks already sent.
+    ///
+    /// Each batch's ids are taken when the writer takes it, so batches keep
+    /// queue order while [`BATCHES_IN_FLIGHT`] are stored side by side; each
+    /// is acked (`multiple`) only once it and every batch before it are
+    /// committed, so an ack never covers a message not stored. A batch
+    /// given up stops the writer: the batches after it are cancelled, and
+    /// any of them already committed is unacked, so its messages return to
+    /// the queue and the next session absorbs them as redeliveries.
     pub(super) async fn run(self, mut to_write: mpsc::Receiver<Batch>) {
         let (acked, to_record) = mpsc::unbounded_channel();
         let recorder = AckRecorder {
@@ -59,65 +166,64 @@ impl BatchWriter {
             prefetch: self.channel.prefetch,
         };
         let recorder = tokio::spawn(recorder.run(to_record).in_current_span());
-        while let Some(batch) = to_write.recv().await {
-            if !self.write(batch, &acked).await {
-                break;
+        let storer = Storer {
+            store: self.store.clone(),
+            source: self.source.clone(),
+            session: self.session,
+            shutdown: self.shutdown.clone(),
+            session_over: self.session_over.clone(),
+        };
+        // The batches being stored, oldest first, each with the delivery
+        // that acks it; dropping a handle cancels its task.
+        let mut in_flight: VecDeque<(Delivery, RemoteHandle<Option<Stored>>)> = VecDeque::new();
+        let mut open = true;
+        loop {
+            let taking = open && in_flight.len() < BATCHES_IN_FLIGHT;
+            let step = match in_flight.front_mut() {
+                None if !open => break,
+                None => Step::Received(to_write.recv().await.map(Box::new)),
+                Some((_, storing)) if taking => tokio::select! {
+                    biased;
+                    stored = storing => Step::Stored(stored),
+                    batch = to_write.recv() => Step::Received(batch.map(Box::new)),
+                },
+                Some((_, storing)) => Step::Stored(storing.await),
+            };
+            match step {
+                Step::Received(None) => open = false,
+                Step::Received(Some(batch)) => {
+                    let Batch { dead_letters, last } = *batch;
+                    let count = dead_letters.len();
+                    let Some(ids) = storer
+                        .retry(|| storer.store.take_dead_letter_ids(count))
+                        .await
+                    else {
+                        break;
+                    };
+                    let (task, storing) = storer
+                        .clone()
+                        .store(dead_letters, ids)
+                        .in_current_span()
+                        .remote_handle();
+                    tokio::spawn(task);
+                    in_flight.push_back((last, storing));
+                }
+                Step::Stored(None) => break,
+                Step::Stored(Some(stored)) => {
+                    let Some((last, _)) = in_flight.pop_front() else {
+                        break;
+                    };
+                    self.count(&stored.dead_letters, &stored.outcome);
+                    if self.ack(&last).await {
+                        // Never closed before this writer is done.
+                        let _ = acked.send(stored.batch_ids);
+                    }
+                }
             }
         }
+        drop(in_flight);
         drop(acked);
         let _ = recorder.await;
-    }
-
-    /// Stores `batch` (retrying while PostgreSQL is unavailable), acks it, and
-    /// hands its capture batch ids to the recorder (`acked`). Returns false
-    /// when it gave up because of shutdown or the end of the session (the
-    /// batch stays unacked and returns to the queue).
-    async fn write(&self, batch: Batch, acked: &mpsc::UnboundedSender<Vec<i64>>) -> bool {
-        let Self {
-            store,
-            source,
-            shutdown,
-            session_over,
-            ..
-        } = self;
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        loop {
-            let span = info_span!(
-                "planner.capture.batch",
-                messaging.system = "rabbitmq",
-                messaging.operation.type = "process",
-                messaging.destination.name = %source,
-                messaging.batch.message_count = batch.dead_letters.len(),
-            );
-            match store_batch(store, self.session, source, &batch.dead_letters)
-                .instrument(span)
-                .await
-            {
-                Ok((batch_ids, outcome)) => {
-                    self.count(&batch.dead_letters, &outcome);
-                    if self.ack(&batch.last).await {
-                        // Never closed before this writer is done.
-                        let _ = acked.send(batch_ids);
-                    }
-                    return true;
-                }
-                Err(error) => {
-                    store
-                        .metrics()
-                        .capture_failed(source, CaptureFailure::Store);
-                    let delay = backoff.next_delay();
-                    warn!(%error, retry_in_ms = delay.as_millis() as u64, "storing dead letters failed; nothing acked");
-                    if shutdown.is_cancelled() || session_over.is_cancelled() {
-                        return false;
-                    }
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        () = session_over.cancelled() => return false,
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                }
-            }
-        }
     }
 
     /// Counts the stored batch `dead_letters` in the metrics and logs what
@@ -219,10 +325,12 @@ impl AckRecorder {
     }
 }
 
-/// Stores a captured batch; when PostgreSQL refuses it for its content (not
-/// because it is unreachable), stores the dead letters one by one, each refused
-/// one degraded to what is always storable ([`NewDeadLetter::degraded`]), so
-/// that one odd message never stalls its queue.
+/// Stores a captured batch (under `row_ids`, one per dead letter, when
+/// given: [`Store::insert_captured_as`]); when PostgreSQL refuses it for its
+/// content (not because it is unreachable), stores the dead letters one by
+/// one, each refused one degraded to what is always storable
+/// ([`NewDeadLetter::degraded`]), so that one odd message never stalls its
+/// queue. Returns the capture batches it stored in.
 ///
 /// # Errors
 /// Retryable store errors (PostgreSQL unreachable), or a degraded dead letter
@@ -232,8 +340,12 @@ pub(super) async fn store_batch(
     session: uuid::Uuid,
     source: &str,
     batch: &[NewDeadLetter],
+    row_ids: Option<&[i64]>,
 ) -> Result<(Vec<i64>, InsertOutcome), StoreError> {
-    match store.insert_captured(session, source, batch).await {
+    match store
+        .insert_captured_as(session, source, batch, row_ids)
+        .await
+    {
         Err(error) if !error.is_retryable() && batch.len() > 1 => {
             warn!(%error, "a batch was refused; storing its dead letters one by one");
         }
@@ -241,7 +353,7 @@ pub(super) async fn store_batch(
             let degraded = batch[0].degraded(&error.to_string());
             warn!(%error, "a dead letter was refused; storing it without its derived fields");
             let (id, outcome) = store
-                .insert_captured(session, source, std::slice::from_ref(&degraded))
+                .insert_captured_as(session, source, std::slice::from_ref(&degraded), row_ids)
                 .await?;
             return Ok((vec![id], outcome));
         }
@@ -249,14 +361,18 @@ pub(super) async fn store_batch(
     }
     let mut ids = Vec::with_capacity(batch.len());
     let mut total = InsertOutcome::default();
-    for dead_letter in batch {
+    for (position, dead_letter) in batch.iter().enumerate() {
         let single = std::slice::from_ref(dead_letter);
-        let (id, outcome) = match store.insert_captured(session, source, single).await {
+        let row_id = row_ids.map(|row_ids| &row_ids[position..=position]);
+        let (id, outcome) = match store
+            .insert_captured_as(session, source, single, row_id)
+            .await
+        {
             Err(error) if !error.is_retryable() => {
                 warn!(%error, "a dead letter was refused; storing it without its derived fields");
                 let degraded = dead_letter.degraded(&error.to_string());
                 store
-                    .insert_captured(session, source, std::slice::from_ref(&degraded))
+                    .insert_captured_as(session, source, std::slice::from_ref(&degraded), row_id)
                     .await?
             }
             other => other?,

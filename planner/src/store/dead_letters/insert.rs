@@ -40,7 +40,7 @@ impl Store {
     ) -> Result<InsertOutcome, StoreError> {
         let mut connection = self.pool().acquire().await?;
         let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
-        let inserted = insert_rows(&mut transaction, batch, None).await?;
+        let inserted = insert_rows(&mut transaction, batch, None, None).await?;
         transaction.commit().await?;
         shrink_after(&mut connection, batch);
         Ok(InsertOutcome {
@@ -64,6 +64,25 @@ impl Store {
         source: &str,
         batch: &[NewDeadLetter],
     ) -> Result<(i64, InsertOutcome), StoreError> {
+        self.insert_captured_as(session, source, batch, None).await
+    }
+
+    /// [`Self::insert_captured`] with the ids to store `batch` under: `ids`
+    /// holds one per dead letter, ascending, taken in queue order with
+    /// [`Self::take_dead_letter_ids`] (a redelivery absorbed leaves its id
+    /// unused); `None` takes the sequence's next. A session stores a batch
+    /// beside the one before it and keeps queue order so.
+    ///
+    /// # Errors
+    /// [`StoreError`]; nothing of the batch is stored then.
+    pub async fn insert_captured_as(
+        &self,
+        session: Uuid,
+        source: &str,
+        batch: &[NewDeadLetter],
+        ids: Option<&[i64]>,
+    ) -> Result<(i64, InsertOutcome), StoreError> {
+        debug_assert!(ids.is_none_or(|ids| ids.len() == batch.len()));
         let mut connection = self.pool().acquire().await?;
         let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
         let batch_id: i64 = sqlx::query_scalar(
@@ -74,8 +93,9 @@ impl Store {
         .fetch_one(&mut *transaction)
         .await?;
         let mut fresh = Vec::with_capacity(batch.len());
+        let mut fresh_ids = Vec::with_capacity(batch.len());
         let mut absorbed = 0;
-        for dead_letter in batch {
+        for (position, dead_letter) in batch.iter().enumerate() {
             if dead_letter.dedup == Dedup::Fingerprint {
                 let matched: Option<i64> = sqlx::query_scalar(
                     "UPDATE dead_letters d SET capture_batch = $4 WHERE d.id = ( \
@@ -96,8 +116,12 @@ impl Store {
                 }
             }
             fresh.push(dead_letter.clone());
+            if let Some(ids) = ids {
+                fresh_ids.push(ids[position]);
+            }
         }
-        let inserted = insert_rows(&mut transaction, &fresh, Some(batch_id)).await?;
+        let fresh_ids = ids.map(|_| fresh_ids.as_slice());
+        let inserted = insert_rows(&mut transaction, &fresh, Some(batch_id), fresh_ids).await?;
         transaction.commit().await?;
         shrink_after(&mut connection, batch);
         Ok((
@@ -107,6 +131,25 @@ impl Store {
                 already_stored: absorbed,
             },
         ))
+    }
+
+    /// Takes `count` ids of the dead letters' sequence, ascending: a capture
+    /// session takes a batch's ids when it cuts it, in queue order, and may
+    /// then store it beside the batch before it
+    /// ([`Self::insert_captured_as`]).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn take_dead_letter_ids(&self, count: usize) -> Result<Vec<i64>, StoreError> {
+        let mut ids: Vec<i64> = sqlx::query_scalar(
+            "WITH s AS (SELECT pg_get_serial_sequence('dead_letters', 'id')::regclass AS seq) \
+             SELECT nextval(s.seq) FROM s, generate_series(1, $1)",
+        )
+        .bind(i64::try_from(count).unwrap_or(i64::MAX))
+        .fetch_all(self.pool())
+        .await?;
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     /// Records that the broker acked capture batch `batch_id`.
@@ -132,11 +175,12 @@ impl Store {
 }
 
 /// The statement of [`insert_rows`]: one row per element of the `UNNEST`ed
-/// column arrays `$1` to `$41` (`$38`: the capture batch, one for all),
-/// ingest repeats skipped by `ON CONFLICT`; returns the new ids.
+/// column arrays `$1` to `$42` (`$38`: the capture batch, one for all;
+/// `$42`: the ids capture took in queue order, `NULL` for the sequence's
+/// next), ingest repeats skipped by `ON CONFLICT`; returns the new ids.
 const INSERT_ROWS_SQL: &str = r#"
     INSERT INTO dead_letters (
-        source, origin, dedup_key, capture_fingerprint, captured_at, message_id,
+        id, source, origin, dedup_key, capture_fingerprint, captured_at, message_id,
         message_key, body, body_size, body_sha256, body_oversized, body_problem,
         body_compression, properties, headers, content_type, death_reason, death_queue,
         death_exchange, death_routing_keys, death_count, death_time, reason_class,
@@ -144,7 +188,9 @@ const INSERT_ROWS_SQL: &str = r#"
         died_at, occurred_at, redrive_plan_id, original_exchange, original_routing_key,
         capture_notes, first_died_at, capture_batch, exchange_only, raw_content_header,
         error_class)
+    OVERRIDING SYSTEM VALUE
     SELECT
+        COALESCE(u.id, nextval((SELECT pg_get_serial_sequence('dead_letters', 'id'))::regclass)),
         u.source, u.origin, u.dedup_key, u.fingerprint, u.captured_at, u.message_id,
         u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
         u.compression, u.properties, u.headers, u.content_type, u.death_reason,
@@ -164,7 +210,7 @@ const INSERT_ROWS_SQL: &str = r#"
         $24::text[], $25::text[], $26::text[], $27::text[], $28::text[], $29::int[],
         $30::timestamptz[], $31::timestamptz[], $32::text[], $33::text[], $34::text[],
         $35::text[], $36::bool[], $37::timestamptz[], $39::bool[], $40::bytea[],
-        $41::text[]
+        $41::text[], $42::bigint[]
     ) AS u(source, origin, dedup_key, fingerprint, captured_at, message_id,
            message_key, body, body_size, body_sha256, oversized, body_problem,
            compression, properties, headers, content_type, death_reason, death_queue,
@@ -172,7 +218,7 @@ const INSERT_ROWS_SQL: &str = r#"
            destination, event_type, schema_version, producer, error_text, attempts,
            died_at, occurred_at, plan_id, original_exchange, original_routing_key,
            notes, redelivered, first_died_at, exchange_only, raw_content_header,
-           error_class)
+           error_class, id)
     ON CONFLICT (source, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id
     "#;
@@ -187,6 +233,7 @@ async fn insert_rows(
     transaction: &mut sqlx::Transaction<'_, Postgres>,
     batch: &[NewDeadLetter],
     capture_batch: Option<i64>,
+    ids: Option<&[i64]>,
 ) -> Result<u64, StoreError> {
     if batch.is_empty() {
         return Ok(0);
@@ -197,6 +244,10 @@ async fn insert_rows(
     let query = bind_death(query, batch);
     let query = bind_event(query, batch);
     let query = bind_origin(query, batch, capture_batch);
+    let query = query.bind(match ids {
+        Some(ids) => ids.iter().copied().map(Some).collect::<Vec<Option<i64>>>(),
+        None => vec![None; batch.len()],
+    });
     let inserted: Vec<i64> = query.fetch_all(&mut **transaction).await?;
     Ok(inserted.len() as u64)
 }
