@@ -6,7 +6,7 @@ use std::io::Write;
 
 use redrive_planner::{
     dead_letters::{ExtractionRules, RawDeadLetter},
-    store::Store,
+    store::{Store, dead_letters::TakenIds},
 };
 use redrive_proto::v1::{
     self, GetDeadLetterRequest, HeaderTable, HeaderValue, IngestDeadLettersRequest,
@@ -395,6 +395,84 @@ async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessio
     assert_eq!(count(b"same").await?, 2);
     assert_eq!(count(b"twin").await?, 1);
     assert_eq!(count(b"done").await?, 2);
+    pool.close().await;
+    bed.finish().await
+}
+
+/// A batch retried under the ids its session took for it (a commit whose
+/// reply was lost, or the one by one fallback cut short) takes the rows an
+/// earlier attempt stored under them into the new batch: each dead letter
+/// is stored once, in queue order, and nothing is refused for its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_retried_under_its_ids_is_stored_once() -> anyhow::Result<()> {
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let store = Store::from_pool(bed.pool().await?);
+    let rules = ExtractionRules::default();
+    let raw = |body: &[u8]| {
+        RawDeadLetter::from_queue(
+            "q",
+            body.to_vec(),
+            MessageProperties::default(),
+            HeaderTable::default(),
+            false,
+            chrono::Utc::now(),
+        )
+    };
+    let session = uuid::Uuid::new_v4();
+    let batch: Vec<_> = [b"a", b"b", b"c"]
+        .iter()
+        .map(|body| rules.extract(raw(&body[..])))
+        .collect();
+    let ids = store.take_dead_letter_ids(batch.len()).await?;
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
+    // The first attempt committed "a" alone (as the one by one fallback
+    // does), then failed.
+    store
+        .insert_captured_as(
+            session,
+            "q",
+            &batch[..1],
+            Some(TakenIds {
+                ids: &ids[..1],
+                retry: false,
+            }),
+        )
+        .await?;
+    // The retry of the whole batch.
+    let (batch_id, outcome) = store
+        .insert_captured_as(
+            session,
+            "q",
+            &batch,
+            Some(TakenIds {
+                ids: &ids,
+                retry: true,
+            }),
+        )
+        .await?;
+    assert_eq!((outcome.inserted, outcome.already_stored), (2, 1));
+    let pool = bed.pool().await?;
+    let stored: Vec<(i64, Vec<u8>, i64)> =
+        sqlx::query_as("SELECT id, body, capture_batch FROM dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(
+        stored,
+        vec![
+            (ids[0], b"a".to_vec(), batch_id),
+            (ids[1], b"b".to_vec(), batch_id),
+            (ids[2], b"c".to_vec(), batch_id),
+        ],
+        "each once, under its id, in the batch the retry recorded"
+    );
+    // Ingest keeps taking the sequence's next ids.
+    store
+        .insert_dead_letters(&[rules.extract(raw(b"ingested"))])
+        .await?;
+    let last: i64 = sqlx::query_scalar("SELECT max(id) FROM dead_letters")
+        .fetch_one(&pool)
+        .await?;
+    assert!(last > ids[2], "{last} after {}", ids[2]);
     pool.close().await;
     bed.finish().await
 }

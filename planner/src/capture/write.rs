@@ -6,21 +6,22 @@
 
 use std::{collections::VecDeque, time::Duration};
 
-use futures::{FutureExt, future::RemoteHandle};
-
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicQosOptions},
 };
 use redrive_proto::backoff::Backoff;
-use tokio::sync::mpsc;
+use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
     dead_letters::NewDeadLetter,
     metrics::CaptureFailure,
-    store::{Store, StoreError, dead_letters::InsertOutcome},
+    store::{
+        Store, StoreError,
+        dead_letters::{InsertOutcome, TakenIds},
+    },
 };
 
 /// The session's channel, for the round trip that proves an ack processed.
@@ -83,6 +84,15 @@ enum Step {
     Stored(Option<Stored>),
 }
 
+/// A batch's task's result: `None` when it was given up, or its task
+/// failed (a panic, logged).
+fn finished(result: Result<Option<Stored>, tokio::task::JoinError>) -> Option<Stored> {
+    result.unwrap_or_else(|error| {
+        warn!(%error, "storing a batch failed; it stays unacked");
+        None
+    })
+}
+
 impl Storer {
     /// Runs `attempt` until it succeeds, backing off while PostgreSQL fails.
     /// `None` when it gave up: a failure after shutdown, or the end of the
@@ -119,8 +129,16 @@ impl Storer {
     /// PostgreSQL is unavailable; `None` when it gave up (the batch stays
     /// unacked and returns to the queue).
     async fn store(self, dead_letters: Vec<NewDeadLetter>, ids: Vec<i64>) -> Option<Stored> {
+        let mut attempts = 0;
         let (batch_ids, outcome) = self
             .retry(|| {
+                // After a failed attempt some rows may be committed under
+                // their ids (a commit whose reply was lost).
+                let taken = TakenIds {
+                    ids: &ids,
+                    retry: attempts > 0,
+                };
+                attempts += 1;
                 let span = info_span!(
                     "planner.capture.batch",
                     messaging.system = "rabbitmq",
@@ -133,7 +151,7 @@ impl Storer {
                     self.session,
                     &self.source,
                     &dead_letters,
-                    Some(&ids),
+                    Some(taken),
                 )
                 .instrument(span)
             })
@@ -155,9 +173,10 @@ impl BatchWriter {
     /// queue order while [`BATCHES_IN_FLIGHT`] are stored side by side; each
     /// is acked (`multiple`) only once it and every batch before it are
     /// committed, so an ack never covers a message not stored. A batch
-    /// given up stops the writer: the batches after it are cancelled, and
-    /// any of them already committed is unacked, so its messages return to
-    /// the queue and the next session absorbs them as redeliveries.
+    /// given up stops the writer: the batch after it is left to finish, so
+    /// that no commit lands after the next session has started, and stays
+    /// unacked even when it committed: its messages return to the queue and
+    /// the next session absorbs them as redeliveries.
     pub(super) async fn run(self, mut to_write: mpsc::Receiver<Batch>) {
         let (acked, to_record) = mpsc::unbounded_channel();
         let recorder = AckRecorder {
@@ -174,9 +193,12 @@ impl BatchWriter {
             session_over: self.session_over.clone(),
         };
         // The batches being stored, oldest first, each with the delivery
-        // that acks it; dropping a handle cancels its task.
-        let mut in_flight: VecDeque<(Delivery, RemoteHandle<Option<Stored>>)> = VecDeque::new();
+        // that acks it.
+        let mut in_flight: VecDeque<(Delivery, JoinHandle<Option<Stored>>)> = VecDeque::new();
         let mut open = true;
+        // Whether every batch taken so far was stored: a batch after one
+        // given up is never acked.
+        let mut acking = true;
         loop {
             let taking = open && in_flight.len() < BATCHES_IN_FLIGHT;
             let step = match in_flight.front_mut() {
@@ -184,10 +206,10 @@ impl BatchWriter {
                 None => Step::Received(to_write.recv().await.map(Box::new)),
                 Some((_, storing)) if taking => tokio::select! {
                     biased;
-                    stored = storing => Step::Stored(stored),
+                    stored = storing => Step::Stored(finished(stored)),
                     batch = to_write.recv() => Step::Received(batch.map(Box::new)),
                 },
-                Some((_, storing)) => Step::Stored(storing.await),
+                Some((_, storing)) => Step::Stored(finished(storing.await)),
             };
             match step {
                 Step::Received(None) => open = false,
@@ -200,30 +222,53 @@ impl BatchWriter {
                     else {
                         break;
                     };
-                    let (task, storing) = storer
-                        .clone()
-                        .store(dead_letters, ids)
-                        .in_current_span()
-                        .remote_handle();
-                    tokio::spawn(task);
+                    let storing =
+                        tokio::spawn(storer.clone().store(dead_letters, ids).in_current_span());
                     in_flight.push_back((last, storing));
                 }
-                Step::Stored(None) => break,
-                Step::Stored(Some(stored)) => {
+                Step::Stored(stored) => {
                     let Some((last, _)) = in_flight.pop_front() else {
                         break;
                     };
-                    self.count(&stored.dead_letters, &stored.outcome);
-                    if self.ack(&last).await {
-                        // Never closed before this writer is done.
-                        let _ = acked.send(stored.batch_ids);
+                    if !self.stored(stored, &last, &acked).await {
+                        acking = false;
+                        break;
                     }
                 }
             }
         }
-        drop(in_flight);
+        // The batches still in flight finish, so that a commit under way
+        // lands before the next session matches redeliveries (their retries
+        // end with the session); each is acked while every batch before it
+        // was stored.
+        for (last, storing) in in_flight {
+            let stored = finished(storing.await);
+            if acking {
+                acking = self.stored(stored, &last, &acked).await;
+            }
+        }
         drop(acked);
         let _ = recorder.await;
+    }
+
+    /// Counts and acks a batch `stored`, with its `last` delivery, and hands
+    /// its capture batch ids to the recorder (`acked`); `false` when it was
+    /// given up instead (nothing acked).
+    async fn stored(
+        &self,
+        stored: Option<Stored>,
+        last: &Delivery,
+        acked: &mpsc::UnboundedSender<Vec<i64>>,
+    ) -> bool {
+        let Some(stored) = stored else {
+            return false;
+        };
+        self.count(&stored.dead_letters, &stored.outcome);
+        if self.ack(last).await {
+            // Never closed before this writer is done.
+            let _ = acked.send(stored.batch_ids);
+        }
+        true
     }
 
     /// Counts the stored batch `dead_letters` in the metrics and logs what
@@ -267,13 +312,19 @@ impl BatchWriter {
     /// the ack was sent. A failed ack leaves the batch open for
     /// redeliveries.
     async fn ack(&self, last: &Delivery) -> bool {
-        if let Err(error) = last.acker.ack(BasicAckOptions { multiple: true }).await {
-            // Stored but not acked: the broker redelivers them to the next
-            // session, which matches them against this unacked batch.
-            warn!(%error, "ack after commit failed");
-            return false;
+        // Stored but not acked: the broker redelivers them to the next
+        // session, which matches them against this unacked batch.
+        match last.acker.ack(BasicAckOptions { multiple: true }).await {
+            Ok(true) => true,
+            Ok(false) => {
+                warn!("ack after commit not sent: the channel is closed");
+                false
+            }
+            Err(error) => {
+                warn!(%error, "ack after commit failed");
+                false
+            }
         }
-        true
     }
 }
 
@@ -325,8 +376,8 @@ impl AckRecorder {
     }
 }
 
-/// Stores a captured batch (under `row_ids`, one per dead letter, when
-/// given: [`Store::insert_captured_as`]); when PostgreSQL refuses it for its
+/// Stores a captured batch (under `row_ids` when given:
+/// [`Store::insert_captured_as`]); when PostgreSQL refuses it for its
 /// content (not because it is unreachable), stores the dead letters one by
 /// one, each refused one degraded to what is always storable
 /// ([`NewDeadLetter::degraded`]), so that one odd message never stalls its
@@ -340,7 +391,7 @@ pub(super) async fn store_batch(
     session: uuid::Uuid,
     source: &str,
     batch: &[NewDeadLetter],
-    row_ids: Option<&[i64]>,
+    row_ids: Option<TakenIds<'_>>,
 ) -> Result<(Vec<i64>, InsertOutcome), StoreError> {
     match store
         .insert_captured_as(session, source, batch, row_ids)
@@ -363,7 +414,10 @@ pub(super) async fn store_batch(
     let mut total = InsertOutcome::default();
     for (position, dead_letter) in batch.iter().enumerate() {
         let single = std::slice::from_ref(dead_letter);
-        let row_id = row_ids.map(|row_ids| &row_ids[position..=position]);
+        let row_id = row_ids.map(|taken| TakenIds {
+            ids: &taken.ids[position..=position],
+            retry: taken.retry,
+        });
         let (id, outcome) = match store
             .insert_captured_as(session, source, single, row_id)
             .await

@@ -3,6 +3,8 @@
 //! read and their mapping to the API's messages).
 
 mod insert;
+
+pub use insert::TakenIds;
 mod rows;
 
 pub(in crate::store) use self::rows::DeadLetterRow;

@@ -28,6 +28,18 @@ fn shrink_after(connection: &mut sqlx::PgConnection, batch: &[NewDeadLetter]) {
     }
 }
 
+/// The ids a capture session took for a batch
+/// ([`Store::take_dead_letter_ids`]), to store it under
+/// ([`Store::insert_captured_as`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TakenIds<'a> {
+    /// One per dead letter of the batch, ascending.
+    pub ids: &'a [i64],
+    /// Whether an earlier attempt with these ids may have committed some of
+    /// them (the batch is being retried).
+    pub retry: bool,
+}
+
 impl Store {
     /// Stores `batch` (ingest and import: idempotent per source and dedup key)
     /// in one statement.
@@ -67,11 +79,12 @@ impl Store {
         self.insert_captured_as(session, source, batch, None).await
     }
 
-    /// [`Self::insert_captured`] with the ids to store `batch` under: `ids`
-    /// holds one per dead letter, ascending, taken in queue order with
-    /// [`Self::take_dead_letter_ids`] (a redelivery absorbed leaves its id
-    /// unused); `None` takes the sequence's next. A session stores a batch
-    /// beside the one before it and keeps queue order so.
+    /// [`Self::insert_captured`] with the ids to store `batch` under
+    /// ([`TakenIds`]; a redelivery absorbed leaves its id unused); `None`
+    /// takes the sequence's next. A session stores a batch beside the one
+    /// before it and keeps queue order so. When retrying, a dead letter an
+    /// earlier attempt already stored under its id is taken into this batch
+    /// instead of stored again.
     ///
     /// # Errors
     /// [`StoreError`]; nothing of the batch is stored then.
@@ -80,9 +93,10 @@ impl Store {
         session: Uuid,
         source: &str,
         batch: &[NewDeadLetter],
-        ids: Option<&[i64]>,
+        ids: Option<TakenIds<'_>>,
     ) -> Result<(i64, InsertOutcome), StoreError> {
-        debug_assert!(ids.is_none_or(|ids| ids.len() == batch.len()));
+        // By construction: the writer takes as many ids as it has dead letters.
+        debug_assert!(ids.is_none_or(|taken| taken.ids.len() == batch.len()));
         let mut connection = self.pool().acquire().await?;
         let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
         let batch_id: i64 = sqlx::query_scalar(
@@ -92,10 +106,30 @@ impl Store {
         .bind(source)
         .fetch_one(&mut *transaction)
         .await?;
+        // A retry after a commit whose reply was lost, or after the one by
+        // one fallback was cut short, finds those rows under their ids.
+        let stored_before: std::collections::HashSet<i64> = match ids {
+            Some(TakenIds { ids, retry: true }) => sqlx::query_scalar(
+                "UPDATE dead_letters SET capture_batch = $1 WHERE id = ANY($2) RETURNING id",
+            )
+            .bind(batch_id)
+            .bind(ids)
+            .fetch_all(&mut *transaction)
+            .await?
+            .into_iter()
+            .collect(),
+            _ => std::collections::HashSet::new(),
+        };
         let mut fresh = Vec::with_capacity(batch.len());
         let mut fresh_ids = Vec::with_capacity(batch.len());
         let mut absorbed = 0;
         for (position, dead_letter) in batch.iter().enumerate() {
+            if let Some(taken) = ids
+                && stored_before.contains(&taken.ids[position])
+            {
+                absorbed += 1;
+                continue;
+            }
             if dead_letter.dedup == Dedup::Fingerprint {
                 let matched: Option<i64> = sqlx::query_scalar(
                     "UPDATE dead_letters d SET capture_batch = $4 WHERE d.id = ( \
@@ -116,8 +150,8 @@ impl Store {
                 }
             }
             fresh.push(dead_letter.clone());
-            if let Some(ids) = ids {
-                fresh_ids.push(ids[position]);
+            if let Some(taken) = ids {
+                fresh_ids.push(taken.ids[position]);
             }
         }
         let fresh_ids = ids.map(|_| fresh_ids.as_slice());
