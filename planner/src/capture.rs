@@ -140,6 +140,11 @@ pub enum CaptureError {
     /// closed) while lapin was still waiting on it.
     #[error("the connection to the broker ended (the capture guard's relay closed)")]
     ConnectionLost,
+    /// The session's writer stopped before the session did (a batch it
+    /// could not store; the log says why): the session ends unacked, and
+    /// the next one takes its messages again.
+    #[error("the capture writer stopped: a batch could not be stored")]
+    WriterStopped,
 }
 
 /// The queue an unreadable message of `queue` is moved to.

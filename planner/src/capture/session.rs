@@ -247,8 +247,14 @@ async fn gather(
         }
         let batch = extract_batch(&config.rules, queue, deliveries).await;
         if batches.send(batch).await.is_err() {
-            // The writer gave up (shutdown while PostgreSQL was down).
-            return Ok(());
+            // The writer gave a batch up: on shutdown while PostgreSQL was
+            // down, or when its task failed (the session ends, unacked, and
+            // the next one takes the messages again).
+            return if shutdown.is_cancelled() {
+                Ok(())
+            } else {
+                Err(CaptureError::WriterStopped)
+            };
         }
     }
 }

@@ -199,6 +199,8 @@ impl BatchWriter {
         // Whether every batch taken so far was stored: a batch after one
         // given up is never acked.
         let mut acking = true;
+        // Whether the writer stopped before the session sent its last batch.
+        let mut gave_up = false;
         loop {
             let taking = open && in_flight.len() < BATCHES_IN_FLIGHT;
             let step = match in_flight.front_mut() {
@@ -220,6 +222,7 @@ impl BatchWriter {
                         .retry(|| storer.store.take_dead_letter_ids(count))
                         .await
                     else {
+                        gave_up = true;
                         break;
                     };
                     let storing =
@@ -232,10 +235,16 @@ impl BatchWriter {
                     };
                     if !self.stored(stored, &last, &acked).await {
                         acking = false;
+                        gave_up = true;
                         break;
                     }
                 }
             }
+        }
+        if gave_up && !self.shutdown.is_cancelled() {
+            // A batch given up (its task failed): the session is over, and
+            // the retries of the batch still in flight end with it.
+            self.session_over.cancel();
         }
         // The batches still in flight finish, so that a commit under way
         // lands before the next session matches redeliveries (their retries

@@ -123,11 +123,13 @@ impl Store {
         let mut fresh = Vec::with_capacity(batch.len());
         let mut fresh_ids = Vec::with_capacity(batch.len());
         let mut absorbed = 0;
+        // Stored by an earlier attempt of this batch: new all the same.
+        let mut taken_back = 0;
         for (position, dead_letter) in batch.iter().enumerate() {
             if let Some(taken) = ids
                 && stored_before.contains(&taken.ids[position])
             {
-                absorbed += 1;
+                taken_back += 1;
                 continue;
             }
             if dead_letter.dedup == Dedup::Fingerprint {
@@ -155,7 +157,8 @@ impl Store {
             }
         }
         let fresh_ids = ids.map(|_| fresh_ids.as_slice());
-        let inserted = insert_rows(&mut transaction, &fresh, Some(batch_id), fresh_ids).await?;
+        let inserted =
+            taken_back + insert_rows(&mut transaction, &fresh, Some(batch_id), fresh_ids).await?;
         transaction.commit().await?;
         shrink_after(&mut connection, batch);
         Ok((
