@@ -59,6 +59,28 @@ async fn stored_count(db: &TestDb) -> anyhow::Result<i64> {
     Ok(count)
 }
 
+/// Publishes `count` orders to `dlq`, in order: bodies
+/// `{"order_id":"o-<n>"}`, message ids `message_id(n)`.
+async fn publish_orders(
+    broker: &Broker,
+    dlq: &str,
+    count: usize,
+    message_id: impl Fn(usize) -> String,
+) -> anyhow::Result<()> {
+    for index in 0..count {
+        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
+        broker
+            .publish(
+                "",
+                dlq,
+                body.as_bytes(),
+                BasicProperties::default().with_message_id(message_id(index).into()),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// The capture tests' planner settings: capture `dlq`, bodies up to 4 KiB,
 /// key by the body's `order_id`.
 fn capturing(config: &mut Config, dlq: &str) {
@@ -350,17 +372,7 @@ async fn messages_stay_in_the_queue_while_postgres_is_unreachable() -> anyhow::R
         || planner_health_is(&bed.planner, ServingStatus::NotServing),
     )
     .await?;
-    for index in 0..120 {
-        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
-        bed.broker()
-            .publish(
-                "",
-                &dlq,
-                body.as_bytes(),
-                BasicProperties::default().with_message_id(format!("m-{index}").into()),
-            )
-            .await?;
-    }
+    publish_orders(bed.broker(), &dlq, 120, |index| format!("m-{index}")).await?;
     // Throughout the outage the messages stay in the queue: nothing is
     // acked, at most the prefetch is held unacked, the rest stays ready.
     for _ in 0..4 {
@@ -483,17 +495,7 @@ async fn a_backlog_is_stored_in_queue_order_while_batches_are_stored_side_by_sid
     let dlq = unique("dlq");
     broker.queue(&dlq, FieldTable::default()).await?;
     const MESSAGES: usize = 1500;
-    for index in 0..MESSAGES {
-        let body = format!(r#"{{"order_id":"o-{index}"}}"#);
-        broker
-            .publish(
-                "",
-                &dlq,
-                body.as_bytes(),
-                BasicProperties::default().with_message_id(format!("m-{index:05}").into()),
-            )
-            .await?;
-    }
+    publish_orders(&broker, &dlq, MESSAGES, |index| format!("m-{index:05}")).await?;
     let mut bed = TestBed::start(broker, |config| capturing(config, &dlq)).await?;
     wait_until("the backlog stored", Duration::from_secs(60), || async {
         Ok(stored_count(&bed.db).await? >= MESSAGES as i64)
