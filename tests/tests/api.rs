@@ -323,6 +323,19 @@ async fn ingest_is_idempotent_rejects_bad_items_and_is_inspectable() -> anyhow::
     bed.finish().await
 }
 
+/// A dead letter as captured from queue `q`: `body`, no properties or
+/// headers, `redelivered` as the broker flagged it.
+fn raw(body: &[u8], redelivered: bool) -> RawDeadLetter {
+    RawDeadLetter::from_queue(
+        "q",
+        body.to_vec(),
+        MessageProperties::default(),
+        HeaderTable::default(),
+        redelivered,
+        chrono::Utc::now(),
+    )
+}
+
 /// A redelivered message (planner died between commit and ack) is stored once;
 /// identical dead letters stay distinct, redelivered or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,16 +344,6 @@ async fn redeliveries_are_matched_once_against_unacked_batches_of_earlier_sessio
     let bed = TestBed::without_broker(|_| {}).await?;
     let store = Store::from_pool(bed.pool().await?);
     let rules = ExtractionRules::default();
-    let raw = |body: &[u8], redelivered| {
-        RawDeadLetter::from_queue(
-            "q",
-            body.to_vec(),
-            MessageProperties::default(),
-            HeaderTable::default(),
-            redelivered,
-            chrono::Utc::now(),
-        )
-    };
     let (crashed, acked) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
     // Session 1 stores "same" and "twin" but dies before acking; session 2
     // stores "done" and acks it.
@@ -408,22 +411,13 @@ async fn a_batch_retried_under_its_ids_is_stored_once() -> anyhow::Result<()> {
     let bed = TestBed::without_broker(|_| {}).await?;
     let store = Store::from_pool(bed.pool().await?);
     let rules = ExtractionRules::default();
-    let raw = |body: &[u8]| {
-        RawDeadLetter::from_queue(
-            "q",
-            body.to_vec(),
-            MessageProperties::default(),
-            HeaderTable::default(),
-            false,
-            chrono::Utc::now(),
-        )
-    };
     let session = uuid::Uuid::new_v4();
     let batch: Vec<_> = [b"a", b"b", b"c"]
         .iter()
-        .map(|body| rules.extract(raw(&body[..])))
+        .map(|body| rules.extract(raw(&body[..], false)))
         .collect();
-    let ids = store.take_dead_letter_ids(batch.len()).await?;
+    let taken = store.take_capture_ids(batch.len()).await?;
+    let ids = &taken.rows;
     assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
     // The first attempt committed "a" alone (as the one by one fallback
     // does), then failed.
@@ -433,6 +427,7 @@ async fn a_batch_retried_under_its_ids_is_stored_once() -> anyhow::Result<()> {
             "q",
             &batch[..1],
             Some(TakenIds {
+                batch: taken.batch,
                 ids: &ids[..1],
                 retry: false,
             }),
@@ -445,13 +440,15 @@ async fn a_batch_retried_under_its_ids_is_stored_once() -> anyhow::Result<()> {
             "q",
             &batch,
             Some(TakenIds {
-                ids: &ids,
+                batch: taken.batch,
+                ids,
                 retry: true,
             }),
         )
         .await?;
     // "a" is new to the capture all the same: not a redelivery.
     assert_eq!((outcome.inserted, outcome.already_stored), (3, 0));
+    assert_eq!(batch_id, taken.batch, "every attempt records the one batch");
     let pool = bed.pool().await?;
     let stored: Vec<(i64, Vec<u8>, i64)> =
         sqlx::query_as("SELECT id, body, capture_batch FROM dead_letters ORDER BY id")
@@ -468,12 +465,86 @@ async fn a_batch_retried_under_its_ids_is_stored_once() -> anyhow::Result<()> {
     );
     // Ingest keeps taking the sequence's next ids.
     store
-        .insert_dead_letters(&[rules.extract(raw(b"ingested"))])
+        .insert_dead_letters(&[rules.extract(raw(b"ingested", false))])
         .await?;
     let last: i64 = sqlx::query_scalar("SELECT max(id) FROM dead_letters")
         .fetch_one(&pool)
         .await?;
     assert!(last > ids[2], "{last} after {}", ids[2]);
+    pool.close().await;
+    bed.finish().await
+}
+
+/// A batch whose first attempt committed but whose commit reply was lost
+/// is retried: the stored copy its redelivery absorbed the first time
+/// absorbs it again, rather than the redelivery being stored a second time;
+/// another session's unacked copy stays where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_batch_absorbs_its_redelivery_once() -> anyhow::Result<()> {
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let store = Store::from_pool(bed.pool().await?);
+    let rules = ExtractionRules::default();
+    // A session stored two identical dead letters "x" (two copies, each
+    // absorbs one redelivery) and died before acking.
+    let crashed = uuid::Uuid::new_v4();
+    let (crashed_batch, _) = store
+        .insert_captured(
+            crashed,
+            "q",
+            &[
+                rules.extract(raw(b"x", false)),
+                rules.extract(raw(b"x", false)),
+            ],
+        )
+        .await?;
+    // The next session gets one of them redelivered, between two new ones.
+    let session = uuid::Uuid::new_v4();
+    let batch = vec![
+        rules.extract(raw(b"a", false)),
+        rules.extract(raw(b"x", true)),
+        rules.extract(raw(b"b", false)),
+    ];
+    let taken = store.take_capture_ids(batch.len()).await?;
+    let attempt = |retry| TakenIds {
+        batch: taken.batch,
+        ids: &taken.rows,
+        retry,
+    };
+    let (_, first) = store
+        .insert_captured_as(session, "q", &batch, Some(attempt(false)))
+        .await?;
+    assert_eq!((first.inserted, first.already_stored), (2, 1));
+    // Its commit reply was lost: the writer retries the whole batch.
+    let (batch_id, retried) = store
+        .insert_captured_as(session, "q", &batch, Some(attempt(true)))
+        .await?;
+    assert_eq!(
+        (retried.inserted, retried.already_stored),
+        (2, 1),
+        "the retry counts what the first attempt did"
+    );
+    let pool = bed.pool().await?;
+    let stored: Vec<(Vec<u8>, i64)> =
+        sqlx::query_as("SELECT body, capture_batch FROM dead_letters ORDER BY body, capture_batch")
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(
+        stored,
+        vec![
+            (b"a".to_vec(), batch_id),
+            (b"b".to_vec(), batch_id),
+            (b"x".to_vec(), crashed_batch),
+            (b"x".to_vec(), batch_id),
+        ],
+        "x stored twice (its two copies), not three times; the second copy \
+         still waits for its own redelivery"
+    );
+    let batches: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM capture_batches WHERE session = $1")
+            .bind(session)
+            .fetch_one(&pool)
+            .await?;
+    assert_eq!(batches, 1, "both attempts recorded one capture batch");
     pool.close().await;
     bed.finish().await
 }

@@ -20,7 +20,7 @@ use crate::{
     metrics::CaptureFailure,
     store::{
         Store, StoreError,
-        dead_letters::{InsertOutcome, TakenIds},
+        dead_letters::{CaptureIds, InsertOutcome, TakenIds},
     },
 };
 
@@ -128,14 +128,15 @@ impl Storer {
     /// Stores `dead_letters` under `ids` ([`store_batch`]), retrying while
     /// PostgreSQL is unavailable; `None` when it gave up (the batch stays
     /// unacked and returns to the queue).
-    async fn store(self, dead_letters: Vec<NewDeadLetter>, ids: Vec<i64>) -> Option<Stored> {
+    async fn store(self, dead_letters: Vec<NewDeadLetter>, ids: CaptureIds) -> Option<Stored> {
         let mut attempts = 0;
         let (batch_ids, outcome) = self
             .retry(|| {
                 // After a failed attempt some rows may be committed under
                 // their ids (a commit whose reply was lost).
                 let taken = TakenIds {
-                    ids: &ids,
+                    batch: ids.batch,
+                    ids: &ids.rows,
                     retry: attempts > 0,
                 };
                 attempts += 1;
@@ -218,9 +219,7 @@ impl BatchWriter {
                 Step::Received(Some(batch)) => {
                     let Batch { dead_letters, last } = *batch;
                     let count = dead_letters.len();
-                    let Some(ids) = storer
-                        .retry(|| storer.store.take_dead_letter_ids(count))
-                        .await
+                    let Some(ids) = storer.retry(|| storer.store.take_capture_ids(count)).await
                     else {
                         gave_up = true;
                         break;
@@ -424,6 +423,7 @@ pub(super) async fn store_batch(
     for (position, dead_letter) in batch.iter().enumerate() {
         let single = std::slice::from_ref(dead_letter);
         let row_id = row_ids.map(|taken| TakenIds {
+            batch: taken.batch,
             ids: &taken.ids[position..=position],
             retry: taken.retry,
         });
@@ -440,7 +440,10 @@ pub(super) async fn store_batch(
             }
             other => other?,
         };
-        ids.push(id);
+        // Under taken ids, every dead letter is stored in the one batch.
+        if ids.last() != Some(&id) {
+            ids.push(id);
+        }
         total.inserted += outcome.inserted;
         total.already_stored += outcome.already_stored;
     }

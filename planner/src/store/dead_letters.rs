@@ -4,7 +4,7 @@
 
 mod insert;
 
-pub use insert::TakenIds;
+pub use insert::{CaptureIds, TakenIds};
 mod rows;
 
 pub(in crate::store) use self::rows::DeadLetterRow;

@@ -28,12 +28,25 @@ fn shrink_after(connection: &mut sqlx::PgConnection, batch: &[NewDeadLetter]) {
     }
 }
 
-/// The ids a capture session took for a batch
-/// ([`Store::take_dead_letter_ids`]), to store it under
-/// ([`Store::insert_captured_as`]).
+/// The ids a capture session took for a batch when it cut it
+/// ([`Store::take_capture_ids`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureIds {
+    /// The capture batch's id (`capture_batches.id`), the same for every
+    /// attempt to store the batch.
+    pub batch: i64,
+    /// One dead letter id per dead letter of the batch, ascending.
+    pub rows: Vec<i64>,
+}
+
+/// The ids to store a captured batch, or one of its dead letters, under
+/// ([`Store::insert_captured_as`]), from [`CaptureIds`].
 #[derive(Debug, Clone, Copy)]
 pub struct TakenIds<'a> {
-    /// One per dead letter of the batch, ascending.
+    /// The capture batch: recorded by the first attempt that commits, and
+    /// found again by a retry.
+    pub batch: i64,
+    /// One per dead letter stored, ascending.
     pub ids: &'a [i64],
     /// Whether an earlier attempt with these ids may have committed some of
     /// them (the batch is being retried).
@@ -81,10 +94,12 @@ impl Store {
 
     /// [`Self::insert_captured`] with the ids to store `batch` under
     /// ([`TakenIds`]; a redelivery absorbed leaves its id unused); `None`
-    /// takes the sequence's next. A session stores a batch beside the one
-    /// before it and keeps queue order so. When retrying, a dead letter an
-    /// earlier attempt already stored under its id is taken into this batch
-    /// instead of stored again.
+    /// takes the sequences' next. A session stores a batch beside the one
+    /// before it and keeps queue order so. When retrying, what an earlier
+    /// attempt committed is found under the same ids (a commit whose reply
+    /// was lost, or a one by one fallback cut short): a dead letter it
+    /// stored counts as inserted, a stored copy it absorbed absorbs the same
+    /// redelivery again, so nothing is stored twice.
     ///
     /// # Errors
     /// [`StoreError`]; nothing of the batch is stored then.
@@ -99,17 +114,34 @@ impl Store {
         debug_assert!(ids.is_none_or(|taken| taken.ids.len() == batch.len()));
         let mut connection = self.pool().acquire().await?;
         let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
-        let batch_id: i64 = sqlx::query_scalar(
-            "INSERT INTO capture_batches (session, source) VALUES ($1, $2) RETURNING id",
-        )
-        .bind(session)
-        .bind(source)
-        .fetch_one(&mut *transaction)
-        .await?;
+        let batch_id: i64 =
+            match ids {
+                Some(taken) => {
+                    sqlx::query(
+                        "INSERT INTO capture_batches (id, session, source) OVERRIDING SYSTEM VALUE \
+                     VALUES ($3, $1, $2) ON CONFLICT (id) DO NOTHING",
+                    )
+                    .bind(session)
+                    .bind(source)
+                    .bind(taken.batch)
+                    .execute(&mut *transaction)
+                    .await?;
+                    taken.batch
+                }
+                None => sqlx::query_scalar(
+                    "INSERT INTO capture_batches (session, source) VALUES ($1, $2) RETURNING id",
+                )
+                .bind(session)
+                .bind(source)
+                .fetch_one(&mut *transaction)
+                .await?,
+            };
         // A retry after a commit whose reply was lost, or after the one by
         // one fallback was cut short, finds those rows under their ids.
         let stored_before: std::collections::HashSet<i64> = match ids {
-            Some(TakenIds { ids, retry: true }) => sqlx::query_scalar(
+            Some(TakenIds {
+                ids, retry: true, ..
+            }) => sqlx::query_scalar(
                 "UPDATE dead_letters SET capture_batch = $1 WHERE id = ANY($2) RETURNING id",
             )
             .bind(batch_id)
@@ -123,6 +155,9 @@ impl Store {
         let mut fresh = Vec::with_capacity(batch.len());
         let mut fresh_ids = Vec::with_capacity(batch.len());
         let mut absorbed = 0;
+        // Never a stored copy: this batch's own dead letters, and the copies
+        // this attempt absorbed already (each absorbs one redelivery).
+        let mut not_copies: Vec<i64> = ids.map(|taken| taken.ids.to_vec()).unwrap_or_default();
         // Stored by an earlier attempt of this batch: new all the same.
         let mut taken_back = 0;
         for (position, dead_letter) in batch.iter().enumerate() {
@@ -133,20 +168,28 @@ impl Store {
                 continue;
             }
             if dead_letter.dedup == Dedup::Fingerprint {
+                // A copy in a batch an earlier session committed but never
+                // acked, or one an earlier attempt of this batch absorbed
+                // (it is in this batch already: taken first, so that the
+                // attempt absorbs what the earlier one did).
                 let matched: Option<i64> = sqlx::query_scalar(
                     "UPDATE dead_letters d SET capture_batch = $4 WHERE d.id = ( \
                         SELECT s.id FROM dead_letters s JOIN capture_batches b ON b.id = s.capture_batch \
-                        WHERE s.source = $1 AND s.capture_fingerprint = $2 AND NOT b.acked AND b.session <> $3 \
-                        ORDER BY s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
+                        WHERE s.source = $1 AND s.capture_fingerprint = $2 \
+                          AND ((NOT b.acked AND b.session <> $3) \
+                               OR (s.capture_batch = $4 AND s.id <> ALL($5))) \
+                        ORDER BY s.capture_batch = $4 DESC, s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
                      RETURNING d.id",
                 )
                 .bind(&dead_letter.source)
                 .bind(dead_letter.fingerprint.as_slice())
                 .bind(session)
                 .bind(batch_id)
+                .bind(&not_copies)
                 .fetch_optional(&mut *transaction)
                 .await?;
-                if matched.is_some() {
+                if let Some(copy) = matched {
+                    not_copies.push(copy);
                     absorbed += 1;
                     continue;
                 }
@@ -170,23 +213,25 @@ impl Store {
         ))
     }
 
-    /// Takes `count` ids of the dead letters' sequence, ascending: a capture
-    /// session takes a batch's ids when it cuts it, in queue order, and may
-    /// then store it beside the batch before it
-    /// ([`Self::insert_captured_as`]).
+    /// Takes a capture batch id and `count` dead letter ids, ascending, in
+    /// one statement: a capture session takes a batch's ids when it cuts it,
+    /// in queue order, and may then store it beside the batch before it
+    /// ([`Self::insert_captured_as`]); every attempt to store the batch uses
+    /// the same ids.
     ///
     /// # Errors
     /// [`StoreError`].
-    pub async fn take_dead_letter_ids(&self, count: usize) -> Result<Vec<i64>, StoreError> {
-        let mut ids: Vec<i64> = sqlx::query_scalar(
-            "WITH s AS (SELECT pg_get_serial_sequence('dead_letters', 'id')::regclass AS seq) \
-             SELECT nextval(s.seq) FROM s, generate_series(1, $1)",
+    pub async fn take_capture_ids(&self, count: usize) -> Result<CaptureIds, StoreError> {
+        let (batch, mut rows): (i64, Vec<i64>) = sqlx::query_as(
+            "WITH s AS (SELECT pg_get_serial_sequence('capture_batches', 'id')::regclass AS batches, \
+                               pg_get_serial_sequence('dead_letters', 'id')::regclass AS rows) \
+             SELECT nextval(s.batches), ARRAY(SELECT nextval(s.rows) FROM generate_series(1, $1)) FROM s",
         )
         .bind(i64::try_from(count).unwrap_or(i64::MAX))
-        .fetch_all(self.pool())
+        .fetch_one(self.pool())
         .await?;
-        ids.sort_unstable();
-        Ok(ids)
+        rows.sort_unstable();
+        Ok(CaptureIds { batch, rows })
     }
 
     /// Records that the broker acked capture batch `batch_id`.
