@@ -549,6 +549,91 @@ async fn a_retried_batch_absorbs_its_redelivery_once() -> anyhow::Result<()> {
     bed.finish().await
 }
 
+/// Routing keys and capture notes are stored as the lists they are, for
+/// any text: separators, braces, quotes, backslashes, white space, an empty
+/// string, the word NULL, non-ASCII, and NUL (stored as U+FFFD); through
+/// capture and through ingest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_keys_and_notes_are_stored_as_given() -> anyhow::Result<()> {
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let store = Store::from_pool(bed.pool().await?);
+    let rules = ExtractionRules::default();
+    let odd: Vec<String> = [
+        "orders.created",
+        "a,b",
+        "{x}",
+        "say \"hi\"",
+        "back\\slash\\",
+        " padded ",
+        "",
+        "NULL",
+        "null",
+        "Grüße ✓",
+        "nul\0here",
+        "}\",{\"",
+    ]
+    .iter()
+    .map(|key| (*key).to_owned())
+    .collect();
+    let with_lists = |body: &[u8], keys: Vec<String>| {
+        let mut dead_letter = rules.extract(raw(body, false));
+        dead_letter.death = Some(redrive_planner::dead_letters::death::Death {
+            reason: "rejected".to_owned(),
+            queue: "q".to_owned(),
+            routing_keys: keys.clone(),
+            count: 1,
+            ..Default::default()
+        });
+        dead_letter.capture_notes = keys;
+        dead_letter
+    };
+    let cases = [
+        (b"captured".as_slice(), odd.clone()),
+        (b"none", Vec::new()),
+        (b"one empty", vec![String::new()]),
+    ];
+    let session = uuid::Uuid::new_v4();
+    store
+        .insert_captured(
+            session,
+            "q",
+            &cases
+                .iter()
+                .map(|(body, keys)| with_lists(body, keys.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .await?;
+    store
+        .insert_dead_letters(&[with_lists(b"ingested", odd.clone())])
+        .await?;
+    let expected: Vec<String> = odd
+        .iter()
+        .map(|key| key.replace('\0', "\u{fffd}"))
+        .collect();
+    let pool = bed.pool().await?;
+    for (body, keys) in cases
+        .iter()
+        .map(|(body, keys)| (*body, keys))
+        .chain([(b"ingested".as_slice(), &odd)])
+    {
+        let (routing_keys, notes): (Vec<String>, Vec<String>) = sqlx::query_as(
+            "SELECT death_routing_keys, capture_notes FROM dead_letters WHERE body = $1",
+        )
+        .bind(body)
+        .fetch_one(&pool)
+        .await?;
+        let want: Vec<String> = if keys == &odd {
+            expected.clone()
+        } else {
+            keys.clone()
+        };
+        assert_eq!(routing_keys, want, "{}", String::from_utf8_lossy(body));
+        assert_eq!(notes, want, "{}", String::from_utf8_lossy(body));
+    }
+    pool.close().await;
+    bed.finish().await
+}
+
 /// Whether `queue` exists on the local RabbitMQ (a passive declare).
 async fn queue_exists(queue: &str) -> anyhow::Result<bool> {
     let checker = redrive_tests::Broker::connect().await?;

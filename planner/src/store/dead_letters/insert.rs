@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Postgres;
 use uuid::Uuid;
 
-use super::{InsertOutcome, compression_name, json_text_array, text};
+use super::{InsertOutcome, compression_name, text, text_array_literal};
 use crate::{
     dead_letters::{Dedup, NewDeadLetter},
     store::{Store, StoreError},
@@ -277,12 +277,11 @@ const INSERT_ROWS_SQL: &str = r#"
         u.message_key, u.body, u.body_size, u.body_sha256, u.oversized, u.body_problem,
         u.compression, u.properties, u.headers, u.content_type, u.death_reason,
         u.death_queue, u.death_exchange,
-        CASE WHEN u.routing_keys IS NULL THEN NULL
-             ELSE ARRAY(SELECT jsonb_array_elements_text(u.routing_keys::jsonb)) END,
+        u.routing_keys::text[],
         u.death_count, u.death_time, u.reason_class, u.destination, u.event_type,
         u.schema_version, u.producer, u.error_text, u.attempts, u.died_at,
         u.occurred_at, u.plan_id, u.original_exchange, u.original_routing_key,
-        ARRAY(SELECT jsonb_array_elements_text(u.notes::jsonb)), u.first_died_at, $38,
+        u.notes::text[], u.first_died_at, $38,
         u.exchange_only, u.raw_content_header, u.error_class
     FROM UNNEST(
         $1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[],
@@ -418,7 +417,7 @@ fn bind_body<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRow
 }
 
 /// Binds `$17` to `$23`, the death that counts: reason, queue, exchange,
-/// routing keys (a JSON text array), count, time, and the reason class.
+/// routing keys (an array literal), count, time, and the reason class.
 fn bind_death<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRows<'q> {
     query
         .bind(text_column(batch, |d| {
@@ -431,7 +430,9 @@ fn bind_death<'q>(query: InsertRows<'q>, batch: &'q [NewDeadLetter]) -> InsertRo
             d.death.as_ref().map(|x| x.exchange.clone())
         }))
         .bind(text_column(batch, |d| {
-            d.death.as_ref().map(|x| json_text_array(&x.routing_keys))
+            d.death
+                .as_ref()
+                .map(|x| text_array_literal(&x.routing_keys))
         }))
         .bind(
             batch
@@ -499,7 +500,7 @@ fn bind_origin<'q>(
         .bind(text_column(batch, |d| d.original_exchange.clone()))
         .bind(text_column(batch, |d| d.original_routing_key.clone()))
         .bind(text_column(batch, |d| {
-            Some(json_text_array(&d.capture_notes))
+            Some(text_array_literal(&d.capture_notes))
         }))
         .bind(
             batch
