@@ -70,6 +70,10 @@ pub enum StoreError {
     /// Migrations could not be applied.
     #[error("applying migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A read ended before its last row without an error of its own (its
+    /// task panicked or was cancelled); what it returned is incomplete.
+    #[error("read interrupted: {0}")]
+    Interrupted(String),
 }
 
 impl StoreError {

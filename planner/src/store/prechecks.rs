@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use futures::{StreamExt, stream::BoxStream};
 use prost::Message;
 use redrive_proto::v1;
 use sqlx::{
@@ -116,8 +116,10 @@ const CANDIDATE_CHECKED_COLUMNS: &str = "id, message_key, destination, \
 
 /// The candidate stream of a precheck ([`Store::stream_candidates`]).
 pub struct Candidates {
-    /// The selected dead letters in id order; an error ends it.
-    pub rows: ReceiverStream<Result<Candidate, StoreError>>,
+    /// The selected dead letters in id order; an error ends it. A stream
+    /// whose reading task ended without finishing (a panic) ends with
+    /// [`StoreError::Interrupted`], never as if the selection were complete.
+    pub rows: BoxStream<'static, Result<Candidate, StoreError>>,
     /// The snapshot the rows are read in, once the stream's transaction has
     /// exported it; dropped without a value when the stream failed first.
     pub snapshot: oneshot::Receiver<SelectionSnapshot>,
@@ -143,6 +145,27 @@ pub struct SelectionSnapshot {
 /// is written into `SET TRANSACTION SNAPSHOT`, which takes no parameters.
 fn is_snapshot_id(id: &str) -> bool {
     !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// The items of `receiver`, then, when its sender was dropped without
+/// `finished` being sent first (the reading task panicked, or was
+/// cancelled), one [`StoreError::Interrupted`]: a channel that closes looks
+/// the same whether its sender finished or died, and a precheck that took
+/// a cut selection for the whole one would report on fewer dead letters
+/// than were selected, without a word.
+fn until_finished<T: Send + 'static>(
+    receiver: mpsc::Receiver<Result<T, StoreError>>,
+    finished: oneshot::Receiver<()>,
+) -> BoxStream<'static, Result<T, StoreError>> {
+    let end = futures::stream::once(async move {
+        finished.await.err().map(|_| {
+            Err(StoreError::Interrupted(
+                "the candidate stream's reading task ended before its last row".to_owned(),
+            ))
+        })
+    })
+    .filter_map(std::future::ready);
+    ReceiverStream::new(receiver).chain(end).boxed()
 }
 
 impl Store {
@@ -229,6 +252,7 @@ impl Store {
             );
         let (sender, receiver) = mpsc::channel(CANDIDATE_BUFFER);
         let (snapshot_sender, snapshot) = oneshot::channel();
+        let (finished, finished_signal) = oneshot::channel::<()>();
         let pool = self.pool().clone();
         tokio::spawn(async move {
             let exported = async {
@@ -247,6 +271,7 @@ impl Store {
                 Ok(exported) => exported,
                 Err(error) => {
                     let _ = sender.send(Err(error)).await;
+                    let _ = finished.send(());
                     return;
                 }
             };
@@ -271,12 +296,13 @@ impl Store {
             // snapshot was imported or dropped, or after a minute in any
             // case: an open transaction holds a connection and PostgreSQL's
             // vacuum horizon.
+            let _ = finished.send(());
             drop(sender);
             let _ = tokio::time::timeout(SNAPSHOT_IMPORT_WAIT, imported).await;
             let _ = transaction.rollback().await;
         });
         Candidates {
-            rows: ReceiverStream::new(receiver),
+            rows: until_finished(receiver, finished_signal),
             snapshot,
         }
     }
@@ -795,5 +821,53 @@ impl From<CandidateRow> for Candidate {
             exchange_only: row.exchange_only,
             without_exchange: row.without_exchange,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a consumer of [`until_finished`] collects from a reading task
+    /// that sends `1` and `2`, then ends as `end` makes it.
+    async fn collected(end: fn(oneshot::Sender<()>)) -> Vec<Result<u32, String>> {
+        let (sender, receiver) = mpsc::channel(1);
+        let (finished, finished_signal) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            for item in [1, 2] {
+                let _ = sender.send(Ok(item)).await;
+            }
+            end(finished);
+        });
+        let items = until_finished(receiver, finished_signal)
+            .map(|item| item.map_err(|error| error.to_string()))
+            .collect()
+            .await;
+        let _ = task.await;
+        items
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_finished_ends_with_its_last_row() {
+        assert_eq!(
+            collected(|finished| {
+                let _ = finished.send(());
+            })
+            .await,
+            vec![Ok(1), Ok(2)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_task_panicked_ends_with_an_error() {
+        let items = collected(|_| panic!("a defect while reading")).await;
+        assert_eq!(items[..2], [Ok(1), Ok(2)]);
+        assert_eq!(
+            items[2..],
+            [Err(
+                "read interrupted: the candidate stream's reading task ended before its last row"
+                    .to_owned()
+            )]
+        );
     }
 }
