@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod plan;
 pub mod precheck;
 pub mod store;
+mod task_stream;
 pub mod webhooks;
 
 use std::{

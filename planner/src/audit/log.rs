@@ -42,8 +42,7 @@ use redrive_tlog::{
     note::Signer,
 };
 use sha2::{Digest, Sha256};
-use tokio::sync::{Mutex, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tracing::{debug, error, info, warn};
@@ -732,86 +731,89 @@ pub async fn export(
     }
     let checkpoint = checkpoint_row(store, tree_size).await?;
     let size = u64::try_from(checkpoint.tree_size).unwrap_or_default();
-    let (sender, receiver) = mpsc::channel(4);
     let store = store.clone();
-    tokio::spawn(async move {
-        let csv = format == v1::ExportFormat::Csv;
-        let mut first = Some(checkpoint.note.clone());
-        let send = async |data: Vec<u8>, first: &mut Option<String>| {
-            for piece in data.chunks(super::CHUNK_BYTES) {
-                let chunk = v1::ExportAuditChunk {
-                    data: piece.to_vec(),
-                    checkpoint: first.take().unwrap_or_default(),
+    let stream = crate::task_stream::spawn_stream(
+        4,
+        move |sender| async move {
+            let csv = format == v1::ExportFormat::Csv;
+            let mut first = Some(checkpoint.note.clone());
+            let send = async |data: Vec<u8>, first: &mut Option<String>| {
+                for piece in data.chunks(super::CHUNK_BYTES) {
+                    let chunk = v1::ExportAuditChunk {
+                        data: piece.to_vec(),
+                        checkpoint: first.take().unwrap_or_default(),
+                    };
+                    if sender.send(Ok(chunk)).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            };
+            let head = if csv {
+                export::csv_header()
+            } else {
+                export::jsonl_checkpoint_line(&checkpoint.note)
+            };
+            if !send(head, &mut first).await {
+                return;
+            }
+            let write = |rows: &[LogRow]| {
+                if csv {
+                    export::csv_rows(rows)
+                } else {
+                    export::jsonl_rows(rows)
+                }
+            };
+            let mut after = 0;
+            while after < size {
+                let page = match store.audit_log_page(after, size, EXPORT_PAGE).await {
+                    Ok(page) => page,
+                    Err(error) => {
+                        let _ = sender.send(Err(Status::from(Error::from(error)))).await;
+                        return;
+                    }
                 };
-                if sender.send(Ok(chunk)).await.is_err() {
-                    return false;
+                let Some((last, ..)) = page.last() else {
+                    break;
+                };
+                after = last + 1;
+                let rows: Vec<LogRow> = page
+                    .iter()
+                    .map(|(index, hash, record)| sealed_row(*index, *hash, record))
+                    .collect();
+                if !send(write(&rows), &mut first).await {
+                    return;
                 }
             }
-            true
-        };
-        let head = if csv {
-            export::csv_header()
-        } else {
-            export::jsonl_checkpoint_line(&checkpoint.note)
-        };
-        if !send(head, &mut first).await {
-            return;
-        }
-        let write = |rows: &[LogRow]| {
-            if csv {
-                export::csv_rows(rows)
-            } else {
-                export::jsonl_rows(rows)
-            }
-        };
-        let mut after = 0;
-        while after < size {
-            let page = match store.audit_log_page(after, size, EXPORT_PAGE).await {
-                Ok(page) => page,
+            let unsealed = match store.audit_log_unsealed().await {
+                Ok(unsealed) => unsealed,
                 Err(error) => {
                     let _ = sender.send(Err(Status::from(Error::from(error)))).await;
                     return;
                 }
             };
-            let Some((last, ..)) = page.last() else {
-                break;
-            };
-            after = last + 1;
-            let rows: Vec<LogRow> = page
+            let rows: Vec<LogRow> = unsealed
                 .iter()
-                .map(|(index, hash, record)| sealed_row(*index, *hash, record))
+                .map(|(record, refused)| LogRow {
+                    leaf_index: None,
+                    kind: record.kind.clone(),
+                    plan_id: record.plan_id.to_string(),
+                    id: record.ref_id,
+                    entry: record.entry(),
+                    leaf_hash: None,
+                    note: refused
+                        .as_ref()
+                        .map(|reason| format!("the planner refused to seal it: {reason}"))
+                        .unwrap_or_else(|| "not in the log".to_owned()),
+                })
                 .collect();
-            if !send(write(&rows), &mut first).await {
-                return;
+            if !rows.is_empty() {
+                let _ = send(write(&rows), &mut first).await;
             }
-        }
-        let unsealed = match store.audit_log_unsealed().await {
-            Ok(unsealed) => unsealed,
-            Err(error) => {
-                let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                return;
-            }
-        };
-        let rows: Vec<LogRow> = unsealed
-            .iter()
-            .map(|(record, refused)| LogRow {
-                leaf_index: None,
-                kind: record.kind.clone(),
-                plan_id: record.plan_id.to_string(),
-                id: record.ref_id,
-                entry: record.entry(),
-                leaf_hash: None,
-                note: refused
-                    .as_ref()
-                    .map(|reason| format!("the planner refused to seal it: {reason}"))
-                    .unwrap_or_else(|| "not in the log".to_owned()),
-            })
-            .collect();
-        if !rows.is_empty() {
-            let _ = send(write(&rows), &mut first).await;
-        }
-    });
-    Ok(Box::pin(ReceiverStream::new(receiver)))
+        },
+        super::export_interrupted,
+    );
+    Ok(stream)
 }
 
 /// When the latest checkpoint was signed, if one was (for status views).

@@ -13,7 +13,6 @@ use sqlx::{
     postgres::{PgCopyIn, PgPoolCopyExt},
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Store, StoreError, dead_letters::push_selected, webhooks::enqueue_precheck_event};
 use crate::{
@@ -145,27 +144,6 @@ pub struct SelectionSnapshot {
 /// is written into `SET TRANSACTION SNAPSHOT`, which takes no parameters.
 fn is_snapshot_id(id: &str) -> bool {
     !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
-}
-
-/// The items of `receiver`, then, when its sender was dropped without
-/// `finished` being sent first (the reading task panicked, or was
-/// cancelled), one [`StoreError::Interrupted`]: a channel that closes looks
-/// the same whether its sender finished or died, and a precheck that took
-/// a cut selection for the whole one would report on fewer dead letters
-/// than were selected, without a word.
-fn until_finished<T: Send + 'static>(
-    receiver: mpsc::Receiver<Result<T, StoreError>>,
-    finished: oneshot::Receiver<()>,
-) -> BoxStream<'static, Result<T, StoreError>> {
-    let end = futures::stream::once(async move {
-        finished.await.err().map(|_| {
-            Err(StoreError::Interrupted(
-                "the candidate stream's reading task ended before its last row".to_owned(),
-            ))
-        })
-    })
-    .filter_map(std::future::ready);
-    ReceiverStream::new(receiver).chain(end).boxed()
 }
 
 impl Store {
@@ -302,7 +280,11 @@ impl Store {
             let _ = transaction.rollback().await;
         });
         Candidates {
-            rows: until_finished(receiver, finished_signal),
+            rows: crate::task_stream::until_finished(receiver, finished_signal, || {
+                StoreError::Interrupted(
+                    "the candidate stream's reading task ended before its last row".to_owned(),
+                )
+            }),
             snapshot,
         }
     }
@@ -821,53 +803,5 @@ impl From<CandidateRow> for Candidate {
             exchange_only: row.exchange_only,
             without_exchange: row.without_exchange,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What a consumer of [`until_finished`] collects from a reading task
-    /// that sends `1` and `2`, then ends as `end` makes it.
-    async fn collected(end: fn(oneshot::Sender<()>)) -> Vec<Result<u32, String>> {
-        let (sender, receiver) = mpsc::channel(1);
-        let (finished, finished_signal) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            for item in [1, 2] {
-                let _ = sender.send(Ok(item)).await;
-            }
-            end(finished);
-        });
-        let items = until_finished(receiver, finished_signal)
-            .map(|item| item.map_err(|error| error.to_string()))
-            .collect()
-            .await;
-        let _ = task.await;
-        items
-    }
-
-    #[tokio::test]
-    async fn a_stream_that_finished_ends_with_its_last_row() {
-        assert_eq!(
-            collected(|finished| {
-                let _ = finished.send(());
-            })
-            .await,
-            vec![Ok(1), Ok(2)]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_stream_whose_task_panicked_ends_with_an_error() {
-        let items = collected(|_| panic!("a defect while reading")).await;
-        assert_eq!(items[..2], [Ok(1), Ok(2)]);
-        assert_eq!(
-            items[2..],
-            [Err(
-                "read interrupted: the candidate stream's reading task ended before its last row"
-                    .to_owned()
-            )]
-        );
     }
 }
