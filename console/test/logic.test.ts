@@ -4,6 +4,8 @@ import { create } from "@bufbuild/protobuf";
 import { lineDiff } from "../src/diff";
 import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
 import { fmtSpan, headerPlain, renderBody, tablePlain } from "../src/format";
+import { GATE_ACTOR, gateTrips } from "../src/gates";
+import { OperatorActionSchema } from "../src/gen/redrive/v1/messages_pb";
 import { parseBodyMatch, selectorFrom, filtersFromQuery } from "../src/selector";
 
 const enc = new TextEncoder();
@@ -76,4 +78,22 @@ test("spans read as people say them", () => {
   assert.equal(fmtSpan(252_000), "4m 12s");
   assert.equal(fmtSpan(3_725_000), "1h 2m 5s");
   assert.equal(fmtSpan(-5), "0s");
+});
+
+test("gate trips are the gates' pauses and aborts, not their promotions or an operator's pause", () => {
+  const action = (actor: string, action: string) => create(OperatorActionSchema, { actor, action, reason: action });
+  const actions = [
+    action("alice", "approve"),
+    action(GATE_ACTOR, "next_wave"),
+    action(GATE_ACTOR, "promote"),
+    action(GATE_ACTOR, "pause"),
+    action("alice", "pause"),
+    action("alice", "resume"),
+    action(GATE_ACTOR, "abort"),
+  ];
+  assert.deepEqual(
+    gateTrips(actions).map((a) => `${a.actor} ${a.action}`),
+    [`${GATE_ACTOR} pause`, `${GATE_ACTOR} abort`],
+  );
+  assert.deepEqual(gateTrips(actions.slice(0, 3)), []);
 });

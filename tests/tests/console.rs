@@ -249,6 +249,13 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     browser.screenshot("live-plan").await?;
+    // The gates promoted the plan (its observation window passed green):
+    // that is no trip, and the warnings stay shown.
+    anyhow::ensure!(
+        !browser.has("gate-trips").await?,
+        "a promotion by the gates shown as a gate trip: {}",
+        browser.text("gate-trips").await?
+    );
     browser.click("plan-pause").await?;
     confirm(&browser, "", Some("downstream latency rising")).await?;
     browser

@@ -10,11 +10,10 @@ import { clearErrorOf, showError } from "../errors";
 import { AuditAction, PlanState, type AuditEvent, type Plan as PlanMsg } from "../gen/redrive/v1/messages_pb";
 import type { Caller } from "../gen/redrive/v1/planner_pb";
 import { durationMs, fmtSpan, fmtTime, isFinal, num, stateName, tsDate } from "../format";
+import { gateTrips as tripsOf } from "../gates";
 import { useLoad, useNow } from "../hooks";
 import { PrecheckAge } from "./Precheck";
 
-/** The actor the planner records gate decisions under (planner/src/plan/gates.rs, GATE_ACTOR). */
-const GATE_ACTOR = "redrive-gate";
 /** How the arrivals gate's pause reason starts (planner/src/plan/gates.rs). */
 const STILL_ARRIVING = "still arriving:";
 
@@ -147,9 +146,9 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
   );
 
   // Both come from the server: the plan's re-dead-letter count, and the
-  // operator actions the gates recorded (actor GATE_ACTOR).
+  // pauses and aborts the gates recorded (not their promotions).
   const redead = plan.reDeadLetters > 0n;
-  const gateTrips = plan.actions.filter((a) => a.actor === GATE_ACTOR);
+  const gateTrips = tripsOf(plan.actions);
   const gateTripped = gateTrips.length > 0;
   // The ramp: every wave before the main one, then the main wave.
   const waves = plan.rampItems.length + 1;
