@@ -187,14 +187,18 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
                 ])),
         )
         .await?;
-    broker
-        .publish(
-            "",
-            &error_queue,
-            br#"{"order_id":"spring-1"}"#,
-            spring_recovered("spring-1", &orders, "order.created"),
-        )
-        .await?;
+    // Spring's message twice: the second copy is a duplicate, exchange-only
+    // but not replayable, so the warning below does not count it.
+    for _ in 0..2 {
+        broker
+            .publish(
+                "",
+                &error_queue,
+                br#"{"order_id":"spring-1"}"#,
+                spring_recovered("spring-1", &orders, "order.created"),
+            )
+            .await?;
+    }
     // A second error queue with Spring's messages only, to replay them.
     let spring_queue = unique("spring_error");
     broker.queue(&spring_queue, FieldTable::default()).await?;
@@ -211,7 +215,7 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     let mut bed = bed(broker, &[&error_queue, &spring_queue], 2).await?;
     captured(&mut bed.client, &spring_queue, 3).await?;
     let (report, items) = items(&mut bed.client, &error_queue).await?;
-    assert_eq!(items.len(), 2, "{report:?}");
+    assert_eq!(items.len(), 3, "{report:?}");
     let masstransit = items.iter().find(|i| i.message_key == "mt-1").unwrap();
     assert_eq!(
         masstransit.verdict(),
@@ -222,6 +226,9 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
     assert_eq!(masstransit.destination, "fulfil");
     let spring = items.iter().find(|i| i.message_key == "spring-1").unwrap();
     assert_eq!(spring.verdict(), Verdict::Replayable, "{}", spring.reason);
+    let copy = items.iter().rfind(|i| i.message_key == "spring-1").unwrap();
+    assert_ne!(copy.dead_letter_id, spring.dead_letter_id);
+    assert_eq!(copy.verdict(), Verdict::Duplicate, "{}", copy.reason);
     assert_eq!(
         spring.destination,
         format!("{orders}/order.created"),
