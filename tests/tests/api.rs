@@ -475,6 +475,26 @@ async fn a_batch_retried_under_its_ids_is_stored_once() -> anyhow::Result<()> {
     bed.finish().await
 }
 
+/// What a capture session left that stored two identical dead letters
+/// `body` and died before acking: the batch holding both copies.
+async fn crashed_with_copies(
+    store: &Store,
+    rules: &ExtractionRules,
+    body: &[u8],
+) -> anyhow::Result<i64> {
+    let (batch, _) = store
+        .insert_captured(
+            uuid::Uuid::new_v4(),
+            "q",
+            &[
+                rules.extract(raw(body, false)),
+                rules.extract(raw(body, false)),
+            ],
+        )
+        .await?;
+    Ok(batch)
+}
+
 /// A batch whose first attempt committed but whose commit reply was lost
 /// is retried: the stored copy its redelivery absorbed the first time
 /// absorbs it again, rather than the redelivery being stored a second time;
@@ -484,19 +504,8 @@ async fn a_retried_batch_absorbs_its_redelivery_once() -> anyhow::Result<()> {
     let bed = TestBed::without_broker(|_| {}).await?;
     let store = Store::from_pool(bed.pool().await?);
     let rules = ExtractionRules::default();
-    // A session stored two identical dead letters "x" (two copies, each
-    // absorbs one redelivery) and died before acking.
-    let crashed = uuid::Uuid::new_v4();
-    let (crashed_batch, _) = store
-        .insert_captured(
-            crashed,
-            "q",
-            &[
-                rules.extract(raw(b"x", false)),
-                rules.extract(raw(b"x", false)),
-            ],
-        )
-        .await?;
+    // Two copies of "x", each absorbs one redelivery.
+    let crashed_batch = crashed_with_copies(&store, &rules, b"x").await?;
     // The next session gets one of them redelivered, between two new ones.
     let session = uuid::Uuid::new_v4();
     let batch = vec![
@@ -545,6 +554,83 @@ async fn a_retried_batch_absorbs_its_redelivery_once() -> anyhow::Result<()> {
             .fetch_one(&pool)
             .await?;
     assert_eq!(batches, 1, "both attempts recorded one capture batch");
+    pool.close().await;
+    bed.finish().await
+}
+
+/// The one by one fallback stores a batch's dead letters in single
+/// transactions under the batch's ids (one capture batch). A redelivery
+/// there absorbs a copy only from an earlier session, never a row another
+/// dead letter of the batch stored or a copy another redelivery of it
+/// absorbed; retried, each absorbs the copy it absorbed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redeliveries_stored_one_by_one_absorb_one_copy_each() -> anyhow::Result<()> {
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let store = Store::from_pool(bed.pool().await?);
+    let rules = ExtractionRules::default();
+    let crashed_batch = crashed_with_copies(&store, &rules, b"c").await?;
+    // The next session's batch: "x" twice redelivered with no stored copy
+    // (its first session died before it committed), then both "c".
+    let session = uuid::Uuid::new_v4();
+    let batch: Vec<_> = [b"x", b"x", b"c", b"c"]
+        .iter()
+        .map(|body| rules.extract(raw(&body[..], true)))
+        .collect();
+    let taken = store.take_capture_ids(batch.len()).await?;
+    let one_by_one = |retry| {
+        let (store, batch, taken) = (&store, &batch, &taken);
+        async move {
+            let mut total = (0, 0);
+            for (position, dead_letter) in batch.iter().enumerate() {
+                let (batch_id, outcome) = store
+                    .insert_captured_as(
+                        session,
+                        "q",
+                        std::slice::from_ref(dead_letter),
+                        Some(TakenIds {
+                            batch: taken.batch,
+                            ids: &taken.rows[position..=position],
+                            retry,
+                        }),
+                    )
+                    .await?;
+                assert_eq!(batch_id, taken.batch);
+                total.0 += outcome.inserted;
+                total.1 += outcome.already_stored;
+            }
+            anyhow::Ok(total)
+        }
+    };
+    assert_eq!(
+        one_by_one(false).await?,
+        (2, 2),
+        "both x stored, both c absorbed"
+    );
+    let pool = bed.pool().await?;
+    let stored = || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (Vec<u8>, i64)>(
+                "SELECT body, capture_batch FROM dead_letters ORDER BY body, id",
+            )
+            .fetch_all(&pool)
+            .await
+        }
+    };
+    let expected = vec![
+        (b"c".to_vec(), taken.batch),
+        (b"c".to_vec(), taken.batch),
+        (b"x".to_vec(), taken.batch),
+        (b"x".to_vec(), taken.batch),
+    ];
+    assert_eq!(
+        stored().await?,
+        expected,
+        "x twice, and each copy of c in the new batch (none left in {crashed_batch})"
+    );
+    // Retried (its last commit's reply lost): the same.
+    assert_eq!(one_by_one(true).await?, (2, 2));
+    assert_eq!(stored().await?, expected, "nothing more after the retry");
     pool.close().await;
     bed.finish().await
 }

@@ -98,8 +98,10 @@ impl Store {
     /// before it and keeps queue order so. When retrying, what an earlier
     /// attempt committed is found under the same ids (a commit whose reply
     /// was lost, or a one by one fallback cut short): a dead letter it
-    /// stored counts as inserted, a stored copy it absorbed absorbs the same
-    /// redelivery again, so nothing is stored twice.
+    /// stored counts as inserted, and the stored copy it absorbed for a
+    /// redelivery (recorded on the copy as `absorbed_as`, the redelivery's
+    /// taken id) absorbs that redelivery again, so nothing is stored twice
+    /// and no copy absorbs two redeliveries.
     ///
     /// # Errors
     /// [`StoreError`]; nothing of the batch is stored then.
@@ -155,9 +157,6 @@ impl Store {
         let mut fresh = Vec::with_capacity(batch.len());
         let mut fresh_ids = Vec::with_capacity(batch.len());
         let mut absorbed = 0;
-        // Never a stored copy: this batch's own dead letters, and the copies
-        // this attempt absorbed already (each absorbs one redelivery).
-        let mut not_copies: Vec<i64> = ids.map(|taken| taken.ids.to_vec()).unwrap_or_default();
         // Stored by an earlier attempt of this batch: new all the same.
         let mut taken_back = 0;
         for (position, dead_letter) in batch.iter().enumerate() {
@@ -169,27 +168,29 @@ impl Store {
             }
             if dead_letter.dedup == Dedup::Fingerprint {
                 // A copy in a batch an earlier session committed but never
-                // acked, or one an earlier attempt of this batch absorbed
-                // (it is in this batch already: taken first, so that the
-                // attempt absorbs what the earlier one did).
+                // acked, or the one an earlier attempt of this batch
+                // absorbed for this very dead letter (`absorbed_as`, its
+                // taken id: taken first, so that the attempt absorbs what
+                // the earlier one did). A copy absorbed is in this
+                // session's batch from then on, so no other redelivery
+                // takes it.
+                let taken = ids.map(|taken| taken.ids[position]);
                 let matched: Option<i64> = sqlx::query_scalar(
-                    "UPDATE dead_letters d SET capture_batch = $4 WHERE d.id = ( \
+                    "UPDATE dead_letters d SET capture_batch = $4, absorbed_as = $5 WHERE d.id = ( \
                         SELECT s.id FROM dead_letters s JOIN capture_batches b ON b.id = s.capture_batch \
                         WHERE s.source = $1 AND s.capture_fingerprint = $2 \
-                          AND ((NOT b.acked AND b.session <> $3) \
-                               OR (s.capture_batch = $4 AND s.id <> ALL($5))) \
-                        ORDER BY s.capture_batch = $4 DESC, s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
+                          AND ((NOT b.acked AND b.session <> $3) OR s.absorbed_as = $5) \
+                        ORDER BY (s.absorbed_as = $5) IS TRUE DESC, s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
                      RETURNING d.id",
                 )
                 .bind(&dead_letter.source)
                 .bind(dead_letter.fingerprint.as_slice())
                 .bind(session)
                 .bind(batch_id)
-                .bind(&not_copies)
+                .bind(taken)
                 .fetch_optional(&mut *transaction)
                 .await?;
-                if let Some(copy) = matched {
-                    not_copies.push(copy);
+                if matched.is_some() {
                     absorbed += 1;
                     continue;
                 }
