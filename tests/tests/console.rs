@@ -250,7 +250,7 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     }
     browser.screenshot("live-plan").await?;
     // The gates promoted the plan (its observation window passed green):
-    // that is no trip, and the warnings stay shown.
+    // that is no trip.
     anyhow::ensure!(
         !browser.has("gate-trips").await?,
         "a promotion by the gates shown as a gate trip: {}",

@@ -212,7 +212,7 @@ async fn framework_error_queues_give_the_queue_or_a_route_that_only_exchange_mod
             )
             .await?;
     }
-    let mut bed = bed(broker, &[&error_queue, &spring_queue], 2).await?;
+    let mut bed = bed(broker, &[&error_queue, &spring_queue], 3).await?;
     captured(&mut bed.client, &spring_queue, 3).await?;
     let (report, items) = items(&mut bed.client, &error_queue).await?;
     assert_eq!(items.len(), 3, "{report:?}");
