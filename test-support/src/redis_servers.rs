@@ -44,6 +44,11 @@ impl RedisProcess {
         self.port
     }
 
+    /// Whether the server runs (not killed, or restarted since).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// `redis://127.0.0.1:{port}`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -229,7 +234,7 @@ fn base_args(port: u16, dir: &Path) -> Vec<String> {
     .to_vec()
 }
 
-/// The masters of a Redis Cluster on private ports, without replicas.
+/// A Redis Cluster on private ports: masters, and replicas when asked.
 /// Dropping it kills the nodes and deletes their files.
 pub struct RedisCluster {
     /// The nodes, in the order they were created.
@@ -246,9 +251,21 @@ impl RedisCluster {
     /// # Errors
     /// A node does not start or the cluster does not form within 20 s.
     pub fn start(masters: usize) -> anyhow::Result<Self> {
+        Self::start_with_replicas(masters, 0)
+    }
+
+    /// [`Self::start`] with `replicas` replicas of each master (`--cluster-replicas`):
+    /// `masters × (1 + replicas)` nodes, the masters first. Waits, besides,
+    /// until every replica's link to its master is up, so that a master
+    /// killed afterwards is failed over to a replica in sync.
+    ///
+    /// # Errors
+    /// A node does not start, or the cluster does not form or sync within
+    /// 20 s.
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> anyhow::Result<Self> {
         let dir = ScratchDir::new("redis_cluster")?;
         let mut nodes = Vec::new();
-        for _ in 0..masters {
+        for _ in 0..masters * (1 + replicas) {
             let port = free_port()?;
             let mut args = base_args(port, dir.path());
             args.extend(
@@ -278,13 +295,38 @@ impl RedisCluster {
             .collect();
         let mut create = vec!["--cluster", "create"];
         create.extend(addresses.iter().map(String::as_str));
-        create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let replicas = replicas.to_string();
+        create.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         let created = nodes[0].cli(&create)?;
         let cluster = Self { nodes, _dir: dir };
         cluster
             .wait_ok(Duration::from_secs(20))
             .with_context(|| format!("redis-cli --cluster create said: {created}"))?;
+        wait_for("every replica in sync", Duration::from_secs(20), || {
+            for node in &cluster.nodes {
+                let replication = node.cli(&["INFO", "replication"])?;
+                if replication.contains("role:slave")
+                    && !replication.contains("master_link_status:up")
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+        .with_context(|| format!("redis-cli --cluster create said: {created}"))?;
         Ok(cluster)
+    }
+
+    /// Whether the node at `index` is a master now (`ROLE`).
+    ///
+    /// # Errors
+    /// The node does not answer.
+    pub fn is_master(&self, index: usize) -> anyhow::Result<bool> {
+        Ok(self.nodes[index]
+            .cli(&["ROLE"])?
+            .lines()
+            .next()
+            .is_some_and(|role| role.trim() == "master"))
     }
 
     /// The seed URLs of every node, comma-separated (`--redis-url` with
@@ -303,7 +345,7 @@ impl RedisCluster {
     /// Not within `limit`.
     pub fn wait_ok(&self, limit: Duration) -> anyhow::Result<()> {
         wait_for("cluster_state:ok on every node", limit, || {
-            for node in self.nodes.iter().filter(|node| node.child.is_some()) {
+            for node in self.nodes.iter().filter(|node| node.is_running()) {
                 if !node.cli(&["CLUSTER", "INFO"])?.contains("cluster_state:ok") {
                     return Ok(false);
                 }
@@ -322,7 +364,7 @@ impl RedisCluster {
         let asker = self
             .nodes
             .iter()
-            .find(|node| node.child.is_some())
+            .find(|node| node.is_running())
             .context("no node runs")?;
         let slot: u16 = asker
             .cli(&["CLUSTER", "KEYSLOT", key])?

@@ -27,17 +27,18 @@ fn marks_on(node: &RedisProcess, prefix: &str) -> anyhow::Result<usize> {
         .count())
 }
 
-/// The node holding a token bucket key of `prefix` (the key lives while
-/// grants go on), if any.
-fn bucket_node(cluster: &RedisCluster, prefix: &str) -> anyhow::Result<Option<usize>> {
+/// The name of a token bucket key of `prefix` (the key lives while grants
+/// go on), as any running node lists it (a replica holds its master's keys).
+fn bucket_key(cluster: &RedisCluster, prefix: &str) -> anyhow::Result<Option<String>> {
     let pattern = format!("{prefix}bucket:*");
-    for (index, node) in cluster.nodes.iter().enumerate() {
-        if !node
+    for node in cluster.nodes.iter().filter(|node| node.is_running()) {
+        if let Some(key) = node
             .cli(&["--scan", "--pattern", &pattern])?
-            .trim()
-            .is_empty()
+            .lines()
+            .map(str::trim)
+            .find(|line| !line.is_empty())
         {
-            return Ok(Some(index));
+            return Ok(Some(key.to_owned()));
         }
     }
     Ok(None)
@@ -99,6 +100,15 @@ async fn replay_until_mid_plan(
     })
 }
 
+/// The Redis settings of an executor seeded with every node of `cluster`.
+fn on_cluster(cluster: &RedisCluster) -> impl FnOnce(&mut redrive_executor::Config) {
+    let urls = cluster.urls();
+    move |config| {
+        config.redis_url = Some(urls);
+        config.redis_cluster = true;
+    }
+}
+
 /// The checks after the replay: every message arrived exactly once, no
 /// second held more than rate + burst (plus 5% for the jitter between a
 /// grant and the consumer's receive time, as the other rate tests), and
@@ -144,14 +154,11 @@ async fn a_cluster_node_killed_mid_replay_pauses_publishing_and_loses_no_mark() 
         consuming,
         plan,
         executor,
-    } = replay_until_mid_plan(|config| {
-        config.redis_url = Some(cluster.urls());
-        config.redis_cluster = true;
-    })
-    .await?;
+    } = replay_until_mid_plan(on_cluster(&cluster)).await?;
 
-    let victim = bucket_node(&cluster, &prefix)?
+    let key = bucket_key(&cluster, &prefix)?
         .ok_or_else(|| anyhow::anyhow!("no node holds the bucket mid-replay"))?;
+    let victim = cluster.node_of(&key)?;
     // The message keys differ in a few digits, and CRC16 (the slot's hash)
     // is linear: the slots of the first 150 or so can miss one node's range
     // altogether (a quarter of the prefixes do). The first 310 reach every
@@ -223,6 +230,87 @@ async fn a_cluster_node_killed_mid_replay_pauses_publishing_and_loses_no_mark() 
         marks >= early,
         "every message delivered a second before the kill is marked: {marks} marks, {early} early"
     );
+    bed.finish().await
+}
+
+/// A Redis Cluster of 3 masters, each with a replica in sync; the master
+/// holding the destination's bucket is killed (`SIGKILL`) mid-plan (after
+/// 150 of 600 deliveries at 100/s, burst 10) and never comes back. Its
+/// replica is promoted (node timeout 1 s); the executor, told only the
+/// seed URLs, follows the slot to it (the cluster answers `MOVED` or the
+/// old address refuses). Nothing is published from a second after the kill
+/// until the promotion; publishing resumes after it; the plan completes;
+/// each message arrives once; no second exceeds the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_master_killed_mid_replay_fails_over_to_its_replica() -> anyhow::Result<()> {
+    init_logging();
+    let mut cluster =
+        tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(3, 1)).await??;
+    let Outage {
+        mut bed,
+        prefix,
+        received,
+        consuming,
+        plan,
+        executor,
+    } = replay_until_mid_plan(on_cluster(&cluster)).await?;
+
+    let key = bucket_key(&cluster, &prefix)?
+        .ok_or_else(|| anyhow::anyhow!("no node holds the bucket mid-replay"))?;
+    let victim = cluster.node_of(&key)?;
+    anyhow::ensure!(cluster.is_master(victim)?, "the bucket's node is a master");
+    let cut_at = Instant::now();
+    cluster.nodes[victim].kill();
+    let delivered_at_cut = received.lock().unwrap().len();
+    let (cluster, heir) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(heir) = cluster.node_of(&key)
+                && heir != victim
+                && cluster.is_master(heir)?
+            {
+                return Ok((cluster, heir));
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "no replica was promoted within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await??;
+    let promoted_at = Instant::now();
+    tracing::info!(
+        victim,
+        heir,
+        after = ?(promoted_at - cut_at),
+        "the bucket's master failed over to its replica"
+    );
+    assert!(
+        delivered_at_cut < ITEMS as usize,
+        "the kill came mid-plan ({delivered_at_cut} delivered)"
+    );
+    // The promotion is seen by polling, up to some 0.5 s after it happened
+    // (Redis elects the replica at least 1.5 s after the kill: 1 s node
+    // timeout, then 0.5 s and a random delay).
+    let seen_late = Duration::from_millis(500);
+    let during = received_between(&received, cut_at, promoted_at - seen_late);
+    assert!(
+        during.iter().all(|after| *after < Duration::from_secs(1)),
+        "nothing is published while the bucket's master is down and not yet replaced \
+         (fail closed): deliveries {during:?} after the kill, promotion seen after {:?}",
+        promoted_at - cut_at
+    );
+
+    wait_completed(&mut bed.client, &plan.plan_id, Duration::from_secs(90)).await?;
+    executor.stop().await?;
+    let received = drain(&received, consuming, Duration::from_millis(300)).await?;
+    assert!(
+        received.iter().any(|r| r.at > promoted_at),
+        "publishing went on after the replica was promoted"
+    );
+    assert_exactly_once_within_rate(&bed, &plan.plan_id, &received).await?;
+    drop(cluster);
     bed.finish().await
 }
 
