@@ -635,6 +635,70 @@ async fn redeliveries_stored_one_by_one_absorb_one_copy_each() -> anyhow::Result
     bed.finish().await
 }
 
+/// A retry absorbs the copy its first attempt absorbed even when that is
+/// not the first copy, and waits for it while another transaction holds it
+/// (a body repair, an archive) rather than taking the other copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_absorbs_its_own_copy_even_while_it_is_locked() -> anyhow::Result<()> {
+    let bed = TestBed::without_broker(|_| {}).await?;
+    let store = Store::from_pool(bed.pool().await?);
+    let rules = ExtractionRules::default();
+    let crashed_batch = crashed_with_copies(&store, &rules, b"x").await?;
+    let pool = bed.pool().await?;
+    let copies: Vec<i64> = sqlx::query_scalar("SELECT id FROM dead_letters ORDER BY id")
+        .fetch_all(&pool)
+        .await?;
+    let lock = |copy: i64| {
+        let pool = pool.clone();
+        async move {
+            let mut holder = pool.begin().await?;
+            sqlx::query("SELECT id FROM dead_letters WHERE id = $1 FOR UPDATE")
+                .bind(copy)
+                .execute(&mut *holder)
+                .await?;
+            anyhow::Ok(holder)
+        }
+    };
+    let session = uuid::Uuid::new_v4();
+    let batch = [rules.extract(raw(b"x", true))];
+    let taken = store.take_capture_ids(1).await?;
+    let attempt = |retry| TakenIds {
+        batch: taken.batch,
+        ids: &taken.rows,
+        retry,
+    };
+    // The first copy is held while the first attempt runs: it absorbs the
+    // second, and commits (its reply lost).
+    let holder = lock(copies[0]).await?;
+    let (_, first) = store
+        .insert_captured_as(session, "q", &batch, Some(attempt(false)))
+        .await?;
+    assert_eq!((first.inserted, first.already_stored), (0, 1));
+    holder.rollback().await?;
+    // The retry runs while the second copy is held, for 300 ms.
+    let holder = lock(copies[1]).await?;
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        holder.rollback().await
+    });
+    let (batch_id, retried) = store
+        .insert_captured_as(session, "q", &batch, Some(attempt(true)))
+        .await?;
+    release.await??;
+    assert_eq!((retried.inserted, retried.already_stored), (0, 1));
+    let stored: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, capture_batch FROM dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(
+        stored,
+        vec![(copies[0], crashed_batch), (copies[1], batch_id)],
+        "the retry took its own copy again; the other still waits for its redelivery"
+    );
+    pool.close().await;
+    bed.finish().await
+}
+
 /// Routing keys and capture notes are stored as the lists they are, for
 /// any text: separators, braces, quotes, backslashes, white space, an empty
 /// string, the word NULL, non-ASCII, and NUL (stored as U+FFFD); through

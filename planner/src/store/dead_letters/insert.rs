@@ -167,20 +167,40 @@ impl Store {
                 continue;
             }
             if dead_letter.dedup == Dedup::Fingerprint {
-                // A copy in a batch an earlier session committed but never
-                // acked, or the one an earlier attempt of this batch
-                // absorbed for this very dead letter (`absorbed_as`, its
-                // taken id: taken first, so that the attempt absorbs what
-                // the earlier one did). A copy absorbed is in this
-                // session's batch from then on, so no other redelivery
-                // takes it.
                 let taken = ids.map(|taken| taken.ids[position]);
+                // On a retry, first the copy an earlier attempt of this batch
+                // absorbed for this very dead letter (`absorbed_as`, its
+                // taken id), waiting for it if another transaction holds it
+                // (a repair, an archive): skipped, another copy would be
+                // taken and this one left in the batch, a duplicate.
+                if let Some(taken) = taken
+                    && ids.is_some_and(|ids| ids.retry)
+                {
+                    let own: Option<i64> = sqlx::query_scalar(
+                        "UPDATE dead_letters SET capture_batch = $3 \
+                         WHERE source = $1 AND capture_fingerprint = $2 AND absorbed_as = $4 \
+                         RETURNING id",
+                    )
+                    .bind(&dead_letter.source)
+                    .bind(dead_letter.fingerprint.as_slice())
+                    .bind(batch_id)
+                    .bind(taken)
+                    .fetch_optional(&mut *transaction)
+                    .await?;
+                    if own.is_some() {
+                        absorbed += 1;
+                        continue;
+                    }
+                }
+                // Else a copy in a batch an earlier session committed but
+                // never acked, marked with the taken id. A copy absorbed is
+                // in this session's batch from then on, so no other
+                // redelivery takes it.
                 let matched: Option<i64> = sqlx::query_scalar(
                     "UPDATE dead_letters d SET capture_batch = $4, absorbed_as = $5 WHERE d.id = ( \
                         SELECT s.id FROM dead_letters s JOIN capture_batches b ON b.id = s.capture_batch \
-                        WHERE s.source = $1 AND s.capture_fingerprint = $2 \
-                          AND ((NOT b.acked AND b.session <> $3) OR s.absorbed_as = $5) \
-                        ORDER BY (s.absorbed_as = $5) IS TRUE DESC, s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
+                        WHERE s.source = $1 AND s.capture_fingerprint = $2 AND NOT b.acked AND b.session <> $3 \
+                        ORDER BY s.id LIMIT 1 FOR UPDATE OF s SKIP LOCKED) \
                      RETURNING d.id",
                 )
                 .bind(&dead_letter.source)
