@@ -675,16 +675,34 @@ async fn a_retry_absorbs_its_own_copy_even_while_it_is_locked() -> anyhow::Resul
         .await?;
     assert_eq!((first.inserted, first.already_stored), (0, 1));
     holder.rollback().await?;
-    // The retry runs while the second copy is held, for 300 ms.
+    // The retry runs while the second copy is held: it waits for it (a
+    // backend of this database waits for a lock), and takes it once let go.
     let holder = lock(copies[1]).await?;
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        holder.rollback().await
-    });
-    let (batch_id, retried) = store
-        .insert_captured_as(session, "q", &batch, Some(attempt(true)))
-        .await?;
-    release.await??;
+    let retry = store.insert_captured_as(session, "q", &batch, Some(attempt(true)));
+    let release = async {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await?;
+            if waiting > 0 {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the retry never waited for its own copy"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        holder.rollback().await?;
+        anyhow::Ok(())
+    };
+    let (retried, released) = tokio::join!(retry, release);
+    released?;
+    let (batch_id, retried) = retried?;
     assert_eq!((retried.inserted, retried.already_stored), (0, 1));
     let stored: Vec<(i64, i64)> =
         sqlx::query_as("SELECT id, capture_batch FROM dead_letters ORDER BY id")

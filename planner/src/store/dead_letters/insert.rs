@@ -176,7 +176,7 @@ impl Store {
                 if let Some(taken) = taken
                     && ids.is_some_and(|ids| ids.retry)
                 {
-                    let own: Option<i64> = sqlx::query_scalar(
+                    let own: Vec<i64> = sqlx::query_scalar(
                         "UPDATE dead_letters SET capture_batch = $3 \
                          WHERE source = $1 AND capture_fingerprint = $2 AND absorbed_as = $4 \
                          RETURNING id",
@@ -185,9 +185,19 @@ impl Store {
                     .bind(dead_letter.fingerprint.as_slice())
                     .bind(batch_id)
                     .bind(taken)
-                    .fetch_optional(&mut *transaction)
+                    .fetch_all(&mut *transaction)
                     .await?;
-                    if own.is_some() {
+                    if own.len() > 1 {
+                        // Only if an earlier attempt was still running when
+                        // a later one missed its copy: those copies stay
+                        // in this batch, each a dead letter stored twice.
+                        tracing::warn!(
+                            source,
+                            copies = ?own,
+                            "one redelivery absorbed by several stored copies"
+                        );
+                    }
+                    if !own.is_empty() {
                         absorbed += 1;
                         continue;
                     }
