@@ -25,8 +25,10 @@
 //!   derived fields (body, properties and headers kept exactly, noted), so one
 //!   odd message never stalls its queue.
 //! - lapin cannot read a delivery (a short string that is not UTF-8, a header
-//!   frame over `frame_max`): it ends the connection, and the broker
-//!   requeues every message the session held; they come back first. The next
+//!   frame over `frame_max`): the guard ([`guard`]) ends the connection
+//!   before lapin reads it, and the broker requeues every message the
+//!   session held; they come back first. That is no failure (no backoff, no
+//!   capture error counted): at once, the next
 //!   round takes up to `prefetch` messages one at a time with the fallback
 //!   reader ([`raw`], `basic.get`, no prefetch), so they are not returned
 //!   again and again with every restart; readable ones are stored and
@@ -145,6 +147,11 @@ pub enum CaptureError {
     /// the next one takes its messages again.
     #[error("the capture writer stopped: a batch could not be stored")]
     WriterStopped,
+    /// The capture guard closed the connection at a delivery lapin cannot
+    /// read safely (the problems named, or a frame over `frame_max`): not a
+    /// failure, the next round takes the messages one at a time at once.
+    #[error("a delivery the AMQP client cannot read: {0}")]
+    Unreadable(String),
 }
 
 /// The queue an unreadable message of `queue` is moved to.
@@ -173,6 +180,12 @@ fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
 /// [`HEALTHY_SESSION`]); after a session that failed while consuming, and
 /// whenever the connection holding unparkable messages has ended, the
 /// messages back in the queue are first taken one at a time (`isolate`).
+/// A session the guard ended at an unreadable delivery
+/// ([`CaptureError::Unreadable`]) is not a failure: the messages are taken
+/// one at a time at once, and once that round has taken messages (the
+/// stopped one among them) the backoff starts over, so a queue with many
+/// unreadable messages is not slowed down by them (a round that found the
+/// queue empty waits, so the guard and the round cannot spin).
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -185,6 +198,8 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                 let mut backoff = Backoff::new(Duration::from_millis(200), config.reconnect_max);
                 let mut delay;
                 let mut isolating = false;
+                // The last session ended at a delivery the guard stopped.
+                let mut stopped_at_unreadable = false;
                 // The connection holding unreadable messages that could not
                 // be moved aside, unacked.
                 let mut held: Option<raw::RawConnection> = None;
@@ -201,12 +216,25 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                         isolating = true;
                     }
                     if isolating {
+                        let after_unreadable = stopped_at_unreadable;
                         match isolate(&config, &queue, &store, &shutdown, &mut held).await {
-                            Ok(taken) => {
-                                info!(taken, "messages held by the failed session taken one at a time; consuming again");
-                                // The backoff goes on: only a session that
-                                // ran for a while starts it over.
+                            Ok(round) if after_unreadable && round.taken == 0 => {
                                 isolating = false;
+                                stopped_at_unreadable = false;
+                                delay = backoff.next_delay();
+                                warn!(retry_in_ms = delay.as_millis() as u64, "the guard stopped a delivery, but no message was left to take one at a time; consuming again after a delay");
+                            }
+                            Ok(round) => {
+                                info!(taken = round.taken, quarantined = round.quarantined, "messages held by the failed session taken one at a time; consuming again");
+                                // The backoff goes on after a failure: only
+                                // a session that ran for a while starts it
+                                // over. An unreadable message dealt with was
+                                // no failure.
+                                if after_unreadable {
+                                    backoff.reset();
+                                }
+                                isolating = false;
+                                stopped_at_unreadable = false;
                                 continue;
                             }
                             Err(raw::RawError::Unsupported(why)) => {
@@ -231,6 +259,15 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 config.status.set_problem(&queue, Some(STREAM_REFUSAL.to_owned()));
                                 tracing::error!(queue = %queue, "capture queue {queue} {STREAM_REFUSAL}");
                                 break;
+                            }
+                            Err(CaptureError::Unreadable(why)) => {
+                                // Known and handled: no error counted, no
+                                // delay; the round takes them at once.
+                                info!(%why, "the guard stopped a delivery the AMQP client cannot read; taking messages one at a time");
+                                config.status.set_problem(&queue, Some(format!("taking messages one at a time after a delivery the AMQP client cannot read: {why}")));
+                                isolating = true;
+                                stopped_at_unreadable = true;
+                                continue;
                             }
                             Err(CaptureError::MissingQueue(_)) => {
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);

@@ -175,12 +175,18 @@ async fn wait_ready(
 
 /// Waits until `count` dead letters of `dlq` are stored and the DLQ is
 /// empty, gives redeliveries 500 ms to show up (none may), and lists them.
+/// A capture that stops short says how many it stored and how many are
+/// still ready in the DLQ.
 async fn settled_dead_letters(
     bed: &mut TestBed,
     dlq: &str,
     count: u64,
 ) -> anyhow::Result<Vec<v1::DeadLetter>> {
-    captured(&mut bed.client, dlq, count).await?;
+    if let Err(error) = captured(&mut bed.client, dlq, count).await {
+        let stored = stored_total(&mut bed.client, dlq).await?;
+        let ready = bed.broker().ready_count(dlq).await?;
+        anyhow::bail!("{error}: stored {stored} of {count}; {ready} still ready in the DLQ");
+    }
     wait_ready(
         bed.broker(),
         "the DLQ to empty",
@@ -347,6 +353,19 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         ),
         kinds.len() as f64,
         "each unreadable message counted once, as parked:\n{text}"
+    );
+    // Stopping at an unreadable message is no capture failure: none is
+    // counted, and none waits for the growing reconnect backoff (the five
+    // kinds here used to count five failed sessions and wait 6 to 12 s).
+    assert_eq!(
+        metric_total(
+            &text,
+            "redrive_planner_capture_errors_total",
+            &[("redrive_source", &dlq)],
+            &[]
+        ),
+        0.0,
+        "capture errors counted for unreadable messages:\n{text}"
     );
     for (problem, _) in &kinds {
         assert!(

@@ -14,12 +14,21 @@
 //! value). When it finds a problem it closes both sides instead of passing
 //! the frame on: lapin sees a lost connection, the session ends, and the
 //! next round takes the messages one at a time with the fallback reader,
-//! which stores the bad one as a placeholder and moves it aside.
+//! which stores the bad one as a placeholder and moves it aside. It also
+//! stops a frame larger than the `frame_max` the broker announced in its
+//! `connection.tune` (AMQP 0-9-1 §4.2.3: a peer must not send larger
+//! frames, and lapin ends the connection at one). The guard says why it
+//! stopped ([`Guard::stopped_for`]), so that the session's end is known for
+//! what it is, a message to take one at a time, and not a failure to back
+//! off from.
 //!
 //! Only `amqp://` can be read this way; with `amqps://` lapin connects
 //! directly (unguarded).
 
-use std::net::SocketAddr;
+use std::{
+    net::SocketAddr,
+    sync::{Arc, OnceLock},
+};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -37,6 +46,8 @@ pub struct Guard {
     /// Cancelled once the relay has ended (either side closed, the broker
     /// could not be reached, or a header had a problem).
     ended: CancellationToken,
+    /// Why the relay stopped a frame, once it has.
+    stopped: Arc<OnceLock<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -56,6 +67,8 @@ impl Guard {
         let local = listener.local_addr()?;
         let ended = CancellationToken::new();
         let relay_ended = ended.clone();
+        let stopped = Arc::new(OnceLock::new());
+        let relay_stopped = Arc::clone(&stopped);
         let task = tokio::spawn(async move {
             // However the relay ends, lapin's connection is over.
             let _ended = relay_ended.drop_guard();
@@ -72,9 +85,24 @@ impl Guard {
             };
             let _ = client.set_nodelay(true);
             let _ = broker.set_nodelay(true);
-            relay(client, broker).await;
+            if let Err(why) = relay(client, broker).await {
+                // Recorded before `ended` is cancelled (when this task ends).
+                let _ = relay_stopped.set(why);
+            }
         });
-        Ok(Self { local, ended, task })
+        Ok(Self {
+            local,
+            ended,
+            stopped,
+            task,
+        })
+    }
+
+    /// Why the relay closed the connection instead of passing a frame on
+    /// (the problems of a content header, or a frame over `frame_max`), if
+    /// it did; `None` while it runs and when either side ended it.
+    pub fn stopped_for(&self) -> Option<String> {
+        self.stopped.get().cloned()
     }
 
     /// Cancelled once the relay has ended: lapin's connection is over,
@@ -86,28 +114,40 @@ impl Guard {
 }
 
 /// Copies client → broker as it is, and broker → client frame by frame,
-/// until either side ends or a header frame has a problem.
-async fn relay(client: TcpStream, broker: TcpStream) {
+/// until either side ends (`Ok`) or a frame has a problem (`Err(why)`).
+async fn relay(client: TcpStream, broker: TcpStream) -> Result<(), String> {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut broker_read, mut broker_write) = broker.into_split();
     let upstream = async {
         let _ = tokio::io::copy(&mut client_read, &mut broker_write).await;
     };
     let downstream = async {
-        if let Err(why) = screen(&mut broker_read, &mut client_write).await {
+        let screened = screen(&mut broker_read, &mut client_write).await;
+        if let Err(why) = &screened {
             warn!(%why, "capture guard: closing the connection before lapin reads a delivery it cannot read safely");
         }
+        screened
     };
     // Whichever side ends first ends both: dropping the halves closes them.
     tokio::select! {
-        () = upstream => {}
-        () = downstream => {}
+        () = upstream => Ok(()),
+        screened = downstream => screened,
     }
 }
 
 /// Bytes read from the broker at once, and the most the relay holds before
 /// passing them on.
 const RELAY_BUFFER: usize = 256 * 1024;
+
+/// The `frame_max` of a `connection.tune` method frame's payload (class
+/// 10, method 30: `channel-max` short, `frame-max` long, `heartbeat` short;
+/// AMQP 0-9-1 §1.4.2.5), `None` for any other method.
+fn tuned_frame_max(payload: &[u8]) -> Option<u32> {
+    match payload {
+        [0, 10, 0, 30, _, _, a, b, c, d, ..] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
+        _ => None,
+    }
+}
 
 /// Forwards frames from `from` to `to`; returns why it stopped early. Reads
 /// are buffered and what was read is passed on in one write whenever the
@@ -120,6 +160,8 @@ async fn screen(
     let mut from = tokio::io::BufReader::with_capacity(RELAY_BUFFER, from);
     let mut out: Vec<u8> = Vec::with_capacity(RELAY_BUFFER);
     let mut head = [0u8; 7];
+    // The broker's `frame_max` from its `connection.tune` (0: no limit).
+    let mut frame_max = 0u32;
     loop {
         if (from.buffer().is_empty() || out.len() >= RELAY_BUFFER) && !out.is_empty() {
             if to.write_all(&out).await.is_err() {
@@ -141,14 +183,30 @@ async fn screen(
             return Ok(());
         }
         let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]);
-        if size > raw::MAX_INBOUND_FRAME {
-            return Err(format!("a frame of {size} bytes"));
+        // A frame is its 7-byte head, its payload and the frame-end octet.
+        let frame = u64::from(size) + 8;
+        let over_frame_max = frame_max != 0 && frame > u64::from(frame_max);
+        if over_frame_max || size > raw::MAX_INBOUND_FRAME {
+            // Frames before it are passed on; this one and after, never.
+            let _ = to.write_all(&out).await;
+            return Err(if over_frame_max {
+                format!(
+                    "a frame of {frame} bytes, over the frame_max of {frame_max} the broker announced"
+                )
+            } else {
+                format!("a frame of {frame} bytes")
+            });
         }
         let start = out.len();
         out.extend_from_slice(&head);
         out.resize(start + 7 + size as usize + 1, 0);
         if from.read_exact(&mut out[start + 7..]).await.is_err() {
             return Ok(());
+        }
+        if head[0] == 1
+            && let Some(announced) = tuned_frame_max(&out[start + 7..start + 7 + size as usize])
+        {
+            frame_max = announced;
         }
         if head[0] == 2 {
             let header = &out[start + 7..start + 7 + size as usize];
@@ -167,5 +225,64 @@ async fn screen(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame of `kind` on `channel` with `payload`.
+    fn frame(kind: u8, channel: u16, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![kind];
+        out.extend_from_slice(&channel.to_be_bytes());
+        out.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+        out.extend_from_slice(payload);
+        out.push(0xCE);
+        out
+    }
+
+    /// `connection.tune` announcing `frame_max`.
+    fn tune(frame_max: u32) -> Vec<u8> {
+        let mut payload = vec![0, 10, 0, 30, 0x07, 0xFF];
+        payload.extend_from_slice(&frame_max.to_be_bytes());
+        payload.extend_from_slice(&60u16.to_be_bytes());
+        frame(1, 0, &payload)
+    }
+
+    /// The big-header kind of tests/tests/unreadable.rs: a frame that
+    /// `x-death` pushed over the broker's `frame_max` is stopped, with the
+    /// frames before it passed on and none after; one exactly at it passes.
+    #[tokio::test]
+    async fn a_frame_over_the_announced_frame_max_is_stopped() {
+        let heartbeat = frame(8, 0, &[]);
+        let at_limit = frame(3, 1, &vec![b'x'; 4096 - 8]);
+        let over = frame(3, 1, &vec![b'x'; 4096 - 7]);
+        let input = [
+            tune(4096),
+            heartbeat,
+            at_limit,
+            over.clone(),
+            frame(8, 0, &[]),
+        ]
+        .concat();
+        let mut passed = Vec::new();
+        let why = screen(&mut input.as_slice(), &mut passed)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            why,
+            "a frame of 4097 bytes, over the frame_max of 4096 the broker announced"
+        );
+        assert_eq!(passed, input[..input.len() - over.len() - 8]);
+    }
+
+    /// Without a `frame_max` (0: no limit) only the hard ceiling applies.
+    #[tokio::test]
+    async fn no_announced_frame_max_passes_large_frames() {
+        let input = [tune(0), frame(3, 1, &vec![b'x'; 300_000])].concat();
+        let mut passed = Vec::new();
+        screen(&mut input.as_slice(), &mut passed).await.unwrap();
+        assert_eq!(passed, input);
     }
 }

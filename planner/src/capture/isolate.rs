@@ -51,9 +51,19 @@ fn unparkable(
     None
 }
 
+/// What one round of [`isolate`] did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Isolated {
+    /// Messages taken from the queue.
+    pub taken: usize,
+    /// Of them, unreadable ones moved aside or held.
+    pub quarantined: usize,
+}
+
 /// Takes up to `prefetch` messages of `queue` one at a time with the fallback
 /// reader: the messages a failed session held come back first, so the one
-/// lapin could not read is among them. Returns how many were taken.
+/// lapin could not read is among them. Returns how many were taken and how
+/// many of them were unreadable.
 ///
 /// Each message is stored before it is acked, as in a session. A readable one
 /// becomes an ordinary dead letter. One with problems ([`raw::DecodedHeader`])
@@ -83,7 +93,7 @@ pub(super) async fn isolate(
     store: &Store,
     shutdown: &CancellationToken,
     held: &mut Option<raw::RawConnection>,
-) -> Result<usize, raw::RawError> {
+) -> Result<Isolated, raw::RawError> {
     // Reuse the holding connection while it lives: what it holds stays held.
     let mut connection = match held.take() {
         Some(mut holding) => {
@@ -105,7 +115,7 @@ pub(super) async fn isolate(
         parking: unreadable_queue(queue),
         parker: None,
     };
-    let mut taken = 0;
+    let mut taken = Isolated::default();
     let outcome = round.take_messages(&mut connection, &mut taken).await;
     if let Some(parker) = round.parker {
         parker.close().await;
@@ -151,14 +161,19 @@ impl Round<'_> {
     async fn take_messages(
         &mut self,
         connection: &mut raw::RawConnection,
-        taken: &mut usize,
+        taken: &mut Isolated,
     ) -> Result<(), raw::RawError> {
-        while *taken < usize::from(self.config.prefetch.max(1)) && !self.shutdown.is_cancelled() {
+        while taken.taken < usize::from(self.config.prefetch.max(1))
+            && !self.shutdown.is_cancelled()
+        {
             let Some(message) = connection.get(self.queue).await? else {
                 break;
             };
-            *taken += 1;
-            if !self.take(connection, &message).await? {
+            taken.taken += 1;
+            if !self
+                .take(connection, &message, &mut taken.quarantined)
+                .await?
+            {
                 break;
             }
         }
@@ -166,12 +181,14 @@ impl Round<'_> {
     }
 
     /// Stores `message`, parks it first when it is unreadable, and acks it,
-    /// or leaves it held unacked on `connection` when it cannot be moved.
+    /// or leaves it held unacked on `connection` when it cannot be moved;
+    /// counts it in `quarantined` once stored when it is unreadable.
     /// `Ok(false)`: shutdown came before it was stored (it stays unacked).
     async fn take(
         &mut self,
         connection: &mut raw::RawConnection,
         message: &raw::RawMessage,
+        quarantined: &mut usize,
     ) -> Result<bool, raw::RawError> {
         let decoded = raw::decode_content_header(&message.header).unwrap_or_else(|error| {
             raw::DecodedHeader {
@@ -219,6 +236,7 @@ impl Round<'_> {
                 Quarantine::Held
             };
             self.store.metrics().quarantined(self.queue, how);
+            *quarantined += 1;
         }
         if parked.is_err() {
             // Held: left unacked on this connection.

@@ -27,7 +27,9 @@ use crate::{
     store::Store,
 };
 
-/// One connection's worth of consuming `queue`. `Ok` on shutdown.
+/// One connection's worth of consuming `queue`. `Ok` on shutdown;
+/// [`CaptureError::Unreadable`] when the guard stopped a delivery lapin
+/// cannot read, whatever lapin made of the closed connection.
 pub(super) async fn session(
     config: &CaptureConfig,
     queue: &str,
@@ -40,6 +42,24 @@ pub(super) async fn session(
     // connection closed while it was being set up, so every wait of the
     // session also ends with the relay (never, unguarded).
     let lost = guard.as_ref().map(guard::Guard::ended).unwrap_or_default();
+    let outcome = consume_queue(config, queue, store, shutdown, consumed, (uri, node), &lost).await;
+    match (outcome, guard.as_ref().and_then(guard::Guard::stopped_for)) {
+        (Err(_), Some(why)) => Err(CaptureError::Unreadable(why)),
+        (outcome, _) => outcome,
+    }
+}
+
+/// [`session`] on a connection to `uri` (of `node`), ending when `lost` is
+/// cancelled.
+async fn consume_queue(
+    config: &CaptureConfig,
+    queue: &str,
+    store: &Store,
+    shutdown: &CancellationToken,
+    consumed: &mut bool,
+    (uri, node): (AMQPUri, AmqpNode),
+    lost: &CancellationToken,
+) -> Result<(), CaptureError> {
     let (connection, channel, mut consumer, depth_probe) = tokio::select! {
         // A setup that ended (a missing queue, a stream) says why first.
         biased;
@@ -76,7 +96,7 @@ pub(super) async fn session(
         )
         .in_current_span(),
     );
-    let outcome = gather(config, queue, &mut consumer, &batches, shutdown, &lost).await;
+    let outcome = gather(config, queue, &mut consumer, &batches, shutdown, lost).await;
     depth.abort();
     drop(batches);
     if matches!(outcome, Err(CaptureError::StreamQueue(_))) {
