@@ -184,8 +184,9 @@ fn delay_after_session(backoff: &mut Backoff, ran: Duration) -> Duration {
 /// ([`CaptureError::Unreadable`]) is not a failure: the messages are taken
 /// one at a time at once, and once that round has taken messages (the
 /// stopped one among them) the backoff starts over, so a queue with many
-/// unreadable messages is not slowed down by them (a round that found the
-/// queue empty waits, so the guard and the round cannot spin).
+/// unreadable messages is not slowed down by them. A round that took
+/// nothing (the queue empty) or could not run (the fallback reader refused)
+/// waits the next delay, so the guard and the round never spin.
 pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToken) {
     let mut sessions = tokio::task::JoinSet::new();
     for queue in config.queues.clone() {
@@ -236,6 +237,14 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 isolating = false;
                                 stopped_at_unreadable = false;
                                 continue;
+                            }
+                            Err(raw::RawError::Unsupported(why)) if after_unreadable => {
+                                // The session would meet the same message
+                                // at once: wait, as after a failure.
+                                isolating = false;
+                                stopped_at_unreadable = false;
+                                delay = backoff.next_delay();
+                                warn!(%why, retry_in_ms = delay.as_millis() as u64, "cannot take messages one at a time; consuming again after a delay");
                             }
                             Err(raw::RawError::Unsupported(why)) => {
                                 warn!(%why, "cannot take messages one at a time; consuming again");

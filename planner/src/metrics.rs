@@ -9,7 +9,7 @@
 //! | `redrive.planner.dead_letters.captured` | counter | `{dead_letter}` | `redrive.source`, `redrive.reason_class` (RabbitMQ capture; new dead letters, not redeliveries) |
 //! | `redrive.planner.dead_letters.redead` | counter | `{dead_letter}` | `redrive.source`: captured dead letters carrying `redrive-plan-id` (a replay came back) |
 //! | `redrive.planner.dead_letters.quarantined` | counter | `{dead_letter}` | `redrive.source`, `redrive.quarantine` (`parked`: moved byte for byte to `<queue>.unreadable`; `held`: left unacked in the DLQ): messages the AMQP client cannot read |
-//! | `redrive.planner.capture.errors` | counter | `{error}` | `redrive.source`, `error.type` (`session`: the consumer's connection or channel ended, not counting the guard's stop at an unreadable delivery, which `quarantined` counts; `store`: a batch could not be written) |
+//! | `redrive.planner.capture.errors` | counter | `{error}` | `redrive.source`, `error.type` (`session`: the consumer's connection or channel ended, not counting the guard's stop at a delivery lapin cannot read (the message is then counted by `captured` or `quarantined`); `store`: a batch could not be written) |
 //! | `redrive.planner.precheck.duration` | histogram | `s` | `redrive.outcome` (`done`, `failed`) |
 //! | `redrive.planner.precheck.verdicts` | counter | `{dead_letter}` | `redrive.verdict` |
 //! | `redrive.planner.items` | counter | `{item}` | `redrive.audit.action`: audit events executors reported |

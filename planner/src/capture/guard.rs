@@ -15,9 +15,10 @@
 //! the frame on: lapin sees a lost connection, the session ends, and the
 //! next round takes the messages one at a time with the fallback reader,
 //! which stores the bad one as a placeholder and moves it aside. It also
-//! stops a frame larger than the `frame_max` the broker announced in its
-//! `connection.tune` (AMQP 0-9-1 §4.2.3: a peer must not send larger
-//! frames, and lapin ends the connection at one). The guard says why it
+//! stops a frame larger than the `frame_max` lapin negotiates: the smaller
+//! of the broker's `connection.tune` and lapin's own (the URI's
+//! `frame_max`), as lapin computes it (AMQP 0-9-1 §4.2.3: a peer must not
+//! send larger frames, and lapin ends the connection at one). The guard says why it
 //! stopped ([`Guard::stopped_for`]), so that the session's end is known for
 //! what it is, a message to take one at a time, and not a failure to back
 //! off from.
@@ -58,11 +59,12 @@ impl Drop for Guard {
 }
 
 impl Guard {
-    /// Listens for one connection and relays it to `host:port`.
+    /// Listens for one connection and relays it to `host:port`; lapin is
+    /// configured with `frame_max` (0: none, take the broker's).
     ///
     /// # Errors
     /// When no local port can be bound.
-    pub async fn start(host: String, port: u16) -> std::io::Result<Self> {
+    pub async fn start(host: String, port: u16, frame_max: u32) -> std::io::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let local = listener.local_addr()?;
         let ended = CancellationToken::new();
@@ -85,10 +87,7 @@ impl Guard {
             };
             let _ = client.set_nodelay(true);
             let _ = broker.set_nodelay(true);
-            if let Err(why) = relay(client, broker).await {
-                // Recorded before `ended` is cancelled (when this task ends).
-                let _ = relay_stopped.set(why);
-            }
+            relay(client, broker, frame_max, &relay_stopped).await;
         });
         Ok(Self {
             local,
@@ -114,24 +113,36 @@ impl Guard {
 }
 
 /// Copies client → broker as it is, and broker → client frame by frame,
-/// until either side ends (`Ok`) or a frame has a problem (`Err(why)`).
-async fn relay(client: TcpStream, broker: TcpStream) -> Result<(), String> {
+/// until either side ends or a frame has a problem: then why goes into
+/// `stopped` before either socket is closed, so that whoever sees the
+/// connection end can read why.
+async fn relay(client: TcpStream, broker: TcpStream, frame_max: u32, stopped: &OnceLock<String>) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut broker_read, mut broker_write) = broker.into_split();
     let upstream = async {
         let _ = tokio::io::copy(&mut client_read, &mut broker_write).await;
     };
     let downstream = async {
-        let screened = screen(&mut broker_read, &mut client_write).await;
-        if let Err(why) = &screened {
+        if let Err(why) = screen(&mut broker_read, &mut client_write, frame_max).await {
             warn!(%why, "capture guard: closing the connection before lapin reads a delivery it cannot read safely");
+            let _ = stopped.set(why);
         }
-        screened
     };
     // Whichever side ends first ends both: dropping the halves closes them.
     tokio::select! {
-        () = upstream => Ok(()),
-        screened = downstream => screened,
+        () = upstream => {}
+        () = downstream => {}
+    }
+}
+
+/// The `frame_max` lapin settles on from the broker's `announced` one and
+/// its own `configured` one (0: none): the smaller of those given, at least
+/// 4096 (AMQP 0-9-1 `frame-min-size`); 0 when neither gives one.
+fn negotiated_frame_max(announced: u32, configured: u32) -> u32 {
+    match (announced, configured) {
+        (0, 0) => 0,
+        (0, one) | (one, 0) => one.max(4096),
+        (a, b) => a.min(b).max(4096),
     }
 }
 
@@ -156,12 +167,14 @@ fn tuned_frame_max(payload: &[u8]) -> Option<u32> {
 async fn screen(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
+    configured_frame_max: u32,
 ) -> Result<(), String> {
     let mut from = tokio::io::BufReader::with_capacity(RELAY_BUFFER, from);
     let mut out: Vec<u8> = Vec::with_capacity(RELAY_BUFFER);
     let mut head = [0u8; 7];
-    // The broker's `frame_max` from its `connection.tune` (0: no limit).
-    let mut frame_max = 0u32;
+    // lapin's `frame_max` (0: none), once the broker's `connection.tune`
+    // is seen.
+    let mut frame_max = configured_frame_max;
     loop {
         if (from.buffer().is_empty() || out.len() >= RELAY_BUFFER) && !out.is_empty() {
             if to.write_all(&out).await.is_err() {
@@ -190,9 +203,7 @@ async fn screen(
             // Frames before it are passed on; this one and after, never.
             let _ = to.write_all(&out).await;
             return Err(if over_frame_max {
-                format!(
-                    "a frame of {frame} bytes, over the frame_max of {frame_max} the broker announced"
-                )
+                format!("a frame of {frame} bytes, over the negotiated frame_max of {frame_max}")
             } else {
                 format!("a frame of {frame} bytes")
             });
@@ -206,7 +217,7 @@ async fn screen(
         if head[0] == 1
             && let Some(announced) = tuned_frame_max(&out[start + 7..start + 7 + size as usize])
         {
-            frame_max = announced;
+            frame_max = negotiated_frame_max(announced, configured_frame_max);
         }
         if head[0] == 2 {
             let header = &out[start + 7..start + 7 + size as usize];
@@ -267,12 +278,12 @@ mod tests {
         ]
         .concat();
         let mut passed = Vec::new();
-        let why = screen(&mut input.as_slice(), &mut passed)
+        let why = screen(&mut input.as_slice(), &mut passed, 0)
             .await
             .unwrap_err();
         assert_eq!(
             why,
-            "a frame of 4097 bytes, over the frame_max of 4096 the broker announced"
+            "a frame of 4097 bytes, over the negotiated frame_max of 4096"
         );
         assert_eq!(passed, input[..input.len() - over.len() - 8]);
     }
@@ -282,7 +293,28 @@ mod tests {
     async fn no_announced_frame_max_passes_large_frames() {
         let input = [tune(0), frame(3, 1, &vec![b'x'; 300_000])].concat();
         let mut passed = Vec::new();
-        screen(&mut input.as_slice(), &mut passed).await.unwrap();
+        screen(&mut input.as_slice(), &mut passed, 0).await.unwrap();
         assert_eq!(passed, input);
+    }
+
+    /// lapin configured with a smaller `frame_max` (the URI's) than the
+    /// broker's takes the smaller: the guard stops at it too.
+    #[tokio::test]
+    async fn lapins_own_smaller_frame_max_counts() {
+        let over = frame(2, 1, &vec![b'h'; 8192 - 7]);
+        let input = [tune(131_072), over].concat();
+        let mut passed = Vec::new();
+        let why = screen(&mut input.as_slice(), &mut passed, 8192)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            why,
+            "a frame of 8193 bytes, over the negotiated frame_max of 8192"
+        );
+        assert_eq!(passed, tune(131_072));
+        assert_eq!(negotiated_frame_max(0, 0), 0);
+        assert_eq!(negotiated_frame_max(131_072, 0), 131_072);
+        assert_eq!(negotiated_frame_max(0, 8192), 8192);
+        assert_eq!(negotiated_frame_max(131_072, 1000), 4096);
     }
 }

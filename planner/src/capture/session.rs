@@ -43,8 +43,17 @@ pub(super) async fn session(
     // session also ends with the relay (never, unguarded).
     let lost = guard.as_ref().map(guard::Guard::ended).unwrap_or_default();
     let outcome = consume_queue(config, queue, store, shutdown, consumed, (uri, node), &lost).await;
+    // A lost connection after the guard's stop was the stop; any other
+    // failure (the writer's) says itself.
     match (outcome, guard.as_ref().and_then(guard::Guard::stopped_for)) {
-        (Err(_), Some(why)) => Err(CaptureError::Unreadable(why)),
+        (
+            Err(
+                CaptureError::ConnectionLost
+                | CaptureError::Broker(_)
+                | CaptureError::ConsumerEnded(_),
+            ),
+            Some(why),
+        ) => Err(CaptureError::Unreadable(why)),
         (outcome, _) => outcome,
     }
 }
@@ -139,9 +148,13 @@ async fn through_guard(
     if !(config.guard && uri.scheme == lapin::uri::AMQPScheme::AMQP) {
         return Ok((None, uri, node));
     }
-    let guard = guard::Guard::start(uri.authority.host.clone(), uri.authority.port)
-        .await
-        .map_err(|error| CaptureError::Uri(format!("capture guard: {error}")))?;
+    let guard = guard::Guard::start(
+        uri.authority.host.clone(),
+        uri.authority.port,
+        uri.query.frame_max.unwrap_or_default(),
+    )
+    .await
+    .map_err(|error| CaptureError::Uri(format!("capture guard: {error}")))?;
     let mut local = uri.clone();
     local.authority.host = guard.local.ip().to_string();
     local.authority.port = guard.local.port();
