@@ -12,7 +12,7 @@ use std::{
 };
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, PublisherConfirm, message::BasicReturnMessage,
+    BasicProperties, Channel, Confirmation, message::BasicReturnMessage,
     options::BasicPublishOptions,
 };
 use tokio::{
@@ -24,9 +24,15 @@ use tracing::warn;
 
 use super::{Outgoing, Pending, PublishError, PublishOutcome};
 
+/// A message's confirm: lapin's [`lapin::PublisherConfirm`] (a test's own future).
+type Confirm = Pin<Box<dyn Future<Output = lapin::Result<Confirmation>> + Send>>;
+
 /// A message handed to the broker, awaiting its confirm.
 pub(super) struct InFlight {
-    confirm: PublisherConfirm,
+    confirm: Confirm,
+    /// The confirm's result, once seen resolved while an earlier message's
+    /// was still awaited (its return taken into the pool already).
+    resolved: Option<lapin::Result<Confirmation>>,
     fingerprint: u64,
     published_at: Instant,
     outcome: oneshot::Sender<PublishOutcome>,
@@ -160,7 +166,8 @@ pub(super) async fn publish_requests(
         };
         let (outcome, outcome_received) = oneshot::channel();
         in_flight.push_back(InFlight {
-            confirm,
+            confirm: Box::pin(confirm),
+            resolved: None,
             fingerprint,
             published_at,
             outcome,
@@ -204,11 +211,45 @@ async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: 
 }
 
 /// The confirm's result if it is already resolved.
-fn resolved_now(confirm: &mut PublisherConfirm) -> Option<lapin::Result<Confirmation>> {
+fn resolved_now(confirm: &mut Confirm) -> Option<lapin::Result<Confirmation>> {
     let mut context = Context::from_waker(Waker::noop());
-    match Pin::new(confirm).poll(&mut context) {
+    match confirm.as_mut().poll(&mut context) {
         Poll::Ready(result) => Some(result),
         Poll::Pending => None,
+    }
+}
+
+impl InFlight {
+    /// The confirm's result if it is resolved (seen before, or now).
+    fn take_resolved(&mut self) -> Option<lapin::Result<Confirmation>> {
+        self.resolved
+            .take()
+            .or_else(|| resolved_now(&mut self.confirm))
+    }
+}
+
+/// Takes into `returns` the return each confirm of `in_flight` that is
+/// already resolved carries, keeping the confirms' results for later.
+///
+/// lapin resolves the confirms of a `multiple` ack one at a time, in no set
+/// order (a `HashMap`'s, lapin 4.12 `acknowledgement.rs`
+/// `complete_pending_before`), on its io thread, and the first one it
+/// resolves takes the waiting return, whichever message it belongs to.
+/// RabbitMQ sends a message's `basic.return` before its ack, so by the time
+/// a message's confirm is seen resolved, the confirm carrying its return
+/// is resolved too: it is among the earlier confirms, or anywhere among
+/// the later ones, not only in the unbroken run after the oldest.
+fn pool_resolved_returns(in_flight: &mut VecDeque<InFlight>, returns: &mut Vec<Returned>) {
+    for entry in in_flight.iter_mut() {
+        if entry.resolved.is_none() {
+            entry.resolved = resolved_now(&mut entry.confirm);
+        }
+        if let Some(Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned))) =
+            &mut entry.resolved
+            && let Some(returned) = returned.take()
+        {
+            returns.push(Returned::of(&returned));
+        }
     }
 }
 
@@ -218,15 +259,24 @@ struct Returned {
     reply_text: String,
 }
 
+impl Returned {
+    fn of(returned: &BasicReturnMessage) -> Self {
+        Self {
+            fingerprint: returned_fingerprint(returned),
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text.to_string(),
+        }
+    }
+}
+
 /// Resolves confirms in delivery-tag order and hands out outcomes.
 ///
 /// It waits for the oldest confirm, then takes every following one that is
-/// already resolved, stopping at the first that is not. lapin resolves all
-/// the confirms of one ack frame at once, and a `multiple` ack covers every
-/// outstanding tag up to its own, so such a batch holds whole frames. RabbitMQ
-/// sends a message's `basic.return` before its ack, so by the time a message
-/// is resolved its return (if any) sits on a confirm of its batch or of an
-/// earlier one; returns are pooled and matched by fingerprint.
+/// already resolved, stopping at the first that is not. Before it reports
+/// them, it takes into the pool the return of every confirm resolved so
+/// far, also of later messages ([`pool_resolved_returns`]): a message's
+/// return (if any) then sits in the pool, whichever confirm lapin put it
+/// on; returns are matched by fingerprint.
 pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Duration) {
     let mut returns: Vec<Returned> = Vec::new();
     loop {
@@ -246,12 +296,18 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(oldest.published_at);
         let deadline = oldest.published_at + confirm_timeout;
-        let first = match tokio::time::timeout_at(deadline, &mut oldest.confirm).await {
-            Ok(first) => first,
-            Err(_) => {
-                give_up_connection(&shared, oldest, confirm_timeout).await;
-                continue;
-            }
+        let first = match oldest.resolved.take() {
+            Some(first) => first,
+            None => match tokio::time::timeout_at(deadline, &mut oldest.confirm).await {
+                Ok(first) => first,
+                Err(_) => {
+                    give_up_connection(&shared, oldest, confirm_timeout).await;
+                    // Every message in flight is uncertain now: returns
+                    // pooled for them must not be matched to later ones.
+                    returns.clear();
+                    continue;
+                }
+            },
         };
         *shared
             .awaiting_since
@@ -261,13 +317,14 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
         let outstanding: Vec<u64> = {
             let mut in_flight = shared.in_flight.lock().await;
             while let Some(next) = in_flight.front_mut() {
-                let Some(result) = resolved_now(&mut next.confirm) else {
+                let Some(result) = next.take_resolved() else {
                     break;
                 };
                 if let Some(entry) = in_flight.pop_front() {
                     batch.push((entry, result));
                 }
             }
+            pool_resolved_returns(&mut in_flight, &mut returns);
             in_flight.iter().map(|entry| entry.fingerprint).collect()
         };
         let mut outcomes = batch_outcomes(&shared, &mut batch, &mut returns);
@@ -312,11 +369,7 @@ fn batch_outcomes(
         if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result
             && let Some(returned) = returned.take()
         {
-            returns.push(Returned {
-                fingerprint: returned_fingerprint(&returned),
-                reply_code: returned.reply_code,
-                reply_text: returned.reply_text.to_string(),
-            });
+            returns.push(Returned::of(&returned));
         }
     }
     for (entry, result) in batch.iter() {
@@ -343,4 +396,96 @@ fn batch_outcomes(
         outcomes.push(outcome);
     }
     outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt as _;
+    use lapin::message::Delivery;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// A message `body` to `x`/`rk` in flight, its confirm given by the
+    /// returned sender, its outcome by the returned receiver.
+    fn in_flight(
+        body: &[u8],
+        window: &Arc<Semaphore>,
+    ) -> (
+        InFlight,
+        oneshot::Sender<Confirmation>,
+        oneshot::Receiver<PublishOutcome>,
+    ) {
+        let (confirmed, confirm) = oneshot::channel::<Confirmation>();
+        let (outcome, outcome_received) = oneshot::channel();
+        let entry = InFlight {
+            confirm: Box::pin(
+                confirm
+                    .map(|confirmation| Ok(confirmation.expect("the test resolves every confirm"))),
+            ),
+            resolved: None,
+            fingerprint: fingerprint("x", "rk", body, &BasicProperties::default()),
+            published_at: Instant::now(),
+            outcome,
+            _permit: Arc::clone(window).try_acquire_owned().unwrap(),
+        };
+        (entry, confirmed, outcome_received)
+    }
+
+    /// `body` returned by the broker (312 NO_ROUTE).
+    fn returned(body: &[u8]) -> BasicReturnMessage {
+        BasicReturnMessage {
+            delivery: Delivery::mock(0, "x".into(), "rk".into(), false, body.to_vec()),
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+        }
+    }
+
+    /// lapin resolves a `multiple` ack's confirms in a `HashMap`'s order and
+    /// gives the waiting return to the first: here the third confirm took
+    /// the first message's return, and the second is not resolved yet when
+    /// the first is seen. The first message was returned, never delivered:
+    /// it must not be reported sent (it was, when only the unbroken run
+    /// after the oldest was read).
+    #[tokio::test]
+    async fn a_return_on_a_later_confirm_of_the_same_ack_reaches_its_message() {
+        let window = Arc::new(Semaphore::new(3));
+        let shared = Arc::new(Shared {
+            in_flight: Mutex::new(VecDeque::new()),
+            pushed: Notify::new(),
+            publishing_done: CancellationToken::new(),
+            last_error: std::sync::Mutex::new(None),
+            awaiting_since: std::sync::Mutex::new(None),
+            dead: std::sync::atomic::AtomicBool::new(false),
+        });
+        let (first, confirm_first, first_outcome) = in_flight(b"one", &window);
+        let (second, confirm_second, second_outcome) = in_flight(b"two", &window);
+        let (third, confirm_third, third_outcome) = in_flight(b"three", &window);
+        shared.in_flight.lock().await.extend([first, second, third]);
+        confirm_third
+            .send(Confirmation::Ack(Some(returned(b"one"))))
+            .unwrap();
+        confirm_first.send(Confirmation::Ack(None)).unwrap();
+        let confirming = tokio::spawn(resolve_confirms(
+            Arc::clone(&shared),
+            Duration::from_secs(30),
+        ));
+        let first_outcome = first_outcome.await.unwrap();
+        assert!(
+            matches!(
+                first_outcome,
+                PublishOutcome::Unroutable {
+                    reply_code: 312,
+                    ..
+                }
+            ),
+            "the returned message: {first_outcome:?}"
+        );
+        confirm_second.send(Confirmation::Ack(None)).unwrap();
+        assert!(second_outcome.await.unwrap().is_sent());
+        assert!(third_outcome.await.unwrap().is_sent());
+        shared.publishing_done.cancel();
+        shared.pushed.notify_one();
+        confirming.await.unwrap();
+    }
 }

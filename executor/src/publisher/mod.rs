@@ -24,10 +24,19 @@
 //! frame it completes first; when the broker acks several messages with one
 //! `multiple` ack, that can be a different message from the returned one. The
 //! publisher therefore does not trust that pairing: confirms are resolved in
-//! delivery-tag order, in batches that always contain whole ack frames, and a
-//! return is matched to its message by content (exchange, routing key,
-//! message id and body). A return that cannot be matched makes the rest of
-//! its batch [`PublishOutcome::Uncertain`] rather than risk a false `Sent`.
+//! delivery-tag order, and a return is matched to its message by content
+//! (exchange, routing key, message id and body). lapin completes the
+//! confirms of one `multiple` ack one at a time, in no set order, on its
+//! own thread, so before a batch of outcomes is reported the return of
+//! every confirm already resolved, also of later messages, is taken into
+//! the pool: RabbitMQ sends a message's return before its ack, so the
+//! confirm carrying it is resolved by the time the message's is. A return
+//! that cannot be matched makes the rest of its batch
+//! [`PublishOutcome::Uncertain`] rather than risk a false `Sent`. Identical
+//! messages in flight together (same exchange, routing key, message id and
+//! body: the same dead letter twice) are interchangeable: a return may be
+//! matched to either of them, and the audit then says which one was
+//! returned, never that both were delivered.
 //! The price is that outcomes are delivered in publish order: a slow confirm
 //! holds back the outcomes of later messages (not their publishing).
 
