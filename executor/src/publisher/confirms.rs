@@ -244,11 +244,8 @@ fn pool_resolved_returns(in_flight: &mut VecDeque<InFlight>, returns: &mut Vec<R
         if entry.resolved.is_none() {
             entry.resolved = resolved_now(&mut entry.confirm);
         }
-        if let Some(Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned))) =
-            &mut entry.resolved
-            && let Some(returned) = returned.take()
-        {
-            returns.push(Returned::of(&returned));
+        if let Some(result) = &mut entry.resolved {
+            returns.extend(Returned::take_from(result));
         }
     }
 }
@@ -260,12 +257,18 @@ struct Returned {
 }
 
 impl Returned {
-    fn of(returned: &BasicReturnMessage) -> Self {
-        Self {
-            fingerprint: returned_fingerprint(returned),
+    /// The return a confirm's `result` carries, taken out of it (lapin puts
+    /// a return on an ack or a nack).
+    fn take_from(result: &mut lapin::Result<Confirmation>) -> Option<Self> {
+        let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result else {
+            return None;
+        };
+        let returned = returned.take()?;
+        Some(Self {
+            fingerprint: returned_fingerprint(&returned),
             reply_code: returned.reply_code,
             reply_text: returned.reply_text.to_string(),
-        }
+        })
     }
 }
 
@@ -366,11 +369,7 @@ fn batch_outcomes(
     let resolved_at = Instant::now();
     let mut outcomes = Vec::with_capacity(batch.len());
     for (_, result) in batch.iter_mut() {
-        if let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result
-            && let Some(returned) = returned.take()
-        {
-            returns.push(Returned::of(&returned));
-        }
+        returns.extend(Returned::take_from(result));
     }
     for (entry, result) in batch.iter() {
         let own_return = returns

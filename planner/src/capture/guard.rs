@@ -18,10 +18,10 @@
 //! stops a frame larger than the `frame_max` lapin negotiates: the smaller
 //! of the broker's `connection.tune` and lapin's own (the URI's
 //! `frame_max`), as lapin computes it (AMQP 0-9-1 §4.2.3: a peer must not
-//! send larger frames, and lapin ends the connection at one). The guard says why it
-//! stopped ([`Guard::stopped_for`]), so that the session's end is known for
-//! what it is, a message to take one at a time, and not a failure to back
-//! off from.
+//! send larger frames, and lapin ends the connection at one). The guard
+//! says why it stopped ([`Guard::stopped_for`]), so that the session's end
+//! is known for what it is, a message to take one at a time, and not a
+//! failure to back off from.
 //!
 //! Only `amqp://` can be read this way; with `amqps://` lapin connects
 //! directly (unguarded).
