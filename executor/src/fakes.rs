@@ -25,7 +25,9 @@ use tonic::{
     transport::{Channel, Endpoint, Server},
 };
 
-use crate::publisher::{Connect, Outgoing, Pending, Publish, PublishError, PublishOutcome, Slot};
+use crate::publisher::{
+    Connect, Handoff, Outgoing, Pending, Publish, PublishError, PublishOutcome, Slot,
+};
 
 /// What the fake planner was asked, in order.
 #[derive(Debug, Default)]
@@ -241,6 +243,9 @@ pub(crate) enum Answer {
     Nack,
     /// No confirm ever (the connection is lost with it): uncertain.
     Never,
+    /// Its frames were never written (the connection was lost first): not
+    /// published.
+    Unwritten,
 }
 
 /// A broker behind the [`Publish`] seam: it records every publish and
@@ -253,6 +258,8 @@ pub(crate) struct FakeBroker {
     script: Mutex<HashMap<Vec<u8>, VecDeque<Answer>>>,
     /// The bodies published, in publish order.
     published: Mutex<Vec<String>>,
+    /// The handoff each publish asked for, in publish order.
+    handoffs: Mutex<Vec<Handoff>>,
 }
 
 impl FakeBroker {
@@ -263,6 +270,7 @@ impl FakeBroker {
             window_size: window,
             script: Mutex::default(),
             published: Mutex::default(),
+            handoffs: Mutex::default(),
         })
     }
 
@@ -278,6 +286,14 @@ impl FakeBroker {
     /// The bodies published so far, in publish order.
     pub(crate) fn published(&self) -> Vec<String> {
         self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The handoff of every publish so far, in publish order.
+    pub(crate) fn handoffs(&self) -> Vec<Handoff> {
+        self.handoffs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -324,9 +340,15 @@ impl Publish for FakePublisher {
         slot: Slot,
         outgoing: Outgoing,
         _not_after: Option<Instant>,
+        handoff: Handoff,
     ) -> Result<Pending, PublishError> {
         // The fake's window frees at once: confirms are not held here.
         drop(slot);
+        self.0
+            .handoffs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(handoff);
         let body = outgoing.body.clone();
         self.0
             .published
@@ -349,6 +371,9 @@ impl Publish for FakePublisher {
             // Its sender dropped: "the publisher stopped before the
             // confirm came".
             Answer::Never => Pending::fake().1,
+            Answer::Unwritten => Pending::resolved(PublishOutcome::NotPublished {
+                reason: "connection reset by peer".to_owned(),
+            }),
         })
     }
 

@@ -13,6 +13,7 @@
 //! | `basic.nack` | no | `failed` | done |
 //! | no confirm (connection lost or timed out) | yes | `uncertain` | publish again, same message id |
 //! | no confirm | no | `failed` (may have been published) | done |
+//! | not written (connection lost first) | — | — | publish again, the same attempt |
 //!
 //! A confirm that came late (after [`LATE_CONFIRM`]) or never may have
 //! reached the consumer at a time the token bucket did not foresee (held in
@@ -332,6 +333,7 @@ impl Collector {
                     PublishOutcome::Nacked => Some("nacked"),
                     PublishOutcome::Unroutable { .. } => Some("unroutable"),
                     PublishOutcome::Uncertain { .. } => Some("uncertain"),
+                    PublishOutcome::NotPublished { .. } => Some("not published"),
                 };
                 // The publish span ends here, at its outcome.
                 if let Some(span) = span {
@@ -361,12 +363,20 @@ impl Collector {
                     .metrics
                     .publish_failed(PublishFailure::Uncertain);
             }
+            // Nothing reached the broker: not a publish that failed there.
+            PublishOutcome::NotPublished { .. } => {}
         }
         if late {
             self.debt.add(work.bucket_key(), 1);
         }
         let last_attempt = work.attempt >= self.max_attempts;
         let (event, feedback) = match outcome {
+            // The broker cannot have it: this attempt was never made, and
+            // there is nothing to audit (as for a publish refused at once).
+            PublishOutcome::NotPublished { reason } => {
+                tracing::debug!(%reason, "not published: its frames were never written; publishing it again");
+                (None, Feedback::Retry(Box::new(work)))
+            }
             PublishOutcome::Sent { latency } => {
                 let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
                 let event = self

@@ -12,7 +12,9 @@ use lapin::{
     BasicProperties, ExchangeKind,
     types::{FieldTable, ShortString},
 };
-use redrive_executor::publisher::{Outgoing, Pending, PublishError, PublishOutcome, Publisher};
+use redrive_executor::publisher::{
+    Handoff, Outgoing, Pending, PublishError, PublishOutcome, Publisher,
+};
 use support::{AMQP_ADDR, AMQP_URL, Broker, TcpProxy, amqp_url, unique};
 
 fn persistent(message_id: &str) -> BasicProperties {
@@ -270,8 +272,19 @@ async fn a_missing_exchange_closes_the_channel_and_nothing_is_reported_sent() {
     broker.cleanup().await;
 }
 
+/// A cut with 256 messages in flight: nothing reported sent is missing
+/// from the queue, nothing in the queue is unexplained, and a message
+/// reported not published (its frames never written, [`Handoff::Queued`])
+/// is not in the queue either. With [`Handoff::Written`] a failed write is
+/// refused at once instead, never reported not published.
 #[tokio::test]
 async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
+    for handoff in [Handoff::Queued, Handoff::Written] {
+        cut_connection_with(handoff).await;
+    }
+}
+
+async fn cut_connection_with(handoff: Handoff) {
     let broker = Broker::connect().await.unwrap();
     let queue = unique("redrive-test-publish");
     broker.queue(&queue, FieldTable::default()).await.unwrap();
@@ -286,7 +299,10 @@ async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
         if index == 1500 {
             proxy.cut();
         }
-        match publisher.publish(to_queue(&queue, index)).await {
+        match publisher
+            .publish_with(to_queue(&queue, index), handoff)
+            .await
+        {
             Ok(pending) => pendings.push((index, pending)),
             Err(error) => {
                 assert!(error.is_retryable(), "{error:?}");
@@ -294,7 +310,8 @@ async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
             }
         }
     }
-    let (mut sent, mut uncertain) = (
+    let (mut sent, mut uncertain, mut not_published) = (
+        std::collections::BTreeSet::new(),
         std::collections::BTreeSet::new(),
         std::collections::BTreeSet::new(),
     );
@@ -305,7 +322,10 @@ async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
         {
             PublishOutcome::Sent { .. } => sent.insert(index),
             PublishOutcome::Uncertain { .. } => uncertain.insert(index),
-            other => panic!("unexpected {other:?}"),
+            PublishOutcome::NotPublished { .. } if handoff == Handoff::Queued => {
+                not_published.insert(index)
+            }
+            other => panic!("unexpected with {handoff:?}: {other:?}"),
         };
     }
 
@@ -325,11 +345,17 @@ async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
         })
         .collect();
     eprintln!(
-        "cut: {} sent, {} uncertain, {} refused, {} delivered",
+        "cut, {handoff:?}: {} sent, {} uncertain, {} not published, {} refused, {} delivered",
         sent.len(),
         uncertain.len(),
+        not_published.len(),
         refused.len(),
         delivered.len()
+    );
+    let delivered_unpublished: Vec<&usize> = not_published.intersection(&delivered).collect();
+    assert!(
+        delivered_unpublished.is_empty(),
+        "reported not published but in the queue: {delivered_unpublished:?}"
     );
     let sent_missing: Vec<&usize> = sent.difference(&delivered).collect();
     assert!(
@@ -349,6 +375,140 @@ async fn a_cut_connection_leaves_outstanding_confirms_uncertain_never_sent() {
     assert!(!publisher.is_connected());
     publisher.close().await.unwrap();
     broker.cleanup().await;
+}
+
+/// A message of `size` bytes whose first eight are `index`.
+fn large(queue: &str, index: usize, size: usize) -> Outgoing {
+    let mut body = format!("{index:08}").into_bytes();
+    body.resize(size, b'.');
+    Outgoing {
+        exchange: String::new(),
+        routing_key: queue.to_owned(),
+        body,
+        properties: persistent(&format!("large-{index}")),
+    }
+}
+
+/// The network path stalls with large messages in the window, more than
+/// the sockets hold, so lapin still has frames of them queued, then it is
+/// cut. With [`Handoff::Queued`] those messages are reported not published,
+/// and none of them reached the queue (a message cut off in its body
+/// frames is never enqueued); whatever is in the queue was reported sent
+/// or uncertain. With [`Handoff::Written`] the publish waiting for its
+/// write is refused instead.
+#[tokio::test]
+async fn messages_cut_off_before_their_frames_are_written_are_not_published() {
+    for handoff in [Handoff::Queued, Handoff::Written] {
+        let broker = Broker::connect().await.unwrap();
+        let queue = unique("redrive-test-publish");
+        broker.queue(&queue, FieldTable::default()).await.unwrap();
+        let proxy = std::sync::Arc::new(TcpProxy::start(AMQP_ADDR).await.unwrap());
+        let publisher = Publisher::connect(&amqp_url(proxy.addr()), 64)
+            .await
+            .unwrap();
+        // 64 × 512 KiB in the window: far more than both sockets buffer.
+        const SIZE: usize = 512 * 1024;
+        let mut outcomes = std::collections::BTreeMap::new();
+        for index in 0..4 {
+            let pending = publisher
+                .publish_with(large(&queue, index, SIZE), handoff)
+                .await
+                .unwrap();
+            let outcome = pending.await;
+            assert!(outcome.is_sent(), "the path works before the stall");
+            outcomes.insert(index, outcome);
+        }
+        proxy.stall();
+        let cutting = {
+            let proxy = std::sync::Arc::clone(&proxy);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                proxy.cut();
+            })
+        };
+        let mut pendings = Vec::new();
+        let mut refused = 0;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            for index in 4..200 {
+                match publisher
+                    .publish_with(large(&queue, index, SIZE), handoff)
+                    .await
+                {
+                    Ok(pending) => pendings.push((index, pending)),
+                    Err(error) => {
+                        assert!(error.is_retryable(), "{error:?}");
+                        refused += 1;
+                    }
+                }
+            }
+        })
+        .await
+        .expect("publishing ends once the path is cut");
+        cutting.await.unwrap();
+        for (index, pending) in pendings {
+            let outcome = tokio::time::timeout(Duration::from_secs(30), pending)
+                .await
+                .expect("every outcome resolves");
+            outcomes.insert(index, outcome);
+        }
+        settled_count(&broker, &queue).await;
+        let delivered: std::collections::BTreeSet<usize> = broker
+            .drain(&queue)
+            .await
+            .unwrap()
+            .iter()
+            .map(|body| {
+                String::from_utf8_lossy(&body[..8])
+                    .parse()
+                    .expect("an index first")
+            })
+            .collect();
+        let of = |wanted: fn(&PublishOutcome) -> bool| -> std::collections::BTreeSet<usize> {
+            outcomes
+                .iter()
+                .filter(|(_, outcome)| wanted(outcome))
+                .map(|(index, _)| *index)
+                .collect()
+        };
+        let sent = of(PublishOutcome::is_sent);
+        let uncertain = of(|outcome| matches!(outcome, PublishOutcome::Uncertain { .. }));
+        let not_published = of(|outcome| matches!(outcome, PublishOutcome::NotPublished { .. }));
+        eprintln!(
+            "stalled then cut, {handoff:?}: {} sent, {} uncertain, {} not published, {refused} refused, {} delivered",
+            sent.len(),
+            uncertain.len(),
+            not_published.len(),
+            delivered.len()
+        );
+        assert!(
+            sent.is_subset(&delivered),
+            "reported sent but not in the queue: {:?}",
+            sent.difference(&delivered).collect::<Vec<_>>()
+        );
+        let explained: std::collections::BTreeSet<usize> =
+            sent.union(&uncertain).copied().collect();
+        assert!(
+            delivered.is_subset(&explained),
+            "in the queue but neither sent nor uncertain: {:?}",
+            delivered.difference(&explained).collect::<Vec<_>>()
+        );
+        match handoff {
+            Handoff::Queued => assert!(
+                !not_published.is_empty(),
+                "no message was left unwritten by the cut"
+            ),
+            Handoff::Written => {
+                assert!(not_published.is_empty(), "{not_published:?}");
+                assert!(
+                    refused > 0,
+                    "the publish waiting for its write was not refused"
+                );
+            }
+        }
+        assert!(!publisher.is_connected());
+        publisher.close().await.unwrap();
+        broker.cleanup().await;
+    }
 }
 
 #[tokio::test]

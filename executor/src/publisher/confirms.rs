@@ -12,7 +12,7 @@ use std::{
 };
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, message::BasicReturnMessage,
+    BasicProperties, Channel, Confirmation, PublisherConfirm, message::BasicReturnMessage,
     options::BasicPublishOptions,
 };
 use tokio::{
@@ -22,17 +22,36 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{Outgoing, Pending, PublishError, PublishOutcome};
+use super::{Handoff, Outgoing, Pending, PublishError, PublishOutcome};
 
-/// A message's confirm: lapin's [`lapin::PublisherConfirm`] (a test's own future).
-type Confirm = Pin<Box<dyn Future<Output = lapin::Result<Confirmation>> + Send>>;
+/// What became of a message handed to lapin.
+// Kept in place in its window slot, as lapin's `Confirmation` (which holds
+// a return inline) was before: boxing would allocate once per message.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Settled {
+    /// Its frames were not all written to the connection: lapin failed
+    /// them when the connection or the channel closed first. The broker
+    /// cannot have it (a message is complete only once its content header
+    /// and every body frame arrived, AMQP 0-9-1 section 4.2.6).
+    Unwritten(lapin::Error),
+    /// Written; then its confirm's result.
+    Confirmed(lapin::Result<Confirmation>),
+}
+
+/// A message's write, then its confirm: lapin's `basic_publish` and
+/// [`PublisherConfirm`] (a test's own future).
+type Confirm = Pin<Box<dyn Future<Output = Settled> + Send>>;
+
+/// lapin's `basic_publish`, owning what it publishes: resolves once the
+/// message's frames are written to the connection, to its confirm.
+type Write = Pin<Box<dyn Future<Output = lapin::Result<PublisherConfirm>> + Send>>;
 
 /// A message handed to the broker, awaiting its confirm.
 pub(super) struct InFlight {
     confirm: Confirm,
     /// The confirm's result, once seen resolved while an earlier message's
     /// was still awaited (its return taken into the pool already).
-    resolved: Option<lapin::Result<Confirmation>>,
+    resolved: Option<Settled>,
     fingerprint: u64,
     published_at: Instant,
     outcome: oneshot::Sender<PublishOutcome>,
@@ -47,6 +66,7 @@ pub(super) struct PublishRequest {
     /// Not published at or after this instant (a stop, a lease deadline, a
     /// token grown old while the request waited).
     pub(super) not_after: Option<Instant>,
+    pub(super) handoff: Handoff,
     pub(super) reply: oneshot::Sender<Result<Pending, PublishError>>,
 }
 
@@ -111,6 +131,14 @@ fn returned_fingerprint(returned: &BasicReturnMessage) -> u64 {
 /// Publishes requests one at a time, in order, keeping `in_flight` complete
 /// (see [`Shared::in_flight`]). Runs in its own task so that a caller dropping
 /// [`Publisher::publish`] cannot leave a tag the confirm task does not know.
+///
+/// lapin's `basic_publish` takes the message's delivery tag and queues its
+/// frames for its io thread when first polled, then waits until the io
+/// thread has written them. With [`Handoff::Queued`] the request is
+/// answered after that first poll, and the write is awaited by the confirm
+/// task, before the confirm ([`Settled`]); with [`Handoff::Written`], after
+/// the write. The first poll happens under the `in_flight` lock, so the
+/// tags stay in order either way.
 pub(super) async fn publish_requests(
     channel: Channel,
     shared: Arc<Shared>,
@@ -121,6 +149,7 @@ pub(super) async fn publish_requests(
             outgoing,
             permit,
             not_after,
+            handoff,
             reply,
         } = request;
         if not_after.is_some_and(|not_after| Instant::now() >= not_after) {
@@ -140,33 +169,46 @@ pub(super) async fn publish_requests(
             properties,
         } = outgoing;
         let fingerprint = fingerprint(&exchange, &routing_key, &body, &properties);
+        let channel = channel.clone();
+        let mut write: Write = Box::pin(async move {
+            channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    &body,
+                    properties,
+                )
+                .await
+        });
         let mut in_flight = shared.in_flight.lock().await;
         let published_at = Instant::now();
-        let published = channel
-            .basic_publish(
-                exchange.as_str().into(),
-                routing_key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &body,
-                properties,
-            )
-            .await;
-        let confirm = match published {
-            Ok(confirm) => confirm,
-            Err(error) => {
+        let written = match handoff {
+            Handoff::Written => Some(write.as_mut().await),
+            Handoff::Queued => written_now(&mut write),
+        };
+        let confirm: Confirm = match written {
+            Some(Ok(confirm)) => Box::pin(async move { Settled::Confirmed(confirm.await) }),
+            Some(Err(error)) => {
                 drop(in_flight);
                 let _ = reply.send(Err(PublishError::ConnectionLost {
                     reason: shared.record_error(&error),
                 }));
                 continue;
             }
+            None => Box::pin(async move {
+                match write.await {
+                    Ok(confirm) => Settled::Confirmed(confirm.await),
+                    Err(error) => Settled::Unwritten(error),
+                }
+            }),
         };
         let (outcome, outcome_received) = oneshot::channel();
         in_flight.push_back(InFlight {
-            confirm: Box::pin(confirm),
+            confirm,
             resolved: None,
             fingerprint,
             published_at,
@@ -210,18 +252,30 @@ async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: 
     }
 }
 
-/// The confirm's result if it is already resolved.
-fn resolved_now(confirm: &mut Confirm) -> Option<lapin::Result<Confirmation>> {
+/// `future`'s output if it is ready now (polled once, with a waker that
+/// does nothing: whoever awaits it later registers its own).
+fn ready_now<T>(future: &mut Pin<Box<dyn Future<Output = T> + Send>>) -> Option<T> {
     let mut context = Context::from_waker(Waker::noop());
-    match confirm.as_mut().poll(&mut context) {
-        Poll::Ready(result) => Some(result),
+    match future.as_mut().poll(&mut context) {
+        Poll::Ready(output) => Some(output),
         Poll::Pending => None,
     }
 }
 
+/// The write's result if it is done; polled the first time, it takes the
+/// delivery tag and queues the frames.
+fn written_now(write: &mut Write) -> Option<lapin::Result<PublisherConfirm>> {
+    ready_now(write)
+}
+
+/// The confirm's result if it is already resolved.
+fn resolved_now(confirm: &mut Confirm) -> Option<Settled> {
+    ready_now(confirm)
+}
+
 impl InFlight {
     /// The confirm's result if it is resolved (seen before, or now).
-    fn take_resolved(&mut self) -> Option<lapin::Result<Confirmation>> {
+    fn take_resolved(&mut self) -> Option<Settled> {
         self.resolved
             .take()
             .or_else(|| resolved_now(&mut self.confirm))
@@ -259,8 +313,10 @@ struct Returned {
 impl Returned {
     /// The return a confirm's `result` carries, taken out of it (lapin puts
     /// a return on an ack or a nack).
-    fn take_from(result: &mut lapin::Result<Confirmation>) -> Option<Self> {
-        let Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned)) = result else {
+    fn take_from(result: &mut Settled) -> Option<Self> {
+        let Settled::Confirmed(Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned))) =
+            result
+        else {
             return None;
         };
         let returned = returned.take()?;
@@ -363,7 +419,7 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
 /// own return from the pool (by fingerprint).
 fn batch_outcomes(
     shared: &Shared,
-    batch: &mut [(InFlight, lapin::Result<Confirmation>)],
+    batch: &mut [(InFlight, Settled)],
     returns: &mut Vec<Returned>,
 ) -> Vec<PublishOutcome> {
     let resolved_at = Instant::now();
@@ -372,6 +428,16 @@ fn batch_outcomes(
         returns.extend(Returned::take_from(result));
     }
     for (entry, result) in batch.iter() {
+        let result = match result {
+            Settled::Confirmed(result) => result,
+            // Never written, so never returned either: no return is its.
+            Settled::Unwritten(error) => {
+                outcomes.push(PublishOutcome::NotPublished {
+                    reason: shared.record_error(error),
+                });
+                continue;
+            }
+        };
         let own_return = returns
             .iter()
             .position(|returned| returned.fingerprint == entry.fingerprint)
@@ -418,10 +484,9 @@ mod tests {
         let (confirmed, confirm) = oneshot::channel::<Confirmation>();
         let (outcome, outcome_received) = oneshot::channel();
         let entry = InFlight {
-            confirm: Box::pin(
-                confirm
-                    .map(|confirmation| Ok(confirmation.expect("the test resolves every confirm"))),
-            ),
+            confirm: Box::pin(confirm.map(|confirmation| {
+                Settled::Confirmed(Ok(confirmation.expect("the test resolves every confirm")))
+            })),
             resolved: None,
             fingerprint: fingerprint("x", "rk", body, &BasicProperties::default()),
             published_at: Instant::now(),
@@ -483,6 +548,64 @@ mod tests {
         confirm_second.send(Confirmation::Ack(None)).unwrap();
         assert!(second_outcome.await.unwrap().is_sent());
         assert!(third_outcome.await.unwrap().is_sent());
+        shared.publishing_done.cancel();
+        shared.pushed.notify_one();
+        confirming.await.unwrap();
+    }
+
+    /// A message whose frames were never written is not published, and no
+    /// return is its: here an identical message (the same dead letter
+    /// published again after the first write failed) was returned, and
+    /// that return must reach the one the broker returned, never be taken
+    /// by the unwritten one, which would leave the returned one reported
+    /// sent.
+    #[tokio::test]
+    async fn an_unwritten_publish_is_not_published_and_takes_no_return() {
+        let window = Arc::new(Semaphore::new(2));
+        let shared = Arc::new(Shared {
+            in_flight: Mutex::new(VecDeque::new()),
+            pushed: Notify::new(),
+            publishing_done: CancellationToken::new(),
+            last_error: std::sync::Mutex::new(None),
+            awaiting_since: std::sync::Mutex::new(None),
+            dead: std::sync::atomic::AtomicBool::new(false),
+        });
+        let (outcome, unwritten_outcome) = oneshot::channel();
+        let unwritten = InFlight {
+            confirm: Box::pin(async {
+                Settled::Unwritten(
+                    lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed).into(),
+                )
+            }),
+            resolved: None,
+            fingerprint: fingerprint("x", "rk", b"same", &BasicProperties::default()),
+            published_at: Instant::now(),
+            outcome,
+            _permit: Arc::clone(&window).try_acquire_owned().unwrap(),
+        };
+        let (returned_one, confirm_returned, returned_outcome) = in_flight(b"same", &window);
+        shared
+            .in_flight
+            .lock()
+            .await
+            .extend([unwritten, returned_one]);
+        confirm_returned
+            .send(Confirmation::Ack(Some(returned(b"same"))))
+            .unwrap();
+        let confirming = tokio::spawn(resolve_confirms(
+            Arc::clone(&shared),
+            Duration::from_secs(30),
+        ));
+        let unwritten_outcome = unwritten_outcome.await.unwrap();
+        assert!(
+            matches!(unwritten_outcome, PublishOutcome::NotPublished { .. }),
+            "the unwritten message: {unwritten_outcome:?}"
+        );
+        let returned_outcome = returned_outcome.await.unwrap();
+        assert!(
+            matches!(returned_outcome, PublishOutcome::Unroutable { .. }),
+            "the returned message: {returned_outcome:?}"
+        );
         shared.publishing_done.cancel();
         shared.pushed.notify_one();
         confirming.await.unwrap();

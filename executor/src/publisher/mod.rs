@@ -17,7 +17,21 @@
 //! [`PublishOutcome::Nacked`], and a message whose confirm never came because
 //! the channel or connection closed is [`PublishOutcome::Uncertain`]: it may
 //! or may not have been enqueued, so the caller publishes it again with the
-//! same message id.
+//! same message id. A message whose frames were never all written to the
+//! connection is [`PublishOutcome::NotPublished`]: the broker cannot have it.
+//!
+//! # When a publish returns
+//! lapin's `basic_publish` takes the message's delivery tag and queues its
+//! frames for lapin's io thread, then waits until that thread has written
+//! them to the socket. Waiting for that write for every message costs the
+//! executor two thread switches and a socket write per message
+//! (docs/benchmarks.md, "The executor's publish and lapin's io thread"), so
+//! by default ([`Handoff::Queued`]) a publish returns once its frames are
+//! queued, and the write is awaited with the confirm: a write that then
+//! fails makes it [`PublishOutcome::NotPublished`]. [`Handoff::Written`]
+//! returns only after the write, and a failed write is then
+//! [`PublishError::ConnectionLost`] at once: for callers that must publish
+//! a message again before any later one (an ordered plan).
 //!
 //! # Matching returns to messages
 //! lapin hands a received `basic.return` to whichever confirm of the next ack
@@ -130,6 +144,21 @@ pub struct Outgoing {
     pub properties: BasicProperties,
 }
 
+/// When [`Publisher::publish_in`] returns (module docs, "When a publish
+/// returns").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Handoff {
+    /// Once lapin took the message's delivery tag and queued its frames;
+    /// a write that fails later resolves its [`Pending`] to
+    /// [`PublishOutcome::NotPublished`].
+    #[default]
+    Queued,
+    /// Once its frames are written to the connection; a write that fails
+    /// is [`PublishError::ConnectionLost`], and every message published
+    /// after it is refused too, so it can be published again before them.
+    Written,
+}
+
 /// What the broker said about one published message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishOutcome {
@@ -157,6 +186,16 @@ pub enum PublishOutcome {
     /// enqueued; publish it again with the same message id.
     Uncertain {
         /// Why no confirm came.
+        reason: String,
+    },
+    /// Its frames were not all written to the connection: lapin failed them
+    /// when the connection or the channel closed first (only after a
+    /// [`Handoff::Queued`] publish). The broker cannot have it: a message
+    /// is complete only once its content header and every body frame
+    /// arrived (AMQP 0-9-1 section 4.2.6, "Content Framing"). Publish it
+    /// again, as the same attempt.
+    NotPublished {
+        /// Why the write failed, as lapin said it.
         reason: String,
     },
 }
@@ -361,7 +400,7 @@ impl Publisher {
     }
 
     /// Publishes `outgoing` with `mandatory = true` once a window slot is
-    /// free, and returns when the message is written to the connection,
+    /// free, and returns once lapin has queued it ([`Handoff::Queued`]),
     /// without waiting for its confirm. Messages are published in call order.
     ///
     /// Cancel-safe in the sense that matters: once the message is handed to
@@ -373,11 +412,23 @@ impl Publisher {
     /// [`PublishError::ConnectionLost`] (retryable) when the connection or
     /// channel is closed: the message was not published.
     pub async fn publish(&self, outgoing: Outgoing) -> Result<Pending, PublishError> {
+        self.publish_with(outgoing, Handoff::Queued).await
+    }
+
+    /// [`Publisher::publish`], returning as `handoff` says.
+    ///
+    /// # Errors
+    /// As [`Publisher::publish`].
+    pub async fn publish_with(
+        &self,
+        outgoing: Outgoing,
+        handoff: Handoff,
+    ) -> Result<Pending, PublishError> {
         let mut slots = self.reserve(1).await?;
         let slot = slots.pop().ok_or_else(|| PublishError::ConnectionLost {
             reason: "the publisher is closed".to_owned(),
         })?;
-        self.publish_in(slot, outgoing, None).await
+        self.publish_in(slot, outgoing, None, handoff).await
     }
 
     /// Waits until `count` places of the window are free and reserves them
@@ -414,9 +465,10 @@ impl Publisher {
     }
 
     /// Publishes `outgoing` in a reserved `slot` (see [`Publisher::publish`]);
-    /// does not wait for the window. With `not_after`, the publishing task
-    /// refuses it ([`PublishError::Expired`]) when it gets to it at or after
-    /// that instant, and any request once the connection was declared dead.
+    /// does not wait for the window, and returns as `handoff` says. With
+    /// `not_after`, the publishing task refuses it ([`PublishError::Expired`])
+    /// when it gets to it at or after that instant, and any request once the
+    /// connection was declared dead.
     ///
     /// # Errors
     /// As [`Publisher::publish`]; [`PublishError::Expired`].
@@ -425,6 +477,7 @@ impl Publisher {
         slot: Slot,
         outgoing: Outgoing,
         not_after: Option<Instant>,
+        handoff: Handoff,
     ) -> Result<Pending, PublishError> {
         let lost = |reason: &str| PublishError::ConnectionLost {
             reason: reason.to_owned(),
@@ -444,6 +497,7 @@ impl Publisher {
                 outgoing,
                 permit: slot.permit,
                 not_after,
+                handoff,
                 reply,
             })
             .await

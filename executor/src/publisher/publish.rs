@@ -8,7 +8,7 @@ use std::{future::Future, time::Duration};
 use redrive_proto::amqp_nodes::{AmqpNode, AmqpNodes};
 use tokio::time::Instant;
 
-use super::{Outgoing, Pending, PublishError, Publisher, PublisherOptions, Slot};
+use super::{Handoff, Outgoing, Pending, PublishError, Publisher, PublisherOptions, Slot};
 
 /// What a slice loop needs of a connected publisher; see [`Publisher`]'s
 /// methods of the same names for the contract.
@@ -25,8 +25,8 @@ pub trait Publish: Send + Sync + 'static {
     fn reserve(&self, count: usize)
     -> impl Future<Output = Result<Vec<Slot>, PublishError>> + Send;
 
-    /// Publishes `outgoing` in `slot`, unless it is `not_after` by then
-    /// ([`Publisher::publish_in`]).
+    /// Publishes `outgoing` in `slot`, unless it is `not_after` by then,
+    /// returning as `handoff` says ([`Publisher::publish_in`]).
     ///
     /// # Errors
     /// [`PublishError::ConnectionLost`], [`PublishError::Expired`].
@@ -35,6 +35,7 @@ pub trait Publish: Send + Sync + 'static {
         slot: Slot,
         outgoing: Outgoing,
         not_after: Option<Instant>,
+        handoff: Handoff,
     ) -> impl Future<Output = Result<Pending, PublishError>> + Send;
 
     /// How long the oldest publish in flight has waited for its confirm
@@ -135,8 +136,9 @@ impl Publish for Publisher {
         slot: Slot,
         outgoing: Outgoing,
         not_after: Option<Instant>,
+        handoff: Handoff,
     ) -> impl Future<Output = Result<Pending, PublishError>> + Send {
-        Self::publish_in(self, slot, outgoing, not_after)
+        Self::publish_in(self, slot, outgoing, not_after, handoff)
     }
 
     fn oldest_unconfirmed_age(&self) -> Option<Duration> {

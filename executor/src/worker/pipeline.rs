@@ -227,7 +227,10 @@ impl<C: Connect> Worker<C> {
                 }
             };
             let not_after = lease.deadline().min(granted_at + TOKEN_SPEND_LIMIT);
-            match publisher.publish_in(slot, outgoing, Some(not_after)).await {
+            match publisher
+                .publish_in(slot, outgoing, Some(not_after), run.handoff)
+                .await
+            {
                 Ok(pending) => {
                     run.progress.bump();
                     if run

@@ -22,7 +22,7 @@ use crate::{
     item::{InvalidItem, LeasedItem},
     lease::{Lease, StopReason},
     outcomes::{self, Collector, EventContext, Feedback, InFlight, TokenDebt, Work},
-    publisher::Connect,
+    publisher::{Connect, Handoff},
 };
 
 /// A slice that publishes nothing and confirms nothing for this long, while
@@ -106,6 +106,10 @@ pub(super) struct SliceRun {
     pub(super) tokens_waited: Duration,
     /// The highest item position of the slice (the mark goes no further).
     pub(super) last_position: u64,
+    /// When a publish returns: [`Handoff::Written`] in an ordered plan,
+    /// whose message that was not written must be published again before
+    /// any later one; [`Handoff::Queued`] otherwise.
+    pub(super) handoff: Handoff,
 }
 
 impl SliceRun {
@@ -306,6 +310,11 @@ impl<C: Connect> Worker<C> {
             progress,
             tokens_waited: Duration::ZERO,
             last_position: items.iter().map(|item| item.position).max().unwrap_or(0),
+            handoff: if slice.ordered {
+                Handoff::Written
+            } else {
+                Handoff::Queued
+            },
         };
         run.enqueue(items).await;
         let tasks = SliceTasks {

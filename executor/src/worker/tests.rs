@@ -81,7 +81,7 @@ mod pipeline {
         health::Heartbeat,
         metrics::ExecutorMetrics,
         outcomes::TokenDebt,
-        publisher::PublisherOptions,
+        publisher::{Handoff, PublisherOptions},
         worker::{Worker, WorkerSettings},
     };
 
@@ -219,6 +219,62 @@ mod pipeline {
             calls.marks
         );
         assert_eq!(calls.completed, [false], "completed, not released");
+    }
+
+    /// A publish whose frames were never written (the connection lost
+    /// first) is published again as the same attempt, with nothing
+    /// audited: here twice, with two attempts allowed, and the item still
+    /// ends `sent` on its first attempt. Slices of an ordered plan ask for
+    /// the write before a publish returns; others only for the handoff.
+    #[tokio::test]
+    async fn an_unwritten_publish_is_published_again_as_the_same_attempt() {
+        for ordered in [false, true] {
+            let planner = FakePlanner::start(Answers::default());
+            let broker = FakeBroker::new(8);
+            broker.answer("2", &[Answer::Unwritten, Answer::Unwritten]);
+            let items = (1..=4).map(item).collect();
+            let shutdown = CancellationToken::new();
+            let slice = v1::Slice {
+                ordered,
+                ..slice(items, 1000.0, 100)
+            };
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                worker(&planner, &broker).replay_slice(slice, &shutdown),
+            )
+            .await
+            .expect("the slice ends");
+            let published = broker.published();
+            assert_eq!(
+                published.iter().filter(|body| *body == "2").count(),
+                3,
+                "published again until written: {published:?}"
+            );
+            let calls = planner.calls();
+            let reported: Vec<(&str, v1::AuditAction, u32)> = calls
+                .reported
+                .iter()
+                .map(|event| (event.dead_letter_id.as_str(), event.action(), event.attempt))
+                .filter(|(id, _, _)| *id == "dl-2")
+                .collect();
+            assert_eq!(
+                reported,
+                [("dl-2", v1::AuditAction::Sent, 1)],
+                "nothing audited for the unwritten publishes"
+            );
+            assert_eq!(calls.reported.len(), 4, "every item reported once");
+            assert_eq!(calls.completed, [false], "completed");
+            let expected = if ordered {
+                Handoff::Written
+            } else {
+                Handoff::Queued
+            };
+            assert!(
+                broker.handoffs().iter().all(|handoff| *handoff == expected),
+                "ordered {ordered}: {:?}",
+                broker.handoffs()
+            );
+        }
     }
 
     /// A slice with an item this executor cannot replay (an id that is no
