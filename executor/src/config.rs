@@ -130,9 +130,10 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_CLAIM_WAIT_SECONDS", default_value_t = 20)]
     pub claim_wait_seconds: u64,
 
-    /// Seconds the oldest publish may wait for its publisher confirm before
-    /// the broker connection is taken for dead (a half-open connection): its
-    /// publishes become uncertain and are published again on a new one.
+    /// Seconds the oldest publish may wait for its publisher confirm, from
+    /// when its frames were written, before the broker connection is taken
+    /// for dead (a half-open connection): its written publishes become
+    /// uncertain and are published again on a new one.
     #[arg(long, env = "REDRIVE_CONFIRM_TIMEOUT_SECONDS", default_value_t = 5)]
     pub confirm_timeout_seconds: u64,
 

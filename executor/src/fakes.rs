@@ -364,14 +364,14 @@ impl Publish for FakePublisher {
             .and_then(VecDeque::pop_front)
             .unwrap_or(Answer::Ack);
         Ok(match answer {
-            Answer::Ack => Pending::resolved(PublishOutcome::Sent {
+            Answer::Ack => Pending::ready(PublishOutcome::Sent {
                 latency: Duration::from_millis(1),
             }),
-            Answer::Nack => Pending::resolved(PublishOutcome::Nacked),
+            Answer::Nack => Pending::ready(PublishOutcome::Nacked),
             // Its sender dropped: "the publisher stopped before the
             // confirm came".
             Answer::Never => Pending::fake().1,
-            Answer::Unwritten => Pending::resolved(PublishOutcome::NotPublished {
+            Answer::Unwritten => Pending::ready(PublishOutcome::NotPublished {
                 reason: "connection reset by peer".to_owned(),
             }),
         })

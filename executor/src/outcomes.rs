@@ -13,7 +13,7 @@
 //! | `basic.nack` | no | `failed` | done |
 //! | no confirm (connection lost or timed out) | yes | `uncertain` | publish again, same message id |
 //! | no confirm | no | `failed` (may have been published) | done |
-//! | not written (connection lost first) | — | — | publish again, the same attempt |
+//! | not written (connection lost first) | — | — | publish again, the same attempt, in its place |
 //!
 //! A confirm that came late (after [`LATE_CONFIRM`]) or never may have
 //! reached the consumer at a time the token bucket did not foresee (held in
@@ -169,6 +169,10 @@ pub struct InFlight {
 pub enum Feedback {
     /// Publish this again (nacked or returned with attempts left, or uncertain).
     Retry(Box<Work>),
+    /// Publish this again in its place, before the later items still
+    /// queued: it was never written to the broker
+    /// ([`PublishOutcome::NotPublished`]).
+    Unpublished(Box<Work>),
     /// This item reached a final outcome.
     Done,
 }
@@ -375,7 +379,7 @@ impl Collector {
             // there is nothing to audit (as for a publish refused at once).
             PublishOutcome::NotPublished { reason } => {
                 tracing::debug!(%reason, "not published: its frames were never written; publishing it again");
-                (None, Feedback::Retry(Box::new(work)))
+                (None, Feedback::Unpublished(Box::new(work)))
             }
             PublishOutcome::Sent { latency } => {
                 let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
@@ -506,7 +510,7 @@ mod tests {
                 } else {
                     PublishOutcome::Nacked
                 };
-                let pending = Pending::resolved(outcome);
+                let pending = Pending::ready(outcome);
                 let flight = InFlight {
                     work: work(id),
                     pending,

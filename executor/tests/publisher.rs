@@ -13,7 +13,8 @@ use lapin::{
     types::{FieldTable, ShortString},
 };
 use redrive_executor::publisher::{
-    Handoff, Outgoing, Pending, PublishError, PublishOutcome, Publisher,
+    DEFAULT_CONFIRM_TIMEOUT, Handoff, Outgoing, Pending, PublishError, PublishOutcome, Publisher,
+    PublisherOptions,
 };
 use support::{AMQP_ADDR, AMQP_URL, Broker, TcpProxy, amqp_url, unique};
 
@@ -394,16 +395,27 @@ fn large(queue: &str, index: usize, size: usize) -> Outgoing {
 /// cut. With [`Handoff::Queued`] those messages are reported not published,
 /// and none of them reached the queue (a message cut off in its body
 /// frames is never enqueued); whatever is in the queue was reported sent
-/// or uncertain. With [`Handoff::Written`] the publish waiting for its
-/// write is refused instead.
+/// or uncertain. So it is too when the confirm timeout (here 0.5 s) ends
+/// the connection during the stall: the messages written by then are
+/// uncertain, and those still queued in lapin are not published once the
+/// cut fails their writes. With [`Handoff::Written`] the publish waiting
+/// for its write is refused instead.
 #[tokio::test]
 async fn messages_cut_off_before_their_frames_are_written_are_not_published() {
-    for handoff in [Handoff::Queued, Handoff::Written] {
+    for (handoff, confirm_timeout) in [
+        (Handoff::Queued, DEFAULT_CONFIRM_TIMEOUT),
+        (Handoff::Queued, Duration::from_millis(500)),
+        (Handoff::Written, DEFAULT_CONFIRM_TIMEOUT),
+    ] {
         let broker = Broker::connect().await.unwrap();
         let queue = unique("redrive-test-publish");
         broker.queue(&queue, FieldTable::default()).await.unwrap();
         let proxy = std::sync::Arc::new(TcpProxy::start(AMQP_ADDR).await.unwrap());
-        let publisher = Publisher::connect(&amqp_url(proxy.addr()), 64)
+        let options = PublisherOptions {
+            confirm_timeout,
+            ..PublisherOptions::with_window(64)
+        };
+        let publisher = Publisher::connect_with(&amqp_url(proxy.addr()), options)
             .await
             .unwrap();
         // 64 × 512 KiB in the window: far more than both sockets buffer.
@@ -474,7 +486,7 @@ async fn messages_cut_off_before_their_frames_are_written_are_not_published() {
         let uncertain = of(|outcome| matches!(outcome, PublishOutcome::Uncertain { .. }));
         let not_published = of(|outcome| matches!(outcome, PublishOutcome::NotPublished { .. }));
         eprintln!(
-            "stalled then cut, {handoff:?}: {} sent, {} uncertain, {} not published, {refused} refused, {} delivered",
+            "stalled then cut, {handoff:?}, confirm timeout {confirm_timeout:?}: {} sent, {} uncertain, {} not published, {refused} refused, {} delivered",
             sent.len(),
             uncertain.len(),
             not_published.len(),
@@ -492,6 +504,16 @@ async fn messages_cut_off_before_their_frames_are_written_are_not_published() {
             "in the queue but neither sent nor uncertain: {:?}",
             delivered.difference(&explained).collect::<Vec<_>>()
         );
+        if confirm_timeout < DEFAULT_CONFIRM_TIMEOUT {
+            let timed_out = outcomes.values().any(|outcome| {
+                matches!(outcome, PublishOutcome::Uncertain { reason }
+                    if reason.contains("no publisher confirm within"))
+            });
+            assert!(
+                timed_out,
+                "the confirm timeout ended the connection before the cut"
+            );
+        }
         match handoff {
             Handoff::Queued => assert!(
                 !not_published.is_empty(),

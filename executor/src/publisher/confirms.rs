@@ -6,13 +6,13 @@ use std::{
     collections::VecDeque,
     hash::{DefaultHasher, Hash, Hasher},
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     task::{Context, Poll, Waker},
     time::Duration,
 };
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, PublisherConfirm, message::BasicReturnMessage,
+    BasicProperties, Channel, Confirmation, message::BasicReturnMessage,
     options::BasicPublishOptions,
 };
 use tokio::{
@@ -26,29 +26,33 @@ use super::{Handoff, Outgoing, Pending, PublishError, PublishOutcome};
 
 /// What became of a message handed to lapin.
 // Kept in place in its window slot, as lapin's `Confirmation` (which holds
-// a return inline) was before: boxing would allocate once per message.
+// a return inline) was before, rather than one more allocation per message.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Settled {
-    /// Its frames were not all written to the connection: lapin failed
-    /// them when the connection or the channel closed first. The broker
-    /// cannot have it (a message is complete only once its content header
-    /// and every body frame arrived, AMQP 0-9-1 section 4.2.6).
+    /// lapin failed its frames before they were all written to the socket:
+    /// the connection failed first (or was already closed). On a plain TCP
+    /// connection the broker cannot have it: lapin counts a frame written
+    /// only once the socket took its last byte, and a message is complete
+    /// only once its content header and every body frame arrived (AMQP
+    /// 0-9-1 section 4.2.6). See [`Shared::partial_writes`] for TLS.
     Unwritten(lapin::Error),
     /// Written; then its confirm's result.
     Confirmed(lapin::Result<Confirmation>),
 }
 
-/// A message's write, then its confirm: lapin's `basic_publish` and
-/// [`PublisherConfirm`] (a test's own future).
+/// A message's write, then its confirm: lapin's `basic_publish`, then its
+/// [`lapin::PublisherConfirm`] (a test's own future). It sets its
+/// [`WrittenAt`] once the write is done.
 type Confirm = Pin<Box<dyn Future<Output = Settled> + Send>>;
 
-/// lapin's `basic_publish`, owning what it publishes: resolves once the
-/// message's frames are written to the connection, to its confirm.
-type Write = Pin<Box<dyn Future<Output = lapin::Result<PublisherConfirm>> + Send>>;
+/// When the message's frames were all written to the socket; unset until
+/// then.
+type WrittenAt = Arc<OnceLock<Instant>>;
 
 /// A message handed to the broker, awaiting its confirm.
 pub(super) struct InFlight {
     confirm: Confirm,
+    written_at: WrittenAt,
     /// The confirm's result, once seen resolved while an earlier message's
     /// was still awaited (its return taken into the pool already).
     resolved: Option<Settled>,
@@ -86,9 +90,30 @@ pub(super) struct Shared {
     pub(super) awaiting_since: std::sync::Mutex<Option<Instant>>,
     /// Set when the confirm timeout declared the connection dead.
     pub(super) dead: std::sync::atomic::AtomicBool,
+    /// The connection is TLS (`amqps`). A TLS stream takes plaintext in
+    /// records and may fail a write call after some of its records reached
+    /// the socket (futures-rustls `poll_write`), and lapin then fails every
+    /// frame of that call: a message it reports unwritten may be at the
+    /// broker, so it is [`PublishOutcome::Uncertain`] here, never
+    /// [`PublishOutcome::NotPublished`].
+    pub(super) partial_writes: bool,
 }
 
 impl Shared {
+    /// The outcome of a message lapin reports unwritten ([`Settled`]):
+    /// [`PublishOutcome::NotPublished`], or on TLS
+    /// [`PublishOutcome::Uncertain`] ([`Shared::partial_writes`]).
+    fn unwritten(&self, error: &lapin::Error) -> PublishOutcome {
+        let reason = self.record_error(error);
+        if self.partial_writes {
+            PublishOutcome::Uncertain {
+                reason: format!("{reason} (a TLS write that failed may have sent part of it)"),
+            }
+        } else {
+            PublishOutcome::NotPublished { reason }
+        }
+    }
+
     pub(super) fn record_error(&self, error: &lapin::Error) -> String {
         let reason = error.to_string();
         *self
@@ -169,47 +194,55 @@ pub(super) async fn publish_requests(
             properties,
         } = outgoing;
         let fingerprint = fingerprint(&exchange, &routing_key, &body, &properties);
-        let channel = channel.clone();
-        let mut write: Write = Box::pin(async move {
-            channel
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &body,
-                    properties,
-                )
-                .await
-        });
-        let mut in_flight = shared.in_flight.lock().await;
-        let published_at = Instant::now();
-        let written = match handoff {
-            Handoff::Written => Some(write.as_mut().await),
-            Handoff::Queued => written_now(&mut write),
-        };
-        let confirm: Confirm = match written {
-            Some(Ok(confirm)) => Box::pin(async move { Settled::Confirmed(confirm.await) }),
-            Some(Err(error)) => {
-                drop(in_flight);
-                let _ = reply.send(Err(PublishError::ConnectionLost {
-                    reason: shared.record_error(&error),
-                }));
-                continue;
-            }
-            None => Box::pin(async move {
-                match write.await {
-                    Ok(confirm) => Settled::Confirmed(confirm.await),
+        let written_at = WrittenAt::default();
+        let mut confirm: Confirm = {
+            let channel = channel.clone();
+            let written_at = Arc::clone(&written_at);
+            Box::pin(async move {
+                let written = channel
+                    .basic_publish(
+                        exchange.into(),
+                        routing_key.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            immediate: false,
+                        },
+                        &body,
+                        properties,
+                    )
+                    .await;
+                match written {
+                    Ok(confirm) => {
+                        let _ = written_at.set(Instant::now());
+                        Settled::Confirmed(confirm.await)
+                    }
                     Err(error) => Settled::Unwritten(error),
                 }
-            }),
+            })
         };
+        let mut in_flight = shared.in_flight.lock().await;
+        let published_at = Instant::now();
+        // The first poll takes the delivery tag and queues the frames.
+        let mut settled = ready_now(&mut confirm);
+        if handoff == Handoff::Written && settled.is_none() {
+            settled = until_written(&mut confirm, &written_at).await;
+        }
+        if let Some(Settled::Unwritten(error)) = &settled {
+            drop(in_flight);
+            let answer = match shared.unwritten(error) {
+                PublishOutcome::NotPublished { reason } => {
+                    Err(PublishError::ConnectionLost { reason })
+                }
+                uncertain => Ok(Pending::ready(uncertain)),
+            };
+            let _ = reply.send(answer);
+            continue;
+        }
         let (outcome, outcome_received) = oneshot::channel();
         in_flight.push_back(InFlight {
             confirm,
-            resolved: None,
+            written_at,
+            resolved: settled,
             fingerprint,
             published_at,
             outcome,
@@ -223,12 +256,27 @@ pub(super) async fn publish_requests(
     }
 }
 
+/// Drives `confirm` until its message is written (`None`: its
+/// `written_at` is set) or it settles first (then its result, never to be
+/// polled again).
+async fn until_written(confirm: &mut Confirm, written_at: &OnceLock<Instant>) -> Option<Settled> {
+    std::future::poll_fn(|context| match confirm.as_mut().poll(context) {
+        Poll::Ready(settled) => Poll::Ready(Some(settled)),
+        Poll::Pending if written_at.get().is_some() => Poll::Ready(None),
+        Poll::Pending => Poll::Pending,
+    })
+    .await
+}
+
 /// The confirm timeout passed: the connection is taken for dead (a
-/// half-open TCP connection, a stalled broker). Every publish in flight is
-/// [`PublishOutcome::Uncertain`] (it may still reach the broker), and
-/// publishing on this connection stops: [`Publisher::is_connected`] is false
-/// from now on, and the owner drops the publisher, which closes the
-/// connection.
+/// half-open TCP connection, a stalled broker). Every publish in flight
+/// that was written, or whose write is done before lapin fails it, is
+/// [`PublishOutcome::Uncertain`] (it may still reach the broker); one whose
+/// write lapin fails is not published ([`Shared::unwritten`]). Publishing
+/// on this connection stops: [`Publisher::is_connected`] is false from now
+/// on, and the owner drops the publisher, which closes the connection once
+/// the writes still queued in lapin are done or failed (as a publish
+/// waiting for its write held it before).
 async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: Duration) {
     let reason = format!(
         "no publisher confirm within {confirm_timeout:?}: the connection is taken for dead"
@@ -245,32 +293,31 @@ async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: 
         .awaiting_since
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-    for entry in abandoned {
-        let _ = entry.outcome.send(PublishOutcome::Uncertain {
-            reason: reason.clone(),
-        });
+    let uncertain = || PublishOutcome::Uncertain {
+        reason: reason.clone(),
+    };
+    for mut entry in abandoned {
+        let settled = match entry.resolved.take() {
+            Some(settled) => Some(settled),
+            None if entry.written_at.get().is_some() => None,
+            None => until_written(&mut entry.confirm, &entry.written_at).await,
+        };
+        let outcome = match settled {
+            Some(Settled::Unwritten(error)) => shared.unwritten(&error),
+            _ => uncertain(),
+        };
+        let _ = entry.outcome.send(outcome);
     }
 }
 
-/// `future`'s output if it is ready now (polled once, with a waker that
+/// `confirm`'s result if it is settled now (polled once, with a waker that
 /// does nothing: whoever awaits it later registers its own).
-fn ready_now<T>(future: &mut Pin<Box<dyn Future<Output = T> + Send>>) -> Option<T> {
+fn ready_now(confirm: &mut Confirm) -> Option<Settled> {
     let mut context = Context::from_waker(Waker::noop());
-    match future.as_mut().poll(&mut context) {
-        Poll::Ready(output) => Some(output),
+    match confirm.as_mut().poll(&mut context) {
+        Poll::Ready(settled) => Some(settled),
         Poll::Pending => None,
     }
-}
-
-/// The write's result if it is done; polled the first time, it takes the
-/// delivery tag and queues the frames.
-fn written_now(write: &mut Write) -> Option<lapin::Result<PublisherConfirm>> {
-    ready_now(write)
-}
-
-/// The confirm's result if it is already resolved.
-fn resolved_now(confirm: &mut Confirm) -> Option<Settled> {
-    ready_now(confirm)
 }
 
 impl InFlight {
@@ -278,7 +325,7 @@ impl InFlight {
     fn take_resolved(&mut self) -> Option<Settled> {
         self.resolved
             .take()
-            .or_else(|| resolved_now(&mut self.confirm))
+            .or_else(|| ready_now(&mut self.confirm))
     }
 }
 
@@ -296,7 +343,7 @@ impl InFlight {
 fn pool_resolved_returns(in_flight: &mut VecDeque<InFlight>, returns: &mut Vec<Returned>) {
     for entry in in_flight.iter_mut() {
         if entry.resolved.is_none() {
-            entry.resolved = resolved_now(&mut entry.confirm);
+            entry.resolved = ready_now(&mut entry.confirm);
         }
         if let Some(result) = &mut entry.resolved {
             returns.extend(Returned::take_from(result));
@@ -354,19 +401,30 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
             .awaiting_since
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(oldest.published_at);
-        let deadline = oldest.published_at + confirm_timeout;
+        // No confirm is due before the message is written: its write is
+        // awaited without a deadline (a socket that takes nothing for two
+        // heartbeats is lapin's to end, and the write then fails), and
+        // the confirm timeout counts from the write.
         let first = match oldest.resolved.take() {
-            Some(first) => first,
-            None => match tokio::time::timeout_at(deadline, &mut oldest.confirm).await {
-                Ok(first) => first,
-                Err(_) => {
-                    give_up_connection(&shared, oldest, confirm_timeout).await;
-                    // Every message in flight is uncertain now: returns
-                    // pooled for them must not be matched to later ones.
-                    returns.clear();
-                    continue;
+            Some(first) => Some(first),
+            None if oldest.written_at.get().is_some() => None,
+            None => until_written(&mut oldest.confirm, &oldest.written_at).await,
+        };
+        let first = match (first, oldest.written_at.get().copied()) {
+            (Some(first), _) => first,
+            (None, written_at) => {
+                let deadline = written_at.unwrap_or(oldest.published_at) + confirm_timeout;
+                match tokio::time::timeout_at(deadline, &mut oldest.confirm).await {
+                    Ok(first) => first,
+                    Err(_) => {
+                        give_up_connection(&shared, oldest, confirm_timeout).await;
+                        // Every message in flight is settled now: returns
+                        // pooled for them must not be matched to later ones.
+                        returns.clear();
+                        continue;
+                    }
                 }
-            },
+            }
         };
         *shared
             .awaiting_since
@@ -432,9 +490,7 @@ fn batch_outcomes(
             Settled::Confirmed(result) => result,
             // Never written, so never returned either: no return is its.
             Settled::Unwritten(error) => {
-                outcomes.push(PublishOutcome::NotPublished {
-                    reason: shared.record_error(error),
-                });
+                outcomes.push(shared.unwritten(error));
                 continue;
             }
         };
@@ -487,6 +543,7 @@ mod tests {
             confirm: Box::pin(confirm.map(|confirmation| {
                 Settled::Confirmed(Ok(confirmation.expect("the test resolves every confirm")))
             })),
+            written_at: Arc::new(OnceLock::from(Instant::now())),
             resolved: None,
             fingerprint: fingerprint("x", "rk", body, &BasicProperties::default()),
             published_at: Instant::now(),
@@ -521,6 +578,7 @@ mod tests {
             last_error: std::sync::Mutex::new(None),
             awaiting_since: std::sync::Mutex::new(None),
             dead: std::sync::atomic::AtomicBool::new(false),
+            partial_writes: false,
         });
         let (first, confirm_first, first_outcome) = in_flight(b"one", &window);
         let (second, confirm_second, second_outcome) = in_flight(b"two", &window);
@@ -569,6 +627,7 @@ mod tests {
             last_error: std::sync::Mutex::new(None),
             awaiting_since: std::sync::Mutex::new(None),
             dead: std::sync::atomic::AtomicBool::new(false),
+            partial_writes: false,
         });
         let (outcome, unwritten_outcome) = oneshot::channel();
         let unwritten = InFlight {
@@ -577,6 +636,7 @@ mod tests {
                     lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed).into(),
                 )
             }),
+            written_at: WrittenAt::default(),
             resolved: None,
             fingerprint: fingerprint("x", "rk", b"same", &BasicProperties::default()),
             published_at: Instant::now(),

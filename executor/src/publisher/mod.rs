@@ -28,10 +28,13 @@
 //! (docs/benchmarks.md, "The executor's publish and lapin's io thread"), so
 //! by default ([`Handoff::Queued`]) a publish returns once its frames are
 //! queued, and the write is awaited with the confirm: a write that then
-//! fails makes it [`PublishOutcome::NotPublished`]. [`Handoff::Written`]
-//! returns only after the write, and a failed write is then
-//! [`PublishError::ConnectionLost`] at once: for callers that must publish
-//! a message again before any later one (an ordered plan).
+//! fails makes it [`PublishOutcome::NotPublished`]. The confirm timeout
+//! counts from the write, so messages lapin has not written yet (a broker
+//! that blocks publishers, a slow link) are not taken for lost; a dead
+//! socket is found by the heartbeat, which fails their writes.
+//! [`Handoff::Written`] returns only after the write, and a failed write is
+//! then [`PublishError::ConnectionLost`] at once: for callers that must
+//! publish a message again before any later one (an ordered plan).
 //!
 //! # Matching returns to messages
 //! lapin hands a received `basic.return` to whichever confirm of the next ack
@@ -86,11 +89,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// 0-9-1 section 4.2.7, RabbitMQ "Detecting Dead TCP Connections with
 /// Heartbeats"), so a half-open connection is noticed on both sides.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
-/// How long the oldest publish may wait for its confirm before the
-/// connection is taken for dead and every publish in flight is
-/// [`PublishOutcome::Uncertain`]. A healthy broker confirms within
-/// milliseconds; a stalled connection would otherwise hold a window of
-/// messages until the kernel gives up on the socket.
+/// How long the oldest publish may wait for its confirm, from when its
+/// frames were written, before the connection is taken for dead and every
+/// publish in flight that was written is [`PublishOutcome::Uncertain`]. A
+/// healthy broker confirms within milliseconds; a stalled connection would
+/// otherwise hold a window of messages until the kernel gives up on the
+/// socket.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a [`Publisher`] connects and how long it waits.
@@ -153,9 +157,10 @@ pub enum Handoff {
     /// [`PublishOutcome::NotPublished`].
     #[default]
     Queued,
-    /// Once its frames are written to the connection; a write that fails
-    /// is [`PublishError::ConnectionLost`], and every message published
-    /// after it is refused too, so it can be published again before them.
+    /// Once its frames are written to the socket; a write that fails is
+    /// [`PublishError::ConnectionLost`] (on TLS: its [`Pending`] is
+    /// [`PublishOutcome::Uncertain`]), and every message published after it
+    /// is refused too, so it can be published again before them.
     Written,
 }
 
@@ -188,12 +193,14 @@ pub enum PublishOutcome {
         /// Why no confirm came.
         reason: String,
     },
-    /// Its frames were not all written to the connection: lapin failed them
-    /// when the connection or the channel closed first (only after a
+    /// Its frames were not all written to the socket: lapin failed them
+    /// because the connection failed first (only after a
     /// [`Handoff::Queued`] publish). The broker cannot have it: a message
     /// is complete only once its content header and every body frame
     /// arrived (AMQP 0-9-1 section 4.2.6, "Content Framing"). Publish it
-    /// again, as the same attempt.
+    /// again, as the same attempt. Never on a TLS connection, where a write
+    /// that fails may have sent part of what it was given: such a message
+    /// is [`PublishOutcome::Uncertain`] there.
     NotPublished {
         /// Why the write failed, as lapin said it.
         reason: String,
@@ -261,12 +268,13 @@ impl Pending {
         (sender, Self { outcome })
     }
 
-    /// A pending outcome that is already `outcome` (tests, fakes).
-    #[cfg(test)]
-    pub(crate) fn resolved(outcome: PublishOutcome) -> Self {
-        let (sender, pending) = Self::fake();
+    /// A pending outcome that is already `outcome`.
+    pub(crate) fn ready(outcome: PublishOutcome) -> Self {
+        let (sender, outcome_received) = oneshot::channel();
         let _ = sender.send(outcome);
-        pending
+        Self {
+            outcome: outcome_received,
+        }
     }
 
     /// The broker's answer for this message.
@@ -376,6 +384,9 @@ impl Publisher {
             last_error: std::sync::Mutex::new(None),
             awaiting_since: std::sync::Mutex::new(None),
             dead: std::sync::atomic::AtomicBool::new(false),
+            partial_writes: amqp_url
+                .get(..8)
+                .is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://")),
         });
         let (requests, requests_received) = mpsc::channel(window);
         let publishing_task = tokio::spawn(publish_requests(

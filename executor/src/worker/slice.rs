@@ -126,6 +126,7 @@ impl SliceRun {
     pub(super) fn take_feedback(&mut self, feedback: Feedback) {
         match feedback {
             Feedback::Retry(work) => self.queue.push_back(*work),
+            Feedback::Unpublished(work) => requeue_unpublished(&mut self.queue, *work),
             Feedback::Done => {
                 self.outstanding = self.outstanding.saturating_sub(1);
                 self.progress.bump();
@@ -177,6 +178,17 @@ impl SliceRun {
     pub(super) fn next_run(&mut self, first: Work, chunk: usize) -> Vec<Work> {
         take_run(&mut self.queue, first, chunk)
     }
+}
+
+/// Puts `work`, never written to the broker, back in its place: before the
+/// first later item of the slice still queued (the queue holds the slice's
+/// items in order, retries at its end), so that it goes out before them.
+pub(super) fn requeue_unpublished(queue: &mut VecDeque<Work>, work: Work) {
+    let at = queue
+        .iter()
+        .position(|queued| queued.position() > work.position())
+        .unwrap_or(queue.len());
+    queue.insert(at, work);
 }
 
 /// The next run: `first` and the queued items for its destination

@@ -2,7 +2,10 @@
 
 use std::collections::VecDeque;
 
-use super::{run_size, slice::take_run};
+use super::{
+    run_size,
+    slice::{requeue_unpublished, take_run},
+};
 use crate::{bucket::Rate, item::LeasedItem, outcomes::Work};
 
 #[test]
@@ -65,6 +68,26 @@ async fn a_run_of_one_destination_is_taken_from_the_front() {
     let run = take_run(&mut queue, work(0, "a", false), 1);
     assert_eq!(ids(&run), [0], "a chunk of one takes only the first");
     assert_eq!(ids(queue.make_contiguous()), [5, 6]);
+}
+
+/// Messages never written go back before the later items still queued,
+/// in order, also when several come back one after another; retries stay
+/// at the end.
+#[tokio::test]
+async fn an_unpublished_item_goes_back_before_the_later_items() {
+    let mut queue: VecDeque<Work> = [
+        work(9, "a", false),
+        work(10, "a", false),
+        work(2, "a", true),
+    ]
+    .into();
+    for id in [6, 7, 8] {
+        requeue_unpublished(&mut queue, work(id, "a", false));
+    }
+    assert_eq!(ids(queue.make_contiguous()), [6, 7, 8, 9, 10, 2]);
+    let mut empty = VecDeque::new();
+    requeue_unpublished(&mut empty, work(3, "a", false));
+    assert_eq!(ids(empty.make_contiguous()), [3]);
 }
 
 /// The pipeline, claim to report, against a fake planner and broker.
