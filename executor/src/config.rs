@@ -131,9 +131,10 @@ pub struct Config {
     pub claim_wait_seconds: u64,
 
     /// Seconds the oldest publish may wait for its publisher confirm, from
-    /// when its frames were written, before the broker connection is taken
-    /// for dead (a half-open connection): its written publishes become
-    /// uncertain and are published again on a new one.
+    /// when its frames were written (before that, from its handoff; not
+    /// while the broker blocks the connection), before the broker
+    /// connection is taken for dead (a half-open connection): its written
+    /// publishes become uncertain and are published again on a new one.
     #[arg(long, env = "REDRIVE_CONFIRM_TIMEOUT_SECONDS", default_value_t = 5)]
     pub confirm_timeout_seconds: u64,
 

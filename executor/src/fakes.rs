@@ -371,6 +371,14 @@ impl Publish for FakePublisher {
             // Its sender dropped: "the publisher stopped before the
             // confirm came".
             Answer::Never => Pending::fake().1,
+            // As the real publisher: a publish that returns only once
+            // written fails then; one that returned at the handoff learns
+            // it from its outcome.
+            Answer::Unwritten if handoff == Handoff::Written => {
+                return Err(PublishError::ConnectionLost {
+                    reason: "connection reset by peer".to_owned(),
+                });
+            }
             Answer::Unwritten => Pending::ready(PublishOutcome::NotPublished {
                 reason: "connection reset by peer".to_owned(),
             }),

@@ -395,7 +395,7 @@ fn large(queue: &str, index: usize, size: usize) -> Outgoing {
 /// cut. With [`Handoff::Queued`] those messages are reported not published,
 /// and none of them reached the queue (a message cut off in its body
 /// frames is never enqueued); whatever is in the queue was reported sent
-/// or uncertain. So it is too when the confirm timeout (here 0.5 s) ends
+/// or uncertain. So it is too when the confirm timeout (here 1 s) ends
 /// the connection during the stall: the messages written by then are
 /// uncertain, and those still queued in lapin are not published once the
 /// cut fails their writes. With [`Handoff::Written`] the publish waiting
@@ -404,7 +404,7 @@ fn large(queue: &str, index: usize, size: usize) -> Outgoing {
 async fn messages_cut_off_before_their_frames_are_written_are_not_published() {
     for (handoff, confirm_timeout) in [
         (Handoff::Queued, DEFAULT_CONFIRM_TIMEOUT),
-        (Handoff::Queued, Duration::from_millis(500)),
+        (Handoff::Queued, Duration::from_secs(1)),
         (Handoff::Written, DEFAULT_CONFIRM_TIMEOUT),
     ] {
         let broker = Broker::connect().await.unwrap();

@@ -12,8 +12,8 @@ use std::{
 };
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, message::BasicReturnMessage,
-    options::BasicPublishOptions,
+    BasicProperties, Channel, Confirmation, ConnectionStatus, ErrorKind,
+    message::BasicReturnMessage, options::BasicPublishOptions,
 };
 use tokio::{
     sync::{Mutex, Notify, OwnedSemaphorePermit, mpsc, oneshot},
@@ -93,25 +93,42 @@ pub(super) struct Shared {
     /// The connection is TLS (`amqps`). A TLS stream takes plaintext in
     /// records and may fail a write call after some of its records reached
     /// the socket (futures-rustls `poll_write`), and lapin then fails every
-    /// frame of that call: a message it reports unwritten may be at the
-    /// broker, so it is [`PublishOutcome::Uncertain`] here, never
+    /// frame of that call with the I/O error: a message it reports unwritten
+    /// for an I/O error may be at the broker, so it is
+    /// [`PublishOutcome::Uncertain`] here, never
     /// [`PublishOutcome::NotPublished`].
     pub(super) partial_writes: bool,
+    /// The connection's status (`None` in unit tests): whether the broker
+    /// has blocked it.
+    pub(super) connection: Option<ConnectionStatus>,
 }
 
 impl Shared {
     /// The outcome of a message lapin reports unwritten ([`Settled`]):
-    /// [`PublishOutcome::NotPublished`], or on TLS
-    /// [`PublishOutcome::Uncertain`] ([`Shared::partial_writes`]).
+    /// [`PublishOutcome::NotPublished`], or on TLS after an I/O error
+    /// [`PublishOutcome::Uncertain`] ([`Shared::partial_writes`]). A write
+    /// fails only once the connection or the channel is broken: nothing
+    /// more is published on it ([`Shared::dead`]).
     fn unwritten(&self, error: &lapin::Error) -> PublishOutcome {
         let reason = self.record_error(error);
-        if self.partial_writes {
+        self.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+        if self.partial_writes && matches!(error.kind(), ErrorKind::IOError(_)) {
             PublishOutcome::Uncertain {
                 reason: format!("{reason} (a TLS write that failed may have sent part of it)"),
             }
         } else {
             PublishOutcome::NotPublished { reason }
         }
+    }
+
+    /// Whether the broker has blocked the connection (`connection.blocked`,
+    /// RabbitMQ "Blocked Connection Notifications": a resource alarm). It
+    /// then reads nothing from it, so no confirm can come and none is
+    /// overdue.
+    fn broker_blocked(&self) -> bool {
+        self.connection
+            .as_ref()
+            .is_some_and(ConnectionStatus::blocked)
     }
 
     pub(super) fn record_error(&self, error: &lapin::Error) -> String {
@@ -256,6 +273,43 @@ pub(super) async fn publish_requests(
     }
 }
 
+/// The oldest message's result, or `None` once its confirm is overdue.
+///
+/// Its confirm is due `confirm_timeout` after its write (before it is
+/// written: after its handoff, so that a path that takes nothing is found
+/// out). While the broker has blocked the connection
+/// ([`Shared::broker_blocked`]) nothing is due: the timeout starts over,
+/// and the replay waits for the broker.
+async fn await_oldest(
+    shared: &Shared,
+    oldest: &mut InFlight,
+    confirm_timeout: Duration,
+) -> Option<Settled> {
+    if let Some(settled) = oldest.resolved.take() {
+        return Some(settled);
+    }
+    let mut since = oldest
+        .written_at
+        .get()
+        .copied()
+        .unwrap_or(oldest.published_at);
+    loop {
+        let written = oldest.written_at.get().is_some();
+        let step = std::future::poll_fn(|context| match oldest.confirm.as_mut().poll(context) {
+            Poll::Ready(settled) => Poll::Ready(Some(settled)),
+            // Written just now: its deadline moves to the write.
+            Poll::Pending if !written && oldest.written_at.get().is_some() => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        });
+        match tokio::time::timeout_at(since + confirm_timeout, step).await {
+            Ok(Some(settled)) => return Some(settled),
+            Ok(None) => since = oldest.written_at.get().copied().unwrap_or(since),
+            Err(_) if shared.broker_blocked() => since = Instant::now(),
+            Err(_) => return None,
+        }
+    }
+}
+
 /// Drives `confirm` until its message is written (`None`: its
 /// `written_at` is set) or it settles first (then its result, never to be
 /// polled again).
@@ -270,13 +324,13 @@ async fn until_written(confirm: &mut Confirm, written_at: &OnceLock<Instant>) ->
 
 /// The confirm timeout passed: the connection is taken for dead (a
 /// half-open TCP connection, a stalled broker). Every publish in flight
-/// that was written, or whose write is done before lapin fails it, is
-/// [`PublishOutcome::Uncertain`] (it may still reach the broker); one whose
-/// write lapin fails is not published ([`Shared::unwritten`]). Publishing
-/// on this connection stops: [`Publisher::is_connected`] is false from now
-/// on, and the owner drops the publisher, which closes the connection once
-/// the writes still queued in lapin are done or failed (as a publish
-/// waiting for its write held it before).
+/// that was written is [`PublishOutcome::Uncertain`] (it may still reach
+/// the broker). One still queued in lapin is waited for, one more confirm
+/// timeout at most: if lapin fails its write (the connection ends) it is
+/// not published ([`Shared::unwritten`]); if it is written, or still
+/// queued then (lapin may write it later), it is uncertain. Publishing on
+/// this connection stops: [`Publisher::is_connected`] is false from now
+/// on, and the owner closes the publisher.
 async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: Duration) {
     let reason = format!(
         "no publisher confirm within {confirm_timeout:?}: the connection is taken for dead"
@@ -296,11 +350,16 @@ async fn give_up_connection(shared: &Shared, oldest: InFlight, confirm_timeout: 
     let uncertain = || PublishOutcome::Uncertain {
         reason: reason.clone(),
     };
+    let grace = Instant::now() + confirm_timeout;
     for mut entry in abandoned {
         let settled = match entry.resolved.take() {
             Some(settled) => Some(settled),
             None if entry.written_at.get().is_some() => None,
-            None => until_written(&mut entry.confirm, &entry.written_at).await,
+            None => {
+                tokio::time::timeout_at(grace, until_written(&mut entry.confirm, &entry.written_at))
+                    .await
+                    .unwrap_or(None)
+            }
         };
         let outcome = match settled {
             Some(Settled::Unwritten(error)) => shared.unwritten(&error),
@@ -401,30 +460,12 @@ pub(super) async fn resolve_confirms(shared: Arc<Shared>, confirm_timeout: Durat
             .awaiting_since
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(oldest.published_at);
-        // No confirm is due before the message is written: its write is
-        // awaited without a deadline (a socket that takes nothing for two
-        // heartbeats is lapin's to end, and the write then fails), and
-        // the confirm timeout counts from the write.
-        let first = match oldest.resolved.take() {
-            Some(first) => Some(first),
-            None if oldest.written_at.get().is_some() => None,
-            None => until_written(&mut oldest.confirm, &oldest.written_at).await,
-        };
-        let first = match (first, oldest.written_at.get().copied()) {
-            (Some(first), _) => first,
-            (None, written_at) => {
-                let deadline = written_at.unwrap_or(oldest.published_at) + confirm_timeout;
-                match tokio::time::timeout_at(deadline, &mut oldest.confirm).await {
-                    Ok(first) => first,
-                    Err(_) => {
-                        give_up_connection(&shared, oldest, confirm_timeout).await;
-                        // Every message in flight is settled now: returns
-                        // pooled for them must not be matched to later ones.
-                        returns.clear();
-                        continue;
-                    }
-                }
-            }
+        let Some(first) = await_oldest(&shared, &mut oldest, confirm_timeout).await else {
+            give_up_connection(&shared, oldest, confirm_timeout).await;
+            // Every message in flight is settled now: returns pooled for
+            // them must not be matched to later ones.
+            returns.clear();
+            continue;
         };
         *shared
             .awaiting_since
@@ -579,6 +620,7 @@ mod tests {
             awaiting_since: std::sync::Mutex::new(None),
             dead: std::sync::atomic::AtomicBool::new(false),
             partial_writes: false,
+            connection: None,
         });
         let (first, confirm_first, first_outcome) = in_flight(b"one", &window);
         let (second, confirm_second, second_outcome) = in_flight(b"two", &window);
@@ -628,6 +670,7 @@ mod tests {
             awaiting_since: std::sync::Mutex::new(None),
             dead: std::sync::atomic::AtomicBool::new(false),
             partial_writes: false,
+            connection: None,
         });
         let (outcome, unwritten_outcome) = oneshot::channel();
         let unwritten = InFlight {

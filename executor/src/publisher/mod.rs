@@ -28,10 +28,7 @@
 //! (docs/benchmarks.md, "The executor's publish and lapin's io thread"), so
 //! by default ([`Handoff::Queued`]) a publish returns once its frames are
 //! queued, and the write is awaited with the confirm: a write that then
-//! fails makes it [`PublishOutcome::NotPublished`]. The confirm timeout
-//! counts from the write, so messages lapin has not written yet (a broker
-//! that blocks publishers, a slow link) are not taken for lost; a dead
-//! socket is found by the heartbeat, which fails their writes.
+//! fails makes it [`PublishOutcome::NotPublished`].
 //! [`Handoff::Written`] returns only after the write, and a failed write is
 //! then [`PublishError::ConnectionLost`] at once: for callers that must
 //! publish a message again before any later one (an ordered plan).
@@ -89,12 +86,19 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// 0-9-1 section 4.2.7, RabbitMQ "Detecting Dead TCP Connections with
 /// Heartbeats"), so a half-open connection is noticed on both sides.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
-/// How long the oldest publish may wait for its confirm, from when its
-/// frames were written, before the connection is taken for dead and every
-/// publish in flight that was written is [`PublishOutcome::Uncertain`]. A
-/// healthy broker confirms within milliseconds; a stalled connection would
-/// otherwise hold a window of messages until the kernel gives up on the
-/// socket.
+/// How long the oldest publish may wait for its confirm before the
+/// connection is taken for dead. A healthy broker confirms within
+/// milliseconds; a stalled connection would otherwise hold a window of
+/// messages until the kernel gives up on the socket.
+///
+/// It counts from the message's write (before it is written, from its
+/// handoff), and starts over while the broker has blocked the connection
+/// (`connection.blocked`, RabbitMQ "Blocked Connection Notifications": a
+/// resource alarm, during which the broker reads nothing). When it passes,
+/// every publish in flight that was written is
+/// [`PublishOutcome::Uncertain`]; one lapin still holds is waited for one
+/// more timeout: [`PublishOutcome::NotPublished`] if lapin fails its write
+/// (the connection ended), else uncertain.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a [`Publisher`] connects and how long it waits.
@@ -340,8 +344,8 @@ impl Publisher {
 
     /// [`Publisher::connect`] with every option: the heartbeat is added to
     /// the URL when it names none, and a confirm that takes longer than
-    /// `confirm_timeout` ends the connection (every publish in flight is then
-    /// [`PublishOutcome::Uncertain`]).
+    /// `confirm_timeout` takes the connection for dead (see
+    /// [`DEFAULT_CONFIRM_TIMEOUT`] for what its publishes become).
     ///
     /// # Errors
     /// As [`Publisher::connect`].
@@ -387,6 +391,7 @@ impl Publisher {
             partial_writes: amqp_url
                 .get(..8)
                 .is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://")),
+            connection: Some(connection.status().clone()),
         });
         let (requests, requests_received) = mpsc::channel(window);
         let publishing_task = tokio::spawn(publish_requests(
@@ -554,7 +559,9 @@ impl Publisher {
     }
 
     /// Stops publishing, waits until every outstanding message has its
-    /// outcome (confirmed, or uncertain if the connection drops meanwhile),
+    /// outcome (confirmed; uncertain or not published if the connection
+    /// drops or stalls meanwhile; while the broker blocks the connection,
+    /// not before it unblocks it),
     /// then closes the channel and the connection. Bound it with a timeout
     /// if the broker may hang.
     ///
