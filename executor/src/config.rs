@@ -131,8 +131,9 @@ pub struct Config {
     pub claim_wait_seconds: u64,
 
     /// Seconds the oldest publish may wait for its publisher confirm, from
-    /// when its frames were written (before that, from its handoff; not
-    /// while the broker blocks the connection), before the broker
+    /// when its frames were written (before that, from when it is first in
+    /// line to be written; not while the broker blocks the connection),
+    /// before the broker
     /// connection is taken for dead (a half-open connection): its written
     /// publishes become uncertain and are published again on a new one.
     #[arg(long, env = "REDRIVE_CONFIRM_TIMEOUT_SECONDS", default_value_t = 5)]
@@ -157,7 +158,8 @@ pub struct Config {
 
     /// Seconds a slice loop may go without a heartbeat before `liveness`
     /// reports `NOT_SERVING` (at least 10 more than --claim-wait-seconds
-    /// and --confirm-timeout-seconds, the longest waits without a beat).
+    /// and twice --confirm-timeout-seconds, the longest waits without a
+    /// beat: a confirm timeout, then the wait for writes still queued).
     #[arg(long, env = "REDRIVE_LIVENESS_TIMEOUT_SECONDS", default_value_t = 90)]
     pub liveness_timeout_seconds: u64,
 
@@ -229,7 +231,7 @@ impl Config {
                 "liveness-timeout-seconds",
                 self.liveness_timeout_seconds,
                 self.claim_wait_seconds
-                    .max(self.confirm_timeout_seconds)
+                    .max(self.confirm_timeout_seconds.saturating_mul(2))
                     .saturating_add(10)..=86_400,
             ),
             (

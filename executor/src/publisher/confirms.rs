@@ -88,7 +88,8 @@ pub(super) struct Shared {
     /// When the publish whose confirm is awaited now was made (the oldest
     /// in flight); `None` while none is awaited.
     pub(super) awaiting_since: std::sync::Mutex<Option<Instant>>,
-    /// Set when the confirm timeout declared the connection dead.
+    /// Set when the confirm timeout declared the connection dead, or a
+    /// write failed ([`Shared::unwritten`]).
     pub(super) dead: std::sync::atomic::AtomicBool,
     /// The connection is TLS (`amqps`). A TLS stream takes plaintext in
     /// records and may fail a write call after some of its records reached
@@ -275,11 +276,14 @@ pub(super) async fn publish_requests(
 
 /// The oldest message's result, or `None` once its confirm is overdue.
 ///
-/// Its confirm is due `confirm_timeout` after its write (before it is
-/// written: after its handoff, so that a path that takes nothing is found
-/// out). While the broker has blocked the connection
-/// ([`Shared::broker_blocked`]) nothing is due: the timeout starts over,
-/// and the replay waits for the broker.
+/// Its confirm is due `confirm_timeout` after its write, as this task sees
+/// it written. Before it is written, the timeout counts from now: every
+/// earlier message was written (its confirm came), so it is first in
+/// lapin's queue, and only its own write is waited for (a path that takes
+/// nothing is found out; a slow link that keeps writing is not). While the
+/// broker has blocked the connection ([`Shared::broker_blocked`], looked at
+/// every tenth of the timeout) nothing is due: the timeout starts over once
+/// it unblocks, and the replay waits for the broker.
 async fn await_oldest(
     shared: &Shared,
     oldest: &mut InFlight,
@@ -288,11 +292,12 @@ async fn await_oldest(
     if let Some(settled) = oldest.resolved.take() {
         return Some(settled);
     }
+    let look = (confirm_timeout / 10).max(Duration::from_millis(100));
     let mut since = oldest
         .written_at
         .get()
         .copied()
-        .unwrap_or(oldest.published_at);
+        .unwrap_or_else(Instant::now);
     loop {
         let written = oldest.written_at.get().is_some();
         let step = std::future::poll_fn(|context| match oldest.confirm.as_mut().poll(context) {
@@ -301,10 +306,12 @@ async fn await_oldest(
             Poll::Pending if !written && oldest.written_at.get().is_some() => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         });
-        match tokio::time::timeout_at(since + confirm_timeout, step).await {
+        let deadline = since + confirm_timeout;
+        match tokio::time::timeout_at(deadline.min(Instant::now() + look), step).await {
             Ok(Some(settled)) => return Some(settled),
             Ok(None) => since = oldest.written_at.get().copied().unwrap_or(since),
             Err(_) if shared.broker_blocked() => since = Instant::now(),
+            Err(_) if Instant::now() < deadline => {}
             Err(_) => return None,
         }
     }

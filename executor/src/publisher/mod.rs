@@ -91,10 +91,12 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// milliseconds; a stalled connection would otherwise hold a window of
 /// messages until the kernel gives up on the socket.
 ///
-/// It counts from the message's write (before it is written, from its
-/// handoff), and starts over while the broker has blocked the connection
-/// (`connection.blocked`, RabbitMQ "Blocked Connection Notifications": a
-/// resource alarm, during which the broker reads nothing). When it passes,
+/// It counts from the message's write, as the confirm task sees it (before
+/// it is written, from when it is first in lapin's queue: only its own
+/// write is waited for), and starts over while the broker has blocked the
+/// connection (`connection.blocked`, RabbitMQ "Blocked Connection
+/// Notifications": a resource alarm, during which the broker reads
+/// nothing). When it passes,
 /// every publish in flight that was written is
 /// [`PublishOutcome::Uncertain`]; one lapin still holds is waited for one
 /// more timeout: [`PublishOutcome::NotPublished`] if lapin fails its write
@@ -202,9 +204,9 @@ pub enum PublishOutcome {
     /// [`Handoff::Queued`] publish). The broker cannot have it: a message
     /// is complete only once its content header and every body frame
     /// arrived (AMQP 0-9-1 section 4.2.6, "Content Framing"). Publish it
-    /// again, as the same attempt. Never on a TLS connection, where a write
-    /// that fails may have sent part of what it was given: such a message
-    /// is [`PublishOutcome::Uncertain`] there.
+    /// again, as the same attempt. On a TLS connection a write that fails
+    /// with an I/O error may have sent part of what it was given: such a
+    /// message is [`PublishOutcome::Uncertain`] there.
     NotPublished {
         /// Why the write failed, as lapin said it.
         reason: String,
