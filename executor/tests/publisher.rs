@@ -49,6 +49,23 @@ async fn settled_count(broker: &Broker, queue: &str) -> u32 {
     last
 }
 
+/// The index of every message in `queue` once its count settles, read
+/// from each body by `index`; the queue is drained.
+async fn delivered(
+    broker: &Broker,
+    queue: &str,
+    index: impl Fn(&[u8]) -> usize,
+) -> std::collections::BTreeSet<usize> {
+    settled_count(broker, queue).await;
+    broker
+        .drain(queue)
+        .await
+        .unwrap()
+        .iter()
+        .map(|body| index(body))
+        .collect()
+}
+
 /// A direct exchange and a queue bound to it with `routing_key`, both deleted
 /// by [`Broker::cleanup`].
 async fn bound_queue(broker: &Broker, routing_key: &str) -> (String, String) {
@@ -331,20 +348,14 @@ async fn cut_connection_with(handoff: Handoff) {
     }
 
     // By identity: what the queue holds, message by message.
-    settled_count(&broker, &queue).await;
-    let delivered: std::collections::BTreeSet<usize> = broker
-        .drain(&queue)
-        .await
-        .unwrap()
-        .iter()
-        .map(|body| {
-            let text = String::from_utf8_lossy(body);
-            text.trim_start_matches("{\"order\":")
-                .trim_end_matches('}')
-                .parse()
-                .unwrap_or_else(|_| panic!("an odd body in the queue: {text}"))
-        })
-        .collect();
+    let delivered = delivered(&broker, &queue, |body| {
+        let text = String::from_utf8_lossy(body);
+        text.trim_start_matches("{\"order\":")
+            .trim_end_matches('}')
+            .parse()
+            .unwrap_or_else(|_| panic!("an odd body in the queue: {text}"))
+    })
+    .await;
     eprintln!(
         "cut, {handoff:?}: {} sent, {} uncertain, {} not published, {} refused, {} delivered",
         sent.len(),
@@ -463,18 +474,12 @@ async fn messages_cut_off_before_their_frames_are_written_are_not_published() {
                 .expect("every outcome resolves");
             outcomes.insert(index, outcome);
         }
-        settled_count(&broker, &queue).await;
-        let delivered: std::collections::BTreeSet<usize> = broker
-            .drain(&queue)
-            .await
-            .unwrap()
-            .iter()
-            .map(|body| {
-                String::from_utf8_lossy(&body[..8])
-                    .parse()
-                    .expect("an index first")
-            })
-            .collect();
+        let delivered = delivered(&broker, &queue, |body| {
+            String::from_utf8_lossy(&body[..8])
+                .parse()
+                .expect("an index first")
+        })
+        .await;
         let of = |wanted: fn(&PublishOutcome) -> bool| -> std::collections::BTreeSet<usize> {
             outcomes
                 .iter()

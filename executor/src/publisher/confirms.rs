@@ -105,6 +105,26 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// What the tasks of a publisher with a confirm window of `window`
+    /// share, on a connection whose status is `connection` (`None` in unit
+    /// tests); `partial_writes` for TLS ([`Shared::partial_writes`]).
+    pub(super) fn new(
+        window: usize,
+        partial_writes: bool,
+        connection: Option<ConnectionStatus>,
+    ) -> Self {
+        Self {
+            in_flight: Mutex::new(VecDeque::with_capacity(window)),
+            pushed: Notify::new(),
+            publishing_done: CancellationToken::new(),
+            last_error: std::sync::Mutex::new(None),
+            awaiting_since: std::sync::Mutex::new(None),
+            dead: std::sync::atomic::AtomicBool::new(false),
+            partial_writes,
+            connection,
+        }
+    }
+
     /// The outcome of a message lapin reports unwritten ([`Settled`]):
     /// [`PublishOutcome::NotPublished`], or on TLS after an I/O error
     /// [`PublishOutcome::Uncertain`] ([`Shared::partial_writes`]). A write
@@ -619,16 +639,7 @@ mod tests {
     #[tokio::test]
     async fn a_return_on_a_later_confirm_of_the_same_ack_reaches_its_message() {
         let window = Arc::new(Semaphore::new(3));
-        let shared = Arc::new(Shared {
-            in_flight: Mutex::new(VecDeque::new()),
-            pushed: Notify::new(),
-            publishing_done: CancellationToken::new(),
-            last_error: std::sync::Mutex::new(None),
-            awaiting_since: std::sync::Mutex::new(None),
-            dead: std::sync::atomic::AtomicBool::new(false),
-            partial_writes: false,
-            connection: None,
-        });
+        let shared = Arc::new(Shared::new(3, false, None));
         let (first, confirm_first, first_outcome) = in_flight(b"one", &window);
         let (second, confirm_second, second_outcome) = in_flight(b"two", &window);
         let (third, confirm_third, third_outcome) = in_flight(b"three", &window);
@@ -669,16 +680,7 @@ mod tests {
     #[tokio::test]
     async fn an_unwritten_publish_is_not_published_and_takes_no_return() {
         let window = Arc::new(Semaphore::new(2));
-        let shared = Arc::new(Shared {
-            in_flight: Mutex::new(VecDeque::new()),
-            pushed: Notify::new(),
-            publishing_done: CancellationToken::new(),
-            last_error: std::sync::Mutex::new(None),
-            awaiting_since: std::sync::Mutex::new(None),
-            dead: std::sync::atomic::AtomicBool::new(false),
-            partial_writes: false,
-            connection: None,
-        });
+        let shared = Arc::new(Shared::new(3, false, None));
         let (outcome, unwritten_outcome) = oneshot::channel();
         let unwritten = InFlight {
             confirm: Box::pin(async {

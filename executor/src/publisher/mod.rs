@@ -55,7 +55,6 @@
 //! holds back the outcomes of later messages (not their publishing).
 
 use std::{
-    collections::VecDeque,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -67,11 +66,10 @@ use lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, options::ConfirmSelectOptions,
 };
 use tokio::{
-    sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot},
     task::JoinHandle,
     time::Instant,
 };
-use tokio_util::sync::CancellationToken;
 
 mod confirms;
 mod publish;
@@ -383,18 +381,10 @@ impl Publisher {
                 });
             }
         };
-        let shared = Arc::new(Shared {
-            in_flight: Mutex::new(VecDeque::with_capacity(window)),
-            pushed: Notify::new(),
-            publishing_done: CancellationToken::new(),
-            last_error: std::sync::Mutex::new(None),
-            awaiting_since: std::sync::Mutex::new(None),
-            dead: std::sync::atomic::AtomicBool::new(false),
-            partial_writes: amqp_url
-                .get(..8)
-                .is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://")),
-            connection: Some(connection.status().clone()),
-        });
+        let tls = amqp_url
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("amqps://"));
+        let shared = Arc::new(Shared::new(window, tls, Some(connection.status().clone())));
         let (requests, requests_received) = mpsc::channel(window);
         let publishing_task = tokio::spawn(publish_requests(
             channel.clone(),
