@@ -102,6 +102,9 @@ pub(super) struct Shared {
     /// The connection's status (`None` in unit tests): whether the broker
     /// has blocked it.
     pub(super) connection: Option<ConnectionStatus>,
+    /// When the broker's block was last seen on ([`await_oldest`]): no
+    /// confirm timeout counts from before it.
+    pub(super) blocked_seen: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -122,6 +125,7 @@ impl Shared {
             dead: std::sync::atomic::AtomicBool::new(false),
             partial_writes,
             connection,
+            blocked_seen: std::sync::Mutex::new(None),
         }
     }
 
@@ -133,7 +137,13 @@ impl Shared {
     fn unwritten(&self, error: &lapin::Error) -> PublishOutcome {
         let reason = self.record_error(error);
         self.dead.store(true, std::sync::atomic::Ordering::SeqCst);
-        if self.partial_writes && matches!(error.kind(), ErrorKind::IOError(_)) {
+        // lapin reports an I/O error seen while its runtime shuts down as
+        // `RuntimeShutdownError`: the same write failure.
+        let io = matches!(
+            error.kind(),
+            ErrorKind::IOError(_) | ErrorKind::RuntimeShutdownError(_)
+        );
+        if self.partial_writes && io {
             PublishOutcome::Uncertain {
                 reason: format!("{reason} (a TLS write that failed may have sent part of it)"),
             }
@@ -147,9 +157,25 @@ impl Shared {
     /// then reads nothing from it, so no confirm can come and none is
     /// overdue.
     fn broker_blocked(&self) -> bool {
-        self.connection
+        let blocked = self
+            .connection
             .as_ref()
-            .is_some_and(ConnectionStatus::blocked)
+            .is_some_and(ConnectionStatus::blocked);
+        if blocked {
+            *self
+                .blocked_seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        }
+        blocked
+    }
+
+    /// The later of `since` and when the broker's block was last seen on.
+    fn after_block(&self, since: Instant) -> Instant {
+        self.blocked_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map_or(since, |seen| seen.max(since))
     }
 
     pub(super) fn record_error(&self, error: &lapin::Error) -> String {
@@ -303,7 +329,8 @@ pub(super) async fn publish_requests(
 /// nothing is found out; a slow link that keeps writing is not). While the
 /// broker has blocked the connection ([`Shared::broker_blocked`], looked at
 /// every tenth of the timeout) nothing is due: the timeout starts over once
-/// it unblocks, and the replay waits for the broker.
+/// it unblocks, for this message and every later one (written before or
+/// during the block), and the replay waits for the broker.
 async fn await_oldest(
     shared: &Shared,
     oldest: &mut InFlight,
@@ -313,11 +340,13 @@ async fn await_oldest(
         return Some(settled);
     }
     let look = (confirm_timeout / 10).max(Duration::from_millis(100));
-    let mut since = oldest
-        .written_at
-        .get()
-        .copied()
-        .unwrap_or_else(Instant::now);
+    let mut since = shared.after_block(
+        oldest
+            .written_at
+            .get()
+            .copied()
+            .unwrap_or_else(Instant::now),
+    );
     loop {
         let written = oldest.written_at.get().is_some();
         let step = std::future::poll_fn(|context| match oldest.confirm.as_mut().poll(context) {
@@ -329,7 +358,9 @@ async fn await_oldest(
         let deadline = since + confirm_timeout;
         match tokio::time::timeout_at(deadline.min(Instant::now() + look), step).await {
             Ok(Some(settled)) => return Some(settled),
-            Ok(None) => since = oldest.written_at.get().copied().unwrap_or(since),
+            Ok(None) => {
+                since = shared.after_block(oldest.written_at.get().copied().unwrap_or(since));
+            }
             Err(_) if shared.broker_blocked() => since = Instant::now(),
             Err(_) if Instant::now() < deadline => {}
             Err(_) => return None,
