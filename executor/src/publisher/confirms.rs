@@ -348,15 +348,17 @@ async fn await_oldest(
             .unwrap_or_else(Instant::now),
     );
     loop {
-        let written = oldest.written_at.get().is_some();
-        let step = std::future::poll_fn(|context| match oldest.confirm.as_mut().poll(context) {
-            Poll::Ready(settled) => Poll::Ready(Some(settled)),
-            // Written just now: its deadline moves to the write.
-            Poll::Pending if !written && oldest.written_at.get().is_some() => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        });
+        let step = async {
+            if oldest.written_at.get().is_some() {
+                Some((&mut oldest.confirm).await)
+            } else {
+                // `None`: written just now; its deadline moves to the write.
+                until_written(&mut oldest.confirm, &oldest.written_at).await
+            }
+        };
         let deadline = since + confirm_timeout;
-        match tokio::time::timeout_at(deadline.min(Instant::now() + look), step).await {
+        let stepped = tokio::time::timeout_at(deadline.min(Instant::now() + look), step).await;
+        match stepped {
             Ok(Some(settled)) => return Some(settled),
             Ok(None) => {
                 since = shared.after_block(oldest.written_at.get().copied().unwrap_or(since));
