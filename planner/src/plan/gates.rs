@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -20,8 +20,15 @@ use crate::{
     },
 };
 
-/// How often the gates are looked at.
+/// How often the gates are looked at, at the longest: a pass comes sooner
+/// when an observation window ends sooner ([`next_pass_in`]).
 pub const GATE_INTERVAL: Duration = Duration::from_millis(500);
+/// How long after an observation window's end its pass comes: the window
+/// is read from PostgreSQL and its end compared with this host's clock,
+/// and the sleep's timer may fire a little early, so the pass lands just
+/// after the end rather than just before it (a pass before it would leave
+/// the promotion to the next one, an interval later).
+const WINDOW_END_SLACK: Duration = Duration::from_millis(5);
 /// The actor of gate decisions in the audit.
 pub const GATE_ACTOR: &str = "redrive-gate";
 /// Failed or unroutable outcomes tolerated.
@@ -97,26 +104,53 @@ fn still_arriving(plan: &GateReading) -> Option<GateTrip> {
     })
 }
 
-/// Checks the gates every [`GATE_INTERVAL`] until `shutdown`.
+/// Checks the gates every [`GATE_INTERVAL`], or sooner when an observation
+/// window ends sooner, until `shutdown`.
 pub async fn run(store: Store, shutdown: CancellationToken) {
+    let mut pause = GATE_INTERVAL;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(GATE_INTERVAL) => {}
+            () = tokio::time::sleep(pause) => {}
         }
-        if let Err(error) = check(&store).await {
-            warn!(%error, "checking plan gates failed");
-        }
+        pause = match check(&store).await {
+            Ok(next) => next,
+            Err(error) => {
+                warn!(%error, "checking plan gates failed");
+                GATE_INTERVAL
+            }
+        };
     }
+}
+
+/// How long after a pass at `now` the next one comes: [`GATE_INTERVAL`],
+/// or just after the earliest of `windows` (observation windows' ends)
+/// still to come when that is sooner, so a plan is promoted when its
+/// window passes, not up to an interval later (docs/design.md,
+/// "Flow" step 6). An end already past never shortens the pause: a plan whose
+/// promotion was refused (another replica promoted it, or PostgreSQL's
+/// clock is behind this host's) is looked at again an interval later, and
+/// the loop never spins.
+pub fn next_pass_in(
+    now: DateTime<Utc>,
+    windows: impl IntoIterator<Item = DateTime<Utc>>,
+) -> Duration {
+    windows
+        .into_iter()
+        .filter(|end| *end > now)
+        .filter_map(|end| (end - now).to_std().ok())
+        .map(|left| left + WINDOW_END_SLACK)
+        .fold(GATE_INTERVAL, Duration::min)
 }
 
 /// One pass over the plans in canary, observation or main; first ends
 /// expired leases (their unreported items become uncertain) and cancels plans
-/// of one whose claim deadline passed unclaimed.
+/// of one whose claim deadline passed unclaimed. Returns how long until the
+/// next pass ([`next_pass_in`]).
 ///
 /// # Errors
 /// [`StoreError`].
-pub async fn check(store: &Store) -> Result<(), StoreError> {
+pub async fn check(store: &Store) -> Result<Duration, StoreError> {
     // A sweep that fails must not keep the gates below from running.
     match store.expire_leases().await {
         Ok(plans) => {
@@ -138,8 +172,9 @@ pub async fn check(store: &Store) -> Result<(), StoreError> {
             info!(plan.id = %plan_id, "unclaimed plan of one cancelled after its deadline");
         }
     }
-    for plan in store.gate_readings().await? {
-        if let Some(trip) = decide(&plan) {
+    let readings = store.gate_readings().await?;
+    for plan in &readings {
+        if let Some(trip) = decide(plan) {
             if let Moved::To(_) = store
                 .transition_plan(plan.id, trip.event, GATE_ACTOR, &trip.reason)
                 .await?
@@ -169,5 +204,50 @@ pub async fn check(store: &Store) -> Result<(), StoreError> {
             }
         }
     }
-    Ok(())
+    Ok(next_pass_in(
+        Utc::now(),
+        readings
+            .iter()
+            .filter(|plan| Event::ObservationPassed.allows(plan.state.get()))
+            .filter_map(|plan| plan.observing_until),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeDelta;
+
+    use super::*;
+
+    fn at(now: DateTime<Utc>, millis: i64) -> DateTime<Utc> {
+        now + TimeDelta::milliseconds(millis)
+    }
+
+    #[test]
+    fn a_pass_comes_just_after_the_earliest_window_end_within_the_interval() {
+        let now = Utc::now();
+        assert_eq!(
+            next_pass_in(now, [at(now, 300), at(now, 120), at(now, 2_000)]),
+            Duration::from_millis(120) + WINDOW_END_SLACK
+        );
+    }
+
+    #[test]
+    fn without_a_window_ending_within_the_interval_the_pass_waits_the_interval() {
+        let now = Utc::now();
+        assert_eq!(next_pass_in(now, []), GATE_INTERVAL);
+        assert_eq!(next_pass_in(now, [at(now, 5_000)]), GATE_INTERVAL);
+    }
+
+    #[test]
+    fn a_window_already_past_never_makes_the_loop_spin() {
+        // Its promotion was refused (another replica, or PostgreSQL's clock
+        // behind this host's): it is looked at again an interval later.
+        let now = Utc::now();
+        assert_eq!(next_pass_in(now, [now, at(now, -40)]), GATE_INTERVAL);
+        assert_eq!(
+            next_pass_in(now, [at(now, -40), at(now, 60)]),
+            Duration::from_millis(60) + WINDOW_END_SLACK
+        );
+    }
 }
