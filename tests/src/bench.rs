@@ -782,6 +782,7 @@ pub async fn measure_replay(
     .bind(&plan.plan_id)
     .fetch_one(pool)
     .await?;
+    let timeline = replay_timeline(pool, &plan.plan_id).await?;
     let delivered = purge_queues(bed, queues).await?;
     anyhow::ensure!(
         delivered == total,
@@ -806,9 +807,45 @@ pub async fn measure_replay(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    println!("{timeline}");
     println!("{writes}");
     println!("    executor peak RSS {rss:.0} MiB");
     Ok(figures)
+}
+
+/// The steps of plan `plan_id`'s replay that are not its main wave, in
+/// ms, as one line: approval to the first canary event, the observation
+/// window's end to the promotion (the gates' lateness), the promotion to
+/// the first main-wave event, and the last event to completion. Events'
+/// times come from the executors' clocks, the rest from PostgreSQL's (one
+/// host here). "-" for a step the plan did not take.
+///
+/// # Errors
+/// PostgreSQL's.
+async fn replay_timeline(pool: &sqlx::PgPool, plan_id: &str) -> anyhow::Result<String> {
+    let steps: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "WITH e AS (SELECT min(at) FILTER (WHERE wave = 'canary') AS canary, \
+                min(at) FILTER (WHERE wave = 'main') AS main, max(at) AS last \
+                FROM audit_events WHERE plan_id = $1::uuid), \
+            promoted AS (SELECT min(at) AS at FROM operator_actions \
+                WHERE plan_id = $1::uuid AND action = 'promote') \
+         SELECT extract(epoch FROM e.canary - p.approved_at)::float8 * 1000, \
+            extract(epoch FROM promoted.at - p.observing_until)::float8 * 1000, \
+            extract(epoch FROM e.main - promoted.at)::float8 * 1000, \
+            extract(epoch FROM p.completed_at - e.last)::float8 * 1000 \
+         FROM plans p, e, promoted WHERE p.id = $1::uuid",
+    )
+    .bind(plan_id)
+    .fetch_one(pool)
+    .await?;
+    let ms = |step: Option<f64>| step.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.0}"));
+    Ok(format!(
+        "    ms: approve → first canary event {}, window's end → promotion {}, promotion → first main-wave event {}, last event → completed {}",
+        ms(steps.0),
+        ms(steps.1),
+        ms(steps.2),
+        ms(steps.3)
+    ))
 }
 
 /// The arguments of a benchmark's executor process `executor_id` for `bed`:

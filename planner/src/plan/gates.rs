@@ -23,11 +23,12 @@ use crate::{
 /// How often the gates are looked at, at the longest: a pass comes sooner
 /// when an observation window ends sooner ([`next_pass_in`]).
 pub const GATE_INTERVAL: Duration = Duration::from_millis(500);
-/// How long after an observation window's end its pass comes: the window
-/// is read from PostgreSQL and its end compared with this host's clock,
-/// and the sleep's timer may fire a little early, so the pass lands just
-/// after the end rather than just before it (a pass before it would leave
-/// the promotion to the next one, an interval later).
+/// How long after an observation window's end its pass comes. The end is
+/// PostgreSQL's time (`now()` plus the window, when the wave completed),
+/// compared here with this host's clock, and the promotion checks it again
+/// with PostgreSQL's (`observing_until <= now()`): a pass that landed on
+/// the end by this host's clock but before it by PostgreSQL's would leave
+/// the promotion to the next pass, an interval later.
 const WINDOW_END_SLACK: Duration = Duration::from_millis(5);
 /// The actor of gate decisions in the audit.
 pub const GATE_ACTOR: &str = "redrive-gate";
@@ -123,24 +124,33 @@ pub async fn run(store: Store, shutdown: CancellationToken) {
     }
 }
 
-/// How long after a pass at `now` the next one comes: [`GATE_INTERVAL`],
-/// or just after the earliest of `windows` (observation windows' ends)
-/// still to come when that is sooner, so a plan is promoted when its
-/// window passes, not up to an interval later (docs/design.md,
-/// "Flow" step 6). An end already past never shortens the pause: a plan whose
-/// promotion was refused (another replica promoted it, or PostgreSQL's
-/// clock is behind this host's) is looked at again an interval later, and
-/// the loop never spins.
+/// How long after a pass the next one comes, at `now`, for a pass that
+/// judged the observation windows ending at `windows` against `seen_at`:
+/// [`GATE_INTERVAL`], or [`WINDOW_END_SLACK`] after the earliest window
+/// still open at `seen_at` that ends within the interval, so its plan is
+/// promoted when the window passes, not up to an interval later
+/// (docs/design.md, "Flow" step 6). A window that ended while the pass ran
+/// gets the next pass at once (after the slack).
+///
+/// A window already ended at `seen_at` never shortens the pause: the pass
+/// promoted its plan, or the promotion was refused (another replica
+/// promoted it first, or PostgreSQL's clock is behind this host's), and
+/// the plan is looked at again an interval later. Each window therefore
+/// shortens at most the one pause before it is due, and the loop never
+/// spins.
 pub fn next_pass_in(
+    seen_at: DateTime<Utc>,
     now: DateTime<Utc>,
     windows: impl IntoIterator<Item = DateTime<Utc>>,
 ) -> Duration {
     windows
         .into_iter()
-        .filter(|end| *end > now)
-        .filter_map(|end| (end - now).to_std().ok())
+        .filter(|end| *end > seen_at)
+        .map(|end| (end - now).to_std().unwrap_or(Duration::ZERO))
+        .filter(|left| *left < GATE_INTERVAL)
         .map(|left| left + WINDOW_END_SLACK)
-        .fold(GATE_INTERVAL, Duration::min)
+        .min()
+        .unwrap_or(GATE_INTERVAL)
 }
 
 /// One pass over the plans in canary, observation or main; first ends
@@ -173,6 +183,10 @@ pub async fn check(store: &Store) -> Result<Duration, StoreError> {
         }
     }
     let readings = store.gate_readings().await?;
+    // One reading of the clock judges every window of this pass, and the
+    // next pause is reckoned from it: a window that ends while the pass
+    // runs its transitions is left to the next pass, never forgotten.
+    let seen_at = Utc::now();
     for plan in &readings {
         if let Some(trip) = decide(plan) {
             if let Moved::To(_) = store
@@ -183,9 +197,7 @@ pub async fn check(store: &Store) -> Result<Duration, StoreError> {
                 warn!(plan.id = %plan.id, reason = %trip.reason, action = trip.action(), "plan gate tripped");
             }
         } else if Event::ObservationPassed.allows(plan.state.get())
-            && plan
-                .observing_until
-                .is_some_and(|until| until <= Utc::now())
+            && plan.observing_until.is_some_and(|until| until <= seen_at)
         {
             // The ramp's next wave if it has one, else the main wave: the
             // two events' conditions exclude each other.
@@ -205,6 +217,7 @@ pub async fn check(store: &Store) -> Result<Duration, StoreError> {
         }
     }
     Ok(next_pass_in(
+        seen_at,
         Utc::now(),
         readings
             .iter()
@@ -227,26 +240,45 @@ mod tests {
     fn a_pass_comes_just_after_the_earliest_window_end_within_the_interval() {
         let now = Utc::now();
         assert_eq!(
-            next_pass_in(now, [at(now, 300), at(now, 120), at(now, 2_000)]),
+            next_pass_in(now, now, [at(now, 300), at(now, 120), at(now, 2_000)]),
             Duration::from_millis(120) + WINDOW_END_SLACK
+        );
+        // Not cut to the interval: the slack is kept whole.
+        assert_eq!(
+            next_pass_in(now, now, [at(now, 498)]),
+            Duration::from_millis(498) + WINDOW_END_SLACK
         );
     }
 
     #[test]
     fn without_a_window_ending_within_the_interval_the_pass_waits_the_interval() {
         let now = Utc::now();
-        assert_eq!(next_pass_in(now, []), GATE_INTERVAL);
-        assert_eq!(next_pass_in(now, [at(now, 5_000)]), GATE_INTERVAL);
+        assert_eq!(next_pass_in(now, now, []), GATE_INTERVAL);
+        assert_eq!(next_pass_in(now, now, [at(now, 500)]), GATE_INTERVAL);
+        assert_eq!(next_pass_in(now, now, [at(now, 5_000)]), GATE_INTERVAL);
     }
 
     #[test]
-    fn a_window_already_past_never_makes_the_loop_spin() {
-        // Its promotion was refused (another replica, or PostgreSQL's clock
-        // behind this host's): it is looked at again an interval later.
+    fn a_window_that_ended_while_the_pass_ran_gets_the_next_pass_at_once() {
+        // Open when the pass judged it (30 ms ago), ended 10 ms ago while
+        // other plans' transitions ran: not promoted by this pass, so the
+        // next comes at once, not an interval later.
         let now = Utc::now();
-        assert_eq!(next_pass_in(now, [now, at(now, -40)]), GATE_INTERVAL);
         assert_eq!(
-            next_pass_in(now, [at(now, -40), at(now, 60)]),
+            next_pass_in(at(now, -30), now, [at(now, -10), at(now, 200)]),
+            WINDOW_END_SLACK
+        );
+    }
+
+    #[test]
+    fn a_window_already_ended_when_the_pass_judged_it_never_makes_the_loop_spin() {
+        // Its promotion was made or refused (another replica, or
+        // PostgreSQL's clock behind this host's): it is looked at again an
+        // interval later.
+        let now = Utc::now();
+        assert_eq!(next_pass_in(now, now, [now, at(now, -40)]), GATE_INTERVAL);
+        assert_eq!(
+            next_pass_in(now, now, [at(now, -40), at(now, 60)]),
             Duration::from_millis(60) + WINDOW_END_SLACK
         );
     }
