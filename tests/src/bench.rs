@@ -818,7 +818,8 @@ pub async fn measure_replay(
 /// window's end to the promotion (the gates' lateness), the promotion to
 /// the first main-wave event, and the last event to completion. Events'
 /// times come from the executors' clocks, the rest from PostgreSQL's (one
-/// host here). "-" for a step the plan did not take.
+/// host here). "-" for a step the plan did not take. With a ramp, the
+/// canary event is its first wave's and the promotion its last window's.
 ///
 /// # Errors
 /// PostgreSQL's.

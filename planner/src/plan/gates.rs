@@ -20,8 +20,9 @@ use crate::{
     },
 };
 
-/// How often the gates are looked at, at the longest: a pass comes sooner
-/// when an observation window ends sooner ([`next_pass_in`]).
+/// How long the gates' loop sleeps between passes, unless an observation
+/// window ends about as soon or sooner: then it sleeps until just after
+/// that end ([`next_pass_in`], at most this plus [`WINDOW_END_SLACK`]).
 pub const GATE_INTERVAL: Duration = Duration::from_millis(500);
 /// How long after an observation window's end its pass comes. The end is
 /// PostgreSQL's time (`now()` plus the window, when the wave completed),
@@ -105,8 +106,9 @@ fn still_arriving(plan: &GateReading) -> Option<GateTrip> {
     })
 }
 
-/// Checks the gates every [`GATE_INTERVAL`], or sooner when an observation
-/// window ends sooner, until `shutdown`.
+/// Checks the gates, sleeping [`GATE_INTERVAL`] between passes or until
+/// just after an observation window's end ([`next_pass_in`]), until
+/// `shutdown`.
 pub async fn run(store: Store, shutdown: CancellationToken) {
     let mut pause = GATE_INTERVAL;
     loop {
@@ -127,7 +129,8 @@ pub async fn run(store: Store, shutdown: CancellationToken) {
 /// How long after a pass the next one comes, at `now`, for a pass that
 /// judged the observation windows ending at `windows` against `seen_at`:
 /// [`GATE_INTERVAL`], or [`WINDOW_END_SLACK`] after the earliest window
-/// still open at `seen_at` that ends within the interval, so its plan is
+/// still open at `seen_at` that ends within the interval plus the slack
+/// (so the pass after it never lands inside the slack), so its plan is
 /// promoted when the window passes, not up to an interval later
 /// (docs/design.md, "Flow" step 6). A window that ended while the pass ran
 /// gets the next pass at once (after the slack).
@@ -147,7 +150,7 @@ pub fn next_pass_in(
         .into_iter()
         .filter(|end| *end > seen_at)
         .map(|end| (end - now).to_std().unwrap_or(Duration::ZERO))
-        .filter(|left| *left < GATE_INTERVAL)
+        .filter(|left| *left < GATE_INTERVAL + WINDOW_END_SLACK)
         .map(|left| left + WINDOW_END_SLACK)
         .min()
         .unwrap_or(GATE_INTERVAL)
@@ -254,8 +257,14 @@ mod tests {
     fn without_a_window_ending_within_the_interval_the_pass_waits_the_interval() {
         let now = Utc::now();
         assert_eq!(next_pass_in(now, now, []), GATE_INTERVAL);
-        assert_eq!(next_pass_in(now, now, [at(now, 500)]), GATE_INTERVAL);
+        assert_eq!(next_pass_in(now, now, [at(now, 505)]), GATE_INTERVAL);
         assert_eq!(next_pass_in(now, now, [at(now, 5_000)]), GATE_INTERVAL);
+        // Just beyond the interval, but within the slack of its end: the
+        // pass waits for the end and its slack, or it would land inside it.
+        assert_eq!(
+            next_pass_in(now, now, [at(now, 500)]),
+            Duration::from_millis(500) + WINDOW_END_SLACK
+        );
     }
 
     #[test]
