@@ -6,7 +6,7 @@
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
 use anyhow::Context;
-use fantoccini::{Client, ClientBuilder, Locator, elements::Element};
+use fantoccini::{Client, ClientBuilder, Locator, elements::Element, error::CmdError};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
@@ -131,13 +131,145 @@ impl Browser {
         Ok(!self.all(id).await?.is_empty())
     }
 
-    /// Clicks `id` once it is there.
+    /// Clicks `id` once it is there and enabled.
     ///
     /// # Errors
-    /// Not there, or WebDriver failed.
+    /// Not there, disabled, or WebDriver failed.
     pub async fn click(&self, id: &str) -> anyhow::Result<()> {
-        self.find(id).await?.click().await?;
-        self.no_dialog().await
+        // WebDriver clicks a disabled button without a word (and nothing
+        // happens): wait until it is enabled, as a person would.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let clicked = self
+                .on_element(id, |element| async move {
+                    if !element.is_enabled().await? {
+                        return Ok(false);
+                    }
+                    element.click().await.map(|()| true)
+                })
+                .await?;
+            if clicked {
+                return self.no_dialog().await;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "[data-testid={id}] stayed disabled for {WAIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Clicks the link `id` and waits until the screen it leaves is gone
+    /// ([`Self::leave`]).
+    ///
+    /// # Errors
+    /// As [`Self::leave`].
+    pub async fn follow(&self, id: &str) -> anyhow::Result<()> {
+        self.leave(&format!("clicking [data-testid={id}]"), self.click(id))
+            .await
+    }
+
+    /// Opens `url`, another address of the console than the one shown, and
+    /// waits until the screen it leaves is gone ([`Self::leave`]); on a
+    /// page that shows no console yet, as [`Self::open`].
+    ///
+    /// # Errors
+    /// As [`Self::leave`].
+    pub async fn go(&self, url: &str) -> anyhow::Result<()> {
+        if !self.client.find_all(Locator::Css("main")).await?.is_empty() {
+            return self.leave(&format!("opening {url}"), self.open(url)).await;
+        }
+        self.open(url).await
+    }
+
+    /// Runs `act` (a click or an address: `what` says which) and waits until
+    /// the screen shown before it is gone. The console renders a new
+    /// route's screen after the `hashchange` event, so an element found
+    /// right after the click can still be the old screen's (a form filled
+    /// there is thrown away with it, a list read there is the old one). The
+    /// screen is the last child of `<main>` (console/src/main.tsx), a new
+    /// node whenever the route (or, for the dead letters, their filters)
+    /// changes.
+    ///
+    /// # Errors
+    /// No screen shown, `act` failed, or the screen not replaced within
+    /// [`WAIT`] (`act` leads where the page already is).
+    async fn leave(
+        &self,
+        what: &str,
+        act: impl std::future::Future<Output = anyhow::Result<()>>,
+    ) -> anyhow::Result<()> {
+        let leaving = self
+            .client
+            .find(Locator::Css("main > :last-child"))
+            .await
+            .context("no screen under <main> to leave")?;
+        act.await?;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match leaving.attr("class").await {
+                Err(error) if error.is_stale_element_reference() || error.is_no_such_element() => {
+                    return Ok(());
+                }
+                Err(error) => return Err(error.into()),
+                Ok(_) if tokio::time::Instant::now() > deadline => {
+                    anyhow::bail!("the screen stayed after {what}")
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// For every element `id` now, in document order, its attribute `attr`
+    /// and the text of its descendant `cell` (a testid), read in one script:
+    /// a list that the page re-renders meanwhile is read whole, never half
+    /// old and half new.
+    ///
+    /// # Errors
+    /// WebDriver or the script failed.
+    pub async fn rows(
+        &self,
+        id: &str,
+        attr: &str,
+        cell: &str,
+    ) -> anyhow::Result<Vec<(Option<String>, Option<String>)>> {
+        let value = self
+            .run(
+                "const [row, attr, cell, done] = arguments; \
+                 done(Array.from(document.querySelectorAll(row), (r) => { \
+                   const c = r.querySelector(cell); \
+                   return [r.getAttribute(attr), c === null ? null : c.textContent]; }));",
+                vec![json!(testid(id)), json!(attr), json!(testid(cell))],
+            )
+            .await?;
+        Ok(serde_json::from_value(value)?)
+    }
+
+    /// Runs `act` on the element `id`, finding it again while the page
+    /// replaces it between the find and the act (WebDriver's "stale element
+    /// reference": a render swapped the node), until [`WAIT`].
+    ///
+    /// # Errors
+    /// Not there, still replaced at the deadline, or `act` failed otherwise.
+    async fn on_element<T, F, Fut>(&self, id: &str, act: F) -> anyhow::Result<T>
+    where
+        F: Fn(Element) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CmdError>>,
+    {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match act(self.find(id).await?).await {
+                Err(error)
+                    if error.is_stale_element_reference()
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                result => {
+                    return result.with_context(|| format!("[data-testid={id}]"));
+                }
+            }
+        }
     }
 
     /// Replaces the value of input `id` with `text`.
@@ -145,10 +277,11 @@ impl Browser {
     /// # Errors
     /// Not there, or WebDriver failed.
     pub async fn fill(&self, id: &str, text: &str) -> anyhow::Result<()> {
-        let input = self.find(id).await?;
-        input.clear().await?;
-        input.send_keys(text).await?;
-        Ok(())
+        self.on_element(id, |input| async move {
+            input.clear().await?;
+            input.send_keys(text).await
+        })
+        .await
     }
 
     /// The text of `id` once it is there.
@@ -156,7 +289,8 @@ impl Browser {
     /// # Errors
     /// Not there, or WebDriver failed.
     pub async fn text(&self, id: &str) -> anyhow::Result<String> {
-        Ok(self.find(id).await?.text().await?)
+        self.on_element(id, |element| async move { element.text().await })
+            .await
     }
 
     /// Waits until the text of `id` satisfies `ok`; returns it.

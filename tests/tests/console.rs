@@ -120,16 +120,16 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     );
     browser.screenshot("overview").await?;
     // The group's fingerprint selects exactly its dead letters.
-    browser.click("group-row").await?;
+    browser.follow("group-row").await?;
     let rows = browser.at_least("dl-row", 50).await?;
     assert_eq!(rows.len(), 50, "the group's first page");
     let fingerprint = browser.find("filter-group").await?.prop("value").await?;
     assert_eq!(fingerprint.as_deref(), Some("rejected"));
 
     // 2. Dead letters, paged on the server; one of them; the precheck.
-    browser.click("nav-dead-letters").await?;
+    browser.follow("nav-dead-letters").await?;
     browser.fill("filter-source", &incident.dlq).await?;
-    browser.click("filter-apply").await?;
+    browser.follow("filter-apply").await?;
     let rows = browser.at_least("dl-row", 50).await?;
     assert_eq!(rows.len(), 50, "one page of 50, not the backlog");
     assert!(browser.has("next-page").await?);
@@ -293,19 +293,38 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         .await?
         .select_by_value("sent")
         .await?;
-    browser
-        .text_until("audit-row", "shows sent events", |text| {
-            text.contains("sent")
-        })
-        .await?;
-    let mut shown_sent = Vec::new();
-    for cell in browser.all("audit-message-id").await? {
-        shown_sent.push(cell.text().await?);
-    }
-    assert!(!shown_sent.is_empty());
-    for row in browser.all("audit-row").await? {
-        assert_eq!(row.attr("data-action").await?.as_deref(), Some("sent"));
-    }
+    // The page shows the server's first page of `sent` events, read whole
+    // (the page keeps the unfiltered rows until the filtered answer
+    // arrives), and asked of the server again at each look (events of
+    // publishes still in flight at the cancel may come in meanwhile).
+    let deadline = tokio::time::Instant::now() + redrive_tests::browser::WAIT;
+    let shown_sent: Vec<String> = loop {
+        let expected: Vec<(Option<String>, Option<String>)> = bed
+            .client
+            .list_audit_events(v1::ListAuditEventsRequest {
+                plan_id: plan_id.clone(),
+                actions: vec![v1::AuditAction::Sent as i32],
+                page_size: 100,
+                page_token: String::new(),
+            })
+            .await?
+            .into_inner()
+            .events
+            .into_iter()
+            .map(|event| (Some("sent".to_owned()), Some(event.message_id)))
+            .collect();
+        let shown = browser
+            .rows("audit-row", "data-action", "audit-message-id")
+            .await?;
+        if !expected.is_empty() && shown == expected {
+            break shown.into_iter().filter_map(|(_, id)| id).collect();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the page never showed the sent events by message id: {shown:?}, not {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     browser.screenshot("audit").await?;
     browser.click("export-csv").await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -358,9 +377,9 @@ async fn a_viewer_sees_no_action_and_a_forged_call_is_refused() -> anyhow::Resul
     let url = bed.planner.url();
     let browser = Browser::start().await?;
     sign_in(&browser, &url, token_of("vera"), "vera").await?;
-    browser.click("nav-dead-letters").await?;
+    browser.follow("nav-dead-letters").await?;
     browser.fill("filter-source", &incident.dlq).await?;
-    browser.click("filter-apply").await?;
+    browser.follow("filter-apply").await?;
     let rows = browser.at_least("dl-row", 3).await?;
     assert!(
         !browser.has("precheck-run").await?,
@@ -441,9 +460,9 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     let url = bed.planner.url();
     let browser = Browser::start().await?;
     sign_in(&browser, &url, token_of("alice"), "alice").await?;
-    browser.click("nav-dead-letters").await?;
+    browser.follow("nav-dead-letters").await?;
     browser.fill("filter-source", &source).await?;
-    browser.click("filter-apply").await?;
+    browser.follow("filter-apply").await?;
     let rows = browser.at_least("dl-row", 1).await?;
     let listed = rows[0].text().await?;
     assert!(
@@ -480,7 +499,7 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     // rather than everything of the source.
     for bad in ["body=order_id", "from=2099-99-99T99:99"] {
         browser
-            .open(&format!("{url}/#/dead-letters?source={source}&{bad}"))
+            .go(&format!("{url}/#/dead-letters?source={source}&{bad}"))
             .await?;
         let problems = browser.text("filter-problems").await?;
         assert!(
@@ -495,8 +514,15 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     }
     // A malformed escape in the address is a page not found, not a blank page.
     browser
-        .open(&format!("{url}/#/dead-letters/%E0%A4%A"))
+        .go(&format!("{url}/#/dead-letters/%E0%A4%A"))
         .await?;
+    let heading = browser
+        .client
+        .find(fantoccini::Locator::Css("main h1"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(heading, "Not found");
     browser.find("nav-overview").await?;
     browser.no_dialog().await?;
     browser.close().await?;
