@@ -306,15 +306,15 @@ pub async fn export(
             }
             let mut after = 0;
             loop {
-                let page = match store
-                    .audit_events_with_message_ids(plan_id, after, PAGE)
-                    .await
-                {
-                    Ok(page) => page,
-                    Err(error) => {
-                        let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                        return;
-                    }
+                let Some(page) = crate::task_stream::or_send_error(
+                    store
+                        .audit_events_with_message_ids(plan_id, after, PAGE)
+                        .await,
+                    &sender,
+                )
+                .await
+                else {
+                    return;
                 };
                 let Some((last, ..)) = page.last() else {
                     break;
@@ -344,12 +344,13 @@ pub async fn export(
             }
             let mut after = -1;
             loop {
-                let items = match store.never_attempted_items(plan_id, after, PAGE).await {
-                    Ok(items) => items,
-                    Err(error) => {
-                        let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                        return;
-                    }
+                let Some(items) = crate::task_stream::or_send_error(
+                    store.never_attempted_items(plan_id, after, PAGE).await,
+                    &sender,
+                )
+                .await
+                else {
+                    return;
                 };
                 let Some((last, _)) = items.last() else {
                     return;

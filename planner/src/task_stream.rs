@@ -53,6 +53,23 @@ where
     until_finished(receiver, finished_signal, interrupted)
 }
 
+/// `result`'s value, or `None` once its error has been sent to the
+/// stream's reader (as the gRPC status of [`crate::error::Error`]): the
+/// producing task then returns, and the stream ends with that error.
+pub(crate) async fn or_send_error<T, U>(
+    result: Result<T, crate::store::StoreError>,
+    sender: &mpsc::Sender<Result<U, tonic::Status>>,
+) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(error) => {
+            let status = tonic::Status::from(crate::error::Error::from(error));
+            let _ = sender.send(Err(status)).await;
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +89,28 @@ mod tests {
         )
         .collect()
         .await
+    }
+
+    #[tokio::test]
+    async fn a_store_error_goes_to_the_reader_as_its_status_and_the_value_through() {
+        let (sender, mut receiver) = mpsc::channel::<Result<u32, tonic::Status>>(1);
+        let passed = or_send_error(Ok(7), &sender).await;
+        assert_eq!(passed, Some(7));
+        let failed: Option<u32> = or_send_error(
+            Err(crate::store::StoreError::Unavailable(
+                sqlx::Error::PoolTimedOut,
+            )),
+            &sender,
+        )
+        .await;
+        assert_eq!(failed, None);
+        let status = receiver
+            .recv()
+            .await
+            .expect("one item")
+            .expect_err("an error");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(receiver.try_recv().is_err(), "nothing else was sent");
     }
 
     #[tokio::test]

@@ -766,12 +766,13 @@ pub async fn export(
             };
             let mut after = 0;
             while after < size {
-                let page = match store.audit_log_page(after, size, EXPORT_PAGE).await {
-                    Ok(page) => page,
-                    Err(error) => {
-                        let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                        return;
-                    }
+                let Some(page) = crate::task_stream::or_send_error(
+                    store.audit_log_page(after, size, EXPORT_PAGE).await,
+                    &sender,
+                )
+                .await
+                else {
+                    return;
                 };
                 let Some((last, ..)) = page.last() else {
                     break;
@@ -785,12 +786,10 @@ pub async fn export(
                     return;
                 }
             }
-            let unsealed = match store.audit_log_unsealed().await {
-                Ok(unsealed) => unsealed,
-                Err(error) => {
-                    let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                    return;
-                }
+            let Some(unsealed) =
+                crate::task_stream::or_send_error(store.audit_log_unsealed().await, &sender).await
+            else {
+                return;
             };
             let rows: Vec<LogRow> = unsealed
                 .iter()

@@ -498,12 +498,13 @@ async fn catch_up(
     sender: &mpsc::Sender<Result<v1::WatchPlanResponse, Status>>,
 ) -> bool {
     loop {
-        let page = match store.audit_events(plan_id, *after, PAGE).await {
-            Ok(page) => page,
-            Err(error) => {
-                let _ = sender.send(Err(Status::from(Error::from(error)))).await;
-                return false;
-            }
+        let Some(page) = crate::task_stream::or_send_error(
+            store.audit_events(plan_id, *after, PAGE).await,
+            sender,
+        )
+        .await
+        else {
+            return false;
         };
         store.metrics().watch_read("history");
         let full = page.len() as i64 == PAGE;
