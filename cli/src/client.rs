@@ -38,6 +38,17 @@ pub use redrive_proto::limits::MAX_GRPC_MESSAGE_BYTES as MAX_DECODING_MESSAGE_BY
 /// How long to try to open the connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often an HTTP/2 PING (RFC 9113, section 6.7) asks the planner
+/// whether the connection still stands, also while a call waits for its
+/// answer: a peer that accepted the connection and went silent (a hung
+/// process, a half-open path, a balancer with no backend) is found within
+/// this interval plus [`KEEP_ALIVE_TIMEOUT`], not never.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a PING waits for its acknowledgement before the connection is
+/// taken for dead (the call then fails as unreachable).
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A planner client; every request carries the actor and the token.
 pub type Planner = PlannerClient<InterceptedService<Channel, ActorInterceptor>>;
 
@@ -208,34 +219,14 @@ pub fn resolve_actor(flag: Option<&str>, user: Option<&str>) -> String {
         .to_owned()
 }
 
-/// Checks a `--planner` value and answers the URL to dial: an `http://` or
-/// `https://` URL, or `HOST:PORT` alone (as grpcurl takes it), which means
-/// `http://HOST:PORT`.
+/// Checks a `--planner` value and answers the URL to dial
+/// ([`redrive_proto::tls::planner_url`]: an `http://` or `https://` URL, or
+/// `HOST:PORT` alone, which means `http://HOST:PORT`).
 ///
 /// # Errors
 /// A message saying what is wrong, for clap.
 pub fn parse_planner_url(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    let url = if text.contains("://") {
-        if !(text.starts_with("http://") || text.starts_with("https://")) {
-            return Err(
-                "expected HOST:PORT or an http:// or https:// URL, e.g. 127.0.0.1:50051 or \
-                 https://planner.internal:443"
-                    .to_owned(),
-            );
-        }
-        text.to_owned()
-    } else {
-        format!("http://{text}")
-    };
-    let endpoint =
-        Endpoint::from_shared(url.clone()).map_err(|error| format!("not a valid URL: {error}"))?;
-    if endpoint.uri().host().is_none_or(str::is_empty) {
-        return Err(format!(
-            "no host in {text:?}; expected e.g. 127.0.0.1:50051"
-        ));
-    }
-    Ok(url)
+    redrive_proto::tls::planner_url(text)
 }
 
 /// Connects to the planner at `url`, eagerly, so an unreachable planner is
@@ -263,14 +254,22 @@ pub async fn connect(
     };
     let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|error| unreachable(error.to_string()))?
-        .connect_timeout(CONNECT_TIMEOUT);
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     let endpoint = credentials
         .tls
         .apply(url, endpoint)
         .map_err(CliError::Usage)?;
-    let channel = endpoint
-        .connect()
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
         .await
+        .map_err(|_| {
+            unreachable(format!(
+                "no connection within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })?
         .map_err(|error| unreachable(error_chain(&error)))?;
     Ok(PlannerClient::with_interceptor(channel, interceptor)
         .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
@@ -315,7 +314,7 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
                 ),
             };
         }
-        return error;
+        return lost_at_the_transport(error, url);
     }
     let untrusted = [
         "UnknownIssuer",
@@ -333,7 +332,29 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
             ),
         };
     }
-    error
+    lost_at_the_transport(error, url)
+}
+
+/// A call that failed in this client's transport, not with a status the
+/// planner sent (tonic keeps the transport's error as the status's
+/// source): the connection broke, or the planner stopped answering (no
+/// PING acknowledgement within [`KEEP_ALIVE_TIMEOUT`]). Told as
+/// [`CliError::Unreachable`] naming `url`, with the transport's reasons.
+fn lost_at_the_transport(error: CliError, url: &str) -> CliError {
+    match &error {
+        CliError::Grpc(status)
+            if matches!(
+                status.code(),
+                tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
+            ) && status.source().is_some() =>
+        {
+            CliError::Unreachable {
+                url: url.to_owned(),
+                cause: reasons(status.message().to_owned(), status.source()),
+            }
+        }
+        _ => error,
+    }
 }
 
 /// Whether `address` (`HOST:PORT`) answers a TLS handshake: it completes,
@@ -392,9 +413,14 @@ fn refuse_cleartext_token(url: &str) -> Result<(), CliError> {
 
 /// `error` and its sources joined with `: `, repeated texts left out
 /// (`transport error: tcp connect error: Connection refused (os error 111)`).
-fn error_chain(error: &tonic::transport::Error) -> String {
-    let mut parts = vec![error.to_string()];
-    let mut source = error.source();
+fn error_chain(error: &dyn std::error::Error) -> String {
+    reasons(error.to_string(), error.source())
+}
+
+/// `first`, then each cause of the chain from `source` that does not repeat
+/// one before it, joined by `: `.
+fn reasons(first: String, mut source: Option<&dyn std::error::Error>) -> String {
+    let mut parts = vec![first];
     while let Some(cause) = source {
         let text = cause.to_string();
         if !parts.iter().any(|part| part.contains(&text)) {

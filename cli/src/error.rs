@@ -91,8 +91,9 @@ pub const EXIT_CODES: &[(u8, &str, &str, &str)] = &[
         EX_UNAVAILABLE,
         "EX_UNAVAILABLE",
         "planner unreachable or unavailable",
-        "the planner cannot be reached, its TLS does not match this client's settings, or \
-         it answered `unavailable` (e.g. a precheck whose state-check hook is down); `plan \
+        "the planner cannot be reached (within 5 s), stopped answering (no HTTP/2 PING \
+         acknowledged within about 20 s, also mid-call), its TLS does not match this \
+         client's settings, or it answered `unavailable` (e.g. a precheck whose state-check hook is down); `plan \
          watch`: the stream ended before the plan was final",
     ),
     (

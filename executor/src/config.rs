@@ -22,7 +22,8 @@ use crate::redis_topology::RedisTopology;
     about = "Redrive executor: replays plan slices with publisher confirms"
 )]
 pub struct Config {
-    /// The planner's gRPC URL (`https://` for TLS).
+    /// The planner: its gRPC URL (`https://` for TLS), or HOST:PORT alone
+    /// for `http://HOST:PORT`.
     #[arg(
         long,
         env = "REDRIVE_PLANNER",
@@ -264,6 +265,17 @@ impl Config {
         problems
     }
 
+    /// The planner's URL to dial: `--planner` as given when it is an
+    /// `http://` or `https://` URL, `http://HOST:PORT` for `HOST:PORT` alone,
+    /// as `redrivectl` reads the same `REDRIVE_PLANNER`
+    /// ([`redrive_proto::tls::planner_url`]).
+    ///
+    /// # Errors
+    /// What is wrong with the address.
+    pub fn planner_url(&self) -> Result<String, String> {
+        redrive_proto::tls::planner_url(&self.planner)
+    }
+
     /// The TLS files for the planner connection.
     pub fn planner_tls(&self) -> ClientTlsFiles {
         ClientTlsFiles {
@@ -297,19 +309,17 @@ impl ServiceSettings for Config {
     fn validate(&self) -> Result<(), SettingErrors> {
         let mut problems = Vec::new();
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
-        if !self.planner.starts_with("http://") && !self.planner.starts_with("https://") {
-            problem(
-                "planner",
-                format!("{:?} is not an http(s):// URL", self.planner),
-            );
-        } else if let Err(error) = tonic::transport::Endpoint::from_shared(self.planner.clone()) {
-            problem("planner", format!("{:?}: {error}", self.planner));
-        } else if let Err(text) = tonic::transport::Endpoint::from_shared(self.planner.clone())
-            .map_err(|error| error.to_string())
-            .and_then(|endpoint| self.planner_tls().apply(&self.planner, endpoint))
-        {
-            // Read and parsed now: a bad file is a bad setting, not a failed start.
-            problem("planner", text);
+        match self.planner_url() {
+            Err(error) => problem("planner", format!("{:?}: {error}", self.planner)),
+            Ok(url) => {
+                if let Err(text) = tonic::transport::Endpoint::from_shared(url.clone())
+                    .map_err(|error| error.to_string())
+                    .and_then(|endpoint| self.planner_tls().apply(&url, endpoint))
+                {
+                    // Read and parsed now: a bad file is a bad setting, not a failed start.
+                    problem("planner", text);
+                }
+            }
         }
         if let Err(errors) = self.amqp.check(self.broker_id.as_deref()) {
             for error in errors {

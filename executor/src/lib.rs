@@ -132,11 +132,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 /// # Errors
 /// An invalid `--planner` URL or TLS file.
 fn planner_channel(config: &Config) -> anyhow::Result<tonic::transport::Channel> {
-    let endpoint = tonic::transport::Endpoint::from_shared(config.planner.clone())
-        .with_context(|| format!("invalid setting --planner: {}", config.planner))?;
+    let url = config
+        .planner_url()
+        .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?;
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("invalid setting --planner: {url}"))?;
     Ok(config
         .planner_tls()
-        .apply(&config.planner, endpoint)
+        .apply(&url, endpoint)
         .map_err(|text| anyhow::anyhow!("invalid setting --planner: {text}"))?
         .tcp_nodelay(true)
         // A half-open link to the planner is noticed (HTTP/2 PING), so

@@ -36,7 +36,7 @@ fn every_bad_setting_is_named() {
 
     let (code, stderr) = executor(&[
         "--planner",
-        "planner:50051",
+        "planner:99999",
         "--window",
         "0",
         "--claim-wait-seconds",
@@ -65,6 +65,25 @@ fn every_bad_setting_is_named() {
         ["planner", "amqp-url", "redis-url", "executor-id"],
         "{stderr}"
     );
+}
+
+/// `--planner` (and `REDRIVE_PLANNER`) read as `redrivectl` reads them: a
+/// URL, or HOST:PORT alone for plain http, so one exported value serves
+/// both.
+#[test]
+fn the_planner_is_a_url_or_host_and_port_as_for_redrivectl() {
+    for (given, dialed) in [
+        ("127.0.0.1:50051", "http://127.0.0.1:50051"),
+        ("planner.internal:50051", "http://planner.internal:50051"),
+        ("https://planner.internal:443", "https://planner.internal:443"),
+    ] {
+        let config = redrive_executor::Config::for_planner(given);
+        assert_eq!(config.planner_url().as_deref(), Ok(dialed), "{given}");
+    }
+    for bad in ["ftp://planner:21", "planner:0", ""] {
+        let config = redrive_executor::Config::for_planner(bad);
+        assert!(config.planner_url().is_err(), "{bad:?} accepted");
+    }
 }
 
 /// Redis Cluster and Sentinel settings: several URLs need one of the two,

@@ -375,8 +375,14 @@ impl<H: tonic_health::pb::health_server::Health> Server<H> {
     }
 }
 
+/// How long the planner waits for PostgreSQL's first answer at start-up
+/// before it says PostgreSQL is unreachable and tries again (the pool's
+/// acquire timeout, 5 s, bounds every later connection the same way).
+const FIRST_ANSWER: Duration = Duration::from_secs(5);
+
 /// Creates the database if missing and applies migrations, retrying with
-/// backoff while PostgreSQL is unreachable. `Ok(false)` when shut down first.
+/// backoff while PostgreSQL is unreachable or does not answer. `Ok(false)`
+/// when shut down first, also in the middle of an attempt.
 async fn prepare_database(
     config: &Config,
     store: &Store,
@@ -384,9 +390,34 @@ async fn prepare_database(
 ) -> anyhow::Result<bool> {
     let mut backoff =
         redrive_proto::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    // Where PostgreSQL is, for the log (host and port: never the URL,
+    // which may hold a password).
+    let address = config
+        .database_url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .map(|options| format!("{}:{}", options.get_host(), options.get_port()))
+        .unwrap_or_default();
     loop {
         let attempt = async {
-            if !Postgres::database_exists(&config.database_url).await? {
+            // The first contact has a deadline of its own: a server (or a
+            // proxy in front of one) that accepts the connection and never
+            // answers would hold it forever, silently. The pool's
+            // connections are bounded by its acquire timeout.
+            let exists = tokio::time::timeout(
+                FIRST_ANSWER,
+                Postgres::database_exists(&config.database_url),
+            )
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {} s: the server accepted the connection but said nothing",
+                        FIRST_ANSWER.as_secs()
+                    ),
+                )
+            })??;
+            if !exists {
                 info!("creating database");
                 Postgres::create_database(&config.database_url).await?;
             }
@@ -403,11 +434,17 @@ async fn prepare_database(
             );
             anyhow::Ok(())
         };
-        match attempt.await {
+        // Shut down also while an attempt waits (a migration, a connection).
+        let outcome = tokio::select! {
+            () = shutdown.cancelled() => return Ok(false),
+            outcome = attempt => outcome,
+        };
+        match outcome {
             Ok(()) => return Ok(true),
             Err(error) if is_unreachable(&error) => {
                 let delay = backoff.next_delay();
-                warn!(%error, retry_in_ms = delay.as_millis() as u64, "PostgreSQL unreachable, waiting");
+                warn!(%error, postgres = %address, retry_in_ms = delay.as_millis() as u64,
+                      "PostgreSQL unreachable, waiting");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(false),
                     () = tokio::time::sleep(delay) => {}

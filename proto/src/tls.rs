@@ -125,8 +125,74 @@ pub fn read(path: &Path, flag: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|error| format!("{flag} {}: {error}", path.display()))
 }
 
+/// Checks a planner address (`redrivectl --planner`, `redrive-executor
+/// --planner`, `REDRIVE_PLANNER`) and answers the URL to dial: an `http://`
+/// or `https://` URL, or `HOST:PORT` alone (as grpcurl takes it), which
+/// means `http://HOST:PORT`.
+///
+/// # Errors
+/// A message saying what is wrong (no scheme but http(s), no host, not a URL).
+pub fn planner_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let url = if text.contains("://") {
+        if !(text.starts_with("http://") || text.starts_with("https://")) {
+            return Err(
+                "expected HOST:PORT or an http:// or https:// URL, e.g. 127.0.0.1:50051 or \
+                 https://planner.internal:443"
+                    .to_owned(),
+            );
+        }
+        text.to_owned()
+    } else {
+        format!("http://{text}")
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|error| format!("not a valid URL: {error}"))?;
+    if endpoint.uri().host().is_none_or(str::is_empty) {
+        return Err(format!(
+            "no host in {text:?}; expected e.g. 127.0.0.1:50051"
+        ));
+    }
+    let authority = endpoint.uri().authority().map_or("", |a| a.as_str());
+    if let Some((_, port)) = authority.rsplit_once(':')
+        && !port.contains(']')
+        && !matches!(port.parse::<u16>(), Ok(1..))
+    {
+        return Err(format!(
+            "port {port:?} in {text:?} is not a TCP port (1-65535)"
+        ));
+    }
+    Ok(url)
+}
+
 #[cfg(test)]
 mod tests {
+    use super::planner_url;
+
+    #[test]
+    fn a_planner_address_is_a_url_or_host_and_port() {
+        assert_eq!(
+            planner_url("127.0.0.1:50051").unwrap(),
+            "http://127.0.0.1:50051"
+        );
+        assert_eq!(planner_url(" [::1]:50051 ").unwrap(), "http://[::1]:50051");
+        assert_eq!(
+            planner_url("https://planner.internal").unwrap(),
+            "https://planner.internal"
+        );
+        for (bad, says) in [
+            ("127.0.0.1:99999", "not a TCP port"),
+            ("127.0.0.1:0", "not a TCP port"),
+            ("127.0.0.1:http", "not a TCP port"),
+            ("ftp://planner:21", "expected HOST:PORT"),
+            ("", "not a valid URL"),
+            ("http://bad host", "not a valid URL"),
+        ] {
+            let error = planner_url(bad).unwrap_err();
+            assert!(error.contains(says), "{bad:?}: {error}");
+        }
+    }
+
     use super::*;
 
     #[test]

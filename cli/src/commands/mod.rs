@@ -484,6 +484,48 @@ mod tests {
         Ok(paths.into_iter().map(|(path, _)| path).collect())
     }
 
+    /// Every relative link of the docs (README, cli/USAGE.md, docs/*.md)
+    /// leads to a file or folder of the repository: a link is resolved from
+    /// the page's own folder, so `docs/cli.md` reaches the CLI's manual as
+    /// `../cli/USAGE.md`.
+    #[test]
+    fn every_relative_link_in_the_docs_resolves() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut pages = vec![root.join("README.md"), root.join("cli/USAGE.md")];
+        pages.extend(
+            std::fs::read_dir(root.join("docs"))
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "md")),
+        );
+        let mut checked = 0;
+        let mut broken = Vec::new();
+        for page in &pages {
+            let text = std::fs::read_to_string(page).unwrap();
+            let folder = page.parent().unwrap();
+            for (at, _) in text.match_indices("](") {
+                let rest = &text[at + 2..];
+                let Some(end) = rest.find([')', ' ', '\n']) else {
+                    continue;
+                };
+                let target = rest[..end].split('#').next().unwrap_or_default();
+                if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                if !folder.join(target).exists() {
+                    broken.push(format!("{}: {target}", page.display()));
+                }
+            }
+        }
+        assert!(
+            broken.is_empty(),
+            "links that lead nowhere:\n{}",
+            broken.join("\n")
+        );
+        assert!(checked > 50, "only {checked} relative links found");
+    }
+
     /// Every command the docs name exists: a reader copying one gets its
     /// help, not "unrecognized subcommand".
     #[test]

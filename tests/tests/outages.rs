@@ -1,0 +1,113 @@
+//! Servers that accept a connection and never answer (a hung process, a
+//! half-open network path, a balancer with no backend), imitated by a
+//! stalled [`TcpProxy`] in front of a shared server (never the server
+//! itself): the planner waiting for its PostgreSQL, and `redrivectl`
+//! calling a planner, say what they wait for, stop waiting, and stop when
+//! told to.
+
+use std::{process::Stdio, time::Duration};
+
+use redrive_tests::{TcpProxy, init_logging, scenario};
+use tokio::time::Instant;
+
+/// Sends `signal` (`TERM`, `INT`) to `child`.
+fn signal(child: &tokio::process::Child, signal: &str) -> anyhow::Result<()> {
+    let pid = child
+        .id()
+        .ok_or_else(|| anyhow::anyhow!("exited already"))?;
+    std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()?;
+    Ok(())
+}
+
+/// A planner whose PostgreSQL accepts the connection and never answers
+/// warns within seconds, naming PostgreSQL's address and that it said
+/// nothing, keeps trying, and stops at SIGTERM although an attempt is
+/// waiting (before, it waited silently and outlived SIGTERM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_whose_postgresql_never_answers_says_so_and_stops_on_sigterm()
+-> anyhow::Result<()> {
+    init_logging();
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
+    proxy.stall();
+    let binaries = scenario::Binaries::of_tests()?;
+    let log = tempfile::NamedTempFile::new()?;
+    let listen = scenario::free_local_addr()?;
+    let address = proxy.addr().to_string();
+    let mut planner = tokio::process::Command::new(&binaries.planner)
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--database-url",
+            &format!("postgres://postgres@{address}/redrive_never_answers"),
+        ])
+        .env("REDRIVE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let warnings = |text: &str| {
+        text.lines()
+            .filter(|line| {
+                line.contains("PostgreSQL unreachable")
+                    && line.contains(&address)
+                    && line.contains("no answer within 5 s")
+            })
+            .count()
+    };
+    loop {
+        let text = std::fs::read_to_string(log.path())?;
+        if warnings(&text) >= 2 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no two warnings naming PostgreSQL at {address} within 30 s:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The third attempt is waiting now (the pause between attempts is
+    // under a second this early).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal(&planner, "TERM")?;
+    let exited = tokio::time::timeout(Duration::from_secs(5), planner.wait()).await;
+    let text = std::fs::read_to_string(log.path())?;
+    let status =
+        exited.map_err(|_| anyhow::anyhow!("still running 5 s after SIGTERM:\n{text}"))??;
+    assert!(status.success(), "{status}:\n{text}");
+    assert!(text.contains("planner stopped"), "{text}");
+    Ok(())
+}
+
+/// `redrivectl` calling a planner address that accepts the connection and
+/// never answers ends with exit 69 (unreachable), naming the address and
+/// the unanswered HTTP/2 PING, instead of waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrivectl_gives_up_on_a_planner_that_never_answers() -> anyhow::Result<()> {
+    init_logging();
+    // Any server behind a stalled path: nothing reaches it, nothing comes
+    // back.
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
+    proxy.stall();
+    let binaries = scenario::Binaries::of_tests()?;
+    let address = proxy.addr().to_string();
+    let call = tokio::process::Command::new(&binaries.redrivectl)
+        .args(["--planner", &address, "plan", "list"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .map_err(|_| anyhow::anyhow!("redrivectl still waiting after 60 s"))??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach the planner at http://{address}"))
+            && stderr.contains("keep-alive"),
+        "{stderr}"
+    );
+    Ok(())
+}
