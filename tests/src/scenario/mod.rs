@@ -120,7 +120,10 @@ pub struct ScenarioConfig {
     /// executor), `redrivectl` a token (`demo-operator`), the run's own
     /// client the `scenario-admin` certificate.
     pub pki: Option<std::sync::Arc<crate::pki::Pki>>,
-    /// `REDRIVE_LOG` of every child process (`warn`).
+    /// `REDRIVE_LOG` of every child process (`warn`, without lapin's own
+    /// `lapin::channel` lines, as the services' default filter: the broker
+    /// closing a channel the planner expects it to close, as its stream-queue
+    /// check does, is no error).
     pub log_filter: String,
     /// The broker URL the planner and the executors are given (`None`: their
     /// default, the local RabbitMQ as guest). The run itself declares and
@@ -158,7 +161,7 @@ impl ScenarioConfig {
             terminal: std::io::stdout().is_terminal(),
             replay_timeout: Duration::from_secs(180),
             pki: None,
-            log_filter: "warn".to_owned(),
+            log_filter: "warn,lapin::channel=off".to_owned(),
             amqp_url: None,
             redis_url: crate::REDIS_URL.to_owned(),
             console: false,
@@ -194,7 +197,7 @@ impl ScenarioConfig {
             replay_timeout: Duration::from_secs(90),
             names,
             pki: Some(std::sync::Arc::new(crate::pki::Pki::new()?)),
-            log_filter: "warn".to_owned(),
+            log_filter: "warn,lapin::channel=off".to_owned(),
             amqp_url: None,
             redis_url: crate::REDIS_URL.to_owned(),
             console: false,
