@@ -24,7 +24,9 @@
 //!
 //! [`value_from_json`] reads either that typed shape or a plain JSON value:
 //! string → `long_string`, integer → `i64`, other number → `f64`, bool →
-//! `bool`, array → `array`, object → `table`, null → `void`. An object is read
+//! `bool`, array → `array`, object → `table`, null → `void`. A whole number
+//! beyond `i64` is refused (JSON reads one beyond `u64` as a rounded double):
+//! a string or a typed value keeps it. An object is read
 //! as a typed value when it has a string `type` naming one of the types above
 //! and no keys other than `type`, `value` and `base64`; any other object is a
 //! plain table.
@@ -210,7 +212,19 @@ pub fn value_from_json(path: &str, json: &Value) -> Result<HeaderValue, ReadErro
                     "{path}: {number} does not fit an i64; use a typed value or a string"
                 ));
             } else {
-                V::Double(number.as_f64().unwrap_or(f64::NAN))
+                let double = number.as_f64().unwrap_or(f64::NAN);
+                // An integer beyond u64 is read by JSON as a double, already
+                // rounded (2^70 + 1 would be stored as 2^70): refused, as one
+                // beyond i64 is, rather than replayed with another value. A
+                // whole double that large is refused alike (JSON does not say
+                // which was written): a typed double takes it.
+                if double.fract() == 0.0 && double.abs() >= 9.223_372_036_854_775_808e18 {
+                    return Err(format!(
+                        "{path}: {number} does not fit an i64 and would be rounded as a double; \
+                         use a string, or a typed value such as {{\"type\": \"f64\", \"value\": ...}}"
+                    ));
+                }
+                V::Double(double)
             }
         }
         Value::String(text) => V::LongString(text.as_bytes().to_vec()),
@@ -752,6 +766,14 @@ mod tests {
                 "headers.h.a: void takes no value",
             ),
             (json!(u64::MAX), "does not fit an i64"),
+            (
+                serde_json::from_str::<Value>("1180591620717411303424").unwrap(),
+                "would be rounded as a double",
+            ),
+            (
+                serde_json::from_str::<Value>("-1e20").unwrap(),
+                "would be rounded as a double",
+            ),
         ];
         for (json, expected) in cases {
             let error = value_from_json("headers.h", &json).unwrap_err();

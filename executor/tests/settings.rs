@@ -75,7 +75,10 @@ fn the_planner_is_a_url_or_host_and_port_as_for_redrivectl() {
     for (given, dialed) in [
         ("127.0.0.1:50051", "http://127.0.0.1:50051"),
         ("planner.internal:50051", "http://planner.internal:50051"),
-        ("https://planner.internal:443", "https://planner.internal:443"),
+        (
+            "https://planner.internal:443",
+            "https://planner.internal:443",
+        ),
     ] {
         let config = redrive_executor::Config::for_planner(given);
         assert_eq!(config.planner_url().as_deref(), Ok(dialed), "{given}");
