@@ -380,7 +380,10 @@ pub fn main_with_args(
         let code = match run(config, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                eprintln!("redrive-executor: {error:#}");
+                eprintln!(
+                    "redrive-executor: {}",
+                    redrive_proto::settings::error_text(error.as_ref())
+                );
                 run_failure_code(&error)
             }
         };

@@ -268,9 +268,10 @@ pub struct Config {
     pub capture_batch_wait_ms: u64,
 
     /// The longest wait before capture reconnects to a DLQ after its session
-    /// failed, in milliseconds: waits start at 200 ms and double (with
-    /// jitter) up to this, and start over after a session that consumed for
-    /// 30 s. From 200 to 600000.
+    /// failed, in milliseconds, before jitter: waits start at 200 ms and
+    /// double up to this, each plus up to as much again of random jitter (so
+    /// at most twice this), and start over after a session that consumed
+    /// for 30 s. From 200 to 600000.
     #[arg(
         long,
         env = "REDRIVE_CAPTURE_RECONNECT_MAX_MS",

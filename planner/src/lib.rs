@@ -534,11 +534,17 @@ async fn serve_main(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
     let code = match run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "planner failed");
+            tracing::error!(
+                error = redrive_proto::settings::error_text(error.as_ref()),
+                "planner failed"
+            );
             let code = run_failure_code(&error);
             if code == ExitCode::from(EX_USAGE) {
                 // A usage error goes where the parsing ones go, too.
-                eprintln!("redrive-planner: {error:#}");
+                eprintln!(
+                    "redrive-planner: {}",
+                    redrive_proto::settings::error_text(error.as_ref())
+                );
             }
             code
         }

@@ -14,6 +14,22 @@ use clap::{Command, Parser, error::ErrorKind};
 /// Exit code for a bad setting (sysexits.h `EX_USAGE`).
 pub const EX_USAGE: u8 = 64;
 
+/// `error` and its causes, outermost first, joined by `: `, leaving out a
+/// cause whose text an earlier one already holds (a database error's
+/// message is its wrapper's too: said once).
+pub fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    parts.join(": ")
+}
+
 /// What a service's run that ended with `error` exits with: [`EX_USAGE`]
 /// for a setting found wrong only when used (its message starts with
 /// `invalid setting`, as [`SettingError`]'s do: an address that cannot be
@@ -708,6 +724,41 @@ pub fn read_secret_file(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_error_is_told_once_with_each_cause() {
+        #[derive(Debug)]
+        struct Inner;
+        impl std::fmt::Display for Inner {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("role \"x\" does not exist")
+            }
+        }
+        impl std::error::Error for Inner {}
+        #[derive(Debug)]
+        struct Outer(Inner);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "error returned from database: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let error = std::io::Error::other(Outer(Inner));
+        assert_eq!(
+            error_text(&Outer(Inner)),
+            "error returned from database: role \"x\" does not exist"
+        );
+        // A cause it does not repeat is kept.
+        assert!(
+            error_text(&error).contains("does not exist"),
+            "{}",
+            error_text(&error)
+        );
+    }
     use super::*;
     use clap::CommandFactory;
 

@@ -323,8 +323,10 @@ fn answer<B>(request: &Request<B>, registry: &prometheus::Registry) -> Response<
 /// those the service expects and reports itself with its context (a
 /// capture queue that does not exist: one WARN per retry naming it); every
 /// such close also reaches the service as an error. `REDRIVE_LOG=info`
-/// shows them again.
-pub const DEFAULT_LOG_FILTER: &str = "info,lapin::channel=off";
+/// shows them again. The OpenTelemetry SDK's own lines from `warn` up (its
+/// INFO ones tell its providers' lifecycle, e.g. `MeterProvider.Drop` at
+/// every exit).
+pub const DEFAULT_LOG_FILTER: &str = "info,lapin::channel=off,opentelemetry_sdk=warn";
 
 /// A service binary's logging and span export, from start to exit: the
 /// subscriber of [`init_subscriber`] filtered by `REDRIVE_LOG` (default
