@@ -153,6 +153,28 @@ fn a_bad_boolean_variable_is_named_beside_the_rest() {
     assert_eq!(output.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("'maybe'"), "{stderr}");
     assert!(stderr.contains("'soon'"), "{stderr}");
+    // The variable the value came from, and what it takes.
+    assert!(
+        stderr.contains("expected true or false; from REDRIVE_FOUR_EYES"),
+        "{stderr}"
+    );
+}
+
+/// A list variable whose empty entries are each wrong says so once.
+#[test]
+fn one_problem_is_said_once() {
+    let output = Command::new(env!("CARGO_BIN_EXE_redrive-planner"))
+        .env_clear()
+        .env("REDRIVE_CAPTURE_QUEUES", ",,")
+        .output()
+        .expect("running redrive-planner");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert_eq!(
+        stderr.matches("invalid setting --capture-queue").count(),
+        1,
+        "{stderr}"
+    );
 }
 
 /// Issue 15: `--help` printed `DATABASE_URL=postgres://u:secret@…` (clap

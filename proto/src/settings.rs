@@ -119,8 +119,14 @@ pub fn parse_or_exit<C: Parser>(
         Ok(config) => match prepare(config) {
             Ok(config) => Ok(config),
             Err(problems) => {
+                // One line a problem, however many values repeat it.
+                let mut said = Vec::new();
                 for problem in problems.0 {
-                    eprintln!("{program}: {problem}");
+                    let line = problem.to_string();
+                    if !said.contains(&line) {
+                        eprintln!("{program}: {line}");
+                        said.push(line);
+                    }
                 }
                 Err(ExitCode::from(EX_USAGE))
             }
@@ -138,7 +144,7 @@ pub fn parse_or_exit<C: Parser>(
             };
             // A value the walk cannot see (a flag's boolean environment
             // variable) is still named: clap's own error leads.
-            let first = first_line(&error);
+            let first = with_origin(&command, &args, &error, first_line(&error));
             if !refused.is_empty() && !refused.contains(&first) {
                 refused.insert(0, first);
             }
@@ -245,7 +251,7 @@ pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
                 .disable_version_flag(true)
                 .arg(arg.clone());
             if let Err(error) = alone.try_get_matches_from(Vec::<OsString>::new()) {
-                refused.push(first_line(&error));
+                refused.push(with_origin(command, args, &error, first_line(&error)));
             }
             continue;
         }
@@ -273,11 +279,59 @@ pub fn refused_values(command: &Command, args: &[OsString]) -> Vec<String> {
             let mut flag = OsString::from(format!("--{long}="));
             flag.push(value);
             if let Err(error) = alone.clone().try_get_matches_from([flag]) {
-                refused.push(first_line(&error));
+                refused.push(with_origin(command, args, &error, first_line(&error)));
             }
         }
     }
     refused
+}
+
+/// `line`, clap's message for a refused value of a flag, with what clap
+/// says on later lines (the values it takes) and, when the value came from
+/// the flag's environment variable (not given on the command line), that
+/// variable's name: `invalid value 'yes' for '--four-eyes' (expected true
+/// or false; from REDRIVE_FOUR_EYES)`.
+fn with_origin(
+    command: &clap::Command,
+    args: &[OsString],
+    error: &clap::Error,
+    line: String,
+) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::String(flag)) = error.get(ContextKind::InvalidArg) else {
+        return line;
+    };
+    let Some(long) = flag
+        .strip_prefix("--")
+        .and_then(|rest| rest.split([' ', '=']).next())
+    else {
+        return line;
+    };
+    let Some(arg) = command
+        .get_arguments()
+        .find(|arg| arg.get_long() == Some(long))
+    else {
+        return line;
+    };
+    let mut notes = Vec::new();
+    if let Some(ContextValue::Strings(values)) = error.get(ContextKind::ValidValue) {
+        notes.push(format!("expected {}", values.join(" or ")));
+    }
+    let on_command_line = args.iter().skip(1).any(|given| {
+        let given = given.to_string_lossy();
+        given == format!("--{long}") || given.starts_with(&format!("--{long}="))
+    });
+    if let Some(variable) = arg.get_env()
+        && !on_command_line
+        && std::env::var_os(variable).is_some()
+    {
+        notes.push(format!("from {}", variable.to_string_lossy()));
+    }
+    if notes.is_empty() {
+        line
+    } else {
+        format!("{line} ({})", notes.join("; "))
+    }
 }
 
 /// The first line of clap's message, without its `error: ` prefix.
