@@ -284,6 +284,8 @@ pub async fn connect(
 ///   `http://` fails at the transport, the port is asked once for a TLS
 ///   handshake ([`speaks_tls`]): `the planner at HOST:PORT speaks TLS: use
 ///   https://HOST:PORT and --ca FILE`;
+/// - `https://` to a port that answers in plain text (rustls: a corrupt
+///   message of an invalid content type): say so and name `http://`;
 /// - a server certificate not signed by a CA this client trusts
 ///   (`UnknownIssuer`): say so and name `--ca FILE`.
 ///
@@ -316,6 +318,19 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
         }
         return lost_at_the_transport(error, url);
     }
+    // `https://` to a port that answers in plain text: rustls reads the
+    // answer as a record of an unknown type.
+    if let Some(address) = url.strip_prefix("https://")
+        && (text.contains("InvalidContentType") || text.contains("corrupt message"))
+    {
+        let address = address.trim_end_matches('/');
+        return CliError::Tls {
+            message: format!(
+                "the planner at {address} does not speak TLS: use http://{address}, or turn TLS \
+                 on at the planner (see docs/security.md) ({text})"
+            ),
+        };
+    }
     let untrusted = [
         "UnknownIssuer",
         "unknown issuer",
@@ -337,15 +352,19 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
 
 /// A call that failed in this client's transport, not with a status the
 /// planner sent (tonic keeps the transport's error as the status's
-/// source): the connection broke, or the planner stopped answering (no
-/// PING acknowledgement within [`KEEP_ALIVE_TIMEOUT`]). Told as
+/// source): the connection broke, the planner stopped answering (no
+/// PING acknowledgement within [`KEEP_ALIVE_TIMEOUT`]), or what answers at
+/// the address does not speak gRPC (a database's or Redis's port). Told as
 /// [`CliError::Unreachable`] naming `url`, with the transport's reasons.
 fn lost_at_the_transport(error: CliError, url: &str) -> CliError {
     match &error {
         CliError::Grpc(status)
             if matches!(
                 status.code(),
-                tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
+                tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::Unavailable
+                    | tonic::Code::Cancelled
             ) && status.source().is_some() =>
         {
             CliError::Unreachable {
@@ -434,6 +453,36 @@ fn reasons(first: String, mut source: Option<&dyn std::error::Error>) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A status the planner sent stays itself; one made of a transport
+    /// failure (its source kept) is "cannot reach", exit 69, naming the
+    /// address; `https://` to a plain-text port says to use `http://`.
+    #[tokio::test]
+    async fn transport_failures_name_the_planner() {
+        let url = "https://planner.internal:443";
+        let sent = explain_tls(CliError::Grpc(tonic::Status::internal("a defect")), url).await;
+        assert!(matches!(sent, CliError::Grpc(_)), "{sent}");
+        let broken =
+            tonic::Status::from_error(Box::new(std::io::Error::other("keep-alive timed out")));
+        let lost = explain_tls(CliError::Grpc(broken), url).await;
+        assert_eq!(lost.exit_code(), crate::error::EX_UNAVAILABLE, "{lost}");
+        assert!(
+            lost.to_string()
+                .starts_with("cannot reach the planner at https://planner.internal:443")
+                && lost.to_string().contains("keep-alive timed out"),
+            "{lost}"
+        );
+        let plain = CliError::Unreachable {
+            url: url.to_owned(),
+            cause: "transport error: received corrupt message of type InvalidContentType"
+                .to_owned(),
+        };
+        let told = explain_tls(plain, url).await.to_string();
+        assert!(
+            told.starts_with("the planner at planner.internal:443 does not speak TLS: use http://planner.internal:443"),
+            "{told}"
+        );
+    }
 
     #[test]
     fn a_bearer_token_goes_in_clear_text_only_to_loopback() {

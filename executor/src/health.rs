@@ -138,6 +138,7 @@ pub async fn serve(
 
 async fn keep_current(reporter: HealthReporter, checks: HealthChecks, shutdown: CancellationToken) {
     let mut was_ready = None;
+    let mut said: Option<Vec<&'static str>> = None;
     let mut was_live = None;
     loop {
         let problems = tokio::select! {
@@ -145,12 +146,17 @@ async fn keep_current(reporter: HealthReporter, checks: HealthChecks, shutdown: 
             problems = readiness_problems(&checks) => problems,
         };
         let ready = problems.is_empty();
-        if was_ready != Some(ready) {
+        // A line whenever what is missing changes, not only readiness: a
+        // dependency that came back while another is still away is said.
+        if said.as_ref() != Some(&problems) {
             if ready {
                 info!("ready: broker, Redis and planner reachable");
             } else {
                 warn!(unreachable = ?problems, "not ready");
             }
+            said = Some(problems.clone());
+        }
+        if was_ready != Some(ready) {
             let status = serving(ready);
             reporter.set_service_status("", status).await;
             reporter.set_service_status(READINESS, status).await;
@@ -190,7 +196,9 @@ fn serving(up: bool) -> ServingStatus {
 }
 
 /// Which dependencies do not answer (`broker`, `redis`, `planner`), checked
-/// at once.
+/// at once; Redis before the executor's first connection to it is `redis
+/// (connecting)` (the executor waits for it at start: not yet known to be
+/// away).
 async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
     let broker = async {
         // Any node will do: each in turn, each within the check's timeout.
@@ -210,17 +218,17 @@ async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
     };
     let redis = async {
         let Some(connection) = &checks.redis else {
-            return true;
+            return Ok(());
         };
         let Some(connection) = connection.get() else {
-            // Not connected yet.
-            return false;
+            return Err("redis (connecting)");
         };
         let mut connection = connection.clone();
         let command = redis::cmd("PING");
         // On a cluster, every master is asked and all must answer.
         let ping = command.query_async::<redis::Value>(&mut connection);
-        matches!(tokio::time::timeout(CHECK_TIMEOUT, ping).await, Ok(Ok(answer)) if !matches!(answer, redis::Value::ServerError(_)))
+        let answered = matches!(tokio::time::timeout(CHECK_TIMEOUT, ping).await, Ok(Ok(answer)) if !matches!(answer, redis::Value::ServerError(_)));
+        if answered { Ok(()) } else { Err("redis") }
     };
     let planner = async {
         let mut client = HealthClient::new(checks.planner.clone());
@@ -235,11 +243,14 @@ async fn readiness_problems(checks: &HealthChecks) -> Vec<&'static str> {
         }
     };
     let (broker, redis, planner) = tokio::join!(broker, redis, planner);
-    [("broker", broker), ("redis", redis), ("planner", planner)]
-        .into_iter()
-        .filter(|(_, up)| !up)
-        .map(|(name, _)| name)
-        .collect()
+    [
+        (!broker).then_some("broker"),
+        redis.err(),
+        (!planner).then_some("planner"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[cfg(test)]
