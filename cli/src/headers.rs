@@ -218,7 +218,7 @@ pub fn value_from_json(path: &str, json: &Value) -> Result<HeaderValue, ReadErro
                 // beyond i64 is, rather than replayed with another value. A
                 // whole double that large is refused alike (JSON does not say
                 // which was written): a typed double takes it.
-                if double.fract() == 0.0 && double.abs() >= 9.223_372_036_854_775_808e18 {
+                if double.fract() == 0.0 && double.abs() >= 2_f64.powi(63) {
                     return Err(format!(
                         "{path}: {number} does not fit an i64 and would be rounded as a double; \
                          use a string, or a typed value such as {{\"type\": \"f64\", \"value\": ...}}"
