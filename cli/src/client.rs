@@ -306,8 +306,11 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
         }
         _ => return error,
     };
-    if let Some(address) = url.strip_prefix("http://") {
-        let address = address.trim_end_matches('/');
+    if url.starts_with("http://") {
+        // With its port: `http://host` is port 80 (the probe's `https://`
+        // alone would ask 443).
+        let address = host_and_port(url);
+        let address = address.as_str();
         if speaks_tls(address).await {
             return CliError::Tls {
                 message: format!(
@@ -320,10 +323,11 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
     }
     // `https://` to a port that answers in plain text: rustls reads the
     // answer as a record of an unknown type.
-    if let Some(address) = url.strip_prefix("https://")
+    if url.starts_with("https://")
         && (text.contains("InvalidContentType") || text.contains("corrupt message"))
     {
-        let address = address.trim_end_matches('/');
+        // With its port: `https://host` is port 443, `http://host` would be 80.
+        let address = host_and_port(url);
         return CliError::Tls {
             message: format!(
                 "the planner at {address} does not speak TLS: use http://{address}, or turn TLS \
@@ -354,7 +358,10 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
 /// planner sent (tonic keeps the transport's error as the status's
 /// source): the connection broke, the planner stopped answering (no
 /// PING acknowledgement within [`KEEP_ALIVE_TIMEOUT`]), or what answers at
-/// the address does not speak gRPC (a database's or Redis's port). Told as
+/// the address does not speak gRPC (a database's or Redis's port). A reset
+/// of the call's own stream (RFC 9113, `RST_STREAM`: the planner or a proxy
+/// refused this one call, say at shutdown, or an answer's headers were too
+/// large) keeps its status: the connection stands. Told as
 /// [`CliError::Unreachable`] naming `url`, with the transport's reasons.
 fn lost_at_the_transport(error: CliError, url: &str) -> CliError {
     match &error {
@@ -365,7 +372,8 @@ fn lost_at_the_transport(error: CliError, url: &str) -> CliError {
                     | tonic::Code::Internal
                     | tonic::Code::Unavailable
                     | tonic::Code::Cancelled
-            ) && status.source().is_some() =>
+            ) && status.source().is_some()
+                && !stream_reset(status) =>
         {
             CliError::Unreachable {
                 url: url.to_owned(),
@@ -436,6 +444,46 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     reasons(error.to_string(), error.source())
 }
 
+/// `HOST:PORT` of `url`, the scheme's port when it names none (80 for
+/// `http://`, 443 for `https://`); `url` without its scheme when it does
+/// not parse.
+fn host_and_port(url: &str) -> String {
+    let parsed = url.parse::<tonic::codegen::http::Uri>().ok();
+    parsed
+        .as_ref()
+        .and_then(|uri| {
+            let default = if uri.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            };
+            let port = uri.port_u16().unwrap_or(default);
+            uri.host().map(|host| format!("{host}:{port}"))
+        })
+        .unwrap_or_else(|| {
+            url.trim_start_matches("https://")
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+}
+
+/// Whether `status` came of a reset of its own HTTP/2 stream (an
+/// `h2::Error` in its chain that is one), not of the connection.
+fn stream_reset(status: &tonic::Status) -> bool {
+    let mut source = status.source();
+    while let Some(cause) = source {
+        if cause
+            .downcast_ref::<h2::Error>()
+            .is_some_and(h2::Error::is_reset)
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 /// `first`, then each cause of the chain from `source` that does not repeat
 /// one before it, joined by `: `.
 fn reasons(first: String, mut source: Option<&dyn std::error::Error>) -> String {
@@ -477,11 +525,50 @@ mod tests {
             cause: "transport error: received corrupt message of type InvalidContentType"
                 .to_owned(),
         };
-        let told = explain_tls(plain, url).await.to_string();
+        let told = explain_tls(plain, "https://planner.internal")
+            .await
+            .to_string();
         assert!(
             told.starts_with("the planner at planner.internal:443 does not speak TLS: use http://planner.internal:443"),
             "{told}"
         );
+        assert_eq!(host_and_port("http://[::1]/"), "[::1]:80");
+        assert_eq!(host_and_port("https://h:8443"), "h:8443");
+    }
+
+    /// A server that resets the call's own stream (`RST_STREAM`
+    /// `REFUSED_STREAM`, as a planner shutting down does) leaves the
+    /// connection standing: the status stays the planner's, not "cannot
+    /// reach".
+    #[tokio::test]
+    async fn a_reset_stream_is_not_a_lost_planner() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    // (The TLS probe of an `http://` failure is no HTTP/2.)
+                    let Ok(mut connection) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((_, mut respond))) = connection.accept().await {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    }
+                });
+            }
+        });
+        let channel = Endpoint::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = redrive_proto::v1::planner_client::PlannerClient::new(channel);
+        let status = client
+            .list_plans(redrive_proto::v1::ListPlansRequest::default())
+            .await
+            .unwrap_err();
+        let told = explain_tls(CliError::Grpc(status), &url).await;
+        assert!(matches!(told, CliError::Grpc(_)), "{told}");
     }
 
     #[test]

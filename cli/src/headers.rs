@@ -24,9 +24,10 @@
 //!
 //! [`value_from_json`] reads either that typed shape or a plain JSON value:
 //! string → `long_string`, integer → `i64`, other number → `f64`, bool →
-//! `bool`, array → `array`, object → `table`, null → `void`. A whole number
-//! beyond `i64` is refused (JSON reads one beyond `u64` as a rounded double):
-//! a string or a typed value keeps it. An object is read
+//! `bool`, array → `array`, object → `table`, null → `void`. A number of
+//! magnitude 2^63 or more is refused, written as an integer or not (JSON
+//! reads an integer beyond `u64` as a rounded double, and every double that
+//! large is whole): a string or a typed `f64` keeps it. An object is read
 //! as a typed value when it has a string `type` naming one of the types above
 //! and no keys other than `type`, `value` and `base64`; any other object is a
 //! plain table.

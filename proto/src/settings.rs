@@ -148,6 +148,13 @@ pub fn parse_or_exit<C: Parser>(
             if !refused.is_empty() && !refused.contains(&first) {
                 refused.insert(0, first);
             }
+            // One line a problem, however many values repeat it.
+            let mut seen = Vec::new();
+            refused.retain(|line| {
+                let new = !seen.contains(line);
+                seen.push(line.clone());
+                new
+            });
             if !refused.is_empty() {
                 for problem in refused {
                     eprintln!("{program}: {problem}");

@@ -144,6 +144,15 @@ pub fn planner_url(text: &str) -> Result<String, String> {
         }
         text.to_owned()
     } else {
+        // HOST:PORT: the port is not left to a default.
+        if text
+            .rsplit_once(':')
+            .is_none_or(|(_, port)| port.contains(']'))
+        {
+            return Err(format!(
+                "no port in {text:?}; expected HOST:PORT (e.g. 127.0.0.1:50051) or an http:// or https:// URL"
+            ));
+        }
         format!("http://{text}")
     };
     let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
@@ -154,6 +163,11 @@ pub fn planner_url(text: &str) -> Result<String, String> {
         ));
     }
     let authority = endpoint.uri().authority().map_or("", |a| a.as_str());
+    if authority.contains('@') {
+        return Err(format!(
+            "{text:?} holds a user name or password: the planner takes none in its address (credentials have settings of their own: a token, a client certificate)"
+        ));
+    }
     if let Some((_, port)) = authority.rsplit_once(':')
         && !port.contains(']')
         && !matches!(port.parse::<u16>(), Ok(1..))
@@ -185,7 +199,10 @@ mod tests {
             ("127.0.0.1:0", "not a TCP port"),
             ("127.0.0.1:http", "not a TCP port"),
             ("ftp://planner:21", "expected HOST:PORT"),
-            ("", "not a valid URL"),
+            ("", "no port"),
+            ("planner.internal", "no port"),
+            ("[::1]", "no port"),
+            ("http://user:pw@planner:50051", "user name or password"),
             ("http://bad host", "not a valid URL"),
         ] {
             let error = planner_url(bad).unwrap_err();
