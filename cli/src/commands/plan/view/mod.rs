@@ -284,7 +284,7 @@ pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Re
         (
             "slices",
             format!(
-                "{} of {} completed, {} items each{}",
+                "{} of {} completed, up to {} items each{}",
                 plan.slices_completed,
                 plan.slices_total,
                 plan.slice_size,
@@ -516,7 +516,7 @@ mod tests {
         // Not ordered, no observation window running.
         assert_eq!(
             field(&text, "slices"),
-            Some("4 of 10 completed, 100 items each")
+            Some("4 of 10 completed, up to 100 items each")
         );
         assert_eq!(field(&text, "observe for"), Some("15m"));
         assert_eq!(
@@ -547,7 +547,7 @@ mod tests {
         assert!(!text.contains("operator actions:"), "{text}");
         assert_eq!(
             field(&text, "slices"),
-            Some("0 of 0 completed, 0 items each")
+            Some("0 of 0 completed, up to 0 items each")
         );
         assert_eq!(list_row(&Plan::default())[2], "unknown");
     }
@@ -683,7 +683,7 @@ mod tests {
             "destination:  redirect:quarantine/",
             "items:        1000 total, 10 in the canary (1% of the items)",
             "done:         450 of 1000 (45.0%)",
-            "slices:       4 of 10 completed, 100 items each",
+            "slices:       4 of 10 completed, up to 100 items each",
             "observe for:  15m",
             "created:      2024-05-01T12:00:00.000Z by alice",
             "approved:     2024-05-01T12:05:00.000Z by bob",
