@@ -270,7 +270,7 @@ pub async fn connect(
                 CONNECT_TIMEOUT.as_secs()
             ))
         })?
-        .map_err(|error| unreachable(error_chain(&error)))?;
+        .map_err(|error| unreachable(redrive_proto::settings::error_text(&error)))?;
     Ok(PlannerClient::with_interceptor(channel, interceptor)
         .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES))
 }
@@ -293,17 +293,7 @@ pub async fn connect(
 pub async fn explain_tls(error: CliError, url: &str) -> CliError {
     let text = match &error {
         CliError::Unreachable { cause, .. } => cause.clone(),
-        CliError::Grpc(status)
-            if matches!(
-                status.code(),
-                tonic::Code::Unknown
-                    | tonic::Code::Internal
-                    | tonic::Code::Unavailable
-                    | tonic::Code::Cancelled
-            ) =>
-        {
-            status.message().to_owned()
-        }
+        CliError::Grpc(status) if transport_code(status.code()) => status.message().to_owned(),
         _ => return error,
     };
     if url.starts_with("http://") {
@@ -366,22 +356,33 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
 fn lost_at_the_transport(error: CliError, url: &str) -> CliError {
     match &error {
         CliError::Grpc(status)
-            if matches!(
-                status.code(),
-                tonic::Code::Unknown
-                    | tonic::Code::Internal
-                    | tonic::Code::Unavailable
-                    | tonic::Code::Cancelled
-            ) && status.source().is_some()
+            if transport_code(status.code())
+                && status.source().is_some()
                 && !stream_reset(status) =>
         {
             CliError::Unreachable {
                 url: url.to_owned(),
-                cause: reasons(status.message().to_owned(), status.source()),
+                cause: redrive_proto::settings::error_text_from(
+                    status.message().to_owned(),
+                    status.source(),
+                ),
             }
         }
         _ => error,
     }
+}
+
+/// The codes tonic gives a call that failed in the transport (a broken or
+/// refused connection, a peer that speaks no gRPC): the ones worth a look at
+/// TLS and at the connection.
+fn transport_code(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+    )
 }
 
 /// Whether `address` (`HOST:PORT`) answers a TLS handshake: it completes,
@@ -401,7 +402,7 @@ async fn speaks_tls(address: &str) -> bool {
     match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await {
         Ok(Ok(_)) => true,
         Ok(Err(error)) => {
-            let chain = error_chain(&error);
+            let chain = redrive_proto::settings::error_text(&error);
             ["certificate", "Certificate", "alert", "peer"]
                 .iter()
                 .any(|needle| chain.contains(needle))
@@ -436,12 +437,6 @@ fn refuse_cleartext_token(url: &str) -> Result<(), CliError> {
             "refusing to send the bearer token in clear text to {host}: use an https:// planner URL (a token over http:// is sent only to a loopback address)"
         )))
     }
-}
-
-/// `error` and its sources joined with `: `, repeated texts left out
-/// (`transport error: tcp connect error: Connection refused (os error 111)`).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    reasons(error.to_string(), error.source())
 }
 
 /// `HOST:PORT` of `url`, the scheme's port when it names none (80 for
@@ -482,20 +477,6 @@ fn stream_reset(status: &tonic::Status) -> bool {
         source = cause.source();
     }
     false
-}
-
-/// `first`, then each cause of the chain from `source` that does not repeat
-/// one before it, joined by `: `.
-fn reasons(first: String, mut source: Option<&dyn std::error::Error>) -> String {
-    let mut parts = vec![first];
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !parts.iter().any(|part| part.contains(&text)) {
-            parts.push(text);
-        }
-        source = cause.source();
-    }
-    parts.join(": ")
 }
 
 #[cfg(test)]

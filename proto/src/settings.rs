@@ -18,8 +18,17 @@ pub const EX_USAGE: u8 = 64;
 /// cause whose text an earlier one already holds (a database error's
 /// message is its wrapper's too: said once).
 pub fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![error.to_string()];
-    let mut source = error.source();
+    error_text_from(error.to_string(), error.source())
+}
+
+/// `first`, then each cause of the chain from `source` that does not repeat
+/// one before it, joined by `: ` ([`error_text`] with a first part of the
+/// caller's, e.g. a gRPC status's message).
+pub fn error_text_from(
+    first: String,
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
+    let mut parts = vec![first];
     while let Some(cause) = source {
         let text = cause.to_string();
         if !parts.iter().any(|part| part.contains(&text)) {
@@ -119,15 +128,7 @@ pub fn parse_or_exit<C: Parser>(
         Ok(config) => match prepare(config) {
             Ok(config) => Ok(config),
             Err(problems) => {
-                // One line a problem, however many values repeat it.
-                let mut said = Vec::new();
-                for problem in problems.0 {
-                    let line = problem.to_string();
-                    if !said.contains(&line) {
-                        eprintln!("{program}: {line}");
-                        said.push(line);
-                    }
-                }
+                print_once(program, problems.0.iter().map(ToString::to_string));
                 Err(ExitCode::from(EX_USAGE))
             }
         },
@@ -148,21 +149,24 @@ pub fn parse_or_exit<C: Parser>(
             if !refused.is_empty() && !refused.contains(&first) {
                 refused.insert(0, first);
             }
-            // One line a problem, however many values repeat it.
-            let mut seen = Vec::new();
-            refused.retain(|line| {
-                let new = !seen.contains(line);
-                seen.push(line.clone());
-                new
-            });
             if !refused.is_empty() {
-                for problem in refused {
-                    eprintln!("{program}: {problem}");
-                }
+                print_once(program, refused);
             } else {
                 let _ = error.print();
             }
             Err(ExitCode::from(EX_USAGE))
+        }
+    }
+}
+
+/// Prints each of `problems` once, prefixed with `program: `, in order: one
+/// line a problem, however many values repeat it.
+fn print_once(program: &str, problems: impl IntoIterator<Item = String>) {
+    let mut said: Vec<String> = Vec::new();
+    for line in problems {
+        if !said.contains(&line) {
+            eprintln!("{program}: {line}");
+            said.push(line);
         }
     }
 }

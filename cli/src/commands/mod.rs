@@ -484,12 +484,8 @@ mod tests {
         Ok(paths.into_iter().map(|(path, _)| path).collect())
     }
 
-    /// Every relative link of the docs (README, cli/USAGE.md, docs/*.md)
-    /// leads to a file or folder of the repository: a link is resolved from
-    /// the page's own folder, so `docs/cli.md` reaches the CLI's manual as
-    /// `../cli/USAGE.md`.
-    #[test]
-    fn every_relative_link_in_the_docs_resolves() {
+    /// The pages a reader follows: README.md, cli/USAGE.md and docs/*.md.
+    fn doc_pages() -> Vec<std::path::PathBuf> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut pages = vec![root.join("README.md"), root.join("cli/USAGE.md")];
         pages.extend(
@@ -498,6 +494,16 @@ mod tests {
                 .map(|entry| entry.unwrap().path())
                 .filter(|path| path.extension().is_some_and(|ext| ext == "md")),
         );
+        pages
+    }
+
+    /// Every relative link of the docs (README, cli/USAGE.md, docs/*.md)
+    /// leads to a file or folder of the repository: a link is resolved from
+    /// the page's own folder, so `docs/cli.md` reaches the CLI's manual as
+    /// `../cli/USAGE.md`.
+    #[test]
+    fn every_relative_link_in_the_docs_resolves() {
+        let pages = doc_pages();
         let mut checked = 0;
         let mut broken = Vec::new();
         for page in &pages {
@@ -530,14 +536,7 @@ mod tests {
     /// help, not "unrecognized subcommand".
     #[test]
     fn every_command_the_docs_name_exists() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut pages = vec![root.join("README.md"), root.join("cli/USAGE.md")];
-        pages.extend(
-            std::fs::read_dir(root.join("docs"))
-                .unwrap()
-                .map(|entry| entry.unwrap().path())
-                .filter(|path| path.extension().is_some_and(|ext| ext == "md")),
-        );
+        let pages = doc_pages();
         let mut checked = 0;
         let mut wrong = Vec::new();
         for page in &pages {
