@@ -111,6 +111,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         publisher: publisher_options,
         max_attempts: config.max_attempts,
         claim_wait: Duration::from_secs(config.claim_wait_seconds),
+        planner: config
+            .planner_url()
+            .unwrap_or_else(|_| config.planner.clone()),
+        failures: worker::LoopFailures::default(),
     };
     let parts = LoopParts {
         settings,
@@ -251,7 +255,7 @@ async fn shared_state(
         match redis_topology::connect(&topology, DEFAULT_CALL_TIMEOUT).await {
             Ok(connection) => break connection,
             Err(error) => {
-                warn!(%error, "Redis unreachable: not publishing until it is back");
+                warn!(redis = %topology.addresses(), %error, "Redis unreachable: not publishing until it is back");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(None),
                     () = tokio::time::sleep(backoff.next_delay()) => {}

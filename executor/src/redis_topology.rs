@@ -194,6 +194,27 @@ impl RedisTopology {
         }
     }
 
+    /// Where it is, for the log, passwords redacted
+    /// ([`redrive_proto::settings::redact_url`]): the server's URL, the
+    /// seed nodes' URLs, or the Sentinels' URLs and the master's name
+    /// (`redis://s1:26379, redis://s2:26379 (master mymaster)`).
+    pub fn addresses(&self) -> String {
+        use redrive_proto::settings::redact_url;
+        let list = |urls: &[String]| {
+            urls.iter()
+                .map(|url| redact_url(url))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Self::Standalone(url) => redact_url(url),
+            Self::Cluster(urls) => list(urls),
+            Self::Sentinel {
+                sentinels, master, ..
+            } => format!("{} (master {master})", list(sentinels)),
+        }
+    }
+
     /// What the log says: `redis`, `redis cluster` or `redis sentinel`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -271,7 +292,8 @@ impl ConnectionLike for RedisConnection {
 /// A URL is invalid, or no server answers in time: a server or a seed node
 /// within `call_timeout`; the Sentinels and the master they name within
 /// [`MASTER_SEARCH_TIMEOUT`] (15 s: the Sentinels are asked in turn).
-#[tracing::instrument(name = "executor.redis.connect", skip_all, fields(redis.topology = topology.kind()), err)]
+// The error is the span's at debug: the caller warns once, naming where.
+#[tracing::instrument(name = "executor.redis.connect", skip_all, fields(redis.topology = topology.kind()), err(level = "debug"))]
 pub async fn connect(
     topology: &RedisTopology,
     call_timeout: Duration,
@@ -733,5 +755,9 @@ mod tests {
             !shown.contains("hunter2") && !shown.contains("hunter3"),
             "{shown}"
         );
+        // The log's "Redis unreachable" line names where, never a password.
+        assert_eq!(secret.addresses(), "redis://:***@s:26379 (master m)");
+        assert_eq!(cluster.addresses(), "redis://:***@a:7000, redis://b:7001");
+        assert_eq!(one.unwrap().addresses(), "redis://127.0.0.1:6379/2");
     }
 }

@@ -251,6 +251,16 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 isolating = false;
                                 continue;
                             }
+                            Err(raw::RawError::Closed { code: 404, .. }) => {
+                                // The queue was deleted (a session's
+                                // consumer ended with it): nothing is held
+                                // in it, so the next round consumes, and
+                                // its passive declare says the same.
+                                isolating = false;
+                                stopped_at_unreadable = false;
+                                delay = backoff.next_delay();
+                                missing_queue(&config, &store, &queue, delay);
+                            }
                             Err(error) => {
                                 delay = backoff.next_delay();
                                 warn!(%error, retry_in_ms = delay.as_millis() as u64, "taking messages one at a time failed");
@@ -279,24 +289,16 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 continue;
                             }
                             Err(CaptureError::MissingQueue(_)) => {
-                                store.metrics().capture_failed(&queue, CaptureFailure::Session);
-                                config.status.set_problem(
-                                    &queue,
-                                    Some("does not exist (404 NOT_FOUND on passive declare)".to_owned()),
-                                );
                                 delay = delay_after_session(&mut backoff, started.elapsed());
-                                warn!(
-                                    retry_in_ms = delay.as_millis() as u64,
-                                    "capture queue {queue} does not exist (404 NOT_FOUND on passive declare); retrying in {:.1} s",
-                                    delay.as_secs_f64()
-                                );
+                                missing_queue(&config, &store, &queue, delay);
                             }
                             Err(error) => {
                                 config.status.set_problem(&queue, Some(format!("capture session ended: {error}")));
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
                                 delay = delay_after_session(&mut backoff, started.elapsed());
-                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "capture session ended");
+                                let advice = redrive_proto::amqp_nodes::login_refused_advice(&error.to_string());
+                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "capture session ended{}", advice.map(|advice| format!(": {advice}")).unwrap_or_default());
                             }
                         }
                     }
@@ -310,6 +312,25 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
         );
     }
     while sessions.join_next().await.is_some() {}
+}
+
+/// Counts, shows and logs that `queue` does not exist (a typo in
+/// `--capture-queue`, not declared yet, or deleted while captured: the
+/// broker answers a passive `queue.declare` or a `basic.get` with 404
+/// NOT_FOUND, AMQP 0-9-1 §1.7.2.1); the next try comes after `delay`.
+fn missing_queue(config: &CaptureConfig, store: &Store, queue: &str, delay: Duration) {
+    store
+        .metrics()
+        .capture_failed(queue, CaptureFailure::Session);
+    config.status.set_problem(
+        queue,
+        Some("does not exist (404 NOT_FOUND on passive declare)".to_owned()),
+    );
+    warn!(
+        retry_in_ms = delay.as_millis() as u64,
+        "capture queue {queue} does not exist (404 NOT_FOUND on passive declare); retrying in {:.1} s",
+        delay.as_secs_f64()
+    );
 }
 
 #[cfg(test)]

@@ -717,11 +717,94 @@ mod tests {
             ),
             (
                 &["--tls-cert", "/etc/hostname", "--tls-key", "/etc/hostname"][..],
-                "not usable PEM",
+                "--tls-cert: /etc/hostname: no PEM CERTIFICATE in it",
             ),
         ] {
             let error = config(args).unwrap_err();
             assert!(error.contains(setting), "{args:?}: {error}");
+        }
+    }
+
+    /// A new user's pass: a TLS file of the wrong kind was refused as "the
+    /// certificate, key or client CA is not usable PEM", naming none of the
+    /// three. Each file is now checked for a PEM block of its kind and
+    /// named with its flag; every such problem is said at once.
+    #[test]
+    fn a_tls_file_of_the_wrong_kind_is_named_with_its_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let pair = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&pair)
+            .unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let cert = write("cert.pem", &cert.pem());
+        let key = write("key.pem", &pair.serialize_pem());
+        let text = write("notes.txt", "not a certificate\n");
+        // A certificate whose body is not DER: the label is right, so only
+        // rustls can tell; its error still says which settings to look at.
+        let broken = write(
+            "broken.pem",
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        );
+        let tls = |cert: &str, key: &str, ca: Option<&str>| {
+            let mut args = vec!["--tls-cert", cert, "--tls-key", key];
+            if let Some(ca) = ca {
+                args.extend(["--tls-client-ca", ca]);
+            }
+            config(&args)
+        };
+        assert!(tls(&cert, &key, None).is_ok());
+        assert!(tls(&cert, &key, Some(&cert)).is_ok());
+        for (cert_file, key_file, ca, expected) in [
+            (
+                &key,
+                &key,
+                None,
+                vec![format!("--tls-cert: {key}: no PEM CERTIFICATE")],
+            ),
+            (
+                &cert,
+                &cert,
+                None,
+                vec![format!("--tls-key: {cert}: no PEM PRIVATE KEY")],
+            ),
+            (
+                &key,
+                &cert,
+                None,
+                vec![
+                    format!("--tls-cert: {key}: no PEM CERTIFICATE"),
+                    format!("--tls-key: {cert}: no PEM PRIVATE KEY"),
+                ],
+            ),
+            (
+                &cert,
+                &key,
+                Some(&text),
+                vec![format!("--tls-client-ca: {text}: no PEM CERTIFICATE")],
+            ),
+            (
+                &cert,
+                &key,
+                Some(&key),
+                vec![format!("--tls-client-ca: {key}: no PEM CERTIFICATE")],
+            ),
+            (
+                &broken,
+                &key,
+                None,
+                vec!["--tls-cert: the certificate, key or client CA is not usable PEM".to_owned()],
+            ),
+        ] {
+            let error = tls(cert_file, key_file, ca.map(String::as_str)).unwrap_err();
+            for expected in expected {
+                assert!(error.contains(&expected), "{expected} in {error}");
+            }
         }
     }
 

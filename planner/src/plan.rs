@@ -50,7 +50,8 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
         return Err(Error::invalid(
             "rate.per_second",
             format!(
-                "{} is not a rate from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND} messages per second",
+                // `{:?}`: 1e308 in five characters, not 309 digits.
+                "{:?} is not a rate from {MIN_RATE_PER_SECOND} to {MAX_RATE_PER_SECOND} messages per second",
                 rate.per_second
             ),
         ));
@@ -149,7 +150,7 @@ fn ramp_of(ramp: &[f64], canary_fraction: f64) -> Result<Vec<f64>, Error> {
             return Err(Error::invalid(
                 format!("ramp[{index}]"),
                 format!(
-                    "{fraction} must be a cumulative fraction of the items above {before} (the \
+                    "{fraction:?} must be a cumulative fraction of the items above {before:?} (the \
                      wave before it) and below 1 (the main wave takes the rest)"
                 ),
             ));
@@ -543,4 +544,41 @@ pub async fn compensations(
         Some(plan_id),
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(per_second: f64, ramp: Vec<f64>) -> v1::CreatePlanRequest {
+        v1::CreatePlanRequest {
+            precheck_id: PrecheckId::generate().to_string(),
+            rate: Some(v1::Rate {
+                per_second,
+                burst: 1,
+                rationale: "the downstream sustains 300/s".into(),
+            }),
+            ramp,
+            ..Default::default()
+        }
+    }
+
+    /// A new user's pass: `--rate 1e308` came back as 309 digits. Refused
+    /// numbers are echoed in their short form (`{:?}`), rates and ramp
+    /// shares alike.
+    #[test]
+    fn refused_numbers_are_echoed_short() {
+        assert!(validate_create(request(50.0, vec![0.5]), "a".into()).is_ok());
+        for (request, field, shown) in [
+            (request(1e308, vec![]), "rate.per_second", "1e308"),
+            (request(1e-300, vec![]), "rate.per_second", "1e-300"),
+            (request(50.0, vec![1e-300]), "ramp[0]", "1e-300"),
+        ] {
+            let status = tonic::Status::from(validate_create(request, "a".into()).unwrap_err());
+            let message = status.message();
+            assert!(message.contains(field), "{message}");
+            assert!(message.contains(shown), "{message}");
+            assert!(message.len() < 200, "{message}");
+        }
+    }
 }

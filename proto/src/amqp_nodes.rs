@@ -130,6 +130,18 @@ impl AmqpNodes {
     }
 }
 
+/// What to say of an AMQP connection that failed with `error` (the
+/// client's error text) when the broker refused the login (`403
+/// ACCESS_REFUSED`, AMQP 0-9-1 §1.7.2.1: a wrong user or password, or a
+/// user without access to the virtual host), which will not mend by itself
+/// as an outage does; `None` for any other failure.
+pub fn login_refused_advice(error: &str) -> Option<&'static str> {
+    (error.contains("ACCESS_REFUSED") || error.contains("ACCESS-REFUSED")).then_some(
+        "the broker refused the login: check the user and password of --amqp-url, \
+         and that the user may use its virtual host (rabbitmqctl list_permissions)",
+    )
+}
+
 /// `host:port` of an AMQP URL, without credentials (see
 /// [`AmqpNode::address`]).
 pub fn node_address(url: &str) -> String {

@@ -542,3 +542,120 @@ async fn body_event_times_are_read_from_declared_compression_and_bad_ones_are_wa
     );
     bed.finish().await
 }
+
+/// Publishes an order with message id `id` to `queue`.
+async fn publish_order(broker: &Broker, queue: &str, id: &str) -> anyhow::Result<()> {
+    broker
+        .publish(
+            "",
+            queue,
+            format!(r#"{{"order_id":"{id}"}}"#).as_bytes(),
+            BasicProperties::default().with_message_id(id.into()),
+        )
+        .await
+}
+
+/// A capture queue deleted while it is captured (an operator's cleanup, a
+/// redeclare with other arguments) is named as missing in the log, as at
+/// start-up, and captured again once it is back. Before, the planner took
+/// the ended consumer for a failed session, tried to take the queue's
+/// messages one at a time, and said "taking messages one at a time failed"
+/// (404 from `basic.get`) at every retry, never that the queue was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when_back()
+-> anyhow::Result<()> {
+    use lapin::options::QueueDeleteOptions;
+    use redrive_tests::{TestDb, scenario};
+    init_logging();
+    let broker = Broker::connect().await?;
+    let queue = unique("deleted-dlq");
+    broker.queue(&queue, FieldTable::default()).await?;
+    publish_order(&broker, &queue, "before").await?;
+    let db = TestDb::new();
+    let binaries = scenario::Binaries::of_tests()?;
+    let log = tempfile::NamedTempFile::new()?;
+    let listen = scenario::free_local_addr()?;
+    let mut planner = tokio::process::Command::new(&binaries.planner)
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--database-url",
+            &db.url(),
+            "--capture-queue",
+            &queue,
+        ])
+        .env("REDRIVE_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let captured_ids = || async {
+        let Ok(pool) = db.pool().await else {
+            return Ok::<_, anyhow::Error>(Vec::new());
+        };
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT message_id FROM dead_letters WHERE source = $1 ORDER BY id")
+                .bind(&queue)
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_default();
+        pool.close().await;
+        Ok(ids)
+    };
+    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    wait_until(
+        "the first message captured",
+        Duration::from_secs(30),
+        || async { Ok(captured_ids().await? == ["before"]) },
+    )
+    .await?;
+
+    broker
+        .channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    let missing = format!("capture queue {queue} does not exist");
+    wait_until(
+        "the log naming the deleted queue",
+        Duration::from_secs(30),
+        || async { Ok(text().contains(&missing)) },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", text()))?;
+    // Retried, and said once a retry, not as failed single takes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let said = text();
+    assert!(
+        !said.contains("taking messages one at a time failed"),
+        "{said}"
+    );
+    let lines = said.lines().filter(|line| line.contains(&missing)).count();
+    assert!((1..=12).contains(&lines), "{lines} lines:\n{said}");
+
+    broker.queue(&queue, FieldTable::default()).await?;
+    publish_order(&broker, &queue, "after").await?;
+    wait_until(
+        "the message after the queue came back",
+        Duration::from_secs(30),
+        || async { Ok(captured_ids().await? == ["before", "after"]) },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", text()))?;
+    assert_eq!(broker.ready_count(&queue).await?, 0, "acked once stored");
+
+    if let Some(pid) = planner.id() {
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+    }
+    let exited = tokio::time::timeout(Duration::from_secs(10), planner.wait()).await;
+    assert!(
+        exited.is_ok_and(|status| status.is_ok_and(|status| status.success())),
+        "{}",
+        text()
+    );
+    broker.cleanup().await;
+    db.drop_database().await;
+    Ok(())
+}

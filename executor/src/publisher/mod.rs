@@ -337,7 +337,7 @@ impl Publisher {
     /// [`PublishError::InvalidWindow`] when `window` is 0;
     /// [`PublishError::Connect`] (retryable) when the broker is unreachable
     /// within [`CONNECT_TIMEOUT`] or refuses.
-    #[tracing::instrument(name = "executor.publisher.connect", skip_all, fields(window = window), err)]
+    #[tracing::instrument(name = "executor.publisher.connect", skip_all, fields(window = window), err(level = "debug"))]
     pub async fn connect(amqp_url: &str, window: usize) -> Result<Self, PublishError> {
         Self::connect_with(amqp_url, PublisherOptions::with_window(window)).await
     }

@@ -92,12 +92,16 @@ impl AmqpConnect {
     /// [`PublishError::InvalidWindow`].
     pub async fn connect_to_a_node(&self) -> Result<(Publisher, AmqpNode), PublishError> {
         let mut failures = Vec::new();
-        for _ in 0..self.amqp.len() {
+        let nodes = self.amqp.len();
+        for tried in 1..=nodes {
             let node = self.amqp.next();
             match Publisher::connect_with(&node.url, self.options).await {
                 Ok(publisher) => return Ok((publisher, node)),
                 Err(PublishError::Connect { reason }) => {
-                    tracing::warn!(broker.node = %node, %reason, "broker node refused or unreachable; trying the next");
+                    // After the last node, the caller's line names them all.
+                    if tried < nodes {
+                        tracing::warn!(broker.node = %node, %reason, "broker node refused or unreachable; trying the next");
+                    }
                     failures.push(format!("{}: {reason}", node.address()));
                 }
                 Err(other) => return Err(other),

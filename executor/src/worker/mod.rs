@@ -25,7 +25,7 @@ mod slice;
 #[cfg(test)]
 mod tests;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use redrive_proto::{
     amqp_nodes::AmqpNodes,
@@ -62,6 +62,45 @@ pub struct WorkerSettings {
     pub max_attempts: u32,
     /// Long-poll wait of a claim.
     pub claim_wait: Duration,
+    /// The planner's URL, named when a claim fails.
+    pub planner: String,
+    /// What the slice loops last said of a failure they share.
+    pub failures: LoopFailures,
+}
+
+/// What an executor's slice loops last said of a failure that is theirs
+/// alike (a claim, a broker connection), with when. They share one channel
+/// to the planner and one broker, so an outage or a refused login fails
+/// every loop at once; one line a round says it for all of them instead of
+/// one a loop.
+#[derive(Clone, Debug, Default)]
+pub struct LoopFailures(Arc<std::sync::Mutex<HashMap<&'static str, (String, Instant)>>>);
+
+impl LoopFailures {
+    /// Whether a failure of `what` (`claim`, `connect`) for `reason` at
+    /// `now` is to be said: the first one, one for another reason, or one at
+    /// least `every` after the last said.
+    fn to_say(&self, what: &'static str, reason: &str, now: Instant, every: Duration) -> bool {
+        let mut said = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let say = said
+            .get(what)
+            .is_none_or(|(last, at)| last != reason || now.duration_since(*at) >= every);
+        if say {
+            said.insert(what, (reason.to_owned(), now));
+        }
+        say
+    }
+}
+
+/// What to say of a broker connection that failed with `error`: a refused
+/// login with its advice
+/// ([`redrive_proto::amqp_nodes::login_refused_advice`]), else that the
+/// broker cannot be reached.
+fn connect_advice(error: &str) -> &'static str {
+    redrive_proto::amqp_nodes::login_refused_advice(error).unwrap_or("cannot connect to the broker")
 }
 
 /// The running executor: claims slices until `shutdown`, publishing
@@ -151,7 +190,16 @@ impl<C: Connect> Worker<C> {
                 }
                 Err(status) => {
                     let delay = backoff.next_delay();
-                    warn!(code = ?status.code(), grpc_message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed");
+                    // The loops retry about together (their jitter drifts
+                    // them apart): at most one line a delay.
+                    let code = format!("{:?}", status.code());
+                    if self
+                        .settings
+                        .failures
+                        .to_say("claim", &code, Instant::now(), delay)
+                    {
+                        warn!(planner = %self.settings.planner, code = ?status.code(), grpc_message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed (said once for all slice loops)");
+                    }
                     tokio::select! {
                         () = shutdown.cancelled() => break,
                         () = tokio::time::sleep(delay) => {}
@@ -212,7 +260,14 @@ impl<C: Connect> Worker<C> {
                 Err(error) => {
                     let delay = backoff.next_delay();
                     self.heartbeat.beat();
-                    warn!(%error, retry_in_ms = delay.as_millis() as u64, "cannot connect to the broker");
+                    let error = error.to_string();
+                    if self
+                        .settings
+                        .failures
+                        .to_say("connect", &error, Instant::now(), delay)
+                    {
+                        warn!(%error, retry_in_ms = delay.as_millis() as u64, "{} (said once for all slice loops)", connect_advice(&error));
+                    }
                     if give_up_after.is_some_and(|limit| started.elapsed() >= limit) {
                         return None;
                     }

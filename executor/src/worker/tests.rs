@@ -8,6 +8,47 @@ use super::{
 };
 use crate::{bucket::Rate, item::LeasedItem, outcomes::Work};
 
+/// A new user's pass: with the planner down, each of the four slice loops
+/// said "claim failed" every round, and a wrong broker password three lines
+/// a loop a round. One line a round says each for all loops.
+#[test]
+fn a_shared_failure_is_said_once_a_round_for_all_loops() {
+    use super::LoopFailures;
+    use std::time::Duration;
+    let failures = LoopFailures::default();
+    let loops: Vec<_> = (0..4).map(|_| failures.clone()).collect();
+    let start = tokio::time::Instant::now();
+    let every = Duration::from_millis(100);
+    let round = |at: u64, what: &'static str, reason: &str| {
+        loops
+            .iter()
+            .filter(|failures| {
+                failures.to_say(what, reason, start + Duration::from_millis(at), every)
+            })
+            .count()
+    };
+    assert_eq!(round(0, "claim", "Unavailable"), 1);
+    assert_eq!(round(5, "claim", "Unavailable"), 0);
+    // Another kind of failure is its own.
+    assert_eq!(round(6, "connect", "ACCESS_REFUSED"), 1);
+    // The next round, after the delay.
+    assert_eq!(round(200, "claim", "Unavailable"), 1);
+    // Another reason is said at once.
+    assert_eq!(round(210, "claim", "PermissionDenied"), 1);
+}
+
+#[test]
+fn a_refused_login_is_told_from_an_outage() {
+    let refused = "cannot connect to the broker: 127.0.0.1:5672: protocol error: AMQP soft \
+                   error: ACCESS-REFUSED: ACCESS_REFUSED - Login was refused";
+    assert!(super::connect_advice(refused).contains("check the user and password"));
+    let outage = "cannot connect to the broker: 127.0.0.1:5672: Connection refused (os error 111)";
+    assert_eq!(
+        super::connect_advice(outage),
+        "cannot connect to the broker"
+    );
+}
+
 #[test]
 fn runs_take_about_a_twentieth_of_a_second_of_the_rate() {
     let rate = |per_second, burst| Rate::new(per_second, burst).unwrap();
@@ -105,7 +146,7 @@ mod pipeline {
         metrics::ExecutorMetrics,
         outcomes::TokenDebt,
         publisher::{Handoff, PublisherOptions},
-        worker::{Worker, WorkerSettings},
+        worker::{LoopFailures, Worker, WorkerSettings},
     };
 
     /// A slice loop publishing to `broker` and reporting to `planner`.
@@ -117,6 +158,8 @@ mod pipeline {
                 publisher: PublisherOptions::with_window(8),
                 max_attempts: 2,
                 claim_wait: Duration::from_secs(1),
+                planner: "http://fake".to_owned(),
+                failures: LoopFailures::default(),
             },
             connect: FakeConnect(Arc::clone(broker)),
             publisher: None,

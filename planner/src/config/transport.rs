@@ -22,7 +22,8 @@ impl Config {
     /// too (`client_certificates_optional`).
     ///
     /// # Errors
-    /// A file that cannot be read, named.
+    /// Each file that cannot be read or holds no PEM block of its kind
+    /// (`CERTIFICATE`, `PRIVATE KEY`), named with its setting.
     fn server_tls(
         &self,
         client_certificates_optional: bool,
@@ -31,21 +32,34 @@ impl Config {
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             return Ok(None);
         };
-        let read = |setting: &'static str, path: &PathBuf| {
-            std::fs::read(path).map_err(|error| {
-                SettingErrors(vec![SettingError::new(
-                    setting,
-                    format!("cannot read {}: {error}", path.display()),
-                )])
-            })
+        // Each file is read and must hold a PEM block of its kind (RFC
+        // 7468), so that a problem names the file: rustls' own error only
+        // says the identity as a whole was not usable.
+        let mut problems = Vec::new();
+        let mut read = |setting: &'static str, path: &PathBuf, label: &str| {
+            redrive_proto::tls::read_pem(path, &format!("--{setting}"), label)
+                .map_err(|text| {
+                    let text = text
+                        .strip_prefix(&format!("--{setting} "))
+                        .unwrap_or(&text)
+                        .to_owned();
+                    problems.push(SettingError::new(setting, text));
+                })
+                .ok()
         };
-        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
-            read("tls-cert", cert)?,
-            read("tls-key", key)?,
-        ));
-        if let Some(ca) = &self.tls_client_ca {
+        let cert = read("tls-cert", cert, "CERTIFICATE");
+        let key = read("tls-key", key, "PRIVATE KEY");
+        let ca = self
+            .tls_client_ca
+            .as_ref()
+            .map(|ca| read("tls-client-ca", ca, "CERTIFICATE"));
+        let (Some(cert), Some(key), None | Some(Some(_))) = (cert, key, &ca) else {
+            return Err(SettingErrors(problems));
+        };
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+        if let Some(Some(ca)) = ca {
             config = config
-                .client_ca_root(Certificate::from_pem(read("tls-client-ca", ca)?))
+                .client_ca_root(Certificate::from_pem(ca))
                 .client_auth_optional(client_certificates_optional);
         }
         Ok(Some(config))

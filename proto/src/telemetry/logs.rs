@@ -28,9 +28,77 @@ pub fn secret_cap() -> tracing_subscriber::filter::Targets {
         .with_targets(SECRET_CAPPED_TARGETS.iter().copied())
 }
 
+/// Lines of libraries that say something false of Redrive's use of them,
+/// by target and message, dropped whatever `REDRIVE_LOG` says: lapin logs
+/// `Exponential backoff attempts exhausted, aborting recovery` at ERROR
+/// after every failed connection attempt when its own reconnection is off
+/// (its default, kept: the services reconnect themselves, and say so with
+/// the broker's address and reason), so a wrong password printed it once a
+/// loop a second.
+pub const MISLEADING_LINES: &[(&str, &str)] = &[(
+    "lapin::io_loop",
+    "Exponential backoff attempts exhausted, aborting recovery",
+)];
+
+/// The per-layer filter that drops [`MISLEADING_LINES`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DropMisleading;
+
+impl<S> tracing_subscriber::layer::Filter<S> for DropMisleading {
+    fn enabled(
+        &self,
+        _: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        true
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        /// Whether the event's message is `.0`.
+        struct MessageIs<'a>(&'a str, bool);
+        impl tracing::field::Visit for MessageIs<'_> {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "message" {
+                    self.1 = value == self.0;
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.1 = format!("{value:?}") == self.0;
+                }
+            }
+        }
+        let target = event.metadata().target();
+        !MISLEADING_LINES.iter().any(|&(of, message)| {
+            of == target && {
+                let mut is = MessageIs(message, false);
+                event.record(&mut is);
+                is.1
+            }
+        })
+    }
+}
+
+/// What decides which log lines are written: `filter` (`REDRIVE_LOG`),
+/// then [`secret_cap`] and [`DropMisleading`], whatever `filter` says.
+pub fn line_filter<S>(
+    filter: tracing_subscriber::EnvFilter,
+) -> impl tracing_subscriber::layer::Filter<S> + Send + Sync + 'static
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    use tracing_subscriber::filter::FilterExt as _;
+    filter.and(secret_cap()).and(DropMisleading)
+}
+
 /// Installs the process's `tracing` subscriber: log lines to stderr (JSON
 /// lines with `json`, else text; filtered by `filter`, e.g. `REDRIVE_LOG`,
-/// and by [`secret_cap`] whatever `filter` says)
+/// and by [`secret_cap`] and [`DropMisleading`] whatever `filter` says:
+/// [`line_filter`])
 /// and, with an OTLP `endpoint`, spans at INFO and above exported through
 /// [`tracer_provider`] whatever the log filter says. Returns the provider
 /// to shut down (flush) at exit. Must run inside the Tokio runtime.
@@ -51,9 +119,7 @@ pub fn init_subscriber(
         tracing_layer(provider, service_name)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
-    let logs = log_layer(json, std::io::stderr).with_filter(
-        tracing_subscriber::filter::FilterExt::and(filter, secret_cap()),
-    );
+    let logs = log_layer(json, std::io::stderr).with_filter(line_filter(filter));
     tracing_subscriber::registry().with(spans).with(logs).init();
     Ok(provider)
 }

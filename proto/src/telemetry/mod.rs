@@ -29,7 +29,10 @@ use tracing::{info, warn};
 mod logs;
 mod traces;
 
-pub use logs::{SECRET_CAPPED_TARGETS, WithTraceIds, init_subscriber, log_layer, secret_cap};
+pub use logs::{
+    DropMisleading, MISLEADING_LINES, SECRET_CAPPED_TARGETS, WithTraceIds, init_subscriber,
+    line_filter, log_layer, secret_cap,
+};
 pub use traces::{
     grpc_server_span, inject_traceparent, parse_traceparent, traceparent_of,
     traceparent_of_context, tracer_provider, tracing_enabled, tracing_layer,
@@ -325,8 +328,11 @@ fn answer<B>(request: &Request<B>, registry: &prometheus::Registry) -> Response<
 /// such close also reaches the service as an error. `REDRIVE_LOG=info`
 /// shows them again. The OpenTelemetry SDK's own lines from `warn` up (its
 /// INFO ones tell its providers' lifecycle, e.g. `MeterProvider.Drop` at
-/// every exit).
-pub const DEFAULT_LOG_FILTER: &str = "info,lapin::channel=off,opentelemetry_sdk=warn";
+/// every exit). PostgreSQL's notices from `warn` up: sqlx logs each
+/// `NOTICE` at INFO (a migration's `DROP INDEX IF EXISTS` on a new
+/// database: `index "…" does not exist, skipping`).
+pub const DEFAULT_LOG_FILTER: &str =
+    "info,lapin::channel=off,opentelemetry_sdk=warn,sqlx::postgres::notice=warn";
 
 /// A service binary's logging and span export, from start to exit: the
 /// subscriber of [`init_subscriber`] filtered by `REDRIVE_LOG` (default
@@ -460,6 +466,38 @@ mod tests {
         let outside = each.next().expect("the line outside");
         let inside = each.next().expect("the line inside");
         (outside, inside, traceparent)
+    }
+
+    /// A new user's pass: a wrong broker password printed lapin's
+    /// `aborting recovery` ERROR once a slice loop a second, a recovery
+    /// Redrive never asked lapin for. That line is dropped at every level;
+    /// lapin's other lines stay, and its frames stay capped (secrets).
+    #[test]
+    fn lapins_misleading_line_is_dropped_and_the_rest_kept() {
+        use tracing_subscriber::Layer as _;
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::registry().with(
+            log_layer(false, lines.clone())
+                .with_filter(line_filter(tracing_subscriber::EnvFilter::new("trace"))),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(
+                target: "lapin::io_loop",
+                "Exponential backoff attempts exhausted, aborting recovery"
+            );
+            tracing::error!(target: "lapin::io_loop", error = "reset", "error doing IO");
+            tracing::trace!(target: "lapin::frames", "StartOk with a password");
+            tracing::error!(target: "redrive_executor", "aborting recovery");
+        });
+        let text = String::from_utf8(lines.0.lock().expect("lines").clone()).expect("utf-8");
+        assert!(!text.contains("attempts exhausted"), "{text}");
+        assert!(!text.contains("StartOk"), "{text}");
+        assert!(text.contains("error doing IO"), "{text}");
+        assert!(
+            text.contains("redrive_executor: aborting recovery"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 2, "{text}");
     }
 
     #[test]

@@ -688,8 +688,19 @@ mod tests {
     fn rates_bursts_and_fractions_have_bounds() {
         assert_eq!(parse_rate("50"), Ok(50.0));
         assert_eq!(parse_rate(" 0.5 "), Ok(0.5));
-        for bad in ["0", "-1", "0.0", "inf", "NaN", "fast", ""] {
+        assert_eq!(parse_rate("1000000"), Ok(1_000_000.0));
+        assert_eq!(parse_rate("0.001"), Ok(0.001));
+        for bad in [
+            "0", "-1", "0.0", "inf", "NaN", "fast", "", "0.0009", "1000001",
+        ] {
             assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        // The planner's range, said at the flag, and never the value echoed
+        // back: a new user's `--rate 1e308` printed 309 digits.
+        for huge in ["1e308", "1e300", "-1e308"] {
+            let error = parse_rate(huge).unwrap_err();
+            assert!(error.contains("from 0.001 to 1000000"), "{error}");
+            assert!(error.len() < 120, "{error}");
         }
         assert_eq!(parse_canary_fraction("0.05"), Ok(0.05));
         assert_eq!(parse_canary_fraction("1"), Ok(1.0));

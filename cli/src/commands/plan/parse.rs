@@ -2,21 +2,30 @@
 //! `--destination`, `--canary-fraction`, `--kind`, `--state`): each error
 //! says what is wrong and what is accepted, for clap to name the flag.
 
-use redrive_proto::v1::{PlanKind, PlanState};
+use redrive_proto::{
+    limits::{MAX_RATE_PER_SECOND, MIN_RATE_PER_SECOND},
+    v1::{PlanKind, PlanState},
+};
 
 use super::view::Destination;
 
-/// Parses `--rate`: messages per second, finite and above zero.
+/// Parses `--rate`: messages per second, from
+/// [`MIN_RATE_PER_SECOND`] to [`MAX_RATE_PER_SECOND`] (the planner's
+/// limits, checked here so that the flag is named before any call).
 ///
 /// # Errors
-/// What is wrong, for clap (which names the flag).
+/// What is wrong and the range, for clap (which names the flag); the value
+/// is not echoed back (`1e308` would print 309 digits).
 pub fn parse_rate(text: &str) -> Result<f64, String> {
     let rate: f64 = text
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a number; messages per second, e.g. 50 or 0.5"))?;
-    if !rate.is_finite() || rate <= 0.0 {
-        return Err("must be a number of messages per second above zero, e.g. 50 or 0.5".into());
+    if !(rate.is_finite() && (MIN_RATE_PER_SECOND..=MAX_RATE_PER_SECOND).contains(&rate)) {
+        return Err(format!(
+            "must be a number of messages per second from {MIN_RATE_PER_SECOND} to \
+             {MAX_RATE_PER_SECOND}, e.g. 50 or 0.5"
+        ));
     }
     Ok(rate)
 }
