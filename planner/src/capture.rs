@@ -251,7 +251,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 isolating = false;
                                 continue;
                             }
-                            Err(raw::RawError::Closed { code: 404, .. }) => {
+                            Err(raw::RawError::Closed { code: 404, text, .. }) => {
                                 // The queue was deleted (a session's
                                 // consumer ended with it): nothing is held
                                 // in it, so the next round consumes, and
@@ -259,11 +259,12 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 isolating = false;
                                 stopped_at_unreadable = false;
                                 delay = backoff.next_delay();
-                                missing_queue(&config, &store, &queue, delay);
+                                missing_queue(&config, &store, &queue, "basic.get", Some(&text), delay);
                             }
                             Err(error) => {
                                 delay = backoff.next_delay();
-                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "taking messages one at a time failed");
+                                let advice = redrive_proto::amqp_nodes::refusal_advice(&error.to_string());
+                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "taking messages one at a time failed{}", advice.map(|advice| format!(": {advice}")).unwrap_or_default());
                             }
                         }
                     } else {
@@ -290,14 +291,14 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                             }
                             Err(CaptureError::MissingQueue(_)) => {
                                 delay = delay_after_session(&mut backoff, started.elapsed());
-                                missing_queue(&config, &store, &queue, delay);
+                                missing_queue(&config, &store, &queue, "passive declare", None, delay);
                             }
                             Err(error) => {
                                 config.status.set_problem(&queue, Some(format!("capture session ended: {error}")));
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
                                 delay = delay_after_session(&mut backoff, started.elapsed());
-                                let advice = redrive_proto::amqp_nodes::login_refused_advice(&error.to_string());
+                                let advice = redrive_proto::amqp_nodes::refusal_advice(&error.to_string());
                                 warn!(%error, retry_in_ms = delay.as_millis() as u64, "capture session ended{}", advice.map(|advice| format!(": {advice}")).unwrap_or_default());
                             }
                         }
@@ -314,21 +315,31 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
     while sessions.join_next().await.is_some() {}
 }
 
-/// Counts, shows and logs that `queue` does not exist (a typo in
-/// `--capture-queue`, not declared yet, or deleted while captured: the
-/// broker answers a passive `queue.declare` or a `basic.get` with 404
-/// NOT_FOUND, AMQP 0-9-1 §1.7.2.1); the next try comes after `delay`.
-fn missing_queue(config: &CaptureConfig, store: &Store, queue: &str, delay: Duration) {
+/// Counts, shows and logs that `queue` was not found (a typo in
+/// `--capture-queue`, not declared yet, or deleted while captured): the
+/// broker answered `on` (a passive `queue.declare`, a `basic.get`) with 404
+/// NOT_FOUND (AMQP 0-9-1 §1.7.2.1), saying `why` when its text is known
+/// (RabbitMQ also answers 404 for a durable queue whose home node is down);
+/// the next try comes after `delay`.
+fn missing_queue(
+    config: &CaptureConfig,
+    store: &Store,
+    queue: &str,
+    on: &str,
+    why: Option<&str>,
+    delay: Duration,
+) {
     store
         .metrics()
         .capture_failed(queue, CaptureFailure::Session);
-    config.status.set_problem(
-        queue,
-        Some("does not exist (404 NOT_FOUND on passive declare)".to_owned()),
-    );
+    let said = match why {
+        Some(why) => format!("does not exist (404 NOT_FOUND on {on}: {why})"),
+        None => format!("does not exist (404 NOT_FOUND on {on})"),
+    };
+    config.status.set_problem(queue, Some(said.clone()));
     warn!(
         retry_in_ms = delay.as_millis() as u64,
-        "capture queue {queue} does not exist (404 NOT_FOUND on passive declare); retrying in {:.1} s",
+        "capture queue {queue} {said}; retrying in {:.1} s",
         delay.as_secs_f64()
     );
 }

@@ -751,6 +751,17 @@ mod tests {
             "broken.pem",
             "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
         );
+        // Labels rustls cannot use, refused by name (a review: they passed
+        // as "ends in PRIVATE KEY / CERTIFICATE" and failed under
+        // --tls-cert whatever the file).
+        let encrypted = write(
+            "encrypted.pem",
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        );
+        let trusted = write(
+            "trusted.pem",
+            "-----BEGIN TRUSTED CERTIFICATE-----\nAAAA\n-----END TRUSTED CERTIFICATE-----\n",
+        );
         let tls = |cert: &str, key: &str, ca: Option<&str>| {
             let mut args = vec!["--tls-cert", cert, "--tls-key", key];
             if let Some(ca) = ca {
@@ -793,6 +804,18 @@ mod tests {
                 &key,
                 Some(&key),
                 vec![format!("--tls-client-ca: {key}: no PEM CERTIFICATE")],
+            ),
+            (
+                &cert,
+                &encrypted,
+                None,
+                vec![format!("--tls-key: {encrypted}: no PEM PRIVATE KEY")],
+            ),
+            (
+                &cert,
+                &key,
+                Some(&trusted),
+                vec![format!("--tls-client-ca: {trusted}: no PEM CERTIFICATE")],
             ),
             (
                 &broken,

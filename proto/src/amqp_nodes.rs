@@ -130,16 +130,30 @@ impl AmqpNodes {
     }
 }
 
-/// What to say of an AMQP connection that failed with `error` (the
-/// client's error text) when the broker refused the login (`403
-/// ACCESS_REFUSED`, AMQP 0-9-1 §1.7.2.1: a wrong user or password, or a
-/// user without access to the virtual host), which will not mend by itself
-/// as an outage does; `None` for any other failure.
-pub fn login_refused_advice(error: &str) -> Option<&'static str> {
-    (error.contains("ACCESS_REFUSED") || error.contains("ACCESS-REFUSED")).then_some(
-        "the broker refused the login: check the user and password of --amqp-url, \
-         and that the user may use its virtual host (rabbitmqctl list_permissions)",
-    )
+/// What to say of an AMQP connection or channel that the broker refused,
+/// from the client's error text `error`, when the refusal will not mend by
+/// itself as an outage does (AMQP 0-9-1 §1.7.2.1 reply codes, RabbitMQ's
+/// texts): a refused login (`403 ACCESS_REFUSED - Login was refused`: a
+/// wrong user or password), a virtual host that does not exist or that the
+/// user may not use (`530 NOT_ALLOWED - vhost … not found`, `access to
+/// vhost … refused`), or another operation the user may not do (`403
+/// ACCESS_REFUSED - access to queue …`: a permission); `None` otherwise.
+pub fn refusal_advice(error: &str) -> Option<&'static str> {
+    if error.contains("Login was refused") {
+        Some("the broker refused the login: check the user and password of --amqp-url")
+    } else if error.contains("NOT_ALLOWED") && error.contains("vhost") {
+        Some(
+            "the broker refused the virtual host: check that the vhost of --amqp-url exists \
+             and that the user may use it (rabbitmqctl list_vhosts, rabbitmqctl list_permissions -p VHOST)",
+        )
+    } else if error.contains("ACCESS_REFUSED") || error.contains("ACCESS-REFUSED") {
+        Some(
+            "the broker refused the user an operation: check its permissions \
+             (rabbitmqctl list_user_permissions USER)",
+        )
+    } else {
+        None
+    }
 }
 
 /// `host:port` of an AMQP URL, without credentials (see

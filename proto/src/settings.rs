@@ -703,9 +703,11 @@ pub fn broker_id_of(url: &str) -> Result<String, String> {
 /// RFC 3986 section 3.2.1) replaced by `***`, for logs and error messages;
 /// unchanged when it has none. Read as text, not parsed, so that a URL that
 /// does not parse (a `/` or `#` in the password, a mistyped scheme, two
-/// URLs run together) is redacted too: each `@` ends a user info that
-/// starts after the last `//` before it (else after the previous `@`, or
-/// at the start), and its text after the first `:` is the password.
+/// URLs run together) is redacted too: the text is cut after each `//`,
+/// and in each piece the user info ends at the piece's last `@` (a password
+/// may hold `@`, as the `url` crate and the clients read it; a host never
+/// does), its password being the text after its first `:`. An `@` later in
+/// a path or query makes more hidden than needed, never less.
 pub fn redact_url(url: &str) -> String {
     let mut shown = String::with_capacity(url.len());
     let mut copied = 0;
@@ -720,19 +722,22 @@ pub fn redact_url(url: &str) -> String {
 
 /// The byte ranges of the passwords in `url` ([`redact_url`]'s reading).
 fn password_spans(url: &str) -> Vec<(usize, usize)> {
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(url.match_indices("//").map(|(at, _)| at + 2))
+        .collect();
     let mut spans = Vec::new();
-    let mut floor = 0;
-    for (at, _) in url.match_indices('@') {
-        let start = url[floor..at]
-            .rfind("//")
-            .map_or(floor, |slashes| floor + slashes + 2);
-        if let Some(colon) = url[start..at].find(':') {
-            let from = start + colon + 1;
-            if from < at {
-                spans.push((from, at));
-            }
+    for (index, &start) in starts.iter().enumerate() {
+        let end = starts
+            .get(index + 1)
+            .map_or(url.len(), |&next| next - 2)
+            .max(start);
+        let piece = &url[start..end];
+        if let Some(at) = piece.rfind('@')
+            && let Some(colon) = piece[..at].find(':')
+            && colon + 1 < at
+        {
+            spans.push((start + colon + 1, start + at));
         }
-        floor = at + 1;
     }
     spans
 }
@@ -1015,6 +1020,21 @@ mod amqp_tests {
             "amqp://u:***@a/%2f,amqp://v:***@b/%2f"
         );
         assert_eq!(redact_url("amqp://h/v@x"), "amqp://h/v@x");
+        // A password holding `@`: the clients read the user info up to the
+        // last `@`, so all of it is hidden (a review: `p@ss` showed `ss`).
+        assert_eq!(
+            redact_url("redis://:p@ss@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis://u:a@b@s1:26379,redis://:c@d@s2:26379"),
+            "redis://u:***@s1:26379,redis://:***@s2:26379"
+        );
+        assert_eq!(redact_url("u:p@w@h"), "u:***@h");
+        assert_eq!(
+            redact_text("refused u:p@w@h", "amqp://u:p@w@h"),
+            "refused u:***@h"
+        );
     }
 
     #[test]

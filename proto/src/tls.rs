@@ -95,8 +95,9 @@ impl ClientTlsFiles {
     }
 }
 
-/// The bytes of the PEM file `path`, which must hold a block whose label
-/// ends in `label` (`CERTIFICATE`, `PRIVATE KEY`: RFC 7468): a file of
+/// The bytes of the PEM file `path`, which must hold a block labelled
+/// `label` (`CERTIFICATE`; `PRIVATE KEY`, which takes PKCS#8 `PRIVATE KEY`,
+/// PKCS#1 `RSA PRIVATE KEY` and SEC1 `EC PRIVATE KEY`: RFC 7468): a file of
 /// something else would otherwise be taken for an empty CA bundle, and every
 /// handshake would fail later instead of the setting now.
 ///
@@ -105,11 +106,18 @@ impl ClientTlsFiles {
 pub fn read_pem(path: &Path, flag: &str, label: &str) -> Result<Vec<u8>, String> {
     let bytes = read(path, flag)?;
     let text = String::from_utf8_lossy(&bytes);
+    // The labels rustls reads (`rustls-pki-types`' PEM sections): an
+    // `ENCRYPTED PRIVATE KEY`, an `OPENSSH PRIVATE KEY` or a `TRUSTED
+    // CERTIFICATE` is refused here, named, instead of by the handshake.
+    let accepted: &[&str] = match label {
+        "PRIVATE KEY" => &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"],
+        other => &[other],
+    };
     let found = text.lines().any(|line| {
         line.trim()
             .strip_prefix("-----BEGIN ")
             .and_then(|rest| rest.strip_suffix("-----"))
-            .is_some_and(|block| block.ends_with(label))
+            .is_some_and(|block| accepted.contains(&block))
     });
     if !found {
         return Err(format!("{flag} {}: no PEM {label} in it", path.display()));

@@ -205,7 +205,7 @@ pub enum RateError {
     /// `per_second` must be a number from [`MIN_PER_SECOND`] to
     /// [`MAX_PER_SECOND`].
     #[error(
-        "invalid rate: per_second must be a number from {MIN_PER_SECOND} to {MAX_PER_SECOND} tokens a second, got {0}"
+        "invalid rate: per_second must be a number from {MIN_PER_SECOND} to {MAX_PER_SECOND} tokens a second, got {0:?}"
     )]
     PerSecond(f64),
     /// `burst` must be from 1 to [`MAX_BURST`].

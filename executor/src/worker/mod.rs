@@ -69,38 +69,40 @@ pub struct WorkerSettings {
 }
 
 /// What an executor's slice loops last said of a failure that is theirs
-/// alike (a claim, a broker connection), with when. They share one channel
-/// to the planner and one broker, so an outage or a refused login fails
-/// every loop at once; one line a round says it for all of them instead of
-/// one a loop.
+/// alike (a claim, a broker connection), and when it is due again. They
+/// share one channel to the planner and one broker, so an outage or a
+/// refused login fails every loop at once; one line a round says it for all
+/// of them instead of one a loop.
 #[derive(Clone, Debug, Default)]
 pub struct LoopFailures(Arc<std::sync::Mutex<HashMap<&'static str, (String, Instant)>>>);
 
 impl LoopFailures {
     /// Whether a failure of `what` (`claim`, `connect`) for `reason` at
-    /// `now` is to be said: the first one, one for another reason, or one at
-    /// least `every` after the last said.
-    fn to_say(&self, what: &'static str, reason: &str, now: Instant, every: Duration) -> bool {
+    /// `now` is to be said: the first one, one for another reason, or one
+    /// once the retry of the last said is due (`now` of that one plus its
+    /// `retry_in`, the caller's delay before its next try). A loop-specific
+    /// failure has a reason of its own and is said at once.
+    fn to_say(&self, what: &'static str, reason: &str, now: Instant, retry_in: Duration) -> bool {
         let mut said = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let say = said
             .get(what)
-            .is_none_or(|(last, at)| last != reason || now.duration_since(*at) >= every);
+            .is_none_or(|(last, due)| last != reason || now >= *due);
         if say {
-            said.insert(what, (reason.to_owned(), now));
+            said.insert(what, (reason.to_owned(), now + retry_in));
         }
         say
     }
 }
 
-/// What to say of a broker connection that failed with `error`: a refused
-/// login with its advice
-/// ([`redrive_proto::amqp_nodes::login_refused_advice`]), else that the
-/// broker cannot be reached.
+/// What to say of a broker connection that failed with `error`: a refusal
+/// that will not mend by itself, with its advice
+/// ([`redrive_proto::amqp_nodes::refusal_advice`]), else that the broker
+/// cannot be reached.
 fn connect_advice(error: &str) -> &'static str {
-    redrive_proto::amqp_nodes::login_refused_advice(error).unwrap_or("cannot connect to the broker")
+    redrive_proto::amqp_nodes::refusal_advice(error).unwrap_or("cannot connect to the broker")
 }
 
 /// The running executor: claims slices until `shutdown`, publishing
@@ -191,12 +193,12 @@ impl<C: Connect> Worker<C> {
                 Err(status) => {
                     let delay = backoff.next_delay();
                     // The loops retry about together (their jitter drifts
-                    // them apart): at most one line a delay.
-                    let code = format!("{:?}", status.code());
+                    // them apart): one line a round.
+                    let reason = format!("{:?}: {}", status.code(), status.message());
                     if self
                         .settings
                         .failures
-                        .to_say("claim", &code, Instant::now(), delay)
+                        .to_say("claim", &reason, Instant::now(), delay)
                     {
                         warn!(planner = %self.settings.planner, code = ?status.code(), grpc_message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed (said once for all slice loops)");
                     }

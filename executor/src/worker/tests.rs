@@ -18,35 +18,48 @@ fn a_shared_failure_is_said_once_a_round_for_all_loops() {
     let failures = LoopFailures::default();
     let loops: Vec<_> = (0..4).map(|_| failures.clone()).collect();
     let start = tokio::time::Instant::now();
-    let every = Duration::from_millis(100);
-    let round = |at: u64, what: &'static str, reason: &str| {
+    let ms = Duration::from_millis;
+    // Each loop retries after `delay` (ms), about together.
+    let round = |at: u64, what: &'static str, reason: &str, delay: u64| {
         loops
             .iter()
-            .filter(|failures| {
-                failures.to_say(what, reason, start + Duration::from_millis(at), every)
-            })
+            .filter(|failures| failures.to_say(what, reason, start + ms(at), ms(delay)))
             .count()
     };
-    assert_eq!(round(0, "claim", "Unavailable"), 1);
-    assert_eq!(round(5, "claim", "Unavailable"), 0);
+    assert_eq!(round(0, "claim", "Unavailable", 200), 1);
+    assert_eq!(round(5, "claim", "Unavailable", 400), 0);
     // Another kind of failure is its own.
-    assert_eq!(round(6, "connect", "ACCESS_REFUSED"), 1);
-    // The next round, after the delay.
-    assert_eq!(round(200, "claim", "Unavailable"), 1);
+    assert_eq!(round(6, "connect", "ACCESS_REFUSED", 200), 1);
+    // The next round, when the retry said is due, although the delays
+    // doubled meanwhile (a review: comparing with the next delay kept
+    // rounds silent while the backoff grew).
+    assert_eq!(round(200, "claim", "Unavailable", 800), 1);
+    assert_eq!(round(600, "claim", "Unavailable", 1600), 0);
+    assert_eq!(round(1000, "claim", "Unavailable", 1600), 1);
     // Another reason is said at once.
-    assert_eq!(round(210, "claim", "PermissionDenied"), 1);
+    assert_eq!(round(1010, "claim", "PermissionDenied", 1600), 1);
 }
 
 #[test]
 fn a_refused_login_is_told_from_an_outage() {
-    let refused = "cannot connect to the broker: 127.0.0.1:5672: protocol error: AMQP soft \
-                   error: ACCESS-REFUSED: ACCESS_REFUSED - Login was refused";
-    assert!(super::connect_advice(refused).contains("check the user and password"));
-    let outage = "cannot connect to the broker: 127.0.0.1:5672: Connection refused (os error 111)";
-    assert_eq!(
-        super::connect_advice(outage),
-        "cannot connect to the broker"
+    let advice = super::connect_advice;
+    // The texts lapin gives for RabbitMQ's refusals.
+    let login = "cannot connect to the broker: 127.0.0.1:5672: protocol error: AMQP soft \
+                 error: ACCESS-REFUSED: ACCESS_REFUSED - Login was refused using authentication \
+                 mechanism PLAIN";
+    assert!(advice(login).contains("check the user and password"));
+    let vhost = "cannot connect to the broker: 127.0.0.1:5672: protocol error: AMQP hard error: \
+                 NOT-ALLOWED: NOT_ALLOWED - vhost nowhere not found";
+    assert!(advice(vhost).contains("virtual host"), "{}", advice(vhost));
+    let permission = "broker closed the channel: 403 ACCESS_REFUSED - access to queue 'q' in \
+                      vhost '/' refused for user 'u'";
+    assert!(
+        advice(permission).contains("permissions"),
+        "{}",
+        advice(permission)
     );
+    let outage = "cannot connect to the broker: 127.0.0.1:5672: Connection refused (os error 111)";
+    assert_eq!(advice(outage), "cannot connect to the broker");
 }
 
 #[test]

@@ -44,6 +44,22 @@ pub const MISLEADING_LINES: &[(&str, &str)] = &[(
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DropMisleading;
 
+impl DropMisleading {
+    /// Whether lines of `metadata`'s callsite may be among
+    /// [`MISLEADING_LINES`] (they are all ERROR lines).
+    fn may_drop(metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() == tracing::Level::ERROR
+            && MISLEADING_LINES
+                .iter()
+                .any(|&(target, _)| target == metadata.target())
+    }
+}
+
+/// Every callsite but those of [`MISLEADING_LINES`]' targets at ERROR is
+/// left to the other filters for good (`Interest::always`, and no level
+/// cap: `TRACE`), so that the combined filter's interest and level hint
+/// are theirs: without these, `And` would take the whole filter's most
+/// verbose level to be TRACE and ask about every callsite at every event.
 impl<S> tracing_subscriber::layer::Filter<S> for DropMisleading {
     fn enabled(
         &self,
@@ -51,6 +67,21 @@ impl<S> tracing_subscriber::layer::Filter<S> for DropMisleading {
         _: &tracing_subscriber::layer::Context<'_, S>,
     ) -> bool {
         true
+    }
+
+    fn callsite_enabled(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if Self::may_drop(metadata) {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::always()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
     }
 
     fn event_enabled(
@@ -71,6 +102,9 @@ impl<S> tracing_subscriber::layer::Filter<S> for DropMisleading {
                     self.1 = format!("{value:?}") == self.0;
                 }
             }
+        }
+        if !Self::may_drop(event.metadata()) {
+            return true;
         }
         let target = event.metadata().target();
         !MISLEADING_LINES.iter().any(|&(of, message)| {

@@ -498,6 +498,16 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.lines().count(), 2, "{text}");
+        // The filter keeps the level of `REDRIVE_LOG`: `info` stays `info`
+        // (a review: without a hint of its own, the combined filter's
+        // level was TRACE, and every debug callsite reached the dispatcher).
+        let hint =
+            tracing_subscriber::layer::Filter::<tracing_subscriber::Registry>::max_level_hint(
+                &line_filter::<tracing_subscriber::Registry>(tracing_subscriber::EnvFilter::new(
+                    "info",
+                )),
+            );
+        assert_eq!(hint, Some(tracing::level_filters::LevelFilter::INFO));
     }
 
     #[test]

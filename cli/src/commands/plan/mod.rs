@@ -23,7 +23,7 @@
 //! | flag | `CreatePlanRequest` field |
 //! | --- | --- |
 //! | `--precheck ID` | `precheck_id` (required) |
-//! | `--rate N` | `rate.per_second`: messages per second, a number above zero (`0.5` is one every 2 s) (required) |
+//! | `--rate N` | `rate.per_second`: messages per second, from 0.001 to 1000000 (`0.5` is one every 2 s) (required) |
 //! | `--burst N` | `rate.burst`: messages that may go at once, ≥ 1 (required) |
 //! | `--rationale TEXT` | `rate.rationale`: how the rate follows from the downstream's capacity; not blank (required) |
 //! | `--destination D` | `destination`: `queue` (default: the queue each message died in), `exchange` (the exchange and routing keys of its death) or `redirect:EXCHANGE/ROUTING_KEY` (split at the first `/`; the routing key may be empty, `redirect:quarantine/`; an empty exchange is the default exchange, `redirect:/parking` routes to queue `parking`) |
@@ -170,9 +170,9 @@ pub struct CreateArgs {
     #[arg(long = "precheck", value_name = "ID")]
     pub precheck_id: String,
 
-    /// Sustained replay rate in messages per second, above zero (0.5 = one
-    /// message every 2 s); shared by every executor and every plan to the same
-    /// destination.
+    /// Sustained replay rate in messages per second, from 0.001 to 1000000
+    /// (0.5 = one message every 2 s); shared by every executor and every plan
+    /// to the same destination.
     #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate)]
     pub rate: f64,
 
