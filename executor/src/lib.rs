@@ -9,6 +9,8 @@
 //!   [`Config`], flags and validation;
 //!   `main.rs`: the binary (settings, logging, signals, then [`run`]).
 //! - [`worker`]: the claim loop and the per-run publishing pipeline.
+//! - [`loop_failures`]: a failure every slice loop meets (a claim, a broker
+//!   connection) said once a round for all of them.
 //! - [`lease`]: one slice lease: renewal, the planner's stop signal, the
 //!   executor's own deadline, outcome reports, the end of the lease.
 //! - [`outcomes`]: publisher confirms → audit events, retries, token debt.
@@ -29,6 +31,7 @@ mod fakes;
 pub mod health;
 pub mod item;
 pub mod lease;
+pub mod loop_failures;
 pub mod message;
 pub mod metrics;
 pub mod outcomes;

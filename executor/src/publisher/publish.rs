@@ -80,6 +80,9 @@ pub struct AmqpConnect {
     pub amqp: AmqpNodes,
     /// Window, confirm timeout and heartbeat of every publisher.
     pub options: PublisherOptions,
+    /// What the slice loops last said of a node that failed them: each
+    /// node's failure is said once a round for all loops.
+    pub failures: crate::loop_failures::LoopFailures,
 }
 
 impl AmqpConnect {
@@ -98,9 +101,18 @@ impl AmqpConnect {
             match Publisher::connect_with(&node.url, self.options).await {
                 Ok(publisher) => return Ok((publisher, node)),
                 Err(PublishError::Connect { reason }) => {
-                    // After the last node, the caller's line names them all.
-                    if tried < nodes {
-                        tracing::warn!(broker.node = %node, %reason, "broker node refused or unreachable; trying the next");
+                    // After the last node, the caller's line names them all;
+                    // before it, one line a round for all slice loops (a
+                    // node's round is about the caller's longest delay).
+                    if tried < nodes
+                        && self.failures.to_say(
+                            &node.address(),
+                            &reason,
+                            Instant::now(),
+                            Duration::from_secs(5),
+                        )
+                    {
+                        tracing::warn!(broker.node = %node, %reason, "broker node refused or unreachable; trying the next (said once for all slice loops)");
                     }
                     failures.push(format!("{}: {reason}", node.address()));
                 }

@@ -25,7 +25,7 @@ mod slice;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use redrive_proto::{
     amqp_nodes::AmqpNodes,
@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
+pub use crate::loop_failures::LoopFailures;
 use crate::{
     bucket::Bucket,
     health::Heartbeat,
@@ -66,35 +67,6 @@ pub struct WorkerSettings {
     pub planner: String,
     /// What the slice loops last said of a failure they share.
     pub failures: LoopFailures,
-}
-
-/// What an executor's slice loops last said of a failure that is theirs
-/// alike (a claim, a broker connection), and when it is due again. They
-/// share one channel to the planner and one broker, so an outage or a
-/// refused login fails every loop at once; one line a round says it for all
-/// of them instead of one a loop.
-#[derive(Clone, Debug, Default)]
-pub struct LoopFailures(Arc<std::sync::Mutex<HashMap<&'static str, (String, Instant)>>>);
-
-impl LoopFailures {
-    /// Whether a failure of `what` (`claim`, `connect`) for `reason` at
-    /// `now` is to be said: the first one, one for another reason, or one
-    /// once the retry of the last said is due (`now` of that one plus its
-    /// `retry_in`, the caller's delay before its next try). A loop-specific
-    /// failure has a reason of its own and is said at once.
-    fn to_say(&self, what: &'static str, reason: &str, now: Instant, retry_in: Duration) -> bool {
-        let mut said = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let say = said
-            .get(what)
-            .is_none_or(|(last, due)| last != reason || now >= *due);
-        if say {
-            said.insert(what, (reason.to_owned(), now + retry_in));
-        }
-        say
-    }
 }
 
 /// What to say of a broker connection that failed with `error`: a refusal
@@ -150,6 +122,7 @@ impl Worker<AmqpConnect> {
             connect: AmqpConnect {
                 amqp: settings.amqp.clone(),
                 options: settings.publisher,
+                failures: settings.failures.clone(),
             },
             settings,
             coordinator,
