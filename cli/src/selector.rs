@@ -85,8 +85,9 @@ pub struct SelectorArgs {
     #[arg(long, value_name = "TIME", value_parser = parse_rfc3339)]
     pub to: Option<DateTime<Utc>>,
 
-    /// At most this many dead letters, first captured first.
-    #[arg(long, value_name = "N")]
+    /// At most this many dead letters, first captured first (at least 1;
+    /// leave it out for all).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub limit: Option<u64>,
 
     /// Only this dead letter id; repeatable.
@@ -317,6 +318,8 @@ mod tests {
             &["--from", "yesterday"],
             &["--reason", "exploded"],
             &["--limit", "-1"],
+            // 0 read as "no limit" on the wire: a script's 0 took everything.
+            &["--limit", "0"],
             &["--body", "/order/status"],
             &["--status", "closed"],
             &["--error-contains", " "],

@@ -123,7 +123,7 @@ pub struct Config {
     #[arg(long, env = "REDRIVE_CONCURRENT_SLICES", default_value_t = 4)]
     pub concurrent_slices: usize,
 
-    /// Days a sent message key stays in Redis's replay keys.
+    /// Days a sent message key stays in Redis's replay keys, 1 to 36500.
     #[arg(long, env = "REDRIVE_REPLAY_KEY_TTL_DAYS", default_value_t = 7)]
     pub replay_key_ttl_days: u64,
 
@@ -225,7 +225,10 @@ impl Config {
             (
                 "replay-key-ttl-days",
                 self.replay_key_ttl_days,
-                1..=u64::MAX,
+                // A hundred years: more overflowed the seconds (a panic at
+                // start) or Redis's expiry ("value is not an integer or
+                // out of range" at every write).
+                1..=36_500,
             ),
             ("claim-wait-seconds", self.claim_wait_seconds, 1..=30),
             (

@@ -258,7 +258,17 @@ async fn shared_state(
         match redis_topology::connect(&topology, DEFAULT_CALL_TIMEOUT).await {
             Ok(connection) => break connection,
             Err(error) => {
-                warn!(redis = %topology.addresses(), %error, "Redis unreachable: not publishing until it is back");
+                let text = error.to_string();
+                // A refused password will not mend by itself.
+                let advice = if text.contains("WRONGPASS")
+                    || text.contains("NOAUTH")
+                    || text.contains("Password authentication failed")
+                {
+                    ": Redis refused the credentials: check the user and password of --redis-url"
+                } else {
+                    ""
+                };
+                warn!(redis = %topology.addresses(), %error, "Redis unreachable: not publishing until it is back{advice}");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(None),
                     () = tokio::time::sleep(backoff.next_delay()) => {}
@@ -274,7 +284,7 @@ async fn shared_state(
         bucket::key_prefix_for(&config.redis_prefix, &broker_id),
         DEFAULT_CALL_TIMEOUT,
     );
-    let ttl = Duration::from_secs(config.replay_key_ttl_days * 24 * 3600);
+    let ttl = Duration::from_secs(config.replay_key_ttl_days.saturating_mul(24 * 3600));
     let replay_keys = ReplayKeys::new(connection.clone(), config.redis_prefix.clone(), ttl)
         .map_err(anyhow::Error::msg)?
         .on_broker(broker_id);

@@ -26,6 +26,19 @@ fn named(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
+/// A new user's pass: `--replay-key-ttl-days 18446744073709551615`
+/// panicked at start (the seconds overflowed), and 999999999999 started an
+/// executor whose every replay-key write Redis refused.
+#[test]
+fn a_replay_key_ttl_beyond_a_hundred_years_is_refused() {
+    for days in ["18446744073709551615", "999999999999", "36501", "0"] {
+        let (code, stderr) = executor(&["--replay-key-ttl-days", days]);
+        assert_eq!(code, Some(64), "{days}: {stderr}");
+        assert_eq!(named(&stderr), ["replay-key-ttl-days"], "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
 #[test]
 fn every_bad_setting_is_named() {
     let (code, stderr) = executor(&["--window=-1", "--concurrent-slices", "many"]);

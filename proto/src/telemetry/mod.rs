@@ -330,9 +330,13 @@ fn answer<B>(request: &Request<B>, registry: &prometheus::Registry) -> Response<
 /// INFO ones tell its providers' lifecycle, e.g. `MeterProvider.Drop` at
 /// every exit). PostgreSQL's notices from `warn` up: sqlx logs each
 /// `NOTICE` at INFO (a migration's `DROP INDEX IF EXISTS` on a new
-/// database: `index "…" does not exist, skipping`).
-pub const DEFAULT_LOG_FILTER: &str =
-    "info,lapin::channel=off,opentelemetry_sdk=warn,sqlx::postgres::notice=warn";
+/// database: `index "…" does not exist, skipping`). lapin's `io_loop` and
+/// `heartbeat` lines are left out too: at every broker outage they say at
+/// ERROR, once a connection, what the services then say themselves with
+/// the broker's address (`Socket was readable but we read 0`, `error
+/// doing IO`, `We haven't received anything from the server for too
+/// long`).
+pub const DEFAULT_LOG_FILTER: &str = "info,lapin::channel=off,lapin::io_loop=off,lapin::heartbeat=off,opentelemetry_sdk=warn,sqlx::postgres::notice=warn";
 
 /// A service binary's logging and span export, from start to exit: the
 /// subscriber of [`init_subscriber`] filtered by `REDRIVE_LOG` (default

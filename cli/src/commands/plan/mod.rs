@@ -173,11 +173,12 @@ pub struct CreateArgs {
     /// Sustained replay rate in messages per second, from 0.001 to 1000000
     /// (0.5 = one message every 2 s); shared by every executor and every plan
     /// to the same destination.
-    #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate)]
+    #[arg(long, value_name = "PER_SECOND", value_parser = parse_rate, allow_negative_numbers = true)]
     pub rate: f64,
 
-    /// Messages that may go at once (token bucket size), at least 1.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Messages that may go at once (token bucket size), 1 to 1000000.
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(redrive_proto::limits::MAX_RATE_BURST)))]
     pub burst: u32,
 
     /// Why this rate is safe: how it follows from the downstream's capacity,
@@ -193,8 +194,10 @@ pub struct CreateArgs {
     #[arg(long, value_name = "DESTINATION", default_value = "queue", value_parser = parse_destination)]
     pub destination: Destination,
 
-    /// Items per slice, the unit an executor claims (planner default 100).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Items per slice, the unit an executor claims, 1 to 10000 (planner
+    /// default 100).
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(redrive_proto::limits::MAX_SLICE_SIZE)))]
     pub slice_size: Option<u32>,
 
     /// Fraction of the items in the canary wave, 0 < F <= 1 (planner default
@@ -635,6 +638,39 @@ mod tests {
         match parse(&args)? {
             PlanCommand::Create(args) => Ok(args),
             other => panic!("not create: {other:?}"),
+        }
+    }
+
+    /// A new user's pass: `--rate -1` read as an unknown flag, a burst or
+    /// slice size the planner refuses passed the flag.
+    #[test]
+    fn numbers_are_checked_against_the_planners_limits_at_the_flag() {
+        let with = |rate: &str, burst: &str, extra: &[&str]| {
+            let mut args = vec![
+                "create",
+                "--precheck",
+                "pc-1",
+                "--rate",
+                rate,
+                "--burst",
+                burst,
+                "--rationale",
+                "r",
+            ];
+            args.extend(extra);
+            parse(&args)
+        };
+        assert!(with("50", "1000000", &["--slice-size", "10000"]).is_ok());
+        for (rate, burst, extra, says) in [
+            ("-1", "10", &[][..], "from 0.001"),
+            ("50", "1000001", &[], "1000001"),
+            ("50", "-3", &[], "-3"),
+            ("50", "10", &["--slice-size", "10001"], "10001"),
+            ("50", "10", &["--slice-size", "-1"], "-1"),
+        ] {
+            let error = with(rate, burst, extra).unwrap_err().to_string();
+            assert!(error.contains(says), "{error}");
+            assert!(!error.contains("unexpected argument"), "{error}");
         }
     }
 
