@@ -258,12 +258,8 @@ async fn shared_state(
         match redis_topology::connect(&topology, DEFAULT_CALL_TIMEOUT).await {
             Ok(connection) => break connection,
             Err(error) => {
-                let text = error.to_string();
                 // A refused password will not mend by itself.
-                let advice = if text.contains("WRONGPASS")
-                    || text.contains("NOAUTH")
-                    || text.contains("Password authentication failed")
-                {
+                let advice = if redis_topology::credentials_refused(&error) {
                     ": Redis refused the credentials: check the user and password of --redis-url"
                 } else {
                     ""

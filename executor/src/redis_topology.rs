@@ -349,6 +349,15 @@ pub async fn connect(
     }
 }
 
+/// Whether `error` is Redis refusing the credentials of the URL (the
+/// client's `AuthenticationFailed`, or the server's `WRONGPASS`/`NOAUTH`
+/// replies: <https://redis.io/docs/latest/commands/auth/>), which will not
+/// mend by itself as an outage does.
+pub fn credentials_refused(error: &redis::RedisError) -> bool {
+    error.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(error.code(), Some("WRONGPASS" | "NOAUTH"))
+}
+
 /// How long one search for the master may take: the Sentinels asked in
 /// turn (each with the `redis` crate's own connect and reply timeouts), then
 /// the master's `ROLE`. The search runs as a task of its own, so a caller
@@ -755,6 +764,15 @@ mod tests {
             !shown.contains("hunter2") && !shown.contains("hunter3"),
             "{shown}"
         );
+        // A refused password is told from an outage.
+        let refused = redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert!(credentials_refused(&refused));
+        let down =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(!credentials_refused(&down));
         // The log's "Redis unreachable" line names where, never a password.
         assert_eq!(secret.addresses(), "redis://:***@s:26379 (master m)");
         assert_eq!(cluster.addresses(), "redis://:***@a:7000, redis://b:7001");

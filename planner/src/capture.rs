@@ -263,8 +263,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                             }
                             Err(error) => {
                                 delay = backoff.next_delay();
-                                let advice = redrive_proto::amqp_nodes::refusal_advice(&error.to_string());
-                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "taking messages one at a time failed{}", advice.map(|advice| format!(": {advice}")).unwrap_or_default());
+                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "{}", with_refusal_advice("taking messages one at a time failed", &error));
                             }
                         }
                     } else {
@@ -298,8 +297,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
                                 delay = delay_after_session(&mut backoff, started.elapsed());
-                                let advice = redrive_proto::amqp_nodes::refusal_advice(&error.to_string());
-                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "capture session ended{}", advice.map(|advice| format!(": {advice}")).unwrap_or_default());
+                                warn!(%error, retry_in_ms = delay.as_millis() as u64, "{}", with_refusal_advice("capture session ended", &error));
                             }
                         }
                     }
@@ -313,6 +311,15 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
         );
     }
     while sessions.join_next().await.is_some() {}
+}
+
+/// `what`, then, when `error` is a refusal by the broker that will not mend
+/// by itself, what to check ([`redrive_proto::amqp_nodes::refusal_advice`]).
+fn with_refusal_advice(what: &str, error: &dyn std::fmt::Display) -> String {
+    match redrive_proto::amqp_nodes::refusal_advice(&error.to_string()) {
+        Some(advice) => format!("{what}: {advice}"),
+        None => what.to_owned(),
+    }
 }
 
 /// Counts, shows and logs that `queue` was not found (a typo in
