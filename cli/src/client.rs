@@ -282,66 +282,31 @@ pub async fn connect(
 ///   server's TLS records as garbage (`h2 protocol error`, a bare
 ///   `transport error`, a reset connection: it varies), so when a call over
 ///   `http://` fails at the transport, the port is asked once for a TLS
-///   handshake ([`speaks_tls`]): `the planner at HOST:PORT speaks TLS: use
+///   handshake: `the planner at HOST:PORT speaks TLS: use
 ///   https://HOST:PORT and --ca FILE`;
 /// - `https://` to a port that answers in plain text (rustls: a corrupt
 ///   message of an invalid content type): say so and name `http://`;
 /// - a server certificate not signed by a CA this client trusts
 ///   (`UnknownIssuer`): say so and name `--ca FILE`.
 ///
-/// Anything else is returned as it is.
+/// Anything else is returned as it is. The diagnosis is
+/// [`redrive_proto::tls::mismatch`], which the executor shares.
 pub async fn explain_tls(error: CliError, url: &str) -> CliError {
     let text = match &error {
         CliError::Unreachable { cause, .. } => cause.clone(),
         CliError::Grpc(status) if transport_code(status.code()) => status.message().to_owned(),
         _ => return error,
     };
-    if url.starts_with("http://") {
-        // With its port: `http://host` is port 80 (the probe's `https://`
-        // alone would ask 443).
-        let address = host_and_port(url);
-        let address = address.as_str();
-        if speaks_tls(address).await {
-            return CliError::Tls {
-                message: format!(
-                    "the planner at {address} speaks TLS: use https://{address} and --ca FILE \
-                     (the CA that signed its certificate; see docs/security.md) ({text})"
-                ),
-            };
-        }
-        return lost_at_the_transport(error, url);
-    }
-    // `https://` to a port that answers in plain text: rustls reads the
-    // answer as a record of an unknown type.
-    if url.starts_with("https://")
-        && (text.contains("InvalidContentType") || text.contains("corrupt message"))
+    match redrive_proto::tls::mismatch(
+        url,
+        &text,
+        "--ca FILE (or REDRIVE_CA, or `ca` in the profile)",
+    )
+    .await
     {
-        // With its port: `https://host` is port 443, `http://host` would be 80.
-        let address = host_and_port(url);
-        return CliError::Tls {
-            message: format!(
-                "the planner at {address} does not speak TLS: use http://{address}, or turn TLS \
-                 on at the planner (see docs/security.md) ({text})"
-            ),
-        };
+        Some(message) => CliError::Tls { message },
+        None => lost_at_the_transport(error, url),
     }
-    let untrusted = [
-        "UnknownIssuer",
-        "unknown issuer",
-        "invalid peer certificate",
-    ]
-    .iter()
-    .any(|needle| text.contains(needle));
-    if untrusted && url.starts_with("https://") {
-        return CliError::Tls {
-            message: format!(
-                "the planner at {url} presented a certificate that is not signed by a CA this \
-                 client trusts: pass the CA that signed it with --ca FILE (or REDRIVE_CA, or \
-                 `ca` in the profile) ({text})"
-            ),
-        };
-    }
-    lost_at_the_transport(error, url)
 }
 
 /// A call that failed in this client's transport, not with a status the
@@ -385,32 +350,6 @@ fn transport_code(code: tonic::Code) -> bool {
     )
 }
 
-/// Whether `address` (`HOST:PORT`) answers a TLS handshake: it completes,
-/// or fails over the certificate or with a TLS alert (a server that speaks
-/// TLS), rather than over a peer that does not speak TLS at all. At most
-/// [`CONNECT_TIMEOUT`].
-async fn speaks_tls(address: &str) -> bool {
-    let Ok(endpoint) = Endpoint::from_shared(format!("https://{address}")) else {
-        return false;
-    };
-    let Ok(endpoint) = endpoint
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tls_config(tonic::transport::ClientTlsConfig::new().with_enabled_roots())
-    else {
-        return false;
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await {
-        Ok(Ok(_)) => true,
-        Ok(Err(error)) => {
-            let chain = redrive_proto::settings::error_text(&error);
-            ["certificate", "Certificate", "alert", "peer"]
-                .iter()
-                .any(|needle| chain.contains(needle))
-        }
-        Err(_) => false,
-    }
-}
-
 /// A bearer token travels in clear over `http://`: allowed only to a
 /// loopback address (local development), where nobody else can read it.
 ///
@@ -437,30 +376,6 @@ fn refuse_cleartext_token(url: &str) -> Result<(), CliError> {
             "refusing to send the bearer token in clear text to {host}: use an https:// planner URL (a token over http:// is sent only to a loopback address)"
         )))
     }
-}
-
-/// `HOST:PORT` of `url`, the scheme's port when it names none (80 for
-/// `http://`, 443 for `https://`); `url` without its scheme when it does
-/// not parse.
-fn host_and_port(url: &str) -> String {
-    let parsed = url.parse::<tonic::codegen::http::Uri>().ok();
-    parsed
-        .as_ref()
-        .and_then(|uri| {
-            let default = if uri.scheme_str() == Some("https") {
-                443
-            } else {
-                80
-            };
-            let port = uri.port_u16().unwrap_or(default);
-            uri.host().map(|host| format!("{host}:{port}"))
-        })
-        .unwrap_or_else(|| {
-            url.trim_start_matches("https://")
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
 }
 
 /// Whether `status` came of a reset of its own HTTP/2 stream (an
@@ -513,8 +428,14 @@ mod tests {
             told.starts_with("the planner at planner.internal:443 does not speak TLS: use http://planner.internal:443"),
             "{told}"
         );
-        assert_eq!(host_and_port("http://[::1]/"), "[::1]:80");
-        assert_eq!(host_and_port("https://h:8443"), "h:8443");
+        assert_eq!(
+            redrive_proto::tls::host_and_port("http://[::1]/"),
+            "[::1]:80"
+        );
+        assert_eq!(
+            redrive_proto::tls::host_and_port("https://h:8443"),
+            "h:8443"
+        );
     }
 
     /// A server that resets the call's own stream (`RST_STREAM`

@@ -74,7 +74,7 @@ pub struct SelectorArgs {
     pub producers: Vec<String>,
 
     /// Only dead letters that died within this long before now (e.g. `2h`, `30m`).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, conflicts_with_all = ["from", "to"])]
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_positive_duration, conflicts_with_all = ["from", "to"])]
     pub since: Option<Duration>,
 
     /// Only dead letters that died at or after this time (RFC 3339).
@@ -315,6 +315,8 @@ mod tests {
             &["--since", "2h", "--to", "2024-05-01T11:00:00Z"][..],
             &["--since", "2h", "--from", "2024-05-01T11:00:00Z"],
             &["--since", "soon"],
+            // "Within no time before now" selects nothing: a mistake.
+            &["--since", "0s"],
             &["--from", "yesterday"],
             &["--reason", "exploded"],
             &["--limit", "-1"],

@@ -314,15 +314,22 @@ impl ServiceSettings for Config {
         let mut problem = |setting, text: String| problems.push(SettingError::new(setting, text));
         match self.planner_url() {
             Err(error) => problem("planner", format!("{:?}: {error}", self.planner)),
-            Ok(url) => {
-                if let Err(text) = tonic::transport::Endpoint::from_shared(url.clone())
-                    .map_err(|error| error.to_string())
-                    .and_then(|endpoint| self.planner_tls().apply(&url, endpoint))
-                {
-                    // Read and parsed now: a bad file is a bad setting, not a failed start.
-                    problem("planner", text);
+            Ok(url) => match tonic::transport::Endpoint::from_shared(url.clone()) {
+                Err(error) => problem("planner", error.to_string()),
+                Ok(endpoint) => {
+                    // Read and parsed now: a bad file is a bad setting, not
+                    // a failed start, filed under its own flag.
+                    if let Err(error) = self.planner_tls().apply_named(
+                        &url,
+                        endpoint,
+                        &redrive_proto::tls::TlsFlags::PLANNER,
+                    ) {
+                        let flag = format!("--{} ", error.setting);
+                        let text = error.text.strip_prefix(&flag).unwrap_or(&error.text);
+                        problem(error.setting, text.to_owned());
+                    }
                 }
-            }
+            },
         }
         if let Err(errors) = self.amqp.check(self.broker_id.as_deref()) {
             for error in errors {

@@ -117,6 +117,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         planner: config
             .planner_url()
             .unwrap_or_else(|_| config.planner.clone()),
+        redis: config
+            .redis_topology()
+            .and_then(Result::ok)
+            .map_or_else(|| "in-process".to_owned(), |topology| topology.addresses()),
         failures: worker::LoopFailures::default(),
     };
     let parts = LoopParts {
@@ -129,6 +133,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let (loops, heartbeats) = start_loops(parts, config.concurrent_slices, &shutdown);
     health.watch_loops(heartbeats);
     let grace_over = drain_loops(loops, &shutdown, grace).await;
+    info!("executor stopped");
     health.drain_until(grace_over).await;
     metrics_pipeline.shutdown().await;
     Ok(())

@@ -214,7 +214,8 @@ fn secrets_stay_hidden_and_tls_files_are_checked() {
     ]);
     assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("--tls-client-key"), "{stderr}");
-    // A CA file that is no PEM: named at start, not at the first call.
+    // A CA file that is no PEM: named at start, not at the first call, and
+    // under its own flag (a new user's pass: it was filed under --planner).
     let (code, stderr) = executor(&[
         "--planner",
         "https://planner:50051",
@@ -222,7 +223,7 @@ fn secrets_stay_hidden_and_tls_files_are_checked() {
         "/etc/hostname",
     ]);
     assert_eq!(code, Some(64), "{stderr}");
-    assert_eq!(named(&stderr), ["planner"], "{stderr}");
+    assert_eq!(named(&stderr), ["ca"], "{stderr}");
 }
 
 /// The settings both services share (`proto/src/settings.rs`): an OTLP

@@ -57,7 +57,9 @@ pub(crate) async fn start_background(
     health_reporter
         .set_serving::<CoordinatorServer<CoordinatorGrpc>>()
         .await;
-    info!("planner ready");
+    // The API serves from here on; readiness (`grpc.health.v1`'s "") also
+    // waits for every capture queue's consumer, said by `report_health`.
+    info!("planner serving its API");
     let mut others = tokio::task::JoinSet::new();
     others.spawn(report_health(
         store.clone(),

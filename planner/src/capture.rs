@@ -139,9 +139,20 @@ pub enum CaptureError {
     #[error("capture queue {0} {STREAM_REFUSAL}")]
     StreamQueue(String),
     /// The connection to the broker ended (the capture guard's relay
-    /// closed) while lapin was still waiting on it.
-    #[error("the connection to the broker ended (the capture guard's relay closed)")]
+    /// closed) while lapin was still waiting on it; a session returns it
+    /// as [`CaptureError::Connection`].
+    #[error("the connection to the broker ended")]
     ConnectionLost,
+    /// The broker `node` (`host:port (node i of n)`) could not be reached,
+    /// or the connection to it failed or ended, for `reason` (the
+    /// client's error, or the guard's when it could not reach the node).
+    #[error("broker {node}: {reason}")]
+    Connection {
+        /// The node, without credentials.
+        node: String,
+        /// What failed.
+        reason: String,
+    },
     /// The session's writer stopped before the session did (a batch it
     /// could not store; the log says why): the session ends unacked, and
     /// the next one takes its messages again.

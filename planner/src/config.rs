@@ -12,6 +12,7 @@ mod checks;
 mod rules;
 mod settings;
 mod transport;
+pub(crate) use transport::STATE_CHECK_TLS;
 mod webhooks;
 
 use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, time::Duration};
@@ -758,6 +759,14 @@ mod tests {
             "encrypted.pem",
             "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
         );
+        let legacy_encrypted = write(
+            "legacy.pem",
+            "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\nAAAA\n-----END RSA PRIVATE KEY-----\n",
+        );
+        let other_key = write(
+            "other.key",
+            &rcgen::KeyPair::generate().unwrap().serialize_pem(),
+        );
         let trusted = write(
             "trusted.pem",
             "-----BEGIN TRUSTED CERTIFICATE-----\nAAAA\n-----END TRUSTED CERTIFICATE-----\n",
@@ -809,7 +818,25 @@ mod tests {
                 &cert,
                 &encrypted,
                 None,
-                vec![format!("--tls-key: {encrypted}: no PEM PRIVATE KEY")],
+                vec![format!("--tls-key: {encrypted}: the key is encrypted")],
+            ),
+            (
+                &cert,
+                &legacy_encrypted,
+                None,
+                vec![format!(
+                    "--tls-key: {legacy_encrypted}: the key is encrypted"
+                )],
+            ),
+            // A new user's pass: a key of another certificate read "not
+            // usable PEM: transport error".
+            (
+                &cert,
+                &other_key,
+                None,
+                vec![format!(
+                    "--tls-key: {other_key}: the key does not belong to the certificate (their public keys differ) (--tls-cert {cert})"
+                )],
             ),
             (
                 &cert,
@@ -821,13 +848,67 @@ mod tests {
                 &broken,
                 &key,
                 None,
-                vec!["--tls-cert: the certificate, key or client CA is not usable PEM".to_owned()],
+                vec![format!(
+                    "--tls-cert: {broken}: the certificate cannot be used: "
+                )],
             ),
         ] {
             let error = tls(cert_file, key_file, ca.map(String::as_str)).unwrap_err();
             for expected in expected {
                 assert!(error.contains(&expected), "{expected} in {error}");
             }
+        }
+        // The state-check hooks' files, each under its own flag (a new
+        // user's pass: a wrong client key was filed under
+        // --state-check-ca, and a key of another certificate passed the
+        // start and failed every precheck).
+        let hook = |ca: &str, client_cert: &str, client_key: &str| {
+            config(&[
+                "--state-check-ca",
+                ca,
+                "--state-check-client-cert",
+                client_cert,
+                "--state-check-client-key",
+                client_key,
+            ])
+        };
+        assert!(hook(&cert, &cert, &key).is_ok());
+        for (ca, client_cert, client_key, expected) in [
+            (
+                &cert,
+                &cert,
+                &other_key,
+                format!(
+                    "--state-check-client-key: {other_key}: the key does not belong to the certificate"
+                ),
+            ),
+            (
+                &cert,
+                &cert,
+                &cert,
+                format!("--state-check-client-key: {cert}: no PEM PRIVATE KEY"),
+            ),
+            (
+                &cert,
+                &key,
+                &key,
+                format!("--state-check-client-cert: {key}: no PEM CERTIFICATE"),
+            ),
+            (
+                &key,
+                &cert,
+                &key,
+                format!("--state-check-ca: {key}: no PEM CERTIFICATE"),
+            ),
+            (
+                &cert,
+                &cert,
+                &encrypted,
+                format!("--state-check-client-key: {encrypted}: the key is encrypted"),
+            ),
+        ] {
+            let error = hook(ca, client_cert, client_key).unwrap_err();
+            assert!(error.contains(&expected), "{expected} in {error}");
         }
     }
 

@@ -103,6 +103,14 @@ pub(crate) async fn report_health(
         if ready != Some(now_ready) || (!now_ready && problems != last_problems) {
             if now_ready {
                 info!("ready: PostgreSQL answers and every capture queue has a consumer");
+            } else if ready.is_none() && up {
+                // At start the capture queues are still being consumed:
+                // not a failure yet; a later change is warned of.
+                info!(
+                    capture_queues_without_consumer = ?problems,
+                    "not ready yet: {}",
+                    problems.join("; ")
+                );
             } else if problems.is_empty() {
                 warn!(postgres = up, "not ready: PostgreSQL does not answer");
             } else {

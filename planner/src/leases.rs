@@ -13,6 +13,7 @@ use redrive_proto::{
     v1,
 };
 use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 
 use std::sync::Arc;
 
@@ -80,6 +81,10 @@ pub struct Coordinator {
     checker: Arc<StateChecker>,
     /// Byte budget of one claim answer (`--claim-max-bytes`).
     claim_max_bytes: usize,
+    /// The planner's shutdown: a claim waiting for a slice answers "none"
+    /// at once, so that the server's graceful stop does not wait out every
+    /// idle executor's long poll.
+    shutdown: CancellationToken,
 }
 
 impl From<StaleToken> for Error {
@@ -131,7 +136,16 @@ impl Coordinator {
             lease_ttl,
             checker,
             claim_max_bytes: redrive_proto::limits::DEFAULT_CLAIM_MAX_BYTES,
+            shutdown: CancellationToken::new(),
         }
+    }
+
+    /// This coordinator ending its claims' waits with `shutdown` (a claim
+    /// under way is finished; only the wait between tries is cut).
+    #[must_use]
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
     }
 
     /// This coordinator with a claim answer's byte budget of `max_bytes`
@@ -310,11 +324,12 @@ impl Coordinator {
                 return Ok(Some(self.slice_message(&slice, items)));
             }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if now >= deadline || self.shutdown.is_cancelled() {
                 return Ok(None);
             }
             let until = deadline.min(now + CLAIM_RECHECK);
             tokio::select! {
+                () = self.shutdown.cancelled() => return Ok(None),
                 () = tokio::time::sleep_until(until) => {}
                 changed = changes.recv() => {
                     if matches!(changed, Err(RecvError::Closed)) {

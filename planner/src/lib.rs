@@ -261,7 +261,8 @@ fn grpc_services(
         config.lease_ttl(),
         Arc::clone(&checker),
     )
-    .with_claim_max_bytes(config.claim_max_bytes);
+    .with_claim_max_bytes(config.claim_max_bytes)
+    .with_shutdown(shutdown.clone());
     let planner = PlannerServer::new(PlannerGrpc::new(PlannerState {
         store: store.clone(),
         rules: Arc::clone(rules),

@@ -107,6 +107,13 @@ pub fn validate_create(request: v1::CreatePlanRequest, actor: String) -> Result<
         Some(duration) => from_duration(&duration)
             .ok_or_else(|| Error::invalid("observe_for", "must not be negative"))
             .and_then(|observe_for| {
+                // Kept in milliseconds: a shorter window would be none.
+                if !observe_for.is_zero() && observe_for < Duration::from_millis(1) {
+                    return Err(Error::invalid(
+                        "observe_for",
+                        "must be 0 or at least 1 ms (the window is kept in milliseconds)",
+                    ));
+                }
                 redrive_proto::limits::at_most(observe_for, MAX_OBSERVE_FOR)
                     .map_err(|problem| Error::invalid("observe_for", problem))
             })?,

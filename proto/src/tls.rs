@@ -25,6 +25,51 @@ pub struct ClientTlsFiles {
     pub client_key: Option<PathBuf>,
 }
 
+/// The flags a client's TLS files are given with, as its errors name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsFlags {
+    /// The CA bundle's flag.
+    pub ca: &'static str,
+    /// The client certificate's flag.
+    pub client_cert: &'static str,
+    /// The client key's flag.
+    pub client_key: &'static str,
+}
+
+impl TlsFlags {
+    /// A client of the planner (`redrivectl`, `redrive-executor`).
+    pub const PLANNER: Self = Self {
+        ca: "--ca",
+        client_cert: "--tls-client-cert",
+        client_key: "--tls-client-key",
+    };
+}
+
+/// A TLS file setting that is wrong: the flag it was given with (without
+/// its dashes, as settings are named) and a sentence naming the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFileError {
+    /// The flag, e.g. `tls-client-key`.
+    pub setting: &'static str,
+    /// What is wrong, with the flag and the path.
+    pub text: String,
+}
+
+impl std::fmt::Display for TlsFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl TlsFileError {
+    fn new(flag: &'static str, text: String) -> Self {
+        Self {
+            setting: flag.trim_start_matches('-'),
+            text,
+        }
+    }
+}
+
 impl ClientTlsFiles {
     /// Whether any file is given.
     pub fn any(&self) -> bool {
@@ -38,18 +83,42 @@ impl ClientTlsFiles {
     /// # Errors
     /// A sentence saying which flag is missing or misplaced.
     pub fn check(&self, url: &str) -> Result<(), String> {
+        self.check_named(url, &TlsFlags::PLANNER)
+            .map_err(|error| error.text)
+    }
+
+    /// [`ClientTlsFiles::check`] with the files given as `flags` say.
+    ///
+    /// # Errors
+    /// The flag missing or misplaced, named.
+    pub fn check_named(&self, url: &str, flags: &TlsFlags) -> Result<(), TlsFileError> {
         match (&self.client_cert, &self.client_key) {
             (Some(_), None) => {
-                return Err("--tls-client-cert needs --tls-client-key".to_owned());
+                return Err(TlsFileError::new(
+                    flags.client_cert,
+                    format!("{} needs {}", flags.client_cert, flags.client_key),
+                ));
             }
             (None, Some(_)) => {
-                return Err("--tls-client-key needs --tls-client-cert".to_owned());
+                return Err(TlsFileError::new(
+                    flags.client_key,
+                    format!("{} needs {}", flags.client_key, flags.client_cert),
+                ));
             }
             _ => {}
         }
         if self.any() && !url.starts_with("https://") {
-            return Err(format!(
-                "--ca and --tls-client-cert/--tls-client-key need an https:// planner URL, not {url:?}"
+            let flag = if self.ca.is_some() {
+                flags.ca
+            } else {
+                flags.client_cert
+            };
+            return Err(TlsFileError::new(
+                flag,
+                format!(
+                    "{} and {}/{} need an https:// URL, not {url:?}",
+                    flags.ca, flags.client_cert, flags.client_key
+                ),
             ));
         }
         Ok(())
@@ -61,22 +130,58 @@ impl ClientTlsFiles {
     /// # Errors
     /// A file that cannot be read, named.
     pub fn config_for(&self, url: &str) -> Result<Option<ClientTlsConfig>, String> {
-        self.check(url)?;
+        self.config_named(url, &TlsFlags::PLANNER)
+            .map_err(|error| error.text)
+    }
+
+    /// [`ClientTlsFiles::config_for`] with the files given as `flags` say.
+    /// With the `tls-checks` feature, a client key that does not belong to
+    /// the client certificate is refused here
+    /// ([`key_fits_certificate`]), not at every handshake.
+    ///
+    /// # Errors
+    /// A file that cannot be read, holds nothing of its kind, or a key
+    /// that is not the certificate's, with its flag.
+    pub fn config_named(
+        &self,
+        url: &str,
+        flags: &TlsFlags,
+    ) -> Result<Option<ClientTlsConfig>, TlsFileError> {
+        self.check_named(url, flags)?;
         if !url.starts_with("https://") {
             return Ok(None);
         }
         let mut config = ClientTlsConfig::new();
         config = match &self.ca {
-            Some(ca) => {
-                config.ca_certificate(Certificate::from_pem(read_pem(ca, "--ca", "CERTIFICATE")?))
-            }
+            Some(ca) => config.ca_certificate(Certificate::from_pem(
+                read_pem(ca, flags.ca, "CERTIFICATE")
+                    .map_err(|text| TlsFileError::new(flags.ca, text))?,
+            )),
             None => config.with_enabled_roots(),
         };
         if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
-            config = config.identity(Identity::from_pem(
-                read_pem(cert, "--tls-client-cert", "CERTIFICATE")?,
-                read_pem(key, "--tls-client-key", "PRIVATE KEY")?,
-            ));
+            let cert_pem = read_pem(cert, flags.client_cert, "CERTIFICATE")
+                .map_err(|text| TlsFileError::new(flags.client_cert, text))?;
+            let key_pem = read_pem(key, flags.client_key, "PRIVATE KEY")
+                .map_err(|text| TlsFileError::new(flags.client_key, text))?;
+            #[cfg(feature = "tls-checks")]
+            key_fits_certificate(&cert_pem, &key_pem).map_err(|problem| match problem {
+                PairProblem::Certificate(_) => TlsFileError::new(
+                    flags.client_cert,
+                    format!("{} {}: {problem}", flags.client_cert, cert.display()),
+                ),
+                PairProblem::Key(_) | PairProblem::Mismatch => TlsFileError::new(
+                    flags.client_key,
+                    format!(
+                        "{} {}: {problem} ({} {})",
+                        flags.client_key,
+                        key.display(),
+                        flags.client_cert,
+                        cert.display()
+                    ),
+                ),
+            })?;
+            config = config.identity(Identity::from_pem(cert_pem, key_pem));
         }
         Ok(Some(config))
     }
@@ -86,11 +191,26 @@ impl ClientTlsFiles {
     /// # Errors
     /// As [`ClientTlsFiles::config_for`], or tonic refusing the configuration.
     pub fn apply(&self, url: &str, endpoint: Endpoint) -> Result<Endpoint, String> {
-        match self.config_for(url)? {
+        self.apply_named(url, endpoint, &TlsFlags::PLANNER)
+            .map_err(|error| error.text)
+    }
+
+    /// [`ClientTlsFiles::apply`] with the files given as `flags` say.
+    ///
+    /// # Errors
+    /// As [`ClientTlsFiles::config_named`]; tonic refusing the
+    /// configuration is filed under the CA's flag.
+    pub fn apply_named(
+        &self,
+        url: &str,
+        endpoint: Endpoint,
+        flags: &TlsFlags,
+    ) -> Result<Endpoint, TlsFileError> {
+        match self.config_named(url, flags)? {
             None => Ok(endpoint),
-            Some(config) => endpoint
-                .tls_config(config)
-                .map_err(|error| format!("TLS configuration for {url}: {error}")),
+            Some(config) => endpoint.tls_config(config).map_err(|error| {
+                TlsFileError::new(flags.ca, format!("TLS configuration for {url}: {error}"))
+            }),
         }
     }
 }
@@ -119,6 +239,18 @@ pub fn read_pem(path: &Path, flag: &str, label: &str) -> Result<Vec<u8>, String>
             .and_then(|rest| rest.strip_suffix("-----"))
             .is_some_and(|block| accepted.contains(&block))
     });
+    // An encrypted key (PKCS#8 `ENCRYPTED PRIVATE KEY`, or OpenSSL's
+    // legacy `Proc-Type: 4,ENCRYPTED` header, RFC 1421) cannot be read
+    // without its passphrase, which no flag takes.
+    if label == "PRIVATE KEY"
+        && (text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+            || text.contains("Proc-Type: 4,ENCRYPTED"))
+    {
+        return Err(format!(
+            "{flag} {}: the key is encrypted; give it decrypted (e.g. `openssl pkey -in KEY -out PLAIN.key`) and keep that file private",
+            path.display()
+        ));
+    }
     if !found {
         return Err(format!("{flag} {}: no PEM {label} in it", path.display()));
     }
@@ -185,6 +317,179 @@ pub fn planner_url(text: &str) -> Result<String, String> {
         ));
     }
     Ok(url)
+}
+
+#[cfg(feature = "tls-checks")]
+/// What to change when a call to the planner at `url` failed in the
+/// transport with `text` because this client and the planner disagree on
+/// TLS; `None` when that is not why. `ca_flag` names how this client is
+/// given a CA (`--ca FILE`):
+///
+/// - plain `http://` to a port that speaks TLS: the HTTP/2 client reads the
+///   server's TLS records as garbage (`h2 protocol error`, a bare
+///   `transport error`, a reset connection: it varies), so the port is
+///   asked once for a TLS handshake ([`speaks_tls`], at most
+///   [`PROBE_TIMEOUT`]): `the planner at HOST:PORT speaks TLS: use
+///   https://HOST:PORT and --ca FILE`;
+/// - `https://` to a port that answers in plain text (rustls: a corrupt
+///   message of an invalid content type): say so and name `http://`;
+/// - a server certificate not signed by a CA this client trusts
+///   (`UnknownIssuer`): say so and name the CA flag.
+pub async fn mismatch(url: &str, text: &str, ca_flag: &str) -> Option<String> {
+    if url.starts_with("http://") {
+        // With its port: `http://host` is port 80 (the probe's `https://`
+        // alone would ask 443).
+        let address = host_and_port(url);
+        return speaks_tls(&address).await.then(|| {
+            format!(
+                "the planner at {address} speaks TLS: use https://{address} and {ca_flag} \
+                 (the CA that signed its certificate; see docs/security.md) ({text})"
+            )
+        });
+    }
+    if !url.starts_with("https://") {
+        return None;
+    }
+    // `https://` to a port that answers in plain text: rustls reads the
+    // answer as a record of an unknown type.
+    if text.contains("InvalidContentType") || text.contains("corrupt message") {
+        // With its port: `https://host` is port 443, `http://host` would be 80.
+        let address = host_and_port(url);
+        return Some(format!(
+            "the planner at {address} does not speak TLS: use http://{address}, or turn TLS \
+             on at the planner (see docs/security.md) ({text})"
+        ));
+    }
+    let untrusted = [
+        "UnknownIssuer",
+        "unknown issuer",
+        "invalid peer certificate",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle));
+    untrusted.then(|| {
+        format!(
+            "the planner at {url} presented a certificate that is not signed by a CA this \
+             client trusts: pass the CA that signed it with {ca_flag} ({text})"
+        )
+    })
+}
+
+#[cfg(feature = "tls-checks")]
+/// How long [`speaks_tls`] waits for a handshake.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[cfg(feature = "tls-checks")]
+/// Whether `address` (`HOST:PORT`) answers a TLS handshake: it completes,
+/// or fails over the certificate or with a TLS alert (a server that speaks
+/// TLS), rather than over a peer that does not speak TLS at all. At most
+/// [`PROBE_TIMEOUT`].
+pub async fn speaks_tls(address: &str) -> bool {
+    let Ok(endpoint) = Endpoint::from_shared(format!("https://{address}")) else {
+        return false;
+    };
+    let Ok(endpoint) = endpoint
+        .connect_timeout(PROBE_TIMEOUT)
+        .tls_config(ClientTlsConfig::new().with_enabled_roots())
+    else {
+        return false;
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, endpoint.connect()).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(error)) => {
+            let chain = crate::settings::error_text(&error);
+            ["certificate", "Certificate", "alert", "peer"]
+                .iter()
+                .any(|needle| chain.contains(needle))
+        }
+        Err(_) => false,
+    }
+}
+
+/// `HOST:PORT` of `url`, the scheme's port when it names none (80 for
+/// `http://`, 443 for `https://`); `url` without its scheme when it does
+/// not parse.
+pub fn host_and_port(url: &str) -> String {
+    let parsed = url.parse::<tonic::codegen::http::Uri>().ok();
+    parsed
+        .as_ref()
+        .and_then(|uri| {
+            let default = if uri.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            };
+            let port = uri.port_u16().unwrap_or(default);
+            uri.host().map(|host| format!("{host}:{port}"))
+        })
+        .unwrap_or_else(|| {
+            url.trim_start_matches("https://")
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+}
+
+/// Why a certificate and a key do not make a usable pair
+/// ([`key_fits_certificate`]).
+#[cfg(feature = "tls-checks")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PairProblem {
+    /// The certificate (chain) cannot be read or used: the certificate's flag.
+    Certificate(String),
+    /// The key cannot be read or used: the key's flag.
+    Key(String),
+    /// The key is not the certificate's: their public keys differ.
+    Mismatch,
+}
+
+#[cfg(feature = "tls-checks")]
+impl std::fmt::Display for PairProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Certificate(why) => write!(f, "the certificate cannot be used: {why}"),
+            Self::Key(why) => write!(f, "the key cannot be used: {why}"),
+            Self::Mismatch => {
+                f.write_str("the key does not belong to the certificate (their public keys differ)")
+            }
+        }
+    }
+}
+
+/// Whether the PEM private key `key_pem` belongs to the first certificate of
+/// the PEM chain `cert_pem`: their public keys (SubjectPublicKeyInfo) are
+/// the same, as rustls checks a server's own pair (`CertifiedKey::keys_match`).
+/// A pair that does not match fails every handshake later, with the peer
+/// saying only that the signature is bad.
+///
+/// # Errors
+/// [`PairProblem`]: which file cannot be used, or that they do not match.
+#[cfg(feature = "tls-checks")]
+pub fn key_fits_certificate(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), PairProblem> {
+    use tokio_rustls::rustls::{
+        self,
+        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    };
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| PairProblem::Certificate(error.to_string()))?;
+    if chain.is_empty() {
+        return Err(PairProblem::Certificate("no certificate in it".to_owned()));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|error| PairProblem::Key(error.to_string()))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|error| PairProblem::Key(error.to_string()))?;
+    match rustls::sign::CertifiedKey::new(chain, signing).keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => Ok(()),
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            Err(PairProblem::Mismatch)
+        }
+        Err(error) => Err(PairProblem::Certificate(error.to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -1032,3 +1032,83 @@ async fn recheck_state_answers_only_for_items_of_the_callers_lease() -> anyhow::
     pool.close().await;
     bed.finish().await
 }
+
+/// A second new user's pass: an executor given the TLS planner's address
+/// as `http://` logged `h2 protocol error` at every claim, and one given
+/// `https://` without `--ca` logged `UnknownIssuer`, retried for ever; an
+/// executor whose client key belonged to another certificate started. Now
+/// the claim's line says what to change, and the key is refused at the
+/// flag (exit 64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<()> {
+    init_logging();
+    let bed = TestBed::start_secure(None, Pki::new()?, |_| {}).await?;
+    let pki = bed.pki.clone().expect("a secure bed");
+    let address = bed.planner.addr;
+    let binaries = redrive_tests::scenario::Binaries::of_tests()?;
+    let executor =
+        |args: Vec<String>| -> anyhow::Result<(tokio::process::Child, tempfile::NamedTempFile)> {
+            let log = tempfile::NamedTempFile::new()?;
+            let child = tokio::process::Command::new(&binaries.executor)
+                .args(args)
+                .env("REDRIVE_LOG", "info")
+                .stdin(std::process::Stdio::null())
+                .stdout(log.reopen()?)
+                .stderr(log.reopen()?)
+                .kill_on_drop(true)
+                .spawn()?;
+            Ok((child, log))
+        };
+    let read =
+        |log: &tempfile::NamedTempFile| std::fs::read_to_string(log.path()).unwrap_or_default();
+    let cases = [
+        (
+            format!("http://{address}"),
+            format!("the planner at {address} speaks TLS: use https://{address} and --ca FILE"),
+        ),
+        (
+            format!("https://{address}"),
+            "presented a certificate that is not signed by a CA this client trusts: pass the CA that signed it with --ca FILE".to_owned(),
+        ),
+    ];
+    for (planner, says) in cases {
+        let (mut child, log) = executor(vec!["--planner".to_owned(), planner.clone()])?;
+        let seen = redrive_tests::wait_until(
+            &format!("the executor's advice for {planner}"),
+            Duration::from_secs(30),
+            || async { Ok(read(&log).contains(&says)) },
+        )
+        .await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        seen.map_err(|error| anyhow::anyhow!("{error}:\n{}", read(&log)))?;
+    }
+    // A client key of another certificate: refused at the start, under its flag.
+    let mine = pki.client("executor-1")?;
+    let other = pki.client("executor-2")?;
+    let key = other.client_key.expect("a key");
+    let (mut child, log) = executor(vec![
+        "--planner".to_owned(),
+        format!("https://{address}"),
+        "--ca".to_owned(),
+        pki.ca_pem.display().to_string(),
+        "--tls-client-cert".to_owned(),
+        mine.client_cert
+            .expect("a certificate")
+            .display()
+            .to_string(),
+        "--tls-client-key".to_owned(),
+        key.display().to_string(),
+    ])?;
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await??;
+    let said = read(&log);
+    assert_eq!(status.code(), Some(64), "{said}");
+    assert!(
+        said.contains(&format!(
+            "--tls-client-key: {}: the key does not belong to the certificate",
+            key.display()
+        )),
+        "{said}"
+    );
+    bed.finish().await
+}

@@ -659,3 +659,54 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
     db.drop_database().await;
     Ok(())
 }
+
+/// A second new user's pass: with the broker unreachable, the planner's
+/// capture said "the connection to the broker ended (the capture guard's
+/// relay closed)" at every retry, never which broker it could not reach nor
+/// that it refused the connection. The line now names the node and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_capture_cannot_reach_is_named_with_why() -> anyhow::Result<()> {
+    use redrive_tests::{TestDb, scenario};
+    init_logging();
+    let db = TestDb::new();
+    let binaries = scenario::Binaries::of_tests()?;
+    let log = tempfile::NamedTempFile::new()?;
+    let listen = scenario::free_local_addr()?;
+    // Nothing listens there.
+    let nowhere = scenario::free_local_addr()?;
+    let mut planner = tokio::process::Command::new(&binaries.planner)
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--database-url",
+            &db.url(),
+            "--amqp-url",
+            &format!("amqp://guest:guest@{nowhere}/%2f"),
+            "--capture-queue",
+            &unique("unreachable-dlq"),
+        ])
+        .env("REDRIVE_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    let named = format!("broker {nowhere} (node 1 of 1): cannot reach the broker: ");
+    let outcome = wait_until(
+        "the capture's line naming the broker it cannot reach",
+        Duration::from_secs(30),
+        || async { Ok(text().contains(&named)) },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", text()));
+    let _ = planner.start_kill();
+    let _ = planner.wait().await;
+    db.drop_database().await;
+    outcome?;
+    let said = text();
+    assert!(said.contains("refused"), "{said}");
+    assert!(!said.contains("relay"), "{said}");
+    assert!(!said.contains("guest:guest"), "{said}");
+    Ok(())
+}

@@ -111,3 +111,90 @@ async fn redrivectl_gives_up_on_a_planner_that_never_answers() -> anyhow::Result
     );
     Ok(())
 }
+
+/// A second new user's pass: at SIGTERM the planner waited its whole grace
+/// (here 60 s) for an idle executor's long-polled claim before it stopped.
+/// The claim's wait ends with the shutdown now, answered "no slice".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_stops_at_sigterm_without_waiting_out_a_long_polled_claim() -> anyhow::Result<()>
+{
+    use redrive_proto::v1::{self, coordinator_client::CoordinatorClient};
+    init_logging();
+    let db = redrive_tests::TestDb::new();
+    let binaries = scenario::Binaries::of_tests()?;
+    let log = tempfile::NamedTempFile::new()?;
+    let listen = scenario::free_local_addr()?;
+    let mut planner = tokio::process::Command::new(&binaries.planner)
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--database-url",
+            &db.url(),
+            "--shutdown-grace-seconds",
+            "60",
+        ])
+        .env("REDRIVE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    let outcome = async {
+        let url = format!("http://{listen}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut coordinator = loop {
+            if let Ok(client) = CoordinatorClient::connect(url.clone()).await {
+                break client;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the planner did not listen:\n{}",
+                text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Ready once it answers a claim (the database prepared).
+        loop {
+            let quick = coordinator
+                .claim_slice(v1::ClaimSliceRequest {
+                    executor_id: "idle".to_owned(),
+                    wait: Some(redrive_proto::time::duration(Duration::ZERO)),
+                    marks_publishing: true,
+                })
+                .await;
+            if quick.is_ok() {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no claim answered:\n{}", text());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut waiting = coordinator.clone();
+        let long_poll = tokio::spawn(async move {
+            waiting
+                .claim_slice(v1::ClaimSliceRequest {
+                    executor_id: "idle".to_owned(),
+                    wait: Some(redrive_proto::time::duration(Duration::from_secs(30))),
+                    marks_publishing: true,
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        anyhow::ensure!(!long_poll.is_finished(), "the claim did not wait");
+        signal(&planner, "TERM")?;
+        // Well under the 30 s wait and the 60 s grace.
+        let exited = tokio::time::timeout(Duration::from_secs(15), planner.wait())
+            .await
+            .map_err(|_| anyhow::anyhow!("still running 15 s after SIGTERM:\n{}", text()))??;
+        anyhow::ensure!(exited.success(), "{exited}:\n{}", text());
+        let answer = long_poll.await?;
+        if let Ok(answer) = answer {
+            anyhow::ensure!(answer.into_inner().slice.is_none(), "a slice with no plan");
+        }
+        Ok(())
+    }
+    .await;
+    let _ = planner.start_kill();
+    db.drop_database().await;
+    outcome
+}

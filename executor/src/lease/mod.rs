@@ -40,11 +40,20 @@ use tokio_util::{
     task::AbortOnDropHandle,
 };
 use tonic::transport::Channel;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use redrive_proto::backoff::Backoff;
 
+use crate::loop_failures::LoopFailures;
+
 /// Why a lease counts as lost when its own deadline passed.
+/// The write-ahead marks' failures in [`LoopFailures`].
+const MARKS: &str = "write-ahead marks";
+/// The renewals' failures in [`LoopFailures`].
+const RENEWALS: &str = "lease renewals";
+/// The outcome reports' failures in [`LoopFailures`].
+const REPORTS: &str = "outcome reports";
+
 const PAST_DEADLINE: &str =
     "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)";
 
@@ -77,8 +86,20 @@ pub enum StopReason {
     Lost(String),
 }
 
+/// Where a lease's failures that every slice loop shares (the planner not
+/// answering renewals, marks or reports) are said: once a round for all
+/// loops ([`LoopFailures`]), naming the planner.
+#[derive(Clone, Debug, Default)]
+pub struct SharedFailures {
+    /// The planner's URL, as the lines name it.
+    pub planner: String,
+    /// What the executor's slice loops last said.
+    pub failures: LoopFailures,
+}
+
 struct Shared {
     slice_id: String,
+    said: SharedFailures,
     token: u64,
     ttl: Duration,
     /// Publishing must stop: any [`StopReason`].
@@ -104,6 +125,23 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether `what` (`lease renewals`, `write-ahead marks`, `outcome
+    /// reports`) failing for `reason`, retried in `retry_in`, is to be said
+    /// now ([`LoopFailures::to_say`]).
+    fn failed(&self, what: &str, reason: &str, retry_in: Duration) -> bool {
+        self.said
+            .failures
+            .to_say(what, reason, Instant::now(), retry_in)
+    }
+
+    /// Says once, for all slice loops, that the planner answers `what`
+    /// again after a failure that was said.
+    fn answered(&self, what: &str) {
+        if self.said.failures.mended(what) {
+            info!(planner = %self.said.planner, "the planner answers {what} again (said once for all slice loops)");
+        }
+    }
+
     fn stop(&self, reason: StopReason) {
         let mut first = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
         if first.is_none() {
@@ -163,6 +201,8 @@ impl Lease {
     /// `ttl`): renews it once right away, so that the deadline counts from a
     /// renewal this executor timed, then keeps renewing at a third of the TTL
     /// and watches the planner's stop signal. Stops with `shutdown` too.
+    /// Its tasks log in the caller's span (the slice's); failures every
+    /// slice loop shares are said as `said` says.
     ///
     /// # Errors
     /// [`LeaseError::Lost`] when the planner refuses the token,
@@ -173,10 +213,12 @@ impl Lease {
         slice_id: String,
         token: u64,
         ttl: Duration,
+        said: SharedFailures,
         shutdown: &CancellationToken,
     ) -> Result<Self, LeaseError> {
         let shared = Arc::new(Shared {
             slice_id,
+            said,
             token,
             ttl,
             stop: shutdown.child_token(),
@@ -201,15 +243,15 @@ impl Lease {
             Err(status) => return Err(LeaseError::Unavailable(status.message().to_owned())),
         }
         let tasks = vec![
-            AbortOnDropHandle::new(tokio::spawn(heartbeat(
-                coordinator.clone(),
-                Arc::clone(&shared),
-            ))),
-            AbortOnDropHandle::new(tokio::spawn(watch(
-                coordinator.clone(),
-                Arc::clone(&shared),
-            ))),
-            AbortOnDropHandle::new(tokio::spawn(watch_deadline(Arc::clone(&shared)))),
+            AbortOnDropHandle::new(tokio::spawn(
+                heartbeat(coordinator.clone(), Arc::clone(&shared)).in_current_span(),
+            )),
+            AbortOnDropHandle::new(tokio::spawn(
+                watch(coordinator.clone(), Arc::clone(&shared)).in_current_span(),
+            )),
+            AbortOnDropHandle::new(tokio::spawn(
+                watch_deadline(Arc::clone(&shared)).in_current_span(),
+            )),
             AbortOnDropHandle::new(tokio::spawn(stop_on_shutdown(
                 shutdown.clone(),
                 Arc::clone(&shared),
@@ -303,19 +345,26 @@ impl Lease {
             let failed = tokio::select! {
                 () = self.stopped() => return false,
                 outcome = attempt => match outcome {
-                    Ok(()) => return true,
+                    Ok(()) => {
+                        self.shared.answered(MARKS);
+                        return true;
+                    }
                     Err(failed) => failed,
                 },
             };
+            let delay = backoff.next_delay();
             match failed {
                 MarkFailed::Lost => return false,
                 MarkFailed::Unanswered(why) => {
-                    warn!(reason = %why, "cannot mark what this lease publishes; retrying");
+                    if self.shared.failed(MARKS, &why, delay) {
+                        warn!(planner = %self.shared.said.planner, reason = %why, retry_in_ms = delay.as_millis() as u64,
+                            "cannot mark what this lease publishes: not publishing past the mark; retrying (said once for all slice loops)");
+                    }
                 }
             }
             tokio::select! {
                 () = self.stopped() => return false,
-                () = tokio::time::sleep(backoff.next_delay()) => {}
+                () = tokio::time::sleep(delay) => {}
             }
         }
     }
@@ -350,14 +399,18 @@ impl Lease {
         }
         let shared = Arc::clone(&self.shared);
         let coordinator = self.coordinator.clone();
-        let task = tokio::spawn(async move {
-            if let Err(MarkFailed::Unanswered(why)) = mark(coordinator, &shared, through).await {
-                tracing::debug!(reason = %why, "moving the mark ahead failed");
+        let task = tokio::spawn(
+            async move {
+                if let Err(MarkFailed::Unanswered(why)) = mark(coordinator, &shared, through).await
+                {
+                    tracing::debug!(reason = %why, "moving the mark ahead failed");
+                }
+                shared
+                    .marking_ahead
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
             }
-            shared
-                .marking_ahead
-                .store(false, std::sync::atomic::Ordering::SeqCst);
-        });
+            .in_current_span(),
+        );
         *self.marking.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(AbortOnDropHandle::new(task));
     }
@@ -376,11 +429,9 @@ impl Lease {
     /// failures).
     pub fn reporter(&self) -> (mpsc::Sender<v1::AuditEvent>, AbortOnDropHandle<()>) {
         let (sender, receiver) = mpsc::channel(REPORT_BATCH * 4);
-        let task = tokio::spawn(report(
-            self.coordinator.clone(),
-            Arc::clone(&self.shared),
-            receiver,
-        ));
+        let task = tokio::spawn(
+            report(self.coordinator.clone(), Arc::clone(&self.shared), receiver).in_current_span(),
+        );
         (sender, AbortOnDropHandle::new(task))
     }
 
@@ -445,6 +496,7 @@ mod tests {
             "slice-1".to_owned(),
             7,
             TTL,
+            super::SharedFailures::default(),
             shutdown,
         )
         .await

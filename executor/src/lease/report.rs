@@ -13,7 +13,7 @@ use tokio::{sync::mpsc, time::Instant};
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
-use super::{Shared, StopReason};
+use super::{REPORTS, Shared, StopReason};
 
 /// Outcome events buffered before a report is sent.
 pub(super) const REPORT_BATCH: usize = 256;
@@ -107,8 +107,10 @@ async fn send_report(
                 "the outcome report took longer than a third of the lease TTL",
             )),
         };
+        let delay = backoff.next_delay();
         match answer {
             Ok(Some(answer)) => {
+                shared.answered(REPORTS);
                 take_answer(shared, &answer);
                 break;
             }
@@ -125,7 +127,11 @@ async fn send_report(
                 break;
             }
             Err(status) if started.elapsed() < REPORT_GIVE_UP => {
-                warn!(code = ?status.code(), grpc_message = status.message(), "outcome report failed; retrying");
+                let reason = format!("{:?}: {}", status.code(), status.message());
+                if shared.failed(REPORTS, &reason, delay) {
+                    warn!(planner = %shared.said.planner, code = ?status.code(), grpc_message = status.message(),
+                        "outcome report failed; retrying (said once for all slice loops)");
+                }
             }
             Err(status) => {
                 warn!(code = ?status.code(), grpc_message = status.message(), events = request.events.len(),
@@ -137,7 +143,7 @@ async fn send_report(
                 break;
             }
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        tokio::time::sleep(delay).await;
     }
 }
 

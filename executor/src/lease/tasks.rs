@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::warn;
 
-use super::{PAST_DEADLINE, Shared, StopReason};
+use super::{PAST_DEADLINE, RENEWALS, Shared, StopReason};
 
 /// Why one `MarkPublishing` call did not record the mark.
 pub(super) enum MarkFailed {
@@ -85,6 +85,7 @@ pub(super) async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, share
         match renew(&mut coordinator, &shared).await {
             Ok(answer) => {
                 shared.renewed(sent_at);
+                shared.answered(RENEWALS);
                 if !answer.keep_publishing {
                     shared.stop(StopReason::Plan(answer.reason));
                 }
@@ -94,7 +95,11 @@ pub(super) async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, share
                 return;
             }
             Err(status) => {
-                warn!(code = ?status.code(), grpc_message = status.message(), "lease renewal failed");
+                let reason = format!("{:?}: {}", status.code(), status.message());
+                if shared.failed(RENEWALS, &reason, ticker.period()) {
+                    warn!(planner = %shared.said.planner, code = ?status.code(), grpc_message = status.message(),
+                        "lease renewal failed; the lease is lost if none succeeds for two thirds of its TTL (said once for all slice loops)");
+                }
             }
         }
     }

@@ -130,7 +130,20 @@ impl Connect for AmqpConnect {
 
     async fn connect(&self) -> Result<Publisher, PublishError> {
         let (publisher, node) = self.connect_to_a_node().await?;
-        tracing::info!(broker.node = %node, "connected to the broker");
+        // Each slice loop has a connection of its own: said once for them
+        // all, when the first connects to a node and after a failure said.
+        if self.failures.mended("connect") {
+            tracing::info!(broker.node = %node, "connected to the broker again (said once for all slice loops)");
+        } else if self.failures.to_say(
+            "connected",
+            &node.address(),
+            Instant::now(),
+            Duration::from_secs(3600),
+        ) {
+            tracing::info!(broker.node = %node, "connected to the broker");
+        } else {
+            tracing::debug!(broker.node = %node, "connected to the broker");
+        }
         Ok(publisher)
     }
 }

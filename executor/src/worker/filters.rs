@@ -5,9 +5,12 @@
 use std::{collections::HashMap, time::Duration};
 
 use redrive_proto::{backoff::Backoff, v1};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{Worker, slice::SliceRun};
+
+/// The replay keys' failures in [`LoopFailures`](crate::loop_failures::LoopFailures).
+const REPLAY_KEYS: &str = "replay keys";
 use crate::{lease::Lease, outcomes::Work, publisher::Connect};
 
 impl<C: Connect> Worker<C> {
@@ -107,15 +110,29 @@ impl<C: Connect> Worker<C> {
                 answer = replay_keys.sent_by(&keys) => answer,
             };
             match answer {
-                Ok(sent) => break sent,
+                Ok(sent) => {
+                    if self.settings.failures.mended(REPLAY_KEYS) {
+                        info!(redis = %self.settings.redis, "replay keys reachable again: publishing (said once for all slice loops)");
+                    }
+                    break sent;
+                }
                 Err(error) => {
-                    warn!(%error, "replay keys unreachable: not publishing until Redis is back (fail closed)");
+                    let delay = backoff.next_delay();
+                    if self.settings.failures.to_say(
+                        REPLAY_KEYS,
+                        &error.to_string(),
+                        tokio::time::Instant::now(),
+                        delay,
+                    ) {
+                        warn!(redis = %self.settings.redis, %error, retry_in_ms = delay.as_millis() as u64,
+                            "replay keys unreachable: not publishing until Redis is back (fail closed; said once for all slice loops)");
+                    }
                     tokio::select! {
                         () = lease.stopped() => {
                             run.requeue(items);
                             return None;
                         }
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                        () = tokio::time::sleep(delay) => {}
                     }
                 }
             }

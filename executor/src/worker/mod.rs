@@ -65,6 +65,10 @@ pub struct WorkerSettings {
     pub claim_wait: Duration,
     /// The planner's URL, named when a claim fails.
     pub planner: String,
+    /// Redis's addresses, passwords redacted
+    /// ([`crate::redis_topology::RedisTopology::addresses`]), named when the
+    /// bucket or the replay keys fail; `in-process` without Redis.
+    pub redis: String,
     /// What the slice loops last said of a failure they share.
     pub failures: LoopFailures,
 }
@@ -75,6 +79,24 @@ pub struct WorkerSettings {
 /// cannot be reached.
 fn connect_advice(error: &str) -> &'static str {
     redrive_proto::amqp_nodes::refusal_advice(error).unwrap_or("cannot connect to the broker")
+}
+
+/// What to change when a call to the planner at `planner` failed in the
+/// transport with `status` because the executor and the planner disagree on
+/// TLS (`http://` to a TLS port, a certificate `--ca` does not trust, TLS
+/// to a plain port: [`redrive_proto::tls::mismatch`]); `None` otherwise.
+async fn tls_mismatch(planner: &str, status: &tonic::Status) -> Option<String> {
+    if !matches!(
+        status.code(),
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
+    ) {
+        return None;
+    }
+    let text = redrive_proto::settings::error_text_from(
+        status.message().to_owned(),
+        std::error::Error::source(status),
+    );
+    redrive_proto::tls::mismatch(planner, &text, "--ca FILE (or REDRIVE_CA)").await
 }
 
 /// The running executor: claims slices until `shutdown`, publishing
@@ -159,6 +181,9 @@ impl<C: Connect> Worker<C> {
             match answer {
                 Ok(answer) => {
                     backoff.reset();
+                    if self.settings.failures.mended("claim") {
+                        info!(planner = %self.settings.planner, "the planner answers claims again (said once for all slice loops)");
+                    }
                     if let Some(slice) = answer.into_inner().slice {
                         self.replay_slice(slice, &shutdown).await;
                     }
@@ -173,7 +198,14 @@ impl<C: Connect> Worker<C> {
                         .failures
                         .to_say("claim", &reason, Instant::now(), delay)
                     {
-                        warn!(planner = %self.settings.planner, code = ?status.code(), grpc_message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed (said once for all slice loops)");
+                        match tls_mismatch(&self.settings.planner, &status).await {
+                            Some(advice) => {
+                                warn!(planner = %self.settings.planner, retry_in_ms = delay.as_millis() as u64, "claim failed: {advice} (said once for all slice loops)");
+                            }
+                            None => {
+                                warn!(planner = %self.settings.planner, code = ?status.code(), grpc_message = status.message(), retry_in_ms = delay.as_millis() as u64, "claim failed (said once for all slice loops)");
+                            }
+                        }
                     }
                     tokio::select! {
                         () = shutdown.cancelled() => break,
@@ -192,7 +224,7 @@ impl<C: Connect> Worker<C> {
             warn!("closing the broker connection timed out");
             self.retired.abort_all();
         }
-        info!("executor stopped");
+        tracing::debug!("slice loop stopped");
     }
 
     /// Gives the publisher up (its connection is lost, or the loop ends):

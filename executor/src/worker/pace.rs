@@ -8,13 +8,18 @@ use redrive_proto::backoff::Backoff;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Leave, Worker, slice::SliceRun};
+use super::{
+    Leave, Worker,
+    slice::{Progress, SliceRun},
+};
 use crate::{
     bucket::{BucketError, Rate},
     lease::{Lease, StopReason},
     publisher::Connect,
 };
 
+/// The token bucket's failures in [`LoopFailures`](crate::loop_failures::LoopFailures).
+const TOKEN_BUCKET: &str = "token bucket";
 /// Most tokens taken from the bucket in one call.
 const TOKEN_CHUNK: u32 = 64;
 /// A run asks for about this much of the rate's time at once, so that slow
@@ -55,6 +60,14 @@ pub fn run_size(rate: Rate, window: usize) -> usize {
 }
 
 impl<C: Connect> Worker<C> {
+    /// Says once, for all slice loops, that the token bucket answers again
+    /// after a failure that was said.
+    fn bucket_mended(&self) {
+        if self.settings.failures.mended(TOKEN_BUCKET) {
+            info!(redis = %self.settings.redis, "token bucket reachable again: publishing (said once for all slice loops)");
+        }
+    }
+
     /// Charges late and lost confirms of `key` to the rate limit again, the
     /// moment the connection works again: that is when what a stalled one
     /// held reaches the broker too. Fails closed: with the bucket
@@ -84,13 +97,23 @@ impl<C: Connect> Worker<C> {
             charged = self.bucket.charge(key, run.rate, owed) => charged,
         };
         if let Err(error) = charged {
-            warn!(%error, "cannot charge the rate limit: not publishing (fail closed)");
+            let delay = Duration::from_millis(500);
+            run.progress.waiting_for("the token bucket (Redis)");
+            if self.settings.failures.to_say(
+                TOKEN_BUCKET,
+                &error.to_string(),
+                Instant::now(),
+                delay,
+            ) {
+                warn!(redis = %self.settings.redis, %error, "cannot charge the rate limit: not publishing (fail closed; said once for all slice loops)");
+            }
             run.debt.add(key.to_owned(), owed);
             tokio::select! {
                 () = lease.stopped() => return Err(Leave::Stop),
-                () = tokio::time::sleep(Duration::from_millis(500)) => return Err(Leave::Next),
+                () = tokio::time::sleep(delay) => return Err(Leave::Next),
             }
         }
+        self.bucket_mended();
         Ok(())
     }
 
@@ -114,10 +137,16 @@ impl<C: Connect> Worker<C> {
         through: u64,
     ) -> Option<Instant> {
         let asked_at = Instant::now();
+        run.progress.waiting_for("tokens of the rate limit");
+        let progress = run.progress.clone();
         let take = async {
-            self.take_tokens(lease, key, run.rate, tokens)
+            let granted = self
+                .take_tokens(lease, &progress, key, run.rate, tokens)
                 .await
-                .then(Instant::now)
+                .then(Instant::now);
+            // What is left to wait for, if anything, is the mark.
+            progress.waiting_for("the planner's write-ahead mark");
+            granted
         };
         let (granted, marked) = if run.tokens_waited < TOKENS_AT_ONCE {
             let lookahead = mark_lookahead(run.rate, self.settings.publisher.window);
@@ -151,6 +180,7 @@ impl<C: Connect> Worker<C> {
     pub(super) async fn take_tokens(
         &self,
         lease: &Lease,
+        progress: &Progress,
         key: &str,
         rate: Rate,
         tokens: u32,
@@ -169,13 +199,26 @@ impl<C: Connect> Worker<C> {
                 }
             };
             match answer {
-                Ok(()) => return true,
+                Ok(()) => {
+                    self.bucket_mended();
+                    return true;
+                }
                 Err(BucketError::Unavailable { reason }) => {
-                    warn!(%reason, "token bucket unreachable: not publishing (fail closed)");
+                    let delay = backoff.next_delay();
+                    progress.waiting_for("the token bucket (Redis)");
+                    if self
+                        .settings
+                        .failures
+                        .to_say(TOKEN_BUCKET, &reason, Instant::now(), delay)
+                    {
+                        warn!(redis = %self.settings.redis, %reason, retry_in_ms = delay.as_millis() as u64,
+                            "token bucket unreachable: not publishing (fail closed; said once for all slice loops)");
+                    }
                     tokio::select! {
                         () = lease.stopped() => return false,
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                        () = tokio::time::sleep(delay) => {}
                     }
+                    progress.waiting_for("tokens of the rate limit");
                 }
                 Err(error) => {
                     warn!(%error, "token bucket refused the request; giving the slice back");

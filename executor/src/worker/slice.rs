@@ -20,7 +20,7 @@ use crate::{
     bucket::Rate,
     health::Heartbeat,
     item::{InvalidItem, LeasedItem},
-    lease::{Lease, StopReason},
+    lease::{Lease, SharedFailures, StopReason},
     outcomes::{self, Collector, EventContext, Feedback, InFlight, TokenDebt, Work},
     publisher::{Connect, Handoff},
 };
@@ -254,6 +254,10 @@ impl<C: Connect> Worker<C> {
             slice.slice_id.clone(),
             slice.fencing_token,
             lease_ttl,
+            SharedFailures {
+                planner: self.settings.planner.clone(),
+                failures: self.settings.failures.clone(),
+            },
             shutdown,
         )
         .await

@@ -38,6 +38,19 @@ fn a_shared_failure_is_said_once_a_round_for_all_loops() {
     assert_eq!(round(1000, "claim", "Unavailable", 1600), 1);
     // Another reason is said at once.
     assert_eq!(round(1010, "claim", "PermissionDenied", 1600), 1);
+    // Loops whose reconnects start a fresh backoff (200 ms) do not make the
+    // line more frequent while the same failure goes on.
+    assert_eq!(round(2610, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(round(2900, "claim", "PermissionDenied", 200), 0);
+    assert_eq!(round(4000, "claim", "PermissionDenied", 200), 0);
+    assert_eq!(round(4210, "claim", "PermissionDenied", 200), 1);
+    // The first loop that succeeds says it is back, once; a failure after
+    // that is said at once again, with the gap of a new failure.
+    assert_eq!(loops.iter().filter(|f| f.mended("claim")).count(), 1);
+    assert_eq!(round(4300, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(round(4500, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(loops.iter().filter(|f| f.mended("connect")).count(), 1);
+    assert!(!failures.mended("token bucket"));
 }
 
 #[test]
@@ -172,6 +185,7 @@ mod pipeline {
                 max_attempts: 2,
                 claim_wait: Duration::from_secs(1),
                 planner: "http://fake".to_owned(),
+                redis: "in-process".to_owned(),
                 failures: LoopFailures::default(),
             },
             connect: FakeConnect(Arc::clone(broker)),

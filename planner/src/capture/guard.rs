@@ -49,6 +49,8 @@ pub struct Guard {
     ended: CancellationToken,
     /// Why the relay stopped a frame, once it has.
     stopped: Arc<OnceLock<String>>,
+    /// Why the broker could not be reached, if it could not.
+    unreachable: Arc<OnceLock<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -71,6 +73,8 @@ impl Guard {
         let relay_ended = ended.clone();
         let stopped = Arc::new(OnceLock::new());
         let relay_stopped = Arc::clone(&stopped);
+        let unreachable = Arc::new(OnceLock::new());
+        let relay_unreachable = Arc::clone(&unreachable);
         let task = tokio::spawn(async move {
             // However the relay ends, lapin's connection is over.
             let _ended = relay_ended.drop_guard();
@@ -81,7 +85,8 @@ impl Guard {
             let broker = match TcpStream::connect((host.as_str(), port)).await {
                 Ok(broker) => broker,
                 Err(error) => {
-                    warn!(%error, "capture guard: cannot reach the broker");
+                    // The session's line says it, with the node.
+                    let _ = relay_unreachable.set(format!("cannot reach the broker: {error}"));
                     return;
                 }
             };
@@ -93,6 +98,7 @@ impl Guard {
             local,
             ended,
             stopped,
+            unreachable,
             task,
         })
     }
@@ -102,6 +108,13 @@ impl Guard {
     /// it did; `None` while it runs and when either side ended it.
     pub fn stopped_for(&self) -> Option<String> {
         self.stopped.get().cloned()
+    }
+
+    /// Why the guard could not reach the broker (its TCP connect failed:
+    /// refused, no route, a name that does not resolve), if so; lapin then
+    /// only sees the guard's own socket close.
+    pub fn unreachable(&self) -> Option<String> {
+        self.unreachable.get().cloned()
     }
 
     /// Cancelled once the relay has ended: lapin's connection is over,

@@ -362,7 +362,16 @@ async fn park(
 /// The node refused or could not be reached.
 async fn connect_raw(config: &CaptureConfig) -> Result<raw::RawConnection, raw::RawError> {
     let node = config.amqp.next();
-    let connection = raw::RawConnection::connect(&node.url).await?;
+    // Named: the line of a failed round says which node it could not reach.
+    let connection = raw::RawConnection::connect(&node.url)
+        .await
+        .map_err(|error| match error {
+            raw::RawError::Io(io) => raw::RawError::Io(std::io::Error::new(
+                io.kind(),
+                format!("broker {node}: {io}"),
+            )),
+            other => other,
+        })?;
     tracing::info!(broker.node = %node, "connected to the broker to take messages one at a time");
     Ok(connection)
 }

@@ -42,9 +42,12 @@ pub(super) async fn session(
     // connection closed while it was being set up, so every wait of the
     // session also ends with the relay (never, unguarded).
     let lost = guard.as_ref().map(guard::Guard::ended).unwrap_or_default();
+    let named = node.to_string();
     let outcome = consume_queue(config, queue, store, shutdown, consumed, (uri, node), &lost).await;
     // A lost connection after the guard's stop was the stop; any other
-    // failure (the writer's) says itself.
+    // failure (the writer's) says itself. A connection that failed names
+    // the node, and says so when the guard could not reach it (lapin only
+    // saw the guard's local socket close).
     match (outcome, guard.as_ref().and_then(guard::Guard::stopped_for)) {
         (
             Err(
@@ -54,6 +57,19 @@ pub(super) async fn session(
             ),
             Some(why),
         ) => Err(CaptureError::Unreadable(why)),
+        (Err(error @ (CaptureError::ConnectionLost | CaptureError::Broker(_))), None) => {
+            let reason = match guard.as_ref().and_then(guard::Guard::unreachable) {
+                Some(unreachable) => unreachable,
+                None => match error {
+                    CaptureError::Broker(error) => error.to_string(),
+                    other => other.to_string(),
+                },
+            };
+            Err(CaptureError::Connection {
+                node: named,
+                reason,
+            })
+        }
         (outcome, _) => outcome,
     }
 }

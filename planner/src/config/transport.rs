@@ -15,6 +15,13 @@ pub(super) type Transport = (
     Option<tonic::transport::ServerTlsConfig>,
 );
 
+/// The flags of the state-check hooks' TLS files.
+pub(crate) const STATE_CHECK_TLS: redrive_proto::tls::TlsFlags = redrive_proto::tls::TlsFlags {
+    ca: "--state-check-ca",
+    client_cert: "--state-check-client-cert",
+    client_key: "--state-check-client-key",
+};
+
 impl Config {
     /// The server's TLS configuration (reads the files); `None` without
     /// `--tls-cert`. With `--tls-client-ca`, client certificates are
@@ -47,6 +54,7 @@ impl Config {
                 })
                 .ok()
         };
+        let (cert_path, key_path) = (cert, key);
         let cert = read("tls-cert", cert, "CERTIFICATE");
         let key = read("tls-key", key, "PRIVATE KEY");
         let ca = self
@@ -56,6 +64,24 @@ impl Config {
         let (Some(cert), Some(key), None | Some(Some(_))) = (cert, key, &ca) else {
             return Err(SettingErrors(problems));
         };
+        // A key of another certificate fails every handshake, with the
+        // client told only of a bad signature.
+        if let Err(problem) = redrive_proto::tls::key_fits_certificate(&cert, &key) {
+            let error = match problem {
+                redrive_proto::tls::PairProblem::Certificate(_) => {
+                    SettingError::new("tls-cert", format!("{}: {problem}", cert_path.display()))
+                }
+                _ => SettingError::new(
+                    "tls-key",
+                    format!(
+                        "{}: {problem} (--tls-cert {})",
+                        key_path.display(),
+                        cert_path.display()
+                    ),
+                ),
+            };
+            return Err(SettingErrors(vec![error]));
+        }
         let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
         if let Some(Some(ca)) = ca {
             config = config
@@ -83,13 +109,12 @@ impl Config {
         }
         let hook_tls = self.state_check_tls();
         if hook_tls.any()
-            && let Err(text) = hook_tls.config_for("https://hook")
+            && let Err(error) = hook_tls.config_named("https://hook", &STATE_CHECK_TLS)
         {
-            problems.push(SettingError::new(
-                "state-check-ca",
-                text.replace("--ca", "--state-check-ca")
-                    .replace("--tls-client", "--state-check-client"),
-            ));
+            // Filed under the flag of the file that is wrong.
+            let flag = format!("--{} ", error.setting);
+            let text = error.text.strip_prefix(&flag).unwrap_or(&error.text);
+            problems.push(SettingError::new(error.setting, text.to_owned()));
         }
         let authenticator = Authenticator::load(&self.auth_settings())
             .map_err(|more| problems.extend(more))
@@ -111,7 +136,10 @@ impl Config {
                 if let Err(error) = tonic::transport::Server::builder().tls_config(tls.clone()) {
                     problems.push(SettingError::new(
                         "tls-cert",
-                        format!("the certificate, key or client CA is not usable PEM: {error}"),
+                        format!(
+                            "the certificate, key or client CA is not usable PEM: {}",
+                            redrive_proto::settings::error_text(&error)
+                        ),
                     ));
                 }
                 Some(tls)

@@ -277,7 +277,10 @@ impl StateChecker {
         let mut endpoint =
             Endpoint::from_shared(url.to_owned()).map_err(|error| failed(error.to_string()))?;
         if url.starts_with("https://") {
-            endpoint = self.tls.apply(url, endpoint).map_err(failed)?;
+            endpoint = self
+                .tls
+                .apply_named(url, endpoint, &crate::config::STATE_CHECK_TLS)
+                .map_err(|error| failed(error.text))?;
         }
         let client = Grpc::new(
             endpoint

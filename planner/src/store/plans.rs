@@ -271,23 +271,11 @@ struct Waves {
 impl Waves {
     /// The waves of `plan` over `total` items: the canary (`canary_fraction`,
     /// at least one item; none for a plan of one), each wave of the ramp that
-    /// adds items, then the main wave.
+    /// adds items and leaves some for the main wave, then the main wave.
     fn of(plan: &NewPlan, total: i64) -> Self {
-        let canary = if plan.canary_fraction > 0.0 {
-            ((total as f64 * plan.canary_fraction).ceil() as i64).clamp(1, total)
-        } else {
-            0
-        };
-        let mut bounds = vec![canary];
-        for fraction in &plan.ramp {
-            let end = ((total as f64 * fraction).ceil() as i64).clamp(canary, total);
-            if end > *bounds.last().unwrap_or(&0) {
-                bounds.push(end);
-            }
-        }
-        bounds.push(total);
+        let bounds = wave_bounds(total, plan.canary_fraction, &plan.ramp);
         Self {
-            canary,
+            canary: bounds[0],
             slice_size: i64::from(plan.slice_size),
             bounds,
         }
@@ -311,6 +299,30 @@ impl Waves {
     fn ramp_items(&self) -> &[i64] {
         &self.bounds[..self.bounds.len() - 1]
     }
+}
+
+/// The cumulative item count at the end of each wave of a plan of `total`
+/// items, the main wave last (`total`): the canary (`canary_fraction`, at
+/// least one item; none without a canary), each wave of `ramp` that adds
+/// items and leaves some for the main wave, then the main wave.
+fn wave_bounds(total: i64, canary_fraction: f64, ramp: &[f64]) -> Vec<i64> {
+    let canary = if canary_fraction > 0.0 {
+        ((total as f64 * canary_fraction).ceil() as i64).clamp(1, total)
+    } else {
+        0
+    };
+    let mut bounds = vec![canary];
+    for fraction in ramp {
+        let end = ((total as f64 * fraction).ceil() as i64).clamp(canary, total);
+        // A ramp wave that would take every item left would leave the
+        // main wave empty (a new user's pass: a ramp on 4 items): those
+        // items are the main wave's.
+        if end > *bounds.last().unwrap_or(&0) && end < total {
+            bounds.push(end);
+        }
+    }
+    bounds.push(total);
+    bounds
 }
 
 /// Inserts the `plans` row, `awaiting_approval`, with the precheck's
@@ -569,5 +581,37 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         Ok(rows.into_iter().map(v1::Plan::from).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wave_bounds as waves;
+
+    /// Every wave adds items, and the main wave is never empty when there
+    /// is more than the canary (a new user's pass: `--ramp 90%` on 4 items
+    /// left a main wave of none).
+    #[test]
+    fn no_wave_is_empty() {
+        assert_eq!(waves(4, 0.01, &[0.9]), vec![1, 4]);
+        assert_eq!(waves(4, 0.01, &[0.5, 0.75, 0.99]), vec![1, 2, 3, 4]);
+        assert_eq!(waves(4, 0.5, &[0.5, 0.6]), vec![2, 3, 4]);
+        assert_eq!(waves(1000, 0.01, &[0.1, 0.5]), vec![10, 100, 500, 1000]);
+        assert_eq!(waves(1, 0.01, &[0.5]), vec![1, 1]);
+        for total in 1..40 {
+            for ramp in [&[0.3, 0.6, 0.9][..], &[0.99], &[0.02, 0.03]] {
+                let bounds = waves(total, 0.05, ramp);
+                let waves_after_canary = bounds.windows(2).map(|pair| pair[1] - pair[0]);
+                let sizes: Vec<i64> = waves_after_canary.collect();
+                // Only the main wave of a plan all canary is empty.
+                let all_canary = bounds[0] == total;
+                for (index, size) in sizes.iter().enumerate() {
+                    assert!(
+                        *size > 0 || (all_canary && index == sizes.len() - 1),
+                        "{total} {ramp:?}: {bounds:?}"
+                    );
+                }
+            }
+        }
     }
 }

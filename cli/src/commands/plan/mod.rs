@@ -93,8 +93,8 @@ pub mod view;
 pub mod wait;
 
 pub use parse::{
-    parse_canary_fraction, parse_destination, parse_kind, parse_ramp_share, parse_rate,
-    parse_rationale, parse_state,
+    parse_canary_fraction, parse_destination, parse_kind, parse_observe, parse_ramp_share,
+    parse_rate, parse_rationale, parse_state,
 };
 
 use crate::{
@@ -213,7 +213,7 @@ pub struct CreateArgs {
 
     /// How long to observe after the canary wave before the main wave
     /// (planner default 15m).
-    #[arg(long = "observe", value_name = "DURATION", value_parser = parse_positive_duration)]
+    #[arg(long = "observe", value_name = "DURATION", value_parser = parse_observe)]
     pub observe_for: Option<Duration>,
 
     /// Publish in dead-letter order across all executors: one slice at a
@@ -745,6 +745,17 @@ mod tests {
         }
         assert_eq!(parse_rationale("  why  "), Ok("why".to_owned()));
         assert!(parse_rationale("   ").unwrap_err().contains("capacity"));
+    }
+
+    /// A new user's pass: `--observe 1ns` was accepted and shown as `0s`
+    /// (the planner keeps the window in milliseconds).
+    #[test]
+    fn an_observation_shorter_than_a_millisecond_is_refused() {
+        for short in ["1ns", "999us", "0s"] {
+            let error = create(&["--observe", short]).unwrap_err().to_string();
+            assert!(error.contains("--observe"), "{short}: {error}");
+        }
+        assert!(create(&["--observe", "1ms"]).is_ok());
     }
 
     #[test]

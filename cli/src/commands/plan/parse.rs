@@ -97,6 +97,22 @@ pub fn parse_canary_fraction(text: &str) -> Result<f64, String> {
     Ok(fraction)
 }
 
+/// Checks `--observe`: a humantime duration of at least a millisecond, the
+/// planner's resolution (it keeps the window in milliseconds, so `1ns`
+/// would be no window at all).
+///
+/// # Errors
+/// What is wrong, for clap.
+pub fn parse_observe(text: &str) -> Result<std::time::Duration, String> {
+    let observe = crate::args::parse_positive_duration(text)?;
+    if observe < std::time::Duration::from_millis(1) {
+        return Err(
+            "must be at least 1ms (the planner counts the window in milliseconds)".to_owned(),
+        );
+    }
+    Ok(observe)
+}
+
 /// One share of a ramp (`--ramp 10%,50%` or `--ramp 0.1,0.5`, split at the
 /// commas): the cumulative share of the items at the end of a wave between
 /// the canary and the main wave, as a percentage or a fraction, above 0 and

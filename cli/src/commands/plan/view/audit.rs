@@ -33,7 +33,7 @@ pub fn write_audit_report(
     if !report.possibly_duplicated_keys.is_empty() {
         write_keys(
             out,
-            "possibly delivered twice (published again with the same message id after a lost lease or confirm)",
+            "possibly delivered twice (uncertain after a lost lease or confirm, then published again with the same message id; counted as sent)",
             &report.possibly_duplicated_keys,
             plan_id,
             "possibly_duplicated_keys",

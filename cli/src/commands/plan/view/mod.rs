@@ -140,9 +140,13 @@ pub fn percent_done(done: u64, total: u64) -> String {
     format!("{percent:.1}%")
 }
 
-/// A fraction as a percentage with at most two decimals (`0.015` → `1.5%`).
+/// A fraction as a percentage with at most two decimals (`0.015` → `1.5%`);
+/// one above zero that rounds to none is `<0.01%`, not `0%`.
 fn fraction_percent(fraction: f64) -> String {
     let percent = (fraction * 10_000.0).round() / 100.0;
+    if percent == 0.0 && fraction > 0.0 {
+        return "<0.01%".to_owned();
+    }
     format!("{percent}%")
 }
 
@@ -643,7 +647,7 @@ mod tests {
         assert!(text.starts_with("ACTION"), "{text}");
         assert_eq!(count_rows(&text), counts_of([0; 8]));
         assert!(text.contains("\nsent keys: 1\n  a\n"), "{text}");
-        assert!(text.contains("lost lease or confirm): 1\n  a\n"), "{text}");
+        assert!(text.contains("counted as sent): 1\n  a\n"), "{text}");
         let not_sent: Vec<Vec<&str>> = text
             .lines()
             .skip_while(|line| !line.starts_with("not sent: 1"))
@@ -752,7 +756,7 @@ mod tests {
             "skipped_stale       1",
             "\nsent keys: 25\n  order-0:pay\n",
             "  order-19:pay\n  ... and 5 more",
-            "possibly delivered twice (published again with the same message id after a lost lease or confirm): 1\n  order-3:pay\n",
+            "possibly delivered twice (uncertain after a lost lease or confirm, then published again with the same message id; counted as sent): 1\n  order-3:pay\n",
             "not sent: 1",
             "41              order-9:capture  skipped_stale  main  -   older than 2h",
             "redrivectl plan report P --format csv",
@@ -778,5 +782,8 @@ mod tests {
         assert_eq!(percent_done(1, 3), "33.3%");
         assert_eq!(percent_done(0, 0), "-");
         assert_eq!(fraction_percent(0.015), "1.5%");
+        // A new user's pass: `--canary-fraction 1e-300` showed "0%".
+        assert_eq!(fraction_percent(1e-300), "<0.01%");
+        assert_eq!(fraction_percent(0.00005), "0.01%");
     }
 }
