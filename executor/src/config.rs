@@ -324,9 +324,7 @@ impl ServiceSettings for Config {
                         endpoint,
                         &redrive_proto::tls::TlsFlags::PLANNER,
                     ) {
-                        let flag = format!("--{} ", error.setting);
-                        let text = error.text.strip_prefix(&flag).unwrap_or(&error.text);
-                        problem(error.setting, text.to_owned());
+                        problem(error.setting, error.problem);
                     }
                 }
             },

@@ -11,20 +11,36 @@ use tokio::time::Instant;
 /// answers to a lease), and when it is due again. They share one channel to
 /// the planner, one Redis and one broker, so an outage or a refused login
 /// fails every loop at once; one line a round says it for all of them
-/// instead of one a loop, and [`LoopFailures::mended`] lets the first loop
-/// that succeeds again say so once.
+/// instead of one a loop, and [`LoopFailures::mended`] lets one loop say
+/// once that it works again.
 #[derive(Clone, Debug, Default)]
-pub struct LoopFailures(Arc<std::sync::Mutex<HashMap<String, Said>>>);
+pub struct LoopFailures(Arc<std::sync::Mutex<HashMap<String, Failing>>>);
+
+/// One kind of failure (`what`) as the loops met it.
+#[derive(Debug, Default)]
+struct Failing {
+    /// Per reason: when it is to be said again, and the longest delay
+    /// announced for it (a gap never shrinks while it goes on).
+    said: HashMap<String, (Instant, Duration)>,
+    /// When any loop last met it, said or not.
+    last: Option<Instant>,
+    /// The longest retry delay announced since it was last mended.
+    gap: Duration,
+    /// A line said it, and no line has said it mended since.
+    outstanding: bool,
+}
 
 impl LoopFailures {
     /// Whether a failure of `what` (`claim`, `connect`, `token bucket`, a
-    /// node's address) for `reason` at `now` is to be said: the first one,
-    /// one for another reason, or one once the retry of the last said is
-    /// due (`now` of that one plus its `retry_in`, the caller's delay
-    /// before its next try). While the same failure goes on, the gap
-    /// between two lines never shrinks: a loop that starts a fresh backoff
-    /// (a reconnect mid-slice) does not make the line more frequent. A
-    /// loop-specific failure has a reason of its own and is said at once.
+    /// node's address) for `reason` at `now` is to be said: the first one
+    /// of that reason, or one once the retry of the last said is due (`now`
+    /// of that one plus its `retry_in`, the caller's delay before its next
+    /// try). Reasons are kept apart, so loops that fail with different
+    /// texts at once do not make each other's lines due. While the same
+    /// failure goes on, the gap between two lines never shrinks: a loop
+    /// that starts a fresh backoff (a reconnect mid-slice) does not make
+    /// the line more frequent. Every failure is recorded for
+    /// [`LoopFailures::mended`], said or not.
     pub(crate) fn to_say(
         &self,
         what: &str,
@@ -32,46 +48,61 @@ impl LoopFailures {
         now: Instant,
         retry_in: Duration,
     ) -> bool {
-        let mut said = self.lock();
-        let (say, gap) = match said.get(what) {
-            Some(last) if last.reason == reason => (now >= last.due, retry_in.max(last.gap)),
-            _ => (true, retry_in),
+        let mut failures = self.lock();
+        let failing = failures.entry(what.to_owned()).or_default();
+        failing.last = Some(now);
+        failing.gap = failing.gap.max(retry_in);
+        let (say, gap) = match failing.said.get(reason) {
+            Some(&(due, gap)) => (now >= due, retry_in.max(gap)),
+            None => (true, retry_in),
         };
         if say {
-            said.insert(
-                what.to_owned(),
-                Said {
-                    reason: reason.to_owned(),
-                    due: now + gap,
-                    gap,
-                },
-            );
+            failing.said.insert(reason.to_owned(), (now + gap, gap));
+            failing.outstanding = true;
         }
         say
     }
 
-    /// Whether `what` just worked again after a failure that was said
-    /// ([`LoopFailures::to_say`]): `true` once, for the first loop that
-    /// succeeds, which then says that it is back. Cheap when nothing failed
-    /// (one uncontended lock), so it may be asked on every success.
-    pub(crate) fn mended(&self, what: &str) -> bool {
-        let mut said = self.lock();
-        !said.is_empty() && said.remove(what).is_some()
+    /// Whether `what`, which a loop just did with success, is to be said
+    /// mended: `true` once, when a failure of it was said and no loop has
+    /// met it for a whole retry gap (the longest delay announced), so that
+    /// every loop that was failing has tried again since. A loop that still
+    /// fails (one shard of several down, a request sent before the outage
+    /// ended) keeps it unsaid. Cheap when nothing failed (one uncontended
+    /// lock), so it may be asked on every success.
+    pub(crate) fn mended(&self, what: &str, now: Instant) -> bool {
+        let mut failures = self.lock();
+        let Some(failing) = failures.get_mut(what) else {
+            return false;
+        };
+        let quiet = failing
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) >= failing.gap);
+        if !(failing.outstanding && quiet) {
+            return false;
+        }
+        failures.remove(what);
+        true
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Said>> {
+    /// [`LoopFailures::mended`] for a success that is rare (a connection,
+    /// which lasts): `true` once, when a failure of `what` was said and no
+    /// loop has met it since this success's attempt `started`.
+    pub(crate) fn mended_since(&self, what: &str, started: Instant) -> bool {
+        let mut failures = self.lock();
+        let Some(failing) = failures.get_mut(what) else {
+            return false;
+        };
+        if !(failing.outstanding && failing.last.is_none_or(|last| last < started)) {
+            return false;
+        }
+        failures.remove(what);
+        true
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failing>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-}
-
-/// The last line said of one failure.
-#[derive(Debug)]
-struct Said {
-    reason: String,
-    /// When the same failure is to be said again.
-    due: Instant,
-    /// The longest delay announced for it so far.
-    gap: Duration,
 }

@@ -912,6 +912,62 @@ mod tests {
         }
     }
 
+    /// A key fits its certificate whatever the algorithm, and in a chain
+    /// with an intermediate; a key of another certificate does not (the
+    /// check must never refuse a good pair).
+    #[test]
+    fn a_key_fits_its_certificate_of_any_algorithm_and_chain() {
+        use redrive_proto::tls::{PairProblem, key_fits_certificate};
+        let algorithms = [
+            &rcgen::PKCS_ECDSA_P256_SHA256,
+            &rcgen::PKCS_ECDSA_P384_SHA384,
+            &rcgen::PKCS_ED25519,
+        ];
+        let pairs: Vec<(String, String)> = algorithms
+            .iter()
+            .map(|algorithm| {
+                let key = rcgen::KeyPair::generate_for(algorithm).unwrap();
+                let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+                    .unwrap()
+                    .self_signed(&key)
+                    .unwrap();
+                (cert.pem(), key.serialize_pem())
+            })
+            .collect();
+        for (index, (cert, key)) in pairs.iter().enumerate() {
+            assert_eq!(
+                key_fits_certificate(cert.as_bytes(), key.as_bytes()),
+                Ok(())
+            );
+            let (_, other) = &pairs[(index + 1) % pairs.len()];
+            assert_eq!(
+                key_fits_certificate(cert.as_bytes(), other.as_bytes()),
+                Err(PairProblem::Mismatch)
+            );
+        }
+        // A leaf signed by a CA, the file holding the leaf then the CA.
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.clone().self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
+        let chain = format!("{}{}", leaf.pem(), ca_cert.pem());
+        assert_eq!(
+            key_fits_certificate(chain.as_bytes(), leaf_key.serialize_pem().as_bytes()),
+            Ok(())
+        );
+        let (_, other) = &pairs[0];
+        assert_eq!(
+            key_fits_certificate(chain.as_bytes(), other.as_bytes()),
+            Err(PairProblem::Mismatch)
+        );
+    }
+
     /// Issue 15: `--help` printed `DATABASE_URL=postgres://u:secret@…`, and a
     /// bad URL's error printed it whole.
     #[test]

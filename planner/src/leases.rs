@@ -307,6 +307,10 @@ impl Coordinator {
         let deadline = tokio::time::Instant::now() + wait.min(MAX_CLAIM_WAIT);
         let mut changes = self.notifier.subscribe();
         loop {
+            // A planner that is stopping hands out nothing more.
+            if self.shutdown.is_cancelled() {
+                return Ok(None);
+            }
             if let Some(slice) = self
                 .store
                 .claim_slice(executor_id, caller, self.lease_ttl, true)
@@ -324,7 +328,7 @@ impl Coordinator {
                 return Ok(Some(self.slice_message(&slice, items)));
             }
             let now = tokio::time::Instant::now();
-            if now >= deadline || self.shutdown.is_cancelled() {
+            if now >= deadline {
                 return Ok(None);
             }
             let until = deadline.min(now + CLAIM_RECHECK);

@@ -46,12 +46,15 @@ impl TlsFlags {
 }
 
 /// A TLS file setting that is wrong: the flag it was given with (without
-/// its dashes, as settings are named) and a sentence naming the file.
+/// its dashes, as settings are named) and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFileError {
     /// The flag, e.g. `tls-client-key`.
     pub setting: &'static str,
-    /// What is wrong, with the flag and the path.
+    /// What is wrong, to be said under the flag (`invalid setting
+    /// --tls-client-key: PATH: …`): without the flag.
+    pub problem: String,
+    /// What is wrong as one sentence, with the flag and the path.
     pub text: String,
 }
 
@@ -62,9 +65,16 @@ impl std::fmt::Display for TlsFileError {
 }
 
 impl TlsFileError {
+    /// `text` starts with `flag` and a space; the problem is the rest.
     fn new(flag: &'static str, text: String) -> Self {
+        let problem = text
+            .strip_prefix(flag)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .unwrap_or(&text)
+            .to_owned();
         Self {
             setting: flag.trim_start_matches('-'),
+            problem,
             text,
         }
     }
@@ -113,13 +123,17 @@ impl ClientTlsFiles {
             } else {
                 flags.client_cert
             };
-            return Err(TlsFileError::new(
-                flag,
-                format!(
+            return Err(TlsFileError {
+                setting: flag.trim_start_matches('-'),
+                problem: format!(
+                    "a TLS file needs an https:// URL, not {url:?} ({}, {} and {} are for TLS)",
+                    flags.ca, flags.client_cert, flags.client_key
+                ),
+                text: format!(
                     "{} and {}/{} need an https:// URL, not {url:?}",
                     flags.ca, flags.client_cert, flags.client_key
                 ),
-            ));
+            });
         }
         Ok(())
     }
@@ -398,7 +412,9 @@ pub async fn speaks_tls(address: &str) -> bool {
         Ok(Ok(_)) => true,
         Ok(Err(error)) => {
             let chain = crate::settings::error_text(&error);
-            ["certificate", "Certificate", "alert", "peer"]
+            // rustls' own words: a certificate it refused, or an alert
+            // the server sent (never "Connection reset by peer").
+            ["certificate", "Certificate", "alert", "AlertReceived"]
                 .iter()
                 .any(|needle| chain.contains(needle))
         }

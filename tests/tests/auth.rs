@@ -1036,9 +1036,10 @@ async fn recheck_state_answers_only_for_items_of_the_callers_lease() -> anyhow::
 /// A second new user's pass: an executor given the TLS planner's address
 /// as `http://` logged `h2 protocol error` at every claim, and one given
 /// `https://` without `--ca` logged `UnknownIssuer`, retried for ever; an
-/// executor whose client key belonged to another certificate started. Now
-/// the claim's line says what to change, and the key is refused at the
-/// flag (exit 64).
+/// executor whose client key belonged to another certificate was refused
+/// with "transport error" under `--planner`. Now the claim's line says what
+/// to change, and the key is refused under its own flag, saying why (exit
+/// 64).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<()> {
     init_logging();

@@ -1046,3 +1046,29 @@ async fn a_held_message_dropped_by_a_quorum_dlq_is_kept_byte_for_byte() -> anyho
     );
     bed.finish().await
 }
+
+/// The one-at-a-time reader logs in with the capability
+/// `authentication_failure_close`: a wrong password is told by RabbitMQ's
+/// 403 "Login was refused" (which the capture's line turns into advice),
+/// not as a connection that merely ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_at_a_time_reader_is_told_a_refused_login() -> anyhow::Result<()> {
+    init_logging();
+    let wrong = AMQP_URL.replacen("guest:guest@", "guest:not-the-password@", 1);
+    anyhow::ensure!(
+        wrong != AMQP_URL,
+        "the test URL has no guest:guest@: {AMQP_URL}"
+    );
+    let refused = match RawConnection::connect(&wrong).await {
+        Ok(_) => anyhow::bail!("a wrong password was accepted"),
+        Err(error) => error.to_string(),
+    };
+    assert!(refused.contains("403"), "{refused}");
+    assert!(refused.contains("Login was refused"), "{refused}");
+    assert!(!refused.contains("not-the-password"), "{refused}");
+    assert_eq!(
+        redrive_proto::amqp_nodes::refusal_advice(&refused),
+        Some("the broker refused the login: check the user and password of --amqp-url")
+    );
+    Ok(())
+}

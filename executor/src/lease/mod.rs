@@ -46,7 +46,6 @@ use redrive_proto::backoff::Backoff;
 
 use crate::loop_failures::LoopFailures;
 
-/// Why a lease counts as lost when its own deadline passed.
 /// The write-ahead marks' failures in [`LoopFailures`].
 const MARKS: &str = "write-ahead marks";
 /// The renewals' failures in [`LoopFailures`].
@@ -54,6 +53,7 @@ const RENEWALS: &str = "lease renewals";
 /// The outcome reports' failures in [`LoopFailures`].
 const REPORTS: &str = "outcome reports";
 
+/// Why a lease counts as lost when its own deadline passed.
 const PAST_DEADLINE: &str =
     "no lease renewal for two thirds of its TTL (planner unreachable or this process was paused)";
 
@@ -137,7 +137,7 @@ impl Shared {
     /// Says once, for all slice loops, that the planner answers `what`
     /// again after a failure that was said.
     fn answered(&self, what: &str) {
-        if self.said.failures.mended(what) {
+        if self.said.failures.mended(what, Instant::now()) {
             info!(planner = %self.said.planner, "the planner answers {what} again (said once for all slice loops)");
         }
     }
@@ -233,6 +233,7 @@ impl Lease {
         match renew(&mut coordinator.clone(), &shared).await {
             Ok(answer) => {
                 shared.renewed(sent_at);
+                shared.answered(RENEWALS);
                 if !answer.keep_publishing {
                     shared.stop(StopReason::Plan(answer.reason));
                 }

@@ -129,10 +129,11 @@ impl Connect for AmqpConnect {
     type Publisher = Publisher;
 
     async fn connect(&self) -> Result<Publisher, PublishError> {
+        let started = Instant::now();
         let (publisher, node) = self.connect_to_a_node().await?;
         // Each slice loop has a connection of its own: said once for them
         // all, when the first connects to a node and after a failure said.
-        if self.failures.mended("connect") {
+        if self.failures.mended_since("connect", started) {
             tracing::info!(broker.node = %node, "connected to the broker again (said once for all slice loops)");
         } else if self.failures.to_say(
             "connected",

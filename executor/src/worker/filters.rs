@@ -111,7 +111,11 @@ impl<C: Connect> Worker<C> {
             };
             match answer {
                 Ok(sent) => {
-                    if self.settings.failures.mended(REPLAY_KEYS) {
+                    if self
+                        .settings
+                        .failures
+                        .mended(REPLAY_KEYS, tokio::time::Instant::now())
+                    {
                         info!(redis = %self.settings.redis, "replay keys reachable again: publishing (said once for all slice loops)");
                     }
                     break sent;

@@ -86,10 +86,14 @@ fn connect_advice(error: &str) -> &'static str {
 /// TLS (`http://` to a TLS port, a certificate `--ca` does not trust, TLS
 /// to a plain port: [`redrive_proto::tls::mismatch`]); `None` otherwise.
 async fn tls_mismatch(planner: &str, status: &tonic::Status) -> Option<String> {
+    // Only a call that failed in this client's transport (tonic keeps the
+    // transport's error as the status's source), never a status the
+    // planner sent (not ready, PostgreSQL gone): that answer was in gRPC.
     if !matches!(
         status.code(),
         tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
-    ) {
+    ) || std::error::Error::source(status).is_none()
+    {
         return None;
     }
     let text = redrive_proto::settings::error_text_from(
@@ -181,7 +185,7 @@ impl<C: Connect> Worker<C> {
             match answer {
                 Ok(answer) => {
                     backoff.reset();
-                    if self.settings.failures.mended("claim") {
+                    if self.settings.failures.mended("claim", Instant::now()) {
                         info!(planner = %self.settings.planner, "the planner answers claims again (said once for all slice loops)");
                     }
                     if let Some(slice) = answer.into_inner().slice {
@@ -198,7 +202,11 @@ impl<C: Connect> Worker<C> {
                         .failures
                         .to_say("claim", &reason, Instant::now(), delay)
                     {
-                        match tls_mismatch(&self.settings.planner, &status).await {
+                        let advice = tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            advice = tls_mismatch(&self.settings.planner, &status) => advice,
+                        };
+                        match advice {
                             Some(advice) => {
                                 warn!(planner = %self.settings.planner, retry_in_ms = delay.as_millis() as u64, "claim failed: {advice} (said once for all slice loops)");
                             }

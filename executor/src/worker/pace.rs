@@ -63,7 +63,7 @@ impl<C: Connect> Worker<C> {
     /// Says once, for all slice loops, that the token bucket answers again
     /// after a failure that was said.
     fn bucket_mended(&self) {
-        if self.settings.failures.mended(TOKEN_BUCKET) {
+        if self.settings.failures.mended(TOKEN_BUCKET, Instant::now()) {
             info!(redis = %self.settings.redis, "token bucket reachable again: publishing (said once for all slice loops)");
         }
     }
@@ -98,7 +98,9 @@ impl<C: Connect> Worker<C> {
         };
         if let Err(error) = charged {
             let delay = Duration::from_millis(500);
-            run.progress.waiting_for("the token bucket (Redis)");
+            run.progress.waiting_for(
+                "tokens of the rate limit (the token bucket in Redis failed at the last try)",
+            );
             if self.settings.failures.to_say(
                 TOKEN_BUCKET,
                 &error.to_string(),
@@ -205,7 +207,10 @@ impl<C: Connect> Worker<C> {
                 }
                 Err(BucketError::Unavailable { reason }) => {
                     let delay = backoff.next_delay();
-                    progress.waiting_for("the token bucket (Redis)");
+                    // Kept until the tokens come: true while Redis is
+                    // still gone, and while a slow rate's tokens are
+                    // waited for after it came back.
+                    progress.waiting_for("tokens of the rate limit (the token bucket in Redis failed at the last try)");
                     if self
                         .settings
                         .failures
@@ -218,7 +223,6 @@ impl<C: Connect> Worker<C> {
                         () = lease.stopped() => return false,
                         () = tokio::time::sleep(delay) => {}
                     }
-                    progress.waiting_for("tokens of the rate limit");
                 }
                 Err(error) => {
                     warn!(%error, "token bucket refused the request; giving the slice back");

@@ -44,13 +44,36 @@ fn a_shared_failure_is_said_once_a_round_for_all_loops() {
     assert_eq!(round(2900, "claim", "PermissionDenied", 200), 0);
     assert_eq!(round(4000, "claim", "PermissionDenied", 200), 0);
     assert_eq!(round(4210, "claim", "PermissionDenied", 200), 1);
-    // The first loop that succeeds says it is back, once; a failure after
-    // that is said at once again, with the gap of a new failure.
-    assert_eq!(loops.iter().filter(|f| f.mended("claim")).count(), 1);
-    assert_eq!(round(4300, "claim", "PermissionDenied", 200), 1);
-    assert_eq!(round(4500, "claim", "PermissionDenied", 200), 1);
-    assert_eq!(loops.iter().filter(|f| f.mended("connect")).count(), 1);
-    assert!(!failures.mended("token bucket"));
+    // Back once no loop has met the failure for a whole retry gap (the
+    // longest announced, 1600 ms): not while another loop still fails.
+    let mended = |at: u64, what: &str| {
+        loops
+            .iter()
+            .filter(|failures| failures.mended(what, start + ms(at)))
+            .count()
+    };
+    assert_eq!(mended(4300, "claim"), 0);
+    assert_eq!(mended(5810, "claim"), 1);
+    assert_eq!(mended(5820, "claim"), 0);
+    // A failure after that is said at once, with the gap of a new one.
+    assert_eq!(round(5900, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(round(6100, "claim", "PermissionDenied", 200), 1);
+    // Loops failing with different texts at once do not make each
+    // other's lines due (a review: one reason kept per failure did).
+    assert_eq!(round(7000, "token bucket", "refused", 500), 1);
+    assert_eq!(round(7001, "token bucket", "reset", 500), 1);
+    assert_eq!(round(7100, "token bucket", "refused", 500), 0);
+    assert_eq!(round(7101, "token bucket", "reset", 500), 0);
+    // A partial outage: one loop's success while another failed within
+    // the gap says nothing yet.
+    assert_eq!(mended(7200, "token bucket"), 0);
+    assert_eq!(mended(7601, "token bucket"), 1);
+    // A lasting success (a connection): back when its attempt started
+    // after the last failure met.
+    assert!(!failures.mended_since("connect", start + ms(5)));
+    assert!(failures.mended_since("connect", start + ms(7)));
+    assert!(!loops[1].mended_since("connect", start + ms(8)));
+    assert!(!failures.mended("replay keys", start + ms(9000)));
 }
 
 #[test]

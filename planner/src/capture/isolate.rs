@@ -362,15 +362,17 @@ async fn park(
 /// The node refused or could not be reached.
 async fn connect_raw(config: &CaptureConfig) -> Result<raw::RawConnection, raw::RawError> {
     let node = config.amqp.next();
-    // Named: the line of a failed round says which node it could not reach.
+    // Named: the line of a failed round says which node it could not reach
+    // or that refused it. A URL this client cannot use is said as it is
+    // (the round falls back to consuming on it).
     let connection = raw::RawConnection::connect(&node.url)
         .await
         .map_err(|error| match error {
-            raw::RawError::Io(io) => raw::RawError::Io(std::io::Error::new(
-                io.kind(),
-                format!("broker {node}: {io}"),
-            )),
-            other => other,
+            unsupported @ raw::RawError::Unsupported(_) => unsupported,
+            other => raw::RawError::AtNode {
+                node: node.to_string(),
+                source: Box::new(other),
+            },
         })?;
     tracing::info!(broker.node = %node, "connected to the broker to take messages one at a time");
     Ok(connection)

@@ -82,6 +82,15 @@ pub enum RawError {
     /// No reply in time.
     #[error("no reply from the broker within {0:?}")]
     Timeout(Duration),
+    /// Connecting to the broker `node` (`host:port (node i of n)`, no
+    /// credentials) failed with `source`.
+    #[error("broker {node}: {source}")]
+    AtNode {
+        /// The node.
+        node: String,
+        /// What failed.
+        source: Box<RawError>,
+    },
 }
 
 /// One message taken with `basic.get`, exactly as the broker sent it.

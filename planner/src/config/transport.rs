@@ -112,9 +112,7 @@ impl Config {
             && let Err(error) = hook_tls.config_named("https://hook", &STATE_CHECK_TLS)
         {
             // Filed under the flag of the file that is wrong.
-            let flag = format!("--{} ", error.setting);
-            let text = error.text.strip_prefix(&flag).unwrap_or(&error.text);
-            problems.push(SettingError::new(error.setting, text.to_owned()));
+            problems.push(SettingError::new(error.setting, error.problem));
         }
         let authenticator = Authenticator::load(&self.auth_settings())
             .map_err(|more| problems.extend(more))

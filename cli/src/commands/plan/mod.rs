@@ -30,7 +30,7 @@
 //! | `--slice-size N` | `slice_size`, ≥ 1 (planner default 100) |
 //! | `--canary-fraction F` | `canary_fraction`, 0 < F ≤ 1 (planner default 0.01, at least one item) |
 //! | `--ramp 10%,50%` | `ramp`: waves between the canary and the main wave, as cumulative shares of the items |
-//! | `--observe DUR` | `observe_for`, positive humantime (planner default 15 min) |
+//! | `--observe DUR` | `observe_for`, humantime of at least `1ms`, the planner's resolution (planner default 15 min) |
 //! | `--ordered` | `ordered`: publish in dead-letter order across all executors, one slice at a time; a failed item is not retried after later ones |
 //! | `--webhook-url URL` | `webhook_url`: where this plan's events are also posted (docs/webhooks.md); needs `--webhook-secret-file` |
 //! | `--webhook-secret-file FILE` | `webhook_secret`: the file's text without surrounding whitespace, `whsec_<base64>`; read just before the call, never printed |

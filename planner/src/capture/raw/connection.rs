@@ -6,7 +6,7 @@ use std::time::Duration;
 use amq_protocol::{
     frame::{AMQPFrame, WriteContext, gen_frame},
     protocol::{AMQPClass, basic, channel, confirm, connection, exchange, parse_class, queue},
-    types::{FieldTable, LongString, ShortString},
+    types::{AMQPValue, FieldTable, LongString, ShortString},
     uri::{AMQPScheme, AMQPUri},
 };
 use tokio::{
@@ -89,7 +89,7 @@ impl RawConnection {
         this.send_method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
-                client_properties: FieldTable::default(),
+                client_properties: client_properties(),
                 mechanism: ShortString::from("PLAIN"),
                 response: LongString::from(response.into_bytes()),
                 locale: ShortString::from("en_US"),
@@ -580,4 +580,27 @@ fn push_short(out: &mut Vec<u8>, value: &[u8]) -> Result<(), RawError> {
     out.push(len);
     out.extend_from_slice(value);
     Ok(())
+}
+
+/// The client properties of `connection.start-ok`: the capability
+/// `authentication_failure_close`, so that RabbitMQ answers a refused login
+/// with `connection.close` 403 ACCESS_REFUSED, whose text says so, instead
+/// of closing the socket (rabbitmq.com/docs/auth-notification), and the
+/// product's name, which the management UI shows.
+fn client_properties() -> FieldTable {
+    let mut capabilities = FieldTable::default();
+    capabilities.insert(
+        ShortString::from("authentication_failure_close"),
+        AMQPValue::Boolean(true),
+    );
+    let mut properties = FieldTable::default();
+    properties.insert(
+        ShortString::from("capabilities"),
+        AMQPValue::FieldTable(capabilities),
+    );
+    properties.insert(
+        ShortString::from("product"),
+        AMQPValue::LongString(LongString::from("redrive-planner capture (one at a time)")),
+    );
+    properties
 }
