@@ -287,11 +287,12 @@ pub async fn connect(
 /// - `https://` to a port that answers in plain text (rustls: a corrupt
 ///   message of an invalid content type): say so and name `http://`;
 /// - a server certificate not signed by a CA this client trusts
-///   (`UnknownIssuer`): say so and name `--ca FILE`.
+///   (`UnknownIssuer`): say so and name `--ca FILE` (`ca_given`: the CA
+///   given did not sign it).
 ///
 /// Anything else is returned as it is. The diagnosis is
 /// [`redrive_proto::tls::mismatch`], which the executor shares.
-pub async fn explain_tls(error: CliError, url: &str) -> CliError {
+pub async fn explain_tls(error: CliError, url: &str, ca_given: bool) -> CliError {
     let text = match &error {
         CliError::Unreachable { cause, .. } => cause.clone(),
         CliError::Grpc(status) if transport_code(status.code()) => status.message().to_owned(),
@@ -301,6 +302,7 @@ pub async fn explain_tls(error: CliError, url: &str) -> CliError {
         url,
         &text,
         "--ca FILE (or REDRIVE_CA, or `ca` in the profile)",
+        ca_given,
     )
     .await
     {
@@ -404,11 +406,16 @@ mod tests {
     #[tokio::test]
     async fn transport_failures_name_the_planner() {
         let url = "https://planner.internal:443";
-        let sent = explain_tls(CliError::Grpc(tonic::Status::internal("a defect")), url).await;
+        let sent = explain_tls(
+            CliError::Grpc(tonic::Status::internal("a defect")),
+            url,
+            false,
+        )
+        .await;
         assert!(matches!(sent, CliError::Grpc(_)), "{sent}");
         let broken =
             tonic::Status::from_error(Box::new(std::io::Error::other("keep-alive timed out")));
-        let lost = explain_tls(CliError::Grpc(broken), url).await;
+        let lost = explain_tls(CliError::Grpc(broken), url, false).await;
         assert_eq!(lost.exit_code(), crate::error::EX_UNAVAILABLE, "{lost}");
         assert!(
             lost.to_string()
@@ -421,7 +428,7 @@ mod tests {
             cause: "transport error: received corrupt message of type InvalidContentType"
                 .to_owned(),
         };
-        let told = explain_tls(plain, "https://planner.internal")
+        let told = explain_tls(plain, "https://planner.internal", false)
             .await
             .to_string();
         assert!(
@@ -469,7 +476,7 @@ mod tests {
             .list_plans(redrive_proto::v1::ListPlansRequest::default())
             .await
             .unwrap_err();
-        let told = explain_tls(CliError::Grpc(status), &url).await;
+        let told = explain_tls(CliError::Grpc(status), &url, false).await;
         assert!(matches!(told, CliError::Grpc(_)), "{told}");
     }
 

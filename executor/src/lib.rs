@@ -103,6 +103,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
     let Some((bucket, replay_keys)) = shared_state(&config, &health, &shutdown).await? else {
         // Shut down while Redis was waited for.
+        info!("executor stopped (Redis was still waited for)");
         health.drain_until(Instant::now() + grace).await;
         metrics_pipeline.shutdown().await;
         return Ok(());
@@ -122,6 +123,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .and_then(Result::ok)
             .map_or_else(|| "in-process".to_owned(), |topology| topology.addresses()),
         failures: worker::LoopFailures::default(),
+        ca_given: config.ca.is_some(),
     };
     let parts = LoopParts {
         settings,
@@ -260,7 +262,11 @@ async fn shared_state(
     let mut backoff =
         redrive_proto::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let connection = loop {
-        match redis_topology::connect(&topology, DEFAULT_CALL_TIMEOUT).await {
+        let attempt = tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            attempt = redis_topology::connect(&topology, DEFAULT_CALL_TIMEOUT) => attempt,
+        };
+        match attempt {
             Ok(connection) => break connection,
             Err(error) => {
                 // A refused password will not mend by itself.

@@ -6,6 +6,11 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
+/// Lines of one failure come at most this often, whatever the loops' retry
+/// delays: a loop whose attempt takes long (a connect that times out) and
+/// retries soon after would otherwise say it again in every loop's turn.
+pub(crate) const LEAST_GAP: Duration = Duration::from_secs(5);
+
 /// What an executor's slice loops last said of a failure that is theirs
 /// alike (a claim, a broker connection, the token bucket, the planner's
 /// answers to a lease), and when it is due again. They share one channel to
@@ -35,7 +40,7 @@ impl LoopFailures {
     /// node's address) for `reason` at `now` is to be said: the first one
     /// of that reason, or one once the retry of the last said is due (`now`
     /// of that one plus its `retry_in`, the caller's delay before its next
-    /// try). Reasons are kept apart, so loops that fail with different
+    /// try; at least [`LEAST_GAP`]). Reasons are kept apart, so loops that fail with different
     /// texts at once do not make each other's lines due. While the same
     /// failure goes on, the gap between two lines never shrinks: a loop
     /// that starts a fresh backoff (a reconnect mid-slice) does not make
@@ -50,6 +55,7 @@ impl LoopFailures {
     ) -> bool {
         let mut failures = self.lock();
         let failing = failures.entry(what.to_owned()).or_default();
+        let retry_in = retry_in.max(LEAST_GAP);
         failing.last = Some(now);
         failing.gap = failing.gap.max(retry_in);
         let (say, gap) = match failing.said.get(reason) {

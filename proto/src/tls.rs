@@ -337,7 +337,7 @@ pub fn planner_url(text: &str) -> Result<String, String> {
 /// What to change when a call to the planner at `url` failed in the
 /// transport with `text` because this client and the planner disagree on
 /// TLS; `None` when that is not why. `ca_flag` names how this client is
-/// given a CA (`--ca FILE`):
+/// given a CA (`--ca FILE`), and `ca_given` whether it was:
 ///
 /// - plain `http://` to a port that speaks TLS: the HTTP/2 client reads the
 ///   server's TLS records as garbage (`h2 protocol error`, a bare
@@ -349,7 +349,7 @@ pub fn planner_url(text: &str) -> Result<String, String> {
 ///   message of an invalid content type): say so and name `http://`;
 /// - a server certificate not signed by a CA this client trusts
 ///   (`UnknownIssuer`): say so and name the CA flag.
-pub async fn mismatch(url: &str, text: &str, ca_flag: &str) -> Option<String> {
+pub async fn mismatch(url: &str, text: &str, ca_flag: &str, ca_given: bool) -> Option<String> {
     if url.starts_with("http://") {
         // With its port: `http://host` is port 80 (the probe's `https://`
         // alone would ask 443).
@@ -382,10 +382,18 @@ pub async fn mismatch(url: &str, text: &str, ca_flag: &str) -> Option<String> {
     .iter()
     .any(|needle| text.contains(needle));
     untrusted.then(|| {
-        format!(
-            "the planner at {url} presented a certificate that is not signed by a CA this \
-             client trusts: pass the CA that signed it with {ca_flag} ({text})"
-        )
+        if ca_given {
+            format!(
+                "the planner at {url} presented a certificate that the CA file given with \
+                 {ca_flag} did not sign: give the CA that signed the planner's certificate \
+                 ({text})"
+            )
+        } else {
+            format!(
+                "the planner at {url} presented a certificate that is not signed by a CA this \
+                 client trusts: pass the CA that signed it with {ca_flag} ({text})"
+            )
+        }
     })
 }
 
@@ -504,7 +512,28 @@ pub fn key_fits_certificate(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), PairP
         Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
             Err(PairProblem::Mismatch)
         }
-        Err(error) => Err(PairProblem::Certificate(error.to_string())),
+        Err(error) => Err(PairProblem::Certificate(certificate_problem(
+            &error.to_string(),
+        ))),
+    }
+}
+
+/// rustls' words for a certificate it cannot read, told for people: it
+/// calls every certificate it checks a "peer certificate", even one's own,
+/// and names webpki's errors by their Rust names.
+#[cfg(feature = "tls-checks")]
+fn certificate_problem(text: &str) -> String {
+    let text = text
+        .strip_prefix("invalid peer certificate: ")
+        .unwrap_or(text);
+    if text.contains("UnsupportedCertVersion") {
+        "an X.509 v1 certificate; rustls reads v3 only: issue it again with extensions (e.g. \
+         `openssl x509 -req ... -extfile EXT` with a subjectAltName)"
+            .to_owned()
+    } else if text.contains("BadEncoding") {
+        "its PEM block does not hold a DER certificate".to_owned()
+    } else {
+        text.to_owned()
     }
 }
 

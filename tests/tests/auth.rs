@@ -1050,7 +1050,9 @@ async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<
     let executor =
         |args: Vec<String>| -> anyhow::Result<(tokio::process::Child, tempfile::NamedTempFile)> {
             let log = tempfile::NamedTempFile::new()?;
+            // A broker to publish to: the executor claims nothing without one.
             let child = tokio::process::Command::new(&binaries.executor)
+                .args(["--amqp-url", redrive_tests::AMQP_URL])
                 .args(args)
                 .env("REDRIVE_LOG", "info")
                 .stdin(std::process::Stdio::null())
@@ -1072,8 +1074,20 @@ async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<
             "presented a certificate that is not signed by a CA this client trusts: pass the CA that signed it with --ca FILE".to_owned(),
         ),
     ];
-    for (planner, says) in cases {
-        let (mut child, log) = executor(vec!["--planner".to_owned(), planner.clone()])?;
+    // A CA file that did not sign the planner's certificate.
+    let stranger = Pki::new()?;
+    let cases = cases.into_iter().map(|(planner, says)| (vec!["--planner".to_owned(), planner], says)).chain([(
+        vec![
+            "--planner".to_owned(),
+            format!("https://{address}"),
+            "--ca".to_owned(),
+            stranger.ca_pem.display().to_string(),
+        ],
+        "presented a certificate that the CA file given with --ca FILE (or REDRIVE_CA) did not sign".to_owned(),
+    )]);
+    for (args, says) in cases {
+        let planner = args.join(" ");
+        let (mut child, log) = executor(args)?;
         let seen = redrive_tests::wait_until(
             &format!("the executor's advice for {planner}"),
             Duration::from_secs(30),

@@ -665,7 +665,8 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
 /// relay closed)" at every retry, never which broker it could not reach nor
 /// that it refused the connection. The line now names the node and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_capture_cannot_reach_is_named_with_why() -> anyhow::Result<()> {
+async fn a_broker_capture_cannot_reach_or_that_never_answers_is_named_with_why()
+-> anyhow::Result<()> {
     use redrive_tests::{TestDb, scenario};
     init_logging();
     let db = TestDb::new();
@@ -708,5 +709,64 @@ async fn a_broker_capture_cannot_reach_is_named_with_why() -> anyhow::Result<()>
     assert!(said.contains("refused"), "{said}");
     assert!(!said.contains("relay"), "{said}");
     assert!(!said.contains("guest:guest"), "{said}");
-    Ok(())
+
+    // A path that takes the connection and never answers (a second new
+    // user's pass: nothing was said, and SIGTERM waited the whole grace).
+    let stalled = redrive_tests::TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    stalled.stall();
+    let db = TestDb::new();
+    let log = tempfile::NamedTempFile::new()?;
+    let listen = scenario::free_local_addr()?;
+    let through = stalled.addr();
+    let mut planner = tokio::process::Command::new(&binaries.planner)
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--database-url",
+            &db.url(),
+            "--amqp-url",
+            &format!("amqp://guest:guest@{through}/%2f"),
+            "--broker-id",
+            "127.0.0.1:5672/%2f",
+            "--capture-queue",
+            &unique("stalled-dlq"),
+            "--shutdown-grace-seconds",
+            "30",
+        ])
+        .env("REDRIVE_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    let named = format!("broker {through} (node 1 of 1): no answer within 10 s");
+    let outcome = async {
+        wait_until(
+            "the capture's line naming the broker that does not answer",
+            Duration::from_secs(40),
+            || async { Ok(text().contains(&named)) },
+        )
+        .await
+        .map_err(|error| anyhow::anyhow!("{error}:\n{}", text()))?;
+        let pid = planner.id().ok_or_else(|| anyhow::anyhow!("exited"))?;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        // Well under the 30 s grace.
+        let exited = tokio::time::timeout(Duration::from_secs(8), planner.wait())
+            .await
+            .map_err(|_| anyhow::anyhow!("still running 8 s after SIGTERM:\n{}", text()))??;
+        anyhow::ensure!(exited.success(), "{exited}:\n{}", text());
+        anyhow::ensure!(
+            !text().contains("did not stop within the grace period"),
+            "{}",
+            text()
+        );
+        Ok(())
+    }
+    .await;
+    let _ = planner.start_kill();
+    db.drop_database().await;
+    outcome
 }

@@ -306,6 +306,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
         .as_deref(),
     );
     let url = planner_url.clone();
+    let ca_given = credentials.tls.ca.is_some();
     let result = crate::hint::scope(
         prefix,
         run_command(
@@ -322,7 +323,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     .await;
     match result {
         Ok(code) => Ok(code),
-        Err(error) => Err(client::explain_tls(error, &url).await),
+        Err(error) => Err(client::explain_tls(error, &url, ca_given).await),
     }
 }
 

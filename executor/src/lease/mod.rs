@@ -134,6 +134,14 @@ impl Shared {
             .to_say(what, reason, Instant::now(), retry_in)
     }
 
+    /// Whether the lease counts as lost here (not merely stopped).
+    fn is_lost(&self) -> bool {
+        matches!(
+            *self.reason.lock().unwrap_or_else(PoisonError::into_inner),
+            Some(StopReason::Lost(_))
+        )
+    }
+
     /// Says once, for all slice loops, that the planner answers `what`
     /// again after a failure that was said.
     fn answered(&self, what: &str) {
@@ -470,9 +478,11 @@ impl Lease {
                 );
             }
             Ok(Err(status)) => {
-                warn!(code = ?status.code(), grpc_message = status.message(), "ending the lease failed");
+                warn!(planner = %self.shared.said.planner, code = ?status.code(), grpc_message = status.message(), "ending the lease failed; it expires by itself");
             }
-            Err(_) => warn!("ending the lease timed out; it expires by itself"),
+            Err(_) => {
+                warn!(planner = %self.shared.said.planner, "ending the lease timed out; it expires by itself")
+            }
         }
     }
 }

@@ -96,7 +96,12 @@ pub(super) async fn heartbeat(mut coordinator: CoordinatorClient<Channel>, share
             }
             Err(status) => {
                 let reason = format!("{:?}: {}", status.code(), status.message());
-                if shared.failed(RENEWALS, &reason, ticker.period()) {
+                // A lease already lost here is renewed only in case the
+                // planner still holds it (its confirms drain, its outcomes
+                // are reported): its renewal failing is no news.
+                if shared.is_lost() {
+                    tracing::debug!(code = ?status.code(), grpc_message = status.message(), "renewing a lease lost here failed");
+                } else if shared.failed(RENEWALS, &reason, ticker.period()) {
                     warn!(planner = %shared.said.planner, code = ?status.code(), grpc_message = status.message(),
                         "lease renewal failed; the lease is lost if none succeeds for two thirds of its TTL (said once for all slice loops)");
                 }

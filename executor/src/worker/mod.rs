@@ -71,6 +71,9 @@ pub struct WorkerSettings {
     pub redis: String,
     /// What the slice loops last said of a failure they share.
     pub failures: LoopFailures,
+    /// Whether `--ca` was given (for what a certificate the executor does
+    /// not trust means).
+    pub ca_given: bool,
 }
 
 /// What to say of a broker connection that failed with `error`: a refusal
@@ -85,7 +88,7 @@ fn connect_advice(error: &str) -> &'static str {
 /// transport with `status` because the executor and the planner disagree on
 /// TLS (`http://` to a TLS port, a certificate `--ca` does not trust, TLS
 /// to a plain port: [`redrive_proto::tls::mismatch`]); `None` otherwise.
-async fn tls_mismatch(planner: &str, status: &tonic::Status) -> Option<String> {
+async fn tls_mismatch(planner: &str, status: &tonic::Status, ca_given: bool) -> Option<String> {
     // Only a call that failed in this client's transport (tonic keeps the
     // transport's error as the status's source), never a status the
     // planner sent (not ready, PostgreSQL gone): that answer was in gRPC.
@@ -100,7 +103,7 @@ async fn tls_mismatch(planner: &str, status: &tonic::Status) -> Option<String> {
         status.message().to_owned(),
         std::error::Error::source(status),
     );
-    redrive_proto::tls::mismatch(planner, &text, "--ca FILE (or REDRIVE_CA)").await
+    redrive_proto::tls::mismatch(planner, &text, "--ca FILE (or REDRIVE_CA)", ca_given).await
 }
 
 /// The running executor: claims slices until `shutdown`, publishing
@@ -204,7 +207,7 @@ impl<C: Connect> Worker<C> {
                     {
                         let advice = tokio::select! {
                             () = shutdown.cancelled() => break,
-                            advice = tls_mismatch(&self.settings.planner, &status) => advice,
+                            advice = tls_mismatch(&self.settings.planner, &status, self.settings.ca_given) => advice,
                         };
                         match advice {
                             Some(advice) => {
@@ -264,10 +267,21 @@ impl<C: Connect> Worker<C> {
             self.retire_publisher();
         }
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        // An attempt that hangs (a path that takes the connection and
+        // never answers) counts against the limit too.
+        let give_up_at = give_up_after.map(|limit| started + limit);
+        let gave_up = async {
+            match give_up_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(gave_up);
         while self.publisher.is_none() {
             let connect = self.connect.connect();
             let connected = tokio::select! {
                 () = stop.cancelled() => return None,
+                () = &mut gave_up => return None,
                 connected = connect => connected,
             };
             match connected {
@@ -288,6 +302,7 @@ impl<C: Connect> Worker<C> {
                     }
                     tokio::select! {
                         () = stop.cancelled() => return None,
+                        () = &mut gave_up => return None,
                         () = tokio::time::sleep(delay) => {}
                     }
                 }

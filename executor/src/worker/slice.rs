@@ -313,7 +313,10 @@ impl<C: Connect> Worker<C> {
             heartbeat: Some(self.heartbeat.clone()),
             ..Progress::default()
         };
-        let stall_warning = AbortOnDropHandle::new(tokio::spawn(progress.clone().watch()));
+        // In the slice's span: the warning names the slice and plan.
+        let stall_warning = AbortOnDropHandle::new(tokio::spawn(
+            tracing::Instrument::in_current_span(progress.clone().watch()),
+        ));
         let mut run = SliceRun {
             rate,
             context,
@@ -356,6 +359,7 @@ impl<C: Connect> Worker<C> {
             events,
             mut feedback,
             in_flight,
+            progress: run_progress,
             ..
         } = run;
         let SliceTasks {
@@ -364,6 +368,7 @@ impl<C: Connect> Worker<C> {
             stall_warning,
         } = tasks;
         drop(in_flight);
+        run_progress.waiting_for("publisher confirms of what was handed to the broker");
         if collecting.await.is_err() {
             // The collector died with publishes in hand whose outcomes
             // nobody will report: never release the slice, so that its
@@ -377,6 +382,7 @@ impl<C: Connect> Worker<C> {
             }
         }
         drop(events);
+        run_progress.waiting_for("the planner to take the last outcome reports");
         let _ = reporting.await;
         tracing::debug!("outcomes reported");
         let lost = matches!(lease.stop_reason(), Some(StopReason::Lost(_)));

@@ -26,54 +26,56 @@ fn a_shared_failure_is_said_once_a_round_for_all_loops() {
             .filter(|failures| failures.to_say(what, reason, start + ms(at), ms(delay)))
             .count()
     };
-    assert_eq!(round(0, "claim", "Unavailable", 200), 1);
-    assert_eq!(round(5, "claim", "Unavailable", 400), 0);
+    assert_eq!(round(0, "claim", "Unavailable", 6_000), 1);
+    assert_eq!(round(5, "claim", "Unavailable", 8_000), 0);
     // Another kind of failure is its own.
     assert_eq!(round(6, "connect", "ACCESS_REFUSED", 200), 1);
     // The next round, when the retry said is due, although the delays
-    // doubled meanwhile (a review: comparing with the next delay kept
-    // rounds silent while the backoff grew).
-    assert_eq!(round(200, "claim", "Unavailable", 800), 1);
-    assert_eq!(round(600, "claim", "Unavailable", 1600), 0);
-    assert_eq!(round(1000, "claim", "Unavailable", 1600), 1);
+    // grew meanwhile (a review: comparing with the next delay kept rounds
+    // silent while the backoff grew).
+    assert_eq!(round(6_000, "claim", "Unavailable", 12_000), 1);
+    assert_eq!(round(12_000, "claim", "Unavailable", 12_000), 0);
+    assert_eq!(round(18_000, "claim", "Unavailable", 12_000), 1);
     // Another reason is said at once.
-    assert_eq!(round(1010, "claim", "PermissionDenied", 1600), 1);
-    // Loops whose reconnects start a fresh backoff (200 ms) do not make the
-    // line more frequent while the same failure goes on.
-    assert_eq!(round(2610, "claim", "PermissionDenied", 200), 1);
-    assert_eq!(round(2900, "claim", "PermissionDenied", 200), 0);
-    assert_eq!(round(4000, "claim", "PermissionDenied", 200), 0);
-    assert_eq!(round(4210, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(round(18_010, "claim", "PermissionDenied", 200), 1);
+    // Loops whose attempts take long and whose retries come soon (a fresh
+    // backoff after a reconnect mid-slice, 200 ms) say it at most once in
+    // `LEAST_GAP` (a new user's pass: four lines in four seconds).
+    for at in [18_300, 19_500, 20_700, 21_900] {
+        assert_eq!(round(at, "claim", "PermissionDenied", 200), 0, "{at}");
+    }
+    assert_eq!(round(23_010, "claim", "PermissionDenied", 200), 1);
     // Back once no loop has met the failure for a whole retry gap (the
-    // longest announced, 1600 ms): not while another loop still fails.
+    // longest announced, 12 s): not while another loop still fails.
     let mended = |at: u64, what: &str| {
         loops
             .iter()
             .filter(|failures| failures.mended(what, start + ms(at)))
             .count()
     };
-    assert_eq!(mended(4300, "claim"), 0);
-    assert_eq!(mended(5810, "claim"), 1);
-    assert_eq!(mended(5820, "claim"), 0);
+    assert_eq!(mended(24_000, "claim"), 0);
+    assert_eq!(mended(35_010, "claim"), 1);
+    assert_eq!(mended(35_020, "claim"), 0);
     // A failure after that is said at once, with the gap of a new one.
-    assert_eq!(round(5900, "claim", "PermissionDenied", 200), 1);
-    assert_eq!(round(6100, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(round(36_000, "claim", "PermissionDenied", 200), 1);
+    assert_eq!(round(40_000, "claim", "PermissionDenied", 200), 0);
+    assert_eq!(round(41_000, "claim", "PermissionDenied", 200), 1);
     // Loops failing with different texts at once do not make each
     // other's lines due (a review: one reason kept per failure did).
-    assert_eq!(round(7000, "token bucket", "refused", 500), 1);
-    assert_eq!(round(7001, "token bucket", "reset", 500), 1);
-    assert_eq!(round(7100, "token bucket", "refused", 500), 0);
-    assert_eq!(round(7101, "token bucket", "reset", 500), 0);
+    assert_eq!(round(50_000, "token bucket", "refused", 500), 1);
+    assert_eq!(round(50_001, "token bucket", "reset", 500), 1);
+    assert_eq!(round(50_600, "token bucket", "refused", 500), 0);
+    assert_eq!(round(50_601, "token bucket", "reset", 500), 0);
     // A partial outage: one loop's success while another failed within
     // the gap says nothing yet.
-    assert_eq!(mended(7200, "token bucket"), 0);
-    assert_eq!(mended(7601, "token bucket"), 1);
+    assert_eq!(mended(53_000, "token bucket"), 0);
+    assert_eq!(mended(55_601, "token bucket"), 1);
     // A lasting success (a connection): back when its attempt started
     // after the last failure met.
     assert!(!failures.mended_since("connect", start + ms(5)));
     assert!(failures.mended_since("connect", start + ms(7)));
     assert!(!loops[1].mended_since("connect", start + ms(8)));
-    assert!(!failures.mended("replay keys", start + ms(9000)));
+    assert!(!failures.mended("replay keys", start + ms(90_000)));
 }
 
 #[test]
@@ -210,6 +212,7 @@ mod pipeline {
                 planner: "http://fake".to_owned(),
                 redis: "in-process".to_owned(),
                 failures: LoopFailures::default(),
+                ca_given: false,
             },
             connect: FakeConnect(Arc::clone(broker)),
             publisher: None,

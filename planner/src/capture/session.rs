@@ -74,8 +74,14 @@ pub(super) async fn session(
     }
 }
 
+/// How long a session's setup (TCP, AMQP handshake and login, the queue's
+/// checks, `basic.consume`) may take before the broker counts as not
+/// answering: as long as the executor's connect.
+const SETUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// [`session`] on a connection to `uri` (of `node`), ending when `lost` is
-/// cancelled.
+/// cancelled, when the setup takes longer than [`SETUP_TIMEOUT`], or, while
+/// it is set up, at `shutdown`.
 async fn consume_queue(
     config: &CaptureConfig,
     queue: &str,
@@ -90,6 +96,18 @@ async fn consume_queue(
         biased;
         setup = consume(config, queue, uri, consumed) => setup?,
         () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
+        // A broker (or a path to it) that takes the connection and never
+        // answers: lapin would wait for ever, saying nothing.
+        () = tokio::time::sleep(SETUP_TIMEOUT) => {
+            return Err(CaptureError::Connection {
+                node: node.to_string(),
+                reason: format!(
+                    "no answer within {} s (connecting, logging in and checking the queue)",
+                    SETUP_TIMEOUT.as_secs()
+                ),
+            });
+        }
+        () = shutdown.cancelled() => return Ok(()),
     };
     *consumed = true;
     config.status.set(queue, true);

@@ -140,6 +140,33 @@ pub fn percent_done(done: u64, total: u64) -> String {
     format!("{percent:.1}%")
 }
 
+/// `40 total, 1 in the canary (2.5% of the items; asked 1%, rounded up to
+/// whole items)`: the
+/// canary's true share, and the fraction asked for when the rounding up to
+/// whole items (at least one) made it another (a new user's pass: a plan of
+/// 4 items showed "1 in the canary (1% of the items)").
+fn canary_text(plan: &Plan) -> String {
+    let asked = fraction_percent(plan.canary_fraction);
+    let share = if plan.total_items == 0 {
+        asked.clone()
+    } else {
+        #[allow(clippy::cast_precision_loss)] // A share to two decimals.
+        let fraction = plan.canary_items as f64 / plan.total_items as f64;
+        fraction_percent(fraction)
+    };
+    if share == asked {
+        format!(
+            "{} total, {} in the canary ({share} of the items)",
+            plan.total_items, plan.canary_items
+        )
+    } else {
+        format!(
+            "{} total, {} in the canary ({share} of the items; asked {asked}, rounded up to whole items)",
+            plan.total_items, plan.canary_items
+        )
+    }
+}
+
 /// A fraction as a percentage with at most two decimals (`0.015` → `1.5%`);
 /// one above zero that rounds to none is `<0.01%`, not `0%`.
 fn fraction_percent(fraction: f64) -> String {
@@ -221,7 +248,14 @@ fn waves_text(plan: &Plan) -> String {
             }
         })
         .collect();
-    waves.push("the rest (main)".to_owned());
+    // A canary of every item (`--canary-fraction 1`, or one item of one)
+    // leaves the main wave nothing to publish.
+    let all_canary = plan.ramp_items.last().copied() == Some(plan.total_items);
+    if all_canary {
+        waves.push("nothing more (main)".to_owned());
+    } else {
+        waves.push("the rest (main)".to_owned());
+    }
     let count = waves.len();
     let now = match PlanState::try_from(plan.state) {
         Ok(PlanState::Canary | PlanState::Observing) => {
@@ -266,15 +300,7 @@ pub(super) fn write_plan_fields(out: &mut dyn Write, plan: &Plan) -> std::io::Re
             "destination",
             Destination::from_proto(plan.destination.as_ref()).to_string(),
         ),
-        (
-            "items",
-            format!(
-                "{} total, {} in the canary ({} of the items)",
-                plan.total_items,
-                plan.canary_items,
-                fraction_percent(plan.canary_fraction)
-            ),
-        ),
+        ("items", canary_text(plan)),
         ("waves", waves_text(plan)),
         (
             "done",
@@ -669,6 +695,37 @@ mod tests {
             .collect();
         assert_eq!(unattempted, [["7", "m-7", "order-7:pay", "main"]]);
         assert!(text.contains("... and 64 more"), "{text}");
+    }
+
+    /// A new user's pass: a plan of 4 items said "1 in the canary (1% of
+    /// the items)", and one all canary said "then the rest (main)".
+    #[test]
+    fn a_small_plan_tells_its_true_canary_share_and_an_empty_main_wave() {
+        let small = Plan {
+            total_items: 4,
+            canary_items: 1,
+            canary_fraction: 0.01,
+            ramp_items: vec![1],
+            ..plan()
+        };
+        assert_eq!(
+            canary_text(&small),
+            "4 total, 1 in the canary (25% of the items; asked 1%, rounded up to whole items)"
+        );
+        assert_eq!(waves_text(&small), "canary to 1, then the rest (main)");
+        let all = Plan {
+            total_items: 4,
+            canary_items: 4,
+            canary_fraction: 1.0,
+            ramp_items: vec![4],
+            state: PlanState::AwaitingApproval.into(),
+            ..plan()
+        };
+        assert_eq!(
+            canary_text(&all),
+            "4 total, 4 in the canary (100% of the items)"
+        );
+        assert_eq!(waves_text(&all), "canary to 4, then nothing more (main)");
     }
 
     #[test]
