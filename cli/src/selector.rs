@@ -104,7 +104,7 @@ pub struct SelectorArgs {
     pub error_contains: Option<String>,
 
     /// Only dead letters with this error fingerprint, exactly as `dead-letters
-    /// summary --by error` prints it (e.g. `rejected: Timeout after <n> ms`);
+    /// summary --group-by error` prints it (e.g. `rejected: Timeout after <n> ms`);
     /// repeatable.
     #[arg(long = "error-group", value_name = "FINGERPRINT")]
     pub error_groups: Vec<String>,

@@ -37,7 +37,7 @@ async fn import_maps_rejections_back_to_file_lines_across_batches() {
             "imported": 2,
             "duplicates": 1,
             "rejected": [
-                {"line": 2, "reason": "not valid JSON: expected ident at line 1 column 2"},
+                {"line": 2, "reason": "not valid JSON at column 2: expected ident"},
                 {"line": 5, "reason": "refused bad-1"},
                 {"line": 7, "reason": "refused bad-2"},
             ],

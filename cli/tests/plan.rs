@@ -128,7 +128,7 @@ async fn plan_create_sends_the_flags_and_prints_the_plan() {
         "rate:         50/s, burst 10",
         "rationale:    r",
         "destination:  queue",
-        "items:        7 total, 1 in the canary (1% of the items)",
+        "items:        7 total, 1 in the canary (14.29% of the items; asked 1%, rounded up to whole items)",
         "WARNING: 2 of 9 items are not replayable and stay out",
     ] {
         assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");

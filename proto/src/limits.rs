@@ -47,6 +47,38 @@ pub const MAX_TEXT_BYTES: usize = 1024;
 /// properties, header names) are at most 255 bytes (AMQP 0-9-1 §4.2.5.3).
 pub const MAX_SHORT_STRING_BYTES: usize = 255;
 
+/// What makes `name`, a queue, exchange or routing key name, impossible to
+/// publish to or with: more than [`MAX_SHORT_STRING_BYTES`] bytes (AMQP 0-9-1
+/// §4.2.5.3: they travel as short strings). `what` names it in the answer.
+pub fn amqp_name_problem(what: &str, name: &str) -> Option<String> {
+    (name.len() > MAX_SHORT_STRING_BYTES).then(|| {
+        format!(
+            "the {what} is {} bytes, over AMQP's {MAX_SHORT_STRING_BYTES}-byte limit for a name (a short string, AMQP 0-9-1 §4.2.5.3)",
+            name.len()
+        )
+    })
+}
+
+/// What makes a dead letter's destination (a queue name, or
+/// `exchange/routing-key` when only those are known) impossible to publish
+/// to: a queue name, or either part of the pair, over
+/// [`MAX_SHORT_STRING_BYTES`] bytes ([`amqp_name_problem`]). A name with a
+/// `/` is read as the pair when both parts fit.
+pub fn destination_problem(destination: &str) -> Option<String> {
+    if destination.len() <= MAX_SHORT_STRING_BYTES {
+        return None;
+    }
+    match destination.split_once('/') {
+        Some((exchange, routing_key))
+            if exchange.len() <= MAX_SHORT_STRING_BYTES
+                && routing_key.len() <= MAX_SHORT_STRING_BYTES =>
+        {
+            None
+        }
+        _ => amqp_name_problem("destination queue name", destination),
+    }
+}
+
 /// Longest free-text reason or rationale a person writes (plan rationale,
 /// control, override, replay and repair reasons), in bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
@@ -338,6 +370,23 @@ pub fn humanize(duration: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A queue name of 300 bytes was imported, prechecked replayable and
+    /// crashed the executor (lapin's short string); an exchange/routing-key
+    /// pair is read by its parts.
+    #[test]
+    fn a_destination_no_publish_can_name_is_told() {
+        use super::{amqp_name_problem, destination_problem};
+        assert_eq!(destination_problem(&"q".repeat(255)), None);
+        let long = destination_problem(&"q".repeat(300)).unwrap();
+        assert!(long.contains("300 bytes") && long.contains("255"), "{long}");
+        let pair = format!("{}/{}", "x".repeat(200), "k".repeat(200));
+        assert_eq!(destination_problem(&pair), None);
+        let bad_pair = format!("{}/{}", "x".repeat(300), "k");
+        assert!(destination_problem(&bad_pair).is_some());
+        assert_eq!(amqp_name_problem("exchange", ""), None);
+        assert!(amqp_name_problem("exchange", &"é".repeat(128)).is_some());
+    }
+
     use super::*;
 
     #[test]

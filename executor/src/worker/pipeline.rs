@@ -294,6 +294,17 @@ fn outgoing(
             redrive_proto::telemetry::traceparent_of_context(span.span_context())
         })
         .unwrap_or_else(message::traceparent);
+    // lapin takes these as AMQP short strings and panics past 255 bytes (a
+    // new user's pass: an imported queue name of 300 bytes crashed the
+    // publisher once a second): such an item fails, named.
+    for (what, name) in [
+        ("exchange", &work.item.exchange),
+        ("routing key", &work.item.routing_key),
+    ] {
+        if let Some(problem) = redrive_proto::limits::amqp_name_problem(what, name) {
+            return Err(problem);
+        }
+    }
     let properties = message::properties(
         &run.context.plan_id,
         &run.context.executor_id,

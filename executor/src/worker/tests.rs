@@ -340,6 +340,41 @@ mod pipeline {
         assert_eq!(calls.completed, [false], "completed, not released");
     }
 
+    /// A new user's pass: an imported queue name of 300 bytes reached the
+    /// executor, and lapin's short string panicked the publisher once a
+    /// second while the plan never ended. Such an item fails, named; the
+    /// others go out.
+    #[tokio::test]
+    async fn a_name_over_the_amqp_limit_fails_its_item_and_publishes_the_rest() {
+        let planner = FakePlanner::start(Answers::default());
+        let broker = FakeBroker::new(8);
+        let mut items: Vec<_> = (1..=3).map(item).collect();
+        items[1].routing_key = "q".repeat(300);
+        items[2].exchange = "x".repeat(256);
+        let shutdown = CancellationToken::new();
+        let mut worker = worker(&planner, &broker);
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            worker.replay_slice(slice(items, 1000.0, 100), &shutdown),
+        )
+        .await
+        .expect("the slice ends");
+        assert_eq!(broker.published(), ["1"]);
+        let calls = planner.calls();
+        let failed: Vec<(&str, &str)> = calls
+            .reported
+            .iter()
+            .filter(|event| event.action() == v1::AuditAction::Failed)
+            .map(|event| (event.dead_letter_id.as_str(), event.reason.as_str()))
+            .collect();
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(
+            failed[0].1.contains("routing key is 300 bytes"),
+            "{failed:?}"
+        );
+        assert!(failed[1].1.contains("exchange is 256 bytes"), "{failed:?}");
+    }
+
     /// A publish whose frames were never written (the connection lost
     /// first) is published again as the same attempt, with nothing
     /// audited: here twice, with two attempts allowed, and the item still

@@ -64,6 +64,12 @@ fn validate(mut request: IngestDeadLettersRequest) -> Result<RawDeadLetter, Stri
             "original_destination: must not be empty (a queue, or exchange/routing-key)".to_owned(),
         );
     }
+    // A queue name over 255 bytes could never be published to: refused at
+    // the door, not found out by an executor (a new user's pass).
+    if let Some(problem) = redrive_proto::limits::destination_problem(&request.original_destination)
+    {
+        return Err(format!("original_destination: {problem}"));
+    }
     let occurred_at = request
         .occurred_at
         .map(|at| {
@@ -242,4 +248,29 @@ async fn flush(store: &Store, batch: &mut Batch, summary: &mut IngestSummary) ->
     batch.bytes = 0;
     batch.reservations.clear();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use redrive_proto::v1::IngestDeadLettersRequest;
+
+    /// A new user's pass: a line whose queue name was 300 bytes was
+    /// imported and prechecked replayable, and crashed the executor.
+    #[test]
+    fn a_destination_no_publish_can_name_is_refused_at_the_door() {
+        let request = |destination: String| IngestDeadLettersRequest {
+            source: "import".to_owned(),
+            original_destination: destination,
+            body: b"{}".to_vec(),
+            ..Default::default()
+        };
+        assert!(super::validate(request("orders".to_owned())).is_ok());
+        let refused = super::validate(request("q".repeat(300))).unwrap_err();
+        assert!(
+            refused.starts_with("original_destination: the destination queue name is 300 bytes"),
+            "{refused}"
+        );
+        let pair = format!("{}/{}", "x".repeat(255), "k".repeat(255));
+        assert!(super::validate(request(pair)).is_ok());
+    }
 }

@@ -105,6 +105,11 @@ fn classify_with(
         );
         return Some((Verdict::Invalid, reason));
     }
+    // Stored before the ingest checked it, or captured from a header: a
+    // destination no publish can name.
+    if let Some(problem) = redrive_proto::limits::destination_problem(&candidate.destination) {
+        return Some((Verdict::Invalid, problem));
+    }
     if candidate.body_oversized {
         return Some((
             Verdict::Invalid,

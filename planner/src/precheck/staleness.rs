@@ -182,8 +182,13 @@ impl Coverage {
         if uncovered.len() > TYPES_NAMED {
             types.push(format!("and {} more", uncovered.len() - TYPES_NAMED));
         }
+        let (letters, none_can) = if count == 1 {
+            ("dead letter", "it cannot")
+        } else {
+            ("dead letters", "none of them can")
+        };
         Some(format!(
-            "no staleness rule covers {count} dead letters, so none of them can turn stale however old: {}; the oldest is {} old ({}). Set a deadline in the planner's policy (--stale-after TYPE=AGE, --default-stale-after AGE), which every precheck and single replay then applies, or on this precheck (--stale-after)",
+            "no staleness rule covers {count} {letters}, so {none_can} turn stale however old: {}; the oldest is {} old ({}). Set a deadline in the planner's policy (--stale-after TYPE=AGE, --default-stale-after AGE), which every precheck and single replay then applies, or on this precheck (--stale-after)",
             types.join(", "),
             age_text(oldest.oldest_age),
             type_name(oldest_type),

@@ -241,14 +241,26 @@ pub fn parse_line(text: &str, default_source: &str) -> Result<IngestDeadLettersR
     Ok(item)
 }
 
+/// `not valid JSON at column 2: expected ident`: serde_json's "line 1"
+/// is within the one line, beside the file's own line number.
+fn syntax_error(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    let message = message.strip_suffix(&position).unwrap_or(&message);
+    format!("not valid JSON at column {}: {message}", error.column())
+}
+
 /// Deserializes a [`Line`]; errors name the field's path (`properties.priority:
 /// ...`) and leave out serde_json's position inside the line.
 fn read_line(text: &str) -> Result<Line, String> {
+    // A file written on Windows often starts with a UTF-8 byte-order mark
+    // (U+FEFF), which JSON does not allow (RFC 8259 §8.1): not part of the
+    // line.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     // A derived struct also accepts a JSON array (fields by position): only an
     // object is a line.
     if !text.trim_start().starts_with('{') {
-        let value: Value =
-            serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
+        let value: Value = serde_json::from_str(text).map_err(|error| syntax_error(&error))?;
         return Err(format!("expected a JSON object, got {}", kind(&value)));
     }
     let mut deserializer = serde_json::Deserializer::from_str(text);
@@ -256,7 +268,7 @@ fn read_line(text: &str) -> Result<Line, String> {
         let mut path: Vec<String> = error.path().iter().map(ToString::to_string).collect();
         let error = error.into_inner();
         if error.is_syntax() || error.is_eof() {
-            return format!("not valid JSON: {error}");
+            return syntax_error(&error);
         }
         let message = error.to_string();
         let position = format!(" at line {} column {}", error.line(), error.column());
@@ -272,8 +284,6 @@ fn read_line(text: &str) -> Result<Line, String> {
             format!("{}: {message}", path.join("."))
         }
     })?;
-    deserializer
-        .end()
-        .map_err(|error| format!("not valid JSON: {error}"))?;
+    deserializer.end().map_err(|error| syntax_error(&error))?;
     Ok(line)
 }

@@ -294,6 +294,15 @@ pub fn open(path: &str) -> Result<Input, CliError> {
         path: path.to_owned(),
         source,
     })?;
+    // A directory opens on Unix and fails only at the first read, after the
+    // summary was begun (a new user's pass: exit 74 and a summary on
+    // stdout): refused here, as a file that cannot be opened.
+    if file.metadata().is_ok_and(|metadata| metadata.is_dir()) {
+        return Err(CliError::NoInput {
+            path: path.to_owned(),
+            source: io::Error::new(io::ErrorKind::IsADirectory, "is a directory, not a file"),
+        });
+    }
     Ok(Box::new(BufReader::with_capacity(256 * 1024, file)))
 }
 
@@ -692,7 +701,20 @@ mod tests {
                 r#"{"body":"a","body":"b","original_destination":"q"}"#,
                 "duplicate field `body`",
             ),
-            (r#"{"body":"a"} {}"#, "not valid JSON: trailing characters"),
+            (
+                r#"{"body":"a"} {}"#,
+                "not valid JSON at column 14: trailing characters",
+            ),
+            // A new user's pass: the parser's own "line 1" beside the file's.
+            (
+                r#"{"body":"a",nope}"#,
+                "not valid JSON at column 13: key must be a string",
+            ),
+            // A byte-order mark before the first line is not part of it.
+            (
+                "\u{feff}{\"body\":\"a\",\"original_destination\":\"q\",\"attempts\":\"3\"}",
+                "attempts: invalid type: string \"3\", expected u32",
+            ),
             (
                 r#"{"body":"a","original_destination":"q","occurred_at":"yesterday"}"#,
                 "occurred_at:",
