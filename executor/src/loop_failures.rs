@@ -40,8 +40,8 @@ impl LoopFailures {
     /// node's address) for `reason` at `now` is to be said: the first one
     /// of that reason, or one once the retry of the last said is due (`now`
     /// of that one plus its `retry_in`, the caller's delay before its next
-    /// try; at least [`LEAST_GAP`]). Reasons are kept apart, so loops that fail with different
-    /// texts at once do not make each other's lines due. While the same
+    /// try; at least [`LEAST_GAP`]). Reasons are kept apart, so loops that
+    /// fail with different texts at once do not make each other's lines due. While the same
     /// failure goes on, the gap between two lines never shrinks: a loop
     /// that starts a fresh backoff (a reconnect mid-slice) does not make
     /// the line more frequent. Every failure is recorded for
@@ -77,33 +77,33 @@ impl LoopFailures {
     /// ended) keeps it unsaid. Cheap when nothing failed (one uncontended
     /// lock), so it may be asked on every success.
     pub(crate) fn mended(&self, what: &str, now: Instant) -> bool {
-        let mut failures = self.lock();
-        let Some(failing) = failures.get_mut(what) else {
-            return false;
-        };
-        let quiet = failing
-            .last
-            .is_none_or(|last| now.saturating_duration_since(last) >= failing.gap);
-        if !(failing.outstanding && quiet) {
-            return false;
-        }
-        failures.remove(what);
-        true
+        self.take_mended(what, |failing| {
+            failing
+                .last
+                .is_none_or(|last| now.saturating_duration_since(last) >= failing.gap)
+        })
     }
 
     /// [`LoopFailures::mended`] for a success that is rare (a connection,
     /// which lasts): `true` once, when a failure of `what` was said and no
     /// loop has met it since this success's attempt `started`.
     pub(crate) fn mended_since(&self, what: &str, started: Instant) -> bool {
+        self.take_mended(what, |failing| {
+            failing.last.is_none_or(|last| last < started)
+        })
+    }
+
+    /// Forgets `what` and answers `true` when a failure of it was said and
+    /// `quiet` holds of it (no loop met it lately enough to doubt a success).
+    fn take_mended(&self, what: &str, quiet: impl FnOnce(&Failing) -> bool) -> bool {
         let mut failures = self.lock();
-        let Some(failing) = failures.get_mut(what) else {
-            return false;
-        };
-        if !(failing.outstanding && failing.last.is_none_or(|last| last < started)) {
-            return false;
+        let mended = failures
+            .get(what)
+            .is_some_and(|failing| failing.outstanding && quiet(failing));
+        if mended {
+            failures.remove(what);
         }
-        failures.remove(what);
-        true
+        mended
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failing>> {

@@ -1047,23 +1047,15 @@ async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<
     let pki = bed.pki.clone().expect("a secure bed");
     let address = bed.planner.addr;
     let binaries = redrive_tests::scenario::Binaries::of_tests()?;
-    let executor =
-        |args: Vec<String>| -> anyhow::Result<(tokio::process::Child, tempfile::NamedTempFile)> {
-            let log = tempfile::NamedTempFile::new()?;
-            // A broker to publish to: the executor claims nothing without one.
-            let child = tokio::process::Command::new(&binaries.executor)
-                .args(["--amqp-url", redrive_tests::AMQP_URL])
-                .args(args)
-                .env("REDRIVE_LOG", "info")
-                .stdin(std::process::Stdio::null())
-                .stdout(log.reopen()?)
-                .stderr(log.reopen()?)
-                .kill_on_drop(true)
-                .spawn()?;
-            Ok((child, log))
-        };
-    let read =
-        |log: &tempfile::NamedTempFile| std::fs::read_to_string(log.path()).unwrap_or_default();
+    // A broker to publish to: the executor claims nothing without one.
+    let executor = |args: Vec<String>| {
+        redrive_tests::scenario::spawn_logged(
+            &binaries.executor,
+            ["--amqp-url".to_owned(), redrive_tests::AMQP_URL.to_owned()]
+                .into_iter()
+                .chain(args),
+        )
+    };
     let cases = [
         (
             format!("http://{address}"),
@@ -1091,12 +1083,12 @@ async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<
         let seen = redrive_tests::wait_until(
             &format!("the executor's advice for {planner}"),
             Duration::from_secs(30),
-            || async { Ok(read(&log).contains(&says)) },
+            || async { Ok(log.text().contains(&says)) },
         )
         .await;
         let _ = child.start_kill();
         let _ = child.wait().await;
-        seen.map_err(|error| anyhow::anyhow!("{error}:\n{}", read(&log)))?;
+        seen.map_err(|error| anyhow::anyhow!("{error}:\n{}", log.text()))?;
     }
     // A client key of another certificate: refused at the start, under its flag.
     let mine = pki.client("executor-1")?;
@@ -1116,7 +1108,7 @@ async fn an_executor_told_the_wrong_tls_says_what_to_change() -> anyhow::Result<
         key.display().to_string(),
     ])?;
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await??;
-    let said = read(&log);
+    let said = log.text();
     assert_eq!(status.code(), Some(64), "{said}");
     assert!(
         said.contains(&format!(

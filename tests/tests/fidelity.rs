@@ -573,23 +573,18 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
     publish_order(&broker, &queue, "before").await?;
     let db = TestDb::new();
     let binaries = scenario::Binaries::of_tests()?;
-    let log = tempfile::NamedTempFile::new()?;
     let listen = scenario::free_local_addr()?;
-    let mut planner = tokio::process::Command::new(&binaries.planner)
-        .args([
+    let (mut planner, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
             "--listen",
             &listen.to_string(),
             "--database-url",
             &db.url(),
             "--capture-queue",
             &queue,
-        ])
-        .env("REDRIVE_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(log.reopen()?)
-        .stderr(log.reopen()?)
-        .kill_on_drop(true)
-        .spawn()?;
+        ],
+    )?;
     let captured_ids = || async {
         let Ok(pool) = db.pool().await else {
             return Ok::<_, anyhow::Error>(Vec::new());
@@ -603,7 +598,7 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
         pool.close().await;
         Ok(ids)
     };
-    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    let text = || log.text();
     wait_until(
         "the first message captured",
         Duration::from_secs(30),
@@ -644,11 +639,7 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
     .map_err(|error| anyhow::anyhow!("{error}:\n{}", text()))?;
     assert_eq!(broker.ready_count(&queue).await?, 0, "acked once stored");
 
-    if let Some(pid) = planner.id() {
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-    }
+    scenario::signal(&planner, "TERM")?;
     let exited = tokio::time::timeout(Duration::from_secs(10), planner.wait()).await;
     assert!(
         exited.is_ok_and(|status| status.is_ok_and(|status| status.success())),
@@ -671,12 +662,12 @@ async fn a_broker_capture_cannot_reach_or_that_never_answers_is_named_with_why()
     init_logging();
     let db = TestDb::new();
     let binaries = scenario::Binaries::of_tests()?;
-    let log = tempfile::NamedTempFile::new()?;
     let listen = scenario::free_local_addr()?;
     // Nothing listens there.
     let nowhere = scenario::free_local_addr()?;
-    let mut planner = tokio::process::Command::new(&binaries.planner)
-        .args([
+    let (mut planner, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
             "--listen",
             &listen.to_string(),
             "--database-url",
@@ -685,14 +676,9 @@ async fn a_broker_capture_cannot_reach_or_that_never_answers_is_named_with_why()
             &format!("amqp://guest:guest@{nowhere}/%2f"),
             "--capture-queue",
             &unique("unreachable-dlq"),
-        ])
-        .env("REDRIVE_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(log.reopen()?)
-        .stderr(log.reopen()?)
-        .kill_on_drop(true)
-        .spawn()?;
-    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        ],
+    )?;
+    let text = || log.text();
     let named = format!("broker {nowhere} (node 1 of 1): cannot reach the broker: ");
     let outcome = wait_until(
         "the capture's line naming the broker it cannot reach",
@@ -715,11 +701,11 @@ async fn a_broker_capture_cannot_reach_or_that_never_answers_is_named_with_why()
     let stalled = redrive_tests::TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     stalled.stall();
     let db = TestDb::new();
-    let log = tempfile::NamedTempFile::new()?;
     let listen = scenario::free_local_addr()?;
     let through = stalled.addr();
-    let mut planner = tokio::process::Command::new(&binaries.planner)
-        .args([
+    let (mut planner, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
             "--listen",
             &listen.to_string(),
             "--database-url",
@@ -732,14 +718,9 @@ async fn a_broker_capture_cannot_reach_or_that_never_answers_is_named_with_why()
             &unique("stalled-dlq"),
             "--shutdown-grace-seconds",
             "30",
-        ])
-        .env("REDRIVE_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(log.reopen()?)
-        .stderr(log.reopen()?)
-        .kill_on_drop(true)
-        .spawn()?;
-    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        ],
+    )?;
+    let text = || log.text();
     let named = format!("broker {through} (node 1 of 1): no answer within 10 s");
     let outcome = async {
         wait_until(
@@ -749,10 +730,7 @@ async fn a_broker_capture_cannot_reach_or_that_never_answers_is_named_with_why()
         )
         .await
         .map_err(|error| anyhow::anyhow!("{error}:\n{}", text()))?;
-        let pid = planner.id().ok_or_else(|| anyhow::anyhow!("exited"))?;
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
+        scenario::signal(&planner, "TERM")?;
         // Well under the 30 s grace.
         let exited = tokio::time::timeout(Duration::from_secs(8), planner.wait())
             .await

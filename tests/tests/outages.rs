@@ -7,19 +7,11 @@
 
 use std::{process::Stdio, time::Duration};
 
-use redrive_tests::{TcpProxy, init_logging, scenario};
+use redrive_tests::{
+    TcpProxy, init_logging,
+    scenario::{self, signal},
+};
 use tokio::time::Instant;
-
-/// Sends `signal` (`TERM`, `INT`) to `child`.
-fn signal(child: &tokio::process::Child, signal: &str) -> anyhow::Result<()> {
-    let pid = child
-        .id()
-        .ok_or_else(|| anyhow::anyhow!("exited already"))?;
-    std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()?;
-    Ok(())
-}
 
 /// A planner whose PostgreSQL accepts the connection and never answers
 /// warns within seconds, naming PostgreSQL's address and that it said
@@ -32,22 +24,17 @@ async fn a_planner_whose_postgresql_never_answers_says_so_and_stops_on_sigterm()
     let proxy = TcpProxy::start("127.0.0.1:5432".parse()?).await?;
     proxy.stall();
     let binaries = scenario::Binaries::of_tests()?;
-    let log = tempfile::NamedTempFile::new()?;
     let listen = scenario::free_local_addr()?;
     let address = proxy.addr().to_string();
-    let mut planner = tokio::process::Command::new(&binaries.planner)
-        .args([
+    let (mut planner, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
             "--listen",
             &listen.to_string(),
             "--database-url",
             &format!("postgres://postgres@{address}/redrive_never_answers"),
-        ])
-        .env("REDRIVE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.reopen()?)
-        .stderr(log.reopen()?)
-        .kill_on_drop(true)
-        .spawn()?;
+        ],
+    )?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let warnings = |text: &str| {
         text.lines()
@@ -59,7 +46,7 @@ async fn a_planner_whose_postgresql_never_answers_says_so_and_stops_on_sigterm()
             .count()
     };
     loop {
-        let text = std::fs::read_to_string(log.path())?;
+        let text = log.text();
         if warnings(&text) >= 2 {
             break;
         }
@@ -74,7 +61,7 @@ async fn a_planner_whose_postgresql_never_answers_says_so_and_stops_on_sigterm()
     tokio::time::sleep(Duration::from_millis(1500)).await;
     signal(&planner, "TERM")?;
     let exited = tokio::time::timeout(Duration::from_secs(5), planner.wait()).await;
-    let text = std::fs::read_to_string(log.path())?;
+    let text = log.text();
     let status =
         exited.map_err(|_| anyhow::anyhow!("still running 5 s after SIGTERM:\n{text}"))??;
     assert!(status.success(), "{status}:\n{text}");
@@ -122,24 +109,19 @@ async fn a_planner_stops_at_sigterm_without_waiting_out_a_long_polled_claim() ->
     init_logging();
     let db = redrive_tests::TestDb::new();
     let binaries = scenario::Binaries::of_tests()?;
-    let log = tempfile::NamedTempFile::new()?;
     let listen = scenario::free_local_addr()?;
-    let mut planner = tokio::process::Command::new(&binaries.planner)
-        .args([
+    let (mut planner, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
             "--listen",
             &listen.to_string(),
             "--database-url",
             &db.url(),
             "--shutdown-grace-seconds",
             "60",
-        ])
-        .env("REDRIVE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.reopen()?)
-        .stderr(log.reopen()?)
-        .kill_on_drop(true)
-        .spawn()?;
-    let text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        ],
+    )?;
+    let text = || log.text();
     let outcome = async {
         let url = format!("http://{listen}");
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -331,7 +331,7 @@ impl Lease {
 
     /// Whether the lease is lost (not merely stopped).
     pub fn is_lost(&self) -> bool {
-        matches!(self.stop_reason(), Some(StopReason::Lost(_)))
+        self.shared.is_lost()
     }
 
     /// Makes sure the planner has recorded this lease's write-ahead mark

@@ -385,7 +385,7 @@ impl<C: Connect> Worker<C> {
         run_progress.waiting_for("the planner to take the last outcome reports");
         let _ = reporting.await;
         tracing::debug!("outcomes reported");
-        let lost = matches!(lease.stop_reason(), Some(StopReason::Lost(_)));
+        let lost = lease.is_lost();
         if let Some(StopReason::Lost(why)) = lease.stop_reason() {
             warn!(reason = %why, unfinished = outstanding, "lease lost: the slice goes to whichever executor claims it next");
         }

@@ -62,7 +62,7 @@ use recorder::Recorder;
 
 pub use checks::{Check, Outcome};
 pub use incident::Shape;
-pub use processes::{Binaries, args_as, profile_dir};
+pub use processes::{Binaries, ChildLog, args_as, profile_dir, signal, spawn_logged};
 
 /// Where the children's stderr goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -104,6 +104,53 @@ pub fn args_as(program: &str) -> impl Iterator<Item = std::ffi::OsString> {
     std::iter::once(program.into()).chain(std::env::args_os().skip(1))
 }
 
+/// Starts `program` with `args` and `REDRIVE_LOG=info`, its stdout and
+/// stderr in a temporary file the test reads ([`ChildLog::text`]); the
+/// child is killed (SIGKILL) when dropped.
+///
+/// # Errors
+/// The log file cannot be made, or the program cannot be started.
+pub fn spawn_logged<I, S>(program: &Path, args: I) -> anyhow::Result<(Child, ChildLog)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let log = tempfile::NamedTempFile::new()?;
+    let child = Command::new(program)
+        .args(args)
+        .env("REDRIVE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    Ok((child, ChildLog(log)))
+}
+
+/// The log file of a child started by [`spawn_logged`], removed when dropped.
+pub struct ChildLog(tempfile::NamedTempFile);
+
+impl ChildLog {
+    /// What the child has logged so far (empty if the file cannot be read).
+    pub fn text(&self) -> String {
+        std::fs::read_to_string(self.0.path()).unwrap_or_default()
+    }
+}
+
+/// Sends `signal` (`TERM`, `INT`, `STOP`) to `child` with kill(1).
+///
+/// # Errors
+/// The child has exited and been waited for, or kill(1) fails.
+pub fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
+    let pid = child.id().context("the process has exited")?;
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -{signal} {pid} failed");
+    Ok(())
+}
+
 /// A child process, killed (SIGKILL) when dropped.
 pub(super) struct Process {
     pub(super) name: String,
