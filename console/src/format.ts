@@ -39,6 +39,27 @@ export function fmtSpan(ms: number): string {
   return `${s}s`;
 }
 
+/** A fraction as a percentage with at most two decimals (`0.015` → `1.5%`);
+ * one above zero that rounds to none is `<0.01%`, never `0.00%` (the same
+ * rule as redrivectl's plan status). */
+export function fractionPercent(fraction: number): string {
+  const percent = Math.round(fraction * 10_000) / 100;
+  if (percent === 0 && fraction > 0) return "<0.01%";
+  return `${percent}%`;
+}
+
+/** The canary's true share of the items, and the fraction asked for when
+ * rounding up to whole items (at least one) made it another:
+ * `1 item (25% of the items; asked 1%, rounded up to whole items)`. */
+export function canaryText(canaryItems: bigint, totalItems: bigint, asked: number): string {
+  const askedText = fractionPercent(asked);
+  const share = totalItems === 0n ? askedText : fractionPercent(Number(canaryItems) / Number(totalItems));
+  const items = `${canaryItems} ${canaryItems === 1n ? "item" : "items"}`;
+  return share === askedText
+    ? `${items} (${share} of the items)`
+    : `${items} (${share} of the items; asked ${askedText}, rounded up to whole items)`;
+}
+
 export function num(n: bigint | number | undefined): string {
   return n === undefined ? "—" : n.toString();
 }

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 import { lineDiff } from "../src/diff";
 import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
-import { fmtSpan, headerPlain, renderBody, tablePlain } from "../src/format";
+import { canaryText, fmtSpan, fractionPercent, headerPlain, renderBody, tablePlain } from "../src/format";
 import { GATE_ACTOR, gateTrips } from "../src/gates";
 import { OperatorActionSchema } from "../src/gen/redrive/v1/messages_pb";
 import { parseBodyMatch, selectorFrom, filtersFromQuery } from "../src/selector";
@@ -96,4 +96,22 @@ test("gate trips are the gates' pauses and aborts, not their promotions or an op
     [`${GATE_ACTOR} pause`, `${GATE_ACTOR} abort`],
   );
   assert.deepEqual(gateTrips(actions.slice(0, 3)), []);
+});
+
+test("a canary's share: the true one, never 0.00% for a tiny fraction", () => {
+  assert.equal(fractionPercent(0.015), "1.5%");
+  assert.equal(fractionPercent(1), "100%");
+  assert.equal(fractionPercent(1e-300), "<0.01%");
+  assert.equal(fractionPercent(0.00004), "<0.01%");
+  assert.equal(fractionPercent(0.00005), "0.01%");
+  assert.equal(canaryText(100n, 10_000n, 0.01), "100 items (1% of the items)");
+  assert.equal(
+    canaryText(1n, 4n, 0.01),
+    "1 item (25% of the items; asked 1%, rounded up to whole items)",
+  );
+  assert.equal(
+    canaryText(1n, 1_000_000n, 1e-300),
+    "1 item (<0.01% of the items)",
+  );
+  assert.equal(canaryText(0n, 0n, 0.05), "0 items (5% of the items)");
 });

@@ -30,8 +30,8 @@ use redrive_tlog::{
 use tonic::{Code, transport::Channel};
 
 use support::{
-    approved_plan, assert_bed_audit, captured, capturing, consume, incident, stop_consuming,
-    wait_completed,
+    approved_plan, assert_bed_audit, captured, capturing, consume, incident, reject_next,
+    stop_consuming, wait_completed,
 };
 
 /// A signing key in a file, its verifier, and a witness directory.
@@ -379,6 +379,58 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
         .unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().contains("plan_id"), "{}", bad.message());
+    // What a plan did to a dead letter it never touched is nothing, said
+    // as such: never the plan's other leaves as if they answered.
+    bed.broker()
+        .publish(
+            &incident.exchange,
+            "order.paid",
+            br#"{"order_id":"late"}"#,
+            lapin::BasicProperties::default().with_message_id("late".into()),
+        )
+        .await?;
+    let channel = bed.broker().connection.create_channel().await?;
+    reject_next(&channel, &incident.work, "the late message").await?;
+    captured(&mut bed.client, &incident.dlq, 13).await?;
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT id FROM dead_letters WHERE id NOT IN \
+         (SELECT dead_letter_id FROM plan_items WHERE plan_id = $1)",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    for (dead_letter, expected) in [
+        (
+            untouched.to_string(),
+            format!(
+                "dead letter {untouched} is not an item of plan {}",
+                plan.plan_id
+            ),
+        ),
+        (
+            "987654321987".to_owned(),
+            "no dead letter 987654321987".to_owned(),
+        ),
+    ] {
+        let (code, text) = redrivectl(
+            &[
+                "audit",
+                "prove",
+                "--plan",
+                &plan.plan_id,
+                "--dead-letter",
+                &dead_letter,
+            ],
+            &planner,
+        )?;
+        assert_eq!(code, 65, "{text}");
+        assert!(text.contains(&expected), "{text}");
+        assert!(!text.contains("leaf "), "no other leaf offered: {text}");
+    }
+    let nowhere = uuid::Uuid::now_v7().to_string();
+    let (code, text) = redrivectl(&["audit", "prove", "--plan", &nowhere], &planner)?;
+    assert_eq!(code, 65, "{text}");
+    assert!(text.contains(&format!("no plan {nowhere}")), "{text}");
 
     // 1. One event's action changed in SQL: named.
     let changed: i64 = sqlx::query_scalar(

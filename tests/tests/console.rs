@@ -219,6 +219,11 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
         "the arrivals override is offered only after a refusal"
     );
     assert!(browser.text("approve-digest").await?.len() >= 16);
+    // The canary's true share: 2% of 150 is 3 whole items.
+    assert_eq!(
+        browser.text("plan-canary").await?,
+        "3 items (2% of the items)"
+    );
     browser.screenshot("approval").await?;
     let plan_url = format!("{url}/#/plans/{plan_id}");
     sign_in(&browser, &plan_url, token_of("bob"), "bob").await?;

@@ -137,6 +137,21 @@ async fn event_times_in_any_unit_count_for_staleness_and_implausible_ones_are_no
         ),
         // Not a time: noted, and its age counts from its death (just now).
         ("implausible", Some(12_345), None, false),
+        // After its death: not the time it happened (a placeholder year,
+        // a local time an hour ahead written as UTC). Noted; the next
+        // source counts.
+        ("future-property", Some(4_070_908_800), None, false),
+        (
+            "header-future-then-property-old",
+            Some(three_hours_ago.timestamp() as u64),
+            Some(amqp_text(
+                &(fresh + chrono::TimeDelta::hours(1))
+                    .naive_utc()
+                    .format("%Y-%m-%dT%H:%M:%S")
+                    .to_string(),
+            )),
+            true,
+        ),
     ];
     for (id, timestamp, header, _) in &cases {
         let mut properties = BasicProperties::default()
@@ -167,16 +182,24 @@ async fn event_times_in_any_unit_count_for_staleness_and_implausible_ones_are_no
     for (id, _, _, stale) in &cases {
         let dead_letter = &stored[*id];
         let occurred = dead_letter.occurred_at.as_ref().map(|at| at.seconds);
-        if *id == "implausible" {
-            assert_eq!(occurred, None, "{id}");
+        let not_read = match *id {
+            "implausible" => Some("12345 is not a plausible time"),
+            "future-property" => Some("timestamp property not read: 2099-01-01T00:00:00.000Z is "),
+            "header-future-then-property-old" => Some("after its first death"),
+            _ => None,
+        };
+        if let Some(note) = not_read {
             assert!(
                 dead_letter
                     .capture_notes
                     .iter()
-                    .any(|note| note.contains("12345 is not a plausible time")),
+                    .any(|text| text.contains(note)),
                 "{id}: {:?}",
                 dead_letter.capture_notes
             );
+        }
+        if matches!(*id, "implausible" | "future-property") {
+            assert_eq!(occurred, None, "{id}");
         } else {
             let expected = if *stale { three_hours_ago } else { fresh };
             let occurred = occurred.unwrap_or_else(|| panic!("{id} has no occurred_at"));

@@ -509,6 +509,18 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
         seconds: 300_000_000_000,
         nanos: 0,
     });
+    // Event times no event happened at: a placeholder year, a local time
+    // an hour ahead written as UTC, an unset (1970) one. A clock a minute
+    // ahead is within the skew allowed.
+    let at = |name: &str, at: chrono::DateTime<chrono::Utc>| {
+        let mut item = item(&source, name);
+        item.occurred_at = Some(prost_types::Timestamp {
+            seconds: at.timestamp(),
+            nanos: 0,
+        });
+        item
+    };
+    let now = chrono::Utc::now();
     let items = vec![
         item(&source, "m-1"),
         item(&source, "m-2"),
@@ -519,15 +531,30 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
         attempts,
         far_future,
         item(&source, "m-4"),
+        at("2099", now + chrono::TimeDelta::days(365 * 73)),
+        at("hour-ahead", now + chrono::TimeDelta::hours(1)),
+        at("unset", chrono::DateTime::UNIX_EPOCH),
+        at("minute-ahead", now + chrono::TimeDelta::minutes(1)),
     ];
     let summary = bed
         .client
         .ingest_dead_letters(tokio_stream::iter(items))
         .await?
         .into_inner();
-    assert_eq!(summary.accepted, 4, "{summary:?}");
+    assert_eq!(summary.accepted, 5, "{summary:?}");
     let rejected: Vec<u64> = summary.rejected.iter().map(|r| r.index).collect();
-    assert_eq!(rejected, vec![2, 4, 5, 6, 7], "{summary:?}");
+    assert_eq!(rejected, vec![2, 4, 5, 6, 7, 9, 10, 11], "{summary:?}");
+    for (rejection, said) in summary.rejected[5..].iter().zip([
+        "after the planner's clock",
+        "59m",
+        "1970-01-01T00:00:00.000Z is not a plausible event time",
+    ]) {
+        assert!(
+            rejection.reason.starts_with("occurred_at: "),
+            "{rejection:?}"
+        );
+        assert!(rejection.reason.contains(said), "{rejection:?}");
+    }
     assert!(
         summary.rejected[0]
             .reason
@@ -544,7 +571,7 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
     let listed = dead_letters_of(&mut bed.client, &source, 100).await?;
     assert_eq!(
         listed.dead_letters.len(),
-        4,
+        5,
         "the summary counts what is stored"
     );
     bed.finish().await

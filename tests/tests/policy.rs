@@ -371,7 +371,9 @@ async fn the_report_names_each_event_types_deadline_and_warns_of_uncovered_ages(
         "order.created (2, oldest 3d0h)",
         "payment.captured (1, oldest 3h0m)",
         "no event type (1, oldest 1d6h)",
-        "the oldest is 3d0h old (order.created)",
+        // The oldest first, each age said once.
+        "however old: order.created (2, oldest 3d0h), no event type (1, oldest 1d6h), \
+         payment.captured (1, oldest 3h0m). Set",
         "--stale-after TYPE=AGE",
     ] {
         assert!(warning.contains(expected), "{expected:?} in {warning}");

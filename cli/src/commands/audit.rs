@@ -23,7 +23,7 @@
 
 use std::{io::Write, path::PathBuf};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 use redrive_proto::v1::{
     AuditCheckpoint, ExportAuditLogRequest, ExportFormat, GetAuditCheckpointRequest,
     ProveAuditConsistencyRequest, ProveAuditInclusionRequest,
@@ -77,19 +77,20 @@ pub struct KeygenArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CheckpointArgs {
     /// The tree size of the checkpoint [default: the latest].
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, hide_default_value = true)]
     pub tree_size: u64,
     /// Check the signature with this verifier key (or file holding one).
     #[arg(long, value_name = "KEY")]
     pub key: Option<String>,
 }
 
-/// `audit prove`.
+/// `audit prove`: `--plan` (and `--dead-letter`) or `--leaf`, one of them.
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("subject").required(true).args(["plan", "leaf"])))]
 pub struct ProveArgs {
     /// The plan: its operator actions (who created and approved it) are
     /// proven, and its events of --dead-letter.
-    #[arg(long, value_name = "ID", required_unless_present = "leaf")]
+    #[arg(long, value_name = "ID")]
     pub plan: Option<String>,
     /// The dead letter whose events of --plan to prove.
     #[arg(long, value_name = "ID", requires = "plan")]
@@ -98,7 +99,7 @@ pub struct ProveArgs {
     #[arg(long, value_name = "N", conflicts_with_all = ["plan", "dead_letter"])]
     pub leaf: Option<u64>,
     /// The checkpoint to prove against [default: the latest].
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, hide_default_value = true)]
     pub tree_size: u64,
     /// Check the checkpoint's signature with this verifier key.
     #[arg(long, value_name = "KEY")]
@@ -112,7 +113,7 @@ pub struct ConsistencyArgs {
     #[arg(long, value_name = "FILE")]
     pub from: PathBuf,
     /// The newer checkpoint's tree size [default: the latest].
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, hide_default_value = true)]
     pub tree_size: u64,
     /// The verifier key the newer checkpoint must be signed with (and the
     /// --from one, unless --from-key).
@@ -144,7 +145,7 @@ pub struct ExportArgs {
     pub out: PathBuf,
     /// The checkpoint to export up to [default: the latest, after sealing
     /// what is queued].
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, hide_default_value = true)]
     pub tree_size: u64,
 }
 

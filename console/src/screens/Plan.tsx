@@ -9,7 +9,7 @@ import { RateChart } from "../components/RateChart";
 import { clearErrorOf, showError } from "../errors";
 import { AuditAction, PlanState, type AuditEvent, type Plan as PlanMsg } from "../gen/redrive/v1/messages_pb";
 import type { Caller } from "../gen/redrive/v1/planner_pb";
-import { durationMs, fmtSpan, fmtTime, isFinal, num, stateName, tsDate } from "../format";
+import { canaryText, durationMs, fmtSpan, fmtTime, isFinal, num, stateName, tsDate } from "../format";
 import { gateTrips as tripsOf } from "../gates";
 import { useLoad, useNow } from "../hooks";
 import { PrecheckAge } from "./Precheck";
@@ -209,7 +209,8 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
         </dd>
         <dt>Canary</dt>
         <dd>
-          {num(plan.canaryItems)} items ({(plan.canaryFraction * 100).toFixed(2)}%), then observe{" "}
+          <span data-testid="plan-canary">{canaryText(plan.canaryItems, plan.totalItems, plan.canaryFraction)}</span>
+          , then observe{" "}
           {fmtSpan(durationMs(plan.observeFor))}
         </dd>
         <dt>Rate</dt>

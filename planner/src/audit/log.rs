@@ -52,7 +52,7 @@ use crate::{
     ids::PlanId,
     store::{
         Store, StoreError,
-        audit_log::{CheckpointRow, NewLeaf, Record},
+        audit_log::{AuditSubject, CheckpointRow, NewLeaf, Record},
     },
 };
 
@@ -592,6 +592,49 @@ async fn inclusion_of(
     })
 }
 
+/// Why a proof of plan `plan_id` (and its events of `dead_letter_id`)
+/// has nothing to prove in the checkpoint of `size` leaves, in words; `None`
+/// when only the plan's own actions are not sealed yet (said by the
+/// caller). An auditor who asks what a plan did to a dead letter must never
+/// read the plan's other leaves as the answer.
+fn nothing_to_prove(
+    plan_id: PlanId,
+    dead_letter_id: Option<i64>,
+    subject: &AuditSubject,
+    size: u64,
+) -> Option<String> {
+    if !subject.plan_exists {
+        return Some(format!("no plan {plan_id}"));
+    }
+    let dead_letter = dead_letter_id?;
+    if !subject.dead_letter_exists && subject.events == 0 {
+        return Some(format!(
+            "no dead letter {dead_letter}: nothing of it to prove in plan {plan_id}"
+        ));
+    }
+    Some(match (&subject.item_state, subject.events) {
+        (None, 0) => format!(
+            "dead letter {dead_letter} is not an item of plan {plan_id}: the plan never touched \
+             it, so the log holds no event of it to prove"
+        ),
+        (Some(state), 0) if state == "pending" => format!(
+            "plan {plan_id} has no event of dead letter {dead_letter} yet: it is an item of the \
+             plan, still pending (no executor has reported it)"
+        ),
+        (Some(state), 0) => format!(
+            "plan {plan_id} holds dead letter {dead_letter} as {state}, yet no event of it is \
+             stored: its record may be gone (`redrivectl audit export` then `audit verify` \
+             name every sealed record that is missing)"
+        ),
+        // Had any been sealed below `size`, the leaves read would hold them.
+        (_, events) => format!(
+            "plan {plan_id}'s {events} event(s) of dead letter {dead_letter} are not sealed into \
+             the checkpoint of {size} leaves yet: a newer checkpoint will hold them \
+             (`redrivectl audit checkpoint` shows the latest)"
+        ),
+    })
+}
+
 /// Inclusion proofs against a signed checkpoint (`tree_size`, 0: the
 /// latest): of leaf `leaf_index` when given, else of plan `plan_id`'s
 /// operator actions and of its events for dead letter `dead_letter_id`.
@@ -629,9 +672,17 @@ pub async fn prove_inclusion(
                         Error::invalid("dead_letter_id", "a dead letter id (digits)")
                     })?)
                 };
-            store
+            let leaves = store
                 .audit_log_leaves_of(plan_id, dead_letter_id, size)
-                .await?
+                .await?;
+            let events_found = leaves.iter().any(|(_, _, record)| record.kind == "event");
+            if leaves.is_empty() || (dead_letter_id.is_some() && !events_found) {
+                let subject = store.audit_subject(plan_id, dead_letter_id, size).await?;
+                if let Some(why) = nothing_to_prove(plan_id, dead_letter_id, &subject, size) {
+                    return Err(Error::NotFound(why));
+                }
+            }
+            leaves
         } else {
             return Err(Error::invalid(
                 "plan_id",
@@ -859,6 +910,54 @@ mod tests {
         let mut reference = Hmac::<Sha256>::new_from_slice(&key).unwrap();
         reference.update(message);
         assert_eq!(ours[..], reference.finalize().into_bytes()[..]);
+    }
+
+    #[test]
+    fn a_proof_with_nothing_to_prove_says_why() {
+        let plan = PlanId::parse("plan_id", "0190d2a4-8f1e-7c3a-9b5d-2e4f6a8c0b1d").unwrap();
+        let subject =
+            |plan_exists, dead_letter_exists, state: Option<&str>, events, sealed| AuditSubject {
+                plan_exists,
+                dead_letter_exists,
+                item_state: state.map(str::to_owned),
+                events,
+                sealed_events: sealed,
+            };
+        let why = |dead_letter, subject: AuditSubject| {
+            nothing_to_prove(plan, dead_letter, &subject, 40).unwrap_or_default()
+        };
+        assert_eq!(
+            why(Some(7), subject(false, true, None, 0, 0)),
+            format!("no plan {plan}")
+        );
+        assert_eq!(
+            why(None, subject(false, false, None, 0, 0)),
+            format!("no plan {plan}")
+        );
+        // Only the plan's actions, not sealed yet: the caller says so.
+        assert_eq!(
+            nothing_to_prove(plan, None, &subject(true, false, None, 0, 0), 40),
+            None
+        );
+        assert!(why(Some(7), subject(true, false, None, 0, 0)).starts_with("no dead letter 7:"));
+        assert!(
+            why(Some(7), subject(true, true, None, 0, 0))
+                .contains("dead letter 7 is not an item of plan"),
+        );
+        assert!(why(Some(7), subject(true, true, Some("pending"), 0, 0)).contains("still pending"));
+        let gone = why(Some(7), subject(true, true, Some("sent"), 0, 0));
+        assert!(
+            gone.contains("as sent, yet no event of it is stored"),
+            "{gone}"
+        );
+        let unsealed = why(Some(7), subject(true, true, Some("sent"), 2, 0));
+        assert!(
+            unsealed
+                .contains("2 event(s) of dead letter 7 are not sealed into the checkpoint of 40"),
+            "{unsealed}"
+        );
+        // A dead letter deleted since: its events still name it.
+        assert!(why(Some(7), subject(true, false, Some("sent"), 1, 0)).contains("not sealed"));
     }
 
     #[test]

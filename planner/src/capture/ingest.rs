@@ -19,7 +19,7 @@ use redrive_proto::{
 
 use crate::{
     capture::ingest_budget::{Reservation, Reservations},
-    dead_letters::{ExtractionRules, NewDeadLetter, RawDeadLetter, extract},
+    dead_letters::{ExtractionRules, NewDeadLetter, RawDeadLetter, event_time, extract},
     error::Error,
     store::{Store, dead_letters::InsertOutcome},
 };
@@ -78,6 +78,20 @@ fn validate(mut request: IngestDeadLettersRequest) -> Result<RawDeadLetter, Stri
             })
         })
         .transpose()?;
+    let captured_at = Utc::now();
+    if let Some(at) = occurred_at {
+        // The one rule for event times (`event_time`): a time before 1990
+        // is an unset one, and an event cannot happen after it reached us.
+        if !event_time::plausible(at) {
+            return Err(format!(
+                "occurred_at: {} is not a plausible event time: outside 1990-01-01..2200-01-01 \
+                 (leave it out when the time is not known)",
+                redrive_proto::time::rfc3339(at)
+            ));
+        }
+        event_time::not_after(at, captured_at, "the planner's clock")
+            .map_err(|why| format!("occurred_at: {why}"))?;
+    }
     if request.attempts > MAX_ATTEMPTS {
         return Err(format!(
             "attempts: {} is above the limit of {MAX_ATTEMPTS}",
@@ -104,7 +118,7 @@ fn validate(mut request: IngestDeadLettersRequest) -> Result<RawDeadLetter, Stri
         error_text: Some(request.error_text).filter(|text| !text.is_empty()),
         attempts: (request.attempts > 0).then_some(request.attempts),
         occurred_at,
-        captured_at: Utc::now(),
+        captured_at,
     })
 }
 

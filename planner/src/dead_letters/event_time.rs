@@ -89,7 +89,8 @@ fn implausible_number(value: &dyn std::fmt::Display) -> Implausible {
     ))
 }
 
-fn plausible(at: DateTime<Utc>) -> bool {
+/// Whether `at` is within [`PLAUSIBLE_FROM`]..[`PLAUSIBLE_UNTIL`].
+pub fn plausible(at: DateTime<Utc>) -> bool {
     (PLAUSIBLE_FROM..PLAUSIBLE_UNTIL).contains(&at.timestamp())
 }
 
@@ -185,6 +186,40 @@ pub fn from_text(text: &str) -> Result<EventTime, Implausible> {
     }
 }
 
+/// How far an event time may lie after the moment it cannot be later than
+/// (its message's first death, or its arrival at the planner) and still be
+/// taken as the time the event happened: 5 minutes, far beyond what clocks
+/// kept by NTP differ by, and below the half hour by which the nearest time
+/// zones differ from UTC, so that a local time written as UTC is caught.
+pub const CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
+/// `at`, unless it is more than [`CLOCK_SKEW`] after `bound`, the moment
+/// named by `bound_name` (`its first death`, `the planner's clock`) that
+/// an event cannot have happened after: a message is made before it dies.
+/// Counted from a later time, a dead letter's age would be short or
+/// negative and a stale message would pass for a recent one.
+///
+/// # Errors
+/// [`Implausible`] naming the time, how far after `bound` it is, and the
+/// usual causes.
+pub fn not_after(
+    at: DateTime<Utc>,
+    bound: DateTime<Utc>,
+    bound_name: &str,
+) -> Result<DateTime<Utc>, Implausible> {
+    let ahead = at - bound;
+    if ahead <= CLOCK_SKEW {
+        return Ok(at);
+    }
+    Err(Implausible(format!(
+        "{} is {} after {bound_name} ({}): an event cannot happen after that (a producer's \
+         clock ahead, a local time written as UTC, or a placeholder)",
+        redrive_proto::time::rfc3339(at),
+        redrive_proto::time::age_text(ahead.to_std().unwrap_or_default()),
+        redrive_proto::time::rfc3339(bound),
+    )))
+}
+
 /// A JSON value: a string ([`from_text`]) or a number ([`from_epoch`],
 /// [`from_epoch_float`]).
 ///
@@ -263,6 +298,32 @@ mod tests {
 
     /// A review: an event time of `1e308` in a header or a body was quoted
     /// in the capture note and the precheck warning as 309 digits.
+    #[test]
+    fn an_event_time_after_its_bound_is_refused_beyond_the_clock_skew() {
+        let death = at(1_764_000_000, 0);
+        assert_eq!(not_after(death, death, "its first death"), Ok(death));
+        let skewed = death + CLOCK_SKEW;
+        assert_eq!(not_after(skewed, death, "its first death"), Ok(skewed));
+        let earlier = death - chrono::TimeDelta::days(400);
+        assert_eq!(not_after(earlier, death, "its first death"), Ok(earlier));
+        // A local time in UTC+01:00 written as UTC, a placeholder year.
+        for (ahead, said) in [
+            (chrono::TimeDelta::hours(1), "1h0m after its first death"),
+            (
+                chrono::TimeDelta::seconds(301),
+                "5m1s after its first death",
+            ),
+            (
+                chrono::TimeDelta::days(365 * 73),
+                "26645d0h after its first death",
+            ),
+        ] {
+            let Implausible(text) = not_after(death + ahead, death, "its first death").unwrap_err();
+            assert!(text.contains(said), "{text}");
+            assert!(text.contains("a producer's clock ahead"), "{text}");
+        }
+    }
+
     #[test]
     fn an_implausible_float_is_quoted_short() {
         for (value, shown) in [(1e308, "1e308"), (-1e-300, "-1e-300"), (12.5, "12.5")] {

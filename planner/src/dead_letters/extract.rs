@@ -243,9 +243,15 @@ impl ExtractionRules {
     /// the capture gave or [`ExtractionRules::event_time`] reads, the death's
     /// times, falling back to the event time and then to the capture time.
     fn times(&self, raw: &RawDeadLetter, death: Option<&Death>, notes: &mut Vec<String>) -> Times {
+        // The event cannot have happened after the message first died, nor
+        // (a death unknown) after it reached the planner.
+        let bound = match death.and_then(|death| death.first_time.or(death.time)) {
+            Some(first_death) => (first_death, "its first death"),
+            None => (raw.captured_at, "its capture"),
+        };
         let occurred_at = raw
             .occurred_at
-            .or_else(|| self.event_time(&raw.properties, &raw.headers, notes));
+            .or_else(|| self.event_time(&raw.properties, &raw.headers, bound, notes));
         let died_at = death
             .and_then(|death| death.time)
             .or(occurred_at)
@@ -264,25 +270,32 @@ impl ExtractionRules {
     /// (seconds, milliseconds, microseconds or nanoseconds by range; text
     /// as RFC 3339 / ISO 8601). A value that is not a plausible time, or a
     /// number read in a unit other than the seconds AMQP 0-9-1 specifies
-    /// (§4.2.5.4), is noted in `notes`.
+    /// (§4.2.5.4), is noted in `notes`; so is a time more than
+    /// [`event_time::CLOCK_SKEW`] after `bound` (`(time, its name)`: the
+    /// message's first death, else its capture), which is not read.
     pub fn event_time(
         &self,
         properties: &MessageProperties,
         headers: &HeaderTable,
+        bound: (DateTime<Utc>, &str),
         notes: &mut Vec<String>,
     ) -> Option<DateTime<Utc>> {
         if let Some(name) = self.event_time_header.as_deref()
             && let Some(value) = headers.fields.get(name)
         {
-            match event_time::from_header(value) {
-                Ok(read) => return Some(read.at),
+            match event_time::from_header(value)
+                .and_then(|read| event_time::not_after(read.at, bound.0, bound.1))
+            {
+                Ok(at) => return Some(at),
                 Err(why) => notes.push(format!(
                     "event time header {name:?} not read: {why}; the timestamp property or the first death counts instead"
                 )),
             }
         }
         let timestamp = properties.timestamp?;
-        match event_time::from_epoch(i128::from(timestamp)) {
+        let read = event_time::from_epoch(i128::from(timestamp))
+            .and_then(|read| event_time::not_after(read.at, bound.0, bound.1).map(|_| read));
+        match read {
             Ok(read) => {
                 if read.unit != event_time::Unit::Seconds {
                     notes.push(format!(

@@ -352,7 +352,9 @@ pub fn body_time_implausible(basis: &str) -> bool {
 /// `timestamp` property or event-time header as capture read it
 /// (`occurred_at`), else its first death. The one rule for staleness, at
 /// precheck and at send time. A pointer whose value is not a plausible time
-/// ([`crate::dead_letters::event_time`]) falls back, and the basis says so.
+/// ([`crate::dead_letters::event_time`]), or is one after the message's
+/// first death ([`crate::dead_letters::event_time::not_after`]), falls back,
+/// and the basis says so.
 pub fn event_time(
     options: &PrecheckOptions,
     body: Option<EventBody<'_>>,
@@ -363,7 +365,12 @@ pub fn event_time(
         .event_time_pointer
         .as_deref()
         .zip(body)
-        .and_then(|(pointer, body)| read_event_time_from_body(body, pointer));
+        .and_then(|(pointer, body)| read_event_time_from_body(body, pointer))
+        .map(|read| {
+            read.and_then(|at| {
+                crate::dead_letters::event_time::not_after(at, first_died_at, "its first death")
+            })
+        });
     match (from_body, occurred_at) {
         (Some(Ok(at)), _) => (at, "event time in the body"),
         (Some(Err(_)), Some(at)) => (at, AT_CAPTURE_BODY_IMPLAUSIBLE),

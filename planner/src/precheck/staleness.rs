@@ -157,16 +157,21 @@ impl Coverage {
     }
 
     /// The warning for the dead letters no rule covers, with their event types
-    /// and ages; `None` when every one is covered.
+    /// and ages, the oldest first (each age said once); `None` when every
+    /// one is covered.
     pub fn warning(&self) -> Option<String> {
-        let uncovered: Vec<(&str, &Row)> = self
+        let mut uncovered: Vec<(&str, &Row)> = self
             .rows
             .iter()
             .filter(|((_, rule), _)| rule.is_empty())
             .map(|((event_type, _), row)| (event_type.as_str(), row))
             .collect();
+        if uncovered.is_empty() {
+            return None;
+        }
+        // Stable: equal ages keep event type order.
+        uncovered.sort_by_key(|(_, row)| std::cmp::Reverse(row.oldest_age));
         let count: u64 = uncovered.iter().map(|(_, row)| row.count).sum();
-        let (oldest_type, oldest) = uncovered.iter().max_by_key(|(_, row)| row.oldest_age)?;
         let mut types: Vec<String> = uncovered
             .iter()
             .take(TYPES_NAMED)
@@ -188,10 +193,8 @@ impl Coverage {
             ("dead letters", "none of them can")
         };
         Some(format!(
-            "no staleness rule covers {count} {letters}, so {none_can} turn stale however old: {}; the oldest is {} old ({}). Set a deadline in the planner's policy (--stale-after TYPE=AGE, --default-stale-after AGE), which every precheck and single replay then applies, or on this precheck (--stale-after)",
+            "no staleness rule covers {count} {letters}, so {none_can} turn stale however old: {}. Set a deadline in the planner's policy (--stale-after TYPE=AGE, --default-stale-after AGE), which every precheck and single replay then applies, or on this precheck (--stale-after)",
             types.join(", "),
-            age_text(oldest.oldest_age),
-            type_name(oldest_type),
         ))
     }
 }
@@ -299,8 +302,10 @@ mod tests {
             "{warning}"
         );
         assert!(
-            warning.contains("the oldest is 3d0h old (order.created)"),
-            "{warning}"
+            warning.contains(
+                "however old: order.created (1, oldest 3d0h), no event type (1, oldest 5h0m). Set"
+            ),
+            "the oldest first, each age once: {warning}"
         );
         assert!(!warning.contains("payment"), "{warning}");
     }

@@ -14,6 +14,22 @@ use sqlx::{Postgres, Transaction};
 use super::{Store, StoreError};
 use crate::ids::PlanId;
 
+/// What [`Store::audit_subject`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditSubject {
+    /// Whether the plan exists.
+    pub plan_exists: bool,
+    /// Whether the dead letter exists (false when none was asked of).
+    pub dead_letter_exists: bool,
+    /// The dead letter's state as an item of the plan, `None` when it is
+    /// not one of the plan's items.
+    pub item_state: Option<String>,
+    /// The plan's audit events of the dead letter.
+    pub events: u64,
+    /// Of those, how many the log sealed below the tree size asked of.
+    pub sealed_events: u64,
+}
+
 /// The columns of an event's or action's record, as the sealing round and
 /// the export read them (`kind`, `plan_id`, `ref_id` from the log or the
 /// queue; the rest from `audit_events` or `operator_actions`, NULL when the
@@ -335,6 +351,47 @@ impl Store {
                 .bind(as_i64(tree_size)),
         )
         .await
+    }
+
+    /// Why a proof of plan `plan_id` (and of its events of dead letter
+    /// `dead_letter_id`) found nothing to prove below `tree_size`: whether
+    /// the plan and the dead letter exist, whether the dead letter is one
+    /// of the plan's items (its state), and how many of the plan's events
+    /// of it there are and how many of those the log sealed below
+    /// `tree_size`.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_subject(
+        &self,
+        plan_id: PlanId,
+        dead_letter_id: Option<i64>,
+        tree_size: u64,
+    ) -> Result<AuditSubject, StoreError> {
+        let row: (bool, bool, Option<String>, i64, i64) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM plans WHERE id = $1), \
+                    EXISTS (SELECT 1 FROM dead_letters WHERE id = $2), \
+                    (SELECT state FROM plan_items \
+                      WHERE plan_id = $1 AND dead_letter_id = $2 LIMIT 1), \
+                    count(e.id), \
+                    count(l.leaf_index) FILTER (WHERE l.leaf_index < $3) \
+             FROM audit_events e \
+             LEFT JOIN audit_log l \
+               ON l.kind = 'event' AND l.plan_id = e.plan_id AND l.ref_id = e.id \
+             WHERE e.plan_id = $1 AND e.dead_letter_id = $2",
+        )
+        .bind(plan_id)
+        .bind(dead_letter_id)
+        .bind(as_i64(tree_size))
+        .fetch_one(self.pool())
+        .await?;
+        Ok(AuditSubject {
+            plan_exists: row.0,
+            dead_letter_exists: row.1,
+            item_state: row.2,
+            events: as_u64(row.3),
+            sealed_events: as_u64(row.4),
+        })
     }
 
     /// Leaf `leaf_index` with its record as stored now, if sealed.
