@@ -172,7 +172,21 @@ fn status(name: &str) -> v1::DeadLetterStatus {
 pub fn parse_rfc3339(text: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(text)
         .map(|at| at.with_timezone(&Utc))
-        .map_err(|error| format!("{error}; expected RFC 3339, e.g. 2024-05-01T12:00:00Z"))
+        .map_err(|error| {
+            // A local time with no offset is the usual slip: say so, and
+            // never guess its zone.
+            let trimmed = text.trim();
+            if chrono::NaiveDateTime::parse_from_str(trimmed, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
+                || chrono::NaiveDateTime::parse_from_str(trimmed, "%Y-%m-%d %H:%M:%S%.f").is_ok()
+            {
+                return format!(
+                    "{text:?} has no UTC offset, so its zone is unknown: write {}Z for UTC, or \
+                     the offset it was taken in (e.g. +01:00)",
+                    trimmed.replace(' ', "T")
+                );
+            }
+            format!("{error}; expected RFC 3339, e.g. 2024-05-01T12:00:00Z")
+        })
 }
 
 impl SelectorArgs {

@@ -195,12 +195,68 @@ export function renderBody(
   if (text === null) return { text: hex(body, 64 * 1024), kind: "hex", note: "binary body shown as hex" };
   if (isJsonType(contentType) || /^\s*[[{]/.test(text)) {
     try {
-      return { text: JSON.stringify(JSON.parse(text), null, 2), kind: "json" };
+      JSON.parse(text);
+      return { text: reindentJson(text), kind: "json" };
     } catch {
       // Not JSON after all: shown as it is.
     }
   }
   return { text, kind: "text" };
+}
+
+/**
+ * `text`, valid JSON, re-indented two spaces a level (as
+ * `JSON.stringify(value, null, 2)` lays it out) with every token exactly
+ * as written: parsing and printing again would turn 12345678901234567891
+ * into 12345678901234567000 and 12.0 into 12, and a person copies an order
+ * id from this view.
+ */
+export function reindentJson(text: string): string {
+  let out = "";
+  let depth = 0;
+  let i = 0;
+  const n = text.length;
+  const newline = () => "\n" + "  ".repeat(depth);
+  while (i < n) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (j < n && text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      out += text.slice(i, j + 1);
+      i = j + 1;
+    } else if (c === " " || c === "\t" || c === "\n" || c === "\r") {
+      i++;
+    } else if (c === "{" || c === "[") {
+      const close = c === "{" ? "}" : "]";
+      let j = i + 1;
+      while (j < n && " \t\n\r".includes(text[j])) j++;
+      if (text[j] === close) {
+        out += c + close;
+        i = j + 1;
+      } else {
+        depth++;
+        out += c + newline();
+        i++;
+      }
+    } else if (c === "}" || c === "]") {
+      depth--;
+      out += newline() + c;
+      i++;
+    } else if (c === ",") {
+      out += "," + newline();
+      i++;
+    } else if (c === ":") {
+      out += ": ";
+      i++;
+    } else {
+      // A number, true, false or null: up to the next delimiter.
+      let j = i;
+      while (j < n && !" \t\n\r,:]}".includes(text[j])) j++;
+      out += text.slice(i, j);
+      i = j;
+    }
+  }
+  return out;
 }
 
 export function isJsonType(contentType: string | undefined): boolean {

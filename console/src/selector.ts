@@ -24,9 +24,14 @@ export function parseBodyMatch(s: string): { pointer: string; value: string } | 
   return { pointer: path, value };
 }
 
-/** A datetime-local value ("2026-12-03T16:00") in the browser's zone. */
-function localTime(s: string) {
-  const d = new Date(s);
+/** A time as the filters take it: "2026-12-03T16:00" (a datetime-local
+ * value, seconds optional) read as UTC, like every time the console shows,
+ * or with its own `Z` or `±hh:mm`. Never the browser's zone: a link must
+ * select the same dead letters wherever it is opened. */
+export function utcTime(s: string) {
+  const m = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,3})?)?(Z|[+-]\d{2}:\d{2})?$/i.exec(s.trim());
+  if (!m) return undefined;
+  const d = new Date(m[3] ? s.trim() : `${s.trim()}Z`);
   return isNaN(d.getTime()) ? undefined : timestampFromDate(d);
 }
 
@@ -36,8 +41,8 @@ function localTime(s: string) {
  */
 export function filterProblems(f: Filters): string[] {
   const problems: string[] = [];
-  if (f.from && !localTime(f.from)) problems.push(`from: ${JSON.stringify(f.from)} is not a date and time`);
-  if (f.to && !localTime(f.to)) problems.push(`to: ${JSON.stringify(f.to)} is not a date and time`);
+  if (f.from && !utcTime(f.from)) problems.push(`from: ${JSON.stringify(f.from)} is not a date and time`);
+  if (f.to && !utcTime(f.to)) problems.push(`to: ${JSON.stringify(f.to)} is not a date and time`);
   if (f.body && !parseBodyMatch(f.body)) problems.push(`body: ${JSON.stringify(f.body)} needs path=value`);
   return problems;
 }
@@ -51,8 +56,8 @@ export function selectorFrom(f: Filters): Selector {
   if (f.schema) sel.schemaVersions = [f.schema];
   if (f.group) sel.errorGroups = [f.group];
   if (f.error) sel.errorContains = f.error;
-  if (f.from) sel.diedFrom = localTime(f.from);
-  if (f.to) sel.diedTo = localTime(f.to);
+  if (f.from) sel.diedFrom = utcTime(f.from);
+  if (f.to) sel.diedTo = utcTime(f.to);
   if (f.body) {
     const m = parseBodyMatch(f.body);
     if (m) sel.bodyMatches = [create(BodyMatchSchema, m)];

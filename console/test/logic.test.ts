@@ -3,10 +3,10 @@ import { test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 import { lineDiff } from "../src/diff";
 import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
-import { canaryText, fmtSpan, fractionPercent, headerPlain, renderBody, tablePlain } from "../src/format";
+import { canaryText, fmtSpan, fractionPercent, headerPlain, reindentJson, renderBody, tablePlain } from "../src/format";
 import { GATE_ACTOR, gateTrips } from "../src/gates";
 import { OperatorActionSchema } from "../src/gen/redrive/v1/messages_pb";
-import { parseBodyMatch, selectorFrom, filtersFromQuery } from "../src/selector";
+import { parseBodyMatch, selectorFrom, filtersFromQuery, filterProblems } from "../src/selector";
 
 const enc = new TextEncoder();
 
@@ -114,4 +114,52 @@ test("a canary's share: the true one, never 0.00% for a tiny fraction", () => {
     "1 item (<0.01% of the items)",
   );
   assert.equal(canaryText(0n, 0n, 0.05), "0 items (5% of the items)");
+});
+
+test("a JSON body is re-indented with every token as written", () => {
+  const body = '{"customer_id": 12345678901234567891, "price": 1.10,"amount":12.0,"e":1E+2,' +
+    '"s":"a\\"b,{[:","n":null,"t":true,"empty":{},"list":[ ],"deep":[{"x":-0.0}]}';
+  const shown = reindentJson(body);
+  assert.equal(
+    shown,
+    [
+      "{",
+      '  "customer_id": 12345678901234567891,',
+      '  "price": 1.10,',
+      '  "amount": 12.0,',
+      '  "e": 1E+2,',
+      '  "s": "a\\"b,{[:",',
+      '  "n": null,',
+      '  "t": true,',
+      '  "empty": {},',
+      '  "list": [],',
+      '  "deep": [',
+      "    {",
+      '      "x": -0.0',
+      "    }",
+      "  ]",
+      "}",
+    ].join("\n"),
+  );
+  // Where no token is rewritten, the layout is JSON.stringify's own.
+  const plain = '{"a":[1,2,{"b":"c"}],"d":{}}';
+  assert.equal(reindentJson(plain), JSON.stringify(JSON.parse(plain), null, 2));
+  const rendered = renderBody(enc.encode(body), "application/json", BodyCompression.NONE, "");
+  assert.equal(rendered.kind, "json");
+  assert.ok(rendered.text.includes("12345678901234567891"), rendered.text);
+});
+
+test("filter times are UTC wherever the browser is", () => {
+  process.env.TZ = "Asia/Tokyo";
+  assert.equal(new Date(2026, 0, 1).getTimezoneOffset(), -540, "the zone took");
+  const at = (from: string) => selectorFrom(filtersFromQuery(new URLSearchParams({ from }))).diedFrom?.seconds;
+  const expected = BigInt(Date.UTC(2026, 11, 6, 6, 0) / 1000);
+  assert.equal(at("2026-12-06T06:00"), expected);
+  assert.equal(at("2026-12-06T06:00:00Z"), expected);
+  assert.equal(at("2026-12-06T15:00+09:00"), expected);
+  for (const bad of ["yesterday", "2026-12-06", "2026-12-06T06:00+0900"]) {
+    assert.equal(at(bad), undefined, bad);
+    assert.equal(filterProblems(filtersFromQuery(new URLSearchParams({ from: bad }))).length, 1, bad);
+  }
+  process.env.TZ = "UTC";
 });

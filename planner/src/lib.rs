@@ -433,6 +433,22 @@ async fn prepare_database(
                  of its own, or pass --broker-id {recorded:?} if this is the same broker reached \
                  another way"
             );
+            // A keyless planner on a signed log would write rows the log
+            // refuses to seal (they carry no MAC), and must not seal others'.
+            let audit = &config.audit_log;
+            if audit.mode != "off"
+                && audit.signing_key.is_none()
+                && let Some(signed) = store.audit_checkpoint(None).await?
+            {
+                anyhow::bail!(
+                    "the audit log in this database is signed (checkpoints of {:?}, the latest at \
+                     {} leaves), and this planner has no --audit-signing-key: the rows it wrote \
+                     would carry no MAC, and the log would refuse to seal them. Give every planner \
+                     of this database the same --audit-signing-key (docs/audit-log.md)",
+                    signed.note.lines().next().unwrap_or_default(),
+                    signed.tree_size
+                );
+            }
             anyhow::Ok(())
         };
         // Shut down also while an attempt waits (a migration, a connection).

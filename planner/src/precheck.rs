@@ -499,6 +499,58 @@ mod tests {
         assert!(event_time_from_body(br#"{"at":1700000000000}"#, "/at").is_some());
     }
 
+    /// A body's event time after the message's first death is not taken
+    /// (beyond the clock skew), and the basis says why, apart from a value
+    /// that is not a time at all.
+    #[test]
+    fn a_body_time_after_the_death_is_not_the_age_basis() {
+        use crate::precheck::options::{EventBody, body_time_implausible, event_time};
+        let options = PrecheckOptions {
+            event_time_pointer: Some("/at".to_owned()),
+            ..Default::default()
+        };
+        let death = chrono::DateTime::from_timestamp(1_764_000_000, 0).unwrap();
+        let captured = death - chrono::TimeDelta::hours(5);
+        let basis = |body: &[u8], occurred_at| {
+            event_time(
+                &options,
+                Some(EventBody {
+                    bytes: body,
+                    declared_encoding: None,
+                }),
+                occurred_at,
+                death,
+            )
+        };
+        let later = format!(r#"{{"at":{}}}"#, death.timestamp() + 3600);
+        let (at, why) = basis(later.as_bytes(), Some(captured));
+        assert_eq!(at, captured);
+        assert_eq!(
+            why,
+            "event time at capture; the event time in the body is after its first death"
+        );
+        assert!(body_time_implausible(why));
+        let (at, why) = basis(later.as_bytes(), None);
+        assert_eq!(
+            (at, why),
+            (
+                death,
+                "first death; the event time in the body is after its first death"
+            )
+        );
+        let (_, why) = basis(br#"{"at":"soon"}"#, None);
+        assert_eq!(
+            why,
+            "first death; the event time in the body is not a plausible time"
+        );
+        let skewed = format!(r#"{{"at":{}}}"#, death.timestamp() + 120);
+        let (at, why) = basis(skewed.as_bytes(), None);
+        assert_eq!(
+            (at.timestamp(), why),
+            (death.timestamp() + 120, "event time in the body")
+        );
+    }
+
     #[test]
     fn the_body_hash_warning_counts_and_names_examples() {
         let mut keys = BodyHashKeys::default();

@@ -69,6 +69,46 @@ pub mod time {
         }
     }
 
+    /// The earliest plausible event time: 1990-01-01T00:00:00Z, in epoch
+    /// seconds. Earlier values are counters, durations or zero, not times.
+    pub const PLAUSIBLE_FROM: i64 = 631_152_000;
+    /// The end of plausible event times: 2200-01-01T00:00:00Z, in epoch
+    /// seconds (exclusive). Later values are another unit or not a time.
+    pub const PLAUSIBLE_UNTIL: i64 = 7_258_118_400;
+
+    /// The units a count since 1970 is read in, and how many of each make
+    /// a second: AMQP 0-9-1 (§4.2.5.4) holds a `timestamp` in seconds, but
+    /// producers write milliseconds there (ruby-amqp/bunny #455, gmr/pamqp
+    /// #35), some microseconds or nanoseconds.
+    pub const EPOCH_UNITS: [(&str, i128); 4] = [
+        ("seconds", 1),
+        ("milliseconds", 1_000),
+        ("microseconds", 1_000_000),
+        ("nanoseconds", 1_000_000_000),
+    ];
+
+    /// A count since 1970-01-01T00:00:00Z read in the unit of
+    /// [`EPOCH_UNITS`] that puts it in
+    /// [`PLAUSIBLE_FROM`]..[`PLAUSIBLE_UNTIL`] (the four ranges do not
+    /// overlap), with that unit's index; `None` when no unit does. The one
+    /// rule for a number a producer wrote as a time, wherever it is read
+    /// (capture, the precheck, `redrivectl dead-letters show`).
+    pub fn from_epoch_by_range(value: i128) -> Option<(DateTime<Utc>, usize)> {
+        EPOCH_UNITS
+            .iter()
+            .enumerate()
+            .find_map(|(index, &(_, per))| {
+                if !(i128::from(PLAUSIBLE_FROM) * per..i128::from(PLAUSIBLE_UNTIL) * per)
+                    .contains(&value)
+                {
+                    return None;
+                }
+                let seconds = i64::try_from(value.div_euclid(per)).ok()?;
+                let nanos = u32::try_from(value.rem_euclid(per) * (1_000_000_000 / per)).ok()?;
+                DateTime::from_timestamp(seconds, nanos).map(|at| (at, index))
+            })
+    }
+
     /// The chrono form of `at`, `None` outside years 1 to 9999
     /// ([`crate::limits::MIN_TIMESTAMP_SECONDS`], the range of RFC 3339 and
     /// well inside PostgreSQL's) or with nanos outside `0..1e9`.

@@ -431,6 +431,32 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     let (code, text) = redrivectl(&["audit", "prove", "--plan", &nowhere], &planner)?;
     assert_eq!(code, 65, "{text}");
     assert!(text.contains(&format!("no plan {nowhere}")), "{text}");
+    // A planner without the key on this signed log (a replica left behind,
+    // or one started to seal rows written with psql) is refused at start,
+    // saying why; it seals nothing.
+    let broker_id: String = sqlx::query_scalar("SELECT broker_id FROM deployment")
+        .fetch_one(&pool)
+        .await?;
+    let binaries = scenario::Binaries::of_tests()?;
+    let (mut keyless, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
+            "--listen",
+            &scenario::free_local_addr()?.to_string(),
+            "--database-url",
+            &bed.db.url(),
+            "--broker-id",
+            &broker_id,
+        ],
+    )?;
+    let status = tokio::time::timeout(Duration::from_secs(30), keyless.wait()).await??;
+    assert!(!status.success(), "{}", log.text());
+    assert!(
+        log.text()
+            .contains("this planner has no --audit-signing-key"),
+        "{}",
+        log.text()
+    );
 
     // 1. One event's action changed in SQL: named.
     let changed: i64 = sqlx::query_scalar(
@@ -487,10 +513,11 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     let forged: i64 = sqlx::query_scalar(
         "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
              reason, wave, executor_id, attempt) \
-         SELECT plan_id, slice_id, dead_letter_id, message_key, destination, 'sent', '', wave, executor_id, 1 \
+         SELECT plan_id, slice_id, $2, message_key, destination, 'sent', '', wave, executor_id, 1 \
          FROM audit_events WHERE plan_id = $1 ORDER BY id LIMIT 1 RETURNING id",
     )
     .bind(plan_id)
+    .bind(untouched)
     .fetch_one(&pool)
     .await?;
     wait_until("the forged row refused", Duration::from_secs(20), || {
@@ -518,6 +545,24 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
         "{added}"
     );
     assert!(added.contains("MAC"), "why it was refused: {added}");
+    // Asked to prove what the plan did to that dead letter: the forged row
+    // is named as refused, never "wait for a newer checkpoint".
+    let (code, text) = redrivectl(
+        &[
+            "audit",
+            "prove",
+            "--plan",
+            &plan.plan_id,
+            "--dead-letter",
+            &untouched.to_string(),
+        ],
+        &planner,
+    )?;
+    assert_eq!(code, 65, "{text}");
+    assert!(
+        text.contains("1 refused by the log, never to be sealed (no MAC"),
+        "{text}"
+    );
 
     // 4. A checkpoint re-signed with another key is refused, naming who
     // signed it.

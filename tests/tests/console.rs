@@ -533,6 +533,51 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     assert_eq!(heading, "Not found");
     browser.find("nav-overview").await?;
     browser.no_dialog().await?;
+    // A JSON body is shown with every token as written: an id past 2^53
+    // and a price's trailing zero are not rewritten, as parsing and
+    // printing again would (a new user copied a wrong customer id).
+    let answer = bed
+        .client
+        .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "json-1".to_owned(),
+            body: br#"{"customer_id":12345678901234567891,"price":1.10}"#.to_vec(),
+            properties: Some(v1::MessageProperties {
+                content_type: Some("application/json".to_owned()),
+                ..Default::default()
+            }),
+            reason: "rejected".to_owned(),
+            original_destination: "orders".to_owned(),
+            ..Default::default()
+        }]))
+        .await?
+        .into_inner();
+    assert_eq!(answer.accepted, 1, "{answer:?}");
+    let listed = redrive_tests::dead_letters_of(&mut bed.client, &source, 10).await?;
+    let json_id = listed
+        .dead_letters
+        .iter()
+        .find(|dead_letter| dead_letter.message_id.as_deref() == Some("json-1"))
+        .map(|dead_letter| dead_letter.id.clone())
+        .ok_or_else(|| anyhow::anyhow!("json-1 not listed"))?;
+    browser
+        .go(&format!("{url}/#/dead-letters/{json_id}"))
+        .await?;
+    let body = browser
+        .text_until("dl-body", "shows the JSON", |text| {
+            text.contains("customer_id")
+        })
+        .await?;
+    assert!(
+        body.contains("\"customer_id\": 12345678901234567891,") && body.contains("\"price\": 1.10"),
+        "{body}"
+    );
+    // A plan that does not exist is said to be missing, not loading for ever.
+    browser
+        .go(&format!("{url}/#/plans/{}", uuid::Uuid::now_v7()))
+        .await?;
+    let missing = browser.text("plan-missing").await?;
+    assert!(missing.contains("NOT_FOUND"), "{missing}");
     browser.close().await?;
     bed.finish().await
 }

@@ -574,6 +574,19 @@ async fn an_item_the_limits_refuse_does_not_stop_an_ingest() -> anyhow::Result<(
         5,
         "the summary counts what is stored"
     );
+    // A minute ahead is taken, but it died no later than it reached the
+    // planner: never a death after the capture, nor a future arrival.
+    let ahead = listed
+        .dead_letters
+        .iter()
+        .find(|dead_letter| dead_letter.message_id.as_deref() == Some("minute-ahead"))
+        .ok_or_else(|| anyhow::anyhow!("minute-ahead not stored: {listed:?}"))?;
+    let instant =
+        |at: &Option<prost_types::Timestamp>| at.as_ref().map(|at| (at.seconds, at.nanos));
+    assert!(
+        instant(&ahead.died_at) <= instant(&ahead.captured_at),
+        "{ahead:?}"
+    );
     bed.finish().await
 }
 

@@ -187,11 +187,26 @@ fn verifier(key: &str) -> Result<Verifier, CliError> {
     if let Ok(verifier) = Verifier::from_key_text(key) {
         return Ok(verifier);
     }
+    if key.trim_start().starts_with("PRIVATE+KEY+") {
+        return Err(CliError::Usage(
+            "--key: that is a private signing key's text; give its verifier key (the `.pub` \
+             file `redrivectl audit keygen` wrote beside it), and keep the private key secret"
+                .to_owned(),
+        ));
+    }
     let text = std::fs::read_to_string(key).map_err(|source| CliError::NoInput {
         path: format!("--key {key} (neither a verifier key nor a file holding one)"),
         source,
     })?;
     Verifier::from_key_text(&text).map_err(|error| {
+        // The signing key (`PRIVATE+KEY+...`) given where its public half
+        // belongs: say so, and never echo its text.
+        if text.trim_start().starts_with("PRIVATE+KEY+") {
+            return CliError::Usage(format!(
+                "--key {key}: this is the private signing key; give its verifier key (the \
+                 `.pub` file `redrivectl audit keygen` wrote beside it), and keep this one secret"
+            ));
+        }
         CliError::Usage(format!(
             "--key {key}: not a verifier key ({error}); `redrivectl audit keygen` prints one"
         ))
@@ -384,6 +399,14 @@ pub async fn run(
                 writeln!(out, "{}", crate::output::message_text(&message)?)?;
             } else {
                 write!(out, "{}", message.note)?;
+                // The note alone goes to stdout (a witness keeps it as a
+                // file); that its signature went unchecked goes beside it.
+                if key.is_none() {
+                    eprintln!(
+                        "redrivectl: the checkpoint's signature was not checked (give --key \
+                         with the verifier key)"
+                    );
+                }
             }
             Ok(crate::error::EX_OK)
         }
@@ -435,6 +458,7 @@ async fn prove(
     out: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let key = args.key.as_deref().map(verifier).transpose()?;
+    let actions_only = args.plan.is_some() && args.dead_letter.is_none();
     let response = planner
         .prove_audit_inclusion(ProveAuditInclusionRequest {
             plan_id: args.plan.unwrap_or_default(),
@@ -501,6 +525,13 @@ async fn prove(
         for line in lines.iter().chain(&problems) {
             writeln!(out, "{line}")?;
         }
+        if actions_only {
+            writeln!(
+                out,
+                "(the plan's operator actions only: give --dead-letter ID to prove what it did to \
+                 a dead letter, or export and verify the whole log)"
+            )?;
+        }
         writeln!(
             out,
             "{} of {} leaves proven in the checkpoint of {} leaves of {}{}",
@@ -563,7 +594,9 @@ async fn consistency(
     )?;
     writeln!(
         out,
-        "CONSISTENT: the log of {} leaves signed by {} extends the checkpoint of {} leaves in {}",
+        "CONSISTENT: the log of {} leaves signed by {} extends the checkpoint of {} leaves in {} \
+         (its tree: no leaf rewritten or cut; whether the rows in the database are still what \
+         was sealed, `redrivectl audit export` then `audit verify` tell)",
         new.size,
         key.name(),
         old.size,

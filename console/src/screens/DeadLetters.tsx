@@ -25,8 +25,8 @@ const INPUTS: { key: FilterKey; label: string; testid: string; type?: string; pl
   { key: "schema", label: "Schema version", testid: "filter-schema-version" },
   { key: "group", label: "Error fingerprint", testid: "filter-group", placeholder: "rejected: Timeout after <n> ms" },
   { key: "error", label: "Error contains", testid: "filter-error" },
-  { key: "from", label: "Died from", testid: "filter-from", type: "datetime-local" },
-  { key: "to", label: "Died before", testid: "filter-to", type: "datetime-local" },
+  { key: "from", label: "Died from (UTC)", testid: "filter-from", type: "datetime-local" },
+  { key: "to", label: "Died before (UTC)", testid: "filter-to", type: "datetime-local" },
   { key: "body", label: "Body match (path=value)", testid: "filter-body", placeholder: "/order/status=paid" },
 ];
 

@@ -49,7 +49,18 @@ interface SentStats {
 
 /** The plan, kept current by WatchPlan, and the SENT events seen so far. */
 function useLivePlan(id: string) {
-  const [plan, setPlan] = useState<PlanMsg | null>(null);
+  const [plan, setPlanState] = useState<PlanMsg | null>(null);
+  const [missing, setMissing] = useState<string | null>(null);
+  // When this page last saw the plan move (an item done, a new state): a
+  // running plan that stands still for long has no executor working on it.
+  const progress = useRef({ done: -1n, state: -1, at: Date.now() });
+  const setPlan = (p: PlanMsg) => {
+    const last = progress.current;
+    if (p.itemsDone !== last.done || p.state !== last.state) {
+      progress.current = { done: p.itemsDone, state: p.state, at: Date.now() };
+    }
+    setPlanState(p);
+  };
   const stats = useRef<SentStats>({ seen: new Set(), perSecond: new Map(), total: 0, lastSecond: 0 });
   const [, setSentVersion] = useState(0);
 
@@ -76,7 +87,7 @@ function useLivePlan(id: string) {
       try {
         p = await planner.getPlan({ planId: id }, { signal });
       } catch (err) {
-        if (!signal.aborted) showError("GetPlan", err);
+        if (!signal.aborted) setMissing(formatError(err));
         return;
       }
       setPlan(p);
@@ -112,13 +123,31 @@ function useLivePlan(id: string) {
     return () => ac.abort();
   }, [id]);
 
-  return { plan, setPlan, stats: stats.current };
+  return { plan, setPlan, stats: stats.current, missing, progressAt: progress.current.at };
 }
 
+/** How long a running plan may stand still on this page before it says so. */
+const STALLED_AFTER_MS = 30_000;
+
 export function Plan({ caller, id }: { caller: Caller; id: string }) {
-  const { plan, setPlan, stats } = useLivePlan(id);
+  const { plan, setPlan, stats, missing, progressAt } = useLivePlan(id);
   const now = useNow(1000);
+  if (missing) {
+    return (
+      <section>
+        <h1>{missing.startsWith("NOT_FOUND") ? "Plan not found" : "Plan not read"}</h1>
+        <p data-testid="plan-missing">
+          No plan <span class="mono">{id}</span> could be read: {missing}. <a href="#/plans">All plans</a>
+        </p>
+      </section>
+    );
+  }
   if (!plan) return <section><p class="muted">Loading…</p></section>;
+  const stalledFor = now - progressAt;
+  const stalled =
+    (plan.state === PlanState.CANARY || plan.state === PlanState.MAIN) &&
+    plan.totalItems > plan.itemsDone &&
+    stalledFor >= STALLED_AFTER_MS;
 
   const total = plan.totalItems;
   const notSent = total > plan.itemsDone ? total - plan.itemsDone : 0n;
@@ -181,6 +210,13 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
         </a>
       </div>
 
+      {stalled && (
+        <div class="banner warn" data-testid="plan-stalled" role="status">
+          No item done for {fmtSpan(stalledFor)} (while this page was open). A running plan moves only while an
+          executor holds one of its slices: check that one is running and can reach this planner, Redis and the
+          broker; its log says what it waits for.
+        </div>
+      )}
       {redead && (
         <div class="banner danger" data-testid="redead-banner" role="alert">
           {num(plan.reDeadLetters)} replayed message(s) came back dead-lettered. Look at the new dead letters

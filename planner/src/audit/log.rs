@@ -115,6 +115,8 @@ struct Inner {
     sealing: Mutex<()>,
     /// The largest checkpoint pushed to every witness.
     pushed: AtomicU64,
+    /// Whether this keyless planner has said it will not seal a signed log.
+    keyless_refused: std::sync::atomic::AtomicBool,
     /// After a failed push: how many failed in a row, and when to try
     /// again (2 s, doubling to a minute).
     push_retry: std::sync::Mutex<Option<(u32, std::time::Instant)>>,
@@ -192,6 +194,7 @@ impl AuditLog {
                 enabled: options.enabled,
                 sealing: Mutex::new(()),
                 pushed: AtomicU64::new(0),
+                keyless_refused: std::sync::atomic::AtomicBool::new(false),
                 push_retry: std::sync::Mutex::new(None),
             }),
         }
@@ -231,6 +234,21 @@ impl AuditLog {
         let Some(mut sealing) = store.begin_sealing().await? else {
             return Ok(Round::default());
         };
+        // Once a keyed planner has signed the log, rows are sealed only
+        // by a planner that can check their MACs: a planner started
+        // without the key (a replica left behind, or one started against
+        // the database to launder rows written with psql) seals nothing.
+        if self.inner.current_pads.is_none() && sealing.latest_checkpoint().await?.is_some() {
+            sealing.rollback().await?;
+            if !self.inner.keyless_refused.swap(true, Ordering::Relaxed) {
+                error!(
+                    "audit log: this database's log is signed, and this planner has no \
+                     --audit-signing-key: it seals nothing (give every planner of this database \
+                     the same key)"
+                );
+            }
+            return Ok(Round::default());
+        }
         let pending = sealing
             .take_pending(
                 BATCH,
@@ -626,6 +644,15 @@ fn nothing_to_prove(
              stored: its record may be gone (`redrivectl audit export` then `audit verify` \
              name every sealed record that is missing)"
         ),
+        // Rows the log refused are never sealed: never "wait for a newer
+        // checkpoint" (a new user's pass: a row written with psql).
+        (_, events) if subject.refused_events > 0 => format!(
+            "plan {plan_id}'s {events} event(s) of dead letter {dead_letter}: {} refused by the \
+             log, never to be sealed ({}): they are not the planner's record \
+             (`redrivectl audit export` then `audit verify` name them)",
+            subject.refused_events,
+            subject.refusal.as_deref().unwrap_or("refused"),
+        ),
         // Had any been sealed below `size`, the leaves read would hold them.
         (_, events) => format!(
             "plan {plan_id}'s {events} event(s) of dead letter {dead_letter} are not sealed into \
@@ -922,6 +949,8 @@ mod tests {
                 item_state: state.map(str::to_owned),
                 events,
                 sealed_events: sealed,
+                refused_events: 0,
+                refusal: None,
             };
         let why = |dead_letter, subject: AuditSubject| {
             nothing_to_prove(plan, dead_letter, &subject, 40).unwrap_or_default()
@@ -956,6 +985,17 @@ mod tests {
                 .contains("2 event(s) of dead letter 7 are not sealed into the checkpoint of 40"),
             "{unsealed}"
         );
+        let forged = AuditSubject {
+            refused_events: 1,
+            refusal: Some("no MAC: it was not written by a planner holding the audit key".into()),
+            ..subject(true, true, None, 1, 0)
+        };
+        let refused = why(Some(7), forged);
+        assert!(
+            refused.contains("1 refused by the log, never to be sealed (no MAC"),
+            "{refused}"
+        );
+        assert!(!refused.contains("newer checkpoint"), "{refused}");
         // A dead letter deleted since: its events still name it.
         assert!(why(Some(7), subject(true, false, Some("sent"), 1, 0)).contains("not sealed"));
     }

@@ -22,7 +22,8 @@ pub struct AuditLogSettings {
     /// (`PRIVATE+KEY+<name>+<key id>+<base64>`), as `redrivectl audit keygen`
     /// writes it. Give every replica the same file. Without it the log is
     /// still sealed, but nothing is signed and rows written outside the
-    /// planner are sealed too.
+    /// planner are sealed too; once a log is signed, a planner without it
+    /// refuses to start on that database.
     #[arg(
         long = "audit-signing-key",
         env = "REDRIVE_AUDIT_SIGNING_KEY",

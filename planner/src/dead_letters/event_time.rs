@@ -17,12 +17,7 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use redrive_proto::v1::{HeaderValue, header_value::Value};
 
-/// The earliest plausible event time: 1990-01-01T00:00:00Z, in epoch
-/// seconds. Earlier values are counters, durations or zero, not times.
-pub const PLAUSIBLE_FROM: i64 = 631_152_000;
-/// The end of plausible event times: 2200-01-01T00:00:00Z, in epoch seconds
-/// (exclusive). Later values are another unit or not a time.
-pub const PLAUSIBLE_UNTIL: i64 = 7_258_118_400;
+pub use redrive_proto::time::{PLAUSIBLE_FROM, PLAUSIBLE_UNTIL};
 
 /// The unit a number was read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,21 +94,9 @@ pub fn plausible(at: DateTime<Utc>) -> bool {
 /// # Errors
 /// [`Implausible`] when no unit puts it between 1990 and 2200.
 pub fn from_epoch(value: i128) -> Result<EventTime, Implausible> {
-    for unit in NUMBER_UNITS {
-        let per = unit.per_second();
-        if (i128::from(PLAUSIBLE_FROM) * per..i128::from(PLAUSIBLE_UNTIL) * per).contains(&value) {
-            let seconds = value.div_euclid(per);
-            let nanos = value.rem_euclid(per) * (1_000_000_000 / per);
-            let at = i64::try_from(seconds)
-                .ok()
-                .zip(u32::try_from(nanos).ok())
-                .and_then(|(seconds, nanos)| DateTime::from_timestamp(seconds, nanos));
-            if let Some(at) = at {
-                return Ok(EventTime { at, unit });
-            }
-        }
-    }
-    Err(implausible_number(&value))
+    redrive_proto::time::from_epoch_by_range(value)
+        .and_then(|(at, index)| NUMBER_UNITS.get(index).map(|&unit| EventTime { at, unit }))
+        .ok_or_else(|| implausible_number(&value))
 }
 
 /// A number with a fraction (a JSON float, an AMQP float, double or

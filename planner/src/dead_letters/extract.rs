@@ -252,9 +252,12 @@ impl ExtractionRules {
         let occurred_at = raw
             .occurred_at
             .or_else(|| self.event_time(&raw.properties, &raw.headers, bound, notes));
+        // Without a death, the event time stands in, never later than the
+        // capture (one within the clock skew allowed may be): a message
+        // that reached the planner died no later than that.
         let died_at = death
             .and_then(|death| death.time)
-            .or(occurred_at)
+            .or(occurred_at.map(|at| at.min(raw.captured_at)))
             .unwrap_or(raw.captured_at);
         let first_died_at = death.and_then(|death| death.first_time).unwrap_or(died_at);
         Times {

@@ -341,10 +341,33 @@ const AT_CAPTURE_BODY_IMPLAUSIBLE: &str =
 const FIRST_DEATH_BODY_IMPLAUSIBLE: &str =
     "first death; the event time in the body is not a plausible time";
 
+/// [`event_time`]'s basis when the body's event time is after the
+/// message's first death and capture read one.
+const AT_CAPTURE_BODY_AFTER_DEATH: &str =
+    "event time at capture; the event time in the body is after its first death";
+/// [`event_time`]'s basis when the body's event time is after the
+/// message's first death and capture read none.
+const FIRST_DEATH_BODY_AFTER_DEATH: &str =
+    "first death; the event time in the body is after its first death";
+/// Why a body's value was not taken as its event time.
+enum BodyTimeRefused {
+    /// Not a plausible time.
+    NotATime,
+    /// A time after the message's first death.
+    AfterDeath,
+}
+
 /// Whether an [`event_time`] basis says the body's event time was there but
-/// not a plausible time (so the age counts from something else).
+/// not taken: not a plausible time, or one after the message's first death
+/// (so the age counts from something else).
 pub fn body_time_implausible(basis: &str) -> bool {
-    basis == AT_CAPTURE_BODY_IMPLAUSIBLE || basis == FIRST_DEATH_BODY_IMPLAUSIBLE
+    [
+        AT_CAPTURE_BODY_IMPLAUSIBLE,
+        FIRST_DEATH_BODY_IMPLAUSIBLE,
+        AT_CAPTURE_BODY_AFTER_DEATH,
+        FIRST_DEATH_BODY_AFTER_DEATH,
+    ]
+    .contains(&basis)
 }
 
 /// The time a dead letter's age counts from, and what it is: the event
@@ -366,15 +389,23 @@ pub fn event_time(
         .as_deref()
         .zip(body)
         .and_then(|(pointer, body)| read_event_time_from_body(body, pointer))
-        .map(|read| {
-            read.and_then(|at| {
+        .map(|read| match read {
+            Ok(at) => {
                 crate::dead_letters::event_time::not_after(at, first_died_at, "its first death")
-            })
+                    .map_err(|_| BodyTimeRefused::AfterDeath)
+            }
+            Err(_) => Err(BodyTimeRefused::NotATime),
         });
     match (from_body, occurred_at) {
         (Some(Ok(at)), _) => (at, "event time in the body"),
-        (Some(Err(_)), Some(at)) => (at, AT_CAPTURE_BODY_IMPLAUSIBLE),
-        (Some(Err(_)), None) => (first_died_at, FIRST_DEATH_BODY_IMPLAUSIBLE),
+        (Some(Err(BodyTimeRefused::NotATime)), Some(at)) => (at, AT_CAPTURE_BODY_IMPLAUSIBLE),
+        (Some(Err(BodyTimeRefused::NotATime)), None) => {
+            (first_died_at, FIRST_DEATH_BODY_IMPLAUSIBLE)
+        }
+        (Some(Err(BodyTimeRefused::AfterDeath)), Some(at)) => (at, AT_CAPTURE_BODY_AFTER_DEATH),
+        (Some(Err(BodyTimeRefused::AfterDeath)), None) => {
+            (first_died_at, FIRST_DEATH_BODY_AFTER_DEATH)
+        }
         // The `--event-time-header` when it was read, else the `timestamp`
         // property: capture stored whichever it read as `occurred_at`.
         (None, Some(at)) => (at, "event time at capture"),

@@ -149,7 +149,7 @@ impl Coverage {
             .map(ToString::to_string)
             .collect();
         Some(format!(
-            "{} dead letters have a value at the event time pointer {} that is not a plausible time (for example dead letters {}): their age counts from the event time at capture, else their first death, instead (see each one's body with redrivectl dead-letters show ID)",
+            "{} dead letters have a value at the event time pointer {} that is not a plausible time, or is after the message's first death (for example dead letters {}): their age counts from the event time at capture, else their first death, instead (see each one's body with redrivectl dead-letters show ID)",
             self.implausible,
             pointer.unwrap_or("-"),
             examples.join(", ")
@@ -346,7 +346,7 @@ mod tests {
         let warning = coverage.implausible_warning(Some("/at")).unwrap();
         assert!(
             warning.starts_with(
-                "2 dead letters have a value at the event time pointer /at that is not a plausible time (for example dead letters 7, 8)"
+                "2 dead letters have a value at the event time pointer /at that is not a plausible time, or is after the message's first death (for example dead letters 7, 8)"
             ),
             "{warning}"
         );

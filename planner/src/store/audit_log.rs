@@ -28,6 +28,11 @@ pub struct AuditSubject {
     pub events: u64,
     /// Of those, how many the log sealed below the tree size asked of.
     pub sealed_events: u64,
+    /// Of those, how many the log refused to seal (`audit_log_refused`:
+    /// no MAC, a MAC that does not match).
+    pub refused_events: u64,
+    /// One refusal's reason, when any was refused.
+    pub refusal: Option<String>,
 }
 
 /// The columns of an event's or action's record, as the sealing round and
@@ -368,16 +373,19 @@ impl Store {
         dead_letter_id: Option<i64>,
         tree_size: u64,
     ) -> Result<AuditSubject, StoreError> {
-        let row: (bool, bool, Option<String>, i64, i64) = sqlx::query_as(
+        let row: (bool, bool, Option<String>, i64, i64, i64, Option<String>) = sqlx::query_as(
             "SELECT EXISTS (SELECT 1 FROM plans WHERE id = $1), \
                     EXISTS (SELECT 1 FROM dead_letters WHERE id = $2), \
                     (SELECT state FROM plan_items \
                       WHERE plan_id = $1 AND dead_letter_id = $2 LIMIT 1), \
                     count(e.id), \
-                    count(l.leaf_index) FILTER (WHERE l.leaf_index < $3) \
+                    count(l.leaf_index) FILTER (WHERE l.leaf_index < $3), \
+                    count(r.ref_id), min(r.reason) \
              FROM audit_events e \
              LEFT JOIN audit_log l \
                ON l.kind = 'event' AND l.plan_id = e.plan_id AND l.ref_id = e.id \
+             LEFT JOIN audit_log_refused r \
+               ON r.kind = 'event' AND r.plan_id = e.plan_id AND r.ref_id = e.id \
              WHERE e.plan_id = $1 AND e.dead_letter_id = $2",
         )
         .bind(plan_id)
@@ -391,6 +399,8 @@ impl Store {
             item_state: row.2,
             events: as_u64(row.3),
             sealed_events: as_u64(row.4),
+            refused_events: as_u64(row.5),
+            refusal: row.6,
         })
     }
 

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 
-use chrono::DateTime;
 use redrive_proto::v1::{
     ArchiveRecord, DeadLetter, Death, GetDeadLetterResponse, MessageProperties,
 };
@@ -179,14 +178,21 @@ fn property_fields(properties: &MessageProperties) -> Vec<(&'static str, String)
     text("message_id", properties.message_id.clone());
     text(
         "timestamp",
-        properties.timestamp.map(|seconds| {
-            i64::try_from(seconds)
-                .ok()
-                .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
-                .map_or_else(
-                    || seconds.to_string(),
-                    |at| format!("{seconds} ({})", rfc3339(at)),
-                )
+        // Read by the one rule capture reads it by: in seconds as AMQP
+        // specifies, else in the unit its range says (a new user's pass:
+        // milliseconds showed as the year 58899).
+        properties.timestamp.map(|value| {
+            match redrive_proto::time::from_epoch_by_range(i128::from(value)) {
+                Some((at, 0)) => format!("{value} ({})", rfc3339(at)),
+                Some((at, unit)) => format!(
+                    "{value} ({}, read as {} since 1970)",
+                    rfc3339(at),
+                    redrive_proto::time::EPOCH_UNITS
+                        .get(unit)
+                        .map_or("another unit", |(name, _)| *name)
+                ),
+                None => format!("{value} (not a plausible time in any unit)"),
+            }
         }),
     );
     text("type", properties.r#type.clone());
@@ -301,6 +307,7 @@ mod tests {
     };
 
     use super::*;
+    use chrono::DateTime;
 
     fn at(seconds: i64) -> Option<prost_types::Timestamp> {
         Some(timestamp(DateTime::from_timestamp(seconds, 0).unwrap()))
@@ -439,6 +446,19 @@ mod tests {
             property("timestamp").as_deref(),
             Some("1700000000 (2023-11-14T22:13:20.000Z)")
         );
+        for (value, shown) in [
+            (
+                1_796_529_255_676,
+                "1796529255676 (2026-12-06T03:54:15.676Z, read as milliseconds since 1970)",
+            ),
+            (12_345, "12345 (not a plausible time in any unit)"),
+        ] {
+            let fields = property_fields(&MessageProperties {
+                timestamp: Some(value),
+                ..Default::default()
+            });
+            assert_eq!(fields, vec![("timestamp", shown.to_owned())]);
+        }
         assert_eq!(property("type").as_deref(), Some("order.paid"));
         assert_eq!(property("priority"), None);
         assert!(text.contains("\nheaders:\n  attempt (i32): 3\n"), "{text}");

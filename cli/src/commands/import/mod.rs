@@ -720,6 +720,10 @@ mod tests {
                 "occurred_at:",
             ),
             (
+                r#"{"body":"a","original_destination":"q","occurred_at":"2026-12-06T06:10:00"}"#,
+                "occurred_at: \"2026-12-06T06:10:00\" has no UTC offset, so its zone is unknown: write 2026-12-06T06:10:00Z for UTC",
+            ),
+            (
                 r#"{"body":"a","original_destination":"q","headers":[]}"#,
                 "headers: expected an object",
             ),
