@@ -474,10 +474,22 @@ fn value_to_text_at(value: &HeaderValue, depth: usize) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        V::Timestamp(seconds) => i64::try_from(*seconds)
-            .ok()
-            .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0))
-            .map_or_else(|| seconds.to_string(), crate::time::rfc3339),
+        // Seconds, as AMQP specifies, else the unit its range says (the
+        // capture's one rule: producers write milliseconds here too).
+        V::Timestamp(value) => match redrive_proto::time::from_epoch_by_range(i128::from(*value)) {
+            Some((at, 0)) => crate::time::rfc3339(at),
+            Some((at, unit)) => format!(
+                "{} ({value} read as {})",
+                crate::time::rfc3339(at),
+                redrive_proto::time::EPOCH_UNITS
+                    .get(unit)
+                    .map_or("another unit", |(name, _)| *name)
+            ),
+            None => i64::try_from(*value)
+                .ok()
+                .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0))
+                .map_or_else(|| value.to_string(), crate::time::rfc3339),
+        },
         V::Table(table) => format!(
             "{{{}}}",
             table
@@ -830,6 +842,16 @@ mod tests {
         assert_eq!(
             value_to_text(&value(V::ByteArray(vec![1, 2]))),
             "<2 bytes, base64 AQI=>"
+        );
+        // A timestamp header in milliseconds, as producers write them, is
+        // read as the capture reads it, never as the year 58899.
+        assert_eq!(
+            value_to_text(&value(V::Timestamp(1_700_000_000))),
+            "2023-11-14T22:13:20.000Z"
+        );
+        assert_eq!(
+            value_to_text(&value(V::Timestamp(1_700_000_000_123))),
+            "2023-11-14T22:13:20.123Z (1700000000123 read as milliseconds)"
         );
     }
 }

@@ -134,10 +134,7 @@ export function headerPlain(v: HeaderValue | undefined): Plain {
     case "longLongInt":
     case "timestamp": {
       const n = val.value;
-      if (val.case === "timestamp") {
-        const d = new Date(Number(n) * 1000);
-        return isNaN(d.getTime()) ? n.toString() : d.toISOString();
-      }
+      if (val.case === "timestamp") return epochText(n);
       return n >= BigInt(Number.MIN_SAFE_INTEGER) && n <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(n) : n.toString();
     }
     case "decimal": {
@@ -156,6 +153,30 @@ export function headerPlain(v: HeaderValue | undefined): Plain {
       return null;
   }
   return null;
+}
+
+/** The units a count since 1970 is read in, by range, as the planner's
+ * capture reads it (redrive_proto::time::from_epoch_by_range): the one in
+ * which it falls in 1990..2200. */
+const EPOCH_UNITS: [string, bigint][] = [
+  ["seconds", 1n],
+  ["milliseconds", 1_000n],
+  ["microseconds", 1_000_000n],
+  ["nanoseconds", 1_000_000_000n],
+];
+const PLAUSIBLE_FROM = 631_152_000n;
+const PLAUSIBLE_UNTIL = 7_258_118_400n;
+
+/** An AMQP timestamp as a time: seconds as AMQP specifies, else the unit
+ * its range says (`… (read as milliseconds)`), else the number. */
+export function epochText(n: bigint): string {
+  for (const [name, per] of EPOCH_UNITS) {
+    if (n >= PLAUSIBLE_FROM * per && n < PLAUSIBLE_UNTIL * per) {
+      const at = new Date(Number((n * 1000n) / per)).toISOString();
+      return name === "seconds" ? at : `${at} (read as ${name})`;
+    }
+  }
+  return n.toString();
 }
 
 export function tablePlain(t: HeaderTable | undefined): { [k: string]: Plain } {

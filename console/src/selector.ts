@@ -2,9 +2,18 @@
 // they make.
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { BodyMatchSchema, SelectorSchema, type Selector } from "./gen/redrive/v1/messages_pb";
+import { BodyMatchSchema, DeadLetterStatus, SelectorSchema, type Selector } from "./gen/redrive/v1/messages_pb";
 
-export const FILTER_KEYS = ["source", "reason", "producer", "schema", "group", "error", "from", "to", "body"] as const;
+export const FILTER_KEYS = ["source", "reason", "producer", "schema", "group", "error", "from", "to", "body", "status"] as const;
+
+/** The `status` filter's values, as `redrivectl dead-letters list --status`
+ * takes them; empty: everything not archived (the API's default). */
+export const STATUSES: Record<string, DeadLetterStatus> = {
+  open: DeadLetterStatus.OPEN,
+  replayed: DeadLetterStatus.REPLAYED,
+  archived: DeadLetterStatus.ARCHIVED,
+  all: DeadLetterStatus.ALL,
+};
 export type FilterKey = (typeof FILTER_KEYS)[number];
 export type Filters = Record<FilterKey, string>;
 
@@ -29,7 +38,7 @@ export function parseBodyMatch(s: string): { pointer: string; value: string } | 
  * or with its own `Z` or `±hh:mm`. Never the browser's zone: a link must
  * select the same dead letters wherever it is opened. */
 export function utcTime(s: string) {
-  const m = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,3})?)?(Z|[+-]\d{2}:\d{2})?$/i.exec(s.trim());
+  const m = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,3})?)?(Z|[+-]\d{2}:\d{2})?$/.exec(s.trim());
   if (!m) return undefined;
   const d = new Date(m[3] ? s.trim() : `${s.trim()}Z`);
   return isNaN(d.getTime()) ? undefined : timestampFromDate(d);
@@ -44,6 +53,8 @@ export function filterProblems(f: Filters): string[] {
   if (f.from && !utcTime(f.from)) problems.push(`from: ${JSON.stringify(f.from)} is not a date and time`);
   if (f.to && !utcTime(f.to)) problems.push(`to: ${JSON.stringify(f.to)} is not a date and time`);
   if (f.body && !parseBodyMatch(f.body)) problems.push(`body: ${JSON.stringify(f.body)} needs path=value`);
+  if (f.status && !(f.status in STATUSES))
+    problems.push(`status: ${JSON.stringify(f.status)} is none of ${Object.keys(STATUSES).join(", ")}`);
   return problems;
 }
 
@@ -58,6 +69,7 @@ export function selectorFrom(f: Filters): Selector {
   if (f.error) sel.errorContains = f.error;
   if (f.from) sel.diedFrom = utcTime(f.from);
   if (f.to) sel.diedTo = utcTime(f.to);
+  if (f.status && f.status in STATUSES) sel.status = STATUSES[f.status];
   if (f.body) {
     const m = parseBodyMatch(f.body);
     if (m) sel.bodyMatches = [create(BodyMatchSchema, m)];

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 import { lineDiff } from "../src/diff";
 import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
-import { canaryText, fmtSpan, fractionPercent, headerPlain, reindentJson, renderBody, tablePlain } from "../src/format";
+import { canaryText, epochText, fmtSpan, fractionPercent, headerPlain, reindentJson, renderBody, tablePlain } from "../src/format";
 import { GATE_ACTOR, gateTrips } from "../src/gates";
 import { OperatorActionSchema } from "../src/gen/redrive/v1/messages_pb";
 import { parseBodyMatch, selectorFrom, filtersFromQuery, filterProblems } from "../src/selector";
@@ -149,7 +149,12 @@ test("a JSON body is re-indented with every token as written", () => {
   assert.ok(rendered.text.includes("12345678901234567891"), rendered.text);
 });
 
-test("filter times are UTC wherever the browser is", () => {
+test("filter times are UTC wherever the browser is", (t) => {
+  const zone = process.env.TZ;
+  t.after(() => {
+    if (zone === undefined) delete process.env.TZ;
+    else process.env.TZ = zone;
+  });
   process.env.TZ = "Asia/Tokyo";
   assert.equal(new Date(2026, 0, 1).getTimezoneOffset(), -540, "the zone took");
   const at = (from: string) => selectorFrom(filtersFromQuery(new URLSearchParams({ from }))).diedFrom?.seconds;
@@ -157,9 +162,24 @@ test("filter times are UTC wherever the browser is", () => {
   assert.equal(at("2026-12-06T06:00"), expected);
   assert.equal(at("2026-12-06T06:00:00Z"), expected);
   assert.equal(at("2026-12-06T15:00+09:00"), expected);
-  for (const bad of ["yesterday", "2026-12-06", "2026-12-06T06:00+0900"]) {
+  for (const bad of ["yesterday", "2026-12-06", "2026-12-06T06:00+0900", "2026-12-06t06:00z"]) {
     assert.equal(at(bad), undefined, bad);
     assert.equal(filterProblems(filtersFromQuery(new URLSearchParams({ from: bad }))).length, 1, bad);
   }
-  process.env.TZ = "UTC";
+});
+
+test("the status filter is the CLI's, and an unknown one lists nothing", () => {
+  const sel = (status: string) => selectorFrom(filtersFromQuery(new URLSearchParams({ status })));
+  assert.equal(sel("open").status, 1);
+  assert.equal(sel("replayed").status, 3);
+  assert.equal(sel("").status, 0, "empty: the API's default, everything not archived");
+  const problems = filterProblems(filtersFromQuery(new URLSearchParams({ status: "opened" })));
+  assert.deepEqual(problems, ['status: "opened" is none of open, replayed, archived, all']);
+});
+
+test("a timestamp header is read in the unit its range says", () => {
+  assert.equal(epochText(1_700_000_000n), "2023-11-14T22:13:20.000Z");
+  assert.equal(epochText(1_700_000_000_123n), "2023-11-14T22:13:20.123Z (read as milliseconds)");
+  assert.equal(epochText(1_700_000_000_123_456n), "2023-11-14T22:13:20.123Z (read as microseconds)");
+  assert.equal(epochText(12_345n), "12345");
 });

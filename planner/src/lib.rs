@@ -436,7 +436,7 @@ async fn prepare_database(
             // A keyless planner on a signed log would write rows the log
             // refuses to seal (they carry no MAC), and must not seal others'.
             let audit = &config.audit_log;
-            if audit.mode != "off"
+            if audit.sealing()
                 && audit.signing_key.is_none()
                 && let Some(signed) = store.audit_checkpoint(None).await?
             {

@@ -45,7 +45,9 @@ export function ActionButton(p: Props) {
       >
         {p.label}
       </button>
-      {open && <Dialog {...p.dialog} onConfirm={confirm} onCancel={() => setOpen(false)} />}
+      {open && (
+        <Dialog {...p.dialog} danger={p.dialog.danger ?? p.danger} onConfirm={confirm} onCancel={() => setOpen(false)} />
+      )}
     </>
   );
 }

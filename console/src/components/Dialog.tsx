@@ -15,6 +15,8 @@ export interface DialogSpec {
   needsReason?: boolean;
   /** The person must type this number before confirming. */
   typedCount?: string;
+  /** The action cannot be undone: its button is red. */
+  danger?: boolean;
 }
 
 interface Props extends DialogSpec {
@@ -30,7 +32,7 @@ export function Dialog(p: Props) {
   const once = useRef(false);
   const box = useRef<HTMLDivElement>(null);
   useEffect(() => {
-    // Focus the first field (or Cancel): the keyboard starts in the dialog.
+    // Focus the first field (or Back): the keyboard starts in the dialog.
     box.current?.querySelector<HTMLElement>("textarea, input, [data-testid=dialog-cancel]")?.focus();
   }, []);
   const valid =
@@ -82,11 +84,11 @@ export function Dialog(p: Props) {
         )}
         <div class="dialog-buttons">
           <button type="button" data-testid="dialog-cancel" onClick={p.onCancel}>
-            Cancel
+            Back
           </button>
           <button
             type="button"
-            class="primary"
+            class={p.danger ? "danger" : "primary"}
             data-testid="dialog-confirm"
             disabled={clicked || !valid}
             onClick={confirm}

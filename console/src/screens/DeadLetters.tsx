@@ -28,6 +28,7 @@ const INPUTS: { key: FilterKey; label: string; testid: string; type?: string; pl
   { key: "from", label: "Died from (UTC)", testid: "filter-from", type: "datetime-local" },
   { key: "to", label: "Died before (UTC)", testid: "filter-to", type: "datetime-local" },
   { key: "body", label: "Body match (path=value)", testid: "filter-body", placeholder: "/order/status=paid" },
+  { key: "status", label: "Status", testid: "filter-status", type: "select" },
 ];
 
 export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearchParams }) {
@@ -81,14 +82,28 @@ export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearc
         {INPUTS.map((i) => (
           <label class="field" key={i.key}>
             <span>{i.label}</span>
-            <input
-              type={i.type ?? "text"}
-              data-testid={i.testid}
-              placeholder={i.placeholder}
-              value={form[i.key]}
-              aria-invalid={i.key === "body" && bodyInvalid}
-              onInput={(e) => setForm({ ...form, [i.key]: e.currentTarget.value })}
-            />
+            {i.type === "select" ? (
+              <select
+                data-testid={i.testid}
+                value={form[i.key]}
+                onChange={(e) => setForm({ ...form, [i.key]: e.currentTarget.value })}
+              >
+                <option value="">not archived</option>
+                <option value="open">open (not replayed yet)</option>
+                <option value="replayed">replayed</option>
+                <option value="archived">archived</option>
+                <option value="all">all</option>
+              </select>
+            ) : (
+              <input
+                type={i.type ?? "text"}
+                data-testid={i.testid}
+                placeholder={i.placeholder}
+                value={form[i.key]}
+                aria-invalid={i.key === "body" && bodyInvalid}
+                onInput={(e) => setForm({ ...form, [i.key]: e.currentTarget.value })}
+              />
+            )}
           </label>
         ))}
         <div class="filter-buttons">

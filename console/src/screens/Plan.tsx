@@ -51,6 +51,9 @@ interface SentStats {
 function useLivePlan(id: string) {
   const [plan, setPlanState] = useState<PlanMsg | null>(null);
   const [missing, setMissing] = useState<string | null>(null);
+  // While the page's own stream is down, a still plan says nothing of the
+  // executors.
+  const [watchDown, setWatchDown] = useState(false);
   // When this page last saw the plan move (an item done, a new state): a
   // running plan that stands still for long has no executor working on it.
   const progress = useRef({ done: -1n, state: -1, at: Date.now() });
@@ -97,6 +100,7 @@ function useLivePlan(id: string) {
           for await (const m of planner.watchPlan({ planId: id, includeEvents: true }, { signal })) {
             if (delay > 1000) clearErrorOf("WatchPlan");
             delay = 1000;
+            setWatchDown(false);
             if (m.update.case === "progress") {
               p = m.update.value;
               setPlan(p);
@@ -106,6 +110,7 @@ function useLivePlan(id: string) {
           }
         } catch (err) {
           if (signal.aborted) return;
+          setWatchDown(true);
           showError("WatchPlan", err);
         }
         // The stream ended: if the plan is not final, look again and rewatch.
@@ -123,14 +128,17 @@ function useLivePlan(id: string) {
     return () => ac.abort();
   }, [id]);
 
-  return { plan, setPlan, stats: stats.current, missing, progressAt: progress.current.at };
+  return { plan, setPlan, stats: stats.current, missing, watchDown, progressAt: progress.current.at };
 }
 
-/** How long a running plan may stand still on this page before it says so. */
-const STALLED_AFTER_MS = 30_000;
+/** How long a running plan may stand still on this page before it says so:
+ * 30 s, or three items' time at a slow rate. */
+function stalledAfterMs(perSecond: number | undefined): number {
+  return Math.max(30_000, perSecond && perSecond > 0 ? 3_000 / perSecond : 0);
+}
 
 export function Plan({ caller, id }: { caller: Caller; id: string }) {
-  const { plan, setPlan, stats, missing, progressAt } = useLivePlan(id);
+  const { plan, setPlan, stats, missing, watchDown, progressAt } = useLivePlan(id);
   const now = useNow(1000);
   if (missing) {
     return (
@@ -147,7 +155,8 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
   const stalled =
     (plan.state === PlanState.CANARY || plan.state === PlanState.MAIN) &&
     plan.totalItems > plan.itemsDone &&
-    stalledFor >= STALLED_AFTER_MS;
+    !watchDown &&
+    stalledFor >= stalledAfterMs(plan.rate?.perSecond);
 
   const total = plan.totalItems;
   const notSent = total > plan.itemsDone ? total - plan.itemsDone : 0n;
@@ -158,7 +167,16 @@ export function Plan({ caller, id }: { caller: Caller; id: string }) {
       what={rpc}
       label={label}
       danger={danger}
-      dialog={{ title: `${verb} plan ${plan.planId}`, count, needsReason: true, confirmLabel: `${verb} plan` }}
+      dialog={{
+        title: `${verb} plan ${plan.planId}`,
+        count,
+        needsReason: true,
+        confirmLabel: `${verb} plan`,
+        body:
+          rpc === "CancelPlan"
+            ? "Cancelling is final: the plan sends nothing more and cannot be resumed (pause it to stop for a while). The items not yet sent stay dead letters, for a new precheck and plan."
+            : undefined,
+      }}
       run={async (reason) => {
         const req = { planId: plan.planId, reason };
         const fn =

@@ -621,9 +621,10 @@ fn nothing_to_prove(
     subject: &AuditSubject,
     size: u64,
 ) -> Option<String> {
-    if !subject.plan_exists {
+    let Some(plan_state) = &subject.plan_state else {
         return Some(format!("no plan {plan_id}"));
-    }
+    };
+    let ended = ["completed", "cancelled", "aborted"].contains(&plan_state.as_str());
     let dead_letter = dead_letter_id?;
     if !subject.dead_letter_exists && subject.events == 0 {
         return Some(format!(
@@ -634,6 +635,10 @@ fn nothing_to_prove(
         (None, 0) => format!(
             "dead letter {dead_letter} is not an item of plan {plan_id}: the plan never touched \
              it, so the log holds no event of it to prove"
+        ),
+        (Some(state), 0) if state == "pending" && ended => format!(
+            "plan {plan_id} ended ({plan_state}) before dead letter {dead_letter} was attempted: \
+             it was never published by this plan, so the log holds no event of it to prove"
         ),
         (Some(state), 0) if state == "pending" => format!(
             "plan {plan_id} has no event of dead letter {dead_letter} yet: it is an item of the \
@@ -654,10 +659,17 @@ fn nothing_to_prove(
             subject.refusal.as_deref().unwrap_or("refused"),
         ),
         // Had any been sealed below `size`, the leaves read would hold them.
-        (_, events) => format!(
+        (_, events) if subject.coming_events > 0 => format!(
             "plan {plan_id}'s {events} event(s) of dead letter {dead_letter} are not sealed into \
              the checkpoint of {size} leaves yet: a newer checkpoint will hold them \
              (`redrivectl audit checkpoint` shows the latest)"
+        ),
+        // Neither sealed, queued nor refused: written by a planner whose
+        // sealing was off.
+        (_, events) => format!(
+            "plan {plan_id}'s {events} event(s) of dead letter {dead_letter} were never queued \
+             for sealing (written by a planner with --audit-log off): the log holds no leaf of \
+             them, and no checkpoint ever will"
         ),
     })
 }
@@ -943,14 +955,16 @@ mod tests {
     fn a_proof_with_nothing_to_prove_says_why() {
         let plan = PlanId::parse("plan_id", "0190d2a4-8f1e-7c3a-9b5d-2e4f6a8c0b1d").unwrap();
         let subject =
-            |plan_exists, dead_letter_exists, state: Option<&str>, events, sealed| AuditSubject {
-                plan_exists,
-                dead_letter_exists,
-                item_state: state.map(str::to_owned),
-                events,
-                sealed_events: sealed,
-                refused_events: 0,
-                refusal: None,
+            |plan_exists: bool, dead_letter_exists, state: Option<&str>, events, coming| {
+                AuditSubject {
+                    plan_state: plan_exists.then(|| "main".to_owned()),
+                    dead_letter_exists,
+                    item_state: state.map(str::to_owned),
+                    events,
+                    coming_events: coming,
+                    refused_events: 0,
+                    refusal: None,
+                }
             };
         let why = |dead_letter, subject: AuditSubject| {
             nothing_to_prove(plan, dead_letter, &subject, 40).unwrap_or_default()
@@ -979,7 +993,16 @@ mod tests {
             gone.contains("as sent, yet no event of it is stored"),
             "{gone}"
         );
-        let unsealed = why(Some(7), subject(true, true, Some("sent"), 2, 0));
+        let ended = AuditSubject {
+            plan_state: Some("cancelled".to_owned()),
+            ..subject(true, true, Some("pending"), 0, 0)
+        };
+        assert!(
+            why(Some(7), ended).contains("ended (cancelled) before dead letter 7 was attempted"),
+        );
+        let off = why(Some(7), subject(true, true, Some("sent"), 2, 0));
+        assert!(off.contains("never queued for sealing"), "{off}");
+        let unsealed = why(Some(7), subject(true, true, Some("sent"), 2, 2));
         assert!(
             unsealed
                 .contains("2 event(s) of dead letter 7 are not sealed into the checkpoint of 40"),
@@ -997,7 +1020,7 @@ mod tests {
         );
         assert!(!refused.contains("newer checkpoint"), "{refused}");
         // A dead letter deleted since: its events still name it.
-        assert!(why(Some(7), subject(true, false, Some("sent"), 1, 0)).contains("not sealed"));
+        assert!(why(Some(7), subject(true, false, Some("sent"), 1, 1)).contains("not sealed"));
     }
 
     #[test]

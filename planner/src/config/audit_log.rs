@@ -23,7 +23,8 @@ pub struct AuditLogSettings {
     /// writes it. Give every replica the same file. Without it the log is
     /// still sealed, but nothing is signed and rows written outside the
     /// planner are sealed too; once a log is signed, a planner without it
-    /// refuses to start on that database.
+    /// refuses to start on that database (unless `--audit-log off`: it
+    /// then neither seals nor queues rows for sealing).
     #[arg(
         long = "audit-signing-key",
         env = "REDRIVE_AUDIT_SIGNING_KEY",
@@ -190,7 +191,12 @@ impl AuditLogSettings {
             checkpoint_interval: self.checkpoint_interval,
             witness_dir: self.witness_dir.clone(),
             witness_url,
-            enabled: self.mode != "off",
+            enabled: self.sealing(),
         })
+    }
+
+    /// Whether this planner seals the log (`--audit-log` is not `off`).
+    pub fn sealing(&self) -> bool {
+        self.mode != "off"
     }
 }

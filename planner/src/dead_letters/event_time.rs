@@ -172,8 +172,10 @@ pub fn from_text(text: &str) -> Result<EventTime, Implausible> {
 /// How far an event time may lie after the moment it cannot be later than
 /// (its message's first death, or its arrival at the planner) and still be
 /// taken as the time the event happened: 5 minutes, far beyond what clocks
-/// kept by NTP differ by, and below the half hour by which the nearest time
-/// zones differ from UTC, so that a local time written as UTC is caught.
+/// kept by NTP differ by. It catches a placeholder year, a producer clock
+/// well ahead, and a local time east of UTC written as UTC when the message
+/// died within less than its offset; a local time west of UTC reads as
+/// older, which no bound can tell.
 pub const CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
 
 /// `at`, unless it is more than [`CLOCK_SKEW`] after `bound`, the moment
@@ -279,8 +281,6 @@ mod tests {
         DateTime::from_timestamp(seconds, nanos).unwrap()
     }
 
-    /// A review: an event time of `1e308` in a header or a body was quoted
-    /// in the capture note and the precheck warning as 309 digits.
     #[test]
     fn an_event_time_after_its_bound_is_refused_beyond_the_clock_skew() {
         let death = at(1_764_000_000, 0);
@@ -307,6 +307,8 @@ mod tests {
         }
     }
 
+    /// A review: an event time of `1e308` in a header or a body was quoted
+    /// in the capture note and the precheck warning as 309 digits.
     #[test]
     fn an_implausible_float_is_quoted_short() {
         for (value, shown) in [(1e308, "1e308"), (-1e-300, "-1e-300"), (12.5, "12.5")] {

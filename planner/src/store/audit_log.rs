@@ -17,8 +17,9 @@ use crate::ids::PlanId;
 /// What [`Store::audit_subject`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditSubject {
-    /// Whether the plan exists.
-    pub plan_exists: bool,
+    /// The plan's state (`completed`, `cancelled`, ...), `None` when there
+    /// is no such plan.
+    pub plan_state: Option<String>,
     /// Whether the dead letter exists (false when none was asked of).
     pub dead_letter_exists: bool,
     /// The dead letter's state as an item of the plan, `None` when it is
@@ -26,8 +27,9 @@ pub struct AuditSubject {
     pub item_state: Option<String>,
     /// The plan's audit events of the dead letter.
     pub events: u64,
-    /// Of those, how many the log sealed below the tree size asked of.
-    pub sealed_events: u64,
+    /// Of those, how many a newer checkpoint will hold: sealed at or above
+    /// the tree size asked of, or queued for sealing.
+    pub coming_events: u64,
     /// Of those, how many the log refused to seal (`audit_log_refused`:
     /// no MAC, a MAC that does not match).
     pub refused_events: u64,
@@ -359,11 +361,11 @@ impl Store {
     }
 
     /// Why a proof of plan `plan_id` (and of its events of dead letter
-    /// `dead_letter_id`) found nothing to prove below `tree_size`: whether
-    /// the plan and the dead letter exist, whether the dead letter is one
-    /// of the plan's items (its state), and how many of the plan's events
-    /// of it there are and how many of those the log sealed below
-    /// `tree_size`.
+    /// `dead_letter_id`) found nothing to prove below `tree_size`: the
+    /// plan's state, whether the dead letter exists and is one of the
+    /// plan's items (its state), and how many of the plan's events of it
+    /// there are, will be sealed (above `tree_size`, or queued) and were
+    /// refused.
     ///
     /// # Errors
     /// [`StoreError`].
@@ -373,13 +375,24 @@ impl Store {
         dead_letter_id: Option<i64>,
         tree_size: u64,
     ) -> Result<AuditSubject, StoreError> {
-        let row: (bool, bool, Option<String>, i64, i64, i64, Option<String>) = sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM plans WHERE id = $1), \
+        type Row = (
+            Option<String>,
+            bool,
+            Option<String>,
+            i64,
+            i64,
+            i64,
+            Option<String>,
+        );
+        let row: Row = sqlx::query_as(
+            "SELECT (SELECT state FROM plans WHERE id = $1), \
                     EXISTS (SELECT 1 FROM dead_letters WHERE id = $2), \
                     (SELECT state FROM plan_items \
                       WHERE plan_id = $1 AND dead_letter_id = $2 LIMIT 1), \
                     count(e.id), \
-                    count(l.leaf_index) FILTER (WHERE l.leaf_index < $3), \
+                    count(e.id) FILTER (WHERE l.leaf_index >= $3 OR EXISTS \
+                      (SELECT 1 FROM audit_log_pending p \
+                        WHERE p.kind = 'event' AND p.plan_id = e.plan_id AND p.ref_id = e.id)), \
                     count(r.ref_id), min(r.reason) \
              FROM audit_events e \
              LEFT JOIN audit_log l \
@@ -394,11 +407,11 @@ impl Store {
         .fetch_one(self.pool())
         .await?;
         Ok(AuditSubject {
-            plan_exists: row.0,
+            plan_state: row.0,
             dead_letter_exists: row.1,
             item_state: row.2,
             events: as_u64(row.3),
-            sealed_events: as_u64(row.4),
+            coming_events: as_u64(row.4),
             refused_events: as_u64(row.5),
             refusal: row.6,
         })
