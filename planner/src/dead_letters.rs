@@ -485,6 +485,75 @@ mod tests {
     }
 
     #[test]
+    fn a_death_or_event_time_ahead_of_the_capture_is_never_after_it() {
+        use redrive_proto::v1::{HeaderArray, HeaderTable as Table};
+        let captured_at = DateTime::from_timestamp(1_764_000_000, 0).unwrap();
+        let ahead = u64::try_from(captured_at.timestamp() + 3600).unwrap();
+        let entry = HeaderValue {
+            value: Some(Value::Table(Table {
+                fields: [
+                    (
+                        "reason".to_owned(),
+                        HeaderValue {
+                            value: Some(Value::LongString(b"rejected".to_vec())),
+                        },
+                    ),
+                    (
+                        "queue".to_owned(),
+                        HeaderValue {
+                            value: Some(Value::LongString(b"work".to_vec())),
+                        },
+                    ),
+                    (
+                        "time".to_owned(),
+                        HeaderValue {
+                            value: Some(Value::Timestamp(ahead)),
+                        },
+                    ),
+                ]
+                .into(),
+            })),
+        };
+        let headers = HeaderTable {
+            fields: [(
+                "x-death".to_owned(),
+                HeaderValue {
+                    value: Some(Value::Array(HeaderArray {
+                        values: vec![entry],
+                    })),
+                },
+            )]
+            .into(),
+        };
+        // A broker (or a service) whose clock runs an hour ahead.
+        let extracted = rules().extract(RawDeadLetter::from_queue(
+            "dlq",
+            b"{}".to_vec(),
+            MessageProperties::default(),
+            headers,
+            false,
+            captured_at,
+        ));
+        assert!(extracted.death.is_some());
+        assert_eq!(extracted.died_at, captured_at);
+        assert_eq!(extracted.first_died_at, captured_at);
+        // An ingested event time a minute ahead (within the skew) is kept,
+        // but the death it stands in for is the capture.
+        let mut ingested = raw(b"{}".to_vec(), MessageProperties::default(), &[]);
+        ingested.captured_at = captured_at;
+        ingested.occurred_at = Some(captured_at + chrono::TimeDelta::minutes(1));
+        let extracted = rules().extract(ingested);
+        assert_eq!(
+            extracted.occurred_at,
+            Some(captured_at + chrono::TimeDelta::minutes(1))
+        );
+        assert_eq!(
+            (extracted.died_at, extracted.first_died_at),
+            (captured_at, captured_at)
+        );
+    }
+
+    #[test]
     fn the_timestamp_property_and_the_event_time_header_read_every_unit() {
         let at = DateTime::from_timestamp(1_764_670_000, 0).unwrap();
         let stamped = |timestamp: u64| MessageProperties {

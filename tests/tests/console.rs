@@ -572,6 +572,59 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
         body.contains("\"customer_id\": 12345678901234567891,") && body.contains("\"price\": 1.10"),
         "{body}"
     );
+    // A 250-character message id wraps in its own cell: the other columns
+    // keep their words whole (a new user saw "rejecte / d").
+    let long_id = format!("long-{}", "x".repeat(245));
+    let answer = bed
+        .client
+        .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: long_id.clone(),
+            body: br#"{"n":1}"#.to_vec(),
+            reason: "rejected".to_owned(),
+            original_destination: "orders".to_owned(),
+            ..Default::default()
+        }]))
+        .await?
+        .into_inner();
+    assert_eq!(answer.accepted, 1, "{answer:?}");
+    browser
+        .go(&format!("{url}/#/dead-letters?source={source}"))
+        .await?;
+    browser.at_least("dl-row", 3).await?;
+    // [how far the table reaches beyond its container in px, the most lines
+    // a reason cell takes], with the page's own rules, then without the id
+    // cells' rule.
+    let layout = "const table = document.querySelector('[data-testid=dl-row]').closest('table');
+         const over = table.getBoundingClientRect().width - table.parentElement.clientWidth;
+         const cells = [...document.querySelectorAll('[data-testid=dl-row] td:nth-child(4)')];
+         const lines = Math.max(...cells.map((cell) => {
+           const range = document.createRange();
+           range.selectNodeContents(cell);
+           return range.getClientRects().length;
+         }));
+         return [Math.round(over), lines];";
+    let fitted = browser
+        .run(&format!("arguments[0]((() => {{ {layout} }})());"), vec![])
+        .await?;
+    browser.screenshot("long-values").await?;
+    assert!(
+        fitted[0].as_i64().is_some_and(|over| over <= 1) && fitted[1] == json!(1),
+        "the table overflows its page or a reason wraps beside a long id: {fitted}"
+    );
+    let unruled = browser
+        .run(
+            &format!(
+                "for (const cell of document.querySelectorAll('td.mono')) cell.style.overflowWrap = 'normal';
+                 arguments[0]((() => {{ {layout} }})());"
+            ),
+            vec![],
+        )
+        .await?;
+    assert!(
+        unruled[0].as_i64().is_some_and(|over| over > 1),
+        "without the rule the long id widens the table: the check can fail ({unruled})"
+    );
     // A plan that does not exist is said to be missing, not loading for ever.
     browser
         .go(&format!("{url}/#/plans/{}", uuid::Uuid::now_v7()))

@@ -97,7 +97,7 @@ export function Audit({ id }: { id: string }) {
               </td>
               <td class="mono">{u.messageKey}</td>
               <td class="mono">{u.messageId || "—"}</td>
-              <td>{u.wave === 1 ? "canary" : u.wave === 2 ? "main" : "—"}</td>
+              <td class="nowrap">{u.wave === 1 ? "canary" : u.wave === 2 ? "main" : "—"}</td>
             </tr>
           ))}
         </tbody>
@@ -221,7 +221,7 @@ function AuditEvents({ planId }: { planId: string }) {
               <td class="mono">
                 <a href={`#/dead-letters/${encodeURIComponent(e.deadLetterId)}`}>{e.deadLetterId}</a>
               </td>
-              <td>{e.wave === Wave.CANARY ? "canary" : "main"}</td>
+              <td class="nowrap">{e.wave === Wave.CANARY ? "canary" : "main"}</td>
               <td class="wrap">{e.reason}</td>
               <td class="nowrap">{fmtTime(e.at)}</td>
             </tr>

@@ -173,7 +173,7 @@ export function DeadLetters({ caller, query }: { caller: Caller; query: URLSearc
                 </td>
                 <td class="mono">{d.messageId ?? "—"}</td>
                 <td class="mono">{d.source}</td>
-                <td>{d.death?.reason || "—"}</td>
+                <td class="nowrap">{d.death?.reason || "—"}</td>
                 <td class="error-text">{clip(d.errorText ?? "")}</td>
                 <td class="nowrap">{fmtTime(d.diedAt)}</td>
               </tr>

@@ -252,14 +252,17 @@ impl ExtractionRules {
         let occurred_at = raw
             .occurred_at
             .or_else(|| self.event_time(&raw.properties, &raw.headers, bound, notes));
-        // Without a death, the event time stands in, never later than the
-        // capture (one within the clock skew allowed may be): a message
-        // that reached the planner died no later than that.
+        // Without a death, the event time stands in. Neither is ever later
+        // than the capture (an event time within the clock skew allowed, a
+        // broker or a service whose clock runs ahead): a message that
+        // reached the planner died no later than that.
         let died_at = death
             .and_then(|death| death.time)
-            .or(occurred_at.map(|at| at.min(raw.captured_at)))
-            .unwrap_or(raw.captured_at);
-        let first_died_at = death.and_then(|death| death.first_time).unwrap_or(died_at);
+            .or(occurred_at)
+            .map_or(raw.captured_at, |at| at.min(raw.captured_at));
+        let first_died_at = death
+            .and_then(|death| death.first_time)
+            .map_or(died_at, |at| at.min(died_at));
         Times {
             occurred_at,
             died_at,
