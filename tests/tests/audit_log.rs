@@ -162,6 +162,26 @@ fn redrivectl(args: &[&str], planner: &str) -> anyhow::Result<(i32, String)> {
     Ok((output.status.code().unwrap_or(-1), text))
 }
 
+/// `redrivectl audit prove --plan PLAN --dead-letter ID [--key KEY]`.
+fn prove(
+    planner: &str,
+    plan: &str,
+    dead_letter: i64,
+    key: Option<&str>,
+) -> anyhow::Result<(i32, String)> {
+    let dead_letter = dead_letter.to_string();
+    let mut args = vec![
+        "audit",
+        "prove",
+        "--plan",
+        plan,
+        "--dead-letter",
+        &dead_letter,
+    ];
+    args.extend(key.iter().flat_map(|key| ["--key", *key]));
+    redrivectl(&args, planner)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> anyhow::Result<()> {
     init_logging();
@@ -241,19 +261,7 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     .bind(plan_id)
     .fetch_one(&pool)
     .await?;
-    let (code, text) = redrivectl(
-        &[
-            "audit",
-            "prove",
-            "--plan",
-            &plan.plan_id,
-            "--dead-letter",
-            &dead_letter.to_string(),
-            "--key",
-            &vkey_arg,
-        ],
-        &planner,
-    )?;
+    let (code, text) = prove(&planner, &plan.plan_id, dead_letter, Some(&vkey_arg))?;
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains(&format!(
@@ -401,28 +409,15 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     .await?;
     for (dead_letter, expected) in [
         (
-            untouched.to_string(),
+            untouched,
             format!(
                 "dead letter {untouched} is not an item of plan {}",
                 plan.plan_id
             ),
         ),
-        (
-            "987654321987".to_owned(),
-            "no dead letter 987654321987".to_owned(),
-        ),
+        (987_654_321_987, "no dead letter 987654321987".to_owned()),
     ] {
-        let (code, text) = redrivectl(
-            &[
-                "audit",
-                "prove",
-                "--plan",
-                &plan.plan_id,
-                "--dead-letter",
-                &dead_letter,
-            ],
-            &planner,
-        )?;
+        let (code, text) = prove(&planner, &plan.plan_id, dead_letter, None)?;
         assert_eq!(code, 65, "{text}");
         assert!(text.contains(&expected), "{text}");
         assert!(!text.contains("leaf "), "no other leaf offered: {text}");
@@ -474,18 +469,11 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     assert!(found[0].contains(&format!("event {changed} ")), "{found:?}");
     assert!(found[0].contains("changed"), "{found:?}");
     // The proof of that event no longer holds either.
-    let (code, text) = redrivectl(
-        &[
-            "audit",
-            "prove",
-            "--plan",
-            &plan.plan_id,
-            "--dead-letter",
-            &dead_letter_of(&pool, changed).await?.to_string(),
-            "--key",
-            &vkey_arg,
-        ],
+    let (code, text) = prove(
         &planner,
+        &plan.plan_id,
+        dead_letter_of(&pool, changed).await?,
+        Some(&vkey_arg),
     )?;
     assert_eq!(code, 65, "{text}");
     assert!(text.contains("NOT PROVEN"), "{text}");
@@ -547,17 +535,7 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     assert!(added.contains("MAC"), "why it was refused: {added}");
     // Asked to prove what the plan did to that dead letter: the forged row
     // is named as refused, never "wait for a newer checkpoint".
-    let (code, text) = redrivectl(
-        &[
-            "audit",
-            "prove",
-            "--plan",
-            &plan.plan_id,
-            "--dead-letter",
-            &untouched.to_string(),
-        ],
-        &planner,
-    )?;
+    let (code, text) = prove(&planner, &plan.plan_id, untouched, None)?;
     assert_eq!(code, 65, "{text}");
     assert!(
         text.contains("1 refused by the log, never to be sealed (no MAC"),

@@ -427,6 +427,35 @@ async fn a_viewer_sees_no_action_and_a_forged_call_is_refused() -> anyhow::Resul
     bed.finish().await
 }
 
+/// Ingests one dead letter `message_id` of `source` (rejected, for the
+/// queue `orders`) with `body` and `content_type`, and checks it was stored.
+async fn ingest_one(
+    bed: &mut TestBed,
+    source: &str,
+    message_id: &str,
+    body: &[u8],
+    content_type: Option<&str>,
+) -> anyhow::Result<()> {
+    let answer = bed
+        .client
+        .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
+            source: source.to_owned(),
+            message_id: message_id.to_owned(),
+            body: body.to_vec(),
+            properties: content_type.map(|content_type| v1::MessageProperties {
+                content_type: Some(content_type.to_owned()),
+                ..Default::default()
+            }),
+            reason: "rejected".to_owned(),
+            original_destination: "orders".to_owned(),
+            ..Default::default()
+        }]))
+        .await?
+        .into_inner();
+    anyhow::ensure!(answer.accepted == 1, "{message_id} not stored: {answer:?}");
+    Ok(())
+}
+
 /// A dead letter whose body and headers hold `<script>` and an `<img
 /// onerror>` is shown as text: the markup is on the page as characters, no
 /// handler ran and no dialog opened.
@@ -536,23 +565,14 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     // A JSON body is shown with every token as written: an id past 2^53
     // and a price's trailing zero are not rewritten, as parsing and
     // printing again would (a new user copied a wrong customer id).
-    let answer = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
-            source: source.clone(),
-            message_id: "json-1".to_owned(),
-            body: br#"{"customer_id":12345678901234567891,"price":1.10}"#.to_vec(),
-            properties: Some(v1::MessageProperties {
-                content_type: Some("application/json".to_owned()),
-                ..Default::default()
-            }),
-            reason: "rejected".to_owned(),
-            original_destination: "orders".to_owned(),
-            ..Default::default()
-        }]))
-        .await?
-        .into_inner();
-    assert_eq!(answer.accepted, 1, "{answer:?}");
+    ingest_one(
+        &mut bed,
+        &source,
+        "json-1",
+        br#"{"customer_id":12345678901234567891,"price":1.10}"#,
+        Some("application/json"),
+    )
+    .await?;
     let listed = redrive_tests::dead_letters_of(&mut bed.client, &source, 10).await?;
     let json_id = listed
         .dead_letters
@@ -575,19 +595,7 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
     // A 250-character message id wraps in its own cell: the other columns
     // keep their words whole (a new user saw "rejecte / d").
     let long_id = format!("long-{}", "x".repeat(245));
-    let answer = bed
-        .client
-        .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
-            source: source.clone(),
-            message_id: long_id.clone(),
-            body: br#"{"n":1}"#.to_vec(),
-            reason: "rejected".to_owned(),
-            original_destination: "orders".to_owned(),
-            ..Default::default()
-        }]))
-        .await?
-        .into_inner();
-    assert_eq!(answer.accepted, 1, "{answer:?}");
+    ingest_one(&mut bed, &source, &long_id, br#"{"n":1}"#, None).await?;
     browser
         .go(&format!("{url}/#/dead-letters?source={source}"))
         .await?;
