@@ -184,6 +184,7 @@ impl BatchWriter {
             store: self.store.clone(),
             channel: self.channel.channel.clone(),
             prefetch: self.channel.prefetch,
+            session_over: self.session_over.clone(),
         };
         let recorder = tokio::spawn(recorder.run(to_record).in_current_span());
         let storer = Storer {
@@ -321,8 +322,19 @@ impl BatchWriter {
     /// redeliveries.
     async fn ack(&self, last: &Delivery) -> bool {
         // Stored but not acked: the broker redelivers them to the next
-        // session, which matches them against this unacked batch.
-        match last.acker.ack(BasicAckOptions { multiple: true }).await {
+        // session, which matches them against this unacked batch. lapin's
+        // future can outlive a connection the guard ended (seen: a capture
+        // stalled for good after a guard stop), so the session's end ends
+        // the wait.
+        let sent = tokio::select! {
+            biased;
+            sent = last.acker.ack(BasicAckOptions { multiple: true }) => sent,
+            () = self.session_over.cancelled() => {
+                warn!("ack after commit not sent: the session ended");
+                return false;
+            }
+        };
+        match sent {
             Ok(true) => true,
             Ok(false) => {
                 warn!("ack after commit not sent: the channel is closed");
@@ -345,6 +357,8 @@ struct AckRecorder {
     channel: lapin::Channel,
     /// The session's prefetch, set again as the proof ([`Self::record`]).
     prefetch: u16,
+    /// Cancelled when the session failed: the proof never comes.
+    session_over: CancellationToken,
 }
 
 impl AckRecorder {
@@ -370,10 +384,13 @@ impl AckRecorder {
         // recorded as acked. The writer sent every ack of `batch_ids`
         // before handing them over, so this basic.qos (the session's own
         // prefetch: a local reply) follows them all.
-        let sync = self
-            .channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await;
+        // A session that failed ends the wait: lapin's reply future can
+        // outlive the connection.
+        let sync = tokio::select! {
+            biased;
+            sync = self.channel.basic_qos(self.prefetch, BasicQosOptions::default()) => sync.map_err(|error| error.to_string()),
+            () = self.session_over.cancelled() => Err("the session ended first".to_owned()),
+        };
         if let Err(error) = sync {
             warn!(%error, batches = batch_ids.len(), "acks after commit are unconfirmed; their batches stay open for redeliveries");
             return;
