@@ -36,6 +36,9 @@ pub(crate) struct Background {
     listening: Option<tokio::task::JoinHandle<()>>,
     /// Health reports, plan counts, the canary gates and retention.
     others: tokio::task::JoinSet<()>,
+    /// Why a background task stopped the planner, if one did: the
+    /// planner exits with it.
+    fatal: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Once the database is ready: marks the services `SERVING` and starts the
@@ -103,25 +106,31 @@ pub(crate) async fn start_background(
         capture: Some(capture),
         listening: Some(listening),
         others,
+        fatal: Arc::default(),
     }
 }
 
 impl Background {
-    /// Starts the webhook deliverer ([`webhooks::deliver::run`]) over
-    /// `store` with `delivery`, ending with `shutdown` (its attempts under
-    /// way end within their timeout, inside the grace period).
     /// Starts the audit log's sequencer (sealing rounds, checkpoints, the
-    /// witness).
+    /// witness); it stops the planner when the log is signed and the
+    /// planner has no key ([`crate::audit::log::KEYLESS_ON_SIGNED_LOG`]).
     pub(crate) fn seal_audit_log(
         &mut self,
         store: Store,
         log: crate::audit::log::AuditLog,
         shutdown: &CancellationToken,
     ) {
-        self.others
-            .spawn(crate::audit::log::run(store, log, shutdown.clone()));
+        self.others.spawn(crate::audit::log::run(
+            store,
+            log,
+            shutdown.clone(),
+            Arc::clone(&self.fatal),
+        ));
     }
 
+    /// Starts the webhook deliverer ([`webhooks::deliver::run`]) over
+    /// `store` with `delivery`, ending with `shutdown` (its attempts under
+    /// way end within their timeout, inside the grace period).
     pub(crate) fn deliver_webhooks(
         &mut self,
         store: Store,
@@ -167,6 +176,7 @@ pub(crate) async fn stop_within_grace(
         capture,
         listening,
         mut others,
+        fatal,
     } = background;
     if let Some(listening) = listening {
         listening.abort();
@@ -184,7 +194,10 @@ pub(crate) async fn stop_within_grace(
         );
         others.abort_all();
     }
-    Ok(())
+    match fatal.get() {
+        Some(why) => anyhow::bail!("{why}"),
+        None => Ok(()),
+    }
 }
 
 /// Keeps the `redrive.planner.plans` gauge current: counts the plans in

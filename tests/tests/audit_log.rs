@@ -868,6 +868,64 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
 /// statement's generic plan). Each round still takes its batch by the
 /// queue's index; the round that re-ran its `LIMIT` subquery per queued row
 /// took minutes for this backlog.
+/// A planner without the key that runs while another planner of its
+/// database, given the key, signs the log (a replica left behind when the
+/// key was rolled out) stops within a round, saying why, instead of
+/// writing rows the log would refuse to seal for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_without_the_key_stops_once_its_log_is_signed() -> anyhow::Result<()> {
+    init_logging();
+    let keys = Keys::new("redrive.test/keyless")?;
+    // The schema and one plan, sealed without a key.
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let db_url = bed.db.url();
+    one_plan(&mut bed.client, "keyless").await?;
+    bed.planner.halt().await?;
+    let pool = sqlx::PgPool::connect(&db_url).await?;
+    let binaries = scenario::Binaries::of_tests()?;
+    let (mut keyless, log) = scenario::spawn_logged(
+        &binaries.planner,
+        [
+            "--listen",
+            &scenario::free_local_addr()?.to_string(),
+            "--database-url",
+            &db_url,
+            "--broker-id",
+            "redrive-tests",
+        ],
+    )?;
+    wait_until(
+        "the keyless planner to serve",
+        Duration::from_secs(30),
+        || {
+            let text = log.text();
+            async move { Ok(text.contains("planner serving its API")) }
+        },
+    )
+    .await?;
+    let mut keyed = planner_process(&db_url, &keys)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), keyless.wait()).await;
+    let signed: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_checkpoints")
+        .fetch_one(&pool)
+        .await?;
+    kill_9(&mut keyed).await?;
+    let status = status.map_err(|_| {
+        anyhow::anyhow!(
+            "the keyless planner kept running on a signed log:\n{}",
+            log.text()
+        )
+    })??;
+    assert!(signed > 0, "the keyed planner signed a checkpoint");
+    assert!(!status.success(), "{}", log.text());
+    let text = log.text();
+    assert!(
+        text.contains("this planner has no --audit-signing-key")
+            && text.contains("the planner stops"),
+        "{text}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_events_seals_under_a_plan_made_while_the_queue_was_small()
 -> anyhow::Result<()> {

@@ -63,6 +63,16 @@ pub const BATCH: i64 = 10_000;
 /// fewer than [`BATCH`].
 pub const SEAL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Why a planner without `--audit-signing-key` stops (and a sealing round
+/// fails) once the log in its database is signed: it could not check the
+/// MACs of the rows it would seal, and the rows it writes carry none, so a
+/// keyed planner refuses to seal them for good.
+pub const KEYLESS_ON_SIGNED_LOG: &str = "the audit log in this database is signed (a planner \
+     with --audit-signing-key signed a checkpoint), and this planner has no \
+     --audit-signing-key: it cannot check the rows' MACs, and the rows it writes would carry \
+     none, so the log would refuse to seal them. Give every planner of this database the same \
+     --audit-signing-key (docs/audit-log.md)";
+
 /// Levels of the tree whose complete subtrees are stored (multiples of 4):
 /// any subtree's hash is then read from at most 8 stored hashes.
 const STORED_LEVELS: u8 = 4;
@@ -115,7 +125,7 @@ struct Inner {
     sealing: Mutex<()>,
     /// The largest checkpoint pushed to every witness.
     pushed: AtomicU64,
-    /// Whether this keyless planner has said it will not seal a signed log.
+    /// Whether this keyless planner found the log signed ([`KEYLESS_ON_SIGNED_LOG`]).
     keyless_refused: std::sync::atomic::AtomicBool,
     /// After a failed push: how many failed in a row, and when to try
     /// again (2 s, doubling to a minute).
@@ -240,14 +250,8 @@ impl AuditLog {
         // the database to launder rows written with psql) seals nothing.
         if self.inner.current_pads.is_none() && sealing.latest_checkpoint().await?.is_some() {
             sealing.rollback().await?;
-            if !self.inner.keyless_refused.swap(true, Ordering::Relaxed) {
-                error!(
-                    "audit log: this database's log is signed, and this planner has no \
-                     --audit-signing-key: it seals nothing (give every planner of this database \
-                     the same key)"
-                );
-            }
-            return Ok(Round::default());
+            self.inner.keyless_refused.store(true, Ordering::Relaxed);
+            return Err(Error::FailedPrecondition(KEYLESS_ON_SIGNED_LOG.to_owned()));
         }
         let pending = sealing
             .take_pending(
@@ -472,7 +476,17 @@ fn write_witness(dir: &std::path::Path, note: &str, size: u64) -> Result<(), Str
 /// The sequencer: a sealing round every [`SEAL_INTERVAL`] (at once again
 /// after a full one), a push of each new checkpoint, and a last round at
 /// shutdown.
-pub(crate) async fn run(store: Store, log: AuditLog, shutdown: CancellationToken) {
+///
+/// A planner without the key on a log that became signed while it ran
+/// ([`KEYLESS_ON_SIGNED_LOG`]) stops: `fatal` gets why, and `shutdown` is
+/// cancelled, so that the planner exits non-zero and its writes stop
+/// within one round (a restart is refused at start for the same reason).
+pub(crate) async fn run(
+    store: Store,
+    log: AuditLog,
+    shutdown: CancellationToken,
+    fatal: Arc<std::sync::OnceLock<String>>,
+) {
     if !log.enabled() {
         info!("audit log: sealing is off (--audit-log off)");
         return;
@@ -495,6 +509,12 @@ pub(crate) async fn run(store: Store, log: AuditLog, shutdown: CancellationToken
                     );
                 }
                 usize::try_from(BATCH).is_ok_and(|batch| round.taken >= batch)
+            }
+            Err(error) if log.inner.keyless_refused.load(Ordering::Relaxed) => {
+                error!("audit log: {error}; the planner stops");
+                let _ = fatal.set(error.to_string());
+                shutdown.cancel();
+                return;
             }
             Err(error) => {
                 debug!(%error, "audit log: a sealing round failed; the next one retries");
