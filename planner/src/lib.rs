@@ -212,8 +212,11 @@ pub async fn run(
             return Err(error);
         }
     };
-    stop_within_grace(&config, server, background, &shutdown).await?;
+    // The last metrics and traces go out also when a background task
+    // stopped the planner.
+    let stopped = stop_within_grace(&config, server, background, &shutdown).await;
     metrics_pipeline.shutdown().await;
+    stopped?;
     info!("planner stopped");
     Ok(())
 }

@@ -541,6 +541,59 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
         text.contains("1 refused by the log, never to be sealed (no MAC"),
         "{text}"
     );
+    // A forged event beside a dead letter's sealed ones: they are proven,
+    // and the forged one is named as not proven, never covered by them.
+    let first_sent: i64 = sqlx::query_scalar(
+        "SELECT id FROM audit_events WHERE plan_id = $1 AND action = 'sent' ORDER BY id LIMIT 1",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    let touched = dead_letter_of(&pool, first_sent).await?;
+    let beside: i64 = sqlx::query_scalar(
+        "INSERT INTO audit_events (plan_id, slice_id, dead_letter_id, message_key, destination, action, \
+             reason, wave, executor_id, attempt) \
+         SELECT plan_id, slice_id, dead_letter_id, message_key, destination, 'skipped_duplicate', '', \
+                wave, executor_id, 2 \
+         FROM audit_events WHERE id = $1 RETURNING id",
+    )
+    .bind(first_sent)
+    .fetch_one(&pool)
+    .await?;
+    wait_until(
+        "the forged row beside sealed ones refused",
+        Duration::from_secs(20),
+        || {
+            let pool = pool.clone();
+            async move {
+                Ok(sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM audit_log_refused WHERE kind = 'event' AND ref_id = $1",
+                )
+                .bind(beside)
+                .fetch_one(&pool)
+                .await?
+                    == 1)
+            }
+        },
+    )
+    .await?;
+    let (code, text) = prove(&planner, &plan.plan_id, touched, None)?;
+    assert_eq!(code, 65, "{text}");
+    let sealed_line = text
+        .lines()
+        .find(|line| line.contains(&format!("(event {first_sent})")))
+        .unwrap_or_else(|| panic!("the sealed event is listed: {text}"));
+    assert!(
+        sealed_line.starts_with("leaf ") && !sealed_line.contains("NOT PROVEN"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "NOT PROVEN: 1 event(s) of dead letter {touched} refused by the log, never to be sealed (no MAC"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains(&format!("(event {beside}")), "{text}");
 
     // 4. A checkpoint re-signed with another key is refused, naming who
     // signed it.
@@ -596,8 +649,8 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     sqlx::query("DELETE FROM audit_log_refused")
         .execute(&pool)
         .await?;
-    sqlx::query("DELETE FROM audit_events WHERE id = $1")
-        .bind(forged)
+    sqlx::query("DELETE FROM audit_events WHERE id = ANY($1)")
+        .bind(vec![forged, beside])
         .execute(&pool)
         .await?;
     sqlx::query("UPDATE audit_log_state SET tree_size = $1")
@@ -862,12 +915,6 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
     bed.finish().await
 }
 
-/// A backlog of audit events meets the sealing query planned while the
-/// queue was small: statistics taken then, no autovacuum to refresh them (a
-/// burst outruns it), and a plan made once and reused (a prepared
-/// statement's generic plan). Each round still takes its batch by the
-/// queue's index; the round that re-ran its `LIMIT` subquery per queued row
-/// took minutes for this backlog.
 /// A planner without the key that runs while another planner of its
 /// database, given the key, signs the log (a replica left behind when the
 /// key was rolled out) stops within a round, saying why, instead of
@@ -926,6 +973,12 @@ async fn a_planner_without_the_key_stops_once_its_log_is_signed() -> anyhow::Res
     Ok(())
 }
 
+/// A backlog of audit events meets the sealing query planned while the
+/// queue was small: statistics taken then, no autovacuum to refresh them (a
+/// burst outruns it), and a plan made once and reused (a prepared
+/// statement's generic plan). Each round still takes its batch by the
+/// queue's index; the round that re-ran its `LIMIT` subquery per queued row
+/// took minutes for this backlog.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_events_seals_under_a_plan_made_while_the_queue_was_small()
 -> anyhow::Result<()> {

@@ -509,6 +509,15 @@ async fn prove(
             ));
         }
     }
+    // Events of the dead letter with no proof here: a proof of some of
+    // them never stands for all.
+    let leaves_unproven = problems.len();
+    problems.extend(
+        response
+            .unproven
+            .iter()
+            .map(|line| format!("NOT PROVEN: {line}")),
+    );
     if json {
         writeln!(
             out,
@@ -546,10 +555,12 @@ async fn prove(
             }
         )?;
     }
-    if problems.is_empty() {
-        Ok(crate::error::EX_OK)
-    } else {
-        Err(unverified(format!("{} leaves not proven", problems.len())))
+    match (leaves_unproven, response.unproven.len()) {
+        (0, 0) => Ok(crate::error::EX_OK),
+        (0, _) => Err(unverified(
+            "not every event of the dead letter is proven (the lines above say why)",
+        )),
+        (leaves, _) => Err(unverified(format!("{leaves} leaves not proven"))),
     }
 }
 

@@ -125,8 +125,6 @@ struct Inner {
     sealing: Mutex<()>,
     /// The largest checkpoint pushed to every witness.
     pushed: AtomicU64,
-    /// Whether this keyless planner found the log signed ([`KEYLESS_ON_SIGNED_LOG`]).
-    keyless_refused: std::sync::atomic::AtomicBool,
     /// After a failed push: how many failed in a row, and when to try
     /// again (2 s, doubling to a minute).
     push_retry: std::sync::Mutex<Option<(u32, std::time::Instant)>>,
@@ -204,7 +202,6 @@ impl AuditLog {
                 enabled: options.enabled,
                 sealing: Mutex::new(()),
                 pushed: AtomicU64::new(0),
-                keyless_refused: std::sync::atomic::AtomicBool::new(false),
                 push_retry: std::sync::Mutex::new(None),
             }),
         }
@@ -250,7 +247,6 @@ impl AuditLog {
         // the database to launder rows written with psql) seals nothing.
         if self.inner.current_pads.is_none() && sealing.latest_checkpoint().await?.is_some() {
             sealing.rollback().await?;
-            self.inner.keyless_refused.store(true, Ordering::Relaxed);
             return Err(Error::FailedPrecondition(KEYLESS_ON_SIGNED_LOG.to_owned()));
         }
         let pending = sealing
@@ -510,9 +506,9 @@ pub(crate) async fn run(
                 }
                 usize::try_from(BATCH).is_ok_and(|batch| round.taken >= batch)
             }
-            Err(error) if log.inner.keyless_refused.load(Ordering::Relaxed) => {
-                error!("audit log: {error}; the planner stops");
-                let _ = fatal.set(error.to_string());
+            Err(Error::FailedPrecondition(why)) if why == KEYLESS_ON_SIGNED_LOG => {
+                error!("audit log: {why}; the planner stops");
+                let _ = fatal.set(why);
                 shutdown.cancel();
                 return;
             }
@@ -708,6 +704,7 @@ pub async fn prove_inclusion(
 ) -> Result<v1::ProveAuditInclusionResponse, Error> {
     let checkpoint = checkpoint_row(store, request.tree_size).await?;
     let size = u64::try_from(checkpoint.tree_size).unwrap_or_default();
+    let mut unproven = Vec::new();
     let leaves =
         if let Some(leaf_index) = request.leaf_index {
             if leaf_index >= size {
@@ -734,12 +731,20 @@ pub async fn prove_inclusion(
             let leaves = store
                 .audit_log_leaves_of(plan_id, dead_letter_id, size)
                 .await?;
-            let events_found = leaves.iter().any(|(_, _, record)| record.kind == "event");
-            if leaves.is_empty() || (dead_letter_id.is_some() && !events_found) {
+            let events_found = leaves
+                .iter()
+                .filter(|(_, _, record)| record.kind == "event")
+                .count() as u64;
+            if leaves.is_empty() || (dead_letter_id.is_some() && events_found == 0) {
                 let subject = store.audit_subject(plan_id, dead_letter_id, size).await?;
                 if let Some(why) = nothing_to_prove(plan_id, dead_letter_id, &subject, size) {
                     return Err(Error::NotFound(why));
                 }
+            } else if let Some(dead_letter) = dead_letter_id {
+                let subject = store
+                    .audit_subject(plan_id, Some(dead_letter), size)
+                    .await?;
+                unproven = unproven_events(dead_letter, &subject, events_found, size);
             }
             leaves
         } else {
@@ -761,7 +766,48 @@ pub async fn prove_inclusion(
     Ok(v1::ProveAuditInclusionResponse {
         checkpoint: Some(checkpoint_message(&checkpoint)),
         proofs,
+        unproven,
     })
+}
+
+/// The plan's events of `dead_letter` that `proven` leaves of the
+/// checkpoint of `size` leaves do not cover, one line per kind
+/// ([`v1::ProveAuditInclusionResponse::unproven`]): refused by the log,
+/// to be sealed into a newer checkpoint, or never queued. Empty when
+/// every event is proven.
+fn unproven_events(
+    dead_letter: i64,
+    subject: &AuditSubject,
+    proven: u64,
+    size: u64,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    if subject.refused_events > 0 {
+        lines.push(format!(
+            "{} event(s) of dead letter {dead_letter} refused by the log, never to be sealed \
+             ({}): they are not the planner's record (`redrivectl audit export` then `audit \
+             verify` name them)",
+            subject.refused_events,
+            subject.refusal.as_deref().unwrap_or("refused"),
+        ));
+    }
+    if subject.coming_events > 0 {
+        lines.push(format!(
+            "{} event(s) of dead letter {dead_letter} not sealed into the checkpoint of {size} \
+             leaves yet: a newer checkpoint will hold them",
+            subject.coming_events
+        ));
+    }
+    let never = subject
+        .events
+        .saturating_sub(proven + subject.refused_events + subject.coming_events);
+    if never > 0 {
+        lines.push(format!(
+            "{never} event(s) of dead letter {dead_letter} never queued for sealing (written by \
+             a planner with --audit-log off): no checkpoint will hold them"
+        ));
+    }
+    lines
 }
 
 /// A consistency proof from the tree of `old_size` leaves to the signed
@@ -837,7 +883,14 @@ pub async fn export(
     // What is queued is sealed first, so that the export does not list the
     // newest events as not in the log.
     if tree_size == 0 && log.enabled() {
-        log.seal_round(store).await?;
+        match log.seal_round(store).await {
+            // A keyless planner on a signed log seals nothing (and stops):
+            // the export is of the latest signed checkpoint.
+            Err(Error::FailedPrecondition(why)) if why == KEYLESS_ON_SIGNED_LOG => {}
+            other => {
+                other?;
+            }
+        }
     }
     let checkpoint = checkpoint_row(store, tree_size).await?;
     let size = u64::try_from(checkpoint.tree_size).unwrap_or_default();

@@ -282,8 +282,11 @@ async fn gather(
 ) -> Result<(), CaptureError> {
     loop {
         let first = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            // A connection lost as shutdown came is lost: the writer's
+            // waits on it end with the session (`session_over`).
+            biased;
             () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
+            () = shutdown.cancelled() => return Ok(()),
             next = consumer.next() => next,
         };
         let Some(first) = first else {
@@ -313,7 +316,14 @@ async fn gather(
             }
         }
         let batch = extract_batch(&config.rules, queue, deliveries).await;
-        if batches.send(batch).await.is_err() {
+        // The writer may be waiting on the lost connection (an ack lapin
+        // never finishes) with the queue to it full: the session ends with
+        // the connection, and the writer's waits with the session.
+        let sent = tokio::select! {
+            sent = batches.send(batch) => sent,
+            () = lost.cancelled() => return Err(CaptureError::ConnectionLost),
+        };
+        if sent.is_err() {
             // The writer gave a batch up: on shutdown while PostgreSQL was
             // down, or when its task failed (the session ends, unacked, and
             // the next one takes the messages again).

@@ -23,8 +23,10 @@ pub struct AuditLogSettings {
     /// writes it. Give every replica the same file. Without it the log is
     /// still sealed, but nothing is signed and rows written outside the
     /// planner are sealed too; once a log is signed, a planner without it
-    /// refuses to start on that database (unless `--audit-log off`: it
-    /// then neither seals nor queues rows for sealing).
+    /// refuses to start on that database, and one running stops (unless
+    /// `--audit-log off`: it then neither seals nor queues rows for
+    /// sealing). To add a key, stop every planner of the database, then
+    /// start them with it.
     #[arg(
         long = "audit-signing-key",
         env = "REDRIVE_AUDIT_SIGNING_KEY",
