@@ -35,25 +35,24 @@ pub enum Unit {
 }
 
 impl Unit {
+    /// Its name and how many of it make a second, from
+    /// [`redrive_proto::time::EPOCH_UNITS`] (the one table of them);
+    /// `None` for [`Unit::Text`].
+    fn epoch_unit(self) -> Option<(&'static str, i128)> {
+        NUMBER_UNITS
+            .iter()
+            .position(|&unit| unit == self)
+            .and_then(|index| redrive_proto::time::EPOCH_UNITS.get(index).copied())
+    }
+
     /// The unit's name, as capture notes print it.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Seconds => "seconds",
-            Self::Milliseconds => "milliseconds",
-            Self::Microseconds => "microseconds",
-            Self::Nanoseconds => "nanoseconds",
-            Self::Text => "ISO 8601 text",
-        }
+        self.epoch_unit().map_or("ISO 8601 text", |(name, _)| name)
     }
 
     /// How many of this unit make a second (1 for [`Unit::Text`]).
     fn per_second(self) -> i128 {
-        match self {
-            Self::Seconds | Self::Text => 1,
-            Self::Milliseconds => 1_000,
-            Self::Microseconds => 1_000_000,
-            Self::Nanoseconds => 1_000_000_000,
-        }
+        self.epoch_unit().map_or(1, |(_, per)| per)
     }
 }
 
@@ -71,6 +70,7 @@ pub struct EventTime {
 #[error("{0}")]
 pub struct Implausible(pub String);
 
+/// The number units, in the order of [`redrive_proto::time::EPOCH_UNITS`].
 const NUMBER_UNITS: [Unit; 4] = [
     Unit::Seconds,
     Unit::Milliseconds,
@@ -274,6 +274,16 @@ mod tests {
     use redrive_proto::v1::DecimalValue;
 
     use super::*;
+
+    #[test]
+    fn units_take_their_names_and_sizes_from_the_one_table() {
+        assert_eq!(Unit::Seconds.name(), "seconds");
+        assert_eq!(Unit::Milliseconds.name(), "milliseconds");
+        assert_eq!(Unit::Microseconds.per_second(), 1_000_000);
+        assert_eq!(Unit::Nanoseconds.per_second(), 1_000_000_000);
+        assert_eq!(Unit::Text.name(), "ISO 8601 text");
+        assert_eq!(Unit::Text.per_second(), 1);
+    }
 
     const AT: i64 = 1_764_670_000; // 2025-12-02T10:06:40Z
 
