@@ -215,6 +215,10 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                 // The connection holding unreadable messages that could not
                 // be moved aside, unacked.
                 let mut held: Option<raw::RawConnection> = None;
+                // The round about to run follows a session end already
+                // counted as a capture error (a deleted queue ends the
+                // session first: one deletion, one count).
+                let mut end_counted = false;
                 while !shutdown.is_cancelled() {
                     // The connection holding unparkable messages ended (a
                     // connection blip, the broker's `consumer_timeout`):
@@ -226,6 +230,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                     if !isolating && held.as_mut().is_some_and(|held| !held.is_alive()) {
                         info!("the connection holding unreadable messages ended; taking messages one at a time again before consuming");
                         isolating = true;
+                        end_counted = false;
                     }
                     if isolating {
                         let after_unreadable = stopped_at_unreadable;
@@ -270,7 +275,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 isolating = false;
                                 stopped_at_unreadable = false;
                                 delay = backoff.next_delay();
-                                missing_queue(&config, &store, &queue, "basic.get", Some(&text), delay);
+                                missing_queue(&config, &store, &queue, "basic.get", Some(&text), delay, !end_counted);
                             }
                             Err(error) => {
                                 delay = backoff.next_delay();
@@ -297,16 +302,18 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 config.status.set_problem(&queue, Some(format!("taking messages one at a time after a delivery the AMQP client cannot read: {why}")));
                                 isolating = true;
                                 stopped_at_unreadable = true;
+                                end_counted = false;
                                 continue;
                             }
                             Err(CaptureError::MissingQueue(_)) => {
                                 delay = delay_after_session(&mut backoff, started.elapsed());
-                                missing_queue(&config, &store, &queue, "passive declare", None, delay);
+                                missing_queue(&config, &store, &queue, "passive declare", None, delay, true);
                             }
                             Err(error) => {
                                 config.status.set_problem(&queue, Some(format!("capture session ended: {error}")));
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
+                                end_counted = true;
                                 delay = delay_after_session(&mut backoff, started.elapsed());
                                 warn!(%error, retry_in_ms = delay.as_millis() as u64, "{}", with_refusal_advice("capture session ended", &error));
                             }
@@ -338,7 +345,8 @@ fn with_refusal_advice(what: &str, error: &dyn std::fmt::Display) -> String {
 /// broker answered `on` (a passive `queue.declare`, a `basic.get`) with 404
 /// NOT_FOUND (AMQP 0-9-1 §1.7.2.1), saying `why` when its text is known
 /// (RabbitMQ also answers 404 for a durable queue whose home node is down);
-/// the next try comes after `delay`.
+/// the next try comes after `delay`. `count`: a capture error not counted
+/// yet (a session that ended as the queue was deleted counted it).
 fn missing_queue(
     config: &CaptureConfig,
     store: &Store,
@@ -346,10 +354,13 @@ fn missing_queue(
     on: &str,
     why: Option<&str>,
     delay: Duration,
+    count: bool,
 ) {
-    store
-        .metrics()
-        .capture_failed(queue, CaptureFailure::Session);
+    if count {
+        store
+            .metrics()
+            .capture_failed(queue, CaptureFailure::Session);
+    }
     let said = match why {
         Some(why) => format!("does not exist (404 NOT_FOUND on {on}: {why})"),
         None => format!("does not exist (404 NOT_FOUND on {on})"),

@@ -597,6 +597,7 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
     let db = TestDb::new();
     let binaries = scenario::Binaries::of_tests()?;
     let listen = scenario::free_local_addr()?;
+    let metrics = scenario::free_local_addr()?;
     let (mut planner, log) = scenario::spawn_logged(
         &binaries.planner,
         [
@@ -606,6 +607,8 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
             &db.url(),
             "--capture-queue",
             &queue,
+            "--metrics-listen",
+            &metrics.to_string(),
         ],
     )?;
     let captured_ids = || async {
@@ -650,6 +653,26 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
     );
     let lines = said.lines().filter(|line| line.contains(&missing)).count();
     assert!((1..=12).contains(&lines), "{lines} lines:\n{said}");
+    // One capture error a try: the session the deletion ended, then each
+    // retry that found no queue; the single take that first met the 404
+    // right after that session is no second count of the one deletion.
+    let errors = |text: &str| {
+        support::metric_total(
+            text,
+            "redrive_planner_capture_errors_total",
+            &[("redrive_source", &queue)],
+            &[],
+        )
+    };
+    let (counted, said) = loop {
+        let before = errors(&support::scrape_metrics(metrics).await?);
+        let said = text();
+        if errors(&support::scrape_metrics(metrics).await?) == before {
+            break (before, said);
+        }
+    };
+    let tries = said.lines().filter(|line| line.contains(&missing)).count();
+    assert_eq!(counted, tries as f64, "{said}");
 
     broker.queue(&queue, FieldTable::default()).await?;
     publish_order(&broker, &queue, "after").await?;
