@@ -226,9 +226,24 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     );
     browser.screenshot("approval").await?;
     let plan_url = format!("{url}/#/plans/{plan_id}");
+    // A viewer sent the link is told who can approve, not left guessing.
+    sign_in(&browser, &plan_url, token_of("vera"), "vera").await?;
+    browser.open(&plan_url).await?;
+    let needs = browser.text("approve-needs-role").await?;
+    assert!(needs.contains("approver role"), "{needs}");
+    assert!(!browser.has("approve-button").await?);
     sign_in(&browser, &plan_url, token_of("bob"), "bob").await?;
     browser.open(&plan_url).await?;
     browser.click("approve-button").await?;
+    // The dialog repeats what is approved: the rate and where it goes.
+    let rate = plans[0].rate.clone().unwrap_or_default();
+    let terms = browser.text("approve-terms").await?;
+    assert!(
+        terms.contains(&format!("{}/s (burst {})", rate.per_second, rate.burst))
+            && terms.contains("queue"),
+        "{terms}"
+    );
+    browser.screenshot("approve-dialog").await?;
     let confirm_button = browser.find("dialog-confirm").await?;
     assert!(
         !confirm_button.is_enabled().await?,

@@ -409,9 +409,15 @@ function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onP
               title: `Approve plan ${plan.planId}`,
               count: `${total} items (${num(plan.canaryItems)} canary items)`,
               body: (
-                <p>
-                  You approve the precheck with digest <code class="digest">{plan.precheckDigest}</code>.
-                </p>
+                <>
+                  <p data-testid="approve-terms">
+                    They are published at {plan.rate?.perSecond ?? 0}/s (burst {plan.rate?.burst ?? 0}), canary first, to{" "}
+                    {destinationText(plan)}.
+                  </p>
+                  <p>
+                    You approve the precheck with digest <code class="digest">{plan.precheckDigest}</code>.
+                  </p>
+                </>
               ),
               confirmLabel: `Approve ${total} items`,
               typedCount: plan.totalItems > 100n ? total : undefined,
@@ -463,6 +469,12 @@ function Approval({ caller, plan, onPlan }: { caller: Caller; plan: PlanMsg; onP
             </span>
           )}
         </div>
+      )}
+      {!can(caller, "ApprovePlan") && (
+        <p class="muted" data-testid="approve-needs-role">
+          Approving needs the approver role, which {caller.name || "this sign-in"} does not have: send this page's link to an
+          approver.
+        </p>
       )}
     </div>
   );
