@@ -1,6 +1,7 @@
 // The console: sign-in, the caller, the header and the hash routes.
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
+import { actionMethod, actionWords } from "./actions";
 import { clearToken, getToken, isUnauthenticated, planner, setToken } from "./api";
 import { clearError, showError, useShownError } from "./errors";
 import type { Caller } from "./gen/redrive/v1/planner_pb";
@@ -21,7 +22,7 @@ function ErrorBox() {
   if (!e) return null;
   return (
     <div class="error" role="alert" data-testid="error">
-      <strong>{e.what} failed:</strong> {e.text}
+      <strong title={actionMethod(e.what)}>{actionWords(e.what)} failed:</strong> {e.text}
       <button type="button" class="link" aria-label="Dismiss the error" onClick={clearError}>
         ×
       </button>

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { create } from "@bufbuild/protobuf";
+import { actionMethod, actionWords } from "../src/actions";
 import { lineDiff } from "../src/diff";
 import { BodyCompression, HeaderTableSchema } from "../src/gen/redrive/v1/messages_pb";
 import { canaryText, epochText, fmtSpan, fractionPercent, headerPlain, reindentJson, renderBody, tablePlain } from "../src/format";
@@ -182,4 +183,13 @@ test("a timestamp header is read in the unit its range says", () => {
   assert.equal(epochText(1_700_000_000_123n), "2023-11-14T22:13:20.123Z (read as milliseconds)");
   assert.equal(epochText(1_700_000_000_123_456n), "2023-11-14T22:13:20.123Z (read as microseconds)");
   assert.equal(epochText(12_345n), "12345");
+});
+
+test("the error box names what failed in words, keeping the method for reports", () => {
+  assert.equal(actionWords("ApprovePlan"), "Approving the plan");
+  assert.equal(actionWords("WatchPlan"), "Following the plan live");
+  assert.equal(actionMethod("ApprovePlan"), "redrive.v1.Planner/ApprovePlan");
+  // Already words: shown as given, no method.
+  assert.equal(actionWords("Copying the headers"), "Copying the headers");
+  assert.equal(actionMethod("Copying the headers"), undefined);
 });

@@ -563,6 +563,12 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
             "{bad}: no precheck of more"
         );
         assert!(!browser.has("dl-row").await?, "{bad}: nothing listed");
+        // The error box says what failed in words, not as a gRPC method.
+        let error = browser.text("error").await?;
+        assert!(
+            error.contains("dead letters failed:") && !error.contains("DeadLetters"),
+            "{error}"
+        );
     }
     // A malformed escape in the address is a page not found, not a blank page.
     browser
