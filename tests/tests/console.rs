@@ -490,6 +490,16 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
             )),
         },
     );
+    // A long header: cut on the page until asked for whole.
+    let long = format!("{}END-OF-LONG", "ab".repeat(1_500));
+    headers.fields.insert(
+        "x-long".to_owned(),
+        v1::HeaderValue {
+            value: Some(v1::header_value::Value::LongString(
+                long.as_bytes().to_vec(),
+            )),
+        },
+    );
     let answer = bed
         .client
         .ingest_dead_letters(tokio_stream::iter(vec![v1::IngestDeadLettersRequest {
@@ -547,6 +557,21 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
         .await?;
     assert_eq!(images, json!(0), "no element was made from the dead letter");
     browser.screenshot("markup-as-text").await?;
+    let long_row = "arguments[0](document.querySelector('[data-testid=header-row][data-name=x-long]').innerText);";
+    let cut = browser.run(long_row, vec![]).await?;
+    let cut = cut.as_str().unwrap_or_default();
+    assert!(
+        cut.len() < 700
+            && !cut.contains("END-OF-LONG")
+            && cut.contains("show all 3,011 characters"),
+        "{cut}"
+    );
+    browser.click("header-more").await?;
+    let whole = browser.run(long_row, vec![]).await?;
+    assert!(
+        whole.as_str().unwrap_or_default().contains(&long),
+        "{whole}"
+    );
     // A link whose filter cannot be read lists and prechecks nothing,
     // rather than everything of the source.
     for bad in ["body=order_id", "from=2099-99-99T99:99"] {

@@ -176,13 +176,35 @@ function Headers({ d }: { d: DL }) {
         <tbody>
           {rows.map(([k, v]) => (
             <tr key={k} data-testid="header-row" data-name={k}>
-              <td class="mono">{k}</td>
-              <td class="mono wrap">{plainText(v)}</td>
+              <td class="mono header-name">{k}</td>
+              <td class="mono wrap">
+                <HeaderText text={plainText(v)} />
+              </td>
             </tr>
           ))}
         </tbody>
       </table>
       {rows.length === 0 && <p class="muted">No headers{f ? " match" : ""}.</p>}
+    </>
+  );
+}
+
+/** Characters of a header value shown before "show all". */
+const LONG_HEADER = 500;
+
+/** A header value, a long one cut at {@link LONG_HEADER} characters (code
+ * points, never half a pair) until asked for whole: a 3,000-character
+ * header would push every other header off the screen. */
+function HeaderText({ text }: { text: string }) {
+  const [whole, setWhole] = useState(false);
+  const chars = Array.from(text);
+  if (whole || chars.length <= LONG_HEADER) return <>{text}</>;
+  return (
+    <>
+      {chars.slice(0, LONG_HEADER).join("")}…{" "}
+      <button type="button" class="link" data-testid="header-more" onClick={() => setWhole(true)}>
+        show all {chars.length.toLocaleString("en")} characters
+      </button>
     </>
   );
 }
