@@ -187,7 +187,20 @@ pub async fn run(
     }
     .spawn(&config, listener, shutdown.clone())?;
 
-    let prepared = prepare_database(&config, &store, &shutdown).await;
+    let mut prepared = prepare_database(&config, &store, &shutdown).await;
+    // A planner whose key did not sign the log (and is not the previous
+    // key of a rotation) is refused at start, as a keyless one is.
+    if matches!(prepared, Ok(true))
+        && audit_log.enabled()
+        && let Some(why) = store
+            .audit_checkpoint(None)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|latest| audit_log.foreign_signer(&latest.note))
+    {
+        prepared = Err(anyhow::anyhow!(why));
+    }
     let background = match prepared {
         Ok(true) => {
             ready.store(true, Ordering::SeqCst);

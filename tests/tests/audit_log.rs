@@ -973,6 +973,101 @@ async fn a_planner_without_the_key_stops_once_its_log_is_signed() -> anyhow::Res
     Ok(())
 }
 
+/// A planner given another key than the one that signed its log is refused
+/// at start (it would refuse the rows written under that key as forged and
+/// sign a fork of the signers); the next key with `--audit-previous-key` is
+/// taken (a rotation), and a planner still on the old key stops once the
+/// new key has signed, instead of refusing the new key's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rotation()
+-> anyhow::Result<()> {
+    init_logging();
+    let old = Keys::new("redrive.test/old")?;
+    let new = Keys::new("redrive.test/new")?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let db_url = bed.db.url();
+    one_plan(&mut bed.client, "rotation").await?;
+    bed.planner.halt().await?;
+    let pool = sqlx::PgPool::connect(&db_url).await?;
+    let checkpoints = || async {
+        anyhow::Ok(
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_checkpoints")
+                .fetch_one(&pool)
+                .await?,
+        )
+    };
+    let mut on_old = planner_process(&db_url, &old)?;
+    wait_until(
+        "a checkpoint signed by the old key",
+        Duration::from_secs(30),
+        || async { Ok(checkpoints().await? > 0) },
+    )
+    .await?;
+    let binaries = scenario::Binaries::of_tests()?;
+    let planner_with = |key: &Keys, previous: Option<&Keys>| {
+        let mut args = vec![
+            "--listen".to_owned(),
+            scenario::free_local_addr()?.to_string(),
+            "--database-url".to_owned(),
+            db_url.clone(),
+            "--broker-id".to_owned(),
+            "redrive-tests".to_owned(),
+            "--audit-signing-key".to_owned(),
+            key.key_file.to_string_lossy().into_owned(),
+            "--audit-checkpoint-interval".to_owned(),
+            "1s".to_owned(),
+        ];
+        if let Some(previous) = previous {
+            args.push("--audit-previous-key".to_owned());
+            args.push(previous.key_file.to_string_lossy().into_owned());
+        }
+        scenario::spawn_logged(&binaries.planner, args)
+    };
+    // Another key, no rotation: refused at start, naming the log's signer.
+    let (mut other, log) = planner_with(&new, None)?;
+    let status = tokio::time::timeout(Duration::from_secs(30), other.wait()).await??;
+    assert!(!status.success(), "{}", log.text());
+    assert!(
+        log.text()
+            .contains("signed by a key this planner does not hold (its latest checkpoint is signed by redrive.test/old)"),
+        "{}",
+        log.text()
+    );
+    // The rotation: the new key with the old one as previous runs. The old
+    // planner is held still meanwhile, so that the new key signs first.
+    scenario::signal(&on_old, "STOP")?;
+    let before = checkpoints().await?;
+    let (mut rotated, rotated_log) = planner_with(&new, Some(&old))?;
+    let writer = mac_writer(&db_url, &new).await?;
+    sqlx::query(
+        "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
+                                   action, wave, executor_id, attempt) \
+         SELECT id, 1, 'rotation-1', 'm-1', 'orders', 'sent', 'main', 'rotation-test', 1 \
+         FROM plans LIMIT 1",
+    )
+    .execute(&writer)
+    .await?;
+    writer.close().await;
+    wait_until(
+        "a checkpoint signed by the new key",
+        Duration::from_secs(30),
+        || async { Ok(checkpoints().await? > before) },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", rotated_log.text()))?;
+    scenario::signal(&on_old, "CONT")?;
+    let status = tokio::time::timeout(Duration::from_secs(30), on_old.wait()).await;
+    let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log_refused")
+        .fetch_one(&pool)
+        .await?;
+    kill_9(&mut rotated).await?;
+    let status = status.map_err(|_| anyhow::anyhow!("the old key's planner kept running"))??;
+    assert!(!status.success(), "the old key's planner stops");
+    assert_eq!(refused, 0, "no row written under either key was refused");
+    pool.close().await;
+    Ok(())
+}
+
 /// A backlog of audit events meets the sealing query planned while the
 /// queue was small: statistics taken then, no autovacuum to refresh them (a
 /// burst outruns it), and a plan made once and reused (a prepared

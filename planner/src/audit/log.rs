@@ -36,10 +36,11 @@ use futures::stream::BoxStream;
 use redrive_proto::{time::timestamp, v1};
 use redrive_tlog::{
     Hash,
+    checkpoint::open_checkpoint,
     checkpoint::{Checkpoint, sign_checkpoint},
     export::{self, LogRow},
     merkle::{self, Frontier, Subtree},
-    note::Signer,
+    note::{Signer, Verifier},
 };
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
@@ -72,6 +73,19 @@ pub const KEYLESS_ON_SIGNED_LOG: &str = "the audit log in this database is signe
      --audit-signing-key: it cannot check the rows' MACs, and the rows it writes would carry \
      none, so the log would refuse to seal them. Give every planner of this database the same \
      --audit-signing-key (docs/audit-log.md)";
+
+/// How the reason a keyed planner stops (and a sealing round fails) begins
+/// when the log's latest checkpoint is signed by a key it holds neither as
+/// `--audit-signing-key` nor as `--audit-previous-key`: it would refuse the
+/// rows written under that key as forged, and sign a fork of the signers.
+pub const FOREIGN_KEY_ON_SIGNED_LOG: &str =
+    "the audit log in this database is signed by a key this planner does not hold";
+
+/// Whether a sealing round's `FailedPrecondition` text stops the planner
+/// ([`KEYLESS_ON_SIGNED_LOG`], [`FOREIGN_KEY_ON_SIGNED_LOG`]).
+pub fn stops_the_planner(why: &str) -> bool {
+    why == KEYLESS_ON_SIGNED_LOG || why.starts_with(FOREIGN_KEY_ON_SIGNED_LOG)
+}
 
 /// Levels of the tree whose complete subtrees are stored (multiples of 4):
 /// any subtree's hash is then read from at most 8 stored hashes.
@@ -115,6 +129,9 @@ struct Inner {
     origin: String,
     current_pads: Option<[u8; 128]>,
     previous_pads: Option<[u8; 128]>,
+    /// The verifiers of `--audit-signing-key` and `--audit-previous-key`:
+    /// the keys whose checkpoints this planner may extend.
+    known_signers: Vec<Verifier>,
     checkpoint_every: u64,
     checkpoint_interval: Duration,
     witness_dir: Option<PathBuf>,
@@ -189,12 +206,25 @@ impl AuditLog {
             })
             .unwrap_or_else(|| "redrive-audit".to_owned());
         let current_pads = options.signing.as_ref().map(|(_, text)| mac_pads(text));
+        let known_signers = options
+            .signing
+            .iter()
+            .map(|(signer, _)| signer.verifier())
+            .chain(
+                options
+                    .previous_key_text
+                    .as_deref()
+                    .and_then(|text| Signer::from_key_text(text).ok())
+                    .map(|signer| signer.verifier()),
+            )
+            .collect();
         Self {
             inner: Arc::new(Inner {
                 signer: options.signing.map(|(signer, _)| signer),
                 origin,
                 current_pads,
                 previous_pads: options.previous_key_text.as_deref().map(mac_pads),
+                known_signers,
                 checkpoint_every: options.checkpoint_every,
                 checkpoint_interval: options.checkpoint_interval,
                 witness_dir: options.witness_dir,
@@ -219,6 +249,39 @@ impl AuditLog {
             options.push(("redrive.audit_log", "off".to_owned()));
         }
         options
+    }
+
+    /// Why this keyed planner must not seal a log whose latest checkpoint
+    /// is `note`: it opens with none of its keys ([`FOREIGN_KEY_ON_SIGNED_LOG`],
+    /// naming the note's signers); `None` when one opens it, or for a
+    /// keyless planner ([`KEYLESS_ON_SIGNED_LOG`] is its own check).
+    pub fn foreign_signer(&self, note: &str) -> Option<String> {
+        if self.inner.signer.is_none()
+            || self
+                .inner
+                .known_signers
+                .iter()
+                .any(|verifier| open_checkpoint(note, verifier).is_ok())
+        {
+            return None;
+        }
+        let signers: Vec<&str> = note
+            .lines()
+            .filter_map(|line| line.strip_prefix("\u{2014} "))
+            .filter_map(|line| line.split(' ').next())
+            .collect();
+        Some(format!(
+            "{FOREIGN_KEY_ON_SIGNED_LOG} (its latest checkpoint is signed by {}), neither as \
+             --audit-signing-key nor as --audit-previous-key: it would refuse the rows written \
+             under that key as forged. Give every planner of this database the same key; to \
+             rotate keys, stop every planner, then start them all with --audit-signing-key NEW \
+             --audit-previous-key OLD (docs/audit-log.md)",
+            if signers.is_empty() {
+                "an unknown key".to_owned()
+            } else {
+                signers.join(", ")
+            }
+        ))
     }
 
     /// Whether rounds run (`--audit-log` is not `off`).
@@ -248,6 +311,12 @@ impl AuditLog {
         if self.inner.current_pads.is_none() && sealing.latest_checkpoint().await?.is_some() {
             sealing.rollback().await?;
             return Err(Error::FailedPrecondition(KEYLESS_ON_SIGNED_LOG.to_owned()));
+        }
+        if let Some(note) = sealing.latest_checkpoint_note().await?
+            && let Some(why) = self.foreign_signer(&note)
+        {
+            sealing.rollback().await?;
+            return Err(Error::FailedPrecondition(why));
         }
         let pending = sealing
             .take_pending(
@@ -506,7 +575,7 @@ pub(crate) async fn run(
                 }
                 usize::try_from(BATCH).is_ok_and(|batch| round.taken >= batch)
             }
-            Err(Error::FailedPrecondition(why)) if why == KEYLESS_ON_SIGNED_LOG => {
+            Err(Error::FailedPrecondition(why)) if stops_the_planner(&why) => {
                 error!("audit log: {why}; the planner stops");
                 let _ = fatal.set(why);
                 shutdown.cancel();
@@ -886,7 +955,7 @@ pub async fn export(
         match log.seal_round(store).await {
             // A keyless planner on a signed log seals nothing (and stops):
             // the export is of the latest signed checkpoint.
-            Err(Error::FailedPrecondition(why)) if why == KEYLESS_ON_SIGNED_LOG => {}
+            Err(Error::FailedPrecondition(why)) if stops_the_planner(&why) => {}
             other => {
                 other?;
             }

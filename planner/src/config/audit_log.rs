@@ -34,8 +34,10 @@ pub struct AuditLogSettings {
     )]
     pub signing_key: Option<PathBuf>,
 
-    /// During a key rotation, the key the replicas not yet restarted still
-    /// hold: rows they wrote are sealed, not refused.
+    /// During a key rotation, the key the log was signed with before: rows
+    /// it wrote are sealed, not refused. Stop every planner, then start
+    /// them all with the new key and this; a planner whose key neither
+    /// signed the log's latest checkpoint nor is this is refused.
     #[arg(
         long = "audit-previous-key",
         env = "REDRIVE_AUDIT_PREVIOUS_KEY",

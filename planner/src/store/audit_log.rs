@@ -706,6 +706,20 @@ impl Sealing {
         Ok(row.map(|(size, at)| (as_u64(size), at)))
     }
 
+    /// The latest signed checkpoint's note, if any, read in the round.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn latest_checkpoint_note(&mut self) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar(
+                "SELECT note FROM audit_checkpoints ORDER BY tree_size DESC LIMIT 1",
+            )
+            .fetch_optional(&mut *self.transaction)
+            .await?,
+        )
+    }
+
     /// The database's clock.
     ///
     /// # Errors
