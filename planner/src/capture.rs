@@ -30,7 +30,8 @@
 //!   session held; they come back first. That is no failure (no backoff, no
 //!   capture error counted): at once, the next
 //!   round takes up to `prefetch` messages one at a time with the fallback
-//!   reader ([`raw`], `basic.get`, no prefetch), so they are not returned
+//!   reader ([`raw`], `basic.get`, no prefetch), up to the first unreadable
+//!   one, so they are not returned
 //!   again and again with every restart; readable ones are stored and
 //!   acked as usual, an unreadable one is stored as a placeholder
 //!   ([`ReasonClass::Unreadable`](redrive_proto::v1::ReasonClass::Unreadable),

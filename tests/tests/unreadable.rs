@@ -354,6 +354,18 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
         kinds.len() as f64,
         "each unreadable message counted once, as parked:\n{text}"
     );
+    // Every dead letter stored is counted once as captured, also those the
+    // one-at-a-time reader stored (it counted none).
+    assert_eq!(
+        metric_total(
+            &text,
+            "redrive_planner_dead_letters_captured_total",
+            &[("redrive_source", &dlq)],
+            &[]
+        ),
+        total as f64,
+        "each dead letter counted once as captured:\n{text}"
+    );
     // Stopping at an unreadable message is no capture failure: none is
     // counted, and none waits for the growing reconnect backoff (the five
     // kinds here used to count five failed sessions and wait 6 to 12 s).
