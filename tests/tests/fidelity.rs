@@ -664,15 +664,24 @@ async fn a_capture_queue_deleted_while_captured_is_named_and_captured_again_when
             &[],
         )
     };
-    let (counted, said) = loop {
-        let before = errors(&support::scrape_metrics(metrics).await?);
-        let said = text();
-        if errors(&support::scrape_metrics(metrics).await?) == before {
-            break (before, said);
+    // Read when no try came between two readings 300 ms apart (each a
+    // scrape, then the log: both only grow), so the two agree.
+    let reading = || async {
+        let counted = errors(&support::scrape_metrics(metrics).await?);
+        let tries = text()
+            .lines()
+            .filter(|line| line.contains(&missing))
+            .count();
+        anyhow::Ok((counted, tries))
+    };
+    let (counted, tries) = loop {
+        let first = reading().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if reading().await? == first {
+            break first;
         }
     };
-    let tries = said.lines().filter(|line| line.contains(&missing)).count();
-    assert_eq!(counted, tries as f64, "{said}");
+    assert_eq!(counted, tries as f64, "{}", text());
 
     broker.queue(&queue, FieldTable::default()).await?;
     publish_order(&broker, &queue, "after").await?;
