@@ -594,6 +594,38 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
         "{text}"
     );
     assert!(!text.contains(&format!("(event {beside}")), "{text}");
+    // A forged operator action (psql, no MAC): `audit prove --plan` names
+    // it as not proven, never covered by the plan's sealed actions.
+    let forged_action: i64 = sqlx::query_scalar(
+        "INSERT INTO operator_actions (plan_id, action, actor, reason) \
+         VALUES ($1, 'approve', 'mallory', 'forged') RETURNING id",
+    )
+    .bind(plan_id)
+    .fetch_one(&pool)
+    .await?;
+    wait_until("the forged action refused", Duration::from_secs(20), || {
+        let pool = pool.clone();
+        async move {
+            Ok(sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM audit_log_refused WHERE kind = 'action' AND ref_id = $1",
+            )
+            .bind(forged_action)
+            .fetch_one(&pool)
+            .await?
+                == 1)
+        }
+    })
+    .await?;
+    let (code, text) = redrivectl(&["audit", "prove", "--plan", &plan.plan_id], &planner)?;
+    assert_eq!(code, 65, "{text}");
+    assert!(
+        text.contains(&format!(
+            "NOT PROVEN: 1 operator action(s) of plan {} refused by the log, never to be sealed (no MAC",
+            plan.plan_id
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("mallory"), "{text}");
 
     // 4. A checkpoint re-signed with another key is refused, naming who
     // signed it.
@@ -651,6 +683,10 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
         .await?;
     sqlx::query("DELETE FROM audit_events WHERE id = ANY($1)")
         .bind(vec![forged, beside])
+        .execute(&pool)
+        .await?;
+    sqlx::query("DELETE FROM operator_actions WHERE id = $1")
+        .bind(forged_action)
         .execute(&pool)
         .await?;
     sqlx::query("UPDATE audit_log_state SET tree_size = $1")

@@ -558,7 +558,7 @@ async fn prove(
     match (leaves_unproven, response.unproven.len()) {
         (0, 0) => Ok(crate::error::EX_OK),
         (0, _) => Err(unverified(
-            "not every event of the dead letter is proven (the lines above say why)",
+            "not every record asked for is proven (the NOT PROVEN lines say why)",
         )),
         (leaves, _) => Err(unverified(format!("{leaves} leaves not proven"))),
     }

@@ -815,6 +815,34 @@ pub async fn prove_inclusion(
                     .await?;
                 unproven = unproven_events(dead_letter, &subject, events_found, size);
             }
+            // The plan's operator actions with no proof here (a row
+            // written with psql, refused): never covered by the others.
+            let actions_found = leaves
+                .iter()
+                .filter(|(_, _, record)| record.kind == "action")
+                .count() as u64;
+            let (actions, coming, refused, refusal) = store.audit_actions_of(plan_id, size).await?;
+            if refused > 0 {
+                unproven.push(format!(
+                    "{refused} operator action(s) of plan {plan_id} refused by the log, never to \
+                     be sealed ({}): they are not the planner's record (`redrivectl audit \
+                     export` then `audit verify` name them)",
+                    refusal.as_deref().unwrap_or("refused")
+                ));
+            }
+            if coming > 0 {
+                unproven.push(format!(
+                    "{coming} operator action(s) of plan {plan_id} not sealed into the checkpoint \
+                     of {size} leaves yet: a newer checkpoint will hold them"
+                ));
+            }
+            let never = actions.saturating_sub(actions_found + refused + coming);
+            if never > 0 {
+                unproven.push(format!(
+                    "{never} operator action(s) of plan {plan_id} never queued for sealing: no \
+                     checkpoint will hold them"
+                ));
+            }
             leaves
         } else {
             return Err(Error::invalid(

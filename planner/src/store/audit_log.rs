@@ -417,6 +417,38 @@ impl Store {
         })
     }
 
+    /// Plan `plan_id`'s operator actions: how many there are, how many a
+    /// newer checkpoint than the one of `tree_size` leaves will hold
+    /// (sealed at or above it, or queued), how many the log refused, and
+    /// one refusal's reason.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_actions_of(
+        &self,
+        plan_id: PlanId,
+        tree_size: u64,
+    ) -> Result<(u64, u64, u64, Option<String>), StoreError> {
+        let row: (i64, i64, i64, Option<String>) = sqlx::query_as(
+            "SELECT count(a.id), \
+                    count(a.id) FILTER (WHERE l.leaf_index >= $2 OR EXISTS \
+                      (SELECT 1 FROM audit_log_pending p \
+                        WHERE p.kind = 'action' AND p.plan_id = a.plan_id AND p.ref_id = a.id)), \
+                    count(r.ref_id), min(r.reason) \
+             FROM operator_actions a \
+             LEFT JOIN audit_log l \
+               ON l.kind = 'action' AND l.plan_id = a.plan_id AND l.ref_id = a.id \
+             LEFT JOIN audit_log_refused r \
+               ON r.kind = 'action' AND r.plan_id = a.plan_id AND r.ref_id = a.id \
+             WHERE a.plan_id = $1",
+        )
+        .bind(plan_id)
+        .bind(as_i64(tree_size))
+        .fetch_one(self.pool())
+        .await?;
+        Ok((as_u64(row.0), as_u64(row.1), as_u64(row.2), row.3))
+    }
+
     /// Leaf `leaf_index` with its record as stored now, if sealed.
     ///
     /// # Errors

@@ -1313,11 +1313,12 @@ export type ProveAuditInclusionResponse = Message<"redrive.v1.ProveAuditInclusio
   proofs: AuditInclusionProof[];
 
   /**
-   * With `dead_letter_id`: the plan's events of that dead letter that have
-   * no proof here, one line each kind, in words: refused by the log (never
-   * to be sealed: not the planner's record), not sealed into this
-   * checkpoint yet, or never queued for sealing. Empty when every event of
-   * it is proven. A proof of some events never stands for all of them.
+   * The plan's operator actions, and with `dead_letter_id` its events of
+   * that dead letter, that have no proof here, one line each kind, in
+   * words: refused by the log (never to be sealed: not the planner's
+   * record), not sealed into this checkpoint yet, or never queued for
+   * sealing. Empty when every one is proven. A proof of some never stands
+   * for all of them.
    *
    * @generated from field: repeated string unproven = 3;
    */
