@@ -508,19 +508,7 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     .bind(untouched)
     .fetch_one(&pool)
     .await?;
-    wait_until("the forged row refused", Duration::from_secs(20), || {
-        let pool = pool.clone();
-        async move {
-            Ok(sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM audit_log_refused WHERE kind = 'event' AND ref_id = $1",
-            )
-            .bind(forged)
-            .fetch_one(&pool)
-            .await?
-                == 1)
-        }
-    })
-    .await?;
+    refused(&pool, "event", forged, "the forged row refused").await?;
     let report = verified(&mut bed.client, &keys, &[]).await?;
     let found = problems(&report);
     assert_eq!(found.len(), 3, "{found:?}");
@@ -560,21 +548,11 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     .bind(first_sent)
     .fetch_one(&pool)
     .await?;
-    wait_until(
+    refused(
+        &pool,
+        "event",
+        beside,
         "the forged row beside sealed ones refused",
-        Duration::from_secs(20),
-        || {
-            let pool = pool.clone();
-            async move {
-                Ok(sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM audit_log_refused WHERE kind = 'event' AND ref_id = $1",
-                )
-                .bind(beside)
-                .fetch_one(&pool)
-                .await?
-                    == 1)
-            }
-        },
     )
     .await?;
     let (code, text) = prove(&planner, &plan.plan_id, touched, None)?;
@@ -603,19 +581,7 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     .bind(plan_id)
     .fetch_one(&pool)
     .await?;
-    wait_until("the forged action refused", Duration::from_secs(20), || {
-        let pool = pool.clone();
-        async move {
-            Ok(sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM audit_log_refused WHERE kind = 'action' AND ref_id = $1",
-            )
-            .bind(forged_action)
-            .fetch_one(&pool)
-            .await?
-                == 1)
-        }
-    })
-    .await?;
+    refused(&pool, "action", forged_action, "the forged action refused").await?;
     let (code, text) = redrivectl(&["audit", "prove", "--plan", &plan.plan_id], &planner)?;
     assert_eq!(code, 65, "{text}");
     assert!(
@@ -733,6 +699,22 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     assert_ne!(code, 0, "{text}");
     pool.close().await;
     bed.finish().await
+}
+
+/// Waits until the sealing round has refused the row of `kind` (`event`
+/// or `action`) with id `ref_id` (`what`, for the failure).
+async fn refused(pool: &sqlx::PgPool, kind: &str, ref_id: i64, what: &str) -> anyhow::Result<()> {
+    wait_until(what, Duration::from_secs(20), || async move {
+        Ok(sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM audit_log_refused WHERE kind = $1 AND ref_id = $2",
+        )
+        .bind(kind)
+        .bind(ref_id)
+        .fetch_one(pool)
+        .await?
+            == 1)
+    })
+    .await
 }
 
 /// The dead letter of event `event_id`.

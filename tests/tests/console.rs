@@ -232,6 +232,7 @@ async fn an_incident_from_the_overview_to_the_audit_in_the_browser() -> anyhow::
     let needs = browser.text("approve-needs-role").await?;
     assert!(needs.contains("approver role"), "{needs}");
     assert!(!browser.has("approve-button").await?);
+    browser.screenshot("approval-viewer").await?;
     sign_in(&browser, &plan_url, token_of("bob"), "bob").await?;
     browser.open(&plan_url).await?;
     browser.click("approve-button").await?;
@@ -594,6 +595,7 @@ async fn markup_in_a_dead_letter_is_shown_as_text() -> anyhow::Result<()> {
             error.contains("dead letters failed:") && !error.contains("DeadLetters"),
             "{error}"
         );
+        browser.screenshot("unreadable-filter").await?;
     }
     // A malformed escape in the address is a page not found, not a blank page.
     browser
