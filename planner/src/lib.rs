@@ -201,6 +201,14 @@ pub async fn run(
     {
         prepared = Err(anyhow::anyhow!(why));
     }
+    // The log takes this planner's key before it serves: a planner still
+    // on the previous key stops at its next round, before the rows written
+    // under this key reach it.
+    if matches!(prepared, Ok(true))
+        && let Err(error) = audit_log.take_key(&store).await
+    {
+        prepared = Err(anyhow::anyhow!("{error}"));
+    }
     let background = match prepared {
         Ok(true) => {
             ready.store(true, Ordering::SeqCst);

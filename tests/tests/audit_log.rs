@@ -1021,67 +1021,142 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
         || async { Ok(checkpoints().await? > 0) },
     )
     .await?;
+    let before_rotation = checkpoints().await?;
     let binaries = scenario::Binaries::of_tests()?;
-    let planner_with = |key: &Keys, previous: Option<&Keys>| {
+    let planner_with = |key: Option<&Keys>, previous: Option<&Keys>, interval: &str| {
+        let addr = scenario::free_local_addr()?;
         let mut args = vec![
             "--listen".to_owned(),
-            scenario::free_local_addr()?.to_string(),
+            addr.to_string(),
             "--database-url".to_owned(),
             db_url.clone(),
             "--broker-id".to_owned(),
             "redrive-tests".to_owned(),
-            "--audit-signing-key".to_owned(),
-            key.key_file.to_string_lossy().into_owned(),
             "--audit-checkpoint-interval".to_owned(),
-            "1s".to_owned(),
+            interval.to_owned(),
         ];
+        if let Some(key) = key {
+            args.push("--audit-signing-key".to_owned());
+            args.push(key.key_file.to_string_lossy().into_owned());
+        }
         if let Some(previous) = previous {
             args.push("--audit-previous-key".to_owned());
             args.push(previous.key_file.to_string_lossy().into_owned());
         }
-        scenario::spawn_logged(&binaries.planner, args)
+        let (child, log) = scenario::spawn_logged(&binaries.planner, args)?;
+        anyhow::Ok((child, log, addr))
+    };
+    type Started = (
+        tokio::process::Child,
+        scenario::ChildLog,
+        std::net::SocketAddr,
+    );
+    let refused_at_start = |planner: Started, why: &str| {
+        let why = why.to_owned();
+        async move {
+            let (mut child, log, _) = planner;
+            let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await??;
+            anyhow::ensure!(!status.success(), "started: {}", log.text());
+            anyhow::ensure!(
+                log.text().contains(&why),
+                "not refused with {why:?}: {}",
+                log.text()
+            );
+            anyhow::Ok(())
+        }
     };
     // Another key, no rotation: refused at start, naming the log's signer.
-    let (mut other, log) = planner_with(&new, None)?;
-    let status = tokio::time::timeout(Duration::from_secs(30), other.wait()).await??;
-    assert!(!status.success(), "{}", log.text());
-    assert!(
-        log.text()
-            .contains("signed by a key this planner does not hold (its latest checkpoint is signed by redrive.test/old)"),
-        "{}",
-        log.text()
-    );
-    // The rotation: the new key with the old one as previous runs. The old
-    // planner is held still meanwhile, so that the new key signs first.
-    scenario::signal(&on_old, "STOP")?;
-    let before = checkpoints().await?;
-    let (mut rotated, rotated_log) = planner_with(&new, Some(&old))?;
+    refused_at_start(
+        planner_with(Some(&new), None, "1s")?,
+        "signed by a key this planner does not hold (its latest checkpoint is signed by redrive.test/old)",
+    )
+    .await?;
+    // The rotation, while the old key's planner runs on: the new key with
+    // the old one as previous, signing nothing for an hour, so that every
+    // row written under the new key is sealed before a checkpoint of the
+    // new key exists. The log takes the new key as that planner starts;
+    // the old key's planner stops at its next round, and seals none of
+    // the new key's rows (it would refuse them as forged).
+    let (size_before, _) = log_state(&pool).await?;
+    let (mut rotated, rotated_log, rotated_addr) = planner_with(Some(&new), Some(&old), "24h")?;
+    wait_until(
+        "the new key's planner to serve",
+        Duration::from_secs(30),
+        || async {
+            let Ok(channel) =
+                tonic::transport::Endpoint::from_shared(format!("http://{rotated_addr}"))?
+                    .connect()
+                    .await
+            else {
+                return Ok(false);
+            };
+            let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "redrive.v1.Planner".to_owned(),
+                })
+                .await;
+            Ok(answer.is_ok_and(|answer| {
+                answer.into_inner().status()
+                    == tonic_health::pb::health_check_response::ServingStatus::Serving
+            }))
+        },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", rotated_log.text()))?;
+    let key_of_log = || async {
+        anyhow::Ok(
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT to_jsonb(s) ->> 'signing_key' FROM audit_log_state s",
+            )
+            .fetch_one(&pool)
+            .await?
+            .unwrap_or_default(),
+        )
+    };
     let writer = mac_writer(&db_url, &new).await?;
     sqlx::query(
         "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
                                    action, wave, executor_id, attempt) \
-         SELECT id, 1, 'rotation-1', 'm-1', 'orders', 'sent', 'main', 'rotation-test', 1 \
-         FROM plans LIMIT 1",
+         SELECT id, g, 'rotation-' || g, 'm-' || g, 'orders', 'sent', 'main', 'rotation-test', 1 \
+         FROM plans, generate_series(1, 200) g",
     )
     .execute(&writer)
     .await?;
     writer.close().await;
-    wait_until(
-        "a checkpoint signed by the new key",
-        Duration::from_secs(30),
-        || async { Ok(checkpoints().await? > before) },
-    )
-    .await
-    .map_err(|error| anyhow::anyhow!("{error}:\n{}", rotated_log.text()))?;
-    scenario::signal(&on_old, "CONT")?;
     let status = tokio::time::timeout(Duration::from_secs(30), on_old.wait()).await;
+    let status = status.map_err(|_| anyhow::anyhow!("the old key's planner kept running"))??;
+    assert!(!status.success(), "the old key's planner stops");
+    wait_until(
+        "the new key's rows sealed",
+        Duration::from_secs(30),
+        || async { Ok(log_state(&pool).await?.1 == 0) },
+    )
+    .await?;
+    let (size_after, _) = log_state(&pool).await?;
     let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log_refused")
         .fetch_one(&pool)
         .await?;
-    kill_9(&mut rotated).await?;
-    let status = status.map_err(|_| anyhow::anyhow!("the old key's planner kept running"))??;
-    assert!(!status.success(), "the old key's planner stops");
     assert_eq!(refused, 0, "no row written under either key was refused");
+    assert_eq!(size_after - size_before, 200, "every new row sealed once");
+    assert_eq!(
+        checkpoints().await?,
+        before_rotation,
+        "the new key signed nothing yet"
+    );
+    assert!(key_of_log().await?.starts_with("redrive.test/new+"));
+    // Now the old key alone, and no key, are refused at start, naming the
+    // log's key.
+    refused_at_start(
+        planner_with(Some(&old), None, "1s")?,
+        "signed by a key this planner does not hold (its key is redrive.test/new+",
+    )
+    .await?;
+    refused_at_start(
+        planner_with(None, None, "1s")?,
+        "this planner has no --audit-signing-key",
+    )
+    .await?;
+    kill_9(&mut rotated).await?;
     pool.close().await;
     Ok(())
 }

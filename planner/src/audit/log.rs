@@ -81,6 +81,14 @@ pub const KEYLESS_ON_SIGNED_LOG: &str = "the audit log in this database is signe
 pub const FOREIGN_KEY_ON_SIGNED_LOG: &str =
     "the audit log in this database is signed by a key this planner does not hold";
 
+/// The rest of a [`FOREIGN_KEY_ON_SIGNED_LOG`] reason: what goes wrong, and
+/// how keys are rotated.
+const NOT_HELD: &str = "neither as --audit-signing-key nor as --audit-previous-key: it would \
+     refuse the rows written under that key as forged. Give every planner of this database the \
+     same key; to rotate keys, restart each planner with --audit-signing-key NEW \
+     --audit-previous-key OLD (a planner still on OLD stops once the first one on NEW has \
+     started; docs/audit-log.md)";
+
 /// Whether a sealing round's `FailedPrecondition` text stops the planner
 /// ([`KEYLESS_ON_SIGNED_LOG`], [`FOREIGN_KEY_ON_SIGNED_LOG`]).
 pub fn stops_the_planner(why: &str) -> bool {
@@ -132,6 +140,9 @@ struct Inner {
     /// The verifiers of `--audit-signing-key` and `--audit-previous-key`:
     /// the keys whose checkpoints this planner may extend.
     known_signers: Vec<Verifier>,
+    /// [`key_id`] of `--audit-signing-key` and of `--audit-previous-key`.
+    current_key_id: Option<String>,
+    previous_key_id: Option<String>,
     checkpoint_every: u64,
     checkpoint_interval: Duration,
     witness_dir: Option<PathBuf>,
@@ -193,6 +204,22 @@ pub struct Round {
     pub checkpoint: Option<CheckpointRow>,
 }
 
+/// How the log names a key (migration 0039's `signing_key`): the C2SP
+/// signed-note key name and key id, `name+hash` with the id as 8 hex digits
+/// (<https://c2sp.org/signed-note>).
+pub fn key_id(signer: &Signer) -> String {
+    format!("{}+{:08x}", signer.name(), signer.key_id())
+}
+
+/// Why a keyed planner does not take a log whose current key
+/// ([`key_id`]) is `key`, another one than its own and its previous.
+fn foreign_key(key: &str) -> String {
+    format!(
+        "{FOREIGN_KEY_ON_SIGNED_LOG} (its key is {key}, taken by the planner that started last), \
+         {NOT_HELD}"
+    )
+}
+
 impl AuditLog {
     /// The log as the flags set it.
     pub fn new(options: LogOptions) -> Self {
@@ -206,18 +233,18 @@ impl AuditLog {
             })
             .unwrap_or_else(|| "redrive-audit".to_owned());
         let current_pads = options.signing.as_ref().map(|(_, text)| mac_pads(text));
+        let previous_signer = options
+            .previous_key_text
+            .as_deref()
+            .and_then(|text| Signer::from_key_text(text).ok());
         let known_signers = options
             .signing
             .iter()
             .map(|(signer, _)| signer.verifier())
-            .chain(
-                options
-                    .previous_key_text
-                    .as_deref()
-                    .and_then(|text| Signer::from_key_text(text).ok())
-                    .map(|signer| signer.verifier()),
-            )
+            .chain(previous_signer.as_ref().map(Signer::verifier))
             .collect();
+        let current_key_id = options.signing.as_ref().map(|(signer, _)| key_id(signer));
+        let previous_key_id = previous_signer.as_ref().map(key_id);
         Self {
             inner: Arc::new(Inner {
                 signer: options.signing.map(|(signer, _)| signer),
@@ -225,6 +252,8 @@ impl AuditLog {
                 current_pads,
                 previous_pads: options.previous_key_text.as_deref().map(mac_pads),
                 known_signers,
+                current_key_id,
+                previous_key_id,
                 checkpoint_every: options.checkpoint_every,
                 checkpoint_interval: options.checkpoint_interval,
                 witness_dir: options.witness_dir,
@@ -271,17 +300,52 @@ impl AuditLog {
             .filter_map(|line| line.split(' ').next())
             .collect();
         Some(format!(
-            "{FOREIGN_KEY_ON_SIGNED_LOG} (its latest checkpoint is signed by {}), neither as \
-             --audit-signing-key nor as --audit-previous-key: it would refuse the rows written \
-             under that key as forged. Give every planner of this database the same key; to \
-             rotate keys, stop every planner, then start them all with --audit-signing-key NEW \
-             --audit-previous-key OLD (docs/audit-log.md)",
+            "{FOREIGN_KEY_ON_SIGNED_LOG} (its latest checkpoint is signed by {}), {NOT_HELD}",
             if signers.is_empty() {
                 "an unknown key".to_owned()
             } else {
                 signers.join(", ")
             }
         ))
+    }
+
+    /// Why this planner must not seal a log whose current key (migration
+    /// 0039) is `key`: it has no key ([`KEYLESS_ON_SIGNED_LOG`]) or
+    /// another one ([`FOREIGN_KEY_ON_SIGNED_LOG`]). `None` when `key` is
+    /// its own or the log takes none yet.
+    fn refusal_of(&self, key: Option<&str>) -> Option<String> {
+        let key = key?;
+        match &self.inner.current_key_id {
+            None => Some(KEYLESS_ON_SIGNED_LOG.to_owned()),
+            Some(mine) if mine != key => Some(foreign_key(key)),
+            Some(_) => None,
+        }
+    }
+
+    /// Takes the log for this planner's key before it serves (migration
+    /// 0039, under the state row's lock): the log takes this key from now
+    /// on when it took none, this one or `--audit-previous-key` (so a
+    /// planner still running on the previous key seals nothing more and
+    /// stops at its next round, before it could refuse a row written under
+    /// this key). Nothing is taken with `--audit-log off`.
+    ///
+    /// # Errors
+    /// `FailedPrecondition` when the log takes another key, or this
+    /// planner has none and the log takes one; store errors.
+    pub async fn take_key(&self, store: &Store) -> Result<(), Error> {
+        if !self.inner.enabled {
+            return Ok(());
+        }
+        let other = store
+            .take_audit_signing_key(
+                self.inner.current_key_id.as_deref(),
+                self.inner.previous_key_id.as_deref(),
+            )
+            .await?;
+        match self.refusal_of(other.as_deref()) {
+            Some(why) => Err(Error::FailedPrecondition(why)),
+            None => Ok(()),
+        }
     }
 
     /// Whether rounds run (`--audit-log` is not `off`).
@@ -315,6 +379,12 @@ impl AuditLog {
         if let Some(note) = sealing.latest_checkpoint_note().await?
             && let Some(why) = self.foreign_signer(&note)
         {
+            sealing.rollback().await?;
+            return Err(Error::FailedPrecondition(why));
+        }
+        // Another planner started with another key (a rotation this one
+        // is not part of): its rows would be refused here as forged.
+        if let Some(why) = self.refusal_of(sealing.state.signing_key.as_deref()) {
             sealing.rollback().await?;
             return Err(Error::FailedPrecondition(why));
         }

@@ -22,11 +22,11 @@ pub struct AuditLogSettings {
     /// (`PRIVATE+KEY+<name>+<key id>+<base64>`), as `redrivectl audit keygen`
     /// writes it. Give every replica the same file. Without it the log is
     /// still sealed, but nothing is signed and rows written outside the
-    /// planner are sealed too; once a log is signed, a planner without it
-    /// refuses to start on that database, and one running stops (unless
-    /// `--audit-log off`: it then neither seals nor queues rows for
-    /// sealing). To add a key, stop every planner of the database, then
-    /// start them with it.
+    /// planner are sealed too; once a planner with a key has started on a
+    /// database (or its log is signed), a planner without it refuses to
+    /// start there, and one running stops (unless `--audit-log off`: it
+    /// then neither seals nor queues rows for sealing). To add a key, stop
+    /// every planner of the database, then start them with it.
     #[arg(
         long = "audit-signing-key",
         env = "REDRIVE_AUDIT_SIGNING_KEY",
@@ -34,10 +34,11 @@ pub struct AuditLogSettings {
     )]
     pub signing_key: Option<PathBuf>,
 
-    /// During a key rotation, the key the log was signed with before: rows
-    /// it wrote are sealed, not refused. Stop every planner, then start
-    /// them all with the new key and this; a planner whose key neither
-    /// signed the log's latest checkpoint nor is this is refused.
+    /// During a key rotation, the key the log took before: rows written
+    /// under it are sealed, not refused. Restart each planner with the new
+    /// key and this: once the first has started, a planner still on the old
+    /// key alone stops at its next sealing round, and one started with it
+    /// is refused.
     #[arg(
         long = "audit-previous-key",
         env = "REDRIVE_AUDIT_PREVIOUS_KEY",

@@ -172,6 +172,9 @@ pub struct LogState {
     pub frontier: Vec<Hash>,
     /// Pending rows up to this `seq` are the history (no MAC).
     pub history_seq: i64,
+    /// The key the log takes now (migration 0039), `name+hash`; `None`
+    /// until a keyed planner started.
+    pub signing_key: Option<String>,
 }
 
 /// A leaf a round appends.
@@ -232,12 +235,15 @@ impl Store {
     /// [`StoreError`].
     pub async fn begin_sealing(&self) -> Result<Option<Sealing>, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let row: Option<(i64, Vec<Vec<u8>>, i64)> = sqlx::query_as(
-            "SELECT tree_size, frontier, history_seq FROM audit_log_state FOR UPDATE SKIP LOCKED",
+        /// `tree_size`, `frontier`, `history_seq`, `signing_key`.
+        type StateRow = (i64, Vec<Vec<u8>>, i64, Option<String>);
+        let row: Option<StateRow> = sqlx::query_as(
+            "SELECT tree_size, frontier, history_seq, signing_key FROM audit_log_state \
+             FOR UPDATE SKIP LOCKED",
         )
         .fetch_optional(&mut *transaction)
         .await?;
-        let Some((tree_size, frontier, history_seq)) = row else {
+        let Some((tree_size, frontier, history_seq, signing_key)) = row else {
             return Ok(None);
         };
         let frontier = frontier
@@ -250,8 +256,49 @@ impl Store {
                 tree_size: as_u64(tree_size),
                 frontier,
                 history_seq,
+                signing_key,
             },
         }))
+    }
+
+    /// Makes `current` the key the log takes (migration 0039) under the
+    /// state row's lock, waiting for a sealing round that holds it, when the
+    /// log takes no key yet, `current` already, or `previous` (the rotation
+    /// from `--audit-previous-key` to `--audit-signing-key` is taken here).
+    /// `current` is `None` for a planner without a key: nothing is written.
+    /// Returns the key the log takes when it is another one: the caller
+    /// refuses to start.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn take_audit_signing_key(
+        &self,
+        current: Option<&str>,
+        previous: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        let mut transaction = self.pool().begin().await?;
+        let found: Option<Option<String>> =
+            sqlx::query_scalar("SELECT signing_key FROM audit_log_state FOR UPDATE")
+                .fetch_optional(&mut *transaction)
+                .await?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        let Some(current) = current else {
+            return Ok(found);
+        };
+        match found {
+            Some(key) if key != current && Some(key.as_str()) != previous => Ok(Some(key)),
+            Some(key) if key == current => Ok(None),
+            _ => {
+                sqlx::query("UPDATE audit_log_state SET signing_key = $1")
+                    .bind(current)
+                    .execute(&mut *transaction)
+                    .await?;
+                transaction.commit().await?;
+                Ok(None)
+            }
+        }
     }
 
     /// The signed checkpoint of `tree_size`, or the latest one for `None`.
