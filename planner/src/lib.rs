@@ -187,28 +187,7 @@ pub async fn run(
     }
     .spawn(&config, listener, shutdown.clone())?;
 
-    let mut prepared = prepare_database(&config, &store, &shutdown).await;
-    // A planner whose key did not sign the log (and is not the previous
-    // key of a rotation) is refused at start, as a keyless one is.
-    if matches!(prepared, Ok(true))
-        && audit_log.enabled()
-        && let Some(why) = store
-            .audit_checkpoint(None)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|latest| audit_log.foreign_signer(&latest.note))
-    {
-        prepared = Err(anyhow::anyhow!(why));
-    }
-    // The log takes this planner's key before it serves: a planner still
-    // on the previous key stops at its next round, before the rows written
-    // under this key reach it.
-    if matches!(prepared, Ok(true))
-        && let Err(error) = audit_log.take_key(&store).await
-    {
-        prepared = Err(anyhow::anyhow!("{error}"));
-    }
+    let prepared = prepare_database(&config, &store, &audit_log, &shutdown).await;
     let background = match prepared {
         Ok(true) => {
             ready.store(true, Ordering::SeqCst);
@@ -411,6 +390,7 @@ const FIRST_ANSWER: Duration = Duration::from_secs(5);
 async fn prepare_database(
     config: &Config,
     store: &Store,
+    audit_log: &audit::log::AuditLog,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<bool> {
     let mut backoff =
@@ -473,7 +453,15 @@ async fn prepare_database(
                     signed.tree_size
                 );
             }
-            anyhow::Ok(())
+            // The log takes this planner's key before it serves: a planner
+            // still on the previous key stops at its next round, before the
+            // rows written under this key reach it. One whose key is not
+            // the log's (and not its previous) is refused.
+            match audit_log.take_key(store).await {
+                Err(crate::error::Error::Store(error)) => Err(error.into()),
+                Err(refused) => Err(anyhow::anyhow!("{refused}")),
+                Ok(()) => anyhow::Ok(()),
+            }
         };
         // Shut down also while an attempt waits (a migration, a connection).
         let outcome = tokio::select! {

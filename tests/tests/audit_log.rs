@@ -994,8 +994,10 @@ async fn a_planner_without_the_key_stops_once_its_log_is_signed() -> anyhow::Res
 /// A planner given another key than the one that signed its log is refused
 /// at start (it would refuse the rows written under that key as forged and
 /// sign a fork of the signers); the next key with `--audit-previous-key` is
-/// taken (a rotation), and a planner still on the old key stops once the
-/// new key has signed, instead of refusing the new key's rows.
+/// taken (a rotation) as its planner starts, and a planner still running on
+/// the old key stops at its next round, before the new key has signed
+/// anything, instead of refusing the new key's rows; the rows written under
+/// the old key meanwhile are sealed too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rotation()
 -> anyhow::Result<()> {
@@ -1014,14 +1016,6 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
                 .await?,
         )
     };
-    let mut on_old = planner_process(&db_url, &old)?;
-    wait_until(
-        "a checkpoint signed by the old key",
-        Duration::from_secs(30),
-        || async { Ok(checkpoints().await? > 0) },
-    )
-    .await?;
-    let before_rotation = checkpoints().await?;
     let binaries = scenario::Binaries::of_tests()?;
     let planner_with = |key: Option<&Keys>, previous: Option<&Keys>, interval: &str| {
         let addr = scenario::free_local_addr()?;
@@ -1051,6 +1045,15 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
         scenario::ChildLog,
         std::net::SocketAddr,
     );
+    let (mut on_old, old_log, _) = planner_with(Some(&old), None, "1s")?;
+    wait_until(
+        "a checkpoint signed by the old key",
+        Duration::from_secs(30),
+        || async { Ok(checkpoints().await? > 0) },
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", old_log.text()))?;
+    let before_rotation = checkpoints().await?;
     let refused_at_start = |planner: Started, why: &str| {
         let why = why.to_owned();
         async move {
@@ -1079,27 +1082,27 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
     // the new key's rows (it would refuse them as forged).
     let (size_before, _) = log_state(&pool).await?;
     let (mut rotated, rotated_log, rotated_addr) = planner_with(Some(&new), Some(&old), "24h")?;
+    let serving = |addr: std::net::SocketAddr| async move {
+        let Ok(channel) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await
+        else {
+            return Ok(false);
+        };
+        let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "redrive.v1.Planner".to_owned(),
+            })
+            .await;
+        Ok(answer.is_ok_and(|answer| {
+            answer.into_inner().status()
+                == tonic_health::pb::health_check_response::ServingStatus::Serving
+        }))
+    };
     wait_until(
         "the new key's planner to serve",
         Duration::from_secs(30),
-        || async {
-            let Ok(channel) =
-                tonic::transport::Endpoint::from_shared(format!("http://{rotated_addr}"))?
-                    .connect()
-                    .await
-            else {
-                return Ok(false);
-            };
-            let answer = tonic_health::pb::health_client::HealthClient::new(channel)
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: "redrive.v1.Planner".to_owned(),
-                })
-                .await;
-            Ok(answer.is_ok_and(|answer| {
-                answer.into_inner().status()
-                    == tonic_health::pb::health_check_response::ServingStatus::Serving
-            }))
-        },
+        || serving(rotated_addr),
     )
     .await
     .map_err(|error| anyhow::anyhow!("{error}:\n{}", rotated_log.text()))?;
@@ -1113,19 +1116,31 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
             .unwrap_or_default(),
         )
     };
-    let writer = mac_writer(&db_url, &new).await?;
-    sqlx::query(
-        "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
-                                   action, wave, executor_id, attempt) \
-         SELECT id, g, 'rotation-' || g, 'm-' || g, 'orders', 'sent', 'main', 'rotation-test', 1 \
-         FROM plans, generate_series(1, 200) g",
-    )
-    .execute(&writer)
-    .await?;
-    writer.close().await;
+    // Rows under the new key, and under the old one as the old key's
+    // planner goes on writing them until it stops.
+    for (keys, rows) in [(&new, 200), (&old, 100)] {
+        let writer = mac_writer(&db_url, keys).await?;
+        sqlx::query(
+            "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
+                                       action, wave, executor_id, attempt) \
+             SELECT id, g, 'rotation-' || g, 'm-' || g, 'orders', 'sent', 'main', 'rotation-test', 1 \
+             FROM plans, generate_series(1, $1) g",
+        )
+        .bind(rows)
+        .execute(&writer)
+        .await?;
+        writer.close().await;
+    }
     let status = tokio::time::timeout(Duration::from_secs(30), on_old.wait()).await;
     let status = status.map_err(|_| anyhow::anyhow!("the old key's planner kept running"))??;
     assert!(!status.success(), "the old key's planner stops");
+    assert!(
+        old_log
+            .text()
+            .contains("the audit log in this database takes the key redrive.test/new+"),
+        "{}",
+        old_log.text()
+    );
     wait_until(
         "the new key's rows sealed",
         Duration::from_secs(30),
@@ -1137,7 +1152,11 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
         .fetch_one(&pool)
         .await?;
     assert_eq!(refused, 0, "no row written under either key was refused");
-    assert_eq!(size_after - size_before, 200, "every new row sealed once");
+    assert_eq!(
+        size_after - size_before,
+        300,
+        "every row of either key sealed once"
+    );
     assert_eq!(
         checkpoints().await?,
         before_rotation,
@@ -1148,7 +1167,7 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
     // log's key.
     refused_at_start(
         planner_with(Some(&old), None, "1s")?,
-        "signed by a key this planner does not hold (its key is redrive.test/new+",
+        "the audit log in this database takes the key redrive.test/new+",
     )
     .await?;
     refused_at_start(
@@ -1156,7 +1175,27 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
         "this planner has no --audit-signing-key",
     )
     .await?;
-    kill_9(&mut rotated).await?;
+    // A second rotation before the new key signed anything: the log's
+    // latest checkpoint is still the old key's, which the third key's
+    // planner does not hold; the log's key (its previous) decides.
+    let third = Keys::new("redrive.test/third")?;
+    let (mut on_third, third_log, third_addr) = planner_with(Some(&third), Some(&new), "24h")?;
+    wait_until(
+        "the third key's planner to serve",
+        Duration::from_secs(30),
+        || serving(third_addr),
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", third_log.text()))?;
+    assert!(key_of_log().await?.starts_with("redrive.test/third+"));
+    let status = tokio::time::timeout(Duration::from_secs(30), rotated.wait()).await;
+    let status = status.map_err(|_| anyhow::anyhow!("the new key's planner kept running"))??;
+    assert!(
+        !status.success(),
+        "the new key's planner stops: {}",
+        rotated_log.text()
+    );
+    kill_9(&mut on_third).await?;
     pool.close().await;
     Ok(())
 }

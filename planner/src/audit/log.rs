@@ -78,6 +78,8 @@ pub const KEYLESS_ON_SIGNED_LOG: &str = "the audit log in this database is signe
 /// when the log's latest checkpoint is signed by a key it holds neither as
 /// `--audit-signing-key` nor as `--audit-previous-key`: it would refuse the
 /// rows written under that key as forged, and sign a fork of the signers.
+/// Judged only while the log names no key ([`OTHER_KEY_TAKES_THE_LOG`]
+/// decides once it does).
 pub const FOREIGN_KEY_ON_SIGNED_LOG: &str =
     "the audit log in this database is signed by a key this planner does not hold";
 
@@ -89,10 +91,18 @@ const NOT_HELD: &str = "neither as --audit-signing-key nor as --audit-previous-k
      --audit-previous-key OLD (a planner still on OLD stops once the first one on NEW has \
      started; docs/audit-log.md)";
 
+/// How the reason a planner stops (and a sealing round fails) begins when a
+/// planner with another key, or with one where it has none, started on the
+/// database last and the log takes that key (migration 0039).
+pub const OTHER_KEY_TAKES_THE_LOG: &str = "the audit log in this database takes the key";
+
 /// Whether a sealing round's `FailedPrecondition` text stops the planner
-/// ([`KEYLESS_ON_SIGNED_LOG`], [`FOREIGN_KEY_ON_SIGNED_LOG`]).
+/// ([`KEYLESS_ON_SIGNED_LOG`], [`FOREIGN_KEY_ON_SIGNED_LOG`],
+/// [`OTHER_KEY_TAKES_THE_LOG`]).
 pub fn stops_the_planner(why: &str) -> bool {
-    why == KEYLESS_ON_SIGNED_LOG || why.starts_with(FOREIGN_KEY_ON_SIGNED_LOG)
+    why == KEYLESS_ON_SIGNED_LOG
+        || why.starts_with(FOREIGN_KEY_ON_SIGNED_LOG)
+        || why.starts_with(OTHER_KEY_TAKES_THE_LOG)
 }
 
 /// Levels of the tree whose complete subtrees are stored (multiples of 4):
@@ -211,12 +221,23 @@ pub fn key_id(signer: &Signer) -> String {
     format!("{}+{:08x}", signer.name(), signer.key_id())
 }
 
-/// Why a keyed planner does not take a log whose current key
-/// ([`key_id`]) is `key`, another one than its own and its previous.
-fn foreign_key(key: &str) -> String {
+/// Why a planner whose `--audit-signing-key` is `mine` ([`key_id`], `None`
+/// without one) does not seal a log that takes `key`: a planner with that
+/// key started on the database last, and rows written under a key this
+/// planner does not check would be refused as forged (or, without a key,
+/// its own rows carry no MAC).
+fn other_key(key: &str, mine: Option<&str>) -> String {
+    let this = match mine {
+        Some(mine) => format!("this planner's --audit-signing-key is {mine}"),
+        None => "this planner has no --audit-signing-key".to_owned(),
+    };
     format!(
-        "{FOREIGN_KEY_ON_SIGNED_LOG} (its key is {key}, taken by the planner that started last), \
-         {NOT_HELD}"
+        "{OTHER_KEY_TAKES_THE_LOG} {key} (a planner with it as --audit-signing-key started on the \
+         database last), and {this}: only planners with the log's key seal it, and the rows a \
+         planner writes under another key, or none, would be refused as forged. Give every \
+         planner of this database the same key; to rotate keys, restart each planner with \
+         --audit-signing-key NEW --audit-previous-key OLD (a planner still on OLD stops once the \
+         first one on NEW has started; docs/audit-log.md)"
     )
 }
 
@@ -310,16 +331,21 @@ impl AuditLog {
     }
 
     /// Why this planner must not seal a log whose current key (migration
-    /// 0039) is `key`: it has no key ([`KEYLESS_ON_SIGNED_LOG`]) or
-    /// another one ([`FOREIGN_KEY_ON_SIGNED_LOG`]). `None` when `key` is
-    /// its own or the log takes none yet.
+    /// 0039) is `key`: it has none or another one
+    /// ([`OTHER_KEY_TAKES_THE_LOG`]). `None` when `key` is its own or the
+    /// log takes none yet.
     fn refusal_of(&self, key: Option<&str>) -> Option<String> {
         let key = key?;
-        match &self.inner.current_key_id {
-            None => Some(KEYLESS_ON_SIGNED_LOG.to_owned()),
-            Some(mine) if mine != key => Some(foreign_key(key)),
-            Some(_) => None,
-        }
+        let mine = self.inner.current_key_id.as_deref();
+        (mine != Some(key)).then(|| other_key(key, mine))
+    }
+
+    /// Whether `key` (the log's, migration 0039) is this planner's
+    /// `--audit-signing-key` or `--audit-previous-key`.
+    fn holds(&self, key: &str) -> bool {
+        [&self.inner.current_key_id, &self.inner.previous_key_id]
+            .into_iter()
+            .any(|held| held.as_deref() == Some(key))
     }
 
     /// Takes the log for this planner's key before it serves (migration
@@ -335,6 +361,16 @@ impl AuditLog {
     pub async fn take_key(&self, store: &Store) -> Result<(), Error> {
         if !self.inner.enabled {
             return Ok(());
+        }
+        // The latest checkpoint's signer decides only while the log names
+        // no key of this planner: once it does, that is newer (a rotation
+        // taken before the new key signed anything).
+        let named = store.audit_signing_key().await?;
+        if !named.as_deref().is_some_and(|key| self.holds(key))
+            && let Some(latest) = store.audit_checkpoint(None).await?
+            && let Some(why) = self.foreign_signer(&latest.note)
+        {
+            return Err(Error::FailedPrecondition(why));
         }
         let other = store
             .take_audit_signing_key(
@@ -366,6 +402,12 @@ impl AuditLog {
     pub async fn seal_round(&self, store: &Store) -> Result<Round, Error> {
         let _one = self.inner.sealing.lock().await;
         let Some(mut sealing) = store.begin_sealing().await? else {
+            // Another planner's round holds the log: the key it takes is
+            // read all the same, so that a planner left on an old key
+            // stops even while others seal a long backlog.
+            if let Some(why) = self.refusal_of(store.audit_signing_key().await?.as_deref()) {
+                return Err(Error::FailedPrecondition(why));
+            }
             return Ok(Round::default());
         };
         // Once a keyed planner has signed the log, rows are sealed only
@@ -376,15 +418,18 @@ impl AuditLog {
             sealing.rollback().await?;
             return Err(Error::FailedPrecondition(KEYLESS_ON_SIGNED_LOG.to_owned()));
         }
-        if let Some(note) = sealing.latest_checkpoint_note().await?
-            && let Some(why) = self.foreign_signer(&note)
-        {
-            sealing.rollback().await?;
-            return Err(Error::FailedPrecondition(why));
-        }
         // Another planner started with another key (a rotation this one
         // is not part of): its rows would be refused here as forged.
         if let Some(why) = self.refusal_of(sealing.state.signing_key.as_deref()) {
+            sealing.rollback().await?;
+            return Err(Error::FailedPrecondition(why));
+        }
+        // A log that names no key yet (a database from before migration
+        // 0039) is judged by its latest checkpoint's signer.
+        if sealing.state.signing_key.is_none()
+            && let Some(note) = sealing.latest_checkpoint_note().await?
+            && let Some(why) = self.foreign_signer(&note)
+        {
             sealing.rollback().await?;
             return Err(Error::FailedPrecondition(why));
         }
@@ -820,11 +865,12 @@ fn nothing_to_prove(
              (`redrivectl audit checkpoint` shows the latest)"
         ),
         // Neither sealed, queued nor refused: written by a planner whose
-        // sealing was off.
+        // sealing was off, or by a session that disabled the triggers
+        // (`session_replication_role = replica`).
         (_, events) => format!(
             "plan {plan_id}'s {events} event(s) of dead letter {dead_letter} were never queued \
-             for sealing (written by a planner with --audit-log off): the log holds no leaf of \
-             them, and no checkpoint ever will"
+             for sealing (written by a planner with --audit-log off, or with the log's triggers \
+             disabled): the log holds no leaf of them, and no checkpoint ever will"
         ),
     })
 }
@@ -971,7 +1017,8 @@ fn unproven_events(
     if never > 0 {
         lines.push(format!(
             "{never} event(s) of dead letter {dead_letter} never queued for sealing (written by \
-             a planner with --audit-log off): no checkpoint will hold them"
+             a planner with --audit-log off, or with the log's triggers disabled): no \
+             checkpoint will hold them"
         ));
     }
     lines

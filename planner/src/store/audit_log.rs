@@ -261,6 +261,19 @@ impl Store {
         }))
     }
 
+    /// The key the log takes (migration 0039), read without a lock; `None`
+    /// when it takes none yet.
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn audit_signing_key(&self) -> Result<Option<String>, StoreError> {
+        let key: Option<Option<String>> =
+            sqlx::query_scalar("SELECT signing_key FROM audit_log_state")
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(key.flatten())
+    }
+
     /// Makes `current` the key the log takes (migration 0039) under the
     /// state row's lock, waiting for a sealing round that holds it, when the
     /// log takes no key yet, `current` already, or `previous` (the rotation
@@ -282,14 +295,22 @@ impl Store {
                 .fetch_optional(&mut *transaction)
                 .await?;
         let Some(found) = found else {
+            transaction.rollback().await?;
             return Ok(None);
         };
         let Some(current) = current else {
+            transaction.rollback().await?;
             return Ok(found);
         };
         match found {
-            Some(key) if key != current && Some(key.as_str()) != previous => Ok(Some(key)),
-            Some(key) if key == current => Ok(None),
+            Some(key) if key != current && Some(key.as_str()) != previous => {
+                transaction.rollback().await?;
+                Ok(Some(key))
+            }
+            Some(key) if key == current => {
+                transaction.rollback().await?;
+                Ok(None)
+            }
             _ => {
                 sqlx::query("UPDATE audit_log_state SET signing_key = $1")
                     .bind(current)
