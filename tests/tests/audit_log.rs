@@ -934,7 +934,7 @@ async fn planners_killed_while_sealing_leave_one_log_without_gap_fork_or_double_
 }
 
 /// A planner without the key that runs while another planner of its
-/// database, given the key, signs the log (a replica left behind when the
+/// database starts with the key (a replica left behind when the
 /// key was rolled out) stops within a round, saying why, instead of
 /// writing rows the log would refuse to seal for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -970,9 +970,18 @@ async fn a_planner_without_the_key_stops_once_its_log_is_signed() -> anyhow::Res
     .await?;
     let mut keyed = planner_process(&db_url, &keys)?;
     let status = tokio::time::timeout(Duration::from_secs(60), keyless.wait()).await;
-    let signed: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_checkpoints")
-        .fetch_one(&pool)
-        .await?;
+    // The keyless planner stops as the keyed one takes the log, which
+    // signs its first checkpoint at its first round.
+    let signed = wait_until("a checkpoint signed", Duration::from_secs(30), || async {
+        Ok(
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_checkpoints")
+                .fetch_one(&pool)
+                .await?
+                > 0,
+        )
+    })
+    .await
+    .is_ok();
     kill_9(&mut keyed).await?;
     let status = status.map_err(|_| {
         anyhow::anyhow!(
@@ -980,7 +989,7 @@ async fn a_planner_without_the_key_stops_once_its_log_is_signed() -> anyhow::Res
             log.text()
         )
     })??;
-    assert!(signed > 0, "the keyed planner signed a checkpoint");
+    assert!(signed, "the keyed planner signed a checkpoint");
     assert!(!status.success(), "{}", log.text());
     let text = log.text();
     assert!(
@@ -1180,6 +1189,24 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
     // planner does not hold; the log's key (its previous) decides.
     let third = Keys::new("redrive.test/third")?;
     let (mut on_third, third_log, third_addr) = planner_with(Some(&third), Some(&new), "24h")?;
+    // It waits a minute from when the log took the new key (the planners
+    // on the old key may still be writing rows only the new key's planners
+    // can check); the test moves that moment back instead of waiting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!serving(third_addr).await?, "{}", third_log.text());
+    assert!(key_of_log().await?.starts_with("redrive.test/new+"));
+    assert!(
+        third_log
+            .text()
+            .contains("waiting until the planners on the key before it have stopped"),
+        "{}",
+        third_log.text()
+    );
+    sqlx::query(
+        "UPDATE audit_log_state SET signing_key_taken_at = signing_key_taken_at - interval '2 minutes'",
+    )
+    .execute(&pool)
+    .await?;
     wait_until(
         "the third key's planner to serve",
         Duration::from_secs(30),
@@ -1198,6 +1225,70 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
     kill_9(&mut on_third).await?;
     pool.close().await;
     Ok(())
+}
+
+/// A key added after a planner without one died with rows still queued (a
+/// crash leaves its last rows unsealed) seals those rows as the log's
+/// history, as the keyless planner would have, instead of refusing real
+/// events as forged; a row written without a MAC once the key is taken is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_added_after_a_keyless_planner_died_seals_what_it_left_queued() -> anyhow::Result<()>
+{
+    init_logging();
+    let keys = Keys::new("redrive.test/added")?;
+    let mut bed = TestBed::without_broker(|_| {}).await?;
+    let db_url = bed.db.url();
+    one_plan(&mut bed.client, "added").await?;
+    bed.planner.halt().await?;
+    let pool = sqlx::PgPool::connect(&db_url).await?;
+    // What a planner without a key leaves when killed mid-replay: events
+    // queued with no MAC (its connections carry none).
+    let insert = |from: i64, to: i64| {
+        sqlx::query(
+            "INSERT INTO audit_events (plan_id, dead_letter_id, message_key, message_id, destination, \
+                                       action, wave, executor_id, attempt) \
+             SELECT id, g, 'added-' || g, 'm-' || g, 'orders', 'sent', 'main', 'keyless-test', 1 \
+             FROM plans, generate_series($1::bigint, $2::bigint) g",
+        )
+        .bind(from)
+        .bind(to)
+    };
+    insert(1, 40).execute(&pool).await?;
+    let (size_before, queued) = log_state(&pool).await?;
+    assert!(queued >= 40, "{queued} queued");
+    let mut keyed = planner_process(&db_url, &keys)?;
+    let refused = || async {
+        anyhow::Ok(
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM audit_log_refused")
+                .fetch_one(&pool)
+                .await?,
+        )
+    };
+    wait_until(
+        "the rows left queued sealed",
+        Duration::from_secs(30),
+        || async { Ok(log_state(&pool).await?.1 == 0) },
+    )
+    .await?;
+    let (size_after, _) = log_state(&pool).await?;
+    let refused_then = refused().await?;
+    // Written without a MAC after the key was taken: refused.
+    insert(41, 41).execute(&pool).await?;
+    wait_until("the late row judged", Duration::from_secs(30), || async {
+        Ok(log_state(&pool).await?.1 == 0)
+    })
+    .await?;
+    let refused_late = refused().await?;
+    kill_9(&mut keyed).await?;
+    assert_eq!(refused_then, 0, "none of the rows left queued was refused");
+    assert_eq!(size_after - size_before, queued, "each sealed once");
+    assert_eq!(
+        refused_late, 1,
+        "a row without a MAC after the key was taken"
+    );
+    pool.close().await;
+    bed.finish().await
 }
 
 /// A backlog of audit events meets the sealing query planned while the

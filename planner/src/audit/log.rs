@@ -53,9 +53,18 @@ use crate::{
     ids::PlanId,
     store::{
         Store, StoreError,
-        audit_log::{AuditSubject, CheckpointRow, NewLeaf, Record},
+        audit_log::{AuditSubject, CheckpointRow, KeyTaking, NewLeaf, Record},
     },
 };
+
+/// How long after the log took a key a planner waits before it moves the
+/// log on from it (a second rotation): the planners on the key before it
+/// stop within a sealing round ([`SEAL_INTERVAL`]) and their open calls
+/// within `--shutdown-grace-seconds` (10 s by default), and meanwhile the
+/// planners holding it as `--audit-previous-key` seal the rows they wrote.
+/// Moved on sooner, those rows would be refused as forged by planners that
+/// hold neither key.
+pub const ROTATION_SETTLE: Duration = Duration::from_secs(60);
 
 /// Most queued rows one sealing round takes.
 pub const BATCH: i64 = 10_000;
@@ -360,6 +369,18 @@ impl AuditLog {
     /// planner has none and the log takes one; store errors.
     pub async fn take_key(&self, store: &Store) -> Result<(), Error> {
         if !self.inner.enabled {
+            // Allowed (a deployment may turn its log off), but beside
+            // planners that seal it, every row this one writes is a hole.
+            if let Some(key) = store.audit_signing_key().await? {
+                warn!(
+                    log_key = %key,
+                    "audit log: this planner runs with --audit-log off on a database whose log \
+                     is sealed under a key: the rows it writes (its plans' events and actions, \
+                     and the gates' promotions it runs for any plan) are never queued for \
+                     sealing, and `redrivectl audit verify` will list them as not in the log; \
+                     run every planner of the database with the same --audit-log"
+                );
+            }
             return Ok(());
         }
         // The latest checkpoint's signer decides only while the log names
@@ -372,15 +393,33 @@ impl AuditLog {
         {
             return Err(Error::FailedPrecondition(why));
         }
-        let other = store
-            .take_audit_signing_key(
-                self.inner.current_key_id.as_deref(),
-                self.inner.previous_key_id.as_deref(),
-            )
-            .await?;
-        match self.refusal_of(other.as_deref()) {
-            Some(why) => Err(Error::FailedPrecondition(why)),
-            None => Ok(()),
+        loop {
+            let taking = store
+                .take_audit_signing_key(
+                    self.inner.current_key_id.as_deref(),
+                    self.inner.previous_key_id.as_deref(),
+                    ROTATION_SETTLE,
+                )
+                .await?;
+            let other = match taking {
+                KeyTaking::Taken => return Ok(()),
+                KeyTaking::Other(key) => key,
+                KeyTaking::Settling(left) => {
+                    info!(
+                        seconds_left = left.as_secs(),
+                        "audit log: the log took this planner's --audit-previous-key less than \
+                         a minute ago; waiting until the planners on the key before it have \
+                         stopped and their rows are sealed, then taking it for \
+                         --audit-signing-key (docs/audit-log.md, \"Rotating the key\")"
+                    );
+                    tokio::time::sleep(left.min(Duration::from_secs(5))).await;
+                    continue;
+                }
+            };
+            return match self.refusal_of(Some(&other)) {
+                Some(why) => Err(Error::FailedPrecondition(why)),
+                None => Ok(()),
+            };
         }
     }
 

@@ -38,7 +38,8 @@ pub struct AuditLogSettings {
     /// under it are sealed, not refused. Restart each planner with the new
     /// key and this: once the first has started, a planner still on the old
     /// key alone stops at its next sealing round, and one started with it
-    /// is refused.
+    /// is refused. A planner moving the log on from this key waits until a
+    /// minute after the log took it (a second rotation).
     #[arg(
         long = "audit-previous-key",
         env = "REDRIVE_AUDIT_PREVIOUS_KEY",
@@ -149,6 +150,15 @@ impl AuditLogSettings {
             .previous_key
             .as_deref()
             .and_then(|path| read_key("audit-previous-key", path, problems));
+        if let (Some((signing, _)), Some((previous, _))) = (&signing, &previous)
+            && signing.verifier().key_text() == previous.verifier().key_text()
+        {
+            problems.push(SettingError::new(
+                "audit-previous-key",
+                "is the same key as --audit-signing-key: during a rotation it is the key being \
+                 replaced (was the new key's file given twice?)",
+            ));
+        }
         if self.previous_key.is_some() && self.signing_key.is_none() {
             problems.push(SettingError::new(
                 "audit-previous-key",
@@ -203,5 +213,53 @@ impl AuditLogSettings {
     /// Whether this planner seals the log (`--audit-log` is not `off`).
     pub fn sealing(&self) -> bool {
         self.mode != "off"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn key_file(dir: &Path, file: &str, name: &str) -> PathBuf {
+        let path = dir.join(file);
+        let signer = Signer::generate(name).expect("a key");
+        std::fs::write(&path, format!("{}\n", signer.key_text())).expect("written");
+        path
+    }
+
+    fn problems_of(settings: &AuditLogSettings) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        settings.parse(&mut problems);
+        problems
+            .into_iter()
+            .map(|problem| (problem.setting, problem.problem))
+            .collect()
+    }
+
+    #[test]
+    fn the_previous_key_is_another_key_than_the_signing_key() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let new = key_file(dir.path(), "new.key", "redrive.test/new");
+        let old = key_file(dir.path(), "old.key", "redrive.test/old");
+        let copy = dir.path().join("copy.key");
+        std::fs::copy(&new, &copy).expect("copied");
+        let with = |previous: &Path| AuditLogSettings {
+            signing_key: Some(new.clone()),
+            previous_key: Some(previous.to_path_buf()),
+            ..AuditLogSettings::default()
+        };
+        assert_eq!(problems_of(&with(&old)), Vec::new());
+        for same in [&new, &copy] {
+            let problems = problems_of(&with(same));
+            assert!(
+                problems
+                    .iter()
+                    .any(|(setting, problem)| *setting == "audit-previous-key"
+                        && problem.contains("the same key as --audit-signing-key")),
+                "{problems:?}"
+            );
+        }
     }
 }

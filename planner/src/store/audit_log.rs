@@ -177,6 +177,19 @@ pub struct LogState {
     pub signing_key: Option<String>,
 }
 
+/// What [`Store::take_audit_signing_key`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyTaking {
+    /// The log takes the planner's key (or no key, for a planner without
+    /// one, as before).
+    Taken,
+    /// The log takes this other key.
+    Other(String),
+    /// The log took the planner's previous key less than the settling time
+    /// ago: try again after this long.
+    Settling(std::time::Duration),
+}
+
 /// A leaf a round appends.
 #[derive(Debug, Clone)]
 pub struct NewLeaf {
@@ -277,10 +290,13 @@ impl Store {
     /// Makes `current` the key the log takes (migration 0039) under the
     /// state row's lock, waiting for a sealing round that holds it, when the
     /// log takes no key yet, `current` already, or `previous` (the rotation
-    /// from `--audit-previous-key` to `--audit-signing-key` is taken here).
-    /// `current` is `None` for a planner without a key: nothing is written.
-    /// Returns the key the log takes when it is another one: the caller
-    /// refuses to start.
+    /// from `--audit-previous-key` to `--audit-signing-key` is taken here,
+    /// once `settle` has passed since the log took `previous`: migration
+    /// 0040). `current` is `None` for a planner without a key: nothing is
+    /// written. When the log takes its first key and was never signed, the
+    /// rows queued so far are the log's history, sealed without a MAC as a
+    /// planner without a key would have sealed them (a keyless planner
+    /// killed before it sealed its last rows leaves them queued).
     ///
     /// # Errors
     /// [`StoreError`].
@@ -288,36 +304,55 @@ impl Store {
         &self,
         current: Option<&str>,
         previous: Option<&str>,
-    ) -> Result<Option<String>, StoreError> {
+        settle: std::time::Duration,
+    ) -> Result<KeyTaking, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let found: Option<Option<String>> =
-            sqlx::query_scalar("SELECT signing_key FROM audit_log_state FOR UPDATE")
-                .fetch_optional(&mut *transaction)
-                .await?;
-        let Some(found) = found else {
+        let found: Option<(Option<String>, Option<f64>)> = sqlx::query_as(
+            "SELECT signing_key, extract(epoch FROM now() - signing_key_taken_at)::float8 \
+             FROM audit_log_state FOR UPDATE",
+        )
+        .fetch_optional(&mut *transaction)
+        .await?;
+        let Some((found, taken_ago)) = found else {
             transaction.rollback().await?;
-            return Ok(None);
+            return Ok(KeyTaking::Taken);
         };
         let Some(current) = current else {
             transaction.rollback().await?;
-            return Ok(found);
+            return Ok(found.map_or(KeyTaking::Taken, KeyTaking::Other));
         };
         match found {
             Some(key) if key != current && Some(key.as_str()) != previous => {
                 transaction.rollback().await?;
-                Ok(Some(key))
+                Ok(KeyTaking::Other(key))
             }
             Some(key) if key == current => {
                 transaction.rollback().await?;
-                Ok(None)
+                Ok(KeyTaking::Taken)
             }
-            _ => {
-                sqlx::query("UPDATE audit_log_state SET signing_key = $1")
-                    .bind(current)
-                    .execute(&mut *transaction)
-                    .await?;
+            Some(_) if taken_ago.is_some_and(|ago| ago < settle.as_secs_f64()) => {
+                transaction.rollback().await?;
+                let ago = std::time::Duration::from_secs_f64(taken_ago.unwrap_or(0.0).max(0.0));
+                Ok(KeyTaking::Settling(settle.saturating_sub(ago)))
+            }
+            found => {
+                // The moment counts only for a rotation (taken from a
+                // previous key): a first key has no planners of a key
+                // before it whose rows could still be on their way.
+                sqlx::query(
+                    "UPDATE audit_log_state SET signing_key = $1, \
+                        signing_key_taken_at = CASE WHEN $2 THEN NULL ELSE now() END, \
+                        history_seq = CASE WHEN $2 AND NOT EXISTS (SELECT 1 FROM audit_checkpoints) \
+                            THEN greatest(history_seq, coalesce(pg_sequence_last_value( \
+                                pg_get_serial_sequence('audit_log_pending', 'seq')::regclass), 0)) \
+                            ELSE history_seq END",
+                )
+                .bind(current)
+                .bind(found.is_none())
+                .execute(&mut *transaction)
+                .await?;
                 transaction.commit().await?;
-                Ok(None)
+                Ok(KeyTaking::Taken)
             }
         }
     }
