@@ -1188,20 +1188,26 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
     // latest checkpoint is still the old key's, which the third key's
     // planner does not hold; the log's key (its previous) decides.
     let third = Keys::new("redrive.test/third")?;
-    let (mut on_third, third_log, third_addr) = planner_with(Some(&third), Some(&new), "24h")?;
     // It waits a minute from when the log took the new key (the planners
     // on the old key may still be writing rows only the new key's planners
     // can check); the test moves that moment back instead of waiting.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    sqlx::query("UPDATE audit_log_state SET signing_key_taken_at = clock_timestamp()")
+        .execute(&pool)
+        .await?;
+    let (mut on_third, third_log, third_addr) = planner_with(Some(&third), Some(&new), "24h")?;
+    wait_until(
+        "the third key's planner to wait",
+        Duration::from_secs(30),
+        || {
+            let text = third_log.text();
+            async move {
+                Ok(text.contains("waiting until the planners on the key before it have stopped"))
+            }
+        },
+    )
+    .await?;
     assert!(!serving(third_addr).await?, "{}", third_log.text());
     assert!(key_of_log().await?.starts_with("redrive.test/new+"));
-    assert!(
-        third_log
-            .text()
-            .contains("waiting until the planners on the key before it have stopped"),
-        "{}",
-        third_log.text()
-    );
     sqlx::query(
         "UPDATE audit_log_state SET signing_key_taken_at = signing_key_taken_at - interval '2 minutes'",
     )
@@ -1222,7 +1228,21 @@ async fn a_planner_with_another_key_is_refused_and_an_old_key_stops_after_a_rota
         "the new key's planner stops: {}",
         rotated_log.text()
     );
-    kill_9(&mut on_third).await?;
+    // A rollback to the new key (the key the log moved from) checks the
+    // rows still on their way itself: it takes the log at once.
+    let (mut back, back_log, back_addr) = planner_with(Some(&new), Some(&third), "24h")?;
+    wait_until(
+        "the rollback's planner to serve",
+        Duration::from_secs(20),
+        || serving(back_addr),
+    )
+    .await
+    .map_err(|error| anyhow::anyhow!("{error}:\n{}", back_log.text()))?;
+    assert!(key_of_log().await?.starts_with("redrive.test/new+"));
+    let status = tokio::time::timeout(Duration::from_secs(30), on_third.wait()).await;
+    let status = status.map_err(|_| anyhow::anyhow!("the third key's planner kept running"))??;
+    assert!(!status.success(), "the third key's planner stops");
+    kill_9(&mut back).await?;
     pool.close().await;
     Ok(())
 }

@@ -58,12 +58,13 @@ use crate::{
 };
 
 /// How long after the log took a key a planner waits before it moves the
-/// log on from it (a second rotation): the planners on the key before it
-/// stop within a sealing round ([`SEAL_INTERVAL`]) and their open calls
-/// within `--shutdown-grace-seconds` (10 s by default), and meanwhile the
-/// planners holding it as `--audit-previous-key` seal the rows they wrote.
-/// Moved on sooner, those rows would be refused as forged by planners that
-/// hold neither key.
+/// log on from it (a second rotation; not a rollback to the key before):
+/// the planners on the key before it stop within a sealing round
+/// ([`SEAL_INTERVAL`]) and their open calls within `--shutdown-grace-seconds`
+/// (10 s by default; a grace over 50 s needs a longer pause, by hand), and
+/// meanwhile the planners holding it as `--audit-previous-key` seal the rows
+/// they wrote. Moved on sooner, those rows would be refused as forged by
+/// planners that hold neither key.
 pub const ROTATION_SETTLE: Duration = Duration::from_secs(60);
 
 /// Most queued rows one sealing round takes.

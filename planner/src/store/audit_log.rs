@@ -291,8 +291,9 @@ impl Store {
     /// state row's lock, waiting for a sealing round that holds it, when the
     /// log takes no key yet, `current` already, or `previous` (the rotation
     /// from `--audit-previous-key` to `--audit-signing-key` is taken here,
-    /// once `settle` has passed since the log took `previous`: migration
-    /// 0040). `current` is `None` for a planner without a key: nothing is
+    /// once `settle` has passed since the log took `previous`, unless the
+    /// log took `previous` from `current`, a rollback: migration 0040).
+    /// `current` is `None` for a planner without a key: nothing is
     /// written. When the log takes its first key and was never signed, the
     /// rows queued so far are the log's history, sealed without a MAC as a
     /// planner without a key would have sealed them (a keyless planner
@@ -307,13 +308,15 @@ impl Store {
         settle: std::time::Duration,
     ) -> Result<KeyTaking, StoreError> {
         let mut transaction = self.pool().begin().await?;
-        let found: Option<(Option<String>, Option<f64>)> = sqlx::query_as(
-            "SELECT signing_key, extract(epoch FROM now() - signing_key_taken_at)::float8 \
+        let found: Option<(Option<String>, Option<f64>, Option<String>)> = sqlx::query_as(
+            "SELECT signing_key, \
+                extract(epoch FROM clock_timestamp() - signing_key_taken_at)::float8, \
+                signing_key_from \
              FROM audit_log_state FOR UPDATE",
         )
         .fetch_optional(&mut *transaction)
         .await?;
-        let Some((found, taken_ago)) = found else {
+        let Some((found, taken_ago, taken_from)) = found else {
             transaction.rollback().await?;
             return Ok(KeyTaking::Taken);
         };
@@ -330,7 +333,12 @@ impl Store {
                 transaction.rollback().await?;
                 Ok(KeyTaking::Taken)
             }
-            Some(_) if taken_ago.is_some_and(|ago| ago < settle.as_secs_f64()) => {
+            // A rollback (this planner's key is the one the log moved
+            // from) checks the rows still on their way itself: no wait.
+            Some(_)
+                if taken_ago.is_some_and(|ago| ago < settle.as_secs_f64())
+                    && taken_from.as_deref() != Some(current) =>
+            {
                 transaction.rollback().await?;
                 let ago = std::time::Duration::from_secs_f64(taken_ago.unwrap_or(0.0).max(0.0));
                 Ok(KeyTaking::Settling(settle.saturating_sub(ago)))
@@ -341,7 +349,8 @@ impl Store {
                 // before it whose rows could still be on their way.
                 sqlx::query(
                     "UPDATE audit_log_state SET signing_key = $1, \
-                        signing_key_taken_at = CASE WHEN $2 THEN NULL ELSE now() END, \
+                        signing_key_taken_at = CASE WHEN $2 THEN NULL ELSE clock_timestamp() END, \
+                        signing_key_from = CASE WHEN $2 THEN NULL ELSE signing_key END, \
                         history_seq = CASE WHEN $2 AND NOT EXISTS (SELECT 1 FROM audit_checkpoints) \
                             THEN greatest(history_seq, coalesce(pg_sequence_last_value( \
                                 pg_get_serial_sequence('audit_log_pending', 'seq')::regclass), 0)) \
