@@ -79,11 +79,22 @@ impl Db {
 
     /// Runs every migration file whose name sorts before `until`, in order.
     async fn migrate_before(&self, until: &str) {
+        self.migrate_where(|name| name < until).await;
+    }
+
+    /// Runs every migration file whose name sorts after `done`, in order:
+    /// the rest of an upgrade test's schema, for code that reads it.
+    async fn migrate_after(&self, done: &str) {
+        self.migrate_where(|name| name > done).await;
+    }
+
+    /// Runs every migration file whose name `wanted` takes, in order.
+    async fn migrate_where(&self, wanted: impl Fn(&str) -> bool) {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
         let mut files: Vec<_> = std::fs::read_dir(&dir)
             .expect("the migrations folder")
             .map(|entry| entry.expect("an entry").file_name().into_string().unwrap())
-            .filter(|name| name.ends_with(".sql") && name.as_str() < until)
+            .filter(|name| name.ends_with(".sql") && wanted(name))
             .collect();
         files.sort();
         for file in files {
@@ -1181,6 +1192,9 @@ async fn the_writers_mac_is_unchanged_by_the_upgrade_that_inlines_it() {
         (true, true),
         (false, false),
     ];
+    // The later migrations, which the sealing round's code reads (the
+    // log's key, migration 0039), change no MAC.
+    db.migrate_after(MAC_INLINE).await;
     assert_eq!(judged_by_sealing(&db.store, &pads, None).await, expected);
     // Under a key rotation the previous key's pads are tried too.
     let other = redrive_planner::audit::log::mac_pads("another key");
