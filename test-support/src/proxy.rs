@@ -5,8 +5,9 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use tokio::{net::TcpListener, task::JoinHandle};
@@ -14,21 +15,25 @@ use tokio::{net::TcpListener, task::JoinHandle};
 /// A TCP proxy on `127.0.0.1:0` forwarding to `target`, which a test can cut
 /// (close every connection and refuse new ones) and restore, or stall (keep
 /// every connection open but forward nothing, in either direction: a
-/// half-open network path) and heal.
+/// half-open network path) and heal, or have the server notice a client's
+/// close late ([`TcpProxy::linger`]).
 pub struct TcpProxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    linger_ms: Arc<AtomicU64>,
     forwarded: Arc<AtomicUsize>,
     generation: tokio::sync::watch::Sender<u64>,
     stalled: tokio::sync::watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
-/// Copies `from` → `to`, holding what it read while `stalled` is true.
+/// Copies `from` → `to`, holding what it read while `stalled` is true; once
+/// `from` ends, waits `linger_ms` (when given) before it closes `to`.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut stalled: tokio::sync::watch::Receiver<bool>,
+    linger_ms: Option<Arc<AtomicU64>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buffer = vec![0_u8; 16 * 1024];
@@ -38,6 +43,10 @@ async fn pump(
         }
         let read = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => {
+                if let Some(linger_ms) = linger_ms {
+                    let linger = Duration::from_millis(linger_ms.load(Ordering::SeqCst));
+                    tokio::time::sleep(linger).await;
+                }
                 let _ = to.shutdown().await;
                 return;
             }
@@ -68,6 +77,8 @@ impl TcpProxy {
         let accept_cut = Arc::clone(&cut);
         let accept_generation = generation.clone();
         let accept_stalled = stalled.clone();
+        let linger_ms = Arc::new(AtomicU64::new(0));
+        let accept_linger_ms = Arc::clone(&linger_ms);
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 if accept_cut.load(Ordering::SeqCst) {
@@ -77,6 +88,7 @@ impl TcpProxy {
                 accept_forwarded.fetch_add(1, Ordering::SeqCst);
                 let mut killed = accept_generation.subscribe();
                 let stalled = accept_stalled.subscribe();
+                let linger_ms = Arc::clone(&accept_linger_ms);
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
@@ -85,8 +97,13 @@ impl TcpProxy {
                     let _ = outbound.set_nodelay(true);
                     let (inbound_read, inbound_write) = inbound.into_split();
                     let (outbound_read, outbound_write) = outbound.into_split();
-                    let upstream = pump(inbound_read, outbound_write, stalled.clone());
-                    let downstream = pump(outbound_read, inbound_write, stalled);
+                    let upstream = pump(
+                        inbound_read,
+                        outbound_write,
+                        stalled.clone(),
+                        Some(linger_ms),
+                    );
+                    let downstream = pump(outbound_read, inbound_write, stalled, None);
                     tokio::select! {
                         () = async { tokio::join!(upstream, downstream); } => {}
                         _ = killed.changed() => {}
@@ -97,6 +114,7 @@ impl TcpProxy {
         Ok(Self {
             addr,
             cut,
+            linger_ms,
             forwarded,
             generation,
             stalled,
@@ -135,6 +153,15 @@ impl TcpProxy {
     /// Forwards again, what was held first.
     pub fn heal(&self) {
         self.stalled.send_replace(false);
+    }
+
+    /// From now on, when a client closes its connection, keeps the
+    /// server's side open `linger` longer before closing it too: a server
+    /// that notices a client's close late (a loaded broker). Connections
+    /// a [`TcpProxy::cut`] ends close at once.
+    pub fn linger(&self, linger: Duration) {
+        let millis = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX);
+        self.linger_ms.store(millis, Ordering::SeqCst);
     }
 }
 

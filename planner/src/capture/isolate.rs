@@ -51,6 +51,16 @@ fn unparkable(
     None
 }
 
+/// How long a round waits for the messages an ended session held to be
+/// back in the queue before it believes the queue is empty. A round runs
+/// only after a session that held messages (or a hold) ended, so they are
+/// on their way back unless another consumer took them: the wait costs
+/// time only then.
+const RETURN_WAIT: Duration = Duration::from_secs(10);
+
+/// How often it looks meanwhile.
+const RETURN_POLL: Duration = Duration::from_millis(100);
+
 /// What one round of [`isolate`] did.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Isolated {
@@ -165,10 +175,24 @@ impl Round<'_> {
         connection: &mut raw::RawConnection,
         taken: &mut Isolated,
     ) -> Result<(), raw::RawError> {
+        let waiting_since = tokio::time::Instant::now();
         while taken.taken < usize::from(self.config.prefetch.max(1))
             && !self.shutdown.is_cancelled()
         {
             let Some(message) = connection.get(self.queue).await? else {
+                // The broker returns what the ended session held once it
+                // has seen the connection close, which may come after this
+                // round's first `basic.get` (a quorum queue returns them
+                // through its log). A session started meanwhile would be
+                // handed them again, a second return: with a delivery
+                // limit of 1 the broker drops them all. So an empty queue
+                // is believed only after a while.
+                if taken.taken == 0 && waiting_since.elapsed() < RETURN_WAIT {
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => break,
+                        () = tokio::time::sleep(RETURN_POLL) => continue,
+                    }
+                }
                 break;
             };
             taken.taken += 1;
