@@ -255,6 +255,49 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     )?;
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("VERIFIED"), "{text}");
+    // An export is evidence: a second one to the same file is refused and
+    // leaves it (and its checkpoint) as it was, and no partial file behind;
+    // likewise when only the checkpoint's file is in the way.
+    let exported = std::fs::read(&csv_path)?;
+    let (code, text) = redrivectl(
+        &["audit", "export", "--format", "csv", "--out", &csv_arg],
+        &planner,
+    )?;
+    assert_eq!(code, 64, "{text}");
+    assert!(
+        text.contains("exists: an export is never overwritten"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read(&csv_path)?, exported);
+    let in_the_way = out.path().join("again.csv");
+    std::fs::write(out.path().join("again.csv.checkpoint"), "mine\n")?;
+    let (code, text) = redrivectl(
+        &[
+            "audit",
+            "export",
+            "--format",
+            "csv",
+            "--out",
+            &in_the_way.to_string_lossy(),
+        ],
+        &planner,
+    )?;
+    assert_eq!(code, 64, "{text}");
+    assert!(text.contains("again.csv.checkpoint exists"), "{text}");
+    assert!(!in_the_way.exists());
+    let mut left: Vec<String> = std::fs::read_dir(out.path())?
+        .map(|entry| entry.map(|entry| entry.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "again.csv.checkpoint",
+            "audit.pub",
+            "log.csv",
+            "log.csv.checkpoint"
+        ]
+    );
     let dead_letter: i64 = sqlx::query_scalar(
         "SELECT dead_letter_id FROM audit_events WHERE plan_id = $1 AND action = 'sent' LIMIT 1",
     )

@@ -140,7 +140,8 @@ pub struct ExportArgs {
     /// jsonl or csv.
     #[arg(long, value_enum, default_value_t = LogFormat::Jsonl)]
     pub format: LogFormat,
-    /// Where to write it (a CSV's checkpoint goes to FILE.checkpoint).
+    /// Where to write it (a CSV's checkpoint goes to FILE.checkpoint);
+    /// refused if it exists. Written whole or not at all.
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
     /// The checkpoint to export up to [default: the latest, after sealing
@@ -293,6 +294,44 @@ fn keygen(args: &KeygenArgs, out: &mut dyn Write) -> Result<u8, CliError> {
         public.display()
     )?;
     Ok(crate::error::EX_OK)
+}
+
+/// A temporary file in the directory of `path` (so that renaming it there is
+/// atomic), named after it, removed when dropped unpersisted.
+fn partial_beside(path: &std::path::Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map_or_else(|| "export".into(), |name| name.to_string_lossy());
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    // As `File::create` would: what the umask leaves of 0666.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    builder.tempfile_in(dir)
+}
+
+/// Renames the complete `file` to `path`, refusing a file that appeared
+/// there meanwhile (`renameat2` `RENAME_NOREPLACE` or a hard link: never an
+/// overwrite).
+fn persist_new(file: tempfile::NamedTempFile, path: &std::path::Path) -> Result<(), CliError> {
+    file.persist_noclobber(path).map(drop).map_err(|error| {
+        if error.error.kind() == std::io::ErrorKind::AlreadyExists {
+            CliError::Usage(format!(
+                "{} exists: an export is never overwritten (choose another --out, or move it away first)",
+                path.display()
+            ))
+        } else {
+            CliError::Io {
+                context: format!("writing {}", path.display()),
+                source: error.error,
+            }
+        }
+    })
 }
 
 fn verify_export(args: &VerifyArgs, json: bool, out: &mut dyn Write) -> Result<u8, CliError> {
@@ -633,8 +672,23 @@ async fn export(
         .await?
         .into_inner();
     let io = |context: String| move |source| CliError::Io { context, source };
+    let mut sidecar = args.out.clone().into_os_string();
+    sidecar.push(".checkpoint");
+    let sidecar = PathBuf::from(sidecar);
+    let csv = args.format == LogFormat::Csv;
+    for path in std::iter::once(&args.out).chain(csv.then_some(&sidecar)) {
+        if path.exists() {
+            return Err(CliError::Usage(format!(
+                "{} exists: an export is never overwritten (choose another --out, or move it away first)",
+                path.display()
+            )));
+        }
+    }
+    // Written beside it and renamed into place once complete: a stream cut
+    // short leaves nothing that looks like an export.
     let mut file = std::io::BufWriter::new(
-        std::fs::File::create(&args.out).map_err(io(format!("creating {}", args.out.display())))?,
+        partial_beside(&args.out)
+            .map_err(io(format!("creating a file beside {}", args.out.display())))?,
     );
     let mut checkpoint = String::new();
     let mut bytes = 0usize;
@@ -646,14 +700,22 @@ async fn export(
         file.write_all(&chunk.data)
             .map_err(io(format!("writing {}", args.out.display())))?;
     }
-    file.flush()
+    let file = file.into_inner().map_err(|error| CliError::Io {
+        context: format!("writing {}", args.out.display()),
+        source: error.into_error(),
+    })?;
+    file.as_file()
+        .sync_all()
         .map_err(io(format!("writing {}", args.out.display())))?;
-    if args.format == LogFormat::Csv {
-        let mut sidecar = args.out.clone().into_os_string();
-        sidecar.push(".checkpoint");
-        std::fs::write(&sidecar, &checkpoint)
-            .map_err(io(format!("writing {}", sidecar.to_string_lossy())))?;
+    if csv {
+        let mut side = partial_beside(&sidecar)
+            .map_err(io(format!("creating a file beside {}", sidecar.display())))?;
+        side.write_all(checkpoint.as_bytes())
+            .and_then(|()| side.as_file().sync_all())
+            .map_err(io(format!("writing {}", sidecar.display())))?;
+        persist_new(side, &sidecar)?;
     }
+    persist_new(file, &args.out)?;
     let size = checkpoint.lines().nth(1).unwrap_or("0");
     writeln!(
         out,
@@ -661,4 +723,47 @@ async fn export(
         args.out.display()
     )?;
     Ok(crate::error::EX_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_export_is_written_whole_or_not_at_all_and_never_over_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("log.jsonl");
+        let listing = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+
+        // Cut short: nothing is left behind.
+        let mut partial = partial_beside(&out).unwrap();
+        partial.write_all(b"half an export").unwrap();
+        assert_eq!(listing().len(), 1, "the partial file sits beside it");
+        drop(partial);
+        assert!(listing().is_empty());
+
+        // Complete: renamed into place.
+        let mut whole = partial_beside(&out).unwrap();
+        whole.write_all(b"the export\n").unwrap();
+        persist_new(whole, &out).unwrap();
+        assert_eq!(listing(), ["log.jsonl"]);
+
+        // A file that appeared meanwhile is kept, and the new one dropped.
+        let mut late = partial_beside(&out).unwrap();
+        late.write_all(b"another export\n").unwrap();
+        let error = persist_new(late, &out).unwrap_err();
+        assert!(
+            matches!(&error, CliError::Usage(text) if text.contains("log.jsonl exists")),
+            "{error:?}"
+        );
+        assert_eq!(std::fs::read(&out).unwrap(), b"the export\n");
+        assert_eq!(listing(), ["log.jsonl"]);
+    }
 }
