@@ -235,7 +235,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                     }
                     if isolating {
                         let after_unreadable = stopped_at_unreadable;
-                        match isolate(&config, &queue, &store, &shutdown, &mut held).await {
+                        match isolate(&config, &queue, &store, &shutdown, &mut held, after_unreadable).await {
                             Ok(round) if after_unreadable && round.taken == 0 => {
                                 isolating = false;
                                 stopped_at_unreadable = false;

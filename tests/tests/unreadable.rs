@@ -516,10 +516,14 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
 /// A quorum DLQ with a delivery limit of 1 (the broker drops a message
 /// returned a second time) holding good messages `0..100` around one poison
 /// message, captured by a planner whose failed session held all of them
-/// (prefetch 200) and whose broker connection goes through `proxy` when
-/// given. Checks each good message is stored once, the poison one as a
-/// placeholder and in its parking queue.
-async fn poison_on_a_quorum_dlq_costs_nothing(proxy: Option<&TcpProxy>) -> anyhow::Result<()> {
+/// (prefetch 101) and whose broker connection goes through `proxy` when
+/// given, while `trickle` more good messages arrive, one every 200 ms.
+/// Checks each good message is stored once, the poison one as a placeholder
+/// and in its parking queue.
+async fn poison_on_a_quorum_dlq_costs_nothing(
+    proxy: Option<&TcpProxy>,
+    trickle: u32,
+) -> anyhow::Result<()> {
     let broker = Broker::connect().await?;
     let (dlq, parking) =
         dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(1)).await?;
@@ -528,22 +532,48 @@ async fn poison_on_a_quorum_dlq_costs_nothing(proxy: Option<&TcpProxy>) -> anyho
     let (_, header) = unreadable_kinds(body.len() as u64, "nobody").remove(0);
     good_around_raw(&broker, &dlq, 5, &[&header], body, 95).await?;
 
-    // A large prefetch: the failed session held every message. With the old
-    // behaviour each restart returned them all, and the second return made
-    // the broker drop them (delivery limit 1, no dead-letter exchange).
+    // A prefetch of all of them: the failed session held every message.
+    // With the old behaviour each restart returned them all, and the second
+    // return made the broker drop them (delivery limit 1, no dead-letter
+    // exchange). No more: new ones go to the queue, not to the ended
+    // session's consumer before the broker notices it ended.
     let amqp_url = proxy.map(|proxy| format!("amqp://guest:guest@{}/%2f", proxy.addr()));
+    // Arriving from when the first session has taken every message, while
+    // the broker has yet to return them.
+    let arriving = {
+        let publisher = Broker::connect().await?;
+        let dlq = dlq.clone();
+        tokio::spawn(async move {
+            if trickle > 0 {
+                wait_ready(
+                    &publisher,
+                    "a session to take them",
+                    &dlq,
+                    0,
+                    Duration::from_secs(60),
+                )
+                .await?;
+            }
+            for n in 100..100 + trickle {
+                good(&publisher, &dlq, n, 1).await?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &dlq);
         config.capture_batch_size = 100;
-        config.capture_prefetch = 200;
+        config.capture_prefetch = 101;
         if let Some(url) = amqp_url {
             config.amqp.url = url;
         }
     })
     .await?;
-    let dead_letters = settled_dead_letters(&mut bed, &dlq, 101).await?;
-    assert_eq!(dead_letters.len(), 101);
-    assert_each_good_once(&dead_letters, 100);
+    arriving.await??;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, u64::from(101 + trickle)).await?;
+    assert_eq!(dead_letters.len(), 101 + trickle as usize);
+    assert_each_good_once(&dead_letters, 100 + trickle);
     assert_eq!(
         dead_letters
             .iter()
@@ -564,7 +594,7 @@ async fn poison_on_a_quorum_dlq_costs_nothing(proxy: Option<&TcpProxy>) -> anyho
 async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_message()
 -> anyhow::Result<()> {
     init_logging();
-    poison_on_a_quorum_dlq_costs_nothing(None).await
+    poison_on_a_quorum_dlq_costs_nothing(None, 0).await
 }
 
 /// The broker returns what the stopped session held only once it notices
@@ -579,7 +609,18 @@ async fn a_poison_message_on_a_quorum_dlq_costs_nothing_when_the_broker_notices_
     init_logging();
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     proxy.linger(Duration::from_secs(2));
-    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy)).await
+    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 0).await
+}
+
+/// The same while new dead letters keep arriving: the round takes them
+/// first, and an empty queue between two of them is not taken for the
+/// returns having come (a session would take the poison message again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_message_noticed_late_on_a_busy_quorum_dlq_costs_nothing() -> anyhow::Result<()> {
+    init_logging();
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    proxy.linger(Duration::from_secs(2));
+    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 20).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -93,6 +93,11 @@ pub(super) struct Isolated {
 /// failure leaves the message unacked: it returns to the queue, and its
 /// stored copy absorbs the redelivery.
 ///
+/// An empty queue is believed only after [`RETURN_WAIT`] when nothing was
+/// taken yet, or, `after_unreadable` (the guard stopped the session at an
+/// unreadable delivery), before an unreadable message was met: the broker
+/// returns what the ended session held once it notices the close.
+///
 /// # Errors
 /// [`raw::RawError`] from the broker, also when the connection ended as the
 /// round did while it held messages (they are back in the queue);
@@ -104,6 +109,7 @@ pub(super) async fn isolate(
     store: &Store,
     shutdown: &CancellationToken,
     held: &mut Option<raw::RawConnection>,
+    after_unreadable: bool,
 ) -> Result<Isolated, raw::RawError> {
     // Reuse the holding connection while it lives: what it holds stays held.
     let mut connection = match held.take() {
@@ -125,6 +131,7 @@ pub(super) async fn isolate(
         session: uuid::Uuid::new_v4(),
         parking: unreadable_queue(queue),
         parker: None,
+        after_unreadable,
     };
     let mut taken = Isolated::default();
     let outcome = round.take_messages(&mut connection, &mut taken).await;
@@ -164,6 +171,9 @@ struct Round<'a> {
     parking: String,
     /// The connection that moves them ([`park`]), opened on first use.
     parker: Option<raw::RawConnection>,
+    /// The guard stopped the session before at an unreadable delivery: it
+    /// is on its way back to the queue.
+    after_unreadable: bool,
 }
 
 impl Round<'_> {
@@ -186,8 +196,12 @@ impl Round<'_> {
                 // through its log). A session started meanwhile would be
                 // handed them again, a second return: with a delivery
                 // limit of 1 the broker drops them all. So an empty queue
-                // is believed only after a while.
-                if taken.taken == 0 && waiting_since.elapsed() < RETURN_WAIT {
+                // is believed only after a while: before anything was
+                // taken, and after the guard's stop before the unreadable
+                // message (new dead letters may come first).
+                let expected =
+                    taken.taken == 0 || (self.after_unreadable && taken.quarantined == 0);
+                if expected && waiting_since.elapsed() < RETURN_WAIT {
                     tokio::select! {
                         () = self.shutdown.cancelled() => break,
                         () = tokio::time::sleep(RETURN_POLL) => continue,
