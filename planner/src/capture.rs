@@ -29,10 +29,10 @@
 //!   before lapin reads it, and the broker requeues every message the
 //!   session held; they come back first. That is no failure (no backoff, no
 //!   capture error counted): at once, the next
-//!   round takes up to `prefetch` messages one at a time with the fallback
-//!   reader ([`raw`], `basic.get`, no prefetch), up to the first unreadable
-//!   one, so they are not returned
-//!   again and again with every restart; readable ones are stored and
+//!   round takes the messages the broker returned (`redelivered`) one at a
+//!   time with the fallback reader ([`raw`], `basic.get`, no prefetch), so
+//!   that none is returned a second time (a quorum queue's
+//!   `x-delivery-limit` counts returns); readable ones are stored and
 //!   acked as usual, an unreadable one is stored as a placeholder
 //!   ([`ReasonClass::Unreadable`](redrive_proto::v1::ReasonClass::Unreadable),
 //!   `invalid` at precheck) and moved aside,
@@ -235,7 +235,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                     }
                     if isolating {
                         let after_unreadable = stopped_at_unreadable;
-                        match isolate(&config, &queue, &store, &shutdown, &mut held, after_unreadable).await {
+                        match isolate(&config, &queue, &store, &shutdown, &mut held).await {
                             Ok(round) if after_unreadable && round.taken == 0 => {
                                 isolating = false;
                                 stopped_at_unreadable = false;

@@ -515,14 +515,15 @@ async fn unreadable_messages_are_moved_aside_and_everything_around_them_is_captu
 
 /// A quorum DLQ with a delivery limit of 1 (the broker drops a message
 /// returned a second time) holding good messages `0..100` around one poison
-/// message, captured by a planner whose failed session held all of them
-/// (prefetch 101) and whose broker connection goes through `proxy` when
+/// message, captured with `prefetch` (101: its failed session held all of
+/// them) by a planner whose broker connection goes through `proxy` when
 /// given, while `trickle` more good messages arrive, one every 200 ms.
 /// Checks each good message is stored once, the poison one as a placeholder
 /// and in its parking queue.
 async fn poison_on_a_quorum_dlq_costs_nothing(
     proxy: Option<&TcpProxy>,
     trickle: u32,
+    prefetch: u16,
 ) -> anyhow::Result<()> {
     let broker = Broker::connect().await?;
     let (dlq, parking) =
@@ -563,8 +564,9 @@ async fn poison_on_a_quorum_dlq_costs_nothing(
     };
     let mut bed = TestBed::start(broker, |config| {
         capturing(config, &dlq);
-        config.capture_batch_size = 100;
-        config.capture_prefetch = 101;
+        // At most the prefetch, as the planner requires.
+        config.capture_batch_size = usize::from(prefetch).min(100);
+        config.capture_prefetch = prefetch;
         if let Some(url) = amqp_url {
             config.amqp.url = url;
         }
@@ -594,7 +596,7 @@ async fn poison_on_a_quorum_dlq_costs_nothing(
 async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_message()
 -> anyhow::Result<()> {
     init_logging();
-    poison_on_a_quorum_dlq_costs_nothing(None, 0).await
+    poison_on_a_quorum_dlq_costs_nothing(None, 0, 101).await
 }
 
 /// The broker returns what the stopped session held only once it notices
@@ -609,7 +611,19 @@ async fn a_poison_message_on_a_quorum_dlq_costs_nothing_when_the_broker_notices_
     init_logging();
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     proxy.linger(Duration::from_secs(2));
-    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 0).await
+    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 0, 101).await
+}
+
+/// The same when the stopped session held only the first 50 (its
+/// prefetch): the 51 behind them, still in the queue, come first and must
+/// not end the round before the returns do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_message_noticed_late_behind_more_than_a_prefetch_costs_nothing()
+-> anyhow::Result<()> {
+    init_logging();
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    proxy.linger(Duration::from_secs(2));
+    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 0, 50).await
 }
 
 /// The same while new dead letters keep arriving: the round takes them
@@ -620,7 +634,7 @@ async fn a_poison_message_noticed_late_on_a_busy_quorum_dlq_costs_nothing() -> a
     init_logging();
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     proxy.linger(Duration::from_secs(2));
-    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 20).await
+    poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 20, 101).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1153,4 +1167,47 @@ async fn the_one_at_a_time_reader_is_told_a_refused_login() -> anyhow::Result<()
         Some("the broker refused the login: check the user and password of --amqp-url")
     );
     Ok(())
+}
+
+/// Two unreadable messages in one backlog on a quorum DLQ with a delivery
+/// limit of 1, a prefetch holding all of it: the round after the first stop
+/// takes every returned message, past the first unreadable one, so no
+/// session is handed them again and the second stop returns none of them a
+/// second time (a new user lost the 200 behind the first one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_unreadable_messages_in_a_backlog_on_a_quorum_dlq_cost_nothing() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let (dlq, parking) =
+        dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(1)).await?;
+    let body = br#"{"order_id":"poison"}"#;
+    let mut kinds = unreadable_kinds(body.len() as u64, "nobody");
+    let (_, second) = kinds.remove(1);
+    let (_, first) = kinds.remove(0);
+    good(&broker, &dlq, 0, 100).await?;
+    let mut publisher = RawConnection::connect(AMQP_URL).await?;
+    assert!(publisher.publish("", dlq.as_bytes(), &first, body).await?);
+    good(&broker, &dlq, 100, 99).await?;
+    assert!(publisher.publish("", dlq.as_bytes(), &second, body).await?);
+    publisher.close().await;
+    good(&broker, &dlq, 199, 99).await?;
+
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &dlq);
+        config.capture_batch_size = 100;
+        config.capture_prefetch = 400;
+    })
+    .await?;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, 300).await?;
+    assert_eq!(dead_letters.len(), 300);
+    assert_each_good_once(&dead_letters, 298);
+    assert_eq!(
+        dead_letters
+            .iter()
+            .filter(|d| d.reason_class() == v1::ReasonClass::Unreadable)
+            .count(),
+        2
+    );
+    assert_eq!(bed.broker().ready_count(&parking).await?, 2, "both parked");
+    bed.finish().await
 }

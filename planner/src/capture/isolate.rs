@@ -51,11 +51,13 @@ fn unparkable(
     None
 }
 
-/// How long a round waits for the messages an ended session held to be
-/// back in the queue before it believes the queue is empty. A round runs
-/// only after a session that held messages (or a hold) ended, so they are
-/// on their way back unless another consumer took them: the wait costs
-/// time only then.
+/// How long a round waits, without a message, for the messages an ended
+/// session held to be back in the queue before it believes the queue is
+/// empty. A round runs after a session that reached `basic.consume` ended
+/// (or a hold ended): after one that held nothing (a blip on an idle DLQ)
+/// or whose messages another consumer took, the wait delays consuming
+/// again by this much; nothing is lost meanwhile (new dead letters are
+/// taken one at a time).
 const RETURN_WAIT: Duration = Duration::from_secs(10);
 
 /// How often it looks meanwhile.
@@ -70,11 +72,12 @@ pub(super) struct Isolated {
     pub quarantined: usize,
 }
 
-/// Takes up to `prefetch` messages of `queue` one at a time with the fallback
-/// reader, stopping after the first unreadable one: the messages a failed
-/// session held come back first, so the one lapin could not read is among
-/// them, and those behind it are consumed again by a session. Returns how
-/// many were taken and how many of them were unreadable.
+/// Takes the messages of `queue` a failed session held one at a time with
+/// the fallback reader: they come back first (`redelivered`), the one
+/// lapin could not read among them; each is taken here, so that none is
+/// returned a second time, and the fresh ones behind them are consumed
+/// again by a session ([`Round::take_messages`]). Returns how many were
+/// taken and how many of them were unreadable.
 ///
 /// Each message is stored before it is acked, as in a session. A readable one
 /// becomes an ordinary dead letter. One with problems ([`raw::DecodedHeader`])
@@ -93,10 +96,9 @@ pub(super) struct Isolated {
 /// failure leaves the message unacked: it returns to the queue, and its
 /// stored copy absorbs the redelivery.
 ///
-/// An empty queue is believed only after [`RETURN_WAIT`] when nothing was
-/// taken yet, or, `after_unreadable` (the guard stopped the session at an
-/// unreadable delivery), before an unreadable message was met: the broker
-/// returns what the ended session held once it notices the close.
+/// Until a redelivered message was taken (the broker returns what the
+/// ended session held once it notices the close), an empty queue is
+/// believed only after [`RETURN_WAIT`] ([`Round::take_messages`]).
 ///
 /// # Errors
 /// [`raw::RawError`] from the broker, also when the connection ended as the
@@ -109,7 +111,6 @@ pub(super) async fn isolate(
     store: &Store,
     shutdown: &CancellationToken,
     held: &mut Option<raw::RawConnection>,
-    after_unreadable: bool,
 ) -> Result<Isolated, raw::RawError> {
     // Reuse the holding connection while it lives: what it holds stays held.
     let mut connection = match held.take() {
@@ -131,7 +132,6 @@ pub(super) async fn isolate(
         session: uuid::Uuid::new_v4(),
         parking: unreadable_queue(queue),
         parker: None,
-        after_unreadable,
     };
     let mut taken = Isolated::default();
     let outcome = round.take_messages(&mut connection, &mut taken).await;
@@ -171,37 +171,36 @@ struct Round<'a> {
     parking: String,
     /// The connection that moves them ([`park`]), opened on first use.
     parker: Option<raw::RawConnection>,
-    /// The guard stopped the session before at an unreadable delivery: it
-    /// is on its way back to the queue.
-    after_unreadable: bool,
 }
 
 impl Round<'_> {
-    /// Takes messages on `connection` until `prefetch` of them (at least
-    /// one), the first unreadable one, an empty queue or shutdown, counting
-    /// them in `taken`.
+    /// Takes messages on `connection`, counting them in `taken`: every
+    /// message the broker returned (`redelivered`), then the first fresh
+    /// one behind them; at most `prefetch` (at least one) once the returns
+    /// began, or an empty queue, or shutdown.
+    ///
+    /// The broker returns what the ended session held (`redelivered` set)
+    /// once it has seen the connection close, which may come after this
+    /// round's first `basic.get` (a quorum queue returns them through its
+    /// log). A session started before would be handed them again, a second
+    /// return: with a delivery limit of 1 the broker drops them all. So
+    /// until a redelivered message was taken, an empty queue is believed
+    /// only after [`RETURN_WAIT`] without a message, and new dead letters
+    /// taken meanwhile do not count against `prefetch` for the first
+    /// [`RETURN_WAIT`] of the round (a busy DLQ would end the round before
+    /// the returns).
     async fn take_messages(
         &mut self,
         connection: &mut raw::RawConnection,
         taken: &mut Isolated,
     ) -> Result<(), raw::RawError> {
-        let waiting_since = tokio::time::Instant::now();
-        while taken.taken < usize::from(self.config.prefetch.max(1))
-            && !self.shutdown.is_cancelled()
-        {
+        let started = tokio::time::Instant::now();
+        let mut idle_since = started;
+        let mut returned = false;
+        let mut counted = 0_usize;
+        while counted < usize::from(self.config.prefetch.max(1)) && !self.shutdown.is_cancelled() {
             let Some(message) = connection.get(self.queue).await? else {
-                // The broker returns what the ended session held once it
-                // has seen the connection close, which may come after this
-                // round's first `basic.get` (a quorum queue returns them
-                // through its log). A session started meanwhile would be
-                // handed them again, a second return: with a delivery
-                // limit of 1 the broker drops them all. So an empty queue
-                // is believed only after a while: before anything was
-                // taken, and after the guard's stop before the unreadable
-                // message (new dead letters may come first).
-                let expected =
-                    taken.taken == 0 || (self.after_unreadable && taken.quarantined == 0);
-                if expected && waiting_since.elapsed() < RETURN_WAIT {
+                if !returned && idle_since.elapsed() < RETURN_WAIT {
                     tokio::select! {
                         () = self.shutdown.cancelled() => break,
                         () = tokio::time::sleep(RETURN_POLL) => continue,
@@ -209,18 +208,28 @@ impl Round<'_> {
                 }
                 break;
             };
+            // Fresh after the returned ones: the returns are all taken.
+            let fresh_after_returns = returned && !message.redelivered;
+            returned |= message.redelivered;
             taken.taken += 1;
-            let quarantined = taken.quarantined;
+            if returned || started.elapsed() >= RETURN_WAIT {
+                counted += 1;
+            }
             if !self
                 .take(connection, &message, &mut taken.quarantined)
                 .await?
             {
                 break;
             }
-            // Past the message lapin could not read: the rest are consumed
-            // again at a session's pace, not one round trip at a time (a
-            // DLQ of 4,000 with 66 unreadable ones took a minute).
-            if taken.quarantined > quarantined {
+            // Storing it may have waited out a PostgreSQL outage.
+            idle_since = tokio::time::Instant::now();
+            // Every returned message is taken here, past unreadable ones
+            // too: a session would be handed it again, and the next
+            // unreadable one among them would return it a second time
+            // (dropped at a delivery limit of 1; RabbitMQ 4 sets 20 on
+            // every quorum queue). The fresh ones behind them are
+            // consumed at a session's pace.
+            if fresh_after_returns {
                 break;
             }
         }
