@@ -265,7 +265,7 @@ async fn tampering_with_the_audit_in_postgresql_is_named_by_verification() -> an
     )?;
     assert_eq!(code, 64, "{text}");
     assert!(
-        text.contains("exists: an export is never overwritten"),
+        text.contains("exists: an export goes to a new file"),
         "{text}"
     );
     assert_eq!(std::fs::read(&csv_path)?, exported);
@@ -1540,6 +1540,79 @@ async fn each_new_checkpoint_reaches_a_witness_url_also_after_it_refused_one() -
     // The witness directory holds it too.
     let held = std::fs::read_to_string(keys.witness().join("checkpoint"))?;
     assert!(open_checkpoint(&held, &keys.verifier)?.size >= later.size);
+    pool.close().await;
+    bed.finish().await
+}
+
+/// A rotation on a log that has not grown since the old key's latest
+/// checkpoint: the new key's planner adds its signature to that checkpoint
+/// at once (a second signature line), so the new verifier key opens the
+/// log's latest checkpoint without waiting for the log to grow, the old key
+/// still does, the witness is sent it again, and nothing else changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_on_an_idle_log_cosigns_its_latest_checkpoint() -> anyhow::Result<()> {
+    init_logging();
+    let old = Keys::new("redrive.test/old")?;
+    let new = Keys::new("redrive.test/new")?;
+    let settings = old.settings();
+    let mut bed = TestBed::without_broker(|config| config.audit_log = settings).await?;
+    one_plan(&mut bed.client, "idle-rotation").await?;
+    let pool = bed.pool().await?;
+    let size = sealed(&pool).await?;
+    let latest = || async {
+        anyhow::Ok(
+            sqlx::query_as::<_, (i64, String, i64)>(
+                "SELECT tree_size, note, (SELECT count(*) FROM audit_checkpoints) \
+                 FROM audit_checkpoints ORDER BY tree_size DESC LIMIT 1",
+            )
+            .fetch_one(&pool)
+            .await?,
+        )
+    };
+    let (_, old_note, checkpoints) = latest().await?;
+    assert!(open_checkpoint(&old_note, &new.verifier).is_err());
+    let witnessed = || std::fs::read_to_string(old.witness().join("checkpoint"));
+    wait_until("the witness", Duration::from_secs(20), || async {
+        Ok(witnessed().is_ok_and(|note| note == old_note))
+    })
+    .await?;
+
+    let mut rotated = new.settings();
+    rotated.previous_key = Some(old.key_file.clone());
+    rotated.witness_dir = Some(old.witness());
+    bed.restart_planner(|config| config.audit_log = rotated)
+        .await?;
+    wait_until(
+        "the latest checkpoint cosigned",
+        Duration::from_secs(20),
+        || async { Ok(open_checkpoint(&latest().await?.1, &new.verifier).is_ok()) },
+    )
+    .await?;
+    let (cosigned_size, cosigned, count) = latest().await?;
+    assert_eq!(u64::try_from(cosigned_size)?, size, "the same tree");
+    assert_eq!(count, checkpoints, "no new checkpoint");
+    assert!(
+        cosigned.starts_with(&old_note),
+        "the old signature kept: {cosigned}"
+    );
+    let by_old = open_checkpoint(&cosigned, &old.verifier)?;
+    let by_new = open_checkpoint(&cosigned, &new.verifier)?;
+    assert_eq!(by_old, by_new);
+    assert_eq!(by_new.size, size);
+    wait_until(
+        "the witness sent it again",
+        Duration::from_secs(20),
+        || async { Ok(witnessed().is_ok_and(|note| note == cosigned)) },
+    )
+    .await?;
+    // An auditor with only the new key verifies the whole log, against
+    // the witness's copy too.
+    let report = verified(&mut bed.client, &new, &[witnessed()?]).await?;
+    assert!(report.is_valid(), "{:?}", problems(&report));
+    assert_eq!(report.leaves_checked, size);
+    // Once is enough: it stays as it is.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(latest().await?.1, cosigned);
     pool.close().await;
     bed.finish().await
 }

@@ -296,6 +296,27 @@ fn keygen(args: &KeygenArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     Ok(crate::error::EX_OK)
 }
 
+/// Refuses `path` when anything is there (a file, a directory, a symbolic
+/// link even if dangling, a device: an export goes to a new regular file).
+fn refuse_existing(path: &std::path::Path) -> Result<(), CliError> {
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    let what = if metadata.is_dir() {
+        "is a directory"
+    } else if metadata.is_symlink() {
+        "is a symbolic link"
+    } else if metadata.is_file() {
+        "exists"
+    } else {
+        "exists and is no regular file"
+    };
+    Err(CliError::Usage(format!(
+        "{} {what}: an export goes to a new file, never over anything (choose another --out, or move it away first)",
+        path.display()
+    )))
+}
+
 /// A temporary file in the directory of `path` (so that renaming it there is
 /// atomic), named after it, removed when dropped unpersisted.
 fn partial_beside(path: &std::path::Path) -> std::io::Result<tempfile::NamedTempFile> {
@@ -322,7 +343,7 @@ fn persist_new(file: tempfile::NamedTempFile, path: &std::path::Path) -> Result<
     file.persist_noclobber(path).map(drop).map_err(|error| {
         if error.error.kind() == std::io::ErrorKind::AlreadyExists {
             CliError::Usage(format!(
-                "{} exists: an export is never overwritten (choose another --out, or move it away first)",
+                "{} exists: an export goes to a new file, never over anything (choose another --out, or move it away first)",
                 path.display()
             ))
         } else {
@@ -664,25 +685,14 @@ async fn export(
         LogFormat::Jsonl => ExportFormat::Jsonl,
         LogFormat::Csv => ExportFormat::Csv,
     };
-    let mut stream = planner
-        .export_audit_log(ExportAuditLogRequest {
-            format: format.into(),
-            tree_size: args.tree_size,
-        })
-        .await?
-        .into_inner();
     let io = |context: String| move |source| CliError::Io { context, source };
     let mut sidecar = args.out.clone().into_os_string();
     sidecar.push(".checkpoint");
     let sidecar = PathBuf::from(sidecar);
     let csv = args.format == LogFormat::Csv;
+    // Refused before the planner is asked for anything.
     for path in std::iter::once(&args.out).chain(csv.then_some(&sidecar)) {
-        if path.exists() {
-            return Err(CliError::Usage(format!(
-                "{} exists: an export is never overwritten (choose another --out, or move it away first)",
-                path.display()
-            )));
-        }
+        refuse_existing(path)?;
     }
     // Written beside it and renamed into place once complete: a stream cut
     // short leaves nothing that looks like an export.
@@ -690,6 +700,13 @@ async fn export(
         partial_beside(&args.out)
             .map_err(io(format!("creating a file beside {}", args.out.display())))?,
     );
+    let mut stream = planner
+        .export_audit_log(ExportAuditLogRequest {
+            format: format.into(),
+            tree_size: args.tree_size,
+        })
+        .await?
+        .into_inner();
     let mut checkpoint = String::new();
     let mut bytes = 0usize;
     while let Some(chunk) = stream.message().await? {
@@ -714,8 +731,14 @@ async fn export(
             .and_then(|()| side.as_file().sync_all())
             .map_err(io(format!("writing {}", sidecar.display())))?;
         persist_new(side, &sidecar)?;
+        if let Err(error) = persist_new(file, &args.out) {
+            // Never a checkpoint without its export.
+            let _ = std::fs::remove_file(&sidecar);
+            return Err(error);
+        }
+    } else {
+        persist_new(file, &args.out)?;
     }
-    persist_new(file, &args.out)?;
     let size = checkpoint.lines().nth(1).unwrap_or("0");
     writeln!(
         out,
@@ -765,5 +788,25 @@ mod tests {
         );
         assert_eq!(std::fs::read(&out).unwrap(), b"the export\n");
         assert_eq!(listing(), ["log.jsonl"]);
+    }
+
+    #[test]
+    fn an_export_is_refused_over_anything_before_it_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let refusal = |path: &std::path::Path| match refuse_existing(path) {
+            Err(CliError::Usage(text)) => text,
+            other => panic!("{path:?}: {other:?}"),
+        };
+        assert!(refuse_existing(&dir.path().join("new.jsonl")).is_ok());
+        std::fs::write(dir.path().join("old.jsonl"), "").unwrap();
+        assert!(refusal(&dir.path().join("old.jsonl")).contains("old.jsonl exists"));
+        assert!(refusal(dir.path()).contains("is a directory"));
+        #[cfg(unix)]
+        {
+            let dangling = dir.path().join("dangling.jsonl");
+            std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+            assert!(refusal(&dangling).contains("is a symbolic link"));
+            assert!(refusal(std::path::Path::new("/dev/null")).contains("no regular file"));
+        }
     }
 }
