@@ -332,6 +332,33 @@ impl Signer {
             STANDARD.encode(&bytes)
         ))
     }
+
+    /// Adds this key's signature to `note`, a signed note whose signature
+    /// by `by` verifies ([`open`]): the note with one more signature line
+    /// over the same text (C2SP signed-note allows several; a verifier
+    /// ignores those of keys it does not know). Never signs a text no key
+    /// the caller trusts has signed. A note this key signed already comes
+    /// back unchanged.
+    ///
+    /// # Errors
+    ///
+    /// What [`open`] returns for `note` and `by` (malformed, not signed by
+    /// `by`, a bad signature); [`NoteError::Malformed`] when the note
+    /// already holds the most signatures a note may have (100).
+    pub fn cosign(&self, note: &str, by: &Verifier) -> Result<String, NoteError> {
+        let text = open(note, by)?;
+        if open(note, &self.verifier()).is_ok() {
+            return Ok(note.to_owned());
+        }
+        let signatures = note.len() - text.len() - 1;
+        if note[note.len() - signatures..].matches('\n').count() >= MAX_SIGNATURES {
+            return Err(NoteError::Malformed(
+                "the note holds 100 signatures already".to_owned(),
+            ));
+        }
+        let signed = self.sign(&text)?;
+        Ok(format!("{note}{}", &signed[text.len() + 1..]))
+    }
 }
 
 /// An Ed25519 signed-note verifier: a key name, its key id and the public

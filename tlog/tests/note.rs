@@ -402,3 +402,46 @@ fn signed_checkpoint_round_trip() {
         ));
     }
 }
+
+#[test]
+fn cosigning_adds_a_known_signature_line_over_the_same_text() {
+    // Go's TestOpen note is signed by EnochRoot and PeterNeumann; Peter
+    // cosigning Enoch's note gives Peter's known signature line after
+    // Enoch's (Ed25519 is deterministic).
+    let peter = Signer::from_key_text(PETER_SIGNER).unwrap();
+    let enoch = Verifier::from_key_text(ENOCH_VERIFIER).unwrap();
+    let enochs = format!("{GO_TEXT}\n{ENOCH_SIG}");
+    let both = peter.cosign(&enochs, &enoch).unwrap();
+    assert_eq!(both, format!("{GO_TEXT}\n{ENOCH_SIG}{PETER_SIG}"));
+    assert_eq!(open(&both, &enoch).unwrap(), GO_TEXT);
+    assert_eq!(open(&both, &peter.verifier()).unwrap(), GO_TEXT);
+    // Once is enough: a note the key signed comes back as it was.
+    assert_eq!(peter.cosign(&both, &enoch).unwrap(), both);
+}
+
+#[test]
+fn cosigning_never_signs_a_text_the_trusted_key_did_not_sign() {
+    let old = test_signer("redrive.test/old", 1);
+    let new = test_signer("redrive.test/new", 2);
+    let stranger = test_signer("redrive.test/stranger", 3);
+    let note = old.sign("a text\n").unwrap();
+    // Signed by another key than the one trusted: refused.
+    assert!(matches!(
+        new.cosign(&stranger.sign("a text\n").unwrap(), &old.verifier()),
+        Err(NoteError::NotSignedBy { .. })
+    ));
+    // The text changed after the trusted key signed it: refused.
+    let changed = note.replacen("a text", "b text", 1);
+    assert!(matches!(
+        new.cosign(&changed, &old.verifier()),
+        Err(NoteError::BadSignature { .. })
+    ));
+    // Not a note: refused.
+    assert!(matches!(
+        new.cosign("a text\n", &old.verifier()),
+        Err(NoteError::Malformed(_))
+    ));
+    let both = new.cosign(&note, &old.verifier()).unwrap();
+    assert!(both.starts_with(&note));
+    assert_eq!(open(&both, &new.verifier()).unwrap(), "a text\n");
+}

@@ -173,6 +173,9 @@ struct Inner {
     sealing: Mutex<()>,
     /// The largest checkpoint pushed to every witness.
     pushed: AtomicU64,
+    /// The size of the latest checkpoint found needing no cosignature
+    /// ([`AuditLog::cosign_latest`]), `u64::MAX` before one was.
+    cosign_checked: AtomicU64,
     /// After a failed push: how many failed in a row, and when to try
     /// again (2 s, doubling to a minute).
     push_retry: std::sync::Mutex<Option<(u32, std::time::Instant)>>,
@@ -292,6 +295,7 @@ impl AuditLog {
                 enabled: options.enabled,
                 sealing: Mutex::new(()),
                 pushed: AtomicU64::new(0),
+                cosign_checked: AtomicU64::new(u64::MAX),
                 push_retry: std::sync::Mutex::new(None),
             }),
         }
@@ -565,7 +569,8 @@ impl AuditLog {
     ) -> Result<Option<CheckpointRow>, Error> {
         let size = sealing.state.tree_size;
         let now = sealing.now().await?;
-        let due = match sealing.latest_checkpoint().await? {
+        let latest = sealing.latest_checkpoint().await?;
+        let due = match latest {
             None => size > 0,
             Some((last, at)) => {
                 size > last
@@ -575,7 +580,10 @@ impl AuditLog {
             }
         };
         if !due {
-            return Ok(None);
+            return match latest {
+                Some((last, _)) if last == size => self.cosign_latest(sealing, signer, root).await,
+                _ => Ok(None),
+            };
         }
         let checkpoint = Checkpoint {
             origin: self.inner.origin.clone(),
@@ -591,6 +599,65 @@ impl AuditLog {
         let row = sealing.record_checkpoint(root, &note, now).await?;
         debug!(tree_size = size, "audit log: checkpoint signed");
         Ok(Some(row))
+    }
+
+    /// After a rotation, on a log that has not grown since the previous
+    /// key's latest checkpoint: adds this planner's signature to that
+    /// checkpoint (a second signature line, C2SP signed-note), so that the
+    /// new verifier key opens the log's latest checkpoint at once, and a
+    /// witness is sent it again. Only a checkpoint signed by
+    /// `--audit-previous-key` whose root is the tree the round holds is
+    /// cosigned: this key never vouches for a root it did not find.
+    async fn cosign_latest(
+        &self,
+        sealing: &mut crate::store::audit_log::Sealing,
+        signer: &Signer,
+        root: &Hash,
+    ) -> Result<Option<CheckpointRow>, Error> {
+        let size = sealing.state.tree_size;
+        let Some(previous) = self.inner.known_signers.get(1) else {
+            return Ok(None);
+        };
+        if self.inner.cosign_checked.load(Ordering::Relaxed) == size {
+            return Ok(None);
+        }
+        let checked = || self.inner.cosign_checked.store(size, Ordering::Relaxed);
+        let Some(note) = sealing.latest_checkpoint_note().await? else {
+            return Ok(None);
+        };
+        let Ok(checkpoint) = open_checkpoint(&note, previous) else {
+            // Signed by this key, or by one this planner does not hold.
+            checked();
+            return Ok(None);
+        };
+        if open_checkpoint(&note, &signer.verifier()).is_ok() {
+            checked();
+            return Ok(None);
+        }
+        if checkpoint.size != size || checkpoint.root != *root {
+            warn!(
+                tree_size = size,
+                checkpoint_size = checkpoint.size,
+                "audit log: the latest checkpoint's root is not the log's: not cosigned"
+            );
+            checked();
+            return Ok(None);
+        }
+        let cosigned = signer
+            .cosign(&note, previous)
+            .map_err(|error| Error::Defect(format!("cosigning a checkpoint: {error}")))?;
+        let row = sealing.cosign_checkpoint(size, &note, &cosigned).await?;
+        if row.is_some() {
+            info!(
+                tree_size = size,
+                "audit log: the previous key's latest checkpoint cosigned by the new key"
+            );
+            // Pushed again, with both signatures.
+            self.inner
+                .pushed
+                .store(size.saturating_sub(1), Ordering::Relaxed);
+        }
+        Ok(row)
     }
 
     /// Pushes the latest checkpoint to the witness directory and URL when

@@ -896,6 +896,29 @@ impl Sealing {
         .await?)
     }
 
+    /// Replaces the note of the checkpoint of `tree_size` by `cosigned`,
+    /// the same note with one more signature, when it is still `note`.
+    /// `None` when it is not (another round changed it).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub async fn cosign_checkpoint(
+        &mut self,
+        tree_size: u64,
+        note: &str,
+        cosigned: &str,
+    ) -> Result<Option<CheckpointRow>, StoreError> {
+        Ok(sqlx::query_as(
+            "UPDATE audit_checkpoints SET note = $3 WHERE tree_size = $1 AND note = $2 \
+             RETURNING tree_size, root_hash, note, signed_at",
+        )
+        .bind(as_i64(tree_size))
+        .bind(note)
+        .bind(cosigned)
+        .fetch_optional(&mut *self.transaction)
+        .await?)
+    }
+
     /// Commits the round.
     ///
     /// # Errors
