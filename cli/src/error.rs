@@ -227,6 +227,17 @@ pub enum CliError {
     /// ...`); what is wrong was printed or is the message.
     #[error("{0}")]
     Unverified(String),
+
+    /// SIGINT or SIGTERM ended a command that cleans up after itself
+    /// (`audit export`): the message says what was left; the exit code is
+    /// 128 + the signal's number, as a shell reports it.
+    #[error("{what}")]
+    Interrupted {
+        /// What was interrupted and what was left.
+        what: String,
+        /// 130 (SIGINT) or 143 (SIGTERM).
+        code: u8,
+    },
 }
 
 impl CliError {
@@ -247,12 +258,14 @@ impl CliError {
             Self::Timeout(_) => EX_TEMPFAIL,
             Self::Config(_) => EX_CONFIG,
             Self::Unverified(_) => EX_DATAERR,
+            Self::Interrupted { code, .. } => *code,
         }
     }
 
     /// The stable name of this kind of error, the `code` of the JSON error:
     /// `unreachable`, the gRPC code in snake case (`not_found`), `usage`,
-    /// `no_input`, `io`, `rejected`, `not_completed`, `timeout`, `config`.
+    /// `no_input`, `io`, `rejected`, `not_completed`, `timeout`, `config`,
+    /// `unverified`, `interrupted`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::Unreachable { .. } | Self::Tls { .. } => "unreachable",
@@ -265,6 +278,7 @@ impl CliError {
             Self::Timeout(_) => "timeout",
             Self::Config(_) => "config",
             Self::Unverified(_) => "unverified",
+            Self::Interrupted { .. } => "interrupted",
         }
     }
 

@@ -296,6 +296,32 @@ fn keygen(args: &KeygenArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     Ok(crate::error::EX_OK)
 }
 
+/// Resolves at SIGINT or SIGTERM with the exit code a shell reports for it
+/// (130, 143); never when the signals cannot be listened for.
+async fn interrupted() -> u8 {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+                _ = interrupt.recv() => 130,
+                _ = terminate.recv() => 143,
+            },
+            _ => std::future::pending().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => 130,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
 /// Refuses `path` when anything is there (a file, a directory, a symbolic
 /// link even if dangling, a device: an export goes to a new regular file).
 fn refuse_existing(path: &std::path::Path) -> Result<(), CliError> {
@@ -694,12 +720,16 @@ async fn export(
     for path in std::iter::once(&args.out).chain(csv.then_some(&sidecar)) {
         refuse_existing(path)?;
     }
-    // Written beside it and renamed into place once complete: a stream cut
-    // short leaves nothing that looks like an export.
-    let mut file = std::io::BufWriter::new(
-        partial_beside(&args.out)
-            .map_err(io(format!("creating a file beside {}", args.out.display())))?,
-    );
+    if let Some(dir) = args.out.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.is_dir()
+    {
+        return Err(CliError::Usage(format!(
+            "{}: the directory {} does not exist",
+            args.out.display(),
+            dir.display()
+        )));
+    }
     let mut stream = planner
         .export_audit_log(ExportAuditLogRequest {
             format: format.into(),
@@ -707,9 +737,29 @@ async fn export(
         })
         .await?
         .into_inner();
+    // Written beside it and renamed into place once complete: a stream cut
+    // short leaves nothing that looks like an export.
+    let mut file = std::io::BufWriter::new(
+        partial_beside(&args.out)
+            .map_err(io(format!("creating a file beside {}", args.out.display())))?,
+    );
     let mut checkpoint = String::new();
     let mut bytes = 0usize;
-    while let Some(chunk) = stream.message().await? {
+    let mut interrupted = std::pin::pin!(interrupted());
+    loop {
+        let chunk = tokio::select! {
+            chunk = stream.message() => chunk?,
+            code = &mut interrupted => {
+                // Returning drops the partial file, which removes it.
+                return Err(CliError::Interrupted {
+                    what: format!("interrupted: nothing was written to {}", args.out.display()),
+                    code,
+                });
+            }
+        };
+        let Some(chunk) = chunk else {
+            break;
+        };
         if !chunk.checkpoint.is_empty() {
             checkpoint = chunk.checkpoint;
         }
