@@ -296,29 +296,41 @@ fn keygen(args: &KeygenArgs, out: &mut dyn Write) -> Result<u8, CliError> {
     Ok(crate::error::EX_OK)
 }
 
-/// Resolves at SIGINT or SIGTERM with the exit code a shell reports for it
-/// (130, 143); never when the signals cannot be listened for.
-async fn interrupted() -> u8 {
+/// SIGINT and SIGTERM, listened for from [`Interrupts::listen`] on (the
+/// process no longer dies of them), until dropped.
+struct Interrupts {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Interrupts {
+    /// Listens from now on; without the signals (they cannot be listened
+    /// for) the process dies of them as before.
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                signals: signal(SignalKind::interrupt())
+                    .and_then(|interrupt| Ok((interrupt, signal(SignalKind::terminate())?)))
+                    .ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Resolves at the next SIGINT or SIGTERM with the exit code a shell
+    /// reports for it (130, 143); never when not listening.
+    async fn next(&mut self) -> u8 {
+        #[cfg(unix)]
+        if let Some((interrupt, terminate)) = &mut self.signals {
+            return tokio::select! {
                 _ = interrupt.recv() => 130,
                 _ = terminate.recv() => 143,
-            },
-            _ => std::future::pending().await,
+            };
         }
-    }
-    #[cfg(not(unix))]
-    {
-        match tokio::signal::ctrl_c().await {
-            Ok(()) => 130,
-            Err(_) => std::future::pending().await,
-        }
+        std::future::pending().await
     }
 }
 
@@ -737,6 +749,9 @@ async fn export(
         })
         .await?
         .into_inner();
+    // Listening before the partial file exists, so that it never outlives
+    // a Ctrl-C.
+    let mut interrupts = Interrupts::listen();
     // Written beside it and renamed into place once complete: a stream cut
     // short leaves nothing that looks like an export.
     let mut file = std::io::BufWriter::new(
@@ -745,11 +760,10 @@ async fn export(
     );
     let mut checkpoint = String::new();
     let mut bytes = 0usize;
-    let mut interrupted = std::pin::pin!(interrupted());
     loop {
         let chunk = tokio::select! {
             chunk = stream.message() => chunk?,
-            code = &mut interrupted => {
+            code = interrupts.next() => {
                 // Returning drops the partial file, which removes it.
                 return Err(CliError::Interrupted {
                     what: format!("interrupted: nothing was written to {}", args.out.display()),

@@ -550,6 +550,16 @@ impl AuditLog {
             None => None,
         };
         sealing.commit().await?;
+        // A cosigned checkpoint (of the size last pushed) is pushed again,
+        // with both signatures, once committed.
+        if let Some(row) = &checkpoint {
+            let size = u64::try_from(row.tree_size).unwrap_or_default();
+            if size <= self.inner.pushed.load(Ordering::Relaxed) {
+                self.inner
+                    .pushed
+                    .store(size.saturating_sub(1), Ordering::Relaxed);
+            }
+        }
         Ok(Round {
             taken: pending.len(),
             sealed: leaves.len(),
@@ -652,10 +662,6 @@ impl AuditLog {
                 tree_size = size,
                 "audit log: the previous key's latest checkpoint cosigned by the new key"
             );
-            // Pushed again, with both signatures.
-            self.inner
-                .pushed
-                .store(size.saturating_sub(1), Ordering::Relaxed);
         }
         Ok(row)
     }

@@ -15,7 +15,7 @@ use super::{CaptureConfig, raw, unreadable_queue, write::store_batch};
 use crate::{
     dead_letters::{NewDeadLetter, RawDeadLetter, extract},
     metrics::Quarantine,
-    store::Store,
+    store::{Store, dead_letters::TakenIds},
 };
 
 /// Why an unreadable message cannot be moved aside, byte for byte, to the
@@ -51,9 +51,8 @@ fn unparkable(
     None
 }
 
-/// How long a round waits, without a message, for the messages an ended
-/// session held to be back in the queue before it believes the queue is
-/// empty. A round runs after a session that reached `basic.consume` ended
+/// How long in all a round finds the queue empty, waiting for the messages
+/// an ended session held to be back in it, before it believes it is empty. A round runs after a session that reached `basic.consume` ended
 /// (or a hold ended): after one that held nothing (a blip on an idle DLQ)
 /// or whose messages another consumer took, the wait delays consuming
 /// again by this much; nothing is lost meanwhile (new dead letters are
@@ -133,6 +132,7 @@ pub(super) async fn isolate(
         parking: unreadable_queue(queue),
         parker: None,
         readable: Vec::new(),
+        readable_bytes: 0,
     };
     let mut taken = Isolated::default();
     let outcome = round.take_messages(&mut connection, &mut taken).await;
@@ -175,11 +175,14 @@ struct Round<'a> {
     /// Readable messages taken and not yet stored, with their delivery
     /// tags: stored together, at most [`STORED_TOGETHER`] ([`Round::flush`]).
     readable: Vec<(u64, NewDeadLetter)>,
+    /// The bodies' bytes in `readable`.
+    readable_bytes: usize,
 }
 
 /// How many readable messages a round stores in one statement and acks
-/// behind one round trip: one at a time, each message cost a store, an ack
-/// and a round trip (about 150 a second).
+/// behind one round trip, at most (and at most `--capture-batch-size` and
+/// `--capture-batch-bytes` of bodies): one at a time, each message cost a
+/// store, an ack and a round trip.
 const STORED_TOGETHER: usize = 100;
 
 impl Round<'_> {
@@ -194,25 +197,34 @@ impl Round<'_> {
     /// log). A session started before would be handed them again, a second
     /// return: with a delivery limit of 1 the broker drops them all. So
     /// until a redelivered message was taken, an empty queue is believed
-    /// only after [`RETURN_WAIT`] without a message, and new dead letters
-    /// taken meanwhile do not count against `prefetch` for the first
-    /// [`RETURN_WAIT`] of the round (a busy DLQ would end the round before
-    /// the returns).
+    /// only once it was found empty for [`RETURN_WAIT`] in all (polled every
+    /// [`RETURN_POLL`]; what was taken is stored first), and new dead
+    /// letters taken meanwhile do not count against `prefetch` for the
+    /// first [`RETURN_WAIT`] of the round (a busy DLQ would end the round
+    /// before the returns).
     async fn take_messages(
         &mut self,
         connection: &mut raw::RawConnection,
         taken: &mut Isolated,
     ) -> Result<(), raw::RawError> {
         let started = tokio::time::Instant::now();
-        let mut idle_since = started;
+        // Time spent finding the queue empty before the returns came.
+        let mut waited = Duration::ZERO;
         let mut returned = false;
         let mut counted = 0_usize;
         while counted < usize::from(self.config.prefetch.max(1)) && !self.shutdown.is_cancelled() {
             let Some(message) = connection.get(self.queue).await? else {
-                if !returned && idle_since.elapsed() < RETURN_WAIT {
+                // What was taken is stored before waiting.
+                if !self.flush(connection).await? {
+                    break;
+                }
+                if !returned && waited < RETURN_WAIT {
                     tokio::select! {
                         () = self.shutdown.cancelled() => break,
-                        () = tokio::time::sleep(RETURN_POLL) => continue,
+                        () = tokio::time::sleep(RETURN_POLL) => {
+                            waited += RETURN_POLL;
+                            continue;
+                        }
                     }
                 }
                 break;
@@ -230,8 +242,6 @@ impl Round<'_> {
             {
                 break;
             }
-            // Storing it may have waited out a PostgreSQL outage.
-            idle_since = tokio::time::Instant::now();
             // Every returned message is taken here, past unreadable ones
             // too: a session would be handed it again, and the next
             // unreadable one among them would return it a second time
@@ -256,6 +266,7 @@ impl Round<'_> {
         }
         let (tags, dead_letters): (Vec<u64>, Vec<NewDeadLetter>) =
             std::mem::take(&mut self.readable).into_iter().unzip();
+        self.readable_bytes = 0;
         let Some(batch_ids) = self.store(&dead_letters).await else {
             return Ok(false);
         };
@@ -292,6 +303,12 @@ impl Round<'_> {
             }
         });
         let unreadable = !decoded.problems.is_empty();
+        // The readable ones before it are stored first, in queue order, and
+        // before it is moved aside: a failure after the move would leave it
+        // unacked, moved again by the next round.
+        if unreadable && !self.flush(connection).await? {
+            return Ok(false);
+        }
         // Where an unreadable message ends up: `Ok` parked, `Err(why)` held.
         let parked = if unreadable {
             match unparkable(message, &decoded, connection, &self.parking) {
@@ -319,15 +336,14 @@ impl Round<'_> {
         );
         let mut dead_letter = extract(&self.config.rules, raw_dead_letter).await;
         if !unreadable {
+            self.readable_bytes += message.body.len();
             self.readable.push((message.delivery_tag, dead_letter));
-            if self.readable.len() >= STORED_TOGETHER {
+            let full = self.readable.len() >= STORED_TOGETHER.min(self.config.batch_size.max(1))
+                || self.readable_bytes >= self.config.batch_bytes;
+            if full {
                 return self.flush(connection).await;
             }
             return Ok(true);
-        }
-        // The readable ones before it are stored first, in queue order.
-        if !self.flush(connection).await? {
-            return Ok(false);
         }
         self.placeholder(&mut dead_letter, message, &decoded.problems, &parked);
         let Some(batch_ids) = self.store(std::slice::from_ref(&dead_letter)).await else {
@@ -398,13 +414,42 @@ impl Round<'_> {
         dead_letter.fingerprint = hasher.finalize().into();
     }
 
-    /// Stores `dead_letters` in one statement, retrying every second while
-    /// it fails, and returns their capture batches; `None` on shutdown
-    /// (nothing stored).
+    /// Stores `dead_letters` in one statement under ids taken ahead (a retry
+    /// after a lost commit reply, or after the one-by-one fallback stopped
+    /// part way, finds what an earlier attempt committed: `TakenIds`),
+    /// retrying every second while it fails, and returns their capture
+    /// batches; `None` on shutdown (nothing stored).
     async fn store(&self, dead_letters: &[NewDeadLetter]) -> Option<Vec<i64>> {
+        let ids = loop {
+            match self.store.take_capture_ids(dead_letters.len()).await {
+                Ok(ids) => break ids,
+                Err(error) => {
+                    warn!(%error, "taking ids for dead letters failed; nothing acked");
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => return None,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        };
+        let mut attempts = 0_u32;
         loop {
-            match store_batch(self.store, self.session, self.queue, dead_letters, None).await {
-                Ok((ids, outcome)) => {
+            let taken = TakenIds {
+                batch: ids.batch,
+                ids: &ids.rows,
+                retry: attempts > 0,
+            };
+            attempts += 1;
+            match store_batch(
+                self.store,
+                self.session,
+                self.queue,
+                dead_letters,
+                Some(taken),
+            )
+            .await
+            {
+                Ok((batch_ids, outcome)) => {
                     // Counted as a session's batch is: a redelivery of one
                     // stored before is no new capture.
                     let metrics = self.store.metrics();
@@ -423,7 +468,7 @@ impl Round<'_> {
                     } else {
                         metrics.captured_unclassified(self.queue, outcome.inserted);
                     }
-                    return Some(ids);
+                    return Some(batch_ids);
                 }
                 Err(error) => {
                     warn!(%error, "storing dead letters failed; nothing acked");
