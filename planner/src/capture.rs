@@ -39,6 +39,10 @@
 //!   byte for byte, to `<queue>.unreadable`, then acked, or held unacked in
 //!   the DLQ when it cannot be moved. Then the session resumes with its
 //!   prefetch (docs/design.md, "Messages the client cannot read").
+//! - A planner stopped or killed in the middle of such a round leaves
+//!   returned messages at the head of the queue: before its first session
+//!   a planner takes the returned ones there one at a time, without
+//!   waiting, so that no session of its own returns them a second time.
 //!
 //! - `session.rs`: one connection's worth of consuming a queue (the guard,
 //!   the queue checks, gathering batches).
@@ -60,7 +64,7 @@ use std::{sync::Arc, time::Duration};
 
 use redrive_proto::{amqp_nodes::AmqpNodes, backoff::Backoff};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use self::status::CaptureStatus;
 use self::{isolate::isolate, session::session};
@@ -210,7 +214,14 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
             async move {
                 let mut backoff = Backoff::new(Duration::from_millis(200), config.reconnect_max);
                 let mut delay;
-                let mut isolating = false;
+                // The first round, before the first session, takes one at
+                // a time what an earlier planner's session left returned at
+                // the head of the queue (stopped or killed mid-round): a
+                // session would be handed it again.
+                let mut isolating = true;
+                // The round follows a session of this planner that held
+                // messages: the broker is returning them.
+                let mut expecting_returns = false;
                 // The last session ended at a delivery the guard stopped.
                 let mut stopped_at_unreadable = false;
                 // The connection holding unreadable messages that could not
@@ -231,11 +242,13 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                     if !isolating && held.as_mut().is_some_and(|held| !held.is_alive()) {
                         info!("the connection holding unreadable messages ended; taking messages one at a time again before consuming");
                         isolating = true;
+                        expecting_returns = true;
                         end_counted = false;
                     }
                     if isolating {
                         let after_unreadable = stopped_at_unreadable;
-                        match isolate(&config, &queue, &store, &shutdown, &mut held).await {
+                        let expected = std::mem::replace(&mut expecting_returns, false);
+                        match isolate(&config, &queue, &store, &shutdown, &mut held, expected).await {
                             Ok(round) if after_unreadable && round.taken == 0 => {
                                 isolating = false;
                                 stopped_at_unreadable = false;
@@ -243,7 +256,9 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 warn!(retry_in_ms = delay.as_millis() as u64, "the guard stopped a delivery, but no message was left to take one at a time; consuming again after a delay");
                             }
                             Ok(round) => {
-                                info!(taken = round.taken, quarantined = round.quarantined, "messages held by the failed session taken one at a time; consuming again");
+                                if round.taken > 0 {
+                                    info!(taken = round.taken, quarantined = round.quarantined, "messages returned by an ended session taken one at a time; consuming again");
+                                }
                                 // The backoff goes on after a failure: only
                                 // a session that ran for a while starts it
                                 // over. An unreadable message dealt with was
@@ -253,6 +268,15 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 }
                                 isolating = false;
                                 stopped_at_unreadable = false;
+                                continue;
+                            }
+                            Err(error) if !expected => {
+                                // Looking for returns before the first
+                                // session: the session says what is wrong
+                                // (a missing queue, an unreachable broker)
+                                // and counts it.
+                                debug!(%error, "could not look for returned messages one at a time; consuming");
+                                isolating = false;
                                 continue;
                             }
                             Err(raw::RawError::Unsupported(why)) if after_unreadable => {
@@ -302,6 +326,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 info!(%why, "the guard stopped a delivery the AMQP client cannot read; taking messages one at a time");
                                 config.status.set_problem(&queue, Some(format!("taking messages one at a time after a delivery the AMQP client cannot read: {why}")));
                                 isolating = true;
+                                expecting_returns = true;
                                 stopped_at_unreadable = true;
                                 end_counted = false;
                                 continue;
@@ -314,6 +339,7 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 config.status.set_problem(&queue, Some(format!("capture session ended: {error}")));
                                 store.metrics().capture_failed(&queue, CaptureFailure::Session);
                                 isolating = consumed;
+                                expecting_returns = consumed;
                                 end_counted = true;
                                 delay = delay_after_session(&mut backoff, started.elapsed());
                                 warn!(%error, retry_in_ms = delay.as_millis() as u64, "{}", with_refusal_advice("capture session ended", &error));

@@ -1211,3 +1211,39 @@ async fn two_unreadable_messages_in_a_backlog_on_a_quorum_dlq_cost_nothing() -> 
     assert_eq!(bed.broker().ready_count(&parking).await?, 2, "both parked");
     bed.finish().await
 }
+
+/// A planner stopped while its round took returned messages one at a time
+/// leaves them at the head of the queue, returned once; on a quorum DLQ
+/// with a delivery limit of 1 a session handed them again returns them a
+/// second time at the next unreadable one (a new user lost up to 3,000 that
+/// way). Here another consumer held them all and left: the starting
+/// planner takes the returned ones one at a time before it consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_returned_before_the_planner_started_are_not_returned_again() -> anyhow::Result<()>
+{
+    init_logging();
+    let broker = Broker::connect().await?;
+    let (dlq, parking) =
+        dlq_and_parking(&broker, "quorum-dlq", quorum_with_delivery_limit(1)).await?;
+    let body = br#"{"order_id":"poison"}"#;
+    let (_, header) = unreadable_kinds(body.len() as u64, "nobody").remove(0);
+    good_around_raw(&broker, &dlq, 5, &[&header], body, 95).await?;
+    // Held by a consumer that leaves without acking: returned once.
+    let mut holder = RawConnection::connect(AMQP_URL).await?;
+    for _ in 0..101 {
+        assert!(holder.get(&dlq).await?.is_some());
+    }
+    holder.close().await;
+    wait_ready(&broker, "the returns", &dlq, 101, Duration::from_secs(30)).await?;
+
+    let mut bed = TestBed::start(broker, |config| {
+        capturing(config, &dlq);
+        config.capture_batch_size = 100;
+        config.capture_prefetch = 200;
+    })
+    .await?;
+    let dead_letters = settled_dead_letters(&mut bed, &dlq, 101).await?;
+    assert_each_good_once(&dead_letters, 100);
+    assert_eq!(bed.broker().ready_count(&parking).await?, 1, "parked");
+    bed.finish().await
+}

@@ -59,6 +59,10 @@ fn unparkable(
 /// taken one at a time).
 const RETURN_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a round's connection may take to connect and log in, as a
+/// session's setup may.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often it looks meanwhile.
 const RETURN_POLL: Duration = Duration::from_millis(100);
 
@@ -110,6 +114,7 @@ pub(super) async fn isolate(
     store: &Store,
     shutdown: &CancellationToken,
     held: &mut Option<raw::RawConnection>,
+    expecting_returns: bool,
 ) -> Result<Isolated, raw::RawError> {
     // Reuse the holding connection while it lives: what it holds stays held.
     let mut connection = match held.take() {
@@ -118,10 +123,10 @@ pub(super) async fn isolate(
                 holding
             } else {
                 // The broker ended the hold: what it held is back in the queue.
-                connect_raw(config).await?
+                connect_raw(config, expecting_returns).await?
             }
         }
-        None => connect_raw(config).await?,
+        None => connect_raw(config, expecting_returns).await?,
     };
     let mut round = Round {
         config,
@@ -133,6 +138,7 @@ pub(super) async fn isolate(
         parker: None,
         readable: Vec::new(),
         readable_bytes: 0,
+        expecting_returns,
     };
     let mut taken = Isolated::default();
     let outcome = round.take_messages(&mut connection, &mut taken).await;
@@ -177,6 +183,11 @@ struct Round<'a> {
     readable: Vec<(u64, NewDeadLetter)>,
     /// The bodies' bytes in `readable`.
     readable_bytes: usize,
+    /// A session of this planner that held messages ended: the broker is
+    /// returning them, maybe late. Otherwise (the planner's first round)
+    /// only the returned messages already at the head of the queue are
+    /// taken, without waiting.
+    expecting_returns: bool,
 }
 
 /// How many readable messages a round stores in one statement and acks
@@ -218,7 +229,7 @@ impl Round<'_> {
                 if !self.flush(connection).await? {
                     break;
                 }
-                if !returned && waited < RETURN_WAIT {
+                if self.expecting_returns && !returned && waited < RETURN_WAIT {
                     tokio::select! {
                         () = self.shutdown.cancelled() => break,
                         () = tokio::time::sleep(RETURN_POLL) => {
@@ -229,11 +240,12 @@ impl Round<'_> {
                 }
                 break;
             };
-            // Fresh after the returned ones: the returns are all taken.
-            let fresh_after_returns = returned && !message.redelivered;
+            // Fresh after the returned ones, or at the head of the queue
+            // when no returns are on their way: the returns are all taken.
+            let fresh_after_returns = (returned || !self.expecting_returns) && !message.redelivered;
             returned |= message.redelivered;
             taken.taken += 1;
-            if returned || started.elapsed() >= RETURN_WAIT {
+            if returned || !self.expecting_returns || started.elapsed() >= RETURN_WAIT {
                 counted += 1;
             }
             if !self
@@ -516,17 +528,39 @@ async fn park(
 }
 
 /// A raw connection to the next of the broker's nodes
-/// ([`CaptureConfig::amqp`]), the node reached logged.
+/// ([`CaptureConfig::amqp`]), or to the current one unless `advance`, the
+/// node reached logged.
 ///
 /// # Errors
 /// The node refused or could not be reached.
-async fn connect_raw(config: &CaptureConfig) -> Result<raw::RawConnection, raw::RawError> {
-    let node = config.amqp.next();
+async fn connect_raw(
+    config: &CaptureConfig,
+    advance: bool,
+) -> Result<raw::RawConnection, raw::RawError> {
+    // A round after a session moves on to the next node as a session
+    // would; the planner's first round stays where its first session goes.
+    let node = if advance {
+        config.amqp.next()
+    } else {
+        config.amqp.current()
+    };
     // Named: the line of a failed round says which node it could not reach
     // or that refused it. A URL this client cannot use is said as it is
     // (the round falls back to consuming on it).
-    let connection = raw::RawConnection::connect(&node.url)
+    // A broker (or a path to it) that takes the connection and never
+    // answers would hold the round, and capture, for ever.
+    let connecting = tokio::time::timeout(CONNECT_TIMEOUT, raw::RawConnection::connect(&node.url));
+    let connection = connecting
         .await
+        .unwrap_or_else(|_| {
+            Err(raw::RawError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer within {} s (connecting and logging in)",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            )))
+        })
         .map_err(|error| match error {
             unsupported @ raw::RawError::Unsupported(_) => unsupported,
             other => raw::RawError::AtNode {
