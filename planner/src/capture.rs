@@ -303,6 +303,8 @@ pub async fn run(config: CaptureConfig, store: Store, shutdown: CancellationToke
                                 missing_queue(&config, &store, &queue, "basic.get", Some(&text), delay, !end_counted);
                             }
                             Err(error) => {
+                                // The next round still expects the returns.
+                                expecting_returns = true;
                                 delay = backoff.next_delay();
                                 warn!(%error, retry_in_ms = delay.as_millis() as u64, "{}", with_refusal_advice("taking messages one at a time failed", &error));
                             }
