@@ -573,23 +573,44 @@ async fn poison_on_a_quorum_dlq_costs_nothing(
     })
     .await?;
     arriving.await??;
-    let dead_letters = settled_dead_letters(&mut bed, &dlq, u64::from(101 + trickle)).await?;
-    assert_eq!(dead_letters.len(), 101 + trickle as usize);
-    assert_each_good_once(&dead_letters, 100 + trickle);
+    all_captured_and_parked(&mut bed, &dlq, &parking, 100 + trickle, 1).await?;
+    bed.finish().await
+}
+
+/// Waits until `good` messages and `unreadable` placeholders of `dlq` are
+/// stored and the DLQ is empty; checks each good one is stored once and
+/// the unreadable ones sit in `parking`.
+async fn all_captured_and_parked(
+    bed: &mut TestBed,
+    dlq: &str,
+    parking: &str,
+    good: u32,
+    unreadable: u32,
+) -> anyhow::Result<()> {
+    let dead_letters = settled_dead_letters(bed, dlq, u64::from(good + unreadable)).await?;
+    assert_eq!(dead_letters.len(), (good + unreadable) as usize);
+    assert_each_good_once(&dead_letters, good);
     assert_eq!(
         dead_letters
             .iter()
             .filter(|d| d.reason_class() == v1::ReasonClass::Unreadable)
             .count(),
-        1
+        unreadable as usize
     );
     assert_eq!(
-        bed.broker().ready_count(&parking).await?,
-        1,
-        "the poison message is parked"
+        bed.broker().ready_count(parking).await?,
+        unreadable,
+        "the unreadable messages are parked"
     );
+    Ok(())
+}
 
-    bed.finish().await
+/// A proxy to the local broker through which the broker notices a
+/// client's close two seconds late (a loaded broker).
+async fn late_noticing_proxy() -> anyhow::Result<TcpProxy> {
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
+    proxy.linger(Duration::from_secs(2));
+    Ok(proxy)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -609,8 +630,7 @@ async fn a_poison_message_on_a_quorum_dlq_with_a_delivery_limit_costs_no_other_m
 async fn a_poison_message_on_a_quorum_dlq_costs_nothing_when_the_broker_notices_the_stop_late()
 -> anyhow::Result<()> {
     init_logging();
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
-    proxy.linger(Duration::from_secs(2));
+    let proxy = late_noticing_proxy().await?;
     poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 0, 101).await
 }
 
@@ -621,8 +641,7 @@ async fn a_poison_message_on_a_quorum_dlq_costs_nothing_when_the_broker_notices_
 async fn a_poison_message_noticed_late_behind_more_than_a_prefetch_costs_nothing()
 -> anyhow::Result<()> {
     init_logging();
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
-    proxy.linger(Duration::from_secs(2));
+    let proxy = late_noticing_proxy().await?;
     poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 0, 50).await
 }
 
@@ -632,8 +651,7 @@ async fn a_poison_message_noticed_late_behind_more_than_a_prefetch_costs_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_poison_message_noticed_late_on_a_busy_quorum_dlq_costs_nothing() -> anyhow::Result<()> {
     init_logging();
-    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
-    proxy.linger(Duration::from_secs(2));
+    let proxy = late_noticing_proxy().await?;
     poison_on_a_quorum_dlq_costs_nothing(Some(&proxy), 20, 101).await
 }
 
@@ -1198,17 +1216,7 @@ async fn two_unreadable_messages_in_a_backlog_on_a_quorum_dlq_cost_nothing() -> 
         config.capture_prefetch = 400;
     })
     .await?;
-    let dead_letters = settled_dead_letters(&mut bed, &dlq, 300).await?;
-    assert_eq!(dead_letters.len(), 300);
-    assert_each_good_once(&dead_letters, 298);
-    assert_eq!(
-        dead_letters
-            .iter()
-            .filter(|d| d.reason_class() == v1::ReasonClass::Unreadable)
-            .count(),
-        2
-    );
-    assert_eq!(bed.broker().ready_count(&parking).await?, 2, "both parked");
+    all_captured_and_parked(&mut bed, &dlq, &parking, 298, 2).await?;
     bed.finish().await
 }
 
@@ -1242,8 +1250,6 @@ async fn messages_returned_before_the_planner_started_are_not_returned_again() -
         config.capture_prefetch = 200;
     })
     .await?;
-    let dead_letters = settled_dead_letters(&mut bed, &dlq, 101).await?;
-    assert_each_good_once(&dead_letters, 100);
-    assert_eq!(bed.broker().ready_count(&parking).await?, 1, "parked");
+    all_captured_and_parked(&mut bed, &dlq, &parking, 100, 1).await?;
     bed.finish().await
 }
