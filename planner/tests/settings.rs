@@ -233,3 +233,17 @@ fn a_pool_too_small_for_a_precheck_is_refused() {
     ]);
     assert_eq!(named(&stderr), ["lease-ttl-seconds"], "{stderr}");
 }
+
+/// A prefetch below the batch size names both ways out.
+#[test]
+fn a_prefetch_below_the_batch_size_names_both_ways_out() {
+    let (code, stderr) = planner(&["--capture-prefetch", "20"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert_eq!(named(&stderr), ["capture-prefetch"], "{stderr}");
+    for way in [
+        "raise --capture-prefetch to at least 1000",
+        "lower --capture-batch-size to at most 20",
+    ] {
+        assert!(stderr.contains(way), "{way} missing from:\n{stderr}");
+    }
+}

@@ -136,8 +136,11 @@ impl Config {
             problem(
                 "capture-prefetch",
                 format!(
-                    "{} is below --capture-batch-size {}: a batch could never fill",
-                    self.capture_prefetch, self.capture_batch_size
+                    "{prefetch} is below --capture-batch-size {size}: a batch could never fill \
+                     (raise --capture-prefetch to at least {size}, or lower --capture-batch-size to \
+                     at most {prefetch})",
+                    prefetch = self.capture_prefetch,
+                    size = self.capture_batch_size
                 ),
             );
         }
