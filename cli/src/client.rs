@@ -25,6 +25,13 @@ use crate::error::CliError;
 /// The gRPC metadata key the planner reads the caller from.
 pub use redrive_proto::headers::ACTOR_METADATA;
 
+/// The gRPC metadata key of an idempotency key (docs/api.md, "Idempotency
+/// keys"; after the IETF draft "The Idempotency-Key HTTP Header Field").
+pub const IDEMPOTENCY_KEY_METADATA: &str = "idempotency-key";
+
+/// The longest idempotency key the planner keeps, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+
 /// The actor when neither `--actor`, `REDRIVE_ACTOR` nor `USER` names one.
 pub const ANONYMOUS: &str = "anonymous";
 
@@ -77,6 +84,7 @@ pub struct ActorInterceptor {
     actor: Option<MetadataValue<Ascii>>,
     authorization: Option<MetadataValue<Ascii>>,
     traceparent: Option<MetadataValue<Ascii>>,
+    idempotency_key: Option<MetadataValue<Ascii>>,
 }
 
 /// Whether `text` is a W3C Trace Context `traceparent` of version 00 with
@@ -133,6 +141,7 @@ impl ActorInterceptor {
             actor: Some(actor_metadata(actor).map_err(CliError::Usage)?),
             authorization: None,
             traceparent: traceparent_metadata(),
+            idempotency_key: None,
         })
     }
 
@@ -156,7 +165,24 @@ impl ActorInterceptor {
             actor,
             authorization,
             traceparent: traceparent_metadata(),
+            idempotency_key: None,
         })
+    }
+
+    /// The same, also sending `idempotency-key: KEY` when `key` is given.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when `key` is not 1 to 255 visible ASCII
+    /// characters ([`parse_idempotency_key`]).
+    pub fn with_idempotency_key(mut self, key: Option<&str>) -> Result<Self, CliError> {
+        self.idempotency_key = key
+            .map(|key| {
+                parse_idempotency_key(key)
+                    .and_then(|key| MetadataValue::try_from(key).map_err(|error| error.to_string()))
+                    .map_err(|problem| CliError::Usage(format!("--idempotency-key: {problem}")))
+            })
+            .transpose()?;
+        Ok(self)
     }
 }
 
@@ -174,6 +200,11 @@ impl Interceptor for ActorInterceptor {
             request
                 .metadata_mut()
                 .insert("traceparent", traceparent.clone());
+        }
+        if let Some(key) = &self.idempotency_key {
+            request
+                .metadata_mut()
+                .insert(IDEMPOTENCY_KEY_METADATA, key.clone());
         }
         Ok(request)
     }
@@ -207,6 +238,27 @@ fn actor_metadata(actor: &str) -> Result<MetadataValue<Ascii>, String> {
         })
 }
 
+/// Checks an `--idempotency-key` value as the planner will: 1 to
+/// [`MAX_IDEMPOTENCY_KEY_BYTES`] visible ASCII characters (33-126: no space).
+///
+/// # Errors
+/// A message saying what is allowed, for clap.
+pub fn parse_idempotency_key(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        return Err(format!(
+            "must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes, not {}",
+            text.len()
+        ));
+    }
+    if let Some(bad) = text.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!(
+            "{bad:?} is not allowed: a key is visible ASCII without spaces (33-126), e.g. \
+             RUN_ID:create"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
 /// The actor: `flag` (`--actor` or `REDRIVE_ACTOR`), else `user` (the `USER`
 /// environment variable), else [`ANONYMOUS`]; blank values count as absent.
 pub fn resolve_actor(flag: Option<&str>, user: Option<&str>) -> String {
@@ -231,8 +283,10 @@ pub fn parse_planner_url(text: &str) -> Result<String, String> {
 
 /// Connects to the planner at `url`, eagerly, so an unreachable planner is
 /// reported once, clearly, before any work is done; every request will carry
-/// `actor` (when given) and the credentials' token; an `https://` URL uses
-/// the credentials' TLS files.
+/// `actor` (when given), the credentials' token and `idempotency_key` (when
+/// given: the planner reads it on the calls that create or change
+/// something and ignores it on reads); an `https://` URL uses the
+/// credentials' TLS files.
 ///
 /// # Errors
 /// [`CliError::Usage`] when `actor` cannot be sent as metadata (it came from
@@ -242,12 +296,14 @@ pub async fn connect(
     url: &str,
     actor: Option<&str>,
     credentials: &Credentials,
+    idempotency_key: Option<&str>,
 ) -> Result<Planner, CliError> {
     if credentials.token.is_some() {
         refuse_cleartext_token(url)?;
     }
     let interceptor = ActorInterceptor::with_token(actor, credentials.token.as_deref())
-        .map_err(|error| CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR")))?;
+        .map_err(|error| CliError::Usage(format!("{error}; set --actor or REDRIVE_ACTOR")))?
+        .with_idempotency_key(idempotency_key)?;
     let unreachable = |cause: String| CliError::Unreachable {
         url: url.to_owned(),
         cause,
@@ -563,7 +619,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let error = connect(&url, Some("ops"), &Credentials::default())
+        let error = connect(&url, Some("ops"), &Credentials::default(), None)
             .await
             .unwrap_err();
         assert_eq!(error.exit_code(), crate::error::EX_UNAVAILABLE);

@@ -50,12 +50,21 @@ async fn import_maps_rejections_back_to_file_lines_across_batches() {
     ] {
         assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
-    // With --json, stderr is JSON lines: one warning per refused line.
-    for line in stderr.lines() {
-        let warning: serde_json::Value = serde_json::from_str(line).unwrap();
-        assert_eq!(warning["warning"]["code"], "rejected", "{line}");
+    // With --json, stderr is JSON lines: one warning per refused line, then
+    // the error that ends it, as every failure's does.
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    for warning in &lines[..3] {
+        assert_eq!(warning["warning"]["code"], "rejected", "{stderr}");
     }
-    assert_eq!(stderr.lines().count(), 3, "{stderr}");
+    assert_eq!(lines[3]["error"]["code"], "rejected", "{stderr}");
+    assert_eq!(
+        lines[3]["error"]["message"],
+        "3 line(s) rejected (see above); the others were imported"
+    );
 
     let calls = fake.calls.lock().unwrap().clone();
     let ids: Vec<Vec<&str>> = calls

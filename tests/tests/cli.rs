@@ -835,3 +835,176 @@ async fn the_security_docs_pki_recipe_works() -> anyhow::Result<()> {
     db.drop_database().await;
     Ok(())
 }
+
+/// An orchestrator's script run twice with the same `--idempotency-key`s (a
+/// retried Airflow task): one precheck, one plan, one approval, every
+/// message delivered once; the same key with other flags is refused by the
+/// planner naming the key; a key where it cannot help is refused before the
+/// network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_script_with_idempotency_keys_makes_one_plan() -> anyhow::Result<()> {
+    init_logging();
+    let (bed, queue) = bed_with_queue("cli_keyed").await?;
+    let source = unique("svc");
+    let lines: Vec<String> = (0..5)
+        .map(|index| format!(r#"{{"message_id":"m-{index}","body":"o-{index}","reason":"rejected","original_destination":"{queue}"}}"#))
+        .collect();
+    let file_dir = tempfile::tempdir()?; // removed on drop, also on failure
+    let file = file_dir.path().join(format!("{source}.jsonl"));
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    let (code, _) = redrivectl(
+        &bed.planner,
+        &["import", file.to_str().unwrap(), "--source", &source],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let run = unique("run");
+    let precheck_key = format!("{run}:precheck");
+    let create_key = format!("{run}:create");
+    let approve_key = format!("{run}:approve");
+
+    let mut answers = Vec::new();
+    for attempt in 0..2 {
+        let (code, output) = redrivectl(
+            &bed.planner,
+            &[
+                "--json",
+                "--idempotency-key",
+                &precheck_key,
+                "precheck",
+                "--source",
+                &source,
+            ],
+        )
+        .await;
+        assert_eq!(code, 0, "attempt {attempt}: {output}");
+        let report: serde_json::Value = serde_json::from_str(&output)?;
+        let precheck_id = report["precheckId"].as_str().unwrap().to_owned();
+        let digest = report["digest"].as_str().unwrap().to_owned();
+        let (code, output) = redrivectl(
+            &bed.planner,
+            &[
+                "--json",
+                "plan",
+                "create",
+                "--precheck",
+                &precheck_id,
+                "--rate",
+                "100",
+                "--burst",
+                "5",
+                "--rationale",
+                "the target handles 100/s",
+                "--observe",
+                "1s",
+                "--idempotency-key",
+                &create_key,
+            ],
+        )
+        .await;
+        assert_eq!(code, 0, "attempt {attempt}: {output}");
+        let plan: serde_json::Value = serde_json::from_str(&output)?;
+        let plan_id = plan["planId"].as_str().unwrap().to_owned();
+        let (code, output) = redrivectl(
+            &bed.planner,
+            &[
+                "--json",
+                "--idempotency-key",
+                &approve_key,
+                "plan",
+                "approve",
+                &plan_id,
+                "--digest",
+                &digest,
+            ],
+        )
+        .await;
+        assert_eq!(code, 0, "attempt {attempt}: the approval again: {output}");
+        answers.push((precheck_id, plan_id));
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "the retry got the first precheck and the first plan"
+    );
+    let plan_id = answers[0].1.clone();
+
+    // The same key with another request: refused, naming the key.
+    let (code, _, error) = redrivectl_full(
+        &bed.planner,
+        &[
+            "--idempotency-key",
+            &precheck_key,
+            "precheck",
+            "--source",
+            &source,
+            "--max-redrives",
+            "7",
+        ],
+    )
+    .await;
+    assert_eq!(code, 1, "{error}");
+    assert!(
+        error.contains(&precheck_key) && error.contains("another request"),
+        "{error}"
+    );
+    // Where a key cannot help: refused before the network, saying why.
+    for (args, says) in [
+        (
+            vec!["plan", "list"],
+            "`plan status|list|watch|wait|report|compensations` changes nothing",
+        ),
+        (
+            vec!["precheck", "--source", &source, "--since", "1h"],
+            "give the window as --from TIME",
+        ),
+        (
+            vec!["import", file.to_str().unwrap(), "--source", &source],
+            "`import` needs none",
+        ),
+    ] {
+        let mut full = vec!["--idempotency-key", "k-1"];
+        full.extend(args);
+        let (code, _, error) = redrivectl_full(&bed.planner, &full).await;
+        assert_eq!(code, 64, "{full:?}: {error}");
+        assert!(error.contains(says), "{full:?}: {error}");
+    }
+
+    let executor = redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(
+        &bed.planner,
+        None,
+    ));
+    let (code, output) = redrivectl(
+        &bed.planner,
+        &["--json", "plan", "wait", &plan_id, "--timeout", "30s"],
+    )
+    .await;
+    executor.stop().await?;
+    assert_eq!(code, 0, "{output}");
+    let (code, output) = redrivectl(&bed.planner, &["--json", "plan", "list"]).await;
+    assert_eq!(code, 0, "{output}");
+    let listed: serde_json::Value = serde_json::from_str(&output)?;
+    let plans = listed["plans"].as_array().unwrap();
+    assert_eq!(plans.len(), 1, "one plan in this test's database: {output}");
+    assert_eq!(plans[0]["planId"], plan_id.as_str());
+    // What the consumer received, each once, all of it audited as sent.
+    let mut received: Vec<String> = bed
+        .broker()
+        .drain(&queue)
+        .await?
+        .into_iter()
+        .map(|body| String::from_utf8(body).unwrap().replace("o-", "m-"))
+        .collect();
+    received.sort();
+    let (_, output) = redrivectl(&bed.planner, &["--json", "plan", "report", &plan_id]).await;
+    let report: serde_json::Value = serde_json::from_str(&output)?;
+    let mut sent: Vec<String> = report["sentKeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key.as_str().unwrap().to_owned())
+        .collect();
+    sent.sort();
+    assert_eq!(received, ["m-0", "m-1", "m-2", "m-3", "m-4"]);
+    assert_eq!(received, sent, "received ⊆ audited sent");
+    bed.finish().await
+}

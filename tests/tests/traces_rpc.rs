@@ -70,6 +70,7 @@ async fn an_rpc_continues_its_callers_trace() -> anyhow::Result<()> {
         &bed.planner.url(),
         Some("tracer"),
         &redrivectl::client::Credentials::default(),
+        None,
     )
     .await?;
     cli.get_plan(redrive_proto::v1::GetPlanRequest {

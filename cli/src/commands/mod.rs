@@ -18,7 +18,7 @@ use clap::{ArgAction, Args, Parser, Subcommand, builder::FalseyValueParser};
 use clap_complete::Shell;
 
 use crate::{
-    client::{self, parse_actor, parse_planner_url},
+    client::{self, parse_actor, parse_idempotency_key, parse_planner_url},
     config,
     error::CliError,
 };
@@ -119,6 +119,22 @@ pub struct Cli {
     )]
     pub token_file: Option<std::path::PathBuf>,
 
+    /// Sent as `idempotency-key` metadata with the command's one call that
+    /// creates or changes something (precheck, plan create, approve,
+    /// promote, pause, resume and cancel, replay, dead-letters repair,
+    /// archive, unarchive and rekey): a retry with the same key and the same
+    /// flags within 24 hours gets the first call's answer instead of running
+    /// again. 1 to 255 visible ASCII characters; one key per step of a job,
+    /// e.g. "$RUN_ID:create".
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "KEY",
+        value_parser = parse_idempotency_key
+    )]
+    pub idempotency_key: Option<String>,
+
     /// The profile of the config file to use
     /// ($XDG_CONFIG_HOME/redrive/config.toml, else
     /// ~/.config/redrive/config.toml).
@@ -184,6 +200,53 @@ pub struct CompletionArgs {
 pub fn hash_token(token: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// The commands whose call creates or changes something, which is what an
+/// idempotency key goes with.
+const KEYED_COMMANDS: &str = "it goes with precheck (a run), plan create, approve, promote, \
+    pause, resume and cancel, replay, and dead-letters repair, archive, unarchive and rekey";
+
+impl Command {
+    /// Why `--idempotency-key` cannot go with this command, if it cannot:
+    /// the command changes nothing (reads need no key), `import` (idempotent
+    /// per source and message id by itself), or a selector with `--since`,
+    /// which each run counts back from its own clock, so that a retry would
+    /// be another request under the same key, which the planner refuses
+    /// (docs/api.md, "Idempotency keys").
+    pub fn idempotency_key_problem(&self) -> Option<String> {
+        use dead_letters::DeadLettersCommand as D;
+        use plan::PlanCommand as P;
+        let since = |selector: &crate::selector::SelectorArgs| {
+            selector.since.is_some().then(|| {
+                "--since counts back from each run's clock, so a retry would be another request \
+                 under the same key (refused): give the window as --from TIME (RFC 3339)"
+                    .to_owned()
+            })
+        };
+        let reads = |name: &str| Some(format!("`{name}` changes nothing; {KEYED_COMMANDS}"));
+        match self {
+            Self::Precheck(args) if args.command.is_none() => since(&args.run.selector),
+            Self::Precheck(_) => reads("precheck show|items"),
+            Self::Plan(P::Create(_) | P::Approve(_))
+            | Self::Plan(P::Promote(_) | P::Pause(_) | P::Resume(_) | P::Cancel(_))
+            | Self::Replay(_)
+            | Self::DeadLetters(D::Repair(_)) => None,
+            Self::DeadLetters(D::Archive(args) | D::Unarchive(args)) => since(&args.selector),
+            Self::DeadLetters(D::Rekey(args)) => since(&args.target.selector),
+            Self::Import(_) => Some(
+                "`import` needs none: a dead letter imported again is recognised by its source \
+                 and message id and not stored twice"
+                    .to_owned(),
+            ),
+            Self::Plan(_) => reads("plan status|list|watch|wait|report|compensations"),
+            Self::DeadLetters(_) => reads("dead-letters list|show|summary"),
+            Self::Audit(_) => reads("audit"),
+            Self::Completion(_) | Self::Man | Self::HashToken => {
+                reads("completion, man and hash-token")
+            }
+        }
+    }
 }
 
 impl Cli {
@@ -252,6 +315,11 @@ pub fn write_generated(command: &Command, out: &mut dyn Write) -> Result<bool, C
 /// # Errors
 /// Whatever ends the command early; [`CliError::exit_code`] says how to exit.
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<u8, CliError> {
+    if cli.idempotency_key.is_some()
+        && let Some(problem) = cli.command.idempotency_key_problem()
+    {
+        return Err(CliError::Usage(format!("--idempotency-key: {problem}")));
+    }
     if write_generated(&cli.command, out)? {
         return Ok(crate::error::EX_OK);
     }
@@ -346,36 +414,38 @@ async fn run_command(
         escaping = crate::escape::Escaping::new(out);
         &mut escaping
     };
+    let key = cli.idempotency_key.clone();
+    let key = key.as_deref();
     match cli.command {
         Command::DeadLetters(command) => {
             let command = command.read_input()?;
-            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials, key).await?;
             dead_letters::run(&mut planner, command, cli.json, out).await
         }
         Command::Import(args) => {
             // The file first: a typo in its name should not wait on the network.
             let input = import::open(&args.file)?;
-            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials, key).await?;
             import::run(&mut planner, args, input, cli.json, out).await
         }
         Command::Precheck(args) => {
             // Flag checks clap cannot do (a --stale-after pattern given twice)
             // before the network.
             let command = args.into_command()?;
-            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials, key).await?;
             precheck::run(&mut planner, command, cli.json, out).await
         }
         Command::Plan(command) => {
-            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials, key).await?;
             plan::run(&mut planner, command, cli.json, tty, out).await
         }
         Command::Replay(args) => {
-            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials, key).await?;
             replay::run(&mut planner, args, cli.json, out).await
         }
         Command::Audit(command) if command.offline() => audit::run_offline(command, cli.json, out),
         Command::Audit(command) => {
-            let mut planner = client::connect(&planner_url, actor, &credentials).await?;
+            let mut planner = client::connect(&planner_url, actor, &credentials, key).await?;
             audit::run(&mut planner, command, cli.json, out).await
         }
         Command::Completion(_) | Command::Man | Command::HashToken => Ok(crate::error::EX_OK),
@@ -877,5 +947,119 @@ actor = "alice-staging"
         assert!(
             config::Settings::from_file(&cli_flags(&["--profile", "prod"]), Some(missing)).is_err()
         );
+    }
+
+    #[test]
+    fn an_idempotency_key_is_checked_as_the_planner_checks_it() {
+        let long = "k".repeat(256);
+        for bad in ["", "a b", "clé", long.as_str(), "tab\there"] {
+            let error = parse(&[
+                "--idempotency-key",
+                bad,
+                "plan",
+                "cancel",
+                "p",
+                "--reason",
+                "r",
+            ])
+            .expect_err(bad)
+            .to_string();
+            assert!(error.contains("--idempotency-key"), "{bad:?}: {error}");
+        }
+        let max = "k".repeat(255);
+        for good in ["run-1:create", "a", max.as_str(), "{{run_id}}/approve"] {
+            let cli = parse(&[
+                "plan",
+                "cancel",
+                "p",
+                "--reason",
+                "r",
+                "--idempotency-key",
+                good,
+            ])
+            .unwrap();
+            assert_eq!(cli.idempotency_key.as_deref(), Some(good));
+        }
+    }
+
+    #[test]
+    fn an_idempotency_key_goes_with_the_commands_that_change_something() {
+        let problem = |args: &[&str]| parse(args).unwrap().command.idempotency_key_problem();
+        for changes in [
+            &[
+                "precheck",
+                "--source",
+                "q",
+                "--from",
+                "2026-12-01T00:00:00Z",
+            ][..],
+            &[
+                "plan",
+                "create",
+                "--precheck",
+                "p",
+                "--rate",
+                "1",
+                "--burst",
+                "1",
+                "--rationale",
+                "r",
+            ],
+            &["plan", "approve", "p", "--digest", "d"],
+            &["plan", "promote", "p", "--reason", "r"],
+            &["plan", "pause", "p", "--reason", "r"],
+            &["plan", "resume", "p", "--reason", "r"],
+            &["plan", "cancel", "p", "--reason", "r"],
+            &["replay", "d", "--reason", "r"],
+            &["dead-letters", "archive", "--source", "q", "--reason", "r"],
+            &["dead-letters", "rekey", "--source", "q", "--reason", "r"],
+        ] {
+            assert_eq!(problem(changes), None, "{changes:?}");
+        }
+        for (args, says) in [
+            (&["plan", "list"][..], "changes nothing"),
+            (&["plan", "wait", "p"], "changes nothing"),
+            (&["dead-letters", "list"], "changes nothing"),
+            (&["precheck", "show", "p"], "changes nothing"),
+            (&["audit", "checkpoint"], "changes nothing"),
+            (&["man"], "changes nothing"),
+            (
+                &["import", "f.jsonl", "--source", "s"],
+                "`import` needs none",
+            ),
+            (
+                &["precheck", "--source", "q", "--since", "2h"],
+                "--from TIME",
+            ),
+            (
+                &[
+                    "dead-letters",
+                    "unarchive",
+                    "--source",
+                    "q",
+                    "--since",
+                    "2h",
+                    "--reason",
+                    "r",
+                ],
+                "--from TIME",
+            ),
+            (
+                &[
+                    "dead-letters",
+                    "rekey",
+                    "--source",
+                    "q",
+                    "--since",
+                    "2h",
+                    "--reason",
+                    "r",
+                ],
+                "--from TIME",
+            ),
+        ] {
+            let problem = problem(args).unwrap_or_default();
+            assert!(problem.contains(says), "{args:?}: {problem:?}");
+        }
     }
 }

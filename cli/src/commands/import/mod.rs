@@ -41,7 +41,8 @@
 //! `imported N, already present M, rejected K (lines: 3, 7, ...)`; `--json`:
 //! `{"imported": N, "duplicates": M, "rejected": [{"line": 3, "reason": "..."}]}`
 //! (line numbers start at 1). The exit code is 0 when no line was rejected and
-//! 65 (`EX_DATAERR`) when some were; 66 when the file cannot be opened; 74 when
+//! 65 (`EX_DATAERR`, after the summary, with the error `rejected` on stderr)
+//! when some were; 66 when the file cannot be opened; 74 when
 //! reading it fails midway (the batches sent before stay imported).
 //!
 //! # Streaming
@@ -70,7 +71,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{
     client::Planner,
-    error::{CliError, EX_DATAERR, EX_OK},
+    error::{CliError, EX_OK},
     output::write_json,
 };
 
@@ -272,11 +273,15 @@ pub async fn run(
     if let Some(error) = read_error {
         return Err(CliError::io(format!("reading {}", args.file), error));
     }
-    Ok(if report.rejected.is_empty() {
-        EX_OK
-    } else {
-        EX_DATAERR
-    })
+    if report.rejected.is_empty() {
+        return Ok(EX_OK);
+    }
+    // The summary is printed; the error line (a `rejected` error object
+    // with `--json`) ends stderr, as every failure's does.
+    Err(CliError::Rejected(format!(
+        "{} line(s) rejected (see above); the others were imported",
+        report.rejected.len()
+    )))
 }
 
 /// The import file, read on a blocking thread.
