@@ -94,7 +94,7 @@ fn wants_json(args: impl Iterator<Item = OsString>, env: Option<&str>) -> bool {
 }
 
 /// The global flags as clap writes them in a usage line.
-const GLOBAL_FLAGS: [&str; 9] = [
+const GLOBAL_FLAGS: [&str; 10] = [
     " --planner <URL>",
     " --actor <NAME>",
     " --ca <FILE>",
@@ -102,6 +102,7 @@ const GLOBAL_FLAGS: [&str; 9] = [
     " --tls-client-key <FILE>",
     " --token-file <FILE>",
     " --profile <NAME>",
+    " --idempotency-key <KEY>",
     " --json",
     " --wide",
 ];

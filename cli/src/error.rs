@@ -68,7 +68,8 @@ pub const EXIT_CODES: &[(u8, &str, &str, &str)] = &[
          `--override-policy`, `precheck` without `--source`, a bad `plan create` value, \
          bad `--planner` URL, an actor or bearer token that cannot be sent as metadata, a \
          token file that cannot be read or is empty, a token to an `http://` planner that \
-         is not on loopback, `hash-token` with nothing on stdin",
+         is not on loopback, `hash-token` with nothing on stdin, `--idempotency-key` \
+         where it cannot help (a read, `import`, `replay`, `--since`)",
     ),
     (
         EX_DATAERR,

@@ -63,7 +63,7 @@ async fn import_maps_rejections_back_to_file_lines_across_batches() {
     assert_eq!(lines[3]["error"]["code"], "rejected", "{stderr}");
     assert_eq!(
         lines[3]["error"]["message"],
-        "3 line(s) rejected (see above); the others were imported"
+        "3 line(s) rejected (see above); the other lines were imported or already present"
     );
 
     let calls = fake.calls.lock().unwrap().clone();

@@ -247,3 +247,16 @@ fn a_prefetch_below_the_batch_size_names_both_ways_out() {
         assert!(stderr.contains(way), "{way} missing from:\n{stderr}");
     }
 }
+
+/// A batch size past the 16-bit prefetch names the one way out.
+#[test]
+fn a_batch_size_past_any_prefetch_names_the_one_way_out() {
+    let (code, stderr) = planner(&["--capture-batch-size", "100000"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr
+            .contains("lower --capture-batch-size to at most 4000: the prefetch is at most 65535"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("raise --capture-prefetch"), "{stderr}");
+}

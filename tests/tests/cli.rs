@@ -76,6 +76,91 @@ async fn bed_with_queue(prefix: &str) -> anyhow::Result<(TestBed, String)> {
     Ok((TestBed::start(broker, |_| {}).await?, queue))
 }
 
+/// Writes five dead letters for `queue` (message ids m-0..m-4, the body of
+/// each `body(index)`) to a JSON Lines file and imports them under `source`:
+/// the file's directory (removed on drop, also on failure) and the file.
+async fn import_five(
+    planner: &PlannerHandle,
+    queue: &str,
+    source: &str,
+    body: impl Fn(usize) -> String,
+) -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
+    let lines: Vec<String> = (0..5)
+        .map(|index| {
+            serde_json::json!({
+                "message_id": format!("m-{index}"),
+                "body": body(index),
+                "reason": "rejected",
+                "original_destination": queue,
+            })
+            .to_string()
+        })
+        .collect();
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join(format!("{source}.jsonl"));
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    let (code, output) = redrivectl(
+        planner,
+        &["import", file.to_str().unwrap(), "--source", source],
+    )
+    .await;
+    anyhow::ensure!(code == 0, "import: {output}");
+    Ok((dir, file))
+}
+
+/// `plan create` of `precheck_id` at 100/s with a 1 s observation, then
+/// `extra`.
+fn create_args<'a>(precheck_id: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--json",
+        "plan",
+        "create",
+        "--precheck",
+        precheck_id,
+        "--rate",
+        "100",
+        "--burst",
+        "5",
+        "--rationale",
+        "the target handles 100/s",
+        "--observe",
+        "1s",
+    ];
+    args.extend(extra);
+    args
+}
+
+/// Runs an executor while `plan wait --json` waits (30 s at most) for the
+/// approved plan `plan_id`: the exit code and output.
+async fn wait_with_executor(bed: &TestBed, plan_id: &str) -> anyhow::Result<(u8, String)> {
+    let executor = redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(
+        &bed.planner,
+        None,
+    ));
+    let answer = redrivectl(
+        &bed.planner,
+        &["--json", "plan", "wait", plan_id, "--timeout", "30s"],
+    )
+    .await;
+    executor.stop().await?;
+    Ok(answer)
+}
+
+/// The message keys the audit of `plan_id` holds as sent, sorted.
+async fn sent_keys(planner: &PlannerHandle, plan_id: &str) -> anyhow::Result<Vec<String>> {
+    let (code, output) = redrivectl(planner, &["--json", "plan", "report", plan_id]).await;
+    anyhow::ensure!(code == 0, "plan report: {output}");
+    let report: serde_json::Value = serde_json::from_str(&output)?;
+    let mut keys: Vec<String> = report["sentKeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key.as_str().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    Ok(keys)
+}
+
 /// Imports are bounded in bytes as well as in count: lines of large bodies
 /// go through, each `IngestDeadLetters` call ending at `--batch-bytes`
 /// (three calls of two 5 MiB bodies under 12 MiB, each committed on its
@@ -319,42 +404,16 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     init_logging();
     let (bed, queue) = bed_with_queue("cli_target").await?;
     let source = unique("svc");
-    let lines: Vec<String> = (0..5)
-        .map(|index| format!(r#"{{"message_id":"m-{index}","body":"{{\"order_id\":\"o-{index}\"}}","reason":"rejected","original_destination":"{queue}"}}"#))
-        .collect();
-    let file_dir = tempfile::tempdir()?; // removed on drop, also on failure
-    let file = file_dir.path().join(format!("{source}.jsonl"));
-    std::fs::write(&file, lines.join("\n") + "\n")?;
-    let (code, _) = redrivectl(
-        &bed.planner,
-        &["import", file.to_str().unwrap(), "--source", &source],
-    )
-    .await;
-    assert_eq!(code, 0);
+    let _file = import_five(&bed.planner, &queue, &source, |index| {
+        format!(r#"{{"order_id":"o-{index}"}}"#)
+    })
+    .await?;
     let (_, output) = redrivectl(&bed.planner, &["--json", "precheck", "--source", &source]).await;
     let report: serde_json::Value = serde_json::from_str(&output)?;
     let precheck_id = report["precheckId"].as_str().unwrap().to_owned();
     let digest = report["digest"].as_str().unwrap().to_owned();
 
-    let (code, output) = redrivectl(
-        &bed.planner,
-        &[
-            "--json",
-            "plan",
-            "create",
-            "--precheck",
-            &precheck_id,
-            "--rate",
-            "100",
-            "--burst",
-            "5",
-            "--rationale",
-            "the target handles 100/s",
-            "--observe",
-            "1s",
-        ],
-    )
-    .await;
+    let (code, output) = redrivectl(&bed.planner, &create_args(&precheck_id, &[])).await;
     assert_eq!(code, 0, "{output}");
     let plan: serde_json::Value = serde_json::from_str(&output)?;
     assert_eq!(plan["state"], "PLAN_STATE_AWAITING_APPROVAL");
@@ -372,16 +431,7 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
     .await;
     assert_eq!(code, 0, "{output}");
 
-    let executor = redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(
-        &bed.planner,
-        None,
-    ));
-    let (code, output) = redrivectl(
-        &bed.planner,
-        &["--json", "plan", "wait", &plan_id, "--timeout", "30s"],
-    )
-    .await;
-    executor.stop().await?;
+    let (code, output) = wait_with_executor(&bed, &plan_id).await?;
     assert_eq!(code, 0, "{output}");
     let done: serde_json::Value = serde_json::from_str(output.lines().last().unwrap())?;
     assert_eq!(done["state"], "PLAN_STATE_COMPLETED");
@@ -392,17 +442,7 @@ async fn a_plan_through_redrivectl_from_create_to_report() -> anyhow::Result<()>
         "the target received the five"
     );
 
-    let (code, output) = redrivectl(&bed.planner, &["--json", "plan", "report", &plan_id]).await;
-    assert_eq!(code, 0);
-    let report: serde_json::Value = serde_json::from_str(&output)?;
-    let mut keys: Vec<String> = report["sentKeys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k.as_str().unwrap().to_owned())
-        .collect();
-    keys.sort();
-    assert_eq!(keys.len(), 5);
+    assert_eq!(sent_keys(&bed.planner, &plan_id).await?.len(), 5);
     let (code, csv) = redrivectl(
         &bed.planner,
         &["plan", "report", &plan_id, "--format", "csv"],
@@ -846,18 +886,8 @@ async fn a_retried_script_with_idempotency_keys_makes_one_plan() -> anyhow::Resu
     init_logging();
     let (bed, queue) = bed_with_queue("cli_keyed").await?;
     let source = unique("svc");
-    let lines: Vec<String> = (0..5)
-        .map(|index| format!(r#"{{"message_id":"m-{index}","body":"o-{index}","reason":"rejected","original_destination":"{queue}"}}"#))
-        .collect();
-    let file_dir = tempfile::tempdir()?; // removed on drop, also on failure
-    let file = file_dir.path().join(format!("{source}.jsonl"));
-    std::fs::write(&file, lines.join("\n") + "\n")?;
-    let (code, _) = redrivectl(
-        &bed.planner,
-        &["import", file.to_str().unwrap(), "--source", &source],
-    )
-    .await;
-    assert_eq!(code, 0);
+    let (_dir, file) =
+        import_five(&bed.planner, &queue, &source, |index| format!("o-{index}")).await?;
     let run = unique("run");
     let precheck_key = format!("{run}:precheck");
     let create_key = format!("{run}:create");
@@ -883,23 +913,7 @@ async fn a_retried_script_with_idempotency_keys_makes_one_plan() -> anyhow::Resu
         let digest = report["digest"].as_str().unwrap().to_owned();
         let (code, output) = redrivectl(
             &bed.planner,
-            &[
-                "--json",
-                "plan",
-                "create",
-                "--precheck",
-                &precheck_id,
-                "--rate",
-                "100",
-                "--burst",
-                "5",
-                "--rationale",
-                "the target handles 100/s",
-                "--observe",
-                "1s",
-                "--idempotency-key",
-                &create_key,
-            ],
+            &create_args(&precheck_id, &["--idempotency-key", &create_key]),
         )
         .await;
         assert_eq!(code, 0, "attempt {attempt}: {output}");
@@ -969,16 +983,7 @@ async fn a_retried_script_with_idempotency_keys_makes_one_plan() -> anyhow::Resu
         assert!(error.contains(says), "{full:?}: {error}");
     }
 
-    let executor = redrive_tests::ExecutorHandle::start(redrive_tests::ExecutorHandle::config(
-        &bed.planner,
-        None,
-    ));
-    let (code, output) = redrivectl(
-        &bed.planner,
-        &["--json", "plan", "wait", &plan_id, "--timeout", "30s"],
-    )
-    .await;
-    executor.stop().await?;
+    let (code, output) = wait_with_executor(&bed, &plan_id).await?;
     assert_eq!(code, 0, "{output}");
     let (code, output) = redrivectl(&bed.planner, &["--json", "plan", "list"]).await;
     assert_eq!(code, 0, "{output}");
@@ -995,16 +1000,11 @@ async fn a_retried_script_with_idempotency_keys_makes_one_plan() -> anyhow::Resu
         .map(|body| String::from_utf8(body).unwrap().replace("o-", "m-"))
         .collect();
     received.sort();
-    let (_, output) = redrivectl(&bed.planner, &["--json", "plan", "report", &plan_id]).await;
-    let report: serde_json::Value = serde_json::from_str(&output)?;
-    let mut sent: Vec<String> = report["sentKeys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|key| key.as_str().unwrap().to_owned())
-        .collect();
-    sent.sort();
     assert_eq!(received, ["m-0", "m-1", "m-2", "m-3", "m-4"]);
-    assert_eq!(received, sent, "received ⊆ audited sent");
+    assert_eq!(
+        received,
+        sent_keys(&bed.planner, &plan_id).await?,
+        "received ⊆ audited sent"
+    );
     bed.finish().await
 }

@@ -133,14 +133,23 @@ impl Config {
             }
         }
         if usize::from(self.capture_prefetch) < self.capture_batch_size {
+            let (prefetch, size) = (self.capture_prefetch, self.capture_batch_size);
+            // The prefetch is AMQP's 16-bit `prefetch-count` (basic.qos).
+            let ways = if size <= usize::from(u16::MAX) {
+                format!(
+                    "raise --capture-prefetch to at least {size}, or lower --capture-batch-size \
+                     to at most {prefetch}"
+                )
+            } else {
+                format!(
+                    "lower --capture-batch-size to at most {prefetch}: the prefetch is at most {}",
+                    u16::MAX
+                )
+            };
             problem(
                 "capture-prefetch",
                 format!(
-                    "{prefetch} is below --capture-batch-size {size}: a batch could never fill \
-                     (raise --capture-prefetch to at least {size}, or lower --capture-batch-size to \
-                     at most {prefetch})",
-                    prefetch = self.capture_prefetch,
-                    size = self.capture_batch_size
+                    "{prefetch} is below --capture-batch-size {size}: a batch could never fill ({ways})"
                 ),
             );
         }

@@ -189,7 +189,9 @@ fn report_rejection(json: bool, line: u64, reason: &str) {
 ///
 /// # Errors
 /// gRPC errors (the batches answered before stay imported; a note on stderr
-/// says how far it got); [`CliError::Io`] when reading fails midway.
+/// says how far it got); [`CliError::Io`] when reading fails midway;
+/// [`CliError::Rejected`] (exit 65) after the summary when lines were
+/// rejected.
 pub async fn run(
     planner: &mut Planner,
     args: ImportArgs,
@@ -279,7 +281,7 @@ pub async fn run(
     // The summary is printed; the error line (a `rejected` error object
     // with `--json`) ends stderr, as every failure's does.
     Err(CliError::Rejected(format!(
-        "{} line(s) rejected (see above); the others were imported",
+        "{} line(s) rejected (see above); the other lines were imported or already present",
         report.rejected.len()
     )))
 }
