@@ -965,7 +965,7 @@ async fn a_retried_script_with_idempotency_keys_makes_one_plan() -> anyhow::Resu
     for (args, says) in [
         (
             vec!["plan", "list"],
-            "`plan status|list|watch|wait|report|compensations` changes nothing",
+            "`plan status`, `list`, `watch`, `wait`, `report` and `compensations` (reads) change nothing",
         ),
         (
             vec!["precheck", "--source", &source, "--since", "1h"],

@@ -246,3 +246,50 @@ async fn a_retried_call_gets_the_first_answer_and_never_a_second_plan() -> anyho
     }
     bed.finish().await
 }
+
+/// A precheck whose state-check hook is down fails `UNAVAILABLE`; it changed
+/// nothing, so its key is not held: the retry runs it again (and gets the
+/// hook's error again, not a refusal of the key for 24 hours). A call that
+/// changes something still keeps such an error (the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_precheck_that_failed_does_not_hold_its_key() -> anyhow::Result<()> {
+    init_logging();
+    // Nothing listens on a port just freed: the hook is down.
+    let down = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut bed = TestBed::without_broker(|config| {
+        config.state_checks = vec![format!("destination:orders=http://{down}/check")];
+    })
+    .await?;
+    let source = unique("keyed_down");
+    ingest(
+        &mut bed.client,
+        vec![IngestDeadLettersRequest {
+            source: source.clone(),
+            message_id: "m-1".to_owned(),
+            body: br#"{"order_id":"o-1"}"#.to_vec(),
+            reason: "rejected".to_owned(),
+            original_destination: "orders".to_owned(),
+            ..Default::default()
+        }],
+    )
+    .await?;
+    for attempt in 0..2 {
+        let status = bed
+            .client
+            .run_precheck(keyed("airflow", "run-9:precheck", precheck_of(&source)))
+            .await
+            .expect_err("the hook is down");
+        assert_eq!(
+            status.code(),
+            Code::Unavailable,
+            "attempt {attempt}: {}",
+            status.message()
+        );
+        assert!(
+            !status.message().contains("idempotency key"),
+            "attempt {attempt} ran the precheck: {}",
+            status.message()
+        );
+    }
+    bed.finish().await
+}

@@ -224,10 +224,10 @@ impl Command {
                     .to_owned()
             })
         };
-        let reads = |name: &str| Some(format!("`{name}` changes nothing; {KEYED_COMMANDS}"));
+        let reads = |names: &str| Some(format!("{names} change nothing; {KEYED_COMMANDS}"));
         match self {
             Self::Precheck(args) if args.command.is_none() => since(&args.run.selector),
-            Self::Precheck(_) => reads("precheck show|items"),
+            Self::Precheck(_) => reads("`precheck show` and `items`"),
             Self::Plan(P::Create(_) | P::Approve(_))
             | Self::Plan(P::Promote(_) | P::Pause(_) | P::Resume(_) | P::Cancel(_))
             | Self::DeadLetters(D::Repair(_)) => None,
@@ -248,13 +248,15 @@ impl Command {
                  and message id and not stored twice"
                     .to_owned(),
             ),
-            Self::Plan(_) => reads("plan status|list|watch|wait|report|compensations"),
-            Self::DeadLetters(_) => reads("dead-letters list|show|summary"),
+            Self::Plan(_) => reads(
+                "`plan status`, `list`, `watch`, `wait`, `report` and `compensations` (reads)",
+            ),
+            Self::DeadLetters(_) => reads("`dead-letters list`, `show` and `summary` (reads)"),
             Self::Audit(_) => Some(format!(
                 "`audit` sends no call that changes something; {KEYED_COMMANDS}"
             )),
             Self::Completion(_) | Self::Man | Self::HashToken => {
-                reads("completion, man and hash-token")
+                reads("`completion`, `man` and `hash-token`")
             }
         }
     }
@@ -1014,11 +1016,11 @@ actor = "alice-staging"
             assert_eq!(problem(changes), None, "{changes}");
         }
         for (line, says) in [
-            ("plan list", "changes nothing"),
-            ("plan wait p", "changes nothing"),
-            ("dead-letters list", "changes nothing"),
-            ("precheck show p", "changes nothing"),
-            ("man", "changes nothing"),
+            ("plan list", "change nothing"),
+            ("plan wait p", "change nothing"),
+            ("dead-letters list", "change nothing"),
+            ("precheck show p", "change nothing"),
+            ("man", "change nothing"),
             ("audit checkpoint", "sends no call that changes something"),
             ("replay d --reason r", "`replay` needs none"),
             ("import f.jsonl --source s", "`import` needs none"),

@@ -31,11 +31,18 @@ pub const METADATA_KEY: &str = "idempotency-key";
 /// How long an answer is kept (a key older than this is new again).
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// A first call without an answer after this long is taken over by a retry
-/// with the same request: its planner died before it could answer (the
-/// longest call, a precheck of a large selection, runs well within it).
+/// with the same request: its planner died before it could answer. Counted
+/// from the first call alone: a precheck of a large selection runs well
+/// within it, a `ReplayDeadLetter` waiting its longest (10 minutes) does not
+/// (docs/api.md says to key it only with a shorter wait).
 pub const TAKEOVER_AFTER: Duration = Duration::from_secs(600);
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
+/// The calls whose every error frees the key, as a refusal does: a
+/// precheck changes no dead letter and no plan (a second run stores a second
+/// report, no more), so a retry after its hook was down runs it again instead
+/// of being held off for [`RETENTION`].
+const ERRORS_NOT_KEPT: &[&str] = &["RunPrecheck"];
 
 /// The key `request` carries, if any.
 ///
@@ -132,8 +139,10 @@ where
         }
         Reservation::Running => {
             return Err(Error::Unavailable(format!(
-                "a {method} call with idempotency key {key:?} is still running: retry, and the \
-                 retry gets its answer"
+                "a {method} call with idempotency key {key:?} has not answered: it is still \
+                 running (a retry gets its answer once it ends), or its planner stopped before \
+                 answering (a retry {} minutes after that first call runs it again)",
+                TAKEOVER_AFTER.as_secs() / 60
             ))
             .into());
         }
@@ -168,17 +177,20 @@ where
             Ok(response)
         }
         Err(status) => {
-            // A refusal changed nothing: the key is free again. Any other
-            // error may come after the call's commit (a read after it
-            // failing): kept, so that a retry cannot do the work twice.
-            let kept = if refused_before_any_effect(status.code()) {
-                store.release_idempotency_key(principal, &key).await
-            } else {
-                let failure = format!("{:?}: {}", status.code(), status.message());
-                store
-                    .finish_idempotency_key(principal, &key, KeyEnd::Failure(&failure))
-                    .await
-            };
+            // A refusal changed nothing: the key is free again, as after
+            // any error of a call that changes nothing (`ERRORS_NOT_KEPT`).
+            // Any other error may come after the call's commit (a read
+            // after it failing): kept, so that a retry cannot do the work
+            // twice.
+            let kept =
+                if refused_before_any_effect(status.code()) || ERRORS_NOT_KEPT.contains(&method) {
+                    store.release_idempotency_key(principal, &key).await
+                } else {
+                    let failure = format!("{:?}: {}", status.code(), status.message());
+                    store
+                        .finish_idempotency_key(principal, &key, KeyEnd::Failure(&failure))
+                        .await
+                };
             if let Err(error) = kept {
                 tracing::warn!(%error, method, "recording an idempotency key's error failed");
             }
