@@ -10,7 +10,8 @@
 //! that forbids it) is not kept: a retry after one runs the request again;
 //! any other error (`UNAVAILABLE`, `INTERNAL`, ...), which may come after the
 //! call's commit, is kept, and a retry is told to look before using a new
-//! key. The call runs detached: a caller that times out does not cut it.
+//! key, except for a call that changes nothing (`ERRORS_NOT_KEPT`). The call
+//! runs detached: a caller that times out does not cut it.
 
 use std::time::Duration;
 
