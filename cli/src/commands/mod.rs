@@ -210,7 +210,8 @@ const KEYED_COMMANDS: &str = "it goes with precheck (a run), plan create, approv
 impl Command {
     /// Why `--idempotency-key` cannot go with this command, if it cannot:
     /// the command changes nothing (reads need no key), `import` (idempotent
-    /// per source and message id by itself), or a selector with `--since`,
+    /// per source and message id by itself), `replay` (see below), or a
+    /// selector with `--since`,
     /// which each run counts back from its own clock, so that a retry would
     /// be another request under the same key, which the planner refuses
     /// (docs/api.md, "Idempotency keys").
