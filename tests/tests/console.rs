@@ -837,3 +837,68 @@ async fn without_authentication_a_rebound_name_is_refused() -> anyhow::Result<()
     bed.client.get_caller(v1::GetCallerRequest {}).await?;
     bed.finish().await
 }
+
+/// A running plan that no executor works on: after 30 s without an item
+/// done its page says so and what to check (the banner a user meets when
+/// every executor is down); once an executor takes the plan the banner goes
+/// and every message is sent, the consumer's within the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_no_executor_works_on_says_so_on_its_page() -> anyhow::Result<()> {
+    init_logging();
+    let broker = Broker::connect().await?;
+    let incident = incident(&broker, 3).await?;
+    let mut bed = TestBed::start_secure(Some(broker), Pki::new()?, |config| {
+        capturing(config, &[&incident.dlq]);
+    })
+    .await?;
+    captured(&mut bed.client, &incident.dlq, 3).await?;
+    let (received, consuming) = consume(bed.broker(), &incident.work).await?;
+    let plan = approved_plan(&mut bed.client, &incident.dlq, 100.0, 10, None).await?;
+    let url = bed.planner.url();
+    let browser = Browser::start().await?;
+    sign_in(&browser, &url, token_of("alice"), "alice").await?;
+    browser
+        .go(&format!("{url}/#/plans/{}", plan.plan_id))
+        .await?;
+    browser.find("plan-state").await?;
+    // Not at once: a plan that has just started is not stalled.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !browser.has("plan-stalled").await?,
+        "stalled after 5 s already"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(45);
+    while !browser.has("plan-stalled").await? {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no stall banner 50 s into a plan no executor works on"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let banner = browser.text("plan-stalled").await?;
+    assert!(
+        banner.starts_with("No item done for") && banner.contains("executor"),
+        "{banner}"
+    );
+    browser.screenshot("plan-stalled").await?;
+
+    let executor = ExecutorHandle::start(bed.secure_executor_config("executor-stall-1")?);
+    browser
+        .text_until("plan-state", "completes", |text| {
+            text.to_lowercase().contains("completed")
+        })
+        .await?;
+    assert!(
+        !browser.has("plan-stalled").await?,
+        "the banner stays on a completed plan"
+    );
+    executor.stop().await?;
+    wait_received(&received, 3, Duration::from_secs(10)).await?;
+    stop_consuming(consuming)?;
+    let received = received.lock().unwrap().clone();
+    let (sent, _) = assert_bed_audit(&bed, &plan.plan_id, &received).await?;
+    assert_eq!(sent.len(), 3, "every message sent: {sent:?}");
+    assert_eq!(received.len(), 3);
+    browser.close().await?;
+    bed.finish().await
+}
