@@ -11,11 +11,14 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{CaptureConfig, raw, unreadable_queue, write::store_batch};
+use super::{
+    CaptureConfig, raw, unreadable_queue,
+    write::{Storer, count_stored},
+};
 use crate::{
     dead_letters::{NewDeadLetter, RawDeadLetter, extract},
     metrics::Quarantine,
-    store::{Store, dead_letters::TakenIds},
+    store::Store,
 };
 
 /// Why an unreadable message cannot be moved aside, byte for byte, to the
@@ -52,8 +55,9 @@ fn unparkable(
 }
 
 /// How long in all a round finds the queue empty, waiting for the messages
-/// an ended session held to be back in it, before it believes it is empty. A round runs after a session that reached `basic.consume` ended
-/// (or a hold ended): after one that held nothing (a blip on an idle DLQ)
+/// an ended session held to be back in it, before it believes it is empty.
+/// A round runs after a session that reached `basic.consume` ended (or a
+/// hold ended): after one that held nothing (a blip on an idle DLQ)
 /// or whose messages another consumer took, the wait delays consuming
 /// again by this much; nothing is lost meanwhile (new dead letters are
 /// taken one at a time).
@@ -426,71 +430,26 @@ impl Round<'_> {
         dead_letter.fingerprint = hasher.finalize().into();
     }
 
-    /// Stores `dead_letters` in one statement under ids taken ahead (a retry
-    /// after a lost commit reply, or after the one-by-one fallback stopped
-    /// part way, finds what an earlier attempt committed: `TakenIds`),
-    /// retrying every second while it fails, and returns their capture
+    /// Stores `dead_letters` in one statement under ids taken ahead, as a
+    /// session's batch is ([`Storer`]: a retry after a lost commit reply, or
+    /// after the one-by-one fallback stopped part way, finds what an earlier
+    /// attempt committed), retrying while PostgreSQL fails, counts them as a
+    /// session's batch is ([`count_stored`]) and returns their capture
     /// batches; `None` on shutdown (nothing stored).
     async fn store(&self, dead_letters: &[NewDeadLetter]) -> Option<Vec<i64>> {
-        let ids = loop {
-            match self.store.take_capture_ids(dead_letters.len()).await {
-                Ok(ids) => break ids,
-                Err(error) => {
-                    warn!(%error, "taking ids for dead letters failed; nothing acked");
-                    tokio::select! {
-                        () = self.shutdown.cancelled() => return None,
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-            }
+        let storer = Storer {
+            store: self.store.clone(),
+            source: self.queue.to_owned(),
+            session: self.session,
+            shutdown: self.shutdown.clone(),
+            session_over: CancellationToken::new(),
         };
-        let mut attempts = 0_u32;
-        loop {
-            let taken = TakenIds {
-                batch: ids.batch,
-                ids: &ids.rows,
-                retry: attempts > 0,
-            };
-            attempts += 1;
-            match store_batch(
-                self.store,
-                self.session,
-                self.queue,
-                dead_letters,
-                Some(taken),
-            )
-            .await
-            {
-                Ok((batch_ids, outcome)) => {
-                    // Counted as a session's batch is: a redelivery of one
-                    // stored before is no new capture.
-                    let metrics = self.store.metrics();
-                    if outcome.already_stored == 0 {
-                        let redead = dead_letters
-                            .iter()
-                            .filter(|dead_letter| dead_letter.redrive_plan_id.is_some())
-                            .count();
-                        metrics.captured(
-                            self.queue,
-                            dead_letters
-                                .iter()
-                                .map(|dead_letter| dead_letter.reason_class),
-                            u64::try_from(redead).unwrap_or(u64::MAX),
-                        );
-                    } else {
-                        metrics.captured_unclassified(self.queue, outcome.inserted);
-                    }
-                    return Some(batch_ids);
-                }
-                Err(error) => {
-                    warn!(%error, "storing dead letters failed; nothing acked");
-                    tokio::select! {
-                        () = self.shutdown.cancelled() => return None,
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-            }
-        }
+        let ids = storer
+            .retry(|| self.store.take_capture_ids(dead_letters.len()))
+            .await?;
+        let (batch_ids, outcome) = storer.store_under(dead_letters, &ids, false).await?;
+        count_stored(self.store, self.queue, dead_letters, &outcome);
+        Some(batch_ids)
     }
 }
 

@@ -59,12 +59,13 @@ const BATCHES_IN_FLIGHT: usize = 2;
 
 /// What storing a batch needs, cloned into the batch's task.
 #[derive(Clone)]
-struct Storer {
-    store: Store,
-    source: String,
-    session: uuid::Uuid,
-    shutdown: CancellationToken,
-    session_over: CancellationToken,
+pub(super) struct Storer {
+    pub(super) store: Store,
+    pub(super) source: String,
+    pub(super) session: uuid::Uuid,
+    pub(super) shutdown: CancellationToken,
+    /// Cancelled when the session is over (a round's never is).
+    pub(super) session_over: CancellationToken,
 }
 
 /// A batch stored: its capture batch ids, what the insert found, and its
@@ -97,7 +98,7 @@ impl Storer {
     /// Runs `attempt` until it succeeds, backing off while PostgreSQL fails.
     /// `None` when it gave up: a failure after shutdown, or the end of the
     /// session.
-    async fn retry<T, F, Fut>(&self, mut attempt: F) -> Option<T>
+    pub(super) async fn retry<T, F, Fut>(&self, mut attempt: F) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -125,38 +126,53 @@ impl Storer {
         }
     }
 
-    /// Stores `dead_letters` under `ids` ([`store_batch`]), retrying while
-    /// PostgreSQL is unavailable; `None` when it gave up (the batch stays
-    /// unacked and returns to the queue).
-    async fn store(self, dead_letters: Vec<NewDeadLetter>, ids: CaptureIds) -> Option<Stored> {
+    /// [`store_batch`] of `dead_letters` under `ids`, retried ([`Storer::retry`])
+    /// with the ids of the first attempt (after a failed attempt some rows
+    /// may be committed under their ids: a commit whose reply was lost),
+    /// each attempt in a `planner.capture.batch` span when `traced`: the
+    /// capture batches and what the insert found; `None` when it gave up.
+    pub(super) async fn store_under(
+        &self,
+        dead_letters: &[NewDeadLetter],
+        ids: &CaptureIds,
+        traced: bool,
+    ) -> Option<(Vec<i64>, InsertOutcome)> {
         let mut attempts = 0;
-        let (batch_ids, outcome) = self
-            .retry(|| {
-                // After a failed attempt some rows may be committed under
-                // their ids (a commit whose reply was lost).
-                let taken = TakenIds {
-                    batch: ids.batch,
-                    ids: &ids.rows,
-                    retry: attempts > 0,
-                };
-                attempts += 1;
-                let span = info_span!(
+        self.retry(|| {
+            let taken = TakenIds {
+                batch: ids.batch,
+                ids: &ids.rows,
+                retry: attempts > 0,
+            };
+            attempts += 1;
+            let span = if traced {
+                info_span!(
                     "planner.capture.batch",
                     messaging.system = "rabbitmq",
                     messaging.operation.type = "process",
                     messaging.destination.name = %self.source,
                     messaging.batch.message_count = dead_letters.len(),
-                );
-                store_batch(
-                    &self.store,
-                    self.session,
-                    &self.source,
-                    &dead_letters,
-                    Some(taken),
                 )
-                .instrument(span)
-            })
-            .await?;
+            } else {
+                tracing::Span::none()
+            };
+            store_batch(
+                &self.store,
+                self.session,
+                &self.source,
+                dead_letters,
+                Some(taken),
+            )
+            .instrument(span)
+        })
+        .await
+    }
+
+    /// Stores `dead_letters` under `ids` ([`store_batch`]), retrying while
+    /// PostgreSQL is unavailable; `None` when it gave up (the batch stays
+    /// unacked and returns to the queue).
+    async fn store(self, dead_letters: Vec<NewDeadLetter>, ids: CaptureIds) -> Option<Stored> {
+        let (batch_ids, outcome) = self.store_under(&dead_letters, &ids, true).await?;
         Some(Stored {
             batch_ids,
             outcome,
@@ -272,49 +288,17 @@ impl BatchWriter {
         let Some(stored) = stored else {
             return false;
         };
-        self.count(&stored.dead_letters, &stored.outcome);
+        count_stored(
+            &self.store,
+            &self.source,
+            &stored.dead_letters,
+            &stored.outcome,
+        );
         if self.ack(last).await {
             // Never closed before this writer is done.
             let _ = acked.send(stored.batch_ids);
         }
         true
-    }
-
-    /// Counts the stored batch `dead_letters` in the metrics and logs what
-    /// `outcome` says.
-    fn count(&self, dead_letters: &[NewDeadLetter], outcome: &InsertOutcome) {
-        let (store, source) = (&self.store, self.source.as_str());
-        let redead = dead_letters
-            .iter()
-            .filter(|dead_letter| dead_letter.redrive_plan_id.is_some())
-            .count();
-        if outcome.already_stored == 0 {
-            store.metrics().captured(
-                source,
-                dead_letters
-                    .iter()
-                    .map(|dead_letter| dead_letter.reason_class),
-                u64::try_from(redead).unwrap_or(u64::MAX),
-            );
-        } else {
-            // Which ones were new is not known: counted by source only.
-            store
-                .metrics()
-                .captured_unclassified(source, outcome.inserted);
-        }
-        tracing::debug!(
-            source,
-            inserted = outcome.inserted,
-            already_stored = outcome.already_stored,
-            "batch stored"
-        );
-        if outcome.already_stored > 0 {
-            info!(
-                source,
-                already_stored = outcome.already_stored,
-                "redeliveries of dead letters stored before the last crash"
-            );
-        }
     }
 
     /// Acks a stored batch on its `last` delivery (`multiple`); `true` when
@@ -465,4 +449,46 @@ pub(super) async fn store_batch(
         total.already_stored += outcome.already_stored;
     }
     Ok((ids, total))
+}
+
+/// Counts the stored batch `dead_letters` of `source` in the metrics and
+/// logs what `outcome` says (a batch that met dead letters stored before is
+/// counted by source only).
+pub(super) fn count_stored(
+    store: &Store,
+    source: &str,
+    dead_letters: &[NewDeadLetter],
+    outcome: &InsertOutcome,
+) {
+    let redead = dead_letters
+        .iter()
+        .filter(|dead_letter| dead_letter.redrive_plan_id.is_some())
+        .count();
+    if outcome.already_stored == 0 {
+        store.metrics().captured(
+            source,
+            dead_letters
+                .iter()
+                .map(|dead_letter| dead_letter.reason_class),
+            u64::try_from(redead).unwrap_or(u64::MAX),
+        );
+    } else {
+        // Which ones were new is not known: counted by source only.
+        store
+            .metrics()
+            .captured_unclassified(source, outcome.inserted);
+    }
+    tracing::debug!(
+        source,
+        inserted = outcome.inserted,
+        already_stored = outcome.already_stored,
+        "batch stored"
+    );
+    if outcome.already_stored > 0 {
+        info!(
+            source,
+            already_stored = outcome.already_stored,
+            "redeliveries of dead letters stored before the last crash"
+        );
+    }
 }
